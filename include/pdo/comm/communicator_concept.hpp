@@ -1,0 +1,35 @@
+// pdo/comm/communicator_concept.hpp: what every communicator backend provides.
+#pragma once
+
+#include <pdo/core/dtype.hpp>
+
+#include <concepts>
+#include <cstddef>
+#include <span>
+
+namespace pdo {
+
+/// @brief One member's endpoint on a group of places (a mesh axis, or the whole mesh).
+///
+/// Every collective is called by all members of the group at once, each with its own
+/// buffers (SPMD). Reductions sum in a fixed order, so results are bitwise identical
+/// from run to run on a fixed group. Arguments that disagree across members (sizes,
+/// roots) raise pdo::communication_error on every member; they never hang.
+/// Backends opt in with `using communicator_tag = void;`.
+template <class C>
+concept communicator = requires(const C& c, std::span<float> f, std::span<const float> cf,
+                                std::span<const std::size_t> counts) {
+  typename C::communicator_tag;
+  { c.size() } -> std::same_as<std::size_t>;
+  { c.rank() } -> std::same_as<std::size_t>;
+  c.barrier();
+  c.all_reduce(f, reduce_op::sum);
+  c.all_gather(cf, f);
+  c.reduce_scatter(cf, f, reduce_op::sum);
+  c.broadcast(f, std::size_t{0});
+  c.all_to_all(cf, counts, f, counts);
+  c.send(cf, std::size_t{0}, 0);
+  c.recv(f, std::size_t{0}, 0);
+};
+
+}  // namespace pdo

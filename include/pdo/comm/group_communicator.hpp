@@ -1,0 +1,92 @@
+// pdo/comm/group_communicator.hpp: a member's endpoint on a group, for any backend's group type.
+#pragma once
+
+#include <pdo/comm/communicator_concept.hpp>
+#include <pdo/core/dtype.hpp>
+
+#include <cstddef>
+#include <memory>
+#include <span>
+#include <utility>
+
+namespace pdo {
+
+namespace detail {
+/// @brief Calls `f` with the backend group behind `g`; groups that choose their backend
+/// at run time (any_group) overload it.
+template <class Group, class F>
+decltype(auto) visit_group(Group& g, F&& f) {
+  return std::forward<F>(f)(g);
+}
+}  // namespace detail
+
+/// @brief Member `rank()` of a group of places; see pdo::communicator for the contract.
+/// @tparam Group a backend group: detail::local_group (threads), mpi::detail::group,
+///         or detail::any_group (whichever the mesh was built on).
+template <class Group>
+class group_communicator {
+ public:
+  using communicator_tag = void;
+
+  group_communicator(std::shared_ptr<Group> group, std::size_t member) : group_(std::move(group)), member_(member) {}
+
+  [[nodiscard]] std::size_t size() const {
+    using detail::visit_group;
+    return visit_group(*group_, [](auto& g) { return g.size(); });
+  }
+  [[nodiscard]] std::size_t rank() const { return member_; }
+
+  void barrier() const {
+    with([&](auto& g) { g.barrier(member_); });
+  }
+  /// @brief `data` = op over members of their `data` (same size on all).
+  template <element T>
+  void all_reduce(std::span<T> data, reduce_op op = reduce_op::sum) const {
+    with([&](auto& g) { g.all_reduce(member_, data, op); });
+  }
+  /// @brief `out` = every member's `in`, concatenated in member order (sizes may differ).
+  template <element T>
+  void all_gather(std::span<const T> in, std::span<T> out) const {
+    with([&](auto& g) { g.all_gather(member_, in, out); });
+  }
+  /// @brief `out` = this member's segment of op over members of `in`; segment k has the
+  /// size member k passes as `out`.
+  template <element T>
+  void reduce_scatter(std::span<const T> in, std::span<T> out, reduce_op op = reduce_op::sum) const {
+    with([&](auto& g) { g.reduce_scatter(member_, in, out, op); });
+  }
+  /// @brief `data` = member `root`'s `data`.
+  template <element T>
+  void broadcast(std::span<T> data, std::size_t root) const {
+    with([&](auto& g) { g.broadcast(member_, data, root); });
+  }
+  /// @brief Piece j of `in` (send_counts[j] elements) goes to member j; `out` holds the
+  /// pieces received from members 0..n-1 in order (recv_counts[i] elements from i).
+  template <element T>
+  void all_to_all(std::span<const T> in, std::span<const std::size_t> send_counts, std::span<T> out,
+                  std::span<const std::size_t> recv_counts) const {
+    with([&](auto& g) { g.all_to_all(member_, in, send_counts, out, recv_counts); });
+  }
+  /// @brief Sends `data` to member `to`; returns once it has been received.
+  template <element T>
+  void send(std::span<const T> data, std::size_t to, int tag = 0) const {
+    with([&](auto& g) { g.send(member_, data, to, tag); });
+  }
+  /// @brief Receives exactly `data.size()` elements from member `from`.
+  template <element T>
+  void recv(std::span<T> data, std::size_t from, int tag = 0) const {
+    with([&](auto& g) { g.recv(member_, data, from, tag); });
+  }
+
+ private:
+  template <class F>
+  void with(F&& f) const {
+    using detail::visit_group;  // and, found by ADL, the overloads of run-time chosen groups
+    visit_group(*group_, std::forward<F>(f));
+  }
+
+  std::shared_ptr<Group> group_;
+  std::size_t member_;
+};
+
+}  // namespace pdo

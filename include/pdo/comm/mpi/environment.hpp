@@ -1,0 +1,99 @@
+// pdo/comm/mpi/environment.hpp: MPI start-up, datatypes and error checking for the MPI backend.
+#pragma once
+
+#include <pdo/core/dtype.hpp>
+#include <pdo/core/error.hpp>
+
+#include <mpi.h>
+
+#include <climits>
+#include <concepts>
+#include <cstddef>
+#include <cstdlib>
+#include <string>
+
+namespace pdo::mpi {
+
+namespace detail {
+
+inline void finalize_at_exit() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized) MPI_Finalize();
+}
+
+inline void check(int code, const char* call) {
+  if (code == MPI_SUCCESS) return;
+  char text[MPI_MAX_ERROR_STRING];
+  int length = 0;
+  MPI_Error_string(code, text, &length);
+  throw communication_error(std::string("mpi: ") + call + " failed: " + std::string(text, static_cast<std::size_t>(length)));
+}
+
+template <class T>
+MPI_Datatype datatype() {
+  if constexpr (std::same_as<T, float>) return MPI_FLOAT;
+  else if constexpr (std::same_as<T, double>) return MPI_DOUBLE;
+  else if constexpr (std::same_as<T, long double>) return MPI_LONG_DOUBLE;
+  else if constexpr (std::signed_integral<T>) {
+    if constexpr (sizeof(T) == 1) return MPI_INT8_T;
+    else if constexpr (sizeof(T) == 2) return MPI_INT16_T;
+    else if constexpr (sizeof(T) == 4) return MPI_INT32_T;
+    else return MPI_INT64_T;
+  } else {
+    if constexpr (sizeof(T) == 1) return MPI_UINT8_T;
+    else if constexpr (sizeof(T) == 2) return MPI_UINT16_T;
+    else if constexpr (sizeof(T) == 4) return MPI_UINT32_T;
+    else return MPI_UINT64_T;
+  }
+}
+
+inline MPI_Op op(reduce_op o) {
+  switch (o) {
+    case reduce_op::sum: return MPI_SUM;
+    case reduce_op::max: return MPI_MAX;
+    case reduce_op::min: return MPI_MIN;
+  }
+  return MPI_SUM;
+}
+
+/// @brief `n` as an MPI count, or an error naming the op when it does not fit an int.
+inline int count(std::size_t n, const char* op) {
+  if (n > static_cast<std::size_t>(INT_MAX))
+    throw communication_error(std::string("mpi: ") + op + ": " + std::to_string(n) +
+                              " elements exceed MPI's int count; split the tensor");
+  return static_cast<int>(n);
+}
+
+}  // namespace detail
+
+/// @brief Starts MPI (with MPI_THREAD_MULTIPLE, as places call it from their own
+/// threads) unless it is running already; MPI is finalized when the program exits.
+inline void initialize() {
+  int started = 0;
+  MPI_Initialized(&started);
+  if (started) return;
+  int provided = 0;
+  detail::check(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided), "MPI_Init_thread");
+  std::atexit(detail::finalize_at_exit);
+  if (provided < MPI_THREAD_MULTIPLE)
+    throw communication_error("mpi: the MPI library does not provide MPI_THREAD_MULTIPLE, which places need");
+}
+
+/// @brief This process's rank in MPI_COMM_WORLD.
+inline int rank() {
+  initialize();
+  int r = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+
+/// @brief The number of processes in MPI_COMM_WORLD.
+inline int size() {
+  initialize();
+  int n = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  return n;
+}
+
+}  // namespace pdo::mpi

@@ -1,0 +1,373 @@
+// pdo/comm/mpi/group.hpp: a group of places spread over MPI processes, one or more per process.
+#pragma once
+
+#include <pdo/comm/mpi/environment.hpp>
+#include <pdo/comm/threads/local_group.hpp>
+
+#include <mpi.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstring>
+#include <exception>
+#include <numeric>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace pdo::mpi::detail {
+
+using pdo::detail::local_group;
+
+/// @brief The group's members are numbered in mesh order and live on increasing MPI
+/// ranks; this process holds members [first, first + local size). Each collective
+/// runs in three steps: the members of this process publish their buffers; the first
+/// of them (the leader) exchanges what all members passed, so every process reaches
+/// the same verdict on bad arguments (an error everywhere, never a hang); then the
+/// members reduce among themselves through shared memory while the leader moves the
+/// combined data between processes, and each member copies out its result.
+class group {
+ public:
+  /// @param members_per_rank for each process of `comm` in rank order, its member count
+  group(MPI_Comm comm, std::vector<std::size_t> members_per_rank, std::vector<std::string> member_names)
+      : comm_(comm),
+        per_rank_(std::move(members_per_rank)),
+        names_(std::move(member_names)),
+        local_(local_names()),
+        args_(local_.size()) {}
+  group(const group&) = delete;
+  group& operator=(const group&) = delete;
+  ~group() {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+  }
+
+  [[nodiscard]] std::size_t size() const { return names_.size(); }
+  [[nodiscard]] std::size_t first() const { return first_of(my_rank()); }
+  [[nodiscard]] local_group& local() { return local_; }
+  void abort() { local_.abort(); }
+  void reset() { local_.reset(); }
+
+  void barrier(std::size_t me) {
+    exchange(me, {});
+    local_.barrier();
+  }
+
+  template <class T>
+  void all_reduce(std::size_t me, std::span<T> data, reduce_op op) {
+    const std::size_t l = me - first();
+    args_[l] = {data.data(), data.data()};
+    const auto& counts = exchange(me, {data.size()});
+    for (std::size_t k = 0; k < size(); ++k)
+      if (counts[k] != counts[0]) fail("all_reduce: members called it with different sizes (" + listing(counts, 1, 0) + ")");
+    if (local_.size() > 1) local_.all_reduce(l, data, op);
+    leader_step(l, [&] {
+      pdo::mpi::detail::check(MPI_Allreduce(MPI_IN_PLACE, data.data(), pdo::mpi::detail::count(data.size(), "all_reduce"),
+                                            datatype<T>(), op_of(op), comm_),
+                              "MPI_Allreduce");
+    });
+    if (l != 0) std::memcpy(data.data(), args_[0].out, data.size() * sizeof(T));
+    local_.barrier();
+  }
+
+  template <class T>
+  void all_gather(std::size_t me, std::span<const T> in, std::span<T> out) {
+    const std::size_t l = me - first();
+    args_[l] = {in.data(), out.data()};
+    const auto& counts = exchange(me, {in.size(), out.size()});
+    std::size_t total = 0;
+    for (std::size_t k = 0; k < size(); ++k) total += counts[2 * k];
+    for (std::size_t k = 0; k < size(); ++k)
+      if (counts[2 * k + 1] != total)
+        fail("all_gather: inputs add up to " + std::to_string(total) + " elements but outputs hold (" + listing(counts, 2, 1) + ")");
+    T* leader_out = static_cast<T*>(args_[0].out);
+    std::memcpy(leader_out + prefix(counts, 2, 0, me), in.data(), in.size() * sizeof(T));
+    local_.barrier();
+    leader_step(l, [&] {
+      auto [rank_counts, displs] = rank_blocks(counts, 2, 0);
+      pdo::mpi::detail::check(MPI_Allgatherv(MPI_IN_PLACE, 0, datatype<T>(), leader_out, rank_counts.data(), displs.data(),
+                                             datatype<T>(), comm_),
+                              "MPI_Allgatherv");
+    });
+    if (l != 0) std::memcpy(out.data(), leader_out, out.size() * sizeof(T));
+    local_.barrier();
+  }
+
+  template <class T>
+  void reduce_scatter(std::size_t me, std::span<const T> in, std::span<T> out, reduce_op op) {
+    const std::size_t l = me - first();
+    args_[l] = {in.data(), out.data()};
+    const auto& counts = exchange(me, {in.size(), out.size()});
+    std::size_t total = 0;
+    for (std::size_t k = 0; k < size(); ++k) {
+      if (counts[2 * k] != counts[0]) fail("reduce_scatter: members called it with different sizes (" + listing(counts, 2, 0) + ")");
+      total += counts[2 * k + 1];
+    }
+    if (total != counts[0])
+      fail("reduce_scatter: outputs add up to " + std::to_string(total) + " elements but the input has " + std::to_string(counts[0]));
+    // Sum this process's inputs first (each member a slice), then across processes.
+    const T* send = in.data();
+    if (local_.size() > 1) {
+      if (l == 0) staging_.resize(in.size() * sizeof(T));
+      local_.barrier();
+      T* stage = reinterpret_cast<T*>(staging_.data());
+      const auto [lo, hi] = pdo::detail::work_range<T>(in.size(), local_.size(), l);
+      std::vector<const T*> srcs(local_.size());
+      for (std::size_t k = 0; k < local_.size(); ++k) srcs[k] = static_cast<const T*>(args_[k].in);
+      pdo::detail::reduce_blocks<T>(srcs, std::span<T* const>(&stage, 1), lo, hi, op);
+      send = stage;
+      local_.barrier();
+    }
+    const std::size_t block_offset = prefix(counts, 2, 1, first());
+    leader_step(l, [&] {
+      auto [rank_counts, displs] = rank_blocks(counts, 2, 1);
+      const std::size_t mine = static_cast<std::size_t>(rank_counts[static_cast<std::size_t>(my_rank())]);
+      result_.resize(mine * sizeof(T));
+      pdo::mpi::detail::check(MPI_Reduce_scatter(send, result_.data(), rank_counts.data(), datatype<T>(), op_of(op), comm_),
+                              "MPI_Reduce_scatter");
+    });
+    std::memcpy(out.data(), result_.data() + (prefix(counts, 2, 1, me) - block_offset) * sizeof(T), out.size() * sizeof(T));
+    local_.barrier();
+  }
+
+  template <class T>
+  void broadcast(std::size_t me, std::span<T> data, std::size_t root) {
+    const std::size_t l = me - first();
+    args_[l] = {data.data(), data.data()};
+    const auto& counts = exchange(me, {data.size(), root});
+    for (std::size_t k = 0; k < size(); ++k)
+      if (counts[2 * k] != counts[0] || counts[2 * k + 1] != counts[1])
+        fail("broadcast: members called it with different sizes or roots (" + listing(counts, 2, 0) + "; roots " + listing(counts, 2, 1) + ")");
+    if (root >= size()) fail("broadcast: root " + std::to_string(root) + " is not a member of a group of " + std::to_string(size()));
+    const int root_rank = rank_of(root);
+    const bool root_here = root_rank == my_rank();
+    T* source = static_cast<T*>(args_[root_here ? root - first() : 0].out);
+    leader_step(l, [&] {
+      pdo::mpi::detail::check(MPI_Bcast(source, pdo::mpi::detail::count(data.size(), "broadcast"), datatype<T>(), root_rank, comm_),
+                              "MPI_Bcast");
+    });
+    if (data.data() != source) std::memcpy(data.data(), source, data.size() * sizeof(T));
+    local_.barrier();
+  }
+
+  template <class T>
+  void all_to_all(std::size_t me, std::span<const T> in, std::span<const std::size_t> send_counts, std::span<T> out,
+                  std::span<const std::size_t> recv_counts) {
+    const std::size_t l = me - first();
+    const std::size_t n = size();
+    args_[l] = {in.data(), out.data()};
+    // member k contributes: n send counts, n receive counts, and whether its own
+    // arguments are consistent, so that every process fails alike on bad ones
+    const bool shaped = send_counts.size() == n && recv_counts.size() == n;
+    std::vector<std::size_t> mine(2 * n + 1, 0);
+    if (shaped) {
+      std::copy(send_counts.begin(), send_counts.end(), mine.begin());
+      std::copy(recv_counts.begin(), recv_counts.end(), mine.begin() + static_cast<std::ptrdiff_t>(n));
+      mine[2 * n] = std::accumulate(send_counts.begin(), send_counts.end(), std::size_t{0}) == in.size() &&
+                    std::accumulate(recv_counts.begin(), recv_counts.end(), std::size_t{0}) == out.size();
+    }
+    const auto& m = exchange(me, mine);
+    const std::size_t w = 2 * n + 1;
+    auto sends = [&](std::size_t i, std::size_t j) { return m[i * w + j]; };
+    auto recvs = [&](std::size_t j, std::size_t i) { return m[j * w + n + i]; };
+    for (std::size_t k = 0; k < n; ++k)
+      if (m[k * w + 2 * n] == 0)
+        fail("all_to_all: " + names_[k] + "'s counts are not one per member or do not add up to its buffers");
+    for (std::size_t i = 0; i < n; ++i)
+      for (std::size_t j = 0; j < n; ++j)
+        if (sends(i, j) != recvs(j, i))
+          fail("all_to_all: " + names_[i] + " sends " + std::to_string(sends(i, j)) + " elements to " + names_[j] +
+               ", which expects " + std::to_string(recvs(j, i)));
+    local_.barrier();
+    const std::size_t ranks = per_rank_.size(), f = first(), nl = local_.size();
+    auto offset_in = [&](std::size_t i, std::size_t j) {  // where piece i->j starts in member i's input
+      std::size_t o = 0;
+      for (std::size_t k = 0; k < j; ++k) o += sends(i, k);
+      return o;
+    };
+    leader_step(l, [&] {
+      // send block to rank q: for each member j of q, for each local member i: piece i->j
+      std::vector<int> scount(ranks), sdispl(ranks), rcount(ranks), rdispl(ranks);
+      std::size_t stotal = 0, rtotal = 0;
+      for (std::size_t q = 0; q < ranks; ++q) {
+        std::size_t s = 0, r = 0;
+        for (std::size_t j = first_of(static_cast<int>(q)); j < first_of(static_cast<int>(q)) + per_rank_[q]; ++j)
+          for (std::size_t i = f; i < f + nl; ++i) s += sends(i, j);
+        for (std::size_t j = f; j < f + nl; ++j)
+          for (std::size_t i = first_of(static_cast<int>(q)); i < first_of(static_cast<int>(q)) + per_rank_[q]; ++i) r += sends(i, j);
+        scount[q] = pdo::mpi::detail::count(s, "all_to_all");
+        rcount[q] = pdo::mpi::detail::count(r, "all_to_all");
+        sdispl[q] = pdo::mpi::detail::count(stotal, "all_to_all");
+        rdispl[q] = pdo::mpi::detail::count(rtotal, "all_to_all");
+        stotal += s;
+        rtotal += r;
+      }
+      staging_.resize(stotal * sizeof(T));
+      result_.resize(rtotal * sizeof(T));
+      T* pack = reinterpret_cast<T*>(staging_.data());
+      for (std::size_t q = 0; q < ranks; ++q)
+        for (std::size_t j = first_of(static_cast<int>(q)); j < first_of(static_cast<int>(q)) + per_rank_[q]; ++j)
+          for (std::size_t i = f; i < f + nl; ++i) {
+            std::memcpy(pack, static_cast<const T*>(args_[i - f].in) + offset_in(i, j), sends(i, j) * sizeof(T));
+            pack += sends(i, j);
+          }
+      pdo::mpi::detail::check(MPI_Alltoallv(staging_.data(), scount.data(), sdispl.data(), datatype<T>(), result_.data(),
+                                            rcount.data(), rdispl.data(), datatype<T>(), comm_),
+                              "MPI_Alltoallv");
+    });
+    // received from rank r: for each local member j, for each member i of r: piece i->j
+    const T* src = reinterpret_cast<const T*>(result_.data());
+    T* dst = out.data();
+    for (std::size_t r = 0; r < ranks; ++r) {
+      const std::size_t fr = first_of(static_cast<int>(r));
+      for (std::size_t j = f; j < f + nl; ++j)
+        for (std::size_t i = fr; i < fr + per_rank_[r]; ++i) {
+          if (j == me) {
+            std::memcpy(dst, src, sends(i, j) * sizeof(T));
+            dst += sends(i, j);
+          }
+          src += sends(i, j);
+        }
+    }
+    local_.barrier();
+  }
+
+  template <class T>
+  void send(std::size_t me, std::span<const T> data, std::size_t to, int tag) {
+    if (rank_of(to) == my_rank()) return local_.send(me - first(), data, to - first(), tag);
+    pdo::mpi::detail::check(MPI_Send(data.data(), pdo::mpi::detail::count(data.size(), "send"), datatype<T>(), rank_of(to),
+                                     wire_tag(me, to, tag), comm_),
+                            "MPI_Send");
+  }
+
+  template <class T>
+  void recv(std::size_t me, std::span<T> data, std::size_t from, int tag) {
+    if (rank_of(from) == my_rank()) return local_.recv(me - first(), data, from - first(), tag);
+    MPI_Status status;
+    const int wire = wire_tag(from, me, tag);
+    pdo::mpi::detail::check(MPI_Probe(rank_of(from), wire, comm_, &status), "MPI_Probe");
+    int got = 0;
+    MPI_Get_count(&status, datatype<T>(), &got);
+    if (static_cast<std::size_t>(got) != data.size()) {
+      std::vector<T> drain(static_cast<std::size_t>(got));
+      MPI_Recv(drain.data(), got, datatype<T>(), rank_of(from), wire, comm_, MPI_STATUS_IGNORE);
+      throw communication_error("send/recv: " + names_[from] + " sent " + std::to_string(got) + " elements with tag " +
+                                std::to_string(tag) + " but " + names_[me] + " expects " + std::to_string(data.size()));
+    }
+    pdo::mpi::detail::check(MPI_Recv(data.data(), got, datatype<T>(), rank_of(from), wire, comm_, MPI_STATUS_IGNORE), "MPI_Recv");
+  }
+
+ private:
+  struct args {
+    const void* in = nullptr;
+    void* out = nullptr;
+  };
+
+  template <class T>
+  static MPI_Datatype datatype() { return pdo::mpi::detail::datatype<T>(); }
+  static MPI_Op op_of(reduce_op op) { return pdo::mpi::detail::op(op); }
+
+  int my_rank() const {
+    int r = 0;
+    MPI_Comm_rank(comm_, &r);
+    return r;
+  }
+  std::size_t first_of(int rank) const {
+    return std::accumulate(per_rank_.begin(), per_rank_.begin() + rank, std::size_t{0});
+  }
+  int rank_of(std::size_t member) const {
+    std::size_t end = 0;
+    for (std::size_t r = 0; r < per_rank_.size(); ++r)
+      if (member < (end += per_rank_[r])) return static_cast<int>(r);
+    return static_cast<int>(per_rank_.size()) - 1;
+  }
+  int wire_tag(std::size_t from, std::size_t to, int tag) const {
+    return static_cast<int>((static_cast<std::size_t>(tag) * size() + from) * size() + to);
+  }
+  std::vector<std::string> local_names() const {
+    const std::size_t f = first_of(my_rank());
+    return {names_.begin() + static_cast<std::ptrdiff_t>(f),
+            names_.begin() + static_cast<std::ptrdiff_t>(f + per_rank_[static_cast<std::size_t>(my_rank())])};
+  }
+
+  /// @brief Every member's `values` (all of one width), in member order, on every member.
+  const std::vector<std::size_t>& exchange(std::size_t me, const std::vector<std::size_t>& values) {
+    const std::size_t l = me - first(), width = values.size();
+    if (l == 0) {
+      local_values_.assign(local_.size() * width, 0);
+      width_ = width;
+    }
+    local_.barrier();
+    std::copy(values.begin(), values.end(), local_values_.begin() + static_cast<std::ptrdiff_t>(l * width));
+    leader_step(l, [&] {
+      std::vector<int> counts(per_rank_.size()), displs(per_rank_.size());
+      for (std::size_t r = 0; r < per_rank_.size(); ++r) {
+        counts[r] = static_cast<int>(per_rank_[r] * width_);
+        displs[r] = static_cast<int>(first_of(static_cast<int>(r)) * width_);
+      }
+      all_values_.assign(size() * width_, 0);
+      pdo::mpi::detail::check(MPI_Allgatherv(local_values_.data(), static_cast<int>(local_values_.size()), MPI_UINT64_T,
+                                             all_values_.data(), counts.data(), displs.data(), MPI_UINT64_T, comm_),
+                              "MPI_Allgatherv");
+    });
+    return all_values_;
+  }
+
+  /// @brief The leader runs `work` (its MPI calls); a failure there reaches every member.
+  template <class Work>
+  void leader_step(std::size_t l, Work&& work) {
+    if (l == 0) {
+      problem_.clear();
+      try {
+        work();
+      } catch (const std::exception& e) {
+        problem_ = e.what();
+      }
+    }
+    local_.barrier();
+    if (!problem_.empty()) {
+      const std::string what = problem_;
+      local_.barrier();
+      throw communication_error(what);
+    }
+  }
+
+  /// @brief An argument error every member of every process has found alike.
+  [[noreturn]] void fail(const std::string& what) {
+    local_.barrier();
+    throw communication_error(what);
+  }
+  static std::size_t prefix(const std::vector<std::size_t>& v, std::size_t width, std::size_t field, std::size_t upto) {
+    std::size_t s = 0;
+    for (std::size_t k = 0; k < upto; ++k) s += v[k * width + field];
+    return s;
+  }
+  std::pair<std::vector<int>, std::vector<int>> rank_blocks(const std::vector<std::size_t>& v, std::size_t width,
+                                                            std::size_t field) const {
+    std::vector<int> counts(per_rank_.size()), displs(per_rank_.size());
+    for (std::size_t r = 0; r < per_rank_.size(); ++r) {
+      const std::size_t f = first_of(static_cast<int>(r));
+      displs[r] = pdo::mpi::detail::count(prefix(v, width, field, f), "collective");
+      counts[r] = pdo::mpi::detail::count(prefix(v, width, field, f + per_rank_[r]) - prefix(v, width, field, f), "collective");
+    }
+    return {counts, displs};
+  }
+  std::string listing(const std::vector<std::size_t>& v, std::size_t width, std::size_t field) const {
+    std::string text;
+    for (std::size_t k = 0; k < size(); ++k) text += (k ? ", " : "") + names_[k] + ": " + std::to_string(v[k * width + field]);
+    return text;
+  }
+
+  MPI_Comm comm_;
+  std::vector<std::size_t> per_rank_;
+  std::vector<std::string> names_;
+  local_group local_;
+  std::vector<args> args_;
+  std::vector<std::size_t> local_values_, all_values_;
+  std::size_t width_ = 0;
+  std::vector<unsigned char> staging_, result_;
+  std::string problem_;
+};
+
+}  // namespace pdo::mpi::detail

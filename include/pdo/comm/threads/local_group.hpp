@@ -1,0 +1,301 @@
+// pdo/comm/threads/local_group.hpp: collectives among threads of one process over shared memory.
+#pragma once
+
+#include <pdo/comm/barrier.hpp>
+#include <pdo/core/dtype.hpp>
+#include <pdo/core/error.hpp>
+#include <pdo/core/shape.hpp>
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstddef>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <span>
+#include <string>
+#include <tuple>
+#include <vector>
+
+namespace pdo::detail {
+
+/// @brief Elementwise `acc[i] = op(acc[i], src[i])`, written so the compiler vectorises it.
+template <class T>
+void reduce_into(T* __restrict acc, const T* __restrict src, std::size_t n, reduce_op op) {
+  switch (op) {
+    case reduce_op::sum:
+      for (std::size_t i = 0; i < n; ++i) acc[i] += src[i];
+      break;
+    case reduce_op::max:
+      for (std::size_t i = 0; i < n; ++i) acc[i] = acc[i] < src[i] ? src[i] : acc[i];
+      break;
+    case reduce_op::min:
+      for (std::size_t i = 0; i < n; ++i) acc[i] = src[i] < acc[i] ? src[i] : acc[i];
+      break;
+  }
+}
+
+/// @brief `dst[lo, hi) = op over k of srcs[k][lo, hi)`, summed in the order of `srcs`
+/// (fixed, so results are bitwise reproducible), then copied to every `dsts[k]`.
+/// Works block by block through a buffer that stays in L1.
+template <class T>
+void reduce_blocks(std::span<const T* const> srcs, std::span<T* const> dsts, std::size_t lo, std::size_t hi,
+                   reduce_op op) {
+  constexpr std::size_t block = 2048;
+  alignas(64) T acc[block];
+  for (std::size_t b = lo; b < hi; b += block) {
+    const std::size_t n = std::min(block, hi - b);
+    std::memcpy(acc, srcs[0] + b, n * sizeof(T));
+    for (std::size_t k = 1; k < srcs.size(); ++k) reduce_into(acc, srcs[k] + b, n, op);
+    for (T* d : dsts) std::memcpy(d + b, acc, n * sizeof(T));
+  }
+}
+
+/// @brief The part of [0, n) that member `me` of `members` works on, cut at 64-byte
+/// boundaries so no two members write the same cache line.
+template <class T>
+std::pair<std::size_t, std::size_t> work_range(std::size_t n, std::size_t members, std::size_t me) {
+  constexpr std::size_t align = std::max<std::size_t>(1, 64 / sizeof(T));
+  const std::size_t units = (n + align - 1) / align;
+  const std::size_t lo = std::min(n, chunk_offset(units, members, me) * align);
+  const std::size_t hi = std::min(n, (chunk_offset(units, members, me) + chunk_size(units, members, me)) * align);
+  return {lo, hi};
+}
+
+/// @brief The members of one group that live in this process, and the shared slots
+/// through which they see each other's buffers. Every collective is called by all
+/// `size()` members at once, each from its own thread, with its own member index.
+///
+/// Protocol: publish the buffers, barrier, check the arguments agree (all members
+/// reach the same verdict from the same slots, so a mismatch is an error on every
+/// member, never a hang), do this member's share of the work, barrier.
+class local_group {
+ public:
+  explicit local_group(std::vector<std::string> member_names)
+      : names_(std::move(member_names)), slots_(names_.size()), barrier_(static_cast<std::uint32_t>(names_.size())) {}
+
+  [[nodiscard]] std::size_t size() const { return names_.size(); }
+  [[nodiscard]] const std::string& name(std::size_t member) const { return names_[member]; }
+
+  void barrier() { barrier_.arrive_and_wait(); }
+  void barrier(std::size_t /*me*/) { barrier_.arrive_and_wait(); }
+
+  /// @brief Wakes every member blocked in this group with an error; see reset().
+  void abort() {
+    barrier_.abort();
+    std::lock_guard lock(mail_mutex_);
+    mail_aborted_ = true;
+    mail_ready_.notify_all();
+  }
+  /// @brief Makes the group usable again once no member is inside a collective.
+  void reset() {
+    barrier_.reset();
+    std::lock_guard lock(mail_mutex_);
+    mail_aborted_ = false;
+    mailbox_.clear();
+  }
+
+  template <class T>
+  void all_reduce(std::size_t me, std::span<T> data, reduce_op op) {
+    publish(me, {data.data(), data.data(), data.size(), data.size()});
+    barrier_.arrive_and_wait();
+    check_equal_counts("all_reduce", &slot::in_count, me);
+    const auto [lo, hi] = work_range<T>(data.size(), size(), me);
+    std::vector<const T*> srcs(size());
+    std::vector<T*> dsts(size());
+    for (std::size_t k = 0; k < size(); ++k) {
+      srcs[k] = static_cast<const T*>(slots_[k].in);
+      dsts[k] = static_cast<T*>(slots_[k].out);
+    }
+    reduce_blocks<T>(srcs, dsts, lo, hi, op);
+    barrier_.arrive_and_wait();
+  }
+
+  /// @brief `out` (same size on every member) = the members' `in` concatenated in
+  /// member order; inputs may differ in size.
+  template <class T>
+  void all_gather(std::size_t me, std::span<const T> in, std::span<T> out) {
+    publish(me, {in.data(), out.data(), in.size(), out.size()});
+    barrier_.arrive_and_wait();
+    check_total("all_gather", me);
+    std::size_t offset = 0;
+    for (const slot& s : slots_) {
+      std::memcpy(out.data() + offset, s.in, s.in_count * sizeof(T));
+      offset += s.in_count;
+    }
+    barrier_.arrive_and_wait();
+  }
+
+  /// @brief `in` (same size on every member) reduced over members; member k keeps the
+  /// k-th segment, whose size is its `out.size()`.
+  template <class T>
+  void reduce_scatter(std::size_t me, std::span<const T> in, std::span<T> out, reduce_op op) {
+    publish(me, {in.data(), out.data(), in.size(), out.size()});
+    barrier_.arrive_and_wait();
+    check_equal_counts("reduce_scatter", &slot::in_count, me);
+    check_total("reduce_scatter", me, /*outputs_sum_to_input=*/true);
+    std::size_t offset = 0;
+    for (std::size_t k = 0; k < me; ++k) offset += slots_[k].out_count;
+    std::vector<const T*> srcs(size());
+    for (std::size_t k = 0; k < size(); ++k) srcs[k] = static_cast<const T*>(slots_[k].in) + offset;
+    T* dst = out.data();
+    reduce_blocks<T>(srcs, std::span<T* const>(&dst, 1), 0, out.size(), op);
+    barrier_.arrive_and_wait();
+  }
+
+  template <class T>
+  void broadcast(std::size_t me, std::span<T> data, std::size_t root) {
+    publish(me, {data.data(), data.data(), data.size(), root});
+    barrier_.arrive_and_wait();
+    check_equal_counts("broadcast", &slot::in_count, me);
+    check_equal_counts("broadcast (root)", &slot::out_count, me);
+    if (root >= size()) fail_after_barrier("broadcast: root " + std::to_string(root) + " is not a member of a group of " + std::to_string(size()));
+    if (me != root) std::memcpy(data.data(), slots_[root].in, data.size() * sizeof(T));
+    barrier_.arrive_and_wait();
+  }
+
+  /// @brief Member i sends `in`'s i->j piece (send_counts[j] elements, pieces in member
+  /// order) to member j, which receives recv_counts[i] elements from i, in member order.
+  template <class T>
+  void all_to_all(std::size_t me, std::span<const T> in, std::span<const std::size_t> send_counts, std::span<T> out,
+                  std::span<const std::size_t> recv_counts) {
+    slot s{in.data(), out.data(), in.size(), out.size()};
+    s.send_counts = send_counts.data();
+    s.recv_counts = recv_counts.data();
+    s.counts_size = std::min(send_counts.size(), recv_counts.size());
+    publish(me, s);
+    barrier_.arrive_and_wait();
+    check_all_to_all(me);
+    std::size_t out_offset = 0;
+    for (std::size_t i = 0; i < size(); ++i) {
+      const slot& src = slots_[i];
+      std::size_t in_offset = 0;
+      for (std::size_t j = 0; j < me; ++j) in_offset += src.send_counts[j];
+      std::memcpy(out.data() + out_offset, static_cast<const T*>(src.in) + in_offset, recv_counts[i] * sizeof(T));
+      out_offset += recv_counts[i];
+    }
+    barrier_.arrive_and_wait();
+  }
+
+  /// @brief Blocks until member `to` has received `data` with a matching recv.
+  template <class T>
+  void send(std::size_t me, std::span<const T> data, std::size_t to, int tag) {
+    std::unique_lock lock(mail_mutex_);
+    auto& post = mailbox_[{me, to, tag}];
+    post.data = data.data();
+    post.count = data.size();
+    post.posted = true;
+    mail_ready_.notify_all();
+    mail_ready_.wait(lock, [&] { return post.done || mail_aborted_; });
+    const std::string problem = post.done ? post.problem : std::string("send aborted: another place of the group failed");
+    if (post.done) mailbox_.erase({me, to, tag});
+    if (!problem.empty()) throw communication_error(problem);
+  }
+
+  template <class T>
+  void recv(std::size_t me, std::span<T> data, std::size_t from, int tag) {
+    std::unique_lock lock(mail_mutex_);
+    auto& post = mailbox_[{from, me, tag}];
+    mail_ready_.wait(lock, [&] { return post.posted || mail_aborted_; });
+    if (!post.posted) throw communication_error("recv aborted: another place of the group failed");
+    if (post.count != data.size()) {
+      post.problem = "send/recv: " + names_[from] + " sent " + std::to_string(post.count) + " elements with tag " +
+                     std::to_string(tag) + " but " + names_[me] + " expects " + std::to_string(data.size());
+    } else {
+      std::memcpy(data.data(), post.data, data.size() * sizeof(T));
+    }
+    post.done = true;
+    const std::string problem = post.problem;
+    mail_ready_.notify_all();
+    if (!problem.empty()) throw communication_error(problem);
+  }
+
+ private:
+  struct slot {
+    const void* in = nullptr;
+    void* out = nullptr;
+    std::size_t in_count = 0;
+    std::size_t out_count = 0;
+    const std::size_t* send_counts = nullptr;
+    const std::size_t* recv_counts = nullptr;
+    std::size_t counts_size = 0;
+  };
+  struct post {
+    const void* data = nullptr;
+    std::size_t count = 0;
+    bool posted = false;
+    bool done = false;
+    std::string problem;
+  };
+
+  void publish(std::size_t me, const slot& s) { slots_[me] = s; }
+
+  /// @brief Second barrier of a failed collective, then the error on every member.
+  [[noreturn]] void fail_after_barrier(const std::string& what) {
+    barrier_.arrive_and_wait();
+    throw communication_error(what);
+  }
+
+  std::string counts_text(std::size_t slot::*field) const {
+    std::string text;
+    for (std::size_t k = 0; k < size(); ++k)
+      text += (k ? ", " : "") + names_[k] + ": " + std::to_string(slots_[k].*field);
+    return text;
+  }
+
+  void check_equal_counts(const char* op, std::size_t slot::*field, std::size_t) {
+    for (const slot& s : slots_)
+      if (s.*field != slots_[0].*field)
+        fail_after_barrier(std::string(op) + ": members called it with different sizes (" + counts_text(field) + ")");
+  }
+
+  void check_total(const char* op, std::size_t, bool outputs_sum_to_input = false) {
+    std::size_t total = 0;
+    if (outputs_sum_to_input) {
+      for (const slot& s : slots_) total += s.out_count;
+      if (total != slots_[0].in_count)
+        fail_after_barrier(std::string(op) + ": outputs add up to " + std::to_string(total) +
+                           " elements but the input has " + std::to_string(slots_[0].in_count) + " (" +
+                           counts_text(&slot::out_count) + ")");
+      return;
+    }
+    for (const slot& s : slots_) total += s.in_count;
+    for (const slot& s : slots_)
+      if (s.out_count != total)
+        fail_after_barrier(std::string(op) + ": inputs add up to " + std::to_string(total) +
+                           " elements but outputs hold (" + counts_text(&slot::out_count) + ")");
+  }
+
+  void check_all_to_all(std::size_t) {
+    for (std::size_t i = 0; i < size(); ++i) {
+      const slot& si = slots_[i];
+      std::size_t sent = 0, received = 0;
+      if (si.counts_size != size())
+        fail_after_barrier("all_to_all: " + names_[i] + " gave " + std::to_string(si.counts_size) +
+                           " counts for a group of " + std::to_string(size()));
+      for (std::size_t j = 0; j < size(); ++j) {
+        sent += si.send_counts[j];
+        received += si.recv_counts[j];
+      }
+      if (sent != si.in_count || received != si.out_count)
+        fail_after_barrier("all_to_all: " + names_[i] + "'s counts do not add up to its buffers");
+    }
+    for (std::size_t i = 0; i < size(); ++i)
+      for (std::size_t j = 0; j < size(); ++j)
+        if (slots_[i].send_counts[j] != slots_[j].recv_counts[i])
+          fail_after_barrier("all_to_all: " + names_[i] + " sends " + std::to_string(slots_[i].send_counts[j]) +
+                             " elements to " + names_[j] + ", which expects " +
+                             std::to_string(slots_[j].recv_counts[i]));
+  }
+
+  std::vector<std::string> names_;
+  std::vector<slot> slots_;
+  group_barrier barrier_;
+
+  std::mutex mail_mutex_;
+  std::condition_variable mail_ready_;
+  std::map<std::tuple<std::size_t, std::size_t, int>, post> mailbox_;
+  bool mail_aborted_ = false;
+};
+
+}  // namespace pdo::detail

@@ -1,0 +1,51 @@
+// pdo/core/dtype.hpp: element types pdo moves and reduces, and their short names.
+#pragma once
+
+#include <concepts>
+#include <cstdint>
+#include <string_view>
+#include <type_traits>
+
+namespace pdo {
+
+/// @brief An element type pdo tensors hold: an arithmetic type other than bool.
+template <class T>
+concept element = std::is_arithmetic_v<T> && !std::same_as<T, bool>;
+
+/// @brief Reduction applied by all_reduce and reduce_scatter.
+enum class reduce_op { sum, max, min };
+
+namespace detail {
+
+template <class T>
+constexpr std::string_view dtype_name() {
+  if constexpr (std::same_as<T, float>) return "f32";
+  else if constexpr (std::same_as<T, double>) return "f64";
+  else if constexpr (std::same_as<T, std::int32_t>) return "i32";
+  else if constexpr (std::same_as<T, std::int64_t>) return "i64";
+  else if constexpr (std::floating_point<T>) return "float";
+  else if constexpr (std::signed_integral<T>) return "int";
+  else return "uint";
+}
+
+constexpr std::string_view op_name(reduce_op op) {
+  switch (op) {
+    case reduce_op::sum: return "sum";
+    case reduce_op::max: return "max";
+    case reduce_op::min: return "min";
+  }
+  return "?";
+}
+
+template <class T>
+constexpr T apply(reduce_op op, T a, T b) {
+  switch (op) {
+    case reduce_op::sum: return a + b;
+    case reduce_op::max: return a < b ? b : a;
+    case reduce_op::min: return b < a ? b : a;
+  }
+  return a;
+}
+
+}  // namespace detail
+}  // namespace pdo

@@ -1,0 +1,27 @@
+// pdo/core/fixed_string.hpp: a string usable as a template argument (mesh axis names).
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <string_view>
+
+namespace pdo {
+
+/// @brief A compile-time string literal, usable as a non-type template parameter
+/// (`pdo::split<"dp">`, `pdo::mesh<"dp", "tp">`).
+template <std::size_t N>
+struct fixed_string {
+  char chars[N]{};
+
+  constexpr fixed_string(const char (&text)[N]) { std::copy_n(text, N, chars); }
+
+  [[nodiscard]] constexpr std::string_view view() const { return {chars, N - 1}; }
+  [[nodiscard]] constexpr operator std::string_view() const { return view(); }
+
+  template <std::size_t M>
+  [[nodiscard]] constexpr bool operator==(const fixed_string<M>& other) const {
+    return view() == other.view();
+  }
+};
+
+}  // namespace pdo

@@ -1,0 +1,82 @@
+// pdo/core/shape.hpp: shapes, row-major strides and the even-split rule for shards.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace pdo {
+
+/// @brief The extents of a tensor of rank `Rank`.
+template <std::size_t Rank>
+using shape_t = std::array<std::size_t, Rank>;
+
+namespace detail {
+
+template <std::size_t Rank>
+constexpr std::size_t volume(const shape_t<Rank>& shape) {
+  std::size_t n = 1;
+  for (auto e : shape) n *= e;
+  return n;
+}
+
+template <std::size_t Rank>
+constexpr std::array<std::ptrdiff_t, Rank> row_major_strides(const shape_t<Rank>& shape) {
+  std::array<std::ptrdiff_t, Rank> strides{};
+  std::ptrdiff_t s = 1;
+  for (std::size_t d = Rank; d-- > 0;) {
+    strides[d] = s;
+    s *= static_cast<std::ptrdiff_t>(shape[d]);
+  }
+  return strides;
+}
+
+/// @brief Size of chunk `index` when `extent` elements are cut into `parts` chunks:
+/// sizes differ by at most one, larger chunks first (10 over 4 -> 3,3,2,2).
+constexpr std::size_t chunk_size(std::size_t extent, std::size_t parts, std::size_t index) {
+  return extent / parts + (index < extent % parts ? 1 : 0);
+}
+
+/// @brief Offset of chunk `index` under the rule of chunk_size.
+constexpr std::size_t chunk_offset(std::size_t extent, std::size_t parts, std::size_t index) {
+  const std::size_t rem = extent % parts;
+  return index * (extent / parts) + (index < rem ? index : rem);
+}
+
+template <class Range>
+std::string format_extents(const Range& extents) {
+  std::ostringstream os;
+  os << '[';
+  bool first = true;
+  for (auto e : extents) {
+    if (!first) os << ", ";
+    os << e;
+    first = false;
+  }
+  os << ']';
+  return os.str();
+}
+
+/// @brief A tensor viewed as [outer, extent(dim), inner], the form every pack,
+/// unpack and slice along one dim works on.
+struct dim_view {
+  std::size_t outer = 1;
+  std::size_t extent = 1;
+  std::size_t inner = 1;
+};
+
+template <std::size_t Rank>
+constexpr dim_view view_along(const shape_t<Rank>& shape, std::size_t dim) {
+  dim_view v;
+  for (std::size_t d = 0; d < Rank; ++d) {
+    if (d < dim) v.outer *= shape[d];
+    else if (d == dim) v.extent = shape[d];
+    else v.inner *= shape[d];
+  }
+  return v;
+}
+
+}  // namespace detail
+}  // namespace pdo

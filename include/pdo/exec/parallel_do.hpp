@@ -1,0 +1,183 @@
+// pdo/exec/parallel_do.hpp: run a block on every place over its local shards, and merge the results.
+#pragma once
+
+#include <pdo/comm/mesh_comms.hpp>
+#include <pdo/exec/run_on_places.hpp>
+#include <pdo/layout/layout_check.hpp>
+#include <pdo/tensor/dtensor.hpp>
+
+#include <cstddef>
+#include <limits>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace pdo {
+
+namespace detail {
+
+/// @brief What a parallel_do block receives for one argument on place `p`: a dtensor's
+/// local shard; anything else as it is.
+template <class Arg>
+decltype(auto) local_view(const Arg& arg, std::size_t p) {
+  if constexpr (distributed_tensor<Arg>) return arg.shard(p);
+  else return (arg);
+}
+
+template <class Arg>
+using local_view_t = decltype(local_view(std::declval<const Arg&>(), std::size_t{}));
+
+template <class Arg, class Mesh>
+void check_same_mesh(const Arg& arg, const Mesh& m) {
+  if constexpr (distributed_tensor<Arg>) {
+    static_assert(std::is_same_v<typename Arg::mesh_type, Mesh>,
+                  "pdo: parallel_do: all dtensor arguments must live on the same mesh type");
+    if (!(arg.mesh() == m))
+      throw layout_error("parallel_do: " + arg.describe() + " lives on another mesh than the first dtensor argument");
+  }
+}
+
+template <class First, class... Rest>
+const auto& first_dtensor(const First& first, const Rest&... rest) {
+  if constexpr (distributed_tensor<First>) return first;
+  else {
+    static_assert(sizeof...(Rest) > 0, "pdo: parallel_do: pass at least one dtensor, so the mesh is known");
+    return first_dtensor(rest...);
+  }
+}
+
+/// @brief What every process learns about every place after the block ran: whether it
+/// failed, and the shape of its result. Gathered over the whole mesh when the mesh
+/// spans processes (so all of them throw alike, or none), read in place otherwise.
+struct block_outcomes {
+  std::vector<std::size_t> values;  ///< per place: failed flag, then Rank extents
+  std::size_t width = 0;
+  [[nodiscard]] bool failed(std::size_t p) const { return values[p * width] != 0; }
+  [[nodiscard]] std::size_t extent(std::size_t p, std::size_t d) const { return values[p * width + 1 + d]; }
+};
+
+template <class Mesh, class Result>
+block_outcomes share_outcomes(const Mesh& m, const std::vector<std::optional<Result>>& results) {
+  constexpr std::size_t rank = Result::rank;
+  block_outcomes o{std::vector<std::size_t>(m.size() * (rank + 1), 0), rank + 1};
+  auto mine = [&](std::size_t k) {
+    std::vector<std::size_t> v(rank + 1, 1);
+    if (results[k]) {
+      v[0] = 0;
+      for (std::size_t d = 0; d < rank; ++d) v[1 + d] = results[k]->extent(d);
+    }
+    return v;
+  };
+  const auto& local = m.local_places();
+  if (!m.is_multiprocess()) {
+    for (std::size_t k = 0; k < local.size(); ++k) {
+      const auto v = mine(k);
+      std::copy(v.begin(), v.end(), o.values.begin() + static_cast<std::ptrdiff_t>(local[k] * o.width));
+    }
+    return o;
+  }
+  std::vector<std::vector<std::size_t>> gathered(local.size(), std::vector<std::size_t>(o.values.size()));
+  run_on_places("parallel_do", m, [&](std::size_t p, std::size_t k) {
+    const auto v = mine(k);
+    communicator_of(m, p).all_gather(std::span<const std::size_t>(v), std::span<std::size_t>(gathered[k]));
+  });
+  o.values = gathered.front();
+  return o;
+}
+
+/// @brief The message of place `failed`'s error, on every process.
+template <class Mesh>
+std::string share_message(const Mesh& m, std::size_t failed, const std::string& local_message) {
+  if (!m.is_multiprocess()) return local_message;
+  std::vector<std::string> texts(m.local_places().size());
+  run_on_places("parallel_do", m, [&](std::size_t p, std::size_t k) {
+    const auto comm = communicator_of(m, p);
+    std::size_t length = p == failed ? local_message.size() : 0;
+    comm.broadcast(std::span<std::size_t>(&length, 1), failed);
+    std::vector<char> text(length);
+    if (p == failed) text.assign(local_message.begin(), local_message.end());
+    comm.broadcast(std::span<char>(text), failed);
+    texts[k].assign(text.begin(), text.end());
+  });
+  return texts.front();
+}
+
+template <layout_spec Out, class Mesh, std::size_t Rank>
+void check_merge(const Mesh& m, const block_outcomes& o, shape_t<Rank>& global) {
+  constexpr layout_value v = value_of<Out>();
+  auto shape_of = [&](std::size_t p) {
+    shape_t<Rank> s;
+    for (std::size_t d = 0; d < Rank; ++d) s[d] = o.extent(p, d);
+    return s;
+  };
+  for (std::size_t d = 0; d < Rank; ++d) {
+    global[d] = o.extent(0, d);
+    if (!v.dim_axis[d].empty()) {
+      const std::size_t a = Mesh::axis_index(v.dim_axis[d]);
+      global[d] = 0;
+      for (std::size_t q : m.group(a, 0)) global[d] += o.extent(q, d);
+    }
+  }
+  for (std::size_t p = 0; p < m.size(); ++p)
+    if (shard_shape(m, v, global, p) != shape_of(p))
+      throw shape_error("parallel_do: merging as " + to_string(v) + " on " + m.describe() + ": place " + m.place(p).name() +
+                        " returned " + format_extents(shape_of(p)) + " but a global " + format_extents(global) +
+                        " gives it " + format_extents(shard_shape(m, v, global, p)) +
+                        " (split dims are cut evenly, larger chunks first; other dims must agree)");
+}
+
+}  // namespace detail
+
+/// @brief Runs `block` on every place of the mesh at once, on its local shards: each
+/// dtensor argument arrives as that place's shard (a `const pdo::tensor&`), any other
+/// argument as it is. The block returns that place's part of the result, and the parts
+/// are merged as `OutLayout` says: concatenated along a split dim, summed over a partial
+/// axis, kept as they are for replicate (each place's copy is its replica).
+///
+/// An exception thrown by the block on some place reaches the caller, on every process,
+/// as a pdo::error naming the place; the other places finish their blocks, and the
+/// mesh stays usable.
+template <layout_spec OutLayout, class Block, class... Args>
+  requires(distributed_tensor<Args> || ...)
+auto parallel_do(Block&& block, const Args&... args) {
+  using result_t = std::remove_cvref_t<std::invoke_result_t<Block&, detail::local_view_t<Args>...>>;
+  static_assert(is_tensor_v<result_t>, "pdo: parallel_do: the block must return a pdo::tensor (its place's part of the result)");
+  using T = typename result_t::value_type;
+  constexpr std::size_t rank = result_t::rank;
+  const auto& m = detail::first_dtensor(args...).mesh();
+  using mesh_t = std::remove_cvref_t<decltype(m)>;
+  static_assert(detail::check_layout<"parallel_do", OutLayout, mesh_t, rank>::ok);
+  (detail::check_same_mesh(args, m), ...);
+
+  const auto& local = m.local_places();
+  std::vector<std::optional<result_t>> results(local.size());
+  const auto failure = detail::try_run_on_places(m, [&](std::size_t p, std::size_t k) {
+    results[k].emplace(block(detail::local_view(args, p)...));
+  });
+  const detail::block_outcomes outcomes = detail::share_outcomes(m, results);
+  for (std::size_t p = 0; p < m.size(); ++p) {
+    if (!outcomes.failed(p)) continue;
+    std::string message;
+    if (failure && failure->place == p) {
+      try {
+        std::rethrow_exception(failure->error);
+      } catch (const std::exception& e) {
+        message = e.what();
+      } catch (...) {
+        message = "unknown exception";
+      }
+    }
+    message = detail::share_message(m, p, message);
+    throw error("parallel_do: the block failed on place " + m.place(p).name() + ": " + message);
+  }
+  shape_t<rank> global{};
+  detail::check_merge<OutLayout>(m, outcomes, global);
+  std::vector<tensor<T, rank>> shards;
+  shards.reserve(local.size());
+  for (auto& r : results) shards.push_back(std::move(*r));
+  return dtensor<T, rank, mesh_t, OutLayout>(m, global, std::move(shards));
+}
+
+}  // namespace pdo

@@ -1,0 +1,95 @@
+// pdo/layout/layout.hpp: layouts as types: split<"axis">, replicate, partial axes.
+#pragma once
+
+#include <pdo/core/fixed_string.hpp>
+#include <pdo/core/type_list.hpp>
+
+#include <array>
+#include <cstddef>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+
+namespace pdo {
+
+/// @brief Layout entry of one tensor dim: cut into contiguous chunks along mesh axis `Axis`
+/// (sizes differ by at most one, larger chunks first: 10 rows over 4 places are 3,3,2,2).
+template <fixed_string Axis>
+struct split {
+  static constexpr std::string_view axis = Axis.view();
+};
+
+/// @brief Layout entry of one tensor dim: every place holds all of it.
+struct replicate {};
+
+template <class T>
+inline constexpr bool is_dim_spec_v = std::is_same_v<T, replicate>;
+template <fixed_string Axis>
+inline constexpr bool is_dim_spec_v<split<Axis>> = true;
+
+/// @brief A layout entry: pdo::split<"axis"> or pdo::replicate.
+template <class T>
+concept dim_spec = is_dim_spec_v<T>;
+
+template <class Base, fixed_string... Axes>
+struct partial_layout;
+
+/// @brief How a tensor is laid out on a mesh: one entry per tensor dim.
+/// `layout<...>::partial<"tp">` marks a pending sum over mesh axis "tp": each place
+/// holds an addend, and the value is the sum over the places along that axis.
+template <class... Dims>
+struct layout {
+  static_assert((dim_spec<Dims> && ...),
+                "pdo: layout: each entry must be pdo::split<\"axis\"> or pdo::replicate (one per tensor dim)");
+  using layout_tag = void;
+  using base = layout;
+  using dims = detail::type_list<Dims...>;
+  static constexpr std::size_t rank = sizeof...(Dims);
+  static constexpr std::array<std::string_view, rank> dim_axes{[] {
+    if constexpr (std::is_same_v<Dims, replicate>) return std::string_view{};
+    else return Dims::axis;
+  }()...};
+  static constexpr std::array<std::string_view, 0> partial_axes{};
+
+  template <fixed_string... Axes>
+  using partial = partial_layout<layout, Axes...>;
+};
+
+/// @brief `Base` (a pdo::layout) with pending sums over mesh axes `Axes`.
+template <class Base, fixed_string... Axes>
+struct partial_layout {
+  static_assert(sizeof...(Axes) >= 1, "pdo: layout::partial: name at least one mesh axis");
+  using layout_tag = void;
+  using base = Base;
+  using dims = typename Base::dims;
+  static constexpr std::size_t rank = Base::rank;
+  static constexpr auto dim_axes = Base::dim_axes;
+  static constexpr std::array<std::string_view, sizeof...(Axes)> partial_axes{Axes.view()...};
+
+  template <fixed_string... More>
+  using partial = partial_layout<Base, Axes..., More...>;
+};
+
+namespace detail {
+template <class Seq>
+struct replicated_layout;
+template <std::size_t... I>
+struct replicated_layout<std::index_sequence<I...>> {
+  using type = layout<std::conditional_t<I == I, replicate, void>...>;
+};
+/// @brief layout<replicate, ..., replicate> of rank `Rank`.
+template <std::size_t Rank>
+using replicated_layout_t = typename replicated_layout<std::make_index_sequence<Rank>>::type;
+}  // namespace detail
+
+/// @brief A layout type: pdo::layout<...> or pdo::layout<...>::partial<...>.
+template <class L>
+concept layout_spec = requires {
+  typename L::layout_tag;
+  L::rank;
+  L::dim_axes;
+  L::partial_axes;
+};
+
+}  // namespace pdo

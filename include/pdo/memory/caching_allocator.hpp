@@ -1,0 +1,155 @@
+// pdo/memory/caching_allocator.hpp: per-place caching allocator with statistics and a cap.
+#pragma once
+
+#include <pdo/core/error.hpp>
+#include <pdo/memory/memory_stats.hpp>
+
+#include <cstddef>
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <new>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace pdo {
+
+/// @brief Where a caching allocator takes blocks from and gives them back to: host
+/// memory for CPU places, device memory for GPU places. `allocate` returns nullptr
+/// when the system refuses.
+struct memory_system {
+  void* (*allocate)(std::size_t bytes, int device);
+  void (*deallocate)(void* p, std::size_t bytes, int device) noexcept;
+  int device = 0;
+  const char* name = "host";
+};
+
+/// @brief Host memory, 64-byte aligned (one cache line, one AVX-512 vector).
+inline memory_system host_memory_system() {
+  constexpr std::align_val_t alignment{64};
+  return {[](std::size_t bytes, int) -> void* { return ::operator new(bytes, alignment, std::nothrow); },
+          [](void* p, std::size_t, int) noexcept { ::operator delete(p, alignment); }, 0, "host"};
+}
+
+/// @brief A thread-safe caching allocator owned by one place.
+///
+/// Freed blocks are kept in size classes and reused; when a request would take the
+/// place over its cap, the cache is released first and, if that is not enough, the
+/// request fails with pdo::out_of_memory naming the place, the request and the cap.
+class caching_allocator {
+ public:
+  explicit caching_allocator(std::string owner, std::size_t cap = 0, memory_system system = host_memory_system())
+      : owner_(std::move(owner)), system_(system) {
+    stats_.cap = cap;
+  }
+  caching_allocator(const caching_allocator&) = delete;
+  caching_allocator& operator=(const caching_allocator&) = delete;
+  ~caching_allocator() { release_cache(); }
+
+  /// @brief A block of at least `bytes` bytes, 64-byte aligned. Zero bytes gives nullptr.
+  void* allocate(std::size_t bytes) {
+    if (bytes == 0) return nullptr;
+    const std::size_t block = size_class(bytes);
+    std::lock_guard lock(mutex_);
+    ++stats_.allocations;
+    if (auto it = cache_.find(block); it != cache_.end() && !it->second.empty()) {
+      void* p = it->second.back();
+      it->second.pop_back();
+      stats_.bytes_cached -= block;
+      note_in_use(block);
+      return p;
+    }
+    if (stats_.cap != 0 && stats_.bytes_in_use + stats_.bytes_cached + block > stats_.cap)
+      release_cache_locked();
+    if (stats_.cap != 0 && stats_.bytes_in_use + block > stats_.cap)
+      throw out_of_memory("out of memory on " + owner_ + ": request of " + std::to_string(bytes) +
+                          " bytes with " + std::to_string(stats_.bytes_in_use) + " bytes in use exceeds the cap of " +
+                          std::to_string(stats_.cap) + " bytes");
+    void* p = system_.allocate(block, system_.device);
+    if (p == nullptr) {
+      release_cache_locked();
+      p = system_.allocate(block, system_.device);
+    }
+    if (p == nullptr)
+      throw out_of_memory("out of memory on " + owner_ + ": the system refused a request of " +
+                          std::to_string(bytes) + " bytes (" + std::to_string(stats_.bytes_in_use) +
+                          " bytes in use)");
+    ++stats_.system_allocations;
+    note_in_use(block);
+    return p;
+  }
+
+  /// @brief Returns a block obtained from allocate(bytes) with the same `bytes`.
+  void deallocate(void* p, std::size_t bytes) noexcept {
+    if (p == nullptr) return;
+    const std::size_t block = size_class(bytes);
+    std::lock_guard lock(mutex_);
+    stats_.bytes_in_use -= block;
+    stats_.bytes_cached += block;
+    try {
+      cache_[block].push_back(p);
+    } catch (...) {
+      stats_.bytes_cached -= block;
+      system_.deallocate(p, block, system_.device);
+    }
+  }
+
+  /// @brief Gives every cached block back to the system.
+  void release_cache() {
+    std::lock_guard lock(mutex_);
+    release_cache_locked();
+  }
+
+  [[nodiscard]] memory_stats stats() const {
+    std::lock_guard lock(mutex_);
+    return stats_;
+  }
+  void set_cap(std::size_t cap) {
+    std::lock_guard lock(mutex_);
+    stats_.cap = cap;
+  }
+  void reset_peak() {
+    std::lock_guard lock(mutex_);
+    stats_.peak_bytes_in_use = stats_.bytes_in_use;
+  }
+  [[nodiscard]] const std::string& owner() const { return owner_; }
+
+  /// @brief The block size a request is served with: multiples of 256 bytes up to
+  /// 64 KiB, then quarter steps between powers of two (at most 25% slack).
+  static constexpr std::size_t size_class(std::size_t bytes) {
+    constexpr std::size_t small = 256;
+    if (bytes <= (std::size_t{64} << 10)) return (bytes + small - 1) / small * small;
+    std::size_t pow2 = std::size_t{1} << 16;
+    while (pow2 * 2 < bytes) pow2 *= 2;
+    const std::size_t step = pow2 / 4;
+    return (bytes + step - 1) / step * step;
+  }
+
+ private:
+  void note_in_use(std::size_t block) {
+    stats_.bytes_in_use += block;
+    if (stats_.bytes_in_use > stats_.peak_bytes_in_use) stats_.peak_bytes_in_use = stats_.bytes_in_use;
+  }
+  void release_cache_locked() noexcept {
+    for (auto& [block, blocks] : cache_)
+      for (void* p : blocks) system_.deallocate(p, block, system_.device);
+    cache_.clear();
+    stats_.bytes_cached = 0;
+  }
+
+  std::string owner_;
+  memory_system system_;
+  mutable std::mutex mutex_;
+  std::map<std::size_t, std::vector<void*>> cache_;
+  memory_stats stats_;
+};
+
+/// @brief The allocator of host tensors made without a place.
+inline caching_allocator& host_allocator() {
+  // never destroyed: tensors with static storage may be freed after main returns
+  static caching_allocator* allocator = new caching_allocator("host");
+  return *allocator;
+}
+
+}  // namespace pdo

@@ -1,0 +1,10 @@
+// pdo/pdo.hpp: the whole public API of pdo.
+#pragma once
+
+#include <pdo/comm.hpp>
+#include <pdo/core.hpp>
+#include <pdo/exec.hpp>
+#include <pdo/layout.hpp>
+#include <pdo/memory.hpp>
+#include <pdo/place.hpp>
+#include <pdo/tensor.hpp>

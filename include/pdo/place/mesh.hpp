@@ -1,0 +1,176 @@
+// pdo/place/mesh.hpp: an N-D grid of places with named axes, in one process or many.
+#pragma once
+
+#include <pdo/core/error.hpp>
+#include <pdo/core/fixed_string.hpp>
+#include <pdo/core/shape.hpp>
+#include <pdo/place/place_concept.hpp>
+
+#include <array>
+#include <cstddef>
+#include <memory>
+#include <mutex>
+#include <ranges>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace pdo {
+
+namespace detail {
+
+struct mesh_comms;  // the mesh's communicators, built by the comm layer on first use
+
+/// @brief What all copies of one mesh share.
+struct mesh_state {
+  std::vector<std::string> axes;
+  std::vector<std::size_t> extents;
+  std::vector<any_place> places;      ///< row-major over the axes: the last axis varies fastest
+  std::vector<std::size_t> local;     ///< indices of the places of this process
+  bool multiprocess = false;          ///< some places belong to other processes
+  std::once_flag comms_once;
+  std::shared_ptr<mesh_comms> comms;
+};
+
+}  // namespace detail
+
+/// @brief An N-D grid of places whose axes are named by `Axes` ("dp", "tp", "pp").
+/// Extents are run-time values; the axis names are part of the type, so layouts can
+/// be checked against the mesh at compile time. Copies share one state.
+template <fixed_string... Axes>
+class mesh {
+  static_assert(sizeof...(Axes) >= 1, "pdo: mesh: a mesh needs at least one named axis, e.g. pdo::mesh<\"dp\">");
+
+  static constexpr bool distinct_names() {
+    constexpr std::array<std::string_view, sizeof...(Axes)> names{Axes.view()...};
+    for (std::size_t i = 0; i < names.size(); ++i)
+      for (std::size_t j = i + 1; j < names.size(); ++j)
+        if (names[i] == names[j]) return false;
+    return true;
+  }
+  static_assert(distinct_names(), "pdo: mesh: two axes have the same name; give every mesh axis its own name");
+
+ public:
+  using mesh_tag = void;
+  static constexpr std::size_t ndim = sizeof...(Axes);
+  static constexpr std::array<std::string_view, ndim> axis_names{Axes.view()...};
+
+  /// @brief The position of axis `name`, or ndim when the mesh has no such axis.
+  static constexpr std::size_t axis_index(std::string_view name) {
+    for (std::size_t i = 0; i < ndim; ++i)
+      if (axis_names[i] == name) return i;
+    return ndim;
+  }
+  static constexpr bool has_axis(std::string_view name) { return axis_index(name) < ndim; }
+
+  explicit mesh(std::shared_ptr<detail::mesh_state> state) : state_(std::move(state)) {}
+
+  [[nodiscard]] std::size_t size() const { return state_->places.size(); }
+  [[nodiscard]] std::size_t extent(std::size_t axis) const { return state_->extents[axis]; }
+  [[nodiscard]] std::size_t extent(std::string_view axis) const { return extent(checked_axis(axis)); }
+  [[nodiscard]] const std::vector<std::size_t>& extents() const { return state_->extents; }
+  [[nodiscard]] const any_place& place(std::size_t index) const { return state_->places.at(index); }
+  [[nodiscard]] const std::vector<any_place>& places() const { return state_->places; }
+  /// @brief Indices of the places that belong to this process.
+  [[nodiscard]] const std::vector<std::size_t>& local_places() const { return state_->local; }
+  [[nodiscard]] bool is_multiprocess() const { return state_->multiprocess; }
+
+  /// @brief The coordinates of place `index` (row-major: the last axis varies fastest).
+  [[nodiscard]] std::array<std::size_t, ndim> coords(std::size_t index) const {
+    std::array<std::size_t, ndim> c{};
+    for (std::size_t a = ndim; a-- > 0;) {
+      c[a] = index % state_->extents[a];
+      index /= state_->extents[a];
+    }
+    return c;
+  }
+  [[nodiscard]] std::size_t coord(std::size_t index, std::size_t axis) const { return coords(index)[axis]; }
+  [[nodiscard]] std::size_t index(const std::array<std::size_t, ndim>& c) const {
+    std::size_t i = 0;
+    for (std::size_t a = 0; a < ndim; ++a) i = i * state_->extents[a] + c[a];
+    return i;
+  }
+
+  /// @brief The places that differ from place `index` only along `axis`, in
+  /// coordinate order: the group a collective along that axis runs over.
+  [[nodiscard]] std::vector<std::size_t> group(std::size_t axis, std::size_t index) const {
+    auto c = coords(index);
+    std::vector<std::size_t> members;
+    for (std::size_t k = 0; k < extent(axis); ++k) {
+      c[axis] = k;
+      members.push_back(this->index(c));
+    }
+    return members;
+  }
+
+  /// @brief "mesh(dp=2, tp=2)".
+  [[nodiscard]] std::string describe() const {
+    std::string text = "mesh(";
+    for (std::size_t a = 0; a < ndim; ++a)
+      text += (a ? ", " : "") + std::string(axis_names[a]) + "=" + std::to_string(extent(a));
+    return text + ")";
+  }
+
+  [[nodiscard]] const std::shared_ptr<detail::mesh_state>& state() const { return state_; }
+  friend bool operator==(const mesh& a, const mesh& b) { return a.state_ == b.state_; }
+
+ private:
+  std::size_t checked_axis(std::string_view name) const {
+    const std::size_t a = axis_index(name);
+    if (a == ndim) throw layout_error(describe() + " has no axis \"" + std::string(name) + "\"");
+    return a;
+  }
+  std::shared_ptr<detail::mesh_state> state_;
+};
+
+template <class M>
+inline constexpr bool is_mesh_v = false;
+template <fixed_string... Axes>
+inline constexpr bool is_mesh_v<mesh<Axes...>> = true;
+
+/// @brief A mesh type: pdo::mesh<"a", ...>.
+template <class M>
+concept mesh_type = is_mesh_v<M>;
+
+/// @brief Lays `places` out as a grid with the given extents, one per axis:
+/// `make_mesh<"dp", "tp">(places, {2, 2})`. The product of the extents must be the
+/// number of places. A mesh over places of several processes (pdo::mpi::world_places)
+/// must be made by every process, with the same arguments, in the same order.
+template <fixed_string... Axes, std::ranges::input_range Places, std::size_t N>
+  requires place<std::ranges::range_value_t<Places>>
+mesh<Axes...> make_mesh(const Places& places, const std::size_t (&extents)[N]) {
+  static_assert(N == sizeof...(Axes), "pdo: make_mesh: give exactly one extent per mesh axis");
+  auto state = std::make_shared<detail::mesh_state>();
+  state->axes = {std::string(Axes.view())...};
+  state->extents.assign(extents, extents + N);
+  for (const auto& p : places) state->places.emplace_back(p);
+  std::size_t product = 1;
+  for (auto e : state->extents) product *= e;
+  const mesh<Axes...> probe(state);
+  if (product != state->places.size() || product == 0)
+    throw layout_error("make_mesh: extents " + detail::format_extents(state->extents) + " of " + probe.describe() +
+                       " hold " + std::to_string(product) + " places but " + std::to_string(state->places.size()) +
+                       " were given; make the product of the extents equal the number of places");
+  for (std::size_t i = 0; i < state->places.size(); ++i) {
+    const auto& p = state->places[i];
+    for (std::size_t j = 0; j < i; ++j)
+      if (state->places[j] == p)
+        throw layout_error("make_mesh: place " + p.name() + " appears twice in " + probe.describe());
+    if (i > 0 && p.process() < state->places[i - 1].process())
+      throw layout_error("make_mesh: places must be ordered by process (" + p.name() + " comes after " +
+                         state->places[i - 1].name() + ")");
+    if (p.is_local()) state->local.push_back(i);
+    else state->multiprocess = true;
+  }
+  return probe;
+}
+
+/// @brief A one-axis mesh over all of `places`.
+template <fixed_string Axis, std::ranges::input_range Places>
+  requires place<std::ranges::range_value_t<Places>>
+mesh<Axis> make_mesh(const Places& places) {
+  const std::size_t n = static_cast<std::size_t>(std::ranges::distance(places));
+  return make_mesh<Axis>(places, {n});
+}
+
+}  // namespace pdo

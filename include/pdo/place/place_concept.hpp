@@ -1,0 +1,73 @@
+// pdo/place/place_concept.hpp: the `place` concept and the type-erased place handle.
+#pragma once
+
+#include <pdo/core/error.hpp>
+#include <pdo/place/place_state.hpp>
+
+#include <concepts>
+#include <memory>
+#include <string>
+#include <utility>
+
+namespace pdo {
+
+/// @brief A place: one device that owns memory and runs work (a CPU worker, a GPU).
+/// Types opt in with a nested `using place_tag = void;` and expose their shared state.
+template <class P>
+concept place = requires(const P& p) {
+  typename P::place_tag;
+  { p.kind() } -> std::same_as<place_kind>;
+  { p.name() } -> std::convertible_to<std::string>;
+  { p.is_local() } -> std::same_as<bool>;
+  { p.state() } -> std::same_as<const std::shared_ptr<detail::place_state>&>;
+};
+
+namespace detail {
+
+/// @brief The members every place handle has; a handle is a shared reference to
+/// its state, cheap to copy, equal when it names the same place.
+template <class Derived>
+class place_handle {
+ public:
+  using place_tag = void;
+
+  [[nodiscard]] place_kind kind() const { return state_->kind; }
+  [[nodiscard]] const std::string& name() const { return state_->name; }
+  [[nodiscard]] bool is_local() const { return state_->local; }
+  [[nodiscard]] int process() const { return state_->process; }
+  [[nodiscard]] int ordinal() const { return state_->ordinal; }
+  [[nodiscard]] const std::vector<int>& cores() const { return state_->cores; }
+  [[nodiscard]] const std::shared_ptr<place_state>& state() const { return state_; }
+
+  /// @brief The place's allocator; only places of this process have one.
+  [[nodiscard]] caching_allocator& memory() const {
+    if (!state_->memory) throw error("memory: place " + state_->name + " belongs to another process");
+    return *state_->memory;
+  }
+  /// @brief Runs `task` on the place's worker, after the work submitted before it.
+  template <class Task>
+  void submit(Task&& task) const {
+    if (!state_->runner) throw error("submit: place " + state_->name + " belongs to another process");
+    state_->runner->submit(std::forward<Task>(task));
+  }
+
+  friend bool operator==(const Derived& a, const Derived& b) { return a.state_ == b.state_; }
+
+ protected:
+  place_handle() = default;
+  explicit place_handle(std::shared_ptr<place_state> s) : state_(std::move(s)) {}
+  std::shared_ptr<place_state> state_;
+};
+
+}  // namespace detail
+
+/// @brief Any place, whatever its kind: what a mesh holds.
+class any_place : public detail::place_handle<any_place> {
+ public:
+  template <place P>
+    requires(!std::same_as<P, any_place>)
+  any_place(const P& p) : place_handle(p.state()) {}  // NOLINT: implicit, a place is an any_place
+  explicit any_place(std::shared_ptr<detail::place_state> s) : place_handle(std::move(s)) {}
+};
+
+}  // namespace pdo

@@ -1,0 +1,99 @@
+// pdo/place/worker.hpp: the thread a place runs its work on, in submission order.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstddef>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#if defined(__linux__)
+#include <pthread.h>
+#include <sched.h>
+#endif
+
+namespace pdo::detail {
+
+/// @brief Pins the calling thread to `cores` (Linux); does nothing for an empty set.
+inline void pin_current_thread(const std::vector<int>& cores) {
+#if defined(__linux__)
+  if (cores.empty()) return;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  for (int c : cores) CPU_SET(c, &set);
+  pthread_setaffinity_np(pthread_self(), sizeof set, &set);
+#else
+  (void)cores;
+#endif
+}
+
+/// @brief The cores this process may run on (its affinity mask), in increasing order.
+inline std::vector<int> process_cores() {
+  std::vector<int> cores;
+#if defined(__linux__)
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) == 0)
+    for (int c = 0; c < CPU_SETSIZE; ++c)
+      if (CPU_ISSET(c, &set)) cores.push_back(c);
+#endif
+  if (cores.empty())
+    for (unsigned c = 0; c < std::max(1u, std::thread::hardware_concurrency()); ++c) cores.push_back(static_cast<int>(c));
+  return cores;
+}
+
+/// @brief One thread that runs submitted tasks in order. Tasks must not throw: the
+/// callers wrap them and carry exceptions back themselves (see run_on_places).
+class worker {
+ public:
+  explicit worker(std::vector<int> pin_to) : thread_([this, cores = std::move(pin_to)] { loop(cores); }) {}
+  worker(const worker&) = delete;
+  worker& operator=(const worker&) = delete;
+  ~worker() {
+    {
+      std::lock_guard lock(mutex_);
+      stop_ = true;
+    }
+    wake_.notify_one();
+    thread_.join();
+  }
+
+  void submit(std::function<void()> task) {
+    {
+      std::lock_guard lock(mutex_);
+      tasks_.push_back(std::move(task));
+    }
+    wake_.notify_one();
+  }
+
+  /// @brief True when called from this worker's own thread.
+  [[nodiscard]] bool is_current() const { return std::this_thread::get_id() == thread_.get_id(); }
+
+ private:
+  void loop(const std::vector<int>& cores) {
+    pin_current_thread(cores);
+    for (;;) {
+      std::function<void()> task;
+      {
+        std::unique_lock lock(mutex_);
+        wake_.wait(lock, [this] { return stop_ || !tasks_.empty(); });
+        if (tasks_.empty()) return;
+        task = std::move(tasks_.front());
+        tasks_.pop_front();
+      }
+      task();
+    }
+  }
+
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::deque<std::function<void()>> tasks_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+}  // namespace pdo::detail

@@ -1,0 +1,7 @@
+// pdo/tensor.hpp: the tensor layer (tensor, dtensor, distribute, redistribute, gather).
+#pragma once
+
+#include <pdo/tensor/copy.hpp>
+#include <pdo/tensor/dtensor.hpp>
+#include <pdo/tensor/redistribute.hpp>
+#include <pdo/tensor/tensor.hpp>

@@ -1,0 +1,69 @@
+// pdo/tensor/copy.hpp: block copies between row-major buffers: slices, packs along a dim, unpacks.
+#pragma once
+
+#include <pdo/core/shape.hpp>
+
+#include <array>
+#include <cstddef>
+#include <cstring>
+
+namespace pdo::detail {
+
+/// @brief Copies the block [offsets, offsets + extents) of a row-major `src` of shape
+/// `src_shape` into the dense row-major `dst` of shape `extents`, one contiguous run
+/// of the last dim at a time.
+template <class T, std::size_t Rank>
+void copy_block(const T* src, const shape_t<Rank>& src_shape, const shape_t<Rank>& offsets, const shape_t<Rank>& extents,
+                T* dst) {
+  if (volume(extents) == 0) return;
+  if constexpr (Rank == 0) {
+    *dst = *src;
+  } else {
+    const auto strides = row_major_strides(src_shape);
+    const std::size_t run = extents[Rank - 1];
+    shape_t<Rank> index{};  // over the leading Rank-1 dims of the block
+    for (std::size_t out = 0;; out += run) {
+      std::size_t in = offsets[Rank - 1];
+      for (std::size_t d = 0; d + 1 < Rank; ++d) in += (offsets[d] + index[d]) * static_cast<std::size_t>(strides[d]);
+      std::memcpy(dst + out, src + in, run * sizeof(T));
+      std::size_t d = Rank - 1;
+      while (d-- > 0) {
+        if (++index[d] < extents[d]) break;
+        index[d] = 0;
+      }
+      if (d == static_cast<std::size_t>(-1)) return;
+    }
+  }
+}
+
+/// @brief Chunk `k` of `parts` along the middle dim of `v` (see chunk_size), from `src`
+/// laid out as v, into the dense `dst`.
+template <class T>
+void copy_chunk(const T* src, const dim_view& v, std::size_t parts, std::size_t k, T* dst) {
+  const std::size_t off = chunk_offset(v.extent, parts, k), n = chunk_size(v.extent, parts, k);
+  for (std::size_t o = 0; o < v.outer; ++o)
+    std::memcpy(dst + o * n * v.inner, src + (o * v.extent + off) * v.inner, n * v.inner * sizeof(T));
+}
+
+/// @brief `src` (laid out as v) cut into `parts` chunks along v's middle dim, written
+/// chunk after chunk into `dst`: the order collectives send and receive pieces in.
+template <class T>
+void pack_chunks(const T* src, const dim_view& v, std::size_t parts, T* dst) {
+  for (std::size_t k = 0; k < parts; ++k) {
+    copy_chunk(src, v, parts, k, dst);
+    dst += v.outer * chunk_size(v.extent, parts, k) * v.inner;
+  }
+}
+
+/// @brief The inverse of pack_chunks: chunks one after another in `src` into `dst` laid out as v.
+template <class T>
+void unpack_chunks(const T* src, const dim_view& v, std::size_t parts, T* dst) {
+  for (std::size_t k = 0; k < parts; ++k) {
+    const std::size_t off = chunk_offset(v.extent, parts, k), n = chunk_size(v.extent, parts, k);
+    for (std::size_t o = 0; o < v.outer; ++o)
+      std::memcpy(dst + (o * v.extent + off) * v.inner, src + o * n * v.inner, n * v.inner * sizeof(T));
+    src += v.outer * n * v.inner;
+  }
+}
+
+}  // namespace pdo::detail

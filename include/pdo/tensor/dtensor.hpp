@@ -1,0 +1,129 @@
+// pdo/tensor/dtensor.hpp: pdo::dtensor, a tensor laid out over a mesh: global shape + local shards.
+#pragma once
+
+#include <pdo/core/error.hpp>
+#include <pdo/core/fixed_string.hpp>
+#include <pdo/core/shape.hpp>
+#include <pdo/layout/layout_check.hpp>
+#include <pdo/layout/layout_value.hpp>
+#include <pdo/place/mesh.hpp>
+#include <pdo/tensor/tensor.hpp>
+
+#include <cstddef>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace pdo {
+
+namespace detail {
+
+/// @brief The extents of place `p`'s shard of a tensor of `global` shape laid out as `v`.
+template <class Mesh, std::size_t Rank>
+shape_t<Rank> shard_shape(const Mesh& m, const layout_value& v, const shape_t<Rank>& global, std::size_t p) {
+  shape_t<Rank> s = global;
+  for (std::size_t d = 0; d < Rank; ++d)
+    if (!v.dim_axis[d].empty()) {
+      const std::size_t a = Mesh::axis_index(v.dim_axis[d]);
+      s[d] = chunk_size(global[d], m.extent(a), m.coord(p, a));
+    }
+  return s;
+}
+
+/// @brief Where place `p`'s shard starts in the global tensor.
+template <class Mesh, std::size_t Rank>
+shape_t<Rank> shard_offset(const Mesh& m, const layout_value& v, const shape_t<Rank>& global, std::size_t p) {
+  shape_t<Rank> o{};
+  for (std::size_t d = 0; d < Rank; ++d)
+    if (!v.dim_axis[d].empty()) {
+      const std::size_t a = Mesh::axis_index(v.dim_axis[d]);
+      o[d] = chunk_offset(global[d], m.extent(a), m.coord(p, a));
+    }
+  return o;
+}
+
+/// @brief True when place `p` holds the value of every partial axis of `v` (coordinate 0);
+/// the other places hold zeros after a distribute.
+template <class Mesh>
+bool holds_partial_value(const Mesh& m, const layout_value& v, std::size_t p) {
+  for (std::size_t i = 0; i < v.npartial; ++i)
+    if (m.coord(p, Mesh::axis_index(v.partial[i])) != 0) return false;
+  return true;
+}
+
+}  // namespace detail
+
+/// @brief A tensor of global shape `shape()` laid out over `Mesh` as `Layout`; this
+/// process holds the shards of its own places (`local_shards()`, in the order of
+/// `mesh().local_places()`), each in its place's memory.
+/// @tparam Mesh a pdo::mesh type; @tparam Layout a layout_spec valid on it for rank `Rank`
+template <element T, std::size_t Rank, mesh_type Mesh, layout_spec Layout>
+class dtensor {
+  static_assert(detail::check_layout<"dtensor", Layout, Mesh, Rank>::ok);
+
+ public:
+  using value_type = T;
+  using mesh_type = Mesh;
+  using layout_type = Layout;
+  static constexpr std::size_t rank = Rank;
+  static constexpr detail::layout_value layout_value = detail::value_of<Layout>();
+
+  /// @brief Takes the local shards as they are; each must have the shape the layout gives
+  /// its place (else pdo::shape_error naming the place and both shapes).
+  dtensor(Mesh m, const shape_t<Rank>& global, std::vector<tensor<T, Rank>> shards)
+      : mesh_(std::move(m)), shape_(global), shards_(std::move(shards)) {
+    const auto& local = mesh_.local_places();
+    if (shards_.size() != local.size())
+      throw shape_error("dtensor: " + std::to_string(shards_.size()) + " shards given for " + std::to_string(local.size()) +
+                        " local places of " + mesh_.describe());
+    for (std::size_t k = 0; k < local.size(); ++k)
+      if (shards_[k].shape() != local_shape(local[k]))
+        throw shape_error("dtensor: " + describe() + ": the shard of place " + mesh_.place(local[k]).name() + " is " +
+                          pdo::describe(shards_[k]) + " but the layout gives it " +
+                          detail::format_extents(local_shape(local[k])));
+  }
+
+  [[nodiscard]] const Mesh& mesh() const { return mesh_; }
+  [[nodiscard]] const shape_t<Rank>& shape() const { return shape_; }
+  [[nodiscard]] std::size_t size() const { return detail::volume(shape_); }
+  [[nodiscard]] const std::vector<tensor<T, Rank>>& local_shards() const { return shards_; }
+  [[nodiscard]] std::vector<tensor<T, Rank>>& local_shards() { return shards_; }
+
+  /// @brief The shard of place `p` (a place of this process).
+  [[nodiscard]] const tensor<T, Rank>& shard(std::size_t p) const { return shards_[local_ordinal(p)]; }
+  [[nodiscard]] tensor<T, Rank>& shard(std::size_t p) { return shards_[local_ordinal(p)]; }
+
+  /// @brief The shape of place `p`'s shard (any place of the mesh).
+  [[nodiscard]] shape_t<Rank> local_shape(std::size_t p) const { return detail::shard_shape(mesh_, layout_value, shape_, p); }
+  /// @brief Where place `p`'s shard starts in the global tensor.
+  [[nodiscard]] shape_t<Rank> local_offset(std::size_t p) const { return detail::shard_offset(mesh_, layout_value, shape_, p); }
+
+  /// @brief "f32[10, 6]{split<dp>, replicate} on mesh(dp=2, tp=2)".
+  [[nodiscard]] std::string describe() const {
+    return std::string(detail::dtype_name<T>()) + detail::format_extents(shape_) + detail::to_string(layout_value) + " on " +
+           mesh_.describe();
+  }
+
+ private:
+  std::size_t local_ordinal(std::size_t p) const {
+    const auto& local = mesh_.local_places();
+    for (std::size_t k = 0; k < local.size(); ++k)
+      if (local[k] == p) return k;
+    throw error("dtensor: place " + std::to_string(p) + " of " + mesh_.describe() + " does not belong to this process");
+  }
+
+  Mesh mesh_;
+  shape_t<Rank> shape_;
+  std::vector<tensor<T, Rank>> shards_;
+};
+
+template <class T>
+inline constexpr bool is_dtensor_v = false;
+template <class T, std::size_t Rank, class Mesh, class Layout>
+inline constexpr bool is_dtensor_v<dtensor<T, Rank, Mesh, Layout>> = true;
+
+/// @brief A pdo::dtensor type.
+template <class T>
+concept distributed_tensor = is_dtensor_v<std::remove_cvref_t<T>>;
+
+}  // namespace pdo

@@ -1,0 +1,153 @@
+// pdo/tensor/redistribute.hpp: distribute, redistribute and gather of dtensors.
+#pragma once
+
+#include <pdo/comm/mesh_comms.hpp>
+#include <pdo/exec/run_on_places.hpp>
+#include <pdo/layout/layout_check.hpp>
+#include <pdo/layout/redistribute_plan.hpp>
+#include <pdo/tensor/copy.hpp>
+#include <pdo/tensor/dtensor.hpp>
+
+#include <cstddef>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace pdo {
+
+namespace detail {
+
+/// @brief One step of a redistribution on place `p`: turns `shard` (laid out as
+/// step.before) into its shard under step.after. Every place of the mesh runs it at once.
+template <step_kind Kind, class T, std::size_t Rank, class Mesh>
+tensor<T, Rank> apply_step(const redistribute_step& step, const Mesh& m, const shape_t<Rank>& global, std::size_t p,
+                           tensor<T, Rank> shard) {
+  const std::size_t a = Mesh::axis_index(step.axis), n = m.extent(a), me = m.coord(p, a);
+  const any_place& place = m.place(p);
+  const shape_t<Rank> out_shape = shard_shape(m, step.after, global, p);
+  if constexpr (Kind == step_kind::keep_on_one) {
+    if (me != 0) shard.fill(T{});
+    return shard;
+  } else if constexpr (Kind == step_kind::local_slice) {
+    tensor<T, Rank> out(out_shape, place, uninitialized);
+    copy_chunk(shard.data(), view_along(shard.shape(), step.dim), n, me, out.data());
+    return out;
+  } else {
+    const mesh_communicator comm = communicator_along(m, a, p);
+    if constexpr (Kind == step_kind::all_reduce) {
+      comm.all_reduce(shard.span());
+      return shard;
+    } else if constexpr (Kind == step_kind::reduce_scatter) {
+      // members keep chunks of `dim`: send them chunk-major, unless dim is outermost
+      const dim_view v = view_along(shard.shape(), step.dim);
+      tensor<T, Rank> out(out_shape, place, uninitialized);
+      if (v.outer == 1) {
+        comm.reduce_scatter(std::as_const(shard).span(), out.span());
+      } else {
+        tensor<T, Rank> packed(shard.shape(), place, uninitialized);
+        pack_chunks(shard.data(), v, n, packed.data());
+        comm.reduce_scatter(std::as_const(packed).span(), out.span());
+      }
+      return out;
+    } else if constexpr (Kind == step_kind::all_gather) {
+      tensor<T, Rank> out(out_shape, place, uninitialized);
+      const dim_view v = view_along(out_shape, step.dim);
+      if (v.outer == 1) {
+        comm.all_gather(std::as_const(shard).span(), out.span());
+      } else {
+        tensor<T, Rank> packed(out_shape, place, uninitialized);
+        comm.all_gather(std::as_const(shard).span(), packed.span());
+        unpack_chunks(packed.data(), v, n, out.data());
+      }
+      return out;
+    } else {
+      static_assert(Kind == step_kind::all_to_all);
+      // piece j: my shard's chunk j of the new split dim; piece i received: member i's
+      // chunk of the old split dim, to be put back in order along it
+      const dim_view send_view = view_along(shard.shape(), step.dim);
+      const dim_view recv_view = view_along(out_shape, step.from_dim);
+      std::vector<std::size_t> send_counts(n), recv_counts(n);
+      for (std::size_t k = 0; k < n; ++k) {
+        send_counts[k] = send_view.outer * chunk_size(send_view.extent, n, k) * send_view.inner;
+        recv_counts[k] = recv_view.outer * chunk_size(recv_view.extent, n, k) * recv_view.inner;
+      }
+      tensor<T, Rank> packed(shard.shape(), place, uninitialized);
+      pack_chunks(shard.data(), send_view, n, packed.data());
+      tensor<T, Rank> received(out_shape, place, uninitialized), out(out_shape, place, uninitialized);
+      comm.all_to_all(std::as_const(packed).span(), std::span<const std::size_t>(send_counts), received.span(),
+                      std::span<const std::size_t>(recv_counts));
+      unpack_chunks(received.data(), recv_view, n, out.data());
+      return out;
+    }
+  }
+}
+
+/// @brief Runs the plan from `From` to `To` on place `p`; each step's collective is
+/// chosen at compile time from the plan.
+template <layout_spec From, layout_spec To, class T, std::size_t Rank, class Mesh>
+tensor<T, Rank> apply_plan(const Mesh& m, const shape_t<Rank>& global, std::size_t p, tensor<T, Rank> shard) {
+  [&]<std::size_t... I>(std::index_sequence<I...>) {
+    ((shard = apply_step<redistribute_plan_v<From, To>.steps[I].kind>(redistribute_plan_v<From, To>.steps[I], m, global, p,
+                                                                      std::move(shard))),
+     ...);
+  }(std::make_index_sequence<redistribute_plan_v<From, To>.size>{});
+  return shard;
+}
+
+template <class T, std::size_t Rank, class Mesh, class Layout>
+std::string redistribute_context(const dtensor<T, Rank, Mesh, Layout>& x, const std::string& to) {
+  return "redistribute: " + x.describe() + " -> " + to;
+}
+
+}  // namespace detail
+
+/// @brief Cuts the host tensor `host` over `m` as `Layout`: each place of this process
+/// gets its chunk of the split dims, in its own memory; for partial axes, the places at
+/// coordinate 0 get the value and the others zeros. Every process passes the same tensor.
+template <layout_spec Layout, mesh_type Mesh, element T, std::size_t Rank>
+dtensor<T, Rank, Mesh, Layout> distribute(const Mesh& m, const tensor<T, Rank>& host) {
+  static_assert(detail::check_layout<"distribute", Layout, Mesh, Rank>::ok);
+  constexpr detail::layout_value v = detail::value_of<Layout>();
+  const auto& local = m.local_places();
+  std::vector<tensor<T, Rank>> shards(local.size());
+  detail::run_on_places("distribute", m, [&](std::size_t p, std::size_t k) {
+    const auto shape = detail::shard_shape(m, v, host.shape(), p);
+    tensor<T, Rank> shard(shape, m.place(p), detail::uninitialized);
+    if (detail::holds_partial_value(m, v, p))
+      detail::copy_block(host.data(), host.shape(), detail::shard_offset(m, v, host.shape(), p), shape, shard.data());
+    else
+      shard.fill(T{});
+    shards[k] = std::move(shard);
+  });
+  return {m, host.shape(), std::move(shards)};
+}
+
+/// @brief `x` laid out as `To`. The steps are planned at compile time
+/// (redistribute_plan_of<From, To>()): partial -> replicate is an all_reduce,
+/// partial -> split a reduce_scatter, split -> replicate an all_gather, split(d) ->
+/// split(d') an all_to_all, and replicate -> split a local slice that moves no data.
+template <layout_spec To, element T, std::size_t Rank, mesh_type Mesh, layout_spec From>
+dtensor<T, Rank, Mesh, To> redistribute(const dtensor<T, Rank, Mesh, From>& x) {
+  static_assert(detail::check_layout<"redistribute", To, Mesh, Rank>::ok);
+  const Mesh& m = x.mesh();
+  std::vector<tensor<T, Rank>> shards(x.local_shards().size());
+  detail::run_on_places(detail::redistribute_context(x, layout_name<To>()).c_str(), m, [&](std::size_t p, std::size_t k) {
+    shards[k] = detail::apply_plan<From, To>(m, x.shape(), p, x.local_shards()[k]);
+  });
+  return {m, x.shape(), std::move(shards)};
+}
+
+/// @brief The value of `x` as one host tensor, on every process: partial sums are
+/// reduced and split dims gathered.
+template <element T, std::size_t Rank, mesh_type Mesh, layout_spec Layout>
+tensor<T, Rank> gather(const dtensor<T, Rank, Mesh, Layout>& x) {
+  using full = detail::replicated_layout_t<Rank>;
+  if (x.mesh().local_places().empty()) throw error("gather: " + x.describe() + ": this process holds no place of the mesh");
+  const auto whole = redistribute<full>(x);
+  tensor<T, Rank> out(x.shape(), detail::uninitialized);
+  const auto& shard = whole.local_shards().front();
+  if (out.size() != 0) std::memcpy(out.data(), shard.data(), out.bytes());
+  return out;
+}
+
+}  // namespace pdo

@@ -1,0 +1,145 @@
+// pdo/tensor/tensor.hpp: pdo::tensor, an owning dense row-major tensor on one place.
+#pragma once
+
+#include <pdo/core/dtype.hpp>
+#include <pdo/core/error.hpp>
+#include <pdo/core/shape.hpp>
+#include <pdo/memory/caching_allocator.hpp>
+#include <pdo/place/place_concept.hpp>
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstring>
+#include <initializer_list>
+#include <memory>
+#include <span>
+#include <string>
+#include <utility>
+
+namespace pdo {
+
+namespace detail {
+/// @brief Tag: allocate without initialising the elements.
+struct uninitialized_t {};
+inline constexpr uninitialized_t uninitialized{};
+
+/// @brief The CPU place whose worker runs the calling thread, if any: where tensors
+/// made without a place go.
+inline place_state* current_cpu_place() {
+  place_state* p = current_place();
+  return p != nullptr && p->kind == place_kind::cpu ? p : nullptr;
+}
+}  // namespace detail
+
+/// @brief An owning, dense, row-major tensor on one place (the host when none is given).
+/// Copies are deep copies on the same place; moves are cheap.
+/// @tparam T an element type (pdo::element)
+template <element T, std::size_t Rank>
+class tensor {
+ public:
+  using value_type = T;
+  static constexpr std::size_t rank = Rank;
+
+  tensor() = default;
+  /// @brief A zero-filled tensor in the memory of the place running the calling thread
+  /// (inside a parallel_do block: that place), else on the host.
+  explicit tensor(const shape_t<Rank>& shape) : tensor(shape, detail::uninitialized) { fill(T{}); }
+  /// @brief A zero-filled tensor in `place`'s memory.
+  tensor(const shape_t<Rank>& shape, const any_place& place) : tensor(shape, place, detail::uninitialized) { fill(T{}); }
+  /// @brief A tensor holding `values` in row-major order (placed as the one above).
+  tensor(const shape_t<Rank>& shape, std::initializer_list<T> values) : tensor(shape, detail::uninitialized) {
+    if (values.size() != size())
+      throw shape_error("tensor: " + std::to_string(values.size()) + " values given for shape " +
+                        detail::format_extents(shape) + " of " + std::to_string(size()) + " elements");
+    std::copy(values.begin(), values.end(), data_);
+  }
+  tensor(const shape_t<Rank>& shape, detail::uninitialized_t)
+      : tensor(shape, detail::current_cpu_place() ? detail::current_cpu_place()->memory.get() : &host_allocator(),
+               detail::current_cpu_place() ? detail::current_cpu_place()->shared_from_this() : nullptr) {}
+  tensor(const shape_t<Rank>& shape, const any_place& place, detail::uninitialized_t)
+      : tensor(shape, &place.memory(), place.state()) {}
+
+  tensor(const tensor& other) : tensor(other.shape_, other.allocator_, other.place_) {
+    if (size() != 0) std::memcpy(data_, other.data_, bytes());
+  }
+  tensor(tensor&& other) noexcept { swap(other); }
+  tensor& operator=(tensor other) noexcept {
+    swap(other);
+    return *this;
+  }
+  ~tensor() {
+    if (allocator_ != nullptr) allocator_->deallocate(data_, bytes());
+  }
+  void swap(tensor& other) noexcept {
+    std::swap(shape_, other.shape_);
+    std::swap(strides_, other.strides_);
+    std::swap(data_, other.data_);
+    std::swap(allocator_, other.allocator_);
+    std::swap(place_, other.place_);
+  }
+
+  [[nodiscard]] const shape_t<Rank>& shape() const { return shape_; }
+  [[nodiscard]] std::size_t extent(std::size_t dim) const { return shape_[dim]; }
+  [[nodiscard]] const std::array<std::ptrdiff_t, Rank>& strides() const { return strides_; }
+  [[nodiscard]] std::size_t size() const { return detail::volume(shape_); }
+  [[nodiscard]] std::size_t bytes() const { return size() * sizeof(T); }
+  [[nodiscard]] T* data() { return data_; }
+  [[nodiscard]] const T* data() const { return data_; }
+  [[nodiscard]] std::span<T> span() { return {data_, size()}; }
+  [[nodiscard]] std::span<const T> span() const { return {data_, size()}; }
+  [[nodiscard]] T* begin() { return data_; }
+  [[nodiscard]] T* end() { return data_ + size(); }
+  [[nodiscard]] const T* begin() const { return data_; }
+  [[nodiscard]] const T* end() const { return data_ + size(); }
+  /// @brief The name of the place holding the data ("host" for host tensors).
+  [[nodiscard]] std::string place_name() const { return place_ ? place_->name : std::string("host"); }
+
+  template <class... Index>
+    requires(sizeof...(Index) == Rank && (std::integral<Index> && ...))
+  [[nodiscard]] T& operator()(Index... index) {
+    return data_[offset_of(index...)];
+  }
+  template <class... Index>
+    requires(sizeof...(Index) == Rank && (std::integral<Index> && ...))
+  [[nodiscard]] const T& operator()(Index... index) const {
+    return data_[offset_of(index...)];
+  }
+
+  void fill(T value) { std::fill_n(data_, size(), value); }
+
+ private:
+  tensor(const shape_t<Rank>& shape, caching_allocator* allocator, std::shared_ptr<detail::place_state> place)
+      : shape_(shape),
+        strides_(detail::row_major_strides(shape)),
+        allocator_(allocator),
+        place_(std::move(place)) {
+    data_ = static_cast<T*>(allocator_->allocate(bytes()));
+  }
+
+  template <class... Index>
+  std::size_t offset_of(Index... index) const {
+    std::size_t offset = 0, d = 0;
+    ((offset += static_cast<std::size_t>(index) * static_cast<std::size_t>(strides_[d++])), ...);
+    return offset;
+  }
+
+  shape_t<Rank> shape_{};
+  std::array<std::ptrdiff_t, Rank> strides_{};
+  T* data_ = nullptr;
+  caching_allocator* allocator_ = nullptr;
+  std::shared_ptr<detail::place_state> place_;  ///< keeps the place's allocator alive
+};
+
+template <class T>
+inline constexpr bool is_tensor_v = false;
+template <class T, std::size_t Rank>
+inline constexpr bool is_tensor_v<tensor<T, Rank>> = true;
+
+/// @brief "f32[10, 6]".
+template <class T, std::size_t Rank>
+std::string describe(const tensor<T, Rank>& t) {
+  return std::string(detail::dtype_name<T>()) + detail::format_extents(t.shape());
+}
+
+}  // namespace pdo

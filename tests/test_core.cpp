@@ -1,0 +1,131 @@
+// tests/test_core.cpp: tensors, memory, places, meshes, layouts and dtensor geometry.
+#include "support.hpp"
+
+using pdo::replicate;
+template <pdo::fixed_string A>
+using S = pdo::split<A>;
+
+TEST_CASE("tensor: shape, strides, element access, deep copies", "[tensor]") {
+  pdo::tensor<float, 3> t({2, 3, 4});
+  CHECK(t.size() == 24);
+  CHECK(t.strides() == std::array<std::ptrdiff_t, 3>{12, 4, 1});
+  t(1, 2, 3) = 5.0f;
+  CHECK(t.data()[23] == 5.0f);
+  CHECK(t(0, 0, 0) == 0.0f);  // zero-filled
+  auto u = t;
+  u(1, 2, 3) = 1.0f;
+  CHECK(t(1, 2, 3) == 5.0f);
+  const pdo::tensor<int, 2> v({2, 2}, {1, 2, 3, 4});
+  CHECK(v(1, 0) == 3);
+  CHECK_THROWS_AS((pdo::tensor<int, 2>({2, 2}, {1, 2, 3})), pdo::shape_error);
+  CHECK(pdo::describe(v) == "i32[2, 2]");
+}
+
+TEST_CASE("caching allocator: statistics, reuse, cap", "[memory]") {
+  pdo::caching_allocator a("cpu:7", 1 << 20);
+  void* p = a.allocate(1000);
+  CHECK(a.stats().bytes_in_use == 1024);
+  CHECK(a.stats().allocations == 1);
+  a.deallocate(p, 1000);
+  CHECK(a.stats().bytes_in_use == 0);
+  CHECK(a.stats().bytes_cached == 1024);
+  void* q = a.allocate(900);  // same size class: reused
+  CHECK(q == p);
+  CHECK(a.stats().system_allocations == 1);
+  CHECK(a.stats().peak_bytes_in_use == 1024);
+  try {
+    (void)a.allocate(2 << 20);
+    FAIL("no out_of_memory");
+  } catch (const pdo::out_of_memory& e) {
+    CHECK_THAT(std::string(e.what()), Catch::Contains("cpu:7") && Catch::Contains("2097152") && Catch::Contains("1048576"));
+  }
+  a.deallocate(q, 900);
+  a.release_cache();
+  CHECK(a.stats().bytes_cached == 0);
+}
+
+TEST_CASE("a place's cap stops a distribute with out_of_memory naming the place", "[memory]") {
+  const auto places = pdo::cpu_places(2, 64 << 10);
+  const auto mesh = pdo::make_mesh<"x">(places);
+  CHECK_NOTHROW(pdo::distribute<pdo::layout<S<"x">>>(mesh, pdo::tensor<float, 1>({20000})));  // 40 KB a place
+  CHECK_THROWS_AS(pdo::distribute<pdo::layout<replicate>>(mesh, pdo::tensor<float, 1>({20000})), pdo::out_of_memory);
+  CHECK_THROWS_WITH(pdo::distribute<pdo::layout<replicate>>(mesh, pdo::tensor<float, 1>({20000})),
+                    Catch::Contains("distribute") && Catch::Contains("cpu:") && Catch::Contains("cap of 65536"));
+}
+
+TEST_CASE("places: cores are shared out without oversubscription", "[place]") {
+  const auto cores = pdo::detail::process_cores();
+  const auto one = pdo::cpu_places(1);
+  CHECK(one[0].cores() == cores);
+  const auto many = pdo::cpu_places(cores.size() + 1);
+  for (const auto& p : many) CHECK(p.cores().size() == 1);
+  STATIC_REQUIRE(pdo::place<pdo::cpu_place>);
+  STATIC_REQUIRE(pdo::place<pdo::cuda_place>);
+  STATIC_REQUIRE(pdo::place<pdo::any_place>);
+  STATIC_REQUIRE(!pdo::place<int>);
+  CHECK_THROWS_AS(pdo::cpu_places(0), pdo::error);
+}
+
+TEST_CASE("mesh: coordinates, groups along an axis, description", "[mesh]") {
+  const auto mesh = pdo::make_mesh<"dp", "tp">(pdo::cpu_places(6), {3, 2});
+  CHECK(mesh.size() == 6);
+  CHECK(mesh.coords(3) == std::array<std::size_t, 2>{1, 1});
+  CHECK(mesh.index({2, 0}) == 4);
+  CHECK(mesh.group(0, 3) == std::vector<std::size_t>{1, 3, 5});
+  CHECK(mesh.group(1, 3) == std::vector<std::size_t>{2, 3});
+  CHECK(mesh.describe() == "mesh(dp=3, tp=2)");
+  CHECK(mesh.extent("tp") == 2);
+  STATIC_REQUIRE(decltype(mesh)::axis_index("tp") == 1);
+  STATIC_REQUIRE(!decltype(mesh)::has_axis("pp"));
+  CHECK_THROWS_WITH((pdo::make_mesh<"dp", "tp">(pdo::cpu_places(4), {3, 2})),
+                    Catch::Contains("make_mesh") && Catch::Contains("[3, 2]") && Catch::Contains("4 were given"));
+}
+
+TEST_CASE("layouts: validity is known at compile time, both ways", "[layout]") {
+  using M = pdo::mesh<"dp", "tp">;
+  STATIC_REQUIRE(pdo::valid_layout_v<pdo::layout<S<"dp">, replicate>, M, 2>);
+  STATIC_REQUIRE(pdo::valid_layout_v<pdo::layout<S<"dp">, S<"tp">>, M, 2>);
+  STATIC_REQUIRE(pdo::valid_layout_v<pdo::layout<S<"dp">, replicate>::partial<"tp">, M, 2>);
+  STATIC_REQUIRE(!pdo::valid_layout_v<pdo::layout<S<"pp">, replicate>, M, 2>);          // no such axis
+  STATIC_REQUIRE(!pdo::valid_layout_v<pdo::layout<S<"dp">, S<"dp">>, M, 2>);            // axis twice
+  STATIC_REQUIRE(!pdo::valid_layout_v<pdo::layout<S<"dp">, replicate>::partial<"dp">, M, 2>);
+  STATIC_REQUIRE(!pdo::valid_layout_v<pdo::layout<S<"dp">>, M, 2>);                      // rank
+  STATIC_REQUIRE(pdo::layout_spec<pdo::layout<replicate>::partial<"dp">>);
+  STATIC_REQUIRE(!pdo::layout_spec<int>);
+  CHECK(pdo::layout_name<pdo::layout<S<"dp">, replicate>::partial<"tp">>() == "{split<dp>, replicate} partial<tp>");
+}
+
+TEST_CASE("dtensor: uneven shards are cut 3,3,2,2", "[dtensor]") {
+  const auto mesh = pdo_test::line_mesh(4);
+  const auto host = pdo_test::iota_tensor<float, 2>({10, 3});
+  const auto x = pdo::distribute<pdo::layout<S<"x">, replicate>>(mesh, host);
+  const std::size_t rows[] = {3, 3, 2, 2}, offsets[] = {0, 3, 6, 8};
+  for (std::size_t p = 0; p < 4; ++p) {
+    CHECK(x.shard(p).shape() == pdo::shape_t<2>{rows[p], 3});
+    CHECK(x.local_offset(p)[0] == offsets[p]);
+    CHECK(x.shard(p)(0, 1) == host(offsets[p], 1));
+    CHECK(x.shard(p).place_name() == "cpu:" + std::to_string(p));
+  }
+  CHECK(x.describe() == "f32[10, 3]{split<x>, replicate} on mesh(x=4)");
+  // more places than rows: empty shards are allowed
+  const auto y = pdo::distribute<pdo::layout<S<"x">, replicate>>(mesh, pdo_test::iota_tensor<float, 2>({2, 3}));
+  CHECK(y.shard(3).size() == 0);
+  CHECK(pdo_test::equal(pdo::gather(y), pdo_test::iota_tensor<float, 2>({2, 3})));
+}
+
+TEST_CASE("dtensor: shards that do not fit the layout are a shape error", "[dtensor][errors]") {
+  const auto mesh = pdo_test::line_mesh(2);
+  std::vector<pdo::tensor<float, 1>> shards;
+  shards.emplace_back(pdo::shape_t<1>{3});
+  shards.emplace_back(pdo::shape_t<1>{3});
+  using D = pdo::dtensor<float, 1, pdo::mesh<"x">, pdo::layout<S<"x">>>;
+  CHECK_THROWS_WITH(D(mesh, {5}, shards), Catch::Contains("cpu:1") && Catch::Contains("f32[3]") && Catch::Contains("[2]"));
+  CHECK_THROWS_AS(D(mesh, {5}, {}), pdo::shape_error);
+}
+
+TEST_CASE("chunking follows the even rule", "[shape]") {
+  STATIC_REQUIRE(pdo::detail::chunk_size(10, 4, 0) == 3);
+  STATIC_REQUIRE(pdo::detail::chunk_size(10, 4, 3) == 2);
+  STATIC_REQUIRE(pdo::detail::chunk_offset(10, 4, 3) == 8);
+  STATIC_REQUIRE(pdo::detail::chunk_offset(10, 4, 2) == 6);
+}

@@ -1,0 +1,151 @@
+// tests/test_redistribute.cpp: distribute, every redistribution pair, and gather against the host tensor.
+#include "support.hpp"
+
+#include <tuple>
+
+using pdo::replicate;
+template <pdo::fixed_string A>
+using S = pdo::split<A>;
+
+namespace {
+
+template <class... Ts, class F>
+void for_each_type(std::tuple<Ts...>*, F&& f) {
+  (f(static_cast<Ts*>(nullptr)), ...);
+}
+
+/// @brief The value `x` holds, made partial over `Axis` with real addends: the place at
+/// coordinate c along Axis holds (c + 1) times its shard, so the value is n(n+1)/2 times x.
+template <class Layout, pdo::fixed_string Axis, class DT>
+auto spread_over(const DT& x) {
+  const auto& mesh = x.mesh();
+  const std::size_t axis = std::remove_cvref_t<decltype(mesh)>::axis_index(Axis.view());
+  return pdo::parallel_do<Layout>(
+      [&mesh, axis](const auto& shard) {
+        auto out = shard;
+        const std::size_t p = [&] {
+          for (std::size_t q : mesh.local_places())
+            if (pdo::detail::current_place() == mesh.place(q).state().get()) return q;
+          return std::size_t{0};
+        }();
+        for (auto& v : out) v *= static_cast<int>(mesh.coord(p, axis) + 1);
+        return out;
+      },
+      x);
+}
+
+template <class From, class To, class Mesh>
+void check_pair(const Mesh& mesh, const pdo::tensor<int, 2>& host) {
+  CAPTURE(mesh.describe(), pdo::layout_name<From>(), pdo::layout_name<To>());
+  const auto x = pdo::distribute<From>(mesh, host);
+  const auto y = pdo::redistribute<To>(x);
+  static_assert(std::is_same_v<typename decltype(y)::layout_type, To>);
+  for (std::size_t k = 0; k < mesh.local_places().size(); ++k)
+    REQUIRE(y.local_shards()[k].shape() == y.local_shape(mesh.local_places()[k]));
+  REQUIRE(pdo_test::equal(pdo::gather(y), host));
+}
+
+}  // namespace
+
+TEST_CASE("every redistribution pair on a line of 1..4 places, uneven shards", "[redistribute]") {
+  using layouts = std::tuple<pdo::layout<replicate, replicate>, pdo::layout<S<"x">, replicate>, pdo::layout<replicate, S<"x">>,
+                             pdo::layout<replicate, replicate>::partial<"x">>;
+  const auto host = pdo_test::iota_tensor<int, 2>({10, 7});
+  for (std::size_t n : pdo_test::line_sizes()) {
+    const auto mesh = pdo_test::line_mesh(n);
+    for_each_type(static_cast<layouts*>(nullptr), [&]<class From>(From*) {
+      for_each_type(static_cast<layouts*>(nullptr), [&]<class To>(To*) { check_pair<From, To>(mesh, host); });
+    });
+  }
+}
+
+TEST_CASE("every redistribution pair on a 2x2 and a 3x2 mesh", "[redistribute]") {
+  using layouts = std::tuple<pdo::layout<replicate, replicate>, pdo::layout<S<"a">, replicate>, pdo::layout<replicate, S<"b">>,
+                             pdo::layout<S<"a">, S<"b">>, pdo::layout<S<"b">, S<"a">>, pdo::layout<S<"b">, replicate>,
+                             pdo::layout<replicate, replicate>::partial<"a">, pdo::layout<S<"b">, replicate>::partial<"a">,
+                             pdo::layout<replicate, replicate>::partial<"a", "b">>;
+  const auto host = pdo_test::iota_tensor<int, 2>({7, 5});
+  for (auto [a, b] : {std::pair<std::size_t, std::size_t>{2, 2}, {3, 2}}) {
+    const auto mesh = pdo_test::grid_mesh(a, b);
+    for_each_type(static_cast<layouts*>(nullptr), [&]<class From>(From*) {
+      for_each_type(static_cast<layouts*>(nullptr), [&]<class To>(To*) { check_pair<From, To>(mesh, host); });
+    });
+  }
+}
+
+TEST_CASE("rank-3 tensors: gathers, slices and all_to_all on inner dims", "[redistribute]") {
+  using layouts = std::tuple<pdo::layout<replicate, replicate, S<"x">>, pdo::layout<S<"x">, replicate, replicate>,
+                             pdo::layout<replicate, S<"x">, replicate>, pdo::layout<replicate, replicate, replicate>::partial<"x">>;
+  pdo::tensor<double, 3> host({5, 3, 7});
+  for (std::size_t i = 0; i < host.size(); ++i) host.data()[i] = 0.25 * static_cast<double>(i);
+  for (std::size_t n : {std::size_t{2}, std::size_t{3}}) {
+    const auto mesh = pdo_test::line_mesh(n);
+    for_each_type(static_cast<layouts*>(nullptr), [&]<class From>(From*) {
+      for_each_type(static_cast<layouts*>(nullptr), [&]<class To>(To*) {
+        CAPTURE(n, pdo::layout_name<From>(), pdo::layout_name<To>());
+        REQUIRE(pdo_test::equal(pdo::gather(pdo::redistribute<To>(pdo::distribute<From>(mesh, host))), host));
+      });
+    });
+  }
+}
+
+TEST_CASE("partial values with real addends reduce to their sum", "[redistribute]") {
+  const auto host = pdo_test::iota_tensor<int, 2>({9, 4});
+  for (std::size_t n : pdo_test::line_sizes()) {
+    const auto mesh = pdo_test::line_mesh(n);
+    using P = pdo::layout<replicate, replicate>::partial<"x">;
+    const auto x = spread_over<P, "x">(pdo::distribute<pdo::layout<replicate, replicate>>(mesh, host));
+    auto expected = host;
+    for (auto& v : expected) v *= static_cast<int>(n * (n + 1) / 2);
+    CHECK(pdo_test::equal(pdo::gather(x), expected));
+    CHECK(pdo_test::equal(pdo::gather(pdo::redistribute<pdo::layout<S<"x">, replicate>>(x)), expected));  // reduce_scatter
+    CHECK(pdo_test::equal(pdo::gather(pdo::redistribute<pdo::layout<replicate, S<"x">>>(x)), expected));  // packed reduce_scatter
+    CHECK(pdo_test::equal(pdo::gather(pdo::redistribute<pdo::layout<replicate, replicate>>(x)), expected));  // all_reduce
+  }
+  const auto grid = pdo_test::grid_mesh(2, 2);
+  using PA = pdo::layout<S<"b">, replicate>::partial<"a">;
+  const auto y = spread_over<PA, "a">(pdo::distribute<pdo::layout<S<"b">, replicate>>(grid, host));
+  auto expected = host;
+  for (auto& v : expected) v *= 3;
+  CHECK(pdo_test::equal(pdo::gather(pdo::redistribute<pdo::layout<S<"b">, S<"a">>>(y)), expected));
+}
+
+TEST_CASE("plans are chosen at compile time by the table", "[redistribute][plan]") {
+  using R = pdo::layout<replicate, replicate>;
+  using SX = pdo::layout<S<"x">, replicate>;
+  using SX1 = pdo::layout<replicate, S<"x">>;
+  using P = R::partial<"x">;
+  constexpr auto count = [](const pdo::redistribute_plan& p, pdo::step_kind k) { return p.count(k); };
+  STATIC_REQUIRE(pdo::redistribute_plan_of<R, SX>().collectives() == 0);  // replicate -> split moves nothing
+  STATIC_REQUIRE(count(pdo::redistribute_plan_of<R, SX>(), pdo::step_kind::local_slice) == 1);
+  STATIC_REQUIRE(count(pdo::redistribute_plan_of<SX, R>(), pdo::step_kind::all_gather) == 1);
+  STATIC_REQUIRE(count(pdo::redistribute_plan_of<SX, SX1>(), pdo::step_kind::all_to_all) == 1);
+  STATIC_REQUIRE(pdo::redistribute_plan_of<SX, SX1>().size == 1);
+  STATIC_REQUIRE(count(pdo::redistribute_plan_of<P, R>(), pdo::step_kind::all_reduce) == 1);
+  STATIC_REQUIRE(count(pdo::redistribute_plan_of<P, SX>(), pdo::step_kind::reduce_scatter) == 1);
+  STATIC_REQUIRE(pdo::redistribute_plan_of<P, SX>().size == 1);
+  STATIC_REQUIRE(count(pdo::redistribute_plan_of<R, P>(), pdo::step_kind::keep_on_one) == 1);
+  STATIC_REQUIRE(pdo::redistribute_plan_of<SX, SX>().size == 0);
+  // split -> partial goes through replicate: gather, then keep on one
+  STATIC_REQUIRE(pdo::redistribute_plan_of<SX, P>().size == 2);
+  // two axes: each moves on its own
+  using AB = pdo::layout<S<"a">, S<"b">>;
+  using BA = pdo::layout<S<"b">, S<"a">>;
+  STATIC_REQUIRE(pdo::redistribute_plan_of<AB, BA>().collectives() >= 2);
+  STATIC_REQUIRE(pdo::redistribute_plan_of<AB, pdo::layout<replicate, replicate>>().count(pdo::step_kind::all_gather) == 2);
+  CHECK(pdo::describe(pdo::redistribute_plan_of<SX, SX1>()) ==
+        "all_to_all over x from dim 0 to dim 1: {split<x>, replicate} -> {replicate, split<x>}\n");
+}
+
+TEST_CASE("replicate -> split moves no data and allocates only the new shards", "[redistribute]") {
+  const auto mesh = pdo_test::line_mesh(4);
+  const auto host = pdo_test::iota_tensor<float, 2>({10, 6});
+  const auto x = pdo::distribute<pdo::layout<replicate, replicate>>(mesh, host);
+  const auto y = pdo::redistribute<pdo::layout<S<"x">, replicate>>(x);
+  const std::size_t rows[] = {3, 3, 2, 2};
+  for (std::size_t p = 0; p < 4; ++p) {
+    CHECK(y.shard(p).extent(0) == rows[p]);
+    CHECK(y.local_offset(p)[0] == pdo::detail::chunk_offset(10, 4, p));
+    CHECK(y.shard(p)(0, 0) == host(y.local_offset(p)[0], 0));
+  }
+}
