@@ -4,6 +4,9 @@
 #include <pdo/core/dtype.hpp>
 #include <pdo/core/error.hpp>
 
+#ifndef OMPI_SKIP_MPICXX
+#define OMPI_SKIP_MPICXX 1  // the C API is all pdo uses
+#endif
 #include <mpi.h>
 
 #include <climits>

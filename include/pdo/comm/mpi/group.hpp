@@ -4,7 +4,6 @@
 #include <pdo/comm/mpi/environment.hpp>
 #include <pdo/comm/threads/local_group.hpp>
 
-#include <mpi.h>
 
 #include <algorithm>
 #include <cstddef>
@@ -300,6 +299,7 @@ class group {
     }
     local_.barrier();
     std::copy(values.begin(), values.end(), local_values_.begin() + static_cast<std::ptrdiff_t>(l * width));
+    local_.barrier();
     leader_step(l, [&] {
       std::vector<int> counts(per_rank_.size()), displs(per_rank_.size());
       for (std::size_t r = 0; r < per_rank_.size(); ++r) {

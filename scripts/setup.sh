@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Installs what pdo's build, tests and demo need on a Debian machine. Safe to run twice:
+# packages already present are not installed again.
+set -euo pipefail
+
+packages=(cmake ninja-build g++ clang ccache catch2 librange-v3-dev libopenblas-dev libopenmpi-dev openmpi-bin python3)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}"
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# The CUDA toolkit (nvcc, CCCL, cuBLAS, NCCL) is optional: used when CUDA_HOME or nvcc is found.
+if [ -z "${CUDA_HOME:-}" ] && command -v nvcc >/dev/null 2>&1; then
+  CUDA_HOME=$(dirname "$(dirname "$(command -v nvcc)")")
+fi
+if [ -n "${CUDA_HOME:-}" ] && [ -x "$CUDA_HOME/bin/nvcc" ]; then
+  echo "setup: CUDA toolkit at $CUDA_HOME"
+else
+  echo "setup: no CUDA toolkit found (CUDA paths will not be compiled)"
+fi

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Sets up, builds and runs pdo's whole test suite: unit, compile-fail, MPI (under mpirun),
+# examples, the package test, an nvcc compile of the CUDA paths when the toolkit is
+# present, and a ThreadSanitizer build of the concurrency tests.
+set -euo pipefail
+here=$(cd "$(dirname "$0")/.." && pwd)
+jobs=$(nproc)
+bash "$here/scripts/setup.sh"
+
+echo "== build and test (g++)"
+bash "$here/scripts/configure.sh" "$here/build-test"
+cmake --build "$here/build-test" -j "$jobs"
+cmake --build "$here/build-test" --target all_verify_interface_header_sets -j "$jobs"
+ctest --test-dir "$here/build-test" --output-on-failure -j "$jobs"
+
+echo "== ThreadSanitizer build of the threads backend and parallel_do tests"
+bash "$here/scripts/configure.sh" "$here/build-tsan" -DPDO_WITH_CUDA=OFF -DPDO_WITH_MPI=OFF -DPDO_BUILD_EXAMPLES=OFF \
+  -DPDO_BUILD_BENCHMARKS=OFF -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS="-fsanitize=thread -O1 -g"
+cmake --build "$here/build-tsan" --target test_collectives test_parallel_do -j "$jobs"
+TSAN_OPTIONS="halt_on_error=1" ctest --test-dir "$here/build-tsan" --output-on-failure -R "^test_(collectives|parallel_do)$"

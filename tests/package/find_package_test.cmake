@@ -1,0 +1,95 @@
+# tests/package/find_package_test.cmake: cmake -P script: install pdo, move the prefix, build and run consumers.
+# Inputs: PDO_SOURCE_DIR, CONSUMER_SOURCE_DIR, WORK_DIR, GENERATOR, CXX_COMPILER, WITH_MPI.
+cmake_minimum_required(VERSION 3.25)
+
+foreach(input PDO_SOURCE_DIR CONSUMER_SOURCE_DIR WORK_DIR GENERATOR CXX_COMPILER)
+  if(NOT DEFINED ${input} OR "${${input}}" STREQUAL "")
+    message(FATAL_ERROR "find_package_test: pass -D${input}=...")
+  endif()
+endforeach()
+if(WITH_MPI)
+  set(WITH_MPI ON)
+else()
+  set(WITH_MPI OFF)
+endif()
+
+# Runs a command, prints it, and stops the test when it fails.
+function(run_step what)
+  message(STATUS "${what}: ${ARGN}")
+  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "${what} failed (${rc}):\n${out}")
+  endif()
+endfunction()
+
+# Runs a command that must fail with output matching `regex`.
+function(expect_failure what regex)
+  message(STATUS "${what} (must fail): ${ARGN}")
+  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
+  if(rc EQUAL 0)
+    message(FATAL_ERROR "${what} succeeded but should have failed:\n${out}")
+  endif()
+  if(NOT out MATCHES "${regex}")
+    message(FATAL_ERROR "${what} failed without the expected message \"${regex}\":\n${out}")
+  endif()
+endfunction()
+
+set(pdo_build ${WORK_DIR}/pdo-build)
+set(stage ${WORK_DIR}/stage)
+set(prefix ${WORK_DIR}/prefix)
+file(REMOVE_RECURSE ${WORK_DIR})
+file(MAKE_DIRECTORY ${WORK_DIR})
+
+# 1. Install pdo: headers and package config only (no tests, examples, benchmarks, CUDA).
+run_step("configure pdo" ${CMAKE_COMMAND} -S ${PDO_SOURCE_DIR} -B ${pdo_build} -G ${GENERATOR}
+         -DCMAKE_CXX_COMPILER=${CXX_COMPILER} -DCMAKE_BUILD_TYPE=Release -DCMAKE_INSTALL_PREFIX=${stage}
+         -DPDO_INSTALL=ON -DPDO_BUILD_TESTS=OFF -DPDO_BUILD_EXAMPLES=OFF -DPDO_BUILD_BENCHMARKS=OFF
+         -DPDO_WITH_CUDA=OFF -DPDO_WITH_MPI=${WITH_MPI})
+run_step("build pdo" ${CMAKE_COMMAND} --build ${pdo_build} --config Release)
+run_step("install pdo" ${CMAKE_COMMAND} --install ${pdo_build} --config Release)
+
+# 2. The installed package must be relocatable: consumers use it from another directory.
+file(RENAME ${stage} ${prefix})
+file(GLOB_RECURSE config_file ${prefix}/*/pdoConfig.cmake)
+if(NOT config_file)
+  message(FATAL_ERROR "install put no pdoConfig.cmake under the prefix")
+endif()
+file(GLOB_RECURSE installed_header ${prefix}/include/pdo/pdo.hpp)
+if(NOT installed_header)
+  message(FATAL_ERROR "install put no pdo/pdo.hpp under <prefix>/include")
+endif()
+
+# Configures, builds and tests the consumer asking for `components` (a ;-list, may be empty).
+function(consumer name components)
+  set(build ${WORK_DIR}/consumer-${name})
+  run_step("configure consumer ${name}" ${CMAKE_COMMAND} -S ${CONSUMER_SOURCE_DIR} -B ${build} -G ${GENERATOR}
+           -DCMAKE_CXX_COMPILER=${CXX_COMPILER} -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH=${prefix}
+           -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF "-DCONSUMER_COMPONENTS=${components}")
+  file(STRINGS ${build}/CMakeCache.txt pdo_dir REGEX "^pdo_DIR:")
+  string(FIND "${pdo_dir}" "${prefix}/" at)
+  if(NOT at GREATER -1)
+    message(FATAL_ERROR "consumer ${name} found pdo outside the installed prefix: ${pdo_dir}")
+  endif()
+  run_step("build consumer ${name}" ${CMAKE_COMMAND} --build ${build} --config Release)
+  run_step("run consumer ${name}" ${CMAKE_CTEST_COMMAND} --test-dir ${build} -C Release --output-on-failure)
+endfunction()
+
+# 3. pdo::pdo alone: find_package(pdo 0.1 CONFIG REQUIRED), distribute and gather.
+consumer(plain "")
+
+# 4. Components: the installed ones build; missing and unknown ones fail find_package with a reason.
+if(WITH_MPI)
+  consumer(mpi "MPI")
+else()
+  expect_failure("consumer asking for MPI" "pdo was installed without its MPI component"
+                 ${CMAKE_COMMAND} -S ${CONSUMER_SOURCE_DIR} -B ${WORK_DIR}/consumer-no-mpi -G ${GENERATOR}
+                 -DCMAKE_CXX_COMPILER=${CXX_COMPILER} -DCMAKE_PREFIX_PATH=${prefix} -DCONSUMER_COMPONENTS=MPI)
+endif()
+expect_failure("consumer asking for CUDA" "pdo was installed without its CUDA component"
+               ${CMAKE_COMMAND} -S ${CONSUMER_SOURCE_DIR} -B ${WORK_DIR}/consumer-no-cuda -G ${GENERATOR}
+               -DCMAKE_CXX_COMPILER=${CXX_COMPILER} -DCMAKE_PREFIX_PATH=${prefix} -DCONSUMER_COMPONENTS=CUDA)
+expect_failure("consumer asking for an unknown component" "pdo has no component \"Bogus\""
+               ${CMAKE_COMMAND} -S ${CONSUMER_SOURCE_DIR} -B ${WORK_DIR}/consumer-bogus -G ${GENERATOR}
+               -DCMAKE_CXX_COMPILER=${CXX_COMPILER} -DCMAKE_PREFIX_PATH=${prefix} -DCONSUMER_COMPONENTS=Bogus)
+
+message(STATUS "find_package_test: all consumers passed")

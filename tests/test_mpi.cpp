@@ -1,0 +1,203 @@
+// tests/test_mpi.cpp: the MPI backend, run under mpirun: collectives, redistributions and
+// parallel_do over places of several processes, against single-place references.
+#define CATCH_CONFIG_RUNNER
+#include "support.hpp"
+
+#include <pdo/comm/mpi/environment.hpp>
+
+#include <cstdlib>
+#include <cstring>
+#include <tuple>
+
+using pdo::replicate;
+using pdo_test::random_values;
+template <pdo::fixed_string A>
+using S = pdo::split<A>;
+
+namespace {
+
+std::size_t places_per_rank() {
+  const char* v = std::getenv("PDO_TEST_PLACES_PER_RANK");
+  return v ? static_cast<std::size_t>(std::atoi(v)) : 1;
+}
+
+pdo::mesh<"x"> world_line() { return pdo::make_mesh<"x">(pdo::mpi::world_places(places_per_rank())); }
+
+template <class Body>
+void on_world(const pdo::mesh<"x">& mesh, Body&& body) {
+  pdo::detail::run_on_places("test", mesh, [&](std::size_t p, std::size_t) { body(pdo::communicator_of(mesh, p), p); });
+}
+
+template <class... Ts, class F>
+void for_each_type(std::tuple<Ts...>*, F&& f) {
+  (f(static_cast<Ts*>(nullptr)), ...);
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("MPI all_reduce matches the single-place reduction and is reproducible", "[mpi]", float, double, int) {
+  using T = TestType;
+  const auto mesh = world_line();
+  const std::size_t n = mesh.size();
+  for (auto op : {pdo::reduce_op::sum, pdo::reduce_op::max, pdo::reduce_op::min})
+    for (std::size_t count : {std::size_t{1}, std::size_t{1000}, std::size_t{300000}}) {
+      std::vector<T> expected = random_values<T>(count, 3);
+      for (std::size_t k = 1; k < n; ++k) {
+        const auto v = random_values<T>(count, 3 + static_cast<unsigned>(k));
+        for (std::size_t i = 0; i < count; ++i) expected[i] = pdo::detail::apply(op, expected[i], v[i]);
+      }
+      std::vector<T> first;
+      for (int run = 0; run < 3; ++run) {
+        std::vector<std::vector<T>> got(n);
+        on_world(mesh, [&](const pdo::mesh_communicator& comm, std::size_t p) {
+          got[p] = random_values<T>(count, 3 + static_cast<unsigned>(p));
+          comm.all_reduce(std::span<T>(got[p]), op);
+        });
+        for (std::size_t p : mesh.local_places()) {
+          std::size_t wrong = 0;  // the order of summation across processes is MPI's: compare within rounding
+          for (std::size_t i = 0; i < count; ++i) wrong += !(got[p][i] == Approx(expected[i]).epsilon(1e-5).margin(1e-5));
+          REQUIRE(wrong == 0);
+          if (first.empty()) first = got[p];
+          REQUIRE(std::memcmp(got[p].data(), first.data(), count * sizeof(T)) == 0);  // bitwise, run after run
+        }
+      }
+    }
+}
+
+TEST_CASE("MPI all_gather, reduce_scatter, broadcast, all_to_all with uneven pieces", "[mpi]") {
+  const auto mesh = world_line();
+  const std::size_t n = mesh.size();
+  std::vector<int> gathered;
+  for (std::size_t k = 0; k < n; ++k) {
+    const auto v = random_values<int>(2 + k, 9 + static_cast<unsigned>(k));
+    gathered.insert(gathered.end(), v.begin(), v.end());
+  }
+  const std::size_t total = 5 * n + 3;
+  std::vector<int> summed(total, 0);
+  for (std::size_t k = 0; k < n; ++k) {
+    const auto v = random_values<int>(total, 30 + static_cast<unsigned>(k));
+    for (std::size_t i = 0; i < total; ++i) summed[i] += v[i];
+  }
+  auto piece = [](std::size_t i, std::size_t j) { return std::vector<int>(i + 2 * j + 1, static_cast<int>(100 * i + j)); };
+  std::vector<std::vector<int>> ag(n, std::vector<int>(gathered.size())), rs(n), bc(n), a2a(n);
+  on_world(mesh, [&](const pdo::mesh_communicator& comm, std::size_t p) {
+    const auto mine = random_values<int>(2 + p, 9 + static_cast<unsigned>(p));
+    comm.all_gather(std::span<const int>(mine), std::span<int>(ag[p]));
+    const auto in = random_values<int>(total, 30 + static_cast<unsigned>(p));
+    rs[p].resize(pdo::detail::chunk_size(total, n, p));
+    comm.reduce_scatter(std::span<const int>(in), std::span<int>(rs[p]));
+    bc[p] = random_values<int>(77, 50 + static_cast<unsigned>(p));
+    comm.broadcast(std::span<int>(bc[p]), n - 1);
+    std::vector<int> send_data;
+    std::vector<std::size_t> sc(n), rc(n);
+    for (std::size_t j = 0; j < n; ++j) {
+      const auto v = piece(p, j);
+      send_data.insert(send_data.end(), v.begin(), v.end());
+      sc[j] = v.size();
+      rc[j] = piece(j, p).size();
+    }
+    a2a[p].resize(std::accumulate(rc.begin(), rc.end(), std::size_t{0}));
+    comm.all_to_all(std::span<const int>(send_data), std::span<const std::size_t>(sc), std::span<int>(a2a[p]),
+                    std::span<const std::size_t>(rc));
+  });
+  for (std::size_t p : mesh.local_places()) {
+    CHECK(ag[p] == gathered);
+    const auto off = static_cast<std::ptrdiff_t>(pdo::detail::chunk_offset(total, n, p));
+    CHECK(rs[p] == std::vector<int>(summed.begin() + off, summed.begin() + off + static_cast<std::ptrdiff_t>(rs[p].size())));
+    CHECK(bc[p] == random_values<int>(77, 50 + static_cast<unsigned>(n - 1)));
+    std::vector<int> expected;
+    for (std::size_t i = 0; i < n; ++i) {
+      const auto v = piece(i, p);
+      expected.insert(expected.end(), v.begin(), v.end());
+    }
+    CHECK(a2a[p] == expected);
+  }
+}
+
+TEST_CASE("MPI send/recv around a ring, across and within processes", "[mpi]") {
+  const auto mesh = world_line();
+  const std::size_t n = mesh.size();
+  std::vector<std::vector<double>> got(n, std::vector<double>(33));
+  on_world(mesh, [&](const pdo::mesh_communicator& comm, std::size_t p) {
+    const auto mine = random_values<double>(33, 70 + static_cast<unsigned>(p));
+    if (p % 2 == 0) {
+      comm.send(std::span<const double>(mine), (p + 1) % n, 1);
+      comm.recv(std::span<double>(got[p]), (p + n - 1) % n, 1);
+    } else {
+      comm.recv(std::span<double>(got[p]), (p + n - 1) % n, 1);
+      comm.send(std::span<const double>(mine), (p + 1) % n, 1);
+    }
+  });
+  for (std::size_t p : mesh.local_places()) CHECK(got[p] == random_values<double>(33, 70 + static_cast<unsigned>((p + n - 1) % n)));
+}
+
+TEST_CASE("MPI collectives with different sizes fail on every process, never hang", "[mpi][errors]") {
+  const auto mesh = world_line();
+  REQUIRE_THROWS_WITH(on_world(mesh,
+                               [&](const pdo::mesh_communicator& comm, std::size_t p) {
+                                 std::vector<float> v(10 + p);
+                                 comm.all_reduce(std::span<float>(v));
+                               }),
+                      Catch::Contains("all_reduce") && Catch::Contains("different sizes"));
+  std::vector<std::vector<float>> ok(mesh.size(), std::vector<float>(3, 1.0f));
+  on_world(mesh, [&](const pdo::mesh_communicator& comm, std::size_t p) { comm.all_reduce(std::span<float>(ok[p])); });
+  CHECK(ok[mesh.local_places().front()][0] == static_cast<float>(mesh.size()));
+}
+
+TEST_CASE("MPI redistribution pairs on a line and on a 2-D mesh", "[mpi][redistribute]") {
+  const auto host = pdo_test::iota_tensor<int, 2>({9, 7});
+  const auto line = world_line();
+  using line_layouts = std::tuple<pdo::layout<replicate, replicate>, pdo::layout<S<"x">, replicate>,
+                                  pdo::layout<replicate, S<"x">>, pdo::layout<replicate, replicate>::partial<"x">>;
+  for_each_type(static_cast<line_layouts*>(nullptr), [&]<class From>(From*) {
+    for_each_type(static_cast<line_layouts*>(nullptr), [&]<class To>(To*) {
+      CAPTURE(pdo::layout_name<From>(), pdo::layout_name<To>());
+      REQUIRE(pdo_test::equal(pdo::gather(pdo::redistribute<To>(pdo::distribute<From>(line, host))), host));
+    });
+  });
+  const auto places = pdo::mpi::world_places(places_per_rank());
+  if (places.size() % 2 != 0) return;
+  const auto grid = pdo::make_mesh<"a", "b">(places, {places.size() / 2, 2});
+  using grid_layouts = std::tuple<pdo::layout<S<"a">, S<"b">>, pdo::layout<S<"b">, S<"a">>, pdo::layout<replicate, replicate>,
+                                  pdo::layout<S<"b">, replicate>::partial<"a">>;
+  for_each_type(static_cast<grid_layouts*>(nullptr), [&]<class From>(From*) {
+    for_each_type(static_cast<grid_layouts*>(nullptr), [&]<class To>(To*) {
+      CAPTURE(pdo::layout_name<From>(), pdo::layout_name<To>());
+      REQUIRE(pdo_test::equal(pdo::gather(pdo::redistribute<To>(pdo::distribute<From>(grid, host))), host));
+    });
+  });
+}
+
+TEST_CASE("MPI parallel_do: merged results, and one place's failure reaches every process", "[mpi][parallel_do]") {
+  const auto mesh = world_line();
+  const auto host = pdo_test::iota_tensor<double, 2>({11, 3});
+  const auto x = pdo::distribute<pdo::layout<S<"x">, replicate>>(mesh, host);
+  const auto y = pdo::parallel_do<pdo::layout<S<"x">, replicate>>(
+      [](const pdo::tensor<double, 2>& s) {
+        auto o = s;
+        for (auto& v : o) v = 2 * v + 1;
+        return o;
+      },
+      x);
+  auto expected = host;
+  for (auto& v : expected) v = 2 * v + 1;
+  CHECK(pdo_test::equal(pdo::gather(y), expected));
+  const std::size_t last = mesh.size() - 1;
+  const std::string last_name = mesh.place(last).name();
+  CHECK_THROWS_WITH((pdo::parallel_do<pdo::layout<S<"x">, replicate>>(
+                        [&](const pdo::tensor<double, 2>& s) {
+                          if (pdo::detail::current_place() == mesh.place(last).state().get()) throw std::runtime_error("bad input");
+                          return s;
+                        },
+                        x)),
+                    Catch::Contains(last_name) && Catch::Contains("bad input"));
+  CHECK(pdo_test::equal(pdo::gather(x), host));  // still usable
+}
+
+int main(int argc, char** argv) {
+  pdo::mpi::initialize();
+  const int result = Catch::Session().run(argc, argv);
+  int worst = 0;
+  MPI_Allreduce(&result, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  return worst;
+}
