@@ -194,6 +194,13 @@ TEST_CASE("MPI parallel_do: merged results, and one place's failure reaches ever
   CHECK(pdo_test::equal(pdo::gather(x), host));  // still usable
 }
 
+TEST_CASE("MPI distribute: processes that pass host tensors of different shapes all fail", "[mpi][errors]") {
+  const auto mesh = world_line();
+  const std::size_t rows = pdo::mpi::rank() == 0 ? 6 : 7;
+  CHECK_THROWS_WITH((pdo::distribute<pdo::layout<S<"x">, replicate>>(mesh, pdo::tensor<float, 2>({rows, 2}))),
+                    Catch::Contains("distribute") && Catch::Contains("different shapes") && Catch::Contains("[7, 2]"));
+}
+
 int main(int argc, char** argv) {
   pdo::mpi::initialize();
   const int result = Catch::Session().run(argc, argv);

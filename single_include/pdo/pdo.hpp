@@ -1263,10 +1263,10 @@ class mesh {
   std::shared_ptr<detail::mesh_state> state_;
 };
 
+// Found by mesh's member, not by a partial specialization on mesh<Axes...>: nvcc's
+// front end does not match partial specializations on string template arguments.
 template <class M>
-inline constexpr bool is_mesh_v = false;
-template <fixed_string... Axes>
-inline constexpr bool is_mesh_v<mesh<Axes...>> = true;
+inline constexpr bool is_mesh_v = requires { typename M::mesh_tag; };
 
 /// @brief A mesh type: pdo::mesh<"a", ...>.
 template <class M>
@@ -2822,16 +2822,17 @@ namespace pdo {
 /// (sizes differ by at most one, larger chunks first: 10 rows over 4 places are 3,3,2,2).
 template <fixed_string Axis>
 struct split {
+  using split_tag = void;
   static constexpr std::string_view axis = Axis.view();
 };
 
 /// @brief Layout entry of one tensor dim: every place holds all of it.
 struct replicate {};
 
+// Found by split's member, not by a partial specialization on split<Axis>: nvcc's
+// front end does not match partial specializations on string template arguments.
 template <class T>
-inline constexpr bool is_dim_spec_v = std::is_same_v<T, replicate>;
-template <fixed_string Axis>
-inline constexpr bool is_dim_spec_v<split<Axis>> = true;
+inline constexpr bool is_dim_spec_v = std::is_same_v<T, replicate> || requires { typename T::split_tag; };
 
 /// @brief A layout entry: pdo::split<"axis"> or pdo::replicate.
 template <class T>
@@ -3897,7 +3898,9 @@ void unpack_chunks(const T* src, const dim_view& v, std::size_t parts, T* dst) {
 // pdo/tensor/redistribute.hpp: distribute, redistribute and gather of dtensors.
 
 
+#include <algorithm>
 #include <cstddef>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -3988,6 +3991,19 @@ std::string redistribute_context(const dtensor<T, Rank, Mesh, Layout>& x, const 
   return "redistribute: " + x.describe() + " -> " + to;
 }
 
+/// @brief Every process must distribute a host tensor of the same shape: checked with
+/// one small all_gather, so a process that passed another shape fails on all of them.
+template <class Mesh, std::size_t Rank>
+void check_same_host_shape(const Mesh& m, std::size_t p, const shape_t<Rank>& shape) {
+  std::vector<std::size_t> all(m.size() * Rank);
+  communicator_of(m, p).all_gather(std::span<const std::size_t>(shape.data(), Rank), std::span<std::size_t>(all));
+  for (std::size_t q = 0; q < m.size(); ++q)
+    if (!std::equal(shape.begin(), shape.end(), all.begin() + static_cast<std::ptrdiff_t>(q * Rank)))
+      throw shape_error("distribute: the processes passed host tensors of different shapes: " + format_extents(shape) +
+                        " here, " + format_extents(std::span<const std::size_t>(all.data() + q * Rank, Rank)) + " on " +
+                        m.place(q).name() + "; every process must pass the same tensor");
+}
+
 }  // namespace detail
 
 /// @brief Cuts the host tensor `host` over `m` as `Layout`: each place of this process
@@ -4000,6 +4016,7 @@ dtensor<T, Rank, Mesh, Layout> distribute(const Mesh& m, const tensor<T, Rank>& 
   const auto& local = m.local_places();
   std::vector<tensor<T, Rank>> shards(local.size());
   detail::run_on_places("distribute", m, [&](std::size_t p, std::size_t k) {
+    if (m.is_multiprocess()) detail::check_same_host_shape(m, p, host.shape());
     const auto shape = detail::shard_shape(m, v, host.shape(), p);
     tensor<T, Rank> shard(shape, m.place(p), detail::uninitialized);
     if (detail::holds_partial_value(m, v, p))

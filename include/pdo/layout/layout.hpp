@@ -17,16 +17,17 @@ namespace pdo {
 /// (sizes differ by at most one, larger chunks first: 10 rows over 4 places are 3,3,2,2).
 template <fixed_string Axis>
 struct split {
+  using split_tag = void;
   static constexpr std::string_view axis = Axis.view();
 };
 
 /// @brief Layout entry of one tensor dim: every place holds all of it.
 struct replicate {};
 
+// Found by split's member, not by a partial specialization on split<Axis>: nvcc's
+// front end does not match partial specializations on string template arguments.
 template <class T>
-inline constexpr bool is_dim_spec_v = std::is_same_v<T, replicate>;
-template <fixed_string Axis>
-inline constexpr bool is_dim_spec_v<split<Axis>> = true;
+inline constexpr bool is_dim_spec_v = std::is_same_v<T, replicate> || requires { typename T::split_tag; };
 
 /// @brief A layout entry: pdo::split<"axis"> or pdo::replicate.
 template <class T>

@@ -123,10 +123,10 @@ class mesh {
   std::shared_ptr<detail::mesh_state> state_;
 };
 
+// Found by mesh's member, not by a partial specialization on mesh<Axes...>: nvcc's
+// front end does not match partial specializations on string template arguments.
 template <class M>
-inline constexpr bool is_mesh_v = false;
-template <fixed_string... Axes>
-inline constexpr bool is_mesh_v<mesh<Axes...>> = true;
+inline constexpr bool is_mesh_v = requires { typename M::mesh_tag; };
 
 /// @brief A mesh type: pdo::mesh<"a", ...>.
 template <class M>

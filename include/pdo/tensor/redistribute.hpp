@@ -8,7 +8,9 @@
 #include <pdo/tensor/copy.hpp>
 #include <pdo/tensor/dtensor.hpp>
 
+#include <algorithm>
 #include <cstddef>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -99,6 +101,19 @@ std::string redistribute_context(const dtensor<T, Rank, Mesh, Layout>& x, const 
   return "redistribute: " + x.describe() + " -> " + to;
 }
 
+/// @brief Every process must distribute a host tensor of the same shape: checked with
+/// one small all_gather, so a process that passed another shape fails on all of them.
+template <class Mesh, std::size_t Rank>
+void check_same_host_shape(const Mesh& m, std::size_t p, const shape_t<Rank>& shape) {
+  std::vector<std::size_t> all(m.size() * Rank);
+  communicator_of(m, p).all_gather(std::span<const std::size_t>(shape.data(), Rank), std::span<std::size_t>(all));
+  for (std::size_t q = 0; q < m.size(); ++q)
+    if (!std::equal(shape.begin(), shape.end(), all.begin() + static_cast<std::ptrdiff_t>(q * Rank)))
+      throw shape_error("distribute: the processes passed host tensors of different shapes: " + format_extents(shape) +
+                        " here, " + format_extents(std::span<const std::size_t>(all.data() + q * Rank, Rank)) + " on " +
+                        m.place(q).name() + "; every process must pass the same tensor");
+}
+
 }  // namespace detail
 
 /// @brief Cuts the host tensor `host` over `m` as `Layout`: each place of this process
@@ -111,6 +126,7 @@ dtensor<T, Rank, Mesh, Layout> distribute(const Mesh& m, const tensor<T, Rank>& 
   const auto& local = m.local_places();
   std::vector<tensor<T, Rank>> shards(local.size());
   detail::run_on_places("distribute", m, [&](std::size_t p, std::size_t k) {
+    if (m.is_multiprocess()) detail::check_same_host_shape(m, p, host.shape());
     const auto shape = detail::shard_shape(m, v, host.shape(), p);
     tensor<T, Rank> shard(shape, m.place(p), detail::uninitialized);
     if (detail::holds_partial_value(m, v, p))
