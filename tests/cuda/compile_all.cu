@@ -64,7 +64,7 @@ __global__ void chunk_sizes(chunk_rule rule, std::size_t* out) {
   if (i < rule.parts) out[i] = rule(i);
 }
 
-/// @brief distribute, redistribute and gather a float tensor on two CPU places.
+/// @brief distribute, redistribute, parallel_do and gather a float tensor on two CPU places.
 bool run_cpu() {
   using pdo::replicate;
   using pdo::split;
@@ -74,10 +74,18 @@ bool run_cpu() {
   for (std::size_t i = 0; i < host.size(); ++i) host.data()[i] = 0.5f * static_cast<float>(i);
   const auto x = pdo::distribute<pdo::layout<split<"dp">, replicate>>(mesh, host);
   const auto y = pdo::redistribute<pdo::layout<replicate, split<"dp">>>(x);
+  const auto z = pdo::parallel_do<pdo::layout<replicate, split<"dp">>>(
+      [](const pdo::tensor<float, 2>& shard) {
+        auto out = shard;
+        for (auto& v : out) v *= 2.0f;
+        return out;
+      },
+      y);
   const auto back = pdo::gather(y);
-  if (back.shape() != host.shape()) return false;
+  const auto doubled = pdo::gather(z);
+  if (back.shape() != host.shape() || doubled.shape() != host.shape()) return false;
   for (std::size_t i = 0; i < host.size(); ++i)
-    if (back.data()[i] != host.data()[i]) return false;
+    if (back.data()[i] != host.data()[i] || doubled.data()[i] != 2.0f * host.data()[i]) return false;
   return x.local_shards().front().extent(0) == 3 && y.local_shards().back().extent(1) == 1;
 }
 
