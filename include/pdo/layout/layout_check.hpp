@@ -22,7 +22,7 @@ constexpr layout_problem find_layout_problem(std::size_t tensor_rank) {
   std::size_t n = 0;
   for (std::size_t d = 0; d < v.rank; ++d)
     if (!v.dim_axis[d].empty()) used[n++] = v.dim_axis[d];
-  for (std::size_t i = 0; i < L::partial_axes.size(); ++i) used[n++] = L::partial_axes[i];
+  for (std::string_view axis : L::partial_axes) used[n++] = axis;
   for (std::size_t i = 0; i < n; ++i) {
     if (!Mesh::has_axis(used[i])) return layout_problem::axis_not_in_mesh;
     for (std::size_t j = i + 1; j < n; ++j)
