@@ -13,6 +13,12 @@ cmake --build "$here/build-test" -j "$jobs"
 cmake --build "$here/build-test" --target all_verify_interface_header_sets -j "$jobs"
 ctest --test-dir "$here/build-test" --output-on-failure -j "$jobs"
 
+echo "== clang++ build of the unit tests and the demo"
+bash "$here/scripts/configure.sh" "$here/build-clang" -DCMAKE_CXX_COMPILER=clang++ -DPDO_WITH_CUDA=OFF -DPDO_WITH_MPI=OFF \
+  -DPDO_BUILD_BENCHMARKS=OFF -DPDO_INSTALL=OFF
+cmake --build "$here/build-clang" --target test_core test_collectives test_redistribute test_parallel_do quickstart -j "$jobs"
+ctest --test-dir "$here/build-clang" --output-on-failure -j "$jobs" -R "^(test_(core|collectives|redistribute|parallel_do)|example\.quickstart)$"
+
 echo "== ThreadSanitizer build of the threads backend and parallel_do tests"
 bash "$here/scripts/configure.sh" "$here/build-tsan" -DPDO_WITH_CUDA=OFF -DPDO_WITH_MPI=OFF -DPDO_BUILD_EXAMPLES=OFF \
   -DPDO_BUILD_BENCHMARKS=OFF -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS="-fsanitize=thread -O1 -g"

@@ -52,6 +52,22 @@ inline const std::vector<std::size_t>& line_sizes() {
   return sizes;
 }
 
+/// @brief The piece member i of group g sends member j in all_to_all tests: uneven
+/// (i + 2j + 1 elements), with values that name g, i and j.
+inline std::vector<int> piece(std::size_t g, std::size_t i, std::size_t j) {
+  return std::vector<int>(i + 2 * j + 1, static_cast<int>(1000 * g + 100 * i + j));
+}
+
+/// @brief What member j of group g receives from all_to_all among n members.
+inline std::vector<int> pieces_to(std::size_t g, std::size_t j, std::size_t n) {
+  std::vector<int> all;
+  for (std::size_t i = 0; i < n; ++i) {
+    const auto v = piece(g, i, j);
+    all.insert(all.end(), v.begin(), v.end());
+  }
+  return all;
+}
+
 inline pdo::mesh<"x"> line_mesh(std::size_t n) { return pdo::make_mesh<"x">(pdo::cpu_places(n)); }
 
 inline pdo::mesh<"a", "b"> grid_mesh(std::size_t a, std::size_t b) {

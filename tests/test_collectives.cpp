@@ -2,6 +2,8 @@
 #include "support.hpp"
 
 #include <algorithm>
+#include <functional>
+#include <numeric>
 #include <span>
 #include <tuple>
 
@@ -9,18 +11,51 @@ using pdo_test::random_values;
 
 namespace {
 
-/// @brief Runs `body(comm, member, place)` on every place of a line mesh of n places.
-template <class Body>
-void on_line(std::size_t n, Body&& body) {
-  const auto mesh = pdo_test::line_mesh(n);
-  pdo::detail::run_on_places("test", mesh, [&](std::size_t p, std::size_t) { body(pdo::communicator_of(mesh, p), p); });
+/// @brief Where a collective runs: the groups of one kind in one mesh (a line of n places,
+/// or the lines along one axis of a 2x2 mesh), and which group and member each place is.
+struct setup {
+  std::string name;
+  std::size_t members = 0;
+  std::vector<std::size_t> group_of, member_of;  // per place
+  std::function<void(const std::function<void(const pdo::mesh_communicator&, std::size_t place)>&)> run;
+};
+
+std::vector<setup> setups() {
+  std::vector<setup> all;
+  for (std::size_t n : pdo_test::line_sizes()) {
+    const auto mesh = pdo_test::line_mesh(n);
+    setup s{"line of " + std::to_string(n), n, std::vector<std::size_t>(n, 0), {}, {}};
+    for (std::size_t p = 0; p < n; ++p) s.member_of.push_back(p);
+    s.run = [mesh](const auto& body) {
+      pdo::detail::run_on_places("test", mesh, [&](std::size_t p, std::size_t) { body(pdo::communicator_of(mesh, p), p); });
+    };
+    all.push_back(std::move(s));
+  }
+  const auto grid = pdo_test::grid_mesh(2, 2);
+  for (std::size_t axis : {std::size_t{0}, std::size_t{1}}) {
+    setup s{"2x2 along axis " + std::to_string(axis), 2, {}, {}, {}};
+    for (std::size_t p = 0; p < 4; ++p) {
+      s.group_of.push_back(grid.coord(p, 1 - axis));
+      s.member_of.push_back(grid.coord(p, axis));
+    }
+    s.run = [grid, axis](const auto& body) {
+      pdo::detail::run_on_places("test", grid, [&](std::size_t p, std::size_t) { body(pdo::communicator_along(grid, axis, p), p); });
+    };
+    all.push_back(std::move(s));
+  }
+  return all;
+}
+
+/// @brief The seed of member m's data in group g: distinct for every place.
+unsigned seed(unsigned base, std::size_t group, std::size_t member) {
+  return base + static_cast<unsigned>(16 * group + member);
 }
 
 template <class T>
-std::vector<T> reference_reduce(std::size_t n, std::size_t count, pdo::reduce_op op, unsigned seed) {
-  std::vector<T> acc = random_values<T>(count, seed);
+std::vector<T> reference_reduce(std::size_t n, std::size_t count, pdo::reduce_op op, unsigned base, std::size_t group) {
+  std::vector<T> acc = random_values<T>(count, seed(base, group, 0));
   for (std::size_t k = 1; k < n; ++k) {
-    const auto v = random_values<T>(count, seed + static_cast<unsigned>(k));
+    const auto v = random_values<T>(count, seed(base, group, k));
     for (std::size_t i = 0; i < count; ++i) acc[i] = pdo::detail::apply(op, acc[i], v[i]);
   }
   return acc;
@@ -30,129 +65,137 @@ std::vector<T> reference_reduce(std::size_t n, std::size_t count, pdo::reduce_op
 
 TEMPLATE_TEST_CASE("all_reduce equals the reduction in member order, bitwise", "[collectives]", float, double, int) {
   using T = TestType;
-  for (std::size_t n : pdo_test::line_sizes())
+  for (const auto& s : setups())
     for (auto op : {pdo::reduce_op::sum, pdo::reduce_op::max, pdo::reduce_op::min})
       for (std::size_t count : {std::size_t{1}, std::size_t{17}, std::size_t{5000}}) {
-        CAPTURE(n, pdo::detail::op_name(op), count);
-        const auto expected = reference_reduce<T>(n, count, op, 7);
-        std::vector<std::vector<T>> got(n);
-        on_line(n, [&](const pdo::mesh_communicator& comm, std::size_t p) {
-          got[p] = random_values<T>(count, 7 + static_cast<unsigned>(p));
+        CAPTURE(s.name, pdo::detail::op_name(op), count);
+        std::vector<std::vector<T>> got(s.member_of.size());
+        s.run([&](const pdo::mesh_communicator& comm, std::size_t p) {
+          got[p] = random_values<T>(count, seed(1, s.group_of[p], s.member_of[p]));
           comm.all_reduce(std::span<T>(got[p]), op);
         });
-        for (std::size_t p = 0; p < n; ++p) REQUIRE(got[p] == expected);
+        for (std::size_t p = 0; p < got.size(); ++p) REQUIRE(got[p] == reference_reduce<T>(s.members, count, op, 1, s.group_of[p]));
       }
 }
 
-TEST_CASE("all_reduce is reproducible run after run", "[collectives]") {
+TEST_CASE("all_reduce and reduce_scatter are reproducible run after run", "[collectives]") {
   for (std::size_t n : {std::size_t{3}, std::size_t{4}}) {
-    std::vector<float> first;
+    const auto mesh = pdo_test::line_mesh(n);
+    std::vector<float> first, first_segment;
     for (int run = 0; run < 5; ++run) {
-      std::vector<std::vector<float>> got(n);
-      on_line(n, [&](const pdo::mesh_communicator& comm, std::size_t p) {
+      std::vector<std::vector<float>> got(n), segment(n);
+      pdo::detail::run_on_places("test", mesh, [&](std::size_t p, std::size_t) {
+        const auto comm = pdo::communicator_of(mesh, p);
         got[p] = random_values<float>(100003, 11 + static_cast<unsigned>(p));
+        segment[p].resize(pdo::detail::chunk_size(got[p].size(), n, p));
+        comm.reduce_scatter(std::span<const float>(got[p]), std::span<float>(segment[p]));
         comm.all_reduce(std::span<float>(got[p]));
       });
-      if (run == 0) first = got[0];
-      for (std::size_t p = 0; p < n; ++p)
-        REQUIRE(std::memcmp(got[p].data(), first.data(), first.size() * sizeof(float)) == 0);
+      if (run == 0) first = got[0], first_segment = segment[0];
+      for (std::size_t p = 0; p < n; ++p) REQUIRE(std::memcmp(got[p].data(), first.data(), first.size() * sizeof(float)) == 0);
+      REQUIRE(std::memcmp(segment[0].data(), first_segment.data(), first_segment.size() * sizeof(float)) == 0);
     }
   }
 }
 
 TEMPLATE_TEST_CASE("all_gather concatenates uneven inputs in member order", "[collectives]", float, int) {
   using T = TestType;
-  for (std::size_t n : pdo_test::line_sizes()) {
-    std::vector<T> expected;
-    for (std::size_t k = 0; k < n; ++k) {
-      const auto v = random_values<T>(3 + k * 5, 20 + static_cast<unsigned>(k));
-      expected.insert(expected.end(), v.begin(), v.end());
-    }
-    std::vector<std::vector<T>> got(n, std::vector<T>(expected.size()));
-    on_line(n, [&](const pdo::mesh_communicator& comm, std::size_t p) {
-      const auto mine = random_values<T>(3 + p * 5, 20 + static_cast<unsigned>(p));
+  for (const auto& s : setups()) {
+    CAPTURE(s.name);
+    auto input = [&](std::size_t group, std::size_t member) { return random_values<T>(3 + member * 5, seed(20, group, member)); };
+    auto expected = [&](std::size_t group) {
+      std::vector<T> all;
+      for (std::size_t k = 0; k < s.members; ++k) {
+        const auto v = input(group, k);
+        all.insert(all.end(), v.begin(), v.end());
+      }
+      return all;
+    };
+    std::vector<std::vector<T>> got(s.member_of.size());
+    s.run([&](const pdo::mesh_communicator& comm, std::size_t p) {
+      const auto mine = input(s.group_of[p], s.member_of[p]);
+      got[p].resize(expected(s.group_of[p]).size());
       comm.all_gather(std::span<const T>(mine), std::span<T>(got[p]));
     });
-    for (std::size_t p = 0; p < n; ++p) REQUIRE(got[p] == expected);
+    for (std::size_t p = 0; p < got.size(); ++p) REQUIRE(got[p] == expected(s.group_of[p]));
   }
 }
 
 TEMPLATE_TEST_CASE("reduce_scatter leaves each member its segment of the reduction", "[collectives]", float, double, int) {
   using T = TestType;
-  for (std::size_t n : pdo_test::line_sizes())
+  for (const auto& s : setups())
     for (auto op : {pdo::reduce_op::sum, pdo::reduce_op::max}) {
-      const std::size_t total = 10 * n + 3;  // uneven segments
-      const auto full = reference_reduce<T>(n, total, op, 40);
-      std::vector<std::vector<T>> got(n);
-      on_line(n, [&](const pdo::mesh_communicator& comm, std::size_t p) {
-        const auto in = random_values<T>(total, 40 + static_cast<unsigned>(p));
-        got[p].resize(pdo::detail::chunk_size(total, n, p));
+      CAPTURE(s.name, pdo::detail::op_name(op));
+      const std::size_t total = 10 * s.members + 3;  // uneven segments
+      std::vector<std::vector<T>> got(s.member_of.size());
+      s.run([&](const pdo::mesh_communicator& comm, std::size_t p) {
+        const auto in = random_values<T>(total, seed(40, s.group_of[p], s.member_of[p]));
+        got[p].resize(pdo::detail::chunk_size(total, s.members, s.member_of[p]));
         comm.reduce_scatter(std::span<const T>(in), std::span<T>(got[p]), op);
       });
-      for (std::size_t p = 0; p < n; ++p) {
-        const auto off = static_cast<std::ptrdiff_t>(pdo::detail::chunk_offset(total, n, p));
+      for (std::size_t p = 0; p < got.size(); ++p) {
+        const auto full = reference_reduce<T>(s.members, total, op, 40, s.group_of[p]);
+        const auto off = static_cast<std::ptrdiff_t>(pdo::detail::chunk_offset(total, s.members, s.member_of[p]));
         REQUIRE(got[p] == std::vector<T>(full.begin() + off, full.begin() + off + static_cast<std::ptrdiff_t>(got[p].size())));
       }
     }
 }
 
 TEST_CASE("broadcast copies the root's data to every member", "[collectives]") {
-  for (std::size_t n : pdo_test::line_sizes())
-    for (std::size_t root = 0; root < n; ++root) {
-      std::vector<std::vector<double>> got(n);
-      on_line(n, [&](const pdo::mesh_communicator& comm, std::size_t p) {
-        got[p] = random_values<double>(999, 60 + static_cast<unsigned>(p));
+  for (const auto& s : setups())
+    for (std::size_t root = 0; root < s.members; ++root) {
+      CAPTURE(s.name, root);
+      std::vector<std::vector<double>> got(s.member_of.size());
+      s.run([&](const pdo::mesh_communicator& comm, std::size_t p) {
+        got[p] = random_values<double>(999, seed(60, s.group_of[p], s.member_of[p]));
         comm.broadcast(std::span<double>(got[p]), root);
       });
-      const auto expected = random_values<double>(999, 60 + static_cast<unsigned>(root));
-      for (std::size_t p = 0; p < n; ++p) REQUIRE(got[p] == expected);
+      for (std::size_t p = 0; p < got.size(); ++p) REQUIRE(got[p] == random_values<double>(999, seed(60, s.group_of[p], root)));
     }
 }
 
 TEST_CASE("all_to_all delivers piece i->j to member j, in order", "[collectives]") {
-  for (std::size_t n : pdo_test::line_sizes()) {
-    auto piece = [](std::size_t i, std::size_t j) {  // uneven: i + 2j + 1 elements, values naming i and j
-      return std::vector<int>(i + 2 * j + 1, static_cast<int>(100 * i + j));
-    };
-    std::vector<std::vector<int>> got(n);
-    on_line(n, [&](const pdo::mesh_communicator& comm, std::size_t p) {
+  for (const auto& s : setups()) {
+    CAPTURE(s.name);
+    const std::size_t n = s.members;
+    std::vector<std::vector<int>> got(s.member_of.size());
+    s.run([&](const pdo::mesh_communicator& comm, std::size_t p) {
+      const std::size_t g = s.group_of[p], me = s.member_of[p];
       std::vector<int> in;
       std::vector<std::size_t> send(n), recv(n);
       for (std::size_t j = 0; j < n; ++j) {
-        const auto v = piece(p, j);
+        const auto v = pdo_test::piece(g, me, j);
         in.insert(in.end(), v.begin(), v.end());
         send[j] = v.size();
-        recv[j] = piece(j, p).size();
+        recv[j] = pdo_test::piece(g, j, me).size();
       }
       got[p].resize(std::accumulate(recv.begin(), recv.end(), std::size_t{0}));
       comm.all_to_all(std::span<const int>(in), std::span<const std::size_t>(send), std::span<int>(got[p]),
                       std::span<const std::size_t>(recv));
     });
-    for (std::size_t j = 0; j < n; ++j) {
-      std::vector<int> expected;
-      for (std::size_t i = 0; i < n; ++i) {
-        const auto v = piece(i, j);
-        expected.insert(expected.end(), v.begin(), v.end());
-      }
-      REQUIRE(got[j] == expected);
-    }
+    for (std::size_t p = 0; p < got.size(); ++p) REQUIRE(got[p] == pdo_test::pieces_to(s.group_of[p], s.member_of[p], n));
   }
 }
 
 TEST_CASE("send and recv pass data around a ring", "[collectives]") {
-  for (std::size_t n : {std::size_t{2}, std::size_t{3}, std::size_t{4}}) {
-    std::vector<std::vector<float>> got(n, std::vector<float>(64));
-    on_line(n, [&](const pdo::mesh_communicator& comm, std::size_t p) {
-      const auto mine = random_values<float>(64, 80 + static_cast<unsigned>(p));
-      if (p % 2 == 0) {  // even members send first: no cycle of blocked senders
-        comm.send(std::span<const float>(mine), (p + 1) % n, 5);
-        comm.recv(std::span<float>(got[p]), (p + n - 1) % n, 5);
+  for (const auto& s : setups()) {
+    if (s.members < 2) continue;
+    CAPTURE(s.name);
+    const std::size_t n = s.members;
+    std::vector<std::vector<float>> got(s.member_of.size(), std::vector<float>(64));
+    s.run([&](const pdo::mesh_communicator& comm, std::size_t p) {
+      const std::size_t me = s.member_of[p];
+      const auto mine = random_values<float>(64, seed(80, s.group_of[p], me));
+      if (me % 2 == 0) {  // even members send first: no cycle of blocked senders
+        comm.send(std::span<const float>(mine), (me + 1) % n, 5);
+        comm.recv(std::span<float>(got[p]), (me + n - 1) % n, 5);
       } else {
-        comm.recv(std::span<float>(got[p]), (p + n - 1) % n, 5);
-        comm.send(std::span<const float>(mine), (p + 1) % n, 5);
+        comm.recv(std::span<float>(got[p]), (me + n - 1) % n, 5);
+        comm.send(std::span<const float>(mine), (me + 1) % n, 5);
       }
     });
-    for (std::size_t p = 0; p < n; ++p) REQUIRE(got[p] == random_values<float>(64, 80 + static_cast<unsigned>((p + n - 1) % n)));
+    for (std::size_t p = 0; p < got.size(); ++p)
+      REQUIRE(got[p] == random_values<float>(64, seed(80, s.group_of[p], (s.member_of[p] + n - 1) % n)));
   }
 }
 
