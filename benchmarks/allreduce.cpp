@@ -74,9 +74,10 @@ void sum_into_both(float* __restrict a, float* __restrict b, std::size_t lo, std
 }
 
 /// @brief Place `me`'s share of the reference all_reduce over `buffers`, in place. Only
-/// the two-place case is vectorised; other counts are plain loops.
+/// the two-place case is vectorised; three places or more take a plain loop.
 void naive_share(std::span<float* const> buffers, std::size_t count, std::size_t me) {
   const auto [lo, hi] = slice_of(count, buffers.size(), me);
+  if (buffers.size() == 1) return;  // the sum over one member is its own buffer
   if (buffers.size() == 2) return sum_into_both(buffers[0], buffers[1], lo, hi);
   for (std::size_t i = lo; i < hi; ++i) {
     float sum = buffers[0][i];
@@ -178,6 +179,7 @@ struct row {
   bool pdo_ok = false, naive_ok = false;
 };
 
+/// @brief Checks pdo and the reference at `bytes`, then times pdo, the reference and memcpy.
 row measure(bench_state& s, const bench::options& o, std::size_t bytes) {
   const std::size_t count = bytes / sizeof(float);
   const auto pdo = pdo_step(s, count);
@@ -194,6 +196,7 @@ row measure(bench_state& s, const bench::options& o, std::size_t bytes) {
   return r;
 }
 
+/// @brief What the run measures, and the column heads.
 void print_header(const bench::options& o) {
   std::printf("# pdo threads all_reduce, float32 sum in place, %zu places on %zu cores, samples=%d\n", o.places,
               pdo::detail::process_cores().size(), o.samples);
@@ -204,6 +207,7 @@ void print_header(const bench::options& o) {
               "busbw", "ratio", "memcpy GB/s", "copy-rate busbw");
 }
 
+/// @brief One size's figures; `n` is the number of places.
 void print_row(const row& r, std::size_t n) {
   const double f = bench::bus_factor(n), copy = bench::gbps(r.bytes, r.copy);
   std::printf("  %9s | %10.2f %8.2f %8.2f | %10.2f %8.2f | %6.3f | %11.2f %15.2f%s%s\n",

@@ -96,6 +96,7 @@ struct row {
   [[nodiscard]] double overhead() const { return (pdo - mpi) / mpi; }
 };
 
+/// @brief Checks pdo and MPI_Allreduce at `bytes`, then times both.
 row measure(bench_state& s, const bench::options& o, std::size_t bytes) {
   const std::size_t count = bytes / sizeof(float);
   const auto pdo = pdo_step(s, count);
@@ -110,6 +111,7 @@ row measure(bench_state& s, const bench::options& o, std::size_t bytes) {
   return r;
 }
 
+/// @brief What the run measures, with the MPI library's name, and the column heads.
 void print_header(const bench::options& o, std::size_t ranks) {
   char version[MPI_MAX_LIBRARY_VERSION_STRING];
   int length = 0;
@@ -120,6 +122,7 @@ void print_header(const bench::options& o, std::size_t ranks) {
   std::printf("# %9s | %10s %8s | %10s %8s | %8s\n", "size", "pdo us", "busbw", "MPI us", "busbw", "overhead");
 }
 
+/// @brief One size's figures; `n` is the number of ranks.
 void print_row(const row& r, std::size_t n) {
   const double f = bench::bus_factor(n);
   std::printf("  %9s | %10.2f %8.2f | %10.2f %8.2f | %7.2f%%%s%s\n", bench::size_text(r.bytes).c_str(),
@@ -137,8 +140,9 @@ void print_summary(const std::vector<row>& rows, const std::vector<std::size_t>&
   for (const row& r : rows)
     if (r.bytes >= (std::size_t{1} << 20) && (!worst || r.overhead() > worst->overhead())) worst = &r;
   const double f = bench::bus_factor(n);
-  std::printf("summary: %s busbw pdo %.2f GB/s, anchor %.2f GB/s, ratio %.3f, overhead %.2f%%", bench::size_text(b).c_str(),
-              f * bench::gbps(b, big.pdo), f * bench::gbps(b, big.mpi), big.mpi / big.pdo, 100 * big.overhead());
+  std::printf("summary: %s busbw pdo %.2f GB/s, anchor %.2f GB/s, ratio %.3f, overhead %.2f%%",
+              bench::size_text(b).c_str(), f * bench::gbps(b, big.pdo), f * bench::gbps(b, big.mpi), big.mpi / big.pdo,
+              100 * big.overhead());
   if (worst)
     std::printf("; worst overhead >= 1 MiB %.2f%% at %s (target <= 3%%)", 100 * worst->overhead(),
                 bench::size_text(worst->bytes).c_str());
