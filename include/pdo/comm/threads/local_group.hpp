@@ -2,15 +2,18 @@
 #pragma once
 
 #include <pdo/comm/barrier.hpp>
+#include <pdo/core/config.hpp>
 #include <pdo/core/dtype.hpp>
 #include <pdo/core/error.hpp>
 #include <pdo/core/shape.hpp>
 
 #include <algorithm>
+#include <array>
 #include <condition_variable>
 #include <cstddef>
 #include <cstring>
 #include <map>
+#include <utility>
 #include <mutex>
 #include <span>
 #include <string>
@@ -48,6 +51,45 @@ void reduce_blocks(std::span<const T* const> srcs, std::span<T* const> dsts, std
     std::memcpy(acc, srcs[0] + b, n * sizeof(T));
     for (std::size_t k = 1; k < srcs.size(); ++k) reduce_into(acc, srcs[k] + b, n, op);
     for (T* d : dsts) std::memcpy(d + b, acc, n * sizeof(T));
+  }
+}
+
+/// @brief In place over `bufs` (N buffers): `bufs[k][i] = op over k of bufs[k][i]` for i in
+/// [lo, hi), in one pass: N reads and N writes per element, summed in buffer order.
+template <std::size_t N, class T, class Op>
+void reduce_in_place(T* const* bufs, std::size_t lo, std::size_t hi, Op op) {
+  [&]<std::size_t... K>(std::index_sequence<K...>) {
+    T* const b[N] = {bufs[K]...};
+    PDO_IVDEP
+    for (std::size_t i = lo; i < hi; ++i) {
+      T v = b[0][i];
+      ((v = K == 0 ? v : op(v, b[K][i])), ...);
+      ((b[K][i] = v), ...);
+    }
+  }(std::make_index_sequence<N>{});
+}
+
+/// @brief reduce_in_place for any number of buffers and any reduce_op: one fused pass
+/// for up to four buffers (the memory-traffic limit), blocks through an L1-resident
+/// accumulator beyond.
+template <class T>
+void reduce_in_place(std::span<T* const> bufs, std::size_t lo, std::size_t hi, reduce_op op) {
+  auto with_op = [&](auto run) {
+    switch (op) {
+      case reduce_op::sum: return run([](T a, T b) { return a + b; });
+      case reduce_op::max: return run([](T a, T b) { return a < b ? b : a; });
+      case reduce_op::min: return run([](T a, T b) { return b < a ? b : a; });
+    }
+  };
+  switch (bufs.size()) {
+    case 1: return;
+    case 2: return with_op([&](auto f) { reduce_in_place<2>(bufs.data(), lo, hi, f); });
+    case 3: return with_op([&](auto f) { reduce_in_place<3>(bufs.data(), lo, hi, f); });
+    case 4: return with_op([&](auto f) { reduce_in_place<4>(bufs.data(), lo, hi, f); });
+    default: {
+      std::vector<const T*> srcs(bufs.begin(), bufs.end());
+      reduce_blocks<T>(srcs, bufs, lo, hi, op);
+    }
   }
 }
 
@@ -101,13 +143,11 @@ class local_group {
     barrier_.arrive_and_wait();
     check_equal_counts("all_reduce", &slot::in_count, me);
     const auto [lo, hi] = work_range<T>(data.size(), size(), me);
-    std::vector<const T*> srcs(size());
-    std::vector<T*> dsts(size());
-    for (std::size_t k = 0; k < size(); ++k) {
-      srcs[k] = static_cast<const T*>(slots_[k].in);
-      dsts[k] = static_cast<T*>(slots_[k].out);
-    }
-    reduce_blocks<T>(srcs, dsts, lo, hi, op);
+    std::array<T*, 4> few{};  // no allocation for the common group sizes
+    std::vector<T*> many(size() > few.size() ? size() : 0);
+    T** bufs = many.empty() ? few.data() : many.data();
+    for (std::size_t k = 0; k < size(); ++k) bufs[k] = static_cast<T*>(slots_[k].out);
+    reduce_in_place<T>(std::span<T* const>(bufs, size()), lo, hi, op);
     barrier_.arrive_and_wait();
   }
 
