@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Sets up, builds and runs pdo's whole test suite: unit, compile-fail, MPI (under mpirun),
-# examples, the package test, an nvcc compile of the CUDA paths when the toolkit is
-# present, and a ThreadSanitizer build of the concurrency tests.
+# examples, the package tests, an nvcc compile of the CUDA paths when the toolkit is
+# present, a clang++ build, an ASan + UBSan build of the unit tests, and a
+# ThreadSanitizer build of the concurrency tests.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 jobs=$(nproc)
@@ -18,6 +19,14 @@ bash "$here/scripts/configure.sh" "$here/build-clang" -DCMAKE_CXX_COMPILER=clang
   -DPDO_BUILD_BENCHMARKS=OFF -DPDO_INSTALL=OFF
 cmake --build "$here/build-clang" --target test_core test_collectives test_redistribute test_parallel_do quickstart -j "$jobs"
 ctest --test-dir "$here/build-clang" --output-on-failure -j "$jobs" -R "^(test_(core|collectives|redistribute|parallel_do)|example\.quickstart)$"
+
+echo "== AddressSanitizer + UndefinedBehaviorSanitizer build of the unit tests"
+bash "$here/scripts/configure.sh" "$here/build-asan" -DPDO_WITH_CUDA=OFF -DPDO_WITH_MPI=OFF -DPDO_BUILD_EXAMPLES=OFF \
+  -DPDO_BUILD_BENCHMARKS=OFF -DPDO_INSTALL=OFF -DCMAKE_BUILD_TYPE=Debug \
+  -DCMAKE_CXX_FLAGS="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer -O1 -g"
+cmake --build "$here/build-asan" --target test_core test_redistribute test_parallel_do test_collectives -j "$jobs"
+ASAN_OPTIONS="detect_leaks=1" ctest --test-dir "$here/build-asan" --output-on-failure -j "$jobs" \
+  -R "^test_(core|redistribute|parallel_do|collectives)$"
 
 echo "== ThreadSanitizer build of the threads backend and parallel_do tests"
 bash "$here/scripts/configure.sh" "$here/build-tsan" -DPDO_WITH_CUDA=OFF -DPDO_WITH_MPI=OFF -DPDO_BUILD_EXAMPLES=OFF \

@@ -270,3 +270,47 @@ TEST_CASE("send/recv with different sizes fails on both sides", "[collectives][e
                                                  }),
                       Catch::Contains("sent 5 elements") && Catch::Contains("expects 6"));
 }
+
+TEST_CASE("two sends in a row with one tag arrive once each, in order", "[collectives]") {
+  const auto mesh = pdo_test::line_mesh(2);
+  std::vector<int> first(3), second(3);
+  pdo::detail::run_on_places("test", mesh, [&](std::size_t p, std::size_t) {
+    const auto comm = pdo::communicator_of(mesh, p);
+    if (p == 0) {
+      const std::vector<int> a{1, 2, 3}, b{4, 5, 6};
+      comm.send(std::span<const int>(a), 1, 9);
+      comm.send(std::span<const int>(b), 1, 9);
+    } else {
+      comm.recv(std::span<int>(first), 0, 9);
+      comm.recv(std::span<int>(second), 0, 9);
+    }
+  });
+  CHECK(first == std::vector<int>{1, 2, 3});
+  CHECK(second == std::vector<int>{4, 5, 6});
+}
+
+TEST_CASE("bad peers, tags and roots are errors, not hangs", "[collectives][errors]") {
+  const auto mesh = pdo_test::line_mesh(2);
+  auto on_both = [&](auto body) { pdo::detail::run_on_places("test", mesh, [&](std::size_t p, std::size_t) { body(pdo::communicator_of(mesh, p), p); }); };
+  std::vector<float> v(4);
+  CHECK_THROWS_WITH(on_both([&](const pdo::mesh_communicator& comm, std::size_t p) {
+                      if (p == 0) comm.send(std::span<const float>(v), 0, 1);
+                    }),
+                    Catch::Contains("peer must be another member"));
+  CHECK_THROWS_WITH(on_both([&](const pdo::mesh_communicator& comm, std::size_t p) {
+                      if (p == 1) comm.recv(std::span<float>(v), 5, 1);
+                    }),
+                    Catch::Contains("peer must be another member"));
+  CHECK_THROWS_WITH(on_both([&](const pdo::mesh_communicator& comm, std::size_t p) {
+                      std::vector<float> mine(4);
+                      comm.broadcast(std::span<float>(mine), p);
+                    }),
+                    Catch::Contains("different roots"));
+  CHECK_THROWS_AS(on_both([&](const pdo::mesh_communicator& comm, std::size_t) {
+                    std::vector<float> mine(4), out(4);
+                    const std::vector<std::size_t> three{1, 1, 2};
+                    comm.all_to_all(std::span<const float>(mine), std::span<const std::size_t>(three), std::span<float>(out),
+                                    std::span<const std::size_t>(three));
+                  }),
+                  pdo::mismatch_error);
+}

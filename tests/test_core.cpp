@@ -19,6 +19,10 @@ TEST_CASE("tensor: shape, strides, element access, deep copies", "[tensor]") {
   CHECK(v(1, 0) == 3);
   CHECK_THROWS_AS((pdo::tensor<int, 2>({2, 2}, {1, 2, 3})), pdo::shape_error);
   CHECK(pdo::describe(v) == "i32[2, 2]");
+  const std::vector<pdo::tensor<float, 2>> empties(2);  // default-constructed tensors copy as empty ones
+  const auto copies = empties;
+  CHECK(copies[1].size() == 0);
+  CHECK(copies[1].data() == nullptr);
 }
 
 TEST_CASE("caching allocator: statistics, reuse, cap", "[memory]") {
@@ -42,6 +46,12 @@ TEST_CASE("caching allocator: statistics, reuse, cap", "[memory]") {
   a.deallocate(q, 900);
   a.release_cache();
   CHECK(a.stats().bytes_cached == 0);
+  CHECK(a.stats().allocations == 2);  // the refused request is not counted
+  CHECK_THROWS_AS(a.allocate(~std::size_t{0} - 8), pdo::out_of_memory);  // no overflow in rounding
+  a.set_cap(512);  // a lowered cap holds for cached blocks too
+  void* r = a.allocate(256);
+  a.deallocate(r, 256);
+  CHECK_THROWS_AS(a.allocate(1000), pdo::out_of_memory);
 }
 
 TEST_CASE("a place's cap stops a distribute with out_of_memory naming the place", "[memory]") {

@@ -107,6 +107,18 @@ TEST_CASE("an exception on one place reaches the caller naming the place; the me
   CHECK(pdo_test::equal(pdo::gather(y), pdo_test::iota_tensor<int, 1>({10})));
 }
 
+TEST_CASE("a block's pdo::error keeps its type", "[parallel_do][errors]") {
+  const auto mesh = pdo_test::line_mesh(3);
+  const auto x = pdo::distribute<pdo::layout<S<"x">>>(mesh, pdo_test::iota_tensor<int, 1>({9}));
+  CHECK_THROWS_AS((pdo::parallel_do<pdo::layout<S<"x">>>(
+                      [](const pdo::tensor<int, 1>& s) -> pdo::tensor<int, 1> {
+                        if (s(0) == -4) throw pdo::out_of_memory("no room");  // place 1's shard starts at element 3
+                        return s;
+                      },
+                      x)),
+                  pdo::out_of_memory);
+}
+
 TEST_CASE("results that cannot be merged as the layout says are a shape error", "[parallel_do][errors]") {
   const auto mesh = pdo_test::line_mesh(3);
   const auto x = pdo::distribute<pdo::layout<S<"x">, replicate>>(mesh, pdo_test::iota_tensor<float, 2>({6, 2}));

@@ -126,8 +126,13 @@ TEST_CASE("plans are chosen at compile time by the table", "[redistribute][plan]
   STATIC_REQUIRE(pdo::redistribute_plan_of<P, SX>().size == 1);
   STATIC_REQUIRE(count(pdo::redistribute_plan_of<R, P>(), pdo::step_kind::keep_on_one) == 1);
   STATIC_REQUIRE(pdo::redistribute_plan_of<SX, SX>().size == 0);
-  // split -> partial goes through replicate: gather, then keep on one
-  STATIC_REQUIRE(pdo::redistribute_plan_of<SX, P>().size == 2);
+  // split -> partial pads the local chunk with zeros: no communication
+  STATIC_REQUIRE(pdo::redistribute_plan_of<SX, P>().size == 1);
+  STATIC_REQUIRE(pdo::redistribute_plan_of<SX, P>().collectives() == 0);
+  STATIC_REQUIRE(count(pdo::redistribute_plan_of<SX, P>(), pdo::step_kind::zero_pad) == 1);
+  // partial axes are reduced before split axes are gathered: the reduction moves less data
+  using SP = pdo::layout<S<"a">, replicate>::partial<"b">;
+  STATIC_REQUIRE(pdo::redistribute_plan_of<SP, pdo::layout<replicate, replicate>>().steps[0].kind == pdo::step_kind::all_reduce);
   // two axes: each moves on its own
   using AB = pdo::layout<S<"a">, S<"b">>;
   using BA = pdo::layout<S<"b">, S<"a">>;

@@ -6,4 +6,5 @@
 #include <pdo/core/error.hpp>
 #include <pdo/core/fixed_string.hpp>
 #include <pdo/core/shape.hpp>
+#include <pdo/core/copy_elements.hpp>
 #include <pdo/core/type_list.hpp>

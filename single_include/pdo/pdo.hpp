@@ -245,6 +245,20 @@ class communication_error : public error {
   using error::error;
 };
 
+/// @brief Members of a collective passed arguments that disagree (sizes, roots, counts).
+/// Every member of the group throws it alike, so none is left waiting.
+class mismatch_error : public communication_error {
+ public:
+  using communication_error::communication_error;
+};
+
+/// @brief A collective given up because another place of its group failed: the echo of
+/// that failure, not a cause of its own.
+class collective_aborted : public communication_error {
+ public:
+  using communication_error::communication_error;
+};
+
 /// @brief An allocation over a place's memory cap, or refused by the system.
 class out_of_memory : public error {
  public:
@@ -277,35 +291,45 @@ inline void cpu_relax() {
 /// @brief A barrier for a fixed number of threads. Waiters spin for a few microseconds
 /// (collectives on small messages stay well under a microsecond) and then sleep on
 /// the phase counter, so oversubscribed places do not burn each other's cores.
-/// abort() wakes every waiter with pdo::communication_error until reset().
+///
+/// abort() makes abortable waits throw pdo::collective_aborted until reset(). A
+/// collective waits abortably only at its entry barrier: once every member is past it,
+/// the members read and write each other's buffers, so the closing barrier always waits
+/// for all of them (none unwinds and frees a buffer another is still using).
 class group_barrier {
  public:
   explicit group_barrier(std::uint32_t count) : count_(count) {}
 
-  // phase_ counts completed phases in steps of 2; its low bit says "aborted", so a waiter
-  // whose phase completed returns normally even if an abort follows right after.
-  void arrive_and_wait() {
+  // phase_ counts completed phases in steps of 2; its low bit says "aborted". The last
+  // arrival completes a phase only if no abort came first (compare-exchange), so either
+  // every member goes on or every abortable waiter throws.
+  void arrive_and_wait(bool abortable = true) {
     const std::uint32_t phase = phase_.load(std::memory_order_acquire);
-    if (phase & aborted_bit) throw_aborted();
+    if (abortable && (phase & aborted_bit)) throw_aborted();
+    const std::uint32_t clean = phase & ~aborted_bit;
     if (arrived_.fetch_add(1, std::memory_order_acq_rel) + 1 == count_) {
       arrived_.store(0, std::memory_order_relaxed);
-      phase_.fetch_add(2, std::memory_order_release);
+      std::uint32_t expected = clean;
+      if (!phase_.compare_exchange_strong(expected, clean + 2, std::memory_order_acq_rel)) {
+        if (abortable) throw_aborted();
+        phase_.fetch_add(2, std::memory_order_release);  // a closing barrier completes regardless
+      }
       phase_.notify_all();
       return;
     }
-    std::uint32_t now = phase;
-    for (int spin = 0; spin < spin_limit && now == phase; ++spin) {
+    std::uint32_t now = phase_.load(std::memory_order_acquire);
+    for (int spin = 0; spin < spin_limit && !done(now, clean, abortable); ++spin) {
       cpu_relax();
       now = phase_.load(std::memory_order_acquire);
     }
-    while (now == phase) {
-      phase_.wait(phase, std::memory_order_acquire);
+    while (!done(now, clean, abortable)) {
+      phase_.wait(now, std::memory_order_acquire);
       now = phase_.load(std::memory_order_acquire);
     }
-    if ((now & ~aborted_bit) == phase) throw_aborted();  // woken by abort(), not by the last arrival
+    if ((now & ~aborted_bit) == clean) throw_aborted();  // woken by abort(), not by the last arrival
   }
 
-  /// @brief Wakes all waiters, now and until reset(), with pdo::communication_error.
+  /// @brief Wakes abortable waiters, now and until reset(), with pdo::collective_aborted.
   void abort() {
     phase_.fetch_or(aborted_bit, std::memory_order_release);
     phase_.notify_all();
@@ -321,8 +345,13 @@ class group_barrier {
  private:
   static constexpr int spin_limit = 4000;
   static constexpr std::uint32_t aborted_bit = 1;
+
+  /// @brief The phase this waiter waits on has completed, or it may give up on an abort.
+  static bool done(std::uint32_t now, std::uint32_t clean, bool abortable) {
+    return (now & ~aborted_bit) != clean || (abortable && (now & aborted_bit));
+  }
   [[noreturn]] static void throw_aborted() {
-    throw communication_error("collective aborted: another place of the group failed");
+    throw collective_aborted("collective aborted: another place of the group failed");
   }
 
   const std::uint32_t count_;
@@ -361,6 +390,25 @@ class group_barrier {
 #define PDO_VERSION_MINOR 1
 #define PDO_VERSION_PATCH 0
 #endif  // PDO_SINGLE_PDO_CORE_CONFIG_HPP
+// ---- pdo/core/copy_elements.hpp
+#ifndef PDO_SINGLE_PDO_CORE_COPY_ELEMENTS_HPP
+#define PDO_SINGLE_PDO_CORE_COPY_ELEMENTS_HPP
+// pdo/core/copy_elements.hpp: element copies that accept the null pointers of empty buffers.
+
+#include <cstddef>
+#include <cstring>
+
+namespace pdo::detail {
+
+/// @brief Copies `count` elements from `src` to `dst` (not overlapping). An empty shard
+/// or piece may have null data: nothing is copied then.
+template <class T>
+void copy_elements(T* dst, const T* src, std::size_t count) {
+  if (count != 0) std::memcpy(static_cast<void*>(dst), static_cast<const void*>(src), count * sizeof(T));
+}
+
+}  // namespace pdo::detail
+#endif  // PDO_SINGLE_PDO_CORE_COPY_ELEMENTS_HPP
 // ---- pdo/core/shape.hpp
 #ifndef PDO_SINGLE_PDO_CORE_SHAPE_HPP
 #define PDO_SINGLE_PDO_CORE_SHAPE_HPP
@@ -453,6 +501,7 @@ constexpr dim_view view_along(const shape_t<Rank>& shape, std::size_t dim) {
 #include <cstddef>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <utility>
 #include <mutex>
 #include <span>
@@ -488,9 +537,9 @@ void reduce_blocks(std::span<const T* const> srcs, std::span<T* const> dsts, std
   alignas(64) T acc[block];
   for (std::size_t b = lo; b < hi; b += block) {
     const std::size_t n = std::min(block, hi - b);
-    std::memcpy(acc, srcs[0] + b, n * sizeof(T));
+    copy_elements(acc, srcs[0] + b, n);
     for (std::size_t k = 1; k < srcs.size(); ++k) reduce_into(acc, srcs[k] + b, n, op);
-    for (T* d : dsts) std::memcpy(d + b, acc, n * sizeof(T));
+    for (T* d : dsts) copy_elements(d + b, acc, n);
   }
 }
 
@@ -588,7 +637,7 @@ class local_group {
     T** bufs = many.empty() ? few.data() : many.data();
     for (std::size_t k = 0; k < size(); ++k) bufs[k] = static_cast<T*>(slots_[k].out);
     reduce_in_place<T>(std::span<T* const>(bufs, size()), lo, hi, op);
-    barrier_.arrive_and_wait();
+    barrier_.arrive_and_wait(false);
   }
 
   /// @brief `out` (same size on every member) = the members' `in` concatenated in
@@ -600,10 +649,10 @@ class local_group {
     check_total("all_gather", me);
     std::size_t offset = 0;
     for (const slot& s : slots_) {
-      std::memcpy(out.data() + offset, s.in, s.in_count * sizeof(T));
+      copy_elements(out.data() + offset, static_cast<const T*>(s.in), s.in_count);
       offset += s.in_count;
     }
-    barrier_.arrive_and_wait();
+    barrier_.arrive_and_wait(false);
   }
 
   /// @brief `in` (same size on every member) reduced over members; member k keeps the
@@ -620,7 +669,7 @@ class local_group {
     for (std::size_t k = 0; k < size(); ++k) srcs[k] = static_cast<const T*>(slots_[k].in) + offset;
     T* dst = out.data();
     reduce_blocks<T>(srcs, std::span<T* const>(&dst, 1), 0, out.size(), op);
-    barrier_.arrive_and_wait();
+    barrier_.arrive_and_wait(false);
   }
 
   template <class T>
@@ -628,10 +677,12 @@ class local_group {
     publish(me, {data.data(), data.data(), data.size(), root});
     barrier_.arrive_and_wait();
     check_equal_counts("broadcast", &slot::in_count, me);
-    check_equal_counts("broadcast (root)", &slot::out_count, me);
+    for (const slot& s : slots_)
+      if (s.out_count != root)
+        fail_after_barrier("broadcast: members named different roots (" + counts_text(&slot::out_count) + ")");
     if (root >= size()) fail_after_barrier("broadcast: root " + std::to_string(root) + " is not a member of a group of " + std::to_string(size()));
-    if (me != root) std::memcpy(data.data(), slots_[root].in, data.size() * sizeof(T));
-    barrier_.arrive_and_wait();
+    if (me != root) copy_elements(data.data(), static_cast<const T*>(slots_[root].in), data.size());
+    barrier_.arrive_and_wait(false);
   }
 
   /// @brief Member i sends `in`'s i->j piece (send_counts[j] elements, pieces in member
@@ -642,7 +693,7 @@ class local_group {
     slot s{in.data(), out.data(), in.size(), out.size()};
     s.send_counts = send_counts.data();
     s.recv_counts = recv_counts.data();
-    s.counts_size = std::min(send_counts.size(), recv_counts.size());
+    s.counts_size = send_counts.size() == recv_counts.size() ? send_counts.size() : 0;
     publish(me, s);
     barrier_.arrive_and_wait();
     check_all_to_all(me);
@@ -651,43 +702,48 @@ class local_group {
       const slot& src = slots_[i];
       std::size_t in_offset = 0;
       for (std::size_t j = 0; j < me; ++j) in_offset += src.send_counts[j];
-      std::memcpy(out.data() + out_offset, static_cast<const T*>(src.in) + in_offset, recv_counts[i] * sizeof(T));
+      copy_elements(out.data() + out_offset, static_cast<const T*>(src.in) + in_offset, recv_counts[i]);
       out_offset += recv_counts[i];
     }
-    barrier_.arrive_and_wait();
+    barrier_.arrive_and_wait(false);
   }
 
   /// @brief Blocks until member `to` has received `data` with a matching recv.
   template <class T>
   void send(std::size_t me, std::span<const T> data, std::size_t to, int tag) {
+    check_peer("send", me, to, tag);
     std::unique_lock lock(mail_mutex_);
-    auto& post = mailbox_[{me, to, tag}];
-    post.data = data.data();
-    post.count = data.size();
-    post.posted = true;
+    const auto mine = post_for({me, to, tag});
+    mine->data = data.data();
+    mine->count = data.size();
+    mine->posted = true;
     mail_ready_.notify_all();
-    mail_ready_.wait(lock, [&] { return post.done || mail_aborted_; });
-    const std::string problem = post.done ? post.problem : std::string("send aborted: another place of the group failed");
-    if (post.done) mailbox_.erase({me, to, tag});
-    if (!problem.empty()) throw communication_error(problem);
+    mail_ready_.wait(lock, [&] { return mine->done || mail_aborted_; });
+    if (!mine->done) {  // withdraw the post: its buffer is about to go away
+      if (auto it = mailbox_.find({me, to, tag}); it != mailbox_.end() && it->second == mine) mailbox_.erase(it);
+      throw collective_aborted("send aborted: another place of the group failed");
+    }
+    if (!mine->problem.empty()) throw mismatch_error(mine->problem);
   }
 
+  /// @brief Receives exactly `data.size()` elements from member `from` (an error on both
+  /// sides when the sizes differ).
   template <class T>
   void recv(std::size_t me, std::span<T> data, std::size_t from, int tag) {
+    check_peer("recv", me, from, tag);
     std::unique_lock lock(mail_mutex_);
-    auto& post = mailbox_[{from, me, tag}];
-    mail_ready_.wait(lock, [&] { return post.posted || mail_aborted_; });
-    if (!post.posted) throw communication_error("recv aborted: another place of the group failed");
-    if (post.count != data.size()) {
-      post.problem = "send/recv: " + names_[from] + " sent " + std::to_string(post.count) + " elements with tag " +
-                     std::to_string(tag) + " but " + names_[me] + " expects " + std::to_string(data.size());
-    } else {
-      std::memcpy(data.data(), post.data, data.size() * sizeof(T));
-    }
-    post.done = true;
-    const std::string problem = post.problem;
+    const auto theirs = post_for({from, me, tag});
+    mail_ready_.wait(lock, [&] { return mail_aborted_ || theirs->posted; });
+    if (mail_aborted_) throw collective_aborted("recv aborted: another place of the group failed");
+    mailbox_.erase({from, me, tag});  // consumed: the next send with this key makes a new post
+    if (theirs->count != data.size())
+      theirs->problem = "send/recv: " + names_[from] + " sent " + std::to_string(theirs->count) + " elements with tag " +
+                        std::to_string(tag) + " but " + names_[me] + " expects " + std::to_string(data.size());
+    else
+      copy_elements(data.data(), static_cast<const T*>(theirs->data), data.size());
+    theirs->done = true;
     mail_ready_.notify_all();
-    if (!problem.empty()) throw communication_error(problem);
+    if (!theirs->problem.empty()) throw mismatch_error(theirs->problem);
   }
 
  private:
@@ -710,10 +766,26 @@ class local_group {
 
   void publish(std::size_t me, const slot& s) { slots_[me] = s; }
 
+  using mail_key = std::tuple<std::size_t, std::size_t, int>;  ///< from, to, tag
+
+  /// @brief The post for `key`, made by whichever of sender and receiver comes first.
+  std::shared_ptr<post> post_for(const mail_key& key) {
+    auto& slot = mailbox_[key];
+    if (!slot) slot = std::make_shared<post>();
+    return slot;
+  }
+
+  void check_peer(const char* op, std::size_t me, std::size_t peer, int tag) const {
+    if (peer >= size() || peer == me || tag < 0)
+      throw communication_error(std::string(op) + ": " + names_[me] + " named member " + std::to_string(peer) +
+                                " with tag " + std::to_string(tag) + "; the peer must be another member of the group of " +
+                                std::to_string(size()) + " and the tag non-negative");
+  }
+
   /// @brief Second barrier of a failed collective, then the error on every member.
   [[noreturn]] void fail_after_barrier(const std::string& what) {
-    barrier_.arrive_and_wait();
-    throw communication_error(what);
+    barrier_.arrive_and_wait(false);
+    throw mismatch_error(what);
   }
 
   std::string counts_text(std::size_t slot::*field) const {
@@ -751,8 +823,8 @@ class local_group {
       const slot& si = slots_[i];
       std::size_t sent = 0, received = 0;
       if (si.counts_size != size())
-        fail_after_barrier("all_to_all: " + names_[i] + " gave " + std::to_string(si.counts_size) +
-                           " counts for a group of " + std::to_string(size()));
+        fail_after_barrier("all_to_all: " + names_[i] + " gave send and receive counts that are not one per member of a group of " +
+                           std::to_string(size()));
       for (std::size_t j = 0; j < size(); ++j) {
         sent += si.send_counts[j];
         received += si.recv_counts[j];
@@ -774,7 +846,7 @@ class local_group {
 
   std::mutex mail_mutex_;
   std::condition_variable mail_ready_;
-  std::map<std::tuple<std::size_t, std::size_t, int>, post> mailbox_;
+  std::map<mail_key, std::shared_ptr<post>> mailbox_;
   bool mail_aborted_ = false;
 };
 
@@ -1000,9 +1072,12 @@ class caching_allocator {
   /// @brief A block of at least `bytes` bytes, 64-byte aligned. Zero bytes gives nullptr.
   void* allocate(std::size_t bytes) {
     if (bytes == 0) return nullptr;
+    if (bytes > max_request) throw refused(bytes, "no block that large can exist");
     const std::size_t block = size_class(bytes);
     std::lock_guard lock(mutex_);
-    ++stats_.allocations;
+    if (stats_.cap != 0 && stats_.bytes_in_use + block > stats_.cap)
+      throw refused(bytes, "with " + std::to_string(stats_.bytes_in_use) + " bytes in use, its block of " +
+                               std::to_string(block) + " bytes exceeds the cap of " + std::to_string(stats_.cap) + " bytes");
     if (auto it = cache_.find(block); it != cache_.end() && !it->second.empty()) {
       void* p = it->second.back();
       it->second.pop_back();
@@ -1010,21 +1085,14 @@ class caching_allocator {
       note_in_use(block);
       return p;
     }
-    if (stats_.cap != 0 && stats_.bytes_in_use + stats_.bytes_cached + block > stats_.cap)
-      release_cache_locked();
-    if (stats_.cap != 0 && stats_.bytes_in_use + block > stats_.cap)
-      throw out_of_memory("out of memory on " + owner_ + ": request of " + std::to_string(bytes) +
-                          " bytes with " + std::to_string(stats_.bytes_in_use) + " bytes in use exceeds the cap of " +
-                          std::to_string(stats_.cap) + " bytes");
+    if (stats_.cap != 0 && stats_.bytes_in_use + stats_.bytes_cached + block > stats_.cap) release_cache_locked();
     void* p = system_.allocate(block, system_.device);
     if (p == nullptr) {
       release_cache_locked();
       p = system_.allocate(block, system_.device);
     }
     if (p == nullptr)
-      throw out_of_memory("out of memory on " + owner_ + ": the system refused a request of " +
-                          std::to_string(bytes) + " bytes (" + std::to_string(stats_.bytes_in_use) +
-                          " bytes in use)");
+      throw refused(bytes, "the system refused it (" + std::to_string(stats_.bytes_in_use) + " bytes in use)");
     ++stats_.system_allocations;
     note_in_use(block);
     return p;
@@ -1077,7 +1145,14 @@ class caching_allocator {
   }
 
  private:
+  /// @brief Requests above this size are refused before rounding (it would overflow).
+  static constexpr std::size_t max_request = std::size_t{1} << (sizeof(std::size_t) * 8 - 2);
+
+  out_of_memory refused(std::size_t bytes, const std::string& why) const {
+    return out_of_memory("out of memory on " + owner_ + ": request of " + std::to_string(bytes) + " bytes: " + why);
+  }
   void note_in_use(std::size_t block) {
+    ++stats_.allocations;
     stats_.bytes_in_use += block;
     if (stats_.bytes_in_use > stats_.peak_bytes_in_use) stats_.peak_bytes_in_use = stats_.bytes_in_use;
   }
@@ -1185,13 +1260,13 @@ class place_handle {
 
   /// @brief The place's allocator; only places of this process have one.
   [[nodiscard]] caching_allocator& memory() const {
-    if (!state_->memory) throw error("memory: place " + state_->name + " belongs to another process");
+    if (!state_->memory) throw layout_error("memory: place " + state_->name + " belongs to another process");
     return *state_->memory;
   }
   /// @brief Runs `task` on the place's worker, after the work submitted before it.
   template <class Task>
   void submit(Task&& task) const {
-    if (!state_->runner) throw error("submit: place " + state_->name + " belongs to another process");
+    if (!state_->runner) throw layout_error("submit: place " + state_->name + " belongs to another process");
     state_->runner->submit(std::forward<Task>(task));
   }
 
@@ -1280,7 +1355,11 @@ class mesh {
   [[nodiscard]] std::size_t extent(std::size_t axis) const { return state_->extents[axis]; }
   [[nodiscard]] std::size_t extent(std::string_view axis) const { return extent(checked_axis(axis)); }
   [[nodiscard]] const std::vector<std::size_t>& extents() const { return state_->extents; }
-  [[nodiscard]] const any_place& place(std::size_t index) const { return state_->places.at(index); }
+  [[nodiscard]] const any_place& place(std::size_t index) const {
+    if (index >= size())
+      throw layout_error(describe() + " has " + std::to_string(size()) + " places; there is no place " + std::to_string(index));
+    return state_->places[index];
+  }
   [[nodiscard]] const std::vector<any_place>& places() const { return state_->places; }
   /// @brief Indices of the places that belong to this process.
   [[nodiscard]] const std::vector<std::size_t>& local_places() const { return state_->local; }
@@ -1470,7 +1549,14 @@ inline int count(std::size_t n, const char* op) {
 inline void initialize() {
   int started = 0;
   MPI_Initialized(&started);
-  if (started) return;
+  if (started) {
+    int level = 0;
+    MPI_Query_thread(&level);
+    if (level < MPI_THREAD_MULTIPLE)
+      throw communication_error("mpi: MPI was started without MPI_THREAD_MULTIPLE, which places need; start it with "
+                                "MPI_Init_thread(..., MPI_THREAD_MULTIPLE, ...) or let pdo start it");
+    return;
+  }
   int provided = 0;
   detail::check(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided), "MPI_Init_thread");
   std::atexit(detail::finalize_at_exit);
@@ -1509,6 +1595,7 @@ inline int size() {
 
 namespace pdo::mpi::detail {
 
+using pdo::detail::copy_elements;
 using pdo::detail::local_group;
 
 /// @brief The group's members are numbered in mesh order and live on increasing MPI
@@ -1522,7 +1609,7 @@ class group {
  public:
   /// @param members_per_rank for each process of `comm` in rank order, its member count
   group(MPI_Comm comm, std::vector<std::size_t> members_per_rank, std::vector<std::string> member_names)
-      : comm_(comm),
+      : comm_(set_errors_return(comm)),
         per_rank_(std::move(members_per_rank)),
         names_(std::move(member_names)),
         local_(local_names()),
@@ -1536,6 +1623,13 @@ class group {
   }
 
   [[nodiscard]] std::size_t size() const { return names_.size(); }
+
+  /// @brief MPI errors on `comm` come back as codes (thrown as communication_error)
+  /// instead of ending the job.
+  static MPI_Comm set_errors_return(MPI_Comm comm) {
+    MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
+    return comm;
+  }
   [[nodiscard]] std::size_t first() const { return first_of(my_rank()); }
   [[nodiscard]] local_group& local() { return local_; }
   void abort() { local_.abort(); }
@@ -1559,7 +1653,7 @@ class group {
                                             datatype<T>(), op_of(op), comm_),
                               "MPI_Allreduce");
     });
-    if (l != 0) std::memcpy(data.data(), args_[0].out, data.size() * sizeof(T));
+    if (l != 0) copy_elements(data.data(), static_cast<const T*>(args_[0].out), data.size());
     local_.barrier();
   }
 
@@ -1574,7 +1668,7 @@ class group {
       if (counts[2 * k + 1] != total)
         fail("all_gather: inputs add up to " + std::to_string(total) + " elements but outputs hold (" + listing(counts, 2, 1) + ")");
     T* leader_out = static_cast<T*>(args_[0].out);
-    std::memcpy(leader_out + prefix(counts, 2, 0, me), in.data(), in.size() * sizeof(T));
+    copy_elements(leader_out + prefix(counts, 2, 0, me), in.data(), in.size());
     local_.barrier();
     leader_step(l, [&] {
       auto [rank_counts, displs] = rank_blocks(counts, 2, 0);
@@ -1582,7 +1676,7 @@ class group {
                                              datatype<T>(), comm_),
                               "MPI_Allgatherv");
     });
-    if (l != 0) std::memcpy(out.data(), leader_out, out.size() * sizeof(T));
+    if (l != 0) copy_elements(out.data(), static_cast<const T*>(leader_out), out.size());
     local_.barrier();
   }
 
@@ -1619,7 +1713,7 @@ class group {
       pdo::mpi::detail::check(MPI_Reduce_scatter(send, result_.data(), rank_counts.data(), datatype<T>(), op_of(op), comm_),
                               "MPI_Reduce_scatter");
     });
-    std::memcpy(out.data(), result_.data() + (prefix(counts, 2, 1, me) - block_offset) * sizeof(T), out.size() * sizeof(T));
+    copy_elements(out.data(), reinterpret_cast<const T*>(result_.data()) + (prefix(counts, 2, 1, me) - block_offset), out.size());
     local_.barrier();
   }
 
@@ -1632,6 +1726,7 @@ class group {
       if (counts[2 * k] != counts[0] || counts[2 * k + 1] != counts[1])
         fail("broadcast: members called it with different sizes or roots (" + listing(counts, 2, 0) + "; roots " + listing(counts, 2, 1) + ")");
     if (root >= size()) fail("broadcast: root " + std::to_string(root) + " is not a member of a group of " + std::to_string(size()));
+    local_.barrier();
     const int root_rank = rank_of(root);
     const bool root_here = root_rank == my_rank();
     T* source = static_cast<T*>(args_[root_here ? root - first() : 0].out);
@@ -1639,7 +1734,7 @@ class group {
       pdo::mpi::detail::check(MPI_Bcast(source, pdo::mpi::detail::count(data.size(), "broadcast"), datatype<T>(), root_rank, comm_),
                               "MPI_Bcast");
     });
-    if (data.data() != source) std::memcpy(data.data(), source, data.size() * sizeof(T));
+    if (data.data() != source) copy_elements(data.data(), static_cast<const T*>(source), data.size());
     local_.barrier();
   }
 
@@ -1701,7 +1796,7 @@ class group {
       for (std::size_t q = 0; q < ranks; ++q)
         for (std::size_t j = first_of(static_cast<int>(q)); j < first_of(static_cast<int>(q)) + per_rank_[q]; ++j)
           for (std::size_t i = f; i < f + nl; ++i) {
-            std::memcpy(pack, static_cast<const T*>(args_[i - f].in) + offset_in(i, j), sends(i, j) * sizeof(T));
+            copy_elements(pack, static_cast<const T*>(args_[i - f].in) + offset_in(i, j), sends(i, j));
             pack += sends(i, j);
           }
       pdo::mpi::detail::check(MPI_Alltoallv(staging_.data(), scount.data(), sdispl.data(), datatype<T>(), result_.data(),
@@ -1716,7 +1811,7 @@ class group {
       for (std::size_t j = f; j < f + nl; ++j)
         for (std::size_t i = fr; i < fr + per_rank_[r]; ++i) {
           if (j == me) {
-            std::memcpy(dst, src, sends(i, j) * sizeof(T));
+            copy_elements(dst, src, sends(i, j));
             dst += sends(i, j);
           }
           src += sends(i, j);
@@ -1727,27 +1822,36 @@ class group {
 
   template <class T>
   void send(std::size_t me, std::span<const T> data, std::size_t to, int tag) {
+    check_peer("send", me, to, tag);
     if (rank_of(to) == my_rank()) return local_.send(me - first(), data, to - first(), tag);
-    pdo::mpi::detail::check(MPI_Send(data.data(), pdo::mpi::detail::count(data.size(), "send"), datatype<T>(), rank_of(to),
+    // synchronous: returns once the receiver has started to receive, as the contract says
+    pdo::mpi::detail::check(MPI_Ssend(data.data(), pdo::mpi::detail::count(data.size(), "send"), datatype<T>(), rank_of(to),
                                      wire_tag(me, to, tag), comm_),
-                            "MPI_Send");
+                            "MPI_Ssend");
   }
 
   template <class T>
   void recv(std::size_t me, std::span<T> data, std::size_t from, int tag) {
+    check_peer("recv", me, from, tag);
     if (rank_of(from) == my_rank()) return local_.recv(me - first(), data, from - first(), tag);
     MPI_Status status;
+    MPI_Message message;
     const int wire = wire_tag(from, me, tag);
-    pdo::mpi::detail::check(MPI_Probe(rank_of(from), wire, comm_, &status), "MPI_Probe");
+    pdo::mpi::detail::check(MPI_Mprobe(rank_of(from), wire, comm_, &message, &status), "MPI_Mprobe");
     int got = 0;
     MPI_Get_count(&status, datatype<T>(), &got);
-    if (static_cast<std::size_t>(got) != data.size()) {
-      std::vector<T> drain(static_cast<std::size_t>(got));
-      MPI_Recv(drain.data(), got, datatype<T>(), rank_of(from), wire, comm_, MPI_STATUS_IGNORE);
-      throw communication_error("send/recv: " + names_[from] + " sent " + std::to_string(got) + " elements with tag " +
+    if (got == MPI_UNDEFINED || static_cast<std::size_t>(got) != data.size()) {
+      int bytes = 0;
+      MPI_Get_count(&status, MPI_BYTE, &bytes);
+      std::vector<unsigned char> drain(static_cast<std::size_t>(bytes));
+      MPI_Mrecv(drain.data(), bytes, MPI_BYTE, &message, MPI_STATUS_IGNORE);
+      if (got == MPI_UNDEFINED)
+        throw mismatch_error("send/recv: " + names_[from] + " sent " + std::to_string(bytes) + " bytes with tag " +
+                             std::to_string(tag) + ", not a whole number of the elements " + names_[me] + " expects");
+      throw mismatch_error("send/recv: " + names_[from] + " sent " + std::to_string(got) + " elements with tag " +
                                 std::to_string(tag) + " but " + names_[me] + " expects " + std::to_string(data.size()));
     }
-    pdo::mpi::detail::check(MPI_Recv(data.data(), got, datatype<T>(), rank_of(from), wire, comm_, MPI_STATUS_IGNORE), "MPI_Recv");
+    pdo::mpi::detail::check(MPI_Mrecv(data.data(), got, datatype<T>(), &message, MPI_STATUS_IGNORE), "MPI_Mrecv");
   }
 
  private:
@@ -1777,6 +1881,20 @@ class group {
   int wire_tag(std::size_t from, std::size_t to, int tag) const {
     return static_cast<int>((static_cast<std::size_t>(tag) * size() + from) * size() + to);
   }
+  /// @brief The largest user tag whose wire tag fits MPI_TAG_UB.
+  std::size_t max_tag() const {
+    int* upper = nullptr;
+    int found = 0;
+    MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &upper, &found);
+    const std::size_t bound = found ? static_cast<std::size_t>(*upper) : 32767;
+    return (bound + 1) / (size() * size()) - 1;
+  }
+  void check_peer(const char* op, std::size_t me, std::size_t peer, int tag) const {
+    if (peer >= size() || peer == me || tag < 0 || static_cast<std::size_t>(tag) > max_tag())
+      throw communication_error(std::string(op) + ": " + names_[me] + " named member " + std::to_string(peer) + " with tag " +
+                                std::to_string(tag) + "; the peer must be another member of the group of " +
+                                std::to_string(size()) + " and the tag in [0, " + std::to_string(max_tag()) + "]");
+  }
   std::vector<std::string> local_names() const {
     const std::size_t f = first_of(my_rank());
     return {names_.begin() + static_cast<std::ptrdiff_t>(f),
@@ -1794,6 +1912,10 @@ class group {
     std::copy(values.begin(), values.end(), local_values_.begin() + static_cast<std::ptrdiff_t>(l * width));
     local_.barrier();
     leader_step(l, [&] {
+      if (width_ == 0) {  // a barrier: an all-gather of nothing need not synchronise
+        pdo::mpi::detail::check(MPI_Barrier(comm_), "MPI_Barrier");
+        return;
+      }
       std::vector<int> counts(per_rank_.size()), displs(per_rank_.size());
       for (std::size_t r = 0; r < per_rank_.size(); ++r) {
         counts[r] = static_cast<int>(per_rank_[r] * width_);
@@ -1808,19 +1930,22 @@ class group {
   }
 
   /// @brief The leader runs `work` (its MPI calls); a failure there reaches every member.
+  /// Problems alternate between two slots, step after step, so the leader never
+  /// overwrites one that a member is still reading.
   template <class Work>
   void leader_step(std::size_t l, Work&& work) {
+    std::string& problem = problems_[steps_[l]++ & 1];
     if (l == 0) {
-      problem_.clear();
+      problem.clear();
       try {
         work();
       } catch (const std::exception& e) {
-        problem_ = e.what();
+        problem = e.what();
       }
     }
     local_.barrier();
-    if (!problem_.empty()) {
-      const std::string what = problem_;
+    if (!problem.empty()) {
+      const std::string what = problem;
       local_.barrier();
       throw communication_error(what);
     }
@@ -1829,7 +1954,7 @@ class group {
   /// @brief An argument error every member of every process has found alike.
   [[noreturn]] void fail(const std::string& what) {
     local_.barrier();
-    throw communication_error(what);
+    throw mismatch_error(what);
   }
   static std::size_t prefix(const std::vector<std::size_t>& v, std::size_t width, std::size_t field, std::size_t upto) {
     std::size_t s = 0;
@@ -1860,7 +1985,8 @@ class group {
   std::vector<std::size_t> local_values_, all_values_;
   std::size_t width_ = 0;
   std::vector<unsigned char> staging_, result_;
-  std::string problem_;
+  std::string problems_[2];
+  std::vector<std::size_t> steps_ = std::vector<std::size_t>(local_.size(), 0);  ///< leader steps per local member
 };
 
 }  // namespace pdo::mpi::detail
@@ -1997,6 +2123,274 @@ mesh_communicator communicator_of(const Mesh& m, std::size_t index) {
 
 }  // namespace pdo
 #endif  // PDO_SINGLE_PDO_COMM_MESH_COMMS_HPP
+// ---- pdo/comm/run_on_places.hpp
+#ifndef PDO_SINGLE_PDO_COMM_RUN_ON_PLACES_HPP
+#define PDO_SINGLE_PDO_COMM_RUN_ON_PLACES_HPP
+// pdo/comm/run_on_places.hpp: run one task per local place of a mesh, at once, and collect failures.
+
+
+#include <cstddef>
+#include <cstdio>
+#include <exception>
+#include <latch>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#if defined(PDO_WITH_MPI)
+// ---- pdo/comm/mpi/environment.hpp
+#ifndef PDO_SINGLE_PDO_COMM_MPI_ENVIRONMENT_HPP
+#define PDO_SINGLE_PDO_COMM_MPI_ENVIRONMENT_HPP
+// pdo/comm/mpi/environment.hpp: MPI start-up, datatypes and error checking for the MPI backend.
+
+
+#ifndef OMPI_SKIP_MPICXX
+#define OMPI_SKIP_MPICXX 1  // the C API is all pdo uses
+#endif
+#include <mpi.h>
+
+#include <climits>
+#include <concepts>
+#include <cstddef>
+#include <cstdlib>
+#include <string>
+
+namespace pdo::mpi {
+
+namespace detail {
+
+inline void finalize_at_exit() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized) MPI_Finalize();
+}
+
+inline void check(int code, const char* call) {
+  if (code == MPI_SUCCESS) return;
+  char text[MPI_MAX_ERROR_STRING];
+  int length = 0;
+  MPI_Error_string(code, text, &length);
+  throw communication_error(std::string("mpi: ") + call + " failed: " + std::string(text, static_cast<std::size_t>(length)));
+}
+
+template <class T>
+MPI_Datatype datatype() {
+  if constexpr (std::same_as<T, float>) return MPI_FLOAT;
+  else if constexpr (std::same_as<T, double>) return MPI_DOUBLE;
+  else if constexpr (std::same_as<T, long double>) return MPI_LONG_DOUBLE;
+  else if constexpr (std::signed_integral<T>) {
+    if constexpr (sizeof(T) == 1) return MPI_INT8_T;
+    else if constexpr (sizeof(T) == 2) return MPI_INT16_T;
+    else if constexpr (sizeof(T) == 4) return MPI_INT32_T;
+    else return MPI_INT64_T;
+  } else {
+    if constexpr (sizeof(T) == 1) return MPI_UINT8_T;
+    else if constexpr (sizeof(T) == 2) return MPI_UINT16_T;
+    else if constexpr (sizeof(T) == 4) return MPI_UINT32_T;
+    else return MPI_UINT64_T;
+  }
+}
+
+inline MPI_Op op(reduce_op o) {
+  switch (o) {
+    case reduce_op::sum: return MPI_SUM;
+    case reduce_op::max: return MPI_MAX;
+    case reduce_op::min: return MPI_MIN;
+  }
+  return MPI_SUM;
+}
+
+/// @brief `n` as an MPI count, or an error naming the op when it does not fit an int.
+inline int count(std::size_t n, const char* op) {
+  if (n > static_cast<std::size_t>(INT_MAX))
+    throw communication_error(std::string("mpi: ") + op + ": " + std::to_string(n) +
+                              " elements exceed MPI's int count; split the tensor");
+  return static_cast<int>(n);
+}
+
+}  // namespace detail
+
+/// @brief Starts MPI (with MPI_THREAD_MULTIPLE, as places call it from their own
+/// threads) unless it is running already; MPI is finalized when the program exits.
+inline void initialize() {
+  int started = 0;
+  MPI_Initialized(&started);
+  if (started) {
+    int level = 0;
+    MPI_Query_thread(&level);
+    if (level < MPI_THREAD_MULTIPLE)
+      throw communication_error("mpi: MPI was started without MPI_THREAD_MULTIPLE, which places need; start it with "
+                                "MPI_Init_thread(..., MPI_THREAD_MULTIPLE, ...) or let pdo start it");
+    return;
+  }
+  int provided = 0;
+  detail::check(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided), "MPI_Init_thread");
+  std::atexit(detail::finalize_at_exit);
+  if (provided < MPI_THREAD_MULTIPLE)
+    throw communication_error("mpi: the MPI library does not provide MPI_THREAD_MULTIPLE, which places need");
+}
+
+/// @brief This process's rank in MPI_COMM_WORLD.
+inline int rank() {
+  initialize();
+  int r = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+
+/// @brief The number of processes in MPI_COMM_WORLD.
+inline int size() {
+  initialize();
+  int n = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  return n;
+}
+
+}  // namespace pdo::mpi
+#endif  // PDO_SINGLE_PDO_COMM_MPI_ENVIRONMENT_HPP
+#endif
+
+namespace pdo::detail {
+
+/// @brief Which pdo::error subclass an exception is, as a small code that can travel
+/// between processes; 0 for anything that is not a pdo::error.
+inline int error_kind(const std::exception_ptr& failure) {
+  try {
+    std::rethrow_exception(failure);
+  } catch (const collective_aborted&) {
+    return 8;
+  } catch (const mismatch_error&) {
+    return 7;
+  } catch (const communication_error&) {
+    return 6;
+  } catch (const shape_error&) {
+    return 2;
+  } catch (const layout_error&) {
+    return 3;
+  } catch (const out_of_memory&) {
+    return 4;
+  } catch (const io_error&) {
+    return 5;
+  } catch (const error&) {
+    return 1;
+  } catch (...) {
+    return 0;
+  }
+}
+
+/// @brief Throws the pdo::error subclass of code `kind` (see error_kind) with `message`.
+[[noreturn]] inline void throw_error_of_kind(int kind, const std::string& message) {
+  switch (kind) {
+    case 2: throw shape_error(message);
+    case 3: throw layout_error(message);
+    case 4: throw out_of_memory(message);
+    case 5: throw io_error(message);
+    case 6: throw communication_error(message);
+    case 7: throw mismatch_error(message);
+    case 8: throw collective_aborted(message);
+    default: throw error(message);
+  }
+}
+
+inline std::string message_of(const std::exception_ptr& failure) {
+  try {
+    std::rethrow_exception(failure);
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "unknown exception";
+  }
+}
+
+/// @brief Throws the exception in `failure` again with `context` in front of its
+/// message, keeping its pdo::error subclass.
+[[noreturn]] inline void rethrow_with_context(const std::exception_ptr& failure, const std::string& context) {
+  throw_error_of_kind(error_kind(failure), context + message_of(failure));
+}
+
+inline bool is_abort_echo(const std::exception_ptr& failure) { return error_kind(failure) == 8; }
+
+/// @brief Mesh-wide operations of one process run one at a time: two host threads whose
+/// operations share places would otherwise queue their tasks in different orders on
+/// different places and wait for each other forever.
+inline std::mutex& mesh_operations_mutex() {
+  static std::mutex m;
+  return m;
+}
+
+/// @brief A failure in the middle of collectives on one process of a multi-process mesh:
+/// the other processes are inside MPI calls that wait for this one, and cannot be told.
+/// Rather than leave them hanging, the job ends with the error.
+[[noreturn]] inline void end_job(const std::string& what) {
+  std::fprintf(stderr, "pdo: fatal: %s; the other processes of the mesh cannot go on without this one, ending the job\n",
+               what.c_str());
+  std::fflush(stderr);
+#if defined(PDO_WITH_MPI)
+  MPI_Abort(MPI_COMM_WORLD, 1);
+#endif
+  std::terminate();
+}
+
+/// @brief The failure of one place, if any: the first place (in mesh order) whose
+/// failure is a cause, not the echo of another place's abort.
+struct place_failure {
+  std::size_t place = 0;
+  std::exception_ptr error;
+};
+
+/// @brief Runs `task(place_index, local_ordinal)` on the worker of every place of `m`
+/// that lives in this process, all at once, and waits for all of them.
+///
+/// When a task fails in a mesh of this process only, the mesh's collectives are aborted
+/// so the other places do not wait for it, and reset once every task has returned, so
+/// the mesh stays usable. In a mesh over several processes, tasks that `communicate`
+/// cannot be unwound that way: an argument mismatch is thrown alike by every member
+/// (pdo::mismatch_error) and returned here, any other failure ends the job (end_job).
+/// @return the first failure that is a cause, not an echo of another's, or nothing
+template <class Mesh, class Task>
+std::optional<place_failure> try_run_on_places(const Mesh& m, Task&& task, bool communicate = true) {
+  const auto& local = m.local_places();
+  for (auto p : local)
+    if (m.place(p).state()->runner && m.place(p).state()->runner->is_current())
+      throw layout_error("pdo: a mesh-wide operation was started from inside a task of place " + m.place(p).name() +
+                         "; call it from the host thread, not from a parallel_do block");
+  std::lock_guard serial(mesh_operations_mutex());
+  auto& comms = comms_of(m);
+  const bool local_only = !m.is_multiprocess();
+  std::vector<std::exception_ptr> failures(local.size());
+  std::latch done(static_cast<std::ptrdiff_t>(local.size()));
+  for (std::size_t k = 0; k < local.size(); ++k)
+    m.place(local[k]).submit([&, k] {
+      try {
+        task(local[k], k);
+      } catch (...) {
+        failures[k] = std::current_exception();
+        if (local_only) comms.abort();
+        else if (communicate && error_kind(failures[k]) != 7)
+          end_job(m.place(local[k]).name() + ": " + message_of(failures[k]));
+      }
+      done.count_down();
+    });
+  done.wait();
+  std::optional<place_failure> first;
+  for (std::size_t k = 0; k < local.size(); ++k) {
+    if (!failures[k]) continue;
+    if (!first || (is_abort_echo(first->error) && !is_abort_echo(failures[k]))) first = place_failure{local[k], failures[k]};
+  }
+  if (first && local_only) comms.reset();
+  return first;
+}
+
+/// @brief try_run_on_places, throwing the failure as a pdo::error naming `op` and the place.
+template <class Mesh, class Task>
+void run_on_places(const char* op, const Mesh& m, Task&& task) {
+  if (auto failure = try_run_on_places(m, std::forward<Task>(task)))
+    rethrow_with_context(failure->error, std::string(op) + ": on place " + m.place(failure->place).name() + ": ");
+}
+
+}  // namespace pdo::detail
+#endif  // PDO_SINGLE_PDO_COMM_RUN_ON_PLACES_HPP
 // ---- pdo/comm/threads/communicator.hpp
 #ifndef PDO_SINGLE_PDO_COMM_THREADS_COMMUNICATOR_HPP
 #define PDO_SINGLE_PDO_COMM_THREADS_COMMUNICATOR_HPP
@@ -2098,7 +2492,14 @@ inline int count(std::size_t n, const char* op) {
 inline void initialize() {
   int started = 0;
   MPI_Initialized(&started);
-  if (started) return;
+  if (started) {
+    int level = 0;
+    MPI_Query_thread(&level);
+    if (level < MPI_THREAD_MULTIPLE)
+      throw communication_error("mpi: MPI was started without MPI_THREAD_MULTIPLE, which places need; start it with "
+                                "MPI_Init_thread(..., MPI_THREAD_MULTIPLE, ...) or let pdo start it");
+    return;
+  }
   int provided = 0;
   detail::check(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided), "MPI_Init_thread");
   std::atexit(detail::finalize_at_exit);
@@ -2206,7 +2607,14 @@ inline int count(std::size_t n, const char* op) {
 inline void initialize() {
   int started = 0;
   MPI_Initialized(&started);
-  if (started) return;
+  if (started) {
+    int level = 0;
+    MPI_Query_thread(&level);
+    if (level < MPI_THREAD_MULTIPLE)
+      throw communication_error("mpi: MPI was started without MPI_THREAD_MULTIPLE, which places need; start it with "
+                                "MPI_Init_thread(..., MPI_THREAD_MULTIPLE, ...) or let pdo start it");
+    return;
+  }
   int provided = 0;
   detail::check(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided), "MPI_Init_thread");
   std::atexit(detail::finalize_at_exit);
@@ -2245,6 +2653,7 @@ inline int size() {
 
 namespace pdo::mpi::detail {
 
+using pdo::detail::copy_elements;
 using pdo::detail::local_group;
 
 /// @brief The group's members are numbered in mesh order and live on increasing MPI
@@ -2258,7 +2667,7 @@ class group {
  public:
   /// @param members_per_rank for each process of `comm` in rank order, its member count
   group(MPI_Comm comm, std::vector<std::size_t> members_per_rank, std::vector<std::string> member_names)
-      : comm_(comm),
+      : comm_(set_errors_return(comm)),
         per_rank_(std::move(members_per_rank)),
         names_(std::move(member_names)),
         local_(local_names()),
@@ -2272,6 +2681,13 @@ class group {
   }
 
   [[nodiscard]] std::size_t size() const { return names_.size(); }
+
+  /// @brief MPI errors on `comm` come back as codes (thrown as communication_error)
+  /// instead of ending the job.
+  static MPI_Comm set_errors_return(MPI_Comm comm) {
+    MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
+    return comm;
+  }
   [[nodiscard]] std::size_t first() const { return first_of(my_rank()); }
   [[nodiscard]] local_group& local() { return local_; }
   void abort() { local_.abort(); }
@@ -2295,7 +2711,7 @@ class group {
                                             datatype<T>(), op_of(op), comm_),
                               "MPI_Allreduce");
     });
-    if (l != 0) std::memcpy(data.data(), args_[0].out, data.size() * sizeof(T));
+    if (l != 0) copy_elements(data.data(), static_cast<const T*>(args_[0].out), data.size());
     local_.barrier();
   }
 
@@ -2310,7 +2726,7 @@ class group {
       if (counts[2 * k + 1] != total)
         fail("all_gather: inputs add up to " + std::to_string(total) + " elements but outputs hold (" + listing(counts, 2, 1) + ")");
     T* leader_out = static_cast<T*>(args_[0].out);
-    std::memcpy(leader_out + prefix(counts, 2, 0, me), in.data(), in.size() * sizeof(T));
+    copy_elements(leader_out + prefix(counts, 2, 0, me), in.data(), in.size());
     local_.barrier();
     leader_step(l, [&] {
       auto [rank_counts, displs] = rank_blocks(counts, 2, 0);
@@ -2318,7 +2734,7 @@ class group {
                                              datatype<T>(), comm_),
                               "MPI_Allgatherv");
     });
-    if (l != 0) std::memcpy(out.data(), leader_out, out.size() * sizeof(T));
+    if (l != 0) copy_elements(out.data(), static_cast<const T*>(leader_out), out.size());
     local_.barrier();
   }
 
@@ -2355,7 +2771,7 @@ class group {
       pdo::mpi::detail::check(MPI_Reduce_scatter(send, result_.data(), rank_counts.data(), datatype<T>(), op_of(op), comm_),
                               "MPI_Reduce_scatter");
     });
-    std::memcpy(out.data(), result_.data() + (prefix(counts, 2, 1, me) - block_offset) * sizeof(T), out.size() * sizeof(T));
+    copy_elements(out.data(), reinterpret_cast<const T*>(result_.data()) + (prefix(counts, 2, 1, me) - block_offset), out.size());
     local_.barrier();
   }
 
@@ -2368,6 +2784,7 @@ class group {
       if (counts[2 * k] != counts[0] || counts[2 * k + 1] != counts[1])
         fail("broadcast: members called it with different sizes or roots (" + listing(counts, 2, 0) + "; roots " + listing(counts, 2, 1) + ")");
     if (root >= size()) fail("broadcast: root " + std::to_string(root) + " is not a member of a group of " + std::to_string(size()));
+    local_.barrier();
     const int root_rank = rank_of(root);
     const bool root_here = root_rank == my_rank();
     T* source = static_cast<T*>(args_[root_here ? root - first() : 0].out);
@@ -2375,7 +2792,7 @@ class group {
       pdo::mpi::detail::check(MPI_Bcast(source, pdo::mpi::detail::count(data.size(), "broadcast"), datatype<T>(), root_rank, comm_),
                               "MPI_Bcast");
     });
-    if (data.data() != source) std::memcpy(data.data(), source, data.size() * sizeof(T));
+    if (data.data() != source) copy_elements(data.data(), static_cast<const T*>(source), data.size());
     local_.barrier();
   }
 
@@ -2437,7 +2854,7 @@ class group {
       for (std::size_t q = 0; q < ranks; ++q)
         for (std::size_t j = first_of(static_cast<int>(q)); j < first_of(static_cast<int>(q)) + per_rank_[q]; ++j)
           for (std::size_t i = f; i < f + nl; ++i) {
-            std::memcpy(pack, static_cast<const T*>(args_[i - f].in) + offset_in(i, j), sends(i, j) * sizeof(T));
+            copy_elements(pack, static_cast<const T*>(args_[i - f].in) + offset_in(i, j), sends(i, j));
             pack += sends(i, j);
           }
       pdo::mpi::detail::check(MPI_Alltoallv(staging_.data(), scount.data(), sdispl.data(), datatype<T>(), result_.data(),
@@ -2452,7 +2869,7 @@ class group {
       for (std::size_t j = f; j < f + nl; ++j)
         for (std::size_t i = fr; i < fr + per_rank_[r]; ++i) {
           if (j == me) {
-            std::memcpy(dst, src, sends(i, j) * sizeof(T));
+            copy_elements(dst, src, sends(i, j));
             dst += sends(i, j);
           }
           src += sends(i, j);
@@ -2463,27 +2880,36 @@ class group {
 
   template <class T>
   void send(std::size_t me, std::span<const T> data, std::size_t to, int tag) {
+    check_peer("send", me, to, tag);
     if (rank_of(to) == my_rank()) return local_.send(me - first(), data, to - first(), tag);
-    pdo::mpi::detail::check(MPI_Send(data.data(), pdo::mpi::detail::count(data.size(), "send"), datatype<T>(), rank_of(to),
+    // synchronous: returns once the receiver has started to receive, as the contract says
+    pdo::mpi::detail::check(MPI_Ssend(data.data(), pdo::mpi::detail::count(data.size(), "send"), datatype<T>(), rank_of(to),
                                      wire_tag(me, to, tag), comm_),
-                            "MPI_Send");
+                            "MPI_Ssend");
   }
 
   template <class T>
   void recv(std::size_t me, std::span<T> data, std::size_t from, int tag) {
+    check_peer("recv", me, from, tag);
     if (rank_of(from) == my_rank()) return local_.recv(me - first(), data, from - first(), tag);
     MPI_Status status;
+    MPI_Message message;
     const int wire = wire_tag(from, me, tag);
-    pdo::mpi::detail::check(MPI_Probe(rank_of(from), wire, comm_, &status), "MPI_Probe");
+    pdo::mpi::detail::check(MPI_Mprobe(rank_of(from), wire, comm_, &message, &status), "MPI_Mprobe");
     int got = 0;
     MPI_Get_count(&status, datatype<T>(), &got);
-    if (static_cast<std::size_t>(got) != data.size()) {
-      std::vector<T> drain(static_cast<std::size_t>(got));
-      MPI_Recv(drain.data(), got, datatype<T>(), rank_of(from), wire, comm_, MPI_STATUS_IGNORE);
-      throw communication_error("send/recv: " + names_[from] + " sent " + std::to_string(got) + " elements with tag " +
+    if (got == MPI_UNDEFINED || static_cast<std::size_t>(got) != data.size()) {
+      int bytes = 0;
+      MPI_Get_count(&status, MPI_BYTE, &bytes);
+      std::vector<unsigned char> drain(static_cast<std::size_t>(bytes));
+      MPI_Mrecv(drain.data(), bytes, MPI_BYTE, &message, MPI_STATUS_IGNORE);
+      if (got == MPI_UNDEFINED)
+        throw mismatch_error("send/recv: " + names_[from] + " sent " + std::to_string(bytes) + " bytes with tag " +
+                             std::to_string(tag) + ", not a whole number of the elements " + names_[me] + " expects");
+      throw mismatch_error("send/recv: " + names_[from] + " sent " + std::to_string(got) + " elements with tag " +
                                 std::to_string(tag) + " but " + names_[me] + " expects " + std::to_string(data.size()));
     }
-    pdo::mpi::detail::check(MPI_Recv(data.data(), got, datatype<T>(), rank_of(from), wire, comm_, MPI_STATUS_IGNORE), "MPI_Recv");
+    pdo::mpi::detail::check(MPI_Mrecv(data.data(), got, datatype<T>(), &message, MPI_STATUS_IGNORE), "MPI_Mrecv");
   }
 
  private:
@@ -2513,6 +2939,20 @@ class group {
   int wire_tag(std::size_t from, std::size_t to, int tag) const {
     return static_cast<int>((static_cast<std::size_t>(tag) * size() + from) * size() + to);
   }
+  /// @brief The largest user tag whose wire tag fits MPI_TAG_UB.
+  std::size_t max_tag() const {
+    int* upper = nullptr;
+    int found = 0;
+    MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &upper, &found);
+    const std::size_t bound = found ? static_cast<std::size_t>(*upper) : 32767;
+    return (bound + 1) / (size() * size()) - 1;
+  }
+  void check_peer(const char* op, std::size_t me, std::size_t peer, int tag) const {
+    if (peer >= size() || peer == me || tag < 0 || static_cast<std::size_t>(tag) > max_tag())
+      throw communication_error(std::string(op) + ": " + names_[me] + " named member " + std::to_string(peer) + " with tag " +
+                                std::to_string(tag) + "; the peer must be another member of the group of " +
+                                std::to_string(size()) + " and the tag in [0, " + std::to_string(max_tag()) + "]");
+  }
   std::vector<std::string> local_names() const {
     const std::size_t f = first_of(my_rank());
     return {names_.begin() + static_cast<std::ptrdiff_t>(f),
@@ -2530,6 +2970,10 @@ class group {
     std::copy(values.begin(), values.end(), local_values_.begin() + static_cast<std::ptrdiff_t>(l * width));
     local_.barrier();
     leader_step(l, [&] {
+      if (width_ == 0) {  // a barrier: an all-gather of nothing need not synchronise
+        pdo::mpi::detail::check(MPI_Barrier(comm_), "MPI_Barrier");
+        return;
+      }
       std::vector<int> counts(per_rank_.size()), displs(per_rank_.size());
       for (std::size_t r = 0; r < per_rank_.size(); ++r) {
         counts[r] = static_cast<int>(per_rank_[r] * width_);
@@ -2544,19 +2988,22 @@ class group {
   }
 
   /// @brief The leader runs `work` (its MPI calls); a failure there reaches every member.
+  /// Problems alternate between two slots, step after step, so the leader never
+  /// overwrites one that a member is still reading.
   template <class Work>
   void leader_step(std::size_t l, Work&& work) {
+    std::string& problem = problems_[steps_[l]++ & 1];
     if (l == 0) {
-      problem_.clear();
+      problem.clear();
       try {
         work();
       } catch (const std::exception& e) {
-        problem_ = e.what();
+        problem = e.what();
       }
     }
     local_.barrier();
-    if (!problem_.empty()) {
-      const std::string what = problem_;
+    if (!problem.empty()) {
+      const std::string what = problem;
       local_.barrier();
       throw communication_error(what);
     }
@@ -2565,7 +3012,7 @@ class group {
   /// @brief An argument error every member of every process has found alike.
   [[noreturn]] void fail(const std::string& what) {
     local_.barrier();
-    throw communication_error(what);
+    throw mismatch_error(what);
   }
   static std::size_t prefix(const std::vector<std::size_t>& v, std::size_t width, std::size_t field, std::size_t upto) {
     std::size_t s = 0;
@@ -2596,7 +3043,8 @@ class group {
   std::vector<std::size_t> local_values_, all_values_;
   std::size_t width_ = 0;
   std::vector<unsigned char> staging_, result_;
-  std::string problem_;
+  std::string problems_[2];
+  std::vector<std::size_t> steps_ = std::vector<std::size_t>(local_.size(), 0);  ///< leader steps per local member
 };
 
 }  // namespace pdo::mpi::detail
@@ -2614,49 +3062,63 @@ class group {
 
 namespace pdo {
 
+/// @brief How a CPU place is made.
+struct cpu_place_options {
+  bool pin = true;             ///< pin the worker to the place's cores (off when other places share them)
+  std::size_t memory_cap = 0;  ///< bytes the place may hold (0: no cap)
+  std::string name;            ///< empty: "cpu:<ordinal>"
+  int process = 0;             ///< the MPI rank that owns it
+};
+
 /// @brief A CPU place: a worker thread that runs the place's work on the cores it was
 /// given (pinned there when no other place shares them), and a caching allocator.
 class cpu_place : public detail::place_handle<cpu_place> {
  public:
-  /// @brief A new place named `cpu:<ordinal>` on `cores`, with an optional memory cap.
-  /// @param pin pin the worker to `cores` (off when cores are shared with other places)
-  cpu_place(int ordinal, std::vector<int> cores, bool pin = true, std::size_t memory_cap = 0)
-      : cpu_place(std::make_shared<detail::place_state>(place_kind::cpu, ordinal, 0, true, std::move(cores),
-                                                        "cpu:" + std::to_string(ordinal)),
-                  pin, memory_cap) {}
+  /// @brief A new place on `cores`.
+  cpu_place(int ordinal, std::vector<int> cores, const cpu_place_options& options = {})
+      : place_handle(std::make_shared<detail::place_state>(
+            place_kind::cpu, ordinal, options.process, true, std::move(cores),
+            options.name.empty() ? "cpu:" + std::to_string(ordinal) : options.name)) {
+    state_->memory = std::make_unique<caching_allocator>(state_->name, options.memory_cap);
+    detail::start_worker(*state_, options.pin ? state_->cores : std::vector<int>{});
+  }
 
   /// @brief A handle to the CPU place behind `state` (which must be a CPU place).
   explicit cpu_place(std::shared_ptr<detail::place_state> state) : place_handle(std::move(state)) {}
-
- private:
-  cpu_place(std::shared_ptr<detail::place_state> state, bool pin, std::size_t cap) : place_handle(std::move(state)) {
-    state_->memory = std::make_unique<caching_allocator>(state_->name, cap);
-    detail::start_worker(*state_, pin ? state_->cores : std::vector<int>{});
-  }
 };
 
-/// @brief `n` CPU places over the cores of this process. With n <= cores each place
-/// gets its own cores (cores / n, the first ones one more when uneven) and is pinned to
-/// them; with more places than cores, places share cores round-robin and are not pinned.
-/// @param memory_cap per-place cap in bytes (0: none)
-inline std::vector<cpu_place> cpu_places(std::size_t n, std::size_t memory_cap = 0) {
-  if (n == 0) throw error("cpu_places: asked for 0 places; ask for at least one");
-  const std::vector<int> cores = detail::process_cores();
+namespace detail {
+/// @brief `n` places over `cores`: with n <= cores each gets its own share (the first
+/// ones one more when uneven), pinned when `pin`; with more places than cores, places
+/// share cores round-robin and are not pinned. `name(i)` names place i.
+template <class Name>
+std::vector<cpu_place> share_cores(std::size_t n, const std::vector<int>& cores, bool pin, std::size_t memory_cap,
+                                   int process, Name&& name) {
+  if (n == 0) throw layout_error("cpu_places: asked for 0 places; ask for at least one");
   const std::size_t c = cores.size();
   std::vector<cpu_place> places;
   places.reserve(n);
   for (std::size_t i = 0; i < n; ++i) {
     std::vector<int> mine;
     if (n <= c) {
-      const std::size_t first = detail::chunk_offset(c, n, i), count = detail::chunk_size(c, n, i);
-      mine.assign(cores.begin() + static_cast<std::ptrdiff_t>(first),
-                  cores.begin() + static_cast<std::ptrdiff_t>(first + count));
+      const std::size_t first = chunk_offset(c, n, i), count = chunk_size(c, n, i);
+      mine.assign(cores.begin() + static_cast<std::ptrdiff_t>(first), cores.begin() + static_cast<std::ptrdiff_t>(first + count));
     } else {
       mine.push_back(cores[i % c]);
     }
-    places.emplace_back(static_cast<int>(i), std::move(mine), n <= c, memory_cap);
+    places.emplace_back(static_cast<int>(i), std::move(mine), cpu_place_options{pin && n <= c, memory_cap, name(i), process});
   }
   return places;
+}
+}  // namespace detail
+
+/// @brief `n` CPU places over the cores of this process. With n <= cores each place
+/// gets its own cores (cores / n, the first ones one more when uneven) and is pinned to
+/// them; with more places than cores, places share cores round-robin and are not pinned.
+/// @param memory_cap per-place cap in bytes (0: none)
+inline std::vector<cpu_place> cpu_places(std::size_t n, std::size_t memory_cap = 0) {
+  return detail::share_cores(n, detail::process_cores(), true, memory_cap, 0,
+                             [](std::size_t i) { return "cpu:" + std::to_string(i); });
 }
 
 /// @brief One CPU place per core of this process.
@@ -2665,7 +3127,9 @@ inline std::vector<cpu_place> cpu_places() { return cpu_places(detail::process_c
 }  // namespace pdo
 #endif  // PDO_SINGLE_PDO_PLACE_CPU_PLACE_HPP
 
+#include <algorithm>
 #include <memory>
+#include <thread>
 #include <string>
 #include <vector>
 
@@ -2680,25 +3144,31 @@ using communicator = group_communicator<detail::group>;
 static_assert(pdo::communicator<communicator>);
 
 /// @brief The places of every process of MPI_COMM_WORLD, `per_process` each, in rank
-/// order: place `r * per_process + i` is place i of rank r. This process's places are
-/// CPU places over its cores; the others stand for places of other processes.
-/// Every process must call it (it starts MPI if needed).
+/// order: place `r * per_process + i` is place i of rank r, named "rank<r>/cpu:<i>".
+/// This process's places are CPU places over its cores, pinned only when the launcher
+/// bound the process to some of the machine's cores (else processes would pin their
+/// places onto the same ones); the others stand for places of other processes. Every
+/// process must call it with the same `per_process` (it starts MPI if needed).
 inline std::vector<any_place> world_places(std::size_t per_process = 1, std::size_t memory_cap = 0) {
   const int me = mpi::rank(), n = mpi::size();
+  unsigned long long mine_count = per_process, low = 0, high = 0;
+  MPI_Allreduce(&mine_count, &low, 1, MPI_UNSIGNED_LONG_LONG, MPI_MIN, MPI_COMM_WORLD);
+  MPI_Allreduce(&mine_count, &high, 1, MPI_UNSIGNED_LONG_LONG, MPI_MAX, MPI_COMM_WORLD);
+  if (low != high)
+    throw layout_error("world_places: processes asked for different numbers of places (" + std::to_string(low) + " to " +
+                       std::to_string(high) + "); every process must pass the same per_process");
+  auto label = [](int rank, std::size_t i) { return "rank" + std::to_string(rank) + "/cpu:" + std::to_string(i); };
+  const std::vector<int> cores = pdo::detail::process_cores();
+  const bool bound = cores.size() < std::max(1u, std::thread::hardware_concurrency());
+  const std::vector<cpu_place> mine =
+      pdo::detail::share_cores(per_process, cores, bound, memory_cap, me, [&](std::size_t i) { return label(me, i); });
   std::vector<any_place> places;
-  const std::vector<cpu_place> mine = cpu_places(per_process, memory_cap);
   for (int r = 0; r < n; ++r)
     for (std::size_t i = 0; i < per_process; ++i) {
-      if (r == me) {
-        const auto& s = mine[i].state();
-        s->process = r;
-        s->name = "rank" + std::to_string(r) + "/cpu:" + std::to_string(i);
-        places.emplace_back(mine[i]);
-      } else {
-        places.emplace_back(std::make_shared<pdo::detail::place_state>(
-            place_kind::cpu, static_cast<int>(i), r, false, std::vector<int>{},
-            "rank" + std::to_string(r) + "/cpu:" + std::to_string(i)));
-      }
+      if (r == me) places.emplace_back(mine[i]);
+      else
+        places.emplace_back(std::make_shared<pdo::detail::place_state>(place_kind::cpu, static_cast<int>(i), r, false,
+                                                                       std::vector<int>{}, label(r, i)));
     }
   return places;
 }
@@ -2743,111 +3213,13 @@ inline constexpr bool is_specialization_of<Template<Args...>, Template> = true;
 // ---- pdo/exec.hpp
 #ifndef PDO_SINGLE_PDO_EXEC_HPP
 #define PDO_SINGLE_PDO_EXEC_HPP
-// pdo/exec.hpp: the execution layer (running work on the places of a mesh, parallel_do).
+// pdo/exec.hpp: the execution layer (parallel_do).
 
 // ---- pdo/exec/parallel_do.hpp
 #ifndef PDO_SINGLE_PDO_EXEC_PARALLEL_DO_HPP
 #define PDO_SINGLE_PDO_EXEC_PARALLEL_DO_HPP
 // pdo/exec/parallel_do.hpp: run a block on every place over its local shards, and merge the results.
 
-// ---- pdo/exec/run_on_places.hpp
-#ifndef PDO_SINGLE_PDO_EXEC_RUN_ON_PLACES_HPP
-#define PDO_SINGLE_PDO_EXEC_RUN_ON_PLACES_HPP
-// pdo/exec/run_on_places.hpp: run one task per local place of a mesh, at once, and collect failures.
-
-
-#include <cstddef>
-#include <exception>
-#include <latch>
-#include <optional>
-#include <string>
-#include <vector>
-
-namespace pdo::detail {
-
-/// @brief Throws the exception in `failure` again with `context` in front of its
-/// message, keeping its pdo::error subclass.
-[[noreturn]] inline void rethrow_with_context(const std::exception_ptr& failure, const std::string& context) {
-  try {
-    std::rethrow_exception(failure);
-  } catch (const communication_error& e) {
-    throw communication_error(context + e.what());
-  } catch (const shape_error& e) {
-    throw shape_error(context + e.what());
-  } catch (const layout_error& e) {
-    throw layout_error(context + e.what());
-  } catch (const out_of_memory& e) {
-    throw out_of_memory(context + e.what());
-  } catch (const io_error& e) {
-    throw io_error(context + e.what());
-  } catch (const std::exception& e) {
-    throw error(context + e.what());
-  } catch (...) {
-    throw error(context + "unknown exception");
-  }
-}
-
-inline bool is_abort_echo(const std::exception_ptr& failure) {
-  try {
-    std::rethrow_exception(failure);
-  } catch (const communication_error& e) {
-    return std::string(e.what()).find("aborted") != std::string::npos;
-  } catch (...) {
-    return false;
-  }
-}
-
-/// @brief The failure of one place, if any: the first place (in mesh order) whose
-/// failure is a cause, not the echo of another place's abort.
-struct place_failure {
-  std::size_t place = 0;
-  std::exception_ptr error;
-};
-
-/// @brief Runs `task(place_index, local_ordinal)` on the worker of every place of `m`
-/// that lives in this process, all at once, and waits for all of them. When a task
-/// fails, the mesh's collectives are aborted so the other places do not wait for it,
-/// and reset once every task has returned, so the mesh stays usable.
-/// @return the first failure, or nothing
-template <class Mesh, class Task>
-std::optional<place_failure> try_run_on_places(const Mesh& m, Task&& task) {
-  const auto& local = m.local_places();
-  for (auto p : local)
-    if (m.place(p).state()->runner && m.place(p).state()->runner->is_current())
-      throw error("pdo: a mesh-wide operation was started from inside a task of place " + m.place(p).name() +
-                  "; call it from the host thread, not from a parallel_do block");
-  auto& comms = comms_of(m);
-  std::vector<std::exception_ptr> failures(local.size());
-  std::latch done(static_cast<std::ptrdiff_t>(local.size()));
-  for (std::size_t k = 0; k < local.size(); ++k)
-    m.place(local[k]).submit([&, k] {
-      try {
-        task(local[k], k);
-      } catch (...) {
-        failures[k] = std::current_exception();
-        comms.abort();
-      }
-      done.count_down();
-    });
-  done.wait();
-  std::optional<place_failure> first;
-  for (std::size_t k = 0; k < local.size(); ++k) {
-    if (!failures[k]) continue;
-    if (!first || (is_abort_echo(first->error) && !is_abort_echo(failures[k]))) first = place_failure{local[k], failures[k]};
-  }
-  if (first) comms.reset();
-  return first;
-}
-
-/// @brief try_run_on_places, throwing the failure as a pdo::error naming `op` and the place.
-template <class Mesh, class Task>
-void run_on_places(const char* op, const Mesh& m, Task&& task) {
-  if (auto failure = try_run_on_places(m, std::forward<Task>(task)))
-    rethrow_with_context(failure->error, std::string(op) + ": on place " + m.place(failure->place).name() + ": ");
-}
-
-}  // namespace pdo::detail
-#endif  // PDO_SINGLE_PDO_EXEC_RUN_ON_PLACES_HPP
 // ---- pdo/layout/layout_check.hpp
 #ifndef PDO_SINGLE_PDO_LAYOUT_LAYOUT_CHECK_HPP
 #define PDO_SINGLE_PDO_LAYOUT_LAYOUT_CHECK_HPP
@@ -3155,8 +3527,11 @@ class tensor {
   tensor(const shape_t<Rank>& shape, const any_place& place, detail::uninitialized_t)
       : tensor(shape, &place.memory(), place.state()) {}
 
-  tensor(const tensor& other) : tensor(other.shape_, other.allocator_, other.place_) {
-    if (size() != 0) std::memcpy(data_, other.data_, bytes());
+  tensor(const tensor& other) {
+    if (other.allocator_ == nullptr) return;  // a default-constructed tensor copies as one
+    tensor copy(other.shape_, other.allocator_, other.place_);
+    detail::copy_elements(copy.data_, other.data_, size_of(other.shape_));
+    swap(copy);
   }
   tensor(tensor&& other) noexcept { swap(other); }
   tensor& operator=(tensor other) noexcept {
@@ -3211,6 +3586,8 @@ class tensor {
         place_(std::move(place)) {
     data_ = static_cast<T*>(allocator_->allocate(bytes()));
   }
+
+  static std::size_t size_of(const shape_t<Rank>& shape) { return detail::volume(shape); }
 
   template <class... Index>
   std::size_t offset_of(Index... index) const {
@@ -3340,7 +3717,7 @@ class dtensor {
     const auto& local = mesh_.local_places();
     for (std::size_t k = 0; k < local.size(); ++k)
       if (local[k] == p) return k;
-    throw error("dtensor: place " + std::to_string(p) + " of " + mesh_.describe() + " does not belong to this process");
+    throw layout_error("dtensor: place " + std::to_string(p) + " of " + mesh_.describe() + " does not belong to this process");
   }
 
   Mesh mesh_;
@@ -3406,18 +3783,21 @@ const auto& first_dtensor(const First& first, const Rest&... rest) {
 /// failed, and the shape of its result. Gathered over the whole mesh when the mesh
 /// spans processes (so all of them throw alike, or none), read in place otherwise.
 struct block_outcomes {
-  std::vector<std::size_t> values;  ///< per place: failed flag, then Rank extents
+  std::vector<std::size_t> values;  ///< per place: 0, or 1 + the error_kind of its failure; then Rank extents
   std::size_t width = 0;
   [[nodiscard]] bool failed(std::size_t p) const { return values[p * width] != 0; }
+  [[nodiscard]] int kind(std::size_t p) const { return static_cast<int>(values[p * width]) - 1; }
   [[nodiscard]] std::size_t extent(std::size_t p, std::size_t d) const { return values[p * width + 1 + d]; }
 };
 
 template <class Mesh, class Result>
-block_outcomes share_outcomes(const Mesh& m, const std::vector<std::optional<Result>>& results) {
+block_outcomes share_outcomes(const Mesh& m, const std::vector<std::optional<Result>>& results,
+                              const std::optional<place_failure>& failure) {
   constexpr std::size_t rank = Result::rank;
   block_outcomes o{std::vector<std::size_t>(m.size() * (rank + 1), 0), rank + 1};
   auto mine = [&](std::size_t k) {
     std::vector<std::size_t> v(rank + 1, 1);
+    if (failure && failure->place == m.local_places()[k]) v[0] = 1 + static_cast<std::size_t>(error_kind(failure->error));
     if (results[k]) {
       v[0] = 0;
       for (std::size_t d = 0; d < rank; ++d) v[1 + d] = results[k]->extent(d);
@@ -3506,25 +3886,18 @@ auto parallel_do(Block&& block, const Args&... args) {
   (detail::check_same_mesh(args, m), ...);
 
   const auto& local = m.local_places();
+  if (local.empty())
+    throw layout_error("parallel_do: this process holds no place of " + m.describe() + "; call it on the processes that do");
   std::vector<std::optional<result_t>> results(local.size());
-  const auto failure = detail::try_run_on_places(m, [&](std::size_t p, std::size_t k) {
-    results[k].emplace(block(detail::local_view(args, p)...));
-  });
-  const detail::block_outcomes outcomes = detail::share_outcomes(m, results);
+  const auto failure = detail::try_run_on_places(
+      m, [&](std::size_t p, std::size_t k) { results[k].emplace(block(detail::local_view(args, p)...)); },
+      /*communicate=*/false);
+  const detail::block_outcomes outcomes = detail::share_outcomes(m, results, failure);
   for (std::size_t p = 0; p < m.size(); ++p) {
     if (!outcomes.failed(p)) continue;
-    std::string message;
-    if (failure && failure->place == p) {
-      try {
-        std::rethrow_exception(failure->error);
-      } catch (const std::exception& e) {
-        message = e.what();
-      } catch (...) {
-        message = "unknown exception";
-      }
-    }
-    message = detail::share_message(m, p, message);
-    throw error("parallel_do: the block failed on place " + m.place(p).name() + ": " + message);
+    const std::string here = failure && failure->place == p ? detail::message_of(failure->error) : std::string();
+    detail::throw_error_of_kind(outcomes.kind(p), "parallel_do: the block failed on place " + m.place(p).name() + ": " +
+                                                      detail::share_message(m, p, here));
   }
   shape_t<rank> global{};
   detail::check_merge<OutLayout>(m, outcomes, global);
@@ -3563,6 +3936,7 @@ enum class step_kind {
   all_to_all,      ///< split(from_dim) -> split(dim)
   local_slice,     ///< replicate -> split(dim): each place keeps its chunk, nothing moves
   keep_on_one,     ///< replicate -> partial: coordinate 0 keeps the value, the others hold zeros
+  zero_pad,        ///< split(dim) -> partial: each place puts its chunk in zeros of the full dim
 };
 
 constexpr std::string_view step_name(step_kind k) {
@@ -3573,12 +3947,15 @@ constexpr std::string_view step_name(step_kind k) {
     case step_kind::all_to_all: return "all_to_all";
     case step_kind::local_slice: return "local_slice";
     case step_kind::keep_on_one: return "keep_on_one";
+    case step_kind::zero_pad: return "zero_pad";
   }
   return "?";
 }
 
 /// @brief True for the steps that communicate.
-constexpr bool communicates(step_kind k) { return k != step_kind::local_slice && k != step_kind::keep_on_one; }
+constexpr bool communicates(step_kind k) {
+  return k != step_kind::local_slice && k != step_kind::keep_on_one && k != step_kind::zero_pad;
+}
 
 struct redistribute_step {
   step_kind kind{};
@@ -3625,9 +4002,11 @@ constexpr axis_state state_on(const layout_value& v, std::string_view axis) {
 }
 
 /// @brief The plan from `from` to `to` (same rank). Two passes over the axes the
-/// layouts name: first every axis leaves its old state (reductions and gathers, fused
-/// into reduce_scatter or all_to_all where the target dim is free), then every axis
-/// still replicated takes its new state (local slices, keep-on-one), which moves nothing.
+/// layouts name, partial axes first (reducing before gathering moves the least data):
+/// first every axis leaves its old state (reductions and gathers, fused into
+/// reduce_scatter or all_to_all where the target dim is free; split -> partial pads
+/// with zeros in place), then every axis still replicated takes its new state (local
+/// slices, keep-on-one), which moves nothing.
 constexpr redistribute_plan plan_redistribute(const layout_value& from, const layout_value& to) {
   redistribute_plan plan;
   std::array<std::string_view, 2 * (max_rank + max_axes)> axes{};
@@ -3638,8 +4017,8 @@ constexpr redistribute_plan plan_redistribute(const layout_value& from, const la
       if (axes[i] == a) return;
     axes[naxes++] = a;
   };
-  for (std::size_t d = 0; d < from.rank; ++d) note(from.dim_axis[d]);
   for (std::size_t i = 0; i < from.npartial; ++i) note(from.partial[i]);
+  for (std::size_t d = 0; d < from.rank; ++d) note(from.dim_axis[d]);
   for (std::size_t d = 0; d < to.rank; ++d) note(to.dim_axis[d]);
   for (std::size_t i = 0; i < to.npartial; ++i) note(to.partial[i]);
 
@@ -3664,7 +4043,10 @@ constexpr redistribute_plan plan_redistribute(const layout_value& from, const la
       }
     } else if (f.kind == axis_state::split) {
       next.dim_axis[f.dim] = {};
-      if (target_free) {
+      if (t.kind == axis_state::partial) {
+        next.add_partial(a);
+        push(step_kind::zero_pad, a, f.dim, f.dim, next);
+      } else if (target_free) {
         next.dim_axis[t.dim] = a;
         push(step_kind::all_to_all, a, t.dim, f.dim, next);
       } else {
@@ -3694,7 +4076,11 @@ constexpr redistribute_plan plan_redistribute(const layout_value& from, const la
 template <layout_spec From, layout_spec To>
 constexpr redistribute_plan redistribute_plan_of() {
   static_assert(From::rank == To::rank, "pdo: redistribute: the two layouts have different ranks");
-  return detail::plan_redistribute(detail::value_of<From>(), detail::value_of<To>());
+  constexpr redistribute_plan plan = detail::plan_redistribute(detail::value_of<From>(), detail::value_of<To>());
+  static_assert(plan.size == 0 ? detail::value_of<From>() == detail::value_of<To>()
+                               : plan.steps[plan.size - 1].after == detail::value_of<To>(),
+                "pdo: redistribute: the plan does not end in the target layout (a bug in pdo's planner)");
+  return plan;
 }
 
 /// @brief The plan of `redistribute<To>` from layout `From`, as a variable.
@@ -3743,49 +4129,63 @@ inline std::string describe(const redistribute_plan& plan) {
 
 namespace pdo {
 
+/// @brief How a CPU place is made.
+struct cpu_place_options {
+  bool pin = true;             ///< pin the worker to the place's cores (off when other places share them)
+  std::size_t memory_cap = 0;  ///< bytes the place may hold (0: no cap)
+  std::string name;            ///< empty: "cpu:<ordinal>"
+  int process = 0;             ///< the MPI rank that owns it
+};
+
 /// @brief A CPU place: a worker thread that runs the place's work on the cores it was
 /// given (pinned there when no other place shares them), and a caching allocator.
 class cpu_place : public detail::place_handle<cpu_place> {
  public:
-  /// @brief A new place named `cpu:<ordinal>` on `cores`, with an optional memory cap.
-  /// @param pin pin the worker to `cores` (off when cores are shared with other places)
-  cpu_place(int ordinal, std::vector<int> cores, bool pin = true, std::size_t memory_cap = 0)
-      : cpu_place(std::make_shared<detail::place_state>(place_kind::cpu, ordinal, 0, true, std::move(cores),
-                                                        "cpu:" + std::to_string(ordinal)),
-                  pin, memory_cap) {}
+  /// @brief A new place on `cores`.
+  cpu_place(int ordinal, std::vector<int> cores, const cpu_place_options& options = {})
+      : place_handle(std::make_shared<detail::place_state>(
+            place_kind::cpu, ordinal, options.process, true, std::move(cores),
+            options.name.empty() ? "cpu:" + std::to_string(ordinal) : options.name)) {
+    state_->memory = std::make_unique<caching_allocator>(state_->name, options.memory_cap);
+    detail::start_worker(*state_, options.pin ? state_->cores : std::vector<int>{});
+  }
 
   /// @brief A handle to the CPU place behind `state` (which must be a CPU place).
   explicit cpu_place(std::shared_ptr<detail::place_state> state) : place_handle(std::move(state)) {}
-
- private:
-  cpu_place(std::shared_ptr<detail::place_state> state, bool pin, std::size_t cap) : place_handle(std::move(state)) {
-    state_->memory = std::make_unique<caching_allocator>(state_->name, cap);
-    detail::start_worker(*state_, pin ? state_->cores : std::vector<int>{});
-  }
 };
 
-/// @brief `n` CPU places over the cores of this process. With n <= cores each place
-/// gets its own cores (cores / n, the first ones one more when uneven) and is pinned to
-/// them; with more places than cores, places share cores round-robin and are not pinned.
-/// @param memory_cap per-place cap in bytes (0: none)
-inline std::vector<cpu_place> cpu_places(std::size_t n, std::size_t memory_cap = 0) {
-  if (n == 0) throw error("cpu_places: asked for 0 places; ask for at least one");
-  const std::vector<int> cores = detail::process_cores();
+namespace detail {
+/// @brief `n` places over `cores`: with n <= cores each gets its own share (the first
+/// ones one more when uneven), pinned when `pin`; with more places than cores, places
+/// share cores round-robin and are not pinned. `name(i)` names place i.
+template <class Name>
+std::vector<cpu_place> share_cores(std::size_t n, const std::vector<int>& cores, bool pin, std::size_t memory_cap,
+                                   int process, Name&& name) {
+  if (n == 0) throw layout_error("cpu_places: asked for 0 places; ask for at least one");
   const std::size_t c = cores.size();
   std::vector<cpu_place> places;
   places.reserve(n);
   for (std::size_t i = 0; i < n; ++i) {
     std::vector<int> mine;
     if (n <= c) {
-      const std::size_t first = detail::chunk_offset(c, n, i), count = detail::chunk_size(c, n, i);
-      mine.assign(cores.begin() + static_cast<std::ptrdiff_t>(first),
-                  cores.begin() + static_cast<std::ptrdiff_t>(first + count));
+      const std::size_t first = chunk_offset(c, n, i), count = chunk_size(c, n, i);
+      mine.assign(cores.begin() + static_cast<std::ptrdiff_t>(first), cores.begin() + static_cast<std::ptrdiff_t>(first + count));
     } else {
       mine.push_back(cores[i % c]);
     }
-    places.emplace_back(static_cast<int>(i), std::move(mine), n <= c, memory_cap);
+    places.emplace_back(static_cast<int>(i), std::move(mine), cpu_place_options{pin && n <= c, memory_cap, name(i), process});
   }
   return places;
+}
+}  // namespace detail
+
+/// @brief `n` CPU places over the cores of this process. With n <= cores each place
+/// gets its own cores (cores / n, the first ones one more when uneven) and is pinned to
+/// them; with more places than cores, places share cores round-robin and are not pinned.
+/// @param memory_cap per-place cap in bytes (0: none)
+inline std::vector<cpu_place> cpu_places(std::size_t n, std::size_t memory_cap = 0) {
+  return detail::share_cores(n, detail::process_cores(), true, memory_cap, 0,
+                             [](std::size_t i) { return "cpu:" + std::to_string(i); });
 }
 
 /// @brief One CPU place per core of this process.
@@ -3904,7 +4304,7 @@ void copy_block(const T* src, const shape_t<Rank>& src_shape, const shape_t<Rank
     for (std::size_t out = 0;; out += run) {
       std::size_t in = offsets[Rank - 1];
       for (std::size_t d = 0; d + 1 < Rank; ++d) in += (offsets[d] + index[d]) * static_cast<std::size_t>(strides[d]);
-      std::memcpy(dst + out, src + in, run * sizeof(T));
+      copy_elements(dst + out, src + in, run);
       std::size_t d = Rank - 1;
       while (d-- > 0) {
         if (++index[d] < extents[d]) break;
@@ -3921,7 +4321,7 @@ template <class T>
 void copy_chunk(const T* src, const dim_view& v, std::size_t parts, std::size_t k, T* dst) {
   const std::size_t off = chunk_offset(v.extent, parts, k), n = chunk_size(v.extent, parts, k);
   for (std::size_t o = 0; o < v.outer; ++o)
-    std::memcpy(dst + o * n * v.inner, src + (o * v.extent + off) * v.inner, n * v.inner * sizeof(T));
+    copy_elements(dst + o * n * v.inner, src + (o * v.extent + off) * v.inner, n * v.inner);
 }
 
 /// @brief `src` (laid out as v) cut into `parts` chunks along v's middle dim, written
@@ -3934,14 +4334,21 @@ void pack_chunks(const T* src, const dim_view& v, std::size_t parts, T* dst) {
   }
 }
 
+/// @brief The inverse of copy_chunk: the dense chunk `k` in `src` into its place in `dst`
+/// laid out as v.
+template <class T>
+void place_chunk(const T* src, const dim_view& v, std::size_t parts, std::size_t k, T* dst) {
+  const std::size_t off = chunk_offset(v.extent, parts, k), n = chunk_size(v.extent, parts, k);
+  for (std::size_t o = 0; o < v.outer; ++o)
+    copy_elements(dst + (o * v.extent + off) * v.inner, src + o * n * v.inner, n * v.inner);
+}
+
 /// @brief The inverse of pack_chunks: chunks one after another in `src` into `dst` laid out as v.
 template <class T>
 void unpack_chunks(const T* src, const dim_view& v, std::size_t parts, T* dst) {
   for (std::size_t k = 0; k < parts; ++k) {
-    const std::size_t off = chunk_offset(v.extent, parts, k), n = chunk_size(v.extent, parts, k);
-    for (std::size_t o = 0; o < v.outer; ++o)
-      std::memcpy(dst + (o * v.extent + off) * v.inner, src + o * n * v.inner, n * v.inner * sizeof(T));
-    src += v.outer * n * v.inner;
+    place_chunk(src, v, parts, k, dst);
+    src += v.outer * chunk_size(v.extent, parts, k) * v.inner;
   }
 }
 
@@ -3975,6 +4382,10 @@ tensor<T, Rank> apply_step(const redistribute_step& step, const Mesh& m, const s
   if constexpr (Kind == step_kind::keep_on_one) {
     if (me != 0) shard.fill(T{});
     return shard;
+  } else if constexpr (Kind == step_kind::zero_pad) {
+    tensor<T, Rank> out(out_shape, place);  // zeros
+    place_chunk(shard.data(), view_along(out_shape, step.dim), n, me, out.data());
+    return out;
   } else if constexpr (Kind == step_kind::local_slice) {
     tensor<T, Rank> out(out_shape, place, uninitialized);
     copy_chunk(shard.data(), view_along(shard.shape(), step.dim), n, me, out.data());
@@ -4047,14 +4458,15 @@ std::string redistribute_context(const dtensor<T, Rank, Mesh, Layout>& x, const 
 }
 
 /// @brief Every process must distribute a host tensor of the same shape: checked with
-/// one small all_gather, so a process that passed another shape fails on all of them.
+/// one small all_gather, so a process that passed another shape fails on all of them
+/// (pdo::mismatch_error, the error every member of a collective throws alike).
 template <class Mesh, std::size_t Rank>
 void check_same_host_shape(const Mesh& m, std::size_t p, const shape_t<Rank>& shape) {
   std::vector<std::size_t> all(m.size() * Rank);
   communicator_of(m, p).all_gather(std::span<const std::size_t>(shape.data(), Rank), std::span<std::size_t>(all));
   for (std::size_t q = 0; q < m.size(); ++q)
     if (!std::equal(shape.begin(), shape.end(), all.begin() + static_cast<std::ptrdiff_t>(q * Rank)))
-      throw shape_error("distribute: the processes passed host tensors of different shapes: " + format_extents(shape) +
+      throw mismatch_error("distribute: the processes passed host tensors of different shapes: " + format_extents(shape) +
                         " here, " + format_extents(std::span<const std::size_t>(all.data() + q * Rank, Rank)) + " on " +
                         m.place(q).name() + "; every process must pass the same tensor");
 }
@@ -4103,11 +4515,11 @@ dtensor<T, Rank, Mesh, To> redistribute(const dtensor<T, Rank, Mesh, From>& x) {
 template <element T, std::size_t Rank, mesh_type Mesh, layout_spec Layout>
 tensor<T, Rank> gather(const dtensor<T, Rank, Mesh, Layout>& x) {
   using full = detail::replicated_layout_t<Rank>;
-  if (x.mesh().local_places().empty()) throw error("gather: " + x.describe() + ": this process holds no place of the mesh");
+  if (x.mesh().local_places().empty()) throw layout_error("gather: " + x.describe() + ": this process holds no place of the mesh");
   const auto whole = redistribute<full>(x);
   tensor<T, Rank> out(x.shape(), detail::uninitialized);
   const auto& shard = whole.local_shards().front();
-  if (out.size() != 0) std::memcpy(out.data(), shard.data(), out.bytes());
+  detail::copy_elements(out.data(), shard.data(), out.size());
   return out;
 }
 

@@ -20,35 +20,45 @@ inline void cpu_relax() {
 /// @brief A barrier for a fixed number of threads. Waiters spin for a few microseconds
 /// (collectives on small messages stay well under a microsecond) and then sleep on
 /// the phase counter, so oversubscribed places do not burn each other's cores.
-/// abort() wakes every waiter with pdo::communication_error until reset().
+///
+/// abort() makes abortable waits throw pdo::collective_aborted until reset(). A
+/// collective waits abortably only at its entry barrier: once every member is past it,
+/// the members read and write each other's buffers, so the closing barrier always waits
+/// for all of them (none unwinds and frees a buffer another is still using).
 class group_barrier {
  public:
   explicit group_barrier(std::uint32_t count) : count_(count) {}
 
-  // phase_ counts completed phases in steps of 2; its low bit says "aborted", so a waiter
-  // whose phase completed returns normally even if an abort follows right after.
-  void arrive_and_wait() {
+  // phase_ counts completed phases in steps of 2; its low bit says "aborted". The last
+  // arrival completes a phase only if no abort came first (compare-exchange), so either
+  // every member goes on or every abortable waiter throws.
+  void arrive_and_wait(bool abortable = true) {
     const std::uint32_t phase = phase_.load(std::memory_order_acquire);
-    if (phase & aborted_bit) throw_aborted();
+    if (abortable && (phase & aborted_bit)) throw_aborted();
+    const std::uint32_t clean = phase & ~aborted_bit;
     if (arrived_.fetch_add(1, std::memory_order_acq_rel) + 1 == count_) {
       arrived_.store(0, std::memory_order_relaxed);
-      phase_.fetch_add(2, std::memory_order_release);
+      std::uint32_t expected = clean;
+      if (!phase_.compare_exchange_strong(expected, clean + 2, std::memory_order_acq_rel)) {
+        if (abortable) throw_aborted();
+        phase_.fetch_add(2, std::memory_order_release);  // a closing barrier completes regardless
+      }
       phase_.notify_all();
       return;
     }
-    std::uint32_t now = phase;
-    for (int spin = 0; spin < spin_limit && now == phase; ++spin) {
+    std::uint32_t now = phase_.load(std::memory_order_acquire);
+    for (int spin = 0; spin < spin_limit && !done(now, clean, abortable); ++spin) {
       cpu_relax();
       now = phase_.load(std::memory_order_acquire);
     }
-    while (now == phase) {
-      phase_.wait(phase, std::memory_order_acquire);
+    while (!done(now, clean, abortable)) {
+      phase_.wait(now, std::memory_order_acquire);
       now = phase_.load(std::memory_order_acquire);
     }
-    if ((now & ~aborted_bit) == phase) throw_aborted();  // woken by abort(), not by the last arrival
+    if ((now & ~aborted_bit) == clean) throw_aborted();  // woken by abort(), not by the last arrival
   }
 
-  /// @brief Wakes all waiters, now and until reset(), with pdo::communication_error.
+  /// @brief Wakes abortable waiters, now and until reset(), with pdo::collective_aborted.
   void abort() {
     phase_.fetch_or(aborted_bit, std::memory_order_release);
     phase_.notify_all();
@@ -64,8 +74,13 @@ class group_barrier {
  private:
   static constexpr int spin_limit = 4000;
   static constexpr std::uint32_t aborted_bit = 1;
+
+  /// @brief The phase this waiter waits on has completed, or it may give up on an abort.
+  static bool done(std::uint32_t now, std::uint32_t clean, bool abortable) {
+    return (now & ~aborted_bit) != clean || (abortable && (now & aborted_bit));
+  }
   [[noreturn]] static void throw_aborted() {
-    throw communication_error("collective aborted: another place of the group failed");
+    throw collective_aborted("collective aborted: another place of the group failed");
   }
 
   const std::uint32_t count_;

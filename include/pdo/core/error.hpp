@@ -31,6 +31,20 @@ class communication_error : public error {
   using error::error;
 };
 
+/// @brief Members of a collective passed arguments that disagree (sizes, roots, counts).
+/// Every member of the group throws it alike, so none is left waiting.
+class mismatch_error : public communication_error {
+ public:
+  using communication_error::communication_error;
+};
+
+/// @brief A collective given up because another place of its group failed: the echo of
+/// that failure, not a cause of its own.
+class collective_aborted : public communication_error {
+ public:
+  using communication_error::communication_error;
+};
+
 /// @brief An allocation over a place's memory cap, or refused by the system.
 class out_of_memory : public error {
  public:

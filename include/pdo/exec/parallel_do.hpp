@@ -2,7 +2,7 @@
 #pragma once
 
 #include <pdo/comm/mesh_comms.hpp>
-#include <pdo/exec/run_on_places.hpp>
+#include <pdo/comm/run_on_places.hpp>
 #include <pdo/layout/layout_check.hpp>
 #include <pdo/tensor/dtensor.hpp>
 
@@ -52,18 +52,21 @@ const auto& first_dtensor(const First& first, const Rest&... rest) {
 /// failed, and the shape of its result. Gathered over the whole mesh when the mesh
 /// spans processes (so all of them throw alike, or none), read in place otherwise.
 struct block_outcomes {
-  std::vector<std::size_t> values;  ///< per place: failed flag, then Rank extents
+  std::vector<std::size_t> values;  ///< per place: 0, or 1 + the error_kind of its failure; then Rank extents
   std::size_t width = 0;
   [[nodiscard]] bool failed(std::size_t p) const { return values[p * width] != 0; }
+  [[nodiscard]] int kind(std::size_t p) const { return static_cast<int>(values[p * width]) - 1; }
   [[nodiscard]] std::size_t extent(std::size_t p, std::size_t d) const { return values[p * width + 1 + d]; }
 };
 
 template <class Mesh, class Result>
-block_outcomes share_outcomes(const Mesh& m, const std::vector<std::optional<Result>>& results) {
+block_outcomes share_outcomes(const Mesh& m, const std::vector<std::optional<Result>>& results,
+                              const std::optional<place_failure>& failure) {
   constexpr std::size_t rank = Result::rank;
   block_outcomes o{std::vector<std::size_t>(m.size() * (rank + 1), 0), rank + 1};
   auto mine = [&](std::size_t k) {
     std::vector<std::size_t> v(rank + 1, 1);
+    if (failure && failure->place == m.local_places()[k]) v[0] = 1 + static_cast<std::size_t>(error_kind(failure->error));
     if (results[k]) {
       v[0] = 0;
       for (std::size_t d = 0; d < rank; ++d) v[1 + d] = results[k]->extent(d);
@@ -152,25 +155,18 @@ auto parallel_do(Block&& block, const Args&... args) {
   (detail::check_same_mesh(args, m), ...);
 
   const auto& local = m.local_places();
+  if (local.empty())
+    throw layout_error("parallel_do: this process holds no place of " + m.describe() + "; call it on the processes that do");
   std::vector<std::optional<result_t>> results(local.size());
-  const auto failure = detail::try_run_on_places(m, [&](std::size_t p, std::size_t k) {
-    results[k].emplace(block(detail::local_view(args, p)...));
-  });
-  const detail::block_outcomes outcomes = detail::share_outcomes(m, results);
+  const auto failure = detail::try_run_on_places(
+      m, [&](std::size_t p, std::size_t k) { results[k].emplace(block(detail::local_view(args, p)...)); },
+      /*communicate=*/false);
+  const detail::block_outcomes outcomes = detail::share_outcomes(m, results, failure);
   for (std::size_t p = 0; p < m.size(); ++p) {
     if (!outcomes.failed(p)) continue;
-    std::string message;
-    if (failure && failure->place == p) {
-      try {
-        std::rethrow_exception(failure->error);
-      } catch (const std::exception& e) {
-        message = e.what();
-      } catch (...) {
-        message = "unknown exception";
-      }
-    }
-    message = detail::share_message(m, p, message);
-    throw error("parallel_do: the block failed on place " + m.place(p).name() + ": " + message);
+    const std::string here = failure && failure->place == p ? detail::message_of(failure->error) : std::string();
+    detail::throw_error_of_kind(outcomes.kind(p), "parallel_do: the block failed on place " + m.place(p).name() + ": " +
+                                                      detail::share_message(m, p, here));
   }
   shape_t<rank> global{};
   detail::check_merge<OutLayout>(m, outcomes, global);

@@ -18,6 +18,7 @@ enum class step_kind {
   all_to_all,      ///< split(from_dim) -> split(dim)
   local_slice,     ///< replicate -> split(dim): each place keeps its chunk, nothing moves
   keep_on_one,     ///< replicate -> partial: coordinate 0 keeps the value, the others hold zeros
+  zero_pad,        ///< split(dim) -> partial: each place puts its chunk in zeros of the full dim
 };
 
 constexpr std::string_view step_name(step_kind k) {
@@ -28,12 +29,15 @@ constexpr std::string_view step_name(step_kind k) {
     case step_kind::all_to_all: return "all_to_all";
     case step_kind::local_slice: return "local_slice";
     case step_kind::keep_on_one: return "keep_on_one";
+    case step_kind::zero_pad: return "zero_pad";
   }
   return "?";
 }
 
 /// @brief True for the steps that communicate.
-constexpr bool communicates(step_kind k) { return k != step_kind::local_slice && k != step_kind::keep_on_one; }
+constexpr bool communicates(step_kind k) {
+  return k != step_kind::local_slice && k != step_kind::keep_on_one && k != step_kind::zero_pad;
+}
 
 struct redistribute_step {
   step_kind kind{};
@@ -80,9 +84,11 @@ constexpr axis_state state_on(const layout_value& v, std::string_view axis) {
 }
 
 /// @brief The plan from `from` to `to` (same rank). Two passes over the axes the
-/// layouts name: first every axis leaves its old state (reductions and gathers, fused
-/// into reduce_scatter or all_to_all where the target dim is free), then every axis
-/// still replicated takes its new state (local slices, keep-on-one), which moves nothing.
+/// layouts name, partial axes first (reducing before gathering moves the least data):
+/// first every axis leaves its old state (reductions and gathers, fused into
+/// reduce_scatter or all_to_all where the target dim is free; split -> partial pads
+/// with zeros in place), then every axis still replicated takes its new state (local
+/// slices, keep-on-one), which moves nothing.
 constexpr redistribute_plan plan_redistribute(const layout_value& from, const layout_value& to) {
   redistribute_plan plan;
   std::array<std::string_view, 2 * (max_rank + max_axes)> axes{};
@@ -93,8 +99,8 @@ constexpr redistribute_plan plan_redistribute(const layout_value& from, const la
       if (axes[i] == a) return;
     axes[naxes++] = a;
   };
-  for (std::size_t d = 0; d < from.rank; ++d) note(from.dim_axis[d]);
   for (std::size_t i = 0; i < from.npartial; ++i) note(from.partial[i]);
+  for (std::size_t d = 0; d < from.rank; ++d) note(from.dim_axis[d]);
   for (std::size_t d = 0; d < to.rank; ++d) note(to.dim_axis[d]);
   for (std::size_t i = 0; i < to.npartial; ++i) note(to.partial[i]);
 
@@ -119,7 +125,10 @@ constexpr redistribute_plan plan_redistribute(const layout_value& from, const la
       }
     } else if (f.kind == axis_state::split) {
       next.dim_axis[f.dim] = {};
-      if (target_free) {
+      if (t.kind == axis_state::partial) {
+        next.add_partial(a);
+        push(step_kind::zero_pad, a, f.dim, f.dim, next);
+      } else if (target_free) {
         next.dim_axis[t.dim] = a;
         push(step_kind::all_to_all, a, t.dim, f.dim, next);
       } else {
@@ -149,7 +158,11 @@ constexpr redistribute_plan plan_redistribute(const layout_value& from, const la
 template <layout_spec From, layout_spec To>
 constexpr redistribute_plan redistribute_plan_of() {
   static_assert(From::rank == To::rank, "pdo: redistribute: the two layouts have different ranks");
-  return detail::plan_redistribute(detail::value_of<From>(), detail::value_of<To>());
+  constexpr redistribute_plan plan = detail::plan_redistribute(detail::value_of<From>(), detail::value_of<To>());
+  static_assert(plan.size == 0 ? detail::value_of<From>() == detail::value_of<To>()
+                               : plan.steps[plan.size - 1].after == detail::value_of<To>(),
+                "pdo: redistribute: the plan does not end in the target layout (a bug in pdo's planner)");
+  return plan;
 }
 
 /// @brief The plan of `redistribute<To>` from layout `From`, as a variable.

@@ -50,9 +50,12 @@ class caching_allocator {
   /// @brief A block of at least `bytes` bytes, 64-byte aligned. Zero bytes gives nullptr.
   void* allocate(std::size_t bytes) {
     if (bytes == 0) return nullptr;
+    if (bytes > max_request) throw refused(bytes, "no block that large can exist");
     const std::size_t block = size_class(bytes);
     std::lock_guard lock(mutex_);
-    ++stats_.allocations;
+    if (stats_.cap != 0 && stats_.bytes_in_use + block > stats_.cap)
+      throw refused(bytes, "with " + std::to_string(stats_.bytes_in_use) + " bytes in use, its block of " +
+                               std::to_string(block) + " bytes exceeds the cap of " + std::to_string(stats_.cap) + " bytes");
     if (auto it = cache_.find(block); it != cache_.end() && !it->second.empty()) {
       void* p = it->second.back();
       it->second.pop_back();
@@ -60,21 +63,14 @@ class caching_allocator {
       note_in_use(block);
       return p;
     }
-    if (stats_.cap != 0 && stats_.bytes_in_use + stats_.bytes_cached + block > stats_.cap)
-      release_cache_locked();
-    if (stats_.cap != 0 && stats_.bytes_in_use + block > stats_.cap)
-      throw out_of_memory("out of memory on " + owner_ + ": request of " + std::to_string(bytes) +
-                          " bytes with " + std::to_string(stats_.bytes_in_use) + " bytes in use exceeds the cap of " +
-                          std::to_string(stats_.cap) + " bytes");
+    if (stats_.cap != 0 && stats_.bytes_in_use + stats_.bytes_cached + block > stats_.cap) release_cache_locked();
     void* p = system_.allocate(block, system_.device);
     if (p == nullptr) {
       release_cache_locked();
       p = system_.allocate(block, system_.device);
     }
     if (p == nullptr)
-      throw out_of_memory("out of memory on " + owner_ + ": the system refused a request of " +
-                          std::to_string(bytes) + " bytes (" + std::to_string(stats_.bytes_in_use) +
-                          " bytes in use)");
+      throw refused(bytes, "the system refused it (" + std::to_string(stats_.bytes_in_use) + " bytes in use)");
     ++stats_.system_allocations;
     note_in_use(block);
     return p;
@@ -127,7 +123,14 @@ class caching_allocator {
   }
 
  private:
+  /// @brief Requests above this size are refused before rounding (it would overflow).
+  static constexpr std::size_t max_request = std::size_t{1} << (sizeof(std::size_t) * 8 - 2);
+
+  out_of_memory refused(std::size_t bytes, const std::string& why) const {
+    return out_of_memory("out of memory on " + owner_ + ": request of " + std::to_string(bytes) + " bytes: " + why);
+  }
   void note_in_use(std::size_t block) {
+    ++stats_.allocations;
     stats_.bytes_in_use += block;
     if (stats_.bytes_in_use > stats_.peak_bytes_in_use) stats_.peak_bytes_in_use = stats_.bytes_in_use;
   }

@@ -69,7 +69,11 @@ class mesh {
   [[nodiscard]] std::size_t extent(std::size_t axis) const { return state_->extents[axis]; }
   [[nodiscard]] std::size_t extent(std::string_view axis) const { return extent(checked_axis(axis)); }
   [[nodiscard]] const std::vector<std::size_t>& extents() const { return state_->extents; }
-  [[nodiscard]] const any_place& place(std::size_t index) const { return state_->places.at(index); }
+  [[nodiscard]] const any_place& place(std::size_t index) const {
+    if (index >= size())
+      throw layout_error(describe() + " has " + std::to_string(size()) + " places; there is no place " + std::to_string(index));
+    return state_->places[index];
+  }
   [[nodiscard]] const std::vector<any_place>& places() const { return state_->places; }
   /// @brief Indices of the places that belong to this process.
   [[nodiscard]] const std::vector<std::size_t>& local_places() const { return state_->local; }

@@ -41,13 +41,13 @@ class place_handle {
 
   /// @brief The place's allocator; only places of this process have one.
   [[nodiscard]] caching_allocator& memory() const {
-    if (!state_->memory) throw error("memory: place " + state_->name + " belongs to another process");
+    if (!state_->memory) throw layout_error("memory: place " + state_->name + " belongs to another process");
     return *state_->memory;
   }
   /// @brief Runs `task` on the place's worker, after the work submitted before it.
   template <class Task>
   void submit(Task&& task) const {
-    if (!state_->runner) throw error("submit: place " + state_->name + " belongs to another process");
+    if (!state_->runner) throw layout_error("submit: place " + state_->name + " belongs to another process");
     state_->runner->submit(std::forward<Task>(task));
   }
 

@@ -1,6 +1,7 @@
 // pdo/tensor/copy.hpp: block copies between row-major buffers: slices, packs along a dim, unpacks.
 #pragma once
 
+#include <pdo/core/copy_elements.hpp>
 #include <pdo/core/shape.hpp>
 
 #include <array>
@@ -25,7 +26,7 @@ void copy_block(const T* src, const shape_t<Rank>& src_shape, const shape_t<Rank
     for (std::size_t out = 0;; out += run) {
       std::size_t in = offsets[Rank - 1];
       for (std::size_t d = 0; d + 1 < Rank; ++d) in += (offsets[d] + index[d]) * static_cast<std::size_t>(strides[d]);
-      std::memcpy(dst + out, src + in, run * sizeof(T));
+      copy_elements(dst + out, src + in, run);
       std::size_t d = Rank - 1;
       while (d-- > 0) {
         if (++index[d] < extents[d]) break;
@@ -42,7 +43,7 @@ template <class T>
 void copy_chunk(const T* src, const dim_view& v, std::size_t parts, std::size_t k, T* dst) {
   const std::size_t off = chunk_offset(v.extent, parts, k), n = chunk_size(v.extent, parts, k);
   for (std::size_t o = 0; o < v.outer; ++o)
-    std::memcpy(dst + o * n * v.inner, src + (o * v.extent + off) * v.inner, n * v.inner * sizeof(T));
+    copy_elements(dst + o * n * v.inner, src + (o * v.extent + off) * v.inner, n * v.inner);
 }
 
 /// @brief `src` (laid out as v) cut into `parts` chunks along v's middle dim, written
@@ -55,14 +56,21 @@ void pack_chunks(const T* src, const dim_view& v, std::size_t parts, T* dst) {
   }
 }
 
+/// @brief The inverse of copy_chunk: the dense chunk `k` in `src` into its place in `dst`
+/// laid out as v.
+template <class T>
+void place_chunk(const T* src, const dim_view& v, std::size_t parts, std::size_t k, T* dst) {
+  const std::size_t off = chunk_offset(v.extent, parts, k), n = chunk_size(v.extent, parts, k);
+  for (std::size_t o = 0; o < v.outer; ++o)
+    copy_elements(dst + (o * v.extent + off) * v.inner, src + o * n * v.inner, n * v.inner);
+}
+
 /// @brief The inverse of pack_chunks: chunks one after another in `src` into `dst` laid out as v.
 template <class T>
 void unpack_chunks(const T* src, const dim_view& v, std::size_t parts, T* dst) {
   for (std::size_t k = 0; k < parts; ++k) {
-    const std::size_t off = chunk_offset(v.extent, parts, k), n = chunk_size(v.extent, parts, k);
-    for (std::size_t o = 0; o < v.outer; ++o)
-      std::memcpy(dst + (o * v.extent + off) * v.inner, src + o * n * v.inner, n * v.inner * sizeof(T));
-    src += v.outer * n * v.inner;
+    place_chunk(src, v, parts, k, dst);
+    src += v.outer * chunk_size(v.extent, parts, k) * v.inner;
   }
 }
 

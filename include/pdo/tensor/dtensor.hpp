@@ -109,7 +109,7 @@ class dtensor {
     const auto& local = mesh_.local_places();
     for (std::size_t k = 0; k < local.size(); ++k)
       if (local[k] == p) return k;
-    throw error("dtensor: place " + std::to_string(p) + " of " + mesh_.describe() + " does not belong to this process");
+    throw layout_error("dtensor: place " + std::to_string(p) + " of " + mesh_.describe() + " does not belong to this process");
   }
 
   Mesh mesh_;

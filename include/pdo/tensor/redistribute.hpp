@@ -2,7 +2,7 @@
 #pragma once
 
 #include <pdo/comm/mesh_comms.hpp>
-#include <pdo/exec/run_on_places.hpp>
+#include <pdo/comm/run_on_places.hpp>
 #include <pdo/layout/layout_check.hpp>
 #include <pdo/layout/redistribute_plan.hpp>
 #include <pdo/tensor/copy.hpp>
@@ -30,6 +30,10 @@ tensor<T, Rank> apply_step(const redistribute_step& step, const Mesh& m, const s
   if constexpr (Kind == step_kind::keep_on_one) {
     if (me != 0) shard.fill(T{});
     return shard;
+  } else if constexpr (Kind == step_kind::zero_pad) {
+    tensor<T, Rank> out(out_shape, place);  // zeros
+    place_chunk(shard.data(), view_along(out_shape, step.dim), n, me, out.data());
+    return out;
   } else if constexpr (Kind == step_kind::local_slice) {
     tensor<T, Rank> out(out_shape, place, uninitialized);
     copy_chunk(shard.data(), view_along(shard.shape(), step.dim), n, me, out.data());
@@ -102,14 +106,15 @@ std::string redistribute_context(const dtensor<T, Rank, Mesh, Layout>& x, const 
 }
 
 /// @brief Every process must distribute a host tensor of the same shape: checked with
-/// one small all_gather, so a process that passed another shape fails on all of them.
+/// one small all_gather, so a process that passed another shape fails on all of them
+/// (pdo::mismatch_error, the error every member of a collective throws alike).
 template <class Mesh, std::size_t Rank>
 void check_same_host_shape(const Mesh& m, std::size_t p, const shape_t<Rank>& shape) {
   std::vector<std::size_t> all(m.size() * Rank);
   communicator_of(m, p).all_gather(std::span<const std::size_t>(shape.data(), Rank), std::span<std::size_t>(all));
   for (std::size_t q = 0; q < m.size(); ++q)
     if (!std::equal(shape.begin(), shape.end(), all.begin() + static_cast<std::ptrdiff_t>(q * Rank)))
-      throw shape_error("distribute: the processes passed host tensors of different shapes: " + format_extents(shape) +
+      throw mismatch_error("distribute: the processes passed host tensors of different shapes: " + format_extents(shape) +
                         " here, " + format_extents(std::span<const std::size_t>(all.data() + q * Rank, Rank)) + " on " +
                         m.place(q).name() + "; every process must pass the same tensor");
 }
@@ -158,11 +163,11 @@ dtensor<T, Rank, Mesh, To> redistribute(const dtensor<T, Rank, Mesh, From>& x) {
 template <element T, std::size_t Rank, mesh_type Mesh, layout_spec Layout>
 tensor<T, Rank> gather(const dtensor<T, Rank, Mesh, Layout>& x) {
   using full = detail::replicated_layout_t<Rank>;
-  if (x.mesh().local_places().empty()) throw error("gather: " + x.describe() + ": this process holds no place of the mesh");
+  if (x.mesh().local_places().empty()) throw layout_error("gather: " + x.describe() + ": this process holds no place of the mesh");
   const auto whole = redistribute<full>(x);
   tensor<T, Rank> out(x.shape(), detail::uninitialized);
   const auto& shard = whole.local_shards().front();
-  if (out.size() != 0) std::memcpy(out.data(), shard.data(), out.bytes());
+  detail::copy_elements(out.data(), shard.data(), out.size());
   return out;
 }
 

@@ -1,6 +1,7 @@
 // pdo/tensor/tensor.hpp: pdo::tensor, an owning dense row-major tensor on one place.
 #pragma once
 
+#include <pdo/core/copy_elements.hpp>
 #include <pdo/core/dtype.hpp>
 #include <pdo/core/error.hpp>
 #include <pdo/core/shape.hpp>
@@ -60,8 +61,11 @@ class tensor {
   tensor(const shape_t<Rank>& shape, const any_place& place, detail::uninitialized_t)
       : tensor(shape, &place.memory(), place.state()) {}
 
-  tensor(const tensor& other) : tensor(other.shape_, other.allocator_, other.place_) {
-    if (size() != 0) std::memcpy(data_, other.data_, bytes());
+  tensor(const tensor& other) {
+    if (other.allocator_ == nullptr) return;  // a default-constructed tensor copies as one
+    tensor copy(other.shape_, other.allocator_, other.place_);
+    detail::copy_elements(copy.data_, other.data_, size_of(other.shape_));
+    swap(copy);
   }
   tensor(tensor&& other) noexcept { swap(other); }
   tensor& operator=(tensor other) noexcept {
@@ -116,6 +120,8 @@ class tensor {
         place_(std::move(place)) {
     data_ = static_cast<T*>(allocator_->allocate(bytes()));
   }
+
+  static std::size_t size_of(const shape_t<Rank>& shape) { return detail::volume(shape); }
 
   template <class... Index>
   std::size_t offset_of(Index... index) const {

@@ -75,7 +75,14 @@ inline int count(std::size_t n, const char* op) {
 inline void initialize() {
   int started = 0;
   MPI_Initialized(&started);
-  if (started) return;
+  if (started) {
+    int level = 0;
+    MPI_Query_thread(&level);
+    if (level < MPI_THREAD_MULTIPLE)
+      throw communication_error("mpi: MPI was started without MPI_THREAD_MULTIPLE, which places need; start it with "
+                                "MPI_Init_thread(..., MPI_THREAD_MULTIPLE, ...) or let pdo start it");
+    return;
+  }
   int provided = 0;
   detail::check(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided), "MPI_Init_thread");
   std::atexit(detail::finalize_at_exit);

@@ -3,6 +3,7 @@
 
 #include <pdo/comm/mpi/environment.hpp>
 #include <pdo/comm/threads/local_group.hpp>
+#include <pdo/core/copy_elements.hpp>
 
 
 #include <algorithm>
@@ -16,6 +17,7 @@
 
 namespace pdo::mpi::detail {
 
+using pdo::detail::copy_elements;
 using pdo::detail::local_group;
 
 /// @brief The group's members are numbered in mesh order and live on increasing MPI
@@ -29,7 +31,7 @@ class group {
  public:
   /// @param members_per_rank for each process of `comm` in rank order, its member count
   group(MPI_Comm comm, std::vector<std::size_t> members_per_rank, std::vector<std::string> member_names)
-      : comm_(comm),
+      : comm_(set_errors_return(comm)),
         per_rank_(std::move(members_per_rank)),
         names_(std::move(member_names)),
         local_(local_names()),
@@ -43,6 +45,13 @@ class group {
   }
 
   [[nodiscard]] std::size_t size() const { return names_.size(); }
+
+  /// @brief MPI errors on `comm` come back as codes (thrown as communication_error)
+  /// instead of ending the job.
+  static MPI_Comm set_errors_return(MPI_Comm comm) {
+    MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
+    return comm;
+  }
   [[nodiscard]] std::size_t first() const { return first_of(my_rank()); }
   [[nodiscard]] local_group& local() { return local_; }
   void abort() { local_.abort(); }
@@ -66,7 +75,7 @@ class group {
                                             datatype<T>(), op_of(op), comm_),
                               "MPI_Allreduce");
     });
-    if (l != 0) std::memcpy(data.data(), args_[0].out, data.size() * sizeof(T));
+    if (l != 0) copy_elements(data.data(), static_cast<const T*>(args_[0].out), data.size());
     local_.barrier();
   }
 
@@ -81,7 +90,7 @@ class group {
       if (counts[2 * k + 1] != total)
         fail("all_gather: inputs add up to " + std::to_string(total) + " elements but outputs hold (" + listing(counts, 2, 1) + ")");
     T* leader_out = static_cast<T*>(args_[0].out);
-    std::memcpy(leader_out + prefix(counts, 2, 0, me), in.data(), in.size() * sizeof(T));
+    copy_elements(leader_out + prefix(counts, 2, 0, me), in.data(), in.size());
     local_.barrier();
     leader_step(l, [&] {
       auto [rank_counts, displs] = rank_blocks(counts, 2, 0);
@@ -89,7 +98,7 @@ class group {
                                              datatype<T>(), comm_),
                               "MPI_Allgatherv");
     });
-    if (l != 0) std::memcpy(out.data(), leader_out, out.size() * sizeof(T));
+    if (l != 0) copy_elements(out.data(), static_cast<const T*>(leader_out), out.size());
     local_.barrier();
   }
 
@@ -126,7 +135,7 @@ class group {
       pdo::mpi::detail::check(MPI_Reduce_scatter(send, result_.data(), rank_counts.data(), datatype<T>(), op_of(op), comm_),
                               "MPI_Reduce_scatter");
     });
-    std::memcpy(out.data(), result_.data() + (prefix(counts, 2, 1, me) - block_offset) * sizeof(T), out.size() * sizeof(T));
+    copy_elements(out.data(), reinterpret_cast<const T*>(result_.data()) + (prefix(counts, 2, 1, me) - block_offset), out.size());
     local_.barrier();
   }
 
@@ -139,6 +148,7 @@ class group {
       if (counts[2 * k] != counts[0] || counts[2 * k + 1] != counts[1])
         fail("broadcast: members called it with different sizes or roots (" + listing(counts, 2, 0) + "; roots " + listing(counts, 2, 1) + ")");
     if (root >= size()) fail("broadcast: root " + std::to_string(root) + " is not a member of a group of " + std::to_string(size()));
+    local_.barrier();
     const int root_rank = rank_of(root);
     const bool root_here = root_rank == my_rank();
     T* source = static_cast<T*>(args_[root_here ? root - first() : 0].out);
@@ -146,7 +156,7 @@ class group {
       pdo::mpi::detail::check(MPI_Bcast(source, pdo::mpi::detail::count(data.size(), "broadcast"), datatype<T>(), root_rank, comm_),
                               "MPI_Bcast");
     });
-    if (data.data() != source) std::memcpy(data.data(), source, data.size() * sizeof(T));
+    if (data.data() != source) copy_elements(data.data(), static_cast<const T*>(source), data.size());
     local_.barrier();
   }
 
@@ -208,7 +218,7 @@ class group {
       for (std::size_t q = 0; q < ranks; ++q)
         for (std::size_t j = first_of(static_cast<int>(q)); j < first_of(static_cast<int>(q)) + per_rank_[q]; ++j)
           for (std::size_t i = f; i < f + nl; ++i) {
-            std::memcpy(pack, static_cast<const T*>(args_[i - f].in) + offset_in(i, j), sends(i, j) * sizeof(T));
+            copy_elements(pack, static_cast<const T*>(args_[i - f].in) + offset_in(i, j), sends(i, j));
             pack += sends(i, j);
           }
       pdo::mpi::detail::check(MPI_Alltoallv(staging_.data(), scount.data(), sdispl.data(), datatype<T>(), result_.data(),
@@ -223,7 +233,7 @@ class group {
       for (std::size_t j = f; j < f + nl; ++j)
         for (std::size_t i = fr; i < fr + per_rank_[r]; ++i) {
           if (j == me) {
-            std::memcpy(dst, src, sends(i, j) * sizeof(T));
+            copy_elements(dst, src, sends(i, j));
             dst += sends(i, j);
           }
           src += sends(i, j);
@@ -234,27 +244,36 @@ class group {
 
   template <class T>
   void send(std::size_t me, std::span<const T> data, std::size_t to, int tag) {
+    check_peer("send", me, to, tag);
     if (rank_of(to) == my_rank()) return local_.send(me - first(), data, to - first(), tag);
-    pdo::mpi::detail::check(MPI_Send(data.data(), pdo::mpi::detail::count(data.size(), "send"), datatype<T>(), rank_of(to),
+    // synchronous: returns once the receiver has started to receive, as the contract says
+    pdo::mpi::detail::check(MPI_Ssend(data.data(), pdo::mpi::detail::count(data.size(), "send"), datatype<T>(), rank_of(to),
                                      wire_tag(me, to, tag), comm_),
-                            "MPI_Send");
+                            "MPI_Ssend");
   }
 
   template <class T>
   void recv(std::size_t me, std::span<T> data, std::size_t from, int tag) {
+    check_peer("recv", me, from, tag);
     if (rank_of(from) == my_rank()) return local_.recv(me - first(), data, from - first(), tag);
     MPI_Status status;
+    MPI_Message message;
     const int wire = wire_tag(from, me, tag);
-    pdo::mpi::detail::check(MPI_Probe(rank_of(from), wire, comm_, &status), "MPI_Probe");
+    pdo::mpi::detail::check(MPI_Mprobe(rank_of(from), wire, comm_, &message, &status), "MPI_Mprobe");
     int got = 0;
     MPI_Get_count(&status, datatype<T>(), &got);
-    if (static_cast<std::size_t>(got) != data.size()) {
-      std::vector<T> drain(static_cast<std::size_t>(got));
-      MPI_Recv(drain.data(), got, datatype<T>(), rank_of(from), wire, comm_, MPI_STATUS_IGNORE);
-      throw communication_error("send/recv: " + names_[from] + " sent " + std::to_string(got) + " elements with tag " +
+    if (got == MPI_UNDEFINED || static_cast<std::size_t>(got) != data.size()) {
+      int bytes = 0;
+      MPI_Get_count(&status, MPI_BYTE, &bytes);
+      std::vector<unsigned char> drain(static_cast<std::size_t>(bytes));
+      MPI_Mrecv(drain.data(), bytes, MPI_BYTE, &message, MPI_STATUS_IGNORE);
+      if (got == MPI_UNDEFINED)
+        throw mismatch_error("send/recv: " + names_[from] + " sent " + std::to_string(bytes) + " bytes with tag " +
+                             std::to_string(tag) + ", not a whole number of the elements " + names_[me] + " expects");
+      throw mismatch_error("send/recv: " + names_[from] + " sent " + std::to_string(got) + " elements with tag " +
                                 std::to_string(tag) + " but " + names_[me] + " expects " + std::to_string(data.size()));
     }
-    pdo::mpi::detail::check(MPI_Recv(data.data(), got, datatype<T>(), rank_of(from), wire, comm_, MPI_STATUS_IGNORE), "MPI_Recv");
+    pdo::mpi::detail::check(MPI_Mrecv(data.data(), got, datatype<T>(), &message, MPI_STATUS_IGNORE), "MPI_Mrecv");
   }
 
  private:
@@ -284,6 +303,20 @@ class group {
   int wire_tag(std::size_t from, std::size_t to, int tag) const {
     return static_cast<int>((static_cast<std::size_t>(tag) * size() + from) * size() + to);
   }
+  /// @brief The largest user tag whose wire tag fits MPI_TAG_UB.
+  std::size_t max_tag() const {
+    int* upper = nullptr;
+    int found = 0;
+    MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &upper, &found);
+    const std::size_t bound = found ? static_cast<std::size_t>(*upper) : 32767;
+    return (bound + 1) / (size() * size()) - 1;
+  }
+  void check_peer(const char* op, std::size_t me, std::size_t peer, int tag) const {
+    if (peer >= size() || peer == me || tag < 0 || static_cast<std::size_t>(tag) > max_tag())
+      throw communication_error(std::string(op) + ": " + names_[me] + " named member " + std::to_string(peer) + " with tag " +
+                                std::to_string(tag) + "; the peer must be another member of the group of " +
+                                std::to_string(size()) + " and the tag in [0, " + std::to_string(max_tag()) + "]");
+  }
   std::vector<std::string> local_names() const {
     const std::size_t f = first_of(my_rank());
     return {names_.begin() + static_cast<std::ptrdiff_t>(f),
@@ -301,6 +334,10 @@ class group {
     std::copy(values.begin(), values.end(), local_values_.begin() + static_cast<std::ptrdiff_t>(l * width));
     local_.barrier();
     leader_step(l, [&] {
+      if (width_ == 0) {  // a barrier: an all-gather of nothing need not synchronise
+        pdo::mpi::detail::check(MPI_Barrier(comm_), "MPI_Barrier");
+        return;
+      }
       std::vector<int> counts(per_rank_.size()), displs(per_rank_.size());
       for (std::size_t r = 0; r < per_rank_.size(); ++r) {
         counts[r] = static_cast<int>(per_rank_[r] * width_);
@@ -315,19 +352,22 @@ class group {
   }
 
   /// @brief The leader runs `work` (its MPI calls); a failure there reaches every member.
+  /// Problems alternate between two slots, step after step, so the leader never
+  /// overwrites one that a member is still reading.
   template <class Work>
   void leader_step(std::size_t l, Work&& work) {
+    std::string& problem = problems_[steps_[l]++ & 1];
     if (l == 0) {
-      problem_.clear();
+      problem.clear();
       try {
         work();
       } catch (const std::exception& e) {
-        problem_ = e.what();
+        problem = e.what();
       }
     }
     local_.barrier();
-    if (!problem_.empty()) {
-      const std::string what = problem_;
+    if (!problem.empty()) {
+      const std::string what = problem;
       local_.barrier();
       throw communication_error(what);
     }
@@ -336,7 +376,7 @@ class group {
   /// @brief An argument error every member of every process has found alike.
   [[noreturn]] void fail(const std::string& what) {
     local_.barrier();
-    throw communication_error(what);
+    throw mismatch_error(what);
   }
   static std::size_t prefix(const std::vector<std::size_t>& v, std::size_t width, std::size_t field, std::size_t upto) {
     std::size_t s = 0;
@@ -367,7 +407,8 @@ class group {
   std::vector<std::size_t> local_values_, all_values_;
   std::size_t width_ = 0;
   std::vector<unsigned char> staging_, result_;
-  std::string problem_;
+  std::string problems_[2];
+  std::vector<std::size_t> steps_ = std::vector<std::size_t>(local_.size(), 0);  ///< leader steps per local member
 };
 
 }  // namespace pdo::mpi::detail

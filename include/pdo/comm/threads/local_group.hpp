@@ -3,6 +3,7 @@
 
 #include <pdo/comm/barrier.hpp>
 #include <pdo/core/config.hpp>
+#include <pdo/core/copy_elements.hpp>
 #include <pdo/core/dtype.hpp>
 #include <pdo/core/error.hpp>
 #include <pdo/core/shape.hpp>
@@ -13,6 +14,7 @@
 #include <cstddef>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <utility>
 #include <mutex>
 #include <span>
@@ -48,9 +50,9 @@ void reduce_blocks(std::span<const T* const> srcs, std::span<T* const> dsts, std
   alignas(64) T acc[block];
   for (std::size_t b = lo; b < hi; b += block) {
     const std::size_t n = std::min(block, hi - b);
-    std::memcpy(acc, srcs[0] + b, n * sizeof(T));
+    copy_elements(acc, srcs[0] + b, n);
     for (std::size_t k = 1; k < srcs.size(); ++k) reduce_into(acc, srcs[k] + b, n, op);
-    for (T* d : dsts) std::memcpy(d + b, acc, n * sizeof(T));
+    for (T* d : dsts) copy_elements(d + b, acc, n);
   }
 }
 
@@ -148,7 +150,7 @@ class local_group {
     T** bufs = many.empty() ? few.data() : many.data();
     for (std::size_t k = 0; k < size(); ++k) bufs[k] = static_cast<T*>(slots_[k].out);
     reduce_in_place<T>(std::span<T* const>(bufs, size()), lo, hi, op);
-    barrier_.arrive_and_wait();
+    barrier_.arrive_and_wait(false);
   }
 
   /// @brief `out` (same size on every member) = the members' `in` concatenated in
@@ -160,10 +162,10 @@ class local_group {
     check_total("all_gather", me);
     std::size_t offset = 0;
     for (const slot& s : slots_) {
-      std::memcpy(out.data() + offset, s.in, s.in_count * sizeof(T));
+      copy_elements(out.data() + offset, static_cast<const T*>(s.in), s.in_count);
       offset += s.in_count;
     }
-    barrier_.arrive_and_wait();
+    barrier_.arrive_and_wait(false);
   }
 
   /// @brief `in` (same size on every member) reduced over members; member k keeps the
@@ -180,7 +182,7 @@ class local_group {
     for (std::size_t k = 0; k < size(); ++k) srcs[k] = static_cast<const T*>(slots_[k].in) + offset;
     T* dst = out.data();
     reduce_blocks<T>(srcs, std::span<T* const>(&dst, 1), 0, out.size(), op);
-    barrier_.arrive_and_wait();
+    barrier_.arrive_and_wait(false);
   }
 
   template <class T>
@@ -188,10 +190,12 @@ class local_group {
     publish(me, {data.data(), data.data(), data.size(), root});
     barrier_.arrive_and_wait();
     check_equal_counts("broadcast", &slot::in_count, me);
-    check_equal_counts("broadcast (root)", &slot::out_count, me);
+    for (const slot& s : slots_)
+      if (s.out_count != root)
+        fail_after_barrier("broadcast: members named different roots (" + counts_text(&slot::out_count) + ")");
     if (root >= size()) fail_after_barrier("broadcast: root " + std::to_string(root) + " is not a member of a group of " + std::to_string(size()));
-    if (me != root) std::memcpy(data.data(), slots_[root].in, data.size() * sizeof(T));
-    barrier_.arrive_and_wait();
+    if (me != root) copy_elements(data.data(), static_cast<const T*>(slots_[root].in), data.size());
+    barrier_.arrive_and_wait(false);
   }
 
   /// @brief Member i sends `in`'s i->j piece (send_counts[j] elements, pieces in member
@@ -202,7 +206,7 @@ class local_group {
     slot s{in.data(), out.data(), in.size(), out.size()};
     s.send_counts = send_counts.data();
     s.recv_counts = recv_counts.data();
-    s.counts_size = std::min(send_counts.size(), recv_counts.size());
+    s.counts_size = send_counts.size() == recv_counts.size() ? send_counts.size() : 0;
     publish(me, s);
     barrier_.arrive_and_wait();
     check_all_to_all(me);
@@ -211,43 +215,48 @@ class local_group {
       const slot& src = slots_[i];
       std::size_t in_offset = 0;
       for (std::size_t j = 0; j < me; ++j) in_offset += src.send_counts[j];
-      std::memcpy(out.data() + out_offset, static_cast<const T*>(src.in) + in_offset, recv_counts[i] * sizeof(T));
+      copy_elements(out.data() + out_offset, static_cast<const T*>(src.in) + in_offset, recv_counts[i]);
       out_offset += recv_counts[i];
     }
-    barrier_.arrive_and_wait();
+    barrier_.arrive_and_wait(false);
   }
 
   /// @brief Blocks until member `to` has received `data` with a matching recv.
   template <class T>
   void send(std::size_t me, std::span<const T> data, std::size_t to, int tag) {
+    check_peer("send", me, to, tag);
     std::unique_lock lock(mail_mutex_);
-    auto& post = mailbox_[{me, to, tag}];
-    post.data = data.data();
-    post.count = data.size();
-    post.posted = true;
+    const auto mine = post_for({me, to, tag});
+    mine->data = data.data();
+    mine->count = data.size();
+    mine->posted = true;
     mail_ready_.notify_all();
-    mail_ready_.wait(lock, [&] { return post.done || mail_aborted_; });
-    const std::string problem = post.done ? post.problem : std::string("send aborted: another place of the group failed");
-    if (post.done) mailbox_.erase({me, to, tag});
-    if (!problem.empty()) throw communication_error(problem);
+    mail_ready_.wait(lock, [&] { return mine->done || mail_aborted_; });
+    if (!mine->done) {  // withdraw the post: its buffer is about to go away
+      if (auto it = mailbox_.find({me, to, tag}); it != mailbox_.end() && it->second == mine) mailbox_.erase(it);
+      throw collective_aborted("send aborted: another place of the group failed");
+    }
+    if (!mine->problem.empty()) throw mismatch_error(mine->problem);
   }
 
+  /// @brief Receives exactly `data.size()` elements from member `from` (an error on both
+  /// sides when the sizes differ).
   template <class T>
   void recv(std::size_t me, std::span<T> data, std::size_t from, int tag) {
+    check_peer("recv", me, from, tag);
     std::unique_lock lock(mail_mutex_);
-    auto& post = mailbox_[{from, me, tag}];
-    mail_ready_.wait(lock, [&] { return post.posted || mail_aborted_; });
-    if (!post.posted) throw communication_error("recv aborted: another place of the group failed");
-    if (post.count != data.size()) {
-      post.problem = "send/recv: " + names_[from] + " sent " + std::to_string(post.count) + " elements with tag " +
-                     std::to_string(tag) + " but " + names_[me] + " expects " + std::to_string(data.size());
-    } else {
-      std::memcpy(data.data(), post.data, data.size() * sizeof(T));
-    }
-    post.done = true;
-    const std::string problem = post.problem;
+    const auto theirs = post_for({from, me, tag});
+    mail_ready_.wait(lock, [&] { return mail_aborted_ || theirs->posted; });
+    if (mail_aborted_) throw collective_aborted("recv aborted: another place of the group failed");
+    mailbox_.erase({from, me, tag});  // consumed: the next send with this key makes a new post
+    if (theirs->count != data.size())
+      theirs->problem = "send/recv: " + names_[from] + " sent " + std::to_string(theirs->count) + " elements with tag " +
+                        std::to_string(tag) + " but " + names_[me] + " expects " + std::to_string(data.size());
+    else
+      copy_elements(data.data(), static_cast<const T*>(theirs->data), data.size());
+    theirs->done = true;
     mail_ready_.notify_all();
-    if (!problem.empty()) throw communication_error(problem);
+    if (!theirs->problem.empty()) throw mismatch_error(theirs->problem);
   }
 
  private:
@@ -270,10 +279,26 @@ class local_group {
 
   void publish(std::size_t me, const slot& s) { slots_[me] = s; }
 
+  using mail_key = std::tuple<std::size_t, std::size_t, int>;  ///< from, to, tag
+
+  /// @brief The post for `key`, made by whichever of sender and receiver comes first.
+  std::shared_ptr<post> post_for(const mail_key& key) {
+    auto& slot = mailbox_[key];
+    if (!slot) slot = std::make_shared<post>();
+    return slot;
+  }
+
+  void check_peer(const char* op, std::size_t me, std::size_t peer, int tag) const {
+    if (peer >= size() || peer == me || tag < 0)
+      throw communication_error(std::string(op) + ": " + names_[me] + " named member " + std::to_string(peer) +
+                                " with tag " + std::to_string(tag) + "; the peer must be another member of the group of " +
+                                std::to_string(size()) + " and the tag non-negative");
+  }
+
   /// @brief Second barrier of a failed collective, then the error on every member.
   [[noreturn]] void fail_after_barrier(const std::string& what) {
-    barrier_.arrive_and_wait();
-    throw communication_error(what);
+    barrier_.arrive_and_wait(false);
+    throw mismatch_error(what);
   }
 
   std::string counts_text(std::size_t slot::*field) const {
@@ -311,8 +336,8 @@ class local_group {
       const slot& si = slots_[i];
       std::size_t sent = 0, received = 0;
       if (si.counts_size != size())
-        fail_after_barrier("all_to_all: " + names_[i] + " gave " + std::to_string(si.counts_size) +
-                           " counts for a group of " + std::to_string(size()));
+        fail_after_barrier("all_to_all: " + names_[i] + " gave send and receive counts that are not one per member of a group of " +
+                           std::to_string(size()));
       for (std::size_t j = 0; j < size(); ++j) {
         sent += si.send_counts[j];
         received += si.recv_counts[j];
@@ -334,7 +359,7 @@ class local_group {
 
   std::mutex mail_mutex_;
   std::condition_variable mail_ready_;
-  std::map<std::tuple<std::size_t, std::size_t, int>, post> mailbox_;
+  std::map<mail_key, std::shared_ptr<post>> mailbox_;
   bool mail_aborted_ = false;
 };
 

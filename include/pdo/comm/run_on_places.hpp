@@ -1,0 +1,158 @@
+// pdo/comm/run_on_places.hpp: run one task per local place of a mesh, at once, and collect failures.
+#pragma once
+
+#include <pdo/comm/mesh_comms.hpp>
+#include <pdo/core/error.hpp>
+
+#include <cstddef>
+#include <cstdio>
+#include <exception>
+#include <latch>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#if defined(PDO_WITH_MPI)
+#include <pdo/comm/mpi/environment.hpp>
+#endif
+
+namespace pdo::detail {
+
+/// @brief Which pdo::error subclass an exception is, as a small code that can travel
+/// between processes; 0 for anything that is not a pdo::error.
+inline int error_kind(const std::exception_ptr& failure) {
+  try {
+    std::rethrow_exception(failure);
+  } catch (const collective_aborted&) {
+    return 8;
+  } catch (const mismatch_error&) {
+    return 7;
+  } catch (const communication_error&) {
+    return 6;
+  } catch (const shape_error&) {
+    return 2;
+  } catch (const layout_error&) {
+    return 3;
+  } catch (const out_of_memory&) {
+    return 4;
+  } catch (const io_error&) {
+    return 5;
+  } catch (const error&) {
+    return 1;
+  } catch (...) {
+    return 0;
+  }
+}
+
+/// @brief Throws the pdo::error subclass of code `kind` (see error_kind) with `message`.
+[[noreturn]] inline void throw_error_of_kind(int kind, const std::string& message) {
+  switch (kind) {
+    case 2: throw shape_error(message);
+    case 3: throw layout_error(message);
+    case 4: throw out_of_memory(message);
+    case 5: throw io_error(message);
+    case 6: throw communication_error(message);
+    case 7: throw mismatch_error(message);
+    case 8: throw collective_aborted(message);
+    default: throw error(message);
+  }
+}
+
+inline std::string message_of(const std::exception_ptr& failure) {
+  try {
+    std::rethrow_exception(failure);
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "unknown exception";
+  }
+}
+
+/// @brief Throws the exception in `failure` again with `context` in front of its
+/// message, keeping its pdo::error subclass.
+[[noreturn]] inline void rethrow_with_context(const std::exception_ptr& failure, const std::string& context) {
+  throw_error_of_kind(error_kind(failure), context + message_of(failure));
+}
+
+inline bool is_abort_echo(const std::exception_ptr& failure) { return error_kind(failure) == 8; }
+
+/// @brief Mesh-wide operations of one process run one at a time: two host threads whose
+/// operations share places would otherwise queue their tasks in different orders on
+/// different places and wait for each other forever.
+inline std::mutex& mesh_operations_mutex() {
+  static std::mutex m;
+  return m;
+}
+
+/// @brief A failure in the middle of collectives on one process of a multi-process mesh:
+/// the other processes are inside MPI calls that wait for this one, and cannot be told.
+/// Rather than leave them hanging, the job ends with the error.
+[[noreturn]] inline void end_job(const std::string& what) {
+  std::fprintf(stderr, "pdo: fatal: %s; the other processes of the mesh cannot go on without this one, ending the job\n",
+               what.c_str());
+  std::fflush(stderr);
+#if defined(PDO_WITH_MPI)
+  MPI_Abort(MPI_COMM_WORLD, 1);
+#endif
+  std::terminate();
+}
+
+/// @brief The failure of one place, if any: the first place (in mesh order) whose
+/// failure is a cause, not the echo of another place's abort.
+struct place_failure {
+  std::size_t place = 0;
+  std::exception_ptr error;
+};
+
+/// @brief Runs `task(place_index, local_ordinal)` on the worker of every place of `m`
+/// that lives in this process, all at once, and waits for all of them.
+///
+/// When a task fails in a mesh of this process only, the mesh's collectives are aborted
+/// so the other places do not wait for it, and reset once every task has returned, so
+/// the mesh stays usable. In a mesh over several processes, tasks that `communicate`
+/// cannot be unwound that way: an argument mismatch is thrown alike by every member
+/// (pdo::mismatch_error) and returned here, any other failure ends the job (end_job).
+/// @return the first failure that is a cause, not an echo of another's, or nothing
+template <class Mesh, class Task>
+std::optional<place_failure> try_run_on_places(const Mesh& m, Task&& task, bool communicate = true) {
+  const auto& local = m.local_places();
+  for (auto p : local)
+    if (m.place(p).state()->runner && m.place(p).state()->runner->is_current())
+      throw layout_error("pdo: a mesh-wide operation was started from inside a task of place " + m.place(p).name() +
+                         "; call it from the host thread, not from a parallel_do block");
+  std::lock_guard serial(mesh_operations_mutex());
+  auto& comms = comms_of(m);
+  const bool local_only = !m.is_multiprocess();
+  std::vector<std::exception_ptr> failures(local.size());
+  std::latch done(static_cast<std::ptrdiff_t>(local.size()));
+  for (std::size_t k = 0; k < local.size(); ++k)
+    m.place(local[k]).submit([&, k] {
+      try {
+        task(local[k], k);
+      } catch (...) {
+        failures[k] = std::current_exception();
+        if (local_only) comms.abort();
+        else if (communicate && error_kind(failures[k]) != 7)
+          end_job(m.place(local[k]).name() + ": " + message_of(failures[k]));
+      }
+      done.count_down();
+    });
+  done.wait();
+  std::optional<place_failure> first;
+  for (std::size_t k = 0; k < local.size(); ++k) {
+    if (!failures[k]) continue;
+    if (!first || (is_abort_echo(first->error) && !is_abort_echo(failures[k]))) first = place_failure{local[k], failures[k]};
+  }
+  if (first && local_only) comms.reset();
+  return first;
+}
+
+/// @brief try_run_on_places, throwing the failure as a pdo::error naming `op` and the place.
+template <class Mesh, class Task>
+void run_on_places(const char* op, const Mesh& m, Task&& task) {
+  if (auto failure = try_run_on_places(m, std::forward<Task>(task)))
+    rethrow_with_context(failure->error, std::string(op) + ": on place " + m.place(failure->place).name() + ": ");
+}
+
+}  // namespace pdo::detail
