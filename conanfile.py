@@ -1,0 +1,83 @@
+# conanfile.py: Conan 2 recipe for pdo, a header-only package with optional MPI and CUDA components.
+import os
+import textwrap
+
+from conan import ConanFile
+from conan.tools.build import check_min_cppstd
+from conan.tools.files import copy, save
+from conan.tools.layout import basic_layout
+
+required_conan_version = ">=2.0"
+
+
+class PdoConan(ConanFile):
+    name = "pdo"
+    version = "0.1.0"
+    description = "Parallel tensor programs over meshes of places (header-only C++20)"
+    topics = ("tensor", "parallel", "mpi", "cuda", "header-only")
+    package_type = "header-library"
+    # The settings only let validate() check the C++ standard; package_id() drops them.
+    settings = "os", "arch", "compiler", "build_type"
+    # The options change what package_info() declares, never the files in the package.
+    options = {"with_mpi": [True, False], "with_cuda": [True, False]}
+    default_options = {"with_mpi": False, "with_cuda": False}
+    exports_sources = "include/*", "cmake/*", "CMakeLists.txt", "LICENSE*"
+    no_copy_source = True
+
+    # Included by CMakeDeps after it declares the targets: gives pdo::mpi the system MPI.
+    _mpi_build_module = os.path.join("lib", "cmake", "pdo", "pdo-conan-mpi.cmake")
+
+    def layout(self):
+        basic_layout(self, src_folder=".")
+
+    def package_id(self):
+        self.info.clear()
+
+    def validate(self):
+        check_min_cppstd(self, 20)
+
+    def package(self):
+        copy(self, "*.hpp", src=os.path.join(self.source_folder, "include"),
+             dst=os.path.join(self.package_folder, "include"))
+        copy(self, "LICENSE*", src=self.source_folder, dst=os.path.join(self.package_folder, "licenses"))
+        # Written whatever the options, so that one package serves every consumer.
+        save(self, os.path.join(self.package_folder, self._mpi_build_module), textwrap.dedent("""\
+            # pdo-conan-mpi.cmake: links pdo::mpi to the system MPI (Conan declares only its define).
+            find_package(MPI REQUIRED COMPONENTS CXX)
+            set_property(TARGET pdo::mpi APPEND PROPERTY INTERFACE_LINK_LIBRARIES MPI::MPI_CXX)
+            """))
+
+    def package_info(self):
+        self.cpp_info.set_property("cmake_file_name", "pdo")
+        # The aggregate of every component the options turned on; pdo::pdo is the core alone.
+        self.cpp_info.set_property("cmake_target_name", "pdo::all")
+
+        core = self.cpp_info.components["pdo"]
+        core.set_property("cmake_target_name", "pdo::pdo")
+        core.bindirs = []
+        core.libdirs = []
+        if self.settings.os in ("Linux", "FreeBSD"):
+            core.system_libs = ["pthread"]
+
+        if self.options.with_mpi:
+            # MPI comes from the system (Open MPI from apt, or any MPI-3 library), not from Conan:
+            # CMake consumers get it through the build module (find_package(MPI)); others must
+            # add their MPI's include and link flags (mpicxx --showme) themselves.
+            mpi = self.cpp_info.components["mpi"]
+            mpi.set_property("cmake_target_name", "pdo::mpi")
+            mpi.requires = ["pdo"]
+            mpi.defines = ["PDO_WITH_MPI"]
+            mpi.bindirs = []
+            mpi.libdirs = []
+            self.cpp_info.set_property("cmake_build_modules", [self._mpi_build_module])
+
+        if self.options.with_cuda:
+            # The CUDA toolkit and NCCL come from the system: their library folder must be on the
+            # linker's search path (e.g. LIBRARY_PATH or -L$CUDA_HOME/lib64).
+            cuda = self.cpp_info.components["cuda"]
+            cuda.set_property("cmake_target_name", "pdo::cuda")
+            cuda.requires = ["pdo"]
+            cuda.defines = ["PDO_WITH_CUDA"]
+            cuda.system_libs = ["cudart", "cublas", "nccl"]
+            cuda.bindirs = []
+            cuda.libdirs = []
