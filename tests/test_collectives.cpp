@@ -27,7 +27,7 @@ std::vector<setup> setups() {
     setup s{"line of " + std::to_string(n), n, std::vector<std::size_t>(n, 0), {}, {}};
     for (std::size_t p = 0; p < n; ++p) s.member_of.push_back(p);
     s.run = [mesh](const auto& body) {
-      pdo::detail::run_on_places("test", mesh, [&](std::size_t p, std::size_t) { body(pdo::communicator_of(mesh, p), p); });
+      pdo::spmd(mesh, [&](std::size_t p) { body(pdo::communicator_of(mesh, p), p); });
     };
     all.push_back(std::move(s));
   }
@@ -39,7 +39,7 @@ std::vector<setup> setups() {
       s.member_of.push_back(grid.coord(p, axis));
     }
     s.run = [grid, axis](const auto& body) {
-      pdo::detail::run_on_places("test", grid, [&](std::size_t p, std::size_t) { body(pdo::communicator_along(grid, axis, p), p); });
+      pdo::spmd(grid, [&](std::size_t p) { body(pdo::communicator_along(grid, axis, p), p); });
     };
     all.push_back(std::move(s));
   }
@@ -84,7 +84,7 @@ TEST_CASE("all_reduce and reduce_scatter are reproducible run after run", "[coll
     std::vector<float> first, first_segment;
     for (int run = 0; run < 5; ++run) {
       std::vector<std::vector<float>> got(n), segment(n);
-      pdo::detail::run_on_places("test", mesh, [&](std::size_t p, std::size_t) {
+      pdo::spmd(mesh, [&](std::size_t p) {
         const auto comm = pdo::communicator_of(mesh, p);
         got[p] = random_values<float>(100003, 11 + static_cast<unsigned>(p));
         segment[p].resize(pdo::detail::chunk_size(got[p].size(), n, p));
@@ -203,7 +203,7 @@ TEST_CASE("collectives along one axis of a 2x2 mesh stay inside their group", "[
   const auto mesh = pdo_test::grid_mesh(2, 2);
   for (std::size_t axis : {std::size_t{0}, std::size_t{1}}) {
     std::vector<std::vector<int>> got(4);
-    pdo::detail::run_on_places("test", mesh, [&](std::size_t p, std::size_t) {
+    pdo::spmd(mesh, [&](std::size_t p) {
       got[p] = {static_cast<int>(p), 1};
       pdo::communicator_along(mesh, axis, p).all_reduce(std::span<int>(got[p]));
     });
@@ -218,8 +218,8 @@ TEST_CASE("collectives along one axis of a 2x2 mesh stay inside their group", "[
 TEST_CASE("mismatched sizes are an error on every member, never a hang", "[collectives][errors]") {
   const auto mesh = pdo_test::line_mesh(3);
   std::vector<std::string> messages(3);
-  REQUIRE_THROWS_AS(pdo::detail::run_on_places("test", mesh,
-                                               [&](std::size_t p, std::size_t) {
+  REQUIRE_THROWS_AS(pdo::spmd(mesh,
+                                               [&](std::size_t p) {
                                                  std::vector<float> v(10 + p);
                                                  try {
                                                    pdo::communicator_of(mesh, p).all_reduce(std::span<float>(v));
@@ -234,7 +234,7 @@ TEST_CASE("mismatched sizes are an error on every member, never a hang", "[colle
   }
   // the mesh still works afterwards
   std::vector<std::vector<float>> got(3, std::vector<float>(4, 1.0f));
-  pdo::detail::run_on_places("test", mesh, [&](std::size_t p, std::size_t) {
+  pdo::spmd(mesh, [&](std::size_t p) {
     pdo::communicator_of(mesh, p).all_reduce(std::span<float>(got[p]));
   });
   CHECK(got[2] == std::vector<float>(4, 3.0f));
@@ -243,7 +243,7 @@ TEST_CASE("mismatched sizes are an error on every member, never a hang", "[colle
 TEST_CASE("a place failing before a collective does not leave the others waiting", "[collectives][errors]") {
   const auto mesh = pdo_test::line_mesh(4);
   try {
-    pdo::detail::run_on_places("test", mesh, [&](std::size_t p, std::size_t) {
+    pdo::spmd(mesh, [&](std::size_t p) {
       if (p == 2) throw std::runtime_error("boom");
       std::vector<float> v(8);
       pdo::communicator_of(mesh, p).all_reduce(std::span<float>(v));
@@ -253,7 +253,7 @@ TEST_CASE("a place failing before a collective does not leave the others waiting
     CHECK_THAT(std::string(e.what()), Catch::Contains("cpu:2") && Catch::Contains("boom"));
   }
   std::vector<std::vector<int>> got(4, std::vector<int>(3, 2));
-  pdo::detail::run_on_places("test", mesh, [&](std::size_t p, std::size_t) {
+  pdo::spmd(mesh, [&](std::size_t p) {
     pdo::communicator_of(mesh, p).all_reduce(std::span<int>(got[p]));
   });
   CHECK(got[0] == std::vector<int>(3, 8));
@@ -261,8 +261,8 @@ TEST_CASE("a place failing before a collective does not leave the others waiting
 
 TEST_CASE("send/recv with different sizes fails on both sides", "[collectives][errors]") {
   const auto mesh = pdo_test::line_mesh(2);
-  REQUIRE_THROWS_WITH(pdo::detail::run_on_places("test", mesh,
-                                                 [&](std::size_t p, std::size_t) {
+  REQUIRE_THROWS_WITH(pdo::spmd(mesh,
+                                                 [&](std::size_t p) {
                                                    const auto comm = pdo::communicator_of(mesh, p);
                                                    std::vector<float> v(p == 0 ? 5 : 6);
                                                    if (p == 0) comm.send(std::span<const float>(v), 1, 3);
@@ -274,7 +274,7 @@ TEST_CASE("send/recv with different sizes fails on both sides", "[collectives][e
 TEST_CASE("two sends in a row with one tag arrive once each, in order", "[collectives]") {
   const auto mesh = pdo_test::line_mesh(2);
   std::vector<int> first(3), second(3);
-  pdo::detail::run_on_places("test", mesh, [&](std::size_t p, std::size_t) {
+  pdo::spmd(mesh, [&](std::size_t p) {
     const auto comm = pdo::communicator_of(mesh, p);
     if (p == 0) {
       const std::vector<int> a{1, 2, 3}, b{4, 5, 6};
@@ -291,7 +291,7 @@ TEST_CASE("two sends in a row with one tag arrive once each, in order", "[collec
 
 TEST_CASE("bad peers, tags and roots are errors, not hangs", "[collectives][errors]") {
   const auto mesh = pdo_test::line_mesh(2);
-  auto on_both = [&](auto body) { pdo::detail::run_on_places("test", mesh, [&](std::size_t p, std::size_t) { body(pdo::communicator_of(mesh, p), p); }); };
+  auto on_both = [&](auto body) { pdo::spmd(mesh, [&](std::size_t p) { body(pdo::communicator_of(mesh, p), p); }); };
   std::vector<float> v(4);
   CHECK_THROWS_WITH(on_both([&](const pdo::mesh_communicator& comm, std::size_t p) {
                       if (p == 0) comm.send(std::span<const float>(v), 0, 1);

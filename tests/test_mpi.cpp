@@ -25,7 +25,7 @@ pdo::mesh<"x"> world_line() { return pdo::make_mesh<"x">(pdo::mpi::world_places(
 
 template <class Body>
 void on_world(const pdo::mesh<"x">& mesh, Body&& body) {
-  pdo::detail::run_on_places("test", mesh, [&](std::size_t p, std::size_t) { body(pdo::communicator_of(mesh, p), p); });
+  pdo::spmd(mesh, [&](std::size_t p) { body(pdo::communicator_of(mesh, p), p); });
 }
 
 template <class... Ts, class F>

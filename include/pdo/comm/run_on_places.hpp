@@ -156,3 +156,19 @@ void run_on_places(const char* op, const Mesh& m, Task&& task) {
 }
 
 }  // namespace pdo::detail
+
+namespace pdo {
+
+/// @brief Runs `task(place_index)` on every place of `m` in this process, all at once
+/// (single program, multiple data), and returns when all are done. Inside, a task
+/// reaches the other places through `communicator_of(m, place_index)` or
+/// `communicator_along(m, axis, place_index)`. A task's exception reaches the caller as
+/// a pdo::error naming the place; in a mesh of one process the other places are
+/// released from their collectives and the mesh stays usable (see try_run_on_places
+/// for meshes over several processes).
+template <class Mesh, class Task>
+void spmd(const Mesh& m, Task&& task) {
+  detail::run_on_places("spmd", m, [&](std::size_t p, std::size_t) { task(p); });
+}
+
+}  // namespace pdo
