@@ -5,14 +5,19 @@
 
 #include <iostream>
 
+using rows = pdo::layout<pdo::split<"dp">, pdo::replicate>;
+using column_sums = pdo::layout<pdo::replicate>::partial<"dp">;
+// gathering the sums is one all_reduce over "dp"
+static_assert(pdo::redistribute_plan_of<column_sums, pdo::layout<pdo::replicate>>().count(pdo::step_kind::all_reduce) == 1);
+
 int main() {
   try {
     const auto mesh = pdo::make_mesh<"dp">(pdo::mpi::world_places());
     pdo::tensor<double, 2> x({9, 4});
     for (std::size_t i = 0; i < x.size(); ++i) x.data()[i] = static_cast<double>(i);
-    const auto xs = pdo::distribute<pdo::layout<pdo::split<"dp">, pdo::replicate>>(mesh, x);
+    const auto xs = pdo::distribute<rows>(mesh, x);
     // each place sums its rows: the column sums are a partial value over "dp"
-    const auto sums = pdo::parallel_do<pdo::layout<pdo::replicate>::partial<"dp">>(
+    const auto sums = pdo::parallel_do<column_sums>(
         [](const pdo::tensor<double, 2>& rows) {
           pdo::tensor<double, 1> s({rows.extent(1)});
           for (std::size_t i = 0; i < rows.extent(0); ++i)
