@@ -274,9 +274,11 @@ class io_error : public error {
 }  // namespace pdo
 #endif  // PDO_SINGLE_PDO_CORE_ERROR_HPP
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <string>
+#include <thread>
 
 namespace pdo::detail {
 
@@ -298,7 +300,8 @@ inline void cpu_relax() {
 /// for all of them (none unwinds and frees a buffer another is still using).
 class group_barrier {
  public:
-  explicit group_barrier(std::uint32_t count) : count_(count) {}
+  explicit group_barrier(std::uint32_t count)
+      : count_(count), spin_limit_(count <= std::max(1u, std::thread::hardware_concurrency()) ? 4000 : 16) {}
 
   // phase_ counts completed phases in steps of 2; its low bit says "aborted". The last
   // arrival completes a phase only if no abort came first (compare-exchange), so either
@@ -318,7 +321,7 @@ class group_barrier {
       return;
     }
     std::uint32_t now = phase_.load(std::memory_order_acquire);
-    for (int spin = 0; spin < spin_limit && !done(now, clean, abortable); ++spin) {
+    for (int spin = 0; spin < spin_limit_ && !done(now, clean, abortable); ++spin) {
       cpu_relax();
       now = phase_.load(std::memory_order_acquire);
     }
@@ -343,7 +346,6 @@ class group_barrier {
   [[nodiscard]] std::uint32_t count() const { return count_; }
 
  private:
-  static constexpr int spin_limit = 4000;
   static constexpr std::uint32_t aborted_bit = 1;
 
   /// @brief The phase this waiter waits on has completed, or it may give up on an abort.
@@ -355,8 +357,23 @@ class group_barrier {
   }
 
   const std::uint32_t count_;
+  const int spin_limit_;  ///< spin only while every member can have a core of its own
   std::atomic<std::uint32_t> arrived_{0};
   std::atomic<std::uint32_t> phase_{0};
+};
+
+/// @brief The closing barrier of a collective, as a scope: it is passed when the scope
+/// ends, normally or by an exception, so no member leaves (and frees its buffers) while
+/// another still uses them.
+class closing_barrier {
+ public:
+  explicit closing_barrier(group_barrier& b) : barrier_(b) {}
+  closing_barrier(const closing_barrier&) = delete;
+  closing_barrier& operator=(const closing_barrier&) = delete;
+  ~closing_barrier() { barrier_.arrive_and_wait(false); }
+
+ private:
+  group_barrier& barrier_;
 };
 
 }  // namespace pdo::detail
@@ -575,10 +592,8 @@ void reduce_in_place(std::span<T* const> bufs, std::size_t lo, std::size_t hi, r
     case 2: return with_op([&](auto f) { reduce_in_place<2>(bufs.data(), lo, hi, f); });
     case 3: return with_op([&](auto f) { reduce_in_place<3>(bufs.data(), lo, hi, f); });
     case 4: return with_op([&](auto f) { reduce_in_place<4>(bufs.data(), lo, hi, f); });
-    default: {
-      std::vector<const T*> srcs(bufs.begin(), bufs.end());
-      reduce_blocks<T>(srcs, bufs, lo, hi, op);
-    }
+    default:
+      reduce_blocks<T>(std::span<const T* const>(bufs.data(), bufs.size()), bufs, lo, hi, op);
   }
 }
 
@@ -628,16 +643,16 @@ class local_group {
 
   template <class T>
   void all_reduce(std::size_t me, std::span<T> data, reduce_op op) {
-    publish(me, {data.data(), data.data(), data.size(), data.size()});
-    barrier_.arrive_and_wait();
-    check_equal_counts("all_reduce", &slot::in_count, me);
-    const auto [lo, hi] = work_range<T>(data.size(), size(), me);
-    std::array<T*, 4> few{};  // no allocation for the common group sizes
+    std::array<T*, 4> few{};  // allocated before the entry barrier: nothing throws between the barriers
     std::vector<T*> many(size() > few.size() ? size() : 0);
     T** bufs = many.empty() ? few.data() : many.data();
+    publish(me, {data.data(), data.data(), data.size(), data.size()});
+    barrier_.arrive_and_wait();
+    const closing_barrier closing(barrier_);
+    check_equal_counts("all_reduce", &slot::in_count, me);
+    const auto [lo, hi] = work_range<T>(data.size(), size(), me);
     for (std::size_t k = 0; k < size(); ++k) bufs[k] = static_cast<T*>(slots_[k].out);
     reduce_in_place<T>(std::span<T* const>(bufs, size()), lo, hi, op);
-    barrier_.arrive_and_wait(false);
   }
 
   /// @brief `out` (same size on every member) = the members' `in` concatenated in
@@ -646,43 +661,43 @@ class local_group {
   void all_gather(std::size_t me, std::span<const T> in, std::span<T> out) {
     publish(me, {in.data(), out.data(), in.size(), out.size()});
     barrier_.arrive_and_wait();
+    const closing_barrier closing(barrier_);
     check_total("all_gather", me);
     std::size_t offset = 0;
     for (const slot& s : slots_) {
       copy_elements(out.data() + offset, static_cast<const T*>(s.in), s.in_count);
       offset += s.in_count;
     }
-    barrier_.arrive_and_wait(false);
   }
 
   /// @brief `in` (same size on every member) reduced over members; member k keeps the
   /// k-th segment, whose size is its `out.size()`.
   template <class T>
   void reduce_scatter(std::size_t me, std::span<const T> in, std::span<T> out, reduce_op op) {
+    std::vector<const T*> srcs(size());  // allocated before the entry barrier
     publish(me, {in.data(), out.data(), in.size(), out.size()});
     barrier_.arrive_and_wait();
+    const closing_barrier closing(barrier_);
     check_equal_counts("reduce_scatter", &slot::in_count, me);
     check_total("reduce_scatter", me, /*outputs_sum_to_input=*/true);
     std::size_t offset = 0;
     for (std::size_t k = 0; k < me; ++k) offset += slots_[k].out_count;
-    std::vector<const T*> srcs(size());
     for (std::size_t k = 0; k < size(); ++k) srcs[k] = static_cast<const T*>(slots_[k].in) + offset;
     T* dst = out.data();
     reduce_blocks<T>(srcs, std::span<T* const>(&dst, 1), 0, out.size(), op);
-    barrier_.arrive_and_wait(false);
   }
 
   template <class T>
   void broadcast(std::size_t me, std::span<T> data, std::size_t root) {
     publish(me, {data.data(), data.data(), data.size(), root});
     barrier_.arrive_and_wait();
+    const closing_barrier closing(barrier_);
     check_equal_counts("broadcast", &slot::in_count, me);
     for (const slot& s : slots_)
       if (s.out_count != root)
         fail_after_barrier("broadcast: members named different roots (" + counts_text(&slot::out_count) + ")");
     if (root >= size()) fail_after_barrier("broadcast: root " + std::to_string(root) + " is not a member of a group of " + std::to_string(size()));
     if (me != root) copy_elements(data.data(), static_cast<const T*>(slots_[root].in), data.size());
-    barrier_.arrive_and_wait(false);
   }
 
   /// @brief Member i sends `in`'s i->j piece (send_counts[j] elements, pieces in member
@@ -696,6 +711,7 @@ class local_group {
     s.counts_size = send_counts.size() == recv_counts.size() ? send_counts.size() : 0;
     publish(me, s);
     barrier_.arrive_and_wait();
+    const closing_barrier closing(barrier_);
     check_all_to_all(me);
     std::size_t out_offset = 0;
     for (std::size_t i = 0; i < size(); ++i) {
@@ -705,7 +721,6 @@ class local_group {
       copy_elements(out.data() + out_offset, static_cast<const T*>(src.in) + in_offset, recv_counts[i]);
       out_offset += recv_counts[i];
     }
-    barrier_.arrive_and_wait(false);
   }
 
   /// @brief Blocks until member `to` has received `data` with a matching recv.
@@ -782,11 +797,9 @@ class local_group {
                                 std::to_string(size()) + " and the tag non-negative");
   }
 
-  /// @brief Second barrier of a failed collective, then the error on every member.
-  [[noreturn]] void fail_after_barrier(const std::string& what) {
-    barrier_.arrive_and_wait(false);
-    throw mismatch_error(what);
-  }
+  /// @brief The error every member of a collective finds alike; the closing barrier of
+  /// the collective is passed as the exception leaves its scope.
+  [[noreturn]] static void fail_after_barrier(const std::string& what) { throw mismatch_error(what); }
 
   std::string counts_text(std::size_t slot::*field) const {
     std::string text;
@@ -1608,8 +1621,10 @@ using pdo::detail::local_group;
 class group {
  public:
   /// @param members_per_rank for each process of `comm` in rank order, its member count
-  group(MPI_Comm comm, std::vector<std::size_t> members_per_rank, std::vector<std::string> member_names)
-      : comm_(set_errors_return(comm)),
+  /// @param spans_mesh the group holds every place of its mesh (see fail())
+  group(MPI_Comm comm, std::vector<std::size_t> members_per_rank, std::vector<std::string> member_names, bool spans_mesh)
+      : spans_mesh_(spans_mesh),
+        comm_(set_errors_return(comm)),
         per_rank_(std::move(members_per_rank)),
         names_(std::move(member_names)),
         local_(local_names()),
@@ -1632,8 +1647,10 @@ class group {
   }
   [[nodiscard]] std::size_t first() const { return first_of(my_rank()); }
   [[nodiscard]] local_group& local() { return local_; }
-  void abort() { local_.abort(); }
-  void reset() { local_.reset(); }
+  /// MPI groups are never aborted: the other processes could not be told, and would wait
+  /// in MPI calls for members that left (a failure there ends the job; see run_on_places).
+  void abort() {}
+  void reset() {}
 
   void barrier(std::size_t me) {
     exchange(me, {});
@@ -1694,12 +1711,12 @@ class group {
       fail("reduce_scatter: outputs add up to " + std::to_string(total) + " elements but the input has " + std::to_string(counts[0]));
     // Sum this process's inputs first (each member a slice), then across processes.
     const T* send = in.data();
+    std::vector<const T*> srcs(local_.size());
     if (local_.size() > 1) {
       if (l == 0) staging_.resize(in.size() * sizeof(T));
       local_.barrier();
       T* stage = reinterpret_cast<T*>(staging_.data());
       const auto [lo, hi] = pdo::detail::work_range<T>(in.size(), local_.size(), l);
-      std::vector<const T*> srcs(local_.size());
       for (std::size_t k = 0; k < local_.size(); ++k) srcs[k] = static_cast<const T*>(args_[k].in);
       pdo::detail::reduce_blocks<T>(srcs, std::span<T* const>(&stage, 1), lo, hi, op);
       send = stage;
@@ -1823,7 +1840,7 @@ class group {
   template <class T>
   void send(std::size_t me, std::span<const T> data, std::size_t to, int tag) {
     check_peer("send", me, to, tag);
-    if (rank_of(to) == my_rank()) return local_.send(me - first(), data, to - first(), tag);
+    if (rank_of(to) == my_rank()) return local_only([&] { local_.send(me - first(), data, to - first(), tag); });
     // synchronous: returns once the receiver has started to receive, as the contract says
     pdo::mpi::detail::check(MPI_Ssend(data.data(), pdo::mpi::detail::count(data.size(), "send"), datatype<T>(), rank_of(to),
                                      wire_tag(me, to, tag), comm_),
@@ -1833,7 +1850,7 @@ class group {
   template <class T>
   void recv(std::size_t me, std::span<T> data, std::size_t from, int tag) {
     check_peer("recv", me, from, tag);
-    if (rank_of(from) == my_rank()) return local_.recv(me - first(), data, from - first(), tag);
+    if (rank_of(from) == my_rank()) return local_only([&] { local_.recv(me - first(), data, from - first(), tag); });
     MPI_Status status;
     MPI_Message message;
     const int wire = wire_tag(from, me, tag);
@@ -1846,9 +1863,9 @@ class group {
       std::vector<unsigned char> drain(static_cast<std::size_t>(bytes));
       MPI_Mrecv(drain.data(), bytes, MPI_BYTE, &message, MPI_STATUS_IGNORE);
       if (got == MPI_UNDEFINED)
-        throw mismatch_error("send/recv: " + names_[from] + " sent " + std::to_string(bytes) + " bytes with tag " +
+        throw communication_error("send/recv: " + names_[from] + " sent " + std::to_string(bytes) + " bytes with tag " +
                              std::to_string(tag) + ", not a whole number of the elements " + names_[me] + " expects");
-      throw mismatch_error("send/recv: " + names_[from] + " sent " + std::to_string(got) + " elements with tag " +
+      throw communication_error("send/recv: " + names_[from] + " sent " + std::to_string(got) + " elements with tag " +
                                 std::to_string(tag) + " but " + names_[me] + " expects " + std::to_string(data.size()));
     }
     pdo::mpi::detail::check(MPI_Mrecv(data.data(), got, datatype<T>(), &message, MPI_STATUS_IGNORE), "MPI_Mrecv");
@@ -1952,9 +1969,14 @@ class group {
   }
 
   /// @brief An argument error every member of every process has found alike.
+  /// Every member of the group finds it alike. When the group spans the mesh every place
+  /// throws it and the program can go on (mismatch_error); in a smaller group the places
+  /// outside it may already wait in their next collective for these, so it is an error
+  /// that ends the job (communication_error; see run_on_places).
   [[noreturn]] void fail(const std::string& what) {
     local_.barrier();
-    throw mismatch_error(what);
+    if (spans_mesh_) throw mismatch_error(what);
+    throw communication_error(what + " (in a group that does not span the mesh)");
   }
   static std::size_t prefix(const std::vector<std::size_t>& v, std::size_t width, std::size_t field, std::size_t upto) {
     std::size_t s = 0;
@@ -1977,6 +1999,18 @@ class group {
     return text;
   }
 
+  /// @brief Point to point between two places of this process: a size mismatch is known
+  /// to those two only, so it is not one the other places can go on from.
+  template <class F>
+  static void local_only(F&& f) {
+    try {
+      f();
+    } catch (const mismatch_error& e) {
+      throw communication_error(e.what());
+    }
+  }
+
+  bool spans_mesh_;
   MPI_Comm comm_;
   std::vector<std::size_t> per_rank_;
   std::vector<std::string> names_;
@@ -2069,7 +2103,8 @@ inline std::shared_ptr<any_group> make_group(const mesh_state& m, const std::vec
     MPI_Comm comm = MPI_COMM_NULL;
     mpi::detail::check(MPI_Comm_split(MPI_COMM_WORLD, mine ? 0 : MPI_UNDEFINED, me, &comm), "MPI_Comm_split");
     if (!mine) return nullptr;
-    return std::make_shared<any_group>(any_group{std::make_shared<mpi::detail::group>(comm, per_rank, names)});
+    return std::make_shared<any_group>(
+        any_group{std::make_shared<mpi::detail::group>(comm, per_rank, names, members.size() == m.places.size())});
   }
 #endif
   if (m.multiprocess)
@@ -2351,10 +2386,9 @@ struct place_failure {
 template <class Mesh, class Task>
 std::optional<place_failure> try_run_on_places(const Mesh& m, Task&& task, bool communicate = true) {
   const auto& local = m.local_places();
-  for (auto p : local)
-    if (m.place(p).state()->runner && m.place(p).state()->runner->is_current())
-      throw layout_error("pdo: a mesh-wide operation was started from inside a task of place " + m.place(p).name() +
-                         "; call it from the host thread, not from a parallel_do block");
+  if (current_place() != nullptr)
+    throw layout_error("pdo: a mesh-wide operation was started from inside a task of place " + current_place()->name +
+                       "; call it from the host thread, not from a parallel_do block or an spmd task");
   std::lock_guard serial(mesh_operations_mutex());
   auto& comms = comms_of(m);
   const bool local_only = !m.is_multiprocess();
@@ -2682,8 +2716,10 @@ using pdo::detail::local_group;
 class group {
  public:
   /// @param members_per_rank for each process of `comm` in rank order, its member count
-  group(MPI_Comm comm, std::vector<std::size_t> members_per_rank, std::vector<std::string> member_names)
-      : comm_(set_errors_return(comm)),
+  /// @param spans_mesh the group holds every place of its mesh (see fail())
+  group(MPI_Comm comm, std::vector<std::size_t> members_per_rank, std::vector<std::string> member_names, bool spans_mesh)
+      : spans_mesh_(spans_mesh),
+        comm_(set_errors_return(comm)),
         per_rank_(std::move(members_per_rank)),
         names_(std::move(member_names)),
         local_(local_names()),
@@ -2706,8 +2742,10 @@ class group {
   }
   [[nodiscard]] std::size_t first() const { return first_of(my_rank()); }
   [[nodiscard]] local_group& local() { return local_; }
-  void abort() { local_.abort(); }
-  void reset() { local_.reset(); }
+  /// MPI groups are never aborted: the other processes could not be told, and would wait
+  /// in MPI calls for members that left (a failure there ends the job; see run_on_places).
+  void abort() {}
+  void reset() {}
 
   void barrier(std::size_t me) {
     exchange(me, {});
@@ -2768,12 +2806,12 @@ class group {
       fail("reduce_scatter: outputs add up to " + std::to_string(total) + " elements but the input has " + std::to_string(counts[0]));
     // Sum this process's inputs first (each member a slice), then across processes.
     const T* send = in.data();
+    std::vector<const T*> srcs(local_.size());
     if (local_.size() > 1) {
       if (l == 0) staging_.resize(in.size() * sizeof(T));
       local_.barrier();
       T* stage = reinterpret_cast<T*>(staging_.data());
       const auto [lo, hi] = pdo::detail::work_range<T>(in.size(), local_.size(), l);
-      std::vector<const T*> srcs(local_.size());
       for (std::size_t k = 0; k < local_.size(); ++k) srcs[k] = static_cast<const T*>(args_[k].in);
       pdo::detail::reduce_blocks<T>(srcs, std::span<T* const>(&stage, 1), lo, hi, op);
       send = stage;
@@ -2897,7 +2935,7 @@ class group {
   template <class T>
   void send(std::size_t me, std::span<const T> data, std::size_t to, int tag) {
     check_peer("send", me, to, tag);
-    if (rank_of(to) == my_rank()) return local_.send(me - first(), data, to - first(), tag);
+    if (rank_of(to) == my_rank()) return local_only([&] { local_.send(me - first(), data, to - first(), tag); });
     // synchronous: returns once the receiver has started to receive, as the contract says
     pdo::mpi::detail::check(MPI_Ssend(data.data(), pdo::mpi::detail::count(data.size(), "send"), datatype<T>(), rank_of(to),
                                      wire_tag(me, to, tag), comm_),
@@ -2907,7 +2945,7 @@ class group {
   template <class T>
   void recv(std::size_t me, std::span<T> data, std::size_t from, int tag) {
     check_peer("recv", me, from, tag);
-    if (rank_of(from) == my_rank()) return local_.recv(me - first(), data, from - first(), tag);
+    if (rank_of(from) == my_rank()) return local_only([&] { local_.recv(me - first(), data, from - first(), tag); });
     MPI_Status status;
     MPI_Message message;
     const int wire = wire_tag(from, me, tag);
@@ -2920,9 +2958,9 @@ class group {
       std::vector<unsigned char> drain(static_cast<std::size_t>(bytes));
       MPI_Mrecv(drain.data(), bytes, MPI_BYTE, &message, MPI_STATUS_IGNORE);
       if (got == MPI_UNDEFINED)
-        throw mismatch_error("send/recv: " + names_[from] + " sent " + std::to_string(bytes) + " bytes with tag " +
+        throw communication_error("send/recv: " + names_[from] + " sent " + std::to_string(bytes) + " bytes with tag " +
                              std::to_string(tag) + ", not a whole number of the elements " + names_[me] + " expects");
-      throw mismatch_error("send/recv: " + names_[from] + " sent " + std::to_string(got) + " elements with tag " +
+      throw communication_error("send/recv: " + names_[from] + " sent " + std::to_string(got) + " elements with tag " +
                                 std::to_string(tag) + " but " + names_[me] + " expects " + std::to_string(data.size()));
     }
     pdo::mpi::detail::check(MPI_Mrecv(data.data(), got, datatype<T>(), &message, MPI_STATUS_IGNORE), "MPI_Mrecv");
@@ -3026,9 +3064,14 @@ class group {
   }
 
   /// @brief An argument error every member of every process has found alike.
+  /// Every member of the group finds it alike. When the group spans the mesh every place
+  /// throws it and the program can go on (mismatch_error); in a smaller group the places
+  /// outside it may already wait in their next collective for these, so it is an error
+  /// that ends the job (communication_error; see run_on_places).
   [[noreturn]] void fail(const std::string& what) {
     local_.barrier();
-    throw mismatch_error(what);
+    if (spans_mesh_) throw mismatch_error(what);
+    throw communication_error(what + " (in a group that does not span the mesh)");
   }
   static std::size_t prefix(const std::vector<std::size_t>& v, std::size_t width, std::size_t field, std::size_t upto) {
     std::size_t s = 0;
@@ -3051,6 +3094,18 @@ class group {
     return text;
   }
 
+  /// @brief Point to point between two places of this process: a size mismatch is known
+  /// to those two only, so it is not one the other places can go on from.
+  template <class F>
+  static void local_only(F&& f) {
+    try {
+      f();
+    } catch (const mismatch_error& e) {
+      throw communication_error(e.what());
+    }
+  }
+
+  bool spans_mesh_;
   MPI_Comm comm_;
   std::vector<std::size_t> per_rank_;
   std::vector<std::string> names_;
@@ -3902,6 +3957,7 @@ auto parallel_do(Block&& block, const Args&... args) {
   (detail::check_same_mesh(args, m), ...);
 
   const auto& local = m.local_places();
+  detail::comms_of(m);  // built by every process, those without places too
   if (local.empty())
     throw layout_error("parallel_do: this process holds no place of " + m.describe() + "; call it on the processes that do");
   std::vector<std::optional<result_t>> results(local.size());
@@ -4531,6 +4587,7 @@ dtensor<T, Rank, Mesh, To> redistribute(const dtensor<T, Rank, Mesh, From>& x) {
 template <element T, std::size_t Rank, mesh_type Mesh, layout_spec Layout>
 tensor<T, Rank> gather(const dtensor<T, Rank, Mesh, Layout>& x) {
   using full = detail::replicated_layout_t<Rank>;
+  detail::comms_of(x.mesh());  // built by every process, those without places too
   if (x.mesh().local_places().empty()) throw layout_error("gather: " + x.describe() + ": this process holds no place of the mesh");
   const auto whole = redistribute<full>(x);
   tensor<T, Rank> out(x.shape(), detail::uninitialized);

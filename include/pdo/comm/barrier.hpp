@@ -3,9 +3,11 @@
 
 #include <pdo/core/error.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <string>
+#include <thread>
 
 namespace pdo::detail {
 
@@ -27,7 +29,8 @@ inline void cpu_relax() {
 /// for all of them (none unwinds and frees a buffer another is still using).
 class group_barrier {
  public:
-  explicit group_barrier(std::uint32_t count) : count_(count) {}
+  explicit group_barrier(std::uint32_t count)
+      : count_(count), spin_limit_(count <= std::max(1u, std::thread::hardware_concurrency()) ? 4000 : 16) {}
 
   // phase_ counts completed phases in steps of 2; its low bit says "aborted". The last
   // arrival completes a phase only if no abort came first (compare-exchange), so either
@@ -47,7 +50,7 @@ class group_barrier {
       return;
     }
     std::uint32_t now = phase_.load(std::memory_order_acquire);
-    for (int spin = 0; spin < spin_limit && !done(now, clean, abortable); ++spin) {
+    for (int spin = 0; spin < spin_limit_ && !done(now, clean, abortable); ++spin) {
       cpu_relax();
       now = phase_.load(std::memory_order_acquire);
     }
@@ -72,7 +75,6 @@ class group_barrier {
   [[nodiscard]] std::uint32_t count() const { return count_; }
 
  private:
-  static constexpr int spin_limit = 4000;
   static constexpr std::uint32_t aborted_bit = 1;
 
   /// @brief The phase this waiter waits on has completed, or it may give up on an abort.
@@ -84,8 +86,23 @@ class group_barrier {
   }
 
   const std::uint32_t count_;
+  const int spin_limit_;  ///< spin only while every member can have a core of its own
   std::atomic<std::uint32_t> arrived_{0};
   std::atomic<std::uint32_t> phase_{0};
+};
+
+/// @brief The closing barrier of a collective, as a scope: it is passed when the scope
+/// ends, normally or by an exception, so no member leaves (and frees its buffers) while
+/// another still uses them.
+class closing_barrier {
+ public:
+  explicit closing_barrier(group_barrier& b) : barrier_(b) {}
+  closing_barrier(const closing_barrier&) = delete;
+  closing_barrier& operator=(const closing_barrier&) = delete;
+  ~closing_barrier() { barrier_.arrive_and_wait(false); }
+
+ private:
+  group_barrier& barrier_;
 };
 
 }  // namespace pdo::detail

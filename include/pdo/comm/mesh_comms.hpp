@@ -85,7 +85,8 @@ inline std::shared_ptr<any_group> make_group(const mesh_state& m, const std::vec
     MPI_Comm comm = MPI_COMM_NULL;
     mpi::detail::check(MPI_Comm_split(MPI_COMM_WORLD, mine ? 0 : MPI_UNDEFINED, me, &comm), "MPI_Comm_split");
     if (!mine) return nullptr;
-    return std::make_shared<any_group>(any_group{std::make_shared<mpi::detail::group>(comm, per_rank, names)});
+    return std::make_shared<any_group>(
+        any_group{std::make_shared<mpi::detail::group>(comm, per_rank, names, members.size() == m.places.size())});
   }
 #endif
   if (m.multiprocess)

@@ -117,10 +117,9 @@ struct place_failure {
 template <class Mesh, class Task>
 std::optional<place_failure> try_run_on_places(const Mesh& m, Task&& task, bool communicate = true) {
   const auto& local = m.local_places();
-  for (auto p : local)
-    if (m.place(p).state()->runner && m.place(p).state()->runner->is_current())
-      throw layout_error("pdo: a mesh-wide operation was started from inside a task of place " + m.place(p).name() +
-                         "; call it from the host thread, not from a parallel_do block");
+  if (current_place() != nullptr)
+    throw layout_error("pdo: a mesh-wide operation was started from inside a task of place " + current_place()->name +
+                       "; call it from the host thread, not from a parallel_do block or an spmd task");
   std::lock_guard serial(mesh_operations_mutex());
   auto& comms = comms_of(m);
   const bool local_only = !m.is_multiprocess();

@@ -155,6 +155,7 @@ auto parallel_do(Block&& block, const Args&... args) {
   (detail::check_same_mesh(args, m), ...);
 
   const auto& local = m.local_places();
+  detail::comms_of(m);  // built by every process, those without places too
   if (local.empty())
     throw layout_error("parallel_do: this process holds no place of " + m.describe() + "; call it on the processes that do");
   std::vector<std::optional<result_t>> results(local.size());

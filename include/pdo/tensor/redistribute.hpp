@@ -163,6 +163,7 @@ dtensor<T, Rank, Mesh, To> redistribute(const dtensor<T, Rank, Mesh, From>& x) {
 template <element T, std::size_t Rank, mesh_type Mesh, layout_spec Layout>
 tensor<T, Rank> gather(const dtensor<T, Rank, Mesh, Layout>& x) {
   using full = detail::replicated_layout_t<Rank>;
+  detail::comms_of(x.mesh());  // built by every process, those without places too
   if (x.mesh().local_places().empty()) throw layout_error("gather: " + x.describe() + ": this process holds no place of the mesh");
   const auto whole = redistribute<full>(x);
   tensor<T, Rank> out(x.shape(), detail::uninitialized);

@@ -30,8 +30,10 @@ using pdo::detail::local_group;
 class group {
  public:
   /// @param members_per_rank for each process of `comm` in rank order, its member count
-  group(MPI_Comm comm, std::vector<std::size_t> members_per_rank, std::vector<std::string> member_names)
-      : comm_(set_errors_return(comm)),
+  /// @param spans_mesh the group holds every place of its mesh (see fail())
+  group(MPI_Comm comm, std::vector<std::size_t> members_per_rank, std::vector<std::string> member_names, bool spans_mesh)
+      : spans_mesh_(spans_mesh),
+        comm_(set_errors_return(comm)),
         per_rank_(std::move(members_per_rank)),
         names_(std::move(member_names)),
         local_(local_names()),
@@ -54,8 +56,10 @@ class group {
   }
   [[nodiscard]] std::size_t first() const { return first_of(my_rank()); }
   [[nodiscard]] local_group& local() { return local_; }
-  void abort() { local_.abort(); }
-  void reset() { local_.reset(); }
+  /// MPI groups are never aborted: the other processes could not be told, and would wait
+  /// in MPI calls for members that left (a failure there ends the job; see run_on_places).
+  void abort() {}
+  void reset() {}
 
   void barrier(std::size_t me) {
     exchange(me, {});
@@ -116,12 +120,12 @@ class group {
       fail("reduce_scatter: outputs add up to " + std::to_string(total) + " elements but the input has " + std::to_string(counts[0]));
     // Sum this process's inputs first (each member a slice), then across processes.
     const T* send = in.data();
+    std::vector<const T*> srcs(local_.size());
     if (local_.size() > 1) {
       if (l == 0) staging_.resize(in.size() * sizeof(T));
       local_.barrier();
       T* stage = reinterpret_cast<T*>(staging_.data());
       const auto [lo, hi] = pdo::detail::work_range<T>(in.size(), local_.size(), l);
-      std::vector<const T*> srcs(local_.size());
       for (std::size_t k = 0; k < local_.size(); ++k) srcs[k] = static_cast<const T*>(args_[k].in);
       pdo::detail::reduce_blocks<T>(srcs, std::span<T* const>(&stage, 1), lo, hi, op);
       send = stage;
@@ -245,7 +249,7 @@ class group {
   template <class T>
   void send(std::size_t me, std::span<const T> data, std::size_t to, int tag) {
     check_peer("send", me, to, tag);
-    if (rank_of(to) == my_rank()) return local_.send(me - first(), data, to - first(), tag);
+    if (rank_of(to) == my_rank()) return local_only([&] { local_.send(me - first(), data, to - first(), tag); });
     // synchronous: returns once the receiver has started to receive, as the contract says
     pdo::mpi::detail::check(MPI_Ssend(data.data(), pdo::mpi::detail::count(data.size(), "send"), datatype<T>(), rank_of(to),
                                      wire_tag(me, to, tag), comm_),
@@ -255,7 +259,7 @@ class group {
   template <class T>
   void recv(std::size_t me, std::span<T> data, std::size_t from, int tag) {
     check_peer("recv", me, from, tag);
-    if (rank_of(from) == my_rank()) return local_.recv(me - first(), data, from - first(), tag);
+    if (rank_of(from) == my_rank()) return local_only([&] { local_.recv(me - first(), data, from - first(), tag); });
     MPI_Status status;
     MPI_Message message;
     const int wire = wire_tag(from, me, tag);
@@ -268,9 +272,9 @@ class group {
       std::vector<unsigned char> drain(static_cast<std::size_t>(bytes));
       MPI_Mrecv(drain.data(), bytes, MPI_BYTE, &message, MPI_STATUS_IGNORE);
       if (got == MPI_UNDEFINED)
-        throw mismatch_error("send/recv: " + names_[from] + " sent " + std::to_string(bytes) + " bytes with tag " +
+        throw communication_error("send/recv: " + names_[from] + " sent " + std::to_string(bytes) + " bytes with tag " +
                              std::to_string(tag) + ", not a whole number of the elements " + names_[me] + " expects");
-      throw mismatch_error("send/recv: " + names_[from] + " sent " + std::to_string(got) + " elements with tag " +
+      throw communication_error("send/recv: " + names_[from] + " sent " + std::to_string(got) + " elements with tag " +
                                 std::to_string(tag) + " but " + names_[me] + " expects " + std::to_string(data.size()));
     }
     pdo::mpi::detail::check(MPI_Mrecv(data.data(), got, datatype<T>(), &message, MPI_STATUS_IGNORE), "MPI_Mrecv");
@@ -374,9 +378,14 @@ class group {
   }
 
   /// @brief An argument error every member of every process has found alike.
+  /// Every member of the group finds it alike. When the group spans the mesh every place
+  /// throws it and the program can go on (mismatch_error); in a smaller group the places
+  /// outside it may already wait in their next collective for these, so it is an error
+  /// that ends the job (communication_error; see run_on_places).
   [[noreturn]] void fail(const std::string& what) {
     local_.barrier();
-    throw mismatch_error(what);
+    if (spans_mesh_) throw mismatch_error(what);
+    throw communication_error(what + " (in a group that does not span the mesh)");
   }
   static std::size_t prefix(const std::vector<std::size_t>& v, std::size_t width, std::size_t field, std::size_t upto) {
     std::size_t s = 0;
@@ -399,6 +408,18 @@ class group {
     return text;
   }
 
+  /// @brief Point to point between two places of this process: a size mismatch is known
+  /// to those two only, so it is not one the other places can go on from.
+  template <class F>
+  static void local_only(F&& f) {
+    try {
+      f();
+    } catch (const mismatch_error& e) {
+      throw communication_error(e.what());
+    }
+  }
+
+  bool spans_mesh_;
   MPI_Comm comm_;
   std::vector<std::size_t> per_rank_;
   std::vector<std::string> names_;

@@ -88,10 +88,8 @@ void reduce_in_place(std::span<T* const> bufs, std::size_t lo, std::size_t hi, r
     case 2: return with_op([&](auto f) { reduce_in_place<2>(bufs.data(), lo, hi, f); });
     case 3: return with_op([&](auto f) { reduce_in_place<3>(bufs.data(), lo, hi, f); });
     case 4: return with_op([&](auto f) { reduce_in_place<4>(bufs.data(), lo, hi, f); });
-    default: {
-      std::vector<const T*> srcs(bufs.begin(), bufs.end());
-      reduce_blocks<T>(srcs, bufs, lo, hi, op);
-    }
+    default:
+      reduce_blocks<T>(std::span<const T* const>(bufs.data(), bufs.size()), bufs, lo, hi, op);
   }
 }
 
@@ -141,16 +139,16 @@ class local_group {
 
   template <class T>
   void all_reduce(std::size_t me, std::span<T> data, reduce_op op) {
-    publish(me, {data.data(), data.data(), data.size(), data.size()});
-    barrier_.arrive_and_wait();
-    check_equal_counts("all_reduce", &slot::in_count, me);
-    const auto [lo, hi] = work_range<T>(data.size(), size(), me);
-    std::array<T*, 4> few{};  // no allocation for the common group sizes
+    std::array<T*, 4> few{};  // allocated before the entry barrier: nothing throws between the barriers
     std::vector<T*> many(size() > few.size() ? size() : 0);
     T** bufs = many.empty() ? few.data() : many.data();
+    publish(me, {data.data(), data.data(), data.size(), data.size()});
+    barrier_.arrive_and_wait();
+    const closing_barrier closing(barrier_);
+    check_equal_counts("all_reduce", &slot::in_count, me);
+    const auto [lo, hi] = work_range<T>(data.size(), size(), me);
     for (std::size_t k = 0; k < size(); ++k) bufs[k] = static_cast<T*>(slots_[k].out);
     reduce_in_place<T>(std::span<T* const>(bufs, size()), lo, hi, op);
-    barrier_.arrive_and_wait(false);
   }
 
   /// @brief `out` (same size on every member) = the members' `in` concatenated in
@@ -159,43 +157,43 @@ class local_group {
   void all_gather(std::size_t me, std::span<const T> in, std::span<T> out) {
     publish(me, {in.data(), out.data(), in.size(), out.size()});
     barrier_.arrive_and_wait();
+    const closing_barrier closing(barrier_);
     check_total("all_gather", me);
     std::size_t offset = 0;
     for (const slot& s : slots_) {
       copy_elements(out.data() + offset, static_cast<const T*>(s.in), s.in_count);
       offset += s.in_count;
     }
-    barrier_.arrive_and_wait(false);
   }
 
   /// @brief `in` (same size on every member) reduced over members; member k keeps the
   /// k-th segment, whose size is its `out.size()`.
   template <class T>
   void reduce_scatter(std::size_t me, std::span<const T> in, std::span<T> out, reduce_op op) {
+    std::vector<const T*> srcs(size());  // allocated before the entry barrier
     publish(me, {in.data(), out.data(), in.size(), out.size()});
     barrier_.arrive_and_wait();
+    const closing_barrier closing(barrier_);
     check_equal_counts("reduce_scatter", &slot::in_count, me);
     check_total("reduce_scatter", me, /*outputs_sum_to_input=*/true);
     std::size_t offset = 0;
     for (std::size_t k = 0; k < me; ++k) offset += slots_[k].out_count;
-    std::vector<const T*> srcs(size());
     for (std::size_t k = 0; k < size(); ++k) srcs[k] = static_cast<const T*>(slots_[k].in) + offset;
     T* dst = out.data();
     reduce_blocks<T>(srcs, std::span<T* const>(&dst, 1), 0, out.size(), op);
-    barrier_.arrive_and_wait(false);
   }
 
   template <class T>
   void broadcast(std::size_t me, std::span<T> data, std::size_t root) {
     publish(me, {data.data(), data.data(), data.size(), root});
     barrier_.arrive_and_wait();
+    const closing_barrier closing(barrier_);
     check_equal_counts("broadcast", &slot::in_count, me);
     for (const slot& s : slots_)
       if (s.out_count != root)
         fail_after_barrier("broadcast: members named different roots (" + counts_text(&slot::out_count) + ")");
     if (root >= size()) fail_after_barrier("broadcast: root " + std::to_string(root) + " is not a member of a group of " + std::to_string(size()));
     if (me != root) copy_elements(data.data(), static_cast<const T*>(slots_[root].in), data.size());
-    barrier_.arrive_and_wait(false);
   }
 
   /// @brief Member i sends `in`'s i->j piece (send_counts[j] elements, pieces in member
@@ -209,6 +207,7 @@ class local_group {
     s.counts_size = send_counts.size() == recv_counts.size() ? send_counts.size() : 0;
     publish(me, s);
     barrier_.arrive_and_wait();
+    const closing_barrier closing(barrier_);
     check_all_to_all(me);
     std::size_t out_offset = 0;
     for (std::size_t i = 0; i < size(); ++i) {
@@ -218,7 +217,6 @@ class local_group {
       copy_elements(out.data() + out_offset, static_cast<const T*>(src.in) + in_offset, recv_counts[i]);
       out_offset += recv_counts[i];
     }
-    barrier_.arrive_and_wait(false);
   }
 
   /// @brief Blocks until member `to` has received `data` with a matching recv.
@@ -295,11 +293,9 @@ class local_group {
                                 std::to_string(size()) + " and the tag non-negative");
   }
 
-  /// @brief Second barrier of a failed collective, then the error on every member.
-  [[noreturn]] void fail_after_barrier(const std::string& what) {
-    barrier_.arrive_and_wait(false);
-    throw mismatch_error(what);
-  }
+  /// @brief The error every member of a collective finds alike; the closing barrier of
+  /// the collective is passed as the exception leaves its scope.
+  [[noreturn]] static void fail_after_barrier(const std::string& what) { throw mismatch_error(what); }
 
   std::string counts_text(std::size_t slot::*field) const {
     std::string text;
