@@ -3,8 +3,9 @@
 
 Every `#include <pdo/...>` is replaced by the header's text, wrapped in an include guard.
 A header met outside any `#if` is written once; one met inside a backend's `#if defined
-(PDO_WITH_...)` block is written there and again where it is next needed outside such a
-block (the guard keeps the second copy out when the first was compiled). `--check` exits 1
+(PDO_WITH_...)` block is written there (once per distinct chain of conditions) and again
+where it is next needed outside such a block (the guard keeps the second copy out when the
+first was compiled). `--check` exits 1
 when the committed file differs from what would be generated.
 """
 import pathlib
@@ -25,25 +26,25 @@ def guard_name(relative):
     return "PDO_SINGLE_" + re.sub(r"[^A-Za-z0-9]", "_", relative).upper()
 
 
-def expand(relative, conditional, seen, out):
-    if relative in seen:
+def expand(relative, conditions, seen, out):
+    """Writes `relative` unless it was written under the same or no `#if` conditions."""
+    if () in seen.get(relative, set()) or conditions in seen.get(relative, set()):
         return
-    if not conditional:
-        seen.add(relative)
+    seen.setdefault(relative, set()).add(conditions)
     guard = guard_name(relative)
     out.append(f"// ---- {relative}\n#ifndef {guard}\n#define {guard}\n")
-    depth = 0
+    stack = []
     for line in (INCLUDE / relative).read_text().splitlines(keepends=True):
         stripped = line.strip()
         if stripped == "#pragma once":
             continue
         if re.match(r"#\s*if", stripped):
-            depth += 1
+            stack.append(stripped)
         elif re.match(r"#\s*endif", stripped):
-            depth -= 1
+            stack.pop()
         match = INCLUDE_RE.match(line)
         if match:
-            expand(match.group(1), conditional or depth > 0, seen, out)
+            expand(match.group(1), conditions + tuple(stack), seen, out)
         else:
             out.append(line)
     out.append(f"#endif  // {guard}\n")
@@ -51,7 +52,7 @@ def expand(relative, conditional, seen, out):
 
 def generate():
     out = [BANNER]
-    expand("pdo/pdo.hpp", False, set(), out)
+    expand("pdo/pdo.hpp", (), {}, out)
     return "".join(out)
 
 
