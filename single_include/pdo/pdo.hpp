@@ -962,6 +962,10 @@ inline std::vector<int> process_cores() {
 
 /// @brief One thread that runs submitted tasks in order. Tasks must not throw: the
 /// callers wrap them and carry exceptions back themselves (see run_on_places).
+///
+/// After its last task the thread keeps looking for new work for a few microseconds
+/// (yielding its core meanwhile) before it sleeps, so that a program issuing one short
+/// operation after another does not pay a wake-up per operation.
 class worker {
  public:
   explicit worker(std::vector<int> pin_to) : thread_([this, cores = std::move(pin_to)] { loop(cores); }) {}
@@ -977,27 +981,37 @@ class worker {
   }
 
   void submit(std::function<void()> task) {
+    bool asleep = false;
     {
       std::lock_guard lock(mutex_);
       tasks_.push_back(std::move(task));
+      queued_.fetch_add(1, std::memory_order_release);
+      asleep = sleeping_;
     }
-    wake_.notify_one();
+    if (asleep) wake_.notify_one();
   }
 
   /// @brief True when called from this worker's own thread.
   [[nodiscard]] bool is_current() const { return std::this_thread::get_id() == thread_.get_id(); }
 
  private:
+  static constexpr int idle_polls = 200;
+
   void loop(const std::vector<int>& cores) {
     pin_current_thread(cores);
     for (;;) {
+      for (int poll = 0; poll < idle_polls && queued_.load(std::memory_order_acquire) == 0; ++poll)
+        std::this_thread::yield();
       std::function<void()> task;
       {
         std::unique_lock lock(mutex_);
+        sleeping_ = true;
         wake_.wait(lock, [this] { return stop_ || !tasks_.empty(); });
+        sleeping_ = false;
         if (tasks_.empty()) return;
         task = std::move(tasks_.front());
         tasks_.pop_front();
+        queued_.fetch_sub(1, std::memory_order_relaxed);
       }
       task();
     }
@@ -1006,8 +1020,31 @@ class worker {
   std::mutex mutex_;
   std::condition_variable wake_;
   std::deque<std::function<void()>> tasks_;
+  std::atomic<std::size_t> queued_{0};  ///< tasks_.size(), readable without the lock
+  bool sleeping_ = false;
   bool stop_ = false;
   std::thread thread_;
+};
+
+/// @brief A count of tasks still running, that the waiting thread polls briefly (yielding)
+/// before it sleeps on it: short operations return without a wake-up.
+class completion {
+ public:
+  explicit completion(std::size_t count) : left_(count) {}
+  void count_down() {
+    if (left_.fetch_sub(1, std::memory_order_acq_rel) == 1) left_.notify_all();
+  }
+  void wait() const {
+    for (int poll = 0; poll < 200; ++poll) {
+      if (left_.load(std::memory_order_acquire) == 0) return;
+      std::this_thread::yield();
+    }
+    for (std::size_t now = left_.load(std::memory_order_acquire); now != 0; now = left_.load(std::memory_order_acquire))
+      left_.wait(now, std::memory_order_acquire);
+  }
+
+ private:
+  std::atomic<std::size_t> left_;
 };
 
 }  // namespace pdo::detail
@@ -2167,7 +2204,6 @@ mesh_communicator communicator_of(const Mesh& m, std::size_t index) {
 #include <cstddef>
 #include <cstdio>
 #include <exception>
-#include <latch>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -2283,7 +2319,7 @@ std::optional<place_failure> try_run_on_places(const Mesh& m, Task&& task, bool 
   auto& comms = comms_of(m);
   const bool local_only = !m.is_multiprocess();
   std::vector<std::exception_ptr> failures(local.size());
-  std::latch done(static_cast<std::ptrdiff_t>(local.size()));
+  completion done(local.size());
   for (std::size_t k = 0; k < local.size(); ++k)
     m.place(local[k]).submit([&, k] {
       try {

@@ -7,7 +7,6 @@
 #include <cstddef>
 #include <cstdio>
 #include <exception>
-#include <latch>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -124,7 +123,7 @@ std::optional<place_failure> try_run_on_places(const Mesh& m, Task&& task, bool 
   auto& comms = comms_of(m);
   const bool local_only = !m.is_multiprocess();
   std::vector<std::exception_ptr> failures(local.size());
-  std::latch done(static_cast<std::ptrdiff_t>(local.size()));
+  completion done(local.size());
   for (std::size_t k = 0; k < local.size(); ++k)
     m.place(local[k]).submit([&, k] {
       try {
