@@ -2,25 +2,13 @@
 # Inputs: PDO_SOURCE_DIR, CONSUMER_SOURCE_DIR, WORK_DIR, GENERATOR, CXX_COMPILER, WITH_MPI.
 cmake_minimum_required(VERSION 3.25)
 
-foreach(input PDO_SOURCE_DIR CONSUMER_SOURCE_DIR WORK_DIR GENERATOR CXX_COMPILER)
-  if(NOT DEFINED ${input} OR "${${input}}" STREQUAL "")
-    message(FATAL_ERROR "find_package_test: pass -D${input}=...")
-  endif()
-endforeach()
+include(${CMAKE_CURRENT_LIST_DIR}/package_test_common.cmake)
+require_inputs(find_package_test PDO_SOURCE_DIR CONSUMER_SOURCE_DIR WORK_DIR GENERATOR CXX_COMPILER)
 if(WITH_MPI)
   set(WITH_MPI ON)
 else()
   set(WITH_MPI OFF)
 endif()
-
-# Runs a command, prints it, and stops the test when it fails.
-function(run_step what)
-  message(STATUS "${what}: ${ARGN}")
-  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
-  if(NOT rc EQUAL 0)
-    message(FATAL_ERROR "${what} failed (${rc}):\n${out}")
-  endif()
-endfunction()
 
 # Runs a command that must fail with output matching `regex`.
 function(expect_failure what regex)

@@ -5,20 +5,8 @@
 # post-build checks would, copied to an "installed" folder, and a consumer project builds against it.
 cmake_minimum_required(VERSION 3.25)
 
-foreach(input PDO_SOURCE_DIR CONSUMER_SOURCE_DIR WORK_DIR GENERATOR CXX_COMPILER VERSION)
-  if(NOT DEFINED ${input} OR "${${input}}" STREQUAL "")
-    message(FATAL_ERROR "vcpkg_port_test: pass -D${input}=...")
-  endif()
-endforeach()
-
-# Runs a command, prints it, and stops the test when it fails.
-function(run_step what)
-  message(STATUS "${what}: ${ARGN}")
-  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
-  if(NOT rc EQUAL 0)
-    message(FATAL_ERROR "${what} failed (${rc}):\n${out}")
-  endif()
-endfunction()
+include(${CMAKE_CURRENT_LIST_DIR}/package_test_common.cmake)
+require_inputs(vcpkg_port_test PDO_SOURCE_DIR CONSUMER_SOURCE_DIR WORK_DIR GENERATOR CXX_COMPILER VERSION)
 
 # Stops the test with `message` unless the condition in the remaining arguments holds (as if() reads it).
 function(require message)
