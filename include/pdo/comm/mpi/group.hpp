@@ -34,7 +34,9 @@ class group {
   group(MPI_Comm comm, std::vector<std::size_t> members_per_rank, std::vector<std::string> member_names, bool spans_mesh)
       : spans_mesh_(spans_mesh),
         comm_(set_errors_return(comm)),
+        rank_(rank_in(comm_)),
         per_rank_(std::move(members_per_rank)),
+        first_(first_of(rank_)),
         names_(std::move(member_names)),
         local_(local_names()),
         args_(local_.size()) {}
@@ -54,7 +56,7 @@ class group {
     MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
     return comm;
   }
-  [[nodiscard]] std::size_t first() const { return first_of(my_rank()); }
+  [[nodiscard]] std::size_t first() const { return first_; }
   [[nodiscard]] local_group& local() { return local_; }
   /// MPI groups are never aborted: the other processes could not be told, and would wait
   /// in MPI calls for members that left (a failure there ends the job; see run_on_places).
@@ -290,9 +292,10 @@ class group {
   static MPI_Datatype datatype() { return pdo::mpi::detail::datatype<T>(); }
   static MPI_Op op_of(reduce_op op) { return pdo::mpi::detail::op(op); }
 
-  int my_rank() const {
+  int my_rank() const { return rank_; }
+  static int rank_in(MPI_Comm comm) {
     int r = 0;
-    MPI_Comm_rank(comm_, &r);
+    MPI_Comm_rank(comm, &r);
     return r;
   }
   std::size_t first_of(int rank) const {
@@ -322,7 +325,7 @@ class group {
                                 std::to_string(size()) + " and the tag in [0, " + std::to_string(max_tag()) + "]");
   }
   std::vector<std::string> local_names() const {
-    const std::size_t f = first_of(my_rank());
+    const std::size_t f = first_;
     return {names_.begin() + static_cast<std::ptrdiff_t>(f),
             names_.begin() + static_cast<std::ptrdiff_t>(f + per_rank_[static_cast<std::size_t>(my_rank())])};
   }
@@ -421,7 +424,9 @@ class group {
 
   bool spans_mesh_;
   MPI_Comm comm_;
+  int rank_;                         ///< this process's rank in comm_
   std::vector<std::size_t> per_rank_;
+  std::size_t first_;                ///< the member index of this process's first member
   std::vector<std::string> names_;
   local_group local_;
   std::vector<args> args_;
