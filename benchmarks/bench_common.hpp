@@ -161,4 +161,15 @@ std::array<double, sizeof...(Time)> interleaved_medians(int samples, const Time&
   return medians;
 }
 
+/// @brief A timer for calibrate-and-sample loops: seconds per call of `f` over `iters` calls.
+template <class F>
+auto per_call(F f) {
+  return [f](long iters) {
+    const auto start = steady::now();
+    for (long k = 0; k < iters; ++k) f();
+    clobber_memory();
+    return seconds_since(start) / static_cast<double>(iters);
+  };
+}
+
 }  // namespace bench

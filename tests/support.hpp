@@ -5,6 +5,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <random>
@@ -72,6 +73,57 @@ inline pdo::mesh<"x"> line_mesh(std::size_t n) { return pdo::make_mesh<"x">(pdo:
 
 inline pdo::mesh<"a", "b"> grid_mesh(std::size_t a, std::size_t b) {
   return pdo::make_mesh<"a", "b">(pdo::cpu_places(a * b), {a, b});
+}
+
+/// @brief A host tensor of random values (see random_values), plus `shift`.
+template <class T, std::size_t Rank>
+pdo::tensor<T, Rank> random_tensor(const pdo::shape_t<Rank>& shape, unsigned seed, double shift = 0) {
+  pdo::tensor<T, Rank> t(shape);
+  const auto v = pdo_test::random_values<T>(t.size(), seed);
+  for (std::size_t i = 0; i < t.size(); ++i) t.data()[i] = static_cast<T>(v[i] + shift);
+  return t;
+}
+
+/// @brief Same shape, and every element within `tol` relative to b (0: equal).
+template <class T, std::size_t Rank>
+bool close(const pdo::tensor<T, Rank>& a, const pdo::tensor<T, Rank>& b, double tol) {
+  if (a.shape() != b.shape()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    const double x = a.data()[i], y = b.data()[i];
+    if (std::abs(x - y) > tol * (1 + std::abs(y))) {
+      UNSCOPED_INFO("element " << i << ": " << x << " vs " << y);
+      return false;
+    }
+  }
+  return true;
+}
+
+/// @brief The matrix product by three loops.
+template <class T>
+pdo::tensor<T, 2> naive_matmul(const pdo::tensor<T, 2>& a, const pdo::tensor<T, 2>& b) {
+  pdo::tensor<T, 2> c({a.extent(0), b.extent(1)});
+  for (std::size_t i = 0; i < a.extent(0); ++i)
+    for (std::size_t j = 0; j < b.extent(1); ++j) {
+      T acc{};
+      for (std::size_t k = 0; k < a.extent(1); ++k) acc += a(i, k) * b(k, j);
+      c(i, j) = acc;
+    }
+  return c;
+}
+
+/// @brief The value of `expr(a, b, ...)` evaluated on dtensors laid out as given, gathered,
+/// against the same expression on the local tensors, on lines of 1 to 4 places and a 2 x 2 mesh.
+template <class... Layouts, class Expr, class... Hosts>
+void check_on_meshes(Expr expr, double tol, const Hosts&... hosts) {
+  const auto expected = pdo::eval(expr(hosts...));
+  auto on = [&](const auto& mesh) {
+    CAPTURE(mesh.describe());
+    const auto result = pdo::eval(expr(pdo::distribute<Layouts>(mesh, hosts)...));
+    CHECK(close(pdo::gather(result), expected, tol));
+  };
+  // one mesh type for all shapes (a line of n places is n x 1), so each expression is compiled once
+  for (std::size_t n : pdo_test::line_sizes()) on(pdo::make_mesh<"x", "y">(pdo::cpu_places(n), {n, 1}));
+  on(pdo::make_mesh<"x", "y">(pdo::cpu_places(4), {2, 2}));  // 2 x 2: each block twice, along "y"
 }
 
 }  // namespace pdo_test

@@ -20,15 +20,6 @@ pdo::tensor<T, 2> dense_relu(const pdo::tensor<T, 2>& x, const pdo::tensor<T, 2>
   return y;
 }
 
-template <class T>
-pdo::tensor<T, 2> matmul(const pdo::tensor<T, 2>& x, const pdo::tensor<T, 2>& w) {
-  pdo::tensor<T, 2> y({x.extent(0), w.extent(1)});
-  for (std::size_t i = 0; i < x.extent(0); ++i)
-    for (std::size_t j = 0; j < w.extent(1); ++j)
-      for (std::size_t l = 0; l < x.extent(1); ++l) y(i, j) += x(i, l) * w(l, j);
-  return y;
-}
-
 }  // namespace
 
 TEMPLATE_TEST_CASE("split inputs and replicated weights give the single-place result", "[parallel_do]", float, double, int) {
@@ -52,10 +43,10 @@ TEMPLATE_TEST_CASE("split inputs and replicated weights give the single-place re
 TEST_CASE("row-parallel blocks merge as a partial sum; column-parallel as a split", "[parallel_do]") {
   const auto x = pdo_test::iota_tensor<int, 2>({7, 9});
   const auto w = pdo_test::iota_tensor<int, 2>({9, 6});
-  const auto expected = matmul(x, w);
+  const auto expected = pdo_test::naive_matmul(x, w);
   for (std::size_t n : pdo_test::line_sizes()) {
     const auto mesh = pdo_test::line_mesh(n);
-    auto mm = [](const pdo::tensor<int, 2>& a, const pdo::tensor<int, 2>& b) { return matmul(a, b); };
+    auto mm = [](const pdo::tensor<int, 2>& a, const pdo::tensor<int, 2>& b) { return pdo_test::naive_matmul(a, b); };
     // K split in both: each place holds an addend
     const auto partial = pdo::parallel_do<pdo::layout<replicate, replicate>::partial<"x">>(
         mm, pdo::distribute<pdo::layout<replicate, S<"x">>>(mesh, x), pdo::distribute<pdo::layout<S<"x">, replicate>>(mesh, w));
@@ -72,10 +63,11 @@ TEST_CASE("parallel_do on a 2x2 mesh: data x tensor parallel", "[parallel_do]") 
   const auto x = pdo_test::iota_tensor<double, 2>({9, 4});
   const auto w = pdo_test::iota_tensor<double, 2>({4, 5});
   const auto y = pdo::parallel_do<pdo::layout<S<"a">, S<"b">>>(
-      [](const auto& xl, const auto& wl) { return matmul(xl, wl); }, pdo::distribute<pdo::layout<S<"a">, replicate>>(mesh, x),
+      [](const auto& xl, const auto& wl) { return pdo_test::naive_matmul(xl, wl); },
+      pdo::distribute<pdo::layout<S<"a">, replicate>>(mesh, x),
       pdo::distribute<pdo::layout<replicate, S<"b">>>(mesh, w));
   CHECK(y.shard(3).shape() == pdo::shape_t<2>{4, 2});
-  CHECK(pdo_test::equal(pdo::gather(y), matmul(x, w)));
+  CHECK(pdo_test::equal(pdo::gather(y), pdo_test::naive_matmul(x, w)));
 }
 
 TEST_CASE("results made inside a block live in the place's memory", "[parallel_do][memory]") {

@@ -4,7 +4,10 @@
 #include <pdo/comm.hpp>
 #include <pdo/core.hpp>
 #include <pdo/exec.hpp>
+#include <pdo/expr.hpp>
+#include <pdo/kernels.hpp>
 #include <pdo/layout.hpp>
 #include <pdo/memory.hpp>
 #include <pdo/place.hpp>
+#include <pdo/plan.hpp>
 #include <pdo/tensor.hpp>

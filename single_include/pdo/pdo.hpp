@@ -888,6 +888,8 @@ struct fixed_string {
   char chars[N]{};
 
   constexpr fixed_string(const char (&text)[N]) { std::copy_n(text, N, chars); }
+  /// @brief The first N - 1 characters of `text`, at compile time (a name kept as a string_view).
+  constexpr explicit fixed_string(std::string_view text) { std::copy_n(text.data(), N - 1, chars); }
 
   [[nodiscard]] constexpr std::string_view view() const { return {chars, N - 1}; }
   [[nodiscard]] constexpr operator std::string_view() const { return view(); }
@@ -897,6 +899,15 @@ struct fixed_string {
     return view() == other.view();
   }
 };
+
+namespace detail {
+/// @brief Value `I` of a pack of values (the name of mesh axis I, say).
+template <std::size_t I, auto First, auto... Rest>
+constexpr auto nth_value() {
+  if constexpr (I == 0) return First;
+  else return nth_value<I - 1, Rest...>();
+}
+}  // namespace detail
 
 }  // namespace pdo
 #endif  // PDO_SINGLE_PDO_CORE_FIXED_STRING_HPP
@@ -919,7 +930,8 @@ struct fixed_string {
 #include <condition_variable>
 #include <cstddef>
 #include <deque>
-#include <functional>
+#include <new>
+#include <type_traits>
 #include <mutex>
 #include <thread>
 #include <utility>
@@ -960,6 +972,75 @@ inline std::vector<int> process_cores() {
   return cores;
 }
 
+/// @brief A move-only `void()` callable that keeps small callables (up to 64 bytes: what
+/// pdo's operations queue) in place, so queueing work on a place allocates nothing.
+class task {
+ public:
+  task() = default;
+  template <class F>
+    requires(!std::is_same_v<std::decay_t<F>, task> && std::is_invocable_v<std::decay_t<F>&>)
+  task(F&& f) {  // NOLINT: implicit, like std::function
+    using callable = std::decay_t<F>;
+    if constexpr (sizeof(callable) <= inline_bytes && alignof(callable) <= alignof(std::max_align_t) &&
+                  std::is_nothrow_move_constructible_v<callable>) {
+      ::new (static_cast<void*>(storage_)) callable(std::forward<F>(f));
+      ops_ = &inline_ops<callable>;
+    } else {
+      *reinterpret_cast<callable**>(storage_) = new callable(std::forward<F>(f));
+      ops_ = &heap_ops<callable>;
+    }
+  }
+  task(task&& other) noexcept : ops_(other.ops_) {
+    if (ops_ != nullptr) ops_->move(other.storage_, storage_);
+    other.ops_ = nullptr;
+  }
+  task& operator=(task&& other) noexcept {
+    if (this != &other) {
+      reset();
+      ops_ = other.ops_;
+      if (ops_ != nullptr) ops_->move(other.storage_, storage_);
+      other.ops_ = nullptr;
+    }
+    return *this;
+  }
+  task(const task&) = delete;
+  task& operator=(const task&) = delete;
+  ~task() { reset(); }
+
+  void operator()() { ops_->call(storage_); }
+  explicit operator bool() const { return ops_ != nullptr; }
+
+ private:
+  static constexpr std::size_t inline_bytes = 64;
+  struct operations {
+    void (*call)(unsigned char*);
+    void (*move)(unsigned char* from, unsigned char* to) noexcept;  ///< and destroys `from`
+    void (*destroy)(unsigned char*) noexcept;
+  };
+  template <class F>
+  static constexpr operations inline_ops{
+      [](unsigned char* s) { (*std::launder(reinterpret_cast<F*>(s)))(); },
+      [](unsigned char* from, unsigned char* to) noexcept {
+        F* f = std::launder(reinterpret_cast<F*>(from));
+        ::new (static_cast<void*>(to)) F(std::move(*f));
+        f->~F();
+      },
+      [](unsigned char* s) noexcept { std::launder(reinterpret_cast<F*>(s))->~F(); }};
+  template <class F>
+  static constexpr operations heap_ops{
+      [](unsigned char* s) { (**reinterpret_cast<F**>(s))(); },
+      [](unsigned char* from, unsigned char* to) noexcept { *reinterpret_cast<F**>(to) = *reinterpret_cast<F**>(from); },
+      [](unsigned char* s) noexcept { delete *reinterpret_cast<F**>(s); }};
+
+  void reset() noexcept {
+    if (ops_ != nullptr) ops_->destroy(storage_);
+    ops_ = nullptr;
+  }
+
+  alignas(std::max_align_t) unsigned char storage_[inline_bytes];
+  const operations* ops_ = nullptr;
+};
+
 /// @brief One thread that runs submitted tasks in order. Tasks must not throw: the
 /// callers wrap them and carry exceptions back themselves (see run_on_places).
 ///
@@ -980,11 +1061,11 @@ class worker {
     thread_.join();
   }
 
-  void submit(std::function<void()> task) {
+  void submit(task work) {
     bool asleep = false;
     {
       std::lock_guard lock(mutex_);
-      tasks_.push_back(std::move(task));
+      tasks_.push_back(std::move(work));
       queued_.fetch_add(1, std::memory_order_release);
       asleep = sleeping_;
     }
@@ -1002,24 +1083,24 @@ class worker {
     for (;;) {
       for (int poll = 0; poll < idle_polls && queued_.load(std::memory_order_acquire) == 0; ++poll)
         std::this_thread::yield();
-      std::function<void()> task;
+      task next;
       {
         std::unique_lock lock(mutex_);
         sleeping_ = true;
         wake_.wait(lock, [this] { return stop_ || !tasks_.empty(); });
         sleeping_ = false;
         if (tasks_.empty()) return;
-        task = std::move(tasks_.front());
+        next = std::move(tasks_.front());
         tasks_.pop_front();
         queued_.fetch_sub(1, std::memory_order_relaxed);
       }
-      task();
+      next();
     }
   }
 
   std::mutex mutex_;
   std::condition_variable wake_;
-  std::deque<std::function<void()>> tasks_;
+  std::deque<task> tasks_;
   std::atomic<std::size_t> queued_{0};  ///< tasks_.size(), readable without the lock
   bool sleeping_ = false;
   bool stop_ = false;
@@ -1034,6 +1115,8 @@ class completion {
   void count_down() {
     if (left_.fetch_sub(1, std::memory_order_acq_rel) == 1) left_.notify_all();
   }
+  /// @brief True once every task has counted down.
+  [[nodiscard]] bool finished() const { return left_.load(std::memory_order_acquire) == 0; }
   void wait() const {
     for (int poll = 0; poll < 200; ++poll) {
       if (left_.load(std::memory_order_acquire) == 0) return;
@@ -1390,6 +1473,9 @@ class mesh {
   using mesh_tag = void;
   static constexpr std::size_t ndim = sizeof...(Axes);
   static constexpr std::array<std::string_view, ndim> axis_names{Axes.view()...};
+  /// @brief The name of axis `I` as a pdo::fixed_string (to spell layouts of this mesh).
+  template <std::size_t I>
+  static constexpr auto axis_string = detail::nth_value<I, Axes...>();
 
   /// @brief The position of axis `name`, or ndim when the mesh has no such axis.
   static constexpr std::size_t axis_index(std::string_view name) {
@@ -2207,7 +2293,9 @@ mesh_communicator communicator_of(const Mesh& m, std::size_t index) {
 
 
 #include <cstddef>
+#include <atomic>
 #include <cstdio>
+#include <memory>
 #include <exception>
 #include <mutex>
 #include <optional>
@@ -2269,13 +2357,24 @@ inline std::string message_of(const std::exception_ptr& failure) {
   }
 }
 
-/// @brief Throws the exception in `failure` again with `context` in front of its
-/// message, keeping its pdo::error subclass.
-[[noreturn]] inline void rethrow_with_context(const std::exception_ptr& failure, const std::string& context) {
-  throw_error_of_kind(error_kind(failure), context + message_of(failure));
-}
+/// @brief A caught exception as kind (see error_kind) and message, so it can be thrown
+/// again on another thread or process. The exception object itself stays on the thread
+/// that caught it: an exception_ptr released on a different thread than the one that read
+/// it races in the eyes of ThreadSanitizer (libstdc++ counts its references uninstrumented).
+struct captured_error {
+  int kind = 0;
+  std::string message;
 
-inline bool is_abort_echo(const std::exception_ptr& failure) { return error_kind(failure) == 8; }
+  /// @brief The exception being handled (call inside a catch block).
+  [[nodiscard]] static captured_error current() {
+    const std::exception_ptr failure = std::current_exception();
+    return {error_kind(failure), message_of(failure)};
+  }
+  /// @brief Whether this failure only echoes another place's abort of the collectives.
+  [[nodiscard]] bool is_abort_echo() const { return kind == 8; }
+  /// @brief Throws it again with `context` in front of its message, keeping its pdo::error subclass.
+  [[noreturn]] void rethrow_with_context(const std::string& context) const { throw_error_of_kind(kind, context + message); }
+};
 
 /// @brief Mesh-wide operations of one process run one at a time: two host threads whose
 /// operations share places would otherwise queue their tasks in different orders on
@@ -2302,8 +2401,77 @@ inline std::mutex& mesh_operations_mutex() {
 /// failure is a cause, not the echo of another place's abort.
 struct place_failure {
   std::size_t place = 0;
-  std::exception_ptr error;
+  captured_error error;
 };
+
+/// @brief The tasks of one mesh-wide operation, one per local place, and how they ended.
+struct place_batch {
+  explicit place_batch(std::size_t n) : done(n), failures(n), arrived(0) {}
+  completion done;
+  std::vector<std::size_t> places;               ///< mesh index of each task's place
+  std::vector<std::optional<captured_error>> failures;  ///< per task, once done
+  std::atomic<std::size_t> arrived;              ///< tasks at the closing barrier
+  std::atomic<bool> released{false};
+
+  /// @brief The first failure that is a cause, not an echo of another's (call after done.wait()).
+  [[nodiscard]] std::optional<place_failure> first_failure() const {
+    std::optional<place_failure> first;
+    for (std::size_t k = 0; k < failures.size(); ++k) {
+      if (!failures[k]) continue;
+      if (!first || (first->error.is_abort_echo() && !failures[k]->is_abort_echo())) first = place_failure{places[k], *failures[k]};
+    }
+    return first;
+  }
+};
+
+/// @brief Queues `task(place_index, local_ordinal)` on the worker of every place of `m`
+/// in this process and returns without waiting. The caller holds mesh_operations_mutex,
+/// so every place queues the operations of this process in one order.
+///
+/// A task that fails in a mesh of this process aborts the mesh's collectives when the
+/// tasks `communicate`, so the other places do not wait for it. With `closing`, the tasks
+/// then meet once more after their work: the last to arrive resets the collectives if any
+/// failed, and only then may any place start its next operation (operations queued behind
+/// this one are never caught by its abort). Without it, the caller resets them once done.
+/// In a mesh over several processes a failure that the other processes cannot learn of
+/// ends the job (end_job); argument mismatches are thrown alike by every member.
+template <class Mesh, class Task>
+std::shared_ptr<place_batch> submit_on_places(const Mesh& m, Task task, bool communicate, bool closing) {
+  const auto& local = m.local_places();
+  if (current_place() != nullptr)
+    throw layout_error("pdo: a mesh-wide operation was started from inside a task of place " + current_place()->name +
+                       "; call it from the host thread, not from a parallel_do block or an spmd task");
+  auto& comms = comms_of(m);
+  const bool local_only = !m.is_multiprocess();
+  auto batch = std::make_shared<place_batch>(local.size());
+  batch->places = local;
+  for (std::size_t k = 0; k < local.size(); ++k)
+    m.place(local[k]).submit([&comms, local_only, communicate, closing, batch, task, k, p = local[k]] {
+      try {
+        task(p, k);
+      } catch (...) {
+        batch->failures[k] = captured_error::current();
+        if (local_only) {
+          if (communicate) comms.abort();
+        } else if (communicate && batch->failures[k]->kind != 7) {
+          end_job(current_place()->name + ": " + batch->failures[k]->message);
+        }
+      }
+      if (closing) {
+        if (batch->arrived.fetch_add(1, std::memory_order_acq_rel) + 1 == batch->failures.size()) {
+          bool failed = false;
+          for (const auto& f : batch->failures) failed = failed || f.has_value();
+          if (failed) comms.reset();
+          batch->released.store(true, std::memory_order_release);
+          batch->released.notify_all();
+        } else {
+          while (!batch->released.load(std::memory_order_acquire)) batch->released.wait(false, std::memory_order_acquire);
+        }
+      }
+      batch->done.count_down();
+    });
+  return batch;
+}
 
 /// @brief Runs `task(place_index, local_ordinal)` on the worker of every place of `m`
 /// that lives in this process, all at once, and waits for all of them.
@@ -2316,34 +2484,12 @@ struct place_failure {
 /// @return the first failure that is a cause, not an echo of another's, or nothing
 template <class Mesh, class Task>
 std::optional<place_failure> try_run_on_places(const Mesh& m, Task&& task, bool communicate = true) {
-  const auto& local = m.local_places();
-  if (current_place() != nullptr)
-    throw layout_error("pdo: a mesh-wide operation was started from inside a task of place " + current_place()->name +
-                       "; call it from the host thread, not from a parallel_do block or an spmd task");
   std::lock_guard serial(mesh_operations_mutex());
-  auto& comms = comms_of(m);
-  const bool local_only = !m.is_multiprocess();
-  std::vector<std::exception_ptr> failures(local.size());
-  completion done(local.size());
-  for (std::size_t k = 0; k < local.size(); ++k)
-    m.place(local[k]).submit([&, k] {
-      try {
-        task(local[k], k);
-      } catch (...) {
-        failures[k] = std::current_exception();
-        if (local_only) comms.abort();
-        else if (communicate && error_kind(failures[k]) != 7)
-          end_job(m.place(local[k]).name() + ": " + message_of(failures[k]));
-      }
-      done.count_down();
-    });
-  done.wait();
-  std::optional<place_failure> first;
-  for (std::size_t k = 0; k < local.size(); ++k) {
-    if (!failures[k]) continue;
-    if (!first || (is_abort_echo(first->error) && !is_abort_echo(failures[k]))) first = place_failure{local[k], failures[k]};
-  }
-  if (first && local_only) comms.reset();
+  const auto batch = submit_on_places(m, [&task](std::size_t p, std::size_t k) { task(p, k); }, communicate || !m.is_multiprocess(),
+                                      false);
+  batch->done.wait();
+  auto first = batch->first_failure();
+  if (first && !m.is_multiprocess()) comms_of(m).reset();
   return first;
 }
 
@@ -2351,7 +2497,7 @@ std::optional<place_failure> try_run_on_places(const Mesh& m, Task&& task, bool 
 template <class Mesh, class Task>
 void run_on_places(const char* op, const Mesh& m, Task&& task) {
   if (auto failure = try_run_on_places(m, std::forward<Task>(task)))
-    rethrow_with_context(failure->error, std::string(op) + ": on place " + m.place(failure->place).name() + ": ");
+    failure->error.rethrow_with_context(std::string(op) + ": on place " + m.place(failure->place).name() + ": ");
 }
 
 }  // namespace pdo::detail
@@ -2560,17 +2706,150 @@ inline constexpr bool is_specialization_of<Template<Args...>, Template> = true;
 // ---- pdo/exec.hpp
 #ifndef PDO_SINGLE_PDO_EXEC_HPP
 #define PDO_SINGLE_PDO_EXEC_HPP
-// pdo/exec.hpp: the execution layer (parallel_do).
+// pdo/exec.hpp: the execution layer (parallel_do, eval, eval_async, wait_all).
 
-// ---- pdo/exec/parallel_do.hpp
-#ifndef PDO_SINGLE_PDO_EXEC_PARALLEL_DO_HPP
-#define PDO_SINGLE_PDO_EXEC_PARALLEL_DO_HPP
-// pdo/exec/parallel_do.hpp: run a block on every place over its local shards, and merge the results.
+// ---- pdo/exec/eval.hpp
+#ifndef PDO_SINGLE_PDO_EXEC_EVAL_HPP
+#define PDO_SINGLE_PDO_EXEC_EVAL_HPP
+// pdo/exec/eval.hpp: evaluating expressions: at once (eval) or queued on the places (eval_async, wait_all).
 
-// ---- pdo/layout/layout_check.hpp
-#ifndef PDO_SINGLE_PDO_LAYOUT_LAYOUT_CHECK_HPP
-#define PDO_SINGLE_PDO_LAYOUT_LAYOUT_CHECK_HPP
-// pdo/layout/layout_check.hpp: compile-time checks of a layout against a tensor rank and a mesh.
+// ---- pdo/expr/operators.hpp
+#ifndef PDO_SINGLE_PDO_EXPR_OPERATORS_HPP
+#define PDO_SINGLE_PDO_EXPR_OPERATORS_HPP
+// pdo/expr/operators.hpp: the functions and operators that build expressions.
+
+// ---- pdo/expr/elementwise.hpp
+#ifndef PDO_SINGLE_PDO_EXPR_ELEMENTWISE_HPP
+#define PDO_SINGLE_PDO_EXPR_ELEMENTWISE_HPP
+// pdo/expr/elementwise.hpp: elementwise nodes; a chain of them runs as one fused kernel.
+
+// ---- pdo/expr/expression.hpp
+#ifndef PDO_SINGLE_PDO_EXPR_EXPRESSION_HPP
+#define PDO_SINGLE_PDO_EXPR_EXPRESSION_HPP
+// pdo/expr/expression.hpp: what every expression node has, the leaves, and where a node is evaluated.
+
+// ---- pdo/kernels/cpu_system.hpp
+#ifndef PDO_SINGLE_PDO_KERNELS_CPU_SYSTEM_HPP
+#define PDO_SINGLE_PDO_KERNELS_CPU_SYSTEM_HPP
+// pdo/kernels/cpu_system.hpp: the Thrust execution policy of a CPU place: its kernels use exactly its cores.
+
+
+// Host-only builds take Thrust's C++ system as the device system, so no CUDA header is needed.
+#if !defined(__CUDACC__) && !defined(THRUST_DEVICE_SYSTEM)
+#define THRUST_DEVICE_SYSTEM THRUST_DEVICE_SYSTEM_CPP
+#endif
+#include <thrust/functional.h>
+#include <thrust/iterator/counting_iterator.h>
+#include <thrust/for_each.h>
+#include <thrust/reduce.h>
+#include <thrust/system/cpp/execution_policy.h>
+#include <thrust/transform.h>
+#include <thrust/transform_reduce.h>
+
+#include <cstddef>
+
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
+
+namespace pdo::detail {
+
+/// @brief A Thrust system for the work of one CPU place. It is Thrust's C++ system
+/// except for the algorithms pdo's kernels use, which it runs as vectorised loops over
+/// the place's own cores (an OpenMP team of `threads`, inheriting the place's pinning),
+/// found by Thrust through argument-dependent lookup on the policy.
+struct cpu_system : thrust::system::cpp::execution_policy<cpu_system> {
+  int threads = 1;
+};
+
+/// @brief The policy for the calling thread: a CPU place's worker uses its place's cores;
+/// any other thread, one core.
+inline cpu_system current_cpu_system() {
+  cpu_system s;
+  if (place_state* p = current_place(); p != nullptr && p->kind == place_kind::cpu && !p->cores.empty())
+    s.threads = static_cast<int>(p->cores.size());
+  return s;
+}
+
+/// @brief Loops this short are not worth waking a team for.
+inline constexpr std::size_t parallel_grain = std::size_t{1} << 15;
+
+/// @brief out[k] = f(first + k) for k in [0, last - first): the form every pdo kernel
+/// has (a functor of the output index).
+template <class F, class Out>
+Out transform([[maybe_unused]] cpu_system& system, thrust::counting_iterator<std::size_t> first, thrust::counting_iterator<std::size_t> last,
+              Out out, F f) {
+  const std::size_t base = *first, n = *last - *first;
+#if defined(_OPENMP)
+  if (system.threads > 1 && n >= parallel_grain) {
+    // each thread its own copy of the functor, so its pointers are plain vector loads (a
+    // shared one turns them into gathers)
+#pragma omp parallel for simd num_threads(system.threads) schedule(static) firstprivate(f)
+    for (std::size_t k = 0; k < n; ++k) out[k] = f(base + k);
+    return out + static_cast<std::ptrdiff_t>(n);
+  }
+#endif
+  // one core: no team is started (that alone costs more than a small kernel)
+#pragma omp simd
+  for (std::size_t k = 0; k < n; ++k) out[k] = f(base + k);
+  return out + static_cast<std::ptrdiff_t>(n);
+}
+
+/// @brief f(first + k) for k in [0, n), for work items that write several outputs each
+/// (a row of a softmax); items run in parallel over the place's cores.
+template <class F>
+thrust::counting_iterator<std::size_t> for_each_n([[maybe_unused]] cpu_system& system, thrust::counting_iterator<std::size_t> first,
+                                                  std::size_t n, F f) {
+  const std::size_t base = *first;
+#if defined(_OPENMP)
+  if (system.threads > 1 && n > 1) {
+#pragma omp parallel for num_threads(system.threads) schedule(static)
+    for (std::size_t k = 0; k < n; ++k) f(base + k);
+    return first + static_cast<std::ptrdiff_t>(n);
+  }
+#endif
+  for (std::size_t k = 0; k < n; ++k) f(base + k);
+  return first + static_cast<std::ptrdiff_t>(n);
+}
+
+/// @brief reduce(f(first + k)) with `op`, from `init`; one partial result per thread,
+/// combined in thread order (so the result does not depend on timing).
+template <class F, class T, class Op>
+T transform_reduce([[maybe_unused]] cpu_system& system, thrust::counting_iterator<std::size_t> first,
+                   thrust::counting_iterator<std::size_t> last, F f, T init, Op op) {
+  const std::size_t base = *first, n = *last - *first;
+  auto range = [&](std::size_t begin, std::size_t end) {
+    T acc = f(base + begin);
+    for (std::size_t k = begin + 1; k < end; ++k) acc = op(acc, f(base + k));
+    return acc;
+  };
+#if defined(_OPENMP)
+  if (system.threads > 1 && n >= parallel_grain) {
+    constexpr int most = 64;
+    T parts[most];
+    int used = 1;
+#pragma omp parallel num_threads(system.threads < most ? system.threads : most)
+    {
+      // the team may be smaller than asked (OMP_DYNAMIC, thread limits, nesting): split by its size
+      const auto t = static_cast<std::size_t>(omp_get_thread_num()), nt = static_cast<std::size_t>(omp_get_num_threads());
+      parts[t] = range(n * t / nt, n * (t + 1) / nt);
+#pragma omp single
+      used = static_cast<int>(nt);
+    }
+    T acc = init;
+    for (int t = 0; t < used; ++t) acc = op(acc, parts[t]);
+    return acc;
+  }
+#endif
+  return n == 0 ? init : op(init, range(0, n));
+}
+
+}  // namespace pdo::detail
+#endif  // PDO_SINGLE_PDO_KERNELS_CPU_SYSTEM_HPP
+// ---- pdo/layout/propagation.hpp
+#ifndef PDO_SINGLE_PDO_LAYOUT_PROPAGATION_HPP
+#define PDO_SINGLE_PDO_LAYOUT_PROPAGATION_HPP
+// pdo/layout/propagation.hpp: sharding propagation: each op's output layout and the layouts it needs of its operands.
 
 // ---- pdo/layout/layout_value.hpp
 #ifndef PDO_SINGLE_PDO_LAYOUT_LAYOUT_VALUE_HPP
@@ -2758,6 +3037,469 @@ std::string layout_name() {
 }  // namespace pdo
 #endif  // PDO_SINGLE_PDO_LAYOUT_LAYOUT_VALUE_HPP
 
+#include <array>
+#include <cstddef>
+#include <string_view>
+
+namespace pdo::detail {
+
+/// @brief What the planner derives for one op from its operands' layouts: the layout each
+/// operand must have before the op's local kernel runs (a redistribution where it differs
+/// from the operand's own), the output layout, and the mesh axes whose results are
+/// combined by a max after the kernel (max over a split dim).
+struct op_rule {
+  std::size_t arity = 0;
+  std::array<layout_value, 3> operands{};
+  layout_value out{};
+  std::size_t npost_max = 0;
+  std::array<std::string_view, max_rank> post_max{};
+};
+
+/// @brief How an op treats partial operands (mirrors pdo::op::linearity).
+enum class partial_rule { none, additive, scaling, numerator };
+
+constexpr layout_value without_partial(layout_value v) {
+  while (v.npartial > 0) v.remove_partial(v.partial[0]);
+  return v;
+}
+
+constexpr bool same_partials(layout_value a, layout_value b) {
+  if (a.npartial != b.npartial) return false;
+  for (std::size_t i = 0; i < a.npartial; ++i)
+    if (!b.is_partial(a.partial[i])) return false;
+  return true;
+}
+
+constexpr bool uses_axis(layout_value v, std::string_view axis) {
+  return !axis.empty() && (v.split_dim(axis) < v.rank || v.is_partial(axis));
+}
+
+/// @brief Elementwise ops (with NumPy broadcasting: operands are aligned on their last
+/// dims). Rules, in order:
+/// 1. Partial operands stay partial only where the op is linear in them (`rule`): + and -
+///    of operands partial over the same axes; * with exactly one partial operand; / with
+///    a partial numerator. Otherwise every partial operand is reduced first.
+/// 2. A dim is split in the output if some operand splits it; the first operand wins
+///    where two split it on different axes, and an axis already used by the output is
+///    not used again. An operand split differently from the output is redistributed to
+///    the output's split (all_to_all, or all_gather where the output replicates the dim).
+/// 3. An operand replicated on a dim the output splits is read at the place's offset:
+///    a local slice, no data moves and no copy is made.
+/// `scalar[i]` marks operands that are plain numbers (rank 0, no layout).
+template <std::size_t N>
+constexpr op_rule elementwise_rule(partial_rule rule, const std::array<layout_value, N>& in,
+                                   const std::array<bool, N>& scalar, std::size_t out_rank) {
+  op_rule r;
+  r.arity = N;
+  // 1. partial axes
+  std::size_t npartial_operands = 0, nscalars = 0;
+  for (std::size_t i = 0; i < N; ++i) {
+    npartial_operands += in[i].npartial > 0;
+    nscalars += scalar[i];
+  }
+  bool keep = false;
+  std::size_t source = 0;
+  if (npartial_operands > 0) {
+    if (rule == partial_rule::additive) {
+      keep = nscalars == 0;
+      for (std::size_t i = 1; i < N; ++i) keep = keep && same_partials(in[0], in[i]);
+    } else if (rule == partial_rule::scaling) {
+      keep = npartial_operands == 1;
+      for (std::size_t i = 0; i < N; ++i)
+        if (in[i].npartial > 0) source = i;
+    } else if (rule == partial_rule::numerator) {
+      keep = in[0].npartial > 0 && (N < 2 || in[1].npartial == 0);
+    }
+  }
+  r.out.rank = out_rank;
+  if (keep)
+    for (std::size_t k = 0; k < in[source].npartial; ++k) r.out.add_partial(in[source].partial[k]);
+  // 2. split dims
+  for (std::size_t i = 0; i < N; ++i) {
+    if (scalar[i]) continue;
+    const std::size_t shift = out_rank - in[i].rank;
+    for (std::size_t j = 0; j < in[i].rank; ++j) {
+      const std::string_view a = in[i].dim_axis[j];
+      if (a.empty() || !r.out.dim_axis[shift + j].empty() || uses_axis(r.out, a)) continue;
+      r.out.dim_axis[shift + j] = a;
+    }
+  }
+  // operand targets: keep what matches, move what differs, never slice (rule 3)
+  for (std::size_t i = 0; i < N; ++i) {
+    layout_value t = in[i];
+    if (!scalar[i]) {
+      const std::size_t shift = out_rank - in[i].rank;
+      const bool keeps_partial = keep && same_partials(in[i], r.out);
+      if (!keeps_partial) t = without_partial(t);
+      for (std::size_t j = 0; j < t.rank; ++j)
+        if (!t.dim_axis[j].empty() && t.dim_axis[j] != r.out.dim_axis[shift + j]) t.dim_axis[j] = r.out.dim_axis[shift + j];
+    }
+    r.operands[i] = t;
+  }
+  return r;
+}
+
+/// @brief matmul of a [..., M, K] and b [..., K, N] (b of rank 2, or of a's rank with the
+/// same batch dims). Rules, in order:
+/// 1. Both partial: b is reduced first; a partial operand otherwise stays partial (matmul
+///    is linear in each operand).
+/// 2. K split on an axis in a (or else in b) that neither operand uses for another dim:
+///    the output is partial over it (row parallel). The other operand's K is brought to
+///    that axis if it is split otherwise, and read at the place's offset if replicated.
+///    A K split that cannot be kept is gathered.
+/// 3. M keeps a's split (data parallel); N keeps b's split (column parallel) unless its
+///    axis is taken, in which case b's N is gathered; batch dims keep a's splits, and b's
+///    batch dims follow a's.
+constexpr op_rule matmul_rule(layout_value a, layout_value b) {
+  op_rule r;
+  r.arity = 2;
+  layout_value ta = a, tb = b;
+  if (a.npartial > 0 && b.npartial > 0) tb = without_partial(tb);
+  const std::size_t ra = a.rank, rb = b.rank;
+  const std::size_t am = ra - 2, ak = ra - 1, bk = rb - 2, bn = rb - 1;
+  // the K axis
+  auto free_in_a = [&](std::string_view x) {
+    for (std::size_t d = 0; d + 1 < ra; ++d)
+      if (ta.dim_axis[d] == x) return false;
+    return !ta.is_partial(x) && !tb.is_partial(x);
+  };
+  auto free_in_b = [&](std::string_view x) {
+    for (std::size_t d = 0; d < rb; ++d)
+      if (d != bk && tb.dim_axis[d] == x) return false;
+    return !ta.is_partial(x) && !tb.is_partial(x);
+  };
+  std::string_view k;
+  if (!a.dim_axis[ak].empty() && free_in_b(a.dim_axis[ak])) k = a.dim_axis[ak];
+  else if (!b.dim_axis[bk].empty() && free_in_a(b.dim_axis[bk])) k = b.dim_axis[bk];
+  if (ta.dim_axis[ak] != k) ta.dim_axis[ak] = ta.dim_axis[ak].empty() ? std::string_view{} : k;
+  if (tb.dim_axis[bk] != k) tb.dim_axis[bk] = tb.dim_axis[bk].empty() ? std::string_view{} : k;
+  // an operand split on K along another axis than k was moved to k: if k is empty it is gathered
+  // batch dims of b follow a's
+  if (rb == ra)
+    for (std::size_t d = 0; d < am; ++d)
+      if (!tb.dim_axis[d].empty() && tb.dim_axis[d] != ta.dim_axis[d]) tb.dim_axis[d] = ta.dim_axis[d];
+  // b's partial axes cannot be axes a splits a dim on: then b is reduced first
+  for (std::size_t i = 0; i < tb.npartial; ++i)
+    if (ta.split_dim(tb.partial[i]) < ta.rank) {
+      tb = without_partial(tb);
+      break;
+    }
+  // output
+  r.out.rank = ra;
+  for (std::size_t d = 0; d <= am; ++d) r.out.dim_axis[d] = ta.dim_axis[d];
+  for (std::size_t i = 0; i < ta.npartial; ++i) r.out.add_partial(ta.partial[i]);
+  for (std::size_t i = 0; i < tb.npartial; ++i) r.out.add_partial(tb.partial[i]);
+  if (!k.empty()) r.out.add_partial(k);
+  const std::string_view n = tb.dim_axis[bn];
+  if (!n.empty() && !uses_axis(r.out, n)) r.out.dim_axis[ra - 1] = n;
+  else tb.dim_axis[bn] = {};
+  r.operands[0] = ta;
+  r.operands[1] = tb;
+  return r;
+}
+
+/// @brief sum or mean over dim `dim` (mean is linear too): the dim leaves the layout; a
+/// split on it becomes a partial sum over its axis; partial operands stay partial.
+/// max (`is_max`): partial operands are reduced first, and a split dim is combined by an
+/// all_reduce(max) over its axis after the local kernel.
+constexpr op_rule reduce_rule(layout_value in, std::size_t dim, bool is_max) {
+  op_rule r;
+  r.arity = 1;
+  layout_value t = is_max ? without_partial(in) : in;
+  r.operands[0] = t;
+  r.out.rank = in.rank - 1;
+  for (std::size_t d = 0, o = 0; d < in.rank; ++d)
+    if (d != dim) r.out.dim_axis[o++] = t.dim_axis[d];
+  for (std::size_t i = 0; i < t.npartial; ++i) r.out.add_partial(t.partial[i]);
+  const std::string_view a = t.dim_axis[dim];
+  if (!a.empty()) {
+    if (is_max) r.post_max[r.npost_max++] = a;
+    else r.out.add_partial(a);
+  }
+  return r;
+}
+
+/// @brief sum, mean or max over every dim: a rank-0 result, partial over every split
+/// axis (sum, mean) or combined by all_reduce(max) over them (max).
+constexpr op_rule reduce_all_rule(layout_value in, bool is_max) {
+  op_rule r;
+  r.arity = 1;
+  layout_value t = is_max ? without_partial(in) : in;
+  r.operands[0] = t;
+  r.out.rank = 0;
+  for (std::size_t i = 0; i < t.npartial; ++i) r.out.add_partial(t.partial[i]);
+  for (std::size_t d = 0; d < t.rank; ++d) {
+    const std::string_view a = t.dim_axis[d];
+    if (a.empty()) continue;
+    if (is_max) r.post_max[r.npost_max++] = a;
+    else r.out.add_partial(a);
+  }
+  return r;
+}
+
+/// @brief Ops that need a whole dim on one place (softmax, log_softmax along `dim`):
+/// partial operands are reduced and the dim is gathered; the other dims keep their split.
+constexpr op_rule along_dim_rule(layout_value in, std::size_t dim) {
+  op_rule r;
+  r.arity = 1;
+  layout_value t = without_partial(in);
+  t.dim_axis[dim] = {};
+  r.operands[0] = t;
+  r.out = t;
+  return r;
+}
+
+/// @brief cross_entropy(logits [N, C], labels [N]), the mean over N of -log softmax at
+/// the label: logits are reduced and their classes gathered; labels follow the logits'
+/// split of N (read at the offset where replicated); a split N makes the mean partial.
+constexpr op_rule cross_entropy_rule(layout_value logits, layout_value labels) {
+  op_rule r;
+  r.arity = 2;
+  layout_value tl = without_partial(logits);
+  tl.dim_axis[1] = {};
+  layout_value tb = without_partial(labels);
+  if (!tb.dim_axis[0].empty() && tb.dim_axis[0] != tl.dim_axis[0]) tb.dim_axis[0] = tl.dim_axis[0];
+  r.operands[0] = tl;
+  r.operands[1] = tb;
+  r.out.rank = 0;
+  if (!tl.dim_axis[0].empty()) r.out.add_partial(tl.dim_axis[0]);
+  return r;
+}
+
+/// @brief transpose of the last two dims: their splits swap; partial stays partial.
+constexpr op_rule transpose_rule(layout_value in) {
+  op_rule r;
+  r.arity = 1;
+  r.operands[0] = in;
+  r.out = in;
+  const std::size_t n = in.rank;
+  r.out.dim_axis[n - 2] = in.dim_axis[n - 1];
+  r.out.dim_axis[n - 1] = in.dim_axis[n - 2];
+  return r;
+}
+
+/// @brief The number of leading dims a reshape keeps: through the last split dim.
+constexpr std::size_t kept_dims(layout_value in) {
+  std::size_t kept = 0;
+  for (std::size_t d = 0; d < in.rank; ++d)
+    if (!in.dim_axis[d].empty()) kept = d + 1;
+  return kept;
+}
+
+/// @brief reshape to rank `out_rank`: the leading dims through the last split dim are
+/// kept as they are (checked at run time), the others reshaped; partial stays partial.
+constexpr op_rule reshape_rule(layout_value in, std::size_t out_rank) {
+  op_rule r;
+  r.arity = 1;
+  r.operands[0] = in;
+  r.out = in;
+  r.out.rank = out_rank;
+  for (std::size_t d = kept_dims(in); d < max_rank; ++d) r.out.dim_axis[d] = {};
+  return r;
+}
+
+}  // namespace pdo::detail
+#endif  // PDO_SINGLE_PDO_LAYOUT_PROPAGATION_HPP
+// ---- pdo/layout/redistribute_plan.hpp
+#ifndef PDO_SINGLE_PDO_LAYOUT_REDISTRIBUTE_PLAN_HPP
+#define PDO_SINGLE_PDO_LAYOUT_REDISTRIBUTE_PLAN_HPP
+// pdo/layout/redistribute_plan.hpp: the constexpr plan that turns one layout into another.
+
+
+#include <array>
+#include <cstddef>
+#include <string>
+#include <string_view>
+
+namespace pdo {
+
+/// @brief One step of a redistribution, along one mesh axis.
+enum class step_kind {
+  all_reduce,      ///< partial -> replicate
+  reduce_scatter,  ///< partial -> split(dim)
+  all_gather,      ///< split(dim) -> replicate
+  all_to_all,      ///< split(from_dim) -> split(dim)
+  local_slice,     ///< replicate -> split(dim): each place keeps its chunk, nothing moves
+  keep_on_one,     ///< replicate -> partial: coordinate 0 keeps the value, the others hold zeros
+  zero_pad,        ///< split(dim) -> partial: each place puts its chunk in zeros of the full dim
+};
+
+constexpr std::string_view step_name(step_kind k) {
+  switch (k) {
+    case step_kind::all_reduce: return "all_reduce";
+    case step_kind::reduce_scatter: return "reduce_scatter";
+    case step_kind::all_gather: return "all_gather";
+    case step_kind::all_to_all: return "all_to_all";
+    case step_kind::local_slice: return "local_slice";
+    case step_kind::keep_on_one: return "keep_on_one";
+    case step_kind::zero_pad: return "zero_pad";
+  }
+  return "?";
+}
+
+/// @brief True for the steps that communicate.
+constexpr bool communicates(step_kind k) {
+  return k != step_kind::local_slice && k != step_kind::keep_on_one && k != step_kind::zero_pad;
+}
+
+struct redistribute_step {
+  step_kind kind{};
+  std::string_view axis;
+  std::size_t dim = 0;       ///< the dim gathered, scattered or sliced (the target dim of all_to_all)
+  std::size_t from_dim = 0;  ///< all_to_all: the dim split before
+  detail::layout_value before, after;
+};
+
+/// @brief The steps from one layout to another, in order. A value: usable in
+/// static_assert, printable with describe().
+struct redistribute_plan {
+  std::size_t size = 0;
+  std::array<redistribute_step, 2 * (detail::max_rank + detail::max_axes)> steps{};
+
+  [[nodiscard]] constexpr const redistribute_step* begin() const { return steps.data(); }
+  [[nodiscard]] constexpr const redistribute_step* end() const { return steps.data() + size; }
+  /// @brief How many steps of kind `k` the plan has.
+  [[nodiscard]] constexpr std::size_t count(step_kind k) const {
+    std::size_t n = 0;
+    for (std::size_t i = 0; i < size; ++i) n += steps[i].kind == k;
+    return n;
+  }
+  [[nodiscard]] constexpr std::size_t collectives() const {
+    std::size_t n = 0;
+    for (std::size_t i = 0; i < size; ++i) n += communicates(steps[i].kind);
+    return n;
+  }
+};
+
+namespace detail {
+
+struct axis_state {
+  enum { replicated, split, partial } kind = replicated;
+  std::size_t dim = 0;
+  friend constexpr bool operator==(const axis_state&, const axis_state&) = default;
+};
+
+constexpr axis_state state_on(const layout_value& v, std::string_view axis) {
+  if (v.is_partial(axis)) return {axis_state::partial, 0};
+  const std::size_t d = v.split_dim(axis);
+  if (d < v.rank) return {axis_state::split, d};
+  return {};
+}
+
+/// @brief The plan from `from` to `to` (same rank). Two passes over the axes the
+/// layouts name, partial axes first (reducing before gathering moves the least data):
+/// first every axis leaves its old state (reductions and gathers, fused into
+/// reduce_scatter or all_to_all where the target dim is free; split -> partial pads
+/// with zeros in place), then every axis still replicated takes its new state (local
+/// slices, keep-on-one), which moves nothing.
+constexpr redistribute_plan plan_redistribute(layout_value from, layout_value to) {
+  redistribute_plan plan;
+  std::array<std::string_view, 2 * (max_rank + max_axes)> axes{};
+  std::size_t naxes = 0;
+  auto note = [&](std::string_view a) {
+    if (a.empty()) return;
+    for (std::size_t i = 0; i < naxes; ++i)
+      if (axes[i] == a) return;
+    axes[naxes++] = a;
+  };
+  for (std::size_t i = 0; i < from.npartial; ++i) note(from.partial[i]);
+  for (std::size_t d = 0; d < from.rank; ++d) note(from.dim_axis[d]);
+  for (std::size_t d = 0; d < to.rank; ++d) note(to.dim_axis[d]);
+  for (std::size_t i = 0; i < to.npartial; ++i) note(to.partial[i]);
+
+  layout_value cur = from;
+  auto push = [&](step_kind k, std::string_view a, std::size_t dim, std::size_t from_dim, const layout_value& next) {
+    plan.steps[plan.size++] = {k, a, dim, from_dim, cur, next};
+    cur = next;
+  };
+  for (std::size_t i = 0; i < naxes; ++i) {
+    const std::string_view a = axes[i];
+    const axis_state f = state_on(cur, a), t = state_on(to, a);
+    if (f == t) continue;
+    layout_value next = cur;
+    const bool target_free = t.kind == axis_state::split && cur.dim_axis[t.dim].empty();
+    if (f.kind == axis_state::partial) {
+      next.remove_partial(a);
+      if (target_free) {
+        next.dim_axis[t.dim] = a;
+        push(step_kind::reduce_scatter, a, t.dim, t.dim, next);
+      } else {
+        push(step_kind::all_reduce, a, 0, 0, next);
+      }
+    } else if (f.kind == axis_state::split) {
+      next.dim_axis[f.dim] = {};
+      if (t.kind == axis_state::partial) {
+        next.add_partial(a);
+        push(step_kind::zero_pad, a, f.dim, f.dim, next);
+      } else if (target_free) {
+        next.dim_axis[t.dim] = a;
+        push(step_kind::all_to_all, a, t.dim, f.dim, next);
+      } else {
+        push(step_kind::all_gather, a, f.dim, f.dim, next);
+      }
+    }
+  }
+  for (std::size_t i = 0; i < naxes; ++i) {
+    const std::string_view a = axes[i];
+    const axis_state f = state_on(cur, a), t = state_on(to, a);
+    if (f == t) continue;
+    layout_value next = cur;
+    if (t.kind == axis_state::split) {
+      next.dim_axis[t.dim] = a;
+      push(step_kind::local_slice, a, t.dim, t.dim, next);
+    } else if (t.kind == axis_state::partial) {
+      next.add_partial(a);
+      push(step_kind::keep_on_one, a, 0, 0, next);
+    }
+  }
+  return plan;
+}
+
+}  // namespace detail
+
+/// @brief The plan of `redistribute<To>` from layout `From`, at compile time.
+template <layout_spec From, layout_spec To>
+constexpr redistribute_plan redistribute_plan_of() {
+  static_assert(From::rank == To::rank, "pdo: redistribute: the two layouts have different ranks");
+  constexpr redistribute_plan plan = detail::plan_redistribute(detail::value_of<From>(), detail::value_of<To>());
+  static_assert(plan.size == 0 ? detail::value_of<From>() == detail::value_of<To>()
+                               : plan.steps[plan.size - 1].after == detail::value_of<To>(),
+                "pdo: redistribute: the plan does not end in the target layout (a bug in pdo's planner)");
+  return plan;
+}
+
+/// @brief The plan of `redistribute<To>` from layout `From`, as a variable.
+template <layout_spec From, layout_spec To>
+inline constexpr redistribute_plan redistribute_plan_v = redistribute_plan_of<From, To>();
+
+/// @brief One line per step: "all_gather over tp on dim 1: {split<dp>, split<tp>} -> {split<dp>, replicate}".
+inline std::string describe(const redistribute_plan& plan) {
+  if (plan.size == 0) return "no steps (layouts are equal)\n";
+  std::string text;
+  for (const auto& s : plan) {
+    text += std::string(step_name(s.kind)) + " over " + std::string(s.axis);
+    if (s.kind == step_kind::all_to_all)
+      text += " from dim " + std::to_string(s.from_dim) + " to dim " + std::to_string(s.dim);
+    else if (s.kind != step_kind::all_reduce && s.kind != step_kind::keep_on_one)
+      text += " on dim " + std::to_string(s.dim);
+    text += ": " + detail::to_string(s.before) + " -> " + detail::to_string(s.after) + "\n";
+  }
+  return text;
+}
+
+}  // namespace pdo
+#endif  // PDO_SINGLE_PDO_LAYOUT_REDISTRIBUTE_PLAN_HPP
+// ---- pdo/tensor/dtensor.hpp
+#ifndef PDO_SINGLE_PDO_TENSOR_DTENSOR_HPP
+#define PDO_SINGLE_PDO_TENSOR_DTENSOR_HPP
+// pdo/tensor/dtensor.hpp: pdo::dtensor, a tensor laid out over a mesh: global shape + local shards.
+
+// ---- pdo/layout/layout_check.hpp
+#ifndef PDO_SINGLE_PDO_LAYOUT_LAYOUT_CHECK_HPP
+#define PDO_SINGLE_PDO_LAYOUT_LAYOUT_CHECK_HPP
+// pdo/layout/layout_check.hpp: compile-time checks of a layout against a tensor rank and a mesh.
+
+
 #include <cstddef>
 
 namespace pdo {
@@ -2810,11 +3552,6 @@ inline constexpr bool valid_layout_v = detail::find_layout_problem<L, Mesh>(Rank
 
 }  // namespace pdo
 #endif  // PDO_SINGLE_PDO_LAYOUT_LAYOUT_CHECK_HPP
-// ---- pdo/tensor/dtensor.hpp
-#ifndef PDO_SINGLE_PDO_TENSOR_DTENSOR_HPP
-#define PDO_SINGLE_PDO_TENSOR_DTENSOR_HPP
-// pdo/tensor/dtensor.hpp: pdo::dtensor, a tensor laid out over a mesh: global shape + local shards.
-
 // ---- pdo/tensor/tensor.hpp
 #ifndef PDO_SINGLE_PDO_TENSOR_TENSOR_HPP
 #define PDO_SINGLE_PDO_TENSOR_TENSOR_HPP
@@ -3083,6 +3820,2229 @@ concept distributed_tensor = is_dtensor_v<std::remove_cvref_t<T>>;
 
 }  // namespace pdo
 #endif  // PDO_SINGLE_PDO_TENSOR_DTENSOR_HPP
+// ---- pdo/tensor/redistribute.hpp
+#ifndef PDO_SINGLE_PDO_TENSOR_REDISTRIBUTE_HPP
+#define PDO_SINGLE_PDO_TENSOR_REDISTRIBUTE_HPP
+// pdo/tensor/redistribute.hpp: distribute, redistribute and gather of dtensors.
+
+// ---- pdo/tensor/copy.hpp
+#ifndef PDO_SINGLE_PDO_TENSOR_COPY_HPP
+#define PDO_SINGLE_PDO_TENSOR_COPY_HPP
+// pdo/tensor/copy.hpp: block copies between row-major buffers: slices, packs along a dim, unpacks.
+
+
+#include <array>
+#include <cstddef>
+#include <cstring>
+
+namespace pdo::detail {
+
+/// @brief Copies the block [offsets, offsets + extents) of a row-major `src` of shape
+/// `src_shape` into the dense row-major `dst` of shape `extents`, one contiguous run
+/// of the last dim at a time.
+template <class T, std::size_t Rank>
+void copy_block(const T* src, const shape_t<Rank>& src_shape, const shape_t<Rank>& offsets, const shape_t<Rank>& extents,
+                T* dst) {
+  if (volume(extents) == 0) return;
+  if constexpr (Rank == 0) {
+    *dst = *src;
+  } else {
+    const auto strides = row_major_strides(src_shape);
+    const std::size_t run = extents[Rank - 1];
+    shape_t<Rank> index{};  // over the leading Rank-1 dims of the block
+    for (std::size_t out = 0;; out += run) {
+      std::size_t in = offsets[Rank - 1];
+      for (std::size_t d = 0; d + 1 < Rank; ++d) in += (offsets[d] + index[d]) * static_cast<std::size_t>(strides[d]);
+      copy_elements(dst + out, src + in, run);
+      std::size_t d = Rank - 1;
+      while (d-- > 0) {
+        if (++index[d] < extents[d]) break;
+        index[d] = 0;
+      }
+      if (d == static_cast<std::size_t>(-1)) return;
+    }
+  }
+}
+
+/// @brief Chunk `k` of `parts` along the middle dim of `v` (see chunk_size), from `src`
+/// laid out as v, into the dense `dst`.
+template <class T>
+void copy_chunk(const T* src, const dim_view& v, std::size_t parts, std::size_t k, T* dst) {
+  const std::size_t off = chunk_offset(v.extent, parts, k), n = chunk_size(v.extent, parts, k);
+  for (std::size_t o = 0; o < v.outer; ++o)
+    copy_elements(dst + o * n * v.inner, src + (o * v.extent + off) * v.inner, n * v.inner);
+}
+
+/// @brief `src` (laid out as v) cut into `parts` chunks along v's middle dim, written
+/// chunk after chunk into `dst`: the order collectives send and receive pieces in.
+template <class T>
+void pack_chunks(const T* src, const dim_view& v, std::size_t parts, T* dst) {
+  for (std::size_t k = 0; k < parts; ++k) {
+    copy_chunk(src, v, parts, k, dst);
+    dst += v.outer * chunk_size(v.extent, parts, k) * v.inner;
+  }
+}
+
+/// @brief The inverse of copy_chunk: the dense chunk `k` in `src` into its place in `dst`
+/// laid out as v.
+template <class T>
+void place_chunk(const T* src, const dim_view& v, std::size_t parts, std::size_t k, T* dst) {
+  const std::size_t off = chunk_offset(v.extent, parts, k), n = chunk_size(v.extent, parts, k);
+  for (std::size_t o = 0; o < v.outer; ++o)
+    copy_elements(dst + (o * v.extent + off) * v.inner, src + o * n * v.inner, n * v.inner);
+}
+
+/// @brief The inverse of pack_chunks: chunks one after another in `src` into `dst` laid out as v.
+template <class T>
+void unpack_chunks(const T* src, const dim_view& v, std::size_t parts, T* dst) {
+  for (std::size_t k = 0; k < parts; ++k) {
+    place_chunk(src, v, parts, k, dst);
+    src += v.outer * chunk_size(v.extent, parts, k) * v.inner;
+  }
+}
+
+}  // namespace pdo::detail
+#endif  // PDO_SINGLE_PDO_TENSOR_COPY_HPP
+
+#include <algorithm>
+#include <cstddef>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace pdo {
+
+namespace detail {
+
+/// @brief One step of a redistribution on place `p`: turns `shard` (laid out as
+/// step.before) into its shard under step.after. Every place of the mesh runs it at once.
+template <step_kind Kind, class T, std::size_t Rank, class Mesh>
+tensor<T, Rank> apply_step(const redistribute_step& step, const Mesh& m, const shape_t<Rank>& global, std::size_t p,
+                           tensor<T, Rank> shard) {
+  const std::size_t a = Mesh::axis_index(step.axis), n = m.extent(a), me = m.coord(p, a);
+  const any_place& place = m.place(p);
+  const shape_t<Rank> out_shape = shard_shape(m, step.after, global, p);
+  if constexpr (Kind == step_kind::keep_on_one) {
+    if (me != 0) shard.fill(T{});
+    return shard;
+  } else if constexpr (Kind == step_kind::zero_pad) {
+    tensor<T, Rank> out(out_shape, place);  // zeros
+    place_chunk(shard.data(), view_along(out_shape, step.dim), n, me, out.data());
+    return out;
+  } else if constexpr (Kind == step_kind::local_slice) {
+    tensor<T, Rank> out(out_shape, place, uninitialized);
+    copy_chunk(shard.data(), view_along(shard.shape(), step.dim), n, me, out.data());
+    return out;
+  } else {
+    const mesh_communicator comm = communicator_along(m, a, p);
+    if constexpr (Kind == step_kind::all_reduce) {
+      comm.all_reduce(shard.span());
+      return shard;
+    } else if constexpr (Kind == step_kind::reduce_scatter) {
+      // members keep chunks of `dim`: send them chunk-major, unless dim is outermost
+      const dim_view v = view_along(shard.shape(), step.dim);
+      tensor<T, Rank> out(out_shape, place, uninitialized);
+      if (v.outer == 1) {
+        comm.reduce_scatter(std::as_const(shard).span(), out.span());
+      } else {
+        tensor<T, Rank> packed(shard.shape(), place, uninitialized);
+        pack_chunks(shard.data(), v, n, packed.data());
+        comm.reduce_scatter(std::as_const(packed).span(), out.span());
+      }
+      return out;
+    } else if constexpr (Kind == step_kind::all_gather) {
+      tensor<T, Rank> out(out_shape, place, uninitialized);
+      const dim_view v = view_along(out_shape, step.dim);
+      if (v.outer == 1) {
+        comm.all_gather(std::as_const(shard).span(), out.span());
+      } else {
+        tensor<T, Rank> packed(out_shape, place, uninitialized);
+        comm.all_gather(std::as_const(shard).span(), packed.span());
+        unpack_chunks(packed.data(), v, n, out.data());
+      }
+      return out;
+    } else {
+      static_assert(Kind == step_kind::all_to_all);
+      // piece j: my shard's chunk j of the new split dim; piece i received: member i's
+      // chunk of the old split dim, to be put back in order along it
+      const dim_view send_view = view_along(shard.shape(), step.dim);
+      const dim_view recv_view = view_along(out_shape, step.from_dim);
+      std::vector<std::size_t> send_counts(n), recv_counts(n);
+      for (std::size_t k = 0; k < n; ++k) {
+        send_counts[k] = send_view.outer * chunk_size(send_view.extent, n, k) * send_view.inner;
+        recv_counts[k] = recv_view.outer * chunk_size(recv_view.extent, n, k) * recv_view.inner;
+      }
+      tensor<T, Rank> packed(shard.shape(), place, uninitialized);
+      pack_chunks(shard.data(), send_view, n, packed.data());
+      tensor<T, Rank> received(out_shape, place, uninitialized), out(out_shape, place, uninitialized);
+      comm.all_to_all(std::as_const(packed).span(), std::span<const std::size_t>(send_counts), received.span(),
+                      std::span<const std::size_t>(recv_counts));
+      unpack_chunks(received.data(), recv_view, n, out.data());
+      return out;
+    }
+  }
+}
+
+/// @brief Runs `Plan` on place `p`; each step's collective is chosen at compile time.
+template <const redistribute_plan& Plan, class T, std::size_t Rank, class Mesh>
+tensor<T, Rank> apply_plan(const Mesh& m, const shape_t<Rank>& global, std::size_t p, tensor<T, Rank> shard) {
+  [&]<std::size_t... I>(std::index_sequence<I...>) {
+    ((shard = apply_step<Plan.steps[I].kind>(Plan.steps[I], m, global, p, std::move(shard))), ...);
+  }(std::make_index_sequence<Plan.size>{});
+  return shard;
+}
+
+/// @brief Runs the plan from `From` to `To` on place `p`.
+template <layout_spec From, layout_spec To, class T, std::size_t Rank, class Mesh>
+tensor<T, Rank> apply_plan(const Mesh& m, const shape_t<Rank>& global, std::size_t p, tensor<T, Rank> shard) {
+  return apply_plan<redistribute_plan_v<From, To>>(m, global, p, std::move(shard));
+}
+
+template <class T, std::size_t Rank, class Mesh, class Layout>
+std::string redistribute_context(const dtensor<T, Rank, Mesh, Layout>& x, const std::string& to) {
+  return "redistribute: " + x.describe() + " -> " + to;
+}
+
+/// @brief Every process must distribute a host tensor of the same shape: checked with
+/// one small all_gather, so a process that passed another shape fails on all of them
+/// (pdo::mismatch_error, the error every member of a collective throws alike).
+template <class Mesh, std::size_t Rank>
+void check_same_host_shape(const Mesh& m, std::size_t p, const shape_t<Rank>& shape) {
+  std::vector<std::size_t> all(m.size() * Rank);
+  communicator_of(m, p).all_gather(std::span<const std::size_t>(shape.data(), Rank), std::span<std::size_t>(all));
+  for (std::size_t q = 0; q < m.size(); ++q)
+    if (!std::equal(shape.begin(), shape.end(), all.begin() + static_cast<std::ptrdiff_t>(q * Rank)))
+      throw mismatch_error("distribute: the processes passed host tensors of different shapes: " + format_extents(shape) +
+                        " here, " + format_extents(std::span<const std::size_t>(all.data() + q * Rank, Rank)) + " on " +
+                        m.place(q).name() + "; every process must pass the same tensor");
+}
+
+}  // namespace detail
+
+/// @brief Cuts the host tensor `host` over `m` as `Layout`: each place of this process
+/// gets its chunk of the split dims, in its own memory; for partial axes, the places at
+/// coordinate 0 get the value and the others zeros. Every process passes the same tensor.
+template <layout_spec Layout, mesh_type Mesh, element T, std::size_t Rank>
+dtensor<T, Rank, Mesh, Layout> distribute(const Mesh& m, const tensor<T, Rank>& host) {
+  static_assert(detail::check_layout<"distribute", Layout, Mesh, Rank>::ok);
+  constexpr detail::layout_value v = detail::value_of<Layout>();
+  const auto& local = m.local_places();
+  std::vector<tensor<T, Rank>> shards(local.size());
+  detail::run_on_places("distribute", m, [&](std::size_t p, std::size_t k) {
+    if (m.is_multiprocess()) detail::check_same_host_shape(m, p, host.shape());
+    const auto shape = detail::shard_shape(m, v, host.shape(), p);
+    tensor<T, Rank> shard(shape, m.place(p), detail::uninitialized);
+    if (detail::holds_partial_value(m, v, p))
+      detail::copy_block(host.data(), host.shape(), detail::shard_offset(m, v, host.shape(), p), shape, shard.data());
+    else
+      shard.fill(T{});
+    shards[k] = std::move(shard);
+  });
+  return {m, host.shape(), std::move(shards)};
+}
+
+/// @brief `x` laid out as `To`. The steps are planned at compile time
+/// (redistribute_plan_of<From, To>()): partial -> replicate is an all_reduce,
+/// partial -> split a reduce_scatter, split -> replicate an all_gather, split(d) ->
+/// split(d') an all_to_all, and replicate -> split a local slice that moves no data.
+template <layout_spec To, element T, std::size_t Rank, mesh_type Mesh, layout_spec From>
+dtensor<T, Rank, Mesh, To> redistribute(const dtensor<T, Rank, Mesh, From>& x) {
+  static_assert(detail::check_layout<"redistribute", To, Mesh, Rank>::ok);
+  const Mesh& m = x.mesh();
+  std::vector<tensor<T, Rank>> shards(x.local_shards().size());
+  detail::run_on_places(detail::redistribute_context(x, layout_name<To>()).c_str(), m, [&](std::size_t p, std::size_t k) {
+    shards[k] = detail::apply_plan<From, To>(m, x.shape(), p, x.local_shards()[k]);
+  });
+  return {m, x.shape(), std::move(shards)};
+}
+
+/// @brief The value of `x` as one host tensor, on every process: partial sums are
+/// reduced and split dims gathered.
+template <element T, std::size_t Rank, mesh_type Mesh, layout_spec Layout>
+tensor<T, Rank> gather(const dtensor<T, Rank, Mesh, Layout>& x) {
+  using full = detail::replicated_layout_t<Rank>;
+  detail::comms_of(x.mesh());  // built by every process, those without places too
+  if (x.mesh().local_places().empty()) throw layout_error("gather: " + x.describe() + ": this process holds no place of the mesh");
+  const auto whole = redistribute<full>(x);
+  tensor<T, Rank> out(x.shape(), detail::uninitialized);
+  const auto& shard = whole.local_shards().front();
+  detail::copy_elements(out.data(), shard.data(), out.size());
+  return out;
+}
+
+}  // namespace pdo
+#endif  // PDO_SINGLE_PDO_TENSOR_REDISTRIBUTE_HPP
+
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace pdo {
+
+/// @brief An expression node: a lazy value that pdo::eval materializes. Nodes opt in
+/// with `using expression_tag = void;` and describe themselves with `value_type`, `rank`,
+/// `distributed`, `mesh_type`, `name`, `rule` (the planner's op_rule), `shape()`,
+/// `run(context, out)` and their children.
+template <class E>
+concept tensor_expression = requires { typename std::remove_cvref_t<E>::expression_tag; };
+
+namespace detail {
+
+/// @brief Where a local expression runs: the calling thread, on the cores of its place.
+struct local_context {
+  static constexpr bool distributed = false;
+  cpu_system system = current_cpu_system();
+  std::vector<std::shared_ptr<void>> keep;  ///< temporaries the kernels read
+
+  template <std::size_t Rank>
+  shape_t<Rank> local_shape(const layout_value&, const shape_t<Rank>& global) const {
+    return global;
+  }
+  template <std::size_t Rank>
+  shape_t<Rank> local_offset(const layout_value&, const shape_t<Rank>&) const {
+    return {};
+  }
+  template <class T, std::size_t Rank>
+  tensor<T, Rank> allocate(const shape_t<Rank>& shape) const {
+    return tensor<T, Rank>(shape, uninitialized);
+  }
+};
+
+/// @brief Where a distributed expression runs on one place: place `p` of mesh `m`.
+template <class Mesh>
+struct mesh_context {
+  static constexpr bool distributed = true;
+  mesh_context(const Mesh& mesh, std::size_t place) : m(mesh), p(place) {}
+  const Mesh& m;
+  std::size_t p;
+  cpu_system system = current_cpu_system();
+  std::vector<std::shared_ptr<void>> keep;
+
+  template <std::size_t Rank>
+  shape_t<Rank> local_shape(const layout_value& v, const shape_t<Rank>& global) const {
+    return shard_shape(m, v, global, p);
+  }
+  template <std::size_t Rank>
+  shape_t<Rank> local_offset(const layout_value& v, const shape_t<Rank>& global) const {
+    return shard_offset(m, v, global, p);
+  }
+  template <class T, std::size_t Rank>
+  tensor<T, Rank> allocate(const shape_t<Rank>& shape) const {
+    return tensor<T, Rank>(shape, m.place(p), uninitialized);
+  }
+};
+
+/// @brief A place's block of an operand, ready for a kernel: its local data, local
+/// extents, and where the block starts in the operand's global shape.
+template <class T, std::size_t Rank>
+struct block_view {
+  const T* data = nullptr;
+  shape_t<Rank> shape{};
+  shape_t<Rank> offset{};
+  shape_t<Rank> global{};
+};
+
+/// @brief "f32[10, 6]" for local nodes, "f32[10, 6]{split<x>, replicate}" for distributed ones.
+template <class Node>
+std::string describe_node(const Node& n) {
+  std::string text = std::string(dtype_name<typename Node::value_type>()) + format_extents(n.shape());
+  if constexpr (Node::distributed) text += to_string(Node::rule.out);
+  return text;
+}
+
+template <class... Ts>
+struct first_mesh {
+  using type = void;
+};
+template <class T, class... Ts>
+struct first_mesh<T, Ts...> {
+  using type = std::conditional_t<!std::is_void_v<typename T::mesh_type>, typename T::mesh_type,
+                                  typename first_mesh<Ts...>::type>;
+};
+
+/// @brief What every node declares about its operands: same element type, one mesh.
+template <class... Children>
+struct operand_traits {
+  using mesh_type = typename first_mesh<Children...>::type;
+  static constexpr bool distributed = (Children::distributed || ...);
+  static constexpr bool any_local_tensor = ((!Children::distributed && !Children::is_scalar) || ...);
+  static_assert(!distributed || !any_local_tensor,
+                "pdo: an expression mixes pdo::tensor and pdo::dtensor operands; distribute the tensor onto the "
+                "mesh first (pdo::distribute<Layout>(mesh, t)), or use the local shards inside pdo::parallel_do");
+  static_assert(((std::is_void_v<typename Children::mesh_type> ||
+                  std::is_same_v<typename Children::mesh_type, mesh_type>) && ...),
+                "pdo: an expression mixes dtensors of different mesh types; every operand must live on one mesh");
+};
+
+/// @brief The element type of an op over `Children`: that of its first tensor operand
+/// (plain numbers take it); of the first operand when all are numbers.
+template <class... Children>
+struct common_value {
+  using type = typename std::tuple_element_t<0, std::tuple<Children...>>::value_type;
+};
+template <class First, class... Rest>
+  requires(First::is_scalar && sizeof...(Rest) > 0 && ((!Rest::is_scalar) || ...))
+struct common_value<First, Rest...> : common_value<Rest...> {};
+
+/// @brief What every op node has: its operands (`children()`), the mesh type they live
+/// on, and whether the op is distributed. Ops derive from it and add `value_type`,
+/// `rank`, `name`, `elementwise`, the planner's `rule`, `shape()` and `run(ctx, out)`.
+template <class... Children>
+class op_node {
+  using traits = operand_traits<Children...>;
+
+ public:
+  using expression_tag = void;
+  using mesh_type = typename traits::mesh_type;
+  using children_type = std::tuple<Children...>;
+  static constexpr bool distributed = traits::distributed, is_leaf = false, is_scalar = false;
+
+  [[nodiscard]] const children_type& children() const { return children_; }
+
+ protected:
+  explicit op_node(Children... c) : children_(std::move(c)...) {}
+  children_type children_;
+};
+
+template <class T, class... Children>
+inline constexpr bool same_element_types = ((Children::is_scalar || std::is_same_v<typename Children::value_type, T>) && ...);
+
+}  // namespace detail
+
+/// @brief Leaf: a local pdo::tensor, by reference (or owned, when given as an rvalue).
+template <element T, std::size_t Rank>
+class tensor_leaf {
+ public:
+  using expression_tag = void;
+  using value_type = T;
+  using mesh_type = void;
+  static constexpr std::size_t rank = Rank;
+  static constexpr bool distributed = false, is_leaf = true, is_scalar = false, elementwise = false;
+  static constexpr std::string_view name = "tensor";
+  static constexpr detail::op_rule rule = [] {
+    detail::op_rule r;
+    r.out.rank = Rank;
+    return r;
+  }();
+
+  explicit tensor_leaf(const tensor<T, Rank>& t) : t_(&t) {}
+  explicit tensor_leaf(tensor<T, Rank>&& t) : owned_(std::make_shared<const tensor<T, Rank>>(std::move(t))), t_(owned_.get()) {}
+
+  [[nodiscard]] const shape_t<Rank>& shape() const { return t_->shape(); }
+  template <class Ctx>
+  [[nodiscard]] const tensor<T, Rank>& shard(const Ctx&) const {
+    return *t_;
+  }
+  template <class Ctx>
+  void run(Ctx&, tensor<T, Rank>& out) const {
+    detail::copy_elements(out.data(), t_->data(), out.size());
+  }
+
+ private:
+  std::shared_ptr<const tensor<T, Rank>> owned_;
+  const tensor<T, Rank>* t_;
+};
+
+/// @brief Leaf: a pdo::dtensor, by reference (or owned, when given as an rvalue).
+template <class DTensor>
+class dtensor_leaf {
+ public:
+  using expression_tag = void;
+  using value_type = typename DTensor::value_type;
+  using mesh_type = typename DTensor::mesh_type;
+  static constexpr std::size_t rank = DTensor::rank;
+  static constexpr bool distributed = true, is_leaf = true, is_scalar = false, elementwise = false;
+  static constexpr std::string_view name = "dtensor";
+  static constexpr detail::op_rule rule = [] {
+    detail::op_rule r;
+    r.out = DTensor::layout_value;
+    return r;
+  }();
+
+  explicit dtensor_leaf(const DTensor& t) : t_(&t) {}
+  explicit dtensor_leaf(DTensor&& t) : owned_(std::make_shared<const DTensor>(std::move(t))), t_(owned_.get()) {}
+  /// @brief A dtensor kept alive by `t` (the result of an eval_async, say).
+  explicit dtensor_leaf(std::shared_ptr<const DTensor> t) : owned_(std::move(t)), t_(owned_.get()) {}
+
+  [[nodiscard]] const shape_t<rank>& shape() const { return t_->shape(); }
+  [[nodiscard]] const mesh_type& mesh() const { return t_->mesh(); }
+  template <class Ctx>
+  [[nodiscard]] const tensor<value_type, rank>& shard(const Ctx& ctx) const {
+    return t_->shard(ctx.p);
+  }
+  template <class Ctx>
+  void run(Ctx& ctx, tensor<value_type, rank>& out) const {
+    detail::copy_elements(out.data(), shard(ctx).data(), out.size());
+  }
+
+ private:
+  std::shared_ptr<const DTensor> owned_;
+  const DTensor* t_;
+};
+
+/// @brief Leaf: a plain number, converted to the element type of the tensors it meets.
+template <element T>
+class scalar_leaf {
+ public:
+  using expression_tag = void;
+  using value_type = T;
+  using mesh_type = void;
+  static constexpr std::size_t rank = 0;
+  static constexpr bool distributed = false, is_leaf = true, is_scalar = true, elementwise = false;
+  static constexpr std::string_view name = "scalar";
+  static constexpr detail::op_rule rule{};
+
+  explicit scalar_leaf(T v) : value(v) {}
+  [[nodiscard]] shape_t<0> shape() const { return {}; }
+  T value;
+};
+
+namespace detail {
+
+/// @brief Any operand as an expression node: tensors and dtensors become leaves, numbers
+/// scalars, expressions stay as they are.
+template <class A>
+auto as_expression(A&& a) {
+  using plain = std::remove_cvref_t<A>;
+  if constexpr (tensor_expression<plain>) return plain(std::forward<A>(a));
+  else if constexpr (requires { typename plain::async_result_tag; })
+    return dtensor_leaf<typename plain::value_type>(a.shared_value());
+  else if constexpr (is_tensor_v<plain>) return tensor_leaf<typename plain::value_type, plain::rank>(std::forward<A>(a));
+  else if constexpr (is_dtensor_v<plain>) return dtensor_leaf<plain>(std::forward<A>(a));
+  else {
+    static_assert(element<plain>, "pdo: an operand must be a pdo::tensor, a pdo::dtensor, an expression or a number");
+    return scalar_leaf<plain>(a);
+  }
+}
+
+template <class A>
+using expression_t = decltype(as_expression(std::declval<A>()));
+
+/// @brief An operand of a pdo op: a tensor, a dtensor or an expression (not a bare number).
+template <class A>
+concept tensor_operand = tensor_expression<A> || is_tensor_v<std::remove_cvref_t<A>> || is_dtensor_v<std::remove_cvref_t<A>> ||
+                         requires { typename std::remove_cvref_t<A>::async_result_tag; };
+
+/// @brief The mesh of the first dtensor leaf of `node`'s subtree.
+template <class Node>
+const typename Node::mesh_type* find_mesh(const Node& node) {
+  if constexpr (Node::is_leaf) {
+    if constexpr (Node::distributed) return &node.mesh();
+    else return nullptr;
+  } else {
+    const typename Node::mesh_type* found = nullptr;
+    std::apply(
+        [&](const auto&... c) {
+          (([&] {
+             if constexpr (std::remove_cvref_t<decltype(c)>::distributed)
+               if (found == nullptr) found = find_mesh(c);
+           }()),
+           ...);
+        },
+        node.children());
+    return found;
+  }
+}
+
+/// @brief Throws pdo::layout_error unless every dtensor of `node`'s subtree lives on `m`.
+template <class Node, class Mesh>
+void check_one_mesh(const Node& node, const Mesh& m) {
+  if constexpr (Node::is_leaf) {
+    if constexpr (Node::distributed)
+      if (!(node.mesh() == m))
+        throw layout_error("eval: an operand " + describe_node(node) + " lives on " + node.mesh().describe() +
+                           ", another mesh than the expression's first dtensor (" + m.describe() +
+                           "); redistribute it onto one mesh first");
+  } else {
+    std::apply([&](const auto&... c) { (check_one_mesh(c, m), ...); }, node.children());
+  }
+}
+
+/// @brief The plan that brings child `I` of `Node` to the layout the node needs of it.
+template <class Node, std::size_t I>
+inline constexpr redistribute_plan operand_plan_v =
+    plan_redistribute(std::tuple_element_t<I, typename Node::children_type>::rule.out, Node::rule.operands[I]);
+
+/// @brief Evaluates `node` on the context's place into a new tensor (its local block).
+/// The temporaries the node's kernel read are released when it is done.
+template <class Node, class Ctx>
+tensor<typename Node::value_type, Node::rank> materialize(const Node& node, Ctx& ctx) {
+  auto out = ctx.template allocate<typename Node::value_type>(ctx.local_shape(Node::rule.out, node.shape()));
+  const std::size_t held = ctx.keep.size();
+  node.run(ctx, out);
+  ctx.keep.resize(held);
+  return out;
+}
+
+/// @brief Child `I` of `node` as the node's kernel needs it on the context's place:
+/// evaluated, and redistributed to the layout the planner chose for it. A leaf that
+/// needs no redistribution is read where it is.
+template <std::size_t I, class Node, class Ctx>
+auto operand_block(const Node& node, Ctx& ctx) {
+  const auto& c = std::get<I>(node.children());
+  using child_t = std::remove_cvref_t<decltype(c)>;
+  using T = typename child_t::value_type;
+  constexpr std::size_t r = child_t::rank;
+  constexpr layout_value target = Node::rule.operands[I];
+  block_view<T, r> view;
+  view.global = c.shape();
+  view.offset = ctx.local_offset(target, c.shape());
+  constexpr bool moves = Ctx::distributed && operand_plan_v<Node, I>.size > 0;
+  if constexpr (!moves && child_t::is_leaf) {
+    const auto& shard = c.shard(ctx);
+    view.data = shard.data();
+    view.shape = shard.shape();
+  } else {
+    tensor<T, r> t = [&] {
+      if constexpr (child_t::is_leaf) return tensor<T, r>(c.shard(ctx));
+      else return materialize(c, ctx);
+    }();
+    if constexpr (moves) t = apply_plan<operand_plan_v<Node, I>>(ctx.m, c.shape(), ctx.p, std::move(t));
+    auto held = std::make_shared<tensor<T, r>>(std::move(t));
+    view.data = held->data();
+    view.shape = held->shape();
+    ctx.keep.push_back(std::move(held));
+  }
+  return view;
+}
+
+/// @brief Combines `out` (this place's result) by max over mesh axes the rule names.
+template <class Node, class Ctx, class T, std::size_t Rank>
+void combine_max(Ctx& ctx, tensor<T, Rank>& out) {
+  if constexpr (Ctx::distributed) {
+    using mesh_t = std::remove_cvref_t<decltype(ctx.m)>;
+    for (std::size_t i = 0; i < Node::rule.npost_max; ++i)
+      communicator_along(ctx.m, mesh_t::axis_index(Node::rule.post_max[i]), ctx.p).all_reduce(out.span(), reduce_op::max);
+  }
+}
+
+}  // namespace detail
+}  // namespace pdo
+#endif  // PDO_SINGLE_PDO_EXPR_EXPRESSION_HPP
+// ---- pdo/expr/ops.hpp
+#ifndef PDO_SINGLE_PDO_EXPR_OPS_HPP
+#define PDO_SINGLE_PDO_EXPR_OPS_HPP
+// pdo/expr/ops.hpp: the elementwise operations, as functors callable on host and device.
+
+
+#include <cmath>
+#include <string_view>
+
+namespace pdo::op {
+
+/// @brief How an elementwise op treats a partial (pending-sum) operand: whether
+/// op(sum of addends) equals the sum of op(addend) for the operands named.
+enum class linearity {
+  none,         ///< partial operands are reduced first
+  additive,     ///< + and -: both operands partial over the same axes stay partial
+  scaling,      ///< * and negate: exactly one operand partial stays partial
+  numerator,    ///< /: a partial numerator over a non-partial denominator stays partial
+};
+
+// Unary ops. `apply` is the math; `name` is what plans and errors print.
+struct negate {
+  static constexpr std::string_view name = "negate";
+  static constexpr linearity rule = linearity::scaling;
+  template <class T>
+  PDO_HD static T apply(T x) { return -x; }
+};
+struct exp {
+  static constexpr std::string_view name = "exp";
+  static constexpr linearity rule = linearity::none;
+  template <class T>
+  PDO_HD static T apply(T x) { using std::exp; return static_cast<T>(exp(x)); }
+};
+struct log {
+  static constexpr std::string_view name = "log";
+  static constexpr linearity rule = linearity::none;
+  template <class T>
+  PDO_HD static T apply(T x) { using std::log; return static_cast<T>(log(x)); }
+};
+struct sqrt {
+  static constexpr std::string_view name = "sqrt";
+  static constexpr linearity rule = linearity::none;
+  template <class T>
+  PDO_HD static T apply(T x) { using std::sqrt; return static_cast<T>(sqrt(x)); }
+};
+struct tanh {
+  static constexpr std::string_view name = "tanh";
+  static constexpr linearity rule = linearity::none;
+  template <class T>
+  PDO_HD static T apply(T x) { using std::tanh; return static_cast<T>(tanh(x)); }
+};
+struct sigmoid {
+  static constexpr std::string_view name = "sigmoid";
+  static constexpr linearity rule = linearity::none;
+  template <class T>
+  PDO_HD static T apply(T x) { using std::exp; return static_cast<T>(T(1) / (T(1) + exp(-x))); }
+};
+struct relu {
+  static constexpr std::string_view name = "relu";
+  static constexpr linearity rule = linearity::none;
+  template <class T>
+  PDO_HD static T apply(T x) { return x > T(0) ? x : T(0); }
+};
+/// @brief GELU, tanh approximation (as in GPT-2 and PyTorch's approximate="tanh").
+struct gelu {
+  static constexpr std::string_view name = "gelu";
+  static constexpr linearity rule = linearity::none;
+  template <class T>
+  PDO_HD static T apply(T x) {
+    using std::tanh;
+    const double v = static_cast<double>(x);
+    return static_cast<T>(0.5 * v * (1.0 + tanh(0.7978845608028654 * (v + 0.044715 * v * v * v))));
+  }
+};
+
+// Binary ops.
+struct add {
+  static constexpr std::string_view name = "add";
+  static constexpr linearity rule = linearity::additive;
+  template <class T>
+  PDO_HD static T apply(T a, T b) { return a + b; }
+};
+struct subtract {
+  static constexpr std::string_view name = "subtract";
+  static constexpr linearity rule = linearity::additive;
+  template <class T>
+  PDO_HD static T apply(T a, T b) { return a - b; }
+};
+struct multiply {
+  static constexpr std::string_view name = "multiply";
+  static constexpr linearity rule = linearity::scaling;
+  template <class T>
+  PDO_HD static T apply(T a, T b) { return a * b; }
+};
+struct divide {
+  static constexpr std::string_view name = "divide";
+  static constexpr linearity rule = linearity::numerator;
+  template <class T>
+  PDO_HD static T apply(T a, T b) { return a / b; }
+};
+struct maximum {
+  static constexpr std::string_view name = "maximum";
+  static constexpr linearity rule = linearity::none;
+  template <class T>
+  PDO_HD static T apply(T a, T b) { return a < b ? b : a; }
+};
+struct minimum {
+  static constexpr std::string_view name = "minimum";
+  static constexpr linearity rule = linearity::none;
+  template <class T>
+  PDO_HD static T apply(T a, T b) { return b < a ? b : a; }
+};
+// Comparisons give 1 where they hold and 0 elsewhere, in the operands' element type.
+struct less {
+  static constexpr std::string_view name = "less";
+  static constexpr linearity rule = linearity::none;
+  template <class T>
+  PDO_HD static T apply(T a, T b) { return a < b ? T(1) : T(0); }
+};
+struct less_equal {
+  static constexpr std::string_view name = "less_equal";
+  static constexpr linearity rule = linearity::none;
+  template <class T>
+  PDO_HD static T apply(T a, T b) { return a <= b ? T(1) : T(0); }
+};
+struct greater {
+  static constexpr std::string_view name = "greater";
+  static constexpr linearity rule = linearity::none;
+  template <class T>
+  PDO_HD static T apply(T a, T b) { return a > b ? T(1) : T(0); }
+};
+struct greater_equal {
+  static constexpr std::string_view name = "greater_equal";
+  static constexpr linearity rule = linearity::none;
+  template <class T>
+  PDO_HD static T apply(T a, T b) { return a >= b ? T(1) : T(0); }
+};
+struct equal {
+  static constexpr std::string_view name = "equal";
+  static constexpr linearity rule = linearity::none;
+  template <class T>
+  PDO_HD static T apply(T a, T b) { return a == b ? T(1) : T(0); }
+};
+struct not_equal {
+  static constexpr std::string_view name = "not_equal";
+  static constexpr linearity rule = linearity::none;
+  template <class T>
+  PDO_HD static T apply(T a, T b) { return a != b ? T(1) : T(0); }
+};
+
+// Ternary op.
+/// @brief where(c, a, b): a where c is nonzero, else b.
+struct where {
+  static constexpr std::string_view name = "where";
+  static constexpr linearity rule = linearity::none;
+  template <class T>
+  PDO_HD static T apply(T c, T a, T b) { return c != T(0) ? a : b; }
+};
+
+}  // namespace pdo::op
+#endif  // PDO_SINGLE_PDO_EXPR_OPS_HPP
+
+#include <array>
+#include <cstddef>
+#include <string>
+#include <tuple>
+#include <utility>
+
+namespace pdo {
+namespace detail {
+
+// Readers: what a fused kernel is made of. Each gives the value of its subexpression at
+// output element i (coordinates c of the fused group's output), on host and device.
+// With Dense, every operand is laid out exactly as the output and is read at i.
+
+template <class T, std::size_t Rank>
+struct block_reader {
+  const T* data;
+  std::array<std::ptrdiff_t, Rank> stride;  ///< per output dim; 0 where the operand broadcasts
+  template <bool Dense>
+  PDO_HD T at(std::size_t i, const std::size_t* c) const {
+    if constexpr (Dense) {
+      return data[i];
+    } else {
+      std::ptrdiff_t o = 0;
+      for (std::size_t d = 0; d < Rank; ++d) o += static_cast<std::ptrdiff_t>(c[d]) * stride[d];
+      return data[o];
+    }
+  }
+};
+
+template <class T>
+struct scalar_reader {
+  T value;
+  template <bool Dense>
+  PDO_HD T at(std::size_t, const std::size_t*) const {
+    return value;
+  }
+};
+
+template <class Op, class... Readers>
+struct op_reader;
+template <class Op, class A>
+struct op_reader<Op, A> {
+  A a;
+  template <bool Dense>
+  PDO_HD auto at(std::size_t i, const std::size_t* c) const {
+    return Op::apply(a.template at<Dense>(i, c));
+  }
+};
+template <class Op, class A, class B>
+struct op_reader<Op, A, B> {
+  A a;
+  B b;
+  template <bool Dense>
+  PDO_HD auto at(std::size_t i, const std::size_t* c) const {
+    return Op::apply(a.template at<Dense>(i, c), b.template at<Dense>(i, c));
+  }
+};
+template <class Op, class A, class B, class C>
+struct op_reader<Op, A, B, C> {
+  A a;
+  B b;
+  C c3;
+  template <bool Dense>
+  PDO_HD auto at(std::size_t i, const std::size_t* c) const {
+    return Op::apply(a.template at<Dense>(i, c), b.template at<Dense>(i, c), c3.template at<Dense>(i, c));
+  }
+};
+
+/// @brief The fused kernel: output element i of a group of rank `Rank` with local `extent`.
+template <bool Dense, std::size_t Rank, class T, class Reader>
+struct fused_kernel {
+  Reader reader;
+  std::array<std::size_t, Rank> extent;
+  PDO_HD T operator()(std::size_t i) const {
+    if constexpr (Dense) {
+      return reader.template at<true>(i, nullptr);
+    } else {
+      std::size_t c[Rank == 0 ? 1 : Rank] = {};
+      std::size_t rest = i;
+      for (std::size_t d = Rank; d-- > 0;) {
+        c[d] = rest % extent[d];
+        rest /= extent[d];
+      }
+      return reader.template at<false>(i, c);
+    }
+  }
+};
+
+/// @brief Where the output block of a fused group lies: its local extents and global offset.
+template <std::size_t Rank>
+struct group_frame {
+  shape_t<Rank> shape;
+  shape_t<Rank> offset;
+  bool dense = true;  ///< every operand so far is laid out as the output
+};
+
+/// @brief A reader for `block` inside a group framed by `frame`: aligned on the last dims
+/// (broadcasting), offset where the block holds more of a dim than the output block
+/// (a replicated operand of a split output: the local slice, read in place).
+template <std::size_t Rank, class T, std::size_t R>
+block_reader<T, Rank> read_block(const block_view<T, R>& block, group_frame<Rank>& frame, std::string_view op) {
+  static_assert(R <= Rank);
+  block_reader<T, Rank> reader{block.data, {}};
+  const auto strides = row_major_strides(block.shape);
+  constexpr std::size_t shift = Rank - R;
+  bool same = R == Rank;
+  for (std::size_t j = 0; j < R; ++j) {
+    const std::size_t d = shift + j;
+    if (block.shape[j] == frame.shape[d] && block.offset[j] == frame.offset[d]) {
+      reader.stride[d] = strides[j];
+    } else if (block.global[j] == 1) {
+      reader.stride[d] = 0;
+      same = false;
+    } else if (block.offset[j] <= frame.offset[d] && frame.offset[d] + frame.shape[d] <= block.offset[j] + block.shape[j]) {
+      reader.data += static_cast<std::ptrdiff_t>(frame.offset[d] - block.offset[j]) * strides[j];
+      reader.stride[d] = strides[j];
+      same = same && block.shape[j] == frame.shape[d];
+    } else {
+      throw layout_error(std::string(op) + ": an operand's block " + format_extents(block.shape) + " at " +
+                         format_extents(block.offset) + " does not cover the output block " + format_extents(frame.shape) +
+                         " at " + format_extents(frame.offset) + " (a bug in pdo's planner)");
+    }
+  }
+  frame.dense = frame.dense && same;
+  return reader;
+}
+
+template <class Rule>
+constexpr partial_rule partial_rule_of() {
+  switch (Rule::rule) {
+    case op::linearity::additive: return partial_rule::additive;
+    case op::linearity::scaling: return partial_rule::scaling;
+    case op::linearity::numerator: return partial_rule::numerator;
+    default: return partial_rule::none;
+  }
+}
+
+template <std::size_t... Ranks>
+constexpr std::size_t max_rank_of() {
+  std::size_t m = 0;
+  ((m = Ranks > m ? Ranks : m), ...);
+  return m;
+}
+
+}  // namespace detail
+
+/// @brief An elementwise op over 1 to 3 operands with NumPy broadcasting (operands are
+/// aligned on their last dims; a dim of extent 1 stretches). Chains of these nodes run
+/// as one kernel with no temporaries.
+template <class Op, class... Children>
+class elementwise_node : public detail::op_node<Children...> {
+
+ public:
+  using value_type = typename detail::common_value<Children...>::type;
+  static_assert(detail::same_element_types<value_type, Children...>,
+                "pdo: an elementwise op's tensor operands have different element types; convert one first");
+  static constexpr std::size_t rank = detail::max_rank_of<Children::rank...>();
+  static constexpr bool elementwise = true;
+  static constexpr std::string_view name = Op::name;
+  static constexpr detail::op_rule rule = detail::elementwise_rule<sizeof...(Children)>(
+      detail::partial_rule_of<Op>(), {Children::rule.out...}, {Children::is_scalar...}, rank);
+
+  explicit elementwise_node(Children... c) : detail::op_node<Children...>(std::move(c)...) {
+    shape_.fill(1);
+    bool ok = true;
+    std::apply([&](const auto&... child) { (broadcast_into(child, ok), ...); }, this->children_);
+    if (!ok) throw shape_error(std::string(name) + ": shapes do not broadcast: " + operands_text());
+    if constexpr (elementwise_node::distributed) check_split_broadcast(std::index_sequence_for<Children...>{});
+  }
+
+  [[nodiscard]] const shape_t<rank>& shape() const { return shape_; }
+
+  /// @brief The reader of this node's subexpression inside a fused group; children that
+  /// need no redistribution are fused, the others evaluated and read as blocks.
+  template <class Ctx, std::size_t Rank>
+  auto reader(Ctx& ctx, detail::group_frame<Rank>& frame) const {
+    return reader_of(ctx, frame, std::index_sequence_for<Children...>{});
+  }
+
+  template <class Ctx>
+  void run(Ctx& ctx, tensor<value_type, rank>& out) const {
+    detail::group_frame<rank> frame{out.shape(), ctx.local_offset(rule.out, shape_)};
+    const auto r = reader(ctx, frame);
+    const thrust::counting_iterator<std::size_t> first(0), last(out.size());
+    if (frame.dense)
+      thrust::transform(ctx.system, first, last, out.data(),
+                        detail::fused_kernel<true, rank, value_type, decltype(r)>{r, out.shape()});
+    else
+      thrust::transform(ctx.system, first, last, out.data(),
+                        detail::fused_kernel<false, rank, value_type, decltype(r)>{r, out.shape()});
+  }
+
+ private:
+  template <class Child>
+  void broadcast_into(const Child& c, bool& ok) {
+    const auto s = c.shape();
+    constexpr std::size_t shift = rank - Child::rank;
+    for (std::size_t j = 0; j < Child::rank; ++j) {
+      std::size_t& e = shape_[shift + j];
+      if (e == 1) e = s[j];
+      else if (s[j] != 1 && s[j] != e) ok = false;
+    }
+  }
+
+  std::string operands_text() const {
+    std::string text;
+    std::apply([&](const auto&... c) { ((text += (text.empty() ? "" : ", ") + detail::describe_node(c)), ...); }, this->children_);
+    return text;
+  }
+
+  /// @brief A dim of extent 1 that broadcasts cannot be split: its one element would sit on one place only.
+  template <std::size_t... I>
+  void check_split_broadcast(std::index_sequence<I...>) const {
+    auto check = [&](const auto& c, const detail::layout_value& target) {
+      using child_t = std::remove_cvref_t<decltype(c)>;
+      const auto s = c.shape();
+      for (std::size_t j = 0; j < child_t::rank; ++j)
+        if (s[j] == 1 && shape_[rank - child_t::rank + j] != 1 && !target.dim_axis[j].empty())
+          throw layout_error(std::string(name) + ": dim " + std::to_string(j) + " of " + detail::describe_node(c) +
+                             " has extent 1 and broadcasts, but is split on \"" + std::string(target.dim_axis[j]) +
+                             "\"; replicate it");
+    };
+    (check(std::get<I>(this->children_), rule.operands[I]), ...);
+  }
+
+  template <std::size_t I, class Ctx, std::size_t Rank>
+  auto child_reader(Ctx& ctx, detail::group_frame<Rank>& frame) const {
+    const auto& c = std::get<I>(this->children_);
+    using child_t = std::remove_cvref_t<decltype(c)>;
+    if constexpr (child_t::is_scalar) {
+      return detail::scalar_reader<value_type>{static_cast<value_type>(c.value)};
+    } else if constexpr (child_t::elementwise && (!Ctx::distributed || detail::operand_plan_v<elementwise_node, I>.size == 0)) {
+      return c.reader(ctx, frame);
+    } else {
+      return detail::read_block(detail::operand_block<I>(*this, ctx), frame, name);
+    }
+  }
+
+  template <class Ctx, std::size_t Rank, std::size_t... I>
+  auto reader_of(Ctx& ctx, detail::group_frame<Rank>& frame, std::index_sequence<I...>) const {
+    return detail::op_reader<Op, decltype(child_reader<I>(ctx, frame))...>{child_reader<I>(ctx, frame)...};
+  }
+
+  shape_t<rank> shape_{};
+};
+
+}  // namespace pdo
+#endif  // PDO_SINGLE_PDO_EXPR_ELEMENTWISE_HPP
+// ---- pdo/expr/matmul.hpp
+#ifndef PDO_SINGLE_PDO_EXPR_MATMUL_HPP
+#define PDO_SINGLE_PDO_EXPR_MATMUL_HPP
+// pdo/expr/matmul.hpp: matmul of [..., M, K] by [..., K, N] (2-D, or batched), on BLAS.
+
+// ---- pdo/kernels/gemm.hpp
+#ifndef PDO_SINGLE_PDO_KERNELS_GEMM_HPP
+#define PDO_SINGLE_PDO_KERNELS_GEMM_HPP
+// pdo/kernels/gemm.hpp: C = A * B on a CPU place: BLAS ?gemm for float and double, a Thrust kernel otherwise.
+
+
+#include <cstddef>
+#include <mutex>
+#include <type_traits>
+
+#if defined(PDO_WITH_BLAS)
+#include <cblas.h>
+// OpenBLAS's thread count, where the BLAS is OpenBLAS (weak: absent elsewhere).
+extern "C" void openblas_set_num_threads(int) __attribute__((weak));
+#endif
+
+namespace pdo::detail {
+
+/// @brief A row-major matrix operand: `rows` x `cols` at `data`, rows `ld` elements apart.
+template <class T>
+struct matrix_ref {
+  const T* data;
+  std::size_t ld;
+};
+
+/// @brief C[i, j] = sum over k of A[i, k] B[k, j], one output element per index.
+template <class T>
+struct gemm_element {
+  matrix_ref<T> a, b;
+  std::size_t n, k;
+  PDO_HD T operator()(std::size_t index) const {
+    const std::size_t i = index / n, j = index % n;
+    T acc{};
+    for (std::size_t l = 0; l < k; ++l) acc += a.data[i * a.ld + l] * b.data[l * b.ld + j];
+    return acc;
+  }
+};
+
+/// @brief Whether gemm runs on BLAS for element type T.
+template <class T>
+inline constexpr bool blas_gemm_v =
+#if defined(PDO_WITH_BLAS)
+    std::is_same_v<T, float> || std::is_same_v<T, double>;
+#else
+    false;
+#endif
+
+/// @brief C (m x n, dense, row-major) = A (m x k) * B (k x n) on the cores of `system`.
+template <class T>
+void gemm(cpu_system& system, std::size_t m, std::size_t n, std::size_t k, matrix_ref<T> a, matrix_ref<T> b, T* c) {
+  if (m == 0 || n == 0) return;
+  if (k == 0) {
+    for (std::size_t i = 0; i < m * n; ++i) c[i] = T{};
+    return;
+  }
+  if constexpr (blas_gemm_v<T>) {
+#if defined(PDO_WITH_BLAS)
+    // OpenBLAS's thread count is process-wide and may not change while another place is
+    // inside a BLAS call: it is set once, to the core count of the first place that calls
+    // (places have equal shares of the cores unless the cores do not divide evenly)
+    static std::once_flag blas_threads;
+    std::call_once(blas_threads, [&] {
+      if (openblas_set_num_threads != nullptr) openblas_set_num_threads(system.threads);
+    });
+    const auto M = static_cast<int>(m), N = static_cast<int>(n), K = static_cast<int>(k);
+    if constexpr (std::is_same_v<T, float>)
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, N, K, 1.0f, a.data, static_cast<int>(a.ld), b.data,
+                  static_cast<int>(b.ld), 0.0f, c, N);
+    else
+      cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, N, K, 1.0, a.data, static_cast<int>(a.ld), b.data,
+                  static_cast<int>(b.ld), 0.0, c, N);
+#endif
+  } else {
+    thrust::transform(system, thrust::counting_iterator<std::size_t>(0), thrust::counting_iterator<std::size_t>(m * n), c,
+                      gemm_element<T>{a, b, n, k});
+  }
+}
+
+}  // namespace pdo::detail
+#endif  // PDO_SINGLE_PDO_KERNELS_GEMM_HPP
+
+#include <cstddef>
+#include <string>
+#include <tuple>
+
+namespace pdo {
+
+/// @brief matmul(a, b): a [..., M, K] by b [K, N] (one matrix for the whole batch) or by
+/// b [..., K, N] with a's batch dims. See detail::matmul_rule for the layouts.
+template <class A, class B>
+class matmul_node : public detail::op_node<A, B> {
+
+ public:
+  using value_type = typename A::value_type;
+  static_assert(std::is_same_v<value_type, typename B::value_type>,
+                "pdo: matmul: the operands have different element types; convert one first");
+  static_assert(A::rank >= 2 && B::rank >= 2, "pdo: matmul: both operands need at least 2 dims ([M, K] and [K, N])");
+  static_assert(B::rank == 2 || B::rank == A::rank,
+                "pdo: matmul: b must be a matrix [K, N] or have a's batch dims [..., K, N]");
+  static constexpr std::size_t rank = A::rank;
+  static constexpr bool elementwise = false;
+  static constexpr std::string_view name = "matmul";
+  static constexpr detail::op_rule rule = detail::matmul_rule(A::rule.out, B::rule.out);
+
+  matmul_node(A a, B b) : detail::op_node<A, B>(std::move(a), std::move(b)) {
+    const auto sa = std::get<0>(this->children_).shape();
+    const auto sb = std::get<1>(this->children_).shape();
+    bool ok = sa[rank - 1] == sb[B::rank - 2];
+    if constexpr (B::rank == rank)
+      for (std::size_t d = 0; d + 2 < rank; ++d) ok = ok && sa[d] == sb[d];
+    if (!ok)
+      throw shape_error("matmul: " + detail::describe_node(std::get<0>(this->children_)) + " by " +
+                        detail::describe_node(std::get<1>(this->children_)) +
+                        ": a's last dim must equal b's second-to-last, and batch dims must agree");
+    for (std::size_t d = 0; d + 1 < rank; ++d) shape_[d] = sa[d];
+    shape_[rank - 1] = sb[B::rank - 1];
+  }
+
+  [[nodiscard]] const shape_t<rank>& shape() const { return shape_; }
+
+  template <class Ctx>
+  void run(Ctx& ctx, tensor<value_type, rank>& out) const {
+    const auto a = detail::operand_block<0>(*this, ctx);
+    const auto b = detail::operand_block<1>(*this, ctx);
+    constexpr std::size_t rb = B::rank;
+    // the K range both blocks hold: the smaller block, read from the larger at its offset
+    const std::size_t ka = a.shape[rank - 1], kb = b.shape[rb - 2];
+    const std::size_t k = ka < kb ? ka : kb;
+    const std::size_t a_k0 = ka > k ? b.offset[rb - 2] - a.offset[rank - 1] : 0;
+    const std::size_t b_k0 = kb > k ? a.offset[rank - 1] - b.offset[rb - 2] : 0;
+    const std::size_t m = out.shape()[rank - 2], n = out.shape()[rank - 1];
+    const std::size_t lda = a.shape[rank - 1], ldb = b.shape[rb - 1];
+    std::size_t batches = 1;
+    for (std::size_t d = 0; d + 2 < rank; ++d) batches *= out.shape()[d];
+    // offsets of the output block's rows and columns within the operand blocks
+    const auto frame = ctx.local_offset(rule.out, shape_);
+    const std::size_t a_m0 = frame[rank - 2] - a.offset[rank - 2];
+    const std::size_t b_n0 = frame[rank - 1] - b.offset[rb - 1];
+    shape_t<rank> index{};
+    for (std::size_t batch = 0; batch < batches; ++batch) {
+      std::size_t a_off = 0, b_off = 0;
+      for (std::size_t d = 0; d + 2 < rank; ++d) {
+        a_off = a_off * a.shape[d] + (frame[d] - a.offset[d] + index[d]);
+        if constexpr (rb == rank) b_off = b_off * b.shape[d] + (frame[d] - b.offset[d] + index[d]);
+      }
+      const value_type* pa = a.data + (a_off * a.shape[rank - 2] + a_m0) * lda + a_k0;
+      const value_type* pb = b.data + (b_off * b.shape[rb - 2] + b_k0) * ldb + b_n0;
+      detail::gemm<value_type>(ctx.system, m, n, k, {pa, lda}, {pb, ldb}, out.data() + batch * m * n);
+      for (std::size_t d = rank - 2; d-- > 0;) {
+        if (++index[d] < out.shape()[d]) break;
+        index[d] = 0;
+      }
+    }
+  }
+
+ private:
+  shape_t<rank> shape_{};
+};
+
+}  // namespace pdo
+#endif  // PDO_SINGLE_PDO_EXPR_MATMUL_HPP
+// ---- pdo/expr/reduce.hpp
+#ifndef PDO_SINGLE_PDO_EXPR_REDUCE_HPP
+#define PDO_SINGLE_PDO_EXPR_REDUCE_HPP
+// pdo/expr/reduce.hpp: sum, mean and max over one dim or over all dims.
+
+// ---- pdo/kernels/reduce.hpp
+#ifndef PDO_SINGLE_PDO_KERNELS_REDUCE_HPP
+#define PDO_SINGLE_PDO_KERNELS_REDUCE_HPP
+// pdo/kernels/reduce.hpp: sums and maxima along one dim or over everything, as Thrust kernels.
+
+
+#include <cstddef>
+#include <limits>
+
+namespace pdo::detail {
+
+/// @brief What a reduction computes.
+enum class reduction { sum, mean, max };
+
+template <class T>
+PDO_HD T reduction_identity(reduction r) {
+  return r == reduction::max ? std::numeric_limits<T>::lowest() : T{};
+}
+
+/// @brief Output element o of a reduction along the middle dim of [outer, extent, inner].
+template <class T>
+struct reduce_along_dim {
+  const T* in;
+  std::size_t extent, inner;
+  reduction what;
+  T scale;  ///< 1 / the global extent, for mean
+  PDO_HD T operator()(std::size_t o) const {
+    const T* p = in + (o / inner) * extent * inner + o % inner;
+    T acc = reduction_identity<T>(what);
+    if (what == reduction::max)
+      for (std::size_t e = 0; e < extent; ++e) acc = p[e * inner] > acc ? p[e * inner] : acc;
+    else
+      for (std::size_t e = 0; e < extent; ++e) acc += p[e * inner];
+    return what == reduction::mean ? acc * scale : acc;
+  }
+};
+
+template <class T>
+struct read_at {
+  const T* in;
+  PDO_HD T operator()(std::size_t i) const { return in[i]; }
+};
+
+template <class T>
+struct max_of {
+  PDO_HD T operator()(T a, T b) const { return a < b ? b : a; }
+};
+
+/// @brief out[o] = the reduction along dim `v` of `in`; `global_extent` divides a mean.
+template <class T>
+void reduce_dim(cpu_system& system, const T* in, const dim_view& v, reduction what, std::size_t global_extent, T* out) {
+  const T scale = what == reduction::mean ? T(1) / static_cast<T>(global_extent) : T(1);
+  thrust::transform(system, thrust::counting_iterator<std::size_t>(0), thrust::counting_iterator<std::size_t>(v.outer * v.inner),
+                    out, reduce_along_dim<T>{in, v.extent, v.inner, what, scale});
+}
+
+/// @brief The reduction of all `n` elements of `in`; `global_count` divides a mean.
+template <class T>
+T reduce_all(cpu_system& system, const T* in, std::size_t n, reduction what, std::size_t global_count) {
+  const thrust::counting_iterator<std::size_t> first(0), last(n);
+  if (what == reduction::max)
+    return thrust::transform_reduce(system, first, last, read_at<T>{in}, reduction_identity<T>(what), max_of<T>{});
+  const T sum = thrust::transform_reduce(system, first, last, read_at<T>{in}, T{}, thrust::plus<T>{});
+  return what == reduction::mean ? sum / static_cast<T>(global_count) : sum;
+}
+
+}  // namespace pdo::detail
+#endif  // PDO_SINGLE_PDO_KERNELS_REDUCE_HPP
+
+#include <cstddef>
+#include <string>
+#include <tuple>
+
+namespace pdo {
+
+/// @brief A reduction of its operand over dim `Dim`, or over every dim when `All`
+/// (a rank-0 result). See detail::reduce_rule for the layouts.
+template <detail::reduction What, std::size_t Dim, bool All, class C>
+class reduce_node : public detail::op_node<C> {
+ public:
+  using value_type = typename C::value_type;
+  static_assert(All || Dim < C::rank, "pdo: sum/mean/max: the dim to reduce is out of range for the operand's rank");
+  static_assert(What != detail::reduction::mean || std::is_floating_point_v<value_type>,
+                "pdo: mean: needs a floating-point operand");
+  static constexpr std::size_t rank = All ? 0 : C::rank - 1;
+  static constexpr bool elementwise = false;
+  static constexpr std::string_view name =
+      What == detail::reduction::sum ? "sum" : What == detail::reduction::mean ? "mean" : "max";
+  static constexpr detail::op_rule rule = All ? detail::reduce_all_rule(C::rule.out, What == detail::reduction::max)
+                                              : detail::reduce_rule(C::rule.out, Dim, What == detail::reduction::max);
+
+  explicit reduce_node(C c) : detail::op_node<C>(std::move(c)) {
+    const auto s = std::get<0>(this->children_).shape();
+    if (What == detail::reduction::max && (All ? detail::volume(s) : s[All ? 0 : Dim]) == 0)
+      throw shape_error("max: " + detail::describe_node(std::get<0>(this->children_)) + ": the maximum of no elements");
+    if constexpr (!All)
+      for (std::size_t d = 0, o = 0; d < C::rank; ++d)
+        if (d != Dim) shape_[o++] = s[d];
+  }
+
+  [[nodiscard]] const shape_t<rank>& shape() const { return shape_; }
+
+  template <class Ctx>
+  void run(Ctx& ctx, tensor<value_type, rank>& out) const {
+    const auto in = detail::operand_block<0>(*this, ctx);
+    if constexpr (All) {
+      out.data()[0] = detail::reduce_all(ctx.system, in.data, detail::volume(in.shape), What, detail::volume(in.global));
+    } else {
+      detail::reduce_dim(ctx.system, in.data, detail::view_along(in.shape, Dim), What, in.global[Dim], out.data());
+    }
+    detail::combine_max<reduce_node>(ctx, out);
+  }
+
+ private:
+  shape_t<rank> shape_{};
+};
+
+}  // namespace pdo
+#endif  // PDO_SINGLE_PDO_EXPR_REDUCE_HPP
+// ---- pdo/expr/reshape.hpp
+#ifndef PDO_SINGLE_PDO_EXPR_RESHAPE_HPP
+#define PDO_SINGLE_PDO_EXPR_RESHAPE_HPP
+// pdo/expr/reshape.hpp: the same elements in row-major order under another shape.
+
+
+#include <cstddef>
+#include <string>
+#include <tuple>
+
+namespace pdo {
+
+/// @brief reshape<Rank>(x, shape): x's elements under `shape`. The leading dims through
+/// x's last split dim are kept as they are (same extents); the rest, all replicated,
+/// may be reshaped freely (see detail::reshape_rule).
+template <std::size_t Rank, class C>
+class reshape_node : public detail::op_node<C> {
+ public:
+  using value_type = typename C::value_type;
+  static constexpr std::size_t rank = Rank;
+  static constexpr bool elementwise = false;
+  static constexpr std::string_view name = "reshape";
+  static_assert(detail::kept_dims(C::rule.out) <= Rank,
+                "pdo: reshape: the result must keep every dim up to the operand's last split dim; gather the split "
+                "dims first (pdo::redistribute) or reshape only trailing replicated dims");
+  static constexpr detail::op_rule rule = detail::reshape_rule(C::rule.out, Rank);
+
+  reshape_node(C c, const shape_t<Rank>& shape) : detail::op_node<C>(std::move(c)), shape_(shape) {
+    const auto s = std::get<0>(this->children_).shape();
+    bool ok = detail::volume(s) == detail::volume(shape_);
+    for (std::size_t d = 0; d < detail::kept_dims(C::rule.out); ++d) ok = ok && s[d] == shape_[d];
+    if (!ok)
+      throw shape_error("reshape: " + detail::describe_node(std::get<0>(this->children_)) + " to " + detail::format_extents(shape_) +
+                        ": the number of elements must stay the same, and the dims up to the last split one must be kept");
+  }
+  [[nodiscard]] const shape_t<Rank>& shape() const { return shape_; }
+
+  template <class Ctx>
+  void run(Ctx& ctx, tensor<value_type, rank>& out) const {
+    const auto in = detail::operand_block<0>(*this, ctx);
+    detail::copy_elements(out.data(), in.data, out.size());
+  }
+
+ private:
+  shape_t<Rank> shape_;
+};
+
+}  // namespace pdo
+#endif  // PDO_SINGLE_PDO_EXPR_RESHAPE_HPP
+// ---- pdo/expr/softmax.hpp
+#ifndef PDO_SINGLE_PDO_EXPR_SOFTMAX_HPP
+#define PDO_SINGLE_PDO_EXPR_SOFTMAX_HPP
+// pdo/expr/softmax.hpp: softmax and log_softmax along one dim, and the cross-entropy loss.
+
+// ---- pdo/kernels/softmax.hpp
+#ifndef PDO_SINGLE_PDO_KERNELS_SOFTMAX_HPP
+#define PDO_SINGLE_PDO_KERNELS_SOFTMAX_HPP
+// pdo/kernels/softmax.hpp: softmax, log_softmax and cross-entropy rows, as Thrust kernels.
+
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+
+namespace pdo::detail {
+
+/// @brief Row r of a softmax along the middle dim of [outer, extent, inner]: the row's
+/// max is subtracted first, so large inputs do not overflow.
+template <class T, bool Log>
+struct softmax_row {
+  const T* in;
+  T* out;
+  std::size_t extent, inner;
+  PDO_HD void operator()(std::size_t r) const {
+    using std::exp;
+    using std::log;
+    const std::size_t base = (r / inner) * extent * inner + r % inner;
+    T top = in[base];
+    for (std::size_t e = 1; e < extent; ++e) top = in[base + e * inner] > top ? in[base + e * inner] : top;
+    T total{};
+    for (std::size_t e = 0; e < extent; ++e) total += static_cast<T>(exp(in[base + e * inner] - top));
+    if constexpr (Log) {
+      const T shift = top + static_cast<T>(log(total));
+      for (std::size_t e = 0; e < extent; ++e) out[base + e * inner] = in[base + e * inner] - shift;
+    } else {
+      for (std::size_t e = 0; e < extent; ++e) out[base + e * inner] = static_cast<T>(exp(in[base + e * inner] - top)) / total;
+    }
+  }
+};
+
+/// @brief softmax (or log_softmax) of `in` laid out as `v`, along its middle dim, into `out`.
+template <bool Log, class T>
+void softmax_dim(cpu_system& system, const T* in, const dim_view& v, T* out) {
+  if (v.extent == 0) return;
+  thrust::for_each_n(system, thrust::counting_iterator<std::size_t>(0), v.outer * v.inner,
+                     softmax_row<T, Log>{in, out, v.extent, v.inner});
+}
+
+/// @brief The loss of sample i: log-sum-exp of its logits minus the logit of its label.
+template <class T, class Label>
+struct cross_entropy_row {
+  const T* logits;
+  const Label* labels;
+  std::size_t classes;
+  PDO_HD T operator()(std::size_t i) const {
+    using std::exp;
+    using std::log;
+    const T* row = logits + i * classes;
+    T top = row[0];
+    for (std::size_t c = 1; c < classes; ++c) top = row[c] > top ? row[c] : top;
+    T total{};
+    for (std::size_t c = 0; c < classes; ++c) total += static_cast<T>(exp(row[c] - top));
+    return top + static_cast<T>(log(total)) - row[static_cast<std::size_t>(labels[i])];
+  }
+};
+
+/// @brief 1 for a label outside [0, classes), else 0.
+template <class Label>
+struct label_out_of_range {
+  const Label* labels;
+  std::size_t classes;
+  PDO_HD std::size_t operator()(std::size_t i) const {
+    const Label l = labels[i];
+    if (!(l >= Label(0) && static_cast<double>(l) < static_cast<double>(classes))) return 1;  // NaN too
+    return l != Label(static_cast<std::int64_t>(l)) ? 1 : 0;                                  // a fraction
+  }
+};
+
+}  // namespace pdo::detail
+#endif  // PDO_SINGLE_PDO_KERNELS_SOFTMAX_HPP
+
+#include <cstddef>
+#include <limits>
+#include <string>
+#include <tuple>
+
+namespace pdo {
+
+/// @brief softmax (or log_softmax when `Log`) of its operand along dim `Dim`. The dim is
+/// gathered first where it is split (see detail::along_dim_rule).
+template <bool Log, std::size_t Dim, class C>
+class softmax_node : public detail::op_node<C> {
+ public:
+  using value_type = typename C::value_type;
+  static_assert(Dim < C::rank, "pdo: softmax: the dim is out of range for the operand's rank");
+  static_assert(std::is_floating_point_v<value_type>, "pdo: softmax: needs a floating-point operand");
+  static constexpr std::size_t rank = C::rank;
+  static constexpr bool elementwise = false;
+  static constexpr std::string_view name = Log ? "log_softmax" : "softmax";
+  static constexpr detail::op_rule rule = detail::along_dim_rule(C::rule.out, Dim);
+
+  explicit softmax_node(C c) : detail::op_node<C>(std::move(c)) {}
+  [[nodiscard]] shape_t<rank> shape() const { return std::get<0>(this->children_).shape(); }
+
+  template <class Ctx>
+  void run(Ctx& ctx, tensor<value_type, rank>& out) const {
+    const auto in = detail::operand_block<0>(*this, ctx);
+    detail::softmax_dim<Log>(ctx.system, in.data, detail::view_along(in.shape, Dim), out.data());
+  }
+
+ private:
+};
+
+/// @brief cross_entropy(logits [N, C], labels [N]): the mean over the N samples of
+/// -log softmax(logits)[label]. Labels are class indices of any element type.
+template <class Logits, class Labels>
+class cross_entropy_node : public detail::op_node<Logits, Labels> {
+
+ public:
+  using value_type = typename Logits::value_type;
+  static_assert(Logits::rank == 2 && Labels::rank == 1, "pdo: cross_entropy: takes logits [N, C] and labels [N]");
+  static_assert(std::is_floating_point_v<value_type>, "pdo: cross_entropy: needs floating-point logits");
+  static constexpr std::size_t rank = 0;
+  static constexpr bool elementwise = false;
+  static constexpr std::string_view name = "cross_entropy";
+  static constexpr detail::op_rule rule = detail::cross_entropy_rule(Logits::rule.out, Labels::rule.out);
+
+  cross_entropy_node(Logits logits, Labels labels) : detail::op_node<Logits, Labels>(std::move(logits), std::move(labels)) {
+    const auto sl = std::get<0>(this->children_).shape();
+    const auto sb = std::get<1>(this->children_).shape();
+    if (sl[0] != sb[0] || (sl[1] == 0 && sl[0] != 0))
+      throw shape_error("cross_entropy: logits " + detail::describe_node(std::get<0>(this->children_)) + " and labels " +
+                        detail::describe_node(std::get<1>(this->children_)) +
+                        ": need one label per row of logits and at least one class");
+  }
+  [[nodiscard]] shape_t<0> shape() const { return {}; }
+
+  template <class Ctx>
+  void run(Ctx& ctx, tensor<value_type, 0>& out) const {
+    const auto logits = detail::operand_block<0>(*this, ctx);
+    const auto labels = detail::operand_block<1>(*this, ctx);
+    using label_t = typename Labels::value_type;
+    const std::size_t rows = logits.shape[0], classes = logits.shape[1];
+    const label_t* first = labels.data + (logits.offset[0] - labels.offset[0]);  // replicated labels: read at the rows' offset
+    const thrust::counting_iterator<std::size_t> begin(0), end(rows);
+    const std::size_t bad = thrust::transform_reduce(ctx.system, begin, end, detail::label_out_of_range<label_t>{first, classes},
+                                                     std::size_t{0}, thrust::plus<std::size_t>{});
+    if (bad != 0)
+      throw shape_error("cross_entropy: " + std::to_string(bad) + " labels of " + detail::describe_node(std::get<1>(this->children_)) +
+                        " are not class indices in [0, " + std::to_string(classes) + ")");
+    const value_type total = thrust::transform_reduce(ctx.system, begin, end,
+                                                      detail::cross_entropy_row<value_type, label_t>{logits.data, first, classes},
+                                                      value_type{}, thrust::plus<value_type>{});
+    // no samples: NaN, the mean of nothing (as PyTorch gives)
+    out.data()[0] = logits.global[0] == 0 ? std::numeric_limits<value_type>::quiet_NaN()
+                                          : total / static_cast<value_type>(logits.global[0]);
+  }
+
+ private:
+};
+
+}  // namespace pdo
+#endif  // PDO_SINGLE_PDO_EXPR_SOFTMAX_HPP
+// ---- pdo/expr/transpose.hpp
+#ifndef PDO_SINGLE_PDO_EXPR_TRANSPOSE_HPP
+#define PDO_SINGLE_PDO_EXPR_TRANSPOSE_HPP
+// pdo/expr/transpose.hpp: the last two dims swapped.
+
+
+#include <cstddef>
+#include <tuple>
+
+namespace pdo {
+
+namespace detail {
+/// @brief Output element i of [batch, cols, rows] read from the input [batch, rows, cols].
+template <class T>
+struct transpose_element {
+  const T* in;
+  std::size_t rows, cols;
+  PDO_HD T operator()(std::size_t i) const {
+    const std::size_t b = i / (rows * cols), rest = i % (rows * cols);
+    const std::size_t c = rest / rows, r = rest % rows;
+    return in[b * rows * cols + r * cols + c];
+  }
+};
+}  // namespace detail
+
+/// @brief transpose(x): x with its last two dims swapped (their splits swap too).
+template <class C>
+class transpose_node : public detail::op_node<C> {
+ public:
+  using value_type = typename C::value_type;
+  static_assert(C::rank >= 2, "pdo: transpose: needs at least 2 dims");
+  static constexpr std::size_t rank = C::rank;
+  static constexpr bool elementwise = false;
+  static constexpr std::string_view name = "transpose";
+  static constexpr detail::op_rule rule = detail::transpose_rule(C::rule.out);
+
+  explicit transpose_node(C c) : detail::op_node<C>(std::move(c)) {
+    shape_ = std::get<0>(this->children_).shape();
+    std::swap(shape_[rank - 2], shape_[rank - 1]);
+  }
+  [[nodiscard]] const shape_t<rank>& shape() const { return shape_; }
+
+  template <class Ctx>
+  void run(Ctx& ctx, tensor<value_type, rank>& out) const {
+    const auto in = detail::operand_block<0>(*this, ctx);
+    thrust::transform(ctx.system, thrust::counting_iterator<std::size_t>(0), thrust::counting_iterator<std::size_t>(out.size()),
+                      out.data(), detail::transpose_element<value_type>{in.data, in.shape[rank - 2], in.shape[rank - 1]});
+  }
+
+ private:
+  shape_t<rank> shape_{};
+};
+
+}  // namespace pdo
+#endif  // PDO_SINGLE_PDO_EXPR_TRANSPOSE_HPP
+
+#include <cstddef>
+#include <utility>
+
+namespace pdo {
+
+namespace detail {
+/// @brief An operand of an arithmetic operator: a tensor operand, or a number beside one.
+template <class A, class B>
+concept arithmetic_operands = (tensor_operand<A> || tensor_operand<B>) && (tensor_operand<A> || element<std::remove_cvref_t<A>>) &&
+                              (tensor_operand<B> || element<std::remove_cvref_t<B>>);
+
+template <class Op, class... Args>
+auto make_elementwise(Args&&... args) {
+  return elementwise_node<Op, expression_t<Args>...>(as_expression(std::forward<Args>(args))...);
+}
+}  // namespace detail
+
+/// @brief The value of `dim` that means "every dim" (sum, mean, max) or "the last dim" (softmax).
+inline constexpr std::size_t all_dims = static_cast<std::size_t>(-1);
+inline constexpr std::size_t last_dim = static_cast<std::size_t>(-1);
+
+// Arithmetic: tensor operands, with plain numbers on either side.
+template <class A, class B>
+  requires detail::arithmetic_operands<A, B>
+auto operator+(A&& a, B&& b) {
+  return detail::make_elementwise<op::add>(std::forward<A>(a), std::forward<B>(b));
+}
+template <class A, class B>
+  requires detail::arithmetic_operands<A, B>
+auto operator-(A&& a, B&& b) {
+  return detail::make_elementwise<op::subtract>(std::forward<A>(a), std::forward<B>(b));
+}
+template <class A, class B>
+  requires detail::arithmetic_operands<A, B>
+auto operator*(A&& a, B&& b) {
+  return detail::make_elementwise<op::multiply>(std::forward<A>(a), std::forward<B>(b));
+}
+template <class A, class B>
+  requires detail::arithmetic_operands<A, B>
+auto operator/(A&& a, B&& b) {
+  return detail::make_elementwise<op::divide>(std::forward<A>(a), std::forward<B>(b));
+}
+template <detail::tensor_operand A>
+auto operator-(A&& a) {
+  return detail::make_elementwise<op::negate>(std::forward<A>(a));
+}
+
+// Elementwise functions.
+template <detail::tensor_operand A>
+auto exp(A&& a) { return detail::make_elementwise<op::exp>(std::forward<A>(a)); }
+template <detail::tensor_operand A>
+auto log(A&& a) { return detail::make_elementwise<op::log>(std::forward<A>(a)); }
+template <detail::tensor_operand A>
+auto sqrt(A&& a) { return detail::make_elementwise<op::sqrt>(std::forward<A>(a)); }
+template <detail::tensor_operand A>
+auto tanh(A&& a) { return detail::make_elementwise<op::tanh>(std::forward<A>(a)); }
+template <detail::tensor_operand A>
+auto sigmoid(A&& a) { return detail::make_elementwise<op::sigmoid>(std::forward<A>(a)); }
+template <detail::tensor_operand A>
+auto relu(A&& a) { return detail::make_elementwise<op::relu>(std::forward<A>(a)); }
+/// @brief GELU, tanh approximation.
+template <detail::tensor_operand A>
+auto gelu(A&& a) { return detail::make_elementwise<op::gelu>(std::forward<A>(a)); }
+
+/// @brief Elementwise maximum and minimum of two operands.
+template <class A, class B>
+  requires detail::arithmetic_operands<A, B>
+auto maximum(A&& a, B&& b) { return detail::make_elementwise<op::maximum>(std::forward<A>(a), std::forward<B>(b)); }
+template <class A, class B>
+  requires detail::arithmetic_operands<A, B>
+auto minimum(A&& a, B&& b) { return detail::make_elementwise<op::minimum>(std::forward<A>(a), std::forward<B>(b)); }
+
+// Comparisons: 1 where they hold, 0 elsewhere, in the operands' element type.
+template <class A, class B>
+  requires detail::arithmetic_operands<A, B>
+auto less(A&& a, B&& b) { return detail::make_elementwise<op::less>(std::forward<A>(a), std::forward<B>(b)); }
+template <class A, class B>
+  requires detail::arithmetic_operands<A, B>
+auto less_equal(A&& a, B&& b) { return detail::make_elementwise<op::less_equal>(std::forward<A>(a), std::forward<B>(b)); }
+template <class A, class B>
+  requires detail::arithmetic_operands<A, B>
+auto greater(A&& a, B&& b) { return detail::make_elementwise<op::greater>(std::forward<A>(a), std::forward<B>(b)); }
+template <class A, class B>
+  requires detail::arithmetic_operands<A, B>
+auto greater_equal(A&& a, B&& b) {
+  return detail::make_elementwise<op::greater_equal>(std::forward<A>(a), std::forward<B>(b));
+}
+template <class A, class B>
+  requires detail::arithmetic_operands<A, B>
+auto equal(A&& a, B&& b) { return detail::make_elementwise<op::equal>(std::forward<A>(a), std::forward<B>(b)); }
+template <class A, class B>
+  requires detail::arithmetic_operands<A, B>
+auto not_equal(A&& a, B&& b) { return detail::make_elementwise<op::not_equal>(std::forward<A>(a), std::forward<B>(b)); }
+
+/// @brief a where `cond` is nonzero, else b (each may be a number).
+template <detail::tensor_operand C, class A, class B>
+  requires(detail::tensor_operand<A> || element<std::remove_cvref_t<A>>) && (detail::tensor_operand<B> || element<std::remove_cvref_t<B>>)
+auto where(C&& cond, A&& a, B&& b) {
+  return detail::make_elementwise<op::where>(std::forward<C>(cond), std::forward<A>(a), std::forward<B>(b));
+}
+
+/// @brief Matrix product: a [..., M, K] by b [K, N] or [..., K, N].
+template <detail::tensor_operand A, detail::tensor_operand B>
+auto matmul(A&& a, B&& b) {
+  return matmul_node<detail::expression_t<A>, detail::expression_t<B>>(detail::as_expression(std::forward<A>(a)),
+                                                                       detail::as_expression(std::forward<B>(b)));
+}
+
+namespace detail {
+template <reduction What, std::size_t Dim, class A>
+auto make_reduction(A&& a) {
+  using e = expression_t<A>;
+  if constexpr (Dim == all_dims) return reduce_node<What, 0, true, e>(as_expression(std::forward<A>(a)));
+  else return reduce_node<What, Dim, false, e>(as_expression(std::forward<A>(a)));
+}
+}  // namespace detail
+
+/// @brief Sum over dim `Dim` (which leaves the shape), or over every dim by default.
+template <std::size_t Dim = all_dims, detail::tensor_operand A>
+auto sum(A&& a) { return detail::make_reduction<detail::reduction::sum, Dim>(std::forward<A>(a)); }
+/// @brief Mean over dim `Dim`, or over every dim by default.
+template <std::size_t Dim = all_dims, detail::tensor_operand A>
+auto mean(A&& a) { return detail::make_reduction<detail::reduction::mean, Dim>(std::forward<A>(a)); }
+/// @brief Maximum over dim `Dim`, or over every dim by default.
+template <std::size_t Dim = all_dims, detail::tensor_operand A>
+auto max(A&& a) { return detail::make_reduction<detail::reduction::max, Dim>(std::forward<A>(a)); }
+
+/// @brief softmax along dim `Dim` (the last by default).
+template <std::size_t Dim = last_dim, detail::tensor_operand A>
+auto softmax(A&& a) {
+  using e = detail::expression_t<A>;
+  return softmax_node<false, Dim == last_dim ? e::rank - 1 : Dim, e>(detail::as_expression(std::forward<A>(a)));
+}
+/// @brief log_softmax along dim `Dim` (the last by default).
+template <std::size_t Dim = last_dim, detail::tensor_operand A>
+auto log_softmax(A&& a) {
+  using e = detail::expression_t<A>;
+  return softmax_node<true, Dim == last_dim ? e::rank - 1 : Dim, e>(detail::as_expression(std::forward<A>(a)));
+}
+/// @brief Mean cross-entropy of logits [N, C] against class indices [N].
+template <detail::tensor_operand L, detail::tensor_operand Y>
+auto cross_entropy(L&& logits, Y&& labels) {
+  return cross_entropy_node<detail::expression_t<L>, detail::expression_t<Y>>(detail::as_expression(std::forward<L>(logits)),
+                                                                              detail::as_expression(std::forward<Y>(labels)));
+}
+
+/// @brief The last two dims swapped.
+template <detail::tensor_operand A>
+auto transpose(A&& a) {
+  return transpose_node<detail::expression_t<A>>(detail::as_expression(std::forward<A>(a)));
+}
+
+/// @brief The same elements under `shape` (see reshape_node for what may change).
+template <detail::tensor_operand A, std::size_t Rank>
+auto reshape(A&& a, const std::size_t (&shape)[Rank]) {
+  shape_t<Rank> s{};
+  for (std::size_t d = 0; d < Rank; ++d) s[d] = shape[d];
+  return reshape_node<Rank, detail::expression_t<A>>(detail::as_expression(std::forward<A>(a)), s);
+}
+
+}  // namespace pdo
+#endif  // PDO_SINGLE_PDO_EXPR_OPERATORS_HPP
+// ---- pdo/plan/plan.hpp
+#ifndef PDO_SINGLE_PDO_PLAN_PLAN_HPP
+#define PDO_SINGLE_PDO_PLAN_PLAN_HPP
+// pdo/plan/plan.hpp: the plan of an expression, computed from its type at compile time.
+
+// ---- pdo/layout/layout_type.hpp
+#ifndef PDO_SINGLE_PDO_LAYOUT_LAYOUT_TYPE_HPP
+#define PDO_SINGLE_PDO_LAYOUT_LAYOUT_TYPE_HPP
+// pdo/layout/layout_type.hpp: a layout computed as a value turned back into a layout type of a mesh.
+
+
+#include <array>
+#include <cstddef>
+#include <type_traits>
+#include <utility>
+
+namespace pdo::detail {
+
+template <class Mesh, std::size_t Axis>
+constexpr auto dim_spec_of() {
+  if constexpr (Axis == Mesh::ndim) return std::type_identity<replicate>{};
+  else return std::type_identity<split<Mesh::template axis_string<Axis>>>{};
+}
+
+/// @brief Builds the layout type of `Value::value` from the mesh axis numbers of its
+/// entries (the mesh's rank where a dim is replicated).
+template <class Mesh, class Value>
+struct layout_type_builder {
+  static constexpr layout_value v = Value::value;
+  static constexpr std::array<std::size_t, max_rank> dims = [] {
+    std::array<std::size_t, max_rank> a{};
+    for (std::size_t d = 0; d < v.rank; ++d) a[d] = v.dim_axis[d].empty() ? Mesh::ndim : Mesh::axis_index(v.dim_axis[d]);
+    return a;
+  }();
+  static constexpr std::array<std::size_t, max_axes> partial = [] {
+    std::array<std::size_t, max_axes> a{};
+    for (std::size_t i = 0; i < v.npartial; ++i) a[i] = Mesh::axis_index(v.partial[i]);
+    return a;
+  }();
+
+  template <std::size_t... D, std::size_t... P>
+  static constexpr auto make(std::index_sequence<D...>, std::index_sequence<P...>) {
+    using base = layout<typename decltype(dim_spec_of<Mesh, dims[D]>())::type...>;
+    if constexpr (sizeof...(P) == 0) return std::type_identity<base>{};
+    else return std::type_identity<typename base::template partial<Mesh::template axis_string<partial[P]>...>>{};
+  }
+  using type = typename decltype(make(std::make_index_sequence<v.rank>{}, std::make_index_sequence<v.npartial>{}))::type;
+};
+
+/// @brief The layout type, on mesh type `Mesh`, of the constexpr layout_value `Value::value`
+/// (the planner computes layouts as values; dtensor types need them as types).
+template <class Mesh, class Value>
+using layout_type_t = typename layout_type_builder<Mesh, Value>::type;
+
+}  // namespace pdo::detail
+#endif  // PDO_SINGLE_PDO_LAYOUT_LAYOUT_TYPE_HPP
+
+#include <array>
+#include <cstddef>
+#include <string_view>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+
+namespace pdo {
+
+/// @brief What one step of an expression's plan does.
+enum class plan_step_kind {
+  kernel,        ///< an op's local kernel (on every place at once)
+  redistribute,  ///< one step bringing an operand to the layout its op needs
+  combine_max,   ///< an all_reduce(max) over an axis after the kernel (max over a split dim)
+};
+
+/// @brief One step of a plan. Nodes are numbered in evaluation order (post-order, leaves
+/// included), so a step names the op it belongs to and, for a redistribution, the operand.
+struct plan_step {
+  plan_step_kind kind{};
+  std::string_view op;            ///< the op the step belongs to ("matmul", "relu")
+  std::size_t node = 0;           ///< that op's node number
+  std::size_t operand = 0;        ///< redistribute: which operand of the op
+  std::size_t operand_node = 0;   ///< redistribute: that operand's node number
+  bool fused = false;             ///< kernel: runs inside the kernel of the op that consumes it
+  redistribute_step move{};       ///< redistribute: the step; combine_max: its axis and layouts
+  detail::layout_value layout{};  ///< kernel: the op's output layout
+};
+
+/// @brief The plan of an expression: its steps in order. A value: usable in
+/// static_assert (`pdo::plan_of<E>().count(pdo::step_kind::all_reduce) == 1`).
+struct expression_plan {
+  static constexpr std::size_t capacity = 96;
+  std::size_t size = 0;
+  std::size_t nodes = 0;  ///< nodes numbered (leaves included)
+  std::array<plan_step, capacity> steps{};
+
+  [[nodiscard]] constexpr const plan_step* begin() const { return steps.data(); }
+  [[nodiscard]] constexpr const plan_step* end() const { return steps.data() + size; }
+  /// @brief How many collectives of kind `k` the plan runs (an all_reduce(max) counts as an all_reduce).
+  [[nodiscard]] constexpr std::size_t count(step_kind k) const {
+    std::size_t n = 0;
+    for (const auto& s : *this)
+      n += (s.kind == plan_step_kind::redistribute && s.move.kind == k) ||
+           (s.kind == plan_step_kind::combine_max && k == step_kind::all_reduce);
+    return n;
+  }
+  /// @brief How many steps communicate.
+  [[nodiscard]] constexpr std::size_t collectives() const {
+    std::size_t n = 0;
+    for (const auto& s : *this)
+      n += (s.kind == plan_step_kind::redistribute && communicates(s.move.kind)) || s.kind == plan_step_kind::combine_max;
+    return n;
+  }
+  /// @brief How many passes over memory the kernels make: fused ops share one.
+  [[nodiscard]] constexpr std::size_t kernels() const {
+    std::size_t n = 0;
+    for (const auto& s : *this) n += s.kind == plan_step_kind::kernel && !s.fused;
+    return n;
+  }
+  /// @brief The layout of the expression's result.
+  [[nodiscard]] constexpr detail::layout_value result_layout() const {
+    for (std::size_t i = size; i-- > 0;)
+      if (steps[i].kind == plan_step_kind::kernel) return steps[i].layout;
+    return {};
+  }
+  constexpr void push(const plan_step& s) {
+    if (size == capacity) throw "pdo: plan_of: the expression has more steps than a plan holds; evaluate part of it first";
+    steps[size++] = s;
+  }
+};
+
+namespace detail {
+
+/// @brief Whether child `I` of `Node` runs inside `Node`'s kernel: both elementwise and
+/// nothing to move between them.
+template <class Node, std::size_t I>
+constexpr bool fused_child() {
+  using child_t = std::tuple_element_t<I, typename Node::children_type>;
+  return Node::elementwise && child_t::elementwise && (!Node::distributed || operand_plan_v<Node, I>.size == 0);
+}
+
+/// @brief Appends the steps of `Node`'s subtree to `plan` in evaluation order and returns
+/// the node's number.
+template <class Node>
+constexpr std::size_t add_steps(expression_plan& plan, bool fused) {
+  if constexpr (Node::is_leaf) {
+    return Node::is_scalar ? expression_plan::capacity : plan.nodes++;
+  } else {
+    constexpr std::size_t arity = std::tuple_size_v<typename Node::children_type>;
+    std::array<std::size_t, arity> child{};
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      ((child[I] = add_steps<std::tuple_element_t<I, typename Node::children_type>>(plan, fused_child<Node, I>())), ...);
+    }(std::make_index_sequence<arity>{});
+    const std::size_t id = plan.nodes++;
+    if constexpr (Node::distributed) {
+      [&]<std::size_t... I>(std::index_sequence<I...>) {
+        (
+            [&] {
+              for (const auto& s : operand_plan_v<Node, I>) {
+                plan_step step{plan_step_kind::redistribute, Node::name, id, I, child[I]};
+                step.move = s;
+                plan.push(step);
+              }
+            }(),
+            ...);
+      }(std::make_index_sequence<arity>{});
+    }
+    plan_step kernel{plan_step_kind::kernel, Node::name, id};
+    kernel.fused = fused;
+    kernel.layout = Node::rule.out;
+    plan.push(kernel);
+    for (std::size_t i = 0; i < Node::rule.npost_max; ++i) {
+      plan_step step{plan_step_kind::combine_max, Node::name, id};
+      step.move.kind = step_kind::all_reduce;
+      step.move.axis = Node::rule.post_max[i];
+      step.move.before = step.move.after = Node::rule.out;
+      plan.push(step);
+    }
+    return id;
+  }
+}
+
+}  // namespace detail
+
+/// @brief The plan of expression type `Expr` (what `pdo::eval` runs), at compile time:
+/// each op's kernel, with the redistributions its operands need before it, in order.
+template <class Expr>
+constexpr expression_plan plan_of() {
+  using node = detail::expression_t<Expr>;
+  expression_plan plan;
+  detail::add_steps<node>(plan, false);
+  return plan;
+}
+
+/// @brief The plan of `expr`'s type.
+template <class Expr>
+constexpr expression_plan plan_of(const Expr&) {
+  return plan_of<Expr>();
+}
+
+/// @brief Evaluation policies: `implicit` lets the planner insert the communication its
+/// rules call for; `strict` makes every such communication a compile error that names
+/// the op and the two layouts, so all communication is written out (pdo::redistribute).
+struct implicit {};
+struct strict {};
+
+namespace detail {
+
+template <class Node, std::size_t I>
+struct operand_layout {
+  static constexpr layout_value value = std::tuple_element_t<I, typename Node::children_type>::rule.out;
+};
+template <class Node, std::size_t I>
+struct needed_layout {
+  static constexpr layout_value value = Node::rule.operands[I];
+};
+template <class Node>
+struct output_layout {
+  static constexpr layout_value value = Node::rule.out;
+};
+
+template <class Node>
+constexpr auto op_name_of() {
+  return fixed_string<Node::name.size() + 1>(Node::name);
+}
+
+/// @brief Instantiated for an op whose operand must move under pdo::strict: the failed
+/// assertion's context names the op, the operand's layout and the layout the op needs.
+template <fixed_string Op, std::size_t Operand, class Has, class Needs>
+struct strict_forbids_implicit_communication {
+  static_assert(always_false<Has, Needs>,
+                "pdo: strict: this op needs an operand in another layout, which takes communication; "
+                "redistribute the operand explicitly (pdo::redistribute<Needs>), or evaluate without pdo::strict");
+  static constexpr bool ok = false;
+};
+template <fixed_string Op, class Before, class After>
+struct strict_forbids_implicit_max_reduction {
+  static_assert(always_false<Before, After>,
+                "pdo: strict: max over a split dim needs an all_reduce(max) across the places; gather the dim "
+                "first (pdo::redistribute), or evaluate without pdo::strict");
+  static constexpr bool ok = false;
+};
+
+/// @brief Checks every op of `Node`'s subtree under pdo::strict.
+template <class Node>
+constexpr bool check_strict() {
+  if constexpr (Node::is_leaf || !Node::distributed) {
+    return true;
+  } else {
+    using mesh_t = typename Node::mesh_type;
+    constexpr std::size_t arity = std::tuple_size_v<typename Node::children_type>;
+    return [&]<std::size_t... I>(std::index_sequence<I...>) {
+      return (check_strict<std::tuple_element_t<I, typename Node::children_type>>() && ...) &&
+             ([] {
+               if constexpr (operand_plan_v<Node, I>.collectives() > 0)
+                 return strict_forbids_implicit_communication<op_name_of<Node>(), I,
+                                                              layout_type_t<mesh_t, operand_layout<Node, I>>,
+                                                              layout_type_t<mesh_t, needed_layout<Node, I>>>::ok;
+               else
+                 return true;
+             }() && ...) &&
+             [] {
+               if constexpr (Node::rule.npost_max > 0)
+                 return strict_forbids_implicit_max_reduction<op_name_of<Node>(), layout_type_t<mesh_t, needed_layout<Node, 0>>,
+                                                              layout_type_t<mesh_t, output_layout<Node>>>::ok;
+               else
+                 return true;
+             }();
+    }(std::make_index_sequence<arity>{});
+  }
+}
+
+template <class Policy, class Node>
+constexpr void check_policy() {
+  static_assert(std::is_same_v<Policy, implicit> || std::is_same_v<Policy, strict>,
+                "pdo: eval: the policy must be pdo::implicit or pdo::strict");
+  if constexpr (std::is_same_v<Policy, strict>) static_assert(check_strict<Node>());
+}
+
+}  // namespace detail
+
+/// @brief The layout type of the result of evaluating `Expr` (a dtensor expression).
+template <class Expr>
+using result_layout_t = detail::layout_type_t<typename detail::expression_t<Expr>::mesh_type,
+                                              detail::output_layout<detail::expression_t<Expr>>>;
+
+}  // namespace pdo
+#endif  // PDO_SINGLE_PDO_PLAN_PLAN_HPP
+
+#include <cstddef>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace pdo {
+
+namespace detail {
+
+/// @brief An evaluation queued on the places of a mesh: its tasks, and how to name it in
+/// an error (built only when one is thrown).
+struct queued_evaluation {
+  std::shared_ptr<place_batch> batch;
+  virtual ~queued_evaluation() = default;
+  [[nodiscard]] virtual std::string what() const = 0;
+  [[nodiscard]] virtual std::string place_name(std::size_t p) const = 0;
+
+  /// @brief Waits for every task; throws the first failure as a pdo::error naming the op and place.
+  void finish() const {
+    batch->done.wait();
+    if (const auto failure = batch->first_failure())
+      failure->error.rethrow_with_context(what() + ": on place " + place_name(failure->place) + ": ");
+  }
+};
+
+/// @brief What an evaluation shares with the tasks it queued: the expression (its leaves
+/// refer to the caller's tensors) and the result, whose shards the tasks fill.
+template <class Node, class Result>
+struct evaluation final : queued_evaluation {
+  evaluation(Node e, Result r) : expr(std::move(e)), result(std::move(r)) {}
+  Node expr;
+  Result result;
+  [[nodiscard]] std::string what() const override {
+    return "eval of " + std::string(Node::name) + " -> " + describe_node(expr);
+  }
+  [[nodiscard]] std::string place_name(std::size_t p) const override { return result.mesh().place(p).name(); }
+};
+
+/// @brief The evaluations queued with eval_async and not yet waited for, for wait_all.
+struct pending_registry {
+  std::mutex mutex;
+  std::vector<std::shared_ptr<const queued_evaluation>> pending;
+
+  static pending_registry& instance() {
+    static pending_registry r;
+    return r;
+  }
+  void add(std::shared_ptr<const queued_evaluation> e) {
+    std::lock_guard lock(mutex);
+    pending.push_back(std::move(e));
+  }
+  /// @brief Drops `e`: its caller waits for it itself.
+  void forget(const queued_evaluation* e) {
+    std::lock_guard lock(mutex);
+    std::erase_if(pending, [&](const auto& entry) { return entry.get() == e; });
+  }
+};
+
+/// @brief Allocates the result's shards and queues the evaluation of `expr` on every
+/// place of its mesh in this process.
+template <class Policy, class Expr>
+auto queue_evaluation(Expr&& expr) {
+  using node_t = expression_t<Expr>;
+  static_assert(node_t::distributed,
+                "pdo: eval_async: the expression has no dtensor operand; evaluate local tensors with pdo::eval");
+  check_policy<Policy, node_t>();
+  using T = typename node_t::value_type;
+  using mesh_t = typename node_t::mesh_type;
+  using result_t = dtensor<T, node_t::rank, mesh_t, result_layout_t<node_t>>;
+  constexpr std::size_t collectives = plan_of<node_t>().collectives();
+
+  node_t node = as_expression(std::forward<Expr>(expr));
+  const mesh_t& m = *find_mesh(node);
+  check_one_mesh(node, m);
+  comms_of(m);  // built by every process, those without places too
+  if (m.local_places().empty()) throw layout_error("eval: this process holds no place of " + m.describe());
+  const auto global = node.shape();
+  std::vector<tensor<T, node_t::rank>> shards;
+  shards.reserve(m.local_places().size());
+  for (std::size_t p : m.local_places()) shards.emplace_back(shard_shape(m, node_t::rule.out, global, p), m.place(p), uninitialized);
+  auto state = std::make_shared<evaluation<node_t, result_t>>(std::move(node), result_t(m, global, std::move(shards)));
+  std::lock_guard serial(mesh_operations_mutex());
+  state->batch = submit_on_places(
+      m,
+      [raw = state.get()](std::size_t p, std::size_t k) {
+        mesh_context<mesh_t> ctx(raw->result.mesh(), p);
+        raw->expr.run(ctx, raw->result.local_shards()[k]);
+      },
+      collectives > 0, collectives > 0 && !m.is_multiprocess());
+  return state;
+}
+
+}  // namespace detail
+
+/// @brief The result of pdo::eval_async: a dtensor whose shards its places fill in the
+/// order they run their queued work. The dtensor may be used at once in further
+/// expressions (each place reads its shard after writing it); read it on the host after
+/// wait() or get(). The operands must stay alive until then.
+template <class DTensor>
+class async_result {
+ public:
+  using value_type = DTensor;
+  using async_result_tag = void;
+
+  async_result(std::shared_ptr<const detail::queued_evaluation> state, DTensor* result)
+      : state_(std::move(state)), result_(result) {}
+
+  /// @brief The result, possibly still being computed by its places. Used as an operand
+  /// (`pdo::exp(r)`), an async_result keeps its evaluation alive until the expression is done.
+  [[nodiscard]] const DTensor& value() const { return *result_; }
+  /// @brief The result, sharing ownership of the evaluation that computes it.
+  [[nodiscard]] std::shared_ptr<const DTensor> shared_value() const { return {state_, result_}; }
+  /// @brief Whether every place has finished.
+  [[nodiscard]] bool ready() const { return state_->batch->done.finished(); }
+  /// @brief Waits for every place; throws the first failure (a pdo::error naming the op and place).
+  void wait() const {
+    detail::pending_registry::instance().forget(state_.get());
+    state_->finish();
+  }
+  /// @brief Waits, then gives (a copy of) the result.
+  [[nodiscard]] DTensor get() const& {
+    wait();
+    return *result_;
+  }
+  /// @brief Waits, then gives the result itself.
+  [[nodiscard]] DTensor get() && {
+    wait();
+    return std::move(*result_);
+  }
+
+ private:
+  std::shared_ptr<const detail::queued_evaluation> state_;
+  DTensor* result_;
+};
+
+/// @brief Queues the evaluation of a dtensor expression on every place of its mesh and
+/// returns at once. Each place runs its part after the work queued on it before, so an
+/// expression may use the value of an earlier async_result; independent work on
+/// different places runs at the same time. Errors surface at wait(), get() or pdo::wait_all().
+/// @tparam Policy pdo::implicit (default) or pdo::strict
+template <class Policy = implicit, class Expr>
+  requires detail::tensor_operand<Expr>
+auto eval_async(Expr&& expr) {
+  auto state = detail::queue_evaluation<Policy>(std::forward<Expr>(expr));
+  detail::pending_registry::instance().add(state);
+  return async_result<std::remove_cvref_t<decltype(state->result)>>(state, &state->result);
+}
+
+/// @brief Waits for every evaluation queued with pdo::eval_async and not yet waited for;
+/// throws the first failure among them (a pdo::error naming the op and place).
+inline void wait_all() {
+  auto& registry = detail::pending_registry::instance();
+  std::vector<std::shared_ptr<const detail::queued_evaluation>> pending;
+  {
+    std::lock_guard lock(registry.mutex);
+    pending.swap(registry.pending);
+  }
+  std::exception_ptr first;
+  for (const auto& e : pending) {
+    try {
+      e->finish();
+    } catch (...) {
+      if (!first) first = std::current_exception();
+    }
+  }
+  if (first) std::rethrow_exception(first);
+}
+
+/// @brief Evaluates an expression. Over dtensors: on every place of the mesh at once, with
+/// the communication the plan calls for, giving a dtensor in the planned layout
+/// (`pdo::result_layout_t<Expr>`). Over local tensors (on the host, or inside a
+/// parallel_do block on that place's cores): a pdo::tensor. Elementwise chains run as
+/// one kernel that writes the result and allocates nothing else.
+/// @tparam Policy pdo::implicit (default) or pdo::strict
+template <class Policy = implicit, class Expr>
+  requires detail::tensor_operand<Expr>
+auto eval(Expr&& expr) {
+  using node_t = detail::expression_t<Expr>;
+  if constexpr (node_t::distributed) {  // queue_evaluation checks the policy
+    const auto state = detail::queue_evaluation<Policy>(std::forward<Expr>(expr));
+    state->finish();
+    return std::move(state->result);
+  } else {
+    detail::check_policy<Policy, node_t>();
+    const node_t node = detail::as_expression(std::forward<Expr>(expr));
+    detail::local_context ctx;
+    return detail::materialize(node, ctx);
+  }
+}
+
+}  // namespace pdo
+#endif  // PDO_SINGLE_PDO_EXEC_EVAL_HPP
+// ---- pdo/exec/parallel_do.hpp
+#ifndef PDO_SINGLE_PDO_EXEC_PARALLEL_DO_HPP
+#define PDO_SINGLE_PDO_EXEC_PARALLEL_DO_HPP
+// pdo/exec/parallel_do.hpp: run a block on every place over its local shards, and merge the results.
+
 
 #include <cstddef>
 #include <limits>
@@ -3144,7 +6104,7 @@ block_outcomes share_outcomes(const Mesh& m, const std::vector<std::optional<Res
   block_outcomes o{std::vector<std::size_t>(m.size() * (rank + 1), 0), rank + 1};
   auto mine = [&](std::size_t k) {
     std::vector<std::size_t> v(rank + 1, 1);
-    if (failure && failure->place == m.local_places()[k]) v[0] = 1 + static_cast<std::size_t>(error_kind(failure->error));
+    if (failure && failure->place == m.local_places()[k]) v[0] = 1 + static_cast<std::size_t>(failure->error.kind);
     if (results[k]) {
       v[0] = 0;
       for (std::size_t d = 0; d < rank; ++d) v[1 + d] = results[k]->extent(d);
@@ -3243,7 +6203,7 @@ auto parallel_do(Block&& block, const Args&... args) {
   const detail::block_outcomes outcomes = detail::share_outcomes(m, results, failure);
   for (std::size_t p = 0; p < m.size(); ++p) {
     if (!outcomes.failed(p)) continue;
-    const std::string here = failure && failure->place == p ? detail::message_of(failure->error) : std::string();
+    const std::string here = failure && failure->place == p ? failure->error.message : std::string();
     detail::throw_error_of_kind(outcomes.kind(p), "parallel_do: the block failed on place " + m.place(p).name() + ": " +
                                                       detail::share_message(m, p, here));
   }
@@ -3258,200 +6218,23 @@ auto parallel_do(Block&& block, const Args&... args) {
 }  // namespace pdo
 #endif  // PDO_SINGLE_PDO_EXEC_PARALLEL_DO_HPP
 #endif  // PDO_SINGLE_PDO_EXEC_HPP
+// ---- pdo/expr.hpp
+#ifndef PDO_SINGLE_PDO_EXPR_HPP
+#define PDO_SINGLE_PDO_EXPR_HPP
+// pdo/expr.hpp: the expression layer (elementwise ops, matmul, reductions, softmax, losses, reshapes).
+
+#endif  // PDO_SINGLE_PDO_EXPR_HPP
+// ---- pdo/kernels.hpp
+#ifndef PDO_SINGLE_PDO_KERNELS_HPP
+#define PDO_SINGLE_PDO_KERNELS_HPP
+// pdo/kernels.hpp: the kernels CPU places run (Thrust elementwise, reductions, softmax, gemm).
+
+#endif  // PDO_SINGLE_PDO_KERNELS_HPP
 // ---- pdo/layout.hpp
 #ifndef PDO_SINGLE_PDO_LAYOUT_HPP
 #define PDO_SINGLE_PDO_LAYOUT_HPP
 // pdo/layout.hpp: the layout layer (layout types, checks, redistribution plans).
 
-// ---- pdo/layout/redistribute_plan.hpp
-#ifndef PDO_SINGLE_PDO_LAYOUT_REDISTRIBUTE_PLAN_HPP
-#define PDO_SINGLE_PDO_LAYOUT_REDISTRIBUTE_PLAN_HPP
-// pdo/layout/redistribute_plan.hpp: the constexpr plan that turns one layout into another.
-
-
-#include <array>
-#include <cstddef>
-#include <string>
-#include <string_view>
-
-namespace pdo {
-
-/// @brief One step of a redistribution, along one mesh axis.
-enum class step_kind {
-  all_reduce,      ///< partial -> replicate
-  reduce_scatter,  ///< partial -> split(dim)
-  all_gather,      ///< split(dim) -> replicate
-  all_to_all,      ///< split(from_dim) -> split(dim)
-  local_slice,     ///< replicate -> split(dim): each place keeps its chunk, nothing moves
-  keep_on_one,     ///< replicate -> partial: coordinate 0 keeps the value, the others hold zeros
-  zero_pad,        ///< split(dim) -> partial: each place puts its chunk in zeros of the full dim
-};
-
-constexpr std::string_view step_name(step_kind k) {
-  switch (k) {
-    case step_kind::all_reduce: return "all_reduce";
-    case step_kind::reduce_scatter: return "reduce_scatter";
-    case step_kind::all_gather: return "all_gather";
-    case step_kind::all_to_all: return "all_to_all";
-    case step_kind::local_slice: return "local_slice";
-    case step_kind::keep_on_one: return "keep_on_one";
-    case step_kind::zero_pad: return "zero_pad";
-  }
-  return "?";
-}
-
-/// @brief True for the steps that communicate.
-constexpr bool communicates(step_kind k) {
-  return k != step_kind::local_slice && k != step_kind::keep_on_one && k != step_kind::zero_pad;
-}
-
-struct redistribute_step {
-  step_kind kind{};
-  std::string_view axis;
-  std::size_t dim = 0;       ///< the dim gathered, scattered or sliced (the target dim of all_to_all)
-  std::size_t from_dim = 0;  ///< all_to_all: the dim split before
-  detail::layout_value before, after;
-};
-
-/// @brief The steps from one layout to another, in order. A value: usable in
-/// static_assert, printable with describe().
-struct redistribute_plan {
-  std::size_t size = 0;
-  std::array<redistribute_step, 2 * (detail::max_rank + detail::max_axes)> steps{};
-
-  [[nodiscard]] constexpr const redistribute_step* begin() const { return steps.data(); }
-  [[nodiscard]] constexpr const redistribute_step* end() const { return steps.data() + size; }
-  /// @brief How many steps of kind `k` the plan has.
-  [[nodiscard]] constexpr std::size_t count(step_kind k) const {
-    std::size_t n = 0;
-    for (std::size_t i = 0; i < size; ++i) n += steps[i].kind == k;
-    return n;
-  }
-  [[nodiscard]] constexpr std::size_t collectives() const {
-    std::size_t n = 0;
-    for (std::size_t i = 0; i < size; ++i) n += communicates(steps[i].kind);
-    return n;
-  }
-};
-
-namespace detail {
-
-struct axis_state {
-  enum { replicated, split, partial } kind = replicated;
-  std::size_t dim = 0;
-  friend constexpr bool operator==(const axis_state&, const axis_state&) = default;
-};
-
-constexpr axis_state state_on(const layout_value& v, std::string_view axis) {
-  if (v.is_partial(axis)) return {axis_state::partial, 0};
-  const std::size_t d = v.split_dim(axis);
-  if (d < v.rank) return {axis_state::split, d};
-  return {};
-}
-
-/// @brief The plan from `from` to `to` (same rank). Two passes over the axes the
-/// layouts name, partial axes first (reducing before gathering moves the least data):
-/// first every axis leaves its old state (reductions and gathers, fused into
-/// reduce_scatter or all_to_all where the target dim is free; split -> partial pads
-/// with zeros in place), then every axis still replicated takes its new state (local
-/// slices, keep-on-one), which moves nothing.
-constexpr redistribute_plan plan_redistribute(const layout_value& from, const layout_value& to) {
-  redistribute_plan plan;
-  std::array<std::string_view, 2 * (max_rank + max_axes)> axes{};
-  std::size_t naxes = 0;
-  auto note = [&](std::string_view a) {
-    if (a.empty()) return;
-    for (std::size_t i = 0; i < naxes; ++i)
-      if (axes[i] == a) return;
-    axes[naxes++] = a;
-  };
-  for (std::size_t i = 0; i < from.npartial; ++i) note(from.partial[i]);
-  for (std::size_t d = 0; d < from.rank; ++d) note(from.dim_axis[d]);
-  for (std::size_t d = 0; d < to.rank; ++d) note(to.dim_axis[d]);
-  for (std::size_t i = 0; i < to.npartial; ++i) note(to.partial[i]);
-
-  layout_value cur = from;
-  auto push = [&](step_kind k, std::string_view a, std::size_t dim, std::size_t from_dim, const layout_value& next) {
-    plan.steps[plan.size++] = {k, a, dim, from_dim, cur, next};
-    cur = next;
-  };
-  for (std::size_t i = 0; i < naxes; ++i) {
-    const std::string_view a = axes[i];
-    const axis_state f = state_on(cur, a), t = state_on(to, a);
-    if (f == t) continue;
-    layout_value next = cur;
-    const bool target_free = t.kind == axis_state::split && cur.dim_axis[t.dim].empty();
-    if (f.kind == axis_state::partial) {
-      next.remove_partial(a);
-      if (target_free) {
-        next.dim_axis[t.dim] = a;
-        push(step_kind::reduce_scatter, a, t.dim, t.dim, next);
-      } else {
-        push(step_kind::all_reduce, a, 0, 0, next);
-      }
-    } else if (f.kind == axis_state::split) {
-      next.dim_axis[f.dim] = {};
-      if (t.kind == axis_state::partial) {
-        next.add_partial(a);
-        push(step_kind::zero_pad, a, f.dim, f.dim, next);
-      } else if (target_free) {
-        next.dim_axis[t.dim] = a;
-        push(step_kind::all_to_all, a, t.dim, f.dim, next);
-      } else {
-        push(step_kind::all_gather, a, f.dim, f.dim, next);
-      }
-    }
-  }
-  for (std::size_t i = 0; i < naxes; ++i) {
-    const std::string_view a = axes[i];
-    const axis_state f = state_on(cur, a), t = state_on(to, a);
-    if (f == t) continue;
-    layout_value next = cur;
-    if (t.kind == axis_state::split) {
-      next.dim_axis[t.dim] = a;
-      push(step_kind::local_slice, a, t.dim, t.dim, next);
-    } else if (t.kind == axis_state::partial) {
-      next.add_partial(a);
-      push(step_kind::keep_on_one, a, 0, 0, next);
-    }
-  }
-  return plan;
-}
-
-}  // namespace detail
-
-/// @brief The plan of `redistribute<To>` from layout `From`, at compile time.
-template <layout_spec From, layout_spec To>
-constexpr redistribute_plan redistribute_plan_of() {
-  static_assert(From::rank == To::rank, "pdo: redistribute: the two layouts have different ranks");
-  constexpr redistribute_plan plan = detail::plan_redistribute(detail::value_of<From>(), detail::value_of<To>());
-  static_assert(plan.size == 0 ? detail::value_of<From>() == detail::value_of<To>()
-                               : plan.steps[plan.size - 1].after == detail::value_of<To>(),
-                "pdo: redistribute: the plan does not end in the target layout (a bug in pdo's planner)");
-  return plan;
-}
-
-/// @brief The plan of `redistribute<To>` from layout `From`, as a variable.
-template <layout_spec From, layout_spec To>
-inline constexpr redistribute_plan redistribute_plan_v = redistribute_plan_of<From, To>();
-
-/// @brief One line per step: "all_gather over tp on dim 1: {split<dp>, split<tp>} -> {split<dp>, replicate}".
-inline std::string describe(const redistribute_plan& plan) {
-  if (plan.size == 0) return "no steps (layouts are equal)\n";
-  std::string text;
-  for (const auto& s : plan) {
-    text += std::string(step_name(s.kind)) + " over " + std::string(s.axis);
-    if (s.kind == step_kind::all_to_all)
-      text += " from dim " + std::to_string(s.from_dim) + " to dim " + std::to_string(s.dim);
-    else if (s.kind != step_kind::all_reduce && s.kind != step_kind::keep_on_one)
-      text += " on dim " + std::to_string(s.dim);
-    text += ": " + detail::to_string(s.before) + " -> " + detail::to_string(s.after) + "\n";
-  }
-  return text;
-}
-
-}  // namespace pdo
-#endif  // PDO_SINGLE_PDO_LAYOUT_REDISTRIBUTE_PLAN_HPP
 #endif  // PDO_SINGLE_PDO_LAYOUT_HPP
 // ---- pdo/memory.hpp
 #ifndef PDO_SINGLE_PDO_MEMORY_HPP
@@ -3619,99 +6402,20 @@ inline std::vector<cuda_place> cuda_places() {
 }  // namespace pdo
 #endif  // PDO_SINGLE_PDO_PLACE_CUDA_PLACE_HPP
 #endif  // PDO_SINGLE_PDO_PLACE_HPP
-// ---- pdo/tensor.hpp
-#ifndef PDO_SINGLE_PDO_TENSOR_HPP
-#define PDO_SINGLE_PDO_TENSOR_HPP
-// pdo/tensor.hpp: the tensor layer (tensor, dtensor, distribute, redistribute, gather).
+// ---- pdo/plan.hpp
+#ifndef PDO_SINGLE_PDO_PLAN_HPP
+#define PDO_SINGLE_PDO_PLAN_HPP
+// pdo/plan.hpp: the planner's public face (plan_of, explain, strict).
 
-// ---- pdo/tensor/copy.hpp
-#ifndef PDO_SINGLE_PDO_TENSOR_COPY_HPP
-#define PDO_SINGLE_PDO_TENSOR_COPY_HPP
-// pdo/tensor/copy.hpp: block copies between row-major buffers: slices, packs along a dim, unpacks.
+// ---- pdo/plan/explain.hpp
+#ifndef PDO_SINGLE_PDO_PLAN_EXPLAIN_HPP
+#define PDO_SINGLE_PDO_PLAN_EXPLAIN_HPP
+// pdo/plan/explain.hpp: an expression's plan printed for its actual shapes, with the bytes each collective moves.
 
 
-#include <array>
 #include <cstddef>
-#include <cstring>
-
-namespace pdo::detail {
-
-/// @brief Copies the block [offsets, offsets + extents) of a row-major `src` of shape
-/// `src_shape` into the dense row-major `dst` of shape `extents`, one contiguous run
-/// of the last dim at a time.
-template <class T, std::size_t Rank>
-void copy_block(const T* src, const shape_t<Rank>& src_shape, const shape_t<Rank>& offsets, const shape_t<Rank>& extents,
-                T* dst) {
-  if (volume(extents) == 0) return;
-  if constexpr (Rank == 0) {
-    *dst = *src;
-  } else {
-    const auto strides = row_major_strides(src_shape);
-    const std::size_t run = extents[Rank - 1];
-    shape_t<Rank> index{};  // over the leading Rank-1 dims of the block
-    for (std::size_t out = 0;; out += run) {
-      std::size_t in = offsets[Rank - 1];
-      for (std::size_t d = 0; d + 1 < Rank; ++d) in += (offsets[d] + index[d]) * static_cast<std::size_t>(strides[d]);
-      copy_elements(dst + out, src + in, run);
-      std::size_t d = Rank - 1;
-      while (d-- > 0) {
-        if (++index[d] < extents[d]) break;
-        index[d] = 0;
-      }
-      if (d == static_cast<std::size_t>(-1)) return;
-    }
-  }
-}
-
-/// @brief Chunk `k` of `parts` along the middle dim of `v` (see chunk_size), from `src`
-/// laid out as v, into the dense `dst`.
-template <class T>
-void copy_chunk(const T* src, const dim_view& v, std::size_t parts, std::size_t k, T* dst) {
-  const std::size_t off = chunk_offset(v.extent, parts, k), n = chunk_size(v.extent, parts, k);
-  for (std::size_t o = 0; o < v.outer; ++o)
-    copy_elements(dst + o * n * v.inner, src + (o * v.extent + off) * v.inner, n * v.inner);
-}
-
-/// @brief `src` (laid out as v) cut into `parts` chunks along v's middle dim, written
-/// chunk after chunk into `dst`: the order collectives send and receive pieces in.
-template <class T>
-void pack_chunks(const T* src, const dim_view& v, std::size_t parts, T* dst) {
-  for (std::size_t k = 0; k < parts; ++k) {
-    copy_chunk(src, v, parts, k, dst);
-    dst += v.outer * chunk_size(v.extent, parts, k) * v.inner;
-  }
-}
-
-/// @brief The inverse of copy_chunk: the dense chunk `k` in `src` into its place in `dst`
-/// laid out as v.
-template <class T>
-void place_chunk(const T* src, const dim_view& v, std::size_t parts, std::size_t k, T* dst) {
-  const std::size_t off = chunk_offset(v.extent, parts, k), n = chunk_size(v.extent, parts, k);
-  for (std::size_t o = 0; o < v.outer; ++o)
-    copy_elements(dst + (o * v.extent + off) * v.inner, src + o * n * v.inner, n * v.inner);
-}
-
-/// @brief The inverse of pack_chunks: chunks one after another in `src` into `dst` laid out as v.
-template <class T>
-void unpack_chunks(const T* src, const dim_view& v, std::size_t parts, T* dst) {
-  for (std::size_t k = 0; k < parts; ++k) {
-    place_chunk(src, v, parts, k, dst);
-    src += v.outer * chunk_size(v.extent, parts, k) * v.inner;
-  }
-}
-
-}  // namespace pdo::detail
-#endif  // PDO_SINGLE_PDO_TENSOR_COPY_HPP
-// ---- pdo/tensor/redistribute.hpp
-#ifndef PDO_SINGLE_PDO_TENSOR_REDISTRIBUTE_HPP
-#define PDO_SINGLE_PDO_TENSOR_REDISTRIBUTE_HPP
-// pdo/tensor/redistribute.hpp: distribute, redistribute and gather of dtensors.
-
-
-#include <algorithm>
-#include <cstddef>
-#include <span>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -3719,160 +6423,103 @@ namespace pdo {
 
 namespace detail {
 
-/// @brief One step of a redistribution on place `p`: turns `shard` (laid out as
-/// step.before) into its shard under step.after. Every place of the mesh runs it at once.
-template <step_kind Kind, class T, std::size_t Rank, class Mesh>
-tensor<T, Rank> apply_step(const redistribute_step& step, const Mesh& m, const shape_t<Rank>& global, std::size_t p,
-                           tensor<T, Rank> shard) {
-  const std::size_t a = Mesh::axis_index(step.axis), n = m.extent(a), me = m.coord(p, a);
-  const any_place& place = m.place(p);
-  const shape_t<Rank> out_shape = shard_shape(m, step.after, global, p);
-  if constexpr (Kind == step_kind::keep_on_one) {
-    if (me != 0) shard.fill(T{});
-    return shard;
-  } else if constexpr (Kind == step_kind::zero_pad) {
-    tensor<T, Rank> out(out_shape, place);  // zeros
-    place_chunk(shard.data(), view_along(out_shape, step.dim), n, me, out.data());
-    return out;
-  } else if constexpr (Kind == step_kind::local_slice) {
-    tensor<T, Rank> out(out_shape, place, uninitialized);
-    copy_chunk(shard.data(), view_along(shard.shape(), step.dim), n, me, out.data());
-    return out;
+/// @brief What explain knows of one node: its description and global shape.
+struct node_facts {
+  std::string text;
+  std::vector<std::size_t> shape;
+  std::size_t element_size = 0;
+};
+
+/// @brief Records every node of `node`'s subtree in evaluation order (the numbering of plan_of).
+template <class Node>
+void collect_nodes(const Node& node, std::vector<node_facts>& out) {
+  if constexpr (Node::is_scalar) {
+    return;
   } else {
-    const mesh_communicator comm = communicator_along(m, a, p);
-    if constexpr (Kind == step_kind::all_reduce) {
-      comm.all_reduce(shard.span());
-      return shard;
-    } else if constexpr (Kind == step_kind::reduce_scatter) {
-      // members keep chunks of `dim`: send them chunk-major, unless dim is outermost
-      const dim_view v = view_along(shard.shape(), step.dim);
-      tensor<T, Rank> out(out_shape, place, uninitialized);
-      if (v.outer == 1) {
-        comm.reduce_scatter(std::as_const(shard).span(), out.span());
-      } else {
-        tensor<T, Rank> packed(shard.shape(), place, uninitialized);
-        pack_chunks(shard.data(), v, n, packed.data());
-        comm.reduce_scatter(std::as_const(packed).span(), out.span());
-      }
-      return out;
-    } else if constexpr (Kind == step_kind::all_gather) {
-      tensor<T, Rank> out(out_shape, place, uninitialized);
-      const dim_view v = view_along(out_shape, step.dim);
-      if (v.outer == 1) {
-        comm.all_gather(std::as_const(shard).span(), out.span());
-      } else {
-        tensor<T, Rank> packed(out_shape, place, uninitialized);
-        comm.all_gather(std::as_const(shard).span(), packed.span());
-        unpack_chunks(packed.data(), v, n, out.data());
-      }
-      return out;
-    } else {
-      static_assert(Kind == step_kind::all_to_all);
-      // piece j: my shard's chunk j of the new split dim; piece i received: member i's
-      // chunk of the old split dim, to be put back in order along it
-      const dim_view send_view = view_along(shard.shape(), step.dim);
-      const dim_view recv_view = view_along(out_shape, step.from_dim);
-      std::vector<std::size_t> send_counts(n), recv_counts(n);
-      for (std::size_t k = 0; k < n; ++k) {
-        send_counts[k] = send_view.outer * chunk_size(send_view.extent, n, k) * send_view.inner;
-        recv_counts[k] = recv_view.outer * chunk_size(recv_view.extent, n, k) * recv_view.inner;
-      }
-      tensor<T, Rank> packed(shard.shape(), place, uninitialized);
-      pack_chunks(shard.data(), send_view, n, packed.data());
-      tensor<T, Rank> received(out_shape, place, uninitialized), out(out_shape, place, uninitialized);
-      comm.all_to_all(std::as_const(packed).span(), std::span<const std::size_t>(send_counts), received.span(),
-                      std::span<const std::size_t>(recv_counts));
-      unpack_chunks(received.data(), recv_view, n, out.data());
-      return out;
-    }
+    if constexpr (!Node::is_leaf) std::apply([&](const auto&... c) { (collect_nodes(c, out), ...); }, node.children());
+    const auto s = node.shape();
+    out.push_back({std::string(Node::name) + " " + describe_node(node), {s.begin(), s.end()}, sizeof(typename Node::value_type)});
   }
 }
 
-/// @brief Runs the plan from `From` to `To` on place `p`; each step's collective is
-/// chosen at compile time from the plan.
-template <layout_spec From, layout_spec To, class T, std::size_t Rank, class Mesh>
-tensor<T, Rank> apply_plan(const Mesh& m, const shape_t<Rank>& global, std::size_t p, tensor<T, Rank> shard) {
-  [&]<std::size_t... I>(std::index_sequence<I...>) {
-    ((shard = apply_step<redistribute_plan_v<From, To>.steps[I].kind>(redistribute_plan_v<From, To>.steps[I], m, global, p,
-                                                                      std::move(shard))),
-     ...);
-  }(std::make_index_sequence<redistribute_plan_v<From, To>.size>{});
-  return shard;
-}
-
-template <class T, std::size_t Rank, class Mesh, class Layout>
-std::string redistribute_context(const dtensor<T, Rank, Mesh, Layout>& x, const std::string& to) {
-  return "redistribute: " + x.describe() + " -> " + to;
-}
-
-/// @brief Every process must distribute a host tensor of the same shape: checked with
-/// one small all_gather, so a process that passed another shape fails on all of them
-/// (pdo::mismatch_error, the error every member of a collective throws alike).
-template <class Mesh, std::size_t Rank>
-void check_same_host_shape(const Mesh& m, std::size_t p, const shape_t<Rank>& shape) {
-  std::vector<std::size_t> all(m.size() * Rank);
-  communicator_of(m, p).all_gather(std::span<const std::size_t>(shape.data(), Rank), std::span<std::size_t>(all));
-  for (std::size_t q = 0; q < m.size(); ++q)
-    if (!std::equal(shape.begin(), shape.end(), all.begin() + static_cast<std::ptrdiff_t>(q * Rank)))
-      throw mismatch_error("distribute: the processes passed host tensors of different shapes: " + format_extents(shape) +
-                        " here, " + format_extents(std::span<const std::size_t>(all.data() + q * Rank, Rank)) + " on " +
-                        m.place(q).name() + "; every process must pass the same tensor");
+/// @brief Bytes place 0 sends in one redistribution step of a tensor of `shape` (ring
+/// algorithms: all_reduce 2(n-1)/n of its block, reduce_scatter and all_to_all (n-1)/n,
+/// all_gather (n-1) blocks); local steps send nothing.
+template <class Mesh>
+std::size_t bytes_sent(const Mesh& m, const redistribute_step& s, const std::vector<std::size_t>& shape, std::size_t element) {
+  const std::size_t n = m.extent(Mesh::axis_index(s.axis));
+  std::size_t block = element;
+  for (std::size_t d = 0; d < shape.size(); ++d) {
+    std::size_t e = shape[d];
+    if (!s.before.dim_axis[d].empty()) e = chunk_size(e, m.extent(Mesh::axis_index(s.before.dim_axis[d])), 0);
+    block *= e;
+  }
+  switch (s.kind) {
+    case step_kind::all_reduce: return 2 * (n - 1) * block / n;
+    case step_kind::reduce_scatter:
+    case step_kind::all_to_all: return (n - 1) * block / n;
+    case step_kind::all_gather: return (n - 1) * block;
+    default: return 0;
+  }
 }
 
 }  // namespace detail
 
-/// @brief Cuts the host tensor `host` over `m` as `Layout`: each place of this process
-/// gets its chunk of the split dims, in its own memory; for partial axes, the places at
-/// coordinate 0 get the value and the others zeros. Every process passes the same tensor.
-template <layout_spec Layout, mesh_type Mesh, element T, std::size_t Rank>
-dtensor<T, Rank, Mesh, Layout> distribute(const Mesh& m, const tensor<T, Rank>& host) {
-  static_assert(detail::check_layout<"distribute", Layout, Mesh, Rank>::ok);
-  constexpr detail::layout_value v = detail::value_of<Layout>();
-  const auto& local = m.local_places();
-  std::vector<tensor<T, Rank>> shards(local.size());
-  detail::run_on_places("distribute", m, [&](std::size_t p, std::size_t k) {
-    if (m.is_multiprocess()) detail::check_same_host_shape(m, p, host.shape());
-    const auto shape = detail::shard_shape(m, v, host.shape(), p);
-    tensor<T, Rank> shard(shape, m.place(p), detail::uninitialized);
-    if (detail::holds_partial_value(m, v, p))
-      detail::copy_block(host.data(), host.shape(), detail::shard_offset(m, v, host.shape(), p), shape, shard.data());
-    else
-      shard.fill(T{});
-    shards[k] = std::move(shard);
-  });
-  return {m, host.shape(), std::move(shards)};
-}
-
-/// @brief `x` laid out as `To`. The steps are planned at compile time
-/// (redistribute_plan_of<From, To>()): partial -> replicate is an all_reduce,
-/// partial -> split a reduce_scatter, split -> replicate an all_gather, split(d) ->
-/// split(d') an all_to_all, and replicate -> split a local slice that moves no data.
-template <layout_spec To, element T, std::size_t Rank, mesh_type Mesh, layout_spec From>
-dtensor<T, Rank, Mesh, To> redistribute(const dtensor<T, Rank, Mesh, From>& x) {
-  static_assert(detail::check_layout<"redistribute", To, Mesh, Rank>::ok);
-  const Mesh& m = x.mesh();
-  std::vector<tensor<T, Rank>> shards(x.local_shards().size());
-  detail::run_on_places(detail::redistribute_context(x, layout_name<To>()).c_str(), m, [&](std::size_t p, std::size_t k) {
-    shards[k] = detail::apply_plan<From, To>(m, x.shape(), p, x.local_shards()[k]);
-  });
-  return {m, x.shape(), std::move(shards)};
-}
-
-/// @brief The value of `x` as one host tensor, on every process: partial sums are
-/// reduced and split dims gathered.
-template <element T, std::size_t Rank, mesh_type Mesh, layout_spec Layout>
-tensor<T, Rank> gather(const dtensor<T, Rank, Mesh, Layout>& x) {
-  using full = detail::replicated_layout_t<Rank>;
-  detail::comms_of(x.mesh());  // built by every process, those without places too
-  if (x.mesh().local_places().empty()) throw layout_error("gather: " + x.describe() + ": this process holds no place of the mesh");
-  const auto whole = redistribute<full>(x);
-  tensor<T, Rank> out(x.shape(), detail::uninitialized);
-  const auto& shard = whole.local_shards().front();
-  detail::copy_elements(out.data(), shard.data(), out.size());
-  return out;
+/// @brief The plan of `expr` for its actual shapes, one line per step: each op's kernel
+/// with its output layout, ops fused into one kernel marked as such, and each collective
+/// with its axis, layouts and the bytes each place sends (place 0's block where shards are uneven).
+template <class Expr>
+std::string explain(const Expr& expr) {
+  const auto& node = expr;
+  using node_t = std::remove_cvref_t<Expr>;
+  static_assert(tensor_expression<node_t>, "pdo: explain: pass an expression (an op applied to tensors or dtensors)");
+  constexpr expression_plan plan = plan_of<node_t>();
+  std::vector<detail::node_facts> nodes;
+  detail::collect_nodes(node, nodes);
+  [[maybe_unused]] const auto* mesh = detail::find_mesh(node);  // nullptr for local expressions
+  std::string text = "plan of " + std::string(node_t::name) + " -> " + detail::describe_node(node);
+  if constexpr (node_t::distributed) text += " on " + mesh->describe();
+  text += ": " + std::to_string(plan.kernels()) + " kernel" + (plan.kernels() == 1 ? "" : "s") + ", " +
+          std::to_string(plan.collectives()) + " collective" + (plan.collectives() == 1 ? "" : "s") + "\n";
+  std::size_t line = 0;
+  std::string fused_ops;
+  for (const auto& s : plan) {
+    const auto& facts = nodes[s.node];
+    if (s.kind == plan_step_kind::kernel && s.fused) {
+      fused_ops += std::string(s.op) + " + ";
+      continue;
+    }
+    text += "  " + std::to_string(++line) + ". ";
+    if (s.kind == plan_step_kind::kernel) {
+      text += "kernel " + (fused_ops.empty() ? std::string(s.op) : "fused(" + fused_ops + std::string(s.op) + ")") + " -> " +
+              facts.text.substr(facts.text.find(' ') + 1) + "\n";
+      fused_ops.clear();
+      continue;
+    }
+    const auto& operand = nodes[s.operand_node];
+    text += std::string(s.kind == plan_step_kind::combine_max ? "all_reduce(max)" : step_name(s.move.kind)) + " over " +
+            std::string(s.move.axis) + " for " + std::string(s.op) + (s.kind == plan_step_kind::redistribute
+                                                                           ? " operand " + std::to_string(s.operand) + " (" +
+                                                                                 operand.text + ")"
+                                                                           : std::string()) +
+            ": " + detail::to_string(s.move.before) + " -> " + detail::to_string(s.move.after);
+    if constexpr (node_t::distributed) {
+      const auto& data = s.kind == plan_step_kind::combine_max ? facts : operand;
+      text += ", " + std::to_string(detail::bytes_sent(*mesh, s.move, data.shape, data.element_size)) + " bytes sent per place";
+    }
+    text += "\n";
+  }
+  if (plan.size == 0) text += "  (nothing to compute: the result is the operand)\n";
+  return text;
 }
 
 }  // namespace pdo
-#endif  // PDO_SINGLE_PDO_TENSOR_REDISTRIBUTE_HPP
+#endif  // PDO_SINGLE_PDO_PLAN_EXPLAIN_HPP
+#endif  // PDO_SINGLE_PDO_PLAN_HPP
+// ---- pdo/tensor.hpp
+#ifndef PDO_SINGLE_PDO_TENSOR_HPP
+#define PDO_SINGLE_PDO_TENSOR_HPP
+// pdo/tensor.hpp: the tensor layer (tensor, dtensor, distribute, redistribute, gather).
+
 #endif  // PDO_SINGLE_PDO_TENSOR_HPP
 #endif  // PDO_SINGLE_PDO_PDO_HPP

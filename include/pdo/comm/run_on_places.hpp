@@ -5,7 +5,9 @@
 #include <pdo/core/error.hpp>
 
 #include <cstddef>
+#include <atomic>
 #include <cstdio>
+#include <memory>
 #include <exception>
 #include <mutex>
 #include <optional>
@@ -68,13 +70,24 @@ inline std::string message_of(const std::exception_ptr& failure) {
   }
 }
 
-/// @brief Throws the exception in `failure` again with `context` in front of its
-/// message, keeping its pdo::error subclass.
-[[noreturn]] inline void rethrow_with_context(const std::exception_ptr& failure, const std::string& context) {
-  throw_error_of_kind(error_kind(failure), context + message_of(failure));
-}
+/// @brief A caught exception as kind (see error_kind) and message, so it can be thrown
+/// again on another thread or process. The exception object itself stays on the thread
+/// that caught it: an exception_ptr released on a different thread than the one that read
+/// it races in the eyes of ThreadSanitizer (libstdc++ counts its references uninstrumented).
+struct captured_error {
+  int kind = 0;
+  std::string message;
 
-inline bool is_abort_echo(const std::exception_ptr& failure) { return error_kind(failure) == 8; }
+  /// @brief The exception being handled (call inside a catch block).
+  [[nodiscard]] static captured_error current() {
+    const std::exception_ptr failure = std::current_exception();
+    return {error_kind(failure), message_of(failure)};
+  }
+  /// @brief Whether this failure only echoes another place's abort of the collectives.
+  [[nodiscard]] bool is_abort_echo() const { return kind == 8; }
+  /// @brief Throws it again with `context` in front of its message, keeping its pdo::error subclass.
+  [[noreturn]] void rethrow_with_context(const std::string& context) const { throw_error_of_kind(kind, context + message); }
+};
 
 /// @brief Mesh-wide operations of one process run one at a time: two host threads whose
 /// operations share places would otherwise queue their tasks in different orders on
@@ -101,8 +114,77 @@ inline std::mutex& mesh_operations_mutex() {
 /// failure is a cause, not the echo of another place's abort.
 struct place_failure {
   std::size_t place = 0;
-  std::exception_ptr error;
+  captured_error error;
 };
+
+/// @brief The tasks of one mesh-wide operation, one per local place, and how they ended.
+struct place_batch {
+  explicit place_batch(std::size_t n) : done(n), failures(n), arrived(0) {}
+  completion done;
+  std::vector<std::size_t> places;               ///< mesh index of each task's place
+  std::vector<std::optional<captured_error>> failures;  ///< per task, once done
+  std::atomic<std::size_t> arrived;              ///< tasks at the closing barrier
+  std::atomic<bool> released{false};
+
+  /// @brief The first failure that is a cause, not an echo of another's (call after done.wait()).
+  [[nodiscard]] std::optional<place_failure> first_failure() const {
+    std::optional<place_failure> first;
+    for (std::size_t k = 0; k < failures.size(); ++k) {
+      if (!failures[k]) continue;
+      if (!first || (first->error.is_abort_echo() && !failures[k]->is_abort_echo())) first = place_failure{places[k], *failures[k]};
+    }
+    return first;
+  }
+};
+
+/// @brief Queues `task(place_index, local_ordinal)` on the worker of every place of `m`
+/// in this process and returns without waiting. The caller holds mesh_operations_mutex,
+/// so every place queues the operations of this process in one order.
+///
+/// A task that fails in a mesh of this process aborts the mesh's collectives when the
+/// tasks `communicate`, so the other places do not wait for it. With `closing`, the tasks
+/// then meet once more after their work: the last to arrive resets the collectives if any
+/// failed, and only then may any place start its next operation (operations queued behind
+/// this one are never caught by its abort). Without it, the caller resets them once done.
+/// In a mesh over several processes a failure that the other processes cannot learn of
+/// ends the job (end_job); argument mismatches are thrown alike by every member.
+template <class Mesh, class Task>
+std::shared_ptr<place_batch> submit_on_places(const Mesh& m, Task task, bool communicate, bool closing) {
+  const auto& local = m.local_places();
+  if (current_place() != nullptr)
+    throw layout_error("pdo: a mesh-wide operation was started from inside a task of place " + current_place()->name +
+                       "; call it from the host thread, not from a parallel_do block or an spmd task");
+  auto& comms = comms_of(m);
+  const bool local_only = !m.is_multiprocess();
+  auto batch = std::make_shared<place_batch>(local.size());
+  batch->places = local;
+  for (std::size_t k = 0; k < local.size(); ++k)
+    m.place(local[k]).submit([&comms, local_only, communicate, closing, batch, task, k, p = local[k]] {
+      try {
+        task(p, k);
+      } catch (...) {
+        batch->failures[k] = captured_error::current();
+        if (local_only) {
+          if (communicate) comms.abort();
+        } else if (communicate && batch->failures[k]->kind != 7) {
+          end_job(current_place()->name + ": " + batch->failures[k]->message);
+        }
+      }
+      if (closing) {
+        if (batch->arrived.fetch_add(1, std::memory_order_acq_rel) + 1 == batch->failures.size()) {
+          bool failed = false;
+          for (const auto& f : batch->failures) failed = failed || f.has_value();
+          if (failed) comms.reset();
+          batch->released.store(true, std::memory_order_release);
+          batch->released.notify_all();
+        } else {
+          while (!batch->released.load(std::memory_order_acquire)) batch->released.wait(false, std::memory_order_acquire);
+        }
+      }
+      batch->done.count_down();
+    });
+  return batch;
+}
 
 /// @brief Runs `task(place_index, local_ordinal)` on the worker of every place of `m`
 /// that lives in this process, all at once, and waits for all of them.
@@ -115,34 +197,12 @@ struct place_failure {
 /// @return the first failure that is a cause, not an echo of another's, or nothing
 template <class Mesh, class Task>
 std::optional<place_failure> try_run_on_places(const Mesh& m, Task&& task, bool communicate = true) {
-  const auto& local = m.local_places();
-  if (current_place() != nullptr)
-    throw layout_error("pdo: a mesh-wide operation was started from inside a task of place " + current_place()->name +
-                       "; call it from the host thread, not from a parallel_do block or an spmd task");
   std::lock_guard serial(mesh_operations_mutex());
-  auto& comms = comms_of(m);
-  const bool local_only = !m.is_multiprocess();
-  std::vector<std::exception_ptr> failures(local.size());
-  completion done(local.size());
-  for (std::size_t k = 0; k < local.size(); ++k)
-    m.place(local[k]).submit([&, k] {
-      try {
-        task(local[k], k);
-      } catch (...) {
-        failures[k] = std::current_exception();
-        if (local_only) comms.abort();
-        else if (communicate && error_kind(failures[k]) != 7)
-          end_job(m.place(local[k]).name() + ": " + message_of(failures[k]));
-      }
-      done.count_down();
-    });
-  done.wait();
-  std::optional<place_failure> first;
-  for (std::size_t k = 0; k < local.size(); ++k) {
-    if (!failures[k]) continue;
-    if (!first || (is_abort_echo(first->error) && !is_abort_echo(failures[k]))) first = place_failure{local[k], failures[k]};
-  }
-  if (first && local_only) comms.reset();
+  const auto batch = submit_on_places(m, [&task](std::size_t p, std::size_t k) { task(p, k); }, communicate || !m.is_multiprocess(),
+                                      false);
+  batch->done.wait();
+  auto first = batch->first_failure();
+  if (first && !m.is_multiprocess()) comms_of(m).reset();
   return first;
 }
 
@@ -150,7 +210,7 @@ std::optional<place_failure> try_run_on_places(const Mesh& m, Task&& task, bool 
 template <class Mesh, class Task>
 void run_on_places(const char* op, const Mesh& m, Task&& task) {
   if (auto failure = try_run_on_places(m, std::forward<Task>(task)))
-    rethrow_with_context(failure->error, std::string(op) + ": on place " + m.place(failure->place).name() + ": ");
+    failure->error.rethrow_with_context(std::string(op) + ": on place " + m.place(failure->place).name() + ": ");
 }
 
 }  // namespace pdo::detail

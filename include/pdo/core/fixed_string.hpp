@@ -14,6 +14,8 @@ struct fixed_string {
   char chars[N]{};
 
   constexpr fixed_string(const char (&text)[N]) { std::copy_n(text, N, chars); }
+  /// @brief The first N - 1 characters of `text`, at compile time (a name kept as a string_view).
+  constexpr explicit fixed_string(std::string_view text) { std::copy_n(text.data(), N - 1, chars); }
 
   [[nodiscard]] constexpr std::string_view view() const { return {chars, N - 1}; }
   [[nodiscard]] constexpr operator std::string_view() const { return view(); }
@@ -23,5 +25,14 @@ struct fixed_string {
     return view() == other.view();
   }
 };
+
+namespace detail {
+/// @brief Value `I` of a pack of values (the name of mesh axis I, say).
+template <std::size_t I, auto First, auto... Rest>
+constexpr auto nth_value() {
+  if constexpr (I == 0) return First;
+  else return nth_value<I - 1, Rest...>();
+}
+}  // namespace detail
 
 }  // namespace pdo

@@ -66,7 +66,7 @@ block_outcomes share_outcomes(const Mesh& m, const std::vector<std::optional<Res
   block_outcomes o{std::vector<std::size_t>(m.size() * (rank + 1), 0), rank + 1};
   auto mine = [&](std::size_t k) {
     std::vector<std::size_t> v(rank + 1, 1);
-    if (failure && failure->place == m.local_places()[k]) v[0] = 1 + static_cast<std::size_t>(error_kind(failure->error));
+    if (failure && failure->place == m.local_places()[k]) v[0] = 1 + static_cast<std::size_t>(failure->error.kind);
     if (results[k]) {
       v[0] = 0;
       for (std::size_t d = 0; d < rank; ++d) v[1 + d] = results[k]->extent(d);
@@ -165,7 +165,7 @@ auto parallel_do(Block&& block, const Args&... args) {
   const detail::block_outcomes outcomes = detail::share_outcomes(m, results, failure);
   for (std::size_t p = 0; p < m.size(); ++p) {
     if (!outcomes.failed(p)) continue;
-    const std::string here = failure && failure->place == p ? detail::message_of(failure->error) : std::string();
+    const std::string here = failure && failure->place == p ? failure->error.message : std::string();
     detail::throw_error_of_kind(outcomes.kind(p), "parallel_do: the block failed on place " + m.place(p).name() + ": " +
                                                       detail::share_message(m, p, here));
   }

@@ -89,7 +89,7 @@ constexpr axis_state state_on(const layout_value& v, std::string_view axis) {
 /// reduce_scatter or all_to_all where the target dim is free; split -> partial pads
 /// with zeros in place), then every axis still replicated takes its new state (local
 /// slices, keep-on-one), which moves nothing.
-constexpr redistribute_plan plan_redistribute(const layout_value& from, const layout_value& to) {
+constexpr redistribute_plan plan_redistribute(layout_value from, layout_value to) {
   redistribute_plan plan;
   std::array<std::string_view, 2 * (max_rank + max_axes)> axes{};
   std::size_t naxes = 0;

@@ -54,6 +54,9 @@ class mesh {
   using mesh_tag = void;
   static constexpr std::size_t ndim = sizeof...(Axes);
   static constexpr std::array<std::string_view, ndim> axis_names{Axes.view()...};
+  /// @brief The name of axis `I` as a pdo::fixed_string (to spell layouts of this mesh).
+  template <std::size_t I>
+  static constexpr auto axis_string = detail::nth_value<I, Axes...>();
 
   /// @brief The position of axis `name`, or ndim when the mesh has no such axis.
   static constexpr std::size_t axis_index(std::string_view name) {

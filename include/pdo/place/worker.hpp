@@ -5,7 +5,8 @@
 #include <condition_variable>
 #include <cstddef>
 #include <deque>
-#include <functional>
+#include <new>
+#include <type_traits>
 #include <mutex>
 #include <thread>
 #include <utility>
@@ -46,6 +47,75 @@ inline std::vector<int> process_cores() {
   return cores;
 }
 
+/// @brief A move-only `void()` callable that keeps small callables (up to 64 bytes: what
+/// pdo's operations queue) in place, so queueing work on a place allocates nothing.
+class task {
+ public:
+  task() = default;
+  template <class F>
+    requires(!std::is_same_v<std::decay_t<F>, task> && std::is_invocable_v<std::decay_t<F>&>)
+  task(F&& f) {  // NOLINT: implicit, like std::function
+    using callable = std::decay_t<F>;
+    if constexpr (sizeof(callable) <= inline_bytes && alignof(callable) <= alignof(std::max_align_t) &&
+                  std::is_nothrow_move_constructible_v<callable>) {
+      ::new (static_cast<void*>(storage_)) callable(std::forward<F>(f));
+      ops_ = &inline_ops<callable>;
+    } else {
+      *reinterpret_cast<callable**>(storage_) = new callable(std::forward<F>(f));
+      ops_ = &heap_ops<callable>;
+    }
+  }
+  task(task&& other) noexcept : ops_(other.ops_) {
+    if (ops_ != nullptr) ops_->move(other.storage_, storage_);
+    other.ops_ = nullptr;
+  }
+  task& operator=(task&& other) noexcept {
+    if (this != &other) {
+      reset();
+      ops_ = other.ops_;
+      if (ops_ != nullptr) ops_->move(other.storage_, storage_);
+      other.ops_ = nullptr;
+    }
+    return *this;
+  }
+  task(const task&) = delete;
+  task& operator=(const task&) = delete;
+  ~task() { reset(); }
+
+  void operator()() { ops_->call(storage_); }
+  explicit operator bool() const { return ops_ != nullptr; }
+
+ private:
+  static constexpr std::size_t inline_bytes = 64;
+  struct operations {
+    void (*call)(unsigned char*);
+    void (*move)(unsigned char* from, unsigned char* to) noexcept;  ///< and destroys `from`
+    void (*destroy)(unsigned char*) noexcept;
+  };
+  template <class F>
+  static constexpr operations inline_ops{
+      [](unsigned char* s) { (*std::launder(reinterpret_cast<F*>(s)))(); },
+      [](unsigned char* from, unsigned char* to) noexcept {
+        F* f = std::launder(reinterpret_cast<F*>(from));
+        ::new (static_cast<void*>(to)) F(std::move(*f));
+        f->~F();
+      },
+      [](unsigned char* s) noexcept { std::launder(reinterpret_cast<F*>(s))->~F(); }};
+  template <class F>
+  static constexpr operations heap_ops{
+      [](unsigned char* s) { (**reinterpret_cast<F**>(s))(); },
+      [](unsigned char* from, unsigned char* to) noexcept { *reinterpret_cast<F**>(to) = *reinterpret_cast<F**>(from); },
+      [](unsigned char* s) noexcept { delete *reinterpret_cast<F**>(s); }};
+
+  void reset() noexcept {
+    if (ops_ != nullptr) ops_->destroy(storage_);
+    ops_ = nullptr;
+  }
+
+  alignas(std::max_align_t) unsigned char storage_[inline_bytes];
+  const operations* ops_ = nullptr;
+};
+
 /// @brief One thread that runs submitted tasks in order. Tasks must not throw: the
 /// callers wrap them and carry exceptions back themselves (see run_on_places).
 ///
@@ -66,11 +136,11 @@ class worker {
     thread_.join();
   }
 
-  void submit(std::function<void()> task) {
+  void submit(task work) {
     bool asleep = false;
     {
       std::lock_guard lock(mutex_);
-      tasks_.push_back(std::move(task));
+      tasks_.push_back(std::move(work));
       queued_.fetch_add(1, std::memory_order_release);
       asleep = sleeping_;
     }
@@ -88,24 +158,24 @@ class worker {
     for (;;) {
       for (int poll = 0; poll < idle_polls && queued_.load(std::memory_order_acquire) == 0; ++poll)
         std::this_thread::yield();
-      std::function<void()> task;
+      task next;
       {
         std::unique_lock lock(mutex_);
         sleeping_ = true;
         wake_.wait(lock, [this] { return stop_ || !tasks_.empty(); });
         sleeping_ = false;
         if (tasks_.empty()) return;
-        task = std::move(tasks_.front());
+        next = std::move(tasks_.front());
         tasks_.pop_front();
         queued_.fetch_sub(1, std::memory_order_relaxed);
       }
-      task();
+      next();
     }
   }
 
   std::mutex mutex_;
   std::condition_variable wake_;
-  std::deque<std::function<void()>> tasks_;
+  std::deque<task> tasks_;
   std::atomic<std::size_t> queued_{0};  ///< tasks_.size(), readable without the lock
   bool sleeping_ = false;
   bool stop_ = false;
@@ -120,6 +190,8 @@ class completion {
   void count_down() {
     if (left_.fetch_sub(1, std::memory_order_acq_rel) == 1) left_.notify_all();
   }
+  /// @brief True once every task has counted down.
+  [[nodiscard]] bool finished() const { return left_.load(std::memory_order_acquire) == 0; }
   void wait() const {
     for (int poll = 0; poll < 200; ++poll) {
       if (left_.load(std::memory_order_acquire) == 0) return;

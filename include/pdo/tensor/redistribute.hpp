@@ -88,16 +88,19 @@ tensor<T, Rank> apply_step(const redistribute_step& step, const Mesh& m, const s
   }
 }
 
-/// @brief Runs the plan from `From` to `To` on place `p`; each step's collective is
-/// chosen at compile time from the plan.
-template <layout_spec From, layout_spec To, class T, std::size_t Rank, class Mesh>
+/// @brief Runs `Plan` on place `p`; each step's collective is chosen at compile time.
+template <const redistribute_plan& Plan, class T, std::size_t Rank, class Mesh>
 tensor<T, Rank> apply_plan(const Mesh& m, const shape_t<Rank>& global, std::size_t p, tensor<T, Rank> shard) {
   [&]<std::size_t... I>(std::index_sequence<I...>) {
-    ((shard = apply_step<redistribute_plan_v<From, To>.steps[I].kind>(redistribute_plan_v<From, To>.steps[I], m, global, p,
-                                                                      std::move(shard))),
-     ...);
-  }(std::make_index_sequence<redistribute_plan_v<From, To>.size>{});
+    ((shard = apply_step<Plan.steps[I].kind>(Plan.steps[I], m, global, p, std::move(shard))), ...);
+  }(std::make_index_sequence<Plan.size>{});
   return shard;
+}
+
+/// @brief Runs the plan from `From` to `To` on place `p`.
+template <layout_spec From, layout_spec To, class T, std::size_t Rank, class Mesh>
+tensor<T, Rank> apply_plan(const Mesh& m, const shape_t<Rank>& global, std::size_t p, tensor<T, Rank> shard) {
+  return apply_plan<redistribute_plan_v<From, To>>(m, global, p, std::move(shard));
 }
 
 template <class T, std::size_t Rank, class Mesh, class Layout>

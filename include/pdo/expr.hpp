@@ -1,0 +1,4 @@
+// pdo/expr.hpp: the expression layer (elementwise ops, matmul, reductions, softmax, losses, reshapes).
+#pragma once
+
+#include <pdo/expr/operators.hpp>

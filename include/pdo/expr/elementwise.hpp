@@ -1,0 +1,254 @@
+// pdo/expr/elementwise.hpp: elementwise nodes; a chain of them runs as one fused kernel.
+#pragma once
+
+#include <pdo/core/config.hpp>
+#include <pdo/expr/expression.hpp>
+#include <pdo/expr/ops.hpp>
+
+#include <array>
+#include <cstddef>
+#include <string>
+#include <tuple>
+#include <utility>
+
+namespace pdo {
+namespace detail {
+
+// Readers: what a fused kernel is made of. Each gives the value of its subexpression at
+// output element i (coordinates c of the fused group's output), on host and device.
+// With Dense, every operand is laid out exactly as the output and is read at i.
+
+template <class T, std::size_t Rank>
+struct block_reader {
+  const T* data;
+  std::array<std::ptrdiff_t, Rank> stride;  ///< per output dim; 0 where the operand broadcasts
+  template <bool Dense>
+  PDO_HD T at(std::size_t i, const std::size_t* c) const {
+    if constexpr (Dense) {
+      return data[i];
+    } else {
+      std::ptrdiff_t o = 0;
+      for (std::size_t d = 0; d < Rank; ++d) o += static_cast<std::ptrdiff_t>(c[d]) * stride[d];
+      return data[o];
+    }
+  }
+};
+
+template <class T>
+struct scalar_reader {
+  T value;
+  template <bool Dense>
+  PDO_HD T at(std::size_t, const std::size_t*) const {
+    return value;
+  }
+};
+
+template <class Op, class... Readers>
+struct op_reader;
+template <class Op, class A>
+struct op_reader<Op, A> {
+  A a;
+  template <bool Dense>
+  PDO_HD auto at(std::size_t i, const std::size_t* c) const {
+    return Op::apply(a.template at<Dense>(i, c));
+  }
+};
+template <class Op, class A, class B>
+struct op_reader<Op, A, B> {
+  A a;
+  B b;
+  template <bool Dense>
+  PDO_HD auto at(std::size_t i, const std::size_t* c) const {
+    return Op::apply(a.template at<Dense>(i, c), b.template at<Dense>(i, c));
+  }
+};
+template <class Op, class A, class B, class C>
+struct op_reader<Op, A, B, C> {
+  A a;
+  B b;
+  C c3;
+  template <bool Dense>
+  PDO_HD auto at(std::size_t i, const std::size_t* c) const {
+    return Op::apply(a.template at<Dense>(i, c), b.template at<Dense>(i, c), c3.template at<Dense>(i, c));
+  }
+};
+
+/// @brief The fused kernel: output element i of a group of rank `Rank` with local `extent`.
+template <bool Dense, std::size_t Rank, class T, class Reader>
+struct fused_kernel {
+  Reader reader;
+  std::array<std::size_t, Rank> extent;
+  PDO_HD T operator()(std::size_t i) const {
+    if constexpr (Dense) {
+      return reader.template at<true>(i, nullptr);
+    } else {
+      std::size_t c[Rank == 0 ? 1 : Rank] = {};
+      std::size_t rest = i;
+      for (std::size_t d = Rank; d-- > 0;) {
+        c[d] = rest % extent[d];
+        rest /= extent[d];
+      }
+      return reader.template at<false>(i, c);
+    }
+  }
+};
+
+/// @brief Where the output block of a fused group lies: its local extents and global offset.
+template <std::size_t Rank>
+struct group_frame {
+  shape_t<Rank> shape;
+  shape_t<Rank> offset;
+  bool dense = true;  ///< every operand so far is laid out as the output
+};
+
+/// @brief A reader for `block` inside a group framed by `frame`: aligned on the last dims
+/// (broadcasting), offset where the block holds more of a dim than the output block
+/// (a replicated operand of a split output: the local slice, read in place).
+template <std::size_t Rank, class T, std::size_t R>
+block_reader<T, Rank> read_block(const block_view<T, R>& block, group_frame<Rank>& frame, std::string_view op) {
+  static_assert(R <= Rank);
+  block_reader<T, Rank> reader{block.data, {}};
+  const auto strides = row_major_strides(block.shape);
+  constexpr std::size_t shift = Rank - R;
+  bool same = R == Rank;
+  for (std::size_t j = 0; j < R; ++j) {
+    const std::size_t d = shift + j;
+    if (block.shape[j] == frame.shape[d] && block.offset[j] == frame.offset[d]) {
+      reader.stride[d] = strides[j];
+    } else if (block.global[j] == 1) {
+      reader.stride[d] = 0;
+      same = false;
+    } else if (block.offset[j] <= frame.offset[d] && frame.offset[d] + frame.shape[d] <= block.offset[j] + block.shape[j]) {
+      reader.data += static_cast<std::ptrdiff_t>(frame.offset[d] - block.offset[j]) * strides[j];
+      reader.stride[d] = strides[j];
+      same = same && block.shape[j] == frame.shape[d];
+    } else {
+      throw layout_error(std::string(op) + ": an operand's block " + format_extents(block.shape) + " at " +
+                         format_extents(block.offset) + " does not cover the output block " + format_extents(frame.shape) +
+                         " at " + format_extents(frame.offset) + " (a bug in pdo's planner)");
+    }
+  }
+  frame.dense = frame.dense && same;
+  return reader;
+}
+
+template <class Rule>
+constexpr partial_rule partial_rule_of() {
+  switch (Rule::rule) {
+    case op::linearity::additive: return partial_rule::additive;
+    case op::linearity::scaling: return partial_rule::scaling;
+    case op::linearity::numerator: return partial_rule::numerator;
+    default: return partial_rule::none;
+  }
+}
+
+template <std::size_t... Ranks>
+constexpr std::size_t max_rank_of() {
+  std::size_t m = 0;
+  ((m = Ranks > m ? Ranks : m), ...);
+  return m;
+}
+
+}  // namespace detail
+
+/// @brief An elementwise op over 1 to 3 operands with NumPy broadcasting (operands are
+/// aligned on their last dims; a dim of extent 1 stretches). Chains of these nodes run
+/// as one kernel with no temporaries.
+template <class Op, class... Children>
+class elementwise_node : public detail::op_node<Children...> {
+
+ public:
+  using value_type = typename detail::common_value<Children...>::type;
+  static_assert(detail::same_element_types<value_type, Children...>,
+                "pdo: an elementwise op's tensor operands have different element types; convert one first");
+  static constexpr std::size_t rank = detail::max_rank_of<Children::rank...>();
+  static constexpr bool elementwise = true;
+  static constexpr std::string_view name = Op::name;
+  static constexpr detail::op_rule rule = detail::elementwise_rule<sizeof...(Children)>(
+      detail::partial_rule_of<Op>(), {Children::rule.out...}, {Children::is_scalar...}, rank);
+
+  explicit elementwise_node(Children... c) : detail::op_node<Children...>(std::move(c)...) {
+    shape_.fill(1);
+    bool ok = true;
+    std::apply([&](const auto&... child) { (broadcast_into(child, ok), ...); }, this->children_);
+    if (!ok) throw shape_error(std::string(name) + ": shapes do not broadcast: " + operands_text());
+    if constexpr (elementwise_node::distributed) check_split_broadcast(std::index_sequence_for<Children...>{});
+  }
+
+  [[nodiscard]] const shape_t<rank>& shape() const { return shape_; }
+
+  /// @brief The reader of this node's subexpression inside a fused group; children that
+  /// need no redistribution are fused, the others evaluated and read as blocks.
+  template <class Ctx, std::size_t Rank>
+  auto reader(Ctx& ctx, detail::group_frame<Rank>& frame) const {
+    return reader_of(ctx, frame, std::index_sequence_for<Children...>{});
+  }
+
+  template <class Ctx>
+  void run(Ctx& ctx, tensor<value_type, rank>& out) const {
+    detail::group_frame<rank> frame{out.shape(), ctx.local_offset(rule.out, shape_)};
+    const auto r = reader(ctx, frame);
+    const thrust::counting_iterator<std::size_t> first(0), last(out.size());
+    if (frame.dense)
+      thrust::transform(ctx.system, first, last, out.data(),
+                        detail::fused_kernel<true, rank, value_type, decltype(r)>{r, out.shape()});
+    else
+      thrust::transform(ctx.system, first, last, out.data(),
+                        detail::fused_kernel<false, rank, value_type, decltype(r)>{r, out.shape()});
+  }
+
+ private:
+  template <class Child>
+  void broadcast_into(const Child& c, bool& ok) {
+    const auto s = c.shape();
+    constexpr std::size_t shift = rank - Child::rank;
+    for (std::size_t j = 0; j < Child::rank; ++j) {
+      std::size_t& e = shape_[shift + j];
+      if (e == 1) e = s[j];
+      else if (s[j] != 1 && s[j] != e) ok = false;
+    }
+  }
+
+  std::string operands_text() const {
+    std::string text;
+    std::apply([&](const auto&... c) { ((text += (text.empty() ? "" : ", ") + detail::describe_node(c)), ...); }, this->children_);
+    return text;
+  }
+
+  /// @brief A dim of extent 1 that broadcasts cannot be split: its one element would sit on one place only.
+  template <std::size_t... I>
+  void check_split_broadcast(std::index_sequence<I...>) const {
+    auto check = [&](const auto& c, const detail::layout_value& target) {
+      using child_t = std::remove_cvref_t<decltype(c)>;
+      const auto s = c.shape();
+      for (std::size_t j = 0; j < child_t::rank; ++j)
+        if (s[j] == 1 && shape_[rank - child_t::rank + j] != 1 && !target.dim_axis[j].empty())
+          throw layout_error(std::string(name) + ": dim " + std::to_string(j) + " of " + detail::describe_node(c) +
+                             " has extent 1 and broadcasts, but is split on \"" + std::string(target.dim_axis[j]) +
+                             "\"; replicate it");
+    };
+    (check(std::get<I>(this->children_), rule.operands[I]), ...);
+  }
+
+  template <std::size_t I, class Ctx, std::size_t Rank>
+  auto child_reader(Ctx& ctx, detail::group_frame<Rank>& frame) const {
+    const auto& c = std::get<I>(this->children_);
+    using child_t = std::remove_cvref_t<decltype(c)>;
+    if constexpr (child_t::is_scalar) {
+      return detail::scalar_reader<value_type>{static_cast<value_type>(c.value)};
+    } else if constexpr (child_t::elementwise && (!Ctx::distributed || detail::operand_plan_v<elementwise_node, I>.size == 0)) {
+      return c.reader(ctx, frame);
+    } else {
+      return detail::read_block(detail::operand_block<I>(*this, ctx), frame, name);
+    }
+  }
+
+  template <class Ctx, std::size_t Rank, std::size_t... I>
+  auto reader_of(Ctx& ctx, detail::group_frame<Rank>& frame, std::index_sequence<I...>) const {
+    return detail::op_reader<Op, decltype(child_reader<I>(ctx, frame))...>{child_reader<I>(ctx, frame)...};
+  }
+
+  shape_t<rank> shape_{};
+};
+
+}  // namespace pdo

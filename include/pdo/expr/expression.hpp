@@ -1,0 +1,363 @@
+// pdo/expr/expression.hpp: what every expression node has, the leaves, and where a node is evaluated.
+#pragma once
+
+#include <pdo/comm/mesh_comms.hpp>
+#include <pdo/core/error.hpp>
+#include <pdo/core/shape.hpp>
+#include <pdo/kernels/cpu_system.hpp>
+#include <pdo/layout/propagation.hpp>
+#include <pdo/layout/redistribute_plan.hpp>
+#include <pdo/tensor/dtensor.hpp>
+#include <pdo/tensor/redistribute.hpp>
+#include <pdo/tensor/tensor.hpp>
+
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace pdo {
+
+/// @brief An expression node: a lazy value that pdo::eval materializes. Nodes opt in
+/// with `using expression_tag = void;` and describe themselves with `value_type`, `rank`,
+/// `distributed`, `mesh_type`, `name`, `rule` (the planner's op_rule), `shape()`,
+/// `run(context, out)` and their children.
+template <class E>
+concept tensor_expression = requires { typename std::remove_cvref_t<E>::expression_tag; };
+
+namespace detail {
+
+/// @brief Where a local expression runs: the calling thread, on the cores of its place.
+struct local_context {
+  static constexpr bool distributed = false;
+  cpu_system system = current_cpu_system();
+  std::vector<std::shared_ptr<void>> keep;  ///< temporaries the kernels read
+
+  template <std::size_t Rank>
+  shape_t<Rank> local_shape(const layout_value&, const shape_t<Rank>& global) const {
+    return global;
+  }
+  template <std::size_t Rank>
+  shape_t<Rank> local_offset(const layout_value&, const shape_t<Rank>&) const {
+    return {};
+  }
+  template <class T, std::size_t Rank>
+  tensor<T, Rank> allocate(const shape_t<Rank>& shape) const {
+    return tensor<T, Rank>(shape, uninitialized);
+  }
+};
+
+/// @brief Where a distributed expression runs on one place: place `p` of mesh `m`.
+template <class Mesh>
+struct mesh_context {
+  static constexpr bool distributed = true;
+  mesh_context(const Mesh& mesh, std::size_t place) : m(mesh), p(place) {}
+  const Mesh& m;
+  std::size_t p;
+  cpu_system system = current_cpu_system();
+  std::vector<std::shared_ptr<void>> keep;
+
+  template <std::size_t Rank>
+  shape_t<Rank> local_shape(const layout_value& v, const shape_t<Rank>& global) const {
+    return shard_shape(m, v, global, p);
+  }
+  template <std::size_t Rank>
+  shape_t<Rank> local_offset(const layout_value& v, const shape_t<Rank>& global) const {
+    return shard_offset(m, v, global, p);
+  }
+  template <class T, std::size_t Rank>
+  tensor<T, Rank> allocate(const shape_t<Rank>& shape) const {
+    return tensor<T, Rank>(shape, m.place(p), uninitialized);
+  }
+};
+
+/// @brief A place's block of an operand, ready for a kernel: its local data, local
+/// extents, and where the block starts in the operand's global shape.
+template <class T, std::size_t Rank>
+struct block_view {
+  const T* data = nullptr;
+  shape_t<Rank> shape{};
+  shape_t<Rank> offset{};
+  shape_t<Rank> global{};
+};
+
+/// @brief "f32[10, 6]" for local nodes, "f32[10, 6]{split<x>, replicate}" for distributed ones.
+template <class Node>
+std::string describe_node(const Node& n) {
+  std::string text = std::string(dtype_name<typename Node::value_type>()) + format_extents(n.shape());
+  if constexpr (Node::distributed) text += to_string(Node::rule.out);
+  return text;
+}
+
+template <class... Ts>
+struct first_mesh {
+  using type = void;
+};
+template <class T, class... Ts>
+struct first_mesh<T, Ts...> {
+  using type = std::conditional_t<!std::is_void_v<typename T::mesh_type>, typename T::mesh_type,
+                                  typename first_mesh<Ts...>::type>;
+};
+
+/// @brief What every node declares about its operands: same element type, one mesh.
+template <class... Children>
+struct operand_traits {
+  using mesh_type = typename first_mesh<Children...>::type;
+  static constexpr bool distributed = (Children::distributed || ...);
+  static constexpr bool any_local_tensor = ((!Children::distributed && !Children::is_scalar) || ...);
+  static_assert(!distributed || !any_local_tensor,
+                "pdo: an expression mixes pdo::tensor and pdo::dtensor operands; distribute the tensor onto the "
+                "mesh first (pdo::distribute<Layout>(mesh, t)), or use the local shards inside pdo::parallel_do");
+  static_assert(((std::is_void_v<typename Children::mesh_type> ||
+                  std::is_same_v<typename Children::mesh_type, mesh_type>) && ...),
+                "pdo: an expression mixes dtensors of different mesh types; every operand must live on one mesh");
+};
+
+/// @brief The element type of an op over `Children`: that of its first tensor operand
+/// (plain numbers take it); of the first operand when all are numbers.
+template <class... Children>
+struct common_value {
+  using type = typename std::tuple_element_t<0, std::tuple<Children...>>::value_type;
+};
+template <class First, class... Rest>
+  requires(First::is_scalar && sizeof...(Rest) > 0 && ((!Rest::is_scalar) || ...))
+struct common_value<First, Rest...> : common_value<Rest...> {};
+
+/// @brief What every op node has: its operands (`children()`), the mesh type they live
+/// on, and whether the op is distributed. Ops derive from it and add `value_type`,
+/// `rank`, `name`, `elementwise`, the planner's `rule`, `shape()` and `run(ctx, out)`.
+template <class... Children>
+class op_node {
+  using traits = operand_traits<Children...>;
+
+ public:
+  using expression_tag = void;
+  using mesh_type = typename traits::mesh_type;
+  using children_type = std::tuple<Children...>;
+  static constexpr bool distributed = traits::distributed, is_leaf = false, is_scalar = false;
+
+  [[nodiscard]] const children_type& children() const { return children_; }
+
+ protected:
+  explicit op_node(Children... c) : children_(std::move(c)...) {}
+  children_type children_;
+};
+
+template <class T, class... Children>
+inline constexpr bool same_element_types = ((Children::is_scalar || std::is_same_v<typename Children::value_type, T>) && ...);
+
+}  // namespace detail
+
+/// @brief Leaf: a local pdo::tensor, by reference (or owned, when given as an rvalue).
+template <element T, std::size_t Rank>
+class tensor_leaf {
+ public:
+  using expression_tag = void;
+  using value_type = T;
+  using mesh_type = void;
+  static constexpr std::size_t rank = Rank;
+  static constexpr bool distributed = false, is_leaf = true, is_scalar = false, elementwise = false;
+  static constexpr std::string_view name = "tensor";
+  static constexpr detail::op_rule rule = [] {
+    detail::op_rule r;
+    r.out.rank = Rank;
+    return r;
+  }();
+
+  explicit tensor_leaf(const tensor<T, Rank>& t) : t_(&t) {}
+  explicit tensor_leaf(tensor<T, Rank>&& t) : owned_(std::make_shared<const tensor<T, Rank>>(std::move(t))), t_(owned_.get()) {}
+
+  [[nodiscard]] const shape_t<Rank>& shape() const { return t_->shape(); }
+  template <class Ctx>
+  [[nodiscard]] const tensor<T, Rank>& shard(const Ctx&) const {
+    return *t_;
+  }
+  template <class Ctx>
+  void run(Ctx&, tensor<T, Rank>& out) const {
+    detail::copy_elements(out.data(), t_->data(), out.size());
+  }
+
+ private:
+  std::shared_ptr<const tensor<T, Rank>> owned_;
+  const tensor<T, Rank>* t_;
+};
+
+/// @brief Leaf: a pdo::dtensor, by reference (or owned, when given as an rvalue).
+template <class DTensor>
+class dtensor_leaf {
+ public:
+  using expression_tag = void;
+  using value_type = typename DTensor::value_type;
+  using mesh_type = typename DTensor::mesh_type;
+  static constexpr std::size_t rank = DTensor::rank;
+  static constexpr bool distributed = true, is_leaf = true, is_scalar = false, elementwise = false;
+  static constexpr std::string_view name = "dtensor";
+  static constexpr detail::op_rule rule = [] {
+    detail::op_rule r;
+    r.out = DTensor::layout_value;
+    return r;
+  }();
+
+  explicit dtensor_leaf(const DTensor& t) : t_(&t) {}
+  explicit dtensor_leaf(DTensor&& t) : owned_(std::make_shared<const DTensor>(std::move(t))), t_(owned_.get()) {}
+  /// @brief A dtensor kept alive by `t` (the result of an eval_async, say).
+  explicit dtensor_leaf(std::shared_ptr<const DTensor> t) : owned_(std::move(t)), t_(owned_.get()) {}
+
+  [[nodiscard]] const shape_t<rank>& shape() const { return t_->shape(); }
+  [[nodiscard]] const mesh_type& mesh() const { return t_->mesh(); }
+  template <class Ctx>
+  [[nodiscard]] const tensor<value_type, rank>& shard(const Ctx& ctx) const {
+    return t_->shard(ctx.p);
+  }
+  template <class Ctx>
+  void run(Ctx& ctx, tensor<value_type, rank>& out) const {
+    detail::copy_elements(out.data(), shard(ctx).data(), out.size());
+  }
+
+ private:
+  std::shared_ptr<const DTensor> owned_;
+  const DTensor* t_;
+};
+
+/// @brief Leaf: a plain number, converted to the element type of the tensors it meets.
+template <element T>
+class scalar_leaf {
+ public:
+  using expression_tag = void;
+  using value_type = T;
+  using mesh_type = void;
+  static constexpr std::size_t rank = 0;
+  static constexpr bool distributed = false, is_leaf = true, is_scalar = true, elementwise = false;
+  static constexpr std::string_view name = "scalar";
+  static constexpr detail::op_rule rule{};
+
+  explicit scalar_leaf(T v) : value(v) {}
+  [[nodiscard]] shape_t<0> shape() const { return {}; }
+  T value;
+};
+
+namespace detail {
+
+/// @brief Any operand as an expression node: tensors and dtensors become leaves, numbers
+/// scalars, expressions stay as they are.
+template <class A>
+auto as_expression(A&& a) {
+  using plain = std::remove_cvref_t<A>;
+  if constexpr (tensor_expression<plain>) return plain(std::forward<A>(a));
+  else if constexpr (requires { typename plain::async_result_tag; })
+    return dtensor_leaf<typename plain::value_type>(a.shared_value());
+  else if constexpr (is_tensor_v<plain>) return tensor_leaf<typename plain::value_type, plain::rank>(std::forward<A>(a));
+  else if constexpr (is_dtensor_v<plain>) return dtensor_leaf<plain>(std::forward<A>(a));
+  else {
+    static_assert(element<plain>, "pdo: an operand must be a pdo::tensor, a pdo::dtensor, an expression or a number");
+    return scalar_leaf<plain>(a);
+  }
+}
+
+template <class A>
+using expression_t = decltype(as_expression(std::declval<A>()));
+
+/// @brief An operand of a pdo op: a tensor, a dtensor or an expression (not a bare number).
+template <class A>
+concept tensor_operand = tensor_expression<A> || is_tensor_v<std::remove_cvref_t<A>> || is_dtensor_v<std::remove_cvref_t<A>> ||
+                         requires { typename std::remove_cvref_t<A>::async_result_tag; };
+
+/// @brief The mesh of the first dtensor leaf of `node`'s subtree.
+template <class Node>
+const typename Node::mesh_type* find_mesh(const Node& node) {
+  if constexpr (Node::is_leaf) {
+    if constexpr (Node::distributed) return &node.mesh();
+    else return nullptr;
+  } else {
+    const typename Node::mesh_type* found = nullptr;
+    std::apply(
+        [&](const auto&... c) {
+          (([&] {
+             if constexpr (std::remove_cvref_t<decltype(c)>::distributed)
+               if (found == nullptr) found = find_mesh(c);
+           }()),
+           ...);
+        },
+        node.children());
+    return found;
+  }
+}
+
+/// @brief Throws pdo::layout_error unless every dtensor of `node`'s subtree lives on `m`.
+template <class Node, class Mesh>
+void check_one_mesh(const Node& node, const Mesh& m) {
+  if constexpr (Node::is_leaf) {
+    if constexpr (Node::distributed)
+      if (!(node.mesh() == m))
+        throw layout_error("eval: an operand " + describe_node(node) + " lives on " + node.mesh().describe() +
+                           ", another mesh than the expression's first dtensor (" + m.describe() +
+                           "); redistribute it onto one mesh first");
+  } else {
+    std::apply([&](const auto&... c) { (check_one_mesh(c, m), ...); }, node.children());
+  }
+}
+
+/// @brief The plan that brings child `I` of `Node` to the layout the node needs of it.
+template <class Node, std::size_t I>
+inline constexpr redistribute_plan operand_plan_v =
+    plan_redistribute(std::tuple_element_t<I, typename Node::children_type>::rule.out, Node::rule.operands[I]);
+
+/// @brief Evaluates `node` on the context's place into a new tensor (its local block).
+/// The temporaries the node's kernel read are released when it is done.
+template <class Node, class Ctx>
+tensor<typename Node::value_type, Node::rank> materialize(const Node& node, Ctx& ctx) {
+  auto out = ctx.template allocate<typename Node::value_type>(ctx.local_shape(Node::rule.out, node.shape()));
+  const std::size_t held = ctx.keep.size();
+  node.run(ctx, out);
+  ctx.keep.resize(held);
+  return out;
+}
+
+/// @brief Child `I` of `node` as the node's kernel needs it on the context's place:
+/// evaluated, and redistributed to the layout the planner chose for it. A leaf that
+/// needs no redistribution is read where it is.
+template <std::size_t I, class Node, class Ctx>
+auto operand_block(const Node& node, Ctx& ctx) {
+  const auto& c = std::get<I>(node.children());
+  using child_t = std::remove_cvref_t<decltype(c)>;
+  using T = typename child_t::value_type;
+  constexpr std::size_t r = child_t::rank;
+  constexpr layout_value target = Node::rule.operands[I];
+  block_view<T, r> view;
+  view.global = c.shape();
+  view.offset = ctx.local_offset(target, c.shape());
+  constexpr bool moves = Ctx::distributed && operand_plan_v<Node, I>.size > 0;
+  if constexpr (!moves && child_t::is_leaf) {
+    const auto& shard = c.shard(ctx);
+    view.data = shard.data();
+    view.shape = shard.shape();
+  } else {
+    tensor<T, r> t = [&] {
+      if constexpr (child_t::is_leaf) return tensor<T, r>(c.shard(ctx));
+      else return materialize(c, ctx);
+    }();
+    if constexpr (moves) t = apply_plan<operand_plan_v<Node, I>>(ctx.m, c.shape(), ctx.p, std::move(t));
+    auto held = std::make_shared<tensor<T, r>>(std::move(t));
+    view.data = held->data();
+    view.shape = held->shape();
+    ctx.keep.push_back(std::move(held));
+  }
+  return view;
+}
+
+/// @brief Combines `out` (this place's result) by max over mesh axes the rule names.
+template <class Node, class Ctx, class T, std::size_t Rank>
+void combine_max(Ctx& ctx, tensor<T, Rank>& out) {
+  if constexpr (Ctx::distributed) {
+    using mesh_t = std::remove_cvref_t<decltype(ctx.m)>;
+    for (std::size_t i = 0; i < Node::rule.npost_max; ++i)
+      communicator_along(ctx.m, mesh_t::axis_index(Node::rule.post_max[i]), ctx.p).all_reduce(out.span(), reduce_op::max);
+  }
+}
+
+}  // namespace detail
+}  // namespace pdo

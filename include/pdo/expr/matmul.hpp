@@ -1,0 +1,85 @@
+// pdo/expr/matmul.hpp: matmul of [..., M, K] by [..., K, N] (2-D, or batched), on BLAS.
+#pragma once
+
+#include <pdo/expr/expression.hpp>
+#include <pdo/kernels/gemm.hpp>
+
+#include <cstddef>
+#include <string>
+#include <tuple>
+
+namespace pdo {
+
+/// @brief matmul(a, b): a [..., M, K] by b [K, N] (one matrix for the whole batch) or by
+/// b [..., K, N] with a's batch dims. See detail::matmul_rule for the layouts.
+template <class A, class B>
+class matmul_node : public detail::op_node<A, B> {
+
+ public:
+  using value_type = typename A::value_type;
+  static_assert(std::is_same_v<value_type, typename B::value_type>,
+                "pdo: matmul: the operands have different element types; convert one first");
+  static_assert(A::rank >= 2 && B::rank >= 2, "pdo: matmul: both operands need at least 2 dims ([M, K] and [K, N])");
+  static_assert(B::rank == 2 || B::rank == A::rank,
+                "pdo: matmul: b must be a matrix [K, N] or have a's batch dims [..., K, N]");
+  static constexpr std::size_t rank = A::rank;
+  static constexpr bool elementwise = false;
+  static constexpr std::string_view name = "matmul";
+  static constexpr detail::op_rule rule = detail::matmul_rule(A::rule.out, B::rule.out);
+
+  matmul_node(A a, B b) : detail::op_node<A, B>(std::move(a), std::move(b)) {
+    const auto sa = std::get<0>(this->children_).shape();
+    const auto sb = std::get<1>(this->children_).shape();
+    bool ok = sa[rank - 1] == sb[B::rank - 2];
+    if constexpr (B::rank == rank)
+      for (std::size_t d = 0; d + 2 < rank; ++d) ok = ok && sa[d] == sb[d];
+    if (!ok)
+      throw shape_error("matmul: " + detail::describe_node(std::get<0>(this->children_)) + " by " +
+                        detail::describe_node(std::get<1>(this->children_)) +
+                        ": a's last dim must equal b's second-to-last, and batch dims must agree");
+    for (std::size_t d = 0; d + 1 < rank; ++d) shape_[d] = sa[d];
+    shape_[rank - 1] = sb[B::rank - 1];
+  }
+
+  [[nodiscard]] const shape_t<rank>& shape() const { return shape_; }
+
+  template <class Ctx>
+  void run(Ctx& ctx, tensor<value_type, rank>& out) const {
+    const auto a = detail::operand_block<0>(*this, ctx);
+    const auto b = detail::operand_block<1>(*this, ctx);
+    constexpr std::size_t rb = B::rank;
+    // the K range both blocks hold: the smaller block, read from the larger at its offset
+    const std::size_t ka = a.shape[rank - 1], kb = b.shape[rb - 2];
+    const std::size_t k = ka < kb ? ka : kb;
+    const std::size_t a_k0 = ka > k ? b.offset[rb - 2] - a.offset[rank - 1] : 0;
+    const std::size_t b_k0 = kb > k ? a.offset[rank - 1] - b.offset[rb - 2] : 0;
+    const std::size_t m = out.shape()[rank - 2], n = out.shape()[rank - 1];
+    const std::size_t lda = a.shape[rank - 1], ldb = b.shape[rb - 1];
+    std::size_t batches = 1;
+    for (std::size_t d = 0; d + 2 < rank; ++d) batches *= out.shape()[d];
+    // offsets of the output block's rows and columns within the operand blocks
+    const auto frame = ctx.local_offset(rule.out, shape_);
+    const std::size_t a_m0 = frame[rank - 2] - a.offset[rank - 2];
+    const std::size_t b_n0 = frame[rank - 1] - b.offset[rb - 1];
+    shape_t<rank> index{};
+    for (std::size_t batch = 0; batch < batches; ++batch) {
+      std::size_t a_off = 0, b_off = 0;
+      for (std::size_t d = 0; d + 2 < rank; ++d) {
+        a_off = a_off * a.shape[d] + (frame[d] - a.offset[d] + index[d]);
+        if constexpr (rb == rank) b_off = b_off * b.shape[d] + (frame[d] - b.offset[d] + index[d]);
+      }
+      const value_type* pa = a.data + (a_off * a.shape[rank - 2] + a_m0) * lda + a_k0;
+      const value_type* pb = b.data + (b_off * b.shape[rb - 2] + b_k0) * ldb + b_n0;
+      detail::gemm<value_type>(ctx.system, m, n, k, {pa, lda}, {pb, ldb}, out.data() + batch * m * n);
+      for (std::size_t d = rank - 2; d-- > 0;) {
+        if (++index[d] < out.shape()[d]) break;
+        index[d] = 0;
+      }
+    }
+  }
+
+ private:
+  shape_t<rank> shape_{};
+};
+
+}  // namespace pdo

@@ -1,0 +1,171 @@
+// pdo/expr/operators.hpp: the functions and operators that build expressions.
+#pragma once
+
+#include <pdo/expr/elementwise.hpp>
+#include <pdo/expr/matmul.hpp>
+#include <pdo/expr/reduce.hpp>
+#include <pdo/expr/reshape.hpp>
+#include <pdo/expr/softmax.hpp>
+#include <pdo/expr/transpose.hpp>
+
+#include <cstddef>
+#include <utility>
+
+namespace pdo {
+
+namespace detail {
+/// @brief An operand of an arithmetic operator: a tensor operand, or a number beside one.
+template <class A, class B>
+concept arithmetic_operands = (tensor_operand<A> || tensor_operand<B>) && (tensor_operand<A> || element<std::remove_cvref_t<A>>) &&
+                              (tensor_operand<B> || element<std::remove_cvref_t<B>>);
+
+template <class Op, class... Args>
+auto make_elementwise(Args&&... args) {
+  return elementwise_node<Op, expression_t<Args>...>(as_expression(std::forward<Args>(args))...);
+}
+}  // namespace detail
+
+/// @brief The value of `dim` that means "every dim" (sum, mean, max) or "the last dim" (softmax).
+inline constexpr std::size_t all_dims = static_cast<std::size_t>(-1);
+inline constexpr std::size_t last_dim = static_cast<std::size_t>(-1);
+
+// Arithmetic: tensor operands, with plain numbers on either side.
+template <class A, class B>
+  requires detail::arithmetic_operands<A, B>
+auto operator+(A&& a, B&& b) {
+  return detail::make_elementwise<op::add>(std::forward<A>(a), std::forward<B>(b));
+}
+template <class A, class B>
+  requires detail::arithmetic_operands<A, B>
+auto operator-(A&& a, B&& b) {
+  return detail::make_elementwise<op::subtract>(std::forward<A>(a), std::forward<B>(b));
+}
+template <class A, class B>
+  requires detail::arithmetic_operands<A, B>
+auto operator*(A&& a, B&& b) {
+  return detail::make_elementwise<op::multiply>(std::forward<A>(a), std::forward<B>(b));
+}
+template <class A, class B>
+  requires detail::arithmetic_operands<A, B>
+auto operator/(A&& a, B&& b) {
+  return detail::make_elementwise<op::divide>(std::forward<A>(a), std::forward<B>(b));
+}
+template <detail::tensor_operand A>
+auto operator-(A&& a) {
+  return detail::make_elementwise<op::negate>(std::forward<A>(a));
+}
+
+// Elementwise functions.
+template <detail::tensor_operand A>
+auto exp(A&& a) { return detail::make_elementwise<op::exp>(std::forward<A>(a)); }
+template <detail::tensor_operand A>
+auto log(A&& a) { return detail::make_elementwise<op::log>(std::forward<A>(a)); }
+template <detail::tensor_operand A>
+auto sqrt(A&& a) { return detail::make_elementwise<op::sqrt>(std::forward<A>(a)); }
+template <detail::tensor_operand A>
+auto tanh(A&& a) { return detail::make_elementwise<op::tanh>(std::forward<A>(a)); }
+template <detail::tensor_operand A>
+auto sigmoid(A&& a) { return detail::make_elementwise<op::sigmoid>(std::forward<A>(a)); }
+template <detail::tensor_operand A>
+auto relu(A&& a) { return detail::make_elementwise<op::relu>(std::forward<A>(a)); }
+/// @brief GELU, tanh approximation.
+template <detail::tensor_operand A>
+auto gelu(A&& a) { return detail::make_elementwise<op::gelu>(std::forward<A>(a)); }
+
+/// @brief Elementwise maximum and minimum of two operands.
+template <class A, class B>
+  requires detail::arithmetic_operands<A, B>
+auto maximum(A&& a, B&& b) { return detail::make_elementwise<op::maximum>(std::forward<A>(a), std::forward<B>(b)); }
+template <class A, class B>
+  requires detail::arithmetic_operands<A, B>
+auto minimum(A&& a, B&& b) { return detail::make_elementwise<op::minimum>(std::forward<A>(a), std::forward<B>(b)); }
+
+// Comparisons: 1 where they hold, 0 elsewhere, in the operands' element type.
+template <class A, class B>
+  requires detail::arithmetic_operands<A, B>
+auto less(A&& a, B&& b) { return detail::make_elementwise<op::less>(std::forward<A>(a), std::forward<B>(b)); }
+template <class A, class B>
+  requires detail::arithmetic_operands<A, B>
+auto less_equal(A&& a, B&& b) { return detail::make_elementwise<op::less_equal>(std::forward<A>(a), std::forward<B>(b)); }
+template <class A, class B>
+  requires detail::arithmetic_operands<A, B>
+auto greater(A&& a, B&& b) { return detail::make_elementwise<op::greater>(std::forward<A>(a), std::forward<B>(b)); }
+template <class A, class B>
+  requires detail::arithmetic_operands<A, B>
+auto greater_equal(A&& a, B&& b) {
+  return detail::make_elementwise<op::greater_equal>(std::forward<A>(a), std::forward<B>(b));
+}
+template <class A, class B>
+  requires detail::arithmetic_operands<A, B>
+auto equal(A&& a, B&& b) { return detail::make_elementwise<op::equal>(std::forward<A>(a), std::forward<B>(b)); }
+template <class A, class B>
+  requires detail::arithmetic_operands<A, B>
+auto not_equal(A&& a, B&& b) { return detail::make_elementwise<op::not_equal>(std::forward<A>(a), std::forward<B>(b)); }
+
+/// @brief a where `cond` is nonzero, else b (each may be a number).
+template <detail::tensor_operand C, class A, class B>
+  requires(detail::tensor_operand<A> || element<std::remove_cvref_t<A>>) && (detail::tensor_operand<B> || element<std::remove_cvref_t<B>>)
+auto where(C&& cond, A&& a, B&& b) {
+  return detail::make_elementwise<op::where>(std::forward<C>(cond), std::forward<A>(a), std::forward<B>(b));
+}
+
+/// @brief Matrix product: a [..., M, K] by b [K, N] or [..., K, N].
+template <detail::tensor_operand A, detail::tensor_operand B>
+auto matmul(A&& a, B&& b) {
+  return matmul_node<detail::expression_t<A>, detail::expression_t<B>>(detail::as_expression(std::forward<A>(a)),
+                                                                       detail::as_expression(std::forward<B>(b)));
+}
+
+namespace detail {
+template <reduction What, std::size_t Dim, class A>
+auto make_reduction(A&& a) {
+  using e = expression_t<A>;
+  if constexpr (Dim == all_dims) return reduce_node<What, 0, true, e>(as_expression(std::forward<A>(a)));
+  else return reduce_node<What, Dim, false, e>(as_expression(std::forward<A>(a)));
+}
+}  // namespace detail
+
+/// @brief Sum over dim `Dim` (which leaves the shape), or over every dim by default.
+template <std::size_t Dim = all_dims, detail::tensor_operand A>
+auto sum(A&& a) { return detail::make_reduction<detail::reduction::sum, Dim>(std::forward<A>(a)); }
+/// @brief Mean over dim `Dim`, or over every dim by default.
+template <std::size_t Dim = all_dims, detail::tensor_operand A>
+auto mean(A&& a) { return detail::make_reduction<detail::reduction::mean, Dim>(std::forward<A>(a)); }
+/// @brief Maximum over dim `Dim`, or over every dim by default.
+template <std::size_t Dim = all_dims, detail::tensor_operand A>
+auto max(A&& a) { return detail::make_reduction<detail::reduction::max, Dim>(std::forward<A>(a)); }
+
+/// @brief softmax along dim `Dim` (the last by default).
+template <std::size_t Dim = last_dim, detail::tensor_operand A>
+auto softmax(A&& a) {
+  using e = detail::expression_t<A>;
+  return softmax_node<false, Dim == last_dim ? e::rank - 1 : Dim, e>(detail::as_expression(std::forward<A>(a)));
+}
+/// @brief log_softmax along dim `Dim` (the last by default).
+template <std::size_t Dim = last_dim, detail::tensor_operand A>
+auto log_softmax(A&& a) {
+  using e = detail::expression_t<A>;
+  return softmax_node<true, Dim == last_dim ? e::rank - 1 : Dim, e>(detail::as_expression(std::forward<A>(a)));
+}
+/// @brief Mean cross-entropy of logits [N, C] against class indices [N].
+template <detail::tensor_operand L, detail::tensor_operand Y>
+auto cross_entropy(L&& logits, Y&& labels) {
+  return cross_entropy_node<detail::expression_t<L>, detail::expression_t<Y>>(detail::as_expression(std::forward<L>(logits)),
+                                                                              detail::as_expression(std::forward<Y>(labels)));
+}
+
+/// @brief The last two dims swapped.
+template <detail::tensor_operand A>
+auto transpose(A&& a) {
+  return transpose_node<detail::expression_t<A>>(detail::as_expression(std::forward<A>(a)));
+}
+
+/// @brief The same elements under `shape` (see reshape_node for what may change).
+template <detail::tensor_operand A, std::size_t Rank>
+auto reshape(A&& a, const std::size_t (&shape)[Rank]) {
+  shape_t<Rank> s{};
+  for (std::size_t d = 0; d < Rank; ++d) s[d] = shape[d];
+  return reshape_node<Rank, detail::expression_t<A>>(detail::as_expression(std::forward<A>(a)), s);
+}
+
+}  // namespace pdo

@@ -1,0 +1,159 @@
+// pdo/expr/ops.hpp: the elementwise operations, as functors callable on host and device.
+#pragma once
+
+#include <pdo/core/config.hpp>
+
+#include <cmath>
+#include <string_view>
+
+namespace pdo::op {
+
+/// @brief How an elementwise op treats a partial (pending-sum) operand: whether
+/// op(sum of addends) equals the sum of op(addend) for the operands named.
+enum class linearity {
+  none,         ///< partial operands are reduced first
+  additive,     ///< + and -: both operands partial over the same axes stay partial
+  scaling,      ///< * and negate: exactly one operand partial stays partial
+  numerator,    ///< /: a partial numerator over a non-partial denominator stays partial
+};
+
+// Unary ops. `apply` is the math; `name` is what plans and errors print.
+struct negate {
+  static constexpr std::string_view name = "negate";
+  static constexpr linearity rule = linearity::scaling;
+  template <class T>
+  PDO_HD static T apply(T x) { return -x; }
+};
+struct exp {
+  static constexpr std::string_view name = "exp";
+  static constexpr linearity rule = linearity::none;
+  template <class T>
+  PDO_HD static T apply(T x) { using std::exp; return static_cast<T>(exp(x)); }
+};
+struct log {
+  static constexpr std::string_view name = "log";
+  static constexpr linearity rule = linearity::none;
+  template <class T>
+  PDO_HD static T apply(T x) { using std::log; return static_cast<T>(log(x)); }
+};
+struct sqrt {
+  static constexpr std::string_view name = "sqrt";
+  static constexpr linearity rule = linearity::none;
+  template <class T>
+  PDO_HD static T apply(T x) { using std::sqrt; return static_cast<T>(sqrt(x)); }
+};
+struct tanh {
+  static constexpr std::string_view name = "tanh";
+  static constexpr linearity rule = linearity::none;
+  template <class T>
+  PDO_HD static T apply(T x) { using std::tanh; return static_cast<T>(tanh(x)); }
+};
+struct sigmoid {
+  static constexpr std::string_view name = "sigmoid";
+  static constexpr linearity rule = linearity::none;
+  template <class T>
+  PDO_HD static T apply(T x) { using std::exp; return static_cast<T>(T(1) / (T(1) + exp(-x))); }
+};
+struct relu {
+  static constexpr std::string_view name = "relu";
+  static constexpr linearity rule = linearity::none;
+  template <class T>
+  PDO_HD static T apply(T x) { return x > T(0) ? x : T(0); }
+};
+/// @brief GELU, tanh approximation (as in GPT-2 and PyTorch's approximate="tanh").
+struct gelu {
+  static constexpr std::string_view name = "gelu";
+  static constexpr linearity rule = linearity::none;
+  template <class T>
+  PDO_HD static T apply(T x) {
+    using std::tanh;
+    const double v = static_cast<double>(x);
+    return static_cast<T>(0.5 * v * (1.0 + tanh(0.7978845608028654 * (v + 0.044715 * v * v * v))));
+  }
+};
+
+// Binary ops.
+struct add {
+  static constexpr std::string_view name = "add";
+  static constexpr linearity rule = linearity::additive;
+  template <class T>
+  PDO_HD static T apply(T a, T b) { return a + b; }
+};
+struct subtract {
+  static constexpr std::string_view name = "subtract";
+  static constexpr linearity rule = linearity::additive;
+  template <class T>
+  PDO_HD static T apply(T a, T b) { return a - b; }
+};
+struct multiply {
+  static constexpr std::string_view name = "multiply";
+  static constexpr linearity rule = linearity::scaling;
+  template <class T>
+  PDO_HD static T apply(T a, T b) { return a * b; }
+};
+struct divide {
+  static constexpr std::string_view name = "divide";
+  static constexpr linearity rule = linearity::numerator;
+  template <class T>
+  PDO_HD static T apply(T a, T b) { return a / b; }
+};
+struct maximum {
+  static constexpr std::string_view name = "maximum";
+  static constexpr linearity rule = linearity::none;
+  template <class T>
+  PDO_HD static T apply(T a, T b) { return a < b ? b : a; }
+};
+struct minimum {
+  static constexpr std::string_view name = "minimum";
+  static constexpr linearity rule = linearity::none;
+  template <class T>
+  PDO_HD static T apply(T a, T b) { return b < a ? b : a; }
+};
+// Comparisons give 1 where they hold and 0 elsewhere, in the operands' element type.
+struct less {
+  static constexpr std::string_view name = "less";
+  static constexpr linearity rule = linearity::none;
+  template <class T>
+  PDO_HD static T apply(T a, T b) { return a < b ? T(1) : T(0); }
+};
+struct less_equal {
+  static constexpr std::string_view name = "less_equal";
+  static constexpr linearity rule = linearity::none;
+  template <class T>
+  PDO_HD static T apply(T a, T b) { return a <= b ? T(1) : T(0); }
+};
+struct greater {
+  static constexpr std::string_view name = "greater";
+  static constexpr linearity rule = linearity::none;
+  template <class T>
+  PDO_HD static T apply(T a, T b) { return a > b ? T(1) : T(0); }
+};
+struct greater_equal {
+  static constexpr std::string_view name = "greater_equal";
+  static constexpr linearity rule = linearity::none;
+  template <class T>
+  PDO_HD static T apply(T a, T b) { return a >= b ? T(1) : T(0); }
+};
+struct equal {
+  static constexpr std::string_view name = "equal";
+  static constexpr linearity rule = linearity::none;
+  template <class T>
+  PDO_HD static T apply(T a, T b) { return a == b ? T(1) : T(0); }
+};
+struct not_equal {
+  static constexpr std::string_view name = "not_equal";
+  static constexpr linearity rule = linearity::none;
+  template <class T>
+  PDO_HD static T apply(T a, T b) { return a != b ? T(1) : T(0); }
+};
+
+// Ternary op.
+/// @brief where(c, a, b): a where c is nonzero, else b.
+struct where {
+  static constexpr std::string_view name = "where";
+  static constexpr linearity rule = linearity::none;
+  template <class T>
+  PDO_HD static T apply(T c, T a, T b) { return c != T(0) ? a : b; }
+};
+
+}  // namespace pdo::op

@@ -1,0 +1,55 @@
+// pdo/expr/reduce.hpp: sum, mean and max over one dim or over all dims.
+#pragma once
+
+#include <pdo/expr/expression.hpp>
+#include <pdo/kernels/reduce.hpp>
+
+#include <cstddef>
+#include <string>
+#include <tuple>
+
+namespace pdo {
+
+/// @brief A reduction of its operand over dim `Dim`, or over every dim when `All`
+/// (a rank-0 result). See detail::reduce_rule for the layouts.
+template <detail::reduction What, std::size_t Dim, bool All, class C>
+class reduce_node : public detail::op_node<C> {
+ public:
+  using value_type = typename C::value_type;
+  static_assert(All || Dim < C::rank, "pdo: sum/mean/max: the dim to reduce is out of range for the operand's rank");
+  static_assert(What != detail::reduction::mean || std::is_floating_point_v<value_type>,
+                "pdo: mean: needs a floating-point operand");
+  static constexpr std::size_t rank = All ? 0 : C::rank - 1;
+  static constexpr bool elementwise = false;
+  static constexpr std::string_view name =
+      What == detail::reduction::sum ? "sum" : What == detail::reduction::mean ? "mean" : "max";
+  static constexpr detail::op_rule rule = All ? detail::reduce_all_rule(C::rule.out, What == detail::reduction::max)
+                                              : detail::reduce_rule(C::rule.out, Dim, What == detail::reduction::max);
+
+  explicit reduce_node(C c) : detail::op_node<C>(std::move(c)) {
+    const auto s = std::get<0>(this->children_).shape();
+    if (What == detail::reduction::max && (All ? detail::volume(s) : s[All ? 0 : Dim]) == 0)
+      throw shape_error("max: " + detail::describe_node(std::get<0>(this->children_)) + ": the maximum of no elements");
+    if constexpr (!All)
+      for (std::size_t d = 0, o = 0; d < C::rank; ++d)
+        if (d != Dim) shape_[o++] = s[d];
+  }
+
+  [[nodiscard]] const shape_t<rank>& shape() const { return shape_; }
+
+  template <class Ctx>
+  void run(Ctx& ctx, tensor<value_type, rank>& out) const {
+    const auto in = detail::operand_block<0>(*this, ctx);
+    if constexpr (All) {
+      out.data()[0] = detail::reduce_all(ctx.system, in.data, detail::volume(in.shape), What, detail::volume(in.global));
+    } else {
+      detail::reduce_dim(ctx.system, in.data, detail::view_along(in.shape, Dim), What, in.global[Dim], out.data());
+    }
+    detail::combine_max<reduce_node>(ctx, out);
+  }
+
+ private:
+  shape_t<rank> shape_{};
+};
+
+}  // namespace pdo

@@ -1,0 +1,47 @@
+// pdo/expr/reshape.hpp: the same elements in row-major order under another shape.
+#pragma once
+
+#include <pdo/expr/expression.hpp>
+
+#include <cstddef>
+#include <string>
+#include <tuple>
+
+namespace pdo {
+
+/// @brief reshape<Rank>(x, shape): x's elements under `shape`. The leading dims through
+/// x's last split dim are kept as they are (same extents); the rest, all replicated,
+/// may be reshaped freely (see detail::reshape_rule).
+template <std::size_t Rank, class C>
+class reshape_node : public detail::op_node<C> {
+ public:
+  using value_type = typename C::value_type;
+  static constexpr std::size_t rank = Rank;
+  static constexpr bool elementwise = false;
+  static constexpr std::string_view name = "reshape";
+  static_assert(detail::kept_dims(C::rule.out) <= Rank,
+                "pdo: reshape: the result must keep every dim up to the operand's last split dim; gather the split "
+                "dims first (pdo::redistribute) or reshape only trailing replicated dims");
+  static constexpr detail::op_rule rule = detail::reshape_rule(C::rule.out, Rank);
+
+  reshape_node(C c, const shape_t<Rank>& shape) : detail::op_node<C>(std::move(c)), shape_(shape) {
+    const auto s = std::get<0>(this->children_).shape();
+    bool ok = detail::volume(s) == detail::volume(shape_);
+    for (std::size_t d = 0; d < detail::kept_dims(C::rule.out); ++d) ok = ok && s[d] == shape_[d];
+    if (!ok)
+      throw shape_error("reshape: " + detail::describe_node(std::get<0>(this->children_)) + " to " + detail::format_extents(shape_) +
+                        ": the number of elements must stay the same, and the dims up to the last split one must be kept");
+  }
+  [[nodiscard]] const shape_t<Rank>& shape() const { return shape_; }
+
+  template <class Ctx>
+  void run(Ctx& ctx, tensor<value_type, rank>& out) const {
+    const auto in = detail::operand_block<0>(*this, ctx);
+    detail::copy_elements(out.data(), in.data, out.size());
+  }
+
+ private:
+  shape_t<Rank> shape_;
+};
+
+}  // namespace pdo

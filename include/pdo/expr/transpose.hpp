@@ -1,0 +1,54 @@
+// pdo/expr/transpose.hpp: the last two dims swapped.
+#pragma once
+
+#include <pdo/core/config.hpp>
+#include <pdo/expr/expression.hpp>
+
+#include <cstddef>
+#include <tuple>
+
+namespace pdo {
+
+namespace detail {
+/// @brief Output element i of [batch, cols, rows] read from the input [batch, rows, cols].
+template <class T>
+struct transpose_element {
+  const T* in;
+  std::size_t rows, cols;
+  PDO_HD T operator()(std::size_t i) const {
+    const std::size_t b = i / (rows * cols), rest = i % (rows * cols);
+    const std::size_t c = rest / rows, r = rest % rows;
+    return in[b * rows * cols + r * cols + c];
+  }
+};
+}  // namespace detail
+
+/// @brief transpose(x): x with its last two dims swapped (their splits swap too).
+template <class C>
+class transpose_node : public detail::op_node<C> {
+ public:
+  using value_type = typename C::value_type;
+  static_assert(C::rank >= 2, "pdo: transpose: needs at least 2 dims");
+  static constexpr std::size_t rank = C::rank;
+  static constexpr bool elementwise = false;
+  static constexpr std::string_view name = "transpose";
+  static constexpr detail::op_rule rule = detail::transpose_rule(C::rule.out);
+
+  explicit transpose_node(C c) : detail::op_node<C>(std::move(c)) {
+    shape_ = std::get<0>(this->children_).shape();
+    std::swap(shape_[rank - 2], shape_[rank - 1]);
+  }
+  [[nodiscard]] const shape_t<rank>& shape() const { return shape_; }
+
+  template <class Ctx>
+  void run(Ctx& ctx, tensor<value_type, rank>& out) const {
+    const auto in = detail::operand_block<0>(*this, ctx);
+    thrust::transform(ctx.system, thrust::counting_iterator<std::size_t>(0), thrust::counting_iterator<std::size_t>(out.size()),
+                      out.data(), detail::transpose_element<value_type>{in.data, in.shape[rank - 2], in.shape[rank - 1]});
+  }
+
+ private:
+  shape_t<rank> shape_{};
+};
+
+}  // namespace pdo

@@ -1,0 +1,117 @@
+// pdo/kernels/cpu_system.hpp: the Thrust execution policy of a CPU place: its kernels use exactly its cores.
+#pragma once
+
+#include <pdo/core/config.hpp>
+#include <pdo/place/place_state.hpp>
+
+// Host-only builds take Thrust's C++ system as the device system, so no CUDA header is needed.
+#if !defined(__CUDACC__) && !defined(THRUST_DEVICE_SYSTEM)
+#define THRUST_DEVICE_SYSTEM THRUST_DEVICE_SYSTEM_CPP
+#endif
+#include <thrust/functional.h>
+#include <thrust/iterator/counting_iterator.h>
+#include <thrust/for_each.h>
+#include <thrust/reduce.h>
+#include <thrust/system/cpp/execution_policy.h>
+#include <thrust/transform.h>
+#include <thrust/transform_reduce.h>
+
+#include <cstddef>
+
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
+
+namespace pdo::detail {
+
+/// @brief A Thrust system for the work of one CPU place. It is Thrust's C++ system
+/// except for the algorithms pdo's kernels use, which it runs as vectorised loops over
+/// the place's own cores (an OpenMP team of `threads`, inheriting the place's pinning),
+/// found by Thrust through argument-dependent lookup on the policy.
+struct cpu_system : thrust::system::cpp::execution_policy<cpu_system> {
+  int threads = 1;
+};
+
+/// @brief The policy for the calling thread: a CPU place's worker uses its place's cores;
+/// any other thread, one core.
+inline cpu_system current_cpu_system() {
+  cpu_system s;
+  if (place_state* p = current_place(); p != nullptr && p->kind == place_kind::cpu && !p->cores.empty())
+    s.threads = static_cast<int>(p->cores.size());
+  return s;
+}
+
+/// @brief Loops this short are not worth waking a team for.
+inline constexpr std::size_t parallel_grain = std::size_t{1} << 15;
+
+/// @brief out[k] = f(first + k) for k in [0, last - first): the form every pdo kernel
+/// has (a functor of the output index).
+template <class F, class Out>
+Out transform([[maybe_unused]] cpu_system& system, thrust::counting_iterator<std::size_t> first, thrust::counting_iterator<std::size_t> last,
+              Out out, F f) {
+  const std::size_t base = *first, n = *last - *first;
+#if defined(_OPENMP)
+  if (system.threads > 1 && n >= parallel_grain) {
+    // each thread its own copy of the functor, so its pointers are plain vector loads (a
+    // shared one turns them into gathers)
+#pragma omp parallel for simd num_threads(system.threads) schedule(static) firstprivate(f)
+    for (std::size_t k = 0; k < n; ++k) out[k] = f(base + k);
+    return out + static_cast<std::ptrdiff_t>(n);
+  }
+#endif
+  // one core: no team is started (that alone costs more than a small kernel)
+#pragma omp simd
+  for (std::size_t k = 0; k < n; ++k) out[k] = f(base + k);
+  return out + static_cast<std::ptrdiff_t>(n);
+}
+
+/// @brief f(first + k) for k in [0, n), for work items that write several outputs each
+/// (a row of a softmax); items run in parallel over the place's cores.
+template <class F>
+thrust::counting_iterator<std::size_t> for_each_n([[maybe_unused]] cpu_system& system, thrust::counting_iterator<std::size_t> first,
+                                                  std::size_t n, F f) {
+  const std::size_t base = *first;
+#if defined(_OPENMP)
+  if (system.threads > 1 && n > 1) {
+#pragma omp parallel for num_threads(system.threads) schedule(static)
+    for (std::size_t k = 0; k < n; ++k) f(base + k);
+    return first + static_cast<std::ptrdiff_t>(n);
+  }
+#endif
+  for (std::size_t k = 0; k < n; ++k) f(base + k);
+  return first + static_cast<std::ptrdiff_t>(n);
+}
+
+/// @brief reduce(f(first + k)) with `op`, from `init`; one partial result per thread,
+/// combined in thread order (so the result does not depend on timing).
+template <class F, class T, class Op>
+T transform_reduce([[maybe_unused]] cpu_system& system, thrust::counting_iterator<std::size_t> first,
+                   thrust::counting_iterator<std::size_t> last, F f, T init, Op op) {
+  const std::size_t base = *first, n = *last - *first;
+  auto range = [&](std::size_t begin, std::size_t end) {
+    T acc = f(base + begin);
+    for (std::size_t k = begin + 1; k < end; ++k) acc = op(acc, f(base + k));
+    return acc;
+  };
+#if defined(_OPENMP)
+  if (system.threads > 1 && n >= parallel_grain) {
+    constexpr int most = 64;
+    T parts[most];
+    int used = 1;
+#pragma omp parallel num_threads(system.threads < most ? system.threads : most)
+    {
+      // the team may be smaller than asked (OMP_DYNAMIC, thread limits, nesting): split by its size
+      const auto t = static_cast<std::size_t>(omp_get_thread_num()), nt = static_cast<std::size_t>(omp_get_num_threads());
+      parts[t] = range(n * t / nt, n * (t + 1) / nt);
+#pragma omp single
+      used = static_cast<int>(nt);
+    }
+    T acc = init;
+    for (int t = 0; t < used; ++t) acc = op(acc, parts[t]);
+    return acc;
+  }
+#endif
+  return n == 0 ? init : op(init, range(0, n));
+}
+
+}  // namespace pdo::detail

@@ -1,0 +1,79 @@
+// pdo/kernels/gemm.hpp: C = A * B on a CPU place: BLAS ?gemm for float and double, a Thrust kernel otherwise.
+#pragma once
+
+#include <pdo/core/config.hpp>
+#include <pdo/kernels/cpu_system.hpp>
+
+#include <cstddef>
+#include <mutex>
+#include <type_traits>
+
+#if defined(PDO_WITH_BLAS)
+#include <cblas.h>
+// OpenBLAS's thread count, where the BLAS is OpenBLAS (weak: absent elsewhere).
+extern "C" void openblas_set_num_threads(int) __attribute__((weak));
+#endif
+
+namespace pdo::detail {
+
+/// @brief A row-major matrix operand: `rows` x `cols` at `data`, rows `ld` elements apart.
+template <class T>
+struct matrix_ref {
+  const T* data;
+  std::size_t ld;
+};
+
+/// @brief C[i, j] = sum over k of A[i, k] B[k, j], one output element per index.
+template <class T>
+struct gemm_element {
+  matrix_ref<T> a, b;
+  std::size_t n, k;
+  PDO_HD T operator()(std::size_t index) const {
+    const std::size_t i = index / n, j = index % n;
+    T acc{};
+    for (std::size_t l = 0; l < k; ++l) acc += a.data[i * a.ld + l] * b.data[l * b.ld + j];
+    return acc;
+  }
+};
+
+/// @brief Whether gemm runs on BLAS for element type T.
+template <class T>
+inline constexpr bool blas_gemm_v =
+#if defined(PDO_WITH_BLAS)
+    std::is_same_v<T, float> || std::is_same_v<T, double>;
+#else
+    false;
+#endif
+
+/// @brief C (m x n, dense, row-major) = A (m x k) * B (k x n) on the cores of `system`.
+template <class T>
+void gemm(cpu_system& system, std::size_t m, std::size_t n, std::size_t k, matrix_ref<T> a, matrix_ref<T> b, T* c) {
+  if (m == 0 || n == 0) return;
+  if (k == 0) {
+    for (std::size_t i = 0; i < m * n; ++i) c[i] = T{};
+    return;
+  }
+  if constexpr (blas_gemm_v<T>) {
+#if defined(PDO_WITH_BLAS)
+    // OpenBLAS's thread count is process-wide and may not change while another place is
+    // inside a BLAS call: it is set once, to the core count of the first place that calls
+    // (places have equal shares of the cores unless the cores do not divide evenly)
+    static std::once_flag blas_threads;
+    std::call_once(blas_threads, [&] {
+      if (openblas_set_num_threads != nullptr) openblas_set_num_threads(system.threads);
+    });
+    const auto M = static_cast<int>(m), N = static_cast<int>(n), K = static_cast<int>(k);
+    if constexpr (std::is_same_v<T, float>)
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, N, K, 1.0f, a.data, static_cast<int>(a.ld), b.data,
+                  static_cast<int>(b.ld), 0.0f, c, N);
+    else
+      cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, N, K, 1.0, a.data, static_cast<int>(a.ld), b.data,
+                  static_cast<int>(b.ld), 0.0, c, N);
+#endif
+  } else {
+    thrust::transform(system, thrust::counting_iterator<std::size_t>(0), thrust::counting_iterator<std::size_t>(m * n), c,
+                      gemm_element<T>{a, b, n, k});
+  }
+}
+
+}  // namespace pdo::detail

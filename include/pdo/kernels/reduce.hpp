@@ -1,0 +1,68 @@
+// pdo/kernels/reduce.hpp: sums and maxima along one dim or over everything, as Thrust kernels.
+#pragma once
+
+#include <pdo/core/config.hpp>
+#include <pdo/core/shape.hpp>
+#include <pdo/kernels/cpu_system.hpp>
+
+#include <cstddef>
+#include <limits>
+
+namespace pdo::detail {
+
+/// @brief What a reduction computes.
+enum class reduction { sum, mean, max };
+
+template <class T>
+PDO_HD T reduction_identity(reduction r) {
+  return r == reduction::max ? std::numeric_limits<T>::lowest() : T{};
+}
+
+/// @brief Output element o of a reduction along the middle dim of [outer, extent, inner].
+template <class T>
+struct reduce_along_dim {
+  const T* in;
+  std::size_t extent, inner;
+  reduction what;
+  T scale;  ///< 1 / the global extent, for mean
+  PDO_HD T operator()(std::size_t o) const {
+    const T* p = in + (o / inner) * extent * inner + o % inner;
+    T acc = reduction_identity<T>(what);
+    if (what == reduction::max)
+      for (std::size_t e = 0; e < extent; ++e) acc = p[e * inner] > acc ? p[e * inner] : acc;
+    else
+      for (std::size_t e = 0; e < extent; ++e) acc += p[e * inner];
+    return what == reduction::mean ? acc * scale : acc;
+  }
+};
+
+template <class T>
+struct read_at {
+  const T* in;
+  PDO_HD T operator()(std::size_t i) const { return in[i]; }
+};
+
+template <class T>
+struct max_of {
+  PDO_HD T operator()(T a, T b) const { return a < b ? b : a; }
+};
+
+/// @brief out[o] = the reduction along dim `v` of `in`; `global_extent` divides a mean.
+template <class T>
+void reduce_dim(cpu_system& system, const T* in, const dim_view& v, reduction what, std::size_t global_extent, T* out) {
+  const T scale = what == reduction::mean ? T(1) / static_cast<T>(global_extent) : T(1);
+  thrust::transform(system, thrust::counting_iterator<std::size_t>(0), thrust::counting_iterator<std::size_t>(v.outer * v.inner),
+                    out, reduce_along_dim<T>{in, v.extent, v.inner, what, scale});
+}
+
+/// @brief The reduction of all `n` elements of `in`; `global_count` divides a mean.
+template <class T>
+T reduce_all(cpu_system& system, const T* in, std::size_t n, reduction what, std::size_t global_count) {
+  const thrust::counting_iterator<std::size_t> first(0), last(n);
+  if (what == reduction::max)
+    return thrust::transform_reduce(system, first, last, read_at<T>{in}, reduction_identity<T>(what), max_of<T>{});
+  const T sum = thrust::transform_reduce(system, first, last, read_at<T>{in}, T{}, thrust::plus<T>{});
+  return what == reduction::mean ? sum / static_cast<T>(global_count) : sum;
+}
+
+}  // namespace pdo::detail

@@ -1,0 +1,236 @@
+// pdo/plan/plan.hpp: the plan of an expression, computed from its type at compile time.
+#pragma once
+
+#include <pdo/core/fixed_string.hpp>
+#include <pdo/expr/expression.hpp>
+#include <pdo/layout/layout_type.hpp>
+#include <pdo/layout/redistribute_plan.hpp>
+
+#include <array>
+#include <cstddef>
+#include <string_view>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+
+namespace pdo {
+
+/// @brief What one step of an expression's plan does.
+enum class plan_step_kind {
+  kernel,        ///< an op's local kernel (on every place at once)
+  redistribute,  ///< one step bringing an operand to the layout its op needs
+  combine_max,   ///< an all_reduce(max) over an axis after the kernel (max over a split dim)
+};
+
+/// @brief One step of a plan. Nodes are numbered in evaluation order (post-order, leaves
+/// included), so a step names the op it belongs to and, for a redistribution, the operand.
+struct plan_step {
+  plan_step_kind kind{};
+  std::string_view op;            ///< the op the step belongs to ("matmul", "relu")
+  std::size_t node = 0;           ///< that op's node number
+  std::size_t operand = 0;        ///< redistribute: which operand of the op
+  std::size_t operand_node = 0;   ///< redistribute: that operand's node number
+  bool fused = false;             ///< kernel: runs inside the kernel of the op that consumes it
+  redistribute_step move{};       ///< redistribute: the step; combine_max: its axis and layouts
+  detail::layout_value layout{};  ///< kernel: the op's output layout
+};
+
+/// @brief The plan of an expression: its steps in order. A value: usable in
+/// static_assert (`pdo::plan_of<E>().count(pdo::step_kind::all_reduce) == 1`).
+struct expression_plan {
+  static constexpr std::size_t capacity = 96;
+  std::size_t size = 0;
+  std::size_t nodes = 0;  ///< nodes numbered (leaves included)
+  std::array<plan_step, capacity> steps{};
+
+  [[nodiscard]] constexpr const plan_step* begin() const { return steps.data(); }
+  [[nodiscard]] constexpr const plan_step* end() const { return steps.data() + size; }
+  /// @brief How many collectives of kind `k` the plan runs (an all_reduce(max) counts as an all_reduce).
+  [[nodiscard]] constexpr std::size_t count(step_kind k) const {
+    std::size_t n = 0;
+    for (const auto& s : *this)
+      n += (s.kind == plan_step_kind::redistribute && s.move.kind == k) ||
+           (s.kind == plan_step_kind::combine_max && k == step_kind::all_reduce);
+    return n;
+  }
+  /// @brief How many steps communicate.
+  [[nodiscard]] constexpr std::size_t collectives() const {
+    std::size_t n = 0;
+    for (const auto& s : *this)
+      n += (s.kind == plan_step_kind::redistribute && communicates(s.move.kind)) || s.kind == plan_step_kind::combine_max;
+    return n;
+  }
+  /// @brief How many passes over memory the kernels make: fused ops share one.
+  [[nodiscard]] constexpr std::size_t kernels() const {
+    std::size_t n = 0;
+    for (const auto& s : *this) n += s.kind == plan_step_kind::kernel && !s.fused;
+    return n;
+  }
+  /// @brief The layout of the expression's result.
+  [[nodiscard]] constexpr detail::layout_value result_layout() const {
+    for (std::size_t i = size; i-- > 0;)
+      if (steps[i].kind == plan_step_kind::kernel) return steps[i].layout;
+    return {};
+  }
+  constexpr void push(const plan_step& s) {
+    if (size == capacity) throw "pdo: plan_of: the expression has more steps than a plan holds; evaluate part of it first";
+    steps[size++] = s;
+  }
+};
+
+namespace detail {
+
+/// @brief Whether child `I` of `Node` runs inside `Node`'s kernel: both elementwise and
+/// nothing to move between them.
+template <class Node, std::size_t I>
+constexpr bool fused_child() {
+  using child_t = std::tuple_element_t<I, typename Node::children_type>;
+  return Node::elementwise && child_t::elementwise && (!Node::distributed || operand_plan_v<Node, I>.size == 0);
+}
+
+/// @brief Appends the steps of `Node`'s subtree to `plan` in evaluation order and returns
+/// the node's number.
+template <class Node>
+constexpr std::size_t add_steps(expression_plan& plan, bool fused) {
+  if constexpr (Node::is_leaf) {
+    return Node::is_scalar ? expression_plan::capacity : plan.nodes++;
+  } else {
+    constexpr std::size_t arity = std::tuple_size_v<typename Node::children_type>;
+    std::array<std::size_t, arity> child{};
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      ((child[I] = add_steps<std::tuple_element_t<I, typename Node::children_type>>(plan, fused_child<Node, I>())), ...);
+    }(std::make_index_sequence<arity>{});
+    const std::size_t id = plan.nodes++;
+    if constexpr (Node::distributed) {
+      [&]<std::size_t... I>(std::index_sequence<I...>) {
+        (
+            [&] {
+              for (const auto& s : operand_plan_v<Node, I>) {
+                plan_step step{plan_step_kind::redistribute, Node::name, id, I, child[I]};
+                step.move = s;
+                plan.push(step);
+              }
+            }(),
+            ...);
+      }(std::make_index_sequence<arity>{});
+    }
+    plan_step kernel{plan_step_kind::kernel, Node::name, id};
+    kernel.fused = fused;
+    kernel.layout = Node::rule.out;
+    plan.push(kernel);
+    for (std::size_t i = 0; i < Node::rule.npost_max; ++i) {
+      plan_step step{plan_step_kind::combine_max, Node::name, id};
+      step.move.kind = step_kind::all_reduce;
+      step.move.axis = Node::rule.post_max[i];
+      step.move.before = step.move.after = Node::rule.out;
+      plan.push(step);
+    }
+    return id;
+  }
+}
+
+}  // namespace detail
+
+/// @brief The plan of expression type `Expr` (what `pdo::eval` runs), at compile time:
+/// each op's kernel, with the redistributions its operands need before it, in order.
+template <class Expr>
+constexpr expression_plan plan_of() {
+  using node = detail::expression_t<Expr>;
+  expression_plan plan;
+  detail::add_steps<node>(plan, false);
+  return plan;
+}
+
+/// @brief The plan of `expr`'s type.
+template <class Expr>
+constexpr expression_plan plan_of(const Expr&) {
+  return plan_of<Expr>();
+}
+
+/// @brief Evaluation policies: `implicit` lets the planner insert the communication its
+/// rules call for; `strict` makes every such communication a compile error that names
+/// the op and the two layouts, so all communication is written out (pdo::redistribute).
+struct implicit {};
+struct strict {};
+
+namespace detail {
+
+template <class Node, std::size_t I>
+struct operand_layout {
+  static constexpr layout_value value = std::tuple_element_t<I, typename Node::children_type>::rule.out;
+};
+template <class Node, std::size_t I>
+struct needed_layout {
+  static constexpr layout_value value = Node::rule.operands[I];
+};
+template <class Node>
+struct output_layout {
+  static constexpr layout_value value = Node::rule.out;
+};
+
+template <class Node>
+constexpr auto op_name_of() {
+  return fixed_string<Node::name.size() + 1>(Node::name);
+}
+
+/// @brief Instantiated for an op whose operand must move under pdo::strict: the failed
+/// assertion's context names the op, the operand's layout and the layout the op needs.
+template <fixed_string Op, std::size_t Operand, class Has, class Needs>
+struct strict_forbids_implicit_communication {
+  static_assert(always_false<Has, Needs>,
+                "pdo: strict: this op needs an operand in another layout, which takes communication; "
+                "redistribute the operand explicitly (pdo::redistribute<Needs>), or evaluate without pdo::strict");
+  static constexpr bool ok = false;
+};
+template <fixed_string Op, class Before, class After>
+struct strict_forbids_implicit_max_reduction {
+  static_assert(always_false<Before, After>,
+                "pdo: strict: max over a split dim needs an all_reduce(max) across the places; gather the dim "
+                "first (pdo::redistribute), or evaluate without pdo::strict");
+  static constexpr bool ok = false;
+};
+
+/// @brief Checks every op of `Node`'s subtree under pdo::strict.
+template <class Node>
+constexpr bool check_strict() {
+  if constexpr (Node::is_leaf || !Node::distributed) {
+    return true;
+  } else {
+    using mesh_t = typename Node::mesh_type;
+    constexpr std::size_t arity = std::tuple_size_v<typename Node::children_type>;
+    return [&]<std::size_t... I>(std::index_sequence<I...>) {
+      return (check_strict<std::tuple_element_t<I, typename Node::children_type>>() && ...) &&
+             ([] {
+               if constexpr (operand_plan_v<Node, I>.collectives() > 0)
+                 return strict_forbids_implicit_communication<op_name_of<Node>(), I,
+                                                              layout_type_t<mesh_t, operand_layout<Node, I>>,
+                                                              layout_type_t<mesh_t, needed_layout<Node, I>>>::ok;
+               else
+                 return true;
+             }() && ...) &&
+             [] {
+               if constexpr (Node::rule.npost_max > 0)
+                 return strict_forbids_implicit_max_reduction<op_name_of<Node>(), layout_type_t<mesh_t, needed_layout<Node, 0>>,
+                                                              layout_type_t<mesh_t, output_layout<Node>>>::ok;
+               else
+                 return true;
+             }();
+    }(std::make_index_sequence<arity>{});
+  }
+}
+
+template <class Policy, class Node>
+constexpr void check_policy() {
+  static_assert(std::is_same_v<Policy, implicit> || std::is_same_v<Policy, strict>,
+                "pdo: eval: the policy must be pdo::implicit or pdo::strict");
+  if constexpr (std::is_same_v<Policy, strict>) static_assert(check_strict<Node>());
+}
+
+}  // namespace detail
+
+/// @brief The layout type of the result of evaluating `Expr` (a dtensor expression).
+template <class Expr>
+using result_layout_t = detail::layout_type_t<typename detail::expression_t<Expr>::mesh_type,
+                                              detail::output_layout<detail::expression_t<Expr>>>;
+
+}  // namespace pdo

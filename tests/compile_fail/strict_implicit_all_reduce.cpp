@@ -1,0 +1,12 @@
+// compile_fail/strict_implicit_all_reduce.cpp: under pdo::strict, relu of a partial matmul (an implicit all_reduce).
+// expect: strict_forbids_implicit_communication<pdo::fixed_string<5>..relu.., 0, pdo::partial_layout<pdo::layout<pdo::replicate, pdo::replicate>, pdo::fixed_string<3>..tp..>, pdo::layout<pdo::replicate, pdo::replicate> >
+#include <pdo/pdo.hpp>
+
+int main() {
+  const auto mesh = pdo::make_mesh<"tp">(pdo::cpu_places(2));
+  const pdo::tensor<float, 2> x({4, 6}), w({6, 3});
+  const auto xs = pdo::distribute<pdo::layout<pdo::replicate, pdo::split<"tp">>>(mesh, x);
+  const auto ws = pdo::distribute<pdo::layout<pdo::split<"tp">, pdo::replicate>>(mesh, w);
+  const auto y = pdo::eval<pdo::strict>(pdo::relu(pdo::matmul(xs, ws)));
+  return static_cast<int>(y.shape()[0]) - 4;
+}

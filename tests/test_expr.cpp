@@ -1,0 +1,291 @@
+// tests/test_expr.cpp: expressions on one place: every op against a naive loop; plans, fusion, async, explain.
+#include "support.hpp"
+
+#include <cmath>
+#include <functional>
+
+using pdo::replicate;
+using pdo_test::close;
+using pdo_test::random_tensor;
+template <pdo::fixed_string A>
+using S = pdo::split<A>;
+
+namespace {
+
+template <class T, std::size_t Rank, class F>
+pdo::tensor<T, Rank> map(const pdo::tensor<T, Rank>& a, F f) {
+  pdo::tensor<T, Rank> out(a.shape());
+  for (std::size_t i = 0; i < a.size(); ++i) out.data()[i] = f(a.data()[i]);
+  return out;
+}
+
+template <class T, std::size_t Rank, class F>
+pdo::tensor<T, Rank> zip(const pdo::tensor<T, Rank>& a, const pdo::tensor<T, Rank>& b, F f) {
+  pdo::tensor<T, Rank> out(a.shape());
+  for (std::size_t i = 0; i < a.size(); ++i) out.data()[i] = f(a.data()[i], b.data()[i]);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("elementwise ops against naive loops", "[expr]") {
+  const auto a = random_tensor<double, 2>({5, 7}, 1);
+  const auto b = random_tensor<double, 2>({5, 7}, 2);
+  const auto pos = random_tensor<double, 2>({5, 7}, 3, 2.0);
+  CHECK(close(pdo::eval(a + b), zip(a, b, std::plus<>()), 0));
+  CHECK(close(pdo::eval(a - b), zip(a, b, std::minus<>()), 0));
+  CHECK(close(pdo::eval(a * b), zip(a, b, std::multiplies<>()), 0));
+  CHECK(close(pdo::eval(a / pos), zip(a, pos, std::divides<>()), 1e-15));
+  CHECK(close(pdo::eval(-a), map(a, [](double x) { return -x; }), 0));
+  CHECK(close(pdo::eval(a * 2.0 + 1.0), map(a, [](double x) { return x * 2 + 1; }), 0));
+  CHECK(close(pdo::eval(3.0 - a), map(a, [](double x) { return 3 - x; }), 0));
+  CHECK(close(pdo::eval(pdo::exp(a)), map(a, [](double x) { return std::exp(x); }), 1e-15));
+  CHECK(close(pdo::eval(pdo::log(pos)), map(pos, [](double x) { return std::log(x); }), 1e-15));
+  CHECK(close(pdo::eval(pdo::sqrt(pos)), map(pos, [](double x) { return std::sqrt(x); }), 1e-15));
+  CHECK(close(pdo::eval(pdo::tanh(a)), map(a, [](double x) { return std::tanh(x); }), 1e-15));
+  CHECK(close(pdo::eval(pdo::sigmoid(a)), map(a, [](double x) { return 1 / (1 + std::exp(-x)); }), 1e-15));
+  CHECK(close(pdo::eval(pdo::relu(a)), map(a, [](double x) { return x > 0 ? x : 0; }), 0));
+  CHECK(close(pdo::eval(pdo::gelu(a)), map(a, [](double x) {
+                return 0.5 * x * (1 + std::tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)));
+              }),
+              1e-15));
+  CHECK(close(pdo::eval(pdo::maximum(a, b)), zip(a, b, [](double x, double y) { return std::max(x, y); }), 0));
+  CHECK(close(pdo::eval(pdo::minimum(a, b)), zip(a, b, [](double x, double y) { return std::min(x, y); }), 0));
+  CHECK(close(pdo::eval(pdo::less(a, b)), zip(a, b, [](double x, double y) { return x < y ? 1.0 : 0.0; }), 0));
+  CHECK(close(pdo::eval(pdo::greater_equal(a, 0.0)), map(a, [](double x) { return x >= 0 ? 1.0 : 0.0; }), 0));
+  CHECK(close(pdo::eval(pdo::equal(a, a)), map(a, [](double) { return 1.0; }), 0));
+  CHECK(close(pdo::eval(pdo::where(pdo::greater(a, b), a, b * 2.0)),
+              zip(a, b, [](double x, double y) { return x > y ? x : 2 * y; }), 0));
+  // a fused chain equals the op-by-op evaluation
+  const auto step = pdo::eval(a * b);
+  CHECK(close(pdo::eval(pdo::relu(a * b + pos)), pdo::eval(pdo::relu(step + pos)), 0));
+}
+
+TEST_CASE("broadcasting aligns trailing dims and stretches dims of extent 1", "[expr]") {
+  const auto a = random_tensor<float, 2>({4, 6}, 4);
+  const auto row = random_tensor<float, 1>({6}, 5);
+  const auto col = random_tensor<float, 2>({4, 1}, 6);
+  const auto r = pdo::eval(a + row);
+  const auto c = pdo::eval(a * col);
+  const auto outer = pdo::eval(col - row);
+  REQUIRE(outer.shape() == pdo::shape_t<2>{4, 6});
+  for (std::size_t i = 0; i < 4; ++i)
+    for (std::size_t j = 0; j < 6; ++j) {
+      CHECK(r(i, j) == a(i, j) + row(j));
+      CHECK(c(i, j) == a(i, j) * col(i, 0));
+      CHECK(outer(i, j) == col(i, 0) - row(j));
+    }
+  const pdo::tensor<float, 2> b({5, 6});
+  try {
+    (void)(a + b);
+    FAIL("no error");
+  } catch (const pdo::shape_error& e) {
+    CHECK_THAT(e.what(), Catch::Contains("add") && Catch::Contains("[4, 6]") && Catch::Contains("[5, 6]"));
+  }
+}
+
+TEMPLATE_TEST_CASE("matmul, 2-D and batched, against a naive loop", "[expr]", float, double, int) {
+  using T = TestType;
+  const auto a = pdo_test::iota_tensor<T, 2>({7, 5});
+  const auto b = pdo_test::iota_tensor<T, 2>({5, 3});
+  CHECK(close(pdo::eval(pdo::matmul(a, b)), pdo_test::naive_matmul(a, b), 1e-6));
+  const auto batch = pdo_test::iota_tensor<T, 3>({3, 4, 5});
+  const auto bb = pdo_test::iota_tensor<T, 3>({3, 5, 2});
+  const auto shared = pdo::eval(pdo::matmul(batch, b));
+  const auto each = pdo::eval(pdo::matmul(batch, bb));
+  for (std::size_t n = 0; n < 3; ++n)
+    for (std::size_t i = 0; i < 4; ++i) {
+      for (std::size_t j = 0; j < 3; ++j) {
+        T acc{};
+        for (std::size_t k = 0; k < 5; ++k) acc += batch(n, i, k) * b(k, j);
+        CHECK(shared(n, i, j) == acc);
+      }
+      for (std::size_t j = 0; j < 2; ++j) {
+        T acc{};
+        for (std::size_t k = 0; k < 5; ++k) acc += batch(n, i, k) * bb(n, k, j);
+        CHECK(each(n, i, j) == acc);
+      }
+    }
+  CHECK_THROWS_AS(pdo::matmul(a, a), pdo::shape_error);
+}
+
+TEST_CASE("reductions, softmax, cross_entropy, transpose and reshape against naive loops", "[expr]") {
+  const auto a = random_tensor<double, 2>({4, 6}, 7);
+  const auto rows = pdo::eval(pdo::sum<1>(a));
+  const auto cols = pdo::eval(pdo::mean<0>(a));
+  const auto top = pdo::eval(pdo::max<1>(a));
+  double total = 0, best = a(0, 0);
+  for (std::size_t i = 0; i < 4; ++i) {
+    double r = 0, m = a(i, 0);
+    for (std::size_t j = 0; j < 6; ++j) {
+      r += a(i, j);
+      m = std::max(m, a(i, j));
+      total += a(i, j);
+      best = std::max(best, a(i, j));
+    }
+    CHECK(rows(i) == Approx(r));
+    CHECK(top(i) == m);
+  }
+  for (std::size_t j = 0; j < 6; ++j) {
+    double c = 0;
+    for (std::size_t i = 0; i < 4; ++i) c += a(i, j);
+    CHECK(cols(j) == Approx(c / 4));
+  }
+  CHECK(pdo::eval(pdo::sum(a)).data()[0] == Approx(total));
+  CHECK(pdo::eval(pdo::mean(a)).data()[0] == Approx(total / 24));
+  CHECK(pdo::eval(pdo::max(a)).data()[0] == best);
+
+  const auto sm = pdo::eval(pdo::softmax(a));
+  const auto lsm = pdo::eval(pdo::log_softmax(a));
+  const auto sm0 = pdo::eval(pdo::softmax<0>(a));
+  pdo::tensor<int, 1> labels({4}, {0, 5, 2, 3});
+  double loss = 0;
+  for (std::size_t i = 0; i < 4; ++i) {
+    double z = 0;
+    for (std::size_t j = 0; j < 6; ++j) z += std::exp(a(i, j));
+    for (std::size_t j = 0; j < 6; ++j) {
+      CHECK(sm(i, j) == Approx(std::exp(a(i, j)) / z));
+      CHECK(lsm(i, j) == Approx(a(i, j) - std::log(z)));
+    }
+    loss += std::log(z) - a(i, static_cast<std::size_t>(labels(i)));
+  }
+  for (std::size_t j = 0; j < 6; ++j) {
+    double z = 0;
+    for (std::size_t i = 0; i < 4; ++i) z += std::exp(a(i, j));
+    CHECK(sm0(1, j) == Approx(std::exp(a(1, j)) / z));
+  }
+  CHECK(pdo::eval(pdo::cross_entropy(a, labels)).data()[0] == Approx(loss / 4));
+  pdo::tensor<int, 1> bad({4}, {0, 6, 2, 3});
+  CHECK_THROWS_WITH(pdo::eval(pdo::cross_entropy(a, bad)), Catch::Contains("cross_entropy") && Catch::Contains("[0, 6)"));
+
+  const auto t = pdo::eval(pdo::transpose(a));
+  REQUIRE(t.shape() == pdo::shape_t<2>{6, 4});
+  for (std::size_t i = 0; i < 4; ++i)
+    for (std::size_t j = 0; j < 6; ++j) CHECK(t(j, i) == a(i, j));
+  const auto r = pdo::eval(pdo::reshape(a, {2, 2, 6}));
+  CHECK(r(1, 0, 3) == a(2, 3));
+  CHECK_THROWS_AS(pdo::reshape(a, {5, 5}), pdo::shape_error);
+  const pdo::tensor<double, 2> empty({0, 3});
+  CHECK_THROWS_AS(pdo::max<0>(empty), pdo::shape_error);
+  CHECK(pdo::eval(pdo::sum<0>(empty))(1) == 0.0);
+  pdo::tensor<double, 1> fraction({4}, {0, 1.5, 2, 3});
+  CHECK_THROWS_AS(pdo::eval(pdo::cross_entropy(a, fraction)), pdo::shape_error);
+}
+
+TEST_CASE("the planner's layouts and plans, at compile time", "[expr][plan]") {
+  using M = pdo::mesh<"dp", "tp">;
+  using R = replicate;
+  using X = pdo::dtensor<float, 2, M, pdo::layout<S<"dp">, R>>;
+  using Xk = pdo::dtensor<float, 2, M, pdo::layout<R, S<"tp">>>;
+  using Wr = pdo::dtensor<float, 2, M, pdo::layout<R, R>>;
+  using Wc = pdo::dtensor<float, 2, M, pdo::layout<R, S<"tp">>>;
+  using Wk = pdo::dtensor<float, 2, M, pdo::layout<S<"tp">, R>>;
+  using mm_data = decltype(pdo::matmul(std::declval<const X&>(), std::declval<const Wr&>()));
+  using mm_cols = decltype(pdo::matmul(std::declval<const X&>(), std::declval<const Wc&>()));
+  using mm_rows = decltype(pdo::matmul(std::declval<const Xk&>(), std::declval<const Wk&>()));
+  STATIC_REQUIRE(std::is_same_v<pdo::result_layout_t<mm_data>, pdo::layout<S<"dp">, R>>);
+  STATIC_REQUIRE(std::is_same_v<pdo::result_layout_t<mm_cols>, pdo::layout<S<"dp">, S<"tp">>>);
+  STATIC_REQUIRE(std::is_same_v<pdo::result_layout_t<mm_rows>, pdo::layout<R, R>::partial<"tp">>);
+  STATIC_REQUIRE(pdo::plan_of<mm_rows>().collectives() == 0);
+  using mlp = decltype(pdo::relu(std::declval<mm_rows>()));
+  constexpr auto plan = pdo::plan_of<mlp>();
+  STATIC_REQUIRE(plan.count(pdo::step_kind::all_reduce) == 1);
+  STATIC_REQUIRE(plan.collectives() == 1);
+  STATIC_REQUIRE(std::is_same_v<pdo::result_layout_t<mlp>, pdo::layout<R, R>>);
+  // linear ops keep the partial sum pending; the fused chain is one kernel
+  using lin = decltype(std::declval<mm_rows>() * 2.0f - std::declval<mm_rows>());
+  STATIC_REQUIRE(std::is_same_v<pdo::result_layout_t<lin>, pdo::layout<R, R>::partial<"tp">>);
+  using fused = decltype(pdo::relu(std::declval<const X&>() * std::declval<const X&>() + std::declval<const X&>()));
+  STATIC_REQUIRE(pdo::plan_of<fused>().kernels() == 1);
+  STATIC_REQUIRE(pdo::plan_of<fused>().collectives() == 0);
+  // a reduction over a split dim is partial; max over it is combined at once
+  using s = decltype(pdo::sum<0>(std::declval<const X&>()));
+  STATIC_REQUIRE(std::is_same_v<pdo::result_layout_t<s>, pdo::layout<R>::partial<"dp">>);
+  using m = decltype(pdo::max<0>(std::declval<const X&>()));
+  STATIC_REQUIRE(std::is_same_v<pdo::result_layout_t<m>, pdo::layout<R>>);
+  STATIC_REQUIRE(pdo::plan_of<m>().count(pdo::step_kind::all_reduce) == 1);
+  // elementwise over different splits: the second operand moves
+  using mixed = decltype(std::declval<const X&>() + std::declval<const Xk&>());
+  STATIC_REQUIRE(std::is_same_v<pdo::result_layout_t<mixed>, pdo::layout<S<"dp">, S<"tp">>>);
+  STATIC_REQUIRE(pdo::plan_of<mixed>().collectives() == 0);
+}
+
+TEST_CASE("a fused chain allocates exactly its output", "[expr][memory]") {
+  for (std::size_t n : {std::size_t{1}, std::size_t{3}}) {
+    const auto mesh = pdo_test::line_mesh(n);
+    const auto h = random_tensor<float, 1>({1000}, 41);
+    using L = pdo::layout<S<"x">>;
+    const auto a = pdo::distribute<L>(mesh, h), b = pdo::distribute<L>(mesh, h), c = pdo::distribute<L>(mesh, h);
+    std::vector<std::size_t> before;
+    for (const auto& p : mesh.places()) before.push_back(p.memory().stats().allocations);
+    const auto y = pdo::eval(pdo::relu(a * b + c));
+    for (std::size_t p = 0; p < n; ++p) CHECK(mesh.place(p).memory().stats().allocations == before[p] + 1);
+    CHECK(close(pdo::gather(y), pdo::eval(pdo::relu(h * h + h)), 0));
+  }
+  // on local tensors inside a parallel_do block, on the block's place
+  const auto mesh = pdo_test::line_mesh(2);
+  const auto x = pdo::distribute<pdo::layout<S<"x">>>(mesh, random_tensor<float, 1>({64}, 42));
+  const auto y = pdo::parallel_do<pdo::layout<S<"x">>>(
+      [](const pdo::tensor<float, 1>& s) {
+        const std::size_t before = pdo::detail::current_place()->memory->stats().allocations;
+        auto out = pdo::eval(pdo::sigmoid(s * s - s));
+        if (pdo::detail::current_place()->memory->stats().allocations != before + 1) throw pdo::error("allocated more");
+        return out;
+      },
+      x);
+  CHECK(close(pdo::gather(y), pdo::eval(pdo::sigmoid(pdo::gather(x) * pdo::gather(x) - pdo::gather(x))), 1e-6));
+}
+
+TEST_CASE("eval_async queues work per place; errors surface at the wait", "[expr][async]") {
+  const auto one = pdo_test::line_mesh(2);
+  const auto two = pdo_test::line_mesh(2);
+  const auto h = random_tensor<double, 2>({6, 4}, 51);
+  using L = pdo::layout<S<"x">, replicate>;
+  const auto a = pdo::distribute<L>(one, h);
+  const auto b = pdo::distribute<L>(two, h);
+  auto first = pdo::eval_async(pdo::exp(a));
+  auto second = pdo::eval_async(pdo::tanh(b));
+  // a chain: the second expression reads the first's result on each place, after it was written
+  auto chained = pdo::eval_async(pdo::sum<1>(first) * 2.0);
+  pdo::wait_all();
+  CHECK(close(pdo::gather(first.get()), pdo::eval(pdo::exp(h)), 1e-15));
+  CHECK(close(pdo::gather(second.get()), pdo::eval(pdo::tanh(h)), 1e-15));
+  CHECK(close(pdo::gather(chained.get()), pdo::eval(pdo::sum<1>(pdo::exp(h)) * 2.0), 1e-14));
+
+  pdo::tensor<double, 1> bad({6}, {0, 1, 2, 3, 9, 0});
+  const auto labels = pdo::distribute<pdo::layout<S<"x">>>(one, bad);
+  auto failing = pdo::eval_async(pdo::cross_entropy(a, labels) * 1.0);
+  auto after = pdo::eval_async(pdo::relu(a));  // queued behind the failure, unaffected
+  try {
+    pdo::wait_all();
+    FAIL("no error");
+  } catch (const pdo::shape_error& e) {
+    CHECK_THAT(e.what(), Catch::Contains("cross_entropy") && Catch::Contains("cpu:1"));
+  }
+  CHECK(close(pdo::gather(after.get()), pdo::eval(pdo::relu(h)), 0));
+  // an async result used as an operand stays alive until the work that reads it is done
+  auto later = [&] {
+    auto source = pdo::eval_async(pdo::exp(a));
+    return pdo::eval_async(source * 0.5);
+  }();
+  CHECK(close(pdo::gather(std::move(later).get()), pdo::eval(pdo::exp(h) * 0.5), 1e-15));
+  // operands on two meshes of one type
+  CHECK_THROWS_WITH(pdo::eval(a + b), Catch::Contains("another mesh"));
+  CHECK(after.ready());
+  CHECK_THROWS_AS(failing.get(), pdo::shape_error);
+}
+
+TEST_CASE("explain prints the plan with shapes and bytes", "[expr][plan]") {
+  const auto mesh = pdo_test::line_mesh(2);
+  const auto x = pdo::distribute<pdo::layout<replicate, S<"x">>>(mesh, random_tensor<float, 2>({8, 6}, 61));
+  const auto w = pdo::distribute<pdo::layout<S<"x">, replicate>>(mesh, random_tensor<float, 2>({6, 4}, 62));
+  const std::string text = pdo::explain(pdo::relu(pdo::matmul(x, w) + 1.0f));
+  CAPTURE(text);
+  CHECK_THAT(text, Catch::Contains("kernel matmul") && Catch::Contains("all_reduce over x") &&
+                       Catch::Contains("fused(add + relu)") && Catch::Contains("f32[8, 4]") &&
+                       Catch::Contains("128 bytes sent per place"));
+  // a shape mismatch names the op, the shapes and the layouts
+  const auto y = pdo::distribute<pdo::layout<S<"x">, replicate>>(mesh, random_tensor<float, 2>({7, 6}, 63));
+  CHECK_THROWS_WITH(pdo::eval(x + y), Catch::Contains("add") && Catch::Contains("f32[8, 6]{replicate, split<x>}") &&
+                                          Catch::Contains("f32[7, 6]{split<x>, replicate}"));
+}
