@@ -1,6 +1,7 @@
 // pdo/pdo.hpp: the whole public API of pdo.
 #pragma once
 
+#include <pdo/autograd.hpp>
 #include <pdo/comm.hpp>
 #include <pdo/core.hpp>
 #include <pdo/exec.hpp>

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <pdo/expr/expression.hpp>
+#include <pdo/expr/transpose.hpp>
 #include <pdo/kernels/gemm.hpp>
 
 #include <cstddef>
@@ -9,6 +10,15 @@
 #include <tuple>
 
 namespace pdo {
+
+namespace detail {
+/// @brief Whether C is the transpose of a stored matrix (a leaf): gemm then reads the
+/// leaf transposed, with no copy.
+template <class C>
+inline constexpr bool is_transposed_leaf_v = false;
+template <class C>
+inline constexpr bool is_transposed_leaf_v<transpose_node<C>> = C::is_leaf && C::rank == 2;
+}  // namespace detail
 
 /// @brief matmul(a, b): a [..., M, K] by b [K, N] (one matrix for the whole batch) or by
 /// b [..., K, N] with a's batch dims. See detail::matmul_rule for the layouts.
@@ -45,6 +55,31 @@ class matmul_node : public detail::op_node<A, B> {
 
   template <class Ctx>
   void run(Ctx& ctx, tensor<value_type, rank>& out) const {
+    if constexpr (!Ctx::distributed && rank == 2 && (detail::is_transposed_leaf_v<A> || detail::is_transposed_leaf_v<B>)) {
+      const auto ra = matrix_of<0>(ctx), rb = matrix_of<1>(ctx);
+      const auto sa = std::get<0>(this->children_).shape();
+      detail::gemm<value_type>(ctx.system, shape_[0], shape_[1], sa[1], ra, rb, out.data());
+    } else {
+      run_blocks(ctx, out);
+    }
+  }
+
+ private:
+  /// @brief Operand I of a local 2-D product as gemm reads it: a transposed leaf in place.
+  template <std::size_t I, class Ctx>
+  detail::matrix_ref<value_type> matrix_of(Ctx& ctx) const {
+    using child_t = std::tuple_element_t<I, std::tuple<A, B>>;
+    if constexpr (detail::is_transposed_leaf_v<child_t>) {
+      const auto& stored = std::get<0>(std::get<I>(this->children_).children()).shard(ctx);
+      return {stored.data(), stored.shape()[1], true};
+    } else {
+      const auto block = detail::operand_block<I>(*this, ctx);
+      return {block.data, block.shape[1], false};
+    }
+  }
+
+  template <class Ctx>
+  void run_blocks(Ctx& ctx, tensor<value_type, rank>& out) const {
     const auto a = detail::operand_block<0>(*this, ctx);
     const auto b = detail::operand_block<1>(*this, ctx);
     constexpr std::size_t rb = B::rank;
@@ -78,7 +113,6 @@ class matmul_node : public detail::op_node<A, B> {
     }
   }
 
- private:
   shape_t<rank> shape_{};
 };
 

@@ -167,5 +167,9 @@ auto reshape(A&& a, const std::size_t (&shape)[Rank]) {
   for (std::size_t d = 0; d < Rank; ++d) s[d] = shape[d];
   return reshape_node<Rank, detail::expression_t<A>>(detail::as_expression(std::forward<A>(a)), s);
 }
+template <detail::tensor_operand A, std::size_t Rank>
+auto reshape(A&& a, const shape_t<Rank>& shape) {
+  return reshape_node<Rank, detail::expression_t<A>>(detail::as_expression(std::forward<A>(a)), shape);
+}
 
 }  // namespace pdo

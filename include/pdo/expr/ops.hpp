@@ -72,7 +72,27 @@ struct gelu {
   }
 };
 
+/// @brief The derivative of gelu (tanh approximation), for its backward.
+struct gelu_derivative {
+  static constexpr std::string_view name = "gelu_derivative";
+  static constexpr linearity rule = linearity::none;
+  template <class T>
+  PDO_HD static T apply(T x) {
+    using std::tanh;
+    const double v = static_cast<double>(x), c = 0.7978845608028654;
+    const double t = tanh(c * (v + 0.044715 * v * v * v));
+    return static_cast<T>(0.5 * (1.0 + t) + 0.5 * v * (1.0 - t * t) * c * (1.0 + 3.0 * 0.044715 * v * v));
+  }
+};
+
 // Binary ops.
+/// @brief expand(a, like): a broadcast to the shape of `like` (whose values are not read).
+struct expand {
+  static constexpr std::string_view name = "expand";
+  static constexpr linearity rule = linearity::none;
+  template <class T>
+  PDO_HD static T apply(T a, T) { return a; }
+};
 struct add {
   static constexpr std::string_view name = "add";
   static constexpr linearity rule = linearity::additive;

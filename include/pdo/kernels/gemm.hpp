@@ -16,11 +16,15 @@ extern "C" void openblas_set_num_threads(int) __attribute__((weak));
 
 namespace pdo::detail {
 
-/// @brief A row-major matrix operand: `rows` x `cols` at `data`, rows `ld` elements apart.
+/// @brief A row-major matrix operand at `data`, rows `ld` elements apart; with `trans`
+/// the operand is the transpose of the matrix stored there.
 template <class T>
 struct matrix_ref {
   const T* data;
   std::size_t ld;
+  bool trans = false;
+  /// @brief Element (i, l) of the operand.
+  PDO_HD const T& at(std::size_t i, std::size_t l) const { return trans ? data[l * ld + i] : data[i * ld + l]; }
 };
 
 /// @brief C[i, j] = sum over k of A[i, k] B[k, j], one output element per index.
@@ -31,7 +35,7 @@ struct gemm_element {
   PDO_HD T operator()(std::size_t index) const {
     const std::size_t i = index / n, j = index % n;
     T acc{};
-    for (std::size_t l = 0; l < k; ++l) acc += a.data[i * a.ld + l] * b.data[l * b.ld + j];
+    for (std::size_t l = 0; l < k; ++l) acc += a.at(i, l) * b.at(l, j);
     return acc;
   }
 };
@@ -63,12 +67,11 @@ void gemm(cpu_system& system, std::size_t m, std::size_t n, std::size_t k, matri
       if (openblas_set_num_threads != nullptr) openblas_set_num_threads(system.threads);
     });
     const auto M = static_cast<int>(m), N = static_cast<int>(n), K = static_cast<int>(k);
+    const auto ta = a.trans ? CblasTrans : CblasNoTrans, tb = b.trans ? CblasTrans : CblasNoTrans;
     if constexpr (std::is_same_v<T, float>)
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, N, K, 1.0f, a.data, static_cast<int>(a.ld), b.data,
-                  static_cast<int>(b.ld), 0.0f, c, N);
+      cblas_sgemm(CblasRowMajor, ta, tb, M, N, K, 1.0f, a.data, static_cast<int>(a.ld), b.data, static_cast<int>(b.ld), 0.0f, c, N);
     else
-      cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, N, K, 1.0, a.data, static_cast<int>(a.ld), b.data,
-                  static_cast<int>(b.ld), 0.0, c, N);
+      cblas_dgemm(CblasRowMajor, ta, tb, M, N, K, 1.0, a.data, static_cast<int>(a.ld), b.data, static_cast<int>(b.ld), 0.0, c, N);
 #endif
   } else {
     thrust::transform(system, thrust::counting_iterator<std::size_t>(0), thrust::counting_iterator<std::size_t>(m * n), c,

@@ -1,0 +1,5 @@
+// pdo/autograd.hpp: reverse-mode autograd over pdo::tensor and pdo::dtensor (pdo::var, pdo::backward).
+#pragma once
+
+#include <pdo/autograd/ops.hpp>
+#include <pdo/autograd/variable.hpp>

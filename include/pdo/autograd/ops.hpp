@@ -1,0 +1,439 @@
+// pdo/autograd/ops.hpp: the ops of pdo/expr on pdo::var, each with its backward rule.
+//
+// Each op evaluates its forward expression (fused and planned as pdo::eval does) and
+// records a backward rule that is itself a pdo expression. So the gradient of a dtensor op
+// is planned by the same rules as the forward: its layout is a type, derived at compile
+// time, and it is brought to the layout of the value it is the gradient of by the
+// redistribution the planner picks (detail::to_value). A replicated weight used on row-split
+// data gets a partial gradient, which that step all_reduces.
+#pragma once
+
+#include <pdo/autograd/variable.hpp>
+#include <pdo/expr/cross_entropy_grad.hpp>
+
+#include <cstddef>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+namespace pdo {
+
+namespace detail {
+
+template <class V>
+using var_element_t = typename value_kind<V>::element_type;
+
+template <std::size_t D, class Target, class G>
+Target sum_kept_dims(const G& g, const shape_t<value_kind<Target>::rank>& target) {
+  constexpr std::size_t r = value_kind<Target>::rank;
+  if constexpr (D == r) {
+    return to_value<Target>(G(g));
+  } else {
+    if (target[D] != 1 || g.shape()[D] == 1) return sum_kept_dims<D + 1, Target>(g, target);
+    shape_t<r> kept = g.shape();
+    kept[D] = 1;
+    auto summed = pdo::eval(pdo::reshape(pdo::sum<D>(g), kept));
+    if constexpr (std::is_same_v<decltype(summed), G>) {
+      return sum_kept_dims<D + 1, Target>(summed, target);
+    } else {
+      // a dtensor whose layout the sum changes (the summed dim was split, or a later one is)
+      throw layout_error("autograd: broadcasting " + g.describe() + " onto a value of shape " + format_extents(target) +
+                         " along dim " + std::to_string(D) +
+                         ": the gradient would change layout between dims; broadcast with fewer dims (a bias [N] for rows "
+                         "[M, N]) instead of an extent-1 dim");
+    }
+  }
+}
+
+/// @brief `g` summed over the dims that `target` broadcast along, so it has `target`'s
+/// shape: leading dims `target` lacks, and dims where `target` has extent 1.
+template <class Target, class G>
+Target sum_to(const G& g, const shape_t<value_kind<Target>::rank>& target) {
+  constexpr std::size_t r = value_kind<Target>::rank, rg = value_kind<G>::rank;
+  if constexpr (rg > r) {
+    return sum_to<Target>(pdo::eval(pdo::sum<0>(g)), target);
+  } else {
+    return sum_kept_dims<0, Target>(g, target);
+  }
+}
+
+/// @brief `g` reshaped with an extent-1 dim at `Dim` of `like` (what a reduction over `Dim` removed).
+template <std::size_t Dim, class G, std::size_t R>
+auto keep_dim(const G& g, const shape_t<R>& like) {
+  shape_t<R> s = like;
+  s[Dim] = 1;
+  return pdo::reshape(g, s);
+}
+
+}  // namespace detail
+
+// ---- elementwise, two operands (with NumPy broadcasting) ----
+
+template <class A, class B>
+auto operator+(const var<A>& a, const var<B>& b) {
+  auto y = pdo::eval(a.value() + b.value());
+  using V = decltype(y);
+  return detail::record(
+      std::move(y),
+      [a, b](detail::value_node<V>& self) {
+        if (a.requires_grad()) detail::add_grad(a, detail::sum_to<A>(*self.grad, a.shape()));
+        if (b.requires_grad()) detail::add_grad(b, detail::sum_to<B>(*self.grad, b.shape()));
+      },
+      a, b);
+}
+
+template <class A, class B>
+auto operator-(const var<A>& a, const var<B>& b) {
+  auto y = pdo::eval(a.value() - b.value());
+  using V = decltype(y);
+  return detail::record(
+      std::move(y),
+      [a, b](detail::value_node<V>& self) {
+        if (a.requires_grad()) detail::add_grad(a, detail::sum_to<A>(*self.grad, a.shape()));
+        if (b.requires_grad()) detail::add_grad(b, detail::sum_to<B>(pdo::eval(-*self.grad), b.shape()));
+      },
+      a, b);
+}
+
+template <class A, class B>
+auto operator*(const var<A>& a, const var<B>& b) {
+  auto y = pdo::eval(a.value() * b.value());
+  using V = decltype(y);
+  return detail::record(
+      std::move(y),
+      [a, b](detail::value_node<V>& self) {
+        if (a.requires_grad()) detail::add_grad(a, detail::sum_to<A>(pdo::eval(*self.grad * b.value()), a.shape()));
+        if (b.requires_grad()) detail::add_grad(b, detail::sum_to<B>(pdo::eval(*self.grad * a.value()), b.shape()));
+      },
+      a, b);
+}
+
+template <class A, class B>
+auto operator/(const var<A>& a, const var<B>& b) {
+  auto y = pdo::eval(a.value() / b.value());
+  using V = decltype(y);
+  return detail::record(
+      std::move(y),
+      [a, b](detail::value_node<V>& self) {
+        if (a.requires_grad()) detail::add_grad(a, detail::sum_to<A>(pdo::eval(*self.grad / b.value()), a.shape()));
+        if (b.requires_grad())
+          detail::add_grad(b, detail::sum_to<B>(pdo::eval(-(*self.grad * self.value) / b.value()), b.shape()));
+      },
+      a, b);
+}
+
+/// @brief Elementwise maximum; where both are equal the gradient goes to `a`.
+template <class A, class B>
+auto maximum(const var<A>& a, const var<B>& b) {
+  auto y = pdo::eval(pdo::maximum(a.value(), b.value()));
+  using V = decltype(y);
+  using T = detail::var_element_t<V>;
+  return detail::record(
+      std::move(y),
+      [a, b](detail::value_node<V>& self) {
+        const auto& g = *self.grad;
+        if (a.requires_grad())
+          detail::add_grad(a, detail::sum_to<A>(pdo::eval(pdo::where(pdo::greater_equal(a.value(), b.value()), g, T(0))), a.shape()));
+        if (b.requires_grad())
+          detail::add_grad(b, detail::sum_to<B>(pdo::eval(pdo::where(pdo::greater_equal(a.value(), b.value()), T(0), g)), b.shape()));
+      },
+      a, b);
+}
+
+/// @brief Elementwise minimum; where both are equal the gradient goes to `a`.
+template <class A, class B>
+auto minimum(const var<A>& a, const var<B>& b) {
+  auto y = pdo::eval(pdo::minimum(a.value(), b.value()));
+  using V = decltype(y);
+  using T = detail::var_element_t<V>;
+  return detail::record(
+      std::move(y),
+      [a, b](detail::value_node<V>& self) {
+        const auto& g = *self.grad;
+        if (a.requires_grad())
+          detail::add_grad(a, detail::sum_to<A>(pdo::eval(pdo::where(pdo::less_equal(a.value(), b.value()), g, T(0))), a.shape()));
+        if (b.requires_grad())
+          detail::add_grad(b, detail::sum_to<B>(pdo::eval(pdo::where(pdo::less_equal(a.value(), b.value()), T(0), g)), b.shape()));
+      },
+      a, b);
+}
+
+/// @brief a where `cond` (a value, not differentiated) is nonzero, else b.
+template <class C, class A, class B>
+  requires(!is_var_v<std::remove_cvref_t<C>>)
+auto where(const C& condition, const var<A>& a, const var<B>& b) {
+  auto cond = pdo::eval(condition);
+  auto y = pdo::eval(pdo::where(cond, a.value(), b.value()));
+  using V = decltype(y);
+  using T = detail::var_element_t<V>;
+  return detail::record(
+      std::move(y),
+      [cond, a, b](detail::value_node<V>& self) {
+        const auto& g = *self.grad;
+        if (a.requires_grad()) detail::add_grad(a, detail::sum_to<A>(pdo::eval(pdo::where(cond, g, T(0))), a.shape()));
+        if (b.requires_grad()) detail::add_grad(b, detail::sum_to<B>(pdo::eval(pdo::where(cond, T(0), g)), b.shape()));
+      },
+      a, b);
+}
+
+// ---- with a number on one side ----
+
+template <class A>
+auto operator+(const var<A>& a, detail::var_element_t<A> s) {
+  return detail::record(
+      pdo::eval(a.value() + s), [a](auto& self) { detail::add_grad(a, *self.grad); }, a);
+}
+template <class A>
+auto operator+(detail::var_element_t<A> s, const var<A>& a) {
+  return a + s;
+}
+template <class A>
+auto operator-(const var<A>& a, detail::var_element_t<A> s) {
+  return a + (-s);
+}
+template <class A>
+auto operator-(detail::var_element_t<A> s, const var<A>& a) {
+  return detail::record(
+      pdo::eval(s - a.value()), [a](auto& self) { detail::add_grad(a, -*self.grad); }, a);
+}
+template <class A>
+auto operator*(const var<A>& a, detail::var_element_t<A> s) {
+  return detail::record(
+      pdo::eval(a.value() * s), [a, s](auto& self) { detail::add_grad(a, *self.grad * s); }, a);
+}
+template <class A>
+auto operator*(detail::var_element_t<A> s, const var<A>& a) {
+  return a * s;
+}
+template <class A>
+auto operator/(const var<A>& a, detail::var_element_t<A> s) {
+  return detail::record(
+      pdo::eval(a.value() / s), [a, s](auto& self) { detail::add_grad(a, *self.grad / s); }, a);
+}
+template <class A>
+auto operator/(detail::var_element_t<A> s, const var<A>& a) {
+  return detail::record(
+      pdo::eval(s / a.value()),
+      [a](auto& self) { detail::add_grad(a, -(*self.grad * self.value) / a.value()); }, a);
+}
+
+// ---- elementwise, one operand ----
+
+template <class A>
+auto operator-(const var<A>& a) {
+  return detail::record(
+      pdo::eval(-a.value()), [a](auto& self) { detail::add_grad(a, -*self.grad); }, a);
+}
+template <class A>
+auto exp(const var<A>& a) {
+  return detail::record(
+      pdo::eval(pdo::exp(a.value())), [a](auto& self) { detail::add_grad(a, *self.grad * self.value); }, a);
+}
+template <class A>
+auto log(const var<A>& a) {
+  return detail::record(
+      pdo::eval(pdo::log(a.value())), [a](auto& self) { detail::add_grad(a, *self.grad / a.value()); }, a);
+}
+template <class A>
+auto sqrt(const var<A>& a) {
+  using T = detail::var_element_t<A>;
+  return detail::record(
+      pdo::eval(pdo::sqrt(a.value())),
+      [a](auto& self) { detail::add_grad(a, *self.grad / (self.value * T(2))); }, a);
+}
+template <class A>
+auto tanh(const var<A>& a) {
+  using T = detail::var_element_t<A>;
+  return detail::record(
+      pdo::eval(pdo::tanh(a.value())),
+      [a](auto& self) { detail::add_grad(a, *self.grad * (T(1) - self.value * self.value)); }, a);
+}
+template <class A>
+auto sigmoid(const var<A>& a) {
+  using T = detail::var_element_t<A>;
+  return detail::record(
+      pdo::eval(pdo::sigmoid(a.value())),
+      [a](auto& self) { detail::add_grad(a, *self.grad * self.value * (T(1) - self.value)); }, a);
+}
+template <class A>
+auto relu(const var<A>& a) {
+  using T = detail::var_element_t<A>;
+  return detail::record(
+      pdo::eval(pdo::relu(a.value())),
+      [a](auto& self) { detail::add_grad(a, pdo::where(pdo::greater(a.value(), T(0)), *self.grad, T(0))); }, a);
+}
+template <class A>
+auto gelu(const var<A>& a) {
+  return detail::record(
+      pdo::eval(pdo::gelu(a.value())),
+      [a](auto& self) {
+        detail::add_grad(a, *self.grad * detail::make_elementwise<op::gelu_derivative>(a.value()));
+      },
+      a);
+}
+
+// ---- matmul ----
+
+/// @brief matmul(a [..., M, K], b [K, N] or [..., K, N]); gradients matmul(g, bᵀ) and
+/// matmul(aᵀ, g) (summed over the batch when b is one matrix for the whole batch).
+template <class A, class B>
+auto matmul(const var<A>& a, const var<B>& b) {
+  auto y = pdo::eval(pdo::matmul(a.value(), b.value()));
+  using V = decltype(y);
+  constexpr std::size_t ra = detail::value_kind<A>::rank, rb = detail::value_kind<B>::rank;
+  return detail::record(
+      std::move(y),
+      [a, b](detail::value_node<V>& self) {
+        const auto& g = *self.grad;
+        if (a.requires_grad()) detail::add_grad(a, pdo::matmul(g, pdo::transpose(b.value())));
+        if (b.requires_grad()) {
+          if constexpr (rb == ra) {
+            detail::add_grad(b, pdo::matmul(pdo::transpose(a.value()), g));
+          } else {
+            // one matrix for the whole batch: the batch dims fold into the rows
+            const auto& sa = a.shape();
+            std::size_t rows = 1;
+            for (std::size_t d = 0; d + 1 < ra; ++d) rows *= sa[d];
+            const auto a2 = pdo::eval(pdo::reshape(a.value(), shape_t<2>{rows, sa[ra - 1]}));
+            const auto g2 = pdo::eval(pdo::reshape(g, shape_t<2>{rows, g.shape()[ra - 1]}));
+            detail::add_grad(b, pdo::matmul(pdo::transpose(a2), g2));
+          }
+        }
+      },
+      a, b);
+}
+
+// ---- reductions ----
+
+namespace detail {
+template <reduction What, std::size_t Dim, class A>
+auto reduce_var(const var<A>& a) {
+  using T = var_element_t<A>;
+  auto y = pdo::eval(detail::make_reduction<What, Dim>(a.value()));
+  using V = decltype(y);
+  return record(
+      std::move(y),
+      [a](value_node<V>& self) {
+        const auto& g = *self.grad;
+        const auto& x = a.value();
+        if constexpr (What == reduction::max) {
+          if constexpr (Dim == all_dims) {
+            add_grad(a, pdo::where(pdo::equal(x, self.value), g, T(0)));
+          } else {
+            add_grad(a, pdo::where(pdo::equal(x, keep_dim<Dim>(self.value, x.shape())), keep_dim<Dim>(g, x.shape()), T(0)));
+          }
+        } else {
+          const T scale = [&] {
+            if constexpr (What == reduction::sum) return T(1);
+            else if constexpr (Dim == all_dims) return T(1) / static_cast<T>(volume(x.shape()));
+            else return T(1) / static_cast<T>(x.shape()[Dim]);
+          }();
+          if constexpr (Dim == all_dims) add_grad(a, make_elementwise<op::expand>(g, x) * scale);
+          else add_grad(a, make_elementwise<op::expand>(keep_dim<Dim>(g, x.shape()), x) * scale);
+        }
+      },
+      a);
+}
+}  // namespace detail
+
+/// @brief Sum over dim `Dim`, or over every dim.
+template <std::size_t Dim = all_dims, class A>
+auto sum(const var<A>& a) {
+  return detail::reduce_var<detail::reduction::sum, Dim>(a);
+}
+/// @brief Mean over dim `Dim`, or over every dim.
+template <std::size_t Dim = all_dims, class A>
+auto mean(const var<A>& a) {
+  return detail::reduce_var<detail::reduction::mean, Dim>(a);
+}
+/// @brief Maximum over dim `Dim`, or over every dim; the gradient goes to every element
+/// equal to the maximum.
+template <std::size_t Dim = all_dims, class A>
+auto max(const var<A>& a) {
+  return detail::reduce_var<detail::reduction::max, Dim>(a);
+}
+
+// ---- softmax and losses ----
+
+/// @brief softmax along `Dim` (the last by default); gradient y * (g - sum(g * y)).
+template <std::size_t Dim = last_dim, class A>
+auto softmax(const var<A>& a) {
+  constexpr std::size_t d = Dim == last_dim ? var<A>::rank - 1 : Dim;
+  return detail::record(
+      pdo::eval(pdo::softmax<d>(a.value())),
+      [a](auto& self) {
+        const auto& g = *self.grad;
+        const auto& y = self.value;
+        const auto s = pdo::eval(pdo::sum<d>(g * y));
+        detail::add_grad(a, y * (g - detail::keep_dim<d>(s, y.shape())));
+      },
+      a);
+}
+
+/// @brief log_softmax along `Dim` (the last by default); gradient g - exp(y) * sum(g).
+template <std::size_t Dim = last_dim, class A>
+auto log_softmax(const var<A>& a) {
+  constexpr std::size_t d = Dim == last_dim ? var<A>::rank - 1 : Dim;
+  return detail::record(
+      pdo::eval(pdo::log_softmax<d>(a.value())),
+      [a](auto& self) {
+        const auto& g = *self.grad;
+        const auto& y = self.value;
+        const auto s = pdo::eval(pdo::sum<d>(g));
+        detail::add_grad(a, g - pdo::exp(y) * detail::keep_dim<d>(s, y.shape()));
+      },
+      a);
+}
+
+/// @brief Mean cross-entropy of logits [N, C] against class indices [N] (a value, not
+/// differentiated); gradient (softmax(logits) - one_hot(labels)) * g / N.
+template <class L, class Y>
+  requires(!is_var_v<std::remove_cvref_t<Y>>)
+auto cross_entropy(const var<L>& logits, const Y& labels) {
+  auto y = pdo::eval(pdo::cross_entropy(logits.value(), labels));
+  using V = decltype(y);
+  using T = detail::var_element_t<L>;
+  return detail::record(
+      std::move(y),
+      [logits, labels](detail::value_node<V>& self) {
+        const T scale = static_cast<T>(detail::scalar_of(*self.grad));
+        detail::add_grad(logits, cross_entropy_grad_node<detail::expression_t<const L&>, detail::expression_t<const Y&>>(
+                                     detail::as_expression(logits.value()), detail::as_expression(labels), scale));
+      },
+      logits);
+}
+
+/// @brief Mean squared error: mean((a - b)²) over every element.
+template <class A, class B>
+auto mse(const var<A>& a, const var<B>& b) {
+  const auto d = a - b;
+  return pdo::mean(d * d);
+}
+
+// ---- layout of the data ----
+
+/// @brief The last two dims swapped.
+template <class A>
+auto transpose(const var<A>& a) {
+  auto y = pdo::eval(pdo::transpose(a.value()));
+  using V = decltype(y);
+  return detail::record(
+      std::move(y), [a](detail::value_node<V>& self) { detail::add_grad(a, pdo::transpose(*self.grad)); }, a);
+}
+
+/// @brief The same elements under `shape`.
+template <class A, std::size_t Rank>
+auto reshape(const var<A>& a, const shape_t<Rank>& shape) {
+  auto y = pdo::eval(pdo::reshape(a.value(), shape));
+  using V = decltype(y);
+  return detail::record(
+      std::move(y), [a](detail::value_node<V>& self) { detail::add_grad(a, pdo::reshape(*self.grad, a.shape())); }, a);
+}
+template <class A, std::size_t Rank>
+auto reshape(const var<A>& a, const std::size_t (&shape)[Rank]) {
+  shape_t<Rank> s{};
+  for (std::size_t d = 0; d < Rank; ++d) s[d] = shape[d];
+  return pdo::reshape(a, s);
+}
+
+}  // namespace pdo

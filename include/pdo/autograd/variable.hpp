@@ -1,0 +1,262 @@
+// pdo/autograd/variable.hpp: pdo::var, the graph it records, and pdo::backward.
+#pragma once
+
+#include <pdo/exec/eval.hpp>
+#include <pdo/tensor/redistribute.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+namespace pdo {
+
+namespace detail {
+
+/// @brief What autograd needs to know of a value: a pdo::tensor (local: on the host or
+/// inside a place's block) or a pdo::dtensor (every op runs over its mesh).
+template <class V>
+struct value_kind {
+  static constexpr bool valid = false;
+};
+template <class T, std::size_t R>
+struct value_kind<tensor<T, R>> {
+  static constexpr bool valid = true;
+  static constexpr bool distributed = false;
+  using element_type = T;
+  static constexpr std::size_t rank = R;
+  template <std::size_t R2>
+  using with_rank = tensor<T, R2>;
+};
+template <class T, std::size_t R, class M, class L>
+struct value_kind<dtensor<T, R, M, L>> {
+  static constexpr bool valid = true;
+  static constexpr bool distributed = true;
+  using element_type = T;
+  static constexpr std::size_t rank = R;
+};
+
+/// @brief A value autograd can differentiate: a floating-point tensor or dtensor.
+template <class V>
+concept differentiable = value_kind<V>::valid && std::floating_point<typename value_kind<V>::element_type>;
+
+/// @brief `g`, an evaluated gradient, as the type of the value it is the gradient of. For
+/// dtensors this is the redistribution the planner picks between the two layouts: the
+/// partial gradient of a replicated parameter used on split data is all_reduced here.
+template <class V, class G>
+V to_value(G&& g) {
+  using g_t = std::remove_cvref_t<G>;
+  if constexpr (std::is_same_v<g_t, V>) {
+    return std::forward<G>(g);
+  } else {
+    static_assert(value_kind<V>::distributed && value_kind<g_t>::distributed && value_kind<V>::rank == value_kind<g_t>::rank,
+                  "pdo: autograd: a gradient's rank or kind differs from its value's");
+    return redistribute<typename V::layout_type>(g);
+  }
+}
+
+/// @brief Evaluates a gradient expression into the type of the value it belongs to.
+template <class V, class E>
+V eval_as(E&& e) {
+  return to_value<V>(pdo::eval(std::forward<E>(e)));
+}
+
+/// @brief A node of the recorded graph, type-erased: the value of one op (or a leaf) and
+/// how to push its gradient to the nodes it was computed from.
+struct grad_node {
+  explicit grad_node(std::vector<std::shared_ptr<grad_node>> in) : inputs(std::move(in)), order(next_order()) {}
+  grad_node(const grad_node&) = delete;
+  grad_node& operator=(const grad_node&) = delete;
+  virtual ~grad_node() = default;
+
+  std::vector<std::shared_ptr<grad_node>> inputs;  ///< the operands that need gradients
+  std::uint64_t order;                             ///< creation order: inputs come before their uses
+  bool leaf = false;
+  /// @brief For leaves: called by backward once this leaf's gradient is complete (all its
+  /// uses have contributed), while the rest of backward still runs.
+  std::function<void()> on_gradient;
+
+  [[nodiscard]] virtual bool has_grad() const = 0;
+  virtual void propagate() = 0;  ///< adds this node's contribution to its inputs' gradients
+  virtual void release() = 0;    ///< frees an intermediate's gradient and saved values
+
+  static std::uint64_t next_order() {
+    static std::atomic<std::uint64_t> counter{0};
+    return counter.fetch_add(1, std::memory_order_relaxed);
+  }
+};
+
+template <class V>
+struct value_node final : grad_node {
+  value_node(V v, std::vector<std::shared_ptr<grad_node>> in) : grad_node(std::move(in)), value(std::move(v)) {}
+
+  V value;
+  std::optional<V> grad;
+  /// @brief Given this node (its value and gradient), adds to its inputs' gradients.
+  std::function<void(value_node&)> backward;
+
+  [[nodiscard]] bool has_grad() const override { return grad.has_value(); }
+  void propagate() override {
+    if (grad && backward) backward(*this);
+  }
+  void release() override {
+    grad.reset();
+    backward = nullptr;
+  }
+  /// @brief Adds `g` to the gradient.
+  void accumulate(V g) {
+    if (!grad) grad.emplace(std::move(g));
+    else grad.emplace(eval_as<V>(*grad + g));
+  }
+};
+
+}  // namespace detail
+
+/// @brief A value that records the ops applied to it, so pdo::backward can compute
+/// gradients: a pdo::tensor (local) or a pdo::dtensor (distributed; each op runs over the
+/// mesh with the layouts the planner derives, and so does each gradient). Copies share
+/// the same node (like handles).
+template <class V>
+class var {
+ public:
+  static_assert(detail::value_kind<V>::valid, "pdo: var holds a pdo::tensor or a pdo::dtensor");
+  using value_type = V;
+  using element_type = typename detail::value_kind<V>::element_type;
+  static constexpr std::size_t rank = detail::value_kind<V>::rank;
+  static constexpr bool distributed = detail::value_kind<V>::distributed;
+
+  var() = default;
+  /// @brief A leaf: a constant, or (with `requires_grad`) a value to differentiate with respect to.
+  explicit var(V value, bool requires_grad = false)
+      : node_(std::make_shared<detail::value_node<V>>(std::move(value), std::vector<std::shared_ptr<detail::grad_node>>{})),
+        requires_grad_(requires_grad) {
+    node_->leaf = true;
+  }
+  /// @brief An op's result, recorded with the nodes it was computed from.
+  var(std::shared_ptr<detail::value_node<V>> node, bool requires_grad) : node_(std::move(node)), requires_grad_(requires_grad) {}
+
+  [[nodiscard]] const V& value() const { return node_->value; }
+  /// @brief The value, to change in place (optimizers update parameters this way).
+  [[nodiscard]] V& value() { return node_->value; }
+  [[nodiscard]] const auto& shape() const { return node_->value.shape(); }
+  [[nodiscard]] bool requires_grad() const { return requires_grad_; }
+  [[nodiscard]] bool is_leaf() const { return node_->leaf; }
+  [[nodiscard]] bool has_grad() const { return node_->grad.has_value(); }
+  /// @brief The gradient accumulated by pdo::backward.
+  [[nodiscard]] const V& grad() const {
+    if (!node_->grad)
+      throw error("var::grad: no gradient: " + std::string(requires_grad_ ? "backward has not reached this value"
+                                                                          : "the value does not require a gradient"));
+    return *node_->grad;
+  }
+  [[nodiscard]] V& grad() { return const_cast<V&>(std::as_const(*this).grad()); }
+  /// @brief Forgets the gradient (before the next backward, which would add to it).
+  void zero_grad() { node_->grad.reset(); }
+  /// @brief Calls `f()` during backward once this leaf's gradient is complete.
+  void on_gradient(std::function<void()> f) { node_->on_gradient = std::move(f); }
+
+  [[nodiscard]] const std::shared_ptr<detail::value_node<V>>& node() const { return node_; }
+
+ private:
+  std::shared_ptr<detail::value_node<V>> node_;
+  bool requires_grad_ = false;
+};
+
+/// @brief A leaf that requires a gradient: a parameter or an input to differentiate by.
+template <class V>
+var<V> parameter(V value) {
+  return var<V>(std::move(value), true);
+}
+
+template <class T>
+inline constexpr bool is_var_v = false;
+template <class V>
+inline constexpr bool is_var_v<var<V>> = true;
+
+namespace detail {
+
+/// @brief Records the result of an op: `value`, computed from `operands`, whose gradient
+/// `backward(node)` pushes back to them. A result of operands that need no gradient is a
+/// plain constant, and nothing is recorded.
+template <class V, class Backward, class... Operands>
+var<V> record(V value, Backward backward, const Operands&... operands) {
+  std::vector<std::shared_ptr<grad_node>> inputs;
+  (
+      [&] {
+        if (operands.requires_grad()) inputs.push_back(operands.node());
+      }(),
+      ...);
+  if (inputs.empty()) return var<V>(std::move(value));
+  auto node = std::make_shared<value_node<V>>(std::move(value), std::move(inputs));
+  node->backward = std::move(backward);
+  return var<V>(std::move(node), true);
+}
+
+/// @brief Adds the gradient expression `g` (evaluated into A's type) to `a`'s gradient, if `a` needs one.
+template <class A, class G>
+void add_grad(const var<A>& a, G&& g) {
+  if (a.requires_grad()) a.node()->accumulate(eval_as<A>(std::forward<G>(g)));
+}
+
+/// @brief The element of a rank-0 value (gathered to the host for a dtensor).
+template <class V>
+auto scalar_of(const V& v) {
+  static_assert(value_kind<V>::rank == 0, "pdo: autograd: expected a rank-0 value");
+  if constexpr (value_kind<V>::distributed) return gather(v).data()[0];
+  else return v.data()[0];
+}
+
+}  // namespace detail
+
+/// @brief Reverse mode: adds d(out)/d(leaf), weighted by `seed` (d(loss)/d(out)), to the
+/// gradient of every leaf `out` depends on that requires one. Nodes run from the last
+/// computed to the first; a leaf's on_gradient hook fires as soon as its last use has
+/// contributed. Intermediate gradients are freed as they are consumed.
+template <class V>
+void backward(const var<V>& out, V seed) {
+  if (!out.requires_grad()) throw error("backward: the value does not depend on anything that requires a gradient");
+  std::vector<detail::grad_node*> nodes;
+  std::unordered_map<detail::grad_node*, std::size_t> uses;
+  std::vector<detail::grad_node*> stack{out.node().get()};
+  uses[out.node().get()] = 0;
+  while (!stack.empty()) {
+    detail::grad_node* n = stack.back();
+    stack.pop_back();
+    nodes.push_back(n);
+    for (const auto& in : n->inputs) {
+      auto [it, fresh] = uses.try_emplace(in.get(), 0);
+      ++it->second;
+      if (fresh) stack.push_back(in.get());
+    }
+  }
+  std::sort(nodes.begin(), nodes.end(), [](const auto* a, const auto* b) { return a->order > b->order; });
+  out.node()->accumulate(std::move(seed));
+  for (detail::grad_node* n : nodes) {
+    if (n->leaf) continue;
+    n->propagate();
+    for (const auto& in : n->inputs)
+      if (--uses[in.get()] == 0 && in->leaf && in->on_gradient) in->on_gradient();
+    n->release();
+  }
+  if (out.node()->leaf && out.node()->on_gradient) out.node()->on_gradient();
+}
+
+/// @brief Reverse mode from a rank-0 value (a loss): the seed is 1.
+template <class V>
+void backward(const var<V>& loss) {
+  static_assert(detail::value_kind<V>::rank == 0,
+                "pdo: backward(loss) needs a rank-0 value; pass the seed gradient for other values: backward(out, seed)");
+  using T = typename detail::value_kind<V>::element_type;
+  backward(loss, detail::eval_as<V>(detail::make_elementwise<op::expand>(T(1), loss.value())));
+}
+
+}  // namespace pdo

@@ -1,0 +1,73 @@
+// pdo/expr/cross_entropy_grad.hpp: the gradient of cross_entropy with respect to its logits.
+#pragma once
+
+#include <pdo/expr/expression.hpp>
+#include <pdo/kernels/softmax.hpp>
+
+#include <cstddef>
+#include <string>
+#include <tuple>
+
+namespace pdo {
+
+namespace detail {
+/// @brief Row r of d(mean cross-entropy)/d(logits), times `scale`: (softmax(row) - one_hot(label)) * scale.
+template <class T, class Label>
+struct cross_entropy_grad_row {
+  const T* logits;
+  const Label* labels;
+  T* out;
+  std::size_t classes;
+  T scale;
+  PDO_HD void operator()(std::size_t r) const {
+    softmax_row<T, false>{logits + r * classes, out + r * classes, classes, 1}(0);
+    const auto label = static_cast<std::size_t>(labels[r]);
+    for (std::size_t c = 0; c < classes; ++c) out[r * classes + c] = (out[r * classes + c] - (c == label ? T(1) : T(0))) * scale;
+  }
+};
+}  // namespace detail
+
+/// @brief (softmax(logits) - one_hot(labels)) * scale / N, with N the global row count:
+/// the gradient of `scale * cross_entropy(logits, labels)` with respect to the logits. Its
+/// operands take the layouts cross_entropy takes (classes whole, labels beside their rows),
+/// and so does its result.
+template <class Logits, class Labels>
+class cross_entropy_grad_node : public detail::op_node<Logits, Labels> {
+ public:
+  using value_type = typename Logits::value_type;
+  static_assert(Logits::rank == 2 && Labels::rank == 1, "pdo: cross_entropy: takes logits [N, C] and labels [N]");
+  static constexpr std::size_t rank = 2;
+  static constexpr bool elementwise = false;
+  static constexpr std::string_view name = "cross_entropy_grad";
+  static constexpr detail::op_rule rule = [] {
+    detail::op_rule r = detail::cross_entropy_rule(Logits::rule.out, Labels::rule.out);
+    r.out = r.operands[0];
+    return r;
+  }();
+
+  cross_entropy_grad_node(Logits logits, Labels labels, value_type scale)
+      : detail::op_node<Logits, Labels>(std::move(logits), std::move(labels)), scale_(scale) {
+    shape_ = std::get<0>(this->children_).shape();
+    if (std::get<1>(this->children_).shape()[0] != shape_[0])
+      throw shape_error("cross_entropy backward: logits " + detail::describe_node(std::get<0>(this->children_)) + " and labels " +
+                        detail::describe_node(std::get<1>(this->children_)) + ": need one label per row of logits");
+  }
+  [[nodiscard]] const shape_t<2>& shape() const { return shape_; }
+
+  template <class Ctx>
+  void run(Ctx& ctx, tensor<value_type, 2>& out) const {
+    const auto logits = detail::operand_block<0>(*this, ctx);
+    const auto labels = detail::operand_block<1>(*this, ctx);
+    using label_t = typename Labels::value_type;
+    const label_t* first = labels.data + (logits.offset[0] - labels.offset[0]);
+    const value_type scale = logits.global[0] == 0 ? value_type{} : scale_ / static_cast<value_type>(logits.global[0]);
+    thrust::for_each_n(ctx.system, thrust::counting_iterator<std::size_t>(0), logits.shape[0],
+                       detail::cross_entropy_grad_row<value_type, label_t>{logits.data, first, out.data(), logits.shape[1], scale});
+  }
+
+ private:
+  shape_t<2> shape_{};
+  value_type scale_;
+};
+
+}  // namespace pdo

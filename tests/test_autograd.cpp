@@ -1,0 +1,216 @@
+// Autograd: every op's gradient against central finite differences (double), and the
+// gradients of a dtensor program against the same program on one place, over lines of
+// 1-4 places with uneven shards.
+#include "support.hpp"
+
+#include <pdo/autograd.hpp>
+
+#include <functional>
+#include <tuple>
+
+namespace {
+
+using pdo::shape_t;
+template <std::size_t R>
+using dt = pdo::tensor<double, R>;
+template <std::size_t R>
+using dvar = pdo::var<dt<R>>;
+
+/// @brief sum(out * w) for fixed random weights w: a scalar whose gradient exercises
+/// every element of out's Jacobian.
+template <class V>
+pdo::var<dt<0>> weigh(const pdo::var<V>& out) {
+  if constexpr (pdo::var<V>::rank == 0) {
+    return out;
+  } else {
+    const pdo::var<V> w(pdo_test::random_tensor<double>(out.shape(), 4242));
+    return pdo::sum(out * w);
+  }
+}
+
+/// @brief Checks d(weigh(f(xs...)))/d(xs) against central differences.
+template <class F, std::size_t... R>
+void check_gradient(F f, dt<R>... xs) {
+  auto params = std::make_tuple(pdo::parameter(xs)...);
+  const auto loss = weigh(std::apply(f, params));
+  pdo::backward(loss);
+  auto value_at = [&](const auto&... inputs) { return weigh(f(pdo::var(inputs)...)).value().data()[0]; };
+  auto inputs = std::make_tuple(xs...);
+  constexpr double eps = 1e-6;
+  auto check_input = [&]<std::size_t I>(std::integral_constant<std::size_t, I>) {
+    auto& x = std::get<I>(inputs);
+    const auto& grad = std::get<I>(params).grad();
+    REQUIRE(grad.shape() == x.shape());
+    for (std::size_t j = 0; j < x.size(); ++j) {
+      const double keep = x.data()[j];
+      x.data()[j] = keep + eps;
+      const double up = std::apply(value_at, inputs);
+      x.data()[j] = keep - eps;
+      const double down = std::apply(value_at, inputs);
+      x.data()[j] = keep;
+      const double numeric = (up - down) / (2 * eps);
+      INFO("input " << I << " element " << j);
+      CHECK(grad.data()[j] == Approx(numeric).epsilon(1e-5).margin(1e-6));
+    }
+  };
+  [&]<std::size_t... I>(std::index_sequence<I...>) {
+    (check_input(std::integral_constant<std::size_t, I>{}), ...);
+  }(std::index_sequence_for<dt<R>...>{});
+}
+
+template <std::size_t R>
+dt<R> rnd(const shape_t<R>& s, unsigned seed, double shift = 0) {
+  return pdo_test::random_tensor<double>(s, seed, shift);
+}
+
+}  // namespace
+
+TEST_CASE("autograd: elementwise ops with broadcasting", "[autograd]") {
+  const auto a = rnd<2>({3, 4}, 1), b = rnd<2>({3, 4}, 2), col = rnd<2>({3, 1}, 4);
+  const auto bias = rnd<1>({4}, 3);
+  const auto pos = rnd<2>({3, 4}, 5, 2.0);  // in [1, 3): log, sqrt, division
+  check_gradient([](auto x, auto y) { return x + y; }, a, b);
+  check_gradient([](auto x, auto y) { return x - y; }, a, b);
+  check_gradient([](auto x, auto y) { return x * y; }, a, b);
+  check_gradient([](auto x, auto y) { return x / y; }, a, pos);
+  check_gradient([](auto x, auto y) { return x + y; }, a, bias);
+  check_gradient([](auto x, auto y) { return x * y; }, a, col);
+  check_gradient([](auto x, auto y) { return y - x; }, a, bias);
+  check_gradient([](auto x, auto y) { return y / x; }, pos, col);
+  check_gradient([](auto x, auto y) { return pdo::maximum(x, y); }, a, b);
+  check_gradient([](auto x, auto y) { return pdo::minimum(x, y); }, a, bias);
+  const auto cond = pdo::eval(pdo::greater(a, 0.0));
+  check_gradient([&](auto x, auto y) { return pdo::where(cond, x, y); }, a, b);
+}
+
+TEST_CASE("autograd: numbers on either side, and one-operand ops", "[autograd]") {
+  const auto a = rnd<2>({3, 4}, 6), pos = rnd<2>({3, 4}, 7, 2.0);
+  check_gradient([](auto x) { return x + 1.5; }, a);
+  check_gradient([](auto x) { return 1.5 + x; }, a);
+  check_gradient([](auto x) { return x - 1.5; }, a);
+  check_gradient([](auto x) { return 1.5 - x; }, a);
+  check_gradient([](auto x) { return x * 3.0; }, a);
+  check_gradient([](auto x) { return 3.0 * x; }, a);
+  check_gradient([](auto x) { return x / 3.0; }, a);
+  check_gradient([](auto x) { return 3.0 / x; }, pos);
+  check_gradient([](auto x) { return -x; }, a);
+  check_gradient([](auto x) { return pdo::exp(x); }, a);
+  check_gradient([](auto x) { return pdo::log(x); }, pos);
+  check_gradient([](auto x) { return pdo::sqrt(x); }, pos);
+  check_gradient([](auto x) { return pdo::tanh(x); }, a);
+  check_gradient([](auto x) { return pdo::sigmoid(x); }, a);
+  check_gradient([](auto x) { return pdo::relu(x); }, a);  // random values: none within eps of 0
+  check_gradient([](auto x) { return pdo::gelu(x); }, a);
+}
+
+TEST_CASE("autograd: matmul, 2-D and batched", "[autograd]") {
+  check_gradient([](auto x, auto w) { return pdo::matmul(x, w); }, rnd<2>({5, 3}, 8), rnd<2>({3, 4}, 9));
+  check_gradient([](auto x, auto w) { return pdo::matmul(x, w); }, rnd<3>({2, 5, 3}, 10), rnd<3>({2, 3, 4}, 11));
+  check_gradient([](auto x, auto w) { return pdo::matmul(x, w); }, rnd<3>({2, 5, 3}, 12), rnd<2>({3, 4}, 13));
+  check_gradient([](auto x, auto w) { return pdo::matmul(pdo::transpose(x), w); }, rnd<2>({3, 5}, 14), rnd<2>({3, 4}, 15));
+}
+
+TEST_CASE("autograd: reductions", "[autograd]") {
+  const auto a = rnd<3>({2, 3, 4}, 16);
+  check_gradient([](auto x) { return pdo::sum(x); }, a);
+  check_gradient([](auto x) { return pdo::sum<1>(x); }, a);
+  check_gradient([](auto x) { return pdo::mean(x); }, a);
+  check_gradient([](auto x) { return pdo::mean<2>(x); }, a);
+  check_gradient([](auto x) { return pdo::max(x); }, a);
+  check_gradient([](auto x) { return pdo::max<0>(x); }, a);
+}
+
+TEST_CASE("autograd: softmax, log_softmax and the losses", "[autograd]") {
+  const auto a = rnd<2>({4, 5}, 17);
+  check_gradient([](auto x) { return pdo::softmax(x); }, a);
+  check_gradient([](auto x) { return pdo::softmax<0>(x); }, a);
+  check_gradient([](auto x) { return pdo::log_softmax(x); }, a);
+  check_gradient([](auto x) { return pdo::log_softmax<0>(x); }, a);
+  const pdo::tensor<int, 1> labels({4}, {2, 0, 4, 1});
+  check_gradient([&](auto x) { return pdo::cross_entropy(x, labels); }, a);
+  check_gradient([&](auto x) { return pdo::cross_entropy(x, labels) * 3.0; }, a);
+  check_gradient([](auto x, auto y) { return pdo::mse(x, y); }, a, rnd<2>({4, 5}, 18));
+}
+
+TEST_CASE("autograd: transpose, reshape, and a value used twice", "[autograd]") {
+  const auto a = rnd<3>({2, 3, 4}, 19);
+  check_gradient([](auto x) { return pdo::transpose(x); }, a);
+  check_gradient([](auto x) { return pdo::reshape(x, {6, 4}); }, a);
+  check_gradient([](auto x) { return pdo::reshape(x, {24}); }, a);
+  check_gradient([](auto x) { return pdo::tanh(x) * x + pdo::exp(x * x); }, a);
+  check_gradient([](auto x, auto w) { return pdo::matmul(pdo::relu(pdo::matmul(x, w)), w); }, rnd<2>({3, 4}, 20), rnd<2>({4, 4}, 21));
+}
+
+TEST_CASE("autograd: leaf hooks fire when the leaf's gradient is complete, before backward ends", "[autograd]") {
+  auto x = pdo::var(rnd<2>({4, 3}, 22));
+  auto w1 = pdo::parameter(rnd<2>({3, 3}, 23));
+  auto w2 = pdo::parameter(rnd<2>({3, 2}, 24));
+  std::vector<std::string> events;
+  w1.on_gradient([&] { events.push_back("w1"); });
+  w2.on_gradient([&] { events.push_back("w2"); });
+  const auto loss = pdo::sum(pdo::matmul(pdo::tanh(pdo::matmul(x, w1)), w2));
+  pdo::backward(loss);
+  // w2 is used last, so its gradient is complete first
+  REQUIRE(events == std::vector<std::string>{"w2", "w1"});
+  CHECK_THROWS_AS(x.grad(), pdo::error);
+  CHECK_THROWS_WITH(pdo::backward(pdo::sum(x)), Catch::Contains("does not depend on anything"));
+}
+
+TEST_CASE("autograd: gradient layouts are derived by the forward rules", "[autograd][mesh]") {
+  using rows = pdo::layout<pdo::split<"x">, pdo::replicate>;
+  using whole = pdo::layout<pdo::replicate, pdo::replicate>;
+  using X = pdo::dtensor<double, 2, pdo::mesh<"x">, rows>;
+  using W = pdo::dtensor<double, 2, pdo::mesh<"x">, whole>;
+  // a replicated weight used on row-split data: its gradient matmul(xᵀ, g) is a pending sum over "x"
+  using grad_w = pdo::result_layout_t<decltype(pdo::matmul(pdo::transpose(std::declval<const X&>()), std::declval<const X&>()))>;
+  static_assert(std::is_same_v<grad_w, whole::partial<"x">>);
+  // ... which becomes the weight's layout by exactly one all_reduce
+  static_assert(pdo::redistribute_plan_of<grad_w, whole>().size == 1);
+  static_assert(pdo::redistribute_plan_of<grad_w, whole>().steps[0].kind == pdo::step_kind::all_reduce);
+  // the input's gradient matmul(g, wᵀ) keeps the rows split: no communication
+  using grad_x = pdo::result_layout_t<decltype(pdo::matmul(std::declval<const X&>(), pdo::transpose(std::declval<const W&>())))>;
+  static_assert(std::is_same_v<grad_x, rows>);
+}
+
+TEST_CASE("autograd: a dtensor program's gradients equal the one-place program's", "[autograd][mesh]") {
+  using rows = pdo::layout<pdo::split<"x">, pdo::replicate>;
+  using labels_rows = pdo::layout<pdo::split<"x">>;
+  using whole = pdo::layout<pdo::replicate, pdo::replicate>;
+  using vec = pdo::layout<pdo::replicate>;
+  const auto x = rnd<2>({10, 6}, 30), w1 = rnd<2>({6, 5}, 31), w2 = rnd<2>({5, 4}, 32);
+  const auto b1 = rnd<1>({5}, 33);
+  pdo::tensor<int, 1> y({10});
+  for (std::size_t i = 0; i < 10; ++i) y(i) = static_cast<int>((i * 7) % 4);
+
+  auto program = [](const auto& X, const auto& W1, const auto& B1, const auto& W2, const auto& Y) {
+    const auto h = pdo::tanh(pdo::matmul(X, W1) + B1);
+    const auto logits = pdo::matmul(pdo::gelu(h) * 0.5 + pdo::sigmoid(h), W2);
+    const auto extra = pdo::mean(pdo::softmax(logits) * pdo::exp(logits * 0.1)) + pdo::sum(pdo::log_softmax(logits)) * 0.01;
+    return pdo::cross_entropy(logits, Y) + extra + pdo::max(pdo::relu(logits)) * 0.1 - pdo::mean(pdo::transpose(logits)) * 0.2;
+  };
+  auto W1 = pdo::parameter(w1), W2 = pdo::parameter(w2);
+  auto B1 = pdo::parameter(b1);
+  const auto loss = program(pdo::var(x), W1, B1, W2, y);
+  pdo::backward(loss);
+
+  for (std::size_t n : pdo_test::line_sizes()) {
+    INFO(n << " places");
+    const auto m = pdo_test::line_mesh(n);
+    auto dW1 = pdo::parameter(pdo::distribute<whole>(m, w1)), dW2 = pdo::parameter(pdo::distribute<whole>(m, w2));
+    auto dB1 = pdo::parameter(pdo::distribute<vec>(m, b1));
+    auto dX = pdo::parameter(pdo::distribute<rows>(m, x));
+    const auto dloss = program(dX, dW1, dB1, dW2, pdo::distribute<labels_rows>(m, y));
+    pdo::backward(dloss);
+    CHECK(pdo::gather(dloss.value()).data()[0] == Approx(loss.value().data()[0]).epsilon(1e-12));
+    auto same = [](const auto& distributed, const auto& local) {
+      const auto g = pdo::gather(distributed);
+      REQUIRE(g.shape() == local.shape());
+      for (std::size_t i = 0; i < g.size(); ++i) CHECK(g.data()[i] == Approx(local.data()[i]).epsilon(1e-10).margin(1e-13));
+    };
+    same(dW1.grad(), W1.grad());
+    same(dW2.grad(), W2.grad());
+    same(dB1.grad(), B1.grad());
+    // the input's gradient stays split by rows, as the input
+    static_assert(std::is_same_v<std::remove_cvref_t<decltype(dX.grad())>::layout_type, rows>);
+  }
+}
