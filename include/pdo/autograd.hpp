@@ -3,3 +3,4 @@
 
 #include <pdo/autograd/ops.hpp>
 #include <pdo/autograd/variable.hpp>
+#include <pdo/autograd/conv.hpp>

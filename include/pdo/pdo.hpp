@@ -9,6 +9,7 @@
 #include <pdo/kernels.hpp>
 #include <pdo/layout.hpp>
 #include <pdo/memory.hpp>
+#include <pdo/nn.hpp>
 #include <pdo/place.hpp>
 #include <pdo/plan.hpp>
 #include <pdo/tensor.hpp>

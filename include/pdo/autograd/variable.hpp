@@ -204,7 +204,9 @@ var<V> record(V value, Backward backward, const Operands&... operands) {
 /// @brief Adds the gradient expression `g` (evaluated into A's type) to `a`'s gradient, if `a` needs one.
 template <class A, class G>
 void add_grad(const var<A>& a, G&& g) {
-  if (a.requires_grad()) a.node()->accumulate(eval_as<A>(std::forward<G>(g)));
+  if (!a.requires_grad()) return;
+  if constexpr (std::is_same_v<std::remove_cvref_t<G>, A>) a.node()->accumulate(A(std::forward<G>(g)));
+  else a.node()->accumulate(eval_as<A>(std::forward<G>(g)));
 }
 
 /// @brief The element of a rank-0 value (gathered to the host for a dtensor).

@@ -1,0 +1,194 @@
+// pdo/kernels/conv.hpp: conv2d by im2col + gemm, and 2-D pooling, forward and backward.
+// Every kernel is a functor of one output index (PDO_HD), run by thrust::transform or
+// for_each_n on the place's system: gathers, never scatters, so no two indices write
+// the same element.
+#pragma once
+
+#include <pdo/core/config.hpp>
+#include <pdo/kernels/cpu_system.hpp>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace pdo::detail {
+
+/// @brief The geometry of a 2-D window op over x [batch, channels, height, width]:
+/// square kernel, stride, zero padding, and the output extents.
+struct window_geometry {
+  std::size_t batch = 0, channels = 0, height = 0, width = 0;
+  std::size_t kernel = 1, stride = 1, padding = 0;
+  std::size_t out_height = 0, out_width = 0;
+
+  PDO_HD std::size_t out_pixels() const { return out_height * out_width; }
+  /// @brief Output rows of the im2col matrix: one per (image, output pixel).
+  PDO_HD std::size_t rows() const { return batch * out_pixels(); }
+  /// @brief Its columns: one per (channel, kernel row, kernel column).
+  PDO_HD std::size_t cols() const { return channels * kernel * kernel; }
+};
+
+/// @brief The geometry, with output extents; false when the window does not fit.
+inline bool make_window_geometry(window_geometry& g) {
+  if (g.kernel == 0 || g.stride == 0 || g.height + 2 * g.padding < g.kernel || g.width + 2 * g.padding < g.kernel) return false;
+  g.out_height = (g.height + 2 * g.padding - g.kernel) / g.stride + 1;
+  g.out_width = (g.width + 2 * g.padding - g.kernel) / g.stride + 1;
+  return true;
+}
+
+/// @brief Element i of the im2col matrix [rows, cols] of x.
+template <class T>
+struct im2col_element {
+  const T* x;
+  window_geometry g;
+  PDO_HD T operator()(std::size_t i) const {
+    const std::size_t row = i / g.cols(), col = i % g.cols();
+    const std::size_t n = row / g.out_pixels(), pixel = row % g.out_pixels();
+    const std::size_t oh = pixel / g.out_width, ow = pixel % g.out_width;
+    const std::size_t c = col / (g.kernel * g.kernel), k = col % (g.kernel * g.kernel);
+    const std::size_t h = oh * g.stride + k / g.kernel, w = ow * g.stride + k % g.kernel;  // in padded coordinates
+    if (h < g.padding || w < g.padding || h - g.padding >= g.height || w - g.padding >= g.width) return T(0);
+    return x[((n * g.channels + c) * g.height + (h - g.padding)) * g.width + (w - g.padding)];
+  }
+};
+
+/// @brief Element i of dx [batch, channels, height, width]: the sum of the im2col
+/// gradient entries that read it.
+template <class T>
+struct col2im_element {
+  const T* dcols;
+  window_geometry g;
+  PDO_HD T operator()(std::size_t i) const {
+    const std::size_t w = i % g.width, h = (i / g.width) % g.height;
+    const std::size_t c = (i / (g.width * g.height)) % g.channels, n = i / (g.width * g.height * g.channels);
+    T acc{};
+    for (std::size_t kh = 0; kh < g.kernel; ++kh) {
+      const std::size_t ph = h + g.padding;  // padded row
+      if (ph < kh || (ph - kh) % g.stride != 0) continue;
+      const std::size_t oh = (ph - kh) / g.stride;
+      if (oh >= g.out_height) continue;
+      for (std::size_t kw = 0; kw < g.kernel; ++kw) {
+        const std::size_t pw = w + g.padding;
+        if (pw < kw || (pw - kw) % g.stride != 0) continue;
+        const std::size_t ow = (pw - kw) / g.stride;
+        if (ow >= g.out_width) continue;
+        const std::size_t row = n * g.out_pixels() + oh * g.out_width + ow;
+        acc += dcols[row * g.cols() + (c * g.kernel + kh) * g.kernel + kw];
+      }
+    }
+    return acc;
+  }
+};
+
+/// @brief y [batch, out_channels, oh, ow] from the gemm result [rows, out_channels], plus the bias.
+template <class T>
+struct rows_to_images {
+  const T* rows;
+  const T* bias;
+  std::size_t out_channels, pixels;
+  PDO_HD T operator()(std::size_t i) const {
+    const std::size_t p = i % pixels, oc = (i / pixels) % out_channels, n = i / (pixels * out_channels);
+    return rows[(n * pixels + p) * out_channels + oc] + bias[oc];
+  }
+};
+
+/// @brief The inverse reordering: g [batch, out_channels, oh, ow] as [rows, out_channels].
+template <class T>
+struct images_to_rows {
+  const T* images;
+  std::size_t out_channels, pixels;
+  PDO_HD T operator()(std::size_t i) const {
+    const std::size_t oc = i % out_channels, row = i / out_channels;
+    const std::size_t n = row / pixels, p = row % pixels;
+    return images[(n * out_channels + oc) * pixels + p];
+  }
+};
+
+/// @brief Column oc of a [rows, columns] matrix, summed (the bias gradient).
+template <class T>
+struct column_sum {
+  const T* m;
+  std::size_t rows, columns;
+  PDO_HD T operator()(std::size_t oc) const {
+    T acc{};
+    for (std::size_t r = 0; r < rows; ++r) acc += m[r * columns + oc];
+    return acc;
+  }
+};
+
+/// @brief Output element i of a max (Max) or average pool over windows of x (no padding
+/// for max pooling: padded cells never win; average pooling counts them as zeros).
+template <class T, bool Max>
+struct pool_element {
+  const T* x;
+  window_geometry g;
+  PDO_HD T operator()(std::size_t i) const {
+    const std::size_t ow = i % g.out_width, oh = (i / g.out_width) % g.out_height, nc = i / g.out_pixels();
+    const T* plane = x + nc * g.height * g.width;
+    T acc{};
+    bool first = true;
+    for (std::size_t kh = 0; kh < g.kernel; ++kh)
+      for (std::size_t kw = 0; kw < g.kernel; ++kw) {
+        const std::size_t h = oh * g.stride + kh, w = ow * g.stride + kw;
+        if (h < g.padding || w < g.padding || h - g.padding >= g.height || w - g.padding >= g.width) continue;
+        const T v = plane[(h - g.padding) * g.width + (w - g.padding)];
+        if constexpr (Max) {
+          acc = first || v > acc ? v : acc;
+          first = false;
+        } else {
+          acc += v;
+        }
+      }
+    if constexpr (Max) return acc;
+    else return acc / static_cast<T>(g.kernel * g.kernel);
+  }
+};
+
+/// @brief Element i of dx for a pool: the output gradients of the windows that read it;
+/// for max pooling only those whose maximum it is (the first maximum of a window, in
+/// reading order, as PyTorch picks).
+template <class T, bool Max>
+struct pool_backward_element {
+  const T* x;
+  const T* dy;
+  window_geometry g;
+  PDO_HD T operator()(std::size_t i) const {
+    const std::size_t w = i % g.width, h = (i / g.width) % g.height, nc = i / (g.width * g.height);
+    const T* plane = x + nc * g.height * g.width;
+    T acc{};
+    const std::size_t ph = h + g.padding, pw = w + g.padding;
+    for (std::size_t kh = 0; kh < g.kernel; ++kh) {
+      if (ph < kh || (ph - kh) % g.stride != 0 || (ph - kh) / g.stride >= g.out_height) continue;
+      const std::size_t oh = (ph - kh) / g.stride;
+      for (std::size_t kw = 0; kw < g.kernel; ++kw) {
+        if (pw < kw || (pw - kw) % g.stride != 0 || (pw - kw) / g.stride >= g.out_width) continue;
+        const std::size_t ow = (pw - kw) / g.stride;
+        const T grad = dy[nc * g.out_pixels() + oh * g.out_width + ow];
+        if constexpr (Max) {
+          if (first_max_at(plane, oh, ow) == h * g.width + w) acc += grad;
+        } else {
+          acc += grad / static_cast<T>(g.kernel * g.kernel);
+        }
+      }
+    }
+    return acc;
+  }
+  /// @brief Where, in its plane, window (oh, ow)'s first maximum lies.
+  PDO_HD std::size_t first_max_at(const T* plane, std::size_t oh, std::size_t ow) const {
+    std::size_t at = 0;
+    bool first = true;
+    T best{};
+    for (std::size_t kh = 0; kh < g.kernel; ++kh)
+      for (std::size_t kw = 0; kw < g.kernel; ++kw) {
+        const std::size_t h = oh * g.stride + kh, w = ow * g.stride + kw;
+        if (h < g.padding || w < g.padding || h - g.padding >= g.height || w - g.padding >= g.width) continue;
+        const std::size_t idx = (h - g.padding) * g.width + (w - g.padding);
+        if (first || plane[idx] > best) {
+          best = plane[idx];
+          at = idx;
+          first = false;
+        }
+      }
+    return at;
+  }
+};
+
+}  // namespace pdo::detail

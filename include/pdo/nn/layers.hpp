@@ -1,0 +1,157 @@
+// pdo/nn/layers.hpp: linear, conv2d, pooling, flatten, activations and sequential.
+//
+// Layers act on pdo::var values. linear and the activations take local tensors and
+// dtensors alike; conv2d and the pools take local images [N, C, H, W] (each place's
+// shard under data parallelism).
+#pragma once
+
+#include <pdo/autograd/conv.hpp>
+#include <pdo/autograd/ops.hpp>
+#include <pdo/nn/module.hpp>
+
+#include <cstddef>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+namespace pdo::nn {
+
+/// @brief y = x W + b, with W [in, out] and b [out]; x [..., in].
+template <class T>
+class linear {
+ public:
+  linear(std::size_t in, std::size_t out, rng& gen)
+      : weight(parameter(init::fan_in_uniform<T>(shape_t<2>{in, out}, in, gen))),
+        bias(parameter(init::fan_in_uniform<T>(shape_t<1>{out}, in, gen))) {}
+
+  template <class V>
+  auto operator()(const var<V>& x) const {
+    return pdo::matmul(x, weight) + bias;
+  }
+  [[nodiscard]] std::vector<parameter_ref<T>> parameters(const std::string& prefix = "") const {
+    return {{prefix + "weight", weight}, {prefix + "bias", bias}};
+  }
+
+  var<tensor<T, 2>> weight;
+  var<tensor<T, 1>> bias;
+};
+
+/// @brief 2-D convolution over [N, in_channels, H, W] with a square kernel.
+template <class T>
+class conv2d {
+ public:
+  conv2d(std::size_t in_channels, std::size_t out_channels, std::size_t kernel, rng& gen, window_options o = {})
+      : weight(parameter(init::fan_in_uniform<T>(shape_t<4>{out_channels, in_channels, kernel, kernel}, in_channels * kernel * kernel, gen))),
+        bias(parameter(init::fan_in_uniform<T>(shape_t<1>{out_channels}, in_channels * kernel * kernel, gen))),
+        options_(o) {}
+
+  var<tensor<T, 4>> operator()(const var<tensor<T, 4>>& x) const { return pdo::conv2d(x, weight, bias, options_); }
+  [[nodiscard]] std::vector<parameter_ref<T>> parameters(const std::string& prefix = "") const {
+    return {{prefix + "weight", weight}, {prefix + "bias", bias}};
+  }
+
+  var<tensor<T, 4>> weight;
+  var<tensor<T, 1>> bias;
+
+ private:
+  window_options options_;
+};
+
+/// @brief A layer without parameters.
+struct stateless {
+  template <class T>
+  [[nodiscard]] std::vector<parameter_ref<T>> parameters(const std::string& = "") const {
+    return {};
+  }
+};
+
+/// @brief Max pooling over kernel x kernel windows (stride: the kernel unless given).
+struct max_pool2d : stateless {
+  std::size_t kernel = 2;
+  window_options options{0, 0};
+  template <class T>
+  var<tensor<T, 4>> operator()(const var<tensor<T, 4>>& x) const {
+    return pdo::max_pool2d(x, kernel, options);
+  }
+};
+
+/// @brief Average pooling over kernel x kernel windows (stride: the kernel unless given).
+struct avg_pool2d : stateless {
+  std::size_t kernel = 2;
+  window_options options{0, 0};
+  template <class T>
+  var<tensor<T, 4>> operator()(const var<tensor<T, 4>>& x) const {
+    return pdo::avg_pool2d(x, kernel, options);
+  }
+};
+
+/// @brief [N, ...] -> [N, product of the rest].
+struct flatten : stateless {
+  template <class V>
+  auto operator()(const var<V>& x) const {
+    const auto& s = x.shape();
+    std::size_t rest = 1;
+    for (std::size_t d = 1; d < s.size(); ++d) rest *= s[d];
+    return pdo::reshape(x, shape_t<2>{s[0], rest});
+  }
+};
+
+struct relu : stateless {
+  template <class V>
+  auto operator()(const var<V>& x) const { return pdo::relu(x); }
+};
+struct tanh : stateless {
+  template <class V>
+  auto operator()(const var<V>& x) const { return pdo::tanh(x); }
+};
+struct sigmoid : stateless {
+  template <class V>
+  auto operator()(const var<V>& x) const { return pdo::sigmoid(x); }
+};
+struct gelu : stateless {
+  template <class V>
+  auto operator()(const var<V>& x) const { return pdo::gelu(x); }
+};
+
+/// @brief The parameters of a layer or model, names prefixed with `prefix`.
+template <class T, class M>
+std::vector<parameter_ref<T>> parameters_of(const M& m, const std::string& prefix = "") {
+  if constexpr (requires { m.template parameters<T>(prefix); }) return m.template parameters<T>(prefix);
+  else return m.parameters(prefix);
+}
+
+/// @brief Layers applied in order; parameters named "<index>.<name>" ("0.weight").
+template <class... Layers>
+class sequential {
+ public:
+  explicit sequential(Layers... layers) : layers_(std::move(layers)...) {}
+
+  template <class V>
+  auto operator()(const var<V>& x) const {
+    return apply<0>(x);
+  }
+  template <class T>
+  [[nodiscard]] std::vector<parameter_ref<T>> parameters(const std::string& prefix = "") const {
+    std::vector<parameter_ref<T>> all;
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      (append(all, parameters_of<T>(std::get<I>(layers_), prefix + std::to_string(I) + ".")), ...);
+    }(std::index_sequence_for<Layers...>{});
+    return all;
+  }
+  [[nodiscard]] const std::tuple<Layers...>& layers() const { return layers_; }
+
+ private:
+  template <std::size_t I, class V>
+  auto apply(const var<V>& x) const {
+    if constexpr (I == sizeof...(Layers)) return x;
+    else return apply<I + 1>(std::get<I>(layers_)(x));
+  }
+  template <class T>
+  static void append(std::vector<parameter_ref<T>>& all, std::vector<parameter_ref<T>> more) {
+    for (auto& p : more) all.push_back(std::move(p));
+  }
+  std::tuple<Layers...> layers_;
+};
+
+}  // namespace pdo::nn

@@ -1,0 +1,158 @@
+// pdo/nn/optim.hpp: SGD (momentum, weight decay) and Adam / AdamW, with PyTorch's update rules.
+// Each optimizer updates the parameters it was given, in place, on the cores of the place
+// whose thread calls step(): under data parallelism every place steps its own copy.
+#pragma once
+
+#include <pdo/core/config.hpp>
+#include <pdo/kernels/cpu_system.hpp>
+#include <pdo/nn/module.hpp>
+
+#include <cmath>
+#include <cstddef>
+#include <string>
+#include <vector>
+
+namespace pdo::detail {
+
+template <class T>
+struct sgd_update {
+  T* p;
+  const T* g;
+  T* buf;  ///< momentum buffer, or null
+  T lr, momentum, weight_decay;
+  bool first;
+  PDO_HD void operator()(std::size_t i) const {
+    T d = g[i] + weight_decay * p[i];
+    if (buf != nullptr) {
+      buf[i] = first ? d : momentum * buf[i] + d;
+      d = buf[i];
+    }
+    p[i] -= lr * d;
+  }
+};
+
+template <class T>
+struct adam_update {
+  T* p;
+  const T* g;
+  T* m;
+  T* v;
+  T lr, beta1, beta2, eps, weight_decay;
+  T correction1, correction2;  ///< 1 - beta^t
+  bool decoupled;              ///< AdamW: decay the weights, not the gradient
+  PDO_HD void operator()(std::size_t i) const {
+    using std::sqrt;
+    T d = g[i];
+    if (decoupled) p[i] -= lr * weight_decay * p[i];
+    else d += weight_decay * p[i];
+    m[i] = beta1 * m[i] + (T(1) - beta1) * d;
+    v[i] = beta2 * v[i] + (T(1) - beta2) * d * d;
+    const T mhat = m[i] / correction1, vhat = v[i] / correction2;
+    p[i] -= lr * mhat / (static_cast<T>(sqrt(vhat)) + eps);
+  }
+};
+
+/// @brief f(i) for i in [0, n), on the cores of the calling thread's place.
+template <class F>
+void for_each_index(std::size_t n, F f) {
+  auto system = current_cpu_system();
+  thrust::for_each_n(system, thrust::counting_iterator<std::size_t>(0), n, f);
+}
+
+}  // namespace pdo::detail
+
+namespace pdo::nn {
+
+struct sgd_options {
+  double lr = 0.01;
+  double momentum = 0;
+  double weight_decay = 0;
+};
+
+/// @brief Stochastic gradient descent with optional momentum and (L2) weight decay.
+template <class T>
+class sgd {
+ public:
+  sgd(std::vector<parameter_ref<T>> params, sgd_options o) : params_(std::move(params)), o_(o), buffers_(params_.size()) {}
+
+  /// @brief One update of every parameter that has a gradient.
+  void step() {
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      const auto& p = params_[i];
+      const auto g = p.grad();
+      if (g.empty()) continue;
+      const bool first = buffers_[i].size() == 0 && o_.momentum != 0;
+      if (first) buffers_[i] = tensor<T, 1>(shape_t<1>{p.size()}, pdo::detail::uninitialized);
+      pdo::detail::for_each_index(p.size(), pdo::detail::sgd_update<T>{p.value().data(), g.data(), o_.momentum != 0 ? buffers_[i].data() : nullptr,
+                                                               static_cast<T>(o_.lr), static_cast<T>(o_.momentum),
+                                                               static_cast<T>(o_.weight_decay), first});
+    }
+  }
+  void zero_grad() {
+    for (auto& p : params_) p.zero_grad();
+  }
+  [[nodiscard]] const std::vector<parameter_ref<T>>& parameters() const { return params_; }
+  void set_lr(double lr) { o_.lr = lr; }
+
+ private:
+  std::vector<parameter_ref<T>> params_;
+  sgd_options o_;
+  std::vector<tensor<T, 1>> buffers_;
+};
+
+struct adam_options {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0;
+  bool decoupled_weight_decay = false;  ///< true: AdamW
+};
+
+/// @brief Adam, or AdamW with decoupled_weight_decay (see adamw_options()).
+template <class T>
+class adam {
+ public:
+  adam(std::vector<parameter_ref<T>> params, adam_options o) : params_(std::move(params)), o_(o), m_(params_.size()), v_(params_.size()) {}
+
+  void step() {
+    ++t_;
+    const T c1 = static_cast<T>(1 - std::pow(o_.beta1, static_cast<double>(t_)));
+    const T c2 = static_cast<T>(1 - std::pow(o_.beta2, static_cast<double>(t_)));
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      const auto& p = params_[i];
+      const auto g = p.grad();
+      if (g.empty()) continue;
+      if (m_[i].size() == 0) {
+        m_[i] = tensor<T, 1>(shape_t<1>{p.size()});
+        v_[i] = tensor<T, 1>(shape_t<1>{p.size()});
+      }
+      pdo::detail::for_each_index(p.size(), pdo::detail::adam_update<T>{p.value().data(), g.data(), m_[i].data(), v_[i].data(),
+                                                                static_cast<T>(o_.lr), static_cast<T>(o_.beta1),
+                                                                static_cast<T>(o_.beta2), static_cast<T>(o_.eps),
+                                                                static_cast<T>(o_.weight_decay), c1, c2, o_.decoupled_weight_decay});
+    }
+  }
+  void zero_grad() {
+    for (auto& p : params_) p.zero_grad();
+  }
+  [[nodiscard]] const std::vector<parameter_ref<T>>& parameters() const { return params_; }
+  void set_lr(double lr) { o_.lr = lr; }
+
+ private:
+  std::vector<parameter_ref<T>> params_;
+  adam_options o_;
+  std::vector<tensor<T, 1>> m_, v_;
+  long t_ = 0;
+};
+
+/// @brief AdamW's usual settings: decoupled weight decay 0.01.
+inline adam_options adamw_options(double lr = 1e-3, double weight_decay = 0.01) {
+  adam_options o;
+  o.lr = lr;
+  o.weight_decay = weight_decay;
+  o.decoupled_weight_decay = true;
+  return o;
+}
+
+}  // namespace pdo::nn

@@ -1,0 +1,264 @@
+// nn: layer gradients against finite differences, optimizers against their update rules,
+// and data-parallel training on 1-4 places against one place, step by step.
+#include "support.hpp"
+
+#include <pdo/nn.hpp>
+
+#include <cmath>
+#include <vector>
+
+namespace {
+
+using pdo::shape_t;
+template <std::size_t R>
+using dt = pdo::tensor<double, R>;
+
+template <std::size_t R>
+dt<R> rnd(const shape_t<R>& s, unsigned seed, double shift = 0) {
+  return pdo_test::random_tensor<double>(s, seed, shift);
+}
+
+/// @brief sum(f(x) * w) for fixed random weights w.
+template <class F, std::size_t R>
+double weighed(F& f, const dt<R>& x) {
+  const auto y = f(pdo::var(x));
+  const pdo::var<std::remove_cvref_t<decltype(y.value())>> w(pdo_test::random_tensor<double>(y.shape(), 77));
+  return pdo::sum(y * w).value().data()[0];
+}
+
+/// @brief Checks the gradient of sum(f(x) * w) with respect to x and to the parameters `ps`.
+template <class F, std::size_t R>
+void check_layer(F f, dt<R> x, const std::vector<pdo::nn::parameter_ref<double>>& ps) {
+  auto X = pdo::parameter(x);
+  const auto y = f(X);
+  const pdo::var<std::remove_cvref_t<decltype(y.value())>> w(pdo_test::random_tensor<double>(y.shape(), 77));
+  for (const auto& p : ps) p.zero_grad();
+  pdo::backward(pdo::sum(y * w));
+  constexpr double eps = 1e-6;
+  auto check = [&](std::span<double> values, std::span<const double> grad, const std::string& what) {
+    REQUIRE(grad.size() == values.size());
+    for (std::size_t j = 0; j < values.size(); ++j) {
+      const double keep = values[j];
+      values[j] = keep + eps;
+      const double up = weighed(f, x);
+      values[j] = keep - eps;
+      const double down = weighed(f, x);
+      values[j] = keep;
+      INFO(what << " element " << j);
+      CHECK(grad[j] == Approx((up - down) / (2 * eps)).epsilon(1e-5).margin(1e-7));
+    }
+  };
+  check(x.span(), X.grad().span(), "input");
+  for (const auto& p : ps) check(p.value(), p.grad(), p.name());
+}
+
+}  // namespace
+
+TEST_CASE("nn: layer gradients against finite differences", "[nn]") {
+  pdo::nn::rng gen(1);
+  SECTION("linear") {
+    pdo::nn::linear<double> l(4, 3, gen);
+    check_layer([&](const auto& x) { return l(x); }, rnd<2>({5, 4}, 1), l.parameters("l."));
+  }
+  SECTION("conv2d, stride 1 and 2, with and without padding") {
+    for (std::size_t stride : {1, 2})
+      for (std::size_t pad : {0, 1}) {
+        INFO("stride " << stride << " padding " << pad);
+        pdo::nn::conv2d<double> c(2, 3, 3, gen, {stride, pad});
+        check_layer([&](const auto& x) { return c(x); }, rnd<4>({2, 2, 5, 6}, 2), c.parameters("c."));
+      }
+  }
+  SECTION("pools and flatten") {
+    check_layer([](const auto& x) { return pdo::nn::max_pool2d{}.operator()(x); }, rnd<4>({2, 3, 4, 6}, 3), {});
+    check_layer([](const auto& x) { return pdo::max_pool2d(x, 3, {1, 1}); }, rnd<4>({1, 2, 5, 5}, 4), {});
+    check_layer([](const auto& x) { return pdo::avg_pool2d(x, 2); }, rnd<4>({2, 3, 4, 6}, 5), {});
+    check_layer([](const auto& x) { return pdo::avg_pool2d(x, 3, {2, 1}); }, rnd<4>({1, 2, 5, 5}, 6), {});
+    check_layer([](const auto& x) { return pdo::nn::flatten{}(x); }, rnd<4>({2, 3, 2, 2}, 7), {});
+  }
+  SECTION("a small CNN end to end") {
+    pdo::nn::sequential net(pdo::nn::conv2d<double>(1, 2, 3, gen, {1, 1}), pdo::nn::relu{}, pdo::nn::max_pool2d{},
+                            pdo::nn::flatten{}, pdo::nn::linear<double>(8, 3, gen), pdo::nn::tanh{});
+    const auto ps = pdo::nn::parameters_of<double>(net);
+    REQUIRE(ps.size() == 4);
+    CHECK(ps[0].name() == "0.weight");
+    CHECK(ps[3].name() == "4.bias");
+    check_layer([&](const auto& x) { return net(x); }, rnd<4>({2, 1, 4, 4}, 8), ps);
+  }
+  SECTION("shape errors name the op and the shapes") {
+    pdo::nn::conv2d<double> c(2, 3, 3, gen);
+    CHECK_THROWS_WITH(c(pdo::var(rnd<4>({1, 4, 5, 5}, 9))), Catch::Contains("conv2d") && Catch::Contains("[1, 4, 5, 5]"));
+    CHECK_THROWS_WITH(pdo::max_pool2d(pdo::var(rnd<4>({1, 1, 1, 1}, 9)), 2), Catch::Contains("max_pool2d"));
+  }
+}
+
+TEST_CASE("nn: optimizers follow their update rules", "[nn]") {
+  auto param = [] { return pdo::parameter(dt<1>({3}, {1.0, -2.0, 0.5})); };
+  const dt<1> g({3}, {0.1, -0.3, 0.2});
+  auto set_grad = [&](auto& p) {
+    p.zero_grad();
+    p.node()->grad.emplace(g);
+  };
+  SECTION("sgd with momentum and weight decay") {
+    auto p = param();
+    pdo::nn::sgd<double> opt({{"p", p}}, {.lr = 0.1, .momentum = 0.9, .weight_decay = 0.01});
+    std::vector<double> ref{1.0, -2.0, 0.5}, buf(3);
+    for (int step = 0; step < 3; ++step) {
+      set_grad(p);
+      opt.step();
+      for (std::size_t i = 0; i < 3; ++i) {
+        const double d = g(i) + 0.01 * ref[i];
+        buf[i] = step == 0 ? d : 0.9 * buf[i] + d;
+        ref[i] -= 0.1 * buf[i];
+      }
+    }
+    for (std::size_t i = 0; i < 3; ++i) CHECK(p.value()(i) == Approx(ref[i]).epsilon(1e-14));
+  }
+  SECTION("adam and adamw") {
+    for (bool decoupled : {false, true}) {
+      auto p = param();
+      pdo::nn::adam_options o{.lr = 0.01, .beta1 = 0.9, .beta2 = 0.99, .eps = 1e-8, .weight_decay = 0.1, .decoupled_weight_decay = decoupled};
+      pdo::nn::adam<double> opt({{"p", p}}, o);
+      std::vector<double> ref{1.0, -2.0, 0.5}, m(3), v(3);
+      for (int t = 1; t <= 3; ++t) {
+        set_grad(p);
+        opt.step();
+        for (std::size_t i = 0; i < 3; ++i) {
+          double d = g(i);
+          if (decoupled) ref[i] -= 0.01 * 0.1 * ref[i];
+          else d += 0.1 * ref[i];
+          m[i] = 0.9 * m[i] + 0.1 * d;
+          v[i] = 0.99 * v[i] + 0.01 * d * d;
+          ref[i] -= 0.01 * (m[i] / (1 - std::pow(0.9, t))) / (std::sqrt(v[i] / (1 - std::pow(0.99, t))) + 1e-8);
+        }
+      }
+      INFO("decoupled " << decoupled);
+      for (std::size_t i = 0; i < 3; ++i) CHECK(p.value()(i) == Approx(ref[i]).epsilon(1e-12));
+    }
+  }
+}
+
+namespace {
+
+auto make_mlp() {
+  pdo::nn::rng gen(11);
+  return pdo::nn::sequential(pdo::nn::linear<double>(6, 16, gen), pdo::nn::relu{}, pdo::nn::linear<double>(16, 16, gen),
+                             pdo::nn::gelu{}, pdo::nn::linear<double>(16, 4, gen));
+}
+
+auto make_cnn() {
+  pdo::nn::rng gen(12);
+  return pdo::nn::sequential(pdo::nn::conv2d<double>(1, 4, 3, gen, {1, 1}), pdo::nn::relu{}, pdo::nn::max_pool2d{},
+                             pdo::nn::conv2d<double>(4, 4, 3, gen, {1, 1}), pdo::nn::tanh{}, pdo::nn::avg_pool2d{},
+                             pdo::nn::flatten{}, pdo::nn::linear<double>(4, 4, gen));
+}
+
+/// @brief The losses of `steps` steps over (x, y) in global batches of `batch` (the last one smaller) on `places` places.
+template <class MakeModel, std::size_t R, class MakeOptimizer>
+std::vector<double> train_losses(MakeModel make_model, MakeOptimizer make_optimizer, const dt<R>& x, const pdo::tensor<int, 1>& y,
+                                 std::size_t batch, std::size_t places, std::size_t bucket_bytes) {
+  const auto m = pdo::make_mesh<"dp">(pdo::cpu_places(places));
+  auto trainer = pdo::nn::make_data_parallel<double>(m, make_model, make_optimizer, {.bucket_bytes = bucket_bytes});
+  std::vector<double> losses;
+  for (int epoch = 0; epoch < 2; ++epoch)
+    for (std::size_t first = 0; first < x.extent(0); first += batch) {
+      const std::size_t rows = std::min(batch, x.extent(0) - first);
+      auto xs = x.shape();
+      xs[0] = rows;
+      dt<R> xb(xs);
+      pdo::tensor<int, 1> yb({rows});
+      const std::size_t row = x.size() / x.extent(0);
+      std::copy_n(x.data() + first * row, rows * row, xb.data());
+      std::copy_n(y.data() + first, rows, yb.data());
+      losses.push_back(trainer.step(xb, yb));
+    }
+  return losses;
+}
+
+pdo::tensor<int, 1> labels_for(std::size_t n) {
+  pdo::tensor<int, 1> y({n});
+  for (std::size_t i = 0; i < n; ++i) y(i) = static_cast<int>((i * 5 + i / 3) % 4);
+  return y;
+}
+
+}  // namespace
+
+TEST_CASE("data parallel: 1-4 places give the one-place losses step by step (uneven last batch)", "[nn][data_parallel]") {
+  // 22 samples in global batches of 8: 8, 8, 6 -> 3 places train 3,3,2 then 2,2,2; 4 places 2,2,2,2 then 2,2,1,1
+  const auto y = labels_for(22);
+  auto adam = [](auto params) { return pdo::nn::adam<double>(std::move(params), {.lr = 0.01}); };
+  auto sgd = [](auto params) { return pdo::nn::sgd<double>(std::move(params), {.lr = 0.05, .momentum = 0.9, .weight_decay = 1e-3}); };
+  SECTION("MLP, Adam, several buckets") {
+    const auto x = rnd<2>({22, 6}, 40);
+    const auto reference = train_losses(make_mlp, adam, x, y, 8, 1, 512);
+    REQUIRE(reference.size() == 6);
+    CHECK(reference.back() < reference.front());
+    for (std::size_t places : {2, 3, 4}) {
+      INFO(places << " places");
+      const auto losses = train_losses(make_mlp, adam, x, y, 8, places, 512);
+      for (std::size_t s = 0; s < losses.size(); ++s) CHECK(losses[s] == Approx(reference[s]).epsilon(1e-10));
+    }
+  }
+  SECTION("CNN, SGD with momentum, one bucket") {
+    const auto x = rnd<4>({22, 1, 4, 4}, 41);
+    const auto reference = train_losses(make_cnn, sgd, x, y, 8, 1, std::size_t{1} << 20);
+    for (std::size_t places : {2, 3, 4}) {
+      INFO(places << " places");
+      const auto losses = train_losses(make_cnn, sgd, x, y, 8, places, std::size_t{1} << 20);
+      for (std::size_t s = 0; s < losses.size(); ++s) CHECK(losses[s] == Approx(reference[s]).epsilon(1e-10));
+    }
+  }
+  SECTION("a batch smaller than the mesh: places without rows still take part") {
+    const auto x = rnd<2>({3, 6}, 42);
+    const auto reference = train_losses(make_mlp, sgd, x, labels_for(3), 3, 1, 256);
+    const auto losses = train_losses(make_mlp, sgd, x, labels_for(3), 3, 4, 256);
+    for (std::size_t s = 0; s < losses.size(); ++s) CHECK(losses[s] == Approx(reference[s]).epsilon(1e-10));
+  }
+}
+
+TEST_CASE("data parallel: bucketed all_reduce overlaps backward", "[nn][data_parallel]") {
+  const auto m = pdo::make_mesh<"dp">(pdo::cpu_places(2));
+  auto make = [] {
+    pdo::nn::rng gen(5);
+    return pdo::nn::sequential(pdo::nn::linear<double>(64, 256, gen), pdo::nn::relu{}, pdo::nn::linear<double>(256, 256, gen),
+                               pdo::nn::relu{}, pdo::nn::linear<double>(256, 256, gen), pdo::nn::relu{},
+                               pdo::nn::linear<double>(256, 4, gen));
+  };
+  auto trainer = pdo::nn::make_data_parallel<double>(
+      m, make, [](auto ps) { return pdo::nn::sgd<double>(std::move(ps), {.lr = 0.01}); }, {.bucket_bytes = 64 << 10});
+  const auto buckets = trainer.buckets();
+  REQUIRE(buckets.size() >= 3);
+  CHECK(buckets.front().front() == "6.bias");  // the last layer's gradients are complete first
+  const auto x = rnd<2>({256, 64}, 50);
+  const auto y = labels_for(256);
+  (void)trainer.step(x, y);
+  const auto events = trainer.last_step_events();
+  for (std::size_t p = 0; p < 2; ++p) {
+    INFO("place " << p);
+    double backward_end = -1, first_all_reduce = -1;
+    std::size_t all_reduces = 0;
+    for (const auto& e : events) {
+      if (e.place != p) continue;
+      if (e.what == "backward") backward_end = e.end_us;
+      if (e.what == "all_reduce") {
+        ++all_reduces;
+        if (first_all_reduce < 0 || e.start_us < first_all_reduce) first_all_reduce = e.start_us;
+      }
+    }
+    CHECK(all_reduces == buckets.size());
+    REQUIRE(backward_end > 0);
+    CHECK(first_all_reduce < backward_end);
+  }
+}
+
+TEST_CASE("data parallel: a failing step names the op and place, and the trainer goes on", "[nn][data_parallel]") {
+  const auto m = pdo::make_mesh<"dp">(pdo::cpu_places(2));
+  auto trainer = pdo::nn::make_data_parallel<double>(m, make_mlp, [](auto ps) { return pdo::nn::sgd<double>(std::move(ps), {.lr = 0.1}); });
+  const auto bad = rnd<2>({8, 5}, 60);  // the model takes 6 features
+  CHECK_THROWS_WITH(trainer.step(bad, labels_for(8)), Catch::Contains("data_parallel::step") && Catch::Contains("matmul"));
+  pdo::tensor<int, 1> wrong({8});
+  wrong.fill(9);  // 4 classes
+  CHECK_THROWS_WITH(trainer.step(rnd<2>({8, 6}, 61), wrong), Catch::Contains("cross_entropy"));
+  const double loss = trainer.step(rnd<2>({8, 6}, 62), labels_for(8));
+  CHECK(std::isfinite(loss));
+  CHECK(trainer.accuracy(rnd<2>({8, 6}, 62), labels_for(8)) >= 0.0);
+}
