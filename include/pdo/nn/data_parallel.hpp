@@ -7,6 +7,7 @@
 #include <pdo/comm/run_on_places.hpp>
 #include <pdo/layout/redistribute_plan.hpp>
 #include <pdo/nn/layers.hpp>
+#include <pdo/plan/explain.hpp>
 #include <pdo/plan/plan.hpp>
 
 #include <algorithm>
@@ -233,6 +234,28 @@ class data_parallel {
     return all;
   }
   [[nodiscard]] const Mesh& mesh() const { return mesh_; }
+
+  /// @brief The plan of a step, as text: how the batch is cut, the gradient layout the
+  /// planner derives for the replicated parameters, the collective that syncs it, and the
+  /// buckets with the bytes each place sends for them.
+  [[nodiscard]] std::string explain() const {
+    const auto& step = gradient_sync_plan.steps[0];
+    std::string text = "data_parallel on " + mesh_.describe() + ": each place trains the rows " + pdo::layout_name<data_layout>() +
+                       " of the global batch on its own replica\n";
+    text += "  gradient of a replicated parameter used on those rows: matmul(xᵀ, g) -> " + pdo::layout_name<gradient_layout>() + "\n";
+    text += "  synced to " + pdo::layout_name<param_layout>() + " by " + std::string(step_name(step.kind)) + " over \"" +
+            std::string(step.axis) + "\", in buckets of ~" + std::to_string(options_.bucket_bytes) + " B, " +
+            (options_.overlap ? "each started as soon as backward completes it" : "after backward") + "\n";
+    const auto& r = *replicas_[0];
+    for (std::size_t b = 0; b < r.buckets.size(); ++b) {
+      const auto& bk = r.buckets[b];
+      text += "  bucket " + std::to_string(b) + ": " + std::to_string(bk.elements * sizeof(T)) + " B, each place sends " +
+              std::to_string(pdo::detail::bytes_sent(mesh_, step, {bk.elements}, sizeof(T))) + " B:";
+      for (std::size_t j : bk.params) text += " " + r.params[j].name() + " " + r.params[j].shape_text();
+      text += "\n";
+    }
+    return text;
+  }
 
  private:
   using clock = std::chrono::steady_clock;
