@@ -17,19 +17,20 @@ ctest --test-dir "$here/build-test" --output-on-failure -j "$jobs"
 echo "== clang++ build of the unit tests and the demo"
 bash "$here/scripts/configure.sh" "$here/build-clang" -DCMAKE_CXX_COMPILER=clang++ -DPDO_WITH_CUDA=OFF -DPDO_WITH_MPI=OFF \
   -DPDO_BUILD_BENCHMARKS=OFF -DPDO_INSTALL=OFF
-cmake --build "$here/build-clang" --target test_core test_collectives test_redistribute test_parallel_do test_expr quickstart -j "$jobs"
-ctest --test-dir "$here/build-clang" --output-on-failure -j "$jobs" -R "^(test_(core|collectives|redistribute|parallel_do|expr)|example\.quickstart)$"
+cmake --build "$here/build-clang" --target test_core test_collectives test_redistribute test_parallel_do test_expr quickstart digits -j "$jobs"
+ctest --test-dir "$here/build-clang" --output-on-failure -j "$jobs" -R "^(test_(core|collectives|redistribute|parallel_do|expr)|example\.(quickstart|digits))$"
 
 echo "== AddressSanitizer + UndefinedBehaviorSanitizer build of the unit tests"
 bash "$here/scripts/configure.sh" "$here/build-asan" -DPDO_WITH_CUDA=OFF -DPDO_WITH_MPI=OFF -DPDO_BUILD_EXAMPLES=OFF \
   -DPDO_BUILD_BENCHMARKS=OFF -DPDO_INSTALL=OFF -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG=-g1 \
   -DCMAKE_CXX_FLAGS="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer -O0 -g1"
-cmake --build "$here/build-asan" --target test_core test_redistribute test_parallel_do test_collectives test_expr test_expr_mesh test_matmul_mesh -j "$jobs"
+cmake --build "$here/build-asan" --target test_core test_redistribute test_parallel_do test_collectives test_expr test_expr_mesh test_matmul_mesh \
+  test_autograd test_nn -j "$jobs"
 ASAN_OPTIONS="detect_leaks=1" ctest --test-dir "$here/build-asan" --output-on-failure -j "$jobs" \
-  -R "^test_(core|redistribute|parallel_do|collectives|expr|expr_mesh|matmul_mesh)$"
+  -R "^test_(core|redistribute|parallel_do|collectives|expr|expr_mesh|matmul_mesh|autograd|nn)$"
 
-echo "== ThreadSanitizer build of the threads backend, parallel_do and the expression engine tests"
+echo "== ThreadSanitizer build of the threads backend, parallel_do, the expression engine and the data-parallel trainer tests"
 bash "$here/scripts/configure.sh" "$here/build-tsan" -DPDO_WITH_CUDA=OFF -DPDO_WITH_MPI=OFF -DPDO_BUILD_EXAMPLES=OFF \
   -DPDO_BUILD_BENCHMARKS=OFF -DPDO_WITH_OPENMP=OFF -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS="-fsanitize=thread -O1 -g"
-cmake --build "$here/build-tsan" --target test_collectives test_parallel_do test_expr -j "$jobs"
-TSAN_OPTIONS="halt_on_error=1" ctest --test-dir "$here/build-tsan" --output-on-failure -R "^test_(collectives|parallel_do|expr)$"
+cmake --build "$here/build-tsan" --target test_collectives test_parallel_do test_expr test_nn -j "$jobs"
+TSAN_OPTIONS="halt_on_error=1" ctest --test-dir "$here/build-tsan" --output-on-failure -R "^test_(collectives|parallel_do|expr|nn)$"

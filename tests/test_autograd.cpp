@@ -214,3 +214,33 @@ TEST_CASE("autograd: a dtensor program's gradients equal the one-place program's
     static_assert(std::is_same_v<std::remove_cvref_t<decltype(dX.grad())>::layout_type, rows>);
   }
 }
+
+TEST_CASE("autograd inside parallel_do blocks: per-place backward, gradients merged as a partial sum", "[autograd][mesh]") {
+  using rows = pdo::layout<pdo::split<"x">, pdo::replicate>;
+  using labels_rows = pdo::layout<pdo::split<"x">>;
+  using whole = pdo::layout<pdo::replicate, pdo::replicate>;
+  const auto x = rnd<2>({10, 6}, 70), w = rnd<2>({6, 4}, 71);
+  pdo::tensor<int, 1> y({10});
+  for (std::size_t i = 0; i < 10; ++i) y(i) = static_cast<int>((i * 3) % 4);
+  auto W = pdo::parameter(w);
+  pdo::backward(pdo::cross_entropy(pdo::tanh(pdo::matmul(pdo::var(x), W)), y));
+  for (std::size_t n : pdo_test::line_sizes()) {
+    INFO(n << " places");
+    const auto m = pdo_test::line_mesh(n);
+    const auto dx = pdo::distribute<rows>(m, x);
+    const auto dy = pdo::distribute<labels_rows>(m, y);
+    const auto dw = pdo::distribute<whole>(m, w);
+    // each place: backward over its rows, its loss weighted by its share of the batch
+    const auto grads = pdo::parallel_do<whole::partial<"x">>(
+        [](const auto& xs, const auto& ys, const auto& ws) {
+          auto Wp = pdo::parameter(ws);
+          if (xs.extent(0) == 0) return pdo::tensor<double, 2>(ws.shape());
+          const auto loss = pdo::cross_entropy(pdo::tanh(pdo::matmul(pdo::var(xs), Wp)), ys) * (static_cast<double>(xs.extent(0)) / 10.0);
+          pdo::backward(loss);
+          return Wp.grad();
+        },
+        dx, dy, dw);
+    const auto g = pdo::gather(pdo::redistribute<whole>(grads));
+    for (std::size_t i = 0; i < g.size(); ++i) CHECK(g.data()[i] == Approx(W.grad().data()[i]).epsilon(1e-12));
+  }
+}

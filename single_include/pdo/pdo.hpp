@@ -6,10 +6,47 @@
 #define PDO_SINGLE_PDO_PDO_HPP
 // pdo/pdo.hpp: the whole public API of pdo.
 
-// ---- pdo/comm.hpp
-#ifndef PDO_SINGLE_PDO_COMM_HPP
-#define PDO_SINGLE_PDO_COMM_HPP
-// pdo/comm.hpp: the comm layer (communicator concept, threads and MPI backends, mesh groups).
+// ---- pdo/autograd.hpp
+#ifndef PDO_SINGLE_PDO_AUTOGRAD_HPP
+#define PDO_SINGLE_PDO_AUTOGRAD_HPP
+// pdo/autograd.hpp: reverse-mode autograd over pdo::tensor and pdo::dtensor (pdo::var, pdo::backward).
+
+// ---- pdo/autograd/ops.hpp
+#ifndef PDO_SINGLE_PDO_AUTOGRAD_OPS_HPP
+#define PDO_SINGLE_PDO_AUTOGRAD_OPS_HPP
+// pdo/autograd/ops.hpp: the ops of pdo/expr on pdo::var, each with its backward rule.
+//
+// Each op evaluates its forward expression (fused and planned as pdo::eval does) and
+// records a backward rule that is itself a pdo expression. So the gradient of a dtensor op
+// is planned by the same rules as the forward: its layout is a type, derived at compile
+// time, and it is brought to the layout of the value it is the gradient of by the
+// redistribution the planner picks (detail::to_value). A replicated weight used on row-split
+// data gets a partial gradient, which that step all_reduces.
+
+// ---- pdo/autograd/variable.hpp
+#ifndef PDO_SINGLE_PDO_AUTOGRAD_VARIABLE_HPP
+#define PDO_SINGLE_PDO_AUTOGRAD_VARIABLE_HPP
+// pdo/autograd/variable.hpp: pdo::var, the graph it records, and pdo::backward.
+
+// ---- pdo/exec/eval.hpp
+#ifndef PDO_SINGLE_PDO_EXEC_EVAL_HPP
+#define PDO_SINGLE_PDO_EXEC_EVAL_HPP
+// pdo/exec/eval.hpp: evaluating expressions: at once (eval) or queued on the places (eval_async, wait_all).
+
+// ---- pdo/comm/run_on_places.hpp
+#ifndef PDO_SINGLE_PDO_COMM_RUN_ON_PLACES_HPP
+#define PDO_SINGLE_PDO_COMM_RUN_ON_PLACES_HPP
+// pdo/comm/run_on_places.hpp: run one task per local place of a mesh, at once, and collect failures.
+
+// ---- pdo/comm/mesh_comms.hpp
+#ifndef PDO_SINGLE_PDO_COMM_MESH_COMMS_HPP
+#define PDO_SINGLE_PDO_COMM_MESH_COMMS_HPP
+// pdo/comm/mesh_comms.hpp: the communicators of a mesh: one group per axis line, and the whole mesh.
+
+// ---- pdo/comm/group_communicator.hpp
+#ifndef PDO_SINGLE_PDO_COMM_GROUP_COMMUNICATOR_HPP
+#define PDO_SINGLE_PDO_COMM_GROUP_COMMUNICATOR_HPP
+// pdo/comm/group_communicator.hpp: a member's endpoint on a group, for any backend's group type.
 
 // ---- pdo/comm/communicator_concept.hpp
 #ifndef PDO_SINGLE_PDO_COMM_COMMUNICATOR_CONCEPT_HPP
@@ -102,11 +139,6 @@ concept communicator = requires(const C& c, std::span<float> f, std::span<const 
 
 }  // namespace pdo
 #endif  // PDO_SINGLE_PDO_COMM_COMMUNICATOR_CONCEPT_HPP
-// ---- pdo/comm/group_communicator.hpp
-#ifndef PDO_SINGLE_PDO_COMM_GROUP_COMMUNICATOR_HPP
-#define PDO_SINGLE_PDO_COMM_GROUP_COMMUNICATOR_HPP
-// pdo/comm/group_communicator.hpp: a member's endpoint on a group, for any backend's group type.
-
 
 #include <cstddef>
 #include <memory>
@@ -195,11 +227,6 @@ class group_communicator {
 
 }  // namespace pdo
 #endif  // PDO_SINGLE_PDO_COMM_GROUP_COMMUNICATOR_HPP
-// ---- pdo/comm/mesh_comms.hpp
-#ifndef PDO_SINGLE_PDO_COMM_MESH_COMMS_HPP
-#define PDO_SINGLE_PDO_COMM_MESH_COMMS_HPP
-// pdo/comm/mesh_comms.hpp: the communicators of a mesh: one group per axis line, and the whole mesh.
-
 // ---- pdo/comm/threads/local_group.hpp
 #ifndef PDO_SINGLE_PDO_COMM_THREADS_LOCAL_GROUP_HPP
 #define PDO_SINGLE_PDO_COMM_THREADS_LOCAL_GROUP_HPP
@@ -2286,11 +2313,6 @@ mesh_communicator communicator_of(const Mesh& m, std::size_t index) {
 
 }  // namespace pdo
 #endif  // PDO_SINGLE_PDO_COMM_MESH_COMMS_HPP
-// ---- pdo/comm/run_on_places.hpp
-#ifndef PDO_SINGLE_PDO_COMM_RUN_ON_PLACES_HPP
-#define PDO_SINGLE_PDO_COMM_RUN_ON_PLACES_HPP
-// pdo/comm/run_on_places.hpp: run one task per local place of a mesh, at once, and collect failures.
-
 
 #include <cstddef>
 #include <atomic>
@@ -2518,201 +2540,6 @@ void spmd(const Mesh& m, Task&& task) {
 
 }  // namespace pdo
 #endif  // PDO_SINGLE_PDO_COMM_RUN_ON_PLACES_HPP
-// ---- pdo/comm/threads/communicator.hpp
-#ifndef PDO_SINGLE_PDO_COMM_THREADS_COMMUNICATOR_HPP
-#define PDO_SINGLE_PDO_COMM_THREADS_COMMUNICATOR_HPP
-// pdo/comm/threads/communicator.hpp: the threads backend: places of one process, shared memory.
-
-
-namespace pdo::threads {
-
-/// @brief A member of a group whose places all live in this process. Collectives read
-/// the other members' buffers directly: all_reduce moves each byte once per member
-/// (the memory-traffic limit), with no staging copies and no locks on the data path.
-using communicator = group_communicator<detail::local_group>;
-
-static_assert(pdo::communicator<communicator>);
-
-}  // namespace pdo::threads
-#endif  // PDO_SINGLE_PDO_COMM_THREADS_COMMUNICATOR_HPP
-
-#if defined(PDO_WITH_MPI)
-// ---- pdo/comm/mpi/communicator.hpp
-#ifndef PDO_SINGLE_PDO_COMM_MPI_COMMUNICATOR_HPP
-#define PDO_SINGLE_PDO_COMM_MPI_COMMUNICATOR_HPP
-// pdo/comm/mpi/communicator.hpp: the MPI backend: places in several processes, one or more each.
-
-// ---- pdo/place/cpu_place.hpp
-#ifndef PDO_SINGLE_PDO_PLACE_CPU_PLACE_HPP
-#define PDO_SINGLE_PDO_PLACE_CPU_PLACE_HPP
-// pdo/place/cpu_place.hpp: CPU places, each a worker thread on its own cores.
-
-
-#include <cstddef>
-#include <memory>
-#include <string>
-#include <vector>
-
-namespace pdo {
-
-/// @brief How a CPU place is made.
-struct cpu_place_options {
-  bool pin = true;             ///< pin the worker to the place's cores (off when other places share them)
-  std::size_t memory_cap = 0;  ///< bytes the place may hold (0: no cap)
-  std::string name;            ///< empty: "cpu:<ordinal>"
-  int process = 0;             ///< the MPI rank that owns it
-};
-
-/// @brief A CPU place: a worker thread that runs the place's work on the cores it was
-/// given (pinned there when no other place shares them), and a caching allocator.
-class cpu_place : public detail::place_handle<cpu_place> {
- public:
-  /// @brief A new place on `cores`.
-  cpu_place(int ordinal, std::vector<int> cores, const cpu_place_options& options = {})
-      : place_handle(std::make_shared<detail::place_state>(
-            place_kind::cpu, ordinal, options.process, true, std::move(cores),
-            options.name.empty() ? "cpu:" + std::to_string(ordinal) : options.name)) {
-    state_->memory = std::make_unique<caching_allocator>(state_->name, options.memory_cap);
-    detail::start_worker(*state_, options.pin ? state_->cores : std::vector<int>{});
-  }
-
-  /// @brief A handle to the CPU place behind `state` (which must be a CPU place).
-  explicit cpu_place(std::shared_ptr<detail::place_state> state) : place_handle(std::move(state)) {}
-};
-
-namespace detail {
-/// @brief `n` places over `cores`: with n <= cores each gets its own share (the first
-/// ones one more when uneven), pinned when `pin`; with more places than cores, places
-/// share cores round-robin and are not pinned. `name(i)` names place i.
-template <class Name>
-std::vector<cpu_place> share_cores(std::size_t n, const std::vector<int>& cores, bool pin, std::size_t memory_cap,
-                                   int process, Name&& name) {
-  if (n == 0) throw layout_error("cpu_places: asked for 0 places; ask for at least one");
-  const std::size_t c = cores.size();
-  std::vector<cpu_place> places;
-  places.reserve(n);
-  for (std::size_t i = 0; i < n; ++i) {
-    std::vector<int> mine;
-    if (n <= c) {
-      const std::size_t first = chunk_offset(c, n, i), count = chunk_size(c, n, i);
-      mine.assign(cores.begin() + static_cast<std::ptrdiff_t>(first), cores.begin() + static_cast<std::ptrdiff_t>(first + count));
-    } else {
-      mine.push_back(cores[i % c]);
-    }
-    places.emplace_back(static_cast<int>(i), std::move(mine), cpu_place_options{pin && n <= c, memory_cap, name(i), process});
-  }
-  return places;
-}
-}  // namespace detail
-
-/// @brief `n` CPU places over the cores of this process. With n <= cores each place
-/// gets its own cores (cores / n, the first ones one more when uneven) and is pinned to
-/// them; with more places than cores, places share cores round-robin and are not pinned.
-/// @param memory_cap per-place cap in bytes (0: none)
-inline std::vector<cpu_place> cpu_places(std::size_t n, std::size_t memory_cap = 0) {
-  return detail::share_cores(n, detail::process_cores(), true, memory_cap, 0,
-                             [](std::size_t i) { return "cpu:" + std::to_string(i); });
-}
-
-/// @brief One CPU place per core of this process.
-inline std::vector<cpu_place> cpu_places() { return cpu_places(detail::process_cores().size()); }
-
-}  // namespace pdo
-#endif  // PDO_SINGLE_PDO_PLACE_CPU_PLACE_HPP
-
-#include <algorithm>
-#include <memory>
-#include <thread>
-#include <string>
-#include <vector>
-
-namespace pdo::mpi {
-
-/// @brief A member of a group whose places live in several MPI processes. Members of
-/// one process meet through shared memory; one of them carries the combined data over
-/// MPI, so each collective costs one MPI collective per process, whatever the number
-/// of places there.
-using communicator = group_communicator<detail::group>;
-
-static_assert(pdo::communicator<communicator>);
-
-/// @brief The places of every process of MPI_COMM_WORLD, `per_process` each, in rank
-/// order: place `r * per_process + i` is place i of rank r, named "rank<r>/cpu:<i>".
-/// This process's places are CPU places over its cores, pinned only when the launcher
-/// bound the process to some of the machine's cores (else processes would pin their
-/// places onto the same ones); the others stand for places of other processes. Every
-/// process must call it with the same `per_process` (it starts MPI if needed).
-inline std::vector<any_place> world_places(std::size_t per_process = 1, std::size_t memory_cap = 0) {
-  const int me = mpi::rank(), n = mpi::size();
-  unsigned long long mine_count = per_process, low = 0, high = 0;
-  MPI_Allreduce(&mine_count, &low, 1, MPI_UNSIGNED_LONG_LONG, MPI_MIN, MPI_COMM_WORLD);
-  MPI_Allreduce(&mine_count, &high, 1, MPI_UNSIGNED_LONG_LONG, MPI_MAX, MPI_COMM_WORLD);
-  if (low != high)
-    throw layout_error("world_places: processes asked for different numbers of places (" + std::to_string(low) + " to " +
-                       std::to_string(high) + "); every process must pass the same per_process");
-  auto label = [](int rank, std::size_t i) { return "rank" + std::to_string(rank) + "/cpu:" + std::to_string(i); };
-  const std::vector<int> cores = pdo::detail::process_cores();
-  const bool bound = cores.size() < std::max(1u, std::thread::hardware_concurrency());
-  const std::vector<cpu_place> mine =
-      pdo::detail::share_cores(per_process, cores, bound, memory_cap, me, [&](std::size_t i) { return label(me, i); });
-  std::vector<any_place> places;
-  for (int r = 0; r < n; ++r)
-    for (std::size_t i = 0; i < per_process; ++i) {
-      if (r == me) places.emplace_back(mine[i]);
-      else
-        places.emplace_back(std::make_shared<pdo::detail::place_state>(place_kind::cpu, static_cast<int>(i), r, false,
-                                                                       std::vector<int>{}, label(r, i)));
-    }
-  return places;
-}
-
-}  // namespace pdo::mpi
-#endif  // PDO_SINGLE_PDO_COMM_MPI_COMMUNICATOR_HPP
-#endif
-#endif  // PDO_SINGLE_PDO_COMM_HPP
-// ---- pdo/core.hpp
-#ifndef PDO_SINGLE_PDO_CORE_HPP
-#define PDO_SINGLE_PDO_CORE_HPP
-// pdo/core.hpp: the core layer (strings, errors, shapes, element types).
-
-// ---- pdo/core/type_list.hpp
-#ifndef PDO_SINGLE_PDO_CORE_TYPE_LIST_HPP
-#define PDO_SINGLE_PDO_CORE_TYPE_LIST_HPP
-// pdo/core/type_list.hpp: minimal type-level lists used by the layout algebra.
-
-#include <cstddef>
-#include <type_traits>
-
-namespace pdo::detail {
-
-template <class... Ts>
-struct type_list {
-  static constexpr std::size_t size = sizeof...(Ts);
-};
-
-/// @brief A `false` that depends on a type, for static_asserts in templates that must
-/// only fire when instantiated.
-template <class...>
-inline constexpr bool always_false = false;
-
-template <class T, template <class...> class Template>
-inline constexpr bool is_specialization_of = false;
-template <template <class...> class Template, class... Args>
-inline constexpr bool is_specialization_of<Template<Args...>, Template> = true;
-
-}  // namespace pdo::detail
-#endif  // PDO_SINGLE_PDO_CORE_TYPE_LIST_HPP
-#endif  // PDO_SINGLE_PDO_CORE_HPP
-// ---- pdo/exec.hpp
-#ifndef PDO_SINGLE_PDO_EXEC_HPP
-#define PDO_SINGLE_PDO_EXEC_HPP
-// pdo/exec.hpp: the execution layer (parallel_do, eval, eval_async, wait_all).
-
-// ---- pdo/exec/eval.hpp
-#ifndef PDO_SINGLE_PDO_EXEC_EVAL_HPP
-#define PDO_SINGLE_PDO_EXEC_EVAL_HPP
-// pdo/exec/eval.hpp: evaluating expressions: at once (eval) or queued on the places (eval_async, wait_all).
-
 // ---- pdo/expr/operators.hpp
 #ifndef PDO_SINGLE_PDO_EXPR_OPERATORS_HPP
 #define PDO_SINGLE_PDO_EXPR_OPERATORS_HPP
@@ -2861,6 +2688,33 @@ T transform_reduce([[maybe_unused]] cpu_system& system, thrust::counting_iterato
 #define PDO_SINGLE_PDO_LAYOUT_LAYOUT_HPP
 // pdo/layout/layout.hpp: layouts as types: split<"axis">, replicate, partial axes.
 
+// ---- pdo/core/type_list.hpp
+#ifndef PDO_SINGLE_PDO_CORE_TYPE_LIST_HPP
+#define PDO_SINGLE_PDO_CORE_TYPE_LIST_HPP
+// pdo/core/type_list.hpp: minimal type-level lists used by the layout algebra.
+
+#include <cstddef>
+#include <type_traits>
+
+namespace pdo::detail {
+
+template <class... Ts>
+struct type_list {
+  static constexpr std::size_t size = sizeof...(Ts);
+};
+
+/// @brief A `false` that depends on a type, for static_asserts in templates that must
+/// only fire when instantiated.
+template <class...>
+inline constexpr bool always_false = false;
+
+template <class T, template <class...> class Template>
+inline constexpr bool is_specialization_of = false;
+template <template <class...> class Template, class... Args>
+inline constexpr bool is_specialization_of<Template<Args...>, Template> = true;
+
+}  // namespace pdo::detail
+#endif  // PDO_SINGLE_PDO_CORE_TYPE_LIST_HPP
 
 #include <array>
 #include <cstddef>
@@ -4500,7 +4354,27 @@ struct gelu {
   }
 };
 
+/// @brief The derivative of gelu (tanh approximation), for its backward.
+struct gelu_derivative {
+  static constexpr std::string_view name = "gelu_derivative";
+  static constexpr linearity rule = linearity::none;
+  template <class T>
+  PDO_HD static T apply(T x) {
+    using std::tanh;
+    const double v = static_cast<double>(x), c = 0.7978845608028654;
+    const double t = tanh(c * (v + 0.044715 * v * v * v));
+    return static_cast<T>(0.5 * (1.0 + t) + 0.5 * v * (1.0 - t * t) * c * (1.0 + 3.0 * 0.044715 * v * v));
+  }
+};
+
 // Binary ops.
+/// @brief expand(a, like): a broadcast to the shape of `like` (whose values are not read).
+struct expand {
+  static constexpr std::string_view name = "expand";
+  static constexpr linearity rule = linearity::none;
+  template <class T>
+  PDO_HD static T apply(T a, T) { return a; }
+};
 struct add {
   static constexpr std::string_view name = "add";
   static constexpr linearity rule = linearity::additive;
@@ -4840,6 +4714,61 @@ class elementwise_node : public detail::op_node<Children...> {
 #define PDO_SINGLE_PDO_EXPR_MATMUL_HPP
 // pdo/expr/matmul.hpp: matmul of [..., M, K] by [..., K, N] (2-D, or batched), on BLAS.
 
+// ---- pdo/expr/transpose.hpp
+#ifndef PDO_SINGLE_PDO_EXPR_TRANSPOSE_HPP
+#define PDO_SINGLE_PDO_EXPR_TRANSPOSE_HPP
+// pdo/expr/transpose.hpp: the last two dims swapped.
+
+
+#include <cstddef>
+#include <tuple>
+
+namespace pdo {
+
+namespace detail {
+/// @brief Output element i of [batch, cols, rows] read from the input [batch, rows, cols].
+template <class T>
+struct transpose_element {
+  const T* in;
+  std::size_t rows, cols;
+  PDO_HD T operator()(std::size_t i) const {
+    const std::size_t b = i / (rows * cols), rest = i % (rows * cols);
+    const std::size_t c = rest / rows, r = rest % rows;
+    return in[b * rows * cols + r * cols + c];
+  }
+};
+}  // namespace detail
+
+/// @brief transpose(x): x with its last two dims swapped (their splits swap too).
+template <class C>
+class transpose_node : public detail::op_node<C> {
+ public:
+  using value_type = typename C::value_type;
+  static_assert(C::rank >= 2, "pdo: transpose: needs at least 2 dims");
+  static constexpr std::size_t rank = C::rank;
+  static constexpr bool elementwise = false;
+  static constexpr std::string_view name = "transpose";
+  static constexpr detail::op_rule rule = detail::transpose_rule(C::rule.out);
+
+  explicit transpose_node(C c) : detail::op_node<C>(std::move(c)) {
+    shape_ = std::get<0>(this->children_).shape();
+    std::swap(shape_[rank - 2], shape_[rank - 1]);
+  }
+  [[nodiscard]] const shape_t<rank>& shape() const { return shape_; }
+
+  template <class Ctx>
+  void run(Ctx& ctx, tensor<value_type, rank>& out) const {
+    const auto in = detail::operand_block<0>(*this, ctx);
+    thrust::transform(ctx.system, thrust::counting_iterator<std::size_t>(0), thrust::counting_iterator<std::size_t>(out.size()),
+                      out.data(), detail::transpose_element<value_type>{in.data, in.shape[rank - 2], in.shape[rank - 1]});
+  }
+
+ private:
+  shape_t<rank> shape_{};
+};
+
+}  // namespace pdo
+#endif  // PDO_SINGLE_PDO_EXPR_TRANSPOSE_HPP
 // ---- pdo/kernels/gemm.hpp
 #ifndef PDO_SINGLE_PDO_KERNELS_GEMM_HPP
 #define PDO_SINGLE_PDO_KERNELS_GEMM_HPP
@@ -4858,11 +4787,15 @@ extern "C" void openblas_set_num_threads(int) __attribute__((weak));
 
 namespace pdo::detail {
 
-/// @brief A row-major matrix operand: `rows` x `cols` at `data`, rows `ld` elements apart.
+/// @brief A row-major matrix operand at `data`, rows `ld` elements apart; with `trans`
+/// the operand is the transpose of the matrix stored there.
 template <class T>
 struct matrix_ref {
   const T* data;
   std::size_t ld;
+  bool trans = false;
+  /// @brief Element (i, l) of the operand.
+  PDO_HD const T& at(std::size_t i, std::size_t l) const { return trans ? data[l * ld + i] : data[i * ld + l]; }
 };
 
 /// @brief C[i, j] = sum over k of A[i, k] B[k, j], one output element per index.
@@ -4873,7 +4806,7 @@ struct gemm_element {
   PDO_HD T operator()(std::size_t index) const {
     const std::size_t i = index / n, j = index % n;
     T acc{};
-    for (std::size_t l = 0; l < k; ++l) acc += a.data[i * a.ld + l] * b.data[l * b.ld + j];
+    for (std::size_t l = 0; l < k; ++l) acc += a.at(i, l) * b.at(l, j);
     return acc;
   }
 };
@@ -4905,12 +4838,11 @@ void gemm(cpu_system& system, std::size_t m, std::size_t n, std::size_t k, matri
       if (openblas_set_num_threads != nullptr) openblas_set_num_threads(system.threads);
     });
     const auto M = static_cast<int>(m), N = static_cast<int>(n), K = static_cast<int>(k);
+    const auto ta = a.trans ? CblasTrans : CblasNoTrans, tb = b.trans ? CblasTrans : CblasNoTrans;
     if constexpr (std::is_same_v<T, float>)
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, N, K, 1.0f, a.data, static_cast<int>(a.ld), b.data,
-                  static_cast<int>(b.ld), 0.0f, c, N);
+      cblas_sgemm(CblasRowMajor, ta, tb, M, N, K, 1.0f, a.data, static_cast<int>(a.ld), b.data, static_cast<int>(b.ld), 0.0f, c, N);
     else
-      cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, N, K, 1.0, a.data, static_cast<int>(a.ld), b.data,
-                  static_cast<int>(b.ld), 0.0, c, N);
+      cblas_dgemm(CblasRowMajor, ta, tb, M, N, K, 1.0, a.data, static_cast<int>(a.ld), b.data, static_cast<int>(b.ld), 0.0, c, N);
 #endif
   } else {
     thrust::transform(system, thrust::counting_iterator<std::size_t>(0), thrust::counting_iterator<std::size_t>(m * n), c,
@@ -4926,6 +4858,15 @@ void gemm(cpu_system& system, std::size_t m, std::size_t n, std::size_t k, matri
 #include <tuple>
 
 namespace pdo {
+
+namespace detail {
+/// @brief Whether C is the transpose of a stored matrix (a leaf): gemm then reads the
+/// leaf transposed, with no copy.
+template <class C>
+inline constexpr bool is_transposed_leaf_v = false;
+template <class C>
+inline constexpr bool is_transposed_leaf_v<transpose_node<C>> = C::is_leaf && C::rank == 2;
+}  // namespace detail
 
 /// @brief matmul(a, b): a [..., M, K] by b [K, N] (one matrix for the whole batch) or by
 /// b [..., K, N] with a's batch dims. See detail::matmul_rule for the layouts.
@@ -4962,6 +4903,31 @@ class matmul_node : public detail::op_node<A, B> {
 
   template <class Ctx>
   void run(Ctx& ctx, tensor<value_type, rank>& out) const {
+    if constexpr (!Ctx::distributed && rank == 2 && (detail::is_transposed_leaf_v<A> || detail::is_transposed_leaf_v<B>)) {
+      const auto ra = matrix_of<0>(ctx), rb = matrix_of<1>(ctx);
+      const auto sa = std::get<0>(this->children_).shape();
+      detail::gemm<value_type>(ctx.system, shape_[0], shape_[1], sa[1], ra, rb, out.data());
+    } else {
+      run_blocks(ctx, out);
+    }
+  }
+
+ private:
+  /// @brief Operand I of a local 2-D product as gemm reads it: a transposed leaf in place.
+  template <std::size_t I, class Ctx>
+  detail::matrix_ref<value_type> matrix_of(Ctx& ctx) const {
+    using child_t = std::tuple_element_t<I, std::tuple<A, B>>;
+    if constexpr (detail::is_transposed_leaf_v<child_t>) {
+      const auto& stored = std::get<0>(std::get<I>(this->children_).children()).shard(ctx);
+      return {stored.data(), stored.shape()[1], true};
+    } else {
+      const auto block = detail::operand_block<I>(*this, ctx);
+      return {block.data, block.shape[1], false};
+    }
+  }
+
+  template <class Ctx>
+  void run_blocks(Ctx& ctx, tensor<value_type, rank>& out) const {
     const auto a = detail::operand_block<0>(*this, ctx);
     const auto b = detail::operand_block<1>(*this, ctx);
     constexpr std::size_t rb = B::rank;
@@ -4995,7 +4961,6 @@ class matmul_node : public detail::op_node<A, B> {
     }
   }
 
- private:
   shape_t<rank> shape_{};
 };
 
@@ -5338,61 +5303,6 @@ class cross_entropy_node : public detail::op_node<Logits, Labels> {
 
 }  // namespace pdo
 #endif  // PDO_SINGLE_PDO_EXPR_SOFTMAX_HPP
-// ---- pdo/expr/transpose.hpp
-#ifndef PDO_SINGLE_PDO_EXPR_TRANSPOSE_HPP
-#define PDO_SINGLE_PDO_EXPR_TRANSPOSE_HPP
-// pdo/expr/transpose.hpp: the last two dims swapped.
-
-
-#include <cstddef>
-#include <tuple>
-
-namespace pdo {
-
-namespace detail {
-/// @brief Output element i of [batch, cols, rows] read from the input [batch, rows, cols].
-template <class T>
-struct transpose_element {
-  const T* in;
-  std::size_t rows, cols;
-  PDO_HD T operator()(std::size_t i) const {
-    const std::size_t b = i / (rows * cols), rest = i % (rows * cols);
-    const std::size_t c = rest / rows, r = rest % rows;
-    return in[b * rows * cols + r * cols + c];
-  }
-};
-}  // namespace detail
-
-/// @brief transpose(x): x with its last two dims swapped (their splits swap too).
-template <class C>
-class transpose_node : public detail::op_node<C> {
- public:
-  using value_type = typename C::value_type;
-  static_assert(C::rank >= 2, "pdo: transpose: needs at least 2 dims");
-  static constexpr std::size_t rank = C::rank;
-  static constexpr bool elementwise = false;
-  static constexpr std::string_view name = "transpose";
-  static constexpr detail::op_rule rule = detail::transpose_rule(C::rule.out);
-
-  explicit transpose_node(C c) : detail::op_node<C>(std::move(c)) {
-    shape_ = std::get<0>(this->children_).shape();
-    std::swap(shape_[rank - 2], shape_[rank - 1]);
-  }
-  [[nodiscard]] const shape_t<rank>& shape() const { return shape_; }
-
-  template <class Ctx>
-  void run(Ctx& ctx, tensor<value_type, rank>& out) const {
-    const auto in = detail::operand_block<0>(*this, ctx);
-    thrust::transform(ctx.system, thrust::counting_iterator<std::size_t>(0), thrust::counting_iterator<std::size_t>(out.size()),
-                      out.data(), detail::transpose_element<value_type>{in.data, in.shape[rank - 2], in.shape[rank - 1]});
-  }
-
- private:
-  shape_t<rank> shape_{};
-};
-
-}  // namespace pdo
-#endif  // PDO_SINGLE_PDO_EXPR_TRANSPOSE_HPP
 
 #include <cstddef>
 #include <utility>
@@ -5552,6 +5462,10 @@ auto reshape(A&& a, const std::size_t (&shape)[Rank]) {
   shape_t<Rank> s{};
   for (std::size_t d = 0; d < Rank; ++d) s[d] = shape[d];
   return reshape_node<Rank, detail::expression_t<A>>(detail::as_expression(std::forward<A>(a)), s);
+}
+template <detail::tensor_operand A, std::size_t Rank>
+auto reshape(A&& a, const shape_t<Rank>& shape) {
+  return reshape_node<Rank, detail::expression_t<A>>(detail::as_expression(std::forward<A>(a)), shape);
 }
 
 }  // namespace pdo
@@ -6038,6 +5952,1251 @@ auto eval(Expr&& expr) {
 
 }  // namespace pdo
 #endif  // PDO_SINGLE_PDO_EXEC_EVAL_HPP
+
+#include <algorithm>
+#include <atomic>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+namespace pdo {
+
+namespace detail {
+
+/// @brief What autograd needs to know of a value: a pdo::tensor (local: on the host or
+/// inside a place's block) or a pdo::dtensor (every op runs over its mesh).
+template <class V>
+struct value_kind {
+  static constexpr bool valid = false;
+};
+template <class T, std::size_t R>
+struct value_kind<tensor<T, R>> {
+  static constexpr bool valid = true;
+  static constexpr bool distributed = false;
+  using element_type = T;
+  static constexpr std::size_t rank = R;
+  template <std::size_t R2>
+  using with_rank = tensor<T, R2>;
+};
+template <class T, std::size_t R, class M, class L>
+struct value_kind<dtensor<T, R, M, L>> {
+  static constexpr bool valid = true;
+  static constexpr bool distributed = true;
+  using element_type = T;
+  static constexpr std::size_t rank = R;
+};
+
+/// @brief A value autograd can differentiate: a floating-point tensor or dtensor.
+template <class V>
+concept differentiable = value_kind<V>::valid && std::floating_point<typename value_kind<V>::element_type>;
+
+/// @brief `g`, an evaluated gradient, as the type of the value it is the gradient of. For
+/// dtensors this is the redistribution the planner picks between the two layouts: the
+/// partial gradient of a replicated parameter used on split data is all_reduced here.
+template <class V, class G>
+V to_value(G&& g) {
+  using g_t = std::remove_cvref_t<G>;
+  if constexpr (std::is_same_v<g_t, V>) {
+    return std::forward<G>(g);
+  } else {
+    static_assert(value_kind<V>::distributed && value_kind<g_t>::distributed && value_kind<V>::rank == value_kind<g_t>::rank,
+                  "pdo: autograd: a gradient's rank or kind differs from its value's");
+    return redistribute<typename V::layout_type>(g);
+  }
+}
+
+/// @brief Evaluates a gradient expression into the type of the value it belongs to.
+template <class V, class E>
+V eval_as(E&& e) {
+  return to_value<V>(pdo::eval(std::forward<E>(e)));
+}
+
+/// @brief A node of the recorded graph, type-erased: the value of one op (or a leaf) and
+/// how to push its gradient to the nodes it was computed from.
+struct grad_node {
+  explicit grad_node(std::vector<std::shared_ptr<grad_node>> in) : inputs(std::move(in)), order(next_order()) {}
+  grad_node(const grad_node&) = delete;
+  grad_node& operator=(const grad_node&) = delete;
+  virtual ~grad_node() = default;
+
+  std::vector<std::shared_ptr<grad_node>> inputs;  ///< the operands that need gradients
+  std::uint64_t order;                             ///< creation order: inputs come before their uses
+  bool leaf = false;
+  /// @brief For leaves: called by backward once this leaf's gradient is complete (all its
+  /// uses have contributed), while the rest of backward still runs.
+  std::function<void()> on_gradient;
+
+  [[nodiscard]] virtual bool has_grad() const = 0;
+  virtual void propagate() = 0;  ///< adds this node's contribution to its inputs' gradients
+  virtual void release() = 0;    ///< frees an intermediate's gradient and saved values
+
+  static std::uint64_t next_order() {
+    static std::atomic<std::uint64_t> counter{0};
+    return counter.fetch_add(1, std::memory_order_relaxed);
+  }
+};
+
+template <class V>
+struct value_node final : grad_node {
+  value_node(V v, std::vector<std::shared_ptr<grad_node>> in) : grad_node(std::move(in)), value(std::move(v)) {}
+
+  V value;
+  std::optional<V> grad;
+  /// @brief Given this node (its value and gradient), adds to its inputs' gradients.
+  std::function<void(value_node&)> backward;
+
+  [[nodiscard]] bool has_grad() const override { return grad.has_value(); }
+  void propagate() override {
+    if (grad && backward) backward(*this);
+  }
+  void release() override {
+    grad.reset();
+    backward = nullptr;
+  }
+  /// @brief Adds `g` to the gradient.
+  void accumulate(V g) {
+    if (!grad) grad.emplace(std::move(g));
+    else grad.emplace(eval_as<V>(*grad + g));
+  }
+};
+
+}  // namespace detail
+
+/// @brief A value that records the ops applied to it, so pdo::backward can compute
+/// gradients: a pdo::tensor (local) or a pdo::dtensor (distributed; each op runs over the
+/// mesh with the layouts the planner derives, and so does each gradient). Copies share
+/// the same node (like handles).
+template <class V>
+class var {
+ public:
+  static_assert(detail::value_kind<V>::valid, "pdo: var holds a pdo::tensor or a pdo::dtensor");
+  using value_type = V;
+  using element_type = typename detail::value_kind<V>::element_type;
+  static constexpr std::size_t rank = detail::value_kind<V>::rank;
+  static constexpr bool distributed = detail::value_kind<V>::distributed;
+
+  var() = default;
+  /// @brief A leaf: a constant, or (with `requires_grad`) a value to differentiate with respect to.
+  explicit var(V value, bool requires_grad = false)
+      : node_(std::make_shared<detail::value_node<V>>(std::move(value), std::vector<std::shared_ptr<detail::grad_node>>{})),
+        requires_grad_(requires_grad) {
+    node_->leaf = true;
+  }
+  /// @brief An op's result, recorded with the nodes it was computed from.
+  var(std::shared_ptr<detail::value_node<V>> node, bool requires_grad) : node_(std::move(node)), requires_grad_(requires_grad) {}
+
+  [[nodiscard]] const V& value() const { return node_->value; }
+  /// @brief The value, to change in place (optimizers update parameters this way).
+  [[nodiscard]] V& value() { return node_->value; }
+  [[nodiscard]] const auto& shape() const { return node_->value.shape(); }
+  [[nodiscard]] bool requires_grad() const { return requires_grad_; }
+  [[nodiscard]] bool is_leaf() const { return node_->leaf; }
+  [[nodiscard]] bool has_grad() const { return node_->grad.has_value(); }
+  /// @brief The gradient accumulated by pdo::backward.
+  [[nodiscard]] const V& grad() const {
+    if (!node_->grad)
+      throw error("var::grad: no gradient: " + std::string(requires_grad_ ? "backward has not reached this value"
+                                                                          : "the value does not require a gradient"));
+    return *node_->grad;
+  }
+  [[nodiscard]] V& grad() { return const_cast<V&>(std::as_const(*this).grad()); }
+  /// @brief Forgets the gradient (before the next backward, which would add to it).
+  void zero_grad() { node_->grad.reset(); }
+  /// @brief Calls `f()` during backward once this leaf's gradient is complete.
+  void on_gradient(std::function<void()> f) { node_->on_gradient = std::move(f); }
+
+  [[nodiscard]] const std::shared_ptr<detail::value_node<V>>& node() const { return node_; }
+
+ private:
+  std::shared_ptr<detail::value_node<V>> node_;
+  bool requires_grad_ = false;
+};
+
+/// @brief A leaf that requires a gradient: a parameter or an input to differentiate by.
+template <class V>
+var<V> parameter(V value) {
+  return var<V>(std::move(value), true);
+}
+
+template <class T>
+inline constexpr bool is_var_v = false;
+template <class V>
+inline constexpr bool is_var_v<var<V>> = true;
+
+namespace detail {
+
+/// @brief Records the result of an op: `value`, computed from `operands`, whose gradient
+/// `backward(node)` pushes back to them. A result of operands that need no gradient is a
+/// plain constant, and nothing is recorded.
+template <class V, class Backward, class... Operands>
+var<V> record(V value, Backward backward, const Operands&... operands) {
+  std::vector<std::shared_ptr<grad_node>> inputs;
+  (
+      [&] {
+        if (operands.requires_grad()) inputs.push_back(operands.node());
+      }(),
+      ...);
+  if (inputs.empty()) return var<V>(std::move(value));
+  auto node = std::make_shared<value_node<V>>(std::move(value), std::move(inputs));
+  node->backward = std::move(backward);
+  return var<V>(std::move(node), true);
+}
+
+/// @brief Adds the gradient expression `g` (evaluated into A's type) to `a`'s gradient, if `a` needs one.
+template <class A, class G>
+void add_grad(const var<A>& a, G&& g) {
+  if (!a.requires_grad()) return;
+  if constexpr (std::is_same_v<std::remove_cvref_t<G>, A>) a.node()->accumulate(A(std::forward<G>(g)));
+  else a.node()->accumulate(eval_as<A>(std::forward<G>(g)));
+}
+
+/// @brief The element of a rank-0 value (gathered to the host for a dtensor).
+template <class V>
+auto scalar_of(const V& v) {
+  static_assert(value_kind<V>::rank == 0, "pdo: autograd: expected a rank-0 value");
+  if constexpr (value_kind<V>::distributed) return gather(v).data()[0];
+  else return v.data()[0];
+}
+
+}  // namespace detail
+
+/// @brief Reverse mode: adds d(out)/d(leaf), weighted by `seed` (d(loss)/d(out)), to the
+/// gradient of every leaf `out` depends on that requires one. Nodes run from the last
+/// computed to the first; a leaf's on_gradient hook fires as soon as its last use has
+/// contributed. Intermediate gradients are freed as they are consumed.
+template <class V>
+void backward(const var<V>& out, V seed) {
+  if (!out.requires_grad()) throw error("backward: the value does not depend on anything that requires a gradient");
+  std::vector<detail::grad_node*> nodes;
+  std::unordered_map<detail::grad_node*, std::size_t> uses;
+  std::vector<detail::grad_node*> stack{out.node().get()};
+  uses[out.node().get()] = 0;
+  while (!stack.empty()) {
+    detail::grad_node* n = stack.back();
+    stack.pop_back();
+    nodes.push_back(n);
+    for (const auto& in : n->inputs) {
+      auto [it, fresh] = uses.try_emplace(in.get(), 0);
+      ++it->second;
+      if (fresh) stack.push_back(in.get());
+    }
+  }
+  std::sort(nodes.begin(), nodes.end(), [](const auto* a, const auto* b) { return a->order > b->order; });
+  out.node()->accumulate(std::move(seed));
+  for (detail::grad_node* n : nodes) {
+    if (n->leaf) continue;
+    n->propagate();
+    for (const auto& in : n->inputs)
+      if (--uses[in.get()] == 0 && in->leaf && in->on_gradient) in->on_gradient();
+    n->release();
+  }
+  if (out.node()->leaf && out.node()->on_gradient) out.node()->on_gradient();
+}
+
+/// @brief Reverse mode from a rank-0 value (a loss): the seed is 1.
+template <class V>
+void backward(const var<V>& loss) {
+  static_assert(detail::value_kind<V>::rank == 0,
+                "pdo: backward(loss) needs a rank-0 value; pass the seed gradient for other values: backward(out, seed)");
+  using T = typename detail::value_kind<V>::element_type;
+  backward(loss, detail::eval_as<V>(detail::make_elementwise<op::expand>(T(1), loss.value())));
+}
+
+}  // namespace pdo
+#endif  // PDO_SINGLE_PDO_AUTOGRAD_VARIABLE_HPP
+// ---- pdo/expr/cross_entropy_grad.hpp
+#ifndef PDO_SINGLE_PDO_EXPR_CROSS_ENTROPY_GRAD_HPP
+#define PDO_SINGLE_PDO_EXPR_CROSS_ENTROPY_GRAD_HPP
+// pdo/expr/cross_entropy_grad.hpp: the gradient of cross_entropy with respect to its logits.
+
+
+#include <cstddef>
+#include <string>
+#include <tuple>
+
+namespace pdo {
+
+namespace detail {
+/// @brief Row r of d(mean cross-entropy)/d(logits), times `scale`: (softmax(row) - one_hot(label)) * scale.
+template <class T, class Label>
+struct cross_entropy_grad_row {
+  const T* logits;
+  const Label* labels;
+  T* out;
+  std::size_t classes;
+  T scale;
+  PDO_HD void operator()(std::size_t r) const {
+    softmax_row<T, false>{logits + r * classes, out + r * classes, classes, 1}(0);
+    const auto label = static_cast<std::size_t>(labels[r]);
+    for (std::size_t c = 0; c < classes; ++c) out[r * classes + c] = (out[r * classes + c] - (c == label ? T(1) : T(0))) * scale;
+  }
+};
+}  // namespace detail
+
+/// @brief (softmax(logits) - one_hot(labels)) * scale / N, with N the global row count:
+/// the gradient of `scale * cross_entropy(logits, labels)` with respect to the logits. Its
+/// operands take the layouts cross_entropy takes (classes whole, labels beside their rows),
+/// and so does its result.
+template <class Logits, class Labels>
+class cross_entropy_grad_node : public detail::op_node<Logits, Labels> {
+ public:
+  using value_type = typename Logits::value_type;
+  static_assert(Logits::rank == 2 && Labels::rank == 1, "pdo: cross_entropy: takes logits [N, C] and labels [N]");
+  static constexpr std::size_t rank = 2;
+  static constexpr bool elementwise = false;
+  static constexpr std::string_view name = "cross_entropy_grad";
+  static constexpr detail::op_rule rule = [] {
+    detail::op_rule r = detail::cross_entropy_rule(Logits::rule.out, Labels::rule.out);
+    r.out = r.operands[0];
+    return r;
+  }();
+
+  cross_entropy_grad_node(Logits logits, Labels labels, value_type scale)
+      : detail::op_node<Logits, Labels>(std::move(logits), std::move(labels)), scale_(scale) {
+    shape_ = std::get<0>(this->children_).shape();
+    if (std::get<1>(this->children_).shape()[0] != shape_[0])
+      throw shape_error("cross_entropy backward: logits " + detail::describe_node(std::get<0>(this->children_)) + " and labels " +
+                        detail::describe_node(std::get<1>(this->children_)) + ": need one label per row of logits");
+  }
+  [[nodiscard]] const shape_t<2>& shape() const { return shape_; }
+
+  template <class Ctx>
+  void run(Ctx& ctx, tensor<value_type, 2>& out) const {
+    const auto logits = detail::operand_block<0>(*this, ctx);
+    const auto labels = detail::operand_block<1>(*this, ctx);
+    using label_t = typename Labels::value_type;
+    const label_t* first = labels.data + (logits.offset[0] - labels.offset[0]);
+    const value_type scale = logits.global[0] == 0 ? value_type{} : scale_ / static_cast<value_type>(logits.global[0]);
+    thrust::for_each_n(ctx.system, thrust::counting_iterator<std::size_t>(0), logits.shape[0],
+                       detail::cross_entropy_grad_row<value_type, label_t>{logits.data, first, out.data(), logits.shape[1], scale});
+  }
+
+ private:
+  shape_t<2> shape_{};
+  value_type scale_;
+};
+
+}  // namespace pdo
+#endif  // PDO_SINGLE_PDO_EXPR_CROSS_ENTROPY_GRAD_HPP
+
+#include <cstddef>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+namespace pdo {
+
+namespace detail {
+
+template <class V>
+using var_element_t = typename value_kind<V>::element_type;
+
+template <std::size_t D, class Target, class G>
+Target sum_kept_dims(const G& g, const shape_t<value_kind<Target>::rank>& target) {
+  constexpr std::size_t r = value_kind<Target>::rank;
+  if constexpr (D == r) {
+    return to_value<Target>(G(g));
+  } else {
+    if (target[D] != 1 || g.shape()[D] == 1) return sum_kept_dims<D + 1, Target>(g, target);
+    shape_t<r> kept = g.shape();
+    kept[D] = 1;
+    auto summed = pdo::eval(pdo::reshape(pdo::sum<D>(g), kept));
+    if constexpr (std::is_same_v<decltype(summed), G>) {
+      return sum_kept_dims<D + 1, Target>(summed, target);
+    } else {
+      // a dtensor whose layout the sum changes (the summed dim was split, or a later one is)
+      throw layout_error("autograd: broadcasting " + g.describe() + " onto a value of shape " + format_extents(target) +
+                         " along dim " + std::to_string(D) +
+                         ": the gradient would change layout between dims; broadcast with fewer dims (a bias [N] for rows "
+                         "[M, N]) instead of an extent-1 dim");
+    }
+  }
+}
+
+/// @brief `g` summed over the dims that `target` broadcast along, so it has `target`'s
+/// shape: leading dims `target` lacks, and dims where `target` has extent 1.
+template <class Target, class G>
+Target sum_to(const G& g, const shape_t<value_kind<Target>::rank>& target) {
+  constexpr std::size_t r = value_kind<Target>::rank, rg = value_kind<G>::rank;
+  if constexpr (rg > r) {
+    return sum_to<Target>(pdo::eval(pdo::sum<0>(g)), target);
+  } else {
+    return sum_kept_dims<0, Target>(g, target);
+  }
+}
+
+/// @brief `g` reshaped with an extent-1 dim at `Dim` of `like` (what a reduction over `Dim` removed).
+template <std::size_t Dim, class G, std::size_t R>
+auto keep_dim(const G& g, const shape_t<R>& like) {
+  shape_t<R> s = like;
+  s[Dim] = 1;
+  return pdo::reshape(g, s);
+}
+
+}  // namespace detail
+
+// ---- elementwise, two operands (with NumPy broadcasting) ----
+
+template <class A, class B>
+auto operator+(const var<A>& a, const var<B>& b) {
+  auto y = pdo::eval(a.value() + b.value());
+  using V = decltype(y);
+  return detail::record(
+      std::move(y),
+      [a, b](detail::value_node<V>& self) {
+        if (a.requires_grad()) detail::add_grad(a, detail::sum_to<A>(*self.grad, a.shape()));
+        if (b.requires_grad()) detail::add_grad(b, detail::sum_to<B>(*self.grad, b.shape()));
+      },
+      a, b);
+}
+
+template <class A, class B>
+auto operator-(const var<A>& a, const var<B>& b) {
+  auto y = pdo::eval(a.value() - b.value());
+  using V = decltype(y);
+  return detail::record(
+      std::move(y),
+      [a, b](detail::value_node<V>& self) {
+        if (a.requires_grad()) detail::add_grad(a, detail::sum_to<A>(*self.grad, a.shape()));
+        if (b.requires_grad()) detail::add_grad(b, detail::sum_to<B>(pdo::eval(-*self.grad), b.shape()));
+      },
+      a, b);
+}
+
+template <class A, class B>
+auto operator*(const var<A>& a, const var<B>& b) {
+  auto y = pdo::eval(a.value() * b.value());
+  using V = decltype(y);
+  return detail::record(
+      std::move(y),
+      [a, b](detail::value_node<V>& self) {
+        if (a.requires_grad()) detail::add_grad(a, detail::sum_to<A>(pdo::eval(*self.grad * b.value()), a.shape()));
+        if (b.requires_grad()) detail::add_grad(b, detail::sum_to<B>(pdo::eval(*self.grad * a.value()), b.shape()));
+      },
+      a, b);
+}
+
+template <class A, class B>
+auto operator/(const var<A>& a, const var<B>& b) {
+  auto y = pdo::eval(a.value() / b.value());
+  using V = decltype(y);
+  return detail::record(
+      std::move(y),
+      [a, b](detail::value_node<V>& self) {
+        if (a.requires_grad()) detail::add_grad(a, detail::sum_to<A>(pdo::eval(*self.grad / b.value()), a.shape()));
+        if (b.requires_grad())
+          detail::add_grad(b, detail::sum_to<B>(pdo::eval(-(*self.grad * self.value) / b.value()), b.shape()));
+      },
+      a, b);
+}
+
+/// @brief Elementwise maximum; where both are equal the gradient goes to `a`.
+template <class A, class B>
+auto maximum(const var<A>& a, const var<B>& b) {
+  auto y = pdo::eval(pdo::maximum(a.value(), b.value()));
+  using V = decltype(y);
+  using T = detail::var_element_t<V>;
+  return detail::record(
+      std::move(y),
+      [a, b](detail::value_node<V>& self) {
+        const auto& g = *self.grad;
+        if (a.requires_grad())
+          detail::add_grad(a, detail::sum_to<A>(pdo::eval(pdo::where(pdo::greater_equal(a.value(), b.value()), g, T(0))), a.shape()));
+        if (b.requires_grad())
+          detail::add_grad(b, detail::sum_to<B>(pdo::eval(pdo::where(pdo::greater_equal(a.value(), b.value()), T(0), g)), b.shape()));
+      },
+      a, b);
+}
+
+/// @brief Elementwise minimum; where both are equal the gradient goes to `a`.
+template <class A, class B>
+auto minimum(const var<A>& a, const var<B>& b) {
+  auto y = pdo::eval(pdo::minimum(a.value(), b.value()));
+  using V = decltype(y);
+  using T = detail::var_element_t<V>;
+  return detail::record(
+      std::move(y),
+      [a, b](detail::value_node<V>& self) {
+        const auto& g = *self.grad;
+        if (a.requires_grad())
+          detail::add_grad(a, detail::sum_to<A>(pdo::eval(pdo::where(pdo::less_equal(a.value(), b.value()), g, T(0))), a.shape()));
+        if (b.requires_grad())
+          detail::add_grad(b, detail::sum_to<B>(pdo::eval(pdo::where(pdo::less_equal(a.value(), b.value()), T(0), g)), b.shape()));
+      },
+      a, b);
+}
+
+/// @brief a where `cond` (a value, not differentiated) is nonzero, else b.
+template <class C, class A, class B>
+  requires(!is_var_v<std::remove_cvref_t<C>>)
+auto where(const C& condition, const var<A>& a, const var<B>& b) {
+  auto cond = pdo::eval(condition);
+  auto y = pdo::eval(pdo::where(cond, a.value(), b.value()));
+  using V = decltype(y);
+  using T = detail::var_element_t<V>;
+  return detail::record(
+      std::move(y),
+      [cond, a, b](detail::value_node<V>& self) {
+        const auto& g = *self.grad;
+        if (a.requires_grad()) detail::add_grad(a, detail::sum_to<A>(pdo::eval(pdo::where(cond, g, T(0))), a.shape()));
+        if (b.requires_grad()) detail::add_grad(b, detail::sum_to<B>(pdo::eval(pdo::where(cond, T(0), g)), b.shape()));
+      },
+      a, b);
+}
+
+// ---- with a number on one side ----
+
+template <class A>
+auto operator+(const var<A>& a, detail::var_element_t<A> s) {
+  return detail::record(
+      pdo::eval(a.value() + s), [a](auto& self) { detail::add_grad(a, *self.grad); }, a);
+}
+template <class A>
+auto operator+(detail::var_element_t<A> s, const var<A>& a) {
+  return a + s;
+}
+template <class A>
+auto operator-(const var<A>& a, detail::var_element_t<A> s) {
+  return a + (-s);
+}
+template <class A>
+auto operator-(detail::var_element_t<A> s, const var<A>& a) {
+  return detail::record(
+      pdo::eval(s - a.value()), [a](auto& self) { detail::add_grad(a, -*self.grad); }, a);
+}
+template <class A>
+auto operator*(const var<A>& a, detail::var_element_t<A> s) {
+  return detail::record(
+      pdo::eval(a.value() * s), [a, s](auto& self) { detail::add_grad(a, *self.grad * s); }, a);
+}
+template <class A>
+auto operator*(detail::var_element_t<A> s, const var<A>& a) {
+  return a * s;
+}
+template <class A>
+auto operator/(const var<A>& a, detail::var_element_t<A> s) {
+  return detail::record(
+      pdo::eval(a.value() / s), [a, s](auto& self) { detail::add_grad(a, *self.grad / s); }, a);
+}
+template <class A>
+auto operator/(detail::var_element_t<A> s, const var<A>& a) {
+  return detail::record(
+      pdo::eval(s / a.value()),
+      [a](auto& self) { detail::add_grad(a, -(*self.grad * self.value) / a.value()); }, a);
+}
+
+// ---- elementwise, one operand ----
+
+template <class A>
+auto operator-(const var<A>& a) {
+  return detail::record(
+      pdo::eval(-a.value()), [a](auto& self) { detail::add_grad(a, -*self.grad); }, a);
+}
+template <class A>
+auto exp(const var<A>& a) {
+  return detail::record(
+      pdo::eval(pdo::exp(a.value())), [a](auto& self) { detail::add_grad(a, *self.grad * self.value); }, a);
+}
+template <class A>
+auto log(const var<A>& a) {
+  return detail::record(
+      pdo::eval(pdo::log(a.value())), [a](auto& self) { detail::add_grad(a, *self.grad / a.value()); }, a);
+}
+template <class A>
+auto sqrt(const var<A>& a) {
+  using T = detail::var_element_t<A>;
+  return detail::record(
+      pdo::eval(pdo::sqrt(a.value())),
+      [a](auto& self) { detail::add_grad(a, *self.grad / (self.value * T(2))); }, a);
+}
+template <class A>
+auto tanh(const var<A>& a) {
+  using T = detail::var_element_t<A>;
+  return detail::record(
+      pdo::eval(pdo::tanh(a.value())),
+      [a](auto& self) { detail::add_grad(a, *self.grad * (T(1) - self.value * self.value)); }, a);
+}
+template <class A>
+auto sigmoid(const var<A>& a) {
+  using T = detail::var_element_t<A>;
+  return detail::record(
+      pdo::eval(pdo::sigmoid(a.value())),
+      [a](auto& self) { detail::add_grad(a, *self.grad * self.value * (T(1) - self.value)); }, a);
+}
+template <class A>
+auto relu(const var<A>& a) {
+  using T = detail::var_element_t<A>;
+  return detail::record(
+      pdo::eval(pdo::relu(a.value())),
+      [a](auto& self) { detail::add_grad(a, pdo::where(pdo::greater(a.value(), T(0)), *self.grad, T(0))); }, a);
+}
+template <class A>
+auto gelu(const var<A>& a) {
+  return detail::record(
+      pdo::eval(pdo::gelu(a.value())),
+      [a](auto& self) {
+        detail::add_grad(a, *self.grad * detail::make_elementwise<op::gelu_derivative>(a.value()));
+      },
+      a);
+}
+
+// ---- matmul ----
+
+/// @brief matmul(a [..., M, K], b [K, N] or [..., K, N]); gradients matmul(g, bᵀ) and
+/// matmul(aᵀ, g) (summed over the batch when b is one matrix for the whole batch).
+template <class A, class B>
+auto matmul(const var<A>& a, const var<B>& b) {
+  auto y = pdo::eval(pdo::matmul(a.value(), b.value()));
+  using V = decltype(y);
+  constexpr std::size_t ra = detail::value_kind<A>::rank, rb = detail::value_kind<B>::rank;
+  return detail::record(
+      std::move(y),
+      [a, b](detail::value_node<V>& self) {
+        const auto& g = *self.grad;
+        if (a.requires_grad()) detail::add_grad(a, pdo::matmul(g, pdo::transpose(b.value())));
+        if (b.requires_grad()) {
+          if constexpr (rb == ra) {
+            detail::add_grad(b, pdo::matmul(pdo::transpose(a.value()), g));
+          } else {
+            // one matrix for the whole batch: the batch dims fold into the rows
+            const auto& sa = a.shape();
+            std::size_t rows = 1;
+            for (std::size_t d = 0; d + 1 < ra; ++d) rows *= sa[d];
+            const auto a2 = pdo::eval(pdo::reshape(a.value(), shape_t<2>{rows, sa[ra - 1]}));
+            const auto g2 = pdo::eval(pdo::reshape(g, shape_t<2>{rows, g.shape()[ra - 1]}));
+            detail::add_grad(b, pdo::matmul(pdo::transpose(a2), g2));
+          }
+        }
+      },
+      a, b);
+}
+
+// ---- reductions ----
+
+namespace detail {
+template <reduction What, std::size_t Dim, class A>
+auto reduce_var(const var<A>& a) {
+  using T = var_element_t<A>;
+  auto y = pdo::eval(detail::make_reduction<What, Dim>(a.value()));
+  using V = decltype(y);
+  return record(
+      std::move(y),
+      [a](value_node<V>& self) {
+        const auto& g = *self.grad;
+        const auto& x = a.value();
+        if constexpr (What == reduction::max) {
+          if constexpr (Dim == all_dims) {
+            add_grad(a, pdo::where(pdo::equal(x, self.value), g, T(0)));
+          } else {
+            add_grad(a, pdo::where(pdo::equal(x, keep_dim<Dim>(self.value, x.shape())), keep_dim<Dim>(g, x.shape()), T(0)));
+          }
+        } else {
+          const T scale = [&] {
+            if constexpr (What == reduction::sum) return T(1);
+            else if constexpr (Dim == all_dims) return T(1) / static_cast<T>(volume(x.shape()));
+            else return T(1) / static_cast<T>(x.shape()[Dim]);
+          }();
+          if constexpr (Dim == all_dims) add_grad(a, make_elementwise<op::expand>(g, x) * scale);
+          else add_grad(a, make_elementwise<op::expand>(keep_dim<Dim>(g, x.shape()), x) * scale);
+        }
+      },
+      a);
+}
+}  // namespace detail
+
+/// @brief Sum over dim `Dim`, or over every dim.
+template <std::size_t Dim = all_dims, class A>
+auto sum(const var<A>& a) {
+  return detail::reduce_var<detail::reduction::sum, Dim>(a);
+}
+/// @brief Mean over dim `Dim`, or over every dim.
+template <std::size_t Dim = all_dims, class A>
+auto mean(const var<A>& a) {
+  return detail::reduce_var<detail::reduction::mean, Dim>(a);
+}
+/// @brief Maximum over dim `Dim`, or over every dim; the gradient goes to every element
+/// equal to the maximum.
+template <std::size_t Dim = all_dims, class A>
+auto max(const var<A>& a) {
+  return detail::reduce_var<detail::reduction::max, Dim>(a);
+}
+
+// ---- softmax and losses ----
+
+/// @brief softmax along `Dim` (the last by default); gradient y * (g - sum(g * y)).
+template <std::size_t Dim = last_dim, class A>
+auto softmax(const var<A>& a) {
+  constexpr std::size_t d = Dim == last_dim ? var<A>::rank - 1 : Dim;
+  return detail::record(
+      pdo::eval(pdo::softmax<d>(a.value())),
+      [a](auto& self) {
+        const auto& g = *self.grad;
+        const auto& y = self.value;
+        const auto s = pdo::eval(pdo::sum<d>(g * y));
+        detail::add_grad(a, y * (g - detail::keep_dim<d>(s, y.shape())));
+      },
+      a);
+}
+
+/// @brief log_softmax along `Dim` (the last by default); gradient g - exp(y) * sum(g).
+template <std::size_t Dim = last_dim, class A>
+auto log_softmax(const var<A>& a) {
+  constexpr std::size_t d = Dim == last_dim ? var<A>::rank - 1 : Dim;
+  return detail::record(
+      pdo::eval(pdo::log_softmax<d>(a.value())),
+      [a](auto& self) {
+        const auto& g = *self.grad;
+        const auto& y = self.value;
+        const auto s = pdo::eval(pdo::sum<d>(g));
+        detail::add_grad(a, g - pdo::exp(y) * detail::keep_dim<d>(s, y.shape()));
+      },
+      a);
+}
+
+/// @brief Mean cross-entropy of logits [N, C] against class indices [N] (a value, not
+/// differentiated); gradient (softmax(logits) - one_hot(labels)) * g / N.
+template <class L, class Y>
+  requires(!is_var_v<std::remove_cvref_t<Y>>)
+auto cross_entropy(const var<L>& logits, const Y& labels) {
+  auto y = pdo::eval(pdo::cross_entropy(logits.value(), labels));
+  using V = decltype(y);
+  using T = detail::var_element_t<L>;
+  return detail::record(
+      std::move(y),
+      [logits, labels](detail::value_node<V>& self) {
+        const T scale = static_cast<T>(detail::scalar_of(*self.grad));
+        detail::add_grad(logits, cross_entropy_grad_node<detail::expression_t<const L&>, detail::expression_t<const Y&>>(
+                                     detail::as_expression(logits.value()), detail::as_expression(labels), scale));
+      },
+      logits);
+}
+
+/// @brief Mean squared error: mean((a - b)²) over every element.
+template <class A, class B>
+auto mse(const var<A>& a, const var<B>& b) {
+  const auto d = a - b;
+  return pdo::mean(d * d);
+}
+
+// ---- layout of the data ----
+
+/// @brief The last two dims swapped.
+template <class A>
+auto transpose(const var<A>& a) {
+  auto y = pdo::eval(pdo::transpose(a.value()));
+  using V = decltype(y);
+  return detail::record(
+      std::move(y), [a](detail::value_node<V>& self) { detail::add_grad(a, pdo::transpose(*self.grad)); }, a);
+}
+
+/// @brief The same elements under `shape`.
+template <class A, std::size_t Rank>
+auto reshape(const var<A>& a, const shape_t<Rank>& shape) {
+  auto y = pdo::eval(pdo::reshape(a.value(), shape));
+  using V = decltype(y);
+  return detail::record(
+      std::move(y), [a](detail::value_node<V>& self) { detail::add_grad(a, pdo::reshape(*self.grad, a.shape())); }, a);
+}
+template <class A, std::size_t Rank>
+auto reshape(const var<A>& a, const std::size_t (&shape)[Rank]) {
+  shape_t<Rank> s{};
+  for (std::size_t d = 0; d < Rank; ++d) s[d] = shape[d];
+  return pdo::reshape(a, s);
+}
+
+}  // namespace pdo
+#endif  // PDO_SINGLE_PDO_AUTOGRAD_OPS_HPP
+// ---- pdo/autograd/conv.hpp
+#ifndef PDO_SINGLE_PDO_AUTOGRAD_CONV_HPP
+#define PDO_SINGLE_PDO_AUTOGRAD_CONV_HPP
+// pdo/autograd/conv.hpp: conv2d (im2col + gemm) and 2-D pooling on pdo::var, with their backward.
+
+// ---- pdo/kernels/conv.hpp
+#ifndef PDO_SINGLE_PDO_KERNELS_CONV_HPP
+#define PDO_SINGLE_PDO_KERNELS_CONV_HPP
+// pdo/kernels/conv.hpp: conv2d by im2col + gemm, and 2-D pooling, forward and backward.
+// Every kernel is a functor of one output index (PDO_HD), run by thrust::transform or
+// for_each_n on the place's system: gathers, never scatters, so no two indices write
+// the same element.
+
+
+#include <cstddef>
+#include <cstdint>
+
+namespace pdo::detail {
+
+/// @brief The geometry of a 2-D window op over x [batch, channels, height, width]:
+/// square kernel, stride, zero padding, and the output extents.
+struct window_geometry {
+  std::size_t batch = 0, channels = 0, height = 0, width = 0;
+  std::size_t kernel = 1, stride = 1, padding = 0;
+  std::size_t out_height = 0, out_width = 0;
+
+  PDO_HD std::size_t out_pixels() const { return out_height * out_width; }
+  /// @brief Output rows of the im2col matrix: one per (image, output pixel).
+  PDO_HD std::size_t rows() const { return batch * out_pixels(); }
+  /// @brief Its columns: one per (channel, kernel row, kernel column).
+  PDO_HD std::size_t cols() const { return channels * kernel * kernel; }
+};
+
+/// @brief The geometry, with output extents; false when the window does not fit.
+inline bool make_window_geometry(window_geometry& g) {
+  if (g.kernel == 0 || g.stride == 0 || g.height + 2 * g.padding < g.kernel || g.width + 2 * g.padding < g.kernel) return false;
+  g.out_height = (g.height + 2 * g.padding - g.kernel) / g.stride + 1;
+  g.out_width = (g.width + 2 * g.padding - g.kernel) / g.stride + 1;
+  return true;
+}
+
+/// @brief Element i of the im2col matrix [rows, cols] of x.
+template <class T>
+struct im2col_element {
+  const T* x;
+  window_geometry g;
+  PDO_HD T operator()(std::size_t i) const {
+    const std::size_t row = i / g.cols(), col = i % g.cols();
+    const std::size_t n = row / g.out_pixels(), pixel = row % g.out_pixels();
+    const std::size_t oh = pixel / g.out_width, ow = pixel % g.out_width;
+    const std::size_t c = col / (g.kernel * g.kernel), k = col % (g.kernel * g.kernel);
+    const std::size_t h = oh * g.stride + k / g.kernel, w = ow * g.stride + k % g.kernel;  // in padded coordinates
+    if (h < g.padding || w < g.padding || h - g.padding >= g.height || w - g.padding >= g.width) return T(0);
+    return x[((n * g.channels + c) * g.height + (h - g.padding)) * g.width + (w - g.padding)];
+  }
+};
+
+/// @brief Element i of dx [batch, channels, height, width]: the sum of the im2col
+/// gradient entries that read it.
+template <class T>
+struct col2im_element {
+  const T* dcols;
+  window_geometry g;
+  PDO_HD T operator()(std::size_t i) const {
+    const std::size_t w = i % g.width, h = (i / g.width) % g.height;
+    const std::size_t c = (i / (g.width * g.height)) % g.channels, n = i / (g.width * g.height * g.channels);
+    T acc{};
+    for (std::size_t kh = 0; kh < g.kernel; ++kh) {
+      const std::size_t ph = h + g.padding;  // padded row
+      if (ph < kh || (ph - kh) % g.stride != 0) continue;
+      const std::size_t oh = (ph - kh) / g.stride;
+      if (oh >= g.out_height) continue;
+      for (std::size_t kw = 0; kw < g.kernel; ++kw) {
+        const std::size_t pw = w + g.padding;
+        if (pw < kw || (pw - kw) % g.stride != 0) continue;
+        const std::size_t ow = (pw - kw) / g.stride;
+        if (ow >= g.out_width) continue;
+        const std::size_t row = n * g.out_pixels() + oh * g.out_width + ow;
+        acc += dcols[row * g.cols() + (c * g.kernel + kh) * g.kernel + kw];
+      }
+    }
+    return acc;
+  }
+};
+
+/// @brief y [batch, out_channels, oh, ow] from the gemm result [rows, out_channels], plus the bias.
+template <class T>
+struct rows_to_images {
+  const T* rows;
+  const T* bias;
+  std::size_t out_channels, pixels;
+  PDO_HD T operator()(std::size_t i) const {
+    const std::size_t p = i % pixels, oc = (i / pixels) % out_channels, n = i / (pixels * out_channels);
+    return rows[(n * pixels + p) * out_channels + oc] + bias[oc];
+  }
+};
+
+/// @brief The inverse reordering: g [batch, out_channels, oh, ow] as [rows, out_channels].
+template <class T>
+struct images_to_rows {
+  const T* images;
+  std::size_t out_channels, pixels;
+  PDO_HD T operator()(std::size_t i) const {
+    const std::size_t oc = i % out_channels, row = i / out_channels;
+    const std::size_t n = row / pixels, p = row % pixels;
+    return images[(n * out_channels + oc) * pixels + p];
+  }
+};
+
+/// @brief Column oc of a [rows, columns] matrix, summed (the bias gradient).
+template <class T>
+struct column_sum {
+  const T* m;
+  std::size_t rows, columns;
+  PDO_HD T operator()(std::size_t oc) const {
+    T acc{};
+    for (std::size_t r = 0; r < rows; ++r) acc += m[r * columns + oc];
+    return acc;
+  }
+};
+
+/// @brief Output element i of a max (Max) or average pool over windows of x (no padding
+/// for max pooling: padded cells never win; average pooling counts them as zeros).
+template <class T, bool Max>
+struct pool_element {
+  const T* x;
+  window_geometry g;
+  PDO_HD T operator()(std::size_t i) const {
+    const std::size_t ow = i % g.out_width, oh = (i / g.out_width) % g.out_height, nc = i / g.out_pixels();
+    const T* plane = x + nc * g.height * g.width;
+    T acc{};
+    bool first = true;
+    for (std::size_t kh = 0; kh < g.kernel; ++kh)
+      for (std::size_t kw = 0; kw < g.kernel; ++kw) {
+        const std::size_t h = oh * g.stride + kh, w = ow * g.stride + kw;
+        if (h < g.padding || w < g.padding || h - g.padding >= g.height || w - g.padding >= g.width) continue;
+        const T v = plane[(h - g.padding) * g.width + (w - g.padding)];
+        if constexpr (Max) {
+          acc = first || v > acc ? v : acc;
+          first = false;
+        } else {
+          acc += v;
+        }
+      }
+    if constexpr (Max) return acc;
+    else return acc / static_cast<T>(g.kernel * g.kernel);
+  }
+};
+
+/// @brief Element i of dx for a pool: the output gradients of the windows that read it;
+/// for max pooling only those whose maximum it is (the first maximum of a window, in
+/// reading order, as PyTorch picks).
+template <class T, bool Max>
+struct pool_backward_element {
+  const T* x;
+  const T* dy;
+  window_geometry g;
+  PDO_HD T operator()(std::size_t i) const {
+    const std::size_t w = i % g.width, h = (i / g.width) % g.height, nc = i / (g.width * g.height);
+    const T* plane = x + nc * g.height * g.width;
+    T acc{};
+    const std::size_t ph = h + g.padding, pw = w + g.padding;
+    for (std::size_t kh = 0; kh < g.kernel; ++kh) {
+      if (ph < kh || (ph - kh) % g.stride != 0 || (ph - kh) / g.stride >= g.out_height) continue;
+      const std::size_t oh = (ph - kh) / g.stride;
+      for (std::size_t kw = 0; kw < g.kernel; ++kw) {
+        if (pw < kw || (pw - kw) % g.stride != 0 || (pw - kw) / g.stride >= g.out_width) continue;
+        const std::size_t ow = (pw - kw) / g.stride;
+        const T grad = dy[nc * g.out_pixels() + oh * g.out_width + ow];
+        if constexpr (Max) {
+          if (first_max_at(plane, oh, ow) == h * g.width + w) acc += grad;
+        } else {
+          acc += grad / static_cast<T>(g.kernel * g.kernel);
+        }
+      }
+    }
+    return acc;
+  }
+  /// @brief Where, in its plane, window (oh, ow)'s first maximum lies.
+  PDO_HD std::size_t first_max_at(const T* plane, std::size_t oh, std::size_t ow) const {
+    std::size_t at = 0;
+    bool first = true;
+    T best{};
+    for (std::size_t kh = 0; kh < g.kernel; ++kh)
+      for (std::size_t kw = 0; kw < g.kernel; ++kw) {
+        const std::size_t h = oh * g.stride + kh, w = ow * g.stride + kw;
+        if (h < g.padding || w < g.padding || h - g.padding >= g.height || w - g.padding >= g.width) continue;
+        const std::size_t idx = (h - g.padding) * g.width + (w - g.padding);
+        if (first || plane[idx] > best) {
+          best = plane[idx];
+          at = idx;
+          first = false;
+        }
+      }
+    return at;
+  }
+};
+
+}  // namespace pdo::detail
+#endif  // PDO_SINGLE_PDO_KERNELS_CONV_HPP
+
+#include <cstddef>
+#include <memory>
+#include <string>
+
+namespace pdo {
+
+/// @brief Stride and zero padding of conv2d and the pools.
+struct window_options {
+  std::size_t stride = 1;
+  std::size_t padding = 0;
+};
+
+namespace detail {
+
+inline window_geometry window_of(const char* op, const shape_t<4>& x, std::size_t kernel, window_options o) {
+  window_geometry g{x[0], x[1], x[2], x[3], kernel, o.stride, o.padding};
+  if (!make_window_geometry(g))
+    throw shape_error(std::string(op) + ": input " + format_extents(x) + " with kernel " + std::to_string(kernel) + ", stride " +
+                      std::to_string(o.stride) + ", padding " + std::to_string(o.padding) +
+                      ": the window must fit the padded image, and kernel and stride must be positive");
+  return g;
+}
+
+}  // namespace detail
+
+/// @brief 2-D convolution: x [N, C, H, W], weight [OC, C, K, K], bias [OC] -> [N, OC, OH, OW],
+/// as im2col then one gemm; the backward is two gemms and col2im.
+template <class T>
+var<tensor<T, 4>> conv2d(const var<tensor<T, 4>>& x, const var<tensor<T, 4>>& weight, const var<tensor<T, 1>>& bias,
+                         window_options o = {}) {
+  const auto& sw = weight.shape();
+  const auto& sx = x.shape();
+  if (sw[1] != sx[1] || sw[2] != sw[3] || bias.shape()[0] != sw[0])
+    throw shape_error("conv2d: input " + detail::format_extents(sx) + ", weight " + detail::format_extents(sw) + ", bias " +
+                      detail::format_extents(bias.shape()) +
+                      ": the weight must be [out_channels, in_channels, k, k] with the input's channels, and the bias [out_channels]");
+  const detail::window_geometry g = detail::window_of("conv2d", sx, sw[2], o);
+  const std::size_t oc = sw[0];
+  auto system = detail::current_cpu_system();
+  const thrust::counting_iterator<std::size_t> zero(0);
+  auto cols = std::make_shared<tensor<T, 2>>(shape_t<2>{g.rows(), g.cols()}, detail::uninitialized);
+  thrust::transform(system, zero, zero + cols->size(), cols->data(), detail::im2col_element<T>{x.value().data(), g});
+  tensor<T, 2> rows({g.rows(), oc}, detail::uninitialized);
+  detail::gemm<T>(system, g.rows(), oc, g.cols(), {cols->data(), g.cols(), false}, {weight.value().data(), g.cols(), true}, rows.data());
+  tensor<T, 4> y({g.batch, oc, g.out_height, g.out_width}, detail::uninitialized);
+  thrust::transform(system, zero, zero + y.size(), y.data(), detail::rows_to_images<T>{rows.data(), bias.value().data(), oc, g.out_pixels()});
+  return detail::record(
+      std::move(y),
+      [x, weight, bias, cols, g, oc](auto& self) {
+        auto sys = detail::current_cpu_system();
+        const thrust::counting_iterator<std::size_t> first(0);
+        tensor<T, 2> g2({g.rows(), oc}, detail::uninitialized);
+        thrust::transform(sys, first, first + g2.size(), g2.data(), detail::images_to_rows<T>{self.grad->data(), oc, g.out_pixels()});
+        if (weight.requires_grad()) {
+          tensor<T, 4> dw(weight.shape(), detail::uninitialized);
+          detail::gemm<T>(sys, oc, g.cols(), g.rows(), {g2.data(), oc, true}, {cols->data(), g.cols(), false}, dw.data());
+          detail::add_grad(weight, std::move(dw));
+        }
+        if (bias.requires_grad()) {
+          tensor<T, 1> db({oc}, detail::uninitialized);
+          thrust::transform(sys, first, first + oc, db.data(), detail::column_sum<T>{g2.data(), g.rows(), oc});
+          detail::add_grad(bias, std::move(db));
+        }
+        if (x.requires_grad()) {
+          tensor<T, 2> dcols({g.rows(), g.cols()}, detail::uninitialized);
+          detail::gemm<T>(sys, g.rows(), g.cols(), oc, {g2.data(), oc, false}, {weight.value().data(), g.cols(), false}, dcols.data());
+          tensor<T, 4> dx(x.shape(), detail::uninitialized);
+          thrust::transform(sys, first, first + dx.size(), dx.data(), detail::col2im_element<T>{dcols.data(), g});
+          detail::add_grad(x, std::move(dx));
+        }
+      },
+      x, weight, bias);
+}
+
+namespace detail {
+template <bool Max, class T>
+var<tensor<T, 4>> pool2d(const char* op, const var<tensor<T, 4>>& x, std::size_t kernel, window_options o) {
+  const window_geometry g = window_of(op, x.shape(), kernel, o);
+  auto system = current_cpu_system();
+  const thrust::counting_iterator<std::size_t> zero(0);
+  tensor<T, 4> y({g.batch, g.channels, g.out_height, g.out_width}, uninitialized);
+  thrust::transform(system, zero, zero + y.size(), y.data(), pool_element<T, Max>{x.value().data(), g});
+  return record(
+      std::move(y),
+      [x, g](auto& self) {
+        auto sys = current_cpu_system();
+        const thrust::counting_iterator<std::size_t> first(0);
+        tensor<T, 4> dx(x.shape(), uninitialized);
+        thrust::transform(sys, first, first + dx.size(), dx.data(), pool_backward_element<T, Max>{x.value().data(), self.grad->data(), g});
+        add_grad(x, std::move(dx));
+      },
+      x);
+}
+}  // namespace detail
+
+/// @brief Max pooling over kernel x kernel windows (stride defaults to the kernel); the
+/// gradient goes to each window's first maximum.
+template <class T>
+var<tensor<T, 4>> max_pool2d(const var<tensor<T, 4>>& x, std::size_t kernel, window_options o = {0, 0}) {
+  if (o.stride == 0) o.stride = kernel;
+  return detail::pool2d<true>("max_pool2d", x, kernel, o);
+}
+
+/// @brief Average pooling over kernel x kernel windows (stride defaults to the kernel;
+/// padded cells count as zeros).
+template <class T>
+var<tensor<T, 4>> avg_pool2d(const var<tensor<T, 4>>& x, std::size_t kernel, window_options o = {0, 0}) {
+  if (o.stride == 0) o.stride = kernel;
+  return detail::pool2d<false>("avg_pool2d", x, kernel, o);
+}
+
+}  // namespace pdo
+#endif  // PDO_SINGLE_PDO_AUTOGRAD_CONV_HPP
+#endif  // PDO_SINGLE_PDO_AUTOGRAD_HPP
+// ---- pdo/comm.hpp
+#ifndef PDO_SINGLE_PDO_COMM_HPP
+#define PDO_SINGLE_PDO_COMM_HPP
+// pdo/comm.hpp: the comm layer (communicator concept, threads and MPI backends, mesh groups).
+
+// ---- pdo/comm/threads/communicator.hpp
+#ifndef PDO_SINGLE_PDO_COMM_THREADS_COMMUNICATOR_HPP
+#define PDO_SINGLE_PDO_COMM_THREADS_COMMUNICATOR_HPP
+// pdo/comm/threads/communicator.hpp: the threads backend: places of one process, shared memory.
+
+
+namespace pdo::threads {
+
+/// @brief A member of a group whose places all live in this process. Collectives read
+/// the other members' buffers directly: all_reduce moves each byte once per member
+/// (the memory-traffic limit), with no staging copies and no locks on the data path.
+using communicator = group_communicator<detail::local_group>;
+
+static_assert(pdo::communicator<communicator>);
+
+}  // namespace pdo::threads
+#endif  // PDO_SINGLE_PDO_COMM_THREADS_COMMUNICATOR_HPP
+
+#if defined(PDO_WITH_MPI)
+// ---- pdo/comm/mpi/communicator.hpp
+#ifndef PDO_SINGLE_PDO_COMM_MPI_COMMUNICATOR_HPP
+#define PDO_SINGLE_PDO_COMM_MPI_COMMUNICATOR_HPP
+// pdo/comm/mpi/communicator.hpp: the MPI backend: places in several processes, one or more each.
+
+// ---- pdo/place/cpu_place.hpp
+#ifndef PDO_SINGLE_PDO_PLACE_CPU_PLACE_HPP
+#define PDO_SINGLE_PDO_PLACE_CPU_PLACE_HPP
+// pdo/place/cpu_place.hpp: CPU places, each a worker thread on its own cores.
+
+
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace pdo {
+
+/// @brief How a CPU place is made.
+struct cpu_place_options {
+  bool pin = true;             ///< pin the worker to the place's cores (off when other places share them)
+  std::size_t memory_cap = 0;  ///< bytes the place may hold (0: no cap)
+  std::string name;            ///< empty: "cpu:<ordinal>"
+  int process = 0;             ///< the MPI rank that owns it
+};
+
+/// @brief A CPU place: a worker thread that runs the place's work on the cores it was
+/// given (pinned there when no other place shares them), and a caching allocator.
+class cpu_place : public detail::place_handle<cpu_place> {
+ public:
+  /// @brief A new place on `cores`.
+  cpu_place(int ordinal, std::vector<int> cores, const cpu_place_options& options = {})
+      : place_handle(std::make_shared<detail::place_state>(
+            place_kind::cpu, ordinal, options.process, true, std::move(cores),
+            options.name.empty() ? "cpu:" + std::to_string(ordinal) : options.name)) {
+    state_->memory = std::make_unique<caching_allocator>(state_->name, options.memory_cap);
+    detail::start_worker(*state_, options.pin ? state_->cores : std::vector<int>{});
+  }
+
+  /// @brief A handle to the CPU place behind `state` (which must be a CPU place).
+  explicit cpu_place(std::shared_ptr<detail::place_state> state) : place_handle(std::move(state)) {}
+};
+
+namespace detail {
+/// @brief `n` places over `cores`: with n <= cores each gets its own share (the first
+/// ones one more when uneven), pinned when `pin`; with more places than cores, places
+/// share cores round-robin and are not pinned. `name(i)` names place i.
+template <class Name>
+std::vector<cpu_place> share_cores(std::size_t n, const std::vector<int>& cores, bool pin, std::size_t memory_cap,
+                                   int process, Name&& name) {
+  if (n == 0) throw layout_error("cpu_places: asked for 0 places; ask for at least one");
+  const std::size_t c = cores.size();
+  std::vector<cpu_place> places;
+  places.reserve(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    std::vector<int> mine;
+    if (n <= c) {
+      const std::size_t first = chunk_offset(c, n, i), count = chunk_size(c, n, i);
+      mine.assign(cores.begin() + static_cast<std::ptrdiff_t>(first), cores.begin() + static_cast<std::ptrdiff_t>(first + count));
+    } else {
+      mine.push_back(cores[i % c]);
+    }
+    places.emplace_back(static_cast<int>(i), std::move(mine), cpu_place_options{pin && n <= c, memory_cap, name(i), process});
+  }
+  return places;
+}
+}  // namespace detail
+
+/// @brief `n` CPU places over the cores of this process. With n <= cores each place
+/// gets its own cores (cores / n, the first ones one more when uneven) and is pinned to
+/// them; with more places than cores, places share cores round-robin and are not pinned.
+/// @param memory_cap per-place cap in bytes (0: none)
+inline std::vector<cpu_place> cpu_places(std::size_t n, std::size_t memory_cap = 0) {
+  return detail::share_cores(n, detail::process_cores(), true, memory_cap, 0,
+                             [](std::size_t i) { return "cpu:" + std::to_string(i); });
+}
+
+/// @brief One CPU place per core of this process.
+inline std::vector<cpu_place> cpu_places() { return cpu_places(detail::process_cores().size()); }
+
+}  // namespace pdo
+#endif  // PDO_SINGLE_PDO_PLACE_CPU_PLACE_HPP
+
+#include <algorithm>
+#include <memory>
+#include <thread>
+#include <string>
+#include <vector>
+
+namespace pdo::mpi {
+
+/// @brief A member of a group whose places live in several MPI processes. Members of
+/// one process meet through shared memory; one of them carries the combined data over
+/// MPI, so each collective costs one MPI collective per process, whatever the number
+/// of places there.
+using communicator = group_communicator<detail::group>;
+
+static_assert(pdo::communicator<communicator>);
+
+/// @brief The places of every process of MPI_COMM_WORLD, `per_process` each, in rank
+/// order: place `r * per_process + i` is place i of rank r, named "rank<r>/cpu:<i>".
+/// This process's places are CPU places over its cores, pinned only when the launcher
+/// bound the process to some of the machine's cores (else processes would pin their
+/// places onto the same ones); the others stand for places of other processes. Every
+/// process must call it with the same `per_process` (it starts MPI if needed).
+inline std::vector<any_place> world_places(std::size_t per_process = 1, std::size_t memory_cap = 0) {
+  const int me = mpi::rank(), n = mpi::size();
+  unsigned long long mine_count = per_process, low = 0, high = 0;
+  MPI_Allreduce(&mine_count, &low, 1, MPI_UNSIGNED_LONG_LONG, MPI_MIN, MPI_COMM_WORLD);
+  MPI_Allreduce(&mine_count, &high, 1, MPI_UNSIGNED_LONG_LONG, MPI_MAX, MPI_COMM_WORLD);
+  if (low != high)
+    throw layout_error("world_places: processes asked for different numbers of places (" + std::to_string(low) + " to " +
+                       std::to_string(high) + "); every process must pass the same per_process");
+  auto label = [](int rank, std::size_t i) { return "rank" + std::to_string(rank) + "/cpu:" + std::to_string(i); };
+  const std::vector<int> cores = pdo::detail::process_cores();
+  const bool bound = cores.size() < std::max(1u, std::thread::hardware_concurrency());
+  const std::vector<cpu_place> mine =
+      pdo::detail::share_cores(per_process, cores, bound, memory_cap, me, [&](std::size_t i) { return label(me, i); });
+  std::vector<any_place> places;
+  for (int r = 0; r < n; ++r)
+    for (std::size_t i = 0; i < per_process; ++i) {
+      if (r == me) places.emplace_back(mine[i]);
+      else
+        places.emplace_back(std::make_shared<pdo::detail::place_state>(place_kind::cpu, static_cast<int>(i), r, false,
+                                                                       std::vector<int>{}, label(r, i)));
+    }
+  return places;
+}
+
+}  // namespace pdo::mpi
+#endif  // PDO_SINGLE_PDO_COMM_MPI_COMMUNICATOR_HPP
+#endif
+#endif  // PDO_SINGLE_PDO_COMM_HPP
+// ---- pdo/core.hpp
+#ifndef PDO_SINGLE_PDO_CORE_HPP
+#define PDO_SINGLE_PDO_CORE_HPP
+// pdo/core.hpp: the core layer (strings, errors, shapes, element types).
+
+#endif  // PDO_SINGLE_PDO_CORE_HPP
+// ---- pdo/exec.hpp
+#ifndef PDO_SINGLE_PDO_EXEC_HPP
+#define PDO_SINGLE_PDO_EXEC_HPP
+// pdo/exec.hpp: the execution layer (parallel_do, eval, eval_async, wait_all).
+
 // ---- pdo/exec/parallel_do.hpp
 #ifndef PDO_SINGLE_PDO_EXEC_PARALLEL_DO_HPP
 #define PDO_SINGLE_PDO_EXEC_PARALLEL_DO_HPP
@@ -6242,6 +7401,1004 @@ auto parallel_do(Block&& block, const Args&... args) {
 // pdo/memory.hpp: the memory layer (per-place caching allocators and their statistics).
 
 #endif  // PDO_SINGLE_PDO_MEMORY_HPP
+// ---- pdo/nn.hpp
+#ifndef PDO_SINGLE_PDO_NN_HPP
+#define PDO_SINGLE_PDO_NN_HPP
+// pdo/nn.hpp: layers, losses, optimizers and data-parallel training.
+
+// ---- pdo/nn/data_parallel.hpp
+#ifndef PDO_SINGLE_PDO_NN_DATA_PARALLEL_HPP
+#define PDO_SINGLE_PDO_NN_DATA_PARALLEL_HPP
+// pdo/nn/data_parallel.hpp: data-parallel training: a replica of the model on every place,
+// gradients all_reduced in buckets that overlap backward, the optimizer on every place,
+// the next batch distributed in the background.
+
+// ---- pdo/nn/layers.hpp
+#ifndef PDO_SINGLE_PDO_NN_LAYERS_HPP
+#define PDO_SINGLE_PDO_NN_LAYERS_HPP
+// pdo/nn/layers.hpp: linear, conv2d, pooling, flatten, activations and sequential.
+//
+// Layers act on pdo::var values. linear and the activations take local tensors and
+// dtensors alike; conv2d and the pools take local images [N, C, H, W] (each place's
+// shard under data parallelism).
+
+// ---- pdo/nn/module.hpp
+#ifndef PDO_SINGLE_PDO_NN_MODULE_HPP
+#define PDO_SINGLE_PDO_NN_MODULE_HPP
+// pdo/nn/module.hpp: named parameters, seeded initialisation, and the module concept.
+
+
+#include <cmath>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <random>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace pdo::nn {
+
+/// @brief The random source of initialisation: the same seed gives the same parameters
+/// on every place and every run.
+using rng = std::mt19937_64;
+
+/// @brief One named parameter of a model, whatever its rank: its values, its gradient,
+/// and the hook backward calls when that gradient is complete. Copies refer to the same parameter.
+template <class T>
+class parameter_ref {
+ public:
+  template <std::size_t R>
+  parameter_ref(std::string name, var<tensor<T, R>> v) : name_(std::move(name)), impl_(std::make_shared<holder<R>>(std::move(v))) {}
+
+  [[nodiscard]] const std::string& name() const { return name_; }
+  [[nodiscard]] std::span<T> value() const { return impl_->value(); }
+  [[nodiscard]] std::size_t size() const { return impl_->value().size(); }
+  [[nodiscard]] std::size_t bytes() const { return size() * sizeof(T); }
+  /// @brief The gradient; empty when backward has given none.
+  [[nodiscard]] std::span<T> grad() const { return impl_->grad(); }
+  /// @brief A zero gradient, allocated if there is none (a place with no samples still takes part).
+  [[nodiscard]] std::span<T> grad_or_zeros() const { return impl_->grad_or_zeros(); }
+  void zero_grad() const { impl_->zero_grad(); }
+  void on_gradient(std::function<void()> f) const { impl_->on_gradient(std::move(f)); }
+  [[nodiscard]] std::string shape_text() const { return impl_->shape_text(); }
+
+ private:
+  struct base {
+    virtual ~base() = default;
+    virtual std::span<T> value() = 0;
+    virtual std::span<T> grad() = 0;
+    virtual std::span<T> grad_or_zeros() = 0;
+    virtual void zero_grad() = 0;
+    virtual void on_gradient(std::function<void()> f) = 0;
+    virtual std::string shape_text() = 0;
+  };
+  template <std::size_t R>
+  struct holder final : base {
+    explicit holder(var<tensor<T, R>> x) : v(std::move(x)) {}
+    var<tensor<T, R>> v;
+    std::span<T> value() override { return v.value().span(); }
+    std::span<T> grad() override { return v.has_grad() ? v.grad().span() : std::span<T>(); }
+    std::span<T> grad_or_zeros() override {
+      if (!v.has_grad()) v.node()->grad.emplace(v.shape());
+      return v.grad().span();
+    }
+    void zero_grad() override { v.zero_grad(); }
+    void on_gradient(std::function<void()> f) override { v.on_gradient(std::move(f)); }
+    std::string shape_text() override { return describe(v.value()); }
+  };
+  std::string name_;
+  std::shared_ptr<base> impl_;
+};
+
+/// @brief A layer or model: callable on a var, listing its parameters with names.
+template <class M, class T>
+concept module = requires(const M& m) {
+  { m.parameters(std::string()) } -> std::same_as<std::vector<parameter_ref<T>>>;
+};
+
+namespace init {
+
+/// @brief A tensor of `shape` drawn uniformly from [-bound, bound).
+template <class T, std::size_t R>
+tensor<T, R> uniform(const shape_t<R>& shape, T bound, rng& gen) {
+  tensor<T, R> t(shape, detail::uninitialized);
+  std::uniform_real_distribution<double> dist(-static_cast<double>(bound), static_cast<double>(bound));
+  for (auto& x : t) x = static_cast<T>(dist(gen));
+  return t;
+}
+
+/// @brief PyTorch's default for linear and conv layers: U(-1/sqrt(fan_in), 1/sqrt(fan_in)).
+template <class T, std::size_t R>
+tensor<T, R> fan_in_uniform(const shape_t<R>& shape, std::size_t fan_in, rng& gen) {
+  return uniform<T>(shape, static_cast<T>(1.0 / std::sqrt(static_cast<double>(fan_in == 0 ? 1 : fan_in))), gen);
+}
+
+}  // namespace init
+
+}  // namespace pdo::nn
+#endif  // PDO_SINGLE_PDO_NN_MODULE_HPP
+
+#include <cstddef>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+namespace pdo::nn {
+
+/// @brief y = x W + b, with W [in, out] and b [out]; x [..., in].
+template <class T>
+class linear {
+ public:
+  linear(std::size_t in, std::size_t out, rng& gen)
+      : weight(parameter(init::fan_in_uniform<T>(shape_t<2>{in, out}, in, gen))),
+        bias(parameter(init::fan_in_uniform<T>(shape_t<1>{out}, in, gen))) {}
+
+  template <class V>
+  auto operator()(const var<V>& x) const {
+    return pdo::matmul(x, weight) + bias;
+  }
+  [[nodiscard]] std::vector<parameter_ref<T>> parameters(const std::string& prefix = "") const {
+    return {{prefix + "weight", weight}, {prefix + "bias", bias}};
+  }
+
+  var<tensor<T, 2>> weight;
+  var<tensor<T, 1>> bias;
+};
+
+/// @brief 2-D convolution over [N, in_channels, H, W] with a square kernel.
+template <class T>
+class conv2d {
+ public:
+  conv2d(std::size_t in_channels, std::size_t out_channels, std::size_t kernel, rng& gen, window_options o = {})
+      : weight(parameter(init::fan_in_uniform<T>(shape_t<4>{out_channels, in_channels, kernel, kernel}, in_channels * kernel * kernel, gen))),
+        bias(parameter(init::fan_in_uniform<T>(shape_t<1>{out_channels}, in_channels * kernel * kernel, gen))),
+        options_(o) {}
+
+  var<tensor<T, 4>> operator()(const var<tensor<T, 4>>& x) const { return pdo::conv2d(x, weight, bias, options_); }
+  [[nodiscard]] std::vector<parameter_ref<T>> parameters(const std::string& prefix = "") const {
+    return {{prefix + "weight", weight}, {prefix + "bias", bias}};
+  }
+
+  var<tensor<T, 4>> weight;
+  var<tensor<T, 1>> bias;
+
+ private:
+  window_options options_;
+};
+
+/// @brief A layer without parameters.
+struct stateless {
+  template <class T>
+  [[nodiscard]] std::vector<parameter_ref<T>> parameters(const std::string& = "") const {
+    return {};
+  }
+};
+
+/// @brief Max pooling over kernel x kernel windows (stride: the kernel unless given).
+struct max_pool2d : stateless {
+  std::size_t kernel = 2;
+  window_options options{0, 0};
+  template <class T>
+  var<tensor<T, 4>> operator()(const var<tensor<T, 4>>& x) const {
+    return pdo::max_pool2d(x, kernel, options);
+  }
+};
+
+/// @brief Average pooling over kernel x kernel windows (stride: the kernel unless given).
+struct avg_pool2d : stateless {
+  std::size_t kernel = 2;
+  window_options options{0, 0};
+  template <class T>
+  var<tensor<T, 4>> operator()(const var<tensor<T, 4>>& x) const {
+    return pdo::avg_pool2d(x, kernel, options);
+  }
+};
+
+/// @brief [N, ...] -> [N, product of the rest].
+struct flatten : stateless {
+  template <class V>
+  auto operator()(const var<V>& x) const {
+    const auto& s = x.shape();
+    std::size_t rest = 1;
+    for (std::size_t d = 1; d < s.size(); ++d) rest *= s[d];
+    return pdo::reshape(x, shape_t<2>{s[0], rest});
+  }
+};
+
+struct relu : stateless {
+  template <class V>
+  auto operator()(const var<V>& x) const { return pdo::relu(x); }
+};
+struct tanh : stateless {
+  template <class V>
+  auto operator()(const var<V>& x) const { return pdo::tanh(x); }
+};
+struct sigmoid : stateless {
+  template <class V>
+  auto operator()(const var<V>& x) const { return pdo::sigmoid(x); }
+};
+struct gelu : stateless {
+  template <class V>
+  auto operator()(const var<V>& x) const { return pdo::gelu(x); }
+};
+
+/// @brief The parameters of a layer or model, names prefixed with `prefix`.
+template <class T, class M>
+std::vector<parameter_ref<T>> parameters_of(const M& m, const std::string& prefix = "") {
+  if constexpr (requires { m.template parameters<T>(prefix); }) return m.template parameters<T>(prefix);
+  else return m.parameters(prefix);
+}
+
+/// @brief Layers applied in order; parameters named "<index>.<name>" ("0.weight").
+template <class... Layers>
+class sequential {
+ public:
+  explicit sequential(Layers... layers) : layers_(std::move(layers)...) {}
+
+  template <class V>
+  auto operator()(const var<V>& x) const {
+    return apply<0>(x);
+  }
+  template <class T>
+  [[nodiscard]] std::vector<parameter_ref<T>> parameters(const std::string& prefix = "") const {
+    std::vector<parameter_ref<T>> all;
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      (append(all, parameters_of<T>(std::get<I>(layers_), prefix + std::to_string(I) + ".")), ...);
+    }(std::index_sequence_for<Layers...>{});
+    return all;
+  }
+  [[nodiscard]] const std::tuple<Layers...>& layers() const { return layers_; }
+
+ private:
+  template <std::size_t I, class V>
+  auto apply(const var<V>& x) const {
+    if constexpr (I == sizeof...(Layers)) return x;
+    else return apply<I + 1>(std::get<I>(layers_)(x));
+  }
+  template <class T>
+  static void append(std::vector<parameter_ref<T>>& all, std::vector<parameter_ref<T>> more) {
+    for (auto& p : more) all.push_back(std::move(p));
+  }
+  std::tuple<Layers...> layers_;
+};
+
+}  // namespace pdo::nn
+#endif  // PDO_SINGLE_PDO_NN_LAYERS_HPP
+// ---- pdo/plan/explain.hpp
+#ifndef PDO_SINGLE_PDO_PLAN_EXPLAIN_HPP
+#define PDO_SINGLE_PDO_PLAN_EXPLAIN_HPP
+// pdo/plan/explain.hpp: an expression's plan printed for its actual shapes, with the bytes each collective moves.
+
+
+#include <cstddef>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+namespace pdo {
+
+namespace detail {
+
+/// @brief What explain knows of one node: its description and global shape.
+struct node_facts {
+  std::string text;
+  std::vector<std::size_t> shape;
+  std::size_t element_size = 0;
+};
+
+/// @brief Records every node of `node`'s subtree in evaluation order (the numbering of plan_of).
+template <class Node>
+void collect_nodes(const Node& node, std::vector<node_facts>& out) {
+  if constexpr (Node::is_scalar) {
+    return;
+  } else {
+    if constexpr (!Node::is_leaf) std::apply([&](const auto&... c) { (collect_nodes(c, out), ...); }, node.children());
+    const auto s = node.shape();
+    out.push_back({std::string(Node::name) + " " + describe_node(node), {s.begin(), s.end()}, sizeof(typename Node::value_type)});
+  }
+}
+
+/// @brief Bytes place 0 sends in one redistribution step of a tensor of `shape` (ring
+/// algorithms: all_reduce 2(n-1)/n of its block, reduce_scatter and all_to_all (n-1)/n,
+/// all_gather (n-1) blocks); local steps send nothing.
+template <class Mesh>
+std::size_t bytes_sent(const Mesh& m, const redistribute_step& s, const std::vector<std::size_t>& shape, std::size_t element) {
+  const std::size_t n = m.extent(Mesh::axis_index(s.axis));
+  std::size_t block = element;
+  for (std::size_t d = 0; d < shape.size(); ++d) {
+    std::size_t e = shape[d];
+    if (!s.before.dim_axis[d].empty()) e = chunk_size(e, m.extent(Mesh::axis_index(s.before.dim_axis[d])), 0);
+    block *= e;
+  }
+  switch (s.kind) {
+    case step_kind::all_reduce: return 2 * (n - 1) * block / n;
+    case step_kind::reduce_scatter:
+    case step_kind::all_to_all: return (n - 1) * block / n;
+    case step_kind::all_gather: return (n - 1) * block;
+    default: return 0;
+  }
+}
+
+}  // namespace detail
+
+/// @brief The plan of `expr` for its actual shapes, one line per step: each op's kernel
+/// with its output layout, ops fused into one kernel marked as such, and each collective
+/// with its axis, layouts and the bytes each place sends (place 0's block where shards are uneven).
+template <class Expr>
+std::string explain(const Expr& expr) {
+  const auto& node = expr;
+  using node_t = std::remove_cvref_t<Expr>;
+  static_assert(tensor_expression<node_t>, "pdo: explain: pass an expression (an op applied to tensors or dtensors)");
+  constexpr expression_plan plan = plan_of<node_t>();
+  std::vector<detail::node_facts> nodes;
+  detail::collect_nodes(node, nodes);
+  [[maybe_unused]] const auto* mesh = detail::find_mesh(node);  // nullptr for local expressions
+  std::string text = "plan of " + std::string(node_t::name) + " -> " + detail::describe_node(node);
+  if constexpr (node_t::distributed) text += " on " + mesh->describe();
+  text += ": " + std::to_string(plan.kernels()) + " kernel" + (plan.kernels() == 1 ? "" : "s") + ", " +
+          std::to_string(plan.collectives()) + " collective" + (plan.collectives() == 1 ? "" : "s") + "\n";
+  std::size_t line = 0;
+  std::string fused_ops;
+  for (const auto& s : plan) {
+    const auto& facts = nodes[s.node];
+    if (s.kind == plan_step_kind::kernel && s.fused) {
+      fused_ops += std::string(s.op) + " + ";
+      continue;
+    }
+    text += "  " + std::to_string(++line) + ". ";
+    if (s.kind == plan_step_kind::kernel) {
+      text += "kernel " + (fused_ops.empty() ? std::string(s.op) : "fused(" + fused_ops + std::string(s.op) + ")") + " -> " +
+              facts.text.substr(facts.text.find(' ') + 1) + "\n";
+      fused_ops.clear();
+      continue;
+    }
+    const auto& operand = nodes[s.operand_node];
+    text += std::string(s.kind == plan_step_kind::combine_max ? "all_reduce(max)" : step_name(s.move.kind)) + " over " +
+            std::string(s.move.axis) + " for " + std::string(s.op) + (s.kind == plan_step_kind::redistribute
+                                                                           ? " operand " + std::to_string(s.operand) + " (" +
+                                                                                 operand.text + ")"
+                                                                           : std::string()) +
+            ": " + detail::to_string(s.move.before) + " -> " + detail::to_string(s.move.after);
+    if constexpr (node_t::distributed) {
+      const auto& data = s.kind == plan_step_kind::combine_max ? facts : operand;
+      text += ", " + std::to_string(detail::bytes_sent(*mesh, s.move, data.shape, data.element_size)) + " bytes sent per place";
+    }
+    text += "\n";
+  }
+  if (plan.size == 0) text += "  (nothing to compute: the result is the operand)\n";
+  return text;
+}
+
+}  // namespace pdo
+#endif  // PDO_SINGLE_PDO_PLAN_EXPLAIN_HPP
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <numeric>
+#include <optional>
+#include <random>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace pdo::nn {
+
+struct data_parallel_options {
+  /// @brief Gradients are all_reduced in buckets of about this many bytes (at least one
+  /// parameter each), in the order backward completes them (PyTorch DDP's default: 25 MiB).
+  std::size_t bucket_bytes = std::size_t{25} << 20;
+  /// @brief Start a bucket's all_reduce as soon as its last gradient is ready, while
+  /// backward goes on; false: all buckets after backward (for comparison).
+  bool overlap = true;
+};
+
+/// @brief A span of one step on one place, in microseconds from the step's start.
+struct step_event {
+  std::size_t place = 0;
+  std::string what;  ///< "forward", "backward", "all_reduce", "optimizer"
+  std::size_t bucket = 0;
+  double start_us = 0, end_us = 0;
+};
+
+/// @brief The rows of a global batch that one place trains on.
+template <class T, std::size_t R, class Target>
+struct batch_shard {
+  tensor<T, R> inputs;
+  Target targets;
+};
+
+/// @brief Cross-entropy of logits [N, C] against class indices [N]: the default loss.
+struct cross_entropy_loss {
+  template <class V, class Y>
+  auto operator()(const var<V>& logits, const Y& labels) const {
+    return pdo::cross_entropy(logits, labels);
+  }
+};
+/// @brief Mean squared error against targets of the output's shape.
+struct mse_loss {
+  template <class V>
+  auto operator()(const var<V>& out, const V& target) const {
+    return pdo::mse(out, var<V>(target));
+  }
+};
+
+
+}  // namespace pdo::nn
+
+namespace pdo::detail {
+
+/// @brief Rows [first, first + count) of `src` into `dst` (row-major, dim 0 the rows) in the given order.
+template <class T, std::size_t R>
+void copy_rows(const tensor<T, R>& src, const std::vector<std::size_t>& order, std::size_t first, tensor<T, R>& dst) {
+  const std::size_t row = src.extent(0) == 0 ? 0 : src.size() / src.extent(0);
+  for (std::size_t i = 0; i < dst.extent(0); ++i)
+    std::copy_n(src.data() + order[first + i] * row, row, dst.data() + i * row);
+}
+
+template <std::size_t R>
+shape_t<R> with_rows(shape_t<R> s, std::size_t rows) {
+  s[0] = rows;
+  return s;
+}
+
+}  // namespace pdo::detail
+
+namespace pdo::nn {
+
+/// @brief Data-parallel training over the "dp" axis of a mesh.
+///
+/// Every place holds its own replica of the model and of the optimizer state, built by
+/// the factories on that place (so their memory is the place's). A step splits the global
+/// batch by rows along "dp" (uneven shards allowed: 10 rows on 4 places train 3, 3, 2, 2),
+/// runs forward and backward on every place at once, and sums the gradients with
+/// all_reduce. The loss of each place is weighted by its share of the global batch, so
+/// the summed gradient is the gradient of the global batch's mean loss: training on N
+/// places follows the same trajectory as on one place with the same global batch.
+///
+/// Why all_reduce: the planner derives it. A replicated parameter used on rows split
+/// along "dp" gets a gradient matmul(xᵀ, g) whose layout is partial over "dp", and the
+/// plan that brings it back to the parameter's layout is one all_reduce
+/// (`gradient_sync_plan`, checked at compile time below).
+template <class T, class Model, class Optimizer, class Mesh, class Loss = cross_entropy_loss>
+class data_parallel {
+ public:
+  using mesh_type = Mesh;
+  static constexpr std::size_t dp_axis = Mesh::axis_index("dp");
+  static_assert(dp_axis < Mesh::ndim, "pdo: data_parallel: the mesh needs an axis named \"dp\"");
+
+  using data_layout = layout<split<"dp">, replicate>;
+  using param_layout = layout<replicate, replicate>;
+  using gradient_layout =
+      result_layout_t<decltype(pdo::matmul(pdo::transpose(std::declval<const dtensor<T, 2, Mesh, data_layout>&>()),
+                                           std::declval<const dtensor<T, 2, Mesh, data_layout>&>()))>;
+  static constexpr redistribute_plan gradient_sync_plan = redistribute_plan_of<gradient_layout, param_layout>();
+  static_assert(gradient_sync_plan.size == 1 && gradient_sync_plan.steps[0].kind == step_kind::all_reduce &&
+                    gradient_sync_plan.steps[0].axis == "dp",
+                "pdo: data_parallel: the planner should sync replicated gradients with one all_reduce over \"dp\"");
+
+  template <class MakeModel, class MakeOptimizer>
+  data_parallel(const Mesh& m, MakeModel make_model, MakeOptimizer make_optimizer, data_parallel_options o = {}, Loss loss = {})
+      : mesh_(m), options_(o), loss_(loss), replicas_(m.local_places().size()) {
+    pdo::detail::run_on_places("data_parallel", mesh_, [&](std::size_t p, std::size_t k) {
+      auto& r = *(replicas_[k] = std::make_unique<replica>());
+      r.place = p;
+      r.model.emplace(make_model());
+      r.params = parameters_of<T>(*r.model);
+      r.optimizer.emplace(make_optimizer(r.params));
+      r.make_buckets(options_.bucket_bytes);
+    });
+  }
+
+  /// @brief One training step on a global batch (host tensors: inputs [B, ...], targets
+  /// [B, ...]); returns the mean loss over the global batch.
+  template <std::size_t R, class Target>
+  T step(const tensor<T, R>& inputs, const Target& targets) {
+    std::vector<std::size_t> order(inputs.extent(0));
+    std::iota(order.begin(), order.end(), std::size_t{0});
+    return step_on(shard(inputs, targets, order, 0, inputs.extent(0)), inputs.extent(0));
+  }
+
+  struct epoch_stats {
+    std::size_t epoch = 0;
+    double loss = 0;            ///< mean training loss over the epoch's samples
+    double accuracy = 0;        ///< on the training samples, from the step's outputs
+    double samples_per_second = 0;
+    std::size_t samples = 0;
+  };
+
+  struct fit_options {
+    std::size_t epochs = 1;
+    std::size_t batch_size = 64;  ///< global batch
+    std::uint64_t seed = 0;       ///< for the order of the samples in each epoch
+    bool shuffle = true;
+  };
+
+  /// @brief Trains for `epochs` over (inputs, targets), in global batches (the last one
+  /// may be smaller); the next batch is cut and copied to the places by a background
+  /// thread while the current one trains. Calls on_epoch(stats) after each epoch.
+  template <std::size_t R, class Target, class OnEpoch>
+  void fit(const tensor<T, R>& inputs, const Target& targets, fit_options o, OnEpoch&& on_epoch) {
+    const std::size_t n = inputs.extent(0);
+    if (n == 0 || o.batch_size == 0) throw shape_error("data_parallel::fit: no samples, or a batch size of 0");
+    std::mt19937_64 gen(o.seed);
+    std::vector<std::size_t> order(n);
+    std::iota(order.begin(), order.end(), std::size_t{0});
+    for (std::size_t epoch = 0; epoch < o.epochs; ++epoch) {
+      if (o.shuffle) std::shuffle(order.begin(), order.end(), gen);
+      const auto start = std::chrono::steady_clock::now();
+      double total = 0;
+      auto cut = [&](std::size_t first) {
+        const std::size_t rows = std::min(o.batch_size, n - first);
+        return std::async(std::launch::async, [this, &inputs, &targets, &order, first, rows] {
+          return shard(inputs, targets, order, first, rows);
+        });
+      };
+      auto next = cut(0);
+      for (std::size_t first = 0; first < n; first += o.batch_size) {
+        auto current = next.get();
+        const std::size_t rows = std::min(o.batch_size, n - first);
+        if (first + rows < n) next = cut(first + rows);
+        total += static_cast<double>(step_on(std::move(current), rows)) * static_cast<double>(rows);
+      }
+      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      epoch_stats s;
+      s.epoch = epoch;
+      s.loss = total / static_cast<double>(n);
+      s.samples = n;
+      s.samples_per_second = static_cast<double>(n) / seconds;
+      s.accuracy = last_epoch_correct_ / static_cast<double>(n);
+      last_epoch_correct_ = 0;
+      on_epoch(s);
+    }
+  }
+
+  /// @brief The fraction of rows whose largest output is at their label (classification),
+  /// computed on every place over its share of the rows.
+  template <std::size_t R, class Label>
+  double accuracy(const tensor<T, R>& inputs, const tensor<Label, 1>& labels) {
+    std::vector<std::size_t> order(inputs.extent(0));
+    std::iota(order.begin(), order.end(), std::size_t{0});
+    auto shards = shard(inputs, labels, order, 0, inputs.extent(0));
+    std::vector<double> correct(replicas_.size(), 0);
+    pdo::detail::run_on_places("data_parallel::accuracy", mesh_, [&](std::size_t p, std::size_t k) {
+      auto& s = shards[k];
+      double c = s.inputs.extent(0) == 0 ? 0.0 : static_cast<double>(count_correct((*replicas_[k]->model)(var(s.inputs)).value(), s.targets));
+      communicator_along(mesh_, dp_axis, p).all_reduce(std::span<double>(&c, 1));
+      correct[k] = c;
+    });
+    return inputs.extent(0) == 0 ? 0.0 : correct[0] / static_cast<double>(inputs.extent(0));
+  }
+
+  /// @brief The model of the `k`-th place of this process.
+  [[nodiscard]] const Model& model(std::size_t k = 0) const { return *replicas_[k]->model; }
+  [[nodiscard]] std::vector<parameter_ref<T>> parameters(std::size_t k = 0) const { return replicas_[k]->params; }
+  /// @brief The parameters of each bucket, by name, in the order they are all_reduced.
+  [[nodiscard]] std::vector<std::vector<std::string>> buckets() const {
+    std::vector<std::vector<std::string>> out;
+    for (const auto& b : replicas_[0]->buckets) {
+      out.emplace_back();
+      for (std::size_t i : b.params) out.back().push_back(replicas_[0]->params[i].name());
+    }
+    return out;
+  }
+  /// @brief What every place of this process did in the last step, with times.
+  [[nodiscard]] std::vector<step_event> last_step_events() const {
+    std::vector<step_event> all;
+    for (const auto& r : replicas_) all.insert(all.end(), r->events.begin(), r->events.end());
+    return all;
+  }
+  [[nodiscard]] const Mesh& mesh() const { return mesh_; }
+
+  /// @brief The plan of a step, as text: how the batch is cut, the gradient layout the
+  /// planner derives for the replicated parameters, the collective that syncs it, and the
+  /// buckets with the bytes each place sends for them.
+  [[nodiscard]] std::string explain() const {
+    const auto& step = gradient_sync_plan.steps[0];
+    std::string text = "data_parallel on " + mesh_.describe() + ": each place trains the rows " + pdo::layout_name<data_layout>() +
+                       " of the global batch on its own replica\n";
+    text += "  gradient of a replicated parameter used on those rows: matmul(xᵀ, g) -> " + pdo::layout_name<gradient_layout>() + "\n";
+    text += "  synced to " + pdo::layout_name<param_layout>() + " by " + std::string(step_name(step.kind)) + " over \"" +
+            std::string(step.axis) + "\", in buckets of ~" + std::to_string(options_.bucket_bytes) + " B, " +
+            (options_.overlap ? "each started as soon as backward completes it" : "after backward") + "\n";
+    const auto& r = *replicas_[0];
+    for (std::size_t b = 0; b < r.buckets.size(); ++b) {
+      const auto& bk = r.buckets[b];
+      text += "  bucket " + std::to_string(b) + ": " + std::to_string(bk.elements * sizeof(T)) + " B, each place sends " +
+              std::to_string(pdo::detail::bytes_sent(mesh_, step, {bk.elements}, sizeof(T))) + " B:";
+      for (std::size_t j : bk.params) text += " " + r.params[j].name() + " " + r.params[j].shape_text();
+      text += "\n";
+    }
+    return text;
+  }
+
+ private:
+  using clock = std::chrono::steady_clock;
+
+  struct bucket {
+    std::vector<std::size_t> params;  ///< indices into replica::params
+    std::size_t elements = 0;
+    tensor<T, 1> flat;
+    std::size_t waiting = 0;  ///< gradients not yet complete in this step
+    bool ready = false;
+  };
+
+  struct replica {
+    std::size_t place = 0;
+    std::optional<Model> model;
+    std::vector<parameter_ref<T>> params;
+    std::optional<Optimizer> optimizer;
+    std::vector<bucket> buckets;
+    std::vector<std::size_t> bucket_of;  ///< per parameter
+    std::size_t launched = 0;            ///< buckets handed to the communication thread this step
+    std::atomic<std::size_t> finished{0};
+    std::optional<pdo::detail::captured_error> comm_failure;
+    std::mutex events_mutex;
+    std::vector<step_event> events;
+    clock::time_point start;
+    std::unique_ptr<pdo::detail::worker> comm;  ///< runs this place's all_reduces while backward goes on
+
+    void make_buckets(std::size_t bytes) {
+      bucket_of.assign(params.size(), 0);
+      // backward completes the last layers first: buckets follow the parameters in reverse
+      for (std::size_t j = params.size(); j-- > 0;) {
+        if (buckets.empty() || (buckets.back().elements * sizeof(T) >= bytes)) buckets.emplace_back();
+        buckets.back().params.push_back(j);
+        buckets.back().elements += params[j].size();
+        bucket_of[j] = buckets.size() - 1;
+      }
+      for (auto& b : buckets)
+        if (b.params.size() > 1) b.flat = tensor<T, 1>(shape_t<1>{b.elements}, pdo::detail::uninitialized);
+      comm = std::make_unique<pdo::detail::worker>(std::vector<int>{});
+    }
+    double since_start() const { return std::chrono::duration<double, std::micro>(clock::now() - start).count(); }
+    void record(std::string what, std::size_t b, double from, double to) {
+      std::lock_guard lock(events_mutex);
+      events.push_back({place, std::move(what), b, from, to});
+    }
+  };
+
+  template <class Target>
+  static auto cut_targets(const Target& targets, const std::vector<std::size_t>& order, std::size_t first, std::size_t rows,
+                          const any_place& where) {
+    Target t(pdo::detail::with_rows(targets.shape(), rows), where, pdo::detail::uninitialized);
+    pdo::detail::copy_rows(targets, order, first, t);
+    return t;
+  }
+
+  /// @brief Rows order[first, first + rows) of the data, cut into one shard per place of
+  /// this process (in that place's memory).
+  template <std::size_t R, class Target>
+  std::vector<batch_shard<T, R, Target>> shard(const tensor<T, R>& inputs, const Target& targets, const std::vector<std::size_t>& order,
+                                               std::size_t first, std::size_t rows) const {
+    if (targets.extent(0) != inputs.extent(0))
+      throw shape_error("data_parallel: inputs " + describe(inputs) + " and targets " + describe(targets) + " differ in rows");
+    const std::size_t parts = mesh_.extent(dp_axis);
+    std::vector<batch_shard<T, R, Target>> out;
+    for (std::size_t p : mesh_.local_places()) {
+      const std::size_t c = mesh_.coord(p, dp_axis);
+      const std::size_t at = first + pdo::detail::chunk_offset(rows, parts, c), count = pdo::detail::chunk_size(rows, parts, c);
+      tensor<T, R> x(pdo::detail::with_rows(inputs.shape(), count), mesh_.place(p), pdo::detail::uninitialized);
+      pdo::detail::copy_rows(inputs, order, at, x);
+      out.push_back({std::move(x), cut_targets(targets, order, at, count, mesh_.place(p))});
+    }
+    return out;
+  }
+
+  /// @brief Hands bucket `b` to the communication thread, which all_reduces it: a bucket of
+  /// one parameter in place, a bucket of several packed into one buffer.
+  void launch(replica& r, std::size_t b) {
+    auto& bk = r.buckets[b];
+    std::span<T> data = bk.flat.span();
+    if (bk.params.size() == 1) {
+      data = r.params[bk.params[0]].grad_or_zeros();
+    } else {
+      std::size_t at = 0;
+      for (std::size_t j : bk.params) {
+        const auto g = r.params[j].grad_or_zeros();
+        std::copy(g.begin(), g.end(), bk.flat.data() + at);
+        at += g.size();
+      }
+    }
+    ++r.launched;
+    const std::size_t p = r.place;
+    r.comm->submit([this, &r, data, b, p] {
+      const double from = r.since_start();
+      try {
+        communicator_along(mesh_, dp_axis, p).all_reduce(data);
+      } catch (...) {
+        r.comm_failure = pdo::detail::captured_error::current();
+      }
+      r.record("all_reduce", b, from, r.since_start());
+      r.finished.fetch_add(1, std::memory_order_acq_rel);
+      r.finished.notify_all();
+    });
+  }
+  /// @brief Launches the ready buckets, in bucket order (every place all_reduces them in the same order).
+  void launch_ready(replica& r) {
+    while (r.launched < r.buckets.size() && r.buckets[r.launched].ready) launch(r, r.launched);
+  }
+  void wait_launched(replica& r) {
+    for (std::size_t f = r.finished.load(std::memory_order_acquire); f < r.launched; f = r.finished.load(std::memory_order_acquire))
+      r.finished.wait(f, std::memory_order_acquire);
+  }
+
+  template <std::size_t R, class Target>
+  T step_on(std::vector<batch_shard<T, R, Target>> shards, std::size_t global_rows) {
+    std::vector<T> losses(replicas_.size());
+    std::vector<double> corrects(replicas_.size());
+    pdo::detail::run_on_places("data_parallel::step", mesh_, [&](std::size_t p, std::size_t k) {
+      replica& r = *replicas_[k];
+      auto& s = shards[k];
+      r.events.clear();
+      r.start = clock::now();
+      r.launched = 0;
+      r.finished.store(0);
+      r.comm_failure.reset();
+      for (auto& b : r.buckets) {
+        b.waiting = b.params.size();
+        b.ready = false;
+      }
+      for (std::size_t j = 0; j < r.params.size(); ++j) {
+        r.params[j].zero_grad();
+        r.params[j].on_gradient([this, &r, j] {
+          auto& b = r.buckets[r.bucket_of[j]];
+          if (--b.waiting == 0) b.ready = true;
+          if (options_.overlap) launch_ready(r);
+        });
+      }
+      // whatever happens, the communication thread is done with this step's buffers before we return
+      struct drain {
+        data_parallel* self;
+        replica& r;
+        ~drain() { self->wait_launched(r); }
+      } guard{this, r};
+      T local{};
+      std::size_t correct = 0;
+      const std::size_t rows = s.inputs.extent(0);
+      if (rows > 0) {
+        const auto out = (*r.model)(var(s.inputs));
+        const auto loss = loss_(out, s.targets) * (static_cast<T>(rows) / static_cast<T>(global_rows));
+        const double forward_end = r.since_start();
+        r.record("forward", 0, 0, forward_end);
+        if constexpr (std::is_integral_v<typename Target::value_type>) correct = count_correct(out.value(), s.targets);
+        local = loss.value().data()[0];
+        pdo::backward(loss);
+        r.record("backward", 0, forward_end, r.since_start());
+      }
+      for (auto& b : r.buckets) b.ready = true;  // parameters without gradient (no rows here, or unused) send zeros
+      launch_ready(r);
+      wait_launched(r);
+      if (r.comm_failure) r.comm_failure->rethrow_with_context("gradient all_reduce: ");
+      for (auto& b : r.buckets) {
+        if (b.params.size() == 1) continue;  // reduced in place
+        std::size_t at = 0;
+        for (std::size_t j : b.params) {
+          const auto g = r.params[j].grad_or_zeros();
+          std::copy_n(b.flat.data() + at, g.size(), g.data());
+          at += g.size();
+        }
+      }
+      const double opt_start = r.since_start();
+      r.optimizer->step();
+      r.record("optimizer", 0, opt_start, r.since_start());
+      // the global batch's loss and count of correct predictions, on every place
+      double totals[2] = {static_cast<double>(local), static_cast<double>(correct)};
+      communicator_along(mesh_, dp_axis, p).all_reduce(std::span<double>(totals, 2));
+      losses[k] = static_cast<T>(totals[0]);
+      corrects[k] = totals[1];
+    });
+    last_epoch_correct_ += corrects[0];
+    return losses[0];
+  }
+
+  template <class Label>
+  static std::size_t count_correct(const tensor<T, 2>& out, const tensor<Label, 1>& labels) {
+    std::size_t c = 0;
+    const std::size_t classes = out.extent(1);
+    for (std::size_t i = 0; i < out.extent(0); ++i) {
+      const T* row = out.data() + i * classes;
+      c += static_cast<std::size_t>(std::max_element(row, row + classes) - row) == static_cast<std::size_t>(labels(i));
+    }
+    return c;
+  }
+  template <class Out, class Y>
+  static std::size_t count_correct(const Out&, const Y&) {
+    return 0;
+  }
+
+  Mesh mesh_;
+  data_parallel_options options_;
+  Loss loss_;
+  std::vector<std::unique_ptr<replica>> replicas_;
+  double last_epoch_correct_ = 0;
+};
+
+/// @brief A data-parallel trainer: `make_model()` builds a replica (it runs on every place,
+/// so use a fixed seed: all replicas must start equal) and `make_optimizer(parameters)`
+/// its optimizer.
+template <class T, class Mesh, class MakeModel, class MakeOptimizer, class Loss = cross_entropy_loss>
+auto make_data_parallel(const Mesh& m, MakeModel make_model, MakeOptimizer make_optimizer, data_parallel_options o = {},
+                        Loss loss = {}) {
+  using model_t = std::invoke_result_t<MakeModel&>;
+  using optimizer_t = std::invoke_result_t<MakeOptimizer&, std::vector<parameter_ref<T>>>;
+  return data_parallel<T, model_t, optimizer_t, Mesh, Loss>(m, std::move(make_model), std::move(make_optimizer), o, loss);
+}
+
+}  // namespace pdo::nn
+#endif  // PDO_SINGLE_PDO_NN_DATA_PARALLEL_HPP
+// ---- pdo/nn/optim.hpp
+#ifndef PDO_SINGLE_PDO_NN_OPTIM_HPP
+#define PDO_SINGLE_PDO_NN_OPTIM_HPP
+// pdo/nn/optim.hpp: SGD (momentum, weight decay) and Adam / AdamW, with PyTorch's update rules.
+// Each optimizer updates the parameters it was given, in place, on the cores of the place
+// whose thread calls step(): under data parallelism every place steps its own copy.
+
+
+#include <cmath>
+#include <cstddef>
+#include <string>
+#include <vector>
+
+namespace pdo::detail {
+
+template <class T>
+struct sgd_update {
+  T* p;
+  const T* g;
+  T* buf;  ///< momentum buffer, or null
+  T lr, momentum, weight_decay;
+  bool first;
+  PDO_HD void operator()(std::size_t i) const {
+    T d = g[i] + weight_decay * p[i];
+    if (buf != nullptr) {
+      buf[i] = first ? d : momentum * buf[i] + d;
+      d = buf[i];
+    }
+    p[i] -= lr * d;
+  }
+};
+
+template <class T>
+struct adam_update {
+  T* p;
+  const T* g;
+  T* m;
+  T* v;
+  T lr, beta1, beta2, eps, weight_decay;
+  T correction1, correction2;  ///< 1 - beta^t
+  bool decoupled;              ///< AdamW: decay the weights, not the gradient
+  PDO_HD void operator()(std::size_t i) const {
+    using std::sqrt;
+    T d = g[i];
+    if (decoupled) p[i] -= lr * weight_decay * p[i];
+    else d += weight_decay * p[i];
+    m[i] = beta1 * m[i] + (T(1) - beta1) * d;
+    v[i] = beta2 * v[i] + (T(1) - beta2) * d * d;
+    const T mhat = m[i] / correction1, vhat = v[i] / correction2;
+    p[i] -= lr * mhat / (static_cast<T>(sqrt(vhat)) + eps);
+  }
+};
+
+/// @brief f(i) for i in [0, n), on the cores of the calling thread's place.
+template <class F>
+void for_each_index(std::size_t n, F f) {
+  auto system = current_cpu_system();
+  thrust::for_each_n(system, thrust::counting_iterator<std::size_t>(0), n, f);
+}
+
+}  // namespace pdo::detail
+
+namespace pdo::nn {
+
+struct sgd_options {
+  double lr = 0.01;
+  double momentum = 0;
+  double weight_decay = 0;
+};
+
+/// @brief Stochastic gradient descent with optional momentum and (L2) weight decay.
+template <class T>
+class sgd {
+ public:
+  sgd(std::vector<parameter_ref<T>> params, sgd_options o) : params_(std::move(params)), o_(o), buffers_(params_.size()) {}
+
+  /// @brief One update of every parameter that has a gradient.
+  void step() {
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      const auto& p = params_[i];
+      const auto g = p.grad();
+      if (g.empty()) continue;
+      const bool first = buffers_[i].size() == 0 && o_.momentum != 0;
+      if (first) buffers_[i] = tensor<T, 1>(shape_t<1>{p.size()}, pdo::detail::uninitialized);
+      pdo::detail::for_each_index(p.size(), pdo::detail::sgd_update<T>{p.value().data(), g.data(), o_.momentum != 0 ? buffers_[i].data() : nullptr,
+                                                               static_cast<T>(o_.lr), static_cast<T>(o_.momentum),
+                                                               static_cast<T>(o_.weight_decay), first});
+    }
+  }
+  void zero_grad() {
+    for (auto& p : params_) p.zero_grad();
+  }
+  [[nodiscard]] const std::vector<parameter_ref<T>>& parameters() const { return params_; }
+  void set_lr(double lr) { o_.lr = lr; }
+
+ private:
+  std::vector<parameter_ref<T>> params_;
+  sgd_options o_;
+  std::vector<tensor<T, 1>> buffers_;
+};
+
+struct adam_options {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0;
+  bool decoupled_weight_decay = false;  ///< true: AdamW
+};
+
+/// @brief Adam, or AdamW with decoupled_weight_decay (see adamw_options()).
+template <class T>
+class adam {
+ public:
+  adam(std::vector<parameter_ref<T>> params, adam_options o) : params_(std::move(params)), o_(o), m_(params_.size()), v_(params_.size()) {}
+
+  void step() {
+    ++t_;
+    const T c1 = static_cast<T>(1 - std::pow(o_.beta1, static_cast<double>(t_)));
+    const T c2 = static_cast<T>(1 - std::pow(o_.beta2, static_cast<double>(t_)));
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      const auto& p = params_[i];
+      const auto g = p.grad();
+      if (g.empty()) continue;
+      if (m_[i].size() == 0) {
+        m_[i] = tensor<T, 1>(shape_t<1>{p.size()});
+        v_[i] = tensor<T, 1>(shape_t<1>{p.size()});
+      }
+      pdo::detail::for_each_index(p.size(), pdo::detail::adam_update<T>{p.value().data(), g.data(), m_[i].data(), v_[i].data(),
+                                                                static_cast<T>(o_.lr), static_cast<T>(o_.beta1),
+                                                                static_cast<T>(o_.beta2), static_cast<T>(o_.eps),
+                                                                static_cast<T>(o_.weight_decay), c1, c2, o_.decoupled_weight_decay});
+    }
+  }
+  void zero_grad() {
+    for (auto& p : params_) p.zero_grad();
+  }
+  [[nodiscard]] const std::vector<parameter_ref<T>>& parameters() const { return params_; }
+  void set_lr(double lr) { o_.lr = lr; }
+
+ private:
+  std::vector<parameter_ref<T>> params_;
+  adam_options o_;
+  std::vector<tensor<T, 1>> m_, v_;
+  long t_ = 0;
+};
+
+/// @brief AdamW's usual settings: decoupled weight decay 0.01.
+inline adam_options adamw_options(double lr = 1e-3, double weight_decay = 0.01) {
+  adam_options o;
+  o.lr = lr;
+  o.weight_decay = weight_decay;
+  o.decoupled_weight_decay = true;
+  return o;
+}
+
+}  // namespace pdo::nn
+#endif  // PDO_SINGLE_PDO_NN_OPTIM_HPP
+#endif  // PDO_SINGLE_PDO_NN_HPP
 // ---- pdo/place.hpp
 #ifndef PDO_SINGLE_PDO_PLACE_HPP
 #define PDO_SINGLE_PDO_PLACE_HPP
@@ -6407,114 +8564,6 @@ inline std::vector<cuda_place> cuda_places() {
 #define PDO_SINGLE_PDO_PLAN_HPP
 // pdo/plan.hpp: the planner's public face (plan_of, explain, strict).
 
-// ---- pdo/plan/explain.hpp
-#ifndef PDO_SINGLE_PDO_PLAN_EXPLAIN_HPP
-#define PDO_SINGLE_PDO_PLAN_EXPLAIN_HPP
-// pdo/plan/explain.hpp: an expression's plan printed for its actual shapes, with the bytes each collective moves.
-
-
-#include <cstddef>
-#include <string>
-#include <tuple>
-#include <utility>
-#include <vector>
-
-namespace pdo {
-
-namespace detail {
-
-/// @brief What explain knows of one node: its description and global shape.
-struct node_facts {
-  std::string text;
-  std::vector<std::size_t> shape;
-  std::size_t element_size = 0;
-};
-
-/// @brief Records every node of `node`'s subtree in evaluation order (the numbering of plan_of).
-template <class Node>
-void collect_nodes(const Node& node, std::vector<node_facts>& out) {
-  if constexpr (Node::is_scalar) {
-    return;
-  } else {
-    if constexpr (!Node::is_leaf) std::apply([&](const auto&... c) { (collect_nodes(c, out), ...); }, node.children());
-    const auto s = node.shape();
-    out.push_back({std::string(Node::name) + " " + describe_node(node), {s.begin(), s.end()}, sizeof(typename Node::value_type)});
-  }
-}
-
-/// @brief Bytes place 0 sends in one redistribution step of a tensor of `shape` (ring
-/// algorithms: all_reduce 2(n-1)/n of its block, reduce_scatter and all_to_all (n-1)/n,
-/// all_gather (n-1) blocks); local steps send nothing.
-template <class Mesh>
-std::size_t bytes_sent(const Mesh& m, const redistribute_step& s, const std::vector<std::size_t>& shape, std::size_t element) {
-  const std::size_t n = m.extent(Mesh::axis_index(s.axis));
-  std::size_t block = element;
-  for (std::size_t d = 0; d < shape.size(); ++d) {
-    std::size_t e = shape[d];
-    if (!s.before.dim_axis[d].empty()) e = chunk_size(e, m.extent(Mesh::axis_index(s.before.dim_axis[d])), 0);
-    block *= e;
-  }
-  switch (s.kind) {
-    case step_kind::all_reduce: return 2 * (n - 1) * block / n;
-    case step_kind::reduce_scatter:
-    case step_kind::all_to_all: return (n - 1) * block / n;
-    case step_kind::all_gather: return (n - 1) * block;
-    default: return 0;
-  }
-}
-
-}  // namespace detail
-
-/// @brief The plan of `expr` for its actual shapes, one line per step: each op's kernel
-/// with its output layout, ops fused into one kernel marked as such, and each collective
-/// with its axis, layouts and the bytes each place sends (place 0's block where shards are uneven).
-template <class Expr>
-std::string explain(const Expr& expr) {
-  const auto& node = expr;
-  using node_t = std::remove_cvref_t<Expr>;
-  static_assert(tensor_expression<node_t>, "pdo: explain: pass an expression (an op applied to tensors or dtensors)");
-  constexpr expression_plan plan = plan_of<node_t>();
-  std::vector<detail::node_facts> nodes;
-  detail::collect_nodes(node, nodes);
-  [[maybe_unused]] const auto* mesh = detail::find_mesh(node);  // nullptr for local expressions
-  std::string text = "plan of " + std::string(node_t::name) + " -> " + detail::describe_node(node);
-  if constexpr (node_t::distributed) text += " on " + mesh->describe();
-  text += ": " + std::to_string(plan.kernels()) + " kernel" + (plan.kernels() == 1 ? "" : "s") + ", " +
-          std::to_string(plan.collectives()) + " collective" + (plan.collectives() == 1 ? "" : "s") + "\n";
-  std::size_t line = 0;
-  std::string fused_ops;
-  for (const auto& s : plan) {
-    const auto& facts = nodes[s.node];
-    if (s.kind == plan_step_kind::kernel && s.fused) {
-      fused_ops += std::string(s.op) + " + ";
-      continue;
-    }
-    text += "  " + std::to_string(++line) + ". ";
-    if (s.kind == plan_step_kind::kernel) {
-      text += "kernel " + (fused_ops.empty() ? std::string(s.op) : "fused(" + fused_ops + std::string(s.op) + ")") + " -> " +
-              facts.text.substr(facts.text.find(' ') + 1) + "\n";
-      fused_ops.clear();
-      continue;
-    }
-    const auto& operand = nodes[s.operand_node];
-    text += std::string(s.kind == plan_step_kind::combine_max ? "all_reduce(max)" : step_name(s.move.kind)) + " over " +
-            std::string(s.move.axis) + " for " + std::string(s.op) + (s.kind == plan_step_kind::redistribute
-                                                                           ? " operand " + std::to_string(s.operand) + " (" +
-                                                                                 operand.text + ")"
-                                                                           : std::string()) +
-            ": " + detail::to_string(s.move.before) + " -> " + detail::to_string(s.move.after);
-    if constexpr (node_t::distributed) {
-      const auto& data = s.kind == plan_step_kind::combine_max ? facts : operand;
-      text += ", " + std::to_string(detail::bytes_sent(*mesh, s.move, data.shape, data.element_size)) + " bytes sent per place";
-    }
-    text += "\n";
-  }
-  if (plan.size == 0) text += "  (nothing to compute: the result is the operand)\n";
-  return text;
-}
-
-}  // namespace pdo
-#endif  // PDO_SINGLE_PDO_PLAN_EXPLAIN_HPP
 #endif  // PDO_SINGLE_PDO_PLAN_HPP
 // ---- pdo/tensor.hpp
 #ifndef PDO_SINGLE_PDO_TENSOR_HPP

@@ -292,7 +292,8 @@ class data_parallel {
         buckets.back().elements += params[j].size();
         bucket_of[j] = buckets.size() - 1;
       }
-      for (auto& b : buckets) b.flat = tensor<T, 1>(shape_t<1>{b.elements}, pdo::detail::uninitialized);
+      for (auto& b : buckets)
+        if (b.params.size() > 1) b.flat = tensor<T, 1>(shape_t<1>{b.elements}, pdo::detail::uninitialized);
       comm = std::make_unique<pdo::detail::worker>(std::vector<int>{});
     }
     double since_start() const { return std::chrono::duration<double, std::micro>(clock::now() - start).count(); }
@@ -329,21 +330,27 @@ class data_parallel {
     return out;
   }
 
-  /// @brief Hands bucket `b` to the communication thread: its gradients packed into one buffer, all_reduced there.
+  /// @brief Hands bucket `b` to the communication thread, which all_reduces it: a bucket of
+  /// one parameter in place, a bucket of several packed into one buffer.
   void launch(replica& r, std::size_t b) {
     auto& bk = r.buckets[b];
-    std::size_t at = 0;
-    for (std::size_t j : bk.params) {
-      const auto g = r.params[j].grad_or_zeros();
-      std::copy(g.begin(), g.end(), bk.flat.data() + at);
-      at += g.size();
+    std::span<T> data = bk.flat.span();
+    if (bk.params.size() == 1) {
+      data = r.params[bk.params[0]].grad_or_zeros();
+    } else {
+      std::size_t at = 0;
+      for (std::size_t j : bk.params) {
+        const auto g = r.params[j].grad_or_zeros();
+        std::copy(g.begin(), g.end(), bk.flat.data() + at);
+        at += g.size();
+      }
     }
     ++r.launched;
     const std::size_t p = r.place;
-    r.comm->submit([this, &r, &bk, b, p] {
+    r.comm->submit([this, &r, data, b, p] {
       const double from = r.since_start();
       try {
-        communicator_along(mesh_, dp_axis, p).all_reduce(bk.flat.span());
+        communicator_along(mesh_, dp_axis, p).all_reduce(data);
       } catch (...) {
         r.comm_failure = pdo::detail::captured_error::current();
       }
@@ -409,6 +416,7 @@ class data_parallel {
       wait_launched(r);
       if (r.comm_failure) r.comm_failure->rethrow_with_context("gradient all_reduce: ");
       for (auto& b : r.buckets) {
+        if (b.params.size() == 1) continue;  // reduced in place
         std::size_t at = 0;
         for (std::size_t j : b.params) {
           const auto g = r.params[j].grad_or_zeros();

@@ -1,0 +1,136 @@
+// benchmarks/train.cpp: data-parallel training step of an MLP 1024-4096-4096-10 (float32,
+// cross-entropy, SGD), global batch 256: on 1 place and on 2 places (strong scaling: the
+// same global batch; weak scaling: 256 rows per place), the fraction of the gradient
+// all_reduce hidden behind backward, and the step with the all_reduce after backward.
+//
+// Anchor, measured in the same run: OpenBLAS's sgemm on the step's nine matrix products
+// (forward, and the two gradients of each layer) with the cores of one place; "sgemm-only
+// step" is the time those products alone take, and the ratio printed is that time over
+// the step's (1.00 would be a step that costs nothing but its gemms).
+//
+// The same model in PyTorch: benchmarks/train_torch.py.
+//
+//   bench_train [steps] [warmup]
+#include <pdo/pdo.hpp>
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+namespace {
+
+using steady = std::chrono::steady_clock;
+constexpr std::size_t in = 1024, hidden = 4096, classes = 10;
+
+auto make_mlp() {
+  pdo::nn::rng gen(7);
+  using namespace pdo::nn;
+  return sequential(linear<float>(in, hidden, gen), relu{}, linear<float>(hidden, hidden, gen), relu{}, linear<float>(hidden, classes, gen));
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+struct result {
+  double step_ms = 0;
+  double hidden_fraction = 0;  ///< of the all_reduce time, the part inside backward (place 0)
+  double all_reduce_ms = 0;
+};
+
+result run(std::size_t places, std::size_t global_batch, bool overlap, int steps, int warmup) {
+  // places with one half of the cores each (one core each on a 2-core machine); one place is the first of them
+  auto all = pdo::cpu_places(2);
+  if (places == 1) all.pop_back();
+  const auto mesh = pdo::make_mesh<"dp">(all);
+  auto trainer = pdo::nn::make_data_parallel<float>(
+      mesh, make_mlp, [](auto ps) { return pdo::nn::sgd<float>(std::move(ps), {.lr = 0.01}); }, {.overlap = overlap});
+  pdo::tensor<float, 2> x({global_batch, in});
+  pdo::tensor<int, 1> y({global_batch});
+  for (std::size_t i = 0; i < x.size(); ++i) x.data()[i] = static_cast<float>((i * 2654435761u) % 1000) / 1000.0f - 0.5f;
+  for (std::size_t i = 0; i < global_batch; ++i) y(i) = static_cast<int>(i % classes);
+  std::vector<double> times, hidden_fractions, reduce_times;
+  for (int s = 0; s < warmup + steps; ++s) {
+    const auto start = steady::now();
+    (void)trainer.step(x, y);
+    const double ms = std::chrono::duration<double, std::milli>(steady::now() - start).count();
+    if (s < warmup) continue;
+    times.push_back(ms);
+    double backward_start = 0, backward_end = 0, total = 0, inside = 0;
+    const auto events = trainer.last_step_events();
+    for (const auto& e : events)
+      if (e.place == 0 && e.what == "backward") backward_start = e.start_us, backward_end = e.end_us;
+    for (const auto& e : events) {
+      if (e.place != 0 || e.what != "all_reduce") continue;
+      total += e.end_us - e.start_us;
+      inside += std::max(0.0, std::min(e.end_us, backward_end) - std::max(e.start_us, backward_start));
+    }
+    hidden_fractions.push_back(total > 0 ? inside / total : 0);
+    reduce_times.push_back(total / 1000);
+  }
+  return {median(times), places > 1 ? median(hidden_fractions) : 0, places > 1 ? median(reduce_times) : 0};
+}
+
+/// @brief The anchor: milliseconds OpenBLAS's sgemm takes for the nine products of one
+/// step on `rows` rows, on `threads` threads.
+double sgemm_step_ms(std::size_t rows, int threads, int repeats) {
+  openblas_set_num_threads(threads);
+  struct product {
+    std::size_t m, n, k;
+  };
+  const std::size_t dims[] = {in, hidden, hidden, classes};
+  std::vector<product> products;
+  for (std::size_t l = 0; l < 3; ++l) {
+    const std::size_t a = dims[l], b = dims[l + 1];
+    products.push_back({rows, b, a});  // forward
+    products.push_back({a, b, rows});  // weight gradient
+    products.push_back({rows, a, b});  // input gradient
+  }
+  std::vector<float> A(hidden * std::max(rows, hidden)), B(hidden * std::max(rows, hidden)), C(hidden * std::max(rows, hidden));
+  std::fill(A.begin(), A.end(), 0.001f);
+  std::fill(B.begin(), B.end(), 0.002f);
+  std::vector<double> times;
+  for (int r = 0; r < repeats; ++r) {
+    const auto start = steady::now();
+    for (const auto& p : products)
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(p.m), static_cast<int>(p.n), static_cast<int>(p.k), 1.0f,
+                  A.data(), static_cast<int>(p.k), B.data(), static_cast<int>(p.n), 0.0f, C.data(), static_cast<int>(p.n));
+    times.push_back(std::chrono::duration<double, std::milli>(steady::now() - start).count());
+  }
+  return median(times);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int steps = argc > 1 ? std::max(1, std::atoi(argv[1])) : 5;
+  const int warmup = argc > 2 ? std::max(0, std::atoi(argv[2])) : 2;
+  const std::size_t batch = 256;
+  std::printf("MLP %zu-%zu-%zu-%zu, float32, SGD, median of %d steps after %d\n", in, hidden, hidden, classes, steps, warmup);
+
+  const double gemm_1core_256 = sgemm_step_ms(batch, 1, 3);
+  const double gemm_1core_128 = sgemm_step_ms(batch / 2, 1, 3);
+  std::printf("anchor: OpenBLAS sgemm, the step's 9 products, 1 thread: %.1f ms at 256 rows, %.1f ms at 128 rows\n", gemm_1core_256,
+              gemm_1core_128);
+
+  const result one = run(1, batch, true, steps, warmup);
+  std::printf("1 place (half the cores), batch 256:               step %7.1f ms  %6.0f samples/s  sgemm-only step / step = %.2f\n",
+              one.step_ms, 1000.0 * batch / one.step_ms, gemm_1core_256 / one.step_ms);
+  const result strong = run(2, batch, true, steps, warmup);
+  std::printf("2 places, global batch 256 (strong):               step %7.1f ms  %6.0f samples/s  speedup %.2fx  sgemm-only / step = %.2f\n",
+              strong.step_ms, 1000.0 * batch / strong.step_ms, one.step_ms / strong.step_ms, gemm_1core_128 / strong.step_ms);
+  std::printf("    all_reduce %.1f ms per step, %.0f%% of it hidden behind backward\n", strong.all_reduce_ms, 100 * strong.hidden_fraction);
+  const result strong_serial = run(2, batch, false, steps, warmup);
+  std::printf("2 places, global batch 256, all_reduce after backward: step %7.1f ms (overlap saves %.1f%%)\n", strong_serial.step_ms,
+              100 * (strong_serial.step_ms - strong.step_ms) / strong_serial.step_ms);
+  const result weak = run(2, 2 * batch, true, steps, warmup);
+  std::printf("2 places, 256 rows each, global 512 (weak):        step %7.1f ms  %6.0f samples/s  weak-scaling efficiency %.2f\n",
+              weak.step_ms, 1000.0 * 2 * batch / weak.step_ms, one.step_ms / weak.step_ms);
+  std::printf("    all_reduce %.1f ms per step, %.0f%% of it hidden behind backward\n", weak.all_reduce_ms, 100 * weak.hidden_fraction);
+  return 0;
+}
