@@ -5,3 +5,4 @@
 #include <pdo/nn/layers.hpp>
 #include <pdo/nn/module.hpp>
 #include <pdo/nn/optim.hpp>
+#include <pdo/nn/tensor_parallel.hpp>

@@ -76,8 +76,8 @@ auto operator+(const var<A>& a, const var<B>& b) {
   return detail::record(
       std::move(y),
       [a, b](detail::value_node<V>& self) {
-        if (a.requires_grad()) detail::add_grad(a, detail::sum_to<A>(*self.grad, a.shape()));
-        if (b.requires_grad()) detail::add_grad(b, detail::sum_to<B>(*self.grad, b.shape()));
+        if (a.requires_grad()) detail::add_grad(a, detail::sum_to<detail::grad_t<A>>(*self.grad, a.shape()));
+        if (b.requires_grad()) detail::add_grad(b, detail::sum_to<detail::grad_t<B>>(*self.grad, b.shape()));
       },
       a, b);
 }
@@ -89,8 +89,8 @@ auto operator-(const var<A>& a, const var<B>& b) {
   return detail::record(
       std::move(y),
       [a, b](detail::value_node<V>& self) {
-        if (a.requires_grad()) detail::add_grad(a, detail::sum_to<A>(*self.grad, a.shape()));
-        if (b.requires_grad()) detail::add_grad(b, detail::sum_to<B>(pdo::eval(-*self.grad), b.shape()));
+        if (a.requires_grad()) detail::add_grad(a, detail::sum_to<detail::grad_t<A>>(*self.grad, a.shape()));
+        if (b.requires_grad()) detail::add_grad(b, detail::sum_to<detail::grad_t<B>>(pdo::eval(-*self.grad), b.shape()));
       },
       a, b);
 }
@@ -102,8 +102,8 @@ auto operator*(const var<A>& a, const var<B>& b) {
   return detail::record(
       std::move(y),
       [a, b](detail::value_node<V>& self) {
-        if (a.requires_grad()) detail::add_grad(a, detail::sum_to<A>(pdo::eval(*self.grad * b.value()), a.shape()));
-        if (b.requires_grad()) detail::add_grad(b, detail::sum_to<B>(pdo::eval(*self.grad * a.value()), b.shape()));
+        if (a.requires_grad()) detail::add_grad(a, detail::sum_to<detail::grad_t<A>>(pdo::eval(*self.grad * b.value()), a.shape()));
+        if (b.requires_grad()) detail::add_grad(b, detail::sum_to<detail::grad_t<B>>(pdo::eval(*self.grad * a.value()), b.shape()));
       },
       a, b);
 }
@@ -115,9 +115,9 @@ auto operator/(const var<A>& a, const var<B>& b) {
   return detail::record(
       std::move(y),
       [a, b](detail::value_node<V>& self) {
-        if (a.requires_grad()) detail::add_grad(a, detail::sum_to<A>(pdo::eval(*self.grad / b.value()), a.shape()));
+        if (a.requires_grad()) detail::add_grad(a, detail::sum_to<detail::grad_t<A>>(pdo::eval(*self.grad / b.value()), a.shape()));
         if (b.requires_grad())
-          detail::add_grad(b, detail::sum_to<B>(pdo::eval(-(*self.grad * self.value) / b.value()), b.shape()));
+          detail::add_grad(b, detail::sum_to<detail::grad_t<B>>(pdo::eval(-(*self.grad * self.value) / b.value()), b.shape()));
       },
       a, b);
 }
@@ -133,9 +133,9 @@ auto maximum(const var<A>& a, const var<B>& b) {
       [a, b](detail::value_node<V>& self) {
         const auto& g = *self.grad;
         if (a.requires_grad())
-          detail::add_grad(a, detail::sum_to<A>(pdo::eval(pdo::where(pdo::greater_equal(a.value(), b.value()), g, T(0))), a.shape()));
+          detail::add_grad(a, detail::sum_to<detail::grad_t<A>>(pdo::eval(pdo::where(pdo::greater_equal(a.value(), b.value()), g, T(0))), a.shape()));
         if (b.requires_grad())
-          detail::add_grad(b, detail::sum_to<B>(pdo::eval(pdo::where(pdo::greater_equal(a.value(), b.value()), T(0), g)), b.shape()));
+          detail::add_grad(b, detail::sum_to<detail::grad_t<B>>(pdo::eval(pdo::where(pdo::greater_equal(a.value(), b.value()), T(0), g)), b.shape()));
       },
       a, b);
 }
@@ -151,9 +151,9 @@ auto minimum(const var<A>& a, const var<B>& b) {
       [a, b](detail::value_node<V>& self) {
         const auto& g = *self.grad;
         if (a.requires_grad())
-          detail::add_grad(a, detail::sum_to<A>(pdo::eval(pdo::where(pdo::less_equal(a.value(), b.value()), g, T(0))), a.shape()));
+          detail::add_grad(a, detail::sum_to<detail::grad_t<A>>(pdo::eval(pdo::where(pdo::less_equal(a.value(), b.value()), g, T(0))), a.shape()));
         if (b.requires_grad())
-          detail::add_grad(b, detail::sum_to<B>(pdo::eval(pdo::where(pdo::less_equal(a.value(), b.value()), T(0), g)), b.shape()));
+          detail::add_grad(b, detail::sum_to<detail::grad_t<B>>(pdo::eval(pdo::where(pdo::less_equal(a.value(), b.value()), T(0), g)), b.shape()));
       },
       a, b);
 }
@@ -170,8 +170,8 @@ auto where(const C& condition, const var<A>& a, const var<B>& b) {
       std::move(y),
       [cond, a, b](detail::value_node<V>& self) {
         const auto& g = *self.grad;
-        if (a.requires_grad()) detail::add_grad(a, detail::sum_to<A>(pdo::eval(pdo::where(cond, g, T(0))), a.shape()));
-        if (b.requires_grad()) detail::add_grad(b, detail::sum_to<B>(pdo::eval(pdo::where(cond, T(0), g)), b.shape()));
+        if (a.requires_grad()) detail::add_grad(a, detail::sum_to<detail::grad_t<A>>(pdo::eval(pdo::where(cond, g, T(0))), a.shape()));
+        if (b.requires_grad()) detail::add_grad(b, detail::sum_to<detail::grad_t<B>>(pdo::eval(pdo::where(cond, T(0), g)), b.shape()));
       },
       a, b);
 }

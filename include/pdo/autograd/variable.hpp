@@ -34,8 +34,7 @@ struct value_kind<tensor<T, R>> {
   static constexpr bool distributed = false;
   using element_type = T;
   static constexpr std::size_t rank = R;
-  template <std::size_t R2>
-  using with_rank = tensor<T, R2>;
+  using grad_type = tensor<T, R>;
 };
 template <class T, std::size_t R, class M, class L>
 struct value_kind<dtensor<T, R, M, L>> {
@@ -43,7 +42,14 @@ struct value_kind<dtensor<T, R, M, L>> {
   static constexpr bool distributed = true;
   using element_type = T;
   static constexpr std::size_t rank = R;
+  /// @brief The gradient of a partial value (a pending sum) is the same for every addend:
+  /// replicated over those axes. So an all_reduce's gradient is the identity (Megatron's g).
+  using grad_type = dtensor<T, R, M, typename L::base>;
 };
+
+/// @brief The type of the gradient of a value of type V.
+template <class V>
+using grad_t = typename value_kind<V>::grad_type;
 
 /// @brief A value autograd can differentiate: a floating-point tensor or dtensor.
 template <class V>
@@ -100,7 +106,7 @@ struct value_node final : grad_node {
   value_node(V v, std::vector<std::shared_ptr<grad_node>> in) : grad_node(std::move(in)), value(std::move(v)) {}
 
   V value;
-  std::optional<V> grad;
+  std::optional<grad_t<V>> grad;
   /// @brief Given this node (its value and gradient), adds to its inputs' gradients.
   std::function<void(value_node&)> backward;
 
@@ -113,9 +119,9 @@ struct value_node final : grad_node {
     backward = nullptr;
   }
   /// @brief Adds `g` to the gradient.
-  void accumulate(V g) {
+  void accumulate(grad_t<V> g) {
     if (!grad) grad.emplace(std::move(g));
-    else grad.emplace(eval_as<V>(*grad + g));
+    else grad.emplace(eval_as<grad_t<V>>(*grad + g));
   }
 };
 
@@ -151,14 +157,14 @@ class var {
   [[nodiscard]] bool requires_grad() const { return requires_grad_; }
   [[nodiscard]] bool is_leaf() const { return node_->leaf; }
   [[nodiscard]] bool has_grad() const { return node_->grad.has_value(); }
-  /// @brief The gradient accumulated by pdo::backward.
-  [[nodiscard]] const V& grad() const {
+  /// @brief The gradient accumulated by pdo::backward (for a partial dtensor: replicated over its partial axes).
+  [[nodiscard]] const detail::grad_t<V>& grad() const {
     if (!node_->grad)
       throw error("var::grad: no gradient: " + std::string(requires_grad_ ? "backward has not reached this value"
                                                                           : "the value does not require a gradient"));
     return *node_->grad;
   }
-  [[nodiscard]] V& grad() { return const_cast<V&>(std::as_const(*this).grad()); }
+  [[nodiscard]] detail::grad_t<V>& grad() { return const_cast<detail::grad_t<V>&>(std::as_const(*this).grad()); }
   /// @brief Forgets the gradient (before the next backward, which would add to it).
   void zero_grad() { node_->grad.reset(); }
   /// @brief Calls `f()` during backward once this leaf's gradient is complete.
@@ -205,8 +211,9 @@ var<V> record(V value, Backward backward, const Operands&... operands) {
 template <class A, class G>
 void add_grad(const var<A>& a, G&& g) {
   if (!a.requires_grad()) return;
-  if constexpr (std::is_same_v<std::remove_cvref_t<G>, A>) a.node()->accumulate(A(std::forward<G>(g)));
-  else a.node()->accumulate(eval_as<A>(std::forward<G>(g)));
+  using target = grad_t<A>;
+  if constexpr (std::is_same_v<std::remove_cvref_t<G>, target>) a.node()->accumulate(target(std::forward<G>(g)));
+  else a.node()->accumulate(eval_as<target>(std::forward<G>(g)));
 }
 
 /// @brief The element of a rank-0 value (gathered to the host for a dtensor).
@@ -224,7 +231,7 @@ auto scalar_of(const V& v) {
 /// computed to the first; a leaf's on_gradient hook fires as soon as its last use has
 /// contributed. Intermediate gradients are freed as they are consumed.
 template <class V>
-void backward(const var<V>& out, V seed) {
+void backward(const var<V>& out, detail::grad_t<V> seed) {
   if (!out.requires_grad()) throw error("backward: the value does not depend on anything that requires a gradient");
   std::vector<detail::grad_node*> nodes;
   std::unordered_map<detail::grad_node*, std::size_t> uses;
@@ -258,7 +265,7 @@ void backward(const var<V>& loss) {
   static_assert(detail::value_kind<V>::rank == 0,
                 "pdo: backward(loss) needs a rank-0 value; pass the seed gradient for other values: backward(out, seed)");
   using T = typename detail::value_kind<V>::element_type;
-  backward(loss, detail::eval_as<V>(detail::make_elementwise<op::expand>(T(1), loss.value())));
+  backward(loss, detail::eval_as<detail::grad_t<V>>(detail::make_elementwise<op::expand>(T(1), loss.value())));
 }
 
 }  // namespace pdo

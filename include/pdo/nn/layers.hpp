@@ -17,13 +17,16 @@
 
 namespace pdo::nn {
 
-/// @brief y = x W + b, with W [in, out] and b [out]; x [..., in].
-template <class T>
+/// @brief y = x W + b, with W [in, out] and b [out]; x [..., in]. The parameters are local
+/// tensors, or dtensors with layouts (see tensor_parallel): the same layer, planned.
+template <class T, class W = tensor<T, 2>, class B = tensor<T, 1>>
 class linear {
  public:
   linear(std::size_t in, std::size_t out, rng& gen)
+    requires(std::is_same_v<W, tensor<T, 2>> && std::is_same_v<B, tensor<T, 1>>)
       : weight(parameter(init::fan_in_uniform<T>(shape_t<2>{in, out}, in, gen))),
         bias(parameter(init::fan_in_uniform<T>(shape_t<1>{out}, in, gen))) {}
+  linear(var<W> w, var<B> b) : weight(std::move(w)), bias(std::move(b)) {}
 
   template <class V>
   auto operator()(const var<V>& x) const {
@@ -33,8 +36,8 @@ class linear {
     return {{prefix + "weight", weight}, {prefix + "bias", bias}};
   }
 
-  var<tensor<T, 2>> weight;
-  var<tensor<T, 1>> bias;
+  var<W> weight;
+  var<B> bias;
 };
 
 /// @brief 2-D convolution over [N, in_channels, H, W] with a square kernel.

@@ -21,49 +21,90 @@ namespace pdo::nn {
 /// on every place and every run.
 using rng = std::mt19937_64;
 
-/// @brief One named parameter of a model, whatever its rank: its values, its gradient,
-/// and the hook backward calls when that gradient is complete. Copies refer to the same parameter.
+/// @brief One named parameter of a model, whatever its rank and kind (a local tensor, or a
+/// dtensor whose shards live on the places of this process): its values and its gradient
+/// as blocks of memory (one for a tensor, one per local shard for a dtensor), and the hook
+/// backward calls when the gradient is complete. Copies refer to the same parameter.
 template <class T>
 class parameter_ref {
  public:
-  template <std::size_t R>
-  parameter_ref(std::string name, var<tensor<T, R>> v) : name_(std::move(name)), impl_(std::make_shared<holder<R>>(std::move(v))) {}
+  template <class V>
+  parameter_ref(std::string name, var<V> v) : name_(std::move(name)), impl_(std::make_shared<holder<V>>(std::move(v))) {}
 
   [[nodiscard]] const std::string& name() const { return name_; }
-  [[nodiscard]] std::span<T> value() const { return impl_->value(); }
-  [[nodiscard]] std::size_t size() const { return impl_->value().size(); }
+  /// @brief The values, one block per tensor or local shard.
+  [[nodiscard]] std::vector<std::span<T>> value_blocks() const { return impl_->value_blocks(); }
+  /// @brief The gradient's blocks (none when backward has given no gradient).
+  [[nodiscard]] std::vector<std::span<T>> grad_blocks() const { return impl_->grad_blocks(); }
+  /// @brief The values of a local parameter (one block).
+  [[nodiscard]] std::span<T> value() const { return single(impl_->value_blocks(), "value"); }
+  /// @brief The gradient of a local parameter; empty when backward has given none.
+  [[nodiscard]] std::span<T> grad() const {
+    const auto blocks = impl_->grad_blocks();
+    return blocks.empty() ? std::span<T>() : single(blocks, "grad");
+  }
+  /// @brief The elements of this process's blocks.
+  [[nodiscard]] std::size_t size() const {
+    std::size_t n = 0;
+    for (const auto& b : impl_->value_blocks()) n += b.size();
+    return n;
+  }
   [[nodiscard]] std::size_t bytes() const { return size() * sizeof(T); }
-  /// @brief The gradient; empty when backward has given none.
-  [[nodiscard]] std::span<T> grad() const { return impl_->grad(); }
-  /// @brief A zero gradient, allocated if there is none (a place with no samples still takes part).
+  /// @brief A local parameter's gradient, zero-filled first if there is none (a place with
+  /// no samples still takes part in the gradient all_reduce).
   [[nodiscard]] std::span<T> grad_or_zeros() const { return impl_->grad_or_zeros(); }
   void zero_grad() const { impl_->zero_grad(); }
   void on_gradient(std::function<void()> f) const { impl_->on_gradient(std::move(f)); }
   [[nodiscard]] std::string shape_text() const { return impl_->shape_text(); }
 
  private:
+  std::span<T> single(const std::vector<std::span<T>>& blocks, const char* what) const {
+    if (blocks.size() != 1)
+      throw layout_error("parameter " + name_ + ": " + what + "(): the parameter has " + std::to_string(blocks.size()) +
+                         " local blocks; use " + what + "_blocks()");
+    return blocks[0];
+  }
   struct base {
     virtual ~base() = default;
-    virtual std::span<T> value() = 0;
-    virtual std::span<T> grad() = 0;
+    virtual std::vector<std::span<T>> value_blocks() = 0;
+    virtual std::vector<std::span<T>> grad_blocks() = 0;
     virtual std::span<T> grad_or_zeros() = 0;
     virtual void zero_grad() = 0;
     virtual void on_gradient(std::function<void()> f) = 0;
     virtual std::string shape_text() = 0;
   };
-  template <std::size_t R>
+  template <class V>
   struct holder final : base {
-    explicit holder(var<tensor<T, R>> x) : v(std::move(x)) {}
-    var<tensor<T, R>> v;
-    std::span<T> value() override { return v.value().span(); }
-    std::span<T> grad() override { return v.has_grad() ? v.grad().span() : std::span<T>(); }
+    explicit holder(var<V> x) : v(std::move(x)) {}
+    var<V> v;
+    template <class X>
+    static std::vector<std::span<T>> blocks_of(X& value) {
+      if constexpr (var<V>::distributed) {
+        std::vector<std::span<T>> out;
+        for (auto& shard : value.local_shards()) out.push_back(shard.span());
+        return out;
+      } else {
+        return {value.span()};
+      }
+    }
+    std::vector<std::span<T>> value_blocks() override { return blocks_of(v.value()); }
+    std::vector<std::span<T>> grad_blocks() override {
+      return v.has_grad() ? blocks_of(v.grad()) : std::vector<std::span<T>>{};
+    }
     std::span<T> grad_or_zeros() override {
-      if (!v.has_grad()) v.node()->grad.emplace(v.shape());
-      return v.grad().span();
+      if constexpr (var<V>::distributed) {
+        throw layout_error("parameter: grad_or_zeros() is for local parameters; " + shape_text() + " is a dtensor");
+      } else {
+        if (!v.has_grad()) v.node()->grad.emplace(v.shape());
+        return v.grad().span();
+      }
     }
     void zero_grad() override { v.zero_grad(); }
     void on_gradient(std::function<void()> f) override { v.on_gradient(std::move(f)); }
-    std::string shape_text() override { return describe(v.value()); }
+    std::string shape_text() override {
+      if constexpr (var<V>::distributed) return v.value().describe();
+      else return describe(v.value());
+    }
   };
   std::string name_;
   std::shared_ptr<base> impl_;

@@ -75,17 +75,21 @@ class sgd {
  public:
   sgd(std::vector<parameter_ref<T>> params, sgd_options o) : params_(std::move(params)), o_(o), buffers_(params_.size()) {}
 
-  /// @brief One update of every parameter that has a gradient.
+  /// @brief One update of every parameter that has a gradient (of each of its local blocks).
   void step() {
     for (std::size_t i = 0; i < params_.size(); ++i) {
-      const auto& p = params_[i];
-      const auto g = p.grad();
-      if (g.empty()) continue;
-      const bool first = buffers_[i].size() == 0 && o_.momentum != 0;
-      if (first) buffers_[i] = tensor<T, 1>(shape_t<1>{p.size()}, pdo::detail::uninitialized);
-      pdo::detail::for_each_index(p.size(), pdo::detail::sgd_update<T>{p.value().data(), g.data(), o_.momentum != 0 ? buffers_[i].data() : nullptr,
+      const auto values = params_[i].value_blocks();
+      const auto grads = params_[i].grad_blocks();
+      if (grads.empty()) continue;
+      auto& buffers = buffers_[i];
+      const bool first = buffers.empty() && o_.momentum != 0;
+      for (std::size_t k = 0; k < values.size(); ++k) {
+        if (first) buffers.emplace_back(shape_t<1>{values[k].size()}, pdo::detail::uninitialized);
+        pdo::detail::for_each_index(values[k].size(),
+                                    pdo::detail::sgd_update<T>{values[k].data(), grads[k].data(), o_.momentum != 0 ? buffers[k].data() : nullptr,
                                                                static_cast<T>(o_.lr), static_cast<T>(o_.momentum),
                                                                static_cast<T>(o_.weight_decay), first});
+      }
     }
   }
   void zero_grad() {
@@ -97,7 +101,7 @@ class sgd {
  private:
   std::vector<parameter_ref<T>> params_;
   sgd_options o_;
-  std::vector<tensor<T, 1>> buffers_;
+  std::vector<std::vector<tensor<T, 1>>> buffers_;  ///< momentum, per parameter and block
 };
 
 struct adam_options {
@@ -120,17 +124,20 @@ class adam {
     const T c1 = static_cast<T>(1 - std::pow(o_.beta1, static_cast<double>(t_)));
     const T c2 = static_cast<T>(1 - std::pow(o_.beta2, static_cast<double>(t_)));
     for (std::size_t i = 0; i < params_.size(); ++i) {
-      const auto& p = params_[i];
-      const auto g = p.grad();
-      if (g.empty()) continue;
-      if (m_[i].size() == 0) {
-        m_[i] = tensor<T, 1>(shape_t<1>{p.size()});
-        v_[i] = tensor<T, 1>(shape_t<1>{p.size()});
-      }
-      pdo::detail::for_each_index(p.size(), pdo::detail::adam_update<T>{p.value().data(), g.data(), m_[i].data(), v_[i].data(),
-                                                                static_cast<T>(o_.lr), static_cast<T>(o_.beta1),
-                                                                static_cast<T>(o_.beta2), static_cast<T>(o_.eps),
-                                                                static_cast<T>(o_.weight_decay), c1, c2, o_.decoupled_weight_decay});
+      const auto values = params_[i].value_blocks();
+      const auto grads = params_[i].grad_blocks();
+      if (grads.empty()) continue;
+      if (m_[i].empty())
+        for (const auto& b : values) {
+          m_[i].emplace_back(shape_t<1>{b.size()});
+          v_[i].emplace_back(shape_t<1>{b.size()});
+        }
+      for (std::size_t k = 0; k < values.size(); ++k)
+        pdo::detail::for_each_index(values[k].size(),
+                                    pdo::detail::adam_update<T>{values[k].data(), grads[k].data(), m_[i][k].data(), v_[i][k].data(),
+                                                                static_cast<T>(o_.lr), static_cast<T>(o_.beta1), static_cast<T>(o_.beta2),
+                                                                static_cast<T>(o_.eps), static_cast<T>(o_.weight_decay), c1, c2,
+                                                                o_.decoupled_weight_decay});
     }
   }
   void zero_grad() {
@@ -142,7 +149,7 @@ class adam {
  private:
   std::vector<parameter_ref<T>> params_;
   adam_options o_;
-  std::vector<tensor<T, 1>> m_, v_;
+  std::vector<std::vector<tensor<T, 1>>> m_, v_;  ///< moments, per parameter and block
   long t_ = 0;
 };
 

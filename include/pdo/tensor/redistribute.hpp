@@ -9,6 +9,8 @@
 #include <pdo/tensor/dtensor.hpp>
 
 #include <algorithm>
+#include <array>
+#include <atomic>
 #include <cstddef>
 #include <span>
 #include <string>
@@ -18,6 +20,12 @@
 namespace pdo {
 
 namespace detail {
+
+/// @brief How many collectives of each kind the plans have run (see planned_collectives).
+inline std::array<std::atomic<std::size_t>, 7>& planned_collective_counts() {
+  static std::array<std::atomic<std::size_t>, 7> counts{};
+  return counts;
+}
 
 /// @brief One step of a redistribution on place `p`: turns `shard` (laid out as
 /// step.before) into its shard under step.after. Every place of the mesh runs it at once.
@@ -40,6 +48,7 @@ tensor<T, Rank> apply_step(const redistribute_step& step, const Mesh& m, const s
     return out;
   } else {
     const mesh_communicator comm = communicator_along(m, a, p);
+    if (me == 0) planned_collective_counts()[static_cast<std::size_t>(Kind)].fetch_add(1, std::memory_order_relaxed);
     if constexpr (Kind == step_kind::all_reduce) {
       comm.all_reduce(shard.span());
       return shard;
@@ -123,6 +132,17 @@ void check_same_host_shape(const Mesh& m, std::size_t p, const shape_t<Rank>& sh
 }
 
 }  // namespace detail
+
+/// @brief How many collectives of kind `k` the planned redistributions have run in this
+/// process since reset_planned_collectives() (eval, redistribute, autograd's gradients),
+/// each counted once per group of places that ran it together. For tests and tuning:
+/// `pdo::plan_of` says what a plan will run; this says what ran.
+inline std::size_t planned_collectives(step_kind k) {
+  return detail::planned_collective_counts()[static_cast<std::size_t>(k)].load(std::memory_order_relaxed);
+}
+inline void reset_planned_collectives() {
+  for (auto& c : detail::planned_collective_counts()) c.store(0, std::memory_order_relaxed);
+}
 
 /// @brief Cuts the host tensor `host` over `m` as `Layout`: each place of this process
 /// gets its chunk of the split dims, in its own memory; for partial axes, the places at

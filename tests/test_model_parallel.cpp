@@ -1,0 +1,130 @@
+// Model parallelism: tensor parallel (the Megatron pair, derived from parameter layouts),
+// hybrid data x tensor meshes, and training that matches one place step by step.
+#include "support.hpp"
+
+#include <pdo/nn.hpp>
+
+#include <vector>
+
+namespace {
+
+using pdo::replicate;
+template <pdo::fixed_string A>
+using split = pdo::split<A>;
+
+auto make_mlp() {
+  pdo::nn::rng gen(21);
+  namespace nn = pdo::nn;
+  // two Megatron pairs; hidden widths 10 and 7 do not divide by 3 or 4: uneven shards
+  return nn::sequential(nn::linear<double>(6, 10, gen), nn::gelu{}, nn::linear<double>(10, 5, gen), nn::tanh{},
+                        nn::linear<double>(5, 7, gen), nn::relu{}, nn::linear<double>(7, 4, gen));
+}
+
+pdo::tensor<int, 1> labels_for(std::size_t n) {
+  pdo::tensor<int, 1> y({n});
+  for (std::size_t i = 0; i < n; ++i) y(i) = static_cast<int>((i * 7 + 1) % 4);
+  return y;
+}
+
+/// @brief Losses of `steps` SGD steps of the local model on (x, y).
+std::vector<double> local_losses(const pdo::tensor<double, 2>& x, const pdo::tensor<int, 1>& y, int steps) {
+  auto model = make_mlp();
+  pdo::nn::sgd<double> opt(pdo::nn::parameters_of<double>(model), {.lr = 0.2, .momentum = 0.5});
+  std::vector<double> losses;
+  for (int s = 0; s < steps; ++s) {
+    opt.zero_grad();
+    const auto loss = pdo::cross_entropy(model(pdo::var(x)), y);
+    pdo::backward(loss);
+    opt.step();
+    losses.push_back(loss.value().data()[0]);
+  }
+  return losses;
+}
+
+/// @brief The same, tensor parallel along "tp" on `m`, the batch split along "dp" if the mesh has it.
+template <class Mesh>
+std::vector<double> parallel_losses(const Mesh& m, const pdo::tensor<double, 2>& x, const pdo::tensor<int, 1>& y, int steps) {
+  auto model = pdo::nn::tensor_parallel<"tp">(m, make_mlp());
+  pdo::nn::sgd<double> opt(pdo::nn::parameters_of<double>(model), {.lr = 0.2, .momentum = 0.5});
+  using rows = std::conditional_t<Mesh::has_axis("dp"), pdo::layout<split<"dp">, replicate>, pdo::layout<replicate, replicate>>;
+  using label_rows = std::conditional_t<Mesh::has_axis("dp"), pdo::layout<split<"dp">>, pdo::layout<replicate>>;
+  const auto dx = pdo::var(pdo::distribute<rows>(m, x));
+  const auto dy = pdo::distribute<label_rows>(m, y);
+  std::vector<double> losses;
+  for (int s = 0; s < steps; ++s) {
+    opt.zero_grad();
+    const auto loss = pdo::cross_entropy(model(dx), dy);
+    pdo::backward(loss);
+    opt.step();
+    losses.push_back(pdo::gather(loss.value()).data()[0]);
+  }
+  return losses;
+}
+
+}  // namespace
+
+TEST_CASE("tensor parallel: the Megatron pair's collectives follow from the parameter layouts", "[model_parallel][tp]") {
+  using mesh_t = pdo::mesh<"tp">;
+  using X = pdo::dtensor<float, 2, mesh_t, pdo::layout<replicate, replicate>>;
+  using W1 = pdo::dtensor<float, 2, mesh_t, pdo::layout<replicate, split<"tp">>>;
+  using B1 = pdo::dtensor<float, 1, mesh_t, pdo::layout<split<"tp">>>;
+  using W2 = pdo::dtensor<float, 2, mesh_t, pdo::layout<split<"tp">, replicate>>;
+  using B2 = pdo::dtensor<float, 1, mesh_t, pdo::layout<replicate>>;
+  // forward: column-parallel then row-parallel: exactly one all_reduce (the partial sum, reduced by the bias add)
+  using forward = decltype(pdo::matmul(pdo::gelu(pdo::matmul(std::declval<const X&>(), std::declval<const W1&>()) + std::declval<const B1&>()),
+                                       std::declval<const W2&>()) +
+                           std::declval<const B2&>());
+  static_assert(pdo::plan_of<forward>().collectives() == 1);
+  static_assert(pdo::plan_of<forward>().count(pdo::step_kind::all_reduce) == 1);
+  static_assert(std::is_same_v<pdo::result_layout_t<forward>, pdo::layout<replicate, replicate>>);
+  // backward: the output gradient g is replicated; the hidden gradient g W2ᵀ stays split (no communication) ...
+  using G = X;
+  using grad_h = decltype(pdo::matmul(std::declval<const G&>(), pdo::transpose(std::declval<const W2&>())));
+  static_assert(pdo::plan_of<grad_h>().collectives() == 0);
+  static_assert(std::is_same_v<pdo::result_layout_t<grad_h>, pdo::layout<replicate, split<"tp">>>);
+  // ... so are the weight gradients ...
+  using H = pdo::dtensor<float, 2, mesh_t, pdo::layout<replicate, split<"tp">>>;
+  using grad_w1 = decltype(pdo::matmul(pdo::transpose(std::declval<const X&>()), std::declval<const H&>()));
+  static_assert(std::is_same_v<pdo::result_layout_t<grad_w1>, W1::layout_type>);
+  using grad_w2 = decltype(pdo::matmul(pdo::transpose(std::declval<const H&>()), std::declval<const G&>()));
+  static_assert(std::is_same_v<pdo::result_layout_t<grad_w2>, W2::layout_type>);
+  // ... and the input gradient g_h W1ᵀ is a partial sum: one all_reduce brings it to x's layout
+  using grad_x = decltype(pdo::matmul(std::declval<const H&>(), pdo::transpose(std::declval<const W1&>())));
+  static_assert(std::is_same_v<pdo::result_layout_t<grad_x>, X::layout_type::partial<"tp">>);
+  static_assert(pdo::redistribute_plan_of<pdo::result_layout_t<grad_x>, X::layout_type>().count(pdo::step_kind::all_reduce) == 1);
+}
+
+TEST_CASE("tensor parallel: one all_reduce forward and one backward per pair, run", "[model_parallel][tp]") {
+  const auto m = pdo::make_mesh<"tp">(pdo::cpu_places(2));
+  pdo::nn::rng gen(3);
+  pdo::nn::sequential pair(pdo::nn::linear<double>(6, 8, gen), pdo::nn::gelu{}, pdo::nn::linear<double>(8, 6, gen));
+  auto tp = pdo::nn::tensor_parallel<"tp">(m, pair);
+  auto x = pdo::parameter(pdo::distribute<pdo::layout<replicate, replicate>>(m, pdo_test::random_tensor<double>(pdo::shape_t<2>{5, 6}, 1)));
+  pdo::reset_planned_collectives();
+  const auto y = tp(x);
+  CHECK(pdo::planned_collectives(pdo::step_kind::all_reduce) == 1);
+  const auto loss = pdo::sum(y * y);
+  pdo::reset_planned_collectives();
+  pdo::backward(loss);
+  CHECK(pdo::planned_collectives(pdo::step_kind::all_reduce) == 1);
+  CHECK(pdo::planned_collectives(pdo::step_kind::all_gather) == 0);
+  CHECK(pdo::planned_collectives(pdo::step_kind::reduce_scatter) == 0);
+}
+
+TEST_CASE("tensor parallel: training matches one place step by step, on 1-4 places and data x tensor meshes",
+          "[model_parallel][tp]") {
+  const auto x = pdo_test::random_tensor<double>(pdo::shape_t<2>{9, 6}, 5);
+  const auto y = labels_for(9);
+  const auto reference = local_losses(x, y, 4);
+  REQUIRE(reference.back() < reference.front());
+  for (std::size_t n : pdo_test::line_sizes()) {
+    INFO(n << " places along tp");
+    const auto losses = parallel_losses(pdo::make_mesh<"tp">(pdo::cpu_places(n)), x, y, 4);
+    for (std::size_t s = 0; s < losses.size(); ++s) CHECK(losses[s] == Approx(reference[s]).epsilon(1e-10));
+  }
+  for (auto [dp, tp] : {std::pair<std::size_t, std::size_t>{2, 2}, {3, 1}, {1, 3}}) {
+    INFO("dp " << dp << " x tp " << tp);
+    const auto losses = parallel_losses(pdo::make_mesh<"dp", "tp">(pdo::cpu_places(dp * tp), {dp, tp}), x, y, 4);
+    for (std::size_t s = 0; s < losses.size(); ++s) CHECK(losses[s] == Approx(reference[s]).epsilon(1e-10));
+  }
+}
