@@ -6,3 +6,4 @@
 #include <pdo/nn/module.hpp>
 #include <pdo/nn/optim.hpp>
 #include <pdo/nn/tensor_parallel.hpp>
+#include <pdo/nn/pipeline.hpp>

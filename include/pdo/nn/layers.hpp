@@ -48,6 +48,8 @@ class conv2d {
       : weight(parameter(init::fan_in_uniform<T>(shape_t<4>{out_channels, in_channels, kernel, kernel}, in_channels * kernel * kernel, gen))),
         bias(parameter(init::fan_in_uniform<T>(shape_t<1>{out_channels}, in_channels * kernel * kernel, gen))),
         options_(o) {}
+  conv2d(var<tensor<T, 4>> w, var<tensor<T, 1>> b, window_options o) : weight(std::move(w)), bias(std::move(b)), options_(o) {}
+  [[nodiscard]] window_options options() const { return options_; }
 
   var<tensor<T, 4>> operator()(const var<tensor<T, 4>>& x) const { return pdo::conv2d(x, weight, bias, options_); }
   [[nodiscard]] std::vector<parameter_ref<T>> parameters(const std::string& prefix = "") const {

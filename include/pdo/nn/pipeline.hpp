@@ -1,0 +1,424 @@
+// pdo/nn/pipeline.hpp: pipeline (inter-op) parallelism: the layers of a sequential cut into
+// stages on the places of a mesh's "pp" axis, micro-batched with GPipe or 1F1B schedules.
+#pragma once
+
+#include <pdo/comm/run_on_places.hpp>
+#include <pdo/nn/data_parallel.hpp>
+#include <pdo/nn/layers.hpp>
+#include <pdo/nn/optim.hpp>
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <memory>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace pdo::nn {
+
+enum class pipeline_schedule {
+  gpipe,        ///< every micro-batch forward, then every backward: holds all micro-batches' activations
+  one_f_one_b,  ///< 1F1B: after a warm-up, one forward then one backward: at most (stages - stage) micro-batches in flight
+};
+
+/// @brief One step of a stage's schedule: the forward or the backward of a micro-batch.
+struct pipeline_action {
+  bool forward = true;
+  std::size_t micro = 0;
+  friend bool operator==(const pipeline_action&, const pipeline_action&) = default;
+};
+
+/// @brief The action list of every stage (stage s receives activations from s - 1 and
+/// gradients from s + 1; the messages follow from the actions, so every send has its
+/// receive by construction).
+inline std::vector<std::vector<pipeline_action>> make_schedule(pipeline_schedule kind, std::size_t stages, std::size_t micros) {
+  std::vector<std::vector<pipeline_action>> plan(stages);
+  for (std::size_t s = 0; s < stages; ++s) {
+    auto& a = plan[s];
+    if (kind == pipeline_schedule::gpipe) {
+      for (std::size_t m = 0; m < micros; ++m) a.push_back({true, m});
+      for (std::size_t m = micros; m-- > 0;) a.push_back({false, m});
+    } else {
+      const std::size_t warmup = std::min(micros, stages - s - 1);
+      std::size_t f = 0, b = 0;
+      for (; f < warmup; ++f) a.push_back({true, f});
+      while (f < micros) {
+        a.push_back({true, f++});
+        a.push_back({false, b++});
+      }
+      while (b < micros) a.push_back({false, b++});
+    }
+  }
+  return plan;
+}
+
+/// @brief Rejects, before anything runs, a schedule that would not finish: each stage must
+/// run each micro-batch's forward and backward once, forward first, and the stages,
+/// running their lists in order (a forward waits for the previous stage's forward of that
+/// micro-batch, a backward for the next stage's backward), must all reach the end.
+/// Sends never wait (each place sends from its own threads), so that is the whole condition.
+inline void check_schedule(const std::vector<std::vector<pipeline_action>>& plan, std::size_t micros) {
+  const std::size_t stages = plan.size();
+  for (std::size_t s = 0; s < stages; ++s) {
+    std::vector<int> seen(2 * micros, 0);
+    for (const auto& a : plan[s]) {
+      if (a.micro >= micros)
+        throw error("pipeline schedule: stage " + std::to_string(s) + " names micro-batch " + std::to_string(a.micro) + " of " +
+                    std::to_string(micros));
+      if (!a.forward && seen[2 * a.micro] == 0)
+        throw error("pipeline schedule: stage " + std::to_string(s) + " runs the backward of micro-batch " + std::to_string(a.micro) +
+                    " before its forward");
+      ++seen[2 * a.micro + (a.forward ? 0 : 1)];
+    }
+    for (std::size_t k = 0; k < seen.size(); ++k)
+      if (seen[k] != 1)
+        throw error("pipeline schedule: stage " + std::to_string(s) + " runs the " + (k % 2 == 0 ? "forward" : "backward") +
+                    " of micro-batch " + std::to_string(k / 2) + " " + std::to_string(seen[k]) + " times, not once");
+  }
+  std::vector<std::size_t> next(stages, 0);
+  std::vector<std::vector<char>> done_f(stages, std::vector<char>(micros, 0)), done_b = done_f;
+  for (bool progress = true; progress;) {
+    progress = false;
+    for (std::size_t s = 0; s < stages; ++s) {
+      while (next[s] < plan[s].size()) {
+        const auto a = plan[s][next[s]];
+        const bool ready = a.forward ? (s == 0 || done_f[s - 1][a.micro]) : (s + 1 == stages || done_b[s + 1][a.micro]);
+        if (!ready) break;
+        (a.forward ? done_f : done_b)[s][a.micro] = 1;
+        ++next[s];
+        progress = true;
+      }
+    }
+  }
+  for (std::size_t s = 0; s < stages; ++s)
+    if (next[s] < plan[s].size()) {
+      const auto a = plan[s][next[s]];
+      throw error("pipeline schedule: deadlock: stage " + std::to_string(s) + " waits forever at the " +
+                  (a.forward ? "forward" : "backward") + " of micro-batch " + std::to_string(a.micro) + " (its " +
+                  (a.forward ? "input from stage " + std::to_string(s - 1) : "gradient from stage " + std::to_string(s + 1)) +
+                  " never comes)");
+    }
+}
+
+namespace detail_pp {
+
+/// @brief A copy of `layer` whose parameters live in `place`'s memory.
+template <class Layer>
+Layer to_place(const Layer& layer, const any_place& place) {
+  auto copy = [&](const auto& v) {
+    using V = std::remove_cvref_t<decltype(v.value())>;
+    V t(v.value().shape(), place, pdo::detail::uninitialized);
+    std::copy(v.value().begin(), v.value().end(), t.begin());
+    return parameter(std::move(t));
+  };
+  if constexpr (requires { layer.options(); }) return Layer(copy(layer.weight), copy(layer.bias), layer.options());
+  else if constexpr (requires { layer.weight; }) return Layer(copy(layer.weight), copy(layer.bias));
+  else return layer;
+}
+
+template <std::size_t Begin, std::size_t End, class... Layers>
+auto stage_of(const sequential<Layers...>& model, const any_place& place) {
+  static_assert(Begin < End, "pdo: pipeline: every stage needs at least one layer (cut points must increase)");
+  return [&]<std::size_t... I>(std::index_sequence<I...>) {
+    return sequential(to_place(std::get<Begin + I>(model.layers()), place)...);
+  }(std::make_index_sequence<End - Begin>{});
+}
+
+template <std::size_t... Cuts>
+struct cut_list {
+  static constexpr std::array<std::size_t, sizeof...(Cuts)> values{Cuts...};
+};
+
+/// @brief Sends tensors from a place without waiting for their receiver: a thread per
+/// direction, in order (receivers take them in the same order).
+struct async_sender {
+  pdo::detail::worker thread{std::vector<int>{}};
+  std::size_t queued = 0;
+  std::atomic<std::size_t> finished{0};
+  std::optional<pdo::detail::captured_error> failure;
+
+  template <class T, std::size_t R>
+  void send(mesh_communicator comm, tensor<T, R> t, std::size_t to, int tag) {
+    ++queued;
+    thread.submit([this, comm, to, tag, data = std::make_shared<tensor<T, R>>(std::move(t))] {
+      try {
+        std::array<std::size_t, R + 1> header{};
+        for (std::size_t d = 0; d < R; ++d) header[d] = data->shape()[d];
+        comm.send(std::span<const std::size_t>(header), to, 2 * tag);
+        comm.send(std::as_const(*data).span(), to, 2 * tag + 1);
+      } catch (...) {
+        if (!failure) failure = pdo::detail::captured_error::current();
+      }
+      finished.fetch_add(1, std::memory_order_acq_rel);
+      finished.notify_all();
+    });
+  }
+  void drain() {
+    for (std::size_t f = finished.load(std::memory_order_acquire); f < queued; f = finished.load(std::memory_order_acquire))
+      finished.wait(f, std::memory_order_acquire);
+  }
+  void reset() {
+    queued = 0;
+    finished.store(0);
+    failure.reset();
+  }
+};
+
+template <class T, std::size_t R>
+tensor<T, R> receive(const mesh_communicator& comm, std::size_t from, int tag, const any_place& place) {
+  std::array<std::size_t, R + 1> header{};
+  comm.recv(std::span<std::size_t>(header), from, 2 * tag);
+  shape_t<R> shape{};
+  for (std::size_t d = 0; d < R; ++d) shape[d] = header[d];
+  tensor<T, R> t(shape, place, pdo::detail::uninitialized);
+  comm.recv(t.span(), from, 2 * tag + 1);
+  return t;
+}
+
+}  // namespace detail_pp
+
+struct pipeline_options {
+  pipeline_schedule schedule = pipeline_schedule::one_f_one_b;
+  std::size_t micro_batches = 4;
+};
+
+/// @brief Pipeline training over the "pp" axis of a mesh (and data parallel over "dp" if
+/// the mesh has it): stage s, the layers [cut s-1, cut s) of the model, lives on the
+/// places with "pp" coordinate s and only there (its parameters and optimizer state are
+/// in their memory). A step cuts the global batch by rows along "dp", then into micro-batches;
+/// activations go forward and their gradients back between neighbouring stages; each
+/// stage accumulates its parameters' gradients over the micro-batches (weighted by their
+/// share of the global batch), all_reduces them over "dp", and steps its optimizer. So
+/// the step equals one place's step on the global batch.
+template <class T, std::size_t InRank, class Target, class Mesh, class Optimizer, class Loss, class... Stages>
+class pipeline {
+ public:
+  static constexpr std::size_t stage_count = sizeof...(Stages);
+  static constexpr std::size_t pp_axis = Mesh::axis_index("pp");
+  static constexpr bool has_dp = Mesh::has_axis("dp");
+  static_assert(pp_axis < Mesh::ndim, "pdo: pipeline: the mesh needs an axis named \"pp\"");
+
+  template <class MakeOptimizer, class Model, std::size_t... Cuts>
+  pipeline(const Mesh& m, const Model& model, detail_pp::cut_list<Cuts...>, MakeOptimizer make_optimizer, pipeline_options o, Loss loss)
+      : mesh_(m), options_(o), loss_(loss), schedule_(make_schedule(o.schedule, stage_count, o.micro_batches)),
+        states_(m.local_places().size()) {
+    if (m.extent(pp_axis) != stage_count)
+      throw layout_error("pipeline: the model is cut into " + std::to_string(stage_count) + " stages but " + m.describe() + " has " +
+                         std::to_string(m.extent(pp_axis)) + " places along \"pp\"");
+    if (o.micro_batches == 0) throw layout_error("pipeline: micro_batches must be at least 1");
+    check_schedule(schedule_, o.micro_batches);
+    constexpr std::array<std::size_t, sizeof...(Cuts) + 2> bounds = [] {
+      std::array<std::size_t, sizeof...(Cuts) + 2> b{0, Cuts..., 0};
+      b.back() = std::tuple_size_v<std::remove_cvref_t<decltype(std::declval<const Model&>().layers())>>;
+      return b;
+    }();
+    pdo::detail::run_on_places("pipeline", mesh_, [&](std::size_t p, std::size_t k) {
+      auto& st = *(states_[k] = std::make_unique<place_state>());
+      st.stage = mesh_.coord(p, pp_axis);
+      with_stage(st.stage, [&]<std::size_t S>() {
+        auto& slot = std::get<S>(st.models);
+        slot.emplace(detail_pp::stage_of<bounds[S], bounds[S + 1]>(model, mesh_.place(p)));
+        st.params = parameters_of<T>(*slot);
+      });
+      st.optimizer.emplace(make_optimizer(st.params));
+    });
+  }
+
+  /// @brief One step on a global batch (host tensors); returns its mean loss.
+  template <class Inputs>
+  T step(const Inputs& inputs, const Target& targets) {
+    if (targets.extent(0) != inputs.extent(0))
+      throw shape_error("pipeline: inputs " + describe(inputs) + " and targets " + describe(targets) + " differ in rows");
+    const std::size_t rows = inputs.extent(0);
+    std::vector<T> losses(states_.size());
+    pdo::detail::run_on_places("pipeline::step", mesh_, [&](std::size_t p, std::size_t k) {
+      place_state& st = *states_[k];
+      with_stage(st.stage, [&]<std::size_t S>() { losses[k] = run_stage<S>(p, st, inputs, targets, rows); });
+    });
+    return losses[0];
+  }
+
+  /// @brief The most micro-batches whose activations each stage of this process held at once in the last step.
+  [[nodiscard]] std::vector<std::size_t> max_in_flight() const {
+    std::vector<std::size_t> out;
+    for (const auto& s : states_) out.push_back(s->max_in_flight);
+    return out;
+  }
+  [[nodiscard]] const std::vector<std::vector<pipeline_action>>& schedule() const { return schedule_; }
+  [[nodiscard]] std::vector<parameter_ref<T>> parameters(std::size_t k) const { return states_[k]->params; }
+  /// @brief Seconds each place of this process spent computing in the last step, and the step's length.
+  [[nodiscard]] std::vector<double> busy_seconds() const {
+    std::vector<double> out;
+    for (const auto& s : states_) out.push_back(s->busy);
+    return out;
+  }
+  [[nodiscard]] double last_step_seconds() const { return step_seconds_; }
+
+ private:
+  /// @brief Stage S's model, and the values it takes and gives (stage 0 takes the inputs).
+  template <std::size_t S, bool First = (S == 0)>
+  struct stage_types;
+  template <std::size_t S>
+  struct stage_types<S, true> {
+    using model = std::tuple_element_t<S, std::tuple<Stages...>>;
+    using in = tensor<T, InRank>;
+    using out = std::remove_cvref_t<decltype(std::declval<const model&>()(std::declval<const var<in>&>()).value())>;
+  };
+  template <std::size_t S>
+  struct stage_types<S, false> {
+    using model = std::tuple_element_t<S, std::tuple<Stages...>>;
+    using in = typename stage_types<S - 1>::out;
+    using out = std::remove_cvref_t<decltype(std::declval<const model&>()(std::declval<const var<in>&>()).value())>;
+  };
+
+  struct place_state {
+    std::size_t stage = 0;
+    std::tuple<std::optional<Stages>...> models;
+    std::vector<parameter_ref<T>> params;
+    std::optional<Optimizer> optimizer;
+    detail_pp::async_sender forward_sends, backward_sends;
+    std::size_t max_in_flight = 0;
+    double busy = 0;
+  };
+
+  template <class F>
+  static void with_stage(std::size_t s, F&& f) {
+    [&]<std::size_t... S>(std::index_sequence<S...>) {
+      ((s == S ? (f.template operator()<S>(), 0) : 0), ...);
+    }(std::make_index_sequence<stage_count>{});
+  }
+
+  template <class X>
+  static X rows_of(const X& src, std::size_t first, std::size_t count, const any_place& place) {
+    X out(pdo::detail::with_rows(src.shape(), count), place, pdo::detail::uninitialized);
+    const std::size_t row = src.extent(0) == 0 ? 0 : src.size() / src.extent(0);
+    std::copy_n(src.data() + first * row, count * row, out.data());
+    return out;
+  }
+
+  template <std::size_t S, class Inputs>
+  T run_stage(std::size_t p, place_state& st, const Inputs& inputs, const Target& targets, std::size_t global_rows) {
+    using types = stage_types<S>;
+    using in_t = typename types::in;
+    using out_t = typename types::out;
+    constexpr bool first = S == 0, last = S + 1 == stage_count;
+    const auto& place = mesh_.place(p);
+    const auto& model = *std::get<S>(st.models);
+    const mesh_communicator pp = communicator_along(mesh_, pp_axis, p);
+    const std::size_t me = mesh_.coord(p, pp_axis);
+    // this place's rows: its "dp" share of the batch, cut into micro-batches
+    std::size_t first_row = 0, my_rows = global_rows;
+    if constexpr (has_dp) {
+      const std::size_t dp = Mesh::axis_index("dp"), n = mesh_.extent(dp), c = mesh_.coord(p, dp);
+      first_row = pdo::detail::chunk_offset(global_rows, n, c);
+      my_rows = pdo::detail::chunk_size(global_rows, n, c);
+    }
+    const std::size_t micros = options_.micro_batches;
+    std::vector<std::optional<var<in_t>>> xs(micros);
+    std::vector<std::optional<var<out_t>>> ys(micros);
+    std::vector<std::optional<var<tensor<T, 0>>>> micro_losses(micros);
+    st.forward_sends.reset();
+    st.backward_sends.reset();
+    st.max_in_flight = 0;
+    st.busy = 0;
+    const auto step_start = std::chrono::steady_clock::now();
+    for (auto& q : st.params) q.zero_grad();
+    std::size_t in_flight = 0;
+    T total{};
+    try {
+      for (const auto& a : schedule_[S]) {
+        const std::size_t m0 = first_row + pdo::detail::chunk_offset(my_rows, micros, a.micro);
+        const std::size_t mr = pdo::detail::chunk_size(my_rows, micros, a.micro);
+        const int tag = static_cast<int>(a.micro);
+        if (a.forward) {
+          var<in_t> x;
+          if constexpr (first) x = var<in_t>(rows_of(inputs, m0, mr, place));
+          else x = parameter(detail_pp::receive<T, in_t::rank>(pp, me - 1, tag, place));
+          const auto t0 = std::chrono::steady_clock::now();
+          auto y = model(x);
+          if constexpr (last) {
+            if (mr > 0) {
+              auto loss = loss_(y, rows_of(targets, m0, mr, place)) * (static_cast<T>(mr) / static_cast<T>(global_rows));
+              total += loss.value().data()[0];
+              micro_losses[a.micro] = std::move(loss);
+            }
+          } else {
+            st.forward_sends.send(pp, out_t(y.value()), me + 1, tag);
+            ys[a.micro] = std::move(y);
+          }
+          st.busy += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+          xs[a.micro] = std::move(x);
+          st.max_in_flight = std::max(st.max_in_flight, ++in_flight);
+        } else {
+          if constexpr (last) {
+            const auto t0 = std::chrono::steady_clock::now();
+            if (micro_losses[a.micro]) pdo::backward(*micro_losses[a.micro]);
+            st.busy += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+          } else {
+            auto g = detail_pp::receive<T, out_t::rank>(pp, me + 1, tag, place);
+            const auto t0 = std::chrono::steady_clock::now();
+            if (ys[a.micro]->requires_grad()) pdo::backward(*ys[a.micro], std::move(g));
+            st.busy += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+          }
+          if constexpr (!first) {
+            const auto& x = *xs[a.micro];
+            st.backward_sends.send(pp, x.has_grad() ? in_t(x.grad()) : in_t(x.shape(), place), me - 1, tag);
+          }
+          xs[a.micro].reset();
+          ys[a.micro].reset();
+          micro_losses[a.micro].reset();
+          --in_flight;
+        }
+      }
+    } catch (...) {
+      pdo::detail::comms_of(mesh_).abort();  // release the other stages before waiting for our sends
+      st.forward_sends.drain();
+      st.backward_sends.drain();
+      throw;
+    }
+    st.forward_sends.drain();
+    st.backward_sends.drain();
+    if (st.forward_sends.failure) st.forward_sends.failure->rethrow_with_context("pipeline send: ");
+    if (st.backward_sends.failure) st.backward_sends.failure->rethrow_with_context("pipeline send: ");
+    if constexpr (has_dp) {
+      const mesh_communicator dp = communicator_along(mesh_, Mesh::axis_index("dp"), p);
+      for (auto& q : st.params) dp.all_reduce(q.grad_or_zeros());
+    }
+    st.optimizer->step();
+    // the step's loss, known to the last stage of each "dp" row: summed over the whole mesh
+    double sum = static_cast<double>(total);
+    communicator_of(mesh_, p).all_reduce(std::span<double>(&sum, 1));
+    step_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count();
+    return static_cast<T>(sum);
+  }
+
+  Mesh mesh_;
+  pipeline_options options_;
+  Loss loss_;
+  std::vector<std::vector<pipeline_action>> schedule_;
+  std::vector<std::unique_ptr<place_state>> states_;
+  double step_seconds_ = 0;
+};
+
+/// @brief A pipeline over the "pp" axis of `m`: `model` (a sequential, built anywhere) is cut
+/// after the layers `Cuts...` into stages whose layers are copied to their places.
+/// `make_optimizer(parameters)` builds each stage's optimizer on its place.
+/// @tparam InRank the rank of the inputs (2 for [batch, features], 4 for images)
+template <class T, std::size_t InRank, std::size_t... Cuts, class Mesh, class... Layers, class MakeOptimizer,
+          class Target = tensor<int, 1>, class Loss = cross_entropy_loss>
+auto make_pipeline(const Mesh& m, const sequential<Layers...>& model, MakeOptimizer make_optimizer, pipeline_options o = {},
+                   Loss loss = {}) {
+  constexpr std::array<std::size_t, sizeof...(Cuts) + 2> bounds{0, Cuts..., sizeof...(Layers)};
+  using optimizer_t = std::invoke_result_t<MakeOptimizer&, std::vector<parameter_ref<T>>>;
+  return [&]<std::size_t... S>(std::index_sequence<S...>) {
+    using pipeline_t = pipeline<T, InRank, Target, Mesh, optimizer_t, Loss,
+                                decltype(detail_pp::stage_of<bounds[S], bounds[S + 1]>(model, std::declval<const any_place&>()))...>;
+    return pipeline_t(m, model, detail_pp::cut_list<Cuts...>{}, std::move(make_optimizer), o, loss);
+  }(std::make_index_sequence<sizeof...(Cuts) + 1>{});
+}
+
+}  // namespace pdo::nn
