@@ -155,9 +155,14 @@ auto make_cnn() {
 /// @brief The losses of `steps` steps over (x, y) in global batches of `batch` (the last one smaller) on `places` places.
 template <class MakeModel, std::size_t R, class MakeOptimizer>
 std::vector<double> train_losses(MakeModel make_model, MakeOptimizer make_optimizer, const dt<R>& x, const pdo::tensor<int, 1>& y,
-                                 std::size_t batch, std::size_t places, std::size_t bucket_bytes) {
+                                 std::size_t batch, std::size_t places, std::size_t bucket_bytes, bool zero1 = false) {
   const auto m = pdo::make_mesh<"dp">(pdo::cpu_places(places));
-  auto trainer = pdo::nn::make_data_parallel<double>(m, make_model, make_optimizer, {.bucket_bytes = bucket_bytes});
+  auto trainer = pdo::nn::make_data_parallel<double>(m, make_model, make_optimizer, {.bucket_bytes = bucket_bytes, .zero1 = zero1});
+  if (zero1) {
+    std::size_t total = 0;
+    for (const auto& p : trainer.parameters()) total += p.size();
+    CHECK(trainer.optimizer_state_elements() <= (total + places - 1) / places + 8);  // a slice per bucket: about 1/n
+  }
   std::vector<double> losses;
   for (int epoch = 0; epoch < 2; ++epoch)
     for (std::size_t first = 0; first < x.extent(0); first += batch) {
@@ -204,6 +209,15 @@ TEST_CASE("data parallel: 1-4 places give the one-place losses step by step (une
     for (std::size_t places : {2, 3, 4}) {
       INFO(places << " places");
       const auto losses = train_losses(make_cnn, sgd, x, y, 8, places, std::size_t{1} << 20);
+      for (std::size_t s = 0; s < losses.size(); ++s) CHECK(losses[s] == Approx(reference[s]).epsilon(1e-10));
+    }
+  }
+  SECTION("ZeRO-1: optimizer state sharded over the places, same trajectory") {
+    const auto x = rnd<2>({22, 6}, 43);
+    const auto reference = train_losses(make_mlp, adam, x, y, 8, 1, 512);
+    for (std::size_t places : {1, 2, 3, 4}) {
+      INFO(places << " places, ZeRO-1");
+      const auto losses = train_losses(make_mlp, adam, x, y, 8, places, 512, true);
       for (std::size_t s = 0; s < losses.size(); ++s) CHECK(losses[s] == Approx(reference[s]).epsilon(1e-10));
     }
   }

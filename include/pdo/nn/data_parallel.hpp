@@ -36,6 +36,11 @@ struct data_parallel_options {
   /// @brief Start a bucket's all_reduce as soon as its last gradient is ready, while
   /// backward goes on; false: all buckets after backward (for comparison).
   bool overlap = true;
+  /// @brief ZeRO stage 1: the optimizer state is sharded over "dp". Each bucket's
+  /// gradients are reduce_scattered (each place gets the sum of its slice), each place
+  /// updates its slice of the parameters with its slice of the optimizer state, and the
+  /// slices are all_gathered back. Optimizer memory per place: 1/n.
+  bool zero1 = false;
 };
 
 /// @brief A span of one step on one place, in microseconds from the step's start.
@@ -130,8 +135,15 @@ class data_parallel {
       r.place = p;
       r.model.emplace(make_model());
       r.params = parameters_of<T>(*r.model);
-      r.optimizer.emplace(make_optimizer(r.params));
-      r.make_buckets(options_.bucket_bytes);
+      r.make_buckets(options_.bucket_bytes, options_.zero1, mesh_.extent(dp_axis), mesh_.coord(p, dp_axis));
+      if (options_.zero1) {
+        std::vector<parameter_ref<T>> slices;
+        for (std::size_t b = 0; b < r.buckets.size(); ++b)
+          slices.emplace_back("bucket" + std::to_string(b) + ".slice", r.buckets[b].slice);
+        r.optimizer.emplace(make_optimizer(std::move(slices)));
+      } else {
+        r.optimizer.emplace(make_optimizer(r.params));
+      }
     });
   }
 
@@ -227,6 +239,13 @@ class data_parallel {
     }
     return out;
   }
+  /// @brief The parameter elements whose optimizer state place `k` of this process keeps:
+  /// all of them, or under ZeRO-1 its slices (about 1/n).
+  [[nodiscard]] std::size_t optimizer_state_elements(std::size_t k = 0) const {
+    std::size_t n = 0;
+    for (const auto& b : replicas_[k]->buckets) n += options_.zero1 ? b.slice.shape()[0] : b.elements;
+    return n;
+  }
   /// @brief What every place of this process did in the last step, with times.
   [[nodiscard]] std::vector<step_event> last_step_events() const {
     std::vector<step_event> all;
@@ -243,9 +262,13 @@ class data_parallel {
     std::string text = "data_parallel on " + mesh_.describe() + ": each place trains the rows " + pdo::layout_name<data_layout>() +
                        " of the global batch on its own replica\n";
     text += "  gradient of a replicated parameter used on those rows: matmul(xᵀ, g) -> " + pdo::layout_name<gradient_layout>() + "\n";
-    text += "  synced to " + pdo::layout_name<param_layout>() + " by " + std::string(step_name(step.kind)) + " over \"" +
-            std::string(step.axis) + "\", in buckets of ~" + std::to_string(options_.bucket_bytes) + " B, " +
-            (options_.overlap ? "each started as soon as backward completes it" : "after backward") + "\n";
+    if (options_.zero1)
+      text += "  ZeRO-1: reduce_scattered over \"" + std::string(step.axis) + "\" (each place sums and updates its slice, with its "
+              "slice of the optimizer state), the slices all_gathered back; in buckets of ~" + std::to_string(options_.bucket_bytes) + " B\n";
+    else
+      text += "  synced to " + pdo::layout_name<param_layout>() + " by " + std::string(step_name(step.kind)) + " over \"" +
+              std::string(step.axis) + "\", in buckets of ~" + std::to_string(options_.bucket_bytes) + " B, " +
+              (options_.overlap ? "each started as soon as backward completes it" : "after backward") + "\n";
     const auto& r = *replicas_[0];
     for (std::size_t b = 0; b < r.buckets.size(); ++b) {
       const auto& bk = r.buckets[b];
@@ -263,7 +286,10 @@ class data_parallel {
   struct bucket {
     std::vector<std::size_t> params;  ///< indices into replica::params
     std::size_t elements = 0;
-    tensor<T, 1> flat;
+    tensor<T, 1> flat;        ///< the gradients packed (buckets of several parameters, and all under ZeRO-1)
+    tensor<T, 1> flat_values; ///< ZeRO-1: the parameters packed, gathered from the slices
+    var<tensor<T, 1>> slice;  ///< ZeRO-1: this place's slice of the parameters, which its optimizer updates
+    std::size_t slice_offset = 0;
     std::size_t waiting = 0;  ///< gradients not yet complete in this step
     bool ready = false;
   };
@@ -283,7 +309,7 @@ class data_parallel {
     clock::time_point start;
     std::unique_ptr<pdo::detail::worker> comm;  ///< runs this place's all_reduces while backward goes on
 
-    void make_buckets(std::size_t bytes) {
+    void make_buckets(std::size_t bytes, bool zero1, std::size_t parts, std::size_t me) {
       bucket_of.assign(params.size(), 0);
       // backward completes the last layers first: buckets follow the parameters in reverse
       for (std::size_t j = params.size(); j-- > 0;) {
@@ -292,9 +318,30 @@ class data_parallel {
         buckets.back().elements += params[j].size();
         bucket_of[j] = buckets.size() - 1;
       }
-      for (auto& b : buckets)
-        if (b.params.size() > 1) b.flat = tensor<T, 1>(shape_t<1>{b.elements}, pdo::detail::uninitialized);
+      for (auto& b : buckets) {
+        if (b.params.size() > 1 || zero1) b.flat = tensor<T, 1>(shape_t<1>{b.elements}, pdo::detail::uninitialized);
+        if (!zero1) continue;
+        b.flat_values = tensor<T, 1>(shape_t<1>{b.elements}, pdo::detail::uninitialized);
+        pack_values(b, b.flat_values.data());
+        b.slice_offset = pdo::detail::chunk_offset(b.elements, parts, me);
+        tensor<T, 1> mine(shape_t<1>{pdo::detail::chunk_size(b.elements, parts, me)}, pdo::detail::uninitialized);
+        std::copy_n(b.flat_values.data() + b.slice_offset, mine.size(), mine.data());
+        b.slice = parameter(std::move(mine));
+      }
       comm = std::make_unique<pdo::detail::worker>(std::vector<int>{});
+    }
+    void pack_values(const bucket& b, T* out) const {
+      for (std::size_t j : b.params) {
+        const auto v = params[j].value();
+        out = std::copy(v.begin(), v.end(), out);
+      }
+    }
+    void unpack_values(const bucket& b, const T* in) const {
+      for (std::size_t j : b.params) {
+        const auto v = params[j].value();
+        std::copy_n(in, v.size(), v.data());
+        in += v.size();
+      }
     }
     double since_start() const { return std::chrono::duration<double, std::micro>(clock::now() - start).count(); }
     void record(std::string what, std::size_t b, double from, double to) {
@@ -335,7 +382,7 @@ class data_parallel {
   void launch(replica& r, std::size_t b) {
     auto& bk = r.buckets[b];
     std::span<T> data = bk.flat.span();
-    if (bk.params.size() == 1) {
+    if (bk.params.size() == 1 && !options_.zero1) {
       data = r.params[bk.params[0]].grad_or_zeros();
     } else {
       std::size_t at = 0;
@@ -347,14 +394,18 @@ class data_parallel {
     }
     ++r.launched;
     const std::size_t p = r.place;
-    r.comm->submit([this, &r, data, b, p] {
+    if (options_.zero1) bk.slice.node()->grad.emplace(shape_t<1>{bk.slice.shape()[0]});
+    const std::span<T> slice_grad = options_.zero1 ? bk.slice.grad().span() : std::span<T>();
+    r.comm->submit([this, &r, data, slice_grad, b, p] {
       const double from = r.since_start();
       try {
-        communicator_along(mesh_, dp_axis, p).all_reduce(data);
+        const mesh_communicator comm = communicator_along(mesh_, dp_axis, p);
+        if (options_.zero1) comm.reduce_scatter(std::span<const T>(data), slice_grad);
+        else comm.all_reduce(data);
       } catch (...) {
         r.comm_failure = pdo::detail::captured_error::current();
       }
-      r.record("all_reduce", b, from, r.since_start());
+      r.record(options_.zero1 ? "reduce_scatter" : "all_reduce", b, from, r.since_start());
       r.finished.fetch_add(1, std::memory_order_acq_rel);
       r.finished.notify_all();
     });
@@ -384,6 +435,8 @@ class data_parallel {
         b.waiting = b.params.size();
         b.ready = false;
       }
+      for (auto& b : r.buckets)
+        if (options_.zero1) b.slice.zero_grad();
       for (std::size_t j = 0; j < r.params.size(); ++j) {
         r.params[j].zero_grad();
         r.params[j].on_gradient([this, &r, j] {
@@ -415,18 +468,31 @@ class data_parallel {
       launch_ready(r);
       wait_launched(r);
       if (r.comm_failure) r.comm_failure->rethrow_with_context("gradient all_reduce: ");
-      for (auto& b : r.buckets) {
-        if (b.params.size() == 1) continue;  // reduced in place
-        std::size_t at = 0;
-        for (std::size_t j : b.params) {
-          const auto g = r.params[j].grad_or_zeros();
-          std::copy_n(b.flat.data() + at, g.size(), g.data());
-          at += g.size();
+      if (!options_.zero1) {
+        for (auto& b : r.buckets) {
+          if (b.params.size() == 1) continue;  // reduced in place
+          std::size_t at = 0;
+          for (std::size_t j : b.params) {
+            const auto g = r.params[j].grad_or_zeros();
+            std::copy_n(b.flat.data() + at, g.size(), g.data());
+            at += g.size();
+          }
         }
       }
       const double opt_start = r.since_start();
       r.optimizer->step();
       r.record("optimizer", 0, opt_start, r.since_start());
+      if (options_.zero1) {
+        // every place's updated slice, gathered into every replica's parameters
+        const mesh_communicator comm = communicator_along(mesh_, dp_axis, p);
+        for (std::size_t b = 0; b < r.buckets.size(); ++b) {
+          auto& bk = r.buckets[b];
+          const double from = r.since_start();
+          comm.all_gather(std::span<const T>(bk.slice.value().span()), bk.flat_values.span());
+          r.unpack_values(bk, bk.flat_values.data());
+          r.record("all_gather", b, from, r.since_start());
+        }
+      }
       // the global batch's loss and count of correct predictions, on every place
       double totals[2] = {static_cast<double>(local), static_cast<double>(correct)};
       communicator_along(mesh_, dp_axis, p).all_reduce(std::span<double>(totals, 2));
