@@ -214,3 +214,67 @@ TEST_CASE("pipeline: 1F1B holds at most as many micro-batches as there are stage
   }
   CHECK(peak[1] < peak[0]);
 }
+
+namespace {
+
+/// @brief conv2d of dtensors with the given layouts on `m`, against one place: output, and the gradients of sum(y * r).
+template <class LX, class LW, class LB, class Mesh>
+void check_distributed_conv(const Mesh& m, pdo::window_options o) {
+  const auto x = pdo_test::random_tensor<double>(pdo::shape_t<4>{5, 4, 6, 5}, 11);
+  const auto w = pdo_test::random_tensor<double>(pdo::shape_t<4>{6, 4, 3, 3}, 12);
+  const auto b = pdo_test::random_tensor<double>(pdo::shape_t<1>{6}, 13);
+  auto X = pdo::parameter(x), W = pdo::parameter(w);
+  auto B = pdo::parameter(b);
+  const auto y = pdo::conv2d(X, W, B, o);
+  const pdo::var<pdo::tensor<double, 4>> r(pdo_test::random_tensor<double>(y.shape(), 14));
+  pdo::backward(pdo::sum(y * r));
+
+  auto dX = pdo::parameter(pdo::distribute<LX>(m, x));
+  auto dW = pdo::parameter(pdo::distribute<LW>(m, w));
+  auto dB = pdo::parameter(pdo::distribute<LB>(m, b));
+  const auto dy = pdo::conv2d(dX, dW, dB, o);
+  const auto dr = pdo::var(pdo::distribute<pdo::layout<pdo::replicate, pdo::replicate, pdo::replicate, pdo::replicate>>(m, r.value()));
+  pdo::backward(pdo::sum(dy * dr));
+  auto same = [](const auto& distributed, const auto& local, const char* what) {
+    const auto g = pdo::gather(distributed);
+    REQUIRE(g.shape() == local.shape());
+    for (std::size_t i = 0; i < g.size(); ++i) {
+      INFO(what << " element " << i);
+      CHECK(g.data()[i] == Approx(local.data()[i]).epsilon(1e-11).margin(1e-12));
+    }
+  };
+  same(dy.value(), y.value(), "output");
+  same(dW.grad(), W.grad(), "weight gradient");
+  same(dB.grad(), B.grad(), "bias gradient");
+  same(dX.grad(), X.grad(), "input gradient");
+}
+
+}  // namespace
+
+TEST_CASE("conv2d over dtensors: channel parallel, input-channel partial sums, with data parallel batches",
+          "[model_parallel][conv]") {
+  using pdo::layout;
+  using R = replicate;
+  const auto m = pdo::make_mesh<"dp", "tp">(pdo::cpu_places(4), {2, 2});
+  SECTION("output channels split over tp (channel parallel), batch over dp") {
+    using LX = layout<split<"dp">, R, R, R>;
+    using LW = layout<split<"tp">, R, R, R>;
+    using LB = layout<split<"tp">>;
+    static_assert(std::is_same_v<std::remove_cvref_t<decltype(pdo::conv2d(std::declval<pdo::var<pdo::dtensor<double, 4, pdo::mesh<"dp", "tp">, LX>>>(),
+                                                                         std::declval<pdo::var<pdo::dtensor<double, 4, pdo::mesh<"dp", "tp">, LW>>>(),
+                                                                         std::declval<pdo::var<pdo::dtensor<double, 1, pdo::mesh<"dp", "tp">, LB>>>()))>,
+                                 pdo::var<pdo::dtensor<double, 4, pdo::mesh<"dp", "tp">, layout<split<"dp">, split<"tp">, R, R>>>>);
+    check_distributed_conv<LX, LW, LB>(m, {1, 1});
+    check_distributed_conv<LX, LW, LB>(m, {2, 0});
+  }
+  SECTION("input channels split over tp (partial output), batch over dp") {
+    using LX = layout<split<"dp">, split<"tp">, R, R>;
+    using LW = layout<R, split<"tp">, R, R>;
+    using LB = layout<R>;
+    check_distributed_conv<LX, LW, LB>(m, {1, 1});
+  }
+  SECTION("channel parallel on a line of 3 places (6 channels, 5 images: uneven batches elsewhere)") {
+    const auto line = pdo::make_mesh<"tp">(pdo::cpu_places(3));
+    check_distributed_conv<layout<R, R, R, R>, layout<split<"tp">, R, R, R>, layout<split<"tp">>>(line, {1, 0});
+  }
+}

@@ -4,10 +4,14 @@
 #include <pdo/autograd/variable.hpp>
 #include <pdo/kernels/conv.hpp>
 #include <pdo/kernels/gemm.hpp>
+#include <pdo/layout/layout_type.hpp>
+#include <pdo/tensor/redistribute.hpp>
 
 #include <cstddef>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace pdo {
 
@@ -30,51 +34,189 @@ inline window_geometry window_of(const char* op, const shape_t<4>& x, std::size_
 
 }  // namespace detail
 
+namespace detail {
+
+/// @brief The local conv2d: y = conv(x, w) + bias (bias may be null), and the im2col
+/// matrix the backward needs. Tensors go to the calling thread's place.
+template <class T>
+std::pair<tensor<T, 4>, std::shared_ptr<tensor<T, 2>>> conv2d_forward(const tensor<T, 4>& x, const tensor<T, 4>& w, const T* bias,
+                                                                       const window_geometry& g) {
+  const std::size_t oc = w.extent(0);
+  auto system = current_cpu_system();
+  const thrust::counting_iterator<std::size_t> zero(0);
+  auto cols = std::make_shared<tensor<T, 2>>(shape_t<2>{g.rows(), g.cols()}, uninitialized);
+  thrust::transform(system, zero, zero + cols->size(), cols->data(), im2col_element<T>{x.data(), g});
+  tensor<T, 2> rows({g.rows(), oc}, uninitialized);
+  gemm<T>(system, g.rows(), oc, g.cols(), {cols->data(), g.cols(), false}, {w.data(), g.cols(), true}, rows.data());
+  tensor<T, 4> y({g.batch, oc, g.out_height, g.out_width}, uninitialized);
+  thrust::transform(system, zero, zero + y.size(), y.data(), rows_to_images<T>{rows.data(), bias, oc, g.out_pixels()});
+  return {std::move(y), std::move(cols)};
+}
+
+/// @brief The local conv2d backward from dy: dw, db and dx, each computed when asked for (non-null).
+template <class T>
+void conv2d_backward(const tensor<T, 4>& dy, const tensor<T, 2>& cols, const tensor<T, 4>& w, const window_geometry& g,
+                     tensor<T, 4>* dw, tensor<T, 1>* db, tensor<T, 4>* dx) {
+  const std::size_t oc = w.extent(0);
+  auto sys = current_cpu_system();
+  const thrust::counting_iterator<std::size_t> first(0);
+  tensor<T, 2> g2({g.rows(), oc}, uninitialized);
+  thrust::transform(sys, first, first + g2.size(), g2.data(), images_to_rows<T>{dy.data(), oc, g.out_pixels()});
+  if (dw != nullptr) {
+    *dw = tensor<T, 4>(w.shape(), uninitialized);
+    gemm<T>(sys, oc, g.cols(), g.rows(), {g2.data(), oc, true}, {cols.data(), g.cols(), false}, dw->data());
+  }
+  if (db != nullptr) {
+    *db = tensor<T, 1>(shape_t<1>{oc}, uninitialized);
+    thrust::transform(sys, first, first + oc, db->data(), column_sum<T>{g2.data(), g.rows(), oc});
+  }
+  if (dx != nullptr) {
+    tensor<T, 2> dcols({g.rows(), g.cols()}, uninitialized);
+    gemm<T>(sys, g.rows(), g.cols(), oc, {g2.data(), oc, false}, {w.data(), g.cols(), false}, dcols.data());
+    *dx = tensor<T, 4>(shape_t<4>{g.batch, g.channels, g.height, g.width}, uninitialized);
+    thrust::transform(sys, first, first + dx->size(), dx->data(), col2im_element<T>{dcols.data(), g});
+  }
+}
+
+inline void check_conv_shapes(const shape_t<4>& sx, const shape_t<4>& sw, const shape_t<1>& sb, const std::string& layouts) {
+  if (sw[1] != sx[1] || sw[2] != sw[3] || sb[0] != sw[0])
+    throw shape_error("conv2d: input " + format_extents(sx) + ", weight " + format_extents(sw) + ", bias " + format_extents(sb) + layouts +
+                      ": the weight must be [out_channels, in_channels, k, k] with the input's channels, and the bias [out_channels]");
+}
+
+}  // namespace detail
+
 /// @brief 2-D convolution: x [N, C, H, W], weight [OC, C, K, K], bias [OC] -> [N, OC, OH, OW],
 /// as im2col then one gemm; the backward is two gemms and col2im.
 template <class T>
 var<tensor<T, 4>> conv2d(const var<tensor<T, 4>>& x, const var<tensor<T, 4>>& weight, const var<tensor<T, 1>>& bias,
                          window_options o = {}) {
-  const auto& sw = weight.shape();
-  const auto& sx = x.shape();
-  if (sw[1] != sx[1] || sw[2] != sw[3] || bias.shape()[0] != sw[0])
-    throw shape_error("conv2d: input " + detail::format_extents(sx) + ", weight " + detail::format_extents(sw) + ", bias " +
-                      detail::format_extents(bias.shape()) +
-                      ": the weight must be [out_channels, in_channels, k, k] with the input's channels, and the bias [out_channels]");
-  const detail::window_geometry g = detail::window_of("conv2d", sx, sw[2], o);
-  const std::size_t oc = sw[0];
-  auto system = detail::current_cpu_system();
-  const thrust::counting_iterator<std::size_t> zero(0);
-  auto cols = std::make_shared<tensor<T, 2>>(shape_t<2>{g.rows(), g.cols()}, detail::uninitialized);
-  thrust::transform(system, zero, zero + cols->size(), cols->data(), detail::im2col_element<T>{x.value().data(), g});
-  tensor<T, 2> rows({g.rows(), oc}, detail::uninitialized);
-  detail::gemm<T>(system, g.rows(), oc, g.cols(), {cols->data(), g.cols(), false}, {weight.value().data(), g.cols(), true}, rows.data());
-  tensor<T, 4> y({g.batch, oc, g.out_height, g.out_width}, detail::uninitialized);
-  thrust::transform(system, zero, zero + y.size(), y.data(), detail::rows_to_images<T>{rows.data(), bias.value().data(), oc, g.out_pixels()});
+  detail::check_conv_shapes(x.shape(), weight.shape(), bias.shape(), "");
+  const detail::window_geometry g = detail::window_of("conv2d", x.shape(), weight.shape()[2], o);
+  auto [y, cols] = detail::conv2d_forward(x.value(), weight.value(), bias.value().data(), g);
   return detail::record(
       std::move(y),
-      [x, weight, bias, cols, g, oc](auto& self) {
-        auto sys = detail::current_cpu_system();
-        const thrust::counting_iterator<std::size_t> first(0);
-        tensor<T, 2> g2({g.rows(), oc}, detail::uninitialized);
-        thrust::transform(sys, first, first + g2.size(), g2.data(), detail::images_to_rows<T>{self.grad->data(), oc, g.out_pixels()});
-        if (weight.requires_grad()) {
-          tensor<T, 4> dw(weight.shape(), detail::uninitialized);
-          detail::gemm<T>(sys, oc, g.cols(), g.rows(), {g2.data(), oc, true}, {cols->data(), g.cols(), false}, dw.data());
-          detail::add_grad(weight, std::move(dw));
-        }
-        if (bias.requires_grad()) {
-          tensor<T, 1> db({oc}, detail::uninitialized);
-          thrust::transform(sys, first, first + oc, db.data(), detail::column_sum<T>{g2.data(), g.rows(), oc});
-          detail::add_grad(bias, std::move(db));
-        }
-        if (x.requires_grad()) {
-          tensor<T, 2> dcols({g.rows(), g.cols()}, detail::uninitialized);
-          detail::gemm<T>(sys, g.rows(), g.cols(), oc, {g2.data(), oc, false}, {weight.value().data(), g.cols(), false}, dcols.data());
-          tensor<T, 4> dx(x.shape(), detail::uninitialized);
-          thrust::transform(sys, first, first + dx.size(), dx.data(), detail::col2im_element<T>{dcols.data(), g});
-          detail::add_grad(x, std::move(dx));
-        }
+      [x, weight, bias, cols, g](auto& self) {
+        tensor<T, 4> dw, dx;
+        tensor<T, 1> db;
+        detail::conv2d_backward(*self.grad, *cols, weight.value(), g, weight.requires_grad() ? &dw : nullptr,
+                                bias.requires_grad() ? &db : nullptr, x.requires_grad() ? &dx : nullptr);
+        if (weight.requires_grad()) detail::add_grad(weight, std::move(dw));
+        if (bias.requires_grad()) detail::add_grad(bias, std::move(db));
+        if (x.requires_grad()) detail::add_grad(x, std::move(dx));
+      },
+      x, weight, bias);
+}
+
+namespace detail {
+
+/// @brief The layouts of a distributed conv2d (DESIGN §3): batch split -> data parallel;
+/// output channels split (weight dim 0, bias) -> channel parallel, output split by
+/// channels; input channels split (input dim 1 and weight dim 1 on one axis) -> a partial
+/// output. Also the layouts of the places' local gradient contributions.
+struct conv_layouts {
+  bool ok = true;
+  const char* problem = "";
+  layout_value y, dw, db, dx;
+};
+
+constexpr conv_layouts conv_rule(layout_value x, layout_value w, layout_value b) {
+  conv_layouts r;
+  auto fail = [&](const char* why) {
+    r.ok = false;
+    r.problem = why;
+    return r;
+  };
+  if (x.npartial != 0 || w.npartial != 0 || b.npartial != 0) return fail("operands must not be partial (reduce them first)");
+  if (!x.dim_axis[2].empty() || !x.dim_axis[3].empty() || !w.dim_axis[2].empty() || !w.dim_axis[3].empty())
+    return fail("spatial dims (height, width, kernel) must not be split");
+  if (x.dim_axis[1] != w.dim_axis[1]) return fail("the input's channels (dim 1) and the weight's dim 1 must be split alike");
+  if (b.dim_axis[0] != w.dim_axis[0]) return fail("the bias must be split as the weight's output channels (dim 0)");
+  if (!w.dim_axis[0].empty() && (w.dim_axis[0] == x.dim_axis[0] || w.dim_axis[0] == w.dim_axis[1]))
+    return fail("one mesh axis cannot split two dims");
+  if (!x.dim_axis[0].empty() && x.dim_axis[0] == x.dim_axis[1]) return fail("one mesh axis cannot split two dims");
+  r.y.rank = 4;
+  r.y.dim_axis[0] = x.dim_axis[0];
+  r.y.dim_axis[1] = w.dim_axis[0];
+  if (!w.dim_axis[1].empty()) r.y.add_partial(w.dim_axis[1]);
+  r.dw = w;
+  r.db = b;
+  if (!x.dim_axis[0].empty()) {
+    r.dw.add_partial(x.dim_axis[0]);
+    r.db.add_partial(x.dim_axis[0]);
+  }
+  r.dx = x;
+  if (!w.dim_axis[0].empty()) r.dx.add_partial(w.dim_axis[0]);
+  return r;
+}
+
+template <class LX, class LW, class LB>
+struct conv_rule_of {
+  static constexpr conv_layouts value = conv_rule(value_of<LX>(), value_of<LW>(), value_of<LB>());
+};
+template <class LX, class LW, class LB, layout_value conv_layouts::*Which>
+struct conv_layout_provider {
+  static constexpr layout_value value = conv_rule_of<LX, LW, LB>::value.*Which;
+};
+
+}  // namespace detail
+
+/// @brief conv2d over dtensors: each place convolves its shards, with the layouts of
+/// detail::conv_rule: batch split over "dp" is data parallel (weight gradients partial over
+/// "dp"); the weight's output channels split over an axis give an output split by
+/// channels (channel parallel; the input gradient is a partial sum over that axis); the
+/// input channels split with the weight's dim 1 give a partial output (summed where it is
+/// consumed; the bias is added once). Gradients go back to the operands' layouts by the
+/// planner's redistributions.
+template <class T, class Mesh, class LX, class LW, class LB>
+auto conv2d(const var<dtensor<T, 4, Mesh, LX>>& x, const var<dtensor<T, 4, Mesh, LW>>& weight,
+            const var<dtensor<T, 1, Mesh, LB>>& bias, window_options o = {}) {
+  using rule = detail::conv_rule_of<LX, LW, LB>;
+  static_assert(rule::value.ok, "pdo: conv2d: these layouts of the input, weight and bias are not supported (see detail::conv_rule)");
+  using LY = detail::layout_type_t<Mesh, detail::conv_layout_provider<LX, LW, LB, &detail::conv_layouts::y>>;
+  using LDW = detail::layout_type_t<Mesh, detail::conv_layout_provider<LX, LW, LB, &detail::conv_layouts::dw>>;
+  using LDB = detail::layout_type_t<Mesh, detail::conv_layout_provider<LX, LW, LB, &detail::conv_layouts::db>>;
+  using LDX = detail::layout_type_t<Mesh, detail::conv_layout_provider<LX, LW, LB, &detail::conv_layouts::dx>>;
+  const auto& xv = x.value();
+  const auto& wv = weight.value();
+  const auto& bv = bias.value();
+  const Mesh& m = xv.mesh();
+  detail::check_conv_shapes(xv.shape(), wv.shape(), bv.shape(),
+                            " (layouts " + layout_name<LX>() + ", " + layout_name<LW>() + ", " + layout_name<LB>() + ")");
+  const detail::window_geometry whole = detail::window_of("conv2d", xv.shape(), wv.shape()[2], o);
+  const shape_t<4> y_shape{whole.batch, wv.shape()[0], whole.out_height, whole.out_width};
+  const auto& local = m.local_places();
+  std::vector<tensor<T, 4>> ys(local.size());
+  auto cols = std::make_shared<std::vector<std::shared_ptr<tensor<T, 2>>>>(local.size());
+  detail::run_on_places("conv2d", m, [&](std::size_t p, std::size_t k) {
+    const auto& xs = xv.local_shards()[k];
+    const auto g = detail::window_of("conv2d", xs.shape(), wv.shape()[2], o);
+    // a partial output: the bias is added once, by the first place along the partial axis
+    bool add_bias = true;
+    for (std::size_t i = 0; i < rule::value.y.npartial; ++i)
+      add_bias = add_bias && m.coord(p, Mesh::axis_index(rule::value.y.partial[i])) == 0;
+    auto [y, c] = detail::conv2d_forward(xs, wv.local_shards()[k], add_bias ? bv.local_shards()[k].data() : nullptr, g);
+    ys[k] = std::move(y);
+    (*cols)[k] = std::move(c);
+  });
+  dtensor<T, 4, Mesh, LY> y(m, y_shape, std::move(ys));
+  return detail::record(
+      std::move(y),
+      [x, weight, bias, cols, o](auto& self) {
+        const auto& xv = x.value();
+        const auto& wv = weight.value();
+        const Mesh& m = xv.mesh();
+        const auto& local = m.local_places();
+        std::vector<tensor<T, 4>> dws(local.size()), dxs(local.size());
+        std::vector<tensor<T, 1>> dbs(local.size());
+        detail::run_on_places("conv2d backward", m, [&](std::size_t, std::size_t k) {
+          const auto g = detail::window_of("conv2d", xv.local_shards()[k].shape(), wv.shape()[2], o);
+          detail::conv2d_backward(self.grad->local_shards()[k], *(*cols)[k], wv.local_shards()[k], g, weight.requires_grad() ? &dws[k] : nullptr,
+                                  bias.requires_grad() ? &dbs[k] : nullptr, x.requires_grad() ? &dxs[k] : nullptr);
+        });
+        if (weight.requires_grad()) detail::add_grad(weight, dtensor<T, 4, Mesh, LDW>(m, wv.shape(), std::move(dws)));
+        if (bias.requires_grad()) detail::add_grad(bias, dtensor<T, 1, Mesh, LDB>(m, bias.value().shape(), std::move(dbs)));
+        if (x.requires_grad()) detail::add_grad(x, dtensor<T, 4, Mesh, LDX>(m, xv.shape(), std::move(dxs)));
       },
       x, weight, bias);
 }

@@ -78,7 +78,7 @@ struct col2im_element {
   }
 };
 
-/// @brief y [batch, out_channels, oh, ow] from the gemm result [rows, out_channels], plus the bias.
+/// @brief y [batch, out_channels, oh, ow] from the gemm result [rows, out_channels], plus the bias (if any).
 template <class T>
 struct rows_to_images {
   const T* rows;
@@ -86,7 +86,7 @@ struct rows_to_images {
   std::size_t out_channels, pixels;
   PDO_HD T operator()(std::size_t i) const {
     const std::size_t p = i % pixels, oc = (i / pixels) % out_channels, n = i / (pixels * out_channels);
-    return rows[(n * pixels + p) * out_channels + oc] + bias[oc];
+    return rows[(n * pixels + p) * out_channels + oc] + (bias != nullptr ? bias[oc] : T(0));
   }
 };
 

@@ -1,0 +1,13 @@
+// A conv2d whose input is split along its height: not a layout conv2d takes.
+// expect: conv2d: these layouts of the input, weight and bias are not supported
+#include <pdo/pdo.hpp>
+
+int main() {
+  const auto m = pdo::make_mesh<"sp">(pdo::cpu_places(2));
+  using R = pdo::replicate;
+  auto x = pdo::var(pdo::distribute<pdo::layout<R, R, pdo::split<"sp">, R>>(m, pdo::tensor<float, 4>({1, 1, 4, 4})));
+  auto w = pdo::parameter(pdo::distribute<pdo::layout<R, R, R, R>>(m, pdo::tensor<float, 4>({1, 1, 3, 3})));
+  auto b = pdo::parameter(pdo::distribute<pdo::layout<R>>(m, pdo::tensor<float, 1>({1})));
+  (void)pdo::conv2d(x, w, b);
+  return 0;
+}
