@@ -76,6 +76,30 @@ V eval_as(E&& e) {
   return to_value<V>(pdo::eval(std::forward<E>(e)));
 }
 
+/// @brief out[i] += in[i].
+template <class T>
+struct add_into_element {
+  T* out;
+  const T* in;
+  PDO_HD void operator()(std::size_t i) const { out[i] += in[i]; }
+};
+
+/// @brief `sum += g`, in place, block by block (for a dtensor, each local shard; the two
+/// have the same type, so the same layout and shard shapes).
+template <class V>
+void add_in_place(V& sum, const V& g) {
+  auto add = [](auto& out, const auto& in) {
+    auto system = current_cpu_system();
+    thrust::for_each_n(system, thrust::counting_iterator<std::size_t>(0), out.size(),
+                       add_into_element<typename value_kind<V>::element_type>{out.data(), in.data()});
+  };
+  if constexpr (value_kind<V>::distributed) {
+    for (std::size_t k = 0; k < sum.local_shards().size(); ++k) add(sum.local_shards()[k], g.local_shards()[k]);
+  } else {
+    add(sum, g);
+  }
+}
+
 /// @brief A node of the recorded graph, type-erased: the value of one op (or a leaf) and
 /// how to push its gradient to the nodes it was computed from.
 struct grad_node {
@@ -121,7 +145,7 @@ struct value_node final : grad_node {
   /// @brief Adds `g` to the gradient.
   void accumulate(grad_t<V> g) {
     if (!grad) grad.emplace(std::move(g));
-    else grad.emplace(eval_as<grad_t<V>>(*grad + g));
+    else add_in_place(*grad, g);
   }
 };
 

@@ -286,8 +286,8 @@ class data_parallel {
   struct bucket {
     std::vector<std::size_t> params;  ///< indices into replica::params
     std::size_t elements = 0;
-    tensor<T, 1> flat;        ///< the gradients packed (buckets of several parameters, and all under ZeRO-1)
-    tensor<T, 1> flat_values; ///< ZeRO-1: the parameters packed, gathered from the slices
+    tensor<T, 1> flat;        ///< the gradients packed (buckets of several parameters, and all under ZeRO-1); under
+                              ///< ZeRO-1 also where the updated slices are gathered
     var<tensor<T, 1>> slice;  ///< ZeRO-1: this place's slice of the parameters, which its optimizer updates
     std::size_t slice_offset = 0;
     std::size_t waiting = 0;  ///< gradients not yet complete in this step
@@ -321,11 +321,10 @@ class data_parallel {
       for (auto& b : buckets) {
         if (b.params.size() > 1 || zero1) b.flat = tensor<T, 1>(shape_t<1>{b.elements}, pdo::detail::uninitialized);
         if (!zero1) continue;
-        b.flat_values = tensor<T, 1>(shape_t<1>{b.elements}, pdo::detail::uninitialized);
-        pack_values(b, b.flat_values.data());
+        pack_values(b, b.flat.data());
         b.slice_offset = pdo::detail::chunk_offset(b.elements, parts, me);
         tensor<T, 1> mine(shape_t<1>{pdo::detail::chunk_size(b.elements, parts, me)}, pdo::detail::uninitialized);
-        std::copy_n(b.flat_values.data() + b.slice_offset, mine.size(), mine.data());
+        std::copy_n(b.flat.data() + b.slice_offset, mine.size(), mine.data());
         b.slice = parameter(std::move(mine));
       }
       comm = std::make_unique<pdo::detail::worker>(std::vector<int>{});
@@ -488,8 +487,8 @@ class data_parallel {
         for (std::size_t b = 0; b < r.buckets.size(); ++b) {
           auto& bk = r.buckets[b];
           const double from = r.since_start();
-          comm.all_gather(std::span<const T>(bk.slice.value().span()), bk.flat_values.span());
-          r.unpack_values(bk, bk.flat_values.data());
+          comm.all_gather(std::span<const T>(bk.slice.value().span()), bk.flat.span());
+          r.unpack_values(bk, bk.flat.data());
           r.record("all_gather", b, from, r.since_start());
         }
       }

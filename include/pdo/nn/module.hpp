@@ -34,6 +34,9 @@ class parameter_ref {
   [[nodiscard]] const std::string& name() const { return name_; }
   /// @brief The values, one block per tensor or local shard.
   [[nodiscard]] std::vector<std::span<T>> value_blocks() const { return impl_->value_blocks(); }
+  /// @brief Zero-filled state for each block (an optimizer's moments), each in the memory
+  /// of the place that holds the block.
+  [[nodiscard]] std::vector<tensor<T, 1>> zero_state() const { return impl_->zero_state(); }
   /// @brief The gradient's blocks (none when backward has given no gradient).
   [[nodiscard]] std::vector<std::span<T>> grad_blocks() const { return impl_->grad_blocks(); }
   /// @brief The values of a local parameter (one block).
@@ -68,6 +71,7 @@ class parameter_ref {
     virtual ~base() = default;
     virtual std::vector<std::span<T>> value_blocks() = 0;
     virtual std::vector<std::span<T>> grad_blocks() = 0;
+    virtual std::vector<tensor<T, 1>> zero_state() = 0;
     virtual std::span<T> grad_or_zeros() = 0;
     virtual void zero_grad() = 0;
     virtual void on_gradient(std::function<void()> f) = 0;
@@ -88,6 +92,15 @@ class parameter_ref {
       }
     }
     std::vector<std::span<T>> value_blocks() override { return blocks_of(v.value()); }
+    std::vector<tensor<T, 1>> zero_state() override {
+      std::vector<tensor<T, 1>> out;
+      if constexpr (var<V>::distributed) {
+        for (const auto& shard : v.value().local_shards()) out.push_back(shard.template zeros_alike<T, 1>(shape_t<1>{shard.size()}));
+      } else {
+        out.push_back(v.value().template zeros_alike<T, 1>(shape_t<1>{v.value().size()}));
+      }
+      return out;
+    }
     std::vector<std::span<T>> grad_blocks() override {
       return v.has_grad() ? blocks_of(v.grad()) : std::vector<std::span<T>>{};
     }

@@ -83,8 +83,8 @@ class sgd {
       if (grads.empty()) continue;
       auto& buffers = buffers_[i];
       const bool first = buffers.empty() && o_.momentum != 0;
+      if (first) buffers = params_[i].zero_state();
       for (std::size_t k = 0; k < values.size(); ++k) {
-        if (first) buffers.emplace_back(shape_t<1>{values[k].size()}, pdo::detail::uninitialized);
         pdo::detail::for_each_index(values[k].size(),
                                     pdo::detail::sgd_update<T>{values[k].data(), grads[k].data(), o_.momentum != 0 ? buffers[k].data() : nullptr,
                                                                static_cast<T>(o_.lr), static_cast<T>(o_.momentum),
@@ -127,11 +127,10 @@ class adam {
       const auto values = params_[i].value_blocks();
       const auto grads = params_[i].grad_blocks();
       if (grads.empty()) continue;
-      if (m_[i].empty())
-        for (const auto& b : values) {
-          m_[i].emplace_back(shape_t<1>{b.size()});
-          v_[i].emplace_back(shape_t<1>{b.size()});
-        }
+      if (m_[i].empty()) {
+        m_[i] = params_[i].zero_state();
+        v_[i] = params_[i].zero_state();
+      }
       for (std::size_t k = 0; k < values.size(); ++k)
         pdo::detail::for_each_index(values[k].size(),
                                     pdo::detail::adam_update<T>{values[k].data(), grads[k].data(), m_[i][k].data(), v_[i][k].data(),

@@ -112,7 +112,19 @@ class tensor {
 
   void fill(T value) { std::fill_n(data_, size(), value); }
 
+  /// @brief A zero-filled tensor of another shape (and element type) in the same place's
+  /// memory as this one (the host's for host tensors).
+  template <element U = T, std::size_t R = Rank>
+  [[nodiscard]] tensor<U, R> zeros_alike(const shape_t<R>& shape) const {
+    tensor<U, R> t(shape, allocator_ != nullptr ? allocator_ : &host_allocator(), place_);
+    t.fill(U{});
+    return t;
+  }
+
  private:
+  template <element U, std::size_t R>
+  friend class tensor;
+
   tensor(const shape_t<Rank>& shape, caching_allocator* allocator, std::shared_ptr<detail::place_state> place)
       : shape_(shape),
         strides_(detail::row_major_strides(shape)),
