@@ -32,5 +32,5 @@ ASAN_OPTIONS="detect_leaks=1" ctest --test-dir "$here/build-asan" --output-on-fa
 echo "== ThreadSanitizer build of the threads backend, parallel_do, the expression engine and the data-parallel trainer tests"
 bash "$here/scripts/configure.sh" "$here/build-tsan" -DPDO_WITH_CUDA=OFF -DPDO_WITH_MPI=OFF -DPDO_BUILD_EXAMPLES=OFF \
   -DPDO_BUILD_BENCHMARKS=OFF -DPDO_WITH_OPENMP=OFF -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS="-fsanitize=thread -O1 -g"
-cmake --build "$here/build-tsan" --target test_collectives test_parallel_do test_expr test_nn -j "$jobs"
-TSAN_OPTIONS="halt_on_error=1" ctest --test-dir "$here/build-tsan" --output-on-failure -R "^test_(collectives|parallel_do|expr|nn)$"
+cmake --build "$here/build-tsan" --target test_collectives test_parallel_do test_expr test_nn test_pipeline -j "$jobs"
+TSAN_OPTIONS="halt_on_error=1" ctest --test-dir "$here/build-tsan" --output-on-failure -R "^test_(collectives|parallel_do|expr|nn|pipeline)$"

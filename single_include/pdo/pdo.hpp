@@ -3516,7 +3516,19 @@ class tensor {
 
   void fill(T value) { std::fill_n(data_, size(), value); }
 
+  /// @brief A zero-filled tensor of another shape (and element type) in the same place's
+  /// memory as this one (the host's for host tensors).
+  template <element U = T, std::size_t R = Rank>
+  [[nodiscard]] tensor<U, R> zeros_alike(const shape_t<R>& shape) const {
+    tensor<U, R> t(shape, allocator_ != nullptr ? allocator_ : &host_allocator(), place_);
+    t.fill(U{});
+    return t;
+  }
+
  private:
+  template <element U, std::size_t R>
+  friend class tensor;
+
   tensor(const shape_t<Rank>& shape, caching_allocator* allocator, std::shared_ptr<detail::place_state> place)
       : shape_(shape),
         strides_(detail::row_major_strides(shape)),
@@ -3759,6 +3771,8 @@ void unpack_chunks(const T* src, const dim_view& v, std::size_t parts, T* dst) {
 #endif  // PDO_SINGLE_PDO_TENSOR_COPY_HPP
 
 #include <algorithm>
+#include <array>
+#include <atomic>
 #include <cstddef>
 #include <span>
 #include <string>
@@ -3768,6 +3782,12 @@ void unpack_chunks(const T* src, const dim_view& v, std::size_t parts, T* dst) {
 namespace pdo {
 
 namespace detail {
+
+/// @brief How many collectives of each kind the plans have run (see planned_collectives).
+inline std::array<std::atomic<std::size_t>, 7>& planned_collective_counts() {
+  static std::array<std::atomic<std::size_t>, 7> counts{};
+  return counts;
+}
 
 /// @brief One step of a redistribution on place `p`: turns `shard` (laid out as
 /// step.before) into its shard under step.after. Every place of the mesh runs it at once.
@@ -3790,6 +3810,7 @@ tensor<T, Rank> apply_step(const redistribute_step& step, const Mesh& m, const s
     return out;
   } else {
     const mesh_communicator comm = communicator_along(m, a, p);
+    if (me == 0) planned_collective_counts()[static_cast<std::size_t>(Kind)].fetch_add(1, std::memory_order_relaxed);
     if constexpr (Kind == step_kind::all_reduce) {
       comm.all_reduce(shard.span());
       return shard;
@@ -3873,6 +3894,17 @@ void check_same_host_shape(const Mesh& m, std::size_t p, const shape_t<Rank>& sh
 }
 
 }  // namespace detail
+
+/// @brief How many collectives of kind `k` the planned redistributions have run in this
+/// process since reset_planned_collectives() (eval, redistribute, autograd's gradients),
+/// each counted once per group of places that ran it together. For tests and tuning:
+/// `pdo::plan_of` says what a plan will run; this says what ran.
+inline std::size_t planned_collectives(step_kind k) {
+  return detail::planned_collective_counts()[static_cast<std::size_t>(k)].load(std::memory_order_relaxed);
+}
+inline void reset_planned_collectives() {
+  for (auto& c : detail::planned_collective_counts()) c.store(0, std::memory_order_relaxed);
+}
 
 /// @brief Cuts the host tensor `host` over `m` as `Layout`: each place of this process
 /// gets its chunk of the split dims, in its own memory; for partial axes, the places at
@@ -5983,8 +6015,7 @@ struct value_kind<tensor<T, R>> {
   static constexpr bool distributed = false;
   using element_type = T;
   static constexpr std::size_t rank = R;
-  template <std::size_t R2>
-  using with_rank = tensor<T, R2>;
+  using grad_type = tensor<T, R>;
 };
 template <class T, std::size_t R, class M, class L>
 struct value_kind<dtensor<T, R, M, L>> {
@@ -5992,7 +6023,14 @@ struct value_kind<dtensor<T, R, M, L>> {
   static constexpr bool distributed = true;
   using element_type = T;
   static constexpr std::size_t rank = R;
+  /// @brief The gradient of a partial value (a pending sum) is the same for every addend:
+  /// replicated over those axes. So an all_reduce's gradient is the identity (Megatron's g).
+  using grad_type = dtensor<T, R, M, typename L::base>;
 };
+
+/// @brief The type of the gradient of a value of type V.
+template <class V>
+using grad_t = typename value_kind<V>::grad_type;
 
 /// @brief A value autograd can differentiate: a floating-point tensor or dtensor.
 template <class V>
@@ -6017,6 +6055,30 @@ V to_value(G&& g) {
 template <class V, class E>
 V eval_as(E&& e) {
   return to_value<V>(pdo::eval(std::forward<E>(e)));
+}
+
+/// @brief out[i] += in[i].
+template <class T>
+struct add_into_element {
+  T* out;
+  const T* in;
+  PDO_HD void operator()(std::size_t i) const { out[i] += in[i]; }
+};
+
+/// @brief `sum += g`, in place, block by block (for a dtensor, each local shard; the two
+/// have the same type, so the same layout and shard shapes).
+template <class V>
+void add_in_place(V& sum, const V& g) {
+  auto add = [](auto& out, const auto& in) {
+    auto system = current_cpu_system();
+    thrust::for_each_n(system, thrust::counting_iterator<std::size_t>(0), out.size(),
+                       add_into_element<typename value_kind<V>::element_type>{out.data(), in.data()});
+  };
+  if constexpr (value_kind<V>::distributed) {
+    for (std::size_t k = 0; k < sum.local_shards().size(); ++k) add(sum.local_shards()[k], g.local_shards()[k]);
+  } else {
+    add(sum, g);
+  }
 }
 
 /// @brief A node of the recorded graph, type-erased: the value of one op (or a leaf) and
@@ -6049,7 +6111,7 @@ struct value_node final : grad_node {
   value_node(V v, std::vector<std::shared_ptr<grad_node>> in) : grad_node(std::move(in)), value(std::move(v)) {}
 
   V value;
-  std::optional<V> grad;
+  std::optional<grad_t<V>> grad;
   /// @brief Given this node (its value and gradient), adds to its inputs' gradients.
   std::function<void(value_node&)> backward;
 
@@ -6062,9 +6124,9 @@ struct value_node final : grad_node {
     backward = nullptr;
   }
   /// @brief Adds `g` to the gradient.
-  void accumulate(V g) {
+  void accumulate(grad_t<V> g) {
     if (!grad) grad.emplace(std::move(g));
-    else grad.emplace(eval_as<V>(*grad + g));
+    else add_in_place(*grad, g);
   }
 };
 
@@ -6100,14 +6162,14 @@ class var {
   [[nodiscard]] bool requires_grad() const { return requires_grad_; }
   [[nodiscard]] bool is_leaf() const { return node_->leaf; }
   [[nodiscard]] bool has_grad() const { return node_->grad.has_value(); }
-  /// @brief The gradient accumulated by pdo::backward.
-  [[nodiscard]] const V& grad() const {
+  /// @brief The gradient accumulated by pdo::backward (for a partial dtensor: replicated over its partial axes).
+  [[nodiscard]] const detail::grad_t<V>& grad() const {
     if (!node_->grad)
       throw error("var::grad: no gradient: " + std::string(requires_grad_ ? "backward has not reached this value"
                                                                           : "the value does not require a gradient"));
     return *node_->grad;
   }
-  [[nodiscard]] V& grad() { return const_cast<V&>(std::as_const(*this).grad()); }
+  [[nodiscard]] detail::grad_t<V>& grad() { return const_cast<detail::grad_t<V>&>(std::as_const(*this).grad()); }
   /// @brief Forgets the gradient (before the next backward, which would add to it).
   void zero_grad() { node_->grad.reset(); }
   /// @brief Calls `f()` during backward once this leaf's gradient is complete.
@@ -6154,8 +6216,9 @@ var<V> record(V value, Backward backward, const Operands&... operands) {
 template <class A, class G>
 void add_grad(const var<A>& a, G&& g) {
   if (!a.requires_grad()) return;
-  if constexpr (std::is_same_v<std::remove_cvref_t<G>, A>) a.node()->accumulate(A(std::forward<G>(g)));
-  else a.node()->accumulate(eval_as<A>(std::forward<G>(g)));
+  using target = grad_t<A>;
+  if constexpr (std::is_same_v<std::remove_cvref_t<G>, target>) a.node()->accumulate(target(std::forward<G>(g)));
+  else a.node()->accumulate(eval_as<target>(std::forward<G>(g)));
 }
 
 /// @brief The element of a rank-0 value (gathered to the host for a dtensor).
@@ -6173,7 +6236,7 @@ auto scalar_of(const V& v) {
 /// computed to the first; a leaf's on_gradient hook fires as soon as its last use has
 /// contributed. Intermediate gradients are freed as they are consumed.
 template <class V>
-void backward(const var<V>& out, V seed) {
+void backward(const var<V>& out, detail::grad_t<V> seed) {
   if (!out.requires_grad()) throw error("backward: the value does not depend on anything that requires a gradient");
   std::vector<detail::grad_node*> nodes;
   std::unordered_map<detail::grad_node*, std::size_t> uses;
@@ -6207,7 +6270,7 @@ void backward(const var<V>& loss) {
   static_assert(detail::value_kind<V>::rank == 0,
                 "pdo: backward(loss) needs a rank-0 value; pass the seed gradient for other values: backward(out, seed)");
   using T = typename detail::value_kind<V>::element_type;
-  backward(loss, detail::eval_as<V>(detail::make_elementwise<op::expand>(T(1), loss.value())));
+  backward(loss, detail::eval_as<detail::grad_t<V>>(detail::make_elementwise<op::expand>(T(1), loss.value())));
 }
 
 }  // namespace pdo
@@ -6352,8 +6415,8 @@ auto operator+(const var<A>& a, const var<B>& b) {
   return detail::record(
       std::move(y),
       [a, b](detail::value_node<V>& self) {
-        if (a.requires_grad()) detail::add_grad(a, detail::sum_to<A>(*self.grad, a.shape()));
-        if (b.requires_grad()) detail::add_grad(b, detail::sum_to<B>(*self.grad, b.shape()));
+        if (a.requires_grad()) detail::add_grad(a, detail::sum_to<detail::grad_t<A>>(*self.grad, a.shape()));
+        if (b.requires_grad()) detail::add_grad(b, detail::sum_to<detail::grad_t<B>>(*self.grad, b.shape()));
       },
       a, b);
 }
@@ -6365,8 +6428,8 @@ auto operator-(const var<A>& a, const var<B>& b) {
   return detail::record(
       std::move(y),
       [a, b](detail::value_node<V>& self) {
-        if (a.requires_grad()) detail::add_grad(a, detail::sum_to<A>(*self.grad, a.shape()));
-        if (b.requires_grad()) detail::add_grad(b, detail::sum_to<B>(pdo::eval(-*self.grad), b.shape()));
+        if (a.requires_grad()) detail::add_grad(a, detail::sum_to<detail::grad_t<A>>(*self.grad, a.shape()));
+        if (b.requires_grad()) detail::add_grad(b, detail::sum_to<detail::grad_t<B>>(pdo::eval(-*self.grad), b.shape()));
       },
       a, b);
 }
@@ -6378,8 +6441,8 @@ auto operator*(const var<A>& a, const var<B>& b) {
   return detail::record(
       std::move(y),
       [a, b](detail::value_node<V>& self) {
-        if (a.requires_grad()) detail::add_grad(a, detail::sum_to<A>(pdo::eval(*self.grad * b.value()), a.shape()));
-        if (b.requires_grad()) detail::add_grad(b, detail::sum_to<B>(pdo::eval(*self.grad * a.value()), b.shape()));
+        if (a.requires_grad()) detail::add_grad(a, detail::sum_to<detail::grad_t<A>>(pdo::eval(*self.grad * b.value()), a.shape()));
+        if (b.requires_grad()) detail::add_grad(b, detail::sum_to<detail::grad_t<B>>(pdo::eval(*self.grad * a.value()), b.shape()));
       },
       a, b);
 }
@@ -6391,9 +6454,9 @@ auto operator/(const var<A>& a, const var<B>& b) {
   return detail::record(
       std::move(y),
       [a, b](detail::value_node<V>& self) {
-        if (a.requires_grad()) detail::add_grad(a, detail::sum_to<A>(pdo::eval(*self.grad / b.value()), a.shape()));
+        if (a.requires_grad()) detail::add_grad(a, detail::sum_to<detail::grad_t<A>>(pdo::eval(*self.grad / b.value()), a.shape()));
         if (b.requires_grad())
-          detail::add_grad(b, detail::sum_to<B>(pdo::eval(-(*self.grad * self.value) / b.value()), b.shape()));
+          detail::add_grad(b, detail::sum_to<detail::grad_t<B>>(pdo::eval(-(*self.grad * self.value) / b.value()), b.shape()));
       },
       a, b);
 }
@@ -6409,9 +6472,9 @@ auto maximum(const var<A>& a, const var<B>& b) {
       [a, b](detail::value_node<V>& self) {
         const auto& g = *self.grad;
         if (a.requires_grad())
-          detail::add_grad(a, detail::sum_to<A>(pdo::eval(pdo::where(pdo::greater_equal(a.value(), b.value()), g, T(0))), a.shape()));
+          detail::add_grad(a, detail::sum_to<detail::grad_t<A>>(pdo::eval(pdo::where(pdo::greater_equal(a.value(), b.value()), g, T(0))), a.shape()));
         if (b.requires_grad())
-          detail::add_grad(b, detail::sum_to<B>(pdo::eval(pdo::where(pdo::greater_equal(a.value(), b.value()), T(0), g)), b.shape()));
+          detail::add_grad(b, detail::sum_to<detail::grad_t<B>>(pdo::eval(pdo::where(pdo::greater_equal(a.value(), b.value()), T(0), g)), b.shape()));
       },
       a, b);
 }
@@ -6427,9 +6490,9 @@ auto minimum(const var<A>& a, const var<B>& b) {
       [a, b](detail::value_node<V>& self) {
         const auto& g = *self.grad;
         if (a.requires_grad())
-          detail::add_grad(a, detail::sum_to<A>(pdo::eval(pdo::where(pdo::less_equal(a.value(), b.value()), g, T(0))), a.shape()));
+          detail::add_grad(a, detail::sum_to<detail::grad_t<A>>(pdo::eval(pdo::where(pdo::less_equal(a.value(), b.value()), g, T(0))), a.shape()));
         if (b.requires_grad())
-          detail::add_grad(b, detail::sum_to<B>(pdo::eval(pdo::where(pdo::less_equal(a.value(), b.value()), T(0), g)), b.shape()));
+          detail::add_grad(b, detail::sum_to<detail::grad_t<B>>(pdo::eval(pdo::where(pdo::less_equal(a.value(), b.value()), T(0), g)), b.shape()));
       },
       a, b);
 }
@@ -6446,8 +6509,8 @@ auto where(const C& condition, const var<A>& a, const var<B>& b) {
       std::move(y),
       [cond, a, b](detail::value_node<V>& self) {
         const auto& g = *self.grad;
-        if (a.requires_grad()) detail::add_grad(a, detail::sum_to<A>(pdo::eval(pdo::where(cond, g, T(0))), a.shape()));
-        if (b.requires_grad()) detail::add_grad(b, detail::sum_to<B>(pdo::eval(pdo::where(cond, T(0), g)), b.shape()));
+        if (a.requires_grad()) detail::add_grad(a, detail::sum_to<detail::grad_t<A>>(pdo::eval(pdo::where(cond, g, T(0))), a.shape()));
+        if (b.requires_grad()) detail::add_grad(b, detail::sum_to<detail::grad_t<B>>(pdo::eval(pdo::where(cond, T(0), g)), b.shape()));
       },
       a, b);
 }
@@ -6799,7 +6862,7 @@ struct col2im_element {
   }
 };
 
-/// @brief y [batch, out_channels, oh, ow] from the gemm result [rows, out_channels], plus the bias.
+/// @brief y [batch, out_channels, oh, ow] from the gemm result [rows, out_channels], plus the bias (if any).
 template <class T>
 struct rows_to_images {
   const T* rows;
@@ -6807,7 +6870,7 @@ struct rows_to_images {
   std::size_t out_channels, pixels;
   PDO_HD T operator()(std::size_t i) const {
     const std::size_t p = i % pixels, oc = (i / pixels) % out_channels, n = i / (pixels * out_channels);
-    return rows[(n * pixels + p) * out_channels + oc] + bias[oc];
+    return rows[(n * pixels + p) * out_channels + oc] + (bias != nullptr ? bias[oc] : T(0));
   }
 };
 
@@ -6918,6 +6981,8 @@ struct pool_backward_element {
 #include <cstddef>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace pdo {
 
@@ -6940,51 +7005,189 @@ inline window_geometry window_of(const char* op, const shape_t<4>& x, std::size_
 
 }  // namespace detail
 
+namespace detail {
+
+/// @brief The local conv2d: y = conv(x, w) + bias (bias may be null), and the im2col
+/// matrix the backward needs. Tensors go to the calling thread's place.
+template <class T>
+std::pair<tensor<T, 4>, std::shared_ptr<tensor<T, 2>>> conv2d_forward(const tensor<T, 4>& x, const tensor<T, 4>& w, const T* bias,
+                                                                       const window_geometry& g) {
+  const std::size_t oc = w.extent(0);
+  auto system = current_cpu_system();
+  const thrust::counting_iterator<std::size_t> zero(0);
+  auto cols = std::make_shared<tensor<T, 2>>(shape_t<2>{g.rows(), g.cols()}, uninitialized);
+  thrust::transform(system, zero, zero + cols->size(), cols->data(), im2col_element<T>{x.data(), g});
+  tensor<T, 2> rows({g.rows(), oc}, uninitialized);
+  gemm<T>(system, g.rows(), oc, g.cols(), {cols->data(), g.cols(), false}, {w.data(), g.cols(), true}, rows.data());
+  tensor<T, 4> y({g.batch, oc, g.out_height, g.out_width}, uninitialized);
+  thrust::transform(system, zero, zero + y.size(), y.data(), rows_to_images<T>{rows.data(), bias, oc, g.out_pixels()});
+  return {std::move(y), std::move(cols)};
+}
+
+/// @brief The local conv2d backward from dy: dw, db and dx, each computed when asked for (non-null).
+template <class T>
+void conv2d_backward(const tensor<T, 4>& dy, const tensor<T, 2>& cols, const tensor<T, 4>& w, const window_geometry& g,
+                     tensor<T, 4>* dw, tensor<T, 1>* db, tensor<T, 4>* dx) {
+  const std::size_t oc = w.extent(0);
+  auto sys = current_cpu_system();
+  const thrust::counting_iterator<std::size_t> first(0);
+  tensor<T, 2> g2({g.rows(), oc}, uninitialized);
+  thrust::transform(sys, first, first + g2.size(), g2.data(), images_to_rows<T>{dy.data(), oc, g.out_pixels()});
+  if (dw != nullptr) {
+    *dw = tensor<T, 4>(w.shape(), uninitialized);
+    gemm<T>(sys, oc, g.cols(), g.rows(), {g2.data(), oc, true}, {cols.data(), g.cols(), false}, dw->data());
+  }
+  if (db != nullptr) {
+    *db = tensor<T, 1>(shape_t<1>{oc}, uninitialized);
+    thrust::transform(sys, first, first + oc, db->data(), column_sum<T>{g2.data(), g.rows(), oc});
+  }
+  if (dx != nullptr) {
+    tensor<T, 2> dcols({g.rows(), g.cols()}, uninitialized);
+    gemm<T>(sys, g.rows(), g.cols(), oc, {g2.data(), oc, false}, {w.data(), g.cols(), false}, dcols.data());
+    *dx = tensor<T, 4>(shape_t<4>{g.batch, g.channels, g.height, g.width}, uninitialized);
+    thrust::transform(sys, first, first + dx->size(), dx->data(), col2im_element<T>{dcols.data(), g});
+  }
+}
+
+inline void check_conv_shapes(const shape_t<4>& sx, const shape_t<4>& sw, const shape_t<1>& sb, const std::string& layouts) {
+  if (sw[1] != sx[1] || sw[2] != sw[3] || sb[0] != sw[0])
+    throw shape_error("conv2d: input " + format_extents(sx) + ", weight " + format_extents(sw) + ", bias " + format_extents(sb) + layouts +
+                      ": the weight must be [out_channels, in_channels, k, k] with the input's channels, and the bias [out_channels]");
+}
+
+}  // namespace detail
+
 /// @brief 2-D convolution: x [N, C, H, W], weight [OC, C, K, K], bias [OC] -> [N, OC, OH, OW],
 /// as im2col then one gemm; the backward is two gemms and col2im.
 template <class T>
 var<tensor<T, 4>> conv2d(const var<tensor<T, 4>>& x, const var<tensor<T, 4>>& weight, const var<tensor<T, 1>>& bias,
                          window_options o = {}) {
-  const auto& sw = weight.shape();
-  const auto& sx = x.shape();
-  if (sw[1] != sx[1] || sw[2] != sw[3] || bias.shape()[0] != sw[0])
-    throw shape_error("conv2d: input " + detail::format_extents(sx) + ", weight " + detail::format_extents(sw) + ", bias " +
-                      detail::format_extents(bias.shape()) +
-                      ": the weight must be [out_channels, in_channels, k, k] with the input's channels, and the bias [out_channels]");
-  const detail::window_geometry g = detail::window_of("conv2d", sx, sw[2], o);
-  const std::size_t oc = sw[0];
-  auto system = detail::current_cpu_system();
-  const thrust::counting_iterator<std::size_t> zero(0);
-  auto cols = std::make_shared<tensor<T, 2>>(shape_t<2>{g.rows(), g.cols()}, detail::uninitialized);
-  thrust::transform(system, zero, zero + cols->size(), cols->data(), detail::im2col_element<T>{x.value().data(), g});
-  tensor<T, 2> rows({g.rows(), oc}, detail::uninitialized);
-  detail::gemm<T>(system, g.rows(), oc, g.cols(), {cols->data(), g.cols(), false}, {weight.value().data(), g.cols(), true}, rows.data());
-  tensor<T, 4> y({g.batch, oc, g.out_height, g.out_width}, detail::uninitialized);
-  thrust::transform(system, zero, zero + y.size(), y.data(), detail::rows_to_images<T>{rows.data(), bias.value().data(), oc, g.out_pixels()});
+  detail::check_conv_shapes(x.shape(), weight.shape(), bias.shape(), "");
+  const detail::window_geometry g = detail::window_of("conv2d", x.shape(), weight.shape()[2], o);
+  auto [y, cols] = detail::conv2d_forward(x.value(), weight.value(), bias.value().data(), g);
   return detail::record(
       std::move(y),
-      [x, weight, bias, cols, g, oc](auto& self) {
-        auto sys = detail::current_cpu_system();
-        const thrust::counting_iterator<std::size_t> first(0);
-        tensor<T, 2> g2({g.rows(), oc}, detail::uninitialized);
-        thrust::transform(sys, first, first + g2.size(), g2.data(), detail::images_to_rows<T>{self.grad->data(), oc, g.out_pixels()});
-        if (weight.requires_grad()) {
-          tensor<T, 4> dw(weight.shape(), detail::uninitialized);
-          detail::gemm<T>(sys, oc, g.cols(), g.rows(), {g2.data(), oc, true}, {cols->data(), g.cols(), false}, dw.data());
-          detail::add_grad(weight, std::move(dw));
-        }
-        if (bias.requires_grad()) {
-          tensor<T, 1> db({oc}, detail::uninitialized);
-          thrust::transform(sys, first, first + oc, db.data(), detail::column_sum<T>{g2.data(), g.rows(), oc});
-          detail::add_grad(bias, std::move(db));
-        }
-        if (x.requires_grad()) {
-          tensor<T, 2> dcols({g.rows(), g.cols()}, detail::uninitialized);
-          detail::gemm<T>(sys, g.rows(), g.cols(), oc, {g2.data(), oc, false}, {weight.value().data(), g.cols(), false}, dcols.data());
-          tensor<T, 4> dx(x.shape(), detail::uninitialized);
-          thrust::transform(sys, first, first + dx.size(), dx.data(), detail::col2im_element<T>{dcols.data(), g});
-          detail::add_grad(x, std::move(dx));
-        }
+      [x, weight, bias, cols, g](auto& self) {
+        tensor<T, 4> dw, dx;
+        tensor<T, 1> db;
+        detail::conv2d_backward(*self.grad, *cols, weight.value(), g, weight.requires_grad() ? &dw : nullptr,
+                                bias.requires_grad() ? &db : nullptr, x.requires_grad() ? &dx : nullptr);
+        if (weight.requires_grad()) detail::add_grad(weight, std::move(dw));
+        if (bias.requires_grad()) detail::add_grad(bias, std::move(db));
+        if (x.requires_grad()) detail::add_grad(x, std::move(dx));
+      },
+      x, weight, bias);
+}
+
+namespace detail {
+
+/// @brief The layouts of a distributed conv2d (DESIGN §3): batch split -> data parallel;
+/// output channels split (weight dim 0, bias) -> channel parallel, output split by
+/// channels; input channels split (input dim 1 and weight dim 1 on one axis) -> a partial
+/// output. Also the layouts of the places' local gradient contributions.
+struct conv_layouts {
+  bool ok = true;
+  const char* problem = "";
+  layout_value y, dw, db, dx;
+};
+
+constexpr conv_layouts conv_rule(layout_value x, layout_value w, layout_value b) {
+  conv_layouts r;
+  auto fail = [&](const char* why) {
+    r.ok = false;
+    r.problem = why;
+    return r;
+  };
+  if (x.npartial != 0 || w.npartial != 0 || b.npartial != 0) return fail("operands must not be partial (reduce them first)");
+  if (!x.dim_axis[2].empty() || !x.dim_axis[3].empty() || !w.dim_axis[2].empty() || !w.dim_axis[3].empty())
+    return fail("spatial dims (height, width, kernel) must not be split");
+  if (x.dim_axis[1] != w.dim_axis[1]) return fail("the input's channels (dim 1) and the weight's dim 1 must be split alike");
+  if (b.dim_axis[0] != w.dim_axis[0]) return fail("the bias must be split as the weight's output channels (dim 0)");
+  if (!w.dim_axis[0].empty() && (w.dim_axis[0] == x.dim_axis[0] || w.dim_axis[0] == w.dim_axis[1]))
+    return fail("one mesh axis cannot split two dims");
+  if (!x.dim_axis[0].empty() && x.dim_axis[0] == x.dim_axis[1]) return fail("one mesh axis cannot split two dims");
+  r.y.rank = 4;
+  r.y.dim_axis[0] = x.dim_axis[0];
+  r.y.dim_axis[1] = w.dim_axis[0];
+  if (!w.dim_axis[1].empty()) r.y.add_partial(w.dim_axis[1]);
+  r.dw = w;
+  r.db = b;
+  if (!x.dim_axis[0].empty()) {
+    r.dw.add_partial(x.dim_axis[0]);
+    r.db.add_partial(x.dim_axis[0]);
+  }
+  r.dx = x;
+  if (!w.dim_axis[0].empty()) r.dx.add_partial(w.dim_axis[0]);
+  return r;
+}
+
+template <class LX, class LW, class LB>
+struct conv_rule_of {
+  static constexpr conv_layouts value = conv_rule(value_of<LX>(), value_of<LW>(), value_of<LB>());
+};
+template <class LX, class LW, class LB, layout_value conv_layouts::*Which>
+struct conv_layout_provider {
+  static constexpr layout_value value = conv_rule_of<LX, LW, LB>::value.*Which;
+};
+
+}  // namespace detail
+
+/// @brief conv2d over dtensors: each place convolves its shards, with the layouts of
+/// detail::conv_rule: batch split over "dp" is data parallel (weight gradients partial over
+/// "dp"); the weight's output channels split over an axis give an output split by
+/// channels (channel parallel; the input gradient is a partial sum over that axis); the
+/// input channels split with the weight's dim 1 give a partial output (summed where it is
+/// consumed; the bias is added once). Gradients go back to the operands' layouts by the
+/// planner's redistributions.
+template <class T, class Mesh, class LX, class LW, class LB>
+auto conv2d(const var<dtensor<T, 4, Mesh, LX>>& x, const var<dtensor<T, 4, Mesh, LW>>& weight,
+            const var<dtensor<T, 1, Mesh, LB>>& bias, window_options o = {}) {
+  using rule = detail::conv_rule_of<LX, LW, LB>;
+  static_assert(rule::value.ok, "pdo: conv2d: these layouts of the input, weight and bias are not supported (see detail::conv_rule)");
+  using LY = detail::layout_type_t<Mesh, detail::conv_layout_provider<LX, LW, LB, &detail::conv_layouts::y>>;
+  using LDW = detail::layout_type_t<Mesh, detail::conv_layout_provider<LX, LW, LB, &detail::conv_layouts::dw>>;
+  using LDB = detail::layout_type_t<Mesh, detail::conv_layout_provider<LX, LW, LB, &detail::conv_layouts::db>>;
+  using LDX = detail::layout_type_t<Mesh, detail::conv_layout_provider<LX, LW, LB, &detail::conv_layouts::dx>>;
+  const auto& xv = x.value();
+  const auto& wv = weight.value();
+  const auto& bv = bias.value();
+  const Mesh& m = xv.mesh();
+  detail::check_conv_shapes(xv.shape(), wv.shape(), bv.shape(),
+                            " (layouts " + layout_name<LX>() + ", " + layout_name<LW>() + ", " + layout_name<LB>() + ")");
+  const detail::window_geometry whole = detail::window_of("conv2d", xv.shape(), wv.shape()[2], o);
+  const shape_t<4> y_shape{whole.batch, wv.shape()[0], whole.out_height, whole.out_width};
+  const auto& local = m.local_places();
+  std::vector<tensor<T, 4>> ys(local.size());
+  auto cols = std::make_shared<std::vector<std::shared_ptr<tensor<T, 2>>>>(local.size());
+  detail::run_on_places("conv2d", m, [&](std::size_t p, std::size_t k) {
+    const auto& xs = xv.local_shards()[k];
+    const auto g = detail::window_of("conv2d", xs.shape(), wv.shape()[2], o);
+    // a partial output: the bias is added once, by the first place along the partial axis
+    bool add_bias = true;
+    for (std::size_t i = 0; i < rule::value.y.npartial; ++i)
+      add_bias = add_bias && m.coord(p, Mesh::axis_index(rule::value.y.partial[i])) == 0;
+    auto [y, c] = detail::conv2d_forward(xs, wv.local_shards()[k], add_bias ? bv.local_shards()[k].data() : nullptr, g);
+    ys[k] = std::move(y);
+    (*cols)[k] = std::move(c);
+  });
+  dtensor<T, 4, Mesh, LY> y(m, y_shape, std::move(ys));
+  return detail::record(
+      std::move(y),
+      [x, weight, bias, cols, o](auto& self) {
+        const auto& xv = x.value();
+        const auto& wv = weight.value();
+        const Mesh& m = xv.mesh();
+        const auto& local = m.local_places();
+        std::vector<tensor<T, 4>> dws(local.size()), dxs(local.size());
+        std::vector<tensor<T, 1>> dbs(local.size());
+        detail::run_on_places("conv2d backward", m, [&](std::size_t, std::size_t k) {
+          const auto g = detail::window_of("conv2d", xv.local_shards()[k].shape(), wv.shape()[2], o);
+          detail::conv2d_backward(self.grad->local_shards()[k], *(*cols)[k], wv.local_shards()[k], g, weight.requires_grad() ? &dws[k] : nullptr,
+                                  bias.requires_grad() ? &dbs[k] : nullptr, x.requires_grad() ? &dxs[k] : nullptr);
+        });
+        if (weight.requires_grad()) detail::add_grad(weight, dtensor<T, 4, Mesh, LDW>(m, wv.shape(), std::move(dws)));
+        if (bias.requires_grad()) detail::add_grad(bias, dtensor<T, 1, Mesh, LDB>(m, bias.value().shape(), std::move(dbs)));
+        if (x.requires_grad()) detail::add_grad(x, dtensor<T, 4, Mesh, LDX>(m, xv.shape(), std::move(dxs)));
       },
       x, weight, bias);
 }
@@ -7446,49 +7649,103 @@ namespace pdo::nn {
 /// on every place and every run.
 using rng = std::mt19937_64;
 
-/// @brief One named parameter of a model, whatever its rank: its values, its gradient,
-/// and the hook backward calls when that gradient is complete. Copies refer to the same parameter.
+/// @brief One named parameter of a model, whatever its rank and kind (a local tensor, or a
+/// dtensor whose shards live on the places of this process): its values and its gradient
+/// as blocks of memory (one for a tensor, one per local shard for a dtensor), and the hook
+/// backward calls when the gradient is complete. Copies refer to the same parameter.
 template <class T>
 class parameter_ref {
  public:
-  template <std::size_t R>
-  parameter_ref(std::string name, var<tensor<T, R>> v) : name_(std::move(name)), impl_(std::make_shared<holder<R>>(std::move(v))) {}
+  template <class V>
+  parameter_ref(std::string name, var<V> v) : name_(std::move(name)), impl_(std::make_shared<holder<V>>(std::move(v))) {}
 
   [[nodiscard]] const std::string& name() const { return name_; }
-  [[nodiscard]] std::span<T> value() const { return impl_->value(); }
-  [[nodiscard]] std::size_t size() const { return impl_->value().size(); }
+  /// @brief The values, one block per tensor or local shard.
+  [[nodiscard]] std::vector<std::span<T>> value_blocks() const { return impl_->value_blocks(); }
+  /// @brief Zero-filled state for each block (an optimizer's moments), each in the memory
+  /// of the place that holds the block.
+  [[nodiscard]] std::vector<tensor<T, 1>> zero_state() const { return impl_->zero_state(); }
+  /// @brief The gradient's blocks (none when backward has given no gradient).
+  [[nodiscard]] std::vector<std::span<T>> grad_blocks() const { return impl_->grad_blocks(); }
+  /// @brief The values of a local parameter (one block).
+  [[nodiscard]] std::span<T> value() const { return single(impl_->value_blocks(), "value"); }
+  /// @brief The gradient of a local parameter; empty when backward has given none.
+  [[nodiscard]] std::span<T> grad() const {
+    const auto blocks = impl_->grad_blocks();
+    return blocks.empty() ? std::span<T>() : single(blocks, "grad");
+  }
+  /// @brief The elements of this process's blocks.
+  [[nodiscard]] std::size_t size() const {
+    std::size_t n = 0;
+    for (const auto& b : impl_->value_blocks()) n += b.size();
+    return n;
+  }
   [[nodiscard]] std::size_t bytes() const { return size() * sizeof(T); }
-  /// @brief The gradient; empty when backward has given none.
-  [[nodiscard]] std::span<T> grad() const { return impl_->grad(); }
-  /// @brief A zero gradient, allocated if there is none (a place with no samples still takes part).
+  /// @brief A local parameter's gradient, zero-filled first if there is none (a place with
+  /// no samples still takes part in the gradient all_reduce).
   [[nodiscard]] std::span<T> grad_or_zeros() const { return impl_->grad_or_zeros(); }
   void zero_grad() const { impl_->zero_grad(); }
   void on_gradient(std::function<void()> f) const { impl_->on_gradient(std::move(f)); }
   [[nodiscard]] std::string shape_text() const { return impl_->shape_text(); }
 
  private:
+  std::span<T> single(const std::vector<std::span<T>>& blocks, const char* what) const {
+    if (blocks.size() != 1)
+      throw layout_error("parameter " + name_ + ": " + what + "(): the parameter has " + std::to_string(blocks.size()) +
+                         " local blocks; use " + what + "_blocks()");
+    return blocks[0];
+  }
   struct base {
     virtual ~base() = default;
-    virtual std::span<T> value() = 0;
-    virtual std::span<T> grad() = 0;
+    virtual std::vector<std::span<T>> value_blocks() = 0;
+    virtual std::vector<std::span<T>> grad_blocks() = 0;
+    virtual std::vector<tensor<T, 1>> zero_state() = 0;
     virtual std::span<T> grad_or_zeros() = 0;
     virtual void zero_grad() = 0;
     virtual void on_gradient(std::function<void()> f) = 0;
     virtual std::string shape_text() = 0;
   };
-  template <std::size_t R>
+  template <class V>
   struct holder final : base {
-    explicit holder(var<tensor<T, R>> x) : v(std::move(x)) {}
-    var<tensor<T, R>> v;
-    std::span<T> value() override { return v.value().span(); }
-    std::span<T> grad() override { return v.has_grad() ? v.grad().span() : std::span<T>(); }
+    explicit holder(var<V> x) : v(std::move(x)) {}
+    var<V> v;
+    template <class X>
+    static std::vector<std::span<T>> blocks_of(X& value) {
+      if constexpr (var<V>::distributed) {
+        std::vector<std::span<T>> out;
+        for (auto& shard : value.local_shards()) out.push_back(shard.span());
+        return out;
+      } else {
+        return {value.span()};
+      }
+    }
+    std::vector<std::span<T>> value_blocks() override { return blocks_of(v.value()); }
+    std::vector<tensor<T, 1>> zero_state() override {
+      std::vector<tensor<T, 1>> out;
+      if constexpr (var<V>::distributed) {
+        for (const auto& shard : v.value().local_shards()) out.push_back(shard.template zeros_alike<T, 1>(shape_t<1>{shard.size()}));
+      } else {
+        out.push_back(v.value().template zeros_alike<T, 1>(shape_t<1>{v.value().size()}));
+      }
+      return out;
+    }
+    std::vector<std::span<T>> grad_blocks() override {
+      return v.has_grad() ? blocks_of(v.grad()) : std::vector<std::span<T>>{};
+    }
     std::span<T> grad_or_zeros() override {
-      if (!v.has_grad()) v.node()->grad.emplace(v.shape());
-      return v.grad().span();
+      if constexpr (var<V>::distributed) {
+        throw layout_error("parameter: grad_or_zeros() is for local parameters; " + shape_text() + " is a dtensor");
+      } else {
+        if (!v.has_grad()) v.node()->grad.emplace(v.shape());
+        return v.grad().span();
+      }
     }
     void zero_grad() override { v.zero_grad(); }
     void on_gradient(std::function<void()> f) override { v.on_gradient(std::move(f)); }
-    std::string shape_text() override { return describe(v.value()); }
+    std::string shape_text() override {
+      if constexpr (var<V>::distributed) return v.value().describe();
+      else return describe(v.value());
+    }
   };
   std::string name_;
   std::shared_ptr<base> impl_;
@@ -7530,13 +7787,16 @@ tensor<T, R> fan_in_uniform(const shape_t<R>& shape, std::size_t fan_in, rng& ge
 
 namespace pdo::nn {
 
-/// @brief y = x W + b, with W [in, out] and b [out]; x [..., in].
-template <class T>
+/// @brief y = x W + b, with W [in, out] and b [out]; x [..., in]. The parameters are local
+/// tensors, or dtensors with layouts (see tensor_parallel): the same layer, planned.
+template <class T, class W = tensor<T, 2>, class B = tensor<T, 1>>
 class linear {
  public:
   linear(std::size_t in, std::size_t out, rng& gen)
+    requires(std::is_same_v<W, tensor<T, 2>> && std::is_same_v<B, tensor<T, 1>>)
       : weight(parameter(init::fan_in_uniform<T>(shape_t<2>{in, out}, in, gen))),
         bias(parameter(init::fan_in_uniform<T>(shape_t<1>{out}, in, gen))) {}
+  linear(var<W> w, var<B> b) : weight(std::move(w)), bias(std::move(b)) {}
 
   template <class V>
   auto operator()(const var<V>& x) const {
@@ -7546,8 +7806,8 @@ class linear {
     return {{prefix + "weight", weight}, {prefix + "bias", bias}};
   }
 
-  var<tensor<T, 2>> weight;
-  var<tensor<T, 1>> bias;
+  var<W> weight;
+  var<B> bias;
 };
 
 /// @brief 2-D convolution over [N, in_channels, H, W] with a square kernel.
@@ -7558,6 +7818,8 @@ class conv2d {
       : weight(parameter(init::fan_in_uniform<T>(shape_t<4>{out_channels, in_channels, kernel, kernel}, in_channels * kernel * kernel, gen))),
         bias(parameter(init::fan_in_uniform<T>(shape_t<1>{out_channels}, in_channels * kernel * kernel, gen))),
         options_(o) {}
+  conv2d(var<tensor<T, 4>> w, var<tensor<T, 1>> b, window_options o) : weight(std::move(w)), bias(std::move(b)), options_(o) {}
+  [[nodiscard]] window_options options() const { return options_; }
 
   var<tensor<T, 4>> operator()(const var<tensor<T, 4>>& x) const { return pdo::conv2d(x, weight, bias, options_); }
   [[nodiscard]] std::vector<parameter_ref<T>> parameters(const std::string& prefix = "") const {
@@ -7804,6 +8066,11 @@ struct data_parallel_options {
   /// @brief Start a bucket's all_reduce as soon as its last gradient is ready, while
   /// backward goes on; false: all buckets after backward (for comparison).
   bool overlap = true;
+  /// @brief ZeRO stage 1: the optimizer state is sharded over "dp". Each bucket's
+  /// gradients are reduce_scattered (each place gets the sum of its slice), each place
+  /// updates its slice of the parameters with its slice of the optimizer state, and the
+  /// slices are all_gathered back. Optimizer memory per place: 1/n.
+  bool zero1 = false;
 };
 
 /// @brief A span of one step on one place, in microseconds from the step's start.
@@ -7898,8 +8165,15 @@ class data_parallel {
       r.place = p;
       r.model.emplace(make_model());
       r.params = parameters_of<T>(*r.model);
-      r.optimizer.emplace(make_optimizer(r.params));
-      r.make_buckets(options_.bucket_bytes);
+      r.make_buckets(options_.bucket_bytes, options_.zero1, mesh_.extent(dp_axis), mesh_.coord(p, dp_axis));
+      if (options_.zero1) {
+        std::vector<parameter_ref<T>> slices;
+        for (std::size_t b = 0; b < r.buckets.size(); ++b)
+          slices.emplace_back("bucket" + std::to_string(b) + ".slice", r.buckets[b].slice);
+        r.optimizer.emplace(make_optimizer(std::move(slices)));
+      } else {
+        r.optimizer.emplace(make_optimizer(r.params));
+      }
     });
   }
 
@@ -7995,6 +8269,13 @@ class data_parallel {
     }
     return out;
   }
+  /// @brief The parameter elements whose optimizer state place `k` of this process keeps:
+  /// all of them, or under ZeRO-1 its slices (about 1/n).
+  [[nodiscard]] std::size_t optimizer_state_elements(std::size_t k = 0) const {
+    std::size_t n = 0;
+    for (const auto& b : replicas_[k]->buckets) n += options_.zero1 ? b.slice.shape()[0] : b.elements;
+    return n;
+  }
   /// @brief What every place of this process did in the last step, with times.
   [[nodiscard]] std::vector<step_event> last_step_events() const {
     std::vector<step_event> all;
@@ -8011,9 +8292,13 @@ class data_parallel {
     std::string text = "data_parallel on " + mesh_.describe() + ": each place trains the rows " + pdo::layout_name<data_layout>() +
                        " of the global batch on its own replica\n";
     text += "  gradient of a replicated parameter used on those rows: matmul(xᵀ, g) -> " + pdo::layout_name<gradient_layout>() + "\n";
-    text += "  synced to " + pdo::layout_name<param_layout>() + " by " + std::string(step_name(step.kind)) + " over \"" +
-            std::string(step.axis) + "\", in buckets of ~" + std::to_string(options_.bucket_bytes) + " B, " +
-            (options_.overlap ? "each started as soon as backward completes it" : "after backward") + "\n";
+    if (options_.zero1)
+      text += "  ZeRO-1: reduce_scattered over \"" + std::string(step.axis) + "\" (each place sums and updates its slice, with its "
+              "slice of the optimizer state), the slices all_gathered back; in buckets of ~" + std::to_string(options_.bucket_bytes) + " B\n";
+    else
+      text += "  synced to " + pdo::layout_name<param_layout>() + " by " + std::string(step_name(step.kind)) + " over \"" +
+              std::string(step.axis) + "\", in buckets of ~" + std::to_string(options_.bucket_bytes) + " B, " +
+              (options_.overlap ? "each started as soon as backward completes it" : "after backward") + "\n";
     const auto& r = *replicas_[0];
     for (std::size_t b = 0; b < r.buckets.size(); ++b) {
       const auto& bk = r.buckets[b];
@@ -8031,7 +8316,10 @@ class data_parallel {
   struct bucket {
     std::vector<std::size_t> params;  ///< indices into replica::params
     std::size_t elements = 0;
-    tensor<T, 1> flat;
+    tensor<T, 1> flat;        ///< the gradients packed (buckets of several parameters, and all under ZeRO-1); under
+                              ///< ZeRO-1 also where the updated slices are gathered
+    var<tensor<T, 1>> slice;  ///< ZeRO-1: this place's slice of the parameters, which its optimizer updates
+    std::size_t slice_offset = 0;
     std::size_t waiting = 0;  ///< gradients not yet complete in this step
     bool ready = false;
   };
@@ -8051,7 +8339,7 @@ class data_parallel {
     clock::time_point start;
     std::unique_ptr<pdo::detail::worker> comm;  ///< runs this place's all_reduces while backward goes on
 
-    void make_buckets(std::size_t bytes) {
+    void make_buckets(std::size_t bytes, bool zero1, std::size_t parts, std::size_t me) {
       bucket_of.assign(params.size(), 0);
       // backward completes the last layers first: buckets follow the parameters in reverse
       for (std::size_t j = params.size(); j-- > 0;) {
@@ -8060,9 +8348,29 @@ class data_parallel {
         buckets.back().elements += params[j].size();
         bucket_of[j] = buckets.size() - 1;
       }
-      for (auto& b : buckets)
-        if (b.params.size() > 1) b.flat = tensor<T, 1>(shape_t<1>{b.elements}, pdo::detail::uninitialized);
+      for (auto& b : buckets) {
+        if (b.params.size() > 1 || zero1) b.flat = tensor<T, 1>(shape_t<1>{b.elements}, pdo::detail::uninitialized);
+        if (!zero1) continue;
+        pack_values(b, b.flat.data());
+        b.slice_offset = pdo::detail::chunk_offset(b.elements, parts, me);
+        tensor<T, 1> mine(shape_t<1>{pdo::detail::chunk_size(b.elements, parts, me)}, pdo::detail::uninitialized);
+        std::copy_n(b.flat.data() + b.slice_offset, mine.size(), mine.data());
+        b.slice = parameter(std::move(mine));
+      }
       comm = std::make_unique<pdo::detail::worker>(std::vector<int>{});
+    }
+    void pack_values(const bucket& b, T* out) const {
+      for (std::size_t j : b.params) {
+        const auto v = params[j].value();
+        out = std::copy(v.begin(), v.end(), out);
+      }
+    }
+    void unpack_values(const bucket& b, const T* in) const {
+      for (std::size_t j : b.params) {
+        const auto v = params[j].value();
+        std::copy_n(in, v.size(), v.data());
+        in += v.size();
+      }
     }
     double since_start() const { return std::chrono::duration<double, std::micro>(clock::now() - start).count(); }
     void record(std::string what, std::size_t b, double from, double to) {
@@ -8103,7 +8411,7 @@ class data_parallel {
   void launch(replica& r, std::size_t b) {
     auto& bk = r.buckets[b];
     std::span<T> data = bk.flat.span();
-    if (bk.params.size() == 1) {
+    if (bk.params.size() == 1 && !options_.zero1) {
       data = r.params[bk.params[0]].grad_or_zeros();
     } else {
       std::size_t at = 0;
@@ -8115,14 +8423,18 @@ class data_parallel {
     }
     ++r.launched;
     const std::size_t p = r.place;
-    r.comm->submit([this, &r, data, b, p] {
+    if (options_.zero1) bk.slice.node()->grad.emplace(shape_t<1>{bk.slice.shape()[0]});
+    const std::span<T> slice_grad = options_.zero1 ? bk.slice.grad().span() : std::span<T>();
+    r.comm->submit([this, &r, data, slice_grad, b, p] {
       const double from = r.since_start();
       try {
-        communicator_along(mesh_, dp_axis, p).all_reduce(data);
+        const mesh_communicator comm = communicator_along(mesh_, dp_axis, p);
+        if (options_.zero1) comm.reduce_scatter(std::span<const T>(data), slice_grad);
+        else comm.all_reduce(data);
       } catch (...) {
         r.comm_failure = pdo::detail::captured_error::current();
       }
-      r.record("all_reduce", b, from, r.since_start());
+      r.record(options_.zero1 ? "reduce_scatter" : "all_reduce", b, from, r.since_start());
       r.finished.fetch_add(1, std::memory_order_acq_rel);
       r.finished.notify_all();
     });
@@ -8152,6 +8464,8 @@ class data_parallel {
         b.waiting = b.params.size();
         b.ready = false;
       }
+      for (auto& b : r.buckets)
+        if (options_.zero1) b.slice.zero_grad();
       for (std::size_t j = 0; j < r.params.size(); ++j) {
         r.params[j].zero_grad();
         r.params[j].on_gradient([this, &r, j] {
@@ -8183,18 +8497,31 @@ class data_parallel {
       launch_ready(r);
       wait_launched(r);
       if (r.comm_failure) r.comm_failure->rethrow_with_context("gradient all_reduce: ");
-      for (auto& b : r.buckets) {
-        if (b.params.size() == 1) continue;  // reduced in place
-        std::size_t at = 0;
-        for (std::size_t j : b.params) {
-          const auto g = r.params[j].grad_or_zeros();
-          std::copy_n(b.flat.data() + at, g.size(), g.data());
-          at += g.size();
+      if (!options_.zero1) {
+        for (auto& b : r.buckets) {
+          if (b.params.size() == 1) continue;  // reduced in place
+          std::size_t at = 0;
+          for (std::size_t j : b.params) {
+            const auto g = r.params[j].grad_or_zeros();
+            std::copy_n(b.flat.data() + at, g.size(), g.data());
+            at += g.size();
+          }
         }
       }
       const double opt_start = r.since_start();
       r.optimizer->step();
       r.record("optimizer", 0, opt_start, r.since_start());
+      if (options_.zero1) {
+        // every place's updated slice, gathered into every replica's parameters
+        const mesh_communicator comm = communicator_along(mesh_, dp_axis, p);
+        for (std::size_t b = 0; b < r.buckets.size(); ++b) {
+          auto& bk = r.buckets[b];
+          const double from = r.since_start();
+          comm.all_gather(std::span<const T>(bk.slice.value().span()), bk.flat.span());
+          r.unpack_values(bk, bk.flat.data());
+          r.record("all_gather", b, from, r.since_start());
+        }
+      }
       // the global batch's loss and count of correct predictions, on every place
       double totals[2] = {static_cast<double>(local), static_cast<double>(correct)};
       communicator_along(mesh_, dp_axis, p).all_reduce(std::span<double>(totals, 2));
@@ -8316,17 +8643,21 @@ class sgd {
  public:
   sgd(std::vector<parameter_ref<T>> params, sgd_options o) : params_(std::move(params)), o_(o), buffers_(params_.size()) {}
 
-  /// @brief One update of every parameter that has a gradient.
+  /// @brief One update of every parameter that has a gradient (of each of its local blocks).
   void step() {
     for (std::size_t i = 0; i < params_.size(); ++i) {
-      const auto& p = params_[i];
-      const auto g = p.grad();
-      if (g.empty()) continue;
-      const bool first = buffers_[i].size() == 0 && o_.momentum != 0;
-      if (first) buffers_[i] = tensor<T, 1>(shape_t<1>{p.size()}, pdo::detail::uninitialized);
-      pdo::detail::for_each_index(p.size(), pdo::detail::sgd_update<T>{p.value().data(), g.data(), o_.momentum != 0 ? buffers_[i].data() : nullptr,
+      const auto values = params_[i].value_blocks();
+      const auto grads = params_[i].grad_blocks();
+      if (grads.empty()) continue;
+      auto& buffers = buffers_[i];
+      const bool first = buffers.empty() && o_.momentum != 0;
+      if (first) buffers = params_[i].zero_state();
+      for (std::size_t k = 0; k < values.size(); ++k) {
+        pdo::detail::for_each_index(values[k].size(),
+                                    pdo::detail::sgd_update<T>{values[k].data(), grads[k].data(), o_.momentum != 0 ? buffers[k].data() : nullptr,
                                                                static_cast<T>(o_.lr), static_cast<T>(o_.momentum),
                                                                static_cast<T>(o_.weight_decay), first});
+      }
     }
   }
   void zero_grad() {
@@ -8338,7 +8669,7 @@ class sgd {
  private:
   std::vector<parameter_ref<T>> params_;
   sgd_options o_;
-  std::vector<tensor<T, 1>> buffers_;
+  std::vector<std::vector<tensor<T, 1>>> buffers_;  ///< momentum, per parameter and block
 };
 
 struct adam_options {
@@ -8361,17 +8692,19 @@ class adam {
     const T c1 = static_cast<T>(1 - std::pow(o_.beta1, static_cast<double>(t_)));
     const T c2 = static_cast<T>(1 - std::pow(o_.beta2, static_cast<double>(t_)));
     for (std::size_t i = 0; i < params_.size(); ++i) {
-      const auto& p = params_[i];
-      const auto g = p.grad();
-      if (g.empty()) continue;
-      if (m_[i].size() == 0) {
-        m_[i] = tensor<T, 1>(shape_t<1>{p.size()});
-        v_[i] = tensor<T, 1>(shape_t<1>{p.size()});
+      const auto values = params_[i].value_blocks();
+      const auto grads = params_[i].grad_blocks();
+      if (grads.empty()) continue;
+      if (m_[i].empty()) {
+        m_[i] = params_[i].zero_state();
+        v_[i] = params_[i].zero_state();
       }
-      pdo::detail::for_each_index(p.size(), pdo::detail::adam_update<T>{p.value().data(), g.data(), m_[i].data(), v_[i].data(),
-                                                                static_cast<T>(o_.lr), static_cast<T>(o_.beta1),
-                                                                static_cast<T>(o_.beta2), static_cast<T>(o_.eps),
-                                                                static_cast<T>(o_.weight_decay), c1, c2, o_.decoupled_weight_decay});
+      for (std::size_t k = 0; k < values.size(); ++k)
+        pdo::detail::for_each_index(values[k].size(),
+                                    pdo::detail::adam_update<T>{values[k].data(), grads[k].data(), m_[i][k].data(), v_[i][k].data(),
+                                                                static_cast<T>(o_.lr), static_cast<T>(o_.beta1), static_cast<T>(o_.beta2),
+                                                                static_cast<T>(o_.eps), static_cast<T>(o_.weight_decay), c1, c2,
+                                                                o_.decoupled_weight_decay});
     }
   }
   void zero_grad() {
@@ -8383,7 +8716,7 @@ class adam {
  private:
   std::vector<parameter_ref<T>> params_;
   adam_options o_;
-  std::vector<tensor<T, 1>> m_, v_;
+  std::vector<std::vector<tensor<T, 1>>> m_, v_;  ///< moments, per parameter and block
   long t_ = 0;
 };
 
@@ -8398,6 +8731,515 @@ inline adam_options adamw_options(double lr = 1e-3, double weight_decay = 0.01) 
 
 }  // namespace pdo::nn
 #endif  // PDO_SINGLE_PDO_NN_OPTIM_HPP
+// ---- pdo/nn/tensor_parallel.hpp
+#ifndef PDO_SINGLE_PDO_NN_TENSOR_PARALLEL_HPP
+#define PDO_SINGLE_PDO_NN_TENSOR_PARALLEL_HPP
+// pdo/nn/tensor_parallel.hpp: tensor (intra-op) parallelism by parameter layouts alone.
+
+
+#include <cstddef>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+
+namespace pdo::nn {
+
+template <class L>
+inline constexpr bool is_local_linear_v = false;
+template <class T>
+inline constexpr bool is_local_linear_v<linear<T>> = true;
+
+/// @brief A copy of `l` whose weight is split by columns along `Axis` (W [in, out/n], b
+/// [out/n]): its output is split along `Axis` by columns, with no communication.
+template <fixed_string Axis, class T, class Mesh>
+auto column_parallel(const Mesh& m, const linear<T>& l) {
+  using wl = layout<replicate, split<Axis>>;
+  using bl = layout<split<Axis>>;
+  return linear<T, dtensor<T, 2, Mesh, wl>, dtensor<T, 1, Mesh, bl>>(parameter(distribute<wl>(m, l.weight.value())),
+                                                                      parameter(distribute<bl>(m, l.bias.value())));
+}
+
+/// @brief A copy of `l` whose weight is split by rows along `Axis` (W [in/n, out], b
+/// replicated): fed a column-split input, its product is a partial sum over `Axis`, which
+/// the bias addition reduces (one all_reduce).
+template <fixed_string Axis, class T, class Mesh>
+auto row_parallel(const Mesh& m, const linear<T>& l) {
+  using wl = layout<split<Axis>, replicate>;
+  using bl = layout<replicate>;
+  return linear<T, dtensor<T, 2, Mesh, wl>, dtensor<T, 1, Mesh, bl>>(parameter(distribute<wl>(m, l.weight.value())),
+                                                                      parameter(distribute<bl>(m, l.bias.value())));
+}
+
+namespace detail_tp {
+template <class... Layers>
+constexpr std::size_t linears_before(std::size_t i) {
+  constexpr bool is_linear[] = {is_local_linear_v<Layers>..., false};
+  std::size_t n = 0;
+  for (std::size_t k = 0; k < i; ++k) n += is_linear[k];
+  return n;
+}
+
+template <fixed_string Axis, std::size_t Ordinal, class Mesh, class Layer>
+auto convert(const Mesh& m, const Layer& layer) {
+  if constexpr (is_local_linear_v<Layer>) {
+    if constexpr (Ordinal % 2 == 0) return column_parallel<Axis>(m, layer);
+    else return row_parallel<Axis>(m, layer);
+  } else {
+    static_assert(std::is_empty_v<Layer> || std::is_base_of_v<stateless, Layer>,
+                  "pdo: tensor_parallel: the model may hold linear layers and layers without parameters (activations); "
+                  "split other layers' parameters explicitly");
+    return layer;
+  }
+}
+}  // namespace detail_tp
+
+/// @brief `model` with its parameters laid out for tensor parallelism along mesh axis
+/// `Axis`, as Megatron pairs them: the 1st, 3rd, ... linear layers split by columns, the
+/// 2nd, 4th, ... by rows; activations unchanged. The model code does not change: it runs
+/// on dtensor inputs (replicated along `Axis`, split along others, e.g. rows over "dp"), and
+/// the planner derives, from the parameters' layouts alone, one all_reduce per pair in
+/// forward (the row-parallel partial sum) and one in backward (the input gradient of the
+/// column-parallel layer). Parameters start as the local model's, so training matches it.
+template <fixed_string Axis, class Mesh, class... Layers>
+auto tensor_parallel(const Mesh& m, const sequential<Layers...>& model) {
+  static_assert(Mesh::has_axis(Axis.view()), "pdo: tensor_parallel: the mesh has no axis of that name");
+  static_assert(detail_tp::linears_before<Layers...>(sizeof...(Layers)) % 2 == 0,
+                "pdo: tensor_parallel: the model needs linear layers in column/row pairs (an even number), so that "
+                "its output is not left split along the tensor-parallel axis");
+  return [&]<std::size_t... I>(std::index_sequence<I...>) {
+    return sequential(detail_tp::convert<Axis, detail_tp::linears_before<Layers...>(I)>(m, std::get<I>(model.layers()))...);
+  }(std::index_sequence_for<Layers...>{});
+}
+
+}  // namespace pdo::nn
+#endif  // PDO_SINGLE_PDO_NN_TENSOR_PARALLEL_HPP
+// ---- pdo/nn/pipeline.hpp
+#ifndef PDO_SINGLE_PDO_NN_PIPELINE_HPP
+#define PDO_SINGLE_PDO_NN_PIPELINE_HPP
+// pdo/nn/pipeline.hpp: pipeline (inter-op) parallelism: the layers of a sequential cut into
+// stages on the places of a mesh's "pp" axis, micro-batched with GPipe or 1F1B schedules.
+
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <memory>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace pdo::nn {
+
+enum class pipeline_schedule {
+  gpipe,        ///< every micro-batch forward, then every backward: holds all micro-batches' activations
+  one_f_one_b,  ///< 1F1B: after a warm-up, one forward then one backward: at most (stages - stage) micro-batches in flight
+};
+
+/// @brief One step of a stage's schedule: the forward or the backward of a micro-batch.
+struct pipeline_action {
+  bool forward = true;
+  std::size_t micro = 0;
+  friend bool operator==(const pipeline_action&, const pipeline_action&) = default;
+};
+
+/// @brief The action list of every stage (stage s receives activations from s - 1 and
+/// gradients from s + 1; the messages follow from the actions, so every send has its
+/// receive by construction).
+inline std::vector<std::vector<pipeline_action>> make_schedule(pipeline_schedule kind, std::size_t stages, std::size_t micros) {
+  std::vector<std::vector<pipeline_action>> plan(stages);
+  for (std::size_t s = 0; s < stages; ++s) {
+    auto& a = plan[s];
+    if (kind == pipeline_schedule::gpipe) {
+      for (std::size_t m = 0; m < micros; ++m) a.push_back({true, m});
+      for (std::size_t m = micros; m-- > 0;) a.push_back({false, m});
+    } else {
+      const std::size_t warmup = std::min(micros, stages - s - 1);
+      std::size_t f = 0, b = 0;
+      for (; f < warmup; ++f) a.push_back({true, f});
+      while (f < micros) {
+        a.push_back({true, f++});
+        a.push_back({false, b++});
+      }
+      while (b < micros) a.push_back({false, b++});
+    }
+  }
+  return plan;
+}
+
+/// @brief Rejects, before anything runs, a schedule that would not finish: each stage must
+/// run each micro-batch's forward and backward once, forward first, and the stages,
+/// running their lists in order (a forward waits for the previous stage's forward of that
+/// micro-batch, a backward for the next stage's backward), must all reach the end.
+/// Sends never wait (each place sends from its own threads), so that is the whole condition.
+inline void check_schedule(const std::vector<std::vector<pipeline_action>>& plan, std::size_t micros) {
+  const std::size_t stages = plan.size();
+  for (std::size_t s = 0; s < stages; ++s) {
+    std::vector<int> seen(2 * micros, 0);
+    for (const auto& a : plan[s]) {
+      if (a.micro >= micros)
+        throw error("pipeline schedule: stage " + std::to_string(s) + " names micro-batch " + std::to_string(a.micro) + " of " +
+                    std::to_string(micros));
+      if (!a.forward && seen[2 * a.micro] == 0)
+        throw error("pipeline schedule: stage " + std::to_string(s) + " runs the backward of micro-batch " + std::to_string(a.micro) +
+                    " before its forward");
+      ++seen[2 * a.micro + (a.forward ? 0 : 1)];
+    }
+    for (std::size_t k = 0; k < seen.size(); ++k)
+      if (seen[k] != 1)
+        throw error("pipeline schedule: stage " + std::to_string(s) + " runs the " + (k % 2 == 0 ? "forward" : "backward") +
+                    " of micro-batch " + std::to_string(k / 2) + " " + std::to_string(seen[k]) + " times, not once");
+  }
+  std::vector<std::size_t> next(stages, 0);
+  std::vector<std::vector<char>> done_f(stages, std::vector<char>(micros, 0)), done_b = done_f;
+  for (bool progress = true; progress;) {
+    progress = false;
+    for (std::size_t s = 0; s < stages; ++s) {
+      while (next[s] < plan[s].size()) {
+        const auto a = plan[s][next[s]];
+        const bool ready = a.forward ? (s == 0 || done_f[s - 1][a.micro]) : (s + 1 == stages || done_b[s + 1][a.micro]);
+        if (!ready) break;
+        (a.forward ? done_f : done_b)[s][a.micro] = 1;
+        ++next[s];
+        progress = true;
+      }
+    }
+  }
+  for (std::size_t s = 0; s < stages; ++s)
+    if (next[s] < plan[s].size()) {
+      const auto a = plan[s][next[s]];
+      throw error("pipeline schedule: deadlock: stage " + std::to_string(s) + " waits forever at the " +
+                  (a.forward ? "forward" : "backward") + " of micro-batch " + std::to_string(a.micro) + " (its " +
+                  (a.forward ? "input from stage " + std::to_string(s - 1) : "gradient from stage " + std::to_string(s + 1)) +
+                  " never comes)");
+    }
+}
+
+namespace detail_pp {
+
+/// @brief A copy of `layer` whose parameters live in `place`'s memory.
+template <class Layer>
+Layer to_place(const Layer& layer, const any_place& place) {
+  auto copy = [&](const auto& v) {
+    using V = std::remove_cvref_t<decltype(v.value())>;
+    V t(v.value().shape(), place, pdo::detail::uninitialized);
+    std::copy(v.value().begin(), v.value().end(), t.begin());
+    return parameter(std::move(t));
+  };
+  if constexpr (requires { layer.options(); }) return Layer(copy(layer.weight), copy(layer.bias), layer.options());
+  else if constexpr (requires { layer.weight; }) return Layer(copy(layer.weight), copy(layer.bias));
+  else return layer;
+}
+
+template <std::size_t Begin, std::size_t End, class... Layers>
+auto stage_of(const sequential<Layers...>& model, const any_place& place) {
+  static_assert(Begin < End, "pdo: pipeline: every stage needs at least one layer (cut points must increase)");
+  return [&]<std::size_t... I>(std::index_sequence<I...>) {
+    return sequential(to_place(std::get<Begin + I>(model.layers()), place)...);
+  }(std::make_index_sequence<End - Begin>{});
+}
+
+template <std::size_t... Cuts>
+struct cut_list {
+  static constexpr std::array<std::size_t, sizeof...(Cuts)> values{Cuts...};
+};
+
+/// @brief Sends tensors from a place without waiting for their receiver: a thread per
+/// direction, in order (receivers take them in the same order).
+struct async_sender {
+  pdo::detail::worker thread{std::vector<int>{}};
+  std::size_t queued = 0;
+  std::atomic<std::size_t> finished{0};
+  std::optional<pdo::detail::captured_error> failure;
+
+  template <class T, std::size_t R>
+  void send(mesh_communicator comm, tensor<T, R> t, std::size_t to, int tag) {
+    ++queued;
+    thread.submit([this, comm, to, tag, data = std::make_shared<tensor<T, R>>(std::move(t))] {
+      try {
+        std::array<std::size_t, R + 1> header{};
+        for (std::size_t d = 0; d < R; ++d) header[d] = data->shape()[d];
+        comm.send(std::span<const std::size_t>(header), to, 2 * tag);
+        comm.send(std::as_const(*data).span(), to, 2 * tag + 1);
+      } catch (...) {
+        if (!failure) failure = pdo::detail::captured_error::current();
+      }
+      finished.fetch_add(1, std::memory_order_acq_rel);
+      finished.notify_all();
+    });
+  }
+  void drain() {
+    for (std::size_t f = finished.load(std::memory_order_acquire); f < queued; f = finished.load(std::memory_order_acquire))
+      finished.wait(f, std::memory_order_acquire);
+  }
+  void reset() {
+    queued = 0;
+    finished.store(0);
+    failure.reset();
+  }
+};
+
+template <class T, std::size_t R>
+tensor<T, R> receive(const mesh_communicator& comm, std::size_t from, int tag, const any_place& place) {
+  std::array<std::size_t, R + 1> header{};
+  comm.recv(std::span<std::size_t>(header), from, 2 * tag);
+  shape_t<R> shape{};
+  for (std::size_t d = 0; d < R; ++d) shape[d] = header[d];
+  tensor<T, R> t(shape, place, pdo::detail::uninitialized);
+  comm.recv(t.span(), from, 2 * tag + 1);
+  return t;
+}
+
+}  // namespace detail_pp
+
+struct pipeline_options {
+  pipeline_schedule schedule = pipeline_schedule::one_f_one_b;
+  std::size_t micro_batches = 4;
+};
+
+/// @brief Pipeline training over the "pp" axis of a mesh (and data parallel over "dp" if
+/// the mesh has it): stage s, the layers [cut s-1, cut s) of the model, lives on the
+/// places with "pp" coordinate s and only there (its parameters and optimizer state are
+/// in their memory). A step cuts the global batch by rows along "dp", then into micro-batches;
+/// activations go forward and their gradients back between neighbouring stages; each
+/// stage accumulates its parameters' gradients over the micro-batches (weighted by their
+/// share of the global batch), all_reduces them over "dp", and steps its optimizer. So
+/// the step equals one place's step on the global batch.
+template <class T, std::size_t InRank, class Target, class Mesh, class Optimizer, class Loss, class... Stages>
+class pipeline {
+ public:
+  static constexpr std::size_t stage_count = sizeof...(Stages);
+  static constexpr std::size_t pp_axis = Mesh::axis_index("pp");
+  static constexpr bool has_dp = Mesh::has_axis("dp");
+  static_assert(pp_axis < Mesh::ndim, "pdo: pipeline: the mesh needs an axis named \"pp\"");
+
+  template <class MakeOptimizer, class Model, std::size_t... Cuts>
+  pipeline(const Mesh& m, const Model& model, detail_pp::cut_list<Cuts...>, MakeOptimizer make_optimizer, pipeline_options o, Loss loss)
+      : mesh_(m), options_(o), loss_(loss), schedule_(make_schedule(o.schedule, stage_count, o.micro_batches)),
+        states_(m.local_places().size()) {
+    if (m.extent(pp_axis) != stage_count)
+      throw layout_error("pipeline: the model is cut into " + std::to_string(stage_count) + " stages but " + m.describe() + " has " +
+                         std::to_string(m.extent(pp_axis)) + " places along \"pp\"");
+    if (o.micro_batches == 0) throw layout_error("pipeline: micro_batches must be at least 1");
+    check_schedule(schedule_, o.micro_batches);
+    constexpr std::array<std::size_t, sizeof...(Cuts) + 2> bounds = [] {
+      std::array<std::size_t, sizeof...(Cuts) + 2> b{0, Cuts..., 0};
+      b.back() = std::tuple_size_v<std::remove_cvref_t<decltype(std::declval<const Model&>().layers())>>;
+      return b;
+    }();
+    pdo::detail::run_on_places("pipeline", mesh_, [&](std::size_t p, std::size_t k) {
+      auto& st = *(states_[k] = std::make_unique<place_state>());
+      st.stage = mesh_.coord(p, pp_axis);
+      with_stage(st.stage, [&]<std::size_t S>() {
+        auto& slot = std::get<S>(st.models);
+        slot.emplace(detail_pp::stage_of<bounds[S], bounds[S + 1]>(model, mesh_.place(p)));
+        st.params = parameters_of<T>(*slot);
+      });
+      st.optimizer.emplace(make_optimizer(st.params));
+    });
+  }
+
+  /// @brief One step on a global batch (host tensors); returns its mean loss.
+  template <class Inputs>
+  T step(const Inputs& inputs, const Target& targets) {
+    if (targets.extent(0) != inputs.extent(0))
+      throw shape_error("pipeline: inputs " + describe(inputs) + " and targets " + describe(targets) + " differ in rows");
+    const std::size_t rows = inputs.extent(0);
+    std::vector<T> losses(states_.size());
+    pdo::detail::run_on_places("pipeline::step", mesh_, [&](std::size_t p, std::size_t k) {
+      place_state& st = *states_[k];
+      with_stage(st.stage, [&]<std::size_t S>() { losses[k] = run_stage<S>(p, st, inputs, targets, rows); });
+    });
+    return losses[0];
+  }
+
+  /// @brief The most micro-batches whose activations each stage of this process held at once in the last step.
+  [[nodiscard]] std::vector<std::size_t> max_in_flight() const {
+    std::vector<std::size_t> out;
+    for (const auto& s : states_) out.push_back(s->max_in_flight);
+    return out;
+  }
+  [[nodiscard]] const std::vector<std::vector<pipeline_action>>& schedule() const { return schedule_; }
+  [[nodiscard]] std::vector<parameter_ref<T>> parameters(std::size_t k) const { return states_[k]->params; }
+  /// @brief Seconds each place of this process spent computing in the last step, and the step's length.
+  [[nodiscard]] std::vector<double> busy_seconds() const {
+    std::vector<double> out;
+    for (const auto& s : states_) out.push_back(s->busy);
+    return out;
+  }
+  [[nodiscard]] double last_step_seconds() const {
+    double longest = 0;
+    for (const auto& s : states_) longest = std::max(longest, s->seconds);
+    return longest;
+  }
+
+ private:
+  /// @brief Stage S's model, and the values it takes and gives (stage 0 takes the inputs).
+  template <std::size_t S, bool First = (S == 0)>
+  struct stage_types;
+  template <std::size_t S>
+  struct stage_types<S, true> {
+    using model = std::tuple_element_t<S, std::tuple<Stages...>>;
+    using in = tensor<T, InRank>;
+    using out = std::remove_cvref_t<decltype(std::declval<const model&>()(std::declval<const var<in>&>()).value())>;
+  };
+  template <std::size_t S>
+  struct stage_types<S, false> {
+    using model = std::tuple_element_t<S, std::tuple<Stages...>>;
+    using in = typename stage_types<S - 1>::out;
+    using out = std::remove_cvref_t<decltype(std::declval<const model&>()(std::declval<const var<in>&>()).value())>;
+  };
+
+  struct place_state {
+    std::size_t stage = 0;
+    std::tuple<std::optional<Stages>...> models;
+    std::vector<parameter_ref<T>> params;
+    std::optional<Optimizer> optimizer;
+    detail_pp::async_sender forward_sends, backward_sends;
+    std::size_t max_in_flight = 0;
+    double busy = 0;     ///< seconds computing in the last step
+    double seconds = 0;  ///< the last step, as this place saw it
+  };
+
+  template <class F>
+  static void with_stage(std::size_t s, F&& f) {
+    [&]<std::size_t... S>(std::index_sequence<S...>) {
+      ((s == S ? (f.template operator()<S>(), 0) : 0), ...);
+    }(std::make_index_sequence<stage_count>{});
+  }
+
+  template <class X>
+  static X rows_of(const X& src, std::size_t first, std::size_t count, const any_place& place) {
+    X out(pdo::detail::with_rows(src.shape(), count), place, pdo::detail::uninitialized);
+    const std::size_t row = src.extent(0) == 0 ? 0 : src.size() / src.extent(0);
+    std::copy_n(src.data() + first * row, count * row, out.data());
+    return out;
+  }
+
+  template <std::size_t S, class Inputs>
+  T run_stage(std::size_t p, place_state& st, const Inputs& inputs, const Target& targets, std::size_t global_rows) {
+    using types = stage_types<S>;
+    using in_t = typename types::in;
+    using out_t = typename types::out;
+    constexpr bool first = S == 0, last = S + 1 == stage_count;
+    const auto& place = mesh_.place(p);
+    const auto& model = *std::get<S>(st.models);
+    const mesh_communicator pp = communicator_along(mesh_, pp_axis, p);
+    const std::size_t me = mesh_.coord(p, pp_axis);
+    // this place's rows: its "dp" share of the batch, cut into micro-batches
+    std::size_t first_row = 0, my_rows = global_rows;
+    if constexpr (has_dp) {
+      const std::size_t dp = Mesh::axis_index("dp"), n = mesh_.extent(dp), c = mesh_.coord(p, dp);
+      first_row = pdo::detail::chunk_offset(global_rows, n, c);
+      my_rows = pdo::detail::chunk_size(global_rows, n, c);
+    }
+    const std::size_t micros = options_.micro_batches;
+    std::vector<std::optional<var<in_t>>> xs(micros);
+    std::vector<std::optional<var<out_t>>> ys(micros);
+    std::vector<std::optional<var<tensor<T, 0>>>> micro_losses(micros);
+    st.forward_sends.reset();
+    st.backward_sends.reset();
+    st.max_in_flight = 0;
+    st.busy = 0;
+    const auto step_start = std::chrono::steady_clock::now();
+    for (auto& q : st.params) q.zero_grad();
+    std::size_t in_flight = 0;
+    T total{};
+    try {
+      for (const auto& a : schedule_[S]) {
+        const std::size_t m0 = first_row + pdo::detail::chunk_offset(my_rows, micros, a.micro);
+        const std::size_t mr = pdo::detail::chunk_size(my_rows, micros, a.micro);
+        const int tag = static_cast<int>(a.micro);
+        if (a.forward) {
+          var<in_t> x;
+          if constexpr (first) x = var<in_t>(rows_of(inputs, m0, mr, place));
+          else x = parameter(detail_pp::receive<T, in_t::rank>(pp, me - 1, tag, place));
+          const auto t0 = std::chrono::steady_clock::now();
+          auto y = model(x);
+          if constexpr (last) {
+            if (mr > 0) {
+              auto loss = loss_(y, rows_of(targets, m0, mr, place)) * (static_cast<T>(mr) / static_cast<T>(global_rows));
+              total += loss.value().data()[0];
+              micro_losses[a.micro] = std::move(loss);
+            }
+          } else {
+            st.forward_sends.send(pp, out_t(y.value()), me + 1, tag);
+            ys[a.micro] = std::move(y);
+          }
+          st.busy += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+          xs[a.micro] = std::move(x);
+          st.max_in_flight = std::max(st.max_in_flight, ++in_flight);
+        } else {
+          if constexpr (last) {
+            const auto t0 = std::chrono::steady_clock::now();
+            if (micro_losses[a.micro]) pdo::backward(*micro_losses[a.micro]);
+            st.busy += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+          } else {
+            auto g = detail_pp::receive<T, out_t::rank>(pp, me + 1, tag, place);
+            const auto t0 = std::chrono::steady_clock::now();
+            if (ys[a.micro]->requires_grad()) pdo::backward(*ys[a.micro], std::move(g));
+            st.busy += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+          }
+          if constexpr (!first) {
+            const auto& x = *xs[a.micro];
+            st.backward_sends.send(pp, x.has_grad() ? in_t(x.grad()) : in_t(x.shape(), place), me - 1, tag);
+          }
+          xs[a.micro].reset();
+          ys[a.micro].reset();
+          micro_losses[a.micro].reset();
+          --in_flight;
+        }
+      }
+    } catch (...) {
+      pdo::detail::comms_of(mesh_).abort();  // release the other stages before waiting for our sends
+      st.forward_sends.drain();
+      st.backward_sends.drain();
+      throw;
+    }
+    st.forward_sends.drain();
+    st.backward_sends.drain();
+    if (st.forward_sends.failure) st.forward_sends.failure->rethrow_with_context("pipeline send: ");
+    if (st.backward_sends.failure) st.backward_sends.failure->rethrow_with_context("pipeline send: ");
+    if constexpr (has_dp) {
+      const mesh_communicator dp = communicator_along(mesh_, Mesh::axis_index("dp"), p);
+      for (auto& q : st.params) dp.all_reduce(q.grad_or_zeros());
+    }
+    st.optimizer->step();
+    // the step's loss, known to the last stage of each "dp" row: summed over the whole mesh
+    double sum = static_cast<double>(total);
+    communicator_of(mesh_, p).all_reduce(std::span<double>(&sum, 1));
+    st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count();
+    return static_cast<T>(sum);
+  }
+
+  Mesh mesh_;
+  pipeline_options options_;
+  Loss loss_;
+  std::vector<std::vector<pipeline_action>> schedule_;
+  std::vector<std::unique_ptr<place_state>> states_;
+};
+
+/// @brief A pipeline over the "pp" axis of `m`: `model` (a sequential, built anywhere) is cut
+/// after the layers `Cuts...` into stages whose layers are copied to their places.
+/// `make_optimizer(parameters)` builds each stage's optimizer on its place.
+/// @tparam InRank the rank of the inputs (2 for [batch, features], 4 for images)
+template <class T, std::size_t InRank, std::size_t... Cuts, class Mesh, class... Layers, class MakeOptimizer,
+          class Target = tensor<int, 1>, class Loss = cross_entropy_loss>
+auto make_pipeline(const Mesh& m, const sequential<Layers...>& model, MakeOptimizer make_optimizer, pipeline_options o = {},
+                   Loss loss = {}) {
+  constexpr std::array<std::size_t, sizeof...(Cuts) + 2> bounds{0, Cuts..., sizeof...(Layers)};
+  using optimizer_t = std::invoke_result_t<MakeOptimizer&, std::vector<parameter_ref<T>>>;
+  return [&]<std::size_t... S>(std::index_sequence<S...>) {
+    using pipeline_t = pipeline<T, InRank, Target, Mesh, optimizer_t, Loss,
+                                decltype(detail_pp::stage_of<bounds[S], bounds[S + 1]>(model, std::declval<const any_place&>()))...>;
+    return pipeline_t(m, model, detail_pp::cut_list<Cuts...>{}, std::move(make_optimizer), o, loss);
+  }(std::make_index_sequence<sizeof...(Cuts) + 1>{});
+}
+
+}  // namespace pdo::nn
+#endif  // PDO_SINGLE_PDO_NN_PIPELINE_HPP
 #endif  // PDO_SINGLE_PDO_NN_HPP
 // ---- pdo/place.hpp
 #ifndef PDO_SINGLE_PDO_PLACE_HPP

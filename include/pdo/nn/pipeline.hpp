@@ -256,7 +256,11 @@ class pipeline {
     for (const auto& s : states_) out.push_back(s->busy);
     return out;
   }
-  [[nodiscard]] double last_step_seconds() const { return step_seconds_; }
+  [[nodiscard]] double last_step_seconds() const {
+    double longest = 0;
+    for (const auto& s : states_) longest = std::max(longest, s->seconds);
+    return longest;
+  }
 
  private:
   /// @brief Stage S's model, and the values it takes and gives (stage 0 takes the inputs).
@@ -282,7 +286,8 @@ class pipeline {
     std::optional<Optimizer> optimizer;
     detail_pp::async_sender forward_sends, backward_sends;
     std::size_t max_in_flight = 0;
-    double busy = 0;
+    double busy = 0;     ///< seconds computing in the last step
+    double seconds = 0;  ///< the last step, as this place saw it
   };
 
   template <class F>
@@ -392,7 +397,7 @@ class pipeline {
     // the step's loss, known to the last stage of each "dp" row: summed over the whole mesh
     double sum = static_cast<double>(total);
     communicator_of(mesh_, p).all_reduce(std::span<double>(&sum, 1));
-    step_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count();
+    st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count();
     return static_cast<T>(sum);
   }
 
@@ -401,7 +406,6 @@ class pipeline {
   Loss loss_;
   std::vector<std::vector<pipeline_action>> schedule_;
   std::vector<std::unique_ptr<place_state>> states_;
-  double step_seconds_ = 0;
 };
 
 /// @brief A pipeline over the "pp" axis of `m`: `model` (a sequential, built anywhere) is cut
