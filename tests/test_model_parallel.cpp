@@ -1,6 +1,6 @@
 // Model parallelism: tensor parallel (the Megatron pair, derived from parameter layouts),
 // hybrid data x tensor meshes, and training that matches one place step by step.
-#include "support.hpp"
+#include "model_support.hpp"
 
 #include <pdo/nn.hpp>
 
@@ -8,38 +8,12 @@
 
 namespace {
 
+using pdo_test::labels_for;
+using pdo_test::local_losses;
+using pdo_test::make_mlp;
 using pdo::replicate;
 template <pdo::fixed_string A>
 using split = pdo::split<A>;
-
-auto make_mlp() {
-  pdo::nn::rng gen(21);
-  namespace nn = pdo::nn;
-  // two Megatron pairs; hidden widths 10 and 7 do not divide by 3 or 4: uneven shards
-  return nn::sequential(nn::linear<double>(6, 10, gen), nn::gelu{}, nn::linear<double>(10, 5, gen), nn::tanh{},
-                        nn::linear<double>(5, 7, gen), nn::relu{}, nn::linear<double>(7, 4, gen));
-}
-
-pdo::tensor<int, 1> labels_for(std::size_t n) {
-  pdo::tensor<int, 1> y({n});
-  for (std::size_t i = 0; i < n; ++i) y(i) = static_cast<int>((i * 7 + 1) % 4);
-  return y;
-}
-
-/// @brief Losses of `steps` SGD steps of the local model on (x, y).
-std::vector<double> local_losses(const pdo::tensor<double, 2>& x, const pdo::tensor<int, 1>& y, int steps) {
-  auto model = make_mlp();
-  pdo::nn::sgd<double> opt(pdo::nn::parameters_of<double>(model), {.lr = 0.2, .momentum = 0.5});
-  std::vector<double> losses;
-  for (int s = 0; s < steps; ++s) {
-    opt.zero_grad();
-    const auto loss = pdo::cross_entropy(model(pdo::var(x)), y);
-    pdo::backward(loss);
-    opt.step();
-    losses.push_back(loss.value().data()[0]);
-  }
-  return losses;
-}
 
 /// @brief The same, tensor parallel along "tp" on `m`, the batch split along "dp" if the mesh has it.
 template <class Mesh>

@@ -6461,40 +6461,41 @@ auto operator/(const var<A>& a, const var<B>& b) {
       a, b);
 }
 
-/// @brief Elementwise maximum; where both are equal the gradient goes to `a`.
-template <class A, class B>
-auto maximum(const var<A>& a, const var<B>& b) {
-  auto y = pdo::eval(pdo::maximum(a.value(), b.value()));
+namespace detail {
+/// @brief maximum (Max) or minimum of two vars; the gradient goes to the operand chosen,
+/// to `a` where both are equal.
+template <bool Max, class A, class B>
+auto extremum(const var<A>& a, const var<B>& b) {
+  auto y = [&] {
+    if constexpr (Max) return pdo::eval(pdo::maximum(a.value(), b.value()));
+    else return pdo::eval(pdo::minimum(a.value(), b.value()));
+  }();
   using V = decltype(y);
-  using T = detail::var_element_t<V>;
-  return detail::record(
+  using T = var_element_t<V>;
+  return record(
       std::move(y),
-      [a, b](detail::value_node<V>& self) {
+      [a, b](auto& self) {
         const auto& g = *self.grad;
-        if (a.requires_grad())
-          detail::add_grad(a, detail::sum_to<detail::grad_t<A>>(pdo::eval(pdo::where(pdo::greater_equal(a.value(), b.value()), g, T(0))), a.shape()));
-        if (b.requires_grad())
-          detail::add_grad(b, detail::sum_to<detail::grad_t<B>>(pdo::eval(pdo::where(pdo::greater_equal(a.value(), b.value()), T(0), g)), b.shape()));
+        const auto chose_a = pdo::eval([&] {
+          if constexpr (Max) return pdo::greater_equal(a.value(), b.value());
+          else return pdo::less_equal(a.value(), b.value());
+        }());
+        if (a.requires_grad()) add_grad(a, sum_to<grad_t<A>>(pdo::eval(pdo::where(chose_a, g, T(0))), a.shape()));
+        if (b.requires_grad()) add_grad(b, sum_to<grad_t<B>>(pdo::eval(pdo::where(chose_a, T(0), g)), b.shape()));
       },
       a, b);
 }
+}  // namespace detail
 
+/// @brief Elementwise maximum; where both are equal the gradient goes to `a`.
+template <class A, class B>
+auto maximum(const var<A>& a, const var<B>& b) {
+  return detail::extremum<true>(a, b);
+}
 /// @brief Elementwise minimum; where both are equal the gradient goes to `a`.
 template <class A, class B>
 auto minimum(const var<A>& a, const var<B>& b) {
-  auto y = pdo::eval(pdo::minimum(a.value(), b.value()));
-  using V = decltype(y);
-  using T = detail::var_element_t<V>;
-  return detail::record(
-      std::move(y),
-      [a, b](detail::value_node<V>& self) {
-        const auto& g = *self.grad;
-        if (a.requires_grad())
-          detail::add_grad(a, detail::sum_to<detail::grad_t<A>>(pdo::eval(pdo::where(pdo::less_equal(a.value(), b.value()), g, T(0))), a.shape()));
-        if (b.requires_grad())
-          detail::add_grad(b, detail::sum_to<detail::grad_t<B>>(pdo::eval(pdo::where(pdo::less_equal(a.value(), b.value()), T(0), g)), b.shape()));
-      },
-      a, b);
+  return detail::extremum<false>(a, b);
 }
 
 /// @brief a where `cond` (a value, not differentiated) is nonzero, else b.
@@ -8076,9 +8077,12 @@ struct data_parallel_options {
 /// @brief A span of one step on one place, in microseconds from the step's start.
 struct step_event {
   std::size_t place = 0;
-  std::string what;  ///< "forward", "backward", "all_reduce", "optimizer"
+  std::string what;  ///< "forward", "backward", "all_reduce" (or "reduce_scatter", "all_gather" under ZeRO-1), "optimizer"
   std::size_t bucket = 0;
   double start_us = 0, end_us = 0;
+  /// @brief For a bucket's collective: when backward handed it to the communication thread
+  /// (start_us is when that thread began it). Otherwise start_us.
+  double queued_us = 0;
 };
 
 /// @brief The rows of a global batch that one place trains on.
@@ -8373,9 +8377,9 @@ class data_parallel {
       }
     }
     double since_start() const { return std::chrono::duration<double, std::micro>(clock::now() - start).count(); }
-    void record(std::string what, std::size_t b, double from, double to) {
+    void record(std::string what, std::size_t b, double from, double to, double queued = -1) {
       std::lock_guard lock(events_mutex);
-      events.push_back({place, std::move(what), b, from, to});
+      events.push_back({place, std::move(what), b, from, to, queued < 0 ? from : queued});
     }
   };
 
@@ -8425,7 +8429,8 @@ class data_parallel {
     const std::size_t p = r.place;
     if (options_.zero1) bk.slice.node()->grad.emplace(shape_t<1>{bk.slice.shape()[0]});
     const std::span<T> slice_grad = options_.zero1 ? bk.slice.grad().span() : std::span<T>();
-    r.comm->submit([this, &r, data, slice_grad, b, p] {
+    const double queued = r.since_start();
+    r.comm->submit([this, &r, data, slice_grad, b, p, queued] {
       const double from = r.since_start();
       try {
         const mesh_communicator comm = communicator_along(mesh_, dp_axis, p);
@@ -8434,7 +8439,7 @@ class data_parallel {
       } catch (...) {
         r.comm_failure = pdo::detail::captured_error::current();
       }
-      r.record(options_.zero1 ? "reduce_scatter" : "all_reduce", b, from, r.since_start());
+      r.record(options_.zero1 ? "reduce_scatter" : "all_reduce", b, from, r.since_start(), queued);
       r.finished.fetch_add(1, std::memory_order_acq_rel);
       r.finished.notify_all();
     });
@@ -8631,6 +8636,21 @@ void for_each_index(std::size_t n, F f) {
 
 namespace pdo::nn {
 
+/// @brief What every optimizer has: the parameters it updates.
+template <class T>
+class optimizer_base {
+ public:
+  /// @brief Forgets the gradients (before the next backward, which would add to them).
+  void zero_grad() {
+    for (auto& p : params_) p.zero_grad();
+  }
+  [[nodiscard]] const std::vector<parameter_ref<T>>& parameters() const { return params_; }
+
+ protected:
+  explicit optimizer_base(std::vector<parameter_ref<T>> params) : params_(std::move(params)) {}
+  std::vector<parameter_ref<T>> params_;
+};
+
 struct sgd_options {
   double lr = 0.01;
   double momentum = 0;
@@ -8639,9 +8659,11 @@ struct sgd_options {
 
 /// @brief Stochastic gradient descent with optional momentum and (L2) weight decay.
 template <class T>
-class sgd {
+class sgd : public optimizer_base<T> {
+  using optimizer_base<T>::params_;
+
  public:
-  sgd(std::vector<parameter_ref<T>> params, sgd_options o) : params_(std::move(params)), o_(o), buffers_(params_.size()) {}
+  sgd(std::vector<parameter_ref<T>> params, sgd_options o) : optimizer_base<T>(std::move(params)), o_(o), buffers_(params_.size()) {}
 
   /// @brief One update of every parameter that has a gradient (of each of its local blocks).
   void step() {
@@ -8660,14 +8682,9 @@ class sgd {
       }
     }
   }
-  void zero_grad() {
-    for (auto& p : params_) p.zero_grad();
-  }
-  [[nodiscard]] const std::vector<parameter_ref<T>>& parameters() const { return params_; }
   void set_lr(double lr) { o_.lr = lr; }
 
  private:
-  std::vector<parameter_ref<T>> params_;
   sgd_options o_;
   std::vector<std::vector<tensor<T, 1>>> buffers_;  ///< momentum, per parameter and block
 };
@@ -8683,9 +8700,12 @@ struct adam_options {
 
 /// @brief Adam, or AdamW with decoupled_weight_decay (see adamw_options()).
 template <class T>
-class adam {
+class adam : public optimizer_base<T> {
+  using optimizer_base<T>::params_;
+
  public:
-  adam(std::vector<parameter_ref<T>> params, adam_options o) : params_(std::move(params)), o_(o), m_(params_.size()), v_(params_.size()) {}
+  adam(std::vector<parameter_ref<T>> params, adam_options o)
+      : optimizer_base<T>(std::move(params)), o_(o), m_(params_.size()), v_(params_.size()) {}
 
   void step() {
     ++t_;
@@ -8707,14 +8727,9 @@ class adam {
                                                                 o_.decoupled_weight_decay});
     }
   }
-  void zero_grad() {
-    for (auto& p : params_) p.zero_grad();
-  }
-  [[nodiscard]] const std::vector<parameter_ref<T>>& parameters() const { return params_; }
   void set_lr(double lr) { o_.lr = lr; }
 
  private:
-  std::vector<parameter_ref<T>> params_;
   adam_options o_;
   std::vector<std::vector<tensor<T, 1>>> m_, v_;  ///< moments, per parameter and block
   long t_ = 0;

@@ -122,40 +122,41 @@ auto operator/(const var<A>& a, const var<B>& b) {
       a, b);
 }
 
-/// @brief Elementwise maximum; where both are equal the gradient goes to `a`.
-template <class A, class B>
-auto maximum(const var<A>& a, const var<B>& b) {
-  auto y = pdo::eval(pdo::maximum(a.value(), b.value()));
+namespace detail {
+/// @brief maximum (Max) or minimum of two vars; the gradient goes to the operand chosen,
+/// to `a` where both are equal.
+template <bool Max, class A, class B>
+auto extremum(const var<A>& a, const var<B>& b) {
+  auto y = [&] {
+    if constexpr (Max) return pdo::eval(pdo::maximum(a.value(), b.value()));
+    else return pdo::eval(pdo::minimum(a.value(), b.value()));
+  }();
   using V = decltype(y);
-  using T = detail::var_element_t<V>;
-  return detail::record(
+  using T = var_element_t<V>;
+  return record(
       std::move(y),
-      [a, b](detail::value_node<V>& self) {
+      [a, b](auto& self) {
         const auto& g = *self.grad;
-        if (a.requires_grad())
-          detail::add_grad(a, detail::sum_to<detail::grad_t<A>>(pdo::eval(pdo::where(pdo::greater_equal(a.value(), b.value()), g, T(0))), a.shape()));
-        if (b.requires_grad())
-          detail::add_grad(b, detail::sum_to<detail::grad_t<B>>(pdo::eval(pdo::where(pdo::greater_equal(a.value(), b.value()), T(0), g)), b.shape()));
+        const auto chose_a = pdo::eval([&] {
+          if constexpr (Max) return pdo::greater_equal(a.value(), b.value());
+          else return pdo::less_equal(a.value(), b.value());
+        }());
+        if (a.requires_grad()) add_grad(a, sum_to<grad_t<A>>(pdo::eval(pdo::where(chose_a, g, T(0))), a.shape()));
+        if (b.requires_grad()) add_grad(b, sum_to<grad_t<B>>(pdo::eval(pdo::where(chose_a, T(0), g)), b.shape()));
       },
       a, b);
 }
+}  // namespace detail
 
+/// @brief Elementwise maximum; where both are equal the gradient goes to `a`.
+template <class A, class B>
+auto maximum(const var<A>& a, const var<B>& b) {
+  return detail::extremum<true>(a, b);
+}
 /// @brief Elementwise minimum; where both are equal the gradient goes to `a`.
 template <class A, class B>
 auto minimum(const var<A>& a, const var<B>& b) {
-  auto y = pdo::eval(pdo::minimum(a.value(), b.value()));
-  using V = decltype(y);
-  using T = detail::var_element_t<V>;
-  return detail::record(
-      std::move(y),
-      [a, b](detail::value_node<V>& self) {
-        const auto& g = *self.grad;
-        if (a.requires_grad())
-          detail::add_grad(a, detail::sum_to<detail::grad_t<A>>(pdo::eval(pdo::where(pdo::less_equal(a.value(), b.value()), g, T(0))), a.shape()));
-        if (b.requires_grad())
-          detail::add_grad(b, detail::sum_to<detail::grad_t<B>>(pdo::eval(pdo::where(pdo::less_equal(a.value(), b.value()), T(0), g)), b.shape()));
-      },
-      a, b);
+  return detail::extremum<false>(a, b);
 }
 
 /// @brief a where `cond` (a value, not differentiated) is nonzero, else b.

@@ -46,9 +46,12 @@ struct data_parallel_options {
 /// @brief A span of one step on one place, in microseconds from the step's start.
 struct step_event {
   std::size_t place = 0;
-  std::string what;  ///< "forward", "backward", "all_reduce", "optimizer"
+  std::string what;  ///< "forward", "backward", "all_reduce" (or "reduce_scatter", "all_gather" under ZeRO-1), "optimizer"
   std::size_t bucket = 0;
   double start_us = 0, end_us = 0;
+  /// @brief For a bucket's collective: when backward handed it to the communication thread
+  /// (start_us is when that thread began it). Otherwise start_us.
+  double queued_us = 0;
 };
 
 /// @brief The rows of a global batch that one place trains on.
@@ -343,9 +346,9 @@ class data_parallel {
       }
     }
     double since_start() const { return std::chrono::duration<double, std::micro>(clock::now() - start).count(); }
-    void record(std::string what, std::size_t b, double from, double to) {
+    void record(std::string what, std::size_t b, double from, double to, double queued = -1) {
       std::lock_guard lock(events_mutex);
-      events.push_back({place, std::move(what), b, from, to});
+      events.push_back({place, std::move(what), b, from, to, queued < 0 ? from : queued});
     }
   };
 
@@ -395,7 +398,8 @@ class data_parallel {
     const std::size_t p = r.place;
     if (options_.zero1) bk.slice.node()->grad.emplace(shape_t<1>{bk.slice.shape()[0]});
     const std::span<T> slice_grad = options_.zero1 ? bk.slice.grad().span() : std::span<T>();
-    r.comm->submit([this, &r, data, slice_grad, b, p] {
+    const double queued = r.since_start();
+    r.comm->submit([this, &r, data, slice_grad, b, p, queued] {
       const double from = r.since_start();
       try {
         const mesh_communicator comm = communicator_along(mesh_, dp_axis, p);
@@ -404,7 +408,7 @@ class data_parallel {
       } catch (...) {
         r.comm_failure = pdo::detail::captured_error::current();
       }
-      r.record(options_.zero1 ? "reduce_scatter" : "all_reduce", b, from, r.since_start());
+      r.record(options_.zero1 ? "reduce_scatter" : "all_reduce", b, from, r.since_start(), queued);
       r.finished.fetch_add(1, std::memory_order_acq_rel);
       r.finished.notify_all();
     });

@@ -63,6 +63,21 @@ void for_each_index(std::size_t n, F f) {
 
 namespace pdo::nn {
 
+/// @brief What every optimizer has: the parameters it updates.
+template <class T>
+class optimizer_base {
+ public:
+  /// @brief Forgets the gradients (before the next backward, which would add to them).
+  void zero_grad() {
+    for (auto& p : params_) p.zero_grad();
+  }
+  [[nodiscard]] const std::vector<parameter_ref<T>>& parameters() const { return params_; }
+
+ protected:
+  explicit optimizer_base(std::vector<parameter_ref<T>> params) : params_(std::move(params)) {}
+  std::vector<parameter_ref<T>> params_;
+};
+
 struct sgd_options {
   double lr = 0.01;
   double momentum = 0;
@@ -71,9 +86,11 @@ struct sgd_options {
 
 /// @brief Stochastic gradient descent with optional momentum and (L2) weight decay.
 template <class T>
-class sgd {
+class sgd : public optimizer_base<T> {
+  using optimizer_base<T>::params_;
+
  public:
-  sgd(std::vector<parameter_ref<T>> params, sgd_options o) : params_(std::move(params)), o_(o), buffers_(params_.size()) {}
+  sgd(std::vector<parameter_ref<T>> params, sgd_options o) : optimizer_base<T>(std::move(params)), o_(o), buffers_(params_.size()) {}
 
   /// @brief One update of every parameter that has a gradient (of each of its local blocks).
   void step() {
@@ -92,14 +109,9 @@ class sgd {
       }
     }
   }
-  void zero_grad() {
-    for (auto& p : params_) p.zero_grad();
-  }
-  [[nodiscard]] const std::vector<parameter_ref<T>>& parameters() const { return params_; }
   void set_lr(double lr) { o_.lr = lr; }
 
  private:
-  std::vector<parameter_ref<T>> params_;
   sgd_options o_;
   std::vector<std::vector<tensor<T, 1>>> buffers_;  ///< momentum, per parameter and block
 };
@@ -115,9 +127,12 @@ struct adam_options {
 
 /// @brief Adam, or AdamW with decoupled_weight_decay (see adamw_options()).
 template <class T>
-class adam {
+class adam : public optimizer_base<T> {
+  using optimizer_base<T>::params_;
+
  public:
-  adam(std::vector<parameter_ref<T>> params, adam_options o) : params_(std::move(params)), o_(o), m_(params_.size()), v_(params_.size()) {}
+  adam(std::vector<parameter_ref<T>> params, adam_options o)
+      : optimizer_base<T>(std::move(params)), o_(o), m_(params_.size()), v_(params_.size()) {}
 
   void step() {
     ++t_;
@@ -139,14 +154,9 @@ class adam {
                                                                 o_.decoupled_weight_decay});
     }
   }
-  void zero_grad() {
-    for (auto& p : params_) p.zero_grad();
-  }
-  [[nodiscard]] const std::vector<parameter_ref<T>>& parameters() const { return params_; }
   void set_lr(double lr) { o_.lr = lr; }
 
  private:
-  std::vector<parameter_ref<T>> params_;
   adam_options o_;
   std::vector<std::vector<tensor<T, 1>>> m_, v_;  ///< moments, per parameter and block
   long t_ = 0;
