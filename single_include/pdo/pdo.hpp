@@ -2601,6 +2601,13 @@ inline cpu_system current_cpu_system() {
 /// @brief Loops this short are not worth waking a team for.
 inline constexpr std::size_t parallel_grain = std::size_t{1} << 15;
 
+#if defined(__clang__)
+// the simd loops ask for vectorization; kernels that gather (conv, pooling) cannot have it,
+// which clang reports as a warning for every such kernel
+#pragma clang diagnostic push
+#pragma clang diagnostic ignored "-Wpass-failed"
+#endif
+
 /// @brief out[k] = f(first + k) for k in [0, last - first): the form every pdo kernel
 /// has (a functor of the output index).
 template <class F, class Out>
@@ -2621,6 +2628,10 @@ Out transform([[maybe_unused]] cpu_system& system, thrust::counting_iterator<std
   for (std::size_t k = 0; k < n; ++k) out[k] = f(base + k);
   return out + static_cast<std::ptrdiff_t>(n);
 }
+
+#if defined(__clang__)
+#pragma clang diagnostic pop
+#endif
 
 /// @brief f(first + k) for k in [0, n), for work items that write several outputs each
 /// (a row of a softmax); items run in parallel over the place's cores.
@@ -7065,9 +7076,10 @@ var<tensor<T, 4>> conv2d(const var<tensor<T, 4>>& x, const var<tensor<T, 4>>& we
                          window_options o = {}) {
   detail::check_conv_shapes(x.shape(), weight.shape(), bias.shape(), "");
   const detail::window_geometry g = detail::window_of("conv2d", x.shape(), weight.shape()[2], o);
-  auto [y, cols] = detail::conv2d_forward(x.value(), weight.value(), bias.value().data(), g);
+  auto forward = detail::conv2d_forward(x.value(), weight.value(), bias.value().data(), g);
+  auto cols = std::move(forward.second);  // a plain variable: lambdas may not capture structured bindings in clang 14
   return detail::record(
-      std::move(y),
+      std::move(forward.first),
       [x, weight, bias, cols, g](auto& self) {
         tensor<T, 4> dw, dx;
         tensor<T, 1> db;

@@ -93,9 +93,10 @@ var<tensor<T, 4>> conv2d(const var<tensor<T, 4>>& x, const var<tensor<T, 4>>& we
                          window_options o = {}) {
   detail::check_conv_shapes(x.shape(), weight.shape(), bias.shape(), "");
   const detail::window_geometry g = detail::window_of("conv2d", x.shape(), weight.shape()[2], o);
-  auto [y, cols] = detail::conv2d_forward(x.value(), weight.value(), bias.value().data(), g);
+  auto forward = detail::conv2d_forward(x.value(), weight.value(), bias.value().data(), g);
+  auto cols = std::move(forward.second);  // a plain variable: lambdas may not capture structured bindings in clang 14
   return detail::record(
-      std::move(y),
+      std::move(forward.first),
       [x, weight, bias, cols, g](auto& self) {
         tensor<T, 4> dw, dx;
         tensor<T, 1> db;

@@ -44,6 +44,13 @@ inline cpu_system current_cpu_system() {
 /// @brief Loops this short are not worth waking a team for.
 inline constexpr std::size_t parallel_grain = std::size_t{1} << 15;
 
+#if defined(__clang__)
+// the simd loops ask for vectorization; kernels that gather (conv, pooling) cannot have it,
+// which clang reports as a warning for every such kernel
+#pragma clang diagnostic push
+#pragma clang diagnostic ignored "-Wpass-failed"
+#endif
+
 /// @brief out[k] = f(first + k) for k in [0, last - first): the form every pdo kernel
 /// has (a functor of the output index).
 template <class F, class Out>
@@ -64,6 +71,10 @@ Out transform([[maybe_unused]] cpu_system& system, thrust::counting_iterator<std
   for (std::size_t k = 0; k < n; ++k) out[k] = f(base + k);
   return out + static_cast<std::ptrdiff_t>(n);
 }
+
+#if defined(__clang__)
+#pragma clang diagnostic pop
+#endif
 
 /// @brief f(first + k) for k in [0, n), for work items that write several outputs each
 /// (a row of a softmax); items run in parallel over the place's cores.
