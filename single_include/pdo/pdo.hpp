@@ -8435,6 +8435,9 @@ class data_parallel {
         const auto g = r.params[j].grad_or_zeros();
         std::copy(g.begin(), g.end(), bk.flat.data() + at);
         at += g.size();
+        // under ZeRO-1 the packed copy is all that is reduced, and the step gathers values,
+        // not gradients: the parameter's gradient is freed while backward goes on
+        if (options_.zero1) r.params[j].zero_grad();
       }
     }
     ++r.launched;
