@@ -2682,6 +2682,13 @@ T transform_reduce([[maybe_unused]] cpu_system& system, thrust::counting_iterato
   return n == 0 ? init : op(init, range(0, n));
 }
 
+/// @brief f(i) for i in [0, n), on the cores of the calling thread's place.
+template <class F>
+void for_each_index(std::size_t n, F f) {
+  auto system = current_cpu_system();
+  thrust::for_each_n(system, thrust::counting_iterator<std::size_t>(0), n, f);
+}
+
 }  // namespace pdo::detail
 #endif  // PDO_SINGLE_PDO_KERNELS_CPU_SYSTEM_HPP
 // ---- pdo/layout/propagation.hpp
@@ -6081,9 +6088,7 @@ struct add_into_element {
 template <class V>
 void add_in_place(V& sum, const V& g) {
   auto add = [](auto& out, const auto& in) {
-    auto system = current_cpu_system();
-    thrust::for_each_n(system, thrust::counting_iterator<std::size_t>(0), out.size(),
-                       add_into_element<typename value_kind<V>::element_type>{out.data(), in.data()});
+    for_each_index(out.size(), add_into_element<typename value_kind<V>::element_type>{out.data(), in.data()});
   };
   if constexpr (value_kind<V>::distributed) {
     for (std::size_t k = 0; k < sum.local_shards().size(); ++k) add(sum.local_shards()[k], g.local_shards()[k]);
@@ -8639,13 +8644,6 @@ struct adam_update {
     p[i] -= lr * mhat / (static_cast<T>(sqrt(vhat)) + eps);
   }
 };
-
-/// @brief f(i) for i in [0, n), on the cores of the calling thread's place.
-template <class F>
-void for_each_index(std::size_t n, F f) {
-  auto system = current_cpu_system();
-  thrust::for_each_n(system, thrust::counting_iterator<std::size_t>(0), n, f);
-}
 
 }  // namespace pdo::detail
 

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <pdo/exec/eval.hpp>
+#include <pdo/kernels/cpu_system.hpp>
 #include <pdo/tensor/redistribute.hpp>
 
 #include <algorithm>
@@ -89,9 +90,7 @@ struct add_into_element {
 template <class V>
 void add_in_place(V& sum, const V& g) {
   auto add = [](auto& out, const auto& in) {
-    auto system = current_cpu_system();
-    thrust::for_each_n(system, thrust::counting_iterator<std::size_t>(0), out.size(),
-                       add_into_element<typename value_kind<V>::element_type>{out.data(), in.data()});
+    for_each_index(out.size(), add_into_element<typename value_kind<V>::element_type>{out.data(), in.data()});
   };
   if constexpr (value_kind<V>::distributed) {
     for (std::size_t k = 0; k < sum.local_shards().size(); ++k) add(sum.local_shards()[k], g.local_shards()[k]);

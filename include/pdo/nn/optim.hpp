@@ -52,13 +52,6 @@ struct adam_update {
   }
 };
 
-/// @brief f(i) for i in [0, n), on the cores of the calling thread's place.
-template <class F>
-void for_each_index(std::size_t n, F f) {
-  auto system = current_cpu_system();
-  thrust::for_each_n(system, thrust::counting_iterator<std::size_t>(0), n, f);
-}
-
 }  // namespace pdo::detail
 
 namespace pdo::nn {
