@@ -4,7 +4,8 @@
 //     for 2 stages and 1..16 micro-batches, GPipe and 1F1B;
 //  2. tensor-parallel training step on 2 places vs the same model on 1 place;
 //  3. peak memory per place of one training step in each mode: data parallel, ZeRO-1,
-//     tensor parallel, pipeline GPipe and 1F1B.
+//     tensor parallel, pipeline GPipe and 1F1B, pipeline stages made tensor parallel (pp x tp,
+//     and dp x pp x tp on a 3-D mesh).
 // Places have half the machine's cores each (one on a 2-core machine).
 //
 //   bench_model_parallel [steps]
@@ -148,14 +149,19 @@ int main(int argc, char** argv) {
     }
     row("tensor parallel, Adam, 2 places", peak(m));
   }
-  for (auto kind : {pdo::nn::pipeline_schedule::gpipe, pdo::nn::pipeline_schedule::one_f_one_b}) {
-    const auto m = pdo::make_mesh<"pp">(pdo::cpu_places(2));
+  auto pipeline_row = [&](const char* what, const auto& m, pdo::nn::pipeline_schedule kind) {
     auto trainer = pdo::nn::make_pipeline<float, 2, 3>(m, make_mlp(), [](auto ps) { return pdo::nn::adam<float>(std::move(ps), {.lr = 1e-3}); },
                                                        {kind, 8});
     (void)trainer.step(d.x, d.y);
     reset_peaks(m);
     (void)trainer.step(d.x, d.y);
-    row(kind == pdo::nn::pipeline_schedule::gpipe ? "pipeline GPipe, 8 micro, Adam, 2 st." : "pipeline 1F1B, 8 micro, Adam, 2 st.", peak(m));
-  }
+    row(what, peak(m));
+  };
+  pipeline_row("pipeline GPipe, 8 micro, Adam, 2 st.", pdo::make_mesh<"pp">(pdo::cpu_places(2)), pdo::nn::pipeline_schedule::gpipe);
+  pipeline_row("pipeline 1F1B, 8 micro, Adam, 2 st.", pdo::make_mesh<"pp">(pdo::cpu_places(2)), pdo::nn::pipeline_schedule::one_f_one_b);
+  pipeline_row("1F1B, 2 st. x 2 tensor parallel (4 places)", pdo::make_mesh<"pp", "tp">(pdo::cpu_places(4), {2, 2}),
+               pdo::nn::pipeline_schedule::one_f_one_b);
+  pipeline_row("1F1B, 2 dp x 2 st. x 2 tp (8 places)", pdo::make_mesh<"dp", "pp", "tp">(pdo::cpu_places(8), {2, 2, 2}),
+               pdo::nn::pipeline_schedule::one_f_one_b);
   return 0;
 }

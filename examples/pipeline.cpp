@@ -1,7 +1,8 @@
 // examples/pipeline.cpp: pipeline (inter-op) parallelism. A sequential is cut into stages
 // on the places of the "pp" axis; micro-batches flow through them with the GPipe or the
-// 1F1B schedule (checked for deadlocks before it runs), and on a 2 "pp" x 2 "dp" mesh each
-// data-parallel replica is a pipeline. Every way trains like one place.
+// 1F1B schedule (checked for deadlocks before it runs); on a 2 "pp" x 2 "dp" mesh each
+// data-parallel replica is a pipeline, and on a 2 x 2 x 2 "dp" x "pp" x "tp" mesh each stage
+// is also tensor parallel. Every way trains like one place.
 #include <pdo/pdo.hpp>
 
 #include <cmath>
@@ -60,6 +61,11 @@ int main() {
   const auto grid = pdo::make_mesh<"pp", "dp">(pdo::cpu_places(4), {2, 2});
   auto hybrid = pdo::nn::make_pipeline<float, 2, 4>(grid, make_mlp(), sgd(), {pdo::nn::pipeline_schedule::one_f_one_b, 4});
   report("1F1B, 2 stages x 2 replicas", hybrid);
+  // 3-D: each stage tensor parallel over "tp" (its linear layers in Megatron pairs, cut so
+  // every stage holds whole pairs), each pipeline a data-parallel replica over "dp"
+  const auto cube = pdo::make_mesh<"dp", "pp", "tp">(pdo::cpu_places(8), {2, 2, 2});
+  auto three_d = pdo::nn::make_pipeline<float, 2, 4>(cube, make_mlp(), sgd(), {pdo::nn::pipeline_schedule::one_f_one_b, 4});
+  report("1F1B, 2 dp x 2 pp x 2 tp", three_d);
 
   // a schedule that cannot finish is rejected before anything runs
   try {

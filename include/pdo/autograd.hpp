@@ -4,3 +4,4 @@
 #include <pdo/autograd/ops.hpp>
 #include <pdo/autograd/variable.hpp>
 #include <pdo/autograd/conv.hpp>
+#include <pdo/autograd/collectives.hpp>

@@ -3924,24 +3924,33 @@ inline void reset_planned_collectives() {
   for (auto& c : detail::planned_collective_counts()) c.store(0, std::memory_order_relaxed);
 }
 
+namespace detail {
+/// @brief Place `p`'s shard of `host` laid out over `m` as `Layout`, in p's memory: its
+/// chunk of the split dims; for partial axes, the value at coordinate 0 and zeros elsewhere.
+template <layout_spec Layout, mesh_type Mesh, element T, std::size_t Rank>
+tensor<T, Rank> shard_of(const Mesh& m, const tensor<T, Rank>& host, std::size_t p) {
+  constexpr layout_value v = value_of<Layout>();
+  const auto shape = shard_shape(m, v, host.shape(), p);
+  tensor<T, Rank> shard(shape, m.place(p), uninitialized);
+  if (holds_partial_value(m, v, p))
+    copy_block(host.data(), host.shape(), shard_offset(m, v, host.shape(), p), shape, shard.data());
+  else
+    shard.fill(T{});
+  return shard;
+}
+}  // namespace detail
+
 /// @brief Cuts the host tensor `host` over `m` as `Layout`: each place of this process
 /// gets its chunk of the split dims, in its own memory; for partial axes, the places at
 /// coordinate 0 get the value and the others zeros. Every process passes the same tensor.
 template <layout_spec Layout, mesh_type Mesh, element T, std::size_t Rank>
 dtensor<T, Rank, Mesh, Layout> distribute(const Mesh& m, const tensor<T, Rank>& host) {
   static_assert(detail::check_layout<"distribute", Layout, Mesh, Rank>::ok);
-  constexpr detail::layout_value v = detail::value_of<Layout>();
   const auto& local = m.local_places();
   std::vector<tensor<T, Rank>> shards(local.size());
   detail::run_on_places("distribute", m, [&](std::size_t p, std::size_t k) {
     if (m.is_multiprocess()) detail::check_same_host_shape(m, p, host.shape());
-    const auto shape = detail::shard_shape(m, v, host.shape(), p);
-    tensor<T, Rank> shard(shape, m.place(p), detail::uninitialized);
-    if (detail::holds_partial_value(m, v, p))
-      detail::copy_block(host.data(), host.shape(), detail::shard_offset(m, v, host.shape(), p), shape, shard.data());
-    else
-      shard.fill(T{});
-    shards[k] = std::move(shard);
+    shards[k] = detail::shard_of<Layout>(m, host, p);
   });
   return {m, host.shape(), std::move(shards)};
 }
@@ -7249,6 +7258,49 @@ var<tensor<T, 4>> avg_pool2d(const var<tensor<T, 4>>& x, std::size_t kernel, win
 
 }  // namespace pdo
 #endif  // PDO_SINGLE_PDO_AUTOGRAD_CONV_HPP
+// ---- pdo/autograd/collectives.hpp
+#ifndef PDO_SINGLE_PDO_AUTOGRAD_COLLECTIVES_HPP
+#define PDO_SINGLE_PDO_AUTOGRAD_COLLECTIVES_HPP
+// pdo/autograd/collectives.hpp: collectives on pdo::var inside SPMD code (an spmd task, a
+// pipeline stage), each with its backward rule: Megatron's two conjugate operators.
+//
+// On dtensors the planner inserts these collectives itself (see pdo/nn/tensor_parallel.hpp);
+// code that runs on one place of a group, holding local tensors, says where they go.
+
+
+#include <cstddef>
+#include <utility>
+
+namespace pdo {
+
+/// @brief The sum over the members of `group` of their `x` (every member of the group calls
+/// it, in the same order as its other collectives; each passes its addend). The gradient
+/// of each addend is the gradient of the sum, so backward moves no data (Megatron's g).
+template <class T, std::size_t R>
+var<tensor<T, R>> sum_across(const var<tensor<T, R>>& x, const mesh_communicator& group) {
+  tensor<T, R> y = x.value();
+  group.all_reduce(y.span());
+  return detail::record(
+      std::move(y), [x](detail::value_node<tensor<T, R>>& self) { detail::add_grad(x, std::move(*self.grad)); }, x);
+}
+
+/// @brief `x`, the same value on every member of `group`, used by each member for its own
+/// part of the work (its shard of a column-parallel layer): forward moves no data; the
+/// gradient of `x` is the sum of the members' gradients, all_reduced in backward (Megatron's f).
+template <class T, std::size_t R>
+var<tensor<T, R>> replicated_across(const var<tensor<T, R>>& x, const mesh_communicator& group) {
+  return detail::record(
+      tensor<T, R>(x.value()),
+      [x, group](detail::value_node<tensor<T, R>>& self) {
+        tensor<T, R> g = std::move(*self.grad);
+        group.all_reduce(g.span());
+        detail::add_grad(x, std::move(g));
+      },
+      x);
+}
+
+}  // namespace pdo
+#endif  // PDO_SINGLE_PDO_AUTOGRAD_COLLECTIVES_HPP
 #endif  // PDO_SINGLE_PDO_AUTOGRAD_HPP
 // ---- pdo/comm.hpp
 #ifndef PDO_SINGLE_PDO_COMM_HPP
@@ -8777,14 +8829,34 @@ inline constexpr bool is_local_linear_v = false;
 template <class T>
 inline constexpr bool is_local_linear_v<linear<T>> = true;
 
+/// @brief The layouts of a Megatron pair along `Axis`: the first linear split by columns
+/// (W [in, out/n], b [out/n]), the second by rows (W [in/n, out], b replicated).
+template <fixed_string Axis>
+struct column_layouts {
+  using weight = layout<replicate, split<Axis>>;
+  using bias = layout<split<Axis>>;
+};
+template <fixed_string Axis>
+struct row_layouts {
+  using weight = layout<split<Axis>, replicate>;
+  using bias = layout<replicate>;
+};
+
+namespace detail_tp {
+template <class Layouts, class T, class Mesh>
+auto distribute_linear(const Mesh& m, const linear<T>& l) {
+  using wl = typename Layouts::weight;
+  using bl = typename Layouts::bias;
+  return linear<T, dtensor<T, 2, Mesh, wl>, dtensor<T, 1, Mesh, bl>>(parameter(distribute<wl>(m, l.weight.value())),
+                                                                      parameter(distribute<bl>(m, l.bias.value())));
+}
+}  // namespace detail_tp
+
 /// @brief A copy of `l` whose weight is split by columns along `Axis` (W [in, out/n], b
 /// [out/n]): its output is split along `Axis` by columns, with no communication.
 template <fixed_string Axis, class T, class Mesh>
 auto column_parallel(const Mesh& m, const linear<T>& l) {
-  using wl = layout<replicate, split<Axis>>;
-  using bl = layout<split<Axis>>;
-  return linear<T, dtensor<T, 2, Mesh, wl>, dtensor<T, 1, Mesh, bl>>(parameter(distribute<wl>(m, l.weight.value())),
-                                                                      parameter(distribute<bl>(m, l.bias.value())));
+  return detail_tp::distribute_linear<column_layouts<Axis>>(m, l);
 }
 
 /// @brief A copy of `l` whose weight is split by rows along `Axis` (W [in/n, out], b
@@ -8792,11 +8864,43 @@ auto column_parallel(const Mesh& m, const linear<T>& l) {
 /// the bias addition reduces (one all_reduce).
 template <fixed_string Axis, class T, class Mesh>
 auto row_parallel(const Mesh& m, const linear<T>& l) {
-  using wl = layout<split<Axis>, replicate>;
-  using bl = layout<replicate>;
-  return linear<T, dtensor<T, 2, Mesh, wl>, dtensor<T, 1, Mesh, bl>>(parameter(distribute<wl>(m, l.weight.value())),
-                                                                      parameter(distribute<bl>(m, l.bias.value())));
+  return detail_tp::distribute_linear<row_layouts<Axis>>(m, l);
 }
+
+/// @brief One place's shard of a column-parallel linear, for SPMD code that runs on each
+/// place of the tensor-parallel group with local tensors (a pipeline stage): W and b are
+/// its shards as column_parallel lays them out; the input, the same on every member, has
+/// its gradient summed over the group in backward (pdo::replicated_across, Megatron's f).
+template <class T>
+class column_parallel_shard {
+ public:
+  column_parallel_shard(var<tensor<T, 2>> w, var<tensor<T, 1>> b, mesh_communicator g)
+      : weight(std::move(w)), bias(std::move(b)), group(std::move(g)) {}
+  auto operator()(const var<tensor<T, 2>>& x) const { return pdo::matmul(pdo::replicated_across(x, group), weight) + bias; }
+  [[nodiscard]] std::vector<parameter_ref<T>> parameters(const std::string& prefix = "") const {
+    return {{prefix + "weight", weight}, {prefix + "bias", bias}};
+  }
+  var<tensor<T, 2>> weight;
+  var<tensor<T, 1>> bias;
+  mesh_communicator group;
+};
+
+/// @brief One place's shard of a row-parallel linear (see column_parallel_shard): fed its
+/// column shard of the activations, its product is summed over the group (one all_reduce
+/// forward, none backward: pdo::sum_across, Megatron's g), then the replicated bias added.
+template <class T>
+class row_parallel_shard {
+ public:
+  row_parallel_shard(var<tensor<T, 2>> w, var<tensor<T, 1>> b, mesh_communicator g)
+      : weight(std::move(w)), bias(std::move(b)), group(std::move(g)) {}
+  auto operator()(const var<tensor<T, 2>>& x) const { return pdo::sum_across(pdo::matmul(x, weight), group) + bias; }
+  [[nodiscard]] std::vector<parameter_ref<T>> parameters(const std::string& prefix = "") const {
+    return {{prefix + "weight", weight}, {prefix + "bias", bias}};
+  }
+  var<tensor<T, 2>> weight;
+  var<tensor<T, 1>> bias;
+  mesh_communicator group;
+};
 
 namespace detail_tp {
 template <class... Layers>
@@ -8807,16 +8911,42 @@ constexpr std::size_t linears_before(std::size_t i) {
   return n;
 }
 
+template <class Layer>
+constexpr void check_convertible() {
+  static_assert(is_local_linear_v<Layer> || std::is_empty_v<Layer> || std::is_base_of_v<stateless, Layer>,
+                "pdo: tensor_parallel: the model may hold linear layers and layers without parameters (activations); "
+                "split other layers' parameters explicitly");
+}
+
+template <class... Layers>
+constexpr void check_pairs() {
+  static_assert(linears_before<Layers...>(sizeof...(Layers)) % 2 == 0,
+                "pdo: tensor_parallel: the model needs linear layers in column/row pairs (an even number), so that "
+                "its output is not left split along the tensor-parallel axis");
+}
+
 template <fixed_string Axis, std::size_t Ordinal, class Mesh, class Layer>
 auto convert(const Mesh& m, const Layer& layer) {
-  if constexpr (is_local_linear_v<Layer>) {
-    if constexpr (Ordinal % 2 == 0) return column_parallel<Axis>(m, layer);
-    else return row_parallel<Axis>(m, layer);
-  } else {
-    static_assert(std::is_empty_v<Layer> || std::is_base_of_v<stateless, Layer>,
-                  "pdo: tensor_parallel: the model may hold linear layers and layers without parameters (activations); "
-                  "split other layers' parameters explicitly");
+  check_convertible<Layer>();
+  if constexpr (!is_local_linear_v<Layer>) return layer;
+  else if constexpr (Ordinal % 2 == 0) return column_parallel<Axis>(m, layer);
+  else return row_parallel<Axis>(m, layer);
+}
+
+/// @brief Place `p`'s shard of `layer` (see tensor_parallel_shard), in p's memory.
+template <fixed_string Axis, std::size_t Ordinal, class Mesh, class Layer>
+auto shard(const Mesh& m, std::size_t p, const Layer& layer) {
+  check_convertible<Layer>();
+  if constexpr (!is_local_linear_v<Layer>) {
     return layer;
+  } else {
+    using T = typename decltype(layer.bias)::element_type;
+    using layouts = std::conditional_t<Ordinal % 2 == 0, column_layouts<Axis>, row_layouts<Axis>>;
+    auto w = parameter(pdo::detail::shard_of<typename layouts::weight>(m, layer.weight.value(), p));
+    auto b = parameter(pdo::detail::shard_of<typename layouts::bias>(m, layer.bias.value(), p));
+    auto group = communicator_along(m, Mesh::axis_index(Axis.view()), p);
+    if constexpr (Ordinal % 2 == 0) return column_parallel_shard<T>(std::move(w), std::move(b), std::move(group));
+    else return row_parallel_shard<T>(std::move(w), std::move(b), std::move(group));
   }
 }
 }  // namespace detail_tp
@@ -8831,11 +8961,24 @@ auto convert(const Mesh& m, const Layer& layer) {
 template <fixed_string Axis, class Mesh, class... Layers>
 auto tensor_parallel(const Mesh& m, const sequential<Layers...>& model) {
   static_assert(Mesh::has_axis(Axis.view()), "pdo: tensor_parallel: the mesh has no axis of that name");
-  static_assert(detail_tp::linears_before<Layers...>(sizeof...(Layers)) % 2 == 0,
-                "pdo: tensor_parallel: the model needs linear layers in column/row pairs (an even number), so that "
-                "its output is not left split along the tensor-parallel axis");
+  detail_tp::check_pairs<Layers...>();
   return [&]<std::size_t... I>(std::index_sequence<I...>) {
     return sequential(detail_tp::convert<Axis, detail_tp::linears_before<Layers...>(I)>(m, std::get<I>(model.layers()))...);
+  }(std::index_sequence_for<Layers...>{});
+}
+
+/// @brief Place `p`'s part of tensor_parallel<Axis>(m, model), for SPMD code that runs the
+/// model on every place of the group along `Axis` with local tensors (each pipeline stage
+/// of a mesh with a "tp" axis does): the same Megatron pairs, each place holding the
+/// shards those layouts give it (column_parallel_shard, row_parallel_shard), with the
+/// collectives the planner would derive written in: one all_reduce per pair forward, one
+/// backward. Inputs and outputs are the same on every member of the group.
+template <fixed_string Axis, class Mesh, class... Layers>
+auto tensor_parallel_shard(const Mesh& m, std::size_t p, const sequential<Layers...>& model) {
+  static_assert(Mesh::has_axis(Axis.view()), "pdo: tensor_parallel_shard: the mesh has no axis of that name");
+  detail_tp::check_pairs<Layers...>();
+  return [&]<std::size_t... I>(std::index_sequence<I...>) {
+    return sequential(detail_tp::shard<Axis, detail_tp::linears_before<Layers...>(I)>(m, p, std::get<I>(model.layers()))...);
   }(std::index_sequence_for<Layers...>{});
 }
 
@@ -8961,11 +9104,22 @@ Layer to_place(const Layer& layer, const any_place& place) {
   else return layer;
 }
 
-template <std::size_t Begin, std::size_t End, class... Layers>
-auto stage_of(const sequential<Layers...>& model, const any_place& place) {
+/// @brief Place `p`'s part of the stage made of the layers [Begin, End) of `model`: a copy in
+/// p's memory, or, on a mesh with a "tp" axis, p's shards of the stage made tensor parallel
+/// along "tp" (tensor_parallel_shard).
+template <std::size_t Begin, std::size_t End, class Mesh, class... Layers>
+auto stage_of(const sequential<Layers...>& model, const Mesh& m, std::size_t p) {
   static_assert(Begin < End, "pdo: pipeline: every stage needs at least one layer (cut points must increase)");
   return [&]<std::size_t... I>(std::index_sequence<I...>) {
-    return sequential(to_place(std::get<Begin + I>(model.layers()), place)...);
+    if constexpr (Mesh::has_axis("tp")) {
+      using stage_layers = std::tuple<std::tuple_element_t<Begin + I, std::tuple<Layers...>>...>;
+      static_assert(nn::detail_tp::linears_before<std::tuple_element_t<I, stage_layers>...>(End - Begin) % 2 == 0,
+                    "pdo: pipeline: on a mesh with a \"tp\" axis every stage is tensor parallel: cut the model so that each "
+                    "stage holds whole column/row pairs of linear layers");
+      return tensor_parallel_shard<"tp">(m, p, sequential(std::get<Begin + I>(model.layers())...));
+    } else {
+      return sequential(to_place(std::get<Begin + I>(model.layers()), m.place(p))...);
+    }
   }(std::make_index_sequence<End - Begin>{});
 }
 
@@ -9027,10 +9181,12 @@ struct pipeline_options {
   std::size_t micro_batches = 4;
 };
 
-/// @brief Pipeline training over the "pp" axis of a mesh (and data parallel over "dp" if
-/// the mesh has it): stage s, the layers [cut s-1, cut s) of the model, lives on the
-/// places with "pp" coordinate s and only there (its parameters and optimizer state are
-/// in their memory). A step cuts the global batch by rows along "dp", then into micro-batches;
+/// @brief Pipeline training over the "pp" axis of a mesh, data parallel over "dp" and tensor
+/// parallel over "tp" if the mesh has them: stage s, the layers [cut s-1, cut s) of the
+/// model, lives on the places with "pp" coordinate s and only there (its parameters and
+/// optimizer state are in their memory; along "tp" each place holds its shards of the
+/// stage's Megatron pairs, and the stage's input and output are the same on each, so place
+/// (dp, pp, tp) sends to and receives from (dp, pp +- 1, tp)). A step cuts the global batch by rows along "dp", then into micro-batches;
 /// activations go forward and their gradients back between neighbouring stages; each
 /// stage accumulates its parameters' gradients over the micro-batches (weighted by their
 /// share of the global batch), all_reduces them over "dp", and steps its optimizer. So
@@ -9041,6 +9197,7 @@ class pipeline {
   static constexpr std::size_t stage_count = sizeof...(Stages);
   static constexpr std::size_t pp_axis = Mesh::axis_index("pp");
   static constexpr bool has_dp = Mesh::has_axis("dp");
+  static constexpr bool has_tp = Mesh::has_axis("tp");
   static_assert(pp_axis < Mesh::ndim, "pdo: pipeline: the mesh needs an axis named \"pp\"");
 
   template <class MakeOptimizer, class Model, std::size_t... Cuts>
@@ -9062,7 +9219,7 @@ class pipeline {
       st.stage = mesh_.coord(p, pp_axis);
       with_stage(st.stage, [&]<std::size_t S>() {
         auto& slot = std::get<S>(st.models);
-        slot.emplace(detail_pp::stage_of<bounds[S], bounds[S + 1]>(model, mesh_.place(p)));
+        slot.emplace(detail_pp::stage_of<bounds[S], bounds[S + 1]>(model, mesh_, p));
         st.params = parameters_of<T>(*slot);
       });
       st.optimizer.emplace(make_optimizer(st.params));
@@ -9235,8 +9392,9 @@ class pipeline {
       for (auto& q : st.params) dp.all_reduce(q.grad_or_zeros());
     }
     st.optimizer->step();
-    // the step's loss, known to the last stage of each "dp" row: summed over the whole mesh
+    // the step's loss, known to the last stage of each "dp" row (once per "tp" group): summed over the whole mesh
     double sum = static_cast<double>(total);
+    if constexpr (has_tp) sum = mesh_.coord(p, Mesh::axis_index("tp")) == 0 ? sum : 0.0;
     communicator_of(mesh_, p).all_reduce(std::span<double>(&sum, 1));
     st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count();
     return static_cast<T>(sum);
@@ -9261,7 +9419,7 @@ auto make_pipeline(const Mesh& m, const sequential<Layers...>& model, MakeOptimi
   using optimizer_t = std::invoke_result_t<MakeOptimizer&, std::vector<parameter_ref<T>>>;
   return [&]<std::size_t... S>(std::index_sequence<S...>) {
     using pipeline_t = pipeline<T, InRank, Target, Mesh, optimizer_t, Loss,
-                                decltype(detail_pp::stage_of<bounds[S], bounds[S + 1]>(model, std::declval<const any_place&>()))...>;
+                                decltype(detail_pp::stage_of<bounds[S], bounds[S + 1]>(model, m, std::size_t{}))...>;
     return pipeline_t(m, model, detail_pp::cut_list<Cuts...>{}, std::move(make_optimizer), o, loss);
   }(std::make_index_sequence<sizeof...(Cuts) + 1>{});
 }

@@ -6,6 +6,7 @@
 #include <pdo/nn/data_parallel.hpp>
 #include <pdo/nn/layers.hpp>
 #include <pdo/nn/optim.hpp>
+#include <pdo/nn/tensor_parallel.hpp>
 
 #include <algorithm>
 #include <array>
@@ -120,11 +121,22 @@ Layer to_place(const Layer& layer, const any_place& place) {
   else return layer;
 }
 
-template <std::size_t Begin, std::size_t End, class... Layers>
-auto stage_of(const sequential<Layers...>& model, const any_place& place) {
+/// @brief Place `p`'s part of the stage made of the layers [Begin, End) of `model`: a copy in
+/// p's memory, or, on a mesh with a "tp" axis, p's shards of the stage made tensor parallel
+/// along "tp" (tensor_parallel_shard).
+template <std::size_t Begin, std::size_t End, class Mesh, class... Layers>
+auto stage_of(const sequential<Layers...>& model, const Mesh& m, std::size_t p) {
   static_assert(Begin < End, "pdo: pipeline: every stage needs at least one layer (cut points must increase)");
   return [&]<std::size_t... I>(std::index_sequence<I...>) {
-    return sequential(to_place(std::get<Begin + I>(model.layers()), place)...);
+    if constexpr (Mesh::has_axis("tp")) {
+      using stage_layers = std::tuple<std::tuple_element_t<Begin + I, std::tuple<Layers...>>...>;
+      static_assert(nn::detail_tp::linears_before<std::tuple_element_t<I, stage_layers>...>(End - Begin) % 2 == 0,
+                    "pdo: pipeline: on a mesh with a \"tp\" axis every stage is tensor parallel: cut the model so that each "
+                    "stage holds whole column/row pairs of linear layers");
+      return tensor_parallel_shard<"tp">(m, p, sequential(std::get<Begin + I>(model.layers())...));
+    } else {
+      return sequential(to_place(std::get<Begin + I>(model.layers()), m.place(p))...);
+    }
   }(std::make_index_sequence<End - Begin>{});
 }
 
@@ -186,10 +198,12 @@ struct pipeline_options {
   std::size_t micro_batches = 4;
 };
 
-/// @brief Pipeline training over the "pp" axis of a mesh (and data parallel over "dp" if
-/// the mesh has it): stage s, the layers [cut s-1, cut s) of the model, lives on the
-/// places with "pp" coordinate s and only there (its parameters and optimizer state are
-/// in their memory). A step cuts the global batch by rows along "dp", then into micro-batches;
+/// @brief Pipeline training over the "pp" axis of a mesh, data parallel over "dp" and tensor
+/// parallel over "tp" if the mesh has them: stage s, the layers [cut s-1, cut s) of the
+/// model, lives on the places with "pp" coordinate s and only there (its parameters and
+/// optimizer state are in their memory; along "tp" each place holds its shards of the
+/// stage's Megatron pairs, and the stage's input and output are the same on each, so place
+/// (dp, pp, tp) sends to and receives from (dp, pp +- 1, tp)). A step cuts the global batch by rows along "dp", then into micro-batches;
 /// activations go forward and their gradients back between neighbouring stages; each
 /// stage accumulates its parameters' gradients over the micro-batches (weighted by their
 /// share of the global batch), all_reduces them over "dp", and steps its optimizer. So
@@ -200,6 +214,7 @@ class pipeline {
   static constexpr std::size_t stage_count = sizeof...(Stages);
   static constexpr std::size_t pp_axis = Mesh::axis_index("pp");
   static constexpr bool has_dp = Mesh::has_axis("dp");
+  static constexpr bool has_tp = Mesh::has_axis("tp");
   static_assert(pp_axis < Mesh::ndim, "pdo: pipeline: the mesh needs an axis named \"pp\"");
 
   template <class MakeOptimizer, class Model, std::size_t... Cuts>
@@ -221,7 +236,7 @@ class pipeline {
       st.stage = mesh_.coord(p, pp_axis);
       with_stage(st.stage, [&]<std::size_t S>() {
         auto& slot = std::get<S>(st.models);
-        slot.emplace(detail_pp::stage_of<bounds[S], bounds[S + 1]>(model, mesh_.place(p)));
+        slot.emplace(detail_pp::stage_of<bounds[S], bounds[S + 1]>(model, mesh_, p));
         st.params = parameters_of<T>(*slot);
       });
       st.optimizer.emplace(make_optimizer(st.params));
@@ -394,8 +409,9 @@ class pipeline {
       for (auto& q : st.params) dp.all_reduce(q.grad_or_zeros());
     }
     st.optimizer->step();
-    // the step's loss, known to the last stage of each "dp" row: summed over the whole mesh
+    // the step's loss, known to the last stage of each "dp" row (once per "tp" group): summed over the whole mesh
     double sum = static_cast<double>(total);
+    if constexpr (has_tp) sum = mesh_.coord(p, Mesh::axis_index("tp")) == 0 ? sum : 0.0;
     communicator_of(mesh_, p).all_reduce(std::span<double>(&sum, 1));
     st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count();
     return static_cast<T>(sum);
@@ -420,7 +436,7 @@ auto make_pipeline(const Mesh& m, const sequential<Layers...>& model, MakeOptimi
   using optimizer_t = std::invoke_result_t<MakeOptimizer&, std::vector<parameter_ref<T>>>;
   return [&]<std::size_t... S>(std::index_sequence<S...>) {
     using pipeline_t = pipeline<T, InRank, Target, Mesh, optimizer_t, Loss,
-                                decltype(detail_pp::stage_of<bounds[S], bounds[S + 1]>(model, std::declval<const any_place&>()))...>;
+                                decltype(detail_pp::stage_of<bounds[S], bounds[S + 1]>(model, m, std::size_t{}))...>;
     return pipeline_t(m, model, detail_pp::cut_list<Cuts...>{}, std::move(make_optimizer), o, loss);
   }(std::make_index_sequence<sizeof...(Cuts) + 1>{});
 }

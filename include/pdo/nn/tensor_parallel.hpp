@@ -1,6 +1,7 @@
 // pdo/nn/tensor_parallel.hpp: tensor (intra-op) parallelism by parameter layouts alone.
 #pragma once
 
+#include <pdo/autograd/collectives.hpp>
 #include <pdo/nn/layers.hpp>
 #include <pdo/tensor/redistribute.hpp>
 
@@ -16,14 +17,34 @@ inline constexpr bool is_local_linear_v = false;
 template <class T>
 inline constexpr bool is_local_linear_v<linear<T>> = true;
 
+/// @brief The layouts of a Megatron pair along `Axis`: the first linear split by columns
+/// (W [in, out/n], b [out/n]), the second by rows (W [in/n, out], b replicated).
+template <fixed_string Axis>
+struct column_layouts {
+  using weight = layout<replicate, split<Axis>>;
+  using bias = layout<split<Axis>>;
+};
+template <fixed_string Axis>
+struct row_layouts {
+  using weight = layout<split<Axis>, replicate>;
+  using bias = layout<replicate>;
+};
+
+namespace detail_tp {
+template <class Layouts, class T, class Mesh>
+auto distribute_linear(const Mesh& m, const linear<T>& l) {
+  using wl = typename Layouts::weight;
+  using bl = typename Layouts::bias;
+  return linear<T, dtensor<T, 2, Mesh, wl>, dtensor<T, 1, Mesh, bl>>(parameter(distribute<wl>(m, l.weight.value())),
+                                                                      parameter(distribute<bl>(m, l.bias.value())));
+}
+}  // namespace detail_tp
+
 /// @brief A copy of `l` whose weight is split by columns along `Axis` (W [in, out/n], b
 /// [out/n]): its output is split along `Axis` by columns, with no communication.
 template <fixed_string Axis, class T, class Mesh>
 auto column_parallel(const Mesh& m, const linear<T>& l) {
-  using wl = layout<replicate, split<Axis>>;
-  using bl = layout<split<Axis>>;
-  return linear<T, dtensor<T, 2, Mesh, wl>, dtensor<T, 1, Mesh, bl>>(parameter(distribute<wl>(m, l.weight.value())),
-                                                                      parameter(distribute<bl>(m, l.bias.value())));
+  return detail_tp::distribute_linear<column_layouts<Axis>>(m, l);
 }
 
 /// @brief A copy of `l` whose weight is split by rows along `Axis` (W [in/n, out], b
@@ -31,11 +52,43 @@ auto column_parallel(const Mesh& m, const linear<T>& l) {
 /// the bias addition reduces (one all_reduce).
 template <fixed_string Axis, class T, class Mesh>
 auto row_parallel(const Mesh& m, const linear<T>& l) {
-  using wl = layout<split<Axis>, replicate>;
-  using bl = layout<replicate>;
-  return linear<T, dtensor<T, 2, Mesh, wl>, dtensor<T, 1, Mesh, bl>>(parameter(distribute<wl>(m, l.weight.value())),
-                                                                      parameter(distribute<bl>(m, l.bias.value())));
+  return detail_tp::distribute_linear<row_layouts<Axis>>(m, l);
 }
+
+/// @brief One place's shard of a column-parallel linear, for SPMD code that runs on each
+/// place of the tensor-parallel group with local tensors (a pipeline stage): W and b are
+/// its shards as column_parallel lays them out; the input, the same on every member, has
+/// its gradient summed over the group in backward (pdo::replicated_across, Megatron's f).
+template <class T>
+class column_parallel_shard {
+ public:
+  column_parallel_shard(var<tensor<T, 2>> w, var<tensor<T, 1>> b, mesh_communicator g)
+      : weight(std::move(w)), bias(std::move(b)), group(std::move(g)) {}
+  auto operator()(const var<tensor<T, 2>>& x) const { return pdo::matmul(pdo::replicated_across(x, group), weight) + bias; }
+  [[nodiscard]] std::vector<parameter_ref<T>> parameters(const std::string& prefix = "") const {
+    return {{prefix + "weight", weight}, {prefix + "bias", bias}};
+  }
+  var<tensor<T, 2>> weight;
+  var<tensor<T, 1>> bias;
+  mesh_communicator group;
+};
+
+/// @brief One place's shard of a row-parallel linear (see column_parallel_shard): fed its
+/// column shard of the activations, its product is summed over the group (one all_reduce
+/// forward, none backward: pdo::sum_across, Megatron's g), then the replicated bias added.
+template <class T>
+class row_parallel_shard {
+ public:
+  row_parallel_shard(var<tensor<T, 2>> w, var<tensor<T, 1>> b, mesh_communicator g)
+      : weight(std::move(w)), bias(std::move(b)), group(std::move(g)) {}
+  auto operator()(const var<tensor<T, 2>>& x) const { return pdo::sum_across(pdo::matmul(x, weight), group) + bias; }
+  [[nodiscard]] std::vector<parameter_ref<T>> parameters(const std::string& prefix = "") const {
+    return {{prefix + "weight", weight}, {prefix + "bias", bias}};
+  }
+  var<tensor<T, 2>> weight;
+  var<tensor<T, 1>> bias;
+  mesh_communicator group;
+};
 
 namespace detail_tp {
 template <class... Layers>
@@ -46,16 +99,42 @@ constexpr std::size_t linears_before(std::size_t i) {
   return n;
 }
 
+template <class Layer>
+constexpr void check_convertible() {
+  static_assert(is_local_linear_v<Layer> || std::is_empty_v<Layer> || std::is_base_of_v<stateless, Layer>,
+                "pdo: tensor_parallel: the model may hold linear layers and layers without parameters (activations); "
+                "split other layers' parameters explicitly");
+}
+
+template <class... Layers>
+constexpr void check_pairs() {
+  static_assert(linears_before<Layers...>(sizeof...(Layers)) % 2 == 0,
+                "pdo: tensor_parallel: the model needs linear layers in column/row pairs (an even number), so that "
+                "its output is not left split along the tensor-parallel axis");
+}
+
 template <fixed_string Axis, std::size_t Ordinal, class Mesh, class Layer>
 auto convert(const Mesh& m, const Layer& layer) {
-  if constexpr (is_local_linear_v<Layer>) {
-    if constexpr (Ordinal % 2 == 0) return column_parallel<Axis>(m, layer);
-    else return row_parallel<Axis>(m, layer);
-  } else {
-    static_assert(std::is_empty_v<Layer> || std::is_base_of_v<stateless, Layer>,
-                  "pdo: tensor_parallel: the model may hold linear layers and layers without parameters (activations); "
-                  "split other layers' parameters explicitly");
+  check_convertible<Layer>();
+  if constexpr (!is_local_linear_v<Layer>) return layer;
+  else if constexpr (Ordinal % 2 == 0) return column_parallel<Axis>(m, layer);
+  else return row_parallel<Axis>(m, layer);
+}
+
+/// @brief Place `p`'s shard of `layer` (see tensor_parallel_shard), in p's memory.
+template <fixed_string Axis, std::size_t Ordinal, class Mesh, class Layer>
+auto shard(const Mesh& m, std::size_t p, const Layer& layer) {
+  check_convertible<Layer>();
+  if constexpr (!is_local_linear_v<Layer>) {
     return layer;
+  } else {
+    using T = typename decltype(layer.bias)::element_type;
+    using layouts = std::conditional_t<Ordinal % 2 == 0, column_layouts<Axis>, row_layouts<Axis>>;
+    auto w = parameter(pdo::detail::shard_of<typename layouts::weight>(m, layer.weight.value(), p));
+    auto b = parameter(pdo::detail::shard_of<typename layouts::bias>(m, layer.bias.value(), p));
+    auto group = communicator_along(m, Mesh::axis_index(Axis.view()), p);
+    if constexpr (Ordinal % 2 == 0) return column_parallel_shard<T>(std::move(w), std::move(b), std::move(group));
+    else return row_parallel_shard<T>(std::move(w), std::move(b), std::move(group));
   }
 }
 }  // namespace detail_tp
@@ -70,11 +149,24 @@ auto convert(const Mesh& m, const Layer& layer) {
 template <fixed_string Axis, class Mesh, class... Layers>
 auto tensor_parallel(const Mesh& m, const sequential<Layers...>& model) {
   static_assert(Mesh::has_axis(Axis.view()), "pdo: tensor_parallel: the mesh has no axis of that name");
-  static_assert(detail_tp::linears_before<Layers...>(sizeof...(Layers)) % 2 == 0,
-                "pdo: tensor_parallel: the model needs linear layers in column/row pairs (an even number), so that "
-                "its output is not left split along the tensor-parallel axis");
+  detail_tp::check_pairs<Layers...>();
   return [&]<std::size_t... I>(std::index_sequence<I...>) {
     return sequential(detail_tp::convert<Axis, detail_tp::linears_before<Layers...>(I)>(m, std::get<I>(model.layers()))...);
+  }(std::index_sequence_for<Layers...>{});
+}
+
+/// @brief Place `p`'s part of tensor_parallel<Axis>(m, model), for SPMD code that runs the
+/// model on every place of the group along `Axis` with local tensors (each pipeline stage
+/// of a mesh with a "tp" axis does): the same Megatron pairs, each place holding the
+/// shards those layouts give it (column_parallel_shard, row_parallel_shard), with the
+/// collectives the planner would derive written in: one all_reduce per pair forward, one
+/// backward. Inputs and outputs are the same on every member of the group.
+template <fixed_string Axis, class Mesh, class... Layers>
+auto tensor_parallel_shard(const Mesh& m, std::size_t p, const sequential<Layers...>& model) {
+  static_assert(Mesh::has_axis(Axis.view()), "pdo: tensor_parallel_shard: the mesh has no axis of that name");
+  detail_tp::check_pairs<Layers...>();
+  return [&]<std::size_t... I>(std::index_sequence<I...>) {
+    return sequential(detail_tp::shard<Axis, detail_tp::linears_before<Layers...>(I)>(m, p, std::get<I>(model.layers()))...);
   }(std::index_sequence_for<Layers...>{});
 }
 

@@ -144,24 +144,33 @@ inline void reset_planned_collectives() {
   for (auto& c : detail::planned_collective_counts()) c.store(0, std::memory_order_relaxed);
 }
 
+namespace detail {
+/// @brief Place `p`'s shard of `host` laid out over `m` as `Layout`, in p's memory: its
+/// chunk of the split dims; for partial axes, the value at coordinate 0 and zeros elsewhere.
+template <layout_spec Layout, mesh_type Mesh, element T, std::size_t Rank>
+tensor<T, Rank> shard_of(const Mesh& m, const tensor<T, Rank>& host, std::size_t p) {
+  constexpr layout_value v = value_of<Layout>();
+  const auto shape = shard_shape(m, v, host.shape(), p);
+  tensor<T, Rank> shard(shape, m.place(p), uninitialized);
+  if (holds_partial_value(m, v, p))
+    copy_block(host.data(), host.shape(), shard_offset(m, v, host.shape(), p), shape, shard.data());
+  else
+    shard.fill(T{});
+  return shard;
+}
+}  // namespace detail
+
 /// @brief Cuts the host tensor `host` over `m` as `Layout`: each place of this process
 /// gets its chunk of the split dims, in its own memory; for partial axes, the places at
 /// coordinate 0 get the value and the others zeros. Every process passes the same tensor.
 template <layout_spec Layout, mesh_type Mesh, element T, std::size_t Rank>
 dtensor<T, Rank, Mesh, Layout> distribute(const Mesh& m, const tensor<T, Rank>& host) {
   static_assert(detail::check_layout<"distribute", Layout, Mesh, Rank>::ok);
-  constexpr detail::layout_value v = detail::value_of<Layout>();
   const auto& local = m.local_places();
   std::vector<tensor<T, Rank>> shards(local.size());
   detail::run_on_places("distribute", m, [&](std::size_t p, std::size_t k) {
     if (m.is_multiprocess()) detail::check_same_host_shape(m, p, host.shape());
-    const auto shape = detail::shard_shape(m, v, host.shape(), p);
-    tensor<T, Rank> shard(shape, m.place(p), detail::uninitialized);
-    if (detail::holds_partial_value(m, v, p))
-      detail::copy_block(host.data(), host.shape(), detail::shard_offset(m, v, host.shape(), p), shape, shard.data());
-    else
-      shard.fill(T{});
-    shards[k] = std::move(shard);
+    shards[k] = detail::shard_of<Layout>(m, host, p);
   });
   return {m, host.shape(), std::move(shards)};
 }
