@@ -10,8 +10,7 @@
 namespace {
 
 using pdo::replicate;
-template <pdo::fixed_string A>
-using split = pdo::split<A>;
+using pdo::split;
 
 pdo::tensor<float, 2> pattern(std::size_t rows, std::size_t cols, float scale) {
   pdo::tensor<float, 2> t({rows, cols});

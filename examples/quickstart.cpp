@@ -11,8 +11,7 @@
 namespace {
 
 using pdo::replicate;
-template <pdo::fixed_string A>
-using split = pdo::split<A>;
+using pdo::split;
 
 /// @brief relu(x * w) on one place: the program every place runs on its shard.
 pdo::tensor<float, 2> dense_relu(const pdo::tensor<float, 2>& x, const pdo::tensor<float, 2>& w) {

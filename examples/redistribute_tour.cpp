@@ -8,8 +8,7 @@
 namespace {
 
 using pdo::replicate;
-template <pdo::fixed_string A>
-using split = pdo::split<A>;
+using pdo::split;
 
 using mesh_t = pdo::mesh<"dp", "tp">;
 using rows = pdo::layout<split<"dp">, replicate>;

@@ -1,5 +1,5 @@
 // compile_fail/strict_implicit_all_reduce.cpp: under pdo::strict, relu of a partial matmul (an implicit all_reduce).
-// expect: strict_forbids_implicit_communication<pdo::fixed_string<5>..relu.., 0, pdo::partial_layout<pdo::layout<pdo::replicate, pdo::replicate>, pdo::fixed_string<3>..tp..>, pdo::layout<pdo::replicate, pdo::replicate> >
+// expect: strict_forbids_implicit_communication<pdo::fixed_string<5>..relu.., 0, pdo::layout<pdo::replicate, pdo::replicate>::partial<pdo::fixed_string<3>..tp..>, pdo::layout<pdo::replicate, pdo::replicate> >
 #include <pdo/pdo.hpp>
 
 int main() {

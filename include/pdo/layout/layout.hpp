@@ -33,9 +33,6 @@ inline constexpr bool is_dim_spec_v = std::is_same_v<T, replicate> || requires {
 template <class T>
 concept dim_spec = is_dim_spec_v<T>;
 
-template <class Base, fixed_string... Axes>
-struct partial_layout;
-
 /// @brief How a tensor is laid out on a mesh: one entry per tensor dim.
 /// `layout<...>::partial<"tp">` marks a pending sum over mesh axis "tp": each place
 /// holds an addend, and the value is the sum over the places along that axis.
@@ -53,23 +50,18 @@ struct layout {
   }()...};
   static constexpr std::array<std::string_view, 0> partial_axes{};
 
+  /// @brief This layout with pending sums over mesh axes `Axes` (a class, not an alias:
+  /// nvcc's front end cannot take string literals as arguments of alias templates).
   template <fixed_string... Axes>
-  using partial = partial_layout<layout, Axes...>;
-};
-
-/// @brief `Base` (a pdo::layout) with pending sums over mesh axes `Axes`.
-template <class Base, fixed_string... Axes>
-struct partial_layout {
-  static_assert(sizeof...(Axes) >= 1, "pdo: layout::partial: name at least one mesh axis");
-  using layout_tag = void;
-  using base = Base;
-  using dims = typename Base::dims;
-  static constexpr std::size_t rank = Base::rank;
-  static constexpr auto dim_axes = Base::dim_axes;
-  static constexpr std::array<std::string_view, sizeof...(Axes)> partial_axes{Axes.view()...};
-
-  template <fixed_string... More>
-  using partial = partial_layout<Base, Axes..., More...>;
+  struct partial {
+    static_assert(sizeof...(Axes) >= 1, "pdo: layout::partial: name at least one mesh axis");
+    using layout_tag = void;
+    using base = layout;
+    using dims = detail::type_list<Dims...>;
+    static constexpr std::size_t rank = sizeof...(Dims);
+    static constexpr auto dim_axes = layout::dim_axes;
+    static constexpr std::array<std::string_view, sizeof...(Axes)> partial_axes{Axes.view()...};
+  };
 };
 
 namespace detail {
