@@ -55,16 +55,24 @@ auto row_parallel(const Mesh& m, const linear<T>& l) {
   return detail_tp::distribute_linear<row_layouts<Axis>>(m, l);
 }
 
-/// @brief One place's shard of a column-parallel linear, for SPMD code that runs on each
-/// place of the tensor-parallel group with local tensors (a pipeline stage): W and b are
-/// its shards as column_parallel lays them out; the input, the same on every member, has
-/// its gradient summed over the group in backward (pdo::replicated_across, Megatron's f).
-template <class T>
-class column_parallel_shard {
+/// @brief One place's shard of a Megatron linear, for SPMD code that runs on each place of
+/// the tensor-parallel group with local tensors (a pipeline stage): W and b are the place's
+/// shards as column_parallel / row_parallel lay them out, and the collectives the planner
+/// derives for those layouts are written in:
+/// - column (`Column`): the input, the same on every member, has its gradient summed over
+///   the group in backward (pdo::replicated_across, Megatron's f);
+/// - row: fed its column shard of the activations, its product is summed over the group
+///   (one all_reduce forward, none backward: pdo::sum_across, Megatron's g), then the
+///   replicated bias added.
+template <class T, bool Column>
+class linear_shard {
  public:
-  column_parallel_shard(var<tensor<T, 2>> w, var<tensor<T, 1>> b, mesh_communicator g)
+  linear_shard(var<tensor<T, 2>> w, var<tensor<T, 1>> b, mesh_communicator g)
       : weight(std::move(w)), bias(std::move(b)), group(std::move(g)) {}
-  auto operator()(const var<tensor<T, 2>>& x) const { return pdo::matmul(pdo::replicated_across(x, group), weight) + bias; }
+  auto operator()(const var<tensor<T, 2>>& x) const {
+    if constexpr (Column) return pdo::matmul(pdo::replicated_across(x, group), weight) + bias;
+    else return pdo::sum_across(pdo::matmul(x, weight), group) + bias;
+  }
   [[nodiscard]] std::vector<parameter_ref<T>> parameters(const std::string& prefix = "") const {
     return {{prefix + "weight", weight}, {prefix + "bias", bias}};
   }
@@ -72,23 +80,10 @@ class column_parallel_shard {
   var<tensor<T, 1>> bias;
   mesh_communicator group;
 };
-
-/// @brief One place's shard of a row-parallel linear (see column_parallel_shard): fed its
-/// column shard of the activations, its product is summed over the group (one all_reduce
-/// forward, none backward: pdo::sum_across, Megatron's g), then the replicated bias added.
 template <class T>
-class row_parallel_shard {
- public:
-  row_parallel_shard(var<tensor<T, 2>> w, var<tensor<T, 1>> b, mesh_communicator g)
-      : weight(std::move(w)), bias(std::move(b)), group(std::move(g)) {}
-  auto operator()(const var<tensor<T, 2>>& x) const { return pdo::sum_across(pdo::matmul(x, weight), group) + bias; }
-  [[nodiscard]] std::vector<parameter_ref<T>> parameters(const std::string& prefix = "") const {
-    return {{prefix + "weight", weight}, {prefix + "bias", bias}};
-  }
-  var<tensor<T, 2>> weight;
-  var<tensor<T, 1>> bias;
-  mesh_communicator group;
-};
+using column_parallel_shard = linear_shard<T, true>;
+template <class T>
+using row_parallel_shard = linear_shard<T, false>;
 
 namespace detail_tp {
 template <class... Layers>
@@ -133,8 +128,7 @@ auto shard(const Mesh& m, std::size_t p, const Layer& layer) {
     auto w = parameter(pdo::detail::shard_of<typename layouts::weight>(m, layer.weight.value(), p));
     auto b = parameter(pdo::detail::shard_of<typename layouts::bias>(m, layer.bias.value(), p));
     auto group = communicator_along(m, Mesh::axis_index(Axis.view()), p);
-    if constexpr (Ordinal % 2 == 0) return column_parallel_shard<T>(std::move(w), std::move(b), std::move(group));
-    else return row_parallel_shard<T>(std::move(w), std::move(b), std::move(group));
+    return linear_shard<T, Ordinal % 2 == 0>(std::move(w), std::move(b), std::move(group));
   }
 }
 }  // namespace detail_tp
