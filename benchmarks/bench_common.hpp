@@ -44,8 +44,8 @@ inline std::size_t parse_bytes(const char* text) {
 }
 
 /// @brief Reads the options; an argument left out keeps its default.
-inline options parse_options(int argc, char** argv) {
-  options o;
+inline options parse_options(int argc, char** argv, options defaults = {}) {
+  options o = defaults;
   if (argc > 1) o.samples = std::max(1, std::atoi(argv[1]));
   if (argc > 2) o.min_bytes = parse_bytes(argv[2]);
   if (argc > 3) o.max_bytes = parse_bytes(argv[3]);

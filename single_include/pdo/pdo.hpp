@@ -227,6 +227,12 @@ class group_communicator {
 
 }  // namespace pdo
 #endif  // PDO_SINGLE_PDO_COMM_GROUP_COMMUNICATOR_HPP
+// ---- pdo/comm/host_group.hpp
+#ifndef PDO_SINGLE_PDO_COMM_HOST_GROUP_HPP
+#define PDO_SINGLE_PDO_COMM_HOST_GROUP_HPP
+// pdo/comm/host_group.hpp: the group of host memory a mesh's places communicate through:
+// the threads backend when all places live in this process, MPI otherwise.
+
 // ---- pdo/comm/threads/local_group.hpp
 #ifndef PDO_SINGLE_PDO_COMM_THREADS_LOCAL_GROUP_HPP
 #define PDO_SINGLE_PDO_COMM_THREADS_LOCAL_GROUP_HPP
@@ -1201,17 +1207,17 @@ namespace pdo {
 /// memory for CPU places, device memory for GPU places. `allocate` returns nullptr
 /// when the system refuses.
 struct memory_system {
-  void* (*allocate)(std::size_t bytes, int device);
-  void (*deallocate)(void* p, std::size_t bytes, int device) noexcept;
-  int device = 0;
+  void* (*allocate)(std::size_t bytes, void* context);
+  void (*deallocate)(void* p, std::size_t bytes, void* context) noexcept;
+  void* context = nullptr;  ///< what the two need besides the size (a GPU place's device and stream)
   const char* name = "host";
 };
 
 /// @brief Host memory, 64-byte aligned (one cache line, one AVX-512 vector).
 inline memory_system host_memory_system() {
   constexpr std::align_val_t alignment{64};
-  return {[](std::size_t bytes, int) -> void* { return ::operator new(bytes, alignment, std::nothrow); },
-          [](void* p, std::size_t, int) noexcept { ::operator delete(p, alignment); }, 0, "host"};
+  return {[](std::size_t bytes, void*) -> void* { return ::operator new(bytes, alignment, std::nothrow); },
+          [](void* p, std::size_t, void*) noexcept { ::operator delete(p, alignment); }, nullptr, "host"};
 }
 
 /// @brief A thread-safe caching allocator owned by one place.
@@ -1246,10 +1252,10 @@ class caching_allocator {
       return p;
     }
     if (stats_.cap != 0 && stats_.bytes_in_use + stats_.bytes_cached + block > stats_.cap) release_cache_locked();
-    void* p = system_.allocate(block, system_.device);
+    void* p = system_.allocate(block, system_.context);
     if (p == nullptr) {
       release_cache_locked();
-      p = system_.allocate(block, system_.device);
+      p = system_.allocate(block, system_.context);
     }
     if (p == nullptr)
       throw refused(bytes, "the system refused it (" + std::to_string(stats_.bytes_in_use) + " bytes in use)");
@@ -1269,7 +1275,7 @@ class caching_allocator {
       cache_[block].push_back(p);
     } catch (...) {
       stats_.bytes_cached -= block;
-      system_.deallocate(p, block, system_.device);
+      system_.deallocate(p, block, system_.context);
     }
   }
 
@@ -1318,7 +1324,7 @@ class caching_allocator {
   }
   void release_cache_locked() noexcept {
     for (auto& [block, blocks] : cache_)
-      for (void* p : blocks) system_.deallocate(p, block, system_.device);
+      for (void* p : blocks) system_.deallocate(p, block, system_.context);
     cache_.clear();
     stats_.bytes_cached = 0;
   }
@@ -1360,7 +1366,8 @@ struct place_state : std::enable_shared_from_this<place_state> {
   bool local = true;        ///< owned by this process
   std::vector<int> cores;   ///< the cores its work may use
   std::string name;         ///< "cpu:0", "cuda:1", "rank1/cpu:0"
-  std::unique_ptr<caching_allocator> memory;
+  std::shared_ptr<void> device;  ///< a GPU place's streams and library handles (detail::cuda_device)
+  std::unique_ptr<caching_allocator> memory;  ///< declared after `device`: destroyed before it
   std::unique_ptr<worker> runner;  ///< declared last: destroyed first, before the memory it uses
 
   place_state(place_kind k, int ord, int proc, bool is_local, std::vector<int> cpu_cores, std::string label)
@@ -1805,7 +1812,7 @@ class group {
   void reset() {}
 
   void barrier(std::size_t me) {
-    exchange(me, {});
+    exchange(me, std::vector<std::size_t>{});
     local_.barrier();
   }
 
@@ -1813,7 +1820,7 @@ class group {
   void all_reduce(std::size_t me, std::span<T> data, reduce_op op) {
     const std::size_t l = me - first();
     args_[l] = {data.data(), data.data()};
-    const auto& counts = exchange(me, {data.size()});
+    const auto& counts = exchange(me, std::vector<std::size_t>{data.size()});
     for (std::size_t k = 0; k < size(); ++k)
       if (counts[k] != counts[0]) fail("all_reduce: members called it with different sizes (" + listing(counts, 1, 0) + ")");
     if (local_.size() > 1) local_.all_reduce(l, data, op);
@@ -1830,7 +1837,7 @@ class group {
   void all_gather(std::size_t me, std::span<const T> in, std::span<T> out) {
     const std::size_t l = me - first();
     args_[l] = {in.data(), out.data()};
-    const auto& counts = exchange(me, {in.size(), out.size()});
+    const auto& counts = exchange(me, std::vector<std::size_t>{in.size(), out.size()});
     std::size_t total = 0;
     for (std::size_t k = 0; k < size(); ++k) total += counts[2 * k];
     for (std::size_t k = 0; k < size(); ++k)
@@ -1853,7 +1860,7 @@ class group {
   void reduce_scatter(std::size_t me, std::span<const T> in, std::span<T> out, reduce_op op) {
     const std::size_t l = me - first();
     args_[l] = {in.data(), out.data()};
-    const auto& counts = exchange(me, {in.size(), out.size()});
+    const auto& counts = exchange(me, std::vector<std::size_t>{in.size(), out.size()});
     std::size_t total = 0;
     for (std::size_t k = 0; k < size(); ++k) {
       if (counts[2 * k] != counts[0]) fail("reduce_scatter: members called it with different sizes (" + listing(counts, 2, 0) + ")");
@@ -1890,7 +1897,7 @@ class group {
   void broadcast(std::size_t me, std::span<T> data, std::size_t root) {
     const std::size_t l = me - first();
     args_[l] = {data.data(), data.data()};
-    const auto& counts = exchange(me, {data.size(), root});
+    const auto& counts = exchange(me, std::vector<std::size_t>{data.size(), root});
     for (std::size_t k = 0; k < size(); ++k)
       if (counts[2 * k] != counts[0] || counts[2 * k + 1] != counts[1])
         fail("broadcast: members called it with different sizes or roots (" + listing(counts, 2, 0) + "; roots " + listing(counts, 2, 1) + ")");
@@ -2188,18 +2195,1006 @@ class group {
 #include <variant>
 #include <vector>
 
-namespace pdo {
+namespace pdo::detail {
 
-namespace detail {
-
-/// @brief A group whose backend was chosen when its mesh was built: threads when all
-/// places live in this process, MPI otherwise.
-struct any_group {
+/// @brief A group of host buffers whose backend was chosen when its mesh was built:
+/// threads when all places live in this process, MPI otherwise.
+struct host_group {
 #if defined(PDO_WITH_MPI)
   std::variant<std::shared_ptr<local_group>, std::shared_ptr<mpi::detail::group>> impl;
 #else
   std::variant<std::shared_ptr<local_group>> impl;
 #endif
+  void abort() {
+    std::visit([](auto& g) { g->abort(); }, impl);
+  }
+  void reset() {
+    std::visit([](auto& g) { g->reset(); }, impl);
+  }
+};
+
+template <class F>
+decltype(auto) visit_group(host_group& g, F&& f) {
+  return std::visit([&](auto& p) -> decltype(auto) { return f(*p); }, g.impl);
+}
+
+/// @brief The host group of `members` (mesh indices) of mesh `m`, or nullptr in a process
+/// that holds none of them.
+inline std::shared_ptr<host_group> make_host_group(const mesh_state& m, const std::vector<std::size_t>& members) {
+  std::vector<std::string> names;
+  for (auto i : members) names.push_back(m.places[i].name());
+#if defined(PDO_WITH_MPI)
+  if (m.multiprocess) {
+    // every process takes part in the split, in the same order; those without members get no comm
+    int me = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &me);
+    std::vector<std::size_t> per_rank;
+    int last = -1;
+    bool mine = false;
+    for (auto i : members) {
+      const int r = m.places[i].process();
+      if (r != last) per_rank.push_back(0);
+      ++per_rank.back();
+      last = r;
+      mine = mine || r == me;
+    }
+    MPI_Comm comm = MPI_COMM_NULL;
+    mpi::detail::check(MPI_Comm_split(MPI_COMM_WORLD, mine ? 0 : MPI_UNDEFINED, me, &comm), "MPI_Comm_split");
+    if (!mine) return nullptr;
+    return std::make_shared<host_group>(
+        host_group{std::make_shared<mpi::detail::group>(comm, per_rank, names, members.size() == m.places.size())});
+  }
+#endif
+  if (m.multiprocess)
+    throw communication_error("mesh: places of other processes need the MPI backend; build with PDO_WITH_MPI");
+  return std::make_shared<host_group>(host_group{std::make_shared<local_group>(names)});
+}
+
+}  // namespace pdo::detail
+#endif  // PDO_SINGLE_PDO_COMM_HOST_GROUP_HPP
+// ---- pdo/place/cuda_place.hpp
+#ifndef PDO_SINGLE_PDO_PLACE_CUDA_PLACE_HPP
+#define PDO_SINGLE_PDO_PLACE_CUDA_PLACE_HPP
+// pdo/place/cuda_place.hpp: GPU places. The type always exists, so generic code and
+// meshes can name it; creating one needs a build with PDO_WITH_CUDA.
+//
+// A GPU place is a host worker thread that drives one device, with two streams: compute
+// (every kernel, cuBLAS call and copy of the place, in order) and communication (NCCL),
+// ordered against each other by events, never by a device-wide synchronisation. Its
+// caching allocator takes device memory from the stream-ordered allocator
+// (cudaMallocAsync on the compute stream; cudaMalloc where the device has no memory
+// pools), with the same statistics and cap as CPU places. A block freed on the host is
+// reused by later work of the compute stream, which runs after the work that used it.
+
+
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#if defined(PDO_WITH_CUDA)
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <mutex>
+#endif
+
+namespace pdo {
+
+namespace detail {
+/// @brief True when this translation unit was built with the CUDA backend.
+#if defined(PDO_WITH_CUDA)
+inline constexpr bool cuda_enabled = true;
+#else
+inline constexpr bool cuda_enabled = false;
+#endif
+
+/// @brief The error for work on a GPU place in a build without the CUDA backend.
+[[noreturn]] inline void no_cuda(const std::string& what, const std::string& place) {
+  throw error(what + " on " + place + ": this program was built without the CUDA backend (PDO_WITH_CUDA)");
+}
+
+#if defined(PDO_WITH_CUDA)
+/// @brief "out of memory (cudaErrorMemoryAllocation)".
+inline std::string cuda_status(cudaError_t status) {
+  return std::string(cudaGetErrorString(status)) + " (" + cudaGetErrorName(status) + ")";
+}
+
+/// @brief Throws, for a failed CUDA runtime call, a pdo::error naming the call and the
+/// place (pdo::out_of_memory when the device is out of memory).
+inline void cuda_check(cudaError_t status, const char* call, const std::string& where) {
+  if (status == cudaSuccess) return;
+  (void)cudaGetLastError();  // clears the error unless it is sticky
+  const std::string message = std::string(call) + " on " + where + ": " + cuda_status(status);
+  if (status == cudaErrorMemoryAllocation) throw out_of_memory(message);
+  throw error(message);
+}
+
+/// @brief Throws, for a failed cuBLAS call, a pdo::error naming the call and the place.
+inline void cublas_check(cublasStatus_t status, const char* call, const std::string& where) {
+  if (status == CUBLAS_STATUS_SUCCESS) return;
+  throw error(std::string(call) + " on " + where + ": " + cublasGetStatusString(status));
+}
+
+/// @brief Makes `device` the calling thread's current device for its lifetime, and
+/// restores the one before (host threads that are not a place's worker keep theirs).
+class device_guard {
+ public:
+  explicit device_guard(int device) {
+    if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
+    if (previous_ != device) cudaSetDevice(device);
+  }
+  ~device_guard() {
+    if (previous_ >= 0) cudaSetDevice(previous_);
+  }
+  device_guard(const device_guard&) = delete;
+  device_guard& operator=(const device_guard&) = delete;
+
+ private:
+  int previous_ = -1;
+};
+
+/// @brief A GPU place's device resources: its streams, its cuBLAS handle (bound to the
+/// compute stream), and two pinned host buffers for copies staged through the host.
+struct cuda_device {
+  int ordinal = 0;
+  std::string name;
+  bool pools = false;  ///< the device supports the stream-ordered allocator
+  cudaStream_t compute = nullptr;
+  cudaStream_t comm = nullptr;
+  cublasHandle_t blas = nullptr;
+
+  static constexpr std::size_t staging_bytes = std::size_t{4} << 20;
+  std::mutex staging_mutex;      ///< one staged copy from this device at a time
+  void* staging[2] = {nullptr, nullptr};
+  cudaEvent_t staging_free[2] = {nullptr, nullptr};  ///< recorded when a buffer's upload has finished
+
+  cuda_device(int device, std::string label) : ordinal(device), name(std::move(label)) {
+    device_guard guard(device);
+    int supported = 0;
+    cuda_check(cudaDeviceGetAttribute(&supported, cudaDevAttrMemoryPoolsSupported, device), "cudaDeviceGetAttribute", name);
+    pools = supported != 0;
+    cuda_check(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking), "cudaStreamCreateWithFlags", name);
+    cuda_check(cudaStreamCreateWithFlags(&comm, cudaStreamNonBlocking), "cudaStreamCreateWithFlags", name);
+    cublas_check(cublasCreate(&blas), "cublasCreate", name);
+    cublas_check(cublasSetStream(blas, compute), "cublasSetStream", name);
+  }
+  ~cuda_device() {
+    device_guard guard(ordinal);
+    if (compute) cudaStreamSynchronize(compute);
+    if (comm) cudaStreamSynchronize(comm);
+    for (int b = 0; b < 2; ++b) {
+      if (staging_free[b]) cudaEventDestroy(staging_free[b]);
+      if (staging[b]) cudaFreeHost(staging[b]);
+    }
+    if (blas) cublasDestroy(blas);
+    if (comm) cudaStreamDestroy(comm);
+    if (compute) cudaStreamDestroy(compute);
+  }
+  cuda_device(const cuda_device&) = delete;
+  cuda_device& operator=(const cuda_device&) = delete;
+
+  /// @brief The pinned buffers, made on first use (the caller holds staging_mutex).
+  void ensure_staging() {
+    if (staging[0]) return;
+    device_guard guard(ordinal);
+    for (int b = 0; b < 2; ++b) {
+      cuda_check(cudaHostAlloc(&staging[b], staging_bytes, cudaHostAllocPortable), "cudaHostAlloc", name);
+      cuda_check(cudaEventCreateWithFlags(&staging_free[b], cudaEventDisableTiming), "cudaEventCreateWithFlags", name);
+    }
+  }
+};
+
+/// @brief The device resources of GPU place `p`.
+inline cuda_device& cuda_device_of(const place_state& p) { return *static_cast<cuda_device*>(p.device.get()); }
+
+/// @brief Device memory for a GPU place's caching allocator: stream-ordered on its
+/// compute stream where the device supports it.
+inline memory_system cuda_memory_system(cuda_device& device) {
+  return {[](std::size_t bytes, void* context) -> void* {
+            auto& d = *static_cast<cuda_device*>(context);
+            device_guard guard(d.ordinal);
+            void* p = nullptr;
+            const cudaError_t status = d.pools ? cudaMallocAsync(&p, bytes, d.compute) : cudaMalloc(&p, bytes);
+            if (status != cudaSuccess) {
+              (void)cudaGetLastError();
+              return nullptr;
+            }
+            return p;
+          },
+          [](void* p, std::size_t, void* context) noexcept {
+            auto& d = *static_cast<cuda_device*>(context);
+            device_guard guard(d.ordinal);
+            if (d.pools) cudaFreeAsync(p, d.compute);
+            else cudaFree(p);
+          },
+          &device, "cuda"};
+}
+#endif
+}  // namespace detail
+
+/// @brief How a GPU place is made.
+struct cuda_place_options {
+  std::size_t memory_cap = 0;  ///< bytes the place may hold (0: no cap)
+  std::string name;            ///< empty: "cuda:<device>"
+  int process = 0;             ///< the MPI rank that owns it
+};
+
+/// @brief A CUDA GPU place: a host worker thread that drives device `ordinal`, its
+/// compute and communication streams, and a caching allocator of device memory with the
+/// same statistics and cap as CPU places.
+class cuda_place : public detail::place_handle<cuda_place> {
+ public:
+  /// @brief A handle to the GPU place behind `state`.
+  explicit cuda_place(std::shared_ptr<detail::place_state> state) : place_handle(std::move(state)) {}
+
+#if defined(PDO_WITH_CUDA)
+  /// @brief A new place for GPU `device`, with an optional memory cap in bytes.
+  explicit cuda_place(int device, std::size_t memory_cap = 0) : cuda_place(device, cuda_place_options{memory_cap, "", 0}) {}
+  /// @brief A new place for GPU `device`, made as `options` say.
+  cuda_place(int device, const cuda_place_options& options)
+      : place_handle(std::make_shared<detail::place_state>(place_kind::cuda, device, options.process, true, std::vector<int>{},
+                                                           options.name.empty() ? "cuda:" + std::to_string(device) : options.name)) {
+    const std::size_t memory_cap = options.memory_cap;
+    auto resources = std::make_shared<detail::cuda_device>(device, state_->name);
+    state_->device = resources;
+    state_->memory = std::make_unique<caching_allocator>(state_->name, memory_cap, detail::cuda_memory_system(*resources));
+    detail::start_worker(*state_, {});
+    state_->runner->submit([device] { cudaSetDevice(device); });
+  }
+
+  /// @brief The stream every kernel, cuBLAS call and copy of this place runs on, in order.
+  [[nodiscard]] cudaStream_t compute_stream() const { return resources().compute; }
+  /// @brief The stream the place's NCCL collectives run on.
+  [[nodiscard]] cudaStream_t comm_stream() const { return resources().comm; }
+  /// @brief Waits until the work queued on both streams has finished (not a device-wide synchronisation).
+  void synchronize() const {
+    detail::cuda_check(cudaStreamSynchronize(resources().compute), "cudaStreamSynchronize", name());
+    detail::cuda_check(cudaStreamSynchronize(resources().comm), "cudaStreamSynchronize", name());
+  }
+  /// @brief Whether this device can read and write `other`'s memory directly (peer copies).
+  [[nodiscard]] bool can_access_peer(const cuda_place& other) const {
+    int can = 0;
+    detail::cuda_check(cudaDeviceCanAccessPeer(&can, device(), other.device()), "cudaDeviceCanAccessPeer", name());
+    return can != 0;
+  }
+#endif
+
+  /// @brief The CUDA device ordinal.
+  [[nodiscard]] int device() const { return ordinal(); }
+
+ private:
+#if defined(PDO_WITH_CUDA)
+  [[nodiscard]] detail::cuda_device& resources() const { return detail::cuda_device_of(*state_); }
+#endif
+};
+
+#if defined(PDO_WITH_CUDA)
+/// @brief A CUDA event, to order work across the streams of one place or of several:
+/// record() marks the work queued so far on a stream; wait() makes another stream's
+/// later work wait for it, without blocking the host; synchronize() blocks the host.
+class cuda_event {
+ public:
+  cuda_event() { detail::cuda_check(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming), "cudaEventCreateWithFlags", "host"); }
+  ~cuda_event() {
+    if (event_) cudaEventDestroy(event_);
+  }
+  cuda_event(cuda_event&& other) noexcept : event_(std::exchange(other.event_, nullptr)) {}
+  cuda_event& operator=(cuda_event&& other) noexcept {
+    std::swap(event_, other.event_);
+    return *this;
+  }
+  cuda_event(const cuda_event&) = delete;
+  cuda_event& operator=(const cuda_event&) = delete;
+
+  void record(cudaStream_t stream) { detail::cuda_check(cudaEventRecord(event_, stream), "cudaEventRecord", "host"); }
+  void wait(cudaStream_t stream) const { detail::cuda_check(cudaStreamWaitEvent(stream, event_, 0), "cudaStreamWaitEvent", "host"); }
+  void synchronize() const { detail::cuda_check(cudaEventSynchronize(event_), "cudaEventSynchronize", "host"); }
+  /// @brief Whether the recorded work has finished.
+  [[nodiscard]] bool done() const { return cudaEventQuery(event_) == cudaSuccess; }
+  [[nodiscard]] cudaEvent_t native() const { return event_; }
+
+ private:
+  cudaEvent_t event_ = nullptr;
+};
+
+namespace detail {
+/// @brief Makes `later`'s next work wait for the work queued so far on `earlier`, a stream
+/// of device `earlier_device` (the event must be made there), without a host wait.
+inline void stream_after(cudaStream_t later, cudaStream_t earlier, int earlier_device, const std::string& where) {
+  if (later == earlier) return;
+  device_guard guard(earlier_device);
+  cudaEvent_t e = nullptr;
+  cuda_check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreateWithFlags", where);
+  cuda_check(cudaEventRecord(e, earlier), "cudaEventRecord", where);
+  cuda_check(cudaStreamWaitEvent(later, e, 0), "cudaStreamWaitEvent", where);
+  cudaEventDestroy(e);  // released once the recorded work has finished
+}
+}  // namespace detail
+
+/// @brief Why there is no GPU place to make, or an empty string when there is one.
+inline std::string cuda_unavailable_reason() {
+  int count = 0;
+  const cudaError_t status = cudaGetDeviceCount(&count);
+  if (status != cudaSuccess) {
+    (void)cudaGetLastError();
+    return "cudaGetDeviceCount: " + detail::cuda_status(status);
+  }
+  return count == 0 ? "cudaGetDeviceCount found no device" : "";
+}
+
+/// @brief One place per visible GPU (none when the machine has no usable GPU; see cuda_unavailable_reason).
+inline std::vector<cuda_place> cuda_places(std::size_t memory_cap = 0) {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    (void)cudaGetLastError();
+    count = 0;
+  }
+  std::vector<cuda_place> places;
+  for (int d = 0; d < count; ++d) places.emplace_back(d, memory_cap);
+  return places;
+}
+#endif
+
+}  // namespace pdo
+#endif  // PDO_SINGLE_PDO_PLACE_CUDA_PLACE_HPP
+
+#if defined(PDO_WITH_MPI)
+#endif
+#if defined(PDO_WITH_CUDA)
+// ---- pdo/comm/nccl/group.hpp
+#ifndef PDO_SINGLE_PDO_COMM_NCCL_GROUP_HPP
+#define PDO_SINGLE_PDO_COMM_NCCL_GROUP_HPP
+// pdo/comm/nccl/group.hpp: the NCCL backend: a group of GPU places whose collectives run
+// on each place's communication stream, ordered after the work already queued on its
+// compute stream and before the work queued after them (events, no host wait).
+//
+// Every NCCL call is preceded by a small host collective over the same members (the
+// threads or MPI group of the mesh) that checks the arguments agree, so a mismatch is a
+// pdo::mismatch_error on every member and a failed member releases the others (an
+// aborted mesh) before any of them has queued a kernel that would wait for it forever.
+
+
+#include <nccl.h>
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+namespace pdo::nccl::detail {
+
+using pdo::detail::cuda_device;
+
+/// @brief Throws, for a failed NCCL call, a pdo::error naming the call and the place.
+inline void check(ncclResult_t status, const char* call, const std::string& where, ncclComm_t comm = nullptr) {
+  if (status == ncclSuccess || status == ncclInProgress) return;
+  std::string message = std::string(call) + " on " + where + ": " + ncclGetErrorString(status);
+  if (const char* last = ncclGetLastError(comm); last != nullptr && *last != '\0') message += std::string(": ") + last;
+  throw communication_error(message);
+}
+
+/// @brief The NCCL type of element type T, or ncclNumTypes where NCCL has none (such
+/// elements move as bytes and cannot be reduced).
+template <class T>
+constexpr ncclDataType_t type_of() {
+  if constexpr (std::is_same_v<T, float>) return ncclFloat32;
+  else if constexpr (std::is_same_v<T, double>) return ncclFloat64;
+  else if constexpr (std::is_integral_v<T> && std::is_signed_v<T> && sizeof(T) == 1) return ncclInt8;
+  else if constexpr (std::is_integral_v<T> && std::is_unsigned_v<T> && sizeof(T) == 1) return ncclUint8;
+  else if constexpr (std::is_integral_v<T> && std::is_signed_v<T> && sizeof(T) == 4) return ncclInt32;
+  else if constexpr (std::is_integral_v<T> && std::is_unsigned_v<T> && sizeof(T) == 4) return ncclUint32;
+  else if constexpr (std::is_integral_v<T> && std::is_signed_v<T> && sizeof(T) == 8) return ncclInt64;
+  else if constexpr (std::is_integral_v<T> && std::is_unsigned_v<T> && sizeof(T) == 8) return ncclUint64;
+  else return ncclNumTypes;
+}
+
+inline ncclRedOp_t op_of(reduce_op op) {
+  switch (op) {
+    case reduce_op::max: return ncclMax;
+    case reduce_op::min: return ncclMin;
+    default: return ncclSum;
+  }
+}
+
+/// @brief The communicators of places of this process, one per member (null for members of
+/// other processes); destroyed with the group.
+struct comm_set {
+  std::vector<ncclComm_t> comms;
+  comm_set() = default;
+  comm_set(const comm_set&) = delete;
+  comm_set& operator=(const comm_set&) = delete;
+  ~comm_set() {
+    for (auto c : comms)
+      if (c != nullptr) ncclCommDestroy(c);
+  }
+};
+
+/// @brief A group of GPU places on NCCL. `places[m]` is member m's place state (for
+/// members of this process); `host` is the threads or MPI group of the same members,
+/// which carries the argument checks, barriers and point-to-point handshakes.
+class group {
+ public:
+  group(std::vector<std::shared_ptr<pdo::detail::place_state>> places, std::shared_ptr<comm_set> comms,
+        std::shared_ptr<pdo::detail::host_group> host)
+      : places_(std::move(places)), comms_(std::move(comms)), host_(std::move(host)), locks_(places_.size()) {
+    for (auto& l : locks_) l = std::make_unique<std::mutex>();
+  }
+
+  [[nodiscard]] std::size_t size() const { return places_.size(); }
+  [[nodiscard]] ncclComm_t comm(std::size_t member) const { return comms_->comms[member]; }
+  [[nodiscard]] pdo::detail::host_group& host() const { return *host_; }
+
+  /// @brief Wakes the members waiting in an argument check or a handshake (none has queued
+  /// a kernel that waits for a failed member: the check comes first).
+  void abort() { host_->abort(); }
+  void reset() { host_->reset(); }
+  void barrier(std::size_t me) {
+    on_host([&](auto& h) { h.barrier(me); });
+  }
+
+  template <class T>
+  void all_reduce(std::size_t me, std::span<T> data, reduce_op op) {
+    agree(me, "all_reduce", data.size(), 0);
+    reducible<T>("all_reduce", me);
+    enqueue(me, "ncclAllReduce", [&](ncclComm_t c, cudaStream_t s) {
+      return ncclAllReduce(data.data(), data.data(), data.size(), type_of<T>(), op_of(op), c, s);
+    });
+  }
+
+  template <class T>
+  void broadcast(std::size_t me, std::span<T> data, std::size_t root) {
+    agree(me, "broadcast", data.size(), root);
+    enqueue(me, "ncclBroadcast", [&](ncclComm_t c, cudaStream_t s) {
+      return ncclBroadcast(data.data(), data.data(), bytes_or_count<T>(data.size()), wire_type<T>(), static_cast<int>(root), c, s);
+    });
+  }
+
+  /// @brief Every member's `in` concatenated into `out`; pieces of different sizes go as
+  /// one broadcast per member in a group call.
+  template <class T>
+  void all_gather(std::size_t me, std::span<const T> in, std::span<T> out) {
+    const auto counts = counts_of(me, in.size());
+    std::size_t total = 0;
+    for (auto c : counts) total += c;
+    if (total != out.size())
+      throw mismatch_error("all_gather on " + name(me) + ": the members' pieces add up to " + std::to_string(total) +
+                           " elements but the output holds " + std::to_string(out.size()));
+    const bool even = std::all_of(counts.begin(), counts.end(), [&](std::size_t c) { return c == counts[0]; });
+    enqueue(me, even ? "ncclAllGather" : "ncclBroadcast", [&](ncclComm_t c, cudaStream_t s) {
+      if (even) return ncclAllGather(in.data(), out.data(), bytes_or_count<T>(in.size()), wire_type<T>(), c, s);
+      ncclResult_t status = ncclGroupStart();
+      std::size_t at = 0;
+      for (std::size_t k = 0; k < counts.size() && status == ncclSuccess; at += counts[k], ++k)
+        status = ncclBroadcast(k == me ? static_cast<const void*>(in.data()) : nullptr, out.data() + at, bytes_or_count<T>(counts[k]),
+                               wire_type<T>(), static_cast<int>(k), c, s);
+      const ncclResult_t end = ncclGroupEnd();
+      return status != ncclSuccess ? status : end;
+    });
+  }
+
+  /// @brief This member's segment of op over the members' `in`; segments of different
+  /// sizes go as one reduce per member in a group call.
+  template <class T>
+  void reduce_scatter(std::size_t me, std::span<const T> in, std::span<T> out, reduce_op op) {
+    reducible<T>("reduce_scatter", me);
+    const auto counts = counts_of(me, out.size());
+    std::size_t total = 0;
+    for (auto c : counts) total += c;
+    agree(me, "reduce_scatter", in.size(), 0);
+    if (total != in.size())
+      throw mismatch_error("reduce_scatter on " + name(me) + ": the segments add up to " + std::to_string(total) +
+                           " elements but the input holds " + std::to_string(in.size()));
+    const bool even = std::all_of(counts.begin(), counts.end(), [&](std::size_t c) { return c == counts[0]; });
+    enqueue(me, even ? "ncclReduceScatter" : "ncclReduce", [&](ncclComm_t c, cudaStream_t s) {
+      if (even) return ncclReduceScatter(in.data(), out.data(), out.size(), type_of<T>(), op_of(op), c, s);
+      ncclResult_t status = ncclGroupStart();
+      std::size_t at = 0;
+      for (std::size_t k = 0; k < counts.size() && status == ncclSuccess; at += counts[k], ++k)
+        status = ncclReduce(in.data() + at, k == me ? out.data() : nullptr, counts[k], type_of<T>(), op_of(op), static_cast<int>(k), c, s);
+      const ncclResult_t end = ncclGroupEnd();
+      return status != ncclSuccess ? status : end;
+    });
+  }
+
+  /// @brief Piece j of `in` to member j, as sends and receives in one group call.
+  template <class T>
+  void all_to_all(std::size_t me, std::span<const T> in, std::span<const std::size_t> send_counts, std::span<T> out,
+                  std::span<const std::size_t> recv_counts) {
+    const std::size_t n = size();
+    if (send_counts.size() != n || recv_counts.size() != n)
+      throw mismatch_error("all_to_all on " + name(me) + ": " + std::to_string(send_counts.size()) + " send and " +
+                           std::to_string(recv_counts.size()) + " receive counts for " + std::to_string(n) + " members");
+    // every member's send counts, so each can check what it is told to expect
+    std::vector<std::size_t> mine(send_counts.begin(), send_counts.end()), all(n * n);
+    on_host([&](auto& h) { h.all_gather(me, std::span<const std::size_t>(mine), std::span<std::size_t>(all)); });
+    bool ok = true;
+    for (std::size_t j = 0; j < n; ++j) ok = ok && all[j * n + me] == recv_counts[j];
+    std::size_t sent = 0, got = 0;
+    for (std::size_t j = 0; j < n; ++j) {
+      sent += send_counts[j];
+      got += recv_counts[j];
+    }
+    std::size_t bad = (ok && sent == in.size() && got == out.size()) ? 0 : 1;
+    on_host([&](auto& h) { h.all_reduce(me, std::span<std::size_t>(&bad, 1), reduce_op::max); });
+    if (bad != 0)
+      throw mismatch_error("all_to_all: the members' send counts, receive counts and buffer sizes disagree (seen on " + name(me) + ")");
+    enqueue(me, "ncclSend/ncclRecv", [&](ncclComm_t c, cudaStream_t s) {
+      ncclResult_t status = ncclGroupStart();
+      std::size_t at_in = 0, at_out = 0;
+      for (std::size_t j = 0; j < n && status == ncclSuccess; ++j) {
+        if (send_counts[j] != 0)
+          status = ncclSend(in.data() + at_in, bytes_or_count<T>(send_counts[j]), wire_type<T>(), static_cast<int>(j), c, s);
+        if (status == ncclSuccess && recv_counts[j] != 0)
+          status = ncclRecv(out.data() + at_out, bytes_or_count<T>(recv_counts[j]), wire_type<T>(), static_cast<int>(j), c, s);
+        at_in += send_counts[j];
+        at_out += recv_counts[j];
+      }
+      const ncclResult_t end = ncclGroupEnd();
+      return status != ncclSuccess ? status : end;
+    });
+  }
+
+  /// @brief Sends `data` to member `to`. The receiver first confirms, through the host
+  /// group, that it expects this many elements with this tag; then both queue the
+  /// transfer. Between two members transfers run in the order they were made.
+  template <class T>
+  void send(std::size_t me, std::span<const T> data, std::size_t to, int tag) {
+    const std::array<std::uint64_t, 2> header{data.size(), static_cast<std::uint64_t>(static_cast<std::int64_t>(tag))};
+    on_host([&](auto& h) { h.send(me, std::span<const std::uint64_t>(header), to, header_tag); });
+    std::uint64_t verdict = 0;
+    on_host([&](auto& h) { h.recv(me, std::span<std::uint64_t>(&verdict, 1), to, verdict_tag); });
+    if (verdict != 0)
+      throw mismatch_error("send/recv: " + name(me) + " sent " + std::to_string(data.size()) + " elements with tag " + std::to_string(tag) +
+                           " but " + name(to) + " expected another message");
+    enqueue(me, "ncclSend", [&](ncclComm_t c, cudaStream_t s) {
+      return ncclSend(data.data(), bytes_or_count<T>(data.size()), wire_type<T>(), static_cast<int>(to), c, s);
+    });
+  }
+
+  template <class T>
+  void recv(std::size_t me, std::span<T> data, std::size_t from, int tag) {
+    std::array<std::uint64_t, 2> header{};
+    on_host([&](auto& h) { h.recv(me, std::span<std::uint64_t>(header), from, header_tag); });
+    const bool ok = header[0] == data.size() && static_cast<int>(static_cast<std::int64_t>(header[1])) == tag;
+    const std::uint64_t verdict = ok ? 0 : 1;
+    on_host([&](auto& h) { h.send(me, std::span<const std::uint64_t>(&verdict, 1), from, verdict_tag); });
+    if (!ok)
+      throw mismatch_error("send/recv: " + name(from) + " sent " + std::to_string(header[0]) + " elements with tag " +
+                           std::to_string(static_cast<std::int64_t>(header[1])) + " but " + name(me) + " expects " +
+                           std::to_string(data.size()) + " with tag " + std::to_string(tag));
+    enqueue(me, "ncclRecv", [&](ncclComm_t c, cudaStream_t s) {
+      return ncclRecv(data.data(), bytes_or_count<T>(data.size()), wire_type<T>(), static_cast<int>(from), c, s);
+    });
+  }
+
+ private:
+  /// @brief The host tags of point-to-point handshakes: headers (the user's tag travels in
+  /// the header) and the receiver's verdicts.
+  static constexpr int header_tag = 0, verdict_tag = 1;
+
+  template <class F>
+  void on_host(F&& f) {
+    pdo::detail::visit_group(*host_, std::forward<F>(f));
+  }
+
+  [[nodiscard]] std::string name(std::size_t member) const {
+    return places_[member] ? places_[member]->name : "member " + std::to_string(member);
+  }
+
+  /// @brief Elements without an NCCL type move as bytes.
+  template <class T>
+  static constexpr ncclDataType_t wire_type() {
+    return type_of<T>() == ncclNumTypes ? ncclUint8 : type_of<T>();
+  }
+  template <class T>
+  static constexpr std::size_t bytes_or_count(std::size_t count) {
+    return type_of<T>() == ncclNumTypes ? count * sizeof(T) : count;
+  }
+  template <class T>
+  void reducible(const char* op, std::size_t me) const {
+    if constexpr (type_of<T>() == ncclNumTypes)
+      throw layout_error(std::string(op) + " on " + name(me) + ": NCCL cannot reduce elements of type " +
+                         std::string(pdo::detail::dtype_name<T>()));
+  }
+
+  /// @brief Throws on every member unless all passed the same `count` and `root`.
+  void agree(std::size_t me, const char* op, std::size_t count, std::size_t root) {
+    std::array<std::int64_t, 4> v{static_cast<std::int64_t>(count), -static_cast<std::int64_t>(count), static_cast<std::int64_t>(root),
+                                   -static_cast<std::int64_t>(root)};
+    on_host([&](auto& h) { h.all_reduce(me, std::span<std::int64_t>(v), reduce_op::max); });
+    if (v[0] != -v[1])
+      throw mismatch_error(std::string(op) + ": the members passed different sizes, from " + std::to_string(-v[1]) + " to " +
+                           std::to_string(v[0]) + " elements (seen on " + name(me) + ")");
+    if (v[2] != -v[3])
+      throw mismatch_error(std::string(op) + ": the members named different roots, from " + std::to_string(-v[3]) + " to " +
+                           std::to_string(v[2]) + " (seen on " + name(me) + ")");
+  }
+
+  /// @brief Every member's `count`, in member order.
+  std::vector<std::size_t> counts_of(std::size_t me, std::size_t count) {
+    std::vector<std::size_t> all(size());
+    const std::size_t mine = count;
+    on_host([&](auto& h) { h.all_gather(me, std::span<const std::size_t>(&mine, 1), std::span<std::size_t>(all)); });
+    return all;
+  }
+
+  /// @brief Queues `call(comm, stream)` on member `me`'s communication stream, after the
+  /// work queued on its compute stream; its compute stream's later work waits for it.
+  template <class Call>
+  void enqueue(std::size_t me, const char* what, Call&& call) {
+    auto& place = *places_[me];
+    cuda_device& d = pdo::detail::cuda_device_of(place);
+    std::lock_guard lock(*locks_[me]);  // one thread at a time on a communicator
+    pdo::detail::device_guard guard(d.ordinal);
+    pdo::detail::stream_after(d.comm, d.compute, d.ordinal, place.name);
+    check(call(comm(me), d.comm), what, place.name, comm(me));
+    pdo::detail::stream_after(d.compute, d.comm, d.ordinal, place.name);
+  }
+
+  std::vector<std::shared_ptr<pdo::detail::place_state>> places_;
+  std::shared_ptr<comm_set> comms_;
+  std::shared_ptr<pdo::detail::host_group> host_;
+  std::vector<std::unique_ptr<std::mutex>> locks_;
+};
+
+}  // namespace pdo::nccl::detail
+
+namespace pdo::nccl::detail {
+
+/// @brief NCCL communicators over every place of mesh `m` (all GPU places), member i being
+/// mesh place i: ncclCommInitAll in one process; in several, one ncclCommInitRank per
+/// local place, with the unique id broadcast over MPI from the process of place 0.
+inline std::shared_ptr<comm_set> init_mesh(const pdo::detail::mesh_state& m) {
+  auto set = std::make_shared<comm_set>();
+  const std::size_t n = m.places.size();
+  set->comms.assign(n, nullptr);
+  std::vector<int> devices;
+  for (auto i : m.local) {
+    const int d = m.places[i].ordinal();
+    if (std::find(devices.begin(), devices.end(), d) != devices.end())
+      throw layout_error("mesh: NCCL needs every GPU place of a mesh on its own device; device " + std::to_string(d) +
+                         " holds two places of this process (" + m.places[i].name() + ")");
+    devices.push_back(d);
+  }
+  if (!m.multiprocess) {
+    check(ncclCommInitAll(set->comms.data(), static_cast<int>(n), devices.data()), "ncclCommInitAll", m.places[0].name());
+    return set;
+  }
+#if defined(PDO_WITH_MPI)
+  ncclUniqueId id{};
+  int me = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &me);
+  const int root = m.places[0].process();
+  if (me == root) check(ncclGetUniqueId(&id), "ncclGetUniqueId", m.places[0].name());
+  pdo::mpi::detail::check(MPI_Bcast(&id, static_cast<int>(sizeof id), MPI_BYTE, root, MPI_COMM_WORLD), "MPI_Bcast");
+  check(ncclGroupStart(), "ncclGroupStart", m.places[m.local.front()].name());
+  for (auto i : m.local) {
+    pdo::detail::device_guard guard(m.places[i].ordinal());
+    check(ncclCommInitRank(&set->comms[i], static_cast<int>(n), id, static_cast<int>(i)), "ncclCommInitRank", m.places[i].name());
+  }
+  check(ncclGroupEnd(), "ncclGroupEnd", m.places[m.local.front()].name());
+  return set;
+#else
+  throw communication_error("mesh: GPU places of other processes need the MPI backend to start NCCL; build with PDO_WITH_MPI");
+#endif
+}
+
+/// @brief The communicators of the lines along one axis, split from the whole mesh's
+/// (ncclCommSplit: color the line, key the place's coordinate on it): `line_of[p]` is
+/// place p's line; result[g] holds line g's communicators in member order.
+inline std::vector<std::shared_ptr<comm_set>> split_lines(const pdo::detail::mesh_state& m, const comm_set& whole,
+                                                          const std::vector<std::size_t>& line_of, std::size_t lines,
+                                                          const std::vector<std::size_t>& coord_of, std::size_t extent) {
+  std::vector<std::shared_ptr<comm_set>> out(lines);
+  for (auto& s : out) {
+    s = std::make_shared<comm_set>();
+    s->comms.assign(extent, nullptr);
+  }
+  std::vector<ncclComm_t> made(m.places.size(), nullptr);
+  check(ncclGroupStart(), "ncclGroupStart", m.places[m.local.front()].name());
+  for (auto p : m.local) {
+    pdo::detail::device_guard guard(m.places[p].ordinal());
+    check(ncclCommSplit(whole.comms[p], static_cast<int>(line_of[p]), static_cast<int>(coord_of[p]), &made[p], nullptr), "ncclCommSplit",
+          m.places[p].name(), whole.comms[p]);
+  }
+  check(ncclGroupEnd(), "ncclGroupEnd", m.places[m.local.front()].name());
+  for (auto p : m.local) out[line_of[p]]->comms[coord_of[p]] = made[p];
+  return out;
+}
+
+}  // namespace pdo::nccl::detail
+#endif  // PDO_SINGLE_PDO_COMM_NCCL_GROUP_HPP
+// ---- pdo/comm/staged_group.hpp
+#ifndef PDO_SINGLE_PDO_COMM_STAGED_GROUP_HPP
+#define PDO_SINGLE_PDO_COMM_STAGED_GROUP_HPP
+// pdo/comm/staged_group.hpp: the groups of a mesh that mixes CPU and GPU places: the threads
+// or MPI group of the mesh, with each GPU member's buffers staged through host memory
+// (copied down before the collective, and its results copied back up after it).
+
+// ---- pdo/memory/copy.hpp
+#ifndef PDO_SINGLE_PDO_MEMORY_COPY_HPP
+#define PDO_SINGLE_PDO_MEMORY_COPY_HPP
+// pdo/memory/copy.hpp: copies between the memories of any two places (host, CPU places,
+// GPU places), and fills.
+//
+// Between GPUs a copy goes directly (cudaMemcpyPeerAsync) where cudaDeviceCanAccessPeer
+// allows it, else through pinned host memory in chunks, two buffers in flight; between a
+// GPU and the host it is a cudaMemcpyAsync on the GPU place's compute stream. Either way
+// it is ordered after the work already queued on both places' compute streams, and the
+// receiving place's later work is ordered after it, with events (no device-wide wait).
+
+
+#include <algorithm>
+#include <cstddef>
+#include <cstring>
+#include <mutex>
+#include <vector>
+
+namespace pdo {
+
+/// @brief How a copy between two GPUs goes.
+enum class peer_copy {
+  automatic,  ///< directly where the devices can access each other, else staged
+  direct,     ///< cudaMemcpyPeerAsync (the driver stages it itself where there is no peer path)
+  staged,     ///< through pinned host memory, chunk by chunk
+};
+
+/// @brief When a copy returns.
+enum class copy_completion {
+  host_safe,  ///< host memory on either side may be read or reused at once (GPU-to-GPU stays queued on the streams)
+  queued,     ///< queued on the streams: host memory on either side must stay untouched until the places synchronize
+};
+
+namespace detail {
+
+inline bool on_gpu(const place_state* p) { return p != nullptr && p->kind == place_kind::cuda; }
+
+#if defined(PDO_WITH_CUDA)
+/// @brief GPU to GPU on different devices through the two pinned buffers of the source:
+/// chunk i goes down on the source's stream into buffer i % 2, then up on the
+/// destination's stream; a buffer is refilled once its previous upload has finished.
+inline void staged_device_copy(cuda_device& dst, void* to, cuda_device& src, const void* from, std::size_t bytes) {
+  std::lock_guard lock(src.staging_mutex);
+  src.ensure_staging();
+  auto* out = static_cast<char*>(to);
+  const auto* in = static_cast<const char*>(from);
+  for (std::size_t done = 0, chunk = 0; done < bytes; ++chunk) {
+    const std::size_t b = chunk % 2, n = std::min(cuda_device::staging_bytes, bytes - done);
+    cuda_check(cudaEventSynchronize(src.staging_free[b]), "cudaEventSynchronize", src.name);
+    {
+      device_guard guard(src.ordinal);
+      cuda_check(cudaMemcpyAsync(src.staging[b], in + done, n, cudaMemcpyDeviceToHost, src.compute), "cudaMemcpyAsync", src.name);
+      cuda_check(cudaStreamSynchronize(src.compute), "cudaStreamSynchronize", src.name);
+    }
+    device_guard guard(dst.ordinal);
+    cuda_check(cudaMemcpyAsync(out + done, src.staging[b], n, cudaMemcpyHostToDevice, dst.compute), "cudaMemcpyAsync", dst.name);
+    cuda_check(cudaEventRecord(src.staging_free[b], dst.compute), "cudaEventRecord", dst.name);
+    done += n;
+  }
+}
+#endif
+
+/// @brief Copies `bytes` from `src` in the memory of `src_place` to `dst` in the memory of
+/// `dst_place` (nullptr or a CPU place: host memory).
+inline void copy_bytes(place_state* dst_place, void* dst, place_state* src_place, const void* src, std::size_t bytes,
+                       copy_completion completion = copy_completion::host_safe, peer_copy how = peer_copy::automatic) {
+  if (bytes == 0) return;
+  const bool to_gpu = on_gpu(dst_place), from_gpu = on_gpu(src_place);
+  if (!to_gpu && !from_gpu) {
+    std::memcpy(dst, src, bytes);
+    return;
+  }
+#if defined(PDO_WITH_CUDA)
+  if (to_gpu && from_gpu) {
+    auto &d = cuda_device_of(*dst_place), &s = cuda_device_of(*src_place);
+    if (d.ordinal == s.ordinal) {
+      device_guard guard(d.ordinal);
+      stream_after(d.compute, s.compute, s.ordinal, d.name);
+      cuda_check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, d.compute), "cudaMemcpyAsync", d.name);
+      return;
+    }
+    stream_after(s.compute, d.compute, d.ordinal, s.name);  // the destination's block may still be read by its earlier work
+    int can = 0;
+    cuda_check(cudaDeviceCanAccessPeer(&can, d.ordinal, s.ordinal), "cudaDeviceCanAccessPeer", d.name);
+    if (how == peer_copy::staged || (how == peer_copy::automatic && can == 0)) {
+      staged_device_copy(d, dst, s, src, bytes);
+      return;
+    }
+    {
+      device_guard guard(s.ordinal);
+      cuda_check(cudaMemcpyPeerAsync(dst, d.ordinal, src, s.ordinal, bytes, s.compute), "cudaMemcpyPeerAsync", s.name);
+    }
+    stream_after(d.compute, s.compute, s.ordinal, d.name);
+    return;
+  }
+  cuda_device& g = cuda_device_of(to_gpu ? *dst_place : *src_place);
+  device_guard guard(g.ordinal);
+  cuda_check(cudaMemcpyAsync(dst, src, bytes, to_gpu ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost, g.compute), "cudaMemcpyAsync",
+             g.name);
+  if (completion == copy_completion::host_safe) cuda_check(cudaStreamSynchronize(g.compute), "cudaStreamSynchronize", g.name);
+#else
+  (void)completion;
+  (void)how;
+  no_cuda("copy", (to_gpu ? dst_place : src_place)->name);
+#endif
+}
+
+/// @brief `rows` runs of `width` bytes from `src` (runs `src_pitch` bytes apart) to `dst`
+/// (`dst_pitch` apart), both in the memory of `place` (nullptr: the host); on a GPU one
+/// cudaMemcpy2DAsync on its compute stream.
+inline void copy_strided(place_state* place, void* dst, std::size_t dst_pitch, const void* src, std::size_t src_pitch, std::size_t width,
+                         std::size_t rows) {
+  if (width == 0 || rows == 0) return;
+  if (!on_gpu(place)) {
+    for (std::size_t r = 0; r < rows; ++r)
+      std::memcpy(static_cast<char*>(dst) + r * dst_pitch, static_cast<const char*>(src) + r * src_pitch, width);
+    return;
+  }
+#if defined(PDO_WITH_CUDA)
+  cuda_device& g = cuda_device_of(*place);
+  device_guard guard(g.ordinal);
+  cuda_check(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, width, rows, cudaMemcpyDeviceToDevice, g.compute), "cudaMemcpy2DAsync",
+             g.name);
+#else
+  no_cuda("copy", place->name);
+#endif
+}
+
+/// @brief Sets the `count` elements of `elem_bytes` bytes at `dst` (in `place`'s memory)
+/// to the element at `value`.
+inline void fill_bytes(place_state* place, void* dst, const void* value, std::size_t elem_bytes, std::size_t count) {
+  if (count == 0) return;
+  const auto* v = static_cast<const unsigned char*>(value);
+  const bool one_byte = std::all_of(v, v + elem_bytes, [&](unsigned char c) { return c == v[0]; });
+  if (!on_gpu(place)) {
+    auto* out = static_cast<unsigned char*>(dst);
+    if (one_byte) std::memset(out, v[0], elem_bytes * count);
+    else
+      for (std::size_t i = 0; i < count; ++i) std::memcpy(out + i * elem_bytes, v, elem_bytes);
+    return;
+  }
+#if defined(PDO_WITH_CUDA)
+  cuda_device& g = cuda_device_of(*place);
+  device_guard guard(g.ordinal);
+  if (one_byte) {
+    cuda_check(cudaMemsetAsync(dst, v[0], elem_bytes * count, g.compute), "cudaMemsetAsync", g.name);
+    return;
+  }
+  // a pattern of several bytes: written on the host, then copied up
+  std::vector<unsigned char> pattern(elem_bytes * count);
+  for (std::size_t i = 0; i < count; ++i) std::memcpy(pattern.data() + i * elem_bytes, v, elem_bytes);
+  copy_bytes(place, dst, nullptr, pattern.data(), pattern.size());
+#else
+  no_cuda("fill", place->name);
+#endif
+}
+
+}  // namespace detail
+}  // namespace pdo
+#endif  // PDO_SINGLE_PDO_MEMORY_COPY_HPP
+
+#include <cstddef>
+#include <memory>
+#include <span>
+#include <vector>
+
+namespace pdo::detail {
+
+class staged_group {
+ public:
+  /// @param places member m's place (null for members of other processes)
+  staged_group(std::vector<std::shared_ptr<place_state>> places, std::shared_ptr<host_group> host)
+      : places_(std::move(places)), host_(std::move(host)) {}
+
+  [[nodiscard]] std::size_t size() const { return places_.size(); }
+  void abort() { host_->abort(); }
+  void reset() { host_->reset(); }
+  void barrier(std::size_t me) {
+    visit_group(*host_, [&](auto& h) { h.barrier(me); });
+  }
+
+  template <class T>
+  void all_reduce(std::size_t me, std::span<T> data, reduce_op op) {
+    auto d = down(me, std::span<const T>(data));
+    visit_group(*host_, [&](auto& h) { h.all_reduce(me, std::span<T>(d), op); });
+    up(me, std::span<const T>(d), data);
+  }
+  template <class T>
+  void all_gather(std::size_t me, std::span<const T> in, std::span<T> out) {
+    auto i = down(me, in);
+    std::vector<T> o(out.size());
+    visit_group(*host_, [&](auto& h) { h.all_gather(me, std::span<const T>(i), std::span<T>(o)); });
+    up(me, std::span<const T>(o), out);
+  }
+  template <class T>
+  void reduce_scatter(std::size_t me, std::span<const T> in, std::span<T> out, reduce_op op) {
+    auto i = down(me, in);
+    std::vector<T> o(out.size());
+    visit_group(*host_, [&](auto& h) { h.reduce_scatter(me, std::span<const T>(i), std::span<T>(o), op); });
+    up(me, std::span<const T>(o), out);
+  }
+  template <class T>
+  void broadcast(std::size_t me, std::span<T> data, std::size_t root) {
+    auto d = down(me, std::span<const T>(data));
+    visit_group(*host_, [&](auto& h) { h.broadcast(me, std::span<T>(d), root); });
+    up(me, std::span<const T>(d), data);
+  }
+  template <class T>
+  void all_to_all(std::size_t me, std::span<const T> in, std::span<const std::size_t> send_counts, std::span<T> out,
+                  std::span<const std::size_t> recv_counts) {
+    auto i = down(me, in);
+    std::vector<T> o(out.size());
+    visit_group(*host_, [&](auto& h) { h.all_to_all(me, std::span<const T>(i), send_counts, std::span<T>(o), recv_counts); });
+    up(me, std::span<const T>(o), out);
+  }
+  template <class T>
+  void send(std::size_t me, std::span<const T> data, std::size_t to, int tag) {
+    auto d = down(me, data);
+    visit_group(*host_, [&](auto& h) { h.send(me, std::span<const T>(d), to, tag); });
+  }
+  template <class T>
+  void recv(std::size_t me, std::span<T> data, std::size_t from, int tag) {
+    std::vector<T> d(data.size());
+    visit_group(*host_, [&](auto& h) { h.recv(me, std::span<T>(d), from, tag); });
+    up(me, std::span<const T>(d), data);
+  }
+
+ private:
+  /// @brief Member `me`'s buffer `in` in host memory (a copy, whichever its place).
+  template <class T>
+  std::vector<T> down(std::size_t me, std::span<const T> in) const {
+    std::vector<T> host(in.size());
+    copy_bytes(nullptr, host.data(), places_[me].get(), in.data(), in.size_bytes());
+    return host;
+  }
+  template <class T>
+  void up(std::size_t me, std::span<const T> host, std::span<T> out) const {
+    copy_bytes(places_[me].get(), out.data(), nullptr, host.data(), host.size_bytes());
+  }
+
+  std::vector<std::shared_ptr<place_state>> places_;
+  std::shared_ptr<host_group> host_;
+};
+
+}  // namespace pdo::detail
+#endif  // PDO_SINGLE_PDO_COMM_STAGED_GROUP_HPP
+#endif
+
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <variant>
+#include <vector>
+
+namespace pdo {
+
+namespace detail {
+
+/// @brief A group whose backend was chosen when its mesh was built: threads when all
+/// places live in this process, MPI otherwise; with GPU places, NCCL when every place is
+/// a GPU, and the host group with GPU buffers staged through host memory when CPU and GPU
+/// places mix.
+struct any_group {
+  std::variant<std::shared_ptr<local_group>
+#if defined(PDO_WITH_MPI)
+               ,
+               std::shared_ptr<mpi::detail::group>
+#endif
+#if defined(PDO_WITH_CUDA)
+               ,
+               std::shared_ptr<nccl::detail::group>, std::shared_ptr<staged_group>
+#endif
+               >
+      impl;
   void abort() {
     std::visit([](auto& g) { g->abort(); }, impl);
   }
@@ -2237,35 +3232,32 @@ struct mesh_comms {
   }
 };
 
-inline std::shared_ptr<any_group> make_group(const mesh_state& m, const std::vector<std::size_t>& members) {
-  std::vector<std::string> names;
-  for (auto i : members) names.push_back(m.places[i].name());
-#if defined(PDO_WITH_MPI)
-  if (m.multiprocess) {
-    // every process takes part in the split, in the same order; those without members get no comm
-    int me = 0;
-    MPI_Comm_rank(MPI_COMM_WORLD, &me);
-    std::vector<std::size_t> per_rank;
-    int last = -1;
-    bool mine = false;
-    for (auto i : members) {
-      const int r = m.places[i].process();
-      if (r != last) per_rank.push_back(0);
-      ++per_rank.back();
-      last = r;
-      mine = mine || r == me;
-    }
-    MPI_Comm comm = MPI_COMM_NULL;
-    mpi::detail::check(MPI_Comm_split(MPI_COMM_WORLD, mine ? 0 : MPI_UNDEFINED, me, &comm), "MPI_Comm_split");
-    if (!mine) return nullptr;
-    return std::make_shared<any_group>(
-        any_group{std::make_shared<mpi::detail::group>(comm, per_rank, names, members.size() == m.places.size())});
-  }
-#endif
-  if (m.multiprocess)
-    throw communication_error("mesh: places of other processes need the MPI backend; build with PDO_WITH_MPI");
-  return std::make_shared<any_group>(any_group{std::make_shared<local_group>(names)});
+/// @brief `host` as an any_group (nullptr stays nullptr).
+inline std::shared_ptr<any_group> from_host(const std::shared_ptr<host_group>& host) {
+  if (!host) return nullptr;
+  return std::visit([](auto& g) { return std::make_shared<any_group>(any_group{g}); }, host->impl);
 }
+
+/// @brief How the places of a mesh are: all CPU, all GPU, or both.
+enum class mesh_devices { cpu, gpu, mixed };
+inline mesh_devices devices_of(const mesh_state& m) {
+  bool cpu = false, gpu = false;
+  for (const auto& p : m.places) (p.kind() == place_kind::cuda ? gpu : cpu) = true;
+  return gpu ? (cpu ? mesh_devices::mixed : mesh_devices::gpu) : mesh_devices::cpu;
+}
+
+#if defined(PDO_WITH_CUDA)
+/// @brief The group of `members` over `host`, for a mesh with GPU places: NCCL on `comms`
+/// (all GPU), else the host group with GPU buffers staged through host memory.
+inline std::shared_ptr<any_group> device_group(const mesh_state& m, const std::vector<std::size_t>& members,
+                                               std::shared_ptr<host_group> host, std::shared_ptr<nccl::detail::comm_set> comms) {
+  if (!host) return nullptr;
+  std::vector<std::shared_ptr<place_state>> places;
+  for (auto i : members) places.push_back(m.places[i].is_local() ? m.places[i].state() : nullptr);
+  if (comms) return std::make_shared<any_group>(any_group{std::make_shared<nccl::detail::group>(std::move(places), std::move(comms), std::move(host))});
+  return std::make_shared<any_group>(any_group{std::make_shared<staged_group>(std::move(places), std::move(host))});
+}
+#endif
 
 /// @brief The communicators of the mesh behind `state`, built on first use (by every
 /// process of a multi-process mesh, at the same point of the program).
@@ -2276,16 +3268,43 @@ mesh_comms& comms_of(const Mesh& m) {
     auto comms = std::make_shared<mesh_comms>();
     std::vector<std::size_t> all(m.size());
     for (std::size_t i = 0; i < all.size(); ++i) all[i] = i;
-    comms->whole = make_group(state, all);
+    const mesh_devices devices = devices_of(state);
+    if (devices != mesh_devices::cpu && !cuda_enabled)
+      throw communication_error("mesh: " + m.describe() + " has GPU places; their collectives need a build with PDO_WITH_CUDA");
+#if defined(PDO_WITH_CUDA)
+    std::shared_ptr<nccl::detail::comm_set> whole_nccl;
+    if (devices == mesh_devices::gpu) whole_nccl = nccl::detail::init_mesh(state);
+    auto wrap = [&](const std::vector<std::size_t>& members, std::shared_ptr<host_group> host, std::shared_ptr<nccl::detail::comm_set> nc) {
+      return devices == mesh_devices::cpu ? from_host(host) : device_group(state, members, std::move(host), std::move(nc));
+    };
+#else
+    auto wrap = [&](const std::vector<std::size_t>&, std::shared_ptr<host_group> host, auto) { return from_host(host); };
+    const std::nullptr_t whole_nccl = nullptr;
+#endif
+    comms->whole = wrap(all, make_host_group(state, all), whole_nccl);
     comms->lines.resize(Mesh::ndim);
     comms->line_of.assign(Mesh::ndim, std::vector<std::size_t>(m.size()));
-    for (std::size_t a = 0; a < Mesh::ndim; ++a)
+    for (std::size_t a = 0; a < Mesh::ndim; ++a) {
+      std::vector<std::vector<std::size_t>> line_members;
       for (std::size_t p = 0; p < m.size(); ++p) {
         if (m.coord(p, a) != 0) continue;
         const auto members = m.group(a, p);
-        for (auto q : members) comms->line_of[a][q] = comms->lines[a].size();
-        comms->lines[a].push_back(make_group(state, members));
+        for (auto q : members) comms->line_of[a][q] = line_members.size();
+        line_members.push_back(members);
       }
+#if defined(PDO_WITH_CUDA)
+      std::vector<std::shared_ptr<nccl::detail::comm_set>> line_nccl(line_members.size());
+      if (whole_nccl) {
+        std::vector<std::size_t> coords(m.size());
+        for (std::size_t p = 0; p < m.size(); ++p) coords[p] = m.coord(p, a);
+        line_nccl = nccl::detail::split_lines(state, *whole_nccl, comms->line_of[a], line_members.size(), coords, m.extent(a));
+      }
+      for (std::size_t g = 0; g < line_members.size(); ++g)
+        comms->lines[a].push_back(wrap(line_members[g], make_host_group(state, line_members[g]), line_nccl[g]));
+#else
+      for (const auto& members : line_members) comms->lines[a].push_back(wrap(members, make_host_group(state, members), nullptr));
+#endif
+    }
     state.comms = std::move(comms);
   });
   return *state.comms;
@@ -2555,11 +3574,99 @@ void spmd(const Mesh& m, Task&& task) {
 #define PDO_SINGLE_PDO_EXPR_EXPRESSION_HPP
 // pdo/expr/expression.hpp: what every expression node has, the leaves, and where a node is evaluated.
 
-// ---- pdo/kernels/cpu_system.hpp
-#ifndef PDO_SINGLE_PDO_KERNELS_CPU_SYSTEM_HPP
-#define PDO_SINGLE_PDO_KERNELS_CPU_SYSTEM_HPP
-// pdo/kernels/cpu_system.hpp: the Thrust execution policy of a CPU place: its kernels use exactly its cores.
+// ---- pdo/kernels/place_system.hpp
+#ifndef PDO_SINGLE_PDO_KERNELS_PLACE_SYSTEM_HPP
+#define PDO_SINGLE_PDO_KERNELS_PLACE_SYSTEM_HPP
+// pdo/kernels/place_system.hpp: the Thrust execution policy of a CPU place: its kernels use exactly its cores.
 
+// ---- pdo/kernels/cuda_system.hpp
+#ifndef PDO_SINGLE_PDO_KERNELS_CUDA_SYSTEM_HPP
+#define PDO_SINGLE_PDO_KERNELS_CUDA_SYSTEM_HPP
+// pdo/kernels/cuda_system.hpp: the algorithms of pdo's kernels on a GPU place: the same
+// functors as on CPU places (each a PDO_HD functor of an output index), run by Thrust's
+// CUDA system on the place's compute stream without waiting for them (par_nosync). A
+// reduction's result comes back to the host, so it waits for its own stream only.
+//
+// Kernels are compiled by nvcc: in a translation unit compiled by a host compiler, work
+// on a GPU place that needs a kernel throws a pdo::error that says so (cuBLAS and the
+// copies need no kernel of ours and work from any translation unit).
+
+
+#include <cstddef>
+#include <string>
+#include <type_traits>
+
+#if defined(__CUDACC__) && defined(PDO_WITH_CUDA)
+#include <thrust/for_each.h>
+#include <thrust/iterator/counting_iterator.h>
+#include <thrust/system/cuda/execution_policy.h>
+#include <thrust/system_error.h>
+#include <thrust/transform.h>
+#include <thrust/transform_reduce.h>
+#endif
+
+namespace pdo::detail {
+
+#if defined(__CUDACC__) && defined(PDO_WITH_CUDA)
+inline constexpr bool cuda_kernels_enabled = true;
+
+/// @brief Runs `launch(policy)` with the CUDA policy of GPU place `p` (its compute stream),
+/// turning Thrust's and CUDA's failures into a pdo::error naming the place.
+template <class Launch>
+decltype(auto) on_gpu_stream(place_state& p, const char* what, Launch&& launch) {
+  cuda_device& d = cuda_device_of(p);
+  device_guard guard(d.ordinal);
+  try {
+    if constexpr (std::is_void_v<decltype(launch(thrust::cuda::par_nosync.on(d.compute)))>) {
+      launch(thrust::cuda::par_nosync.on(d.compute));
+      cuda_check(cudaGetLastError(), what, p.name);
+    } else {
+      auto result = launch(thrust::cuda::par_nosync.on(d.compute));
+      cuda_check(cudaGetLastError(), what, p.name);
+      return result;
+    }
+  } catch (const thrust::system_error& e) {
+    throw error(std::string(what) + " on " + p.name + ": " + e.what());
+  }
+}
+
+template <class Out, class F>
+Out gpu_transform(place_state& p, thrust::counting_iterator<std::size_t> first, thrust::counting_iterator<std::size_t> last, Out out, F f) {
+  return on_gpu_stream(p, "thrust::transform", [&](auto policy) { return thrust::transform(policy, first, last, out, f); });
+}
+template <class F>
+thrust::counting_iterator<std::size_t> gpu_for_each_n(place_state& p, thrust::counting_iterator<std::size_t> first, std::size_t n, F f) {
+  return on_gpu_stream(p, "thrust::for_each_n", [&](auto policy) { return thrust::for_each_n(policy, first, n, f); });
+}
+template <class F, class T, class Op>
+T gpu_transform_reduce(place_state& p, thrust::counting_iterator<std::size_t> first, thrust::counting_iterator<std::size_t> last, F f,
+                       T init, Op op) {
+  return on_gpu_stream(p, "thrust::transform_reduce",
+                       [&](auto policy) { return thrust::transform_reduce(policy, first, last, f, init, op); });
+}
+#else
+inline constexpr bool cuda_kernels_enabled = false;
+
+[[noreturn]] inline void no_gpu_kernels(const place_state& p) {
+  if constexpr (!cuda_enabled) no_cuda("a kernel", p.name);
+  throw error("a kernel on " + p.name + ": GPU kernels are compiled by nvcc; compile this translation unit as CUDA");
+}
+template <class Out, class First, class F>
+Out gpu_transform(place_state& p, First, First, Out, F) {
+  no_gpu_kernels(p);
+}
+template <class First, class F>
+First gpu_for_each_n(place_state& p, First, std::size_t, F) {
+  no_gpu_kernels(p);
+}
+template <class F, class T, class Op, class First>
+T gpu_transform_reduce(place_state& p, First, First, F, T, Op) {
+  no_gpu_kernels(p);
+}
+#endif
+
+}  // namespace pdo::detail
+#endif  // PDO_SINGLE_PDO_KERNELS_CUDA_SYSTEM_HPP
 
 // Host-only builds take Thrust's C++ system as the device system, so no CUDA header is needed.
 #if !defined(__CUDACC__) && !defined(THRUST_DEVICE_SYSTEM)
@@ -2581,20 +3688,23 @@ void spmd(const Mesh& m, Task&& task) {
 
 namespace pdo::detail {
 
-/// @brief A Thrust system for the work of one CPU place. It is Thrust's C++ system
-/// except for the algorithms pdo's kernels use, which it runs as vectorised loops over
-/// the place's own cores (an OpenMP team of `threads`, inheriting the place's pinning),
-/// found by Thrust through argument-dependent lookup on the policy.
-struct cpu_system : thrust::system::cpp::execution_policy<cpu_system> {
+/// @brief A Thrust system for the work of one place. On a CPU place it is Thrust's C++
+/// system except for the algorithms pdo's kernels use, which it runs as vectorised loops
+/// over the place's own cores (an OpenMP team of `threads`, inheriting the place's
+/// pinning), found by Thrust through argument-dependent lookup on the policy. On a GPU
+/// place (`gpu` set) those algorithms run the same functors on the device.
+struct place_system : thrust::system::cpp::execution_policy<place_system> {
   int threads = 1;
+  place_state* gpu = nullptr;  ///< the GPU place whose compute stream runs the kernels, if any
 };
 
-/// @brief The policy for the calling thread: a CPU place's worker uses its place's cores;
-/// any other thread, one core.
-inline cpu_system current_cpu_system() {
-  cpu_system s;
-  if (place_state* p = current_place(); p != nullptr && p->kind == place_kind::cpu && !p->cores.empty())
-    s.threads = static_cast<int>(p->cores.size());
+/// @brief The policy for the calling thread: a CPU place's worker uses its place's cores,
+/// a GPU place's worker its device; any other thread, one core.
+inline place_system current_place_system() {
+  place_system s;
+  place_state* p = current_place();
+  if (p != nullptr && p->kind == place_kind::cuda) s.gpu = p;
+  else if (p != nullptr && !p->cores.empty()) s.threads = static_cast<int>(p->cores.size());
   return s;
 }
 
@@ -2611,8 +3721,9 @@ inline constexpr std::size_t parallel_grain = std::size_t{1} << 15;
 /// @brief out[k] = f(first + k) for k in [0, last - first): the form every pdo kernel
 /// has (a functor of the output index).
 template <class F, class Out>
-Out transform([[maybe_unused]] cpu_system& system, thrust::counting_iterator<std::size_t> first, thrust::counting_iterator<std::size_t> last,
+Out transform([[maybe_unused]] place_system& system, thrust::counting_iterator<std::size_t> first, thrust::counting_iterator<std::size_t> last,
               Out out, F f) {
+  if (system.gpu != nullptr) return gpu_transform(*system.gpu, first, last, out, f);
   const std::size_t base = *first, n = *last - *first;
 #if defined(_OPENMP)
   if (system.threads > 1 && n >= parallel_grain) {
@@ -2636,8 +3747,9 @@ Out transform([[maybe_unused]] cpu_system& system, thrust::counting_iterator<std
 /// @brief f(first + k) for k in [0, n), for work items that write several outputs each
 /// (a row of a softmax); items run in parallel over the place's cores.
 template <class F>
-thrust::counting_iterator<std::size_t> for_each_n([[maybe_unused]] cpu_system& system, thrust::counting_iterator<std::size_t> first,
+thrust::counting_iterator<std::size_t> for_each_n([[maybe_unused]] place_system& system, thrust::counting_iterator<std::size_t> first,
                                                   std::size_t n, F f) {
+  if (system.gpu != nullptr) return gpu_for_each_n(*system.gpu, first, n, f);
   const std::size_t base = *first;
 #if defined(_OPENMP)
   if (system.threads > 1 && n > 1) {
@@ -2653,8 +3765,9 @@ thrust::counting_iterator<std::size_t> for_each_n([[maybe_unused]] cpu_system& s
 /// @brief reduce(f(first + k)) with `op`, from `init`; one partial result per thread,
 /// combined in thread order (so the result does not depend on timing).
 template <class F, class T, class Op>
-T transform_reduce([[maybe_unused]] cpu_system& system, thrust::counting_iterator<std::size_t> first,
+T transform_reduce([[maybe_unused]] place_system& system, thrust::counting_iterator<std::size_t> first,
                    thrust::counting_iterator<std::size_t> last, F f, T init, Op op) {
+  if (system.gpu != nullptr) return gpu_transform_reduce(*system.gpu, first, last, f, init, op);
   const std::size_t base = *first, n = *last - *first;
   auto range = [&](std::size_t begin, std::size_t end) {
     T acc = f(base + begin);
@@ -2682,15 +3795,15 @@ T transform_reduce([[maybe_unused]] cpu_system& system, thrust::counting_iterato
   return n == 0 ? init : op(init, range(0, n));
 }
 
-/// @brief f(i) for i in [0, n), on the cores of the calling thread's place.
+/// @brief f(i) for i in [0, n), on the calling thread's place (its cores, or its GPU).
 template <class F>
 void for_each_index(std::size_t n, F f) {
-  auto system = current_cpu_system();
+  auto system = current_place_system();
   thrust::for_each_n(system, thrust::counting_iterator<std::size_t>(0), n, f);
 }
 
 }  // namespace pdo::detail
-#endif  // PDO_SINGLE_PDO_KERNELS_CPU_SYSTEM_HPP
+#endif  // PDO_SINGLE_PDO_KERNELS_PLACE_SYSTEM_HPP
 // ---- pdo/layout/propagation.hpp
 #ifndef PDO_SINGLE_PDO_LAYOUT_PROPAGATION_HPP
 #define PDO_SINGLE_PDO_LAYOUT_PROPAGATION_HPP
@@ -2763,9 +3876,6 @@ inline constexpr bool is_dim_spec_v = std::is_same_v<T, replicate> || requires {
 template <class T>
 concept dim_spec = is_dim_spec_v<T>;
 
-template <class Base, fixed_string... Axes>
-struct partial_layout;
-
 /// @brief How a tensor is laid out on a mesh: one entry per tensor dim.
 /// `layout<...>::partial<"tp">` marks a pending sum over mesh axis "tp": each place
 /// holds an addend, and the value is the sum over the places along that axis.
@@ -2783,23 +3893,18 @@ struct layout {
   }()...};
   static constexpr std::array<std::string_view, 0> partial_axes{};
 
+  /// @brief This layout with pending sums over mesh axes `Axes` (a class, not an alias:
+  /// nvcc's front end cannot take string literals as arguments of alias templates).
   template <fixed_string... Axes>
-  using partial = partial_layout<layout, Axes...>;
-};
-
-/// @brief `Base` (a pdo::layout) with pending sums over mesh axes `Axes`.
-template <class Base, fixed_string... Axes>
-struct partial_layout {
-  static_assert(sizeof...(Axes) >= 1, "pdo: layout::partial: name at least one mesh axis");
-  using layout_tag = void;
-  using base = Base;
-  using dims = typename Base::dims;
-  static constexpr std::size_t rank = Base::rank;
-  static constexpr auto dim_axes = Base::dim_axes;
-  static constexpr std::array<std::string_view, sizeof...(Axes)> partial_axes{Axes.view()...};
-
-  template <fixed_string... More>
-  using partial = partial_layout<Base, Axes..., More...>;
+  struct partial {
+    static_assert(sizeof...(Axes) >= 1, "pdo: layout::partial: name at least one mesh axis");
+    using layout_tag = void;
+    using base = layout;
+    using dims = detail::type_list<Dims...>;
+    static constexpr std::size_t rank = sizeof...(Dims);
+    static constexpr auto dim_axes = layout::dim_axes;
+    static constexpr std::array<std::string_view, sizeof...(Axes)> partial_axes{Axes.view()...};
+  };
 };
 
 namespace detail {
@@ -3429,6 +4534,167 @@ inline constexpr bool valid_layout_v = detail::find_layout_problem<L, Mesh>(Rank
 #define PDO_SINGLE_PDO_TENSOR_TENSOR_HPP
 // pdo/tensor/tensor.hpp: pdo::tensor, an owning dense row-major tensor on one place.
 
+// ---- pdo/memory/copy.hpp
+#ifndef PDO_SINGLE_PDO_MEMORY_COPY_HPP
+#define PDO_SINGLE_PDO_MEMORY_COPY_HPP
+// pdo/memory/copy.hpp: copies between the memories of any two places (host, CPU places,
+// GPU places), and fills.
+//
+// Between GPUs a copy goes directly (cudaMemcpyPeerAsync) where cudaDeviceCanAccessPeer
+// allows it, else through pinned host memory in chunks, two buffers in flight; between a
+// GPU and the host it is a cudaMemcpyAsync on the GPU place's compute stream. Either way
+// it is ordered after the work already queued on both places' compute streams, and the
+// receiving place's later work is ordered after it, with events (no device-wide wait).
+
+
+#include <algorithm>
+#include <cstddef>
+#include <cstring>
+#include <mutex>
+#include <vector>
+
+namespace pdo {
+
+/// @brief How a copy between two GPUs goes.
+enum class peer_copy {
+  automatic,  ///< directly where the devices can access each other, else staged
+  direct,     ///< cudaMemcpyPeerAsync (the driver stages it itself where there is no peer path)
+  staged,     ///< through pinned host memory, chunk by chunk
+};
+
+/// @brief When a copy returns.
+enum class copy_completion {
+  host_safe,  ///< host memory on either side may be read or reused at once (GPU-to-GPU stays queued on the streams)
+  queued,     ///< queued on the streams: host memory on either side must stay untouched until the places synchronize
+};
+
+namespace detail {
+
+inline bool on_gpu(const place_state* p) { return p != nullptr && p->kind == place_kind::cuda; }
+
+#if defined(PDO_WITH_CUDA)
+/// @brief GPU to GPU on different devices through the two pinned buffers of the source:
+/// chunk i goes down on the source's stream into buffer i % 2, then up on the
+/// destination's stream; a buffer is refilled once its previous upload has finished.
+inline void staged_device_copy(cuda_device& dst, void* to, cuda_device& src, const void* from, std::size_t bytes) {
+  std::lock_guard lock(src.staging_mutex);
+  src.ensure_staging();
+  auto* out = static_cast<char*>(to);
+  const auto* in = static_cast<const char*>(from);
+  for (std::size_t done = 0, chunk = 0; done < bytes; ++chunk) {
+    const std::size_t b = chunk % 2, n = std::min(cuda_device::staging_bytes, bytes - done);
+    cuda_check(cudaEventSynchronize(src.staging_free[b]), "cudaEventSynchronize", src.name);
+    {
+      device_guard guard(src.ordinal);
+      cuda_check(cudaMemcpyAsync(src.staging[b], in + done, n, cudaMemcpyDeviceToHost, src.compute), "cudaMemcpyAsync", src.name);
+      cuda_check(cudaStreamSynchronize(src.compute), "cudaStreamSynchronize", src.name);
+    }
+    device_guard guard(dst.ordinal);
+    cuda_check(cudaMemcpyAsync(out + done, src.staging[b], n, cudaMemcpyHostToDevice, dst.compute), "cudaMemcpyAsync", dst.name);
+    cuda_check(cudaEventRecord(src.staging_free[b], dst.compute), "cudaEventRecord", dst.name);
+    done += n;
+  }
+}
+#endif
+
+/// @brief Copies `bytes` from `src` in the memory of `src_place` to `dst` in the memory of
+/// `dst_place` (nullptr or a CPU place: host memory).
+inline void copy_bytes(place_state* dst_place, void* dst, place_state* src_place, const void* src, std::size_t bytes,
+                       copy_completion completion = copy_completion::host_safe, peer_copy how = peer_copy::automatic) {
+  if (bytes == 0) return;
+  const bool to_gpu = on_gpu(dst_place), from_gpu = on_gpu(src_place);
+  if (!to_gpu && !from_gpu) {
+    std::memcpy(dst, src, bytes);
+    return;
+  }
+#if defined(PDO_WITH_CUDA)
+  if (to_gpu && from_gpu) {
+    auto &d = cuda_device_of(*dst_place), &s = cuda_device_of(*src_place);
+    if (d.ordinal == s.ordinal) {
+      device_guard guard(d.ordinal);
+      stream_after(d.compute, s.compute, s.ordinal, d.name);
+      cuda_check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, d.compute), "cudaMemcpyAsync", d.name);
+      return;
+    }
+    stream_after(s.compute, d.compute, d.ordinal, s.name);  // the destination's block may still be read by its earlier work
+    int can = 0;
+    cuda_check(cudaDeviceCanAccessPeer(&can, d.ordinal, s.ordinal), "cudaDeviceCanAccessPeer", d.name);
+    if (how == peer_copy::staged || (how == peer_copy::automatic && can == 0)) {
+      staged_device_copy(d, dst, s, src, bytes);
+      return;
+    }
+    {
+      device_guard guard(s.ordinal);
+      cuda_check(cudaMemcpyPeerAsync(dst, d.ordinal, src, s.ordinal, bytes, s.compute), "cudaMemcpyPeerAsync", s.name);
+    }
+    stream_after(d.compute, s.compute, s.ordinal, d.name);
+    return;
+  }
+  cuda_device& g = cuda_device_of(to_gpu ? *dst_place : *src_place);
+  device_guard guard(g.ordinal);
+  cuda_check(cudaMemcpyAsync(dst, src, bytes, to_gpu ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost, g.compute), "cudaMemcpyAsync",
+             g.name);
+  if (completion == copy_completion::host_safe) cuda_check(cudaStreamSynchronize(g.compute), "cudaStreamSynchronize", g.name);
+#else
+  (void)completion;
+  (void)how;
+  no_cuda("copy", (to_gpu ? dst_place : src_place)->name);
+#endif
+}
+
+/// @brief `rows` runs of `width` bytes from `src` (runs `src_pitch` bytes apart) to `dst`
+/// (`dst_pitch` apart), both in the memory of `place` (nullptr: the host); on a GPU one
+/// cudaMemcpy2DAsync on its compute stream.
+inline void copy_strided(place_state* place, void* dst, std::size_t dst_pitch, const void* src, std::size_t src_pitch, std::size_t width,
+                         std::size_t rows) {
+  if (width == 0 || rows == 0) return;
+  if (!on_gpu(place)) {
+    for (std::size_t r = 0; r < rows; ++r)
+      std::memcpy(static_cast<char*>(dst) + r * dst_pitch, static_cast<const char*>(src) + r * src_pitch, width);
+    return;
+  }
+#if defined(PDO_WITH_CUDA)
+  cuda_device& g = cuda_device_of(*place);
+  device_guard guard(g.ordinal);
+  cuda_check(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, width, rows, cudaMemcpyDeviceToDevice, g.compute), "cudaMemcpy2DAsync",
+             g.name);
+#else
+  no_cuda("copy", place->name);
+#endif
+}
+
+/// @brief Sets the `count` elements of `elem_bytes` bytes at `dst` (in `place`'s memory)
+/// to the element at `value`.
+inline void fill_bytes(place_state* place, void* dst, const void* value, std::size_t elem_bytes, std::size_t count) {
+  if (count == 0) return;
+  const auto* v = static_cast<const unsigned char*>(value);
+  const bool one_byte = std::all_of(v, v + elem_bytes, [&](unsigned char c) { return c == v[0]; });
+  if (!on_gpu(place)) {
+    auto* out = static_cast<unsigned char*>(dst);
+    if (one_byte) std::memset(out, v[0], elem_bytes * count);
+    else
+      for (std::size_t i = 0; i < count; ++i) std::memcpy(out + i * elem_bytes, v, elem_bytes);
+    return;
+  }
+#if defined(PDO_WITH_CUDA)
+  cuda_device& g = cuda_device_of(*place);
+  device_guard guard(g.ordinal);
+  if (one_byte) {
+    cuda_check(cudaMemsetAsync(dst, v[0], elem_bytes * count, g.compute), "cudaMemsetAsync", g.name);
+    return;
+  }
+  // a pattern of several bytes: written on the host, then copied up
+  std::vector<unsigned char> pattern(elem_bytes * count);
+  for (std::size_t i = 0; i < count; ++i) std::memcpy(pattern.data() + i * elem_bytes, v, elem_bytes);
+  copy_bytes(place, dst, nullptr, pattern.data(), pattern.size());
+#else
+  no_cuda("fill", place->name);
+#endif
+}
+
+}  // namespace detail
+}  // namespace pdo
+#endif  // PDO_SINGLE_PDO_MEMORY_COPY_HPP
 
 #include <algorithm>
 #include <array>
@@ -3439,6 +4705,7 @@ inline constexpr bool valid_layout_v = detail::find_layout_problem<L, Mesh>(Rank
 #include <span>
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace pdo {
 
@@ -3447,12 +4714,9 @@ namespace detail {
 struct uninitialized_t {};
 inline constexpr uninitialized_t uninitialized{};
 
-/// @brief The CPU place whose worker runs the calling thread, if any: where tensors
-/// made without a place go.
-inline place_state* current_cpu_place() {
-  place_state* p = current_place();
-  return p != nullptr && p->kind == place_kind::cpu ? p : nullptr;
-}
+/// @brief The place whose worker runs the calling thread, if any (a CPU or GPU place):
+/// where tensors made without a place go.
+inline place_state* current_tensor_place() { return current_place(); }
 }  // namespace detail
 
 /// @brief An owning, dense, row-major tensor on one place (the host when none is given).
@@ -3466,7 +4730,7 @@ class tensor {
 
   tensor() = default;
   /// @brief A zero-filled tensor in the memory of the place running the calling thread
-  /// (inside a parallel_do block: that place), else on the host.
+  /// (inside a parallel_do block or on a place's worker: that place), else on the host.
   explicit tensor(const shape_t<Rank>& shape) : tensor(shape, detail::uninitialized) { fill(T{}); }
   /// @brief A zero-filled tensor in `place`'s memory.
   tensor(const shape_t<Rank>& shape, const any_place& place) : tensor(shape, place, detail::uninitialized) { fill(T{}); }
@@ -3475,18 +4739,19 @@ class tensor {
     if (values.size() != size())
       throw shape_error("tensor: " + std::to_string(values.size()) + " values given for shape " +
                         detail::format_extents(shape) + " of " + std::to_string(size()) + " elements");
-    std::copy(values.begin(), values.end(), data_);
+    const std::vector<T> host(values);
+    detail::copy_bytes(place_.get(), data_, nullptr, host.data(), bytes());
   }
   tensor(const shape_t<Rank>& shape, detail::uninitialized_t)
-      : tensor(shape, detail::current_cpu_place() ? detail::current_cpu_place()->memory.get() : &host_allocator(),
-               detail::current_cpu_place() ? detail::current_cpu_place()->shared_from_this() : nullptr) {}
+      : tensor(shape, detail::current_tensor_place() ? detail::current_tensor_place()->memory.get() : &host_allocator(),
+               detail::current_tensor_place() ? detail::current_tensor_place()->shared_from_this() : nullptr) {}
   tensor(const shape_t<Rank>& shape, const any_place& place, detail::uninitialized_t)
       : tensor(shape, &place.memory(), place.state()) {}
 
   tensor(const tensor& other) {
     if (other.allocator_ == nullptr) return;  // a default-constructed tensor copies as one
     tensor copy(other.shape_, other.allocator_, other.place_);
-    detail::copy_elements(copy.data_, other.data_, size_of(other.shape_));
+    detail::copy_bytes(place_of(copy), copy.data_, place_of(other), other.data_, other.bytes());
     swap(copy);
   }
   tensor(tensor&& other) noexcept { swap(other); }
@@ -3518,6 +4783,10 @@ class tensor {
   [[nodiscard]] T* end() { return data_ + size(); }
   [[nodiscard]] const T* begin() const { return data_; }
   [[nodiscard]] const T* end() const { return data_ + size(); }
+  /// @brief The place holding the data (nullptr for host tensors).
+  [[nodiscard]] detail::place_state* where() const { return place_.get(); }
+  /// @brief Whether the data is in a GPU's memory (the host cannot read it through data()).
+  [[nodiscard]] bool on_gpu() const { return detail::on_gpu(place_.get()); }
   /// @brief The name of the place holding the data ("host" for host tensors).
   [[nodiscard]] std::string place_name() const { return place_ ? place_->name : std::string("host"); }
 
@@ -3532,7 +4801,13 @@ class tensor {
     return data_[offset_of(index...)];
   }
 
-  void fill(T value) { std::fill_n(data_, size(), value); }
+  void fill(T value) {
+    if (on_gpu()) detail::fill_bytes(place_.get(), data_, &value, sizeof(T), size());
+    else std::fill_n(data_, size(), value);
+  }
+
+  /// @brief An uninitialised tensor in host memory, whichever thread asks.
+  [[nodiscard]] static tensor on_host(const shape_t<Rank>& shape) { return tensor(shape, &host_allocator(), nullptr); }
 
   /// @brief A zero-filled tensor of another shape (and element type) in the same place's
   /// memory as this one (the host's for host tensors).
@@ -3555,7 +4830,7 @@ class tensor {
     data_ = static_cast<T*>(allocator_->allocate(bytes()));
   }
 
-  static std::size_t size_of(const shape_t<Rank>& shape) { return detail::volume(shape); }
+  static detail::place_state* place_of(const tensor& t) { return t.place_.get(); }
 
   template <class... Index>
   std::size_t offset_of(Index... index) const {
@@ -3580,6 +4855,35 @@ inline constexpr bool is_tensor_v<tensor<T, Rank>> = true;
 template <class T, std::size_t Rank>
 std::string describe(const tensor<T, Rank>& t) {
   return std::string(detail::dtype_name<T>()) + detail::format_extents(t.shape());
+}
+
+/// @brief Copies `src` into `dst` (same shape), whatever places hold them: host, CPU or GPU
+/// places (see pdo/memory/copy.hpp for how GPU copies go). With copy_completion::queued a
+/// copy between a GPU and host memory only queues on the GPU place's stream: keep both
+/// tensors alive and untouched until that place synchronizes.
+template <class T, std::size_t Rank>
+void copy(const tensor<T, Rank>& src, tensor<T, Rank>& dst, copy_completion completion = copy_completion::host_safe,
+          peer_copy how = peer_copy::automatic) {
+  if (src.shape() != dst.shape())
+    throw shape_error("copy: from " + describe(src) + " on " + src.place_name() + " to " + describe(dst) + " on " + dst.place_name() +
+                      ": the shapes differ");
+  detail::copy_bytes(dst.where(), dst.data(), src.where(), src.data(), src.bytes(), completion, how);
+}
+
+/// @brief A copy of `t` in `place`'s memory.
+template <class T, std::size_t Rank>
+tensor<T, Rank> to_place(const tensor<T, Rank>& t, const any_place& place, peer_copy how = peer_copy::automatic) {
+  tensor<T, Rank> out(t.shape(), place, detail::uninitialized);
+  copy(t, out, copy_completion::host_safe, how);
+  return out;
+}
+
+/// @brief A copy of `t` in host memory (readable through data() whatever held `t`).
+template <class T, std::size_t Rank>
+tensor<T, Rank> to_host(const tensor<T, Rank>& t) {
+  auto out = tensor<T, Rank>::on_host(t.shape());
+  copy(t, out);
+  return out;
 }
 
 }  // namespace pdo
@@ -3713,6 +5017,8 @@ concept distributed_tensor = is_dtensor_v<std::remove_cvref_t<T>>;
 #ifndef PDO_SINGLE_PDO_TENSOR_COPY_HPP
 #define PDO_SINGLE_PDO_TENSOR_COPY_HPP
 // pdo/tensor/copy.hpp: block copies between row-major buffers: slices, packs along a dim, unpacks.
+// The chunk copies take the place whose memory holds both buffers (nullptr: the host), so
+// they run as strided device copies on a GPU place.
 
 
 #include <array>
@@ -3751,18 +5057,17 @@ void copy_block(const T* src, const shape_t<Rank>& src_shape, const shape_t<Rank
 /// @brief Chunk `k` of `parts` along the middle dim of `v` (see chunk_size), from `src`
 /// laid out as v, into the dense `dst`.
 template <class T>
-void copy_chunk(const T* src, const dim_view& v, std::size_t parts, std::size_t k, T* dst) {
+void copy_chunk(const T* src, const dim_view& v, std::size_t parts, std::size_t k, T* dst, place_state* where = nullptr) {
   const std::size_t off = chunk_offset(v.extent, parts, k), n = chunk_size(v.extent, parts, k);
-  for (std::size_t o = 0; o < v.outer; ++o)
-    copy_elements(dst + o * n * v.inner, src + (o * v.extent + off) * v.inner, n * v.inner);
+  copy_strided(where, dst, n * v.inner * sizeof(T), src + off * v.inner, v.extent * v.inner * sizeof(T), n * v.inner * sizeof(T), v.outer);
 }
 
 /// @brief `src` (laid out as v) cut into `parts` chunks along v's middle dim, written
 /// chunk after chunk into `dst`: the order collectives send and receive pieces in.
 template <class T>
-void pack_chunks(const T* src, const dim_view& v, std::size_t parts, T* dst) {
+void pack_chunks(const T* src, const dim_view& v, std::size_t parts, T* dst, place_state* where = nullptr) {
   for (std::size_t k = 0; k < parts; ++k) {
-    copy_chunk(src, v, parts, k, dst);
+    copy_chunk(src, v, parts, k, dst, where);
     dst += v.outer * chunk_size(v.extent, parts, k) * v.inner;
   }
 }
@@ -3770,17 +5075,16 @@ void pack_chunks(const T* src, const dim_view& v, std::size_t parts, T* dst) {
 /// @brief The inverse of copy_chunk: the dense chunk `k` in `src` into its place in `dst`
 /// laid out as v.
 template <class T>
-void place_chunk(const T* src, const dim_view& v, std::size_t parts, std::size_t k, T* dst) {
+void place_chunk(const T* src, const dim_view& v, std::size_t parts, std::size_t k, T* dst, place_state* where = nullptr) {
   const std::size_t off = chunk_offset(v.extent, parts, k), n = chunk_size(v.extent, parts, k);
-  for (std::size_t o = 0; o < v.outer; ++o)
-    copy_elements(dst + (o * v.extent + off) * v.inner, src + o * n * v.inner, n * v.inner);
+  copy_strided(where, dst + off * v.inner, v.extent * v.inner * sizeof(T), src, n * v.inner * sizeof(T), n * v.inner * sizeof(T), v.outer);
 }
 
 /// @brief The inverse of pack_chunks: chunks one after another in `src` into `dst` laid out as v.
 template <class T>
-void unpack_chunks(const T* src, const dim_view& v, std::size_t parts, T* dst) {
+void unpack_chunks(const T* src, const dim_view& v, std::size_t parts, T* dst, place_state* where = nullptr) {
   for (std::size_t k = 0; k < parts; ++k) {
-    place_chunk(src, v, parts, k, dst);
+    place_chunk(src, v, parts, k, dst, where);
     src += v.outer * chunk_size(v.extent, parts, k) * v.inner;
   }
 }
@@ -3820,11 +5124,11 @@ tensor<T, Rank> apply_step(const redistribute_step& step, const Mesh& m, const s
     return shard;
   } else if constexpr (Kind == step_kind::zero_pad) {
     tensor<T, Rank> out(out_shape, place);  // zeros
-    place_chunk(shard.data(), view_along(out_shape, step.dim), n, me, out.data());
+    place_chunk(shard.data(), view_along(out_shape, step.dim), n, me, out.data(), out.where());
     return out;
   } else if constexpr (Kind == step_kind::local_slice) {
     tensor<T, Rank> out(out_shape, place, uninitialized);
-    copy_chunk(shard.data(), view_along(shard.shape(), step.dim), n, me, out.data());
+    copy_chunk(shard.data(), view_along(shard.shape(), step.dim), n, me, out.data(), out.where());
     return out;
   } else {
     const mesh_communicator comm = communicator_along(m, a, p);
@@ -3840,7 +5144,7 @@ tensor<T, Rank> apply_step(const redistribute_step& step, const Mesh& m, const s
         comm.reduce_scatter(std::as_const(shard).span(), out.span());
       } else {
         tensor<T, Rank> packed(shard.shape(), place, uninitialized);
-        pack_chunks(shard.data(), v, n, packed.data());
+        pack_chunks(shard.data(), v, n, packed.data(), packed.where());
         comm.reduce_scatter(std::as_const(packed).span(), out.span());
       }
       return out;
@@ -3852,7 +5156,7 @@ tensor<T, Rank> apply_step(const redistribute_step& step, const Mesh& m, const s
       } else {
         tensor<T, Rank> packed(out_shape, place, uninitialized);
         comm.all_gather(std::as_const(shard).span(), packed.span());
-        unpack_chunks(packed.data(), v, n, out.data());
+        unpack_chunks(packed.data(), v, n, out.data(), out.where());
       }
       return out;
     } else {
@@ -3867,11 +5171,11 @@ tensor<T, Rank> apply_step(const redistribute_step& step, const Mesh& m, const s
         recv_counts[k] = recv_view.outer * chunk_size(recv_view.extent, n, k) * recv_view.inner;
       }
       tensor<T, Rank> packed(shard.shape(), place, uninitialized);
-      pack_chunks(shard.data(), send_view, n, packed.data());
+      pack_chunks(shard.data(), send_view, n, packed.data(), packed.where());
       tensor<T, Rank> received(out_shape, place, uninitialized), out(out_shape, place, uninitialized);
       comm.all_to_all(std::as_const(packed).span(), std::span<const std::size_t>(send_counts), received.span(),
                       std::span<const std::size_t>(recv_counts));
-      unpack_chunks(received.data(), recv_view, n, out.data());
+      unpack_chunks(received.data(), recv_view, n, out.data(), out.where());
       return out;
     }
   }
@@ -3932,10 +5236,15 @@ tensor<T, Rank> shard_of(const Mesh& m, const tensor<T, Rank>& host, std::size_t
   constexpr layout_value v = value_of<Layout>();
   const auto shape = shard_shape(m, v, host.shape(), p);
   tensor<T, Rank> shard(shape, m.place(p), uninitialized);
-  if (holds_partial_value(m, v, p))
-    copy_block(host.data(), host.shape(), shard_offset(m, v, host.shape(), p), shape, shard.data());
-  else
+  if (!holds_partial_value(m, v, p)) {
     shard.fill(T{});
+  } else if (shard.on_gpu()) {  // cut on the host, then copied up
+    std::vector<T> cut(volume(shape));
+    copy_block(host.data(), host.shape(), shard_offset(m, v, host.shape(), p), shape, cut.data());
+    copy_bytes(shard.where(), shard.data(), nullptr, cut.data(), cut.size() * sizeof(T));
+  } else {
+    copy_block(host.data(), host.shape(), shard_offset(m, v, host.shape(), p), shape, shard.data());
+  }
   return shard;
 }
 }  // namespace detail
@@ -3980,7 +5289,7 @@ tensor<T, Rank> gather(const dtensor<T, Rank, Mesh, Layout>& x) {
   const auto whole = redistribute<full>(x);
   tensor<T, Rank> out(x.shape(), detail::uninitialized);
   const auto& shard = whole.local_shards().front();
-  detail::copy_elements(out.data(), shard.data(), out.size());
+  detail::copy_bytes(out.where(), out.data(), shard.where(), shard.data(), out.bytes());
   return out;
 }
 
@@ -4010,7 +5319,7 @@ namespace detail {
 /// @brief Where a local expression runs: the calling thread, on the cores of its place.
 struct local_context {
   static constexpr bool distributed = false;
-  cpu_system system = current_cpu_system();
+  place_system system = current_place_system();
   std::vector<std::shared_ptr<void>> keep;  ///< temporaries the kernels read
 
   template <std::size_t Rank>
@@ -4034,7 +5343,7 @@ struct mesh_context {
   mesh_context(const Mesh& mesh, std::size_t place) : m(mesh), p(place) {}
   const Mesh& m;
   std::size_t p;
-  cpu_system system = current_cpu_system();
+  place_system system = current_place_system();
   std::vector<std::shared_ptr<void>> keep;
 
   template <std::size_t Rank>
@@ -4154,7 +5463,7 @@ class tensor_leaf {
   }
   template <class Ctx>
   void run(Ctx&, tensor<T, Rank>& out) const {
-    detail::copy_elements(out.data(), t_->data(), out.size());
+    detail::copy_bytes(out.where(), out.data(), t_->where(), t_->data(), out.bytes());
   }
 
  private:
@@ -4191,7 +5500,7 @@ class dtensor_leaf {
   }
   template <class Ctx>
   void run(Ctx& ctx, tensor<value_type, rank>& out) const {
-    detail::copy_elements(out.data(), shard(ctx).data(), out.size());
+    detail::copy_bytes(out.where(), out.data(), shard(ctx).where(), shard(ctx).data(), out.bytes());
   }
 
  private:
@@ -4831,7 +6140,8 @@ class transpose_node : public detail::op_node<C> {
 // ---- pdo/kernels/gemm.hpp
 #ifndef PDO_SINGLE_PDO_KERNELS_GEMM_HPP
 #define PDO_SINGLE_PDO_KERNELS_GEMM_HPP
-// pdo/kernels/gemm.hpp: C = A * B on a CPU place: BLAS ?gemm for float and double, a Thrust kernel otherwise.
+// pdo/kernels/gemm.hpp: C = A * B on a place: BLAS ?gemm (CPU places) or cuBLAS (GPU places)
+// for float and double, a Thrust kernel otherwise.
 
 
 #include <cstddef>
@@ -4879,15 +6189,74 @@ inline constexpr bool blas_gemm_v =
     false;
 #endif
 
-/// @brief C (m x n, dense, row-major) = A (m x k) * B (k x n) on the cores of `system`.
+#if defined(PDO_WITH_CUDA)
+/// @brief C = A * B with cuBLAS on GPU place `p`'s compute stream. cuBLAS is column-major:
+/// a row-major matrix is its transpose there, so it computes Cᵀ = op(B)ᵀ op(A)ᵀ.
 template <class T>
-void gemm(cpu_system& system, std::size_t m, std::size_t n, std::size_t k, matrix_ref<T> a, matrix_ref<T> b, T* c) {
+void cublas_gemm(place_state& p, std::size_t m, std::size_t n, std::size_t k, matrix_ref<T> a, matrix_ref<T> b, T* c) {
+  cuda_device& d = cuda_device_of(p);
+  device_guard guard(d.ordinal);
+  const T one = 1, zero = 0;
+  const auto ta = a.trans ? CUBLAS_OP_T : CUBLAS_OP_N, tb = b.trans ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const auto M = static_cast<int>(m), N = static_cast<int>(n), K = static_cast<int>(k);
+  if constexpr (std::is_same_v<T, float>)
+    cublas_check(cublasSgemm(d.blas, tb, ta, N, M, K, &one, b.data, static_cast<int>(b.ld), a.data, static_cast<int>(a.ld), &zero, c, N),
+                 "cublasSgemm", p.name);
+  else
+    cublas_check(cublasDgemm(d.blas, tb, ta, N, M, K, &one, b.data, static_cast<int>(b.ld), a.data, static_cast<int>(a.ld), &zero, c, N),
+                 "cublasDgemm", p.name);
+}
+
+/// @brief `batches` products C_i = A_i * B_i, A_i at a.data + i * stride_a (likewise B, C;
+/// a stride of 0 repeats one matrix) as one cublas?gemmStridedBatched call.
+template <class T>
+void cublas_gemm_batched(place_state& p, std::size_t batches, std::size_t m, std::size_t n, std::size_t k, matrix_ref<T> a,
+                         std::size_t stride_a, matrix_ref<T> b, std::size_t stride_b, T* c) {
+  cuda_device& d = cuda_device_of(p);
+  device_guard guard(d.ordinal);
+  const T one = 1, zero = 0;
+  const auto ta = a.trans ? CUBLAS_OP_T : CUBLAS_OP_N, tb = b.trans ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const auto M = static_cast<int>(m), N = static_cast<int>(n), K = static_cast<int>(k), count = static_cast<int>(batches);
+  const auto sa = static_cast<long long>(stride_a), sb = static_cast<long long>(stride_b), sc = static_cast<long long>(m * n);
+  if constexpr (std::is_same_v<T, float>)
+    cublas_check(cublasSgemmStridedBatched(d.blas, tb, ta, N, M, K, &one, b.data, static_cast<int>(b.ld), sb, a.data,
+                                           static_cast<int>(a.ld), sa, &zero, c, N, sc, count),
+                 "cublasSgemmStridedBatched", p.name);
+  else
+    cublas_check(cublasDgemmStridedBatched(d.blas, tb, ta, N, M, K, &one, b.data, static_cast<int>(b.ld), sb, a.data,
+                                           static_cast<int>(a.ld), sa, &zero, c, N, sc, count),
+                 "cublasDgemmStridedBatched", p.name);
+}
+#endif
+
+/// @brief Whether gemm on `system` runs on cuBLAS for element type T.
+template <class T>
+bool cublas_gemm_for([[maybe_unused]] const place_system& system) {
+#if defined(PDO_WITH_CUDA)
+  return system.gpu != nullptr && (std::is_same_v<T, float> || std::is_same_v<T, double>);
+#else
+  return false;
+#endif
+}
+
+/// @brief C (m x n, dense, row-major) = A (m x k) * B (k x n) on the place of `system`
+/// (its cores, or its GPU).
+template <class T>
+void gemm(place_system& system, std::size_t m, std::size_t n, std::size_t k, matrix_ref<T> a, matrix_ref<T> b, T* c) {
   if (m == 0 || n == 0) return;
   if (k == 0) {
-    for (std::size_t i = 0; i < m * n; ++i) c[i] = T{};
+    const T zero{};
+    fill_bytes(system.gpu, c, &zero, sizeof(T), m * n);
     return;
   }
-  if constexpr (blas_gemm_v<T>) {
+#if defined(PDO_WITH_CUDA)
+  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>)
+    if (system.gpu != nullptr) return cublas_gemm(*system.gpu, m, n, k, a, b, c);
+#endif
+  if (system.gpu != nullptr) {
+    thrust::transform(system, thrust::counting_iterator<std::size_t>(0), thrust::counting_iterator<std::size_t>(m * n), c,
+                      gemm_element<T>{a, b, n, k});
+  } else if constexpr (blas_gemm_v<T>) {
 #if defined(PDO_WITH_BLAS)
     // OpenBLAS's thread count is process-wide and may not change while another place is
     // inside a BLAS call: it is set once, to the core count of the first place that calls
@@ -5003,6 +6372,22 @@ class matmul_node : public detail::op_node<A, B> {
     const auto frame = ctx.local_offset(rule.out, shape_);
     const std::size_t a_m0 = frame[rank - 2] - a.offset[rank - 2];
     const std::size_t b_n0 = frame[rank - 1] - b.offset[rb - 1];
+#if defined(PDO_WITH_CUDA)
+    // on a GPU, when the operand blocks hold exactly the output's batches: one strided batched cuBLAS call
+    if (batches > 1 && detail::cublas_gemm_for<value_type>(ctx.system)) {
+      bool regular = true;
+      for (std::size_t d = 0; d + 2 < rank; ++d) {
+        regular = regular && frame[d] == a.offset[d] && a.shape[d] == out.shape()[d];
+        if constexpr (rb == rank) regular = regular && frame[d] == b.offset[d] && b.shape[d] == out.shape()[d];
+      }
+      if (regular) {
+        const std::size_t stride_b = rb == rank ? b.shape[rb - 2] * ldb : 0;
+        detail::cublas_gemm_batched<value_type>(*ctx.system.gpu, batches, m, n, k, {a.data + a_m0 * lda + a_k0, lda},
+                                                a.shape[rank - 2] * lda, {b.data + b_k0 * ldb + b_n0, ldb}, stride_b, out.data());
+        return;
+      }
+    }
+#endif
     shape_t<rank> index{};
     for (std::size_t batch = 0; batch < batches; ++batch) {
       std::size_t a_off = 0, b_off = 0;
@@ -5080,7 +6465,7 @@ struct max_of {
 
 /// @brief out[o] = the reduction along dim `v` of `in`; `global_extent` divides a mean.
 template <class T>
-void reduce_dim(cpu_system& system, const T* in, const dim_view& v, reduction what, std::size_t global_extent, T* out) {
+void reduce_dim(place_system& system, const T* in, const dim_view& v, reduction what, std::size_t global_extent, T* out) {
   const T scale = what == reduction::mean ? T(1) / static_cast<T>(global_extent) : T(1);
   thrust::transform(system, thrust::counting_iterator<std::size_t>(0), thrust::counting_iterator<std::size_t>(v.outer * v.inner),
                     out, reduce_along_dim<T>{in, v.extent, v.inner, what, scale});
@@ -5088,7 +6473,7 @@ void reduce_dim(cpu_system& system, const T* in, const dim_view& v, reduction wh
 
 /// @brief The reduction of all `n` elements of `in`; `global_count` divides a mean.
 template <class T>
-T reduce_all(cpu_system& system, const T* in, std::size_t n, reduction what, std::size_t global_count) {
+T reduce_all(place_system& system, const T* in, std::size_t n, reduction what, std::size_t global_count) {
   const thrust::counting_iterator<std::size_t> first(0), last(n);
   if (what == reduction::max)
     return thrust::transform_reduce(system, first, last, read_at<T>{in}, reduction_identity<T>(what), max_of<T>{});
@@ -5189,7 +6574,7 @@ class reshape_node : public detail::op_node<C> {
   template <class Ctx>
   void run(Ctx& ctx, tensor<value_type, rank>& out) const {
     const auto in = detail::operand_block<0>(*this, ctx);
-    detail::copy_elements(out.data(), in.data, out.size());
+    detail::copy_bytes(out.where(), out.data(), out.where(), in.data, out.bytes());  // operands live on out's place
   }
 
  private:
@@ -5241,7 +6626,7 @@ struct softmax_row {
 
 /// @brief softmax (or log_softmax) of `in` laid out as `v`, along its middle dim, into `out`.
 template <bool Log, class T>
-void softmax_dim(cpu_system& system, const T* in, const dim_view& v, T* out) {
+void softmax_dim(place_system& system, const T* in, const dim_view& v, T* out) {
   if (v.extent == 0) return;
   thrust::for_each_n(system, thrust::counting_iterator<std::size_t>(0), v.outer * v.inner,
                      softmax_row<T, Log>{in, out, v.extent, v.inner});
@@ -7039,7 +8424,7 @@ template <class T>
 std::pair<tensor<T, 4>, std::shared_ptr<tensor<T, 2>>> conv2d_forward(const tensor<T, 4>& x, const tensor<T, 4>& w, const T* bias,
                                                                        const window_geometry& g) {
   const std::size_t oc = w.extent(0);
-  auto system = current_cpu_system();
+  auto system = current_place_system();
   const thrust::counting_iterator<std::size_t> zero(0);
   auto cols = std::make_shared<tensor<T, 2>>(shape_t<2>{g.rows(), g.cols()}, uninitialized);
   thrust::transform(system, zero, zero + cols->size(), cols->data(), im2col_element<T>{x.data(), g});
@@ -7055,7 +8440,7 @@ template <class T>
 void conv2d_backward(const tensor<T, 4>& dy, const tensor<T, 2>& cols, const tensor<T, 4>& w, const window_geometry& g,
                      tensor<T, 4>* dw, tensor<T, 1>* db, tensor<T, 4>* dx) {
   const std::size_t oc = w.extent(0);
-  auto sys = current_cpu_system();
+  auto sys = current_place_system();
   const thrust::counting_iterator<std::size_t> first(0);
   tensor<T, 2> g2({g.rows(), oc}, uninitialized);
   thrust::transform(sys, first, first + g2.size(), g2.data(), images_to_rows<T>{dy.data(), oc, g.out_pixels()});
@@ -7223,14 +8608,14 @@ namespace detail {
 template <bool Max, class T>
 var<tensor<T, 4>> pool2d(const char* op, const var<tensor<T, 4>>& x, std::size_t kernel, window_options o) {
   const window_geometry g = window_of(op, x.shape(), kernel, o);
-  auto system = current_cpu_system();
+  auto system = current_place_system();
   const thrust::counting_iterator<std::size_t> zero(0);
   tensor<T, 4> y({g.batch, g.channels, g.out_height, g.out_width}, uninitialized);
   thrust::transform(system, zero, zero + y.size(), y.data(), pool_element<T, Max>{x.value().data(), g});
   return record(
       std::move(y),
       [x, g](auto& self) {
-        auto sys = current_cpu_system();
+        auto sys = current_place_system();
         const thrust::counting_iterator<std::size_t> first(0);
         tensor<T, 4> dx(x.shape(), uninitialized);
         thrust::transform(sys, first, first + dx.size(), dx.data(), pool_backward_element<T, Max>{x.value().data(), self.grad->data(), g});
@@ -7454,6 +8839,48 @@ inline std::vector<any_place> world_places(std::size_t per_process = 1, std::siz
     }
   return places;
 }
+
+#if defined(PDO_WITH_CUDA)
+/// @brief GPU places of every process of MPI_COMM_WORLD, `per_process` each, in rank order
+/// (place `r * per_process + i` is "rank<r>/cuda:<d>"): this process's are the GPUs
+/// local_rank * per_process + i of its node (local rank: its rank among the processes on
+/// the same node), modulo the GPUs it sees. A mesh over them runs its collectives on NCCL,
+/// bootstrapped over MPI. Every process must call it with the same `per_process`.
+inline std::vector<any_place> world_cuda_places(std::size_t per_process = 1, std::size_t memory_cap = 0) {
+  const int me = mpi::rank(), n = mpi::size();
+  unsigned long long mine_count = per_process, low = 0, high = 0;
+  MPI_Allreduce(&mine_count, &low, 1, MPI_UNSIGNED_LONG_LONG, MPI_MIN, MPI_COMM_WORLD);
+  MPI_Allreduce(&mine_count, &high, 1, MPI_UNSIGNED_LONG_LONG, MPI_MAX, MPI_COMM_WORLD);
+  if (low != high || per_process == 0)
+    throw layout_error("world_cuda_places: processes asked for " + std::to_string(low) + " to " + std::to_string(high) +
+                       " places; every process must pass the same per_process, at least 1");
+  MPI_Comm node = MPI_COMM_NULL;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, me, MPI_INFO_NULL, &node);
+  int local_rank = 0;
+  MPI_Comm_rank(node, &local_rank);
+  MPI_Comm_free(&node);
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0)
+    throw error("world_cuda_places: rank " + std::to_string(me) + " sees no GPU: " + cuda_unavailable_reason());
+  // every process's device ordinals, so each can name the others' places
+  std::vector<int> ordinals(per_process), all(per_process * static_cast<std::size_t>(n));
+  for (std::size_t i = 0; i < per_process; ++i)
+    ordinals[i] = static_cast<int>((static_cast<std::size_t>(local_rank) * per_process + i) % static_cast<std::size_t>(devices));
+  MPI_Allgather(ordinals.data(), static_cast<int>(per_process), MPI_INT, all.data(), static_cast<int>(per_process), MPI_INT, MPI_COMM_WORLD);
+  std::vector<any_place> places;
+  for (int r = 0; r < n; ++r)
+    for (std::size_t i = 0; i < per_process; ++i) {
+      const int d = all[static_cast<std::size_t>(r) * per_process + i];
+      if (r == me) {
+        places.emplace_back(cuda_place(d, cuda_place_options{memory_cap, "rank" + std::to_string(r) + "/cuda:" + std::to_string(d), r}));
+      } else {
+        places.emplace_back(std::make_shared<pdo::detail::place_state>(place_kind::cuda, d, r, false, std::vector<int>{},
+                                                                       "rank" + std::to_string(r) + "/cuda:" + std::to_string(d)));
+      }
+    }
+  return places;
+}
+#endif
 
 }  // namespace pdo::mpi
 #endif  // PDO_SINGLE_PDO_COMM_MPI_COMMUNICATOR_HPP
@@ -8867,16 +10294,24 @@ auto row_parallel(const Mesh& m, const linear<T>& l) {
   return detail_tp::distribute_linear<row_layouts<Axis>>(m, l);
 }
 
-/// @brief One place's shard of a column-parallel linear, for SPMD code that runs on each
-/// place of the tensor-parallel group with local tensors (a pipeline stage): W and b are
-/// its shards as column_parallel lays them out; the input, the same on every member, has
-/// its gradient summed over the group in backward (pdo::replicated_across, Megatron's f).
-template <class T>
-class column_parallel_shard {
+/// @brief One place's shard of a Megatron linear, for SPMD code that runs on each place of
+/// the tensor-parallel group with local tensors (a pipeline stage): W and b are the place's
+/// shards as column_parallel / row_parallel lay them out, and the collectives the planner
+/// derives for those layouts are written in:
+/// - column (`Column`): the input, the same on every member, has its gradient summed over
+///   the group in backward (pdo::replicated_across, Megatron's f);
+/// - row: fed its column shard of the activations, its product is summed over the group
+///   (one all_reduce forward, none backward: pdo::sum_across, Megatron's g), then the
+///   replicated bias added.
+template <class T, bool Column>
+class linear_shard {
  public:
-  column_parallel_shard(var<tensor<T, 2>> w, var<tensor<T, 1>> b, mesh_communicator g)
+  linear_shard(var<tensor<T, 2>> w, var<tensor<T, 1>> b, mesh_communicator g)
       : weight(std::move(w)), bias(std::move(b)), group(std::move(g)) {}
-  auto operator()(const var<tensor<T, 2>>& x) const { return pdo::matmul(pdo::replicated_across(x, group), weight) + bias; }
+  auto operator()(const var<tensor<T, 2>>& x) const {
+    if constexpr (Column) return pdo::matmul(pdo::replicated_across(x, group), weight) + bias;
+    else return pdo::sum_across(pdo::matmul(x, weight), group) + bias;
+  }
   [[nodiscard]] std::vector<parameter_ref<T>> parameters(const std::string& prefix = "") const {
     return {{prefix + "weight", weight}, {prefix + "bias", bias}};
   }
@@ -8884,23 +10319,10 @@ class column_parallel_shard {
   var<tensor<T, 1>> bias;
   mesh_communicator group;
 };
-
-/// @brief One place's shard of a row-parallel linear (see column_parallel_shard): fed its
-/// column shard of the activations, its product is summed over the group (one all_reduce
-/// forward, none backward: pdo::sum_across, Megatron's g), then the replicated bias added.
 template <class T>
-class row_parallel_shard {
- public:
-  row_parallel_shard(var<tensor<T, 2>> w, var<tensor<T, 1>> b, mesh_communicator g)
-      : weight(std::move(w)), bias(std::move(b)), group(std::move(g)) {}
-  auto operator()(const var<tensor<T, 2>>& x) const { return pdo::sum_across(pdo::matmul(x, weight), group) + bias; }
-  [[nodiscard]] std::vector<parameter_ref<T>> parameters(const std::string& prefix = "") const {
-    return {{prefix + "weight", weight}, {prefix + "bias", bias}};
-  }
-  var<tensor<T, 2>> weight;
-  var<tensor<T, 1>> bias;
-  mesh_communicator group;
-};
+using column_parallel_shard = linear_shard<T, true>;
+template <class T>
+using row_parallel_shard = linear_shard<T, false>;
 
 namespace detail_tp {
 template <class... Layers>
@@ -8945,8 +10367,7 @@ auto shard(const Mesh& m, std::size_t p, const Layer& layer) {
     auto w = parameter(pdo::detail::shard_of<typename layouts::weight>(m, layer.weight.value(), p));
     auto b = parameter(pdo::detail::shard_of<typename layouts::bias>(m, layer.bias.value(), p));
     auto group = communicator_along(m, Mesh::axis_index(Axis.view()), p);
-    if constexpr (Ordinal % 2 == 0) return column_parallel_shard<T>(std::move(w), std::move(b), std::move(group));
-    else return row_parallel_shard<T>(std::move(w), std::move(b), std::move(group));
+    return linear_shard<T, Ordinal % 2 == 0>(std::move(w), std::move(b), std::move(group));
   }
 }
 }  // namespace detail_tp
@@ -9093,12 +10514,7 @@ namespace detail_pp {
 /// @brief A copy of `layer` whose parameters live in `place`'s memory.
 template <class Layer>
 Layer to_place(const Layer& layer, const any_place& place) {
-  auto copy = [&](const auto& v) {
-    using V = std::remove_cvref_t<decltype(v.value())>;
-    V t(v.value().shape(), place, pdo::detail::uninitialized);
-    std::copy(v.value().begin(), v.value().end(), t.begin());
-    return parameter(std::move(t));
-  };
+  auto copy = [&](const auto& v) { return parameter(pdo::to_place(v.value(), place)); };
   if constexpr (requires { layer.options(); }) return Layer(copy(layer.weight), copy(layer.bias), layer.options());
   else if constexpr (requires { layer.weight; }) return Layer(copy(layer.weight), copy(layer.bias));
   else return layer;
@@ -9126,6 +10542,13 @@ auto stage_of(const sequential<Layers...>& model, const Mesh& m, std::size_t p) 
 template <std::size_t... Cuts>
 struct cut_list {
   static constexpr std::array<std::size_t, sizeof...(Cuts)> values{Cuts...};
+};
+
+/// @brief Where the stages of a model of `Layers` layers cut after `Cuts...` begin and end:
+/// stage s is [values[s], values[s + 1]).
+template <std::size_t Layers, std::size_t... Cuts>
+struct stage_bounds {
+  static constexpr std::array<std::size_t, sizeof...(Cuts) + 2> values{0, Cuts..., Layers};
 };
 
 /// @brief Sends tensors from a place without waiting for their receiver: a thread per
@@ -9209,17 +10632,14 @@ class pipeline {
                          std::to_string(m.extent(pp_axis)) + " places along \"pp\"");
     if (o.micro_batches == 0) throw layout_error("pipeline: micro_batches must be at least 1");
     check_schedule(schedule_, o.micro_batches);
-    constexpr std::array<std::size_t, sizeof...(Cuts) + 2> bounds = [] {
-      std::array<std::size_t, sizeof...(Cuts) + 2> b{0, Cuts..., 0};
-      b.back() = std::tuple_size_v<std::remove_cvref_t<decltype(std::declval<const Model&>().layers())>>;
-      return b;
-    }();
+    using bounds =
+        detail_pp::stage_bounds<std::tuple_size_v<std::remove_cvref_t<decltype(std::declval<const Model&>().layers())>>, Cuts...>;
     pdo::detail::run_on_places("pipeline", mesh_, [&](std::size_t p, std::size_t k) {
       auto& st = *(states_[k] = std::make_unique<place_state>());
       st.stage = mesh_.coord(p, pp_axis);
       with_stage(st.stage, [&]<std::size_t S>() {
         auto& slot = std::get<S>(st.models);
-        slot.emplace(detail_pp::stage_of<bounds[S], bounds[S + 1]>(model, mesh_, p));
+        slot.emplace(detail_pp::stage_of<bounds::values[S], bounds::values[S + 1]>(model, mesh_, p));
         st.params = parameters_of<T>(*slot);
       });
       st.optimizer.emplace(make_optimizer(st.params));
@@ -9415,11 +10835,11 @@ template <class T, std::size_t InRank, std::size_t... Cuts, class Mesh, class...
           class Target = tensor<int, 1>, class Loss = cross_entropy_loss>
 auto make_pipeline(const Mesh& m, const sequential<Layers...>& model, MakeOptimizer make_optimizer, pipeline_options o = {},
                    Loss loss = {}) {
-  constexpr std::array<std::size_t, sizeof...(Cuts) + 2> bounds{0, Cuts..., sizeof...(Layers)};
+  using bounds = detail_pp::stage_bounds<sizeof...(Layers), Cuts...>;
   using optimizer_t = std::invoke_result_t<MakeOptimizer&, std::vector<parameter_ref<T>>>;
   return [&]<std::size_t... S>(std::index_sequence<S...>) {
     using pipeline_t = pipeline<T, InRank, Target, Mesh, optimizer_t, Loss,
-                                decltype(detail_pp::stage_of<bounds[S], bounds[S + 1]>(model, m, std::size_t{}))...>;
+                                decltype(detail_pp::stage_of<bounds::values[S], bounds::values[S + 1]>(model, m, std::size_t{}))...>;
     return pipeline_t(m, model, detail_pp::cut_list<Cuts...>{}, std::move(make_optimizer), o, loss);
   }(std::make_index_sequence<sizeof...(Cuts) + 1>{});
 }
@@ -9509,83 +10929,6 @@ inline std::vector<cpu_place> cpu_places() { return cpu_places(detail::process_c
 
 }  // namespace pdo
 #endif  // PDO_SINGLE_PDO_PLACE_CPU_PLACE_HPP
-// ---- pdo/place/cuda_place.hpp
-#ifndef PDO_SINGLE_PDO_PLACE_CUDA_PLACE_HPP
-#define PDO_SINGLE_PDO_PLACE_CUDA_PLACE_HPP
-// pdo/place/cuda_place.hpp: GPU places. The type always exists, so generic code and
-// meshes can name it; creating one needs a build with PDO_WITH_CUDA.
-
-
-#include <cstddef>
-#include <memory>
-#include <string>
-#include <vector>
-
-#if defined(PDO_WITH_CUDA)
-#include <cuda_runtime_api.h>
-#endif
-
-namespace pdo {
-
-namespace detail {
-/// @brief True when this translation unit was built with the CUDA backend.
-#if defined(PDO_WITH_CUDA)
-inline constexpr bool cuda_enabled = true;
-#else
-inline constexpr bool cuda_enabled = false;
-#endif
-
-#if defined(PDO_WITH_CUDA)
-inline memory_system cuda_memory_system(int device) {
-  return {[](std::size_t bytes, int dev) -> void* {
-            void* p = nullptr;
-            if (cudaSetDevice(dev) != cudaSuccess || cudaMalloc(&p, bytes) != cudaSuccess) return nullptr;
-            return p;
-          },
-          [](void* p, std::size_t, int dev) noexcept {
-            cudaSetDevice(dev);
-            cudaFree(p);
-          },
-          device, "cuda"};
-}
-#endif
-}  // namespace detail
-
-/// @brief A CUDA GPU place: a host worker thread that drives device `ordinal`, and a
-/// caching allocator of device memory with the same statistics and cap as CPU places.
-class cuda_place : public detail::place_handle<cuda_place> {
- public:
-  /// @brief A handle to the GPU place behind `state`.
-  explicit cuda_place(std::shared_ptr<detail::place_state> state) : place_handle(std::move(state)) {}
-
-#if defined(PDO_WITH_CUDA)
-  /// @brief A new place for GPU `device`, with an optional memory cap in bytes.
-  explicit cuda_place(int device, std::size_t memory_cap = 0)
-      : place_handle(std::make_shared<detail::place_state>(place_kind::cuda, device, 0, true, std::vector<int>{},
-                                                           "cuda:" + std::to_string(device))) {
-    state_->memory = std::make_unique<caching_allocator>(state_->name, memory_cap, detail::cuda_memory_system(device));
-    detail::start_worker(*state_, {});
-    state_->runner->submit([device] { cudaSetDevice(device); });
-  }
-#endif
-
-  /// @brief The CUDA device ordinal.
-  [[nodiscard]] int device() const { return ordinal(); }
-};
-
-#if defined(PDO_WITH_CUDA)
-/// @brief One place per visible GPU.
-inline std::vector<cuda_place> cuda_places() {
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess) count = 0;
-  std::vector<cuda_place> places;
-  for (int d = 0; d < count; ++d) places.emplace_back(d);
-  return places;
-}
-#endif
-
-}  // namespace pdo
-#endif  // PDO_SINGLE_PDO_PLACE_CUDA_PLACE_HPP
 #endif  // PDO_SINGLE_PDO_PLACE_HPP
 // ---- pdo/plan.hpp
 #ifndef PDO_SINGLE_PDO_PLAN_HPP

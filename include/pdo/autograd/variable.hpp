@@ -2,7 +2,7 @@
 #pragma once
 
 #include <pdo/exec/eval.hpp>
-#include <pdo/kernels/cpu_system.hpp>
+#include <pdo/kernels/place_system.hpp>
 #include <pdo/tensor/redistribute.hpp>
 
 #include <algorithm>

@@ -2,11 +2,17 @@
 #pragma once
 
 #include <pdo/comm/group_communicator.hpp>
+#include <pdo/comm/host_group.hpp>
 #include <pdo/comm/threads/local_group.hpp>
+#include <pdo/place/cuda_place.hpp>
 #include <pdo/place/mesh.hpp>
 
 #if defined(PDO_WITH_MPI)
 #include <pdo/comm/mpi/group.hpp>
+#endif
+#if defined(PDO_WITH_CUDA)
+#include <pdo/comm/nccl/group.hpp>
+#include <pdo/comm/staged_group.hpp>
 #endif
 
 #include <cstddef>
@@ -20,13 +26,21 @@ namespace pdo {
 namespace detail {
 
 /// @brief A group whose backend was chosen when its mesh was built: threads when all
-/// places live in this process, MPI otherwise.
+/// places live in this process, MPI otherwise; with GPU places, NCCL when every place is
+/// a GPU, and the host group with GPU buffers staged through host memory when CPU and GPU
+/// places mix.
 struct any_group {
+  std::variant<std::shared_ptr<local_group>
 #if defined(PDO_WITH_MPI)
-  std::variant<std::shared_ptr<local_group>, std::shared_ptr<mpi::detail::group>> impl;
-#else
-  std::variant<std::shared_ptr<local_group>> impl;
+               ,
+               std::shared_ptr<mpi::detail::group>
 #endif
+#if defined(PDO_WITH_CUDA)
+               ,
+               std::shared_ptr<nccl::detail::group>, std::shared_ptr<staged_group>
+#endif
+               >
+      impl;
   void abort() {
     std::visit([](auto& g) { g->abort(); }, impl);
   }
@@ -64,35 +78,32 @@ struct mesh_comms {
   }
 };
 
-inline std::shared_ptr<any_group> make_group(const mesh_state& m, const std::vector<std::size_t>& members) {
-  std::vector<std::string> names;
-  for (auto i : members) names.push_back(m.places[i].name());
-#if defined(PDO_WITH_MPI)
-  if (m.multiprocess) {
-    // every process takes part in the split, in the same order; those without members get no comm
-    int me = 0;
-    MPI_Comm_rank(MPI_COMM_WORLD, &me);
-    std::vector<std::size_t> per_rank;
-    int last = -1;
-    bool mine = false;
-    for (auto i : members) {
-      const int r = m.places[i].process();
-      if (r != last) per_rank.push_back(0);
-      ++per_rank.back();
-      last = r;
-      mine = mine || r == me;
-    }
-    MPI_Comm comm = MPI_COMM_NULL;
-    mpi::detail::check(MPI_Comm_split(MPI_COMM_WORLD, mine ? 0 : MPI_UNDEFINED, me, &comm), "MPI_Comm_split");
-    if (!mine) return nullptr;
-    return std::make_shared<any_group>(
-        any_group{std::make_shared<mpi::detail::group>(comm, per_rank, names, members.size() == m.places.size())});
-  }
-#endif
-  if (m.multiprocess)
-    throw communication_error("mesh: places of other processes need the MPI backend; build with PDO_WITH_MPI");
-  return std::make_shared<any_group>(any_group{std::make_shared<local_group>(names)});
+/// @brief `host` as an any_group (nullptr stays nullptr).
+inline std::shared_ptr<any_group> from_host(const std::shared_ptr<host_group>& host) {
+  if (!host) return nullptr;
+  return std::visit([](auto& g) { return std::make_shared<any_group>(any_group{g}); }, host->impl);
 }
+
+/// @brief How the places of a mesh are: all CPU, all GPU, or both.
+enum class mesh_devices { cpu, gpu, mixed };
+inline mesh_devices devices_of(const mesh_state& m) {
+  bool cpu = false, gpu = false;
+  for (const auto& p : m.places) (p.kind() == place_kind::cuda ? gpu : cpu) = true;
+  return gpu ? (cpu ? mesh_devices::mixed : mesh_devices::gpu) : mesh_devices::cpu;
+}
+
+#if defined(PDO_WITH_CUDA)
+/// @brief The group of `members` over `host`, for a mesh with GPU places: NCCL on `comms`
+/// (all GPU), else the host group with GPU buffers staged through host memory.
+inline std::shared_ptr<any_group> device_group(const mesh_state& m, const std::vector<std::size_t>& members,
+                                               std::shared_ptr<host_group> host, std::shared_ptr<nccl::detail::comm_set> comms) {
+  if (!host) return nullptr;
+  std::vector<std::shared_ptr<place_state>> places;
+  for (auto i : members) places.push_back(m.places[i].is_local() ? m.places[i].state() : nullptr);
+  if (comms) return std::make_shared<any_group>(any_group{std::make_shared<nccl::detail::group>(std::move(places), std::move(comms), std::move(host))});
+  return std::make_shared<any_group>(any_group{std::make_shared<staged_group>(std::move(places), std::move(host))});
+}
+#endif
 
 /// @brief The communicators of the mesh behind `state`, built on first use (by every
 /// process of a multi-process mesh, at the same point of the program).
@@ -103,16 +114,43 @@ mesh_comms& comms_of(const Mesh& m) {
     auto comms = std::make_shared<mesh_comms>();
     std::vector<std::size_t> all(m.size());
     for (std::size_t i = 0; i < all.size(); ++i) all[i] = i;
-    comms->whole = make_group(state, all);
+    const mesh_devices devices = devices_of(state);
+    if (devices != mesh_devices::cpu && !cuda_enabled)
+      throw communication_error("mesh: " + m.describe() + " has GPU places; their collectives need a build with PDO_WITH_CUDA");
+#if defined(PDO_WITH_CUDA)
+    std::shared_ptr<nccl::detail::comm_set> whole_nccl;
+    if (devices == mesh_devices::gpu) whole_nccl = nccl::detail::init_mesh(state);
+    auto wrap = [&](const std::vector<std::size_t>& members, std::shared_ptr<host_group> host, std::shared_ptr<nccl::detail::comm_set> nc) {
+      return devices == mesh_devices::cpu ? from_host(host) : device_group(state, members, std::move(host), std::move(nc));
+    };
+#else
+    auto wrap = [&](const std::vector<std::size_t>&, std::shared_ptr<host_group> host, auto) { return from_host(host); };
+    const std::nullptr_t whole_nccl = nullptr;
+#endif
+    comms->whole = wrap(all, make_host_group(state, all), whole_nccl);
     comms->lines.resize(Mesh::ndim);
     comms->line_of.assign(Mesh::ndim, std::vector<std::size_t>(m.size()));
-    for (std::size_t a = 0; a < Mesh::ndim; ++a)
+    for (std::size_t a = 0; a < Mesh::ndim; ++a) {
+      std::vector<std::vector<std::size_t>> line_members;
       for (std::size_t p = 0; p < m.size(); ++p) {
         if (m.coord(p, a) != 0) continue;
         const auto members = m.group(a, p);
-        for (auto q : members) comms->line_of[a][q] = comms->lines[a].size();
-        comms->lines[a].push_back(make_group(state, members));
+        for (auto q : members) comms->line_of[a][q] = line_members.size();
+        line_members.push_back(members);
       }
+#if defined(PDO_WITH_CUDA)
+      std::vector<std::shared_ptr<nccl::detail::comm_set>> line_nccl(line_members.size());
+      if (whole_nccl) {
+        std::vector<std::size_t> coords(m.size());
+        for (std::size_t p = 0; p < m.size(); ++p) coords[p] = m.coord(p, a);
+        line_nccl = nccl::detail::split_lines(state, *whole_nccl, comms->line_of[a], line_members.size(), coords, m.extent(a));
+      }
+      for (std::size_t g = 0; g < line_members.size(); ++g)
+        comms->lines[a].push_back(wrap(line_members[g], make_host_group(state, line_members[g]), line_nccl[g]));
+#else
+      for (const auto& members : line_members) comms->lines[a].push_back(wrap(members, make_host_group(state, members), nullptr));
+#endif
+    }
     state.comms = std::move(comms);
   });
   return *state.comms;

@@ -4,7 +4,7 @@
 #include <pdo/comm/mesh_comms.hpp>
 #include <pdo/core/error.hpp>
 #include <pdo/core/shape.hpp>
-#include <pdo/kernels/cpu_system.hpp>
+#include <pdo/kernels/place_system.hpp>
 #include <pdo/layout/propagation.hpp>
 #include <pdo/layout/redistribute_plan.hpp>
 #include <pdo/tensor/dtensor.hpp>
@@ -34,7 +34,7 @@ namespace detail {
 /// @brief Where a local expression runs: the calling thread, on the cores of its place.
 struct local_context {
   static constexpr bool distributed = false;
-  cpu_system system = current_cpu_system();
+  place_system system = current_place_system();
   std::vector<std::shared_ptr<void>> keep;  ///< temporaries the kernels read
 
   template <std::size_t Rank>
@@ -58,7 +58,7 @@ struct mesh_context {
   mesh_context(const Mesh& mesh, std::size_t place) : m(mesh), p(place) {}
   const Mesh& m;
   std::size_t p;
-  cpu_system system = current_cpu_system();
+  place_system system = current_place_system();
   std::vector<std::shared_ptr<void>> keep;
 
   template <std::size_t Rank>
@@ -178,7 +178,7 @@ class tensor_leaf {
   }
   template <class Ctx>
   void run(Ctx&, tensor<T, Rank>& out) const {
-    detail::copy_elements(out.data(), t_->data(), out.size());
+    detail::copy_bytes(out.where(), out.data(), t_->where(), t_->data(), out.bytes());
   }
 
  private:
@@ -215,7 +215,7 @@ class dtensor_leaf {
   }
   template <class Ctx>
   void run(Ctx& ctx, tensor<value_type, rank>& out) const {
-    detail::copy_elements(out.data(), shard(ctx).data(), out.size());
+    detail::copy_bytes(out.where(), out.data(), shard(ctx).where(), shard(ctx).data(), out.bytes());
   }
 
  private:

@@ -37,7 +37,7 @@ class reshape_node : public detail::op_node<C> {
   template <class Ctx>
   void run(Ctx& ctx, tensor<value_type, rank>& out) const {
     const auto in = detail::operand_block<0>(*this, ctx);
-    detail::copy_elements(out.data(), in.data, out.size());
+    detail::copy_bytes(out.where(), out.data(), out.where(), in.data, out.bytes());  // operands live on out's place
   }
 
  private:

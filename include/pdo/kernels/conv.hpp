@@ -5,7 +5,7 @@
 #pragma once
 
 #include <pdo/core/config.hpp>
-#include <pdo/kernels/cpu_system.hpp>
+#include <pdo/kernels/place_system.hpp>
 
 #include <cstddef>
 #include <cstdint>

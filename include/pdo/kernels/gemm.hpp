@@ -1,8 +1,10 @@
-// pdo/kernels/gemm.hpp: C = A * B on a CPU place: BLAS ?gemm for float and double, a Thrust kernel otherwise.
+// pdo/kernels/gemm.hpp: C = A * B on a place: BLAS ?gemm (CPU places) or cuBLAS (GPU places)
+// for float and double, a Thrust kernel otherwise.
 #pragma once
 
 #include <pdo/core/config.hpp>
-#include <pdo/kernels/cpu_system.hpp>
+#include <pdo/kernels/place_system.hpp>
+#include <pdo/memory/copy.hpp>
 
 #include <cstddef>
 #include <mutex>
@@ -49,15 +51,74 @@ inline constexpr bool blas_gemm_v =
     false;
 #endif
 
-/// @brief C (m x n, dense, row-major) = A (m x k) * B (k x n) on the cores of `system`.
+#if defined(PDO_WITH_CUDA)
+/// @brief C = A * B with cuBLAS on GPU place `p`'s compute stream. cuBLAS is column-major:
+/// a row-major matrix is its transpose there, so it computes Cᵀ = op(B)ᵀ op(A)ᵀ.
 template <class T>
-void gemm(cpu_system& system, std::size_t m, std::size_t n, std::size_t k, matrix_ref<T> a, matrix_ref<T> b, T* c) {
+void cublas_gemm(place_state& p, std::size_t m, std::size_t n, std::size_t k, matrix_ref<T> a, matrix_ref<T> b, T* c) {
+  cuda_device& d = cuda_device_of(p);
+  device_guard guard(d.ordinal);
+  const T one = 1, zero = 0;
+  const auto ta = a.trans ? CUBLAS_OP_T : CUBLAS_OP_N, tb = b.trans ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const auto M = static_cast<int>(m), N = static_cast<int>(n), K = static_cast<int>(k);
+  if constexpr (std::is_same_v<T, float>)
+    cublas_check(cublasSgemm(d.blas, tb, ta, N, M, K, &one, b.data, static_cast<int>(b.ld), a.data, static_cast<int>(a.ld), &zero, c, N),
+                 "cublasSgemm", p.name);
+  else
+    cublas_check(cublasDgemm(d.blas, tb, ta, N, M, K, &one, b.data, static_cast<int>(b.ld), a.data, static_cast<int>(a.ld), &zero, c, N),
+                 "cublasDgemm", p.name);
+}
+
+/// @brief `batches` products C_i = A_i * B_i, A_i at a.data + i * stride_a (likewise B, C;
+/// a stride of 0 repeats one matrix) as one cublas?gemmStridedBatched call.
+template <class T>
+void cublas_gemm_batched(place_state& p, std::size_t batches, std::size_t m, std::size_t n, std::size_t k, matrix_ref<T> a,
+                         std::size_t stride_a, matrix_ref<T> b, std::size_t stride_b, T* c) {
+  cuda_device& d = cuda_device_of(p);
+  device_guard guard(d.ordinal);
+  const T one = 1, zero = 0;
+  const auto ta = a.trans ? CUBLAS_OP_T : CUBLAS_OP_N, tb = b.trans ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const auto M = static_cast<int>(m), N = static_cast<int>(n), K = static_cast<int>(k), count = static_cast<int>(batches);
+  const auto sa = static_cast<long long>(stride_a), sb = static_cast<long long>(stride_b), sc = static_cast<long long>(m * n);
+  if constexpr (std::is_same_v<T, float>)
+    cublas_check(cublasSgemmStridedBatched(d.blas, tb, ta, N, M, K, &one, b.data, static_cast<int>(b.ld), sb, a.data,
+                                           static_cast<int>(a.ld), sa, &zero, c, N, sc, count),
+                 "cublasSgemmStridedBatched", p.name);
+  else
+    cublas_check(cublasDgemmStridedBatched(d.blas, tb, ta, N, M, K, &one, b.data, static_cast<int>(b.ld), sb, a.data,
+                                           static_cast<int>(a.ld), sa, &zero, c, N, sc, count),
+                 "cublasDgemmStridedBatched", p.name);
+}
+#endif
+
+/// @brief Whether gemm on `system` runs on cuBLAS for element type T.
+template <class T>
+bool cublas_gemm_for([[maybe_unused]] const place_system& system) {
+#if defined(PDO_WITH_CUDA)
+  return system.gpu != nullptr && (std::is_same_v<T, float> || std::is_same_v<T, double>);
+#else
+  return false;
+#endif
+}
+
+/// @brief C (m x n, dense, row-major) = A (m x k) * B (k x n) on the place of `system`
+/// (its cores, or its GPU).
+template <class T>
+void gemm(place_system& system, std::size_t m, std::size_t n, std::size_t k, matrix_ref<T> a, matrix_ref<T> b, T* c) {
   if (m == 0 || n == 0) return;
   if (k == 0) {
-    for (std::size_t i = 0; i < m * n; ++i) c[i] = T{};
+    const T zero{};
+    fill_bytes(system.gpu, c, &zero, sizeof(T), m * n);
     return;
   }
-  if constexpr (blas_gemm_v<T>) {
+#if defined(PDO_WITH_CUDA)
+  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>)
+    if (system.gpu != nullptr) return cublas_gemm(*system.gpu, m, n, k, a, b, c);
+#endif
+  if (system.gpu != nullptr) {
+    thrust::transform(system, thrust::counting_iterator<std::size_t>(0), thrust::counting_iterator<std::size_t>(m * n), c,
+                      gemm_element<T>{a, b, n, k});
+  } else if constexpr (blas_gemm_v<T>) {
 #if defined(PDO_WITH_BLAS)
     // OpenBLAS's thread count is process-wide and may not change while another place is
     // inside a BLAS call: it is set once, to the core count of the first place that calls

@@ -1,7 +1,8 @@
-// pdo/kernels/cpu_system.hpp: the Thrust execution policy of a CPU place: its kernels use exactly its cores.
+// pdo/kernels/place_system.hpp: the Thrust execution policy of a CPU place: its kernels use exactly its cores.
 #pragma once
 
 #include <pdo/core/config.hpp>
+#include <pdo/kernels/cuda_system.hpp>
 #include <pdo/place/place_state.hpp>
 
 // Host-only builds take Thrust's C++ system as the device system, so no CUDA header is needed.
@@ -24,20 +25,23 @@
 
 namespace pdo::detail {
 
-/// @brief A Thrust system for the work of one CPU place. It is Thrust's C++ system
-/// except for the algorithms pdo's kernels use, which it runs as vectorised loops over
-/// the place's own cores (an OpenMP team of `threads`, inheriting the place's pinning),
-/// found by Thrust through argument-dependent lookup on the policy.
-struct cpu_system : thrust::system::cpp::execution_policy<cpu_system> {
+/// @brief A Thrust system for the work of one place. On a CPU place it is Thrust's C++
+/// system except for the algorithms pdo's kernels use, which it runs as vectorised loops
+/// over the place's own cores (an OpenMP team of `threads`, inheriting the place's
+/// pinning), found by Thrust through argument-dependent lookup on the policy. On a GPU
+/// place (`gpu` set) those algorithms run the same functors on the device.
+struct place_system : thrust::system::cpp::execution_policy<place_system> {
   int threads = 1;
+  place_state* gpu = nullptr;  ///< the GPU place whose compute stream runs the kernels, if any
 };
 
-/// @brief The policy for the calling thread: a CPU place's worker uses its place's cores;
-/// any other thread, one core.
-inline cpu_system current_cpu_system() {
-  cpu_system s;
-  if (place_state* p = current_place(); p != nullptr && p->kind == place_kind::cpu && !p->cores.empty())
-    s.threads = static_cast<int>(p->cores.size());
+/// @brief The policy for the calling thread: a CPU place's worker uses its place's cores,
+/// a GPU place's worker its device; any other thread, one core.
+inline place_system current_place_system() {
+  place_system s;
+  place_state* p = current_place();
+  if (p != nullptr && p->kind == place_kind::cuda) s.gpu = p;
+  else if (p != nullptr && !p->cores.empty()) s.threads = static_cast<int>(p->cores.size());
   return s;
 }
 
@@ -54,8 +58,9 @@ inline constexpr std::size_t parallel_grain = std::size_t{1} << 15;
 /// @brief out[k] = f(first + k) for k in [0, last - first): the form every pdo kernel
 /// has (a functor of the output index).
 template <class F, class Out>
-Out transform([[maybe_unused]] cpu_system& system, thrust::counting_iterator<std::size_t> first, thrust::counting_iterator<std::size_t> last,
+Out transform([[maybe_unused]] place_system& system, thrust::counting_iterator<std::size_t> first, thrust::counting_iterator<std::size_t> last,
               Out out, F f) {
+  if (system.gpu != nullptr) return gpu_transform(*system.gpu, first, last, out, f);
   const std::size_t base = *first, n = *last - *first;
 #if defined(_OPENMP)
   if (system.threads > 1 && n >= parallel_grain) {
@@ -79,8 +84,9 @@ Out transform([[maybe_unused]] cpu_system& system, thrust::counting_iterator<std
 /// @brief f(first + k) for k in [0, n), for work items that write several outputs each
 /// (a row of a softmax); items run in parallel over the place's cores.
 template <class F>
-thrust::counting_iterator<std::size_t> for_each_n([[maybe_unused]] cpu_system& system, thrust::counting_iterator<std::size_t> first,
+thrust::counting_iterator<std::size_t> for_each_n([[maybe_unused]] place_system& system, thrust::counting_iterator<std::size_t> first,
                                                   std::size_t n, F f) {
+  if (system.gpu != nullptr) return gpu_for_each_n(*system.gpu, first, n, f);
   const std::size_t base = *first;
 #if defined(_OPENMP)
   if (system.threads > 1 && n > 1) {
@@ -96,8 +102,9 @@ thrust::counting_iterator<std::size_t> for_each_n([[maybe_unused]] cpu_system& s
 /// @brief reduce(f(first + k)) with `op`, from `init`; one partial result per thread,
 /// combined in thread order (so the result does not depend on timing).
 template <class F, class T, class Op>
-T transform_reduce([[maybe_unused]] cpu_system& system, thrust::counting_iterator<std::size_t> first,
+T transform_reduce([[maybe_unused]] place_system& system, thrust::counting_iterator<std::size_t> first,
                    thrust::counting_iterator<std::size_t> last, F f, T init, Op op) {
+  if (system.gpu != nullptr) return gpu_transform_reduce(*system.gpu, first, last, f, init, op);
   const std::size_t base = *first, n = *last - *first;
   auto range = [&](std::size_t begin, std::size_t end) {
     T acc = f(base + begin);
@@ -125,10 +132,10 @@ T transform_reduce([[maybe_unused]] cpu_system& system, thrust::counting_iterato
   return n == 0 ? init : op(init, range(0, n));
 }
 
-/// @brief f(i) for i in [0, n), on the cores of the calling thread's place.
+/// @brief f(i) for i in [0, n), on the calling thread's place (its cores, or its GPU).
 template <class F>
 void for_each_index(std::size_t n, F f) {
-  auto system = current_cpu_system();
+  auto system = current_place_system();
   thrust::for_each_n(system, thrust::counting_iterator<std::size_t>(0), n, f);
 }
 

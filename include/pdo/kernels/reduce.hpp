@@ -3,7 +3,7 @@
 
 #include <pdo/core/config.hpp>
 #include <pdo/core/shape.hpp>
-#include <pdo/kernels/cpu_system.hpp>
+#include <pdo/kernels/place_system.hpp>
 
 #include <cstddef>
 #include <limits>
@@ -49,7 +49,7 @@ struct max_of {
 
 /// @brief out[o] = the reduction along dim `v` of `in`; `global_extent` divides a mean.
 template <class T>
-void reduce_dim(cpu_system& system, const T* in, const dim_view& v, reduction what, std::size_t global_extent, T* out) {
+void reduce_dim(place_system& system, const T* in, const dim_view& v, reduction what, std::size_t global_extent, T* out) {
   const T scale = what == reduction::mean ? T(1) / static_cast<T>(global_extent) : T(1);
   thrust::transform(system, thrust::counting_iterator<std::size_t>(0), thrust::counting_iterator<std::size_t>(v.outer * v.inner),
                     out, reduce_along_dim<T>{in, v.extent, v.inner, what, scale});
@@ -57,7 +57,7 @@ void reduce_dim(cpu_system& system, const T* in, const dim_view& v, reduction wh
 
 /// @brief The reduction of all `n` elements of `in`; `global_count` divides a mean.
 template <class T>
-T reduce_all(cpu_system& system, const T* in, std::size_t n, reduction what, std::size_t global_count) {
+T reduce_all(place_system& system, const T* in, std::size_t n, reduction what, std::size_t global_count) {
   const thrust::counting_iterator<std::size_t> first(0), last(n);
   if (what == reduction::max)
     return thrust::transform_reduce(system, first, last, read_at<T>{in}, reduction_identity<T>(what), max_of<T>{});

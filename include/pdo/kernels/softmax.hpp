@@ -3,7 +3,7 @@
 
 #include <pdo/core/config.hpp>
 #include <pdo/core/shape.hpp>
-#include <pdo/kernels/cpu_system.hpp>
+#include <pdo/kernels/place_system.hpp>
 
 #include <cmath>
 #include <cstddef>
@@ -37,7 +37,7 @@ struct softmax_row {
 
 /// @brief softmax (or log_softmax) of `in` laid out as `v`, along its middle dim, into `out`.
 template <bool Log, class T>
-void softmax_dim(cpu_system& system, const T* in, const dim_view& v, T* out) {
+void softmax_dim(place_system& system, const T* in, const dim_view& v, T* out) {
   if (v.extent == 0) return;
   thrust::for_each_n(system, thrust::counting_iterator<std::size_t>(0), v.outer * v.inner,
                      softmax_row<T, Log>{in, out, v.extent, v.inner});

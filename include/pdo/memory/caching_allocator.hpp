@@ -19,17 +19,17 @@ namespace pdo {
 /// memory for CPU places, device memory for GPU places. `allocate` returns nullptr
 /// when the system refuses.
 struct memory_system {
-  void* (*allocate)(std::size_t bytes, int device);
-  void (*deallocate)(void* p, std::size_t bytes, int device) noexcept;
-  int device = 0;
+  void* (*allocate)(std::size_t bytes, void* context);
+  void (*deallocate)(void* p, std::size_t bytes, void* context) noexcept;
+  void* context = nullptr;  ///< what the two need besides the size (a GPU place's device and stream)
   const char* name = "host";
 };
 
 /// @brief Host memory, 64-byte aligned (one cache line, one AVX-512 vector).
 inline memory_system host_memory_system() {
   constexpr std::align_val_t alignment{64};
-  return {[](std::size_t bytes, int) -> void* { return ::operator new(bytes, alignment, std::nothrow); },
-          [](void* p, std::size_t, int) noexcept { ::operator delete(p, alignment); }, 0, "host"};
+  return {[](std::size_t bytes, void*) -> void* { return ::operator new(bytes, alignment, std::nothrow); },
+          [](void* p, std::size_t, void*) noexcept { ::operator delete(p, alignment); }, nullptr, "host"};
 }
 
 /// @brief A thread-safe caching allocator owned by one place.
@@ -64,10 +64,10 @@ class caching_allocator {
       return p;
     }
     if (stats_.cap != 0 && stats_.bytes_in_use + stats_.bytes_cached + block > stats_.cap) release_cache_locked();
-    void* p = system_.allocate(block, system_.device);
+    void* p = system_.allocate(block, system_.context);
     if (p == nullptr) {
       release_cache_locked();
-      p = system_.allocate(block, system_.device);
+      p = system_.allocate(block, system_.context);
     }
     if (p == nullptr)
       throw refused(bytes, "the system refused it (" + std::to_string(stats_.bytes_in_use) + " bytes in use)");
@@ -87,7 +87,7 @@ class caching_allocator {
       cache_[block].push_back(p);
     } catch (...) {
       stats_.bytes_cached -= block;
-      system_.deallocate(p, block, system_.device);
+      system_.deallocate(p, block, system_.context);
     }
   }
 
@@ -136,7 +136,7 @@ class caching_allocator {
   }
   void release_cache_locked() noexcept {
     for (auto& [block, blocks] : cache_)
-      for (void* p : blocks) system_.deallocate(p, block, system_.device);
+      for (void* p : blocks) system_.deallocate(p, block, system_.context);
     cache_.clear();
     stats_.bytes_cached = 0;
   }

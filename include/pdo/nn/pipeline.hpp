@@ -110,12 +110,7 @@ namespace detail_pp {
 /// @brief A copy of `layer` whose parameters live in `place`'s memory.
 template <class Layer>
 Layer to_place(const Layer& layer, const any_place& place) {
-  auto copy = [&](const auto& v) {
-    using V = std::remove_cvref_t<decltype(v.value())>;
-    V t(v.value().shape(), place, pdo::detail::uninitialized);
-    std::copy(v.value().begin(), v.value().end(), t.begin());
-    return parameter(std::move(t));
-  };
+  auto copy = [&](const auto& v) { return parameter(pdo::to_place(v.value(), place)); };
   if constexpr (requires { layer.options(); }) return Layer(copy(layer.weight), copy(layer.bias), layer.options());
   else if constexpr (requires { layer.weight; }) return Layer(copy(layer.weight), copy(layer.bias));
   else return layer;
@@ -143,6 +138,13 @@ auto stage_of(const sequential<Layers...>& model, const Mesh& m, std::size_t p) 
 template <std::size_t... Cuts>
 struct cut_list {
   static constexpr std::array<std::size_t, sizeof...(Cuts)> values{Cuts...};
+};
+
+/// @brief Where the stages of a model of `Layers` layers cut after `Cuts...` begin and end:
+/// stage s is [values[s], values[s + 1]).
+template <std::size_t Layers, std::size_t... Cuts>
+struct stage_bounds {
+  static constexpr std::array<std::size_t, sizeof...(Cuts) + 2> values{0, Cuts..., Layers};
 };
 
 /// @brief Sends tensors from a place without waiting for their receiver: a thread per
@@ -226,17 +228,14 @@ class pipeline {
                          std::to_string(m.extent(pp_axis)) + " places along \"pp\"");
     if (o.micro_batches == 0) throw layout_error("pipeline: micro_batches must be at least 1");
     check_schedule(schedule_, o.micro_batches);
-    constexpr std::array<std::size_t, sizeof...(Cuts) + 2> bounds = [] {
-      std::array<std::size_t, sizeof...(Cuts) + 2> b{0, Cuts..., 0};
-      b.back() = std::tuple_size_v<std::remove_cvref_t<decltype(std::declval<const Model&>().layers())>>;
-      return b;
-    }();
+    using bounds =
+        detail_pp::stage_bounds<std::tuple_size_v<std::remove_cvref_t<decltype(std::declval<const Model&>().layers())>>, Cuts...>;
     pdo::detail::run_on_places("pipeline", mesh_, [&](std::size_t p, std::size_t k) {
       auto& st = *(states_[k] = std::make_unique<place_state>());
       st.stage = mesh_.coord(p, pp_axis);
       with_stage(st.stage, [&]<std::size_t S>() {
         auto& slot = std::get<S>(st.models);
-        slot.emplace(detail_pp::stage_of<bounds[S], bounds[S + 1]>(model, mesh_, p));
+        slot.emplace(detail_pp::stage_of<bounds::values[S], bounds::values[S + 1]>(model, mesh_, p));
         st.params = parameters_of<T>(*slot);
       });
       st.optimizer.emplace(make_optimizer(st.params));
@@ -432,11 +431,11 @@ template <class T, std::size_t InRank, std::size_t... Cuts, class Mesh, class...
           class Target = tensor<int, 1>, class Loss = cross_entropy_loss>
 auto make_pipeline(const Mesh& m, const sequential<Layers...>& model, MakeOptimizer make_optimizer, pipeline_options o = {},
                    Loss loss = {}) {
-  constexpr std::array<std::size_t, sizeof...(Cuts) + 2> bounds{0, Cuts..., sizeof...(Layers)};
+  using bounds = detail_pp::stage_bounds<sizeof...(Layers), Cuts...>;
   using optimizer_t = std::invoke_result_t<MakeOptimizer&, std::vector<parameter_ref<T>>>;
   return [&]<std::size_t... S>(std::index_sequence<S...>) {
     using pipeline_t = pipeline<T, InRank, Target, Mesh, optimizer_t, Loss,
-                                decltype(detail_pp::stage_of<bounds[S], bounds[S + 1]>(model, m, std::size_t{}))...>;
+                                decltype(detail_pp::stage_of<bounds::values[S], bounds::values[S + 1]>(model, m, std::size_t{}))...>;
     return pipeline_t(m, model, detail_pp::cut_list<Cuts...>{}, std::move(make_optimizer), o, loss);
   }(std::make_index_sequence<sizeof...(Cuts) + 1>{});
 }

@@ -1,5 +1,13 @@
 // pdo/place/cuda_place.hpp: GPU places. The type always exists, so generic code and
 // meshes can name it; creating one needs a build with PDO_WITH_CUDA.
+//
+// A GPU place is a host worker thread that drives one device, with two streams: compute
+// (every kernel, cuBLAS call and copy of the place, in order) and communication (NCCL),
+// ordered against each other by events, never by a device-wide synchronisation. Its
+// caching allocator takes device memory from the stream-ordered allocator
+// (cudaMallocAsync on the compute stream; cudaMalloc where the device has no memory
+// pools), with the same statistics and cap as CPU places. A block freed on the host is
+// reused by later work of the compute stream, which runs after the work that used it.
 #pragma once
 
 #include <pdo/core/error.hpp>
@@ -8,10 +16,14 @@
 #include <cstddef>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #if defined(PDO_WITH_CUDA)
+#include <cublas_v2.h>
 #include <cuda_runtime_api.h>
+
+#include <mutex>
 #endif
 
 namespace pdo {
@@ -24,24 +36,140 @@ inline constexpr bool cuda_enabled = true;
 inline constexpr bool cuda_enabled = false;
 #endif
 
+/// @brief The error for work on a GPU place in a build without the CUDA backend.
+[[noreturn]] inline void no_cuda(const std::string& what, const std::string& place) {
+  throw error(what + " on " + place + ": this program was built without the CUDA backend (PDO_WITH_CUDA)");
+}
+
 #if defined(PDO_WITH_CUDA)
-inline memory_system cuda_memory_system(int device) {
-  return {[](std::size_t bytes, int dev) -> void* {
+/// @brief "out of memory (cudaErrorMemoryAllocation)".
+inline std::string cuda_status(cudaError_t status) {
+  return std::string(cudaGetErrorString(status)) + " (" + cudaGetErrorName(status) + ")";
+}
+
+/// @brief Throws, for a failed CUDA runtime call, a pdo::error naming the call and the
+/// place (pdo::out_of_memory when the device is out of memory).
+inline void cuda_check(cudaError_t status, const char* call, const std::string& where) {
+  if (status == cudaSuccess) return;
+  (void)cudaGetLastError();  // clears the error unless it is sticky
+  const std::string message = std::string(call) + " on " + where + ": " + cuda_status(status);
+  if (status == cudaErrorMemoryAllocation) throw out_of_memory(message);
+  throw error(message);
+}
+
+/// @brief Throws, for a failed cuBLAS call, a pdo::error naming the call and the place.
+inline void cublas_check(cublasStatus_t status, const char* call, const std::string& where) {
+  if (status == CUBLAS_STATUS_SUCCESS) return;
+  throw error(std::string(call) + " on " + where + ": " + cublasGetStatusString(status));
+}
+
+/// @brief Makes `device` the calling thread's current device for its lifetime, and
+/// restores the one before (host threads that are not a place's worker keep theirs).
+class device_guard {
+ public:
+  explicit device_guard(int device) {
+    if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
+    if (previous_ != device) cudaSetDevice(device);
+  }
+  ~device_guard() {
+    if (previous_ >= 0) cudaSetDevice(previous_);
+  }
+  device_guard(const device_guard&) = delete;
+  device_guard& operator=(const device_guard&) = delete;
+
+ private:
+  int previous_ = -1;
+};
+
+/// @brief A GPU place's device resources: its streams, its cuBLAS handle (bound to the
+/// compute stream), and two pinned host buffers for copies staged through the host.
+struct cuda_device {
+  int ordinal = 0;
+  std::string name;
+  bool pools = false;  ///< the device supports the stream-ordered allocator
+  cudaStream_t compute = nullptr;
+  cudaStream_t comm = nullptr;
+  cublasHandle_t blas = nullptr;
+
+  static constexpr std::size_t staging_bytes = std::size_t{4} << 20;
+  std::mutex staging_mutex;      ///< one staged copy from this device at a time
+  void* staging[2] = {nullptr, nullptr};
+  cudaEvent_t staging_free[2] = {nullptr, nullptr};  ///< recorded when a buffer's upload has finished
+
+  cuda_device(int device, std::string label) : ordinal(device), name(std::move(label)) {
+    device_guard guard(device);
+    int supported = 0;
+    cuda_check(cudaDeviceGetAttribute(&supported, cudaDevAttrMemoryPoolsSupported, device), "cudaDeviceGetAttribute", name);
+    pools = supported != 0;
+    cuda_check(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking), "cudaStreamCreateWithFlags", name);
+    cuda_check(cudaStreamCreateWithFlags(&comm, cudaStreamNonBlocking), "cudaStreamCreateWithFlags", name);
+    cublas_check(cublasCreate(&blas), "cublasCreate", name);
+    cublas_check(cublasSetStream(blas, compute), "cublasSetStream", name);
+  }
+  ~cuda_device() {
+    device_guard guard(ordinal);
+    if (compute) cudaStreamSynchronize(compute);
+    if (comm) cudaStreamSynchronize(comm);
+    for (int b = 0; b < 2; ++b) {
+      if (staging_free[b]) cudaEventDestroy(staging_free[b]);
+      if (staging[b]) cudaFreeHost(staging[b]);
+    }
+    if (blas) cublasDestroy(blas);
+    if (comm) cudaStreamDestroy(comm);
+    if (compute) cudaStreamDestroy(compute);
+  }
+  cuda_device(const cuda_device&) = delete;
+  cuda_device& operator=(const cuda_device&) = delete;
+
+  /// @brief The pinned buffers, made on first use (the caller holds staging_mutex).
+  void ensure_staging() {
+    if (staging[0]) return;
+    device_guard guard(ordinal);
+    for (int b = 0; b < 2; ++b) {
+      cuda_check(cudaHostAlloc(&staging[b], staging_bytes, cudaHostAllocPortable), "cudaHostAlloc", name);
+      cuda_check(cudaEventCreateWithFlags(&staging_free[b], cudaEventDisableTiming), "cudaEventCreateWithFlags", name);
+    }
+  }
+};
+
+/// @brief The device resources of GPU place `p`.
+inline cuda_device& cuda_device_of(const place_state& p) { return *static_cast<cuda_device*>(p.device.get()); }
+
+/// @brief Device memory for a GPU place's caching allocator: stream-ordered on its
+/// compute stream where the device supports it.
+inline memory_system cuda_memory_system(cuda_device& device) {
+  return {[](std::size_t bytes, void* context) -> void* {
+            auto& d = *static_cast<cuda_device*>(context);
+            device_guard guard(d.ordinal);
             void* p = nullptr;
-            if (cudaSetDevice(dev) != cudaSuccess || cudaMalloc(&p, bytes) != cudaSuccess) return nullptr;
+            const cudaError_t status = d.pools ? cudaMallocAsync(&p, bytes, d.compute) : cudaMalloc(&p, bytes);
+            if (status != cudaSuccess) {
+              (void)cudaGetLastError();
+              return nullptr;
+            }
             return p;
           },
-          [](void* p, std::size_t, int dev) noexcept {
-            cudaSetDevice(dev);
-            cudaFree(p);
+          [](void* p, std::size_t, void* context) noexcept {
+            auto& d = *static_cast<cuda_device*>(context);
+            device_guard guard(d.ordinal);
+            if (d.pools) cudaFreeAsync(p, d.compute);
+            else cudaFree(p);
           },
-          device, "cuda"};
+          &device, "cuda"};
 }
 #endif
 }  // namespace detail
 
-/// @brief A CUDA GPU place: a host worker thread that drives device `ordinal`, and a
-/// caching allocator of device memory with the same statistics and cap as CPU places.
+/// @brief How a GPU place is made.
+struct cuda_place_options {
+  std::size_t memory_cap = 0;  ///< bytes the place may hold (0: no cap)
+  std::string name;            ///< empty: "cuda:<device>"
+  int process = 0;             ///< the MPI rank that owns it
+};
+
+/// @brief A CUDA GPU place: a host worker thread that drives device `ordinal`, its
+/// compute and communication streams, and a caching allocator of device memory with the
+/// same statistics and cap as CPU places.
 class cuda_place : public detail::place_handle<cuda_place> {
  public:
   /// @brief A handle to the GPU place behind `state`.
@@ -49,26 +177,108 @@ class cuda_place : public detail::place_handle<cuda_place> {
 
 #if defined(PDO_WITH_CUDA)
   /// @brief A new place for GPU `device`, with an optional memory cap in bytes.
-  explicit cuda_place(int device, std::size_t memory_cap = 0)
-      : place_handle(std::make_shared<detail::place_state>(place_kind::cuda, device, 0, true, std::vector<int>{},
-                                                           "cuda:" + std::to_string(device))) {
-    state_->memory = std::make_unique<caching_allocator>(state_->name, memory_cap, detail::cuda_memory_system(device));
+  explicit cuda_place(int device, std::size_t memory_cap = 0) : cuda_place(device, cuda_place_options{memory_cap, "", 0}) {}
+  /// @brief A new place for GPU `device`, made as `options` say.
+  cuda_place(int device, const cuda_place_options& options)
+      : place_handle(std::make_shared<detail::place_state>(place_kind::cuda, device, options.process, true, std::vector<int>{},
+                                                           options.name.empty() ? "cuda:" + std::to_string(device) : options.name)) {
+    const std::size_t memory_cap = options.memory_cap;
+    auto resources = std::make_shared<detail::cuda_device>(device, state_->name);
+    state_->device = resources;
+    state_->memory = std::make_unique<caching_allocator>(state_->name, memory_cap, detail::cuda_memory_system(*resources));
     detail::start_worker(*state_, {});
     state_->runner->submit([device] { cudaSetDevice(device); });
+  }
+
+  /// @brief The stream every kernel, cuBLAS call and copy of this place runs on, in order.
+  [[nodiscard]] cudaStream_t compute_stream() const { return resources().compute; }
+  /// @brief The stream the place's NCCL collectives run on.
+  [[nodiscard]] cudaStream_t comm_stream() const { return resources().comm; }
+  /// @brief Waits until the work queued on both streams has finished (not a device-wide synchronisation).
+  void synchronize() const {
+    detail::cuda_check(cudaStreamSynchronize(resources().compute), "cudaStreamSynchronize", name());
+    detail::cuda_check(cudaStreamSynchronize(resources().comm), "cudaStreamSynchronize", name());
+  }
+  /// @brief Whether this device can read and write `other`'s memory directly (peer copies).
+  [[nodiscard]] bool can_access_peer(const cuda_place& other) const {
+    int can = 0;
+    detail::cuda_check(cudaDeviceCanAccessPeer(&can, device(), other.device()), "cudaDeviceCanAccessPeer", name());
+    return can != 0;
   }
 #endif
 
   /// @brief The CUDA device ordinal.
   [[nodiscard]] int device() const { return ordinal(); }
+
+ private:
+#if defined(PDO_WITH_CUDA)
+  [[nodiscard]] detail::cuda_device& resources() const { return detail::cuda_device_of(*state_); }
+#endif
 };
 
 #if defined(PDO_WITH_CUDA)
-/// @brief One place per visible GPU.
-inline std::vector<cuda_place> cuda_places() {
+/// @brief A CUDA event, to order work across the streams of one place or of several:
+/// record() marks the work queued so far on a stream; wait() makes another stream's
+/// later work wait for it, without blocking the host; synchronize() blocks the host.
+class cuda_event {
+ public:
+  cuda_event() { detail::cuda_check(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming), "cudaEventCreateWithFlags", "host"); }
+  ~cuda_event() {
+    if (event_) cudaEventDestroy(event_);
+  }
+  cuda_event(cuda_event&& other) noexcept : event_(std::exchange(other.event_, nullptr)) {}
+  cuda_event& operator=(cuda_event&& other) noexcept {
+    std::swap(event_, other.event_);
+    return *this;
+  }
+  cuda_event(const cuda_event&) = delete;
+  cuda_event& operator=(const cuda_event&) = delete;
+
+  void record(cudaStream_t stream) { detail::cuda_check(cudaEventRecord(event_, stream), "cudaEventRecord", "host"); }
+  void wait(cudaStream_t stream) const { detail::cuda_check(cudaStreamWaitEvent(stream, event_, 0), "cudaStreamWaitEvent", "host"); }
+  void synchronize() const { detail::cuda_check(cudaEventSynchronize(event_), "cudaEventSynchronize", "host"); }
+  /// @brief Whether the recorded work has finished.
+  [[nodiscard]] bool done() const { return cudaEventQuery(event_) == cudaSuccess; }
+  [[nodiscard]] cudaEvent_t native() const { return event_; }
+
+ private:
+  cudaEvent_t event_ = nullptr;
+};
+
+namespace detail {
+/// @brief Makes `later`'s next work wait for the work queued so far on `earlier`, a stream
+/// of device `earlier_device` (the event must be made there), without a host wait.
+inline void stream_after(cudaStream_t later, cudaStream_t earlier, int earlier_device, const std::string& where) {
+  if (later == earlier) return;
+  device_guard guard(earlier_device);
+  cudaEvent_t e = nullptr;
+  cuda_check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreateWithFlags", where);
+  cuda_check(cudaEventRecord(e, earlier), "cudaEventRecord", where);
+  cuda_check(cudaStreamWaitEvent(later, e, 0), "cudaStreamWaitEvent", where);
+  cudaEventDestroy(e);  // released once the recorded work has finished
+}
+}  // namespace detail
+
+/// @brief Why there is no GPU place to make, or an empty string when there is one.
+inline std::string cuda_unavailable_reason() {
   int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess) count = 0;
+  const cudaError_t status = cudaGetDeviceCount(&count);
+  if (status != cudaSuccess) {
+    (void)cudaGetLastError();
+    return "cudaGetDeviceCount: " + detail::cuda_status(status);
+  }
+  return count == 0 ? "cudaGetDeviceCount found no device" : "";
+}
+
+/// @brief One place per visible GPU (none when the machine has no usable GPU; see cuda_unavailable_reason).
+inline std::vector<cuda_place> cuda_places(std::size_t memory_cap = 0) {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    (void)cudaGetLastError();
+    count = 0;
+  }
   std::vector<cuda_place> places;
-  for (int d = 0; d < count; ++d) places.emplace_back(d);
+  for (int d = 0; d < count; ++d) places.emplace_back(d, memory_cap);
   return places;
 }
 #endif

@@ -24,7 +24,8 @@ struct place_state : std::enable_shared_from_this<place_state> {
   bool local = true;        ///< owned by this process
   std::vector<int> cores;   ///< the cores its work may use
   std::string name;         ///< "cpu:0", "cuda:1", "rank1/cpu:0"
-  std::unique_ptr<caching_allocator> memory;
+  std::shared_ptr<void> device;  ///< a GPU place's streams and library handles (detail::cuda_device)
+  std::unique_ptr<caching_allocator> memory;  ///< declared after `device`: destroyed before it
   std::unique_ptr<worker> runner;  ///< declared last: destroyed first, before the memory it uses
 
   place_state(place_kind k, int ord, int proc, bool is_local, std::vector<int> cpu_cores, std::string label)

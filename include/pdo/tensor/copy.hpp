@@ -1,8 +1,11 @@
 // pdo/tensor/copy.hpp: block copies between row-major buffers: slices, packs along a dim, unpacks.
+// The chunk copies take the place whose memory holds both buffers (nullptr: the host), so
+// they run as strided device copies on a GPU place.
 #pragma once
 
 #include <pdo/core/copy_elements.hpp>
 #include <pdo/core/shape.hpp>
+#include <pdo/memory/copy.hpp>
 
 #include <array>
 #include <cstddef>
@@ -40,18 +43,17 @@ void copy_block(const T* src, const shape_t<Rank>& src_shape, const shape_t<Rank
 /// @brief Chunk `k` of `parts` along the middle dim of `v` (see chunk_size), from `src`
 /// laid out as v, into the dense `dst`.
 template <class T>
-void copy_chunk(const T* src, const dim_view& v, std::size_t parts, std::size_t k, T* dst) {
+void copy_chunk(const T* src, const dim_view& v, std::size_t parts, std::size_t k, T* dst, place_state* where = nullptr) {
   const std::size_t off = chunk_offset(v.extent, parts, k), n = chunk_size(v.extent, parts, k);
-  for (std::size_t o = 0; o < v.outer; ++o)
-    copy_elements(dst + o * n * v.inner, src + (o * v.extent + off) * v.inner, n * v.inner);
+  copy_strided(where, dst, n * v.inner * sizeof(T), src + off * v.inner, v.extent * v.inner * sizeof(T), n * v.inner * sizeof(T), v.outer);
 }
 
 /// @brief `src` (laid out as v) cut into `parts` chunks along v's middle dim, written
 /// chunk after chunk into `dst`: the order collectives send and receive pieces in.
 template <class T>
-void pack_chunks(const T* src, const dim_view& v, std::size_t parts, T* dst) {
+void pack_chunks(const T* src, const dim_view& v, std::size_t parts, T* dst, place_state* where = nullptr) {
   for (std::size_t k = 0; k < parts; ++k) {
-    copy_chunk(src, v, parts, k, dst);
+    copy_chunk(src, v, parts, k, dst, where);
     dst += v.outer * chunk_size(v.extent, parts, k) * v.inner;
   }
 }
@@ -59,17 +61,16 @@ void pack_chunks(const T* src, const dim_view& v, std::size_t parts, T* dst) {
 /// @brief The inverse of copy_chunk: the dense chunk `k` in `src` into its place in `dst`
 /// laid out as v.
 template <class T>
-void place_chunk(const T* src, const dim_view& v, std::size_t parts, std::size_t k, T* dst) {
+void place_chunk(const T* src, const dim_view& v, std::size_t parts, std::size_t k, T* dst, place_state* where = nullptr) {
   const std::size_t off = chunk_offset(v.extent, parts, k), n = chunk_size(v.extent, parts, k);
-  for (std::size_t o = 0; o < v.outer; ++o)
-    copy_elements(dst + (o * v.extent + off) * v.inner, src + o * n * v.inner, n * v.inner);
+  copy_strided(where, dst + off * v.inner, v.extent * v.inner * sizeof(T), src, n * v.inner * sizeof(T), n * v.inner * sizeof(T), v.outer);
 }
 
 /// @brief The inverse of pack_chunks: chunks one after another in `src` into `dst` laid out as v.
 template <class T>
-void unpack_chunks(const T* src, const dim_view& v, std::size_t parts, T* dst) {
+void unpack_chunks(const T* src, const dim_view& v, std::size_t parts, T* dst, place_state* where = nullptr) {
   for (std::size_t k = 0; k < parts; ++k) {
-    place_chunk(src, v, parts, k, dst);
+    place_chunk(src, v, parts, k, dst, where);
     src += v.outer * chunk_size(v.extent, parts, k) * v.inner;
   }
 }

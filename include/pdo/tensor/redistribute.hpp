@@ -40,11 +40,11 @@ tensor<T, Rank> apply_step(const redistribute_step& step, const Mesh& m, const s
     return shard;
   } else if constexpr (Kind == step_kind::zero_pad) {
     tensor<T, Rank> out(out_shape, place);  // zeros
-    place_chunk(shard.data(), view_along(out_shape, step.dim), n, me, out.data());
+    place_chunk(shard.data(), view_along(out_shape, step.dim), n, me, out.data(), out.where());
     return out;
   } else if constexpr (Kind == step_kind::local_slice) {
     tensor<T, Rank> out(out_shape, place, uninitialized);
-    copy_chunk(shard.data(), view_along(shard.shape(), step.dim), n, me, out.data());
+    copy_chunk(shard.data(), view_along(shard.shape(), step.dim), n, me, out.data(), out.where());
     return out;
   } else {
     const mesh_communicator comm = communicator_along(m, a, p);
@@ -60,7 +60,7 @@ tensor<T, Rank> apply_step(const redistribute_step& step, const Mesh& m, const s
         comm.reduce_scatter(std::as_const(shard).span(), out.span());
       } else {
         tensor<T, Rank> packed(shard.shape(), place, uninitialized);
-        pack_chunks(shard.data(), v, n, packed.data());
+        pack_chunks(shard.data(), v, n, packed.data(), packed.where());
         comm.reduce_scatter(std::as_const(packed).span(), out.span());
       }
       return out;
@@ -72,7 +72,7 @@ tensor<T, Rank> apply_step(const redistribute_step& step, const Mesh& m, const s
       } else {
         tensor<T, Rank> packed(out_shape, place, uninitialized);
         comm.all_gather(std::as_const(shard).span(), packed.span());
-        unpack_chunks(packed.data(), v, n, out.data());
+        unpack_chunks(packed.data(), v, n, out.data(), out.where());
       }
       return out;
     } else {
@@ -87,11 +87,11 @@ tensor<T, Rank> apply_step(const redistribute_step& step, const Mesh& m, const s
         recv_counts[k] = recv_view.outer * chunk_size(recv_view.extent, n, k) * recv_view.inner;
       }
       tensor<T, Rank> packed(shard.shape(), place, uninitialized);
-      pack_chunks(shard.data(), send_view, n, packed.data());
+      pack_chunks(shard.data(), send_view, n, packed.data(), packed.where());
       tensor<T, Rank> received(out_shape, place, uninitialized), out(out_shape, place, uninitialized);
       comm.all_to_all(std::as_const(packed).span(), std::span<const std::size_t>(send_counts), received.span(),
                       std::span<const std::size_t>(recv_counts));
-      unpack_chunks(received.data(), recv_view, n, out.data());
+      unpack_chunks(received.data(), recv_view, n, out.data(), out.where());
       return out;
     }
   }
@@ -152,10 +152,15 @@ tensor<T, Rank> shard_of(const Mesh& m, const tensor<T, Rank>& host, std::size_t
   constexpr layout_value v = value_of<Layout>();
   const auto shape = shard_shape(m, v, host.shape(), p);
   tensor<T, Rank> shard(shape, m.place(p), uninitialized);
-  if (holds_partial_value(m, v, p))
-    copy_block(host.data(), host.shape(), shard_offset(m, v, host.shape(), p), shape, shard.data());
-  else
+  if (!holds_partial_value(m, v, p)) {
     shard.fill(T{});
+  } else if (shard.on_gpu()) {  // cut on the host, then copied up
+    std::vector<T> cut(volume(shape));
+    copy_block(host.data(), host.shape(), shard_offset(m, v, host.shape(), p), shape, cut.data());
+    copy_bytes(shard.where(), shard.data(), nullptr, cut.data(), cut.size() * sizeof(T));
+  } else {
+    copy_block(host.data(), host.shape(), shard_offset(m, v, host.shape(), p), shape, shard.data());
+  }
   return shard;
 }
 }  // namespace detail
@@ -200,7 +205,7 @@ tensor<T, Rank> gather(const dtensor<T, Rank, Mesh, Layout>& x) {
   const auto whole = redistribute<full>(x);
   tensor<T, Rank> out(x.shape(), detail::uninitialized);
   const auto& shard = whole.local_shards().front();
-  detail::copy_elements(out.data(), shard.data(), out.size());
+  detail::copy_bytes(out.where(), out.data(), shard.where(), shard.data(), out.bytes());
   return out;
 }
 

@@ -6,6 +6,7 @@
 #include <pdo/core/error.hpp>
 #include <pdo/core/shape.hpp>
 #include <pdo/memory/caching_allocator.hpp>
+#include <pdo/memory/copy.hpp>
 #include <pdo/place/place_concept.hpp>
 
 #include <algorithm>
@@ -17,6 +18,7 @@
 #include <span>
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace pdo {
 
@@ -25,12 +27,9 @@ namespace detail {
 struct uninitialized_t {};
 inline constexpr uninitialized_t uninitialized{};
 
-/// @brief The CPU place whose worker runs the calling thread, if any: where tensors
-/// made without a place go.
-inline place_state* current_cpu_place() {
-  place_state* p = current_place();
-  return p != nullptr && p->kind == place_kind::cpu ? p : nullptr;
-}
+/// @brief The place whose worker runs the calling thread, if any (a CPU or GPU place):
+/// where tensors made without a place go.
+inline place_state* current_tensor_place() { return current_place(); }
 }  // namespace detail
 
 /// @brief An owning, dense, row-major tensor on one place (the host when none is given).
@@ -44,7 +43,7 @@ class tensor {
 
   tensor() = default;
   /// @brief A zero-filled tensor in the memory of the place running the calling thread
-  /// (inside a parallel_do block: that place), else on the host.
+  /// (inside a parallel_do block or on a place's worker: that place), else on the host.
   explicit tensor(const shape_t<Rank>& shape) : tensor(shape, detail::uninitialized) { fill(T{}); }
   /// @brief A zero-filled tensor in `place`'s memory.
   tensor(const shape_t<Rank>& shape, const any_place& place) : tensor(shape, place, detail::uninitialized) { fill(T{}); }
@@ -53,18 +52,19 @@ class tensor {
     if (values.size() != size())
       throw shape_error("tensor: " + std::to_string(values.size()) + " values given for shape " +
                         detail::format_extents(shape) + " of " + std::to_string(size()) + " elements");
-    std::copy(values.begin(), values.end(), data_);
+    const std::vector<T> host(values);
+    detail::copy_bytes(place_.get(), data_, nullptr, host.data(), bytes());
   }
   tensor(const shape_t<Rank>& shape, detail::uninitialized_t)
-      : tensor(shape, detail::current_cpu_place() ? detail::current_cpu_place()->memory.get() : &host_allocator(),
-               detail::current_cpu_place() ? detail::current_cpu_place()->shared_from_this() : nullptr) {}
+      : tensor(shape, detail::current_tensor_place() ? detail::current_tensor_place()->memory.get() : &host_allocator(),
+               detail::current_tensor_place() ? detail::current_tensor_place()->shared_from_this() : nullptr) {}
   tensor(const shape_t<Rank>& shape, const any_place& place, detail::uninitialized_t)
       : tensor(shape, &place.memory(), place.state()) {}
 
   tensor(const tensor& other) {
     if (other.allocator_ == nullptr) return;  // a default-constructed tensor copies as one
     tensor copy(other.shape_, other.allocator_, other.place_);
-    detail::copy_elements(copy.data_, other.data_, size_of(other.shape_));
+    detail::copy_bytes(place_of(copy), copy.data_, place_of(other), other.data_, other.bytes());
     swap(copy);
   }
   tensor(tensor&& other) noexcept { swap(other); }
@@ -96,6 +96,10 @@ class tensor {
   [[nodiscard]] T* end() { return data_ + size(); }
   [[nodiscard]] const T* begin() const { return data_; }
   [[nodiscard]] const T* end() const { return data_ + size(); }
+  /// @brief The place holding the data (nullptr for host tensors).
+  [[nodiscard]] detail::place_state* where() const { return place_.get(); }
+  /// @brief Whether the data is in a GPU's memory (the host cannot read it through data()).
+  [[nodiscard]] bool on_gpu() const { return detail::on_gpu(place_.get()); }
   /// @brief The name of the place holding the data ("host" for host tensors).
   [[nodiscard]] std::string place_name() const { return place_ ? place_->name : std::string("host"); }
 
@@ -110,7 +114,13 @@ class tensor {
     return data_[offset_of(index...)];
   }
 
-  void fill(T value) { std::fill_n(data_, size(), value); }
+  void fill(T value) {
+    if (on_gpu()) detail::fill_bytes(place_.get(), data_, &value, sizeof(T), size());
+    else std::fill_n(data_, size(), value);
+  }
+
+  /// @brief An uninitialised tensor in host memory, whichever thread asks.
+  [[nodiscard]] static tensor on_host(const shape_t<Rank>& shape) { return tensor(shape, &host_allocator(), nullptr); }
 
   /// @brief A zero-filled tensor of another shape (and element type) in the same place's
   /// memory as this one (the host's for host tensors).
@@ -133,7 +143,7 @@ class tensor {
     data_ = static_cast<T*>(allocator_->allocate(bytes()));
   }
 
-  static std::size_t size_of(const shape_t<Rank>& shape) { return detail::volume(shape); }
+  static detail::place_state* place_of(const tensor& t) { return t.place_.get(); }
 
   template <class... Index>
   std::size_t offset_of(Index... index) const {
@@ -158,6 +168,35 @@ inline constexpr bool is_tensor_v<tensor<T, Rank>> = true;
 template <class T, std::size_t Rank>
 std::string describe(const tensor<T, Rank>& t) {
   return std::string(detail::dtype_name<T>()) + detail::format_extents(t.shape());
+}
+
+/// @brief Copies `src` into `dst` (same shape), whatever places hold them: host, CPU or GPU
+/// places (see pdo/memory/copy.hpp for how GPU copies go). With copy_completion::queued a
+/// copy between a GPU and host memory only queues on the GPU place's stream: keep both
+/// tensors alive and untouched until that place synchronizes.
+template <class T, std::size_t Rank>
+void copy(const tensor<T, Rank>& src, tensor<T, Rank>& dst, copy_completion completion = copy_completion::host_safe,
+          peer_copy how = peer_copy::automatic) {
+  if (src.shape() != dst.shape())
+    throw shape_error("copy: from " + describe(src) + " on " + src.place_name() + " to " + describe(dst) + " on " + dst.place_name() +
+                      ": the shapes differ");
+  detail::copy_bytes(dst.where(), dst.data(), src.where(), src.data(), src.bytes(), completion, how);
+}
+
+/// @brief A copy of `t` in `place`'s memory.
+template <class T, std::size_t Rank>
+tensor<T, Rank> to_place(const tensor<T, Rank>& t, const any_place& place, peer_copy how = peer_copy::automatic) {
+  tensor<T, Rank> out(t.shape(), place, detail::uninitialized);
+  copy(t, out, copy_completion::host_safe, how);
+  return out;
+}
+
+/// @brief A copy of `t` in host memory (readable through data() whatever held `t`).
+template <class T, std::size_t Rank>
+tensor<T, Rank> to_host(const tensor<T, Rank>& t) {
+  auto out = tensor<T, Rank>::on_host(t.shape());
+  copy(t, out);
+  return out;
 }
 
 }  // namespace pdo

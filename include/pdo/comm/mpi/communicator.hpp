@@ -5,6 +5,7 @@
 #include <pdo/comm/mpi/environment.hpp>
 #include <pdo/comm/mpi/group.hpp>
 #include <pdo/place/cpu_place.hpp>
+#include <pdo/place/cuda_place.hpp>
 
 #include <algorithm>
 #include <memory>
@@ -51,5 +52,47 @@ inline std::vector<any_place> world_places(std::size_t per_process = 1, std::siz
     }
   return places;
 }
+
+#if defined(PDO_WITH_CUDA)
+/// @brief GPU places of every process of MPI_COMM_WORLD, `per_process` each, in rank order
+/// (place `r * per_process + i` is "rank<r>/cuda:<d>"): this process's are the GPUs
+/// local_rank * per_process + i of its node (local rank: its rank among the processes on
+/// the same node), modulo the GPUs it sees. A mesh over them runs its collectives on NCCL,
+/// bootstrapped over MPI. Every process must call it with the same `per_process`.
+inline std::vector<any_place> world_cuda_places(std::size_t per_process = 1, std::size_t memory_cap = 0) {
+  const int me = mpi::rank(), n = mpi::size();
+  unsigned long long mine_count = per_process, low = 0, high = 0;
+  MPI_Allreduce(&mine_count, &low, 1, MPI_UNSIGNED_LONG_LONG, MPI_MIN, MPI_COMM_WORLD);
+  MPI_Allreduce(&mine_count, &high, 1, MPI_UNSIGNED_LONG_LONG, MPI_MAX, MPI_COMM_WORLD);
+  if (low != high || per_process == 0)
+    throw layout_error("world_cuda_places: processes asked for " + std::to_string(low) + " to " + std::to_string(high) +
+                       " places; every process must pass the same per_process, at least 1");
+  MPI_Comm node = MPI_COMM_NULL;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, me, MPI_INFO_NULL, &node);
+  int local_rank = 0;
+  MPI_Comm_rank(node, &local_rank);
+  MPI_Comm_free(&node);
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0)
+    throw error("world_cuda_places: rank " + std::to_string(me) + " sees no GPU: " + cuda_unavailable_reason());
+  // every process's device ordinals, so each can name the others' places
+  std::vector<int> ordinals(per_process), all(per_process * static_cast<std::size_t>(n));
+  for (std::size_t i = 0; i < per_process; ++i)
+    ordinals[i] = static_cast<int>((static_cast<std::size_t>(local_rank) * per_process + i) % static_cast<std::size_t>(devices));
+  MPI_Allgather(ordinals.data(), static_cast<int>(per_process), MPI_INT, all.data(), static_cast<int>(per_process), MPI_INT, MPI_COMM_WORLD);
+  std::vector<any_place> places;
+  for (int r = 0; r < n; ++r)
+    for (std::size_t i = 0; i < per_process; ++i) {
+      const int d = all[static_cast<std::size_t>(r) * per_process + i];
+      if (r == me) {
+        places.emplace_back(cuda_place(d, cuda_place_options{memory_cap, "rank" + std::to_string(r) + "/cuda:" + std::to_string(d), r}));
+      } else {
+        places.emplace_back(std::make_shared<pdo::detail::place_state>(place_kind::cuda, d, r, false, std::vector<int>{},
+                                                                       "rank" + std::to_string(r) + "/cuda:" + std::to_string(d)));
+      }
+    }
+  return places;
+}
+#endif
 
 }  // namespace pdo::mpi

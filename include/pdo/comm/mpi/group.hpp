@@ -64,7 +64,7 @@ class group {
   void reset() {}
 
   void barrier(std::size_t me) {
-    exchange(me, {});
+    exchange(me, std::vector<std::size_t>{});
     local_.barrier();
   }
 
@@ -72,7 +72,7 @@ class group {
   void all_reduce(std::size_t me, std::span<T> data, reduce_op op) {
     const std::size_t l = me - first();
     args_[l] = {data.data(), data.data()};
-    const auto& counts = exchange(me, {data.size()});
+    const auto& counts = exchange(me, std::vector<std::size_t>{data.size()});
     for (std::size_t k = 0; k < size(); ++k)
       if (counts[k] != counts[0]) fail("all_reduce: members called it with different sizes (" + listing(counts, 1, 0) + ")");
     if (local_.size() > 1) local_.all_reduce(l, data, op);
@@ -89,7 +89,7 @@ class group {
   void all_gather(std::size_t me, std::span<const T> in, std::span<T> out) {
     const std::size_t l = me - first();
     args_[l] = {in.data(), out.data()};
-    const auto& counts = exchange(me, {in.size(), out.size()});
+    const auto& counts = exchange(me, std::vector<std::size_t>{in.size(), out.size()});
     std::size_t total = 0;
     for (std::size_t k = 0; k < size(); ++k) total += counts[2 * k];
     for (std::size_t k = 0; k < size(); ++k)
@@ -112,7 +112,7 @@ class group {
   void reduce_scatter(std::size_t me, std::span<const T> in, std::span<T> out, reduce_op op) {
     const std::size_t l = me - first();
     args_[l] = {in.data(), out.data()};
-    const auto& counts = exchange(me, {in.size(), out.size()});
+    const auto& counts = exchange(me, std::vector<std::size_t>{in.size(), out.size()});
     std::size_t total = 0;
     for (std::size_t k = 0; k < size(); ++k) {
       if (counts[2 * k] != counts[0]) fail("reduce_scatter: members called it with different sizes (" + listing(counts, 2, 0) + ")");
@@ -149,7 +149,7 @@ class group {
   void broadcast(std::size_t me, std::span<T> data, std::size_t root) {
     const std::size_t l = me - first();
     args_[l] = {data.data(), data.data()};
-    const auto& counts = exchange(me, {data.size(), root});
+    const auto& counts = exchange(me, std::vector<std::size_t>{data.size(), root});
     for (std::size_t k = 0; k < size(); ++k)
       if (counts[2 * k] != counts[0] || counts[2 * k + 1] != counts[1])
         fail("broadcast: members called it with different sizes or roots (" + listing(counts, 2, 0) + "; roots " + listing(counts, 2, 1) + ")");

@@ -1,0 +1,161 @@
+// pdo/memory/copy.hpp: copies between the memories of any two places (host, CPU places,
+// GPU places), and fills.
+//
+// Between GPUs a copy goes directly (cudaMemcpyPeerAsync) where cudaDeviceCanAccessPeer
+// allows it, else through pinned host memory in chunks, two buffers in flight; between a
+// GPU and the host it is a cudaMemcpyAsync on the GPU place's compute stream. Either way
+// it is ordered after the work already queued on both places' compute streams, and the
+// receiving place's later work is ordered after it, with events (no device-wide wait).
+#pragma once
+
+#include <pdo/core/copy_elements.hpp>
+#include <pdo/core/error.hpp>
+#include <pdo/place/cuda_place.hpp>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstring>
+#include <mutex>
+#include <vector>
+
+namespace pdo {
+
+/// @brief How a copy between two GPUs goes.
+enum class peer_copy {
+  automatic,  ///< directly where the devices can access each other, else staged
+  direct,     ///< cudaMemcpyPeerAsync (the driver stages it itself where there is no peer path)
+  staged,     ///< through pinned host memory, chunk by chunk
+};
+
+/// @brief When a copy returns.
+enum class copy_completion {
+  host_safe,  ///< host memory on either side may be read or reused at once (GPU-to-GPU stays queued on the streams)
+  queued,     ///< queued on the streams: host memory on either side must stay untouched until the places synchronize
+};
+
+namespace detail {
+
+inline bool on_gpu(const place_state* p) { return p != nullptr && p->kind == place_kind::cuda; }
+
+#if defined(PDO_WITH_CUDA)
+/// @brief GPU to GPU on different devices through the two pinned buffers of the source:
+/// chunk i goes down on the source's stream into buffer i % 2, then up on the
+/// destination's stream; a buffer is refilled once its previous upload has finished.
+inline void staged_device_copy(cuda_device& dst, void* to, cuda_device& src, const void* from, std::size_t bytes) {
+  std::lock_guard lock(src.staging_mutex);
+  src.ensure_staging();
+  auto* out = static_cast<char*>(to);
+  const auto* in = static_cast<const char*>(from);
+  for (std::size_t done = 0, chunk = 0; done < bytes; ++chunk) {
+    const std::size_t b = chunk % 2, n = std::min(cuda_device::staging_bytes, bytes - done);
+    cuda_check(cudaEventSynchronize(src.staging_free[b]), "cudaEventSynchronize", src.name);
+    {
+      device_guard guard(src.ordinal);
+      cuda_check(cudaMemcpyAsync(src.staging[b], in + done, n, cudaMemcpyDeviceToHost, src.compute), "cudaMemcpyAsync", src.name);
+      cuda_check(cudaStreamSynchronize(src.compute), "cudaStreamSynchronize", src.name);
+    }
+    device_guard guard(dst.ordinal);
+    cuda_check(cudaMemcpyAsync(out + done, src.staging[b], n, cudaMemcpyHostToDevice, dst.compute), "cudaMemcpyAsync", dst.name);
+    cuda_check(cudaEventRecord(src.staging_free[b], dst.compute), "cudaEventRecord", dst.name);
+    done += n;
+  }
+}
+#endif
+
+/// @brief Copies `bytes` from `src` in the memory of `src_place` to `dst` in the memory of
+/// `dst_place` (nullptr or a CPU place: host memory).
+inline void copy_bytes(place_state* dst_place, void* dst, place_state* src_place, const void* src, std::size_t bytes,
+                       copy_completion completion = copy_completion::host_safe, peer_copy how = peer_copy::automatic) {
+  if (bytes == 0) return;
+  const bool to_gpu = on_gpu(dst_place), from_gpu = on_gpu(src_place);
+  if (!to_gpu && !from_gpu) {
+    std::memcpy(dst, src, bytes);
+    return;
+  }
+#if defined(PDO_WITH_CUDA)
+  if (to_gpu && from_gpu) {
+    auto &d = cuda_device_of(*dst_place), &s = cuda_device_of(*src_place);
+    if (d.ordinal == s.ordinal) {
+      device_guard guard(d.ordinal);
+      stream_after(d.compute, s.compute, s.ordinal, d.name);
+      cuda_check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, d.compute), "cudaMemcpyAsync", d.name);
+      return;
+    }
+    stream_after(s.compute, d.compute, d.ordinal, s.name);  // the destination's block may still be read by its earlier work
+    int can = 0;
+    cuda_check(cudaDeviceCanAccessPeer(&can, d.ordinal, s.ordinal), "cudaDeviceCanAccessPeer", d.name);
+    if (how == peer_copy::staged || (how == peer_copy::automatic && can == 0)) {
+      staged_device_copy(d, dst, s, src, bytes);
+      return;
+    }
+    {
+      device_guard guard(s.ordinal);
+      cuda_check(cudaMemcpyPeerAsync(dst, d.ordinal, src, s.ordinal, bytes, s.compute), "cudaMemcpyPeerAsync", s.name);
+    }
+    stream_after(d.compute, s.compute, s.ordinal, d.name);
+    return;
+  }
+  cuda_device& g = cuda_device_of(to_gpu ? *dst_place : *src_place);
+  device_guard guard(g.ordinal);
+  cuda_check(cudaMemcpyAsync(dst, src, bytes, to_gpu ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost, g.compute), "cudaMemcpyAsync",
+             g.name);
+  if (completion == copy_completion::host_safe) cuda_check(cudaStreamSynchronize(g.compute), "cudaStreamSynchronize", g.name);
+#else
+  (void)completion;
+  (void)how;
+  no_cuda("copy", (to_gpu ? dst_place : src_place)->name);
+#endif
+}
+
+/// @brief `rows` runs of `width` bytes from `src` (runs `src_pitch` bytes apart) to `dst`
+/// (`dst_pitch` apart), both in the memory of `place` (nullptr: the host); on a GPU one
+/// cudaMemcpy2DAsync on its compute stream.
+inline void copy_strided(place_state* place, void* dst, std::size_t dst_pitch, const void* src, std::size_t src_pitch, std::size_t width,
+                         std::size_t rows) {
+  if (width == 0 || rows == 0) return;
+  if (!on_gpu(place)) {
+    for (std::size_t r = 0; r < rows; ++r)
+      std::memcpy(static_cast<char*>(dst) + r * dst_pitch, static_cast<const char*>(src) + r * src_pitch, width);
+    return;
+  }
+#if defined(PDO_WITH_CUDA)
+  cuda_device& g = cuda_device_of(*place);
+  device_guard guard(g.ordinal);
+  cuda_check(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, width, rows, cudaMemcpyDeviceToDevice, g.compute), "cudaMemcpy2DAsync",
+             g.name);
+#else
+  no_cuda("copy", place->name);
+#endif
+}
+
+/// @brief Sets the `count` elements of `elem_bytes` bytes at `dst` (in `place`'s memory)
+/// to the element at `value`.
+inline void fill_bytes(place_state* place, void* dst, const void* value, std::size_t elem_bytes, std::size_t count) {
+  if (count == 0) return;
+  const auto* v = static_cast<const unsigned char*>(value);
+  const bool one_byte = std::all_of(v, v + elem_bytes, [&](unsigned char c) { return c == v[0]; });
+  if (!on_gpu(place)) {
+    auto* out = static_cast<unsigned char*>(dst);
+    if (one_byte) std::memset(out, v[0], elem_bytes * count);
+    else
+      for (std::size_t i = 0; i < count; ++i) std::memcpy(out + i * elem_bytes, v, elem_bytes);
+    return;
+  }
+#if defined(PDO_WITH_CUDA)
+  cuda_device& g = cuda_device_of(*place);
+  device_guard guard(g.ordinal);
+  if (one_byte) {
+    cuda_check(cudaMemsetAsync(dst, v[0], elem_bytes * count, g.compute), "cudaMemsetAsync", g.name);
+    return;
+  }
+  // a pattern of several bytes: written on the host, then copied up
+  std::vector<unsigned char> pattern(elem_bytes * count);
+  for (std::size_t i = 0; i < count; ++i) std::memcpy(pattern.data() + i * elem_bytes, v, elem_bytes);
+  copy_bytes(place, dst, nullptr, pattern.data(), pattern.size());
+#else
+  no_cuda("fill", place->name);
+#endif
+}
+
+}  // namespace detail
+}  // namespace pdo

@@ -1,0 +1,278 @@
+// tests/cuda/test_cuda.cu: the CUDA backend against the CPU path, on every visible GPU.
+// Each check runs the same program on CPU places and on GPU places and compares the
+// results. Without a GPU the program reports itself skipped (exit 77) with the reason.
+#include <pdo/pdo.hpp>
+
+#include <cmath>
+#include <cstdio>
+#include <exception>
+#include <functional>
+#include <string>
+#include <vector>
+
+#if !defined(PDO_WITH_CUDA)
+#error "test_cuda.cu must be built with PDO_WITH_CUDA (link pdo::cuda)"
+#endif
+
+namespace {
+
+int failures = 0;
+
+void check(bool ok, const std::string& what) {
+  std::printf("%s %s\n", ok ? "ok  " : "FAIL", what.c_str());
+  if (!ok) ++failures;
+}
+
+template <class T, std::size_t R>
+bool close(const pdo::tensor<T, R>& a, const pdo::tensor<T, R>& b, double tolerance) {
+  if (a.shape() != b.shape()) return false;
+  const auto ha = pdo::to_host(a), hb = pdo::to_host(b);
+  for (std::size_t i = 0; i < ha.size(); ++i)
+    if (std::abs(static_cast<double>(ha.data()[i]) - static_cast<double>(hb.data()[i])) > tolerance * (1 + std::abs(static_cast<double>(hb.data()[i]))))
+      return false;
+  return true;
+}
+
+template <class T, std::size_t R>
+pdo::tensor<T, R> filled(const pdo::shape_t<R>& shape, unsigned seed) {
+  auto t = pdo::tensor<T, R>::on_host(shape);  // also when called inside a GPU place's task
+  for (std::size_t i = 0; i < t.size(); ++i) t.data()[i] = static_cast<T>(((i * 2654435761u + seed) % 1000) / 500.0 - 1.0);
+  return t;
+}
+
+/// @brief Runs `program(mesh)` on a "dp" mesh of CPU places and of GPU places (as many of
+/// each) and compares the host tensors they return.
+template <class Program>
+void same_on_both(const std::string& what, const std::vector<pdo::cuda_place>& gpus, Program program, double tolerance) {
+  try {
+    const auto cpu = program(pdo::make_mesh<"dp">(pdo::cpu_places(gpus.size()), {gpus.size()}));
+    const auto gpu = program(pdo::make_mesh<"dp">(gpus, {gpus.size()}));
+    check(close(gpu, cpu, tolerance), what);
+  } catch (const std::exception& e) {
+    check(false, what + ": " + e.what());
+  }
+}
+
+void places_and_memory(const std::vector<pdo::cuda_place>& gpus) {
+  const auto& g = gpus.front();
+  const auto before = g.memory().stats();
+  {
+    pdo::tensor<float, 2> t({256, 256}, g);  // zero-filled on the device
+    check(g.memory().stats().bytes_in_use >= before.bytes_in_use + t.bytes(), "a GPU tensor counts in its place's statistics");
+    const auto host = pdo::to_host(t);
+    bool zero = true;
+    for (float v : host) zero = zero && v == 0.0f;
+    check(zero, "a GPU tensor starts zero-filled");
+    t.fill(2.5f);
+    const auto again = pdo::to_host(t);
+    check(again.data()[0] == 2.5f && again.data()[again.size() - 1] == 2.5f, "fill on a GPU place");
+  }
+  check(g.memory().stats().bytes_in_use == before.bytes_in_use, "freed GPU blocks return to the cache");
+  pdo::cuda_place capped(g.device(), std::size_t{1} << 20);
+  bool refused = false;
+  try {
+    pdo::tensor<float, 1> big({std::size_t{1} << 20}, capped);
+  } catch (const pdo::out_of_memory& e) {
+    refused = std::string(e.what()).find("cuda:") != std::string::npos;
+  }
+  check(refused, "a GPU place's cap gives pdo::out_of_memory naming the place");
+  pdo::cuda_event e;
+  e.record(g.compute_stream());
+  e.wait(g.comm_stream());
+  g.synchronize();
+  check(e.done(), "events order the compute and communication streams");
+}
+
+void copies(const std::vector<pdo::cuda_place>& gpus) {
+  const auto host = filled<double, 2>({37, 129}, 3);
+  for (const auto& a : gpus)
+    for (const auto& b : gpus)
+      for (auto how : {pdo::peer_copy::direct, pdo::peer_copy::staged}) {
+        const auto on_a = pdo::to_place(host, a);
+        const auto on_b = pdo::to_place(on_a, b, how);
+        check(close(pdo::to_host(on_b), host, 0), a.name() + " -> " + b.name() + (how == pdo::peer_copy::direct ? " peer" : " staged") +
+                                                        " copy");
+      }
+  // larger than the two staging buffers together: several chunks in flight
+  if (gpus.size() > 1) {
+    const auto big = filled<float, 1>({std::size_t{5} << 20}, 4);
+    const auto on_b = pdo::to_place(pdo::to_place(big, gpus[0]), gpus[1], pdo::peer_copy::staged);
+    check(close(pdo::to_host(on_b), big, 0), "a staged copy of 20 MiB between GPUs");
+  }
+}
+
+void expressions(const std::vector<pdo::cuda_place>& gpus) {
+  using pdo::replicate;
+  using pdo::split;
+  const auto a = filled<float, 2>({23, 17}, 1), b = filled<float, 2>({23, 17}, 2), c = filled<float, 2>({17, 9}, 5);
+  same_on_both("fused elementwise relu(a * b + 1) on GPU places", gpus, [&](const auto& m) {
+    const auto x = pdo::distribute<pdo::layout<split<"dp">, replicate>>(m, a);
+    const auto y = pdo::distribute<pdo::layout<split<"dp">, replicate>>(m, b);
+    return pdo::gather(pdo::eval(pdo::relu(x * y + 1.0f)));
+  }, 1e-6);
+  same_on_both("matmul (cuBLAS) of row-split by replicated", gpus, [&](const auto& m) {
+    const auto x = pdo::distribute<pdo::layout<split<"dp">, replicate>>(m, a);
+    const auto w = pdo::distribute<pdo::layout<replicate, replicate>>(m, c);
+    return pdo::gather(pdo::eval(pdo::matmul(x, w)));
+  }, 1e-5);
+  same_on_both("matmul with K split: partial sums all_reduced (NCCL)", gpus, [&](const auto& m) {
+    const auto x = pdo::distribute<pdo::layout<replicate, split<"dp">>>(m, a);
+    const auto w = pdo::distribute<pdo::layout<split<"dp">, replicate>>(m, c);
+    return pdo::gather(pdo::eval(pdo::matmul(x, w)));
+  }, 1e-5);
+  const auto batch = filled<double, 3>({6, 5, 4}, 7), right = filled<double, 3>({6, 4, 3}, 8);
+  same_on_both("batched matmul (cuBLAS strided batched)", gpus, [&](const auto& m) {
+    const auto x = pdo::distribute<pdo::layout<split<"dp">, replicate, replicate>>(m, batch);
+    const auto y = pdo::distribute<pdo::layout<split<"dp">, replicate, replicate>>(m, right);
+    return pdo::gather(pdo::eval(pdo::matmul(x, y)));
+  }, 1e-12);
+  same_on_both("sum over a split dim and softmax", gpus, [&](const auto& m) {
+    const auto x = pdo::distribute<pdo::layout<split<"dp">, replicate>>(m, a);
+    const auto s = pdo::eval(pdo::softmax<1>(x));
+    return pdo::gather(pdo::eval(pdo::sum<0>(s)));
+  }, 1e-5);
+  same_on_both("redistribute split rows -> split columns (all_to_all)", gpus, [&](const auto& m) {
+    const auto x = pdo::distribute<pdo::layout<split<"dp">, replicate>>(m, a);
+    return pdo::gather(pdo::redistribute<pdo::layout<replicate, split<"dp">>>(x));
+  }, 0);
+}
+
+void convolution(const std::vector<pdo::cuda_place>& gpus) {
+  const auto x = filled<float, 4>({2, 3, 9, 9}, 11), w = filled<float, 4>({4, 3, 3, 3}, 12);
+  const auto bias = filled<float, 1>({4}, 13);
+  same_on_both("conv2d forward and backward (im2col + cuBLAS) in spmd tasks", gpus, [&](const auto& m) {
+    std::vector<pdo::tensor<float, 4>> out(m.local_places().size());
+    pdo::spmd(m, [&](std::size_t p) {
+      const auto& place = m.place(p);
+      auto xv = pdo::var(pdo::to_place(x, place));
+      auto wv = pdo::parameter(pdo::to_place(w, place));
+      auto bv = pdo::parameter(pdo::to_place(bias, place));
+      const auto y = pdo::conv2d(xv, wv, bv, {1, 1});
+      pdo::backward(pdo::sum(y * y));
+      if (p == 0) out[0] = pdo::to_host(wv.grad());
+    });
+    return out[0];
+  }, 1e-4);
+}
+
+void collectives(const std::vector<pdo::cuda_place>& gpus) {
+  const std::size_t n = gpus.size();
+  same_on_both("all_reduce, uneven all_gather and reduce_scatter, broadcast, all_to_all, send/recv", gpus, [&](const auto& m) {
+    // every collective's result lands in one host tensor per place; place 0's is returned
+    std::vector<pdo::tensor<double, 1>> out(m.local_places().size());
+    pdo::spmd(m, [&](std::size_t p) {
+      const auto comm = pdo::communicator_of(m, p);
+      const auto& place = m.place(p);
+      auto v = pdo::to_place(filled<double, 1>({10 + p}, static_cast<unsigned>(p)), place);
+      auto sum = pdo::to_place(filled<double, 1>({10}, static_cast<unsigned>(p)), place);
+      comm.all_reduce(sum.span());
+      std::size_t total = 0;
+      for (std::size_t k = 0; k < n; ++k) total += 10 + k;
+      pdo::tensor<double, 1> gathered({total}, place);
+      comm.all_gather(std::as_const(v).span(), gathered.span());
+      pdo::tensor<double, 1> segment({10 + p}, place);
+      comm.reduce_scatter(std::as_const(gathered).span(), segment.span());
+      pdo::tensor<double, 1> root = pdo::to_place(filled<double, 1>({6}, 40 + static_cast<unsigned>(p)), place);
+      comm.broadcast(root.span(), n - 1);
+      std::vector<std::size_t> counts(n, 2);
+      pdo::tensor<double, 1> mine = pdo::to_place(filled<double, 1>({2 * n}, 50 + static_cast<unsigned>(p)), place), theirs({2 * n}, place);
+      comm.all_to_all(std::as_const(mine).span(), std::span<const std::size_t>(counts), theirs.span(), std::span<const std::size_t>(counts));
+      pdo::tensor<double, 1> ring({3}, place);
+      if (n > 1) {
+        const auto next = (p + 1) % n, prev = (p + n - 1) % n;
+        const auto payload = pdo::to_place(filled<double, 1>({3}, 60 + static_cast<unsigned>(p)), place);
+        if (p % 2 == 0) {
+          comm.send(payload.span(), next, 5);
+          comm.recv(ring.span(), prev, 5);
+        } else {
+          comm.recv(ring.span(), prev, 5);
+          comm.send(payload.span(), next, 5);
+        }
+      }
+      if (p != 0) return;
+      const auto parts = {pdo::to_host(sum), pdo::to_host(gathered), pdo::to_host(segment), pdo::to_host(root), pdo::to_host(theirs),
+                          pdo::to_host(ring)};
+      std::size_t size = 0;
+      for (const auto& t : parts) size += t.size();
+      auto all = pdo::tensor<double, 1>::on_host({size});
+      double* at = all.data();
+      for (const auto& t : parts)
+        for (double x : t) *at++ = x;
+      out[0] = all;
+    });
+    return out[0];
+  }, 1e-12);
+  // arguments that disagree: an error on every member, not a hang
+  const auto m = pdo::make_mesh<"dp">(gpus, {n});
+  bool mismatch = n == 1;
+  if (n > 1) {
+    try {
+      pdo::spmd(m, [&](std::size_t p) {
+        pdo::tensor<float, 1> t({4 + p}, m.place(p));
+        pdo::communicator_of(m, p).all_reduce(t.span());
+      });
+    } catch (const pdo::mismatch_error&) {
+      mismatch = true;
+    }
+  }
+  check(mismatch, "NCCL collectives with sizes that disagree throw mismatch_error on every member");
+}
+
+void mixed_mesh(const std::vector<pdo::cuda_place>& gpus) {
+  // a CPU place and a GPU place in one mesh: collectives staged through host memory
+  std::vector<pdo::any_place> places{pdo::cpu_places(1).front(), gpus.front()};
+  const auto m = pdo::make_mesh<"pp">(places, {2});
+  std::vector<double> sums(2), received(2);
+  try {
+    pdo::spmd(m, [&](std::size_t p) {
+      const auto comm = pdo::communicator_of(m, p);
+      pdo::tensor<double, 1> t({5}, m.place(p));
+      t.fill(static_cast<double>(p + 1));
+      comm.all_reduce(t.span());
+      sums[p] = pdo::to_host(t).data()[4];
+      if (p == 0) {
+        comm.send(std::as_const(t).span(), 1, 3);  // a CPU stage feeding a GPU stage
+      } else {
+        pdo::tensor<double, 1> in({5}, m.place(p));
+        comm.recv(in.span(), 0, 3);
+        received[p] = pdo::to_host(in).data()[0];
+      }
+    });
+    check(sums[0] == 3.0 && sums[1] == 3.0 && received[1] == 3.0, "a mesh of a CPU and a GPU place: all_reduce and send/recv");
+  } catch (const std::exception& e) {
+    check(false, std::string("mixed mesh: ") + e.what());
+  }
+}
+
+void errors(const std::vector<pdo::cuda_place>& gpus) {
+  bool named = false;
+  try {
+    pdo::detail::cuda_check(cudaErrorInvalidValue, "cudaMemcpyAsync", gpus.front().name());
+  } catch (const pdo::error& e) {
+    named = std::string(e.what()).find("cudaMemcpyAsync on cuda:") != std::string::npos;
+  }
+  check(named, "CUDA errors become pdo::error naming the call and the place");
+}
+
+}  // namespace
+
+int main() {
+  const std::string reason = pdo::cuda_unavailable_reason();
+  if (!reason.empty()) {
+    std::printf("SKIPPED: no CUDA device (%s)\n", reason.c_str());
+    return 77;
+  }
+  const auto gpus = pdo::cuda_places();
+  std::printf("%zu GPU place(s)\n", gpus.size());
+  const std::vector<std::function<void(const std::vector<pdo::cuda_place>&)>> parts{places_and_memory, copies, expressions, convolution,
+                                                                                    collectives, mixed_mesh, errors};
+  for (const auto& part : parts) {
+    try {
+      part(gpus);
+    } catch (const std::exception& e) {
+      check(false, e.what());
+    }
+  }
+  std::printf("%d failure(s)\n", failures);
+  return failures == 0 ? 0 : 1;
+}
