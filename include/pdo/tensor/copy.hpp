@@ -45,6 +45,7 @@ void copy_block(const T* src, const shape_t<Rank>& src_shape, const shape_t<Rank
 template <class T>
 void copy_chunk(const T* src, const dim_view& v, std::size_t parts, std::size_t k, T* dst, place_state* where = nullptr) {
   const std::size_t off = chunk_offset(v.extent, parts, k), n = chunk_size(v.extent, parts, k);
+  if (v.outer == 0 || n * v.inner == 0) return;  // an empty chunk (its buffers may be null)
   copy_strided(where, dst, n * v.inner * sizeof(T), src + off * v.inner, v.extent * v.inner * sizeof(T), n * v.inner * sizeof(T), v.outer);
 }
 
@@ -63,6 +64,7 @@ void pack_chunks(const T* src, const dim_view& v, std::size_t parts, T* dst, pla
 template <class T>
 void place_chunk(const T* src, const dim_view& v, std::size_t parts, std::size_t k, T* dst, place_state* where = nullptr) {
   const std::size_t off = chunk_offset(v.extent, parts, k), n = chunk_size(v.extent, parts, k);
+  if (v.outer == 0 || n * v.inner == 0) return;
   copy_strided(where, dst + off * v.inner, v.extent * v.inner * sizeof(T), src, n * v.inner * sizeof(T), n * v.inner * sizeof(T), v.outer);
 }
 

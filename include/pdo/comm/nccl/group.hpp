@@ -322,6 +322,9 @@ inline std::shared_ptr<comm_set> init_mesh(const pdo::detail::mesh_state& m) {
                          " holds two places of this process (" + m.places[i].name() + ")");
     devices.push_back(d);
   }
+  int current = 0;
+  (void)cudaGetDevice(&current);
+  pdo::detail::device_guard keep(current);  // the calling thread (a place's worker) keeps its device
   if (!m.multiprocess) {
     check(ncclCommInitAll(set->comms.data(), static_cast<int>(n), devices.data()), "ncclCommInitAll", m.places[0].name());
     return set;
