@@ -2345,6 +2345,9 @@ struct cuda_device {
   cudaStream_t comm = nullptr;
   cublasHandle_t blas = nullptr;
 
+  std::mutex order_mutex;            ///< guards order_event between its record and the wait on it
+  cudaEvent_t order_event = nullptr;  ///< marks work of this device's streams that another stream waits for
+
   static constexpr std::size_t staging_bytes = std::size_t{4} << 20;
   std::mutex staging_mutex;      ///< one staged copy from this device at a time
   void* staging[2] = {nullptr, nullptr};
@@ -2359,6 +2362,7 @@ struct cuda_device {
     cuda_check(cudaStreamCreateWithFlags(&comm, cudaStreamNonBlocking), "cudaStreamCreateWithFlags", name);
     cublas_check(cublasCreate(&blas), "cublasCreate", name);
     cublas_check(cublasSetStream(blas, compute), "cublasSetStream", name);
+    cuda_check(cudaEventCreateWithFlags(&order_event, cudaEventDisableTiming), "cudaEventCreateWithFlags", name);
   }
   ~cuda_device() {
     device_guard guard(ordinal);
@@ -2368,12 +2372,23 @@ struct cuda_device {
       if (staging_free[b]) cudaEventDestroy(staging_free[b]);
       if (staging[b]) cudaFreeHost(staging[b]);
     }
+    if (order_event) cudaEventDestroy(order_event);
     if (blas) cublasDestroy(blas);
     if (comm) cudaStreamDestroy(comm);
     if (compute) cudaStreamDestroy(compute);
   }
   cuda_device(const cuda_device&) = delete;
   cuda_device& operator=(const cuda_device&) = delete;
+
+  /// @brief Makes `later` (a stream of any device) wait, without a host wait, for the work
+  /// queued so far on `mine`, a stream of this device (the event must be made here).
+  void make_wait(cudaStream_t later, cudaStream_t mine) {
+    if (later == mine) return;
+    std::lock_guard lock(order_mutex);  // the wait takes the record made just before it
+    device_guard guard(ordinal);
+    cuda_check(cudaEventRecord(order_event, mine), "cudaEventRecord", name);
+    cuda_check(cudaStreamWaitEvent(later, order_event, 0), "cudaStreamWaitEvent", name);
+  }
 
   /// @brief The pinned buffers, made on first use (the caller holds staging_mutex).
   void ensure_staging() {
@@ -2498,20 +2513,6 @@ class cuda_event {
  private:
   cudaEvent_t event_ = nullptr;
 };
-
-namespace detail {
-/// @brief Makes `later`'s next work wait for the work queued so far on `earlier`, a stream
-/// of device `earlier_device` (the event must be made there), without a host wait.
-inline void stream_after(cudaStream_t later, cudaStream_t earlier, int earlier_device, const std::string& where) {
-  if (later == earlier) return;
-  device_guard guard(earlier_device);
-  cudaEvent_t e = nullptr;
-  cuda_check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreateWithFlags", where);
-  cuda_check(cudaEventRecord(e, earlier), "cudaEventRecord", where);
-  cuda_check(cudaStreamWaitEvent(later, e, 0), "cudaStreamWaitEvent", where);
-  cudaEventDestroy(e);  // released once the recorded work has finished
-}
-}  // namespace detail
 
 /// @brief Why there is no GPU place to make, or an empty string when there is one.
 inline std::string cuda_unavailable_reason() {
@@ -2835,9 +2836,9 @@ class group {
     cuda_device& d = pdo::detail::cuda_device_of(place);
     std::lock_guard lock(*locks_[me]);  // one thread at a time on a communicator
     pdo::detail::device_guard guard(d.ordinal);
-    pdo::detail::stream_after(d.comm, d.compute, d.ordinal, place.name);
+    d.make_wait(d.comm, d.compute);
     check(call(comm(me), d.comm), what, place.name, comm(me));
-    pdo::detail::stream_after(d.compute, d.comm, d.ordinal, place.name);
+    d.make_wait(d.compute, d.comm);
   }
 
   std::vector<std::shared_ptr<pdo::detail::place_state>> places_;
@@ -3001,11 +3002,11 @@ inline void copy_bytes(place_state* dst_place, void* dst, place_state* src_place
     auto &d = cuda_device_of(*dst_place), &s = cuda_device_of(*src_place);
     if (d.ordinal == s.ordinal) {
       device_guard guard(d.ordinal);
-      stream_after(d.compute, s.compute, s.ordinal, d.name);
+      s.make_wait(d.compute, s.compute);
       cuda_check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, d.compute), "cudaMemcpyAsync", d.name);
       return;
     }
-    stream_after(s.compute, d.compute, d.ordinal, s.name);  // the destination's block may still be read by its earlier work
+    d.make_wait(s.compute, d.compute);  // the destination's block may still be read by its earlier work
     int can = 0;
     cuda_check(cudaDeviceCanAccessPeer(&can, d.ordinal, s.ordinal), "cudaDeviceCanAccessPeer", d.name);
     if (how == peer_copy::staged || (how == peer_copy::automatic && can == 0)) {
@@ -3016,7 +3017,7 @@ inline void copy_bytes(place_state* dst_place, void* dst, place_state* src_place
       device_guard guard(s.ordinal);
       cuda_check(cudaMemcpyPeerAsync(dst, d.ordinal, src, s.ordinal, bytes, s.compute), "cudaMemcpyPeerAsync", s.name);
     }
-    stream_after(d.compute, s.compute, s.ordinal, d.name);
+    s.make_wait(d.compute, s.compute);
     return;
   }
   cuda_device& g = cuda_device_of(to_gpu ? *dst_place : *src_place);
@@ -3275,16 +3276,18 @@ mesh_comms& comms_of(const Mesh& m) {
     if (devices != mesh_devices::cpu && !cuda_enabled)
       throw communication_error("mesh: " + m.describe() + " has GPU places; their collectives need a build with PDO_WITH_CUDA");
 #if defined(PDO_WITH_CUDA)
-    std::shared_ptr<nccl::detail::comm_set> whole_nccl;
-    if (devices == mesh_devices::gpu) whole_nccl = nccl::detail::init_mesh(state);
-    auto wrap = [&](const std::vector<std::size_t>& members, std::shared_ptr<host_group> host, std::shared_ptr<nccl::detail::comm_set> nc) {
+    using nccl_comms = std::shared_ptr<nccl::detail::comm_set>;
+    const nccl_comms whole_nccl = devices == mesh_devices::gpu ? nccl::detail::init_mesh(state) : nullptr;
+    auto wrap = [&](const std::vector<std::size_t>& members, nccl_comms nc) {
+      auto host = make_host_group(state, members);
       return devices == mesh_devices::cpu ? from_host(host) : device_group(state, members, std::move(host), std::move(nc));
     };
 #else
-    auto wrap = [&](const std::vector<std::size_t>&, std::shared_ptr<host_group> host, auto) { return from_host(host); };
-    const std::nullptr_t whole_nccl = nullptr;
+    using nccl_comms = std::nullptr_t;
+    const nccl_comms whole_nccl = nullptr;
+    auto wrap = [&](const std::vector<std::size_t>& members, nccl_comms) { return from_host(make_host_group(state, members)); };
 #endif
-    comms->whole = wrap(all, make_host_group(state, all), whole_nccl);
+    comms->whole = wrap(all, whole_nccl);
     comms->lines.resize(Mesh::ndim);
     comms->line_of.assign(Mesh::ndim, std::vector<std::size_t>(m.size()));
     for (std::size_t a = 0; a < Mesh::ndim; ++a) {
@@ -3295,18 +3298,15 @@ mesh_comms& comms_of(const Mesh& m) {
         for (auto q : members) comms->line_of[a][q] = line_members.size();
         line_members.push_back(members);
       }
+      std::vector<nccl_comms> line_nccl(line_members.size());
 #if defined(PDO_WITH_CUDA)
-      std::vector<std::shared_ptr<nccl::detail::comm_set>> line_nccl(line_members.size());
       if (whole_nccl) {
         std::vector<std::size_t> coords(m.size());
         for (std::size_t p = 0; p < m.size(); ++p) coords[p] = m.coord(p, a);
         line_nccl = nccl::detail::split_lines(state, *whole_nccl, comms->line_of[a], line_members.size(), coords, m.extent(a));
       }
-      for (std::size_t g = 0; g < line_members.size(); ++g)
-        comms->lines[a].push_back(wrap(line_members[g], make_host_group(state, line_members[g]), line_nccl[g]));
-#else
-      for (const auto& members : line_members) comms->lines[a].push_back(wrap(members, make_host_group(state, members), nullptr));
 #endif
+      for (std::size_t g = 0; g < line_members.size(); ++g) comms->lines[a].push_back(wrap(line_members[g], line_nccl[g]));
     }
     state.comms = std::move(comms);
   });
@@ -3597,7 +3597,6 @@ void spmd(const Mesh& m, Task&& task) {
 
 #include <cstddef>
 #include <string>
-#include <type_traits>
 
 #if defined(__CUDACC__) && defined(PDO_WITH_CUDA)
 #include <thrust/for_each.h>
@@ -3616,18 +3615,13 @@ inline constexpr bool cuda_kernels_enabled = true;
 /// @brief Runs `launch(policy)` with the CUDA policy of GPU place `p` (its compute stream),
 /// turning Thrust's and CUDA's failures into a pdo::error naming the place.
 template <class Launch>
-decltype(auto) on_gpu_stream(place_state& p, const char* what, Launch&& launch) {
+auto on_gpu_stream(place_state& p, const char* what, Launch&& launch) {
   cuda_device& d = cuda_device_of(p);
   device_guard guard(d.ordinal);
   try {
-    if constexpr (std::is_void_v<decltype(launch(thrust::cuda::par_nosync.on(d.compute)))>) {
-      launch(thrust::cuda::par_nosync.on(d.compute));
-      cuda_check(cudaGetLastError(), what, p.name);
-    } else {
-      auto result = launch(thrust::cuda::par_nosync.on(d.compute));
-      cuda_check(cudaGetLastError(), what, p.name);
-      return result;
-    }
+    auto result = launch(thrust::cuda::par_nosync.on(d.compute));
+    cuda_check(cudaGetLastError(), what, p.name);
+    return result;
   } catch (const thrust::system_error& e) {
     throw error(std::string(what) + " on " + p.name + ": " + e.what());
   }
@@ -4615,11 +4609,11 @@ inline void copy_bytes(place_state* dst_place, void* dst, place_state* src_place
     auto &d = cuda_device_of(*dst_place), &s = cuda_device_of(*src_place);
     if (d.ordinal == s.ordinal) {
       device_guard guard(d.ordinal);
-      stream_after(d.compute, s.compute, s.ordinal, d.name);
+      s.make_wait(d.compute, s.compute);
       cuda_check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, d.compute), "cudaMemcpyAsync", d.name);
       return;
     }
-    stream_after(s.compute, d.compute, d.ordinal, s.name);  // the destination's block may still be read by its earlier work
+    d.make_wait(s.compute, d.compute);  // the destination's block may still be read by its earlier work
     int can = 0;
     cuda_check(cudaDeviceCanAccessPeer(&can, d.ordinal, s.ordinal), "cudaDeviceCanAccessPeer", d.name);
     if (how == peer_copy::staged || (how == peer_copy::automatic && can == 0)) {
@@ -4630,7 +4624,7 @@ inline void copy_bytes(place_state* dst_place, void* dst, place_state* src_place
       device_guard guard(s.ordinal);
       cuda_check(cudaMemcpyPeerAsync(dst, d.ordinal, src, s.ordinal, bytes, s.compute), "cudaMemcpyPeerAsync", s.name);
     }
-    stream_after(d.compute, s.compute, s.ordinal, d.name);
+    s.make_wait(d.compute, s.compute);
     return;
   }
   cuda_device& g = cuda_device_of(to_gpu ? *dst_place : *src_place);
@@ -4708,7 +4702,6 @@ inline void fill_bytes(place_state* place, void* dst, const void* value, std::si
 #include <span>
 #include <string>
 #include <utility>
-#include <vector>
 
 namespace pdo {
 
@@ -4742,8 +4735,7 @@ class tensor {
     if (values.size() != size())
       throw shape_error("tensor: " + std::to_string(values.size()) + " values given for shape " +
                         detail::format_extents(shape) + " of " + std::to_string(size()) + " elements");
-    const std::vector<T> host(values);
-    detail::copy_bytes(place_.get(), data_, nullptr, host.data(), bytes());
+    detail::copy_bytes(place_.get(), data_, nullptr, values.begin(), bytes());
   }
   tensor(const shape_t<Rank>& shape, detail::uninitialized_t)
       : tensor(shape, detail::current_tensor_place() ? detail::current_tensor_place()->memory.get() : &host_allocator(),
@@ -8815,6 +8807,18 @@ using communicator = group_communicator<detail::group>;
 
 static_assert(pdo::communicator<communicator>);
 
+namespace detail {
+/// @brief Throws on every process unless all passed the same `per_process` to `op`.
+inline void check_same_per_process(const char* op, std::size_t per_process) {
+  unsigned long long mine_count = per_process, low = 0, high = 0;
+  MPI_Allreduce(&mine_count, &low, 1, MPI_UNSIGNED_LONG_LONG, MPI_MIN, MPI_COMM_WORLD);
+  MPI_Allreduce(&mine_count, &high, 1, MPI_UNSIGNED_LONG_LONG, MPI_MAX, MPI_COMM_WORLD);
+  if (low != high)
+    throw layout_error(std::string(op) + ": processes asked for different numbers of places (" + std::to_string(low) + " to " +
+                       std::to_string(high) + "); every process must pass the same per_process");
+}
+}  // namespace detail
+
 /// @brief The places of every process of MPI_COMM_WORLD, `per_process` each, in rank
 /// order: place `r * per_process + i` is place i of rank r, named "rank<r>/cpu:<i>".
 /// This process's places are CPU places over its cores, pinned only when the launcher
@@ -8823,12 +8827,7 @@ static_assert(pdo::communicator<communicator>);
 /// process must call it with the same `per_process` (it starts MPI if needed).
 inline std::vector<any_place> world_places(std::size_t per_process = 1, std::size_t memory_cap = 0) {
   const int me = mpi::rank(), n = mpi::size();
-  unsigned long long mine_count = per_process, low = 0, high = 0;
-  MPI_Allreduce(&mine_count, &low, 1, MPI_UNSIGNED_LONG_LONG, MPI_MIN, MPI_COMM_WORLD);
-  MPI_Allreduce(&mine_count, &high, 1, MPI_UNSIGNED_LONG_LONG, MPI_MAX, MPI_COMM_WORLD);
-  if (low != high)
-    throw layout_error("world_places: processes asked for different numbers of places (" + std::to_string(low) + " to " +
-                       std::to_string(high) + "); every process must pass the same per_process");
+  detail::check_same_per_process("world_places", per_process);
   auto label = [](int rank, std::size_t i) { return "rank" + std::to_string(rank) + "/cpu:" + std::to_string(i); };
   const std::vector<int> cores = pdo::detail::process_cores();
   const bool bound = cores.size() < std::max(1u, std::thread::hardware_concurrency());
@@ -8853,12 +8852,8 @@ inline std::vector<any_place> world_places(std::size_t per_process = 1, std::siz
 /// bootstrapped over MPI. Every process must call it with the same `per_process`.
 inline std::vector<any_place> world_cuda_places(std::size_t per_process = 1, std::size_t memory_cap = 0) {
   const int me = mpi::rank(), n = mpi::size();
-  unsigned long long mine_count = per_process, low = 0, high = 0;
-  MPI_Allreduce(&mine_count, &low, 1, MPI_UNSIGNED_LONG_LONG, MPI_MIN, MPI_COMM_WORLD);
-  MPI_Allreduce(&mine_count, &high, 1, MPI_UNSIGNED_LONG_LONG, MPI_MAX, MPI_COMM_WORLD);
-  if (low != high || per_process == 0)
-    throw layout_error("world_cuda_places: processes asked for " + std::to_string(low) + " to " + std::to_string(high) +
-                       " places; every process must pass the same per_process, at least 1");
+  detail::check_same_per_process("world_cuda_places", per_process);
+  if (per_process == 0) throw layout_error("world_cuda_places: asked for 0 places per process; ask for at least one");
   MPI_Comm node = MPI_COMM_NULL;
   MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, me, MPI_INFO_NULL, &node);
   int local_rank = 0;
@@ -10544,10 +10539,9 @@ auto stage_of(const sequential<Layers...>& model, const Mesh& m, std::size_t p) 
   }(std::make_index_sequence<End - Begin>{});
 }
 
+/// @brief The cut points of a pipeline, as a tag its constructor deduces them from.
 template <std::size_t... Cuts>
-struct cut_list {
-  static constexpr std::array<std::size_t, sizeof...(Cuts)> values{Cuts...};
-};
+struct cut_list {};
 
 /// @brief Where the stages of a model of `Layers` layers cut after `Cuts...` begin and end:
 /// stage s is [values[s], values[s + 1]).

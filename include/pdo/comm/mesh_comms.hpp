@@ -118,16 +118,18 @@ mesh_comms& comms_of(const Mesh& m) {
     if (devices != mesh_devices::cpu && !cuda_enabled)
       throw communication_error("mesh: " + m.describe() + " has GPU places; their collectives need a build with PDO_WITH_CUDA");
 #if defined(PDO_WITH_CUDA)
-    std::shared_ptr<nccl::detail::comm_set> whole_nccl;
-    if (devices == mesh_devices::gpu) whole_nccl = nccl::detail::init_mesh(state);
-    auto wrap = [&](const std::vector<std::size_t>& members, std::shared_ptr<host_group> host, std::shared_ptr<nccl::detail::comm_set> nc) {
+    using nccl_comms = std::shared_ptr<nccl::detail::comm_set>;
+    const nccl_comms whole_nccl = devices == mesh_devices::gpu ? nccl::detail::init_mesh(state) : nullptr;
+    auto wrap = [&](const std::vector<std::size_t>& members, nccl_comms nc) {
+      auto host = make_host_group(state, members);
       return devices == mesh_devices::cpu ? from_host(host) : device_group(state, members, std::move(host), std::move(nc));
     };
 #else
-    auto wrap = [&](const std::vector<std::size_t>&, std::shared_ptr<host_group> host, auto) { return from_host(host); };
-    const std::nullptr_t whole_nccl = nullptr;
+    using nccl_comms = std::nullptr_t;
+    const nccl_comms whole_nccl = nullptr;
+    auto wrap = [&](const std::vector<std::size_t>& members, nccl_comms) { return from_host(make_host_group(state, members)); };
 #endif
-    comms->whole = wrap(all, make_host_group(state, all), whole_nccl);
+    comms->whole = wrap(all, whole_nccl);
     comms->lines.resize(Mesh::ndim);
     comms->line_of.assign(Mesh::ndim, std::vector<std::size_t>(m.size()));
     for (std::size_t a = 0; a < Mesh::ndim; ++a) {
@@ -138,18 +140,15 @@ mesh_comms& comms_of(const Mesh& m) {
         for (auto q : members) comms->line_of[a][q] = line_members.size();
         line_members.push_back(members);
       }
+      std::vector<nccl_comms> line_nccl(line_members.size());
 #if defined(PDO_WITH_CUDA)
-      std::vector<std::shared_ptr<nccl::detail::comm_set>> line_nccl(line_members.size());
       if (whole_nccl) {
         std::vector<std::size_t> coords(m.size());
         for (std::size_t p = 0; p < m.size(); ++p) coords[p] = m.coord(p, a);
         line_nccl = nccl::detail::split_lines(state, *whole_nccl, comms->line_of[a], line_members.size(), coords, m.extent(a));
       }
-      for (std::size_t g = 0; g < line_members.size(); ++g)
-        comms->lines[a].push_back(wrap(line_members[g], make_host_group(state, line_members[g]), line_nccl[g]));
-#else
-      for (const auto& members : line_members) comms->lines[a].push_back(wrap(members, make_host_group(state, members), nullptr));
 #endif
+      for (std::size_t g = 0; g < line_members.size(); ++g) comms->lines[a].push_back(wrap(line_members[g], line_nccl[g]));
     }
     state.comms = std::move(comms);
   });

@@ -14,7 +14,6 @@
 
 #include <cstddef>
 #include <string>
-#include <type_traits>
 
 #if defined(__CUDACC__) && defined(PDO_WITH_CUDA)
 #include <thrust/for_each.h>
@@ -33,18 +32,13 @@ inline constexpr bool cuda_kernels_enabled = true;
 /// @brief Runs `launch(policy)` with the CUDA policy of GPU place `p` (its compute stream),
 /// turning Thrust's and CUDA's failures into a pdo::error naming the place.
 template <class Launch>
-decltype(auto) on_gpu_stream(place_state& p, const char* what, Launch&& launch) {
+auto on_gpu_stream(place_state& p, const char* what, Launch&& launch) {
   cuda_device& d = cuda_device_of(p);
   device_guard guard(d.ordinal);
   try {
-    if constexpr (std::is_void_v<decltype(launch(thrust::cuda::par_nosync.on(d.compute)))>) {
-      launch(thrust::cuda::par_nosync.on(d.compute));
-      cuda_check(cudaGetLastError(), what, p.name);
-    } else {
-      auto result = launch(thrust::cuda::par_nosync.on(d.compute));
-      cuda_check(cudaGetLastError(), what, p.name);
-      return result;
-    }
+    auto result = launch(thrust::cuda::par_nosync.on(d.compute));
+    cuda_check(cudaGetLastError(), what, p.name);
+    return result;
   } catch (const thrust::system_error& e) {
     throw error(std::string(what) + " on " + p.name + ": " + e.what());
   }

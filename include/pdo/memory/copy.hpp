@@ -77,11 +77,11 @@ inline void copy_bytes(place_state* dst_place, void* dst, place_state* src_place
     auto &d = cuda_device_of(*dst_place), &s = cuda_device_of(*src_place);
     if (d.ordinal == s.ordinal) {
       device_guard guard(d.ordinal);
-      stream_after(d.compute, s.compute, s.ordinal, d.name);
+      s.make_wait(d.compute, s.compute);
       cuda_check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, d.compute), "cudaMemcpyAsync", d.name);
       return;
     }
-    stream_after(s.compute, d.compute, d.ordinal, s.name);  // the destination's block may still be read by its earlier work
+    d.make_wait(s.compute, d.compute);  // the destination's block may still be read by its earlier work
     int can = 0;
     cuda_check(cudaDeviceCanAccessPeer(&can, d.ordinal, s.ordinal), "cudaDeviceCanAccessPeer", d.name);
     if (how == peer_copy::staged || (how == peer_copy::automatic && can == 0)) {
@@ -92,7 +92,7 @@ inline void copy_bytes(place_state* dst_place, void* dst, place_state* src_place
       device_guard guard(s.ordinal);
       cuda_check(cudaMemcpyPeerAsync(dst, d.ordinal, src, s.ordinal, bytes, s.compute), "cudaMemcpyPeerAsync", s.name);
     }
-    stream_after(d.compute, s.compute, s.ordinal, d.name);
+    s.make_wait(d.compute, s.compute);
     return;
   }
   cuda_device& g = cuda_device_of(to_gpu ? *dst_place : *src_place);

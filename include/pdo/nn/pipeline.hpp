@@ -135,10 +135,9 @@ auto stage_of(const sequential<Layers...>& model, const Mesh& m, std::size_t p) 
   }(std::make_index_sequence<End - Begin>{});
 }
 
+/// @brief The cut points of a pipeline, as a tag its constructor deduces them from.
 template <std::size_t... Cuts>
-struct cut_list {
-  static constexpr std::array<std::size_t, sizeof...(Cuts)> values{Cuts...};
-};
+struct cut_list {};
 
 /// @brief Where the stages of a model of `Layers` layers cut after `Cuts...` begin and end:
 /// stage s is [values[s], values[s + 1]).

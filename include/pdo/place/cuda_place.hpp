@@ -91,6 +91,9 @@ struct cuda_device {
   cudaStream_t comm = nullptr;
   cublasHandle_t blas = nullptr;
 
+  std::mutex order_mutex;            ///< guards order_event between its record and the wait on it
+  cudaEvent_t order_event = nullptr;  ///< marks work of this device's streams that another stream waits for
+
   static constexpr std::size_t staging_bytes = std::size_t{4} << 20;
   std::mutex staging_mutex;      ///< one staged copy from this device at a time
   void* staging[2] = {nullptr, nullptr};
@@ -105,6 +108,7 @@ struct cuda_device {
     cuda_check(cudaStreamCreateWithFlags(&comm, cudaStreamNonBlocking), "cudaStreamCreateWithFlags", name);
     cublas_check(cublasCreate(&blas), "cublasCreate", name);
     cublas_check(cublasSetStream(blas, compute), "cublasSetStream", name);
+    cuda_check(cudaEventCreateWithFlags(&order_event, cudaEventDisableTiming), "cudaEventCreateWithFlags", name);
   }
   ~cuda_device() {
     device_guard guard(ordinal);
@@ -114,12 +118,23 @@ struct cuda_device {
       if (staging_free[b]) cudaEventDestroy(staging_free[b]);
       if (staging[b]) cudaFreeHost(staging[b]);
     }
+    if (order_event) cudaEventDestroy(order_event);
     if (blas) cublasDestroy(blas);
     if (comm) cudaStreamDestroy(comm);
     if (compute) cudaStreamDestroy(compute);
   }
   cuda_device(const cuda_device&) = delete;
   cuda_device& operator=(const cuda_device&) = delete;
+
+  /// @brief Makes `later` (a stream of any device) wait, without a host wait, for the work
+  /// queued so far on `mine`, a stream of this device (the event must be made here).
+  void make_wait(cudaStream_t later, cudaStream_t mine) {
+    if (later == mine) return;
+    std::lock_guard lock(order_mutex);  // the wait takes the record made just before it
+    device_guard guard(ordinal);
+    cuda_check(cudaEventRecord(order_event, mine), "cudaEventRecord", name);
+    cuda_check(cudaStreamWaitEvent(later, order_event, 0), "cudaStreamWaitEvent", name);
+  }
 
   /// @brief The pinned buffers, made on first use (the caller holds staging_mutex).
   void ensure_staging() {
@@ -244,20 +259,6 @@ class cuda_event {
  private:
   cudaEvent_t event_ = nullptr;
 };
-
-namespace detail {
-/// @brief Makes `later`'s next work wait for the work queued so far on `earlier`, a stream
-/// of device `earlier_device` (the event must be made there), without a host wait.
-inline void stream_after(cudaStream_t later, cudaStream_t earlier, int earlier_device, const std::string& where) {
-  if (later == earlier) return;
-  device_guard guard(earlier_device);
-  cudaEvent_t e = nullptr;
-  cuda_check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreateWithFlags", where);
-  cuda_check(cudaEventRecord(e, earlier), "cudaEventRecord", where);
-  cuda_check(cudaStreamWaitEvent(later, e, 0), "cudaStreamWaitEvent", where);
-  cudaEventDestroy(e);  // released once the recorded work has finished
-}
-}  // namespace detail
 
 /// @brief Why there is no GPU place to make, or an empty string when there is one.
 inline std::string cuda_unavailable_reason() {

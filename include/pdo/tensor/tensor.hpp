@@ -18,7 +18,6 @@
 #include <span>
 #include <string>
 #include <utility>
-#include <vector>
 
 namespace pdo {
 
@@ -52,8 +51,7 @@ class tensor {
     if (values.size() != size())
       throw shape_error("tensor: " + std::to_string(values.size()) + " values given for shape " +
                         detail::format_extents(shape) + " of " + std::to_string(size()) + " elements");
-    const std::vector<T> host(values);
-    detail::copy_bytes(place_.get(), data_, nullptr, host.data(), bytes());
+    detail::copy_bytes(place_.get(), data_, nullptr, values.begin(), bytes());
   }
   tensor(const shape_t<Rank>& shape, detail::uninitialized_t)
       : tensor(shape, detail::current_tensor_place() ? detail::current_tensor_place()->memory.get() : &host_allocator(),

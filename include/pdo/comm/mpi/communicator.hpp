@@ -23,6 +23,18 @@ using communicator = group_communicator<detail::group>;
 
 static_assert(pdo::communicator<communicator>);
 
+namespace detail {
+/// @brief Throws on every process unless all passed the same `per_process` to `op`.
+inline void check_same_per_process(const char* op, std::size_t per_process) {
+  unsigned long long mine_count = per_process, low = 0, high = 0;
+  MPI_Allreduce(&mine_count, &low, 1, MPI_UNSIGNED_LONG_LONG, MPI_MIN, MPI_COMM_WORLD);
+  MPI_Allreduce(&mine_count, &high, 1, MPI_UNSIGNED_LONG_LONG, MPI_MAX, MPI_COMM_WORLD);
+  if (low != high)
+    throw layout_error(std::string(op) + ": processes asked for different numbers of places (" + std::to_string(low) + " to " +
+                       std::to_string(high) + "); every process must pass the same per_process");
+}
+}  // namespace detail
+
 /// @brief The places of every process of MPI_COMM_WORLD, `per_process` each, in rank
 /// order: place `r * per_process + i` is place i of rank r, named "rank<r>/cpu:<i>".
 /// This process's places are CPU places over its cores, pinned only when the launcher
@@ -31,12 +43,7 @@ static_assert(pdo::communicator<communicator>);
 /// process must call it with the same `per_process` (it starts MPI if needed).
 inline std::vector<any_place> world_places(std::size_t per_process = 1, std::size_t memory_cap = 0) {
   const int me = mpi::rank(), n = mpi::size();
-  unsigned long long mine_count = per_process, low = 0, high = 0;
-  MPI_Allreduce(&mine_count, &low, 1, MPI_UNSIGNED_LONG_LONG, MPI_MIN, MPI_COMM_WORLD);
-  MPI_Allreduce(&mine_count, &high, 1, MPI_UNSIGNED_LONG_LONG, MPI_MAX, MPI_COMM_WORLD);
-  if (low != high)
-    throw layout_error("world_places: processes asked for different numbers of places (" + std::to_string(low) + " to " +
-                       std::to_string(high) + "); every process must pass the same per_process");
+  detail::check_same_per_process("world_places", per_process);
   auto label = [](int rank, std::size_t i) { return "rank" + std::to_string(rank) + "/cpu:" + std::to_string(i); };
   const std::vector<int> cores = pdo::detail::process_cores();
   const bool bound = cores.size() < std::max(1u, std::thread::hardware_concurrency());
@@ -61,12 +68,8 @@ inline std::vector<any_place> world_places(std::size_t per_process = 1, std::siz
 /// bootstrapped over MPI. Every process must call it with the same `per_process`.
 inline std::vector<any_place> world_cuda_places(std::size_t per_process = 1, std::size_t memory_cap = 0) {
   const int me = mpi::rank(), n = mpi::size();
-  unsigned long long mine_count = per_process, low = 0, high = 0;
-  MPI_Allreduce(&mine_count, &low, 1, MPI_UNSIGNED_LONG_LONG, MPI_MIN, MPI_COMM_WORLD);
-  MPI_Allreduce(&mine_count, &high, 1, MPI_UNSIGNED_LONG_LONG, MPI_MAX, MPI_COMM_WORLD);
-  if (low != high || per_process == 0)
-    throw layout_error("world_cuda_places: processes asked for " + std::to_string(low) + " to " + std::to_string(high) +
-                       " places; every process must pass the same per_process, at least 1");
+  detail::check_same_per_process("world_cuda_places", per_process);
+  if (per_process == 0) throw layout_error("world_cuda_places: asked for 0 places per process; ask for at least one");
   MPI_Comm node = MPI_COMM_NULL;
   MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, me, MPI_INFO_NULL, &node);
   int local_rank = 0;

@@ -292,9 +292,9 @@ class group {
     cuda_device& d = pdo::detail::cuda_device_of(place);
     std::lock_guard lock(*locks_[me]);  // one thread at a time on a communicator
     pdo::detail::device_guard guard(d.ordinal);
-    pdo::detail::stream_after(d.comm, d.compute, d.ordinal, place.name);
+    d.make_wait(d.comm, d.compute);
     check(call(comm(me), d.comm), what, place.name, comm(me));
-    pdo::detail::stream_after(d.compute, d.comm, d.ordinal, place.name);
+    d.make_wait(d.compute, d.comm);
   }
 
   std::vector<std::shared_ptr<pdo::detail::place_state>> places_;
