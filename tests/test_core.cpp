@@ -2,8 +2,7 @@
 #include "support.hpp"
 
 using pdo::replicate;
-template <pdo::fixed_string A>
-using S = pdo::split<A>;
+using pdo::split;
 
 TEST_CASE("tensor: shape, strides, element access, deep copies", "[tensor]") {
   pdo::tensor<float, 3> t({2, 3, 4});
@@ -57,7 +56,7 @@ TEST_CASE("caching allocator: statistics, reuse, cap", "[memory]") {
 TEST_CASE("a place's cap stops a distribute with out_of_memory naming the place", "[memory]") {
   const auto places = pdo::cpu_places(2, 64 << 10);
   const auto mesh = pdo::make_mesh<"x">(places);
-  CHECK_NOTHROW(pdo::distribute<pdo::layout<S<"x">>>(mesh, pdo::tensor<float, 1>({20000})));  // 40 KB a place
+  CHECK_NOTHROW(pdo::distribute<pdo::layout<split<"x">>>(mesh, pdo::tensor<float, 1>({20000})));  // 40 KB a place
   CHECK_THROWS_AS(pdo::distribute<pdo::layout<replicate>>(mesh, pdo::tensor<float, 1>({20000})), pdo::out_of_memory);
   CHECK_THROWS_WITH(pdo::distribute<pdo::layout<replicate>>(mesh, pdo::tensor<float, 1>({20000})),
                     Catch::Contains("distribute") && Catch::Contains("cpu:") && Catch::Contains("cap of 65536"));
@@ -93,22 +92,22 @@ TEST_CASE("mesh: coordinates, groups along an axis, description", "[mesh]") {
 
 TEST_CASE("layouts: validity is known at compile time, both ways", "[layout]") {
   using M = pdo::mesh<"dp", "tp">;
-  STATIC_REQUIRE(pdo::valid_layout_v<pdo::layout<S<"dp">, replicate>, M, 2>);
-  STATIC_REQUIRE(pdo::valid_layout_v<pdo::layout<S<"dp">, S<"tp">>, M, 2>);
-  STATIC_REQUIRE(pdo::valid_layout_v<pdo::layout<S<"dp">, replicate>::partial<"tp">, M, 2>);
-  STATIC_REQUIRE(!pdo::valid_layout_v<pdo::layout<S<"pp">, replicate>, M, 2>);          // no such axis
-  STATIC_REQUIRE(!pdo::valid_layout_v<pdo::layout<S<"dp">, S<"dp">>, M, 2>);            // axis twice
-  STATIC_REQUIRE(!pdo::valid_layout_v<pdo::layout<S<"dp">, replicate>::partial<"dp">, M, 2>);
-  STATIC_REQUIRE(!pdo::valid_layout_v<pdo::layout<S<"dp">>, M, 2>);                      // rank
+  STATIC_REQUIRE(pdo::valid_layout_v<pdo::layout<split<"dp">, replicate>, M, 2>);
+  STATIC_REQUIRE(pdo::valid_layout_v<pdo::layout<split<"dp">, split<"tp">>, M, 2>);
+  STATIC_REQUIRE(pdo::valid_layout_v<pdo::layout<split<"dp">, replicate>::partial<"tp">, M, 2>);
+  STATIC_REQUIRE(!pdo::valid_layout_v<pdo::layout<split<"pp">, replicate>, M, 2>);          // no such axis
+  STATIC_REQUIRE(!pdo::valid_layout_v<pdo::layout<split<"dp">, split<"dp">>, M, 2>);            // axis twice
+  STATIC_REQUIRE(!pdo::valid_layout_v<pdo::layout<split<"dp">, replicate>::partial<"dp">, M, 2>);
+  STATIC_REQUIRE(!pdo::valid_layout_v<pdo::layout<split<"dp">>, M, 2>);                      // rank
   STATIC_REQUIRE(pdo::layout_spec<pdo::layout<replicate>::partial<"dp">>);
   STATIC_REQUIRE(!pdo::layout_spec<int>);
-  CHECK(pdo::layout_name<pdo::layout<S<"dp">, replicate>::partial<"tp">>() == "{split<dp>, replicate} partial<tp>");
+  CHECK(pdo::layout_name<pdo::layout<split<"dp">, replicate>::partial<"tp">>() == "{split<dp>, replicate} partial<tp>");
 }
 
 TEST_CASE("dtensor: uneven shards are cut 3,3,2,2", "[dtensor]") {
   const auto mesh = pdo_test::line_mesh(4);
   const auto host = pdo_test::iota_tensor<float, 2>({10, 3});
-  const auto x = pdo::distribute<pdo::layout<S<"x">, replicate>>(mesh, host);
+  const auto x = pdo::distribute<pdo::layout<split<"x">, replicate>>(mesh, host);
   const std::size_t rows[] = {3, 3, 2, 2}, offsets[] = {0, 3, 6, 8};
   for (std::size_t p = 0; p < 4; ++p) {
     CHECK(x.shard(p).shape() == pdo::shape_t<2>{rows[p], 3});
@@ -118,7 +117,7 @@ TEST_CASE("dtensor: uneven shards are cut 3,3,2,2", "[dtensor]") {
   }
   CHECK(x.describe() == "f32[10, 3]{split<x>, replicate} on mesh(x=4)");
   // more places than rows: empty shards are allowed
-  const auto y = pdo::distribute<pdo::layout<S<"x">, replicate>>(mesh, pdo_test::iota_tensor<float, 2>({2, 3}));
+  const auto y = pdo::distribute<pdo::layout<split<"x">, replicate>>(mesh, pdo_test::iota_tensor<float, 2>({2, 3}));
   CHECK(y.shard(3).size() == 0);
   CHECK(pdo_test::equal(pdo::gather(y), pdo_test::iota_tensor<float, 2>({2, 3})));
 }
@@ -128,7 +127,7 @@ TEST_CASE("dtensor: shards that do not fit the layout are a shape error", "[dten
   std::vector<pdo::tensor<float, 1>> shards;
   shards.emplace_back(pdo::shape_t<1>{3});
   shards.emplace_back(pdo::shape_t<1>{3});
-  using D = pdo::dtensor<float, 1, pdo::mesh<"x">, pdo::layout<S<"x">>>;
+  using D = pdo::dtensor<float, 1, pdo::mesh<"x">, pdo::layout<split<"x">>>;
   CHECK_THROWS_WITH(D(mesh, {5}, shards), Catch::Contains("cpu:1") && Catch::Contains("f32[3]") && Catch::Contains("[2]"));
   CHECK_THROWS_AS(D(mesh, {5}, {}), pdo::shape_error);
 }

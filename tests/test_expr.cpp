@@ -7,8 +7,7 @@
 using pdo::replicate;
 using pdo_test::close;
 using pdo_test::random_tensor;
-template <pdo::fixed_string A>
-using S = pdo::split<A>;
+using pdo::split;
 
 namespace {
 
@@ -175,16 +174,16 @@ TEST_CASE("reductions, softmax, cross_entropy, transpose and reshape against nai
 TEST_CASE("the planner's layouts and plans, at compile time", "[expr][plan]") {
   using M = pdo::mesh<"dp", "tp">;
   using R = replicate;
-  using X = pdo::dtensor<float, 2, M, pdo::layout<S<"dp">, R>>;
-  using Xk = pdo::dtensor<float, 2, M, pdo::layout<R, S<"tp">>>;
+  using X = pdo::dtensor<float, 2, M, pdo::layout<split<"dp">, R>>;
+  using Xk = pdo::dtensor<float, 2, M, pdo::layout<R, split<"tp">>>;
   using Wr = pdo::dtensor<float, 2, M, pdo::layout<R, R>>;
-  using Wc = pdo::dtensor<float, 2, M, pdo::layout<R, S<"tp">>>;
-  using Wk = pdo::dtensor<float, 2, M, pdo::layout<S<"tp">, R>>;
+  using Wc = pdo::dtensor<float, 2, M, pdo::layout<R, split<"tp">>>;
+  using Wk = pdo::dtensor<float, 2, M, pdo::layout<split<"tp">, R>>;
   using mm_data = decltype(pdo::matmul(std::declval<const X&>(), std::declval<const Wr&>()));
   using mm_cols = decltype(pdo::matmul(std::declval<const X&>(), std::declval<const Wc&>()));
   using mm_rows = decltype(pdo::matmul(std::declval<const Xk&>(), std::declval<const Wk&>()));
-  STATIC_REQUIRE(std::is_same_v<pdo::result_layout_t<mm_data>, pdo::layout<S<"dp">, R>>);
-  STATIC_REQUIRE(std::is_same_v<pdo::result_layout_t<mm_cols>, pdo::layout<S<"dp">, S<"tp">>>);
+  STATIC_REQUIRE(std::is_same_v<pdo::result_layout_t<mm_data>, pdo::layout<split<"dp">, R>>);
+  STATIC_REQUIRE(std::is_same_v<pdo::result_layout_t<mm_cols>, pdo::layout<split<"dp">, split<"tp">>>);
   STATIC_REQUIRE(std::is_same_v<pdo::result_layout_t<mm_rows>, pdo::layout<R, R>::partial<"tp">>);
   STATIC_REQUIRE(pdo::plan_of<mm_rows>().collectives() == 0);
   using mlp = decltype(pdo::relu(std::declval<mm_rows>()));
@@ -206,7 +205,7 @@ TEST_CASE("the planner's layouts and plans, at compile time", "[expr][plan]") {
   STATIC_REQUIRE(pdo::plan_of<m>().count(pdo::step_kind::all_reduce) == 1);
   // elementwise over different splits: the second operand moves
   using mixed = decltype(std::declval<const X&>() + std::declval<const Xk&>());
-  STATIC_REQUIRE(std::is_same_v<pdo::result_layout_t<mixed>, pdo::layout<S<"dp">, S<"tp">>>);
+  STATIC_REQUIRE(std::is_same_v<pdo::result_layout_t<mixed>, pdo::layout<split<"dp">, split<"tp">>>);
   STATIC_REQUIRE(pdo::plan_of<mixed>().collectives() == 0);
 }
 
@@ -214,7 +213,7 @@ TEST_CASE("a fused chain allocates exactly its output", "[expr][memory]") {
   for (std::size_t n : {std::size_t{1}, std::size_t{3}}) {
     const auto mesh = pdo_test::line_mesh(n);
     const auto h = random_tensor<float, 1>({1000}, 41);
-    using L = pdo::layout<S<"x">>;
+    using L = pdo::layout<split<"x">>;
     const auto a = pdo::distribute<L>(mesh, h), b = pdo::distribute<L>(mesh, h), c = pdo::distribute<L>(mesh, h);
     std::vector<std::size_t> before;
     for (const auto& p : mesh.places()) before.push_back(p.memory().stats().allocations);
@@ -224,8 +223,8 @@ TEST_CASE("a fused chain allocates exactly its output", "[expr][memory]") {
   }
   // on local tensors inside a parallel_do block, on the block's place
   const auto mesh = pdo_test::line_mesh(2);
-  const auto x = pdo::distribute<pdo::layout<S<"x">>>(mesh, random_tensor<float, 1>({64}, 42));
-  const auto y = pdo::parallel_do<pdo::layout<S<"x">>>(
+  const auto x = pdo::distribute<pdo::layout<split<"x">>>(mesh, random_tensor<float, 1>({64}, 42));
+  const auto y = pdo::parallel_do<pdo::layout<split<"x">>>(
       [](const pdo::tensor<float, 1>& s) {
         const std::size_t before = pdo::detail::current_place()->memory->stats().allocations;
         auto out = pdo::eval(pdo::sigmoid(s * s - s));
@@ -240,7 +239,7 @@ TEST_CASE("eval_async queues work per place; errors surface at the wait", "[expr
   const auto one = pdo_test::line_mesh(2);
   const auto two = pdo_test::line_mesh(2);
   const auto h = random_tensor<double, 2>({6, 4}, 51);
-  using L = pdo::layout<S<"x">, replicate>;
+  using L = pdo::layout<split<"x">, replicate>;
   const auto a = pdo::distribute<L>(one, h);
   const auto b = pdo::distribute<L>(two, h);
   auto first = pdo::eval_async(pdo::exp(a));
@@ -253,7 +252,7 @@ TEST_CASE("eval_async queues work per place; errors surface at the wait", "[expr
   CHECK(close(pdo::gather(chained.get()), pdo::eval(pdo::sum<1>(pdo::exp(h)) * 2.0), 1e-14));
 
   pdo::tensor<double, 1> bad({6}, {0, 1, 2, 3, 9, 0});
-  const auto labels = pdo::distribute<pdo::layout<S<"x">>>(one, bad);
+  const auto labels = pdo::distribute<pdo::layout<split<"x">>>(one, bad);
   auto failing = pdo::eval_async(pdo::cross_entropy(a, labels) * 1.0);
   auto after = pdo::eval_async(pdo::relu(a));  // queued behind the failure, unaffected
   try {
@@ -277,15 +276,15 @@ TEST_CASE("eval_async queues work per place; errors surface at the wait", "[expr
 
 TEST_CASE("explain prints the plan with shapes and bytes", "[expr][plan]") {
   const auto mesh = pdo_test::line_mesh(2);
-  const auto x = pdo::distribute<pdo::layout<replicate, S<"x">>>(mesh, random_tensor<float, 2>({8, 6}, 61));
-  const auto w = pdo::distribute<pdo::layout<S<"x">, replicate>>(mesh, random_tensor<float, 2>({6, 4}, 62));
+  const auto x = pdo::distribute<pdo::layout<replicate, split<"x">>>(mesh, random_tensor<float, 2>({8, 6}, 61));
+  const auto w = pdo::distribute<pdo::layout<split<"x">, replicate>>(mesh, random_tensor<float, 2>({6, 4}, 62));
   const std::string text = pdo::explain(pdo::relu(pdo::matmul(x, w) + 1.0f));
   CAPTURE(text);
   CHECK_THAT(text, Catch::Contains("kernel matmul") && Catch::Contains("all_reduce over x") &&
                        Catch::Contains("fused(add + relu)") && Catch::Contains("f32[8, 4]") &&
                        Catch::Contains("128 bytes sent per place"));
   // a shape mismatch names the op, the shapes and the layouts
-  const auto y = pdo::distribute<pdo::layout<S<"x">, replicate>>(mesh, random_tensor<float, 2>({7, 6}, 63));
+  const auto y = pdo::distribute<pdo::layout<split<"x">, replicate>>(mesh, random_tensor<float, 2>({7, 6}, 63));
   CHECK_THROWS_WITH(pdo::eval(x + y), Catch::Contains("add") && Catch::Contains("f32[8, 6]{replicate, split<x>}") &&
                                           Catch::Contains("f32[7, 6]{split<x>, replicate}"));
 }

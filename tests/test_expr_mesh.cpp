@@ -5,27 +5,27 @@ using pdo::replicate;
 using pdo_test::check_on_meshes;
 using pdo_test::close;
 using pdo_test::random_tensor;
-template <pdo::fixed_string A>
-using S = pdo::split<A>;
+using pdo::split;
 
 TEST_CASE("elementwise expressions over meshes equal the single-place result", "[expr][mesh]") {
   const auto a = random_tensor<double, 2>({10, 7}, 11);
   const auto b = random_tensor<double, 2>({10, 7}, 12);
   const auto bias = random_tensor<double, 1>({7}, 13);
-  using rows = pdo::layout<S<"x">, replicate>;
-  using cols = pdo::layout<replicate, S<"x">>;
+  using rows = pdo::layout<split<"x">, replicate>;
+  using cols = pdo::layout<replicate, split<"x">>;
   using full = pdo::layout<replicate, replicate>;
   auto f = [](const auto& x, const auto& y, const auto& z) { return pdo::relu(x * y + z) - pdo::tanh(x) * 0.5; };
   check_on_meshes<rows, rows, pdo::layout<replicate>>(f, 1e-14, a, b, bias);
   // operands in different layouts: the output takes the first's split; replicated ones are read in place
   check_on_meshes<rows, full, pdo::layout<replicate>>(f, 1e-14, a, b, bias);
-  check_on_meshes<full, rows, pdo::layout<S<"x">>>(f, 1e-14, a, b, bias);
+  check_on_meshes<full, rows, pdo::layout<split<"x">>>(f, 1e-14, a, b, bias);
   check_on_meshes<rows, cols, pdo::layout<replicate>>(f, 1e-14, a, b, bias);
-  // every other elementwise op, through one fused expression
+  // every other elementwise op, through one fused expression (bracketed as a shallow tree:
+  // nvcc's front end takes minutes over a left-deep chain of ten or more ops)
   auto all_ops = [](const auto& x, const auto& y, const auto& z) {
-    return pdo::where(pdo::greater(x, y), pdo::exp(x) / pdo::sqrt(y * y + 1.0), pdo::log(y * y + 1.0)) + pdo::sigmoid(x) -
-           pdo::gelu(y) + pdo::maximum(x, z) * pdo::minimum(y, z) + pdo::less_equal(x, 0.0) - pdo::not_equal(y, z) +
-           pdo::equal(x, x) * pdo::less(y, x) - pdo::greater_equal(z, y);
+    return (pdo::where(pdo::greater(x, y), pdo::exp(x) / pdo::sqrt(y * y + 1.0), pdo::log(y * y + 1.0)) + (pdo::sigmoid(x) - pdo::gelu(y))) +
+           ((pdo::maximum(x, z) * pdo::minimum(y, z) + pdo::less_equal(x, 0.0)) -
+            ((pdo::not_equal(y, z) - pdo::equal(x, x) * pdo::less(y, x)) + pdo::greater_equal(z, y)));
   };
   check_on_meshes<rows, cols, pdo::layout<replicate>>(all_ops, 1e-13, a, b, bias);
   // a partial operand: linear ops keep it partial, relu reduces it
@@ -36,8 +36,8 @@ TEST_CASE("elementwise expressions over meshes equal the single-place result", "
 
 TEST_CASE("reductions, softmax and losses over meshes", "[expr][mesh]") {
   const auto a = random_tensor<double, 2>({10, 7}, 31);
-  using rows = pdo::layout<S<"x">, replicate>;
-  using cols = pdo::layout<replicate, S<"x">>;
+  using rows = pdo::layout<split<"x">, replicate>;
+  using cols = pdo::layout<replicate, split<"x">>;
   check_on_meshes<rows>([](const auto& x) { return pdo::sum<0>(x); }, 1e-12, a);
   check_on_meshes<rows>([](const auto& x) { return pdo::mean<1>(x); }, 1e-12, a);
   check_on_meshes<cols>([](const auto& x) { return pdo::max<1>(x); }, 0, a);
@@ -49,7 +49,7 @@ TEST_CASE("reductions, softmax and losses over meshes", "[expr][mesh]") {
   check_on_meshes<rows>([](const auto& x) { return pdo::transpose(x) * 3.0; }, 0, a);
   check_on_meshes<rows>([](const auto& x) { return pdo::reshape(x, {10, 7, 1}); }, 0, a);
   pdo::tensor<double, 1> labels({10}, {0, 1, 2, 3, 4, 5, 6, 0, 1, 2});
-  check_on_meshes<rows, pdo::layout<S<"x">>>([](const auto& x, const auto& y) { return pdo::cross_entropy(x, y); }, 1e-12, a, labels);
+  check_on_meshes<rows, pdo::layout<split<"x">>>([](const auto& x, const auto& y) { return pdo::cross_entropy(x, y); }, 1e-12, a, labels);
   check_on_meshes<cols, pdo::layout<replicate>>([](const auto& x, const auto& y) { return pdo::cross_entropy(x, y); }, 1e-12, a,
                                                 labels);
 }

@@ -12,8 +12,7 @@ using pdo_test::labels_for;
 using pdo_test::local_losses;
 using pdo_test::make_mlp;
 using pdo::replicate;
-template <pdo::fixed_string A>
-using split = pdo::split<A>;
+using pdo::split;
 
 /// @brief The same, tensor parallel along "tp" on `m`, the batch split along "dp" if the mesh has it.
 template <class Mesh>

@@ -11,8 +11,7 @@
 
 using pdo::replicate;
 using pdo_test::random_values;
-template <pdo::fixed_string A>
-using S = pdo::split<A>;
+using pdo::split;
 
 namespace {
 
@@ -159,8 +158,8 @@ TEST_CASE("MPI collectives with different sizes fail on every process, never han
 TEST_CASE("MPI redistribution pairs on a line and on a 2-D mesh", "[mpi][redistribute]") {
   const auto host = pdo_test::iota_tensor<int, 2>({9, 7});
   const auto line = world_line();
-  using line_layouts = std::tuple<pdo::layout<replicate, replicate>, pdo::layout<S<"x">, replicate>,
-                                  pdo::layout<replicate, S<"x">>, pdo::layout<replicate, replicate>::partial<"x">>;
+  using line_layouts = std::tuple<pdo::layout<replicate, replicate>, pdo::layout<split<"x">, replicate>,
+                                  pdo::layout<replicate, split<"x">>, pdo::layout<replicate, replicate>::partial<"x">>;
   for_each_type(static_cast<line_layouts*>(nullptr), [&]<class From>(From*) {
     for_each_type(static_cast<line_layouts*>(nullptr), [&]<class To>(To*) {
       CAPTURE(pdo::layout_name<From>(), pdo::layout_name<To>());
@@ -170,8 +169,8 @@ TEST_CASE("MPI redistribution pairs on a line and on a 2-D mesh", "[mpi][redistr
   const auto places = pdo::mpi::world_places(places_per_rank());
   if (places.size() % 2 != 0) return;
   const auto grid = pdo::make_mesh<"a", "b">(places, {places.size() / 2, 2});
-  using grid_layouts = std::tuple<pdo::layout<S<"a">, S<"b">>, pdo::layout<S<"b">, S<"a">>, pdo::layout<replicate, replicate>,
-                                  pdo::layout<S<"b">, replicate>::partial<"a">>;
+  using grid_layouts = std::tuple<pdo::layout<split<"a">, split<"b">>, pdo::layout<split<"b">, split<"a">>, pdo::layout<replicate, replicate>,
+                                  pdo::layout<split<"b">, replicate>::partial<"a">>;
   for_each_type(static_cast<grid_layouts*>(nullptr), [&]<class From>(From*) {
     for_each_type(static_cast<grid_layouts*>(nullptr), [&]<class To>(To*) {
       CAPTURE(pdo::layout_name<From>(), pdo::layout_name<To>());
@@ -183,8 +182,8 @@ TEST_CASE("MPI redistribution pairs on a line and on a 2-D mesh", "[mpi][redistr
 TEST_CASE("MPI parallel_do: merged results, and one place's failure reaches every process", "[mpi][parallel_do]") {
   const auto mesh = world_line();
   const auto host = pdo_test::iota_tensor<double, 2>({11, 3});
-  const auto x = pdo::distribute<pdo::layout<S<"x">, replicate>>(mesh, host);
-  const auto y = pdo::parallel_do<pdo::layout<S<"x">, replicate>>(
+  const auto x = pdo::distribute<pdo::layout<split<"x">, replicate>>(mesh, host);
+  const auto y = pdo::parallel_do<pdo::layout<split<"x">, replicate>>(
       [](const pdo::tensor<double, 2>& s) {
         auto o = s;
         for (auto& v : o) v = 2 * v + 1;
@@ -196,7 +195,7 @@ TEST_CASE("MPI parallel_do: merged results, and one place's failure reaches ever
   CHECK(pdo_test::equal(pdo::gather(y), expected));
   const std::size_t last = mesh.size() - 1;
   const std::string last_name = mesh.place(last).name();
-  CHECK_THROWS_WITH((pdo::parallel_do<pdo::layout<S<"x">, replicate>>(
+  CHECK_THROWS_WITH((pdo::parallel_do<pdo::layout<split<"x">, replicate>>(
                         [&](const pdo::tensor<double, 2>& s) {
                           if (pdo::detail::current_place() == mesh.place(last).state().get()) throw std::runtime_error("bad input");
                           return s;
@@ -209,7 +208,7 @@ TEST_CASE("MPI parallel_do: merged results, and one place's failure reaches ever
 TEST_CASE("MPI distribute: processes that pass host tensors of different shapes all fail", "[mpi][errors]") {
   const auto mesh = world_line();
   const std::size_t rows = pdo::mpi::rank() == 0 ? 6 : 7;
-  CHECK_THROWS_WITH((pdo::distribute<pdo::layout<S<"x">, replicate>>(mesh, pdo::tensor<float, 2>({rows, 2}))),
+  CHECK_THROWS_WITH((pdo::distribute<pdo::layout<split<"x">, replicate>>(mesh, pdo::tensor<float, 2>({rows, 2}))),
                     Catch::Contains("distribute") && Catch::Contains("different shapes") && Catch::Contains("[7, 2]"));
 }
 

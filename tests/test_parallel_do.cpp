@@ -2,8 +2,7 @@
 #include "support.hpp"
 
 using pdo::replicate;
-template <pdo::fixed_string A>
-using S = pdo::split<A>;
+using pdo::split;
 
 namespace {
 
@@ -30,11 +29,11 @@ TEMPLATE_TEST_CASE("split inputs and replicated weights give the single-place re
   for (std::size_t n : pdo_test::line_sizes()) {
     CAPTURE(n);
     const auto mesh = pdo_test::line_mesh(n);
-    const auto xs = pdo::distribute<pdo::layout<S<"x">, replicate>>(mesh, x);
+    const auto xs = pdo::distribute<pdo::layout<split<"x">, replicate>>(mesh, x);
     const auto ws = pdo::distribute<pdo::layout<replicate, replicate>>(mesh, w);
-    const auto y = pdo::parallel_do<pdo::layout<S<"x">, replicate>>(
+    const auto y = pdo::parallel_do<pdo::layout<split<"x">, replicate>>(
         [](const pdo::tensor<T, 2>& xl, const pdo::tensor<T, 2>& wl) { return dense_relu(xl, wl); }, xs, ws);
-    static_assert(std::is_same_v<typename decltype(y)::layout_type, pdo::layout<S<"x">, replicate>>);
+    static_assert(std::is_same_v<typename decltype(y)::layout_type, pdo::layout<split<"x">, replicate>>);
     CHECK(y.shape() == pdo::shape_t<2>{10, 3});
     CHECK(pdo_test::equal(pdo::gather(y), expected));
   }
@@ -49,11 +48,11 @@ TEST_CASE("row-parallel blocks merge as a partial sum; column-parallel as a spli
     auto mm = [](const pdo::tensor<int, 2>& a, const pdo::tensor<int, 2>& b) { return pdo_test::naive_matmul(a, b); };
     // K split in both: each place holds an addend
     const auto partial = pdo::parallel_do<pdo::layout<replicate, replicate>::partial<"x">>(
-        mm, pdo::distribute<pdo::layout<replicate, S<"x">>>(mesh, x), pdo::distribute<pdo::layout<S<"x">, replicate>>(mesh, w));
+        mm, pdo::distribute<pdo::layout<replicate, split<"x">>>(mesh, x), pdo::distribute<pdo::layout<split<"x">, replicate>>(mesh, w));
     CHECK(pdo_test::equal(pdo::gather(partial), expected));
     // N split in w: each place holds a block of columns
-    const auto cols = pdo::parallel_do<pdo::layout<replicate, S<"x">>>(
-        mm, pdo::distribute<pdo::layout<replicate, replicate>>(mesh, x), pdo::distribute<pdo::layout<replicate, S<"x">>>(mesh, w));
+    const auto cols = pdo::parallel_do<pdo::layout<replicate, split<"x">>>(
+        mm, pdo::distribute<pdo::layout<replicate, replicate>>(mesh, x), pdo::distribute<pdo::layout<replicate, split<"x">>>(mesh, w));
     CHECK(pdo_test::equal(pdo::gather(cols), expected));
   }
 }
@@ -62,10 +61,10 @@ TEST_CASE("parallel_do on a 2x2 mesh: data x tensor parallel", "[parallel_do]") 
   const auto mesh = pdo_test::grid_mesh(2, 2);
   const auto x = pdo_test::iota_tensor<double, 2>({9, 4});
   const auto w = pdo_test::iota_tensor<double, 2>({4, 5});
-  const auto y = pdo::parallel_do<pdo::layout<S<"a">, S<"b">>>(
+  const auto y = pdo::parallel_do<pdo::layout<split<"a">, split<"b">>>(
       [](const auto& xl, const auto& wl) { return pdo_test::naive_matmul(xl, wl); },
-      pdo::distribute<pdo::layout<S<"a">, replicate>>(mesh, x),
-      pdo::distribute<pdo::layout<replicate, S<"b">>>(mesh, w));
+      pdo::distribute<pdo::layout<split<"a">, replicate>>(mesh, x),
+      pdo::distribute<pdo::layout<replicate, split<"b">>>(mesh, w));
   CHECK(y.shard(3).shape() == pdo::shape_t<2>{4, 2});
   CHECK(pdo_test::equal(pdo::gather(y), pdo_test::naive_matmul(x, w)));
 }
@@ -73,19 +72,19 @@ TEST_CASE("parallel_do on a 2x2 mesh: data x tensor parallel", "[parallel_do]") 
 TEST_CASE("results made inside a block live in the place's memory", "[parallel_do][memory]") {
   const auto places = pdo::cpu_places(2);
   const auto mesh = pdo::make_mesh<"x">(places);
-  const auto x = pdo::distribute<pdo::layout<S<"x">>>(mesh, pdo_test::iota_tensor<float, 1>({1000}));
+  const auto x = pdo::distribute<pdo::layout<split<"x">>>(mesh, pdo_test::iota_tensor<float, 1>({1000}));
   const auto before = places[1].memory().stats().bytes_in_use;
-  const auto y = pdo::parallel_do<pdo::layout<S<"x">>>([](const pdo::tensor<float, 1>& s) { return pdo::tensor<float, 1>(s.shape()); }, x);
+  const auto y = pdo::parallel_do<pdo::layout<split<"x">>>([](const pdo::tensor<float, 1>& s) { return pdo::tensor<float, 1>(s.shape()); }, x);
   CHECK(places[1].memory().stats().bytes_in_use >= before + 500 * sizeof(float));
   CHECK(y.shard(1).place_name() == "cpu:1");
 }
 
 TEST_CASE("an exception on one place reaches the caller naming the place; the mesh stays usable", "[parallel_do][errors]") {
   const auto mesh = pdo_test::line_mesh(4);
-  const auto x = pdo::distribute<pdo::layout<S<"x">>>(mesh, pdo_test::iota_tensor<int, 1>({10}));
+  const auto x = pdo::distribute<pdo::layout<split<"x">>>(mesh, pdo_test::iota_tensor<int, 1>({10}));
   auto block = [](const pdo::tensor<int, 1>& s) { return s; };
   try {
-    (void)pdo::parallel_do<pdo::layout<S<"x">>>(
+    (void)pdo::parallel_do<pdo::layout<split<"x">>>(
         [](const pdo::tensor<int, 1>& s) {
           if (s(0) == -1) throw std::runtime_error("bad shard");  // place 2's shard starts at element 6, whose value is -1
           return s;
@@ -95,14 +94,14 @@ TEST_CASE("an exception on one place reaches the caller naming the place; the me
   } catch (const pdo::error& e) {
     CHECK_THAT(std::string(e.what()), Catch::Contains("parallel_do") && Catch::Contains("cpu:2") && Catch::Contains("bad shard"));
   }
-  const auto y = pdo::parallel_do<pdo::layout<S<"x">>>(block, x);
+  const auto y = pdo::parallel_do<pdo::layout<split<"x">>>(block, x);
   CHECK(pdo_test::equal(pdo::gather(y), pdo_test::iota_tensor<int, 1>({10})));
 }
 
 TEST_CASE("a block's pdo::error keeps its type", "[parallel_do][errors]") {
   const auto mesh = pdo_test::line_mesh(3);
-  const auto x = pdo::distribute<pdo::layout<S<"x">>>(mesh, pdo_test::iota_tensor<int, 1>({9}));
-  CHECK_THROWS_AS((pdo::parallel_do<pdo::layout<S<"x">>>(
+  const auto x = pdo::distribute<pdo::layout<split<"x">>>(mesh, pdo_test::iota_tensor<int, 1>({9}));
+  CHECK_THROWS_AS((pdo::parallel_do<pdo::layout<split<"x">>>(
                       [](const pdo::tensor<int, 1>& s) -> pdo::tensor<int, 1> {
                         if (s(0) == -4) throw pdo::out_of_memory("no room");  // place 1's shard starts at element 3
                         return s;
@@ -113,14 +112,14 @@ TEST_CASE("a block's pdo::error keeps its type", "[parallel_do][errors]") {
 
 TEST_CASE("results that cannot be merged as the layout says are a shape error", "[parallel_do][errors]") {
   const auto mesh = pdo_test::line_mesh(3);
-  const auto x = pdo::distribute<pdo::layout<S<"x">, replicate>>(mesh, pdo_test::iota_tensor<float, 2>({6, 2}));
+  const auto x = pdo::distribute<pdo::layout<split<"x">, replicate>>(mesh, pdo_test::iota_tensor<float, 2>({6, 2}));
   // replicate merge needs equal shapes
   REQUIRE_THROWS_AS((pdo::parallel_do<pdo::layout<replicate, replicate>>([](const auto& s) { return s; },
-                                                                          pdo::distribute<pdo::layout<S<"x">, replicate>>(
+                                                                          pdo::distribute<pdo::layout<split<"x">, replicate>>(
                                                                               mesh, pdo_test::iota_tensor<float, 2>({7, 2})))),
                     pdo::shape_error);
   // a split merge needs the even cut: place 0 returns 1 row, so 5 rows would be cut 2,2,1
-  REQUIRE_THROWS_WITH((pdo::parallel_do<pdo::layout<S<"x">, replicate>>(
+  REQUIRE_THROWS_WITH((pdo::parallel_do<pdo::layout<split<"x">, replicate>>(
                           [](const pdo::tensor<float, 2>& s) {
                             return pdo::tensor<float, 2>({s(0, 0) == -3.5f ? 1 : s.extent(0), 2});
                           },
@@ -130,8 +129,8 @@ TEST_CASE("results that cannot be merged as the layout says are a shape error", 
 
 TEST_CASE("dtensors of different meshes cannot be mixed", "[parallel_do][errors]") {
   const auto a = pdo_test::line_mesh(2), b = pdo_test::line_mesh(2);
-  const auto xa = pdo::distribute<pdo::layout<S<"x">>>(a, pdo_test::iota_tensor<int, 1>({4}));
-  const auto xb = pdo::distribute<pdo::layout<S<"x">>>(b, pdo_test::iota_tensor<int, 1>({4}));
-  REQUIRE_THROWS_AS((pdo::parallel_do<pdo::layout<S<"x">>>([](const auto& u, const auto&) { return u; }, xa, xb)),
+  const auto xa = pdo::distribute<pdo::layout<split<"x">>>(a, pdo_test::iota_tensor<int, 1>({4}));
+  const auto xb = pdo::distribute<pdo::layout<split<"x">>>(b, pdo_test::iota_tensor<int, 1>({4}));
+  REQUIRE_THROWS_AS((pdo::parallel_do<pdo::layout<split<"x">>>([](const auto& u, const auto&) { return u; }, xa, xb)),
                     pdo::layout_error);
 }

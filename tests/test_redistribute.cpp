@@ -4,8 +4,7 @@
 #include <tuple>
 
 using pdo::replicate;
-template <pdo::fixed_string A>
-using S = pdo::split<A>;
+using pdo::split;
 
 namespace {
 
@@ -48,7 +47,7 @@ void check_pair(const Mesh& mesh, const pdo::tensor<int, 2>& host) {
 }  // namespace
 
 TEST_CASE("every redistribution pair on a line of 1..4 places, uneven shards", "[redistribute]") {
-  using layouts = std::tuple<pdo::layout<replicate, replicate>, pdo::layout<S<"x">, replicate>, pdo::layout<replicate, S<"x">>,
+  using layouts = std::tuple<pdo::layout<replicate, replicate>, pdo::layout<split<"x">, replicate>, pdo::layout<replicate, split<"x">>,
                              pdo::layout<replicate, replicate>::partial<"x">>;
   const auto host = pdo_test::iota_tensor<int, 2>({10, 7});
   for (std::size_t n : pdo_test::line_sizes()) {
@@ -60,9 +59,9 @@ TEST_CASE("every redistribution pair on a line of 1..4 places, uneven shards", "
 }
 
 TEST_CASE("every redistribution pair on a 2x2 and a 3x2 mesh", "[redistribute]") {
-  using layouts = std::tuple<pdo::layout<replicate, replicate>, pdo::layout<S<"a">, replicate>, pdo::layout<replicate, S<"b">>,
-                             pdo::layout<S<"a">, S<"b">>, pdo::layout<S<"b">, S<"a">>, pdo::layout<S<"b">, replicate>,
-                             pdo::layout<replicate, replicate>::partial<"a">, pdo::layout<S<"b">, replicate>::partial<"a">,
+  using layouts = std::tuple<pdo::layout<replicate, replicate>, pdo::layout<split<"a">, replicate>, pdo::layout<replicate, split<"b">>,
+                             pdo::layout<split<"a">, split<"b">>, pdo::layout<split<"b">, split<"a">>, pdo::layout<split<"b">, replicate>,
+                             pdo::layout<replicate, replicate>::partial<"a">, pdo::layout<split<"b">, replicate>::partial<"a">,
                              pdo::layout<replicate, replicate>::partial<"a", "b">>;
   const auto host = pdo_test::iota_tensor<int, 2>({7, 5});
   for (auto [a, b] : {std::pair<std::size_t, std::size_t>{2, 2}, {3, 2}}) {
@@ -74,8 +73,8 @@ TEST_CASE("every redistribution pair on a 2x2 and a 3x2 mesh", "[redistribute]")
 }
 
 TEST_CASE("rank-3 tensors: gathers, slices and all_to_all on inner dims", "[redistribute]") {
-  using layouts = std::tuple<pdo::layout<replicate, replicate, S<"x">>, pdo::layout<S<"x">, replicate, replicate>,
-                             pdo::layout<replicate, S<"x">, replicate>, pdo::layout<replicate, replicate, replicate>::partial<"x">>;
+  using layouts = std::tuple<pdo::layout<replicate, replicate, split<"x">>, pdo::layout<split<"x">, replicate, replicate>,
+                             pdo::layout<replicate, split<"x">, replicate>, pdo::layout<replicate, replicate, replicate>::partial<"x">>;
   pdo::tensor<double, 3> host({5, 3, 7});
   for (std::size_t i = 0; i < host.size(); ++i) host.data()[i] = 0.25 * static_cast<double>(i);
   for (std::size_t n : {std::size_t{2}, std::size_t{3}}) {
@@ -98,22 +97,22 @@ TEST_CASE("partial values with real addends reduce to their sum", "[redistribute
     auto expected = host;
     for (auto& v : expected) v *= static_cast<int>(n * (n + 1) / 2);
     CHECK(pdo_test::equal(pdo::gather(x), expected));
-    CHECK(pdo_test::equal(pdo::gather(pdo::redistribute<pdo::layout<S<"x">, replicate>>(x)), expected));  // reduce_scatter
-    CHECK(pdo_test::equal(pdo::gather(pdo::redistribute<pdo::layout<replicate, S<"x">>>(x)), expected));  // packed reduce_scatter
+    CHECK(pdo_test::equal(pdo::gather(pdo::redistribute<pdo::layout<split<"x">, replicate>>(x)), expected));  // reduce_scatter
+    CHECK(pdo_test::equal(pdo::gather(pdo::redistribute<pdo::layout<replicate, split<"x">>>(x)), expected));  // packed reduce_scatter
     CHECK(pdo_test::equal(pdo::gather(pdo::redistribute<pdo::layout<replicate, replicate>>(x)), expected));  // all_reduce
   }
   const auto grid = pdo_test::grid_mesh(2, 2);
-  using PA = pdo::layout<S<"b">, replicate>::partial<"a">;
-  const auto y = spread_over<PA, "a">(pdo::distribute<pdo::layout<S<"b">, replicate>>(grid, host));
+  using PA = pdo::layout<split<"b">, replicate>::partial<"a">;
+  const auto y = spread_over<PA, "a">(pdo::distribute<pdo::layout<split<"b">, replicate>>(grid, host));
   auto expected = host;
   for (auto& v : expected) v *= 3;
-  CHECK(pdo_test::equal(pdo::gather(pdo::redistribute<pdo::layout<S<"b">, S<"a">>>(y)), expected));
+  CHECK(pdo_test::equal(pdo::gather(pdo::redistribute<pdo::layout<split<"b">, split<"a">>>(y)), expected));
 }
 
 TEST_CASE("plans are chosen at compile time by the table", "[redistribute][plan]") {
   using R = pdo::layout<replicate, replicate>;
-  using SX = pdo::layout<S<"x">, replicate>;
-  using SX1 = pdo::layout<replicate, S<"x">>;
+  using SX = pdo::layout<split<"x">, replicate>;
+  using SX1 = pdo::layout<replicate, split<"x">>;
   using P = R::partial<"x">;
   constexpr auto count = [](const pdo::redistribute_plan& p, pdo::step_kind k) { return p.count(k); };
   STATIC_REQUIRE(pdo::redistribute_plan_of<R, SX>().collectives() == 0);  // replicate -> split moves nothing
@@ -131,11 +130,11 @@ TEST_CASE("plans are chosen at compile time by the table", "[redistribute][plan]
   STATIC_REQUIRE(pdo::redistribute_plan_of<SX, P>().collectives() == 0);
   STATIC_REQUIRE(count(pdo::redistribute_plan_of<SX, P>(), pdo::step_kind::zero_pad) == 1);
   // partial axes are reduced before split axes are gathered: the reduction moves less data
-  using SP = pdo::layout<S<"a">, replicate>::partial<"b">;
+  using SP = pdo::layout<split<"a">, replicate>::partial<"b">;
   STATIC_REQUIRE(pdo::redistribute_plan_of<SP, pdo::layout<replicate, replicate>>().steps[0].kind == pdo::step_kind::all_reduce);
   // two axes: each moves on its own
-  using AB = pdo::layout<S<"a">, S<"b">>;
-  using BA = pdo::layout<S<"b">, S<"a">>;
+  using AB = pdo::layout<split<"a">, split<"b">>;
+  using BA = pdo::layout<split<"b">, split<"a">>;
   STATIC_REQUIRE(pdo::redistribute_plan_of<AB, BA>().collectives() >= 2);
   STATIC_REQUIRE(pdo::redistribute_plan_of<AB, pdo::layout<replicate, replicate>>().count(pdo::step_kind::all_gather) == 2);
   CHECK(pdo::describe(pdo::redistribute_plan_of<SX, SX1>()) ==
@@ -146,7 +145,7 @@ TEST_CASE("replicate -> split moves no data and allocates only the new shards", 
   const auto mesh = pdo_test::line_mesh(4);
   const auto host = pdo_test::iota_tensor<float, 2>({10, 6});
   const auto x = pdo::distribute<pdo::layout<replicate, replicate>>(mesh, host);
-  const auto y = pdo::redistribute<pdo::layout<S<"x">, replicate>>(x);
+  const auto y = pdo::redistribute<pdo::layout<split<"x">, replicate>>(x);
   const std::size_t rows[] = {3, 3, 2, 2};
   for (std::size_t p = 0; p < 4; ++p) {
     CHECK(y.shard(p).extent(0) == rows[p]);
