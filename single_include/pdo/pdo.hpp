@@ -246,8 +246,10 @@ class group_communicator {
 // ---- pdo/core/error.hpp
 #ifndef PDO_SINGLE_PDO_CORE_ERROR_HPP
 #define PDO_SINGLE_PDO_CORE_ERROR_HPP
-// pdo/core/error.hpp: the exception hierarchy every run-time failure is reported with.
+// pdo/core/error.hpp: the exception hierarchy every run-time failure is reported with, and
+// how a failure travels to another thread or process (detail::captured_error).
 
+#include <exception>
 #include <stdexcept>
 #include <string>
 
@@ -304,6 +306,78 @@ class io_error : public error {
   using error::error;
 };
 
+namespace detail {
+
+/// @brief Which pdo::error subclass an exception is, as a small code that can travel
+/// between processes; 0 for anything that is not a pdo::error.
+inline int error_kind(const std::exception_ptr& failure) {
+  try {
+    std::rethrow_exception(failure);
+  } catch (const collective_aborted&) {
+    return 8;
+  } catch (const mismatch_error&) {
+    return 7;
+  } catch (const communication_error&) {
+    return 6;
+  } catch (const shape_error&) {
+    return 2;
+  } catch (const layout_error&) {
+    return 3;
+  } catch (const out_of_memory&) {
+    return 4;
+  } catch (const io_error&) {
+    return 5;
+  } catch (const error&) {
+    return 1;
+  } catch (...) {
+    return 0;
+  }
+}
+
+/// @brief Throws the pdo::error subclass of code `kind` (see error_kind) with `message`.
+[[noreturn]] inline void throw_error_of_kind(int kind, const std::string& message) {
+  switch (kind) {
+    case 2: throw shape_error(message);
+    case 3: throw layout_error(message);
+    case 4: throw out_of_memory(message);
+    case 5: throw io_error(message);
+    case 6: throw communication_error(message);
+    case 7: throw mismatch_error(message);
+    case 8: throw collective_aborted(message);
+    default: throw error(message);
+  }
+}
+
+inline std::string message_of(const std::exception_ptr& failure) {
+  try {
+    std::rethrow_exception(failure);
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "unknown exception";
+  }
+}
+
+/// @brief A caught exception as kind (see error_kind) and message, so it can be thrown
+/// again on another thread or process. The exception object itself stays on the thread
+/// that caught it: an exception_ptr released on a different thread than the one that read
+/// it races in the eyes of ThreadSanitizer (libstdc++ counts its references uninstrumented).
+struct captured_error {
+  int kind = 0;
+  std::string message;
+
+  /// @brief The exception being handled (call inside a catch block).
+  [[nodiscard]] static captured_error current() {
+    const std::exception_ptr failure = std::current_exception();
+    return {error_kind(failure), message_of(failure)};
+  }
+  /// @brief Whether this failure only echoes another place's abort of the collectives.
+  [[nodiscard]] bool is_abort_echo() const { return kind == 8; }
+  /// @brief Throws it again with `context` in front of its message, keeping its pdo::error subclass.
+  [[noreturn]] void rethrow_with_context(const std::string& context) const { throw_error_of_kind(kind, context + message); }
+};
+
+}  // namespace detail
 }  // namespace pdo
 #endif  // PDO_SINGLE_PDO_CORE_ERROR_HPP
 
@@ -1346,8 +1420,12 @@ inline caching_allocator& host_allocator() {
 }  // namespace pdo
 #endif  // PDO_SINGLE_PDO_MEMORY_CACHING_ALLOCATOR_HPP
 
+#include <condition_variable>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace pdo {
@@ -1384,6 +1462,43 @@ inline place_state*& current_place() {
 inline void start_worker(place_state& state, std::vector<int> pin_to) {
   state.runner = std::make_unique<worker>(std::move(pin_to));
   state.runner->submit([s = &state] { current_place() = s; });
+}
+
+/// @brief Whether a tensor of place `p` (null: the host) lives in a GPU's memory.
+inline bool on_gpu(const place_state* p) { return p != nullptr && p->kind == place_kind::cuda; }
+
+/// @brief The memory a tensor of place `p` lives in: its GPU's (that place), or host memory
+/// (null), which the host and every CPU place share.
+inline place_state* memory_of(place_state* p) { return on_gpu(p) ? p : nullptr; }
+
+/// @brief Runs `f` on `p`'s worker and returns what it returns, the calling thread waiting
+/// (on that worker itself, at once). A failure is thrown again here, with its pdo::error
+/// subclass and message.
+template <class F>
+auto run_on_place(place_state& p, F&& f) -> decltype(f()) {
+  using result_t = decltype(f());
+  if (current_place() == &p) return f();
+  if (!p.runner) throw layout_error("place " + p.name + " belongs to another process; its work runs there");
+  std::conditional_t<std::is_void_v<result_t>, bool, std::optional<result_t>> result{};
+  std::optional<captured_error> failure;
+  std::mutex m;
+  std::condition_variable finished;
+  bool done = false;
+  p.runner->submit([&] {
+    try {
+      if constexpr (std::is_void_v<result_t>) f();
+      else result.emplace(f());
+    } catch (...) {
+      failure = captured_error::current();
+    }
+    std::lock_guard lock(m);
+    done = true;
+    finished.notify_one();
+  });
+  std::unique_lock lock(m);
+  finished.wait(lock, [&] { return done; });
+  if (failure) failure->rethrow_with_context("");
+  if constexpr (!std::is_void_v<result_t>) return std::move(*result);
 }
 
 }  // namespace detail
@@ -2960,8 +3075,6 @@ enum class copy_completion {
 
 namespace detail {
 
-inline bool on_gpu(const place_state* p) { return p != nullptr && p->kind == place_kind::cuda; }
-
 #if defined(PDO_WITH_CUDA)
 /// @brief GPU to GPU on different devices through the two pinned buffers of the source:
 /// chunk i goes down on the source's stream into buffer i % 2, then up on the
@@ -3351,75 +3464,6 @@ mesh_communicator communicator_of(const Mesh& m, std::size_t index) {
 
 namespace pdo::detail {
 
-/// @brief Which pdo::error subclass an exception is, as a small code that can travel
-/// between processes; 0 for anything that is not a pdo::error.
-inline int error_kind(const std::exception_ptr& failure) {
-  try {
-    std::rethrow_exception(failure);
-  } catch (const collective_aborted&) {
-    return 8;
-  } catch (const mismatch_error&) {
-    return 7;
-  } catch (const communication_error&) {
-    return 6;
-  } catch (const shape_error&) {
-    return 2;
-  } catch (const layout_error&) {
-    return 3;
-  } catch (const out_of_memory&) {
-    return 4;
-  } catch (const io_error&) {
-    return 5;
-  } catch (const error&) {
-    return 1;
-  } catch (...) {
-    return 0;
-  }
-}
-
-/// @brief Throws the pdo::error subclass of code `kind` (see error_kind) with `message`.
-[[noreturn]] inline void throw_error_of_kind(int kind, const std::string& message) {
-  switch (kind) {
-    case 2: throw shape_error(message);
-    case 3: throw layout_error(message);
-    case 4: throw out_of_memory(message);
-    case 5: throw io_error(message);
-    case 6: throw communication_error(message);
-    case 7: throw mismatch_error(message);
-    case 8: throw collective_aborted(message);
-    default: throw error(message);
-  }
-}
-
-inline std::string message_of(const std::exception_ptr& failure) {
-  try {
-    std::rethrow_exception(failure);
-  } catch (const std::exception& e) {
-    return e.what();
-  } catch (...) {
-    return "unknown exception";
-  }
-}
-
-/// @brief A caught exception as kind (see error_kind) and message, so it can be thrown
-/// again on another thread or process. The exception object itself stays on the thread
-/// that caught it: an exception_ptr released on a different thread than the one that read
-/// it races in the eyes of ThreadSanitizer (libstdc++ counts its references uninstrumented).
-struct captured_error {
-  int kind = 0;
-  std::string message;
-
-  /// @brief The exception being handled (call inside a catch block).
-  [[nodiscard]] static captured_error current() {
-    const std::exception_ptr failure = std::current_exception();
-    return {error_kind(failure), message_of(failure)};
-  }
-  /// @brief Whether this failure only echoes another place's abort of the collectives.
-  [[nodiscard]] bool is_abort_echo() const { return kind == 8; }
-  /// @brief Throws it again with `context` in front of its message, keeping its pdo::error subclass.
-  [[noreturn]] void rethrow_with_context(const std::string& context) const { throw_error_of_kind(kind, context + message); }
-};
-
 /// @brief Mesh-wide operations of one process run one at a time: two host threads whose
 /// operations share places would otherwise queue their tasks in different orders on
 /// different places and wait for each other forever.
@@ -3603,7 +3647,6 @@ void spmd(const Mesh& m, Task&& task) {
 #include <thrust/iterator/counting_iterator.h>
 #include <thrust/system/cuda/execution_policy.h>
 #include <thrust/system_error.h>
-#include <thrust/transform.h>
 #include <thrust/transform_reduce.h>
 #endif
 
@@ -3627,9 +3670,24 @@ auto on_gpu_stream(place_state& p, const char* what, Launch&& launch) {
   }
 }
 
+/// @brief out[i - base] = f(i): a transform over an index range as one for_each work item.
+template <class Out, class F>
+struct write_element {
+  Out out;
+  F f;
+  std::size_t base;
+  __device__ void operator()(std::size_t i) const { out[i - base] = f(i); }
+};
+
+/// @brief out[k] = f(first + k) on the place's compute stream. It runs as Thrust's for_each
+/// (CUB's DeviceFor: one kernel per functor) rather than Thrust's transform, whose CUDA
+/// system builds several kernels per functor to stream the inputs a counting iterator does
+/// not have (pdo's functors read their operands themselves).
 template <class Out, class F>
 Out gpu_transform(place_state& p, thrust::counting_iterator<std::size_t> first, thrust::counting_iterator<std::size_t> last, Out out, F f) {
-  return on_gpu_stream(p, "thrust::transform", [&](auto policy) { return thrust::transform(policy, first, last, out, f); });
+  const std::size_t n = *last - *first;
+  on_gpu_stream(p, "thrust::for_each_n", [&](auto policy) { return thrust::for_each_n(policy, first, n, write_element<Out, F>{out, f, *first}); });
+  return out + static_cast<std::ptrdiff_t>(n);
 }
 template <class F>
 thrust::counting_iterator<std::size_t> gpu_for_each_n(place_state& p, thrust::counting_iterator<std::size_t> first, std::size_t n, F f) {
@@ -3678,6 +3736,9 @@ T gpu_transform_reduce(place_state& p, First, First, F, T, Op) {
 #include <thrust/transform_reduce.h>
 
 #include <cstddef>
+#include <initializer_list>
+#include <string>
+#include <string_view>
 
 #if defined(_OPENMP)
 #include <omp.h>
@@ -3702,6 +3763,24 @@ inline place_system current_place_system() {
   place_state* p = current_place();
   if (p != nullptr && p->kind == place_kind::cuda) s.gpu = p;
   else if (p != nullptr && !p->cores.empty()) s.threads = static_cast<int>(p->cores.size());
+  return s;
+}
+
+/// @brief The policy for kernel `op` on the calling thread, over operands in the memory of
+/// `operands` (each a tensor's place; null: host memory). A GPU's memory is read only by
+/// kernels on that GPU's place, and host memory only by host loops, so an operand the
+/// calling thread's place cannot read is a pdo::error naming the op and both places.
+inline place_system kernel_system(std::string_view op, std::initializer_list<place_state*> operands) {
+  place_system s = current_place_system();
+  for (place_state* operand : operands) {
+    place_state* const gpu = memory_of(operand);
+    if (gpu == s.gpu) continue;
+    const place_state* here = current_place();
+    throw error(std::string(op) + ": an operand in the memory of " + (gpu != nullptr ? gpu->name : std::string("the host")) +
+                " is used on " + (here != nullptr ? here->name : std::string("a host thread")) +
+                ", which cannot read it; run GPU work on its place (pdo::spmd, dtensor ops), or copy the tensor "
+                "there first (pdo::to_place, pdo::to_host)");
+  }
   return s;
 }
 
@@ -3792,10 +3871,15 @@ T transform_reduce([[maybe_unused]] place_system& system, thrust::counting_itera
   return n == 0 ? init : op(init, range(0, n));
 }
 
-/// @brief f(i) for i in [0, n), on the calling thread's place (its cores, or its GPU).
+/// @brief f(i) for i in [0, n), over data in the memory of `where` (a tensor's place; null:
+/// host memory), run where that memory can be read: on a GPU's place (from its worker, the
+/// calling thread waiting, when called from elsewhere), else as host loops over the calling
+/// thread's cores (one core on a GPU place's worker).
 template <class F>
-void for_each_index(std::size_t n, F f) {
-  auto system = current_place_system();
+void for_each_index(place_state* where, std::size_t n, F f) {
+  if (on_gpu(where) && current_place() != where) return run_on_place(*where, [&] { for_each_index(where, n, f); });
+  place_system system = current_place_system();
+  if (system.gpu != memory_of(where)) system = place_system{};
   thrust::for_each_n(system, thrust::counting_iterator<std::size_t>(0), n, f);
 }
 
@@ -4567,8 +4651,6 @@ enum class copy_completion {
 
 namespace detail {
 
-inline bool on_gpu(const place_state* p) { return p != nullptr && p->kind == place_kind::cuda; }
-
 #if defined(PDO_WITH_CUDA)
 /// @brief GPU to GPU on different devices through the two pinned buffers of the source:
 /// chunk i goes down on the source's stream into buffer i % 2, then up on the
@@ -5313,9 +5395,16 @@ concept tensor_expression = requires { typename std::remove_cvref_t<E>::expressi
 
 namespace detail {
 
-/// @brief Where a local expression runs: the calling thread, on the cores of its place.
+/// @brief Where a local expression runs: the calling thread, on the cores of its place (or
+/// its GPU). With `host_loops`, on the calling thread as plain host loops, the result in host
+/// memory: for operands in host memory while the calling thread drives a GPU.
 struct local_context {
   static constexpr bool distributed = false;
+  local_context() = default;
+  explicit local_context(bool host_loops) : on_host(host_loops) {
+    if (host_loops) system = place_system{};
+  }
+  bool on_host = false;
   place_system system = current_place_system();
   std::vector<std::shared_ptr<void>> keep;  ///< temporaries the kernels read
 
@@ -5329,7 +5418,7 @@ struct local_context {
   }
   template <class T, std::size_t Rank>
   tensor<T, Rank> allocate(const shape_t<Rank>& shape) const {
-    return tensor<T, Rank>(shape, uninitialized);
+    return on_host ? tensor<T, Rank>::on_host(shape) : tensor<T, Rank>(shape, uninitialized);
   }
 };
 
@@ -5454,6 +5543,7 @@ class tensor_leaf {
   explicit tensor_leaf(tensor<T, Rank>&& t) : owned_(std::make_shared<const tensor<T, Rank>>(std::move(t))), t_(owned_.get()) {}
 
   [[nodiscard]] const shape_t<Rank>& shape() const { return t_->shape(); }
+  [[nodiscard]] const tensor<T, Rank>& value() const { return *t_; }
   template <class Ctx>
   [[nodiscard]] const tensor<T, Rank>& shard(const Ctx&) const {
     return *t_;
@@ -5581,6 +5671,41 @@ void check_one_mesh(const Node& node, const Mesh& m) {
   } else {
     std::apply([&](const auto&... c) { (check_one_mesh(c, m), ...); }, node.children());
   }
+}
+
+/// @brief f(leaf) for every local tensor leaf of `node`'s subtree.
+template <class Node, class F>
+void for_each_tensor_leaf(const Node& node, F&& f) {
+  if constexpr (Node::is_leaf) {
+    if constexpr (!Node::distributed && !Node::is_scalar) f(node);
+  } else {
+    std::apply([&](const auto&... c) { (for_each_tensor_leaf(c, f), ...); }, node.children());
+  }
+}
+
+/// @brief The GPU place whose memory holds the local tensors of `node`, or null when they
+/// are in host memory (which CPU places share). Operands in two memories are a pdo::error
+/// naming the op, the operands and their places.
+template <class Node>
+place_state* local_home(const Node& node) {
+  place_state* home = nullptr;
+  bool seen = false, mixed = false;
+  for_each_tensor_leaf(node, [&](const auto& leaf) {
+    place_state* const memory = memory_of(leaf.value().where());
+    if (!seen) home = memory;
+    mixed = mixed || memory != home;
+    seen = true;
+  });
+  if (mixed) {
+    std::string operands;
+    for_each_tensor_leaf(node, [&](const auto& leaf) {
+      place_state* const memory = memory_of(leaf.value().where());
+      operands += (operands.empty() ? "" : ", ") + describe_node(leaf) + " on " + (memory != nullptr ? memory->name : std::string("the host"));
+    });
+    throw error("eval of " + std::string(Node::name) + ": operands in two memories (" + operands +
+                "); copy them to one place first (pdo::to_place, pdo::to_host)");
+  }
+  return home;
 }
 
 /// @brief The plan that brings child `I` of `Node` to the layout the node needs of it.
@@ -6226,15 +6351,9 @@ void cublas_gemm_batched(place_state& p, std::size_t batches, std::size_t m, std
 }
 #endif
 
-/// @brief Whether gemm on `system` runs on cuBLAS for element type T.
+/// @brief The element types cuBLAS multiplies for pdo (others take the Thrust kernel on a GPU).
 template <class T>
-bool cublas_gemm_for([[maybe_unused]] const place_system& system) {
-#if defined(PDO_WITH_CUDA)
-  return system.gpu != nullptr && (std::is_same_v<T, float> || std::is_same_v<T, double>);
-#else
-  return false;
-#endif
-}
+inline constexpr bool cublas_element = std::is_same_v<T, float> || std::is_same_v<T, double>;
 
 /// @brief C (m x n, dense, row-major) = A (m x k) * B (k x n) on the place of `system`
 /// (its cores, or its GPU).
@@ -6247,7 +6366,7 @@ void gemm(place_system& system, std::size_t m, std::size_t n, std::size_t k, mat
     return;
   }
 #if defined(PDO_WITH_CUDA)
-  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>)
+  if constexpr (cublas_element<T>)
     if (system.gpu != nullptr) return cublas_gemm(*system.gpu, m, n, k, a, b, c);
 #endif
   if (system.gpu != nullptr) {
@@ -6371,17 +6490,19 @@ class matmul_node : public detail::op_node<A, B> {
     const std::size_t b_n0 = frame[rank - 1] - b.offset[rb - 1];
 #if defined(PDO_WITH_CUDA)
     // on a GPU, when the operand blocks hold exactly the output's batches: one strided batched cuBLAS call
-    if (batches > 1 && detail::cublas_gemm_for<value_type>(ctx.system)) {
-      bool regular = true;
-      for (std::size_t d = 0; d + 2 < rank; ++d) {
-        regular = regular && frame[d] == a.offset[d] && a.shape[d] == out.shape()[d];
-        if constexpr (rb == rank) regular = regular && frame[d] == b.offset[d] && b.shape[d] == out.shape()[d];
-      }
-      if (regular) {
-        const std::size_t stride_b = rb == rank ? b.shape[rb - 2] * ldb : 0;
-        detail::cublas_gemm_batched<value_type>(*ctx.system.gpu, batches, m, n, k, {a.data + a_m0 * lda + a_k0, lda},
-                                                a.shape[rank - 2] * lda, {b.data + b_k0 * ldb + b_n0, ldb}, stride_b, out.data());
-        return;
+    if constexpr (detail::cublas_element<value_type>) {
+      if (batches > 1 && ctx.system.gpu != nullptr) {
+        bool regular = true;
+        for (std::size_t d = 0; d + 2 < rank; ++d) {
+          regular = regular && frame[d] == a.offset[d] && a.shape[d] == out.shape()[d];
+          if constexpr (rb == rank) regular = regular && frame[d] == b.offset[d] && b.shape[d] == out.shape()[d];
+        }
+        if (regular) {
+          const std::size_t stride_b = rb == rank ? b.shape[rb - 2] * ldb : 0;
+          detail::cublas_gemm_batched<value_type>(*ctx.system.gpu, batches, m, n, k, {a.data + a_m0 * lda + a_k0, lda},
+                                                  a.shape[rank - 2] * lda, {b.data + b_k0 * ldb + b_n0, ldb}, stride_b, out.data());
+          return;
+        }
       }
     }
 #endif
@@ -7372,7 +7493,8 @@ inline void wait_all() {
 /// @brief Evaluates an expression. Over dtensors: on every place of the mesh at once, with
 /// the communication the plan calls for, giving a dtensor in the planned layout
 /// (`pdo::result_layout_t<Expr>`). Over local tensors (on the host, or inside a
-/// parallel_do block on that place's cores): a pdo::tensor. Elementwise chains run as
+/// parallel_do block on that place's cores; on a GPU's place when they live in its memory,
+/// from any thread): a pdo::tensor. Elementwise chains run as
 /// one kernel that writes the result and allocates nothing else.
 /// @tparam Policy pdo::implicit (default) or pdo::strict
 template <class Policy = implicit, class Expr>
@@ -7386,7 +7508,15 @@ auto eval(Expr&& expr) {
   } else {
     detail::check_policy<Policy, node_t>();
     const node_t node = detail::as_expression(std::forward<Expr>(expr));
-    detail::local_context ctx;
+    // the kernels run where the operands are: on their GPU's place (from its worker), or
+    // over host memory on the calling thread
+    if (detail::place_state* const gpu = detail::local_home(node); gpu != nullptr) {
+      return detail::run_on_place(*gpu, [&] {
+        detail::local_context ctx;
+        return detail::materialize(node, ctx);
+      });
+    }
+    detail::local_context ctx(detail::on_gpu(detail::current_place()));
     return detail::materialize(node, ctx);
   }
 }
@@ -7479,7 +7609,7 @@ struct add_into_element {
 template <class V>
 void add_in_place(V& sum, const V& g) {
   auto add = [](auto& out, const auto& in) {
-    for_each_index(out.size(), add_into_element<typename value_kind<V>::element_type>{out.data(), in.data()});
+    for_each_index(out.where(), out.size(), add_into_element<typename value_kind<V>::element_type>{out.data(), in.data()});
   };
   if constexpr (value_kind<V>::distributed) {
     for (std::size_t k = 0; k < sum.local_shards().size(); ++k) add(sum.local_shards()[k], g.local_shards()[k]);
@@ -8421,7 +8551,7 @@ template <class T>
 std::pair<tensor<T, 4>, std::shared_ptr<tensor<T, 2>>> conv2d_forward(const tensor<T, 4>& x, const tensor<T, 4>& w, const T* bias,
                                                                        const window_geometry& g) {
   const std::size_t oc = w.extent(0);
-  auto system = current_place_system();
+  auto system = kernel_system("conv2d", {x.where(), w.where()});
   const thrust::counting_iterator<std::size_t> zero(0);
   auto cols = std::make_shared<tensor<T, 2>>(shape_t<2>{g.rows(), g.cols()}, uninitialized);
   thrust::transform(system, zero, zero + cols->size(), cols->data(), im2col_element<T>{x.data(), g});
@@ -8437,7 +8567,7 @@ template <class T>
 void conv2d_backward(const tensor<T, 4>& dy, const tensor<T, 2>& cols, const tensor<T, 4>& w, const window_geometry& g,
                      tensor<T, 4>* dw, tensor<T, 1>* db, tensor<T, 4>* dx) {
   const std::size_t oc = w.extent(0);
-  auto sys = current_place_system();
+  auto sys = kernel_system("conv2d backward", {dy.where(), cols.where(), w.where()});
   const thrust::counting_iterator<std::size_t> first(0);
   tensor<T, 2> g2({g.rows(), oc}, uninitialized);
   thrust::transform(sys, first, first + g2.size(), g2.data(), images_to_rows<T>{dy.data(), oc, g.out_pixels()});
@@ -8605,14 +8735,14 @@ namespace detail {
 template <bool Max, class T>
 var<tensor<T, 4>> pool2d(const char* op, const var<tensor<T, 4>>& x, std::size_t kernel, window_options o) {
   const window_geometry g = window_of(op, x.shape(), kernel, o);
-  auto system = current_place_system();
+  auto system = kernel_system(op, {x.value().where()});
   const thrust::counting_iterator<std::size_t> zero(0);
   tensor<T, 4> y({g.batch, g.channels, g.out_height, g.out_width}, uninitialized);
   thrust::transform(system, zero, zero + y.size(), y.data(), pool_element<T, Max>{x.value().data(), g});
   return record(
       std::move(y),
-      [x, g](auto& self) {
-        auto sys = current_place_system();
+      [x, g, op](auto& self) {
+        auto sys = kernel_system(op, {x.value().where(), self.grad->where()});
         const thrust::counting_iterator<std::size_t> first(0);
         tensor<T, 4> dx(x.shape(), uninitialized);
         thrust::transform(sys, first, first + dx.size(), dx.data(), pool_backward_element<T, Max>{x.value().data(), self.grad->data(), g});
@@ -9057,7 +9187,13 @@ auto parallel_do(Block&& block, const Args&... args) {
     throw layout_error("parallel_do: this process holds no place of " + m.describe() + "; call it on the processes that do");
   std::vector<std::optional<result_t>> results(local.size());
   const auto failure = detail::try_run_on_places(
-      m, [&](std::size_t p, std::size_t k) { results[k].emplace(block(detail::local_view(args, p)...)); },
+      m,
+      [&](std::size_t p, std::size_t k) {
+        result_t part = block(detail::local_view(args, p)...);
+        // a part made in another memory than its place's (a host tensor on a GPU place) moves there
+        if (detail::memory_of(part.where()) != detail::memory_of(m.place(p).state().get())) part = to_place(part, m.place(p));
+        results[k].emplace(std::move(part));
+      },
       /*communicate=*/false);
   const detail::block_outcomes outcomes = detail::share_outcomes(m, results, failure);
   for (std::size_t p = 0; p < m.size(); ++p) {
@@ -9164,6 +9300,9 @@ class parameter_ref {
   [[nodiscard]] std::vector<tensor<T, 1>> zero_state() const { return impl_->zero_state(); }
   /// @brief The gradient's blocks (none when backward has given no gradient).
   [[nodiscard]] std::vector<std::span<T>> grad_blocks() const { return impl_->grad_blocks(); }
+  /// @brief The place whose memory holds each block (null: host memory), for the kernels
+  /// that update them.
+  [[nodiscard]] std::vector<detail::place_state*> block_places() const { return impl_->block_places(); }
   /// @brief The values of a local parameter (one block).
   [[nodiscard]] std::span<T> value() const { return single(impl_->value_blocks(), "value"); }
   /// @brief The gradient of a local parameter; empty when backward has given none.
@@ -9196,6 +9335,7 @@ class parameter_ref {
     virtual ~base() = default;
     virtual std::vector<std::span<T>> value_blocks() = 0;
     virtual std::vector<std::span<T>> grad_blocks() = 0;
+    virtual std::vector<detail::place_state*> block_places() = 0;
     virtual std::vector<tensor<T, 1>> zero_state() = 0;
     virtual std::span<T> grad_or_zeros() = 0;
     virtual void zero_grad() = 0;
@@ -9217,6 +9357,15 @@ class parameter_ref {
       }
     }
     std::vector<std::span<T>> value_blocks() override { return blocks_of(v.value()); }
+    std::vector<detail::place_state*> block_places() override {
+      if constexpr (var<V>::distributed) {
+        std::vector<detail::place_state*> out;
+        for (const auto& shard : v.value().local_shards()) out.push_back(shard.where());
+        return out;
+      } else {
+        return {v.value().where()};
+      }
+    }
     std::vector<tensor<T, 1>> zero_state() override {
       std::vector<tensor<T, 1>> out;
       if constexpr (var<V>::distributed) {
@@ -9622,6 +9771,16 @@ shape_t<R> with_rows(shape_t<R> s, std::size_t rows) {
   return s;
 }
 
+/// @brief Throws pdo::layout_error unless every place of `m` is a CPU place: the trainers
+/// (data_parallel, pipeline) read losses, counts and gradient buckets in host memory.
+template <class Mesh>
+void require_cpu_places(const std::string& op, const Mesh& m) {
+  for (std::size_t p = 0; p < m.size(); ++p)
+    if (m.place(p).kind() != place_kind::cpu)
+      throw layout_error(op + ": place " + m.place(p).name() + " of " + m.describe() + " is a GPU place; " + op +
+                         " trains on CPU places (on GPU places, write the step with pdo::spmd or dtensor ops and an optimizer)");
+}
+
 }  // namespace pdo::detail
 
 namespace pdo::nn {
@@ -9660,6 +9819,7 @@ class data_parallel {
   template <class MakeModel, class MakeOptimizer>
   data_parallel(const Mesh& m, MakeModel make_model, MakeOptimizer make_optimizer, data_parallel_options o = {}, Loss loss = {})
       : mesh_(m), options_(o), loss_(loss), replicas_(m.local_places().size()) {
+    pdo::detail::require_cpu_places("data_parallel", m);
     pdo::detail::run_on_places("data_parallel", mesh_, [&](std::size_t p, std::size_t k) {
       auto& r = *(replicas_[k] = std::make_unique<replica>());
       r.place = p;
@@ -10163,11 +10323,12 @@ class sgd : public optimizer_base<T> {
       const auto values = params_[i].value_blocks();
       const auto grads = params_[i].grad_blocks();
       if (grads.empty()) continue;
+      const auto places = params_[i].block_places();
       auto& buffers = buffers_[i];
       const bool first = buffers.empty() && o_.momentum != 0;
       if (first) buffers = params_[i].zero_state();
       for (std::size_t k = 0; k < values.size(); ++k) {
-        pdo::detail::for_each_index(values[k].size(),
+        pdo::detail::for_each_index(places[k], values[k].size(),
                                     pdo::detail::sgd_update<T>{values[k].data(), grads[k].data(), o_.momentum != 0 ? buffers[k].data() : nullptr,
                                                                static_cast<T>(o_.lr), static_cast<T>(o_.momentum),
                                                                static_cast<T>(o_.weight_decay), first});
@@ -10207,12 +10368,13 @@ class adam : public optimizer_base<T> {
       const auto values = params_[i].value_blocks();
       const auto grads = params_[i].grad_blocks();
       if (grads.empty()) continue;
+      const auto places = params_[i].block_places();
       if (m_[i].empty()) {
         m_[i] = params_[i].zero_state();
         v_[i] = params_[i].zero_state();
       }
       for (std::size_t k = 0; k < values.size(); ++k)
-        pdo::detail::for_each_index(values[k].size(),
+        pdo::detail::for_each_index(places[k], values[k].size(),
                                     pdo::detail::adam_update<T>{values[k].data(), grads[k].data(), m_[i][k].data(), v_[i][k].data(),
                                                                 static_cast<T>(o_.lr), static_cast<T>(o_.beta1), static_cast<T>(o_.beta2),
                                                                 static_cast<T>(o_.eps), static_cast<T>(o_.weight_decay), c1, c2,
@@ -10626,6 +10788,7 @@ class pipeline {
   pipeline(const Mesh& m, const Model& model, detail_pp::cut_list<Cuts...>, MakeOptimizer make_optimizer, pipeline_options o, Loss loss)
       : mesh_(m), options_(o), loss_(loss), schedule_(make_schedule(o.schedule, stage_count, o.micro_batches)),
         states_(m.local_places().size()) {
+    pdo::detail::require_cpu_places("pipeline", m);
     if (m.extent(pp_axis) != stage_count)
       throw layout_error("pipeline: the model is cut into " + std::to_string(stage_count) + " stages but " + m.describe() + " has " +
                          std::to_string(m.extent(pp_axis)) + " places along \"pp\"");

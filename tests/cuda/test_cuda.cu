@@ -1,6 +1,7 @@
 // tests/cuda/test_cuda.cu: the CUDA backend against the CPU path, on every visible GPU.
 // Each check runs the same program on CPU places and on GPU places and compares the
 // results. Without a GPU the program reports itself skipped (exit 77) with the reason.
+#include <pdo/nn.hpp>
 #include <pdo/pdo.hpp>
 
 #include <cmath>
@@ -244,6 +245,61 @@ void mixed_mesh(const std::vector<pdo::cuda_place>& gpus) {
   }
 }
 
+/// Kernels run where their operands are, whichever thread asks for them.
+void operand_places(const std::vector<pdo::cuda_place>& gpus) {
+  const auto& g = gpus.front();
+  const auto a = filled<float, 2>({31, 7}, 21), b = filled<float, 2>({31, 7}, 22);
+  const auto expected = pdo::eval(a * b + 1.0f);  // host memory, host loops
+  const auto da = pdo::to_place(a, g), db = pdo::to_place(b, g);
+  const auto on_gpu = pdo::eval(da * db + 1.0f);  // from the host thread: runs on g's worker
+  check(on_gpu.on_gpu() && close(on_gpu, expected, 1e-6), "eval of GPU tensors from the host thread runs on their GPU");
+  bool two_memories = false;
+  try {
+    (void)pdo::eval(a * db);
+  } catch (const pdo::error& e) {
+    two_memories = std::string(e.what()).find("two memories") != std::string::npos &&
+                   std::string(e.what()).find(g.name()) != std::string::npos;
+  }
+  check(two_memories, "eval over host and GPU operands is a pdo::error naming both memories");
+  auto sum = pdo::to_place(a, g);
+  pdo::detail::for_each_index(sum.where(), sum.size(), pdo::detail::add_into_element<float>{sum.data(), db.data()});
+  check(close(sum, pdo::eval(a + b), 1e-6), "an in-place update of GPU tensors from the host thread runs on their GPU");
+  // host operands evaluated by a GPU place's worker: host loops, the result in host memory
+  const auto from_worker = pdo::detail::run_on_place(*da.where(), [&] { return pdo::eval(a * b + 1.0f); });
+  check(!from_worker.on_gpu() && close(from_worker, expected, 0), "host operands evaluated on a GPU place's worker stay on the host");
+  bool refused = false;
+  try {
+    const auto x = pdo::var(pdo::to_place(filled<float, 4>({1, 2, 5, 5}, 23), g));
+    const auto w = pdo::parameter(pdo::to_place(filled<float, 4>({3, 2, 3, 3}, 24), g));
+    const auto bias = pdo::parameter(pdo::to_place(filled<float, 1>({3}, 25), g));
+    (void)pdo::conv2d(x, w, bias, {1, 1});
+  } catch (const pdo::error& e) {
+    refused = std::string(e.what()).find("conv2d") != std::string::npos && std::string(e.what()).find("cannot read") != std::string::npos;
+  }
+  check(refused, "conv2d of GPU vars on the host thread is a pdo::error naming the op and the places");
+  const auto m = pdo::make_mesh<"dp">(gpus, {gpus.size()});
+  using rows = pdo::layout<pdo::split<"dp">, pdo::replicate>;
+  const auto doubled = pdo::parallel_do<rows>(
+      [](const pdo::tensor<float, 2>& shard) {
+        auto h = pdo::to_host(shard);  // a part made in host memory
+        for (auto& v : h) v *= 2;
+        return h;
+      },
+      pdo::distribute<rows>(m, a));
+  check(doubled.local_shards()[0].on_gpu() && close(pdo::gather(doubled), pdo::eval(a * 2.0f), 0),
+        "parallel_do moves a part made in host memory to its GPU place");
+  bool trainer_refused = false;
+  try {
+    pdo::nn::rng gen(1);
+    (void)pdo::nn::make_data_parallel<float>(
+        m, [&] { return pdo::nn::sequential(pdo::nn::linear<float>(4, 2, gen)); },
+        [](auto params) { return pdo::nn::sgd<float>(std::move(params), {.lr = 0.1}); });
+  } catch (const pdo::layout_error& e) {
+    trainer_refused = std::string(e.what()).find("data_parallel: place cuda:") != std::string::npos;
+  }
+  check(trainer_refused, "data_parallel on GPU places is a pdo::layout_error naming the place");
+}
+
 void errors(const std::vector<pdo::cuda_place>& gpus) {
   bool named = false;
   try {
@@ -265,7 +321,7 @@ int main() {
   const auto gpus = pdo::cuda_places();
   std::printf("%zu GPU place(s)\n", gpus.size());
   const std::vector<std::function<void(const std::vector<pdo::cuda_place>&)>> parts{places_and_memory, copies, expressions, convolution,
-                                                                                    collectives, mixed_mesh, errors};
+                                                                                    collectives, mixed_mesh, operand_places, errors};
   for (const auto& part : parts) {
     try {
       part(gpus);

@@ -42,7 +42,7 @@ template <class T>
 std::pair<tensor<T, 4>, std::shared_ptr<tensor<T, 2>>> conv2d_forward(const tensor<T, 4>& x, const tensor<T, 4>& w, const T* bias,
                                                                        const window_geometry& g) {
   const std::size_t oc = w.extent(0);
-  auto system = current_place_system();
+  auto system = kernel_system("conv2d", {x.where(), w.where()});
   const thrust::counting_iterator<std::size_t> zero(0);
   auto cols = std::make_shared<tensor<T, 2>>(shape_t<2>{g.rows(), g.cols()}, uninitialized);
   thrust::transform(system, zero, zero + cols->size(), cols->data(), im2col_element<T>{x.data(), g});
@@ -58,7 +58,7 @@ template <class T>
 void conv2d_backward(const tensor<T, 4>& dy, const tensor<T, 2>& cols, const tensor<T, 4>& w, const window_geometry& g,
                      tensor<T, 4>* dw, tensor<T, 1>* db, tensor<T, 4>* dx) {
   const std::size_t oc = w.extent(0);
-  auto sys = current_place_system();
+  auto sys = kernel_system("conv2d backward", {dy.where(), cols.where(), w.where()});
   const thrust::counting_iterator<std::size_t> first(0);
   tensor<T, 2> g2({g.rows(), oc}, uninitialized);
   thrust::transform(sys, first, first + g2.size(), g2.data(), images_to_rows<T>{dy.data(), oc, g.out_pixels()});
@@ -226,14 +226,14 @@ namespace detail {
 template <bool Max, class T>
 var<tensor<T, 4>> pool2d(const char* op, const var<tensor<T, 4>>& x, std::size_t kernel, window_options o) {
   const window_geometry g = window_of(op, x.shape(), kernel, o);
-  auto system = current_place_system();
+  auto system = kernel_system(op, {x.value().where()});
   const thrust::counting_iterator<std::size_t> zero(0);
   tensor<T, 4> y({g.batch, g.channels, g.out_height, g.out_width}, uninitialized);
   thrust::transform(system, zero, zero + y.size(), y.data(), pool_element<T, Max>{x.value().data(), g});
   return record(
       std::move(y),
-      [x, g](auto& self) {
-        auto sys = current_place_system();
+      [x, g, op](auto& self) {
+        auto sys = kernel_system(op, {x.value().where(), self.grad->where()});
         const thrust::counting_iterator<std::size_t> first(0);
         tensor<T, 4> dx(x.shape(), uninitialized);
         thrust::transform(sys, first, first + dx.size(), dx.data(), pool_backward_element<T, Max>{x.value().data(), self.grad->data(), g});

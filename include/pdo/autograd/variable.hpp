@@ -90,7 +90,7 @@ struct add_into_element {
 template <class V>
 void add_in_place(V& sum, const V& g) {
   auto add = [](auto& out, const auto& in) {
-    for_each_index(out.size(), add_into_element<typename value_kind<V>::element_type>{out.data(), in.data()});
+    for_each_index(out.where(), out.size(), add_into_element<typename value_kind<V>::element_type>{out.data(), in.data()});
   };
   if constexpr (value_kind<V>::distributed) {
     for (std::size_t k = 0; k < sum.local_shards().size(); ++k) add(sum.local_shards()[k], g.local_shards()[k]);

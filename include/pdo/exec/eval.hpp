@@ -179,7 +179,8 @@ inline void wait_all() {
 /// @brief Evaluates an expression. Over dtensors: on every place of the mesh at once, with
 /// the communication the plan calls for, giving a dtensor in the planned layout
 /// (`pdo::result_layout_t<Expr>`). Over local tensors (on the host, or inside a
-/// parallel_do block on that place's cores): a pdo::tensor. Elementwise chains run as
+/// parallel_do block on that place's cores; on a GPU's place when they live in its memory,
+/// from any thread): a pdo::tensor. Elementwise chains run as
 /// one kernel that writes the result and allocates nothing else.
 /// @tparam Policy pdo::implicit (default) or pdo::strict
 template <class Policy = implicit, class Expr>
@@ -193,7 +194,15 @@ auto eval(Expr&& expr) {
   } else {
     detail::check_policy<Policy, node_t>();
     const node_t node = detail::as_expression(std::forward<Expr>(expr));
-    detail::local_context ctx;
+    // the kernels run where the operands are: on their GPU's place (from its worker), or
+    // over host memory on the calling thread
+    if (detail::place_state* const gpu = detail::local_home(node); gpu != nullptr) {
+      return detail::run_on_place(*gpu, [&] {
+        detail::local_context ctx;
+        return detail::materialize(node, ctx);
+      });
+    }
+    detail::local_context ctx(detail::on_gpu(detail::current_place()));
     return detail::materialize(node, ctx);
   }
 }

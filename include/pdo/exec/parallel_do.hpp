@@ -160,7 +160,13 @@ auto parallel_do(Block&& block, const Args&... args) {
     throw layout_error("parallel_do: this process holds no place of " + m.describe() + "; call it on the processes that do");
   std::vector<std::optional<result_t>> results(local.size());
   const auto failure = detail::try_run_on_places(
-      m, [&](std::size_t p, std::size_t k) { results[k].emplace(block(detail::local_view(args, p)...)); },
+      m,
+      [&](std::size_t p, std::size_t k) {
+        result_t part = block(detail::local_view(args, p)...);
+        // a part made in another memory than its place's (a host tensor on a GPU place) moves there
+        if (detail::memory_of(part.where()) != detail::memory_of(m.place(p).state().get())) part = to_place(part, m.place(p));
+        results[k].emplace(std::move(part));
+      },
       /*communicate=*/false);
   const detail::block_outcomes outcomes = detail::share_outcomes(m, results, failure);
   for (std::size_t p = 0; p < m.size(); ++p) {

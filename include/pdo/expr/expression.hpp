@@ -31,9 +31,16 @@ concept tensor_expression = requires { typename std::remove_cvref_t<E>::expressi
 
 namespace detail {
 
-/// @brief Where a local expression runs: the calling thread, on the cores of its place.
+/// @brief Where a local expression runs: the calling thread, on the cores of its place (or
+/// its GPU). With `host_loops`, on the calling thread as plain host loops, the result in host
+/// memory: for operands in host memory while the calling thread drives a GPU.
 struct local_context {
   static constexpr bool distributed = false;
+  local_context() = default;
+  explicit local_context(bool host_loops) : on_host(host_loops) {
+    if (host_loops) system = place_system{};
+  }
+  bool on_host = false;
   place_system system = current_place_system();
   std::vector<std::shared_ptr<void>> keep;  ///< temporaries the kernels read
 
@@ -47,7 +54,7 @@ struct local_context {
   }
   template <class T, std::size_t Rank>
   tensor<T, Rank> allocate(const shape_t<Rank>& shape) const {
-    return tensor<T, Rank>(shape, uninitialized);
+    return on_host ? tensor<T, Rank>::on_host(shape) : tensor<T, Rank>(shape, uninitialized);
   }
 };
 
@@ -172,6 +179,7 @@ class tensor_leaf {
   explicit tensor_leaf(tensor<T, Rank>&& t) : owned_(std::make_shared<const tensor<T, Rank>>(std::move(t))), t_(owned_.get()) {}
 
   [[nodiscard]] const shape_t<Rank>& shape() const { return t_->shape(); }
+  [[nodiscard]] const tensor<T, Rank>& value() const { return *t_; }
   template <class Ctx>
   [[nodiscard]] const tensor<T, Rank>& shard(const Ctx&) const {
     return *t_;
@@ -299,6 +307,41 @@ void check_one_mesh(const Node& node, const Mesh& m) {
   } else {
     std::apply([&](const auto&... c) { (check_one_mesh(c, m), ...); }, node.children());
   }
+}
+
+/// @brief f(leaf) for every local tensor leaf of `node`'s subtree.
+template <class Node, class F>
+void for_each_tensor_leaf(const Node& node, F&& f) {
+  if constexpr (Node::is_leaf) {
+    if constexpr (!Node::distributed && !Node::is_scalar) f(node);
+  } else {
+    std::apply([&](const auto&... c) { (for_each_tensor_leaf(c, f), ...); }, node.children());
+  }
+}
+
+/// @brief The GPU place whose memory holds the local tensors of `node`, or null when they
+/// are in host memory (which CPU places share). Operands in two memories are a pdo::error
+/// naming the op, the operands and their places.
+template <class Node>
+place_state* local_home(const Node& node) {
+  place_state* home = nullptr;
+  bool seen = false, mixed = false;
+  for_each_tensor_leaf(node, [&](const auto& leaf) {
+    place_state* const memory = memory_of(leaf.value().where());
+    if (!seen) home = memory;
+    mixed = mixed || memory != home;
+    seen = true;
+  });
+  if (mixed) {
+    std::string operands;
+    for_each_tensor_leaf(node, [&](const auto& leaf) {
+      place_state* const memory = memory_of(leaf.value().where());
+      operands += (operands.empty() ? "" : ", ") + describe_node(leaf) + " on " + (memory != nullptr ? memory->name : std::string("the host"));
+    });
+    throw error("eval of " + std::string(Node::name) + ": operands in two memories (" + operands +
+                "); copy them to one place first (pdo::to_place, pdo::to_host)");
+  }
+  return home;
 }
 
 /// @brief The plan that brings child `I` of `Node` to the layout the node needs of it.

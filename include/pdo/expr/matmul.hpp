@@ -98,17 +98,19 @@ class matmul_node : public detail::op_node<A, B> {
     const std::size_t b_n0 = frame[rank - 1] - b.offset[rb - 1];
 #if defined(PDO_WITH_CUDA)
     // on a GPU, when the operand blocks hold exactly the output's batches: one strided batched cuBLAS call
-    if (batches > 1 && detail::cublas_gemm_for<value_type>(ctx.system)) {
-      bool regular = true;
-      for (std::size_t d = 0; d + 2 < rank; ++d) {
-        regular = regular && frame[d] == a.offset[d] && a.shape[d] == out.shape()[d];
-        if constexpr (rb == rank) regular = regular && frame[d] == b.offset[d] && b.shape[d] == out.shape()[d];
-      }
-      if (regular) {
-        const std::size_t stride_b = rb == rank ? b.shape[rb - 2] * ldb : 0;
-        detail::cublas_gemm_batched<value_type>(*ctx.system.gpu, batches, m, n, k, {a.data + a_m0 * lda + a_k0, lda},
-                                                a.shape[rank - 2] * lda, {b.data + b_k0 * ldb + b_n0, ldb}, stride_b, out.data());
-        return;
+    if constexpr (detail::cublas_element<value_type>) {
+      if (batches > 1 && ctx.system.gpu != nullptr) {
+        bool regular = true;
+        for (std::size_t d = 0; d + 2 < rank; ++d) {
+          regular = regular && frame[d] == a.offset[d] && a.shape[d] == out.shape()[d];
+          if constexpr (rb == rank) regular = regular && frame[d] == b.offset[d] && b.shape[d] == out.shape()[d];
+        }
+        if (regular) {
+          const std::size_t stride_b = rb == rank ? b.shape[rb - 2] * ldb : 0;
+          detail::cublas_gemm_batched<value_type>(*ctx.system.gpu, batches, m, n, k, {a.data + a_m0 * lda + a_k0, lda},
+                                                  a.shape[rank - 2] * lda, {b.data + b_k0 * ldb + b_n0, ldb}, stride_b, out.data());
+          return;
+        }
       }
     }
 #endif

@@ -20,7 +20,6 @@
 #include <thrust/iterator/counting_iterator.h>
 #include <thrust/system/cuda/execution_policy.h>
 #include <thrust/system_error.h>
-#include <thrust/transform.h>
 #include <thrust/transform_reduce.h>
 #endif
 
@@ -44,9 +43,24 @@ auto on_gpu_stream(place_state& p, const char* what, Launch&& launch) {
   }
 }
 
+/// @brief out[i - base] = f(i): a transform over an index range as one for_each work item.
+template <class Out, class F>
+struct write_element {
+  Out out;
+  F f;
+  std::size_t base;
+  __device__ void operator()(std::size_t i) const { out[i - base] = f(i); }
+};
+
+/// @brief out[k] = f(first + k) on the place's compute stream. It runs as Thrust's for_each
+/// (CUB's DeviceFor: one kernel per functor) rather than Thrust's transform, whose CUDA
+/// system builds several kernels per functor to stream the inputs a counting iterator does
+/// not have (pdo's functors read their operands themselves).
 template <class Out, class F>
 Out gpu_transform(place_state& p, thrust::counting_iterator<std::size_t> first, thrust::counting_iterator<std::size_t> last, Out out, F f) {
-  return on_gpu_stream(p, "thrust::transform", [&](auto policy) { return thrust::transform(policy, first, last, out, f); });
+  const std::size_t n = *last - *first;
+  on_gpu_stream(p, "thrust::for_each_n", [&](auto policy) { return thrust::for_each_n(policy, first, n, write_element<Out, F>{out, f, *first}); });
+  return out + static_cast<std::ptrdiff_t>(n);
 }
 template <class F>
 thrust::counting_iterator<std::size_t> gpu_for_each_n(place_state& p, thrust::counting_iterator<std::size_t> first, std::size_t n, F f) {

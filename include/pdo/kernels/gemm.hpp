@@ -91,15 +91,9 @@ void cublas_gemm_batched(place_state& p, std::size_t batches, std::size_t m, std
 }
 #endif
 
-/// @brief Whether gemm on `system` runs on cuBLAS for element type T.
+/// @brief The element types cuBLAS multiplies for pdo (others take the Thrust kernel on a GPU).
 template <class T>
-bool cublas_gemm_for([[maybe_unused]] const place_system& system) {
-#if defined(PDO_WITH_CUDA)
-  return system.gpu != nullptr && (std::is_same_v<T, float> || std::is_same_v<T, double>);
-#else
-  return false;
-#endif
-}
+inline constexpr bool cublas_element = std::is_same_v<T, float> || std::is_same_v<T, double>;
 
 /// @brief C (m x n, dense, row-major) = A (m x k) * B (k x n) on the place of `system`
 /// (its cores, or its GPU).
@@ -112,7 +106,7 @@ void gemm(place_system& system, std::size_t m, std::size_t n, std::size_t k, mat
     return;
   }
 #if defined(PDO_WITH_CUDA)
-  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>)
+  if constexpr (cublas_element<T>)
     if (system.gpu != nullptr) return cublas_gemm(*system.gpu, m, n, k, a, b, c);
 #endif
   if (system.gpu != nullptr) {

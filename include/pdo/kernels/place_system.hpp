@@ -2,6 +2,7 @@
 #pragma once
 
 #include <pdo/core/config.hpp>
+#include <pdo/core/error.hpp>
 #include <pdo/kernels/cuda_system.hpp>
 #include <pdo/place/place_state.hpp>
 
@@ -18,6 +19,9 @@
 #include <thrust/transform_reduce.h>
 
 #include <cstddef>
+#include <initializer_list>
+#include <string>
+#include <string_view>
 
 #if defined(_OPENMP)
 #include <omp.h>
@@ -42,6 +46,24 @@ inline place_system current_place_system() {
   place_state* p = current_place();
   if (p != nullptr && p->kind == place_kind::cuda) s.gpu = p;
   else if (p != nullptr && !p->cores.empty()) s.threads = static_cast<int>(p->cores.size());
+  return s;
+}
+
+/// @brief The policy for kernel `op` on the calling thread, over operands in the memory of
+/// `operands` (each a tensor's place; null: host memory). A GPU's memory is read only by
+/// kernels on that GPU's place, and host memory only by host loops, so an operand the
+/// calling thread's place cannot read is a pdo::error naming the op and both places.
+inline place_system kernel_system(std::string_view op, std::initializer_list<place_state*> operands) {
+  place_system s = current_place_system();
+  for (place_state* operand : operands) {
+    place_state* const gpu = memory_of(operand);
+    if (gpu == s.gpu) continue;
+    const place_state* here = current_place();
+    throw error(std::string(op) + ": an operand in the memory of " + (gpu != nullptr ? gpu->name : std::string("the host")) +
+                " is used on " + (here != nullptr ? here->name : std::string("a host thread")) +
+                ", which cannot read it; run GPU work on its place (pdo::spmd, dtensor ops), or copy the tensor "
+                "there first (pdo::to_place, pdo::to_host)");
+  }
   return s;
 }
 
@@ -132,10 +154,15 @@ T transform_reduce([[maybe_unused]] place_system& system, thrust::counting_itera
   return n == 0 ? init : op(init, range(0, n));
 }
 
-/// @brief f(i) for i in [0, n), on the calling thread's place (its cores, or its GPU).
+/// @brief f(i) for i in [0, n), over data in the memory of `where` (a tensor's place; null:
+/// host memory), run where that memory can be read: on a GPU's place (from its worker, the
+/// calling thread waiting, when called from elsewhere), else as host loops over the calling
+/// thread's cores (one core on a GPU place's worker).
 template <class F>
-void for_each_index(std::size_t n, F f) {
-  auto system = current_place_system();
+void for_each_index(place_state* where, std::size_t n, F f) {
+  if (on_gpu(where) && current_place() != where) return run_on_place(*where, [&] { for_each_index(where, n, f); });
+  place_system system = current_place_system();
+  if (system.gpu != memory_of(where)) system = place_system{};
   thrust::for_each_n(system, thrust::counting_iterator<std::size_t>(0), n, f);
 }
 

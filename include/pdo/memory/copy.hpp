@@ -35,8 +35,6 @@ enum class copy_completion {
 
 namespace detail {
 
-inline bool on_gpu(const place_state* p) { return p != nullptr && p->kind == place_kind::cuda; }
-
 #if defined(PDO_WITH_CUDA)
 /// @brief GPU to GPU on different devices through the two pinned buffers of the source:
 /// chunk i goes down on the source's stream into buffer i % 2, then up on the

@@ -95,6 +95,16 @@ shape_t<R> with_rows(shape_t<R> s, std::size_t rows) {
   return s;
 }
 
+/// @brief Throws pdo::layout_error unless every place of `m` is a CPU place: the trainers
+/// (data_parallel, pipeline) read losses, counts and gradient buckets in host memory.
+template <class Mesh>
+void require_cpu_places(const std::string& op, const Mesh& m) {
+  for (std::size_t p = 0; p < m.size(); ++p)
+    if (m.place(p).kind() != place_kind::cpu)
+      throw layout_error(op + ": place " + m.place(p).name() + " of " + m.describe() + " is a GPU place; " + op +
+                         " trains on CPU places (on GPU places, write the step with pdo::spmd or dtensor ops and an optimizer)");
+}
+
 }  // namespace pdo::detail
 
 namespace pdo::nn {
@@ -133,6 +143,7 @@ class data_parallel {
   template <class MakeModel, class MakeOptimizer>
   data_parallel(const Mesh& m, MakeModel make_model, MakeOptimizer make_optimizer, data_parallel_options o = {}, Loss loss = {})
       : mesh_(m), options_(o), loss_(loss), replicas_(m.local_places().size()) {
+    pdo::detail::require_cpu_places("data_parallel", m);
     pdo::detail::run_on_places("data_parallel", mesh_, [&](std::size_t p, std::size_t k) {
       auto& r = *(replicas_[k] = std::make_unique<replica>());
       r.place = p;

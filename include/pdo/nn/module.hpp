@@ -39,6 +39,9 @@ class parameter_ref {
   [[nodiscard]] std::vector<tensor<T, 1>> zero_state() const { return impl_->zero_state(); }
   /// @brief The gradient's blocks (none when backward has given no gradient).
   [[nodiscard]] std::vector<std::span<T>> grad_blocks() const { return impl_->grad_blocks(); }
+  /// @brief The place whose memory holds each block (null: host memory), for the kernels
+  /// that update them.
+  [[nodiscard]] std::vector<detail::place_state*> block_places() const { return impl_->block_places(); }
   /// @brief The values of a local parameter (one block).
   [[nodiscard]] std::span<T> value() const { return single(impl_->value_blocks(), "value"); }
   /// @brief The gradient of a local parameter; empty when backward has given none.
@@ -71,6 +74,7 @@ class parameter_ref {
     virtual ~base() = default;
     virtual std::vector<std::span<T>> value_blocks() = 0;
     virtual std::vector<std::span<T>> grad_blocks() = 0;
+    virtual std::vector<detail::place_state*> block_places() = 0;
     virtual std::vector<tensor<T, 1>> zero_state() = 0;
     virtual std::span<T> grad_or_zeros() = 0;
     virtual void zero_grad() = 0;
@@ -92,6 +96,15 @@ class parameter_ref {
       }
     }
     std::vector<std::span<T>> value_blocks() override { return blocks_of(v.value()); }
+    std::vector<detail::place_state*> block_places() override {
+      if constexpr (var<V>::distributed) {
+        std::vector<detail::place_state*> out;
+        for (const auto& shard : v.value().local_shards()) out.push_back(shard.where());
+        return out;
+      } else {
+        return {v.value().where()};
+      }
+    }
     std::vector<tensor<T, 1>> zero_state() override {
       std::vector<tensor<T, 1>> out;
       if constexpr (var<V>::distributed) {

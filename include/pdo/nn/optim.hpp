@@ -91,11 +91,12 @@ class sgd : public optimizer_base<T> {
       const auto values = params_[i].value_blocks();
       const auto grads = params_[i].grad_blocks();
       if (grads.empty()) continue;
+      const auto places = params_[i].block_places();
       auto& buffers = buffers_[i];
       const bool first = buffers.empty() && o_.momentum != 0;
       if (first) buffers = params_[i].zero_state();
       for (std::size_t k = 0; k < values.size(); ++k) {
-        pdo::detail::for_each_index(values[k].size(),
+        pdo::detail::for_each_index(places[k], values[k].size(),
                                     pdo::detail::sgd_update<T>{values[k].data(), grads[k].data(), o_.momentum != 0 ? buffers[k].data() : nullptr,
                                                                static_cast<T>(o_.lr), static_cast<T>(o_.momentum),
                                                                static_cast<T>(o_.weight_decay), first});
@@ -135,12 +136,13 @@ class adam : public optimizer_base<T> {
       const auto values = params_[i].value_blocks();
       const auto grads = params_[i].grad_blocks();
       if (grads.empty()) continue;
+      const auto places = params_[i].block_places();
       if (m_[i].empty()) {
         m_[i] = params_[i].zero_state();
         v_[i] = params_[i].zero_state();
       }
       for (std::size_t k = 0; k < values.size(); ++k)
-        pdo::detail::for_each_index(values[k].size(),
+        pdo::detail::for_each_index(places[k], values[k].size(),
                                     pdo::detail::adam_update<T>{values[k].data(), grads[k].data(), m_[i][k].data(), v_[i][k].data(),
                                                                 static_cast<T>(o_.lr), static_cast<T>(o_.beta1), static_cast<T>(o_.beta2),
                                                                 static_cast<T>(o_.eps), static_cast<T>(o_.weight_decay), c1, c2,

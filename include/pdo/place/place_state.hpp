@@ -1,11 +1,16 @@
 // pdo/place/place_state.hpp: what every place handle shares: identity, cores, memory, worker.
 #pragma once
 
+#include <pdo/core/error.hpp>
 #include <pdo/place/worker.hpp>
 #include <pdo/memory/caching_allocator.hpp>
 
+#include <condition_variable>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace pdo {
@@ -42,6 +47,43 @@ inline place_state*& current_place() {
 inline void start_worker(place_state& state, std::vector<int> pin_to) {
   state.runner = std::make_unique<worker>(std::move(pin_to));
   state.runner->submit([s = &state] { current_place() = s; });
+}
+
+/// @brief Whether a tensor of place `p` (null: the host) lives in a GPU's memory.
+inline bool on_gpu(const place_state* p) { return p != nullptr && p->kind == place_kind::cuda; }
+
+/// @brief The memory a tensor of place `p` lives in: its GPU's (that place), or host memory
+/// (null), which the host and every CPU place share.
+inline place_state* memory_of(place_state* p) { return on_gpu(p) ? p : nullptr; }
+
+/// @brief Runs `f` on `p`'s worker and returns what it returns, the calling thread waiting
+/// (on that worker itself, at once). A failure is thrown again here, with its pdo::error
+/// subclass and message.
+template <class F>
+auto run_on_place(place_state& p, F&& f) -> decltype(f()) {
+  using result_t = decltype(f());
+  if (current_place() == &p) return f();
+  if (!p.runner) throw layout_error("place " + p.name + " belongs to another process; its work runs there");
+  std::conditional_t<std::is_void_v<result_t>, bool, std::optional<result_t>> result{};
+  std::optional<captured_error> failure;
+  std::mutex m;
+  std::condition_variable finished;
+  bool done = false;
+  p.runner->submit([&] {
+    try {
+      if constexpr (std::is_void_v<result_t>) f();
+      else result.emplace(f());
+    } catch (...) {
+      failure = captured_error::current();
+    }
+    std::lock_guard lock(m);
+    done = true;
+    finished.notify_one();
+  });
+  std::unique_lock lock(m);
+  finished.wait(lock, [&] { return done; });
+  if (failure) failure->rethrow_with_context("");
+  if constexpr (!std::is_void_v<result_t>) return std::move(*result);
 }
 
 }  // namespace detail
