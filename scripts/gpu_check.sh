@@ -13,6 +13,9 @@ if ! command -v nvcc >/dev/null 2>&1 && [ -z "${CUDA_HOME:-}" ]; then
 fi
 command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L || echo "gpu_check: nvidia-smi not found; the tests will say whether CUDA sees a device"
 bash "$here/scripts/configure.sh" "$build" -DPDO_WITH_CUDA=ON -DPDO_BUILD_EXAMPLES=OFF
-cmake --build "$build" --target cuda_compile_all test_cuda bench_nccl -j "$(nproc)"
+targets=(cuda_compile_all test_cuda bench_nccl)
+# the MPI-bootstrapped test exists when MPI was found
+cmake --build "$build" --target help | grep -q "test_cuda_mpi" && targets+=(test_cuda_mpi)
+cmake --build "$build" --target "${targets[@]}" -j "$(nproc)"
 ctest --test-dir "$build" -L cuda --output-on-failure
 "$build/benchmarks/bench_nccl" "$@"
