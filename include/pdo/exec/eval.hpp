@@ -193,7 +193,9 @@ auto eval(Expr&& expr) {
     return std::move(state->result);
   } else {
     detail::check_policy<Policy, node_t>();
-    const node_t node = detail::as_expression(std::forward<Expr>(expr));
+    // not const: for a const variable nvcc's front end first tries constant initialization,
+    // through every level of the expression's type, in time that grows fourfold a level
+    node_t node = detail::as_expression(std::forward<Expr>(expr));
     // the kernels run where the operands are: on their GPU's place (from its worker), or
     // over host memory on the calling thread
     if (detail::place_state* const gpu = detail::local_home(node); gpu != nullptr) {
