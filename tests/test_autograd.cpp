@@ -101,6 +101,7 @@ TEST_CASE("autograd: numbers on either side, and one-operand ops", "[autograd]")
   check_gradient([](auto x) { return pdo::sigmoid(x); }, a);
   check_gradient([](auto x) { return pdo::relu(x); }, a);  // random values: none within eps of 0
   check_gradient([](auto x) { return pdo::gelu(x); }, a);
+  check_gradient([](auto x) { return pdo::gelu_tanh(x); }, a);
 }
 
 TEST_CASE("autograd: matmul, 2-D and batched", "[autograd]") {

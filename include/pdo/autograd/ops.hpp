@@ -57,12 +57,11 @@ Target sum_to(const G& g, const shape_t<value_kind<Target>::rank>& target) {
   }
 }
 
-/// @brief `g` reshaped with an extent-1 dim at `Dim` of `like` (what a reduction over `Dim` removed).
+/// @brief `g` with the extent-1 dim at `Dim` that a reduction over `Dim` removed, put back
+/// (whatever dims of `g` are split).
 template <std::size_t Dim, class G, std::size_t R>
-auto keep_dim(const G& g, const shape_t<R>& like) {
-  shape_t<R> s = like;
-  s[Dim] = 1;
-  return pdo::reshape(g, s);
+auto keep_dim(const G& g, const shape_t<R>&) {
+  return pdo::unsqueeze<Dim>(g);
 }
 
 }  // namespace detail
@@ -123,8 +122,8 @@ auto operator/(const var<A>& a, const var<B>& b) {
 }
 
 namespace detail {
-/// @brief maximum (Max) or minimum of two vars; the gradient goes to the operand chosen,
-/// to `a` where both are equal.
+/// @brief maximum (Max) or minimum of two vars. The gradient goes to the operand chosen;
+/// where the two tie (or are both NaN) each gets half (PyTorch's rule).
 template <bool Max, class A, class B>
 auto extremum(const var<A>& a, const var<B>& b) {
   auto y = [&] {
@@ -133,27 +132,27 @@ auto extremum(const var<A>& a, const var<B>& b) {
   }();
   using V = decltype(y);
   using T = var_element_t<V>;
+  using share_op = std::conditional_t<Max, op::maximum_share, op::minimum_share>;
   return record(
       std::move(y),
       [a, b](auto& self) {
         const auto& g = *self.grad;
-        const auto chose_a = pdo::eval([&] {
-          if constexpr (Max) return pdo::greater_equal(a.value(), b.value());
-          else return pdo::less_equal(a.value(), b.value());
-        }());
-        if (a.requires_grad()) add_grad(a, sum_to<grad_t<A>>(pdo::eval(pdo::where(chose_a, g, T(0))), a.shape()));
-        if (b.requires_grad()) add_grad(b, sum_to<grad_t<B>>(pdo::eval(pdo::where(chose_a, T(0), g)), b.shape()));
+        const auto to_a = pdo::eval(make_elementwise<share_op>(a.value(), b.value()));
+        if (a.requires_grad()) add_grad(a, sum_to<grad_t<A>>(pdo::eval(g * to_a), a.shape()));
+        if (b.requires_grad()) add_grad(b, sum_to<grad_t<B>>(pdo::eval(g * (T(1) - to_a)), b.shape()));
       },
       a, b);
 }
 }  // namespace detail
 
-/// @brief Elementwise maximum; where both are equal the gradient goes to `a`.
+/// @brief Elementwise maximum (NaN where either is NaN); where both are equal each gets
+/// half the gradient.
 template <class A, class B>
 auto maximum(const var<A>& a, const var<B>& b) {
   return detail::extremum<true>(a, b);
 }
-/// @brief Elementwise minimum; where both are equal the gradient goes to `a`.
+/// @brief Elementwise minimum (NaN where either is NaN); where both are equal each gets
+/// half the gradient.
 template <class A, class B>
 auto minimum(const var<A>& a, const var<B>& b) {
   return detail::extremum<false>(a, b);
@@ -263,12 +262,23 @@ auto relu(const var<A>& a) {
       pdo::eval(pdo::relu(a.value())),
       [a](auto& self) { detail::add_grad(a, pdo::where(pdo::greater(a.value(), T(0)), *self.grad, T(0))); }, a);
 }
+/// @brief GELU, exact (erf form), PyTorch's default.
 template <class A>
 auto gelu(const var<A>& a) {
   return detail::record(
       pdo::eval(pdo::gelu(a.value())),
       [a](auto& self) {
         detail::add_grad(a, *self.grad * detail::make_elementwise<op::gelu_derivative>(a.value()));
+      },
+      a);
+}
+/// @brief GELU, tanh approximation (PyTorch's approximate="tanh").
+template <class A>
+auto gelu_tanh(const var<A>& a) {
+  return detail::record(
+      pdo::eval(pdo::gelu_tanh(a.value())),
+      [a](auto& self) {
+        detail::add_grad(a, *self.grad * detail::make_elementwise<op::gelu_tanh_derivative>(a.value()));
       },
       a);
 }
@@ -318,10 +328,16 @@ auto reduce_var(const var<A>& a) {
         const auto& g = *self.grad;
         const auto& x = a.value();
         if constexpr (What == reduction::max) {
+          // shared evenly among the elements that reach the maximum (NaN matching NaN), as
+          // PyTorch's amax: the components add up to the output's gradient
           if constexpr (Dim == all_dims) {
-            add_grad(a, pdo::where(pdo::equal(x, self.value), g, T(0)));
+            const auto reached = pdo::eval(make_elementwise<op::matches>(x, self.value));
+            const auto share = pdo::eval(g / pdo::sum(reached));
+            add_grad(a, reached * share);
           } else {
-            add_grad(a, pdo::where(pdo::equal(x, keep_dim<Dim>(self.value, x.shape())), keep_dim<Dim>(g, x.shape()), T(0)));
+            const auto reached = pdo::eval(make_elementwise<op::matches>(x, keep_dim<Dim>(self.value, x.shape())));
+            const auto share = pdo::eval(g / pdo::sum<Dim>(reached));
+            add_grad(a, reached * keep_dim<Dim>(share, x.shape()));
           }
         } else {
           const T scale = [&] {
@@ -347,8 +363,9 @@ template <std::size_t Dim = all_dims, class A>
 auto mean(const var<A>& a) {
   return detail::reduce_var<detail::reduction::mean, Dim>(a);
 }
-/// @brief Maximum over dim `Dim`, or over every dim; the gradient goes to every element
-/// equal to the maximum.
+/// @brief Maximum over dim `Dim`, or over every dim (NaN when any element is NaN); the
+/// gradient is shared evenly among the elements equal to the maximum (the NaNs, for a NaN
+/// maximum), as PyTorch's amax.
 template <std::size_t Dim = all_dims, class A>
 auto max(const var<A>& a) {
   return detail::reduce_var<detail::reduction::max, Dim>(a);

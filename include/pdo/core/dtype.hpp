@@ -1,6 +1,8 @@
 // pdo/core/dtype.hpp: element types pdo moves and reduces, and their short names.
 #pragma once
 
+#include <pdo/core/config.hpp>
+
 #include <concepts>
 #include <cstdint>
 #include <string_view>
@@ -37,12 +39,24 @@ constexpr std::string_view op_name(reduce_op op) {
   return "?";
 }
 
+/// @brief The larger of `a` and `b`; NaN when either is NaN, whichever it is (as PyTorch's
+/// maximum and NumPy's max): every max of pdo, reductions and collectives included, is this one.
+template <class T>
+PDO_HD constexpr T nan_max(T a, T b) {
+  return (a != a || a > b) ? a : b;  // a != a: a is NaN (never for integers)
+}
+/// @brief The smaller of `a` and `b`; NaN when either is NaN.
+template <class T>
+PDO_HD constexpr T nan_min(T a, T b) {
+  return (a != a || a < b) ? a : b;
+}
+
 template <class T>
 constexpr T apply(reduce_op op, T a, T b) {
   switch (op) {
     case reduce_op::sum: return a + b;
-    case reduce_op::max: return a < b ? b : a;
-    case reduce_op::min: return b < a ? b : a;
+    case reduce_op::max: return nan_max(a, b);
+    case reduce_op::min: return nan_min(a, b);
   }
   return a;
 }

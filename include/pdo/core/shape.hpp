@@ -1,10 +1,14 @@
 // pdo/core/shape.hpp: shapes, row-major strides and the even-split rule for shards.
 #pragma once
 
+#include <pdo/core/error.hpp>
+
 #include <array>
 #include <cstddef>
+#include <cstdint>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace pdo {
@@ -19,6 +23,37 @@ template <std::size_t Rank>
 constexpr std::size_t volume(const shape_t<Rank>& shape) {
   std::size_t n = 1;
   for (auto e : shape) n *= e;
+  return n;
+}
+
+/// @brief The largest number of bytes one tensor may span: pointer differences and strides
+/// (std::ptrdiff_t) must be able to reach its end.
+inline constexpr std::size_t max_tensor_bytes = static_cast<std::size_t>(PTRDIFF_MAX);
+
+template <class Range>
+std::string format_extents(const Range& extents);
+
+/// @brief The product of `extents`, checked: when it, or its size in bytes at
+/// `element_bytes` each, exceeds what memory can hold (max_tensor_bytes), a
+/// pdo::shape_error naming `op` and the extents.
+template <class Range>
+std::size_t checked_volume(const Range& extents, std::string_view op, std::size_t element_bytes = 1) {
+  std::size_t n = 1;
+  bool over = false, empty = false;
+  long double exact = 1;  // for the message: the product that did not fit
+  for (auto e : extents) {
+    exact *= static_cast<long double>(e);
+    empty = empty || e == 0;
+    over = over || __builtin_mul_overflow(n, static_cast<std::size_t>(e), &n);
+  }
+  if (empty) return 0;  // an empty tensor: any other extent is fine
+  std::size_t bytes = 0;
+  if (over || __builtin_mul_overflow(n, element_bytes, &bytes) || bytes > max_tensor_bytes) {
+    std::ostringstream os;
+    os << op << ": extents " << format_extents(extents) << " hold " << exact << " elements of " << element_bytes
+       << " bytes, more than one tensor can address (" << max_tensor_bytes << " bytes); use smaller extents";
+    throw shape_error(os.str());
+  }
   return n;
 }
 

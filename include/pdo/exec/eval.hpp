@@ -85,6 +85,7 @@ auto queue_evaluation(Expr&& expr) {
   comms_of(m);  // built by every process, those without places too
   if (m.local_places().empty()) throw layout_error("eval: this process holds no place of " + m.describe());
   const auto global = node.shape();
+  checked_volume(global, node_t::name, sizeof(T));
   std::vector<tensor<T, node_t::rank>> shards;
   shards.reserve(m.local_places().size());
   for (std::size_t p : m.local_places()) shards.emplace_back(shard_shape(m, node_t::rule.out, global, p), m.place(p), uninitialized);

@@ -353,6 +353,7 @@ inline constexpr redistribute_plan operand_plan_v =
 /// The temporaries the node's kernel read are released when it is done.
 template <class Node, class Ctx>
 tensor<typename Node::value_type, Node::rank> materialize(const Node& node, Ctx& ctx) {
+  checked_volume(node.shape(), Node::name, sizeof(typename Node::value_type));
   auto out = ctx.template allocate<typename Node::value_type>(ctx.local_shape(Node::rule.out, node.shape()));
   const std::size_t held = ctx.keep.size();
   node.run(ctx, out);

@@ -68,9 +68,12 @@ template <detail::tensor_operand A>
 auto sigmoid(A&& a) { return detail::make_elementwise<op::sigmoid>(std::forward<A>(a)); }
 template <detail::tensor_operand A>
 auto relu(A&& a) { return detail::make_elementwise<op::relu>(std::forward<A>(a)); }
-/// @brief GELU, tanh approximation.
+/// @brief GELU, exact (erf form): what PyTorch's F.gelu computes by default.
 template <detail::tensor_operand A>
 auto gelu(A&& a) { return detail::make_elementwise<op::gelu>(std::forward<A>(a)); }
+/// @brief GELU, tanh approximation: PyTorch's F.gelu(x, approximate="tanh") (GPT-2's).
+template <detail::tensor_operand A>
+auto gelu_tanh(A&& a) { return detail::make_elementwise<op::gelu_tanh>(std::forward<A>(a)); }
 
 /// @brief Elementwise maximum and minimum of two operands.
 template <class A, class B>
@@ -170,6 +173,12 @@ auto reshape(A&& a, const std::size_t (&shape)[Rank]) {
 template <detail::tensor_operand A, std::size_t Rank>
 auto reshape(A&& a, const shape_t<Rank>& shape) {
   return reshape_node<Rank, detail::expression_t<A>>(detail::as_expression(std::forward<A>(a)), shape);
+}
+
+/// @brief `a` with a dim of extent 1 inserted at `Dim`; every dim keeps its split.
+template <std::size_t Dim, detail::tensor_operand A>
+auto unsqueeze(A&& a) {
+  return unsqueeze_node<Dim, detail::expression_t<A>>(detail::as_expression(std::forward<A>(a)));
 }
 
 }  // namespace pdo

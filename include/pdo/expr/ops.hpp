@@ -2,6 +2,7 @@
 #pragma once
 
 #include <pdo/core/config.hpp>
+#include <pdo/core/dtype.hpp>
 
 #include <cmath>
 #include <string_view>
@@ -58,11 +59,37 @@ struct relu {
   static constexpr std::string_view name = "relu";
   static constexpr linearity rule = linearity::none;
   template <class T>
-  PDO_HD static T apply(T x) { return x > T(0) ? x : T(0); }
+  PDO_HD static T apply(T x) { return (x > T(0) || x != x) ? x : T(0); }  // NaN stays NaN
 };
-/// @brief GELU, tanh approximation (as in GPT-2 and PyTorch's approximate="tanh").
+/// @brief GELU, exact: x * Φ(x) = 0.5 x (1 + erf(x / √2)), PyTorch's default (F.gelu).
 struct gelu {
   static constexpr std::string_view name = "gelu";
+  static constexpr linearity rule = linearity::none;
+  template <class T>
+  PDO_HD static T apply(T x) {
+    using std::erf;
+    const double v = static_cast<double>(x);
+    return static_cast<T>(0.5 * v * (1.0 + erf(v * 0.7071067811865476)));
+  }
+};
+
+/// @brief The derivative of the exact gelu: Φ(x) + x φ(x).
+struct gelu_derivative {
+  static constexpr std::string_view name = "gelu_derivative";
+  static constexpr linearity rule = linearity::none;
+  template <class T>
+  PDO_HD static T apply(T x) {
+    using std::erf;
+    using std::exp;
+    const double v = static_cast<double>(x);
+    return static_cast<T>(0.5 * (1.0 + erf(v * 0.7071067811865476)) + v * 0.3989422804014327 * exp(-0.5 * v * v));
+  }
+};
+
+/// @brief GELU, tanh approximation: 0.5 x (1 + tanh(√(2/π) (x + 0.044715 x³))), as in GPT-2
+/// and PyTorch's F.gelu(x, approximate="tanh").
+struct gelu_tanh {
+  static constexpr std::string_view name = "gelu_tanh";
   static constexpr linearity rule = linearity::none;
   template <class T>
   PDO_HD static T apply(T x) {
@@ -72,16 +99,17 @@ struct gelu {
   }
 };
 
-/// @brief The derivative of gelu (tanh approximation), for its backward.
-struct gelu_derivative {
-  static constexpr std::string_view name = "gelu_derivative";
+/// @brief The derivative of gelu_tanh, for its backward.
+struct gelu_tanh_derivative {
+  static constexpr std::string_view name = "gelu_tanh_derivative";
   static constexpr linearity rule = linearity::none;
   template <class T>
   PDO_HD static T apply(T x) {
     using std::tanh;
     const double v = static_cast<double>(x), c = 0.7978845608028654;
-    const double t = tanh(c * (v + 0.044715 * v * v * v));
-    return static_cast<T>(0.5 * (1.0 + t) + 0.5 * v * (1.0 - t * t) * c * (1.0 + 3.0 * 0.044715 * v * v));
+    const double t = tanh(c * (v + 0.044715 * v * v * v)), sech2 = 1.0 - t * t;
+    // where tanh is saturated the second term is 0, also for |x| so large that x² overflows
+    return static_cast<T>(0.5 * (1.0 + t) + (sech2 == 0.0 ? 0.0 : 0.5 * v * sech2 * c * (1.0 + 3.0 * 0.044715 * v * v)));
   }
 };
 
@@ -121,13 +149,13 @@ struct maximum {
   static constexpr std::string_view name = "maximum";
   static constexpr linearity rule = linearity::none;
   template <class T>
-  PDO_HD static T apply(T a, T b) { return a < b ? b : a; }
+  PDO_HD static T apply(T a, T b) { return detail::nan_max(a, b); }
 };
 struct minimum {
   static constexpr std::string_view name = "minimum";
   static constexpr linearity rule = linearity::none;
   template <class T>
-  PDO_HD static T apply(T a, T b) { return b < a ? b : a; }
+  PDO_HD static T apply(T a, T b) { return detail::nan_min(a, b); }
 };
 // Comparisons give 1 where they hold and 0 elsewhere, in the operands' element type.
 struct less {
@@ -165,6 +193,37 @@ struct not_equal {
   static constexpr linearity rule = linearity::none;
   template <class T>
   PDO_HD static T apply(T a, T b) { return a != b ? T(1) : T(0); }
+};
+
+// What the backward of max and min reads.
+/// @brief 1 where a equals b, NaN matching NaN, else 0: the elements a maximum (or minimum)
+/// reached, among which its gradient is shared.
+struct matches {
+  static constexpr std::string_view name = "matches";
+  static constexpr linearity rule = linearity::none;
+  template <class T>
+  PDO_HD static T apply(T a, T b) { return (a == b || (a != a && b != b)) ? T(1) : T(0); }
+};
+/// @brief The share of maximum(a, b)'s gradient that goes to a: 1 where a is chosen (larger,
+/// or NaN where b is not), 1/2 where they tie (equal, or both NaN), else 0 (PyTorch's rule).
+struct maximum_share {
+  static constexpr std::string_view name = "maximum_share";
+  static constexpr linearity rule = linearity::none;
+  template <class T>
+  PDO_HD static T apply(T a, T b) {
+    if (a == b || (a != a && b != b)) return T(0.5);
+    return (a > b || a != a) ? T(1) : T(0);
+  }
+};
+/// @brief The share of minimum(a, b)'s gradient that goes to a (see maximum_share).
+struct minimum_share {
+  static constexpr std::string_view name = "minimum_share";
+  static constexpr linearity rule = linearity::none;
+  template <class T>
+  PDO_HD static T apply(T a, T b) {
+    if (a == b || (a != a && b != b)) return T(0.5);
+    return (a < b || a != a) ? T(1) : T(0);
+  }
 };
 
 // Ternary op.

@@ -1,4 +1,5 @@
-// pdo/expr/reshape.hpp: the same elements in row-major order under another shape.
+// pdo/expr/reshape.hpp: the same elements in row-major order under another shape: reshape,
+// and unsqueeze (a unit dim inserted, whatever the operand's split).
 #pragma once
 
 #include <pdo/expr/expression.hpp>
@@ -26,7 +27,7 @@ class reshape_node : public detail::op_node<C> {
 
   reshape_node(C c, const shape_t<Rank>& shape) : detail::op_node<C>(std::move(c)), shape_(shape) {
     const auto s = std::get<0>(this->children_).shape();
-    bool ok = detail::volume(s) == detail::volume(shape_);
+    bool ok = detail::volume(s) == detail::checked_volume(shape_, "reshape", sizeof(value_type));
     for (std::size_t d = 0; d < detail::kept_dims(C::rule.out); ++d) ok = ok && s[d] == shape_[d];
     if (!ok)
       throw shape_error("reshape: " + detail::describe_node(std::get<0>(this->children_)) + " to " + detail::format_extents(shape_) +
@@ -42,6 +43,36 @@ class reshape_node : public detail::op_node<C> {
 
  private:
   shape_t<Rank> shape_;
+};
+
+/// @brief unsqueeze<Dim>(x): x with a dim of extent 1 inserted at `Dim` (0 to x's rank). The
+/// elements keep their order, so every dim keeps its split, whichever dims are split (see
+/// detail::unsqueeze_rule): what a reduction's gradient is broadcast back through.
+template <std::size_t Dim, class C>
+class unsqueeze_node : public detail::op_node<C> {
+ public:
+  using value_type = typename C::value_type;
+  static constexpr std::size_t rank = C::rank + 1;
+  static_assert(Dim <= C::rank, "pdo: unsqueeze: the dim to insert is beyond the operand's rank");
+  static_assert(rank <= detail::max_rank, "pdo: unsqueeze: the result would have more dims than pdo's layouts hold");
+  static constexpr bool elementwise = false;
+  static constexpr std::string_view name = "unsqueeze";
+  static constexpr detail::op_rule rule = detail::unsqueeze_rule(C::rule.out, Dim);
+
+  explicit unsqueeze_node(C c) : detail::op_node<C>(std::move(c)) {
+    const auto s = std::get<0>(this->children_).shape();
+    for (std::size_t d = 0, i = 0; d < rank; ++d) shape_[d] = d == Dim ? 1 : s[i++];
+  }
+  [[nodiscard]] const shape_t<rank>& shape() const { return shape_; }
+
+  template <class Ctx>
+  void run(Ctx& ctx, tensor<value_type, rank>& out) const {
+    const auto in = detail::operand_block<0>(*this, ctx);
+    detail::copy_bytes(out.where(), out.data(), out.where(), in.data, out.bytes());  // operands live on out's place
+  }
+
+ private:
+  shape_t<rank> shape_{};
 };
 
 }  // namespace pdo

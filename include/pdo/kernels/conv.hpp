@@ -5,6 +5,7 @@
 #pragma once
 
 #include <pdo/core/config.hpp>
+#include <pdo/core/dtype.hpp>
 #include <pdo/kernels/place_system.hpp>
 
 #include <cstddef>
@@ -28,6 +29,8 @@ struct window_geometry {
 
 /// @brief The geometry, with output extents; false when the window does not fit.
 inline bool make_window_geometry(window_geometry& g) {
+  constexpr std::size_t most = static_cast<std::size_t>(-1) / 4;  // padded extents are computed without overflow below this
+  if (g.padding > most || g.height > most || g.width > most) return false;
   if (g.kernel == 0 || g.stride == 0 || g.height + 2 * g.padding < g.kernel || g.width + 2 * g.padding < g.kernel) return false;
   g.out_height = (g.height + 2 * g.padding - g.kernel) / g.stride + 1;
   g.out_width = (g.width + 2 * g.padding - g.kernel) / g.stride + 1;
@@ -131,7 +134,7 @@ struct pool_element {
         if (h < g.padding || w < g.padding || h - g.padding >= g.height || w - g.padding >= g.width) continue;
         const T v = plane[(h - g.padding) * g.width + (w - g.padding)];
         if constexpr (Max) {
-          acc = first || v > acc ? v : acc;
+          acc = first ? v : nan_max(acc, v);
           first = false;
         } else {
           acc += v;
@@ -181,8 +184,9 @@ struct pool_backward_element {
         const std::size_t h = oh * g.stride + kh, w = ow * g.stride + kw;
         if (h < g.padding || w < g.padding || h - g.padding >= g.height || w - g.padding >= g.width) continue;
         const std::size_t idx = (h - g.padding) * g.width + (w - g.padding);
-        if (first || plane[idx] > best) {
-          best = plane[idx];
+        const T v = plane[idx];
+        if (first || v > best || (v != v && best == best)) {  // the first NaN wins, as PyTorch's
+          best = v;
           at = idx;
           first = false;
         }

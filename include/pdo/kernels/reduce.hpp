@@ -2,6 +2,7 @@
 #pragma once
 
 #include <pdo/core/config.hpp>
+#include <pdo/core/dtype.hpp>
 #include <pdo/core/shape.hpp>
 #include <pdo/kernels/place_system.hpp>
 
@@ -13,9 +14,12 @@ namespace pdo::detail {
 /// @brief What a reduction computes.
 enum class reduction { sum, mean, max };
 
+/// @brief What a reduction starts from: 0, or for max the least value (-inf where T has it,
+/// so that the max of -inf is -inf).
 template <class T>
 PDO_HD T reduction_identity(reduction r) {
-  return r == reduction::max ? std::numeric_limits<T>::lowest() : T{};
+  if (r != reduction::max) return T{};
+  return std::numeric_limits<T>::has_infinity ? -std::numeric_limits<T>::infinity() : std::numeric_limits<T>::lowest();
 }
 
 /// @brief Output element o of a reduction along the middle dim of [outer, extent, inner].
@@ -29,7 +33,7 @@ struct reduce_along_dim {
     const T* p = in + (o / inner) * extent * inner + o % inner;
     T acc = reduction_identity<T>(what);
     if (what == reduction::max)
-      for (std::size_t e = 0; e < extent; ++e) acc = p[e * inner] > acc ? p[e * inner] : acc;
+      for (std::size_t e = 0; e < extent; ++e) acc = nan_max(acc, p[e * inner]);
     else
       for (std::size_t e = 0; e < extent; ++e) acc += p[e * inner];
     return what == reduction::mean ? acc * scale : acc;
@@ -44,7 +48,7 @@ struct read_at {
 
 template <class T>
 struct max_of {
-  PDO_HD T operator()(T a, T b) const { return a < b ? b : a; }
+  PDO_HD T operator()(T a, T b) const { return nan_max(a, b); }
 };
 
 /// @brief out[o] = the reduction along dim `v` of `in`; `global_extent` divides a mean.

@@ -264,4 +264,17 @@ constexpr op_rule reshape_rule(layout_value in, std::size_t out_rank) {
   return r;
 }
 
+/// @brief A unit dim inserted at `dim`: the dims before it keep their split, the new one is
+/// replicated, the ones after it keep theirs one place further; partial stays partial.
+constexpr op_rule unsqueeze_rule(layout_value in, std::size_t dim) {
+  op_rule r;
+  r.arity = 1;
+  r.operands[0] = in;
+  r.out = in;
+  r.out.rank = in.rank + 1;
+  for (std::size_t d = in.rank; d > dim; --d) r.out.dim_axis[d] = in.dim_axis[d - 1];
+  r.out.dim_axis[dim] = {};
+  return r;
+}
+
 }  // namespace pdo::detail

@@ -72,6 +72,7 @@ class dtensor {
   /// its place (else pdo::shape_error naming the place and both shapes).
   dtensor(Mesh m, const shape_t<Rank>& global, std::vector<tensor<T, Rank>> shards)
       : mesh_(std::move(m)), shape_(global), shards_(std::move(shards)) {
+    detail::checked_volume(global, "dtensor", sizeof(T));
     const auto& local = mesh_.local_places();
     if (shards_.size() != local.size())
       throw shape_error("dtensor: " + std::to_string(shards_.size()) + " shards given for " + std::to_string(local.size()) +

@@ -138,7 +138,7 @@ class tensor {
         strides_(detail::row_major_strides(shape)),
         allocator_(allocator),
         place_(std::move(place)) {
-    data_ = static_cast<T*>(allocator_->allocate(bytes()));
+    data_ = static_cast<T*>(allocator_->allocate(detail::checked_volume(shape, "tensor", sizeof(T)) * sizeof(T)));
   }
 
   static detail::place_state* place_of(const tensor& t) { return t.place_.get(); }

@@ -32,10 +32,10 @@ void reduce_into(T* __restrict acc, const T* __restrict src, std::size_t n, redu
       for (std::size_t i = 0; i < n; ++i) acc[i] += src[i];
       break;
     case reduce_op::max:
-      for (std::size_t i = 0; i < n; ++i) acc[i] = acc[i] < src[i] ? src[i] : acc[i];
+      for (std::size_t i = 0; i < n; ++i) acc[i] = nan_max(acc[i], src[i]);
       break;
     case reduce_op::min:
-      for (std::size_t i = 0; i < n; ++i) acc[i] = src[i] < acc[i] ? src[i] : acc[i];
+      for (std::size_t i = 0; i < n; ++i) acc[i] = nan_min(acc[i], src[i]);
       break;
   }
 }
@@ -79,8 +79,8 @@ void reduce_in_place(std::span<T* const> bufs, std::size_t lo, std::size_t hi, r
   auto with_op = [&](auto run) {
     switch (op) {
       case reduce_op::sum: return run([](T a, T b) { return a + b; });
-      case reduce_op::max: return run([](T a, T b) { return a < b ? b : a; });
-      case reduce_op::min: return run([](T a, T b) { return b < a ? b : a; });
+      case reduce_op::max: return run([](T a, T b) { return nan_max(a, b); });
+      case reduce_op::min: return run([](T a, T b) { return nan_min(a, b); });
     }
   };
   switch (bufs.size()) {
