@@ -5,8 +5,10 @@
 
 #include <pdo/comm/mpi/environment.hpp>
 
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <tuple>
 
 using pdo::replicate;
@@ -218,4 +220,42 @@ int main(int argc, char** argv) {
   int worst = 0;
   MPI_Allreduce(&result, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
   return worst;
+}
+
+TEST_CASE("MPI all_reduce of max and min gives NaN whichever process holds it", "[mpi]") {
+  const auto mesh = world_line();
+  const std::size_t n = mesh.size();
+  for (std::size_t holder = 0; holder < n; ++holder)
+    for (auto op : {pdo::reduce_op::max, pdo::reduce_op::min}) {
+      CAPTURE(holder, pdo::detail::op_name(op));
+      std::vector<std::vector<double>> got(n);
+      on_world(mesh, [&](const pdo::mesh_communicator& comm, std::size_t p) {
+        got[p] = {1.0, p == holder ? std::numeric_limits<double>::quiet_NaN() : -1.0};
+        comm.all_reduce(std::span<double>(got[p]), op);
+      });
+      for (std::size_t p : mesh.local_places()) {
+        CHECK(got[p][0] == 1.0);
+        CHECK(std::isnan(got[p][1]));
+      }
+    }
+}
+
+TEST_CASE("MPI gather and gather_to write each block from the place that holds it", "[mpi]") {
+  const auto mesh = world_line();
+  const auto host = pdo_test::iota_tensor<int, 2>({11, 7});
+  const int processes = pdo::mpi::size();
+  auto check = [&]<class L>(L*) {
+    CAPTURE(pdo::layout_name<L>());
+    const auto x = pdo::distribute<L>(mesh, host);
+    CHECK(pdo_test::equal(pdo::gather(x), host));
+    for (int root = 0; root < processes; ++root) {
+      const auto at_root = pdo::gather_to(x, root);
+      CHECK(at_root.has_value() == (pdo::mpi::rank() == root));
+      if (at_root) CHECK(pdo_test::equal(*at_root, host));
+    }
+  };
+  check(static_cast<pdo::layout<split<"x">, replicate>*>(nullptr));
+  check(static_cast<pdo::layout<replicate, split<"x">>*>(nullptr));
+  check(static_cast<pdo::layout<replicate, replicate>*>(nullptr));
+  check(static_cast<pdo::layout<replicate, replicate>::partial<"x">*>(nullptr));
 }

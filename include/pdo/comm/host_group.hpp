@@ -9,7 +9,9 @@
 #include <pdo/comm/mpi/group.hpp>
 #endif
 
+#include <atomic>
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <variant>
@@ -38,11 +40,21 @@ decltype(auto) visit_group(host_group& g, F&& f) {
   return std::visit([&](auto& p) -> decltype(auto) { return f(*p); }, g.impl);
 }
 
+/// @brief The number of the next group made in this process: every process makes the groups
+/// of its meshes in one order (the processes agree on each mesh), so a group has the same
+/// number everywhere.
+inline std::uint64_t next_group_number() {
+  static std::atomic<std::uint64_t> next{0};
+  return next.fetch_add(1, std::memory_order_relaxed) + 1;
+}
+
 /// @brief The host group of `members` (mesh indices) of mesh `m`, or nullptr in a process
-/// that holds none of them.
-inline std::shared_ptr<host_group> make_host_group(const mesh_state& m, const std::vector<std::size_t>& members) {
+/// that holds none of them; `label` names it in messages ("axis \"dp\" of mesh(dp=4)").
+inline std::shared_ptr<host_group> make_host_group(const mesh_state& m, const std::vector<std::size_t>& members,
+                                                   [[maybe_unused]] const std::string& label) {
   std::vector<std::string> names;
   for (auto i : members) names.push_back(m.places[i].name());
+  [[maybe_unused]] const std::uint64_t number = next_group_number();
 #if defined(PDO_WITH_MPI)
   if (m.multiprocess) {
     // every process takes part in the split, in the same order; those without members get no comm
@@ -61,8 +73,11 @@ inline std::shared_ptr<host_group> make_host_group(const mesh_state& m, const st
     MPI_Comm comm = MPI_COMM_NULL;
     mpi::detail::check(MPI_Comm_split(MPI_COMM_WORLD, mine ? 0 : MPI_UNDEFINED, me, &comm), "MPI_Comm_split");
     if (!mine) return nullptr;
-    return std::make_shared<host_group>(
-        host_group{std::make_shared<mpi::detail::group>(comm, per_rank, names, members.size() == m.places.size())});
+    mpi::detail::group_identity identity{number, label, m.options.collective_timeout.count() > 0
+                                                            ? m.options.collective_timeout
+                                                            : mpi::detail::default_collective_timeout()};
+    return std::make_shared<host_group>(host_group{
+        std::make_shared<mpi::detail::group>(comm, per_rank, names, members.size() == m.places.size(), std::move(identity))});
   }
 #endif
   if (m.multiprocess)

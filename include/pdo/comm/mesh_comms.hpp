@@ -115,21 +115,30 @@ mesh_comms& comms_of(const Mesh& m) {
     std::vector<std::size_t> all(m.size());
     for (std::size_t i = 0; i < all.size(); ++i) all[i] = i;
     const mesh_devices devices = devices_of(state);
+#if defined(PDO_WITH_MPI)
+    // making communicators blocks until every process takes part: meet first, watched
+    if (state.multiprocess)
+      mpi::detail::watch::instance().meet_all("building the communicators of " + m.describe(),
+                                              state.options.collective_timeout.count() > 0 ? state.options.collective_timeout
+                                                                                          : mpi::detail::default_collective_timeout());
+#endif
     if (devices != mesh_devices::cpu && !cuda_enabled)
       throw communication_error("mesh: " + m.describe() + " has GPU places; their collectives need a build with PDO_WITH_CUDA");
 #if defined(PDO_WITH_CUDA)
     using nccl_comms = std::shared_ptr<nccl::detail::comm_set>;
     const nccl_comms whole_nccl = devices == mesh_devices::gpu ? nccl::detail::init_mesh(state) : nullptr;
-    auto wrap = [&](const std::vector<std::size_t>& members, nccl_comms nc) {
-      auto host = make_host_group(state, members);
+    auto wrap = [&](const std::vector<std::size_t>& members, nccl_comms nc, const std::string& label) {
+      auto host = make_host_group(state, members, label);
       return devices == mesh_devices::cpu ? from_host(host) : device_group(state, members, std::move(host), std::move(nc));
     };
 #else
     using nccl_comms = std::nullptr_t;
     const nccl_comms whole_nccl = nullptr;
-    auto wrap = [&](const std::vector<std::size_t>& members, nccl_comms) { return from_host(make_host_group(state, members)); };
+    auto wrap = [&](const std::vector<std::size_t>& members, nccl_comms, const std::string& label) {
+      return from_host(make_host_group(state, members, label));
+    };
 #endif
-    comms->whole = wrap(all, whole_nccl);
+    comms->whole = wrap(all, whole_nccl, "the whole " + m.describe());
     comms->lines.resize(Mesh::ndim);
     comms->line_of.assign(Mesh::ndim, std::vector<std::size_t>(m.size()));
     for (std::size_t a = 0; a < Mesh::ndim; ++a) {
@@ -148,7 +157,8 @@ mesh_comms& comms_of(const Mesh& m) {
         line_nccl = nccl::detail::split_lines(state, *whole_nccl, comms->line_of[a], line_members.size(), coords, m.extent(a));
       }
 #endif
-      for (std::size_t g = 0; g < line_members.size(); ++g) comms->lines[a].push_back(wrap(line_members[g], line_nccl[g]));
+      const std::string label = "axis \"" + std::string(Mesh::axis_names[a]) + "\" of " + m.describe();
+      for (std::size_t g = 0; g < line_members.size(); ++g) comms->lines[a].push_back(wrap(line_members[g], line_nccl[g], label));
     }
     state.comms = std::move(comms);
   });

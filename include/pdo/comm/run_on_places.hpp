@@ -97,7 +97,7 @@ std::shared_ptr<place_batch> submit_on_places(const Mesh& m, Task task, bool com
         batch->failures[k] = captured_error::current();
         if (local_only) {
           if (communicate) comms.abort();
-        } else if (communicate && batch->failures[k]->kind != 7) {
+        } else if (communicate && !shared_by_all_members(batch->failures[k]->kind)) {
           end_job(current_place()->name + ": " + batch->failures[k]->message);
         }
       }

@@ -47,6 +47,14 @@ class collective_aborted : public communication_error {
   using communication_error::communication_error;
 };
 
+/// @brief A collective that waited longer than its mesh's timeout for members that did not
+/// arrive (see mesh_options::collective_timeout). Every member that arrived throws it, so
+/// the program can go on (to save its state, say); the group it ran on is unusable after it.
+class collective_timeout : public communication_error {
+ public:
+  using communication_error::communication_error;
+};
+
 /// @brief An allocation over a place's memory cap, or refused by the system.
 class out_of_memory : public error {
  public:
@@ -59,47 +67,70 @@ class io_error : public error {
   using error::error;
 };
 
+/// @brief Which pdo::error subclass a failure is: how a failure travels to another thread
+/// or process, where it is thrown again as the same subclass.
+enum class error_kind : unsigned char {
+  other,             ///< not a pdo::error (a std::exception of another kind)
+  generic,           ///< pdo::error itself
+  shape,             ///< pdo::shape_error
+  layout,            ///< pdo::layout_error
+  out_of_memory,     ///< pdo::out_of_memory
+  io,                ///< pdo::io_error
+  communication,     ///< pdo::communication_error
+  mismatch,          ///< pdo::mismatch_error
+  aborted,           ///< pdo::collective_aborted
+  timeout,           ///< pdo::collective_timeout
+};
+
 namespace detail {
 
-/// @brief Which pdo::error subclass an exception is, as a small code that can travel
-/// between processes; 0 for anything that is not a pdo::error.
-inline int error_kind(const std::exception_ptr& failure) {
+/// @brief The error_kind of `failure`.
+inline error_kind kind_of(const std::exception_ptr& failure) {
   try {
     std::rethrow_exception(failure);
   } catch (const collective_aborted&) {
-    return 8;
+    return error_kind::aborted;
+  } catch (const collective_timeout&) {
+    return error_kind::timeout;
   } catch (const mismatch_error&) {
-    return 7;
+    return error_kind::mismatch;
   } catch (const communication_error&) {
-    return 6;
+    return error_kind::communication;
   } catch (const shape_error&) {
-    return 2;
+    return error_kind::shape;
   } catch (const layout_error&) {
-    return 3;
+    return error_kind::layout;
   } catch (const out_of_memory&) {
-    return 4;
+    return error_kind::out_of_memory;
   } catch (const io_error&) {
-    return 5;
+    return error_kind::io;
   } catch (const error&) {
-    return 1;
+    return error_kind::generic;
   } catch (...) {
-    return 0;
+    return error_kind::other;
   }
 }
 
-/// @brief Throws the pdo::error subclass of code `kind` (see error_kind) with `message`.
-[[noreturn]] inline void throw_error_of_kind(int kind, const std::string& message) {
+/// @brief Throws the pdo::error subclass of `kind` with `message` (pdo::error for `other`).
+[[noreturn]] inline void throw_error_of_kind(error_kind kind, const std::string& message) {
   switch (kind) {
-    case 2: throw shape_error(message);
-    case 3: throw layout_error(message);
-    case 4: throw out_of_memory(message);
-    case 5: throw io_error(message);
-    case 6: throw communication_error(message);
-    case 7: throw mismatch_error(message);
-    case 8: throw collective_aborted(message);
-    default: throw error(message);
+    case error_kind::shape: throw shape_error(message);
+    case error_kind::layout: throw layout_error(message);
+    case error_kind::out_of_memory: throw out_of_memory(message);
+    case error_kind::io: throw io_error(message);
+    case error_kind::communication: throw communication_error(message);
+    case error_kind::mismatch: throw mismatch_error(message);
+    case error_kind::aborted: throw collective_aborted(message);
+    case error_kind::timeout: throw collective_timeout(message);
+    case error_kind::other:
+    case error_kind::generic: break;
   }
+  throw error(message);
 }
+
+/// @brief Whether every member of a group that spans processes learns of a failure of this
+/// kind alike (argument mismatches, timeouts), so each process can go on after it.
+constexpr bool shared_by_all_members(error_kind kind) { return kind == error_kind::mismatch || kind == error_kind::timeout; }
 
 inline std::string message_of(const std::exception_ptr& failure) {
   try {
@@ -111,21 +142,21 @@ inline std::string message_of(const std::exception_ptr& failure) {
   }
 }
 
-/// @brief A caught exception as kind (see error_kind) and message, so it can be thrown
+/// @brief A caught exception as its error_kind and message, so it can be thrown
 /// again on another thread or process. The exception object itself stays on the thread
 /// that caught it: an exception_ptr released on a different thread than the one that read
 /// it races in the eyes of ThreadSanitizer (libstdc++ counts its references uninstrumented).
 struct captured_error {
-  int kind = 0;
+  error_kind kind = error_kind::other;
   std::string message;
 
   /// @brief The exception being handled (call inside a catch block).
   [[nodiscard]] static captured_error current() {
     const std::exception_ptr failure = std::current_exception();
-    return {error_kind(failure), message_of(failure)};
+    return {kind_of(failure), message_of(failure)};
   }
   /// @brief Whether this failure only echoes another place's abort of the collectives.
-  [[nodiscard]] bool is_abort_echo() const { return kind == 8; }
+  [[nodiscard]] bool is_abort_echo() const { return kind == error_kind::aborted; }
   /// @brief Throws it again with `context` in front of its message, keeping its pdo::error subclass.
   [[noreturn]] void rethrow_with_context(const std::string& context) const { throw_error_of_kind(kind, context + message); }
 };

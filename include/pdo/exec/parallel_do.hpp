@@ -55,7 +55,7 @@ struct block_outcomes {
   std::vector<std::size_t> values;  ///< per place: 0, or 1 + the error_kind of its failure; then Rank extents
   std::size_t width = 0;
   [[nodiscard]] bool failed(std::size_t p) const { return values[p * width] != 0; }
-  [[nodiscard]] int kind(std::size_t p) const { return static_cast<int>(values[p * width]) - 1; }
+  [[nodiscard]] error_kind kind(std::size_t p) const { return static_cast<error_kind>(values[p * width] - 1); }
   [[nodiscard]] std::size_t extent(std::size_t p, std::size_t d) const { return values[p * width + 1 + d]; }
 };
 

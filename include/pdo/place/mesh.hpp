@@ -7,6 +7,7 @@
 #include <pdo/place/place_concept.hpp>
 
 #include <array>
+#include <chrono>
 #include <cstddef>
 #include <memory>
 #include <mutex>
@@ -21,8 +22,21 @@ namespace detail {
 
 struct mesh_comms;  // the mesh's communicators, built by the comm layer on first use
 
+}  // namespace detail
+
+/// @brief How a mesh runs its collectives.
+struct mesh_options {
+  /// @brief How long a collective over places of several processes waits for the others
+  /// before it gives up with pdo::collective_timeout (naming the ranks that did not arrive).
+  /// Zero: $PDO_COLLECTIVE_TIMEOUT seconds if set, else 30 minutes.
+  std::chrono::duration<double> collective_timeout{0};
+};
+
+namespace detail {
+
 /// @brief What all copies of one mesh share.
 struct mesh_state {
+  mesh_options options;
   std::vector<std::string> axes;
   std::vector<std::size_t> extents;
   std::vector<any_place> places;      ///< row-major over the axes: the last axis varies fastest
@@ -31,6 +45,15 @@ struct mesh_state {
   std::once_flag comms_once;
   std::shared_ptr<mesh_comms> comms;
 };
+
+/// @brief How the processes of a mesh over several of them check, when it is made, that they
+/// all made the same mesh: set by the backend that makes places of other processes
+/// (pdo::mpi::world_places), called by make_mesh.
+using mesh_agreement = void (*)(const mesh_state&, const std::string& description);
+inline mesh_agreement& multiprocess_agreement() {
+  static mesh_agreement check = nullptr;
+  return check;
+}
 
 }  // namespace detail
 
@@ -142,12 +165,15 @@ concept mesh_type = is_mesh_v<M>;
 /// @brief Lays `places` out as a grid with the given extents, one per axis:
 /// `make_mesh<"dp", "tp">(places, {2, 2})`. The product of the extents must be the
 /// number of places. A mesh over places of several processes (pdo::mpi::world_places)
-/// must be made by every process, with the same arguments, in the same order.
+/// must be made by every process, with the same arguments, in the same order: the
+/// processes check that they agree (axes, extents, places per process) and throw
+/// pdo::mismatch_error on every process, naming each one's mesh, when they do not.
 template <fixed_string... Axes, std::ranges::input_range Places, std::size_t N>
   requires place<std::ranges::range_value_t<Places>>
-mesh<Axes...> make_mesh(const Places& places, const std::size_t (&extents)[N]) {
+mesh<Axes...> make_mesh(const Places& places, const std::size_t (&extents)[N], const mesh_options& options = {}) {
   static_assert(N == sizeof...(Axes), "pdo: make_mesh: give exactly one extent per mesh axis");
   auto state = std::make_shared<detail::mesh_state>();
+  state->options = options;
   state->axes = {std::string(Axes.view())...};
   state->extents.assign(extents, extents + N);
   for (const auto& p : places) state->places.emplace_back(p);
@@ -169,15 +195,28 @@ mesh<Axes...> make_mesh(const Places& places, const std::size_t (&extents)[N]) {
     if (p.is_local()) state->local.push_back(i);
     else state->multiprocess = true;
   }
+  if (state->multiprocess) {
+    if (detail::multiprocess_agreement() == nullptr)
+      throw layout_error("make_mesh: " + probe.describe() + " has places of other processes but no backend joins them");
+    // the places each process holds, in order: "rank 0: cpu, cpu; rank 1: cpu, cpu"
+    std::string holdings;
+    for (std::size_t i = 0; i < state->places.size(); ++i) {
+      const auto& p = state->places[i];
+      const bool first = i == 0 || state->places[i - 1].process() != p.process();
+      holdings += std::string(first ? (i == 0 ? "" : "; ") + ("rank " + std::to_string(p.process()) + ": ") : ", ") +
+                  (p.kind() == place_kind::cuda ? "gpu" : "cpu");
+    }
+    detail::multiprocess_agreement()(*state, probe.describe() + " over places (" + holdings + ")");
+  }
   return probe;
 }
 
 /// @brief A one-axis mesh over all of `places`.
 template <fixed_string Axis, std::ranges::input_range Places>
   requires place<std::ranges::range_value_t<Places>>
-mesh<Axis> make_mesh(const Places& places) {
+mesh<Axis> make_mesh(const Places& places, const mesh_options& options = {}) {
   const std::size_t n = static_cast<std::size_t>(std::ranges::distance(places));
-  return make_mesh<Axis>(places, {n});
+  return make_mesh<Axis>(places, {n}, options);
 }
 
 }  // namespace pdo

@@ -4,10 +4,13 @@
 #include <pdo/comm/group_communicator.hpp>
 #include <pdo/comm/mpi/environment.hpp>
 #include <pdo/comm/mpi/group.hpp>
+#include <pdo/comm/mpi/watch.hpp>
 #include <pdo/place/cpu_place.hpp>
+#include <pdo/place/mesh.hpp>
 #include <pdo/place/cuda_place.hpp>
 
 #include <algorithm>
+#include <cstdint>
 #include <memory>
 #include <thread>
 #include <string>
@@ -24,6 +27,69 @@ using communicator = group_communicator<detail::group>;
 static_assert(pdo::communicator<communicator>);
 
 namespace detail {
+
+/// @brief make_mesh's check that every process made the same mesh (see
+/// pdo::detail::multiprocess_agreement): each process's description of the mesh (axes,
+/// extents, the places each process holds) is compared, by length and hash, then, when they
+/// differ, gathered so that every process throws pdo::mismatch_error naming all of them.
+inline void agree_on_mesh(const pdo::detail::mesh_state& m, const std::string& description) {
+  watch& w = watch::instance();
+  const MPI_Comm comm = w.agreement_comm();
+  int n = 0;
+  MPI_Comm_size(comm, &n);
+  const std::vector<int> peers = w.others();
+  const auto timeout = m.options.collective_timeout.count() > 0 ? m.options.collective_timeout : default_collective_timeout();
+  const wait_label label = w.next_agreement("make_mesh's agreement on " + description);
+  auto all_gather = [&](const void* mine, int count, MPI_Datatype type, void* all, const int* counts, const int* displs) {
+    MPI_Request request = MPI_REQUEST_NULL;
+    check(MPI_Iallgatherv(mine, count, type, all, counts, displs, type, comm, &request), "MPI_Iallgatherv");
+    w.wait(
+        [&] {
+          int done = 0;
+          check(MPI_Test(&request, &done, MPI_STATUS_IGNORE), "MPI_Test");
+          return done != 0;
+        },
+        label, peers, timeout, true);
+  };
+  std::uint64_t fingerprint = 1469598103934665603ull;  // FNV-1a
+  for (unsigned char c : description) fingerprint = (fingerprint ^ c) * 1099511628211ull;
+  std::vector<std::uint64_t> mine{description.size(), fingerprint}, all(2 * static_cast<std::size_t>(n));
+  std::vector<int> counts(static_cast<std::size_t>(n), 2), displs(static_cast<std::size_t>(n));
+  for (int r = 0; r < n; ++r) displs[static_cast<std::size_t>(r)] = 2 * r;
+  try {
+    all_gather(mine.data(), 2, MPI_UINT64_T, all.data(), counts.data(), displs.data());
+  } catch (const collective_timeout&) {
+    abandon(std::move(mine));
+    abandon(std::move(all));
+    abandon(std::move(counts));
+    abandon(std::move(displs));
+    throw;
+  }
+  bool same = true;
+  for (int r = 0; r < n; ++r) same = same && all[2 * r] == mine[0] && all[2 * r + 1] == mine[1];
+  if (same) return;
+  // they differ: every process learns every description
+  std::size_t total = 0;
+  for (int r = 0; r < n; ++r) {
+    counts[static_cast<std::size_t>(r)] = static_cast<int>(all[2 * r]);
+    displs[static_cast<std::size_t>(r)] = static_cast<int>(total);
+    total += all[2 * r];
+  }
+  std::string texts(total, '\0');
+  all_gather(description.data(), static_cast<int>(description.size()), MPI_CHAR, texts.data(), counts.data(), displs.data());
+  std::vector<std::pair<std::string, std::string>> kinds;  // description, the ranks that made it
+  for (int r = 0; r < n; ++r) {
+    const std::string d = texts.substr(static_cast<std::size_t>(displs[static_cast<std::size_t>(r)]), all[2 * r]);
+    auto it = std::find_if(kinds.begin(), kinds.end(), [&](const auto& k) { return k.first == d; });
+    if (it == kinds.end()) kinds.emplace_back(d, "rank " + std::to_string(r));
+    else it->second += ", " + std::to_string(r);
+  }
+  std::string listing;
+  for (const auto& [d, ranks] : kinds) listing += (listing.empty() ? "" : "; ") + ranks + " made " + d;
+  throw mismatch_error("make_mesh: the processes made different meshes: " + listing +
+                       ". Every process must make the same meshes, with the same arguments, in the same order");
+}
+
 /// @brief Throws on every process unless all passed the same `per_process` to `op`.
 inline void check_same_per_process(const char* op, std::size_t per_process) {
   unsigned long long mine_count = per_process, low = 0, high = 0;
@@ -32,6 +98,13 @@ inline void check_same_per_process(const char* op, std::size_t per_process) {
   if (low != high)
     throw layout_error(std::string(op) + ": processes asked for different numbers of places (" + std::to_string(low) + " to " +
                        std::to_string(high) + "); every process must pass the same per_process");
+}
+
+/// @brief What meshes over places of several processes need, started by every process where
+/// it makes such places: the watch of the waits, and make_mesh's agreement.
+inline void start_watch() {
+  watch::instance().start();
+  pdo::detail::multiprocess_agreement() = &agree_on_mesh;
 }
 }  // namespace detail
 
@@ -44,6 +117,7 @@ inline void check_same_per_process(const char* op, std::size_t per_process) {
 inline std::vector<any_place> world_places(std::size_t per_process = 1, std::size_t memory_cap = 0) {
   const int me = mpi::rank(), n = mpi::size();
   detail::check_same_per_process("world_places", per_process);
+  detail::start_watch();
   auto label = [](int rank, std::size_t i) { return "rank" + std::to_string(rank) + "/cpu:" + std::to_string(i); };
   const std::vector<int> cores = pdo::detail::process_cores();
   const bool bound = cores.size() < std::max(1u, std::thread::hardware_concurrency());
@@ -69,6 +143,7 @@ inline std::vector<any_place> world_places(std::size_t per_process = 1, std::siz
 inline std::vector<any_place> world_cuda_places(std::size_t per_process = 1, std::size_t memory_cap = 0) {
   const int me = mpi::rank(), n = mpi::size();
   detail::check_same_per_process("world_cuda_places", per_process);
+  detail::start_watch();
   if (per_process == 0) throw layout_error("world_cuda_places: asked for 0 places per process; ask for at least one");
   MPI_Comm node = MPI_COMM_NULL;
   MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, me, MPI_INFO_NULL, &node);

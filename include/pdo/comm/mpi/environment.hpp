@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <cstdlib>
 #include <string>
+#include <type_traits>
 
 namespace pdo::mpi {
 
@@ -51,11 +52,39 @@ MPI_Datatype datatype() {
   }
 }
 
-inline MPI_Op op(reduce_op o) {
+/// @brief MPI's user function for max (Max) or min over floating-point elements: NaN
+/// wins wherever it sits (MPI_MAX's result depends on which rank holds the NaN).
+template <bool Max>
+void nan_extremum(void* in, void* inout, int* length, MPI_Datatype* type) {
+  auto run = [&](auto* a) {
+    using T = std::remove_pointer_t<decltype(a)>;
+    const T* b = static_cast<const T*>(in);
+    for (int i = 0; i < *length; ++i) a[i] = Max ? pdo::detail::nan_max(b[i], a[i]) : pdo::detail::nan_min(b[i], a[i]);
+  };
+  if (*type == MPI_FLOAT) run(static_cast<float*>(inout));
+  else if (*type == MPI_DOUBLE) run(static_cast<double*>(inout));
+  else run(static_cast<long double*>(inout));
+}
+
+/// @brief The MPI_Op of nan_extremum<Max>, made on first use (after MPI started); MPI_Finalize
+/// releases it.
+template <bool Max>
+MPI_Op nan_extremum_op() {
+  static const MPI_Op made = [] {
+    MPI_Op o = MPI_OP_NULL;
+    check(MPI_Op_create(&nan_extremum<Max>, /*commute=*/1, &o), "MPI_Op_create");
+    return o;
+  }();
+  return made;
+}
+
+/// @brief The MPI reduction of `o` over elements of type T.
+template <class T>
+MPI_Op op(reduce_op o) {
   switch (o) {
     case reduce_op::sum: return MPI_SUM;
-    case reduce_op::max: return MPI_MAX;
-    case reduce_op::min: return MPI_MIN;
+    case reduce_op::max: return std::floating_point<T> ? nan_extremum_op<true>() : MPI_MAX;
+    case reduce_op::min: return std::floating_point<T> ? nan_extremum_op<false>() : MPI_MIN;
   }
   return MPI_SUM;
 }

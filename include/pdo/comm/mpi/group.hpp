@@ -2,23 +2,43 @@
 #pragma once
 
 #include <pdo/comm/mpi/environment.hpp>
+#include <pdo/comm/mpi/watch.hpp>
 #include <pdo/comm/threads/local_group.hpp>
 #include <pdo/core/copy_elements.hpp>
-
+#include <pdo/core/error.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
 #include <exception>
 #include <numeric>
+#include <optional>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace pdo::mpi::detail {
 
 using pdo::detail::copy_elements;
 using pdo::detail::local_group;
+
+/// @brief What names a group in messages and matches it across processes.
+struct group_identity {
+  std::uint64_t id = 0;        ///< the same on every process (groups are made in one order everywhere)
+  std::string label;           ///< "axis \"dp\" of mesh(dp=4)"
+  std::chrono::duration<double> timeout{std::chrono::minutes(30)};  ///< how long a member waits for the others
+};
+
+/// @brief Keeps `buffer` alive for good: an MPI request given up after a timeout may still
+/// write into it if the late process arrives.
+template <class T>
+void abandon(std::vector<T>&& buffer) {
+  static auto* kept = new std::vector<std::vector<T>>();  // never freed, on purpose
+  kept->push_back(std::move(buffer));
+}
 
 /// @brief The group's members are numbered in mesh order and live on increasing MPI
 /// ranks; this process holds members [first, first + local size). Each collective
@@ -27,11 +47,16 @@ using pdo::detail::local_group;
 /// the same verdict on bad arguments (an error everywhere, never a hang); then the
 /// members reduce among themselves through shared memory while the leader moves the
 /// combined data between processes, and each member copies out its result.
+///
+/// The exchange is where the processes meet: it waits at most the group's timeout (see
+/// watch), and a collective whose exchange times out throws pdo::collective_timeout on
+/// every member that arrived, naming the ranks that did not; the group is unusable after.
 class group {
  public:
   /// @param members_per_rank for each process of `comm` in rank order, its member count
   /// @param spans_mesh the group holds every place of its mesh (see fail())
-  group(MPI_Comm comm, std::vector<std::size_t> members_per_rank, std::vector<std::string> member_names, bool spans_mesh)
+  group(MPI_Comm comm, std::vector<std::size_t> members_per_rank, std::vector<std::string> member_names, bool spans_mesh,
+        group_identity identity)
       : spans_mesh_(spans_mesh),
         comm_(set_errors_return(comm)),
         rank_(rank_in(comm_)),
@@ -39,13 +64,16 @@ class group {
         first_(first_of(rank_)),
         names_(std::move(member_names)),
         local_(local_names()),
-        args_(local_.size()) {}
+        args_(local_.size()),
+        identity_(std::move(identity)),
+        world_ranks_(world_ranks_of(comm_)) {}
   group(const group&) = delete;
   group& operator=(const group&) = delete;
   ~group() {
     int finalized = 0;
     MPI_Finalized(&finalized);
-    if (!finalized && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+    // a group given up after a timeout keeps its communicator: a request may still be on it
+    if (!finalized && comm_ != MPI_COMM_NULL && broken_.empty()) MPI_Comm_free(&comm_);
   }
 
   [[nodiscard]] std::size_t size() const { return names_.size(); }
@@ -64,7 +92,7 @@ class group {
   void reset() {}
 
   void barrier(std::size_t me) {
-    exchange(me, std::vector<std::size_t>{});
+    exchange(me, std::vector<std::size_t>{}, "barrier");
     local_.barrier();
   }
 
@@ -72,13 +100,13 @@ class group {
   void all_reduce(std::size_t me, std::span<T> data, reduce_op op) {
     const std::size_t l = me - first();
     args_[l] = {data.data(), data.data()};
-    const auto& counts = exchange(me, std::vector<std::size_t>{data.size()});
+    const auto& counts = exchange(me, std::vector<std::size_t>{data.size()}, "all_reduce");
     for (std::size_t k = 0; k < size(); ++k)
       if (counts[k] != counts[0]) fail("all_reduce: members called it with different sizes (" + listing(counts, 1, 0) + ")");
     if (local_.size() > 1) local_.all_reduce(l, data, op);
     leader_step(l, [&] {
       pdo::mpi::detail::check(MPI_Allreduce(MPI_IN_PLACE, data.data(), pdo::mpi::detail::count(data.size(), "all_reduce"),
-                                            datatype<T>(), op_of(op), comm_),
+                                            datatype<T>(), op_of<T>(op), comm_),
                               "MPI_Allreduce");
     });
     if (l != 0) copy_elements(data.data(), static_cast<const T*>(args_[0].out), data.size());
@@ -89,7 +117,7 @@ class group {
   void all_gather(std::size_t me, std::span<const T> in, std::span<T> out) {
     const std::size_t l = me - first();
     args_[l] = {in.data(), out.data()};
-    const auto& counts = exchange(me, std::vector<std::size_t>{in.size(), out.size()});
+    const auto& counts = exchange(me, std::vector<std::size_t>{in.size(), out.size()}, "all_gather");
     std::size_t total = 0;
     for (std::size_t k = 0; k < size(); ++k) total += counts[2 * k];
     for (std::size_t k = 0; k < size(); ++k)
@@ -112,7 +140,7 @@ class group {
   void reduce_scatter(std::size_t me, std::span<const T> in, std::span<T> out, reduce_op op) {
     const std::size_t l = me - first();
     args_[l] = {in.data(), out.data()};
-    const auto& counts = exchange(me, std::vector<std::size_t>{in.size(), out.size()});
+    const auto& counts = exchange(me, std::vector<std::size_t>{in.size(), out.size()}, "reduce_scatter");
     std::size_t total = 0;
     for (std::size_t k = 0; k < size(); ++k) {
       if (counts[2 * k] != counts[0]) fail("reduce_scatter: members called it with different sizes (" + listing(counts, 2, 0) + ")");
@@ -138,7 +166,7 @@ class group {
       auto [rank_counts, displs] = rank_blocks(counts, 2, 1);
       const std::size_t mine = static_cast<std::size_t>(rank_counts[static_cast<std::size_t>(my_rank())]);
       result_.resize(mine * sizeof(T));
-      pdo::mpi::detail::check(MPI_Reduce_scatter(send, result_.data(), rank_counts.data(), datatype<T>(), op_of(op), comm_),
+      pdo::mpi::detail::check(MPI_Reduce_scatter(send, result_.data(), rank_counts.data(), datatype<T>(), op_of<T>(op), comm_),
                               "MPI_Reduce_scatter");
     });
     copy_elements(out.data(), reinterpret_cast<const T*>(result_.data()) + (prefix(counts, 2, 1, me) - block_offset), out.size());
@@ -149,7 +177,7 @@ class group {
   void broadcast(std::size_t me, std::span<T> data, std::size_t root) {
     const std::size_t l = me - first();
     args_[l] = {data.data(), data.data()};
-    const auto& counts = exchange(me, std::vector<std::size_t>{data.size(), root});
+    const auto& counts = exchange(me, std::vector<std::size_t>{data.size(), root}, "broadcast");
     for (std::size_t k = 0; k < size(); ++k)
       if (counts[2 * k] != counts[0] || counts[2 * k + 1] != counts[1])
         fail("broadcast: members called it with different sizes or roots (" + listing(counts, 2, 0) + "; roots " + listing(counts, 2, 1) + ")");
@@ -182,7 +210,7 @@ class group {
       mine[2 * n] = std::accumulate(send_counts.begin(), send_counts.end(), std::size_t{0}) == in.size() &&
                     std::accumulate(recv_counts.begin(), recv_counts.end(), std::size_t{0}) == out.size();
     }
-    const auto& m = exchange(me, mine);
+    const auto& m = exchange(me, mine, "all_to_all");
     const std::size_t w = 2 * n + 1;
     auto sends = [&](std::size_t i, std::size_t j) { return m[i * w + j]; };
     auto recvs = [&](std::size_t j, std::size_t i) { return m[j * w + n + i]; };
@@ -253,9 +281,13 @@ class group {
     check_peer("send", me, to, tag);
     if (rank_of(to) == my_rank()) return local_only([&] { local_.send(me - first(), data, to - first(), tag); });
     // synchronous: returns once the receiver has started to receive, as the contract says
-    pdo::mpi::detail::check(MPI_Ssend(data.data(), pdo::mpi::detail::count(data.size(), "send"), datatype<T>(), rank_of(to),
-                                     wire_tag(me, to, tag), comm_),
-                            "MPI_Ssend");
+    MPI_Request request = MPI_REQUEST_NULL;
+    pdo::mpi::detail::check(MPI_Issend(data.data(), pdo::mpi::detail::count(data.size(), "send"), datatype<T>(), rank_of(to),
+                                      wire_tag(me, to, tag), comm_, &request),
+                            "MPI_Issend");
+    // a send given up would still read `data`, which the caller frees: its timeout ends the job
+    watch::instance().wait([&] { return tested(request); }, transfer_label("send", me, to, tag),
+                           {world_ranks_[static_cast<std::size_t>(rank_of(to))]}, identity_.timeout, false);
   }
 
   template <class T>
@@ -265,7 +297,13 @@ class group {
     MPI_Status status;
     MPI_Message message;
     const int wire = wire_tag(from, me, tag);
-    pdo::mpi::detail::check(MPI_Mprobe(rank_of(from), wire, comm_, &message, &status), "MPI_Mprobe");
+    watch::instance().wait(
+        [&] {
+          int found = 0;
+          pdo::mpi::detail::check(MPI_Improbe(rank_of(from), wire, comm_, &found, &message, &status), "MPI_Improbe");
+          return found != 0;
+        },
+        transfer_label("recv", me, from, tag), {world_ranks_[static_cast<std::size_t>(rank_of(from))]}, identity_.timeout, true);
     int got = 0;
     MPI_Get_count(&status, datatype<T>(), &got);
     if (got == MPI_UNDEFINED || static_cast<std::size_t>(got) != data.size()) {
@@ -290,7 +328,8 @@ class group {
 
   template <class T>
   static MPI_Datatype datatype() { return pdo::mpi::detail::datatype<T>(); }
-  static MPI_Op op_of(reduce_op op) { return pdo::mpi::detail::op(op); }
+  template <class T>
+  static MPI_Op op_of(reduce_op op) { return pdo::mpi::detail::op<T>(op); }
 
   int my_rank() const { return rank_; }
   static int rank_in(MPI_Comm comm) {
@@ -330,8 +369,12 @@ class group {
             names_.begin() + static_cast<std::ptrdiff_t>(f + per_rank_[static_cast<std::size_t>(my_rank())])};
   }
 
-  /// @brief Every member's `values` (all of one width), in member order, on every member.
-  const std::vector<std::size_t>& exchange(std::size_t me, const std::vector<std::size_t>& values) {
+  /// @brief Every member's `values` (all of one width), in member order, on every member:
+  /// where the processes meet before collective `op`. Its wait is watched (see watch): past
+  /// the group's timeout every member that arrived throws pdo::collective_timeout.
+  const std::vector<std::size_t>& exchange(std::size_t me, const std::vector<std::size_t>& values, const char* op) {
+    if (!broken_.empty())  // read by every member alike: it was set before the last collective ended
+      throw collective_timeout(std::string(op) + " over " + identity_.label + ": the group timed out earlier and cannot be used: " + broken_);
     const std::size_t l = me - first(), width = values.size();
     if (l == 0) {
       local_values_.assign(local_.size() * width, 0);
@@ -341,42 +384,82 @@ class group {
     std::copy(values.begin(), values.end(), local_values_.begin() + static_cast<std::ptrdiff_t>(l * width));
     local_.barrier();
     leader_step(l, [&] {
+      MPI_Request request = MPI_REQUEST_NULL;
       if (width_ == 0) {  // a barrier: an all-gather of nothing need not synchronise
-        pdo::mpi::detail::check(MPI_Barrier(comm_), "MPI_Barrier");
-        return;
+        pdo::mpi::detail::check(MPI_Ibarrier(comm_, &request), "MPI_Ibarrier");
+      } else {
+        counts_.assign(per_rank_.size(), 0);
+        displs_.assign(per_rank_.size(), 0);
+        for (std::size_t r = 0; r < per_rank_.size(); ++r) {
+          counts_[r] = static_cast<int>(per_rank_[r] * width_);
+          displs_[r] = static_cast<int>(first_of(static_cast<int>(r)) * width_);
+        }
+        all_values_.assign(size() * width_, 0);
+        pdo::mpi::detail::check(MPI_Iallgatherv(local_values_.data(), static_cast<int>(local_values_.size()), MPI_UINT64_T,
+                                                all_values_.data(), counts_.data(), displs_.data(), MPI_UINT64_T, comm_, &request),
+                                "MPI_Iallgatherv");
       }
-      std::vector<int> counts(per_rank_.size()), displs(per_rank_.size());
-      for (std::size_t r = 0; r < per_rank_.size(); ++r) {
-        counts[r] = static_cast<int>(per_rank_[r] * width_);
-        displs[r] = static_cast<int>(first_of(static_cast<int>(r)) * width_);
+      const wait_label label{identity_.id, ++collectives_, std::string(op) + " over " + identity_.label};
+      std::vector<int> peers;
+      for (std::size_t r = 0; r < world_ranks_.size(); ++r)
+        if (static_cast<int>(r) != my_rank()) peers.push_back(world_ranks_[r]);
+      try {
+        watch::instance().wait([&] { return tested(request); }, label, peers, identity_.timeout, true);
+      } catch (const collective_timeout& e) {
+        broken_ = e.what();
+        abandon(std::move(local_values_));
+        abandon(std::move(all_values_));
+        abandon(std::move(counts_));
+        abandon(std::move(displs_));
+        throw;
       }
-      all_values_.assign(size() * width_, 0);
-      pdo::mpi::detail::check(MPI_Allgatherv(local_values_.data(), static_cast<int>(local_values_.size()), MPI_UINT64_T,
-                                             all_values_.data(), counts.data(), displs.data(), MPI_UINT64_T, comm_),
-                              "MPI_Allgatherv");
     });
     return all_values_;
   }
 
-  /// @brief The leader runs `work` (its MPI calls); a failure there reaches every member.
-  /// Problems alternate between two slots, step after step, so the leader never
-  /// overwrites one that a member is still reading.
+  static bool tested(MPI_Request& request) {
+    int done = 0;
+    pdo::mpi::detail::check(MPI_Test(&request, &done, MPI_STATUS_IGNORE), "MPI_Test");
+    return done != 0;
+  }
+  wait_label transfer_label(const char* op, std::size_t me, std::size_t peer, int tag) const {
+    return {identity_.id, 0, std::string(op) + " between " + names_[me] + " and " + names_[peer] + " (tag " + std::to_string(tag) +
+                                 ") over " + identity_.label};
+  }
+  /// @brief The MPI_COMM_WORLD rank of each rank of `comm`.
+  static std::vector<int> world_ranks_of(MPI_Comm comm) {
+    int n = 0;
+    MPI_Comm_size(comm, &n);
+    std::vector<int> ranks(static_cast<std::size_t>(n)), world(static_cast<std::size_t>(n));
+    std::iota(ranks.begin(), ranks.end(), 0);
+    MPI_Group mine = MPI_GROUP_NULL, all = MPI_GROUP_NULL;
+    MPI_Comm_group(comm, &mine);
+    MPI_Comm_group(MPI_COMM_WORLD, &all);
+    MPI_Group_translate_ranks(mine, n, ranks.data(), all, world.data());
+    MPI_Group_free(&mine);
+    MPI_Group_free(&all);
+    return world;
+  }
+
+  /// @brief The leader runs `work` (its MPI calls); a failure there reaches every member,
+  /// as the same pdo::error subclass. Problems alternate between two slots, step after
+  /// step, so the leader never overwrites one that a member is still reading.
   template <class Work>
   void leader_step(std::size_t l, Work&& work) {
-    std::string& problem = problems_[steps_[l]++ & 1];
+    std::optional<pdo::detail::captured_error>& problem = problems_[steps_[l]++ & 1];
     if (l == 0) {
-      problem.clear();
+      problem.reset();
       try {
         work();
-      } catch (const std::exception& e) {
-        problem = e.what();
+      } catch (...) {
+        problem = pdo::detail::captured_error::current();
       }
     }
     local_.barrier();
-    if (!problem.empty()) {
-      const std::string what = problem;
+    if (problem) {
+      const pdo::detail::captured_error failure = *problem;
       local_.barrier();
-      throw communication_error(what);
+      failure.rethrow_with_context("");
     }
   }
 
@@ -431,9 +514,14 @@ class group {
   local_group local_;
   std::vector<args> args_;
   std::vector<std::size_t> local_values_, all_values_;
+  std::vector<int> counts_, displs_;
   std::size_t width_ = 0;
   std::vector<unsigned char> staging_, result_;
-  std::string problems_[2];
+  std::optional<pdo::detail::captured_error> problems_[2];
+  group_identity identity_;
+  std::vector<int> world_ranks_;     ///< the MPI_COMM_WORLD rank of each rank of comm_
+  std::uint64_t collectives_ = 0;    ///< collectives begun on this group (by this process's leader)
+  std::string broken_;               ///< why the group cannot be used (a timeout), or empty
   std::vector<std::size_t> steps_ = std::vector<std::size_t>(local_.size(), 0);  ///< leader steps per local member
 };
 

@@ -1,0 +1,117 @@
+// tests/mpi_faults.cpp: what the processes of a job see when one of them does not take part.
+// Run under mpirun with one of these modes as argument; each process checks what it saw and
+// exits 0 when it is what it should be:
+//   mesh_mismatch  process 0 makes a mesh of another shape than the others: every process
+//                  gets a pdo::mismatch_error naming both shapes, at once, not a hang
+//   sleeper        the last process sleeps instead of joining an all_reduce (timeout 1 s, from
+//                  the mesh, or from PDO_COLLECTIVE_TIMEOUT when the second argument is "env"):
+//                  the others get a pdo::collective_timeout within the timeout, naming the
+//                  collective, the mesh axis and the rank that did not arrive; the sleeper, on
+//                  waking, is told the others gave up; every process can go on
+//   killed         the last process is killed while the others wait in an all_reduce: the
+//                  launcher ends the job, and the others say first who had not arrived
+#include <pdo/pdo.hpp>
+
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+int failures = 0;
+
+void expect(bool ok, const std::string& what) {
+  if (ok) return;
+  std::fprintf(stderr, "rank %d: FAILED: %s\n", pdo::mpi::rank(), what.c_str());
+  ++failures;
+}
+
+bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+void mesh_mismatch() {
+  const auto places = pdo::mpi::world_places();
+  const int me = pdo::mpi::rank(), n = pdo::mpi::size();
+  try {
+    if (me == 0) {
+      (void)pdo::make_mesh<"x">(places);
+    } else {
+      (void)pdo::make_mesh<"x", "y">(places, {1, static_cast<std::size_t>(n)});
+    }
+    expect(false, "make_mesh of different shapes did not throw");
+  } catch (const pdo::mismatch_error& e) {
+    const std::string m = e.what();
+    expect(contains(m, "rank 0 made mesh(x=" + std::to_string(n) + ")"), "the message names rank 0's mesh: " + m);
+    expect(contains(m, "made mesh(x=1, y=" + std::to_string(n) + ")"), "the message names the others' mesh: " + m);
+  }
+  // the processes can go on: a mesh they agree on works
+  const auto mesh = pdo::make_mesh<"x">(places);
+  std::vector<double> v{1.0};
+  pdo::spmd(mesh, [&](std::size_t p) { pdo::communicator_of(mesh, p).all_reduce(std::span<double>(v)); });
+  expect(v[0] == n, "an all_reduce after the mismatch");
+}
+
+void sleeper(bool from_env) {
+  const auto places = pdo::mpi::world_places();
+  const int me = pdo::mpi::rank(), n = pdo::mpi::size();
+  pdo::mesh_options options;
+  if (!from_env) options.collective_timeout = std::chrono::seconds(1);
+  const auto mesh = pdo::make_mesh<"x">(places, options);
+  std::vector<double> v{1.0};
+  pdo::spmd(mesh, [&](std::size_t p) { pdo::communicator_of(mesh, p).all_reduce(std::span<double>(v)); });  // all present
+  const auto start = std::chrono::steady_clock::now();
+  if (me == n - 1) std::this_thread::sleep_for(std::chrono::seconds(4));
+  try {
+    pdo::spmd(mesh, [&](std::size_t p) { pdo::communicator_along(mesh, 0, p).all_reduce(std::span<double>(v)); });
+    expect(false, "an all_reduce that a process never joined in time did not throw");
+  } catch (const pdo::collective_timeout& e) {
+    const std::string m = e.what();
+    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (me != n - 1) {
+      expect(waited < 3.5, "reported within the timeout and its grace, after " + std::to_string(waited) + " s");
+      expect(contains(m, "all_reduce over axis \"x\" of mesh(x=" + std::to_string(n) + ")"), "names the collective and axis: " + m);
+      expect(contains(m, "not arrived: rank " + std::to_string(n - 1) + " (did not answer"), "names the rank that did not arrive: " + m);
+    } else {
+      expect(contains(m, "gave up"), "the late process is told the others gave up: " + m);
+    }
+  }
+  // the group is unusable after a timeout, at once and alike on every process
+  try {
+    pdo::spmd(mesh, [&](std::size_t p) { pdo::communicator_along(mesh, 0, p).all_reduce(std::span<double>(v)); });
+    expect(false, "a group that timed out was used again");
+  } catch (const pdo::collective_timeout& e) {
+    expect(contains(e.what(), "timed out earlier"), std::string("says why it cannot be used: ") + e.what());
+  }
+}
+
+void killed() {
+  const auto places = pdo::mpi::world_places();
+  const int me = pdo::mpi::rank(), n = pdo::mpi::size();
+  const auto mesh = pdo::make_mesh<"x">(places);
+  std::vector<double> v{1.0};
+  pdo::spmd(mesh, [&](std::size_t p) { pdo::communicator_of(mesh, p).all_reduce(std::span<double>(v)); });  // all present
+  if (me == n - 1) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    std::raise(SIGKILL);
+  }
+  pdo::spmd(mesh, [&](std::size_t p) { pdo::communicator_of(mesh, p).all_reduce(std::span<double>(v)); });
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string mode = argc > 1 ? argv[1] : "";
+  if (mode == "mesh_mismatch") mesh_mismatch();
+  else if (mode == "sleeper") sleeper(argc > 2 && std::strcmp(argv[2], "env") == 0);
+  else if (mode == "killed") killed();
+  else {
+    std::fprintf(stderr, "usage: mpi_faults mesh_mismatch|sleeper [env]|killed\n");
+    return 2;
+  }
+  if (failures == 0) std::printf("rank %d: ok\n", pdo::mpi::rank());
+  return failures == 0 ? 0 : 1;
+}
