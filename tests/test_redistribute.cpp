@@ -153,3 +153,51 @@ TEST_CASE("replicate -> split moves no data and allocates only the new shards", 
     CHECK(y.shard(p)(0, 0) == host(y.local_offset(p)[0], 0));
   }
 }
+
+TEST_CASE("gather writes each block into the host tensor: a tensor that fits only when split can be gathered",
+          "[redistribute][gather]") {
+  // 4 places capped at 336 KiB each hold two 160 KiB blocks of a 640 KiB tensor but not a
+  // replicated copy of it: the old gather, through a replicate layout, failed there with
+  // out_of_memory
+  const std::size_t cap = std::size_t{336} << 10;
+  const auto host = pdo_test::iota_tensor<double, 2>({512, 160});
+  const auto mesh = pdo::make_mesh<"x">(pdo::cpu_places(4, cap));
+  const auto rows = pdo::distribute<pdo::layout<split<"x">, replicate>>(mesh, host);
+  CHECK(pdo_test::equal(pdo::gather(rows), host));
+  const auto cols = pdo::distribute<pdo::layout<replicate, split<"x">>>(mesh, host);
+  CHECK(pdo_test::equal(pdo::gather(cols), host));
+  using whole = pdo::layout<replicate, replicate>;
+  CHECK_THROWS_AS(pdo::redistribute<whole>(rows), pdo::out_of_memory);
+  // gather_to: the result on process 0 only (here: the only process)
+  const auto at_root = pdo::gather_to(cols, 0);
+  REQUIRE(at_root.has_value());
+  CHECK(pdo_test::equal(*at_root, host));
+  CHECK_THROWS_WITH(pdo::gather_to(cols, 1), Catch::Contains("process 1 holds no place of the mesh"));
+}
+
+TEST_CASE("gather and gather_to of every layout on 1-4 places and 2 x 2, partial ones included", "[redistribute][gather]") {
+  const auto host = pdo_test::iota_tensor<int, 2>({9, 7});
+  auto check = [&](const auto& mesh) {
+    CAPTURE(mesh.describe());
+    using layouts = std::tuple<pdo::layout<replicate, replicate>, pdo::layout<split<"a">, replicate>, pdo::layout<replicate, split<"b">>,
+                               pdo::layout<split<"b">, split<"a">>, pdo::layout<split<"a">, replicate>::partial<"b">,
+                               pdo::layout<replicate, replicate>::partial<"a">>;
+    for_each_type(static_cast<layouts*>(nullptr), [&]<class L>(L*) {
+      CAPTURE(pdo::layout_name<L>());
+      const auto x = pdo::distribute<L>(mesh, host);
+      CHECK(pdo_test::equal(pdo::gather(x), host));
+      CHECK(pdo_test::equal(*pdo::gather_to(x), host));
+    });
+    // partial sums of real addends (place at coordinate c along "b" holds c + 1 times its block)
+    const auto spread = spread_over<pdo::layout<split<"a">, replicate>::partial<"b">, "b">(
+        pdo::distribute<pdo::layout<split<"a">, replicate>>(mesh, host));
+    const int times = static_cast<int>(mesh.extent(1) * (mesh.extent(1) + 1) / 2);
+    auto want = host;
+    for (auto& v : want) v *= times;
+    CHECK(pdo_test::equal(pdo::gather(spread), want));
+    CHECK(pdo_test::equal(*pdo::gather_to(spread), want));
+  };
+  for (std::size_t n : pdo_test::line_sizes()) check(pdo_test::grid_mesh(n, 1));
+  check(pdo_test::grid_mesh(2, 2));
+  check(pdo_test::grid_mesh(1, 3));
+}

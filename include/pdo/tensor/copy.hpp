@@ -13,23 +13,22 @@
 
 namespace pdo::detail {
 
-/// @brief Copies the block [offsets, offsets + extents) of a row-major `src` of shape
-/// `src_shape` into the dense row-major `dst` of shape `extents`, one contiguous run
-/// of the last dim at a time.
-template <class T, std::size_t Rank>
-void copy_block(const T* src, const shape_t<Rank>& src_shape, const shape_t<Rank>& offsets, const shape_t<Rank>& extents,
-                T* dst) {
+/// @brief f(big, dense, run) for each contiguous run of the last dim of the block
+/// [offsets, offsets + extents) of a row-major tensor of shape `shape`: `big` is the run's
+/// element offset in that tensor, `dense` in the block laid out densely.
+template <std::size_t Rank, class F>
+void for_each_block_run(const shape_t<Rank>& shape, const shape_t<Rank>& offsets, const shape_t<Rank>& extents, F&& f) {
   if (volume(extents) == 0) return;
   if constexpr (Rank == 0) {
-    *dst = *src;
+    f(std::size_t{0}, std::size_t{0}, std::size_t{1});
   } else {
-    const auto strides = row_major_strides(src_shape);
+    const auto strides = row_major_strides(shape);
     const std::size_t run = extents[Rank - 1];
     shape_t<Rank> index{};  // over the leading Rank-1 dims of the block
-    for (std::size_t out = 0;; out += run) {
-      std::size_t in = offsets[Rank - 1];
-      for (std::size_t d = 0; d + 1 < Rank; ++d) in += (offsets[d] + index[d]) * static_cast<std::size_t>(strides[d]);
-      copy_elements(dst + out, src + in, run);
+    for (std::size_t dense = 0;; dense += run) {
+      std::size_t big = offsets[Rank - 1];
+      for (std::size_t d = 0; d + 1 < Rank; ++d) big += (offsets[d] + index[d]) * static_cast<std::size_t>(strides[d]);
+      f(big, dense, run);
       std::size_t d = Rank - 1;
       while (d-- > 0) {
         if (++index[d] < extents[d]) break;
@@ -38,6 +37,23 @@ void copy_block(const T* src, const shape_t<Rank>& src_shape, const shape_t<Rank
       if (d == static_cast<std::size_t>(-1)) return;
     }
   }
+}
+
+/// @brief Copies the block [offsets, offsets + extents) of a row-major `src` of shape
+/// `src_shape` into the dense row-major `dst` of shape `extents`.
+template <class T, std::size_t Rank>
+void copy_block(const T* src, const shape_t<Rank>& src_shape, const shape_t<Rank>& offsets, const shape_t<Rank>& extents,
+                T* dst) {
+  for_each_block_run(src_shape, offsets, extents,
+                     [&](std::size_t big, std::size_t dense, std::size_t run) { copy_elements(dst + dense, src + big, run); });
+}
+
+/// @brief The inverse of copy_block: the dense `src` of shape `extents` into the block at
+/// `offsets` of the row-major `dst` of shape `dst_shape`.
+template <class T, std::size_t Rank>
+void place_block(const T* src, const shape_t<Rank>& extents, T* dst, const shape_t<Rank>& dst_shape, const shape_t<Rank>& offsets) {
+  for_each_block_run(dst_shape, offsets, extents,
+                     [&](std::size_t big, std::size_t dense, std::size_t run) { copy_elements(dst + big, src + dense, run); });
 }
 
 /// @brief Chunk `k` of `parts` along the middle dim of `v` (see chunk_size), from `src`
