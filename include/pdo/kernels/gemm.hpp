@@ -3,17 +3,21 @@
 #pragma once
 
 #include <pdo/core/config.hpp>
+#include <pdo/core/shape.hpp>
 #include <pdo/kernels/place_system.hpp>
 #include <pdo/memory/copy.hpp>
 
+#include <algorithm>
 #include <cstddef>
 #include <mutex>
 #include <type_traits>
+#include <utility>
 
 #if defined(PDO_WITH_BLAS)
 #include <cblas.h>
 // OpenBLAS's thread count, where the BLAS is OpenBLAS (weak: absent elsewhere).
 extern "C" void openblas_set_num_threads(int) __attribute__((weak));
+extern "C" int openblas_get_num_threads() __attribute__((weak));
 #endif
 
 namespace pdo::detail {
@@ -95,8 +99,49 @@ void cublas_gemm_batched(place_state& p, std::size_t batches, std::size_t m, std
 template <class T>
 inline constexpr bool cublas_element = std::is_same_v<T, float> || std::is_same_v<T, double>;
 
+#if defined(PDO_WITH_BLAS)
+/// @brief C = A * B by one BLAS call on the calling thread, C's rows `ldc` apart. BLAS's
+/// own threads are off (see blas_threads_off): a place's gemm uses its cores by cutting
+/// the product into one block per core (gemm).
+template <class T>
+void blas_gemm(std::size_t m, std::size_t n, std::size_t k, matrix_ref<T> a, matrix_ref<T> b, T* c, std::size_t ldc) {
+  const auto M = static_cast<int>(m), N = static_cast<int>(n), K = static_cast<int>(k);
+  const auto ta = a.trans ? CblasTrans : CblasNoTrans, tb = b.trans ? CblasTrans : CblasNoTrans;
+  if constexpr (std::is_same_v<T, float>)
+    cblas_sgemm(CblasRowMajor, ta, tb, M, N, K, 1.0f, a.data, static_cast<int>(a.ld), b.data, static_cast<int>(b.ld), 0.0f, c,
+                static_cast<int>(ldc));
+  else
+    cblas_dgemm(CblasRowMajor, ta, tb, M, N, K, 1.0, a.data, static_cast<int>(a.ld), b.data, static_cast<int>(b.ld), 0.0, c,
+                static_cast<int>(ldc));
+}
+
+/// @brief OpenBLAS's thread count is process-wide: with its own threads, the gemms of two
+/// places would each spread over every core. pdo keeps it at one thread: set before its BLAS
+/// calls whenever something else changed it (a program that calls BLAS itself meets the
+/// same setting, and one that raises it has it lowered again at pdo's next gemm).
+inline void blas_threads_off() {
+  if (openblas_get_num_threads != nullptr && openblas_set_num_threads != nullptr && openblas_get_num_threads() != 1)
+    openblas_set_num_threads(1);
+}
+#endif
+
+/// @brief Products smaller than this many multiply-adds run as one BLAS call on one core.
+inline constexpr std::size_t gemm_split_grain = std::size_t{1} << 21;
+
+/// @brief The part of a dim of `extent` that block t of `parts` takes: cut at multiples of
+/// 16 (whole register tiles of BLAS's kernels) where the extent allows.
+inline std::pair<std::size_t, std::size_t> gemm_block(std::size_t extent, std::size_t parts, std::size_t t) {
+  const std::size_t unit = extent >= 16 * parts ? 16 : 1, units = (extent + unit - 1) / unit;
+  const std::size_t lo = std::min(extent, chunk_offset(units, parts, t) * unit);
+  const std::size_t hi = std::min(extent, (chunk_offset(units, parts, t) + chunk_size(units, parts, t)) * unit);
+  return {lo, hi};
+}
+
 /// @brief C (m x n, dense, row-major) = A (m x k) * B (k x n) on the place of `system`
-/// (its cores, or its GPU).
+/// (its cores, or its GPU). On a CPU place of several cores the product is cut into one
+/// block of C's rows (or, for few rows, columns) per core, each a one-thread BLAS call on
+/// the place's own OpenMP team: a place's gemm uses exactly its cores, whatever the other
+/// places do.
 template <class T>
 void gemm(place_system& system, std::size_t m, std::size_t n, std::size_t k, matrix_ref<T> a, matrix_ref<T> b, T* c) {
   if (m == 0 || n == 0) return;
@@ -114,19 +159,28 @@ void gemm(place_system& system, std::size_t m, std::size_t n, std::size_t k, mat
                       gemm_element<T>{a, b, n, k});
   } else if constexpr (blas_gemm_v<T>) {
 #if defined(PDO_WITH_BLAS)
-    // OpenBLAS's thread count is process-wide and may not change while another place is
-    // inside a BLAS call: it is set once, to the core count of the first place that calls
-    // (places have equal shares of the cores unless the cores do not divide evenly)
-    static std::once_flag blas_threads;
-    std::call_once(blas_threads, [&] {
-      if (openblas_set_num_threads != nullptr) openblas_set_num_threads(system.threads);
-    });
-    const auto M = static_cast<int>(m), N = static_cast<int>(n), K = static_cast<int>(k);
-    const auto ta = a.trans ? CblasTrans : CblasNoTrans, tb = b.trans ? CblasTrans : CblasNoTrans;
-    if constexpr (std::is_same_v<T, float>)
-      cblas_sgemm(CblasRowMajor, ta, tb, M, N, K, 1.0f, a.data, static_cast<int>(a.ld), b.data, static_cast<int>(b.ld), 0.0f, c, N);
-    else
-      cblas_dgemm(CblasRowMajor, ta, tb, M, N, K, 1.0, a.data, static_cast<int>(a.ld), b.data, static_cast<int>(b.ld), 0.0, c, N);
+    blas_threads_off();
+    const std::size_t parts = static_cast<std::size_t>(system.threads);
+    if (parts <= 1 || m * n * k < gemm_split_grain) return blas_gemm(m, n, k, a, b, c, n);
+    const bool by_rows = m >= n || m >= 16 * parts;
+    // block t: rows [lo, hi) of C (A's rows), or columns [lo, hi) (B's columns)
+    auto block = [&](std::size_t t) {
+      const auto [lo, hi] = gemm_block(by_rows ? m : n, parts, t);
+      if (lo == hi) return;
+      if (by_rows) {
+        const matrix_ref<T> rows{a.trans ? a.data + lo : a.data + lo * a.ld, a.ld, a.trans};
+        blas_gemm(hi - lo, n, k, rows, b, c + lo * n, n);
+      } else {
+        const matrix_ref<T> cols{b.trans ? b.data + lo * b.ld : b.data + lo, b.ld, b.trans};
+        blas_gemm(m, hi - lo, k, a, cols, c + lo, n);
+      }
+    };
+#if defined(_OPENMP)
+#pragma omp parallel for num_threads(system.threads) schedule(static, 1)
+    for (std::size_t t = 0; t < parts; ++t) block(t);
+#else
+    for (std::size_t t = 0; t < parts; ++t) block(t);
+#endif
 #endif
   } else {
     thrust::transform(system, thrust::counting_iterator<std::size_t>(0), thrust::counting_iterator<std::size_t>(m * n), c,
