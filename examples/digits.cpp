@@ -3,7 +3,9 @@
 // trains on its rows of each global batch, and the gradients are all_reduced in buckets
 // while backward runs. Prints the plan once, a line per epoch and the test accuracy.
 //
-//   digits [--places N] [--epochs E] [--batch B] [--seed S] [--lr LR] [--data PATH] [--target ACC]
+//   digits [--places N] [--epochs E] [--batch B] [--seed S] [--lr LR] [--data PATH] [--target ACC] [--check-data]
+//
+// --check-data only reads the data file and says how many samples it holds.
 #include "digits_data.hpp"
 
 #include <pdo/pdo.hpp>
@@ -27,11 +29,13 @@ struct options {
   double lr = 3e-3;
   double target = 0.95;
   std::string data;
+  bool check_data = false;
 };
 
 [[noreturn]] void usage(const std::string& problem) {
   std::cerr << "digits: " << problem
-            << "\nusage: digits [--places N] [--epochs E] [--batch B] [--seed S] [--lr LR] [--data PATH] [--target ACC]\n";
+            << "\nusage: digits [--places N] [--epochs E] [--batch B] [--seed S] [--lr LR] [--data PATH] [--target ACC] "
+               "[--check-data]\n";
   std::exit(2);
 }
 
@@ -40,6 +44,10 @@ options parse(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--help" || arg == "-h") usage("train a CNN on the digits set, data-parallel");
+    if (arg == "--check-data") {
+      o.check_data = true;
+      continue;
+    }
     if (i + 1 >= argc) usage("missing value for " + arg);
     const std::string value = argv[++i];
     auto number = [&](auto& out) {
@@ -86,6 +94,10 @@ int main(int argc, char** argv) {
   const options o = parse(argc, argv);
   try {
     const digits::dataset all = digits::load(o.data);
+    if (o.check_data) {
+      std::printf("digits: %zu samples\n", all.labels.size());
+      return 0;
+    }
     // a fixed, seeded split: 80% to train, 20% to test
     std::vector<std::size_t> order(all.labels.size());
     std::iota(order.begin(), order.end(), std::size_t{0});

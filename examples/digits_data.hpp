@@ -6,6 +6,7 @@
 
 #include <zlib.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -47,8 +48,28 @@ inline std::vector<std::string> candidates(const std::string& explicit_path) {
   return paths;
 }
 
-/// @brief Reads the set; pdo::io_error when the file is missing, unreadable or malformed
-/// (with the line and what is wrong).
+/// @brief The whole decompressed content of `path` (plain text is read as it is); a
+/// pdo::io_error naming the file for a truncated or corrupt gzip stream.
+inline std::string read_all(const std::string& path) {
+  std::unique_ptr<gzFile_s, int (*)(gzFile)> file(gzopen(path.c_str(), "rb"), gzclose);
+  if (!file) throw pdo::io_error("digits: cannot open " + path);
+  std::string text;
+  char chunk[1 << 16];
+  for (;;) {
+    const int got = gzread(file.get(), chunk, sizeof chunk);
+    if (got < 0) break;
+    text.append(chunk, static_cast<std::size_t>(got));
+    if (got < static_cast<int>(sizeof chunk)) break;
+  }
+  int err = Z_OK;
+  const char* message = gzerror(file.get(), &err);
+  if (err != Z_OK && err != Z_STREAM_END)
+    throw pdo::io_error("digits: " + path + ": truncated or corrupt gzip data (" + message + "); download or reinstall the file");
+  return text;
+}
+
+/// @brief Reads the set; pdo::io_error when the file is missing, unreadable, truncated or
+/// malformed (with the line and what is wrong).
 inline dataset load(const std::string& explicit_path = "") {
   std::string path;
   std::string tried;
@@ -62,45 +83,42 @@ inline dataset load(const std::string& explicit_path = "") {
   if (path.empty())
     throw pdo::io_error("digits: digits.csv.gz not found; install scikit-learn (apt-get install python3-sklearn, or pip install "
                         "scikit-learn), or pass --data PATH. Looked in:" + tried);
-  std::unique_ptr<gzFile_s, int (*)(gzFile)> file(gzopen(path.c_str(), "rb"), gzclose);
-  if (!file) throw pdo::io_error("digits: cannot open " + path);
+  const std::string content = read_all(path);
   std::vector<float> pixels;
   std::vector<int> labels;
-  char buffer[1024];
   std::size_t line = 0;
-  while (gzgets(file.get(), buffer, sizeof buffer) != nullptr) {
+  for (std::size_t start = 0; start < content.size();) {
+    const std::size_t stop = std::min(content.find('\n', start), content.size());
+    std::string text = content.substr(start, stop - start);
+    start = stop + 1;
     ++line;
-    std::string text(buffer);
-    while (!text.empty() && (text.back() == '\n' || text.back() == '\r')) text.pop_back();
+    while (!text.empty() && (text.back() == '\r' || text.back() == ' ')) text.pop_back();
     if (text.empty()) continue;
+    auto problem = [&](const std::string& what) {
+      return pdo::io_error("digits: " + path + " line " + std::to_string(line) + ": " + what);
+    };
     std::vector<double> fields;
     const char* at = text.c_str();
     for (;;) {
       char* end = nullptr;
       const double v = std::strtod(at, &end);
-      if (end == at) throw pdo::io_error("digits: " + path + " line " + std::to_string(line) + ": not a number in \"" + text + "\"");
+      if (end == at) throw problem("not a number in \"" + text.substr(0, 80) + "\"");
       fields.push_back(v);
       if (*end == '\0') break;
-      if (*end != ',') throw pdo::io_error("digits: " + path + " line " + std::to_string(line) + ": expected ',' in \"" + text + "\"");
+      if (*end != ',') throw problem("expected ',' in \"" + text.substr(0, 80) + "\"");
       at = end + 1;
     }
-    if (fields.size() != 65)
-      throw pdo::io_error("digits: " + path + " line " + std::to_string(line) + ": " + std::to_string(fields.size()) +
-                          " fields, expected 64 pixels and a label");
+    if (fields.size() != 65) throw problem(std::to_string(fields.size()) + " fields, expected 64 pixels and a label");
     for (std::size_t i = 0; i < 64; ++i) {
-      if (fields[i] < 0 || fields[i] > 16)
-        throw pdo::io_error("digits: " + path + " line " + std::to_string(line) + ": pixel " + std::to_string(i) + " is " +
-                            std::to_string(fields[i]) + ", outside 0..16");
+      if (!(fields[i] >= 0 && fields[i] <= 16))  // false for NaN too
+        throw problem("pixel " + std::to_string(i) + " is " + std::to_string(fields[i]) + ", outside 0..16");
       pixels.push_back(static_cast<float>(fields[i] / 16.0));
     }
     const double label = fields[64];
-    if (label < 0 || label > 9 || label != static_cast<int>(label))
-      throw pdo::io_error("digits: " + path + " line " + std::to_string(line) + ": label " + std::to_string(label) + " is not a digit");
+    if (!(label >= 0 && label <= 9) || label != static_cast<double>(static_cast<int>(label)))
+      throw problem("label " + std::to_string(label) + " is not a digit");
     labels.push_back(static_cast<int>(label));
   }
-  int err = Z_OK;
-  const char* message = gzerror(file.get(), &err);
-  if (err != Z_OK && err != Z_STREAM_END) throw pdo::io_error("digits: " + path + ": corrupt gzip data: " + message);
   if (labels.empty()) throw pdo::io_error("digits: " + path + ": no samples");
   dataset d{pdo::tensor<float, 4>({labels.size(), 1, 8, 8}), pdo::tensor<int, 1>({labels.size()})};
   std::copy(pixels.begin(), pixels.end(), d.images.data());

@@ -284,3 +284,134 @@ TEST_CASE("data parallel: a failing step names the op and place, and the trainer
   CHECK(std::isfinite(loss));
   CHECK(trainer.accuracy(rnd<2>({8, 6}, 62), labels_for(8)) >= 0.0);
 }
+
+TEST_CASE("data parallel: a non-finite loss stops with an error naming the step, or is skipped on request",
+          "[nn][data_parallel]") {
+  const auto m = pdo::make_mesh<"dp">(pdo::cpu_places(2));
+  auto sgd = [](auto ps) { return pdo::nn::sgd<double>(std::move(ps), {.lr = 0.1}); };
+  auto poisoned = rnd<2>({8, 6}, 70);
+  poisoned(5, 2) = std::numeric_limits<double>::quiet_NaN();
+  const auto good = rnd<2>({8, 6}, 71);
+  auto values_of = [](const auto& trainer) {
+    std::vector<double> all;
+    for (const auto& p : trainer.parameters())
+      for (double v : p.value()) all.push_back(v);
+    return all;
+  };
+  {
+    auto trainer = pdo::nn::make_data_parallel<double>(m, make_mlp, sgd);
+    (void)trainer.step(good, labels_for(8));
+    const auto before = values_of(trainer);
+    CHECK_THROWS_WITH(trainer.step(poisoned, labels_for(8)), Catch::Contains("step 2") && Catch::Contains("the loss is nan") &&
+                                                                 Catch::Contains("no parameter was updated"));
+    CHECK(values_of(trainer) == before);
+    CHECK(std::isfinite(trainer.step(good, labels_for(8))));
+  }
+  {
+    auto trainer = pdo::nn::make_data_parallel<double>(m, make_mlp, sgd, {.skip_nonfinite_steps = true});
+    const auto before = values_of(trainer);
+    CHECK(std::isnan(trainer.step(poisoned, labels_for(8))));
+    CHECK(values_of(trainer) == before);
+    // fit leaves the skipped step out of the epoch's loss
+    pdo::tensor<double, 2> data({16, 6});
+    std::copy_n(good.data(), good.size(), data.data());
+    std::copy_n(poisoned.data(), poisoned.size(), data.data() + good.size());
+    trainer.fit(data, labels_for(16), {.epochs = 1, .batch_size = 8, .shuffle = false}, [](const auto& s) {
+      CHECK(s.skipped_steps == 1);
+      CHECK(s.samples == 8);
+      CHECK(std::isfinite(s.loss));
+    });
+  }
+}
+
+TEST_CASE("nn: parameters have typed shapes; assign checks them and names a transposed weight", "[nn]") {
+  pdo::nn::rng gen(3);
+  pdo::nn::linear<double> layer(6, 4, gen);
+  const auto ps = layer.parameters("fc.");
+  REQUIRE(ps[0].rank() == 2);
+  CHECK(ps[0].shape<2>() == shape_t<2>{6, 4});
+  CHECK(ps[1].extents() == std::vector<std::size_t>{4});
+  CHECK_THROWS_AS(ps[0].shape<1>(), pdo::shape_error);
+  const auto w = rnd<2>({6, 4}, 80);
+  ps[0].assign(w);
+  CHECK(pdo_test::equal(layer.weight.value(), w));
+  // a PyTorch nn.Linear weight is [out, in]: its shape here is the transpose of pdo's
+  CHECK_THROWS_WITH(ps[0].assign(rnd<2>({4, 6}, 81)), Catch::Contains("parameter fc.weight") && Catch::Contains("[4, 6]") &&
+                                                          Catch::Contains("its transpose"));
+  CHECK_THROWS_AS(ps[1].assign(rnd<1>({5}, 82)), pdo::shape_error);
+  CHECK(pdo_test::equal(layer.weight.value(), w));  // nothing written by a refused assign
+  // a dtensor parameter takes each local shard's part
+  const auto mesh = pdo::make_mesh<"tp">(pdo::cpu_places(3));
+  auto split_weight = pdo::parameter(pdo::distribute<pdo::layout<pdo::replicate, pdo::split<"tp">>>(mesh, rnd<2>({6, 4}, 83)));
+  pdo::nn::parameter_ref<double> ref("w", split_weight);
+  CHECK(ref.shape<2>() == shape_t<2>{6, 4});
+  ref.assign(w);
+  CHECK(pdo_test::equal(pdo::gather(split_weight.value()), w));
+}
+
+TEST_CASE("nn: max and average pooling of batch- or channel-split dtensors equal one place, forward and backward", "[nn]") {
+  const auto x = rnd<4>({5, 3, 6, 6}, 90);
+  auto check = [&](auto pool, const auto& mesh, auto layout_tag) {
+    using L = typename decltype(layout_tag)::type;
+    CAPTURE(mesh.describe(), pdo::layout_name<L>());
+    auto local = pdo::parameter(x);
+    const auto y = pool(local);
+    pdo::backward(pdo::sum(y * y));
+    auto d = pdo::parameter(pdo::distribute<L>(mesh, x));
+    const auto yd = pool(d);
+    static_assert(std::is_same_v<typename std::remove_cvref_t<decltype(yd.value())>::layout_type, L>);
+    pdo::backward(pdo::sum(yd * yd));
+    CHECK(pdo_test::close(pdo::gather(yd.value()), y.value(), 1e-15));
+    CHECK(pdo_test::close(pdo::gather(d.grad()), local.grad(), 1e-15));
+  };
+  using pdo::replicate;
+  using batch = pdo::layout<pdo::split<"x">, replicate, replicate, replicate>;
+  using channels = pdo::layout<replicate, pdo::split<"x">, replicate, replicate>;
+  using both = pdo::layout<pdo::split<"x">, pdo::split<"y">, replicate, replicate>;
+  auto max_pool = [](const auto& v) { return pdo::nn::max_pool2d{}(v); };
+  auto avg_pool = [](const auto& v) { return pdo::avg_pool2d(v, 3, {2, 1}); };
+  for (std::size_t n : pdo_test::line_sizes()) {
+    const auto mesh = pdo::make_mesh<"x", "y">(pdo::cpu_places(n), {n, 1});
+    check(max_pool, mesh, std::type_identity<batch>{});
+    check(avg_pool, mesh, std::type_identity<channels>{});
+  }
+  const auto grid = pdo::make_mesh<"x", "y">(pdo::cpu_places(4), {2, 2});
+  check(max_pool, grid, std::type_identity<both>{});
+  check(avg_pool, grid, std::type_identity<both>{});
+}
+
+TEST_CASE("nn: optimizers share one interface; any_optimizer holds one chosen at run time", "[nn]") {
+  static_assert(pdo::nn::optimizer<pdo::nn::sgd<double>, double>);
+  static_assert(pdo::nn::optimizer<pdo::nn::adam<double>, double>);
+  static_assert(!pdo::nn::optimizer<int, double>);
+  auto run = [](bool use_adam) {
+    pdo::nn::rng gen(4);
+    pdo::nn::linear<double> layer(3, 2, gen);
+    pdo::nn::any_optimizer<double> opt = use_adam ? pdo::nn::any_optimizer<double>(pdo::nn::adam<double>(layer.parameters(), {.lr = 0.1}))
+                                                  : pdo::nn::any_optimizer<double>(pdo::nn::sgd<double>(layer.parameters(), {.lr = 0.1}));
+    const auto x = pdo::var(rnd<2>({4, 3}, 91));
+    opt.zero_grad();
+    pdo::backward(pdo::sum(layer(x)));
+    opt.step();
+    opt.set_lr(0.05);
+    CHECK(opt.lr() == 0.05);
+    CHECK(opt.parameters().size() == 2);
+    return layer.weight.value();
+  };
+  // the same update as the optimizer held directly
+  pdo::nn::rng gen(4);
+  pdo::nn::linear<double> direct(3, 2, gen);
+  pdo::nn::sgd<double> sgd(direct.parameters(), {.lr = 0.1});
+  pdo::backward(pdo::sum(direct(pdo::var(rnd<2>({4, 3}, 91)))));
+  sgd.step();
+  CHECK(pdo_test::equal(run(false), direct.weight.value()));
+  CHECK(!pdo_test::equal(run(true), direct.weight.value()));
+  // and trainers take it: the optimizer chosen when the program runs
+  const auto m = pdo::make_mesh<"dp">(pdo::cpu_places(2));
+  const bool use_adam = m.size() == 2;
+  auto trainer = pdo::nn::make_data_parallel<double>(m, make_mlp, [&](auto ps) -> pdo::nn::any_optimizer<double> {
+    if (use_adam) return pdo::nn::adam<double>(std::move(ps), {.lr = 0.01});
+    return pdo::nn::sgd<double>(std::move(ps), {.lr = 0.01});
+  });
+  CHECK(std::isfinite(trainer.step(rnd<2>({8, 6}, 92), labels_for(8))));
+}

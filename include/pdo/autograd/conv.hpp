@@ -29,6 +29,9 @@ inline window_geometry window_of(const char* op, const shape_t<4>& x, std::size_
     throw shape_error(std::string(op) + ": input " + format_extents(x) + " with kernel " + std::to_string(kernel) + ", stride " +
                       std::to_string(o.stride) + ", padding " + std::to_string(o.padding) +
                       ": the window must fit the padded image, and kernel and stride must be positive");
+  // the im2col matrix [rows, cols] conv2d makes, and the output, must be addressable
+  checked_volume(shape_t<4>{g.rows(), x[1], kernel, kernel}, op, 8);
+  checked_volume(shape_t<4>{g.batch, g.channels, g.out_height, g.out_width}, op, 8);
   return g;
 }
 
@@ -223,39 +226,88 @@ auto conv2d(const var<dtensor<T, 4, Mesh, LX>>& x, const var<dtensor<T, 4, Mesh,
 }
 
 namespace detail {
+
+/// @brief The local pool of x over the windows of g (on the calling thread's place).
 template <bool Max, class T>
-var<tensor<T, 4>> pool2d(const char* op, const var<tensor<T, 4>>& x, std::size_t kernel, window_options o) {
-  const window_geometry g = window_of(op, x.shape(), kernel, o);
-  auto system = kernel_system(op, {x.value().where()});
+tensor<T, 4> pool2d_forward(const char* op, const tensor<T, 4>& x, const window_geometry& g) {
+  auto system = kernel_system(op, {x.where()});
   const thrust::counting_iterator<std::size_t> zero(0);
   tensor<T, 4> y({g.batch, g.channels, g.out_height, g.out_width}, uninitialized);
-  thrust::transform(system, zero, zero + y.size(), y.data(), pool_element<T, Max>{x.value().data(), g});
+  thrust::transform(system, zero, zero + y.size(), y.data(), pool_element<T, Max>{x.data(), g});
+  return y;
+}
+
+/// @brief The local pool's input gradient from dy.
+template <bool Max, class T>
+tensor<T, 4> pool2d_backward(const char* op, const tensor<T, 4>& x, const tensor<T, 4>& dy, const window_geometry& g) {
+  auto system = kernel_system(op, {x.where(), dy.where()});
+  const thrust::counting_iterator<std::size_t> first(0);
+  tensor<T, 4> dx(x.shape(), uninitialized);
+  thrust::transform(system, first, first + dx.size(), dx.data(), pool_backward_element<T, Max>{x.data(), dy.data(), g});
+  return dx;
+}
+
+template <bool Max, class T>
+var<tensor<T, 4>> pool2d(const char* op, const var<tensor<T, 4>>& x, std::size_t kernel, window_options o) {
+  if (o.stride == 0) o.stride = kernel;
+  const window_geometry g = window_of(op, x.shape(), kernel, o);
   return record(
-      std::move(y),
-      [x, g, op](auto& self) {
-        auto sys = kernel_system(op, {x.value().where(), self.grad->where()});
-        const thrust::counting_iterator<std::size_t> first(0);
-        tensor<T, 4> dx(x.shape(), uninitialized);
-        thrust::transform(sys, first, first + dx.size(), dx.data(), pool_backward_element<T, Max>{x.value().data(), self.grad->data(), g});
-        add_grad(x, std::move(dx));
+      pool2d_forward<Max>(op, x.value(), g),
+      [x, g, op](auto& self) { add_grad(x, pool2d_backward<Max>(op, x.value(), *self.grad, g)); }, x);
+}
+
+/// @brief Whether pooling can run on each place's shard of an input laid out as `x`, with no
+/// communication: batch and channels may be split, the image (height, width) must be whole.
+constexpr bool pool_layout_ok(layout_value x) { return x.npartial == 0 && x.dim_axis[2].empty() && x.dim_axis[3].empty(); }
+
+/// @brief Pooling of a dtensor: each place pools its shard; the output and the input
+/// gradient keep the input's layout.
+template <bool Max, class T, class Mesh, class L>
+var<dtensor<T, 4, Mesh, L>> pool2d(const char* op, const var<dtensor<T, 4, Mesh, L>>& x, std::size_t kernel, window_options o) {
+  static_assert(pool_layout_ok(value_of<L>()),
+                "pdo: max_pool2d/avg_pool2d: the input's height and width (dims 2, 3) must not be split, and it must not be "
+                "partial; split the batch (dim 0) or the channels (dim 1), or redistribute first");
+  using value_t = dtensor<T, 4, Mesh, L>;
+  if (o.stride == 0) o.stride = kernel;
+  const value_t& xv = x.value();
+  const window_geometry whole = window_of(op, xv.shape(), kernel, o);
+  const Mesh& m = xv.mesh();
+  std::vector<tensor<T, 4>> ys(m.local_places().size());
+  run_on_places(op, m, [&](std::size_t, std::size_t k) {
+    ys[k] = pool2d_forward<Max>(op, xv.local_shards()[k], window_of(op, xv.local_shards()[k].shape(), kernel, o));
+  });
+  const shape_t<4> y_shape{whole.batch, whole.channels, whole.out_height, whole.out_width};
+  return record(
+      value_t(m, y_shape, std::move(ys)),
+      [x, kernel, o, op](auto& self) {
+        const value_t& xv = x.value();
+        std::vector<tensor<T, 4>> dxs(xv.local_shards().size());
+        run_on_places(op, xv.mesh(), [&](std::size_t, std::size_t k) {
+          const auto& xs = xv.local_shards()[k];
+          dxs[k] = pool2d_backward<Max>(op, xs, self.grad->local_shards()[k], window_of(op, xs.shape(), kernel, o));
+        });
+        add_grad(x, value_t(xv.mesh(), xv.shape(), std::move(dxs)));
       },
       x);
 }
+
 }  // namespace detail
 
-/// @brief Max pooling over kernel x kernel windows (stride defaults to the kernel); the
-/// gradient goes to each window's first maximum.
-template <class T>
-var<tensor<T, 4>> max_pool2d(const var<tensor<T, 4>>& x, std::size_t kernel, window_options o = {0, 0}) {
-  if (o.stride == 0) o.stride = kernel;
+/// @brief Max pooling over kernel x kernel windows (stride defaults to the kernel) of
+/// x [N, C, H, W], a local tensor or a dtensor whose batch or channels are split (each place
+/// pools its shard, no communication). NaN in a window gives NaN; the gradient goes to each
+/// window's first maximum (its first NaN, if any), as PyTorch's.
+template <class V>
+  requires(detail::value_kind<V>::rank == 4)
+var<V> max_pool2d(const var<V>& x, std::size_t kernel, window_options o = {0, 0}) {
   return detail::pool2d<true>("max_pool2d", x, kernel, o);
 }
 
 /// @brief Average pooling over kernel x kernel windows (stride defaults to the kernel;
-/// padded cells count as zeros).
-template <class T>
-var<tensor<T, 4>> avg_pool2d(const var<tensor<T, 4>>& x, std::size_t kernel, window_options o = {0, 0}) {
-  if (o.stride == 0) o.stride = kernel;
+/// padded cells count as zeros), of a local tensor or a batch- or channel-split dtensor.
+template <class V>
+  requires(detail::value_kind<V>::rank == 4)
+var<V> avg_pool2d(const var<V>& x, std::size_t kernel, window_options o = {0, 0}) {
   return detail::pool2d<false>("avg_pool2d", x, kernel, o);
 }
 

@@ -13,10 +13,12 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <future>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <numeric>
@@ -41,6 +43,10 @@ struct data_parallel_options {
   /// updates its slice of the parameters with its slice of the optimizer state, and the
   /// slices are all_gathered back. Optimizer memory per place: 1/n.
   bool zero1 = false;
+  /// @brief A step whose global loss is not finite (NaN or infinite) is skipped: no update,
+  /// and fit leaves it out of the epoch's loss (epoch_stats::skipped_steps counts it). When
+  /// false, such a step is a pdo::error naming the step, before any parameter changes.
+  bool skip_nonfinite_steps = false;
 };
 
 /// @brief A span of one step on one place, in microseconds from the step's start.
@@ -162,7 +168,9 @@ class data_parallel {
   }
 
   /// @brief One training step on a global batch (host tensors: inputs [B, ...], targets
-  /// [B, ...]); returns the mean loss over the global batch.
+  /// [B, ...]); returns the mean loss over the global batch. A loss that is not finite is a
+  /// pdo::error naming the step, with no parameter updated (or, with
+  /// data_parallel_options::skip_nonfinite_steps, returned with no update).
   template <std::size_t R, class Target>
   T step(const tensor<T, R>& inputs, const Target& targets) {
     std::vector<std::size_t> order(inputs.extent(0));
@@ -175,7 +183,8 @@ class data_parallel {
     double loss = 0;            ///< mean training loss over the epoch's samples
     double accuracy = 0;        ///< on the training samples, from the step's outputs
     double samples_per_second = 0;
-    std::size_t samples = 0;
+    std::size_t samples = 0;         ///< the samples whose loss counts (those of skipped steps do not)
+    std::size_t skipped_steps = 0;   ///< steps with a non-finite loss, skipped (data_parallel_options::skip_nonfinite_steps)
   };
 
   struct fit_options {
@@ -199,6 +208,7 @@ class data_parallel {
       if (o.shuffle) std::shuffle(order.begin(), order.end(), gen);
       const auto start = std::chrono::steady_clock::now();
       double total = 0;
+      std::size_t counted = 0, skipped = 0;
       auto cut = [&](std::size_t first) {
         const std::size_t rows = std::min(o.batch_size, n - first);
         return std::async(std::launch::async, [this, &inputs, &targets, &order, first, rows] {
@@ -210,13 +220,20 @@ class data_parallel {
         auto current = next.get();
         const std::size_t rows = std::min(o.batch_size, n - first);
         if (first + rows < n) next = cut(first + rows);
-        total += static_cast<double>(step_on(std::move(current), rows)) * static_cast<double>(rows);
+        const T loss = step_on(std::move(current), rows);
+        if (std::isfinite(static_cast<double>(loss))) {
+          total += static_cast<double>(loss) * static_cast<double>(rows);
+          counted += rows;
+        } else {
+          ++skipped;
+        }
       }
       const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       epoch_stats s;
       s.epoch = epoch;
-      s.loss = total / static_cast<double>(n);
-      s.samples = n;
+      s.loss = counted == 0 ? std::numeric_limits<double>::quiet_NaN() : total / static_cast<double>(counted);
+      s.samples = counted;
+      s.skipped_steps = skipped;
       s.samples_per_second = static_cast<double>(n) / seconds;
       s.accuracy = last_epoch_correct_ / static_cast<double>(n);
       last_epoch_correct_ = 0;
@@ -496,6 +513,13 @@ class data_parallel {
           }
         }
       }
+      // the global batch's loss and count of correct predictions, on every place, before any
+      // update: a step whose loss is not finite changes nothing
+      double totals[2] = {static_cast<double>(local), static_cast<double>(correct)};
+      communicator_along(mesh_, dp_axis, p).all_reduce(std::span<double>(totals, 2));
+      losses[k] = static_cast<T>(totals[0]);
+      corrects[k] = totals[1];
+      if (!std::isfinite(totals[0])) return;
       const double opt_start = r.since_start();
       r.optimizer->step();
       r.record("optimizer", 0, opt_start, r.since_start());
@@ -510,12 +534,16 @@ class data_parallel {
           r.record("all_gather", b, from, r.since_start());
         }
       }
-      // the global batch's loss and count of correct predictions, on every place
-      double totals[2] = {static_cast<double>(local), static_cast<double>(correct)};
-      communicator_along(mesh_, dp_axis, p).all_reduce(std::span<double>(totals, 2));
-      losses[k] = static_cast<T>(totals[0]);
-      corrects[k] = totals[1];
     });
+    ++steps_;
+    if (!std::isfinite(static_cast<double>(losses[0]))) {
+      if (!options_.skip_nonfinite_steps)
+        throw error("data_parallel::step: step " + std::to_string(steps_) + " (a global batch of " + std::to_string(global_rows) +
+                    " rows on " + mesh_.describe() + "): the loss is " + std::to_string(static_cast<double>(losses[0])) +
+                    "; no parameter was updated. Check the inputs and the learning rate, or skip such steps with "
+                    "data_parallel_options::skip_nonfinite_steps");
+      return losses[0];
+    }
     last_epoch_correct_ += corrects[0];
     return losses[0];
   }
@@ -540,6 +568,7 @@ class data_parallel {
   Loss loss_;
   std::vector<std::unique_ptr<replica>> replicas_;
   double last_epoch_correct_ = 0;
+  std::size_t steps_ = 0;  ///< steps taken, skipped ones included
 };
 
 /// @brief A data-parallel trainer: `make_model()` builds a replica (it runs on every place,

@@ -1,8 +1,8 @@
 // pdo/nn/layers.hpp: linear, conv2d, pooling, flatten, activations and sequential.
 //
-// Layers act on pdo::var values. linear and the activations take local tensors and
-// dtensors alike; conv2d and the pools take local images [N, C, H, W] (each place's
-// shard under data parallelism).
+// Layers act on pdo::var values. linear, the pools and the activations take local tensors
+// and dtensors alike; conv2d takes local images [N, C, H, W] (each place's shard under data
+// parallelism; pdo::conv2d itself takes dtensors too).
 #pragma once
 
 #include <pdo/autograd/conv.hpp>
@@ -19,6 +19,10 @@ namespace pdo::nn {
 
 /// @brief y = x W + b, with W [in, out] and b [out]; x [..., in]. The parameters are local
 /// tensors, or dtensors with layouts (see tensor_parallel): the same layer, planned.
+///
+/// Parameters: "weight" [in, out] — the transpose of PyTorch's nn.Linear weight, which is
+/// [out, in] (parameter_ref::assign names the mistake) — and "bias" [out]. Initialised as
+/// PyTorch's: U(-1/√in, 1/√in).
 template <class T, class W = tensor<T, 2>, class B = tensor<T, 1>>
 class linear {
  public:
@@ -41,6 +45,9 @@ class linear {
 };
 
 /// @brief 2-D convolution over [N, in_channels, H, W] with a square kernel.
+///
+/// Parameters, as PyTorch's nn.Conv2d: "weight" [out_channels, in_channels, k, k] and "bias"
+/// [out_channels]; initialised U(-1/√fan_in, 1/√fan_in), fan_in = in_channels k².
 template <class T>
 class conv2d {
  public:
@@ -75,8 +82,8 @@ struct stateless {
 struct max_pool2d : stateless {
   std::size_t kernel = 2;
   window_options options{0, 0};
-  template <class T>
-  var<tensor<T, 4>> operator()(const var<tensor<T, 4>>& x) const {
+  template <class V>
+  var<V> operator()(const var<V>& x) const {
     return pdo::max_pool2d(x, kernel, options);
   }
 };
@@ -85,8 +92,8 @@ struct max_pool2d : stateless {
 struct avg_pool2d : stateless {
   std::size_t kernel = 2;
   window_options options{0, 0};
-  template <class T>
-  var<tensor<T, 4>> operator()(const var<tensor<T, 4>>& x) const {
+  template <class V>
+  var<V> operator()(const var<V>& x) const {
     return pdo::avg_pool2d(x, kernel, options);
   }
 };
@@ -114,9 +121,15 @@ struct sigmoid : stateless {
   template <class V>
   auto operator()(const var<V>& x) const { return pdo::sigmoid(x); }
 };
+/// @brief GELU, exact (erf form): PyTorch's nn.GELU().
 struct gelu : stateless {
   template <class V>
   auto operator()(const var<V>& x) const { return pdo::gelu(x); }
+};
+/// @brief GELU, tanh approximation: PyTorch's nn.GELU(approximate="tanh").
+struct gelu_tanh : stateless {
+  template <class V>
+  auto operator()(const var<V>& x) const { return pdo::gelu_tanh(x); }
 };
 
 /// @brief The parameters of a layer or model, names prefixed with `prefix`.

@@ -2,7 +2,10 @@
 #pragma once
 
 #include <pdo/autograd/variable.hpp>
+#include <pdo/core/copy_elements.hpp>
+#include <pdo/tensor/redistribute.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <concepts>
 #include <cstddef>
@@ -61,7 +64,29 @@ class parameter_ref {
   [[nodiscard]] std::span<T> grad_or_zeros() const { return impl_->grad_or_zeros(); }
   void zero_grad() const { impl_->zero_grad(); }
   void on_gradient(std::function<void()> f) const { impl_->on_gradient(std::move(f)); }
+  /// @brief "f32[16, 8]" for a local parameter, "f32[16, 8]{split<tp>, replicate} on mesh(tp=2)" for a dtensor.
   [[nodiscard]] std::string shape_text() const { return impl_->shape_text(); }
+  /// @brief The parameter's rank.
+  [[nodiscard]] std::size_t rank() const { return impl_->extents().size(); }
+  /// @brief The parameter's (global) extents.
+  [[nodiscard]] std::vector<std::size_t> extents() const { return impl_->extents(); }
+  /// @brief The parameter's (global) shape as a shape_t<R>; a pdo::shape_error when its rank is not R.
+  template <std::size_t R>
+  [[nodiscard]] shape_t<R> shape() const {
+    const auto e = impl_->extents();
+    if (e.size() != R)
+      throw shape_error("parameter " + name_ + ": " + shape_text() + " has rank " + std::to_string(e.size()) + ", not " + std::to_string(R));
+    shape_t<R> s{};
+    std::copy(e.begin(), e.end(), s.begin());
+    return s;
+  }
+  /// @brief Sets the parameter's (global) value to `values`, a host tensor of exactly its
+  /// shape (a dtensor parameter takes each local shard's part). Any other shape is a
+  /// pdo::shape_error naming the parameter and both shapes, before anything is written.
+  template <std::size_t R>
+  void assign(const tensor<T, R>& values) const {
+    impl_->assign(values.data(), std::vector<std::size_t>(values.shape().begin(), values.shape().end()), name_);
+  }
 
  private:
   std::span<T> single(const std::vector<std::span<T>>& blocks, const char* what) const {
@@ -80,6 +105,8 @@ class parameter_ref {
     virtual void zero_grad() = 0;
     virtual void on_gradient(std::function<void()> f) = 0;
     virtual std::string shape_text() = 0;
+    virtual std::vector<std::size_t> extents() = 0;
+    virtual void assign(const T* values, const std::vector<std::size_t>& shape, const std::string& name) = 0;
   };
   template <class V>
   struct holder final : base {
@@ -130,6 +157,28 @@ class parameter_ref {
     std::string shape_text() override {
       if constexpr (var<V>::distributed) return v.value().describe();
       else return describe(v.value());
+    }
+    std::vector<std::size_t> extents() override { return {v.shape().begin(), v.shape().end()}; }
+    void assign(const T* values, const std::vector<std::size_t>& shape, const std::string& name) override {
+      constexpr std::size_t r = var<V>::rank;
+      if (shape != extents()) {
+        const bool transposed = r == 2 && shape.size() == 2 && shape[0] == v.shape()[1] && shape[1] == v.shape()[0];
+        throw shape_error("parameter " + name + ": " + shape_text() + " cannot take values of shape " + detail::format_extents(shape) +
+                          (transposed ? ", its transpose (a PyTorch nn.Linear weight is [out, in], a pdo::nn::linear weight "
+                                        "[in, out]: assign the transpose)"
+                                      : ""));
+      }
+      shape_t<r> s{};
+      std::copy(shape.begin(), shape.end(), s.begin());
+      auto host = tensor<T, r>::on_host(s);
+      detail::copy_elements(host.data(), values, host.size());
+      if constexpr (var<V>::distributed) {
+        using L = typename V::layout_type;
+        const auto cut = pdo::distribute<L>(v.value().mesh(), host);
+        for (std::size_t k = 0; k < cut.local_shards().size(); ++k) pdo::copy(cut.local_shards()[k], v.value().local_shards()[k]);
+      } else {
+        pdo::copy(host, v.value());
+      }
     }
   };
   std::string name_;

@@ -8,8 +8,12 @@
 #include <pdo/nn/module.hpp>
 
 #include <cmath>
+#include <concepts>
 #include <cstddef>
+#include <memory>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace pdo::detail {
@@ -104,6 +108,7 @@ class sgd : public optimizer_base<T> {
     }
   }
   void set_lr(double lr) { o_.lr = lr; }
+  [[nodiscard]] double lr() const { return o_.lr; }
 
  private:
   sgd_options o_;
@@ -150,12 +155,64 @@ class adam : public optimizer_base<T> {
     }
   }
   void set_lr(double lr) { o_.lr = lr; }
+  [[nodiscard]] double lr() const { return o_.lr; }
 
  private:
   adam_options o_;
   std::vector<std::vector<tensor<T, 1>>> m_, v_;  ///< moments, per parameter and block
   long t_ = 0;
 };
+
+/// @brief An optimizer of parameters of element type T: sgd, adam, any_optimizer, or a type
+/// of the user's with these members.
+template <class O, class T>
+concept optimizer = requires(O& o, const O& co, double lr) {
+  o.step();
+  o.zero_grad();
+  o.set_lr(lr);
+  { co.lr() } -> std::convertible_to<double>;
+  { co.parameters() } -> std::convertible_to<const std::vector<parameter_ref<T>>&>;
+};
+
+/// @brief Any optimizer of T parameters, chosen at run time (SGD or Adam from a command-line
+/// flag, say): holds one and forwards to it. Copies share the optimizer they hold.
+template <class T>
+class any_optimizer {
+ public:
+  template <class O>
+    requires(optimizer<std::remove_cvref_t<O>, T> && !std::same_as<std::remove_cvref_t<O>, any_optimizer>)
+  any_optimizer(O&& o)  // NOLINT: implicit, so a factory may return any optimizer
+      : impl_(std::make_shared<holder<std::remove_cvref_t<O>>>(std::forward<O>(o))) {}
+
+  void step() { impl_->step(); }
+  void zero_grad() { impl_->zero_grad(); }
+  void set_lr(double lr) { impl_->set_lr(lr); }
+  [[nodiscard]] double lr() const { return impl_->lr(); }
+  [[nodiscard]] const std::vector<parameter_ref<T>>& parameters() const { return impl_->parameters(); }
+
+ private:
+  struct base {
+    virtual ~base() = default;
+    virtual void step() = 0;
+    virtual void zero_grad() = 0;
+    virtual void set_lr(double) = 0;
+    [[nodiscard]] virtual double lr() const = 0;
+    [[nodiscard]] virtual const std::vector<parameter_ref<T>>& parameters() const = 0;
+  };
+  template <class O>
+  struct holder final : base {
+    explicit holder(O x) : o(std::move(x)) {}
+    O o;
+    void step() override { o.step(); }
+    void zero_grad() override { o.zero_grad(); }
+    void set_lr(double lr) override { o.set_lr(lr); }
+    [[nodiscard]] double lr() const override { return o.lr(); }
+    [[nodiscard]] const std::vector<parameter_ref<T>>& parameters() const override { return o.parameters(); }
+  };
+  std::shared_ptr<base> impl_;
+};
+
+static_assert(optimizer<sgd<float>, float> && optimizer<adam<double>, double> && optimizer<any_optimizer<float>, float>);
 
 /// @brief AdamW's usual settings: decoupled weight decay 0.01.
 inline adam_options adamw_options(double lr = 1e-3, double weight_decay = 0.01) {
