@@ -58,6 +58,36 @@
 #define PDO_SINGLE_PDO_CORE_DTYPE_HPP
 // pdo/core/dtype.hpp: element types pdo moves and reduces, and their short names.
 
+// ---- pdo/core/config.hpp
+#ifndef PDO_SINGLE_PDO_CORE_CONFIG_HPP
+#define PDO_SINGLE_PDO_CORE_CONFIG_HPP
+// pdo/core/config.hpp: configuration macros shared by every layer.
+
+/// @brief Marks a function callable on the host and, under nvcc, on the device.
+#if defined(__CUDACC__)
+#define PDO_HD __host__ __device__
+#else
+#define PDO_HD
+#endif
+
+/// @brief Placed before a loop whose iterations do not depend on each other through
+/// memory (its pointers may alias as far as the compiler knows, but never overlap in
+/// the ranges it touches): lets the compiler vectorise it without run-time checks.
+#if defined(__CUDACC__)
+#define PDO_IVDEP
+#elif defined(__clang__)
+#define PDO_IVDEP _Pragma("clang loop vectorize(assume_safety)")
+#elif defined(__GNUC__)
+#define PDO_IVDEP _Pragma("GCC ivdep")
+#else
+#define PDO_IVDEP
+#endif
+
+#define PDO_VERSION_MAJOR 0
+#define PDO_VERSION_MINOR 1
+#define PDO_VERSION_PATCH 0
+#endif  // PDO_SINGLE_PDO_CORE_CONFIG_HPP
+
 #include <concepts>
 #include <cstdint>
 #include <string_view>
@@ -94,12 +124,24 @@ constexpr std::string_view op_name(reduce_op op) {
   return "?";
 }
 
+/// @brief The larger of `a` and `b`; NaN when either is NaN, whichever it is (as PyTorch's
+/// maximum and NumPy's max): every max of pdo, reductions and collectives included, is this one.
+template <class T>
+PDO_HD constexpr T nan_max(T a, T b) {
+  return (a != a || a > b) ? a : b;  // a != a: a is NaN (never for integers)
+}
+/// @brief The smaller of `a` and `b`; NaN when either is NaN.
+template <class T>
+PDO_HD constexpr T nan_min(T a, T b) {
+  return (a != a || a < b) ? a : b;
+}
+
 template <class T>
 constexpr T apply(reduce_op op, T a, T b) {
   switch (op) {
     case reduce_op::sum: return a + b;
-    case reduce_op::max: return a < b ? b : a;
-    case reduce_op::min: return b < a ? b : a;
+    case reduce_op::max: return nan_max(a, b);
+    case reduce_op::min: return nan_min(a, b);
   }
   return a;
 }
@@ -294,6 +336,14 @@ class collective_aborted : public communication_error {
   using communication_error::communication_error;
 };
 
+/// @brief A collective that waited longer than its mesh's timeout for members that did not
+/// arrive (see mesh_options::collective_timeout). Every member that arrived throws it, so
+/// the program can go on (to save its state, say); the group it ran on is unusable after it.
+class collective_timeout : public communication_error {
+ public:
+  using communication_error::communication_error;
+};
+
 /// @brief An allocation over a place's memory cap, or refused by the system.
 class out_of_memory : public error {
  public:
@@ -306,47 +356,70 @@ class io_error : public error {
   using error::error;
 };
 
+/// @brief Which pdo::error subclass a failure is: how a failure travels to another thread
+/// or process, where it is thrown again as the same subclass.
+enum class error_kind : unsigned char {
+  other,             ///< not a pdo::error (a std::exception of another kind)
+  generic,           ///< pdo::error itself
+  shape,             ///< pdo::shape_error
+  layout,            ///< pdo::layout_error
+  out_of_memory,     ///< pdo::out_of_memory
+  io,                ///< pdo::io_error
+  communication,     ///< pdo::communication_error
+  mismatch,          ///< pdo::mismatch_error
+  aborted,           ///< pdo::collective_aborted
+  timeout,           ///< pdo::collective_timeout
+};
+
 namespace detail {
 
-/// @brief Which pdo::error subclass an exception is, as a small code that can travel
-/// between processes; 0 for anything that is not a pdo::error.
-inline int error_kind(const std::exception_ptr& failure) {
+/// @brief The error_kind of `failure`.
+inline error_kind kind_of(const std::exception_ptr& failure) {
   try {
     std::rethrow_exception(failure);
   } catch (const collective_aborted&) {
-    return 8;
+    return error_kind::aborted;
+  } catch (const collective_timeout&) {
+    return error_kind::timeout;
   } catch (const mismatch_error&) {
-    return 7;
+    return error_kind::mismatch;
   } catch (const communication_error&) {
-    return 6;
+    return error_kind::communication;
   } catch (const shape_error&) {
-    return 2;
+    return error_kind::shape;
   } catch (const layout_error&) {
-    return 3;
+    return error_kind::layout;
   } catch (const out_of_memory&) {
-    return 4;
+    return error_kind::out_of_memory;
   } catch (const io_error&) {
-    return 5;
+    return error_kind::io;
   } catch (const error&) {
-    return 1;
+    return error_kind::generic;
   } catch (...) {
-    return 0;
+    return error_kind::other;
   }
 }
 
-/// @brief Throws the pdo::error subclass of code `kind` (see error_kind) with `message`.
-[[noreturn]] inline void throw_error_of_kind(int kind, const std::string& message) {
+/// @brief Throws the pdo::error subclass of `kind` with `message` (pdo::error for `other`).
+[[noreturn]] inline void throw_error_of_kind(error_kind kind, const std::string& message) {
   switch (kind) {
-    case 2: throw shape_error(message);
-    case 3: throw layout_error(message);
-    case 4: throw out_of_memory(message);
-    case 5: throw io_error(message);
-    case 6: throw communication_error(message);
-    case 7: throw mismatch_error(message);
-    case 8: throw collective_aborted(message);
-    default: throw error(message);
+    case error_kind::shape: throw shape_error(message);
+    case error_kind::layout: throw layout_error(message);
+    case error_kind::out_of_memory: throw out_of_memory(message);
+    case error_kind::io: throw io_error(message);
+    case error_kind::communication: throw communication_error(message);
+    case error_kind::mismatch: throw mismatch_error(message);
+    case error_kind::aborted: throw collective_aborted(message);
+    case error_kind::timeout: throw collective_timeout(message);
+    case error_kind::other:
+    case error_kind::generic: break;
   }
+  throw error(message);
 }
+
+/// @brief Whether every member of a group that spans processes learns of a failure of this
+/// kind alike (argument mismatches, timeouts), so each process can go on after it.
+constexpr bool shared_by_all_members(error_kind kind) { return kind == error_kind::mismatch || kind == error_kind::timeout; }
 
 inline std::string message_of(const std::exception_ptr& failure) {
   try {
@@ -358,21 +431,21 @@ inline std::string message_of(const std::exception_ptr& failure) {
   }
 }
 
-/// @brief A caught exception as kind (see error_kind) and message, so it can be thrown
+/// @brief A caught exception as its error_kind and message, so it can be thrown
 /// again on another thread or process. The exception object itself stays on the thread
 /// that caught it: an exception_ptr released on a different thread than the one that read
 /// it races in the eyes of ThreadSanitizer (libstdc++ counts its references uninstrumented).
 struct captured_error {
-  int kind = 0;
+  error_kind kind = error_kind::other;
   std::string message;
 
   /// @brief The exception being handled (call inside a catch block).
   [[nodiscard]] static captured_error current() {
     const std::exception_ptr failure = std::current_exception();
-    return {error_kind(failure), message_of(failure)};
+    return {kind_of(failure), message_of(failure)};
   }
   /// @brief Whether this failure only echoes another place's abort of the collectives.
-  [[nodiscard]] bool is_abort_echo() const { return kind == 8; }
+  [[nodiscard]] bool is_abort_echo() const { return kind == error_kind::aborted; }
   /// @brief Throws it again with `context` in front of its message, keeping its pdo::error subclass.
   [[noreturn]] void rethrow_with_context(const std::string& context) const { throw_error_of_kind(kind, context + message); }
 };
@@ -485,35 +558,6 @@ class closing_barrier {
 
 }  // namespace pdo::detail
 #endif  // PDO_SINGLE_PDO_COMM_BARRIER_HPP
-// ---- pdo/core/config.hpp
-#ifndef PDO_SINGLE_PDO_CORE_CONFIG_HPP
-#define PDO_SINGLE_PDO_CORE_CONFIG_HPP
-// pdo/core/config.hpp: configuration macros shared by every layer.
-
-/// @brief Marks a function callable on the host and, under nvcc, on the device.
-#if defined(__CUDACC__)
-#define PDO_HD __host__ __device__
-#else
-#define PDO_HD
-#endif
-
-/// @brief Placed before a loop whose iterations do not depend on each other through
-/// memory (its pointers may alias as far as the compiler knows, but never overlap in
-/// the ranges it touches): lets the compiler vectorise it without run-time checks.
-#if defined(__CUDACC__)
-#define PDO_IVDEP
-#elif defined(__clang__)
-#define PDO_IVDEP _Pragma("clang loop vectorize(assume_safety)")
-#elif defined(__GNUC__)
-#define PDO_IVDEP _Pragma("GCC ivdep")
-#else
-#define PDO_IVDEP
-#endif
-
-#define PDO_VERSION_MAJOR 0
-#define PDO_VERSION_MINOR 1
-#define PDO_VERSION_PATCH 0
-#endif  // PDO_SINGLE_PDO_CORE_CONFIG_HPP
 // ---- pdo/core/copy_elements.hpp
 #ifndef PDO_SINGLE_PDO_CORE_COPY_ELEMENTS_HPP
 #define PDO_SINGLE_PDO_CORE_COPY_ELEMENTS_HPP
@@ -538,10 +582,13 @@ void copy_elements(T* dst, const T* src, std::size_t count) {
 #define PDO_SINGLE_PDO_CORE_SHAPE_HPP
 // pdo/core/shape.hpp: shapes, row-major strides and the even-split rule for shards.
 
+
 #include <array>
 #include <cstddef>
+#include <cstdint>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace pdo {
@@ -556,6 +603,37 @@ template <std::size_t Rank>
 constexpr std::size_t volume(const shape_t<Rank>& shape) {
   std::size_t n = 1;
   for (auto e : shape) n *= e;
+  return n;
+}
+
+/// @brief The largest number of bytes one tensor may span: pointer differences and strides
+/// (std::ptrdiff_t) must be able to reach its end.
+inline constexpr std::size_t max_tensor_bytes = static_cast<std::size_t>(PTRDIFF_MAX);
+
+template <class Range>
+std::string format_extents(const Range& extents);
+
+/// @brief The product of `extents`, checked: when it, or its size in bytes at
+/// `element_bytes` each, exceeds what memory can hold (max_tensor_bytes), a
+/// pdo::shape_error naming `op` and the extents.
+template <class Range>
+std::size_t checked_volume(const Range& extents, std::string_view op, std::size_t element_bytes = 1) {
+  std::size_t n = 1;
+  bool over = false, empty = false;
+  long double exact = 1;  // for the message: the product that did not fit
+  for (auto e : extents) {
+    exact *= static_cast<long double>(e);
+    empty = empty || e == 0;
+    over = over || __builtin_mul_overflow(n, static_cast<std::size_t>(e), &n);
+  }
+  if (empty) return 0;  // an empty tensor: any other extent is fine
+  std::size_t bytes = 0;
+  if (over || __builtin_mul_overflow(n, element_bytes, &bytes) || bytes > max_tensor_bytes) {
+    std::ostringstream os;
+    os << op << ": extents " << format_extents(extents) << " hold " << exact << " elements of " << element_bytes
+       << " bytes, more than one tensor can address (" << max_tensor_bytes << " bytes); use smaller extents";
+    throw shape_error(os.str());
+  }
   return n;
 }
 
@@ -643,10 +721,10 @@ void reduce_into(T* __restrict acc, const T* __restrict src, std::size_t n, redu
       for (std::size_t i = 0; i < n; ++i) acc[i] += src[i];
       break;
     case reduce_op::max:
-      for (std::size_t i = 0; i < n; ++i) acc[i] = acc[i] < src[i] ? src[i] : acc[i];
+      for (std::size_t i = 0; i < n; ++i) acc[i] = nan_max(acc[i], src[i]);
       break;
     case reduce_op::min:
-      for (std::size_t i = 0; i < n; ++i) acc[i] = src[i] < acc[i] ? src[i] : acc[i];
+      for (std::size_t i = 0; i < n; ++i) acc[i] = nan_min(acc[i], src[i]);
       break;
   }
 }
@@ -690,8 +768,8 @@ void reduce_in_place(std::span<T* const> bufs, std::size_t lo, std::size_t hi, r
   auto with_op = [&](auto run) {
     switch (op) {
       case reduce_op::sum: return run([](T a, T b) { return a + b; });
-      case reduce_op::max: return run([](T a, T b) { return a < b ? b : a; });
-      case reduce_op::min: return run([](T a, T b) { return b < a ? b : a; });
+      case reduce_op::max: return run([](T a, T b) { return nan_max(a, b); });
+      case reduce_op::min: return run([](T a, T b) { return nan_min(a, b); });
     }
   };
   switch (bufs.size()) {
@@ -1575,6 +1653,7 @@ class any_place : public detail::place_handle<any_place> {
 #endif  // PDO_SINGLE_PDO_PLACE_PLACE_CONCEPT_HPP
 
 #include <array>
+#include <chrono>
 #include <cstddef>
 #include <memory>
 #include <mutex>
@@ -1589,8 +1668,21 @@ namespace detail {
 
 struct mesh_comms;  // the mesh's communicators, built by the comm layer on first use
 
+}  // namespace detail
+
+/// @brief How a mesh runs its collectives.
+struct mesh_options {
+  /// @brief How long a collective over places of several processes waits for the others
+  /// before it gives up with pdo::collective_timeout (naming the ranks that did not arrive).
+  /// Zero: $PDO_COLLECTIVE_TIMEOUT seconds if set, else 30 minutes.
+  std::chrono::duration<double> collective_timeout{0};
+};
+
+namespace detail {
+
 /// @brief What all copies of one mesh share.
 struct mesh_state {
+  mesh_options options;
   std::vector<std::string> axes;
   std::vector<std::size_t> extents;
   std::vector<any_place> places;      ///< row-major over the axes: the last axis varies fastest
@@ -1599,6 +1691,15 @@ struct mesh_state {
   std::once_flag comms_once;
   std::shared_ptr<mesh_comms> comms;
 };
+
+/// @brief How the processes of a mesh over several of them check, when it is made, that they
+/// all made the same mesh: set by the backend that makes places of other processes
+/// (pdo::mpi::world_places), called by make_mesh.
+using mesh_agreement = void (*)(const mesh_state&, const std::string& description);
+inline mesh_agreement& multiprocess_agreement() {
+  static mesh_agreement check = nullptr;
+  return check;
+}
 
 }  // namespace detail
 
@@ -1710,12 +1811,15 @@ concept mesh_type = is_mesh_v<M>;
 /// @brief Lays `places` out as a grid with the given extents, one per axis:
 /// `make_mesh<"dp", "tp">(places, {2, 2})`. The product of the extents must be the
 /// number of places. A mesh over places of several processes (pdo::mpi::world_places)
-/// must be made by every process, with the same arguments, in the same order.
+/// must be made by every process, with the same arguments, in the same order: the
+/// processes check that they agree (axes, extents, places per process) and throw
+/// pdo::mismatch_error on every process, naming each one's mesh, when they do not.
 template <fixed_string... Axes, std::ranges::input_range Places, std::size_t N>
   requires place<std::ranges::range_value_t<Places>>
-mesh<Axes...> make_mesh(const Places& places, const std::size_t (&extents)[N]) {
+mesh<Axes...> make_mesh(const Places& places, const std::size_t (&extents)[N], const mesh_options& options = {}) {
   static_assert(N == sizeof...(Axes), "pdo: make_mesh: give exactly one extent per mesh axis");
   auto state = std::make_shared<detail::mesh_state>();
+  state->options = options;
   state->axes = {std::string(Axes.view())...};
   state->extents.assign(extents, extents + N);
   for (const auto& p : places) state->places.emplace_back(p);
@@ -1737,15 +1841,28 @@ mesh<Axes...> make_mesh(const Places& places, const std::size_t (&extents)[N]) {
     if (p.is_local()) state->local.push_back(i);
     else state->multiprocess = true;
   }
+  if (state->multiprocess) {
+    if (detail::multiprocess_agreement() == nullptr)
+      throw layout_error("make_mesh: " + probe.describe() + " has places of other processes but no backend joins them");
+    // the places each process holds, in order: "rank 0: cpu, cpu; rank 1: cpu, cpu"
+    std::string holdings;
+    for (std::size_t i = 0; i < state->places.size(); ++i) {
+      const auto& p = state->places[i];
+      const bool first = i == 0 || state->places[i - 1].process() != p.process();
+      holdings += std::string(first ? (i == 0 ? "" : "; ") + ("rank " + std::to_string(p.process()) + ": ") : ", ") +
+                  (p.kind() == place_kind::cuda ? "gpu" : "cpu");
+    }
+    detail::multiprocess_agreement()(*state, probe.describe() + " over places (" + holdings + ")");
+  }
   return probe;
 }
 
 /// @brief A one-axis mesh over all of `places`.
 template <fixed_string Axis, std::ranges::input_range Places>
   requires place<std::ranges::range_value_t<Places>>
-mesh<Axis> make_mesh(const Places& places) {
+mesh<Axis> make_mesh(const Places& places, const mesh_options& options = {}) {
   const std::size_t n = static_cast<std::size_t>(std::ranges::distance(places));
-  return make_mesh<Axis>(places, {n});
+  return make_mesh<Axis>(places, {n}, options);
 }
 
 }  // namespace pdo
@@ -1773,6 +1890,7 @@ mesh<Axis> make_mesh(const Places& places) {
 #include <cstddef>
 #include <cstdlib>
 #include <string>
+#include <type_traits>
 
 namespace pdo::mpi {
 
@@ -1810,11 +1928,39 @@ MPI_Datatype datatype() {
   }
 }
 
-inline MPI_Op op(reduce_op o) {
+/// @brief MPI's user function for max (Max) or min over floating-point elements: NaN
+/// wins wherever it sits (MPI_MAX's result depends on which rank holds the NaN).
+template <bool Max>
+void nan_extremum(void* in, void* inout, int* length, MPI_Datatype* type) {
+  auto run = [&](auto* a) {
+    using T = std::remove_pointer_t<decltype(a)>;
+    const T* b = static_cast<const T*>(in);
+    for (int i = 0; i < *length; ++i) a[i] = Max ? pdo::detail::nan_max(b[i], a[i]) : pdo::detail::nan_min(b[i], a[i]);
+  };
+  if (*type == MPI_FLOAT) run(static_cast<float*>(inout));
+  else if (*type == MPI_DOUBLE) run(static_cast<double*>(inout));
+  else run(static_cast<long double*>(inout));
+}
+
+/// @brief The MPI_Op of nan_extremum<Max>, made on first use (after MPI started); MPI_Finalize
+/// releases it.
+template <bool Max>
+MPI_Op nan_extremum_op() {
+  static const MPI_Op made = [] {
+    MPI_Op o = MPI_OP_NULL;
+    check(MPI_Op_create(&nan_extremum<Max>, /*commute=*/1, &o), "MPI_Op_create");
+    return o;
+  }();
+  return made;
+}
+
+/// @brief The MPI reduction of `o` over elements of type T.
+template <class T>
+MPI_Op op(reduce_op o) {
   switch (o) {
     case reduce_op::sum: return MPI_SUM;
-    case reduce_op::max: return MPI_MAX;
-    case reduce_op::min: return MPI_MIN;
+    case reduce_op::max: return std::floating_point<T> ? nan_extremum_op<true>() : MPI_MAX;
+    case reduce_op::min: return std::floating_point<T> ? nan_extremum_op<false>() : MPI_MIN;
   }
   return MPI_SUM;
 }
@@ -1867,21 +2013,432 @@ inline int size() {
 
 }  // namespace pdo::mpi
 #endif  // PDO_SINGLE_PDO_COMM_MPI_ENVIRONMENT_HPP
+// ---- pdo/comm/mpi/watch.hpp
+#ifndef PDO_SINGLE_PDO_COMM_MPI_WATCH_HPP
+#define PDO_SINGLE_PDO_COMM_MPI_WATCH_HPP
+// pdo/comm/mpi/watch.hpp: waits on MPI with a timeout, and what a waiting process tells the
+// others, so that a collective that times out names the processes that did not arrive.
+//
+// Every wait of the MPI backend that depends on other processes arriving (the agreement step
+// that opens each collective, barriers, point-to-point transfers, the agreement on a mesh)
+// polls its request here. While it polls, it answers the other processes' questions: "where
+// are you waiting?". A wait that runs past the timeout asks every other member of its group
+// that question, names those that are not in the same collective (and where they are, if
+// they answered), tells the members that did arrive that it gave up, and throws
+// pdo::collective_timeout. A wait that lasts more than a moment asks once early, so that a
+// process ended by its launcher (a peer died) can say on its way out who had not arrived.
 
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <csignal>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <list>
+#include <mutex>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <unistd.h>
+
+namespace pdo::mpi::detail {
+
+using watch_clock = std::chrono::steady_clock;
+
+/// @brief The timeout of a collective when its mesh sets none: $PDO_COLLECTIVE_TIMEOUT
+/// seconds, else 30 minutes (PyTorch's process-group default).
+inline std::chrono::duration<double> default_collective_timeout() {
+  if (const char* text = std::getenv("PDO_COLLECTIVE_TIMEOUT"); text != nullptr && *text != '\0') {
+    char* end = nullptr;
+    const double seconds = std::strtod(text, &end);
+    if (end == text || *end != '\0' || !(seconds > 0))
+      throw communication_error(std::string("mpi: PDO_COLLECTIVE_TIMEOUT is \"") + text + "\"; give a positive number of seconds");
+    return std::chrono::duration<double>(seconds);
+  }
+  return std::chrono::minutes(30);
+}
+
+/// @brief What a process waits in: a collective of a group (its id is the same on every
+/// process, `seq` counts the group's collectives), or a transfer (seq 0), and how to name it.
+struct wait_label {
+  std::uint64_t group = 0;
+  std::uint64_t seq = 0;
+  std::string what;  ///< "all_reduce over axis \"dp\" of mesh(dp=4)"
+};
+
+/// @brief The waits of this process, and the conversation with the other processes about them.
+class watch {
+ public:
+  static watch& instance() {
+    static watch* w = new watch();  // never destroyed: waits may run while the program exits
+    return *w;
+  }
+
+  /// @brief Makes the communicators the conversation and the mesh agreements travel on.
+  /// Collective over MPI_COMM_WORLD: every process calls it at the same point of the program
+  /// (pdo::mpi::world_places does), the first time only.
+  void start() {
+    std::call_once(started_, [this] {
+      check(MPI_Comm_dup(MPI_COMM_WORLD, &talk_), "MPI_Comm_dup");
+      check(MPI_Comm_dup(MPI_COMM_WORLD, &agree_), "MPI_Comm_dup");
+      MPI_Comm_rank(MPI_COMM_WORLD, &me_);
+      install_signal_note();
+    });
+  }
+  [[nodiscard]] MPI_Comm agreement_comm() const { return agree_; }
+  [[nodiscard]] int rank() const { return me_; }
+  /// @brief The label of the next step every process takes together on the agreement
+  /// communicator (group 0: the steps are numbered alike on every process).
+  wait_label next_agreement(std::string what) { return {0, ++agreements_, std::move(what)}; }
+  /// @brief Every process but this one, by world rank.
+  [[nodiscard]] std::vector<int> others() const {
+    int n = 0;
+    MPI_Comm_size(MPI_COMM_WORLD, &n);
+    std::vector<int> peers;
+    for (int r = 0; r < n; ++r)
+      if (r != me_) peers.push_back(r);
+    return peers;
+  }
+
+  /// @brief Waits, watched, until every process reaches this point (an MPI_Ibarrier on the
+  /// agreement communicator): what precedes MPI calls that would block for a missing process
+  /// without a timeout (making communicators).
+  void meet_all(const std::string& what, std::chrono::duration<double> timeout) {
+    MPI_Request request = MPI_REQUEST_NULL;
+    check(MPI_Ibarrier(agree_, &request), "MPI_Ibarrier");
+    wait(
+        [&] {
+          int done = 0;
+          check(MPI_Test(&request, &done, MPI_STATUS_IGNORE), "MPI_Test");
+          return done != 0;
+        },
+        next_agreement(what), others(), timeout, true);
+  }
+
+  /// @brief Polls `done()` (an MPI_Test, an MPI_Improbe) until it returns true. Past
+  /// `timeout`, or when a member of `peers` (world ranks) says it gave up on the same
+  /// collective, throws pdo::collective_timeout naming `label` and the peers that did not
+  /// arrive; with `can_go_on` false (the request would read a buffer the caller frees) it
+  /// prints that message and ends the job instead.
+  template <class Done>
+  void wait(Done&& done, const wait_label& label, const std::vector<int>& peers, std::chrono::duration<double> timeout,
+            bool can_go_on) {
+    active_wait w{&label, false, {}};
+    enlist(&w);
+    struct leave {
+      watch* self;
+      active_wait* w;
+      ~leave() { self->delist(w); }
+    } guard{this, &w};
+    const auto start = watch_clock::now(), deadline = start + std::chrono::duration_cast<watch_clock::duration>(timeout);
+    // how long a round waits for answers: the last one, which decides, up to 2 s; the others 0.2 s
+    const auto grace = std::chrono::duration_cast<watch_clock::duration>(
+        std::clamp(timeout / 4, std::chrono::duration<double>(0.2), std::chrono::duration<double>(2.0)));
+    const auto early_grace = std::chrono::duration_cast<watch_clock::duration>(std::chrono::duration<double>(0.2));
+    const auto period = std::chrono::duration_cast<watch_clock::duration>(
+        std::max(timeout / 8, std::chrono::duration<double>(2.0)));
+    auto next_round = start + std::chrono::milliseconds(100);
+    round r;
+    bool final_round = false;
+    for (std::size_t spins = 0;; ++spins) {
+      serve();
+      if (w.given_up) fail(w.give_up_text, can_go_on);
+      if (done()) {
+        serve();  // a peer may have given up on this collective before it could complete here
+        if (w.given_up) fail(w.give_up_text, can_go_on);
+        return;
+      }
+      const auto now = watch_clock::now();
+      if (r.open) {
+        const std::size_t before = r.answered;
+        collect(r, label, peers);
+        if (r.answered != before) note_status(label, r, peers, now - start);
+        if (r.answered == peers.size() || now >= r.ends) {
+          r.open = false;
+          note_status(label, r, peers, now - start);
+          if (final_round) give_up(label, r, peers, now - start, can_go_on);
+        }
+      } else if (now >= deadline) {
+        final_round = true;
+        ask(r, label, peers, now + grace);
+      } else if (now >= next_round) {
+        ask(r, label, peers, now + early_grace);
+        note_status(label, r, peers, now - start);
+        next_round = now + period;
+      }
+      back_off(spins, now - start);
+    }
+  }
+
+ private:
+  static constexpr int tag_question = 1, tag_give_up = 2, tag_answers = 100, answer_tags = 16000;
+
+  struct active_wait {
+    const wait_label* label;
+    bool given_up = false;
+    std::string give_up_text;
+  };
+  /// @brief One round of questions: what each peer answered, if it did.
+  struct round {
+    bool open = false;
+    std::uint64_t id = 0;
+    watch_clock::time_point ends{};
+    std::size_t answered = 0;
+    std::vector<int> state;            ///< per peer: 0 no answer, 1 in this collective, 2 elsewhere
+    std::vector<std::string> where;    ///< per peer: what it said it waits in
+  };
+  struct pending_send {
+    MPI_Request request = MPI_REQUEST_NULL;
+    std::string payload;
+  };
+
+  watch() = default;
+
+  static int answer_tag(std::uint64_t group) { return tag_answers + static_cast<int>(group % answer_tags); }
+
+  void enlist(active_wait* w) {
+    std::lock_guard lock(mutex_);
+    waits_.push_back(w);
+  }
+  void delist(active_wait* w) {
+    std::lock_guard lock(mutex_);
+    std::erase(waits_, w);
+    if (waits_.empty()) status_ready_.store(false, std::memory_order_release);
+  }
+
+  /// @brief Sends `payload` to `to` without waiting (kept until it completes).
+  void post(std::string payload, int to, int tag) {
+    std::lock_guard lock(mutex_);
+    sends_.push_back({MPI_REQUEST_NULL, std::move(payload)});
+    auto& s = sends_.back();
+    MPI_Isend(s.payload.data(), static_cast<int>(s.payload.size()), MPI_CHAR, to, tag, talk_, &s.request);
+  }
+
+  /// @brief The text of a message matched by `message`, received.
+  static std::string receive(MPI_Message& message, MPI_Status& status) {
+    int length = 0;
+    MPI_Get_count(&status, MPI_CHAR, &length);
+    std::string text(static_cast<std::size_t>(length), '\0');
+    MPI_Mrecv(text.data(), length, MPI_CHAR, &message, MPI_STATUS_IGNORE);
+    return text;
+  }
+
+  /// @brief Answers the questions that arrived, takes in the give-up notices, and frees the
+  /// sends that completed. Any waiting thread does it for the whole process.
+  void serve() {
+    int flag = 0;
+    MPI_Message message;
+    MPI_Status status;
+    while (MPI_Improbe(MPI_ANY_SOURCE, tag_question, talk_, &flag, &message, &status) == MPI_SUCCESS && flag) {
+      std::istringstream in(receive(message, status));
+      int reply_tag = 0;
+      std::uint64_t round_id = 0;
+      in >> reply_tag >> round_id;
+      std::string answer = std::to_string(round_id) + "\n";
+      {
+        std::lock_guard lock(mutex_);
+        for (const active_wait* w : waits_)
+          answer += std::to_string(w->label->group) + " " + std::to_string(w->label->seq) + " " + w->label->what + "\n";
+      }
+      post(std::move(answer), status.MPI_SOURCE, reply_tag);
+    }
+    while (MPI_Improbe(MPI_ANY_SOURCE, tag_give_up, talk_, &flag, &message, &status) == MPI_SUCCESS && flag) {
+      const std::string text = receive(message, status);
+      std::istringstream in(text);
+      std::uint64_t group = 0, seq = 0;
+      in >> group >> seq;
+      std::string rest;
+      std::getline(in, rest);
+      std::getline(in, rest, '\0');
+      std::lock_guard lock(mutex_);
+      for (active_wait* w : waits_)
+        if (w->label->group == group && w->label->seq == seq && !w->given_up) {
+          w->given_up = true;
+          w->give_up_text = rest;
+        }
+    }
+    std::lock_guard lock(mutex_);
+    for (auto it = sends_.begin(); it != sends_.end();) {
+      int complete = 0;
+      MPI_Test(&it->request, &complete, MPI_STATUS_IGNORE);
+      it = complete ? sends_.erase(it) : std::next(it);
+    }
+  }
+
+  /// @brief Opens a round: asks every peer where it waits.
+  void ask(round& r, const wait_label& label, const std::vector<int>& peers, watch_clock::time_point ends) {
+    r = round{true, next_round_id_.fetch_add(1, std::memory_order_relaxed) + 1, ends, 0, std::vector<int>(peers.size(), 0),
+              std::vector<std::string>(peers.size())};
+    for (int peer : peers) post(std::to_string(answer_tag(label.group)) + " " + std::to_string(r.id), peer, tag_question);
+  }
+
+  /// @brief Takes in the answers that arrived (late answers of earlier rounds are dropped).
+  void collect(round& r, const wait_label& label, const std::vector<int>& peers) {
+    for (std::size_t i = 0; i < peers.size(); ++i) {
+      int flag = 0;
+      MPI_Message message;
+      MPI_Status status;
+      while (MPI_Improbe(peers[i], answer_tag(label.group), talk_, &flag, &message, &status) == MPI_SUCCESS && flag) {
+        std::istringstream in(receive(message, status));
+        std::uint64_t id = 0;
+        in >> id;
+        if (id != r.id || r.state[i] != 0) continue;
+        ++r.answered;
+        r.state[i] = 2;
+        std::string line;
+        std::getline(in, line);
+        while (std::getline(in, line)) {
+          std::istringstream fields(line);
+          std::uint64_t group = 0, seq = 0;
+          fields >> group >> seq;
+          std::string what;
+          std::getline(fields >> std::ws, what);
+          if (group == label.group && seq == label.seq) r.state[i] = 1;
+          else r.where[i] += (r.where[i].empty() ? "" : "; ") + what + (seq != 0 ? " (collective #" + std::to_string(seq) + " there)" : "");
+        }
+      }
+    }
+  }
+
+  /// @brief "rank 2 (waiting in ...), rank 3 (did not answer: ...)" for the peers not in this collective.
+  static std::string missing(const round& r, const std::vector<int>& peers) {
+    std::string text;
+    for (std::size_t i = 0; i < peers.size(); ++i) {
+      if (r.state[i] == 1) continue;
+      text += (text.empty() ? "" : ", ") + std::string("rank ") + std::to_string(peers[i]);
+      if (r.state[i] == 2)
+        text += r.where[i].empty() ? " (not waiting in any collective of pdo)" : " (waiting in " + r.where[i] + ")";
+      else
+        text += " (did not answer: busy outside pdo's collectives, stopped, or gone)";
+    }
+    return text;
+  }
+
+  static std::string describe(const wait_label& label) {
+    return label.what + (label.seq != 0 ? " (collective #" + std::to_string(label.seq) + " of its group)" : "");
+  }
+
+  /// @brief Keeps a line about this wait for the signal note (see install_signal_note).
+  void note_status(const wait_label& label, const round& r, const std::vector<int>& peers, watch_clock::duration waited) {
+    const std::string who = missing(r, peers);
+    std::ostringstream os;
+    os << "pdo: rank " << me_ << ": ended while waiting in " << describe(label) << "; after "
+       << std::chrono::duration<double>(waited).count() << " s, "
+       << (who.empty() ? std::string("every other member had arrived") : "not arrived: " + who) << "\n";
+    const std::string line = os.str();
+    std::lock_guard lock(mutex_);
+    const std::size_t n = std::min(line.size(), sizeof(status_) - 1);
+    std::memcpy(status_, line.data(), n);
+    status_[n] = '\0';
+    status_length_ = n;
+    status_ready_.store(true, std::memory_order_release);
+  }
+
+  /// @brief The timeout: the message, sent to every peer (those that arrived give up too,
+  /// with it), then thrown or, when the process cannot go on, printed before the job ends.
+  [[noreturn]] void give_up(const wait_label& label, const round& r, const std::vector<int>& peers, watch_clock::duration waited,
+                            bool can_go_on) {
+    std::ostringstream os;
+    os << describe(label) << " timed out after " << std::chrono::duration<double>(waited).count() << " s on rank " << me_
+       << ": not arrived: " << missing(r, peers)
+       << ". The group cannot be used after this; if those processes are only slow, raise the timeout "
+          "(PDO_COLLECTIVE_TIMEOUT=<seconds>, or mesh_options::collective_timeout)";
+    const std::string message = os.str();
+    for (int peer : peers)
+      post(std::to_string(label.group) + " " + std::to_string(label.seq) + "\nrank " + std::to_string(me_) + " gave up: " + message,
+           peer, tag_give_up);
+    serve();
+    fail(message, can_go_on);
+  }
+
+  [[noreturn]] static void fail(const std::string& message, bool can_go_on) {
+    if (can_go_on) throw collective_timeout(message);
+    std::fprintf(stderr, "pdo: fatal: %s; a transfer still holds a buffer of this process, ending the job\n", message.c_str());
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+    std::terminate();
+  }
+
+  /// @brief Spins while the wait is young, then yields, then sleeps briefly between polls.
+  static void back_off(std::size_t spins, watch_clock::duration waited) {
+    if (spins < 2000) pdo::detail::cpu_relax();
+    else if (waited < std::chrono::milliseconds(10)) std::this_thread::yield();
+    else std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+
+  /// @brief On SIGTERM (how a launcher ends the job when a process died), writes the line
+  /// note_status kept, then ends as SIGTERM would have. Installed only where the program has
+  /// no handler of its own.
+  void install_signal_note() {
+    struct sigaction current {};
+    if (sigaction(SIGTERM, nullptr, &current) != 0 || current.sa_handler != SIG_DFL) return;
+    struct sigaction note {};
+    note.sa_handler = [](int) {
+      watch& w = instance();
+      if (w.status_ready_.load(std::memory_order_acquire)) {
+        const ssize_t written = ::write(2, w.status_, w.status_length_);
+        (void)written;
+      }
+      std::signal(SIGTERM, SIG_DFL);
+      std::raise(SIGTERM);
+    };
+    sigemptyset(&note.sa_mask);
+    sigaction(SIGTERM, &note, nullptr);
+  }
+
+  std::once_flag started_;
+  MPI_Comm talk_ = MPI_COMM_NULL, agree_ = MPI_COMM_NULL;
+  int me_ = 0;
+  std::mutex mutex_;
+  std::vector<active_wait*> waits_;
+  std::list<pending_send> sends_;
+  std::atomic<std::uint64_t> next_round_id_{0};
+  std::uint64_t agreements_ = 0;  ///< steps taken on the agreement communicator
+  char status_[1024] = {};
+  std::size_t status_length_ = 0;
+  std::atomic<bool> status_ready_{false};
+};
+
+}  // namespace pdo::mpi::detail
+#endif  // PDO_SINGLE_PDO_COMM_MPI_WATCH_HPP
+
+#include <algorithm>
+#include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
 #include <exception>
 #include <numeric>
+#include <optional>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace pdo::mpi::detail {
 
 using pdo::detail::copy_elements;
 using pdo::detail::local_group;
+
+/// @brief What names a group in messages and matches it across processes.
+struct group_identity {
+  std::uint64_t id = 0;        ///< the same on every process (groups are made in one order everywhere)
+  std::string label;           ///< "axis \"dp\" of mesh(dp=4)"
+  std::chrono::duration<double> timeout{std::chrono::minutes(30)};  ///< how long a member waits for the others
+};
+
+/// @brief Keeps `buffer` alive for good: an MPI request given up after a timeout may still
+/// write into it if the late process arrives.
+template <class T>
+void abandon(std::vector<T>&& buffer) {
+  static auto* kept = new std::vector<std::vector<T>>();  // never freed, on purpose
+  kept->push_back(std::move(buffer));
+}
 
 /// @brief The group's members are numbered in mesh order and live on increasing MPI
 /// ranks; this process holds members [first, first + local size). Each collective
@@ -1890,11 +2447,16 @@ using pdo::detail::local_group;
 /// the same verdict on bad arguments (an error everywhere, never a hang); then the
 /// members reduce among themselves through shared memory while the leader moves the
 /// combined data between processes, and each member copies out its result.
+///
+/// The exchange is where the processes meet: it waits at most the group's timeout (see
+/// watch), and a collective whose exchange times out throws pdo::collective_timeout on
+/// every member that arrived, naming the ranks that did not; the group is unusable after.
 class group {
  public:
   /// @param members_per_rank for each process of `comm` in rank order, its member count
   /// @param spans_mesh the group holds every place of its mesh (see fail())
-  group(MPI_Comm comm, std::vector<std::size_t> members_per_rank, std::vector<std::string> member_names, bool spans_mesh)
+  group(MPI_Comm comm, std::vector<std::size_t> members_per_rank, std::vector<std::string> member_names, bool spans_mesh,
+        group_identity identity)
       : spans_mesh_(spans_mesh),
         comm_(set_errors_return(comm)),
         rank_(rank_in(comm_)),
@@ -1902,13 +2464,16 @@ class group {
         first_(first_of(rank_)),
         names_(std::move(member_names)),
         local_(local_names()),
-        args_(local_.size()) {}
+        args_(local_.size()),
+        identity_(std::move(identity)),
+        world_ranks_(world_ranks_of(comm_)) {}
   group(const group&) = delete;
   group& operator=(const group&) = delete;
   ~group() {
     int finalized = 0;
     MPI_Finalized(&finalized);
-    if (!finalized && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+    // a group given up after a timeout keeps its communicator: a request may still be on it
+    if (!finalized && comm_ != MPI_COMM_NULL && broken_.empty()) MPI_Comm_free(&comm_);
   }
 
   [[nodiscard]] std::size_t size() const { return names_.size(); }
@@ -1927,7 +2492,7 @@ class group {
   void reset() {}
 
   void barrier(std::size_t me) {
-    exchange(me, std::vector<std::size_t>{});
+    exchange(me, std::vector<std::size_t>{}, "barrier");
     local_.barrier();
   }
 
@@ -1935,13 +2500,13 @@ class group {
   void all_reduce(std::size_t me, std::span<T> data, reduce_op op) {
     const std::size_t l = me - first();
     args_[l] = {data.data(), data.data()};
-    const auto& counts = exchange(me, std::vector<std::size_t>{data.size()});
+    const auto& counts = exchange(me, std::vector<std::size_t>{data.size()}, "all_reduce");
     for (std::size_t k = 0; k < size(); ++k)
       if (counts[k] != counts[0]) fail("all_reduce: members called it with different sizes (" + listing(counts, 1, 0) + ")");
     if (local_.size() > 1) local_.all_reduce(l, data, op);
     leader_step(l, [&] {
       pdo::mpi::detail::check(MPI_Allreduce(MPI_IN_PLACE, data.data(), pdo::mpi::detail::count(data.size(), "all_reduce"),
-                                            datatype<T>(), op_of(op), comm_),
+                                            datatype<T>(), op_of<T>(op), comm_),
                               "MPI_Allreduce");
     });
     if (l != 0) copy_elements(data.data(), static_cast<const T*>(args_[0].out), data.size());
@@ -1952,7 +2517,7 @@ class group {
   void all_gather(std::size_t me, std::span<const T> in, std::span<T> out) {
     const std::size_t l = me - first();
     args_[l] = {in.data(), out.data()};
-    const auto& counts = exchange(me, std::vector<std::size_t>{in.size(), out.size()});
+    const auto& counts = exchange(me, std::vector<std::size_t>{in.size(), out.size()}, "all_gather");
     std::size_t total = 0;
     for (std::size_t k = 0; k < size(); ++k) total += counts[2 * k];
     for (std::size_t k = 0; k < size(); ++k)
@@ -1975,7 +2540,7 @@ class group {
   void reduce_scatter(std::size_t me, std::span<const T> in, std::span<T> out, reduce_op op) {
     const std::size_t l = me - first();
     args_[l] = {in.data(), out.data()};
-    const auto& counts = exchange(me, std::vector<std::size_t>{in.size(), out.size()});
+    const auto& counts = exchange(me, std::vector<std::size_t>{in.size(), out.size()}, "reduce_scatter");
     std::size_t total = 0;
     for (std::size_t k = 0; k < size(); ++k) {
       if (counts[2 * k] != counts[0]) fail("reduce_scatter: members called it with different sizes (" + listing(counts, 2, 0) + ")");
@@ -2001,7 +2566,7 @@ class group {
       auto [rank_counts, displs] = rank_blocks(counts, 2, 1);
       const std::size_t mine = static_cast<std::size_t>(rank_counts[static_cast<std::size_t>(my_rank())]);
       result_.resize(mine * sizeof(T));
-      pdo::mpi::detail::check(MPI_Reduce_scatter(send, result_.data(), rank_counts.data(), datatype<T>(), op_of(op), comm_),
+      pdo::mpi::detail::check(MPI_Reduce_scatter(send, result_.data(), rank_counts.data(), datatype<T>(), op_of<T>(op), comm_),
                               "MPI_Reduce_scatter");
     });
     copy_elements(out.data(), reinterpret_cast<const T*>(result_.data()) + (prefix(counts, 2, 1, me) - block_offset), out.size());
@@ -2012,7 +2577,7 @@ class group {
   void broadcast(std::size_t me, std::span<T> data, std::size_t root) {
     const std::size_t l = me - first();
     args_[l] = {data.data(), data.data()};
-    const auto& counts = exchange(me, std::vector<std::size_t>{data.size(), root});
+    const auto& counts = exchange(me, std::vector<std::size_t>{data.size(), root}, "broadcast");
     for (std::size_t k = 0; k < size(); ++k)
       if (counts[2 * k] != counts[0] || counts[2 * k + 1] != counts[1])
         fail("broadcast: members called it with different sizes or roots (" + listing(counts, 2, 0) + "; roots " + listing(counts, 2, 1) + ")");
@@ -2045,7 +2610,7 @@ class group {
       mine[2 * n] = std::accumulate(send_counts.begin(), send_counts.end(), std::size_t{0}) == in.size() &&
                     std::accumulate(recv_counts.begin(), recv_counts.end(), std::size_t{0}) == out.size();
     }
-    const auto& m = exchange(me, mine);
+    const auto& m = exchange(me, mine, "all_to_all");
     const std::size_t w = 2 * n + 1;
     auto sends = [&](std::size_t i, std::size_t j) { return m[i * w + j]; };
     auto recvs = [&](std::size_t j, std::size_t i) { return m[j * w + n + i]; };
@@ -2116,9 +2681,13 @@ class group {
     check_peer("send", me, to, tag);
     if (rank_of(to) == my_rank()) return local_only([&] { local_.send(me - first(), data, to - first(), tag); });
     // synchronous: returns once the receiver has started to receive, as the contract says
-    pdo::mpi::detail::check(MPI_Ssend(data.data(), pdo::mpi::detail::count(data.size(), "send"), datatype<T>(), rank_of(to),
-                                     wire_tag(me, to, tag), comm_),
-                            "MPI_Ssend");
+    MPI_Request request = MPI_REQUEST_NULL;
+    pdo::mpi::detail::check(MPI_Issend(data.data(), pdo::mpi::detail::count(data.size(), "send"), datatype<T>(), rank_of(to),
+                                      wire_tag(me, to, tag), comm_, &request),
+                            "MPI_Issend");
+    // a send given up would still read `data`, which the caller frees: its timeout ends the job
+    watch::instance().wait([&] { return tested(request); }, transfer_label("send", me, to, tag),
+                           {world_ranks_[static_cast<std::size_t>(rank_of(to))]}, identity_.timeout, false);
   }
 
   template <class T>
@@ -2128,7 +2697,13 @@ class group {
     MPI_Status status;
     MPI_Message message;
     const int wire = wire_tag(from, me, tag);
-    pdo::mpi::detail::check(MPI_Mprobe(rank_of(from), wire, comm_, &message, &status), "MPI_Mprobe");
+    watch::instance().wait(
+        [&] {
+          int found = 0;
+          pdo::mpi::detail::check(MPI_Improbe(rank_of(from), wire, comm_, &found, &message, &status), "MPI_Improbe");
+          return found != 0;
+        },
+        transfer_label("recv", me, from, tag), {world_ranks_[static_cast<std::size_t>(rank_of(from))]}, identity_.timeout, true);
     int got = 0;
     MPI_Get_count(&status, datatype<T>(), &got);
     if (got == MPI_UNDEFINED || static_cast<std::size_t>(got) != data.size()) {
@@ -2153,7 +2728,8 @@ class group {
 
   template <class T>
   static MPI_Datatype datatype() { return pdo::mpi::detail::datatype<T>(); }
-  static MPI_Op op_of(reduce_op op) { return pdo::mpi::detail::op(op); }
+  template <class T>
+  static MPI_Op op_of(reduce_op op) { return pdo::mpi::detail::op<T>(op); }
 
   int my_rank() const { return rank_; }
   static int rank_in(MPI_Comm comm) {
@@ -2193,8 +2769,12 @@ class group {
             names_.begin() + static_cast<std::ptrdiff_t>(f + per_rank_[static_cast<std::size_t>(my_rank())])};
   }
 
-  /// @brief Every member's `values` (all of one width), in member order, on every member.
-  const std::vector<std::size_t>& exchange(std::size_t me, const std::vector<std::size_t>& values) {
+  /// @brief Every member's `values` (all of one width), in member order, on every member:
+  /// where the processes meet before collective `op`. Its wait is watched (see watch): past
+  /// the group's timeout every member that arrived throws pdo::collective_timeout.
+  const std::vector<std::size_t>& exchange(std::size_t me, const std::vector<std::size_t>& values, const char* op) {
+    if (!broken_.empty())  // read by every member alike: it was set before the last collective ended
+      throw collective_timeout(std::string(op) + " over " + identity_.label + ": the group timed out earlier and cannot be used: " + broken_);
     const std::size_t l = me - first(), width = values.size();
     if (l == 0) {
       local_values_.assign(local_.size() * width, 0);
@@ -2204,42 +2784,82 @@ class group {
     std::copy(values.begin(), values.end(), local_values_.begin() + static_cast<std::ptrdiff_t>(l * width));
     local_.barrier();
     leader_step(l, [&] {
+      MPI_Request request = MPI_REQUEST_NULL;
       if (width_ == 0) {  // a barrier: an all-gather of nothing need not synchronise
-        pdo::mpi::detail::check(MPI_Barrier(comm_), "MPI_Barrier");
-        return;
+        pdo::mpi::detail::check(MPI_Ibarrier(comm_, &request), "MPI_Ibarrier");
+      } else {
+        counts_.assign(per_rank_.size(), 0);
+        displs_.assign(per_rank_.size(), 0);
+        for (std::size_t r = 0; r < per_rank_.size(); ++r) {
+          counts_[r] = static_cast<int>(per_rank_[r] * width_);
+          displs_[r] = static_cast<int>(first_of(static_cast<int>(r)) * width_);
+        }
+        all_values_.assign(size() * width_, 0);
+        pdo::mpi::detail::check(MPI_Iallgatherv(local_values_.data(), static_cast<int>(local_values_.size()), MPI_UINT64_T,
+                                                all_values_.data(), counts_.data(), displs_.data(), MPI_UINT64_T, comm_, &request),
+                                "MPI_Iallgatherv");
       }
-      std::vector<int> counts(per_rank_.size()), displs(per_rank_.size());
-      for (std::size_t r = 0; r < per_rank_.size(); ++r) {
-        counts[r] = static_cast<int>(per_rank_[r] * width_);
-        displs[r] = static_cast<int>(first_of(static_cast<int>(r)) * width_);
+      const wait_label label{identity_.id, ++collectives_, std::string(op) + " over " + identity_.label};
+      std::vector<int> peers;
+      for (std::size_t r = 0; r < world_ranks_.size(); ++r)
+        if (static_cast<int>(r) != my_rank()) peers.push_back(world_ranks_[r]);
+      try {
+        watch::instance().wait([&] { return tested(request); }, label, peers, identity_.timeout, true);
+      } catch (const collective_timeout& e) {
+        broken_ = e.what();
+        abandon(std::move(local_values_));
+        abandon(std::move(all_values_));
+        abandon(std::move(counts_));
+        abandon(std::move(displs_));
+        throw;
       }
-      all_values_.assign(size() * width_, 0);
-      pdo::mpi::detail::check(MPI_Allgatherv(local_values_.data(), static_cast<int>(local_values_.size()), MPI_UINT64_T,
-                                             all_values_.data(), counts.data(), displs.data(), MPI_UINT64_T, comm_),
-                              "MPI_Allgatherv");
     });
     return all_values_;
   }
 
-  /// @brief The leader runs `work` (its MPI calls); a failure there reaches every member.
-  /// Problems alternate between two slots, step after step, so the leader never
-  /// overwrites one that a member is still reading.
+  static bool tested(MPI_Request& request) {
+    int done = 0;
+    pdo::mpi::detail::check(MPI_Test(&request, &done, MPI_STATUS_IGNORE), "MPI_Test");
+    return done != 0;
+  }
+  wait_label transfer_label(const char* op, std::size_t me, std::size_t peer, int tag) const {
+    return {identity_.id, 0, std::string(op) + " between " + names_[me] + " and " + names_[peer] + " (tag " + std::to_string(tag) +
+                                 ") over " + identity_.label};
+  }
+  /// @brief The MPI_COMM_WORLD rank of each rank of `comm`.
+  static std::vector<int> world_ranks_of(MPI_Comm comm) {
+    int n = 0;
+    MPI_Comm_size(comm, &n);
+    std::vector<int> ranks(static_cast<std::size_t>(n)), world(static_cast<std::size_t>(n));
+    std::iota(ranks.begin(), ranks.end(), 0);
+    MPI_Group mine = MPI_GROUP_NULL, all = MPI_GROUP_NULL;
+    MPI_Comm_group(comm, &mine);
+    MPI_Comm_group(MPI_COMM_WORLD, &all);
+    MPI_Group_translate_ranks(mine, n, ranks.data(), all, world.data());
+    MPI_Group_free(&mine);
+    MPI_Group_free(&all);
+    return world;
+  }
+
+  /// @brief The leader runs `work` (its MPI calls); a failure there reaches every member,
+  /// as the same pdo::error subclass. Problems alternate between two slots, step after
+  /// step, so the leader never overwrites one that a member is still reading.
   template <class Work>
   void leader_step(std::size_t l, Work&& work) {
-    std::string& problem = problems_[steps_[l]++ & 1];
+    std::optional<pdo::detail::captured_error>& problem = problems_[steps_[l]++ & 1];
     if (l == 0) {
-      problem.clear();
+      problem.reset();
       try {
         work();
-      } catch (const std::exception& e) {
-        problem = e.what();
+      } catch (...) {
+        problem = pdo::detail::captured_error::current();
       }
     }
     local_.barrier();
-    if (!problem.empty()) {
-      const std::string what = problem;
+    if (problem) {
+      const pdo::detail::captured_error failure = *problem;
       local_.barrier();
-      throw communication_error(what);
+      failure.rethrow_with_context("");
     }
   }
 
@@ -2294,9 +2914,14 @@ class group {
   local_group local_;
   std::vector<args> args_;
   std::vector<std::size_t> local_values_, all_values_;
+  std::vector<int> counts_, displs_;
   std::size_t width_ = 0;
   std::vector<unsigned char> staging_, result_;
-  std::string problems_[2];
+  std::optional<pdo::detail::captured_error> problems_[2];
+  group_identity identity_;
+  std::vector<int> world_ranks_;     ///< the MPI_COMM_WORLD rank of each rank of comm_
+  std::uint64_t collectives_ = 0;    ///< collectives begun on this group (by this process's leader)
+  std::string broken_;               ///< why the group cannot be used (a timeout), or empty
   std::vector<std::size_t> steps_ = std::vector<std::size_t>(local_.size(), 0);  ///< leader steps per local member
 };
 
@@ -2304,7 +2929,9 @@ class group {
 #endif  // PDO_SINGLE_PDO_COMM_MPI_GROUP_HPP
 #endif
 
+#include <atomic>
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <variant>
@@ -2333,11 +2960,21 @@ decltype(auto) visit_group(host_group& g, F&& f) {
   return std::visit([&](auto& p) -> decltype(auto) { return f(*p); }, g.impl);
 }
 
+/// @brief The number of the next group made in this process: every process makes the groups
+/// of its meshes in one order (the processes agree on each mesh), so a group has the same
+/// number everywhere.
+inline std::uint64_t next_group_number() {
+  static std::atomic<std::uint64_t> next{0};
+  return next.fetch_add(1, std::memory_order_relaxed) + 1;
+}
+
 /// @brief The host group of `members` (mesh indices) of mesh `m`, or nullptr in a process
-/// that holds none of them.
-inline std::shared_ptr<host_group> make_host_group(const mesh_state& m, const std::vector<std::size_t>& members) {
+/// that holds none of them; `label` names it in messages ("axis \"dp\" of mesh(dp=4)").
+inline std::shared_ptr<host_group> make_host_group(const mesh_state& m, const std::vector<std::size_t>& members,
+                                                   [[maybe_unused]] const std::string& label) {
   std::vector<std::string> names;
   for (auto i : members) names.push_back(m.places[i].name());
+  [[maybe_unused]] const std::uint64_t number = next_group_number();
 #if defined(PDO_WITH_MPI)
   if (m.multiprocess) {
     // every process takes part in the split, in the same order; those without members get no comm
@@ -2356,8 +2993,11 @@ inline std::shared_ptr<host_group> make_host_group(const mesh_state& m, const st
     MPI_Comm comm = MPI_COMM_NULL;
     mpi::detail::check(MPI_Comm_split(MPI_COMM_WORLD, mine ? 0 : MPI_UNDEFINED, me, &comm), "MPI_Comm_split");
     if (!mine) return nullptr;
-    return std::make_shared<host_group>(
-        host_group{std::make_shared<mpi::detail::group>(comm, per_rank, names, members.size() == m.places.size())});
+    mpi::detail::group_identity identity{number, label, m.options.collective_timeout.count() > 0
+                                                            ? m.options.collective_timeout
+                                                            : mpi::detail::default_collective_timeout()};
+    return std::make_shared<host_group>(host_group{
+        std::make_shared<mpi::detail::group>(comm, per_rank, names, members.size() == m.places.size(), std::move(identity))});
   }
 #endif
   if (m.multiprocess)
@@ -3386,21 +4026,30 @@ mesh_comms& comms_of(const Mesh& m) {
     std::vector<std::size_t> all(m.size());
     for (std::size_t i = 0; i < all.size(); ++i) all[i] = i;
     const mesh_devices devices = devices_of(state);
+#if defined(PDO_WITH_MPI)
+    // making communicators blocks until every process takes part: meet first, watched
+    if (state.multiprocess)
+      mpi::detail::watch::instance().meet_all("building the communicators of " + m.describe(),
+                                              state.options.collective_timeout.count() > 0 ? state.options.collective_timeout
+                                                                                          : mpi::detail::default_collective_timeout());
+#endif
     if (devices != mesh_devices::cpu && !cuda_enabled)
       throw communication_error("mesh: " + m.describe() + " has GPU places; their collectives need a build with PDO_WITH_CUDA");
 #if defined(PDO_WITH_CUDA)
     using nccl_comms = std::shared_ptr<nccl::detail::comm_set>;
     const nccl_comms whole_nccl = devices == mesh_devices::gpu ? nccl::detail::init_mesh(state) : nullptr;
-    auto wrap = [&](const std::vector<std::size_t>& members, nccl_comms nc) {
-      auto host = make_host_group(state, members);
+    auto wrap = [&](const std::vector<std::size_t>& members, nccl_comms nc, const std::string& label) {
+      auto host = make_host_group(state, members, label);
       return devices == mesh_devices::cpu ? from_host(host) : device_group(state, members, std::move(host), std::move(nc));
     };
 #else
     using nccl_comms = std::nullptr_t;
     const nccl_comms whole_nccl = nullptr;
-    auto wrap = [&](const std::vector<std::size_t>& members, nccl_comms) { return from_host(make_host_group(state, members)); };
+    auto wrap = [&](const std::vector<std::size_t>& members, nccl_comms, const std::string& label) {
+      return from_host(make_host_group(state, members, label));
+    };
 #endif
-    comms->whole = wrap(all, whole_nccl);
+    comms->whole = wrap(all, whole_nccl, "the whole " + m.describe());
     comms->lines.resize(Mesh::ndim);
     comms->line_of.assign(Mesh::ndim, std::vector<std::size_t>(m.size()));
     for (std::size_t a = 0; a < Mesh::ndim; ++a) {
@@ -3419,7 +4068,8 @@ mesh_comms& comms_of(const Mesh& m) {
         line_nccl = nccl::detail::split_lines(state, *whole_nccl, comms->line_of[a], line_members.size(), coords, m.extent(a));
       }
 #endif
-      for (std::size_t g = 0; g < line_members.size(); ++g) comms->lines[a].push_back(wrap(line_members[g], line_nccl[g]));
+      const std::string label = "axis \"" + std::string(Mesh::axis_names[a]) + "\" of " + m.describe();
+      for (std::size_t g = 0; g < line_members.size(); ++g) comms->lines[a].push_back(wrap(line_members[g], line_nccl[g], label));
     }
     state.comms = std::move(comms);
   });
@@ -3541,7 +4191,7 @@ std::shared_ptr<place_batch> submit_on_places(const Mesh& m, Task task, bool com
         batch->failures[k] = captured_error::current();
         if (local_only) {
           if (communicate) comms.abort();
-        } else if (communicate && batch->failures[k]->kind != 7) {
+        } else if (communicate && !shared_by_all_members(batch->failures[k]->kind)) {
           end_job(current_place()->name + ": " + batch->failures[k]->message);
         }
       }
@@ -4356,6 +5006,19 @@ constexpr op_rule reshape_rule(layout_value in, std::size_t out_rank) {
   return r;
 }
 
+/// @brief A unit dim inserted at `dim`: the dims before it keep their split, the new one is
+/// replicated, the ones after it keep theirs one place further; partial stays partial.
+constexpr op_rule unsqueeze_rule(layout_value in, std::size_t dim) {
+  op_rule r;
+  r.arity = 1;
+  r.operands[0] = in;
+  r.out = in;
+  r.out.rank = in.rank + 1;
+  for (std::size_t d = in.rank; d > dim; --d) r.out.dim_axis[d] = in.dim_axis[d - 1];
+  r.out.dim_axis[dim] = {};
+  return r;
+}
+
 }  // namespace pdo::detail
 #endif  // PDO_SINGLE_PDO_LAYOUT_PROPAGATION_HPP
 // ---- pdo/layout/redistribute_plan.hpp
@@ -4904,7 +5567,7 @@ class tensor {
         strides_(detail::row_major_strides(shape)),
         allocator_(allocator),
         place_(std::move(place)) {
-    data_ = static_cast<T*>(allocator_->allocate(bytes()));
+    data_ = static_cast<T*>(allocator_->allocate(detail::checked_volume(shape, "tensor", sizeof(T)) * sizeof(T)));
   }
 
   static detail::place_state* place_of(const tensor& t) { return t.place_.get(); }
@@ -5029,6 +5692,7 @@ class dtensor {
   /// its place (else pdo::shape_error naming the place and both shapes).
   dtensor(Mesh m, const shape_t<Rank>& global, std::vector<tensor<T, Rank>> shards)
       : mesh_(std::move(m)), shape_(global), shards_(std::move(shards)) {
+    detail::checked_volume(global, "dtensor", sizeof(T));
     const auto& local = mesh_.local_places();
     if (shards_.size() != local.size())
       throw shape_error("dtensor: " + std::to_string(shards_.size()) + " shards given for " + std::to_string(local.size()) +
@@ -5104,23 +5768,22 @@ concept distributed_tensor = is_dtensor_v<std::remove_cvref_t<T>>;
 
 namespace pdo::detail {
 
-/// @brief Copies the block [offsets, offsets + extents) of a row-major `src` of shape
-/// `src_shape` into the dense row-major `dst` of shape `extents`, one contiguous run
-/// of the last dim at a time.
-template <class T, std::size_t Rank>
-void copy_block(const T* src, const shape_t<Rank>& src_shape, const shape_t<Rank>& offsets, const shape_t<Rank>& extents,
-                T* dst) {
+/// @brief f(big, dense, run) for each contiguous run of the last dim of the block
+/// [offsets, offsets + extents) of a row-major tensor of shape `shape`: `big` is the run's
+/// element offset in that tensor, `dense` in the block laid out densely.
+template <std::size_t Rank, class F>
+void for_each_block_run(const shape_t<Rank>& shape, const shape_t<Rank>& offsets, const shape_t<Rank>& extents, F&& f) {
   if (volume(extents) == 0) return;
   if constexpr (Rank == 0) {
-    *dst = *src;
+    f(std::size_t{0}, std::size_t{0}, std::size_t{1});
   } else {
-    const auto strides = row_major_strides(src_shape);
+    const auto strides = row_major_strides(shape);
     const std::size_t run = extents[Rank - 1];
     shape_t<Rank> index{};  // over the leading Rank-1 dims of the block
-    for (std::size_t out = 0;; out += run) {
-      std::size_t in = offsets[Rank - 1];
-      for (std::size_t d = 0; d + 1 < Rank; ++d) in += (offsets[d] + index[d]) * static_cast<std::size_t>(strides[d]);
-      copy_elements(dst + out, src + in, run);
+    for (std::size_t dense = 0;; dense += run) {
+      std::size_t big = offsets[Rank - 1];
+      for (std::size_t d = 0; d + 1 < Rank; ++d) big += (offsets[d] + index[d]) * static_cast<std::size_t>(strides[d]);
+      f(big, dense, run);
       std::size_t d = Rank - 1;
       while (d-- > 0) {
         if (++index[d] < extents[d]) break;
@@ -5129,6 +5792,23 @@ void copy_block(const T* src, const shape_t<Rank>& src_shape, const shape_t<Rank
       if (d == static_cast<std::size_t>(-1)) return;
     }
   }
+}
+
+/// @brief Copies the block [offsets, offsets + extents) of a row-major `src` of shape
+/// `src_shape` into the dense row-major `dst` of shape `extents`.
+template <class T, std::size_t Rank>
+void copy_block(const T* src, const shape_t<Rank>& src_shape, const shape_t<Rank>& offsets, const shape_t<Rank>& extents,
+                T* dst) {
+  for_each_block_run(src_shape, offsets, extents,
+                     [&](std::size_t big, std::size_t dense, std::size_t run) { copy_elements(dst + dense, src + big, run); });
+}
+
+/// @brief The inverse of copy_block: the dense `src` of shape `extents` into the block at
+/// `offsets` of the row-major `dst` of shape `dst_shape`.
+template <class T, std::size_t Rank>
+void place_block(const T* src, const shape_t<Rank>& extents, T* dst, const shape_t<Rank>& dst_shape, const shape_t<Rank>& offsets) {
+  for_each_block_run(dst_shape, offsets, extents,
+                     [&](std::size_t big, std::size_t dense, std::size_t run) { copy_elements(dst + big, src + dense, run); });
 }
 
 /// @brief Chunk `k` of `parts` along the middle dim of `v` (see chunk_size), from `src`
@@ -5175,6 +5855,7 @@ void unpack_chunks(const T* src, const dim_view& v, std::size_t parts, T* dst, p
 #include <array>
 #include <atomic>
 #include <cstddef>
+#include <optional>
 #include <span>
 #include <string>
 #include <utility>
@@ -5358,18 +6039,128 @@ dtensor<T, Rank, Mesh, To> redistribute(const dtensor<T, Rank, Mesh, From>& x) {
   return {m, x.shape(), std::move(shards)};
 }
 
-/// @brief The value of `x` as one host tensor, on every process: partial sums are
-/// reduced and split dims gathered.
+namespace detail {
+
+/// @brief Whether place `p` holds a block that a gather writes: the one at coordinate 0
+/// along every axis that `v` (no partial axes) does not split; the others hold copies.
+template <class Mesh>
+bool writes_block(const Mesh& m, const layout_value& v, std::size_t p) {
+  for (std::size_t a = 0; a < Mesh::ndim; ++a) {
+    bool splits = false;
+    for (std::size_t d = 0; d < v.rank; ++d) splits = splits || v.dim_axis[d] == Mesh::axis_names[a];
+    if (!splits && m.coord(p, a) != 0) return false;
+  }
+  return true;
+}
+
+/// @brief `x` with its partial axes summed (an all_reduce over each, shard by shard: no
+/// place holds more than its shard), or `x` itself when it has none; then `f` of it.
+template <class T, std::size_t Rank, class Mesh, class Layout, class F>
+decltype(auto) with_sums_done(const dtensor<T, Rank, Mesh, Layout>& x, F&& f) {
+  if constexpr (value_of<Layout>().npartial > 0) return f(redistribute<typename Layout::base>(x));
+  else return f(x);
+}
+
+/// @brief `block` (in any memory) into the block at `offset` of `out` (host memory).
+template <class T, std::size_t Rank>
+void write_block(const tensor<T, Rank>& block, tensor<T, Rank>& out, const shape_t<Rank>& offset) {
+  if (block.on_gpu()) {
+    const auto staged = to_host(block);
+    place_block(staged.data(), block.shape(), out.data(), out.shape(), offset);
+  } else {
+    place_block(block.data(), block.shape(), out.data(), out.shape(), offset);
+  }
+}
+
+/// @brief The blocks of `x` (no partial axes) that places of this process hold, written
+/// into `out` (host memory, of x's global shape) from the host thread.
+template <class T, std::size_t Rank, class Mesh, class Layout>
+void write_local_blocks(const dtensor<T, Rank, Mesh, Layout>& x, tensor<T, Rank>& out) {
+  const auto& m = x.mesh();
+  const auto& local = m.local_places();
+  for (std::size_t k = 0; k < local.size(); ++k) {
+    if (writes_block(m, value_of<Layout>(), local[k])) write_block(x.local_shards()[k], out, x.local_offset(local[k]));
+  }
+}
+
+/// @brief The blocks of `x` (no partial axes) that places of other processes hold, into
+/// `out` (host memory): with `to_all`, each block is broadcast over the whole mesh and
+/// every process writes it; else each is sent to place `to`, whose process writes it. One
+/// block is in flight at a time, so no place holds more than one block beside its shard.
+template <class T, std::size_t Rank, class Mesh, class Layout>
+void move_remote_blocks(const dtensor<T, Rank, Mesh, Layout>& x, tensor<T, Rank>* out, std::size_t to, bool to_all, const char* op) {
+  const auto& m = x.mesh();
+  const std::size_t first_local = m.local_places().front();
+  run_on_places(op, m, [&](std::size_t p, std::size_t k) {
+    const mesh_communicator comm = communicator_of(m, p);
+    const int here = m.place(p).process();
+    for (std::size_t q = 0; q < m.size(); ++q) {
+      if (!writes_block(m, value_of<Layout>(), q)) continue;
+      const bool remote = m.place(q).process() != here;
+      if (to_all) {  // a collective: every place takes part
+        tensor<T, Rank> received;
+        // the root's buffer is only read by a broadcast
+        std::span<T> buffer = p == q ? std::span<T>(const_cast<T*>(x.local_shards()[k].data()), x.local_shards()[k].size())
+                                     : (received = tensor<T, Rank>(x.local_shape(q), m.place(p), uninitialized)).span();
+        comm.broadcast(buffer, q);
+        if (p == first_local && remote) write_block(received, *out, x.local_offset(q));
+      } else if (m.place(q).process() != m.place(to).process()) {
+        if (p == q) {
+          comm.send(std::span<const T>(x.local_shards()[k].span()), to, 0);
+        } else if (p == to) {
+          tensor<T, Rank> received(x.local_shape(q), m.place(p), uninitialized);
+          comm.recv(received.span(), q, 0);
+          write_block(received, *out, x.local_offset(q));
+        }
+      }
+    }
+  });
+}
+
+}  // namespace detail
+/// @brief The value of `x` as one host tensor, on every process: partial sums are reduced
+/// (over each partial axis, shard by shard) and each block of the split dims is written into
+/// the host tensor from its place, so no place ever holds the whole tensor (a tensor that
+/// fits only when split can be gathered). Over several processes each block travels by a
+/// broadcast; gather_to(x, root) brings it to one process only.
 template <element T, std::size_t Rank, mesh_type Mesh, layout_spec Layout>
 tensor<T, Rank> gather(const dtensor<T, Rank, Mesh, Layout>& x) {
-  using full = detail::replicated_layout_t<Rank>;
-  detail::comms_of(x.mesh());  // built by every process, those without places too
-  if (x.mesh().local_places().empty()) throw layout_error("gather: " + x.describe() + ": this process holds no place of the mesh");
-  const auto whole = redistribute<full>(x);
-  tensor<T, Rank> out(x.shape(), detail::uninitialized);
-  const auto& shard = whole.local_shards().front();
-  detail::copy_bytes(out.where(), out.data(), shard.where(), shard.data(), out.bytes());
-  return out;
+  const Mesh& m = x.mesh();
+  detail::comms_of(m);  // built by every process, those without places too
+  if (m.local_places().empty()) throw layout_error("gather: " + x.describe() + ": this process holds no place of the mesh");
+  return detail::with_sums_done(x, [&](const auto& whole) {
+    auto out = tensor<T, Rank>::on_host(x.shape());
+    detail::write_local_blocks(whole, out);
+    if (m.is_multiprocess()) detail::move_remote_blocks(whole, &out, 0, true, "gather");
+    return out;
+  });
+}
+
+/// @brief The value of `x` as one host tensor on process `root` only (an MPI rank that owns
+/// places of the mesh; 0 in a program of one process), and nothing on the others: each
+/// block is sent from its place to the root, one at a time, so only the root holds the
+/// whole tensor. Every process of the mesh calls it.
+template <element T, std::size_t Rank, mesh_type Mesh, layout_spec Layout>
+std::optional<tensor<T, Rank>> gather_to(const dtensor<T, Rank, Mesh, Layout>& x, int root = 0) {
+  const Mesh& m = x.mesh();
+  detail::comms_of(m);
+  std::size_t to = m.size();
+  for (std::size_t q = 0; q < m.size() && to == m.size(); ++q)
+    if (m.place(q).process() == root) to = q;
+  if (to == m.size())
+    throw layout_error("gather_to: " + x.describe() + ": process " + std::to_string(root) + " holds no place of the mesh");
+  const auto& local = m.local_places();
+  return detail::with_sums_done(x, [&](const auto& whole) -> std::optional<tensor<T, Rank>> {
+    if (local.empty()) return std::nullopt;
+    const bool is_root = m.place(local.front()).process() == root;
+    std::optional<tensor<T, Rank>> out;
+    if (is_root) {
+      out.emplace(tensor<T, Rank>::on_host(x.shape()));
+      detail::write_local_blocks(whole, *out);
+    }
+    if (m.is_multiprocess()) detail::move_remote_blocks(whole, out ? &*out : nullptr, to, false, "gather_to");
+    return out;
+  });
 }
 
 }  // namespace pdo
@@ -5717,6 +6508,7 @@ inline constexpr redistribute_plan operand_plan_v =
 /// The temporaries the node's kernel read are released when it is done.
 template <class Node, class Ctx>
 tensor<typename Node::value_type, Node::rank> materialize(const Node& node, Ctx& ctx) {
+  checked_volume(node.shape(), Node::name, sizeof(typename Node::value_type));
   auto out = ctx.template allocate<typename Node::value_type>(ctx.local_shape(Node::rule.out, node.shape()));
   const std::size_t held = ctx.keep.size();
   node.run(ctx, out);
@@ -5830,11 +6622,37 @@ struct relu {
   static constexpr std::string_view name = "relu";
   static constexpr linearity rule = linearity::none;
   template <class T>
-  PDO_HD static T apply(T x) { return x > T(0) ? x : T(0); }
+  PDO_HD static T apply(T x) { return (x > T(0) || x != x) ? x : T(0); }  // NaN stays NaN
 };
-/// @brief GELU, tanh approximation (as in GPT-2 and PyTorch's approximate="tanh").
+/// @brief GELU, exact: x * Φ(x) = 0.5 x (1 + erf(x / √2)), PyTorch's default (F.gelu).
 struct gelu {
   static constexpr std::string_view name = "gelu";
+  static constexpr linearity rule = linearity::none;
+  template <class T>
+  PDO_HD static T apply(T x) {
+    using std::erf;
+    const double v = static_cast<double>(x);
+    return static_cast<T>(0.5 * v * (1.0 + erf(v * 0.7071067811865476)));
+  }
+};
+
+/// @brief The derivative of the exact gelu: Φ(x) + x φ(x).
+struct gelu_derivative {
+  static constexpr std::string_view name = "gelu_derivative";
+  static constexpr linearity rule = linearity::none;
+  template <class T>
+  PDO_HD static T apply(T x) {
+    using std::erf;
+    using std::exp;
+    const double v = static_cast<double>(x);
+    return static_cast<T>(0.5 * (1.0 + erf(v * 0.7071067811865476)) + v * 0.3989422804014327 * exp(-0.5 * v * v));
+  }
+};
+
+/// @brief GELU, tanh approximation: 0.5 x (1 + tanh(√(2/π) (x + 0.044715 x³))), as in GPT-2
+/// and PyTorch's F.gelu(x, approximate="tanh").
+struct gelu_tanh {
+  static constexpr std::string_view name = "gelu_tanh";
   static constexpr linearity rule = linearity::none;
   template <class T>
   PDO_HD static T apply(T x) {
@@ -5844,16 +6662,17 @@ struct gelu {
   }
 };
 
-/// @brief The derivative of gelu (tanh approximation), for its backward.
-struct gelu_derivative {
-  static constexpr std::string_view name = "gelu_derivative";
+/// @brief The derivative of gelu_tanh, for its backward.
+struct gelu_tanh_derivative {
+  static constexpr std::string_view name = "gelu_tanh_derivative";
   static constexpr linearity rule = linearity::none;
   template <class T>
   PDO_HD static T apply(T x) {
     using std::tanh;
     const double v = static_cast<double>(x), c = 0.7978845608028654;
-    const double t = tanh(c * (v + 0.044715 * v * v * v));
-    return static_cast<T>(0.5 * (1.0 + t) + 0.5 * v * (1.0 - t * t) * c * (1.0 + 3.0 * 0.044715 * v * v));
+    const double t = tanh(c * (v + 0.044715 * v * v * v)), sech2 = 1.0 - t * t;
+    // where tanh is saturated the second term is 0, also for |x| so large that x² overflows
+    return static_cast<T>(0.5 * (1.0 + t) + (sech2 == 0.0 ? 0.0 : 0.5 * v * sech2 * c * (1.0 + 3.0 * 0.044715 * v * v)));
   }
 };
 
@@ -5893,13 +6712,13 @@ struct maximum {
   static constexpr std::string_view name = "maximum";
   static constexpr linearity rule = linearity::none;
   template <class T>
-  PDO_HD static T apply(T a, T b) { return a < b ? b : a; }
+  PDO_HD static T apply(T a, T b) { return detail::nan_max(a, b); }
 };
 struct minimum {
   static constexpr std::string_view name = "minimum";
   static constexpr linearity rule = linearity::none;
   template <class T>
-  PDO_HD static T apply(T a, T b) { return b < a ? b : a; }
+  PDO_HD static T apply(T a, T b) { return detail::nan_min(a, b); }
 };
 // Comparisons give 1 where they hold and 0 elsewhere, in the operands' element type.
 struct less {
@@ -5937,6 +6756,37 @@ struct not_equal {
   static constexpr linearity rule = linearity::none;
   template <class T>
   PDO_HD static T apply(T a, T b) { return a != b ? T(1) : T(0); }
+};
+
+// What the backward of max and min reads.
+/// @brief 1 where a equals b, NaN matching NaN, else 0: the elements a maximum (or minimum)
+/// reached, among which its gradient is shared.
+struct matches {
+  static constexpr std::string_view name = "matches";
+  static constexpr linearity rule = linearity::none;
+  template <class T>
+  PDO_HD static T apply(T a, T b) { return (a == b || (a != a && b != b)) ? T(1) : T(0); }
+};
+/// @brief The share of maximum(a, b)'s gradient that goes to a: 1 where a is chosen (larger,
+/// or NaN where b is not), 1/2 where they tie (equal, or both NaN), else 0 (PyTorch's rule).
+struct maximum_share {
+  static constexpr std::string_view name = "maximum_share";
+  static constexpr linearity rule = linearity::none;
+  template <class T>
+  PDO_HD static T apply(T a, T b) {
+    if (a == b || (a != a && b != b)) return T(0.5);
+    return (a > b || a != a) ? T(1) : T(0);
+  }
+};
+/// @brief The share of minimum(a, b)'s gradient that goes to a (see maximum_share).
+struct minimum_share {
+  static constexpr std::string_view name = "minimum_share";
+  static constexpr linearity rule = linearity::none;
+  template <class T>
+  PDO_HD static T apply(T a, T b) {
+    if (a == b || (a != a && b != b)) return T(0.5);
+    return (a < b || a != a) ? T(1) : T(0);
+  }
 };
 
 // Ternary op.
@@ -6266,14 +7116,17 @@ class transpose_node : public detail::op_node<C> {
 // for float and double, a Thrust kernel otherwise.
 
 
+#include <algorithm>
 #include <cstddef>
 #include <mutex>
 #include <type_traits>
+#include <utility>
 
 #if defined(PDO_WITH_BLAS)
 #include <cblas.h>
 // OpenBLAS's thread count, where the BLAS is OpenBLAS (weak: absent elsewhere).
 extern "C" void openblas_set_num_threads(int) __attribute__((weak));
+extern "C" int openblas_get_num_threads() __attribute__((weak));
 #endif
 
 namespace pdo::detail {
@@ -6355,8 +7208,49 @@ void cublas_gemm_batched(place_state& p, std::size_t batches, std::size_t m, std
 template <class T>
 inline constexpr bool cublas_element = std::is_same_v<T, float> || std::is_same_v<T, double>;
 
+#if defined(PDO_WITH_BLAS)
+/// @brief C = A * B by one BLAS call on the calling thread, C's rows `ldc` apart. BLAS's
+/// own threads are off (see blas_threads_off): a place's gemm uses its cores by cutting
+/// the product into one block per core (gemm).
+template <class T>
+void blas_gemm(std::size_t m, std::size_t n, std::size_t k, matrix_ref<T> a, matrix_ref<T> b, T* c, std::size_t ldc) {
+  const auto M = static_cast<int>(m), N = static_cast<int>(n), K = static_cast<int>(k);
+  const auto ta = a.trans ? CblasTrans : CblasNoTrans, tb = b.trans ? CblasTrans : CblasNoTrans;
+  if constexpr (std::is_same_v<T, float>)
+    cblas_sgemm(CblasRowMajor, ta, tb, M, N, K, 1.0f, a.data, static_cast<int>(a.ld), b.data, static_cast<int>(b.ld), 0.0f, c,
+                static_cast<int>(ldc));
+  else
+    cblas_dgemm(CblasRowMajor, ta, tb, M, N, K, 1.0, a.data, static_cast<int>(a.ld), b.data, static_cast<int>(b.ld), 0.0, c,
+                static_cast<int>(ldc));
+}
+
+/// @brief OpenBLAS's thread count is process-wide: with its own threads, the gemms of two
+/// places would each spread over every core. pdo keeps it at one thread: set before its BLAS
+/// calls whenever something else changed it (a program that calls BLAS itself meets the
+/// same setting, and one that raises it has it lowered again at pdo's next gemm).
+inline void blas_threads_off() {
+  if (openblas_get_num_threads != nullptr && openblas_set_num_threads != nullptr && openblas_get_num_threads() != 1)
+    openblas_set_num_threads(1);
+}
+#endif
+
+/// @brief Products smaller than this many multiply-adds run as one BLAS call on one core.
+inline constexpr std::size_t gemm_split_grain = std::size_t{1} << 21;
+
+/// @brief The part of a dim of `extent` that block t of `parts` takes: cut at multiples of
+/// 16 (whole register tiles of BLAS's kernels) where the extent allows.
+inline std::pair<std::size_t, std::size_t> gemm_block(std::size_t extent, std::size_t parts, std::size_t t) {
+  const std::size_t unit = extent >= 16 * parts ? 16 : 1, units = (extent + unit - 1) / unit;
+  const std::size_t lo = std::min(extent, chunk_offset(units, parts, t) * unit);
+  const std::size_t hi = std::min(extent, (chunk_offset(units, parts, t) + chunk_size(units, parts, t)) * unit);
+  return {lo, hi};
+}
+
 /// @brief C (m x n, dense, row-major) = A (m x k) * B (k x n) on the place of `system`
-/// (its cores, or its GPU).
+/// (its cores, or its GPU). On a CPU place of several cores the product is cut into one
+/// block of C's rows (or, for few rows, columns) per core, each a one-thread BLAS call on
+/// the place's own OpenMP team: a place's gemm uses exactly its cores, whatever the other
+/// places do.
 template <class T>
 void gemm(place_system& system, std::size_t m, std::size_t n, std::size_t k, matrix_ref<T> a, matrix_ref<T> b, T* c) {
   if (m == 0 || n == 0) return;
@@ -6374,19 +7268,28 @@ void gemm(place_system& system, std::size_t m, std::size_t n, std::size_t k, mat
                       gemm_element<T>{a, b, n, k});
   } else if constexpr (blas_gemm_v<T>) {
 #if defined(PDO_WITH_BLAS)
-    // OpenBLAS's thread count is process-wide and may not change while another place is
-    // inside a BLAS call: it is set once, to the core count of the first place that calls
-    // (places have equal shares of the cores unless the cores do not divide evenly)
-    static std::once_flag blas_threads;
-    std::call_once(blas_threads, [&] {
-      if (openblas_set_num_threads != nullptr) openblas_set_num_threads(system.threads);
-    });
-    const auto M = static_cast<int>(m), N = static_cast<int>(n), K = static_cast<int>(k);
-    const auto ta = a.trans ? CblasTrans : CblasNoTrans, tb = b.trans ? CblasTrans : CblasNoTrans;
-    if constexpr (std::is_same_v<T, float>)
-      cblas_sgemm(CblasRowMajor, ta, tb, M, N, K, 1.0f, a.data, static_cast<int>(a.ld), b.data, static_cast<int>(b.ld), 0.0f, c, N);
-    else
-      cblas_dgemm(CblasRowMajor, ta, tb, M, N, K, 1.0, a.data, static_cast<int>(a.ld), b.data, static_cast<int>(b.ld), 0.0, c, N);
+    blas_threads_off();
+    const std::size_t parts = static_cast<std::size_t>(system.threads);
+    if (parts <= 1 || m * n * k < gemm_split_grain) return blas_gemm(m, n, k, a, b, c, n);
+    const bool by_rows = m >= n || m >= 16 * parts;
+    // block t: rows [lo, hi) of C (A's rows), or columns [lo, hi) (B's columns)
+    auto block = [&](std::size_t t) {
+      const auto [lo, hi] = gemm_block(by_rows ? m : n, parts, t);
+      if (lo == hi) return;
+      if (by_rows) {
+        const matrix_ref<T> rows{a.trans ? a.data + lo : a.data + lo * a.ld, a.ld, a.trans};
+        blas_gemm(hi - lo, n, k, rows, b, c + lo * n, n);
+      } else {
+        const matrix_ref<T> cols{b.trans ? b.data + lo * b.ld : b.data + lo, b.ld, b.trans};
+        blas_gemm(m, hi - lo, k, a, cols, c + lo, n);
+      }
+    };
+#if defined(_OPENMP)
+#pragma omp parallel for num_threads(system.threads) schedule(static, 1)
+    for (std::size_t t = 0; t < parts; ++t) block(t);
+#else
+    for (std::size_t t = 0; t < parts; ++t) block(t);
+#endif
 #endif
   } else {
     thrust::transform(system, thrust::counting_iterator<std::size_t>(0), thrust::counting_iterator<std::size_t>(m * n), c,
@@ -6547,9 +7450,12 @@ namespace pdo::detail {
 /// @brief What a reduction computes.
 enum class reduction { sum, mean, max };
 
+/// @brief What a reduction starts from: 0, or for max the least value (-inf where T has it,
+/// so that the max of -inf is -inf).
 template <class T>
 PDO_HD T reduction_identity(reduction r) {
-  return r == reduction::max ? std::numeric_limits<T>::lowest() : T{};
+  if (r != reduction::max) return T{};
+  return std::numeric_limits<T>::has_infinity ? -std::numeric_limits<T>::infinity() : std::numeric_limits<T>::lowest();
 }
 
 /// @brief Output element o of a reduction along the middle dim of [outer, extent, inner].
@@ -6563,7 +7469,7 @@ struct reduce_along_dim {
     const T* p = in + (o / inner) * extent * inner + o % inner;
     T acc = reduction_identity<T>(what);
     if (what == reduction::max)
-      for (std::size_t e = 0; e < extent; ++e) acc = p[e * inner] > acc ? p[e * inner] : acc;
+      for (std::size_t e = 0; e < extent; ++e) acc = nan_max(acc, p[e * inner]);
     else
       for (std::size_t e = 0; e < extent; ++e) acc += p[e * inner];
     return what == reduction::mean ? acc * scale : acc;
@@ -6578,7 +7484,7 @@ struct read_at {
 
 template <class T>
 struct max_of {
-  PDO_HD T operator()(T a, T b) const { return a < b ? b : a; }
+  PDO_HD T operator()(T a, T b) const { return nan_max(a, b); }
 };
 
 /// @brief out[o] = the reduction along dim `v` of `in`; `global_extent` divides a mean.
@@ -6655,7 +7561,8 @@ class reduce_node : public detail::op_node<C> {
 // ---- pdo/expr/reshape.hpp
 #ifndef PDO_SINGLE_PDO_EXPR_RESHAPE_HPP
 #define PDO_SINGLE_PDO_EXPR_RESHAPE_HPP
-// pdo/expr/reshape.hpp: the same elements in row-major order under another shape.
+// pdo/expr/reshape.hpp: the same elements in row-major order under another shape: reshape,
+// and unsqueeze (a unit dim inserted, whatever the operand's split).
 
 
 #include <cstddef>
@@ -6681,7 +7588,7 @@ class reshape_node : public detail::op_node<C> {
 
   reshape_node(C c, const shape_t<Rank>& shape) : detail::op_node<C>(std::move(c)), shape_(shape) {
     const auto s = std::get<0>(this->children_).shape();
-    bool ok = detail::volume(s) == detail::volume(shape_);
+    bool ok = detail::volume(s) == detail::checked_volume(shape_, "reshape", sizeof(value_type));
     for (std::size_t d = 0; d < detail::kept_dims(C::rule.out); ++d) ok = ok && s[d] == shape_[d];
     if (!ok)
       throw shape_error("reshape: " + detail::describe_node(std::get<0>(this->children_)) + " to " + detail::format_extents(shape_) +
@@ -6697,6 +7604,36 @@ class reshape_node : public detail::op_node<C> {
 
  private:
   shape_t<Rank> shape_;
+};
+
+/// @brief unsqueeze<Dim>(x): x with a dim of extent 1 inserted at `Dim` (0 to x's rank). The
+/// elements keep their order, so every dim keeps its split, whichever dims are split (see
+/// detail::unsqueeze_rule): what a reduction's gradient is broadcast back through.
+template <std::size_t Dim, class C>
+class unsqueeze_node : public detail::op_node<C> {
+ public:
+  using value_type = typename C::value_type;
+  static constexpr std::size_t rank = C::rank + 1;
+  static_assert(Dim <= C::rank, "pdo: unsqueeze: the dim to insert is beyond the operand's rank");
+  static_assert(rank <= detail::max_rank, "pdo: unsqueeze: the result would have more dims than pdo's layouts hold");
+  static constexpr bool elementwise = false;
+  static constexpr std::string_view name = "unsqueeze";
+  static constexpr detail::op_rule rule = detail::unsqueeze_rule(C::rule.out, Dim);
+
+  explicit unsqueeze_node(C c) : detail::op_node<C>(std::move(c)) {
+    const auto s = std::get<0>(this->children_).shape();
+    for (std::size_t d = 0, i = 0; d < rank; ++d) shape_[d] = d == Dim ? 1 : s[i++];
+  }
+  [[nodiscard]] const shape_t<rank>& shape() const { return shape_; }
+
+  template <class Ctx>
+  void run(Ctx& ctx, tensor<value_type, rank>& out) const {
+    const auto in = detail::operand_block<0>(*this, ctx);
+    detail::copy_bytes(out.where(), out.data(), out.where(), in.data, out.bytes());  // operands live on out's place
+  }
+
+ private:
+  shape_t<rank> shape_{};
 };
 
 }  // namespace pdo
@@ -6718,8 +7655,42 @@ class reshape_node : public detail::op_node<C> {
 
 namespace pdo::detail {
 
-/// @brief Row r of a softmax along the middle dim of [outer, extent, inner]: the row's
-/// max is subtracted first, so large inputs do not overflow.
+/// @brief The log-sum-exp pieces of a row of `extent` elements `stride` apart: its max, and
+/// the sum of exp(x - max) over every element but the (first) maximum, whose own term is 1.
+/// log(sum) is then log1p(rest): exact for sums near 1, where log(1 + rest) would lose rest
+/// to the rounding of 1 + rest.
+template <class T>
+struct log_sum_exp_parts {
+  T top;
+  T rest;
+  PDO_HD log_sum_exp_parts(const T* row, std::size_t extent, std::size_t stride) {
+    using std::exp;
+    std::size_t at = 0;
+    top = row[0];
+    for (std::size_t e = 1; e < extent; ++e) {
+      const T v = row[e * stride];
+      if (v > top || (v != v && top == top)) {  // the first NaN is the max, as with nan_max
+        top = v;
+        at = e;
+      }
+    }
+    rest = T(0);
+    for (std::size_t e = 0; e < extent; ++e)
+      if (e != at) rest += static_cast<T>(exp(row[e * stride] - top));
+  }
+  /// @brief log(sum of exp(x - max)).
+  PDO_HD T log_sum() const {
+    using std::log1p;
+    return static_cast<T>(log1p(rest));
+  }
+  /// @brief sum of exp(x - max).
+  PDO_HD T sum() const { return T(1) + rest; }
+};
+
+/// @brief Row r of a softmax along the middle dim of [outer, extent, inner]: the row's max
+/// is subtracted first, so large inputs do not overflow, and log_softmax is
+/// (x - max) - log1p(rest) (see log_sum_exp_parts): neither the sum nor its log is rounded
+/// to the precision of a large max.
 template <class T, bool Log>
 struct softmax_row {
   const T* in;
@@ -6727,17 +7698,14 @@ struct softmax_row {
   std::size_t extent, inner;
   PDO_HD void operator()(std::size_t r) const {
     using std::exp;
-    using std::log;
     const std::size_t base = (r / inner) * extent * inner + r % inner;
-    T top = in[base];
-    for (std::size_t e = 1; e < extent; ++e) top = in[base + e * inner] > top ? in[base + e * inner] : top;
-    T total{};
-    for (std::size_t e = 0; e < extent; ++e) total += static_cast<T>(exp(in[base + e * inner] - top));
+    const log_sum_exp_parts<T> parts(in + base, extent, inner);
     if constexpr (Log) {
-      const T shift = top + static_cast<T>(log(total));
-      for (std::size_t e = 0; e < extent; ++e) out[base + e * inner] = in[base + e * inner] - shift;
+      const T log_sum = parts.log_sum();
+      for (std::size_t e = 0; e < extent; ++e) out[base + e * inner] = (in[base + e * inner] - parts.top) - log_sum;
     } else {
-      for (std::size_t e = 0; e < extent; ++e) out[base + e * inner] = static_cast<T>(exp(in[base + e * inner] - top)) / total;
+      const T sum = parts.sum();
+      for (std::size_t e = 0; e < extent; ++e) out[base + e * inner] = static_cast<T>(exp(in[base + e * inner] - parts.top)) / sum;
     }
   }
 };
@@ -6750,21 +7718,17 @@ void softmax_dim(place_system& system, const T* in, const dim_view& v, T* out) {
                      softmax_row<T, Log>{in, out, v.extent, v.inner});
 }
 
-/// @brief The loss of sample i: log-sum-exp of its logits minus the logit of its label.
+/// @brief The loss of sample i: log-sum-exp of its logits minus the logit of its label,
+/// as log1p(rest) - (logit - max) (see log_sum_exp_parts), so a large max costs no precision.
 template <class T, class Label>
 struct cross_entropy_row {
   const T* logits;
   const Label* labels;
   std::size_t classes;
   PDO_HD T operator()(std::size_t i) const {
-    using std::exp;
-    using std::log;
     const T* row = logits + i * classes;
-    T top = row[0];
-    for (std::size_t c = 1; c < classes; ++c) top = row[c] > top ? row[c] : top;
-    T total{};
-    for (std::size_t c = 0; c < classes; ++c) total += static_cast<T>(exp(row[c] - top));
-    return top + static_cast<T>(log(total)) - row[static_cast<std::size_t>(labels[i])];
+    const log_sum_exp_parts<T> parts(row, classes, 1);
+    return parts.log_sum() - (row[static_cast<std::size_t>(labels[i])] - parts.top);
   }
 };
 
@@ -6926,9 +7890,12 @@ template <detail::tensor_operand A>
 auto sigmoid(A&& a) { return detail::make_elementwise<op::sigmoid>(std::forward<A>(a)); }
 template <detail::tensor_operand A>
 auto relu(A&& a) { return detail::make_elementwise<op::relu>(std::forward<A>(a)); }
-/// @brief GELU, tanh approximation.
+/// @brief GELU, exact (erf form): what PyTorch's F.gelu computes by default.
 template <detail::tensor_operand A>
 auto gelu(A&& a) { return detail::make_elementwise<op::gelu>(std::forward<A>(a)); }
+/// @brief GELU, tanh approximation: PyTorch's F.gelu(x, approximate="tanh") (GPT-2's).
+template <detail::tensor_operand A>
+auto gelu_tanh(A&& a) { return detail::make_elementwise<op::gelu_tanh>(std::forward<A>(a)); }
 
 /// @brief Elementwise maximum and minimum of two operands.
 template <class A, class B>
@@ -7028,6 +7995,12 @@ auto reshape(A&& a, const std::size_t (&shape)[Rank]) {
 template <detail::tensor_operand A, std::size_t Rank>
 auto reshape(A&& a, const shape_t<Rank>& shape) {
   return reshape_node<Rank, detail::expression_t<A>>(detail::as_expression(std::forward<A>(a)), shape);
+}
+
+/// @brief `a` with a dim of extent 1 inserted at `Dim`; every dim keeps its split.
+template <std::size_t Dim, detail::tensor_operand A>
+auto unsqueeze(A&& a) {
+  return unsqueeze_node<Dim, detail::expression_t<A>>(detail::as_expression(std::forward<A>(a)));
 }
 
 }  // namespace pdo
@@ -7399,6 +8372,7 @@ auto queue_evaluation(Expr&& expr) {
   comms_of(m);  // built by every process, those without places too
   if (m.local_places().empty()) throw layout_error("eval: this process holds no place of " + m.describe());
   const auto global = node.shape();
+  checked_volume(global, node_t::name, sizeof(T));
   std::vector<tensor<T, node_t::rank>> shards;
   shards.reserve(m.local_places().size());
   for (std::size_t p : m.local_places()) shards.emplace_back(shard_shape(m, node_t::rule.out, global, p), m.place(p), uninitialized);
@@ -7935,12 +8909,11 @@ Target sum_to(const G& g, const shape_t<value_kind<Target>::rank>& target) {
   }
 }
 
-/// @brief `g` reshaped with an extent-1 dim at `Dim` of `like` (what a reduction over `Dim` removed).
+/// @brief `g` with the extent-1 dim at `Dim` that a reduction over `Dim` removed, put back
+/// (whatever dims of `g` are split).
 template <std::size_t Dim, class G, std::size_t R>
-auto keep_dim(const G& g, const shape_t<R>& like) {
-  shape_t<R> s = like;
-  s[Dim] = 1;
-  return pdo::reshape(g, s);
+auto keep_dim(const G& g, const shape_t<R>&) {
+  return pdo::unsqueeze<Dim>(g);
 }
 
 }  // namespace detail
@@ -8001,8 +8974,8 @@ auto operator/(const var<A>& a, const var<B>& b) {
 }
 
 namespace detail {
-/// @brief maximum (Max) or minimum of two vars; the gradient goes to the operand chosen,
-/// to `a` where both are equal.
+/// @brief maximum (Max) or minimum of two vars. The gradient goes to the operand chosen;
+/// where the two tie (or are both NaN) each gets half (PyTorch's rule).
 template <bool Max, class A, class B>
 auto extremum(const var<A>& a, const var<B>& b) {
   auto y = [&] {
@@ -8011,27 +8984,27 @@ auto extremum(const var<A>& a, const var<B>& b) {
   }();
   using V = decltype(y);
   using T = var_element_t<V>;
+  using share_op = std::conditional_t<Max, op::maximum_share, op::minimum_share>;
   return record(
       std::move(y),
       [a, b](auto& self) {
         const auto& g = *self.grad;
-        const auto chose_a = pdo::eval([&] {
-          if constexpr (Max) return pdo::greater_equal(a.value(), b.value());
-          else return pdo::less_equal(a.value(), b.value());
-        }());
-        if (a.requires_grad()) add_grad(a, sum_to<grad_t<A>>(pdo::eval(pdo::where(chose_a, g, T(0))), a.shape()));
-        if (b.requires_grad()) add_grad(b, sum_to<grad_t<B>>(pdo::eval(pdo::where(chose_a, T(0), g)), b.shape()));
+        const auto to_a = pdo::eval(make_elementwise<share_op>(a.value(), b.value()));
+        if (a.requires_grad()) add_grad(a, sum_to<grad_t<A>>(pdo::eval(g * to_a), a.shape()));
+        if (b.requires_grad()) add_grad(b, sum_to<grad_t<B>>(pdo::eval(g * (T(1) - to_a)), b.shape()));
       },
       a, b);
 }
 }  // namespace detail
 
-/// @brief Elementwise maximum; where both are equal the gradient goes to `a`.
+/// @brief Elementwise maximum (NaN where either is NaN); where both are equal each gets
+/// half the gradient.
 template <class A, class B>
 auto maximum(const var<A>& a, const var<B>& b) {
   return detail::extremum<true>(a, b);
 }
-/// @brief Elementwise minimum; where both are equal the gradient goes to `a`.
+/// @brief Elementwise minimum (NaN where either is NaN); where both are equal each gets
+/// half the gradient.
 template <class A, class B>
 auto minimum(const var<A>& a, const var<B>& b) {
   return detail::extremum<false>(a, b);
@@ -8141,12 +9114,23 @@ auto relu(const var<A>& a) {
       pdo::eval(pdo::relu(a.value())),
       [a](auto& self) { detail::add_grad(a, pdo::where(pdo::greater(a.value(), T(0)), *self.grad, T(0))); }, a);
 }
+/// @brief GELU, exact (erf form), PyTorch's default.
 template <class A>
 auto gelu(const var<A>& a) {
   return detail::record(
       pdo::eval(pdo::gelu(a.value())),
       [a](auto& self) {
         detail::add_grad(a, *self.grad * detail::make_elementwise<op::gelu_derivative>(a.value()));
+      },
+      a);
+}
+/// @brief GELU, tanh approximation (PyTorch's approximate="tanh").
+template <class A>
+auto gelu_tanh(const var<A>& a) {
+  return detail::record(
+      pdo::eval(pdo::gelu_tanh(a.value())),
+      [a](auto& self) {
+        detail::add_grad(a, *self.grad * detail::make_elementwise<op::gelu_tanh_derivative>(a.value()));
       },
       a);
 }
@@ -8196,10 +9180,16 @@ auto reduce_var(const var<A>& a) {
         const auto& g = *self.grad;
         const auto& x = a.value();
         if constexpr (What == reduction::max) {
+          // shared evenly among the elements that reach the maximum (NaN matching NaN), as
+          // PyTorch's amax: the components add up to the output's gradient
           if constexpr (Dim == all_dims) {
-            add_grad(a, pdo::where(pdo::equal(x, self.value), g, T(0)));
+            const auto reached = pdo::eval(make_elementwise<op::matches>(x, self.value));
+            const auto share = pdo::eval(g / pdo::sum(reached));
+            add_grad(a, reached * share);
           } else {
-            add_grad(a, pdo::where(pdo::equal(x, keep_dim<Dim>(self.value, x.shape())), keep_dim<Dim>(g, x.shape()), T(0)));
+            const auto reached = pdo::eval(make_elementwise<op::matches>(x, keep_dim<Dim>(self.value, x.shape())));
+            const auto share = pdo::eval(g / pdo::sum<Dim>(reached));
+            add_grad(a, reached * keep_dim<Dim>(share, x.shape()));
           }
         } else {
           const T scale = [&] {
@@ -8225,8 +9215,9 @@ template <std::size_t Dim = all_dims, class A>
 auto mean(const var<A>& a) {
   return detail::reduce_var<detail::reduction::mean, Dim>(a);
 }
-/// @brief Maximum over dim `Dim`, or over every dim; the gradient goes to every element
-/// equal to the maximum.
+/// @brief Maximum over dim `Dim`, or over every dim (NaN when any element is NaN); the
+/// gradient is shared evenly among the elements equal to the maximum (the NaNs, for a NaN
+/// maximum), as PyTorch's amax.
 template <std::size_t Dim = all_dims, class A>
 auto max(const var<A>& a) {
   return detail::reduce_var<detail::reduction::max, Dim>(a);
@@ -8352,6 +9343,8 @@ struct window_geometry {
 
 /// @brief The geometry, with output extents; false when the window does not fit.
 inline bool make_window_geometry(window_geometry& g) {
+  constexpr std::size_t most = static_cast<std::size_t>(-1) / 4;  // padded extents are computed without overflow below this
+  if (g.padding > most || g.height > most || g.width > most) return false;
   if (g.kernel == 0 || g.stride == 0 || g.height + 2 * g.padding < g.kernel || g.width + 2 * g.padding < g.kernel) return false;
   g.out_height = (g.height + 2 * g.padding - g.kernel) / g.stride + 1;
   g.out_width = (g.width + 2 * g.padding - g.kernel) / g.stride + 1;
@@ -8455,7 +9448,7 @@ struct pool_element {
         if (h < g.padding || w < g.padding || h - g.padding >= g.height || w - g.padding >= g.width) continue;
         const T v = plane[(h - g.padding) * g.width + (w - g.padding)];
         if constexpr (Max) {
-          acc = first || v > acc ? v : acc;
+          acc = first ? v : nan_max(acc, v);
           first = false;
         } else {
           acc += v;
@@ -8505,8 +9498,9 @@ struct pool_backward_element {
         const std::size_t h = oh * g.stride + kh, w = ow * g.stride + kw;
         if (h < g.padding || w < g.padding || h - g.padding >= g.height || w - g.padding >= g.width) continue;
         const std::size_t idx = (h - g.padding) * g.width + (w - g.padding);
-        if (first || plane[idx] > best) {
-          best = plane[idx];
+        const T v = plane[idx];
+        if (first || v > best || (v != v && best == best)) {  // the first NaN wins, as PyTorch's
+          best = v;
           at = idx;
           first = false;
         }
@@ -8540,6 +9534,9 @@ inline window_geometry window_of(const char* op, const shape_t<4>& x, std::size_
     throw shape_error(std::string(op) + ": input " + format_extents(x) + " with kernel " + std::to_string(kernel) + ", stride " +
                       std::to_string(o.stride) + ", padding " + std::to_string(o.padding) +
                       ": the window must fit the padded image, and kernel and stride must be positive");
+  // the im2col matrix [rows, cols] conv2d makes, and the output, must be addressable
+  checked_volume(shape_t<4>{g.rows(), x[1], kernel, kernel}, op, 8);
+  checked_volume(shape_t<4>{g.batch, g.channels, g.out_height, g.out_width}, op, 8);
   return g;
 }
 
@@ -8734,39 +9731,88 @@ auto conv2d(const var<dtensor<T, 4, Mesh, LX>>& x, const var<dtensor<T, 4, Mesh,
 }
 
 namespace detail {
+
+/// @brief The local pool of x over the windows of g (on the calling thread's place).
 template <bool Max, class T>
-var<tensor<T, 4>> pool2d(const char* op, const var<tensor<T, 4>>& x, std::size_t kernel, window_options o) {
-  const window_geometry g = window_of(op, x.shape(), kernel, o);
-  auto system = kernel_system(op, {x.value().where()});
+tensor<T, 4> pool2d_forward(const char* op, const tensor<T, 4>& x, const window_geometry& g) {
+  auto system = kernel_system(op, {x.where()});
   const thrust::counting_iterator<std::size_t> zero(0);
   tensor<T, 4> y({g.batch, g.channels, g.out_height, g.out_width}, uninitialized);
-  thrust::transform(system, zero, zero + y.size(), y.data(), pool_element<T, Max>{x.value().data(), g});
+  thrust::transform(system, zero, zero + y.size(), y.data(), pool_element<T, Max>{x.data(), g});
+  return y;
+}
+
+/// @brief The local pool's input gradient from dy.
+template <bool Max, class T>
+tensor<T, 4> pool2d_backward(const char* op, const tensor<T, 4>& x, const tensor<T, 4>& dy, const window_geometry& g) {
+  auto system = kernel_system(op, {x.where(), dy.where()});
+  const thrust::counting_iterator<std::size_t> first(0);
+  tensor<T, 4> dx(x.shape(), uninitialized);
+  thrust::transform(system, first, first + dx.size(), dx.data(), pool_backward_element<T, Max>{x.data(), dy.data(), g});
+  return dx;
+}
+
+template <bool Max, class T>
+var<tensor<T, 4>> pool2d(const char* op, const var<tensor<T, 4>>& x, std::size_t kernel, window_options o) {
+  if (o.stride == 0) o.stride = kernel;
+  const window_geometry g = window_of(op, x.shape(), kernel, o);
   return record(
-      std::move(y),
-      [x, g, op](auto& self) {
-        auto sys = kernel_system(op, {x.value().where(), self.grad->where()});
-        const thrust::counting_iterator<std::size_t> first(0);
-        tensor<T, 4> dx(x.shape(), uninitialized);
-        thrust::transform(sys, first, first + dx.size(), dx.data(), pool_backward_element<T, Max>{x.value().data(), self.grad->data(), g});
-        add_grad(x, std::move(dx));
+      pool2d_forward<Max>(op, x.value(), g),
+      [x, g, op](auto& self) { add_grad(x, pool2d_backward<Max>(op, x.value(), *self.grad, g)); }, x);
+}
+
+/// @brief Whether pooling can run on each place's shard of an input laid out as `x`, with no
+/// communication: batch and channels may be split, the image (height, width) must be whole.
+constexpr bool pool_layout_ok(layout_value x) { return x.npartial == 0 && x.dim_axis[2].empty() && x.dim_axis[3].empty(); }
+
+/// @brief Pooling of a dtensor: each place pools its shard; the output and the input
+/// gradient keep the input's layout.
+template <bool Max, class T, class Mesh, class L>
+var<dtensor<T, 4, Mesh, L>> pool2d(const char* op, const var<dtensor<T, 4, Mesh, L>>& x, std::size_t kernel, window_options o) {
+  static_assert(pool_layout_ok(value_of<L>()),
+                "pdo: max_pool2d/avg_pool2d: the input's height and width (dims 2, 3) must not be split, and it must not be "
+                "partial; split the batch (dim 0) or the channels (dim 1), or redistribute first");
+  using value_t = dtensor<T, 4, Mesh, L>;
+  if (o.stride == 0) o.stride = kernel;
+  const value_t& xv = x.value();
+  const window_geometry whole = window_of(op, xv.shape(), kernel, o);
+  const Mesh& m = xv.mesh();
+  std::vector<tensor<T, 4>> ys(m.local_places().size());
+  run_on_places(op, m, [&](std::size_t, std::size_t k) {
+    ys[k] = pool2d_forward<Max>(op, xv.local_shards()[k], window_of(op, xv.local_shards()[k].shape(), kernel, o));
+  });
+  const shape_t<4> y_shape{whole.batch, whole.channels, whole.out_height, whole.out_width};
+  return record(
+      value_t(m, y_shape, std::move(ys)),
+      [x, kernel, o, op](auto& self) {
+        const value_t& xv = x.value();
+        std::vector<tensor<T, 4>> dxs(xv.local_shards().size());
+        run_on_places(op, xv.mesh(), [&](std::size_t, std::size_t k) {
+          const auto& xs = xv.local_shards()[k];
+          dxs[k] = pool2d_backward<Max>(op, xs, self.grad->local_shards()[k], window_of(op, xs.shape(), kernel, o));
+        });
+        add_grad(x, value_t(xv.mesh(), xv.shape(), std::move(dxs)));
       },
       x);
 }
+
 }  // namespace detail
 
-/// @brief Max pooling over kernel x kernel windows (stride defaults to the kernel); the
-/// gradient goes to each window's first maximum.
-template <class T>
-var<tensor<T, 4>> max_pool2d(const var<tensor<T, 4>>& x, std::size_t kernel, window_options o = {0, 0}) {
-  if (o.stride == 0) o.stride = kernel;
+/// @brief Max pooling over kernel x kernel windows (stride defaults to the kernel) of
+/// x [N, C, H, W], a local tensor or a dtensor whose batch or channels are split (each place
+/// pools its shard, no communication). NaN in a window gives NaN; the gradient goes to each
+/// window's first maximum (its first NaN, if any), as PyTorch's.
+template <class V>
+  requires(detail::value_kind<V>::rank == 4)
+var<V> max_pool2d(const var<V>& x, std::size_t kernel, window_options o = {0, 0}) {
   return detail::pool2d<true>("max_pool2d", x, kernel, o);
 }
 
 /// @brief Average pooling over kernel x kernel windows (stride defaults to the kernel;
-/// padded cells count as zeros).
-template <class T>
-var<tensor<T, 4>> avg_pool2d(const var<tensor<T, 4>>& x, std::size_t kernel, window_options o = {0, 0}) {
-  if (o.stride == 0) o.stride = kernel;
+/// padded cells count as zeros), of a local tensor or a batch- or channel-split dtensor.
+template <class V>
+  requires(detail::value_kind<V>::rank == 4)
+var<V> avg_pool2d(const var<V>& x, std::size_t kernel, window_options o = {0, 0}) {
   return detail::pool2d<false>("avg_pool2d", x, kernel, o);
 }
 
@@ -8924,6 +9970,7 @@ inline std::vector<cpu_place> cpu_places() { return cpu_places(detail::process_c
 #endif  // PDO_SINGLE_PDO_PLACE_CPU_PLACE_HPP
 
 #include <algorithm>
+#include <cstdint>
 #include <memory>
 #include <thread>
 #include <string>
@@ -8940,6 +9987,69 @@ using communicator = group_communicator<detail::group>;
 static_assert(pdo::communicator<communicator>);
 
 namespace detail {
+
+/// @brief make_mesh's check that every process made the same mesh (see
+/// pdo::detail::multiprocess_agreement): each process's description of the mesh (axes,
+/// extents, the places each process holds) is compared, by length and hash, then, when they
+/// differ, gathered so that every process throws pdo::mismatch_error naming all of them.
+inline void agree_on_mesh(const pdo::detail::mesh_state& m, const std::string& description) {
+  watch& w = watch::instance();
+  const MPI_Comm comm = w.agreement_comm();
+  int n = 0;
+  MPI_Comm_size(comm, &n);
+  const std::vector<int> peers = w.others();
+  const auto timeout = m.options.collective_timeout.count() > 0 ? m.options.collective_timeout : default_collective_timeout();
+  const wait_label label = w.next_agreement("make_mesh's agreement on " + description);
+  auto all_gather = [&](const void* mine, int count, MPI_Datatype type, void* all, const int* counts, const int* displs) {
+    MPI_Request request = MPI_REQUEST_NULL;
+    check(MPI_Iallgatherv(mine, count, type, all, counts, displs, type, comm, &request), "MPI_Iallgatherv");
+    w.wait(
+        [&] {
+          int done = 0;
+          check(MPI_Test(&request, &done, MPI_STATUS_IGNORE), "MPI_Test");
+          return done != 0;
+        },
+        label, peers, timeout, true);
+  };
+  std::uint64_t fingerprint = 1469598103934665603ull;  // FNV-1a
+  for (unsigned char c : description) fingerprint = (fingerprint ^ c) * 1099511628211ull;
+  std::vector<std::uint64_t> mine{description.size(), fingerprint}, all(2 * static_cast<std::size_t>(n));
+  std::vector<int> counts(static_cast<std::size_t>(n), 2), displs(static_cast<std::size_t>(n));
+  for (int r = 0; r < n; ++r) displs[static_cast<std::size_t>(r)] = 2 * r;
+  try {
+    all_gather(mine.data(), 2, MPI_UINT64_T, all.data(), counts.data(), displs.data());
+  } catch (const collective_timeout&) {
+    abandon(std::move(mine));
+    abandon(std::move(all));
+    abandon(std::move(counts));
+    abandon(std::move(displs));
+    throw;
+  }
+  bool same = true;
+  for (int r = 0; r < n; ++r) same = same && all[2 * r] == mine[0] && all[2 * r + 1] == mine[1];
+  if (same) return;
+  // they differ: every process learns every description
+  std::size_t total = 0;
+  for (int r = 0; r < n; ++r) {
+    counts[static_cast<std::size_t>(r)] = static_cast<int>(all[2 * r]);
+    displs[static_cast<std::size_t>(r)] = static_cast<int>(total);
+    total += all[2 * r];
+  }
+  std::string texts(total, '\0');
+  all_gather(description.data(), static_cast<int>(description.size()), MPI_CHAR, texts.data(), counts.data(), displs.data());
+  std::vector<std::pair<std::string, std::string>> kinds;  // description, the ranks that made it
+  for (int r = 0; r < n; ++r) {
+    const std::string d = texts.substr(static_cast<std::size_t>(displs[static_cast<std::size_t>(r)]), all[2 * r]);
+    auto it = std::find_if(kinds.begin(), kinds.end(), [&](const auto& k) { return k.first == d; });
+    if (it == kinds.end()) kinds.emplace_back(d, "rank " + std::to_string(r));
+    else it->second += ", " + std::to_string(r);
+  }
+  std::string listing;
+  for (const auto& [d, ranks] : kinds) listing += (listing.empty() ? "" : "; ") + ranks + " made " + d;
+  throw mismatch_error("make_mesh: the processes made different meshes: " + listing +
+                       ". Every process must make the same meshes, with the same arguments, in the same order");
+}
+
 /// @brief Throws on every process unless all passed the same `per_process` to `op`.
 inline void check_same_per_process(const char* op, std::size_t per_process) {
   unsigned long long mine_count = per_process, low = 0, high = 0;
@@ -8948,6 +10058,13 @@ inline void check_same_per_process(const char* op, std::size_t per_process) {
   if (low != high)
     throw layout_error(std::string(op) + ": processes asked for different numbers of places (" + std::to_string(low) + " to " +
                        std::to_string(high) + "); every process must pass the same per_process");
+}
+
+/// @brief What meshes over places of several processes need, started by every process where
+/// it makes such places: the watch of the waits, and make_mesh's agreement.
+inline void start_watch() {
+  watch::instance().start();
+  pdo::detail::multiprocess_agreement() = &agree_on_mesh;
 }
 }  // namespace detail
 
@@ -8960,6 +10077,7 @@ inline void check_same_per_process(const char* op, std::size_t per_process) {
 inline std::vector<any_place> world_places(std::size_t per_process = 1, std::size_t memory_cap = 0) {
   const int me = mpi::rank(), n = mpi::size();
   detail::check_same_per_process("world_places", per_process);
+  detail::start_watch();
   auto label = [](int rank, std::size_t i) { return "rank" + std::to_string(rank) + "/cpu:" + std::to_string(i); };
   const std::vector<int> cores = pdo::detail::process_cores();
   const bool bound = cores.size() < std::max(1u, std::thread::hardware_concurrency());
@@ -8985,6 +10103,7 @@ inline std::vector<any_place> world_places(std::size_t per_process = 1, std::siz
 inline std::vector<any_place> world_cuda_places(std::size_t per_process = 1, std::size_t memory_cap = 0) {
   const int me = mpi::rank(), n = mpi::size();
   detail::check_same_per_process("world_cuda_places", per_process);
+  detail::start_watch();
   if (per_process == 0) throw layout_error("world_cuda_places: asked for 0 places per process; ask for at least one");
   MPI_Comm node = MPI_COMM_NULL;
   MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, me, MPI_INFO_NULL, &node);
@@ -9084,7 +10203,7 @@ struct block_outcomes {
   std::vector<std::size_t> values;  ///< per place: 0, or 1 + the error_kind of its failure; then Rank extents
   std::size_t width = 0;
   [[nodiscard]] bool failed(std::size_t p) const { return values[p * width] != 0; }
-  [[nodiscard]] int kind(std::size_t p) const { return static_cast<int>(values[p * width]) - 1; }
+  [[nodiscard]] error_kind kind(std::size_t p) const { return static_cast<error_kind>(values[p * width] - 1); }
   [[nodiscard]] std::size_t extent(std::size_t p, std::size_t d) const { return values[p * width + 1 + d]; }
 };
 
@@ -9256,9 +10375,9 @@ auto parallel_do(Block&& block, const Args&... args) {
 #define PDO_SINGLE_PDO_NN_LAYERS_HPP
 // pdo/nn/layers.hpp: linear, conv2d, pooling, flatten, activations and sequential.
 //
-// Layers act on pdo::var values. linear and the activations take local tensors and
-// dtensors alike; conv2d and the pools take local images [N, C, H, W] (each place's
-// shard under data parallelism).
+// Layers act on pdo::var values. linear, the pools and the activations take local tensors
+// and dtensors alike; conv2d takes local images [N, C, H, W] (each place's shard under data
+// parallelism; pdo::conv2d itself takes dtensors too).
 
 // ---- pdo/nn/module.hpp
 #ifndef PDO_SINGLE_PDO_NN_MODULE_HPP
@@ -9266,6 +10385,7 @@ auto parallel_do(Block&& block, const Args&... args) {
 // pdo/nn/module.hpp: named parameters, seeded initialisation, and the module concept.
 
 
+#include <algorithm>
 #include <cmath>
 #include <concepts>
 #include <cstddef>
@@ -9324,7 +10444,29 @@ class parameter_ref {
   [[nodiscard]] std::span<T> grad_or_zeros() const { return impl_->grad_or_zeros(); }
   void zero_grad() const { impl_->zero_grad(); }
   void on_gradient(std::function<void()> f) const { impl_->on_gradient(std::move(f)); }
+  /// @brief "f32[16, 8]" for a local parameter, "f32[16, 8]{split<tp>, replicate} on mesh(tp=2)" for a dtensor.
   [[nodiscard]] std::string shape_text() const { return impl_->shape_text(); }
+  /// @brief The parameter's rank.
+  [[nodiscard]] std::size_t rank() const { return impl_->extents().size(); }
+  /// @brief The parameter's (global) extents.
+  [[nodiscard]] std::vector<std::size_t> extents() const { return impl_->extents(); }
+  /// @brief The parameter's (global) shape as a shape_t<R>; a pdo::shape_error when its rank is not R.
+  template <std::size_t R>
+  [[nodiscard]] shape_t<R> shape() const {
+    const auto e = impl_->extents();
+    if (e.size() != R)
+      throw shape_error("parameter " + name_ + ": " + shape_text() + " has rank " + std::to_string(e.size()) + ", not " + std::to_string(R));
+    shape_t<R> s{};
+    std::copy(e.begin(), e.end(), s.begin());
+    return s;
+  }
+  /// @brief Sets the parameter's (global) value to `values`, a host tensor of exactly its
+  /// shape (a dtensor parameter takes each local shard's part). Any other shape is a
+  /// pdo::shape_error naming the parameter and both shapes, before anything is written.
+  template <std::size_t R>
+  void assign(const tensor<T, R>& values) const {
+    impl_->assign(values.data(), std::vector<std::size_t>(values.shape().begin(), values.shape().end()), name_);
+  }
 
  private:
   std::span<T> single(const std::vector<std::span<T>>& blocks, const char* what) const {
@@ -9343,6 +10485,8 @@ class parameter_ref {
     virtual void zero_grad() = 0;
     virtual void on_gradient(std::function<void()> f) = 0;
     virtual std::string shape_text() = 0;
+    virtual std::vector<std::size_t> extents() = 0;
+    virtual void assign(const T* values, const std::vector<std::size_t>& shape, const std::string& name) = 0;
   };
   template <class V>
   struct holder final : base {
@@ -9394,6 +10538,28 @@ class parameter_ref {
       if constexpr (var<V>::distributed) return v.value().describe();
       else return describe(v.value());
     }
+    std::vector<std::size_t> extents() override { return {v.shape().begin(), v.shape().end()}; }
+    void assign(const T* values, const std::vector<std::size_t>& shape, const std::string& name) override {
+      constexpr std::size_t r = var<V>::rank;
+      if (shape != extents()) {
+        const bool transposed = r == 2 && shape.size() == 2 && shape[0] == v.shape()[1] && shape[1] == v.shape()[0];
+        throw shape_error("parameter " + name + ": " + shape_text() + " cannot take values of shape " + detail::format_extents(shape) +
+                          (transposed ? ", its transpose (a PyTorch nn.Linear weight is [out, in], a pdo::nn::linear weight "
+                                        "[in, out]: assign the transpose)"
+                                      : ""));
+      }
+      shape_t<r> s{};
+      std::copy(shape.begin(), shape.end(), s.begin());
+      auto host = tensor<T, r>::on_host(s);
+      detail::copy_elements(host.data(), values, host.size());
+      if constexpr (var<V>::distributed) {
+        using L = typename V::layout_type;
+        const auto cut = pdo::distribute<L>(v.value().mesh(), host);
+        for (std::size_t k = 0; k < cut.local_shards().size(); ++k) pdo::copy(cut.local_shards()[k], v.value().local_shards()[k]);
+      } else {
+        pdo::copy(host, v.value());
+      }
+    }
   };
   std::string name_;
   std::shared_ptr<base> impl_;
@@ -9437,6 +10603,10 @@ namespace pdo::nn {
 
 /// @brief y = x W + b, with W [in, out] and b [out]; x [..., in]. The parameters are local
 /// tensors, or dtensors with layouts (see tensor_parallel): the same layer, planned.
+///
+/// Parameters: "weight" [in, out] — the transpose of PyTorch's nn.Linear weight, which is
+/// [out, in] (parameter_ref::assign names the mistake) — and "bias" [out]. Initialised as
+/// PyTorch's: U(-1/√in, 1/√in).
 template <class T, class W = tensor<T, 2>, class B = tensor<T, 1>>
 class linear {
  public:
@@ -9459,6 +10629,9 @@ class linear {
 };
 
 /// @brief 2-D convolution over [N, in_channels, H, W] with a square kernel.
+///
+/// Parameters, as PyTorch's nn.Conv2d: "weight" [out_channels, in_channels, k, k] and "bias"
+/// [out_channels]; initialised U(-1/√fan_in, 1/√fan_in), fan_in = in_channels k².
 template <class T>
 class conv2d {
  public:
@@ -9493,8 +10666,8 @@ struct stateless {
 struct max_pool2d : stateless {
   std::size_t kernel = 2;
   window_options options{0, 0};
-  template <class T>
-  var<tensor<T, 4>> operator()(const var<tensor<T, 4>>& x) const {
+  template <class V>
+  var<V> operator()(const var<V>& x) const {
     return pdo::max_pool2d(x, kernel, options);
   }
 };
@@ -9503,8 +10676,8 @@ struct max_pool2d : stateless {
 struct avg_pool2d : stateless {
   std::size_t kernel = 2;
   window_options options{0, 0};
-  template <class T>
-  var<tensor<T, 4>> operator()(const var<tensor<T, 4>>& x) const {
+  template <class V>
+  var<V> operator()(const var<V>& x) const {
     return pdo::avg_pool2d(x, kernel, options);
   }
 };
@@ -9532,9 +10705,15 @@ struct sigmoid : stateless {
   template <class V>
   auto operator()(const var<V>& x) const { return pdo::sigmoid(x); }
 };
+/// @brief GELU, exact (erf form): PyTorch's nn.GELU().
 struct gelu : stateless {
   template <class V>
   auto operator()(const var<V>& x) const { return pdo::gelu(x); }
+};
+/// @brief GELU, tanh approximation: PyTorch's nn.GELU(approximate="tanh").
+struct gelu_tanh : stateless {
+  template <class V>
+  auto operator()(const var<V>& x) const { return pdo::gelu_tanh(x); }
 };
 
 /// @brief The parameters of a layer or model, names prefixed with `prefix`.
@@ -9691,10 +10870,12 @@ std::string explain(const Expr& expr) {
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <future>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <numeric>
@@ -9719,6 +10900,10 @@ struct data_parallel_options {
   /// updates its slice of the parameters with its slice of the optimizer state, and the
   /// slices are all_gathered back. Optimizer memory per place: 1/n.
   bool zero1 = false;
+  /// @brief A step whose global loss is not finite (NaN or infinite) is skipped: no update,
+  /// and fit leaves it out of the epoch's loss (epoch_stats::skipped_steps counts it). When
+  /// false, such a step is a pdo::error naming the step, before any parameter changes.
+  bool skip_nonfinite_steps = false;
 };
 
 /// @brief A span of one step on one place, in microseconds from the step's start.
@@ -9840,7 +11025,9 @@ class data_parallel {
   }
 
   /// @brief One training step on a global batch (host tensors: inputs [B, ...], targets
-  /// [B, ...]); returns the mean loss over the global batch.
+  /// [B, ...]); returns the mean loss over the global batch. A loss that is not finite is a
+  /// pdo::error naming the step, with no parameter updated (or, with
+  /// data_parallel_options::skip_nonfinite_steps, returned with no update).
   template <std::size_t R, class Target>
   T step(const tensor<T, R>& inputs, const Target& targets) {
     std::vector<std::size_t> order(inputs.extent(0));
@@ -9853,7 +11040,8 @@ class data_parallel {
     double loss = 0;            ///< mean training loss over the epoch's samples
     double accuracy = 0;        ///< on the training samples, from the step's outputs
     double samples_per_second = 0;
-    std::size_t samples = 0;
+    std::size_t samples = 0;         ///< the samples whose loss counts (those of skipped steps do not)
+    std::size_t skipped_steps = 0;   ///< steps with a non-finite loss, skipped (data_parallel_options::skip_nonfinite_steps)
   };
 
   struct fit_options {
@@ -9877,6 +11065,7 @@ class data_parallel {
       if (o.shuffle) std::shuffle(order.begin(), order.end(), gen);
       const auto start = std::chrono::steady_clock::now();
       double total = 0;
+      std::size_t counted = 0, skipped = 0;
       auto cut = [&](std::size_t first) {
         const std::size_t rows = std::min(o.batch_size, n - first);
         return std::async(std::launch::async, [this, &inputs, &targets, &order, first, rows] {
@@ -9888,13 +11077,20 @@ class data_parallel {
         auto current = next.get();
         const std::size_t rows = std::min(o.batch_size, n - first);
         if (first + rows < n) next = cut(first + rows);
-        total += static_cast<double>(step_on(std::move(current), rows)) * static_cast<double>(rows);
+        const T loss = step_on(std::move(current), rows);
+        if (std::isfinite(static_cast<double>(loss))) {
+          total += static_cast<double>(loss) * static_cast<double>(rows);
+          counted += rows;
+        } else {
+          ++skipped;
+        }
       }
       const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       epoch_stats s;
       s.epoch = epoch;
-      s.loss = total / static_cast<double>(n);
-      s.samples = n;
+      s.loss = counted == 0 ? std::numeric_limits<double>::quiet_NaN() : total / static_cast<double>(counted);
+      s.samples = counted;
+      s.skipped_steps = skipped;
       s.samples_per_second = static_cast<double>(n) / seconds;
       s.accuracy = last_epoch_correct_ / static_cast<double>(n);
       last_epoch_correct_ = 0;
@@ -10174,6 +11370,13 @@ class data_parallel {
           }
         }
       }
+      // the global batch's loss and count of correct predictions, on every place, before any
+      // update: a step whose loss is not finite changes nothing
+      double totals[2] = {static_cast<double>(local), static_cast<double>(correct)};
+      communicator_along(mesh_, dp_axis, p).all_reduce(std::span<double>(totals, 2));
+      losses[k] = static_cast<T>(totals[0]);
+      corrects[k] = totals[1];
+      if (!std::isfinite(totals[0])) return;
       const double opt_start = r.since_start();
       r.optimizer->step();
       r.record("optimizer", 0, opt_start, r.since_start());
@@ -10188,12 +11391,16 @@ class data_parallel {
           r.record("all_gather", b, from, r.since_start());
         }
       }
-      // the global batch's loss and count of correct predictions, on every place
-      double totals[2] = {static_cast<double>(local), static_cast<double>(correct)};
-      communicator_along(mesh_, dp_axis, p).all_reduce(std::span<double>(totals, 2));
-      losses[k] = static_cast<T>(totals[0]);
-      corrects[k] = totals[1];
     });
+    ++steps_;
+    if (!std::isfinite(static_cast<double>(losses[0]))) {
+      if (!options_.skip_nonfinite_steps)
+        throw error("data_parallel::step: step " + std::to_string(steps_) + " (a global batch of " + std::to_string(global_rows) +
+                    " rows on " + mesh_.describe() + "): the loss is " + std::to_string(static_cast<double>(losses[0])) +
+                    "; no parameter was updated. Check the inputs and the learning rate, or skip such steps with "
+                    "data_parallel_options::skip_nonfinite_steps");
+      return losses[0];
+    }
     last_epoch_correct_ += corrects[0];
     return losses[0];
   }
@@ -10218,6 +11425,7 @@ class data_parallel {
   Loss loss_;
   std::vector<std::unique_ptr<replica>> replicas_;
   double last_epoch_correct_ = 0;
+  std::size_t steps_ = 0;  ///< steps taken, skipped ones included
 };
 
 /// @brief A data-parallel trainer: `make_model()` builds a replica (it runs on every place,
@@ -10242,8 +11450,12 @@ auto make_data_parallel(const Mesh& m, MakeModel make_model, MakeOptimizer make_
 
 
 #include <cmath>
+#include <concepts>
 #include <cstddef>
+#include <memory>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace pdo::detail {
@@ -10338,6 +11550,7 @@ class sgd : public optimizer_base<T> {
     }
   }
   void set_lr(double lr) { o_.lr = lr; }
+  [[nodiscard]] double lr() const { return o_.lr; }
 
  private:
   sgd_options o_;
@@ -10384,12 +11597,64 @@ class adam : public optimizer_base<T> {
     }
   }
   void set_lr(double lr) { o_.lr = lr; }
+  [[nodiscard]] double lr() const { return o_.lr; }
 
  private:
   adam_options o_;
   std::vector<std::vector<tensor<T, 1>>> m_, v_;  ///< moments, per parameter and block
   long t_ = 0;
 };
+
+/// @brief An optimizer of parameters of element type T: sgd, adam, any_optimizer, or a type
+/// of the user's with these members.
+template <class O, class T>
+concept optimizer = requires(O& o, const O& co, double lr) {
+  o.step();
+  o.zero_grad();
+  o.set_lr(lr);
+  { co.lr() } -> std::convertible_to<double>;
+  { co.parameters() } -> std::convertible_to<const std::vector<parameter_ref<T>>&>;
+};
+
+/// @brief Any optimizer of T parameters, chosen at run time (SGD or Adam from a command-line
+/// flag, say): holds one and forwards to it. Copies share the optimizer they hold.
+template <class T>
+class any_optimizer {
+ public:
+  template <class O>
+    requires(optimizer<std::remove_cvref_t<O>, T> && !std::same_as<std::remove_cvref_t<O>, any_optimizer>)
+  any_optimizer(O&& o)  // NOLINT: implicit, so a factory may return any optimizer
+      : impl_(std::make_shared<holder<std::remove_cvref_t<O>>>(std::forward<O>(o))) {}
+
+  void step() { impl_->step(); }
+  void zero_grad() { impl_->zero_grad(); }
+  void set_lr(double lr) { impl_->set_lr(lr); }
+  [[nodiscard]] double lr() const { return impl_->lr(); }
+  [[nodiscard]] const std::vector<parameter_ref<T>>& parameters() const { return impl_->parameters(); }
+
+ private:
+  struct base {
+    virtual ~base() = default;
+    virtual void step() = 0;
+    virtual void zero_grad() = 0;
+    virtual void set_lr(double) = 0;
+    [[nodiscard]] virtual double lr() const = 0;
+    [[nodiscard]] virtual const std::vector<parameter_ref<T>>& parameters() const = 0;
+  };
+  template <class O>
+  struct holder final : base {
+    explicit holder(O x) : o(std::move(x)) {}
+    O o;
+    void step() override { o.step(); }
+    void zero_grad() override { o.zero_grad(); }
+    void set_lr(double lr) override { o.set_lr(lr); }
+    [[nodiscard]] double lr() const override { return o.lr(); }
+    [[nodiscard]] const std::vector<parameter_ref<T>>& parameters() const override { return o.parameters(); }
+  };
+  std::shared_ptr<base> impl_;
+};
+
+static_assert(optimizer<sgd<float>, float> && optimizer<adam<double>, double> && optimizer<any_optimizer<float>, float>);
 
 /// @brief AdamW's usual settings: decoupled weight decay 0.01.
 inline adam_options adamw_options(double lr = 1e-3, double weight_decay = 0.01) {
