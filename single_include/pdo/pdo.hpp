@@ -3032,7 +3032,12 @@ inline std::shared_ptr<host_group> make_host_group(const mesh_state& m, const st
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
+#include <chrono>
+#include <functional>
+#include <map>
 #include <mutex>
+#include <set>
+#include <thread>
 #endif
 
 namespace pdo {
@@ -3091,7 +3096,8 @@ class device_guard {
 };
 
 /// @brief A GPU place's device resources: its streams, its cuBLAS handle (bound to the
-/// compute stream), and two pinned host buffers for copies staged through the host.
+/// compute stream), two pinned host buffers for copies staged through the host, and the
+/// checks of the NCCL communicators that use its streams (see failures()).
 struct cuda_device {
   int ordinal = 0;
   std::string name;
@@ -3106,7 +3112,12 @@ struct cuda_device {
   static constexpr std::size_t staging_bytes = std::size_t{4} << 20;
   std::mutex staging_mutex;      ///< one staged copy from this device at a time
   void* staging[2] = {nullptr, nullptr};
-  cudaEvent_t staging_free[2] = {nullptr, nullptr};  ///< recorded when a buffer's upload has finished
+  cudaEvent_t staged[2] = {nullptr, nullptr};      ///< buffer b holds its chunk (an event of this device)
+  cudaEvent_t last_upload[2] = {nullptr, nullptr};  ///< buffer b's last upload has read it (an event of that upload's device)
+  std::map<int, cudaEvent_t> upload_events[2];      ///< per destination device: the events made there for buffer b
+
+  std::mutex checks_mutex;
+  std::vector<std::pair<const void*, std::function<std::string()>>> checks;  ///< owner, check
 
   cuda_device(int device, std::string label) : ordinal(device), name(std::move(label)) {
     device_guard guard(device);
@@ -3120,13 +3131,22 @@ struct cuda_device {
     cuda_check(cudaEventCreateWithFlags(&order_event, cudaEventDisableTiming), "cudaEventCreateWithFlags", name);
   }
   ~cuda_device() {
-    device_guard guard(ordinal);
-    if (compute) cudaStreamSynchronize(compute);
-    if (comm) cudaStreamSynchronize(comm);
+    {
+      device_guard guard(ordinal);
+      if (compute) cudaStreamSynchronize(compute);
+      if (comm) cudaStreamSynchronize(comm);
+    }
     for (int b = 0; b < 2; ++b) {
-      if (staging_free[b]) cudaEventDestroy(staging_free[b]);
+      if (last_upload[b]) cudaEventSynchronize(last_upload[b]);  // the upload from the buffer has read it
+      for (auto& [device, event] : upload_events[b]) {
+        device_guard guard(device);
+        cudaEventDestroy(event);
+      }
+      device_guard guard(ordinal);
+      if (staged[b]) cudaEventDestroy(staged[b]);
       if (staging[b]) cudaFreeHost(staging[b]);
     }
+    device_guard guard(ordinal);
     if (order_event) cudaEventDestroy(order_event);
     if (blas) cublasDestroy(blas);
     if (comm) cudaStreamDestroy(comm);
@@ -3145,16 +3165,103 @@ struct cuda_device {
     cuda_check(cudaStreamWaitEvent(later, order_event, 0), "cudaStreamWaitEvent", name);
   }
 
-  /// @brief The pinned buffers, made on first use (the caller holds staging_mutex).
+  /// @brief The pinned buffers and their events, made on first use (the caller holds staging_mutex).
   void ensure_staging() {
     if (staging[0]) return;
     device_guard guard(ordinal);
     for (int b = 0; b < 2; ++b) {
       cuda_check(cudaHostAlloc(&staging[b], staging_bytes, cudaHostAllocPortable), "cudaHostAlloc", name);
-      cuda_check(cudaEventCreateWithFlags(&staging_free[b], cudaEventDisableTiming), "cudaEventCreateWithFlags", name);
+      cuda_check(cudaEventCreateWithFlags(&staged[b], cudaEventDisableTiming), "cudaEventCreateWithFlags", name);
     }
   }
+  /// @brief The event that marks an upload from buffer b on device `destination` (made there:
+  /// an event is recorded only on streams of its own device).
+  cudaEvent_t upload_event(int b, int destination) {
+    auto& event = upload_events[b][destination];
+    if (event == nullptr) {
+      device_guard guard(destination);
+      cuda_check(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreateWithFlags", name);
+    }
+    return event;
+  }
+
+  /// @brief Adds a check of the work queued on this device's streams (an NCCL communicator's
+  /// asynchronous error): it returns what failed, after releasing the streams, or "".
+  void add_check(const void* owner, std::function<std::string()> check) {
+    std::lock_guard lock(checks_mutex);
+    checks.emplace_back(owner, std::move(check));
+  }
+  void remove_checks(const void* owner) {
+    std::lock_guard lock(checks_mutex);
+    std::erase_if(checks, [&](const auto& c) { return c.first == owner; });
+  }
+  /// @brief What the checks found failed ("" when nothing did); a check whose text starts
+  /// with '~' reports only the echo of another failure (an abort).
+  std::string failures() {
+    std::lock_guard lock(checks_mutex);
+    std::string found;
+    for (auto& [owner, check] : checks)
+      if (std::string f = check(); !f.empty() && (found.empty() || found[0] == '~')) found = f;
+    return found;
+  }
 };
+
+/// @brief Throws what the checks of `d` found failed, if anything: pdo::communication_error
+/// for a failure, pdo::collective_aborted for the echo of one (an aborted communicator).
+inline void throw_failures(cuda_device& d) {
+  const std::string failed = d.failures();
+  if (failed.empty()) return;
+  if (failed[0] == '~') throw collective_aborted("waiting for the work of " + d.name + ": " + failed.substr(1));
+  throw communication_error("waiting for the work of " + d.name + ": " + failed);
+}
+
+/// @brief Waits until the work queued on `stream` (a stream of `d`) has finished, watching
+/// the checks of `d` meanwhile: a collective that can no longer complete (a failed or aborted
+/// NCCL communicator) is a pdo::error naming the place, never a hang.
+inline void wait_for_stream(cuda_device& d, cudaStream_t stream) {
+  device_guard guard(d.ordinal);
+  for (unsigned spins = 0;; ++spins) {
+    const cudaError_t state = cudaStreamQuery(stream);
+    if (state == cudaSuccess) {
+      throw_failures(d);  // work that completed after an asynchronous failure may hold garbage
+      return;
+    }
+    if (state != cudaErrorNotReady) cuda_check(state, "cudaStreamQuery", d.name);
+    if ((spins & 63) == 63) throw_failures(d);
+    if (spins < 256) std::this_thread::yield();
+    else std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
+}
+
+/// @brief Lets `device` read and write the memory of `peer` directly (peer access, and the
+/// allocations of peer's memory pool), once per pair; false where the devices cannot.
+inline bool enable_peer_access(int device, int peer) {
+  static std::mutex mutex;
+  static std::map<std::pair<int, int>, bool> known;
+  std::lock_guard lock(mutex);
+  if (auto it = known.find({device, peer}); it != known.end()) return it->second;
+  int can = 0;
+  cuda_check(cudaDeviceCanAccessPeer(&can, device, peer), "cudaDeviceCanAccessPeer", "cuda:" + std::to_string(device));
+  if (can != 0) {
+    device_guard guard(device);
+    const cudaError_t status = cudaDeviceEnablePeerAccess(peer, 0);
+    if (status == cudaErrorPeerAccessAlreadyEnabled) (void)cudaGetLastError();
+    else cuda_check(status, "cudaDeviceEnablePeerAccess", "cuda:" + std::to_string(device));
+    int pools = 0;
+    cuda_check(cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, peer), "cudaDeviceGetAttribute", "cuda:" + std::to_string(peer));
+    if (pools != 0) {  // pool allocations are reachable from other devices only where the pool says so
+      cudaMemPool_t pool = nullptr;
+      cuda_check(cudaDeviceGetDefaultMemPool(&pool, peer), "cudaDeviceGetDefaultMemPool", "cuda:" + std::to_string(peer));
+      cudaMemAccessDesc access{};
+      access.location.type = cudaMemLocationTypeDevice;
+      access.location.id = device;
+      access.flags = cudaMemAccessFlagsProtReadWrite;
+      cuda_check(cudaMemPoolSetAccess(pool, &access, 1), "cudaMemPoolSetAccess", "cuda:" + std::to_string(peer));
+    }
+  }
+  known[{device, peer}] = can != 0;
+  return can != 0;
+}
 
 /// @brief The device resources of GPU place `p`.
 inline cuda_device& cuda_device_of(const place_state& p) { return *static_cast<cuda_device*>(p.device.get()); }
@@ -3218,10 +3325,11 @@ class cuda_place : public detail::place_handle<cuda_place> {
   [[nodiscard]] cudaStream_t compute_stream() const { return resources().compute; }
   /// @brief The stream the place's NCCL collectives run on.
   [[nodiscard]] cudaStream_t comm_stream() const { return resources().comm; }
-  /// @brief Waits until the work queued on both streams has finished (not a device-wide synchronisation).
+  /// @brief Waits until the work queued on both streams has finished (not a device-wide
+  /// synchronisation); a collective that can no longer complete is a pdo::communication_error.
   void synchronize() const {
-    detail::cuda_check(cudaStreamSynchronize(resources().compute), "cudaStreamSynchronize", name());
-    detail::cuda_check(cudaStreamSynchronize(resources().comm), "cudaStreamSynchronize", name());
+    detail::wait_for_stream(resources(), resources().compute);
+    detail::wait_for_stream(resources(), resources().comm);
   }
   /// @brief Whether this device can read and write `other`'s memory directly (peer copies).
   [[nodiscard]] bool can_access_peer(const cuda_place& other) const {
@@ -3243,30 +3351,53 @@ class cuda_place : public detail::place_handle<cuda_place> {
 #if defined(PDO_WITH_CUDA)
 /// @brief A CUDA event, to order work across the streams of one place or of several:
 /// record() marks the work queued so far on a stream; wait() makes another stream's
-/// later work wait for it, without blocking the host; synchronize() blocks the host.
+/// later work wait for it, without blocking the host; synchronize() blocks the host. The
+/// event is made on the device of the stream it is first recorded on (an event is recorded
+/// only on streams of its own device), and again when recorded on another device's stream.
 class cuda_event {
  public:
-  cuda_event() { detail::cuda_check(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming), "cudaEventCreateWithFlags", "host"); }
+  cuda_event() = default;
   ~cuda_event() {
     if (event_) cudaEventDestroy(event_);
   }
-  cuda_event(cuda_event&& other) noexcept : event_(std::exchange(other.event_, nullptr)) {}
+  cuda_event(cuda_event&& other) noexcept : event_(std::exchange(other.event_, nullptr)), device_(other.device_) {}
   cuda_event& operator=(cuda_event&& other) noexcept {
     std::swap(event_, other.event_);
+    std::swap(device_, other.device_);
     return *this;
   }
   cuda_event(const cuda_event&) = delete;
   cuda_event& operator=(const cuda_event&) = delete;
 
-  void record(cudaStream_t stream) { detail::cuda_check(cudaEventRecord(event_, stream), "cudaEventRecord", "host"); }
-  void wait(cudaStream_t stream) const { detail::cuda_check(cudaStreamWaitEvent(stream, event_, 0), "cudaStreamWaitEvent", "host"); }
-  void synchronize() const { detail::cuda_check(cudaEventSynchronize(event_), "cudaEventSynchronize", "host"); }
+  void record(cudaStream_t stream) {
+    int device = 0;
+    detail::cuda_check(cudaStreamGetDevice(stream, &device), "cudaStreamGetDevice", "host");
+    detail::device_guard guard(device);
+    if (event_ != nullptr && device != device_) {
+      cudaEventDestroy(event_);  // waits queued on it still see it complete
+      event_ = nullptr;
+    }
+    if (event_ == nullptr) {
+      detail::cuda_check(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming), "cudaEventCreateWithFlags", "cuda:" + std::to_string(device));
+      device_ = device;
+    }
+    detail::cuda_check(cudaEventRecord(event_, stream), "cudaEventRecord", "cuda:" + std::to_string(device));
+  }
+  /// @brief Makes `stream`'s later work wait for the last record (nothing before a record).
+  void wait(cudaStream_t stream) const {
+    if (event_ != nullptr) detail::cuda_check(cudaStreamWaitEvent(stream, event_, 0), "cudaStreamWaitEvent", "host");
+  }
+  void synchronize() const {
+    if (event_ != nullptr) detail::cuda_check(cudaEventSynchronize(event_), "cudaEventSynchronize", "host");
+  }
   /// @brief Whether the recorded work has finished.
-  [[nodiscard]] bool done() const { return cudaEventQuery(event_) == cudaSuccess; }
+  [[nodiscard]] bool done() const { return event_ == nullptr || cudaEventQuery(event_) == cudaSuccess; }
+  /// @brief The CUDA event (null before the first record).
   [[nodiscard]] cudaEvent_t native() const { return event_; }
 
  private:
   cudaEvent_t event_ = nullptr;
+  int device_ = -1;
 };
 
 /// @brief Why there is no GPU place to make, or an empty string when there is one.
@@ -3316,6 +3447,7 @@ inline std::vector<cuda_place> cuda_places(std::size_t memory_cap = 0) {
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -3361,16 +3493,75 @@ inline ncclRedOp_t op_of(reduce_op op) {
   }
 }
 
+/// @brief Closes a group opened with ncclGroupStart when it goes out of scope, so a failure
+/// inside the group cannot leave it open.
+class group_call {
+ public:
+  group_call(const char* what, const std::string& where) : what_(what), where_(where) { check(ncclGroupStart(), "ncclGroupStart", where_); }
+  group_call(const group_call&) = delete;
+  group_call& operator=(const group_call&) = delete;
+  /// @brief Ends the group, throwing what it failed with.
+  void end() {
+    open_ = false;
+    check(ncclGroupEnd(), what_, where_);
+  }
+  ~group_call() {
+    if (open_) (void)ncclGroupEnd();
+  }
+
+ private:
+  const char* what_;
+  std::string where_;
+  bool open_ = true;
+};
+
 /// @brief The communicators of places of this process, one per member (null for members of
-/// other processes); destroyed with the group.
+/// other processes); destroyed with the group. Once aborted (a member failed after others
+/// had queued work that waits for it), they are made again in one process (remake()).
 struct comm_set {
   std::vector<ncclComm_t> comms;
+  std::vector<int> devices;  ///< member m's device (-1 for members of other processes)
+  std::atomic<bool> aborted{false};
   comm_set() = default;
   comm_set(const comm_set&) = delete;
   comm_set& operator=(const comm_set&) = delete;
   ~comm_set() {
+    if (aborted.load()) return;  // an abort destroyed them
     for (auto c : comms)
       if (c != nullptr) ncclCommDestroy(c);
+  }
+  /// @brief Ends every communicator's queued and blocked work (ncclCommAbort may be called
+  /// while another thread is inside an NCCL call on the same communicator).
+  void abort() {
+    if (aborted.exchange(true)) return;
+    for (auto c : comms)
+      if (c != nullptr) (void)ncclCommAbort(c);
+  }
+  /// @brief New communicators over the same devices, after an abort (one process only:
+  /// across processes a failure ends the job). Call when no thread uses them.
+  void remake(const std::string& where) {
+    if (!aborted.load()) return;
+    std::vector<int> local;
+    for (int d : devices)
+      if (d >= 0) local.push_back(d);
+    if (local.size() != devices.size()) return;
+    check(ncclCommInitAll(comms.data(), static_cast<int>(comms.size()), devices.data()), "ncclCommInitAll", where);
+    aborted.store(false);
+  }
+  /// @brief "NCCL: <what>" for the first communicator that failed (after aborting all of
+  /// them), "~..." when they were aborted for another failure, or "".
+  std::string failure() {
+    if (aborted.load()) return "~the NCCL communicators were aborted (another place of the group failed)";
+    for (auto c : comms) {
+      if (c == nullptr) continue;
+      ncclResult_t state = ncclSuccess;
+      if (ncclCommGetAsyncError(c, &state) != ncclSuccess || state == ncclSuccess || state == ncclInProgress) continue;
+      std::string text = std::string("NCCL: ") + ncclGetErrorString(state);
+      if (const char* last = ncclGetLastError(c); last != nullptr && *last != '\0') text += std::string(": ") + last;
+      abort();
+      return text;
+    }
+    return "";
   }
 };
 
@@ -3383,16 +3574,32 @@ class group {
         std::shared_ptr<pdo::detail::host_group> host)
       : places_(std::move(places)), comms_(std::move(comms)), host_(std::move(host)), locks_(places_.size()) {
     for (auto& l : locks_) l = std::make_unique<std::mutex>();
+    // a wait on a member's streams watches these communicators: a failed one ends the wait
+    for (const auto& p : places_)
+      if (p) pdo::detail::cuda_device_of(*p).add_check(comms_.get(), [set = comms_.get()] { return set->failure(); });
   }
+  ~group() {
+    for (const auto& p : places_)
+      if (p) pdo::detail::cuda_device_of(*p).remove_checks(comms_.get());
+  }
+  group(const group&) = delete;
+  group& operator=(const group&) = delete;
 
   [[nodiscard]] std::size_t size() const { return places_.size(); }
   [[nodiscard]] ncclComm_t comm(std::size_t member) const { return comms_->comms[member]; }
   [[nodiscard]] pdo::detail::host_group& host() const { return *host_; }
 
-  /// @brief Wakes the members waiting in an argument check or a handshake (none has queued
-  /// a kernel that waits for a failed member: the check comes first).
-  void abort() { host_->abort(); }
-  void reset() { host_->reset(); }
+  /// @brief Wakes the members waiting in an argument check or a handshake, and ends the
+  /// NCCL work already queued (a member that failed after the others queued their part of a
+  /// collective would leave it waiting for good); reset() makes new communicators.
+  void abort() {
+    host_->abort();
+    comms_->abort();
+  }
+  void reset() {
+    host_->reset();
+    comms_->remake(name(0));
+  }
   void barrier(std::size_t me) {
     on_host([&](auto& h) { h.barrier(me); });
   }
@@ -3421,9 +3628,12 @@ class group {
     const auto counts = counts_of(me, in.size());
     std::size_t total = 0;
     for (auto c : counts) total += c;
-    if (total != out.size())
-      throw mismatch_error("all_gather on " + name(me) + ": the members' pieces add up to " + std::to_string(total) +
-                           " elements but the output holds " + std::to_string(out.size()));
+    // every member's verdict, so all of them throw, or none queues a kernel
+    std::size_t bad = total != out.size() ? 1 : 0;
+    on_host([&](auto& h) { h.all_reduce(me, std::span<std::size_t>(&bad, 1), reduce_op::max); });
+    if (bad != 0)
+      throw mismatch_error("all_gather: the members' pieces add up to " + std::to_string(total) + " elements but an output " +
+                           (total != out.size() ? "here (" + name(me) + ") holds " + std::to_string(out.size()) : std::string("of another member differs")));
     const bool even = std::all_of(counts.begin(), counts.end(), [&](std::size_t c) { return c == counts[0]; });
     enqueue(me, even ? "ncclAllGather" : "ncclBroadcast", [&](ncclComm_t c, cudaStream_t s) {
       if (even) return ncclAllGather(in.data(), out.data(), bytes_or_count<T>(in.size()), wire_type<T>(), c, s);
@@ -3591,6 +3801,7 @@ class group {
     cuda_device& d = pdo::detail::cuda_device_of(place);
     std::lock_guard lock(*locks_[me]);  // one thread at a time on a communicator
     pdo::detail::device_guard guard(d.ordinal);
+    if (comms_->aborted.load()) throw collective_aborted(std::string(what) + " on " + place.name + ": the NCCL communicators were aborted");
     d.make_wait(d.comm, d.compute);
     check(call(comm(me), d.comm), what, place.name, comm(me));
     d.make_wait(d.compute, d.comm);
@@ -3613,6 +3824,7 @@ inline std::shared_ptr<comm_set> init_mesh(const pdo::detail::mesh_state& m) {
   auto set = std::make_shared<comm_set>();
   const std::size_t n = m.places.size();
   set->comms.assign(n, nullptr);
+  set->devices.assign(n, -1);
   std::vector<int> devices;
   for (auto i : m.local) {
     const int d = m.places[i].ordinal();
@@ -3620,6 +3832,7 @@ inline std::shared_ptr<comm_set> init_mesh(const pdo::detail::mesh_state& m) {
       throw layout_error("mesh: NCCL needs every GPU place of a mesh on its own device; device " + std::to_string(d) +
                          " holds two places of this process (" + m.places[i].name() + ")");
     devices.push_back(d);
+    set->devices[i] = d;
   }
   int current = 0;
   (void)cudaGetDevice(&current);
@@ -3635,12 +3848,13 @@ inline std::shared_ptr<comm_set> init_mesh(const pdo::detail::mesh_state& m) {
   const int root = m.places[0].process();
   if (me == root) check(ncclGetUniqueId(&id), "ncclGetUniqueId", m.places[0].name());
   pdo::mpi::detail::check(MPI_Bcast(&id, static_cast<int>(sizeof id), MPI_BYTE, root, MPI_COMM_WORLD), "MPI_Bcast");
-  check(ncclGroupStart(), "ncclGroupStart", m.places[m.local.front()].name());
+  if (m.local.empty()) return set;  // a process without places of the mesh takes part in the broadcast only
+  group_call inits("ncclGroupEnd", m.places[m.local.front()].name());
   for (auto i : m.local) {
     pdo::detail::device_guard guard(m.places[i].ordinal());
     check(ncclCommInitRank(&set->comms[i], static_cast<int>(n), id, static_cast<int>(i)), "ncclCommInitRank", m.places[i].name());
   }
-  check(ncclGroupEnd(), "ncclGroupEnd", m.places[m.local.front()].name());
+  inits.end();
   return set;
 #else
   throw communication_error("mesh: GPU places of other processes need the MPI backend to start NCCL; build with PDO_WITH_MPI");
@@ -3657,16 +3871,21 @@ inline std::vector<std::shared_ptr<comm_set>> split_lines(const pdo::detail::mes
   for (auto& s : out) {
     s = std::make_shared<comm_set>();
     s->comms.assign(extent, nullptr);
+    s->devices.assign(extent, -1);
   }
+  if (m.local.empty()) return out;  // no place here: no communicator to split
   std::vector<ncclComm_t> made(m.places.size(), nullptr);
-  check(ncclGroupStart(), "ncclGroupStart", m.places[m.local.front()].name());
+  group_call splits("ncclGroupEnd", m.places[m.local.front()].name());
   for (auto p : m.local) {
     pdo::detail::device_guard guard(m.places[p].ordinal());
     check(ncclCommSplit(whole.comms[p], static_cast<int>(line_of[p]), static_cast<int>(coord_of[p]), &made[p], nullptr), "ncclCommSplit",
           m.places[p].name(), whole.comms[p]);
   }
-  check(ncclGroupEnd(), "ncclGroupEnd", m.places[m.local.front()].name());
-  for (auto p : m.local) out[line_of[p]]->comms[coord_of[p]] = made[p];
+  splits.end();
+  for (auto p : m.local) {
+    out[line_of[p]]->comms[coord_of[p]] = made[p];
+    out[line_of[p]]->devices[coord_of[p]] = m.places[p].ordinal();
+  }
   return out;
 }
 
@@ -3717,26 +3936,79 @@ namespace detail {
 
 #if defined(PDO_WITH_CUDA)
 /// @brief GPU to GPU on different devices through the two pinned buffers of the source:
-/// chunk i goes down on the source's stream into buffer i % 2, then up on the
-/// destination's stream; a buffer is refilled once its previous upload has finished.
+/// chunk i goes down on the source's compute stream into buffer i % 2, then up on the
+/// destination's; a buffer is refilled once its previous upload has read it. Every step is
+/// ordered by events on the streams (each recorded on its own device's stream): nothing
+/// waits on the host.
 inline void staged_device_copy(cuda_device& dst, void* to, cuda_device& src, const void* from, std::size_t bytes) {
   std::lock_guard lock(src.staging_mutex);
   src.ensure_staging();
   auto* out = static_cast<char*>(to);
   const auto* in = static_cast<const char*>(from);
   for (std::size_t done = 0, chunk = 0; done < bytes; ++chunk) {
-    const std::size_t b = chunk % 2, n = std::min(cuda_device::staging_bytes, bytes - done);
-    cuda_check(cudaEventSynchronize(src.staging_free[b]), "cudaEventSynchronize", src.name);
+    const int b = static_cast<int>(chunk % 2);
+    const std::size_t n = std::min(cuda_device::staging_bytes, bytes - done);
     {
       device_guard guard(src.ordinal);
+      if (src.last_upload[b] != nullptr) cuda_check(cudaStreamWaitEvent(src.compute, src.last_upload[b], 0), "cudaStreamWaitEvent", src.name);
       cuda_check(cudaMemcpyAsync(src.staging[b], in + done, n, cudaMemcpyDeviceToHost, src.compute), "cudaMemcpyAsync", src.name);
-      cuda_check(cudaStreamSynchronize(src.compute), "cudaStreamSynchronize", src.name);
+      cuda_check(cudaEventRecord(src.staged[b], src.compute), "cudaEventRecord", src.name);
     }
     device_guard guard(dst.ordinal);
+    cuda_check(cudaStreamWaitEvent(dst.compute, src.staged[b], 0), "cudaStreamWaitEvent", dst.name);
     cuda_check(cudaMemcpyAsync(out + done, src.staging[b], n, cudaMemcpyHostToDevice, dst.compute), "cudaMemcpyAsync", dst.name);
-    cuda_check(cudaEventRecord(src.staging_free[b], dst.compute), "cudaEventRecord", dst.name);
+    cudaEvent_t uploaded = src.upload_event(b, dst.ordinal);
+    cuda_check(cudaEventRecord(uploaded, dst.compute), "cudaEventRecord", dst.name);
+    src.last_upload[b] = uploaded;
     done += n;
   }
+}
+
+/// @brief A copy between two GPUs on different devices. Each step runs on the worker of
+/// its place, in that place's order of work: the destination marks the work queued on it so
+/// far (which may still read the destination block); the source waits for that mark, copies
+/// (peer, or staged), and marks the copy; the destination waits for that. So each device's
+/// stream waits only for work its place queued before the copy, never for work queued after
+/// it, and a collective queued on both places in one order cannot wait for itself through
+/// the copy.
+inline void copy_between_devices(place_state& dst_place, void* dst, place_state& src_place, const void* src, std::size_t bytes, peer_copy how) {
+  cuda_device &d = cuda_device_of(dst_place), &s = cuda_device_of(src_place);
+  cudaEvent_t destination_ready = nullptr, copied = nullptr;
+  {
+    device_guard guard(d.ordinal);
+    cuda_check(cudaEventCreateWithFlags(&destination_ready, cudaEventDisableTiming), "cudaEventCreateWithFlags", d.name);
+  }
+  {
+    device_guard guard(s.ordinal);
+    cuda_check(cudaEventCreateWithFlags(&copied, cudaEventDisableTiming), "cudaEventCreateWithFlags", s.name);
+  }
+  struct release {
+    cudaEvent_t a, b;
+    ~release() {
+      cudaEventDestroy(a);  // queued waits on them still see them complete
+      cudaEventDestroy(b);
+    }
+  } events{destination_ready, copied};
+  run_on_place(dst_place, [&] {
+    device_guard guard(d.ordinal);
+    cuda_check(cudaEventRecord(destination_ready, d.compute), "cudaEventRecord", d.name);
+  });
+  const bool direct = how == peer_copy::direct || (how == peer_copy::automatic && enable_peer_access(s.ordinal, d.ordinal));
+  run_on_place(src_place, [&] {
+    device_guard guard(s.ordinal);
+    cuda_check(cudaStreamWaitEvent(s.compute, destination_ready, 0), "cudaStreamWaitEvent", s.name);
+    if (direct) {
+      if (how == peer_copy::direct) enable_peer_access(s.ordinal, d.ordinal);
+      cuda_check(cudaMemcpyPeerAsync(dst, d.ordinal, src, s.ordinal, bytes, s.compute), "cudaMemcpyPeerAsync", s.name);
+      cuda_check(cudaEventRecord(copied, s.compute), "cudaEventRecord", s.name);
+    } else {
+      staged_device_copy(d, dst, s, src, bytes);  // the uploads run on the destination's stream
+    }
+  });
+  run_on_place(dst_place, [&] {
+    device_guard guard(d.ordinal);
+    if (direct) cuda_check(cudaStreamWaitEvent(d.compute, copied, 0), "cudaStreamWaitEvent", d.name);
+  });
 }
 #endif
 
@@ -3753,31 +4025,21 @@ inline void copy_bytes(place_state* dst_place, void* dst, place_state* src_place
 #if defined(PDO_WITH_CUDA)
   if (to_gpu && from_gpu) {
     auto &d = cuda_device_of(*dst_place), &s = cuda_device_of(*src_place);
-    if (d.ordinal == s.ordinal) {
-      device_guard guard(d.ordinal);
-      s.make_wait(d.compute, s.compute);
-      cuda_check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, d.compute), "cudaMemcpyAsync", d.name);
-      return;
-    }
-    d.make_wait(s.compute, d.compute);  // the destination's block may still be read by its earlier work
-    int can = 0;
-    cuda_check(cudaDeviceCanAccessPeer(&can, d.ordinal, s.ordinal), "cudaDeviceCanAccessPeer", d.name);
-    if (how == peer_copy::staged || (how == peer_copy::automatic && can == 0)) {
-      staged_device_copy(d, dst, s, src, bytes);
-      return;
-    }
-    {
-      device_guard guard(s.ordinal);
-      cuda_check(cudaMemcpyPeerAsync(dst, d.ordinal, src, s.ordinal, bytes, s.compute), "cudaMemcpyPeerAsync", s.name);
-    }
+    if (d.ordinal != s.ordinal) return copy_between_devices(*dst_place, dst, *src_place, src, bytes, how);
+    // one device (two places on it, or one place): the copy on the destination's stream,
+    // after the source's work; the source's later work waits for the copy before it
+    // overwrites what the copy reads
+    device_guard guard(d.ordinal);
     s.make_wait(d.compute, s.compute);
+    cuda_check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, d.compute), "cudaMemcpyAsync", d.name);
+    d.make_wait(s.compute, d.compute);
     return;
   }
   cuda_device& g = cuda_device_of(to_gpu ? *dst_place : *src_place);
   device_guard guard(g.ordinal);
   cuda_check(cudaMemcpyAsync(dst, src, bytes, to_gpu ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost, g.compute), "cudaMemcpyAsync",
              g.name);
-  if (completion == copy_completion::host_safe) cuda_check(cudaStreamSynchronize(g.compute), "cudaStreamSynchronize", g.name);
+  if (completion == copy_completion::host_safe) wait_for_stream(g, g.compute);
 #else
   (void)completion;
   (void)how;
@@ -3826,10 +4088,15 @@ inline void fill_bytes(place_state* place, void* dst, const void* value, std::si
     cuda_check(cudaMemsetAsync(dst, v[0], elem_bytes * count, g.compute), "cudaMemsetAsync", g.name);
     return;
   }
-  // a pattern of several bytes: written on the host, then copied up
-  std::vector<unsigned char> pattern(elem_bytes * count);
-  for (std::size_t i = 0; i < count; ++i) std::memcpy(pattern.data() + i * elem_bytes, v, elem_bytes);
-  copy_bytes(place, dst, nullptr, pattern.data(), pattern.size());
+  // a pattern of several bytes: one element copied up, then doubled on the device (log2(count)
+  // device-to-device copies, no host buffer of the whole size)
+  auto* out = static_cast<unsigned char*>(dst);
+  cuda_check(cudaMemcpyAsync(out, v, elem_bytes, cudaMemcpyHostToDevice, g.compute), "cudaMemcpyAsync", g.name);
+  for (std::size_t have = 1; have < count; have *= 2) {
+    const std::size_t more = std::min(have, count - have);
+    cuda_check(cudaMemcpyAsync(out + have * elem_bytes, out, more * elem_bytes, cudaMemcpyDeviceToDevice, g.compute), "cudaMemcpyAsync",
+               g.name);
+  }
 #else
   no_cuda("fill", place->name);
 #endif
@@ -3969,6 +4236,9 @@ decltype(auto) visit_group(any_group& g, F&& f) {
 /// p is member `coord(p, a)` of group `line_of[a][p]`.
 struct mesh_comms {
   std::shared_ptr<any_group> whole;
+  /// @brief The threads or MPI group of all the places, whatever their devices: small
+  /// exchanges of host values (agreement checks) go through it on any mesh, never NCCL.
+  std::shared_ptr<any_group> whole_host;
   std::vector<std::vector<std::shared_ptr<any_group>>> lines;
   std::vector<std::vector<std::size_t>> line_of;
 
@@ -4038,18 +4308,23 @@ mesh_comms& comms_of(const Mesh& m) {
 #if defined(PDO_WITH_CUDA)
     using nccl_comms = std::shared_ptr<nccl::detail::comm_set>;
     const nccl_comms whole_nccl = devices == mesh_devices::gpu ? nccl::detail::init_mesh(state) : nullptr;
-    auto wrap = [&](const std::vector<std::size_t>& members, nccl_comms nc, const std::string& label) {
+    auto wrap = [&](const std::vector<std::size_t>& members, nccl_comms nc, const std::string& label,
+                    std::shared_ptr<any_group>* host_out = nullptr) {
       auto host = make_host_group(state, members, label);
+      if (host_out != nullptr) *host_out = from_host(host);
       return devices == mesh_devices::cpu ? from_host(host) : device_group(state, members, std::move(host), std::move(nc));
     };
 #else
     using nccl_comms = std::nullptr_t;
     const nccl_comms whole_nccl = nullptr;
-    auto wrap = [&](const std::vector<std::size_t>& members, nccl_comms, const std::string& label) {
-      return from_host(make_host_group(state, members, label));
+    auto wrap = [&](const std::vector<std::size_t>& members, nccl_comms, const std::string& label,
+                    std::shared_ptr<any_group>* host_out = nullptr) {
+      auto host = from_host(make_host_group(state, members, label));
+      if (host_out != nullptr) *host_out = host;
+      return host;
     };
 #endif
-    comms->whole = wrap(all, whole_nccl, "the whole " + m.describe());
+    comms->whole = wrap(all, whole_nccl, "the whole " + m.describe(), &comms->whole_host);
     comms->lines.resize(Mesh::ndim);
     comms->line_of.assign(Mesh::ndim, std::vector<std::size_t>(m.size()));
     for (std::size_t a = 0; a < Mesh::ndim; ++a) {
@@ -4094,6 +4369,14 @@ mesh_communicator communicator_along(const Mesh& m, std::size_t axis, std::size_
 template <class Mesh>
 mesh_communicator communicator_of(const Mesh& m, std::size_t index) {
   return {detail::comms_of(m).whole, index};
+}
+
+/// @brief Place `index`'s endpoint on the host group of all places of the mesh (threads or
+/// MPI, whatever the places' devices), for buffers in host memory: on a mesh of GPU places
+/// communicator_of's group is NCCL, which takes device memory only.
+template <class Mesh>
+mesh_communicator host_communicator_of(const Mesh& m, std::size_t index) {
+  return {detail::comms_of(m).whole_host, index};
 }
 
 }  // namespace pdo
@@ -4280,31 +4563,66 @@ void spmd(const Mesh& m, Task&& task) {
 #ifndef PDO_SINGLE_PDO_KERNELS_CUDA_SYSTEM_HPP
 #define PDO_SINGLE_PDO_KERNELS_CUDA_SYSTEM_HPP
 // pdo/kernels/cuda_system.hpp: the algorithms of pdo's kernels on a GPU place: the same
-// functors as on CPU places (each a PDO_HD functor of an output index), run by Thrust's
-// CUDA system on the place's compute stream without waiting for them (par_nosync). A
-// reduction's result comes back to the host, so it waits for its own stream only.
+// functors as on CPU places (each a PDO_HD functor of an output index), run on the place's
+// compute stream without waiting for them. Under nvcc they are Thrust's for_each (CUB's
+// DeviceFor) and CUB's DeviceReduce, whose temporary storage comes from the place's caching
+// allocator (in its cap and statistics, and stream-ordered). Built against the simulated
+// devices of tests/cuda_sim (PDO_CUDA_SIMULATOR), the same functors run as the stream's
+// device work. A reduction either writes its result into device memory (no wait), or brings
+// it back to the host, waiting for its own stream only.
 //
-// Kernels are compiled by nvcc: in a translation unit compiled by a host compiler, work
-// on a GPU place that needs a kernel throws a pdo::error that says so (cuBLAS and the
-// copies need no kernel of ours and work from any translation unit).
+// In a translation unit compiled by a host compiler against the real CUDA runtime, work on
+// a GPU place that needs a kernel throws a pdo::error that says so (cuBLAS and the copies
+// need no kernel of ours and work from any translation unit).
 
 
 #include <cstddef>
 #include <string>
 
-#if defined(__CUDACC__) && defined(PDO_WITH_CUDA)
-#include <thrust/for_each.h>
+// Host-only builds take Thrust's C++ system as the device system, so no CUDA header is needed.
+#if !defined(__CUDACC__) && !defined(THRUST_DEVICE_SYSTEM)
+#define THRUST_DEVICE_SYSTEM THRUST_DEVICE_SYSTEM_CPP
+#endif
 #include <thrust/iterator/counting_iterator.h>
+
+#if defined(PDO_WITH_CUDA) && defined(__CUDACC__)
+#include <cub/device/device_reduce.cuh>
+#include <thrust/for_each.h>
 #include <thrust/system/cuda/execution_policy.h>
 #include <thrust/system_error.h>
-#include <thrust/transform_reduce.h>
 #endif
 
 namespace pdo::detail {
 
-#if defined(__CUDACC__) && defined(PDO_WITH_CUDA)
+#if defined(PDO_WITH_CUDA) && (defined(__CUDACC__) || defined(PDO_CUDA_SIMULATOR))
 inline constexpr bool cuda_kernels_enabled = true;
 
+/// @brief out[i - base] = f(i): a transform over an index range as one for_each work item.
+template <class Out, class F>
+struct write_element {
+  Out out;
+  F f;
+  std::size_t base;
+  PDO_HD void operator()(std::size_t i) const { out[i - base] = f(i); }
+};
+
+/// @brief out[0] = reduce over k in [first, last) of f(k), from `init`, sequentially: the
+/// simulator's reduction kernel.
+template <class F, class T, class Op>
+struct reduce_range {
+  F f;
+  T init;
+  Op op;
+  std::size_t first, last;
+  T* out;
+  PDO_HD void operator()(std::size_t) const {
+    T acc = init;
+    for (std::size_t k = first; k < last; ++k) acc = op(acc, f(k));
+    *out = acc;
+  }
+};
+
+#if defined(__CUDACC__)
 /// @brief Runs `launch(policy)` with the CUDA policy of GPU place `p` (its compute stream),
 /// turning Thrust's and CUDA's failures into a pdo::error naming the place.
 template <class Launch>
@@ -4320,34 +4638,95 @@ auto on_gpu_stream(place_state& p, const char* what, Launch&& launch) {
   }
 }
 
-/// @brief out[i - base] = f(i): a transform over an index range as one for_each work item.
-template <class Out, class F>
-struct write_element {
-  Out out;
-  F f;
-  std::size_t base;
-  __device__ void operator()(std::size_t i) const { out[i - base] = f(i); }
-};
+/// @brief f(first + k) for k in [0, n) on the place's compute stream, as Thrust's for_each
+/// (CUB's DeviceFor: one kernel per functor).
+template <class F>
+void launch_indices(place_state& p, std::size_t first, std::size_t n, F f, const char* what) {
+  on_gpu_stream(p, what, [&](auto policy) { return thrust::for_each_n(policy, thrust::counting_iterator<std::size_t>(first), n, f); });
+}
 
-/// @brief out[k] = f(first + k) on the place's compute stream. It runs as Thrust's for_each
-/// (CUB's DeviceFor: one kernel per functor) rather than Thrust's transform, whose CUDA
-/// system builds several kernels per functor to stream the inputs a counting iterator does
-/// not have (pdo's functors read their operands themselves).
+/// @brief out[0] = reduce of f over [first, last) on the place's compute stream: CUB's
+/// DeviceReduce, its temporary storage from the place's allocator (freed, stream-ordered,
+/// once the reduction is queued: later work of the stream reuses it only after).
+template <class F, class T, class Op>
+void launch_reduce_into(place_state& p, std::size_t first, std::size_t last, F f, T init, Op op, T* out) {
+  cuda_device& d = cuda_device_of(p);
+  device_guard guard(d.ordinal);
+  const thrust::counting_iterator<std::size_t> in(first);
+  std::size_t bytes = 0;
+  cuda_check(cub::DeviceReduce::TransformReduce(nullptr, bytes, in, out, last - first, op, f, init, d.compute),
+             "cub::DeviceReduce::TransformReduce", p.name);
+  void* storage = p.memory->allocate(bytes == 0 ? 1 : bytes);
+  const cudaError_t status = cub::DeviceReduce::TransformReduce(storage, bytes, in, out, last - first, op, f, init, d.compute);
+  p.memory->deallocate(storage, bytes == 0 ? 1 : bytes);
+  cuda_check(status, "cub::DeviceReduce::TransformReduce", p.name);
+}
+#else
+/// @brief f(first + k) for k in [0, n) as device work of the place's compute stream (the
+/// simulated device runs it on the stream's thread, after the work queued before it).
+template <class F>
+void launch_indices(place_state& p, std::size_t first, std::size_t n, F f, const char* what) {
+  if (n == 0) return;
+  struct job {
+    F f;
+    std::size_t first;
+  };
+  cuda_device& d = cuda_device_of(p);
+  device_guard guard(d.ordinal);
+  auto* work = new job{f, first};
+  cuda_check(cudaSimLaunchKernel(
+                 d.compute, n,
+                 [](void* args, unsigned long long begin, unsigned long long end) {
+                   const job& j = *static_cast<const job*>(args);
+                   for (unsigned long long k = begin; k < end; ++k) j.f(j.first + static_cast<std::size_t>(k));
+                 },
+                 work, [](void* args) { delete static_cast<job*>(args); }),
+             what, p.name);
+}
+
+template <class F, class T, class Op>
+void launch_reduce_into(place_state& p, std::size_t first, std::size_t last, F f, T init, Op op, T* out) {
+  launch_indices(p, 0, 1, reduce_range<F, T, Op>{f, init, op, first, last, out}, "reduction kernel");
+}
+#endif
+
+/// @brief out[k] = f(first + k) on the place's compute stream.
 template <class Out, class F>
 Out gpu_transform(place_state& p, thrust::counting_iterator<std::size_t> first, thrust::counting_iterator<std::size_t> last, Out out, F f) {
   const std::size_t n = *last - *first;
-  on_gpu_stream(p, "thrust::for_each_n", [&](auto policy) { return thrust::for_each_n(policy, first, n, write_element<Out, F>{out, f, *first}); });
+  launch_indices(p, *first, n, write_element<Out, F>{out, f, *first}, "thrust::for_each_n");
   return out + static_cast<std::ptrdiff_t>(n);
 }
 template <class F>
 thrust::counting_iterator<std::size_t> gpu_for_each_n(place_state& p, thrust::counting_iterator<std::size_t> first, std::size_t n, F f) {
-  return on_gpu_stream(p, "thrust::for_each_n", [&](auto policy) { return thrust::for_each_n(policy, first, n, f); });
+  launch_indices(p, *first, n, f, "thrust::for_each_n");
+  return first + static_cast<std::ptrdiff_t>(n);
 }
+
+/// @brief *out (device memory of `p`) = the reduction, queued on the place's compute stream.
+template <class F, class T, class Op>
+void gpu_transform_reduce_into(place_state& p, thrust::counting_iterator<std::size_t> first, thrust::counting_iterator<std::size_t> last,
+                               F f, T init, Op op, T* out) {
+  launch_reduce_into(p, *first, *last, f, init, op, out);
+}
+
+/// @brief The reduction, brought back to the host (waits for the place's compute stream).
 template <class F, class T, class Op>
 T gpu_transform_reduce(place_state& p, thrust::counting_iterator<std::size_t> first, thrust::counting_iterator<std::size_t> last, F f,
                        T init, Op op) {
-  return on_gpu_stream(p, "thrust::transform_reduce",
-                       [&](auto policy) { return thrust::transform_reduce(policy, first, last, f, init, op); });
+  cuda_device& d = cuda_device_of(p);
+  T* scalar = static_cast<T*>(p.memory->allocate(sizeof(T)));
+  struct give_back {
+    place_state& p;
+    T* scalar;
+    ~give_back() { p.memory->deallocate(scalar, sizeof(T)); }
+  } guard_scalar{p, scalar};
+  launch_reduce_into(p, *first, *last, f, init, op, scalar);
+  T result{};
+  device_guard guard(d.ordinal);
+  cuda_check(cudaMemcpyAsync(&result, scalar, sizeof(T), cudaMemcpyDeviceToHost, d.compute), "cudaMemcpyAsync", p.name);
+  wait_for_stream(d, d.compute);
+  return result;
 }
 #else
 inline constexpr bool cuda_kernels_enabled = false;
@@ -4368,15 +4747,15 @@ template <class F, class T, class Op, class First>
 T gpu_transform_reduce(place_state& p, First, First, F, T, Op) {
   no_gpu_kernels(p);
 }
+template <class F, class T, class Op, class First>
+void gpu_transform_reduce_into(place_state& p, First, First, F, T, Op, T*) {
+  no_gpu_kernels(p);
+}
 #endif
 
 }  // namespace pdo::detail
 #endif  // PDO_SINGLE_PDO_KERNELS_CUDA_SYSTEM_HPP
 
-// Host-only builds take Thrust's C++ system as the device system, so no CUDA header is needed.
-#if !defined(__CUDACC__) && !defined(THRUST_DEVICE_SYSTEM)
-#define THRUST_DEVICE_SYSTEM THRUST_DEVICE_SYSTEM_CPP
-#endif
 #include <thrust/functional.h>
 #include <thrust/iterator/counting_iterator.h>
 #include <thrust/for_each.h>
@@ -4519,6 +4898,15 @@ T transform_reduce([[maybe_unused]] place_system& system, thrust::counting_itera
   }
 #endif
   return n == 0 ? init : op(init, range(0, n));
+}
+
+/// @brief *out = reduce(f(first + k)) with `op`, from `init`: on a GPU place a kernel that
+/// writes the result into device memory (queued, no wait); elsewhere at once.
+template <class F, class T, class Op>
+void transform_reduce_into(place_system& system, thrust::counting_iterator<std::size_t> first, thrust::counting_iterator<std::size_t> last,
+                           F f, T init, Op op, T* out) {
+  if (system.gpu != nullptr) return gpu_transform_reduce_into(*system.gpu, first, last, f, init, op, out);
+  *out = transform_reduce(system, first, last, f, init, op);
 }
 
 /// @brief f(i) for i in [0, n), over data in the memory of `where` (a tensor's place; null:
@@ -5316,26 +5704,79 @@ namespace detail {
 
 #if defined(PDO_WITH_CUDA)
 /// @brief GPU to GPU on different devices through the two pinned buffers of the source:
-/// chunk i goes down on the source's stream into buffer i % 2, then up on the
-/// destination's stream; a buffer is refilled once its previous upload has finished.
+/// chunk i goes down on the source's compute stream into buffer i % 2, then up on the
+/// destination's; a buffer is refilled once its previous upload has read it. Every step is
+/// ordered by events on the streams (each recorded on its own device's stream): nothing
+/// waits on the host.
 inline void staged_device_copy(cuda_device& dst, void* to, cuda_device& src, const void* from, std::size_t bytes) {
   std::lock_guard lock(src.staging_mutex);
   src.ensure_staging();
   auto* out = static_cast<char*>(to);
   const auto* in = static_cast<const char*>(from);
   for (std::size_t done = 0, chunk = 0; done < bytes; ++chunk) {
-    const std::size_t b = chunk % 2, n = std::min(cuda_device::staging_bytes, bytes - done);
-    cuda_check(cudaEventSynchronize(src.staging_free[b]), "cudaEventSynchronize", src.name);
+    const int b = static_cast<int>(chunk % 2);
+    const std::size_t n = std::min(cuda_device::staging_bytes, bytes - done);
     {
       device_guard guard(src.ordinal);
+      if (src.last_upload[b] != nullptr) cuda_check(cudaStreamWaitEvent(src.compute, src.last_upload[b], 0), "cudaStreamWaitEvent", src.name);
       cuda_check(cudaMemcpyAsync(src.staging[b], in + done, n, cudaMemcpyDeviceToHost, src.compute), "cudaMemcpyAsync", src.name);
-      cuda_check(cudaStreamSynchronize(src.compute), "cudaStreamSynchronize", src.name);
+      cuda_check(cudaEventRecord(src.staged[b], src.compute), "cudaEventRecord", src.name);
     }
     device_guard guard(dst.ordinal);
+    cuda_check(cudaStreamWaitEvent(dst.compute, src.staged[b], 0), "cudaStreamWaitEvent", dst.name);
     cuda_check(cudaMemcpyAsync(out + done, src.staging[b], n, cudaMemcpyHostToDevice, dst.compute), "cudaMemcpyAsync", dst.name);
-    cuda_check(cudaEventRecord(src.staging_free[b], dst.compute), "cudaEventRecord", dst.name);
+    cudaEvent_t uploaded = src.upload_event(b, dst.ordinal);
+    cuda_check(cudaEventRecord(uploaded, dst.compute), "cudaEventRecord", dst.name);
+    src.last_upload[b] = uploaded;
     done += n;
   }
+}
+
+/// @brief A copy between two GPUs on different devices. Each step runs on the worker of
+/// its place, in that place's order of work: the destination marks the work queued on it so
+/// far (which may still read the destination block); the source waits for that mark, copies
+/// (peer, or staged), and marks the copy; the destination waits for that. So each device's
+/// stream waits only for work its place queued before the copy, never for work queued after
+/// it, and a collective queued on both places in one order cannot wait for itself through
+/// the copy.
+inline void copy_between_devices(place_state& dst_place, void* dst, place_state& src_place, const void* src, std::size_t bytes, peer_copy how) {
+  cuda_device &d = cuda_device_of(dst_place), &s = cuda_device_of(src_place);
+  cudaEvent_t destination_ready = nullptr, copied = nullptr;
+  {
+    device_guard guard(d.ordinal);
+    cuda_check(cudaEventCreateWithFlags(&destination_ready, cudaEventDisableTiming), "cudaEventCreateWithFlags", d.name);
+  }
+  {
+    device_guard guard(s.ordinal);
+    cuda_check(cudaEventCreateWithFlags(&copied, cudaEventDisableTiming), "cudaEventCreateWithFlags", s.name);
+  }
+  struct release {
+    cudaEvent_t a, b;
+    ~release() {
+      cudaEventDestroy(a);  // queued waits on them still see them complete
+      cudaEventDestroy(b);
+    }
+  } events{destination_ready, copied};
+  run_on_place(dst_place, [&] {
+    device_guard guard(d.ordinal);
+    cuda_check(cudaEventRecord(destination_ready, d.compute), "cudaEventRecord", d.name);
+  });
+  const bool direct = how == peer_copy::direct || (how == peer_copy::automatic && enable_peer_access(s.ordinal, d.ordinal));
+  run_on_place(src_place, [&] {
+    device_guard guard(s.ordinal);
+    cuda_check(cudaStreamWaitEvent(s.compute, destination_ready, 0), "cudaStreamWaitEvent", s.name);
+    if (direct) {
+      if (how == peer_copy::direct) enable_peer_access(s.ordinal, d.ordinal);
+      cuda_check(cudaMemcpyPeerAsync(dst, d.ordinal, src, s.ordinal, bytes, s.compute), "cudaMemcpyPeerAsync", s.name);
+      cuda_check(cudaEventRecord(copied, s.compute), "cudaEventRecord", s.name);
+    } else {
+      staged_device_copy(d, dst, s, src, bytes);  // the uploads run on the destination's stream
+    }
+  });
+  run_on_place(dst_place, [&] {
+    device_guard guard(d.ordinal);
+    if (direct) cuda_check(cudaStreamWaitEvent(d.compute, copied, 0), "cudaStreamWaitEvent", d.name);
+  });
 }
 #endif
 
@@ -5352,31 +5793,21 @@ inline void copy_bytes(place_state* dst_place, void* dst, place_state* src_place
 #if defined(PDO_WITH_CUDA)
   if (to_gpu && from_gpu) {
     auto &d = cuda_device_of(*dst_place), &s = cuda_device_of(*src_place);
-    if (d.ordinal == s.ordinal) {
-      device_guard guard(d.ordinal);
-      s.make_wait(d.compute, s.compute);
-      cuda_check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, d.compute), "cudaMemcpyAsync", d.name);
-      return;
-    }
-    d.make_wait(s.compute, d.compute);  // the destination's block may still be read by its earlier work
-    int can = 0;
-    cuda_check(cudaDeviceCanAccessPeer(&can, d.ordinal, s.ordinal), "cudaDeviceCanAccessPeer", d.name);
-    if (how == peer_copy::staged || (how == peer_copy::automatic && can == 0)) {
-      staged_device_copy(d, dst, s, src, bytes);
-      return;
-    }
-    {
-      device_guard guard(s.ordinal);
-      cuda_check(cudaMemcpyPeerAsync(dst, d.ordinal, src, s.ordinal, bytes, s.compute), "cudaMemcpyPeerAsync", s.name);
-    }
+    if (d.ordinal != s.ordinal) return copy_between_devices(*dst_place, dst, *src_place, src, bytes, how);
+    // one device (two places on it, or one place): the copy on the destination's stream,
+    // after the source's work; the source's later work waits for the copy before it
+    // overwrites what the copy reads
+    device_guard guard(d.ordinal);
     s.make_wait(d.compute, s.compute);
+    cuda_check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, d.compute), "cudaMemcpyAsync", d.name);
+    d.make_wait(s.compute, d.compute);
     return;
   }
   cuda_device& g = cuda_device_of(to_gpu ? *dst_place : *src_place);
   device_guard guard(g.ordinal);
   cuda_check(cudaMemcpyAsync(dst, src, bytes, to_gpu ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost, g.compute), "cudaMemcpyAsync",
              g.name);
-  if (completion == copy_completion::host_safe) cuda_check(cudaStreamSynchronize(g.compute), "cudaStreamSynchronize", g.name);
+  if (completion == copy_completion::host_safe) wait_for_stream(g, g.compute);
 #else
   (void)completion;
   (void)how;
@@ -5425,10 +5856,15 @@ inline void fill_bytes(place_state* place, void* dst, const void* value, std::si
     cuda_check(cudaMemsetAsync(dst, v[0], elem_bytes * count, g.compute), "cudaMemsetAsync", g.name);
     return;
   }
-  // a pattern of several bytes: written on the host, then copied up
-  std::vector<unsigned char> pattern(elem_bytes * count);
-  for (std::size_t i = 0; i < count; ++i) std::memcpy(pattern.data() + i * elem_bytes, v, elem_bytes);
-  copy_bytes(place, dst, nullptr, pattern.data(), pattern.size());
+  // a pattern of several bytes: one element copied up, then doubled on the device (log2(count)
+  // device-to-device copies, no host buffer of the whole size)
+  auto* out = static_cast<unsigned char*>(dst);
+  cuda_check(cudaMemcpyAsync(out, v, elem_bytes, cudaMemcpyHostToDevice, g.compute), "cudaMemcpyAsync", g.name);
+  for (std::size_t have = 1; have < count; have *= 2) {
+    const std::size_t more = std::min(have, count - have);
+    cuda_check(cudaMemcpyAsync(out + have * elem_bytes, out, more * elem_bytes, cudaMemcpyDeviceToDevice, g.compute), "cudaMemcpyAsync",
+               g.name);
+  }
 #else
   no_cuda("fill", place->name);
 #endif
@@ -5967,7 +6403,7 @@ std::string redistribute_context(const dtensor<T, Rank, Mesh, Layout>& x, const 
 template <class Mesh, std::size_t Rank>
 void check_same_host_shape(const Mesh& m, std::size_t p, const shape_t<Rank>& shape) {
   std::vector<std::size_t> all(m.size() * Rank);
-  communicator_of(m, p).all_gather(std::span<const std::size_t>(shape.data(), Rank), std::span<std::size_t>(all));
+  host_communicator_of(m, p).all_gather(std::span<const std::size_t>(shape.data(), Rank), std::span<std::size_t>(all));
   for (std::size_t q = 0; q < m.size(); ++q)
     if (!std::equal(shape.begin(), shape.end(), all.begin() + static_cast<std::ptrdiff_t>(q * Rank)))
       throw mismatch_error("distribute: the processes passed host tensors of different shapes: " + format_extents(shape) +
@@ -7118,7 +7554,9 @@ class transpose_node : public detail::op_node<C> {
 
 #include <algorithm>
 #include <cstddef>
+#include <limits>
 #include <mutex>
+#include <string>
 #include <type_traits>
 #include <utility>
 
@@ -7165,42 +7603,60 @@ inline constexpr bool blas_gemm_v =
 #endif
 
 #if defined(PDO_WITH_CUDA)
+/// @brief `n` as the int cuBLAS takes, or a pdo::error naming the call, what `n` is and the place.
+inline int cublas_int(std::size_t n, const char* what, const char* call, const place_state& p) {
+  if (n > static_cast<std::size_t>(std::numeric_limits<int>::max()))
+    throw error(std::string(call) + " on " + p.name + ": " + what + " " + std::to_string(n) +
+                " exceeds cuBLAS's int extents; split the product");
+  return static_cast<int>(n);
+}
+
 /// @brief C = A * B with cuBLAS on GPU place `p`'s compute stream. cuBLAS is column-major:
-/// a row-major matrix is its transpose there, so it computes Cᵀ = op(B)ᵀ op(A)ᵀ.
+/// a row-major matrix is its transpose there, so it computes Cᵀ = op(B)ᵀ op(A)ᵀ. Empty
+/// products never reach cuBLAS (gemm answers them), so every leading dimension is >= 1.
 template <class T>
 void cublas_gemm(place_state& p, std::size_t m, std::size_t n, std::size_t k, matrix_ref<T> a, matrix_ref<T> b, T* c) {
   cuda_device& d = cuda_device_of(p);
   device_guard guard(d.ordinal);
   const T one = 1, zero = 0;
   const auto ta = a.trans ? CUBLAS_OP_T : CUBLAS_OP_N, tb = b.trans ? CUBLAS_OP_T : CUBLAS_OP_N;
-  const auto M = static_cast<int>(m), N = static_cast<int>(n), K = static_cast<int>(k);
+  const char* call = std::is_same_v<T, float> ? "cublasSgemm" : "cublasDgemm";
+  const int M = cublas_int(m, "m", call, p), N = cublas_int(n, "n", call, p), K = cublas_int(k, "k", call, p);
+  const int lda = cublas_int(a.ld, "lda", call, p), ldb = cublas_int(b.ld, "ldb", call, p);
   if constexpr (std::is_same_v<T, float>)
-    cublas_check(cublasSgemm(d.blas, tb, ta, N, M, K, &one, b.data, static_cast<int>(b.ld), a.data, static_cast<int>(a.ld), &zero, c, N),
-                 "cublasSgemm", p.name);
+    cublas_check(cublasSgemm(d.blas, tb, ta, N, M, K, &one, b.data, ldb, a.data, lda, &zero, c, N), call, p.name);
   else
-    cublas_check(cublasDgemm(d.blas, tb, ta, N, M, K, &one, b.data, static_cast<int>(b.ld), a.data, static_cast<int>(a.ld), &zero, c, N),
-                 "cublasDgemm", p.name);
+    cublas_check(cublasDgemm(d.blas, tb, ta, N, M, K, &one, b.data, ldb, a.data, lda, &zero, c, N), call, p.name);
 }
 
 /// @brief `batches` products C_i = A_i * B_i, A_i at a.data + i * stride_a (likewise B, C;
-/// a stride of 0 repeats one matrix) as one cublas?gemmStridedBatched call.
+/// a stride of 0 repeats one matrix) as one cublas?gemmStridedBatched call. Empty blocks
+/// (m, n or k of 0, as uneven splits give) are answered here: cuBLAS refuses leading
+/// dimensions of 0.
 template <class T>
 void cublas_gemm_batched(place_state& p, std::size_t batches, std::size_t m, std::size_t n, std::size_t k, matrix_ref<T> a,
                          std::size_t stride_a, matrix_ref<T> b, std::size_t stride_b, T* c) {
+  if (batches == 0 || m == 0 || n == 0) return;
+  if (k == 0) {
+    const T zero{};
+    fill_bytes(&p, c, &zero, sizeof(T), batches * m * n);
+    return;
+  }
   cuda_device& d = cuda_device_of(p);
   device_guard guard(d.ordinal);
   const T one = 1, zero = 0;
   const auto ta = a.trans ? CUBLAS_OP_T : CUBLAS_OP_N, tb = b.trans ? CUBLAS_OP_T : CUBLAS_OP_N;
-  const auto M = static_cast<int>(m), N = static_cast<int>(n), K = static_cast<int>(k), count = static_cast<int>(batches);
+  const char* call = std::is_same_v<T, float> ? "cublasSgemmStridedBatched" : "cublasDgemmStridedBatched";
+  const int M = cublas_int(m, "m", call, p), N = cublas_int(n, "n", call, p), K = cublas_int(k, "k", call, p);
+  const int count = cublas_int(batches, "batch count", call, p);
+  const int lda = cublas_int(a.ld, "lda", call, p), ldb = cublas_int(b.ld, "ldb", call, p);
   const auto sa = static_cast<long long>(stride_a), sb = static_cast<long long>(stride_b), sc = static_cast<long long>(m * n);
   if constexpr (std::is_same_v<T, float>)
-    cublas_check(cublasSgemmStridedBatched(d.blas, tb, ta, N, M, K, &one, b.data, static_cast<int>(b.ld), sb, a.data,
-                                           static_cast<int>(a.ld), sa, &zero, c, N, sc, count),
-                 "cublasSgemmStridedBatched", p.name);
+    cublas_check(cublasSgemmStridedBatched(d.blas, tb, ta, N, M, K, &one, b.data, ldb, sb, a.data, lda, sa, &zero, c, N, sc, count), call,
+                 p.name);
   else
-    cublas_check(cublasDgemmStridedBatched(d.blas, tb, ta, N, M, K, &one, b.data, static_cast<int>(b.ld), sb, a.data,
-                                           static_cast<int>(a.ld), sa, &zero, c, N, sc, count),
-                 "cublasDgemmStridedBatched", p.name);
+    cublas_check(cublasDgemmStridedBatched(d.blas, tb, ta, N, M, K, &one, b.data, ldb, sb, a.data, lda, sa, &zero, c, N, sc, count), call,
+                 p.name);
 }
 #endif
 
@@ -7495,14 +7951,25 @@ void reduce_dim(place_system& system, const T* in, const dim_view& v, reduction 
                     out, reduce_along_dim<T>{in, v.extent, v.inner, what, scale});
 }
 
-/// @brief The reduction of all `n` elements of `in`; `global_count` divides a mean.
+/// @brief *out = *out * factor, for the one element of a rank-0 result.
 template <class T>
-T reduce_all(place_system& system, const T* in, std::size_t n, reduction what, std::size_t global_count) {
+struct scale_element {
+  T* out;
+  T factor;
+  PDO_HD void operator()(std::size_t) const { *out = *out * factor; }
+};
+
+/// @brief *out (in the memory of the system's place) = the reduction of all `n` elements of
+/// `in`; `global_count` divides a mean. On a GPU place the result is written by kernels.
+template <class T>
+void reduce_all_into(place_system& system, const T* in, std::size_t n, reduction what, std::size_t global_count, T* out) {
   const thrust::counting_iterator<std::size_t> first(0), last(n);
-  if (what == reduction::max)
-    return thrust::transform_reduce(system, first, last, read_at<T>{in}, reduction_identity<T>(what), max_of<T>{});
-  const T sum = thrust::transform_reduce(system, first, last, read_at<T>{in}, T{}, thrust::plus<T>{});
-  return what == reduction::mean ? sum / static_cast<T>(global_count) : sum;
+  if (what == reduction::max) {
+    transform_reduce_into(system, first, last, read_at<T>{in}, reduction_identity<T>(what), max_of<T>{}, out);
+    return;
+  }
+  transform_reduce_into(system, first, last, read_at<T>{in}, T{}, thrust::plus<T>{}, out);
+  if (what == reduction::mean) thrust::for_each_n(system, first, std::size_t{1}, scale_element<T>{out, T(1) / static_cast<T>(global_count)});
 }
 
 }  // namespace pdo::detail
@@ -7545,7 +8012,7 @@ class reduce_node : public detail::op_node<C> {
   void run(Ctx& ctx, tensor<value_type, rank>& out) const {
     const auto in = detail::operand_block<0>(*this, ctx);
     if constexpr (All) {
-      out.data()[0] = detail::reduce_all(ctx.system, in.data, detail::volume(in.shape), What, detail::volume(in.global));
+      detail::reduce_all_into(ctx.system, in.data, detail::volume(in.shape), What, detail::volume(in.global), out.data());
     } else {
       detail::reduce_dim(ctx.system, in.data, detail::view_along(in.shape, Dim), What, in.global[Dim], out.data());
     }
@@ -7732,6 +8199,15 @@ struct cross_entropy_row {
   }
 };
 
+/// @brief *out = *out / count (the mean of a sum), NaN for no samples (the mean of nothing,
+/// as PyTorch gives).
+template <class T>
+struct mean_of_sum {
+  T* out;
+  std::size_t count;
+  PDO_HD void operator()(std::size_t) const { *out = count == 0 ? T(0) / T(0) : *out / static_cast<T>(count); }
+};
+
 /// @brief 1 for a label outside [0, classes), else 0.
 template <class Label>
 struct label_out_of_range {
@@ -7816,12 +8292,10 @@ class cross_entropy_node : public detail::op_node<Logits, Labels> {
     if (bad != 0)
       throw shape_error("cross_entropy: " + std::to_string(bad) + " labels of " + detail::describe_node(std::get<1>(this->children_)) +
                         " are not class indices in [0, " + std::to_string(classes) + ")");
-    const value_type total = thrust::transform_reduce(ctx.system, begin, end,
-                                                      detail::cross_entropy_row<value_type, label_t>{logits.data, first, classes},
-                                                      value_type{}, thrust::plus<value_type>{});
-    // no samples: NaN, the mean of nothing (as PyTorch gives)
-    out.data()[0] = logits.global[0] == 0 ? std::numeric_limits<value_type>::quiet_NaN()
-                                          : total / static_cast<value_type>(logits.global[0]);
+    // the sum of the rows' losses, then divided by the global row count, where the result lives
+    detail::transform_reduce_into(ctx.system, begin, end, detail::cross_entropy_row<value_type, label_t>{logits.data, first, classes},
+                                  value_type{}, thrust::plus<value_type>{}, out.data());
+    thrust::for_each_n(ctx.system, begin, std::size_t{1}, detail::mean_of_sum<value_type>{out.data(), logits.global[0]});
   }
 
  private:
@@ -8734,12 +9208,18 @@ void add_grad(const var<A>& a, G&& g) {
   else a.node()->accumulate(eval_as<target>(std::forward<G>(g)));
 }
 
-/// @brief The element of a rank-0 value (gathered to the host for a dtensor).
+/// @brief The element of a rank-0 value, on the host (gathered for a dtensor, copied down
+/// from a GPU's memory).
 template <class V>
 auto scalar_of(const V& v) {
   static_assert(value_kind<V>::rank == 0, "pdo: autograd: expected a rank-0 value");
-  if constexpr (value_kind<V>::distributed) return gather(v).data()[0];
-  else return v.data()[0];
+  if constexpr (value_kind<V>::distributed) {
+    return gather(v).data()[0];
+  } else {
+    typename value_kind<V>::element_type x{};
+    copy_bytes(nullptr, &x, v.where(), v.data(), sizeof x);
+    return x;
+  }
 }
 
 }  // namespace detail
@@ -10232,7 +10712,7 @@ block_outcomes share_outcomes(const Mesh& m, const std::vector<std::optional<Res
   std::vector<std::vector<std::size_t>> gathered(local.size(), std::vector<std::size_t>(o.values.size()));
   run_on_places("parallel_do", m, [&](std::size_t p, std::size_t k) {
     const auto v = mine(k);
-    communicator_of(m, p).all_gather(std::span<const std::size_t>(v), std::span<std::size_t>(gathered[k]));
+    host_communicator_of(m, p).all_gather(std::span<const std::size_t>(v), std::span<std::size_t>(gathered[k]));
   });
   o.values = gathered.front();
   return o;
@@ -10244,7 +10724,7 @@ std::string share_message(const Mesh& m, std::size_t failed, const std::string& 
   if (!m.is_multiprocess()) return local_message;
   std::vector<std::string> texts(m.local_places().size());
   run_on_places("parallel_do", m, [&](std::size_t p, std::size_t k) {
-    const auto comm = communicator_of(m, p);
+    const auto comm = host_communicator_of(m, p);
     std::size_t length = p == failed ? local_message.size() : 0;
     comm.broadcast(std::span<std::size_t>(&length, 1), failed);
     std::vector<char> text(length);
@@ -10573,12 +11053,16 @@ concept module = requires(const M& m) {
 
 namespace init {
 
-/// @brief A tensor of `shape` drawn uniformly from [-bound, bound).
+/// @brief A tensor of `shape` drawn uniformly from [-bound, bound), in the memory of the place
+/// running the calling thread (drawn on the host, then copied up to a GPU place).
 template <class T, std::size_t R>
 tensor<T, R> uniform(const shape_t<R>& shape, T bound, rng& gen) {
-  tensor<T, R> t(shape, detail::uninitialized);
+  detail::place_state* const here = detail::current_place();
+  const bool gpu = detail::on_gpu(here);
+  tensor<T, R> t = gpu ? tensor<T, R>::on_host(shape) : tensor<T, R>(shape, detail::uninitialized);
   std::uniform_real_distribution<double> dist(-static_cast<double>(bound), static_cast<double>(bound));
   for (auto& x : t) x = static_cast<T>(dist(gen));
+  if (gpu) return to_place(t, any_place(here->shared_from_this()));
   return t;
 }
 

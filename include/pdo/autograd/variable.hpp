@@ -239,12 +239,18 @@ void add_grad(const var<A>& a, G&& g) {
   else a.node()->accumulate(eval_as<target>(std::forward<G>(g)));
 }
 
-/// @brief The element of a rank-0 value (gathered to the host for a dtensor).
+/// @brief The element of a rank-0 value, on the host (gathered for a dtensor, copied down
+/// from a GPU's memory).
 template <class V>
 auto scalar_of(const V& v) {
   static_assert(value_kind<V>::rank == 0, "pdo: autograd: expected a rank-0 value");
-  if constexpr (value_kind<V>::distributed) return gather(v).data()[0];
-  else return v.data()[0];
+  if constexpr (value_kind<V>::distributed) {
+    return gather(v).data()[0];
+  } else {
+    typename value_kind<V>::element_type x{};
+    copy_bytes(nullptr, &x, v.where(), v.data(), sizeof x);
+    return x;
+  }
 }
 
 }  // namespace detail

@@ -58,6 +58,9 @@ decltype(auto) visit_group(any_group& g, F&& f) {
 /// p is member `coord(p, a)` of group `line_of[a][p]`.
 struct mesh_comms {
   std::shared_ptr<any_group> whole;
+  /// @brief The threads or MPI group of all the places, whatever their devices: small
+  /// exchanges of host values (agreement checks) go through it on any mesh, never NCCL.
+  std::shared_ptr<any_group> whole_host;
   std::vector<std::vector<std::shared_ptr<any_group>>> lines;
   std::vector<std::vector<std::size_t>> line_of;
 
@@ -127,18 +130,23 @@ mesh_comms& comms_of(const Mesh& m) {
 #if defined(PDO_WITH_CUDA)
     using nccl_comms = std::shared_ptr<nccl::detail::comm_set>;
     const nccl_comms whole_nccl = devices == mesh_devices::gpu ? nccl::detail::init_mesh(state) : nullptr;
-    auto wrap = [&](const std::vector<std::size_t>& members, nccl_comms nc, const std::string& label) {
+    auto wrap = [&](const std::vector<std::size_t>& members, nccl_comms nc, const std::string& label,
+                    std::shared_ptr<any_group>* host_out = nullptr) {
       auto host = make_host_group(state, members, label);
+      if (host_out != nullptr) *host_out = from_host(host);
       return devices == mesh_devices::cpu ? from_host(host) : device_group(state, members, std::move(host), std::move(nc));
     };
 #else
     using nccl_comms = std::nullptr_t;
     const nccl_comms whole_nccl = nullptr;
-    auto wrap = [&](const std::vector<std::size_t>& members, nccl_comms, const std::string& label) {
-      return from_host(make_host_group(state, members, label));
+    auto wrap = [&](const std::vector<std::size_t>& members, nccl_comms, const std::string& label,
+                    std::shared_ptr<any_group>* host_out = nullptr) {
+      auto host = from_host(make_host_group(state, members, label));
+      if (host_out != nullptr) *host_out = host;
+      return host;
     };
 #endif
-    comms->whole = wrap(all, whole_nccl, "the whole " + m.describe());
+    comms->whole = wrap(all, whole_nccl, "the whole " + m.describe(), &comms->whole_host);
     comms->lines.resize(Mesh::ndim);
     comms->line_of.assign(Mesh::ndim, std::vector<std::size_t>(m.size()));
     for (std::size_t a = 0; a < Mesh::ndim; ++a) {
@@ -183,6 +191,14 @@ mesh_communicator communicator_along(const Mesh& m, std::size_t axis, std::size_
 template <class Mesh>
 mesh_communicator communicator_of(const Mesh& m, std::size_t index) {
   return {detail::comms_of(m).whole, index};
+}
+
+/// @brief Place `index`'s endpoint on the host group of all places of the mesh (threads or
+/// MPI, whatever the places' devices), for buffers in host memory: on a mesh of GPU places
+/// communicator_of's group is NCCL, which takes device memory only.
+template <class Mesh>
+mesh_communicator host_communicator_of(const Mesh& m, std::size_t index) {
+  return {detail::comms_of(m).whole_host, index};
 }
 
 }  // namespace pdo

@@ -84,7 +84,7 @@ block_outcomes share_outcomes(const Mesh& m, const std::vector<std::optional<Res
   std::vector<std::vector<std::size_t>> gathered(local.size(), std::vector<std::size_t>(o.values.size()));
   run_on_places("parallel_do", m, [&](std::size_t p, std::size_t k) {
     const auto v = mine(k);
-    communicator_of(m, p).all_gather(std::span<const std::size_t>(v), std::span<std::size_t>(gathered[k]));
+    host_communicator_of(m, p).all_gather(std::span<const std::size_t>(v), std::span<std::size_t>(gathered[k]));
   });
   o.values = gathered.front();
   return o;
@@ -96,7 +96,7 @@ std::string share_message(const Mesh& m, std::size_t failed, const std::string& 
   if (!m.is_multiprocess()) return local_message;
   std::vector<std::string> texts(m.local_places().size());
   run_on_places("parallel_do", m, [&](std::size_t p, std::size_t k) {
-    const auto comm = communicator_of(m, p);
+    const auto comm = host_communicator_of(m, p);
     std::size_t length = p == failed ? local_message.size() : 0;
     comm.broadcast(std::span<std::size_t>(&length, 1), failed);
     std::vector<char> text(length);

@@ -41,7 +41,7 @@ class reduce_node : public detail::op_node<C> {
   void run(Ctx& ctx, tensor<value_type, rank>& out) const {
     const auto in = detail::operand_block<0>(*this, ctx);
     if constexpr (All) {
-      out.data()[0] = detail::reduce_all(ctx.system, in.data, detail::volume(in.shape), What, detail::volume(in.global));
+      detail::reduce_all_into(ctx.system, in.data, detail::volume(in.shape), What, detail::volume(in.global), out.data());
     } else {
       detail::reduce_dim(ctx.system, in.data, detail::view_along(in.shape, Dim), What, in.global[Dim], out.data());
     }

@@ -73,12 +73,10 @@ class cross_entropy_node : public detail::op_node<Logits, Labels> {
     if (bad != 0)
       throw shape_error("cross_entropy: " + std::to_string(bad) + " labels of " + detail::describe_node(std::get<1>(this->children_)) +
                         " are not class indices in [0, " + std::to_string(classes) + ")");
-    const value_type total = thrust::transform_reduce(ctx.system, begin, end,
-                                                      detail::cross_entropy_row<value_type, label_t>{logits.data, first, classes},
-                                                      value_type{}, thrust::plus<value_type>{});
-    // no samples: NaN, the mean of nothing (as PyTorch gives)
-    out.data()[0] = logits.global[0] == 0 ? std::numeric_limits<value_type>::quiet_NaN()
-                                          : total / static_cast<value_type>(logits.global[0]);
+    // the sum of the rows' losses, then divided by the global row count, where the result lives
+    detail::transform_reduce_into(ctx.system, begin, end, detail::cross_entropy_row<value_type, label_t>{logits.data, first, classes},
+                                  value_type{}, thrust::plus<value_type>{}, out.data());
+    thrust::for_each_n(ctx.system, begin, std::size_t{1}, detail::mean_of_sum<value_type>{out.data(), logits.global[0]});
   }
 
  private:

@@ -1,13 +1,18 @@
 // pdo/kernels/cuda_system.hpp: the algorithms of pdo's kernels on a GPU place: the same
-// functors as on CPU places (each a PDO_HD functor of an output index), run by Thrust's
-// CUDA system on the place's compute stream without waiting for them (par_nosync). A
-// reduction's result comes back to the host, so it waits for its own stream only.
+// functors as on CPU places (each a PDO_HD functor of an output index), run on the place's
+// compute stream without waiting for them. Under nvcc they are Thrust's for_each (CUB's
+// DeviceFor) and CUB's DeviceReduce, whose temporary storage comes from the place's caching
+// allocator (in its cap and statistics, and stream-ordered). Built against the simulated
+// devices of tests/cuda_sim (PDO_CUDA_SIMULATOR), the same functors run as the stream's
+// device work. A reduction either writes its result into device memory (no wait), or brings
+// it back to the host, waiting for its own stream only.
 //
-// Kernels are compiled by nvcc: in a translation unit compiled by a host compiler, work
-// on a GPU place that needs a kernel throws a pdo::error that says so (cuBLAS and the
-// copies need no kernel of ours and work from any translation unit).
+// In a translation unit compiled by a host compiler against the real CUDA runtime, work on
+// a GPU place that needs a kernel throws a pdo::error that says so (cuBLAS and the copies
+// need no kernel of ours and work from any translation unit).
 #pragma once
 
+#include <pdo/core/config.hpp>
 #include <pdo/core/error.hpp>
 #include <pdo/place/cuda_place.hpp>
 #include <pdo/place/place_state.hpp>
@@ -15,19 +20,50 @@
 #include <cstddef>
 #include <string>
 
-#if defined(__CUDACC__) && defined(PDO_WITH_CUDA)
-#include <thrust/for_each.h>
+// Host-only builds take Thrust's C++ system as the device system, so no CUDA header is needed.
+#if !defined(__CUDACC__) && !defined(THRUST_DEVICE_SYSTEM)
+#define THRUST_DEVICE_SYSTEM THRUST_DEVICE_SYSTEM_CPP
+#endif
 #include <thrust/iterator/counting_iterator.h>
+
+#if defined(PDO_WITH_CUDA) && defined(__CUDACC__)
+#include <cub/device/device_reduce.cuh>
+#include <thrust/for_each.h>
 #include <thrust/system/cuda/execution_policy.h>
 #include <thrust/system_error.h>
-#include <thrust/transform_reduce.h>
 #endif
 
 namespace pdo::detail {
 
-#if defined(__CUDACC__) && defined(PDO_WITH_CUDA)
+#if defined(PDO_WITH_CUDA) && (defined(__CUDACC__) || defined(PDO_CUDA_SIMULATOR))
 inline constexpr bool cuda_kernels_enabled = true;
 
+/// @brief out[i - base] = f(i): a transform over an index range as one for_each work item.
+template <class Out, class F>
+struct write_element {
+  Out out;
+  F f;
+  std::size_t base;
+  PDO_HD void operator()(std::size_t i) const { out[i - base] = f(i); }
+};
+
+/// @brief out[0] = reduce over k in [first, last) of f(k), from `init`, sequentially: the
+/// simulator's reduction kernel.
+template <class F, class T, class Op>
+struct reduce_range {
+  F f;
+  T init;
+  Op op;
+  std::size_t first, last;
+  T* out;
+  PDO_HD void operator()(std::size_t) const {
+    T acc = init;
+    for (std::size_t k = first; k < last; ++k) acc = op(acc, f(k));
+    *out = acc;
+  }
+};
+
+#if defined(__CUDACC__)
 /// @brief Runs `launch(policy)` with the CUDA policy of GPU place `p` (its compute stream),
 /// turning Thrust's and CUDA's failures into a pdo::error naming the place.
 template <class Launch>
@@ -43,34 +79,95 @@ auto on_gpu_stream(place_state& p, const char* what, Launch&& launch) {
   }
 }
 
-/// @brief out[i - base] = f(i): a transform over an index range as one for_each work item.
-template <class Out, class F>
-struct write_element {
-  Out out;
-  F f;
-  std::size_t base;
-  __device__ void operator()(std::size_t i) const { out[i - base] = f(i); }
-};
+/// @brief f(first + k) for k in [0, n) on the place's compute stream, as Thrust's for_each
+/// (CUB's DeviceFor: one kernel per functor).
+template <class F>
+void launch_indices(place_state& p, std::size_t first, std::size_t n, F f, const char* what) {
+  on_gpu_stream(p, what, [&](auto policy) { return thrust::for_each_n(policy, thrust::counting_iterator<std::size_t>(first), n, f); });
+}
 
-/// @brief out[k] = f(first + k) on the place's compute stream. It runs as Thrust's for_each
-/// (CUB's DeviceFor: one kernel per functor) rather than Thrust's transform, whose CUDA
-/// system builds several kernels per functor to stream the inputs a counting iterator does
-/// not have (pdo's functors read their operands themselves).
+/// @brief out[0] = reduce of f over [first, last) on the place's compute stream: CUB's
+/// DeviceReduce, its temporary storage from the place's allocator (freed, stream-ordered,
+/// once the reduction is queued: later work of the stream reuses it only after).
+template <class F, class T, class Op>
+void launch_reduce_into(place_state& p, std::size_t first, std::size_t last, F f, T init, Op op, T* out) {
+  cuda_device& d = cuda_device_of(p);
+  device_guard guard(d.ordinal);
+  const thrust::counting_iterator<std::size_t> in(first);
+  std::size_t bytes = 0;
+  cuda_check(cub::DeviceReduce::TransformReduce(nullptr, bytes, in, out, last - first, op, f, init, d.compute),
+             "cub::DeviceReduce::TransformReduce", p.name);
+  void* storage = p.memory->allocate(bytes == 0 ? 1 : bytes);
+  const cudaError_t status = cub::DeviceReduce::TransformReduce(storage, bytes, in, out, last - first, op, f, init, d.compute);
+  p.memory->deallocate(storage, bytes == 0 ? 1 : bytes);
+  cuda_check(status, "cub::DeviceReduce::TransformReduce", p.name);
+}
+#else
+/// @brief f(first + k) for k in [0, n) as device work of the place's compute stream (the
+/// simulated device runs it on the stream's thread, after the work queued before it).
+template <class F>
+void launch_indices(place_state& p, std::size_t first, std::size_t n, F f, const char* what) {
+  if (n == 0) return;
+  struct job {
+    F f;
+    std::size_t first;
+  };
+  cuda_device& d = cuda_device_of(p);
+  device_guard guard(d.ordinal);
+  auto* work = new job{f, first};
+  cuda_check(cudaSimLaunchKernel(
+                 d.compute, n,
+                 [](void* args, unsigned long long begin, unsigned long long end) {
+                   const job& j = *static_cast<const job*>(args);
+                   for (unsigned long long k = begin; k < end; ++k) j.f(j.first + static_cast<std::size_t>(k));
+                 },
+                 work, [](void* args) { delete static_cast<job*>(args); }),
+             what, p.name);
+}
+
+template <class F, class T, class Op>
+void launch_reduce_into(place_state& p, std::size_t first, std::size_t last, F f, T init, Op op, T* out) {
+  launch_indices(p, 0, 1, reduce_range<F, T, Op>{f, init, op, first, last, out}, "reduction kernel");
+}
+#endif
+
+/// @brief out[k] = f(first + k) on the place's compute stream.
 template <class Out, class F>
 Out gpu_transform(place_state& p, thrust::counting_iterator<std::size_t> first, thrust::counting_iterator<std::size_t> last, Out out, F f) {
   const std::size_t n = *last - *first;
-  on_gpu_stream(p, "thrust::for_each_n", [&](auto policy) { return thrust::for_each_n(policy, first, n, write_element<Out, F>{out, f, *first}); });
+  launch_indices(p, *first, n, write_element<Out, F>{out, f, *first}, "thrust::for_each_n");
   return out + static_cast<std::ptrdiff_t>(n);
 }
 template <class F>
 thrust::counting_iterator<std::size_t> gpu_for_each_n(place_state& p, thrust::counting_iterator<std::size_t> first, std::size_t n, F f) {
-  return on_gpu_stream(p, "thrust::for_each_n", [&](auto policy) { return thrust::for_each_n(policy, first, n, f); });
+  launch_indices(p, *first, n, f, "thrust::for_each_n");
+  return first + static_cast<std::ptrdiff_t>(n);
 }
+
+/// @brief *out (device memory of `p`) = the reduction, queued on the place's compute stream.
+template <class F, class T, class Op>
+void gpu_transform_reduce_into(place_state& p, thrust::counting_iterator<std::size_t> first, thrust::counting_iterator<std::size_t> last,
+                               F f, T init, Op op, T* out) {
+  launch_reduce_into(p, *first, *last, f, init, op, out);
+}
+
+/// @brief The reduction, brought back to the host (waits for the place's compute stream).
 template <class F, class T, class Op>
 T gpu_transform_reduce(place_state& p, thrust::counting_iterator<std::size_t> first, thrust::counting_iterator<std::size_t> last, F f,
                        T init, Op op) {
-  return on_gpu_stream(p, "thrust::transform_reduce",
-                       [&](auto policy) { return thrust::transform_reduce(policy, first, last, f, init, op); });
+  cuda_device& d = cuda_device_of(p);
+  T* scalar = static_cast<T*>(p.memory->allocate(sizeof(T)));
+  struct give_back {
+    place_state& p;
+    T* scalar;
+    ~give_back() { p.memory->deallocate(scalar, sizeof(T)); }
+  } guard_scalar{p, scalar};
+  launch_reduce_into(p, *first, *last, f, init, op, scalar);
+  T result{};
+  device_guard guard(d.ordinal);
+  cuda_check(cudaMemcpyAsync(&result, scalar, sizeof(T), cudaMemcpyDeviceToHost, d.compute), "cudaMemcpyAsync", p.name);
+  wait_for_stream(d, d.compute);
+  return result;
 }
 #else
 inline constexpr bool cuda_kernels_enabled = false;
@@ -89,6 +186,10 @@ First gpu_for_each_n(place_state& p, First, std::size_t, F) {
 }
 template <class F, class T, class Op, class First>
 T gpu_transform_reduce(place_state& p, First, First, F, T, Op) {
+  no_gpu_kernels(p);
+}
+template <class F, class T, class Op, class First>
+void gpu_transform_reduce_into(place_state& p, First, First, F, T, Op, T*) {
   no_gpu_kernels(p);
 }
 #endif

@@ -9,7 +9,9 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <limits>
 #include <mutex>
+#include <string>
 #include <type_traits>
 #include <utility>
 
@@ -56,42 +58,60 @@ inline constexpr bool blas_gemm_v =
 #endif
 
 #if defined(PDO_WITH_CUDA)
+/// @brief `n` as the int cuBLAS takes, or a pdo::error naming the call, what `n` is and the place.
+inline int cublas_int(std::size_t n, const char* what, const char* call, const place_state& p) {
+  if (n > static_cast<std::size_t>(std::numeric_limits<int>::max()))
+    throw error(std::string(call) + " on " + p.name + ": " + what + " " + std::to_string(n) +
+                " exceeds cuBLAS's int extents; split the product");
+  return static_cast<int>(n);
+}
+
 /// @brief C = A * B with cuBLAS on GPU place `p`'s compute stream. cuBLAS is column-major:
-/// a row-major matrix is its transpose there, so it computes Cᵀ = op(B)ᵀ op(A)ᵀ.
+/// a row-major matrix is its transpose there, so it computes Cᵀ = op(B)ᵀ op(A)ᵀ. Empty
+/// products never reach cuBLAS (gemm answers them), so every leading dimension is >= 1.
 template <class T>
 void cublas_gemm(place_state& p, std::size_t m, std::size_t n, std::size_t k, matrix_ref<T> a, matrix_ref<T> b, T* c) {
   cuda_device& d = cuda_device_of(p);
   device_guard guard(d.ordinal);
   const T one = 1, zero = 0;
   const auto ta = a.trans ? CUBLAS_OP_T : CUBLAS_OP_N, tb = b.trans ? CUBLAS_OP_T : CUBLAS_OP_N;
-  const auto M = static_cast<int>(m), N = static_cast<int>(n), K = static_cast<int>(k);
+  const char* call = std::is_same_v<T, float> ? "cublasSgemm" : "cublasDgemm";
+  const int M = cublas_int(m, "m", call, p), N = cublas_int(n, "n", call, p), K = cublas_int(k, "k", call, p);
+  const int lda = cublas_int(a.ld, "lda", call, p), ldb = cublas_int(b.ld, "ldb", call, p);
   if constexpr (std::is_same_v<T, float>)
-    cublas_check(cublasSgemm(d.blas, tb, ta, N, M, K, &one, b.data, static_cast<int>(b.ld), a.data, static_cast<int>(a.ld), &zero, c, N),
-                 "cublasSgemm", p.name);
+    cublas_check(cublasSgemm(d.blas, tb, ta, N, M, K, &one, b.data, ldb, a.data, lda, &zero, c, N), call, p.name);
   else
-    cublas_check(cublasDgemm(d.blas, tb, ta, N, M, K, &one, b.data, static_cast<int>(b.ld), a.data, static_cast<int>(a.ld), &zero, c, N),
-                 "cublasDgemm", p.name);
+    cublas_check(cublasDgemm(d.blas, tb, ta, N, M, K, &one, b.data, ldb, a.data, lda, &zero, c, N), call, p.name);
 }
 
 /// @brief `batches` products C_i = A_i * B_i, A_i at a.data + i * stride_a (likewise B, C;
-/// a stride of 0 repeats one matrix) as one cublas?gemmStridedBatched call.
+/// a stride of 0 repeats one matrix) as one cublas?gemmStridedBatched call. Empty blocks
+/// (m, n or k of 0, as uneven splits give) are answered here: cuBLAS refuses leading
+/// dimensions of 0.
 template <class T>
 void cublas_gemm_batched(place_state& p, std::size_t batches, std::size_t m, std::size_t n, std::size_t k, matrix_ref<T> a,
                          std::size_t stride_a, matrix_ref<T> b, std::size_t stride_b, T* c) {
+  if (batches == 0 || m == 0 || n == 0) return;
+  if (k == 0) {
+    const T zero{};
+    fill_bytes(&p, c, &zero, sizeof(T), batches * m * n);
+    return;
+  }
   cuda_device& d = cuda_device_of(p);
   device_guard guard(d.ordinal);
   const T one = 1, zero = 0;
   const auto ta = a.trans ? CUBLAS_OP_T : CUBLAS_OP_N, tb = b.trans ? CUBLAS_OP_T : CUBLAS_OP_N;
-  const auto M = static_cast<int>(m), N = static_cast<int>(n), K = static_cast<int>(k), count = static_cast<int>(batches);
+  const char* call = std::is_same_v<T, float> ? "cublasSgemmStridedBatched" : "cublasDgemmStridedBatched";
+  const int M = cublas_int(m, "m", call, p), N = cublas_int(n, "n", call, p), K = cublas_int(k, "k", call, p);
+  const int count = cublas_int(batches, "batch count", call, p);
+  const int lda = cublas_int(a.ld, "lda", call, p), ldb = cublas_int(b.ld, "ldb", call, p);
   const auto sa = static_cast<long long>(stride_a), sb = static_cast<long long>(stride_b), sc = static_cast<long long>(m * n);
   if constexpr (std::is_same_v<T, float>)
-    cublas_check(cublasSgemmStridedBatched(d.blas, tb, ta, N, M, K, &one, b.data, static_cast<int>(b.ld), sb, a.data,
-                                           static_cast<int>(a.ld), sa, &zero, c, N, sc, count),
-                 "cublasSgemmStridedBatched", p.name);
+    cublas_check(cublasSgemmStridedBatched(d.blas, tb, ta, N, M, K, &one, b.data, ldb, sb, a.data, lda, sa, &zero, c, N, sc, count), call,
+                 p.name);
   else
-    cublas_check(cublasDgemmStridedBatched(d.blas, tb, ta, N, M, K, &one, b.data, static_cast<int>(b.ld), sb, a.data,
-                                           static_cast<int>(a.ld), sa, &zero, c, N, sc, count),
-                 "cublasDgemmStridedBatched", p.name);
+    cublas_check(cublasDgemmStridedBatched(d.blas, tb, ta, N, M, K, &one, b.data, ldb, sb, a.data, lda, sa, &zero, c, N, sc, count), call,
+                 p.name);
 }
 #endif
 

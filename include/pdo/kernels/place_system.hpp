@@ -6,10 +6,6 @@
 #include <pdo/kernels/cuda_system.hpp>
 #include <pdo/place/place_state.hpp>
 
-// Host-only builds take Thrust's C++ system as the device system, so no CUDA header is needed.
-#if !defined(__CUDACC__) && !defined(THRUST_DEVICE_SYSTEM)
-#define THRUST_DEVICE_SYSTEM THRUST_DEVICE_SYSTEM_CPP
-#endif
 #include <thrust/functional.h>
 #include <thrust/iterator/counting_iterator.h>
 #include <thrust/for_each.h>
@@ -152,6 +148,15 @@ T transform_reduce([[maybe_unused]] place_system& system, thrust::counting_itera
   }
 #endif
   return n == 0 ? init : op(init, range(0, n));
+}
+
+/// @brief *out = reduce(f(first + k)) with `op`, from `init`: on a GPU place a kernel that
+/// writes the result into device memory (queued, no wait); elsewhere at once.
+template <class F, class T, class Op>
+void transform_reduce_into(place_system& system, thrust::counting_iterator<std::size_t> first, thrust::counting_iterator<std::size_t> last,
+                           F f, T init, Op op, T* out) {
+  if (system.gpu != nullptr) return gpu_transform_reduce_into(*system.gpu, first, last, f, init, op, out);
+  *out = transform_reduce(system, first, last, f, init, op);
 }
 
 /// @brief f(i) for i in [0, n), over data in the memory of `where` (a tensor's place; null:

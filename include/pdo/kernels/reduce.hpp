@@ -59,14 +59,25 @@ void reduce_dim(place_system& system, const T* in, const dim_view& v, reduction 
                     out, reduce_along_dim<T>{in, v.extent, v.inner, what, scale});
 }
 
-/// @brief The reduction of all `n` elements of `in`; `global_count` divides a mean.
+/// @brief *out = *out * factor, for the one element of a rank-0 result.
 template <class T>
-T reduce_all(place_system& system, const T* in, std::size_t n, reduction what, std::size_t global_count) {
+struct scale_element {
+  T* out;
+  T factor;
+  PDO_HD void operator()(std::size_t) const { *out = *out * factor; }
+};
+
+/// @brief *out (in the memory of the system's place) = the reduction of all `n` elements of
+/// `in`; `global_count` divides a mean. On a GPU place the result is written by kernels.
+template <class T>
+void reduce_all_into(place_system& system, const T* in, std::size_t n, reduction what, std::size_t global_count, T* out) {
   const thrust::counting_iterator<std::size_t> first(0), last(n);
-  if (what == reduction::max)
-    return thrust::transform_reduce(system, first, last, read_at<T>{in}, reduction_identity<T>(what), max_of<T>{});
-  const T sum = thrust::transform_reduce(system, first, last, read_at<T>{in}, T{}, thrust::plus<T>{});
-  return what == reduction::mean ? sum / static_cast<T>(global_count) : sum;
+  if (what == reduction::max) {
+    transform_reduce_into(system, first, last, read_at<T>{in}, reduction_identity<T>(what), max_of<T>{}, out);
+    return;
+  }
+  transform_reduce_into(system, first, last, read_at<T>{in}, T{}, thrust::plus<T>{}, out);
+  if (what == reduction::mean) thrust::for_each_n(system, first, std::size_t{1}, scale_element<T>{out, T(1) / static_cast<T>(global_count)});
 }
 
 }  // namespace pdo::detail

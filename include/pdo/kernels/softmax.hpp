@@ -89,6 +89,15 @@ struct cross_entropy_row {
   }
 };
 
+/// @brief *out = *out / count (the mean of a sum), NaN for no samples (the mean of nothing,
+/// as PyTorch gives).
+template <class T>
+struct mean_of_sum {
+  T* out;
+  std::size_t count;
+  PDO_HD void operator()(std::size_t) const { *out = count == 0 ? T(0) / T(0) : *out / static_cast<T>(count); }
+};
+
 /// @brief 1 for a label outside [0, classes), else 0.
 template <class Label>
 struct label_out_of_range {

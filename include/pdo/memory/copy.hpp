@@ -37,26 +37,79 @@ namespace detail {
 
 #if defined(PDO_WITH_CUDA)
 /// @brief GPU to GPU on different devices through the two pinned buffers of the source:
-/// chunk i goes down on the source's stream into buffer i % 2, then up on the
-/// destination's stream; a buffer is refilled once its previous upload has finished.
+/// chunk i goes down on the source's compute stream into buffer i % 2, then up on the
+/// destination's; a buffer is refilled once its previous upload has read it. Every step is
+/// ordered by events on the streams (each recorded on its own device's stream): nothing
+/// waits on the host.
 inline void staged_device_copy(cuda_device& dst, void* to, cuda_device& src, const void* from, std::size_t bytes) {
   std::lock_guard lock(src.staging_mutex);
   src.ensure_staging();
   auto* out = static_cast<char*>(to);
   const auto* in = static_cast<const char*>(from);
   for (std::size_t done = 0, chunk = 0; done < bytes; ++chunk) {
-    const std::size_t b = chunk % 2, n = std::min(cuda_device::staging_bytes, bytes - done);
-    cuda_check(cudaEventSynchronize(src.staging_free[b]), "cudaEventSynchronize", src.name);
+    const int b = static_cast<int>(chunk % 2);
+    const std::size_t n = std::min(cuda_device::staging_bytes, bytes - done);
     {
       device_guard guard(src.ordinal);
+      if (src.last_upload[b] != nullptr) cuda_check(cudaStreamWaitEvent(src.compute, src.last_upload[b], 0), "cudaStreamWaitEvent", src.name);
       cuda_check(cudaMemcpyAsync(src.staging[b], in + done, n, cudaMemcpyDeviceToHost, src.compute), "cudaMemcpyAsync", src.name);
-      cuda_check(cudaStreamSynchronize(src.compute), "cudaStreamSynchronize", src.name);
+      cuda_check(cudaEventRecord(src.staged[b], src.compute), "cudaEventRecord", src.name);
     }
     device_guard guard(dst.ordinal);
+    cuda_check(cudaStreamWaitEvent(dst.compute, src.staged[b], 0), "cudaStreamWaitEvent", dst.name);
     cuda_check(cudaMemcpyAsync(out + done, src.staging[b], n, cudaMemcpyHostToDevice, dst.compute), "cudaMemcpyAsync", dst.name);
-    cuda_check(cudaEventRecord(src.staging_free[b], dst.compute), "cudaEventRecord", dst.name);
+    cudaEvent_t uploaded = src.upload_event(b, dst.ordinal);
+    cuda_check(cudaEventRecord(uploaded, dst.compute), "cudaEventRecord", dst.name);
+    src.last_upload[b] = uploaded;
     done += n;
   }
+}
+
+/// @brief A copy between two GPUs on different devices. Each step runs on the worker of
+/// its place, in that place's order of work: the destination marks the work queued on it so
+/// far (which may still read the destination block); the source waits for that mark, copies
+/// (peer, or staged), and marks the copy; the destination waits for that. So each device's
+/// stream waits only for work its place queued before the copy, never for work queued after
+/// it, and a collective queued on both places in one order cannot wait for itself through
+/// the copy.
+inline void copy_between_devices(place_state& dst_place, void* dst, place_state& src_place, const void* src, std::size_t bytes, peer_copy how) {
+  cuda_device &d = cuda_device_of(dst_place), &s = cuda_device_of(src_place);
+  cudaEvent_t destination_ready = nullptr, copied = nullptr;
+  {
+    device_guard guard(d.ordinal);
+    cuda_check(cudaEventCreateWithFlags(&destination_ready, cudaEventDisableTiming), "cudaEventCreateWithFlags", d.name);
+  }
+  {
+    device_guard guard(s.ordinal);
+    cuda_check(cudaEventCreateWithFlags(&copied, cudaEventDisableTiming), "cudaEventCreateWithFlags", s.name);
+  }
+  struct release {
+    cudaEvent_t a, b;
+    ~release() {
+      cudaEventDestroy(a);  // queued waits on them still see them complete
+      cudaEventDestroy(b);
+    }
+  } events{destination_ready, copied};
+  run_on_place(dst_place, [&] {
+    device_guard guard(d.ordinal);
+    cuda_check(cudaEventRecord(destination_ready, d.compute), "cudaEventRecord", d.name);
+  });
+  const bool direct = how == peer_copy::direct || (how == peer_copy::automatic && enable_peer_access(s.ordinal, d.ordinal));
+  run_on_place(src_place, [&] {
+    device_guard guard(s.ordinal);
+    cuda_check(cudaStreamWaitEvent(s.compute, destination_ready, 0), "cudaStreamWaitEvent", s.name);
+    if (direct) {
+      if (how == peer_copy::direct) enable_peer_access(s.ordinal, d.ordinal);
+      cuda_check(cudaMemcpyPeerAsync(dst, d.ordinal, src, s.ordinal, bytes, s.compute), "cudaMemcpyPeerAsync", s.name);
+      cuda_check(cudaEventRecord(copied, s.compute), "cudaEventRecord", s.name);
+    } else {
+      staged_device_copy(d, dst, s, src, bytes);  // the uploads run on the destination's stream
+    }
+  });
+  run_on_place(dst_place, [&] {
+    device_guard guard(d.ordinal);
+    if (direct) cuda_check(cudaStreamWaitEvent(d.compute, copied, 0), "cudaStreamWaitEvent", d.name);
+  });
 }
 #endif
 
@@ -73,31 +126,21 @@ inline void copy_bytes(place_state* dst_place, void* dst, place_state* src_place
 #if defined(PDO_WITH_CUDA)
   if (to_gpu && from_gpu) {
     auto &d = cuda_device_of(*dst_place), &s = cuda_device_of(*src_place);
-    if (d.ordinal == s.ordinal) {
-      device_guard guard(d.ordinal);
-      s.make_wait(d.compute, s.compute);
-      cuda_check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, d.compute), "cudaMemcpyAsync", d.name);
-      return;
-    }
-    d.make_wait(s.compute, d.compute);  // the destination's block may still be read by its earlier work
-    int can = 0;
-    cuda_check(cudaDeviceCanAccessPeer(&can, d.ordinal, s.ordinal), "cudaDeviceCanAccessPeer", d.name);
-    if (how == peer_copy::staged || (how == peer_copy::automatic && can == 0)) {
-      staged_device_copy(d, dst, s, src, bytes);
-      return;
-    }
-    {
-      device_guard guard(s.ordinal);
-      cuda_check(cudaMemcpyPeerAsync(dst, d.ordinal, src, s.ordinal, bytes, s.compute), "cudaMemcpyPeerAsync", s.name);
-    }
+    if (d.ordinal != s.ordinal) return copy_between_devices(*dst_place, dst, *src_place, src, bytes, how);
+    // one device (two places on it, or one place): the copy on the destination's stream,
+    // after the source's work; the source's later work waits for the copy before it
+    // overwrites what the copy reads
+    device_guard guard(d.ordinal);
     s.make_wait(d.compute, s.compute);
+    cuda_check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, d.compute), "cudaMemcpyAsync", d.name);
+    d.make_wait(s.compute, d.compute);
     return;
   }
   cuda_device& g = cuda_device_of(to_gpu ? *dst_place : *src_place);
   device_guard guard(g.ordinal);
   cuda_check(cudaMemcpyAsync(dst, src, bytes, to_gpu ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost, g.compute), "cudaMemcpyAsync",
              g.name);
-  if (completion == copy_completion::host_safe) cuda_check(cudaStreamSynchronize(g.compute), "cudaStreamSynchronize", g.name);
+  if (completion == copy_completion::host_safe) wait_for_stream(g, g.compute);
 #else
   (void)completion;
   (void)how;
@@ -146,10 +189,15 @@ inline void fill_bytes(place_state* place, void* dst, const void* value, std::si
     cuda_check(cudaMemsetAsync(dst, v[0], elem_bytes * count, g.compute), "cudaMemsetAsync", g.name);
     return;
   }
-  // a pattern of several bytes: written on the host, then copied up
-  std::vector<unsigned char> pattern(elem_bytes * count);
-  for (std::size_t i = 0; i < count; ++i) std::memcpy(pattern.data() + i * elem_bytes, v, elem_bytes);
-  copy_bytes(place, dst, nullptr, pattern.data(), pattern.size());
+  // a pattern of several bytes: one element copied up, then doubled on the device (log2(count)
+  // device-to-device copies, no host buffer of the whole size)
+  auto* out = static_cast<unsigned char*>(dst);
+  cuda_check(cudaMemcpyAsync(out, v, elem_bytes, cudaMemcpyHostToDevice, g.compute), "cudaMemcpyAsync", g.name);
+  for (std::size_t have = 1; have < count; have *= 2) {
+    const std::size_t more = std::min(have, count - have);
+    cuda_check(cudaMemcpyAsync(out + have * elem_bytes, out, more * elem_bytes, cudaMemcpyDeviceToDevice, g.compute), "cudaMemcpyAsync",
+               g.name);
+  }
 #else
   no_cuda("fill", place->name);
 #endif

@@ -193,12 +193,16 @@ concept module = requires(const M& m) {
 
 namespace init {
 
-/// @brief A tensor of `shape` drawn uniformly from [-bound, bound).
+/// @brief A tensor of `shape` drawn uniformly from [-bound, bound), in the memory of the place
+/// running the calling thread (drawn on the host, then copied up to a GPU place).
 template <class T, std::size_t R>
 tensor<T, R> uniform(const shape_t<R>& shape, T bound, rng& gen) {
-  tensor<T, R> t(shape, detail::uninitialized);
+  detail::place_state* const here = detail::current_place();
+  const bool gpu = detail::on_gpu(here);
+  tensor<T, R> t = gpu ? tensor<T, R>::on_host(shape) : tensor<T, R>(shape, detail::uninitialized);
   std::uniform_real_distribution<double> dist(-static_cast<double>(bound), static_cast<double>(bound));
   for (auto& x : t) x = static_cast<T>(dist(gen));
+  if (gpu) return to_place(t, any_place(here->shared_from_this()));
   return t;
 }
 

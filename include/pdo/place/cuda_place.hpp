@@ -23,7 +23,12 @@
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
+#include <chrono>
+#include <functional>
+#include <map>
 #include <mutex>
+#include <set>
+#include <thread>
 #endif
 
 namespace pdo {
@@ -82,7 +87,8 @@ class device_guard {
 };
 
 /// @brief A GPU place's device resources: its streams, its cuBLAS handle (bound to the
-/// compute stream), and two pinned host buffers for copies staged through the host.
+/// compute stream), two pinned host buffers for copies staged through the host, and the
+/// checks of the NCCL communicators that use its streams (see failures()).
 struct cuda_device {
   int ordinal = 0;
   std::string name;
@@ -97,7 +103,12 @@ struct cuda_device {
   static constexpr std::size_t staging_bytes = std::size_t{4} << 20;
   std::mutex staging_mutex;      ///< one staged copy from this device at a time
   void* staging[2] = {nullptr, nullptr};
-  cudaEvent_t staging_free[2] = {nullptr, nullptr};  ///< recorded when a buffer's upload has finished
+  cudaEvent_t staged[2] = {nullptr, nullptr};      ///< buffer b holds its chunk (an event of this device)
+  cudaEvent_t last_upload[2] = {nullptr, nullptr};  ///< buffer b's last upload has read it (an event of that upload's device)
+  std::map<int, cudaEvent_t> upload_events[2];      ///< per destination device: the events made there for buffer b
+
+  std::mutex checks_mutex;
+  std::vector<std::pair<const void*, std::function<std::string()>>> checks;  ///< owner, check
 
   cuda_device(int device, std::string label) : ordinal(device), name(std::move(label)) {
     device_guard guard(device);
@@ -111,13 +122,22 @@ struct cuda_device {
     cuda_check(cudaEventCreateWithFlags(&order_event, cudaEventDisableTiming), "cudaEventCreateWithFlags", name);
   }
   ~cuda_device() {
-    device_guard guard(ordinal);
-    if (compute) cudaStreamSynchronize(compute);
-    if (comm) cudaStreamSynchronize(comm);
+    {
+      device_guard guard(ordinal);
+      if (compute) cudaStreamSynchronize(compute);
+      if (comm) cudaStreamSynchronize(comm);
+    }
     for (int b = 0; b < 2; ++b) {
-      if (staging_free[b]) cudaEventDestroy(staging_free[b]);
+      if (last_upload[b]) cudaEventSynchronize(last_upload[b]);  // the upload from the buffer has read it
+      for (auto& [device, event] : upload_events[b]) {
+        device_guard guard(device);
+        cudaEventDestroy(event);
+      }
+      device_guard guard(ordinal);
+      if (staged[b]) cudaEventDestroy(staged[b]);
       if (staging[b]) cudaFreeHost(staging[b]);
     }
+    device_guard guard(ordinal);
     if (order_event) cudaEventDestroy(order_event);
     if (blas) cublasDestroy(blas);
     if (comm) cudaStreamDestroy(comm);
@@ -136,16 +156,103 @@ struct cuda_device {
     cuda_check(cudaStreamWaitEvent(later, order_event, 0), "cudaStreamWaitEvent", name);
   }
 
-  /// @brief The pinned buffers, made on first use (the caller holds staging_mutex).
+  /// @brief The pinned buffers and their events, made on first use (the caller holds staging_mutex).
   void ensure_staging() {
     if (staging[0]) return;
     device_guard guard(ordinal);
     for (int b = 0; b < 2; ++b) {
       cuda_check(cudaHostAlloc(&staging[b], staging_bytes, cudaHostAllocPortable), "cudaHostAlloc", name);
-      cuda_check(cudaEventCreateWithFlags(&staging_free[b], cudaEventDisableTiming), "cudaEventCreateWithFlags", name);
+      cuda_check(cudaEventCreateWithFlags(&staged[b], cudaEventDisableTiming), "cudaEventCreateWithFlags", name);
     }
   }
+  /// @brief The event that marks an upload from buffer b on device `destination` (made there:
+  /// an event is recorded only on streams of its own device).
+  cudaEvent_t upload_event(int b, int destination) {
+    auto& event = upload_events[b][destination];
+    if (event == nullptr) {
+      device_guard guard(destination);
+      cuda_check(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreateWithFlags", name);
+    }
+    return event;
+  }
+
+  /// @brief Adds a check of the work queued on this device's streams (an NCCL communicator's
+  /// asynchronous error): it returns what failed, after releasing the streams, or "".
+  void add_check(const void* owner, std::function<std::string()> check) {
+    std::lock_guard lock(checks_mutex);
+    checks.emplace_back(owner, std::move(check));
+  }
+  void remove_checks(const void* owner) {
+    std::lock_guard lock(checks_mutex);
+    std::erase_if(checks, [&](const auto& c) { return c.first == owner; });
+  }
+  /// @brief What the checks found failed ("" when nothing did); a check whose text starts
+  /// with '~' reports only the echo of another failure (an abort).
+  std::string failures() {
+    std::lock_guard lock(checks_mutex);
+    std::string found;
+    for (auto& [owner, check] : checks)
+      if (std::string f = check(); !f.empty() && (found.empty() || found[0] == '~')) found = f;
+    return found;
+  }
 };
+
+/// @brief Throws what the checks of `d` found failed, if anything: pdo::communication_error
+/// for a failure, pdo::collective_aborted for the echo of one (an aborted communicator).
+inline void throw_failures(cuda_device& d) {
+  const std::string failed = d.failures();
+  if (failed.empty()) return;
+  if (failed[0] == '~') throw collective_aborted("waiting for the work of " + d.name + ": " + failed.substr(1));
+  throw communication_error("waiting for the work of " + d.name + ": " + failed);
+}
+
+/// @brief Waits until the work queued on `stream` (a stream of `d`) has finished, watching
+/// the checks of `d` meanwhile: a collective that can no longer complete (a failed or aborted
+/// NCCL communicator) is a pdo::error naming the place, never a hang.
+inline void wait_for_stream(cuda_device& d, cudaStream_t stream) {
+  device_guard guard(d.ordinal);
+  for (unsigned spins = 0;; ++spins) {
+    const cudaError_t state = cudaStreamQuery(stream);
+    if (state == cudaSuccess) {
+      throw_failures(d);  // work that completed after an asynchronous failure may hold garbage
+      return;
+    }
+    if (state != cudaErrorNotReady) cuda_check(state, "cudaStreamQuery", d.name);
+    if ((spins & 63) == 63) throw_failures(d);
+    if (spins < 256) std::this_thread::yield();
+    else std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
+}
+
+/// @brief Lets `device` read and write the memory of `peer` directly (peer access, and the
+/// allocations of peer's memory pool), once per pair; false where the devices cannot.
+inline bool enable_peer_access(int device, int peer) {
+  static std::mutex mutex;
+  static std::map<std::pair<int, int>, bool> known;
+  std::lock_guard lock(mutex);
+  if (auto it = known.find({device, peer}); it != known.end()) return it->second;
+  int can = 0;
+  cuda_check(cudaDeviceCanAccessPeer(&can, device, peer), "cudaDeviceCanAccessPeer", "cuda:" + std::to_string(device));
+  if (can != 0) {
+    device_guard guard(device);
+    const cudaError_t status = cudaDeviceEnablePeerAccess(peer, 0);
+    if (status == cudaErrorPeerAccessAlreadyEnabled) (void)cudaGetLastError();
+    else cuda_check(status, "cudaDeviceEnablePeerAccess", "cuda:" + std::to_string(device));
+    int pools = 0;
+    cuda_check(cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, peer), "cudaDeviceGetAttribute", "cuda:" + std::to_string(peer));
+    if (pools != 0) {  // pool allocations are reachable from other devices only where the pool says so
+      cudaMemPool_t pool = nullptr;
+      cuda_check(cudaDeviceGetDefaultMemPool(&pool, peer), "cudaDeviceGetDefaultMemPool", "cuda:" + std::to_string(peer));
+      cudaMemAccessDesc access{};
+      access.location.type = cudaMemLocationTypeDevice;
+      access.location.id = device;
+      access.flags = cudaMemAccessFlagsProtReadWrite;
+      cuda_check(cudaMemPoolSetAccess(pool, &access, 1), "cudaMemPoolSetAccess", "cuda:" + std::to_string(peer));
+    }
+  }
+  known[{device, peer}] = can != 0;
+  return can != 0;
+}
 
 /// @brief The device resources of GPU place `p`.
 inline cuda_device& cuda_device_of(const place_state& p) { return *static_cast<cuda_device*>(p.device.get()); }
@@ -209,10 +316,11 @@ class cuda_place : public detail::place_handle<cuda_place> {
   [[nodiscard]] cudaStream_t compute_stream() const { return resources().compute; }
   /// @brief The stream the place's NCCL collectives run on.
   [[nodiscard]] cudaStream_t comm_stream() const { return resources().comm; }
-  /// @brief Waits until the work queued on both streams has finished (not a device-wide synchronisation).
+  /// @brief Waits until the work queued on both streams has finished (not a device-wide
+  /// synchronisation); a collective that can no longer complete is a pdo::communication_error.
   void synchronize() const {
-    detail::cuda_check(cudaStreamSynchronize(resources().compute), "cudaStreamSynchronize", name());
-    detail::cuda_check(cudaStreamSynchronize(resources().comm), "cudaStreamSynchronize", name());
+    detail::wait_for_stream(resources(), resources().compute);
+    detail::wait_for_stream(resources(), resources().comm);
   }
   /// @brief Whether this device can read and write `other`'s memory directly (peer copies).
   [[nodiscard]] bool can_access_peer(const cuda_place& other) const {
@@ -234,30 +342,53 @@ class cuda_place : public detail::place_handle<cuda_place> {
 #if defined(PDO_WITH_CUDA)
 /// @brief A CUDA event, to order work across the streams of one place or of several:
 /// record() marks the work queued so far on a stream; wait() makes another stream's
-/// later work wait for it, without blocking the host; synchronize() blocks the host.
+/// later work wait for it, without blocking the host; synchronize() blocks the host. The
+/// event is made on the device of the stream it is first recorded on (an event is recorded
+/// only on streams of its own device), and again when recorded on another device's stream.
 class cuda_event {
  public:
-  cuda_event() { detail::cuda_check(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming), "cudaEventCreateWithFlags", "host"); }
+  cuda_event() = default;
   ~cuda_event() {
     if (event_) cudaEventDestroy(event_);
   }
-  cuda_event(cuda_event&& other) noexcept : event_(std::exchange(other.event_, nullptr)) {}
+  cuda_event(cuda_event&& other) noexcept : event_(std::exchange(other.event_, nullptr)), device_(other.device_) {}
   cuda_event& operator=(cuda_event&& other) noexcept {
     std::swap(event_, other.event_);
+    std::swap(device_, other.device_);
     return *this;
   }
   cuda_event(const cuda_event&) = delete;
   cuda_event& operator=(const cuda_event&) = delete;
 
-  void record(cudaStream_t stream) { detail::cuda_check(cudaEventRecord(event_, stream), "cudaEventRecord", "host"); }
-  void wait(cudaStream_t stream) const { detail::cuda_check(cudaStreamWaitEvent(stream, event_, 0), "cudaStreamWaitEvent", "host"); }
-  void synchronize() const { detail::cuda_check(cudaEventSynchronize(event_), "cudaEventSynchronize", "host"); }
+  void record(cudaStream_t stream) {
+    int device = 0;
+    detail::cuda_check(cudaStreamGetDevice(stream, &device), "cudaStreamGetDevice", "host");
+    detail::device_guard guard(device);
+    if (event_ != nullptr && device != device_) {
+      cudaEventDestroy(event_);  // waits queued on it still see it complete
+      event_ = nullptr;
+    }
+    if (event_ == nullptr) {
+      detail::cuda_check(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming), "cudaEventCreateWithFlags", "cuda:" + std::to_string(device));
+      device_ = device;
+    }
+    detail::cuda_check(cudaEventRecord(event_, stream), "cudaEventRecord", "cuda:" + std::to_string(device));
+  }
+  /// @brief Makes `stream`'s later work wait for the last record (nothing before a record).
+  void wait(cudaStream_t stream) const {
+    if (event_ != nullptr) detail::cuda_check(cudaStreamWaitEvent(stream, event_, 0), "cudaStreamWaitEvent", "host");
+  }
+  void synchronize() const {
+    if (event_ != nullptr) detail::cuda_check(cudaEventSynchronize(event_), "cudaEventSynchronize", "host");
+  }
   /// @brief Whether the recorded work has finished.
-  [[nodiscard]] bool done() const { return cudaEventQuery(event_) == cudaSuccess; }
+  [[nodiscard]] bool done() const { return event_ == nullptr || cudaEventQuery(event_) == cudaSuccess; }
+  /// @brief The CUDA event (null before the first record).
   [[nodiscard]] cudaEvent_t native() const { return event_; }
 
  private:
   cudaEvent_t event_ = nullptr;
+  int device_ = -1;
 };
 
 /// @brief Why there is no GPU place to make, or an empty string when there is one.

@@ -124,7 +124,7 @@ std::string redistribute_context(const dtensor<T, Rank, Mesh, Layout>& x, const 
 template <class Mesh, std::size_t Rank>
 void check_same_host_shape(const Mesh& m, std::size_t p, const shape_t<Rank>& shape) {
   std::vector<std::size_t> all(m.size() * Rank);
-  communicator_of(m, p).all_gather(std::span<const std::size_t>(shape.data(), Rank), std::span<std::size_t>(all));
+  host_communicator_of(m, p).all_gather(std::span<const std::size_t>(shape.data(), Rank), std::span<std::size_t>(all));
   for (std::size_t q = 0; q < m.size(); ++q)
     if (!std::equal(shape.begin(), shape.end(), all.begin() + static_cast<std::ptrdiff_t>(q * Rank)))
       throw mismatch_error("distribute: the processes passed host tensors of different shapes: " + format_extents(shape) +

@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -62,16 +63,75 @@ inline ncclRedOp_t op_of(reduce_op op) {
   }
 }
 
+/// @brief Closes a group opened with ncclGroupStart when it goes out of scope, so a failure
+/// inside the group cannot leave it open.
+class group_call {
+ public:
+  group_call(const char* what, const std::string& where) : what_(what), where_(where) { check(ncclGroupStart(), "ncclGroupStart", where_); }
+  group_call(const group_call&) = delete;
+  group_call& operator=(const group_call&) = delete;
+  /// @brief Ends the group, throwing what it failed with.
+  void end() {
+    open_ = false;
+    check(ncclGroupEnd(), what_, where_);
+  }
+  ~group_call() {
+    if (open_) (void)ncclGroupEnd();
+  }
+
+ private:
+  const char* what_;
+  std::string where_;
+  bool open_ = true;
+};
+
 /// @brief The communicators of places of this process, one per member (null for members of
-/// other processes); destroyed with the group.
+/// other processes); destroyed with the group. Once aborted (a member failed after others
+/// had queued work that waits for it), they are made again in one process (remake()).
 struct comm_set {
   std::vector<ncclComm_t> comms;
+  std::vector<int> devices;  ///< member m's device (-1 for members of other processes)
+  std::atomic<bool> aborted{false};
   comm_set() = default;
   comm_set(const comm_set&) = delete;
   comm_set& operator=(const comm_set&) = delete;
   ~comm_set() {
+    if (aborted.load()) return;  // an abort destroyed them
     for (auto c : comms)
       if (c != nullptr) ncclCommDestroy(c);
+  }
+  /// @brief Ends every communicator's queued and blocked work (ncclCommAbort may be called
+  /// while another thread is inside an NCCL call on the same communicator).
+  void abort() {
+    if (aborted.exchange(true)) return;
+    for (auto c : comms)
+      if (c != nullptr) (void)ncclCommAbort(c);
+  }
+  /// @brief New communicators over the same devices, after an abort (one process only:
+  /// across processes a failure ends the job). Call when no thread uses them.
+  void remake(const std::string& where) {
+    if (!aborted.load()) return;
+    std::vector<int> local;
+    for (int d : devices)
+      if (d >= 0) local.push_back(d);
+    if (local.size() != devices.size()) return;
+    check(ncclCommInitAll(comms.data(), static_cast<int>(comms.size()), devices.data()), "ncclCommInitAll", where);
+    aborted.store(false);
+  }
+  /// @brief "NCCL: <what>" for the first communicator that failed (after aborting all of
+  /// them), "~..." when they were aborted for another failure, or "".
+  std::string failure() {
+    if (aborted.load()) return "~the NCCL communicators were aborted (another place of the group failed)";
+    for (auto c : comms) {
+      if (c == nullptr) continue;
+      ncclResult_t state = ncclSuccess;
+      if (ncclCommGetAsyncError(c, &state) != ncclSuccess || state == ncclSuccess || state == ncclInProgress) continue;
+      std::string text = std::string("NCCL: ") + ncclGetErrorString(state);
+      if (const char* last = ncclGetLastError(c); last != nullptr && *last != '\0') text += std::string(": ") + last;
+      abort();
+      return text;
+    }
+    return "";
   }
 };
 
@@ -84,16 +144,32 @@ class group {
         std::shared_ptr<pdo::detail::host_group> host)
       : places_(std::move(places)), comms_(std::move(comms)), host_(std::move(host)), locks_(places_.size()) {
     for (auto& l : locks_) l = std::make_unique<std::mutex>();
+    // a wait on a member's streams watches these communicators: a failed one ends the wait
+    for (const auto& p : places_)
+      if (p) pdo::detail::cuda_device_of(*p).add_check(comms_.get(), [set = comms_.get()] { return set->failure(); });
   }
+  ~group() {
+    for (const auto& p : places_)
+      if (p) pdo::detail::cuda_device_of(*p).remove_checks(comms_.get());
+  }
+  group(const group&) = delete;
+  group& operator=(const group&) = delete;
 
   [[nodiscard]] std::size_t size() const { return places_.size(); }
   [[nodiscard]] ncclComm_t comm(std::size_t member) const { return comms_->comms[member]; }
   [[nodiscard]] pdo::detail::host_group& host() const { return *host_; }
 
-  /// @brief Wakes the members waiting in an argument check or a handshake (none has queued
-  /// a kernel that waits for a failed member: the check comes first).
-  void abort() { host_->abort(); }
-  void reset() { host_->reset(); }
+  /// @brief Wakes the members waiting in an argument check or a handshake, and ends the
+  /// NCCL work already queued (a member that failed after the others queued their part of a
+  /// collective would leave it waiting for good); reset() makes new communicators.
+  void abort() {
+    host_->abort();
+    comms_->abort();
+  }
+  void reset() {
+    host_->reset();
+    comms_->remake(name(0));
+  }
   void barrier(std::size_t me) {
     on_host([&](auto& h) { h.barrier(me); });
   }
@@ -122,9 +198,12 @@ class group {
     const auto counts = counts_of(me, in.size());
     std::size_t total = 0;
     for (auto c : counts) total += c;
-    if (total != out.size())
-      throw mismatch_error("all_gather on " + name(me) + ": the members' pieces add up to " + std::to_string(total) +
-                           " elements but the output holds " + std::to_string(out.size()));
+    // every member's verdict, so all of them throw, or none queues a kernel
+    std::size_t bad = total != out.size() ? 1 : 0;
+    on_host([&](auto& h) { h.all_reduce(me, std::span<std::size_t>(&bad, 1), reduce_op::max); });
+    if (bad != 0)
+      throw mismatch_error("all_gather: the members' pieces add up to " + std::to_string(total) + " elements but an output " +
+                           (total != out.size() ? "here (" + name(me) + ") holds " + std::to_string(out.size()) : std::string("of another member differs")));
     const bool even = std::all_of(counts.begin(), counts.end(), [&](std::size_t c) { return c == counts[0]; });
     enqueue(me, even ? "ncclAllGather" : "ncclBroadcast", [&](ncclComm_t c, cudaStream_t s) {
       if (even) return ncclAllGather(in.data(), out.data(), bytes_or_count<T>(in.size()), wire_type<T>(), c, s);
@@ -292,6 +371,7 @@ class group {
     cuda_device& d = pdo::detail::cuda_device_of(place);
     std::lock_guard lock(*locks_[me]);  // one thread at a time on a communicator
     pdo::detail::device_guard guard(d.ordinal);
+    if (comms_->aborted.load()) throw collective_aborted(std::string(what) + " on " + place.name + ": the NCCL communicators were aborted");
     d.make_wait(d.comm, d.compute);
     check(call(comm(me), d.comm), what, place.name, comm(me));
     d.make_wait(d.compute, d.comm);
@@ -314,6 +394,7 @@ inline std::shared_ptr<comm_set> init_mesh(const pdo::detail::mesh_state& m) {
   auto set = std::make_shared<comm_set>();
   const std::size_t n = m.places.size();
   set->comms.assign(n, nullptr);
+  set->devices.assign(n, -1);
   std::vector<int> devices;
   for (auto i : m.local) {
     const int d = m.places[i].ordinal();
@@ -321,6 +402,7 @@ inline std::shared_ptr<comm_set> init_mesh(const pdo::detail::mesh_state& m) {
       throw layout_error("mesh: NCCL needs every GPU place of a mesh on its own device; device " + std::to_string(d) +
                          " holds two places of this process (" + m.places[i].name() + ")");
     devices.push_back(d);
+    set->devices[i] = d;
   }
   int current = 0;
   (void)cudaGetDevice(&current);
@@ -336,12 +418,13 @@ inline std::shared_ptr<comm_set> init_mesh(const pdo::detail::mesh_state& m) {
   const int root = m.places[0].process();
   if (me == root) check(ncclGetUniqueId(&id), "ncclGetUniqueId", m.places[0].name());
   pdo::mpi::detail::check(MPI_Bcast(&id, static_cast<int>(sizeof id), MPI_BYTE, root, MPI_COMM_WORLD), "MPI_Bcast");
-  check(ncclGroupStart(), "ncclGroupStart", m.places[m.local.front()].name());
+  if (m.local.empty()) return set;  // a process without places of the mesh takes part in the broadcast only
+  group_call inits("ncclGroupEnd", m.places[m.local.front()].name());
   for (auto i : m.local) {
     pdo::detail::device_guard guard(m.places[i].ordinal());
     check(ncclCommInitRank(&set->comms[i], static_cast<int>(n), id, static_cast<int>(i)), "ncclCommInitRank", m.places[i].name());
   }
-  check(ncclGroupEnd(), "ncclGroupEnd", m.places[m.local.front()].name());
+  inits.end();
   return set;
 #else
   throw communication_error("mesh: GPU places of other processes need the MPI backend to start NCCL; build with PDO_WITH_MPI");
@@ -358,16 +441,21 @@ inline std::vector<std::shared_ptr<comm_set>> split_lines(const pdo::detail::mes
   for (auto& s : out) {
     s = std::make_shared<comm_set>();
     s->comms.assign(extent, nullptr);
+    s->devices.assign(extent, -1);
   }
+  if (m.local.empty()) return out;  // no place here: no communicator to split
   std::vector<ncclComm_t> made(m.places.size(), nullptr);
-  check(ncclGroupStart(), "ncclGroupStart", m.places[m.local.front()].name());
+  group_call splits("ncclGroupEnd", m.places[m.local.front()].name());
   for (auto p : m.local) {
     pdo::detail::device_guard guard(m.places[p].ordinal());
     check(ncclCommSplit(whole.comms[p], static_cast<int>(line_of[p]), static_cast<int>(coord_of[p]), &made[p], nullptr), "ncclCommSplit",
           m.places[p].name(), whole.comms[p]);
   }
-  check(ncclGroupEnd(), "ncclGroupEnd", m.places[m.local.front()].name());
-  for (auto p : m.local) out[line_of[p]]->comms[coord_of[p]] = made[p];
+  splits.end();
+  for (auto p : m.local) {
+    out[line_of[p]]->comms[coord_of[p]] = made[p];
+    out[line_of[p]]->devices[coord_of[p]] = m.places[p].ordinal();
+  }
   return out;
 }
 
