@@ -2,6 +2,9 @@
 // run on a 2 x 2 mesh (batch over "dp", the Megatron column/row pair over "tp"). The planner
 // derives every layout and the one all_reduce from the weights' layouts; the plans are
 // checked at compile time, printed with explain, and the result is checked against one place.
+// With --gpu it runs on the machine's GPUs instead (2 x n/2).
+#include "example_places.hpp"
+
 #include <pdo/pdo.hpp>
 
 #include <cmath>
@@ -26,9 +29,10 @@ auto mlp(const X& x, const W1& w1, const B1& b1, const W2& w2) {
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
   try {
-    const auto mesh = pdo::make_mesh<"dp", "tp">(pdo::cpu_places(4), {2, 2});
+    const auto places = example::places(argc, argv, 4);
+    const auto mesh = pdo::make_mesh<"dp", "tp">(places, {2, places.size() / 2});
     // a batch of 9 samples (uneven over "dp": 5 and 4), 6 features, 10 hidden units, 3 classes
     const auto x_host = pattern(9, 6, 0.1f), w1_host = pattern(6, 10, 0.2f), w2_host = pattern(10, 3, 0.15f);
     pdo::tensor<float, 1> b1_host({10});

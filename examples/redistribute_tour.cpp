@@ -1,6 +1,8 @@
 // examples/redistribute_tour.cpp: every step of the redistribution table on a 2x2 mesh.
 // Each plan is checked at compile time (static_assert), printed, run, and its result
-// compared with the host tensor.
+// compared with the host tensor. With --gpu it runs on the machine's GPUs instead (2 x n/2).
+#include "example_places.hpp"
+
 #include <pdo/pdo.hpp>
 
 #include <iostream>
@@ -40,8 +42,9 @@ bool tour_step(const mesh_t& mesh, const pdo::tensor<int, 2>& host) {
 
 }  // namespace
 
-int main() {
-  const auto mesh = pdo::make_mesh<"dp", "tp">(pdo::cpu_places(4), {2, 2});
+int main(int argc, char** argv) {
+  const auto places = example::places(argc, argv, 4);
+  const auto mesh = pdo::make_mesh<"dp", "tp">(places, {2, places.size() / 2});
   pdo::tensor<int, 2> host({7, 5});  // uneven over both axes
   for (std::size_t i = 0; i < host.size(); ++i) host.data()[i] = static_cast<int>(i);
   const bool ok = tour_step<whole, rows>(mesh, host) && tour_step<rows, whole>(mesh, host) &&

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Sets up, builds and runs pdo's whole test suite: unit, compile-fail, MPI (under mpirun),
 # examples, the package tests and, when the CUDA toolkit is present, the CUDA tests (the
-# test programs and examples are then built by nvcc, for sm_80 and sm_90); then a clang++
-# build, an ASan + UBSan build of the unit tests (g++), and a ThreadSanitizer build of the
-# concurrency tests.
+# test programs and examples are then built by nvcc, for sm_80 and sm_90); then the GPU tests
+# on simulated CUDA devices (tests/cuda_sim), a clang++ build, an ASan + UBSan build of the
+# unit tests (g++), and a ThreadSanitizer build of the concurrency tests.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 jobs=$(nproc)
@@ -17,6 +17,13 @@ bash "$here/scripts/configure.sh" "$here/build-test" -DCMAKE_CXX_FLAGS_RELWITHDE
 cmake --build "$here/build-test" -j "$jobs"
 cmake --build "$here/build-test" --target all_verify_interface_header_sets -j "$jobs"
 ctest --test-dir "$here/build-test" --output-on-failure -j "$jobs"
+
+echo "== simulated CUDA devices (tests/cuda_sim): the GPU tests and the examples on GPU places, on 2 and 4 devices, with and"
+echo "   without peer access, in one process and under mpirun"
+bash "$here/scripts/configure.sh" "$here/build-sim" -DPDO_CUDA_SIMULATOR=ON -DPDO_WITH_CUDA=OFF -DPDO_BUILD_BENCHMARKS=OFF \
+  -DPDO_INSTALL=OFF -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -DNDEBUG"
+cmake --build "$here/build-sim" --target test_cuda test_cuda_mpi expressions redistribute_tour -j "$jobs"
+ctest --test-dir "$here/build-sim" --output-on-failure -j "$jobs" -L sim
 
 echo "== clang++ build of the unit tests and the demo"
 bash "$here/scripts/configure.sh" "$here/build-clang" -DCMAKE_CXX_COMPILER=clang++ -DPDO_WITH_CUDA=OFF -DPDO_WITH_MPI=OFF \

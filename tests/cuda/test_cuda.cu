@@ -8,7 +8,10 @@
 #include <cstdio>
 #include <exception>
 #include <functional>
+#include <future>
+#include <mutex>
 #include <string>
+#include <variant>
 #include <vector>
 
 #if !defined(PDO_WITH_CUDA)
@@ -310,9 +313,223 @@ void errors(const std::vector<pdo::cuda_place>& gpus) {
   check(named, "CUDA errors become pdo::error naming the call and the place");
 }
 
+// ---- the defects a reading of the GPU code found, one check each (they run on real and simulated devices) ----
+
+/// 1. Results of full reductions, the cross-entropy loss, the seed of backward and the
+/// initialisers of layers are written by device work, not by host code into device memory.
+void host_never_writes_device_memory(const std::vector<pdo::cuda_place>& gpus) {
+  const auto& g = gpus.front();
+  const auto a = filled<double, 2>({9, 7}, 31);
+  const auto on_g = pdo::to_place(a, g);
+  const double want = pdo::eval(pdo::sum(a))(), got = pdo::to_host(pdo::eval(pdo::sum(on_g)))();
+  const double max_want = pdo::eval(pdo::max(a))(), max_got = pdo::to_host(pdo::eval(pdo::max(on_g)))();
+  check(std::abs(got - want) < 1e-12 && max_got == max_want, "sum and max over all dims of a GPU tensor are written on the device");
+  const pdo::tensor<int, 1> labels({9}, {0, 1, 2, 3, 4, 5, 6, 0, 1});
+  const double ce_want = pdo::eval(pdo::cross_entropy(a, labels))();
+  double ce_got = 0;
+  std::vector<double> grad_got, grad_want;
+  {
+    auto w = pdo::parameter(a);
+    pdo::backward(pdo::cross_entropy(w, labels));
+    grad_want.assign(w.grad().begin(), w.grad().end());
+  }
+  g.state()->runner->submit([] {});  // the place's worker is alive
+  pdo::detail::run_on_place(*g.state(), [&] {
+    auto w = pdo::parameter(pdo::to_place(a, g));
+    const auto loss = pdo::cross_entropy(w, pdo::to_place(labels, g));
+    ce_got = pdo::to_host(loss.value())();
+    pdo::backward(loss);
+    const auto grad = pdo::to_host(w.grad());
+    grad_got.assign(grad.begin(), grad.end());
+  });
+  bool same = grad_got.size() == grad_want.size();
+  for (std::size_t i = 0; same && i < grad_got.size(); ++i) same = std::abs(grad_got[i] - grad_want[i]) < 1e-12;
+  check(std::abs(ce_got - ce_want) < 1e-12 && same, "cross_entropy on a GPU place: its loss and backward's seed stay on the device");
+  std::vector<float> made_here, made_there;
+  {
+    pdo::nn::rng gen(3);
+    pdo::nn::linear<float> layer(5, 4, gen);
+    made_here.assign(layer.weight.value().begin(), layer.weight.value().end());
+  }
+  pdo::detail::run_on_place(*g.state(), [&] {
+    pdo::nn::rng gen(3);
+    pdo::nn::linear<float> layer(5, 4, gen);
+    const auto w = pdo::to_host(layer.weight.value());
+    made_there.assign(w.begin(), w.end());
+    check(layer.weight.value().on_gpu(), "a layer made on a GPU place holds its parameters in the GPU's memory");
+  });
+  check(made_here == made_there, "a layer made on a GPU place is initialised as on the host");
+}
+
+/// 2. Copies staged through the host between two GPUs: events recorded on their own
+/// device's streams, and the staging buffers freed only after their last upload.
+void staged_copies(const std::vector<pdo::cuda_place>& gpus) {
+  if (gpus.size() < 2) return;
+  const auto big = filled<float, 1>({std::size_t{3} << 20}, 32);  // 12 MiB: three chunks, both buffers reused
+  pdo::tensor<float, 1> arrived;
+  {
+    pdo::cuda_place to(gpus[1].device());    // made first, destroyed last
+    pdo::cuda_place from(gpus[0].device());  // its staging buffers go first
+    const auto on_from = pdo::to_place(big, from);
+    arrived = pdo::to_host(pdo::to_place(on_from, to, pdo::peer_copy::staged));
+  }
+  check(close(arrived, big, 0), "a staged copy between GPUs, its source place destroyed right after");
+}
+
+/// 3. A copy between GPUs waits only for the work queued before it on each side: a
+/// collective that one place queued before the copy and the other after cannot deadlock.
+void copies_do_not_deadlock_collectives(const std::vector<pdo::cuda_place>& gpus) {
+  if (gpus.size() < 2) return;
+  const auto m = pdo::make_mesh<"dp">(std::vector<pdo::cuda_place>{gpus[0], gpus[1]}, {2});
+  using cols = pdo::layout<pdo::replicate, pdo::split<"dp">>;
+  using rows = pdo::layout<pdo::split<"dp">, pdo::replicate>;
+  const auto a = filled<double, 2>({6, 8}, 33), b = filled<double, 2>({8, 5}, 34);
+  const auto x = pdo::distribute<cols>(m, a);
+  const auto w = pdo::distribute<rows>(m, b);
+  const auto data = pdo::to_place(filled<double, 1>({1000}, 35), gpus[0]);
+  // the second place's worker is held while the first queues its part of an all_reduce
+  std::mutex hold;
+  std::unique_lock held(hold);
+  gpus[1].submit([&hold] { std::lock_guard wait(hold); });
+  auto product = pdo::eval_async(pdo::matmul(x, w));  // K split: an all_reduce on both places
+  auto copy = std::async(std::launch::async, [&] { return pdo::to_place(data, gpus[1], pdo::peer_copy::automatic); });
+  held.unlock();
+  const auto moved = copy.get();
+  const auto result = pdo::gather(product.get());
+  check(close(pdo::to_host(moved), pdo::to_host(data), 0) && close(result, pdo::eval(pdo::matmul(a, b)), 1e-12),
+        "a copy between GPUs beside a collective queued in another order: no deadlock");
+}
+
+/// 6. An uneven all_gather whose output has the wrong size on one member throws on every
+/// member before any queues a kernel; the mesh goes on.
+void all_gather_agrees_first(const std::vector<pdo::cuda_place>& gpus) {
+  if (gpus.size() < 2) return;
+  const std::size_t n = gpus.size();
+  const auto m = pdo::make_mesh<"dp">(gpus, {n});
+  bool everywhere = false;
+  try {
+    pdo::spmd(m, [&](std::size_t p) {
+      pdo::tensor<float, 1> in({1 + p}, m.place(p)), out({n * (n + 1) / 2 + (p == 0 ? 1 : 0)}, m.place(p));
+      pdo::communicator_of(m, p).all_gather(std::as_const(in).span(), out.span());
+    });
+  } catch (const pdo::mismatch_error& e) {
+    everywhere = std::string(e.what()).find("all_gather") != std::string::npos;
+  }
+  std::vector<float> after(n);
+  pdo::spmd(m, [&](std::size_t p) {
+    pdo::tensor<float, 1> t({3}, m.place(p));
+    t.fill(1.0f);
+    pdo::communicator_of(m, p).all_reduce(t.span());
+    after[p] = pdo::to_host(t)(2);
+  });
+  check(everywhere && after[0] == static_cast<float>(n), "an all_gather of a wrong output size: mismatch_error on every member, then the mesh goes on");
+}
+
+/// 7. A member whose NCCL call fails after the others queued theirs: the others' queued
+/// collectives are ended (the communicators aborted), the error reaches the caller, and the
+/// mesh works again with new communicators. A collective the ranks called differently
+/// (NCCL's asynchronous error) ends a wait on the stream with an error instead of a hang.
+void nccl_failures(const std::vector<pdo::cuda_place>& gpus) {
+  if (gpus.size() < 2) return;
+  const std::size_t n = gpus.size();
+  const auto m = pdo::make_mesh<"dp">(gpus, {n});
+  bool failed = false;
+  try {
+    pdo::spmd(m, [&](std::size_t p) {
+      pdo::tensor<float, 1> t({16}, m.place(p));
+      std::vector<float> host(16, 1.0f);  // member 0 passes host memory: NCCL refuses it there only
+      const std::span<float> data = p == 0 ? std::span<float>(host) : t.span();
+      pdo::communicator_of(m, p).all_reduce(data);
+      pdo::to_host(t);  // waits for its stream: the collective queued here can no longer complete
+    });
+  } catch (const pdo::error& e) {
+    failed = true;
+  }
+  std::vector<float> after(n);
+  pdo::spmd(m, [&](std::size_t p) {
+    pdo::tensor<float, 1> t({4}, m.place(p));
+    t.fill(2.0f);
+    pdo::communicator_of(m, p).all_reduce(t.span());
+    after[p] = pdo::to_host(t)(0);
+  });
+  check(failed && after[n - 1] == 2.0f * static_cast<float>(n), "a member's failed NCCL call after the others queued theirs: an error, then new communicators");
+#if defined(PDO_CUDA_SIMULATOR)
+  // two members calling different collectives at one position: NCCL's asynchronous error
+  auto& group = std::get<std::shared_ptr<pdo::nccl::detail::group>>(pdo::detail::comms_of(m).whole->impl);
+  std::string seen;
+  try {
+    pdo::spmd(m, [&](std::size_t p) {
+      pdo::tensor<float, 1> t({8}, m.place(p));
+      auto& d = pdo::detail::cuda_device_of(*m.place(p).state());
+      if (p == 0) ncclAllReduce(t.data(), t.data(), 8, ncclFloat32, ncclSum, group->comm(p), d.comm);
+      else ncclBroadcast(t.data(), t.data(), 8, ncclFloat32, 0, group->comm(p), d.comm);
+      pdo::cuda_place(m.place(p).state()).synchronize();
+    });
+  } catch (const pdo::communication_error& e) {
+    seen = e.what();
+  }
+  check(seen.find("different collectives") != std::string::npos, "an asynchronous NCCL error ends the wait on the stream with an error: " + seen);
+  pdo::detail::comms_of(m).reset();
+#endif
+}
+
+/// 8. Two places on one device: the source's later writes wait for a copy that reads it.
+void two_places_on_one_device(const std::vector<pdo::cuda_place>& gpus) {
+  pdo::cuda_place a(gpus.front().device()), b(gpus.front().device());
+  auto src = pdo::to_place(filled<float, 1>({1000}, 36), a);
+  const auto want = pdo::to_host(src);
+  // b's stream is busy for a while before the copy reaches it
+  pdo::tensor<float, 2> busy({512, 512}, b);
+  (void)pdo::detail::run_on_place(*b.state(), [&] { return pdo::eval(pdo::matmul(busy, busy)); });
+  pdo::tensor<float, 1> dst({1000}, b);
+  pdo::copy(src, dst, pdo::copy_completion::queued);
+  src.fill(-1.0f);  // a's next write to the source
+  check(close(pdo::to_host(dst), want, 0), "two places on one device: the source is not overwritten before the copy reads it");
+}
+
+/// 9. Batched matmuls whose blocks are empty (k or n of 0 under uneven splits) never reach
+/// cuBLAS with a leading dimension of 0.
+void empty_blocks(const std::vector<pdo::cuda_place>& gpus) {
+  const std::size_t n = gpus.size();
+  if (n < 2) return;
+  using pdo::replicate;
+  using pdo::split;
+  const auto a = filled<double, 3>({3, 4, 1}, 37), b = filled<double, 3>({3, 1, 1}, 38);
+  const auto m = pdo::make_mesh<"dp">(gpus, {n});
+  const auto x = pdo::distribute<pdo::layout<replicate, replicate, split<"dp">>>(m, a);
+  const auto y = pdo::distribute<pdo::layout<replicate, split<"dp">, replicate>>(m, b);
+  const auto k_split = pdo::gather(pdo::eval(pdo::matmul(x, y)));  // K = 1 over n places: empty K blocks
+  const auto yn = pdo::distribute<pdo::layout<replicate, replicate, split<"dp">>>(m, b);
+  const auto xn = pdo::distribute<pdo::layout<replicate, replicate, replicate>>(m, a);
+  const auto n_split = pdo::gather(pdo::eval(pdo::matmul(xn, yn)));  // N = 1 over n places: empty N blocks
+  const auto want = pdo::eval(pdo::matmul(a, b));
+  check(close(k_split, want, 1e-12) && close(n_split, want, 1e-12), "batched matmul with empty blocks (k or n of 0) on GPU places");
+}
+
+/// 11. Peer access is enabled before direct copies; an event is made on the device of the
+/// stream it is recorded on.
+void peers_and_events(const std::vector<pdo::cuda_place>& gpus) {
+  if (gpus.size() < 2) return;
+#if defined(PDO_CUDA_SIMULATOR)
+  int can = 0;
+  cudaDeviceCanAccessPeer(&can, gpus[0].device(), gpus[1].device());
+  cudaSimStats before{}, after{};
+  cudaSimGetStats(&before);
+  const auto on_b = pdo::to_place(pdo::to_place(filled<float, 1>({256}, 39), gpus[0]), gpus[1], pdo::peer_copy::direct);
+  cudaSimGetStats(&after);
+  check(can == 0 || after.driver_staged_peer_copies == before.driver_staged_peer_copies,
+        "direct copies between devices that can reach each other go peer to peer (access enabled)");
+#endif
+  pdo::cuda_event e;  // made on the host thread, whose current device is the first
+  e.record(gpus[1].compute_stream());
+  e.wait(gpus[0].compute_stream());
+  gpus[0].synchronize();
+  check(e.done(), "a cuda_event recorded on another device's stream");
+}
+
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
   const std::string reason = pdo::cuda_unavailable_reason();
   if (!reason.empty()) {
     std::printf("SKIPPED: no CUDA device (%s)\n", reason.c_str());
@@ -320,11 +537,28 @@ int main() {
   }
   const auto gpus = pdo::cuda_places();
   std::printf("%zu GPU place(s)\n", gpus.size());
-  const std::vector<std::function<void(const std::vector<pdo::cuda_place>&)>> parts{places_and_memory, copies, expressions, convolution,
-                                                                                    collectives, mixed_mesh, operand_places, errors};
-  for (const auto& part : parts) {
+  using part = void (*)(const std::vector<pdo::cuda_place>&);
+  const std::vector<std::pair<const char*, part>> parts{{"places_and_memory", places_and_memory},
+                                                        {"copies", copies},
+                                                        {"expressions", expressions},
+                                                        {"convolution", convolution},
+                                                        {"collectives", collectives},
+                                                        {"mixed_mesh", mixed_mesh},
+                                                        {"operand_places", operand_places},
+                                                        {"errors", errors},
+                                                        {"host_never_writes_device_memory", host_never_writes_device_memory},
+                                                        {"staged_copies", staged_copies},
+                                                        {"copies_do_not_deadlock_collectives", copies_do_not_deadlock_collectives},
+                                                        {"all_gather_agrees_first", all_gather_agrees_first},
+                                                        {"nccl_failures", nccl_failures},
+                                                        {"two_places_on_one_device", two_places_on_one_device},
+                                                        {"empty_blocks", empty_blocks},
+                                                        {"peers_and_events", peers_and_events}};
+  // an argument names the one part to run
+  for (const auto& [name, run] : parts) {
+    if (argc > 1 && std::string(argv[1]) != name) continue;
     try {
-      part(gpus);
+      run(gpus);
     } catch (const std::exception& e) {
       check(false, e.what());
     }

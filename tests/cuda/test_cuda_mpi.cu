@@ -1,9 +1,13 @@
 // tests/cuda/test_cuda_mpi.cu: GPU places over MPI processes, their collectives on NCCL
-// bootstrapped over MPI (the unique id broadcast from the first place's process). Run it
-// under mpirun with one process per GPU; run alone, it is one process. Without a GPU it
-// reports itself skipped (exit 77) with the reason.
+// bootstrapped over MPI (the unique id broadcast from the first place's process): an
+// all_reduce, distribute (whose agreement check on the host shapes goes over the host group,
+// not NCCL), parallel_do, gather, a redistribution; with three or more processes, a mesh over
+// the places of the first two, which the others make too while holding none of its places.
+// Run it under mpirun with one process per GPU; run alone, it is one process. Without a GPU
+// it reports itself skipped (exit 77) with the reason.
 #include <pdo/pdo.hpp>
 
+#include <cmath>
 #include <cstdio>
 #include <exception>
 #include <string>
@@ -12,6 +16,65 @@
 #if !defined(PDO_WITH_CUDA) || !defined(PDO_WITH_MPI)
 #error "test_cuda_mpi.cu needs PDO_WITH_CUDA and PDO_WITH_MPI (link pdo::cuda and pdo::mpi)"
 #endif
+
+namespace {
+
+int failures = 0;
+
+void check(bool ok, const std::string& what) {
+  std::printf("rank %d: %s %s\n", pdo::mpi::rank(), ok ? "ok  " : "FAIL", what.c_str());
+  if (!ok) ++failures;
+}
+
+pdo::tensor<double, 2> numbered(std::size_t rows, std::size_t cols) {
+  pdo::tensor<double, 2> t({rows, cols});
+  for (std::size_t i = 0; i < t.size(); ++i) t.data()[i] = static_cast<double>(i % 97) * 0.5 - 3;
+  return t;
+}
+
+bool same_values(const pdo::tensor<double, 2>& a, const pdo::tensor<double, 2>& b) {
+  if (a.shape() != b.shape()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    if (std::abs(a.data()[i] - b.data()[i]) > 1e-12 * (1 + std::abs(b.data()[i]))) return false;
+  return true;
+}
+
+template <class Mesh>
+void programs(const Mesh& m, const std::string& what) {
+  using pdo::replicate;
+  using pdo::split;
+  const std::size_t n = m.size();
+  // all_reduce of (place + 1): n (n + 1) / 2 everywhere
+  std::vector<double> got(m.local_places().size(), 0);
+  pdo::spmd(m, [&](std::size_t p) {
+    pdo::tensor<double, 1> t({8}, m.place(p));
+    t.fill(static_cast<double>(p + 1));
+    pdo::communicator_of(m, p).all_reduce(t.span());
+    for (std::size_t k = 0; k < m.local_places().size(); ++k)
+      if (m.local_places()[k] == p) got[k] = pdo::to_host(t).data()[7];
+  });
+  bool sums = true;
+  for (double g : got) sums = sums && g == static_cast<double>(n * (n + 1) / 2);
+  check(sums, what + ": all_reduce over " + std::to_string(n) + " GPU places");
+  // distribute (its host shapes agreed over the host group), redistribute, gather
+  const auto host = numbered(11, 6);
+  const auto rows = pdo::distribute<pdo::layout<split<"dp">, replicate>>(m, host);
+  const auto cols = pdo::redistribute<pdo::layout<replicate, split<"dp">>>(rows);
+  check(same_values(pdo::gather(rows), host) && same_values(pdo::gather(cols), host), what + ": distribute, all_to_all and gather");
+  // parallel_do: the block's outcomes shared over the host group
+  const auto doubled = pdo::parallel_do<pdo::layout<split<"dp">, replicate>>(
+      [](const pdo::tensor<double, 2>& shard) {
+        auto h = pdo::to_host(shard);
+        for (auto& v : h) v *= 2;
+        return h;
+      },
+      rows);
+  auto want = host;
+  for (auto& v : want) v *= 2;
+  check(same_values(pdo::gather(doubled), want), what + ": parallel_do");
+}
+
+}  // namespace
 
 int main() {
   pdo::mpi::initialize();
@@ -22,21 +85,20 @@ int main() {
   }
   try {
     const auto places = pdo::mpi::world_cuda_places(1);
-    const std::size_t n = places.size();
-    const auto m = pdo::make_mesh<"dp">(places, {n});
-    // all_reduce of (rank + 1) over the processes: n (n + 1) / 2 everywhere
-    std::vector<double> got(1);
-    pdo::spmd(m, [&](std::size_t p) {
-      pdo::tensor<double, 1> t({8}, m.place(p));
-      t.fill(static_cast<double>(p + 1));
-      pdo::communicator_of(m, p).all_reduce(t.span());
-      got[0] = pdo::to_host(t).data()[7];
-    });
-    const double want = static_cast<double>(n * (n + 1) / 2);
-    std::printf("%s: all_reduce over %zu GPU place(s): %g (want %g)\n", got[0] == want ? "ok" : "FAIL", n, got[0], want);
-    return got[0] == want ? 0 : 1;
+    programs(pdo::make_mesh<"dp">(places, {places.size()}), "every process");
+    if (places.size() >= 3) {
+      // a mesh over the places of the first two processes: the others hold none of its places
+      const std::vector<pdo::any_place> first_two{places[0], places[1]};
+      const auto m = pdo::make_mesh<"dp">(first_two, {2});
+      if (m.local_places().empty()) {
+        pdo::detail::comms_of(m);  // every process builds the mesh's communicators
+        check(true, "a process without places of a GPU mesh builds its communicators");
+      } else {
+        programs(m, "the first two processes");
+      }
+    }
   } catch (const std::exception& e) {
-    std::printf("FAIL: %s\n", e.what());
-    return 1;
+    check(false, e.what());
   }
+  return failures == 0 ? 0 : 1;
 }

@@ -47,12 +47,13 @@ if(NOT installed_header)
   message(FATAL_ERROR "install put no pdo/pdo.hpp under <prefix>/include")
 endif()
 
-# Configures, builds and tests the consumer asking for `components` (a ;-list, may be empty).
+# Configures, builds and tests the consumer asking for `components` (a ;-list, may be empty);
+# further arguments go to its configuration.
 function(consumer name components)
   set(build ${WORK_DIR}/consumer-${name})
   run_step("configure consumer ${name}" ${CMAKE_COMMAND} -S ${CONSUMER_SOURCE_DIR} -B ${build} -G ${GENERATOR}
            -DCMAKE_CXX_COMPILER=${CXX_COMPILER} -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH=${prefix}
-           -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF "-DCONSUMER_COMPONENTS=${components}")
+           -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF "-DCONSUMER_COMPONENTS=${components}" ${ARGN})
   file(STRINGS ${build}/CMakeCache.txt pdo_dir REGEX "^pdo_DIR:")
   string(FIND "${pdo_dir}" "${prefix}/" at)
   if(NOT at GREATER -1)
@@ -76,6 +77,9 @@ endif()
 expect_failure("consumer asking for CUDA" "pdo was installed without its CUDA component"
                ${CMAKE_COMMAND} -S ${CONSUMER_SOURCE_DIR} -B ${WORK_DIR}/consumer-no-cuda -G ${GENERATOR}
                -DCMAKE_CXX_COMPILER=${CXX_COMPILER} -DCMAKE_PREFIX_PATH=${prefix} -DCONSUMER_COMPONENTS=CUDA)
+# 5. CUDA on simulated devices: the consumer configured with PDO_CUDA_SIMULATOR=ON gets pdo::cuda
+#    from the simulator's installed sources and runs on pdo::cuda_places() here.
+consumer(cuda_simulator "CUDA" -DPDO_CUDA_SIMULATOR=ON)
 expect_failure("consumer asking for an unknown component" "pdo has no component \"Bogus\""
                ${CMAKE_COMMAND} -S ${CONSUMER_SOURCE_DIR} -B ${WORK_DIR}/consumer-bogus -G ${GENERATOR}
                -DCMAKE_CXX_COMPILER=${CXX_COMPILER} -DCMAKE_PREFIX_PATH=${prefix} -DCONSUMER_COMPONENTS=Bogus)
