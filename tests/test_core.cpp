@@ -138,3 +138,17 @@ TEST_CASE("chunking follows the even rule", "[shape]") {
   STATIC_REQUIRE(pdo::detail::chunk_offset(10, 4, 3) == 8);
   STATIC_REQUIRE(pdo::detail::chunk_offset(10, 4, 2) == 6);
 }
+
+TEST_CASE("sizes: extents whose product or byte count overflows are a shape_error naming the op", "[tensor][errors]") {
+  const std::size_t big = std::size_t{1} << 33;
+  CHECK_THROWS_AS((pdo::tensor<float, 2>({big, big})), pdo::shape_error);
+  CHECK_THROWS_WITH((pdo::tensor<float, 1>({(std::size_t{1} << 62) + 1})), Catch::Contains("tensor: extents [4611686018427387905]"));
+  const pdo::tensor<float, 2> tall({std::size_t{1} << 32, 0}), wide({0, std::size_t{1} << 32});
+  CHECK_THROWS_WITH(pdo::eval(pdo::matmul(tall, wide)), Catch::Contains("matmul: extents [4294967296, 4294967296]"));
+  const pdo::tensor<float, 1> none({0});
+  CHECK_THROWS_AS(pdo::reshape(none, {std::size_t{1} << 32, std::size_t{1} << 32}), pdo::shape_error);
+  const auto mesh = pdo::make_mesh<"x">(pdo::cpu_places(2));
+  const auto d_tall = pdo::distribute<pdo::layout<pdo::split<"x">, pdo::replicate>>(mesh, tall);
+  const auto d_wide = pdo::distribute<pdo::layout<pdo::replicate, pdo::replicate>>(mesh, wide);
+  CHECK_THROWS_WITH(pdo::eval(pdo::matmul(d_tall, d_wide)), Catch::Contains("matmul: extents"));
+}

@@ -134,11 +134,10 @@ class tensor {
   friend class tensor;
 
   tensor(const shape_t<Rank>& shape, caching_allocator* allocator, std::shared_ptr<detail::place_state> place)
-      : shape_(shape),
-        strides_(detail::row_major_strides(shape)),
-        allocator_(allocator),
-        place_(std::move(place)) {
-    data_ = static_cast<T*>(allocator_->allocate(detail::checked_volume(shape, "tensor", sizeof(T)) * sizeof(T)));
+      : shape_(shape), allocator_(allocator), place_(std::move(place)) {
+    const std::size_t n = detail::checked_volume(shape, "tensor", sizeof(T));  // before the strides: their products fit then
+    strides_ = detail::row_major_strides(shape);
+    data_ = static_cast<T*>(allocator_->allocate(n * sizeof(T)));
   }
 
   static detail::place_state* place_of(const tensor& t) { return t.place_.get(); }
