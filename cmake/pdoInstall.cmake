@@ -22,6 +22,11 @@ if(EXISTS ${PROJECT_SOURCE_DIR}/tests/cuda_sim/src)
   install(DIRECTORY ${PROJECT_SOURCE_DIR}/tests/cuda_sim/ DESTINATION ${CMAKE_INSTALL_DATADIR}/pdo/cuda_sim
           FILES_MATCHING PATTERN "*.h" PATTERN "*.hpp" PATTERN "*.cpp" PATTERN "*.md")
   install(FILES ${PROJECT_SOURCE_DIR}/cmake/pdoCudaSimulator.cmake DESTINATION ${PDO_INSTALL_CMAKEDIR})
+  # the NCCL backend's headers, which pdo::cuda installs in a CUDA build, for those consumers too
+  if(NOT PDO_WITH_CUDA)
+    install(DIRECTORY ${PROJECT_SOURCE_DIR}/include/pdo/comm/nccl DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/pdo/comm
+            FILES_MATCHING PATTERN "*.hpp")
+  endif()
 endif()
 configure_package_config_file(${CMAKE_CURRENT_LIST_DIR}/pdoConfig.cmake.in ${CMAKE_CURRENT_BINARY_DIR}/pdoConfig.cmake
                               INSTALL_DESTINATION ${PDO_INSTALL_CMAKEDIR})
