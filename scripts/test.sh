@@ -40,8 +40,8 @@ cmake --build "$here/build-asan" --target test_core test_redistribute test_paral
 ASAN_OPTIONS="detect_leaks=1" ctest --test-dir "$here/build-asan" --output-on-failure -j "$jobs" \
   -R "^test_(core|redistribute|parallel_do|collectives|expr|expr_mesh|matmul_mesh|autograd|nn|model_parallel)$"
 
-echo "== ThreadSanitizer build of the threads backend, parallel_do, the expression engine and the data-parallel trainer tests"
+echo "== ThreadSanitizer build of the engine, the threads backend, parallel_do, expressions, the trainers"
 bash "$here/scripts/configure.sh" "$here/build-tsan" -DPDO_WITH_CUDA=OFF -DPDO_WITH_MPI=OFF -DPDO_BUILD_EXAMPLES=OFF \
   -DPDO_BUILD_BENCHMARKS=OFF -DPDO_WITH_OPENMP=OFF -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS="-fsanitize=thread -O1 -g"
-cmake --build "$here/build-tsan" --target test_collectives test_parallel_do test_expr test_nn test_pipeline -j "$jobs"
-TSAN_OPTIONS="halt_on_error=1" ctest --test-dir "$here/build-tsan" --output-on-failure -R "^test_(collectives|parallel_do|expr|nn|pipeline)$"
+cmake --build "$here/build-tsan" --target test_engine test_collectives test_parallel_do test_expr test_nn test_pipeline -j "$jobs"
+TSAN_OPTIONS="halt_on_error=1" ctest --test-dir "$here/build-tsan" --output-on-failure -R "^test_(engine|collectives|parallel_do|expr|nn|pipeline)$"

@@ -4,7 +4,6 @@
 #include <pdo/comm/communicator_concept.hpp>
 #include <pdo/comm/group_communicator.hpp>
 #include <pdo/comm/mesh_comms.hpp>
-#include <pdo/comm/run_on_places.hpp>
 #include <pdo/comm/threads/communicator.hpp>
 
 #if defined(PDO_WITH_MPI)

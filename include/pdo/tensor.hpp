@@ -1,4 +1,4 @@
-// pdo/tensor.hpp: the tensor layer (tensor, dtensor, distribute, redistribute, gather).
+// pdo/tensor.hpp: the tensor layer (tensor, dtensor, copies, what each place does in a redistribution).
 #pragma once
 
 #include <pdo/tensor/copy.hpp>

@@ -5,7 +5,7 @@
 #include <pdo/kernels/conv.hpp>
 #include <pdo/kernels/gemm.hpp>
 #include <pdo/layout/layout_type.hpp>
-#include <pdo/tensor/redistribute.hpp>
+#include <pdo/exec/mesh_ops.hpp>
 
 #include <cstddef>
 #include <memory>

@@ -3,7 +3,7 @@
 
 #include <pdo/exec/eval.hpp>
 #include <pdo/kernels/place_system.hpp>
-#include <pdo/tensor/redistribute.hpp>
+#include <pdo/exec/mesh_ops.hpp>
 
 #include <algorithm>
 #include <atomic>
@@ -277,6 +277,7 @@ void backward(const var<V>& out, detail::grad_t<V> seed) {
     }
   }
   std::sort(nodes.begin(), nodes.end(), [](const auto* a, const auto* b) { return a->order > b->order; });
+  const detail::timeline_span span("kernel", "backward", [&] { return std::to_string(nodes.size()) + " nodes"; });
   out.node()->accumulate(std::move(seed));
   for (detail::grad_node* n : nodes) {
     if (n->leaf) continue;

@@ -1,6 +1,7 @@
 // pdo/comm/barrier.hpp: a reusable barrier that spins briefly, then sleeps, and can be aborted.
 #pragma once
 
+#include <pdo/core/config.hpp>
 #include <pdo/core/error.hpp>
 
 #include <algorithm>
@@ -10,14 +11,6 @@
 #include <thread>
 
 namespace pdo::detail {
-
-inline void cpu_relax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
 
 /// @brief A barrier for a fixed number of threads. Waiters spin for a few microseconds
 /// (collectives on small messages stay well under a microsecond) and then sleep on

@@ -3,10 +3,12 @@
 
 #include <pdo/comm/communicator_concept.hpp>
 #include <pdo/core/dtype.hpp>
+#include <pdo/core/timeline.hpp>
 
 #include <cstddef>
 #include <memory>
 #include <span>
+#include <string>
 #include <utility>
 
 namespace pdo {
@@ -17,6 +19,11 @@ namespace detail {
 template <class Group, class F>
 decltype(auto) visit_group(Group& g, F&& f) {
   return std::forward<F>(f)(g);
+}
+/// @brief How the timeline names a group; groups that know their mesh axis overload it.
+template <class Group>
+std::string group_label(const Group&) {
+  return "a group";
 }
 }  // namespace detail
 
@@ -37,27 +44,32 @@ class group_communicator {
   [[nodiscard]] std::size_t rank() const { return member_; }
 
   void barrier() const {
+    const detail::timeline_span span("collective", "barrier", [&] { return describe(0); });
     with([&](auto& g) { g.barrier(member_); });
   }
   /// @brief `data` = op over members of their `data` (same size on all).
   template <element T>
   void all_reduce(std::span<T> data, reduce_op op = reduce_op::sum) const {
+    const detail::timeline_span span("collective", "all_reduce", [&] { return describe(data.size_bytes()); });
     with([&](auto& g) { g.all_reduce(member_, data, op); });
   }
   /// @brief `out` = every member's `in`, concatenated in member order (sizes may differ).
   template <element T>
   void all_gather(std::span<const T> in, std::span<T> out) const {
+    const detail::timeline_span span("collective", "all_gather", [&] { return describe(out.size_bytes()); });
     with([&](auto& g) { g.all_gather(member_, in, out); });
   }
   /// @brief `out` = this member's segment of op over members of `in`; segment k has the
   /// size member k passes as `out`.
   template <element T>
   void reduce_scatter(std::span<const T> in, std::span<T> out, reduce_op op = reduce_op::sum) const {
+    const detail::timeline_span span("collective", "reduce_scatter", [&] { return describe(in.size_bytes()); });
     with([&](auto& g) { g.reduce_scatter(member_, in, out, op); });
   }
   /// @brief `data` = member `root`'s `data`.
   template <element T>
   void broadcast(std::span<T> data, std::size_t root) const {
+    const detail::timeline_span span("collective", "broadcast", [&] { return describe(data.size_bytes()); });
     with([&](auto& g) { g.broadcast(member_, data, root); });
   }
   /// @brief Piece j of `in` (send_counts[j] elements) goes to member j; `out` holds the
@@ -65,20 +77,30 @@ class group_communicator {
   template <element T>
   void all_to_all(std::span<const T> in, std::span<const std::size_t> send_counts, std::span<T> out,
                   std::span<const std::size_t> recv_counts) const {
+    const detail::timeline_span span("collective", "all_to_all", [&] { return describe(in.size_bytes()); });
     with([&](auto& g) { g.all_to_all(member_, in, send_counts, out, recv_counts); });
   }
   /// @brief Sends `data` to member `to`; returns once it has been received.
   template <element T>
   void send(std::span<const T> data, std::size_t to, int tag = 0) const {
+    const detail::timeline_span span("collective", "send", [&] { return describe(data.size_bytes()); });
     with([&](auto& g) { g.send(member_, data, to, tag); });
   }
   /// @brief Receives exactly `data.size()` elements from member `from`.
   template <element T>
   void recv(std::span<T> data, std::size_t from, int tag = 0) const {
+    const detail::timeline_span span("collective", "recv", [&] { return describe(data.size_bytes()); });
     with([&](auto& g) { g.recv(member_, data, from, tag); });
   }
 
  private:
+  /// @brief The timeline's detail of a collective: its group, this member, the bytes it passes.
+  [[nodiscard]] std::string describe(std::size_t bytes) const {
+    using detail::group_label;
+    return "over " + group_label(*group_) + ", member " + std::to_string(member_) + " of " + std::to_string(size()) + ", " +
+           std::to_string(bytes) + " bytes";
+  }
+
   template <class F>
   void with(F&& f) const {
     using detail::visit_group;  // and, found by ADL, the overloads of run-time chosen groups

@@ -41,6 +41,7 @@ struct any_group {
 #endif
                >
       impl;
+  std::string label;  ///< "axis \"dp\" of mesh(dp=4)": for the timeline
   void abort() {
     std::visit([](auto& g) { g->abort(); }, impl);
   }
@@ -53,6 +54,7 @@ template <class F>
 decltype(auto) visit_group(any_group& g, F&& f) {
   return std::visit([&](auto& p) -> decltype(auto) { return f(*p); }, g.impl);
 }
+inline std::string group_label(const any_group& g) { return g.label; }
 
 /// @brief The groups of one mesh. `lines[a][g]` is the g-th group along axis a; place
 /// p is member `coord(p, a)` of group `line_of[a][p]`.
@@ -84,7 +86,7 @@ struct mesh_comms {
 /// @brief `host` as an any_group (nullptr stays nullptr).
 inline std::shared_ptr<any_group> from_host(const std::shared_ptr<host_group>& host) {
   if (!host) return nullptr;
-  return std::visit([](auto& g) { return std::make_shared<any_group>(any_group{g}); }, host->impl);
+  return std::visit([](auto& g) { return std::make_shared<any_group>(any_group{g, {}}); }, host->impl);
 }
 
 /// @brief How the places of a mesh are: all CPU, all GPU, or both.
@@ -103,8 +105,8 @@ inline std::shared_ptr<any_group> device_group(const mesh_state& m, const std::v
   if (!host) return nullptr;
   std::vector<std::shared_ptr<place_state>> places;
   for (auto i : members) places.push_back(m.places[i].is_local() ? m.places[i].state() : nullptr);
-  if (comms) return std::make_shared<any_group>(any_group{std::make_shared<nccl::detail::group>(std::move(places), std::move(comms), std::move(host))});
-  return std::make_shared<any_group>(any_group{std::make_shared<staged_group>(std::move(places), std::move(host))});
+  if (comms) return std::make_shared<any_group>(any_group{std::make_shared<nccl::detail::group>(std::move(places), std::move(comms), std::move(host)), {}});
+  return std::make_shared<any_group>(any_group{std::make_shared<staged_group>(std::move(places), std::move(host)), {}});
 }
 #endif
 
@@ -147,6 +149,8 @@ mesh_comms& comms_of(const Mesh& m) {
     };
 #endif
     comms->whole = wrap(all, whole_nccl, "the whole " + m.describe(), &comms->whole_host);
+    if (comms->whole) comms->whole->label = "the whole " + m.describe();
+    if (comms->whole_host) comms->whole_host->label = "the whole " + m.describe() + " (host)";
     comms->lines.resize(Mesh::ndim);
     comms->line_of.assign(Mesh::ndim, std::vector<std::size_t>(m.size()));
     for (std::size_t a = 0; a < Mesh::ndim; ++a) {
@@ -166,7 +170,10 @@ mesh_comms& comms_of(const Mesh& m) {
       }
 #endif
       const std::string label = "axis \"" + std::string(Mesh::axis_names[a]) + "\" of " + m.describe();
-      for (std::size_t g = 0; g < line_members.size(); ++g) comms->lines[a].push_back(wrap(line_members[g], line_nccl[g], label));
+      for (std::size_t g = 0; g < line_members.size(); ++g) {
+        comms->lines[a].push_back(wrap(line_members[g], line_nccl[g], label));
+        if (comms->lines[a].back()) comms->lines[a].back()->label = label;
+      }
     }
     state.comms = std::move(comms);
   });

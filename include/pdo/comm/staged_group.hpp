@@ -5,7 +5,7 @@
 
 #include <pdo/comm/host_group.hpp>
 #include <pdo/core/dtype.hpp>
-#include <pdo/memory/copy.hpp>
+#include <pdo/place/copy.hpp>
 
 #include <cstddef>
 #include <memory>

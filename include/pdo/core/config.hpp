@@ -24,3 +24,17 @@
 #define PDO_VERSION_MAJOR 0
 #define PDO_VERSION_MINOR 1
 #define PDO_VERSION_PATCH 0
+
+namespace pdo::detail {
+
+/// @brief Tells the core the calling thread is spinning (x86's pause, Arm's yield), so a
+/// short spin costs the other hyperthread and the memory system little.
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield" ::: "memory");
+#endif
+}
+
+}  // namespace pdo::detail

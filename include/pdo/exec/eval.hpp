@@ -1,14 +1,14 @@
 // pdo/exec/eval.hpp: evaluating expressions: at once (eval) or queued on the places (eval_async, wait_all).
 #pragma once
 
-#include <pdo/comm/run_on_places.hpp>
+#include <pdo/exec/run_on_places.hpp>
 #include <pdo/expr/operators.hpp>
 #include <pdo/plan/plan.hpp>
 
 #include <cstddef>
 #include <exception>
 #include <memory>
-#include <mutex>
+#include <tuple>
 #include <string>
 #include <utility>
 #include <vector>
@@ -27,7 +27,7 @@ struct queued_evaluation {
 
   /// @brief Waits for every task; throws the first failure as a pdo::error naming the op and place.
   void finish() const {
-    batch->done.wait();
+    batch->wait();
     if (const auto failure = batch->first_failure())
       failure->error.rethrow_with_context(what() + ": on place " + place_name(failure->place) + ": ");
   }
@@ -46,25 +46,23 @@ struct evaluation final : queued_evaluation {
   [[nodiscard]] std::string place_name(std::size_t p) const override { return result.mesh().place(p).name(); }
 };
 
-/// @brief The evaluations queued with eval_async and not yet waited for, for wait_all.
-struct pending_registry {
-  std::mutex mutex;
-  std::vector<std::shared_ptr<const queued_evaluation>> pending;
+/// @brief The evaluations this thread queued with eval_async and has not waited for: what
+/// its wait_all waits for (another thread's wait_all waits for that thread's own).
+inline std::vector<std::shared_ptr<const queued_evaluation>>& pending_evaluations() {
+  thread_local std::vector<std::shared_ptr<const queued_evaluation>> pending;
+  return pending;
+}
 
-  static pending_registry& instance() {
-    static pending_registry r;
-    return r;
+/// @brief The shards of the dtensor leaves of `node` on place `k` of this process, for the
+/// engine: what the evaluation's task on that place reads.
+template <class Node>
+void add_shard_reads(const Node& node, std::size_t k, std::vector<const void*>& reads) {
+  if constexpr (Node::is_leaf) {
+    if constexpr (Node::distributed) reads.push_back(node.value().local_shards()[k].data());
+  } else {
+    std::apply([&](const auto&... c) { (add_shard_reads(c, k, reads), ...); }, node.children());
   }
-  void add(std::shared_ptr<const queued_evaluation> e) {
-    std::lock_guard lock(mutex);
-    pending.push_back(std::move(e));
-  }
-  /// @brief Drops `e`: its caller waits for it itself.
-  void forget(const queued_evaluation* e) {
-    std::lock_guard lock(mutex);
-    std::erase_if(pending, [&](const auto& entry) { return entry.get() == e; });
-  }
-};
+}
 
 /// @brief Allocates the result's shards and queues the evaluation of `expr` on every
 /// place of its mesh in this process.
@@ -79,6 +77,7 @@ auto queue_evaluation(Expr&& expr) {
   using result_t = dtensor<T, node_t::rank, mesh_t, result_layout_t<node_t>>;
   constexpr std::size_t collectives = plan_of<node_t>().collectives();
 
+  check_not_nested("eval");
   node_t node = as_expression(std::forward<Expr>(expr));
   const mesh_t& m = *find_mesh(node);
   check_one_mesh(node, m);
@@ -90,14 +89,20 @@ auto queue_evaluation(Expr&& expr) {
   shards.reserve(m.local_places().size());
   for (std::size_t p : m.local_places()) shards.emplace_back(shard_shape(m, node_t::rule.out, global, p), m.place(p), uninitialized);
   auto state = std::make_shared<evaluation<node_t, result_t>>(std::move(node), result_t(m, global, std::move(shards)));
-  std::lock_guard serial(mesh_operations_mutex());
   state->batch = submit_on_places(
       m,
       [raw = state.get()](std::size_t p, std::size_t k) {
         mesh_context<mesh_t> ctx(raw->result.mesh(), p);
         raw->expr.run(ctx, raw->result.local_shards()[k]);
       },
-      collectives > 0, collectives > 0 && !m.is_multiprocess());
+      batch_options{"eval", "kernel", collectives > 0, collectives > 0 && !m.is_multiprocess()},
+      [raw = state.get()](std::size_t, std::size_t k) {
+        access uses;
+        add_shard_reads(raw->expr, k, uses.reads);
+        uses.writes.push_back(raw->result.local_shards()[k].data());
+        return uses;
+      },
+      [raw = state.get()] { return raw->what() + ": " + raw->result.describe(); });
   return state;
 }
 
@@ -122,10 +127,12 @@ class async_result {
   /// @brief The result, sharing ownership of the evaluation that computes it.
   [[nodiscard]] std::shared_ptr<const DTensor> shared_value() const { return {state_, result_}; }
   /// @brief Whether every place has finished.
-  [[nodiscard]] bool ready() const { return state_->batch->done.finished(); }
-  /// @brief Waits for every place; throws the first failure (a pdo::error naming the op and place).
+  [[nodiscard]] bool ready() const { return state_->batch->finished(); }
+  /// @brief Waits for every place; throws the first failure (a pdo::error naming the op and
+  /// place; an evaluation that needed the result of one that failed is cancelled with that
+  /// failure). pdo::wait_all of the thread that queued it no longer waits for it.
   void wait() const {
-    detail::pending_registry::instance().forget(state_.get());
+    std::erase_if(detail::pending_evaluations(), [&](const auto& e) { return e.get() == state_.get(); });
     state_->finish();
   }
   /// @brief Waits, then gives (a copy of) the result.
@@ -145,27 +152,25 @@ class async_result {
 };
 
 /// @brief Queues the evaluation of a dtensor expression on every place of its mesh and
-/// returns at once. Each place runs its part after the work queued on it before, so an
-/// expression may use the value of an earlier async_result; independent work on
-/// different places runs at the same time. Errors surface at wait(), get() or pdo::wait_all().
+/// returns at once. Each place's part waits for the parts that write the shards it reads
+/// (the engine orders them), so an expression may use the value of an earlier
+/// async_result; independent work runs at the same time. Errors surface at wait(), get()
+/// or pdo::wait_all() of the thread that queued it.
 /// @tparam Policy pdo::implicit (default) or pdo::strict
 template <class Policy = implicit, class Expr>
   requires detail::tensor_operand<Expr>
 auto eval_async(Expr&& expr) {
   auto state = detail::queue_evaluation<Policy>(std::forward<Expr>(expr));
-  detail::pending_registry::instance().add(state);
+  detail::pending_evaluations().push_back(state);
   return async_result<std::remove_cvref_t<decltype(state->result)>>(state, &state->result);
 }
 
-/// @brief Waits for every evaluation queued with pdo::eval_async and not yet waited for;
-/// throws the first failure among them (a pdo::error naming the op and place).
+/// @brief Waits for every evaluation that the calling thread queued with pdo::eval_async
+/// and has not waited for (those of other threads are theirs to wait for); throws the first
+/// failure among them (a pdo::error naming the op and place).
 inline void wait_all() {
-  auto& registry = detail::pending_registry::instance();
   std::vector<std::shared_ptr<const detail::queued_evaluation>> pending;
-  {
-    std::lock_guard lock(registry.mutex);
-    pending.swap(registry.pending);
-  }
+  pending.swap(detail::pending_evaluations());
   std::exception_ptr first;
   for (const auto& e : pending) {
     try {
@@ -197,7 +202,7 @@ auto eval(Expr&& expr) {
     // not const: for a const variable nvcc's front end first tries constant initialization,
     // through every level of the expression's type, in time that grows fourfold a level
     node_t node = detail::as_expression(std::forward<Expr>(expr));
-    // the kernels run where the operands are: on their GPU's place (from its worker), or
+    // the kernels run where the operands are: on their GPU's place (on its compute lane), or
     // over host memory on the calling thread
     if (detail::place_state* const gpu = detail::local_home(node); gpu != nullptr) {
       return detail::run_on_place(*gpu, [&] {

@@ -2,7 +2,7 @@
 #pragma once
 
 #include <pdo/comm/mesh_comms.hpp>
-#include <pdo/comm/run_on_places.hpp>
+#include <pdo/exec/run_on_places.hpp>
 #include <pdo/layout/layout_check.hpp>
 #include <pdo/tensor/dtensor.hpp>
 
@@ -154,6 +154,7 @@ auto parallel_do(Block&& block, const Args&... args) {
   static_assert(detail::check_layout<"parallel_do", OutLayout, mesh_t, rank>::ok);
   (detail::check_same_mesh(args, m), ...);
 
+  detail::check_not_nested("parallel_do");
   const auto& local = m.local_places();
   detail::comms_of(m);  // built by every process, those without places too
   if (local.empty())
@@ -167,7 +168,7 @@ auto parallel_do(Block&& block, const Args&... args) {
         if (detail::memory_of(part.where()) != detail::memory_of(m.place(p).state().get())) part = to_place(part, m.place(p));
         results[k].emplace(std::move(part));
       },
-      /*communicate=*/false);
+      /*communicate=*/false, "parallel_do");
   const detail::block_outcomes outcomes = detail::share_outcomes(m, results, failure);
   for (std::size_t p = 0; p < m.size(); ++p) {
     if (!outcomes.failed(p)) continue;

@@ -236,7 +236,7 @@ class elementwise_node : public detail::op_node<Children...> {
     using child_t = std::remove_cvref_t<decltype(c)>;
     if constexpr (child_t::is_scalar) {
       return detail::scalar_reader<value_type>{static_cast<value_type>(c.value)};
-    } else if constexpr (child_t::elementwise && (!Ctx::distributed || detail::operand_plan_v<elementwise_node, I>.size == 0)) {
+    } else if constexpr (detail::fuses_child<elementwise_node, I>) {
       return c.reader(ctx, frame);
     } else {
       return detail::read_block(detail::operand_block<I>(*this, ctx), frame, name);

@@ -217,6 +217,7 @@ class dtensor_leaf {
 
   [[nodiscard]] const shape_t<rank>& shape() const { return t_->shape(); }
   [[nodiscard]] const mesh_type& mesh() const { return t_->mesh(); }
+  [[nodiscard]] const DTensor& value() const { return *t_; }
   template <class Ctx>
   [[nodiscard]] const tensor<value_type, rank>& shard(const Ctx& ctx) const {
     return t_->shard(ctx.p);
@@ -348,6 +349,16 @@ place_state* local_home(const Node& node) {
 template <class Node, std::size_t I>
 inline constexpr redistribute_plan operand_plan_v =
     plan_redistribute(std::tuple_element_t<I, typename Node::children_type>::rule.out, Node::rule.operands[I]);
+
+/// @brief Whether child `I` of `Node` runs inside `Node`'s kernel (fused): both are
+/// elementwise and nothing moves between them. The one place fusion is decided: the
+/// elementwise kernels read fused children through it, and plan_of marks their steps fused.
+template <class Node, std::size_t I>
+inline constexpr bool fuses_child = [] {
+  using child_t = std::tuple_element_t<I, typename Node::children_type>;
+  if constexpr (Node::is_leaf || child_t::is_leaf) return false;
+  else return Node::elementwise && child_t::elementwise && (!Node::distributed || operand_plan_v<Node, I>.size == 0);
+}();
 
 /// @brief Evaluates `node` on the context's place into a new tensor (its local block).
 /// The temporaries the node's kernel read are released when it is done.

@@ -5,7 +5,7 @@
 #include <pdo/core/config.hpp>
 #include <pdo/core/shape.hpp>
 #include <pdo/kernels/place_system.hpp>
-#include <pdo/memory/copy.hpp>
+#include <pdo/place/copy.hpp>
 
 #include <algorithm>
 #include <cstddef>

@@ -35,8 +35,8 @@ struct place_system : thrust::system::cpp::execution_policy<place_system> {
   place_state* gpu = nullptr;  ///< the GPU place whose compute stream runs the kernels, if any
 };
 
-/// @brief The policy for the calling thread: a CPU place's worker uses its place's cores,
-/// a GPU place's worker its device; any other thread, one core.
+/// @brief The policy for the calling thread: a CPU place's compute lane uses its place's cores,
+/// a GPU place's lanes their device; any other thread, one core.
 inline place_system current_place_system() {
   place_system s;
   place_state* p = current_place();
@@ -160,9 +160,9 @@ void transform_reduce_into(place_system& system, thrust::counting_iterator<std::
 }
 
 /// @brief f(i) for i in [0, n), over data in the memory of `where` (a tensor's place; null:
-/// host memory), run where that memory can be read: on a GPU's place (from its worker, the
+/// host memory), run where that memory can be read: on a GPU's place (from its compute lane, the
 /// calling thread waiting, when called from elsewhere), else as host loops over the calling
-/// thread's cores (one core on a GPU place's worker).
+/// thread's cores (one core on a GPU place's lane).
 template <class F>
 void for_each_index(place_state* where, std::size_t n, F f) {
   if (on_gpu(where) && current_place() != where) return run_on_place(*where, [&] { for_each_index(where, n, f); });

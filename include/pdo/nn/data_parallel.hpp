@@ -1,26 +1,26 @@
-// pdo/nn/data_parallel.hpp: data-parallel training: a replica of the model on every place,
-// gradients all_reduced in buckets that overlap backward, the optimizer on every place,
-// the next batch distributed in the background.
+// pdo/nn/data_parallel.hpp: data-parallel training: a replica of the model on every place
+// (CPU or GPU), gradients synced in buckets that overlap backward (pdo/nn/buckets.hpp), the
+// optimizer on every place, the next batch cut while the current one trains
+// (pdo/nn/batching.hpp): all engine tasks on the places' lanes.
 #pragma once
 
 #include <pdo/autograd.hpp>
-#include <pdo/comm/run_on_places.hpp>
+#include <pdo/exec/run_on_places.hpp>
 #include <pdo/layout/redistribute_plan.hpp>
+#include <pdo/nn/batching.hpp>
+#include <pdo/nn/buckets.hpp>
 #include <pdo/nn/layers.hpp>
+#include <pdo/nn/losses.hpp>
 #include <pdo/plan/explain.hpp>
 #include <pdo/plan/plan.hpp>
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
-#include <functional>
-#include <future>
 #include <limits>
 #include <memory>
-#include <mutex>
 #include <numeric>
 #include <optional>
 #include <random>
@@ -49,86 +49,40 @@ struct data_parallel_options {
   bool skip_nonfinite_steps = false;
 };
 
-/// @brief A span of one step on one place, in microseconds from the step's start.
-struct step_event {
-  std::size_t place = 0;
-  std::string what;  ///< "forward", "backward", "all_reduce" (or "reduce_scatter", "all_gather" under ZeRO-1), "optimizer"
-  std::size_t bucket = 0;
-  double start_us = 0, end_us = 0;
-  /// @brief For a bucket's collective: when backward handed it to the communication thread
-  /// (start_us is when that thread began it). Otherwise start_us.
-  double queued_us = 0;
-};
-
-/// @brief The rows of a global batch that one place trains on.
-template <class T, std::size_t R, class Target>
-struct batch_shard {
-  tensor<T, R> inputs;
-  Target targets;
-};
-
-/// @brief Cross-entropy of logits [N, C] against class indices [N]: the default loss.
-struct cross_entropy_loss {
-  template <class V, class Y>
-  auto operator()(const var<V>& logits, const Y& labels) const {
-    return pdo::cross_entropy(logits, labels);
-  }
-};
-/// @brief Mean squared error against targets of the output's shape.
-struct mse_loss {
-  template <class V>
-  auto operator()(const var<V>& out, const V& target) const {
-    return pdo::mse(out, var<V>(target));
-  }
-};
-
-
 }  // namespace pdo::nn
 
 namespace pdo::detail {
 
-/// @brief Rows [first, first + count) of `src` into `dst` (row-major, dim 0 the rows) in the given order.
-template <class T, std::size_t R>
-void copy_rows(const tensor<T, R>& src, const std::vector<std::size_t>& order, std::size_t first, tensor<T, R>& dst) {
-  const std::size_t row = src.extent(0) == 0 ? 0 : src.size() / src.extent(0);
-  for (std::size_t i = 0; i < dst.extent(0); ++i)
-    std::copy_n(src.data() + order[first + i] * row, row, dst.data() + i * row);
-}
-
-template <std::size_t R>
-shape_t<R> with_rows(shape_t<R> s, std::size_t rows) {
-  s[0] = rows;
-  return s;
-}
-
-/// @brief Throws pdo::layout_error unless every place of `m` is a CPU place: the trainers
-/// (data_parallel, pipeline) read losses, counts and gradient buckets in host memory.
-template <class Mesh>
-void require_cpu_places(const std::string& op, const Mesh& m) {
-  for (std::size_t p = 0; p < m.size(); ++p)
-    if (m.place(p).kind() != place_kind::cpu)
-      throw layout_error(op + ": place " + m.place(p).name() + " of " + m.describe() + " is a GPU place; " + op +
-                         " trains on CPU places (on GPU places, write the step with pdo::spmd or dtensor ops and an optimizer)");
+/// @brief The sum over the places of p's line along `axis` of each of `values` (host
+/// numbers: a loss, a count), through the mesh's host group whatever its devices.
+template <class Mesh, std::size_t N>
+std::array<double, N> sum_along(const Mesh& m, std::size_t axis, std::size_t p, const std::array<double, N>& values) {
+  std::vector<double> all(m.size() * N);
+  host_communicator_of(m, p).all_gather(std::span<const double>(values.data(), N), std::span<double>(all));
+  std::array<double, N> sum{};
+  for (std::size_t q : m.group(axis, p))
+    for (std::size_t i = 0; i < N; ++i) sum[i] += all[q * N + i];
+  return sum;
 }
 
 }  // namespace pdo::detail
 
 namespace pdo::nn {
 
-/// @brief Data-parallel training over the "dp" axis of a mesh.
+/// @brief Data-parallel training over the "dp" axis of a mesh, on CPU or GPU places.
 ///
 /// Every place holds its own replica of the model and of the optimizer state, built by
 /// the factories on that place (so their memory is the place's). A step splits the global
 /// batch by rows along "dp" (uneven shards allowed: 10 rows on 4 places train 3, 3, 2, 2),
-/// runs forward and backward on every place at once, and sums the gradients with
-/// all_reduce. The loss of each place is weighted by its share of the global batch, so
-/// the summed gradient is the gradient of the global batch's mean loss: training on N
-/// places follows the same trajectory as on one place with the same global batch.
+/// runs forward and backward on every place at once, and sums the gradients. The loss of
+/// each place is weighted by its share of the global batch, so the summed gradient is the
+/// gradient of the global batch's mean loss: training on N places follows the same
+/// trajectory as on one place with the same global batch.
 ///
-/// Why all_reduce: the planner derives it. A replicated parameter used on rows split
-/// along "dp" gets a gradient matmul(xᵀ, g) whose layout is partial over "dp", and the
-/// plan that brings it back to the parameter's layout is one all_reduce
-/// (`gradient_sync_plan`, checked at compile time below).
+/// How the gradients are summed, the planner derives: a replicated parameter used on rows
+/// split along "dp" gets a gradient matmul(xᵀ, g) whose layout is partial over "dp", and
+/// the plan that brings it back to the parameter's layout is one all_reduce
+/// (`gradient_sync_plan`, checked at compile time below), which each gradient bucket runs.
 template <class T, class Model, class Optimizer, class Mesh, class Loss = cross_entropy_loss>
 class data_parallel {
  public:
@@ -145,25 +99,20 @@ class data_parallel {
   static_assert(gradient_sync_plan.size == 1 && gradient_sync_plan.steps[0].kind == step_kind::all_reduce &&
                     gradient_sync_plan.steps[0].axis == "dp",
                 "pdo: data_parallel: the planner should sync replicated gradients with one all_reduce over \"dp\"");
+  using buckets_type = gradient_buckets<T, Mesh, "dp">;
+  static_assert(buckets_type::sync_plan.steps[0].kind == gradient_sync_plan.steps[0].kind,
+                "pdo: data_parallel: a bucket syncs its gradients as the planner syncs a parameter's");
 
   template <class MakeModel, class MakeOptimizer>
   data_parallel(const Mesh& m, MakeModel make_model, MakeOptimizer make_optimizer, data_parallel_options o = {}, Loss loss = {})
       : mesh_(m), options_(o), loss_(loss), replicas_(m.local_places().size()) {
-    pdo::detail::require_cpu_places("data_parallel", m);
     pdo::detail::run_on_places("data_parallel", mesh_, [&](std::size_t p, std::size_t k) {
       auto& r = *(replicas_[k] = std::make_unique<replica>());
       r.place = p;
       r.model.emplace(make_model());
       r.params = parameters_of<T>(*r.model);
-      r.make_buckets(options_.bucket_bytes, options_.zero1, mesh_.extent(dp_axis), mesh_.coord(p, dp_axis));
-      if (options_.zero1) {
-        std::vector<parameter_ref<T>> slices;
-        for (std::size_t b = 0; b < r.buckets.size(); ++b)
-          slices.emplace_back("bucket" + std::to_string(b) + ".slice", r.buckets[b].slice);
-        r.optimizer.emplace(make_optimizer(std::move(slices)));
-      } else {
-        r.optimizer.emplace(make_optimizer(r.params));
-      }
+      r.buckets = std::make_unique<buckets_type>(mesh_, p, r.params, bucket_options{options_.bucket_bytes, options_.overlap, options_.zero1});
+      r.optimizer.emplace(make_optimizer(options_.zero1 ? r.buckets->slices() : r.params));
     });
   }
 
@@ -195,8 +144,8 @@ class data_parallel {
   };
 
   /// @brief Trains for `epochs` over (inputs, targets), in global batches (the last one
-  /// may be smaller); the next batch is cut and copied to the places by a background
-  /// thread while the current one trains. Calls on_epoch(stats) after each epoch.
+  /// may be smaller); the next batch is cut and copied to the places by a task on a copy
+  /// lane while the current one trains. Calls on_epoch(stats) after each epoch.
   template <std::size_t R, class Target, class OnEpoch>
   void fit(const tensor<T, R>& inputs, const Target& targets, fit_options o, OnEpoch&& on_epoch) {
     const std::size_t n = inputs.extent(0);
@@ -204,6 +153,8 @@ class data_parallel {
     std::mt19937_64 gen(o.seed);
     std::vector<std::size_t> order(n);
     std::iota(order.begin(), order.end(), std::size_t{0});
+    using shards_t = decltype(shard(inputs, targets, order, 0, 0));
+    pdo::detail::place_state& copier = *mesh_.place(mesh_.local_places().front()).state();
     for (std::size_t epoch = 0; epoch < o.epochs; ++epoch) {
       if (o.shuffle) std::shuffle(order.begin(), order.end(), gen);
       const auto start = std::chrono::steady_clock::now();
@@ -211,7 +162,7 @@ class data_parallel {
       std::size_t counted = 0, skipped = 0;
       auto cut = [&](std::size_t first) {
         const std::size_t rows = std::min(o.batch_size, n - first);
-        return std::async(std::launch::async, [this, &inputs, &targets, &order, first, rows] {
+        return pdo::detail::prefetched<shards_t>(copier, [this, &inputs, &targets, &order, first, rows] {
           return shard(inputs, targets, order, first, rows);
         });
       };
@@ -251,9 +202,8 @@ class data_parallel {
     std::vector<double> correct(replicas_.size(), 0);
     pdo::detail::run_on_places("data_parallel::accuracy", mesh_, [&](std::size_t p, std::size_t k) {
       auto& s = shards[k];
-      double c = s.inputs.extent(0) == 0 ? 0.0 : static_cast<double>(count_correct((*replicas_[k]->model)(var(s.inputs)).value(), s.targets));
-      communicator_along(mesh_, dp_axis, p).all_reduce(std::span<double>(&c, 1));
-      correct[k] = c;
+      const double c = s.inputs.extent(0) == 0 ? 0.0 : static_cast<double>(count_correct((*replicas_[k]->model)(var(s.inputs)).value(), s.targets));
+      correct[k] = pdo::detail::sum_along<Mesh, 1>(mesh_, dp_axis, p, {c})[0];
     });
     return inputs.extent(0) == 0 ? 0.0 : correct[0] / static_cast<double>(inputs.extent(0));
   }
@@ -264,23 +214,22 @@ class data_parallel {
   /// @brief The parameters of each bucket, by name, in the order they are all_reduced.
   [[nodiscard]] std::vector<std::vector<std::string>> buckets() const {
     std::vector<std::vector<std::string>> out;
-    for (const auto& b : replicas_[0]->buckets) {
+    for (const auto& b : replicas_[0]->buckets->members()) {
       out.emplace_back();
-      for (std::size_t i : b.params) out.back().push_back(replicas_[0]->params[i].name());
+      for (std::size_t i : b) out.back().push_back(replicas_[0]->params[i].name());
     }
     return out;
   }
   /// @brief The parameter elements whose optimizer state place `k` of this process keeps:
   /// all of them, or under ZeRO-1 its slices (about 1/n).
-  [[nodiscard]] std::size_t optimizer_state_elements(std::size_t k = 0) const {
-    std::size_t n = 0;
-    for (const auto& b : replicas_[k]->buckets) n += options_.zero1 ? b.slice.shape()[0] : b.elements;
-    return n;
-  }
+  [[nodiscard]] std::size_t optimizer_state_elements(std::size_t k = 0) const { return replicas_[k]->buckets->optimizer_state_elements(); }
   /// @brief What every place of this process did in the last step, with times.
   [[nodiscard]] std::vector<step_event> last_step_events() const {
     std::vector<step_event> all;
-    for (const auto& r : replicas_) all.insert(all.end(), r->events.begin(), r->events.end());
+    for (const auto& r : replicas_) {
+      const auto e = r->buckets->events();
+      all.insert(all.end(), e.begin(), e.end());
+    }
     return all;
   }
   [[nodiscard]] const Mesh& mesh() const { return mesh_; }
@@ -289,7 +238,7 @@ class data_parallel {
   /// planner derives for the replicated parameters, the collective that syncs it, and the
   /// buckets with the bytes each place sends for them.
   [[nodiscard]] std::string explain() const {
-    const auto& step = gradient_sync_plan.steps[0];
+    const auto& step = buckets_type::step_of(options_.zero1);
     std::string text = "data_parallel on " + mesh_.describe() + ": each place trains the rows " + pdo::layout_name<data_layout>() +
                        " of the global batch on its own replica\n";
     text += "  gradient of a replicated parameter used on those rows: matmul(xᵀ, g) -> " + pdo::layout_name<gradient_layout>() + "\n";
@@ -301,92 +250,25 @@ class data_parallel {
               std::string(step.axis) + "\", in buckets of ~" + std::to_string(options_.bucket_bytes) + " B, " +
               (options_.overlap ? "each started as soon as backward completes it" : "after backward") + "\n";
     const auto& r = *replicas_[0];
-    for (std::size_t b = 0; b < r.buckets.size(); ++b) {
-      const auto& bk = r.buckets[b];
-      text += "  bucket " + std::to_string(b) + ": " + std::to_string(bk.elements * sizeof(T)) + " B, each place sends " +
-              std::to_string(pdo::detail::bytes_sent(mesh_, step, {bk.elements}, sizeof(T))) + " B:";
-      for (std::size_t j : bk.params) text += " " + r.params[j].name() + " " + r.params[j].shape_text();
+    const auto members = r.buckets->members();
+    for (std::size_t b = 0; b < members.size(); ++b) {
+      const std::size_t elements = r.buckets->elements(b);
+      text += "  bucket " + std::to_string(b) + ": " + std::to_string(elements * sizeof(T)) + " B, each place sends " +
+              std::to_string(pdo::detail::bytes_sent(mesh_, step, {elements}, sizeof(T))) + " B:";
+      for (std::size_t j : members[b]) text += " " + r.params[j].name() + " " + r.params[j].shape_text();
       text += "\n";
     }
     return text;
   }
 
  private:
-  using clock = std::chrono::steady_clock;
-
-  struct bucket {
-    std::vector<std::size_t> params;  ///< indices into replica::params
-    std::size_t elements = 0;
-    tensor<T, 1> flat;        ///< the gradients packed (buckets of several parameters, and all under ZeRO-1); under
-                              ///< ZeRO-1 also where the updated slices are gathered
-    var<tensor<T, 1>> slice;  ///< ZeRO-1: this place's slice of the parameters, which its optimizer updates
-    std::size_t slice_offset = 0;
-    std::size_t waiting = 0;  ///< gradients not yet complete in this step
-    bool ready = false;
-  };
-
   struct replica {
     std::size_t place = 0;
     std::optional<Model> model;
     std::vector<parameter_ref<T>> params;
-    std::optional<Optimizer> optimizer;
-    std::vector<bucket> buckets;
-    std::vector<std::size_t> bucket_of;  ///< per parameter
-    std::size_t launched = 0;            ///< buckets handed to the communication thread this step
-    std::atomic<std::size_t> finished{0};
-    std::optional<pdo::detail::captured_error> comm_failure;
-    std::mutex events_mutex;
-    std::vector<step_event> events;
-    clock::time_point start;
-    std::unique_ptr<pdo::detail::worker> comm;  ///< runs this place's all_reduces while backward goes on
-
-    void make_buckets(std::size_t bytes, bool zero1, std::size_t parts, std::size_t me) {
-      bucket_of.assign(params.size(), 0);
-      // backward completes the last layers first: buckets follow the parameters in reverse
-      for (std::size_t j = params.size(); j-- > 0;) {
-        if (buckets.empty() || (buckets.back().elements * sizeof(T) >= bytes)) buckets.emplace_back();
-        buckets.back().params.push_back(j);
-        buckets.back().elements += params[j].size();
-        bucket_of[j] = buckets.size() - 1;
-      }
-      for (auto& b : buckets) {
-        if (b.params.size() > 1 || zero1) b.flat = tensor<T, 1>(shape_t<1>{b.elements}, pdo::detail::uninitialized);
-        if (!zero1) continue;
-        pack_values(b, b.flat.data());
-        b.slice_offset = pdo::detail::chunk_offset(b.elements, parts, me);
-        tensor<T, 1> mine(shape_t<1>{pdo::detail::chunk_size(b.elements, parts, me)}, pdo::detail::uninitialized);
-        std::copy_n(b.flat.data() + b.slice_offset, mine.size(), mine.data());
-        b.slice = parameter(std::move(mine));
-      }
-      comm = std::make_unique<pdo::detail::worker>(std::vector<int>{});
-    }
-    void pack_values(const bucket& b, T* out) const {
-      for (std::size_t j : b.params) {
-        const auto v = params[j].value();
-        out = std::copy(v.begin(), v.end(), out);
-      }
-    }
-    void unpack_values(const bucket& b, const T* in) const {
-      for (std::size_t j : b.params) {
-        const auto v = params[j].value();
-        std::copy_n(in, v.size(), v.data());
-        in += v.size();
-      }
-    }
-    double since_start() const { return std::chrono::duration<double, std::micro>(clock::now() - start).count(); }
-    void record(std::string what, std::size_t b, double from, double to, double queued = -1) {
-      std::lock_guard lock(events_mutex);
-      events.push_back({place, std::move(what), b, from, to, queued < 0 ? from : queued});
-    }
+    std::unique_ptr<buckets_type> buckets;
+    std::optional<Optimizer> optimizer;  ///< declared after the buckets: under ZeRO-1 it updates their slices
   };
-
-  template <class Target>
-  static auto cut_targets(const Target& targets, const std::vector<std::size_t>& order, std::size_t first, std::size_t rows,
-                          const any_place& where) {
-    Target t(pdo::detail::with_rows(targets.shape(), rows), where, pdo::detail::uninitialized);
-    pdo::detail::copy_rows(targets, order, first, t);
-    return t;
-  }
 
   /// @brief Rows order[first, first + rows) of the data, cut into one shard per place of
   /// this process (in that place's memory).
@@ -400,57 +282,10 @@ class data_parallel {
     for (std::size_t p : mesh_.local_places()) {
       const std::size_t c = mesh_.coord(p, dp_axis);
       const std::size_t at = first + pdo::detail::chunk_offset(rows, parts, c), count = pdo::detail::chunk_size(rows, parts, c);
-      tensor<T, R> x(pdo::detail::with_rows(inputs.shape(), count), mesh_.place(p), pdo::detail::uninitialized);
-      pdo::detail::copy_rows(inputs, order, at, x);
-      out.push_back({std::move(x), cut_targets(targets, order, at, count, mesh_.place(p))});
+      out.push_back({pdo::detail::cut_rows(inputs, order, at, count, mesh_.place(p)),
+                     pdo::detail::cut_rows(targets, order, at, count, mesh_.place(p))});
     }
     return out;
-  }
-
-  /// @brief Hands bucket `b` to the communication thread, which all_reduces it: a bucket of
-  /// one parameter in place, a bucket of several packed into one buffer.
-  void launch(replica& r, std::size_t b) {
-    auto& bk = r.buckets[b];
-    std::span<T> data = bk.flat.span();
-    if (bk.params.size() == 1 && !options_.zero1) {
-      data = r.params[bk.params[0]].grad_or_zeros();
-    } else {
-      std::size_t at = 0;
-      for (std::size_t j : bk.params) {
-        const auto g = r.params[j].grad_or_zeros();
-        std::copy(g.begin(), g.end(), bk.flat.data() + at);
-        at += g.size();
-        // under ZeRO-1 the packed copy is all that is reduced, and the step gathers values,
-        // not gradients: the parameter's gradient is freed while backward goes on
-        if (options_.zero1) r.params[j].zero_grad();
-      }
-    }
-    ++r.launched;
-    const std::size_t p = r.place;
-    if (options_.zero1) bk.slice.node()->grad.emplace(shape_t<1>{bk.slice.shape()[0]});
-    const std::span<T> slice_grad = options_.zero1 ? bk.slice.grad().span() : std::span<T>();
-    const double queued = r.since_start();
-    r.comm->submit([this, &r, data, slice_grad, b, p, queued] {
-      const double from = r.since_start();
-      try {
-        const mesh_communicator comm = communicator_along(mesh_, dp_axis, p);
-        if (options_.zero1) comm.reduce_scatter(std::span<const T>(data), slice_grad);
-        else comm.all_reduce(data);
-      } catch (...) {
-        r.comm_failure = pdo::detail::captured_error::current();
-      }
-      r.record(options_.zero1 ? "reduce_scatter" : "all_reduce", b, from, r.since_start(), queued);
-      r.finished.fetch_add(1, std::memory_order_acq_rel);
-      r.finished.notify_all();
-    });
-  }
-  /// @brief Launches the ready buckets, in bucket order (every place all_reduces them in the same order).
-  void launch_ready(replica& r) {
-    while (r.launched < r.buckets.size() && r.buckets[r.launched].ready) launch(r, r.launched);
-  }
-  void wait_launched(replica& r) {
-    for (std::size_t f = r.finished.load(std::memory_order_acquire); f < r.launched; f = r.finished.load(std::memory_order_acquire))
-      r.finished.wait(f, std::memory_order_acquire);
   }
 
   template <std::size_t R, class Target>
@@ -459,81 +294,48 @@ class data_parallel {
     std::vector<double> corrects(replicas_.size());
     pdo::detail::run_on_places("data_parallel::step", mesh_, [&](std::size_t p, std::size_t k) {
       replica& r = *replicas_[k];
+      buckets_type& buckets = *r.buckets;
       auto& s = shards[k];
-      r.events.clear();
-      r.start = clock::now();
-      r.launched = 0;
-      r.finished.store(0);
-      r.comm_failure.reset();
-      for (auto& b : r.buckets) {
-        b.waiting = b.params.size();
-        b.ready = false;
-      }
-      for (auto& b : r.buckets)
-        if (options_.zero1) b.slice.zero_grad();
-      for (std::size_t j = 0; j < r.params.size(); ++j) {
-        r.params[j].zero_grad();
-        r.params[j].on_gradient([this, &r, j] {
-          auto& b = r.buckets[r.bucket_of[j]];
-          if (--b.waiting == 0) b.ready = true;
-          if (options_.overlap) launch_ready(r);
-        });
-      }
-      // whatever happens, the communication thread is done with this step's buffers before we return
-      struct drain {
-        data_parallel* self;
-        replica& r;
-        ~drain() { self->wait_launched(r); }
-      } guard{this, r};
+      buckets.begin_step();
+      buckets.arm();
       T local{};
       std::size_t correct = 0;
       const std::size_t rows = s.inputs.extent(0);
-      if (rows > 0) {
-        const auto out = (*r.model)(var(s.inputs));
-        const auto loss = loss_(out, s.targets) * (static_cast<T>(rows) / static_cast<T>(global_rows));
-        const double forward_end = r.since_start();
-        r.record("forward", 0, 0, forward_end);
-        if constexpr (std::is_integral_v<typename Target::value_type>) correct = count_correct(out.value(), s.targets);
-        local = loss.value().data()[0];
-        pdo::backward(loss);
-        r.record("backward", 0, forward_end, r.since_start());
-      }
-      for (auto& b : r.buckets) b.ready = true;  // parameters without gradient (no rows here, or unused) send zeros
-      launch_ready(r);
-      wait_launched(r);
-      if (r.comm_failure) r.comm_failure->rethrow_with_context("gradient all_reduce: ");
-      if (!options_.zero1) {
-        for (auto& b : r.buckets) {
-          if (b.params.size() == 1) continue;  // reduced in place
-          std::size_t at = 0;
-          for (std::size_t j : b.params) {
-            const auto g = r.params[j].grad_or_zeros();
-            std::copy_n(b.flat.data() + at, g.size(), g.data());
-            at += g.size();
+      {
+        // whatever happens, the communication lane is done with this step's buffers before we return
+        struct drain {
+          buckets_type& b;
+          bool done = false;
+          ~drain() {
+            if (!done) b.abandon();
           }
+        } guard{buckets};
+        if (rows > 0) {
+          std::optional<pdo::detail::timeline_span> forward_span;
+          forward_span.emplace("kernel", "forward", [&] { return std::to_string(rows) + " rows"; });
+          const auto out = (*r.model)(var(s.inputs));
+          const auto loss = loss_(out, s.targets) * (static_cast<T>(rows) / static_cast<T>(global_rows));
+          forward_span.reset();
+          const double forward_end = buckets.since_start();
+          buckets.record("forward", 0, 0, forward_end);
+          if constexpr (std::is_integral_v<typename Target::value_type>) correct = count_correct(out.value(), s.targets);
+          local = pdo::detail::scalar_of(loss.value());
+          pdo::backward(loss);
+          buckets.record("backward", 0, forward_end, buckets.since_start());
         }
+        guard.done = true;
+        buckets.finish();  // parameters without a gradient (no rows here, or unused) send zeros
       }
       // the global batch's loss and count of correct predictions, on every place, before any
       // update: a step whose loss is not finite changes nothing
-      double totals[2] = {static_cast<double>(local), static_cast<double>(correct)};
-      communicator_along(mesh_, dp_axis, p).all_reduce(std::span<double>(totals, 2));
+      const auto totals = pdo::detail::sum_along<Mesh, 2>(mesh_, dp_axis, p, {static_cast<double>(local), static_cast<double>(correct)});
       losses[k] = static_cast<T>(totals[0]);
       corrects[k] = totals[1];
       if (!std::isfinite(totals[0])) return;
-      const double opt_start = r.since_start();
+      const double opt_start = buckets.since_start();
       r.optimizer->step();
-      r.record("optimizer", 0, opt_start, r.since_start());
-      if (options_.zero1) {
-        // every place's updated slice, gathered into every replica's parameters
-        const mesh_communicator comm = communicator_along(mesh_, dp_axis, p);
-        for (std::size_t b = 0; b < r.buckets.size(); ++b) {
-          auto& bk = r.buckets[b];
-          const double from = r.since_start();
-          comm.all_gather(std::span<const T>(bk.slice.value().span()), bk.flat.span());
-          r.unpack_values(bk, bk.flat.data());
-          r.record("all_gather", b, from, r.since_start());
-        }
-      }
+      buckets.record("optimizer", 0, opt_start, buckets.since_start());
+      if (options_.zero1) buckets.gather_slices();
     });
     ++steps_;
     if (!std::isfinite(static_cast<double>(losses[0]))) {
@@ -548,8 +350,10 @@ class data_parallel {
     return losses[0];
   }
 
+  /// @brief How many rows of `out` have their largest output at their label (read on the host).
   template <class Label>
   static std::size_t count_correct(const tensor<T, 2>& out, const tensor<Label, 1>& labels) {
+    if (out.on_gpu() || labels.on_gpu()) return count_correct(to_host(out), to_host(labels));
     std::size_t c = 0;
     const std::size_t classes = out.extent(1);
     for (std::size_t i = 0; i < out.extent(0); ++i) {

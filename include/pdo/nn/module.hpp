@@ -3,7 +3,7 @@
 
 #include <pdo/autograd/variable.hpp>
 #include <pdo/core/copy_elements.hpp>
-#include <pdo/tensor/redistribute.hpp>
+#include <pdo/exec/mesh_ops.hpp>
 
 #include <algorithm>
 #include <cmath>

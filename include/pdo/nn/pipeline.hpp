@@ -2,7 +2,9 @@
 // stages on the places of a mesh's "pp" axis, micro-batched with GPipe or 1F1B schedules.
 #pragma once
 
-#include <pdo/comm/run_on_places.hpp>
+#include <pdo/exec/run_on_places.hpp>
+#include <pdo/nn/batching.hpp>
+#include <pdo/nn/buckets.hpp>
 #include <pdo/nn/data_parallel.hpp>
 #include <pdo/nn/layers.hpp>
 #include <pdo/nn/optim.hpp>
@@ -146,49 +148,62 @@ struct stage_bounds {
   static constexpr std::array<std::size_t, sizeof...(Cuts) + 2> values{0, Cuts..., Layers};
 };
 
-/// @brief Sends tensors from a place without waiting for their receiver: a thread per
-/// direction, in order (receivers take them in the same order).
-struct async_sender {
-  pdo::detail::worker thread{std::vector<int>{}};
-  std::size_t queued = 0;
-  std::atomic<std::size_t> finished{0};
-  std::optional<pdo::detail::captured_error> failure;
+/// @brief A place's links to its neighbouring stages: its line along "pp" (members by "pp"
+/// coordinate) for the data, the mesh's host group (members by place index) for shapes.
+struct channel {
+  mesh_communicator link, host;
+  std::size_t previous = 0, next = 0;              ///< members of `link`
+  std::size_t previous_place = 0, next_place = 0;  ///< members of `host`
+};
 
+/// @brief Sends tensors from a place without waiting for their receiver: engine tasks on
+/// one lane of the place, in order (receivers take them in the same order). Forward's sends
+/// and backward's go on two lanes, so a send that waits for its receiver never holds up
+/// the other direction.
+struct async_sender {
+  lane_kind lane = lane_kind::communication;
+  std::vector<pdo::detail::task_handle> sends;
+
+  /// @brief Sends `t` to member `to` of `link` (the line along "pp"); its shape goes first
+  /// through `host` (the mesh's host group, whose member `to_place` the receiver is), so a
+  /// GPU mesh sends only device memory through NCCL.
   template <class T, std::size_t R>
-  void send(mesh_communicator comm, tensor<T, R> t, std::size_t to, int tag) {
-    ++queued;
-    thread.submit([this, comm, to, tag, data = std::make_shared<tensor<T, R>>(std::move(t))] {
-      try {
-        std::array<std::size_t, R + 1> header{};
-        for (std::size_t d = 0; d < R; ++d) header[d] = data->shape()[d];
-        comm.send(std::span<const std::size_t>(header), to, 2 * tag);
-        comm.send(std::as_const(*data).span(), to, 2 * tag + 1);
-      } catch (...) {
-        if (!failure) failure = pdo::detail::captured_error::current();
-      }
-      finished.fetch_add(1, std::memory_order_acq_rel);
-      finished.notify_all();
-    });
+  void send(pdo::detail::place_state& from, const channel& c, tensor<T, R> t, bool forward, int tag) {
+    auto data = std::make_shared<tensor<T, R>>(std::move(t));
+    pdo::detail::task_request r;
+    r.home = &pdo::detail::lane_of(from, lane);
+    r.op = "pipeline send";
+    r.category = "collective";
+    r.uses.reads.push_back(data->data());
+    if (pdo::detail::timeline_on()) r.detail = std::to_string(data->bytes()) + " bytes, micro-batch " + std::to_string(tag);
+    r.fn = [c, forward, tag, data] {
+      std::array<std::size_t, R + 1> header{};
+      for (std::size_t d = 0; d < R; ++d) header[d] = data->shape()[d];
+      c.host.send(std::span<const std::size_t>(header), forward ? c.next_place : c.previous_place, 2 * tag);
+      c.link.send(std::as_const(*data).span(), forward ? c.next : c.previous, 2 * tag + 1);
+    };
+    sends.push_back(pdo::detail::engine::instance().submit(std::move(r)));
   }
-  void drain() {
-    for (std::size_t f = finished.load(std::memory_order_acquire); f < queued; f = finished.load(std::memory_order_acquire))
-      finished.wait(f, std::memory_order_acquire);
+  void drain() const {
+    for (const auto& s : sends) s->wait_ended();
   }
-  void reset() {
-    queued = 0;
-    finished.store(0);
-    failure.reset();
+  /// @brief The first send that failed, once drained.
+  [[nodiscard]] std::optional<pdo::detail::captured_error> failure() const {
+    for (const auto& s : sends)
+      if (auto e = pdo::detail::outcome(*s)) return e;
+    return std::nullopt;
   }
+  void reset() { sends.clear(); }
 };
 
 template <class T, std::size_t R>
-tensor<T, R> receive(const mesh_communicator& comm, std::size_t from, int tag, const any_place& place) {
+tensor<T, R> receive(const channel& c, bool from_previous, int tag, const any_place& place) {
   std::array<std::size_t, R + 1> header{};
-  comm.recv(std::span<std::size_t>(header), from, 2 * tag);
+  c.host.recv(std::span<std::size_t>(header), from_previous ? c.previous_place : c.next_place, 2 * tag);
   shape_t<R> shape{};
   for (std::size_t d = 0; d < R; ++d) shape[d] = header[d];
   tensor<T, R> t(shape, place, pdo::detail::uninitialized);
-  comm.recv(t.span(), from, 2 * tag + 1);
+  c.link.recv(t.span(), from_previous ? c.previous : c.next, 2 * tag + 1);
   return t;
 }
 
@@ -197,6 +212,10 @@ tensor<T, R> receive(const mesh_communicator& comm, std::size_t from, int tag, c
 struct pipeline_options {
   pipeline_schedule schedule = pipeline_schedule::one_f_one_b;
   std::size_t micro_batches = 4;
+  /// @brief On a mesh with a "dp" axis, each stage's gradients are all_reduced over "dp" in
+  /// buckets of about this many bytes (pdo/nn/buckets.hpp), started during the last
+  /// micro-batch's backward.
+  std::size_t bucket_bytes = std::size_t{25} << 20;
 };
 
 /// @brief Pipeline training over the "pp" axis of a mesh, data parallel over "dp" and tensor
@@ -222,7 +241,11 @@ class pipeline {
   pipeline(const Mesh& m, const Model& model, detail_pp::cut_list<Cuts...>, MakeOptimizer make_optimizer, pipeline_options o, Loss loss)
       : mesh_(m), options_(o), loss_(loss), schedule_(make_schedule(o.schedule, stage_count, o.micro_batches)),
         states_(m.local_places().size()) {
-    pdo::detail::require_cpu_places("pipeline", m);
+    for (std::size_t q = 0; q < m.size(); ++q)
+      if (m.place(q).kind() != place_kind::cpu)
+        throw layout_error("pipeline: place " + m.place(q).name() + " of " + m.describe() +
+                           " is a GPU place; the pipeline trains on CPU places (its sends and receives between stages "
+                           "would share one NCCL stream per GPU, where a send waits for a receive queued behind it)");
     if (m.extent(pp_axis) != stage_count)
       throw layout_error("pipeline: the model is cut into " + std::to_string(stage_count) + " stages but " + m.describe() + " has " +
                          std::to_string(m.extent(pp_axis)) + " places along \"pp\"");
@@ -238,6 +261,7 @@ class pipeline {
         slot.emplace(detail_pp::stage_of<bounds::values[S], bounds::values[S + 1]>(model, mesh_, p));
         st.params = parameters_of<T>(*slot);
       });
+      if constexpr (has_dp) st.buckets = std::make_unique<dp_buckets>(mesh_, p, st.params, bucket_options{options_.bucket_bytes, true, false});
       st.optimizer.emplace(make_optimizer(st.params));
     });
   }
@@ -293,12 +317,18 @@ class pipeline {
     using out = std::remove_cvref_t<decltype(std::declval<const model&>()(std::declval<const var<in>&>()).value())>;
   };
 
+  struct no_buckets {};
+  /// @brief A stage's gradient buckets over "dp" (a mesh without "dp" has none).
+  using dp_buckets = typename std::conditional_t<has_dp, std::type_identity<gradient_buckets<T, Mesh, "dp">>,
+                                                 std::type_identity<no_buckets>>::type;
+
   struct place_state {
     std::size_t stage = 0;
     std::tuple<std::optional<Stages>...> models;
     std::vector<parameter_ref<T>> params;
+    std::unique_ptr<dp_buckets> buckets;  ///< with a "dp" axis: the stage's gradients, synced over it
     std::optional<Optimizer> optimizer;
-    detail_pp::async_sender forward_sends, backward_sends;
+    detail_pp::async_sender forward_sends{lane_kind::communication}, backward_sends{lane_kind::copy};
     std::size_t max_in_flight = 0;
     double busy = 0;     ///< seconds computing in the last step
     double seconds = 0;  ///< the last step, as this place saw it
@@ -311,14 +341,6 @@ class pipeline {
     }(std::make_index_sequence<stage_count>{});
   }
 
-  template <class X>
-  static X rows_of(const X& src, std::size_t first, std::size_t count, const any_place& place) {
-    X out(pdo::detail::with_rows(src.shape(), count), place, pdo::detail::uninitialized);
-    const std::size_t row = src.extent(0) == 0 ? 0 : src.size() / src.extent(0);
-    std::copy_n(src.data() + first * row, count * row, out.data());
-    return out;
-  }
-
   template <std::size_t S, class Inputs>
   T run_stage(std::size_t p, place_state& st, const Inputs& inputs, const Target& targets, std::size_t global_rows) {
     using types = stage_types<S>;
@@ -327,8 +349,15 @@ class pipeline {
     constexpr bool first = S == 0, last = S + 1 == stage_count;
     const auto& place = mesh_.place(p);
     const auto& model = *std::get<S>(st.models);
-    const mesh_communicator pp = communicator_along(mesh_, pp_axis, p);
     const std::size_t me = mesh_.coord(p, pp_axis);
+    detail_pp::channel link{communicator_along(mesh_, pp_axis, p), host_communicator_of(mesh_, p)};
+    {
+      const auto line = mesh_.group(pp_axis, p);
+      link.previous = me == 0 ? me : me - 1;
+      link.next = me + 1 < line.size() ? me + 1 : me;
+      link.previous_place = line[link.previous];
+      link.next_place = line[link.next];
+    }
     // this place's rows: its "dp" share of the batch, cut into micro-batches
     std::size_t first_row = 0, my_rows = global_rows;
     if constexpr (has_dp) {
@@ -345,28 +374,38 @@ class pipeline {
     st.max_in_flight = 0;
     st.busy = 0;
     const auto step_start = std::chrono::steady_clock::now();
-    for (auto& q : st.params) q.zero_grad();
-    std::size_t in_flight = 0;
+    if constexpr (has_dp) {
+      st.buckets->begin_step();  // no gradients yet
+    } else {
+      for (auto& q : st.params) q.zero_grad();
+    }
+    // the last backward completes the gradients: it starts the "dp" buckets
+    std::size_t last_backward = 0;
+    for (std::size_t i = 0; i < schedule_[S].size(); ++i)
+      if (!schedule_[S][i].forward) last_backward = i;
+    std::size_t in_flight = 0, action = 0;
     T total{};
     try {
       for (const auto& a : schedule_[S]) {
+        if constexpr (has_dp)
+          if (action++ == last_backward) st.buckets->arm();
         const std::size_t m0 = first_row + pdo::detail::chunk_offset(my_rows, micros, a.micro);
         const std::size_t mr = pdo::detail::chunk_size(my_rows, micros, a.micro);
         const int tag = static_cast<int>(a.micro);
         if (a.forward) {
           var<in_t> x;
-          if constexpr (first) x = var<in_t>(rows_of(inputs, m0, mr, place));
-          else x = parameter(detail_pp::receive<T, in_t::rank>(pp, me - 1, tag, place));
+          if constexpr (first) x = var<in_t>(pdo::detail::cut_rows(inputs, m0, mr, place));
+          else x = parameter(detail_pp::receive<T, in_t::rank>(link, true, tag, place));
           const auto t0 = std::chrono::steady_clock::now();
           auto y = model(x);
           if constexpr (last) {
             if (mr > 0) {
-              auto loss = loss_(y, rows_of(targets, m0, mr, place)) * (static_cast<T>(mr) / static_cast<T>(global_rows));
-              total += loss.value().data()[0];
+              auto loss = loss_(y, pdo::detail::cut_rows(targets, m0, mr, place)) * (static_cast<T>(mr) / static_cast<T>(global_rows));
+              total += pdo::detail::scalar_of(loss.value());
               micro_losses[a.micro] = std::move(loss);
             }
           } else {
-            st.forward_sends.send(pp, out_t(y.value()), me + 1, tag);
+            st.forward_sends.send(*place.state(), link, out_t(y.value()), true, tag);
             ys[a.micro] = std::move(y);
           }
           st.busy += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -378,14 +417,14 @@ class pipeline {
             if (micro_losses[a.micro]) pdo::backward(*micro_losses[a.micro]);
             st.busy += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
           } else {
-            auto g = detail_pp::receive<T, out_t::rank>(pp, me + 1, tag, place);
+            auto g = detail_pp::receive<T, out_t::rank>(link, false, tag, place);
             const auto t0 = std::chrono::steady_clock::now();
             if (ys[a.micro]->requires_grad()) pdo::backward(*ys[a.micro], std::move(g));
             st.busy += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
           }
           if constexpr (!first) {
             const auto& x = *xs[a.micro];
-            st.backward_sends.send(pp, x.has_grad() ? in_t(x.grad()) : in_t(x.shape(), place), me - 1, tag);
+            st.backward_sends.send(*place.state(), link, x.has_grad() ? in_t(x.grad()) : in_t(x.shape(), place), false, tag);
           }
           xs[a.micro].reset();
           ys[a.micro].reset();
@@ -397,21 +436,19 @@ class pipeline {
       pdo::detail::comms_of(mesh_).abort();  // release the other stages before waiting for our sends
       st.forward_sends.drain();
       st.backward_sends.drain();
+      if constexpr (has_dp) st.buckets->abandon();
       throw;
     }
     st.forward_sends.drain();
     st.backward_sends.drain();
-    if (st.forward_sends.failure) st.forward_sends.failure->rethrow_with_context("pipeline send: ");
-    if (st.backward_sends.failure) st.backward_sends.failure->rethrow_with_context("pipeline send: ");
-    if constexpr (has_dp) {
-      const mesh_communicator dp = communicator_along(mesh_, Mesh::axis_index("dp"), p);
-      for (auto& q : st.params) dp.all_reduce(q.grad_or_zeros());
-    }
+    if (const auto f = st.forward_sends.failure()) f->rethrow_with_context("pipeline send: ");
+    if (const auto f = st.backward_sends.failure()) f->rethrow_with_context("pipeline send: ");
+    if constexpr (has_dp) st.buckets->finish();
     st.optimizer->step();
     // the step's loss, known to the last stage of each "dp" row (once per "tp" group): summed over the whole mesh
     double sum = static_cast<double>(total);
     if constexpr (has_tp) sum = mesh_.coord(p, Mesh::axis_index("tp")) == 0 ? sum : 0.0;
-    communicator_of(mesh_, p).all_reduce(std::span<double>(&sum, 1));
+    host_communicator_of(mesh_, p).all_reduce(std::span<double>(&sum, 1));
     st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count();
     return static_cast<T>(sum);
   }

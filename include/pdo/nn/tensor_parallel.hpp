@@ -3,7 +3,7 @@
 
 #include <pdo/autograd/collectives.hpp>
 #include <pdo/nn/layers.hpp>
-#include <pdo/tensor/redistribute.hpp>
+#include <pdo/exec/mesh_ops.hpp>
 
 #include <cstddef>
 #include <tuple>

@@ -1,4 +1,4 @@
-// pdo/place/cpu_place.hpp: CPU places, each a worker thread on its own cores.
+// pdo/place/cpu_place.hpp: CPU places, each with its lanes, its compute lane on its own cores.
 #pragma once
 
 #include <pdo/core/error.hpp>
@@ -14,14 +14,14 @@ namespace pdo {
 
 /// @brief How a CPU place is made.
 struct cpu_place_options {
-  bool pin = true;             ///< pin the worker to the place's cores (off when other places share them)
+  bool pin = true;             ///< pin the compute lane to the place's cores (off when other places share them)
   std::size_t memory_cap = 0;  ///< bytes the place may hold (0: no cap)
   std::string name;            ///< empty: "cpu:<ordinal>"
   int process = 0;             ///< the MPI rank that owns it
 };
 
-/// @brief A CPU place: a worker thread that runs the place's work on the cores it was
-/// given (pinned there when no other place shares them), and a caching allocator.
+/// @brief A CPU place: lanes that run the place's work (its compute lane on the cores it
+/// was given, pinned there when no other place shares them), and a caching allocator.
 class cpu_place : public detail::place_handle<cpu_place> {
  public:
   /// @brief A new place on `cores`.
@@ -30,7 +30,7 @@ class cpu_place : public detail::place_handle<cpu_place> {
             place_kind::cpu, ordinal, options.process, true, std::move(cores),
             options.name.empty() ? "cpu:" + std::to_string(ordinal) : options.name)) {
     state_->memory = std::make_unique<caching_allocator>(state_->name, options.memory_cap);
-    detail::start_worker(*state_, options.pin ? state_->cores : std::vector<int>{});
+    detail::start_lanes(*state_, options.pin ? state_->cores : std::vector<int>{});
   }
 
   /// @brief A handle to the CPU place behind `state` (which must be a CPU place).

@@ -1,7 +1,7 @@
 // pdo/place/cuda_place.hpp: GPU places. The type always exists, so generic code and
 // meshes can name it; creating one needs a build with PDO_WITH_CUDA.
 //
-// A GPU place is a host worker thread that drives one device, with two streams: compute
+// A GPU place is a set of host lanes (threads) that drive one device, with two streams: compute
 // (every kernel, cuBLAS call and copy of the place, in order) and communication (NCCL),
 // ordered against each other by events, never by a device-wide synchronisation. Its
 // caching allocator takes device memory from the stream-ordered allocator
@@ -69,7 +69,7 @@ inline void cublas_check(cublasStatus_t status, const char* call, const std::str
 }
 
 /// @brief Makes `device` the calling thread's current device for its lifetime, and
-/// restores the one before (host threads that are not a place's worker keep theirs).
+/// restores the one before (host threads that are not a place's lanes keep theirs).
 class device_guard {
  public:
   explicit device_guard(int device) {
@@ -289,7 +289,7 @@ struct cuda_place_options {
   int process = 0;             ///< the MPI rank that owns it
 };
 
-/// @brief A CUDA GPU place: a host worker thread that drives device `ordinal`, its
+/// @brief A CUDA GPU place: host lanes that drive device `ordinal`, its
 /// compute and communication streams, and a caching allocator of device memory with the
 /// same statistics and cap as CPU places.
 class cuda_place : public detail::place_handle<cuda_place> {
@@ -308,8 +308,7 @@ class cuda_place : public detail::place_handle<cuda_place> {
     auto resources = std::make_shared<detail::cuda_device>(device, state_->name);
     state_->device = resources;
     state_->memory = std::make_unique<caching_allocator>(state_->name, memory_cap, detail::cuda_memory_system(*resources));
-    detail::start_worker(*state_, {});
-    state_->runner->submit([device] { cudaSetDevice(device); });
+    detail::start_lanes(*state_, {}, [device] { cudaSetDevice(device); });
   }
 
   /// @brief The stream every kernel, cuBLAS call and copy of this place runs on, in order.

@@ -11,7 +11,7 @@
 
 namespace pdo {
 
-/// @brief A place: one device that owns memory and runs work (a CPU worker, a GPU).
+/// @brief A place: one device that owns memory and runs work (CPU cores, a GPU).
 /// Types opt in with a nested `using place_tag = void;` and expose their shared state.
 template <class P>
 concept place = requires(const P& p) {
@@ -44,11 +44,12 @@ class place_handle {
     if (!state_->memory) throw layout_error("memory: place " + state_->name + " belongs to another process");
     return *state_->memory;
   }
-  /// @brief Runs `task` on the place's worker, after the work submitted before it.
+  /// @brief Runs `task` on the place's compute lane, after the work queued there before it;
+  /// returns at once. What it throws is dropped: report failures through what it writes.
   template <class Task>
   void submit(Task&& task) const {
-    if (!state_->runner) throw layout_error("submit: place " + state_->name + " belongs to another process");
-    state_->runner->submit(std::forward<Task>(task));
+    if (!state_->local) throw layout_error("submit: place " + state_->name + " belongs to another process");
+    detail::queue_on_lane(*state_, detail::task(std::forward<Task>(task)), "submit");
   }
 
   friend bool operator==(const Derived& a, const Derived& b) { return a.state_ == b.state_; }

@@ -1,11 +1,12 @@
-// pdo/place/place_state.hpp: what every place handle shares: identity, cores, memory, worker.
+// pdo/place/place_state.hpp: what every place handle shares: identity, cores, memory, lanes.
 #pragma once
 
 #include <pdo/core/error.hpp>
-#include <pdo/place/worker.hpp>
 #include <pdo/memory/caching_allocator.hpp>
+#include <pdo/place/lane.hpp>
 
-#include <condition_variable>
+#include <array>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -21,7 +22,7 @@ enum class place_kind { cpu, cuda };
 namespace detail {
 
 /// @brief The state behind a place handle. A place of another process (an MPI rank)
-/// has no worker and no allocator here: only its identity.
+/// has no lanes and no allocator here: only its identity.
 struct place_state : std::enable_shared_from_this<place_state> {
   place_kind kind = place_kind::cpu;
   int ordinal = 0;          ///< index among the places of its kind in its process (or device ordinal)
@@ -31,22 +32,48 @@ struct place_state : std::enable_shared_from_this<place_state> {
   std::string name;         ///< "cpu:0", "cuda:1", "rank1/cpu:0"
   std::shared_ptr<void> device;  ///< a GPU place's streams and library handles (detail::cuda_device)
   std::unique_ptr<caching_allocator> memory;  ///< declared after `device`: destroyed before it
-  std::unique_ptr<worker> runner;  ///< declared last: destroyed first, before the memory it uses
+  std::function<void()> lane_setup;  ///< runs first on each lane's thread (a GPU place selects its device)
+  std::vector<int> pin;              ///< the cores its compute lane is pinned to (empty: not pinned)
+  std::mutex lanes_mutex;
+  /// @brief Its lanes, by lane_kind: the compute lane from the start, the others made on
+  /// first use. Declared last: destroyed first, before the memory their work uses.
+  std::array<std::unique_ptr<lane>, lane_kinds> lanes;
 
   place_state(place_kind k, int ord, int proc, bool is_local, std::vector<int> cpu_cores, std::string label)
       : kind(k), ordinal(ord), process(proc), local(is_local), cores(std::move(cpu_cores)), name(std::move(label)) {}
 };
 
-/// @brief The place whose worker runs the calling thread, or nullptr on other threads.
-inline place_state*& current_place() {
-  thread_local place_state* current = nullptr;
-  return current;
+/// @brief Place `p`'s lane of kind `k`, made on first use. Only places of this process have lanes.
+inline lane& lane_of(place_state& p, lane_kind k = lane_kind::compute) {
+  const auto i = static_cast<std::size_t>(k);
+  std::lock_guard lock(p.lanes_mutex);
+  if (!p.lanes[i]) {
+    if (!p.local) throw layout_error("place " + p.name + " belongs to another process; its work runs there");
+    std::function<void()> setup = p.lane_setup ? p.lane_setup : [] {};
+    // the compute lane runs on the place's cores; the others only move data, wherever the system puts them
+    p.lanes[i] = std::make_unique<lane>(p, p.name, k, k == lane_kind::compute ? p.pin : std::vector<int>{}, std::move(setup));
+  }
+  return *p.lanes[i];
 }
 
-/// @brief Starts `state`'s worker: a thread pinned to `pin_to` that knows its place.
-inline void start_worker(place_state& state, std::vector<int> pin_to) {
-  state.runner = std::make_unique<worker>(std::move(pin_to));
-  state.runner->submit([s = &state] { current_place() = s; });
+/// @brief Starts `state`'s compute lane, pinned to `pin_to`; `setup` runs first on each of its lanes.
+inline void start_lanes(place_state& state, std::vector<int> pin_to, std::function<void()> setup = {}) {
+  state.pin = std::move(pin_to);
+  state.lane_setup = std::move(setup);
+  lane_of(state, lane_kind::compute);
+}
+
+/// @brief Queues `fn` on `p`'s lane `k`, behind the work queued there before, and returns
+/// its task (waiting for nothing else: the engine's ordering by buffers is not involved).
+inline task_handle queue_on_lane(place_state& p, task fn, const char* op, lane_kind k = lane_kind::compute) {
+  lane& l = lane_of(p, k);
+  auto t = std::make_shared<task_state>();
+  t->fn = std::move(fn);
+  t->home = &l;
+  t->op = op;
+  t->waiting.store(0, std::memory_order_relaxed);  // it waits for nothing: runs after the lane's earlier tasks
+  l.push(t);
+  return t;
 }
 
 /// @brief Whether a tensor of place `p` (null: the host) lives in a GPU's memory.
@@ -56,32 +83,24 @@ inline bool on_gpu(const place_state* p) { return p != nullptr && p->kind == pla
 /// (null), which the host and every CPU place share.
 inline place_state* memory_of(place_state* p) { return on_gpu(p) ? p : nullptr; }
 
-/// @brief Runs `f` on `p`'s worker and returns what it returns, the calling thread waiting
-/// (on that worker itself, at once). A failure is thrown again here, with its pdo::error
-/// subclass and message.
+/// @brief Runs `f` on `p`'s compute lane and returns what it returns, the calling thread
+/// waiting (on one of p's lanes already: at once, there). A failure is thrown again here,
+/// with its pdo::error subclass and message.
 template <class F>
 auto run_on_place(place_state& p, F&& f) -> decltype(f()) {
   using result_t = decltype(f());
   if (current_place() == &p) return f();
-  if (!p.runner) throw layout_error("place " + p.name + " belongs to another process; its work runs there");
   std::conditional_t<std::is_void_v<result_t>, bool, std::optional<result_t>> result{};
   std::optional<captured_error> failure;
-  std::mutex m;
-  std::condition_variable finished;
-  bool done = false;
-  p.runner->submit([&] {
+  const task_handle t = queue_on_lane(p, [&] {
     try {
       if constexpr (std::is_void_v<result_t>) f();
       else result.emplace(f());
     } catch (...) {
       failure = captured_error::current();
     }
-    std::lock_guard lock(m);
-    done = true;
-    finished.notify_one();
-  });
-  std::unique_lock lock(m);
-  finished.wait(lock, [&] { return done; });
+  }, "run_on_place");
+  t->wait_ended();
   if (failure) failure->rethrow_with_context("");
   if constexpr (!std::is_void_v<result_t>) return std::move(*result);
 }

@@ -80,14 +80,6 @@ struct expression_plan {
 
 namespace detail {
 
-/// @brief Whether child `I` of `Node` runs inside `Node`'s kernel: both elementwise and
-/// nothing to move between them.
-template <class Node, std::size_t I>
-constexpr bool fused_child() {
-  using child_t = std::tuple_element_t<I, typename Node::children_type>;
-  return Node::elementwise && child_t::elementwise && (!Node::distributed || operand_plan_v<Node, I>.size == 0);
-}
-
 /// @brief Appends the steps of `Node`'s subtree to `plan` in evaluation order and returns
 /// the node's number.
 template <class Node>
@@ -98,7 +90,7 @@ constexpr std::size_t add_steps(expression_plan& plan, bool fused) {
     constexpr std::size_t arity = std::tuple_size_v<typename Node::children_type>;
     std::array<std::size_t, arity> child{};
     [&]<std::size_t... I>(std::index_sequence<I...>) {
-      ((child[I] = add_steps<std::tuple_element_t<I, typename Node::children_type>>(plan, fused_child<Node, I>())), ...);
+      ((child[I] = add_steps<std::tuple_element_t<I, typename Node::children_type>>(plan, fuses_child<Node, I>)), ...);
     }(std::make_index_sequence<arity>{});
     const std::size_t id = plan.nodes++;
     if constexpr (Node::distributed) {

@@ -5,7 +5,7 @@
 
 #include <pdo/core/copy_elements.hpp>
 #include <pdo/core/shape.hpp>
-#include <pdo/memory/copy.hpp>
+#include <pdo/place/copy.hpp>
 
 #include <array>
 #include <cstddef>

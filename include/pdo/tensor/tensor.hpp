@@ -6,7 +6,7 @@
 #include <pdo/core/error.hpp>
 #include <pdo/core/shape.hpp>
 #include <pdo/memory/caching_allocator.hpp>
-#include <pdo/memory/copy.hpp>
+#include <pdo/place/copy.hpp>
 #include <pdo/place/place_concept.hpp>
 
 #include <algorithm>
@@ -26,7 +26,7 @@ namespace detail {
 struct uninitialized_t {};
 inline constexpr uninitialized_t uninitialized{};
 
-/// @brief The place whose worker runs the calling thread, if any (a CPU or GPU place):
+/// @brief The place whose lane runs the calling thread, if any (a CPU or GPU place):
 /// where tensors made without a place go.
 inline place_state* current_tensor_place() { return current_place(); }
 }  // namespace detail
@@ -42,7 +42,7 @@ class tensor {
 
   tensor() = default;
   /// @brief A zero-filled tensor in the memory of the place running the calling thread
-  /// (inside a parallel_do block or on a place's worker: that place), else on the host.
+  /// (inside a parallel_do block or on a place's lane: that place), else on the host.
   explicit tensor(const shape_t<Rank>& shape) : tensor(shape, detail::uninitialized) { fill(T{}); }
   /// @brief A zero-filled tensor in `place`'s memory.
   tensor(const shape_t<Rank>& shape, const any_place& place) : tensor(shape, place, detail::uninitialized) { fill(T{}); }
@@ -168,7 +168,7 @@ std::string describe(const tensor<T, Rank>& t) {
 }
 
 /// @brief Copies `src` into `dst` (same shape), whatever places hold them: host, CPU or GPU
-/// places (see pdo/memory/copy.hpp for how GPU copies go). With copy_completion::queued a
+/// places (see pdo/place/copy.hpp for how GPU copies go). With copy_completion::queued a
 /// copy between a GPU and host memory only queues on the GPU place's stream: keep both
 /// tensors alive and untouched until that place synchronizes.
 template <class T, std::size_t Rank>

@@ -406,7 +406,7 @@ inline std::shared_ptr<comm_set> init_mesh(const pdo::detail::mesh_state& m) {
   }
   int current = 0;
   (void)cudaGetDevice(&current);
-  pdo::detail::device_guard keep(current);  // the calling thread (a place's worker) keeps its device
+  pdo::detail::device_guard keep(current);  // the calling thread (a place's lane) keeps its device
   if (!m.multiprocess) {
     check(ncclCommInitAll(set->comms.data(), static_cast<int>(n), devices.data()), "ncclCommInitAll", m.places[0].name());
     return set;

@@ -1,4 +1,4 @@
-// pdo/memory/copy.hpp: copies between the memories of any two places (host, CPU places,
+// pdo/place/copy.hpp: copies between the memories of any two places (host, CPU places,
 // GPU places), and fills.
 //
 // Between GPUs a copy goes directly (cudaMemcpyPeerAsync) where cudaDeviceCanAccessPeer
@@ -10,12 +10,14 @@
 
 #include <pdo/core/copy_elements.hpp>
 #include <pdo/core/error.hpp>
+#include <pdo/core/timeline.hpp>
 #include <pdo/place/cuda_place.hpp>
 
 #include <algorithm>
 #include <cstddef>
 #include <cstring>
 #include <mutex>
+#include <string>
 #include <vector>
 
 namespace pdo {
@@ -65,7 +67,7 @@ inline void staged_device_copy(cuda_device& dst, void* to, cuda_device& src, con
   }
 }
 
-/// @brief A copy between two GPUs on different devices. Each step runs on the worker of
+/// @brief A copy between two GPUs on different devices. Each step runs on the compute lane of
 /// its place, in that place's order of work: the destination marks the work queued on it so
 /// far (which may still read the destination block); the source waits for that mark, copies
 /// (peer, or staged), and marks the copy; the destination waits for that. So each device's
@@ -118,6 +120,10 @@ inline void copy_between_devices(place_state& dst_place, void* dst, place_state&
 inline void copy_bytes(place_state* dst_place, void* dst, place_state* src_place, const void* src, std::size_t bytes,
                        copy_completion completion = copy_completion::host_safe, peer_copy how = peer_copy::automatic) {
   if (bytes == 0) return;
+  const timeline_span span("copy", "copy", [&] {
+    return std::to_string(bytes) + " bytes from " + (src_place != nullptr ? src_place->name : std::string("the host")) + " to " +
+           (dst_place != nullptr ? dst_place->name : std::string("the host"));
+  });
   const bool to_gpu = on_gpu(dst_place), from_gpu = on_gpu(src_place);
   if (!to_gpu && !from_gpu) {
     std::memcpy(dst, src, bytes);

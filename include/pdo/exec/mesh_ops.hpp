@@ -1,0 +1,147 @@
+// pdo/exec/mesh_ops.hpp: distribute, redistribute and gather of dtensors: tasks on every
+// place of the mesh, each running its part (pdo/tensor/redistribute.hpp).
+#pragma once
+
+#include <pdo/exec/run_on_places.hpp>
+#include <pdo/layout/layout_check.hpp>
+#include <pdo/tensor/redistribute.hpp>
+
+#include <cstddef>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace pdo {
+
+/// @brief Cuts the host tensor `host` over `m` as `Layout`: each place of this process
+/// gets its chunk of the split dims, in its own memory; for partial axes, the places at
+/// coordinate 0 get the value and the others zeros. Every process passes the same tensor.
+template <layout_spec Layout, mesh_type Mesh, element T, std::size_t Rank>
+dtensor<T, Rank, Mesh, Layout> distribute(const Mesh& m, const tensor<T, Rank>& host) {
+  static_assert(detail::check_layout<"distribute", Layout, Mesh, Rank>::ok);
+  const auto& local = m.local_places();
+  std::vector<tensor<T, Rank>> shards(local.size());
+  detail::run_on_places(
+      "distribute", m,
+      [&](std::size_t p, std::size_t k) {
+        if (m.is_multiprocess()) detail::check_same_host_shape(m, p, host.shape());
+        shards[k] = detail::shard_of<Layout>(m, host, p);
+      },
+      "copy");
+  return {m, host.shape(), std::move(shards)};
+}
+
+/// @brief `x` laid out as `To`. The steps are planned at compile time
+/// (redistribute_plan_of<From, To>()): partial -> replicate is an all_reduce,
+/// partial -> split a reduce_scatter, split -> replicate an all_gather, split(d) ->
+/// split(d') an all_to_all, and replicate -> split a local slice that moves no data.
+template <layout_spec To, element T, std::size_t Rank, mesh_type Mesh, layout_spec From>
+dtensor<T, Rank, Mesh, To> redistribute(const dtensor<T, Rank, Mesh, From>& x) {
+  static_assert(detail::check_layout<"redistribute", To, Mesh, Rank>::ok);
+  const Mesh& m = x.mesh();
+  std::vector<tensor<T, Rank>> shards(x.local_shards().size());
+  const auto failure = detail::try_run_on_places(
+      m, [&](std::size_t p, std::size_t k) { shards[k] = detail::apply_plan<From, To>(m, x.shape(), p, x.local_shards()[k]); }, true,
+      "redistribute", "collective");
+  if (failure)
+    failure->error.rethrow_with_context(detail::redistribute_context(x, layout_name<To>()) + ": on place " +
+                                        m.place(failure->place).name() + ": ");
+  return {m, x.shape(), std::move(shards)};
+}
+
+namespace detail {
+
+/// @brief `x` with its partial axes summed (an all_reduce over each, shard by shard: no
+/// place holds more than its shard), or `x` itself when it has none; then `f` of it.
+template <class T, std::size_t Rank, class Mesh, class Layout, class F>
+decltype(auto) with_sums_done(const dtensor<T, Rank, Mesh, Layout>& x, F&& f) {
+  if constexpr (value_of<Layout>().npartial > 0) return f(redistribute<typename Layout::base>(x));
+  else return f(x);
+}
+
+/// @brief The blocks of `x` (no partial axes) that places of other processes hold, into
+/// `out` (host memory): with `to_all`, each block is broadcast over the whole mesh and
+/// every process writes it; else each is sent to place `to`, whose process writes it. One
+/// block is in flight at a time, so no place holds more than one block beside its shard.
+template <class T, std::size_t Rank, class Mesh, class Layout>
+void move_remote_blocks(const dtensor<T, Rank, Mesh, Layout>& x, tensor<T, Rank>* out, std::size_t to, bool to_all, const char* op) {
+  const auto& m = x.mesh();
+  const std::size_t first_local = m.local_places().front();
+  run_on_places(op, m, [&](std::size_t p, std::size_t k) {
+    const mesh_communicator comm = communicator_of(m, p);
+    const int here = m.place(p).process();
+    for (std::size_t q = 0; q < m.size(); ++q) {
+      if (!writes_block(m, value_of<Layout>(), q)) continue;
+      const bool remote = m.place(q).process() != here;
+      if (to_all) {  // a collective: every place takes part
+        tensor<T, Rank> received;
+        // the root's buffer is only read by a broadcast
+        std::span<T> buffer = p == q ? std::span<T>(const_cast<T*>(x.local_shards()[k].data()), x.local_shards()[k].size())
+                                     : (received = tensor<T, Rank>(x.local_shape(q), m.place(p), uninitialized)).span();
+        comm.broadcast(buffer, q);
+        if (p == first_local && remote) write_block(received, *out, x.local_offset(q));
+      } else if (m.place(q).process() != m.place(to).process()) {
+        if (p == q) {
+          comm.send(std::span<const T>(x.local_shards()[k].span()), to, 0);
+        } else if (p == to) {
+          tensor<T, Rank> received(x.local_shape(q), m.place(p), uninitialized);
+          comm.recv(received.span(), q, 0);
+          write_block(received, *out, x.local_offset(q));
+        }
+      }
+    }
+  });
+}
+
+}  // namespace detail
+
+/// @brief The value of `x` as one host tensor, on every process: partial sums are reduced
+/// (over each partial axis, shard by shard) and each block of the split dims is written into
+/// the host tensor from its place, so no place ever holds the whole tensor (a tensor that
+/// fits only when split can be gathered). Over several processes each block travels by a
+/// broadcast; gather_to(x, root) brings it to one process only.
+template <element T, std::size_t Rank, mesh_type Mesh, layout_spec Layout>
+tensor<T, Rank> gather(const dtensor<T, Rank, Mesh, Layout>& x) {
+  detail::check_not_nested("gather");
+  const Mesh& m = x.mesh();
+  detail::comms_of(m);  // built by every process, those without places too
+  if (m.local_places().empty()) throw layout_error("gather: " + x.describe() + ": this process holds no place of the mesh");
+  return detail::with_sums_done(x, [&](const auto& whole) {
+    auto out = tensor<T, Rank>::on_host(x.shape());
+    detail::write_local_blocks(whole, out);
+    if (m.is_multiprocess()) detail::move_remote_blocks(whole, &out, 0, true, "gather");
+    return out;
+  });
+}
+
+/// @brief The value of `x` as one host tensor on process `root` only (an MPI rank that owns
+/// places of the mesh; 0 in a program of one process), and nothing on the others: each
+/// block is sent from its place to the root, one at a time, so only the root holds the
+/// whole tensor. Every process of the mesh calls it.
+template <element T, std::size_t Rank, mesh_type Mesh, layout_spec Layout>
+std::optional<tensor<T, Rank>> gather_to(const dtensor<T, Rank, Mesh, Layout>& x, int root = 0) {
+  detail::check_not_nested("gather_to");
+  const Mesh& m = x.mesh();
+  detail::comms_of(m);
+  std::size_t to = m.size();
+  for (std::size_t q = 0; q < m.size() && to == m.size(); ++q)
+    if (m.place(q).process() == root) to = q;
+  if (to == m.size())
+    throw layout_error("gather_to: " + x.describe() + ": process " + std::to_string(root) + " holds no place of the mesh");
+  const auto& local = m.local_places();
+  return detail::with_sums_done(x, [&](const auto& whole) -> std::optional<tensor<T, Rank>> {
+    if (local.empty()) return std::nullopt;
+    const bool is_root = m.place(local.front()).process() == root;
+    std::optional<tensor<T, Rank>> out;
+    if (is_root) {
+      out.emplace(tensor<T, Rank>::on_host(x.shape()));
+      detail::write_local_blocks(whole, *out);
+    }
+    if (m.is_multiprocess()) detail::move_remote_blocks(whole, out ? &*out : nullptr, to, false, "gather_to");
+    return out;
+  });
+}
+
+
+}  // namespace pdo

@@ -1,0 +1,207 @@
+// pdo/exec/run_on_places.hpp: the tasks of one mesh-wide operation, one per place of this
+// process, submitted to the engine at one point of its order; how they end.
+#pragma once
+
+#include <pdo/comm/mesh_comms.hpp>
+#include <pdo/core/error.hpp>
+#include <pdo/exec/engine.hpp>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdio>
+#include <exception>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <type_traits>
+#include <vector>
+
+#if defined(PDO_WITH_MPI)
+#include <pdo/comm/mpi/environment.hpp>
+#endif
+
+namespace pdo::detail {
+
+/// @brief A failure in the middle of collectives on one process of a multi-process mesh:
+/// the other processes are inside MPI calls that wait for this one, and cannot be told.
+/// Rather than leave them hanging, the job ends with the error.
+[[noreturn]] inline void end_job(const std::string& what) {
+  std::fprintf(stderr, "pdo: fatal: %s; the other processes of the mesh cannot go on without this one, ending the job\n",
+               what.c_str());
+  std::fflush(stderr);
+#if defined(PDO_WITH_MPI)
+  MPI_Abort(MPI_COMM_WORLD, 1);
+#endif
+  std::terminate();
+}
+
+/// @brief The failure of one place, if any: the first place (in mesh order) whose
+/// failure is a cause, not the echo of another place's abort.
+struct place_failure {
+  std::size_t place = 0;
+  captured_error error;
+};
+
+/// @brief How the tasks of one mesh-wide operation take part in the mesh's collectives.
+struct batch_options {
+  const char* op = "spmd";          ///< a string literal: the trace's name and the errors' first word
+  const char* category = "task";    ///< for the trace: "kernel", "collective", "copy", "task"
+  /// @brief The tasks run collectives: a failure aborts them in a mesh of this process (so
+  /// the others do not wait for it); in a mesh over several processes, a failure the other
+  /// processes cannot learn of ends the job (end_job).
+  bool communicate = true;
+  /// @brief The last task to end resets the mesh's collectives if any failed (a mesh of
+  /// this process). The operations on a mesh follow each other whole (engine's after_all),
+  /// so no task of a later one is inside a collective then.
+  bool closing = false;
+};
+
+/// @brief The tasks of one mesh-wide operation, one per place of this process, and how they ended.
+struct place_batch {
+  explicit place_batch(std::size_t n) : failures(n) {}
+  std::vector<task_handle> tasks;
+  std::vector<std::size_t> places;                      ///< mesh index of each task's place
+  std::vector<std::optional<captured_error>> failures;  ///< per task, once it has ended
+  std::atomic<std::size_t> arrived{0};                  ///< tasks done with their work
+  std::atomic<std::size_t> done{0};                     ///< tasks done with their work and the mesh's collectives
+
+  /// @brief Whether every task is done (its results written, its failure recorded).
+  [[nodiscard]] bool finished() const { return done.load(std::memory_order_acquire) == failures.size(); }
+  /// @brief Waits for every task (a pdo::error at once when that would wait forever):
+  /// looks a while, yielding the core, then sleeps.
+  void wait() const {
+    for (const auto& t : tasks) check_not_own_lane(*t, t->op);
+    const std::size_t n = failures.size();
+    for (int poll = 0; poll < 200; ++poll) {
+      if (done.load(std::memory_order_acquire) == n) return;
+      std::this_thread::yield();
+    }
+    for (std::size_t now = done.load(std::memory_order_acquire); now != n; now = done.load(std::memory_order_acquire))
+      done.wait(now, std::memory_order_acquire);
+  }
+  /// @brief The first failure that is a cause, not an echo of another's (call after wait()).
+  [[nodiscard]] std::optional<place_failure> first_failure() const {
+    std::optional<place_failure> first;
+    for (std::size_t k = 0; k < failures.size(); ++k) {
+      if (!failures[k]) continue;
+      if (!first || (first->error.is_abort_echo() && !failures[k]->is_abort_echo())) first = place_failure{places[k], *failures[k]};
+    }
+    return first;
+  }
+};
+
+/// @brief No buffers declared: the tasks are ordered by their lanes only.
+struct no_access {
+  access operator()(std::size_t, std::size_t) const { return {}; }
+};
+
+/// @brief Throws a pdo::error at once when called on a place's lane: a mesh-wide operation
+/// started inside a task of that mesh would queue behind the task it runs in.
+inline void check_not_nested(const char* op) {
+  if (const lane* l = current_lane(); l != nullptr)
+    throw layout_error(std::string(op) + ": a mesh-wide operation was started inside a task of place " + l->place_name() + " (its " +
+                       lane_name(l->kind()) + " lane); call it from a host thread, not from a parallel_do block or an spmd "
+                       "task (inside them, work on the local shards with pdo::eval of local tensors and the communicators)");
+}
+
+/// @brief Submits `task(place_index, local_ordinal)` for every place of `m` in this process,
+/// on its compute lane, reading and writing what `access_of(place_index, local_ordinal)`
+/// says, and returns without waiting.
+/// `describe()` gives the trace's detail (called only while the timeline records).
+template <class Mesh, class Task, class Access = no_access, class Describe = std::nullptr_t>
+std::shared_ptr<place_batch> submit_on_places(const Mesh& m, Task task, batch_options o, Access access_of = {},
+                                              Describe describe = nullptr) {
+  check_not_nested(o.op);
+  const auto& local = m.local_places();
+  auto& comms = comms_of(m);
+  const bool local_only = !m.is_multiprocess();
+  auto batch = std::make_shared<place_batch>(local.size());
+  batch->places = local;
+  std::vector<task_request> requests(local.size());
+  std::string detail;
+  if constexpr (!std::is_same_v<Describe, std::nullptr_t>)
+    if (timeline_on()) detail = describe();
+  const bool communicate = o.communicate, closing = o.closing;
+  for (std::size_t k = 0; k < local.size(); ++k) {
+    task_request& r = requests[k];
+    r.home = &lane_of(*m.place(local[k]).state());
+    r.op = o.op;
+    r.category = o.category;
+    r.detail = detail;
+    r.runs_cancelled = true;  // a cancelled task still meets the others of its operation
+    r.uses = access_of(local[k], k);
+    if (communicate) r.uses.after_all = &comms;  // operations that communicate on one mesh follow each other whole
+    r.fn = [&comms, local_only, communicate, closing, batch, task, k, p = local[k]] {
+      try {
+        if (const captured_error* cause = cancelled_by(); cause != nullptr) cause->rethrow_with_context("");
+        task(p, k);
+      } catch (...) {
+        batch->failures[k] = captured_error::current();
+        if (local_only) {
+          if (communicate) comms.abort();
+        } else if (communicate && !shared_by_all_members(batch->failures[k]->kind)) {
+          end_job(current_place()->name + ": " + batch->failures[k]->message);
+        }
+      }
+      if (closing && batch->arrived.fetch_add(1, std::memory_order_acq_rel) + 1 == batch->failures.size()) {
+        // the last of the operation's tasks: the others are past their collectives, and no
+        // later operation's task starts before this one ends
+        bool failed = false;
+        for (const auto& f : batch->failures) failed = failed || f.has_value();
+        if (failed) comms.reset();
+      }
+      // the caller may go on now: nothing below touches the mesh, the caller's task or its results
+      batch->done.fetch_add(1, std::memory_order_acq_rel);
+      batch->done.notify_all();
+      // the engine learns of the failure: the tasks that need this one's results are cancelled
+      if (batch->failures[k]) batch->failures[k]->rethrow_with_context("");
+    };
+  }
+  batch->tasks = engine::instance().submit(requests);
+  return batch;
+}
+
+/// @brief Runs `task(place_index, local_ordinal)` on every place of `m` that lives in this
+/// process, all at once, and waits for all of them.
+///
+/// When a task fails in a mesh of this process only, the mesh's collectives are aborted
+/// so the other places do not wait for it, and reset once every task has returned, so
+/// the mesh stays usable. In a mesh over several processes, tasks that `communicate`
+/// cannot be unwound that way: an argument mismatch is thrown alike by every member
+/// (pdo::mismatch_error) and returned here, any other failure ends the job (end_job).
+/// @return the first failure that is a cause, not an echo of another's, or nothing
+template <class Mesh, class Task>
+std::optional<place_failure> try_run_on_places(const Mesh& m, Task&& task, bool communicate = true, const char* op = "spmd",
+                                               const char* category = "task") {
+  const bool local_only = !m.is_multiprocess();
+  const auto batch = submit_on_places(m, [&task](std::size_t p, std::size_t k) { task(p, k); },
+                                      batch_options{op, category, communicate || local_only, local_only});
+  batch->wait();
+  return batch->first_failure();
+}
+
+/// @brief try_run_on_places, throwing the failure as a pdo::error naming `op` and the place.
+template <class Mesh, class Task>
+void run_on_places(const char* op, const Mesh& m, Task&& task, const char* category = "task") {
+  if (auto failure = try_run_on_places(m, std::forward<Task>(task), true, op, category))
+    failure->error.rethrow_with_context(std::string(op) + ": on place " + m.place(failure->place).name() + ": ");
+}
+
+}  // namespace pdo::detail
+
+namespace pdo {
+
+/// @brief Runs `task(place_index)` on every place of `m` in this process, all at once
+/// (single program, multiple data), and returns when all are done. Inside, a task
+/// reaches the other places through `communicator_of(m, place_index)` or
+/// `communicator_along(m, axis, place_index)`. A task's exception reaches the caller as
+/// a pdo::error naming the place; in a mesh of one process the other places are
+/// released from their collectives and the mesh stays usable (see try_run_on_places
+/// for meshes over several processes).
+template <class Mesh, class Task>
+void spmd(const Mesh& m, Task&& task) {
+  detail::run_on_places("spmd", m, [&](std::size_t p, std::size_t) { task(p); });
+}
+
+}  // namespace pdo

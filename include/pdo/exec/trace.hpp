@@ -1,0 +1,208 @@
+// pdo/exec/trace.hpp: pdo::trace, the timeline of everything the engine runs: every task
+// with its place and lane, start and end, what it waited for (flow arrows), and the kernels,
+// collectives and copies inside it; written as Chrome trace-event JSON, which Perfetto
+// (ui.perfetto.dev) and chrome://tracing open.
+#pragma once
+
+#include <pdo/core/error.hpp>
+#include <pdo/core/timeline.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace pdo {
+
+namespace detail {
+
+/// @brief The recorder behind pdo::trace: events in the order they ended.
+class trace_recorder final : public timeline_sink {
+ public:
+  static trace_recorder& instance() {
+    static trace_recorder* r = new trace_recorder();  // never destroyed: lanes may record while the program exits
+    return *r;
+  }
+  void record(timeline_event e) override {
+    std::lock_guard lock(mutex_);
+    events_.push_back(std::move(e));
+  }
+  std::vector<timeline_event> events() {
+    std::lock_guard lock(mutex_);
+    return events_;
+  }
+  void clear() {
+    std::lock_guard lock(mutex_);
+    events_.clear();
+  }
+  [[nodiscard]] timeline_clock::time_point origin() const { return origin_; }
+  void restart_clock() { origin_ = timeline_clock::now(); }
+
+ private:
+  trace_recorder() = default;
+  std::mutex mutex_;
+  std::vector<timeline_event> events_;
+  timeline_clock::time_point origin_ = timeline_clock::now();
+};
+
+inline void append_json_string(std::string& out, const std::string& s) {
+  out += '"';
+  for (const char c : s) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\t': out += "\\t"; break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20) {
+          char buf[8];
+          std::snprintf(buf, sizeof buf, "\\u%04x", static_cast<unsigned>(static_cast<unsigned char>(c)));
+          out += buf;
+        } else {
+          out += c;
+        }
+    }
+  }
+  out += '"';
+}
+
+}  // namespace detail
+
+/// @brief The timeline of what pdo runs. Between start() and stop() every engine task is
+/// recorded (op, category, place and lane, start and end, the tasks it waited for) with the
+/// spans inside it: kernels (op, shapes and layout), collectives (kind, group, bytes), copies
+/// (bytes, from and to). json() and save() give Chrome trace-event JSON: one process per place,
+/// one thread row per lane, dependencies as flow arrows. Off (the default), it costs one
+/// relaxed atomic load per task.
+///
+///     pdo::trace::start();
+///     ... train a step ...
+///     pdo::trace::stop();
+///     pdo::trace::save("step.json");  // open in ui.perfetto.dev or chrome://tracing
+class trace {
+ public:
+  /// @brief Starts recording (after clearing what an earlier recording left).
+  static void start() {
+    auto& r = detail::trace_recorder::instance();
+    r.clear();
+    r.restart_clock();
+    detail::timeline().store(&r, std::memory_order_release);
+  }
+  /// @brief Stops recording; what was recorded stays until the next start().
+  static void stop() { detail::timeline().store(nullptr, std::memory_order_release); }
+  /// @brief Whether it records now.
+  static bool recording() { return detail::timeline_on(); }
+  /// @brief How many events were recorded.
+  static std::size_t size() { return detail::trace_recorder::instance().events().size(); }
+
+  /// @brief The recording as Chrome trace-event JSON.
+  static std::string json() {
+    auto& r = detail::trace_recorder::instance();
+    const auto events = r.events();
+    const auto origin = r.origin();
+    // one "process" per place (the host threads together), one "thread" per lane
+    std::map<std::string, int> pids;
+    std::map<std::pair<std::string, std::string>, int> tids;
+    auto pid_of = [&](const detail::timeline_track* t) {
+      return pids.emplace(t->place, static_cast<int>(pids.size()) + 1).first->second;
+    };
+    auto tid_of = [&](const detail::timeline_track* t) {
+      return tids.emplace(std::pair{t->place, t->lane}, static_cast<int>(tids.size()) + 1).first->second;
+    };
+    auto us = [&](detail::timeline_clock::time_point t) {
+      return std::chrono::duration<double, std::micro>(t - origin).count();
+    };
+    std::map<std::uint64_t, const detail::timeline_event*> tasks;
+    for (const auto& e : events)
+      if (e.id != 0) tasks[e.id] = &e;
+
+    std::string out = "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n";
+    bool first = true;
+    auto begin = [&] {
+      if (!first) out += ",\n";
+      first = false;
+    };
+    char number[64];
+    auto put_number = [&](const char* key, double v) {
+      std::snprintf(number, sizeof number, "\"%s\":%.3f", key, v);
+      out += number;
+    };
+    for (const auto& e : events) {
+      begin();
+      out += "{\"name\":";
+      detail::append_json_string(out, e.name);
+      out += ",\"cat\":";
+      detail::append_json_string(out, e.category);
+      out += e.instant ? ",\"ph\":\"i\",\"s\":\"t\"," : ",\"ph\":\"X\",";
+      put_number("ts", us(e.start));
+      if (!e.instant) {
+        out += ',';
+        put_number("dur", std::max(0.0, us(e.end) - us(e.start)));
+      }
+      out += ",\"pid\":" + std::to_string(pid_of(e.track)) + ",\"tid\":" + std::to_string(tid_of(e.track));
+      out += ",\"args\":{\"place\":";
+      detail::append_json_string(out, e.track->place);
+      out += ",\"lane\":";
+      detail::append_json_string(out, e.track->lane);
+      if (!e.detail.empty()) {
+        out += ",\"detail\":";
+        detail::append_json_string(out, e.detail);
+      }
+      if (e.id != 0) {
+        out += ",\"task\":" + std::to_string(e.id) + ",\"after\":[";
+        for (std::size_t i = 0; i < e.after.size(); ++i) out += (i ? "," : "") + std::to_string(e.after[i]);
+        out += "]";
+      }
+      out += "}}";
+      // a flow arrow from the end of each task it waited for to its start
+      for (std::uint64_t before : e.after) {
+        const auto found = tasks.find(before);
+        if (found == tasks.end()) continue;
+        const auto& b = *found->second;
+        const std::string flow = std::to_string(before) + "." + std::to_string(e.id);
+        begin();
+        out += "{\"name\":\"waits for\",\"cat\":\"dependency\",\"ph\":\"s\",\"id\":\"" + flow + "\",";
+        put_number("ts", us(b.end));
+        out += ",\"pid\":" + std::to_string(pid_of(b.track)) + ",\"tid\":" + std::to_string(tid_of(b.track)) + "}";
+        begin();
+        out += "{\"name\":\"waits for\",\"cat\":\"dependency\",\"ph\":\"f\",\"bp\":\"e\",\"id\":\"" + flow + "\",";
+        put_number("ts", us(e.start));
+        out += ",\"pid\":" + std::to_string(pid_of(e.track)) + ",\"tid\":" + std::to_string(tid_of(e.track)) + "}";
+      }
+    }
+    // names of the rows
+    for (const auto& [place, pid] : pids) {
+      begin();
+      out += "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":" + std::to_string(pid) + ",\"args\":{\"name\":";
+      detail::append_json_string(out, place);
+      out += "}}";
+    }
+    for (const auto& [key, tid] : tids) {
+      begin();
+      out += "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":" + std::to_string(pids.at(key.first)) + ",\"tid\":" +
+             std::to_string(tid) + ",\"args\":{\"name\":";
+      detail::append_json_string(out, key.second);
+      out += "}}";
+    }
+    out += "\n]}\n";
+    return out;
+  }
+
+  /// @brief Writes json() to `path`; a file that cannot be written is a pdo::io_error.
+  static void save(const std::string& path) {
+    const std::string text = json();
+    std::ofstream f(path, std::ios::binary);
+    if (!f) throw io_error("pdo::trace::save: cannot open " + path + " for writing");
+    f.write(text.data(), static_cast<std::streamsize>(text.size()));
+    if (!f) throw io_error("pdo::trace::save: could not write " + path);
+  }
+};
+
+}  // namespace pdo

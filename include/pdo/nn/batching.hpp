@@ -1,0 +1,98 @@
+// pdo/nn/batching.hpp: cutting global batches into the rows each place trains on, in the
+// place's memory, and cutting the next batch while the current one trains (an engine task on
+// a copy lane).
+#pragma once
+
+#include <pdo/exec/engine.hpp>
+#include <pdo/place/mesh.hpp>
+#include <pdo/tensor/copy.hpp>
+#include <pdo/tensor/tensor.hpp>
+
+#include <algorithm>
+#include <cstddef>
+#include <memory>
+#include <optional>
+#include <utility>
+#include <vector>
+
+namespace pdo::nn {
+
+/// @brief The rows of a global batch that one place trains on.
+template <class T, std::size_t R, class Target>
+struct batch_shard {
+  tensor<T, R> inputs;
+  Target targets;
+};
+
+}  // namespace pdo::nn
+
+namespace pdo::detail {
+
+template <std::size_t R>
+shape_t<R> with_rows(shape_t<R> s, std::size_t rows) {
+  s[0] = rows;
+  return s;
+}
+
+/// @brief Rows order[first, first + count) of the host tensor `src` (row-major, dim 0 the
+/// rows), as a tensor in `where`'s memory (cut on the host, copied up to a GPU place).
+template <class X>
+X cut_rows(const X& src, const std::vector<std::size_t>& order, std::size_t first, std::size_t count, const any_place& where) {
+  const bool gpu = where.kind() == place_kind::cuda;
+  X out = gpu ? X::on_host(with_rows(src.shape(), count)) : X(with_rows(src.shape(), count), where, uninitialized);
+  const std::size_t row = src.extent(0) == 0 ? 0 : src.size() / src.extent(0);
+  for (std::size_t i = 0; i < count; ++i) std::copy_n(src.data() + order[first + i] * row, row, out.data() + i * row);
+  return gpu ? to_place(out, where) : out;
+}
+
+/// @brief Rows [first, first + count) of `src` in order, as above.
+template <class X>
+X cut_rows(const X& src, std::size_t first, std::size_t count, const any_place& where) {
+  std::vector<std::size_t> order(count);
+  for (std::size_t i = 0; i < count; ++i) order[i] = first + i;
+  return cut_rows(src, order, 0, count, where);
+}
+
+/// @brief Work done by an engine task on a copy lane while the caller goes on: get()
+/// waits for it and gives its result (or throws its error). Destroying it waits too, so the
+/// task never outlives what it reads.
+template <class Result>
+class prefetched {
+ public:
+  template <class F>
+  prefetched(place_state& where, F f) : slot_(std::make_shared<std::optional<Result>>()) {
+    task_request request;
+    request.home = &lane_of(where, lane_kind::copy);
+    request.op = "prefetch";
+    request.category = "copy";
+    request.uses.writes.push_back(slot_.get());
+    request.fn = [slot = slot_, f = std::move(f)]() mutable { slot->emplace(f()); };
+    task_ = engine::instance().submit(std::move(request));
+  }
+  prefetched(prefetched&&) noexcept = default;
+  prefetched& operator=(prefetched&& other) noexcept {
+    if (this != &other) {
+      finish();
+      task_ = std::move(other.task_);
+      slot_ = std::move(other.slot_);
+    }
+    return *this;
+  }
+  prefetched(const prefetched&) = delete;
+  prefetched& operator=(const prefetched&) = delete;
+  ~prefetched() { finish(); }
+
+  Result get() {
+    wait(task_);
+    return std::move(**slot_);
+  }
+
+ private:
+  void finish() {
+    if (task_) task_->wait_ended();
+  }
+  task_handle task_;
+  std::shared_ptr<std::optional<Result>> slot_;
+};
+
+}  // namespace pdo::detail

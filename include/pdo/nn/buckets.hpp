@@ -1,0 +1,306 @@
+// pdo/nn/buckets.hpp: gradient buckets, the one mechanism every trainer syncs replicated
+// parameters' gradients with (the data-parallel trainer over "dp", the pipeline over its "dp"
+// axis). The gradients of one place's parameters are grouped into buckets of about a given
+// size, in the order backward completes them; a bucket whose gradients are complete is an
+// engine task on the place's communication lane, which runs while backward goes on. What the
+// task runs is the planner's redistribution of the gradient's layout: partial over the axis
+// -> replicate (an all_reduce), or -> split over the axis (a reduce_scatter) under ZeRO-1,
+// whose updated slices come back by split -> replicate (an all_gather).
+#pragma once
+
+#include <pdo/core/fixed_string.hpp>
+#include <pdo/core/timeline.hpp>
+#include <pdo/exec/engine.hpp>
+#include <pdo/exec/mesh_ops.hpp>
+#include <pdo/layout/redistribute_plan.hpp>
+#include <pdo/nn/module.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace pdo::nn {
+
+/// @brief A span of one step on one place, in microseconds from the step's start.
+struct step_event {
+  std::size_t place = 0;
+  std::string what;  ///< "forward", "backward", "all_reduce" (or "reduce_scatter", "all_gather" under ZeRO-1), "optimizer"
+  std::size_t bucket = 0;
+  double start_us = 0, end_us = 0;
+  /// @brief For a bucket's collective: when backward queued it on the communication lane
+  /// (start_us is when that lane began it). Otherwise start_us.
+  double queued_us = 0;
+};
+
+/// @brief How gradients are bucketed.
+struct bucket_options {
+  /// @brief Gradients are synced in buckets of about this many bytes (at least one
+  /// parameter each), in the order backward completes them (PyTorch DDP's default: 25 MiB).
+  std::size_t bucket_bytes = std::size_t{25} << 20;
+  /// @brief Start a bucket's collective as soon as its last gradient is ready, while
+  /// backward goes on; false: all buckets after backward (for comparison).
+  bool overlap = true;
+  /// @brief ZeRO stage 1: each bucket is reduce_scattered, each place keeps the sum of its
+  /// slice, its optimizer updates that slice, and the slices are all_gathered back.
+  bool zero1 = false;
+};
+
+/// @brief The gradients of one place's replicated parameters, synced over mesh axis `Axis`
+/// in buckets. Each step: begin_step() (before backward), arm() (before the backward whose
+/// gradients are the step's last contributions: they fire the buckets), finish() (after it:
+/// the remaining buckets, then waits for all); under ZeRO-1 the optimizer steps slices()
+/// and gather_slices() brings the updated values back.
+template <class T, class Mesh, fixed_string Axis>
+class gradient_buckets {
+ public:
+  static constexpr std::size_t axis = Mesh::axis_index(Axis);
+  static_assert(axis < Mesh::ndim, "pdo: gradient_buckets: the mesh has no such axis");
+
+  /// @brief A bucket's gradient as the planner sees it: flat, a partial sum over the axis.
+  using gradient_layout = typename layout<replicate>::template partial<Axis>;
+  static constexpr redistribute_plan sync_plan = redistribute_plan_of<gradient_layout, layout<replicate>>();
+  static constexpr redistribute_plan scatter_plan = redistribute_plan_of<gradient_layout, layout<split<Axis>>>();
+  static constexpr redistribute_plan gather_plan = redistribute_plan_of<layout<split<Axis>>, layout<replicate>>();
+  static_assert(sync_plan.size == 1 && sync_plan.steps[0].kind == step_kind::all_reduce,
+                "pdo: gradient_buckets: the planner should sync a partial gradient with one all_reduce");
+  static_assert(scatter_plan.size == 1 && scatter_plan.steps[0].kind == step_kind::reduce_scatter,
+                "pdo: gradient_buckets: the planner should shard a partial gradient with one reduce_scatter");
+  static_assert(gather_plan.size == 1 && gather_plan.steps[0].kind == step_kind::all_gather,
+                "pdo: gradient_buckets: the planner should gather slices with one all_gather");
+
+  gradient_buckets(const Mesh& m, std::size_t place, std::vector<parameter_ref<T>> params, bucket_options o)
+      : mesh_(m), place_(place), params_(std::move(params)), options_(o) {
+    const std::size_t parts = m.extent(axis), me = m.coord(place, axis);
+    where_ = m.place(place);
+    bucket_of_.assign(params_.size(), 0);
+    // backward completes the last layers first: buckets follow the parameters in reverse
+    for (std::size_t j = params_.size(); j-- > 0;) {
+      if (buckets_.empty() || buckets_.back().elements * sizeof(T) >= o.bucket_bytes) buckets_.emplace_back();
+      buckets_.back().params.push_back(j);
+      buckets_.back().elements += params_[j].size();
+      bucket_of_[j] = buckets_.size() - 1;
+    }
+    for (auto& b : buckets_) {
+      if (b.params.size() > 1 || o.zero1) b.flat = tensor<T, 1>(shape_t<1>{b.elements}, where_, pdo::detail::uninitialized);
+      if (!o.zero1) continue;
+      pack(b, /*values=*/true);
+      b.slice_offset = pdo::detail::chunk_offset(b.elements, parts, me);
+      tensor<T, 1> mine(shape_t<1>{pdo::detail::chunk_size(b.elements, parts, me)}, where_, pdo::detail::uninitialized);
+      pdo::detail::copy_bytes(mine.where(), mine.data(), b.flat.where(), b.flat.data() + b.slice_offset, mine.bytes());
+      b.slice = parameter(std::move(mine));
+    }
+  }
+  gradient_buckets(const gradient_buckets&) = delete;
+  gradient_buckets& operator=(const gradient_buckets&) = delete;
+  ~gradient_buckets() { wait_launched(); }
+
+  /// @brief Before a step's backward: no gradients, no bucket launched; times from now.
+  void begin_step() {
+    wait_launched();
+    start_ = clock::now();
+    events_.clear();
+    launched_ = 0;
+    finished_.store(0);
+    failures_.clear();
+    for (auto& b : buckets_) {
+      b.waiting = b.params.size();
+      b.ready = false;
+      if (options_.zero1) b.slice.zero_grad();
+    }
+    for (std::size_t j = 0; j < params_.size(); ++j) {
+      params_[j].zero_grad();
+      params_[j].on_gradient(nullptr);
+    }
+  }
+
+  /// @brief The next backward completes the step's gradients: each parameter's last
+  /// contribution counts toward its bucket, and a complete bucket starts its collective.
+  void arm() {
+    for (std::size_t j = 0; j < params_.size(); ++j) {
+      params_[j].on_gradient([this, j] {
+        if (pdo::detail::timeline_on())
+          pdo::detail::timeline_instant("gradient", "gradient " + params_[j].name(), [&] { return "bucket " + std::to_string(bucket_of_[j]); });
+        auto& b = buckets_[bucket_of_[j]];
+        if (--b.waiting == 0) b.ready = true;
+        if (options_.overlap) launch_ready();
+      });
+    }
+  }
+
+  /// @brief After the step's backward: the buckets not launched yet (parameters without a
+  /// gradient send zeros), then waits for every bucket and unpacks the packed ones. Throws
+  /// the first failure of a bucket's collective.
+  void finish() {
+    for (std::size_t j = 0; j < params_.size(); ++j) params_[j].on_gradient(nullptr);
+    for (auto& b : buckets_) b.ready = true;
+    launch_ready();
+    wait_launched();
+    if (!failures_.empty()) failures_.front().rethrow_with_context("gradient " + std::string(step_name(step().kind)) + ": ");
+    if (options_.zero1) return;
+    for (auto& b : buckets_)
+      if (b.params.size() > 1) unpack(b, /*values=*/false);
+  }
+
+  /// @brief After a step that failed on this place: waits for the buckets already queued
+  /// (every place queues them in the same order, so they complete, or are aborted with the
+  /// step), queues no more.
+  void abandon() {
+    for (std::size_t j = 0; j < params_.size(); ++j) params_[j].on_gradient(nullptr);
+    wait_launched();
+  }
+
+  /// @brief ZeRO-1: this place's slice of each bucket, the parameters its optimizer updates.
+  [[nodiscard]] std::vector<parameter_ref<T>> slices() const {
+    std::vector<parameter_ref<T>> out;
+    for (std::size_t b = 0; b < buckets_.size(); ++b) out.emplace_back("bucket" + std::to_string(b) + ".slice", buckets_[b].slice);
+    return out;
+  }
+
+  /// @brief ZeRO-1: every place's updated slice, gathered into this place's parameters.
+  void gather_slices() {
+    for (std::size_t b = 0; b < buckets_.size(); ++b) {
+      auto& bk = buckets_[b];
+      const double from = since_start();
+      pdo::detail::apply_flat_step<step_kind::all_gather>(gather_plan.steps[0], mesh_, place_, bk.slice.value().span(), bk.flat.span());
+      unpack(bk, /*values=*/true);
+      record("all_gather", b, from, since_start());
+    }
+  }
+
+  /// @brief The parameters of each bucket, by index.
+  [[nodiscard]] std::vector<std::vector<std::size_t>> members() const {
+    std::vector<std::vector<std::size_t>> out;
+    for (const auto& b : buckets_) out.push_back(b.params);
+    return out;
+  }
+  [[nodiscard]] std::size_t elements(std::size_t b) const { return buckets_[b].elements; }
+  [[nodiscard]] std::size_t size() const { return buckets_.size(); }
+  /// @brief The optimizer state this place keeps: all the elements, or under ZeRO-1 its slices.
+  [[nodiscard]] std::size_t optimizer_state_elements() const {
+    std::size_t n = 0;
+    for (const auto& b : buckets_) n += options_.zero1 ? b.slice.shape()[0] : b.elements;
+    return n;
+  }
+  /// @brief The redistribution step each bucket runs.
+  [[nodiscard]] static constexpr const redistribute_step& step_of(bool zero1) {
+    return zero1 ? scatter_plan.steps[0] : sync_plan.steps[0];
+  }
+  [[nodiscard]] const redistribute_step& step() const { return step_of(options_.zero1); }
+
+  /// @brief Microseconds since begin_step().
+  [[nodiscard]] double since_start() const { return std::chrono::duration<double, std::micro>(clock::now() - start_).count(); }
+  /// @brief Adds an event of this place's step (the trainer's forward, backward, optimizer).
+  void record(std::string what, std::size_t b, double from, double to, double queued = -1) {
+    std::lock_guard lock(events_mutex_);
+    events_.push_back({place_, std::move(what), b, from, to, queued < 0 ? from : queued});
+  }
+  [[nodiscard]] std::vector<step_event> events() const {
+    std::lock_guard lock(events_mutex_);
+    return events_;
+  }
+
+ private:
+  using clock = std::chrono::steady_clock;
+
+  struct bucket {
+    std::vector<std::size_t> params;  ///< indices into params_
+    std::size_t elements = 0;
+    tensor<T, 1> flat;        ///< the gradients packed (buckets of several parameters, and all under ZeRO-1); under
+                              ///< ZeRO-1 also where the updated slices are gathered
+    var<tensor<T, 1>> slice;  ///< ZeRO-1: this place's slice of the parameters, which its optimizer updates
+    std::size_t slice_offset = 0;
+    std::size_t waiting = 0;  ///< gradients not yet complete in this step
+    bool ready = false;
+  };
+
+  /// @brief The gradients (or, with `values`, the values) of b's parameters into b.flat.
+  void pack(bucket& b, bool values) {
+    std::size_t at = 0;
+    for (std::size_t j : b.params) {
+      const std::span<T> from = values ? params_[j].value() : params_[j].grad_or_zeros();
+      pdo::detail::copy_bytes(b.flat.where(), b.flat.data() + at, where_.state().get(), from.data(), from.size_bytes());
+      at += from.size();
+    }
+  }
+  /// @brief b.flat back into its parameters' gradients (or values).
+  void unpack(bucket& b, bool values) {
+    std::size_t at = 0;
+    for (std::size_t j : b.params) {
+      const std::span<T> to = values ? params_[j].value() : params_[j].grad_or_zeros();
+      pdo::detail::copy_bytes(where_.state().get(), to.data(), b.flat.where(), b.flat.data() + at, to.size_bytes());
+      at += to.size();
+    }
+  }
+
+  /// @brief Queues bucket `b`'s collective on the place's communication lane: a bucket of one
+  /// parameter in place, a bucket of several packed into one buffer.
+  void launch(std::size_t b) {
+    auto& bk = buckets_[b];
+    std::span<T> data = bk.flat.span();
+    if (bk.params.size() == 1 && !options_.zero1) {
+      data = params_[bk.params[0]].grad_or_zeros();
+    } else {
+      pack(bk, /*values=*/false);
+      // under ZeRO-1 the packed copy is all that is reduced, and the step gathers values,
+      // not gradients: the parameter's gradient is freed while backward goes on
+      if (options_.zero1)
+        for (std::size_t j : bk.params) params_[j].zero_grad();
+    }
+    ++launched_;
+    if (options_.zero1) bk.slice.node()->grad.emplace(shape_t<1>{bk.slice.shape()[0]}, where_);
+    const std::span<T> slice_grad = options_.zero1 ? bk.slice.grad().span() : std::span<T>();
+    const double queued = since_start();
+    pdo::detail::task_request request;
+    request.home = &pdo::detail::lane_of(*where_.state(), lane_kind::communication);
+    request.op = options_.zero1 ? "bucket reduce_scatter" : "bucket all_reduce";
+    request.category = "collective";
+    request.uses.reads.push_back(data.data());
+    request.uses.writes.push_back(options_.zero1 ? static_cast<const void*>(slice_grad.data()) : data.data());
+    if (pdo::detail::timeline_on())
+      request.detail = "bucket " + std::to_string(b) + ": " + std::to_string(data.size_bytes()) + " bytes over \"" +
+                       std::string(std::string_view(Axis)) + "\" (" + std::to_string(bk.params.size()) + " parameters)";
+    request.fn = [this, data, slice_grad, b, queued] {
+      const double from = since_start();
+      try {
+        if (options_.zero1) pdo::detail::apply_flat_step<step_kind::reduce_scatter>(scatter_plan.steps[0], mesh_, place_, data, slice_grad);
+        else pdo::detail::apply_flat_step<step_kind::all_reduce>(sync_plan.steps[0], mesh_, place_, data);
+      } catch (...) {
+        std::lock_guard lock(events_mutex_);
+        failures_.push_back(pdo::detail::captured_error::current());
+      }
+      record(options_.zero1 ? "reduce_scatter" : "all_reduce", b, from, since_start(), queued);
+      finished_.fetch_add(1, std::memory_order_acq_rel);
+      finished_.notify_all();
+    };
+    pdo::detail::engine::instance().submit(std::move(request));
+  }
+  /// @brief Launches the ready buckets, in bucket order (every place syncs them in the same order).
+  void launch_ready() {
+    while (launched_ < buckets_.size() && buckets_[launched_].ready) launch(launched_);
+  }
+  void wait_launched() {
+    for (std::size_t f = finished_.load(std::memory_order_acquire); f < launched_; f = finished_.load(std::memory_order_acquire))
+      finished_.wait(f, std::memory_order_acquire);
+  }
+
+  Mesh mesh_;
+  std::size_t place_;
+  any_place where_ = any_place(std::shared_ptr<pdo::detail::place_state>());
+  std::vector<parameter_ref<T>> params_;
+  bucket_options options_;
+  std::vector<bucket> buckets_;
+  std::vector<std::size_t> bucket_of_;  ///< per parameter
+  std::size_t launched_ = 0;            ///< buckets queued this step
+  std::atomic<std::size_t> finished_{0};
+  mutable std::mutex events_mutex_;
+  std::vector<step_event> events_;
+  std::vector<pdo::detail::captured_error> failures_;
+  clock::time_point start_ = clock::now();
+};
+
+}  // namespace pdo::nn

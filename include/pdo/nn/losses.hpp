@@ -1,0 +1,24 @@
+// pdo/nn/losses.hpp: the losses a trainer takes (a callable of the model's output and the targets).
+#pragma once
+
+#include <pdo/autograd.hpp>
+
+namespace pdo::nn {
+
+/// @brief Cross-entropy of logits [N, C] against class indices [N]: the default loss.
+struct cross_entropy_loss {
+  template <class V, class Y>
+  auto operator()(const var<V>& logits, const Y& labels) const {
+    return pdo::cross_entropy(logits, labels);
+  }
+};
+
+/// @brief Mean squared error against targets of the output's shape.
+struct mse_loss {
+  template <class V>
+  auto operator()(const var<V>& out, const V& target) const {
+    return pdo::mse(out, var<V>(target));
+  }
+};
+
+}  // namespace pdo::nn

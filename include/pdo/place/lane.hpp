@@ -1,0 +1,445 @@
+// pdo/place/lane.hpp: the lanes of a place (the threads that run its work, each in the order
+// its tasks were queued) and the tasks they run. What a task waits for, and when it is
+// queued, is decided by the engine (pdo/exec/engine.hpp); a lane only runs its queue.
+#pragma once
+
+#include <pdo/core/config.hpp>
+#include <pdo/core/error.hpp>
+#include <pdo/core/timeline.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <new>
+#include <optional>
+#include <string>
+#include <thread>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#if defined(__linux__)
+#include <pthread.h>
+#include <sched.h>
+#endif
+
+// Under CUDA every task is also an NVTX range (Nsight Systems shows them on the lane's thread).
+#if defined(PDO_WITH_CUDA) && defined(__has_include)
+#if __has_include(<nvtx3/nvToolsExt.h>)
+#include <nvtx3/nvToolsExt.h>
+#define PDO_NVTX 1
+#endif
+#endif
+
+namespace pdo {
+
+/// @brief The lanes of a place: what kind of work a task is. Each lane of a place runs its
+/// tasks one after the other; the lanes of a place run at the same time.
+enum class lane_kind : unsigned char {
+  compute,        ///< kernels, on the place's cores (a GPU place: its compute stream)
+  communication,  ///< collectives and transfers between places (a GPU place: its NCCL stream)
+  copy,           ///< copies between memories and batch prefetch
+};
+
+inline constexpr std::size_t lane_kinds = 3;
+
+/// @brief "compute", "communication" or "copy".
+constexpr const char* lane_name(lane_kind k) {
+  switch (k) {
+    case lane_kind::compute: return "compute";
+    case lane_kind::communication: return "communication";
+    case lane_kind::copy: return "copy";
+  }
+  return "?";
+}
+
+namespace detail {
+
+struct place_state;
+
+/// @brief Pins the calling thread to `cores` (Linux); does nothing for an empty set.
+inline void pin_current_thread(const std::vector<int>& cores) {
+#if defined(__linux__)
+  if (cores.empty()) return;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  for (int c : cores) CPU_SET(c, &set);
+  pthread_setaffinity_np(pthread_self(), sizeof set, &set);
+#else
+  (void)cores;
+#endif
+}
+
+/// @brief The cores this process may run on (its affinity mask), in increasing order.
+inline std::vector<int> process_cores() {
+  std::vector<int> cores;
+#if defined(__linux__)
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) == 0)
+    for (int c = 0; c < CPU_SETSIZE; ++c)
+      if (CPU_ISSET(c, &set)) cores.push_back(c);
+#endif
+  if (cores.empty())
+    for (unsigned c = 0; c < std::max(1u, std::thread::hardware_concurrency()); ++c) cores.push_back(static_cast<int>(c));
+  return cores;
+}
+
+/// @brief A move-only `void()` callable that keeps small callables (up to 64 bytes: what
+/// pdo's operations queue) in place, so queueing work allocates nothing for it.
+class task {
+ public:
+  task() = default;
+  template <class F>
+    requires(!std::is_same_v<std::decay_t<F>, task> && std::is_invocable_v<std::decay_t<F>&>)
+  task(F&& f) {  // NOLINT: implicit, like std::function
+    using callable = std::decay_t<F>;
+    if constexpr (sizeof(callable) <= inline_bytes && alignof(callable) <= alignof(std::max_align_t) &&
+                  std::is_nothrow_move_constructible_v<callable>) {
+      ::new (static_cast<void*>(storage_)) callable(std::forward<F>(f));
+      ops_ = &inline_ops<callable>;
+    } else {
+      *reinterpret_cast<callable**>(storage_) = new callable(std::forward<F>(f));
+      ops_ = &heap_ops<callable>;
+    }
+  }
+  task(task&& other) noexcept : ops_(other.ops_) {
+    if (ops_ != nullptr) ops_->move(other.storage_, storage_);
+    other.ops_ = nullptr;
+  }
+  task& operator=(task&& other) noexcept {
+    if (this != &other) {
+      reset();
+      ops_ = other.ops_;
+      if (ops_ != nullptr) ops_->move(other.storage_, storage_);
+      other.ops_ = nullptr;
+    }
+    return *this;
+  }
+  task(const task&) = delete;
+  task& operator=(const task&) = delete;
+  ~task() { reset(); }
+
+  void operator()() { ops_->call(storage_); }
+  explicit operator bool() const { return ops_ != nullptr; }
+
+ private:
+  static constexpr std::size_t inline_bytes = 64;
+  struct operations {
+    void (*call)(unsigned char*);
+    void (*move)(unsigned char* from, unsigned char* to) noexcept;  ///< and destroys `from`
+    void (*destroy)(unsigned char*) noexcept;
+  };
+  template <class F>
+  static constexpr operations inline_ops{
+      [](unsigned char* s) { (*std::launder(reinterpret_cast<F*>(s)))(); },
+      [](unsigned char* from, unsigned char* to) noexcept {
+        F* f = std::launder(reinterpret_cast<F*>(from));
+        ::new (static_cast<void*>(to)) F(std::move(*f));
+        f->~F();
+      },
+      [](unsigned char* s) noexcept { std::launder(reinterpret_cast<F*>(s))->~F(); }};
+  template <class F>
+  static constexpr operations heap_ops{
+      [](unsigned char* s) { (**reinterpret_cast<F**>(s))(); },
+      [](unsigned char* from, unsigned char* to) noexcept { *reinterpret_cast<F**>(to) = *reinterpret_cast<F**>(from); },
+      [](unsigned char* s) noexcept { delete *reinterpret_cast<F**>(s); }};
+
+  void reset() noexcept {
+    if (ops_ != nullptr) ops_->destroy(storage_);
+    ops_ = nullptr;
+  }
+
+  alignas(std::max_align_t) unsigned char storage_[inline_bytes];
+  const operations* ops_ = nullptr;
+};
+
+class lane;
+struct task_state;
+inline captured_error cancellation_of(const task_state& t);
+using task_handle = std::shared_ptr<task_state>;
+
+/// @brief One task: its work, its lane, what it waits for, and how it ended.
+///
+/// A task runs once `waiting` is 0: the engine counts one for each task it must wait for,
+/// and one held until the task is fully queued. The fields under `mutex` are what a task
+/// that ends changes in the tasks that wait for it.
+struct task_state {
+  task fn;
+  lane* home = nullptr;
+  const char* op = "task";       ///< what it is, for errors and the trace (a string literal)
+  const char* category = "task"; ///< for the trace: "kernel", "collective", "copy", "task"
+  std::string detail;            ///< shapes, layouts, bytes: filled only while tracing
+  std::uint64_t id = 0;          ///< its place in the engine's total order of submission
+  bool runs_cancelled = false;   ///< run fn even when cancelled (cancelled_by() tells it so)
+  std::atomic<std::uint32_t> waiting{1};
+  std::atomic<bool> ended{false};
+
+  std::mutex mutex;
+  bool finished = false;  ///< ended (read under mutex while linking)
+  bool failed = false;
+  bool cancelled = false;  ///< a task it waited for failed; `error` is that task's error
+  std::optional<captured_error> error;
+  std::string cause;       ///< for a cancelled task: the task that failed ("op on place")
+  struct dependent {
+    task_handle task;
+    bool needs_result;  ///< it reads what this task wrote: this task's failure cancels it
+  };
+  std::vector<dependent> dependents;
+  std::vector<std::uint64_t> after;  ///< the tasks it waited for (the trace's flow arrows)
+
+  /// @brief Waits (spinning briefly, then sleeping) until the task has ended.
+  void wait_ended() const {
+    for (int poll = 0; poll < 200; ++poll) {
+      if (ended.load(std::memory_order_acquire)) return;
+      std::this_thread::yield();
+    }
+    while (!ended.load(std::memory_order_acquire)) ended.wait(false, std::memory_order_acquire);
+  }
+};
+
+/// @brief Where the failure that a task ended with began: "op on place" of the task that
+/// threw it (the task itself, or the one whose failure cancelled it).
+inline std::string failure_site(const task_state& t);
+
+/// @brief Makes `t` (being queued) wait for `before`, unless `before` has ended. With
+/// `needs_result` (t reads what `before` wrote) a failure of `before` cancels `t` with its
+/// error, at once if it has failed already; an order alone (t overwrites what `before` read
+/// or wrote) does not. Called by the engine, in submission order.
+inline void link(const task_handle& t, task_state& before, bool needs_result) {
+  std::lock_guard lock(before.mutex);
+  if (before.finished) {
+    if (before.failed && needs_result) {
+      std::lock_guard mine(t->mutex);
+      if (!t->cancelled) {
+        t->cancelled = true;
+        t->error = before.error;
+        t->cause = failure_site(before);
+      }
+    }
+    return;
+  }
+  // a task that waits for `before` twice (it reads two buffers `before` wrote) is counted
+  // twice and let go twice: no search of the list
+  before.dependents.push_back({t, needs_result});
+  t->waiting.fetch_add(1, std::memory_order_relaxed);
+  t->after.push_back(before.id);
+}
+
+/// @brief The error the running task was cancelled with (see cancellation_of), for a task
+/// that runs when cancelled (task_state::runs_cancelled); null otherwise.
+inline const captured_error*& cancelled_by() {
+  thread_local const captured_error* e = nullptr;
+  return e;
+}
+
+/// @brief The lane whose thread is the calling thread, or null.
+inline lane*& current_lane() {
+  thread_local lane* l = nullptr;
+  return l;
+}
+
+/// @brief The place whose lane runs the calling thread, or nullptr on other threads.
+inline place_state*& current_place() {
+  thread_local place_state* current = nullptr;
+  return current;
+}
+
+/// @brief One lane of a place: a thread that runs its queue in order, each task once the
+/// tasks it waits for have ended. After its last task the thread keeps looking for work
+/// for a few microseconds (yielding its core) before it sleeps, so a program that issues
+/// short operations one after another does not pay a wake-up for each.
+class lane {
+ public:
+  /// @param setup runs first on the lane's thread (a GPU place selects its device)
+  template <class Setup>
+  lane(place_state& p, std::string place_name, lane_kind k, std::vector<int> pin_to, Setup setup)
+      : place_(p), name_(std::move(place_name)), kind_(k), track_{name_, lane_name(k)} {
+    thread_ = std::thread([this, pins = std::move(pin_to), setup = std::move(setup)]() mutable {
+      pin_current_thread(pins);
+      current_place() = &place_;
+      current_lane() = this;
+      current_track() = &track_;
+      setup();
+      loop();
+    });
+  }
+  lane(const lane&) = delete;
+  lane& operator=(const lane&) = delete;
+  ~lane() {
+    {
+      std::lock_guard lock(mutex_);
+      stop_ = true;
+      signal_.fetch_add(1, std::memory_order_release);
+    }
+    wake_.notify_all();
+    thread_.join();
+  }
+
+  [[nodiscard]] place_state& place() const { return place_; }
+  [[nodiscard]] const std::string& place_name() const { return name_; }
+  [[nodiscard]] lane_kind kind() const { return kind_; }
+  [[nodiscard]] bool on_this_thread() const { return std::this_thread::get_id() == thread_.get_id(); }
+
+  /// @brief Queues `t` behind the lane's earlier tasks.
+  void push(task_handle t) {
+    bool asleep = false;
+    {
+      std::lock_guard lock(mutex_);
+      queue_.push_back(std::move(t));
+      signal_.fetch_add(1, std::memory_order_release);
+      asleep = sleeping_;
+    }
+    if (asleep) wake_.notify_one();
+  }
+
+  /// @brief Wakes the lane: a task it holds may have become ready.
+  void poke() {
+    bool asleep = false;
+    {
+      std::lock_guard lock(mutex_);
+      signal_.fetch_add(1, std::memory_order_release);
+      asleep = sleeping_;
+    }
+    if (asleep) wake_.notify_one();
+  }
+
+ private:
+  static constexpr int idle_polls = 200;
+
+  [[nodiscard]] bool head_ready() const { return !queue_.empty() && queue_.front()->waiting.load(std::memory_order_acquire) == 0; }
+
+  void loop() {
+    for (;;) {
+      task_handle next;
+      std::uint64_t seen = 0;
+      {
+        std::lock_guard lock(mutex_);
+        seen = signal_.load(std::memory_order_acquire);
+        if (head_ready()) {
+          next = std::move(queue_.front());
+          queue_.pop_front();
+        } else if (stop_ && queue_.empty()) {
+          return;  // a stopping lane first runs what is queued on it
+        }
+      }
+      if (next) {
+        run(next);
+        continue;
+      }
+      // nothing to run: look for a change without the lock for a while (yielding the core),
+      // then sleep until a push or a poke
+      // (yielding, not pausing: the host thread that queues the work may need this core)
+      for (int poll = 0; poll < idle_polls && signal_.load(std::memory_order_acquire) == seen; ++poll) std::this_thread::yield();
+      std::unique_lock lock(mutex_);
+      sleeping_ = true;
+      wake_.wait(lock, [&] { return signal_.load(std::memory_order_acquire) != seen || stop_; });
+      sleeping_ = false;
+    }
+  }
+
+  void run(const task_handle& t) {
+    bool cancelled = false;
+    {
+      std::lock_guard lock(t->mutex);
+      cancelled = t->cancelled;
+    }
+    const bool traced = timeline_on();
+    const timeline_clock::time_point start = traced ? timeline_clock::now() : timeline_clock::time_point{};
+#if defined(PDO_NVTX)
+    nvtxRangePushA(t->op);
+#endif
+    std::optional<captured_error> failure;
+    if (cancelled && !t->runs_cancelled) {
+      failure = t->error;
+    } else {
+      std::optional<captured_error> cause;
+      if (cancelled) cause = cancellation_of(*t);
+      cancelled_by() = cause ? &*cause : nullptr;
+      try {
+        t->fn();
+      } catch (...) {
+        if (!cancelled) failure = captured_error::current();
+      }
+      cancelled_by() = nullptr;
+      if (cancelled) failure = t->error;
+    }
+#if defined(PDO_NVTX)
+    nvtxRangePop();
+#endif
+    if (traced) {
+      if (timeline_sink* sink = timeline().load(std::memory_order_acquire); sink != nullptr) {
+        timeline_event e;
+        e.category = t->category;
+        e.name = t->op;
+        e.detail = cancelled ? "cancelled: " + t->cause + " failed" : failure ? "failed: " + failure->message : t->detail;
+        e.track = &track_;
+        e.start = start;
+        e.end = timeline_clock::now();
+        e.id = t->id;
+        e.after = t->after;
+        sink->record(std::move(e));
+      }
+    }
+    finish(*t, std::move(failure), cancelled);
+  }
+
+  /// @brief Marks `t` ended, lets the tasks that wait for it go (cancelled, if it failed).
+  static void finish(task_state& t, std::optional<captured_error> failure, bool was_cancelled) {
+    std::vector<task_state::dependent> dependents;
+    {
+      std::lock_guard lock(t.mutex);
+      t.finished = true;
+      t.failed = failure.has_value();
+      if (failure && !was_cancelled) t.error = std::move(failure);
+      dependents.swap(t.dependents);
+    }
+    for (const auto& [d, needs_result] : dependents) {
+      if (t.failed && needs_result) {
+        std::lock_guard lock(d->mutex);
+        if (!d->cancelled) {
+          d->cancelled = true;
+          d->error = t.error;
+          d->cause = failure_site(t);
+        }
+      }
+      if (d->waiting.fetch_sub(1, std::memory_order_acq_rel) == 1) d->home->poke();
+    }
+    t.fn = task();  // what it captured goes now, not with the last handle
+    t.ended.store(true, std::memory_order_release);
+    t.ended.notify_all();
+  }
+
+  place_state& place_;
+  std::string name_;
+  lane_kind kind_;
+  timeline_track track_;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::deque<task_handle> queue_;
+  std::atomic<std::uint64_t> signal_{0};  ///< counts pushes and pokes: a change may have made the head ready
+  bool sleeping_ = false;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+inline std::string failure_site(const task_state& t) {
+  if (!t.cause.empty()) return t.cause;
+  return std::string(t.op) + " on " + t.home->place_name() + "'s " + lane_name(t.home->kind()) + " lane";
+}
+
+/// @brief The error a cancelled task ends with: the error of the task that failed, its
+/// message saying where that failure began.
+inline captured_error cancellation_of(const task_state& t) {
+  captured_error e = *t.error;
+  e.message = "cancelled: it needs the result of " + t.cause + ", which failed: " + e.message;
+  return e;
+}
+
+}  // namespace detail
+}  // namespace pdo

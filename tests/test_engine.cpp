@@ -1,0 +1,315 @@
+// The execution engine: dependency order over random task graphs, host threads that drive
+// meshes at once, waits that cover what their caller queued, nested mesh-wide operations,
+// failures that cancel what depends on them. Also run under ThreadSanitizer.
+#include "support.hpp"
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <future>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+using pdo::replicate;
+using pdo::split;
+
+namespace {
+
+/// @brief Busy work of about `n` steps (no sleep): gives tasks random durations.
+std::uint64_t spin(std::uint64_t n, std::uint64_t seed) {
+  volatile std::uint64_t x = seed;
+  for (std::uint64_t i = 0; i < n; ++i) x = x * 6364136223846793005ULL + 1442695040888963407ULL;
+  return x;
+}
+
+/// @brief A task on `home` that reads `reads`, writes `writes` and runs `fn`.
+pdo::detail::task_request request(pdo::detail::lane* home, std::vector<const void*> reads, std::vector<const void*> writes,
+                                  pdo::detail::task fn, const char* op) {
+  pdo::detail::task_request r;
+  r.home = home;
+  r.uses.reads = std::move(reads);
+  r.uses.writes = std::move(writes);
+  r.fn = std::move(fn);
+  r.op = op;
+  return r;
+}
+
+std::uint64_t mix(std::uint64_t a, std::uint64_t b) { return (a ^ (b + 0x9e3779b97f4a7c15ULL + (a << 6) + (a >> 2))) * 31 + 7; }
+
+/// @brief Runs `f` on its own thread; a run longer than `seconds` ends the test program with a
+/// message (a hang becomes a failure, not a stuck test).
+template <class F>
+void within(int seconds, const char* what, F f) {
+  auto done = std::async(std::launch::async, std::move(f));
+  if (done.wait_for(std::chrono::seconds(seconds)) != std::future_status::ready) {
+    std::fprintf(stderr, "test_engine: %s did not finish within %d s (a hang)\n", what, seconds);
+    std::fflush(stderr);
+    std::_Exit(1);
+  }
+  done.get();
+}
+
+}  // namespace
+
+TEST_CASE("random task graphs give the result of running the tasks one by one", "[engine]") {
+  constexpr std::size_t buffers = 6, graphs = 300, tasks = 40;
+  const auto places = pdo::cpu_places(4);
+  std::mt19937_64 gen(20261123);
+  std::size_t dependent = 0;
+  for (std::size_t g = 0; g < graphs; ++g) {
+    const std::size_t nplaces = 1 + g % 4;
+    std::array<std::uint64_t, buffers> values{}, expected{};
+    for (std::size_t b = 0; b < buffers; ++b) values[b] = expected[b] = gen();
+    std::vector<pdo::detail::task_handle> handles;
+    for (std::size_t t = 0; t < tasks; ++t) {
+      std::vector<std::size_t> reads, writes;
+      for (std::size_t b = 0; b < buffers; ++b) {
+        const auto roll = gen() % 6;
+        if (roll == 0) writes.push_back(b);
+        else if (roll <= 2) reads.push_back(b);
+      }
+      const std::uint64_t id = g * tasks + t, work = gen() % 3000;
+      // what the task does: each buffer it writes becomes a mix of itself, the buffers it reads and its id
+      auto apply = [reads, writes, id](std::array<std::uint64_t, buffers>& v) {
+        std::uint64_t in = id;
+        for (std::size_t b : reads) in = mix(in, v[b]);
+        for (std::size_t b : writes) v[b] = mix(v[b], in);
+      };
+      apply(expected);
+      pdo::detail::task_request r;
+      const auto& place = places[gen() % nplaces];
+      r.home = &pdo::detail::lane_of(*place.state(), static_cast<pdo::lane_kind>(gen() % pdo::lane_kinds));
+      r.op = "random task";
+      for (std::size_t b : reads) r.uses.reads.push_back(&values[b]);
+      for (std::size_t b : writes) r.uses.writes.push_back(&values[b]);
+      r.fn = [apply, &values, work, id] {
+        spin(work, id);
+        apply(values);
+      };
+      handles.push_back(pdo::detail::engine::instance().submit(std::move(r)));
+      dependent += handles.back()->after.empty() ? 0 : 1;
+    }
+    for (const auto& h : handles) pdo::detail::wait(h);
+    INFO("graph " << g << " on " << nplaces << " places");
+    REQUIRE(values == expected);
+  }
+  CHECK(dependent > graphs * tasks / 4);  // the graphs do have dependencies
+}
+
+TEST_CASE("a failed task cancels what depends on it, with its error; independent tasks run", "[engine][errors]") {
+  const auto places = pdo::cpu_places(2);
+  int a = 0, b = 0, c = 0;
+  auto& e = pdo::detail::engine::instance();
+  auto on = [&](std::size_t p, pdo::lane_kind k) { return &pdo::detail::lane_of(*places[p].state(), k); };
+  std::atomic<bool> ran_dependent{false};
+  const auto f = e.submit(request(on(0, pdo::lane_kind::compute), {}, {&a}, [] { throw pdo::shape_error("bad rows 3 != 4"); }, "producer"));
+  const auto d1 = e.submit(request(on(1, pdo::lane_kind::compute), {&a}, {&b}, [&] { ran_dependent = true; }, "consumer"));
+  const auto d2 = e.submit(request(on(1, pdo::lane_kind::copy), {&b}, {}, [&] { ran_dependent = true; }, "second consumer"));
+  const auto i = e.submit(request(on(1, pdo::lane_kind::communication), {}, {&c}, [&] { c = 42; }, "independent"));
+  CHECK_THROWS_AS(pdo::detail::wait(f), pdo::shape_error);
+  try {
+    pdo::detail::wait(d2);
+    FAIL("the task that needs a failed one ran");
+  } catch (const pdo::shape_error& err) {  // the failure's own kind
+    CHECK_THAT(err.what(), Catch::Contains("second consumer on cpu:1") && Catch::Contains("cancelled") &&
+                               Catch::Contains("producer on cpu:0") && Catch::Contains("bad rows 3 != 4"));
+  }
+  CHECK_THROWS_AS(pdo::detail::wait(d1), pdo::shape_error);
+  pdo::detail::wait(i);
+  CHECK(c == 42);
+  CHECK_FALSE(ran_dependent.load());
+  // the buffer is usable again: a new writer does not inherit the failure
+  pdo::detail::wait(e.submit(request(on(1, pdo::lane_kind::compute), {}, {&a}, [&] { a = 7; }, "rewrite")));
+  CHECK(a == 7);
+}
+
+TEST_CASE("an evaluation that needs a failed one is cancelled with its error; the mesh goes on", "[engine][errors]") {
+  const auto mesh = pdo_test::line_mesh(2);
+  using L = pdo::layout<split<"x">, replicate>;
+  const auto h = pdo_test::random_tensor<double, 2>({6, 4}, 7);
+  const auto x = pdo::distribute<L>(mesh, h);
+  const auto labels = pdo::distribute<pdo::layout<split<"x">>>(mesh, pdo::tensor<double, 1>({6}, {0, 1, 2, 3, 9, 0}));
+  auto failing = pdo::eval_async(pdo::cross_entropy(x, labels) * 1.0);  // label 9 of 4 classes, on cpu:1
+  auto dependent = pdo::eval_async(failing * 2.0);
+  auto independent = pdo::eval_async(pdo::exp(x));
+  try {
+    dependent.wait();
+    FAIL("no error");
+  } catch (const pdo::shape_error& e) {
+    CHECK_THAT(e.what(), Catch::Contains("cancelled") && Catch::Contains("cross_entropy") && Catch::Contains("cpu:1"));
+  }
+  CHECK_THROWS_AS(failing.wait(), pdo::shape_error);
+  CHECK(pdo_test::close(pdo::gather(independent.get()), pdo::eval(pdo::exp(h)), 1e-15));
+  const auto next = pdo::eval(pdo::sum<0>(x * 2.0));
+  CHECK(pdo_test::close(pdo::gather(next), pdo::eval(pdo::sum<0>(h * 2.0)), 1e-14));
+}
+
+namespace {
+
+using grid = pdo::mesh<"x">;
+
+/// @brief A chain of expressions and collectives on `m`, checked against the host result.
+void chain(const grid& m, const pdo::tensor<double, 2>& h, const pdo::tensor<double, 2>& w, const pdo::tensor<double, 2>& want) {
+  using rows = pdo::layout<split<"x">, replicate>;
+  const auto x = pdo::distribute<rows>(m, h);
+  const auto wd = pdo::distribute<pdo::layout<replicate, split<"x">>>(m, w);
+  const auto y = pdo::eval(pdo::relu(pdo::matmul(x, wd)));  // split x split
+  auto queued = pdo::eval_async(y * 0.5);
+  const auto z = pdo::redistribute<rows>(queued.get());  // all_gather over x
+  const auto total = pdo::eval(pdo::sum<0>(z));          // partial, then reduced by gather
+  const auto got = pdo::gather(total);
+  for (std::size_t j = 0; j < want.extent(1); ++j)
+    if (std::abs(got(j) - want(0, j)) > 1e-9 * (1 + std::abs(want(0, j)))) throw std::runtime_error("wrong result on " + m.describe());
+}
+
+}  // namespace
+
+TEST_CASE("two host threads drive two meshes, or one mesh, at once", "[engine][threads]") {
+  const auto h = pdo_test::random_tensor<double, 2>({10, 6}, 11), w = pdo_test::random_tensor<double, 2>({6, 5}, 12);
+  pdo::tensor<double, 2> want({1, 5});
+  {
+    const auto r = pdo::eval(pdo::relu(pdo::matmul(h, w)) * 0.5);
+    for (std::size_t j = 0; j < 5; ++j)
+      for (std::size_t i = 0; i < 10; ++i) want(0, j) += r(i, j);
+  }
+  constexpr int rounds = 200;
+  const auto places = pdo::cpu_places(2);
+  const grid forward = pdo::make_mesh<"x">(places);
+  const grid backward = pdo::make_mesh<"x">(std::vector<pdo::cpu_place>{places[1], places[0]});  // the same places, the other order
+  auto run = [&](const grid& a, const grid& b) {
+    std::exception_ptr failures[2];
+    within(300, "two threads", [&] {
+      std::thread one([&] {
+        try {
+          for (int i = 0; i < rounds; ++i) chain(a, h, w, want);
+        } catch (...) {
+          failures[0] = std::current_exception();
+        }
+      });
+      std::thread two([&] {
+        try {
+          for (int i = 0; i < rounds; ++i) chain(b, h, w, want);
+        } catch (...) {
+          failures[1] = std::current_exception();
+        }
+      });
+      one.join();
+      two.join();
+    });
+    for (const auto& f : failures)
+      if (f) std::rethrow_exception(f);
+  };
+  SECTION("two meshes over the same places") { run(forward, backward); }
+  SECTION("one shared mesh") { run(forward, forward); }
+  SECTION("two meshes over different places") {
+    const grid left = pdo::make_mesh<"x">(pdo::cpu_places(2)), right = pdo::make_mesh<"x">(pdo::cpu_places(3));
+    run(left, right);
+  }
+}
+
+TEST_CASE("wait_all waits for what its own thread queued, and reports its own errors", "[engine][threads][errors]") {
+  constexpr int rounds = 1000;
+  using L = pdo::layout<split<"x">, replicate>;
+  const auto h = pdo_test::random_tensor<double, 2>({6, 4}, 5);
+  const pdo::tensor<double, 1> bad({6}, {0, 1, 2, 3, 9, 0});
+  auto thread_body = [&](const std::string& name, int parity) {
+    pdo::cpu_place_options o;
+    o.pin = false;
+    std::vector<pdo::cpu_place> mine;
+    for (int i = 0; i < 2; ++i) {
+      o.name = name + ":" + std::to_string(i);
+      mine.emplace_back(i, std::vector<int>{0}, o);
+    }
+    const grid m = pdo::make_mesh<"x">(mine);
+    const auto x = pdo::distribute<L>(m, h);
+    const auto labels = pdo::distribute<pdo::layout<split<"x">>>(m, bad);
+    const auto expected = pdo::eval(pdo::exp(h));
+    for (int i = 0; i < rounds; ++i) {
+      auto good = pdo::eval_async(pdo::exp(x));
+      const bool fail = (i % 2) == parity;
+      std::optional<pdo::async_result<std::remove_cvref_t<decltype(pdo::eval(pdo::cross_entropy(x, labels)))>>> failing;
+      if (fail) failing.emplace(pdo::eval_async(pdo::cross_entropy(x, labels)));
+      try {
+        pdo::wait_all();
+        if (fail) throw std::runtime_error(name + ": round " + std::to_string(i) + ": wait_all returned without its error");
+      } catch (const pdo::shape_error& e) {
+        if (!fail) throw std::runtime_error(name + ": round " + std::to_string(i) + ": an error that is not its own: " + e.what());
+        if (std::string(e.what()).find(name + ":1") == std::string::npos)
+          throw std::runtime_error(name + ": round " + std::to_string(i) + ": another thread's error: " + e.what());
+      }
+      // every evaluation of this thread has ended: its result is there, without another wait
+      if (!good.ready()) throw std::runtime_error(name + ": round " + std::to_string(i) + ": wait_all returned before its work ended");
+      if (!pdo_test::equal(pdo::gather(good.value()), expected)) throw std::runtime_error(name + ": wrong result");
+    }
+  };
+  std::exception_ptr failures[2];
+  within(300, "two threads in wait_all", [&] {
+    std::thread one([&] {
+      try {
+        thread_body("left", 0);
+      } catch (...) {
+        failures[0] = std::current_exception();
+      }
+    });
+    std::thread two([&] {
+      try {
+        thread_body("right", 1);
+      } catch (...) {
+        failures[1] = std::current_exception();
+      }
+    });
+    one.join();
+    two.join();
+  });
+  for (const auto& f : failures)
+    if (f) std::rethrow_exception(f);
+}
+
+TEST_CASE("a mesh-wide operation inside a parallel_do block or an spmd task is an error at once, not a hang",
+          "[engine][errors]") {
+  const auto mesh = pdo_test::line_mesh(2);
+  using L = pdo::layout<split<"x">, replicate>;
+  const auto x = pdo::distribute<L>(mesh, pdo_test::random_tensor<double, 2>({4, 3}, 3));
+  within(60, "nested operations", [&] {
+    CHECK_THROWS_WITH(pdo::parallel_do<L>(
+                          [&](const auto& shard) {
+                            (void)pdo::redistribute<pdo::layout<replicate, replicate>>(x);
+                            return pdo::tensor<double, 2>(shard.shape());
+                          },
+                          x),
+                      Catch::Contains("redistribute") && Catch::Contains("inside a task of place cpu:"));
+    CHECK_THROWS_WITH(pdo::parallel_do<L>(
+                          [&](const auto& shard) {
+                            (void)pdo::eval(x * 2.0);
+                            return pdo::tensor<double, 2>(shard.shape());
+                          },
+                          x),
+                      Catch::Contains("eval") && Catch::Contains("parallel_do block"));
+    CHECK_THROWS_WITH(pdo::spmd(mesh, [&](std::size_t) { (void)pdo::redistribute<pdo::layout<replicate, replicate>>(x); }),
+                      Catch::Contains("spmd") && Catch::Contains("redistribute"));
+    CHECK_THROWS_WITH(pdo::spmd(mesh, [&](std::size_t) { (void)pdo::eval(pdo::exp(x)); }),
+                      Catch::Contains("eval") && Catch::Contains("inside a task of place"));
+    CHECK_THROWS_WITH(pdo::spmd(mesh, [&](std::size_t) { (void)pdo::gather(x); }), Catch::Contains("gather"));
+    // local work inside a block is what a block is for
+    const auto y = pdo::parallel_do<L>([](const auto& shard) { return pdo::eval(shard * 2.0); }, x);
+    CHECK(pdo_test::close(pdo::gather(y), pdo::eval(pdo::gather(x) * 2.0), 0));
+  });
+}
+
+TEST_CASE("the engine forgets buffers once their tasks have ended", "[engine]") {
+  const auto places = pdo::cpu_places(1);
+  std::vector<int> many(10000);
+  std::vector<pdo::detail::task_handle> handles;
+  for (auto& v : many) {
+    handles.push_back(pdo::detail::engine::instance().submit(request(&pdo::detail::lane_of(*places[0].state()), {}, {&v}, [&v] { v = 1; }, "fill")));
+  }
+  for (const auto& h : handles) pdo::detail::wait(h);
+  handles.clear();
+  CHECK(pdo::detail::engine::instance().tracked_buffers() < 100);
+  for (int v : many) REQUIRE(v == 1);
+}
