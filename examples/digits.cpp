@@ -3,9 +3,13 @@
 // trains on its rows of each global batch, and the gradients are all_reduced in buckets
 // while backward runs. Prints the plan once, a line per epoch and the test accuracy.
 //
-//   digits [--places N] [--epochs E] [--batch B] [--seed S] [--lr LR] [--data PATH] [--target ACC] [--check-data]
+//   digits [--places N] [--epochs E] [--batch B] [--seed S] [--lr LR] [--bucket-bytes N] [--data PATH] [--target ACC]
+//          [--trace FILE] [--check-data]
 //
-// --check-data only reads the data file and says how many samples it holds.
+// --trace FILE writes the timeline of the training (every task of every place and lane, the
+// bucket collectives, the dependencies) as Chrome trace-event JSON: open it in
+// ui.perfetto.dev or chrome://tracing. --check-data only reads the data file and says how
+// many samples it holds.
 #include "digits_data.hpp"
 
 #include <pdo/pdo.hpp>
@@ -27,15 +31,17 @@ struct options {
   std::size_t batch = 64;
   std::uint64_t seed = 1;
   double lr = 3e-3;
+  std::size_t bucket_bytes = std::size_t{25} << 20;  ///< gradients all_reduced in buckets of about this many bytes
   double target = 0.95;
   std::string data;
+  std::string trace;
   bool check_data = false;
 };
 
 [[noreturn]] void usage(const std::string& problem) {
   std::cerr << "digits: " << problem
-            << "\nusage: digits [--places N] [--epochs E] [--batch B] [--seed S] [--lr LR] [--data PATH] [--target ACC] "
-               "[--check-data]\n";
+            << "\nusage: digits [--places N] [--epochs E] [--batch B] [--seed S] [--lr LR] [--bucket-bytes N] [--data PATH] [--target ACC] "
+               "[--trace FILE] [--check-data]\n";
   std::exit(2);
 }
 
@@ -61,8 +67,10 @@ options parse(int argc, char** argv) {
     else if (arg == "--batch") number(o.batch);
     else if (arg == "--seed") number(o.seed);
     else if (arg == "--lr") number(o.lr);
+    else if (arg == "--bucket-bytes") number(o.bucket_bytes);
     else if (arg == "--target") number(o.target);
     else if (arg == "--data") o.data = value;
+    else if (arg == "--trace") o.trace = value;
     else usage("unknown option " + arg);
   }
   if (o.places == 0 || o.batch == 0) usage("--places and --batch must be positive");
@@ -109,11 +117,12 @@ int main(int argc, char** argv) {
     const auto mesh = pdo::make_mesh<"dp">(pdo::cpu_places(o.places));
     auto trainer = pdo::nn::make_data_parallel<float>(
         mesh, [&] { return make_cnn(o.seed); },
-        [&](auto params) { return pdo::nn::adam<float>(std::move(params), {.lr = o.lr}); });
+        [&](auto params) { return pdo::nn::adam<float>(std::move(params), {.lr = o.lr}); }, {.bucket_bytes = o.bucket_bytes});
     std::cout << "digits: " << train.labels.size() << " training and " << test.labels.size() << " test images of 8x8, "
               << o.places << " places, global batch " << o.batch << "\n"
               << trainer.explain();
 
+    if (!o.trace.empty()) pdo::trace::start();
     trainer.fit(train.images, train.labels, {.epochs = o.epochs, .batch_size = o.batch, .seed = o.seed},
                 [](const auto& s) {
                   std::printf("epoch %3zu  loss %.4f  accuracy %.4f  %8.0f samples/s\n", s.epoch + 1, s.loss, s.accuracy,
@@ -121,6 +130,11 @@ int main(int argc, char** argv) {
                   std::fflush(stdout);
                 });
     const double accuracy = trainer.accuracy(test.images, test.labels);
+    if (!o.trace.empty()) {
+      pdo::trace::stop();
+      pdo::trace::save(o.trace);
+      std::printf("trace: %zu events in %s (open it in ui.perfetto.dev or chrome://tracing)\n", pdo::trace::size(), o.trace.c_str());
+    }
     std::printf("test accuracy: %.4f (%zu images)\n", accuracy, test.labels.size());
     if (accuracy < o.target) {
       std::fprintf(stderr, "digits: test accuracy %.4f is below the target %.2f\n", accuracy, o.target);
