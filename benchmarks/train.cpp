@@ -6,7 +6,10 @@
 // Anchor, measured in the same run: OpenBLAS's sgemm on the step's nine matrix products
 // (forward, and the two gradients of each layer) with the cores of one place; "sgemm-only
 // step" is the time those products alone take, and the ratio printed is that time over
-// the step's (1.00 would be a step that costs nothing but its gemms).
+// the step's (1.00 would be a step that costs nothing but its gemms). For 2 places the
+// limit is two such one-thread sgemm runs at once, one per place's rows (they share the
+// memory system as the places do). Then one step of 2 places under pdo::trace: where its
+// time goes, per lane of place 0.
 //
 // The same model in PyTorch: benchmarks/train_torch.py.
 //
@@ -19,6 +22,8 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -105,6 +110,55 @@ double sgemm_step_ms(std::size_t rows, int threads, int repeats) {
   return median(times);
 }
 
+/// @brief The limit of a step on 2 places: two threads at once, each running the step's
+/// products on `rows` rows with a one-thread sgemm; milliseconds until both are done.
+double two_sgemm_steps_ms(std::size_t rows, int repeats) {
+  std::vector<double> times;
+  for (int r = 0; r < repeats; ++r) {
+    const auto start = steady::now();
+    std::thread other([&] { (void)sgemm_step_ms(rows, 1, 1); });
+    (void)sgemm_step_ms(rows, 1, 1);
+    other.join();
+    times.push_back(std::chrono::duration<double, std::milli>(steady::now() - start).count());
+  }
+  return median(times);
+}
+
+/// @brief One step of `trainer` under pdo::trace: milliseconds per (lane, name) on place 0,
+/// and how much of the bucket collectives' time falls inside backward.
+template <class Trainer, class X, class Y>
+void trace_breakdown(Trainer& trainer, const X& x, const Y& y) {
+  pdo::trace::start();
+  (void)trainer.step(x, y);
+  pdo::trace::stop();
+  const auto events = pdo::detail::trace_recorder::instance().events();
+  struct row {
+    std::string lane, name;
+    double ms = 0;
+  };
+  std::vector<row> rows;
+  double backward_start = 0, backward_end = 0, step_ms = 0;
+  auto us = [&](auto t) { return std::chrono::duration<double, std::micro>(t - pdo::detail::trace_recorder::instance().origin()).count(); };
+  for (const auto& e : events) {
+    if (e.track->place != "cpu:0" || e.instant) continue;
+    const double ms = std::chrono::duration<double, std::milli>(e.end - e.start).count();
+    if (e.name == "backward") backward_start = us(e.start), backward_end = us(e.end);
+    if (e.name == "data_parallel::step") step_ms = ms;
+    auto found = std::find_if(rows.begin(), rows.end(), [&](const row& r) { return r.lane == e.track->lane && r.name == e.name; });
+    if (found == rows.end()) rows.push_back({e.track->lane, e.name, ms});
+    else found->ms += ms;
+  }
+  double buckets = 0, inside = 0;
+  for (const auto& e : events)
+    if (e.track->place == "cpu:0" && e.name == "bucket all_reduce") {
+      buckets += us(e.end) - us(e.start);
+      inside += std::max(0.0, std::min(us(e.end), backward_end) - std::max(us(e.start), backward_start));
+    }
+  std::printf("one traced step on 2 places, place cpu:0 (step %.1f ms; spans inside a task are counted in it too):\n", step_ms);
+  for (const auto& r : rows) std::printf("    %-14s %-22s %8.2f ms\n", r.lane.c_str(), r.name.c_str(), r.ms);
+  std::printf("    bucket collectives: %.1f ms, %.0f%% of it while backward runs\n", buckets / 1000, buckets > 0 ? 100 * inside / buckets : 0.0);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -121,9 +175,11 @@ int main(int argc, char** argv) {
   const result one = run(1, batch, true, steps, warmup);
   std::printf("1 place (half the cores), batch 256:               step %7.1f ms  %6.0f samples/s  sgemm-only step / step = %.2f\n",
               one.step_ms, 1000.0 * batch / one.step_ms, gemm_1core_256 / one.step_ms);
+  const double limit_2 = two_sgemm_steps_ms(batch / 2, 3);
+  std::printf("anchor: two one-thread sgemm runs of the step's products at once, 128 rows each: %.1f ms (the limit of 2 places)\n", limit_2);
   const result strong = run(2, batch, true, steps, warmup);
-  std::printf("2 places, global batch 256 (strong):               step %7.1f ms  %6.0f samples/s  speedup %.2fx  sgemm-only / step = %.2f\n",
-              strong.step_ms, 1000.0 * batch / strong.step_ms, one.step_ms / strong.step_ms, gemm_1core_128 / strong.step_ms);
+  std::printf("2 places, global batch 256 (strong):               step %7.1f ms  %6.0f samples/s  speedup %.2fx  limit / step = %.2f\n",
+              strong.step_ms, 1000.0 * batch / strong.step_ms, one.step_ms / strong.step_ms, limit_2 / strong.step_ms);
   std::printf("    all_reduce %.1f ms per step, %.0f%% of it hidden behind backward\n", strong.all_reduce_ms, 100 * strong.hidden_fraction);
   const result strong_serial = run(2, batch, false, steps, warmup);
   std::printf("2 places, global batch 256, all_reduce after backward: step %7.1f ms (overlap saves %.1f%%)\n", strong_serial.step_ms,
@@ -132,5 +188,15 @@ int main(int argc, char** argv) {
   std::printf("2 places, 256 rows each, global 512 (weak):        step %7.1f ms  %6.0f samples/s  weak-scaling efficiency %.2f\n",
               weak.step_ms, 1000.0 * 2 * batch / weak.step_ms, one.step_ms / weak.step_ms);
   std::printf("    all_reduce %.1f ms per step, %.0f%% of it hidden behind backward\n", weak.all_reduce_ms, 100 * weak.hidden_fraction);
+  {
+    const auto mesh = pdo::make_mesh<"dp">(pdo::cpu_places(2));
+    auto trainer = pdo::nn::make_data_parallel<float>(mesh, make_mlp, [](auto ps) { return pdo::nn::sgd<float>(std::move(ps), {.lr = 0.01}); });
+    pdo::tensor<float, 2> x({batch, in});
+    pdo::tensor<int, 1> y({batch});
+    for (std::size_t i = 0; i < x.size(); ++i) x.data()[i] = static_cast<float>((i * 2654435761u) % 1000) / 1000.0f - 0.5f;
+    for (std::size_t i = 0; i < batch; ++i) y(i) = static_cast<int>(i % classes);
+    for (int s = 0; s < warmup; ++s) (void)trainer.step(x, y);
+    trace_breakdown(trainer, x, y);
+  }
   return 0;
 }
