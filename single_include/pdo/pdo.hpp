@@ -33,10 +33,11 @@
 #define PDO_SINGLE_PDO_EXEC_EVAL_HPP
 // pdo/exec/eval.hpp: evaluating expressions: at once (eval) or queued on the places (eval_async, wait_all).
 
-// ---- pdo/comm/run_on_places.hpp
-#ifndef PDO_SINGLE_PDO_COMM_RUN_ON_PLACES_HPP
-#define PDO_SINGLE_PDO_COMM_RUN_ON_PLACES_HPP
-// pdo/comm/run_on_places.hpp: run one task per local place of a mesh, at once, and collect failures.
+// ---- pdo/exec/run_on_places.hpp
+#ifndef PDO_SINGLE_PDO_EXEC_RUN_ON_PLACES_HPP
+#define PDO_SINGLE_PDO_EXEC_RUN_ON_PLACES_HPP
+// pdo/exec/run_on_places.hpp: the tasks of one mesh-wide operation, one per place of this
+// process, submitted to the engine at one point of its order; how they end.
 
 // ---- pdo/comm/mesh_comms.hpp
 #ifndef PDO_SINGLE_PDO_COMM_MESH_COMMS_HPP
@@ -86,6 +87,20 @@
 #define PDO_VERSION_MAJOR 0
 #define PDO_VERSION_MINOR 1
 #define PDO_VERSION_PATCH 0
+
+namespace pdo::detail {
+
+/// @brief Tells the core the calling thread is spinning (x86's pause, Arm's yield), so a
+/// short spin costs the other hyperthread and the memory system little.
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield" ::: "memory");
+#endif
+}
+
+}  // namespace pdo::detail
 #endif  // PDO_SINGLE_PDO_CORE_CONFIG_HPP
 
 #include <concepts>
@@ -181,10 +196,119 @@ concept communicator = requires(const C& c, std::span<float> f, std::span<const 
 
 }  // namespace pdo
 #endif  // PDO_SINGLE_PDO_COMM_COMMUNICATOR_CONCEPT_HPP
+// ---- pdo/core/timeline.hpp
+#ifndef PDO_SINGLE_PDO_CORE_TIMELINE_HPP
+#define PDO_SINGLE_PDO_CORE_TIMELINE_HPP
+// pdo/core/timeline.hpp: what the timeline (pdo::trace, pdo/exec/trace.hpp) learns while it
+// records: the engine's tasks, and spans inside them (kernels, collectives, copies). While
+// nothing records, a span costs one relaxed atomic load.
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace pdo::detail {
+
+using timeline_clock = std::chrono::steady_clock;
+
+/// @brief A row of the timeline: one lane of one place, or a host thread.
+struct timeline_track {
+  std::string place;  ///< "cpu:0", "rank1/cuda:0"; "host" for a thread that is no place's lane
+  std::string lane;   ///< "compute", "communication", "copy"; for a host thread, "thread <n>"
+};
+
+/// @brief One recorded interval (or instant, when start == end).
+struct timeline_event {
+  const char* category = "task";  ///< "kernel", "collective", "copy", "task", "gradient"
+  std::string name;
+  std::string detail;             ///< shapes and layouts, bytes, from and to
+  const timeline_track* track = nullptr;
+  timeline_clock::time_point start, end;
+  std::uint64_t id = 0;              ///< the engine's task id (0: a span inside a task)
+  std::vector<std::uint64_t> after;  ///< the tasks a task waited for (flow arrows)
+  bool instant = false;
+};
+
+/// @brief Where events go while the timeline records.
+struct timeline_sink {
+  virtual ~timeline_sink() = default;
+  virtual void record(timeline_event e) = 0;
+};
+
+inline std::atomic<timeline_sink*>& timeline() {
+  static std::atomic<timeline_sink*> sink{nullptr};
+  return sink;
+}
+
+/// @brief Whether the timeline records now.
+inline bool timeline_on() { return timeline().load(std::memory_order_relaxed) != nullptr; }
+
+/// @brief The calling thread's row: its lane's (set by the lane), else one of its own.
+inline const timeline_track*& current_track() {
+  thread_local const timeline_track* track = nullptr;
+  return track;
+}
+
+inline const timeline_track* track_of_this_thread() {
+  if (const timeline_track* t = current_track(); t != nullptr) return t;
+  static std::atomic<int> threads{0};
+  thread_local const timeline_track own{"host", "thread " + std::to_string(threads.fetch_add(1))};
+  return &own;
+}
+
+/// @brief Records the interval from its construction to its end, while the timeline records:
+/// `describe()` (the detail) is called only then.
+class timeline_span {
+ public:
+  template <class Describe>
+  timeline_span(const char* category, const char* name, Describe&& describe) {
+    if (!timeline_on()) return;
+    event_ = std::make_unique<timeline_event>();
+    auto& e = *event_;
+    e.category = category;
+    e.name = name;
+    e.detail = std::forward<Describe>(describe)();
+    e.track = track_of_this_thread();
+    e.start = timeline_clock::now();
+  }
+  timeline_span(const timeline_span&) = delete;
+  timeline_span& operator=(const timeline_span&) = delete;
+  ~timeline_span() {
+    if (!event_) return;
+    event_->end = timeline_clock::now();
+    if (timeline_sink* sink = timeline().load(std::memory_order_acquire); sink != nullptr) sink->record(std::move(*event_));
+  }
+
+ private:
+  std::unique_ptr<timeline_event> event_;  ///< null while the timeline is off
+};
+
+/// @brief Records an instant (a gradient complete, say), while the timeline records.
+template <class Describe>
+void timeline_instant(const char* category, std::string name, Describe&& describe) {
+  timeline_sink* sink = timeline().load(std::memory_order_acquire);
+  if (sink == nullptr) return;
+  timeline_event e;
+  e.category = category;
+  e.name = std::move(name);
+  e.detail = std::forward<Describe>(describe)();
+  e.track = track_of_this_thread();
+  e.start = e.end = timeline_clock::now();
+  e.instant = true;
+  sink->record(std::move(e));
+}
+
+}  // namespace pdo::detail
+#endif  // PDO_SINGLE_PDO_CORE_TIMELINE_HPP
 
 #include <cstddef>
 #include <memory>
 #include <span>
+#include <string>
 #include <utility>
 
 namespace pdo {
@@ -195,6 +319,11 @@ namespace detail {
 template <class Group, class F>
 decltype(auto) visit_group(Group& g, F&& f) {
   return std::forward<F>(f)(g);
+}
+/// @brief How the timeline names a group; groups that know their mesh axis overload it.
+template <class Group>
+std::string group_label(const Group&) {
+  return "a group";
 }
 }  // namespace detail
 
@@ -215,27 +344,32 @@ class group_communicator {
   [[nodiscard]] std::size_t rank() const { return member_; }
 
   void barrier() const {
+    const detail::timeline_span span("collective", "barrier", [&] { return describe(0); });
     with([&](auto& g) { g.barrier(member_); });
   }
   /// @brief `data` = op over members of their `data` (same size on all).
   template <element T>
   void all_reduce(std::span<T> data, reduce_op op = reduce_op::sum) const {
+    const detail::timeline_span span("collective", "all_reduce", [&] { return describe(data.size_bytes()); });
     with([&](auto& g) { g.all_reduce(member_, data, op); });
   }
   /// @brief `out` = every member's `in`, concatenated in member order (sizes may differ).
   template <element T>
   void all_gather(std::span<const T> in, std::span<T> out) const {
+    const detail::timeline_span span("collective", "all_gather", [&] { return describe(out.size_bytes()); });
     with([&](auto& g) { g.all_gather(member_, in, out); });
   }
   /// @brief `out` = this member's segment of op over members of `in`; segment k has the
   /// size member k passes as `out`.
   template <element T>
   void reduce_scatter(std::span<const T> in, std::span<T> out, reduce_op op = reduce_op::sum) const {
+    const detail::timeline_span span("collective", "reduce_scatter", [&] { return describe(in.size_bytes()); });
     with([&](auto& g) { g.reduce_scatter(member_, in, out, op); });
   }
   /// @brief `data` = member `root`'s `data`.
   template <element T>
   void broadcast(std::span<T> data, std::size_t root) const {
+    const detail::timeline_span span("collective", "broadcast", [&] { return describe(data.size_bytes()); });
     with([&](auto& g) { g.broadcast(member_, data, root); });
   }
   /// @brief Piece j of `in` (send_counts[j] elements) goes to member j; `out` holds the
@@ -243,20 +377,30 @@ class group_communicator {
   template <element T>
   void all_to_all(std::span<const T> in, std::span<const std::size_t> send_counts, std::span<T> out,
                   std::span<const std::size_t> recv_counts) const {
+    const detail::timeline_span span("collective", "all_to_all", [&] { return describe(in.size_bytes()); });
     with([&](auto& g) { g.all_to_all(member_, in, send_counts, out, recv_counts); });
   }
   /// @brief Sends `data` to member `to`; returns once it has been received.
   template <element T>
   void send(std::span<const T> data, std::size_t to, int tag = 0) const {
+    const detail::timeline_span span("collective", "send", [&] { return describe(data.size_bytes()); });
     with([&](auto& g) { g.send(member_, data, to, tag); });
   }
   /// @brief Receives exactly `data.size()` elements from member `from`.
   template <element T>
   void recv(std::span<T> data, std::size_t from, int tag = 0) const {
+    const detail::timeline_span span("collective", "recv", [&] { return describe(data.size_bytes()); });
     with([&](auto& g) { g.recv(member_, data, from, tag); });
   }
 
  private:
+  /// @brief The timeline's detail of a collective: its group, this member, the bytes it passes.
+  [[nodiscard]] std::string describe(std::size_t bytes) const {
+    using detail::group_label;
+    return "over " + group_label(*group_) + ", member " + std::to_string(member_) + " of " + std::to_string(size()) + ", " +
+           std::to_string(bytes) + " bytes";
+  }
+
   template <class F>
   void with(F&& f) const {
     using detail::visit_group;  // and, found by ADL, the overloads of run-time chosen groups
@@ -461,14 +605,6 @@ struct captured_error {
 #include <thread>
 
 namespace pdo::detail {
-
-inline void cpu_relax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
 
 /// @brief A barrier for a fixed number of threads. Waiters spin for a few microseconds
 /// (collectives on small messages stay well under a microsecond) and then sleep on
@@ -1104,219 +1240,8 @@ constexpr auto nth_value() {
 // ---- pdo/place/place_state.hpp
 #ifndef PDO_SINGLE_PDO_PLACE_PLACE_STATE_HPP
 #define PDO_SINGLE_PDO_PLACE_PLACE_STATE_HPP
-// pdo/place/place_state.hpp: what every place handle shares: identity, cores, memory, worker.
+// pdo/place/place_state.hpp: what every place handle shares: identity, cores, memory, lanes.
 
-// ---- pdo/place/worker.hpp
-#ifndef PDO_SINGLE_PDO_PLACE_WORKER_HPP
-#define PDO_SINGLE_PDO_PLACE_WORKER_HPP
-// pdo/place/worker.hpp: the thread a place runs its work on, in submission order.
-
-#include <atomic>
-#include <condition_variable>
-#include <cstddef>
-#include <deque>
-#include <new>
-#include <type_traits>
-#include <mutex>
-#include <thread>
-#include <utility>
-#include <vector>
-
-#if defined(__linux__)
-#include <pthread.h>
-#include <sched.h>
-#endif
-
-namespace pdo::detail {
-
-/// @brief Pins the calling thread to `cores` (Linux); does nothing for an empty set.
-inline void pin_current_thread(const std::vector<int>& cores) {
-#if defined(__linux__)
-  if (cores.empty()) return;
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  for (int c : cores) CPU_SET(c, &set);
-  pthread_setaffinity_np(pthread_self(), sizeof set, &set);
-#else
-  (void)cores;
-#endif
-}
-
-/// @brief The cores this process may run on (its affinity mask), in increasing order.
-inline std::vector<int> process_cores() {
-  std::vector<int> cores;
-#if defined(__linux__)
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof set, &set) == 0)
-    for (int c = 0; c < CPU_SETSIZE; ++c)
-      if (CPU_ISSET(c, &set)) cores.push_back(c);
-#endif
-  if (cores.empty())
-    for (unsigned c = 0; c < std::max(1u, std::thread::hardware_concurrency()); ++c) cores.push_back(static_cast<int>(c));
-  return cores;
-}
-
-/// @brief A move-only `void()` callable that keeps small callables (up to 64 bytes: what
-/// pdo's operations queue) in place, so queueing work on a place allocates nothing.
-class task {
- public:
-  task() = default;
-  template <class F>
-    requires(!std::is_same_v<std::decay_t<F>, task> && std::is_invocable_v<std::decay_t<F>&>)
-  task(F&& f) {  // NOLINT: implicit, like std::function
-    using callable = std::decay_t<F>;
-    if constexpr (sizeof(callable) <= inline_bytes && alignof(callable) <= alignof(std::max_align_t) &&
-                  std::is_nothrow_move_constructible_v<callable>) {
-      ::new (static_cast<void*>(storage_)) callable(std::forward<F>(f));
-      ops_ = &inline_ops<callable>;
-    } else {
-      *reinterpret_cast<callable**>(storage_) = new callable(std::forward<F>(f));
-      ops_ = &heap_ops<callable>;
-    }
-  }
-  task(task&& other) noexcept : ops_(other.ops_) {
-    if (ops_ != nullptr) ops_->move(other.storage_, storage_);
-    other.ops_ = nullptr;
-  }
-  task& operator=(task&& other) noexcept {
-    if (this != &other) {
-      reset();
-      ops_ = other.ops_;
-      if (ops_ != nullptr) ops_->move(other.storage_, storage_);
-      other.ops_ = nullptr;
-    }
-    return *this;
-  }
-  task(const task&) = delete;
-  task& operator=(const task&) = delete;
-  ~task() { reset(); }
-
-  void operator()() { ops_->call(storage_); }
-  explicit operator bool() const { return ops_ != nullptr; }
-
- private:
-  static constexpr std::size_t inline_bytes = 64;
-  struct operations {
-    void (*call)(unsigned char*);
-    void (*move)(unsigned char* from, unsigned char* to) noexcept;  ///< and destroys `from`
-    void (*destroy)(unsigned char*) noexcept;
-  };
-  template <class F>
-  static constexpr operations inline_ops{
-      [](unsigned char* s) { (*std::launder(reinterpret_cast<F*>(s)))(); },
-      [](unsigned char* from, unsigned char* to) noexcept {
-        F* f = std::launder(reinterpret_cast<F*>(from));
-        ::new (static_cast<void*>(to)) F(std::move(*f));
-        f->~F();
-      },
-      [](unsigned char* s) noexcept { std::launder(reinterpret_cast<F*>(s))->~F(); }};
-  template <class F>
-  static constexpr operations heap_ops{
-      [](unsigned char* s) { (**reinterpret_cast<F**>(s))(); },
-      [](unsigned char* from, unsigned char* to) noexcept { *reinterpret_cast<F**>(to) = *reinterpret_cast<F**>(from); },
-      [](unsigned char* s) noexcept { delete *reinterpret_cast<F**>(s); }};
-
-  void reset() noexcept {
-    if (ops_ != nullptr) ops_->destroy(storage_);
-    ops_ = nullptr;
-  }
-
-  alignas(std::max_align_t) unsigned char storage_[inline_bytes];
-  const operations* ops_ = nullptr;
-};
-
-/// @brief One thread that runs submitted tasks in order. Tasks must not throw: the
-/// callers wrap them and carry exceptions back themselves (see run_on_places).
-///
-/// After its last task the thread keeps looking for new work for a few microseconds
-/// (yielding its core meanwhile) before it sleeps, so that a program issuing one short
-/// operation after another does not pay a wake-up per operation.
-class worker {
- public:
-  explicit worker(std::vector<int> pin_to) : thread_([this, cores = std::move(pin_to)] { loop(cores); }) {}
-  worker(const worker&) = delete;
-  worker& operator=(const worker&) = delete;
-  ~worker() {
-    {
-      std::lock_guard lock(mutex_);
-      stop_ = true;
-    }
-    wake_.notify_one();
-    thread_.join();
-  }
-
-  void submit(task work) {
-    bool asleep = false;
-    {
-      std::lock_guard lock(mutex_);
-      tasks_.push_back(std::move(work));
-      queued_.fetch_add(1, std::memory_order_release);
-      asleep = sleeping_;
-    }
-    if (asleep) wake_.notify_one();
-  }
-
-  /// @brief True when called from this worker's own thread.
-  [[nodiscard]] bool is_current() const { return std::this_thread::get_id() == thread_.get_id(); }
-
- private:
-  static constexpr int idle_polls = 200;
-
-  void loop(const std::vector<int>& cores) {
-    pin_current_thread(cores);
-    for (;;) {
-      for (int poll = 0; poll < idle_polls && queued_.load(std::memory_order_acquire) == 0; ++poll)
-        std::this_thread::yield();
-      task next;
-      {
-        std::unique_lock lock(mutex_);
-        sleeping_ = true;
-        wake_.wait(lock, [this] { return stop_ || !tasks_.empty(); });
-        sleeping_ = false;
-        if (tasks_.empty()) return;
-        next = std::move(tasks_.front());
-        tasks_.pop_front();
-        queued_.fetch_sub(1, std::memory_order_relaxed);
-      }
-      next();
-    }
-  }
-
-  std::mutex mutex_;
-  std::condition_variable wake_;
-  std::deque<task> tasks_;
-  std::atomic<std::size_t> queued_{0};  ///< tasks_.size(), readable without the lock
-  bool sleeping_ = false;
-  bool stop_ = false;
-  std::thread thread_;
-};
-
-/// @brief A count of tasks still running, that the waiting thread polls briefly (yielding)
-/// before it sleeps on it: short operations return without a wake-up.
-class completion {
- public:
-  explicit completion(std::size_t count) : left_(count) {}
-  void count_down() {
-    if (left_.fetch_sub(1, std::memory_order_acq_rel) == 1) left_.notify_all();
-  }
-  /// @brief True once every task has counted down.
-  [[nodiscard]] bool finished() const { return left_.load(std::memory_order_acquire) == 0; }
-  void wait() const {
-    for (int poll = 0; poll < 200; ++poll) {
-      if (left_.load(std::memory_order_acquire) == 0) return;
-      std::this_thread::yield();
-    }
-    for (std::size_t now = left_.load(std::memory_order_acquire); now != 0; now = left_.load(std::memory_order_acquire))
-      left_.wait(now, std::memory_order_acquire);
-  }
-
- private:
-  std::atomic<std::size_t> left_;
-};
-
-}  // namespace pdo::detail
-#endif  // PDO_SINGLE_PDO_PLACE_WORKER_HPP
 // ---- pdo/memory/caching_allocator.hpp
 #ifndef PDO_SINGLE_PDO_MEMORY_CACHING_ALLOCATOR_HPP
 #define PDO_SINGLE_PDO_MEMORY_CACHING_ALLOCATOR_HPP
@@ -1497,8 +1422,454 @@ inline caching_allocator& host_allocator() {
 
 }  // namespace pdo
 #endif  // PDO_SINGLE_PDO_MEMORY_CACHING_ALLOCATOR_HPP
+// ---- pdo/place/lane.hpp
+#ifndef PDO_SINGLE_PDO_PLACE_LANE_HPP
+#define PDO_SINGLE_PDO_PLACE_LANE_HPP
+// pdo/place/lane.hpp: the lanes of a place (the threads that run its work, each in the order
+// its tasks were queued) and the tasks they run. What a task waits for, and when it is
+// queued, is decided by the engine (pdo/exec/engine.hpp); a lane only runs its queue.
 
+
+#include <algorithm>
+#include <atomic>
 #include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <new>
+#include <optional>
+#include <string>
+#include <thread>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#if defined(__linux__)
+#include <pthread.h>
+#include <sched.h>
+#endif
+
+// Under CUDA every task is also an NVTX range (Nsight Systems shows them on the lane's thread).
+#if defined(PDO_WITH_CUDA) && defined(__has_include)
+#if __has_include(<nvtx3/nvToolsExt.h>)
+#include <nvtx3/nvToolsExt.h>
+#define PDO_NVTX 1
+#endif
+#endif
+
+namespace pdo {
+
+/// @brief The lanes of a place: what kind of work a task is. Each lane of a place runs its
+/// tasks one after the other; the lanes of a place run at the same time.
+enum class lane_kind : unsigned char {
+  compute,        ///< kernels, on the place's cores (a GPU place: its compute stream)
+  communication,  ///< collectives and transfers between places (a GPU place: its NCCL stream)
+  copy,           ///< copies between memories and batch prefetch
+};
+
+inline constexpr std::size_t lane_kinds = 3;
+
+/// @brief "compute", "communication" or "copy".
+constexpr const char* lane_name(lane_kind k) {
+  switch (k) {
+    case lane_kind::compute: return "compute";
+    case lane_kind::communication: return "communication";
+    case lane_kind::copy: return "copy";
+  }
+  return "?";
+}
+
+namespace detail {
+
+struct place_state;
+
+/// @brief Pins the calling thread to `cores` (Linux); does nothing for an empty set.
+inline void pin_current_thread(const std::vector<int>& cores) {
+#if defined(__linux__)
+  if (cores.empty()) return;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  for (int c : cores) CPU_SET(c, &set);
+  pthread_setaffinity_np(pthread_self(), sizeof set, &set);
+#else
+  (void)cores;
+#endif
+}
+
+/// @brief The cores this process may run on (its affinity mask), in increasing order.
+inline std::vector<int> process_cores() {
+  std::vector<int> cores;
+#if defined(__linux__)
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) == 0)
+    for (int c = 0; c < CPU_SETSIZE; ++c)
+      if (CPU_ISSET(c, &set)) cores.push_back(c);
+#endif
+  if (cores.empty())
+    for (unsigned c = 0; c < std::max(1u, std::thread::hardware_concurrency()); ++c) cores.push_back(static_cast<int>(c));
+  return cores;
+}
+
+/// @brief A move-only `void()` callable that keeps small callables (up to 64 bytes: what
+/// pdo's operations queue) in place, so queueing work allocates nothing for it.
+class task {
+ public:
+  task() = default;
+  template <class F>
+    requires(!std::is_same_v<std::decay_t<F>, task> && std::is_invocable_v<std::decay_t<F>&>)
+  task(F&& f) {  // NOLINT: implicit, like std::function
+    using callable = std::decay_t<F>;
+    if constexpr (sizeof(callable) <= inline_bytes && alignof(callable) <= alignof(std::max_align_t) &&
+                  std::is_nothrow_move_constructible_v<callable>) {
+      ::new (static_cast<void*>(storage_)) callable(std::forward<F>(f));
+      ops_ = &inline_ops<callable>;
+    } else {
+      *reinterpret_cast<callable**>(storage_) = new callable(std::forward<F>(f));
+      ops_ = &heap_ops<callable>;
+    }
+  }
+  task(task&& other) noexcept : ops_(other.ops_) {
+    if (ops_ != nullptr) ops_->move(other.storage_, storage_);
+    other.ops_ = nullptr;
+  }
+  task& operator=(task&& other) noexcept {
+    if (this != &other) {
+      reset();
+      ops_ = other.ops_;
+      if (ops_ != nullptr) ops_->move(other.storage_, storage_);
+      other.ops_ = nullptr;
+    }
+    return *this;
+  }
+  task(const task&) = delete;
+  task& operator=(const task&) = delete;
+  ~task() { reset(); }
+
+  void operator()() { ops_->call(storage_); }
+  explicit operator bool() const { return ops_ != nullptr; }
+
+ private:
+  static constexpr std::size_t inline_bytes = 64;
+  struct operations {
+    void (*call)(unsigned char*);
+    void (*move)(unsigned char* from, unsigned char* to) noexcept;  ///< and destroys `from`
+    void (*destroy)(unsigned char*) noexcept;
+  };
+  template <class F>
+  static constexpr operations inline_ops{
+      [](unsigned char* s) { (*std::launder(reinterpret_cast<F*>(s)))(); },
+      [](unsigned char* from, unsigned char* to) noexcept {
+        F* f = std::launder(reinterpret_cast<F*>(from));
+        ::new (static_cast<void*>(to)) F(std::move(*f));
+        f->~F();
+      },
+      [](unsigned char* s) noexcept { std::launder(reinterpret_cast<F*>(s))->~F(); }};
+  template <class F>
+  static constexpr operations heap_ops{
+      [](unsigned char* s) { (**reinterpret_cast<F**>(s))(); },
+      [](unsigned char* from, unsigned char* to) noexcept { *reinterpret_cast<F**>(to) = *reinterpret_cast<F**>(from); },
+      [](unsigned char* s) noexcept { delete *reinterpret_cast<F**>(s); }};
+
+  void reset() noexcept {
+    if (ops_ != nullptr) ops_->destroy(storage_);
+    ops_ = nullptr;
+  }
+
+  alignas(std::max_align_t) unsigned char storage_[inline_bytes];
+  const operations* ops_ = nullptr;
+};
+
+class lane;
+struct task_state;
+inline captured_error cancellation_of(const task_state& t);
+using task_handle = std::shared_ptr<task_state>;
+
+/// @brief One task: its work, its lane, what it waits for, and how it ended.
+///
+/// A task runs once `waiting` is 0: the engine counts one for each task it must wait for,
+/// and one held until the task is fully queued. The fields under `mutex` are what a task
+/// that ends changes in the tasks that wait for it.
+struct task_state {
+  task fn;
+  lane* home = nullptr;
+  const char* op = "task";       ///< what it is, for errors and the trace (a string literal)
+  const char* category = "task"; ///< for the trace: "kernel", "collective", "copy", "task"
+  std::string detail;            ///< shapes, layouts, bytes: filled only while tracing
+  std::uint64_t id = 0;          ///< its place in the engine's total order of submission
+  bool runs_cancelled = false;   ///< run fn even when cancelled (cancelled_by() tells it so)
+  std::atomic<std::uint32_t> waiting{1};
+  std::atomic<bool> ended{false};
+
+  std::mutex mutex;
+  bool finished = false;  ///< ended (read under mutex while linking)
+  bool failed = false;
+  bool cancelled = false;  ///< a task it waited for failed; `error` is that task's error
+  std::optional<captured_error> error;
+  std::string cause;       ///< for a cancelled task: the task that failed ("op on place")
+  struct dependent {
+    task_handle task;
+    bool needs_result;  ///< it reads what this task wrote: this task's failure cancels it
+  };
+  std::vector<dependent> dependents;
+  std::vector<std::uint64_t> after;  ///< the tasks it waited for (the trace's flow arrows)
+
+  /// @brief Waits (spinning briefly, then sleeping) until the task has ended.
+  void wait_ended() const {
+    for (int poll = 0; poll < 200; ++poll) {
+      if (ended.load(std::memory_order_acquire)) return;
+      std::this_thread::yield();
+    }
+    while (!ended.load(std::memory_order_acquire)) ended.wait(false, std::memory_order_acquire);
+  }
+};
+
+/// @brief Where the failure that a task ended with began: "op on place" of the task that
+/// threw it (the task itself, or the one whose failure cancelled it).
+inline std::string failure_site(const task_state& t);
+
+/// @brief Makes `t` (being queued) wait for `before`, unless `before` has ended. With
+/// `needs_result` (t reads what `before` wrote) a failure of `before` cancels `t` with its
+/// error, at once if it has failed already; an order alone (t overwrites what `before` read
+/// or wrote) does not. Called by the engine, in submission order.
+inline void link(const task_handle& t, task_state& before, bool needs_result) {
+  std::lock_guard lock(before.mutex);
+  if (before.finished) {
+    if (before.failed && needs_result) {
+      std::lock_guard mine(t->mutex);
+      if (!t->cancelled) {
+        t->cancelled = true;
+        t->error = before.error;
+        t->cause = failure_site(before);
+      }
+    }
+    return;
+  }
+  // a task that waits for `before` twice (it reads two buffers `before` wrote) is counted
+  // twice and let go twice: no search of the list
+  before.dependents.push_back({t, needs_result});
+  t->waiting.fetch_add(1, std::memory_order_relaxed);
+  t->after.push_back(before.id);
+}
+
+/// @brief The error the running task was cancelled with (see cancellation_of), for a task
+/// that runs when cancelled (task_state::runs_cancelled); null otherwise.
+inline const captured_error*& cancelled_by() {
+  thread_local const captured_error* e = nullptr;
+  return e;
+}
+
+/// @brief The lane whose thread is the calling thread, or null.
+inline lane*& current_lane() {
+  thread_local lane* l = nullptr;
+  return l;
+}
+
+/// @brief The place whose lane runs the calling thread, or nullptr on other threads.
+inline place_state*& current_place() {
+  thread_local place_state* current = nullptr;
+  return current;
+}
+
+/// @brief One lane of a place: a thread that runs its queue in order, each task once the
+/// tasks it waits for have ended. After its last task the thread keeps looking for work
+/// for a few microseconds (yielding its core) before it sleeps, so a program that issues
+/// short operations one after another does not pay a wake-up for each.
+class lane {
+ public:
+  /// @param setup runs first on the lane's thread (a GPU place selects its device)
+  template <class Setup>
+  lane(place_state& p, std::string place_name, lane_kind k, std::vector<int> pin_to, Setup setup)
+      : place_(p), name_(std::move(place_name)), kind_(k), track_{name_, lane_name(k)} {
+    thread_ = std::thread([this, pins = std::move(pin_to), setup = std::move(setup)]() mutable {
+      pin_current_thread(pins);
+      current_place() = &place_;
+      current_lane() = this;
+      current_track() = &track_;
+      setup();
+      loop();
+    });
+  }
+  lane(const lane&) = delete;
+  lane& operator=(const lane&) = delete;
+  ~lane() {
+    {
+      std::lock_guard lock(mutex_);
+      stop_ = true;
+      signal_.fetch_add(1, std::memory_order_release);
+    }
+    wake_.notify_all();
+    thread_.join();
+  }
+
+  [[nodiscard]] place_state& place() const { return place_; }
+  [[nodiscard]] const std::string& place_name() const { return name_; }
+  [[nodiscard]] lane_kind kind() const { return kind_; }
+  [[nodiscard]] bool on_this_thread() const { return std::this_thread::get_id() == thread_.get_id(); }
+
+  /// @brief Queues `t` behind the lane's earlier tasks.
+  void push(task_handle t) {
+    bool asleep = false;
+    {
+      std::lock_guard lock(mutex_);
+      queue_.push_back(std::move(t));
+      signal_.fetch_add(1, std::memory_order_release);
+      asleep = sleeping_;
+    }
+    if (asleep) wake_.notify_one();
+  }
+
+  /// @brief Wakes the lane: a task it holds may have become ready.
+  void poke() {
+    bool asleep = false;
+    {
+      std::lock_guard lock(mutex_);
+      signal_.fetch_add(1, std::memory_order_release);
+      asleep = sleeping_;
+    }
+    if (asleep) wake_.notify_one();
+  }
+
+ private:
+  static constexpr int idle_polls = 200;
+
+  [[nodiscard]] bool head_ready() const { return !queue_.empty() && queue_.front()->waiting.load(std::memory_order_acquire) == 0; }
+
+  void loop() {
+    for (;;) {
+      task_handle next;
+      std::uint64_t seen = 0;
+      {
+        std::lock_guard lock(mutex_);
+        seen = signal_.load(std::memory_order_acquire);
+        if (head_ready()) {
+          next = std::move(queue_.front());
+          queue_.pop_front();
+        } else if (stop_ && queue_.empty()) {
+          return;  // a stopping lane first runs what is queued on it
+        }
+      }
+      if (next) {
+        run(next);
+        continue;
+      }
+      // nothing to run: look for a change without the lock for a while (yielding the core),
+      // then sleep until a push or a poke
+      // (yielding, not pausing: the host thread that queues the work may need this core)
+      for (int poll = 0; poll < idle_polls && signal_.load(std::memory_order_acquire) == seen; ++poll) std::this_thread::yield();
+      std::unique_lock lock(mutex_);
+      sleeping_ = true;
+      wake_.wait(lock, [&] { return signal_.load(std::memory_order_acquire) != seen || stop_; });
+      sleeping_ = false;
+    }
+  }
+
+  void run(const task_handle& t) {
+    bool cancelled = false;
+    {
+      std::lock_guard lock(t->mutex);
+      cancelled = t->cancelled;
+    }
+    const bool traced = timeline_on();
+    const timeline_clock::time_point start = traced ? timeline_clock::now() : timeline_clock::time_point{};
+#if defined(PDO_NVTX)
+    nvtxRangePushA(t->op);
+#endif
+    std::optional<captured_error> failure;
+    if (cancelled && !t->runs_cancelled) {
+      failure = t->error;
+    } else {
+      std::optional<captured_error> cause;
+      if (cancelled) cause = cancellation_of(*t);
+      cancelled_by() = cause ? &*cause : nullptr;
+      try {
+        t->fn();
+      } catch (...) {
+        if (!cancelled) failure = captured_error::current();
+      }
+      cancelled_by() = nullptr;
+      if (cancelled) failure = t->error;
+    }
+#if defined(PDO_NVTX)
+    nvtxRangePop();
+#endif
+    if (traced) {
+      if (timeline_sink* sink = timeline().load(std::memory_order_acquire); sink != nullptr) {
+        timeline_event e;
+        e.category = t->category;
+        e.name = t->op;
+        e.detail = cancelled ? "cancelled: " + t->cause + " failed" : failure ? "failed: " + failure->message : t->detail;
+        e.track = &track_;
+        e.start = start;
+        e.end = timeline_clock::now();
+        e.id = t->id;
+        e.after = t->after;
+        sink->record(std::move(e));
+      }
+    }
+    finish(*t, std::move(failure), cancelled);
+  }
+
+  /// @brief Marks `t` ended, lets the tasks that wait for it go (cancelled, if it failed).
+  static void finish(task_state& t, std::optional<captured_error> failure, bool was_cancelled) {
+    std::vector<task_state::dependent> dependents;
+    {
+      std::lock_guard lock(t.mutex);
+      t.finished = true;
+      t.failed = failure.has_value();
+      if (failure && !was_cancelled) t.error = std::move(failure);
+      dependents.swap(t.dependents);
+    }
+    for (const auto& [d, needs_result] : dependents) {
+      if (t.failed && needs_result) {
+        std::lock_guard lock(d->mutex);
+        if (!d->cancelled) {
+          d->cancelled = true;
+          d->error = t.error;
+          d->cause = failure_site(t);
+        }
+      }
+      if (d->waiting.fetch_sub(1, std::memory_order_acq_rel) == 1) d->home->poke();
+    }
+    t.fn = task();  // what it captured goes now, not with the last handle
+    t.ended.store(true, std::memory_order_release);
+    t.ended.notify_all();
+  }
+
+  place_state& place_;
+  std::string name_;
+  lane_kind kind_;
+  timeline_track track_;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::deque<task_handle> queue_;
+  std::atomic<std::uint64_t> signal_{0};  ///< counts pushes and pokes: a change may have made the head ready
+  bool sleeping_ = false;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+inline std::string failure_site(const task_state& t) {
+  if (!t.cause.empty()) return t.cause;
+  return std::string(t.op) + " on " + t.home->place_name() + "'s " + lane_name(t.home->kind()) + " lane";
+}
+
+/// @brief The error a cancelled task ends with: the error of the task that failed, its
+/// message saying where that failure began.
+inline captured_error cancellation_of(const task_state& t) {
+  captured_error e = *t.error;
+  e.message = "cancelled: it needs the result of " + t.cause + ", which failed: " + e.message;
+  return e;
+}
+
+}  // namespace detail
+}  // namespace pdo
+#endif  // PDO_SINGLE_PDO_PLACE_LANE_HPP
+
+#include <array>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -1514,7 +1885,7 @@ enum class place_kind { cpu, cuda };
 namespace detail {
 
 /// @brief The state behind a place handle. A place of another process (an MPI rank)
-/// has no worker and no allocator here: only its identity.
+/// has no lanes and no allocator here: only its identity.
 struct place_state : std::enable_shared_from_this<place_state> {
   place_kind kind = place_kind::cpu;
   int ordinal = 0;          ///< index among the places of its kind in its process (or device ordinal)
@@ -1524,22 +1895,48 @@ struct place_state : std::enable_shared_from_this<place_state> {
   std::string name;         ///< "cpu:0", "cuda:1", "rank1/cpu:0"
   std::shared_ptr<void> device;  ///< a GPU place's streams and library handles (detail::cuda_device)
   std::unique_ptr<caching_allocator> memory;  ///< declared after `device`: destroyed before it
-  std::unique_ptr<worker> runner;  ///< declared last: destroyed first, before the memory it uses
+  std::function<void()> lane_setup;  ///< runs first on each lane's thread (a GPU place selects its device)
+  std::vector<int> pin;              ///< the cores its compute lane is pinned to (empty: not pinned)
+  std::mutex lanes_mutex;
+  /// @brief Its lanes, by lane_kind: the compute lane from the start, the others made on
+  /// first use. Declared last: destroyed first, before the memory their work uses.
+  std::array<std::unique_ptr<lane>, lane_kinds> lanes;
 
   place_state(place_kind k, int ord, int proc, bool is_local, std::vector<int> cpu_cores, std::string label)
       : kind(k), ordinal(ord), process(proc), local(is_local), cores(std::move(cpu_cores)), name(std::move(label)) {}
 };
 
-/// @brief The place whose worker runs the calling thread, or nullptr on other threads.
-inline place_state*& current_place() {
-  thread_local place_state* current = nullptr;
-  return current;
+/// @brief Place `p`'s lane of kind `k`, made on first use. Only places of this process have lanes.
+inline lane& lane_of(place_state& p, lane_kind k = lane_kind::compute) {
+  const auto i = static_cast<std::size_t>(k);
+  std::lock_guard lock(p.lanes_mutex);
+  if (!p.lanes[i]) {
+    if (!p.local) throw layout_error("place " + p.name + " belongs to another process; its work runs there");
+    std::function<void()> setup = p.lane_setup ? p.lane_setup : [] {};
+    // the compute lane runs on the place's cores; the others only move data, wherever the system puts them
+    p.lanes[i] = std::make_unique<lane>(p, p.name, k, k == lane_kind::compute ? p.pin : std::vector<int>{}, std::move(setup));
+  }
+  return *p.lanes[i];
 }
 
-/// @brief Starts `state`'s worker: a thread pinned to `pin_to` that knows its place.
-inline void start_worker(place_state& state, std::vector<int> pin_to) {
-  state.runner = std::make_unique<worker>(std::move(pin_to));
-  state.runner->submit([s = &state] { current_place() = s; });
+/// @brief Starts `state`'s compute lane, pinned to `pin_to`; `setup` runs first on each of its lanes.
+inline void start_lanes(place_state& state, std::vector<int> pin_to, std::function<void()> setup = {}) {
+  state.pin = std::move(pin_to);
+  state.lane_setup = std::move(setup);
+  lane_of(state, lane_kind::compute);
+}
+
+/// @brief Queues `fn` on `p`'s lane `k`, behind the work queued there before, and returns
+/// its task (waiting for nothing else: the engine's ordering by buffers is not involved).
+inline task_handle queue_on_lane(place_state& p, task fn, const char* op, lane_kind k = lane_kind::compute) {
+  lane& l = lane_of(p, k);
+  auto t = std::make_shared<task_state>();
+  t->fn = std::move(fn);
+  t->home = &l;
+  t->op = op;
+  t->waiting.store(0, std::memory_order_relaxed);  // it waits for nothing: runs after the lane's earlier tasks
+  l.push(t);
+  return t;
 }
 
 /// @brief Whether a tensor of place `p` (null: the host) lives in a GPU's memory.
@@ -1549,32 +1946,24 @@ inline bool on_gpu(const place_state* p) { return p != nullptr && p->kind == pla
 /// (null), which the host and every CPU place share.
 inline place_state* memory_of(place_state* p) { return on_gpu(p) ? p : nullptr; }
 
-/// @brief Runs `f` on `p`'s worker and returns what it returns, the calling thread waiting
-/// (on that worker itself, at once). A failure is thrown again here, with its pdo::error
-/// subclass and message.
+/// @brief Runs `f` on `p`'s compute lane and returns what it returns, the calling thread
+/// waiting (on one of p's lanes already: at once, there). A failure is thrown again here,
+/// with its pdo::error subclass and message.
 template <class F>
 auto run_on_place(place_state& p, F&& f) -> decltype(f()) {
   using result_t = decltype(f());
   if (current_place() == &p) return f();
-  if (!p.runner) throw layout_error("place " + p.name + " belongs to another process; its work runs there");
   std::conditional_t<std::is_void_v<result_t>, bool, std::optional<result_t>> result{};
   std::optional<captured_error> failure;
-  std::mutex m;
-  std::condition_variable finished;
-  bool done = false;
-  p.runner->submit([&] {
+  const task_handle t = queue_on_lane(p, [&] {
     try {
       if constexpr (std::is_void_v<result_t>) f();
       else result.emplace(f());
     } catch (...) {
       failure = captured_error::current();
     }
-    std::lock_guard lock(m);
-    done = true;
-    finished.notify_one();
-  });
-  std::unique_lock lock(m);
-  finished.wait(lock, [&] { return done; });
+  }, "run_on_place");
+  t->wait_ended();
   if (failure) failure->rethrow_with_context("");
   if constexpr (!std::is_void_v<result_t>) return std::move(*result);
 }
@@ -1590,7 +1979,7 @@ auto run_on_place(place_state& p, F&& f) -> decltype(f()) {
 
 namespace pdo {
 
-/// @brief A place: one device that owns memory and runs work (a CPU worker, a GPU).
+/// @brief A place: one device that owns memory and runs work (CPU cores, a GPU).
 /// Types opt in with a nested `using place_tag = void;` and expose their shared state.
 template <class P>
 concept place = requires(const P& p) {
@@ -1623,11 +2012,12 @@ class place_handle {
     if (!state_->memory) throw layout_error("memory: place " + state_->name + " belongs to another process");
     return *state_->memory;
   }
-  /// @brief Runs `task` on the place's worker, after the work submitted before it.
+  /// @brief Runs `task` on the place's compute lane, after the work queued there before it;
+  /// returns at once. What it throws is dropped: report failures through what it writes.
   template <class Task>
   void submit(Task&& task) const {
-    if (!state_->runner) throw layout_error("submit: place " + state_->name + " belongs to another process");
-    state_->runner->submit(std::forward<Task>(task));
+    if (!state_->local) throw layout_error("submit: place " + state_->name + " belongs to another process");
+    detail::queue_on_lane(*state_, detail::task(std::forward<Task>(task)), "submit");
   }
 
   friend bool operator==(const Derived& a, const Derived& b) { return a.state_ == b.state_; }
@@ -3013,7 +3403,7 @@ inline std::shared_ptr<host_group> make_host_group(const mesh_state& m, const st
 // pdo/place/cuda_place.hpp: GPU places. The type always exists, so generic code and
 // meshes can name it; creating one needs a build with PDO_WITH_CUDA.
 //
-// A GPU place is a host worker thread that drives one device, with two streams: compute
+// A GPU place is a set of host lanes (threads) that drive one device, with two streams: compute
 // (every kernel, cuBLAS call and copy of the place, in order) and communication (NCCL),
 // ordered against each other by events, never by a device-wide synchronisation. Its
 // caching allocator takes device memory from the stream-ordered allocator
@@ -3078,7 +3468,7 @@ inline void cublas_check(cublasStatus_t status, const char* call, const std::str
 }
 
 /// @brief Makes `device` the calling thread's current device for its lifetime, and
-/// restores the one before (host threads that are not a place's worker keep theirs).
+/// restores the one before (host threads that are not a place's lanes keep theirs).
 class device_guard {
  public:
   explicit device_guard(int device) {
@@ -3298,7 +3688,7 @@ struct cuda_place_options {
   int process = 0;             ///< the MPI rank that owns it
 };
 
-/// @brief A CUDA GPU place: a host worker thread that drives device `ordinal`, its
+/// @brief A CUDA GPU place: host lanes that drive device `ordinal`, its
 /// compute and communication streams, and a caching allocator of device memory with the
 /// same statistics and cap as CPU places.
 class cuda_place : public detail::place_handle<cuda_place> {
@@ -3317,8 +3707,7 @@ class cuda_place : public detail::place_handle<cuda_place> {
     auto resources = std::make_shared<detail::cuda_device>(device, state_->name);
     state_->device = resources;
     state_->memory = std::make_unique<caching_allocator>(state_->name, memory_cap, detail::cuda_memory_system(*resources));
-    detail::start_worker(*state_, {});
-    state_->runner->submit([device] { cudaSetDevice(device); });
+    detail::start_lanes(*state_, {}, [device] { cudaSetDevice(device); });
   }
 
   /// @brief The stream every kernel, cuBLAS call and copy of this place runs on, in order.
@@ -3836,7 +4225,7 @@ inline std::shared_ptr<comm_set> init_mesh(const pdo::detail::mesh_state& m) {
   }
   int current = 0;
   (void)cudaGetDevice(&current);
-  pdo::detail::device_guard keep(current);  // the calling thread (a place's worker) keeps its device
+  pdo::detail::device_guard keep(current);  // the calling thread (a place's lane) keeps its device
   if (!m.multiprocess) {
     check(ncclCommInitAll(set->comms.data(), static_cast<int>(n), devices.data()), "ncclCommInitAll", m.places[0].name());
     return set;
@@ -3898,10 +4287,10 @@ inline std::vector<std::shared_ptr<comm_set>> split_lines(const pdo::detail::mes
 // or MPI group of the mesh, with each GPU member's buffers staged through host memory
 // (copied down before the collective, and its results copied back up after it).
 
-// ---- pdo/memory/copy.hpp
-#ifndef PDO_SINGLE_PDO_MEMORY_COPY_HPP
-#define PDO_SINGLE_PDO_MEMORY_COPY_HPP
-// pdo/memory/copy.hpp: copies between the memories of any two places (host, CPU places,
+// ---- pdo/place/copy.hpp
+#ifndef PDO_SINGLE_PDO_PLACE_COPY_HPP
+#define PDO_SINGLE_PDO_PLACE_COPY_HPP
+// pdo/place/copy.hpp: copies between the memories of any two places (host, CPU places,
 // GPU places), and fills.
 //
 // Between GPUs a copy goes directly (cudaMemcpyPeerAsync) where cudaDeviceCanAccessPeer
@@ -3915,6 +4304,7 @@ inline std::vector<std::shared_ptr<comm_set>> split_lines(const pdo::detail::mes
 #include <cstddef>
 #include <cstring>
 #include <mutex>
+#include <string>
 #include <vector>
 
 namespace pdo {
@@ -3964,7 +4354,7 @@ inline void staged_device_copy(cuda_device& dst, void* to, cuda_device& src, con
   }
 }
 
-/// @brief A copy between two GPUs on different devices. Each step runs on the worker of
+/// @brief A copy between two GPUs on different devices. Each step runs on the compute lane of
 /// its place, in that place's order of work: the destination marks the work queued on it so
 /// far (which may still read the destination block); the source waits for that mark, copies
 /// (peer, or staged), and marks the copy; the destination waits for that. So each device's
@@ -4017,6 +4407,10 @@ inline void copy_between_devices(place_state& dst_place, void* dst, place_state&
 inline void copy_bytes(place_state* dst_place, void* dst, place_state* src_place, const void* src, std::size_t bytes,
                        copy_completion completion = copy_completion::host_safe, peer_copy how = peer_copy::automatic) {
   if (bytes == 0) return;
+  const timeline_span span("copy", "copy", [&] {
+    return std::to_string(bytes) + " bytes from " + (src_place != nullptr ? src_place->name : std::string("the host")) + " to " +
+           (dst_place != nullptr ? dst_place->name : std::string("the host"));
+  });
   const bool to_gpu = on_gpu(dst_place), from_gpu = on_gpu(src_place);
   if (!to_gpu && !from_gpu) {
     std::memcpy(dst, src, bytes);
@@ -4104,7 +4498,7 @@ inline void fill_bytes(place_state* place, void* dst, const void* value, std::si
 
 }  // namespace detail
 }  // namespace pdo
-#endif  // PDO_SINGLE_PDO_MEMORY_COPY_HPP
+#endif  // PDO_SINGLE_PDO_PLACE_COPY_HPP
 
 #include <cstddef>
 #include <memory>
@@ -4219,6 +4613,7 @@ struct any_group {
 #endif
                >
       impl;
+  std::string label;  ///< "axis \"dp\" of mesh(dp=4)": for the timeline
   void abort() {
     std::visit([](auto& g) { g->abort(); }, impl);
   }
@@ -4231,6 +4626,7 @@ template <class F>
 decltype(auto) visit_group(any_group& g, F&& f) {
   return std::visit([&](auto& p) -> decltype(auto) { return f(*p); }, g.impl);
 }
+inline std::string group_label(const any_group& g) { return g.label; }
 
 /// @brief The groups of one mesh. `lines[a][g]` is the g-th group along axis a; place
 /// p is member `coord(p, a)` of group `line_of[a][p]`.
@@ -4262,7 +4658,7 @@ struct mesh_comms {
 /// @brief `host` as an any_group (nullptr stays nullptr).
 inline std::shared_ptr<any_group> from_host(const std::shared_ptr<host_group>& host) {
   if (!host) return nullptr;
-  return std::visit([](auto& g) { return std::make_shared<any_group>(any_group{g}); }, host->impl);
+  return std::visit([](auto& g) { return std::make_shared<any_group>(any_group{g, {}}); }, host->impl);
 }
 
 /// @brief How the places of a mesh are: all CPU, all GPU, or both.
@@ -4281,8 +4677,8 @@ inline std::shared_ptr<any_group> device_group(const mesh_state& m, const std::v
   if (!host) return nullptr;
   std::vector<std::shared_ptr<place_state>> places;
   for (auto i : members) places.push_back(m.places[i].is_local() ? m.places[i].state() : nullptr);
-  if (comms) return std::make_shared<any_group>(any_group{std::make_shared<nccl::detail::group>(std::move(places), std::move(comms), std::move(host))});
-  return std::make_shared<any_group>(any_group{std::make_shared<staged_group>(std::move(places), std::move(host))});
+  if (comms) return std::make_shared<any_group>(any_group{std::make_shared<nccl::detail::group>(std::move(places), std::move(comms), std::move(host)), {}});
+  return std::make_shared<any_group>(any_group{std::make_shared<staged_group>(std::move(places), std::move(host)), {}});
 }
 #endif
 
@@ -4325,6 +4721,8 @@ mesh_comms& comms_of(const Mesh& m) {
     };
 #endif
     comms->whole = wrap(all, whole_nccl, "the whole " + m.describe(), &comms->whole_host);
+    if (comms->whole) comms->whole->label = "the whole " + m.describe();
+    if (comms->whole_host) comms->whole_host->label = "the whole " + m.describe() + " (host)";
     comms->lines.resize(Mesh::ndim);
     comms->line_of.assign(Mesh::ndim, std::vector<std::size_t>(m.size()));
     for (std::size_t a = 0; a < Mesh::ndim; ++a) {
@@ -4344,7 +4742,10 @@ mesh_comms& comms_of(const Mesh& m) {
       }
 #endif
       const std::string label = "axis \"" + std::string(Mesh::axis_names[a]) + "\" of " + m.describe();
-      for (std::size_t g = 0; g < line_members.size(); ++g) comms->lines[a].push_back(wrap(line_members[g], line_nccl[g], label));
+      for (std::size_t g = 0; g < line_members.size(); ++g) {
+        comms->lines[a].push_back(wrap(line_members[g], line_nccl[g], label));
+        if (comms->lines[a].back()) comms->lines[a].back()->label = label;
+      }
     }
     state.comms = std::move(comms);
   });
@@ -4381,29 +4782,249 @@ mesh_communicator host_communicator_of(const Mesh& m, std::size_t index) {
 
 }  // namespace pdo
 #endif  // PDO_SINGLE_PDO_COMM_MESH_COMMS_HPP
+// ---- pdo/exec/engine.hpp
+#ifndef PDO_SINGLE_PDO_EXEC_ENGINE_HPP
+#define PDO_SINGLE_PDO_EXEC_ENGINE_HPP
+// pdo/exec/engine.hpp: the engine that runs pdo's work: tasks that say which buffers they
+// read and write, ordered per buffer, run on the lanes of their places.
+//
+// Every task declares the buffers it reads and writes (any address that names storage: a
+// tensor's data, the slot a later task fills). The engine makes it wait for the last task
+// that wrote a buffer it reads (read after write), and for the last writer and the readers
+// since of a buffer it writes (write after read, write after write). Tasks that do not
+// conflict run at the same time, on different lanes and places (pdo/place/lane.hpp).
+//
+// Submission is one total order: a task waits only for tasks submitted before it, and the
+// tasks of one mesh-wide operation (one per place) are submitted at one point of that order,
+// none waiting for another. Lanes run their tasks in submission order. So the earliest task
+// that has not ended always has every task it waits for ended and every task before it on
+// its lane ended: it runs, and with it the other tasks of its operation, whose collectives
+// therefore meet. Nothing waits forever, whichever threads submit.
+//
+// A task that fails cancels the tasks that read what it wrote (and, in turn, those that read
+// theirs), with its error; a task that only overwrites its buffers runs, as do independent
+// ones. Waiting on a task throws the error it failed or was cancelled with.
 
-#include <cstddef>
+
 #include <atomic>
-#include <cstdio>
+#include <cstddef>
+#include <cstdint>
 #include <memory>
-#include <exception>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+namespace pdo::detail {
+
+/// @brief What a task reads and writes: addresses that name storage.
+struct access {
+  std::vector<const void*> reads, writes;
+  /// @brief The operations that name the same `after_all` (a mesh's communicators) follow
+  /// each other whole: every task of one waits for every task of the one submitted before.
+  /// So when an operation's collectives fail and are reset, no task of a later one is
+  /// inside them.
+  const void* after_all = nullptr;
+};
+
+/// @brief A task to submit: its lane, its reads and writes, its work, its name.
+struct task_request {
+  lane* home = nullptr;
+  access uses;
+  task fn;
+  const char* op = "task";        ///< a string literal
+  const char* category = "task";  ///< for the trace: "kernel", "collective", "copy", "task"
+  bool runs_cancelled = false;  ///< run fn even when cancelled (it releases the others of its collective)
+  std::string detail;          ///< for the trace (shapes, layouts, bytes); may stay empty
+};
+
+/// @brief The dependency engine: the last writer and the readers since of every buffer in
+/// use, and the total order of submission.
+class engine {
+ public:
+  static engine& instance() {
+    static engine* e = new engine();  // never destroyed: lanes may still run while the program exits
+    return *e;
+  }
+
+  /// @brief Submits `requests` at one point of the total order (the tasks of one operation:
+  /// none waits for another of them) and returns their handles, in order.
+  std::vector<task_handle> submit(std::vector<task_request>& requests) {
+    std::vector<task_handle> handles;
+    handles.reserve(requests.size());
+    {
+      std::lock_guard lock(mutex_);
+      for (auto& r : requests) handles.push_back(make(r));
+      for (std::size_t i = 0; i < requests.size(); ++i) link_all(handles[i], requests[i].uses);
+      for (std::size_t i = 0; i < requests.size(); ++i) record(handles[i], requests[i].uses);
+      // the operation's tasks become what the next operation on their after_all waits for
+      for (std::size_t i = 0; i < requests.size(); ++i) {
+        const void* token = requests[i].uses.after_all;
+        if (token == nullptr) continue;
+        auto& last = operations_[token];
+        if (i == 0 || requests[i - 1].uses.after_all != token) last.clear();
+        last.push_back(handles[i]);
+      }
+      for (auto& h : handles) queue(h);
+    }
+    return handles;
+  }
+
+  /// @brief Submits one task.
+  task_handle submit(task_request request) {
+    task_handle h;
+    {
+      std::lock_guard lock(mutex_);
+      h = make(request);
+      link_all(h, request.uses);
+      record(h, request.uses);
+      if (request.uses.after_all != nullptr) operations_[request.uses.after_all] = {h};
+      queue(h);
+    }
+    return h;
+  }
+
+  /// @brief The buffers the engine tracks now (for tests: finished work is forgotten).
+  [[nodiscard]] std::size_t tracked_buffers() {
+    std::lock_guard lock(mutex_);
+    sweep();
+    return buffers_.size();
+  }
+
+ private:
+  engine() = default;
+
+  struct buffer_state {
+    task_handle writer;
+    std::vector<task_handle> readers;  ///< since the last write
+  };
+
+  /// @brief A task of `r` (under the lock: its id is its place in the order).
+  task_handle make(task_request& r) {
+    auto t = std::make_shared<task_state>();
+    t->fn = std::move(r.fn);
+    t->home = r.home;
+    t->op = r.op;
+    t->category = r.category;
+    t->runs_cancelled = r.runs_cancelled;
+    t->detail = std::move(r.detail);
+    t->id = ++submitted_;
+    return t;
+  }
+
+  /// @brief Gives up the submission's own count on `t`, then queues it on its lane: a lane
+  /// looks at its head again on every push, so no extra wake-up is needed for a task whose
+  /// dependencies have all ended.
+  static void queue(const task_handle& t) {
+    t->waiting.fetch_sub(1, std::memory_order_acq_rel);
+    t->home->push(t);
+  }
+
+  static bool live(const task_handle& t) { return t && !t->ended.load(std::memory_order_acquire); }
+
+  /// @brief Makes `t` wait for what it conflicts with (under the lock).
+  void link_all(const task_handle& t, const access& uses) {
+    if (uses.after_all != nullptr)
+      if (const auto found = operations_.find(uses.after_all); found != operations_.end())
+        for (const auto& before : found->second) link(t, *before, false);
+    for (const void* b : uses.reads) {
+      const auto found = buffers_.find(b);
+      if (found != buffers_.end() && found->second.writer) link(t, *found->second.writer, true);  // read after write
+    }
+    for (const void* b : uses.writes) {
+      const auto found = buffers_.find(b);
+      if (found == buffers_.end()) continue;
+      if (found->second.writer) link(t, *found->second.writer, false);  // write after write: an order, not a result
+      for (const auto& r : found->second.readers)
+        if (r.get() != t.get()) link(t, *r, false);  // write after read
+    }
+  }
+
+  /// @brief Records `t` as a reader and writer of its buffers (under the lock).
+  void record(const task_handle& t, const access& uses) {
+    for (const void* b : uses.reads) {
+      auto& s = buffers_[b];
+      // readers that have ended no longer matter: dropped now and then, not on every read
+      if (s.readers.size() >= 16) std::erase_if(s.readers, [](const task_handle& r) { return !live(r); });
+      s.readers.push_back(t);
+    }
+    for (const void* b : uses.writes) {
+      auto& s = buffers_[b];
+      s.writer = t;
+      s.readers.clear();
+    }
+    if (++since_sweep_ >= 4096) sweep();
+  }
+
+  /// @brief Forgets the buffers whose tasks have all ended.
+  void sweep() {
+    since_sweep_ = 0;
+    std::erase_if(operations_, [](const auto& entry) {
+      for (const auto& t : entry.second)
+        if (live(t)) return false;
+      return true;
+    });
+    std::erase_if(buffers_, [](const auto& entry) {
+      const buffer_state& s = entry.second;
+      if (live(s.writer)) return false;
+      for (const auto& r : s.readers)
+        if (live(r)) return false;
+      return true;
+    });
+  }
+
+  std::mutex mutex_;
+  std::unordered_map<const void*, buffer_state> buffers_;
+  std::unordered_map<const void*, std::vector<task_handle>> operations_;  ///< by after_all: the last operation's tasks
+  std::uint64_t submitted_ = 0;
+  std::size_t since_sweep_ = 0;
+};
+
+/// @brief How `t` ended, once it has: nothing, or the error it failed or was cancelled with,
+/// its message saying where the failure began when it was cancelled.
+inline std::optional<captured_error> outcome(const task_state& t) {
+  std::lock_guard lock(const_cast<task_state&>(t).mutex);
+  if (!t.failed) return std::nullopt;
+  return t.cancelled ? cancellation_of(t) : *t.error;
+}
+
+/// @brief Throws a pdo::error at once if the calling thread is `t`'s lane and `t` has not
+/// ended: a lane that waits for a task queued on itself would wait forever.
+inline void check_not_own_lane(const task_state& t, const char* op) {
+  if (!t.ended.load(std::memory_order_acquire) && t.home != nullptr && t.home->on_this_thread())
+    throw error(std::string(op) + ": called on " + t.home->place_name() + "'s " + lane_name(t.home->kind()) +
+                " lane, it would wait for work queued behind the task it runs in (" + t.op +
+                "); mesh-wide operations and waits run on the host thread, not inside a parallel_do block or an spmd task");
+}
+
+/// @brief Waits until `t` has ended; throws what it failed or was cancelled with (its
+/// pdo::error subclass), after "`op` on place: ".
+inline void wait(const task_handle& t) {
+  check_not_own_lane(*t, t->op);
+  t->wait_ended();
+  if (auto e = outcome(*t)) e->rethrow_with_context(std::string(t->op) + " on " + t->home->place_name() + ": ");
+}
+
+}  // namespace pdo::detail
+#endif  // PDO_SINGLE_PDO_EXEC_ENGINE_HPP
+
+#include <atomic>
+#include <cstddef>
+#include <cstdio>
+#include <exception>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <type_traits>
 #include <vector>
 
 #if defined(PDO_WITH_MPI)
 #endif
 
 namespace pdo::detail {
-
-/// @brief Mesh-wide operations of one process run one at a time: two host threads whose
-/// operations share places would otherwise queue their tasks in different orders on
-/// different places and wait for each other forever.
-inline std::mutex& mesh_operations_mutex() {
-  static std::mutex m;
-  return m;
-}
 
 /// @brief A failure in the middle of collectives on one process of a multi-process mesh:
 /// the other processes are inside MPI calls that wait for this one, and cannot be told.
@@ -4425,16 +5046,44 @@ struct place_failure {
   captured_error error;
 };
 
-/// @brief The tasks of one mesh-wide operation, one per local place, and how they ended.
-struct place_batch {
-  explicit place_batch(std::size_t n) : done(n), failures(n), arrived(0) {}
-  completion done;
-  std::vector<std::size_t> places;               ///< mesh index of each task's place
-  std::vector<std::optional<captured_error>> failures;  ///< per task, once done
-  std::atomic<std::size_t> arrived;              ///< tasks at the closing barrier
-  std::atomic<bool> released{false};
+/// @brief How the tasks of one mesh-wide operation take part in the mesh's collectives.
+struct batch_options {
+  const char* op = "spmd";          ///< a string literal: the trace's name and the errors' first word
+  const char* category = "task";    ///< for the trace: "kernel", "collective", "copy", "task"
+  /// @brief The tasks run collectives: a failure aborts them in a mesh of this process (so
+  /// the others do not wait for it); in a mesh over several processes, a failure the other
+  /// processes cannot learn of ends the job (end_job).
+  bool communicate = true;
+  /// @brief The last task to end resets the mesh's collectives if any failed (a mesh of
+  /// this process). The operations on a mesh follow each other whole (engine's after_all),
+  /// so no task of a later one is inside a collective then.
+  bool closing = false;
+};
 
-  /// @brief The first failure that is a cause, not an echo of another's (call after done.wait()).
+/// @brief The tasks of one mesh-wide operation, one per place of this process, and how they ended.
+struct place_batch {
+  explicit place_batch(std::size_t n) : failures(n) {}
+  std::vector<task_handle> tasks;
+  std::vector<std::size_t> places;                      ///< mesh index of each task's place
+  std::vector<std::optional<captured_error>> failures;  ///< per task, once it has ended
+  std::atomic<std::size_t> arrived{0};                  ///< tasks done with their work
+  std::atomic<std::size_t> done{0};                     ///< tasks done with their work and the mesh's collectives
+
+  /// @brief Whether every task is done (its results written, its failure recorded).
+  [[nodiscard]] bool finished() const { return done.load(std::memory_order_acquire) == failures.size(); }
+  /// @brief Waits for every task (a pdo::error at once when that would wait forever):
+  /// looks a while, yielding the core, then sleeps.
+  void wait() const {
+    for (const auto& t : tasks) check_not_own_lane(*t, t->op);
+    const std::size_t n = failures.size();
+    for (int poll = 0; poll < 200; ++poll) {
+      if (done.load(std::memory_order_acquire) == n) return;
+      std::this_thread::yield();
+    }
+    for (std::size_t now = done.load(std::memory_order_acquire); now != n; now = done.load(std::memory_order_acquire))
+      done.wait(now, std::memory_order_acquire);
+  }
+  /// @brief The first failure that is a cause, not an echo of another's (call after wait()).
   [[nodiscard]] std::optional<place_failure> first_failure() const {
     std::optional<place_failure> first;
     for (std::size_t k = 0; k < failures.size(); ++k) {
@@ -4445,30 +5094,50 @@ struct place_batch {
   }
 };
 
-/// @brief Queues `task(place_index, local_ordinal)` on the worker of every place of `m`
-/// in this process and returns without waiting. The caller holds mesh_operations_mutex,
-/// so every place queues the operations of this process in one order.
-///
-/// A task that fails in a mesh of this process aborts the mesh's collectives when the
-/// tasks `communicate`, so the other places do not wait for it. With `closing`, the tasks
-/// then meet once more after their work: the last to arrive resets the collectives if any
-/// failed, and only then may any place start its next operation (operations queued behind
-/// this one are never caught by its abort). Without it, the caller resets them once done.
-/// In a mesh over several processes a failure that the other processes cannot learn of
-/// ends the job (end_job); argument mismatches are thrown alike by every member.
-template <class Mesh, class Task>
-std::shared_ptr<place_batch> submit_on_places(const Mesh& m, Task task, bool communicate, bool closing) {
+/// @brief No buffers declared: the tasks are ordered by their lanes only.
+struct no_access {
+  access operator()(std::size_t, std::size_t) const { return {}; }
+};
+
+/// @brief Throws a pdo::error at once when called on a place's lane: a mesh-wide operation
+/// started inside a task of that mesh would queue behind the task it runs in.
+inline void check_not_nested(const char* op) {
+  if (const lane* l = current_lane(); l != nullptr)
+    throw layout_error(std::string(op) + ": a mesh-wide operation was started inside a task of place " + l->place_name() + " (its " +
+                       lane_name(l->kind()) + " lane); call it from a host thread, not from a parallel_do block or an spmd "
+                       "task (inside them, work on the local shards with pdo::eval of local tensors and the communicators)");
+}
+
+/// @brief Submits `task(place_index, local_ordinal)` for every place of `m` in this process,
+/// on its compute lane, reading and writing what `access_of(place_index, local_ordinal)`
+/// says, and returns without waiting.
+/// `describe()` gives the trace's detail (called only while the timeline records).
+template <class Mesh, class Task, class Access = no_access, class Describe = std::nullptr_t>
+std::shared_ptr<place_batch> submit_on_places(const Mesh& m, Task task, batch_options o, Access access_of = {},
+                                              Describe describe = nullptr) {
+  check_not_nested(o.op);
   const auto& local = m.local_places();
-  if (current_place() != nullptr)
-    throw layout_error("pdo: a mesh-wide operation was started from inside a task of place " + current_place()->name +
-                       "; call it from the host thread, not from a parallel_do block or an spmd task");
   auto& comms = comms_of(m);
   const bool local_only = !m.is_multiprocess();
   auto batch = std::make_shared<place_batch>(local.size());
   batch->places = local;
-  for (std::size_t k = 0; k < local.size(); ++k)
-    m.place(local[k]).submit([&comms, local_only, communicate, closing, batch, task, k, p = local[k]] {
+  std::vector<task_request> requests(local.size());
+  std::string detail;
+  if constexpr (!std::is_same_v<Describe, std::nullptr_t>)
+    if (timeline_on()) detail = describe();
+  const bool communicate = o.communicate, closing = o.closing;
+  for (std::size_t k = 0; k < local.size(); ++k) {
+    task_request& r = requests[k];
+    r.home = &lane_of(*m.place(local[k]).state());
+    r.op = o.op;
+    r.category = o.category;
+    r.detail = detail;
+    r.runs_cancelled = true;  // a cancelled task still meets the others of its operation
+    r.uses = access_of(local[k], k);
+    if (communicate) r.uses.after_all = &comms;  // operations that communicate on one mesh follow each other whole
+    r.fn = [&comms, local_only, communicate, closing, batch, task, k, p = local[k]] {
       try {
+        if (const captured_error* cause = cancelled_by(); cause != nullptr) cause->rethrow_with_context("");
         task(p, k);
       } catch (...) {
         batch->failures[k] = captured_error::current();
@@ -4478,24 +5147,26 @@ std::shared_ptr<place_batch> submit_on_places(const Mesh& m, Task task, bool com
           end_job(current_place()->name + ": " + batch->failures[k]->message);
         }
       }
-      if (closing) {
-        if (batch->arrived.fetch_add(1, std::memory_order_acq_rel) + 1 == batch->failures.size()) {
-          bool failed = false;
-          for (const auto& f : batch->failures) failed = failed || f.has_value();
-          if (failed) comms.reset();
-          batch->released.store(true, std::memory_order_release);
-          batch->released.notify_all();
-        } else {
-          while (!batch->released.load(std::memory_order_acquire)) batch->released.wait(false, std::memory_order_acquire);
-        }
+      if (closing && batch->arrived.fetch_add(1, std::memory_order_acq_rel) + 1 == batch->failures.size()) {
+        // the last of the operation's tasks: the others are past their collectives, and no
+        // later operation's task starts before this one ends
+        bool failed = false;
+        for (const auto& f : batch->failures) failed = failed || f.has_value();
+        if (failed) comms.reset();
       }
-      batch->done.count_down();
-    });
+      // the caller may go on now: nothing below touches the mesh, the caller's task or its results
+      batch->done.fetch_add(1, std::memory_order_acq_rel);
+      batch->done.notify_all();
+      // the engine learns of the failure: the tasks that need this one's results are cancelled
+      if (batch->failures[k]) batch->failures[k]->rethrow_with_context("");
+    };
+  }
+  batch->tasks = engine::instance().submit(requests);
   return batch;
 }
 
-/// @brief Runs `task(place_index, local_ordinal)` on the worker of every place of `m`
-/// that lives in this process, all at once, and waits for all of them.
+/// @brief Runs `task(place_index, local_ordinal)` on every place of `m` that lives in this
+/// process, all at once, and waits for all of them.
 ///
 /// When a task fails in a mesh of this process only, the mesh's collectives are aborted
 /// so the other places do not wait for it, and reset once every task has returned, so
@@ -4504,20 +5175,19 @@ std::shared_ptr<place_batch> submit_on_places(const Mesh& m, Task task, bool com
 /// (pdo::mismatch_error) and returned here, any other failure ends the job (end_job).
 /// @return the first failure that is a cause, not an echo of another's, or nothing
 template <class Mesh, class Task>
-std::optional<place_failure> try_run_on_places(const Mesh& m, Task&& task, bool communicate = true) {
-  std::lock_guard serial(mesh_operations_mutex());
-  const auto batch = submit_on_places(m, [&task](std::size_t p, std::size_t k) { task(p, k); }, communicate || !m.is_multiprocess(),
-                                      false);
-  batch->done.wait();
-  auto first = batch->first_failure();
-  if (first && !m.is_multiprocess()) comms_of(m).reset();
-  return first;
+std::optional<place_failure> try_run_on_places(const Mesh& m, Task&& task, bool communicate = true, const char* op = "spmd",
+                                               const char* category = "task") {
+  const bool local_only = !m.is_multiprocess();
+  const auto batch = submit_on_places(m, [&task](std::size_t p, std::size_t k) { task(p, k); },
+                                      batch_options{op, category, communicate || local_only, local_only});
+  batch->wait();
+  return batch->first_failure();
 }
 
 /// @brief try_run_on_places, throwing the failure as a pdo::error naming `op` and the place.
 template <class Mesh, class Task>
-void run_on_places(const char* op, const Mesh& m, Task&& task) {
-  if (auto failure = try_run_on_places(m, std::forward<Task>(task)))
+void run_on_places(const char* op, const Mesh& m, Task&& task, const char* category = "task") {
+  if (auto failure = try_run_on_places(m, std::forward<Task>(task), true, op, category))
     failure->error.rethrow_with_context(std::string(op) + ": on place " + m.place(failure->place).name() + ": ");
 }
 
@@ -4538,7 +5208,7 @@ void spmd(const Mesh& m, Task&& task) {
 }
 
 }  // namespace pdo
-#endif  // PDO_SINGLE_PDO_COMM_RUN_ON_PLACES_HPP
+#endif  // PDO_SINGLE_PDO_EXEC_RUN_ON_PLACES_HPP
 // ---- pdo/expr/operators.hpp
 #ifndef PDO_SINGLE_PDO_EXPR_OPERATORS_HPP
 #define PDO_SINGLE_PDO_EXPR_OPERATORS_HPP
@@ -4785,8 +5455,8 @@ struct place_system : thrust::system::cpp::execution_policy<place_system> {
   place_state* gpu = nullptr;  ///< the GPU place whose compute stream runs the kernels, if any
 };
 
-/// @brief The policy for the calling thread: a CPU place's worker uses its place's cores,
-/// a GPU place's worker its device; any other thread, one core.
+/// @brief The policy for the calling thread: a CPU place's compute lane uses its place's cores,
+/// a GPU place's lanes their device; any other thread, one core.
 inline place_system current_place_system() {
   place_system s;
   place_state* p = current_place();
@@ -4910,9 +5580,9 @@ void transform_reduce_into(place_system& system, thrust::counting_iterator<std::
 }
 
 /// @brief f(i) for i in [0, n), over data in the memory of `where` (a tensor's place; null:
-/// host memory), run where that memory can be read: on a GPU's place (from its worker, the
+/// host memory), run where that memory can be read: on a GPU's place (from its compute lane, the
 /// calling thread waiting, when called from elsewhere), else as host loops over the calling
-/// thread's cores (one core on a GPU place's worker).
+/// thread's cores (one core on a GPU place's lane).
 template <class F>
 void for_each_index(place_state* where, std::size_t n, F f) {
   if (on_gpu(where) && current_place() != where) return run_on_place(*where, [&] { for_each_index(where, n, f); });
@@ -5666,10 +6336,10 @@ inline constexpr bool valid_layout_v = detail::find_layout_problem<L, Mesh>(Rank
 #define PDO_SINGLE_PDO_TENSOR_TENSOR_HPP
 // pdo/tensor/tensor.hpp: pdo::tensor, an owning dense row-major tensor on one place.
 
-// ---- pdo/memory/copy.hpp
-#ifndef PDO_SINGLE_PDO_MEMORY_COPY_HPP
-#define PDO_SINGLE_PDO_MEMORY_COPY_HPP
-// pdo/memory/copy.hpp: copies between the memories of any two places (host, CPU places,
+// ---- pdo/place/copy.hpp
+#ifndef PDO_SINGLE_PDO_PLACE_COPY_HPP
+#define PDO_SINGLE_PDO_PLACE_COPY_HPP
+// pdo/place/copy.hpp: copies between the memories of any two places (host, CPU places,
 // GPU places), and fills.
 //
 // Between GPUs a copy goes directly (cudaMemcpyPeerAsync) where cudaDeviceCanAccessPeer
@@ -5683,6 +6353,7 @@ inline constexpr bool valid_layout_v = detail::find_layout_problem<L, Mesh>(Rank
 #include <cstddef>
 #include <cstring>
 #include <mutex>
+#include <string>
 #include <vector>
 
 namespace pdo {
@@ -5732,7 +6403,7 @@ inline void staged_device_copy(cuda_device& dst, void* to, cuda_device& src, con
   }
 }
 
-/// @brief A copy between two GPUs on different devices. Each step runs on the worker of
+/// @brief A copy between two GPUs on different devices. Each step runs on the compute lane of
 /// its place, in that place's order of work: the destination marks the work queued on it so
 /// far (which may still read the destination block); the source waits for that mark, copies
 /// (peer, or staged), and marks the copy; the destination waits for that. So each device's
@@ -5785,6 +6456,10 @@ inline void copy_between_devices(place_state& dst_place, void* dst, place_state&
 inline void copy_bytes(place_state* dst_place, void* dst, place_state* src_place, const void* src, std::size_t bytes,
                        copy_completion completion = copy_completion::host_safe, peer_copy how = peer_copy::automatic) {
   if (bytes == 0) return;
+  const timeline_span span("copy", "copy", [&] {
+    return std::to_string(bytes) + " bytes from " + (src_place != nullptr ? src_place->name : std::string("the host")) + " to " +
+           (dst_place != nullptr ? dst_place->name : std::string("the host"));
+  });
   const bool to_gpu = on_gpu(dst_place), from_gpu = on_gpu(src_place);
   if (!to_gpu && !from_gpu) {
     std::memcpy(dst, src, bytes);
@@ -5872,7 +6547,7 @@ inline void fill_bytes(place_state* place, void* dst, const void* value, std::si
 
 }  // namespace detail
 }  // namespace pdo
-#endif  // PDO_SINGLE_PDO_MEMORY_COPY_HPP
+#endif  // PDO_SINGLE_PDO_PLACE_COPY_HPP
 
 #include <algorithm>
 #include <array>
@@ -5891,7 +6566,7 @@ namespace detail {
 struct uninitialized_t {};
 inline constexpr uninitialized_t uninitialized{};
 
-/// @brief The place whose worker runs the calling thread, if any (a CPU or GPU place):
+/// @brief The place whose lane runs the calling thread, if any (a CPU or GPU place):
 /// where tensors made without a place go.
 inline place_state* current_tensor_place() { return current_place(); }
 }  // namespace detail
@@ -5907,7 +6582,7 @@ class tensor {
 
   tensor() = default;
   /// @brief A zero-filled tensor in the memory of the place running the calling thread
-  /// (inside a parallel_do block or on a place's worker: that place), else on the host.
+  /// (inside a parallel_do block or on a place's lane: that place), else on the host.
   explicit tensor(const shape_t<Rank>& shape) : tensor(shape, detail::uninitialized) { fill(T{}); }
   /// @brief A zero-filled tensor in `place`'s memory.
   tensor(const shape_t<Rank>& shape, const any_place& place) : tensor(shape, place, detail::uninitialized) { fill(T{}); }
@@ -6033,7 +6708,7 @@ std::string describe(const tensor<T, Rank>& t) {
 }
 
 /// @brief Copies `src` into `dst` (same shape), whatever places hold them: host, CPU or GPU
-/// places (see pdo/memory/copy.hpp for how GPU copies go). With copy_completion::queued a
+/// places (see pdo/place/copy.hpp for how GPU copies go). With copy_completion::queued a
 /// copy between a GPU and host memory only queues on the GPU place's stream: keep both
 /// tensors alive and untouched until that place synchronizes.
 template <class T, std::size_t Rank>
@@ -6187,7 +6862,9 @@ concept distributed_tensor = is_dtensor_v<std::remove_cvref_t<T>>;
 // ---- pdo/tensor/redistribute.hpp
 #ifndef PDO_SINGLE_PDO_TENSOR_REDISTRIBUTE_HPP
 #define PDO_SINGLE_PDO_TENSOR_REDISTRIBUTE_HPP
-// pdo/tensor/redistribute.hpp: distribute, redistribute and gather of dtensors.
+// pdo/tensor/redistribute.hpp: what one place does in a distribute, a redistribution and a
+// gather of dtensors (the operations themselves, which run these on every place of a mesh,
+// are in pdo/exec/mesh_ops.hpp).
 
 // ---- pdo/tensor/copy.hpp
 #ifndef PDO_SINGLE_PDO_TENSOR_COPY_HPP
@@ -6306,6 +6983,23 @@ inline std::array<std::atomic<std::size_t>, 7>& planned_collective_counts() {
   return counts;
 }
 
+/// @brief The collective of redistribution step `step` on place `p` over a flat buffer (a
+/// gradient bucket: one parameter's gradient, or several packed): partial -> replicate
+/// (all_reduce) in place in `data`; partial -> split of dim 0 (reduce_scatter) into `out`,
+/// this place's chunk; split of dim 0 -> replicate (all_gather) of the chunk `data` into
+/// `out`. apply_step runs these same collectives for tensors.
+template <step_kind Kind, class T, class Mesh>
+void apply_flat_step(const redistribute_step& step, const Mesh& m, std::size_t p, std::span<T> data, std::span<T> out = {}) {
+  static_assert(Kind == step_kind::all_reduce || Kind == step_kind::reduce_scatter || Kind == step_kind::all_gather,
+                "pdo: a flat buffer is synced by an all_reduce, a reduce_scatter or an all_gather of dim 0");
+  const std::size_t a = Mesh::axis_index(step.axis);
+  const mesh_communicator comm = communicator_along(m, a, p);
+  if (m.coord(p, a) == 0) planned_collective_counts()[static_cast<std::size_t>(Kind)].fetch_add(1, std::memory_order_relaxed);
+  if constexpr (Kind == step_kind::all_reduce) comm.all_reduce(data);
+  else if constexpr (Kind == step_kind::reduce_scatter) comm.reduce_scatter(std::span<const T>(data), out);
+  else comm.all_gather(std::span<const T>(data), out);
+}
+
 /// @brief One step of a redistribution on place `p`: turns `shard` (laid out as
 /// step.before) into its shard under step.after. Every place of the mesh runs it at once.
 template <step_kind Kind, class T, std::size_t Rank, class Mesh>
@@ -6325,13 +7019,13 @@ tensor<T, Rank> apply_step(const redistribute_step& step, const Mesh& m, const s
     tensor<T, Rank> out(out_shape, place, uninitialized);
     copy_chunk(shard.data(), view_along(shard.shape(), step.dim), n, me, out.data(), out.where());
     return out;
+  } else if constexpr (Kind == step_kind::all_reduce) {
+    apply_flat_step<Kind>(step, m, p, shard.span());
+    return shard;
   } else {
     const mesh_communicator comm = communicator_along(m, a, p);
     if (me == 0) planned_collective_counts()[static_cast<std::size_t>(Kind)].fetch_add(1, std::memory_order_relaxed);
-    if constexpr (Kind == step_kind::all_reduce) {
-      comm.all_reduce(shard.span());
-      return shard;
-    } else if constexpr (Kind == step_kind::reduce_scatter) {
+    if constexpr (Kind == step_kind::reduce_scatter) {
       // members keep chunks of `dim`: send them chunk-major, unless dim is outermost
       const dim_view v = view_along(shard.shape(), step.dim);
       tensor<T, Rank> out(out_shape, place, uninitialized);
@@ -6444,36 +7138,6 @@ tensor<T, Rank> shard_of(const Mesh& m, const tensor<T, Rank>& host, std::size_t
 }
 }  // namespace detail
 
-/// @brief Cuts the host tensor `host` over `m` as `Layout`: each place of this process
-/// gets its chunk of the split dims, in its own memory; for partial axes, the places at
-/// coordinate 0 get the value and the others zeros. Every process passes the same tensor.
-template <layout_spec Layout, mesh_type Mesh, element T, std::size_t Rank>
-dtensor<T, Rank, Mesh, Layout> distribute(const Mesh& m, const tensor<T, Rank>& host) {
-  static_assert(detail::check_layout<"distribute", Layout, Mesh, Rank>::ok);
-  const auto& local = m.local_places();
-  std::vector<tensor<T, Rank>> shards(local.size());
-  detail::run_on_places("distribute", m, [&](std::size_t p, std::size_t k) {
-    if (m.is_multiprocess()) detail::check_same_host_shape(m, p, host.shape());
-    shards[k] = detail::shard_of<Layout>(m, host, p);
-  });
-  return {m, host.shape(), std::move(shards)};
-}
-
-/// @brief `x` laid out as `To`. The steps are planned at compile time
-/// (redistribute_plan_of<From, To>()): partial -> replicate is an all_reduce,
-/// partial -> split a reduce_scatter, split -> replicate an all_gather, split(d) ->
-/// split(d') an all_to_all, and replicate -> split a local slice that moves no data.
-template <layout_spec To, element T, std::size_t Rank, mesh_type Mesh, layout_spec From>
-dtensor<T, Rank, Mesh, To> redistribute(const dtensor<T, Rank, Mesh, From>& x) {
-  static_assert(detail::check_layout<"redistribute", To, Mesh, Rank>::ok);
-  const Mesh& m = x.mesh();
-  std::vector<tensor<T, Rank>> shards(x.local_shards().size());
-  detail::run_on_places(detail::redistribute_context(x, layout_name<To>()).c_str(), m, [&](std::size_t p, std::size_t k) {
-    shards[k] = detail::apply_plan<From, To>(m, x.shape(), p, x.local_shards()[k]);
-  });
-  return {m, x.shape(), std::move(shards)};
-}
-
 namespace detail {
 
 /// @brief Whether place `p` holds a block that a gather writes: the one at coordinate 0
@@ -6486,14 +7150,6 @@ bool writes_block(const Mesh& m, const layout_value& v, std::size_t p) {
     if (!splits && m.coord(p, a) != 0) return false;
   }
   return true;
-}
-
-/// @brief `x` with its partial axes summed (an all_reduce over each, shard by shard: no
-/// place holds more than its shard), or `x` itself when it has none; then `f` of it.
-template <class T, std::size_t Rank, class Mesh, class Layout, class F>
-decltype(auto) with_sums_done(const dtensor<T, Rank, Mesh, Layout>& x, F&& f) {
-  if constexpr (value_of<Layout>().npartial > 0) return f(redistribute<typename Layout::base>(x));
-  else return f(x);
 }
 
 /// @brief `block` (in any memory) into the block at `offset` of `out` (host memory).
@@ -6518,85 +7174,7 @@ void write_local_blocks(const dtensor<T, Rank, Mesh, Layout>& x, tensor<T, Rank>
   }
 }
 
-/// @brief The blocks of `x` (no partial axes) that places of other processes hold, into
-/// `out` (host memory): with `to_all`, each block is broadcast over the whole mesh and
-/// every process writes it; else each is sent to place `to`, whose process writes it. One
-/// block is in flight at a time, so no place holds more than one block beside its shard.
-template <class T, std::size_t Rank, class Mesh, class Layout>
-void move_remote_blocks(const dtensor<T, Rank, Mesh, Layout>& x, tensor<T, Rank>* out, std::size_t to, bool to_all, const char* op) {
-  const auto& m = x.mesh();
-  const std::size_t first_local = m.local_places().front();
-  run_on_places(op, m, [&](std::size_t p, std::size_t k) {
-    const mesh_communicator comm = communicator_of(m, p);
-    const int here = m.place(p).process();
-    for (std::size_t q = 0; q < m.size(); ++q) {
-      if (!writes_block(m, value_of<Layout>(), q)) continue;
-      const bool remote = m.place(q).process() != here;
-      if (to_all) {  // a collective: every place takes part
-        tensor<T, Rank> received;
-        // the root's buffer is only read by a broadcast
-        std::span<T> buffer = p == q ? std::span<T>(const_cast<T*>(x.local_shards()[k].data()), x.local_shards()[k].size())
-                                     : (received = tensor<T, Rank>(x.local_shape(q), m.place(p), uninitialized)).span();
-        comm.broadcast(buffer, q);
-        if (p == first_local && remote) write_block(received, *out, x.local_offset(q));
-      } else if (m.place(q).process() != m.place(to).process()) {
-        if (p == q) {
-          comm.send(std::span<const T>(x.local_shards()[k].span()), to, 0);
-        } else if (p == to) {
-          tensor<T, Rank> received(x.local_shape(q), m.place(p), uninitialized);
-          comm.recv(received.span(), q, 0);
-          write_block(received, *out, x.local_offset(q));
-        }
-      }
-    }
-  });
-}
-
 }  // namespace detail
-/// @brief The value of `x` as one host tensor, on every process: partial sums are reduced
-/// (over each partial axis, shard by shard) and each block of the split dims is written into
-/// the host tensor from its place, so no place ever holds the whole tensor (a tensor that
-/// fits only when split can be gathered). Over several processes each block travels by a
-/// broadcast; gather_to(x, root) brings it to one process only.
-template <element T, std::size_t Rank, mesh_type Mesh, layout_spec Layout>
-tensor<T, Rank> gather(const dtensor<T, Rank, Mesh, Layout>& x) {
-  const Mesh& m = x.mesh();
-  detail::comms_of(m);  // built by every process, those without places too
-  if (m.local_places().empty()) throw layout_error("gather: " + x.describe() + ": this process holds no place of the mesh");
-  return detail::with_sums_done(x, [&](const auto& whole) {
-    auto out = tensor<T, Rank>::on_host(x.shape());
-    detail::write_local_blocks(whole, out);
-    if (m.is_multiprocess()) detail::move_remote_blocks(whole, &out, 0, true, "gather");
-    return out;
-  });
-}
-
-/// @brief The value of `x` as one host tensor on process `root` only (an MPI rank that owns
-/// places of the mesh; 0 in a program of one process), and nothing on the others: each
-/// block is sent from its place to the root, one at a time, so only the root holds the
-/// whole tensor. Every process of the mesh calls it.
-template <element T, std::size_t Rank, mesh_type Mesh, layout_spec Layout>
-std::optional<tensor<T, Rank>> gather_to(const dtensor<T, Rank, Mesh, Layout>& x, int root = 0) {
-  const Mesh& m = x.mesh();
-  detail::comms_of(m);
-  std::size_t to = m.size();
-  for (std::size_t q = 0; q < m.size() && to == m.size(); ++q)
-    if (m.place(q).process() == root) to = q;
-  if (to == m.size())
-    throw layout_error("gather_to: " + x.describe() + ": process " + std::to_string(root) + " holds no place of the mesh");
-  const auto& local = m.local_places();
-  return detail::with_sums_done(x, [&](const auto& whole) -> std::optional<tensor<T, Rank>> {
-    if (local.empty()) return std::nullopt;
-    const bool is_root = m.place(local.front()).process() == root;
-    std::optional<tensor<T, Rank>> out;
-    if (is_root) {
-      out.emplace(tensor<T, Rank>::on_host(x.shape()));
-      detail::write_local_blocks(whole, *out);
-    }
-    if (m.is_multiprocess()) detail::move_remote_blocks(whole, out ? &*out : nullptr, to, false, "gather_to");
-    return out;
-  });
-}
 
 }  // namespace pdo
 #endif  // PDO_SINGLE_PDO_TENSOR_REDISTRIBUTE_HPP
@@ -6807,6 +7385,7 @@ class dtensor_leaf {
 
   [[nodiscard]] const shape_t<rank>& shape() const { return t_->shape(); }
   [[nodiscard]] const mesh_type& mesh() const { return t_->mesh(); }
+  [[nodiscard]] const DTensor& value() const { return *t_; }
   template <class Ctx>
   [[nodiscard]] const tensor<value_type, rank>& shard(const Ctx& ctx) const {
     return t_->shard(ctx.p);
@@ -6938,6 +7517,16 @@ place_state* local_home(const Node& node) {
 template <class Node, std::size_t I>
 inline constexpr redistribute_plan operand_plan_v =
     plan_redistribute(std::tuple_element_t<I, typename Node::children_type>::rule.out, Node::rule.operands[I]);
+
+/// @brief Whether child `I` of `Node` runs inside `Node`'s kernel (fused): both are
+/// elementwise and nothing moves between them. The one place fusion is decided: the
+/// elementwise kernels read fused children through it, and plan_of marks their steps fused.
+template <class Node, std::size_t I>
+inline constexpr bool fuses_child = [] {
+  using child_t = std::tuple_element_t<I, typename Node::children_type>;
+  if constexpr (Node::is_leaf || child_t::is_leaf) return false;
+  else return Node::elementwise && child_t::elementwise && (!Node::distributed || operand_plan_v<Node, I>.size == 0);
+}();
 
 /// @brief Evaluates `node` on the context's place into a new tensor (its local block).
 /// The temporaries the node's kernel read are released when it is done.
@@ -7467,7 +8056,7 @@ class elementwise_node : public detail::op_node<Children...> {
     using child_t = std::remove_cvref_t<decltype(c)>;
     if constexpr (child_t::is_scalar) {
       return detail::scalar_reader<value_type>{static_cast<value_type>(c.value)};
-    } else if constexpr (child_t::elementwise && (!Ctx::distributed || detail::operand_plan_v<elementwise_node, I>.size == 0)) {
+    } else if constexpr (detail::fuses_child<elementwise_node, I>) {
       return c.reader(ctx, frame);
     } else {
       return detail::read_block(detail::operand_block<I>(*this, ctx), frame, name);
@@ -8609,14 +9198,6 @@ struct expression_plan {
 
 namespace detail {
 
-/// @brief Whether child `I` of `Node` runs inside `Node`'s kernel: both elementwise and
-/// nothing to move between them.
-template <class Node, std::size_t I>
-constexpr bool fused_child() {
-  using child_t = std::tuple_element_t<I, typename Node::children_type>;
-  return Node::elementwise && child_t::elementwise && (!Node::distributed || operand_plan_v<Node, I>.size == 0);
-}
-
 /// @brief Appends the steps of `Node`'s subtree to `plan` in evaluation order and returns
 /// the node's number.
 template <class Node>
@@ -8627,7 +9208,7 @@ constexpr std::size_t add_steps(expression_plan& plan, bool fused) {
     constexpr std::size_t arity = std::tuple_size_v<typename Node::children_type>;
     std::array<std::size_t, arity> child{};
     [&]<std::size_t... I>(std::index_sequence<I...>) {
-      ((child[I] = add_steps<std::tuple_element_t<I, typename Node::children_type>>(plan, fused_child<Node, I>())), ...);
+      ((child[I] = add_steps<std::tuple_element_t<I, typename Node::children_type>>(plan, fuses_child<Node, I>)), ...);
     }(std::make_index_sequence<arity>{});
     const std::size_t id = plan.nodes++;
     if constexpr (Node::distributed) {
@@ -8768,7 +9349,7 @@ using result_layout_t = detail::layout_type_t<typename detail::expression_t<Expr
 #include <cstddef>
 #include <exception>
 #include <memory>
-#include <mutex>
+#include <tuple>
 #include <string>
 #include <utility>
 #include <vector>
@@ -8787,7 +9368,7 @@ struct queued_evaluation {
 
   /// @brief Waits for every task; throws the first failure as a pdo::error naming the op and place.
   void finish() const {
-    batch->done.wait();
+    batch->wait();
     if (const auto failure = batch->first_failure())
       failure->error.rethrow_with_context(what() + ": on place " + place_name(failure->place) + ": ");
   }
@@ -8806,25 +9387,23 @@ struct evaluation final : queued_evaluation {
   [[nodiscard]] std::string place_name(std::size_t p) const override { return result.mesh().place(p).name(); }
 };
 
-/// @brief The evaluations queued with eval_async and not yet waited for, for wait_all.
-struct pending_registry {
-  std::mutex mutex;
-  std::vector<std::shared_ptr<const queued_evaluation>> pending;
+/// @brief The evaluations this thread queued with eval_async and has not waited for: what
+/// its wait_all waits for (another thread's wait_all waits for that thread's own).
+inline std::vector<std::shared_ptr<const queued_evaluation>>& pending_evaluations() {
+  thread_local std::vector<std::shared_ptr<const queued_evaluation>> pending;
+  return pending;
+}
 
-  static pending_registry& instance() {
-    static pending_registry r;
-    return r;
+/// @brief The shards of the dtensor leaves of `node` on place `k` of this process, for the
+/// engine: what the evaluation's task on that place reads.
+template <class Node>
+void add_shard_reads(const Node& node, std::size_t k, std::vector<const void*>& reads) {
+  if constexpr (Node::is_leaf) {
+    if constexpr (Node::distributed) reads.push_back(node.value().local_shards()[k].data());
+  } else {
+    std::apply([&](const auto&... c) { (add_shard_reads(c, k, reads), ...); }, node.children());
   }
-  void add(std::shared_ptr<const queued_evaluation> e) {
-    std::lock_guard lock(mutex);
-    pending.push_back(std::move(e));
-  }
-  /// @brief Drops `e`: its caller waits for it itself.
-  void forget(const queued_evaluation* e) {
-    std::lock_guard lock(mutex);
-    std::erase_if(pending, [&](const auto& entry) { return entry.get() == e; });
-  }
-};
+}
 
 /// @brief Allocates the result's shards and queues the evaluation of `expr` on every
 /// place of its mesh in this process.
@@ -8839,6 +9418,7 @@ auto queue_evaluation(Expr&& expr) {
   using result_t = dtensor<T, node_t::rank, mesh_t, result_layout_t<node_t>>;
   constexpr std::size_t collectives = plan_of<node_t>().collectives();
 
+  check_not_nested("eval");
   node_t node = as_expression(std::forward<Expr>(expr));
   const mesh_t& m = *find_mesh(node);
   check_one_mesh(node, m);
@@ -8850,14 +9430,20 @@ auto queue_evaluation(Expr&& expr) {
   shards.reserve(m.local_places().size());
   for (std::size_t p : m.local_places()) shards.emplace_back(shard_shape(m, node_t::rule.out, global, p), m.place(p), uninitialized);
   auto state = std::make_shared<evaluation<node_t, result_t>>(std::move(node), result_t(m, global, std::move(shards)));
-  std::lock_guard serial(mesh_operations_mutex());
   state->batch = submit_on_places(
       m,
       [raw = state.get()](std::size_t p, std::size_t k) {
         mesh_context<mesh_t> ctx(raw->result.mesh(), p);
         raw->expr.run(ctx, raw->result.local_shards()[k]);
       },
-      collectives > 0, collectives > 0 && !m.is_multiprocess());
+      batch_options{"eval", "kernel", collectives > 0, collectives > 0 && !m.is_multiprocess()},
+      [raw = state.get()](std::size_t, std::size_t k) {
+        access uses;
+        add_shard_reads(raw->expr, k, uses.reads);
+        uses.writes.push_back(raw->result.local_shards()[k].data());
+        return uses;
+      },
+      [raw = state.get()] { return raw->what() + ": " + raw->result.describe(); });
   return state;
 }
 
@@ -8882,10 +9468,12 @@ class async_result {
   /// @brief The result, sharing ownership of the evaluation that computes it.
   [[nodiscard]] std::shared_ptr<const DTensor> shared_value() const { return {state_, result_}; }
   /// @brief Whether every place has finished.
-  [[nodiscard]] bool ready() const { return state_->batch->done.finished(); }
-  /// @brief Waits for every place; throws the first failure (a pdo::error naming the op and place).
+  [[nodiscard]] bool ready() const { return state_->batch->finished(); }
+  /// @brief Waits for every place; throws the first failure (a pdo::error naming the op and
+  /// place; an evaluation that needed the result of one that failed is cancelled with that
+  /// failure). pdo::wait_all of the thread that queued it no longer waits for it.
   void wait() const {
-    detail::pending_registry::instance().forget(state_.get());
+    std::erase_if(detail::pending_evaluations(), [&](const auto& e) { return e.get() == state_.get(); });
     state_->finish();
   }
   /// @brief Waits, then gives (a copy of) the result.
@@ -8905,27 +9493,25 @@ class async_result {
 };
 
 /// @brief Queues the evaluation of a dtensor expression on every place of its mesh and
-/// returns at once. Each place runs its part after the work queued on it before, so an
-/// expression may use the value of an earlier async_result; independent work on
-/// different places runs at the same time. Errors surface at wait(), get() or pdo::wait_all().
+/// returns at once. Each place's part waits for the parts that write the shards it reads
+/// (the engine orders them), so an expression may use the value of an earlier
+/// async_result; independent work runs at the same time. Errors surface at wait(), get()
+/// or pdo::wait_all() of the thread that queued it.
 /// @tparam Policy pdo::implicit (default) or pdo::strict
 template <class Policy = implicit, class Expr>
   requires detail::tensor_operand<Expr>
 auto eval_async(Expr&& expr) {
   auto state = detail::queue_evaluation<Policy>(std::forward<Expr>(expr));
-  detail::pending_registry::instance().add(state);
+  detail::pending_evaluations().push_back(state);
   return async_result<std::remove_cvref_t<decltype(state->result)>>(state, &state->result);
 }
 
-/// @brief Waits for every evaluation queued with pdo::eval_async and not yet waited for;
-/// throws the first failure among them (a pdo::error naming the op and place).
+/// @brief Waits for every evaluation that the calling thread queued with pdo::eval_async
+/// and has not waited for (those of other threads are theirs to wait for); throws the first
+/// failure among them (a pdo::error naming the op and place).
 inline void wait_all() {
-  auto& registry = detail::pending_registry::instance();
   std::vector<std::shared_ptr<const detail::queued_evaluation>> pending;
-  {
-    std::lock_guard lock(registry.mutex);
-    pending.swap(registry.pending);
-  }
+  pending.swap(detail::pending_evaluations());
   std::exception_ptr first;
   for (const auto& e : pending) {
     try {
@@ -8957,7 +9543,7 @@ auto eval(Expr&& expr) {
     // not const: for a const variable nvcc's front end first tries constant initialization,
     // through every level of the expression's type, in time that grows fourfold a level
     node_t node = detail::as_expression(std::forward<Expr>(expr));
-    // the kernels run where the operands are: on their GPU's place (from its worker), or
+    // the kernels run where the operands are: on their GPU's place (on its compute lane), or
     // over host memory on the calling thread
     if (detail::place_state* const gpu = detail::local_home(node); gpu != nullptr) {
       return detail::run_on_place(*gpu, [&] {
@@ -8972,6 +9558,153 @@ auto eval(Expr&& expr) {
 
 }  // namespace pdo
 #endif  // PDO_SINGLE_PDO_EXEC_EVAL_HPP
+// ---- pdo/exec/mesh_ops.hpp
+#ifndef PDO_SINGLE_PDO_EXEC_MESH_OPS_HPP
+#define PDO_SINGLE_PDO_EXEC_MESH_OPS_HPP
+// pdo/exec/mesh_ops.hpp: distribute, redistribute and gather of dtensors: tasks on every
+// place of the mesh, each running its part (pdo/tensor/redistribute.hpp).
+
+
+#include <cstddef>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace pdo {
+
+/// @brief Cuts the host tensor `host` over `m` as `Layout`: each place of this process
+/// gets its chunk of the split dims, in its own memory; for partial axes, the places at
+/// coordinate 0 get the value and the others zeros. Every process passes the same tensor.
+template <layout_spec Layout, mesh_type Mesh, element T, std::size_t Rank>
+dtensor<T, Rank, Mesh, Layout> distribute(const Mesh& m, const tensor<T, Rank>& host) {
+  static_assert(detail::check_layout<"distribute", Layout, Mesh, Rank>::ok);
+  const auto& local = m.local_places();
+  std::vector<tensor<T, Rank>> shards(local.size());
+  detail::run_on_places(
+      "distribute", m,
+      [&](std::size_t p, std::size_t k) {
+        if (m.is_multiprocess()) detail::check_same_host_shape(m, p, host.shape());
+        shards[k] = detail::shard_of<Layout>(m, host, p);
+      },
+      "copy");
+  return {m, host.shape(), std::move(shards)};
+}
+
+/// @brief `x` laid out as `To`. The steps are planned at compile time
+/// (redistribute_plan_of<From, To>()): partial -> replicate is an all_reduce,
+/// partial -> split a reduce_scatter, split -> replicate an all_gather, split(d) ->
+/// split(d') an all_to_all, and replicate -> split a local slice that moves no data.
+template <layout_spec To, element T, std::size_t Rank, mesh_type Mesh, layout_spec From>
+dtensor<T, Rank, Mesh, To> redistribute(const dtensor<T, Rank, Mesh, From>& x) {
+  static_assert(detail::check_layout<"redistribute", To, Mesh, Rank>::ok);
+  const Mesh& m = x.mesh();
+  std::vector<tensor<T, Rank>> shards(x.local_shards().size());
+  const auto failure = detail::try_run_on_places(
+      m, [&](std::size_t p, std::size_t k) { shards[k] = detail::apply_plan<From, To>(m, x.shape(), p, x.local_shards()[k]); }, true,
+      "redistribute", "collective");
+  if (failure)
+    failure->error.rethrow_with_context(detail::redistribute_context(x, layout_name<To>()) + ": on place " +
+                                        m.place(failure->place).name() + ": ");
+  return {m, x.shape(), std::move(shards)};
+}
+
+namespace detail {
+
+/// @brief `x` with its partial axes summed (an all_reduce over each, shard by shard: no
+/// place holds more than its shard), or `x` itself when it has none; then `f` of it.
+template <class T, std::size_t Rank, class Mesh, class Layout, class F>
+decltype(auto) with_sums_done(const dtensor<T, Rank, Mesh, Layout>& x, F&& f) {
+  if constexpr (value_of<Layout>().npartial > 0) return f(redistribute<typename Layout::base>(x));
+  else return f(x);
+}
+
+/// @brief The blocks of `x` (no partial axes) that places of other processes hold, into
+/// `out` (host memory): with `to_all`, each block is broadcast over the whole mesh and
+/// every process writes it; else each is sent to place `to`, whose process writes it. One
+/// block is in flight at a time, so no place holds more than one block beside its shard.
+template <class T, std::size_t Rank, class Mesh, class Layout>
+void move_remote_blocks(const dtensor<T, Rank, Mesh, Layout>& x, tensor<T, Rank>* out, std::size_t to, bool to_all, const char* op) {
+  const auto& m = x.mesh();
+  const std::size_t first_local = m.local_places().front();
+  run_on_places(op, m, [&](std::size_t p, std::size_t k) {
+    const mesh_communicator comm = communicator_of(m, p);
+    const int here = m.place(p).process();
+    for (std::size_t q = 0; q < m.size(); ++q) {
+      if (!writes_block(m, value_of<Layout>(), q)) continue;
+      const bool remote = m.place(q).process() != here;
+      if (to_all) {  // a collective: every place takes part
+        tensor<T, Rank> received;
+        // the root's buffer is only read by a broadcast
+        std::span<T> buffer = p == q ? std::span<T>(const_cast<T*>(x.local_shards()[k].data()), x.local_shards()[k].size())
+                                     : (received = tensor<T, Rank>(x.local_shape(q), m.place(p), uninitialized)).span();
+        comm.broadcast(buffer, q);
+        if (p == first_local && remote) write_block(received, *out, x.local_offset(q));
+      } else if (m.place(q).process() != m.place(to).process()) {
+        if (p == q) {
+          comm.send(std::span<const T>(x.local_shards()[k].span()), to, 0);
+        } else if (p == to) {
+          tensor<T, Rank> received(x.local_shape(q), m.place(p), uninitialized);
+          comm.recv(received.span(), q, 0);
+          write_block(received, *out, x.local_offset(q));
+        }
+      }
+    }
+  });
+}
+
+}  // namespace detail
+
+/// @brief The value of `x` as one host tensor, on every process: partial sums are reduced
+/// (over each partial axis, shard by shard) and each block of the split dims is written into
+/// the host tensor from its place, so no place ever holds the whole tensor (a tensor that
+/// fits only when split can be gathered). Over several processes each block travels by a
+/// broadcast; gather_to(x, root) brings it to one process only.
+template <element T, std::size_t Rank, mesh_type Mesh, layout_spec Layout>
+tensor<T, Rank> gather(const dtensor<T, Rank, Mesh, Layout>& x) {
+  detail::check_not_nested("gather");
+  const Mesh& m = x.mesh();
+  detail::comms_of(m);  // built by every process, those without places too
+  if (m.local_places().empty()) throw layout_error("gather: " + x.describe() + ": this process holds no place of the mesh");
+  return detail::with_sums_done(x, [&](const auto& whole) {
+    auto out = tensor<T, Rank>::on_host(x.shape());
+    detail::write_local_blocks(whole, out);
+    if (m.is_multiprocess()) detail::move_remote_blocks(whole, &out, 0, true, "gather");
+    return out;
+  });
+}
+
+/// @brief The value of `x` as one host tensor on process `root` only (an MPI rank that owns
+/// places of the mesh; 0 in a program of one process), and nothing on the others: each
+/// block is sent from its place to the root, one at a time, so only the root holds the
+/// whole tensor. Every process of the mesh calls it.
+template <element T, std::size_t Rank, mesh_type Mesh, layout_spec Layout>
+std::optional<tensor<T, Rank>> gather_to(const dtensor<T, Rank, Mesh, Layout>& x, int root = 0) {
+  detail::check_not_nested("gather_to");
+  const Mesh& m = x.mesh();
+  detail::comms_of(m);
+  std::size_t to = m.size();
+  for (std::size_t q = 0; q < m.size() && to == m.size(); ++q)
+    if (m.place(q).process() == root) to = q;
+  if (to == m.size())
+    throw layout_error("gather_to: " + x.describe() + ": process " + std::to_string(root) + " holds no place of the mesh");
+  const auto& local = m.local_places();
+  return detail::with_sums_done(x, [&](const auto& whole) -> std::optional<tensor<T, Rank>> {
+    if (local.empty()) return std::nullopt;
+    const bool is_root = m.place(local.front()).process() == root;
+    std::optional<tensor<T, Rank>> out;
+    if (is_root) {
+      out.emplace(tensor<T, Rank>::on_host(x.shape()));
+      detail::write_local_blocks(whole, *out);
+    }
+    if (m.is_multiprocess()) detail::move_remote_blocks(whole, out ? &*out : nullptr, to, false, "gather_to");
+    return out;
+  });
+}
+
+
+}  // namespace pdo
+#endif  // PDO_SINGLE_PDO_EXEC_MESH_OPS_HPP
 
 #include <algorithm>
 #include <atomic>
@@ -9245,6 +9978,7 @@ void backward(const var<V>& out, detail::grad_t<V> seed) {
     }
   }
   std::sort(nodes.begin(), nodes.end(), [](const auto* a, const auto* b) { return a->order > b->order; });
+  const detail::timeline_span span("kernel", "backward", [&] { return std::to_string(nodes.size()) + " nodes"; });
   out.node()->accumulate(std::move(seed));
   for (detail::grad_node* n : nodes) {
     if (n->leaf) continue;
@@ -10373,7 +11107,7 @@ static_assert(pdo::communicator<communicator>);
 // ---- pdo/place/cpu_place.hpp
 #ifndef PDO_SINGLE_PDO_PLACE_CPU_PLACE_HPP
 #define PDO_SINGLE_PDO_PLACE_CPU_PLACE_HPP
-// pdo/place/cpu_place.hpp: CPU places, each a worker thread on its own cores.
+// pdo/place/cpu_place.hpp: CPU places, each with its lanes, its compute lane on its own cores.
 
 
 #include <cstddef>
@@ -10385,14 +11119,14 @@ namespace pdo {
 
 /// @brief How a CPU place is made.
 struct cpu_place_options {
-  bool pin = true;             ///< pin the worker to the place's cores (off when other places share them)
+  bool pin = true;             ///< pin the compute lane to the place's cores (off when other places share them)
   std::size_t memory_cap = 0;  ///< bytes the place may hold (0: no cap)
   std::string name;            ///< empty: "cpu:<ordinal>"
   int process = 0;             ///< the MPI rank that owns it
 };
 
-/// @brief A CPU place: a worker thread that runs the place's work on the cores it was
-/// given (pinned there when no other place shares them), and a caching allocator.
+/// @brief A CPU place: lanes that run the place's work (its compute lane on the cores it
+/// was given, pinned there when no other place shares them), and a caching allocator.
 class cpu_place : public detail::place_handle<cpu_place> {
  public:
   /// @brief A new place on `cores`.
@@ -10401,7 +11135,7 @@ class cpu_place : public detail::place_handle<cpu_place> {
             place_kind::cpu, ordinal, options.process, true, std::move(cores),
             options.name.empty() ? "cpu:" + std::to_string(ordinal) : options.name)) {
     state_->memory = std::make_unique<caching_allocator>(state_->name, options.memory_cap);
-    detail::start_worker(*state_, options.pin ? state_->cores : std::vector<int>{});
+    detail::start_lanes(*state_, options.pin ? state_->cores : std::vector<int>{});
   }
 
   /// @brief A handle to the CPU place behind `state` (which must be a CPU place).
@@ -10625,7 +11359,8 @@ inline std::vector<any_place> world_cuda_places(std::size_t per_process = 1, std
 // ---- pdo/exec.hpp
 #ifndef PDO_SINGLE_PDO_EXEC_HPP
 #define PDO_SINGLE_PDO_EXEC_HPP
-// pdo/exec.hpp: the execution layer (parallel_do, eval, eval_async, wait_all).
+// pdo/exec.hpp: the execution layer: the engine, mesh-wide operations (spmd, distribute,
+// redistribute, gather), evaluation (eval, eval_async, wait_all), parallel_do.
 
 // ---- pdo/exec/parallel_do.hpp
 #ifndef PDO_SINGLE_PDO_EXEC_PARALLEL_DO_HPP
@@ -10781,6 +11516,7 @@ auto parallel_do(Block&& block, const Args&... args) {
   static_assert(detail::check_layout<"parallel_do", OutLayout, mesh_t, rank>::ok);
   (detail::check_same_mesh(args, m), ...);
 
+  detail::check_not_nested("parallel_do");
   const auto& local = m.local_places();
   detail::comms_of(m);  // built by every process, those without places too
   if (local.empty())
@@ -10794,7 +11530,7 @@ auto parallel_do(Block&& block, const Args&... args) {
         if (detail::memory_of(part.where()) != detail::memory_of(m.place(p).state().get())) part = to_place(part, m.place(p));
         results[k].emplace(std::move(part));
       },
-      /*communicate=*/false);
+      /*communicate=*/false, "parallel_do");
   const detail::block_outcomes outcomes = detail::share_outcomes(m, results, failure);
   for (std::size_t p = 0; p < m.size(); ++p) {
     if (!outcomes.failed(p)) continue;
@@ -10812,6 +11548,215 @@ auto parallel_do(Block&& block, const Args&... args) {
 
 }  // namespace pdo
 #endif  // PDO_SINGLE_PDO_EXEC_PARALLEL_DO_HPP
+// ---- pdo/exec/trace.hpp
+#ifndef PDO_SINGLE_PDO_EXEC_TRACE_HPP
+#define PDO_SINGLE_PDO_EXEC_TRACE_HPP
+// pdo/exec/trace.hpp: pdo::trace, the timeline of everything the engine runs: every task
+// with its place and lane, start and end, what it waited for (flow arrows), and the kernels,
+// collectives and copies inside it; written as Chrome trace-event JSON, which Perfetto
+// (ui.perfetto.dev) and chrome://tracing open.
+
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace pdo {
+
+namespace detail {
+
+/// @brief The recorder behind pdo::trace: events in the order they ended.
+class trace_recorder final : public timeline_sink {
+ public:
+  static trace_recorder& instance() {
+    static trace_recorder* r = new trace_recorder();  // never destroyed: lanes may record while the program exits
+    return *r;
+  }
+  void record(timeline_event e) override {
+    std::lock_guard lock(mutex_);
+    events_.push_back(std::move(e));
+  }
+  std::vector<timeline_event> events() {
+    std::lock_guard lock(mutex_);
+    return events_;
+  }
+  void clear() {
+    std::lock_guard lock(mutex_);
+    events_.clear();
+  }
+  [[nodiscard]] timeline_clock::time_point origin() const { return origin_; }
+  void restart_clock() { origin_ = timeline_clock::now(); }
+
+ private:
+  trace_recorder() = default;
+  std::mutex mutex_;
+  std::vector<timeline_event> events_;
+  timeline_clock::time_point origin_ = timeline_clock::now();
+};
+
+inline void append_json_string(std::string& out, const std::string& s) {
+  out += '"';
+  for (const char c : s) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\t': out += "\\t"; break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20) {
+          char buf[8];
+          std::snprintf(buf, sizeof buf, "\\u%04x", static_cast<unsigned>(static_cast<unsigned char>(c)));
+          out += buf;
+        } else {
+          out += c;
+        }
+    }
+  }
+  out += '"';
+}
+
+}  // namespace detail
+
+/// @brief The timeline of what pdo runs. Between start() and stop() every engine task is
+/// recorded (op, category, place and lane, start and end, the tasks it waited for) with the
+/// spans inside it: kernels (op, shapes and layout), collectives (kind, group, bytes), copies
+/// (bytes, from and to). json() and save() give Chrome trace-event JSON: one process per place,
+/// one thread row per lane, dependencies as flow arrows. Off (the default), it costs one
+/// relaxed atomic load per task.
+///
+///     pdo::trace::start();
+///     ... train a step ...
+///     pdo::trace::stop();
+///     pdo::trace::save("step.json");  // open in ui.perfetto.dev or chrome://tracing
+class trace {
+ public:
+  /// @brief Starts recording (after clearing what an earlier recording left).
+  static void start() {
+    auto& r = detail::trace_recorder::instance();
+    r.clear();
+    r.restart_clock();
+    detail::timeline().store(&r, std::memory_order_release);
+  }
+  /// @brief Stops recording; what was recorded stays until the next start().
+  static void stop() { detail::timeline().store(nullptr, std::memory_order_release); }
+  /// @brief Whether it records now.
+  static bool recording() { return detail::timeline_on(); }
+  /// @brief How many events were recorded.
+  static std::size_t size() { return detail::trace_recorder::instance().events().size(); }
+
+  /// @brief The recording as Chrome trace-event JSON.
+  static std::string json() {
+    auto& r = detail::trace_recorder::instance();
+    const auto events = r.events();
+    const auto origin = r.origin();
+    // one "process" per place (the host threads together), one "thread" per lane
+    std::map<std::string, int> pids;
+    std::map<std::pair<std::string, std::string>, int> tids;
+    auto pid_of = [&](const detail::timeline_track* t) {
+      return pids.emplace(t->place, static_cast<int>(pids.size()) + 1).first->second;
+    };
+    auto tid_of = [&](const detail::timeline_track* t) {
+      return tids.emplace(std::pair{t->place, t->lane}, static_cast<int>(tids.size()) + 1).first->second;
+    };
+    auto us = [&](detail::timeline_clock::time_point t) {
+      return std::chrono::duration<double, std::micro>(t - origin).count();
+    };
+    std::map<std::uint64_t, const detail::timeline_event*> tasks;
+    for (const auto& e : events)
+      if (e.id != 0) tasks[e.id] = &e;
+
+    std::string out = "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n";
+    bool first = true;
+    auto begin = [&] {
+      if (!first) out += ",\n";
+      first = false;
+    };
+    char number[64];
+    auto put_number = [&](const char* key, double v) {
+      std::snprintf(number, sizeof number, "\"%s\":%.3f", key, v);
+      out += number;
+    };
+    for (const auto& e : events) {
+      begin();
+      out += "{\"name\":";
+      detail::append_json_string(out, e.name);
+      out += ",\"cat\":";
+      detail::append_json_string(out, e.category);
+      out += e.instant ? ",\"ph\":\"i\",\"s\":\"t\"," : ",\"ph\":\"X\",";
+      put_number("ts", us(e.start));
+      if (!e.instant) {
+        out += ',';
+        put_number("dur", std::max(0.0, us(e.end) - us(e.start)));
+      }
+      out += ",\"pid\":" + std::to_string(pid_of(e.track)) + ",\"tid\":" + std::to_string(tid_of(e.track));
+      out += ",\"args\":{\"place\":";
+      detail::append_json_string(out, e.track->place);
+      out += ",\"lane\":";
+      detail::append_json_string(out, e.track->lane);
+      if (!e.detail.empty()) {
+        out += ",\"detail\":";
+        detail::append_json_string(out, e.detail);
+      }
+      if (e.id != 0) {
+        out += ",\"task\":" + std::to_string(e.id) + ",\"after\":[";
+        for (std::size_t i = 0; i < e.after.size(); ++i) out += (i ? "," : "") + std::to_string(e.after[i]);
+        out += "]";
+      }
+      out += "}}";
+      // a flow arrow from the end of each task it waited for to its start
+      for (std::uint64_t before : e.after) {
+        const auto found = tasks.find(before);
+        if (found == tasks.end()) continue;
+        const auto& b = *found->second;
+        const std::string flow = std::to_string(before) + "." + std::to_string(e.id);
+        begin();
+        out += "{\"name\":\"waits for\",\"cat\":\"dependency\",\"ph\":\"s\",\"id\":\"" + flow + "\",";
+        put_number("ts", us(b.end));
+        out += ",\"pid\":" + std::to_string(pid_of(b.track)) + ",\"tid\":" + std::to_string(tid_of(b.track)) + "}";
+        begin();
+        out += "{\"name\":\"waits for\",\"cat\":\"dependency\",\"ph\":\"f\",\"bp\":\"e\",\"id\":\"" + flow + "\",";
+        put_number("ts", us(e.start));
+        out += ",\"pid\":" + std::to_string(pid_of(e.track)) + ",\"tid\":" + std::to_string(tid_of(e.track)) + "}";
+      }
+    }
+    // names of the rows
+    for (const auto& [place, pid] : pids) {
+      begin();
+      out += "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":" + std::to_string(pid) + ",\"args\":{\"name\":";
+      detail::append_json_string(out, place);
+      out += "}}";
+    }
+    for (const auto& [key, tid] : tids) {
+      begin();
+      out += "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":" + std::to_string(pids.at(key.first)) + ",\"tid\":" +
+             std::to_string(tid) + ",\"args\":{\"name\":";
+      detail::append_json_string(out, key.second);
+      out += "}}";
+    }
+    out += "\n]}\n";
+    return out;
+  }
+
+  /// @brief Writes json() to `path`; a file that cannot be written is a pdo::io_error.
+  static void save(const std::string& path) {
+    const std::string text = json();
+    std::ofstream f(path, std::ios::binary);
+    if (!f) throw io_error("pdo::trace::save: cannot open " + path + " for writing");
+    f.write(text.data(), static_cast<std::streamsize>(text.size()));
+    if (!f) throw io_error("pdo::trace::save: could not write " + path);
+  }
+};
+
+}  // namespace pdo
+#endif  // PDO_SINGLE_PDO_EXEC_TRACE_HPP
 #endif  // PDO_SINGLE_PDO_EXEC_HPP
 // ---- pdo/expr.hpp
 #ifndef PDO_SINGLE_PDO_EXPR_HPP
@@ -10842,21 +11787,114 @@ auto parallel_do(Block&& block, const Args&... args) {
 #define PDO_SINGLE_PDO_NN_HPP
 // pdo/nn.hpp: layers, losses, optimizers and data-parallel training.
 
-// ---- pdo/nn/data_parallel.hpp
-#ifndef PDO_SINGLE_PDO_NN_DATA_PARALLEL_HPP
-#define PDO_SINGLE_PDO_NN_DATA_PARALLEL_HPP
-// pdo/nn/data_parallel.hpp: data-parallel training: a replica of the model on every place,
-// gradients all_reduced in buckets that overlap backward, the optimizer on every place,
-// the next batch distributed in the background.
+// ---- pdo/nn/batching.hpp
+#ifndef PDO_SINGLE_PDO_NN_BATCHING_HPP
+#define PDO_SINGLE_PDO_NN_BATCHING_HPP
+// pdo/nn/batching.hpp: cutting global batches into the rows each place trains on, in the
+// place's memory, and cutting the next batch while the current one trains (an engine task on
+// a copy lane).
 
-// ---- pdo/nn/layers.hpp
-#ifndef PDO_SINGLE_PDO_NN_LAYERS_HPP
-#define PDO_SINGLE_PDO_NN_LAYERS_HPP
-// pdo/nn/layers.hpp: linear, conv2d, pooling, flatten, activations and sequential.
-//
-// Layers act on pdo::var values. linear, the pools and the activations take local tensors
-// and dtensors alike; conv2d takes local images [N, C, H, W] (each place's shard under data
-// parallelism; pdo::conv2d itself takes dtensors too).
+
+#include <algorithm>
+#include <cstddef>
+#include <memory>
+#include <optional>
+#include <utility>
+#include <vector>
+
+namespace pdo::nn {
+
+/// @brief The rows of a global batch that one place trains on.
+template <class T, std::size_t R, class Target>
+struct batch_shard {
+  tensor<T, R> inputs;
+  Target targets;
+};
+
+}  // namespace pdo::nn
+
+namespace pdo::detail {
+
+template <std::size_t R>
+shape_t<R> with_rows(shape_t<R> s, std::size_t rows) {
+  s[0] = rows;
+  return s;
+}
+
+/// @brief Rows order[first, first + count) of the host tensor `src` (row-major, dim 0 the
+/// rows), as a tensor in `where`'s memory (cut on the host, copied up to a GPU place).
+template <class X>
+X cut_rows(const X& src, const std::vector<std::size_t>& order, std::size_t first, std::size_t count, const any_place& where) {
+  const bool gpu = where.kind() == place_kind::cuda;
+  X out = gpu ? X::on_host(with_rows(src.shape(), count)) : X(with_rows(src.shape(), count), where, uninitialized);
+  const std::size_t row = src.extent(0) == 0 ? 0 : src.size() / src.extent(0);
+  for (std::size_t i = 0; i < count; ++i) std::copy_n(src.data() + order[first + i] * row, row, out.data() + i * row);
+  return gpu ? to_place(out, where) : out;
+}
+
+/// @brief Rows [first, first + count) of `src` in order, as above.
+template <class X>
+X cut_rows(const X& src, std::size_t first, std::size_t count, const any_place& where) {
+  std::vector<std::size_t> order(count);
+  for (std::size_t i = 0; i < count; ++i) order[i] = first + i;
+  return cut_rows(src, order, 0, count, where);
+}
+
+/// @brief Work done by an engine task on a copy lane while the caller goes on: get()
+/// waits for it and gives its result (or throws its error). Destroying it waits too, so the
+/// task never outlives what it reads.
+template <class Result>
+class prefetched {
+ public:
+  template <class F>
+  prefetched(place_state& where, F f) : slot_(std::make_shared<std::optional<Result>>()) {
+    task_request request;
+    request.home = &lane_of(where, lane_kind::copy);
+    request.op = "prefetch";
+    request.category = "copy";
+    request.uses.writes.push_back(slot_.get());
+    request.fn = [slot = slot_, f = std::move(f)]() mutable { slot->emplace(f()); };
+    task_ = engine::instance().submit(std::move(request));
+  }
+  prefetched(prefetched&&) noexcept = default;
+  prefetched& operator=(prefetched&& other) noexcept {
+    if (this != &other) {
+      finish();
+      task_ = std::move(other.task_);
+      slot_ = std::move(other.slot_);
+    }
+    return *this;
+  }
+  prefetched(const prefetched&) = delete;
+  prefetched& operator=(const prefetched&) = delete;
+  ~prefetched() { finish(); }
+
+  Result get() {
+    wait(task_);
+    return std::move(**slot_);
+  }
+
+ private:
+  void finish() {
+    if (task_) task_->wait_ended();
+  }
+  task_handle task_;
+  std::shared_ptr<std::optional<Result>> slot_;
+};
+
+}  // namespace pdo::detail
+#endif  // PDO_SINGLE_PDO_NN_BATCHING_HPP
+// ---- pdo/nn/buckets.hpp
+#ifndef PDO_SINGLE_PDO_NN_BUCKETS_HPP
+#define PDO_SINGLE_PDO_NN_BUCKETS_HPP
+// pdo/nn/buckets.hpp: gradient buckets, the one mechanism every trainer syncs replicated
+// parameters' gradients with (the data-parallel trainer over "dp", the pipeline over its "dp"
+// axis). The gradients of one place's parameters are grouped into buckets of about a given
+// size, in the order backward completes them; a bucket whose gradients are complete is an
+// engine task on the place's communication lane, which runs while backward goes on. What the
+// task runs is the planner's redistribution of the gradient's layout: partial over the axis
+// -> replicate (an all_reduce), or -> split over the axis (a reduce_scatter) under ZeRO-1,
+// whose updated slices come back by split -> replicate (an all_gather).
 
 // ---- pdo/nn/module.hpp
 #ifndef PDO_SINGLE_PDO_NN_MODULE_HPP
@@ -11076,6 +12114,314 @@ tensor<T, R> fan_in_uniform(const shape_t<R>& shape, std::size_t fan_in, rng& ge
 }  // namespace pdo::nn
 #endif  // PDO_SINGLE_PDO_NN_MODULE_HPP
 
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace pdo::nn {
+
+/// @brief A span of one step on one place, in microseconds from the step's start.
+struct step_event {
+  std::size_t place = 0;
+  std::string what;  ///< "forward", "backward", "all_reduce" (or "reduce_scatter", "all_gather" under ZeRO-1), "optimizer"
+  std::size_t bucket = 0;
+  double start_us = 0, end_us = 0;
+  /// @brief For a bucket's collective: when backward queued it on the communication lane
+  /// (start_us is when that lane began it). Otherwise start_us.
+  double queued_us = 0;
+};
+
+/// @brief How gradients are bucketed.
+struct bucket_options {
+  /// @brief Gradients are synced in buckets of about this many bytes (at least one
+  /// parameter each), in the order backward completes them (PyTorch DDP's default: 25 MiB).
+  std::size_t bucket_bytes = std::size_t{25} << 20;
+  /// @brief Start a bucket's collective as soon as its last gradient is ready, while
+  /// backward goes on; false: all buckets after backward (for comparison).
+  bool overlap = true;
+  /// @brief ZeRO stage 1: each bucket is reduce_scattered, each place keeps the sum of its
+  /// slice, its optimizer updates that slice, and the slices are all_gathered back.
+  bool zero1 = false;
+};
+
+/// @brief The gradients of one place's replicated parameters, synced over mesh axis `Axis`
+/// in buckets. Each step: begin_step() (before backward), arm() (before the backward whose
+/// gradients are the step's last contributions: they fire the buckets), finish() (after it:
+/// the remaining buckets, then waits for all); under ZeRO-1 the optimizer steps slices()
+/// and gather_slices() brings the updated values back.
+template <class T, class Mesh, fixed_string Axis>
+class gradient_buckets {
+ public:
+  static constexpr std::size_t axis = Mesh::axis_index(Axis);
+  static_assert(axis < Mesh::ndim, "pdo: gradient_buckets: the mesh has no such axis");
+
+  /// @brief A bucket's gradient as the planner sees it: flat, a partial sum over the axis.
+  using gradient_layout = typename layout<replicate>::template partial<Axis>;
+  static constexpr redistribute_plan sync_plan = redistribute_plan_of<gradient_layout, layout<replicate>>();
+  static constexpr redistribute_plan scatter_plan = redistribute_plan_of<gradient_layout, layout<split<Axis>>>();
+  static constexpr redistribute_plan gather_plan = redistribute_plan_of<layout<split<Axis>>, layout<replicate>>();
+  static_assert(sync_plan.size == 1 && sync_plan.steps[0].kind == step_kind::all_reduce,
+                "pdo: gradient_buckets: the planner should sync a partial gradient with one all_reduce");
+  static_assert(scatter_plan.size == 1 && scatter_plan.steps[0].kind == step_kind::reduce_scatter,
+                "pdo: gradient_buckets: the planner should shard a partial gradient with one reduce_scatter");
+  static_assert(gather_plan.size == 1 && gather_plan.steps[0].kind == step_kind::all_gather,
+                "pdo: gradient_buckets: the planner should gather slices with one all_gather");
+
+  gradient_buckets(const Mesh& m, std::size_t place, std::vector<parameter_ref<T>> params, bucket_options o)
+      : mesh_(m), place_(place), params_(std::move(params)), options_(o) {
+    const std::size_t parts = m.extent(axis), me = m.coord(place, axis);
+    where_ = m.place(place);
+    bucket_of_.assign(params_.size(), 0);
+    // backward completes the last layers first: buckets follow the parameters in reverse
+    for (std::size_t j = params_.size(); j-- > 0;) {
+      if (buckets_.empty() || buckets_.back().elements * sizeof(T) >= o.bucket_bytes) buckets_.emplace_back();
+      buckets_.back().params.push_back(j);
+      buckets_.back().elements += params_[j].size();
+      bucket_of_[j] = buckets_.size() - 1;
+    }
+    for (auto& b : buckets_) {
+      if (b.params.size() > 1 || o.zero1) b.flat = tensor<T, 1>(shape_t<1>{b.elements}, where_, pdo::detail::uninitialized);
+      if (!o.zero1) continue;
+      pack(b, /*values=*/true);
+      b.slice_offset = pdo::detail::chunk_offset(b.elements, parts, me);
+      tensor<T, 1> mine(shape_t<1>{pdo::detail::chunk_size(b.elements, parts, me)}, where_, pdo::detail::uninitialized);
+      pdo::detail::copy_bytes(mine.where(), mine.data(), b.flat.where(), b.flat.data() + b.slice_offset, mine.bytes());
+      b.slice = parameter(std::move(mine));
+    }
+  }
+  gradient_buckets(const gradient_buckets&) = delete;
+  gradient_buckets& operator=(const gradient_buckets&) = delete;
+  ~gradient_buckets() { wait_launched(); }
+
+  /// @brief Before a step's backward: no gradients, no bucket launched; times from now.
+  void begin_step() {
+    wait_launched();
+    start_ = clock::now();
+    events_.clear();
+    launched_ = 0;
+    finished_.store(0);
+    failures_.clear();
+    for (auto& b : buckets_) {
+      b.waiting = b.params.size();
+      b.ready = false;
+      if (options_.zero1) b.slice.zero_grad();
+    }
+    for (std::size_t j = 0; j < params_.size(); ++j) {
+      params_[j].zero_grad();
+      params_[j].on_gradient(nullptr);
+    }
+  }
+
+  /// @brief The next backward completes the step's gradients: each parameter's last
+  /// contribution counts toward its bucket, and a complete bucket starts its collective.
+  void arm() {
+    for (std::size_t j = 0; j < params_.size(); ++j) {
+      params_[j].on_gradient([this, j] {
+        if (pdo::detail::timeline_on())
+          pdo::detail::timeline_instant("gradient", "gradient " + params_[j].name(), [&] { return "bucket " + std::to_string(bucket_of_[j]); });
+        auto& b = buckets_[bucket_of_[j]];
+        if (--b.waiting == 0) b.ready = true;
+        if (options_.overlap) launch_ready();
+      });
+    }
+  }
+
+  /// @brief After the step's backward: the buckets not launched yet (parameters without a
+  /// gradient send zeros), then waits for every bucket and unpacks the packed ones. Throws
+  /// the first failure of a bucket's collective.
+  void finish() {
+    for (std::size_t j = 0; j < params_.size(); ++j) params_[j].on_gradient(nullptr);
+    for (auto& b : buckets_) b.ready = true;
+    launch_ready();
+    wait_launched();
+    if (!failures_.empty()) failures_.front().rethrow_with_context("gradient " + std::string(step_name(step().kind)) + ": ");
+    if (options_.zero1) return;
+    for (auto& b : buckets_)
+      if (b.params.size() > 1) unpack(b, /*values=*/false);
+  }
+
+  /// @brief After a step that failed on this place: waits for the buckets already queued
+  /// (every place queues them in the same order, so they complete, or are aborted with the
+  /// step), queues no more.
+  void abandon() {
+    for (std::size_t j = 0; j < params_.size(); ++j) params_[j].on_gradient(nullptr);
+    wait_launched();
+  }
+
+  /// @brief ZeRO-1: this place's slice of each bucket, the parameters its optimizer updates.
+  [[nodiscard]] std::vector<parameter_ref<T>> slices() const {
+    std::vector<parameter_ref<T>> out;
+    for (std::size_t b = 0; b < buckets_.size(); ++b) out.emplace_back("bucket" + std::to_string(b) + ".slice", buckets_[b].slice);
+    return out;
+  }
+
+  /// @brief ZeRO-1: every place's updated slice, gathered into this place's parameters.
+  void gather_slices() {
+    for (std::size_t b = 0; b < buckets_.size(); ++b) {
+      auto& bk = buckets_[b];
+      const double from = since_start();
+      pdo::detail::apply_flat_step<step_kind::all_gather>(gather_plan.steps[0], mesh_, place_, bk.slice.value().span(), bk.flat.span());
+      unpack(bk, /*values=*/true);
+      record("all_gather", b, from, since_start());
+    }
+  }
+
+  /// @brief The parameters of each bucket, by index.
+  [[nodiscard]] std::vector<std::vector<std::size_t>> members() const {
+    std::vector<std::vector<std::size_t>> out;
+    for (const auto& b : buckets_) out.push_back(b.params);
+    return out;
+  }
+  [[nodiscard]] std::size_t elements(std::size_t b) const { return buckets_[b].elements; }
+  [[nodiscard]] std::size_t size() const { return buckets_.size(); }
+  /// @brief The optimizer state this place keeps: all the elements, or under ZeRO-1 its slices.
+  [[nodiscard]] std::size_t optimizer_state_elements() const {
+    std::size_t n = 0;
+    for (const auto& b : buckets_) n += options_.zero1 ? b.slice.shape()[0] : b.elements;
+    return n;
+  }
+  /// @brief The redistribution step each bucket runs.
+  [[nodiscard]] static constexpr const redistribute_step& step_of(bool zero1) {
+    return zero1 ? scatter_plan.steps[0] : sync_plan.steps[0];
+  }
+  [[nodiscard]] const redistribute_step& step() const { return step_of(options_.zero1); }
+
+  /// @brief Microseconds since begin_step().
+  [[nodiscard]] double since_start() const { return std::chrono::duration<double, std::micro>(clock::now() - start_).count(); }
+  /// @brief Adds an event of this place's step (the trainer's forward, backward, optimizer).
+  void record(std::string what, std::size_t b, double from, double to, double queued = -1) {
+    std::lock_guard lock(events_mutex_);
+    events_.push_back({place_, std::move(what), b, from, to, queued < 0 ? from : queued});
+  }
+  [[nodiscard]] std::vector<step_event> events() const {
+    std::lock_guard lock(events_mutex_);
+    return events_;
+  }
+
+ private:
+  using clock = std::chrono::steady_clock;
+
+  struct bucket {
+    std::vector<std::size_t> params;  ///< indices into params_
+    std::size_t elements = 0;
+    tensor<T, 1> flat;        ///< the gradients packed (buckets of several parameters, and all under ZeRO-1); under
+                              ///< ZeRO-1 also where the updated slices are gathered
+    var<tensor<T, 1>> slice;  ///< ZeRO-1: this place's slice of the parameters, which its optimizer updates
+    std::size_t slice_offset = 0;
+    std::size_t waiting = 0;  ///< gradients not yet complete in this step
+    bool ready = false;
+  };
+
+  /// @brief The gradients (or, with `values`, the values) of b's parameters into b.flat.
+  void pack(bucket& b, bool values) {
+    std::size_t at = 0;
+    for (std::size_t j : b.params) {
+      const std::span<T> from = values ? params_[j].value() : params_[j].grad_or_zeros();
+      pdo::detail::copy_bytes(b.flat.where(), b.flat.data() + at, where_.state().get(), from.data(), from.size_bytes());
+      at += from.size();
+    }
+  }
+  /// @brief b.flat back into its parameters' gradients (or values).
+  void unpack(bucket& b, bool values) {
+    std::size_t at = 0;
+    for (std::size_t j : b.params) {
+      const std::span<T> to = values ? params_[j].value() : params_[j].grad_or_zeros();
+      pdo::detail::copy_bytes(where_.state().get(), to.data(), b.flat.where(), b.flat.data() + at, to.size_bytes());
+      at += to.size();
+    }
+  }
+
+  /// @brief Queues bucket `b`'s collective on the place's communication lane: a bucket of one
+  /// parameter in place, a bucket of several packed into one buffer.
+  void launch(std::size_t b) {
+    auto& bk = buckets_[b];
+    std::span<T> data = bk.flat.span();
+    if (bk.params.size() == 1 && !options_.zero1) {
+      data = params_[bk.params[0]].grad_or_zeros();
+    } else {
+      pack(bk, /*values=*/false);
+      // under ZeRO-1 the packed copy is all that is reduced, and the step gathers values,
+      // not gradients: the parameter's gradient is freed while backward goes on
+      if (options_.zero1)
+        for (std::size_t j : bk.params) params_[j].zero_grad();
+    }
+    ++launched_;
+    if (options_.zero1) bk.slice.node()->grad.emplace(shape_t<1>{bk.slice.shape()[0]}, where_);
+    const std::span<T> slice_grad = options_.zero1 ? bk.slice.grad().span() : std::span<T>();
+    const double queued = since_start();
+    pdo::detail::task_request request;
+    request.home = &pdo::detail::lane_of(*where_.state(), lane_kind::communication);
+    request.op = options_.zero1 ? "bucket reduce_scatter" : "bucket all_reduce";
+    request.category = "collective";
+    request.uses.reads.push_back(data.data());
+    request.uses.writes.push_back(options_.zero1 ? static_cast<const void*>(slice_grad.data()) : data.data());
+    if (pdo::detail::timeline_on())
+      request.detail = "bucket " + std::to_string(b) + ": " + std::to_string(data.size_bytes()) + " bytes over \"" +
+                       std::string(std::string_view(Axis)) + "\" (" + std::to_string(bk.params.size()) + " parameters)";
+    request.fn = [this, data, slice_grad, b, queued] {
+      const double from = since_start();
+      try {
+        if (options_.zero1) pdo::detail::apply_flat_step<step_kind::reduce_scatter>(scatter_plan.steps[0], mesh_, place_, data, slice_grad);
+        else pdo::detail::apply_flat_step<step_kind::all_reduce>(sync_plan.steps[0], mesh_, place_, data);
+      } catch (...) {
+        std::lock_guard lock(events_mutex_);
+        failures_.push_back(pdo::detail::captured_error::current());
+      }
+      record(options_.zero1 ? "reduce_scatter" : "all_reduce", b, from, since_start(), queued);
+      finished_.fetch_add(1, std::memory_order_acq_rel);
+      finished_.notify_all();
+    };
+    pdo::detail::engine::instance().submit(std::move(request));
+  }
+  /// @brief Launches the ready buckets, in bucket order (every place syncs them in the same order).
+  void launch_ready() {
+    while (launched_ < buckets_.size() && buckets_[launched_].ready) launch(launched_);
+  }
+  void wait_launched() {
+    for (std::size_t f = finished_.load(std::memory_order_acquire); f < launched_; f = finished_.load(std::memory_order_acquire))
+      finished_.wait(f, std::memory_order_acquire);
+  }
+
+  Mesh mesh_;
+  std::size_t place_;
+  any_place where_ = any_place(std::shared_ptr<pdo::detail::place_state>());
+  std::vector<parameter_ref<T>> params_;
+  bucket_options options_;
+  std::vector<bucket> buckets_;
+  std::vector<std::size_t> bucket_of_;  ///< per parameter
+  std::size_t launched_ = 0;            ///< buckets queued this step
+  std::atomic<std::size_t> finished_{0};
+  mutable std::mutex events_mutex_;
+  std::vector<step_event> events_;
+  std::vector<pdo::detail::captured_error> failures_;
+  clock::time_point start_ = clock::now();
+};
+
+}  // namespace pdo::nn
+#endif  // PDO_SINGLE_PDO_NN_BUCKETS_HPP
+// ---- pdo/nn/data_parallel.hpp
+#ifndef PDO_SINGLE_PDO_NN_DATA_PARALLEL_HPP
+#define PDO_SINGLE_PDO_NN_DATA_PARALLEL_HPP
+// pdo/nn/data_parallel.hpp: data-parallel training: a replica of the model on every place
+// (CPU or GPU), gradients synced in buckets that overlap backward (pdo/nn/buckets.hpp), the
+// optimizer on every place, the next batch cut while the current one trains
+// (pdo/nn/batching.hpp): all engine tasks on the places' lanes.
+
+// ---- pdo/nn/layers.hpp
+#ifndef PDO_SINGLE_PDO_NN_LAYERS_HPP
+#define PDO_SINGLE_PDO_NN_LAYERS_HPP
+// pdo/nn/layers.hpp: linear, conv2d, pooling, flatten, activations and sequential.
+//
+// Layers act on pdo::var values. linear, the pools and the activations take local tensors
+// and dtensors alike; conv2d takes local images [N, C, H, W] (each place's shard under data
+// parallelism; pdo::conv2d itself takes dtensors too).
+
+
 #include <cstddef>
 #include <string>
 #include <tuple>
@@ -11241,6 +12587,32 @@ class sequential {
 
 }  // namespace pdo::nn
 #endif  // PDO_SINGLE_PDO_NN_LAYERS_HPP
+// ---- pdo/nn/losses.hpp
+#ifndef PDO_SINGLE_PDO_NN_LOSSES_HPP
+#define PDO_SINGLE_PDO_NN_LOSSES_HPP
+// pdo/nn/losses.hpp: the losses a trainer takes (a callable of the model's output and the targets).
+
+
+namespace pdo::nn {
+
+/// @brief Cross-entropy of logits [N, C] against class indices [N]: the default loss.
+struct cross_entropy_loss {
+  template <class V, class Y>
+  auto operator()(const var<V>& logits, const Y& labels) const {
+    return pdo::cross_entropy(logits, labels);
+  }
+};
+
+/// @brief Mean squared error against targets of the output's shape.
+struct mse_loss {
+  template <class V>
+  auto operator()(const var<V>& out, const V& target) const {
+    return pdo::mse(out, var<V>(target));
+  }
+};
+
+}  // namespace pdo::nn
+#endif  // PDO_SINGLE_PDO_NN_LOSSES_HPP
 // ---- pdo/plan/explain.hpp
 #ifndef PDO_SINGLE_PDO_PLAN_EXPLAIN_HPP
 #define PDO_SINGLE_PDO_PLAN_EXPLAIN_HPP
@@ -11351,16 +12723,12 @@ std::string explain(const Expr& expr) {
 #endif  // PDO_SINGLE_PDO_PLAN_EXPLAIN_HPP
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
-#include <functional>
-#include <future>
 #include <limits>
 #include <memory>
-#include <mutex>
 #include <numeric>
 #include <optional>
 #include <random>
@@ -11389,86 +12757,40 @@ struct data_parallel_options {
   bool skip_nonfinite_steps = false;
 };
 
-/// @brief A span of one step on one place, in microseconds from the step's start.
-struct step_event {
-  std::size_t place = 0;
-  std::string what;  ///< "forward", "backward", "all_reduce" (or "reduce_scatter", "all_gather" under ZeRO-1), "optimizer"
-  std::size_t bucket = 0;
-  double start_us = 0, end_us = 0;
-  /// @brief For a bucket's collective: when backward handed it to the communication thread
-  /// (start_us is when that thread began it). Otherwise start_us.
-  double queued_us = 0;
-};
-
-/// @brief The rows of a global batch that one place trains on.
-template <class T, std::size_t R, class Target>
-struct batch_shard {
-  tensor<T, R> inputs;
-  Target targets;
-};
-
-/// @brief Cross-entropy of logits [N, C] against class indices [N]: the default loss.
-struct cross_entropy_loss {
-  template <class V, class Y>
-  auto operator()(const var<V>& logits, const Y& labels) const {
-    return pdo::cross_entropy(logits, labels);
-  }
-};
-/// @brief Mean squared error against targets of the output's shape.
-struct mse_loss {
-  template <class V>
-  auto operator()(const var<V>& out, const V& target) const {
-    return pdo::mse(out, var<V>(target));
-  }
-};
-
-
 }  // namespace pdo::nn
 
 namespace pdo::detail {
 
-/// @brief Rows [first, first + count) of `src` into `dst` (row-major, dim 0 the rows) in the given order.
-template <class T, std::size_t R>
-void copy_rows(const tensor<T, R>& src, const std::vector<std::size_t>& order, std::size_t first, tensor<T, R>& dst) {
-  const std::size_t row = src.extent(0) == 0 ? 0 : src.size() / src.extent(0);
-  for (std::size_t i = 0; i < dst.extent(0); ++i)
-    std::copy_n(src.data() + order[first + i] * row, row, dst.data() + i * row);
-}
-
-template <std::size_t R>
-shape_t<R> with_rows(shape_t<R> s, std::size_t rows) {
-  s[0] = rows;
-  return s;
-}
-
-/// @brief Throws pdo::layout_error unless every place of `m` is a CPU place: the trainers
-/// (data_parallel, pipeline) read losses, counts and gradient buckets in host memory.
-template <class Mesh>
-void require_cpu_places(const std::string& op, const Mesh& m) {
-  for (std::size_t p = 0; p < m.size(); ++p)
-    if (m.place(p).kind() != place_kind::cpu)
-      throw layout_error(op + ": place " + m.place(p).name() + " of " + m.describe() + " is a GPU place; " + op +
-                         " trains on CPU places (on GPU places, write the step with pdo::spmd or dtensor ops and an optimizer)");
+/// @brief The sum over the places of p's line along `axis` of each of `values` (host
+/// numbers: a loss, a count), through the mesh's host group whatever its devices.
+template <class Mesh, std::size_t N>
+std::array<double, N> sum_along(const Mesh& m, std::size_t axis, std::size_t p, const std::array<double, N>& values) {
+  std::vector<double> all(m.size() * N);
+  host_communicator_of(m, p).all_gather(std::span<const double>(values.data(), N), std::span<double>(all));
+  std::array<double, N> sum{};
+  for (std::size_t q : m.group(axis, p))
+    for (std::size_t i = 0; i < N; ++i) sum[i] += all[q * N + i];
+  return sum;
 }
 
 }  // namespace pdo::detail
 
 namespace pdo::nn {
 
-/// @brief Data-parallel training over the "dp" axis of a mesh.
+/// @brief Data-parallel training over the "dp" axis of a mesh, on CPU or GPU places.
 ///
 /// Every place holds its own replica of the model and of the optimizer state, built by
 /// the factories on that place (so their memory is the place's). A step splits the global
 /// batch by rows along "dp" (uneven shards allowed: 10 rows on 4 places train 3, 3, 2, 2),
-/// runs forward and backward on every place at once, and sums the gradients with
-/// all_reduce. The loss of each place is weighted by its share of the global batch, so
-/// the summed gradient is the gradient of the global batch's mean loss: training on N
-/// places follows the same trajectory as on one place with the same global batch.
+/// runs forward and backward on every place at once, and sums the gradients. The loss of
+/// each place is weighted by its share of the global batch, so the summed gradient is the
+/// gradient of the global batch's mean loss: training on N places follows the same
+/// trajectory as on one place with the same global batch.
 ///
-/// Why all_reduce: the planner derives it. A replicated parameter used on rows split
-/// along "dp" gets a gradient matmul(xᵀ, g) whose layout is partial over "dp", and the
-/// plan that brings it back to the parameter's layout is one all_reduce
-/// (`gradient_sync_plan`, checked at compile time below).
+/// How the gradients are summed, the planner derives: a replicated parameter used on rows
+/// split along "dp" gets a gradient matmul(xᵀ, g) whose layout is partial over "dp", and
+/// the plan that brings it back to the parameter's layout is one all_reduce
+/// (`gradient_sync_plan`, checked at compile time below), which each gradient bucket runs.
 template <class T, class Model, class Optimizer, class Mesh, class Loss = cross_entropy_loss>
 class data_parallel {
  public:
@@ -11485,25 +12807,20 @@ class data_parallel {
   static_assert(gradient_sync_plan.size == 1 && gradient_sync_plan.steps[0].kind == step_kind::all_reduce &&
                     gradient_sync_plan.steps[0].axis == "dp",
                 "pdo: data_parallel: the planner should sync replicated gradients with one all_reduce over \"dp\"");
+  using buckets_type = gradient_buckets<T, Mesh, "dp">;
+  static_assert(buckets_type::sync_plan.steps[0].kind == gradient_sync_plan.steps[0].kind,
+                "pdo: data_parallel: a bucket syncs its gradients as the planner syncs a parameter's");
 
   template <class MakeModel, class MakeOptimizer>
   data_parallel(const Mesh& m, MakeModel make_model, MakeOptimizer make_optimizer, data_parallel_options o = {}, Loss loss = {})
       : mesh_(m), options_(o), loss_(loss), replicas_(m.local_places().size()) {
-    pdo::detail::require_cpu_places("data_parallel", m);
     pdo::detail::run_on_places("data_parallel", mesh_, [&](std::size_t p, std::size_t k) {
       auto& r = *(replicas_[k] = std::make_unique<replica>());
       r.place = p;
       r.model.emplace(make_model());
       r.params = parameters_of<T>(*r.model);
-      r.make_buckets(options_.bucket_bytes, options_.zero1, mesh_.extent(dp_axis), mesh_.coord(p, dp_axis));
-      if (options_.zero1) {
-        std::vector<parameter_ref<T>> slices;
-        for (std::size_t b = 0; b < r.buckets.size(); ++b)
-          slices.emplace_back("bucket" + std::to_string(b) + ".slice", r.buckets[b].slice);
-        r.optimizer.emplace(make_optimizer(std::move(slices)));
-      } else {
-        r.optimizer.emplace(make_optimizer(r.params));
-      }
+      r.buckets = std::make_unique<buckets_type>(mesh_, p, r.params, bucket_options{options_.bucket_bytes, options_.overlap, options_.zero1});
+      r.optimizer.emplace(make_optimizer(options_.zero1 ? r.buckets->slices() : r.params));
     });
   }
 
@@ -11535,8 +12852,8 @@ class data_parallel {
   };
 
   /// @brief Trains for `epochs` over (inputs, targets), in global batches (the last one
-  /// may be smaller); the next batch is cut and copied to the places by a background
-  /// thread while the current one trains. Calls on_epoch(stats) after each epoch.
+  /// may be smaller); the next batch is cut and copied to the places by a task on a copy
+  /// lane while the current one trains. Calls on_epoch(stats) after each epoch.
   template <std::size_t R, class Target, class OnEpoch>
   void fit(const tensor<T, R>& inputs, const Target& targets, fit_options o, OnEpoch&& on_epoch) {
     const std::size_t n = inputs.extent(0);
@@ -11544,6 +12861,8 @@ class data_parallel {
     std::mt19937_64 gen(o.seed);
     std::vector<std::size_t> order(n);
     std::iota(order.begin(), order.end(), std::size_t{0});
+    using shards_t = decltype(shard(inputs, targets, order, 0, 0));
+    pdo::detail::place_state& copier = *mesh_.place(mesh_.local_places().front()).state();
     for (std::size_t epoch = 0; epoch < o.epochs; ++epoch) {
       if (o.shuffle) std::shuffle(order.begin(), order.end(), gen);
       const auto start = std::chrono::steady_clock::now();
@@ -11551,7 +12870,7 @@ class data_parallel {
       std::size_t counted = 0, skipped = 0;
       auto cut = [&](std::size_t first) {
         const std::size_t rows = std::min(o.batch_size, n - first);
-        return std::async(std::launch::async, [this, &inputs, &targets, &order, first, rows] {
+        return pdo::detail::prefetched<shards_t>(copier, [this, &inputs, &targets, &order, first, rows] {
           return shard(inputs, targets, order, first, rows);
         });
       };
@@ -11591,9 +12910,8 @@ class data_parallel {
     std::vector<double> correct(replicas_.size(), 0);
     pdo::detail::run_on_places("data_parallel::accuracy", mesh_, [&](std::size_t p, std::size_t k) {
       auto& s = shards[k];
-      double c = s.inputs.extent(0) == 0 ? 0.0 : static_cast<double>(count_correct((*replicas_[k]->model)(var(s.inputs)).value(), s.targets));
-      communicator_along(mesh_, dp_axis, p).all_reduce(std::span<double>(&c, 1));
-      correct[k] = c;
+      const double c = s.inputs.extent(0) == 0 ? 0.0 : static_cast<double>(count_correct((*replicas_[k]->model)(var(s.inputs)).value(), s.targets));
+      correct[k] = pdo::detail::sum_along<Mesh, 1>(mesh_, dp_axis, p, {c})[0];
     });
     return inputs.extent(0) == 0 ? 0.0 : correct[0] / static_cast<double>(inputs.extent(0));
   }
@@ -11604,23 +12922,22 @@ class data_parallel {
   /// @brief The parameters of each bucket, by name, in the order they are all_reduced.
   [[nodiscard]] std::vector<std::vector<std::string>> buckets() const {
     std::vector<std::vector<std::string>> out;
-    for (const auto& b : replicas_[0]->buckets) {
+    for (const auto& b : replicas_[0]->buckets->members()) {
       out.emplace_back();
-      for (std::size_t i : b.params) out.back().push_back(replicas_[0]->params[i].name());
+      for (std::size_t i : b) out.back().push_back(replicas_[0]->params[i].name());
     }
     return out;
   }
   /// @brief The parameter elements whose optimizer state place `k` of this process keeps:
   /// all of them, or under ZeRO-1 its slices (about 1/n).
-  [[nodiscard]] std::size_t optimizer_state_elements(std::size_t k = 0) const {
-    std::size_t n = 0;
-    for (const auto& b : replicas_[k]->buckets) n += options_.zero1 ? b.slice.shape()[0] : b.elements;
-    return n;
-  }
+  [[nodiscard]] std::size_t optimizer_state_elements(std::size_t k = 0) const { return replicas_[k]->buckets->optimizer_state_elements(); }
   /// @brief What every place of this process did in the last step, with times.
   [[nodiscard]] std::vector<step_event> last_step_events() const {
     std::vector<step_event> all;
-    for (const auto& r : replicas_) all.insert(all.end(), r->events.begin(), r->events.end());
+    for (const auto& r : replicas_) {
+      const auto e = r->buckets->events();
+      all.insert(all.end(), e.begin(), e.end());
+    }
     return all;
   }
   [[nodiscard]] const Mesh& mesh() const { return mesh_; }
@@ -11629,7 +12946,7 @@ class data_parallel {
   /// planner derives for the replicated parameters, the collective that syncs it, and the
   /// buckets with the bytes each place sends for them.
   [[nodiscard]] std::string explain() const {
-    const auto& step = gradient_sync_plan.steps[0];
+    const auto& step = buckets_type::step_of(options_.zero1);
     std::string text = "data_parallel on " + mesh_.describe() + ": each place trains the rows " + pdo::layout_name<data_layout>() +
                        " of the global batch on its own replica\n";
     text += "  gradient of a replicated parameter used on those rows: matmul(xᵀ, g) -> " + pdo::layout_name<gradient_layout>() + "\n";
@@ -11641,92 +12958,25 @@ class data_parallel {
               std::string(step.axis) + "\", in buckets of ~" + std::to_string(options_.bucket_bytes) + " B, " +
               (options_.overlap ? "each started as soon as backward completes it" : "after backward") + "\n";
     const auto& r = *replicas_[0];
-    for (std::size_t b = 0; b < r.buckets.size(); ++b) {
-      const auto& bk = r.buckets[b];
-      text += "  bucket " + std::to_string(b) + ": " + std::to_string(bk.elements * sizeof(T)) + " B, each place sends " +
-              std::to_string(pdo::detail::bytes_sent(mesh_, step, {bk.elements}, sizeof(T))) + " B:";
-      for (std::size_t j : bk.params) text += " " + r.params[j].name() + " " + r.params[j].shape_text();
+    const auto members = r.buckets->members();
+    for (std::size_t b = 0; b < members.size(); ++b) {
+      const std::size_t elements = r.buckets->elements(b);
+      text += "  bucket " + std::to_string(b) + ": " + std::to_string(elements * sizeof(T)) + " B, each place sends " +
+              std::to_string(pdo::detail::bytes_sent(mesh_, step, {elements}, sizeof(T))) + " B:";
+      for (std::size_t j : members[b]) text += " " + r.params[j].name() + " " + r.params[j].shape_text();
       text += "\n";
     }
     return text;
   }
 
  private:
-  using clock = std::chrono::steady_clock;
-
-  struct bucket {
-    std::vector<std::size_t> params;  ///< indices into replica::params
-    std::size_t elements = 0;
-    tensor<T, 1> flat;        ///< the gradients packed (buckets of several parameters, and all under ZeRO-1); under
-                              ///< ZeRO-1 also where the updated slices are gathered
-    var<tensor<T, 1>> slice;  ///< ZeRO-1: this place's slice of the parameters, which its optimizer updates
-    std::size_t slice_offset = 0;
-    std::size_t waiting = 0;  ///< gradients not yet complete in this step
-    bool ready = false;
-  };
-
   struct replica {
     std::size_t place = 0;
     std::optional<Model> model;
     std::vector<parameter_ref<T>> params;
-    std::optional<Optimizer> optimizer;
-    std::vector<bucket> buckets;
-    std::vector<std::size_t> bucket_of;  ///< per parameter
-    std::size_t launched = 0;            ///< buckets handed to the communication thread this step
-    std::atomic<std::size_t> finished{0};
-    std::optional<pdo::detail::captured_error> comm_failure;
-    std::mutex events_mutex;
-    std::vector<step_event> events;
-    clock::time_point start;
-    std::unique_ptr<pdo::detail::worker> comm;  ///< runs this place's all_reduces while backward goes on
-
-    void make_buckets(std::size_t bytes, bool zero1, std::size_t parts, std::size_t me) {
-      bucket_of.assign(params.size(), 0);
-      // backward completes the last layers first: buckets follow the parameters in reverse
-      for (std::size_t j = params.size(); j-- > 0;) {
-        if (buckets.empty() || (buckets.back().elements * sizeof(T) >= bytes)) buckets.emplace_back();
-        buckets.back().params.push_back(j);
-        buckets.back().elements += params[j].size();
-        bucket_of[j] = buckets.size() - 1;
-      }
-      for (auto& b : buckets) {
-        if (b.params.size() > 1 || zero1) b.flat = tensor<T, 1>(shape_t<1>{b.elements}, pdo::detail::uninitialized);
-        if (!zero1) continue;
-        pack_values(b, b.flat.data());
-        b.slice_offset = pdo::detail::chunk_offset(b.elements, parts, me);
-        tensor<T, 1> mine(shape_t<1>{pdo::detail::chunk_size(b.elements, parts, me)}, pdo::detail::uninitialized);
-        std::copy_n(b.flat.data() + b.slice_offset, mine.size(), mine.data());
-        b.slice = parameter(std::move(mine));
-      }
-      comm = std::make_unique<pdo::detail::worker>(std::vector<int>{});
-    }
-    void pack_values(const bucket& b, T* out) const {
-      for (std::size_t j : b.params) {
-        const auto v = params[j].value();
-        out = std::copy(v.begin(), v.end(), out);
-      }
-    }
-    void unpack_values(const bucket& b, const T* in) const {
-      for (std::size_t j : b.params) {
-        const auto v = params[j].value();
-        std::copy_n(in, v.size(), v.data());
-        in += v.size();
-      }
-    }
-    double since_start() const { return std::chrono::duration<double, std::micro>(clock::now() - start).count(); }
-    void record(std::string what, std::size_t b, double from, double to, double queued = -1) {
-      std::lock_guard lock(events_mutex);
-      events.push_back({place, std::move(what), b, from, to, queued < 0 ? from : queued});
-    }
+    std::unique_ptr<buckets_type> buckets;
+    std::optional<Optimizer> optimizer;  ///< declared after the buckets: under ZeRO-1 it updates their slices
   };
-
-  template <class Target>
-  static auto cut_targets(const Target& targets, const std::vector<std::size_t>& order, std::size_t first, std::size_t rows,
-                          const any_place& where) {
-    Target t(pdo::detail::with_rows(targets.shape(), rows), where, pdo::detail::uninitialized);
-    pdo::detail::copy_rows(targets, order, first, t);
-    return t;
-  }
 
   /// @brief Rows order[first, first + rows) of the data, cut into one shard per place of
   /// this process (in that place's memory).
@@ -11740,57 +12990,10 @@ class data_parallel {
     for (std::size_t p : mesh_.local_places()) {
       const std::size_t c = mesh_.coord(p, dp_axis);
       const std::size_t at = first + pdo::detail::chunk_offset(rows, parts, c), count = pdo::detail::chunk_size(rows, parts, c);
-      tensor<T, R> x(pdo::detail::with_rows(inputs.shape(), count), mesh_.place(p), pdo::detail::uninitialized);
-      pdo::detail::copy_rows(inputs, order, at, x);
-      out.push_back({std::move(x), cut_targets(targets, order, at, count, mesh_.place(p))});
+      out.push_back({pdo::detail::cut_rows(inputs, order, at, count, mesh_.place(p)),
+                     pdo::detail::cut_rows(targets, order, at, count, mesh_.place(p))});
     }
     return out;
-  }
-
-  /// @brief Hands bucket `b` to the communication thread, which all_reduces it: a bucket of
-  /// one parameter in place, a bucket of several packed into one buffer.
-  void launch(replica& r, std::size_t b) {
-    auto& bk = r.buckets[b];
-    std::span<T> data = bk.flat.span();
-    if (bk.params.size() == 1 && !options_.zero1) {
-      data = r.params[bk.params[0]].grad_or_zeros();
-    } else {
-      std::size_t at = 0;
-      for (std::size_t j : bk.params) {
-        const auto g = r.params[j].grad_or_zeros();
-        std::copy(g.begin(), g.end(), bk.flat.data() + at);
-        at += g.size();
-        // under ZeRO-1 the packed copy is all that is reduced, and the step gathers values,
-        // not gradients: the parameter's gradient is freed while backward goes on
-        if (options_.zero1) r.params[j].zero_grad();
-      }
-    }
-    ++r.launched;
-    const std::size_t p = r.place;
-    if (options_.zero1) bk.slice.node()->grad.emplace(shape_t<1>{bk.slice.shape()[0]});
-    const std::span<T> slice_grad = options_.zero1 ? bk.slice.grad().span() : std::span<T>();
-    const double queued = r.since_start();
-    r.comm->submit([this, &r, data, slice_grad, b, p, queued] {
-      const double from = r.since_start();
-      try {
-        const mesh_communicator comm = communicator_along(mesh_, dp_axis, p);
-        if (options_.zero1) comm.reduce_scatter(std::span<const T>(data), slice_grad);
-        else comm.all_reduce(data);
-      } catch (...) {
-        r.comm_failure = pdo::detail::captured_error::current();
-      }
-      r.record(options_.zero1 ? "reduce_scatter" : "all_reduce", b, from, r.since_start(), queued);
-      r.finished.fetch_add(1, std::memory_order_acq_rel);
-      r.finished.notify_all();
-    });
-  }
-  /// @brief Launches the ready buckets, in bucket order (every place all_reduces them in the same order).
-  void launch_ready(replica& r) {
-    while (r.launched < r.buckets.size() && r.buckets[r.launched].ready) launch(r, r.launched);
-  }
-  void wait_launched(replica& r) {
-    for (std::size_t f = r.finished.load(std::memory_order_acquire); f < r.launched; f = r.finished.load(std::memory_order_acquire))
-      r.finished.wait(f, std::memory_order_acquire);
   }
 
   template <std::size_t R, class Target>
@@ -11799,81 +13002,48 @@ class data_parallel {
     std::vector<double> corrects(replicas_.size());
     pdo::detail::run_on_places("data_parallel::step", mesh_, [&](std::size_t p, std::size_t k) {
       replica& r = *replicas_[k];
+      buckets_type& buckets = *r.buckets;
       auto& s = shards[k];
-      r.events.clear();
-      r.start = clock::now();
-      r.launched = 0;
-      r.finished.store(0);
-      r.comm_failure.reset();
-      for (auto& b : r.buckets) {
-        b.waiting = b.params.size();
-        b.ready = false;
-      }
-      for (auto& b : r.buckets)
-        if (options_.zero1) b.slice.zero_grad();
-      for (std::size_t j = 0; j < r.params.size(); ++j) {
-        r.params[j].zero_grad();
-        r.params[j].on_gradient([this, &r, j] {
-          auto& b = r.buckets[r.bucket_of[j]];
-          if (--b.waiting == 0) b.ready = true;
-          if (options_.overlap) launch_ready(r);
-        });
-      }
-      // whatever happens, the communication thread is done with this step's buffers before we return
-      struct drain {
-        data_parallel* self;
-        replica& r;
-        ~drain() { self->wait_launched(r); }
-      } guard{this, r};
+      buckets.begin_step();
+      buckets.arm();
       T local{};
       std::size_t correct = 0;
       const std::size_t rows = s.inputs.extent(0);
-      if (rows > 0) {
-        const auto out = (*r.model)(var(s.inputs));
-        const auto loss = loss_(out, s.targets) * (static_cast<T>(rows) / static_cast<T>(global_rows));
-        const double forward_end = r.since_start();
-        r.record("forward", 0, 0, forward_end);
-        if constexpr (std::is_integral_v<typename Target::value_type>) correct = count_correct(out.value(), s.targets);
-        local = loss.value().data()[0];
-        pdo::backward(loss);
-        r.record("backward", 0, forward_end, r.since_start());
-      }
-      for (auto& b : r.buckets) b.ready = true;  // parameters without gradient (no rows here, or unused) send zeros
-      launch_ready(r);
-      wait_launched(r);
-      if (r.comm_failure) r.comm_failure->rethrow_with_context("gradient all_reduce: ");
-      if (!options_.zero1) {
-        for (auto& b : r.buckets) {
-          if (b.params.size() == 1) continue;  // reduced in place
-          std::size_t at = 0;
-          for (std::size_t j : b.params) {
-            const auto g = r.params[j].grad_or_zeros();
-            std::copy_n(b.flat.data() + at, g.size(), g.data());
-            at += g.size();
+      {
+        // whatever happens, the communication lane is done with this step's buffers before we return
+        struct drain {
+          buckets_type& b;
+          bool done = false;
+          ~drain() {
+            if (!done) b.abandon();
           }
+        } guard{buckets};
+        if (rows > 0) {
+          std::optional<pdo::detail::timeline_span> forward_span;
+          forward_span.emplace("kernel", "forward", [&] { return std::to_string(rows) + " rows"; });
+          const auto out = (*r.model)(var(s.inputs));
+          const auto loss = loss_(out, s.targets) * (static_cast<T>(rows) / static_cast<T>(global_rows));
+          forward_span.reset();
+          const double forward_end = buckets.since_start();
+          buckets.record("forward", 0, 0, forward_end);
+          if constexpr (std::is_integral_v<typename Target::value_type>) correct = count_correct(out.value(), s.targets);
+          local = pdo::detail::scalar_of(loss.value());
+          pdo::backward(loss);
+          buckets.record("backward", 0, forward_end, buckets.since_start());
         }
+        guard.done = true;
+        buckets.finish();  // parameters without a gradient (no rows here, or unused) send zeros
       }
       // the global batch's loss and count of correct predictions, on every place, before any
       // update: a step whose loss is not finite changes nothing
-      double totals[2] = {static_cast<double>(local), static_cast<double>(correct)};
-      communicator_along(mesh_, dp_axis, p).all_reduce(std::span<double>(totals, 2));
+      const auto totals = pdo::detail::sum_along<Mesh, 2>(mesh_, dp_axis, p, {static_cast<double>(local), static_cast<double>(correct)});
       losses[k] = static_cast<T>(totals[0]);
       corrects[k] = totals[1];
       if (!std::isfinite(totals[0])) return;
-      const double opt_start = r.since_start();
+      const double opt_start = buckets.since_start();
       r.optimizer->step();
-      r.record("optimizer", 0, opt_start, r.since_start());
-      if (options_.zero1) {
-        // every place's updated slice, gathered into every replica's parameters
-        const mesh_communicator comm = communicator_along(mesh_, dp_axis, p);
-        for (std::size_t b = 0; b < r.buckets.size(); ++b) {
-          auto& bk = r.buckets[b];
-          const double from = r.since_start();
-          comm.all_gather(std::span<const T>(bk.slice.value().span()), bk.flat.span());
-          r.unpack_values(bk, bk.flat.data());
-          r.record("all_gather", b, from, r.since_start());
-        }
-      }
+      buckets.record("optimizer", 0, opt_start, buckets.since_start());
+      if (options_.zero1) buckets.gather_slices();
     });
     ++steps_;
     if (!std::isfinite(static_cast<double>(losses[0]))) {
@@ -11888,8 +13058,10 @@ class data_parallel {
     return losses[0];
   }
 
+  /// @brief How many rows of `out` have their largest output at their label (read on the host).
   template <class Label>
   static std::size_t count_correct(const tensor<T, 2>& out, const tensor<Label, 1>& labels) {
+    if (out.on_gpu() || labels.on_gpu()) return count_correct(to_host(out), to_host(labels));
     std::size_t c = 0;
     const std::size_t classes = out.extent(1);
     for (std::size_t i = 0; i < out.extent(0); ++i) {
@@ -12462,49 +13634,62 @@ struct stage_bounds {
   static constexpr std::array<std::size_t, sizeof...(Cuts) + 2> values{0, Cuts..., Layers};
 };
 
-/// @brief Sends tensors from a place without waiting for their receiver: a thread per
-/// direction, in order (receivers take them in the same order).
-struct async_sender {
-  pdo::detail::worker thread{std::vector<int>{}};
-  std::size_t queued = 0;
-  std::atomic<std::size_t> finished{0};
-  std::optional<pdo::detail::captured_error> failure;
+/// @brief A place's links to its neighbouring stages: its line along "pp" (members by "pp"
+/// coordinate) for the data, the mesh's host group (members by place index) for shapes.
+struct channel {
+  mesh_communicator link, host;
+  std::size_t previous = 0, next = 0;              ///< members of `link`
+  std::size_t previous_place = 0, next_place = 0;  ///< members of `host`
+};
 
+/// @brief Sends tensors from a place without waiting for their receiver: engine tasks on
+/// one lane of the place, in order (receivers take them in the same order). Forward's sends
+/// and backward's go on two lanes, so a send that waits for its receiver never holds up
+/// the other direction.
+struct async_sender {
+  lane_kind lane = lane_kind::communication;
+  std::vector<pdo::detail::task_handle> sends;
+
+  /// @brief Sends `t` to member `to` of `link` (the line along "pp"); its shape goes first
+  /// through `host` (the mesh's host group, whose member `to_place` the receiver is), so a
+  /// GPU mesh sends only device memory through NCCL.
   template <class T, std::size_t R>
-  void send(mesh_communicator comm, tensor<T, R> t, std::size_t to, int tag) {
-    ++queued;
-    thread.submit([this, comm, to, tag, data = std::make_shared<tensor<T, R>>(std::move(t))] {
-      try {
-        std::array<std::size_t, R + 1> header{};
-        for (std::size_t d = 0; d < R; ++d) header[d] = data->shape()[d];
-        comm.send(std::span<const std::size_t>(header), to, 2 * tag);
-        comm.send(std::as_const(*data).span(), to, 2 * tag + 1);
-      } catch (...) {
-        if (!failure) failure = pdo::detail::captured_error::current();
-      }
-      finished.fetch_add(1, std::memory_order_acq_rel);
-      finished.notify_all();
-    });
+  void send(pdo::detail::place_state& from, const channel& c, tensor<T, R> t, bool forward, int tag) {
+    auto data = std::make_shared<tensor<T, R>>(std::move(t));
+    pdo::detail::task_request r;
+    r.home = &pdo::detail::lane_of(from, lane);
+    r.op = "pipeline send";
+    r.category = "collective";
+    r.uses.reads.push_back(data->data());
+    if (pdo::detail::timeline_on()) r.detail = std::to_string(data->bytes()) + " bytes, micro-batch " + std::to_string(tag);
+    r.fn = [c, forward, tag, data] {
+      std::array<std::size_t, R + 1> header{};
+      for (std::size_t d = 0; d < R; ++d) header[d] = data->shape()[d];
+      c.host.send(std::span<const std::size_t>(header), forward ? c.next_place : c.previous_place, 2 * tag);
+      c.link.send(std::as_const(*data).span(), forward ? c.next : c.previous, 2 * tag + 1);
+    };
+    sends.push_back(pdo::detail::engine::instance().submit(std::move(r)));
   }
-  void drain() {
-    for (std::size_t f = finished.load(std::memory_order_acquire); f < queued; f = finished.load(std::memory_order_acquire))
-      finished.wait(f, std::memory_order_acquire);
+  void drain() const {
+    for (const auto& s : sends) s->wait_ended();
   }
-  void reset() {
-    queued = 0;
-    finished.store(0);
-    failure.reset();
+  /// @brief The first send that failed, once drained.
+  [[nodiscard]] std::optional<pdo::detail::captured_error> failure() const {
+    for (const auto& s : sends)
+      if (auto e = pdo::detail::outcome(*s)) return e;
+    return std::nullopt;
   }
+  void reset() { sends.clear(); }
 };
 
 template <class T, std::size_t R>
-tensor<T, R> receive(const mesh_communicator& comm, std::size_t from, int tag, const any_place& place) {
+tensor<T, R> receive(const channel& c, bool from_previous, int tag, const any_place& place) {
   std::array<std::size_t, R + 1> header{};
-  comm.recv(std::span<std::size_t>(header), from, 2 * tag);
+  c.host.recv(std::span<std::size_t>(header), from_previous ? c.previous_place : c.next_place, 2 * tag);
   shape_t<R> shape{};
   for (std::size_t d = 0; d < R; ++d) shape[d] = header[d];
   tensor<T, R> t(shape, place, pdo::detail::uninitialized);
-  comm.recv(t.span(), from, 2 * tag + 1);
+  c.link.recv(t.span(), from_previous ? c.previous : c.next, 2 * tag + 1);
   return t;
 }
 
@@ -12513,6 +13698,10 @@ tensor<T, R> receive(const mesh_communicator& comm, std::size_t from, int tag, c
 struct pipeline_options {
   pipeline_schedule schedule = pipeline_schedule::one_f_one_b;
   std::size_t micro_batches = 4;
+  /// @brief On a mesh with a "dp" axis, each stage's gradients are all_reduced over "dp" in
+  /// buckets of about this many bytes (pdo/nn/buckets.hpp), started during the last
+  /// micro-batch's backward.
+  std::size_t bucket_bytes = std::size_t{25} << 20;
 };
 
 /// @brief Pipeline training over the "pp" axis of a mesh, data parallel over "dp" and tensor
@@ -12538,7 +13727,11 @@ class pipeline {
   pipeline(const Mesh& m, const Model& model, detail_pp::cut_list<Cuts...>, MakeOptimizer make_optimizer, pipeline_options o, Loss loss)
       : mesh_(m), options_(o), loss_(loss), schedule_(make_schedule(o.schedule, stage_count, o.micro_batches)),
         states_(m.local_places().size()) {
-    pdo::detail::require_cpu_places("pipeline", m);
+    for (std::size_t q = 0; q < m.size(); ++q)
+      if (m.place(q).kind() != place_kind::cpu)
+        throw layout_error("pipeline: place " + m.place(q).name() + " of " + m.describe() +
+                           " is a GPU place; the pipeline trains on CPU places (its sends and receives between stages "
+                           "would share one NCCL stream per GPU, where a send waits for a receive queued behind it)");
     if (m.extent(pp_axis) != stage_count)
       throw layout_error("pipeline: the model is cut into " + std::to_string(stage_count) + " stages but " + m.describe() + " has " +
                          std::to_string(m.extent(pp_axis)) + " places along \"pp\"");
@@ -12554,6 +13747,7 @@ class pipeline {
         slot.emplace(detail_pp::stage_of<bounds::values[S], bounds::values[S + 1]>(model, mesh_, p));
         st.params = parameters_of<T>(*slot);
       });
+      if constexpr (has_dp) st.buckets = std::make_unique<dp_buckets>(mesh_, p, st.params, bucket_options{options_.bucket_bytes, true, false});
       st.optimizer.emplace(make_optimizer(st.params));
     });
   }
@@ -12609,12 +13803,18 @@ class pipeline {
     using out = std::remove_cvref_t<decltype(std::declval<const model&>()(std::declval<const var<in>&>()).value())>;
   };
 
+  struct no_buckets {};
+  /// @brief A stage's gradient buckets over "dp" (a mesh without "dp" has none).
+  using dp_buckets = typename std::conditional_t<has_dp, std::type_identity<gradient_buckets<T, Mesh, "dp">>,
+                                                 std::type_identity<no_buckets>>::type;
+
   struct place_state {
     std::size_t stage = 0;
     std::tuple<std::optional<Stages>...> models;
     std::vector<parameter_ref<T>> params;
+    std::unique_ptr<dp_buckets> buckets;  ///< with a "dp" axis: the stage's gradients, synced over it
     std::optional<Optimizer> optimizer;
-    detail_pp::async_sender forward_sends, backward_sends;
+    detail_pp::async_sender forward_sends{lane_kind::communication}, backward_sends{lane_kind::copy};
     std::size_t max_in_flight = 0;
     double busy = 0;     ///< seconds computing in the last step
     double seconds = 0;  ///< the last step, as this place saw it
@@ -12627,14 +13827,6 @@ class pipeline {
     }(std::make_index_sequence<stage_count>{});
   }
 
-  template <class X>
-  static X rows_of(const X& src, std::size_t first, std::size_t count, const any_place& place) {
-    X out(pdo::detail::with_rows(src.shape(), count), place, pdo::detail::uninitialized);
-    const std::size_t row = src.extent(0) == 0 ? 0 : src.size() / src.extent(0);
-    std::copy_n(src.data() + first * row, count * row, out.data());
-    return out;
-  }
-
   template <std::size_t S, class Inputs>
   T run_stage(std::size_t p, place_state& st, const Inputs& inputs, const Target& targets, std::size_t global_rows) {
     using types = stage_types<S>;
@@ -12643,8 +13835,15 @@ class pipeline {
     constexpr bool first = S == 0, last = S + 1 == stage_count;
     const auto& place = mesh_.place(p);
     const auto& model = *std::get<S>(st.models);
-    const mesh_communicator pp = communicator_along(mesh_, pp_axis, p);
     const std::size_t me = mesh_.coord(p, pp_axis);
+    detail_pp::channel link{communicator_along(mesh_, pp_axis, p), host_communicator_of(mesh_, p)};
+    {
+      const auto line = mesh_.group(pp_axis, p);
+      link.previous = me == 0 ? me : me - 1;
+      link.next = me + 1 < line.size() ? me + 1 : me;
+      link.previous_place = line[link.previous];
+      link.next_place = line[link.next];
+    }
     // this place's rows: its "dp" share of the batch, cut into micro-batches
     std::size_t first_row = 0, my_rows = global_rows;
     if constexpr (has_dp) {
@@ -12661,28 +13860,38 @@ class pipeline {
     st.max_in_flight = 0;
     st.busy = 0;
     const auto step_start = std::chrono::steady_clock::now();
-    for (auto& q : st.params) q.zero_grad();
-    std::size_t in_flight = 0;
+    if constexpr (has_dp) {
+      st.buckets->begin_step();  // no gradients yet
+    } else {
+      for (auto& q : st.params) q.zero_grad();
+    }
+    // the last backward completes the gradients: it starts the "dp" buckets
+    std::size_t last_backward = 0;
+    for (std::size_t i = 0; i < schedule_[S].size(); ++i)
+      if (!schedule_[S][i].forward) last_backward = i;
+    std::size_t in_flight = 0, action = 0;
     T total{};
     try {
       for (const auto& a : schedule_[S]) {
+        if constexpr (has_dp)
+          if (action++ == last_backward) st.buckets->arm();
         const std::size_t m0 = first_row + pdo::detail::chunk_offset(my_rows, micros, a.micro);
         const std::size_t mr = pdo::detail::chunk_size(my_rows, micros, a.micro);
         const int tag = static_cast<int>(a.micro);
         if (a.forward) {
           var<in_t> x;
-          if constexpr (first) x = var<in_t>(rows_of(inputs, m0, mr, place));
-          else x = parameter(detail_pp::receive<T, in_t::rank>(pp, me - 1, tag, place));
+          if constexpr (first) x = var<in_t>(pdo::detail::cut_rows(inputs, m0, mr, place));
+          else x = parameter(detail_pp::receive<T, in_t::rank>(link, true, tag, place));
           const auto t0 = std::chrono::steady_clock::now();
           auto y = model(x);
           if constexpr (last) {
             if (mr > 0) {
-              auto loss = loss_(y, rows_of(targets, m0, mr, place)) * (static_cast<T>(mr) / static_cast<T>(global_rows));
-              total += loss.value().data()[0];
+              auto loss = loss_(y, pdo::detail::cut_rows(targets, m0, mr, place)) * (static_cast<T>(mr) / static_cast<T>(global_rows));
+              total += pdo::detail::scalar_of(loss.value());
               micro_losses[a.micro] = std::move(loss);
             }
           } else {
-            st.forward_sends.send(pp, out_t(y.value()), me + 1, tag);
+            st.forward_sends.send(*place.state(), link, out_t(y.value()), true, tag);
             ys[a.micro] = std::move(y);
           }
           st.busy += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -12694,14 +13903,14 @@ class pipeline {
             if (micro_losses[a.micro]) pdo::backward(*micro_losses[a.micro]);
             st.busy += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
           } else {
-            auto g = detail_pp::receive<T, out_t::rank>(pp, me + 1, tag, place);
+            auto g = detail_pp::receive<T, out_t::rank>(link, false, tag, place);
             const auto t0 = std::chrono::steady_clock::now();
             if (ys[a.micro]->requires_grad()) pdo::backward(*ys[a.micro], std::move(g));
             st.busy += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
           }
           if constexpr (!first) {
             const auto& x = *xs[a.micro];
-            st.backward_sends.send(pp, x.has_grad() ? in_t(x.grad()) : in_t(x.shape(), place), me - 1, tag);
+            st.backward_sends.send(*place.state(), link, x.has_grad() ? in_t(x.grad()) : in_t(x.shape(), place), false, tag);
           }
           xs[a.micro].reset();
           ys[a.micro].reset();
@@ -12713,21 +13922,19 @@ class pipeline {
       pdo::detail::comms_of(mesh_).abort();  // release the other stages before waiting for our sends
       st.forward_sends.drain();
       st.backward_sends.drain();
+      if constexpr (has_dp) st.buckets->abandon();
       throw;
     }
     st.forward_sends.drain();
     st.backward_sends.drain();
-    if (st.forward_sends.failure) st.forward_sends.failure->rethrow_with_context("pipeline send: ");
-    if (st.backward_sends.failure) st.backward_sends.failure->rethrow_with_context("pipeline send: ");
-    if constexpr (has_dp) {
-      const mesh_communicator dp = communicator_along(mesh_, Mesh::axis_index("dp"), p);
-      for (auto& q : st.params) dp.all_reduce(q.grad_or_zeros());
-    }
+    if (const auto f = st.forward_sends.failure()) f->rethrow_with_context("pipeline send: ");
+    if (const auto f = st.backward_sends.failure()) f->rethrow_with_context("pipeline send: ");
+    if constexpr (has_dp) st.buckets->finish();
     st.optimizer->step();
     // the step's loss, known to the last stage of each "dp" row (once per "tp" group): summed over the whole mesh
     double sum = static_cast<double>(total);
     if constexpr (has_tp) sum = mesh_.coord(p, Mesh::axis_index("tp")) == 0 ? sum : 0.0;
-    communicator_of(mesh_, p).all_reduce(std::span<double>(&sum, 1));
+    host_communicator_of(mesh_, p).all_reduce(std::span<double>(&sum, 1));
     st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count();
     return static_cast<T>(sum);
   }
@@ -12762,12 +13969,12 @@ auto make_pipeline(const Mesh& m, const sequential<Layers...>& model, MakeOptimi
 // ---- pdo/place.hpp
 #ifndef PDO_SINGLE_PDO_PLACE_HPP
 #define PDO_SINGLE_PDO_PLACE_HPP
-// pdo/place.hpp: the place layer (places, meshes).
+// pdo/place.hpp: the place layer (places, their lanes, copies between their memories, meshes).
 
 // ---- pdo/place/cpu_place.hpp
 #ifndef PDO_SINGLE_PDO_PLACE_CPU_PLACE_HPP
 #define PDO_SINGLE_PDO_PLACE_CPU_PLACE_HPP
-// pdo/place/cpu_place.hpp: CPU places, each a worker thread on its own cores.
+// pdo/place/cpu_place.hpp: CPU places, each with its lanes, its compute lane on its own cores.
 
 
 #include <cstddef>
@@ -12779,14 +13986,14 @@ namespace pdo {
 
 /// @brief How a CPU place is made.
 struct cpu_place_options {
-  bool pin = true;             ///< pin the worker to the place's cores (off when other places share them)
+  bool pin = true;             ///< pin the compute lane to the place's cores (off when other places share them)
   std::size_t memory_cap = 0;  ///< bytes the place may hold (0: no cap)
   std::string name;            ///< empty: "cpu:<ordinal>"
   int process = 0;             ///< the MPI rank that owns it
 };
 
-/// @brief A CPU place: a worker thread that runs the place's work on the cores it was
-/// given (pinned there when no other place shares them), and a caching allocator.
+/// @brief A CPU place: lanes that run the place's work (its compute lane on the cores it
+/// was given, pinned there when no other place shares them), and a caching allocator.
 class cpu_place : public detail::place_handle<cpu_place> {
  public:
   /// @brief A new place on `cores`.
@@ -12795,7 +14002,7 @@ class cpu_place : public detail::place_handle<cpu_place> {
             place_kind::cpu, ordinal, options.process, true, std::move(cores),
             options.name.empty() ? "cpu:" + std::to_string(ordinal) : options.name)) {
     state_->memory = std::make_unique<caching_allocator>(state_->name, options.memory_cap);
-    detail::start_worker(*state_, options.pin ? state_->cores : std::vector<int>{});
+    detail::start_lanes(*state_, options.pin ? state_->cores : std::vector<int>{});
   }
 
   /// @brief A handle to the CPU place behind `state` (which must be a CPU place).
@@ -12851,7 +14058,7 @@ inline std::vector<cpu_place> cpu_places() { return cpu_places(detail::process_c
 // ---- pdo/tensor.hpp
 #ifndef PDO_SINGLE_PDO_TENSOR_HPP
 #define PDO_SINGLE_PDO_TENSOR_HPP
-// pdo/tensor.hpp: the tensor layer (tensor, dtensor, distribute, redistribute, gather).
+// pdo/tensor.hpp: the tensor layer (tensor, dtensor, copies, what each place does in a redistribution).
 
 #endif  // PDO_SINGLE_PDO_TENSOR_HPP
 #endif  // PDO_SINGLE_PDO_PDO_HPP
