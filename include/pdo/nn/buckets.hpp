@@ -61,11 +61,29 @@ class gradient_buckets {
   static constexpr std::size_t axis = Mesh::axis_index(Axis);
   static_assert(axis < Mesh::ndim, "pdo: gradient_buckets: the mesh has no such axis");
 
-  /// @brief A bucket's gradient as the planner sees it: flat, a partial sum over the axis.
-  using gradient_layout = typename layout<replicate>::template partial<Axis>;
-  static constexpr redistribute_plan sync_plan = redistribute_plan_of<gradient_layout, layout<replicate>>();
-  static constexpr redistribute_plan scatter_plan = redistribute_plan_of<gradient_layout, layout<split<Axis>>>();
-  static constexpr redistribute_plan gather_plan = redistribute_plan_of<layout<split<Axis>>, layout<replicate>>();
+  /// @brief A bucket's layouts as the planner sees them (flat): the gradient, a partial sum
+  /// over the axis; replicated; sliced over the axis. (As values: nvcc's front end loses
+  /// the template parameter object of a partial<"axis"> type first named here.)
+  static constexpr detail::layout_value gradient_layout = [] {
+    detail::layout_value v;
+    v.rank = 1;
+    v.add_partial(std::string_view(Axis));
+    return v;
+  }();
+  static constexpr detail::layout_value replicated = [] {
+    detail::layout_value v;
+    v.rank = 1;
+    return v;
+  }();
+  static constexpr detail::layout_value sliced = [] {
+    detail::layout_value v;
+    v.rank = 1;
+    v.dim_axis[0] = std::string_view(Axis);
+    return v;
+  }();
+  static constexpr redistribute_plan sync_plan = detail::plan_redistribute(gradient_layout, replicated);
+  static constexpr redistribute_plan scatter_plan = detail::plan_redistribute(gradient_layout, sliced);
+  static constexpr redistribute_plan gather_plan = detail::plan_redistribute(sliced, replicated);
   static_assert(sync_plan.size == 1 && sync_plan.steps[0].kind == step_kind::all_reduce,
                 "pdo: gradient_buckets: the planner should sync a partial gradient with one all_reduce");
   static_assert(scatter_plan.size == 1 && scatter_plan.steps[0].kind == step_kind::reduce_scatter,
