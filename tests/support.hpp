@@ -111,14 +111,59 @@ pdo::tensor<T, 2> naive_matmul(const pdo::tensor<T, 2>& a, const pdo::tensor<T, 
   return c;
 }
 
-/// @brief The value of `expr(a, b, ...)` evaluated on dtensors laid out as given, gathered,
-/// against the same expression on the local tensors, on lines of 1 to 4 places and a 2 x 2 mesh.
+/// @brief The steps evaluation of `e` ran on each of `places` places (recorded by `ran`) are
+/// the steps of plan_of, in order, and the lines of explain are those steps, fused kernels
+/// shown with the kernel they run in.
+template <class Expr>
+void check_plan_ran(const Expr& e, const pdo::detail::step_recorder& ran, std::size_t places) {
+  constexpr auto plan = pdo::plan_of<Expr>();
+  for (std::size_t p = 0; p < places; ++p) {
+    const auto steps = ran.of(p);
+    CAPTURE(p, pdo::explain(e));
+    REQUIRE(steps.size() == plan.size);
+    for (std::size_t i = 0; i < plan.size; ++i) {
+      CAPTURE(i, std::string(plan.steps[i].op), std::string(steps[i].op), static_cast<int>(plan.steps[i].kind),
+              static_cast<int>(steps[i].kind), plan.steps[i].fused);
+      CHECK(pdo::same_work(steps[i], plan.steps[i]));
+    }
+  }
+  const std::string text = pdo::explain(e);
+  std::size_t line = 0, at = text.find('\n');
+  for (const auto& s : plan) {
+    if (s.kind == pdo::plan_step_kind::kernel && s.fused) continue;
+    const std::string prefix = "  " + std::to_string(++line) + ". ";
+    const std::size_t end = text.find('\n', at + 1);
+    REQUIRE(end != std::string::npos);
+    const std::string row = text.substr(at + 1, end - at - 1);
+    CAPTURE(text, row);
+    CHECK(row.rfind(prefix, 0) == 0);
+    CHECK(row.find(std::string(s.op)) != std::string::npos);
+    at = end;
+  }
+  CHECK(text.find('\n', at + 1) == std::string::npos);  // no line beyond the steps
+}
+
+/// @brief pdo::eval of `e`, checking that the steps that ran on each of `places` places are
+/// those of plan_of and explain.
+template <class Expr>
+auto eval_checked(const Expr& e, std::size_t places = 1) {
+  const pdo::detail::step_recorder ran;
+  auto value = pdo::eval(e);
+  check_plan_ran(e, ran, places);
+  return value;
+}
+
+/// @brief Checks `expr` (a callable of tensors or dtensors) evaluated over dtensors in Layouts
+/// against the same expression on the local tensors, on lines of 1 to 4 places and a 2 x 2
+/// mesh; on one place and on every mesh, the steps that ran are those of plan_of and explain.
 template <class... Layouts, class Expr, class... Hosts>
 void check_on_meshes(Expr expr, double tol, const Hosts&... hosts) {
-  const auto expected = pdo::eval(expr(hosts...));
+  const auto expected = eval_checked(expr(hosts...));
   auto on = [&](const auto& mesh) {
     CAPTURE(mesh.describe());
-    const auto result = pdo::eval(expr(pdo::distribute<Layouts>(mesh, hosts)...));
+    // the expression reads the distributed operands by reference: evaluated and checked
+    // within the full-expression that holds them
+    const auto result = eval_checked(expr(pdo::distribute<Layouts>(mesh, hosts)...), mesh.size());
     CHECK(close(pdo::gather(result), expected, tol));
   };
   // one mesh type for all shapes (a line of n places is n x 1), so each expression is compiled once

@@ -93,7 +93,7 @@ auto queue_evaluation(Expr&& expr) {
       m,
       [raw = state.get()](std::size_t p, std::size_t k) {
         mesh_context<mesh_t> ctx(raw->result.mesh(), p);
-        raw->expr.run(ctx, raw->result.local_shards()[k]);
+        detail::run_node(raw->expr, ctx, raw->result.local_shards()[k]);
       },
       batch_options{"eval", "kernel", collectives > 0, collectives > 0 && !m.is_multiprocess()},
       [raw = state.get()](std::size_t, std::size_t k) {

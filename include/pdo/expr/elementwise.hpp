@@ -237,7 +237,9 @@ class elementwise_node : public detail::op_node<Children...> {
     if constexpr (child_t::is_scalar) {
       return detail::scalar_reader<value_type>{static_cast<value_type>(c.value)};
     } else if constexpr (detail::fuses_child<elementwise_node, I>) {
-      return c.reader(ctx, frame);
+      auto r = c.reader(ctx, frame);
+      detail::record_kernel<child_t>(ctx, true);
+      return r;
     } else {
       return detail::read_block(detail::operand_block<I>(*this, ctx), frame, name);
     }

@@ -7,6 +7,7 @@
 #include <pdo/kernels/place_system.hpp>
 #include <pdo/layout/propagation.hpp>
 #include <pdo/layout/redistribute_plan.hpp>
+#include <pdo/plan/step.hpp>
 #include <pdo/tensor/dtensor.hpp>
 #include <pdo/tensor/redistribute.hpp>
 #include <pdo/tensor/tensor.hpp>
@@ -351,14 +352,61 @@ inline constexpr redistribute_plan operand_plan_v =
     plan_redistribute(std::tuple_element_t<I, typename Node::children_type>::rule.out, Node::rule.operands[I]);
 
 /// @brief Whether child `I` of `Node` runs inside `Node`'s kernel (fused): both are
-/// elementwise and nothing moves between them. The one place fusion is decided: the
-/// elementwise kernels read fused children through it, and plan_of marks their steps fused.
+/// elementwise and nothing moves between them, or `Node` reads the child in place (a node
+/// says so with a `reads_in_place<I>` member: a local matmul reads a transposed tensor as
+/// it is stored). The one place fusion is decided: the kernels read fused children through
+/// it, and plan_of marks their steps fused.
 template <class Node, std::size_t I>
 inline constexpr bool fuses_child = [] {
   using child_t = std::tuple_element_t<I, typename Node::children_type>;
   if constexpr (Node::is_leaf || child_t::is_leaf) return false;
+  else if constexpr (requires { Node::template reads_in_place<I>; }) return Node::template reads_in_place<I>;
   else return Node::elementwise && child_t::elementwise && (!Node::distributed || operand_plan_v<Node, I>.size == 0);
 }();
+
+/// @brief The place of `ctx` in the record of executed steps (a local evaluation is place 0).
+template <class Ctx>
+std::size_t recorded_place(const Ctx& ctx) {
+  if constexpr (Ctx::distributed) return ctx.p;
+  else return 0;
+}
+
+/// @brief Records the kernel of `Node` as run on the context's place (fused: inside the
+/// kernel of the node that reads it).
+template <class Node, class Ctx>
+void record_kernel(const Ctx& ctx, bool fused) {
+  plan_step s{plan_step_kind::kernel, Node::name};
+  s.fused = fused;
+  s.layout = Node::rule.out;
+  step_recorder::record(recorded_place(ctx), s);
+}
+
+/// @brief Combines `out` (this place's result) by max over the mesh axes the rule names.
+template <class Node, class Ctx, class T, std::size_t Rank>
+void combine_max(Ctx& ctx, tensor<T, Rank>& out) {
+  if constexpr (Ctx::distributed) {
+    using mesh_t = std::remove_cvref_t<decltype(ctx.m)>;
+    for (std::size_t i = 0; i < Node::rule.npost_max; ++i) {
+      communicator_along(ctx.m, mesh_t::axis_index(Node::rule.post_max[i]), ctx.p).all_reduce(out.span(), reduce_op::max);
+      plan_step s{plan_step_kind::combine_max, Node::name};
+      s.move.kind = step_kind::all_reduce;
+      s.move.axis = Node::rule.post_max[i];
+      s.move.before = s.move.after = Node::rule.out;
+      step_recorder::record(ctx.p, s);
+    }
+  }
+}
+
+/// @brief Runs `node` on the context's place into `out`: its operands' steps and its kernel
+/// (`run`), then the combines its rule calls for, in the order of its plan.
+template <class Node, class Ctx>
+void run_node(const Node& node, Ctx& ctx, tensor<typename Node::value_type, Node::rank>& out) {
+  node.run(ctx, out);
+  if constexpr (!Node::is_leaf) {
+    record_kernel<Node>(ctx, false);
+    combine_max<Node>(ctx, out);
+  }
+}
 
 /// @brief Evaluates `node` on the context's place into a new tensor (its local block).
 /// The temporaries the node's kernel read are released when it is done.
@@ -367,7 +415,7 @@ tensor<typename Node::value_type, Node::rank> materialize(const Node& node, Ctx&
   checked_volume(node.shape(), Node::name, sizeof(typename Node::value_type));
   auto out = ctx.template allocate<typename Node::value_type>(ctx.local_shape(Node::rule.out, node.shape()));
   const std::size_t held = ctx.keep.size();
-  node.run(ctx, out);
+  run_node(node, ctx, out);
   ctx.keep.resize(held);
   return out;
 }
@@ -395,23 +443,20 @@ auto operand_block(const Node& node, Ctx& ctx) {
       if constexpr (child_t::is_leaf) return tensor<T, r>(c.shard(ctx));
       else return materialize(c, ctx);
     }();
-    if constexpr (moves) t = apply_plan<operand_plan_v<Node, I>>(ctx.m, c.shape(), ctx.p, std::move(t));
+    if constexpr (moves) {
+      t = apply_plan<operand_plan_v<Node, I>>(ctx.m, c.shape(), ctx.p, std::move(t));
+      for (const auto& step : operand_plan_v<Node, I>) {
+        plan_step s{plan_step_kind::redistribute, Node::name, 0, I};
+        s.move = step;
+        step_recorder::record(ctx.p, s);
+      }
+    }
     auto held = std::make_shared<tensor<T, r>>(std::move(t));
     view.data = held->data();
     view.shape = held->shape();
     ctx.keep.push_back(std::move(held));
   }
   return view;
-}
-
-/// @brief Combines `out` (this place's result) by max over mesh axes the rule names.
-template <class Node, class Ctx, class T, std::size_t Rank>
-void combine_max(Ctx& ctx, tensor<T, Rank>& out) {
-  if constexpr (Ctx::distributed) {
-    using mesh_t = std::remove_cvref_t<decltype(ctx.m)>;
-    for (std::size_t i = 0; i < Node::rule.npost_max; ++i)
-      communicator_along(ctx.m, mesh_t::axis_index(Node::rule.post_max[i]), ctx.p).all_reduce(out.span(), reduce_op::max);
-  }
 }
 
 }  // namespace detail

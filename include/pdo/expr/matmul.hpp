@@ -36,6 +36,11 @@ class matmul_node : public detail::op_node<A, B> {
   static constexpr bool elementwise = false;
   static constexpr std::string_view name = "matmul";
   static constexpr detail::op_rule rule = detail::matmul_rule(A::rule.out, B::rule.out);
+  /// @brief A local 2-D product reads operand I in place when it is the transpose of a
+  /// stored matrix: gemm takes it as a transposed operand, with no copy (fused, in its plan).
+  template <std::size_t I>
+  static constexpr bool reads_in_place =
+      !detail::op_node<A, B>::distributed && rank == 2 && detail::is_transposed_leaf_v<std::tuple_element_t<I, std::tuple<A, B>>>;
 
   matmul_node(A a, B b) : detail::op_node<A, B>(std::move(a), std::move(b)) {
     const auto sa = std::get<0>(this->children_).shape();
@@ -55,7 +60,7 @@ class matmul_node : public detail::op_node<A, B> {
 
   template <class Ctx>
   void run(Ctx& ctx, tensor<value_type, rank>& out) const {
-    if constexpr (!Ctx::distributed && rank == 2 && (detail::is_transposed_leaf_v<A> || detail::is_transposed_leaf_v<B>)) {
+    if constexpr (!Ctx::distributed && (reads_in_place<0> || reads_in_place<1>)) {
       const auto ra = matrix_of<0>(ctx), rb = matrix_of<1>(ctx);
       const auto sa = std::get<0>(this->children_).shape();
       detail::gemm<value_type>(ctx.system, shape_[0], shape_[1], sa[1], ra, rb, out.data());
@@ -69,8 +74,9 @@ class matmul_node : public detail::op_node<A, B> {
   template <std::size_t I, class Ctx>
   detail::matrix_ref<value_type> matrix_of(Ctx& ctx) const {
     using child_t = std::tuple_element_t<I, std::tuple<A, B>>;
-    if constexpr (detail::is_transposed_leaf_v<child_t>) {
+    if constexpr (reads_in_place<I>) {
       const auto& stored = std::get<0>(std::get<I>(this->children_).children()).shard(ctx);
+      detail::record_kernel<child_t>(ctx, true);
       return {stored.data(), stored.shape()[1], true};
     } else {
       const auto block = detail::operand_block<I>(*this, ctx);

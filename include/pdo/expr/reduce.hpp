@@ -45,7 +45,6 @@ class reduce_node : public detail::op_node<C> {
     } else {
       detail::reduce_dim(ctx.system, in.data, detail::view_along(in.shape, Dim), What, in.global[Dim], out.data());
     }
-    detail::combine_max<reduce_node>(ctx, out);
   }
 
  private:

@@ -71,19 +71,31 @@ std::string explain(const Expr& expr) {
   if constexpr (node_t::distributed) text += " on " + mesh->describe();
   text += ": " + std::to_string(plan.kernels()) + " kernel" + (plan.kernels() == 1 ? "" : "s") + ", " +
           std::to_string(plan.collectives()) + " collective" + (plan.collectives() == 1 ? "" : "s") + "\n";
+  // the kernel a fused op runs inside: the first op up its chain of consumers that is not fused
+  auto runs_in = [&](const plan_step& fused) {
+    std::size_t consumer = fused.into;
+    for (bool up = true; up;) {
+      up = false;
+      for (const auto& s : plan)
+        if (s.kind == plan_step_kind::kernel && s.fused && s.node == consumer) {
+          consumer = s.into;
+          up = true;
+          break;
+        }
+    }
+    return consumer;
+  };
   std::size_t line = 0;
-  std::string fused_ops;
   for (const auto& s : plan) {
     const auto& facts = nodes[s.node];
-    if (s.kind == plan_step_kind::kernel && s.fused) {
-      fused_ops += std::string(s.op) + " + ";
-      continue;
-    }
+    if (s.kind == plan_step_kind::kernel && s.fused) continue;  // printed with the kernel it runs in
     text += "  " + std::to_string(++line) + ". ";
     if (s.kind == plan_step_kind::kernel) {
+      std::string fused_ops;
+      for (const auto& f : plan)
+        if (f.kind == plan_step_kind::kernel && f.fused && runs_in(f) == s.node) fused_ops += std::string(f.op) + " + ";
       text += "kernel " + (fused_ops.empty() ? std::string(s.op) : "fused(" + fused_ops + std::string(s.op) + ")") + " -> " +
               facts.text.substr(facts.text.find(' ') + 1) + "\n";
-      fused_ops.clear();
       continue;
     }
     const auto& operand = nodes[s.operand_node];

@@ -5,6 +5,7 @@
 #include <pdo/expr/expression.hpp>
 #include <pdo/layout/layout_type.hpp>
 #include <pdo/layout/redistribute_plan.hpp>
+#include <pdo/plan/step.hpp>
 
 #include <array>
 #include <cstddef>
@@ -14,26 +15,6 @@
 #include <utility>
 
 namespace pdo {
-
-/// @brief What one step of an expression's plan does.
-enum class plan_step_kind {
-  kernel,        ///< an op's local kernel (on every place at once)
-  redistribute,  ///< one step bringing an operand to the layout its op needs
-  combine_max,   ///< an all_reduce(max) over an axis after the kernel (max over a split dim)
-};
-
-/// @brief One step of a plan. Nodes are numbered in evaluation order (post-order, leaves
-/// included), so a step names the op it belongs to and, for a redistribution, the operand.
-struct plan_step {
-  plan_step_kind kind{};
-  std::string_view op;            ///< the op the step belongs to ("matmul", "relu")
-  std::size_t node = 0;           ///< that op's node number
-  std::size_t operand = 0;        ///< redistribute: which operand of the op
-  std::size_t operand_node = 0;   ///< redistribute: that operand's node number
-  bool fused = false;             ///< kernel: runs inside the kernel of the op that consumes it
-  redistribute_step move{};       ///< redistribute: the step; combine_max: its axis and layouts
-  detail::layout_value layout{};  ///< kernel: the op's output layout
-};
 
 /// @brief The plan of an expression: its steps in order. A value: usable in
 /// static_assert (`pdo::plan_of<E>().count(pdo::step_kind::all_reduce) == 1`).
@@ -80,8 +61,12 @@ struct expression_plan {
 
 namespace detail {
 
+/// @brief The node number of a redistribution step pushed before its op is numbered.
+inline constexpr std::size_t unnumbered = static_cast<std::size_t>(-1);
+
 /// @brief Appends the steps of `Node`'s subtree to `plan` in evaluation order and returns
-/// the node's number.
+/// the node's number: for each operand in turn, its subtree's steps and the redistributions
+/// that bring it to the layout the op needs; then the op's kernel; then its combines.
 template <class Node>
 constexpr std::size_t add_steps(expression_plan& plan, bool fused) {
   if constexpr (Node::is_leaf) {
@@ -89,22 +74,29 @@ constexpr std::size_t add_steps(expression_plan& plan, bool fused) {
   } else {
     constexpr std::size_t arity = std::tuple_size_v<typename Node::children_type>;
     std::array<std::size_t, arity> child{};
+    const std::size_t first = plan.size;  // this subtree's first step
     [&]<std::size_t... I>(std::index_sequence<I...>) {
-      ((child[I] = add_steps<std::tuple_element_t<I, typename Node::children_type>>(plan, fuses_child<Node, I>)), ...);
-    }(std::make_index_sequence<arity>{});
-    const std::size_t id = plan.nodes++;
-    if constexpr (Node::distributed) {
-      [&]<std::size_t... I>(std::index_sequence<I...>) {
-        (
-            [&] {
+      (
+          [&] {
+            child[I] = add_steps<std::tuple_element_t<I, typename Node::children_type>>(plan, fuses_child<Node, I>);
+            if constexpr (Node::distributed) {
               for (const auto& s : operand_plan_v<Node, I>) {
-                plan_step step{plan_step_kind::redistribute, Node::name, id, I, child[I]};
+                plan_step step{plan_step_kind::redistribute, Node::name, unnumbered, I, child[I]};
                 step.move = s;
                 plan.push(step);
               }
-            }(),
-            ...);
-      }(std::make_index_sequence<arity>{});
+            }
+          }(),
+          ...);
+    }(std::make_index_sequence<arity>{});
+    // numbered after its operands: the steps pushed above learn the number now
+    const std::size_t id = plan.nodes++;
+    for (std::size_t k = first; k < plan.size; ++k) {
+      plan_step& s = plan.steps[k];
+      if (s.kind == plan_step_kind::redistribute && s.node == unnumbered) s.node = id;
+      if (s.kind == plan_step_kind::kernel && s.fused)
+        for (std::size_t c = 0; c < arity; ++c)
+          if (s.node == child[c]) s.into = id;
     }
     plan_step kernel{plan_step_kind::kernel, Node::name, id};
     kernel.fused = fused;

@@ -1,0 +1,91 @@
+// pdo/plan/step.hpp: one step of an expression's plan, and the record of the steps evaluation runs.
+#pragma once
+
+#include <pdo/layout/layout_value.hpp>
+#include <pdo/layout/redistribute_plan.hpp>
+
+#include <atomic>
+#include <cstddef>
+#include <mutex>
+#include <string_view>
+#include <vector>
+
+namespace pdo {
+
+/// @brief What one step of an expression's plan does.
+enum class plan_step_kind {
+  kernel,        ///< an op's local kernel (on every place at once)
+  redistribute,  ///< one step bringing an operand to the layout its op needs
+  combine_max,   ///< an all_reduce(max) over an axis after the kernel (max over a split dim)
+};
+
+/// @brief One step of a plan. Nodes are numbered in evaluation order (post-order, leaves
+/// included), so a step names the op it belongs to and, for a redistribution, the operand.
+struct plan_step {
+  plan_step_kind kind{};
+  std::string_view op;            ///< the op the step belongs to ("matmul", "relu")
+  std::size_t node = 0;           ///< that op's node number
+  std::size_t operand = 0;        ///< redistribute: which operand of the op
+  std::size_t operand_node = 0;   ///< redistribute: that operand's node number
+  bool fused = false;             ///< kernel: runs inside the kernel of the op that consumes it
+  std::size_t into = 0;           ///< fused kernel: the node whose kernel runs it
+  redistribute_step move{};       ///< redistribute: the step; combine_max: its axis and layouts
+  detail::layout_value layout{};  ///< kernel: the op's output layout
+};
+
+/// @brief Whether two steps do the same thing (the same kind of step of the same op, the same
+/// operand, fusion, collective, axis and layouts), whatever their node numbers.
+constexpr bool same_work(const plan_step& a, const plan_step& b) {
+  if (a.kind != b.kind || a.op != b.op) return false;
+  switch (a.kind) {
+    case plan_step_kind::kernel: return a.fused == b.fused && a.layout == b.layout;
+    case plan_step_kind::redistribute:
+      return a.operand == b.operand && a.move.kind == b.move.kind && a.move.axis == b.move.axis && a.move.dim == b.move.dim &&
+             a.move.from_dim == b.move.from_dim && a.move.before == b.move.before &&
+             a.move.after == b.move.after;
+    case plan_step_kind::combine_max: return a.move.axis == b.move.axis;
+  }
+  return false;
+}
+
+namespace detail {
+
+/// @brief The steps evaluation ran, per place (a local evaluation is place 0), while a
+/// recorder is installed: what a test compares with plan_of, step for step.
+class step_recorder {
+ public:
+  step_recorder() { active().store(this, std::memory_order_release); }
+  ~step_recorder() { active().store(nullptr, std::memory_order_release); }
+  step_recorder(const step_recorder&) = delete;
+  step_recorder& operator=(const step_recorder&) = delete;
+
+  /// @brief The steps place `place` ran, in the order it ran them.
+  [[nodiscard]] std::vector<plan_step> of(std::size_t place) const {
+    std::lock_guard lock(mutex_);
+    return place < steps_.size() ? steps_[place] : std::vector<plan_step>{};
+  }
+  [[nodiscard]] std::size_t places() const {
+    std::lock_guard lock(mutex_);
+    return steps_.size();
+  }
+
+  /// @brief Records `s` as run on `place`, if a recorder is installed (one load when none is).
+  static void record(std::size_t place, const plan_step& s) {
+    step_recorder* r = active().load(std::memory_order_acquire);
+    if (r == nullptr) return;
+    std::lock_guard lock(r->mutex_);
+    if (r->steps_.size() <= place) r->steps_.resize(place + 1);
+    r->steps_[place].push_back(s);
+  }
+
+ private:
+  static std::atomic<step_recorder*>& active() {
+    static std::atomic<step_recorder*> current{nullptr};
+    return current;
+  }
+  mutable std::mutex mutex_;
+  std::vector<std::vector<plan_step>> steps_;
+};
+
+}  // namespace detail
+}  // namespace pdo
