@@ -22,6 +22,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <latch>
 #include <string>
 #include <thread>
 #include <vector>
@@ -82,8 +83,9 @@ result run(std::size_t places, std::size_t global_batch, bool overlap, int steps
 }
 
 /// @brief The anchor: milliseconds OpenBLAS's sgemm takes for the nine products of one
-/// step on `rows` rows, on `threads` threads.
-double sgemm_step_ms(std::size_t rows, int threads, int repeats) {
+/// step on `rows` rows, on `threads` threads (once the operands are made; with `start`, once
+/// every thread counted by it has made its own).
+double sgemm_step_ms(std::size_t rows, int threads, int repeats, std::latch* start = nullptr) {
   openblas_set_num_threads(threads);
   struct product {
     std::size_t m, n, k;
@@ -99,6 +101,8 @@ double sgemm_step_ms(std::size_t rows, int threads, int repeats) {
   std::vector<float> A(hidden * std::max(rows, hidden)), B(hidden * std::max(rows, hidden)), C(hidden * std::max(rows, hidden));
   std::fill(A.begin(), A.end(), 0.001f);
   std::fill(B.begin(), B.end(), 0.002f);
+  std::fill(C.begin(), C.end(), 0.0f);
+  if (start != nullptr) start->arrive_and_wait();
   std::vector<double> times;
   for (int r = 0; r < repeats; ++r) {
     const auto start = steady::now();
@@ -110,16 +114,23 @@ double sgemm_step_ms(std::size_t rows, int threads, int repeats) {
   return median(times);
 }
 
-/// @brief The limit of a step on 2 places: two threads at once, each running the step's
-/// products on `rows` rows with a one-thread sgemm; milliseconds until both are done.
+/// @brief The limit of a step on 2 places: two threads at once, each pinned to one core as a
+/// place's lane is, running the step's products on `rows` rows with a one-thread sgemm
+/// (started together once both have their operands); milliseconds until both are done.
 double two_sgemm_steps_ms(std::size_t rows, int repeats) {
+  const std::vector<int> cores = pdo::detail::process_cores();
   std::vector<double> times;
   for (int r = 0; r < repeats; ++r) {
-    const auto start = steady::now();
-    std::thread other([&] { (void)sgemm_step_ms(rows, 1, 1); });
-    (void)sgemm_step_ms(rows, 1, 1);
-    other.join();
-    times.push_back(std::chrono::duration<double, std::milli>(steady::now() - start).count());
+    std::latch start(2);
+    double ms[2] = {0, 0};
+    auto run_on = [&](std::size_t k) {
+      if (cores.size() >= 2) pdo::detail::pin_current_thread({cores[k]});
+      ms[k] = sgemm_step_ms(rows, 1, 1, &start);
+    };
+    std::thread first([&] { run_on(0); }), second([&] { run_on(1); });
+    first.join();
+    second.join();
+    times.push_back(std::max(ms[0], ms[1]));
   }
   return median(times);
 }

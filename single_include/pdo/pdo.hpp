@@ -6268,6 +6268,98 @@ inline std::string describe(const redistribute_plan& plan) {
 
 }  // namespace pdo
 #endif  // PDO_SINGLE_PDO_LAYOUT_REDISTRIBUTE_PLAN_HPP
+// ---- pdo/plan/step.hpp
+#ifndef PDO_SINGLE_PDO_PLAN_STEP_HPP
+#define PDO_SINGLE_PDO_PLAN_STEP_HPP
+// pdo/plan/step.hpp: one step of an expression's plan, and the record of the steps evaluation runs.
+
+
+#include <atomic>
+#include <cstddef>
+#include <mutex>
+#include <string_view>
+#include <vector>
+
+namespace pdo {
+
+/// @brief What one step of an expression's plan does.
+enum class plan_step_kind {
+  kernel,        ///< an op's local kernel (on every place at once)
+  redistribute,  ///< one step bringing an operand to the layout its op needs
+  combine_max,   ///< an all_reduce(max) over an axis after the kernel (max over a split dim)
+};
+
+/// @brief One step of a plan. Nodes are numbered in evaluation order (post-order, leaves
+/// included), so a step names the op it belongs to and, for a redistribution, the operand.
+struct plan_step {
+  plan_step_kind kind{};
+  std::string_view op;            ///< the op the step belongs to ("matmul", "relu")
+  std::size_t node = 0;           ///< that op's node number
+  std::size_t operand = 0;        ///< redistribute: which operand of the op
+  std::size_t operand_node = 0;   ///< redistribute: that operand's node number
+  bool fused = false;             ///< kernel: runs inside the kernel of the op that consumes it
+  std::size_t into = 0;           ///< fused kernel: the node whose kernel runs it
+  redistribute_step move{};       ///< redistribute: the step; combine_max: its axis and layouts
+  detail::layout_value layout{};  ///< kernel: the op's output layout
+};
+
+/// @brief Whether two steps do the same thing (the same kind of step of the same op, the same
+/// operand, fusion, collective, axis and layouts), whatever their node numbers.
+constexpr bool same_work(const plan_step& a, const plan_step& b) {
+  if (a.kind != b.kind || a.op != b.op) return false;
+  switch (a.kind) {
+    case plan_step_kind::kernel: return a.fused == b.fused && a.layout == b.layout;
+    case plan_step_kind::redistribute:
+      return a.operand == b.operand && a.move.kind == b.move.kind && a.move.axis == b.move.axis && a.move.dim == b.move.dim &&
+             a.move.from_dim == b.move.from_dim && a.move.before == b.move.before &&
+             a.move.after == b.move.after;
+    case plan_step_kind::combine_max: return a.move.axis == b.move.axis;
+  }
+  return false;
+}
+
+namespace detail {
+
+/// @brief The steps evaluation ran, per place (a local evaluation is place 0), while a
+/// recorder is installed: what a test compares with plan_of, step for step.
+class step_recorder {
+ public:
+  step_recorder() { active().store(this, std::memory_order_release); }
+  ~step_recorder() { active().store(nullptr, std::memory_order_release); }
+  step_recorder(const step_recorder&) = delete;
+  step_recorder& operator=(const step_recorder&) = delete;
+
+  /// @brief The steps place `place` ran, in the order it ran them.
+  [[nodiscard]] std::vector<plan_step> of(std::size_t place) const {
+    std::lock_guard lock(mutex_);
+    return place < steps_.size() ? steps_[place] : std::vector<plan_step>{};
+  }
+  [[nodiscard]] std::size_t places() const {
+    std::lock_guard lock(mutex_);
+    return steps_.size();
+  }
+
+  /// @brief Records `s` as run on `place`, if a recorder is installed (one load when none is).
+  static void record(std::size_t place, const plan_step& s) {
+    step_recorder* r = active().load(std::memory_order_acquire);
+    if (r == nullptr) return;
+    std::lock_guard lock(r->mutex_);
+    if (r->steps_.size() <= place) r->steps_.resize(place + 1);
+    r->steps_[place].push_back(s);
+  }
+
+ private:
+  static std::atomic<step_recorder*>& active() {
+    static std::atomic<step_recorder*> current{nullptr};
+    return current;
+  }
+  mutable std::mutex mutex_;
+  std::vector<std::vector<plan_step>> steps_;
+};
+
+}  // namespace detail
+}  // namespace pdo
+#endif  // PDO_SINGLE_PDO_PLAN_STEP_HPP
 // ---- pdo/tensor/dtensor.hpp
 #ifndef PDO_SINGLE_PDO_TENSOR_DTENSOR_HPP
 #define PDO_SINGLE_PDO_TENSOR_DTENSOR_HPP
@@ -7519,14 +7611,61 @@ inline constexpr redistribute_plan operand_plan_v =
     plan_redistribute(std::tuple_element_t<I, typename Node::children_type>::rule.out, Node::rule.operands[I]);
 
 /// @brief Whether child `I` of `Node` runs inside `Node`'s kernel (fused): both are
-/// elementwise and nothing moves between them. The one place fusion is decided: the
-/// elementwise kernels read fused children through it, and plan_of marks their steps fused.
+/// elementwise and nothing moves between them, or `Node` reads the child in place (a node
+/// says so with a `reads_in_place<I>` member: a local matmul reads a transposed tensor as
+/// it is stored). The one place fusion is decided: the kernels read fused children through
+/// it, and plan_of marks their steps fused.
 template <class Node, std::size_t I>
 inline constexpr bool fuses_child = [] {
   using child_t = std::tuple_element_t<I, typename Node::children_type>;
   if constexpr (Node::is_leaf || child_t::is_leaf) return false;
+  else if constexpr (requires { Node::template reads_in_place<I>; }) return Node::template reads_in_place<I>;
   else return Node::elementwise && child_t::elementwise && (!Node::distributed || operand_plan_v<Node, I>.size == 0);
 }();
+
+/// @brief The place of `ctx` in the record of executed steps (a local evaluation is place 0).
+template <class Ctx>
+std::size_t recorded_place(const Ctx& ctx) {
+  if constexpr (Ctx::distributed) return ctx.p;
+  else return 0;
+}
+
+/// @brief Records the kernel of `Node` as run on the context's place (fused: inside the
+/// kernel of the node that reads it).
+template <class Node, class Ctx>
+void record_kernel(const Ctx& ctx, bool fused) {
+  plan_step s{plan_step_kind::kernel, Node::name};
+  s.fused = fused;
+  s.layout = Node::rule.out;
+  step_recorder::record(recorded_place(ctx), s);
+}
+
+/// @brief Combines `out` (this place's result) by max over the mesh axes the rule names.
+template <class Node, class Ctx, class T, std::size_t Rank>
+void combine_max(Ctx& ctx, tensor<T, Rank>& out) {
+  if constexpr (Ctx::distributed) {
+    using mesh_t = std::remove_cvref_t<decltype(ctx.m)>;
+    for (std::size_t i = 0; i < Node::rule.npost_max; ++i) {
+      communicator_along(ctx.m, mesh_t::axis_index(Node::rule.post_max[i]), ctx.p).all_reduce(out.span(), reduce_op::max);
+      plan_step s{plan_step_kind::combine_max, Node::name};
+      s.move.kind = step_kind::all_reduce;
+      s.move.axis = Node::rule.post_max[i];
+      s.move.before = s.move.after = Node::rule.out;
+      step_recorder::record(ctx.p, s);
+    }
+  }
+}
+
+/// @brief Runs `node` on the context's place into `out`: its operands' steps and its kernel
+/// (`run`), then the combines its rule calls for, in the order of its plan.
+template <class Node, class Ctx>
+void run_node(const Node& node, Ctx& ctx, tensor<typename Node::value_type, Node::rank>& out) {
+  node.run(ctx, out);
+  if constexpr (!Node::is_leaf) {
+    record_kernel<Node>(ctx, false);
+    combine_max<Node>(ctx, out);
+  }
+}
 
 /// @brief Evaluates `node` on the context's place into a new tensor (its local block).
 /// The temporaries the node's kernel read are released when it is done.
@@ -7535,7 +7674,7 @@ tensor<typename Node::value_type, Node::rank> materialize(const Node& node, Ctx&
   checked_volume(node.shape(), Node::name, sizeof(typename Node::value_type));
   auto out = ctx.template allocate<typename Node::value_type>(ctx.local_shape(Node::rule.out, node.shape()));
   const std::size_t held = ctx.keep.size();
-  node.run(ctx, out);
+  run_node(node, ctx, out);
   ctx.keep.resize(held);
   return out;
 }
@@ -7563,23 +7702,20 @@ auto operand_block(const Node& node, Ctx& ctx) {
       if constexpr (child_t::is_leaf) return tensor<T, r>(c.shard(ctx));
       else return materialize(c, ctx);
     }();
-    if constexpr (moves) t = apply_plan<operand_plan_v<Node, I>>(ctx.m, c.shape(), ctx.p, std::move(t));
+    if constexpr (moves) {
+      t = apply_plan<operand_plan_v<Node, I>>(ctx.m, c.shape(), ctx.p, std::move(t));
+      for (const auto& step : operand_plan_v<Node, I>) {
+        plan_step s{plan_step_kind::redistribute, Node::name, 0, I};
+        s.move = step;
+        step_recorder::record(ctx.p, s);
+      }
+    }
     auto held = std::make_shared<tensor<T, r>>(std::move(t));
     view.data = held->data();
     view.shape = held->shape();
     ctx.keep.push_back(std::move(held));
   }
   return view;
-}
-
-/// @brief Combines `out` (this place's result) by max over mesh axes the rule names.
-template <class Node, class Ctx, class T, std::size_t Rank>
-void combine_max(Ctx& ctx, tensor<T, Rank>& out) {
-  if constexpr (Ctx::distributed) {
-    using mesh_t = std::remove_cvref_t<decltype(ctx.m)>;
-    for (std::size_t i = 0; i < Node::rule.npost_max; ++i)
-      communicator_along(ctx.m, mesh_t::axis_index(Node::rule.post_max[i]), ctx.p).all_reduce(out.span(), reduce_op::max);
-  }
 }
 
 }  // namespace detail
@@ -8057,7 +8193,9 @@ class elementwise_node : public detail::op_node<Children...> {
     if constexpr (child_t::is_scalar) {
       return detail::scalar_reader<value_type>{static_cast<value_type>(c.value)};
     } else if constexpr (detail::fuses_child<elementwise_node, I>) {
-      return c.reader(ctx, frame);
+      auto r = c.reader(ctx, frame);
+      detail::record_kernel<child_t>(ctx, true);
+      return r;
     } else {
       return detail::read_block(detail::operand_block<I>(*this, ctx), frame, name);
     }
@@ -8375,6 +8513,11 @@ class matmul_node : public detail::op_node<A, B> {
   static constexpr bool elementwise = false;
   static constexpr std::string_view name = "matmul";
   static constexpr detail::op_rule rule = detail::matmul_rule(A::rule.out, B::rule.out);
+  /// @brief A local 2-D product reads operand I in place when it is the transpose of a
+  /// stored matrix: gemm takes it as a transposed operand, with no copy (fused, in its plan).
+  template <std::size_t I>
+  static constexpr bool reads_in_place =
+      !detail::op_node<A, B>::distributed && rank == 2 && detail::is_transposed_leaf_v<std::tuple_element_t<I, std::tuple<A, B>>>;
 
   matmul_node(A a, B b) : detail::op_node<A, B>(std::move(a), std::move(b)) {
     const auto sa = std::get<0>(this->children_).shape();
@@ -8394,7 +8537,7 @@ class matmul_node : public detail::op_node<A, B> {
 
   template <class Ctx>
   void run(Ctx& ctx, tensor<value_type, rank>& out) const {
-    if constexpr (!Ctx::distributed && rank == 2 && (detail::is_transposed_leaf_v<A> || detail::is_transposed_leaf_v<B>)) {
+    if constexpr (!Ctx::distributed && (reads_in_place<0> || reads_in_place<1>)) {
       const auto ra = matrix_of<0>(ctx), rb = matrix_of<1>(ctx);
       const auto sa = std::get<0>(this->children_).shape();
       detail::gemm<value_type>(ctx.system, shape_[0], shape_[1], sa[1], ra, rb, out.data());
@@ -8408,8 +8551,9 @@ class matmul_node : public detail::op_node<A, B> {
   template <std::size_t I, class Ctx>
   detail::matrix_ref<value_type> matrix_of(Ctx& ctx) const {
     using child_t = std::tuple_element_t<I, std::tuple<A, B>>;
-    if constexpr (detail::is_transposed_leaf_v<child_t>) {
+    if constexpr (reads_in_place<I>) {
       const auto& stored = std::get<0>(std::get<I>(this->children_).children()).shard(ctx);
+      detail::record_kernel<child_t>(ctx, true);
       return {stored.data(), stored.shape()[1], true};
     } else {
       const auto block = detail::operand_block<I>(*this, ctx);
@@ -8604,7 +8748,6 @@ class reduce_node : public detail::op_node<C> {
     } else {
       detail::reduce_dim(ctx.system, in.data, detail::view_along(in.shape, Dim), What, in.global[Dim], out.data());
     }
-    detail::combine_max<reduce_node>(ctx, out);
   }
 
  private:
@@ -9133,26 +9276,6 @@ using layout_type_t = typename layout_type_builder<Mesh, Value>::type;
 
 namespace pdo {
 
-/// @brief What one step of an expression's plan does.
-enum class plan_step_kind {
-  kernel,        ///< an op's local kernel (on every place at once)
-  redistribute,  ///< one step bringing an operand to the layout its op needs
-  combine_max,   ///< an all_reduce(max) over an axis after the kernel (max over a split dim)
-};
-
-/// @brief One step of a plan. Nodes are numbered in evaluation order (post-order, leaves
-/// included), so a step names the op it belongs to and, for a redistribution, the operand.
-struct plan_step {
-  plan_step_kind kind{};
-  std::string_view op;            ///< the op the step belongs to ("matmul", "relu")
-  std::size_t node = 0;           ///< that op's node number
-  std::size_t operand = 0;        ///< redistribute: which operand of the op
-  std::size_t operand_node = 0;   ///< redistribute: that operand's node number
-  bool fused = false;             ///< kernel: runs inside the kernel of the op that consumes it
-  redistribute_step move{};       ///< redistribute: the step; combine_max: its axis and layouts
-  detail::layout_value layout{};  ///< kernel: the op's output layout
-};
-
 /// @brief The plan of an expression: its steps in order. A value: usable in
 /// static_assert (`pdo::plan_of<E>().count(pdo::step_kind::all_reduce) == 1`).
 struct expression_plan {
@@ -9198,8 +9321,12 @@ struct expression_plan {
 
 namespace detail {
 
+/// @brief The node number of a redistribution step pushed before its op is numbered.
+inline constexpr std::size_t unnumbered = static_cast<std::size_t>(-1);
+
 /// @brief Appends the steps of `Node`'s subtree to `plan` in evaluation order and returns
-/// the node's number.
+/// the node's number: for each operand in turn, its subtree's steps and the redistributions
+/// that bring it to the layout the op needs; then the op's kernel; then its combines.
 template <class Node>
 constexpr std::size_t add_steps(expression_plan& plan, bool fused) {
   if constexpr (Node::is_leaf) {
@@ -9207,22 +9334,29 @@ constexpr std::size_t add_steps(expression_plan& plan, bool fused) {
   } else {
     constexpr std::size_t arity = std::tuple_size_v<typename Node::children_type>;
     std::array<std::size_t, arity> child{};
+    const std::size_t first = plan.size;  // this subtree's first step
     [&]<std::size_t... I>(std::index_sequence<I...>) {
-      ((child[I] = add_steps<std::tuple_element_t<I, typename Node::children_type>>(plan, fuses_child<Node, I>)), ...);
-    }(std::make_index_sequence<arity>{});
-    const std::size_t id = plan.nodes++;
-    if constexpr (Node::distributed) {
-      [&]<std::size_t... I>(std::index_sequence<I...>) {
-        (
-            [&] {
+      (
+          [&] {
+            child[I] = add_steps<std::tuple_element_t<I, typename Node::children_type>>(plan, fuses_child<Node, I>);
+            if constexpr (Node::distributed) {
               for (const auto& s : operand_plan_v<Node, I>) {
-                plan_step step{plan_step_kind::redistribute, Node::name, id, I, child[I]};
+                plan_step step{plan_step_kind::redistribute, Node::name, unnumbered, I, child[I]};
                 step.move = s;
                 plan.push(step);
               }
-            }(),
-            ...);
-      }(std::make_index_sequence<arity>{});
+            }
+          }(),
+          ...);
+    }(std::make_index_sequence<arity>{});
+    // numbered after its operands: the steps pushed above learn the number now
+    const std::size_t id = plan.nodes++;
+    for (std::size_t k = first; k < plan.size; ++k) {
+      plan_step& s = plan.steps[k];
+      if (s.kind == plan_step_kind::redistribute && s.node == unnumbered) s.node = id;
+      if (s.kind == plan_step_kind::kernel && s.fused)
+        for (std::size_t c = 0; c < arity; ++c)
+          if (s.node == child[c]) s.into = id;
     }
     plan_step kernel{plan_step_kind::kernel, Node::name, id};
     kernel.fused = fused;
@@ -9434,7 +9568,7 @@ auto queue_evaluation(Expr&& expr) {
       m,
       [raw = state.get()](std::size_t p, std::size_t k) {
         mesh_context<mesh_t> ctx(raw->result.mesh(), p);
-        raw->expr.run(ctx, raw->result.local_shards()[k]);
+        detail::run_node(raw->expr, ctx, raw->result.local_shards()[k]);
       },
       batch_options{"eval", "kernel", collectives > 0, collectives > 0 && !m.is_multiprocess()},
       [raw = state.get()](std::size_t, std::size_t k) {
@@ -12160,11 +12294,29 @@ class gradient_buckets {
   static constexpr std::size_t axis = Mesh::axis_index(Axis);
   static_assert(axis < Mesh::ndim, "pdo: gradient_buckets: the mesh has no such axis");
 
-  /// @brief A bucket's gradient as the planner sees it: flat, a partial sum over the axis.
-  using gradient_layout = typename layout<replicate>::template partial<Axis>;
-  static constexpr redistribute_plan sync_plan = redistribute_plan_of<gradient_layout, layout<replicate>>();
-  static constexpr redistribute_plan scatter_plan = redistribute_plan_of<gradient_layout, layout<split<Axis>>>();
-  static constexpr redistribute_plan gather_plan = redistribute_plan_of<layout<split<Axis>>, layout<replicate>>();
+  /// @brief A bucket's layouts as the planner sees them (flat): the gradient, a partial sum
+  /// over the axis; replicated; sliced over the axis. (As values: nvcc's front end loses
+  /// the template parameter object of a partial<"axis"> type first named here.)
+  static constexpr detail::layout_value gradient_layout = [] {
+    detail::layout_value v;
+    v.rank = 1;
+    v.add_partial(std::string_view(Axis));
+    return v;
+  }();
+  static constexpr detail::layout_value replicated = [] {
+    detail::layout_value v;
+    v.rank = 1;
+    return v;
+  }();
+  static constexpr detail::layout_value sliced = [] {
+    detail::layout_value v;
+    v.rank = 1;
+    v.dim_axis[0] = std::string_view(Axis);
+    return v;
+  }();
+  static constexpr redistribute_plan sync_plan = detail::plan_redistribute(gradient_layout, replicated);
+  static constexpr redistribute_plan scatter_plan = detail::plan_redistribute(gradient_layout, sliced);
+  static constexpr redistribute_plan gather_plan = detail::plan_redistribute(sliced, replicated);
   static_assert(sync_plan.size == 1 && sync_plan.steps[0].kind == step_kind::all_reduce,
                 "pdo: gradient_buckets: the planner should sync a partial gradient with one all_reduce");
   static_assert(scatter_plan.size == 1 && scatter_plan.steps[0].kind == step_kind::reduce_scatter,
@@ -12687,19 +12839,31 @@ std::string explain(const Expr& expr) {
   if constexpr (node_t::distributed) text += " on " + mesh->describe();
   text += ": " + std::to_string(plan.kernels()) + " kernel" + (plan.kernels() == 1 ? "" : "s") + ", " +
           std::to_string(plan.collectives()) + " collective" + (plan.collectives() == 1 ? "" : "s") + "\n";
+  // the kernel a fused op runs inside: the first op up its chain of consumers that is not fused
+  auto runs_in = [&](const plan_step& fused) {
+    std::size_t consumer = fused.into;
+    for (bool up = true; up;) {
+      up = false;
+      for (const auto& s : plan)
+        if (s.kind == plan_step_kind::kernel && s.fused && s.node == consumer) {
+          consumer = s.into;
+          up = true;
+          break;
+        }
+    }
+    return consumer;
+  };
   std::size_t line = 0;
-  std::string fused_ops;
   for (const auto& s : plan) {
     const auto& facts = nodes[s.node];
-    if (s.kind == plan_step_kind::kernel && s.fused) {
-      fused_ops += std::string(s.op) + " + ";
-      continue;
-    }
+    if (s.kind == plan_step_kind::kernel && s.fused) continue;  // printed with the kernel it runs in
     text += "  " + std::to_string(++line) + ". ";
     if (s.kind == plan_step_kind::kernel) {
+      std::string fused_ops;
+      for (const auto& f : plan)
+        if (f.kind == plan_step_kind::kernel && f.fused && runs_in(f) == s.node) fused_ops += std::string(f.op) + " + ";
       text += "kernel " + (fused_ops.empty() ? std::string(s.op) : "fused(" + fused_ops + std::string(s.op) + ")") + " -> " +
               facts.text.substr(facts.text.find(' ') + 1) + "\n";
-      fused_ops.clear();
       continue;
     }
     const auto& operand = nodes[s.operand_node];
