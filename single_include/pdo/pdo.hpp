@@ -6334,12 +6334,10 @@ class step_recorder {
     std::lock_guard lock(mutex_);
     return place < steps_.size() ? steps_[place] : std::vector<plan_step>{};
   }
-  [[nodiscard]] std::size_t places() const {
-    std::lock_guard lock(mutex_);
-    return steps_.size();
-  }
+  /// @brief Whether a recorder is installed: evaluation builds the steps it records only then.
+  [[nodiscard]] static bool on() { return active().load(std::memory_order_acquire) != nullptr; }
 
-  /// @brief Records `s` as run on `place`, if a recorder is installed (one load when none is).
+  /// @brief Records `s` as run on `place`, if a recorder is installed.
   static void record(std::size_t place, const plan_step& s) {
     step_recorder* r = active().load(std::memory_order_acquire);
     if (r == nullptr) return;
@@ -7634,6 +7632,7 @@ std::size_t recorded_place(const Ctx& ctx) {
 /// kernel of the node that reads it).
 template <class Node, class Ctx>
 void record_kernel(const Ctx& ctx, bool fused) {
+  if (!step_recorder::on()) return;
   plan_step s{plan_step_kind::kernel, Node::name};
   s.fused = fused;
   s.layout = Node::rule.out;
@@ -7647,6 +7646,7 @@ void combine_max(Ctx& ctx, tensor<T, Rank>& out) {
     using mesh_t = std::remove_cvref_t<decltype(ctx.m)>;
     for (std::size_t i = 0; i < Node::rule.npost_max; ++i) {
       communicator_along(ctx.m, mesh_t::axis_index(Node::rule.post_max[i]), ctx.p).all_reduce(out.span(), reduce_op::max);
+      if (!step_recorder::on()) continue;
       plan_step s{plan_step_kind::combine_max, Node::name};
       s.move.kind = step_kind::all_reduce;
       s.move.axis = Node::rule.post_max[i];
@@ -7704,11 +7704,12 @@ auto operand_block(const Node& node, Ctx& ctx) {
     }();
     if constexpr (moves) {
       t = apply_plan<operand_plan_v<Node, I>>(ctx.m, c.shape(), ctx.p, std::move(t));
-      for (const auto& step : operand_plan_v<Node, I>) {
-        plan_step s{plan_step_kind::redistribute, Node::name, 0, I};
-        s.move = step;
-        step_recorder::record(ctx.p, s);
-      }
+      if (step_recorder::on())
+        for (const auto& step : operand_plan_v<Node, I>) {
+          plan_step s{plan_step_kind::redistribute, Node::name, 0, I};
+          s.move = step;
+          step_recorder::record(ctx.p, s);
+        }
     }
     auto held = std::make_shared<tensor<T, r>>(std::move(t));
     view.data = held->data();

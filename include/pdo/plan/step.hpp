@@ -64,12 +64,10 @@ class step_recorder {
     std::lock_guard lock(mutex_);
     return place < steps_.size() ? steps_[place] : std::vector<plan_step>{};
   }
-  [[nodiscard]] std::size_t places() const {
-    std::lock_guard lock(mutex_);
-    return steps_.size();
-  }
+  /// @brief Whether a recorder is installed: evaluation builds the steps it records only then.
+  [[nodiscard]] static bool on() { return active().load(std::memory_order_acquire) != nullptr; }
 
-  /// @brief Records `s` as run on `place`, if a recorder is installed (one load when none is).
+  /// @brief Records `s` as run on `place`, if a recorder is installed.
   static void record(std::size_t place, const plan_step& s) {
     step_recorder* r = active().load(std::memory_order_acquire);
     if (r == nullptr) return;
