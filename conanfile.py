@@ -19,8 +19,8 @@ class PdoConan(ConanFile):
     # The settings only let validate() check the C++ standard; package_id() drops them.
     settings = "os", "arch", "compiler", "build_type"
     # The options change what package_info() declares, never the files in the package.
-    options = {"with_mpi": [True, False], "with_cuda": [True, False]}
-    default_options = {"with_mpi": False, "with_cuda": False}
+    options = {"with_mpi": [True, False], "with_cuda": [True, False], "with_io": [True, False]}
+    default_options = {"with_mpi": False, "with_cuda": False, "with_io": False}
     exports_sources = "include/*", "cmake/*", "CMakeLists.txt", "LICENSE*"
     no_copy_source = True
 
@@ -29,6 +29,10 @@ class PdoConan(ConanFile):
 
     def layout(self):
         basic_layout(self, src_folder=".")
+
+    def requirements(self):
+        if self.options.with_io:
+            self.requires("nlohmann_json/3.11.3")
 
     def package_id(self):
         self.info.clear()
@@ -70,6 +74,14 @@ class PdoConan(ConanFile):
             mpi.bindirs = []
             mpi.libdirs = []
             self.cpp_info.set_property("cmake_build_modules", [self._mpi_build_module])
+
+        if self.options.with_io:
+            io = self.cpp_info.components["io"]
+            io.set_property("cmake_target_name", "pdo::io")
+            io.requires = ["pdo", "nlohmann_json::nlohmann_json"]
+            io.defines = ["PDO_WITH_IO"]
+            io.bindirs = []
+            io.libdirs = []
 
         if self.options.with_cuda:
             # The CUDA toolkit and NCCL come from the system: their library folder must be on the

@@ -36,9 +36,9 @@ bash "$here/scripts/configure.sh" "$here/build-asan" -DPDO_WITH_CUDA=OFF -DPDO_W
   -DPDO_BUILD_BENCHMARKS=OFF -DPDO_INSTALL=OFF -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG=-g1 \
   -DCMAKE_CXX_FLAGS="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer -O0 -g1"
 cmake --build "$here/build-asan" --target test_core test_redistribute test_parallel_do test_collectives test_expr test_expr_mesh test_matmul_mesh \
-  test_autograd test_nn test_model_parallel -j "$jobs"
+  test_autograd test_nn test_model_parallel test_io -j "$jobs"
 ASAN_OPTIONS="detect_leaks=1" ctest --test-dir "$here/build-asan" --output-on-failure -j "$jobs" \
-  -R "^test_(core|redistribute|parallel_do|collectives|expr|expr_mesh|matmul_mesh|autograd|nn|model_parallel)$"
+  -R "^test_(core|redistribute|parallel_do|collectives|expr|expr_mesh|matmul_mesh|autograd|nn|model_parallel|io)$"
 
 echo "== ThreadSanitizer build of the engine, the threads backend, parallel_do, expressions, the trainers"
 bash "$here/scripts/configure.sh" "$here/build-tsan" -DPDO_WITH_CUDA=OFF -DPDO_WITH_MPI=OFF -DPDO_BUILD_EXAMPLES=OFF \

@@ -13,3 +13,8 @@
 #include <pdo/place.hpp>
 #include <pdo/plan.hpp>
 #include <pdo/tensor.hpp>
+
+// checkpoints, safetensors and .npy: with the pdo::io target (it needs nlohmann/json)
+#if defined(PDO_WITH_IO)
+#include <pdo/io.hpp>
+#endif

@@ -10,6 +10,7 @@ vcpkg_check_features(OUT_FEATURE_OPTIONS feature_options
     FEATURES
         mpi  PDO_WITH_MPI
         cuda PDO_WITH_CUDA
+        io   PDO_WITH_IO
 )
 
 vcpkg_cmake_configure(

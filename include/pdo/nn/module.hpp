@@ -87,6 +87,18 @@ class parameter_ref {
   void assign(const tensor<T, R>& values) const {
     impl_->assign(values.data(), std::vector<std::size_t>(values.shape().begin(), values.shape().end()), name_);
   }
+  /// @brief Sets the parameter's (global) value from its elements in row-major order, in host
+  /// memory (as many as size_global()).
+  void assign_flat(const T* values) const { impl_->assign(values, impl_->extents(), name_); }
+  /// @brief The number of elements of the parameter's global value.
+  [[nodiscard]] std::size_t size_global() const {
+    std::size_t n = 1;
+    for (auto e : impl_->extents()) n *= e;
+    return n;
+  }
+  /// @brief The parameter's global value, row-major, in host memory (a dtensor parameter is
+  /// gathered: every process of its mesh calls this together).
+  [[nodiscard]] tensor<T, 1> global_values() const { return impl_->global_values(); }
 
  private:
   std::span<T> single(const std::vector<std::span<T>>& blocks, const char* what) const {
@@ -107,6 +119,7 @@ class parameter_ref {
     virtual std::string shape_text() = 0;
     virtual std::vector<std::size_t> extents() = 0;
     virtual void assign(const T* values, const std::vector<std::size_t>& shape, const std::string& name) = 0;
+    virtual tensor<T, 1> global_values() = 0;
   };
   template <class V>
   struct holder final : base {
@@ -159,6 +172,15 @@ class parameter_ref {
       else return describe(v.value());
     }
     std::vector<std::size_t> extents() override { return {v.shape().begin(), v.shape().end()}; }
+    tensor<T, 1> global_values() override {
+      const auto whole = [&] {
+        if constexpr (var<V>::distributed) return pdo::gather(v.value());
+        else return to_host(v.value());
+      }();
+      auto flat = tensor<T, 1>::on_host({whole.size()});
+      detail::copy_elements(flat.data(), whole.data(), whole.size());
+      return flat;
+    }
     void assign(const T* values, const std::vector<std::size_t>& shape, const std::string& name) override {
       constexpr std::size_t r = var<V>::rank;
       if (shape != extents()) {

@@ -1,0 +1,729 @@
+// pdo/io/checkpoint.hpp: sharded checkpoints. A save writes named tensors, dtensors, numbers
+// and strings into a directory: metadata.json (global shapes, element types, layouts, which
+// block of each tensor each shard file holds) and one shard file per block, written by the
+// place that holds it, all places at once. A load fills tensors of any mesh and layout: each
+// place reads only the blocks, and the parts of them, that its new shard needs.
+#pragma once
+
+#include <pdo/core/error.hpp>
+#include <pdo/core/shape.hpp>
+#include <pdo/exec/mesh_ops.hpp>
+#include <pdo/exec/run_on_places.hpp>
+#include <pdo/io/file.hpp>
+#include <pdo/tensor/copy.hpp>
+#include <pdo/tensor/dtensor.hpp>
+#include <pdo/tensor/tensor.hpp>
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace pdo::io {
+
+/// @brief How a checkpoint is written.
+struct save_options {
+  /// @brief Bytes covered by one checksum of a shard file: a load that reads part of a block
+  /// reads (and checks) the whole chunks its elements are in.
+  std::size_t chunk_bytes = std::size_t{1} << 20;
+  /// @brief Wait until every file is on the disk before the checkpoint replaces the old one
+  /// (off: faster, but a power failure may leave the new checkpoint incomplete).
+  bool flush = true;
+};
+
+/// @brief How a checkpoint is read.
+struct load_options {
+  /// @brief Check every chunk read against its checksum (off: read exactly the bytes needed,
+  /// unchecked).
+  bool verify = true;
+};
+
+/// @brief What a checkpoint holds under one name (see inspect()).
+struct entry_info {
+  std::string name;
+  std::string kind;                  ///< "tensor", "value" (a number) or "text"
+  std::string dtype;                 ///< "float32", "int64", ... ("" for text)
+  std::vector<std::size_t> shape;    ///< global extents (empty for numbers and text)
+  std::string layout;                ///< the layout it was saved from ("" for host tensors)
+  std::string mesh;                  ///< the mesh it was saved from ("" for host tensors)
+};
+
+namespace detail {
+
+inline constexpr char shard_magic[8] = {'P', 'D', 'O', 'S', 'H', 'A', 'R', 'D'};
+inline constexpr std::uint64_t shard_version = 1;
+inline constexpr std::size_t shard_header_bytes = 64;
+inline constexpr std::size_t shard_data_alignment = 4096;
+
+/// @brief The first 64 bytes of a shard file; then one checksum per chunk of data; then,
+/// from the next multiple of 4096 bytes, the block's elements, row-major.
+struct shard_header {
+  char magic[8];
+  std::uint64_t version;
+  std::uint64_t data_bytes;
+  std::uint64_t chunk_bytes;
+  std::uint64_t identity;   ///< checksum of the tensor's name and the block's offset: which block this is
+  std::uint64_t checksum;   ///< of the header's other fields and the chunk checksums
+  std::uint64_t reserved[2];
+};
+static_assert(sizeof(shard_header) == shard_header_bytes);
+
+inline std::size_t chunks_of(std::size_t data_bytes, std::size_t chunk_bytes) { return (data_bytes + chunk_bytes - 1) / chunk_bytes; }
+inline std::size_t data_offset_of(std::size_t nchunks) {
+  const std::size_t used = shard_header_bytes + 8 * nchunks;
+  return (used + shard_data_alignment - 1) / shard_data_alignment * shard_data_alignment;
+}
+inline std::uint64_t header_checksum(shard_header h, const std::vector<std::uint64_t>& chunk_sums) {
+  h.checksum = 0;
+  return checksum(chunk_sums.data(), chunk_sums.size() * 8, checksum(&h, sizeof h));
+}
+inline std::uint64_t block_identity(const std::string& name, const std::vector<std::size_t>& offset) {
+  std::string key = name;
+  for (auto o : offset) key += "/" + std::to_string(o);
+  return checksum(key.data(), key.size());
+}
+
+/// @brief Writes one block (`bytes` of host memory) as a shard file.
+inline void write_shard(const std::filesystem::path& path, const std::string& name, const std::vector<std::size_t>& offset,
+                        const void* data, std::size_t bytes, const save_options& o) {
+  const std::size_t chunk = std::max<std::size_t>(o.chunk_bytes, 64);
+  const std::size_t n = chunks_of(bytes, chunk);
+  std::vector<std::uint64_t> sums(n);
+  const auto* p = static_cast<const unsigned char*>(data);
+  for (std::size_t c = 0; c < n; ++c) sums[c] = checksum(p + c * chunk, std::min(chunk, bytes - c * chunk));
+  shard_header h{};
+  std::memcpy(h.magic, shard_magic, 8);
+  h.version = shard_version;
+  h.data_bytes = bytes;
+  h.chunk_bytes = chunk;
+  h.identity = block_identity(name, offset);
+  h.checksum = header_checksum(h, sums);
+  file f(path, file::mode::write);
+  f.write_at(&h, sizeof h, 0);
+  if (n > 0) f.write_at(sums.data(), n * 8, sizeof h);
+  const std::size_t at = data_offset_of(n);
+  constexpr std::size_t piece = std::size_t{1} << 28;  // one write call moves at most 2 GiB on Linux
+  for (std::size_t done = 0; done < bytes; done += piece) f.write_at(p + done, std::min(piece, bytes - done), at + done);
+  if (bytes == 0) f.write_at("", 0, at);
+  if (o.flush) f.flush();
+}
+
+/// @brief One saved block of a tensor, as the metadata describes it.
+struct block_meta {
+  std::string file;
+  std::vector<std::size_t> offset, shape;
+};
+
+/// @brief The last chunk read and checked whole, for the runs that want parts of it.
+struct chunk_cache {
+  std::size_t chunk = static_cast<std::size_t>(-1);
+  std::vector<unsigned char> bytes;
+};
+
+/// @brief A shard file opened to read, its header checked against what the metadata says.
+class shard_reader {
+ public:
+  shard_reader(const std::filesystem::path& path, const std::string& name, const block_meta& b, std::size_t element_bytes)
+      : f_(path, file::mode::read) {
+    const std::string where = "io: " + path.string() + " (tensor \"" + name + "\", block at " + pdo::detail::format_extents(b.offset) + "): ";
+    if (f_.size() < shard_header_bytes) throw io_error(where + "truncated: " + std::to_string(f_.size()) + " bytes, shorter than a shard header");
+    f_.read_at(&h_, sizeof h_, 0);
+    if (std::memcmp(h_.magic, shard_magic, 8) != 0) throw io_error(where + "not a pdo shard file (its first bytes are not PDOSHARD)");
+    if (h_.version != shard_version)
+      throw io_error(where + "shard format version " + std::to_string(h_.version) + ", this pdo reads version " + std::to_string(shard_version));
+    const std::size_t expected = pdo::detail::checked_volume(b.shape, "io: a block", element_bytes) * element_bytes;
+    if (h_.data_bytes != expected)
+      throw io_error(where + "the metadata does not match the shard: the block " + pdo::detail::format_extents(b.shape) + " needs " +
+                     std::to_string(expected) + " bytes, the file holds " + std::to_string(h_.data_bytes));
+    if (h_.identity != block_identity(name, b.offset))
+      throw io_error(where + "the metadata does not match the shard: the file holds another tensor's block, or another block");
+    if (h_.chunk_bytes == 0) throw io_error(where + "corrupt header (chunk size 0)");
+    sums_.resize(chunks_of(h_.data_bytes, h_.chunk_bytes));
+    data_at_ = data_offset_of(sums_.size());
+    const std::size_t need = data_at_ + h_.data_bytes;
+    if (f_.size() < need)
+      throw io_error(where + "truncated: " + std::to_string(f_.size()) + " bytes, its block needs " + std::to_string(need));
+    if (f_.size() > need)
+      throw io_error(where + "the metadata does not match the shard: " + std::to_string(f_.size() - need) + " bytes more than its block");
+    if (!sums_.empty()) f_.read_at(sums_.data(), sums_.size() * 8, sizeof h_);
+    if (header_checksum(h_, sums_) != h_.checksum) throw io_error(where + "corrupt: the header's checksum does not match");
+    where_ = where;
+  }
+
+  /// @brief Bytes [from, to) of the block's data into `out`. With `verify`, every chunk they
+  /// touch is checked: whole chunks are read straight into `out` and checked there; a chunk
+  /// only partly wanted is read into `cache` (which keeps the last one, for the next run).
+  void read(std::size_t from, std::size_t to, unsigned char* out, bool verify, chunk_cache& cache) const {
+    if (!verify) {
+      if (to > from) f_.read_at(out, to - from, data_at_ + from);
+      return;
+    }
+    const std::size_t cb = h_.chunk_bytes, total = h_.data_bytes;
+    std::size_t at = from;
+    while (at < to) {
+      const std::size_t c = at / cb, start = c * cb, end = std::min(start + cb, total);
+      if (at == start && end <= to) {  // whole chunks from here on: straight into out
+        const std::size_t last = to == total ? total : to / cb * cb;
+        f_.read_at(out + (at - from), last - at, data_at_ + at);
+        for (std::size_t k = c; k * cb < last; ++k) check_chunk(k, out + (k * cb - from));
+        at = last;
+        continue;
+      }
+      if (cache.chunk != c) {
+        cache.bytes.resize(end - start);
+        f_.read_at(cache.bytes.data(), end - start, data_at_ + start);
+        check_chunk(c, cache.bytes.data());
+        cache.chunk = c;
+      }
+      const std::size_t n = std::min(to, end) - at;
+      std::memcpy(out + (at - from), cache.bytes.data() + (at - start), n);
+      at += n;
+    }
+  }
+  [[nodiscard]] std::size_t chunk_bytes() const { return h_.chunk_bytes; }
+
+ private:
+  void check_chunk(std::size_t c, const unsigned char* data) const {
+    const std::size_t cb = h_.chunk_bytes, n = std::min<std::size_t>(cb, h_.data_bytes - c * cb);
+    if (checksum(data, n) != sums_[c])
+      throw io_error(where_ + "corrupt: bytes " + std::to_string(c * cb) + " to " + std::to_string(c * cb + n) +
+                     " of its data do not match their checksum");
+  }
+  file f_;
+  shard_header h_{};
+  std::vector<std::uint64_t> sums_;
+  std::size_t data_at_ = 0;
+  std::string where_;
+};
+
+/// @brief A tensor's entry in the metadata, read back.
+struct tensor_meta {
+  std::string name, dtype;
+  std::vector<std::size_t> shape;
+  std::vector<block_meta> blocks;
+};
+
+/// @brief The elements [offset, offset + extents) of the saved tensor `t` into `out`, a dense
+/// row-major host buffer of `extents`: from every saved block that overlaps them, only the
+/// runs they need (and, when verifying, the whole chunks they touch), consecutive runs read at once.
+template <class T, std::size_t R>
+void read_region(const std::filesystem::path& dir, const tensor_meta& t, const shape_t<R>& offset, const shape_t<R>& extents, T* out,
+                 const load_options& o) {
+  const std::size_t want = pdo::detail::volume(extents);
+  if (want == 0) return;
+  std::size_t covered = 0;
+  for (const block_meta& b : t.blocks) {
+    shape_t<R> lo{}, hi{}, bshape{}, boff{};
+    bool empty = false;
+    for (std::size_t d = 0; d < R; ++d) {
+      bshape[d] = b.shape[d], boff[d] = b.offset[d];
+      lo[d] = std::max(offset[d], boff[d]);
+      hi[d] = std::min(offset[d] + extents[d], boff[d] + bshape[d]);
+      empty = empty || lo[d] >= hi[d];
+    }
+    if (empty) continue;
+    shape_t<R> inter{}, in_block{}, in_out{};
+    for (std::size_t d = 0; d < R; ++d) inter[d] = hi[d] - lo[d], in_block[d] = lo[d] - boff[d], in_out[d] = lo[d] - offset[d];
+    covered += pdo::detail::volume(inter);
+    // the runs, as (offset in the block, offset in out, length), consecutive ones merged
+    struct run {
+      std::size_t src, dst, n;
+    };
+    std::vector<std::size_t> dst;
+    pdo::detail::for_each_block_run(extents, in_out, inter, [&](std::size_t big, std::size_t, std::size_t) { dst.push_back(big); });
+    std::vector<run> runs;
+    std::size_t i = 0;
+    pdo::detail::for_each_block_run(bshape, in_block, inter, [&](std::size_t big, std::size_t, std::size_t n) {
+      const std::size_t d = dst[i++];
+      if (!runs.empty() && runs.back().src + runs.back().n == big && runs.back().dst + runs.back().n == d) runs.back().n += n;
+      else runs.push_back({big, d, n});
+    });
+    const shard_reader reader(dir / b.file, t.name, b, sizeof(T));
+    chunk_cache cache;
+    for (const run& r : runs)
+      reader.read(r.src * sizeof(T), (r.src + r.n) * sizeof(T), reinterpret_cast<unsigned char*>(out + r.dst), o.verify, cache);
+  }
+  if (covered != want)
+    throw io_error("io: " + (dir / "metadata.json").string() + ": tensor \"" + t.name + "\": its blocks cover " + std::to_string(covered) +
+                   " of the " + std::to_string(want) + " elements asked for: the metadata does not match the shards");
+}
+
+/// @brief The checkpoint being written: its directory, its metadata, the first failure.
+struct save_context {
+  std::filesystem::path dir;
+  save_options options;
+  nlohmann::ordered_json entries = nlohmann::ordered_json::object();
+  bool writer = true;        ///< this process writes the host tensors and the metadata
+  std::size_t index = 0;     ///< the entry's position: its shard files' names
+  std::optional<pdo::detail::captured_error> failure;
+  void fail() {
+    if (!failure) failure = pdo::detail::captured_error::current();
+  }
+};
+
+/// @brief The checkpoint being read.
+struct load_context {
+  std::filesystem::path dir;
+  load_options options;
+  nlohmann::ordered_json entries;
+  std::optional<pdo::detail::captured_error> failure;
+  void fail() {
+    if (!failure) failure = pdo::detail::captured_error::current();
+  }
+  /// @brief The metadata of entry `name`, or an io_error listing what the checkpoint holds.
+  const nlohmann::ordered_json& entry(const std::string& name) const {
+    const auto it = entries.find(name);
+    if (it == entries.end()) {
+      std::string held;
+      for (const auto& [k, v] : entries.items()) held += (held.empty() ? "" : ", ") + k;
+      throw io_error("io: " + (dir / "metadata.json").string() + ": no entry named \"" + name + "\" (it holds: " + (held.empty() ? "nothing" : held) + ")");
+    }
+    return *it;
+  }
+  [[nodiscard]] std::string where(const std::string& name) const { return "io: load of \"" + name + "\" from " + dir.string() + ": "; }
+};
+
+inline std::vector<std::size_t> sizes_of(const nlohmann::ordered_json& j, const std::string& what) {
+  if (!j.is_array()) throw io_error("io: metadata: " + what + " is not a list of extents");
+  std::vector<std::size_t> out;
+  for (const auto& e : j) {
+    if (!e.is_number_unsigned()) throw io_error("io: metadata: " + what + " holds " + e.dump() + ", not an extent");
+    out.push_back(e.get<std::size_t>());
+  }
+  return out;
+}
+
+/// @brief Entry `name` of the metadata as a tensor of element type `dtype` and shape
+/// `shape`; anything else is an io_error naming the tensor and both.
+inline tensor_meta tensor_entry(const load_context& c, const std::string& name, std::string_view dtype, const std::vector<std::size_t>& shape) {
+  const auto& e = c.entry(name);
+  tensor_meta t;
+  t.name = name;
+  try {
+    if (e.at("kind") != "tensor") throw io_error(c.where(name) + "it is a " + e.at("kind").get<std::string>() + " in the checkpoint, not a tensor");
+    t.dtype = e.at("dtype").get<std::string>();
+    t.shape = sizes_of(e.at("shape"), "the shape of \"" + name + "\"");
+    for (const auto& b : e.at("blocks")) {
+      block_meta m{b.at("file").get<std::string>(), sizes_of(b.at("offset"), "a block offset of \"" + name + "\""),
+                   sizes_of(b.at("shape"), "a block shape of \"" + name + "\"")};
+      if (m.offset.size() != t.shape.size() || m.shape.size() != t.shape.size() || m.file.find('/') != std::string::npos)
+        throw io_error(c.where(name) + "the metadata's block " + b.dump() + " does not fit its shape " + pdo::detail::format_extents(t.shape));
+      t.blocks.push_back(std::move(m));
+    }
+  } catch (const nlohmann::json::exception& x) {
+    throw io_error(c.where(name) + "its metadata is malformed: " + x.what());
+  }
+  if (t.dtype != dtype)
+    throw io_error(c.where(name) + "it holds " + t.dtype + " elements, the tensor it is loaded into " + std::string(dtype) + " ones");
+  if (t.shape != shape)
+    throw io_error(c.where(name) + "its global shape is " + pdo::detail::format_extents(t.shape) + ", the tensor it is loaded into has " +
+                   pdo::detail::format_extents(shape));
+  return t;
+}
+
+/// @brief The largest value of `v` over the processes of `m` (each process passes its own):
+/// how they learn that one of them failed. In a mesh of one process, `v` itself.
+template <class Mesh>
+long long max_over_processes(const Mesh& m, long long v) {
+  if (!m.is_multiprocess()) return v;
+  long long result = v;
+  pdo::detail::run_on_places("checkpoint", m, [&](std::size_t p, std::size_t k) {
+    long long x = v;
+    host_communicator_of(m, p).all_reduce(std::span<long long>(&x, 1), reduce_op::max);
+    if (k == 0) result = x;
+  });
+  return result;
+}
+
+}  // namespace detail
+
+/// @brief The named things one save writes and one load fills: tensors (host), dtensors (of
+/// any mesh and layout), numbers and strings (a step counter, an RNG's state). It refers to
+/// them; they must outlive it. Every process of a mesh builds the same checkpoint and calls
+/// save (or load) with it together.
+class checkpoint {
+ public:
+  /// @brief A host tensor: saved by one process, loaded whole by every process.
+  template <element T, std::size_t R>
+  checkpoint& add(std::string name, tensor<T, R>& t) {
+    check_name(name);
+    entries_.push_back({std::move(name), [&t](detail::save_context& c, const std::string& n) { save_host(c, n, t); },
+                        [&t](detail::load_context& c, const std::string& n) { load_host(c, n, t); }});
+    return *this;
+  }
+
+  /// @brief A dtensor: each place writes the blocks it holds (partial sums are reduced
+  /// first); a load fills each local shard from the blocks it overlaps, whatever the mesh and
+  /// layout the checkpoint was saved from.
+  template <element T, std::size_t R, mesh_type Mesh, layout_spec L>
+  checkpoint& add(std::string name, dtensor<T, R, Mesh, L>& x) {
+    check_name(name);
+    if (!agree_) {
+      const Mesh m = x.mesh();
+      agree_ = [m](long long v) { return detail::max_over_processes(m, v); };
+      writer_ = m.place(0).is_local();
+      rank_ = m.local_places().empty() ? 0 : m.place(m.local_places().front()).process();
+    }
+    entries_.push_back({std::move(name), [&x](detail::save_context& c, const std::string& n) { save_distributed(c, n, x); },
+                        [&x](detail::load_context& c, const std::string& n) { load_distributed(c, n, x); }});
+    return *this;
+  }
+
+  /// @brief A number (a step counter, a learning rate), kept in the metadata exactly.
+  template <class V>
+    requires(std::is_arithmetic_v<V> && !std::is_same_v<V, bool>)
+  checkpoint& add(std::string name, V& value) {
+    check_name(name);
+    entries_.push_back({std::move(name),
+                        [&value](detail::save_context& c, const std::string& n) {
+                          c.entries[n] = {{"kind", "value"}, {"dtype", std::string(detail::stored_dtype<V>())}, {"value", value}};
+                        },
+                        [&value](detail::load_context& c, const std::string& n) {
+                          const auto& e = c.entry(n);
+                          if (e.value("kind", "") != "value" || e.value("dtype", "") != detail::stored_dtype<V>())
+                            throw io_error(c.where(n) + "it is " + e.value("kind", "?") + " " + e.value("dtype", "?") +
+                                           " in the checkpoint, not a " + std::string(detail::stored_dtype<V>()) + " value");
+                          value = e.at("value").get<V>();
+                        }});
+    return *this;
+  }
+
+  /// @brief A string (an RNG's state written with operator<<, a data loader's position).
+  checkpoint& add(std::string name, std::string& text) {
+    check_name(name);
+    entries_.push_back({std::move(name),
+                        [&text](detail::save_context& c, const std::string& n) { c.entries[n] = {{"kind", "text"}, {"value", text}}; },
+                        [&text](detail::load_context& c, const std::string& n) {
+                          const auto& e = c.entry(n);
+                          if (e.value("kind", "") != "text") throw io_error(c.where(n) + "it is not text in the checkpoint");
+                          text = e.at("value").get<std::string>();
+                        }});
+    return *this;
+  }
+
+  [[nodiscard]] std::size_t size() const { return entries_.size(); }
+
+  /// @brief Writes every entry into `dir` safely: into `dir` + ".partial" first, flushed,
+  /// then swapped in for `dir` in one rename, so `dir` holds the old checkpoint or the new
+  /// one, never a part. Any failure is a pdo::io_error, on every process.
+  void save(const std::filesystem::path& dir, const save_options& o = {}) const {
+    pdo::detail::check_not_nested("io::save");
+    detail::save_context c;
+    c.options = o;
+    c.writer = writer_;
+    const std::filesystem::path target = std::filesystem::absolute(dir).lexically_normal();
+    c.dir = target;
+    c.dir += ".partial";
+    try {  // a fresh staging directory (the writer clears what a failed save left)
+      if (c.writer) std::filesystem::remove_all(c.dir);
+    } catch (const std::exception&) {
+      c.fail();
+    }
+    agree(c.failure, "save", target);
+    try {
+      std::filesystem::create_directories(c.dir);
+    } catch (const std::filesystem::filesystem_error& e) {
+      if (!c.failure) c.failure = pdo::detail::captured_error{error_kind::io, "io: save: cannot create " + c.dir.string() + ": " + e.code().message()};
+    }
+    // every entry runs, failed or not: a dtensor's partial sums are collectives every process joins
+    for (const auto& e : entries_) {
+      try {
+        e.save(c, e.name);
+      } catch (...) {
+        c.fail();
+      }
+      ++c.index;
+    }
+    agree(c.failure, "save", target);
+    if (c.writer) {
+      try {
+        nlohmann::ordered_json meta = {{"format", "pdo-checkpoint"}, {"version", 1}, {"entries", c.entries}};
+        detail::write_text_atomically(c.dir / "metadata.json", meta.dump(1));
+        detail::flush_directory(c.dir);
+        commit(c.dir, target);
+      } catch (...) {
+        c.fail();
+      }
+    }
+    agree(c.failure, "save", target);
+  }
+
+  /// @brief Fills every entry from the checkpoint in `dir`; a missing, corrupt or truncated
+  /// file, metadata that does not match the shards, or an entry of another global shape or
+  /// element type is a pdo::io_error naming the file, the entry and what is wrong, on every
+  /// process.
+  void load(const std::filesystem::path& dir, const load_options& o = {}) {
+    pdo::detail::check_not_nested("io::load");
+    detail::load_context c;
+    c.dir = dir;
+    c.options = o;
+    try {
+      c.entries = read_metadata(dir).at("entries");
+    } catch (...) {
+      c.fail();
+    }
+    if (!c.failure)
+      for (const auto& e : entries_) {
+        try {
+          e.load(c, e.name);
+        } catch (...) {
+          c.fail();
+        }
+      }
+    agree(c.failure, "load", dir);
+  }
+
+  /// @brief The metadata of the checkpoint in `dir` (an io_error when it is missing or not one).
+  static nlohmann::ordered_json read_metadata(const std::filesystem::path& dir) {
+    const auto path = dir / "metadata.json";
+    if (!std::filesystem::exists(path)) {
+      std::filesystem::path partial = dir;
+      partial += ".partial";
+      throw io_error("io: " + path.string() + ": missing: " + dir.string() + " holds no checkpoint" +
+                     (std::filesystem::exists(partial) ? " (" + partial.string() + " is an unfinished save)" : ""));
+    }
+    nlohmann::ordered_json meta;
+    try {
+      meta = nlohmann::ordered_json::parse(detail::read_text(path));
+    } catch (const nlohmann::json::exception& e) {
+      throw io_error("io: " + path.string() + ": not valid JSON: " + e.what());
+    }
+    if (!meta.is_object() || meta.value("format", "") != "pdo-checkpoint" || !meta.contains("entries") || !meta["entries"].is_object())
+      throw io_error("io: " + path.string() + ": not the metadata of a pdo checkpoint");
+    if (meta.value("version", 0) != 1)
+      throw io_error("io: " + path.string() + ": checkpoint format version " + meta["version"].dump() + ", this pdo reads version 1");
+    return meta;
+  }
+
+ private:
+  struct entry {
+    std::string name;
+    std::function<void(detail::save_context&, const std::string&)> save;
+    std::function<void(detail::load_context&, const std::string&)> load;
+  };
+
+  void check_name(const std::string& name) const {
+    if (name.empty()) throw io_error("io: checkpoint: an entry needs a name");
+    for (const auto& e : entries_)
+      if (e.name == name) throw io_error("io: checkpoint: two entries are named \"" + name + "\"");
+  }
+
+  /// @brief Every process learns whether one of them failed: the one that did throws its own
+  /// error, the others an io_error naming it.
+  void agree(const std::optional<pdo::detail::captured_error>& failure, const char* op, const std::filesystem::path& dir) const {
+    const long long failed = agree_ ? agree_(failure ? rank_ + 1 : 0) : (failure ? 1 : 0);
+    if (failure) failure->rethrow_with_context("");
+    if (failed > 0)
+      throw io_error(std::string("io: ") + op + " of " + dir.string() + ": process " + std::to_string(failed - 1) +
+                     " failed (its error says why); nothing was " + (op[0] == 's' ? "replaced" : "loaded reliably"));
+  }
+
+  /// @brief `staged` becomes `target`; the checkpoint `target` held, if any, is removed.
+  static void commit(const std::filesystem::path& staged, const std::filesystem::path& target) {
+    std::error_code ec;
+    if (std::filesystem::exists(target)) {
+      // one atomic swap where the system has it; else two renames, the old one kept until the new is in
+      if (::renameat2(AT_FDCWD, staged.c_str(), AT_FDCWD, target.c_str(), RENAME_EXCHANGE) != 0) {
+        std::filesystem::path old = target;
+        old += ".old";
+        std::filesystem::remove_all(old, ec);
+        std::filesystem::rename(target, old, ec);
+        if (ec) throw io_error("io: save: cannot move the old checkpoint " + target.string() + " aside: " + ec.message());
+        std::filesystem::rename(staged, target, ec);
+        if (ec) throw io_error("io: save: cannot rename " + staged.string() + " to " + target.string() + ": " + ec.message());
+        std::filesystem::remove_all(old, ec);
+      } else {
+        std::filesystem::remove_all(staged, ec);  // the old checkpoint, now under the staging name
+      }
+    } else {
+      std::filesystem::rename(staged, target, ec);
+      if (ec) throw io_error("io: save: cannot rename " + staged.string() + " to " + target.string() + ": " + ec.message());
+    }
+    detail::flush_directory(target.parent_path());
+  }
+
+  template <class T, std::size_t R>
+  static nlohmann::ordered_json tensor_json(const shape_t<R>& shape) {
+    return {{"kind", "tensor"}, {"dtype", std::string(detail::stored_dtype<T>())},
+            {"shape", std::vector<std::size_t>(shape.begin(), shape.end())}, {"blocks", nlohmann::ordered_json::array()}};
+  }
+
+  template <class T, std::size_t R>
+  static void save_host(detail::save_context& c, const std::string& name, const tensor<T, R>& t) {
+    auto j = tensor_json<T, R>(t.shape());
+    const std::string file = "t" + std::to_string(c.index) + ".bin";
+    j["blocks"].push_back({{"file", file}, {"offset", std::vector<std::size_t>(R, 0)}, {"shape", std::vector<std::size_t>(t.shape().begin(), t.shape().end())}});
+    j["layout"] = "";
+    c.entries[name] = std::move(j);
+    if (!c.writer) return;
+    const tensor<T, R> staged = t.on_gpu() ? to_host(t) : tensor<T, R>();
+    const T* data = t.on_gpu() ? staged.data() : t.data();
+    detail::write_shard(c.dir / file, name, std::vector<std::size_t>(R, 0), data, t.bytes(), c.options);
+  }
+
+  template <class T, std::size_t R>
+  static void load_host(detail::load_context& c, const std::string& name, tensor<T, R>& t) {
+    const auto meta = detail::tensor_entry(c, name, detail::stored_dtype<T>(), {t.shape().begin(), t.shape().end()});
+    if (t.on_gpu()) {
+      auto host = tensor<T, R>::on_host(t.shape());
+      detail::read_region<T, R>(c.dir, meta, shape_t<R>{}, t.shape(), host.data(), c.options);
+      copy(host, t);
+    } else {
+      detail::read_region<T, R>(c.dir, meta, shape_t<R>{}, t.shape(), t.data(), c.options);
+    }
+  }
+
+  template <class T, std::size_t R, class Mesh, class L>
+  static void save_distributed(detail::save_context& c, const std::string& name, const dtensor<T, R, Mesh, L>& x) {
+    pdo::detail::with_sums_done(x, [&](const auto& whole) {
+      const Mesh& m = whole.mesh();
+      constexpr pdo::detail::layout_value v = std::remove_cvref_t<decltype(whole)>::layout_value;
+      auto j = tensor_json<T, R>(x.shape());
+      j["layout"] = pdo::detail::to_string(pdo::detail::value_of<L>());
+      j["mesh"] = m.describe();
+      auto file_of = [&](std::size_t q) { return "t" + std::to_string(c.index) + ".p" + std::to_string(q) + ".bin"; };
+      for (std::size_t q = 0; q < m.size(); ++q) {
+        if (!pdo::detail::writes_block(m, v, q)) continue;
+        const auto off = whole.local_offset(q), shape = whole.local_shape(q);
+        j["blocks"].push_back({{"file", file_of(q)}, {"offset", std::vector<std::size_t>(off.begin(), off.end())},
+                               {"shape", std::vector<std::size_t>(shape.begin(), shape.end())}});
+      }
+      c.entries[name] = std::move(j);
+      // every place writes its block at once, each on its own lane
+      std::vector<std::optional<pdo::detail::captured_error>> failures(m.local_places().size());
+      pdo::detail::run_on_places(
+          "io::save", m,
+          [&](std::size_t p, std::size_t k) {
+            if (!pdo::detail::writes_block(m, v, p)) return;
+            try {
+              const auto& shard = whole.local_shards()[k];
+              const auto off = whole.local_offset(p);
+              const tensor<T, R> staged = shard.on_gpu() ? to_host(shard) : tensor<T, R>();
+              detail::write_shard(c.dir / file_of(p), name, std::vector<std::size_t>(off.begin(), off.end()),
+                                  shard.on_gpu() ? staged.data() : shard.data(), shard.bytes(), c.options);
+            } catch (...) {
+              failures[k] = pdo::detail::captured_error::current();
+            }
+          },
+          "copy");
+      for (auto& f : failures)
+        if (f && !c.failure) c.failure = f;
+    });
+  }
+
+  template <class T, std::size_t R, class Mesh, class L>
+  static void load_distributed(detail::load_context& c, const std::string& name, dtensor<T, R, Mesh, L>& x) {
+    const auto meta = detail::tensor_entry(c, name, detail::stored_dtype<T>(), {x.shape().begin(), x.shape().end()});
+    const Mesh& m = x.mesh();
+    std::vector<std::optional<pdo::detail::captured_error>> failures(m.local_places().size());
+    pdo::detail::run_on_places(
+        "io::load", m,
+        [&](std::size_t p, std::size_t k) {
+          try {
+            auto& shard = x.local_shards()[k];
+            if (!pdo::detail::holds_partial_value(m, x.layout_value, p)) {
+              shard.fill(T{});  // the partial sum's other terms
+              return;
+            }
+            if (shard.on_gpu()) {
+              auto host = tensor<T, R>::on_host(shard.shape());
+              detail::read_region<T, R>(c.dir, meta, x.local_offset(p), shard.shape(), host.data(), c.options);
+              copy(host, shard);
+            } else {
+              detail::read_region<T, R>(c.dir, meta, x.local_offset(p), shard.shape(), shard.data(), c.options);
+            }
+          } catch (...) {
+            failures[k] = pdo::detail::captured_error::current();
+          }
+        },
+        "copy");
+    for (std::size_t k = 0; k < failures.size(); ++k)
+      if (failures[k] && !c.failure) {
+        c.failure = failures[k];
+        c.failure->message = "on place " + m.place(m.local_places()[k]).name() + ": " + c.failure->message;
+      }
+  }
+
+  std::vector<entry> entries_;
+  std::function<long long(long long)> agree_;  ///< over the processes of the first dtensor's mesh
+  bool writer_ = true;
+  long long rank_ = 0;
+};
+
+/// @brief Saves `c` into `dir` (see checkpoint::save).
+inline void save(const std::filesystem::path& dir, const checkpoint& c, const save_options& o = {}) { c.save(dir, o); }
+/// @brief Loads `c` from `dir` (see checkpoint::load).
+inline void load(const std::filesystem::path& dir, checkpoint& c, const load_options& o = {}) { c.load(dir, o); }
+
+/// @brief What the checkpoint in `dir` holds, entry by entry.
+inline std::vector<entry_info> inspect(const std::filesystem::path& dir) {
+  std::vector<entry_info> out;
+  const auto meta = checkpoint::read_metadata(dir);
+  try {
+    for (const auto& [name, e] : meta["entries"].items()) {
+      entry_info i{name, e.value("kind", ""), e.value("dtype", ""), {}, e.value("layout", ""), e.value("mesh", "")};
+      if (e.contains("shape")) i.shape = detail::sizes_of(e["shape"], "the shape of \"" + name + "\"");
+      out.push_back(std::move(i));
+    }
+  } catch (const nlohmann::json::exception& e) {
+    throw io_error("io: " + (dir / "metadata.json").string() + ": malformed: " + e.what());
+  }
+  return out;
+}
+
+/// @brief The tensor `name` of the checkpoint in `dir`, whole, in host memory.
+template <element T, std::size_t R>
+tensor<T, R> read(const std::filesystem::path& dir, const std::string& name, const load_options& o = {}) {
+  shape_t<R> shape{};
+  bool found = false;
+  for (const auto& e : inspect(dir))
+    if (e.name == name) {
+      if (e.shape.size() != R)
+        throw io_error("io: read of \"" + name + "\" from " + dir.string() + ": it has rank " + std::to_string(e.shape.size()) + ", not " +
+                       std::to_string(R));
+      std::copy(e.shape.begin(), e.shape.end(), shape.begin());
+      found = true;
+    }
+  if (!found) shape = {};  // the load below names what the checkpoint holds
+  auto out = tensor<T, R>::on_host(shape);
+  checkpoint c;
+  c.add(name, out);
+  c.load(dir, o);
+  return out;
+}
+
+/// @brief The tensor `name` of the checkpoint in `dir` laid out over `m` as `Layout` (any
+/// layout: each place reads only what its shard needs).
+template <element T, std::size_t R, layout_spec Layout, mesh_type Mesh>
+dtensor<T, R, Mesh, Layout> read(const std::filesystem::path& dir, const std::string& name, const Mesh& m, const load_options& o = {}) {
+  static_assert(pdo::detail::check_layout<"io::read", Layout, Mesh, R>::ok);
+  shape_t<R> shape{};
+  for (const auto& e : inspect(dir))
+    if (e.name == name) {
+      if (e.shape.size() != R)
+        throw io_error("io: read of \"" + name + "\" from " + dir.string() + ": it has rank " + std::to_string(e.shape.size()) + ", not " +
+                       std::to_string(R));
+      std::copy(e.shape.begin(), e.shape.end(), shape.begin());
+    }
+  std::vector<tensor<T, R>> shards;
+  for (std::size_t p : m.local_places())
+    shards.emplace_back(pdo::detail::shard_shape(m, pdo::detail::value_of<Layout>(), shape, p), m.place(p), pdo::detail::uninitialized);
+  dtensor<T, R, Mesh, Layout> out(m, shape, std::move(shards));
+  checkpoint c;
+  c.add(name, out);
+  c.load(dir, o);
+  return out;
+}
+
+}  // namespace pdo::io

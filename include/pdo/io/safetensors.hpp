@@ -1,0 +1,286 @@
+// pdo/io/safetensors.hpp: the safetensors format (an 8-byte little-endian header length, a
+// JSON header naming each tensor's type, shape and byte range, then the raw little-endian
+// data), so that weights move between PyTorch and pdo; and a module's parameters saved to
+// or loaded from such a file by name.
+#pragma once
+
+#include <pdo/core/shape.hpp>
+#include <pdo/io/file.hpp>
+#include <pdo/nn/layers.hpp>
+#include <pdo/nn/module.hpp>
+#include <pdo/tensor/tensor.hpp>
+
+#include <nlohmann/json.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace pdo::io {
+
+namespace detail {
+
+/// @brief The safetensors name of T ("F32", "I64", "U8").
+template <class T>
+std::string safetensors_dtype() {
+  const char kind = std::is_floating_point_v<T> ? 'F' : (std::is_signed_v<T> ? 'I' : 'U');
+  return std::string(1, kind) + std::to_string(8 * sizeof(T));
+}
+
+/// @brief The size of one element of the safetensors type `dtype`, 0 when pdo cannot hold it.
+inline std::size_t safetensors_element_bytes(const std::string& dtype) {
+  static const std::map<std::string, std::size_t> sizes = {{"F64", 8}, {"F32", 4}, {"I64", 8}, {"I32", 4}, {"I16", 2}, {"I8", 1},
+                                                           {"U64", 8}, {"U32", 4}, {"U16", 2}, {"U8", 1}};
+  const auto it = sizes.find(dtype);
+  return it == sizes.end() ? 0 : it->second;
+}
+
+/// @brief Elements of the safetensors type `dtype` at `src` converted to T.
+template <class T>
+void convert_from(const std::string& dtype, const unsigned char* src, T* out, std::size_t n) {
+  auto each = [&]<class S>(S) {
+    for (std::size_t i = 0; i < n; ++i) {
+      S v;
+      std::memcpy(&v, src + i * sizeof(S), sizeof(S));
+      out[i] = static_cast<T>(v);
+    }
+  };
+  if (dtype == "F64") each(double{});
+  else if (dtype == "F32") each(float{});
+  else if (dtype == "I64") each(std::int64_t{});
+  else if (dtype == "I32") each(std::int32_t{});
+  else if (dtype == "I16") each(std::int16_t{});
+  else if (dtype == "I8") each(std::int8_t{});
+  else if (dtype == "U64") each(std::uint64_t{});
+  else if (dtype == "U32") each(std::uint32_t{});
+  else if (dtype == "U16") each(std::uint16_t{});
+  else each(std::uint8_t{});
+}
+
+}  // namespace detail
+
+/// @brief One tensor of a safetensors file, as its header describes it.
+struct safetensors_entry {
+  std::string dtype;                ///< "F32", "I64", ...
+  std::vector<std::size_t> shape;
+  std::size_t begin = 0, end = 0;   ///< its bytes, from the start of the data
+};
+
+/// @brief A safetensors file opened to read. The header is checked when it is opened
+/// (lengths, types, byte ranges inside the file and not overlapping); each tensor is read
+/// when asked for.
+class safetensors_reader {
+ public:
+  explicit safetensors_reader(const std::filesystem::path& path) : f_(path, detail::file::mode::read) {
+    auto bad = [&](const std::string& what) { return io_error("io: " + path.string() + ": not a valid safetensors file: " + what); };
+    const std::size_t size = f_.size();
+    if (size < 8) throw bad("shorter than its 8-byte header length");
+    std::uint64_t n = 0;
+    f_.read_at(&n, 8, 0);
+    if (n > size - 8) throw bad("its header length " + std::to_string(n) + " runs past the end of the file (" + std::to_string(size) + " bytes)");
+    std::string text(n, '\0');
+    f_.read_at(text.data(), n, 8);
+    data_at_ = 8 + n;
+    nlohmann::json header;
+    try {
+      header = nlohmann::json::parse(text);
+    } catch (const nlohmann::json::exception& e) {
+      throw bad(std::string("its header is not JSON: ") + e.what());
+    }
+    if (!header.is_object()) throw bad("its header is not a JSON object");
+    std::vector<std::pair<std::size_t, std::size_t>> ranges;
+    for (const auto& [name, e] : header.items()) {
+      if (name == "__metadata__") {
+        if (!e.is_object()) throw bad("__metadata__ is not an object");
+        for (const auto& [k, v] : e.items()) {
+          if (!v.is_string()) throw bad("__metadata__[\"" + k + "\"] is not a string");
+          metadata_[k] = v.get<std::string>();
+        }
+        continue;
+      }
+      safetensors_entry t;
+      try {
+        t.dtype = e.at("dtype").get<std::string>();
+        for (const auto& x : e.at("shape")) t.shape.push_back(x.get<std::size_t>());
+        const auto& offsets = e.at("data_offsets");
+        if (!offsets.is_array() || offsets.size() != 2) throw bad("\"" + name + "\": data_offsets is not a pair");
+        t.begin = offsets[0].get<std::size_t>();
+        t.end = offsets[1].get<std::size_t>();
+      } catch (const nlohmann::json::exception& x) {
+        throw bad("\"" + name + "\": " + x.what());
+      }
+      const std::size_t element = detail::safetensors_element_bytes(t.dtype);
+      if (element == 0) throw bad("\"" + name + "\" has type " + t.dtype + ", which pdo does not read (it reads F64, F32, I64 to I8, U64 to U8)");
+      const std::size_t bytes = pdo::detail::checked_volume(t.shape, "safetensors", element) * element;
+      if (t.end < t.begin || t.end - t.begin != bytes)
+        throw bad("\"" + name + "\": data_offsets [" + std::to_string(t.begin) + ", " + std::to_string(t.end) + "] hold " +
+                  std::to_string(t.end - t.begin) + " bytes, its shape " + pdo::detail::format_extents(t.shape) + " needs " + std::to_string(bytes));
+      if (t.end > size - data_at_)
+        throw bad("\"" + name + "\": its data runs past the end of the file (truncated: " + std::to_string(size - data_at_) + " bytes of data)");
+      ranges.emplace_back(t.begin, t.end);
+      entries_[name] = std::move(t);
+    }
+    std::sort(ranges.begin(), ranges.end());
+    for (std::size_t i = 1; i < ranges.size(); ++i)
+      if (ranges[i].first < ranges[i - 1].second) throw bad("two tensors' data overlap");
+  }
+
+  [[nodiscard]] const std::filesystem::path& path() const { return f_.path(); }
+  /// @brief The names of its tensors, sorted.
+  [[nodiscard]] std::vector<std::string> names() const {
+    std::vector<std::string> out;
+    for (const auto& [k, v] : entries_) out.push_back(k);
+    return out;
+  }
+  [[nodiscard]] bool contains(const std::string& name) const { return entries_.contains(name); }
+  /// @brief The header's entry of `name` (an io_error listing the names when there is none).
+  [[nodiscard]] const safetensors_entry& entry(const std::string& name) const {
+    const auto it = entries_.find(name);
+    if (it == entries_.end()) {
+      std::string held;
+      for (const auto& [k, v] : entries_) held += (held.empty() ? "" : ", ") + k;
+      throw io_error("io: " + path().string() + ": no tensor named \"" + name + "\" (it holds: " + (held.empty() ? "nothing" : held) + ")");
+    }
+    return it->second;
+  }
+  [[nodiscard]] const std::map<std::string, std::string>& metadata() const { return metadata_; }
+
+  /// @brief Tensor `name` as a host tensor of element type T: stored as T, or converted from
+  /// another stored type when `convert`; its rank must be R.
+  template <element T, std::size_t R>
+  [[nodiscard]] tensor<T, R> get(const std::string& name, bool convert = false) const {
+    const auto& e = entry(name);
+    if (e.shape.size() != R)
+      throw io_error("io: " + path().string() + ": \"" + name + "\" is " + e.dtype + pdo::detail::format_extents(e.shape) + ", of rank " +
+                     std::to_string(e.shape.size()) + ", not " + std::to_string(R));
+    if (!convert && e.dtype != detail::safetensors_dtype<T>())
+      throw io_error("io: " + path().string() + ": \"" + name + "\" holds " + e.dtype + " elements, the tensor asked for " +
+                     detail::safetensors_dtype<T>());
+    shape_t<R> shape{};
+    std::copy(e.shape.begin(), e.shape.end(), shape.begin());
+    auto out = tensor<T, R>::on_host(shape);
+    read_into(name, out.data(), out.size());
+    return out;
+  }
+
+  /// @brief The `n` elements of tensor `name` into `out`, converted to T from its stored type.
+  template <element T>
+  void read_into(const std::string& name, T* out, std::size_t n) const {
+    const auto& e = entry(name);
+    const std::size_t bytes = e.end - e.begin;
+    if (bytes != n * detail::safetensors_element_bytes(e.dtype))
+      throw io_error("io: " + path().string() + ": \"" + name + "\" holds " + std::to_string(bytes / detail::safetensors_element_bytes(e.dtype)) +
+                     " elements, " + std::to_string(n) + " asked for");
+    if (e.dtype == detail::safetensors_dtype<T>()) {
+      f_.read_at(out, bytes, data_at_ + e.begin);
+    } else {
+      std::vector<unsigned char> raw(bytes);
+      f_.read_at(raw.data(), bytes, data_at_ + e.begin);
+      detail::convert_from(e.dtype, raw.data(), out, n);
+    }
+  }
+
+ private:
+  detail::file f_;
+  std::size_t data_at_ = 0;
+  std::map<std::string, safetensors_entry> entries_;
+  std::map<std::string, std::string> metadata_;
+};
+
+/// @brief Named tensors gathered to be written as one safetensors file (it copies them).
+class safetensors_writer {
+ public:
+  template <element T, std::size_t R>
+  safetensors_writer& add(const std::string& name, const tensor<T, R>& t) {
+    return add_raw(name, detail::safetensors_dtype<T>(), std::vector<std::size_t>(t.shape().begin(), t.shape().end()),
+                   t.on_gpu() ? to_host(t).data() : t.data(), t.bytes());
+  }
+  /// @brief `bytes` of host memory holding a tensor of `shape` of the safetensors type `dtype`.
+  safetensors_writer& add_raw(const std::string& name, const std::string& dtype, std::vector<std::size_t> shape, const void* data,
+                              std::size_t bytes) {
+    if (name.empty() || name == "__metadata__") throw io_error("io: safetensors: \"" + name + "\" cannot name a tensor");
+    if (tensors_.contains(name)) throw io_error("io: safetensors: two tensors are named \"" + name + "\"");
+    const auto* p = static_cast<const unsigned char*>(data);
+    tensors_[name] = {dtype, std::move(shape), std::vector<unsigned char>(p, p + bytes)};
+    return *this;
+  }
+  /// @brief Free-form strings kept in the header's __metadata__.
+  safetensors_writer& metadata(const std::string& key, const std::string& value) {
+    metadata_[key] = value;
+    return *this;
+  }
+  /// @brief Writes the file safely (a temporary name, flushed, then renamed): tensors in the
+  /// order of their names, the header padded with spaces to a multiple of 8 bytes.
+  void write(const std::filesystem::path& path) const {
+    nlohmann::ordered_json header = nlohmann::ordered_json::object();
+    if (!metadata_.empty()) header["__metadata__"] = metadata_;
+    std::size_t at = 0;
+    for (const auto& [name, t] : tensors_) {
+      header[name] = {{"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {at, at + t.bytes.size()}}};
+      at += t.bytes.size();
+    }
+    std::string text = header.dump();
+    text.append((8 - text.size() % 8) % 8, ' ');
+    const std::uint64_t n = text.size();
+    detail::write_atomically(path, [&](detail::file& f) {
+      f.write_at(&n, 8, 0);
+      f.write_at(text.data(), text.size(), 8);
+      std::size_t offset = 8 + text.size();
+      for (const auto& [name, t] : tensors_) {
+        f.write_at(t.bytes.data(), t.bytes.size(), offset);
+        offset += t.bytes.size();
+      }
+    });
+  }
+
+ private:
+  struct stored {
+    std::string dtype;
+    std::vector<std::size_t> shape;
+    std::vector<unsigned char> bytes;
+  };
+  std::map<std::string, stored> tensors_;
+  std::map<std::string, std::string> metadata_;
+};
+
+/// @brief Sets every parameter of `model` (named as nn::parameters_of names them: "0.weight")
+/// from the tensor of that name in the safetensors file `path`, converting its element type
+/// (a float32 file loads into a double model). A missing name or another shape is a
+/// pdo::io_error naming the parameter, the file and both shapes, before any parameter is set.
+template <class T, class M>
+void load_parameters(M& model, const std::filesystem::path& path, const std::string& prefix = "") {
+  const safetensors_reader file(path);
+  const auto params = nn::parameters_of<T>(model, prefix);
+  for (const auto& p : params) {
+    const auto& e = file.entry(p.name());
+    if (e.shape != p.extents()) {
+      const auto& want = p.extents();
+      const bool transposed = want.size() == 2 && e.shape.size() == 2 && e.shape[0] == want[1] && e.shape[1] == want[0];
+      throw io_error("io: " + path.string() + ": \"" + p.name() + "\" is " + e.dtype + pdo::detail::format_extents(e.shape) +
+                     ", the parameter is " + p.shape_text() +
+                     (transposed ? " (its transpose: a PyTorch nn.Linear weight is [out, in], a pdo::nn::linear weight [in, out])" : ""));
+    }
+  }
+  for (const auto& p : params) {
+    auto host = tensor<T, 1>::on_host({p.size_global()});
+    file.read_into(p.name(), host.data(), host.size());
+    p.assign_flat(host.data());
+  }
+}
+
+/// @brief Writes every parameter of `model` (its global value: dtensor parameters are
+/// gathered) to the safetensors file `path`, under the names nn::parameters_of gives.
+template <class T, class M>
+void save_parameters(const std::filesystem::path& path, const M& model, const std::string& prefix = "") {
+  safetensors_writer w;
+  for (const auto& p : nn::parameters_of<T>(model, prefix)) {
+    const auto values = p.global_values();
+    w.add_raw(p.name(), detail::safetensors_dtype<T>(), p.extents(), values.data(), values.bytes());
+  }
+  w.write(path);
+}
+
+}  // namespace pdo::io

@@ -1,0 +1,341 @@
+// tests/test_io.cpp: sharded checkpoints (every layout pair across meshes, resharding on
+// load, corruption cases, safe replacement), .npy and safetensors, in and out of Python.
+#include "support.hpp"
+
+#include <pdo/io.hpp>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <tuple>
+
+using pdo::replicate;
+using pdo::split;
+namespace fs = std::filesystem;
+
+namespace {
+
+/// @brief A fresh directory under the system's temporary directory, removed at the end.
+struct scratch_dir {
+  fs::path path;
+  explicit scratch_dir(const std::string& name) : path(fs::temp_directory_path() / ("pdo_test_io_" + name + "_" + std::to_string(::getpid()))) {
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  ~scratch_dir() { fs::remove_all(path); }
+};
+
+template <class... Ts, class F>
+void for_each_type(std::tuple<Ts...>*, F&& f) {
+  (f(static_cast<Ts*>(nullptr)), ...);
+}
+
+using line_layouts = std::tuple<pdo::layout<replicate, replicate>, pdo::layout<split<"x">, replicate>, pdo::layout<replicate, split<"x">>,
+                                pdo::layout<replicate, replicate>::partial<"x">>;
+using grid_layouts = std::tuple<pdo::layout<split<"a">, split<"b">>, pdo::layout<split<"b">, split<"a">>, pdo::layout<replicate, split<"b">>,
+                                pdo::layout<split<"b">, replicate>::partial<"a">>;
+
+/// @brief f(mesh, layout*) for every mesh (1-4 places in a line, 2x2) and layout of the tests.
+template <class F>
+void for_each_config(F&& f) {
+  for (std::size_t n : pdo_test::line_sizes()) {
+    const auto m = pdo_test::line_mesh(n);
+    for_each_type(static_cast<line_layouts*>(nullptr), [&](auto* l) { f(m, l); });
+  }
+  const auto g = pdo_test::grid_mesh(2, 2);
+  for_each_type(static_cast<grid_layouts*>(nullptr), [&](auto* l) { f(g, l); });
+}
+
+template <class T>
+void check_every_layout_pair(const pdo::shape_t<2>& shape) {
+  scratch_dir tmp(std::string(pdo::io::detail::stored_dtype<T>()));
+  const auto host = pdo_test::random_tensor<T, 2>(shape, 7);
+  // one checkpoint per (mesh, layout) it is saved from...
+  std::vector<std::pair<fs::path, std::string>> saved;
+  for_each_config([&](const auto& mesh, auto* l) {
+    using L = std::remove_pointer_t<decltype(l)>;
+    auto x = pdo::distribute<L>(mesh, host);
+    const fs::path dir = tmp.path / ("ck" + std::to_string(saved.size()));
+    pdo::io::checkpoint c;
+    c.add("w", x);
+    pdo::io::save(dir, c, {.chunk_bytes = 64});
+    saved.emplace_back(dir, mesh.describe() + " " + pdo::layout_name<L>());
+  });
+  // ...loaded into every (mesh, layout): the same values
+  for (const auto& [dir, from] : saved)
+    for_each_config([&](const auto& mesh, auto* l) {
+      using L = std::remove_pointer_t<decltype(l)>;
+      CAPTURE(from, mesh.describe(), pdo::layout_name<L>(), shape);
+      auto y = pdo::distribute<L>(mesh, pdo::tensor<T, 2>(shape));
+      pdo::io::checkpoint c;
+      c.add("w", y);
+      pdo::io::load(dir, c);
+      CHECK(pdo_test::equal(pdo::gather(y), host));
+      CHECK(pdo_test::equal(pdo::gather(pdo::io::read<T, 2, L>(dir, "w", mesh, {.verify = false})), host));
+    });
+}
+
+void flip_byte(const fs::path& file, std::size_t from_end) {
+  std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(-static_cast<std::streamoff>(from_end), std::ios::end);
+  char c = 0;
+  f.read(&c, 1);
+  f.seekp(-static_cast<std::streamoff>(from_end), std::ios::end);
+  c = static_cast<char>(c ^ 0x5a);
+  f.write(&c, 1);
+}
+
+std::string load_error(const fs::path& dir, pdo::io::checkpoint& c) {
+  try {
+    pdo::io::load(dir, c);
+  } catch (const pdo::io_error& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+}  // namespace
+
+TEST_CASE("checkpoints: every layout pair, across meshes of 1-4 places and 2x2, uneven and empty shards") {
+  check_every_layout_pair<float>({7, 5});
+  check_every_layout_pair<double>({3, 2});  // 3 rows over 4 places: one shard is empty
+  check_every_layout_pair<std::int32_t>({9, 6});
+}
+
+TEST_CASE("checkpoints: host tensors, numbers and text; a dtensor read whole; inspect") {
+  scratch_dir tmp("mixed");
+  const auto mesh = pdo_test::line_mesh(3);
+  const auto host = pdo_test::random_tensor<double, 3>({4, 3, 5}, 3);
+  auto x = pdo::distribute<pdo::layout<replicate, split<"x">, replicate>>(mesh, host);
+  auto bias = pdo_test::random_tensor<float, 1>({6}, 4);
+  std::int64_t step = 1234567890123;
+  double lr = 0.1 + 0.2;
+  std::string rng_state = "12 34 56";
+  pdo::io::checkpoint c;
+  c.add("x", x).add("bias", bias).add("step", step).add("lr", lr).add("rng", rng_state);
+  pdo::io::save(tmp.path / "ck", c);
+  CHECK_FALSE(fs::exists(tmp.path / "ck.partial"));
+
+  auto bias2 = pdo::tensor<float, 1>({6});
+  std::int64_t step2 = 0;
+  double lr2 = 0;
+  std::string rng2;
+  auto x2 = pdo::distribute<pdo::layout<split<"x">, replicate, replicate>>(pdo_test::line_mesh(2), pdo::tensor<double, 3>({4, 3, 5}));
+  pdo::io::checkpoint back;
+  back.add("rng", rng2).add("lr", lr2).add("step", step2).add("bias", bias2).add("x", x2);
+  pdo::io::load(tmp.path / "ck", back);
+  CHECK(step2 == step);
+  CHECK(lr2 == lr);
+  CHECK(rng2 == rng_state);
+  CHECK(pdo_test::equal(bias2, bias));
+  CHECK(pdo_test::equal(pdo::gather(x2), host));
+  CHECK(pdo_test::equal(pdo::io::read<double, 3>(tmp.path / "ck", "x"), host));
+
+  const auto info = pdo::io::inspect(tmp.path / "ck");
+  REQUIRE(info.size() == 5);
+  CHECK(info[0].name == "x");
+  CHECK(info[0].dtype == "float64");
+  CHECK(info[0].shape == std::vector<std::size_t>{4, 3, 5});
+  CHECK(info[0].layout == "{replicate, split<x>, replicate}");
+  CHECK(info[0].mesh == "mesh(x=3)");
+  CHECK(info[2].kind == "value");
+  CHECK(info[4].kind == "text");
+}
+
+TEST_CASE("checkpoints: a save replaces the old checkpoint whole, and leaves nothing beside it") {
+  scratch_dir tmp("replace");
+  const auto mesh = pdo_test::line_mesh(2);
+  auto x = pdo::distribute<pdo::layout<split<"x">, replicate>>(mesh, pdo_test::random_tensor<float, 2>({6, 4}, 1));
+  pdo::io::checkpoint c;
+  c.add("x", x);
+  pdo::io::save(tmp.path / "ck", c);
+  const auto first = pdo::gather(x);
+  auto y = pdo::distribute<pdo::layout<split<"x">, replicate>>(mesh, pdo_test::random_tensor<float, 2>({6, 4}, 2));
+  pdo::io::checkpoint c2;
+  c2.add("x", y);
+  pdo::io::save(tmp.path / "ck", c2);
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(tmp.path)) names.push_back(e.path().filename().string());
+  CHECK(names == std::vector<std::string>{"ck"});
+  CHECK(pdo_test::equal(pdo::io::read<float, 2>(tmp.path / "ck", "x"), pdo::gather(y)));
+  CHECK_FALSE(pdo_test::equal(pdo::io::read<float, 2>(tmp.path / "ck", "x"), first));
+
+  // an unfinished save (only the staging directory) is not a checkpoint
+  fs::rename(tmp.path / "ck", tmp.path / "gone.partial");
+  pdo::io::checkpoint back;
+  auto z = pdo::tensor<float, 2>({6, 4});
+  back.add("x", z);
+  const std::string e = load_error(tmp.path / "gone", back);
+  CHECK_THAT(e, Catch::Contains("metadata.json: missing") && Catch::Contains("gone.partial is an unfinished save"));
+}
+
+TEST_CASE("checkpoints: corrupt, truncated, missing and mismatched files are io_errors naming the file and the tensor") {
+  scratch_dir tmp("corrupt");
+  const auto mesh = pdo_test::line_mesh(2);
+  const auto host = pdo_test::random_tensor<float, 2>({40, 30}, 5);
+  auto x = pdo::distribute<pdo::layout<split<"x">, replicate>>(mesh, host);
+  pdo::io::checkpoint c;
+  c.add("weights", x);
+  const fs::path good = tmp.path / "good";
+  pdo::io::save(good, c, {.chunk_bytes = 256});
+  auto fresh = [&](const std::string& name) {
+    const fs::path dir = tmp.path / name;
+    fs::copy(good, dir);
+    return dir;
+  };
+  auto y = pdo::distribute<pdo::layout<replicate, split<"x">>>(pdo_test::line_mesh(3), pdo::tensor<float, 2>({40, 30}));
+  pdo::io::checkpoint into;
+  into.add("weights", y);
+
+  SECTION("a flipped byte in the data") {
+    const auto dir = fresh("flipped");
+    flip_byte(dir / "t0.p1.bin", 10);
+    const auto e = load_error(dir, into);
+    CHECK_THAT(e, Catch::Contains("t0.p1.bin") && Catch::Contains("\"weights\"") && Catch::Contains("corrupt") &&
+                      Catch::Contains("do not match their checksum"));
+  }
+  SECTION("a flipped byte in the header") {
+    const auto dir = fresh("header");
+    flip_byte(dir / "t0.p0.bin", fs::file_size(dir / "t0.p0.bin") - 20);
+    CHECK_THAT(load_error(dir, into), Catch::Contains("t0.p0.bin") && Catch::Contains("does not match"));
+  }
+  SECTION("a truncated shard") {
+    const auto dir = fresh("truncated");
+    fs::resize_file(dir / "t0.p0.bin", fs::file_size(dir / "t0.p0.bin") - 100);
+    CHECK_THAT(load_error(dir, into), Catch::Contains("t0.p0.bin") && Catch::Contains("truncated"));
+  }
+  SECTION("a missing shard") {
+    const auto dir = fresh("missing");
+    fs::remove(dir / "t0.p1.bin");
+    CHECK_THAT(load_error(dir, into), Catch::Contains("t0.p1.bin") && Catch::Contains("cannot open it"));
+  }
+  SECTION("shard files swapped: the metadata does not match them") {
+    const auto dir = fresh("swapped");
+    fs::rename(dir / "t0.p0.bin", dir / "tmp");
+    fs::rename(dir / "t0.p1.bin", dir / "t0.p0.bin");
+    fs::rename(dir / "tmp", dir / "t0.p1.bin");
+    CHECK_THAT(load_error(dir, into), Catch::Contains("metadata does not match the shard"));
+  }
+  SECTION("metadata that is not JSON, or not a checkpoint's") {
+    const auto dir = fresh("badmeta");
+    std::ofstream(dir / "metadata.json") << "{\"format\": \"pdo-checkpoint\", ";
+    CHECK_THAT(load_error(dir, into), Catch::Contains("metadata.json: not valid JSON"));
+    std::ofstream(dir / "metadata.json") << "{\"format\": \"other\"}";
+    CHECK_THAT(load_error(dir, into), Catch::Contains("not the metadata of a pdo checkpoint"));
+  }
+  SECTION("another global shape, another element type, another name") {
+    auto wrong_shape = pdo::tensor<float, 2>({30, 40});
+    pdo::io::checkpoint a;
+    a.add("weights", wrong_shape);
+    CHECK_THAT(load_error(good, a), Catch::Contains("\"weights\"") && Catch::Contains("global shape is [40, 30]") && Catch::Contains("[30, 40]"));
+    auto wrong_type = pdo::tensor<double, 2>({40, 30});
+    pdo::io::checkpoint b;
+    b.add("weights", wrong_type);
+    CHECK_THAT(load_error(good, b), Catch::Contains("float32 elements") && Catch::Contains("float64"));
+    pdo::io::checkpoint d;
+    d.add("weight", wrong_type);
+    CHECK_THAT(load_error(good, d), Catch::Contains("no entry named \"weight\" (it holds: weights)"));
+  }
+  SECTION("the good one loads") {
+    pdo::io::load(good, into);
+    CHECK(pdo_test::equal(pdo::gather(y), host));
+  }
+}
+
+TEST_CASE("npy and safetensors: round trips, and bad files") {
+  scratch_dir tmp("formats");
+  const auto a = pdo_test::random_tensor<double, 3>({2, 3, 4}, 8);
+  pdo::io::save_npy(tmp.path / "a.npy", a);
+  CHECK(pdo_test::equal(pdo::io::load_npy<double, 3>(tmp.path / "a.npy"), a));
+  const auto v = pdo_test::random_tensor<std::int64_t, 1>({5}, 9);
+  pdo::io::save_npy(tmp.path / "v.npy", v);
+  CHECK(pdo_test::equal(pdo::io::load_npy<std::int64_t, 1>(tmp.path / "v.npy"), v));
+  CHECK_THROWS_WITH((pdo::io::load_npy<float, 3>(tmp.path / "a.npy")), Catch::Contains("'<f8'") && Catch::Contains("'<f4'"));
+  CHECK_THROWS_WITH((pdo::io::load_npy<double, 2>(tmp.path / "a.npy")), Catch::Contains("rank 3 [2, 3, 4]"));
+  fs::resize_file(tmp.path / "a.npy", fs::file_size(tmp.path / "a.npy") - 8);
+  CHECK_THROWS_WITH((pdo::io::load_npy<double, 3>(tmp.path / "a.npy")), Catch::Contains("a.npy") && Catch::Contains("truncated"));
+
+  pdo::io::safetensors_writer w;
+  w.add("a", a).add("v", v).metadata("format", "pt");
+  w.write(tmp.path / "m.safetensors");
+  const pdo::io::safetensors_reader r(tmp.path / "m.safetensors");
+  CHECK(r.names() == std::vector<std::string>{"a", "v"});
+  CHECK(r.metadata().at("format") == "pt");
+  CHECK(pdo_test::equal(r.get<double, 3>("a"), a));
+  CHECK(pdo_test::equal(r.get<std::int64_t, 1>("v"), v));
+  CHECK_THROWS_WITH((r.get<float, 3>("a")), Catch::Contains("F64") && Catch::Contains("F32"));
+  CHECK_THROWS_WITH((r.get<double, 3>("b")), Catch::Contains("no tensor named \"b\" (it holds: a, v)"));
+  fs::resize_file(tmp.path / "m.safetensors", fs::file_size(tmp.path / "m.safetensors") - 1);
+  CHECK_THROWS_WITH(pdo::io::safetensors_reader(tmp.path / "m.safetensors"), Catch::Contains("truncated"));
+}
+
+TEST_CASE("safetensors: a model's parameters by name, local and tensor-parallel") {
+  scratch_dir tmp("model");
+  pdo::nn::rng gen(1);
+  const pdo::nn::sequential model(pdo::nn::linear<double>(4, 3, gen), pdo::nn::relu{}, pdo::nn::linear<double>(3, 2, gen));
+  pdo::io::save_parameters<double>(tmp.path / "model.safetensors", model);
+  pdo::nn::rng other(2);
+  pdo::nn::sequential copy(pdo::nn::linear<double>(4, 3, other), pdo::nn::relu{}, pdo::nn::linear<double>(3, 2, other));
+  pdo::io::load_parameters<double>(copy, tmp.path / "model.safetensors");
+  const auto p = pdo::nn::parameters_of<double>(model), q = pdo::nn::parameters_of<double>(copy);
+  REQUIRE(p.size() == q.size());
+  for (std::size_t i = 0; i < p.size(); ++i) {
+    CHECK(p[i].name() == q[i].name());
+    CHECK(std::equal(p[i].value().begin(), p[i].value().end(), q[i].value().begin()));
+  }
+  // a float32 file loads into a double model; a missing name and another shape are named
+  const pdo::io::safetensors_reader r(tmp.path / "model.safetensors");
+  pdo::io::safetensors_writer f32;
+  for (const auto& name : r.names()) {
+    const auto& e = r.entry(name);
+    std::vector<double> d(e.shape.size() == 2 ? e.shape[0] * e.shape[1] : e.shape[0]);
+    r.read_into(name, d.data(), d.size());
+    std::vector<float> f(d.begin(), d.end());
+    f32.add_raw(name, "F32", e.shape, f.data(), f.size() * 4);
+  }
+  f32.write(tmp.path / "f32.safetensors");
+  pdo::io::load_parameters<double>(copy, tmp.path / "f32.safetensors");
+  CHECK(static_cast<float>(q[0].value()[1]) == static_cast<float>(p[0].value()[1]));
+  pdo::nn::sequential wider(pdo::nn::linear<double>(4, 5, other), pdo::nn::relu{}, pdo::nn::linear<double>(5, 2, other));
+  CHECK_THROWS_WITH(pdo::io::load_parameters<double>(wider, tmp.path / "model.safetensors"),
+                    Catch::Contains("\"0.weight\" is F64[4, 3]") && Catch::Contains("f64[4, 5]"));
+  CHECK_THROWS_WITH(pdo::io::load_parameters<double>(model, tmp.path / "model.safetensors", "encoder."),
+                    Catch::Contains("no tensor named \"encoder.0.weight\""));
+}
+
+#ifdef PDO_PYTHON
+TEST_CASE("npy and safetensors: files written by NumPy load in pdo, and pdo's load in NumPy") {
+  scratch_dir tmp("python");
+  const auto a = pdo_test::random_tensor<float, 2>({3, 5}, 11);
+  const auto b = pdo_test::random_tensor<std::int32_t, 1>({7}, 12);
+  const auto c = pdo_test::random_tensor<double, 3>({2, 1, 4}, 13);
+  pdo::io::save_npy(tmp.path / "pdo_a.npy", a);
+  pdo::io::safetensors_writer w;
+  w.add("a", a).add("b", b).add("c", c);
+  w.write(tmp.path / "pdo.safetensors");
+  {
+    std::ofstream expected(tmp.path / "expected.txt");
+    expected.precision(17);
+    for (const float v : a) expected << v << ' ';
+    expected << '\n';
+    for (const std::int32_t v : b) expected << v << ' ';
+    expected << '\n';
+    for (const double v : c) expected << v << ' ';
+    expected << '\n';
+  }
+  // the script checks pdo's files against the values it computes the same way, then writes its own
+  const std::string command = PDO_PYTHON " " PDO_SOURCE_DIR "/tests/io_interop.py " + tmp.path.string();
+  REQUIRE(std::system(command.c_str()) == 0);
+  const auto x = pdo::io::load_npy<double, 2>(tmp.path / "py_x.npy");
+  REQUIRE(x.shape() == pdo::shape_t<2>{2, 3});
+  for (std::size_t i = 0; i < 6; ++i) CHECK(x.data()[i] == 0.25 * static_cast<double>(i) - 1);
+  const pdo::io::safetensors_reader r(tmp.path / "py.safetensors");
+  const auto y = r.get<float, 2>("y");
+  for (std::size_t i = 0; i < 12; ++i) CHECK(y.data()[i] == static_cast<float>(i) / 8.0f);
+  const auto z = r.get<std::int64_t, 1>("z");
+  for (std::size_t i = 0; i < 4; ++i) CHECK(z.data()[i] == static_cast<std::int64_t>(i) * 1000000007);
+  CHECK(pdo_test::equal(r.get<float, 2>("a_from_pdo"), a));
+}
+#endif
