@@ -28,8 +28,8 @@ ctest --test-dir "$here/build-sim" --output-on-failure -j "$jobs" -L sim
 echo "== clang++ build of the unit tests and the demo"
 bash "$here/scripts/configure.sh" "$here/build-clang" -DCMAKE_CXX_COMPILER=clang++ -DPDO_WITH_CUDA=OFF -DPDO_WITH_MPI=OFF \
   -DPDO_BUILD_BENCHMARKS=OFF -DPDO_INSTALL=OFF
-cmake --build "$here/build-clang" --target test_core test_collectives test_redistribute test_parallel_do test_expr quickstart digits -j "$jobs"
-ctest --test-dir "$here/build-clang" --output-on-failure -j "$jobs" -R "^(test_(core|collectives|redistribute|parallel_do|expr)|example\.(quickstart|digits))$"
+cmake --build "$here/build-clang" --target test_core test_collectives test_redistribute test_parallel_do test_expr test_io quickstart digits -j "$jobs"
+ctest --test-dir "$here/build-clang" --output-on-failure -j "$jobs" -R "^(test_(core|collectives|redistribute|parallel_do|expr|io)|example\.(quickstart|digits))$"
 
 echo "== AddressSanitizer + UndefinedBehaviorSanitizer build of the unit tests"
 bash "$here/scripts/configure.sh" "$here/build-asan" -DPDO_WITH_CUDA=OFF -DPDO_WITH_MPI=OFF -DPDO_BUILD_EXAMPLES=OFF \

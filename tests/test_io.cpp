@@ -64,7 +64,9 @@ void check_every_layout_pair(const pdo::shape_t<2>& shape) {
     saved.emplace_back(dir, mesh.describe() + " " + pdo::layout_name<L>());
   });
   // ...loaded into every (mesh, layout): the same values
-  for (const auto& [dir, from] : saved)
+  for (const auto& ck : saved) {
+    const fs::path& dir = ck.first;
+    const std::string& from = ck.second;
     for_each_config([&](const auto& mesh, auto* l) {
       using L = std::remove_pointer_t<decltype(l)>;
       CAPTURE(from, mesh.describe(), pdo::layout_name<L>(), shape);
@@ -75,6 +77,7 @@ void check_every_layout_pair(const pdo::shape_t<2>& shape) {
       CHECK(pdo_test::equal(pdo::gather(y), host));
       CHECK(pdo_test::equal(pdo::gather(pdo::io::read<T, 2, L>(dir, "w", mesh, {.verify = false})), host));
     });
+  }
 }
 
 void flip_byte(const fs::path& file, std::size_t from_end) {
