@@ -4,8 +4,12 @@
 // while backward runs. Prints the plan once, a line per epoch and the test accuracy.
 //
 //   digits [--places N] [--epochs E] [--batch B] [--seed S] [--lr LR] [--bucket-bytes N] [--data PATH] [--target ACC]
-//          [--trace FILE] [--check-data]
+//          [--trace FILE] [--checkpoint DIR] [--resume DIR] [--check-data]
 //
+// --checkpoint DIR saves the whole training state (parameters, Adam's moments and step count,
+// the epochs trained) into DIR at the end of every epoch; --resume DIR starts from such a
+// checkpoint and trains --epochs more epochs, on any number of places: 2 epochs, then a resumed
+// run of 1, print the same third epoch as 3 epochs straight.
 // --trace FILE writes the timeline of the training (every task of every place and lane, the
 // bucket collectives, the dependencies) as Chrome trace-event JSON: open it in
 // ui.perfetto.dev or chrome://tracing. --check-data only reads the data file and says how
@@ -35,13 +39,15 @@ struct options {
   double target = 0.95;
   std::string data;
   std::string trace;
+  std::string checkpoint;  ///< save the training state here after every epoch
+  std::string resume;      ///< start from the training state saved here
   bool check_data = false;
 };
 
 [[noreturn]] void usage(const std::string& problem) {
   std::cerr << "digits: " << problem
             << "\nusage: digits [--places N] [--epochs E] [--batch B] [--seed S] [--lr LR] [--bucket-bytes N] [--data PATH] [--target ACC] "
-               "[--trace FILE] [--check-data]\n";
+               "[--trace FILE] [--checkpoint DIR] [--resume DIR] [--check-data]\n";
   std::exit(2);
 }
 
@@ -71,9 +77,14 @@ options parse(int argc, char** argv) {
     else if (arg == "--target") number(o.target);
     else if (arg == "--data") o.data = value;
     else if (arg == "--trace") o.trace = value;
+    else if (arg == "--checkpoint") o.checkpoint = value;
+    else if (arg == "--resume") o.resume = value;
     else usage("unknown option " + arg);
   }
   if (o.places == 0 || o.batch == 0) usage("--places and --batch must be positive");
+#if !defined(PDO_WITH_IO)
+  if (!o.checkpoint.empty() || !o.resume.empty()) usage("--checkpoint and --resume need pdo::io (nlohmann/json), which this build lacks");
+#endif
   return o;
 }
 
@@ -122,11 +133,21 @@ int main(int argc, char** argv) {
               << o.places << " places, global batch " << o.batch << "\n"
               << trainer.explain();
 
+#if defined(PDO_WITH_IO)
+    if (!o.resume.empty()) {
+      pdo::io::load(o.resume, trainer);
+      std::printf("resumed from %s after %zu epochs (%zu steps)\n", o.resume.c_str(), trainer.epochs(), trainer.steps());
+    }
+#endif
+
     if (!o.trace.empty()) pdo::trace::start();
     trainer.fit(train.images, train.labels, {.epochs = o.epochs, .batch_size = o.batch, .seed = o.seed},
-                [](const auto& s) {
+                [&](const auto& s) {
                   std::printf("epoch %3zu  loss %.4f  accuracy %.4f  %8.0f samples/s\n", s.epoch + 1, s.loss, s.accuracy,
                               s.samples_per_second);
+#if defined(PDO_WITH_IO)
+                  if (!o.checkpoint.empty()) pdo::io::save(o.checkpoint, trainer);
+#endif
                   std::fflush(stdout);
                 });
     const double accuracy = trainer.accuracy(test.images, test.labels);

@@ -1,6 +1,6 @@
 // tests/test_io.cpp: sharded checkpoints (every layout pair across meshes, resharding on
 // load, corruption cases, safe replacement), .npy and safetensors, in and out of Python.
-#include "support.hpp"
+#include "model_support.hpp"
 
 #include <pdo/io.hpp>
 
@@ -306,6 +306,120 @@ TEST_CASE("safetensors: a model's parameters by name, local and tensor-parallel"
                     Catch::Contains("\"0.weight\" is F64[4, 3]") && Catch::Contains("f64[4, 5]"));
   CHECK_THROWS_WITH(pdo::io::load_parameters<double>(model, tmp.path / "model.safetensors", "encoder."),
                     Catch::Contains("no tensor named \"encoder.0.weight\""));
+}
+
+namespace {
+
+/// @brief A data-parallel trainer of make_mlp with Adam on `places` places.
+auto make_trainer(std::size_t places, unsigned seed_shift = 0) {
+  const auto m = pdo::make_mesh<"dp">(pdo::cpu_places(places));
+  return pdo::nn::make_data_parallel<double>(
+      m,
+      [seed_shift] {
+        auto model = pdo_test::make_mlp();
+        if (seed_shift != 0)  // another start, which the checkpoint overwrites
+          for (const auto& p : pdo::nn::parameters_of<double>(model))
+            for (auto& v : p.value()) v += 0.25 * seed_shift;
+        return model;
+      },
+      [](auto params) { return pdo::nn::adam<double>(std::move(params), {.lr = 0.01}); });
+}
+
+/// @brief The losses of steps [from, to) on batches of the fixed data set (batch s: rows s*5..s*5+12 mod 40).
+template <class Trainer>
+std::vector<double> train(Trainer& t, int from, int to) {
+  const auto x = pdo_test::random_tensor<double, 2>({40, 6}, 31);
+  const auto y = pdo_test::labels_for(40);
+  std::vector<double> losses;
+  for (int s = from; s < to; ++s) {
+    pdo::tensor<double, 2> xb({12, 6});
+    pdo::tensor<int, 1> yb({12});
+    for (std::size_t i = 0; i < 12; ++i) {
+      const std::size_t r = (static_cast<std::size_t>(s) * 5 + i) % 40;
+      for (std::size_t j = 0; j < 6; ++j) xb(i, j) = x(r, j);
+      yb(i) = y(r);
+    }
+    losses.push_back(t.step(xb, yb));
+  }
+  return losses;
+}
+
+}  // namespace
+
+TEST_CASE("resume: a data-parallel trainer saved after 10 steps and loaded trains on as 20 straight steps") {
+  scratch_dir tmp("resume_dp");
+  auto straight = make_trainer(2);
+  const auto all = train(straight, 0, 20);
+
+  auto first = make_trainer(2);
+  const auto head = train(first, 0, 10);
+  CHECK(std::equal(head.begin(), head.end(), all.begin()));
+  pdo::io::save(tmp.path / "dp", first);
+  const auto info = pdo::io::inspect(tmp.path / "dp");
+  CHECK(std::any_of(info.begin(), info.end(), [](const auto& e) { return e.name == "optimizer.0.weight.exp_avg_sq"; }));
+
+  // a fresh trainer (other parameters, no optimizer state): the checkpoint restores all of it
+  auto resumed = make_trainer(2, 1);
+  pdo::io::load(tmp.path / "dp", resumed);
+  CHECK(resumed.steps() == 10);
+  const auto tail = train(resumed, 10, 20);
+  for (std::size_t i = 0; i < tail.size(); ++i) CHECK(tail[i] == all[10 + i]);  // bitwise
+
+  // on another mesh: the same trajectory up to the order of the sums
+  for (std::size_t places : {1, 3}) {
+    CAPTURE(places);
+    auto other = make_trainer(places, 2);
+    pdo::io::load(tmp.path / "dp", other);
+    const auto more = train(other, 10, 20);
+    for (std::size_t i = 0; i < more.size(); ++i) CHECK(std::abs(more[i] - all[10 + i]) <= 1e-12 * std::abs(all[10 + i]));
+  }
+}
+
+TEST_CASE("resume: a tensor-parallel model and its optimizer, on the same mesh and on another") {
+  scratch_dir tmp("resume_tp");
+  const auto x = pdo_test::random_tensor<double, 2>({9, 6}, 41);
+  const auto y = pdo_test::labels_for(9);
+  auto run = [&](auto& model, auto& opt, const auto& mesh, int steps) {
+    using R = pdo::layout<replicate, replicate>;
+    const auto dx = pdo::var(pdo::distribute<R>(mesh, x));
+    const auto dy = pdo::distribute<pdo::layout<replicate>>(mesh, y);
+    std::vector<double> losses;
+    for (int s = 0; s < steps; ++s) {
+      opt.zero_grad();
+      const auto loss = pdo::cross_entropy(model(dx), dy);
+      pdo::backward(loss);
+      opt.step();
+      losses.push_back(pdo::gather(loss.value()).data()[0]);
+    }
+    return losses;
+  };
+  auto make = [](const auto& mesh) {
+    auto model = pdo::nn::tensor_parallel<"tp">(mesh, pdo_test::make_mlp());
+    auto opt = pdo::nn::sgd<double>(pdo::nn::parameters_of<double>(model), {.lr = 0.2, .momentum = 0.5});
+    return std::make_pair(std::move(model), std::move(opt));
+  };
+  const auto m3 = pdo::make_mesh<"tp">(pdo::cpu_places(3));
+  auto [model, opt] = make(m3);
+  const auto all = run(model, opt, m3, 12);
+  auto [first, first_opt] = make(m3);
+  run(first, first_opt, m3, 6);
+  pdo::io::checkpoint c;
+  pdo::io::add_state(c, "tp.", pdo::nn::parameters_of<double>(first), first_opt);
+  c.save(tmp.path / "tp");
+
+  for (std::size_t places : {3, 2}) {
+    CAPTURE(places);
+    const auto m = pdo::make_mesh<"tp">(pdo::cpu_places(places));
+    auto [again, again_opt] = make(m);
+    pdo::io::checkpoint back;
+    pdo::io::add_state(back, "tp.", pdo::nn::parameters_of<double>(again), again_opt);
+    back.load(tmp.path / "tp");
+    const auto tail = run(again, again_opt, m, 6);
+    for (std::size_t i = 0; i < tail.size(); ++i) {
+      if (places == 3) CHECK(tail[i] == all[6 + i]);  // bitwise
+      else CHECK(std::abs(tail[i] - all[6 + i]) <= 1e-12 * std::abs(all[6 + i]));
+    }
+  }
 }
 
 #ifdef PDO_PYTHON

@@ -6,3 +6,4 @@
 #include <pdo/io/file.hpp>
 #include <pdo/io/npy.hpp>
 #include <pdo/io/safetensors.hpp>
+#include <pdo/io/state.hpp>

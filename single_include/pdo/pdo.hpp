@@ -12130,7 +12130,14 @@ class parameter_ref {
   }
   /// @brief The parameter's global value, row-major, in host memory (a dtensor parameter is
   /// gathered: every process of its mesh calls this together).
-  [[nodiscard]] tensor<T, 1> global_values() const { return impl_->global_values(); }
+  [[nodiscard]] tensor<T, 1> global_values() const { return gather_state(impl_->value_tensors()); }
+  /// @brief The global value, row-major in host memory, of state laid out as the parameter:
+  /// one block per local block (an optimizer's moments, from zero_state()). A dtensor
+  /// parameter's blocks are gathered by its layout (every process of its mesh calls this).
+  [[nodiscard]] tensor<T, 1> gather_state(const std::vector<tensor<T, 1>>& blocks) const { return impl_->gather_state(blocks, name_); }
+  /// @brief The inverse: each local block of `blocks` set to its part of `global` (host
+  /// memory, row-major, the parameter's global size).
+  void scatter_state(const T* global, std::vector<tensor<T, 1>>& blocks) const { impl_->scatter_state(global, blocks, name_); }
 
  private:
   std::span<T> single(const std::vector<std::span<T>>& blocks, const char* what) const {
@@ -12151,7 +12158,9 @@ class parameter_ref {
     virtual std::string shape_text() = 0;
     virtual std::vector<std::size_t> extents() = 0;
     virtual void assign(const T* values, const std::vector<std::size_t>& shape, const std::string& name) = 0;
-    virtual tensor<T, 1> global_values() = 0;
+    virtual std::vector<tensor<T, 1>> value_tensors() = 0;
+    virtual tensor<T, 1> gather_state(const std::vector<tensor<T, 1>>& blocks, const std::string& name) = 0;
+    virtual void scatter_state(const T* global, std::vector<tensor<T, 1>>& blocks, const std::string& name) = 0;
   };
   template <class V>
   struct holder final : base {
@@ -12204,14 +12213,59 @@ class parameter_ref {
       else return describe(v.value());
     }
     std::vector<std::size_t> extents() override { return {v.shape().begin(), v.shape().end()}; }
-    tensor<T, 1> global_values() override {
-      const auto whole = [&] {
-        if constexpr (var<V>::distributed) return pdo::gather(v.value());
-        else return to_host(v.value());
-      }();
-      auto flat = tensor<T, 1>::on_host({whole.size()});
-      detail::copy_elements(flat.data(), whole.data(), whole.size());
+    /// @brief The values as blocks of state (copies), for gather_state.
+    std::vector<tensor<T, 1>> value_tensors() override {
+      std::vector<tensor<T, 1>> out;
+      auto flat = [](const auto& t) {
+        tensor<T, 1> b = t.template zeros_alike<T, 1>(shape_t<1>{t.size()});
+        detail::copy_bytes(b.where(), b.data(), t.where(), t.data(), t.bytes());
+        return b;
+      };
+      if constexpr (var<V>::distributed) {
+        for (const auto& shard : v.value().local_shards()) out.push_back(flat(shard));
+      } else {
+        out.push_back(flat(v.value()));
+      }
+      return out;
+    }
+    void check_blocks(const std::vector<tensor<T, 1>>& blocks, const std::string& name) {
+      const auto values = value_blocks();
+      bool fits = blocks.size() == values.size();
+      for (std::size_t k = 0; fits && k < blocks.size(); ++k) fits = blocks[k].size() == values[k].size();
+      if (!fits)
+        throw shape_error("parameter " + name + ": " + shape_text() + ": " + std::to_string(blocks.size()) +
+                          " blocks of state given, which are not laid out as its " + std::to_string(values.size()) + " local blocks");
+    }
+    tensor<T, 1> gather_state(const std::vector<tensor<T, 1>>& blocks, const std::string& name) override {
+      check_blocks(blocks, name);
+      auto flat = tensor<T, 1>::on_host({detail::volume(v.shape())});
+      if constexpr (var<V>::distributed) {
+        const auto& x = v.value();
+        std::vector<tensor<T, var<V>::rank>> shards;
+        for (std::size_t k = 0; k < blocks.size(); ++k) {
+          auto& shard = shards.emplace_back(x.local_shards()[k].template zeros_alike<T, var<V>::rank>(x.local_shards()[k].shape()));
+          detail::copy_bytes(shard.where(), shard.data(), blocks[k].where(), blocks[k].data(), blocks[k].bytes());
+        }
+        const V state(x.mesh(), x.shape(), std::move(shards));
+        const auto whole = pdo::gather(state);
+        detail::copy_elements(flat.data(), whole.data(), whole.size());
+      } else {
+        detail::copy_bytes(nullptr, flat.data(), blocks[0].where(), blocks[0].data(), blocks[0].bytes());
+      }
       return flat;
+    }
+    void scatter_state(const T* global, std::vector<tensor<T, 1>>& blocks, const std::string& name) override {
+      check_blocks(blocks, name);
+      if constexpr (var<V>::distributed) {
+        using L = typename V::layout_type;
+        auto host = tensor<T, var<V>::rank>::on_host(v.shape());
+        detail::copy_elements(host.data(), global, host.size());
+        const auto cut = pdo::distribute<L>(v.value().mesh(), host);
+        for (std::size_t k = 0; k < blocks.size(); ++k)
+          detail::copy_bytes(blocks[k].where(), blocks[k].data(), cut.local_shards()[k].where(), cut.local_shards()[k].data(), blocks[k].bytes());
+      } else {
+        detail::copy_bytes(blocks[0].where(), blocks[0].data(), nullptr, global, blocks[0].bytes());
+      }
     }
     void assign(const T* values, const std::vector<std::size_t>& shape, const std::string& name) override {
       constexpr std::size_t r = var<V>::rank;
@@ -13038,9 +13092,12 @@ class data_parallel {
     bool shuffle = true;
   };
 
-  /// @brief Trains for `epochs` over (inputs, targets), in global batches (the last one
-  /// may be smaller); the next batch is cut and copied to the places by a task on a copy
-  /// lane while the current one trains. Calls on_epoch(stats) after each epoch.
+  /// @brief Trains for `epochs` more epochs over (inputs, targets), in global batches (the
+  /// last one may be smaller); the next batch is cut and copied to the places by a task on a
+  /// copy lane while the current one trains. Calls on_epoch(stats) after each epoch. Epochs
+  /// count on from those this trainer has trained (epochs(), restored by a checkpoint): the
+  /// samples of epoch e come in the order of the e-th shuffle from `seed`, so training that
+  /// resumes from a checkpoint sees the batches it would have seen without the stop.
   template <std::size_t R, class Target, class OnEpoch>
   void fit(const tensor<T, R>& inputs, const Target& targets, fit_options o, OnEpoch&& on_epoch) {
     const std::size_t n = inputs.extent(0);
@@ -13050,7 +13107,10 @@ class data_parallel {
     std::iota(order.begin(), order.end(), std::size_t{0});
     using shards_t = decltype(shard(inputs, targets, order, 0, 0));
     pdo::detail::place_state& copier = *mesh_.place(mesh_.local_places().front()).state();
-    for (std::size_t epoch = 0; epoch < o.epochs; ++epoch) {
+    if (o.shuffle)  // the orders of the epochs already trained
+      for (std::size_t e = 0; e < epochs_; ++e) std::shuffle(order.begin(), order.end(), gen);
+    const std::size_t first_epoch = epochs_;
+    for (std::size_t epoch = first_epoch; epoch < first_epoch + o.epochs; ++epoch) {
       if (o.shuffle) std::shuffle(order.begin(), order.end(), gen);
       const auto start = std::chrono::steady_clock::now();
       double total = 0;
@@ -13076,13 +13136,14 @@ class data_parallel {
       }
       const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       epoch_stats s;
-      s.epoch = epoch;
+      s.epoch = epoch;  // counted from the first epoch this trainer (or the one it resumed) trained
       s.loss = counted == 0 ? std::numeric_limits<double>::quiet_NaN() : total / static_cast<double>(counted);
       s.samples = counted;
       s.skipped_steps = skipped;
       s.samples_per_second = static_cast<double>(n) / seconds;
       s.accuracy = last_epoch_correct_ / static_cast<double>(n);
       last_epoch_correct_ = 0;
+      ++epochs_;
       on_epoch(s);
     }
   }
@@ -13128,6 +13189,19 @@ class data_parallel {
     return all;
   }
   [[nodiscard]] const Mesh& mesh() const { return mesh_; }
+  /// @brief The optimizer of the `k`-th place of this process.
+  [[nodiscard]] Optimizer& optimizer(std::size_t k = 0) { return *replicas_[k]->optimizer; }
+  /// @brief The places of this process, each with its replica.
+  [[nodiscard]] std::size_t replica_count() const { return replicas_.size(); }
+  [[nodiscard]] const data_parallel_options& options() const { return options_; }
+  /// @brief Steps and epochs trained (skipped steps included), restored with set_progress
+  /// when training resumes from a checkpoint.
+  [[nodiscard]] std::size_t steps() const { return steps_; }
+  [[nodiscard]] std::size_t epochs() const { return epochs_; }
+  void set_progress(std::size_t steps, std::size_t epochs) {
+    steps_ = steps;
+    epochs_ = epochs;
+  }
 
   /// @brief The plan of a step, as text: how the batch is cut, the gradient layout the
   /// planner derives for the replicated parameters, the collective that syncs it, and the
@@ -13267,7 +13341,8 @@ class data_parallel {
   Loss loss_;
   std::vector<std::unique_ptr<replica>> replicas_;
   double last_epoch_correct_ = 0;
-  std::size_t steps_ = 0;  ///< steps taken, skipped ones included
+  std::size_t steps_ = 0;   ///< steps taken, skipped ones included
+  std::size_t epochs_ = 0;  ///< epochs fit has trained
 };
 
 /// @brief A data-parallel trainer: `make_model()` builds a replica (it runs on every place,
@@ -13394,6 +13469,22 @@ class sgd : public optimizer_base<T> {
   void set_lr(double lr) { o_.lr = lr; }
   [[nodiscard]] double lr() const { return o_.lr; }
 
+  /// @brief The state kept per parameter, by PyTorch's names: "momentum_buffer" (with momentum).
+  [[nodiscard]] std::vector<std::string> state_names() const {
+    return o_.momentum != 0 ? std::vector<std::string>{"momentum_buffer"} : std::vector<std::string>{};
+  }
+  /// @brief State `name` of parameter `i`: one block per local block of the parameter
+  /// (zero-filled first if no step has made it yet), for checkpoints.
+  [[nodiscard]] std::vector<tensor<T, 1>>& state(const std::string& name, std::size_t i) {
+    if (name != "momentum_buffer" || o_.momentum == 0 || i >= params_.size())
+      throw error("sgd::state: no state \"" + name + "\" for parameter " + std::to_string(i) + " (sgd keeps a momentum_buffer when momentum is not 0)");
+    if (buffers_[i].empty()) buffers_[i] = params_[i].zero_state();
+    return buffers_[i];
+  }
+  /// @brief Steps taken (SGD's update does not depend on it).
+  [[nodiscard]] long steps() const { return 0; }
+  void set_steps(long) {}
+
  private:
   sgd_options o_;
   std::vector<std::vector<tensor<T, 1>>> buffers_;  ///< momentum, per parameter and block
@@ -13441,6 +13532,23 @@ class adam : public optimizer_base<T> {
   void set_lr(double lr) { o_.lr = lr; }
   [[nodiscard]] double lr() const { return o_.lr; }
 
+  /// @brief The state kept per parameter, by PyTorch's names: the moments "exp_avg" and "exp_avg_sq".
+  [[nodiscard]] std::vector<std::string> state_names() const { return {"exp_avg", "exp_avg_sq"}; }
+  /// @brief State `name` of parameter `i`: one block per local block of the parameter
+  /// (zero-filled first if no step has made it yet), for checkpoints.
+  [[nodiscard]] std::vector<tensor<T, 1>>& state(const std::string& name, std::size_t i) {
+    if ((name != "exp_avg" && name != "exp_avg_sq") || i >= params_.size())
+      throw error("adam::state: no state \"" + name + "\" for parameter " + std::to_string(i) + " (adam keeps exp_avg and exp_avg_sq)");
+    if (m_[i].empty()) {
+      m_[i] = params_[i].zero_state();
+      v_[i] = params_[i].zero_state();
+    }
+    return name == "exp_avg" ? m_[i] : v_[i];
+  }
+  /// @brief Steps taken: the bias corrections 1 - beta^t count them.
+  [[nodiscard]] long steps() const { return t_; }
+  void set_steps(long t) { t_ = t; }
+
  private:
   adam_options o_;
   std::vector<std::vector<tensor<T, 1>>> m_, v_;  ///< moments, per parameter and block
@@ -13448,7 +13556,8 @@ class adam : public optimizer_base<T> {
 };
 
 /// @brief An optimizer of parameters of element type T: sgd, adam, any_optimizer, or a type
-/// of the user's with these members.
+/// of the user's with these members. Checkpoints (pdo::io) also need its state:
+/// state_names(), state(name, i), steps() and set_steps(t), as sgd and adam have.
 template <class O, class T>
 concept optimizer = requires(O& o, const O& co, double lr) {
   o.step();
@@ -13473,6 +13582,11 @@ class any_optimizer {
   void set_lr(double lr) { impl_->set_lr(lr); }
   [[nodiscard]] double lr() const { return impl_->lr(); }
   [[nodiscard]] const std::vector<parameter_ref<T>>& parameters() const { return impl_->parameters(); }
+  /// @brief The held optimizer's state, for checkpoints (none when it keeps no state_names()).
+  [[nodiscard]] std::vector<std::string> state_names() const { return impl_->state_names(); }
+  [[nodiscard]] std::vector<tensor<T, 1>>& state(const std::string& name, std::size_t i) { return impl_->state(name, i); }
+  [[nodiscard]] long steps() const { return impl_->steps(); }
+  void set_steps(long t) { impl_->set_steps(t); }
 
  private:
   struct base {
@@ -13482,6 +13596,10 @@ class any_optimizer {
     virtual void set_lr(double) = 0;
     [[nodiscard]] virtual double lr() const = 0;
     [[nodiscard]] virtual const std::vector<parameter_ref<T>>& parameters() const = 0;
+    [[nodiscard]] virtual std::vector<std::string> state_names() const = 0;
+    [[nodiscard]] virtual std::vector<tensor<T, 1>>& state(const std::string& name, std::size_t i) = 0;
+    [[nodiscard]] virtual long steps() const = 0;
+    virtual void set_steps(long t) = 0;
   };
   template <class O>
   struct holder final : base {
@@ -13492,6 +13610,21 @@ class any_optimizer {
     void set_lr(double lr) override { o.set_lr(lr); }
     [[nodiscard]] double lr() const override { return o.lr(); }
     [[nodiscard]] const std::vector<parameter_ref<T>>& parameters() const override { return o.parameters(); }
+    [[nodiscard]] std::vector<std::string> state_names() const override {
+      if constexpr (requires { o.state_names(); }) return o.state_names();
+      else return {};
+    }
+    [[nodiscard]] std::vector<tensor<T, 1>>& state(const std::string& name, std::size_t i) override {
+      if constexpr (requires { o.state(name, i); }) return o.state(name, i);
+      else throw error("any_optimizer::state: the optimizer it holds keeps no state a checkpoint can save (no state(name, i)); asked for \"" + name + "\"");
+    }
+    [[nodiscard]] long steps() const override {
+      if constexpr (requires { o.steps(); }) return o.steps();
+      else return 0;
+    }
+    void set_steps(long t) override {
+      if constexpr (requires { o.set_steps(t); }) o.set_steps(t);
+    }
   };
   std::shared_ptr<base> impl_;
 };
@@ -14788,12 +14921,7 @@ class checkpoint {
   template <element T, std::size_t R, mesh_type Mesh, layout_spec L>
   checkpoint& add(std::string name, dtensor<T, R, Mesh, L>& x) {
     check_name(name);
-    if (!agree_) {
-      const Mesh m = x.mesh();
-      agree_ = [m](long long v) { return detail::max_over_processes(m, v); };
-      writer_ = m.place(0).is_local();
-      rank_ = m.local_places().empty() ? 0 : m.place(m.local_places().front()).process();
-    }
+    spanning(x.mesh());
     entries_.push_back({std::move(name), [&x](detail::save_context& c, const std::string& n) { save_distributed(c, n, x); },
                         [&x](detail::load_context& c, const std::string& n) { load_distributed(c, n, x); }});
     return *this;
@@ -14803,18 +14931,54 @@ class checkpoint {
   template <class V>
     requires(std::is_arithmetic_v<V> && !std::is_same_v<V, bool>)
   checkpoint& add(std::string name, V& value) {
+    return add_computed<V>(std::move(name), [&value] { return value; }, [&value](V v) { value = v; });
+  }
+
+  /// @brief A host tensor of `shape` made when the checkpoint is saved (`get`, called on
+  /// every process: it may gather) and handed to `set` when it is loaded: for state that
+  /// lives elsewhere (a model's parameters, an optimizer's moments).
+  template <element T, std::size_t R>
+  checkpoint& add_computed(std::string name, const shape_t<R>& shape, std::function<tensor<T, R>()> get,
+                           std::function<void(const tensor<T, R>&)> set) {
+    check_name(name);
+    entries_.push_back({std::move(name), [get](detail::save_context& c, const std::string& n) { save_host(c, n, get()); },
+                        [set, shape](detail::load_context& c, const std::string& n) {
+                          auto t = tensor<T, R>::on_host(shape);
+                          load_host(c, n, t);
+                          set(t);
+                        }});
+    return *this;
+  }
+
+  /// @brief A number made when the checkpoint is saved and handed to `set` when it is loaded.
+  template <class V>
+    requires(std::is_arithmetic_v<V> && !std::is_same_v<V, bool>)
+  checkpoint& add_computed(std::string name, std::function<V()> get, std::function<void(V)> set) {
     check_name(name);
     entries_.push_back({std::move(name),
-                        [&value](detail::save_context& c, const std::string& n) {
-                          c.entries[n] = {{"kind", "value"}, {"dtype", std::string(detail::stored_dtype<V>())}, {"value", value}};
+                        [get](detail::save_context& c, const std::string& n) {
+                          c.entries[n] = {{"kind", "value"}, {"dtype", std::string(detail::stored_dtype<V>())}, {"value", get()}};
                         },
-                        [&value](detail::load_context& c, const std::string& n) {
+                        [set](detail::load_context& c, const std::string& n) {
                           const auto& e = c.entry(n);
                           if (e.value("kind", "") != "value" || e.value("dtype", "") != detail::stored_dtype<V>())
                             throw io_error(c.where(n) + "it is " + e.value("kind", "?") + " " + e.value("dtype", "?") +
                                            " in the checkpoint, not a " + std::string(detail::stored_dtype<V>()) + " value");
-                          value = e.at("value").get<V>();
+                          set(e.at("value").get<V>());
                         }});
+    return *this;
+  }
+
+  /// @brief The processes of `m` save and load this checkpoint together: they learn of each
+  /// other's failures, and the process of m's first place writes the host tensors and the
+  /// metadata. Adding a dtensor does this for its mesh (the first mesh added counts).
+  template <mesh_type Mesh>
+  checkpoint& spanning(const Mesh& m) {
+    if (!agree_) {
+      agree_ = [m](long long v) { return detail::max_over_processes(m, v); };
+      writer_ = m.place(0).is_local();
+      rank_ = m.local_places().empty() ? 0 : m.place(m.local_places().front()).process();
+    }
     return *this;
   }
 
@@ -15578,6 +15742,142 @@ void save_parameters(const std::filesystem::path& path, const M& model, const st
 
 }  // namespace pdo::io
 #endif  // PDO_SINGLE_PDO_IO_SAFETENSORS_HPP
+// ---- pdo/io/state.hpp
+#ifndef PDO_SINGLE_PDO_IO_STATE_HPP
+#define PDO_SINGLE_PDO_IO_STATE_HPP
+// pdo/io/state.hpp: the whole state of a training run in a checkpoint: a model's parameters,
+// its optimizer's moments and step count, and a data-parallel trainer's progress, so that
+// training resumes exactly where it stopped, on the same mesh or another.
+
+
+#include <cstddef>
+#include <filesystem>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace pdo::io {
+
+namespace detail {
+
+/// @brief f(std::integral_constant<std::size_t, R>{}) for the rank R of a parameter (1 to 6).
+template <class F>
+void with_rank(std::size_t rank, const std::string& name, F&& f) {
+  auto one = [&]<std::size_t R>() {
+    if (rank == R) f(std::integral_constant<std::size_t, R>{});
+  };
+  [&]<std::size_t... R>(std::index_sequence<R...>) { (one.template operator()<R + 1>(), ...); }(std::make_index_sequence<6>{});
+  if (rank < 1 || rank > 6)
+    throw io_error("io: parameter " + name + " has rank " + std::to_string(rank) + "; checkpoints hold parameters of rank 1 to 6");
+}
+
+template <class T, std::size_t R>
+tensor<T, R> shaped(const tensor<T, 1>& flat, const shape_t<R>& shape) {
+  auto t = tensor<T, R>::on_host(shape);
+  pdo::detail::copy_elements(t.data(), flat.data(), t.size());
+  return t;
+}
+
+template <class O>
+concept optimizer_with_state = requires(O& o, const O& co, const std::string& name, long t) {
+  { co.state_names() } -> std::convertible_to<std::vector<std::string>>;
+  o.state(name, std::size_t{0});
+  { co.steps() } -> std::convertible_to<long>;
+  o.set_steps(t);
+};
+
+/// @brief Entries for the parameters `params_of(k)[i]` and the optimizer state `opt_of(k)` of
+/// `copies` identical copies (the replicas of data parallelism; 1 otherwise): each saved from
+/// copy 0, each loaded into every copy.
+template <class T, class Params, class Opt>
+void add_parameters_and_state(checkpoint& c, const std::string& prefix, std::size_t copies, Params params_of, Opt opt_of) {
+  const std::vector<nn::parameter_ref<T>> params = params_of(0);
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    const auto& p = params[i];
+    with_rank(p.rank(), p.name(), [&]<std::size_t R>(std::integral_constant<std::size_t, R>) {
+      const shape_t<R> shape = p.template shape<R>();
+      c.add_computed<T, R>(
+          prefix + "model." + p.name(), shape, [params_of, i, shape] { return shaped(params_of(0)[i].global_values(), shape); },
+          [params_of, copies, i](const tensor<T, R>& t) {
+            for (std::size_t k = 0; k < copies; ++k) params_of(k)[i].assign(t);
+          });
+      for (const std::string& s : opt_of(0).state_names())
+        c.add_computed<T, R>(
+            prefix + "optimizer." + p.name() + "." + s, shape,
+            [params_of, opt_of, i, s, shape] { return shaped(params_of(0)[i].gather_state(opt_of(0).state(s, i)), shape); },
+            [params_of, opt_of, copies, i, s](const tensor<T, R>& t) {
+              for (std::size_t k = 0; k < copies; ++k) params_of(k)[i].scatter_state(t.data(), opt_of(k).state(s, i));
+            });
+    });
+  }
+  c.add_computed<long>(
+      prefix + "optimizer.steps", [opt_of] { return opt_of(0).steps(); },
+      [opt_of, copies](long t) {
+        for (std::size_t k = 0; k < copies; ++k) opt_of(k).set_steps(t);
+      });
+}
+
+}  // namespace detail
+
+/// @brief Adds to `c` a model's parameters (their global values, as "<prefix>model.<name>")
+/// and `opt`'s state ("<prefix>optimizer.<name>.<state>", "<prefix>optimizer.steps"). The
+/// parameters may be local tensors or dtensors of any layout (the tensor-parallel model's):
+/// each is saved as its global value and loaded into whatever layout the parameter has then.
+/// For parameters over the places of several processes, call c.spanning(mesh) first.
+template <class T, class Optimizer>
+checkpoint& add_state(checkpoint& c, const std::string& prefix, std::vector<nn::parameter_ref<T>> params, Optimizer& opt) {
+  static_assert(detail::optimizer_with_state<Optimizer>,
+                "pdo: io::add_state: the optimizer must expose its state (state_names(), state(name, i), steps(), set_steps(t)), as "
+                "pdo::nn::sgd, adam and any_optimizer do");
+  detail::add_parameters_and_state<T>(
+      c, prefix, 1, [params = std::move(params)](std::size_t) { return params; }, [&opt](std::size_t) -> Optimizer& { return opt; });
+  return c;
+}
+
+/// @brief Adds to `c` the whole state of a data-parallel trainer: the parameters and the
+/// optimizer state (saved from the first replica, loaded into every one), the steps and
+/// epochs trained. Loaded into a trainer of the same model on any mesh, it trains on as the
+/// saved one would have: bitwise the same losses on the same mesh.
+template <class T, class Model, class Optimizer, class Mesh, class Loss>
+checkpoint& add_state(checkpoint& c, const std::string& prefix, nn::data_parallel<T, Model, Optimizer, Mesh, Loss>& trainer) {
+  static_assert(detail::optimizer_with_state<Optimizer>,
+                "pdo: io::add_state: the optimizer must expose its state (state_names(), state(name, i), steps(), set_steps(t)), as "
+                "pdo::nn::sgd, adam and any_optimizer do");
+  if (trainer.options().zero1)
+    throw io_error("io: add_state: a data_parallel trainer with ZeRO-1 keeps its optimizer state in slices over \"dp\", which "
+                   "checkpoints do not hold yet; save a trainer without zero1");
+  c.spanning(trainer.mesh());
+  auto* t = &trainer;
+  detail::add_parameters_and_state<T>(
+      c, prefix, trainer.replica_count(), [t](std::size_t k) { return t->parameters(k); },
+      [t](std::size_t k) -> Optimizer& { return t->optimizer(k); });
+  c.add_computed<std::uint64_t>(
+      prefix + "steps", [t] { return static_cast<std::uint64_t>(t->steps()); },
+      [t](std::uint64_t s) { t->set_progress(s, t->epochs()); });
+  c.add_computed<std::uint64_t>(
+      prefix + "epochs", [t] { return static_cast<std::uint64_t>(t->epochs()); },
+      [t](std::uint64_t e) { t->set_progress(t->steps(), e); });
+  return c;
+}
+
+/// @brief Saves the whole state of `trainer` into `dir` (see add_state).
+template <class T, class Model, class Optimizer, class Mesh, class Loss>
+void save(const std::filesystem::path& dir, nn::data_parallel<T, Model, Optimizer, Mesh, Loss>& trainer, const save_options& o = {}) {
+  checkpoint c;
+  add_state(c, "", trainer);
+  c.save(dir, o);
+}
+
+/// @brief Restores the whole state of `trainer` from `dir` (see add_state).
+template <class T, class Model, class Optimizer, class Mesh, class Loss>
+void load(const std::filesystem::path& dir, nn::data_parallel<T, Model, Optimizer, Mesh, Loss>& trainer, const load_options& o = {}) {
+  checkpoint c;
+  add_state(c, "", trainer);
+  c.load(dir, o);
+}
+
+}  // namespace pdo::io
+#endif  // PDO_SINGLE_PDO_IO_STATE_HPP
 #endif  // PDO_SINGLE_PDO_IO_HPP
 #endif
 #endif  // PDO_SINGLE_PDO_PDO_HPP

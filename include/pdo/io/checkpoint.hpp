@@ -369,12 +369,7 @@ class checkpoint {
   template <element T, std::size_t R, mesh_type Mesh, layout_spec L>
   checkpoint& add(std::string name, dtensor<T, R, Mesh, L>& x) {
     check_name(name);
-    if (!agree_) {
-      const Mesh m = x.mesh();
-      agree_ = [m](long long v) { return detail::max_over_processes(m, v); };
-      writer_ = m.place(0).is_local();
-      rank_ = m.local_places().empty() ? 0 : m.place(m.local_places().front()).process();
-    }
+    spanning(x.mesh());
     entries_.push_back({std::move(name), [&x](detail::save_context& c, const std::string& n) { save_distributed(c, n, x); },
                         [&x](detail::load_context& c, const std::string& n) { load_distributed(c, n, x); }});
     return *this;
@@ -384,18 +379,54 @@ class checkpoint {
   template <class V>
     requires(std::is_arithmetic_v<V> && !std::is_same_v<V, bool>)
   checkpoint& add(std::string name, V& value) {
+    return add_computed<V>(std::move(name), [&value] { return value; }, [&value](V v) { value = v; });
+  }
+
+  /// @brief A host tensor of `shape` made when the checkpoint is saved (`get`, called on
+  /// every process: it may gather) and handed to `set` when it is loaded: for state that
+  /// lives elsewhere (a model's parameters, an optimizer's moments).
+  template <element T, std::size_t R>
+  checkpoint& add_computed(std::string name, const shape_t<R>& shape, std::function<tensor<T, R>()> get,
+                           std::function<void(const tensor<T, R>&)> set) {
+    check_name(name);
+    entries_.push_back({std::move(name), [get](detail::save_context& c, const std::string& n) { save_host(c, n, get()); },
+                        [set, shape](detail::load_context& c, const std::string& n) {
+                          auto t = tensor<T, R>::on_host(shape);
+                          load_host(c, n, t);
+                          set(t);
+                        }});
+    return *this;
+  }
+
+  /// @brief A number made when the checkpoint is saved and handed to `set` when it is loaded.
+  template <class V>
+    requires(std::is_arithmetic_v<V> && !std::is_same_v<V, bool>)
+  checkpoint& add_computed(std::string name, std::function<V()> get, std::function<void(V)> set) {
     check_name(name);
     entries_.push_back({std::move(name),
-                        [&value](detail::save_context& c, const std::string& n) {
-                          c.entries[n] = {{"kind", "value"}, {"dtype", std::string(detail::stored_dtype<V>())}, {"value", value}};
+                        [get](detail::save_context& c, const std::string& n) {
+                          c.entries[n] = {{"kind", "value"}, {"dtype", std::string(detail::stored_dtype<V>())}, {"value", get()}};
                         },
-                        [&value](detail::load_context& c, const std::string& n) {
+                        [set](detail::load_context& c, const std::string& n) {
                           const auto& e = c.entry(n);
                           if (e.value("kind", "") != "value" || e.value("dtype", "") != detail::stored_dtype<V>())
                             throw io_error(c.where(n) + "it is " + e.value("kind", "?") + " " + e.value("dtype", "?") +
                                            " in the checkpoint, not a " + std::string(detail::stored_dtype<V>()) + " value");
-                          value = e.at("value").get<V>();
+                          set(e.at("value").get<V>());
                         }});
+    return *this;
+  }
+
+  /// @brief The processes of `m` save and load this checkpoint together: they learn of each
+  /// other's failures, and the process of m's first place writes the host tensors and the
+  /// metadata. Adding a dtensor does this for its mesh (the first mesh added counts).
+  template <mesh_type Mesh>
+  checkpoint& spanning(const Mesh& m) {
+    if (!agree_) {
+      agree_ = [m](long long v) { return detail::max_over_processes(m, v); };
+      writer_ = m.place(0).is_local();
+      rank_ = m.local_places().empty() ? 0 : m.place(m.local_places().front()).process();
+    }
     return *this;
   }
 

@@ -143,9 +143,12 @@ class data_parallel {
     bool shuffle = true;
   };
 
-  /// @brief Trains for `epochs` over (inputs, targets), in global batches (the last one
-  /// may be smaller); the next batch is cut and copied to the places by a task on a copy
-  /// lane while the current one trains. Calls on_epoch(stats) after each epoch.
+  /// @brief Trains for `epochs` more epochs over (inputs, targets), in global batches (the
+  /// last one may be smaller); the next batch is cut and copied to the places by a task on a
+  /// copy lane while the current one trains. Calls on_epoch(stats) after each epoch. Epochs
+  /// count on from those this trainer has trained (epochs(), restored by a checkpoint): the
+  /// samples of epoch e come in the order of the e-th shuffle from `seed`, so training that
+  /// resumes from a checkpoint sees the batches it would have seen without the stop.
   template <std::size_t R, class Target, class OnEpoch>
   void fit(const tensor<T, R>& inputs, const Target& targets, fit_options o, OnEpoch&& on_epoch) {
     const std::size_t n = inputs.extent(0);
@@ -155,7 +158,10 @@ class data_parallel {
     std::iota(order.begin(), order.end(), std::size_t{0});
     using shards_t = decltype(shard(inputs, targets, order, 0, 0));
     pdo::detail::place_state& copier = *mesh_.place(mesh_.local_places().front()).state();
-    for (std::size_t epoch = 0; epoch < o.epochs; ++epoch) {
+    if (o.shuffle)  // the orders of the epochs already trained
+      for (std::size_t e = 0; e < epochs_; ++e) std::shuffle(order.begin(), order.end(), gen);
+    const std::size_t first_epoch = epochs_;
+    for (std::size_t epoch = first_epoch; epoch < first_epoch + o.epochs; ++epoch) {
       if (o.shuffle) std::shuffle(order.begin(), order.end(), gen);
       const auto start = std::chrono::steady_clock::now();
       double total = 0;
@@ -181,13 +187,14 @@ class data_parallel {
       }
       const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       epoch_stats s;
-      s.epoch = epoch;
+      s.epoch = epoch;  // counted from the first epoch this trainer (or the one it resumed) trained
       s.loss = counted == 0 ? std::numeric_limits<double>::quiet_NaN() : total / static_cast<double>(counted);
       s.samples = counted;
       s.skipped_steps = skipped;
       s.samples_per_second = static_cast<double>(n) / seconds;
       s.accuracy = last_epoch_correct_ / static_cast<double>(n);
       last_epoch_correct_ = 0;
+      ++epochs_;
       on_epoch(s);
     }
   }
@@ -233,6 +240,19 @@ class data_parallel {
     return all;
   }
   [[nodiscard]] const Mesh& mesh() const { return mesh_; }
+  /// @brief The optimizer of the `k`-th place of this process.
+  [[nodiscard]] Optimizer& optimizer(std::size_t k = 0) { return *replicas_[k]->optimizer; }
+  /// @brief The places of this process, each with its replica.
+  [[nodiscard]] std::size_t replica_count() const { return replicas_.size(); }
+  [[nodiscard]] const data_parallel_options& options() const { return options_; }
+  /// @brief Steps and epochs trained (skipped steps included), restored with set_progress
+  /// when training resumes from a checkpoint.
+  [[nodiscard]] std::size_t steps() const { return steps_; }
+  [[nodiscard]] std::size_t epochs() const { return epochs_; }
+  void set_progress(std::size_t steps, std::size_t epochs) {
+    steps_ = steps;
+    epochs_ = epochs;
+  }
 
   /// @brief The plan of a step, as text: how the batch is cut, the gradient layout the
   /// planner derives for the replicated parameters, the collective that syncs it, and the
@@ -372,7 +392,8 @@ class data_parallel {
   Loss loss_;
   std::vector<std::unique_ptr<replica>> replicas_;
   double last_epoch_correct_ = 0;
-  std::size_t steps_ = 0;  ///< steps taken, skipped ones included
+  std::size_t steps_ = 0;   ///< steps taken, skipped ones included
+  std::size_t epochs_ = 0;  ///< epochs fit has trained
 };
 
 /// @brief A data-parallel trainer: `make_model()` builds a replica (it runs on every place,

@@ -98,7 +98,14 @@ class parameter_ref {
   }
   /// @brief The parameter's global value, row-major, in host memory (a dtensor parameter is
   /// gathered: every process of its mesh calls this together).
-  [[nodiscard]] tensor<T, 1> global_values() const { return impl_->global_values(); }
+  [[nodiscard]] tensor<T, 1> global_values() const { return gather_state(impl_->value_tensors()); }
+  /// @brief The global value, row-major in host memory, of state laid out as the parameter:
+  /// one block per local block (an optimizer's moments, from zero_state()). A dtensor
+  /// parameter's blocks are gathered by its layout (every process of its mesh calls this).
+  [[nodiscard]] tensor<T, 1> gather_state(const std::vector<tensor<T, 1>>& blocks) const { return impl_->gather_state(blocks, name_); }
+  /// @brief The inverse: each local block of `blocks` set to its part of `global` (host
+  /// memory, row-major, the parameter's global size).
+  void scatter_state(const T* global, std::vector<tensor<T, 1>>& blocks) const { impl_->scatter_state(global, blocks, name_); }
 
  private:
   std::span<T> single(const std::vector<std::span<T>>& blocks, const char* what) const {
@@ -119,7 +126,9 @@ class parameter_ref {
     virtual std::string shape_text() = 0;
     virtual std::vector<std::size_t> extents() = 0;
     virtual void assign(const T* values, const std::vector<std::size_t>& shape, const std::string& name) = 0;
-    virtual tensor<T, 1> global_values() = 0;
+    virtual std::vector<tensor<T, 1>> value_tensors() = 0;
+    virtual tensor<T, 1> gather_state(const std::vector<tensor<T, 1>>& blocks, const std::string& name) = 0;
+    virtual void scatter_state(const T* global, std::vector<tensor<T, 1>>& blocks, const std::string& name) = 0;
   };
   template <class V>
   struct holder final : base {
@@ -172,14 +181,59 @@ class parameter_ref {
       else return describe(v.value());
     }
     std::vector<std::size_t> extents() override { return {v.shape().begin(), v.shape().end()}; }
-    tensor<T, 1> global_values() override {
-      const auto whole = [&] {
-        if constexpr (var<V>::distributed) return pdo::gather(v.value());
-        else return to_host(v.value());
-      }();
-      auto flat = tensor<T, 1>::on_host({whole.size()});
-      detail::copy_elements(flat.data(), whole.data(), whole.size());
+    /// @brief The values as blocks of state (copies), for gather_state.
+    std::vector<tensor<T, 1>> value_tensors() override {
+      std::vector<tensor<T, 1>> out;
+      auto flat = [](const auto& t) {
+        tensor<T, 1> b = t.template zeros_alike<T, 1>(shape_t<1>{t.size()});
+        detail::copy_bytes(b.where(), b.data(), t.where(), t.data(), t.bytes());
+        return b;
+      };
+      if constexpr (var<V>::distributed) {
+        for (const auto& shard : v.value().local_shards()) out.push_back(flat(shard));
+      } else {
+        out.push_back(flat(v.value()));
+      }
+      return out;
+    }
+    void check_blocks(const std::vector<tensor<T, 1>>& blocks, const std::string& name) {
+      const auto values = value_blocks();
+      bool fits = blocks.size() == values.size();
+      for (std::size_t k = 0; fits && k < blocks.size(); ++k) fits = blocks[k].size() == values[k].size();
+      if (!fits)
+        throw shape_error("parameter " + name + ": " + shape_text() + ": " + std::to_string(blocks.size()) +
+                          " blocks of state given, which are not laid out as its " + std::to_string(values.size()) + " local blocks");
+    }
+    tensor<T, 1> gather_state(const std::vector<tensor<T, 1>>& blocks, const std::string& name) override {
+      check_blocks(blocks, name);
+      auto flat = tensor<T, 1>::on_host({detail::volume(v.shape())});
+      if constexpr (var<V>::distributed) {
+        const auto& x = v.value();
+        std::vector<tensor<T, var<V>::rank>> shards;
+        for (std::size_t k = 0; k < blocks.size(); ++k) {
+          auto& shard = shards.emplace_back(x.local_shards()[k].template zeros_alike<T, var<V>::rank>(x.local_shards()[k].shape()));
+          detail::copy_bytes(shard.where(), shard.data(), blocks[k].where(), blocks[k].data(), blocks[k].bytes());
+        }
+        const V state(x.mesh(), x.shape(), std::move(shards));
+        const auto whole = pdo::gather(state);
+        detail::copy_elements(flat.data(), whole.data(), whole.size());
+      } else {
+        detail::copy_bytes(nullptr, flat.data(), blocks[0].where(), blocks[0].data(), blocks[0].bytes());
+      }
       return flat;
+    }
+    void scatter_state(const T* global, std::vector<tensor<T, 1>>& blocks, const std::string& name) override {
+      check_blocks(blocks, name);
+      if constexpr (var<V>::distributed) {
+        using L = typename V::layout_type;
+        auto host = tensor<T, var<V>::rank>::on_host(v.shape());
+        detail::copy_elements(host.data(), global, host.size());
+        const auto cut = pdo::distribute<L>(v.value().mesh(), host);
+        for (std::size_t k = 0; k < blocks.size(); ++k)
+          detail::copy_bytes(blocks[k].where(), blocks[k].data(), cut.local_shards()[k].where(), cut.local_shards()[k].data(), blocks[k].bytes());
+      } else {
+        detail::copy_bytes(blocks[0].where(), blocks[0].data(), nullptr, global, blocks[0].bytes());
+      }
     }
     void assign(const T* values, const std::vector<std::size_t>& shape, const std::string& name) override {
       constexpr std::size_t r = var<V>::rank;

@@ -110,6 +110,22 @@ class sgd : public optimizer_base<T> {
   void set_lr(double lr) { o_.lr = lr; }
   [[nodiscard]] double lr() const { return o_.lr; }
 
+  /// @brief The state kept per parameter, by PyTorch's names: "momentum_buffer" (with momentum).
+  [[nodiscard]] std::vector<std::string> state_names() const {
+    return o_.momentum != 0 ? std::vector<std::string>{"momentum_buffer"} : std::vector<std::string>{};
+  }
+  /// @brief State `name` of parameter `i`: one block per local block of the parameter
+  /// (zero-filled first if no step has made it yet), for checkpoints.
+  [[nodiscard]] std::vector<tensor<T, 1>>& state(const std::string& name, std::size_t i) {
+    if (name != "momentum_buffer" || o_.momentum == 0 || i >= params_.size())
+      throw error("sgd::state: no state \"" + name + "\" for parameter " + std::to_string(i) + " (sgd keeps a momentum_buffer when momentum is not 0)");
+    if (buffers_[i].empty()) buffers_[i] = params_[i].zero_state();
+    return buffers_[i];
+  }
+  /// @brief Steps taken (SGD's update does not depend on it).
+  [[nodiscard]] long steps() const { return 0; }
+  void set_steps(long) {}
+
  private:
   sgd_options o_;
   std::vector<std::vector<tensor<T, 1>>> buffers_;  ///< momentum, per parameter and block
@@ -157,6 +173,23 @@ class adam : public optimizer_base<T> {
   void set_lr(double lr) { o_.lr = lr; }
   [[nodiscard]] double lr() const { return o_.lr; }
 
+  /// @brief The state kept per parameter, by PyTorch's names: the moments "exp_avg" and "exp_avg_sq".
+  [[nodiscard]] std::vector<std::string> state_names() const { return {"exp_avg", "exp_avg_sq"}; }
+  /// @brief State `name` of parameter `i`: one block per local block of the parameter
+  /// (zero-filled first if no step has made it yet), for checkpoints.
+  [[nodiscard]] std::vector<tensor<T, 1>>& state(const std::string& name, std::size_t i) {
+    if ((name != "exp_avg" && name != "exp_avg_sq") || i >= params_.size())
+      throw error("adam::state: no state \"" + name + "\" for parameter " + std::to_string(i) + " (adam keeps exp_avg and exp_avg_sq)");
+    if (m_[i].empty()) {
+      m_[i] = params_[i].zero_state();
+      v_[i] = params_[i].zero_state();
+    }
+    return name == "exp_avg" ? m_[i] : v_[i];
+  }
+  /// @brief Steps taken: the bias corrections 1 - beta^t count them.
+  [[nodiscard]] long steps() const { return t_; }
+  void set_steps(long t) { t_ = t; }
+
  private:
   adam_options o_;
   std::vector<std::vector<tensor<T, 1>>> m_, v_;  ///< moments, per parameter and block
@@ -164,7 +197,8 @@ class adam : public optimizer_base<T> {
 };
 
 /// @brief An optimizer of parameters of element type T: sgd, adam, any_optimizer, or a type
-/// of the user's with these members.
+/// of the user's with these members. Checkpoints (pdo::io) also need its state:
+/// state_names(), state(name, i), steps() and set_steps(t), as sgd and adam have.
 template <class O, class T>
 concept optimizer = requires(O& o, const O& co, double lr) {
   o.step();
@@ -189,6 +223,11 @@ class any_optimizer {
   void set_lr(double lr) { impl_->set_lr(lr); }
   [[nodiscard]] double lr() const { return impl_->lr(); }
   [[nodiscard]] const std::vector<parameter_ref<T>>& parameters() const { return impl_->parameters(); }
+  /// @brief The held optimizer's state, for checkpoints (none when it keeps no state_names()).
+  [[nodiscard]] std::vector<std::string> state_names() const { return impl_->state_names(); }
+  [[nodiscard]] std::vector<tensor<T, 1>>& state(const std::string& name, std::size_t i) { return impl_->state(name, i); }
+  [[nodiscard]] long steps() const { return impl_->steps(); }
+  void set_steps(long t) { impl_->set_steps(t); }
 
  private:
   struct base {
@@ -198,6 +237,10 @@ class any_optimizer {
     virtual void set_lr(double) = 0;
     [[nodiscard]] virtual double lr() const = 0;
     [[nodiscard]] virtual const std::vector<parameter_ref<T>>& parameters() const = 0;
+    [[nodiscard]] virtual std::vector<std::string> state_names() const = 0;
+    [[nodiscard]] virtual std::vector<tensor<T, 1>>& state(const std::string& name, std::size_t i) = 0;
+    [[nodiscard]] virtual long steps() const = 0;
+    virtual void set_steps(long t) = 0;
   };
   template <class O>
   struct holder final : base {
@@ -208,6 +251,21 @@ class any_optimizer {
     void set_lr(double lr) override { o.set_lr(lr); }
     [[nodiscard]] double lr() const override { return o.lr(); }
     [[nodiscard]] const std::vector<parameter_ref<T>>& parameters() const override { return o.parameters(); }
+    [[nodiscard]] std::vector<std::string> state_names() const override {
+      if constexpr (requires { o.state_names(); }) return o.state_names();
+      else return {};
+    }
+    [[nodiscard]] std::vector<tensor<T, 1>>& state(const std::string& name, std::size_t i) override {
+      if constexpr (requires { o.state(name, i); }) return o.state(name, i);
+      else throw error("any_optimizer::state: the optimizer it holds keeps no state a checkpoint can save (no state(name, i)); asked for \"" + name + "\"");
+    }
+    [[nodiscard]] long steps() const override {
+      if constexpr (requires { o.steps(); }) return o.steps();
+      else return 0;
+    }
+    void set_steps(long t) override {
+      if constexpr (requires { o.set_steps(t); }) o.set_steps(t);
+    }
   };
   std::shared_ptr<base> impl_;
 };
