@@ -3,8 +3,13 @@
 // trains on its rows of each global batch, and the gradients are all_reduced in buckets
 // while backward runs. Prints the plan once, a line per epoch and the test accuracy.
 //
-//   digits [--places N] [--epochs E] [--batch B] [--seed S] [--lr LR] [--bucket-bytes N] [--data PATH] [--target ACC]
-//          [--trace FILE] [--checkpoint DIR] [--resume DIR] [--check-data]
+//   digits [--places N] [--epochs E] [--batch B] [--seed S] [--lr LR] [--schedule-epochs N] [--clip NORM]
+//          [--bucket-bytes N] [--data PATH] [--target ACC] [--trace FILE] [--checkpoint DIR] [--resume DIR] [--check-data]
+//
+// The learning rate warms up linearly over the first epoch, then decays along a cosine to a
+// twentieth of --lr at --schedule-epochs epochs (15 by default, whatever --epochs says, so that
+// a run cut into several resumed ones follows the same rates). --clip NORM clips the gradients
+// by their global norm before every update (0, the default: no clipping).
 //
 // --checkpoint DIR saves the whole training state (parameters, Adam's moments and step count,
 // the epochs trained) into DIR at the end of every epoch; --resume DIR starts from such a
@@ -35,6 +40,8 @@ struct options {
   std::size_t batch = 64;
   std::uint64_t seed = 1;
   double lr = 3e-3;
+  std::size_t schedule_epochs = 15;  ///< the cosine schedule ends here
+  double clip = 0;                   ///< clip the gradients' global norm to this (0: no clipping)
   std::size_t bucket_bytes = std::size_t{25} << 20;  ///< gradients all_reduced in buckets of about this many bytes
   double target = 0.95;
   std::string data;
@@ -46,8 +53,8 @@ struct options {
 
 [[noreturn]] void usage(const std::string& problem) {
   std::cerr << "digits: " << problem
-            << "\nusage: digits [--places N] [--epochs E] [--batch B] [--seed S] [--lr LR] [--bucket-bytes N] [--data PATH] [--target ACC] "
-               "[--trace FILE] [--checkpoint DIR] [--resume DIR] [--check-data]\n";
+            << "\nusage: digits [--places N] [--epochs E] [--batch B] [--seed S] [--lr LR] [--schedule-epochs N] [--clip NORM] "
+               "[--bucket-bytes N] [--data PATH] [--target ACC] [--trace FILE] [--checkpoint DIR] [--resume DIR] [--check-data]\n";
   std::exit(2);
 }
 
@@ -73,6 +80,8 @@ options parse(int argc, char** argv) {
     else if (arg == "--batch") number(o.batch);
     else if (arg == "--seed") number(o.seed);
     else if (arg == "--lr") number(o.lr);
+    else if (arg == "--schedule-epochs") number(o.schedule_epochs);
+    else if (arg == "--clip") number(o.clip);
     else if (arg == "--bucket-bytes") number(o.bucket_bytes);
     else if (arg == "--target") number(o.target);
     else if (arg == "--data") o.data = value;
@@ -81,7 +90,7 @@ options parse(int argc, char** argv) {
     else if (arg == "--resume") o.resume = value;
     else usage("unknown option " + arg);
   }
-  if (o.places == 0 || o.batch == 0) usage("--places and --batch must be positive");
+  if (o.places == 0 || o.batch == 0 || o.schedule_epochs == 0) usage("--places, --batch and --schedule-epochs must be positive");
 #if !defined(PDO_WITH_IO)
   if (!o.checkpoint.empty() || !o.resume.empty()) usage("--checkpoint and --resume need pdo::io (nlohmann/json), which this build lacks");
 #endif
@@ -126,9 +135,13 @@ int main(int argc, char** argv) {
     const auto test = take(all, order, n_train, order.size());
 
     const auto mesh = pdo::make_mesh<"dp">(pdo::cpu_places(o.places));
+    const std::size_t steps_per_epoch = (n_train + o.batch - 1) / o.batch;
     auto trainer = pdo::nn::make_data_parallel<float>(
         mesh, [&] { return make_cnn(o.seed); },
-        [&](auto params) { return pdo::nn::adam<float>(std::move(params), {.lr = o.lr}); }, {.bucket_bytes = o.bucket_bytes});
+        [&](auto params) { return pdo::nn::adam<float>(std::move(params), {.lr = o.lr}); },
+        {.bucket_bytes = o.bucket_bytes,
+         .clip_grad_norm = o.clip,
+         .schedule = pdo::nn::cosine_lr(o.lr, steps_per_epoch, steps_per_epoch * o.schedule_epochs, o.lr / 20)});
     std::cout << "digits: " << train.labels.size() << " training and " << test.labels.size() << " test images of 8x8, "
               << o.places << " places, global batch " << o.batch << "\n"
               << trainer.explain();

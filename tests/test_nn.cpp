@@ -4,7 +4,10 @@
 
 #include <pdo/nn.hpp>
 
+#include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <numbers>
 #include <vector>
 
 namespace {
@@ -414,4 +417,199 @@ TEST_CASE("nn: optimizers share one interface; any_optimizer holds one chosen at
     return pdo::nn::sgd<double>(std::move(ps), {.lr = 0.01});
   });
   CHECK(std::isfinite(trainer.step(rnd<2>({8, 6}, 92), labels_for(8))));
+}
+
+namespace {
+
+/// @brief The values of the parameters of `trainer`'s replica `k`, flattened one after another.
+template <class Trainer>
+std::vector<double> values_of(const Trainer& trainer, std::size_t k = 0) {
+  std::vector<double> out;
+  for (const auto& p : trainer.parameters(k)) out.insert(out.end(), p.value().begin(), p.value().end());
+  return out;
+}
+
+void check_close(const std::vector<double>& a, const std::vector<double>& b, double eps) {
+  REQUIRE(a.size() == b.size());
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    INFO("element " << i);
+    CHECK(a[i] == Approx(b[i]).epsilon(eps).margin(1e-15));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("data parallel: replicas start equal by a broadcast from place 0, and can be checked", "[nn][data_parallel]") {
+  // a factory that builds a different replica on every place
+  std::atomic<unsigned> seed{100};
+  auto make_different = [&] {
+    pdo::nn::rng gen(seed++);
+    return pdo::nn::sequential(pdo::nn::linear<double>(6, 16, gen), pdo::nn::relu{}, pdo::nn::linear<double>(16, 4, gen));
+  };
+  auto sgd = [](auto params) { return pdo::nn::sgd<double>(std::move(params), {.lr = 0.1}); };
+  for (std::size_t places : {2, 3, 4}) {
+    INFO(places << " places");
+    const auto m = pdo::make_mesh<"dp">(pdo::cpu_places(places));
+    auto trainer = pdo::nn::make_data_parallel<double>(m, make_different, sgd);
+    for (std::size_t k = 1; k < places; ++k) CHECK(values_of(trainer, k) == values_of(trainer));
+    CHECK_NOTHROW(trainer.check_replicas());
+    trainer.step(rnd<2>({10, 6}, 93), labels_for(10));
+    for (std::size_t k = 1; k < places; ++k) CHECK(values_of(trainer, k) == values_of(trainer));
+    CHECK_NOTHROW(trainer.check_replicas());
+
+    // without the broadcast the replicas differ, and the check says where
+    auto unsynced = pdo::nn::make_data_parallel<double>(m, make_different, sgd, {.broadcast_parameters = false});
+    CHECK(values_of(unsynced, 1) != values_of(unsynced));
+    CHECK_THROWS_WITH(unsynced.check_replicas(), Catch::Contains("replicas differ") && Catch::Contains("parameter 0.weight") &&
+                                                     Catch::Contains("at element 0"));
+    CHECK_THROWS_WITH(pdo::nn::make_data_parallel<double>(m, make_different, sgd, {.broadcast_parameters = false, .check_replicas = true}),
+                      Catch::Contains("replicas differ"));
+  }
+}
+
+TEST_CASE("data parallel: micro-batches accumulate gradients without syncing, one update equals the whole batch's",
+          "[nn][data_parallel]") {
+  const auto x = rnd<2>({32, 6}, 94);
+  const auto y = labels_for(32);
+  auto adam = [](auto params) { return pdo::nn::adam<double>(std::move(params), {.lr = 0.01}); };
+  for (std::size_t places : {1, 3, 4}) {
+    INFO(places << " places");
+    const auto m = pdo::make_mesh<"dp">(pdo::cpu_places(places));
+    auto whole = pdo::nn::make_data_parallel<double>(m, make_mlp, adam, {.bucket_bytes = 512});
+    auto micro = pdo::nn::make_data_parallel<double>(m, make_mlp, adam, {.bucket_bytes = 512});
+    for (int s = 0; s < 3; ++s) {
+      const double a = whole.step(x, y);
+      const double b = micro.step(x, y, 4);  // 4 micro-steps of 8 rows
+      CHECK(b == Approx(a).epsilon(1e-12));
+      check_close(values_of(micro), values_of(whole), 1e-12);
+    }
+    // the buckets synced once, after the last micro-batch: as many collectives as buckets, and
+    // none before the last backward began
+    const auto events = micro.last_step_events();
+    std::size_t collectives = 0, backwards = 0;
+    double last_backward_start = 0, first_collective = 1e300;
+    for (const auto& e : events) {
+      if (e.place != 0) continue;
+      if (e.what == "backward") {
+        ++backwards;
+        last_backward_start = std::max(last_backward_start, e.start_us);
+      }
+      if (e.what == "all_reduce") {
+        ++collectives;
+        first_collective = std::min(first_collective, e.queued_us);
+      }
+    }
+    CHECK(backwards == 4);
+    CHECK(collectives == micro.buckets().size());
+    CHECK(first_collective >= last_backward_start);
+  }
+  // fit takes micro-batches too: the same epoch as whole batches
+  const auto m = pdo::make_mesh<"dp">(pdo::cpu_places(2));
+  auto whole = pdo::nn::make_data_parallel<double>(m, make_mlp, adam);
+  auto micro = pdo::nn::make_data_parallel<double>(m, make_mlp, adam);
+  double a = 0, b = 0;
+  whole.fit(x, y, {.epochs = 2, .batch_size = 16, .seed = 3}, [&](const auto& s) { a = s.loss; });
+  micro.fit(x, y, {.epochs = 2, .batch_size = 16, .seed = 3, .micro_batches = 3}, [&](const auto& s) { b = s.loss; });
+  CHECK(b == Approx(a).epsilon(1e-12));
+  check_close(values_of(micro), values_of(whole), 1e-12);
+  CHECK_THROWS_WITH(micro.step(x, y, 0), Catch::Contains("micro_batches must be at least 1"));
+}
+
+TEST_CASE("data parallel: gradients clipped by their global norm, the same on 1 and 4 places and as the formula", "[nn][data_parallel]") {
+  const auto x = rnd<2>({12, 6}, 95);
+  const auto y = labels_for(12);
+  const double lr = 0.1, max_norm = 0.05;
+  // the formula, on one model by hand
+  auto model = make_mlp();
+  const auto params = pdo::nn::parameters_of<double>(model);
+  std::vector<double> before, expected;
+  for (const auto& p : params) before.insert(before.end(), p.value().begin(), p.value().end());
+  pdo::backward(pdo::nn::cross_entropy_loss{}(model(pdo::var(x)), y));
+  double squared = 0;
+  for (const auto& p : params)
+    for (double g : p.grad()) squared += g * g;
+  const double norm = std::sqrt(squared);
+  REQUIRE(norm > max_norm);  // so the clip bites
+  const double factor = max_norm / (norm + 1e-6);
+  std::size_t at = 0;
+  for (const auto& p : params)
+    for (double g : p.grad()) expected.push_back(before[at++] - lr * factor * g);
+
+  auto sgd = [&](auto ps) { return pdo::nn::sgd<double>(std::move(ps), {.lr = lr}); };
+  for (std::size_t places : {1, 4}) {
+    for (bool zero1 : {false, true}) {
+      INFO(places << " places, ZeRO-1 " << zero1);
+      const auto m = pdo::make_mesh<"dp">(pdo::cpu_places(places));
+      auto trainer = pdo::nn::make_data_parallel<double>(m, make_mlp, sgd, {.bucket_bytes = 512, .zero1 = zero1, .clip_grad_norm = max_norm});
+      trainer.step(x, y);
+      CHECK(trainer.last_grad_norm() == Approx(norm).epsilon(1e-12));
+      for (std::size_t k = 0; k < places; ++k) check_close(values_of(trainer, k), expected, 1e-12);
+    }
+  }
+  // a norm under the limit leaves the gradients alone
+  auto model2 = make_mlp();
+  const auto params2 = pdo::nn::parameters_of<double>(model2);
+  pdo::backward(pdo::nn::cross_entropy_loss{}(model2(pdo::var(x)), y));
+  const std::vector<double> g0(params2[0].grad().begin(), params2[0].grad().end());
+  CHECK(pdo::nn::clip_grad_norm(params2, 10 * norm) == Approx(norm).epsilon(1e-12));
+  CHECK(std::vector<double>(params2[0].grad().begin(), params2[0].grad().end()) == g0);
+  CHECK_THROWS_WITH(pdo::nn::clip_grad_norm(params2, 0.0), Catch::Contains("clip_grad_norm: max_norm must be positive"));
+}
+
+TEST_CASE("nn: clip_grad_norm over dtensor parameters counts every element once, whatever the layout", "[nn][mesh]") {
+  using rows = pdo::layout<pdo::split<"x">, pdo::replicate>;
+  using whole = pdo::layout<pdo::replicate, pdo::replicate>;
+  const auto x = rnd<2>({4, 7}, 96), w1 = rnd<2>({7, 5}, 97), w2 = rnd<2>({5, 3}, 98);
+  auto program = [](const auto& X, const auto& W1, const auto& W2) { return pdo::sum(pdo::tanh(pdo::matmul(pdo::matmul(X, W1), W2))); };
+  auto W1 = pdo::parameter(w1), W2 = pdo::parameter(w2);
+  pdo::backward(program(pdo::var(x), W1, W2));
+  const std::vector<pdo::nn::parameter_ref<double>> local{{"w1", W1}, {"w2", W2}};
+  const double max_norm = 0.3;
+  const double norm = pdo::nn::clip_grad_norm(local, max_norm);
+  REQUIRE(norm > max_norm);
+  for (std::size_t n : pdo_test::line_sizes()) {
+    INFO(n << " places");
+    const auto m = pdo_test::line_mesh(n);
+    auto dW1 = pdo::parameter(pdo::distribute<rows>(m, w1));  // 7 rows: uneven shards
+    auto dW2 = pdo::parameter(pdo::distribute<whole>(m, w2));  // on every place: counted once
+    pdo::backward(program(pdo::var(pdo::distribute<whole>(m, x)), dW1, dW2));
+    const std::vector<pdo::nn::parameter_ref<double>> distributed{{"w1", dW1}, {"w2", dW2}};
+    CHECK(pdo::nn::clip_grad_norm(distributed, max_norm) == Approx(norm).epsilon(1e-12));
+    const auto g1 = pdo::gather(dW1.grad()), g2 = pdo::gather(dW2.grad());
+    for (std::size_t i = 0; i < g1.size(); ++i) CHECK(g1.data()[i] == Approx(W1.grad().data()[i]).epsilon(1e-12));
+    for (std::size_t i = 0; i < g2.size(); ++i) CHECK(g2.data()[i] == Approx(W2.grad().data()[i]).epsilon(1e-12));
+  }
+}
+
+TEST_CASE("nn: learning-rate schedules follow their formulas, and a trainer applies them step by step", "[nn]") {
+  const auto step = pdo::nn::step_lr(0.1, 3, 0.5);
+  const double steps[] = {0.1, 0.1, 0.1, 0.05, 0.05, 0.05, 0.025};
+  for (std::size_t s = 0; s < 7; ++s) CHECK(step(s) == Approx(steps[s]).epsilon(1e-15));
+  const auto cosine = pdo::nn::cosine_lr(1.0, 4, 12, 0.1);
+  CHECK(cosine(0) == Approx(0.25));
+  CHECK(cosine(1) == Approx(0.5));
+  CHECK(cosine(3) == Approx(1.0));
+  CHECK(cosine(4) == Approx(1.0));
+  CHECK(cosine(6) == Approx(0.1 + 0.9 * 0.5 * (1 + std::cos(std::numbers::pi * 2 / 8))));
+  CHECK(cosine(8) == Approx(0.55));
+  CHECK(cosine(12) == Approx(0.1));
+  CHECK(cosine(1000) == Approx(0.1));
+  CHECK(pdo::nn::constant_lr(0.3)(77) == 0.3);
+  CHECK_THROWS_WITH(pdo::nn::step_lr(0.1, 0), Catch::Contains("step_lr: step_size must be at least 1"));
+  CHECK_THROWS_WITH(pdo::nn::cosine_lr(0.1, 5, 4), Catch::Contains("cosine_lr: 5 warm-up steps exceed the 4 steps"));
+
+  // a trainer with a schedule steps as one whose rate is set by hand before every step
+  const auto x = rnd<2>({8, 6}, 99);
+  const auto y = labels_for(8);
+  auto sgd = [](auto ps) { return pdo::nn::sgd<double>(std::move(ps), {.lr = 1.0, .momentum = 0.9}); };
+  const auto m = pdo::make_mesh<"dp">(pdo::cpu_places(2));
+  auto scheduled = pdo::nn::make_data_parallel<double>(m, make_mlp, sgd, {.schedule = pdo::nn::cosine_lr(0.2, 2, 5, 0.01)});
+  auto by_hand = pdo::nn::make_data_parallel<double>(m, make_mlp, sgd);
+  const auto rate = pdo::nn::cosine_lr(0.2, 2, 5, 0.01);
+  for (std::size_t s = 0; s < 6; ++s) {
+    for (std::size_t k = 0; k < by_hand.replica_count(); ++k) by_hand.optimizer(k).set_lr(rate(s));
+    CHECK(scheduled.step(x, y) == by_hand.step(x, y));
+    CHECK(scheduled.optimizer().lr() == rate(s));
+  }
+  CHECK(values_of(scheduled) == values_of(by_hand));
 }

@@ -12094,6 +12094,11 @@ class parameter_ref {
   /// @brief A local parameter's gradient, zero-filled first if there is none (a place with
   /// no samples still takes part in the gradient all_reduce).
   [[nodiscard]] std::span<T> grad_or_zeros() const { return impl_->grad_or_zeros(); }
+  /// @brief The sum of the squares of the gradient's elements, over the whole parameter:
+  /// a dtensor's over all its shards on every process, each element counted once whatever
+  /// the layout (replicated blocks are not counted twice). 0 without a gradient. For a
+  /// dtensor this is a collective: every process calls it.
+  [[nodiscard]] double grad_squared_norm() const { return impl_->grad_squared_norm(); }
   void zero_grad() const { impl_->zero_grad(); }
   void on_gradient(std::function<void()> f) const { impl_->on_gradient(std::move(f)); }
   /// @brief "f32[16, 8]" for a local parameter, "f32[16, 8]{split<tp>, replicate} on mesh(tp=2)" for a dtensor.
@@ -12153,6 +12158,7 @@ class parameter_ref {
     virtual std::vector<detail::place_state*> block_places() = 0;
     virtual std::vector<tensor<T, 1>> zero_state() = 0;
     virtual std::span<T> grad_or_zeros() = 0;
+    virtual double grad_squared_norm() = 0;
     virtual void zero_grad() = 0;
     virtual void on_gradient(std::function<void()> f) = 0;
     virtual std::string shape_text() = 0;
@@ -12205,6 +12211,11 @@ class parameter_ref {
         if (!v.has_grad()) v.node()->grad.emplace(v.shape());
         return v.grad().span();
       }
+    }
+    double grad_squared_norm() override {
+      if (!v.has_grad()) return 0;
+      const auto& g = v.grad();
+      return static_cast<double>(detail::scalar_of(pdo::eval(pdo::sum(g * g))));
     }
     void zero_grad() override { v.zero_grad(); }
     void on_gradient(std::function<void()> f) override { v.on_gradient(std::move(f)); }
@@ -12842,534 +12853,21 @@ struct mse_loss {
 
 }  // namespace pdo::nn
 #endif  // PDO_SINGLE_PDO_NN_LOSSES_HPP
-// ---- pdo/plan/explain.hpp
-#ifndef PDO_SINGLE_PDO_PLAN_EXPLAIN_HPP
-#define PDO_SINGLE_PDO_PLAN_EXPLAIN_HPP
-// pdo/plan/explain.hpp: an expression's plan printed for its actual shapes, with the bytes each collective moves.
-
-
-#include <cstddef>
-#include <string>
-#include <tuple>
-#include <utility>
-#include <vector>
-
-namespace pdo {
-
-namespace detail {
-
-/// @brief What explain knows of one node: its description and global shape.
-struct node_facts {
-  std::string text;
-  std::vector<std::size_t> shape;
-  std::size_t element_size = 0;
-};
-
-/// @brief Records every node of `node`'s subtree in evaluation order (the numbering of plan_of).
-template <class Node>
-void collect_nodes(const Node& node, std::vector<node_facts>& out) {
-  if constexpr (Node::is_scalar) {
-    return;
-  } else {
-    if constexpr (!Node::is_leaf) std::apply([&](const auto&... c) { (collect_nodes(c, out), ...); }, node.children());
-    const auto s = node.shape();
-    out.push_back({std::string(Node::name) + " " + describe_node(node), {s.begin(), s.end()}, sizeof(typename Node::value_type)});
-  }
-}
-
-/// @brief Bytes place 0 sends in one redistribution step of a tensor of `shape` (ring
-/// algorithms: all_reduce 2(n-1)/n of its block, reduce_scatter and all_to_all (n-1)/n,
-/// all_gather (n-1) blocks); local steps send nothing.
-template <class Mesh>
-std::size_t bytes_sent(const Mesh& m, const redistribute_step& s, const std::vector<std::size_t>& shape, std::size_t element) {
-  const std::size_t n = m.extent(Mesh::axis_index(s.axis));
-  std::size_t block = element;
-  for (std::size_t d = 0; d < shape.size(); ++d) {
-    std::size_t e = shape[d];
-    if (!s.before.dim_axis[d].empty()) e = chunk_size(e, m.extent(Mesh::axis_index(s.before.dim_axis[d])), 0);
-    block *= e;
-  }
-  switch (s.kind) {
-    case step_kind::all_reduce: return 2 * (n - 1) * block / n;
-    case step_kind::reduce_scatter:
-    case step_kind::all_to_all: return (n - 1) * block / n;
-    case step_kind::all_gather: return (n - 1) * block;
-    default: return 0;
-  }
-}
-
-}  // namespace detail
-
-/// @brief The plan of `expr` for its actual shapes, one line per step: each op's kernel
-/// with its output layout, ops fused into one kernel marked as such, and each collective
-/// with its axis, layouts and the bytes each place sends (place 0's block where shards are uneven).
-template <class Expr>
-std::string explain(const Expr& expr) {
-  const auto& node = expr;
-  using node_t = std::remove_cvref_t<Expr>;
-  static_assert(tensor_expression<node_t>, "pdo: explain: pass an expression (an op applied to tensors or dtensors)");
-  constexpr expression_plan plan = plan_of<node_t>();
-  std::vector<detail::node_facts> nodes;
-  detail::collect_nodes(node, nodes);
-  [[maybe_unused]] const auto* mesh = detail::find_mesh(node);  // nullptr for local expressions
-  std::string text = "plan of " + std::string(node_t::name) + " -> " + detail::describe_node(node);
-  if constexpr (node_t::distributed) text += " on " + mesh->describe();
-  text += ": " + std::to_string(plan.kernels()) + " kernel" + (plan.kernels() == 1 ? "" : "s") + ", " +
-          std::to_string(plan.collectives()) + " collective" + (plan.collectives() == 1 ? "" : "s") + "\n";
-  // the kernel a fused op runs inside: the first op up its chain of consumers that is not fused
-  auto runs_in = [&](const plan_step& fused) {
-    std::size_t consumer = fused.into;
-    for (bool up = true; up;) {
-      up = false;
-      for (const auto& s : plan)
-        if (s.kind == plan_step_kind::kernel && s.fused && s.node == consumer) {
-          consumer = s.into;
-          up = true;
-          break;
-        }
-    }
-    return consumer;
-  };
-  std::size_t line = 0;
-  for (const auto& s : plan) {
-    const auto& facts = nodes[s.node];
-    if (s.kind == plan_step_kind::kernel && s.fused) continue;  // printed with the kernel it runs in
-    text += "  " + std::to_string(++line) + ". ";
-    if (s.kind == plan_step_kind::kernel) {
-      std::string fused_ops;
-      for (const auto& f : plan)
-        if (f.kind == plan_step_kind::kernel && f.fused && runs_in(f) == s.node) fused_ops += std::string(f.op) + " + ";
-      text += "kernel " + (fused_ops.empty() ? std::string(s.op) : "fused(" + fused_ops + std::string(s.op) + ")") + " -> " +
-              facts.text.substr(facts.text.find(' ') + 1) + "\n";
-      continue;
-    }
-    const auto& operand = nodes[s.operand_node];
-    text += std::string(s.kind == plan_step_kind::combine_max ? "all_reduce(max)" : step_name(s.move.kind)) + " over " +
-            std::string(s.move.axis) + " for " + std::string(s.op) + (s.kind == plan_step_kind::redistribute
-                                                                           ? " operand " + std::to_string(s.operand) + " (" +
-                                                                                 operand.text + ")"
-                                                                           : std::string()) +
-            ": " + detail::to_string(s.move.before) + " -> " + detail::to_string(s.move.after);
-    if constexpr (node_t::distributed) {
-      const auto& data = s.kind == plan_step_kind::combine_max ? facts : operand;
-      text += ", " + std::to_string(detail::bytes_sent(*mesh, s.move, data.shape, data.element_size)) + " bytes sent per place";
-    }
-    text += "\n";
-  }
-  if (plan.size == 0) text += "  (nothing to compute: the result is the operand)\n";
-  return text;
-}
-
-}  // namespace pdo
-#endif  // PDO_SINGLE_PDO_PLAN_EXPLAIN_HPP
-
-#include <algorithm>
-#include <chrono>
-#include <cmath>
-#include <cstddef>
-#include <cstdint>
-#include <limits>
-#include <memory>
-#include <numeric>
-#include <optional>
-#include <random>
-#include <string>
-#include <type_traits>
-#include <utility>
-#include <vector>
-
-namespace pdo::nn {
-
-struct data_parallel_options {
-  /// @brief Gradients are all_reduced in buckets of about this many bytes (at least one
-  /// parameter each), in the order backward completes them (PyTorch DDP's default: 25 MiB).
-  std::size_t bucket_bytes = std::size_t{25} << 20;
-  /// @brief Start a bucket's all_reduce as soon as its last gradient is ready, while
-  /// backward goes on; false: all buckets after backward (for comparison).
-  bool overlap = true;
-  /// @brief ZeRO stage 1: the optimizer state is sharded over "dp". Each bucket's
-  /// gradients are reduce_scattered (each place gets the sum of its slice), each place
-  /// updates its slice of the parameters with its slice of the optimizer state, and the
-  /// slices are all_gathered back. Optimizer memory per place: 1/n.
-  bool zero1 = false;
-  /// @brief A step whose global loss is not finite (NaN or infinite) is skipped: no update,
-  /// and fit leaves it out of the epoch's loss (epoch_stats::skipped_steps counts it). When
-  /// false, such a step is a pdo::error naming the step, before any parameter changes.
-  bool skip_nonfinite_steps = false;
-};
-
-}  // namespace pdo::nn
-
-namespace pdo::detail {
-
-/// @brief The sum over the places of p's line along `axis` of each of `values` (host
-/// numbers: a loss, a count), through the mesh's host group whatever its devices.
-template <class Mesh, std::size_t N>
-std::array<double, N> sum_along(const Mesh& m, std::size_t axis, std::size_t p, const std::array<double, N>& values) {
-  std::vector<double> all(m.size() * N);
-  host_communicator_of(m, p).all_gather(std::span<const double>(values.data(), N), std::span<double>(all));
-  std::array<double, N> sum{};
-  for (std::size_t q : m.group(axis, p))
-    for (std::size_t i = 0; i < N; ++i) sum[i] += all[q * N + i];
-  return sum;
-}
-
-}  // namespace pdo::detail
-
-namespace pdo::nn {
-
-/// @brief Data-parallel training over the "dp" axis of a mesh, on CPU or GPU places.
-///
-/// Every place holds its own replica of the model and of the optimizer state, built by
-/// the factories on that place (so their memory is the place's). A step splits the global
-/// batch by rows along "dp" (uneven shards allowed: 10 rows on 4 places train 3, 3, 2, 2),
-/// runs forward and backward on every place at once, and sums the gradients. The loss of
-/// each place is weighted by its share of the global batch, so the summed gradient is the
-/// gradient of the global batch's mean loss: training on N places follows the same
-/// trajectory as on one place with the same global batch.
-///
-/// How the gradients are summed, the planner derives: a replicated parameter used on rows
-/// split along "dp" gets a gradient matmul(xᵀ, g) whose layout is partial over "dp", and
-/// the plan that brings it back to the parameter's layout is one all_reduce
-/// (`gradient_sync_plan`, checked at compile time below), which each gradient bucket runs.
-template <class T, class Model, class Optimizer, class Mesh, class Loss = cross_entropy_loss>
-class data_parallel {
- public:
-  using mesh_type = Mesh;
-  static constexpr std::size_t dp_axis = Mesh::axis_index("dp");
-  static_assert(dp_axis < Mesh::ndim, "pdo: data_parallel: the mesh needs an axis named \"dp\"");
-
-  using data_layout = layout<split<"dp">, replicate>;
-  using param_layout = layout<replicate, replicate>;
-  using gradient_layout =
-      result_layout_t<decltype(pdo::matmul(pdo::transpose(std::declval<const dtensor<T, 2, Mesh, data_layout>&>()),
-                                           std::declval<const dtensor<T, 2, Mesh, data_layout>&>()))>;
-  static constexpr redistribute_plan gradient_sync_plan = redistribute_plan_of<gradient_layout, param_layout>();
-  static_assert(gradient_sync_plan.size == 1 && gradient_sync_plan.steps[0].kind == step_kind::all_reduce &&
-                    gradient_sync_plan.steps[0].axis == "dp",
-                "pdo: data_parallel: the planner should sync replicated gradients with one all_reduce over \"dp\"");
-  using buckets_type = gradient_buckets<T, Mesh, "dp">;
-  static_assert(buckets_type::sync_plan.steps[0].kind == gradient_sync_plan.steps[0].kind,
-                "pdo: data_parallel: a bucket syncs its gradients as the planner syncs a parameter's");
-
-  template <class MakeModel, class MakeOptimizer>
-  data_parallel(const Mesh& m, MakeModel make_model, MakeOptimizer make_optimizer, data_parallel_options o = {}, Loss loss = {})
-      : mesh_(m), options_(o), loss_(loss), replicas_(m.local_places().size()) {
-    pdo::detail::run_on_places("data_parallel", mesh_, [&](std::size_t p, std::size_t k) {
-      auto& r = *(replicas_[k] = std::make_unique<replica>());
-      r.place = p;
-      r.model.emplace(make_model());
-      r.params = parameters_of<T>(*r.model);
-      r.buckets = std::make_unique<buckets_type>(mesh_, p, r.params, bucket_options{options_.bucket_bytes, options_.overlap, options_.zero1});
-      r.optimizer.emplace(make_optimizer(options_.zero1 ? r.buckets->slices() : r.params));
-    });
-  }
-
-  /// @brief One training step on a global batch (host tensors: inputs [B, ...], targets
-  /// [B, ...]); returns the mean loss over the global batch. A loss that is not finite is a
-  /// pdo::error naming the step, with no parameter updated (or, with
-  /// data_parallel_options::skip_nonfinite_steps, returned with no update).
-  template <std::size_t R, class Target>
-  T step(const tensor<T, R>& inputs, const Target& targets) {
-    std::vector<std::size_t> order(inputs.extent(0));
-    std::iota(order.begin(), order.end(), std::size_t{0});
-    return step_on(shard(inputs, targets, order, 0, inputs.extent(0)), inputs.extent(0));
-  }
-
-  struct epoch_stats {
-    std::size_t epoch = 0;
-    double loss = 0;            ///< mean training loss over the epoch's samples
-    double accuracy = 0;        ///< on the training samples, from the step's outputs
-    double samples_per_second = 0;
-    std::size_t samples = 0;         ///< the samples whose loss counts (those of skipped steps do not)
-    std::size_t skipped_steps = 0;   ///< steps with a non-finite loss, skipped (data_parallel_options::skip_nonfinite_steps)
-  };
-
-  struct fit_options {
-    std::size_t epochs = 1;
-    std::size_t batch_size = 64;  ///< global batch
-    std::uint64_t seed = 0;       ///< for the order of the samples in each epoch
-    bool shuffle = true;
-  };
-
-  /// @brief Trains for `epochs` more epochs over (inputs, targets), in global batches (the
-  /// last one may be smaller); the next batch is cut and copied to the places by a task on a
-  /// copy lane while the current one trains. Calls on_epoch(stats) after each epoch. Epochs
-  /// count on from those this trainer has trained (epochs(), restored by a checkpoint): the
-  /// samples of epoch e come in the order of the e-th shuffle from `seed`, so training that
-  /// resumes from a checkpoint sees the batches it would have seen without the stop.
-  template <std::size_t R, class Target, class OnEpoch>
-  void fit(const tensor<T, R>& inputs, const Target& targets, fit_options o, OnEpoch&& on_epoch) {
-    const std::size_t n = inputs.extent(0);
-    if (n == 0 || o.batch_size == 0) throw shape_error("data_parallel::fit: no samples, or a batch size of 0");
-    std::mt19937_64 gen(o.seed);
-    std::vector<std::size_t> order(n);
-    std::iota(order.begin(), order.end(), std::size_t{0});
-    using shards_t = decltype(shard(inputs, targets, order, 0, 0));
-    pdo::detail::place_state& copier = *mesh_.place(mesh_.local_places().front()).state();
-    if (o.shuffle)  // the orders of the epochs already trained
-      for (std::size_t e = 0; e < epochs_; ++e) std::shuffle(order.begin(), order.end(), gen);
-    const std::size_t first_epoch = epochs_;
-    for (std::size_t epoch = first_epoch; epoch < first_epoch + o.epochs; ++epoch) {
-      if (o.shuffle) std::shuffle(order.begin(), order.end(), gen);
-      const auto start = std::chrono::steady_clock::now();
-      double total = 0;
-      std::size_t counted = 0, skipped = 0;
-      auto cut = [&](std::size_t first) {
-        const std::size_t rows = std::min(o.batch_size, n - first);
-        return pdo::detail::prefetched<shards_t>(copier, [this, &inputs, &targets, &order, first, rows] {
-          return shard(inputs, targets, order, first, rows);
-        });
-      };
-      auto next = cut(0);
-      for (std::size_t first = 0; first < n; first += o.batch_size) {
-        auto current = next.get();
-        const std::size_t rows = std::min(o.batch_size, n - first);
-        if (first + rows < n) next = cut(first + rows);
-        const T loss = step_on(std::move(current), rows);
-        if (std::isfinite(static_cast<double>(loss))) {
-          total += static_cast<double>(loss) * static_cast<double>(rows);
-          counted += rows;
-        } else {
-          ++skipped;
-        }
-      }
-      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      epoch_stats s;
-      s.epoch = epoch;  // counted from the first epoch this trainer (or the one it resumed) trained
-      s.loss = counted == 0 ? std::numeric_limits<double>::quiet_NaN() : total / static_cast<double>(counted);
-      s.samples = counted;
-      s.skipped_steps = skipped;
-      s.samples_per_second = static_cast<double>(n) / seconds;
-      s.accuracy = last_epoch_correct_ / static_cast<double>(n);
-      last_epoch_correct_ = 0;
-      ++epochs_;
-      on_epoch(s);
-    }
-  }
-
-  /// @brief The fraction of rows whose largest output is at their label (classification),
-  /// computed on every place over its share of the rows.
-  template <std::size_t R, class Label>
-  double accuracy(const tensor<T, R>& inputs, const tensor<Label, 1>& labels) {
-    std::vector<std::size_t> order(inputs.extent(0));
-    std::iota(order.begin(), order.end(), std::size_t{0});
-    auto shards = shard(inputs, labels, order, 0, inputs.extent(0));
-    std::vector<double> correct(replicas_.size(), 0);
-    pdo::detail::run_on_places("data_parallel::accuracy", mesh_, [&](std::size_t p, std::size_t k) {
-      auto& s = shards[k];
-      const double c = s.inputs.extent(0) == 0 ? 0.0 : static_cast<double>(count_correct((*replicas_[k]->model)(var(s.inputs)).value(), s.targets));
-      correct[k] = pdo::detail::sum_along<Mesh, 1>(mesh_, dp_axis, p, {c})[0];
-    });
-    return inputs.extent(0) == 0 ? 0.0 : correct[0] / static_cast<double>(inputs.extent(0));
-  }
-
-  /// @brief The model of the `k`-th place of this process.
-  [[nodiscard]] const Model& model(std::size_t k = 0) const { return *replicas_[k]->model; }
-  [[nodiscard]] std::vector<parameter_ref<T>> parameters(std::size_t k = 0) const { return replicas_[k]->params; }
-  /// @brief The parameters of each bucket, by name, in the order they are all_reduced.
-  [[nodiscard]] std::vector<std::vector<std::string>> buckets() const {
-    std::vector<std::vector<std::string>> out;
-    for (const auto& b : replicas_[0]->buckets->members()) {
-      out.emplace_back();
-      for (std::size_t i : b) out.back().push_back(replicas_[0]->params[i].name());
-    }
-    return out;
-  }
-  /// @brief The parameter elements whose optimizer state place `k` of this process keeps:
-  /// all of them, or under ZeRO-1 its slices (about 1/n).
-  [[nodiscard]] std::size_t optimizer_state_elements(std::size_t k = 0) const { return replicas_[k]->buckets->optimizer_state_elements(); }
-  /// @brief What every place of this process did in the last step, with times.
-  [[nodiscard]] std::vector<step_event> last_step_events() const {
-    std::vector<step_event> all;
-    for (const auto& r : replicas_) {
-      const auto e = r->buckets->events();
-      all.insert(all.end(), e.begin(), e.end());
-    }
-    return all;
-  }
-  [[nodiscard]] const Mesh& mesh() const { return mesh_; }
-  /// @brief The optimizer of the `k`-th place of this process.
-  [[nodiscard]] Optimizer& optimizer(std::size_t k = 0) { return *replicas_[k]->optimizer; }
-  /// @brief The places of this process, each with its replica.
-  [[nodiscard]] std::size_t replica_count() const { return replicas_.size(); }
-  [[nodiscard]] const data_parallel_options& options() const { return options_; }
-  /// @brief Steps and epochs trained (skipped steps included), restored with set_progress
-  /// when training resumes from a checkpoint.
-  [[nodiscard]] std::size_t steps() const { return steps_; }
-  [[nodiscard]] std::size_t epochs() const { return epochs_; }
-  void set_progress(std::size_t steps, std::size_t epochs) {
-    steps_ = steps;
-    epochs_ = epochs;
-  }
-
-  /// @brief The plan of a step, as text: how the batch is cut, the gradient layout the
-  /// planner derives for the replicated parameters, the collective that syncs it, and the
-  /// buckets with the bytes each place sends for them.
-  [[nodiscard]] std::string explain() const {
-    const auto& step = buckets_type::step_of(options_.zero1);
-    std::string text = "data_parallel on " + mesh_.describe() + ": each place trains the rows " + pdo::layout_name<data_layout>() +
-                       " of the global batch on its own replica\n";
-    text += "  gradient of a replicated parameter used on those rows: matmul(xᵀ, g) -> " + pdo::layout_name<gradient_layout>() + "\n";
-    if (options_.zero1)
-      text += "  ZeRO-1: reduce_scattered over \"" + std::string(step.axis) + "\" (each place sums and updates its slice, with its "
-              "slice of the optimizer state), the slices all_gathered back; in buckets of ~" + std::to_string(options_.bucket_bytes) + " B\n";
-    else
-      text += "  synced to " + pdo::layout_name<param_layout>() + " by " + std::string(step_name(step.kind)) + " over \"" +
-              std::string(step.axis) + "\", in buckets of ~" + std::to_string(options_.bucket_bytes) + " B, " +
-              (options_.overlap ? "each started as soon as backward completes it" : "after backward") + "\n";
-    const auto& r = *replicas_[0];
-    const auto members = r.buckets->members();
-    for (std::size_t b = 0; b < members.size(); ++b) {
-      const std::size_t elements = r.buckets->elements(b);
-      text += "  bucket " + std::to_string(b) + ": " + std::to_string(elements * sizeof(T)) + " B, each place sends " +
-              std::to_string(pdo::detail::bytes_sent(mesh_, step, {elements}, sizeof(T))) + " B:";
-      for (std::size_t j : members[b]) text += " " + r.params[j].name() + " " + r.params[j].shape_text();
-      text += "\n";
-    }
-    return text;
-  }
-
- private:
-  struct replica {
-    std::size_t place = 0;
-    std::optional<Model> model;
-    std::vector<parameter_ref<T>> params;
-    std::unique_ptr<buckets_type> buckets;
-    std::optional<Optimizer> optimizer;  ///< declared after the buckets: under ZeRO-1 it updates their slices
-  };
-
-  /// @brief Rows order[first, first + rows) of the data, cut into one shard per place of
-  /// this process (in that place's memory).
-  template <std::size_t R, class Target>
-  std::vector<batch_shard<T, R, Target>> shard(const tensor<T, R>& inputs, const Target& targets, const std::vector<std::size_t>& order,
-                                               std::size_t first, std::size_t rows) const {
-    if (targets.extent(0) != inputs.extent(0))
-      throw shape_error("data_parallel: inputs " + describe(inputs) + " and targets " + describe(targets) + " differ in rows");
-    const std::size_t parts = mesh_.extent(dp_axis);
-    std::vector<batch_shard<T, R, Target>> out;
-    for (std::size_t p : mesh_.local_places()) {
-      const std::size_t c = mesh_.coord(p, dp_axis);
-      const std::size_t at = first + pdo::detail::chunk_offset(rows, parts, c), count = pdo::detail::chunk_size(rows, parts, c);
-      out.push_back({pdo::detail::cut_rows(inputs, order, at, count, mesh_.place(p)),
-                     pdo::detail::cut_rows(targets, order, at, count, mesh_.place(p))});
-    }
-    return out;
-  }
-
-  template <std::size_t R, class Target>
-  T step_on(std::vector<batch_shard<T, R, Target>> shards, std::size_t global_rows) {
-    std::vector<T> losses(replicas_.size());
-    std::vector<double> corrects(replicas_.size());
-    pdo::detail::run_on_places("data_parallel::step", mesh_, [&](std::size_t p, std::size_t k) {
-      replica& r = *replicas_[k];
-      buckets_type& buckets = *r.buckets;
-      auto& s = shards[k];
-      buckets.begin_step();
-      buckets.arm();
-      T local{};
-      std::size_t correct = 0;
-      const std::size_t rows = s.inputs.extent(0);
-      {
-        // whatever happens, the communication lane is done with this step's buffers before we return
-        struct drain {
-          buckets_type& b;
-          bool done = false;
-          ~drain() {
-            if (!done) b.abandon();
-          }
-        } guard{buckets};
-        if (rows > 0) {
-          std::optional<pdo::detail::timeline_span> forward_span;
-          forward_span.emplace("kernel", "forward", [&] { return std::to_string(rows) + " rows"; });
-          const auto out = (*r.model)(var(s.inputs));
-          const auto loss = loss_(out, s.targets) * (static_cast<T>(rows) / static_cast<T>(global_rows));
-          forward_span.reset();
-          const double forward_end = buckets.since_start();
-          buckets.record("forward", 0, 0, forward_end);
-          if constexpr (std::is_integral_v<typename Target::value_type>) correct = count_correct(out.value(), s.targets);
-          local = pdo::detail::scalar_of(loss.value());
-          pdo::backward(loss);
-          buckets.record("backward", 0, forward_end, buckets.since_start());
-        }
-        guard.done = true;
-        buckets.finish();  // parameters without a gradient (no rows here, or unused) send zeros
-      }
-      // the global batch's loss and count of correct predictions, on every place, before any
-      // update: a step whose loss is not finite changes nothing
-      const auto totals = pdo::detail::sum_along<Mesh, 2>(mesh_, dp_axis, p, {static_cast<double>(local), static_cast<double>(correct)});
-      losses[k] = static_cast<T>(totals[0]);
-      corrects[k] = totals[1];
-      if (!std::isfinite(totals[0])) return;
-      const double opt_start = buckets.since_start();
-      r.optimizer->step();
-      buckets.record("optimizer", 0, opt_start, buckets.since_start());
-      if (options_.zero1) buckets.gather_slices();
-    });
-    ++steps_;
-    if (!std::isfinite(static_cast<double>(losses[0]))) {
-      if (!options_.skip_nonfinite_steps)
-        throw error("data_parallel::step: step " + std::to_string(steps_) + " (a global batch of " + std::to_string(global_rows) +
-                    " rows on " + mesh_.describe() + "): the loss is " + std::to_string(static_cast<double>(losses[0])) +
-                    "; no parameter was updated. Check the inputs and the learning rate, or skip such steps with "
-                    "data_parallel_options::skip_nonfinite_steps");
-      return losses[0];
-    }
-    last_epoch_correct_ += corrects[0];
-    return losses[0];
-  }
-
-  /// @brief How many rows of `out` have their largest output at their label (read on the host).
-  template <class Label>
-  static std::size_t count_correct(const tensor<T, 2>& out, const tensor<Label, 1>& labels) {
-    if (out.on_gpu() || labels.on_gpu()) return count_correct(to_host(out), to_host(labels));
-    std::size_t c = 0;
-    const std::size_t classes = out.extent(1);
-    for (std::size_t i = 0; i < out.extent(0); ++i) {
-      const T* row = out.data() + i * classes;
-      c += static_cast<std::size_t>(std::max_element(row, row + classes) - row) == static_cast<std::size_t>(labels(i));
-    }
-    return c;
-  }
-  template <class Out, class Y>
-  static std::size_t count_correct(const Out&, const Y&) {
-    return 0;
-  }
-
-  Mesh mesh_;
-  data_parallel_options options_;
-  Loss loss_;
-  std::vector<std::unique_ptr<replica>> replicas_;
-  double last_epoch_correct_ = 0;
-  std::size_t steps_ = 0;   ///< steps taken, skipped ones included
-  std::size_t epochs_ = 0;  ///< epochs fit has trained
-};
-
-/// @brief A data-parallel trainer: `make_model()` builds a replica (it runs on every place,
-/// so use a fixed seed: all replicas must start equal) and `make_optimizer(parameters)`
-/// its optimizer.
-template <class T, class Mesh, class MakeModel, class MakeOptimizer, class Loss = cross_entropy_loss>
-auto make_data_parallel(const Mesh& m, MakeModel make_model, MakeOptimizer make_optimizer, data_parallel_options o = {},
-                        Loss loss = {}) {
-  using model_t = std::invoke_result_t<MakeModel&>;
-  using optimizer_t = std::invoke_result_t<MakeOptimizer&, std::vector<parameter_ref<T>>>;
-  return data_parallel<T, model_t, optimizer_t, Mesh, Loss>(m, std::move(make_model), std::move(make_optimizer), o, loss);
-}
-
-}  // namespace pdo::nn
-#endif  // PDO_SINGLE_PDO_NN_DATA_PARALLEL_HPP
 // ---- pdo/nn/optim.hpp
 #ifndef PDO_SINGLE_PDO_NN_OPTIM_HPP
 #define PDO_SINGLE_PDO_NN_OPTIM_HPP
-// pdo/nn/optim.hpp: SGD (momentum, weight decay) and Adam / AdamW, with PyTorch's update rules.
-// Each optimizer updates the parameters it was given, in place, on the cores of the place
-// whose thread calls step(): under data parallelism every place steps its own copy.
+// pdo/nn/optim.hpp: SGD (momentum, weight decay) and Adam / AdamW, with PyTorch's update rules;
+// gradient clipping by global norm; learning-rate schedules. Each optimizer updates the
+// parameters it was given, in place, on the cores of the place whose thread calls step():
+// under data parallelism every place steps its own copy.
 
 
 #include <cmath>
 #include <concepts>
 #include <cstddef>
+#include <functional>
 #include <memory>
+#include <numbers>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -13415,9 +12913,93 @@ struct adam_update {
   }
 };
 
+/// @brief g[i] *= factor (a gradient clipped by its global norm).
+template <class T>
+struct scale_update {
+  T* g;
+  T factor;
+  PDO_HD void operator()(std::size_t i) const { g[i] = g[i] * factor; }
+};
+
 }  // namespace pdo::detail
 
 namespace pdo::nn {
+
+/// @brief The squared norm of the gradients of `params`, over every element of every
+/// parameter counted once whatever its layout (see parameter_ref::grad_squared_norm).
+template <class T>
+double grad_squared_norm(const std::vector<parameter_ref<T>>& params) {
+  double sum = 0;
+  for (const auto& p : params) sum += p.grad_squared_norm();
+  return sum;
+}
+
+/// @brief Multiplies every local block of the gradients of `params` by `factor`.
+template <class T>
+void scale_grads(const std::vector<parameter_ref<T>>& params, double factor) {
+  for (const auto& p : params) {
+    const auto grads = p.grad_blocks();
+    const auto places = p.block_places();
+    for (std::size_t k = 0; k < grads.size(); ++k)
+      pdo::detail::for_each_index(places[k], grads[k].size(), pdo::detail::scale_update<T>{grads[k].data(), static_cast<T>(factor)});
+  }
+}
+
+/// @brief The factor clip_grad_norm scales gradients of global norm `norm` by (PyTorch's
+/// rule): max_norm / (norm + 1e-6) when that is below 1, else 1 (and 1 when the norm is not
+/// finite: such gradients are left as they are, for the caller to see).
+inline double clip_factor(double norm, double max_norm) {
+  if (!std::isfinite(norm)) return 1;
+  const double f = max_norm / (norm + 1e-6);
+  return f < 1 ? f : 1;
+}
+
+/// @brief Clips the gradients of `params` by their global norm, as
+/// torch.nn.utils.clip_grad_norm_: the norm is taken over every element of every parameter
+/// (a dtensor's over all its shards, on every process, each element counted once whatever
+/// its layout), and when it exceeds `max_norm` every gradient is scaled by
+/// max_norm / (norm + 1e-6). Returns the norm before clipping. Over several processes, every
+/// process calls it with the same parameters.
+template <class T>
+double clip_grad_norm(const std::vector<parameter_ref<T>>& params, double max_norm) {
+  if (!(max_norm > 0) || !std::isfinite(max_norm))
+    throw error("clip_grad_norm: max_norm must be positive and finite, not " + std::to_string(max_norm));
+  const double norm = std::sqrt(grad_squared_norm(params));
+  const double f = clip_factor(norm, max_norm);
+  if (f < 1) scale_grads(params, f);
+  return norm;
+}
+
+/// @brief A learning rate for each optimizer step, given the number of steps taken before it
+/// (0 for the first). A trainer with a schedule sets its optimizer's rate from it before
+/// every update; since it depends on the step count only, a run resumed from a checkpoint
+/// follows it as if it had not stopped.
+using lr_schedule = std::function<double(std::size_t step)>;
+
+/// @brief `lr` at every step.
+inline lr_schedule constant_lr(double lr) {
+  return [lr](std::size_t) { return lr; };
+}
+
+/// @brief PyTorch's StepLR, counted in steps: lr * gamma^floor(step / step_size).
+inline lr_schedule step_lr(double lr, std::size_t step_size, double gamma = 0.1) {
+  if (step_size == 0) throw error("step_lr: step_size must be at least 1");
+  return [=](std::size_t step) { return lr * std::pow(gamma, static_cast<double>(step / step_size)); };
+}
+
+/// @brief Linear warm-up, then cosine decay: lr * (step + 1) / warmup_steps for the first
+/// warmup_steps steps; then min_lr + (lr - min_lr) * (1 + cos(pi * (step - warmup_steps) /
+/// (total_steps - warmup_steps))) / 2 until total_steps; min_lr after.
+inline lr_schedule cosine_lr(double lr, std::size_t warmup_steps, std::size_t total_steps, double min_lr = 0) {
+  if (warmup_steps > total_steps)
+    throw error("cosine_lr: " + std::to_string(warmup_steps) + " warm-up steps exceed the " + std::to_string(total_steps) + " steps in all");
+  return [=](std::size_t step) {
+    if (step < warmup_steps) return lr * static_cast<double>(step + 1) / static_cast<double>(warmup_steps);
+    if (step >= total_steps) return min_lr;
+    const double progress = static_cast<double>(step - warmup_steps) / static_cast<double>(total_steps - warmup_steps);
+    return min_lr + (lr - min_lr) * 0.5 * (1 + std::cos(std::numbers::pi * progress));
+  };
+}
 
 /// @brief What every optimizer has: the parameters it updates.
 template <class T>
@@ -13642,6 +13224,629 @@ inline adam_options adamw_options(double lr = 1e-3, double weight_decay = 0.01) 
 
 }  // namespace pdo::nn
 #endif  // PDO_SINGLE_PDO_NN_OPTIM_HPP
+// ---- pdo/plan/explain.hpp
+#ifndef PDO_SINGLE_PDO_PLAN_EXPLAIN_HPP
+#define PDO_SINGLE_PDO_PLAN_EXPLAIN_HPP
+// pdo/plan/explain.hpp: an expression's plan printed for its actual shapes, with the bytes each collective moves.
+
+
+#include <cstddef>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+namespace pdo {
+
+namespace detail {
+
+/// @brief What explain knows of one node: its description and global shape.
+struct node_facts {
+  std::string text;
+  std::vector<std::size_t> shape;
+  std::size_t element_size = 0;
+};
+
+/// @brief Records every node of `node`'s subtree in evaluation order (the numbering of plan_of).
+template <class Node>
+void collect_nodes(const Node& node, std::vector<node_facts>& out) {
+  if constexpr (Node::is_scalar) {
+    return;
+  } else {
+    if constexpr (!Node::is_leaf) std::apply([&](const auto&... c) { (collect_nodes(c, out), ...); }, node.children());
+    const auto s = node.shape();
+    out.push_back({std::string(Node::name) + " " + describe_node(node), {s.begin(), s.end()}, sizeof(typename Node::value_type)});
+  }
+}
+
+/// @brief Bytes place 0 sends in one redistribution step of a tensor of `shape` (ring
+/// algorithms: all_reduce 2(n-1)/n of its block, reduce_scatter and all_to_all (n-1)/n,
+/// all_gather (n-1) blocks); local steps send nothing.
+template <class Mesh>
+std::size_t bytes_sent(const Mesh& m, const redistribute_step& s, const std::vector<std::size_t>& shape, std::size_t element) {
+  const std::size_t n = m.extent(Mesh::axis_index(s.axis));
+  std::size_t block = element;
+  for (std::size_t d = 0; d < shape.size(); ++d) {
+    std::size_t e = shape[d];
+    if (!s.before.dim_axis[d].empty()) e = chunk_size(e, m.extent(Mesh::axis_index(s.before.dim_axis[d])), 0);
+    block *= e;
+  }
+  switch (s.kind) {
+    case step_kind::all_reduce: return 2 * (n - 1) * block / n;
+    case step_kind::reduce_scatter:
+    case step_kind::all_to_all: return (n - 1) * block / n;
+    case step_kind::all_gather: return (n - 1) * block;
+    default: return 0;
+  }
+}
+
+}  // namespace detail
+
+/// @brief The plan of `expr` for its actual shapes, one line per step: each op's kernel
+/// with its output layout, ops fused into one kernel marked as such, and each collective
+/// with its axis, layouts and the bytes each place sends (place 0's block where shards are uneven).
+template <class Expr>
+std::string explain(const Expr& expr) {
+  const auto& node = expr;
+  using node_t = std::remove_cvref_t<Expr>;
+  static_assert(tensor_expression<node_t>, "pdo: explain: pass an expression (an op applied to tensors or dtensors)");
+  constexpr expression_plan plan = plan_of<node_t>();
+  std::vector<detail::node_facts> nodes;
+  detail::collect_nodes(node, nodes);
+  [[maybe_unused]] const auto* mesh = detail::find_mesh(node);  // nullptr for local expressions
+  std::string text = "plan of " + std::string(node_t::name) + " -> " + detail::describe_node(node);
+  if constexpr (node_t::distributed) text += " on " + mesh->describe();
+  text += ": " + std::to_string(plan.kernels()) + " kernel" + (plan.kernels() == 1 ? "" : "s") + ", " +
+          std::to_string(plan.collectives()) + " collective" + (plan.collectives() == 1 ? "" : "s") + "\n";
+  // the kernel a fused op runs inside: the first op up its chain of consumers that is not fused
+  auto runs_in = [&](const plan_step& fused) {
+    std::size_t consumer = fused.into;
+    for (bool up = true; up;) {
+      up = false;
+      for (const auto& s : plan)
+        if (s.kind == plan_step_kind::kernel && s.fused && s.node == consumer) {
+          consumer = s.into;
+          up = true;
+          break;
+        }
+    }
+    return consumer;
+  };
+  std::size_t line = 0;
+  for (const auto& s : plan) {
+    const auto& facts = nodes[s.node];
+    if (s.kind == plan_step_kind::kernel && s.fused) continue;  // printed with the kernel it runs in
+    text += "  " + std::to_string(++line) + ". ";
+    if (s.kind == plan_step_kind::kernel) {
+      std::string fused_ops;
+      for (const auto& f : plan)
+        if (f.kind == plan_step_kind::kernel && f.fused && runs_in(f) == s.node) fused_ops += std::string(f.op) + " + ";
+      text += "kernel " + (fused_ops.empty() ? std::string(s.op) : "fused(" + fused_ops + std::string(s.op) + ")") + " -> " +
+              facts.text.substr(facts.text.find(' ') + 1) + "\n";
+      continue;
+    }
+    const auto& operand = nodes[s.operand_node];
+    text += std::string(s.kind == plan_step_kind::combine_max ? "all_reduce(max)" : step_name(s.move.kind)) + " over " +
+            std::string(s.move.axis) + " for " + std::string(s.op) + (s.kind == plan_step_kind::redistribute
+                                                                           ? " operand " + std::to_string(s.operand) + " (" +
+                                                                                 operand.text + ")"
+                                                                           : std::string()) +
+            ": " + detail::to_string(s.move.before) + " -> " + detail::to_string(s.move.after);
+    if constexpr (node_t::distributed) {
+      const auto& data = s.kind == plan_step_kind::combine_max ? facts : operand;
+      text += ", " + std::to_string(detail::bytes_sent(*mesh, s.move, data.shape, data.element_size)) + " bytes sent per place";
+    }
+    text += "\n";
+  }
+  if (plan.size == 0) text += "  (nothing to compute: the result is the operand)\n";
+  return text;
+}
+
+}  // namespace pdo
+#endif  // PDO_SINGLE_PDO_PLAN_EXPLAIN_HPP
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <numeric>
+#include <optional>
+#include <random>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace pdo::nn {
+
+struct data_parallel_options {
+  /// @brief Gradients are all_reduced in buckets of about this many bytes (at least one
+  /// parameter each), in the order backward completes them (PyTorch DDP's default: 25 MiB).
+  std::size_t bucket_bytes = std::size_t{25} << 20;
+  /// @brief Start a bucket's all_reduce as soon as its last gradient is ready, while
+  /// backward goes on; false: all buckets after backward (for comparison).
+  bool overlap = true;
+  /// @brief ZeRO stage 1: the optimizer state is sharded over "dp". Each bucket's
+  /// gradients are reduce_scattered (each place gets the sum of its slice), each place
+  /// updates its slice of the parameters with its slice of the optimizer state, and the
+  /// slices are all_gathered back. Optimizer memory per place: 1/n.
+  bool zero1 = false;
+  /// @brief A step whose global loss is not finite (NaN or infinite) is skipped: no update,
+  /// and fit leaves it out of the epoch's loss (epoch_stats::skipped_steps counts it). When
+  /// false, such a step is a pdo::error naming the step, before any parameter changes.
+  bool skip_nonfinite_steps = false;
+  /// @brief At start-up every replica's parameters are overwritten by place 0's (a broadcast
+  /// over the mesh, as PyTorch DDP does), so replicas start equal whatever the factories did.
+  bool broadcast_parameters = true;
+  /// @brief At start-up (after the broadcast, if any), check that every replica's parameters
+  /// equal place 0's, bit for bit: a pdo::error naming the parameter and the place otherwise.
+  /// (check_replicas() does the same at any time.)
+  bool check_replicas = false;
+  /// @brief When positive, the summed gradients are clipped by their global norm before each
+  /// update (clip_grad_norm: scaled by max / (norm + 1e-6) when the norm exceeds it); the norm
+  /// of the last step is last_grad_norm(). Under ZeRO-1 the norm is summed over the slices.
+  double clip_grad_norm = 0;
+  /// @brief When set, the optimizer's learning rate before each update is schedule(steps
+  /// taken before it): step_lr, cosine_lr, or any function of the step.
+  lr_schedule schedule = {};
+};
+
+}  // namespace pdo::nn
+
+namespace pdo::detail {
+
+/// @brief The sum over the places of p's line along `axis` of each of `values` (host
+/// numbers: a loss, a count), through the mesh's host group whatever its devices.
+template <class Mesh, std::size_t N>
+std::array<double, N> sum_along(const Mesh& m, std::size_t axis, std::size_t p, const std::array<double, N>& values) {
+  std::vector<double> all(m.size() * N);
+  host_communicator_of(m, p).all_gather(std::span<const double>(values.data(), N), std::span<double>(all));
+  std::array<double, N> sum{};
+  for (std::size_t q : m.group(axis, p))
+    for (std::size_t i = 0; i < N; ++i) sum[i] += all[q * N + i];
+  return sum;
+}
+
+}  // namespace pdo::detail
+
+namespace pdo::nn {
+
+/// @brief Data-parallel training over the "dp" axis of a mesh, on CPU or GPU places.
+///
+/// Every place holds its own replica of the model and of the optimizer state, built by
+/// the factories on that place (so their memory is the place's). A step splits the global
+/// batch by rows along "dp" (uneven shards allowed: 10 rows on 4 places train 3, 3, 2, 2),
+/// runs forward and backward on every place at once, and sums the gradients. The loss of
+/// each place is weighted by its share of the global batch, so the summed gradient is the
+/// gradient of the global batch's mean loss: training on N places follows the same
+/// trajectory as on one place with the same global batch.
+///
+/// How the gradients are summed, the planner derives: a replicated parameter used on rows
+/// split along "dp" gets a gradient matmul(xᵀ, g) whose layout is partial over "dp", and
+/// the plan that brings it back to the parameter's layout is one all_reduce
+/// (`gradient_sync_plan`, checked at compile time below), which each gradient bucket runs.
+template <class T, class Model, class Optimizer, class Mesh, class Loss = cross_entropy_loss>
+class data_parallel {
+ public:
+  using mesh_type = Mesh;
+  static constexpr std::size_t dp_axis = Mesh::axis_index("dp");
+  static_assert(dp_axis < Mesh::ndim, "pdo: data_parallel: the mesh needs an axis named \"dp\"");
+
+  using data_layout = layout<split<"dp">, replicate>;
+  using param_layout = layout<replicate, replicate>;
+  using gradient_layout =
+      result_layout_t<decltype(pdo::matmul(pdo::transpose(std::declval<const dtensor<T, 2, Mesh, data_layout>&>()),
+                                           std::declval<const dtensor<T, 2, Mesh, data_layout>&>()))>;
+  static constexpr redistribute_plan gradient_sync_plan = redistribute_plan_of<gradient_layout, param_layout>();
+  static_assert(gradient_sync_plan.size == 1 && gradient_sync_plan.steps[0].kind == step_kind::all_reduce &&
+                    gradient_sync_plan.steps[0].axis == "dp",
+                "pdo: data_parallel: the planner should sync replicated gradients with one all_reduce over \"dp\"");
+  using buckets_type = gradient_buckets<T, Mesh, "dp">;
+  static_assert(buckets_type::sync_plan.steps[0].kind == gradient_sync_plan.steps[0].kind,
+                "pdo: data_parallel: a bucket syncs its gradients as the planner syncs a parameter's");
+
+  template <class MakeModel, class MakeOptimizer>
+  data_parallel(const Mesh& m, MakeModel make_model, MakeOptimizer make_optimizer, data_parallel_options o = {}, Loss loss = {})
+      : mesh_(m), options_(o), loss_(loss), replicas_(m.local_places().size()) {
+    pdo::detail::run_on_places("data_parallel", mesh_, [&](std::size_t p, std::size_t k) {
+      auto& r = *(replicas_[k] = std::make_unique<replica>());
+      r.place = p;
+      r.model.emplace(make_model());
+      r.params = parameters_of<T>(*r.model);
+      if (options_.broadcast_parameters) broadcast_from_first(p, r.params);
+      if (options_.check_replicas) check_replicas_on(p, r.params);
+      r.buckets = std::make_unique<buckets_type>(mesh_, p, r.params, bucket_options{options_.bucket_bytes, options_.overlap, options_.zero1});
+      r.optimizer.emplace(make_optimizer(options_.zero1 ? r.buckets->slices() : r.params));
+    });
+  }
+
+  /// @brief One training step on a global batch (host tensors: inputs [B, ...], targets
+  /// [B, ...]); returns the mean loss over the global batch. A loss that is not finite is a
+  /// pdo::error naming the step, with no parameter updated (or, with
+  /// data_parallel_options::skip_nonfinite_steps, returned with no update).
+  ///
+  /// With `micro_batches` > 1 the global batch is cut into that many micro-batches (by the
+  /// chunk rule), each run forward and backward in turn on every place, its gradients added to
+  /// the previous ones without any communication (PyTorch DDP's no_sync); the last one's
+  /// backward syncs the sum in buckets, and one update follows. The result equals one step on
+  /// the whole batch (within rounding), with the activations of one micro-batch at a time.
+  template <std::size_t R, class Target>
+  T step(const tensor<T, R>& inputs, const Target& targets, std::size_t micro_batches = 1) {
+    std::vector<std::size_t> order(inputs.extent(0));
+    std::iota(order.begin(), order.end(), std::size_t{0});
+    return step_on(cut(inputs, targets, order, 0, inputs.extent(0), micro_batches), inputs.extent(0));
+  }
+
+  /// @brief Checks that every replica's parameters equal place 0's, bit for bit (a
+  /// collective: every process calls it). Throws a pdo::error naming the first parameter and
+  /// place that differ, on every place and process.
+  void check_replicas() {
+    pdo::detail::run_on_places("data_parallel::check_replicas", mesh_,
+                               [&](std::size_t p, std::size_t k) { check_replicas_on(p, replicas_[k]->params); });
+  }
+
+  /// @brief The global norm of the summed gradients of the last step, before clipping
+  /// (computed when data_parallel_options::clip_grad_norm is set; 0 otherwise).
+  [[nodiscard]] double last_grad_norm() const { return replicas_.empty() ? 0.0 : replicas_[0]->grad_norm; }
+
+  struct epoch_stats {
+    std::size_t epoch = 0;
+    double loss = 0;            ///< mean training loss over the epoch's samples
+    double accuracy = 0;        ///< on the training samples, from the step's outputs
+    double samples_per_second = 0;
+    std::size_t samples = 0;         ///< the samples whose loss counts (those of skipped steps do not)
+    std::size_t skipped_steps = 0;   ///< steps with a non-finite loss, skipped (data_parallel_options::skip_nonfinite_steps)
+  };
+
+  struct fit_options {
+    std::size_t epochs = 1;
+    std::size_t batch_size = 64;  ///< global batch
+    std::uint64_t seed = 0;       ///< for the order of the samples in each epoch
+    bool shuffle = true;
+    /// @brief Each global batch is run as this many micro-batches whose gradients add up
+    /// before one sync and one update (see step()).
+    std::size_t micro_batches = 1;
+  };
+
+  /// @brief Trains for `epochs` more epochs over (inputs, targets), in global batches (the
+  /// last one may be smaller); the next batch is cut and copied to the places by a task on a
+  /// copy lane while the current one trains. Calls on_epoch(stats) after each epoch. Epochs
+  /// count on from those this trainer has trained (epochs(), restored by a checkpoint): the
+  /// samples of epoch e come in the order of the e-th shuffle from `seed`, so training that
+  /// resumes from a checkpoint sees the batches it would have seen without the stop.
+  template <std::size_t R, class Target, class OnEpoch>
+  void fit(const tensor<T, R>& inputs, const Target& targets, fit_options o, OnEpoch&& on_epoch) {
+    const std::size_t n = inputs.extent(0);
+    if (n == 0 || o.batch_size == 0) throw shape_error("data_parallel::fit: no samples, or a batch size of 0");
+    if (o.micro_batches == 0) throw error("data_parallel::fit: micro_batches must be at least 1");
+    std::mt19937_64 gen(o.seed);
+    std::vector<std::size_t> order(n);
+    std::iota(order.begin(), order.end(), std::size_t{0});
+    using shards_t = decltype(cut(inputs, targets, order, 0, 0, 1));
+    pdo::detail::place_state& copier = *mesh_.place(mesh_.local_places().front()).state();
+    if (o.shuffle)  // the orders of the epochs already trained
+      for (std::size_t e = 0; e < epochs_; ++e) std::shuffle(order.begin(), order.end(), gen);
+    const std::size_t first_epoch = epochs_;
+    for (std::size_t epoch = first_epoch; epoch < first_epoch + o.epochs; ++epoch) {
+      if (o.shuffle) std::shuffle(order.begin(), order.end(), gen);
+      const auto start = std::chrono::steady_clock::now();
+      double total = 0;
+      std::size_t counted = 0, skipped = 0;
+      auto prefetch = [&](std::size_t first) {
+        const std::size_t rows = std::min(o.batch_size, n - first);
+        return pdo::detail::prefetched<shards_t>(copier, [this, &inputs, &targets, &order, first, rows, micro = o.micro_batches] {
+          return cut(inputs, targets, order, first, rows, micro);
+        });
+      };
+      auto next = prefetch(0);
+      for (std::size_t first = 0; first < n; first += o.batch_size) {
+        auto current = next.get();
+        const std::size_t rows = std::min(o.batch_size, n - first);
+        if (first + rows < n) next = prefetch(first + rows);
+        const T loss = step_on(std::move(current), rows);
+        if (std::isfinite(static_cast<double>(loss))) {
+          total += static_cast<double>(loss) * static_cast<double>(rows);
+          counted += rows;
+        } else {
+          ++skipped;
+        }
+      }
+      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      epoch_stats s;
+      s.epoch = epoch;  // counted from the first epoch this trainer (or the one it resumed) trained
+      s.loss = counted == 0 ? std::numeric_limits<double>::quiet_NaN() : total / static_cast<double>(counted);
+      s.samples = counted;
+      s.skipped_steps = skipped;
+      s.samples_per_second = static_cast<double>(n) / seconds;
+      s.accuracy = last_epoch_correct_ / static_cast<double>(n);
+      last_epoch_correct_ = 0;
+      ++epochs_;
+      on_epoch(s);
+    }
+  }
+
+  /// @brief The fraction of rows whose largest output is at their label (classification),
+  /// computed on every place over its share of the rows.
+  template <std::size_t R, class Label>
+  double accuracy(const tensor<T, R>& inputs, const tensor<Label, 1>& labels) {
+    std::vector<std::size_t> order(inputs.extent(0));
+    std::iota(order.begin(), order.end(), std::size_t{0});
+    auto shards = shard(inputs, labels, order, 0, inputs.extent(0));
+    std::vector<double> correct(replicas_.size(), 0);
+    pdo::detail::run_on_places("data_parallel::accuracy", mesh_, [&](std::size_t p, std::size_t k) {
+      auto& s = shards[k];
+      const double c = s.inputs.extent(0) == 0 ? 0.0 : static_cast<double>(count_correct((*replicas_[k]->model)(var(s.inputs)).value(), s.targets));
+      correct[k] = pdo::detail::sum_along<Mesh, 1>(mesh_, dp_axis, p, {c})[0];
+    });
+    return inputs.extent(0) == 0 ? 0.0 : correct[0] / static_cast<double>(inputs.extent(0));
+  }
+
+  /// @brief The model of the `k`-th place of this process.
+  [[nodiscard]] const Model& model(std::size_t k = 0) const { return *replicas_[k]->model; }
+  [[nodiscard]] std::vector<parameter_ref<T>> parameters(std::size_t k = 0) const { return replicas_[k]->params; }
+  /// @brief The parameters of each bucket, by name, in the order they are all_reduced.
+  [[nodiscard]] std::vector<std::vector<std::string>> buckets() const {
+    std::vector<std::vector<std::string>> out;
+    for (const auto& b : replicas_[0]->buckets->members()) {
+      out.emplace_back();
+      for (std::size_t i : b) out.back().push_back(replicas_[0]->params[i].name());
+    }
+    return out;
+  }
+  /// @brief The parameter elements whose optimizer state place `k` of this process keeps:
+  /// all of them, or under ZeRO-1 its slices (about 1/n).
+  [[nodiscard]] std::size_t optimizer_state_elements(std::size_t k = 0) const { return replicas_[k]->buckets->optimizer_state_elements(); }
+  /// @brief What every place of this process did in the last step, with times.
+  [[nodiscard]] std::vector<step_event> last_step_events() const {
+    std::vector<step_event> all;
+    for (const auto& r : replicas_) {
+      const auto e = r->buckets->events();
+      all.insert(all.end(), e.begin(), e.end());
+    }
+    return all;
+  }
+  [[nodiscard]] const Mesh& mesh() const { return mesh_; }
+  /// @brief The optimizer of the `k`-th place of this process.
+  [[nodiscard]] Optimizer& optimizer(std::size_t k = 0) { return *replicas_[k]->optimizer; }
+  /// @brief The places of this process, each with its replica.
+  [[nodiscard]] std::size_t replica_count() const { return replicas_.size(); }
+  [[nodiscard]] const data_parallel_options& options() const { return options_; }
+  /// @brief Steps and epochs trained (skipped steps included), restored with set_progress
+  /// when training resumes from a checkpoint.
+  [[nodiscard]] std::size_t steps() const { return steps_; }
+  [[nodiscard]] std::size_t epochs() const { return epochs_; }
+  void set_progress(std::size_t steps, std::size_t epochs) {
+    steps_ = steps;
+    epochs_ = epochs;
+  }
+
+  /// @brief The plan of a step, as text: how the batch is cut, the gradient layout the
+  /// planner derives for the replicated parameters, the collective that syncs it, and the
+  /// buckets with the bytes each place sends for them.
+  [[nodiscard]] std::string explain() const {
+    const auto& step = buckets_type::step_of(options_.zero1);
+    std::string text = "data_parallel on " + mesh_.describe() + ": each place trains the rows " + pdo::layout_name<data_layout>() +
+                       " of the global batch on its own replica\n";
+    text += "  gradient of a replicated parameter used on those rows: matmul(xᵀ, g) -> " + pdo::layout_name<gradient_layout>() + "\n";
+    if (options_.zero1)
+      text += "  ZeRO-1: reduce_scattered over \"" + std::string(step.axis) + "\" (each place sums and updates its slice, with its "
+              "slice of the optimizer state), the slices all_gathered back; in buckets of ~" + std::to_string(options_.bucket_bytes) + " B\n";
+    else
+      text += "  synced to " + pdo::layout_name<param_layout>() + " by " + std::string(step_name(step.kind)) + " over \"" +
+              std::string(step.axis) + "\", in buckets of ~" + std::to_string(options_.bucket_bytes) + " B, " +
+              (options_.overlap ? "each started as soon as backward completes it" : "after backward") + "\n";
+    const auto& r = *replicas_[0];
+    const auto members = r.buckets->members();
+    for (std::size_t b = 0; b < members.size(); ++b) {
+      const std::size_t elements = r.buckets->elements(b);
+      text += "  bucket " + std::to_string(b) + ": " + std::to_string(elements * sizeof(T)) + " B, each place sends " +
+              std::to_string(pdo::detail::bytes_sent(mesh_, step, {elements}, sizeof(T))) + " B:";
+      for (std::size_t j : members[b]) text += " " + r.params[j].name() + " " + r.params[j].shape_text();
+      text += "\n";
+    }
+    return text;
+  }
+
+ private:
+  struct replica {
+    std::size_t place = 0;
+    std::optional<Model> model;
+    std::vector<parameter_ref<T>> params;
+    std::unique_ptr<buckets_type> buckets;
+    std::optional<Optimizer> optimizer;  ///< declared after the buckets: under ZeRO-1 it updates their slices
+    double grad_norm = 0;                ///< of the last step's summed gradients, when clipping
+  };
+
+  /// @brief Place 0's parameter values into `params`, place p's (a broadcast over the mesh).
+  void broadcast_from_first(std::size_t p, const std::vector<parameter_ref<T>>& params) const {
+    const mesh_communicator comm = communicator_of(mesh_, p);
+    for (const auto& param : params) comm.broadcast(param.value(), 0);
+  }
+
+  /// @brief Compares place p's `params` with place 0's (broadcast into a scratch buffer) and
+  /// agrees with every place on the first difference: every place throws the same error.
+  void check_replicas_on(std::size_t p, const std::vector<parameter_ref<T>>& params) const {
+    const mesh_communicator comm = communicator_of(mesh_, p);
+    std::array<double, 2> found{-1, -1};  // parameter, element
+    // every place takes part in every broadcast (place 0 finds no difference with itself)
+    for (std::size_t j = 0; j < params.size(); ++j) {
+      const std::span<T> mine = params[j].value();
+      tensor<T, 1> theirs(shape_t<1>{mine.size()}, mesh_.place(p), pdo::detail::uninitialized);
+      if (p == 0) pdo::detail::copy_bytes(theirs.where(), theirs.data(), theirs.where(), mine.data(), mine.size_bytes());
+      comm.broadcast(theirs.span(), 0);
+      const auto host_theirs = to_host(theirs);
+      std::vector<T> host_mine(mine.size());
+      pdo::detail::copy_bytes(nullptr, host_mine.data(), theirs.where(), mine.data(), mine.size_bytes());
+      for (std::size_t i = 0; i < mine.size() && found[0] < 0; ++i)
+        if (std::memcmp(&host_mine[i], host_theirs.data() + i, sizeof(T)) != 0) {
+          found = {static_cast<double>(j), static_cast<double>(i)};
+          break;
+        }
+    }
+    // every place learns every place's finding: all throw the first one's
+    std::vector<double> all(mesh_.size() * 2);
+    host_communicator_of(mesh_, p).all_gather(std::span<const double>(found.data(), 2), std::span<double>(all));
+    for (std::size_t q = 0; q < mesh_.size(); ++q) {
+      if (all[2 * q] < 0) continue;
+      const auto& param = params[static_cast<std::size_t>(all[2 * q])];
+      throw error("data_parallel: the replicas differ: parameter " + param.name() + " " + param.shape_text() + " on place " +
+                  mesh_.place(q).name() + " differs from place " + mesh_.place(0).name() + "'s at element " +
+                  std::to_string(static_cast<std::size_t>(all[2 * q + 1])) +
+                  " (the model factory must build equal replicas, or leave data_parallel_options::broadcast_parameters on)");
+    }
+  }
+
+  /// @brief Rows order[first, first + rows) of the data, cut into `micro` micro-batches (the
+  /// chunk rule), each into one shard per place of this process.
+  template <std::size_t R, class Target>
+  std::vector<std::vector<batch_shard<T, R, Target>>> cut(const tensor<T, R>& inputs, const Target& targets,
+                                                          const std::vector<std::size_t>& order, std::size_t first, std::size_t rows,
+                                                          std::size_t micro) const {
+    if (micro == 0) throw error("data_parallel::step: micro_batches must be at least 1");
+    std::vector<std::vector<batch_shard<T, R, Target>>> out;
+    for (std::size_t m = 0; m < micro; ++m)
+      out.push_back(shard(inputs, targets, order, first + pdo::detail::chunk_offset(rows, micro, m), pdo::detail::chunk_size(rows, micro, m)));
+    return out;
+  }
+
+  /// @brief Rows order[first, first + rows) of the data, cut into one shard per place of
+  /// this process (in that place's memory).
+  template <std::size_t R, class Target>
+  std::vector<batch_shard<T, R, Target>> shard(const tensor<T, R>& inputs, const Target& targets, const std::vector<std::size_t>& order,
+                                               std::size_t first, std::size_t rows) const {
+    if (targets.extent(0) != inputs.extent(0))
+      throw shape_error("data_parallel: inputs " + describe(inputs) + " and targets " + describe(targets) + " differ in rows");
+    const std::size_t parts = mesh_.extent(dp_axis);
+    std::vector<batch_shard<T, R, Target>> out;
+    for (std::size_t p : mesh_.local_places()) {
+      const std::size_t c = mesh_.coord(p, dp_axis);
+      const std::size_t at = first + pdo::detail::chunk_offset(rows, parts, c), count = pdo::detail::chunk_size(rows, parts, c);
+      out.push_back({pdo::detail::cut_rows(inputs, order, at, count, mesh_.place(p)),
+                     pdo::detail::cut_rows(targets, order, at, count, mesh_.place(p))});
+    }
+    return out;
+  }
+
+  template <std::size_t R, class Target>
+  T step_on(std::vector<std::vector<batch_shard<T, R, Target>>> micro, std::size_t global_rows) {
+    std::vector<T> losses(replicas_.size());
+    std::vector<double> corrects(replicas_.size());
+    pdo::detail::run_on_places("data_parallel::step", mesh_, [&](std::size_t p, std::size_t k) {
+      replica& r = *replicas_[k];
+      buckets_type& buckets = *r.buckets;
+      buckets.begin_step();
+      T local{};
+      std::size_t correct = 0;
+      {
+        // whatever happens, the communication lane is done with this step's buffers before we return
+        struct drain {
+          buckets_type& b;
+          bool done = false;
+          ~drain() {
+            if (!done) b.abandon();
+          }
+        } guard{buckets};
+        // micro-batches before the last add their gradients without any communication; the
+        // last one's backward completes them and fires the buckets
+        for (std::size_t m = 0; m < micro.size(); ++m) {
+          if (m + 1 == micro.size()) buckets.arm();
+          auto& s = micro[m][k];
+          const std::size_t rows = s.inputs.extent(0);
+          if (rows == 0) continue;
+          const double forward_start = buckets.since_start();
+          std::optional<pdo::detail::timeline_span> forward_span;
+          forward_span.emplace("kernel", "forward", [&] { return std::to_string(rows) + " rows"; });
+          const auto out = (*r.model)(var(s.inputs));
+          const auto loss = loss_(out, s.targets) * (static_cast<T>(rows) / static_cast<T>(global_rows));
+          forward_span.reset();
+          const double forward_end = buckets.since_start();
+          buckets.record("forward", 0, forward_start, forward_end);
+          if constexpr (std::is_integral_v<typename Target::value_type>) correct += count_correct(out.value(), s.targets);
+          local += pdo::detail::scalar_of(loss.value());
+          pdo::backward(loss);
+          buckets.record("backward", 0, forward_end, buckets.since_start());
+        }
+        guard.done = true;
+        buckets.finish();  // parameters without a gradient (no rows here, or unused) send zeros
+      }
+      // the global batch's loss and count of correct predictions, on every place, before any
+      // update: a step whose loss is not finite changes nothing
+      const auto totals = pdo::detail::sum_along<Mesh, 2>(mesh_, dp_axis, p, {static_cast<double>(local), static_cast<double>(correct)});
+      losses[k] = static_cast<T>(totals[0]);
+      corrects[k] = totals[1];
+      if (!std::isfinite(totals[0])) return;
+      const double opt_start = buckets.since_start();
+      if (options_.clip_grad_norm > 0) {
+        // replicated gradients: every place has them all; ZeRO-1 slices: summed over "dp"
+        const auto& updated = r.optimizer->parameters();
+        double squared = grad_squared_norm(updated);
+        if (options_.zero1) squared = pdo::detail::sum_along<Mesh, 1>(mesh_, dp_axis, p, {squared})[0];
+        r.grad_norm = std::sqrt(squared);
+        const double f = clip_factor(r.grad_norm, options_.clip_grad_norm);
+        if (f < 1) scale_grads(updated, f);
+      }
+      if (options_.schedule) r.optimizer->set_lr(options_.schedule(steps_));
+      r.optimizer->step();
+      buckets.record("optimizer", 0, opt_start, buckets.since_start());
+      if (options_.zero1) buckets.gather_slices();
+    });
+    ++steps_;
+    if (!std::isfinite(static_cast<double>(losses[0]))) {
+      if (!options_.skip_nonfinite_steps)
+        throw error("data_parallel::step: step " + std::to_string(steps_) + " (a global batch of " + std::to_string(global_rows) +
+                    " rows on " + mesh_.describe() + "): the loss is " + std::to_string(static_cast<double>(losses[0])) +
+                    "; no parameter was updated. Check the inputs and the learning rate, or skip such steps with "
+                    "data_parallel_options::skip_nonfinite_steps");
+      return losses[0];
+    }
+    last_epoch_correct_ += corrects[0];
+    return losses[0];
+  }
+
+  /// @brief How many rows of `out` have their largest output at their label (read on the host).
+  template <class Label>
+  static std::size_t count_correct(const tensor<T, 2>& out, const tensor<Label, 1>& labels) {
+    if (out.on_gpu() || labels.on_gpu()) return count_correct(to_host(out), to_host(labels));
+    std::size_t c = 0;
+    const std::size_t classes = out.extent(1);
+    for (std::size_t i = 0; i < out.extent(0); ++i) {
+      const T* row = out.data() + i * classes;
+      c += static_cast<std::size_t>(std::max_element(row, row + classes) - row) == static_cast<std::size_t>(labels(i));
+    }
+    return c;
+  }
+  template <class Out, class Y>
+  static std::size_t count_correct(const Out&, const Y&) {
+    return 0;
+  }
+
+  Mesh mesh_;
+  data_parallel_options options_;
+  Loss loss_;
+  std::vector<std::unique_ptr<replica>> replicas_;
+  double last_epoch_correct_ = 0;
+  std::size_t steps_ = 0;   ///< steps taken, skipped ones included
+  std::size_t epochs_ = 0;  ///< epochs fit has trained
+};
+
+/// @brief A data-parallel trainer: `make_model()` builds a replica (it runs on every place,
+/// so use a fixed seed: all replicas must start equal) and `make_optimizer(parameters)`
+/// its optimizer.
+template <class T, class Mesh, class MakeModel, class MakeOptimizer, class Loss = cross_entropy_loss>
+auto make_data_parallel(const Mesh& m, MakeModel make_model, MakeOptimizer make_optimizer, data_parallel_options o = {},
+                        Loss loss = {}) {
+  using model_t = std::invoke_result_t<MakeModel&>;
+  using optimizer_t = std::invoke_result_t<MakeOptimizer&, std::vector<parameter_ref<T>>>;
+  return data_parallel<T, model_t, optimizer_t, Mesh, Loss>(m, std::move(make_model), std::move(make_optimizer), o, loss);
+}
+
+}  // namespace pdo::nn
+#endif  // PDO_SINGLE_PDO_NN_DATA_PARALLEL_HPP
 // ---- pdo/nn/tensor_parallel.hpp
 #ifndef PDO_SINGLE_PDO_NN_TENSOR_PARALLEL_HPP
 #define PDO_SINGLE_PDO_NN_TENSOR_PARALLEL_HPP

@@ -11,12 +11,15 @@
 #include <pdo/nn/buckets.hpp>
 #include <pdo/nn/layers.hpp>
 #include <pdo/nn/losses.hpp>
+#include <pdo/nn/optim.hpp>
 #include <pdo/plan/explain.hpp>
 #include <pdo/plan/plan.hpp>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
@@ -47,6 +50,20 @@ struct data_parallel_options {
   /// and fit leaves it out of the epoch's loss (epoch_stats::skipped_steps counts it). When
   /// false, such a step is a pdo::error naming the step, before any parameter changes.
   bool skip_nonfinite_steps = false;
+  /// @brief At start-up every replica's parameters are overwritten by place 0's (a broadcast
+  /// over the mesh, as PyTorch DDP does), so replicas start equal whatever the factories did.
+  bool broadcast_parameters = true;
+  /// @brief At start-up (after the broadcast, if any), check that every replica's parameters
+  /// equal place 0's, bit for bit: a pdo::error naming the parameter and the place otherwise.
+  /// (check_replicas() does the same at any time.)
+  bool check_replicas = false;
+  /// @brief When positive, the summed gradients are clipped by their global norm before each
+  /// update (clip_grad_norm: scaled by max / (norm + 1e-6) when the norm exceeds it); the norm
+  /// of the last step is last_grad_norm(). Under ZeRO-1 the norm is summed over the slices.
+  double clip_grad_norm = 0;
+  /// @brief When set, the optimizer's learning rate before each update is schedule(steps
+  /// taken before it): step_lr, cosine_lr, or any function of the step.
+  lr_schedule schedule = {};
 };
 
 }  // namespace pdo::nn
@@ -111,6 +128,8 @@ class data_parallel {
       r.place = p;
       r.model.emplace(make_model());
       r.params = parameters_of<T>(*r.model);
+      if (options_.broadcast_parameters) broadcast_from_first(p, r.params);
+      if (options_.check_replicas) check_replicas_on(p, r.params);
       r.buckets = std::make_unique<buckets_type>(mesh_, p, r.params, bucket_options{options_.bucket_bytes, options_.overlap, options_.zero1});
       r.optimizer.emplace(make_optimizer(options_.zero1 ? r.buckets->slices() : r.params));
     });
@@ -120,12 +139,30 @@ class data_parallel {
   /// [B, ...]); returns the mean loss over the global batch. A loss that is not finite is a
   /// pdo::error naming the step, with no parameter updated (or, with
   /// data_parallel_options::skip_nonfinite_steps, returned with no update).
+  ///
+  /// With `micro_batches` > 1 the global batch is cut into that many micro-batches (by the
+  /// chunk rule), each run forward and backward in turn on every place, its gradients added to
+  /// the previous ones without any communication (PyTorch DDP's no_sync); the last one's
+  /// backward syncs the sum in buckets, and one update follows. The result equals one step on
+  /// the whole batch (within rounding), with the activations of one micro-batch at a time.
   template <std::size_t R, class Target>
-  T step(const tensor<T, R>& inputs, const Target& targets) {
+  T step(const tensor<T, R>& inputs, const Target& targets, std::size_t micro_batches = 1) {
     std::vector<std::size_t> order(inputs.extent(0));
     std::iota(order.begin(), order.end(), std::size_t{0});
-    return step_on(shard(inputs, targets, order, 0, inputs.extent(0)), inputs.extent(0));
+    return step_on(cut(inputs, targets, order, 0, inputs.extent(0), micro_batches), inputs.extent(0));
   }
+
+  /// @brief Checks that every replica's parameters equal place 0's, bit for bit (a
+  /// collective: every process calls it). Throws a pdo::error naming the first parameter and
+  /// place that differ, on every place and process.
+  void check_replicas() {
+    pdo::detail::run_on_places("data_parallel::check_replicas", mesh_,
+                               [&](std::size_t p, std::size_t k) { check_replicas_on(p, replicas_[k]->params); });
+  }
+
+  /// @brief The global norm of the summed gradients of the last step, before clipping
+  /// (computed when data_parallel_options::clip_grad_norm is set; 0 otherwise).
+  [[nodiscard]] double last_grad_norm() const { return replicas_.empty() ? 0.0 : replicas_[0]->grad_norm; }
 
   struct epoch_stats {
     std::size_t epoch = 0;
@@ -141,6 +178,9 @@ class data_parallel {
     std::size_t batch_size = 64;  ///< global batch
     std::uint64_t seed = 0;       ///< for the order of the samples in each epoch
     bool shuffle = true;
+    /// @brief Each global batch is run as this many micro-batches whose gradients add up
+    /// before one sync and one update (see step()).
+    std::size_t micro_batches = 1;
   };
 
   /// @brief Trains for `epochs` more epochs over (inputs, targets), in global batches (the
@@ -153,10 +193,11 @@ class data_parallel {
   void fit(const tensor<T, R>& inputs, const Target& targets, fit_options o, OnEpoch&& on_epoch) {
     const std::size_t n = inputs.extent(0);
     if (n == 0 || o.batch_size == 0) throw shape_error("data_parallel::fit: no samples, or a batch size of 0");
+    if (o.micro_batches == 0) throw error("data_parallel::fit: micro_batches must be at least 1");
     std::mt19937_64 gen(o.seed);
     std::vector<std::size_t> order(n);
     std::iota(order.begin(), order.end(), std::size_t{0});
-    using shards_t = decltype(shard(inputs, targets, order, 0, 0));
+    using shards_t = decltype(cut(inputs, targets, order, 0, 0, 1));
     pdo::detail::place_state& copier = *mesh_.place(mesh_.local_places().front()).state();
     if (o.shuffle)  // the orders of the epochs already trained
       for (std::size_t e = 0; e < epochs_; ++e) std::shuffle(order.begin(), order.end(), gen);
@@ -166,17 +207,17 @@ class data_parallel {
       const auto start = std::chrono::steady_clock::now();
       double total = 0;
       std::size_t counted = 0, skipped = 0;
-      auto cut = [&](std::size_t first) {
+      auto prefetch = [&](std::size_t first) {
         const std::size_t rows = std::min(o.batch_size, n - first);
-        return pdo::detail::prefetched<shards_t>(copier, [this, &inputs, &targets, &order, first, rows] {
-          return shard(inputs, targets, order, first, rows);
+        return pdo::detail::prefetched<shards_t>(copier, [this, &inputs, &targets, &order, first, rows, micro = o.micro_batches] {
+          return cut(inputs, targets, order, first, rows, micro);
         });
       };
-      auto next = cut(0);
+      auto next = prefetch(0);
       for (std::size_t first = 0; first < n; first += o.batch_size) {
         auto current = next.get();
         const std::size_t rows = std::min(o.batch_size, n - first);
-        if (first + rows < n) next = cut(first + rows);
+        if (first + rows < n) next = prefetch(first + rows);
         const T loss = step_on(std::move(current), rows);
         if (std::isfinite(static_cast<double>(loss))) {
           total += static_cast<double>(loss) * static_cast<double>(rows);
@@ -288,7 +329,60 @@ class data_parallel {
     std::vector<parameter_ref<T>> params;
     std::unique_ptr<buckets_type> buckets;
     std::optional<Optimizer> optimizer;  ///< declared after the buckets: under ZeRO-1 it updates their slices
+    double grad_norm = 0;                ///< of the last step's summed gradients, when clipping
   };
+
+  /// @brief Place 0's parameter values into `params`, place p's (a broadcast over the mesh).
+  void broadcast_from_first(std::size_t p, const std::vector<parameter_ref<T>>& params) const {
+    const mesh_communicator comm = communicator_of(mesh_, p);
+    for (const auto& param : params) comm.broadcast(param.value(), 0);
+  }
+
+  /// @brief Compares place p's `params` with place 0's (broadcast into a scratch buffer) and
+  /// agrees with every place on the first difference: every place throws the same error.
+  void check_replicas_on(std::size_t p, const std::vector<parameter_ref<T>>& params) const {
+    const mesh_communicator comm = communicator_of(mesh_, p);
+    std::array<double, 2> found{-1, -1};  // parameter, element
+    // every place takes part in every broadcast (place 0 finds no difference with itself)
+    for (std::size_t j = 0; j < params.size(); ++j) {
+      const std::span<T> mine = params[j].value();
+      tensor<T, 1> theirs(shape_t<1>{mine.size()}, mesh_.place(p), pdo::detail::uninitialized);
+      if (p == 0) pdo::detail::copy_bytes(theirs.where(), theirs.data(), theirs.where(), mine.data(), mine.size_bytes());
+      comm.broadcast(theirs.span(), 0);
+      const auto host_theirs = to_host(theirs);
+      std::vector<T> host_mine(mine.size());
+      pdo::detail::copy_bytes(nullptr, host_mine.data(), theirs.where(), mine.data(), mine.size_bytes());
+      for (std::size_t i = 0; i < mine.size() && found[0] < 0; ++i)
+        if (std::memcmp(&host_mine[i], host_theirs.data() + i, sizeof(T)) != 0) {
+          found = {static_cast<double>(j), static_cast<double>(i)};
+          break;
+        }
+    }
+    // every place learns every place's finding: all throw the first one's
+    std::vector<double> all(mesh_.size() * 2);
+    host_communicator_of(mesh_, p).all_gather(std::span<const double>(found.data(), 2), std::span<double>(all));
+    for (std::size_t q = 0; q < mesh_.size(); ++q) {
+      if (all[2 * q] < 0) continue;
+      const auto& param = params[static_cast<std::size_t>(all[2 * q])];
+      throw error("data_parallel: the replicas differ: parameter " + param.name() + " " + param.shape_text() + " on place " +
+                  mesh_.place(q).name() + " differs from place " + mesh_.place(0).name() + "'s at element " +
+                  std::to_string(static_cast<std::size_t>(all[2 * q + 1])) +
+                  " (the model factory must build equal replicas, or leave data_parallel_options::broadcast_parameters on)");
+    }
+  }
+
+  /// @brief Rows order[first, first + rows) of the data, cut into `micro` micro-batches (the
+  /// chunk rule), each into one shard per place of this process.
+  template <std::size_t R, class Target>
+  std::vector<std::vector<batch_shard<T, R, Target>>> cut(const tensor<T, R>& inputs, const Target& targets,
+                                                          const std::vector<std::size_t>& order, std::size_t first, std::size_t rows,
+                                                          std::size_t micro) const {
+    if (micro == 0) throw error("data_parallel::step: micro_batches must be at least 1");
+    std::vector<std::vector<batch_shard<T, R, Target>>> out;
+    for (std::size_t m = 0; m < micro; ++m)
+      out.push_back(shard(inputs, targets, order, first + pdo::detail::chunk_offset(rows, micro, m), pdo::detail::chunk_size(rows, micro, m)));
+    return out;
+  }
 
   /// @brief Rows order[first, first + rows) of the data, cut into one shard per place of
   /// this process (in that place's memory).
@@ -309,18 +403,15 @@ class data_parallel {
   }
 
   template <std::size_t R, class Target>
-  T step_on(std::vector<batch_shard<T, R, Target>> shards, std::size_t global_rows) {
+  T step_on(std::vector<std::vector<batch_shard<T, R, Target>>> micro, std::size_t global_rows) {
     std::vector<T> losses(replicas_.size());
     std::vector<double> corrects(replicas_.size());
     pdo::detail::run_on_places("data_parallel::step", mesh_, [&](std::size_t p, std::size_t k) {
       replica& r = *replicas_[k];
       buckets_type& buckets = *r.buckets;
-      auto& s = shards[k];
       buckets.begin_step();
-      buckets.arm();
       T local{};
       std::size_t correct = 0;
-      const std::size_t rows = s.inputs.extent(0);
       {
         // whatever happens, the communication lane is done with this step's buffers before we return
         struct drain {
@@ -330,16 +421,23 @@ class data_parallel {
             if (!done) b.abandon();
           }
         } guard{buckets};
-        if (rows > 0) {
+        // micro-batches before the last add their gradients without any communication; the
+        // last one's backward completes them and fires the buckets
+        for (std::size_t m = 0; m < micro.size(); ++m) {
+          if (m + 1 == micro.size()) buckets.arm();
+          auto& s = micro[m][k];
+          const std::size_t rows = s.inputs.extent(0);
+          if (rows == 0) continue;
+          const double forward_start = buckets.since_start();
           std::optional<pdo::detail::timeline_span> forward_span;
           forward_span.emplace("kernel", "forward", [&] { return std::to_string(rows) + " rows"; });
           const auto out = (*r.model)(var(s.inputs));
           const auto loss = loss_(out, s.targets) * (static_cast<T>(rows) / static_cast<T>(global_rows));
           forward_span.reset();
           const double forward_end = buckets.since_start();
-          buckets.record("forward", 0, 0, forward_end);
-          if constexpr (std::is_integral_v<typename Target::value_type>) correct = count_correct(out.value(), s.targets);
-          local = pdo::detail::scalar_of(loss.value());
+          buckets.record("forward", 0, forward_start, forward_end);
+          if constexpr (std::is_integral_v<typename Target::value_type>) correct += count_correct(out.value(), s.targets);
+          local += pdo::detail::scalar_of(loss.value());
           pdo::backward(loss);
           buckets.record("backward", 0, forward_end, buckets.since_start());
         }
@@ -353,6 +451,16 @@ class data_parallel {
       corrects[k] = totals[1];
       if (!std::isfinite(totals[0])) return;
       const double opt_start = buckets.since_start();
+      if (options_.clip_grad_norm > 0) {
+        // replicated gradients: every place has them all; ZeRO-1 slices: summed over "dp"
+        const auto& updated = r.optimizer->parameters();
+        double squared = grad_squared_norm(updated);
+        if (options_.zero1) squared = pdo::detail::sum_along<Mesh, 1>(mesh_, dp_axis, p, {squared})[0];
+        r.grad_norm = std::sqrt(squared);
+        const double f = clip_factor(r.grad_norm, options_.clip_grad_norm);
+        if (f < 1) scale_grads(updated, f);
+      }
+      if (options_.schedule) r.optimizer->set_lr(options_.schedule(steps_));
       r.optimizer->step();
       buckets.record("optimizer", 0, opt_start, buckets.since_start());
       if (options_.zero1) buckets.gather_slices();

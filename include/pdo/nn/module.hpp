@@ -62,6 +62,11 @@ class parameter_ref {
   /// @brief A local parameter's gradient, zero-filled first if there is none (a place with
   /// no samples still takes part in the gradient all_reduce).
   [[nodiscard]] std::span<T> grad_or_zeros() const { return impl_->grad_or_zeros(); }
+  /// @brief The sum of the squares of the gradient's elements, over the whole parameter:
+  /// a dtensor's over all its shards on every process, each element counted once whatever
+  /// the layout (replicated blocks are not counted twice). 0 without a gradient. For a
+  /// dtensor this is a collective: every process calls it.
+  [[nodiscard]] double grad_squared_norm() const { return impl_->grad_squared_norm(); }
   void zero_grad() const { impl_->zero_grad(); }
   void on_gradient(std::function<void()> f) const { impl_->on_gradient(std::move(f)); }
   /// @brief "f32[16, 8]" for a local parameter, "f32[16, 8]{split<tp>, replicate} on mesh(tp=2)" for a dtensor.
@@ -121,6 +126,7 @@ class parameter_ref {
     virtual std::vector<detail::place_state*> block_places() = 0;
     virtual std::vector<tensor<T, 1>> zero_state() = 0;
     virtual std::span<T> grad_or_zeros() = 0;
+    virtual double grad_squared_norm() = 0;
     virtual void zero_grad() = 0;
     virtual void on_gradient(std::function<void()> f) = 0;
     virtual std::string shape_text() = 0;
@@ -173,6 +179,11 @@ class parameter_ref {
         if (!v.has_grad()) v.node()->grad.emplace(v.shape());
         return v.grad().span();
       }
+    }
+    double grad_squared_norm() override {
+      if (!v.has_grad()) return 0;
+      const auto& g = v.grad();
+      return static_cast<double>(detail::scalar_of(pdo::eval(pdo::sum(g * g))));
     }
     void zero_grad() override { v.zero_grad(); }
     void on_gradient(std::function<void()> f) override { v.on_gradient(std::move(f)); }

@@ -1,6 +1,7 @@
-// pdo/nn/optim.hpp: SGD (momentum, weight decay) and Adam / AdamW, with PyTorch's update rules.
-// Each optimizer updates the parameters it was given, in place, on the cores of the place
-// whose thread calls step(): under data parallelism every place steps its own copy.
+// pdo/nn/optim.hpp: SGD (momentum, weight decay) and Adam / AdamW, with PyTorch's update rules;
+// gradient clipping by global norm; learning-rate schedules. Each optimizer updates the
+// parameters it was given, in place, on the cores of the place whose thread calls step():
+// under data parallelism every place steps its own copy.
 #pragma once
 
 #include <pdo/core/config.hpp>
@@ -10,7 +11,9 @@
 #include <cmath>
 #include <concepts>
 #include <cstddef>
+#include <functional>
 #include <memory>
+#include <numbers>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -56,9 +59,93 @@ struct adam_update {
   }
 };
 
+/// @brief g[i] *= factor (a gradient clipped by its global norm).
+template <class T>
+struct scale_update {
+  T* g;
+  T factor;
+  PDO_HD void operator()(std::size_t i) const { g[i] = g[i] * factor; }
+};
+
 }  // namespace pdo::detail
 
 namespace pdo::nn {
+
+/// @brief The squared norm of the gradients of `params`, over every element of every
+/// parameter counted once whatever its layout (see parameter_ref::grad_squared_norm).
+template <class T>
+double grad_squared_norm(const std::vector<parameter_ref<T>>& params) {
+  double sum = 0;
+  for (const auto& p : params) sum += p.grad_squared_norm();
+  return sum;
+}
+
+/// @brief Multiplies every local block of the gradients of `params` by `factor`.
+template <class T>
+void scale_grads(const std::vector<parameter_ref<T>>& params, double factor) {
+  for (const auto& p : params) {
+    const auto grads = p.grad_blocks();
+    const auto places = p.block_places();
+    for (std::size_t k = 0; k < grads.size(); ++k)
+      pdo::detail::for_each_index(places[k], grads[k].size(), pdo::detail::scale_update<T>{grads[k].data(), static_cast<T>(factor)});
+  }
+}
+
+/// @brief The factor clip_grad_norm scales gradients of global norm `norm` by (PyTorch's
+/// rule): max_norm / (norm + 1e-6) when that is below 1, else 1 (and 1 when the norm is not
+/// finite: such gradients are left as they are, for the caller to see).
+inline double clip_factor(double norm, double max_norm) {
+  if (!std::isfinite(norm)) return 1;
+  const double f = max_norm / (norm + 1e-6);
+  return f < 1 ? f : 1;
+}
+
+/// @brief Clips the gradients of `params` by their global norm, as
+/// torch.nn.utils.clip_grad_norm_: the norm is taken over every element of every parameter
+/// (a dtensor's over all its shards, on every process, each element counted once whatever
+/// its layout), and when it exceeds `max_norm` every gradient is scaled by
+/// max_norm / (norm + 1e-6). Returns the norm before clipping. Over several processes, every
+/// process calls it with the same parameters.
+template <class T>
+double clip_grad_norm(const std::vector<parameter_ref<T>>& params, double max_norm) {
+  if (!(max_norm > 0) || !std::isfinite(max_norm))
+    throw error("clip_grad_norm: max_norm must be positive and finite, not " + std::to_string(max_norm));
+  const double norm = std::sqrt(grad_squared_norm(params));
+  const double f = clip_factor(norm, max_norm);
+  if (f < 1) scale_grads(params, f);
+  return norm;
+}
+
+/// @brief A learning rate for each optimizer step, given the number of steps taken before it
+/// (0 for the first). A trainer with a schedule sets its optimizer's rate from it before
+/// every update; since it depends on the step count only, a run resumed from a checkpoint
+/// follows it as if it had not stopped.
+using lr_schedule = std::function<double(std::size_t step)>;
+
+/// @brief `lr` at every step.
+inline lr_schedule constant_lr(double lr) {
+  return [lr](std::size_t) { return lr; };
+}
+
+/// @brief PyTorch's StepLR, counted in steps: lr * gamma^floor(step / step_size).
+inline lr_schedule step_lr(double lr, std::size_t step_size, double gamma = 0.1) {
+  if (step_size == 0) throw error("step_lr: step_size must be at least 1");
+  return [=](std::size_t step) { return lr * std::pow(gamma, static_cast<double>(step / step_size)); };
+}
+
+/// @brief Linear warm-up, then cosine decay: lr * (step + 1) / warmup_steps for the first
+/// warmup_steps steps; then min_lr + (lr - min_lr) * (1 + cos(pi * (step - warmup_steps) /
+/// (total_steps - warmup_steps))) / 2 until total_steps; min_lr after.
+inline lr_schedule cosine_lr(double lr, std::size_t warmup_steps, std::size_t total_steps, double min_lr = 0) {
+  if (warmup_steps > total_steps)
+    throw error("cosine_lr: " + std::to_string(warmup_steps) + " warm-up steps exceed the " + std::to_string(total_steps) + " steps in all");
+  return [=](std::size_t step) {
+    if (step < warmup_steps) return lr * static_cast<double>(step + 1) / static_cast<double>(warmup_steps);
+    if (step >= total_steps) return min_lr;
+    const double progress = static_cast<double>(step - warmup_steps) / static_cast<double>(total_steps - warmup_steps);
+    return min_lr + (lr - min_lr) * 0.5 * (1 + std::cos(std::numbers::pi * progress));
+  };
+}
 
 /// @brief What every optimizer has: the parameters it updates.
 template <class T>
