@@ -3,6 +3,7 @@
 // failures that cancel what depends on them. Also run under ThreadSanitizer.
 #include "support.hpp"
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <chrono>
@@ -147,6 +148,49 @@ TEST_CASE("an evaluation that needs a failed one is cancelled with its error; th
   CHECK(pdo_test::close(pdo::gather(independent.get()), pdo::eval(pdo::exp(h)), 1e-15));
   const auto next = pdo::eval(pdo::sum<0>(x * 2.0));
   CHECK(pdo_test::close(pdo::gather(next), pdo::eval(pdo::sum<0>(h * 2.0)), 1e-14));
+}
+
+TEST_CASE("an evaluation runs its plan's steps as tasks: kernels on compute lanes, collectives on communication lanes",
+          "[engine][plan]") {
+  for (std::size_t n : {2, 3}) {
+    INFO(n << " places");
+    const auto mesh = pdo_test::line_mesh(n);
+    const auto a = pdo_test::random_tensor<double, 2>({5, 7}, 11), w = pdo_test::random_tensor<double, 2>({7, 3}, 12);
+    const auto x = pdo::distribute<pdo::layout<replicate, split<"x">>>(mesh, a);
+    const auto wd = pdo::distribute<pdo::layout<split<"x">, replicate>>(mesh, w);
+    // matmul over a split K is partial over "x"; relu needs the sum first: kernel, all_reduce, kernel
+    auto expr = pdo::relu(pdo::matmul(x, wd));
+    constexpr auto plan = pdo::plan_of<decltype(expr)>();
+    STATIC_REQUIRE(plan.size == 3);
+    STATIC_REQUIRE(plan.count(pdo::step_kind::all_reduce) == 1);
+    pdo::trace::start();
+    const auto y = pdo::eval(expr);
+    pdo::trace::stop();
+    CHECK(pdo_test::close(pdo::gather(y), pdo::eval(pdo::relu(pdo::matmul(a, w))), 1e-12));
+    const auto events = pdo::detail::trace_recorder::instance().events();
+    for (std::size_t p = 0; p < n; ++p) {
+      const std::string place = mesh.place(p).name();
+      const pdo::detail::timeline_event *product = nullptr, *sum = nullptr, *activation = nullptr;
+      for (const auto& e : events) {
+        if (e.id == 0 || e.track->place != place) continue;
+        if (e.name == "matmul") product = &e;
+        else if (e.name == "relu" && std::string(e.category) == "collective") sum = &e;
+        else if (e.name == "relu") activation = &e;
+      }
+      REQUIRE(product != nullptr);
+      REQUIRE(sum != nullptr);
+      REQUIRE(activation != nullptr);
+      CHECK(product->track->lane == "compute");
+      CHECK(sum->track->lane == "communication");
+      CHECK(activation->track->lane == "compute");
+      CHECK_THAT(sum->detail, Catch::Contains("all_reduce over x") && Catch::Contains("bytes sent per place"));
+      // each step started after the one whose block it reads ended (in the plan's order)
+      CHECK(product->id < sum->id);
+      CHECK(sum->id < activation->id);
+      CHECK(sum->start >= product->end);
+      CHECK(activation->start >= sum->end);
+    }
+  }
 }
 
 namespace {

@@ -5058,6 +5058,8 @@ struct batch_options {
   /// this process). The operations on a mesh follow each other whole (engine's after_all),
   /// so no task of a later one is inside a collective then.
   bool closing = false;
+  /// @brief The lane of each place the tasks run on.
+  lane_kind lane = lane_kind::compute;
 };
 
 /// @brief The tasks of one mesh-wide operation, one per place of this process, and how they ended.
@@ -5109,7 +5111,7 @@ inline void check_not_nested(const char* op) {
 }
 
 /// @brief Submits `task(place_index, local_ordinal)` for every place of `m` in this process,
-/// on its compute lane, reading and writing what `access_of(place_index, local_ordinal)`
+/// on its lane `o.lane`, reading and writing what `access_of(place_index, local_ordinal)`
 /// says, and returns without waiting.
 /// `describe()` gives the trace's detail (called only while the timeline records).
 template <class Mesh, class Task, class Access = no_access, class Describe = std::nullptr_t>
@@ -5128,7 +5130,7 @@ std::shared_ptr<place_batch> submit_on_places(const Mesh& m, Task task, batch_op
   const bool communicate = o.communicate, closing = o.closing;
   for (std::size_t k = 0; k < local.size(); ++k) {
     task_request& r = requests[k];
-    r.home = &lane_of(*m.place(local[k]).state());
+    r.home = &lane_of(*m.place(local[k]).state(), o.lane);
     r.op = o.op;
     r.category = o.category;
     r.detail = detail;
@@ -5209,20 +5211,27 @@ void spmd(const Mesh& m, Task&& task) {
 
 }  // namespace pdo
 #endif  // PDO_SINGLE_PDO_EXEC_RUN_ON_PLACES_HPP
-// ---- pdo/expr/operators.hpp
-#ifndef PDO_SINGLE_PDO_EXPR_OPERATORS_HPP
-#define PDO_SINGLE_PDO_EXPR_OPERATORS_HPP
-// pdo/expr/operators.hpp: the functions and operators that build expressions.
+// ---- pdo/exec/run_plan.hpp
+#ifndef PDO_SINGLE_PDO_EXEC_RUN_PLAN_HPP
+#define PDO_SINGLE_PDO_EXEC_RUN_PLAN_HPP
+// pdo/exec/run_plan.hpp: evaluation runs the plan. The steps of plan_of<E>() (kernels,
+// redistributions of operands, combines) are executed in the plan's order, each by the
+// code its step names: a local evaluation runs them one after the other on the calling
+// thread; a distributed one submits each step to the engine as a task on every place (a
+// kernel on the compute lane, a collective on the communication lane), ordered by the
+// buffers it reads and writes.
 
-// ---- pdo/expr/elementwise.hpp
-#ifndef PDO_SINGLE_PDO_EXPR_ELEMENTWISE_HPP
-#define PDO_SINGLE_PDO_EXPR_ELEMENTWISE_HPP
-// pdo/expr/elementwise.hpp: elementwise nodes; a chain of them runs as one fused kernel.
+// ---- pdo/plan/plan.hpp
+#ifndef PDO_SINGLE_PDO_PLAN_PLAN_HPP
+#define PDO_SINGLE_PDO_PLAN_PLAN_HPP
+// pdo/plan/plan.hpp: the plan of an expression, computed from its type at compile time.
 
 // ---- pdo/expr/expression.hpp
 #ifndef PDO_SINGLE_PDO_EXPR_EXPRESSION_HPP
 #define PDO_SINGLE_PDO_EXPR_EXPRESSION_HPP
-// pdo/expr/expression.hpp: what every expression node has, the leaves, and where a node is evaluated.
+// pdo/expr/expression.hpp: what every expression node has, and the leaves. How a plan of nodes
+// runs is exec's (pdo/exec/run_plan.hpp): a node's kernel reads its operands through the
+// context it is given.
 
 // ---- pdo/kernels/place_system.hpp
 #ifndef PDO_SINGLE_PDO_KERNELS_PLACE_SYSTEM_HPP
@@ -6274,6 +6283,7 @@ inline std::string describe(const redistribute_plan& plan) {
 // pdo/plan/step.hpp: one step of an expression's plan, and the record of the steps evaluation runs.
 
 
+#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <mutex>
@@ -6321,7 +6331,9 @@ constexpr bool same_work(const plan_step& a, const plan_step& b) {
 namespace detail {
 
 /// @brief The steps evaluation ran, per place (a local evaluation is place 0), while a
-/// recorder is installed: what a test compares with plan_of, step for step.
+/// recorder is installed: what a test compares with plan_of, step for step. Each is recorded
+/// by the code that ran it, with the index of the plan step it ran: steps that do not depend
+/// on each other may run at once on a place's lanes, and are listed in the plan's order.
 class step_recorder {
  public:
   step_recorder() { active().store(this, std::memory_order_release); }
@@ -6329,30 +6341,40 @@ class step_recorder {
   step_recorder(const step_recorder&) = delete;
   step_recorder& operator=(const step_recorder&) = delete;
 
-  /// @brief The steps place `place` ran, in the order it ran them.
+  /// @brief The steps place `place` ran, in the order of their index in the plan (a
+  /// recorder watches one evaluation).
   [[nodiscard]] std::vector<plan_step> of(std::size_t place) const {
     std::lock_guard lock(mutex_);
-    return place < steps_.size() ? steps_[place] : std::vector<plan_step>{};
+    std::vector<plan_step> out;
+    if (place >= steps_.size()) return out;
+    auto ran = steps_[place];
+    std::stable_sort(ran.begin(), ran.end(), [](const entry& a, const entry& b) { return a.index < b.index; });
+    for (const auto& e : ran) out.push_back(e.step);
+    return out;
   }
   /// @brief Whether a recorder is installed: evaluation builds the steps it records only then.
   [[nodiscard]] static bool on() { return active().load(std::memory_order_acquire) != nullptr; }
 
-  /// @brief Records `s` as run on `place`, if a recorder is installed.
-  static void record(std::size_t place, const plan_step& s) {
+  /// @brief Records `s`, step `index` of its plan, as run on `place`, if a recorder is installed.
+  static void record(std::size_t place, std::size_t index, const plan_step& s) {
     step_recorder* r = active().load(std::memory_order_acquire);
     if (r == nullptr) return;
     std::lock_guard lock(r->mutex_);
     if (r->steps_.size() <= place) r->steps_.resize(place + 1);
-    r->steps_[place].push_back(s);
+    r->steps_[place].push_back({index, s});
   }
 
  private:
+  struct entry {
+    std::size_t index = 0;
+    plan_step step;
+  };
   static std::atomic<step_recorder*>& active() {
     static std::atomic<step_recorder*> current{nullptr};
     return current;
   }
   mutable std::mutex mutex_;
-  std::vector<std::vector<plan_step>> steps_;
+  std::vector<std::vector<entry>> steps_;
 };
 
 }  // namespace detail
@@ -7282,63 +7304,14 @@ namespace pdo {
 
 /// @brief An expression node: a lazy value that pdo::eval materializes. Nodes opt in
 /// with `using expression_tag = void;` and describe themselves with `value_type`, `rank`,
-/// `distributed`, `mesh_type`, `name`, `rule` (the planner's op_rule), `shape()`,
-/// `run(context, out)` and their children.
+/// `distributed`, `mesh_type`, `name`, `rule` (the planner's op_rule), `shape()`, their
+/// children and, for ops, `kernel(context, out)`: the op's local kernel, which reads operand
+/// I as a block through `context.template operand<I>()` (or, fused into it, through
+/// `context.template fused<I>()`) and writes `out`, this place's block of the result.
 template <class E>
 concept tensor_expression = requires { typename std::remove_cvref_t<E>::expression_tag; };
 
 namespace detail {
-
-/// @brief Where a local expression runs: the calling thread, on the cores of its place (or
-/// its GPU). With `host_loops`, on the calling thread as plain host loops, the result in host
-/// memory: for operands in host memory while the calling thread drives a GPU.
-struct local_context {
-  static constexpr bool distributed = false;
-  local_context() = default;
-  explicit local_context(bool host_loops) : on_host(host_loops) {
-    if (host_loops) system = place_system{};
-  }
-  bool on_host = false;
-  place_system system = current_place_system();
-  std::vector<std::shared_ptr<void>> keep;  ///< temporaries the kernels read
-
-  template <std::size_t Rank>
-  shape_t<Rank> local_shape(const layout_value&, const shape_t<Rank>& global) const {
-    return global;
-  }
-  template <std::size_t Rank>
-  shape_t<Rank> local_offset(const layout_value&, const shape_t<Rank>&) const {
-    return {};
-  }
-  template <class T, std::size_t Rank>
-  tensor<T, Rank> allocate(const shape_t<Rank>& shape) const {
-    return on_host ? tensor<T, Rank>::on_host(shape) : tensor<T, Rank>(shape, uninitialized);
-  }
-};
-
-/// @brief Where a distributed expression runs on one place: place `p` of mesh `m`.
-template <class Mesh>
-struct mesh_context {
-  static constexpr bool distributed = true;
-  mesh_context(const Mesh& mesh, std::size_t place) : m(mesh), p(place) {}
-  const Mesh& m;
-  std::size_t p;
-  place_system system = current_place_system();
-  std::vector<std::shared_ptr<void>> keep;
-
-  template <std::size_t Rank>
-  shape_t<Rank> local_shape(const layout_value& v, const shape_t<Rank>& global) const {
-    return shard_shape(m, v, global, p);
-  }
-  template <std::size_t Rank>
-  shape_t<Rank> local_offset(const layout_value& v, const shape_t<Rank>& global) const {
-    return shard_offset(m, v, global, p);
-  }
-  template <class T, std::size_t Rank>
-  tensor<T, Rank> allocate(const shape_t<Rank>& shape) const {
-    return tensor<T, Rank>(shape, m.place(p), uninitialized);
-  }
-};
 
 /// @brief A place's block of an operand, ready for a kernel: its local data, local
 /// extents, and where the block starts in the operand's global shape.
@@ -7394,7 +7367,7 @@ struct common_value<First, Rest...> : common_value<Rest...> {};
 
 /// @brief What every op node has: its operands (`children()`), the mesh type they live
 /// on, and whether the op is distributed. Ops derive from it and add `value_type`,
-/// `rank`, `name`, `elementwise`, the planner's `rule`, `shape()` and `run(ctx, out)`.
+/// `rank`, `name`, `elementwise`, the planner's `rule`, `shape()` and `kernel(ctx, out)`.
 template <class... Children>
 class op_node {
   using traits = operand_traits<Children...>;
@@ -7442,10 +7415,6 @@ class tensor_leaf {
   [[nodiscard]] const tensor<T, Rank>& shard(const Ctx&) const {
     return *t_;
   }
-  template <class Ctx>
-  void run(Ctx&, tensor<T, Rank>& out) const {
-    detail::copy_bytes(out.where(), out.data(), t_->where(), t_->data(), out.bytes());
-  }
 
  private:
   std::shared_ptr<const tensor<T, Rank>> owned_;
@@ -7478,11 +7447,7 @@ class dtensor_leaf {
   [[nodiscard]] const DTensor& value() const { return *t_; }
   template <class Ctx>
   [[nodiscard]] const tensor<value_type, rank>& shard(const Ctx& ctx) const {
-    return t_->shard(ctx.p);
-  }
-  template <class Ctx>
-  void run(Ctx& ctx, tensor<value_type, rank>& out) const {
-    detail::copy_bytes(out.where(), out.data(), shard(ctx).where(), shard(ctx).data(), out.bytes());
+    return t_->shard(ctx.p);  // the context of a place of the dtensor's mesh
   }
 
  private:
@@ -7621,107 +7586,703 @@ inline constexpr bool fuses_child = [] {
   else return Node::elementwise && child_t::elementwise && (!Node::distributed || operand_plan_v<Node, I>.size == 0);
 }();
 
-/// @brief The place of `ctx` in the record of executed steps (a local evaluation is place 0).
-template <class Ctx>
-std::size_t recorded_place(const Ctx& ctx) {
-  if constexpr (Ctx::distributed) return ctx.p;
-  else return 0;
-}
-
-/// @brief Records the kernel of `Node` as run on the context's place (fused: inside the
-/// kernel of the node that reads it).
-template <class Node, class Ctx>
-void record_kernel(const Ctx& ctx, bool fused) {
-  if (!step_recorder::on()) return;
-  plan_step s{plan_step_kind::kernel, Node::name};
-  s.fused = fused;
-  s.layout = Node::rule.out;
-  step_recorder::record(recorded_place(ctx), s);
-}
-
-/// @brief Combines `out` (this place's result) by max over the mesh axes the rule names.
-template <class Node, class Ctx, class T, std::size_t Rank>
-void combine_max(Ctx& ctx, tensor<T, Rank>& out) {
-  if constexpr (Ctx::distributed) {
-    using mesh_t = std::remove_cvref_t<decltype(ctx.m)>;
-    for (std::size_t i = 0; i < Node::rule.npost_max; ++i) {
-      communicator_along(ctx.m, mesh_t::axis_index(Node::rule.post_max[i]), ctx.p).all_reduce(out.span(), reduce_op::max);
-      if (!step_recorder::on()) continue;
-      plan_step s{plan_step_kind::combine_max, Node::name};
-      s.move.kind = step_kind::all_reduce;
-      s.move.axis = Node::rule.post_max[i];
-      s.move.before = s.move.after = Node::rule.out;
-      step_recorder::record(ctx.p, s);
-    }
-  }
-}
-
-/// @brief Runs `node` on the context's place into `out`: its operands' steps and its kernel
-/// (`run`), then the combines its rule calls for, in the order of its plan.
-template <class Node, class Ctx>
-void run_node(const Node& node, Ctx& ctx, tensor<typename Node::value_type, Node::rank>& out) {
-  node.run(ctx, out);
-  if constexpr (!Node::is_leaf) {
-    record_kernel<Node>(ctx, false);
-    combine_max<Node>(ctx, out);
-  }
-}
-
-/// @brief Evaluates `node` on the context's place into a new tensor (its local block).
-/// The temporaries the node's kernel read are released when it is done.
-template <class Node, class Ctx>
-tensor<typename Node::value_type, Node::rank> materialize(const Node& node, Ctx& ctx) {
-  checked_volume(node.shape(), Node::name, sizeof(typename Node::value_type));
-  auto out = ctx.template allocate<typename Node::value_type>(ctx.local_shape(Node::rule.out, node.shape()));
-  const std::size_t held = ctx.keep.size();
-  run_node(node, ctx, out);
-  ctx.keep.resize(held);
-  return out;
-}
-
-/// @brief Child `I` of `node` as the node's kernel needs it on the context's place:
-/// evaluated, and redistributed to the layout the planner chose for it. A leaf that
-/// needs no redistribution is read where it is.
-template <std::size_t I, class Node, class Ctx>
-auto operand_block(const Node& node, Ctx& ctx) {
-  const auto& c = std::get<I>(node.children());
-  using child_t = std::remove_cvref_t<decltype(c)>;
-  using T = typename child_t::value_type;
-  constexpr std::size_t r = child_t::rank;
-  constexpr layout_value target = Node::rule.operands[I];
-  block_view<T, r> view;
-  view.global = c.shape();
-  view.offset = ctx.local_offset(target, c.shape());
-  constexpr bool moves = Ctx::distributed && operand_plan_v<Node, I>.size > 0;
-  if constexpr (!moves && child_t::is_leaf) {
-    const auto& shard = c.shard(ctx);
-    view.data = shard.data();
-    view.shape = shard.shape();
-  } else {
-    tensor<T, r> t = [&] {
-      if constexpr (child_t::is_leaf) return tensor<T, r>(c.shard(ctx));
-      else return materialize(c, ctx);
-    }();
-    if constexpr (moves) {
-      t = apply_plan<operand_plan_v<Node, I>>(ctx.m, c.shape(), ctx.p, std::move(t));
-      if (step_recorder::on())
-        for (const auto& step : operand_plan_v<Node, I>) {
-          plan_step s{plan_step_kind::redistribute, Node::name, 0, I};
-          s.move = step;
-          step_recorder::record(ctx.p, s);
-        }
-    }
-    auto held = std::make_shared<tensor<T, r>>(std::move(t));
-    view.data = held->data();
-    view.shape = held->shape();
-    ctx.keep.push_back(std::move(held));
-  }
-  return view;
-}
-
 }  // namespace detail
 }  // namespace pdo
 #endif  // PDO_SINGLE_PDO_EXPR_EXPRESSION_HPP
+// ---- pdo/layout/layout_type.hpp
+#ifndef PDO_SINGLE_PDO_LAYOUT_LAYOUT_TYPE_HPP
+#define PDO_SINGLE_PDO_LAYOUT_LAYOUT_TYPE_HPP
+// pdo/layout/layout_type.hpp: a layout computed as a value turned back into a layout type of a mesh.
+
+
+#include <array>
+#include <cstddef>
+#include <type_traits>
+#include <utility>
+
+namespace pdo::detail {
+
+template <class Mesh, std::size_t Axis>
+constexpr auto dim_spec_of() {
+  if constexpr (Axis == Mesh::ndim) return std::type_identity<replicate>{};
+  else return std::type_identity<split<Mesh::template axis_string<Axis>>>{};
+}
+
+/// @brief Builds the layout type of `Value::value` from the mesh axis numbers of its
+/// entries (the mesh's rank where a dim is replicated).
+template <class Mesh, class Value>
+struct layout_type_builder {
+  static constexpr layout_value v = Value::value;
+  static constexpr std::array<std::size_t, max_rank> dims = [] {
+    std::array<std::size_t, max_rank> a{};
+    for (std::size_t d = 0; d < v.rank; ++d) a[d] = v.dim_axis[d].empty() ? Mesh::ndim : Mesh::axis_index(v.dim_axis[d]);
+    return a;
+  }();
+  static constexpr std::array<std::size_t, max_axes> partial = [] {
+    std::array<std::size_t, max_axes> a{};
+    for (std::size_t i = 0; i < v.npartial; ++i) a[i] = Mesh::axis_index(v.partial[i]);
+    return a;
+  }();
+
+  template <std::size_t... D, std::size_t... P>
+  static constexpr auto make(std::index_sequence<D...>, std::index_sequence<P...>) {
+    using base = layout<typename decltype(dim_spec_of<Mesh, dims[D]>())::type...>;
+    if constexpr (sizeof...(P) == 0) return std::type_identity<base>{};
+    else return std::type_identity<typename base::template partial<Mesh::template axis_string<partial[P]>...>>{};
+  }
+  using type = typename decltype(make(std::make_index_sequence<v.rank>{}, std::make_index_sequence<v.npartial>{}))::type;
+};
+
+/// @brief The layout type, on mesh type `Mesh`, of the constexpr layout_value `Value::value`
+/// (the planner computes layouts as values; dtensor types need them as types).
+template <class Mesh, class Value>
+using layout_type_t = typename layout_type_builder<Mesh, Value>::type;
+
+}  // namespace pdo::detail
+#endif  // PDO_SINGLE_PDO_LAYOUT_LAYOUT_TYPE_HPP
+
+#include <array>
+#include <cstddef>
+#include <string_view>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+
+namespace pdo {
+
+/// @brief The plan of an expression: its steps in order. A value: usable in
+/// static_assert (`pdo::plan_of<E>().count(pdo::step_kind::all_reduce) == 1`).
+struct expression_plan {
+  static constexpr std::size_t capacity = 96;
+  std::size_t size = 0;
+  std::size_t nodes = 0;  ///< nodes numbered (leaves included)
+  std::array<plan_step, capacity> steps{};
+
+  [[nodiscard]] constexpr const plan_step* begin() const { return steps.data(); }
+  [[nodiscard]] constexpr const plan_step* end() const { return steps.data() + size; }
+  /// @brief How many collectives of kind `k` the plan runs (an all_reduce(max) counts as an all_reduce).
+  [[nodiscard]] constexpr std::size_t count(step_kind k) const {
+    std::size_t n = 0;
+    for (const auto& s : *this)
+      n += (s.kind == plan_step_kind::redistribute && s.move.kind == k) ||
+           (s.kind == plan_step_kind::combine_max && k == step_kind::all_reduce);
+    return n;
+  }
+  /// @brief How many steps communicate.
+  [[nodiscard]] constexpr std::size_t collectives() const {
+    std::size_t n = 0;
+    for (const auto& s : *this)
+      n += (s.kind == plan_step_kind::redistribute && communicates(s.move.kind)) || s.kind == plan_step_kind::combine_max;
+    return n;
+  }
+  /// @brief How many passes over memory the kernels make: fused ops share one.
+  [[nodiscard]] constexpr std::size_t kernels() const {
+    std::size_t n = 0;
+    for (const auto& s : *this) n += s.kind == plan_step_kind::kernel && !s.fused;
+    return n;
+  }
+  /// @brief The layout of the expression's result.
+  [[nodiscard]] constexpr detail::layout_value result_layout() const {
+    for (std::size_t i = size; i-- > 0;)
+      if (steps[i].kind == plan_step_kind::kernel) return steps[i].layout;
+    return {};
+  }
+  constexpr void push(const plan_step& s) {
+    if (size == capacity) throw "pdo: plan_of: the expression has more steps than a plan holds; evaluate part of it first";
+    steps[size++] = s;
+  }
+};
+
+namespace detail {
+
+/// @brief The node number of a redistribution step pushed before its op is numbered.
+inline constexpr std::size_t unnumbered = static_cast<std::size_t>(-1);
+
+// Node numbers: the nodes of an expression are numbered in evaluation order, children
+// before their op (post-order), leaves included and plain numbers left out. A step of a
+// plan names its op and operand by these numbers; the executor finds the nodes by them.
+
+/// @brief How many numbers the subtree of `Node` takes.
+template <class Node>
+constexpr std::size_t numbered_nodes() {
+  if constexpr (Node::is_leaf) {
+    return Node::is_scalar ? 0 : 1;
+  } else {
+    return []<std::size_t... I>(std::index_sequence<I...>) {
+      return (numbered_nodes<std::tuple_element_t<I, typename Node::children_type>>() + ... + 1);
+    }(std::make_index_sequence<std::tuple_size_v<typename Node::children_type>>{});
+  }
+}
+
+/// @brief The number of child `I` of `Node`, when `Node` is numbered `Id`.
+template <class Node, std::size_t Id, std::size_t I>
+constexpr std::size_t child_number() {
+  std::size_t n = Id + 1 - numbered_nodes<Node>();  // the subtree's first number
+  [&]<std::size_t... J>(std::index_sequence<J...>) {
+    ((n += numbered_nodes<std::tuple_element_t<J, typename Node::children_type>>()), ...);
+  }(std::make_index_sequence<I + 1>{});
+  return n - 1;
+}
+
+template <std::size_t N, std::size_t I, class Node>
+const auto& numbered_child(const Node& node);
+
+/// @brief The node numbered `N` in the subtree of `node` (numbered from 0).
+template <std::size_t N, class Node>
+const auto& node_numbered(const Node& node) {
+  static_assert(N < numbered_nodes<Node>(), "pdo: internal: no node has this number");
+  if constexpr (N + 1 == numbered_nodes<Node>()) return node;
+  else return numbered_child<N, 0>(node);
+}
+
+/// @brief The node numbered `N` among the subtrees of the children of `node` from child `I` on.
+template <std::size_t N, std::size_t I, class Node>
+const auto& numbered_child(const Node& node) {
+  constexpr std::size_t taken = numbered_nodes<std::tuple_element_t<I, typename Node::children_type>>();
+  if constexpr (N < taken) return node_numbered<N>(std::get<I>(node.children()));
+  else return numbered_child<N - taken, I + 1>(node);
+}
+
+/// @brief The type of the node numbered `N` in the subtree of `Root`.
+template <std::size_t N, class Root>
+using node_numbered_t = std::remove_cvref_t<decltype(node_numbered<N>(std::declval<const Root&>()))>;
+
+/// @brief Appends the steps of `Node`'s subtree to `plan` in evaluation order and returns
+/// the node's number: for each operand in turn, its subtree's steps and the redistributions
+/// that bring it to the layout the op needs; then the op's kernel; then its combines.
+template <class Node>
+constexpr std::size_t add_steps(expression_plan& plan, bool fused) {
+  if constexpr (Node::is_leaf) {
+    return Node::is_scalar ? expression_plan::capacity : plan.nodes++;
+  } else {
+    constexpr std::size_t arity = std::tuple_size_v<typename Node::children_type>;
+    std::array<std::size_t, arity> child{};
+    const std::size_t first = plan.size;  // this subtree's first step
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      (
+          [&] {
+            child[I] = add_steps<std::tuple_element_t<I, typename Node::children_type>>(plan, fuses_child<Node, I>);
+            if constexpr (Node::distributed) {
+              for (const auto& s : operand_plan_v<Node, I>) {
+                plan_step step{plan_step_kind::redistribute, Node::name, unnumbered, I, child[I]};
+                step.move = s;
+                plan.push(step);
+              }
+            }
+          }(),
+          ...);
+    }(std::make_index_sequence<arity>{});
+    // numbered after its operands: the steps pushed above learn the number now
+    const std::size_t id = plan.nodes++;
+    for (std::size_t k = first; k < plan.size; ++k) {
+      plan_step& s = plan.steps[k];
+      if (s.kind == plan_step_kind::redistribute && s.node == unnumbered) s.node = id;
+      if (s.kind == plan_step_kind::kernel && s.fused)
+        for (std::size_t c = 0; c < arity; ++c)
+          if (s.node == child[c]) s.into = id;
+    }
+    plan_step kernel{plan_step_kind::kernel, Node::name, id};
+    kernel.fused = fused;
+    kernel.layout = Node::rule.out;
+    plan.push(kernel);
+    for (std::size_t i = 0; i < Node::rule.npost_max; ++i) {
+      plan_step step{plan_step_kind::combine_max, Node::name, id};
+      step.move.kind = step_kind::all_reduce;
+      step.move.axis = Node::rule.post_max[i];
+      step.move.before = step.move.after = Node::rule.out;
+      plan.push(step);
+    }
+    return id;
+  }
+}
+
+}  // namespace detail
+
+/// @brief The plan of expression type `Expr` (what `pdo::eval` runs), at compile time:
+/// each op's kernel, with the redistributions its operands need before it, in order.
+template <class Expr>
+constexpr expression_plan plan_of() {
+  using node = detail::expression_t<Expr>;
+  expression_plan plan;
+  detail::add_steps<node>(plan, false);
+  return plan;
+}
+
+/// @brief The plan of `expr`'s type.
+template <class Expr>
+constexpr expression_plan plan_of(const Expr&) {
+  return plan_of<Expr>();
+}
+
+/// @brief Evaluation policies: `implicit` lets the planner insert the communication its
+/// rules call for; `strict` makes every such communication a compile error that names
+/// the op and the two layouts, so all communication is written out (pdo::redistribute).
+struct implicit {};
+struct strict {};
+
+namespace detail {
+
+template <class Node, std::size_t I>
+struct operand_layout {
+  static constexpr layout_value value = std::tuple_element_t<I, typename Node::children_type>::rule.out;
+};
+template <class Node, std::size_t I>
+struct needed_layout {
+  static constexpr layout_value value = Node::rule.operands[I];
+};
+template <class Node>
+struct output_layout {
+  static constexpr layout_value value = Node::rule.out;
+};
+
+template <class Node>
+constexpr auto op_name_of() {
+  return fixed_string<Node::name.size() + 1>(Node::name);
+}
+
+/// @brief Instantiated for an op whose operand must move under pdo::strict: the failed
+/// assertion's context names the op, the operand's layout and the layout the op needs.
+template <fixed_string Op, std::size_t Operand, class Has, class Needs>
+struct strict_forbids_implicit_communication {
+  static_assert(always_false<Has, Needs>,
+                "pdo: strict: this op needs an operand in another layout, which takes communication; "
+                "redistribute the operand explicitly (pdo::redistribute<Needs>), or evaluate without pdo::strict");
+  static constexpr bool ok = false;
+};
+template <fixed_string Op, class Before, class After>
+struct strict_forbids_implicit_max_reduction {
+  static_assert(always_false<Before, After>,
+                "pdo: strict: max over a split dim needs an all_reduce(max) across the places; gather the dim "
+                "first (pdo::redistribute), or evaluate without pdo::strict");
+  static constexpr bool ok = false;
+};
+
+/// @brief Checks every op of `Node`'s subtree under pdo::strict.
+template <class Node>
+constexpr bool check_strict() {
+  if constexpr (Node::is_leaf || !Node::distributed) {
+    return true;
+  } else {
+    using mesh_t = typename Node::mesh_type;
+    constexpr std::size_t arity = std::tuple_size_v<typename Node::children_type>;
+    return [&]<std::size_t... I>(std::index_sequence<I...>) {
+      return (check_strict<std::tuple_element_t<I, typename Node::children_type>>() && ...) &&
+             ([] {
+               if constexpr (operand_plan_v<Node, I>.collectives() > 0)
+                 return strict_forbids_implicit_communication<op_name_of<Node>(), I,
+                                                              layout_type_t<mesh_t, operand_layout<Node, I>>,
+                                                              layout_type_t<mesh_t, needed_layout<Node, I>>>::ok;
+               else
+                 return true;
+             }() && ...) &&
+             [] {
+               if constexpr (Node::rule.npost_max > 0)
+                 return strict_forbids_implicit_max_reduction<op_name_of<Node>(), layout_type_t<mesh_t, needed_layout<Node, 0>>,
+                                                              layout_type_t<mesh_t, output_layout<Node>>>::ok;
+               else
+                 return true;
+             }();
+    }(std::make_index_sequence<arity>{});
+  }
+}
+
+template <class Policy, class Node>
+constexpr void check_policy() {
+  static_assert(std::is_same_v<Policy, implicit> || std::is_same_v<Policy, strict>,
+                "pdo: eval: the policy must be pdo::implicit or pdo::strict");
+  if constexpr (std::is_same_v<Policy, strict>) static_assert(check_strict<Node>());
+}
+
+}  // namespace detail
+
+/// @brief The layout type of the result of evaluating `Expr` (a dtensor expression).
+template <class Expr>
+using result_layout_t = detail::layout_type_t<typename detail::expression_t<Expr>::mesh_type,
+                                              detail::output_layout<detail::expression_t<Expr>>>;
+
+}  // namespace pdo
+#endif  // PDO_SINGLE_PDO_PLAN_PLAN_HPP
+
+#include <array>
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace pdo::detail {
+
+/// @brief Where a local expression runs: the calling thread, on the cores of its place (or
+/// its GPU). With `host_loops`, on the calling thread as plain host loops, the result in host
+/// memory: for operands in host memory while the calling thread drives a GPU.
+struct local_context {
+  static constexpr bool distributed = false;
+  local_context() = default;
+  explicit local_context(bool host_loops) : on_host(host_loops) {
+    if (host_loops) system = place_system{};
+  }
+  bool on_host = false;
+  place_system system = current_place_system();
+
+  template <std::size_t Rank>
+  shape_t<Rank> local_shape(const layout_value&, const shape_t<Rank>& global) const {
+    return global;
+  }
+  template <std::size_t Rank>
+  shape_t<Rank> local_offset(const layout_value&, const shape_t<Rank>&) const {
+    return {};
+  }
+  template <class T, std::size_t Rank>
+  tensor<T, Rank> allocate(const shape_t<Rank>& shape) const {
+    return on_host ? tensor<T, Rank>::on_host(shape) : tensor<T, Rank>(shape, uninitialized);
+  }
+  /// @brief The place of this context in the record of executed steps.
+  [[nodiscard]] std::size_t recorded_place() const { return 0; }
+};
+
+/// @brief Where a distributed expression runs on one place: place `p` of mesh `m`, on the
+/// lane of the task that runs the step (its system is taken there).
+template <class Mesh>
+struct mesh_context {
+  static constexpr bool distributed = true;
+  mesh_context(const Mesh& mesh, std::size_t place) : m(&mesh), p(place) {}
+  const Mesh* m;
+  std::size_t p;
+  place_system system;
+
+  template <std::size_t Rank>
+  shape_t<Rank> local_shape(const layout_value& v, const shape_t<Rank>& global) const {
+    return shard_shape(*m, v, global, p);
+  }
+  template <std::size_t Rank>
+  shape_t<Rank> local_offset(const layout_value& v, const shape_t<Rank>& global) const {
+    return shard_offset(*m, v, global, p);
+  }
+  template <class T, std::size_t Rank>
+  tensor<T, Rank> allocate(const shape_t<Rank>& shape) const {
+    return tensor<T, Rank>(shape, m->place(p), uninitialized);
+  }
+  [[nodiscard]] std::size_t recorded_place() const { return p; }
+};
+
+/// @brief The index in `Plan` of the kernel step of node `N`.
+template <const expression_plan& Plan, std::size_t N>
+constexpr std::size_t kernel_step_of() {
+  for (std::size_t i = 0; i < Plan.size; ++i)
+    if (Plan.steps[i].kind == plan_step_kind::kernel && Plan.steps[i].node == N) return i;
+  return Plan.size;
+}
+
+template <class Run, std::size_t N>
+class kernel_context;
+
+/// @brief One place's run of the plan of `Root`: the expression, where it runs, and a slot
+/// per node number for the block a step leaves for a later one (an op's result, or an
+/// operand brought to the layout its op needs). The root's kernel writes the result.
+template <class Root, class Place>
+class plan_run {
+ public:
+  using root_type = Root;
+  using place_type = Place;
+  using value_type = typename Root::value_type;
+  static constexpr std::size_t rank = Root::rank;
+  static constexpr expression_plan plan = plan_of<Root>();
+  static constexpr std::size_t nodes = numbered_nodes<Root>();
+  static constexpr std::size_t root_number = nodes - 1;
+
+  plan_run(const Root& root, Place place, tensor<value_type, rank>& result) : root_(&root), place_(std::move(place)), result_(&result) {}
+
+  [[nodiscard]] const Root& root() const { return *root_; }
+  [[nodiscard]] Place& place() { return place_; }
+
+  /// @brief Whether operand `I` of `Node` is read from a slot (an op's result, or an operand
+  /// that was redistributed), not from where a leaf keeps it.
+  template <class Node, std::size_t I>
+  static constexpr bool in_slot = [] {
+    using child_t = std::tuple_element_t<I, typename Node::children_type>;
+    if constexpr (fuses_child<Node, I>) return false;
+    else if constexpr (child_t::is_leaf) return Place::distributed && operand_plan_v<Node, I>.size > 0;
+    else return true;
+  }();
+
+  /// @brief The block in the slot of node `N`.
+  template <std::size_t N>
+  [[nodiscard]] auto& slot() const {
+    using node_t = node_numbered_t<N, Root>;
+    return *static_cast<tensor<typename node_t::value_type, node_t::rank>*>(slots_[N].get());
+  }
+
+  /// @brief Runs step `S` of the plan on this place.
+  template <std::size_t S>
+  void run_step() {
+    constexpr plan_step step = plan.steps[S];
+    place_.system = current_place_system_for(place_);
+    if constexpr (step.kind == plan_step_kind::kernel) {
+      if constexpr (step.fused) {
+        // runs inside the kernel of the op that reads it (kernel_context::fused), which records it
+      } else {
+        run_kernel<step.node, S>();
+      }
+    } else if constexpr (step.kind == plan_step_kind::redistribute) {
+      move_operand<S>();
+    } else {
+      combine<S>();
+    }
+  }
+
+  /// @brief Runs every step in the plan's order (a local evaluation); an expression that is
+  /// a leaf is copied.
+  void run_all() {
+    if constexpr (Root::is_leaf) {
+      copy_leaf();
+    } else {
+      [&]<std::size_t... S>(std::index_sequence<S...>) { (run_step<S>(), ...); }(std::make_index_sequence<plan.size>{});
+    }
+  }
+
+  /// @brief The result is the leaf the expression is.
+  void copy_leaf() {
+    const auto& shard = root_->shard(place_);
+    copy_bytes(result_->where(), result_->data(), shard.where(), shard.data(), result_->bytes());
+  }
+
+  /// @brief What step `S` reads and writes on this place, for the engine: the slots (by
+  /// address), the shards of dtensor leaves (by data), the result's storage.
+  template <std::size_t S>
+  [[nodiscard]] access uses() const {
+    constexpr plan_step step = plan.steps[S];
+    access a;
+    if constexpr (step.kind == plan_step_kind::kernel) {
+      add_kernel_reads<step.node>(a);
+      a.writes.push_back(storage_of<step.node>());
+    } else if constexpr (step.kind == plan_step_kind::redistribute) {
+      constexpr std::size_t c = step.operand_node;
+      if constexpr (first_move<S>() && node_numbered_t<c, Root>::is_leaf) add_leaf_read(node_numbered<c>(*root_), a);
+      else a.reads.push_back(&slots_[c]);
+      a.writes.push_back(&slots_[c]);
+    } else {
+      a.reads.push_back(storage_of<step.node>());
+      a.writes.push_back(storage_of<step.node>());
+    }
+    return a;
+  }
+
+  /// @brief What a task that copies a leaf expression reads and writes.
+  [[nodiscard]] access copy_uses() const {
+    access a;
+    add_leaf_read(*root_, a);
+    a.writes.push_back(result_->data());
+    return a;
+  }
+
+ private:
+  template <class, std::size_t>
+  friend class kernel_context;
+
+  /// @brief The system for kernels on this place, on the calling lane.
+  static place_system current_place_system_for(const Place& place) {
+    if constexpr (Place::distributed) return current_place_system();
+    else return place.system;
+  }
+
+  /// @brief Whether step `S` is the first of the redistribution of its operand.
+  template <std::size_t S>
+  static constexpr bool first_move() {
+    if constexpr (S == 0) {
+      return true;
+    } else {
+      constexpr plan_step before = plan.steps[S - 1], step = plan.steps[S];
+      return !(before.kind == plan_step_kind::redistribute && before.node == step.node && before.operand == step.operand);
+    }
+  }
+
+  /// @brief Node `N`'s block: in its slot, or the result for the root.
+  template <std::size_t N>
+  [[nodiscard]] auto& block_of() const {
+    if constexpr (N == root_number) return *result_;
+    else return slot<N>();
+  }
+
+  /// @brief Where node `N`'s block is kept: the slot, or the result's storage for the root.
+  template <std::size_t N>
+  [[nodiscard]] const void* storage_of() const {
+    if constexpr (N == root_number) return result_->data();
+    else return &slots_[N];
+  }
+
+  template <class Leaf>
+  void add_leaf_read(const Leaf& leaf, access& a) const {
+    if constexpr (Leaf::distributed) a.reads.push_back(leaf.shard(place_).data());
+  }
+
+  /// @brief The blocks the kernel of node `N` reads: its operands', and those of the
+  /// operands fused into it.
+  template <std::size_t N>
+  void add_kernel_reads(access& a) const {
+    using node_t = node_numbered_t<N, Root>;
+    const node_t& node = node_numbered<N>(*root_);
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      (
+          [&] {
+            using child_t = std::tuple_element_t<I, typename node_t::children_type>;
+            constexpr std::size_t c = child_number<node_t, N, I>();
+            if constexpr (child_t::is_scalar) {
+            } else if constexpr (fuses_child<node_t, I>) {
+              add_kernel_reads<c>(a);
+            } else if constexpr (in_slot<node_t, I>) {
+              a.reads.push_back(&slots_[c]);
+            } else {
+              add_leaf_read(std::get<I>(node.children()), a);
+            }
+          }(),
+          ...);
+    }(std::make_index_sequence<std::tuple_size_v<typename node_t::children_type>>{});
+  }
+
+  /// @brief The kernel of node `N` (step `S`): into a new block in its slot (the result, for
+  /// the root); the blocks of its subtree are released once it has read them.
+  template <std::size_t N, std::size_t S>
+  void run_kernel() {
+    using node_t = node_numbered_t<N, Root>;
+    using T = typename node_t::value_type;
+    const node_t& node = node_numbered<N>(*root_);
+    checked_volume(node.shape(), node_t::name, sizeof(T));
+    kernel_context<plan_run, N> ctx(*this);
+    if constexpr (N == root_number) {
+      node.kernel(ctx, *result_);
+    } else {
+      auto out = std::make_shared<tensor<T, node_t::rank>>(place_.template allocate<T>(place_.local_shape(node_t::rule.out, node.shape())));
+      node.kernel(ctx, *out);
+      slots_[N] = std::move(out);
+    }
+    for (std::size_t i = N + 1 - numbered_nodes<node_t>(); i < N; ++i) slots_[i].reset();
+    if (step_recorder::on()) {
+      plan_step ran{plan_step_kind::kernel, node_t::name, N};
+      ran.layout = node_t::rule.out;
+      step_recorder::record(place_.recorded_place(), S, ran);
+    }
+  }
+
+  /// @brief Step `S`: one step of the redistribution of an operand, from its slot (or, for
+  /// the first step of a leaf's, from the leaf's shard) into its slot.
+  template <std::size_t S>
+  void move_operand() {
+    constexpr plan_step step = plan.steps[S];
+    constexpr std::size_t c = step.operand_node;
+    using child_t = node_numbered_t<c, Root>;
+    using T = typename child_t::value_type;
+    const child_t& child = node_numbered<c>(*root_);
+    tensor<T, child_t::rank> block;
+    if constexpr (first_move<S>() && child_t::is_leaf) block = tensor<T, child_t::rank>(child.shard(place_));
+    else block = std::move(slot<c>());
+    block = apply_step<step.move.kind>(step.move, *place_.m, child.shape(), place_.p, std::move(block));
+    slots_[c] = std::make_shared<tensor<T, child_t::rank>>(std::move(block));
+    if (step_recorder::on()) {
+      plan_step ran{plan_step_kind::redistribute, node_numbered_t<step.node, Root>::name, step.node, step.operand, c};
+      ran.move = step.move;
+      step_recorder::record(place_.recorded_place(), S, ran);
+    }
+  }
+
+  /// @brief Step `S`: the all_reduce(max) of node's block over the step's axis.
+  template <std::size_t S>
+  void combine() {
+    constexpr plan_step step = plan.steps[S];
+    using node_t = node_numbered_t<step.node, Root>;
+    auto& out = block_of<step.node>();
+    using mesh_t = std::remove_cvref_t<decltype(*place_.m)>;
+    communicator_along(*place_.m, mesh_t::axis_index(step.move.axis), place_.p).all_reduce(out.span(), reduce_op::max);
+    if (step_recorder::on()) {
+      plan_step ran{plan_step_kind::combine_max, node_t::name, step.node};
+      ran.move.kind = step_kind::all_reduce;
+      ran.move.axis = step.move.axis;
+      ran.move.before = ran.move.after = node_t::rule.out;
+      step_recorder::record(place_.recorded_place(), S, ran);
+    }
+  }
+
+  const Root* root_;
+  Place place_;
+  tensor<value_type, rank>* result_;
+  std::array<std::shared_ptr<void>, nodes> slots_{};
+};
+
+/// @brief What the kernel of node `N` sees of a plan run: the system it runs on, where its
+/// output block lies, and its operands as blocks (`operand<I>()`) or, for an operand fused
+/// into it, that operand's own context (`fused<I>()`).
+template <class Run, std::size_t N>
+class kernel_context {
+ public:
+  using node_type = node_numbered_t<N, typename Run::root_type>;
+  static constexpr bool distributed = Run::place_type::distributed;
+
+  explicit kernel_context(Run& run) : system(run.place().system), run_(&run) {}
+
+  place_system& system;
+
+  template <std::size_t Rank>
+  [[nodiscard]] shape_t<Rank> local_offset(const layout_value& v, const shape_t<Rank>& global) const {
+    return run_->place().local_offset(v, global);
+  }
+
+  /// @brief The block of `leaf` on this place, as the leaf keeps it.
+  template <class Leaf>
+  [[nodiscard]] decltype(auto) shard(const Leaf& leaf) const {
+    return leaf.shard(run_->place());
+  }
+
+  /// @brief Operand `I` of the node, in the layout the node needs: its local block, local
+  /// extents, and where the block starts in the operand's global shape.
+  template <std::size_t I>
+  [[nodiscard]] auto operand() const {
+    const node_type& node = node_numbered<N>(run_->root());
+    const auto& c = std::get<I>(node.children());
+    using child_t = std::remove_cvref_t<decltype(c)>;
+    block_view<typename child_t::value_type, child_t::rank> view;
+    view.global = c.shape();
+    view.offset = local_offset(node_type::rule.operands[I], c.shape());
+    const auto& block = [&]() -> const auto& {
+      if constexpr (Run::template in_slot<node_type, I>) return run_->template slot<child_number<node_type, N, I>()>();
+      else return c.shard(run_->place());
+    }();
+    view.data = block.data();
+    view.shape = block.shape();
+    return view;
+  }
+
+  /// @brief The context of operand `I`, whose kernel runs inside this node's (fused): the
+  /// step of its kernel is recorded as run here.
+  template <std::size_t I>
+  [[nodiscard]] auto fused() const {
+    constexpr std::size_t c = child_number<node_type, N, I>();
+    if (step_recorder::on()) {
+      using child_t = node_numbered_t<c, typename Run::root_type>;
+      plan_step ran{plan_step_kind::kernel, child_t::name, c};
+      ran.fused = true;
+      ran.layout = child_t::rule.out;
+      step_recorder::record(run_->place().recorded_place(), kernel_step_of<Run::plan, c>(), ran);
+    }
+    return kernel_context<Run, c>(*run_);
+  }
+
+ private:
+  Run* run_;
+};
+
+}  // namespace pdo::detail
+#endif  // PDO_SINGLE_PDO_EXEC_RUN_PLAN_HPP
+// ---- pdo/expr/operators.hpp
+#ifndef PDO_SINGLE_PDO_EXPR_OPERATORS_HPP
+#define PDO_SINGLE_PDO_EXPR_OPERATORS_HPP
+// pdo/expr/operators.hpp: the functions and operators that build expressions.
+
+// ---- pdo/expr/elementwise.hpp
+#ifndef PDO_SINGLE_PDO_EXPR_ELEMENTWISE_HPP
+#define PDO_SINGLE_PDO_EXPR_ELEMENTWISE_HPP
+// pdo/expr/elementwise.hpp: elementwise nodes; a chain of them runs as one fused kernel.
+
 // ---- pdo/expr/ops.hpp
 #ifndef PDO_SINGLE_PDO_EXPR_OPS_HPP
 #define PDO_SINGLE_PDO_EXPR_OPS_HPP
@@ -8142,7 +8703,7 @@ class elementwise_node : public detail::op_node<Children...> {
   }
 
   template <class Ctx>
-  void run(Ctx& ctx, tensor<value_type, rank>& out) const {
+  void kernel(Ctx& ctx, tensor<value_type, rank>& out) const {
     detail::group_frame<rank> frame{out.shape(), ctx.local_offset(rule.out, shape_)};
     const auto r = reader(ctx, frame);
     const thrust::counting_iterator<std::size_t> first(0), last(out.size());
@@ -8194,11 +8755,10 @@ class elementwise_node : public detail::op_node<Children...> {
     if constexpr (child_t::is_scalar) {
       return detail::scalar_reader<value_type>{static_cast<value_type>(c.value)};
     } else if constexpr (detail::fuses_child<elementwise_node, I>) {
-      auto r = c.reader(ctx, frame);
-      detail::record_kernel<child_t>(ctx, true);
-      return r;
+      auto inner = ctx.template fused<I>();
+      return c.reader(inner, frame);
     } else {
-      return detail::read_block(detail::operand_block<I>(*this, ctx), frame, name);
+      return detail::read_block(ctx.template operand<I>(), frame, name);
     }
   }
 
@@ -8260,8 +8820,8 @@ class transpose_node : public detail::op_node<C> {
   [[nodiscard]] const shape_t<rank>& shape() const { return shape_; }
 
   template <class Ctx>
-  void run(Ctx& ctx, tensor<value_type, rank>& out) const {
-    const auto in = detail::operand_block<0>(*this, ctx);
+  void kernel(Ctx& ctx, tensor<value_type, rank>& out) const {
+    const auto in = ctx.template operand<0>();
     thrust::transform(ctx.system, thrust::counting_iterator<std::size_t>(0), thrust::counting_iterator<std::size_t>(out.size()),
                       out.data(), detail::transpose_element<value_type>{in.data, in.shape[rank - 2], in.shape[rank - 1]});
   }
@@ -8537,7 +9097,7 @@ class matmul_node : public detail::op_node<A, B> {
   [[nodiscard]] const shape_t<rank>& shape() const { return shape_; }
 
   template <class Ctx>
-  void run(Ctx& ctx, tensor<value_type, rank>& out) const {
+  void kernel(Ctx& ctx, tensor<value_type, rank>& out) const {
     if constexpr (!Ctx::distributed && (reads_in_place<0> || reads_in_place<1>)) {
       const auto ra = matrix_of<0>(ctx), rb = matrix_of<1>(ctx);
       const auto sa = std::get<0>(this->children_).shape();
@@ -8551,21 +9111,20 @@ class matmul_node : public detail::op_node<A, B> {
   /// @brief Operand I of a local 2-D product as gemm reads it: a transposed leaf in place.
   template <std::size_t I, class Ctx>
   detail::matrix_ref<value_type> matrix_of(Ctx& ctx) const {
-    using child_t = std::tuple_element_t<I, std::tuple<A, B>>;
     if constexpr (reads_in_place<I>) {
-      const auto& stored = std::get<0>(std::get<I>(this->children_).children()).shard(ctx);
-      detail::record_kernel<child_t>(ctx, true);
+      const auto inner = ctx.template fused<I>();  // the transpose, run inside this kernel
+      const auto& stored = inner.shard(std::get<0>(std::get<I>(this->children_).children()));
       return {stored.data(), stored.shape()[1], true};
     } else {
-      const auto block = detail::operand_block<I>(*this, ctx);
+      const auto block = ctx.template operand<I>();
       return {block.data, block.shape[1], false};
     }
   }
 
   template <class Ctx>
   void run_blocks(Ctx& ctx, tensor<value_type, rank>& out) const {
-    const auto a = detail::operand_block<0>(*this, ctx);
-    const auto b = detail::operand_block<1>(*this, ctx);
+    const auto a = ctx.template operand<0>();
+    const auto b = ctx.template operand<1>();
     constexpr std::size_t rb = B::rank;
     // the K range both blocks hold: the smaller block, read from the larger at its offset
     const std::size_t ka = a.shape[rank - 1], kb = b.shape[rb - 2];
@@ -8742,8 +9301,8 @@ class reduce_node : public detail::op_node<C> {
   [[nodiscard]] const shape_t<rank>& shape() const { return shape_; }
 
   template <class Ctx>
-  void run(Ctx& ctx, tensor<value_type, rank>& out) const {
-    const auto in = detail::operand_block<0>(*this, ctx);
+  void kernel(Ctx& ctx, tensor<value_type, rank>& out) const {
+    const auto in = ctx.template operand<0>();
     if constexpr (All) {
       detail::reduce_all_into(ctx.system, in.data, detail::volume(in.shape), What, detail::volume(in.global), out.data());
     } else {
@@ -8796,8 +9355,8 @@ class reshape_node : public detail::op_node<C> {
   [[nodiscard]] const shape_t<Rank>& shape() const { return shape_; }
 
   template <class Ctx>
-  void run(Ctx& ctx, tensor<value_type, rank>& out) const {
-    const auto in = detail::operand_block<0>(*this, ctx);
+  void kernel(Ctx& ctx, tensor<value_type, rank>& out) const {
+    const auto in = ctx.template operand<0>();
     detail::copy_bytes(out.where(), out.data(), out.where(), in.data, out.bytes());  // operands live on out's place
   }
 
@@ -8826,8 +9385,8 @@ class unsqueeze_node : public detail::op_node<C> {
   [[nodiscard]] const shape_t<rank>& shape() const { return shape_; }
 
   template <class Ctx>
-  void run(Ctx& ctx, tensor<value_type, rank>& out) const {
-    const auto in = detail::operand_block<0>(*this, ctx);
+  void kernel(Ctx& ctx, tensor<value_type, rank>& out) const {
+    const auto in = ctx.template operand<0>();
     detail::copy_bytes(out.where(), out.data(), out.where(), in.data, out.bytes());  // operands live on out's place
   }
 
@@ -8979,8 +9538,8 @@ class softmax_node : public detail::op_node<C> {
   [[nodiscard]] shape_t<rank> shape() const { return std::get<0>(this->children_).shape(); }
 
   template <class Ctx>
-  void run(Ctx& ctx, tensor<value_type, rank>& out) const {
-    const auto in = detail::operand_block<0>(*this, ctx);
+  void kernel(Ctx& ctx, tensor<value_type, rank>& out) const {
+    const auto in = ctx.template operand<0>();
     detail::softmax_dim<Log>(ctx.system, in.data, detail::view_along(in.shape, Dim), out.data());
   }
 
@@ -9012,9 +9571,9 @@ class cross_entropy_node : public detail::op_node<Logits, Labels> {
   [[nodiscard]] shape_t<0> shape() const { return {}; }
 
   template <class Ctx>
-  void run(Ctx& ctx, tensor<value_type, 0>& out) const {
-    const auto logits = detail::operand_block<0>(*this, ctx);
-    const auto labels = detail::operand_block<1>(*this, ctx);
+  void kernel(Ctx& ctx, tensor<value_type, 0>& out) const {
+    const auto logits = ctx.template operand<0>();
+    const auto labels = ctx.template operand<1>();
     using label_t = typename Labels::value_type;
     const std::size_t rows = logits.shape[0], classes = logits.shape[1];
     const label_t* first = labels.data + (logits.offset[0] - labels.offset[0]);  // replicated labels: read at the rows' offset
@@ -9211,275 +9770,126 @@ auto unsqueeze(A&& a) {
 
 }  // namespace pdo
 #endif  // PDO_SINGLE_PDO_EXPR_OPERATORS_HPP
-// ---- pdo/plan/plan.hpp
-#ifndef PDO_SINGLE_PDO_PLAN_PLAN_HPP
-#define PDO_SINGLE_PDO_PLAN_PLAN_HPP
-// pdo/plan/plan.hpp: the plan of an expression, computed from its type at compile time.
-
-// ---- pdo/layout/layout_type.hpp
-#ifndef PDO_SINGLE_PDO_LAYOUT_LAYOUT_TYPE_HPP
-#define PDO_SINGLE_PDO_LAYOUT_LAYOUT_TYPE_HPP
-// pdo/layout/layout_type.hpp: a layout computed as a value turned back into a layout type of a mesh.
+// ---- pdo/plan/explain.hpp
+#ifndef PDO_SINGLE_PDO_PLAN_EXPLAIN_HPP
+#define PDO_SINGLE_PDO_PLAN_EXPLAIN_HPP
+// pdo/plan/explain.hpp: an expression's plan printed for its actual shapes, with the bytes each collective moves.
 
 
-#include <array>
 #include <cstddef>
-#include <type_traits>
-#include <utility>
-
-namespace pdo::detail {
-
-template <class Mesh, std::size_t Axis>
-constexpr auto dim_spec_of() {
-  if constexpr (Axis == Mesh::ndim) return std::type_identity<replicate>{};
-  else return std::type_identity<split<Mesh::template axis_string<Axis>>>{};
-}
-
-/// @brief Builds the layout type of `Value::value` from the mesh axis numbers of its
-/// entries (the mesh's rank where a dim is replicated).
-template <class Mesh, class Value>
-struct layout_type_builder {
-  static constexpr layout_value v = Value::value;
-  static constexpr std::array<std::size_t, max_rank> dims = [] {
-    std::array<std::size_t, max_rank> a{};
-    for (std::size_t d = 0; d < v.rank; ++d) a[d] = v.dim_axis[d].empty() ? Mesh::ndim : Mesh::axis_index(v.dim_axis[d]);
-    return a;
-  }();
-  static constexpr std::array<std::size_t, max_axes> partial = [] {
-    std::array<std::size_t, max_axes> a{};
-    for (std::size_t i = 0; i < v.npartial; ++i) a[i] = Mesh::axis_index(v.partial[i]);
-    return a;
-  }();
-
-  template <std::size_t... D, std::size_t... P>
-  static constexpr auto make(std::index_sequence<D...>, std::index_sequence<P...>) {
-    using base = layout<typename decltype(dim_spec_of<Mesh, dims[D]>())::type...>;
-    if constexpr (sizeof...(P) == 0) return std::type_identity<base>{};
-    else return std::type_identity<typename base::template partial<Mesh::template axis_string<partial[P]>...>>{};
-  }
-  using type = typename decltype(make(std::make_index_sequence<v.rank>{}, std::make_index_sequence<v.npartial>{}))::type;
-};
-
-/// @brief The layout type, on mesh type `Mesh`, of the constexpr layout_value `Value::value`
-/// (the planner computes layouts as values; dtensor types need them as types).
-template <class Mesh, class Value>
-using layout_type_t = typename layout_type_builder<Mesh, Value>::type;
-
-}  // namespace pdo::detail
-#endif  // PDO_SINGLE_PDO_LAYOUT_LAYOUT_TYPE_HPP
-
-#include <array>
-#include <cstddef>
-#include <string_view>
+#include <string>
 #include <tuple>
-#include <type_traits>
 #include <utility>
+#include <vector>
 
 namespace pdo {
 
-/// @brief The plan of an expression: its steps in order. A value: usable in
-/// static_assert (`pdo::plan_of<E>().count(pdo::step_kind::all_reduce) == 1`).
-struct expression_plan {
-  static constexpr std::size_t capacity = 96;
-  std::size_t size = 0;
-  std::size_t nodes = 0;  ///< nodes numbered (leaves included)
-  std::array<plan_step, capacity> steps{};
-
-  [[nodiscard]] constexpr const plan_step* begin() const { return steps.data(); }
-  [[nodiscard]] constexpr const plan_step* end() const { return steps.data() + size; }
-  /// @brief How many collectives of kind `k` the plan runs (an all_reduce(max) counts as an all_reduce).
-  [[nodiscard]] constexpr std::size_t count(step_kind k) const {
-    std::size_t n = 0;
-    for (const auto& s : *this)
-      n += (s.kind == plan_step_kind::redistribute && s.move.kind == k) ||
-           (s.kind == plan_step_kind::combine_max && k == step_kind::all_reduce);
-    return n;
-  }
-  /// @brief How many steps communicate.
-  [[nodiscard]] constexpr std::size_t collectives() const {
-    std::size_t n = 0;
-    for (const auto& s : *this)
-      n += (s.kind == plan_step_kind::redistribute && communicates(s.move.kind)) || s.kind == plan_step_kind::combine_max;
-    return n;
-  }
-  /// @brief How many passes over memory the kernels make: fused ops share one.
-  [[nodiscard]] constexpr std::size_t kernels() const {
-    std::size_t n = 0;
-    for (const auto& s : *this) n += s.kind == plan_step_kind::kernel && !s.fused;
-    return n;
-  }
-  /// @brief The layout of the expression's result.
-  [[nodiscard]] constexpr detail::layout_value result_layout() const {
-    for (std::size_t i = size; i-- > 0;)
-      if (steps[i].kind == plan_step_kind::kernel) return steps[i].layout;
-    return {};
-  }
-  constexpr void push(const plan_step& s) {
-    if (size == capacity) throw "pdo: plan_of: the expression has more steps than a plan holds; evaluate part of it first";
-    steps[size++] = s;
-  }
-};
-
 namespace detail {
 
-/// @brief The node number of a redistribution step pushed before its op is numbered.
-inline constexpr std::size_t unnumbered = static_cast<std::size_t>(-1);
+/// @brief What explain knows of one node: its description and global shape.
+struct node_facts {
+  std::string text;
+  std::vector<std::size_t> shape;
+  std::size_t element_size = 0;
+};
 
-/// @brief Appends the steps of `Node`'s subtree to `plan` in evaluation order and returns
-/// the node's number: for each operand in turn, its subtree's steps and the redistributions
-/// that bring it to the layout the op needs; then the op's kernel; then its combines.
+/// @brief Records every node of `node`'s subtree in evaluation order (the numbering of plan_of).
 template <class Node>
-constexpr std::size_t add_steps(expression_plan& plan, bool fused) {
-  if constexpr (Node::is_leaf) {
-    return Node::is_scalar ? expression_plan::capacity : plan.nodes++;
+void collect_nodes(const Node& node, std::vector<node_facts>& out) {
+  if constexpr (Node::is_scalar) {
+    return;
   } else {
-    constexpr std::size_t arity = std::tuple_size_v<typename Node::children_type>;
-    std::array<std::size_t, arity> child{};
-    const std::size_t first = plan.size;  // this subtree's first step
-    [&]<std::size_t... I>(std::index_sequence<I...>) {
-      (
-          [&] {
-            child[I] = add_steps<std::tuple_element_t<I, typename Node::children_type>>(plan, fuses_child<Node, I>);
-            if constexpr (Node::distributed) {
-              for (const auto& s : operand_plan_v<Node, I>) {
-                plan_step step{plan_step_kind::redistribute, Node::name, unnumbered, I, child[I]};
-                step.move = s;
-                plan.push(step);
-              }
-            }
-          }(),
-          ...);
-    }(std::make_index_sequence<arity>{});
-    // numbered after its operands: the steps pushed above learn the number now
-    const std::size_t id = plan.nodes++;
-    for (std::size_t k = first; k < plan.size; ++k) {
-      plan_step& s = plan.steps[k];
-      if (s.kind == plan_step_kind::redistribute && s.node == unnumbered) s.node = id;
-      if (s.kind == plan_step_kind::kernel && s.fused)
-        for (std::size_t c = 0; c < arity; ++c)
-          if (s.node == child[c]) s.into = id;
-    }
-    plan_step kernel{plan_step_kind::kernel, Node::name, id};
-    kernel.fused = fused;
-    kernel.layout = Node::rule.out;
-    plan.push(kernel);
-    for (std::size_t i = 0; i < Node::rule.npost_max; ++i) {
-      plan_step step{plan_step_kind::combine_max, Node::name, id};
-      step.move.kind = step_kind::all_reduce;
-      step.move.axis = Node::rule.post_max[i];
-      step.move.before = step.move.after = Node::rule.out;
-      plan.push(step);
-    }
-    return id;
+    if constexpr (!Node::is_leaf) std::apply([&](const auto&... c) { (collect_nodes(c, out), ...); }, node.children());
+    const auto s = node.shape();
+    out.push_back({std::string(Node::name) + " " + describe_node(node), {s.begin(), s.end()}, sizeof(typename Node::value_type)});
+  }
+}
+
+/// @brief Bytes place 0 sends in one redistribution step of a tensor of `shape` (ring
+/// algorithms: all_reduce 2(n-1)/n of its block, reduce_scatter and all_to_all (n-1)/n,
+/// all_gather (n-1) blocks); local steps send nothing.
+template <class Mesh>
+std::size_t bytes_sent(const Mesh& m, const redistribute_step& s, const std::vector<std::size_t>& shape, std::size_t element) {
+  const std::size_t n = m.extent(Mesh::axis_index(s.axis));
+  std::size_t block = element;
+  for (std::size_t d = 0; d < shape.size(); ++d) {
+    std::size_t e = shape[d];
+    if (!s.before.dim_axis[d].empty()) e = chunk_size(e, m.extent(Mesh::axis_index(s.before.dim_axis[d])), 0);
+    block *= e;
+  }
+  switch (s.kind) {
+    case step_kind::all_reduce: return 2 * (n - 1) * block / n;
+    case step_kind::reduce_scatter:
+    case step_kind::all_to_all: return (n - 1) * block / n;
+    case step_kind::all_gather: return (n - 1) * block;
+    default: return 0;
   }
 }
 
 }  // namespace detail
 
-/// @brief The plan of expression type `Expr` (what `pdo::eval` runs), at compile time:
-/// each op's kernel, with the redistributions its operands need before it, in order.
+/// @brief The plan of `expr` for its actual shapes, one line per step: each op's kernel
+/// with its output layout, ops fused into one kernel marked as such, and each collective
+/// with its axis, layouts and the bytes each place sends (place 0's block where shards are uneven).
 template <class Expr>
-constexpr expression_plan plan_of() {
-  using node = detail::expression_t<Expr>;
-  expression_plan plan;
-  detail::add_steps<node>(plan, false);
-  return plan;
-}
-
-/// @brief The plan of `expr`'s type.
-template <class Expr>
-constexpr expression_plan plan_of(const Expr&) {
-  return plan_of<Expr>();
-}
-
-/// @brief Evaluation policies: `implicit` lets the planner insert the communication its
-/// rules call for; `strict` makes every such communication a compile error that names
-/// the op and the two layouts, so all communication is written out (pdo::redistribute).
-struct implicit {};
-struct strict {};
-
-namespace detail {
-
-template <class Node, std::size_t I>
-struct operand_layout {
-  static constexpr layout_value value = std::tuple_element_t<I, typename Node::children_type>::rule.out;
-};
-template <class Node, std::size_t I>
-struct needed_layout {
-  static constexpr layout_value value = Node::rule.operands[I];
-};
-template <class Node>
-struct output_layout {
-  static constexpr layout_value value = Node::rule.out;
-};
-
-template <class Node>
-constexpr auto op_name_of() {
-  return fixed_string<Node::name.size() + 1>(Node::name);
-}
-
-/// @brief Instantiated for an op whose operand must move under pdo::strict: the failed
-/// assertion's context names the op, the operand's layout and the layout the op needs.
-template <fixed_string Op, std::size_t Operand, class Has, class Needs>
-struct strict_forbids_implicit_communication {
-  static_assert(always_false<Has, Needs>,
-                "pdo: strict: this op needs an operand in another layout, which takes communication; "
-                "redistribute the operand explicitly (pdo::redistribute<Needs>), or evaluate without pdo::strict");
-  static constexpr bool ok = false;
-};
-template <fixed_string Op, class Before, class After>
-struct strict_forbids_implicit_max_reduction {
-  static_assert(always_false<Before, After>,
-                "pdo: strict: max over a split dim needs an all_reduce(max) across the places; gather the dim "
-                "first (pdo::redistribute), or evaluate without pdo::strict");
-  static constexpr bool ok = false;
-};
-
-/// @brief Checks every op of `Node`'s subtree under pdo::strict.
-template <class Node>
-constexpr bool check_strict() {
-  if constexpr (Node::is_leaf || !Node::distributed) {
-    return true;
-  } else {
-    using mesh_t = typename Node::mesh_type;
-    constexpr std::size_t arity = std::tuple_size_v<typename Node::children_type>;
-    return [&]<std::size_t... I>(std::index_sequence<I...>) {
-      return (check_strict<std::tuple_element_t<I, typename Node::children_type>>() && ...) &&
-             ([] {
-               if constexpr (operand_plan_v<Node, I>.collectives() > 0)
-                 return strict_forbids_implicit_communication<op_name_of<Node>(), I,
-                                                              layout_type_t<mesh_t, operand_layout<Node, I>>,
-                                                              layout_type_t<mesh_t, needed_layout<Node, I>>>::ok;
-               else
-                 return true;
-             }() && ...) &&
-             [] {
-               if constexpr (Node::rule.npost_max > 0)
-                 return strict_forbids_implicit_max_reduction<op_name_of<Node>(), layout_type_t<mesh_t, needed_layout<Node, 0>>,
-                                                              layout_type_t<mesh_t, output_layout<Node>>>::ok;
-               else
-                 return true;
-             }();
-    }(std::make_index_sequence<arity>{});
+std::string explain(const Expr& expr) {
+  const auto& node = expr;
+  using node_t = std::remove_cvref_t<Expr>;
+  static_assert(tensor_expression<node_t>, "pdo: explain: pass an expression (an op applied to tensors or dtensors)");
+  constexpr expression_plan plan = plan_of<node_t>();
+  std::vector<detail::node_facts> nodes;
+  detail::collect_nodes(node, nodes);
+  [[maybe_unused]] const auto* mesh = detail::find_mesh(node);  // nullptr for local expressions
+  std::string text = "plan of " + std::string(node_t::name) + " -> " + detail::describe_node(node);
+  if constexpr (node_t::distributed) text += " on " + mesh->describe();
+  text += ": " + std::to_string(plan.kernels()) + " kernel" + (plan.kernels() == 1 ? "" : "s") + ", " +
+          std::to_string(plan.collectives()) + " collective" + (plan.collectives() == 1 ? "" : "s") + "\n";
+  // the kernel a fused op runs inside: the first op up its chain of consumers that is not fused
+  auto runs_in = [&](const plan_step& fused) {
+    std::size_t consumer = fused.into;
+    for (bool up = true; up;) {
+      up = false;
+      for (const auto& s : plan)
+        if (s.kind == plan_step_kind::kernel && s.fused && s.node == consumer) {
+          consumer = s.into;
+          up = true;
+          break;
+        }
+    }
+    return consumer;
+  };
+  std::size_t line = 0;
+  for (const auto& s : plan) {
+    const auto& facts = nodes[s.node];
+    if (s.kind == plan_step_kind::kernel && s.fused) continue;  // printed with the kernel it runs in
+    text += "  " + std::to_string(++line) + ". ";
+    if (s.kind == plan_step_kind::kernel) {
+      std::string fused_ops;
+      for (const auto& f : plan)
+        if (f.kind == plan_step_kind::kernel && f.fused && runs_in(f) == s.node) fused_ops += std::string(f.op) + " + ";
+      text += "kernel " + (fused_ops.empty() ? std::string(s.op) : "fused(" + fused_ops + std::string(s.op) + ")") + " -> " +
+              facts.text.substr(facts.text.find(' ') + 1) + "\n";
+      continue;
+    }
+    const auto& operand = nodes[s.operand_node];
+    text += std::string(s.kind == plan_step_kind::combine_max ? "all_reduce(max)" : step_name(s.move.kind)) + " over " +
+            std::string(s.move.axis) + " for " + std::string(s.op) + (s.kind == plan_step_kind::redistribute
+                                                                           ? " operand " + std::to_string(s.operand) + " (" +
+                                                                                 operand.text + ")"
+                                                                           : std::string()) +
+            ": " + detail::to_string(s.move.before) + " -> " + detail::to_string(s.move.after);
+    if constexpr (node_t::distributed) {
+      const auto& data = s.kind == plan_step_kind::combine_max ? facts : operand;
+      text += ", " + std::to_string(detail::bytes_sent(*mesh, s.move, data.shape, data.element_size)) + " bytes sent per place";
+    }
+    text += "\n";
   }
+  if (plan.size == 0) text += "  (nothing to compute: the result is the operand)\n";
+  return text;
 }
-
-template <class Policy, class Node>
-constexpr void check_policy() {
-  static_assert(std::is_same_v<Policy, implicit> || std::is_same_v<Policy, strict>,
-                "pdo: eval: the policy must be pdo::implicit or pdo::strict");
-  if constexpr (std::is_same_v<Policy, strict>) static_assert(check_strict<Node>());
-}
-
-}  // namespace detail
-
-/// @brief The layout type of the result of evaluating `Expr` (a dtensor expression).
-template <class Expr>
-using result_layout_t = detail::layout_type_t<typename detail::expression_t<Expr>::mesh_type,
-                                              detail::output_layout<detail::expression_t<Expr>>>;
 
 }  // namespace pdo
-#endif  // PDO_SINGLE_PDO_PLAN_PLAN_HPP
+#endif  // PDO_SINGLE_PDO_PLAN_EXPLAIN_HPP
 
 #include <cstddef>
 #include <exception>
@@ -9493,34 +9903,100 @@ namespace pdo {
 
 namespace detail {
 
-/// @brief An evaluation queued on the places of a mesh: its tasks, and how to name it in
-/// an error (built only when one is thrown).
+/// @brief An evaluation queued on the places of a mesh: the tasks of each step of its plan,
+/// in the plan's order, and how to name it in an error (built only when one is thrown).
 struct queued_evaluation {
-  std::shared_ptr<place_batch> batch;
+  std::vector<std::shared_ptr<place_batch>> steps;
   virtual ~queued_evaluation() = default;
   [[nodiscard]] virtual std::string what() const = 0;
   [[nodiscard]] virtual std::string place_name(std::size_t p) const = 0;
 
-  /// @brief Waits for every task; throws the first failure as a pdo::error naming the op and place.
+  /// @brief Whether every task of every step has ended.
+  [[nodiscard]] bool finished() const {
+    for (const auto& b : steps)
+      if (!b->finished()) return false;
+    return true;
+  }
+  /// @brief Waits for every task; throws the failure of the first step that failed (the
+  /// later ones were cancelled by it) as a pdo::error naming the op and place.
   void finish() const {
-    batch->wait();
-    if (const auto failure = batch->first_failure())
-      failure->error.rethrow_with_context(what() + ": on place " + place_name(failure->place) + ": ");
+    for (const auto& b : steps) b->wait();
+    for (const auto& b : steps)
+      if (const auto failure = b->first_failure())
+        failure->error.rethrow_with_context(what() + ": on place " + place_name(failure->place) + ": ");
   }
 };
 
 /// @brief What an evaluation shares with the tasks it queued: the expression (its leaves
-/// refer to the caller's tensors) and the result, whose shards the tasks fill.
+/// refer to the caller's tensors), the result, whose shards the tasks fill, and each local
+/// place's run of the plan.
 template <class Node, class Result>
 struct evaluation final : queued_evaluation {
-  evaluation(Node e, Result r) : expr(std::move(e)), result(std::move(r)) {}
+  using mesh_t = typename Node::mesh_type;
+  evaluation(Node e, Result r) : expr(std::move(e)), result(std::move(r)) {
+    const auto& local = result.mesh().local_places();
+    runs.reserve(local.size());
+    for (std::size_t k = 0; k < local.size(); ++k)
+      runs.emplace_back(expr, mesh_context<mesh_t>(result.mesh(), local[k]), result.local_shards()[k]);
+  }
+  evaluation(const evaluation&) = delete;
+  evaluation& operator=(const evaluation&) = delete;
   Node expr;
   Result result;
+  std::vector<plan_run<Node, mesh_context<mesh_t>>> runs;  ///< refer to expr and result
   [[nodiscard]] std::string what() const override {
     return "eval of " + std::string(Node::name) + " -> " + describe_node(expr);
   }
   [[nodiscard]] std::string place_name(std::size_t p) const override { return result.mesh().place(p).name(); }
 };
+
+/// @brief The trace's detail of step `S` of `Node`'s plan (built only while tracing).
+template <class Node, std::size_t S, class Mesh>
+std::string step_detail(const Node& root, const Mesh& m) {
+  constexpr plan_step step = plan_run<Node, mesh_context<Mesh>>::plan.steps[S];
+  if constexpr (step.kind == plan_step_kind::kernel) {
+    return describe_node(node_numbered<step.node>(root));
+  } else {
+    constexpr std::size_t data = step.kind == plan_step_kind::redistribute ? step.operand_node : step.node;
+    const auto& node = node_numbered<data>(root);
+    const auto shape = node.shape();
+    const std::vector<std::size_t> extents(shape.begin(), shape.end());
+    const std::size_t bytes = bytes_sent(m, step.move, extents, sizeof(typename std::remove_cvref_t<decltype(node)>::value_type));
+    return std::string(step.kind == plan_step_kind::combine_max ? "all_reduce(max)" : step_name(step.move.kind)) + " over " +
+           std::string(step.move.axis) + " of " + describe_node(node) + ", " + std::to_string(bytes) + " bytes sent per place";
+  }
+}
+
+/// @brief Queues step `S` of the plan of `state`'s expression on every place of its mesh in
+/// this process: a kernel on the compute lanes; a collective on the communication lanes.
+template <std::size_t S, class State>
+void queue_step(const std::shared_ptr<State>& state) {
+  using node_t = std::remove_cvref_t<decltype(state->expr)>;
+  using run_t = plan_run<node_t, mesh_context<typename node_t::mesh_type>>;
+  constexpr plan_step step = run_t::plan.steps[S];
+  if constexpr (step.kind == plan_step_kind::kernel && step.fused) {
+    return;  // runs inside the kernel of the op that reads it
+  } else {
+    const auto& m = state->result.mesh();
+    constexpr bool collective = step.kind == plan_step_kind::combine_max ||
+                                (step.kind == plan_step_kind::redistribute && communicates(step.move.kind));
+    batch_options o{step.op.data(), collective ? "collective" : "kernel", collective, collective && !m.is_multiprocess(),
+                    collective ? lane_kind::communication : lane_kind::compute};
+    state->steps.push_back(submit_on_places(
+        m, [raw = state.get()](std::size_t, std::size_t k) { raw->runs[k].template run_step<S>(); }, o,
+        [raw = state.get()](std::size_t, std::size_t k) { return raw->runs[k].template uses<S>(); },
+        [raw = state.get()] { return step_detail<node_t, S>(raw->expr, raw->result.mesh()); }));
+  }
+}
+
+/// @brief Queues the copy that evaluates an expression that is a dtensor.
+template <class State>
+void queue_copy(const std::shared_ptr<State>& state) {
+  state->steps.push_back(submit_on_places(
+      state->result.mesh(), [raw = state.get()](std::size_t, std::size_t k) { raw->runs[k].copy_leaf(); },
+      batch_options{"copy", "copy", false, false, lane_kind::compute},
+      [raw = state.get()](std::size_t, std::size_t k) { return raw->runs[k].copy_uses(); }));
+}
 
 /// @brief The evaluations this thread queued with eval_async and has not waited for: what
 /// its wait_all waits for (another thread's wait_all waits for that thread's own).
@@ -9529,18 +10005,7 @@ inline std::vector<std::shared_ptr<const queued_evaluation>>& pending_evaluation
   return pending;
 }
 
-/// @brief The shards of the dtensor leaves of `node` on place `k` of this process, for the
-/// engine: what the evaluation's task on that place reads.
-template <class Node>
-void add_shard_reads(const Node& node, std::size_t k, std::vector<const void*>& reads) {
-  if constexpr (Node::is_leaf) {
-    if constexpr (Node::distributed) reads.push_back(node.value().local_shards()[k].data());
-  } else {
-    std::apply([&](const auto&... c) { (add_shard_reads(c, k, reads), ...); }, node.children());
-  }
-}
-
-/// @brief Allocates the result's shards and queues the evaluation of `expr` on every
+/// @brief Allocates the result's shards and queues the steps of the plan of `expr` on every
 /// place of its mesh in this process.
 template <class Policy, class Expr>
 auto queue_evaluation(Expr&& expr) {
@@ -9551,8 +10016,6 @@ auto queue_evaluation(Expr&& expr) {
   using T = typename node_t::value_type;
   using mesh_t = typename node_t::mesh_type;
   using result_t = dtensor<T, node_t::rank, mesh_t, result_layout_t<node_t>>;
-  constexpr std::size_t collectives = plan_of<node_t>().collectives();
-
   check_not_nested("eval");
   node_t node = as_expression(std::forward<Expr>(expr));
   const mesh_t& m = *find_mesh(node);
@@ -9565,20 +10028,11 @@ auto queue_evaluation(Expr&& expr) {
   shards.reserve(m.local_places().size());
   for (std::size_t p : m.local_places()) shards.emplace_back(shard_shape(m, node_t::rule.out, global, p), m.place(p), uninitialized);
   auto state = std::make_shared<evaluation<node_t, result_t>>(std::move(node), result_t(m, global, std::move(shards)));
-  state->batch = submit_on_places(
-      m,
-      [raw = state.get()](std::size_t p, std::size_t k) {
-        mesh_context<mesh_t> ctx(raw->result.mesh(), p);
-        detail::run_node(raw->expr, ctx, raw->result.local_shards()[k]);
-      },
-      batch_options{"eval", "kernel", collectives > 0, collectives > 0 && !m.is_multiprocess()},
-      [raw = state.get()](std::size_t, std::size_t k) {
-        access uses;
-        add_shard_reads(raw->expr, k, uses.reads);
-        uses.writes.push_back(raw->result.local_shards()[k].data());
-        return uses;
-      },
-      [raw = state.get()] { return raw->what() + ": " + raw->result.describe(); });
+  if constexpr (node_t::is_leaf) {
+    queue_copy(state);
+  } else {
+    [&]<std::size_t... S>(std::index_sequence<S...>) { (queue_step<S>(state), ...); }(std::make_index_sequence<plan_of<node_t>().size>{});
+  }
   return state;
 }
 
@@ -9603,7 +10057,7 @@ class async_result {
   /// @brief The result, sharing ownership of the evaluation that computes it.
   [[nodiscard]] std::shared_ptr<const DTensor> shared_value() const { return {state_, result_}; }
   /// @brief Whether every place has finished.
-  [[nodiscard]] bool ready() const { return state_->batch->finished(); }
+  [[nodiscard]] bool ready() const { return state_->finished(); }
   /// @brief Waits for every place; throws the first failure (a pdo::error naming the op and
   /// place; an evaluation that needed the result of one that failed is cancelled with that
   /// failure). pdo::wait_all of the thread that queued it no longer waits for it.
@@ -9680,14 +10134,15 @@ auto eval(Expr&& expr) {
     node_t node = detail::as_expression(std::forward<Expr>(expr));
     // the kernels run where the operands are: on their GPU's place (on its compute lane), or
     // over host memory on the calling thread
-    if (detail::place_state* const gpu = detail::local_home(node); gpu != nullptr) {
-      return detail::run_on_place(*gpu, [&] {
-        detail::local_context ctx;
-        return detail::materialize(node, ctx);
-      });
-    }
-    detail::local_context ctx(detail::on_gpu(detail::current_place()));
-    return detail::materialize(node, ctx);
+    auto run = [&](detail::local_context ctx) {
+      detail::checked_volume(node.shape(), node_t::name, sizeof(typename node_t::value_type));
+      auto out = ctx.template allocate<typename node_t::value_type>(node.shape());
+      detail::plan_run<node_t, detail::local_context>(node, ctx, out).run_all();
+      return out;
+    };
+    if (detail::place_state* const gpu = detail::local_home(node); gpu != nullptr)
+      return detail::run_on_place(*gpu, [&] { return run(detail::local_context{}); });
+    return run(detail::local_context(detail::on_gpu(detail::current_place())));
   }
 }
 
@@ -10193,9 +10648,9 @@ class cross_entropy_grad_node : public detail::op_node<Logits, Labels> {
   [[nodiscard]] const shape_t<2>& shape() const { return shape_; }
 
   template <class Ctx>
-  void run(Ctx& ctx, tensor<value_type, 2>& out) const {
-    const auto logits = detail::operand_block<0>(*this, ctx);
-    const auto labels = detail::operand_block<1>(*this, ctx);
+  void kernel(Ctx& ctx, tensor<value_type, 2>& out) const {
+    const auto logits = ctx.template operand<0>();
+    const auto labels = ctx.template operand<1>();
     using label_t = typename Labels::value_type;
     const label_t* first = labels.data + (logits.offset[0] - labels.offset[0]);
     const value_type scale = logits.global[0] == 0 ? value_type{} : scale_ / static_cast<value_type>(logits.global[0]);
@@ -13224,126 +13679,6 @@ inline adam_options adamw_options(double lr = 1e-3, double weight_decay = 0.01) 
 
 }  // namespace pdo::nn
 #endif  // PDO_SINGLE_PDO_NN_OPTIM_HPP
-// ---- pdo/plan/explain.hpp
-#ifndef PDO_SINGLE_PDO_PLAN_EXPLAIN_HPP
-#define PDO_SINGLE_PDO_PLAN_EXPLAIN_HPP
-// pdo/plan/explain.hpp: an expression's plan printed for its actual shapes, with the bytes each collective moves.
-
-
-#include <cstddef>
-#include <string>
-#include <tuple>
-#include <utility>
-#include <vector>
-
-namespace pdo {
-
-namespace detail {
-
-/// @brief What explain knows of one node: its description and global shape.
-struct node_facts {
-  std::string text;
-  std::vector<std::size_t> shape;
-  std::size_t element_size = 0;
-};
-
-/// @brief Records every node of `node`'s subtree in evaluation order (the numbering of plan_of).
-template <class Node>
-void collect_nodes(const Node& node, std::vector<node_facts>& out) {
-  if constexpr (Node::is_scalar) {
-    return;
-  } else {
-    if constexpr (!Node::is_leaf) std::apply([&](const auto&... c) { (collect_nodes(c, out), ...); }, node.children());
-    const auto s = node.shape();
-    out.push_back({std::string(Node::name) + " " + describe_node(node), {s.begin(), s.end()}, sizeof(typename Node::value_type)});
-  }
-}
-
-/// @brief Bytes place 0 sends in one redistribution step of a tensor of `shape` (ring
-/// algorithms: all_reduce 2(n-1)/n of its block, reduce_scatter and all_to_all (n-1)/n,
-/// all_gather (n-1) blocks); local steps send nothing.
-template <class Mesh>
-std::size_t bytes_sent(const Mesh& m, const redistribute_step& s, const std::vector<std::size_t>& shape, std::size_t element) {
-  const std::size_t n = m.extent(Mesh::axis_index(s.axis));
-  std::size_t block = element;
-  for (std::size_t d = 0; d < shape.size(); ++d) {
-    std::size_t e = shape[d];
-    if (!s.before.dim_axis[d].empty()) e = chunk_size(e, m.extent(Mesh::axis_index(s.before.dim_axis[d])), 0);
-    block *= e;
-  }
-  switch (s.kind) {
-    case step_kind::all_reduce: return 2 * (n - 1) * block / n;
-    case step_kind::reduce_scatter:
-    case step_kind::all_to_all: return (n - 1) * block / n;
-    case step_kind::all_gather: return (n - 1) * block;
-    default: return 0;
-  }
-}
-
-}  // namespace detail
-
-/// @brief The plan of `expr` for its actual shapes, one line per step: each op's kernel
-/// with its output layout, ops fused into one kernel marked as such, and each collective
-/// with its axis, layouts and the bytes each place sends (place 0's block where shards are uneven).
-template <class Expr>
-std::string explain(const Expr& expr) {
-  const auto& node = expr;
-  using node_t = std::remove_cvref_t<Expr>;
-  static_assert(tensor_expression<node_t>, "pdo: explain: pass an expression (an op applied to tensors or dtensors)");
-  constexpr expression_plan plan = plan_of<node_t>();
-  std::vector<detail::node_facts> nodes;
-  detail::collect_nodes(node, nodes);
-  [[maybe_unused]] const auto* mesh = detail::find_mesh(node);  // nullptr for local expressions
-  std::string text = "plan of " + std::string(node_t::name) + " -> " + detail::describe_node(node);
-  if constexpr (node_t::distributed) text += " on " + mesh->describe();
-  text += ": " + std::to_string(plan.kernels()) + " kernel" + (plan.kernels() == 1 ? "" : "s") + ", " +
-          std::to_string(plan.collectives()) + " collective" + (plan.collectives() == 1 ? "" : "s") + "\n";
-  // the kernel a fused op runs inside: the first op up its chain of consumers that is not fused
-  auto runs_in = [&](const plan_step& fused) {
-    std::size_t consumer = fused.into;
-    for (bool up = true; up;) {
-      up = false;
-      for (const auto& s : plan)
-        if (s.kind == plan_step_kind::kernel && s.fused && s.node == consumer) {
-          consumer = s.into;
-          up = true;
-          break;
-        }
-    }
-    return consumer;
-  };
-  std::size_t line = 0;
-  for (const auto& s : plan) {
-    const auto& facts = nodes[s.node];
-    if (s.kind == plan_step_kind::kernel && s.fused) continue;  // printed with the kernel it runs in
-    text += "  " + std::to_string(++line) + ". ";
-    if (s.kind == plan_step_kind::kernel) {
-      std::string fused_ops;
-      for (const auto& f : plan)
-        if (f.kind == plan_step_kind::kernel && f.fused && runs_in(f) == s.node) fused_ops += std::string(f.op) + " + ";
-      text += "kernel " + (fused_ops.empty() ? std::string(s.op) : "fused(" + fused_ops + std::string(s.op) + ")") + " -> " +
-              facts.text.substr(facts.text.find(' ') + 1) + "\n";
-      continue;
-    }
-    const auto& operand = nodes[s.operand_node];
-    text += std::string(s.kind == plan_step_kind::combine_max ? "all_reduce(max)" : step_name(s.move.kind)) + " over " +
-            std::string(s.move.axis) + " for " + std::string(s.op) + (s.kind == plan_step_kind::redistribute
-                                                                           ? " operand " + std::to_string(s.operand) + " (" +
-                                                                                 operand.text + ")"
-                                                                           : std::string()) +
-            ": " + detail::to_string(s.move.before) + " -> " + detail::to_string(s.move.after);
-    if constexpr (node_t::distributed) {
-      const auto& data = s.kind == plan_step_kind::combine_max ? facts : operand;
-      text += ", " + std::to_string(detail::bytes_sent(*mesh, s.move, data.shape, data.element_size)) + " bytes sent per place";
-    }
-    text += "\n";
-  }
-  if (plan.size == 0) text += "  (nothing to compute: the result is the operand)\n";
-  return text;
-}
-
-}  // namespace pdo
-#endif  // PDO_SINGLE_PDO_PLAN_EXPLAIN_HPP
 
 #include <algorithm>
 #include <array>
@@ -14173,7 +14508,7 @@ struct channel {
 /// the other direction.
 struct async_sender {
   lane_kind lane = lane_kind::communication;
-  std::vector<pdo::detail::task_handle> sends;
+  std::vector<pdo::detail::task_handle> sends = {};
 
   /// @brief Sends `t` to member `to` of `link` (the line along "pp"); its shape goes first
   /// through `host` (the mesh's host group, whose member `to_place` the receiver is), so a

@@ -2,7 +2,9 @@
 #pragma once
 
 #include <pdo/exec/run_on_places.hpp>
+#include <pdo/exec/run_plan.hpp>
 #include <pdo/expr/operators.hpp>
+#include <pdo/plan/explain.hpp>
 #include <pdo/plan/plan.hpp>
 
 #include <cstddef>
@@ -17,34 +19,100 @@ namespace pdo {
 
 namespace detail {
 
-/// @brief An evaluation queued on the places of a mesh: its tasks, and how to name it in
-/// an error (built only when one is thrown).
+/// @brief An evaluation queued on the places of a mesh: the tasks of each step of its plan,
+/// in the plan's order, and how to name it in an error (built only when one is thrown).
 struct queued_evaluation {
-  std::shared_ptr<place_batch> batch;
+  std::vector<std::shared_ptr<place_batch>> steps;
   virtual ~queued_evaluation() = default;
   [[nodiscard]] virtual std::string what() const = 0;
   [[nodiscard]] virtual std::string place_name(std::size_t p) const = 0;
 
-  /// @brief Waits for every task; throws the first failure as a pdo::error naming the op and place.
+  /// @brief Whether every task of every step has ended.
+  [[nodiscard]] bool finished() const {
+    for (const auto& b : steps)
+      if (!b->finished()) return false;
+    return true;
+  }
+  /// @brief Waits for every task; throws the failure of the first step that failed (the
+  /// later ones were cancelled by it) as a pdo::error naming the op and place.
   void finish() const {
-    batch->wait();
-    if (const auto failure = batch->first_failure())
-      failure->error.rethrow_with_context(what() + ": on place " + place_name(failure->place) + ": ");
+    for (const auto& b : steps) b->wait();
+    for (const auto& b : steps)
+      if (const auto failure = b->first_failure())
+        failure->error.rethrow_with_context(what() + ": on place " + place_name(failure->place) + ": ");
   }
 };
 
 /// @brief What an evaluation shares with the tasks it queued: the expression (its leaves
-/// refer to the caller's tensors) and the result, whose shards the tasks fill.
+/// refer to the caller's tensors), the result, whose shards the tasks fill, and each local
+/// place's run of the plan.
 template <class Node, class Result>
 struct evaluation final : queued_evaluation {
-  evaluation(Node e, Result r) : expr(std::move(e)), result(std::move(r)) {}
+  using mesh_t = typename Node::mesh_type;
+  evaluation(Node e, Result r) : expr(std::move(e)), result(std::move(r)) {
+    const auto& local = result.mesh().local_places();
+    runs.reserve(local.size());
+    for (std::size_t k = 0; k < local.size(); ++k)
+      runs.emplace_back(expr, mesh_context<mesh_t>(result.mesh(), local[k]), result.local_shards()[k]);
+  }
+  evaluation(const evaluation&) = delete;
+  evaluation& operator=(const evaluation&) = delete;
   Node expr;
   Result result;
+  std::vector<plan_run<Node, mesh_context<mesh_t>>> runs;  ///< refer to expr and result
   [[nodiscard]] std::string what() const override {
     return "eval of " + std::string(Node::name) + " -> " + describe_node(expr);
   }
   [[nodiscard]] std::string place_name(std::size_t p) const override { return result.mesh().place(p).name(); }
 };
+
+/// @brief The trace's detail of step `S` of `Node`'s plan (built only while tracing).
+template <class Node, std::size_t S, class Mesh>
+std::string step_detail(const Node& root, const Mesh& m) {
+  constexpr plan_step step = plan_run<Node, mesh_context<Mesh>>::plan.steps[S];
+  if constexpr (step.kind == plan_step_kind::kernel) {
+    return describe_node(node_numbered<step.node>(root));
+  } else {
+    constexpr std::size_t data = step.kind == plan_step_kind::redistribute ? step.operand_node : step.node;
+    const auto& node = node_numbered<data>(root);
+    const auto shape = node.shape();
+    const std::vector<std::size_t> extents(shape.begin(), shape.end());
+    const std::size_t bytes = bytes_sent(m, step.move, extents, sizeof(typename std::remove_cvref_t<decltype(node)>::value_type));
+    return std::string(step.kind == plan_step_kind::combine_max ? "all_reduce(max)" : step_name(step.move.kind)) + " over " +
+           std::string(step.move.axis) + " of " + describe_node(node) + ", " + std::to_string(bytes) + " bytes sent per place";
+  }
+}
+
+/// @brief Queues step `S` of the plan of `state`'s expression on every place of its mesh in
+/// this process: a kernel on the compute lanes; a collective on the communication lanes.
+template <std::size_t S, class State>
+void queue_step(const std::shared_ptr<State>& state) {
+  using node_t = std::remove_cvref_t<decltype(state->expr)>;
+  using run_t = plan_run<node_t, mesh_context<typename node_t::mesh_type>>;
+  constexpr plan_step step = run_t::plan.steps[S];
+  if constexpr (step.kind == plan_step_kind::kernel && step.fused) {
+    return;  // runs inside the kernel of the op that reads it
+  } else {
+    const auto& m = state->result.mesh();
+    constexpr bool collective = step.kind == plan_step_kind::combine_max ||
+                                (step.kind == plan_step_kind::redistribute && communicates(step.move.kind));
+    batch_options o{step.op.data(), collective ? "collective" : "kernel", collective, collective && !m.is_multiprocess(),
+                    collective ? lane_kind::communication : lane_kind::compute};
+    state->steps.push_back(submit_on_places(
+        m, [raw = state.get()](std::size_t, std::size_t k) { raw->runs[k].template run_step<S>(); }, o,
+        [raw = state.get()](std::size_t, std::size_t k) { return raw->runs[k].template uses<S>(); },
+        [raw = state.get()] { return step_detail<node_t, S>(raw->expr, raw->result.mesh()); }));
+  }
+}
+
+/// @brief Queues the copy that evaluates an expression that is a dtensor.
+template <class State>
+void queue_copy(const std::shared_ptr<State>& state) {
+  state->steps.push_back(submit_on_places(
+      state->result.mesh(), [raw = state.get()](std::size_t, std::size_t k) { raw->runs[k].copy_leaf(); },
+      batch_options{"copy", "copy", false, false, lane_kind::compute},
+      [raw = state.get()](std::size_t, std::size_t k) { return raw->runs[k].copy_uses(); }));
+}
 
 /// @brief The evaluations this thread queued with eval_async and has not waited for: what
 /// its wait_all waits for (another thread's wait_all waits for that thread's own).
@@ -53,18 +121,7 @@ inline std::vector<std::shared_ptr<const queued_evaluation>>& pending_evaluation
   return pending;
 }
 
-/// @brief The shards of the dtensor leaves of `node` on place `k` of this process, for the
-/// engine: what the evaluation's task on that place reads.
-template <class Node>
-void add_shard_reads(const Node& node, std::size_t k, std::vector<const void*>& reads) {
-  if constexpr (Node::is_leaf) {
-    if constexpr (Node::distributed) reads.push_back(node.value().local_shards()[k].data());
-  } else {
-    std::apply([&](const auto&... c) { (add_shard_reads(c, k, reads), ...); }, node.children());
-  }
-}
-
-/// @brief Allocates the result's shards and queues the evaluation of `expr` on every
+/// @brief Allocates the result's shards and queues the steps of the plan of `expr` on every
 /// place of its mesh in this process.
 template <class Policy, class Expr>
 auto queue_evaluation(Expr&& expr) {
@@ -75,8 +132,6 @@ auto queue_evaluation(Expr&& expr) {
   using T = typename node_t::value_type;
   using mesh_t = typename node_t::mesh_type;
   using result_t = dtensor<T, node_t::rank, mesh_t, result_layout_t<node_t>>;
-  constexpr std::size_t collectives = plan_of<node_t>().collectives();
-
   check_not_nested("eval");
   node_t node = as_expression(std::forward<Expr>(expr));
   const mesh_t& m = *find_mesh(node);
@@ -89,20 +144,11 @@ auto queue_evaluation(Expr&& expr) {
   shards.reserve(m.local_places().size());
   for (std::size_t p : m.local_places()) shards.emplace_back(shard_shape(m, node_t::rule.out, global, p), m.place(p), uninitialized);
   auto state = std::make_shared<evaluation<node_t, result_t>>(std::move(node), result_t(m, global, std::move(shards)));
-  state->batch = submit_on_places(
-      m,
-      [raw = state.get()](std::size_t p, std::size_t k) {
-        mesh_context<mesh_t> ctx(raw->result.mesh(), p);
-        detail::run_node(raw->expr, ctx, raw->result.local_shards()[k]);
-      },
-      batch_options{"eval", "kernel", collectives > 0, collectives > 0 && !m.is_multiprocess()},
-      [raw = state.get()](std::size_t, std::size_t k) {
-        access uses;
-        add_shard_reads(raw->expr, k, uses.reads);
-        uses.writes.push_back(raw->result.local_shards()[k].data());
-        return uses;
-      },
-      [raw = state.get()] { return raw->what() + ": " + raw->result.describe(); });
+  if constexpr (node_t::is_leaf) {
+    queue_copy(state);
+  } else {
+    [&]<std::size_t... S>(std::index_sequence<S...>) { (queue_step<S>(state), ...); }(std::make_index_sequence<plan_of<node_t>().size>{});
+  }
   return state;
 }
 
@@ -127,7 +173,7 @@ class async_result {
   /// @brief The result, sharing ownership of the evaluation that computes it.
   [[nodiscard]] std::shared_ptr<const DTensor> shared_value() const { return {state_, result_}; }
   /// @brief Whether every place has finished.
-  [[nodiscard]] bool ready() const { return state_->batch->finished(); }
+  [[nodiscard]] bool ready() const { return state_->finished(); }
   /// @brief Waits for every place; throws the first failure (a pdo::error naming the op and
   /// place; an evaluation that needed the result of one that failed is cancelled with that
   /// failure). pdo::wait_all of the thread that queued it no longer waits for it.
@@ -204,14 +250,15 @@ auto eval(Expr&& expr) {
     node_t node = detail::as_expression(std::forward<Expr>(expr));
     // the kernels run where the operands are: on their GPU's place (on its compute lane), or
     // over host memory on the calling thread
-    if (detail::place_state* const gpu = detail::local_home(node); gpu != nullptr) {
-      return detail::run_on_place(*gpu, [&] {
-        detail::local_context ctx;
-        return detail::materialize(node, ctx);
-      });
-    }
-    detail::local_context ctx(detail::on_gpu(detail::current_place()));
-    return detail::materialize(node, ctx);
+    auto run = [&](detail::local_context ctx) {
+      detail::checked_volume(node.shape(), node_t::name, sizeof(typename node_t::value_type));
+      auto out = ctx.template allocate<typename node_t::value_type>(node.shape());
+      detail::plan_run<node_t, detail::local_context>(node, ctx, out).run_all();
+      return out;
+    };
+    if (detail::place_state* const gpu = detail::local_home(node); gpu != nullptr)
+      return detail::run_on_place(*gpu, [&] { return run(detail::local_context{}); });
+    return run(detail::local_context(detail::on_gpu(detail::current_place())));
   }
 }
 

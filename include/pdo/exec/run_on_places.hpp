@@ -55,6 +55,8 @@ struct batch_options {
   /// this process). The operations on a mesh follow each other whole (engine's after_all),
   /// so no task of a later one is inside a collective then.
   bool closing = false;
+  /// @brief The lane of each place the tasks run on.
+  lane_kind lane = lane_kind::compute;
 };
 
 /// @brief The tasks of one mesh-wide operation, one per place of this process, and how they ended.
@@ -106,7 +108,7 @@ inline void check_not_nested(const char* op) {
 }
 
 /// @brief Submits `task(place_index, local_ordinal)` for every place of `m` in this process,
-/// on its compute lane, reading and writing what `access_of(place_index, local_ordinal)`
+/// on its lane `o.lane`, reading and writing what `access_of(place_index, local_ordinal)`
 /// says, and returns without waiting.
 /// `describe()` gives the trace's detail (called only while the timeline records).
 template <class Mesh, class Task, class Access = no_access, class Describe = std::nullptr_t>
@@ -125,7 +127,7 @@ std::shared_ptr<place_batch> submit_on_places(const Mesh& m, Task task, batch_op
   const bool communicate = o.communicate, closing = o.closing;
   for (std::size_t k = 0; k < local.size(); ++k) {
     task_request& r = requests[k];
-    r.home = &lane_of(*m.place(local[k]).state());
+    r.home = &lane_of(*m.place(local[k]).state(), o.lane);
     r.op = o.op;
     r.category = o.category;
     r.detail = detail;

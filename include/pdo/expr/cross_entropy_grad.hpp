@@ -55,9 +55,9 @@ class cross_entropy_grad_node : public detail::op_node<Logits, Labels> {
   [[nodiscard]] const shape_t<2>& shape() const { return shape_; }
 
   template <class Ctx>
-  void run(Ctx& ctx, tensor<value_type, 2>& out) const {
-    const auto logits = detail::operand_block<0>(*this, ctx);
-    const auto labels = detail::operand_block<1>(*this, ctx);
+  void kernel(Ctx& ctx, tensor<value_type, 2>& out) const {
+    const auto logits = ctx.template operand<0>();
+    const auto labels = ctx.template operand<1>();
     using label_t = typename Labels::value_type;
     const label_t* first = labels.data + (logits.offset[0] - labels.offset[0]);
     const value_type scale = logits.global[0] == 0 ? value_type{} : scale_ / static_cast<value_type>(logits.global[0]);

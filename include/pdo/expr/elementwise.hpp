@@ -185,7 +185,7 @@ class elementwise_node : public detail::op_node<Children...> {
   }
 
   template <class Ctx>
-  void run(Ctx& ctx, tensor<value_type, rank>& out) const {
+  void kernel(Ctx& ctx, tensor<value_type, rank>& out) const {
     detail::group_frame<rank> frame{out.shape(), ctx.local_offset(rule.out, shape_)};
     const auto r = reader(ctx, frame);
     const thrust::counting_iterator<std::size_t> first(0), last(out.size());
@@ -237,11 +237,10 @@ class elementwise_node : public detail::op_node<Children...> {
     if constexpr (child_t::is_scalar) {
       return detail::scalar_reader<value_type>{static_cast<value_type>(c.value)};
     } else if constexpr (detail::fuses_child<elementwise_node, I>) {
-      auto r = c.reader(ctx, frame);
-      detail::record_kernel<child_t>(ctx, true);
-      return r;
+      auto inner = ctx.template fused<I>();
+      return c.reader(inner, frame);
     } else {
-      return detail::read_block(detail::operand_block<I>(*this, ctx), frame, name);
+      return detail::read_block(ctx.template operand<I>(), frame, name);
     }
   }
 

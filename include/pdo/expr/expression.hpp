@@ -1,4 +1,6 @@
-// pdo/expr/expression.hpp: what every expression node has, the leaves, and where a node is evaluated.
+// pdo/expr/expression.hpp: what every expression node has, and the leaves. How a plan of nodes
+// runs is exec's (pdo/exec/run_plan.hpp): a node's kernel reads its operands through the
+// context it is given.
 #pragma once
 
 #include <pdo/comm/mesh_comms.hpp>
@@ -25,63 +27,14 @@ namespace pdo {
 
 /// @brief An expression node: a lazy value that pdo::eval materializes. Nodes opt in
 /// with `using expression_tag = void;` and describe themselves with `value_type`, `rank`,
-/// `distributed`, `mesh_type`, `name`, `rule` (the planner's op_rule), `shape()`,
-/// `run(context, out)` and their children.
+/// `distributed`, `mesh_type`, `name`, `rule` (the planner's op_rule), `shape()`, their
+/// children and, for ops, `kernel(context, out)`: the op's local kernel, which reads operand
+/// I as a block through `context.template operand<I>()` (or, fused into it, through
+/// `context.template fused<I>()`) and writes `out`, this place's block of the result.
 template <class E>
 concept tensor_expression = requires { typename std::remove_cvref_t<E>::expression_tag; };
 
 namespace detail {
-
-/// @brief Where a local expression runs: the calling thread, on the cores of its place (or
-/// its GPU). With `host_loops`, on the calling thread as plain host loops, the result in host
-/// memory: for operands in host memory while the calling thread drives a GPU.
-struct local_context {
-  static constexpr bool distributed = false;
-  local_context() = default;
-  explicit local_context(bool host_loops) : on_host(host_loops) {
-    if (host_loops) system = place_system{};
-  }
-  bool on_host = false;
-  place_system system = current_place_system();
-  std::vector<std::shared_ptr<void>> keep;  ///< temporaries the kernels read
-
-  template <std::size_t Rank>
-  shape_t<Rank> local_shape(const layout_value&, const shape_t<Rank>& global) const {
-    return global;
-  }
-  template <std::size_t Rank>
-  shape_t<Rank> local_offset(const layout_value&, const shape_t<Rank>&) const {
-    return {};
-  }
-  template <class T, std::size_t Rank>
-  tensor<T, Rank> allocate(const shape_t<Rank>& shape) const {
-    return on_host ? tensor<T, Rank>::on_host(shape) : tensor<T, Rank>(shape, uninitialized);
-  }
-};
-
-/// @brief Where a distributed expression runs on one place: place `p` of mesh `m`.
-template <class Mesh>
-struct mesh_context {
-  static constexpr bool distributed = true;
-  mesh_context(const Mesh& mesh, std::size_t place) : m(mesh), p(place) {}
-  const Mesh& m;
-  std::size_t p;
-  place_system system = current_place_system();
-  std::vector<std::shared_ptr<void>> keep;
-
-  template <std::size_t Rank>
-  shape_t<Rank> local_shape(const layout_value& v, const shape_t<Rank>& global) const {
-    return shard_shape(m, v, global, p);
-  }
-  template <std::size_t Rank>
-  shape_t<Rank> local_offset(const layout_value& v, const shape_t<Rank>& global) const {
-    return shard_offset(m, v, global, p);
-  }
-  template <class T, std::size_t Rank>
-  tensor<T, Rank> allocate(const shape_t<Rank>& shape) const {
-    return tensor<T, Rank>(shape, m.place(p), uninitialized);
-  }
-};
 
 /// @brief A place's block of an operand, ready for a kernel: its local data, local
 /// extents, and where the block starts in the operand's global shape.
@@ -137,7 +90,7 @@ struct common_value<First, Rest...> : common_value<Rest...> {};
 
 /// @brief What every op node has: its operands (`children()`), the mesh type they live
 /// on, and whether the op is distributed. Ops derive from it and add `value_type`,
-/// `rank`, `name`, `elementwise`, the planner's `rule`, `shape()` and `run(ctx, out)`.
+/// `rank`, `name`, `elementwise`, the planner's `rule`, `shape()` and `kernel(ctx, out)`.
 template <class... Children>
 class op_node {
   using traits = operand_traits<Children...>;
@@ -185,10 +138,6 @@ class tensor_leaf {
   [[nodiscard]] const tensor<T, Rank>& shard(const Ctx&) const {
     return *t_;
   }
-  template <class Ctx>
-  void run(Ctx&, tensor<T, Rank>& out) const {
-    detail::copy_bytes(out.where(), out.data(), t_->where(), t_->data(), out.bytes());
-  }
 
  private:
   std::shared_ptr<const tensor<T, Rank>> owned_;
@@ -221,11 +170,7 @@ class dtensor_leaf {
   [[nodiscard]] const DTensor& value() const { return *t_; }
   template <class Ctx>
   [[nodiscard]] const tensor<value_type, rank>& shard(const Ctx& ctx) const {
-    return t_->shard(ctx.p);
-  }
-  template <class Ctx>
-  void run(Ctx& ctx, tensor<value_type, rank>& out) const {
-    detail::copy_bytes(out.where(), out.data(), shard(ctx).where(), shard(ctx).data(), out.bytes());
+    return t_->shard(ctx.p);  // the context of a place of the dtensor's mesh
   }
 
  private:
@@ -363,104 +308,6 @@ inline constexpr bool fuses_child = [] {
   else if constexpr (requires { Node::template reads_in_place<I>; }) return Node::template reads_in_place<I>;
   else return Node::elementwise && child_t::elementwise && (!Node::distributed || operand_plan_v<Node, I>.size == 0);
 }();
-
-/// @brief The place of `ctx` in the record of executed steps (a local evaluation is place 0).
-template <class Ctx>
-std::size_t recorded_place(const Ctx& ctx) {
-  if constexpr (Ctx::distributed) return ctx.p;
-  else return 0;
-}
-
-/// @brief Records the kernel of `Node` as run on the context's place (fused: inside the
-/// kernel of the node that reads it).
-template <class Node, class Ctx>
-void record_kernel(const Ctx& ctx, bool fused) {
-  if (!step_recorder::on()) return;
-  plan_step s{plan_step_kind::kernel, Node::name};
-  s.fused = fused;
-  s.layout = Node::rule.out;
-  step_recorder::record(recorded_place(ctx), s);
-}
-
-/// @brief Combines `out` (this place's result) by max over the mesh axes the rule names.
-template <class Node, class Ctx, class T, std::size_t Rank>
-void combine_max(Ctx& ctx, tensor<T, Rank>& out) {
-  if constexpr (Ctx::distributed) {
-    using mesh_t = std::remove_cvref_t<decltype(ctx.m)>;
-    for (std::size_t i = 0; i < Node::rule.npost_max; ++i) {
-      communicator_along(ctx.m, mesh_t::axis_index(Node::rule.post_max[i]), ctx.p).all_reduce(out.span(), reduce_op::max);
-      if (!step_recorder::on()) continue;
-      plan_step s{plan_step_kind::combine_max, Node::name};
-      s.move.kind = step_kind::all_reduce;
-      s.move.axis = Node::rule.post_max[i];
-      s.move.before = s.move.after = Node::rule.out;
-      step_recorder::record(ctx.p, s);
-    }
-  }
-}
-
-/// @brief Runs `node` on the context's place into `out`: its operands' steps and its kernel
-/// (`run`), then the combines its rule calls for, in the order of its plan.
-template <class Node, class Ctx>
-void run_node(const Node& node, Ctx& ctx, tensor<typename Node::value_type, Node::rank>& out) {
-  node.run(ctx, out);
-  if constexpr (!Node::is_leaf) {
-    record_kernel<Node>(ctx, false);
-    combine_max<Node>(ctx, out);
-  }
-}
-
-/// @brief Evaluates `node` on the context's place into a new tensor (its local block).
-/// The temporaries the node's kernel read are released when it is done.
-template <class Node, class Ctx>
-tensor<typename Node::value_type, Node::rank> materialize(const Node& node, Ctx& ctx) {
-  checked_volume(node.shape(), Node::name, sizeof(typename Node::value_type));
-  auto out = ctx.template allocate<typename Node::value_type>(ctx.local_shape(Node::rule.out, node.shape()));
-  const std::size_t held = ctx.keep.size();
-  run_node(node, ctx, out);
-  ctx.keep.resize(held);
-  return out;
-}
-
-/// @brief Child `I` of `node` as the node's kernel needs it on the context's place:
-/// evaluated, and redistributed to the layout the planner chose for it. A leaf that
-/// needs no redistribution is read where it is.
-template <std::size_t I, class Node, class Ctx>
-auto operand_block(const Node& node, Ctx& ctx) {
-  const auto& c = std::get<I>(node.children());
-  using child_t = std::remove_cvref_t<decltype(c)>;
-  using T = typename child_t::value_type;
-  constexpr std::size_t r = child_t::rank;
-  constexpr layout_value target = Node::rule.operands[I];
-  block_view<T, r> view;
-  view.global = c.shape();
-  view.offset = ctx.local_offset(target, c.shape());
-  constexpr bool moves = Ctx::distributed && operand_plan_v<Node, I>.size > 0;
-  if constexpr (!moves && child_t::is_leaf) {
-    const auto& shard = c.shard(ctx);
-    view.data = shard.data();
-    view.shape = shard.shape();
-  } else {
-    tensor<T, r> t = [&] {
-      if constexpr (child_t::is_leaf) return tensor<T, r>(c.shard(ctx));
-      else return materialize(c, ctx);
-    }();
-    if constexpr (moves) {
-      t = apply_plan<operand_plan_v<Node, I>>(ctx.m, c.shape(), ctx.p, std::move(t));
-      if (step_recorder::on())
-        for (const auto& step : operand_plan_v<Node, I>) {
-          plan_step s{plan_step_kind::redistribute, Node::name, 0, I};
-          s.move = step;
-          step_recorder::record(ctx.p, s);
-        }
-    }
-    auto held = std::make_shared<tensor<T, r>>(std::move(t));
-    view.data = held->data();
-    view.shape = held->shape();
-    ctx.keep.push_back(std::move(held));
-  }
-  return view;
-}
 
 }  // namespace detail
 }  // namespace pdo

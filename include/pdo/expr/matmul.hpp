@@ -59,7 +59,7 @@ class matmul_node : public detail::op_node<A, B> {
   [[nodiscard]] const shape_t<rank>& shape() const { return shape_; }
 
   template <class Ctx>
-  void run(Ctx& ctx, tensor<value_type, rank>& out) const {
+  void kernel(Ctx& ctx, tensor<value_type, rank>& out) const {
     if constexpr (!Ctx::distributed && (reads_in_place<0> || reads_in_place<1>)) {
       const auto ra = matrix_of<0>(ctx), rb = matrix_of<1>(ctx);
       const auto sa = std::get<0>(this->children_).shape();
@@ -73,21 +73,20 @@ class matmul_node : public detail::op_node<A, B> {
   /// @brief Operand I of a local 2-D product as gemm reads it: a transposed leaf in place.
   template <std::size_t I, class Ctx>
   detail::matrix_ref<value_type> matrix_of(Ctx& ctx) const {
-    using child_t = std::tuple_element_t<I, std::tuple<A, B>>;
     if constexpr (reads_in_place<I>) {
-      const auto& stored = std::get<0>(std::get<I>(this->children_).children()).shard(ctx);
-      detail::record_kernel<child_t>(ctx, true);
+      const auto inner = ctx.template fused<I>();  // the transpose, run inside this kernel
+      const auto& stored = inner.shard(std::get<0>(std::get<I>(this->children_).children()));
       return {stored.data(), stored.shape()[1], true};
     } else {
-      const auto block = detail::operand_block<I>(*this, ctx);
+      const auto block = ctx.template operand<I>();
       return {block.data, block.shape[1], false};
     }
   }
 
   template <class Ctx>
   void run_blocks(Ctx& ctx, tensor<value_type, rank>& out) const {
-    const auto a = detail::operand_block<0>(*this, ctx);
-    const auto b = detail::operand_block<1>(*this, ctx);
+    const auto a = ctx.template operand<0>();
+    const auto b = ctx.template operand<1>();
     constexpr std::size_t rb = B::rank;
     // the K range both blocks hold: the smaller block, read from the larger at its offset
     const std::size_t ka = a.shape[rank - 1], kb = b.shape[rb - 2];

@@ -38,8 +38,8 @@ class reduce_node : public detail::op_node<C> {
   [[nodiscard]] const shape_t<rank>& shape() const { return shape_; }
 
   template <class Ctx>
-  void run(Ctx& ctx, tensor<value_type, rank>& out) const {
-    const auto in = detail::operand_block<0>(*this, ctx);
+  void kernel(Ctx& ctx, tensor<value_type, rank>& out) const {
+    const auto in = ctx.template operand<0>();
     if constexpr (All) {
       detail::reduce_all_into(ctx.system, in.data, detail::volume(in.shape), What, detail::volume(in.global), out.data());
     } else {

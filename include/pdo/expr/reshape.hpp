@@ -36,8 +36,8 @@ class reshape_node : public detail::op_node<C> {
   [[nodiscard]] const shape_t<Rank>& shape() const { return shape_; }
 
   template <class Ctx>
-  void run(Ctx& ctx, tensor<value_type, rank>& out) const {
-    const auto in = detail::operand_block<0>(*this, ctx);
+  void kernel(Ctx& ctx, tensor<value_type, rank>& out) const {
+    const auto in = ctx.template operand<0>();
     detail::copy_bytes(out.where(), out.data(), out.where(), in.data, out.bytes());  // operands live on out's place
   }
 
@@ -66,8 +66,8 @@ class unsqueeze_node : public detail::op_node<C> {
   [[nodiscard]] const shape_t<rank>& shape() const { return shape_; }
 
   template <class Ctx>
-  void run(Ctx& ctx, tensor<value_type, rank>& out) const {
-    const auto in = detail::operand_block<0>(*this, ctx);
+  void kernel(Ctx& ctx, tensor<value_type, rank>& out) const {
+    const auto in = ctx.template operand<0>();
     detail::copy_bytes(out.where(), out.data(), out.where(), in.data, out.bytes());  // operands live on out's place
   }
 

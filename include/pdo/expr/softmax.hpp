@@ -28,8 +28,8 @@ class softmax_node : public detail::op_node<C> {
   [[nodiscard]] shape_t<rank> shape() const { return std::get<0>(this->children_).shape(); }
 
   template <class Ctx>
-  void run(Ctx& ctx, tensor<value_type, rank>& out) const {
-    const auto in = detail::operand_block<0>(*this, ctx);
+  void kernel(Ctx& ctx, tensor<value_type, rank>& out) const {
+    const auto in = ctx.template operand<0>();
     detail::softmax_dim<Log>(ctx.system, in.data, detail::view_along(in.shape, Dim), out.data());
   }
 
@@ -61,9 +61,9 @@ class cross_entropy_node : public detail::op_node<Logits, Labels> {
   [[nodiscard]] shape_t<0> shape() const { return {}; }
 
   template <class Ctx>
-  void run(Ctx& ctx, tensor<value_type, 0>& out) const {
-    const auto logits = detail::operand_block<0>(*this, ctx);
-    const auto labels = detail::operand_block<1>(*this, ctx);
+  void kernel(Ctx& ctx, tensor<value_type, 0>& out) const {
+    const auto logits = ctx.template operand<0>();
+    const auto labels = ctx.template operand<1>();
     using label_t = typename Labels::value_type;
     const std::size_t rows = logits.shape[0], classes = logits.shape[1];
     const label_t* first = labels.data + (logits.offset[0] - labels.offset[0]);  // replicated labels: read at the rows' offset

@@ -41,8 +41,8 @@ class transpose_node : public detail::op_node<C> {
   [[nodiscard]] const shape_t<rank>& shape() const { return shape_; }
 
   template <class Ctx>
-  void run(Ctx& ctx, tensor<value_type, rank>& out) const {
-    const auto in = detail::operand_block<0>(*this, ctx);
+  void kernel(Ctx& ctx, tensor<value_type, rank>& out) const {
+    const auto in = ctx.template operand<0>();
     thrust::transform(ctx.system, thrust::counting_iterator<std::size_t>(0), thrust::counting_iterator<std::size_t>(out.size()),
                       out.data(), detail::transpose_element<value_type>{in.data, in.shape[rank - 2], in.shape[rank - 1]});
   }

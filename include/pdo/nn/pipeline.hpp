@@ -162,7 +162,7 @@ struct channel {
 /// the other direction.
 struct async_sender {
   lane_kind lane = lane_kind::communication;
-  std::vector<pdo::detail::task_handle> sends;
+  std::vector<pdo::detail::task_handle> sends = {};
 
   /// @brief Sends `t` to member `to` of `link` (the line along "pp"); its shape goes first
   /// through `host` (the mesh's host group, whose member `to_place` the receiver is), so a

@@ -64,6 +64,55 @@ namespace detail {
 /// @brief The node number of a redistribution step pushed before its op is numbered.
 inline constexpr std::size_t unnumbered = static_cast<std::size_t>(-1);
 
+// Node numbers: the nodes of an expression are numbered in evaluation order, children
+// before their op (post-order), leaves included and plain numbers left out. A step of a
+// plan names its op and operand by these numbers; the executor finds the nodes by them.
+
+/// @brief How many numbers the subtree of `Node` takes.
+template <class Node>
+constexpr std::size_t numbered_nodes() {
+  if constexpr (Node::is_leaf) {
+    return Node::is_scalar ? 0 : 1;
+  } else {
+    return []<std::size_t... I>(std::index_sequence<I...>) {
+      return (numbered_nodes<std::tuple_element_t<I, typename Node::children_type>>() + ... + 1);
+    }(std::make_index_sequence<std::tuple_size_v<typename Node::children_type>>{});
+  }
+}
+
+/// @brief The number of child `I` of `Node`, when `Node` is numbered `Id`.
+template <class Node, std::size_t Id, std::size_t I>
+constexpr std::size_t child_number() {
+  std::size_t n = Id + 1 - numbered_nodes<Node>();  // the subtree's first number
+  [&]<std::size_t... J>(std::index_sequence<J...>) {
+    ((n += numbered_nodes<std::tuple_element_t<J, typename Node::children_type>>()), ...);
+  }(std::make_index_sequence<I + 1>{});
+  return n - 1;
+}
+
+template <std::size_t N, std::size_t I, class Node>
+const auto& numbered_child(const Node& node);
+
+/// @brief The node numbered `N` in the subtree of `node` (numbered from 0).
+template <std::size_t N, class Node>
+const auto& node_numbered(const Node& node) {
+  static_assert(N < numbered_nodes<Node>(), "pdo: internal: no node has this number");
+  if constexpr (N + 1 == numbered_nodes<Node>()) return node;
+  else return numbered_child<N, 0>(node);
+}
+
+/// @brief The node numbered `N` among the subtrees of the children of `node` from child `I` on.
+template <std::size_t N, std::size_t I, class Node>
+const auto& numbered_child(const Node& node) {
+  constexpr std::size_t taken = numbered_nodes<std::tuple_element_t<I, typename Node::children_type>>();
+  if constexpr (N < taken) return node_numbered<N>(std::get<I>(node.children()));
+  else return numbered_child<N - taken, I + 1>(node);
+}
+
+/// @brief The type of the node numbered `N` in the subtree of `Root`.
+template <std::size_t N, class Root>
+using node_numbered_t = std::remove_cvref_t<decltype(node_numbered<N>(std::declval<const Root&>()))>;
+
 /// @brief Appends the steps of `Node`'s subtree to `plan` in evaluation order and returns
 /// the node's number: for each operand in turn, its subtree's steps and the redistributions
 /// that bring it to the layout the op needs; then the op's kernel; then its combines.

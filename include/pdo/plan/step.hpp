@@ -4,6 +4,7 @@
 #include <pdo/layout/layout_value.hpp>
 #include <pdo/layout/redistribute_plan.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <mutex>
@@ -51,7 +52,9 @@ constexpr bool same_work(const plan_step& a, const plan_step& b) {
 namespace detail {
 
 /// @brief The steps evaluation ran, per place (a local evaluation is place 0), while a
-/// recorder is installed: what a test compares with plan_of, step for step.
+/// recorder is installed: what a test compares with plan_of, step for step. Each is recorded
+/// by the code that ran it, with the index of the plan step it ran: steps that do not depend
+/// on each other may run at once on a place's lanes, and are listed in the plan's order.
 class step_recorder {
  public:
   step_recorder() { active().store(this, std::memory_order_release); }
@@ -59,30 +62,40 @@ class step_recorder {
   step_recorder(const step_recorder&) = delete;
   step_recorder& operator=(const step_recorder&) = delete;
 
-  /// @brief The steps place `place` ran, in the order it ran them.
+  /// @brief The steps place `place` ran, in the order of their index in the plan (a
+  /// recorder watches one evaluation).
   [[nodiscard]] std::vector<plan_step> of(std::size_t place) const {
     std::lock_guard lock(mutex_);
-    return place < steps_.size() ? steps_[place] : std::vector<plan_step>{};
+    std::vector<plan_step> out;
+    if (place >= steps_.size()) return out;
+    auto ran = steps_[place];
+    std::stable_sort(ran.begin(), ran.end(), [](const entry& a, const entry& b) { return a.index < b.index; });
+    for (const auto& e : ran) out.push_back(e.step);
+    return out;
   }
   /// @brief Whether a recorder is installed: evaluation builds the steps it records only then.
   [[nodiscard]] static bool on() { return active().load(std::memory_order_acquire) != nullptr; }
 
-  /// @brief Records `s` as run on `place`, if a recorder is installed.
-  static void record(std::size_t place, const plan_step& s) {
+  /// @brief Records `s`, step `index` of its plan, as run on `place`, if a recorder is installed.
+  static void record(std::size_t place, std::size_t index, const plan_step& s) {
     step_recorder* r = active().load(std::memory_order_acquire);
     if (r == nullptr) return;
     std::lock_guard lock(r->mutex_);
     if (r->steps_.size() <= place) r->steps_.resize(place + 1);
-    r->steps_[place].push_back(s);
+    r->steps_[place].push_back({index, s});
   }
 
  private:
+  struct entry {
+    std::size_t index = 0;
+    plan_step step;
+  };
   static std::atomic<step_recorder*>& active() {
     static std::atomic<step_recorder*> current{nullptr};
     return current;
   }
   mutable std::mutex mutex_;
-  std::vector<std::vector<plan_step>> steps_;
+  std::vector<std::vector<entry>> steps_;
 };
 
 }  // namespace detail
