@@ -134,3 +134,149 @@ TEST_CASE("dtensors of different meshes cannot be mixed", "[parallel_do][errors]
   REQUIRE_THROWS_AS((pdo::parallel_do<pdo::layout<split<"x">>>([](const auto& u, const auto&) { return u; }, xa, xb)),
                     pdo::layout_error);
 }
+
+// Differentiable parallel_do: blocks over pdo::var operands, checked against the program on one place.
+namespace {
+
+using grid = pdo::mesh<"x", "y">;
+using rows2 = pdo::layout<split<"x">, replicate>;
+using whole2 = pdo::layout<replicate, replicate>;
+
+/// @brief Lines of 1 to 4 places (n x 1) and a 2 x 2 mesh, of one mesh type.
+std::vector<grid> meshes() {
+  std::vector<grid> out;
+  for (std::size_t n : pdo_test::line_sizes()) out.push_back(pdo::make_mesh<"x", "y">(pdo::cpu_places(n), {n, 1}));
+  out.push_back(pdo::make_mesh<"x", "y">(pdo::cpu_places(4), {2, 2}));
+  return out;
+}
+
+template <class T, std::size_t R>
+pdo::tensor<T, R> random(const pdo::shape_t<R>& shape, unsigned seed) {
+  return pdo_test::random_tensor<T, R>(shape, seed);
+}
+
+}  // namespace
+
+TEST_CASE("parallel_do over vars: gradients of split and replicated operands equal the one-place program's",
+          "[parallel_do][autograd]") {
+  const auto x = random<double, 2>({10, 6}, 1), w1 = random<double, 2>({6, 5}, 2), w2 = random<double, 2>({5, 3}, 3);
+  const auto seed = random<double, 2>({10, 3}, 4);
+  auto block = [](const auto& xl, const auto& a, const auto& b) { return pdo::matmul(pdo::tanh(pdo::matmul(xl, a)), b); };
+  auto X = pdo::parameter(x), W1 = pdo::parameter(w1), W2 = pdo::parameter(w2);
+  const auto want = block(X, W1, W2);
+  pdo::backward(want, seed);
+  for (const auto& m : meshes()) {
+    CAPTURE(m.describe());
+    auto dX = pdo::parameter(pdo::distribute<rows2>(m, x));
+    auto dW1 = pdo::parameter(pdo::distribute<whole2>(m, w1)), dW2 = pdo::parameter(pdo::distribute<whole2>(m, w2));
+    const auto out = pdo::parallel_do<rows2>(block, dX, dW1, dW2);
+    STATIC_REQUIRE(std::is_same_v<std::remove_cvref_t<decltype(out)>, pdo::var<pdo::dtensor<double, 2, grid, rows2>>>);
+    CHECK(pdo_test::close(pdo::gather(out.value()), want.value(), 1e-13));
+    pdo::backward(out, pdo::distribute<rows2>(m, seed));
+    CHECK(pdo_test::close(pdo::gather(dX.grad()), X.grad(), 1e-12));   // split: each place its rows
+    CHECK(pdo_test::close(pdo::gather(dW1.grad()), W1.grad(), 1e-12));  // replicated: summed over the places
+    CHECK(pdo_test::close(pdo::gather(dW2.grad()), W2.grad(), 1e-12));
+  }
+}
+
+TEST_CASE("parallel_do over vars: a block with its own parameter, two blocks in a row, a result used twice",
+          "[parallel_do][autograd]") {
+  const auto x = random<double, 2>({9, 4}, 5), w1 = random<double, 2>({4, 6}, 6), w2 = random<double, 2>({6, 3}, 7);
+  const auto b = random<double, 1>({3}, 8);
+  auto first = [](const auto& xl, const auto& a) { return pdo::relu(pdo::matmul(xl, a)); };
+  auto loss_of = [](const auto& y) { return pdo::sum(y) + pdo::sum(y * y); };  // y used twice
+  auto X = pdo::parameter(x), W1 = pdo::parameter(w1), W2 = pdo::parameter(w2);
+  auto B = pdo::parameter(b);
+  auto second = [&B](const auto& h, const auto& a) { return pdo::tanh(pdo::matmul(h, a) + B); };
+  pdo::backward(loss_of(second(first(X, W1), W2)));
+  for (const auto& m : meshes()) {
+    CAPTURE(m.describe());
+    auto dX = pdo::parameter(pdo::distribute<rows2>(m, x));
+    auto dW1 = pdo::parameter(pdo::distribute<whole2>(m, w1)), dW2 = pdo::parameter(pdo::distribute<whole2>(m, w2));
+    auto own = pdo::parameter(b);  // the block's own parameter: every place's block uses it
+    auto block2 = [&own](const auto& h, const auto& a) { return pdo::tanh(pdo::matmul(h, a) + own); };
+    const auto h = pdo::parallel_do<rows2>(first, dX, dW1);
+    const auto y = pdo::parallel_do<rows2>(block2, h, dW2);
+    pdo::backward(loss_of(y));
+    CHECK(pdo_test::close(pdo::gather(dX.grad()), X.grad(), 1e-12));
+    CHECK(pdo_test::close(pdo::gather(dW1.grad()), W1.grad(), 1e-12));
+    CHECK(pdo_test::close(pdo::gather(dW2.grad()), W2.grad(), 1e-12));
+    CHECK(pdo_test::close(own.grad(), B.grad(), 1e-12));
+  }
+}
+
+TEST_CASE("parallel_do over vars: a conv block, batch split", "[parallel_do][autograd]") {
+  const auto x = random<double, 4>({5, 2, 6, 6}, 9), w = random<double, 4>({3, 2, 3, 3}, 10);
+  const auto bias = random<double, 1>({3}, 11);
+  using batch = pdo::layout<split<"x">, replicate, replicate, replicate>;
+  using whole4 = pdo::layout<replicate, replicate, replicate, replicate>;
+  auto block = [](const auto& xl, const auto& wl, const auto& bl) {
+    return pdo::max_pool2d(pdo::relu(pdo::conv2d(xl, wl, bl, {1, 1})), 2);
+  };
+  auto X = pdo::parameter(x), W = pdo::parameter(w);
+  auto Bs = pdo::parameter(bias);
+  const auto want = block(X, W, Bs);
+  pdo::backward(pdo::sum(want * want));
+  for (const auto& m : meshes()) {
+    CAPTURE(m.describe());
+    auto dX = pdo::parameter(pdo::distribute<batch>(m, x));
+    auto dW = pdo::parameter(pdo::distribute<whole4>(m, w));
+    auto dB = pdo::parameter(pdo::distribute<pdo::layout<replicate>>(m, bias));
+    const auto y = pdo::parallel_do<batch>(block, dX, dW, dB);
+    CHECK(pdo_test::close(pdo::gather(y.value()), want.value(), 1e-13));
+    pdo::backward(pdo::sum(y * y));
+    CHECK(pdo_test::close(pdo::gather(dX.grad()), X.grad(), 1e-12));
+    CHECK(pdo_test::close(pdo::gather(dW.grad()), W.grad(), 1e-12));
+    CHECK(pdo_test::close(pdo::gather(dB.grad()), Bs.grad(), 1e-12));
+  }
+}
+
+TEST_CASE("the seed program: a batch split, an MLP replicated, parallel_do, loss, backward, SGD on every place",
+          "[parallel_do][autograd][training]") {
+  const auto x = random<double, 2>({12, 5}, 12);
+  pdo::tensor<int, 1> labels({12});
+  for (std::size_t i = 0; i < 12; ++i) labels(i) = static_cast<int>(i % 3);
+  const auto w1 = random<double, 2>({5, 8}, 13), w2 = random<double, 2>({8, 3}, 14);
+  auto mlp = [](const auto& xl, const auto& a, const auto& b) { return pdo::matmul(pdo::relu(pdo::matmul(xl, a)), b); };
+  // one place
+  auto W1 = pdo::parameter(w1), W2 = pdo::parameter(w2);
+  pdo::nn::sgd<double> opt({{"w1", W1}, {"w2", W2}}, {.lr = 0.2, .momentum = 0.9});
+  std::vector<double> losses;
+  for (int step = 0; step < 4; ++step) {
+    const auto loss = pdo::cross_entropy(mlp(pdo::var(x), W1, W2), labels);
+    losses.push_back(pdo::detail::scalar_of(loss.value()));
+    opt.zero_grad();
+    pdo::backward(loss);
+    opt.step();
+  }
+  for (const auto& m : meshes()) {
+    CAPTURE(m.describe());
+    const auto X = pdo::distribute<rows2>(m, x);
+    const auto Y = pdo::distribute<pdo::layout<split<"x">>>(m, labels);
+    auto dW1 = pdo::parameter(pdo::distribute<whole2>(m, w1)), dW2 = pdo::parameter(pdo::distribute<whole2>(m, w2));
+    pdo::nn::sgd<double> dopt({{"w1", dW1}, {"w2", dW2}}, {.lr = 0.2, .momentum = 0.9});
+    for (int step = 0; step < 4; ++step) {
+      const auto logits = pdo::parallel_do<rows2>(mlp, pdo::var(X), dW1, dW2);
+      const auto loss = pdo::cross_entropy(logits, Y);
+      CHECK(pdo::detail::scalar_of(loss.value()) == Approx(losses[static_cast<std::size_t>(step)]).epsilon(1e-12));
+      dopt.zero_grad();
+      pdo::backward(loss);
+      dopt.step();  // on every place, on its replica
+    }
+    CHECK(pdo_test::close(pdo::gather(dW1.value()), W1.value(), 1e-11));
+    CHECK(pdo_test::close(pdo::gather(dW2.value()), W2.value(), 1e-11));
+  }
+}
+
+TEST_CASE("parallel_do over vars: a block's result that does not fit the output layout is an error naming the place",
+          "[parallel_do][autograd][errors]") {
+  const auto m = pdo::make_mesh<"x", "y">(pdo::cpu_places(2), {2, 1});
+  auto dX = pdo::parameter(pdo::distribute<rows2>(m, random<double, 2>({5, 4}, 15)));
+  // the places hold 3 and 2 rows: their results cannot be replicas of one value
+  CHECK_THROWS_WITH(pdo::parallel_do<whole2>([](const auto& xl) { return xl * 2.0; }, dX),
+                    Catch::Contains("parallel_do") && Catch::Contains("cpu:1") && Catch::Contains("returned [2, 4]"));
+  // the mesh stays usable
+  const auto y = pdo::parallel_do<rows2>([](const auto& xl) { return xl * 2.0; }, dX);
+  pdo::backward(pdo::sum(y));
+  CHECK(pdo::gather(dX.grad())(4, 3) == 2.0);
+}

@@ -9,7 +9,8 @@
 // ---- pdo/autograd.hpp
 #ifndef PDO_SINGLE_PDO_AUTOGRAD_HPP
 #define PDO_SINGLE_PDO_AUTOGRAD_HPP
-// pdo/autograd.hpp: reverse-mode autograd over pdo::tensor and pdo::dtensor (pdo::var, pdo::backward).
+// pdo/autograd.hpp: reverse-mode autograd over pdo::tensor and pdo::dtensor (pdo::var, pdo::backward),
+// parallel_do over vars.
 
 // ---- pdo/autograd/ops.hpp
 #ifndef PDO_SINGLE_PDO_AUTOGRAD_OPS_HPP
@@ -10303,6 +10304,7 @@ std::optional<tensor<T, Rank>> gather_to(const dtensor<T, Rank, Mesh, Layout>& x
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <type_traits>
@@ -10432,11 +10434,14 @@ struct value_node final : grad_node {
     grad.reset();
     backward = nullptr;
   }
-  /// @brief Adds `g` to the gradient.
+  /// @brief Adds `g` to the gradient. Several threads may add at once: the places of a
+  /// parallel_do whose block uses one parameter run their backward passes together.
   void accumulate(grad_t<V> g) {
+    std::lock_guard lock(accumulating);
     if (!grad) grad.emplace(std::move(g));
     else add_in_place(*grad, g);
   }
+  std::mutex accumulating;
 };
 
 }  // namespace detail
@@ -11664,6 +11669,443 @@ var<tensor<T, R>> replicated_across(const var<tensor<T, R>>& x, const mesh_commu
 
 }  // namespace pdo
 #endif  // PDO_SINGLE_PDO_AUTOGRAD_COLLECTIVES_HPP
+// ---- pdo/autograd/parallel_do.hpp
+#ifndef PDO_SINGLE_PDO_AUTOGRAD_PARALLEL_DO_HPP
+#define PDO_SINGLE_PDO_AUTOGRAD_PARALLEL_DO_HPP
+// pdo/autograd/parallel_do.hpp: parallel_do over pdo::var operands, differentiable: each
+// place records its block's graph, and backward runs the blocks' backward on every place and
+// merges each operand's gradient by its layout.
+
+// ---- pdo/exec/parallel_do.hpp
+#ifndef PDO_SINGLE_PDO_EXEC_PARALLEL_DO_HPP
+#define PDO_SINGLE_PDO_EXEC_PARALLEL_DO_HPP
+// pdo/exec/parallel_do.hpp: run a block on every place over its local shards, and merge the results.
+
+
+#include <cstddef>
+#include <limits>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace pdo {
+
+namespace detail {
+
+/// @brief What a parallel_do block receives for one argument on place `p`: a dtensor's
+/// local shard; anything else as it is.
+template <class Arg>
+decltype(auto) local_view(const Arg& arg, std::size_t p) {
+  if constexpr (distributed_tensor<Arg>) return arg.shard(p);
+  else return (arg);
+}
+
+template <class Arg>
+using local_view_t = decltype(local_view(std::declval<const Arg&>(), std::size_t{}));
+
+template <class Arg, class Mesh>
+void check_same_mesh(const Arg& arg, const Mesh& m) {
+  if constexpr (distributed_tensor<Arg>) {
+    static_assert(std::is_same_v<typename Arg::mesh_type, Mesh>,
+                  "pdo: parallel_do: all dtensor arguments must live on the same mesh type");
+    if (!(arg.mesh() == m))
+      throw layout_error("parallel_do: " + arg.describe() + " lives on another mesh than the first dtensor argument");
+  }
+}
+
+template <class First, class... Rest>
+const auto& first_dtensor(const First& first, const Rest&... rest) {
+  if constexpr (distributed_tensor<First>) return first;
+  else {
+    static_assert(sizeof...(Rest) > 0, "pdo: parallel_do: pass at least one dtensor, so the mesh is known");
+    return first_dtensor(rest...);
+  }
+}
+
+/// @brief What every process learns about every place after the block ran: whether it
+/// failed, and the shape of its result. Gathered over the whole mesh when the mesh
+/// spans processes (so all of them throw alike, or none), read in place otherwise.
+struct block_outcomes {
+  std::vector<std::size_t> values;  ///< per place: 0, or 1 + the error_kind of its failure; then Rank extents
+  std::size_t width = 0;
+  [[nodiscard]] bool failed(std::size_t p) const { return values[p * width] != 0; }
+  [[nodiscard]] error_kind kind(std::size_t p) const { return static_cast<error_kind>(values[p * width] - 1); }
+  [[nodiscard]] std::size_t extent(std::size_t p, std::size_t d) const { return values[p * width + 1 + d]; }
+};
+
+template <class Mesh, class Result>
+block_outcomes share_outcomes(const Mesh& m, const std::vector<std::optional<Result>>& results,
+                              const std::optional<place_failure>& failure) {
+  constexpr std::size_t rank = Result::rank;
+  block_outcomes o{std::vector<std::size_t>(m.size() * (rank + 1), 0), rank + 1};
+  auto mine = [&](std::size_t k) {
+    std::vector<std::size_t> v(rank + 1, 1);
+    if (failure && failure->place == m.local_places()[k]) v[0] = 1 + static_cast<std::size_t>(failure->error.kind);
+    if (results[k]) {
+      v[0] = 0;
+      for (std::size_t d = 0; d < rank; ++d) v[1 + d] = results[k]->extent(d);
+    }
+    return v;
+  };
+  const auto& local = m.local_places();
+  if (!m.is_multiprocess()) {
+    for (std::size_t k = 0; k < local.size(); ++k) {
+      const auto v = mine(k);
+      std::copy(v.begin(), v.end(), o.values.begin() + static_cast<std::ptrdiff_t>(local[k] * o.width));
+    }
+    return o;
+  }
+  std::vector<std::vector<std::size_t>> gathered(local.size(), std::vector<std::size_t>(o.values.size()));
+  run_on_places("parallel_do", m, [&](std::size_t p, std::size_t k) {
+    const auto v = mine(k);
+    host_communicator_of(m, p).all_gather(std::span<const std::size_t>(v), std::span<std::size_t>(gathered[k]));
+  });
+  o.values = gathered.front();
+  return o;
+}
+
+/// @brief The message of place `failed`'s error, on every process.
+template <class Mesh>
+std::string share_message(const Mesh& m, std::size_t failed, const std::string& local_message) {
+  if (!m.is_multiprocess()) return local_message;
+  std::vector<std::string> texts(m.local_places().size());
+  run_on_places("parallel_do", m, [&](std::size_t p, std::size_t k) {
+    const auto comm = host_communicator_of(m, p);
+    std::size_t length = p == failed ? local_message.size() : 0;
+    comm.broadcast(std::span<std::size_t>(&length, 1), failed);
+    std::vector<char> text(length);
+    if (p == failed) text.assign(local_message.begin(), local_message.end());
+    comm.broadcast(std::span<char>(text), failed);
+    texts[k].assign(text.begin(), text.end());
+  });
+  return texts.front();
+}
+
+template <layout_spec Out, class Mesh, std::size_t Rank>
+void check_merge(const Mesh& m, const block_outcomes& o, shape_t<Rank>& global) {
+  constexpr layout_value v = value_of<Out>();
+  auto shape_of = [&](std::size_t p) {
+    shape_t<Rank> s;
+    for (std::size_t d = 0; d < Rank; ++d) s[d] = o.extent(p, d);
+    return s;
+  };
+  for (std::size_t d = 0; d < Rank; ++d) {
+    global[d] = o.extent(0, d);
+    if (!v.dim_axis[d].empty()) {
+      const std::size_t a = Mesh::axis_index(v.dim_axis[d]);
+      global[d] = 0;
+      for (std::size_t q : m.group(a, 0)) global[d] += o.extent(q, d);
+    }
+  }
+  for (std::size_t p = 0; p < m.size(); ++p)
+    if (shard_shape(m, v, global, p) != shape_of(p))
+      throw shape_error("parallel_do: merging as " + to_string(v) + " on " + m.describe() + ": place " + m.place(p).name() +
+                        " returned " + format_extents(shape_of(p)) + " but a global " + format_extents(global) +
+                        " gives it " + format_extents(shard_shape(m, v, global, p)) +
+                        " (split dims are cut evenly, larger chunks first; other dims must agree)");
+}
+
+}  // namespace detail
+
+namespace detail {
+
+/// @brief Runs `part(p, k)` (place p, the k-th of this process) on every place of `m` in
+/// this process, all at once, and merges the tensors they return into a dtensor laid out as
+/// `OutLayout`: a part that failed, or parts whose shapes do not fit the layout, are a
+/// pdo::error on every process, naming the place and the shapes; the mesh stays usable.
+template <layout_spec OutLayout, class Mesh, class Part>
+auto merge_parts(const Mesh& m, Part&& part) {
+  using result_t = std::remove_cvref_t<std::invoke_result_t<Part&, std::size_t, std::size_t>>;
+  using T = typename result_t::value_type;
+  constexpr std::size_t rank = result_t::rank;
+  check_not_nested("parallel_do");
+  const auto& local = m.local_places();
+  comms_of(m);  // built by every process, those without places too
+  if (local.empty())
+    throw layout_error("parallel_do: this process holds no place of " + m.describe() + "; call it on the processes that do");
+  std::vector<std::optional<result_t>> results(local.size());
+  const auto failure = try_run_on_places(
+      m,
+      [&](std::size_t p, std::size_t k) {
+        result_t r = part(p, k);
+        // a part made in another memory than its place's (a host tensor on a GPU place) moves there
+        if (memory_of(r.where()) != memory_of(m.place(p).state().get())) r = to_place(r, m.place(p));
+        results[k].emplace(std::move(r));
+      },
+      /*communicate=*/false, "parallel_do");
+  const block_outcomes outcomes = share_outcomes(m, results, failure);
+  for (std::size_t p = 0; p < m.size(); ++p) {
+    if (!outcomes.failed(p)) continue;
+    const std::string here = failure && failure->place == p ? failure->error.message : std::string();
+    throw_error_of_kind(outcomes.kind(p), "parallel_do: the block failed on place " + m.place(p).name() + ": " +
+                                              share_message(m, p, here));
+  }
+  shape_t<rank> global{};
+  check_merge<OutLayout>(m, outcomes, global);
+  std::vector<tensor<T, rank>> shards;
+  shards.reserve(local.size());
+  for (auto& r : results) shards.push_back(std::move(*r));
+  return dtensor<T, rank, Mesh, OutLayout>(m, global, std::move(shards));
+}
+
+}  // namespace detail
+
+/// @brief Runs `block` on every place of the mesh at once, on its local shards: each
+/// dtensor argument arrives as that place's shard (a `const pdo::tensor&`), any other
+/// argument as it is. The block returns that place's part of the result, and the parts
+/// are merged as `OutLayout` says: concatenated along a split dim, summed over a partial
+/// axis, kept as they are for replicate (each place's copy is its replica).
+///
+/// An exception thrown by the block on some place reaches the caller, on every process,
+/// as a pdo::error naming the place; the other places finish their blocks, and the
+/// mesh stays usable. (With `pdo::var` operands, pdo/autograd/parallel_do.hpp's overload
+/// records the block for pdo::backward.)
+template <layout_spec OutLayout, class Block, class... Args>
+  requires(distributed_tensor<Args> || ...)
+auto parallel_do(Block&& block, const Args&... args) {
+  using result_t = std::remove_cvref_t<std::invoke_result_t<Block&, detail::local_view_t<Args>...>>;
+  static_assert(is_tensor_v<result_t>, "pdo: parallel_do: the block must return a pdo::tensor (its place's part of the result)");
+  const auto& m = detail::first_dtensor(args...).mesh();
+  using mesh_t = std::remove_cvref_t<decltype(m)>;
+  static_assert(detail::check_layout<"parallel_do", OutLayout, mesh_t, result_t::rank>::ok);
+  (detail::check_same_mesh(args, m), ...);
+  return detail::merge_parts<OutLayout>(m, [&](std::size_t p, std::size_t) -> result_t { return block(detail::local_view(args, p)...); });
+}
+
+}  // namespace pdo
+#endif  // PDO_SINGLE_PDO_EXEC_PARALLEL_DO_HPP
+
+#include <cstddef>
+#include <memory>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <variant>
+#include <vector>
+
+namespace pdo {
+
+namespace detail {
+
+template <class A>
+inline constexpr bool is_distributed_var_v = false;
+template <class V>
+inline constexpr bool is_distributed_var_v<var<V>> = value_kind<V>::distributed;
+
+/// @brief What a differentiable block receives for one argument: a var over a dtensor
+/// becomes a var over the place's shard (a leaf of the place's graph, needing a gradient
+/// when the operand does); a dtensor, its shard; anything else, itself.
+template <class Arg>
+struct block_argument {
+  using type = local_view_t<Arg>;
+};
+template <class T, std::size_t R, class M, class L>
+struct block_argument<var<dtensor<T, R, M, L>>> {
+  using type = var<tensor<T, R>>;
+};
+template <class Arg>
+using block_argument_t = typename block_argument<Arg>::type;
+
+template <class Arg>
+block_argument_t<Arg> block_argument_of(const Arg& arg, std::size_t p) {
+  if constexpr (is_distributed_var_v<Arg>) return block_argument_t<Arg>(arg.value().shard(p), arg.requires_grad());
+  else return local_view(arg, p);
+}
+
+template <class Arg>
+const auto& mesh_holder(const Arg& arg) {
+  if constexpr (is_distributed_var_v<Arg>) return arg.value();
+  else return arg;
+}
+
+/// @brief The layout of the gradients the places compute for an operand laid out as
+/// `Layout`: its split dims as they are, and a pending sum over every mesh axis that no dim
+/// splits (the places along such an axis hold replicas, each used by its own block).
+template <class Mesh, class Layout>
+struct replica_gradient_layout {
+  static constexpr layout_value value = [] {
+    layout_value v = value_of<typename Layout::base>();
+    for (std::size_t a = 0; a < Mesh::ndim; ++a) {
+      bool splits = false;
+      for (std::size_t d = 0; d < v.rank; ++d) splits = splits || v.dim_axis[d] == Mesh::axis_names[a];
+      if (!splits) v.partial[v.npartial++] = Mesh::axis_names[a];
+    }
+    return v;
+  }();
+};
+
+/// @brief How many places hold each value of a dtensor laid out as `v` on `m`: the product
+/// of the extents of the axes it is neither split nor partial over.
+template <class Mesh>
+std::size_t replica_count(const Mesh& m, const layout_value& v) {
+  std::size_t n = 1;
+  for (std::size_t a = 0; a < Mesh::ndim; ++a) {
+    bool used = false;
+    for (std::size_t d = 0; d < v.rank; ++d) used = used || v.dim_axis[d] == Mesh::axis_names[a];
+    for (std::size_t i = 0; i < v.npartial; ++i) used = used || v.partial[i] == Mesh::axis_names[a];
+    if (!used) n *= m.extent(a);
+  }
+  return n;
+}
+
+/// @brief A block's result on one place as a var over a local tensor: a var as it is; a
+/// tensor or an expression (of values that need no gradient), evaluated, as a constant.
+template <class R>
+auto as_block_result(R&& r) {
+  using plain = std::remove_cvref_t<R>;
+  if constexpr (is_var_v<plain>) {
+    static_assert(!value_kind<typename plain::value_type>::distributed,
+                  "pdo: parallel_do: a block returns its place's part of the result, a pdo::var over a local tensor, not over a dtensor");
+    return plain(std::forward<R>(r));
+  } else {
+    static_assert(tensor_operand<plain>,
+                  "pdo: parallel_do: the block must return a pdo::var over a local tensor, a pdo::tensor or an expression (its "
+                  "place's part of the result)");
+    auto t = pdo::eval(std::forward<R>(r));
+    return var<decltype(t)>(std::move(t));
+  }
+}
+
+/// @brief What one place keeps of an argument for backward: the leaf it made of a var over a
+/// dtensor; nothing of the others.
+template <class Arg>
+using block_leaf_t = std::conditional_t<is_distributed_var_v<Arg>, block_argument_t<Arg>, std::monostate>;
+
+/// @brief What one place recorded in forward: the leaves it made of the operands that are
+/// vars over dtensors, and its result.
+template <class Out, class... Args>
+struct block_tape {
+  std::tuple<block_leaf_t<Args>...> leaves;
+  Out out;
+};
+
+/// @brief Keeps, in a place's tape, the leaves it made of the operands that are vars over dtensors.
+template <class... Args, class Leaves, class Arguments, std::size_t... I>
+void keep_leaves(Leaves& leaves, const Arguments& arguments, std::index_sequence<I...>) {
+  (
+      [&] {
+        if constexpr (is_distributed_var_v<std::tuple_element_t<I, std::tuple<Args...>>>) std::get<I>(leaves) = std::get<I>(arguments);
+      }(),
+      ...);
+}
+
+/// @brief What backward keeps of an operand: a var over a dtensor (a handle); nothing of the others.
+template <class Arg>
+auto kept_operand(const Arg& arg) {
+  if constexpr (is_distributed_var_v<Arg>) return arg;
+  else return std::monostate{};
+}
+
+template <class Arg>
+void add_input(const Arg& arg, std::vector<std::shared_ptr<grad_node>>& inputs) {
+  if constexpr (is_distributed_var_v<Arg>)
+    if (arg.requires_grad()) inputs.push_back(arg.node());
+}
+
+/// @brief Adds to operand `I`'s gradient (if it is a var over a dtensor that needs one) the
+/// gradients the places computed for their blocks, merged by the operand's layout: the
+/// places' blocks form a dtensor that is partial over every axis the operand is replicated
+/// on, which the planner's redistribution reduces to the gradient's layout.
+template <std::size_t I, class Mesh, class Tapes, class Operands>
+void merge_operand_gradient(const Mesh& m, const Tapes& tapes, const Operands& operands) {
+  using operand_t = std::tuple_element_t<I, Operands>;
+  if constexpr (is_distributed_var_v<operand_t>) {
+    const operand_t& arg = std::get<I>(operands);
+    if (!arg.requires_grad()) return;
+    using value_t = typename operand_t::value_type;
+    using U = typename value_t::value_type;
+    constexpr std::size_t r = value_t::rank;
+    using grad_layout = layout_type_t<Mesh, replica_gradient_layout<Mesh, typename value_t::layout_type>>;
+    std::vector<tensor<U, r>> blocks;
+    blocks.reserve(tapes.size());
+    for (std::size_t k = 0; k < tapes.size(); ++k) {
+      const auto& leaf = std::get<I>(tapes[k]->leaves);
+      blocks.push_back(leaf.has_grad() ? leaf.grad() : tensor<U, r>(leaf.shape(), m.place(m.local_places()[k])));
+    }
+    dtensor<U, r, Mesh, grad_layout> places_grads(m, arg.shape(), std::move(blocks));
+    using target_t = grad_t<value_t>;
+    if constexpr (std::is_same_v<decltype(places_grads), target_t>) arg.node()->accumulate(std::move(places_grads));
+    else arg.node()->accumulate(redistribute<typename target_t::layout_type>(places_grads));
+  }
+}
+
+template <class Mesh, class Tapes, class Operands, std::size_t... I>
+void merge_operand_gradients(const Mesh& m, const Tapes& tapes, const Operands& operands, std::index_sequence<I...>) {
+  (merge_operand_gradient<I>(m, tapes, operands), ...);
+}
+
+}  // namespace detail
+
+/// @brief parallel_do over `pdo::var` operands: runs `block` on every place at once, and
+/// records it for pdo::backward. Each var over a dtensor arrives in the block as a var over
+/// its place's shard (each place records its own graph); a plain dtensor as its shard; any
+/// other argument as it is. The block returns a var over a local tensor (or an expression),
+/// its place's part of the result; the parts are merged as `OutLayout` says, into a var
+/// over the merged dtensor.
+///
+/// pdo::backward through it splits the output's gradient by `OutLayout`, runs the block's
+/// backward on every place (as tasks on the places' lanes, at once; places that hold copies
+/// of one value, along an axis the output is replicated on, share its gradient), and merges each
+/// operand's gradient by that operand's layout: a split operand gets its shards' gradients;
+/// a replicated one (used by every place's block) gets the sum of the places' gradients,
+/// the `partial` gradient the planner reduces (an all_reduce). Parameters the block holds
+/// itself (captured by its closure) collect the gradients of every place's use.
+template <layout_spec OutLayout, class Block, class... Args>
+  requires(detail::is_distributed_var_v<Args> || ...)
+auto parallel_do(Block&& block, const Args&... args) {
+  using part_t = decltype(detail::as_block_result(std::declval<std::invoke_result_t<Block&, detail::block_argument_t<Args>...>>()));
+  using local_t = typename part_t::value_type;
+  using T = typename local_t::value_type;
+  constexpr std::size_t rank = local_t::rank;
+  const auto& m = detail::first_dtensor(detail::mesh_holder(args)...).mesh();
+  using mesh_t = std::remove_cvref_t<decltype(m)>;
+  using merged_t = dtensor<T, rank, mesh_t, OutLayout>;
+  static_assert(detail::check_layout<"parallel_do", OutLayout, mesh_t, rank>::ok);
+  (detail::check_same_mesh(detail::mesh_holder(args), m), ...);
+
+  using tape_t = detail::block_tape<part_t, Args...>;
+  auto tapes = std::make_shared<std::vector<std::optional<tape_t>>>(m.local_places().size());
+  merged_t merged = detail::merge_parts<OutLayout>(m, [&](std::size_t p, std::size_t k) -> local_t {
+    tape_t& tape = (*tapes)[k].emplace();
+    std::tuple<detail::block_argument_t<Args>...> arguments(detail::block_argument_of(args, p)...);
+    detail::keep_leaves<Args...>(tape.leaves, arguments, std::index_sequence_for<Args...>{});
+    tape.out = detail::as_block_result(std::apply(block, arguments));
+    return tape.out.value();
+  });
+
+  bool needs_grad = false;
+  for (const auto& t : *tapes) needs_grad = needs_grad || t->out.requires_grad();
+  if (!needs_grad) return var<merged_t>(std::move(merged));
+
+  // the graph's inputs: the operands that need a gradient (a block's own parameters are
+  // reached through the places' graphs)
+  std::vector<std::shared_ptr<detail::grad_node>> inputs;
+  (detail::add_input(args, inputs), ...);
+  auto node = std::make_shared<detail::value_node<merged_t>>(std::move(merged), std::move(inputs));
+  node->backward = [tapes, m, operands = std::make_tuple(detail::kept_operand(args)...)](detail::value_node<merged_t>& self) {
+    const detail::grad_t<merged_t>& g = *self.grad;
+    // every place's backward at once, from its part of the output's gradient; the places
+    // along an axis the output is replicated on computed one value n times, and share its
+    // gradient: each takes 1/n of it (the gradients are summed below)
+    const std::size_t copies = detail::replica_count(m, detail::value_of<OutLayout>());
+    detail::run_on_places("parallel_do backward", m, [&](std::size_t, std::size_t k) {
+      auto& tape = *(*tapes)[k];
+      if (!tape.out.requires_grad()) return;
+      if (copies == 1) pdo::backward(tape.out, tensor<T, rank>(g.local_shards()[k]));
+      else pdo::backward(tape.out, pdo::eval(g.local_shards()[k] * (T(1) / static_cast<T>(copies))));
+    });
+    detail::merge_operand_gradients(m, *tapes, operands, std::index_sequence_for<Args...>{});
+    for (auto& t : *tapes) t.reset();  // the places' graphs are spent
+  };
+  return var<merged_t>(std::move(node), true);
+}
+
+}  // namespace pdo
+#endif  // PDO_SINGLE_PDO_AUTOGRAD_PARALLEL_DO_HPP
 #endif  // PDO_SINGLE_PDO_AUTOGRAD_HPP
 // ---- pdo/comm.hpp
 #ifndef PDO_SINGLE_PDO_COMM_HPP
@@ -11952,192 +12394,6 @@ inline std::vector<any_place> world_cuda_places(std::size_t per_process = 1, std
 // pdo/exec.hpp: the execution layer: the engine, mesh-wide operations (spmd, distribute,
 // redistribute, gather), evaluation (eval, eval_async, wait_all), parallel_do.
 
-// ---- pdo/exec/parallel_do.hpp
-#ifndef PDO_SINGLE_PDO_EXEC_PARALLEL_DO_HPP
-#define PDO_SINGLE_PDO_EXEC_PARALLEL_DO_HPP
-// pdo/exec/parallel_do.hpp: run a block on every place over its local shards, and merge the results.
-
-
-#include <cstddef>
-#include <limits>
-#include <optional>
-#include <string>
-#include <type_traits>
-#include <utility>
-#include <vector>
-
-namespace pdo {
-
-namespace detail {
-
-/// @brief What a parallel_do block receives for one argument on place `p`: a dtensor's
-/// local shard; anything else as it is.
-template <class Arg>
-decltype(auto) local_view(const Arg& arg, std::size_t p) {
-  if constexpr (distributed_tensor<Arg>) return arg.shard(p);
-  else return (arg);
-}
-
-template <class Arg>
-using local_view_t = decltype(local_view(std::declval<const Arg&>(), std::size_t{}));
-
-template <class Arg, class Mesh>
-void check_same_mesh(const Arg& arg, const Mesh& m) {
-  if constexpr (distributed_tensor<Arg>) {
-    static_assert(std::is_same_v<typename Arg::mesh_type, Mesh>,
-                  "pdo: parallel_do: all dtensor arguments must live on the same mesh type");
-    if (!(arg.mesh() == m))
-      throw layout_error("parallel_do: " + arg.describe() + " lives on another mesh than the first dtensor argument");
-  }
-}
-
-template <class First, class... Rest>
-const auto& first_dtensor(const First& first, const Rest&... rest) {
-  if constexpr (distributed_tensor<First>) return first;
-  else {
-    static_assert(sizeof...(Rest) > 0, "pdo: parallel_do: pass at least one dtensor, so the mesh is known");
-    return first_dtensor(rest...);
-  }
-}
-
-/// @brief What every process learns about every place after the block ran: whether it
-/// failed, and the shape of its result. Gathered over the whole mesh when the mesh
-/// spans processes (so all of them throw alike, or none), read in place otherwise.
-struct block_outcomes {
-  std::vector<std::size_t> values;  ///< per place: 0, or 1 + the error_kind of its failure; then Rank extents
-  std::size_t width = 0;
-  [[nodiscard]] bool failed(std::size_t p) const { return values[p * width] != 0; }
-  [[nodiscard]] error_kind kind(std::size_t p) const { return static_cast<error_kind>(values[p * width] - 1); }
-  [[nodiscard]] std::size_t extent(std::size_t p, std::size_t d) const { return values[p * width + 1 + d]; }
-};
-
-template <class Mesh, class Result>
-block_outcomes share_outcomes(const Mesh& m, const std::vector<std::optional<Result>>& results,
-                              const std::optional<place_failure>& failure) {
-  constexpr std::size_t rank = Result::rank;
-  block_outcomes o{std::vector<std::size_t>(m.size() * (rank + 1), 0), rank + 1};
-  auto mine = [&](std::size_t k) {
-    std::vector<std::size_t> v(rank + 1, 1);
-    if (failure && failure->place == m.local_places()[k]) v[0] = 1 + static_cast<std::size_t>(failure->error.kind);
-    if (results[k]) {
-      v[0] = 0;
-      for (std::size_t d = 0; d < rank; ++d) v[1 + d] = results[k]->extent(d);
-    }
-    return v;
-  };
-  const auto& local = m.local_places();
-  if (!m.is_multiprocess()) {
-    for (std::size_t k = 0; k < local.size(); ++k) {
-      const auto v = mine(k);
-      std::copy(v.begin(), v.end(), o.values.begin() + static_cast<std::ptrdiff_t>(local[k] * o.width));
-    }
-    return o;
-  }
-  std::vector<std::vector<std::size_t>> gathered(local.size(), std::vector<std::size_t>(o.values.size()));
-  run_on_places("parallel_do", m, [&](std::size_t p, std::size_t k) {
-    const auto v = mine(k);
-    host_communicator_of(m, p).all_gather(std::span<const std::size_t>(v), std::span<std::size_t>(gathered[k]));
-  });
-  o.values = gathered.front();
-  return o;
-}
-
-/// @brief The message of place `failed`'s error, on every process.
-template <class Mesh>
-std::string share_message(const Mesh& m, std::size_t failed, const std::string& local_message) {
-  if (!m.is_multiprocess()) return local_message;
-  std::vector<std::string> texts(m.local_places().size());
-  run_on_places("parallel_do", m, [&](std::size_t p, std::size_t k) {
-    const auto comm = host_communicator_of(m, p);
-    std::size_t length = p == failed ? local_message.size() : 0;
-    comm.broadcast(std::span<std::size_t>(&length, 1), failed);
-    std::vector<char> text(length);
-    if (p == failed) text.assign(local_message.begin(), local_message.end());
-    comm.broadcast(std::span<char>(text), failed);
-    texts[k].assign(text.begin(), text.end());
-  });
-  return texts.front();
-}
-
-template <layout_spec Out, class Mesh, std::size_t Rank>
-void check_merge(const Mesh& m, const block_outcomes& o, shape_t<Rank>& global) {
-  constexpr layout_value v = value_of<Out>();
-  auto shape_of = [&](std::size_t p) {
-    shape_t<Rank> s;
-    for (std::size_t d = 0; d < Rank; ++d) s[d] = o.extent(p, d);
-    return s;
-  };
-  for (std::size_t d = 0; d < Rank; ++d) {
-    global[d] = o.extent(0, d);
-    if (!v.dim_axis[d].empty()) {
-      const std::size_t a = Mesh::axis_index(v.dim_axis[d]);
-      global[d] = 0;
-      for (std::size_t q : m.group(a, 0)) global[d] += o.extent(q, d);
-    }
-  }
-  for (std::size_t p = 0; p < m.size(); ++p)
-    if (shard_shape(m, v, global, p) != shape_of(p))
-      throw shape_error("parallel_do: merging as " + to_string(v) + " on " + m.describe() + ": place " + m.place(p).name() +
-                        " returned " + format_extents(shape_of(p)) + " but a global " + format_extents(global) +
-                        " gives it " + format_extents(shard_shape(m, v, global, p)) +
-                        " (split dims are cut evenly, larger chunks first; other dims must agree)");
-}
-
-}  // namespace detail
-
-/// @brief Runs `block` on every place of the mesh at once, on its local shards: each
-/// dtensor argument arrives as that place's shard (a `const pdo::tensor&`), any other
-/// argument as it is. The block returns that place's part of the result, and the parts
-/// are merged as `OutLayout` says: concatenated along a split dim, summed over a partial
-/// axis, kept as they are for replicate (each place's copy is its replica).
-///
-/// An exception thrown by the block on some place reaches the caller, on every process,
-/// as a pdo::error naming the place; the other places finish their blocks, and the
-/// mesh stays usable.
-template <layout_spec OutLayout, class Block, class... Args>
-  requires(distributed_tensor<Args> || ...)
-auto parallel_do(Block&& block, const Args&... args) {
-  using result_t = std::remove_cvref_t<std::invoke_result_t<Block&, detail::local_view_t<Args>...>>;
-  static_assert(is_tensor_v<result_t>, "pdo: parallel_do: the block must return a pdo::tensor (its place's part of the result)");
-  using T = typename result_t::value_type;
-  constexpr std::size_t rank = result_t::rank;
-  const auto& m = detail::first_dtensor(args...).mesh();
-  using mesh_t = std::remove_cvref_t<decltype(m)>;
-  static_assert(detail::check_layout<"parallel_do", OutLayout, mesh_t, rank>::ok);
-  (detail::check_same_mesh(args, m), ...);
-
-  detail::check_not_nested("parallel_do");
-  const auto& local = m.local_places();
-  detail::comms_of(m);  // built by every process, those without places too
-  if (local.empty())
-    throw layout_error("parallel_do: this process holds no place of " + m.describe() + "; call it on the processes that do");
-  std::vector<std::optional<result_t>> results(local.size());
-  const auto failure = detail::try_run_on_places(
-      m,
-      [&](std::size_t p, std::size_t k) {
-        result_t part = block(detail::local_view(args, p)...);
-        // a part made in another memory than its place's (a host tensor on a GPU place) moves there
-        if (detail::memory_of(part.where()) != detail::memory_of(m.place(p).state().get())) part = to_place(part, m.place(p));
-        results[k].emplace(std::move(part));
-      },
-      /*communicate=*/false, "parallel_do");
-  const detail::block_outcomes outcomes = detail::share_outcomes(m, results, failure);
-  for (std::size_t p = 0; p < m.size(); ++p) {
-    if (!outcomes.failed(p)) continue;
-    const std::string here = failure && failure->place == p ? failure->error.message : std::string();
-    detail::throw_error_of_kind(outcomes.kind(p), "parallel_do: the block failed on place " + m.place(p).name() + ": " +
-                                                      detail::share_message(m, p, here));
-  }
-  shape_t<rank> global{};
-  detail::check_merge<OutLayout>(m, outcomes, global);
-  std::vector<tensor<T, rank>> shards;
-  shards.reserve(local.size());
-  for (auto& r : results) shards.push_back(std::move(*r));
-  return dtensor<T, rank, mesh_t, OutLayout>(m, global, std::move(shards));
-}
-
-}  // namespace pdo
-#endif  // PDO_SINGLE_PDO_EXEC_PARALLEL_DO_HPP
 // ---- pdo/exec/trace.hpp
 #ifndef PDO_SINGLE_PDO_EXEC_TRACE_HPP
 #define PDO_SINGLE_PDO_EXEC_TRACE_HPP

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <type_traits>
@@ -141,11 +142,14 @@ struct value_node final : grad_node {
     grad.reset();
     backward = nullptr;
   }
-  /// @brief Adds `g` to the gradient.
+  /// @brief Adds `g` to the gradient. Several threads may add at once: the places of a
+  /// parallel_do whose block uses one parameter run their backward passes together.
   void accumulate(grad_t<V> g) {
+    std::lock_guard lock(accumulating);
     if (!grad) grad.emplace(std::move(g));
     else add_in_place(*grad, g);
   }
+  std::mutex accumulating;
 };
 
 }  // namespace detail

@@ -133,6 +133,49 @@ void check_merge(const Mesh& m, const block_outcomes& o, shape_t<Rank>& global) 
 
 }  // namespace detail
 
+namespace detail {
+
+/// @brief Runs `part(p, k)` (place p, the k-th of this process) on every place of `m` in
+/// this process, all at once, and merges the tensors they return into a dtensor laid out as
+/// `OutLayout`: a part that failed, or parts whose shapes do not fit the layout, are a
+/// pdo::error on every process, naming the place and the shapes; the mesh stays usable.
+template <layout_spec OutLayout, class Mesh, class Part>
+auto merge_parts(const Mesh& m, Part&& part) {
+  using result_t = std::remove_cvref_t<std::invoke_result_t<Part&, std::size_t, std::size_t>>;
+  using T = typename result_t::value_type;
+  constexpr std::size_t rank = result_t::rank;
+  check_not_nested("parallel_do");
+  const auto& local = m.local_places();
+  comms_of(m);  // built by every process, those without places too
+  if (local.empty())
+    throw layout_error("parallel_do: this process holds no place of " + m.describe() + "; call it on the processes that do");
+  std::vector<std::optional<result_t>> results(local.size());
+  const auto failure = try_run_on_places(
+      m,
+      [&](std::size_t p, std::size_t k) {
+        result_t r = part(p, k);
+        // a part made in another memory than its place's (a host tensor on a GPU place) moves there
+        if (memory_of(r.where()) != memory_of(m.place(p).state().get())) r = to_place(r, m.place(p));
+        results[k].emplace(std::move(r));
+      },
+      /*communicate=*/false, "parallel_do");
+  const block_outcomes outcomes = share_outcomes(m, results, failure);
+  for (std::size_t p = 0; p < m.size(); ++p) {
+    if (!outcomes.failed(p)) continue;
+    const std::string here = failure && failure->place == p ? failure->error.message : std::string();
+    throw_error_of_kind(outcomes.kind(p), "parallel_do: the block failed on place " + m.place(p).name() + ": " +
+                                              share_message(m, p, here));
+  }
+  shape_t<rank> global{};
+  check_merge<OutLayout>(m, outcomes, global);
+  std::vector<tensor<T, rank>> shards;
+  shards.reserve(local.size());
+  for (auto& r : results) shards.push_back(std::move(*r));
+  return dtensor<T, rank, Mesh, OutLayout>(m, global, std::move(shards));
+}
+
+}  // namespace detail
+
 /// @brief Runs `block` on every place of the mesh at once, on its local shards: each
 /// dtensor argument arrives as that place's shard (a `const pdo::tensor&`), any other
 /// argument as it is. The block returns that place's part of the result, and the parts
@@ -141,47 +184,18 @@ void check_merge(const Mesh& m, const block_outcomes& o, shape_t<Rank>& global) 
 ///
 /// An exception thrown by the block on some place reaches the caller, on every process,
 /// as a pdo::error naming the place; the other places finish their blocks, and the
-/// mesh stays usable.
+/// mesh stays usable. (With `pdo::var` operands, pdo/autograd/parallel_do.hpp's overload
+/// records the block for pdo::backward.)
 template <layout_spec OutLayout, class Block, class... Args>
   requires(distributed_tensor<Args> || ...)
 auto parallel_do(Block&& block, const Args&... args) {
   using result_t = std::remove_cvref_t<std::invoke_result_t<Block&, detail::local_view_t<Args>...>>;
   static_assert(is_tensor_v<result_t>, "pdo: parallel_do: the block must return a pdo::tensor (its place's part of the result)");
-  using T = typename result_t::value_type;
-  constexpr std::size_t rank = result_t::rank;
   const auto& m = detail::first_dtensor(args...).mesh();
   using mesh_t = std::remove_cvref_t<decltype(m)>;
-  static_assert(detail::check_layout<"parallel_do", OutLayout, mesh_t, rank>::ok);
+  static_assert(detail::check_layout<"parallel_do", OutLayout, mesh_t, result_t::rank>::ok);
   (detail::check_same_mesh(args, m), ...);
-
-  detail::check_not_nested("parallel_do");
-  const auto& local = m.local_places();
-  detail::comms_of(m);  // built by every process, those without places too
-  if (local.empty())
-    throw layout_error("parallel_do: this process holds no place of " + m.describe() + "; call it on the processes that do");
-  std::vector<std::optional<result_t>> results(local.size());
-  const auto failure = detail::try_run_on_places(
-      m,
-      [&](std::size_t p, std::size_t k) {
-        result_t part = block(detail::local_view(args, p)...);
-        // a part made in another memory than its place's (a host tensor on a GPU place) moves there
-        if (detail::memory_of(part.where()) != detail::memory_of(m.place(p).state().get())) part = to_place(part, m.place(p));
-        results[k].emplace(std::move(part));
-      },
-      /*communicate=*/false, "parallel_do");
-  const detail::block_outcomes outcomes = detail::share_outcomes(m, results, failure);
-  for (std::size_t p = 0; p < m.size(); ++p) {
-    if (!outcomes.failed(p)) continue;
-    const std::string here = failure && failure->place == p ? failure->error.message : std::string();
-    detail::throw_error_of_kind(outcomes.kind(p), "parallel_do: the block failed on place " + m.place(p).name() + ": " +
-                                                      detail::share_message(m, p, here));
-  }
-  shape_t<rank> global{};
-  detail::check_merge<OutLayout>(m, outcomes, global);
-  std::vector<tensor<T, rank>> shards;
-  shards.reserve(local.size());
-  for (auto& r : results) shards.push_back(std::move(*r));
-  return dtensor<T, rank, mesh_t, OutLayout>(m, global, std::move(shards));
+  return detail::merge_parts<OutLayout>(m, [&](std::size_t p, std::size_t) -> result_t { return block(detail::local_view(args, p)...); });
 }
 
 }  // namespace pdo
