@@ -280,3 +280,31 @@ TEST_CASE("parallel_do over vars: a block's result that does not fit the output 
   pdo::backward(pdo::sum(y));
   CHECK(pdo::gather(dX.grad())(4, 3) == 2.0);
 }
+
+TEST_CASE("prefetch moves the next inputs to their places while the current step runs", "[parallel_do][prefetch]") {
+  const auto w = random<double, 2>({4, 3}, 16);
+  auto block = [](const auto& xl, const auto& wl) { return pdo::tanh(pdo::matmul(xl, wl)); };
+  for (const auto& m : meshes()) {
+    CAPTURE(m.describe());
+    auto W = pdo::parameter(pdo::distribute<whole2>(m, w));
+    // a loop over batches: the next one is cut onto the places' copy lanes while this one runs
+    auto batch = [](std::size_t i) { return random<double, 2>({7, 4}, 100 + static_cast<unsigned>(i)); };
+    auto next = pdo::prefetch<rows2>(m, batch(0));
+    for (std::size_t i = 0; i < 4; ++i) {
+      const auto X = next.get();
+      STATIC_REQUIRE(std::is_same_v<std::remove_cvref_t<decltype(X)>, pdo::dtensor<double, 2, grid, rows2>>);
+      if (i + 1 < 4) next = pdo::prefetch<rows2>(m, batch(i + 1));
+      const auto y = pdo::parallel_do<rows2>(block, pdo::var(X), W);
+      CHECK(pdo_test::close(pdo::gather(y.value()), pdo::eval(pdo::tanh(pdo::matmul(batch(i), w))), 1e-13));
+      CHECK(pdo_test::close(pdo::gather(X), batch(i), 0));
+    }
+    CHECK(!next.valid());
+    CHECK_THROWS_WITH(next.get(), Catch::Contains("nothing to take"));
+  }
+  // any work, on one place's copy lane
+  const auto m = pdo::make_mesh<"x", "y">(pdo::cpu_places(2), {2, 1});
+  auto made = pdo::prefetch(m.place(1), [] { return random<double, 2>({3, 2}, 17); });
+  CHECK(pdo_test::close(made.get(), random<double, 2>({3, 2}, 17), 0));
+  auto failing = pdo::prefetch(m.place(0), []() -> int { throw pdo::shape_error("no such file"); });
+  CHECK_THROWS_AS(failing.get(), pdo::shape_error);
+}

@@ -1,9 +1,9 @@
 // pdo/nn/batching.hpp: cutting global batches into the rows each place trains on, in the
-// place's memory, and cutting the next batch while the current one trains (an engine task on
-// a copy lane).
+// place's memory (the trainers cut the next batch while the current one trains, with
+// pdo::prefetch).
 #pragma once
 
-#include <pdo/exec/engine.hpp>
+#include <pdo/exec/prefetch.hpp>
 #include <pdo/place/mesh.hpp>
 #include <pdo/tensor/copy.hpp>
 #include <pdo/tensor/tensor.hpp>
@@ -52,47 +52,5 @@ X cut_rows(const X& src, std::size_t first, std::size_t count, const any_place& 
   for (std::size_t i = 0; i < count; ++i) order[i] = first + i;
   return cut_rows(src, order, 0, count, where);
 }
-
-/// @brief Work done by an engine task on a copy lane while the caller goes on: get()
-/// waits for it and gives its result (or throws its error). Destroying it waits too, so the
-/// task never outlives what it reads.
-template <class Result>
-class prefetched {
- public:
-  template <class F>
-  prefetched(place_state& where, F f) : slot_(std::make_shared<std::optional<Result>>()) {
-    task_request request;
-    request.home = &lane_of(where, lane_kind::copy);
-    request.op = "prefetch";
-    request.category = "copy";
-    request.uses.writes.push_back(slot_.get());
-    request.fn = [slot = slot_, f = std::move(f)]() mutable { slot->emplace(f()); };
-    task_ = engine::instance().submit(std::move(request));
-  }
-  prefetched(prefetched&&) noexcept = default;
-  prefetched& operator=(prefetched&& other) noexcept {
-    if (this != &other) {
-      finish();
-      task_ = std::move(other.task_);
-      slot_ = std::move(other.slot_);
-    }
-    return *this;
-  }
-  prefetched(const prefetched&) = delete;
-  prefetched& operator=(const prefetched&) = delete;
-  ~prefetched() { finish(); }
-
-  Result get() {
-    wait(task_);
-    return std::move(**slot_);
-  }
-
- private:
-  void finish() {
-    if (task_) task_->wait_ended();
-  }
-  task_handle task_;
-  std::shared_ptr<std::optional<Result>> slot_;
-};
 
 }  // namespace pdo::detail

@@ -197,8 +197,7 @@ class data_parallel {
     std::mt19937_64 gen(o.seed);
     std::vector<std::size_t> order(n);
     std::iota(order.begin(), order.end(), std::size_t{0});
-    using shards_t = decltype(cut(inputs, targets, order, 0, 0, 1));
-    pdo::detail::place_state& copier = *mesh_.place(mesh_.local_places().front()).state();
+    const any_place copier = mesh_.place(mesh_.local_places().front());
     if (o.shuffle)  // the orders of the epochs already trained
       for (std::size_t e = 0; e < epochs_; ++e) std::shuffle(order.begin(), order.end(), gen);
     const std::size_t first_epoch = epochs_;
@@ -209,7 +208,7 @@ class data_parallel {
       std::size_t counted = 0, skipped = 0;
       auto prefetch = [&](std::size_t first) {
         const std::size_t rows = std::min(o.batch_size, n - first);
-        return pdo::detail::prefetched<shards_t>(copier, [this, &inputs, &targets, &order, first, rows, micro = o.micro_batches] {
+        return pdo::prefetch(copier, [this, &inputs, &targets, &order, first, rows, micro = o.micro_batches] {
           return cut(inputs, targets, order, first, rows, micro);
         });
       };
