@@ -14375,7 +14375,8 @@ class data_parallel {
     for (std::size_t q = 0; q < mesh_.size(); ++q) {
       if (all[2 * q] < 0) continue;
       const auto& param = params[static_cast<std::size_t>(all[2 * q])];
-      throw error("data_parallel: the replicas differ: parameter " + param.name() + " " + param.shape_text() + " on place " +
+      // every place throws it alike (a mismatch_error): over MPI no process is left waiting
+      throw mismatch_error("data_parallel: the replicas differ: parameter " + param.name() + " " + param.shape_text() + " on place " +
                   mesh_.place(q).name() + " differs from place " + mesh_.place(0).name() + "'s at element " +
                   std::to_string(static_cast<std::size_t>(all[2 * q + 1])) +
                   " (the model factory must build equal replicas, or leave data_parallel_options::broadcast_parameters on)");

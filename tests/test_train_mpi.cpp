@@ -1,0 +1,126 @@
+// tests/test_train_mpi.cpp: training over MPI processes, run under mpirun (with one or more
+// places per process, PDO_TEST_PLACES_PER_RANK): the data-parallel trainer, a tensor-parallel
+// model and a pipeline whose stages live in different processes, each against the same
+// training on one place, step by step; and a data-parallel replica made different on purpose.
+#define CATCH_CONFIG_RUNNER
+#include "model_support.hpp"
+
+#include <pdo/comm/mpi/environment.hpp>
+
+#include <cstdlib>
+#include <vector>
+
+using pdo::replicate;
+using pdo::split;
+using pdo_test::labels_for;
+using pdo_test::local_losses;
+using pdo_test::make_mlp;
+
+namespace {
+
+std::size_t places_per_rank() {
+  const char* v = std::getenv("PDO_TEST_PLACES_PER_RANK");
+  return v ? static_cast<std::size_t>(std::atoi(v)) : 1;
+}
+
+auto sgd() {
+  return [](auto params) { return pdo::nn::sgd<double>(std::move(params), {.lr = 0.2, .momentum = 0.5}); };
+}
+
+void check_losses(const std::vector<double>& got, const std::vector<double>& want) {
+  REQUIRE(got.size() == want.size());
+  for (std::size_t s = 0; s < got.size(); ++s) {
+    INFO("step " << s);
+    CHECK(got[s] == Approx(want[s]).epsilon(1e-10));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("MPI: the data-parallel trainer matches one place step by step", "[mpi][train][data_parallel]") {
+  const auto x = pdo_test::random_tensor<double>(pdo::shape_t<2>{11, 6}, 8);  // uneven over 2, 3 and 4 places
+  const auto y = labels_for(11);
+  const auto reference = local_losses(x, y, 4);
+  const auto mesh = pdo::make_mesh<"dp">(pdo::mpi::world_places(places_per_rank()));
+  for (bool zero1 : {false, true}) {
+    INFO("ZeRO-1 " << zero1);
+    auto trainer = pdo::nn::make_data_parallel<double>(mesh, make_mlp, sgd(), {.bucket_bytes = 256, .zero1 = zero1});
+    std::vector<double> losses;
+    for (int s = 0; s < 4; ++s) losses.push_back(trainer.step(x, y));
+    check_losses(losses, reference);
+    CHECK_NOTHROW(trainer.check_replicas());
+  }
+  // fit: shuffled epochs, the next batch prefetched while the current one trains
+  const auto local = pdo::make_mesh<"dp">(pdo::cpu_places(1));
+  auto one = pdo::nn::make_data_parallel<double>(local, make_mlp, sgd());
+  auto many = pdo::nn::make_data_parallel<double>(mesh, make_mlp, sgd(), {.bucket_bytes = 256});
+  double a = 0, b = 0, accuracy_one = 0, accuracy_many = 0;
+  one.fit(x, y, {.epochs = 3, .batch_size = 4, .seed = 7}, [&](const auto& e) { a = e.loss; });
+  many.fit(x, y, {.epochs = 3, .batch_size = 4, .seed = 7}, [&](const auto& e) { b = e.loss; });
+  accuracy_one = one.accuracy(x, y);
+  accuracy_many = many.accuracy(x, y);
+  CHECK(b == Approx(a).epsilon(1e-10));
+  CHECK(accuracy_many == accuracy_one);
+  // replicas made different on purpose (the factory draws from the process's rank) end up equal
+  auto different = [] {
+    pdo::nn::rng gen(100 + static_cast<unsigned>(pdo::mpi::rank()));
+    return pdo::nn::sequential(pdo::nn::linear<double>(6, 4, gen));
+  };
+  if (pdo::mpi::size() > 1) {
+    CHECK_THROWS_WITH(pdo::nn::make_data_parallel<double>(mesh, different, sgd(), {.broadcast_parameters = false, .check_replicas = true}),
+                      Catch::Contains("replicas differ"));
+  }
+  auto synced = pdo::nn::make_data_parallel<double>(mesh, different, sgd(), {.check_replicas = true});
+  CHECK_NOTHROW(synced.check_replicas());
+}
+
+TEST_CASE("MPI: a tensor-parallel model matches one place step by step", "[mpi][train][tp]") {
+  const auto x = pdo_test::random_tensor<double>(pdo::shape_t<2>{9, 6}, 5);
+  const auto y = labels_for(9);
+  const auto reference = local_losses(x, y, 4);
+  const auto mesh = pdo::make_mesh<"tp">(pdo::mpi::world_places(places_per_rank()));
+  auto model = pdo::nn::tensor_parallel<"tp">(mesh, make_mlp());
+  pdo::nn::sgd<double> opt(pdo::nn::parameters_of<double>(model), {.lr = 0.2, .momentum = 0.5});
+  const auto dx = pdo::var(pdo::distribute<pdo::layout<replicate, replicate>>(mesh, x));
+  const auto dy = pdo::distribute<pdo::layout<replicate>>(mesh, y);
+  std::vector<double> losses;
+  for (int s = 0; s < 4; ++s) {
+    opt.zero_grad();
+    const auto loss = pdo::cross_entropy(model(dx), dy);
+    pdo::backward(loss);
+    opt.step();
+    losses.push_back(pdo::gather(loss.value()).data()[0]);
+  }
+  check_losses(losses, reference);
+}
+
+TEST_CASE("MPI: a pipeline whose stages live in different processes matches one place step by step", "[mpi][train][pp]") {
+  const auto x = pdo_test::random_tensor<double>(pdo::shape_t<2>{11, 6}, 8);
+  const auto y = labels_for(11);
+  const auto reference = local_losses(x, y, 3);
+  const auto mesh = pdo::make_mesh<"pp">(pdo::mpi::world_places(places_per_rank()));
+  const auto model = make_mlp();
+  for (auto kind : {pdo::nn::pipeline_schedule::gpipe, pdo::nn::pipeline_schedule::one_f_one_b}) {
+    INFO((kind == pdo::nn::pipeline_schedule::gpipe ? "GPipe" : "1F1B"));
+    const pdo::nn::pipeline_options o{kind, 3};
+    std::vector<double> losses;
+    auto run = [&](auto&& trainer) {
+      for (int s = 0; s < 3; ++s) losses.push_back(trainer.step(x, y));
+    };
+    switch (mesh.size()) {
+      case 1: run(pdo::nn::make_pipeline<double, 2>(mesh, model, sgd(), o)); break;
+      case 2: run(pdo::nn::make_pipeline<double, 2, 3>(mesh, model, sgd(), o)); break;
+      case 3: run(pdo::nn::make_pipeline<double, 2, 1, 4>(mesh, model, sgd(), o)); break;
+      default: run(pdo::nn::make_pipeline<double, 2, 1, 3, 5>(mesh, model, sgd(), o)); break;
+    }
+    check_losses(losses, reference);
+  }
+}
+
+int main(int argc, char** argv) {
+  pdo::mpi::initialize();
+  const int result = Catch::Session().run(argc, argv);
+  int worst = 0;
+  MPI_Allreduce(&result, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  return worst;
+}
