@@ -14,6 +14,7 @@ class PdoConan(ConanFile):
     name = "pdo"
     version = "0.1.0"
     description = "Parallel tensor programs over meshes of places (header-only C++20)"
+    license = "Apache-2.0"
     topics = ("tensor", "parallel", "mpi", "cuda", "header-only")
     package_type = "header-library"
     # The settings only let validate() check the C++ standard; package_id() drops them.

@@ -37,3 +37,5 @@ write_basic_package_version_file(${CMAKE_CURRENT_BINARY_DIR}/pdoConfigVersion.cm
                                  ARCH_INDEPENDENT)
 install(FILES ${CMAKE_CURRENT_BINARY_DIR}/pdoConfig.cmake ${CMAKE_CURRENT_BINARY_DIR}/pdoConfigVersion.cmake
         DESTINATION ${PDO_INSTALL_CMAKEDIR})
+# the licence (Apache-2.0) beside the headers' package
+install(FILES ${PROJECT_SOURCE_DIR}/LICENSE DESTINATION ${CMAKE_INSTALL_DATADIR}/doc/pdo)

@@ -30,9 +30,4 @@ vcpkg_cmake_config_fixup(PACKAGE_NAME pdo CONFIG_PATH share/cmake/pdo)
 file(REMOVE_RECURSE "${CURRENT_PACKAGES_DIR}/debug")
 
 file(INSTALL "${CMAKE_CURRENT_LIST_DIR}/usage" DESTINATION "${CURRENT_PACKAGES_DIR}/share/${PORT}")
-if(EXISTS "${SOURCE_PATH}/LICENSE")
-    vcpkg_install_copyright(FILE_LIST "${SOURCE_PATH}/LICENSE")
-else()
-    file(WRITE "${CURRENT_PACKAGES_DIR}/share/${PORT}/copyright"
-         "pdo ${VERSION}: the source has no license file; see the repository the port was installed from.\n")
-endif()
+vcpkg_install_copyright(FILE_LIST "${SOURCE_PATH}/LICENSE")
