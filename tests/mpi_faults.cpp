@@ -8,6 +8,9 @@
 //                  the others get a pdo::collective_timeout within the timeout, naming the
 //                  collective, the mesh axis and the rank that did not arrive; the sleeper, on
 //                  waking, is told the others gave up; every process can go on
+//   trainer_leaves the last process leaves a data-parallel training (sleeps instead of its next
+//                  step; timeout 1 s): every other process's step throws a pdo::error within the
+//                  timeout, naming the collective and the rank that did not arrive
 //   killed         the last process is killed while the others wait in an all_reduce: the
 //                  launcher ends the job, and the others say first who had not arrived
 #include <pdo/pdo.hpp>
@@ -88,6 +91,41 @@ void sleeper(bool from_env) {
   }
 }
 
+void trainer_leaves() {
+  const int me = pdo::mpi::rank(), n = pdo::mpi::size();
+  pdo::mesh_options options;
+  options.collective_timeout = std::chrono::seconds(1);
+  const auto mesh = pdo::make_mesh<"dp">(pdo::mpi::world_places(), options);
+  auto make_model = [] {
+    pdo::nn::rng gen(3);
+    return pdo::nn::sequential(pdo::nn::linear<double>(4, 8, gen), pdo::nn::relu{}, pdo::nn::linear<double>(8, 2, gen));
+  };
+  auto trainer = pdo::nn::make_data_parallel<double>(
+      mesh, make_model, [](auto ps) { return pdo::nn::sgd<double>(std::move(ps), {.lr = 0.1}); });
+  pdo::tensor<double, 2> x({8, 4});
+  pdo::tensor<int, 1> y({8});
+  for (std::size_t i = 0; i < 8; ++i) {
+    y(i) = static_cast<int>(i % 2);
+    for (std::size_t j = 0; j < 4; ++j) x(i, j) = static_cast<double>(i + j) / 10;
+  }
+  trainer.step(x, y);  // every process present
+  if (me == n - 1) {   // leaves the training
+    std::this_thread::sleep_for(std::chrono::seconds(4));
+    return;
+  }
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    trainer.step(x, y);
+    expect(false, "a step that a process left did not throw");
+  } catch (const pdo::error& e) {
+    const std::string m = e.what();
+    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    expect(waited < 3.5, "reported within the timeout and its grace, after " + std::to_string(waited) + " s");
+    expect(contains(m, "data_parallel"), "names the trainer: " + m);
+    expect(contains(m, "not arrived: rank " + std::to_string(n - 1)), "names the rank that left: " + m);
+  }
+}
+
 void killed() {
   const auto places = pdo::mpi::world_places();
   const int me = pdo::mpi::rank(), n = pdo::mpi::size();
@@ -107,9 +145,10 @@ int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
   if (mode == "mesh_mismatch") mesh_mismatch();
   else if (mode == "sleeper") sleeper(argc > 2 && std::strcmp(argv[2], "env") == 0);
+  else if (mode == "trainer_leaves") trainer_leaves();
   else if (mode == "killed") killed();
   else {
-    std::fprintf(stderr, "usage: mpi_faults mesh_mismatch|sleeper [env]|killed\n");
+    std::fprintf(stderr, "usage: mpi_faults mesh_mismatch|sleeper [env]|trainer_leaves|killed\n");
     return 2;
   }
   if (failures == 0) std::printf("rank %d: ok\n", pdo::mpi::rank());

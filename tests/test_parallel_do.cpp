@@ -308,3 +308,13 @@ TEST_CASE("prefetch moves the next inputs to their places while the current step
   auto failing = pdo::prefetch(m.place(0), []() -> int { throw pdo::shape_error("no such file"); });
   CHECK_THROWS_AS(failing.get(), pdo::shape_error);
 }
+
+TEST_CASE("parallel_do over vars: a gradient of another shape than the result's is an error, not a crash",
+          "[parallel_do][autograd][errors]") {
+  const auto m = pdo::make_mesh<"x", "y">(pdo::cpu_places(2), {2, 1});
+  auto dX = pdo::parameter(pdo::distribute<rows2>(m, random<double, 2>({6, 4}, 18)));
+  const auto y = pdo::parallel_do<rows2>([](const auto& xl) { return xl * 3.0; }, dX);
+  CHECK_THROWS_WITH(pdo::backward(y, pdo::distribute<rows2>(m, random<double, 2>({6, 5}, 19))),
+                    Catch::Contains("backward") && Catch::Contains("[6, 5]") && Catch::Contains("[6, 4]"));
+  CHECK_NOTHROW(pdo::backward(y, pdo::distribute<rows2>(m, random<double, 2>({6, 4}, 19))));
+}

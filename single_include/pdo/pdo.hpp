@@ -10558,6 +10558,9 @@ auto scalar_of(const V& v) {
 template <class V>
 void backward(const var<V>& out, detail::grad_t<V> seed) {
   if (!out.requires_grad()) throw error("backward: the value does not depend on anything that requires a gradient");
+  if (seed.shape() != out.shape())
+    throw shape_error("backward: the seed gradient " + detail::format_extents(seed.shape()) + " does not have the shape of the value " +
+                      detail::format_extents(out.shape()) + " it is the gradient of");
   std::vector<detail::grad_node*> nodes;
   std::unordered_map<detail::grad_node*, std::size_t> uses;
   std::vector<detail::grad_node*> stack{out.node().get()};
