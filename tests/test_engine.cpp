@@ -148,6 +148,19 @@ TEST_CASE("an evaluation that needs a failed one is cancelled with its error; th
   CHECK(pdo_test::close(pdo::gather(independent.get()), pdo::eval(pdo::exp(h)), 1e-15));
   const auto next = pdo::eval(pdo::sum<0>(x * 2.0));
   CHECK(pdo_test::close(pdo::gather(next), pdo::eval(pdo::sum<0>(h * 2.0)), 1e-14));
+
+  // once a failed evaluation is freed, storage that takes the address of its result is new
+  // to the engine: a task that reads it is neither held nor cancelled by the old failure
+  const void* freed = nullptr;
+  {
+    auto lost = pdo::eval_async(pdo::cross_entropy(x, labels) * 1.0);
+    freed = lost.value().local_shards()[1].data();
+    CHECK_THROWS_AS(lost.wait(), pdo::shape_error);
+  }
+  auto& e = pdo::detail::engine::instance();
+  bool ran = false;
+  pdo::detail::wait(e.submit(request(&pdo::detail::lane_of(*mesh.place(1).state()), {freed}, {}, [&] { ran = true; }, "reader")));
+  CHECK(ran);
 }
 
 TEST_CASE("an evaluation runs its plan's steps as tasks: kernels on compute lanes, collectives on communication lanes",

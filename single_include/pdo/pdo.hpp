@@ -1681,9 +1681,10 @@ inline place_state*& current_place() {
 class lane {
  public:
   /// @param setup runs first on the lane's thread (a GPU place selects its device)
+  /// @param runs_anywhere its tasks may run on any host thread (a CPU place's: see run_here)
   template <class Setup>
-  lane(place_state& p, std::string place_name, lane_kind k, std::vector<int> pin_to, Setup setup)
-      : place_(p), name_(std::move(place_name)), kind_(k), track_{name_, lane_name(k)} {
+  lane(place_state& p, std::string place_name, lane_kind k, std::vector<int> pin_to, Setup setup, bool runs_anywhere = false)
+      : place_(p), name_(std::move(place_name)), kind_(k), track_{name_, lane_name(k)}, runs_anywhere_(runs_anywhere) {
     thread_ = std::thread([this, pins = std::move(pin_to), setup = std::move(setup)]() mutable {
       pin_current_thread(pins);
       current_place() = &place_;
@@ -1708,7 +1709,9 @@ class lane {
   [[nodiscard]] place_state& place() const { return place_; }
   [[nodiscard]] const std::string& place_name() const { return name_; }
   [[nodiscard]] lane_kind kind() const { return kind_; }
-  [[nodiscard]] bool on_this_thread() const { return std::this_thread::get_id() == thread_.get_id(); }
+  /// @brief Whether the calling thread runs this lane's work now: its own thread, or a host
+  /// thread running one of its tasks (run_here).
+  [[nodiscard]] bool on_this_thread() const { return current_lane() == this; }
 
   /// @brief Queues `t` behind the lane's earlier tasks.
   void push(task_handle t) {
@@ -1720,6 +1723,48 @@ class lane {
       asleep = sleeping_;
     }
     if (asleep) wake_.notify_one();
+  }
+
+  /// @brief Runs `t` on the calling thread, as this lane would, when `t` is the lane's next
+  /// task, is ready, and the lane is between tasks; returns whether it did. A host thread that
+  /// waits for its own task runs it rather than hand it over and wait for the lane to wake
+  /// (the order of the lane's tasks, and what each waits for, are kept). Only for lanes whose
+  /// tasks may run on any thread (a CPU place's: a GPU place's lanes hold its device).
+  bool run_here(const task_state& t) {
+    if (!runs_anywhere_ || current_lane() != nullptr) return false;
+    task_handle next;
+    {
+      std::lock_guard lock(mutex_);
+      if (busy_ || !head_ready() || queue_.front().get() != &t) return false;
+      next = std::move(queue_.front());
+      queue_.pop_front();
+      busy_ = true;
+    }
+    {
+      // the task sees this lane as its place and lane, as on the lane's own thread
+      struct as_lane {
+        lane& l;
+        place_state* place = current_place();
+        const timeline_track* track = current_track();
+        explicit as_lane(lane& self) : l(self) {
+          current_place() = &l.place_;
+          current_lane() = &l;
+          current_track() = &l.track_;
+        }
+        ~as_lane() {
+          current_place() = place;
+          current_lane() = nullptr;
+          current_track() = track;
+        }
+      } guard(*this);
+      run(next);
+    }
+    {
+      std::lock_guard lock(mutex_);
+      busy_ = false;
+    }
+    poke();  // the lane's next task may be ready
+    return true;
   }
 
   /// @brief Wakes the lane: a task it holds may have become ready.
@@ -1745,15 +1790,18 @@ class lane {
       {
         std::lock_guard lock(mutex_);
         seen = signal_.load(std::memory_order_acquire);
-        if (head_ready()) {
+        if (!busy_ && head_ready()) {
           next = std::move(queue_.front());
           queue_.pop_front();
-        } else if (stop_ && queue_.empty()) {
+          busy_ = true;
+        } else if (stop_ && queue_.empty() && !busy_) {
           return;  // a stopping lane first runs what is queued on it
         }
       }
       if (next) {
         run(next);
+        std::lock_guard lock(mutex_);
+        busy_ = false;
         continue;
       }
       // nothing to run: look for a change without the lock for a while (yielding the core),
@@ -1849,6 +1897,8 @@ class lane {
   std::atomic<std::uint64_t> signal_{0};  ///< counts pushes and pokes: a change may have made the head ready
   bool sleeping_ = false;
   bool stop_ = false;
+  bool busy_ = false;  ///< a task of the lane runs now (on its thread, or on a host thread: run_here)
+  bool runs_anywhere_ = false;
   std::thread thread_;
 };
 
@@ -1915,7 +1965,9 @@ inline lane& lane_of(place_state& p, lane_kind k = lane_kind::compute) {
     if (!p.local) throw layout_error("place " + p.name + " belongs to another process; its work runs there");
     std::function<void()> setup = p.lane_setup ? p.lane_setup : [] {};
     // the compute lane runs on the place's cores; the others only move data, wherever the system puts them
-    p.lanes[i] = std::make_unique<lane>(p, p.name, k, k == lane_kind::compute ? p.pin : std::vector<int>{}, std::move(setup));
+    // a CPU place's tasks may run on a host thread that waits for them (lane::run_here)
+    p.lanes[i] = std::make_unique<lane>(p, p.name, k, k == lane_kind::compute ? p.pin : std::vector<int>{}, std::move(setup),
+                                        p.kind == place_kind::cpu);
   }
   return *p.lanes[i];
 }
@@ -4887,6 +4939,20 @@ class engine {
     return h;
   }
 
+  /// @brief Forgets `buffers` whose tasks have all ended: storage about to be freed, whose
+  /// address later storage may take. A later task that reads that new storage must not wait
+  /// for, or be cancelled by the failure of, a task that wrote the old one.
+  void forget(const std::vector<const void*>& buffers) {
+    std::lock_guard lock(mutex_);
+    for (const void* b : buffers) {
+      const auto found = buffers_.find(b);
+      if (found == buffers_.end() || live(found->second.writer)) continue;
+      bool reading = false;
+      for (const auto& r : found->second.readers) reading = reading || live(r);
+      if (!reading) buffers_.erase(found);
+    }
+  }
+
   /// @brief The buffers the engine tracks now (for tests: finished work is forgotten).
   [[nodiscard]] std::size_t tracked_buffers() {
     std::lock_guard lock(mutex_);
@@ -5078,6 +5144,10 @@ struct place_batch {
   /// looks a while, yielding the core, then sleeps.
   void wait() const {
     for (const auto& t : tasks) check_not_own_lane(*t, t->op);
+    // a task its lane has not started, and could start now, runs here: no hand-over to its
+    // lane's thread and back (the others run on their lanes meanwhile)
+    for (const auto& t : tasks)
+      if (!t->ended.load(std::memory_order_acquire)) t->home->run_here(*t);
     const std::size_t n = failures.size();
     for (int poll = 0; poll < 200; ++poll) {
       if (done.load(std::memory_order_acquire) == n) return;
@@ -8070,6 +8140,16 @@ class plan_run {
     return a;
   }
 
+  /// @brief The buffers this run's tasks write: the slots and the result's storage (for the
+  /// engine to forget when they are freed).
+  [[nodiscard]] std::vector<const void*> written() const {
+    std::vector<const void*> out;
+    out.reserve(nodes + 1);
+    for (const auto& s : slots_) out.push_back(&s);
+    out.push_back(result_->data());
+    return out;
+  }
+
   /// @brief What a task that copies a leaf expression reads and writes.
   [[nodiscard]] access copy_uses() const {
     access a;
@@ -9912,6 +9992,11 @@ struct queued_evaluation {
   [[nodiscard]] virtual std::string what() const = 0;
   [[nodiscard]] virtual std::string place_name(std::size_t p) const = 0;
 
+  /// @brief Waits for every task, ignoring failures (before the evaluation is freed).
+  void finish_quietly() const noexcept {
+    for (const auto& b : steps)
+      for (const auto& t : b->tasks) t->wait_ended();
+  }
   /// @brief Whether every task of every step has ended.
   [[nodiscard]] bool finished() const {
     for (const auto& b : steps)
@@ -9942,6 +10027,17 @@ struct evaluation final : queued_evaluation {
   }
   evaluation(const evaluation&) = delete;
   evaluation& operator=(const evaluation&) = delete;
+  /// @brief Its tasks have ended (each place's run is freed with it): the engine forgets
+  /// the buffers they wrote, so storage allocated there later is new to it.
+  ~evaluation() override {
+    finish_quietly();
+    std::vector<const void*> buffers;
+    for (const auto& r : runs) {
+      const auto w = r.written();
+      buffers.insert(buffers.end(), w.begin(), w.end());
+    }
+    engine::instance().forget(buffers);
+  }
   Node expr;
   Result result;
   std::vector<plan_run<Node, mesh_context<mesh_t>>> runs;  ///< refer to expr and result

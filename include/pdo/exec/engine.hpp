@@ -102,6 +102,20 @@ class engine {
     return h;
   }
 
+  /// @brief Forgets `buffers` whose tasks have all ended: storage about to be freed, whose
+  /// address later storage may take. A later task that reads that new storage must not wait
+  /// for, or be cancelled by the failure of, a task that wrote the old one.
+  void forget(const std::vector<const void*>& buffers) {
+    std::lock_guard lock(mutex_);
+    for (const void* b : buffers) {
+      const auto found = buffers_.find(b);
+      if (found == buffers_.end() || live(found->second.writer)) continue;
+      bool reading = false;
+      for (const auto& r : found->second.readers) reading = reading || live(r);
+      if (!reading) buffers_.erase(found);
+    }
+  }
+
   /// @brief The buffers the engine tracks now (for tests: finished work is forgotten).
   [[nodiscard]] std::size_t tracked_buffers() {
     std::lock_guard lock(mutex_);

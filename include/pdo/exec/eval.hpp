@@ -27,6 +27,11 @@ struct queued_evaluation {
   [[nodiscard]] virtual std::string what() const = 0;
   [[nodiscard]] virtual std::string place_name(std::size_t p) const = 0;
 
+  /// @brief Waits for every task, ignoring failures (before the evaluation is freed).
+  void finish_quietly() const noexcept {
+    for (const auto& b : steps)
+      for (const auto& t : b->tasks) t->wait_ended();
+  }
   /// @brief Whether every task of every step has ended.
   [[nodiscard]] bool finished() const {
     for (const auto& b : steps)
@@ -57,6 +62,17 @@ struct evaluation final : queued_evaluation {
   }
   evaluation(const evaluation&) = delete;
   evaluation& operator=(const evaluation&) = delete;
+  /// @brief Its tasks have ended (each place's run is freed with it): the engine forgets
+  /// the buffers they wrote, so storage allocated there later is new to it.
+  ~evaluation() override {
+    finish_quietly();
+    std::vector<const void*> buffers;
+    for (const auto& r : runs) {
+      const auto w = r.written();
+      buffers.insert(buffers.end(), w.begin(), w.end());
+    }
+    engine::instance().forget(buffers);
+  }
   Node expr;
   Result result;
   std::vector<plan_run<Node, mesh_context<mesh_t>>> runs;  ///< refer to expr and result

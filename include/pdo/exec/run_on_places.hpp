@@ -74,6 +74,10 @@ struct place_batch {
   /// looks a while, yielding the core, then sleeps.
   void wait() const {
     for (const auto& t : tasks) check_not_own_lane(*t, t->op);
+    // a task its lane has not started, and could start now, runs here: no hand-over to its
+    // lane's thread and back (the others run on their lanes meanwhile)
+    for (const auto& t : tasks)
+      if (!t->ended.load(std::memory_order_acquire)) t->home->run_here(*t);
     const std::size_t n = failures.size();
     for (int poll = 0; poll < 200; ++poll) {
       if (done.load(std::memory_order_acquire) == n) return;

@@ -176,6 +176,16 @@ class plan_run {
     return a;
   }
 
+  /// @brief The buffers this run's tasks write: the slots and the result's storage (for the
+  /// engine to forget when they are freed).
+  [[nodiscard]] std::vector<const void*> written() const {
+    std::vector<const void*> out;
+    out.reserve(nodes + 1);
+    for (const auto& s : slots_) out.push_back(&s);
+    out.push_back(result_->data());
+    return out;
+  }
+
   /// @brief What a task that copies a leaf expression reads and writes.
   [[nodiscard]] access copy_uses() const {
     access a;

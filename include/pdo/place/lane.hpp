@@ -257,9 +257,10 @@ inline place_state*& current_place() {
 class lane {
  public:
   /// @param setup runs first on the lane's thread (a GPU place selects its device)
+  /// @param runs_anywhere its tasks may run on any host thread (a CPU place's: see run_here)
   template <class Setup>
-  lane(place_state& p, std::string place_name, lane_kind k, std::vector<int> pin_to, Setup setup)
-      : place_(p), name_(std::move(place_name)), kind_(k), track_{name_, lane_name(k)} {
+  lane(place_state& p, std::string place_name, lane_kind k, std::vector<int> pin_to, Setup setup, bool runs_anywhere = false)
+      : place_(p), name_(std::move(place_name)), kind_(k), track_{name_, lane_name(k)}, runs_anywhere_(runs_anywhere) {
     thread_ = std::thread([this, pins = std::move(pin_to), setup = std::move(setup)]() mutable {
       pin_current_thread(pins);
       current_place() = &place_;
@@ -284,7 +285,9 @@ class lane {
   [[nodiscard]] place_state& place() const { return place_; }
   [[nodiscard]] const std::string& place_name() const { return name_; }
   [[nodiscard]] lane_kind kind() const { return kind_; }
-  [[nodiscard]] bool on_this_thread() const { return std::this_thread::get_id() == thread_.get_id(); }
+  /// @brief Whether the calling thread runs this lane's work now: its own thread, or a host
+  /// thread running one of its tasks (run_here).
+  [[nodiscard]] bool on_this_thread() const { return current_lane() == this; }
 
   /// @brief Queues `t` behind the lane's earlier tasks.
   void push(task_handle t) {
@@ -296,6 +299,48 @@ class lane {
       asleep = sleeping_;
     }
     if (asleep) wake_.notify_one();
+  }
+
+  /// @brief Runs `t` on the calling thread, as this lane would, when `t` is the lane's next
+  /// task, is ready, and the lane is between tasks; returns whether it did. A host thread that
+  /// waits for its own task runs it rather than hand it over and wait for the lane to wake
+  /// (the order of the lane's tasks, and what each waits for, are kept). Only for lanes whose
+  /// tasks may run on any thread (a CPU place's: a GPU place's lanes hold its device).
+  bool run_here(const task_state& t) {
+    if (!runs_anywhere_ || current_lane() != nullptr) return false;
+    task_handle next;
+    {
+      std::lock_guard lock(mutex_);
+      if (busy_ || !head_ready() || queue_.front().get() != &t) return false;
+      next = std::move(queue_.front());
+      queue_.pop_front();
+      busy_ = true;
+    }
+    {
+      // the task sees this lane as its place and lane, as on the lane's own thread
+      struct as_lane {
+        lane& l;
+        place_state* place = current_place();
+        const timeline_track* track = current_track();
+        explicit as_lane(lane& self) : l(self) {
+          current_place() = &l.place_;
+          current_lane() = &l;
+          current_track() = &l.track_;
+        }
+        ~as_lane() {
+          current_place() = place;
+          current_lane() = nullptr;
+          current_track() = track;
+        }
+      } guard(*this);
+      run(next);
+    }
+    {
+      std::lock_guard lock(mutex_);
+      busy_ = false;
+    }
+    poke();  // the lane's next task may be ready
+    return true;
   }
 
   /// @brief Wakes the lane: a task it holds may have become ready.
@@ -321,15 +366,18 @@ class lane {
       {
         std::lock_guard lock(mutex_);
         seen = signal_.load(std::memory_order_acquire);
-        if (head_ready()) {
+        if (!busy_ && head_ready()) {
           next = std::move(queue_.front());
           queue_.pop_front();
-        } else if (stop_ && queue_.empty()) {
+          busy_ = true;
+        } else if (stop_ && queue_.empty() && !busy_) {
           return;  // a stopping lane first runs what is queued on it
         }
       }
       if (next) {
         run(next);
+        std::lock_guard lock(mutex_);
+        busy_ = false;
         continue;
       }
       // nothing to run: look for a change without the lock for a while (yielding the core),
@@ -425,6 +473,8 @@ class lane {
   std::atomic<std::uint64_t> signal_{0};  ///< counts pushes and pokes: a change may have made the head ready
   bool sleeping_ = false;
   bool stop_ = false;
+  bool busy_ = false;  ///< a task of the lane runs now (on its thread, or on a host thread: run_here)
+  bool runs_anywhere_ = false;
   std::thread thread_;
 };
 

@@ -51,7 +51,9 @@ inline lane& lane_of(place_state& p, lane_kind k = lane_kind::compute) {
     if (!p.local) throw layout_error("place " + p.name + " belongs to another process; its work runs there");
     std::function<void()> setup = p.lane_setup ? p.lane_setup : [] {};
     // the compute lane runs on the place's cores; the others only move data, wherever the system puts them
-    p.lanes[i] = std::make_unique<lane>(p, p.name, k, k == lane_kind::compute ? p.pin : std::vector<int>{}, std::move(setup));
+    // a CPU place's tasks may run on a host thread that waits for them (lane::run_here)
+    p.lanes[i] = std::make_unique<lane>(p, p.name, k, k == lane_kind::compute ? p.pin : std::vector<int>{}, std::move(setup),
+                                        p.kind == place_kind::cpu);
   }
   return *p.lanes[i];
 }
