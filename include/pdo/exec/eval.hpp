@@ -59,23 +59,29 @@ struct evaluation final : queued_evaluation {
     runs.reserve(local.size());
     for (std::size_t k = 0; k < local.size(); ++k)
       runs.emplace_back(expr, mesh_context<mesh_t>(result.mesh(), local[k]), result.local_shards()[k]);
+    for (const auto& r : runs) {
+      const auto w = r.written();
+      written.insert(written.end(), w.begin(), w.end());
+    }
   }
   evaluation(const evaluation&) = delete;
   evaluation& operator=(const evaluation&) = delete;
-  /// @brief Its tasks have ended (each place's run is freed with it): the engine forgets
-  /// the buffers they wrote, so storage allocated there later is new to it.
+  /// @brief Its tasks have ended (each place's run is freed with it). When one failed, the
+  /// engine forgets the buffers they wrote, so storage allocated there later is not taken for
+  /// the result of a failed task (a writer that succeeded holds nothing up once it has ended).
   ~evaluation() override {
     finish_quietly();
-    std::vector<const void*> buffers;
-    for (const auto& r : runs) {
-      const auto w = r.written();
-      buffers.insert(buffers.end(), w.begin(), w.end());
-    }
-    engine::instance().forget(buffers);
+    bool failed = false;
+    for (const auto& b : steps)
+      for (const auto& f : b->failures) failed = failed || f.has_value();
+    if (failed) engine::instance().forget(written);
   }
   Node expr;
   Result result;
   std::vector<plan_run<Node, mesh_context<mesh_t>>> runs;  ///< refer to expr and result
+  /// @brief The addresses the runs' tasks write, taken when they are queued: the result may
+  /// have been moved out (and freed) by the time the evaluation is.
+  std::vector<const void*> written;
   [[nodiscard]] std::string what() const override {
     return "eval of " + std::string(Node::name) + " -> " + describe_node(expr);
   }
@@ -102,7 +108,7 @@ std::string step_detail(const Node& root, const Mesh& m) {
 /// @brief Queues step `S` of the plan of `state`'s expression on every place of its mesh in
 /// this process: a kernel on the compute lanes; a collective on the communication lanes.
 template <std::size_t S, class State>
-void queue_step(const std::shared_ptr<State>& state) {
+void queue_step(const std::shared_ptr<State>& state, bool caller_waits) {
   using node_t = std::remove_cvref_t<decltype(state->expr)>;
   using run_t = plan_run<node_t, mesh_context<typename node_t::mesh_type>>;
   constexpr plan_step step = run_t::plan.steps[S];
@@ -113,7 +119,7 @@ void queue_step(const std::shared_ptr<State>& state) {
     constexpr bool collective = step.kind == plan_step_kind::combine_max ||
                                 (step.kind == plan_step_kind::redistribute && communicates(step.move.kind));
     batch_options o{step.op.data(), collective ? "collective" : "kernel", collective, collective && !m.is_multiprocess(),
-                    collective ? lane_kind::communication : lane_kind::compute};
+                    collective ? lane_kind::communication : lane_kind::compute, caller_waits};
     state->steps.push_back(submit_on_places(
         m, [raw = state.get()](std::size_t, std::size_t k) { raw->runs[k].template run_step<S>(); }, o,
         [raw = state.get()](std::size_t, std::size_t k) { return raw->runs[k].template uses<S>(); },
@@ -123,10 +129,10 @@ void queue_step(const std::shared_ptr<State>& state) {
 
 /// @brief Queues the copy that evaluates an expression that is a dtensor.
 template <class State>
-void queue_copy(const std::shared_ptr<State>& state) {
+void queue_copy(const std::shared_ptr<State>& state, bool caller_waits) {
   state->steps.push_back(submit_on_places(
       state->result.mesh(), [raw = state.get()](std::size_t, std::size_t k) { raw->runs[k].copy_leaf(); },
-      batch_options{"copy", "copy", false, false, lane_kind::compute},
+      batch_options{"copy", "copy", false, false, lane_kind::compute, caller_waits},
       [raw = state.get()](std::size_t, std::size_t k) { return raw->runs[k].copy_uses(); }));
 }
 
@@ -140,7 +146,7 @@ inline std::vector<std::shared_ptr<const queued_evaluation>>& pending_evaluation
 /// @brief Allocates the result's shards and queues the steps of the plan of `expr` on every
 /// place of its mesh in this process.
 template <class Policy, class Expr>
-auto queue_evaluation(Expr&& expr) {
+auto queue_evaluation(Expr&& expr, bool caller_waits) {
   using node_t = expression_t<Expr>;
   static_assert(node_t::distributed,
                 "pdo: eval_async: the expression has no dtensor operand; evaluate local tensors with pdo::eval");
@@ -161,9 +167,9 @@ auto queue_evaluation(Expr&& expr) {
   for (std::size_t p : m.local_places()) shards.emplace_back(shard_shape(m, node_t::rule.out, global, p), m.place(p), uninitialized);
   auto state = std::make_shared<evaluation<node_t, result_t>>(std::move(node), result_t(m, global, std::move(shards)));
   if constexpr (node_t::is_leaf) {
-    queue_copy(state);
+    queue_copy(state, caller_waits);
   } else {
-    [&]<std::size_t... S>(std::index_sequence<S...>) { (queue_step<S>(state), ...); }(std::make_index_sequence<plan_of<node_t>().size>{});
+    [&]<std::size_t... S>(std::index_sequence<S...>) { (queue_step<S>(state, caller_waits), ...); }(std::make_index_sequence<plan_of<node_t>().size>{});
   }
   return state;
 }
@@ -222,7 +228,7 @@ class async_result {
 template <class Policy = implicit, class Expr>
   requires detail::tensor_operand<Expr>
 auto eval_async(Expr&& expr) {
-  auto state = detail::queue_evaluation<Policy>(std::forward<Expr>(expr));
+  auto state = detail::queue_evaluation<Policy>(std::forward<Expr>(expr), false);
   detail::pending_evaluations().push_back(state);
   return async_result<std::remove_cvref_t<decltype(state->result)>>(state, &state->result);
 }
@@ -256,7 +262,7 @@ template <class Policy = implicit, class Expr>
 auto eval(Expr&& expr) {
   using node_t = detail::expression_t<Expr>;
   if constexpr (node_t::distributed) {  // queue_evaluation checks the policy
-    const auto state = detail::queue_evaluation<Policy>(std::forward<Expr>(expr));
+    const auto state = detail::queue_evaluation<Policy>(std::forward<Expr>(expr), true);
     state->finish();
     return std::move(state->result);
   } else {
