@@ -1601,6 +1601,9 @@ struct task_state {
   std::string detail;            ///< shapes, layouts, bytes: filled only while tracing
   std::uint64_t id = 0;          ///< its place in the engine's total order of submission
   bool runs_cancelled = false;   ///< run fn even when cancelled (cancelled_by() tells it so)
+  /// @brief Queued without waking its lane: the thread that submitted it waits for it at once,
+  /// and runs it itself or wakes the lane then (place_batch::wait).
+  bool quiet = false;
   std::atomic<std::uint32_t> waiting{1};
   std::atomic<bool> ended{false};
 
@@ -1716,11 +1719,12 @@ class lane {
   /// @brief Queues `t` behind the lane's earlier tasks.
   void push(task_handle t) {
     bool asleep = false;
+    const bool quiet = t->quiet && runs_anywhere_;
     {
       std::lock_guard lock(mutex_);
       queue_.push_back(std::move(t));
-      signal_.fetch_add(1, std::memory_order_release);
-      asleep = sleeping_;
+      if (!quiet) signal_.fetch_add(1, std::memory_order_release);
+      asleep = sleeping_ && !quiet;
     }
     if (asleep) wake_.notify_one();
   }
@@ -4890,6 +4894,7 @@ struct task_request {
   const char* op = "task";        ///< a string literal
   const char* category = "task";  ///< for the trace: "kernel", "collective", "copy", "task"
   bool runs_cancelled = false;  ///< run fn even when cancelled (it releases the others of its collective)
+  bool quiet = false;           ///< queued without waking its lane (see task_state::quiet)
   std::string detail;          ///< for the trace (shapes, layouts, bytes); may stay empty
 };
 
@@ -4976,6 +4981,7 @@ class engine {
     t->op = r.op;
     t->category = r.category;
     t->runs_cancelled = r.runs_cancelled;
+    t->quiet = r.quiet;
     t->detail = std::move(r.detail);
     t->id = ++submitted_;
     return t;
@@ -5127,6 +5133,9 @@ struct batch_options {
   bool closing = false;
   /// @brief The lane of each place the tasks run on.
   lane_kind lane = lane_kind::compute;
+  /// @brief The caller waits for the tasks at once: the first is queued without waking its
+  /// lane, since the caller will run it itself if it can (place_batch::wait).
+  bool caller_waits = false;
 };
 
 /// @brief The tasks of one mesh-wide operation, one per place of this process, and how they ended.
@@ -5147,7 +5156,7 @@ struct place_batch {
     // a task its lane has not started, and could start now, runs here: no hand-over to its
     // lane's thread and back (the others run on their lanes meanwhile)
     for (const auto& t : tasks)
-      if (!t->ended.load(std::memory_order_acquire)) t->home->run_here(*t);
+      if (!t->ended.load(std::memory_order_acquire) && !t->home->run_here(*t)) t->home->poke();
     const std::size_t n = failures.size();
     for (int poll = 0; poll < 200; ++poll) {
       if (done.load(std::memory_order_acquire) == n) return;
@@ -5206,6 +5215,7 @@ std::shared_ptr<place_batch> submit_on_places(const Mesh& m, Task task, batch_op
     r.category = o.category;
     r.detail = detail;
     r.runs_cancelled = true;  // a cancelled task still meets the others of its operation
+    r.quiet = o.caller_waits && k == 0;
     r.uses = access_of(local[k], k);
     if (communicate) r.uses.after_all = &comms;  // operations that communicate on one mesh follow each other whole
     r.fn = [&comms, local_only, communicate, closing, batch, task, k, p = local[k]] {
@@ -5252,7 +5262,7 @@ std::optional<place_failure> try_run_on_places(const Mesh& m, Task&& task, bool 
                                                const char* category = "task") {
   const bool local_only = !m.is_multiprocess();
   const auto batch = submit_on_places(m, [&task](std::size_t p, std::size_t k) { task(p, k); },
-                                      batch_options{op, category, communicate || local_only, local_only});
+                                      batch_options{op, category, communicate || local_only, local_only, lane_kind::compute, true});
   batch->wait();
   return batch->first_failure();
 }
@@ -10024,23 +10034,29 @@ struct evaluation final : queued_evaluation {
     runs.reserve(local.size());
     for (std::size_t k = 0; k < local.size(); ++k)
       runs.emplace_back(expr, mesh_context<mesh_t>(result.mesh(), local[k]), result.local_shards()[k]);
+    for (const auto& r : runs) {
+      const auto w = r.written();
+      written.insert(written.end(), w.begin(), w.end());
+    }
   }
   evaluation(const evaluation&) = delete;
   evaluation& operator=(const evaluation&) = delete;
-  /// @brief Its tasks have ended (each place's run is freed with it): the engine forgets
-  /// the buffers they wrote, so storage allocated there later is new to it.
+  /// @brief Its tasks have ended (each place's run is freed with it). When one failed, the
+  /// engine forgets the buffers they wrote, so storage allocated there later is not taken for
+  /// the result of a failed task (a writer that succeeded holds nothing up once it has ended).
   ~evaluation() override {
     finish_quietly();
-    std::vector<const void*> buffers;
-    for (const auto& r : runs) {
-      const auto w = r.written();
-      buffers.insert(buffers.end(), w.begin(), w.end());
-    }
-    engine::instance().forget(buffers);
+    bool failed = false;
+    for (const auto& b : steps)
+      for (const auto& f : b->failures) failed = failed || f.has_value();
+    if (failed) engine::instance().forget(written);
   }
   Node expr;
   Result result;
   std::vector<plan_run<Node, mesh_context<mesh_t>>> runs;  ///< refer to expr and result
+  /// @brief The addresses the runs' tasks write, taken when they are queued: the result may
+  /// have been moved out (and freed) by the time the evaluation is.
+  std::vector<const void*> written;
   [[nodiscard]] std::string what() const override {
     return "eval of " + std::string(Node::name) + " -> " + describe_node(expr);
   }
@@ -10067,7 +10083,7 @@ std::string step_detail(const Node& root, const Mesh& m) {
 /// @brief Queues step `S` of the plan of `state`'s expression on every place of its mesh in
 /// this process: a kernel on the compute lanes; a collective on the communication lanes.
 template <std::size_t S, class State>
-void queue_step(const std::shared_ptr<State>& state) {
+void queue_step(const std::shared_ptr<State>& state, bool caller_waits) {
   using node_t = std::remove_cvref_t<decltype(state->expr)>;
   using run_t = plan_run<node_t, mesh_context<typename node_t::mesh_type>>;
   constexpr plan_step step = run_t::plan.steps[S];
@@ -10078,7 +10094,7 @@ void queue_step(const std::shared_ptr<State>& state) {
     constexpr bool collective = step.kind == plan_step_kind::combine_max ||
                                 (step.kind == plan_step_kind::redistribute && communicates(step.move.kind));
     batch_options o{step.op.data(), collective ? "collective" : "kernel", collective, collective && !m.is_multiprocess(),
-                    collective ? lane_kind::communication : lane_kind::compute};
+                    collective ? lane_kind::communication : lane_kind::compute, caller_waits};
     state->steps.push_back(submit_on_places(
         m, [raw = state.get()](std::size_t, std::size_t k) { raw->runs[k].template run_step<S>(); }, o,
         [raw = state.get()](std::size_t, std::size_t k) { return raw->runs[k].template uses<S>(); },
@@ -10088,10 +10104,10 @@ void queue_step(const std::shared_ptr<State>& state) {
 
 /// @brief Queues the copy that evaluates an expression that is a dtensor.
 template <class State>
-void queue_copy(const std::shared_ptr<State>& state) {
+void queue_copy(const std::shared_ptr<State>& state, bool caller_waits) {
   state->steps.push_back(submit_on_places(
       state->result.mesh(), [raw = state.get()](std::size_t, std::size_t k) { raw->runs[k].copy_leaf(); },
-      batch_options{"copy", "copy", false, false, lane_kind::compute},
+      batch_options{"copy", "copy", false, false, lane_kind::compute, caller_waits},
       [raw = state.get()](std::size_t, std::size_t k) { return raw->runs[k].copy_uses(); }));
 }
 
@@ -10105,7 +10121,7 @@ inline std::vector<std::shared_ptr<const queued_evaluation>>& pending_evaluation
 /// @brief Allocates the result's shards and queues the steps of the plan of `expr` on every
 /// place of its mesh in this process.
 template <class Policy, class Expr>
-auto queue_evaluation(Expr&& expr) {
+auto queue_evaluation(Expr&& expr, bool caller_waits) {
   using node_t = expression_t<Expr>;
   static_assert(node_t::distributed,
                 "pdo: eval_async: the expression has no dtensor operand; evaluate local tensors with pdo::eval");
@@ -10126,9 +10142,9 @@ auto queue_evaluation(Expr&& expr) {
   for (std::size_t p : m.local_places()) shards.emplace_back(shard_shape(m, node_t::rule.out, global, p), m.place(p), uninitialized);
   auto state = std::make_shared<evaluation<node_t, result_t>>(std::move(node), result_t(m, global, std::move(shards)));
   if constexpr (node_t::is_leaf) {
-    queue_copy(state);
+    queue_copy(state, caller_waits);
   } else {
-    [&]<std::size_t... S>(std::index_sequence<S...>) { (queue_step<S>(state), ...); }(std::make_index_sequence<plan_of<node_t>().size>{});
+    [&]<std::size_t... S>(std::index_sequence<S...>) { (queue_step<S>(state, caller_waits), ...); }(std::make_index_sequence<plan_of<node_t>().size>{});
   }
   return state;
 }
@@ -10187,7 +10203,7 @@ class async_result {
 template <class Policy = implicit, class Expr>
   requires detail::tensor_operand<Expr>
 auto eval_async(Expr&& expr) {
-  auto state = detail::queue_evaluation<Policy>(std::forward<Expr>(expr));
+  auto state = detail::queue_evaluation<Policy>(std::forward<Expr>(expr), false);
   detail::pending_evaluations().push_back(state);
   return async_result<std::remove_cvref_t<decltype(state->result)>>(state, &state->result);
 }
@@ -10221,7 +10237,7 @@ template <class Policy = implicit, class Expr>
 auto eval(Expr&& expr) {
   using node_t = detail::expression_t<Expr>;
   if constexpr (node_t::distributed) {  // queue_evaluation checks the policy
-    const auto state = detail::queue_evaluation<Policy>(std::forward<Expr>(expr));
+    const auto state = detail::queue_evaluation<Policy>(std::forward<Expr>(expr), true);
     state->finish();
     return std::move(state->result);
   } else {
@@ -13262,7 +13278,8 @@ struct step_event {
 /// @brief How gradients are bucketed.
 struct bucket_options {
   /// @brief Gradients are synced in buckets of about this many bytes (at least one
-  /// parameter each), in the order backward completes them (PyTorch DDP's default: 25 MiB).
+  /// parameter each), in the order backward completes them (PyTorch DDP's default: 25 MiB);
+  /// a parameter of half this or more is synced alone, in place (without ZeRO-1).
   std::size_t bucket_bytes = std::size_t{25} << 20;
   /// @brief Start a bucket's collective as soon as its last gradient is ready, while
   /// backward goes on; false: all buckets after backward (for comparison).
@@ -13319,8 +13336,12 @@ class gradient_buckets {
     where_ = m.place(place);
     bucket_of_.assign(params_.size(), 0);
     // backward completes the last layers first: buckets follow the parameters in reverse
+    // a parameter of half a bucket or more gets a bucket of its own, synced in place: packing
+    // it would copy it in and out for no saving in collectives (and the next one starts anew)
+    const auto big = [&](std::size_t j) { return 2 * params_[j].bytes() >= o.bucket_bytes && !o.zero1; };
     for (std::size_t j = params_.size(); j-- > 0;) {
-      if (buckets_.empty() || buckets_.back().elements * sizeof(T) >= o.bucket_bytes) buckets_.emplace_back();
+      if (buckets_.empty() || buckets_.back().elements * sizeof(T) >= o.bucket_bytes || big(j) || big(buckets_.back().params.back()))
+        buckets_.emplace_back();
       buckets_.back().params.push_back(j);
       buckets_.back().elements += params_[j].size();
       bucket_of_[j] = buckets_.size() - 1;

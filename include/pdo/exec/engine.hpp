@@ -53,6 +53,7 @@ struct task_request {
   const char* op = "task";        ///< a string literal
   const char* category = "task";  ///< for the trace: "kernel", "collective", "copy", "task"
   bool runs_cancelled = false;  ///< run fn even when cancelled (it releases the others of its collective)
+  bool quiet = false;           ///< queued without waking its lane (see task_state::quiet)
   std::string detail;          ///< for the trace (shapes, layouts, bytes); may stay empty
 };
 
@@ -139,6 +140,7 @@ class engine {
     t->op = r.op;
     t->category = r.category;
     t->runs_cancelled = r.runs_cancelled;
+    t->quiet = r.quiet;
     t->detail = std::move(r.detail);
     t->id = ++submitted_;
     return t;

@@ -57,6 +57,9 @@ struct batch_options {
   bool closing = false;
   /// @brief The lane of each place the tasks run on.
   lane_kind lane = lane_kind::compute;
+  /// @brief The caller waits for the tasks at once: the first is queued without waking its
+  /// lane, since the caller will run it itself if it can (place_batch::wait).
+  bool caller_waits = false;
 };
 
 /// @brief The tasks of one mesh-wide operation, one per place of this process, and how they ended.
@@ -77,7 +80,7 @@ struct place_batch {
     // a task its lane has not started, and could start now, runs here: no hand-over to its
     // lane's thread and back (the others run on their lanes meanwhile)
     for (const auto& t : tasks)
-      if (!t->ended.load(std::memory_order_acquire)) t->home->run_here(*t);
+      if (!t->ended.load(std::memory_order_acquire) && !t->home->run_here(*t)) t->home->poke();
     const std::size_t n = failures.size();
     for (int poll = 0; poll < 200; ++poll) {
       if (done.load(std::memory_order_acquire) == n) return;
@@ -136,6 +139,7 @@ std::shared_ptr<place_batch> submit_on_places(const Mesh& m, Task task, batch_op
     r.category = o.category;
     r.detail = detail;
     r.runs_cancelled = true;  // a cancelled task still meets the others of its operation
+    r.quiet = o.caller_waits && k == 0;
     r.uses = access_of(local[k], k);
     if (communicate) r.uses.after_all = &comms;  // operations that communicate on one mesh follow each other whole
     r.fn = [&comms, local_only, communicate, closing, batch, task, k, p = local[k]] {
@@ -182,7 +186,7 @@ std::optional<place_failure> try_run_on_places(const Mesh& m, Task&& task, bool 
                                                const char* category = "task") {
   const bool local_only = !m.is_multiprocess();
   const auto batch = submit_on_places(m, [&task](std::size_t p, std::size_t k) { task(p, k); },
-                                      batch_options{op, category, communicate || local_only, local_only});
+                                      batch_options{op, category, communicate || local_only, local_only, lane_kind::compute, true});
   batch->wait();
   return batch->first_failure();
 }

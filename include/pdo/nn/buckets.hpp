@@ -40,7 +40,8 @@ struct step_event {
 /// @brief How gradients are bucketed.
 struct bucket_options {
   /// @brief Gradients are synced in buckets of about this many bytes (at least one
-  /// parameter each), in the order backward completes them (PyTorch DDP's default: 25 MiB).
+  /// parameter each), in the order backward completes them (PyTorch DDP's default: 25 MiB);
+  /// a parameter of half this or more is synced alone, in place (without ZeRO-1).
   std::size_t bucket_bytes = std::size_t{25} << 20;
   /// @brief Start a bucket's collective as soon as its last gradient is ready, while
   /// backward goes on; false: all buckets after backward (for comparison).
@@ -97,8 +98,12 @@ class gradient_buckets {
     where_ = m.place(place);
     bucket_of_.assign(params_.size(), 0);
     // backward completes the last layers first: buckets follow the parameters in reverse
+    // a parameter of half a bucket or more gets a bucket of its own, synced in place: packing
+    // it would copy it in and out for no saving in collectives (and the next one starts anew)
+    const auto big = [&](std::size_t j) { return 2 * params_[j].bytes() >= o.bucket_bytes && !o.zero1; };
     for (std::size_t j = params_.size(); j-- > 0;) {
-      if (buckets_.empty() || buckets_.back().elements * sizeof(T) >= o.bucket_bytes) buckets_.emplace_back();
+      if (buckets_.empty() || buckets_.back().elements * sizeof(T) >= o.bucket_bytes || big(j) || big(buckets_.back().params.back()))
+        buckets_.emplace_back();
       buckets_.back().params.push_back(j);
       buckets_.back().elements += params_[j].size();
       bucket_of_[j] = buckets_.size() - 1;

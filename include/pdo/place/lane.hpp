@@ -177,6 +177,9 @@ struct task_state {
   std::string detail;            ///< shapes, layouts, bytes: filled only while tracing
   std::uint64_t id = 0;          ///< its place in the engine's total order of submission
   bool runs_cancelled = false;   ///< run fn even when cancelled (cancelled_by() tells it so)
+  /// @brief Queued without waking its lane: the thread that submitted it waits for it at once,
+  /// and runs it itself or wakes the lane then (place_batch::wait).
+  bool quiet = false;
   std::atomic<std::uint32_t> waiting{1};
   std::atomic<bool> ended{false};
 
@@ -292,11 +295,12 @@ class lane {
   /// @brief Queues `t` behind the lane's earlier tasks.
   void push(task_handle t) {
     bool asleep = false;
+    const bool quiet = t->quiet && runs_anywhere_;
     {
       std::lock_guard lock(mutex_);
       queue_.push_back(std::move(t));
-      signal_.fetch_add(1, std::memory_order_release);
-      asleep = sleeping_;
+      if (!quiet) signal_.fetch_add(1, std::memory_order_release);
+      asleep = sleeping_ && !quiet;
     }
     if (asleep) wake_.notify_one();
   }
