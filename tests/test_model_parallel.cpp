@@ -165,3 +165,203 @@ TEST_CASE("conv2d over dtensors: channel parallel, input-channel partial sums, w
     check_distributed_conv<layout<R, R, R, R>, layout<split<"tp">, R, R, R>, layout<split<"tp">>>(line, {1, 0});
   }
 }
+
+namespace {
+
+using R = replicate;
+
+/// @brief A tensor's elements against another's, relative to the larger magnitude.
+template <class A, class B>
+void check_close(const A& distributed, const B& local, const char* what) {
+  const auto g = pdo::gather(distributed);
+  REQUIRE(g.shape() == local.shape());
+  double worst = 0;
+  std::size_t at = 0;
+  for (std::size_t i = 0; i < g.size(); ++i) {
+    const double d = std::abs(g.data()[i] - local.data()[i]) / std::max(1.0, std::abs(local.data()[i]));
+    if (d > worst) worst = d, at = i;
+  }
+  INFO(what << ": worst relative difference at element " << at);
+  CHECK(worst <= 1e-12);
+}
+
+/// @brief conv2d of an input laid out as LX on `m` (weight and bias replicated), forward and
+/// backward, against one place.
+template <class LX, class Mesh>
+void check_spatial_conv(const Mesh& m, const pdo::shape_t<4>& xs, std::size_t kernel, pdo::window_options o, unsigned seed) {
+  const auto x = pdo_test::random_tensor<double>(xs, seed);
+  const auto w = pdo_test::random_tensor<double>(pdo::shape_t<4>{3, xs[1], kernel, kernel}, seed + 1);
+  const auto b = pdo_test::random_tensor<double>(pdo::shape_t<1>{3}, seed + 2);
+  auto X = pdo::parameter(x), W = pdo::parameter(w);
+  auto B = pdo::parameter(b);
+  const auto y = pdo::conv2d(X, W, B, o);
+  const pdo::var<pdo::tensor<double, 4>> r(pdo_test::random_tensor<double>(y.shape(), seed + 3));
+  pdo::backward(pdo::sum(y * r));
+
+  auto dX = pdo::parameter(pdo::distribute<LX>(m, x));
+  auto dW = pdo::parameter(pdo::distribute<pdo::layout<R, R, R, R>>(m, w));
+  auto dB = pdo::parameter(pdo::distribute<pdo::layout<R>>(m, b));
+  const auto dy = pdo::conv2d(dX, dW, dB, o);
+  static_assert(std::is_same_v<typename std::remove_cvref_t<decltype(dy.value())>::layout_type, LX>);
+  const auto dr = pdo::var(pdo::distribute<LX>(m, r.value()));
+  pdo::backward(pdo::sum(dy * dr));
+  check_close(dy.value(), y.value(), "output");
+  check_close(dW.grad(), W.grad(), "weight gradient");
+  check_close(dB.grad(), B.grad(), "bias gradient");
+  check_close(dX.grad(), X.grad(), "input gradient");
+}
+
+/// @brief Max and average pooling of an input laid out as LX on `m`, forward and backward, against one place.
+template <class LX, class Mesh>
+void check_spatial_pool(const Mesh& m, const pdo::shape_t<4>& xs, std::size_t kernel, pdo::window_options o, unsigned seed) {
+  const auto x = pdo_test::random_tensor<double>(xs, seed);
+  auto X = pdo::parameter(x);
+  auto dX = pdo::parameter(pdo::distribute<LX>(m, x));
+  for (bool max : {true, false}) {
+    INFO((max ? "max_pool2d" : "avg_pool2d"));
+    X.zero_grad();
+    dX.zero_grad();
+    const auto y = max ? pdo::max_pool2d(X, kernel, o) : pdo::avg_pool2d(X, kernel, o);
+    const pdo::var<pdo::tensor<double, 4>> r(pdo_test::random_tensor<double>(y.shape(), seed + 3));
+    pdo::backward(pdo::sum(y * r));
+    const auto dy = max ? pdo::max_pool2d(dX, kernel, o) : pdo::avg_pool2d(dX, kernel, o);
+    pdo::backward(pdo::sum(dy * pdo::var(pdo::distribute<LX>(m, r.value()))));
+    check_close(dy.value(), y.value(), "output");
+    check_close(dX.grad(), X.grad(), "input gradient");
+  }
+}
+
+}  // namespace
+
+TEST_CASE("spatial conv2d: height, width or both split, halos from as many places as they need, forward and backward",
+          "[model_parallel][conv][spatial]") {
+  // 11 x 9 images: uneven shards on 2, 3 and 4 places; a kernel of 7 over 4 places reads rows
+  // of three of them; strides and paddings leave some places no output rows, or only padding
+  using H = pdo::layout<R, R, split<"sp">, R>;
+  using W = pdo::layout<R, R, R, split<"sp">>;
+  using HW = pdo::layout<R, R, split<"sh">, split<"sw">>;
+  const pdo::shape_t<4> xs{2, 2, 11, 9};
+  unsigned seed = 100;
+  for (std::size_t kernel : {1, 3, 5, 7})
+    for (std::size_t stride : {1, 2, 3})
+      for (std::size_t padding = 0; padding <= 3; ++padding) {
+        const pdo::window_options o{stride, padding};
+        INFO("kernel " << kernel << ", stride " << stride << ", padding " << padding);
+        for (std::size_t n : {2, 3, 4}) {
+          INFO(n << " places");
+          const auto line = pdo::make_mesh<"sp">(pdo::cpu_places(n));
+          check_spatial_conv<H>(line, xs, kernel, o, ++seed);
+          check_spatial_conv<W>(line, xs, kernel, o, ++seed);
+        }
+        for (auto [sh, sw] : {std::pair<std::size_t, std::size_t>{2, 2}, {3, 1}, {1, 3}, {2, 1}}) {
+          INFO(sh << " x " << sw << " places");
+          check_spatial_conv<HW>(pdo::make_mesh<"sh", "sw">(pdo::cpu_places(sh * sw), {sh, sw}), xs, kernel, o, ++seed);
+        }
+      }
+}
+
+TEST_CASE("spatial conv2d with batch and channel splits: dp x sp and sp x tp", "[model_parallel][conv][spatial]") {
+  const auto x = pdo_test::random_tensor<double>(pdo::shape_t<4>{3, 4, 10, 7}, 7);
+  const auto w = pdo_test::random_tensor<double>(pdo::shape_t<4>{6, 4, 3, 3}, 8);
+  const auto b = pdo_test::random_tensor<double>(pdo::shape_t<1>{6}, 9);
+  auto X = pdo::parameter(x), Wt = pdo::parameter(w);
+  auto B = pdo::parameter(b);
+  const pdo::window_options o{1, 1};
+  const auto y = pdo::conv2d(X, Wt, B, o);
+  const pdo::var<pdo::tensor<double, 4>> r(pdo_test::random_tensor<double>(y.shape(), 10));
+  pdo::backward(pdo::sum(y * r));
+  auto run = [&]<class LX, class LW, class LB, class LY>(const auto& m) {
+    auto dX = pdo::parameter(pdo::distribute<LX>(m, x));
+    auto dW = pdo::parameter(pdo::distribute<LW>(m, w));
+    auto dB = pdo::parameter(pdo::distribute<LB>(m, b));
+    const auto dy = pdo::conv2d(dX, dW, dB, o);
+    static_assert(std::is_same_v<typename std::remove_cvref_t<decltype(dy.value())>::layout_type, LY>);
+    pdo::backward(pdo::sum(dy * pdo::var(pdo::distribute<LY>(m, r.value()))));
+    check_close(dy.value(), y.value(), "output");
+    check_close(dW.grad(), Wt.grad(), "weight gradient");
+    check_close(dB.grad(), B.grad(), "bias gradient");
+    check_close(dX.grad(), X.grad(), "input gradient");
+  };
+  SECTION("dp x sp") {
+    using LX = pdo::layout<split<"dp">, R, split<"sp">, R>;
+    run.template operator()<LX, pdo::layout<R, R, R, R>, pdo::layout<R>, LX>(pdo::make_mesh<"dp", "sp">(pdo::cpu_places(4), {2, 2}));
+  }
+  SECTION("sp x tp: output channels over tp") {
+    using LX = pdo::layout<R, R, split<"sp">, R>;
+    run.template operator()<LX, pdo::layout<split<"tp">, R, R, R>, pdo::layout<split<"tp">>, pdo::layout<R, split<"tp">, split<"sp">, R>>(
+        pdo::make_mesh<"sp", "tp">(pdo::cpu_places(4), {2, 2}));
+  }
+  SECTION("sp x tp: input channels over tp (partial output)") {
+    using LX = pdo::layout<R, split<"tp">, R, split<"sp">>;
+    using LY = pdo::layout<R, R, R, split<"sp">>::partial<"tp">;
+    run.template operator()<LX, pdo::layout<R, split<"tp">, R, R>, pdo::layout<R>, LY>(pdo::make_mesh<"sp", "tp">(pdo::cpu_places(6), {3, 2}));
+  }
+}
+
+TEST_CASE("spatial pooling: max and average over split height and width, forward and backward", "[model_parallel][conv][spatial]") {
+  using H = pdo::layout<R, R, split<"sp">, R>;
+  using HW = pdo::layout<R, R, split<"sh">, split<"sw">>;
+  const pdo::shape_t<4> xs{2, 3, 11, 9};
+  unsigned seed = 500;
+  for (std::size_t kernel : {2, 3, 5})
+    for (std::size_t stride : {0, 1, 2, 3})  // 0: the kernel
+      for (std::size_t padding = 0; 2 * padding <= kernel; ++padding) {
+        const pdo::window_options o{stride, padding};
+        INFO("kernel " << kernel << ", stride " << stride << ", padding " << padding);
+        for (std::size_t n : {2, 3, 4}) {
+          INFO(n << " places");
+          check_spatial_pool<H>(pdo::make_mesh<"sp">(pdo::cpu_places(n)), xs, kernel, o, ++seed);
+        }
+        check_spatial_pool<HW>(pdo::make_mesh<"sh", "sw">(pdo::cpu_places(4), {2, 2}), xs, kernel, o, ++seed);
+      }
+  // ties: equal values in a window send the gradient to its first maximum, as on one place
+  auto X = pdo::parameter(pdo::tensor<double, 4>(pdo::shape_t<4>{1, 1, 6, 4}));
+  auto dX = pdo::parameter(pdo::distribute<H>(pdo::make_mesh<"sp">(pdo::cpu_places(3)), X.value()));
+  pdo::backward(pdo::sum(pdo::max_pool2d(X, 3, {1, 1})));
+  pdo::backward(pdo::sum(pdo::max_pool2d(dX, 3, {1, 1})));
+  check_close(dX.grad(), X.grad(), "input gradient of ties");
+}
+
+TEST_CASE("spatial training: a small CNN on a dp x sp mesh equals one place step by step", "[model_parallel][conv][spatial]") {
+  const auto x = pdo_test::random_tensor<double>(pdo::shape_t<4>{4, 2, 12, 10}, 21);
+  const auto target = pdo_test::random_tensor<double>(pdo::shape_t<4>{4, 3, 6, 5}, 22);
+  const auto w1 = pdo_test::random_tensor<double>(pdo::shape_t<4>{4, 2, 3, 3}, 23, -0.5);
+  const auto b1 = pdo_test::random_tensor<double>(pdo::shape_t<1>{4}, 24);
+  const auto w2 = pdo_test::random_tensor<double>(pdo::shape_t<4>{3, 4, 5, 5}, 25, -0.5);
+  const auto b2 = pdo_test::random_tensor<double>(pdo::shape_t<1>{3}, 26);
+  const auto on_host = [](const auto& v) {
+    if constexpr (requires { pdo::gather(v); }) return pdo::gather(v);
+    else return v;
+  };
+  // conv 3x3 -> relu -> max pool 2 -> conv 5x5 (padding 2) -> squared error
+  auto train = [&](auto distribute_x, auto distribute_p) {
+    auto W1 = pdo::parameter(distribute_p(w1)), W2 = pdo::parameter(distribute_p(w2));
+    auto B1 = pdo::parameter(distribute_p(b1)), B2 = pdo::parameter(distribute_p(b2));
+    pdo::nn::sgd<double> opt({{"w1", W1}, {"b1", B1}, {"w2", W2}, {"b2", B2}}, {.lr = 2e-7, .momentum = 0.9});
+    const auto in = pdo::var(distribute_x(x));
+    const auto t = pdo::var(distribute_x(target));
+    std::vector<double> losses;
+    for (int step = 0; step < 4; ++step) {
+      opt.zero_grad();
+      const auto h = pdo::max_pool2d(pdo::relu(pdo::conv2d(in, W1, B1, {1, 1})), 2);
+      const auto d = pdo::conv2d(h, W2, B2, {1, 2}) - t;
+      const auto loss = pdo::sum(d * d);
+      pdo::backward(loss);
+      opt.step();
+      losses.push_back(on_host(loss.value()).data()[0]);
+    }
+    return std::pair{losses, on_host(W2.value())};
+  };
+  const auto [reference, w_reference] = train([](const auto& t) { return t; }, [](const auto& t) { return t; });
+  REQUIRE(reference.back() < reference.front());
+  for (auto [dp, sp] : {std::pair<std::size_t, std::size_t>{2, 2}, {1, 3}, {2, 3}}) {
+    INFO("dp " << dp << " x sp " << sp);
+    const auto m = pdo::make_mesh<"dp", "sp">(pdo::cpu_places(dp * sp), {dp, sp});
+    const auto [losses, w] = train([&](const auto& t) { return pdo::distribute<pdo::layout<split<"dp">, R, split<"sp">, R>>(m, t); },
+                                   [&]<class T, std::size_t N>(const pdo::tensor<T, N>& t) {
+                                     return pdo::distribute<pdo::detail::replicated_layout_t<N>>(m, t);
+                                   });
+    for (std::size_t s = 0; s < losses.size(); ++s) CHECK(losses[s] == Approx(reference[s]).epsilon(1e-12));
+    for (std::size_t i = 0; i < w.size(); ++i) CHECK(w.data()[i] == Approx(w_reference.data()[i]).epsilon(1e-12));
+  }
+}

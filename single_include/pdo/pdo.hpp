@@ -7116,13 +7116,27 @@ void place_block(const T* src, const shape_t<Rank>& extents, T* dst, const shape
                      [&](std::size_t big, std::size_t dense, std::size_t run) { copy_elements(dst + big, src + dense, run); });
 }
 
+/// @brief Rows [off, off + count) of the middle dim of `src` laid out as v, into the dense `dst`.
+template <class T>
+void copy_rows(const T* src, const dim_view& v, std::size_t off, std::size_t count, T* dst, place_state* where = nullptr) {
+  if (v.outer == 0 || count * v.inner == 0) return;  // nothing to copy (its buffers may be null)
+  copy_strided(where, dst, count * v.inner * sizeof(T), src + off * v.inner, v.extent * v.inner * sizeof(T),
+               count * v.inner * sizeof(T), v.outer);
+}
+
+/// @brief The inverse of copy_rows: the dense `src` into rows [off, off + count) of `dst` laid out as v.
+template <class T>
+void place_rows(const T* src, const dim_view& v, std::size_t off, std::size_t count, T* dst, place_state* where = nullptr) {
+  if (v.outer == 0 || count * v.inner == 0) return;
+  copy_strided(where, dst + off * v.inner, v.extent * v.inner * sizeof(T), src, count * v.inner * sizeof(T),
+               count * v.inner * sizeof(T), v.outer);
+}
+
 /// @brief Chunk `k` of `parts` along the middle dim of `v` (see chunk_size), from `src`
 /// laid out as v, into the dense `dst`.
 template <class T>
 void copy_chunk(const T* src, const dim_view& v, std::size_t parts, std::size_t k, T* dst, place_state* where = nullptr) {
-  const std::size_t off = chunk_offset(v.extent, parts, k), n = chunk_size(v.extent, parts, k);
-  if (v.outer == 0 || n * v.inner == 0) return;  // an empty chunk (its buffers may be null)
-  copy_strided(where, dst, n * v.inner * sizeof(T), src + off * v.inner, v.extent * v.inner * sizeof(T), n * v.inner * sizeof(T), v.outer);
+  copy_rows(src, v, chunk_offset(v.extent, parts, k), chunk_size(v.extent, parts, k), dst, where);
 }
 
 /// @brief `src` (laid out as v) cut into `parts` chunks along v's middle dim, written
@@ -7139,9 +7153,7 @@ void pack_chunks(const T* src, const dim_view& v, std::size_t parts, T* dst, pla
 /// laid out as v.
 template <class T>
 void place_chunk(const T* src, const dim_view& v, std::size_t parts, std::size_t k, T* dst, place_state* where = nullptr) {
-  const std::size_t off = chunk_offset(v.extent, parts, k), n = chunk_size(v.extent, parts, k);
-  if (v.outer == 0 || n * v.inner == 0) return;
-  copy_strided(where, dst + off * v.inner, v.extent * v.inner * sizeof(T), src, n * v.inner * sizeof(T), n * v.inner * sizeof(T), v.outer);
+  place_rows(src, v, chunk_offset(v.extent, parts, k), chunk_size(v.extent, parts, k), dst, where);
 }
 
 /// @brief The inverse of pack_chunks: chunks one after another in `src` into `dst` laid out as v.
@@ -11251,10 +11263,14 @@ auto reshape(const var<A>& a, const std::size_t (&shape)[Rank]) {
 namespace pdo::detail {
 
 /// @brief The geometry of a 2-D window op over x [batch, channels, height, width]:
-/// square kernel, stride, zero padding, and the output extents.
+/// square kernel, stride, the output extents, and the zero padding in front of the first
+/// row (pad_h) and column (pad_w): window (oh, ow) reads padded rows [oh * stride, oh *
+/// stride + kernel), row r being x's row r - pad_h; rows outside x are padding (behind it
+/// too). A whole image is padded alike on both sides; a block of a split image (its own rows
+/// and its halo) has the padding of the image's edges it touches, on that side only.
 struct window_geometry {
   std::size_t batch = 0, channels = 0, height = 0, width = 0;
-  std::size_t kernel = 1, stride = 1, padding = 0;
+  std::size_t kernel = 1, stride = 1, pad_h = 0, pad_w = 0;
   std::size_t out_height = 0, out_width = 0;
 
   PDO_HD std::size_t out_pixels() const { return out_height * out_width; }
@@ -11264,13 +11280,14 @@ struct window_geometry {
   PDO_HD std::size_t cols() const { return channels * kernel * kernel; }
 };
 
-/// @brief The geometry, with output extents; false when the window does not fit.
+/// @brief The geometry of a whole image padded alike on all sides, with output extents;
+/// false when the window does not fit.
 inline bool make_window_geometry(window_geometry& g) {
   constexpr std::size_t most = static_cast<std::size_t>(-1) / 4;  // padded extents are computed without overflow below this
-  if (g.padding > most || g.height > most || g.width > most) return false;
-  if (g.kernel == 0 || g.stride == 0 || g.height + 2 * g.padding < g.kernel || g.width + 2 * g.padding < g.kernel) return false;
-  g.out_height = (g.height + 2 * g.padding - g.kernel) / g.stride + 1;
-  g.out_width = (g.width + 2 * g.padding - g.kernel) / g.stride + 1;
+  if (g.pad_h > most || g.pad_w > most || g.height > most || g.width > most) return false;
+  if (g.kernel == 0 || g.stride == 0 || g.height + 2 * g.pad_h < g.kernel || g.width + 2 * g.pad_w < g.kernel) return false;
+  g.out_height = (g.height + 2 * g.pad_h - g.kernel) / g.stride + 1;
+  g.out_width = (g.width + 2 * g.pad_w - g.kernel) / g.stride + 1;
   return true;
 }
 
@@ -11285,8 +11302,8 @@ struct im2col_element {
     const std::size_t oh = pixel / g.out_width, ow = pixel % g.out_width;
     const std::size_t c = col / (g.kernel * g.kernel), k = col % (g.kernel * g.kernel);
     const std::size_t h = oh * g.stride + k / g.kernel, w = ow * g.stride + k % g.kernel;  // in padded coordinates
-    if (h < g.padding || w < g.padding || h - g.padding >= g.height || w - g.padding >= g.width) return T(0);
-    return x[((n * g.channels + c) * g.height + (h - g.padding)) * g.width + (w - g.padding)];
+    if (h < g.pad_h || w < g.pad_w || h - g.pad_h >= g.height || w - g.pad_w >= g.width) return T(0);
+    return x[((n * g.channels + c) * g.height + (h - g.pad_h)) * g.width + (w - g.pad_w)];
   }
 };
 
@@ -11301,12 +11318,12 @@ struct col2im_element {
     const std::size_t c = (i / (g.width * g.height)) % g.channels, n = i / (g.width * g.height * g.channels);
     T acc{};
     for (std::size_t kh = 0; kh < g.kernel; ++kh) {
-      const std::size_t ph = h + g.padding;  // padded row
+      const std::size_t ph = h + g.pad_h;  // padded row
       if (ph < kh || (ph - kh) % g.stride != 0) continue;
       const std::size_t oh = (ph - kh) / g.stride;
       if (oh >= g.out_height) continue;
       for (std::size_t kw = 0; kw < g.kernel; ++kw) {
-        const std::size_t pw = w + g.padding;
+        const std::size_t pw = w + g.pad_w;
         if (pw < kw || (pw - kw) % g.stride != 0) continue;
         const std::size_t ow = (pw - kw) / g.stride;
         if (ow >= g.out_width) continue;
@@ -11368,8 +11385,8 @@ struct pool_element {
     for (std::size_t kh = 0; kh < g.kernel; ++kh)
       for (std::size_t kw = 0; kw < g.kernel; ++kw) {
         const std::size_t h = oh * g.stride + kh, w = ow * g.stride + kw;
-        if (h < g.padding || w < g.padding || h - g.padding >= g.height || w - g.padding >= g.width) continue;
-        const T v = plane[(h - g.padding) * g.width + (w - g.padding)];
+        if (h < g.pad_h || w < g.pad_w || h - g.pad_h >= g.height || w - g.pad_w >= g.width) continue;
+        const T v = plane[(h - g.pad_h) * g.width + (w - g.pad_w)];
         if constexpr (Max) {
           acc = first ? v : nan_max(acc, v);
           first = false;
@@ -11394,7 +11411,7 @@ struct pool_backward_element {
     const std::size_t w = i % g.width, h = (i / g.width) % g.height, nc = i / (g.width * g.height);
     const T* plane = x + nc * g.height * g.width;
     T acc{};
-    const std::size_t ph = h + g.padding, pw = w + g.padding;
+    const std::size_t ph = h + g.pad_h, pw = w + g.pad_w;
     for (std::size_t kh = 0; kh < g.kernel; ++kh) {
       if (ph < kh || (ph - kh) % g.stride != 0 || (ph - kh) / g.stride >= g.out_height) continue;
       const std::size_t oh = (ph - kh) / g.stride;
@@ -11419,8 +11436,8 @@ struct pool_backward_element {
     for (std::size_t kh = 0; kh < g.kernel; ++kh)
       for (std::size_t kw = 0; kw < g.kernel; ++kw) {
         const std::size_t h = oh * g.stride + kh, w = ow * g.stride + kw;
-        if (h < g.padding || w < g.padding || h - g.padding >= g.height || w - g.padding >= g.width) continue;
-        const std::size_t idx = (h - g.padding) * g.width + (w - g.padding);
+        if (h < g.pad_h || w < g.pad_w || h - g.pad_h >= g.height || w - g.pad_w >= g.width) continue;
+        const std::size_t idx = (h - g.pad_h) * g.width + (w - g.pad_w);
         const T v = plane[idx];
         if (first || v > best || (v != v && best == best)) {  // the first NaN wins, as PyTorch's
           best = v;
@@ -11434,7 +11451,163 @@ struct pool_backward_element {
 
 }  // namespace pdo::detail
 #endif  // PDO_SINGLE_PDO_KERNELS_CONV_HPP
+// ---- pdo/tensor/halo.hpp
+#ifndef PDO_SINGLE_PDO_TENSOR_HALO_HPP
+#define PDO_SINGLE_PDO_TENSOR_HALO_HPP
+// pdo/tensor/halo.hpp: what one place does in a halo exchange. A window op (conv2d, pooling)
+// over an image split along its height or width computes, on each place, the output rows
+// the output's layout gives it (the chunk rule on the output extent); their windows read,
+// beyond the place's own input rows, a few rows of its neighbours (its halo), as many
+// neighbours as the halo is wide. halo_gather brings them: one all_to_all along the mesh
+// axis in which each place sends each other the rows of its shard that the other's windows
+// read (nothing to places whose windows do not reach it). halo_return is its transpose for
+// the backward: the gradient of the rows read from a neighbour goes back to it and is added
+// to its own. A split of both dims is one exchange along each axis in turn, so corners
+// travel with the second (the first has already widened the block by its rows).
 
+
+#include <algorithm>
+#include <cstddef>
+#include <span>
+#include <vector>
+
+namespace pdo::detail {
+
+/// @brief Rows [begin, end) of one dim.
+struct row_range {
+  std::size_t begin = 0, end = 0;
+  [[nodiscard]] constexpr std::size_t size() const { return end - begin; }
+  friend constexpr row_range intersect(row_range a, row_range b) {
+    const std::size_t lo = std::max(a.begin, b.begin), hi = std::min(a.end, b.end);
+    return lo < hi ? row_range{lo, hi} : row_range{lo, lo};
+  }
+};
+
+/// @brief A window op's geometry along one spatial dim cut over `parts` places of a mesh
+/// axis: input rows by the chunk rule on `extent`, output rows by the chunk rule on
+/// `out_extent` (the layouts of input and output cut the dim alike).
+struct halo_dim {
+  std::size_t extent = 0, out_extent = 0, kernel = 1, stride = 1, padding = 0, parts = 1;
+
+  /// @brief The input rows place `c` of the axis holds.
+  [[nodiscard]] constexpr row_range own(std::size_t c) const {
+    const std::size_t b = chunk_offset(extent, parts, c);
+    return {b, b + chunk_size(extent, parts, c)};
+  }
+  /// @brief The output rows it computes.
+  [[nodiscard]] constexpr row_range out(std::size_t c) const {
+    const std::size_t b = chunk_offset(out_extent, parts, c);
+    return {b, b + chunk_size(out_extent, parts, c)};
+  }
+  /// @brief Its windows' first row, in padded coordinates (row r of the image is r + padding).
+  [[nodiscard]] constexpr std::size_t window_begin(std::size_t c) const { return out(c).begin * stride; }
+  /// @brief The input rows its windows read (padding aside): its own rows and its halo.
+  [[nodiscard]] constexpr row_range need(std::size_t c) const {
+    const row_range o = out(c);
+    if (o.size() == 0) return {};
+    const std::size_t lo = std::max(o.begin * stride, padding), hi = std::min((o.end - 1) * stride + kernel, extent + padding);
+    return lo < hi ? row_range{lo - padding, hi - padding} : row_range{};
+  }
+  /// @brief Padding rows in front of the first row it reads, within its windows.
+  [[nodiscard]] constexpr std::size_t pad_before(std::size_t c) const {
+    const row_range n = need(c);
+    return n.size() == 0 ? 0 : n.begin + padding - window_begin(c);
+  }
+  /// @brief The rows it receives from other places (its halo).
+  [[nodiscard]] constexpr std::size_t halo_rows(std::size_t c) const { return need(c).size() - intersect(need(c), own(c)).size(); }
+};
+
+/// @brief Element i of the dense rows `src` added to rows [off, off + count) of `dst` laid out as v.
+template <class T>
+struct add_rows_element {
+  const T* src;
+  T* dst;
+  dim_view v;
+  std::size_t off, count;
+  PDO_HD void operator()(std::size_t i) const {
+    const std::size_t run = count * v.inner, o = i / run, r = i % run;
+    dst[(o * v.extent + off) * v.inner + r] += src[i];
+  }
+};
+
+/// @brief The rows each member sends each other in a halo exchange along `d` on member
+/// `me`: sends[j] = my rows j's windows read; recvs[j] = j's rows mine read.
+struct halo_pieces {
+  std::vector<row_range> sends, recvs;
+  halo_pieces(const halo_dim& d, std::size_t me) : sends(d.parts), recvs(d.parts) {
+    for (std::size_t j = 0; j < d.parts; ++j) {
+      sends[j] = intersect(d.need(j), d.own(me));
+      recvs[j] = intersect(d.need(me), d.own(j));
+    }
+  }
+};
+
+/// @brief Place `me` of the axis `comm` spans (laid out as `d` along tensor dim `dim`): its
+/// shard `x` (its own rows along `dim`) widened to the rows its windows read (need(me)),
+/// the others' rows received from them. Every member of the axis calls it at once.
+template <class T, std::size_t Rank>
+tensor<T, Rank> halo_gather(const mesh_communicator& comm, const halo_dim& d, std::size_t me, std::size_t dim,
+                            const tensor<T, Rank>& x, const any_place& place) {
+  const halo_pieces pieces(d, me);
+  const row_range mine = d.own(me), want = d.need(me);
+  shape_t<Rank> out_shape = x.shape();
+  out_shape[dim] = want.size();
+  const dim_view xv = view_along(x.shape(), dim), ov = view_along(out_shape, dim);
+  std::vector<std::size_t> send_counts(d.parts), recv_counts(d.parts);
+  std::size_t sent = 0, received = 0;
+  for (std::size_t j = 0; j < d.parts; ++j) {
+    send_counts[j] = xv.outer * pieces.sends[j].size() * xv.inner;
+    recv_counts[j] = ov.outer * pieces.recvs[j].size() * ov.inner;
+    sent += send_counts[j];
+    received += recv_counts[j];
+  }
+  tensor<T, 1> packed(shape_t<1>{sent}, place, uninitialized), in(shape_t<1>{received}, place, uninitialized);
+  for (std::size_t j = 0, at = 0; j < d.parts; at += send_counts[j++])
+    copy_rows(x.data(), xv, pieces.sends[j].begin - mine.begin, pieces.sends[j].size(), packed.data() + at, packed.where());
+  comm.all_to_all(std::as_const(packed).span(), std::span<const std::size_t>(send_counts), in.span(),
+                  std::span<const std::size_t>(recv_counts));
+  tensor<T, Rank> out(out_shape, place, uninitialized);  // the pieces cover it: own(j) cut the image
+  for (std::size_t j = 0, at = 0; j < d.parts; at += recv_counts[j++])
+    place_rows(in.data() + at, ov, pieces.recvs[j].begin - want.begin, pieces.recvs[j].size(), out.data(), out.where());
+  return out;
+}
+
+/// @brief The transpose of halo_gather: `dwide` (the gradient of need(me)'s rows) sent back
+/// by rows to their owners, and the pieces received added up on place `me`'s own rows.
+template <class T, std::size_t Rank>
+tensor<T, Rank> halo_return(const mesh_communicator& comm, const halo_dim& d, std::size_t me, std::size_t dim,
+                            const tensor<T, Rank>& dwide, const any_place& place) {
+  const halo_pieces pieces(d, me);
+  const row_range mine = d.own(me), want = d.need(me);
+  shape_t<Rank> out_shape = dwide.shape();
+  out_shape[dim] = mine.size();
+  const dim_view wv = view_along(dwide.shape(), dim), ov = view_along(out_shape, dim);
+  std::vector<std::size_t> send_counts(d.parts), recv_counts(d.parts);
+  std::size_t sent = 0, received = 0;
+  for (std::size_t j = 0; j < d.parts; ++j) {
+    send_counts[j] = wv.outer * pieces.recvs[j].size() * wv.inner;
+    recv_counts[j] = ov.outer * pieces.sends[j].size() * ov.inner;
+    sent += send_counts[j];
+    received += recv_counts[j];
+  }
+  tensor<T, 1> packed(shape_t<1>{sent}, place, uninitialized), in(shape_t<1>{received}, place, uninitialized);
+  for (std::size_t j = 0, at = 0; j < d.parts; at += send_counts[j++])
+    copy_rows(dwide.data(), wv, pieces.recvs[j].begin - want.begin, pieces.recvs[j].size(), packed.data() + at, packed.where());
+  comm.all_to_all(std::as_const(packed).span(), std::span<const std::size_t>(send_counts), in.span(),
+                  std::span<const std::size_t>(recv_counts));
+  tensor<T, Rank> out(out_shape, place);  // zeros: rows no window read have no gradient
+  auto system = kernel_system("halo exchange", {out.where()});
+  for (std::size_t j = 0, at = 0; j < d.parts; at += recv_counts[j++])
+    if (recv_counts[j] != 0)
+      thrust::for_each_n(system, thrust::counting_iterator<std::size_t>(0), recv_counts[j],
+                         add_rows_element<T>{in.data() + at, out.data(), ov, pieces.sends[j].begin - mine.begin, pieces.sends[j].size()});
+  return out;
+}
+
+}  // namespace pdo::detail
+#endif  // PDO_SINGLE_PDO_TENSOR_HALO_HPP
+
+#include <array>
 #include <cstddef>
 #include <memory>
 #include <string>
@@ -11452,7 +11625,7 @@ struct window_options {
 namespace detail {
 
 inline window_geometry window_of(const char* op, const shape_t<4>& x, std::size_t kernel, window_options o) {
-  window_geometry g{x[0], x[1], x[2], x[3], kernel, o.stride, o.padding};
+  window_geometry g{x[0], x[1], x[2], x[3], kernel, o.stride, o.padding, o.padding};
   if (!make_window_geometry(g))
     throw shape_error(std::string(op) + ": input " + format_extents(x) + " with kernel " + std::to_string(kernel) + ", stride " +
                       std::to_string(o.stride) + ", padding " + std::to_string(o.padding) +
@@ -11545,7 +11718,10 @@ namespace detail {
 /// @brief The layouts of a distributed conv2d (DESIGN §3): batch split -> data parallel;
 /// output channels split (weight dim 0, bias) -> channel parallel, output split by
 /// channels; input channels split (input dim 1 and weight dim 1 on one axis) -> a partial
-/// output. Also the layouts of the places' local gradient contributions.
+/// output; height or width split (input dims 2, 3) -> spatial: the output's rows split on
+/// the same axes, each place reading its neighbours' rows its windows need (halo
+/// exchange), weight and bias gradients partial over those axes. Also the layouts of the
+/// places' local gradient contributions.
 struct conv_layouts {
   bool ok = true;
   const char* problem = "";
@@ -11560,23 +11736,27 @@ constexpr conv_layouts conv_rule(layout_value x, layout_value w, layout_value b)
     return r;
   };
   if (x.npartial != 0 || w.npartial != 0 || b.npartial != 0) return fail("operands must not be partial (reduce them first)");
-  if (!x.dim_axis[2].empty() || !x.dim_axis[3].empty() || !w.dim_axis[2].empty() || !w.dim_axis[3].empty())
-    return fail("spatial dims (height, width, kernel) must not be split");
+  if (!w.dim_axis[2].empty() || !w.dim_axis[3].empty()) return fail("the kernel's dims (weight dims 2, 3) must not be split");
   if (x.dim_axis[1] != w.dim_axis[1]) return fail("the input's channels (dim 1) and the weight's dim 1 must be split alike");
   if (b.dim_axis[0] != w.dim_axis[0]) return fail("the bias must be split as the weight's output channels (dim 0)");
   if (!w.dim_axis[0].empty() && (w.dim_axis[0] == x.dim_axis[0] || w.dim_axis[0] == w.dim_axis[1]))
     return fail("one mesh axis cannot split two dims");
   if (!x.dim_axis[0].empty() && x.dim_axis[0] == x.dim_axis[1]) return fail("one mesh axis cannot split two dims");
+  for (std::size_t d = 2; d < 4; ++d)
+    if (!x.dim_axis[d].empty() && x.dim_axis[d] == w.dim_axis[0]) return fail("one mesh axis cannot split two dims");
   r.y.rank = 4;
   r.y.dim_axis[0] = x.dim_axis[0];
   r.y.dim_axis[1] = w.dim_axis[0];
+  r.y.dim_axis[2] = x.dim_axis[2];
+  r.y.dim_axis[3] = x.dim_axis[3];
   if (!w.dim_axis[1].empty()) r.y.add_partial(w.dim_axis[1]);
   r.dw = w;
   r.db = b;
-  if (!x.dim_axis[0].empty()) {
-    r.dw.add_partial(x.dim_axis[0]);
-    r.db.add_partial(x.dim_axis[0]);
-  }
+  for (std::size_t d : {0, 2, 3})  // the places of these axes convolve other pixels with the same weights
+    if (!x.dim_axis[d].empty()) {
+      r.dw.add_partial(x.dim_axis[d]);
+      r.db.add_partial(x.dim_axis[d]);
+    }
   r.dx = x;
   if (!w.dim_axis[0].empty()) r.dx.add_partial(w.dim_axis[0]);
   return r;
@@ -11593,13 +11773,67 @@ struct conv_layout_provider {
 
 }  // namespace detail
 
+namespace detail {
+
+/// @brief How a window op's input of layout `x` is cut along its height and width (dims 2
+/// and 3) on a mesh: per dim, the halo_dim of the axis that splits it (1 part when none
+/// does) and that axis's index.
+struct spatial_cut {
+  std::array<halo_dim, 2> dims;
+  std::array<std::size_t, 2> axis{};
+  std::array<bool, 2> split{};
+
+  template <class Mesh>
+  spatial_cut(const Mesh& m, const layout_value& x, const window_geometry& whole, std::size_t padding) {
+    const std::array<std::size_t, 2> extent{whole.height, whole.width}, out{whole.out_height, whole.out_width};
+    for (std::size_t i = 0; i < 2; ++i) {
+      split[i] = !x.dim_axis[2 + i].empty();
+      axis[i] = split[i] ? Mesh::axis_index(x.dim_axis[2 + i]) : 0;
+      dims[i] = {extent[i], out[i], whole.kernel, whole.stride, padding, split[i] ? m.extent(axis[i]) : 1};
+    }
+  }
+  [[nodiscard]] bool any() const { return split[0] || split[1]; }
+  /// @brief Place p's position along dim i's axis (0 when the dim is whole).
+  template <class Mesh>
+  [[nodiscard]] std::size_t coord(const Mesh& m, std::size_t p, std::size_t i) const {
+    return split[i] ? m.coord(p, axis[i]) : 0;
+  }
+  /// @brief Place p's shard widened by the rows and columns its windows read beyond it (a
+  /// halo exchange along each split axis: every place of the mesh calls it at once).
+  template <class T, class Mesh>
+  [[nodiscard]] tensor<T, 4> gather(const Mesh& m, std::size_t p, tensor<T, 4> block) const {
+    for (std::size_t i = 0; i < 2; ++i)
+      if (split[i]) block = halo_gather(communicator_along(m, axis[i], p), dims[i], coord(m, p, i), 2 + i, block, m.place(p));
+    return block;
+  }
+  /// @brief The transpose of gather: the gradient of place p's block, back to its shard.
+  template <class T, class Mesh>
+  [[nodiscard]] tensor<T, 4> give_back(const Mesh& m, std::size_t p, tensor<T, 4> dblock) const {
+    for (std::size_t i = 2; i-- > 0;)
+      if (split[i]) dblock = halo_return(communicator_along(m, axis[i], p), dims[i], coord(m, p, i), 2 + i, dblock, m.place(p));
+    return dblock;
+  }
+  /// @brief The window geometry of place p over its block (its shard when nothing is split):
+  /// the output rows and columns it owns, the padding of the image edges the block touches.
+  template <class Mesh>
+  [[nodiscard]] window_geometry local(const Mesh& m, std::size_t p, const shape_t<4>& block) const {
+    const std::size_t ch = coord(m, p, 0), cw = coord(m, p, 1);
+    return {block[0], block[1], block[2], block[3], dims[0].kernel, dims[0].stride, dims[0].pad_before(ch),
+            dims[1].pad_before(cw), dims[0].out(ch).size(), dims[1].out(cw).size()};
+  }
+};
+
+}  // namespace detail
+
 /// @brief conv2d over dtensors: each place convolves its shards, with the layouts of
 /// detail::conv_rule: batch split over "dp" is data parallel (weight gradients partial over
 /// "dp"); the weight's output channels split over an axis give an output split by
 /// channels (channel parallel; the input gradient is a partial sum over that axis); the
 /// input channels split with the weight's dim 1 give a partial output (summed where it is
-/// consumed; the bias is added once). Gradients go back to the operands' layouts by the
-/// planner's redistributions.
+/// consumed; the bias is added once); the height or width split (spatial) gives an output
+/// split alike, each place receiving from its neighbours the rows its windows read (a halo
+/// exchange, from as many places as the halo is wide) and sending back their gradient.
+/// Gradients go back to the operands' layouts by the planner's redistributions.
 template <class T, class Mesh, class LX, class LW, class LB>
 auto conv2d(const var<dtensor<T, 4, Mesh, LX>>& x, const var<dtensor<T, 4, Mesh, LW>>& weight,
             const var<dtensor<T, 1, Mesh, LB>>& bias, window_options o = {}) {
@@ -11616,35 +11850,44 @@ auto conv2d(const var<dtensor<T, 4, Mesh, LX>>& x, const var<dtensor<T, 4, Mesh,
   detail::check_conv_shapes(xv.shape(), wv.shape(), bv.shape(),
                             " (layouts " + layout_name<LX>() + ", " + layout_name<LW>() + ", " + layout_name<LB>() + ")");
   const detail::window_geometry whole = detail::window_of("conv2d", xv.shape(), wv.shape()[2], o);
+  const auto cut = std::make_shared<const detail::spatial_cut>(m, detail::value_of<LX>(), whole, o.padding);
   const shape_t<4> y_shape{whole.batch, wv.shape()[0], whole.out_height, whole.out_width};
   const auto& local = m.local_places();
   std::vector<tensor<T, 4>> ys(local.size());
   auto cols = std::make_shared<std::vector<std::shared_ptr<tensor<T, 2>>>>(local.size());
   detail::run_on_places("conv2d", m, [&](std::size_t p, std::size_t k) {
     const auto& xs = xv.local_shards()[k];
-    const auto g = detail::window_of("conv2d", xs.shape(), wv.shape()[2], o);
+    tensor<T, 4> block;
+    if (cut->any()) block = cut->gather(m, p, xs);
+    const tensor<T, 4>& in = cut->any() ? block : xs;
+    const auto g = cut->local(m, p, in.shape());
     // a partial output: the bias is added once, by the first place along the partial axis
     bool add_bias = true;
     for (std::size_t i = 0; i < rule::value.y.npartial; ++i)
       add_bias = add_bias && m.coord(p, Mesh::axis_index(rule::value.y.partial[i])) == 0;
-    auto [y, c] = detail::conv2d_forward(xs, wv.local_shards()[k], add_bias ? bv.local_shards()[k].data() : nullptr, g);
+    auto [y, c] = detail::conv2d_forward(in, wv.local_shards()[k], add_bias ? bv.local_shards()[k].data() : nullptr, g);
     ys[k] = std::move(y);
     (*cols)[k] = std::move(c);
   });
   dtensor<T, 4, Mesh, LY> y(m, y_shape, std::move(ys));
   return detail::record(
       std::move(y),
-      [x, weight, bias, cols, o](auto& self) {
+      [x, weight, bias, cols, cut](auto& self) {
         const auto& xv = x.value();
         const auto& wv = weight.value();
         const Mesh& m = xv.mesh();
         const auto& local = m.local_places();
         std::vector<tensor<T, 4>> dws(local.size()), dxs(local.size());
         std::vector<tensor<T, 1>> dbs(local.size());
-        detail::run_on_places("conv2d backward", m, [&](std::size_t, std::size_t k) {
-          const auto g = detail::window_of("conv2d", xv.local_shards()[k].shape(), wv.shape()[2], o);
+        detail::run_on_places("conv2d backward", m, [&](std::size_t p, std::size_t k) {
+          const auto& xs = xv.local_shards()[k];
+          shape_t<4> block = xs.shape();  // the block the forward convolved: the shard and its halo
+          block[2] = cut->split[0] ? cut->dims[0].need(cut->coord(m, p, 0)).size() : block[2];
+          block[3] = cut->split[1] ? cut->dims[1].need(cut->coord(m, p, 1)).size() : block[3];
+          const auto g = cut->local(m, p, block);
           detail::conv2d_backward(self.grad->local_shards()[k], *(*cols)[k], wv.local_shards()[k], g, weight.requires_grad() ? &dws[k] : nullptr,
                                   bias.requires_grad() ? &dbs[k] : nullptr, x.requires_grad() ? &dxs[k] : nullptr);
+          if (x.requires_grad() && cut->any()) dxs[k] = cut->give_back(m, p, std::move(dxs[k]));
         });
         if (weight.requires_grad()) detail::add_grad(weight, dtensor<T, 4, Mesh, LDW>(m, wv.shape(), std::move(dws)));
         if (bias.requires_grad()) detail::add_grad(bias, dtensor<T, 1, Mesh, LDB>(m, bias.value().shape(), std::move(dbs)));
@@ -11684,37 +11927,43 @@ var<tensor<T, 4>> pool2d(const char* op, const var<tensor<T, 4>>& x, std::size_t
       [x, g, op](auto& self) { add_grad(x, pool2d_backward<Max>(op, x.value(), *self.grad, g)); }, x);
 }
 
-/// @brief Whether pooling can run on each place's shard of an input laid out as `x`, with no
-/// communication: batch and channels may be split, the image (height, width) must be whole.
-constexpr bool pool_layout_ok(layout_value x) { return x.npartial == 0 && x.dim_axis[2].empty() && x.dim_axis[3].empty(); }
+/// @brief Whether pooling can run on an input laid out as `x`: not partial; batch and
+/// channels split run on each place's shard alone; height and width split exchange halos.
+constexpr bool pool_layout_ok(layout_value x) { return x.npartial == 0; }
 
-/// @brief Pooling of a dtensor: each place pools its shard; the output and the input
-/// gradient keep the input's layout.
+/// @brief Pooling of a dtensor: each place pools its shard (widened by its halo where the
+/// height or width is split); the output and the input gradient keep the input's layout.
 template <bool Max, class T, class Mesh, class L>
 var<dtensor<T, 4, Mesh, L>> pool2d(const char* op, const var<dtensor<T, 4, Mesh, L>>& x, std::size_t kernel, window_options o) {
-  static_assert(pool_layout_ok(value_of<L>()),
-                "pdo: max_pool2d/avg_pool2d: the input's height and width (dims 2, 3) must not be split, and it must not be "
-                "partial; split the batch (dim 0) or the channels (dim 1), or redistribute first");
+  static_assert(pool_layout_ok(value_of<L>()), "pdo: max_pool2d/avg_pool2d: the input must not be partial: reduce it first");
   using value_t = dtensor<T, 4, Mesh, L>;
   if (o.stride == 0) o.stride = kernel;
   const value_t& xv = x.value();
   const window_geometry whole = window_of(op, xv.shape(), kernel, o);
   const Mesh& m = xv.mesh();
+  const auto cut = std::make_shared<const spatial_cut>(m, value_of<L>(), whole, o.padding);
   std::vector<tensor<T, 4>> ys(m.local_places().size());
-  run_on_places(op, m, [&](std::size_t, std::size_t k) {
-    ys[k] = pool2d_forward<Max>(op, xv.local_shards()[k], window_of(op, xv.local_shards()[k].shape(), kernel, o));
+  // the blocks the windows read, for the backward of a max pool (its shards, when nothing is split)
+  auto blocks = std::make_shared<std::vector<tensor<T, 4>>>(cut->any() ? ys.size() : 0);
+  run_on_places(op, m, [&](std::size_t p, std::size_t k) {
+    const auto& xs = xv.local_shards()[k];
+    if (cut->any()) (*blocks)[k] = cut->gather(m, p, xs);
+    const tensor<T, 4>& in = cut->any() ? (*blocks)[k] : xs;
+    ys[k] = pool2d_forward<Max>(op, in, cut->local(m, p, in.shape()));
   });
   const shape_t<4> y_shape{whole.batch, whole.channels, whole.out_height, whole.out_width};
   return record(
       value_t(m, y_shape, std::move(ys)),
-      [x, kernel, o, op](auto& self) {
+      [x, op, cut, blocks](auto& self) {
         const value_t& xv = x.value();
+        const Mesh& m = xv.mesh();
         std::vector<tensor<T, 4>> dxs(xv.local_shards().size());
-        run_on_places(op, xv.mesh(), [&](std::size_t, std::size_t k) {
-          const auto& xs = xv.local_shards()[k];
-          dxs[k] = pool2d_backward<Max>(op, xs, self.grad->local_shards()[k], window_of(op, xs.shape(), kernel, o));
+        run_on_places(op, m, [&](std::size_t p, std::size_t k) {
+          const tensor<T, 4>& in = cut->any() ? (*blocks)[k] : xv.local_shards()[k];
+          dxs[k] = pool2d_backward<Max>(op, in, self.grad->local_shards()[k], cut->local(m, p, in.shape()));
+          if (cut->any()) dxs[k] = cut->give_back(m, p, std::move(dxs[k]));
         });
-        add_grad(x, value_t(xv.mesh(), xv.shape(), std::move(dxs)));
+        add_grad(x, value_t(m, xv.shape(), std::move(dxs)));
       },
       x);
 }
@@ -11722,8 +11971,8 @@ var<dtensor<T, 4, Mesh, L>> pool2d(const char* op, const var<dtensor<T, 4, Mesh,
 }  // namespace detail
 
 /// @brief Max pooling over kernel x kernel windows (stride defaults to the kernel) of
-/// x [N, C, H, W], a local tensor or a dtensor whose batch or channels are split (each place
-/// pools its shard, no communication). NaN in a window gives NaN; the gradient goes to each
+/// x [N, C, H, W], a local tensor or a dtensor (batch or channels split: each place pools
+/// its shard; height or width split: with its halo, as conv2d). NaN in a window gives NaN; the gradient goes to each
 /// window's first maximum (its first NaN, if any), as PyTorch's.
 template <class V>
   requires(detail::value_kind<V>::rank == 4)
@@ -11732,7 +11981,7 @@ var<V> max_pool2d(const var<V>& x, std::size_t kernel, window_options o = {0, 0}
 }
 
 /// @brief Average pooling over kernel x kernel windows (stride defaults to the kernel;
-/// padded cells count as zeros), of a local tensor or a batch- or channel-split dtensor.
+/// padded cells count as zeros), of a local tensor or a dtensor (split as max_pool2d's).
 template <class V>
   requires(detail::value_kind<V>::rank == 4)
 var<V> avg_pool2d(const var<V>& x, std::size_t kernel, window_options o = {0, 0}) {

@@ -6,7 +6,9 @@
 #include <pdo/kernels/gemm.hpp>
 #include <pdo/layout/layout_type.hpp>
 #include <pdo/exec/mesh_ops.hpp>
+#include <pdo/tensor/halo.hpp>
 
+#include <array>
 #include <cstddef>
 #include <memory>
 #include <string>
@@ -24,7 +26,7 @@ struct window_options {
 namespace detail {
 
 inline window_geometry window_of(const char* op, const shape_t<4>& x, std::size_t kernel, window_options o) {
-  window_geometry g{x[0], x[1], x[2], x[3], kernel, o.stride, o.padding};
+  window_geometry g{x[0], x[1], x[2], x[3], kernel, o.stride, o.padding, o.padding};
   if (!make_window_geometry(g))
     throw shape_error(std::string(op) + ": input " + format_extents(x) + " with kernel " + std::to_string(kernel) + ", stride " +
                       std::to_string(o.stride) + ", padding " + std::to_string(o.padding) +
@@ -117,7 +119,10 @@ namespace detail {
 /// @brief The layouts of a distributed conv2d (DESIGN §3): batch split -> data parallel;
 /// output channels split (weight dim 0, bias) -> channel parallel, output split by
 /// channels; input channels split (input dim 1 and weight dim 1 on one axis) -> a partial
-/// output. Also the layouts of the places' local gradient contributions.
+/// output; height or width split (input dims 2, 3) -> spatial: the output's rows split on
+/// the same axes, each place reading its neighbours' rows its windows need (halo
+/// exchange), weight and bias gradients partial over those axes. Also the layouts of the
+/// places' local gradient contributions.
 struct conv_layouts {
   bool ok = true;
   const char* problem = "";
@@ -132,23 +137,27 @@ constexpr conv_layouts conv_rule(layout_value x, layout_value w, layout_value b)
     return r;
   };
   if (x.npartial != 0 || w.npartial != 0 || b.npartial != 0) return fail("operands must not be partial (reduce them first)");
-  if (!x.dim_axis[2].empty() || !x.dim_axis[3].empty() || !w.dim_axis[2].empty() || !w.dim_axis[3].empty())
-    return fail("spatial dims (height, width, kernel) must not be split");
+  if (!w.dim_axis[2].empty() || !w.dim_axis[3].empty()) return fail("the kernel's dims (weight dims 2, 3) must not be split");
   if (x.dim_axis[1] != w.dim_axis[1]) return fail("the input's channels (dim 1) and the weight's dim 1 must be split alike");
   if (b.dim_axis[0] != w.dim_axis[0]) return fail("the bias must be split as the weight's output channels (dim 0)");
   if (!w.dim_axis[0].empty() && (w.dim_axis[0] == x.dim_axis[0] || w.dim_axis[0] == w.dim_axis[1]))
     return fail("one mesh axis cannot split two dims");
   if (!x.dim_axis[0].empty() && x.dim_axis[0] == x.dim_axis[1]) return fail("one mesh axis cannot split two dims");
+  for (std::size_t d = 2; d < 4; ++d)
+    if (!x.dim_axis[d].empty() && x.dim_axis[d] == w.dim_axis[0]) return fail("one mesh axis cannot split two dims");
   r.y.rank = 4;
   r.y.dim_axis[0] = x.dim_axis[0];
   r.y.dim_axis[1] = w.dim_axis[0];
+  r.y.dim_axis[2] = x.dim_axis[2];
+  r.y.dim_axis[3] = x.dim_axis[3];
   if (!w.dim_axis[1].empty()) r.y.add_partial(w.dim_axis[1]);
   r.dw = w;
   r.db = b;
-  if (!x.dim_axis[0].empty()) {
-    r.dw.add_partial(x.dim_axis[0]);
-    r.db.add_partial(x.dim_axis[0]);
-  }
+  for (std::size_t d : {0, 2, 3})  // the places of these axes convolve other pixels with the same weights
+    if (!x.dim_axis[d].empty()) {
+      r.dw.add_partial(x.dim_axis[d]);
+      r.db.add_partial(x.dim_axis[d]);
+    }
   r.dx = x;
   if (!w.dim_axis[0].empty()) r.dx.add_partial(w.dim_axis[0]);
   return r;
@@ -165,13 +174,67 @@ struct conv_layout_provider {
 
 }  // namespace detail
 
+namespace detail {
+
+/// @brief How a window op's input of layout `x` is cut along its height and width (dims 2
+/// and 3) on a mesh: per dim, the halo_dim of the axis that splits it (1 part when none
+/// does) and that axis's index.
+struct spatial_cut {
+  std::array<halo_dim, 2> dims;
+  std::array<std::size_t, 2> axis{};
+  std::array<bool, 2> split{};
+
+  template <class Mesh>
+  spatial_cut(const Mesh& m, const layout_value& x, const window_geometry& whole, std::size_t padding) {
+    const std::array<std::size_t, 2> extent{whole.height, whole.width}, out{whole.out_height, whole.out_width};
+    for (std::size_t i = 0; i < 2; ++i) {
+      split[i] = !x.dim_axis[2 + i].empty();
+      axis[i] = split[i] ? Mesh::axis_index(x.dim_axis[2 + i]) : 0;
+      dims[i] = {extent[i], out[i], whole.kernel, whole.stride, padding, split[i] ? m.extent(axis[i]) : 1};
+    }
+  }
+  [[nodiscard]] bool any() const { return split[0] || split[1]; }
+  /// @brief Place p's position along dim i's axis (0 when the dim is whole).
+  template <class Mesh>
+  [[nodiscard]] std::size_t coord(const Mesh& m, std::size_t p, std::size_t i) const {
+    return split[i] ? m.coord(p, axis[i]) : 0;
+  }
+  /// @brief Place p's shard widened by the rows and columns its windows read beyond it (a
+  /// halo exchange along each split axis: every place of the mesh calls it at once).
+  template <class T, class Mesh>
+  [[nodiscard]] tensor<T, 4> gather(const Mesh& m, std::size_t p, tensor<T, 4> block) const {
+    for (std::size_t i = 0; i < 2; ++i)
+      if (split[i]) block = halo_gather(communicator_along(m, axis[i], p), dims[i], coord(m, p, i), 2 + i, block, m.place(p));
+    return block;
+  }
+  /// @brief The transpose of gather: the gradient of place p's block, back to its shard.
+  template <class T, class Mesh>
+  [[nodiscard]] tensor<T, 4> give_back(const Mesh& m, std::size_t p, tensor<T, 4> dblock) const {
+    for (std::size_t i = 2; i-- > 0;)
+      if (split[i]) dblock = halo_return(communicator_along(m, axis[i], p), dims[i], coord(m, p, i), 2 + i, dblock, m.place(p));
+    return dblock;
+  }
+  /// @brief The window geometry of place p over its block (its shard when nothing is split):
+  /// the output rows and columns it owns, the padding of the image edges the block touches.
+  template <class Mesh>
+  [[nodiscard]] window_geometry local(const Mesh& m, std::size_t p, const shape_t<4>& block) const {
+    const std::size_t ch = coord(m, p, 0), cw = coord(m, p, 1);
+    return {block[0], block[1], block[2], block[3], dims[0].kernel, dims[0].stride, dims[0].pad_before(ch),
+            dims[1].pad_before(cw), dims[0].out(ch).size(), dims[1].out(cw).size()};
+  }
+};
+
+}  // namespace detail
+
 /// @brief conv2d over dtensors: each place convolves its shards, with the layouts of
 /// detail::conv_rule: batch split over "dp" is data parallel (weight gradients partial over
 /// "dp"); the weight's output channels split over an axis give an output split by
 /// channels (channel parallel; the input gradient is a partial sum over that axis); the
 /// input channels split with the weight's dim 1 give a partial output (summed where it is
-/// consumed; the bias is added once). Gradients go back to the operands' layouts by the
-/// planner's redistributions.
+/// consumed; the bias is added once); the height or width split (spatial) gives an output
+/// split alike, each place receiving from its neighbours the rows its windows read (a halo
+/// exchange, from as many places as the halo is wide) and sending back their gradient.
+/// Gradients go back to the operands' layouts by the planner's redistributions.
 template <class T, class Mesh, class LX, class LW, class LB>
 auto conv2d(const var<dtensor<T, 4, Mesh, LX>>& x, const var<dtensor<T, 4, Mesh, LW>>& weight,
             const var<dtensor<T, 1, Mesh, LB>>& bias, window_options o = {}) {
@@ -188,35 +251,44 @@ auto conv2d(const var<dtensor<T, 4, Mesh, LX>>& x, const var<dtensor<T, 4, Mesh,
   detail::check_conv_shapes(xv.shape(), wv.shape(), bv.shape(),
                             " (layouts " + layout_name<LX>() + ", " + layout_name<LW>() + ", " + layout_name<LB>() + ")");
   const detail::window_geometry whole = detail::window_of("conv2d", xv.shape(), wv.shape()[2], o);
+  const auto cut = std::make_shared<const detail::spatial_cut>(m, detail::value_of<LX>(), whole, o.padding);
   const shape_t<4> y_shape{whole.batch, wv.shape()[0], whole.out_height, whole.out_width};
   const auto& local = m.local_places();
   std::vector<tensor<T, 4>> ys(local.size());
   auto cols = std::make_shared<std::vector<std::shared_ptr<tensor<T, 2>>>>(local.size());
   detail::run_on_places("conv2d", m, [&](std::size_t p, std::size_t k) {
     const auto& xs = xv.local_shards()[k];
-    const auto g = detail::window_of("conv2d", xs.shape(), wv.shape()[2], o);
+    tensor<T, 4> block;
+    if (cut->any()) block = cut->gather(m, p, xs);
+    const tensor<T, 4>& in = cut->any() ? block : xs;
+    const auto g = cut->local(m, p, in.shape());
     // a partial output: the bias is added once, by the first place along the partial axis
     bool add_bias = true;
     for (std::size_t i = 0; i < rule::value.y.npartial; ++i)
       add_bias = add_bias && m.coord(p, Mesh::axis_index(rule::value.y.partial[i])) == 0;
-    auto [y, c] = detail::conv2d_forward(xs, wv.local_shards()[k], add_bias ? bv.local_shards()[k].data() : nullptr, g);
+    auto [y, c] = detail::conv2d_forward(in, wv.local_shards()[k], add_bias ? bv.local_shards()[k].data() : nullptr, g);
     ys[k] = std::move(y);
     (*cols)[k] = std::move(c);
   });
   dtensor<T, 4, Mesh, LY> y(m, y_shape, std::move(ys));
   return detail::record(
       std::move(y),
-      [x, weight, bias, cols, o](auto& self) {
+      [x, weight, bias, cols, cut](auto& self) {
         const auto& xv = x.value();
         const auto& wv = weight.value();
         const Mesh& m = xv.mesh();
         const auto& local = m.local_places();
         std::vector<tensor<T, 4>> dws(local.size()), dxs(local.size());
         std::vector<tensor<T, 1>> dbs(local.size());
-        detail::run_on_places("conv2d backward", m, [&](std::size_t, std::size_t k) {
-          const auto g = detail::window_of("conv2d", xv.local_shards()[k].shape(), wv.shape()[2], o);
+        detail::run_on_places("conv2d backward", m, [&](std::size_t p, std::size_t k) {
+          const auto& xs = xv.local_shards()[k];
+          shape_t<4> block = xs.shape();  // the block the forward convolved: the shard and its halo
+          block[2] = cut->split[0] ? cut->dims[0].need(cut->coord(m, p, 0)).size() : block[2];
+          block[3] = cut->split[1] ? cut->dims[1].need(cut->coord(m, p, 1)).size() : block[3];
+          const auto g = cut->local(m, p, block);
           detail::conv2d_backward(self.grad->local_shards()[k], *(*cols)[k], wv.local_shards()[k], g, weight.requires_grad() ? &dws[k] : nullptr,
                                   bias.requires_grad() ? &dbs[k] : nullptr, x.requires_grad() ? &dxs[k] : nullptr);
+          if (x.requires_grad() && cut->any()) dxs[k] = cut->give_back(m, p, std::move(dxs[k]));
         });
         if (weight.requires_grad()) detail::add_grad(weight, dtensor<T, 4, Mesh, LDW>(m, wv.shape(), std::move(dws)));
         if (bias.requires_grad()) detail::add_grad(bias, dtensor<T, 1, Mesh, LDB>(m, bias.value().shape(), std::move(dbs)));
@@ -256,37 +328,43 @@ var<tensor<T, 4>> pool2d(const char* op, const var<tensor<T, 4>>& x, std::size_t
       [x, g, op](auto& self) { add_grad(x, pool2d_backward<Max>(op, x.value(), *self.grad, g)); }, x);
 }
 
-/// @brief Whether pooling can run on each place's shard of an input laid out as `x`, with no
-/// communication: batch and channels may be split, the image (height, width) must be whole.
-constexpr bool pool_layout_ok(layout_value x) { return x.npartial == 0 && x.dim_axis[2].empty() && x.dim_axis[3].empty(); }
+/// @brief Whether pooling can run on an input laid out as `x`: not partial; batch and
+/// channels split run on each place's shard alone; height and width split exchange halos.
+constexpr bool pool_layout_ok(layout_value x) { return x.npartial == 0; }
 
-/// @brief Pooling of a dtensor: each place pools its shard; the output and the input
-/// gradient keep the input's layout.
+/// @brief Pooling of a dtensor: each place pools its shard (widened by its halo where the
+/// height or width is split); the output and the input gradient keep the input's layout.
 template <bool Max, class T, class Mesh, class L>
 var<dtensor<T, 4, Mesh, L>> pool2d(const char* op, const var<dtensor<T, 4, Mesh, L>>& x, std::size_t kernel, window_options o) {
-  static_assert(pool_layout_ok(value_of<L>()),
-                "pdo: max_pool2d/avg_pool2d: the input's height and width (dims 2, 3) must not be split, and it must not be "
-                "partial; split the batch (dim 0) or the channels (dim 1), or redistribute first");
+  static_assert(pool_layout_ok(value_of<L>()), "pdo: max_pool2d/avg_pool2d: the input must not be partial: reduce it first");
   using value_t = dtensor<T, 4, Mesh, L>;
   if (o.stride == 0) o.stride = kernel;
   const value_t& xv = x.value();
   const window_geometry whole = window_of(op, xv.shape(), kernel, o);
   const Mesh& m = xv.mesh();
+  const auto cut = std::make_shared<const spatial_cut>(m, value_of<L>(), whole, o.padding);
   std::vector<tensor<T, 4>> ys(m.local_places().size());
-  run_on_places(op, m, [&](std::size_t, std::size_t k) {
-    ys[k] = pool2d_forward<Max>(op, xv.local_shards()[k], window_of(op, xv.local_shards()[k].shape(), kernel, o));
+  // the blocks the windows read, for the backward of a max pool (its shards, when nothing is split)
+  auto blocks = std::make_shared<std::vector<tensor<T, 4>>>(cut->any() ? ys.size() : 0);
+  run_on_places(op, m, [&](std::size_t p, std::size_t k) {
+    const auto& xs = xv.local_shards()[k];
+    if (cut->any()) (*blocks)[k] = cut->gather(m, p, xs);
+    const tensor<T, 4>& in = cut->any() ? (*blocks)[k] : xs;
+    ys[k] = pool2d_forward<Max>(op, in, cut->local(m, p, in.shape()));
   });
   const shape_t<4> y_shape{whole.batch, whole.channels, whole.out_height, whole.out_width};
   return record(
       value_t(m, y_shape, std::move(ys)),
-      [x, kernel, o, op](auto& self) {
+      [x, op, cut, blocks](auto& self) {
         const value_t& xv = x.value();
+        const Mesh& m = xv.mesh();
         std::vector<tensor<T, 4>> dxs(xv.local_shards().size());
-        run_on_places(op, xv.mesh(), [&](std::size_t, std::size_t k) {
-          const auto& xs = xv.local_shards()[k];
-          dxs[k] = pool2d_backward<Max>(op, xs, self.grad->local_shards()[k], window_of(op, xs.shape(), kernel, o));
+        run_on_places(op, m, [&](std::size_t p, std::size_t k) {
+          const tensor<T, 4>& in = cut->any() ? (*blocks)[k] : xv.local_shards()[k];
+          dxs[k] = pool2d_backward<Max>(op, in, self.grad->local_shards()[k], cut->local(m, p, in.shape()));
+          if (cut->any()) dxs[k] = cut->give_back(m, p, std::move(dxs[k]));
         });
-        add_grad(x, value_t(xv.mesh(), xv.shape(), std::move(dxs)));
+        add_grad(x, value_t(m, xv.shape(), std::move(dxs)));
       },
       x);
 }
@@ -294,8 +372,8 @@ var<dtensor<T, 4, Mesh, L>> pool2d(const char* op, const var<dtensor<T, 4, Mesh,
 }  // namespace detail
 
 /// @brief Max pooling over kernel x kernel windows (stride defaults to the kernel) of
-/// x [N, C, H, W], a local tensor or a dtensor whose batch or channels are split (each place
-/// pools its shard, no communication). NaN in a window gives NaN; the gradient goes to each
+/// x [N, C, H, W], a local tensor or a dtensor (batch or channels split: each place pools
+/// its shard; height or width split: with its halo, as conv2d). NaN in a window gives NaN; the gradient goes to each
 /// window's first maximum (its first NaN, if any), as PyTorch's.
 template <class V>
   requires(detail::value_kind<V>::rank == 4)
@@ -304,7 +382,7 @@ var<V> max_pool2d(const var<V>& x, std::size_t kernel, window_options o = {0, 0}
 }
 
 /// @brief Average pooling over kernel x kernel windows (stride defaults to the kernel;
-/// padded cells count as zeros), of a local tensor or a batch- or channel-split dtensor.
+/// padded cells count as zeros), of a local tensor or a dtensor (split as max_pool2d's).
 template <class V>
   requires(detail::value_kind<V>::rank == 4)
 var<V> avg_pool2d(const var<V>& x, std::size_t kernel, window_options o = {0, 0}) {

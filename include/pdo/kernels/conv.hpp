@@ -14,10 +14,14 @@
 namespace pdo::detail {
 
 /// @brief The geometry of a 2-D window op over x [batch, channels, height, width]:
-/// square kernel, stride, zero padding, and the output extents.
+/// square kernel, stride, the output extents, and the zero padding in front of the first
+/// row (pad_h) and column (pad_w): window (oh, ow) reads padded rows [oh * stride, oh *
+/// stride + kernel), row r being x's row r - pad_h; rows outside x are padding (behind it
+/// too). A whole image is padded alike on both sides; a block of a split image (its own rows
+/// and its halo) has the padding of the image's edges it touches, on that side only.
 struct window_geometry {
   std::size_t batch = 0, channels = 0, height = 0, width = 0;
-  std::size_t kernel = 1, stride = 1, padding = 0;
+  std::size_t kernel = 1, stride = 1, pad_h = 0, pad_w = 0;
   std::size_t out_height = 0, out_width = 0;
 
   PDO_HD std::size_t out_pixels() const { return out_height * out_width; }
@@ -27,13 +31,14 @@ struct window_geometry {
   PDO_HD std::size_t cols() const { return channels * kernel * kernel; }
 };
 
-/// @brief The geometry, with output extents; false when the window does not fit.
+/// @brief The geometry of a whole image padded alike on all sides, with output extents;
+/// false when the window does not fit.
 inline bool make_window_geometry(window_geometry& g) {
   constexpr std::size_t most = static_cast<std::size_t>(-1) / 4;  // padded extents are computed without overflow below this
-  if (g.padding > most || g.height > most || g.width > most) return false;
-  if (g.kernel == 0 || g.stride == 0 || g.height + 2 * g.padding < g.kernel || g.width + 2 * g.padding < g.kernel) return false;
-  g.out_height = (g.height + 2 * g.padding - g.kernel) / g.stride + 1;
-  g.out_width = (g.width + 2 * g.padding - g.kernel) / g.stride + 1;
+  if (g.pad_h > most || g.pad_w > most || g.height > most || g.width > most) return false;
+  if (g.kernel == 0 || g.stride == 0 || g.height + 2 * g.pad_h < g.kernel || g.width + 2 * g.pad_w < g.kernel) return false;
+  g.out_height = (g.height + 2 * g.pad_h - g.kernel) / g.stride + 1;
+  g.out_width = (g.width + 2 * g.pad_w - g.kernel) / g.stride + 1;
   return true;
 }
 
@@ -48,8 +53,8 @@ struct im2col_element {
     const std::size_t oh = pixel / g.out_width, ow = pixel % g.out_width;
     const std::size_t c = col / (g.kernel * g.kernel), k = col % (g.kernel * g.kernel);
     const std::size_t h = oh * g.stride + k / g.kernel, w = ow * g.stride + k % g.kernel;  // in padded coordinates
-    if (h < g.padding || w < g.padding || h - g.padding >= g.height || w - g.padding >= g.width) return T(0);
-    return x[((n * g.channels + c) * g.height + (h - g.padding)) * g.width + (w - g.padding)];
+    if (h < g.pad_h || w < g.pad_w || h - g.pad_h >= g.height || w - g.pad_w >= g.width) return T(0);
+    return x[((n * g.channels + c) * g.height + (h - g.pad_h)) * g.width + (w - g.pad_w)];
   }
 };
 
@@ -64,12 +69,12 @@ struct col2im_element {
     const std::size_t c = (i / (g.width * g.height)) % g.channels, n = i / (g.width * g.height * g.channels);
     T acc{};
     for (std::size_t kh = 0; kh < g.kernel; ++kh) {
-      const std::size_t ph = h + g.padding;  // padded row
+      const std::size_t ph = h + g.pad_h;  // padded row
       if (ph < kh || (ph - kh) % g.stride != 0) continue;
       const std::size_t oh = (ph - kh) / g.stride;
       if (oh >= g.out_height) continue;
       for (std::size_t kw = 0; kw < g.kernel; ++kw) {
-        const std::size_t pw = w + g.padding;
+        const std::size_t pw = w + g.pad_w;
         if (pw < kw || (pw - kw) % g.stride != 0) continue;
         const std::size_t ow = (pw - kw) / g.stride;
         if (ow >= g.out_width) continue;
@@ -131,8 +136,8 @@ struct pool_element {
     for (std::size_t kh = 0; kh < g.kernel; ++kh)
       for (std::size_t kw = 0; kw < g.kernel; ++kw) {
         const std::size_t h = oh * g.stride + kh, w = ow * g.stride + kw;
-        if (h < g.padding || w < g.padding || h - g.padding >= g.height || w - g.padding >= g.width) continue;
-        const T v = plane[(h - g.padding) * g.width + (w - g.padding)];
+        if (h < g.pad_h || w < g.pad_w || h - g.pad_h >= g.height || w - g.pad_w >= g.width) continue;
+        const T v = plane[(h - g.pad_h) * g.width + (w - g.pad_w)];
         if constexpr (Max) {
           acc = first ? v : nan_max(acc, v);
           first = false;
@@ -157,7 +162,7 @@ struct pool_backward_element {
     const std::size_t w = i % g.width, h = (i / g.width) % g.height, nc = i / (g.width * g.height);
     const T* plane = x + nc * g.height * g.width;
     T acc{};
-    const std::size_t ph = h + g.padding, pw = w + g.padding;
+    const std::size_t ph = h + g.pad_h, pw = w + g.pad_w;
     for (std::size_t kh = 0; kh < g.kernel; ++kh) {
       if (ph < kh || (ph - kh) % g.stride != 0 || (ph - kh) / g.stride >= g.out_height) continue;
       const std::size_t oh = (ph - kh) / g.stride;
@@ -182,8 +187,8 @@ struct pool_backward_element {
     for (std::size_t kh = 0; kh < g.kernel; ++kh)
       for (std::size_t kw = 0; kw < g.kernel; ++kw) {
         const std::size_t h = oh * g.stride + kh, w = ow * g.stride + kw;
-        if (h < g.padding || w < g.padding || h - g.padding >= g.height || w - g.padding >= g.width) continue;
-        const std::size_t idx = (h - g.padding) * g.width + (w - g.padding);
+        if (h < g.pad_h || w < g.pad_w || h - g.pad_h >= g.height || w - g.pad_w >= g.width) continue;
+        const std::size_t idx = (h - g.pad_h) * g.width + (w - g.pad_w);
         const T v = plane[idx];
         if (first || v > best || (v != v && best == best)) {  // the first NaN wins, as PyTorch's
           best = v;

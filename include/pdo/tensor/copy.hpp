@@ -56,13 +56,27 @@ void place_block(const T* src, const shape_t<Rank>& extents, T* dst, const shape
                      [&](std::size_t big, std::size_t dense, std::size_t run) { copy_elements(dst + big, src + dense, run); });
 }
 
+/// @brief Rows [off, off + count) of the middle dim of `src` laid out as v, into the dense `dst`.
+template <class T>
+void copy_rows(const T* src, const dim_view& v, std::size_t off, std::size_t count, T* dst, place_state* where = nullptr) {
+  if (v.outer == 0 || count * v.inner == 0) return;  // nothing to copy (its buffers may be null)
+  copy_strided(where, dst, count * v.inner * sizeof(T), src + off * v.inner, v.extent * v.inner * sizeof(T),
+               count * v.inner * sizeof(T), v.outer);
+}
+
+/// @brief The inverse of copy_rows: the dense `src` into rows [off, off + count) of `dst` laid out as v.
+template <class T>
+void place_rows(const T* src, const dim_view& v, std::size_t off, std::size_t count, T* dst, place_state* where = nullptr) {
+  if (v.outer == 0 || count * v.inner == 0) return;
+  copy_strided(where, dst + off * v.inner, v.extent * v.inner * sizeof(T), src, count * v.inner * sizeof(T),
+               count * v.inner * sizeof(T), v.outer);
+}
+
 /// @brief Chunk `k` of `parts` along the middle dim of `v` (see chunk_size), from `src`
 /// laid out as v, into the dense `dst`.
 template <class T>
 void copy_chunk(const T* src, const dim_view& v, std::size_t parts, std::size_t k, T* dst, place_state* where = nullptr) {
-  const std::size_t off = chunk_offset(v.extent, parts, k), n = chunk_size(v.extent, parts, k);
-  if (v.outer == 0 || n * v.inner == 0) return;  // an empty chunk (its buffers may be null)
-  copy_strided(where, dst, n * v.inner * sizeof(T), src + off * v.inner, v.extent * v.inner * sizeof(T), n * v.inner * sizeof(T), v.outer);
+  copy_rows(src, v, chunk_offset(v.extent, parts, k), chunk_size(v.extent, parts, k), dst, where);
 }
 
 /// @brief `src` (laid out as v) cut into `parts` chunks along v's middle dim, written
@@ -79,9 +93,7 @@ void pack_chunks(const T* src, const dim_view& v, std::size_t parts, T* dst, pla
 /// laid out as v.
 template <class T>
 void place_chunk(const T* src, const dim_view& v, std::size_t parts, std::size_t k, T* dst, place_state* where = nullptr) {
-  const std::size_t off = chunk_offset(v.extent, parts, k), n = chunk_size(v.extent, parts, k);
-  if (v.outer == 0 || n * v.inner == 0) return;
-  copy_strided(where, dst + off * v.inner, v.extent * v.inner * sizeof(T), src, n * v.inner * sizeof(T), n * v.inner * sizeof(T), v.outer);
+  place_rows(src, v, chunk_offset(v.extent, parts, k), chunk_size(v.extent, parts, k), dst, where);
 }
 
 /// @brief The inverse of pack_chunks: chunks one after another in `src` into `dst` laid out as v.

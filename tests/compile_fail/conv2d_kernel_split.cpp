@@ -1,4 +1,5 @@
-// A conv2d whose input is split along its height: not a layout conv2d takes.
+// A conv2d whose weight is split along its kernel's height: not a layout conv2d takes (the
+// input's height may be split, with halo exchange; the kernel never is).
 // expect: conv2d: these layouts of the input, weight and bias are not supported
 #include <pdo/pdo.hpp>
 
@@ -6,7 +7,7 @@ int main() {
   const auto m = pdo::make_mesh<"sp">(pdo::cpu_places(2));
   using R = pdo::replicate;
   auto x = pdo::var(pdo::distribute<pdo::layout<R, R, pdo::split<"sp">, R>>(m, pdo::tensor<float, 4>({1, 1, 4, 4})));
-  auto w = pdo::parameter(pdo::distribute<pdo::layout<R, R, R, R>>(m, pdo::tensor<float, 4>({1, 1, 3, 3})));
+  auto w = pdo::parameter(pdo::distribute<pdo::layout<R, R, pdo::split<"sp">, R>>(m, pdo::tensor<float, 4>({1, 1, 3, 3})));
   auto b = pdo::parameter(pdo::distribute<pdo::layout<R>>(m, pdo::tensor<float, 1>({1})));
   (void)pdo::conv2d(x, w, b);
   return 0;
