@@ -322,6 +322,58 @@ TEST_CASE("spatial pooling: max and average over split height and width, forward
   check_close(dX.grad(), X.grad(), "input gradient of ties");
 }
 
+TEST_CASE("spatial plans: the halo exchange is a step of its own, counted by the plan, shown by explain with its bytes",
+          "[model_parallel][conv][spatial][explain]") {
+  using H = pdo::layout<R, R, split<"sp">, R>;
+  using HW = pdo::layout<R, R, split<"sh">, split<"sw">>;
+  using XH = pdo::dtensor<double, 4, pdo::mesh<"sp">, H>;
+  using WR = pdo::dtensor<double, 4, pdo::mesh<"sp">, pdo::layout<R, R, R, R>>;
+  using BR = pdo::dtensor<double, 1, pdo::mesh<"sp">, pdo::layout<R>>;
+  constexpr auto conv_plan = pdo::conv2d_plan<XH, WR, BR>();
+  static_assert(conv_plan.size == 2 && conv_plan.collectives() == 1 && conv_plan.kernels() == 1);
+  static_assert(conv_plan.steps[0].kind == pdo::plan_step_kind::halo_exchange && conv_plan.steps[0].move.axis == "sp" &&
+                conv_plan.steps[0].move.dim == 2 && conv_plan.result_layout() == pdo::detail::value_of<H>());
+  using XHW = pdo::dtensor<double, 4, pdo::mesh<"sh", "sw">, HW>;
+  static_assert(pdo::pool2d_plan<XHW>().collectives() == 2 && pdo::pool2d_plan<XHW, false>().steps[1].move.axis == "sw");
+  // batch and channel splits need no halo
+  static_assert(pdo::pool2d_plan<pdo::dtensor<double, 4, pdo::mesh<"dp">, pdo::layout<split<"dp">, R, R, R>>>().collectives() == 0);
+
+  // 11 rows over 3 places: 4, 4, 3; a kernel of 5 with padding 2 reads 2 rows each side, so place 0
+  // sends rows 2-3 to place 1, place 1 rows 4-5 to place 0 and 6-7 to place 2, place 2 rows 8-9 to
+  // place 1; a row of a [2, 3, ., 9] double shard is 2 * 3 * 9 * 8 = 432 bytes
+  const auto line = pdo::make_mesh<"sp">(pdo::cpu_places(3));
+  const auto x = pdo::distribute<H>(line, pdo_test::random_tensor<double>(pdo::shape_t<4>{2, 3, 11, 9}, 1));
+  const auto w = pdo::distribute<pdo::layout<R, R, R, R>>(line, pdo_test::random_tensor<double>(pdo::shape_t<4>{4, 3, 5, 5}, 2));
+  const auto b = pdo::distribute<pdo::layout<R>>(line, pdo_test::random_tensor<double>(pdo::shape_t<1>{4}, 3));
+  const std::string text = pdo::explain_conv2d(x, w, b, {1, 2});
+  INFO(text);
+  CHECK(text.find("plan of conv2d -> [2, 4, 11, 9]") == 0);
+  CHECK(text.find("1 kernel, 1 collective\n") != std::string::npos);
+  CHECK(text.find("1. halo_exchange over sp for conv2d operand 0") != std::string::npos);
+  CHECK(text.find("rows received per place: 2, 4, 2; bytes sent per place: 864, 1728, 864\n") != std::string::npos);
+  CHECK(text.find("2. kernel conv2d") != std::string::npos);
+  CHECK(text.find("weight and bias gradients partial over sp") != std::string::npos);
+
+  // 2 x 2 places over 11 x 9 (shards of 6 + 5 rows, 5 + 4 columns), 3 x 3 windows, stride 2, padding 1:
+  // 6 x 5 outputs, 3 + 3 rows and 3 + 2 columns. Row 1's windows read input rows [5, 11): row 5 from
+  // row 0 (80 bytes from place (0, 0): 2 channels x 5 columns x 8; 64 from (0, 1), 4 columns); row 0's
+  // read [0, 6), its own. Column 0's windows read columns [0, 6): column 5 from column 1, whose
+  // blocks have 6 rows after the height's exchange (2 x 6 x 8 = 96 bytes); column 1's read its own.
+  const auto grid = pdo::make_mesh<"sh", "sw">(pdo::cpu_places(4), {2, 2});
+  const auto xg = pdo::distribute<HW>(grid, pdo_test::random_tensor<double>(pdo::shape_t<4>{1, 2, 11, 9}, 4));
+  const std::string pool = pdo::explain_max_pool2d(xg, 3, {2, 1});
+  INFO(pool);
+  CHECK(pool.find("plan of max_pool2d -> [1, 2, 6, 5]") == 0);
+  CHECK(pool.find("1 kernel, 2 collectives\n") != std::string::npos);
+  CHECK(pool.find("1. halo_exchange over sh for max_pool2d operand 0 ([1, 2, 11, 9] ") != std::string::npos);
+  CHECK(pool.find("rows received per place: 0, 0, 1, 1; bytes sent per place: 80, 64, 0, 0\n") != std::string::npos);
+  CHECK(pool.find("2. halo_exchange over sw") != std::string::npos);
+  CHECK(pool.find("columns received per place: 1, 0, 1, 0; bytes sent per place: 0, 96, 0, 96\n") != std::string::npos);
+  CHECK(pool.find("3. kernel max_pool2d") != std::string::npos);
+  CHECK(pool.find("backward: kernel max_pool2d backward, then the halo rows' gradient sent back to their owners over sw, sh") !=
+        std::string::npos);
+}
+
 TEST_CASE("spatial training: a small CNN on a dp x sp mesh equals one place step by step", "[model_parallel][conv][spatial]") {
   const auto x = pdo_test::random_tensor<double>(pdo::shape_t<4>{4, 2, 12, 10}, 21);
   const auto target = pdo_test::random_tensor<double>(pdo::shape_t<4>{4, 3, 6, 5}, 22);

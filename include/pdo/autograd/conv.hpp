@@ -6,11 +6,13 @@
 #include <pdo/kernels/gemm.hpp>
 #include <pdo/layout/layout_type.hpp>
 #include <pdo/exec/mesh_ops.hpp>
+#include <pdo/plan/plan.hpp>
 #include <pdo/tensor/halo.hpp>
 
 #include <array>
 #include <cstddef>
 #include <memory>
+#include <string_view>
 #include <string>
 #include <utility>
 #include <vector>
@@ -93,9 +95,11 @@ inline void check_conv_shapes(const shape_t<4>& sx, const shape_t<4>& sw, const 
 
 /// @brief 2-D convolution: x [N, C, H, W], weight [OC, C, K, K], bias [OC] -> [N, OC, OH, OW],
 /// as im2col then one gemm; the backward is two gemms and col2im.
-template <class T>
+/// A local conv2d communicates nothing: pdo::strict (conv2d<pdo::strict>) accepts it.
+template <class Policy = implicit, class T>
 var<tensor<T, 4>> conv2d(const var<tensor<T, 4>>& x, const var<tensor<T, 4>>& weight, const var<tensor<T, 1>>& bias,
                          window_options o = {}) {
+  static_assert(std::is_same_v<Policy, implicit> || std::is_same_v<Policy, strict>, "pdo: conv2d: the policy must be pdo::implicit or pdo::strict");
   detail::check_conv_shapes(x.shape(), weight.shape(), bias.shape(), "");
   const detail::window_geometry g = detail::window_of("conv2d", x.shape(), weight.shape()[2], o);
   auto forward = detail::conv2d_forward(x.value(), weight.value(), bias.value().data(), g);
@@ -214,6 +218,14 @@ struct spatial_cut {
       if (split[i]) dblock = halo_return(communicator_along(m, axis[i], p), dims[i], coord(m, p, i), 2 + i, dblock, m.place(p));
     return dblock;
   }
+  /// @brief The shape of the block place p's windows read: its shard's, widened along each
+  /// split dim to the rows its output needs (what gather returns).
+  template <class Mesh>
+  [[nodiscard]] shape_t<4> block_shape(const Mesh& m, std::size_t p, shape_t<4> shard) const {
+    for (std::size_t i = 0; i < 2; ++i)
+      if (split[i]) shard[2 + i] = dims[i].need(coord(m, p, i)).size();
+    return shard;
+  }
   /// @brief The window geometry of place p over its block (its shard when nothing is split):
   /// the output rows and columns it owns, the padding of the image edges the block touches.
   template <class Mesh>
@@ -226,6 +238,139 @@ struct spatial_cut {
 
 }  // namespace detail
 
+namespace detail {
+
+/// @brief The plan of a window op `op` (conv2d, max_pool2d, avg_pool2d) with `arity`
+/// operands, its input laid out as `x` and its output as `y`: a halo exchange along each
+/// split spatial dim (the height's first), then the op's kernel. Nodes: the operands, then the op.
+constexpr expression_plan window_plan(std::string_view op, std::size_t arity, const layout_value& x, const layout_value& y) {
+  expression_plan plan;
+  plan.nodes = arity + 1;
+  for (std::size_t d = 2; d < 4; ++d)
+    if (!x.dim_axis[d].empty()) {
+      plan_step s{plan_step_kind::halo_exchange, op, arity, 0, 0};
+      s.move = {step_kind::all_to_all, x.dim_axis[d], d, d, x, x};  // it travels as one all_to_all along the axis
+      plan.push(s);
+    }
+  plan_step k{plan_step_kind::kernel, op, arity};
+  k.layout = y;
+  plan.push(k);
+  return plan;
+}
+
+/// @brief The layout type of a window op's operand: a dtensor or a var of one.
+template <class V>
+struct window_operand {
+  using type = typename V::layout_type;
+};
+template <class V>
+struct window_operand<var<V>> {
+  using type = typename V::layout_type;
+};
+template <class V>
+using window_operand_t = typename window_operand<std::remove_cvref_t<V>>::type;
+
+/// @brief Instantiated for conv2d operands of layouts it does not take: the failed
+/// assertion's context names the layouts and why.
+template <fixed_string Why, class LX, class LW, class LB>
+struct conv2d_does_not_take_these_layouts {
+  static_assert(always_false<LX, LW, LB>, "pdo: conv2d: these layouts of the input, weight and bias are not supported");
+  static constexpr bool ok = false;
+};
+template <class LX, class LW, class LB>
+constexpr bool check_conv_layouts() {
+  constexpr conv_layouts r = conv_rule_of<LX, LW, LB>::value;
+  if constexpr (r.ok) return true;
+  else return conv2d_does_not_take_these_layouts<fixed_string<std::string_view(r.problem).size() + 1>(std::string_view(r.problem)), LX, LW, LB>::ok;
+}
+
+/// @brief Instantiated for a window op under pdo::strict whose input's height or width is
+/// split: the halo exchange it needs is communication.
+template <fixed_string Op, class LX>
+struct strict_forbids_halo_exchange {
+  static_assert(always_false<LX>,
+                "pdo: strict: a window op over an input whose height or width is split exchanges halo rows with its "
+                "neighbours, which takes communication; gather the spatial dims first (pdo::redistribute), or call it without pdo::strict");
+  static constexpr bool ok = false;
+};
+template <class Policy, fixed_string Op, class LX>
+constexpr bool check_window_policy() {
+  static_assert(std::is_same_v<Policy, implicit> || std::is_same_v<Policy, strict>,
+                "pdo: conv2d/max_pool2d/avg_pool2d: the policy must be pdo::implicit or pdo::strict");
+  constexpr layout_value x = value_of<LX>();
+  if constexpr (std::is_same_v<Policy, strict> && (!x.dim_axis[2].empty() || !x.dim_axis[3].empty()))
+    return strict_forbids_halo_exchange<Op, LX>::ok;
+  else
+    return true;
+}
+
+/// @brief explain's text for a window op run by `plan` on mesh m over an input of
+/// `x_shape` laid out as `lx` cut as `cut`: its halo exchanges with the bytes each place
+/// sends, its kernel, and its backward.
+template <class Mesh>
+std::string explain_window(std::string_view op, const expression_plan& plan, const Mesh& m, const shape_t<4>& x_shape,
+                           const layout_value& lx, const shape_t<4>& y_shape, const spatial_cut& cut, std::size_t element,
+                           const std::string& backward_extra) {
+  const auto x_text = format_extents(x_shape) + " " + to_string(lx);
+  std::string text = "plan of " + std::string(op) + " -> " + format_extents(y_shape) + " " + to_string(plan.result_layout()) + " on " +
+                     m.describe() + ": " + std::to_string(plan.kernels()) + " kernel, " + std::to_string(plan.collectives()) +
+                     (plan.collectives() == 1 ? " collective" : " collectives") + "\n";
+  std::size_t line = 0;
+  std::string halo_axes;
+  for (const auto& s : plan) {
+    text += "  " + std::to_string(++line) + ". ";
+    if (s.kind == plan_step_kind::kernel) {
+      text += "kernel " + std::string(op) + " -> " + format_extents(y_shape) + " " + to_string(s.layout) + "\n";
+      continue;
+    }
+    const std::size_t i = s.move.dim - 2;
+    const halo_dim& d = cut.dims[i];
+    halo_axes = std::string(s.move.axis) + (halo_axes.empty() ? "" : ", ") + halo_axes;
+    text += "halo_exchange over " + std::string(s.move.axis) + " for " + std::string(op) + " operand 0 (" + x_text + "): " +
+            (i == 0 ? "height" : "width") + " (dim " + std::to_string(s.move.dim) + ") of " + std::to_string(d.extent) + " in " +
+            std::to_string(d.parts) + " shards, windows of " + std::to_string(d.kernel) + ", stride " + std::to_string(d.stride) +
+            ", padding " + std::to_string(d.padding) + "; " + (i == 0 ? "rows" : "columns") + " received per place:";
+    std::string bytes;
+    for (std::size_t p = 0; p < m.size(); ++p) {
+      // the block before this exchange: the shard, widened by the exchanges before it
+      shape_t<4> block = shard_shape(m, lx, x_shape, p);
+      for (std::size_t j = 0; j < i; ++j)
+        if (cut.split[j]) block[2 + j] = cut.dims[j].need(cut.coord(m, p, j)).size();
+      const std::size_t row_bytes = element * volume(block) / std::max<std::size_t>(block[s.move.dim], 1);
+      const std::size_t c = cut.coord(m, p, i);
+      text += (p == 0 ? " " : ", ") + std::to_string(d.halo_rows(c));
+      bytes += (p == 0 ? " " : ", ") + std::to_string(halo_bytes_sent(d, c, row_bytes));
+    }
+    text += "; bytes sent per place:" + bytes + "\n";
+  }
+  text += "  backward: kernel " + std::string(op) + " backward" +
+          (halo_axes.empty() ? std::string() : ", then the halo rows' gradient sent back to their owners over " + halo_axes +
+                                                   " (the bytes of the exchange, the other way)") +
+          backward_extra + "\n";
+  return text;
+}
+
+}  // namespace detail
+
+/// @brief The plan of conv2d for operands of types X, W, B (dtensors, or vars of them): a
+/// halo exchange along each split spatial dim, then the kernel. A value, usable in
+/// static_assert (`pdo::conv2d_plan<decltype(x), decltype(w), decltype(b)>().collectives() == 1`).
+template <class X, class W, class B>
+constexpr expression_plan conv2d_plan() {
+  using LX = detail::window_operand_t<X>;
+  using LW = detail::window_operand_t<W>;
+  using LB = detail::window_operand_t<B>;
+  static_assert(detail::check_conv_layouts<LX, LW, LB>());
+  return detail::window_plan("conv2d", 3, detail::value_of<LX>(), detail::conv_rule_of<LX, LW, LB>::value.y);
+}
+
+/// @brief The plan of max_pool2d (Max) or avg_pool2d over an input of type X (a dtensor or a var of one).
+template <class X, bool Max = true>
+constexpr expression_plan pool2d_plan() {
+  constexpr detail::layout_value x = detail::value_of<detail::window_operand_t<X>>();
+  return detail::window_plan(Max ? "max_pool2d" : "avg_pool2d", 1, x, x);
+}
+
 /// @brief conv2d over dtensors: each place convolves its shards, with the layouts of
 /// detail::conv_rule: batch split over "dp" is data parallel (weight gradients partial over
 /// "dp"); the weight's output channels split over an axis give an output split by
@@ -235,11 +380,12 @@ struct spatial_cut {
 /// split alike, each place receiving from its neighbours the rows its windows read (a halo
 /// exchange, from as many places as the halo is wide) and sending back their gradient.
 /// Gradients go back to the operands' layouts by the planner's redistributions.
-template <class T, class Mesh, class LX, class LW, class LB>
+template <class Policy = implicit, class T, class Mesh, class LX, class LW, class LB>
 auto conv2d(const var<dtensor<T, 4, Mesh, LX>>& x, const var<dtensor<T, 4, Mesh, LW>>& weight,
             const var<dtensor<T, 1, Mesh, LB>>& bias, window_options o = {}) {
   using rule = detail::conv_rule_of<LX, LW, LB>;
-  static_assert(rule::value.ok, "pdo: conv2d: these layouts of the input, weight and bias are not supported (see detail::conv_rule)");
+  static_assert(detail::check_conv_layouts<LX, LW, LB>());
+  static_assert(detail::check_window_policy<Policy, "conv2d", LX>());
   using LY = detail::layout_type_t<Mesh, detail::conv_layout_provider<LX, LW, LB, &detail::conv_layouts::y>>;
   using LDW = detail::layout_type_t<Mesh, detail::conv_layout_provider<LX, LW, LB, &detail::conv_layouts::dw>>;
   using LDB = detail::layout_type_t<Mesh, detail::conv_layout_provider<LX, LW, LB, &detail::conv_layouts::db>>;
@@ -281,11 +427,7 @@ auto conv2d(const var<dtensor<T, 4, Mesh, LX>>& x, const var<dtensor<T, 4, Mesh,
         std::vector<tensor<T, 4>> dws(local.size()), dxs(local.size());
         std::vector<tensor<T, 1>> dbs(local.size());
         detail::run_on_places("conv2d backward", m, [&](std::size_t p, std::size_t k) {
-          const auto& xs = xv.local_shards()[k];
-          shape_t<4> block = xs.shape();  // the block the forward convolved: the shard and its halo
-          block[2] = cut->split[0] ? cut->dims[0].need(cut->coord(m, p, 0)).size() : block[2];
-          block[3] = cut->split[1] ? cut->dims[1].need(cut->coord(m, p, 1)).size() : block[3];
-          const auto g = cut->local(m, p, block);
+          const auto g = cut->local(m, p, cut->block_shape(m, p, xv.local_shards()[k].shape()));
           detail::conv2d_backward(self.grad->local_shards()[k], *(*cols)[k], wv.local_shards()[k], g, weight.requires_grad() ? &dws[k] : nullptr,
                                   bias.requires_grad() ? &dbs[k] : nullptr, x.requires_grad() ? &dxs[k] : nullptr);
           if (x.requires_grad() && cut->any()) dxs[k] = cut->give_back(m, p, std::move(dxs[k]));
@@ -375,18 +517,79 @@ var<dtensor<T, 4, Mesh, L>> pool2d(const char* op, const var<dtensor<T, 4, Mesh,
 /// x [N, C, H, W], a local tensor or a dtensor (batch or channels split: each place pools
 /// its shard; height or width split: with its halo, as conv2d). NaN in a window gives NaN; the gradient goes to each
 /// window's first maximum (its first NaN, if any), as PyTorch's.
-template <class V>
+template <class Policy = implicit, class V>
   requires(detail::value_kind<V>::rank == 4)
 var<V> max_pool2d(const var<V>& x, std::size_t kernel, window_options o = {0, 0}) {
+  if constexpr (detail::value_kind<V>::distributed) static_assert(detail::check_window_policy<Policy, "max_pool2d", typename V::layout_type>());
+  else static_assert(std::is_same_v<Policy, implicit> || std::is_same_v<Policy, strict>, "pdo: max_pool2d: the policy must be pdo::implicit or pdo::strict");
   return detail::pool2d<true>("max_pool2d", x, kernel, o);
 }
 
 /// @brief Average pooling over kernel x kernel windows (stride defaults to the kernel;
 /// padded cells count as zeros), of a local tensor or a dtensor (split as max_pool2d's).
-template <class V>
+template <class Policy = implicit, class V>
   requires(detail::value_kind<V>::rank == 4)
 var<V> avg_pool2d(const var<V>& x, std::size_t kernel, window_options o = {0, 0}) {
+  if constexpr (detail::value_kind<V>::distributed) static_assert(detail::check_window_policy<Policy, "avg_pool2d", typename V::layout_type>());
+  else static_assert(std::is_same_v<Policy, implicit> || std::is_same_v<Policy, strict>, "pdo: avg_pool2d: the policy must be pdo::implicit or pdo::strict");
   return detail::pool2d<false>("avg_pool2d", x, kernel, o);
+}
+
+namespace detail {
+template <class V>
+const auto& window_value(const V& v) {
+  if constexpr (requires { v.value(); }) return v.value();
+  else return v;
+}
+template <bool Max, class X>
+std::string explain_pool2d(const X& x, std::size_t kernel, window_options o) {
+  const auto& xv = window_value(x);
+  using value_t = std::remove_cvref_t<decltype(xv)>;
+  if (o.stride == 0) o.stride = kernel;
+  const char* op = Max ? "max_pool2d" : "avg_pool2d";
+  const window_geometry whole = window_of(op, xv.shape(), kernel, o);
+  const spatial_cut cut(xv.mesh(), value_t::layout_value, whole, o.padding);
+  return explain_window(op, pool2d_plan<value_t, Max>(), xv.mesh(), xv.shape(), value_t::layout_value,
+                        {whole.batch, whole.channels, whole.out_height, whole.out_width}, cut, sizeof(typename value_t::value_type), "");
+}
+}  // namespace detail
+
+/// @brief The plan of conv2d(x, weight, bias, o) for the operands' shapes and layouts (dtensors,
+/// or vars of them), one line per step: each halo exchange with its axis, the rows each place
+/// receives and the bytes each place sends; the kernel with its output layout; the backward.
+template <class X, class W, class B>
+std::string explain_conv2d(const X& x, const W& weight, const B& bias, window_options o = {}) {
+  const auto& xv = detail::window_value(x);
+  const auto& wv = detail::window_value(weight);
+  const auto& bv = detail::window_value(bias);
+  using XV = std::remove_cvref_t<decltype(xv)>;
+  using WV = std::remove_cvref_t<decltype(wv)>;
+  using BV = std::remove_cvref_t<decltype(bv)>;
+  constexpr auto plan = conv2d_plan<XV, WV, BV>();
+  constexpr detail::conv_layouts rule = detail::conv_rule_of<typename XV::layout_type, typename WV::layout_type, typename BV::layout_type>::value;
+  detail::check_conv_shapes(xv.shape(), wv.shape(), bv.shape(), "");
+  const detail::window_geometry whole = detail::window_of("conv2d", xv.shape(), wv.shape()[2], o);
+  const detail::spatial_cut cut(xv.mesh(), XV::layout_value, whole, o.padding);
+  std::string extra;
+  if (rule.dw.npartial > 0) {
+    extra = "; weight and bias gradients partial over";
+    for (std::size_t i = 0; i < rule.dw.npartial; ++i) extra += (i == 0 ? " " : ", ") + std::string(rule.dw.partial[i]);
+    extra += " (summed where they are read)";
+  }
+  return detail::explain_window("conv2d", plan, xv.mesh(), xv.shape(), XV::layout_value,
+                                {whole.batch, wv.shape()[0], whole.out_height, whole.out_width}, cut, sizeof(typename XV::value_type), extra);
+}
+
+/// @brief The plan of max_pool2d(x, kernel, o), as explain_conv2d's.
+template <class X>
+std::string explain_max_pool2d(const X& x, std::size_t kernel, window_options o = {0, 0}) {
+  return detail::explain_pool2d<true>(x, kernel, o);
+}
+
+/// @brief The plan of avg_pool2d(x, kernel, o), as explain_conv2d's.
+template <class X>
+std::string explain_avg_pool2d(const X& x, std::size_t kernel, window_options o = {0, 0}) {
+  return detail::explain_pool2d<false>(x, kernel, o);
 }
 
 }  // namespace pdo

@@ -34,11 +34,12 @@ struct expression_plan {
            (s.kind == plan_step_kind::combine_max && k == step_kind::all_reduce);
     return n;
   }
-  /// @brief How many steps communicate.
+  /// @brief How many steps communicate (halo exchanges included).
   [[nodiscard]] constexpr std::size_t collectives() const {
     std::size_t n = 0;
     for (const auto& s : *this)
-      n += (s.kind == plan_step_kind::redistribute && communicates(s.move.kind)) || s.kind == plan_step_kind::combine_max;
+      n += (s.kind == plan_step_kind::redistribute && communicates(s.move.kind)) || s.kind == plan_step_kind::combine_max ||
+           s.kind == plan_step_kind::halo_exchange;
     return n;
   }
   /// @brief How many passes over memory the kernels make: fused ops share one.

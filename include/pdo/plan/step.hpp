@@ -18,6 +18,8 @@ enum class plan_step_kind {
   kernel,        ///< an op's local kernel (on every place at once)
   redistribute,  ///< one step bringing an operand to the layout its op needs
   combine_max,   ///< an all_reduce(max) over an axis after the kernel (max over a split dim)
+  halo_exchange, ///< a window op's (conv2d, pooling) input widened by the rows of its neighbours along a split
+                 ///< height or width: move.axis, move.dim (2 or 3), move.before = move.after = its layout
 };
 
 /// @brief One step of a plan. Nodes are numbered in evaluation order (post-order, leaves
@@ -45,6 +47,8 @@ constexpr bool same_work(const plan_step& a, const plan_step& b) {
              a.move.from_dim == b.move.from_dim && a.move.before == b.move.before &&
              a.move.after == b.move.after;
     case plan_step_kind::combine_max: return a.move.axis == b.move.axis;
+    case plan_step_kind::halo_exchange:
+      return a.operand == b.operand && a.move.axis == b.move.axis && a.move.dim == b.move.dim && a.move.before == b.move.before;
   }
   return false;
 }

@@ -92,6 +92,39 @@ struct halo_pieces {
   }
 };
 
+/// @brief Bytes place `me` of the axis sends in a halo exchange along `d` of a block whose
+/// rows along the dim hold `row_bytes` bytes each (the dims before and after it included):
+/// the rows of its shard the other places' windows read. halo_return sends as many back.
+inline std::size_t halo_bytes_sent(const halo_dim& d, std::size_t me, std::size_t row_bytes) {
+  const halo_pieces pieces(d, me);
+  std::size_t rows = 0;
+  for (std::size_t j = 0; j < d.parts; ++j) rows += j == me ? 0 : pieces.sends[j].size();
+  return rows * row_bytes;
+}
+
+/// @brief The exchange halo_gather and halo_return share: rows `sends[j]` of `src` (laid
+/// out as `sv` along its dim, its first row being row `src_first` of the image) packed for
+/// member j, one all_to_all along the axis, and the rows `recvs[j]` received from j handed
+/// to `take(j, data, rows)` (rows relative to `dst_first`, laid out as `dv`).
+template <class T, class Take>
+void halo_exchange(const mesh_communicator& comm, const T* src, const dim_view& sv, std::size_t src_first, const std::vector<row_range>& sends,
+                   const dim_view& dv, std::size_t dst_first, const std::vector<row_range>& recvs, const any_place& place, Take take) {
+  const std::size_t parts = sends.size();
+  std::vector<std::size_t> send_counts(parts), recv_counts(parts);
+  std::size_t sent = 0, received = 0;
+  for (std::size_t j = 0; j < parts; ++j) {
+    sent += send_counts[j] = sv.outer * sends[j].size() * sv.inner;
+    received += recv_counts[j] = dv.outer * recvs[j].size() * dv.inner;
+  }
+  tensor<T, 1> packed(shape_t<1>{sent}, place, uninitialized), in(shape_t<1>{received}, place, uninitialized);
+  for (std::size_t j = 0, at = 0; j < parts; at += send_counts[j++])
+    copy_rows(src, sv, sends[j].begin - src_first, sends[j].size(), packed.data() + at, packed.where());
+  comm.all_to_all(std::as_const(packed).span(), std::span<const std::size_t>(send_counts), in.span(),
+                  std::span<const std::size_t>(recv_counts));
+  for (std::size_t j = 0, at = 0; j < parts; at += recv_counts[j++])
+    if (recv_counts[j] != 0) take(in.data() + at, recvs[j].begin - dst_first, recvs[j].size());
+}
+
 /// @brief Place `me` of the axis `comm` spans (laid out as `d` along tensor dim `dim`): its
 /// shard `x` (its own rows along `dim`) widened to the rows its windows read (need(me)),
 /// the others' rows received from them. Every member of the axis calls it at once.
@@ -99,26 +132,12 @@ template <class T, std::size_t Rank>
 tensor<T, Rank> halo_gather(const mesh_communicator& comm, const halo_dim& d, std::size_t me, std::size_t dim,
                             const tensor<T, Rank>& x, const any_place& place) {
   const halo_pieces pieces(d, me);
-  const row_range mine = d.own(me), want = d.need(me);
   shape_t<Rank> out_shape = x.shape();
-  out_shape[dim] = want.size();
-  const dim_view xv = view_along(x.shape(), dim), ov = view_along(out_shape, dim);
-  std::vector<std::size_t> send_counts(d.parts), recv_counts(d.parts);
-  std::size_t sent = 0, received = 0;
-  for (std::size_t j = 0; j < d.parts; ++j) {
-    send_counts[j] = xv.outer * pieces.sends[j].size() * xv.inner;
-    recv_counts[j] = ov.outer * pieces.recvs[j].size() * ov.inner;
-    sent += send_counts[j];
-    received += recv_counts[j];
-  }
-  tensor<T, 1> packed(shape_t<1>{sent}, place, uninitialized), in(shape_t<1>{received}, place, uninitialized);
-  for (std::size_t j = 0, at = 0; j < d.parts; at += send_counts[j++])
-    copy_rows(x.data(), xv, pieces.sends[j].begin - mine.begin, pieces.sends[j].size(), packed.data() + at, packed.where());
-  comm.all_to_all(std::as_const(packed).span(), std::span<const std::size_t>(send_counts), in.span(),
-                  std::span<const std::size_t>(recv_counts));
+  out_shape[dim] = d.need(me).size();
+  const dim_view ov = view_along(out_shape, dim);
   tensor<T, Rank> out(out_shape, place, uninitialized);  // the pieces cover it: own(j) cut the image
-  for (std::size_t j = 0, at = 0; j < d.parts; at += recv_counts[j++])
-    place_rows(in.data() + at, ov, pieces.recvs[j].begin - want.begin, pieces.recvs[j].size(), out.data(), out.where());
+  halo_exchange(comm, x.data(), view_along(x.shape(), dim), d.own(me).begin, pieces.sends, ov, d.need(me).begin, pieces.recvs, place,
+                [&](const T* rows, std::size_t off, std::size_t count) { place_rows(rows, ov, off, count, out.data(), out.where()); });
   return out;
 }
 
@@ -128,29 +147,16 @@ template <class T, std::size_t Rank>
 tensor<T, Rank> halo_return(const mesh_communicator& comm, const halo_dim& d, std::size_t me, std::size_t dim,
                             const tensor<T, Rank>& dwide, const any_place& place) {
   const halo_pieces pieces(d, me);
-  const row_range mine = d.own(me), want = d.need(me);
   shape_t<Rank> out_shape = dwide.shape();
-  out_shape[dim] = mine.size();
-  const dim_view wv = view_along(dwide.shape(), dim), ov = view_along(out_shape, dim);
-  std::vector<std::size_t> send_counts(d.parts), recv_counts(d.parts);
-  std::size_t sent = 0, received = 0;
-  for (std::size_t j = 0; j < d.parts; ++j) {
-    send_counts[j] = wv.outer * pieces.recvs[j].size() * wv.inner;
-    recv_counts[j] = ov.outer * pieces.sends[j].size() * ov.inner;
-    sent += send_counts[j];
-    received += recv_counts[j];
-  }
-  tensor<T, 1> packed(shape_t<1>{sent}, place, uninitialized), in(shape_t<1>{received}, place, uninitialized);
-  for (std::size_t j = 0, at = 0; j < d.parts; at += send_counts[j++])
-    copy_rows(dwide.data(), wv, pieces.recvs[j].begin - want.begin, pieces.recvs[j].size(), packed.data() + at, packed.where());
-  comm.all_to_all(std::as_const(packed).span(), std::span<const std::size_t>(send_counts), in.span(),
-                  std::span<const std::size_t>(recv_counts));
+  out_shape[dim] = d.own(me).size();
+  const dim_view ov = view_along(out_shape, dim);
   tensor<T, Rank> out(out_shape, place);  // zeros: rows no window read have no gradient
   auto system = kernel_system("halo exchange", {out.where()});
-  for (std::size_t j = 0, at = 0; j < d.parts; at += recv_counts[j++])
-    if (recv_counts[j] != 0)
-      thrust::for_each_n(system, thrust::counting_iterator<std::size_t>(0), recv_counts[j],
-                         add_rows_element<T>{in.data() + at, out.data(), ov, pieces.sends[j].begin - mine.begin, pieces.sends[j].size()});
+  halo_exchange(comm, dwide.data(), view_along(dwide.shape(), dim), d.need(me).begin, pieces.recvs, ov, d.own(me).begin, pieces.sends, place,
+                [&](const T* rows, std::size_t off, std::size_t count) {
+                  thrust::for_each_n(system, thrust::counting_iterator<std::size_t>(0), ov.outer * count * ov.inner,
+                                     add_rows_element<T>{rows, out.data(), ov, off, count});
+                });
   return out;
 }
 
