@@ -219,10 +219,11 @@ struct spatial_cut {
     return dblock;
   }
   /// @brief The shape of the block place p's windows read: its shard's, widened along each
-  /// split dim to the rows its output needs (what gather returns).
+  /// split dim to the rows its output needs (what gather returns); with `dims_done` < 2, the
+  /// block after the exchanges of the first `dims_done` spatial dims only.
   template <class Mesh>
-  [[nodiscard]] shape_t<4> block_shape(const Mesh& m, std::size_t p, shape_t<4> shard) const {
-    for (std::size_t i = 0; i < 2; ++i)
+  [[nodiscard]] shape_t<4> block_shape(const Mesh& m, std::size_t p, shape_t<4> shard, std::size_t dims_done = 2) const {
+    for (std::size_t i = 0; i < dims_done; ++i)
       if (split[i]) shard[2 + i] = dims[i].need(coord(m, p, i)).size();
     return shard;
   }
@@ -333,9 +334,7 @@ std::string explain_window(std::string_view op, const expression_plan& plan, con
     std::string bytes;
     for (std::size_t p = 0; p < m.size(); ++p) {
       // the block before this exchange: the shard, widened by the exchanges before it
-      shape_t<4> block = shard_shape(m, lx, x_shape, p);
-      for (std::size_t j = 0; j < i; ++j)
-        if (cut.split[j]) block[2 + j] = cut.dims[j].need(cut.coord(m, p, j)).size();
+      const shape_t<4> block = cut.block_shape(m, p, shard_shape(m, lx, x_shape, p), i);
       const std::size_t row_bytes = element * volume(block) / std::max<std::size_t>(block[s.move.dim], 1);
       const std::size_t c = cut.coord(m, p, i);
       text += (p == 0 ? " " : ", ") + std::to_string(d.halo_rows(c));
