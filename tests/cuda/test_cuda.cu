@@ -4,6 +4,7 @@
 #include <pdo/nn.hpp>
 #include <pdo/pdo.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <exception>
@@ -157,6 +158,54 @@ void convolution(const std::vector<pdo::cuda_place>& gpus) {
     });
     return out[0];
   }, 1e-4);
+}
+
+/// @brief The elements of host tensors one after the other.
+template <class T, class... Tensors>
+pdo::tensor<T, 1> joined(const pdo::tensor<T, 4>& first, const Tensors&... rest) {
+  pdo::tensor<T, 1> all({first.size() + (rest.size() + ...)});
+  std::size_t at = 0;
+  for (const auto* t : {&first, &rest...}) {
+    std::copy(t->data(), t->data() + t->size(), all.data() + at);
+    at += t->size();
+  }
+  return all;
+}
+
+/// @brief conv2d and max pooling of images split by rows (and by rows and columns on 4
+/// places) over GPU places: the halo rows travel by NCCL all_to_all, the halo gradients back
+/// the same way; the results and the input and weight gradients follow the CPU places.
+void spatial(const std::vector<pdo::cuda_place>& gpus) {
+  using pdo::replicate;
+  using pdo::split;
+  const auto x = filled<float, 4>({2, 3, 11, 9}, 21), w = filled<float, 4>({4, 3, 5, 5}, 22);
+  const auto bias = filled<float, 1>({4}, 23);
+  // the output, then the input's gradient, then the weight's, each flattened
+  auto program = [&]<class LX>(const auto& m) {
+    auto X = pdo::parameter(pdo::distribute<LX>(m, x));
+    auto W = pdo::parameter(pdo::distribute<pdo::layout<replicate, replicate, replicate, replicate>>(m, w));
+    auto B = pdo::parameter(pdo::distribute<pdo::layout<replicate>>(m, bias));
+    const auto y = pdo::max_pool2d(pdo::conv2d(X, W, B, {1, 2}), 3, {2, 1});
+    pdo::backward(pdo::sum(y * y));
+    return joined(pdo::gather(y.value()), pdo::gather(X.grad()), pdo::gather(W.grad()));
+  };
+  auto on = [&]<class LX>(const auto& places, auto make) { return program.template operator()<LX>(make(places)); };
+  using H = pdo::layout<replicate, replicate, split<"sp">, replicate>;
+  const auto line = [](const auto& places) { return pdo::make_mesh<"sp">(places); };
+  try {
+    const auto cpu = on.template operator()<H>(pdo::cpu_places(gpus.size()), line);
+    const auto gpu = on.template operator()<H>(gpus, line);
+    check(close(gpu, cpu, 1e-4), "conv2d and max_pool2d with the rows split over GPU places (halos by NCCL), forward and backward");
+    if (gpus.size() == 4) {
+      using HW = pdo::layout<replicate, replicate, split<"sh">, split<"sw">>;
+      const auto grid = [](const auto& places) { return pdo::make_mesh<"sh", "sw">(places, {2, 2}); };
+      const auto cpu2 = on.template operator()<HW>(pdo::cpu_places(4), grid);
+      const auto gpu2 = on.template operator()<HW>(gpus, grid);
+      check(close(gpu2, cpu2, 1e-4), "conv2d and max_pool2d with rows and columns split over 2 x 2 GPU places");
+    }
+  } catch (const std::exception& e) {
+    check(false, std::string("spatial split on GPU places: ") + e.what());
+  }
 }
 
 void collectives(const std::vector<pdo::cuda_place>& gpus) {
@@ -604,6 +653,7 @@ int main(int argc, char** argv) {
                                                         {"copies", copies},
                                                         {"expressions", expressions},
                                                         {"convolution", convolution},
+                                                        {"spatial", spatial},
                                                         {"collectives", collectives},
                                                         {"mixed_mesh", mixed_mesh},
                                                         {"operand_places", operand_places},
