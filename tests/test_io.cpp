@@ -422,6 +422,67 @@ TEST_CASE("resume: a tensor-parallel model and its optimizer, on the same mesh a
   }
 }
 
+TEST_CASE("resume: a pipeline saved by its stages' places loads into another cut, \"tp\" shards and \"dp\" replicas") {
+  scratch_dir tmp("resume_pp");
+  auto adam = [](auto params) { return pdo::nn::adam<double>(std::move(params), {.lr = 0.02}); };
+  const pdo::nn::pipeline_options o{pdo::nn::pipeline_schedule::one_f_one_b, 3};
+  // A: 3 stages (cut after layers 1 and 4); B: 2 stages of 2 "tp" shards; C: 2 stages x 2 "dp" replicas
+  const auto a_mesh = pdo::make_mesh<"pp">(pdo::cpu_places(3));
+  const auto b_mesh = pdo::make_mesh<"pp", "tp">(pdo::cpu_places(4), {2, 2});
+  const auto c_mesh = pdo::make_mesh<"dp", "pp">(pdo::cpu_places(4), {2, 2});
+  auto make_a = [&] { return pdo::nn::make_pipeline<double, 2, 1, 4>(a_mesh, pdo_test::make_mlp(), adam, o); };
+  auto make_b = [&] { return pdo::nn::make_pipeline<double, 2, 3>(b_mesh, pdo_test::make_mlp(), adam, o); };
+  auto make_c = [&] { return pdo::nn::make_pipeline<double, 2, 3>(c_mesh, pdo_test::make_mlp(), adam, o); };
+  const auto near = [](const std::vector<double>& got, const std::vector<double>& want, std::size_t from) {
+    for (std::size_t i = 0; i < got.size(); ++i) CHECK(std::abs(got[i] - want[from + i]) <= 1e-12 * std::abs(want[from + i]));
+  };
+
+  auto straight = make_a();
+  const auto all = train(straight, 0, 21);
+  auto first = make_a();
+  train(first, 0, 10);
+  pdo::io::save(tmp.path / "a", first);
+  // every parameter under its name in the whole model, its moments beside it
+  const auto info = pdo::io::inspect(tmp.path / "a");
+  CHECK(std::any_of(info.begin(), info.end(), [](const auto& e) { return e.name == "model.6.weight" && e.shape == std::vector<std::size_t>{7, 4}; }));
+  CHECK(std::any_of(info.begin(), info.end(), [](const auto& e) { return e.name == "optimizer.2.bias.exp_avg_sq"; }));
+
+  // the same mesh: bitwise
+  auto resumed = make_a();
+  pdo::io::load(tmp.path / "a", resumed);
+  const auto tail = train(resumed, 10, 20);
+  for (std::size_t i = 0; i < tail.size(); ++i) CHECK(tail[i] == all[10 + i]);
+
+  // another cut with "tp" shards: each stage's places read their shards' parts
+  auto b = make_b();
+  pdo::io::load(tmp.path / "a", b);
+  near(train(b, 10, 20), all, 10);
+  // saved by B's places: a column-split weight in one block per "tp" shard, a replicated bias in one
+  pdo::io::save(tmp.path / "b", b);
+  const auto meta = nlohmann::json::parse(std::ifstream(tmp.path / "b" / "metadata.json"));
+  CHECK(meta["entries"]["model.0.weight"]["blocks"].size() == 2);
+  CHECK(meta["entries"]["model.6.bias"]["blocks"].size() == 1);
+  CHECK(meta["entries"]["optimizer.4.weight.exp_avg"]["blocks"].size() == 2);
+  // back into the first cut, and into "dp" replicas: step 21 as the straight run's
+  auto a_again = make_a();
+  pdo::io::load(tmp.path / "b", a_again);
+  near(train(a_again, 20, 21), all, 20);
+  auto c = make_c();
+  pdo::io::load(tmp.path / "b", c);
+  near(train(c, 20, 21), all, 20);
+  pdo::io::save(tmp.path / "c", c);
+  const auto meta_c = nlohmann::json::parse(std::ifstream(tmp.path / "c" / "metadata.json"));
+  CHECK(meta_c["entries"]["model.0.weight"]["blocks"].size() == 1);  // written by the first "dp" replica only
+
+  // a checkpoint of another model is refused, naming the parameter and both shapes
+  pdo::io::checkpoint wrong;
+  pdo::tensor<double, 2> w0({10, 7});
+  wrong.add("model.0.weight", w0);
+  wrong.save(tmp.path / "wrong");
+  auto d = make_a();
+  CHECK_THROWS_WITH(pdo::io::load(tmp.path / "wrong", d), Catch::Contains("model.0.weight") && Catch::Contains("[10, 7]"));
+}
+
 #ifdef PDO_PYTHON
 TEST_CASE("npy and safetensors: files written by NumPy load in pdo, and pdo's load in NumPy") {
   scratch_dir tmp("python");

@@ -2,15 +2,20 @@
 // process, the shards of its places (two places per process when PLACES=2); `load DIR` reads
 // them back on another process count, into other layouts, and checks every value;
 // `corrupt DIR` damages one shard that only some processes read and checks that every
-// process gets a pdo::io_error.
+// process gets a pdo::io_error. Beside the checkpoint, in DIR.pipeline, a pipeline whose
+// stages live in different processes is saved after 3 steps by its places, and loaded into a
+// pipeline of another cut on the other process count, whose 4th step is one place's.
 #include <pdo/io.hpp>
+#include <pdo/nn.hpp>
 #include <pdo/pdo.hpp>
 
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <string>
+#include <vector>
 
 using pdo::replicate;
 using pdo::split;
@@ -37,6 +42,43 @@ bool same(const pdo::tensor<T, R>& a, const pdo::tensor<T, R>& b) {
   return a.shape() == b.shape() && std::equal(a.begin(), a.end(), b.begin());
 }
 
+/// @brief A small MLP (5 layers), the same on every process.
+auto make_model() {
+  namespace nn = pdo::nn;
+  nn::rng gen(5);
+  return nn::sequential(nn::linear<double>(6, 8, gen), nn::tanh{}, nn::linear<double>(8, 5, gen), nn::relu{}, nn::linear<double>(5, 3, gen));
+}
+
+auto make_sgd() {
+  return [](auto params) { return pdo::nn::sgd<double>(std::move(params), {.lr = 0.2, .momentum = 0.5}); };
+}
+
+/// @brief f(pipeline) for a pipeline of make_model over the "pp" axis of `m` (2, 3 or 4 stages).
+template <class Mesh, class F>
+void with_pipeline(const Mesh& m, F&& f) {
+  const auto model = make_model();
+  switch (m.size()) {
+    case 2: { auto pl = pdo::nn::make_pipeline<double, 2, 2>(m, model, make_sgd()); f(pl); break; }
+    case 3: { auto pl = pdo::nn::make_pipeline<double, 2, 1, 3>(m, model, make_sgd()); f(pl); break; }
+    default: { auto pl = pdo::nn::make_pipeline<double, 2, 1, 2, 4>(m, model, make_sgd()); f(pl); break; }
+  }
+}
+
+/// @brief The losses of `steps` steps of make_model on one place, on `x` and `y`.
+std::vector<double> one_place(const pdo::tensor<double, 2>& x, const pdo::tensor<int, 1>& y, int steps) {
+  auto model = make_model();
+  auto opt = make_sgd()(pdo::nn::parameters_of<double>(model));
+  std::vector<double> losses;
+  for (int s = 0; s < steps; ++s) {
+    opt.zero_grad();
+    const auto loss = pdo::cross_entropy(model(pdo::var(x)), y);
+    pdo::backward(loss);
+    opt.step();
+    losses.push_back(loss.value().data()[0]);
+  }
+  return losses;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -51,6 +93,11 @@ int main(int argc, char** argv) {
   const auto a = reference<float, 2>({13, 6}, 1);
   const auto b = reference<double, 3>({5, 7, 3}, 2);
   const auto c = reference<std::int32_t, 1>({11}, 3);
+  const auto pp = pdo::make_mesh<"pp">(mesh.places());
+  const auto px = reference<double, 2>({10, 6}, 5);
+  pdo::tensor<int, 1> py({10});
+  for (std::size_t i = 0; i < 10; ++i) py(i) = static_cast<int>(i % 3);
+  const auto reference_losses = one_place(px, py, 4);
   try {
     if (mode == "save") {
       auto xa = pdo::distribute<pdo::layout<split<"x">, replicate>>(mesh, a);
@@ -62,6 +109,10 @@ int main(int argc, char** argv) {
       ck.add("a", xa).add("b", xb).add("c", xc).add("host", host).add("step", step);
       pdo::io::save(dir, ck, {.chunk_bytes = 128});
       pdo::io::save(dir, ck, {.chunk_bytes = 128});  // over the first: replaced whole
+      with_pipeline(pp, [&](auto& pl) {
+        for (int s = 0; s < 3; ++s) check(std::abs(pl.step(px, py) - reference_losses[s]) <= 1e-10, "pipeline step " + std::to_string(s));
+        pdo::io::save(dir.string() + ".pipeline", pl);
+      });
     } else if (mode == "load") {
       auto ya = pdo::distribute<pdo::layout<replicate, split<"x">>>(mesh, pdo::tensor<float, 2>({13, 6}));
       auto yb = pdo::distribute<pdo::layout<split<"x">, replicate, replicate>>(mesh, pdo::tensor<double, 3>({5, 7, 3}));
@@ -77,6 +128,13 @@ int main(int argc, char** argv) {
       check(same(host, reference<double, 1>({4}, 4)), "host");
       check(step == 42, "step");
       check(same(pdo::io::read<float, 2>(dir, "a"), a), "read whole");
+      with_pipeline(pp, [&](auto& pl) {
+        pdo::io::load(dir.string() + ".pipeline", pl);
+        const double loss = pl.step(px, py);
+        check(std::abs(loss - reference_losses[3]) <= 1e-10,
+              "the pipeline loaded on " + pp.describe() + " takes the 4th step of one place: " + std::to_string(loss) + " against " +
+                  std::to_string(reference_losses[3]));
+      });
     } else if (mode == "corrupt") {
       // the last shard of "a", which only the processes holding its last rows read
       const std::filesystem::path damaged = dir.string() + ".damaged";

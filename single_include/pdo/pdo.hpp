@@ -15534,6 +15534,13 @@ class pipeline {
     check_schedule(schedule_, o.micro_batches);
     using bounds =
         detail_pp::stage_bounds<std::tuple_size_v<std::remove_cvref_t<decltype(std::declval<const Model&>().layers())>>, Cuts...>;
+    // the whole model's parameters, "<layer>.<name>" as a sequential names them, each with its stage
+    for (const auto& q : parameters_of<T>(model)) {
+      const std::size_t layer = std::stoul(q.name().substr(0, q.name().find('.')));
+      std::size_t stage = 0;
+      while (stage + 1 < stage_count && bounds::values[stage + 1] <= layer) ++stage;
+      model_parameters_.push_back({q.name(), q.extents(), stage});
+    }
     pdo::detail::run_on_places("pipeline", mesh_, [&](std::size_t p, std::size_t k) {
       auto& st = *(states_[k] = std::make_unique<place_state>());
       st.stage = mesh_.coord(p, pp_axis);
@@ -15568,7 +15575,63 @@ class pipeline {
     return out;
   }
   [[nodiscard]] const std::vector<std::vector<pipeline_action>>& schedule() const { return schedule_; }
+  /// @brief The parameters of this process's k-th place (those of its stage, or its shards of them along "tp").
   [[nodiscard]] std::vector<parameter_ref<T>> parameters(std::size_t k) const { return states_[k]->params; }
+  /// @brief The optimizer of this process's k-th place (its stage's parameters).
+  [[nodiscard]] Optimizer& optimizer(std::size_t k) { return *states_[k]->optimizer; }
+  [[nodiscard]] const Mesh& mesh() const { return mesh_; }
+
+  /// @brief A parameter of the whole model as make_pipeline was given it: its name there
+  /// ("<layer>.<name>"), its whole shape, and the stage that holds it.
+  struct model_parameter {
+    std::string name;
+    std::vector<std::size_t> extents;
+    std::size_t stage = 0;
+  };
+  /// @brief The whole model's parameters, in the model's order (the same on every process).
+  [[nodiscard]] const std::vector<model_parameter>& model_parameters() const { return model_parameters_; }
+
+  /// @brief Where this process's k-th place holds model parameter g: its index in
+  /// parameters(k) (npos when the place's stage does not hold it), the offset of the place's
+  /// block in the whole parameter (a shard along "tp" starts inside it), and whether the place
+  /// is the one that speaks for the block (the first along "dp", and along "tp" when every
+  /// member holds it whole).
+  struct parameter_part {
+    static constexpr std::size_t npos = static_cast<std::size_t>(-1);
+    std::size_t index = npos;
+    std::vector<std::size_t> offset;
+    bool first = false;
+  };
+  [[nodiscard]] parameter_part part_of(std::size_t k, std::size_t g) const {
+    const place_state& st = *states_[k];
+    const model_parameter& q = model_parameters_.at(g);
+    parameter_part part;
+    if (q.stage != st.stage) return part;
+    std::size_t j = 0;
+    for (std::size_t i = 0; i < g; ++i) j += model_parameters_[i].stage == st.stage ? 1 : 0;
+    const std::size_t p = mesh_.local_places()[k];
+    const auto held = st.params.at(j).extents();
+    part.index = j;
+    part.offset.assign(held.size(), 0);
+    bool whole = true;
+    for (std::size_t d = 0; d < held.size(); ++d) {
+      if (held[d] == q.extents[d]) continue;
+      whole = false;
+      if constexpr (has_tp) {
+        const std::size_t tp = Mesh::axis_index("tp");
+        part.offset[d] = pdo::detail::chunk_offset(q.extents[d], mesh_.extent(tp), mesh_.coord(p, tp));
+      } else {
+        throw layout_error("pipeline: parameter " + q.name + " of stage " + std::to_string(q.stage) + " is " +
+                           pdo::detail::format_extents(q.extents) + " in the model but " + pdo::detail::format_extents(held) +
+                           " on place " + mesh_.place(p).name());
+      }
+    }
+    part.first = true;
+    if constexpr (has_dp) part.first = mesh_.coord(p, Mesh::axis_index("dp")) == 0;
+    if constexpr (has_tp)
+      if (whole) part.first = part.first && mesh_.coord(p, Mesh::axis_index("tp")) == 0;
+    return part;
+  }
   /// @brief Seconds each place of this process spent computing in the last step, and the step's length.
   [[nodiscard]] std::vector<double> busy_seconds() const {
     std::vector<double> out;
@@ -15739,6 +15802,7 @@ class pipeline {
   Loss loss_;
   std::vector<std::vector<pipeline_action>> schedule_;
   std::vector<std::unique_ptr<place_state>> states_;
+  std::vector<model_parameter> model_parameters_;
 };
 
 /// @brief A pipeline over the "pp" axis of `m`: `model` (a sequential, built anywhere) is cut
@@ -16044,6 +16108,7 @@ inline void flush_directory(const std::filesystem::path& dir) {
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -16074,6 +16139,17 @@ struct load_options {
   /// @brief Check every chunk read against its checksum (off: read exactly the bytes needed,
   /// unchecked).
   bool verify = true;
+};
+
+/// @brief The part of a tensor one place holds, for checkpoint::add_blocks: where it sits in
+/// the whole tensor (`offset`, `shape`) and its elements, row-major in the place's (host)
+/// memory; `data` null when the place holds none of it. `write` is false for a copy of a
+/// block another place writes (a replica along a data-parallel axis).
+template <class T>
+struct held_block {
+  std::vector<std::size_t> offset, shape;
+  T* data = nullptr;
+  bool write = true;
 };
 
 /// @brief What a checkpoint holds under one name (see inspect()).
@@ -16402,6 +16478,21 @@ class checkpoint {
     return *this;
   }
 
+  /// @brief A tensor of global `shape` held in blocks by the places of `m` (CPU places), as
+  /// `block(p)` says for each place p of this process: the stages of a pipeline, their shards
+  /// along "tp", an optimizer's moments laid out as the parameters. On save each place writes
+  /// its block at once, then the places tell each other what they wrote, so the metadata lists
+  /// every block; a load fills each place's block from the saved blocks it overlaps, whatever
+  /// the blocks were when it was saved.
+  template <element T, std::size_t R, mesh_type Mesh>
+  checkpoint& add_blocks(std::string name, const Mesh& m, const shape_t<R>& shape, std::function<held_block<T>(std::size_t)> block) {
+    check_name(name);
+    spanning(m);
+    entries_.push_back({std::move(name), [m, shape, block](detail::save_context& c, const std::string& n) { save_blocks<T, R>(c, n, m, shape, block); },
+                        [m, shape, block](detail::load_context& c, const std::string& n) { load_blocks<T, R>(c, n, m, shape, block); }});
+    return *this;
+  }
+
   /// @brief A number (a step counter, a learning rate), kept in the metadata exactly.
   template <class V>
     requires(std::is_arithmetic_v<V> && !std::is_same_v<V, bool>)
@@ -16701,6 +16792,96 @@ class checkpoint {
             } else {
               detail::read_region<T, R>(c.dir, meta, x.local_offset(p), shard.shape(), shard.data(), c.options);
             }
+          } catch (...) {
+            failures[k] = pdo::detail::captured_error::current();
+          }
+        },
+        "copy");
+    for (std::size_t k = 0; k < failures.size(); ++k)
+      if (failures[k] && !c.failure) {
+        c.failure = failures[k];
+        c.failure->message = "on place " + m.place(m.local_places()[k]).name() + ": " + c.failure->message;
+      }
+  }
+
+  /// @brief Place p's block as add_blocks takes it, checked to lie inside `shape`.
+  template <class T, std::size_t R, class Mesh>
+  static held_block<T> checked_block(const std::string& name, const Mesh& m, const shape_t<R>& shape,
+                                     const std::function<held_block<T>(std::size_t)>& block, std::size_t p) {
+    held_block<T> b = block(p);
+    if (!b.data) return b;
+    if (m.place(p).kind() != place_kind::cpu)
+      throw io_error("io: \"" + name + "\": add_blocks takes blocks in host memory; place " + m.place(p).name() +
+                     " is a GPU place (add its tensors as dtensors)");
+    bool inside = b.offset.size() == R && b.shape.size() == R;
+    for (std::size_t d = 0; inside && d < R; ++d) inside = b.offset[d] + b.shape[d] <= shape[d];
+    if (!inside)
+      throw io_error("io: \"" + name + "\": the block of place " + m.place(p).name() + " (offset " + pdo::detail::format_extents(b.offset) +
+                     ", shape " + pdo::detail::format_extents(b.shape) + ") does not lie inside the tensor's shape " + pdo::detail::format_extents(shape));
+    return b;
+  }
+
+  template <class T, std::size_t R, class Mesh>
+  static void save_blocks(detail::save_context& c, const std::string& name, const Mesh& m, const shape_t<R>& shape,
+                          const std::function<held_block<T>(std::size_t)>& block) {
+    auto file_of = [&](std::size_t q) { return "t" + std::to_string(c.index) + ".p" + std::to_string(q) + ".bin"; };
+    // per place: whether it wrote a block, then its offset and shape
+    constexpr std::size_t record = 1 + 2 * R;
+    std::vector<std::size_t> table(m.size() * record, 0);
+    std::vector<std::optional<pdo::detail::captured_error>> failures(m.local_places().size());
+    pdo::detail::run_on_places(
+        "io::save", m,
+        [&](std::size_t p, std::size_t k) {
+          std::array<std::size_t, record> mine{};
+          try {
+            const held_block<T> b = checked_block<T, R>(name, m, shape, block, p);
+            if (b.data && b.write) {
+              std::size_t elements = 1;
+              for (std::size_t e : b.shape) elements *= e;
+              detail::write_shard(c.dir / file_of(p), name, b.offset, b.data, elements * sizeof(T), c.options);
+              mine[0] = 1;
+              std::copy(b.offset.begin(), b.offset.end(), mine.begin() + 1);
+              std::copy(b.shape.begin(), b.shape.end(), mine.begin() + 1 + R);
+            }
+          } catch (...) {
+            failures[k] = pdo::detail::captured_error::current();
+            mine[0] = 0;
+          }
+          // every place takes part, failed or not: the others wait for its record
+          std::vector<std::size_t> all(table.size());
+          host_communicator_of(m, p).all_gather(std::span<const std::size_t>(mine), std::span<std::size_t>(all));
+          if (k == 0) table = std::move(all);
+        },
+        "copy");
+    for (std::size_t k = 0; k < failures.size(); ++k)
+      if (failures[k] && !c.failure) c.failure = failures[k];
+    auto j = tensor_json<T, R>(shape);
+    j["layout"] = "blocks";
+    j["mesh"] = m.describe();
+    for (std::size_t q = 0; q < m.size(); ++q) {
+      const std::size_t* r = table.data() + q * record;
+      if (r[0] == 0) continue;
+      j["blocks"].push_back({{"file", file_of(q)}, {"offset", std::vector<std::size_t>(r + 1, r + 1 + R)},
+                             {"shape", std::vector<std::size_t>(r + 1 + R, r + 1 + 2 * R)}});
+    }
+    c.entries[name] = std::move(j);
+  }
+
+  template <class T, std::size_t R, class Mesh>
+  static void load_blocks(detail::load_context& c, const std::string& name, const Mesh& m, const shape_t<R>& shape,
+                          const std::function<held_block<T>(std::size_t)>& block) {
+    const auto meta = detail::tensor_entry(c, name, detail::stored_dtype<T>(), {shape.begin(), shape.end()});
+    std::vector<std::optional<pdo::detail::captured_error>> failures(m.local_places().size());
+    pdo::detail::run_on_places(
+        "io::load", m,
+        [&](std::size_t p, std::size_t k) {
+          try {
+            const held_block<T> b = checked_block<T, R>(name, m, shape, block, p);
+            if (!b.data) return;
+            shape_t<R> offset{}, extents{};
+            std::copy(b.offset.begin(), b.offset.end(), offset.begin());
+            std::copy(b.shape.begin(), b.shape.end(), extents.begin());
+            detail::read_region<T, R>(c.dir, meta, offset, extents, b.data, c.options);
           } catch (...) {
             failures[k] = pdo::detail::captured_error::current();
           }
@@ -17225,6 +17406,7 @@ void save_parameters(const std::filesystem::path& path, const M& model, const st
 // training resumes exactly where it stopped, on the same mesh or another.
 
 
+#include <algorithm>
 #include <cstddef>
 #include <filesystem>
 #include <string>
@@ -17333,6 +17515,70 @@ checkpoint& add_state(checkpoint& c, const std::string& prefix, nn::data_paralle
       prefix + "epochs", [t] { return static_cast<std::uint64_t>(t->epochs()); },
       [t](std::uint64_t e) { t->set_progress(t->steps(), e); });
   return c;
+}
+
+/// @brief Adds to `c` the whole state of a pipeline: each parameter of the model under its
+/// name in the whole model ("<prefix>model.<layer>.<name>", as a data-parallel trainer of the
+/// same model saves it), the optimizers' state ("<prefix>optimizer.<layer>.<name>.<state>",
+/// "<prefix>optimizer.steps"). Each stage's places write their own parameters, all at once
+/// (over MPI each process its stages'; a stage's shards along "tp" each by its place, once
+/// per "dp" row); a load fills each place's parameters and moments from the blocks they
+/// overlap, so a checkpoint loads into a pipeline of the same model cut, split or replicated
+/// otherwise (another mesh, other cut points, "tp" or "dp" axes or none).
+template <class T, std::size_t InRank, class Target, class Mesh, class Optimizer, class Loss, class... Stages>
+checkpoint& add_state(checkpoint& c, const std::string& prefix, nn::pipeline<T, InRank, Target, Mesh, Optimizer, Loss, Stages...>& pipeline) {
+  static_assert(detail::optimizer_with_state<Optimizer>,
+                "pdo: io::add_state: the optimizer must expose its state (state_names(), state(name, i), steps(), set_steps(t)), as "
+                "pdo::nn::sgd, adam and any_optimizer do");
+  auto* pl = &pipeline;
+  c.spanning(pl->mesh());
+  // the block place p holds of model parameter g: its values (state "") or an optimizer state
+  auto block_of = [pl](std::size_t g, const std::string& state) {
+    return [pl, g, state](std::size_t p) -> held_block<T> {
+      const auto& local = pl->mesh().local_places();
+      const std::size_t k = static_cast<std::size_t>(std::find(local.begin(), local.end(), p) - local.begin());
+      const auto part = pl->part_of(k, g);
+      if (part.index == part.npos) return {};
+      const nn::parameter_ref<T> q = pl->parameters(k)[part.index];  // parameters(k) is a copy
+      T* data = state.empty() ? q.value_blocks().at(0).data() : pl->optimizer(k).state(state, part.index).at(0).data();
+      return {part.offset, q.extents(), data, part.first};
+    };
+  };
+  const auto& params = pl->model_parameters();
+  const std::vector<std::string> states = pl->mesh().local_places().empty() ? std::vector<std::string>{} : pl->optimizer(0).state_names();
+  for (std::size_t g = 0; g < params.size(); ++g) {
+    const auto& q = params[g];
+    detail::with_rank(q.extents.size(), q.name, [&]<std::size_t R>(std::integral_constant<std::size_t, R>) {
+      shape_t<R> shape{};
+      std::copy(q.extents.begin(), q.extents.end(), shape.begin());
+      c.add_blocks<T, R>(prefix + "model." + q.name, pl->mesh(), shape, block_of(g, ""));
+      for (const std::string& s : states) c.add_blocks<T, R>(prefix + "optimizer." + q.name + "." + s, pl->mesh(), shape, block_of(g, s));
+    });
+  }
+  c.add_computed<long>(
+      prefix + "optimizer.steps", [pl] { return pl->mesh().local_places().empty() ? 0L : static_cast<long>(pl->optimizer(0).steps()); },
+      [pl](long t) {
+        for (std::size_t k = 0; k < pl->mesh().local_places().size(); ++k) pl->optimizer(k).set_steps(t);
+      });
+  return c;
+}
+
+/// @brief Saves the whole state of `pipeline` into `dir` (see add_state).
+template <class T, std::size_t InRank, class Target, class Mesh, class Optimizer, class Loss, class... Stages>
+void save(const std::filesystem::path& dir, nn::pipeline<T, InRank, Target, Mesh, Optimizer, Loss, Stages...>& pipeline,
+          const save_options& o = {}) {
+  checkpoint c;
+  add_state(c, "", pipeline);
+  c.save(dir, o);
+}
+
+/// @brief Restores the whole state of `pipeline` from `dir` (see add_state).
+template <class T, std::size_t InRank, class Target, class Mesh, class Optimizer, class Loss, class... Stages>
+void load(const std::filesystem::path& dir, nn::pipeline<T, InRank, Target, Mesh, Optimizer, Loss, Stages...>& pipeline,
+          const load_options& o = {}) {
+  checkpoint c;
+  add_state(c, "", pipeline);
+  c.load(dir, o);
 }
 
 /// @brief Saves the whole state of `trainer` into `dir` (see add_state).

@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -47,6 +48,17 @@ struct load_options {
   /// @brief Check every chunk read against its checksum (off: read exactly the bytes needed,
   /// unchecked).
   bool verify = true;
+};
+
+/// @brief The part of a tensor one place holds, for checkpoint::add_blocks: where it sits in
+/// the whole tensor (`offset`, `shape`) and its elements, row-major in the place's (host)
+/// memory; `data` null when the place holds none of it. `write` is false for a copy of a
+/// block another place writes (a replica along a data-parallel axis).
+template <class T>
+struct held_block {
+  std::vector<std::size_t> offset, shape;
+  T* data = nullptr;
+  bool write = true;
 };
 
 /// @brief What a checkpoint holds under one name (see inspect()).
@@ -375,6 +387,21 @@ class checkpoint {
     return *this;
   }
 
+  /// @brief A tensor of global `shape` held in blocks by the places of `m` (CPU places), as
+  /// `block(p)` says for each place p of this process: the stages of a pipeline, their shards
+  /// along "tp", an optimizer's moments laid out as the parameters. On save each place writes
+  /// its block at once, then the places tell each other what they wrote, so the metadata lists
+  /// every block; a load fills each place's block from the saved blocks it overlaps, whatever
+  /// the blocks were when it was saved.
+  template <element T, std::size_t R, mesh_type Mesh>
+  checkpoint& add_blocks(std::string name, const Mesh& m, const shape_t<R>& shape, std::function<held_block<T>(std::size_t)> block) {
+    check_name(name);
+    spanning(m);
+    entries_.push_back({std::move(name), [m, shape, block](detail::save_context& c, const std::string& n) { save_blocks<T, R>(c, n, m, shape, block); },
+                        [m, shape, block](detail::load_context& c, const std::string& n) { load_blocks<T, R>(c, n, m, shape, block); }});
+    return *this;
+  }
+
   /// @brief A number (a step counter, a learning rate), kept in the metadata exactly.
   template <class V>
     requires(std::is_arithmetic_v<V> && !std::is_same_v<V, bool>)
@@ -674,6 +701,96 @@ class checkpoint {
             } else {
               detail::read_region<T, R>(c.dir, meta, x.local_offset(p), shard.shape(), shard.data(), c.options);
             }
+          } catch (...) {
+            failures[k] = pdo::detail::captured_error::current();
+          }
+        },
+        "copy");
+    for (std::size_t k = 0; k < failures.size(); ++k)
+      if (failures[k] && !c.failure) {
+        c.failure = failures[k];
+        c.failure->message = "on place " + m.place(m.local_places()[k]).name() + ": " + c.failure->message;
+      }
+  }
+
+  /// @brief Place p's block as add_blocks takes it, checked to lie inside `shape`.
+  template <class T, std::size_t R, class Mesh>
+  static held_block<T> checked_block(const std::string& name, const Mesh& m, const shape_t<R>& shape,
+                                     const std::function<held_block<T>(std::size_t)>& block, std::size_t p) {
+    held_block<T> b = block(p);
+    if (!b.data) return b;
+    if (m.place(p).kind() != place_kind::cpu)
+      throw io_error("io: \"" + name + "\": add_blocks takes blocks in host memory; place " + m.place(p).name() +
+                     " is a GPU place (add its tensors as dtensors)");
+    bool inside = b.offset.size() == R && b.shape.size() == R;
+    for (std::size_t d = 0; inside && d < R; ++d) inside = b.offset[d] + b.shape[d] <= shape[d];
+    if (!inside)
+      throw io_error("io: \"" + name + "\": the block of place " + m.place(p).name() + " (offset " + pdo::detail::format_extents(b.offset) +
+                     ", shape " + pdo::detail::format_extents(b.shape) + ") does not lie inside the tensor's shape " + pdo::detail::format_extents(shape));
+    return b;
+  }
+
+  template <class T, std::size_t R, class Mesh>
+  static void save_blocks(detail::save_context& c, const std::string& name, const Mesh& m, const shape_t<R>& shape,
+                          const std::function<held_block<T>(std::size_t)>& block) {
+    auto file_of = [&](std::size_t q) { return "t" + std::to_string(c.index) + ".p" + std::to_string(q) + ".bin"; };
+    // per place: whether it wrote a block, then its offset and shape
+    constexpr std::size_t record = 1 + 2 * R;
+    std::vector<std::size_t> table(m.size() * record, 0);
+    std::vector<std::optional<pdo::detail::captured_error>> failures(m.local_places().size());
+    pdo::detail::run_on_places(
+        "io::save", m,
+        [&](std::size_t p, std::size_t k) {
+          std::array<std::size_t, record> mine{};
+          try {
+            const held_block<T> b = checked_block<T, R>(name, m, shape, block, p);
+            if (b.data && b.write) {
+              std::size_t elements = 1;
+              for (std::size_t e : b.shape) elements *= e;
+              detail::write_shard(c.dir / file_of(p), name, b.offset, b.data, elements * sizeof(T), c.options);
+              mine[0] = 1;
+              std::copy(b.offset.begin(), b.offset.end(), mine.begin() + 1);
+              std::copy(b.shape.begin(), b.shape.end(), mine.begin() + 1 + R);
+            }
+          } catch (...) {
+            failures[k] = pdo::detail::captured_error::current();
+            mine[0] = 0;
+          }
+          // every place takes part, failed or not: the others wait for its record
+          std::vector<std::size_t> all(table.size());
+          host_communicator_of(m, p).all_gather(std::span<const std::size_t>(mine), std::span<std::size_t>(all));
+          if (k == 0) table = std::move(all);
+        },
+        "copy");
+    for (std::size_t k = 0; k < failures.size(); ++k)
+      if (failures[k] && !c.failure) c.failure = failures[k];
+    auto j = tensor_json<T, R>(shape);
+    j["layout"] = "blocks";
+    j["mesh"] = m.describe();
+    for (std::size_t q = 0; q < m.size(); ++q) {
+      const std::size_t* r = table.data() + q * record;
+      if (r[0] == 0) continue;
+      j["blocks"].push_back({{"file", file_of(q)}, {"offset", std::vector<std::size_t>(r + 1, r + 1 + R)},
+                             {"shape", std::vector<std::size_t>(r + 1 + R, r + 1 + 2 * R)}});
+    }
+    c.entries[name] = std::move(j);
+  }
+
+  template <class T, std::size_t R, class Mesh>
+  static void load_blocks(detail::load_context& c, const std::string& name, const Mesh& m, const shape_t<R>& shape,
+                          const std::function<held_block<T>(std::size_t)>& block) {
+    const auto meta = detail::tensor_entry(c, name, detail::stored_dtype<T>(), {shape.begin(), shape.end()});
+    std::vector<std::optional<pdo::detail::captured_error>> failures(m.local_places().size());
+    pdo::detail::run_on_places(
+        "io::load", m,
+        [&](std::size_t p, std::size_t k) {
+          try {
+            const held_block<T> b = checked_block<T, R>(name, m, shape, block, p);
+            if (!b.data) return;
+            shape_t<R> offset{}, extents{};
+            std::copy(b.offset.begin(), b.offset.end(), offset.begin());
+            std::copy(b.shape.begin(), b.shape.end(), extents.begin());
+            detail::read_region<T, R>(c.dir, meta, offset, extents, b.data, c.options);
           } catch (...) {
             failures[k] = pdo::detail::captured_error::current();
           }

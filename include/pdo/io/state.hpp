@@ -6,7 +6,9 @@
 #include <pdo/io/checkpoint.hpp>
 #include <pdo/nn/data_parallel.hpp>
 #include <pdo/nn/module.hpp>
+#include <pdo/nn/pipeline.hpp>
 
+#include <algorithm>
 #include <cstddef>
 #include <filesystem>
 #include <string>
@@ -115,6 +117,70 @@ checkpoint& add_state(checkpoint& c, const std::string& prefix, nn::data_paralle
       prefix + "epochs", [t] { return static_cast<std::uint64_t>(t->epochs()); },
       [t](std::uint64_t e) { t->set_progress(t->steps(), e); });
   return c;
+}
+
+/// @brief Adds to `c` the whole state of a pipeline: each parameter of the model under its
+/// name in the whole model ("<prefix>model.<layer>.<name>", as a data-parallel trainer of the
+/// same model saves it), the optimizers' state ("<prefix>optimizer.<layer>.<name>.<state>",
+/// "<prefix>optimizer.steps"). Each stage's places write their own parameters, all at once
+/// (over MPI each process its stages'; a stage's shards along "tp" each by its place, once
+/// per "dp" row); a load fills each place's parameters and moments from the blocks they
+/// overlap, so a checkpoint loads into a pipeline of the same model cut, split or replicated
+/// otherwise (another mesh, other cut points, "tp" or "dp" axes or none).
+template <class T, std::size_t InRank, class Target, class Mesh, class Optimizer, class Loss, class... Stages>
+checkpoint& add_state(checkpoint& c, const std::string& prefix, nn::pipeline<T, InRank, Target, Mesh, Optimizer, Loss, Stages...>& pipeline) {
+  static_assert(detail::optimizer_with_state<Optimizer>,
+                "pdo: io::add_state: the optimizer must expose its state (state_names(), state(name, i), steps(), set_steps(t)), as "
+                "pdo::nn::sgd, adam and any_optimizer do");
+  auto* pl = &pipeline;
+  c.spanning(pl->mesh());
+  // the block place p holds of model parameter g: its values (state "") or an optimizer state
+  auto block_of = [pl](std::size_t g, const std::string& state) {
+    return [pl, g, state](std::size_t p) -> held_block<T> {
+      const auto& local = pl->mesh().local_places();
+      const std::size_t k = static_cast<std::size_t>(std::find(local.begin(), local.end(), p) - local.begin());
+      const auto part = pl->part_of(k, g);
+      if (part.index == part.npos) return {};
+      const nn::parameter_ref<T> q = pl->parameters(k)[part.index];  // parameters(k) is a copy
+      T* data = state.empty() ? q.value_blocks().at(0).data() : pl->optimizer(k).state(state, part.index).at(0).data();
+      return {part.offset, q.extents(), data, part.first};
+    };
+  };
+  const auto& params = pl->model_parameters();
+  const std::vector<std::string> states = pl->mesh().local_places().empty() ? std::vector<std::string>{} : pl->optimizer(0).state_names();
+  for (std::size_t g = 0; g < params.size(); ++g) {
+    const auto& q = params[g];
+    detail::with_rank(q.extents.size(), q.name, [&]<std::size_t R>(std::integral_constant<std::size_t, R>) {
+      shape_t<R> shape{};
+      std::copy(q.extents.begin(), q.extents.end(), shape.begin());
+      c.add_blocks<T, R>(prefix + "model." + q.name, pl->mesh(), shape, block_of(g, ""));
+      for (const std::string& s : states) c.add_blocks<T, R>(prefix + "optimizer." + q.name + "." + s, pl->mesh(), shape, block_of(g, s));
+    });
+  }
+  c.add_computed<long>(
+      prefix + "optimizer.steps", [pl] { return pl->mesh().local_places().empty() ? 0L : static_cast<long>(pl->optimizer(0).steps()); },
+      [pl](long t) {
+        for (std::size_t k = 0; k < pl->mesh().local_places().size(); ++k) pl->optimizer(k).set_steps(t);
+      });
+  return c;
+}
+
+/// @brief Saves the whole state of `pipeline` into `dir` (see add_state).
+template <class T, std::size_t InRank, class Target, class Mesh, class Optimizer, class Loss, class... Stages>
+void save(const std::filesystem::path& dir, nn::pipeline<T, InRank, Target, Mesh, Optimizer, Loss, Stages...>& pipeline,
+          const save_options& o = {}) {
+  checkpoint c;
+  add_state(c, "", pipeline);
+  c.save(dir, o);
+}
+
+/// @brief Restores the whole state of `pipeline` from `dir` (see add_state).
+template <class T, std::size_t InRank, class Target, class Mesh, class Optimizer, class Loss, class... Stages>
+void load(const std::filesystem::path& dir, nn::pipeline<T, InRank, Target, Mesh, Optimizer, Loss, Stages...>& pipeline,
+          const load_options& o = {}) {
+  checkpoint c;
+  add_state(c, "", pipeline);
+  c.load(dir, o);
 }
 
 /// @brief Saves the whole state of `trainer` into `dir` (see add_state).

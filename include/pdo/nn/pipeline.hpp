@@ -253,6 +253,13 @@ class pipeline {
     check_schedule(schedule_, o.micro_batches);
     using bounds =
         detail_pp::stage_bounds<std::tuple_size_v<std::remove_cvref_t<decltype(std::declval<const Model&>().layers())>>, Cuts...>;
+    // the whole model's parameters, "<layer>.<name>" as a sequential names them, each with its stage
+    for (const auto& q : parameters_of<T>(model)) {
+      const std::size_t layer = std::stoul(q.name().substr(0, q.name().find('.')));
+      std::size_t stage = 0;
+      while (stage + 1 < stage_count && bounds::values[stage + 1] <= layer) ++stage;
+      model_parameters_.push_back({q.name(), q.extents(), stage});
+    }
     pdo::detail::run_on_places("pipeline", mesh_, [&](std::size_t p, std::size_t k) {
       auto& st = *(states_[k] = std::make_unique<place_state>());
       st.stage = mesh_.coord(p, pp_axis);
@@ -287,7 +294,63 @@ class pipeline {
     return out;
   }
   [[nodiscard]] const std::vector<std::vector<pipeline_action>>& schedule() const { return schedule_; }
+  /// @brief The parameters of this process's k-th place (those of its stage, or its shards of them along "tp").
   [[nodiscard]] std::vector<parameter_ref<T>> parameters(std::size_t k) const { return states_[k]->params; }
+  /// @brief The optimizer of this process's k-th place (its stage's parameters).
+  [[nodiscard]] Optimizer& optimizer(std::size_t k) { return *states_[k]->optimizer; }
+  [[nodiscard]] const Mesh& mesh() const { return mesh_; }
+
+  /// @brief A parameter of the whole model as make_pipeline was given it: its name there
+  /// ("<layer>.<name>"), its whole shape, and the stage that holds it.
+  struct model_parameter {
+    std::string name;
+    std::vector<std::size_t> extents;
+    std::size_t stage = 0;
+  };
+  /// @brief The whole model's parameters, in the model's order (the same on every process).
+  [[nodiscard]] const std::vector<model_parameter>& model_parameters() const { return model_parameters_; }
+
+  /// @brief Where this process's k-th place holds model parameter g: its index in
+  /// parameters(k) (npos when the place's stage does not hold it), the offset of the place's
+  /// block in the whole parameter (a shard along "tp" starts inside it), and whether the place
+  /// is the one that speaks for the block (the first along "dp", and along "tp" when every
+  /// member holds it whole).
+  struct parameter_part {
+    static constexpr std::size_t npos = static_cast<std::size_t>(-1);
+    std::size_t index = npos;
+    std::vector<std::size_t> offset;
+    bool first = false;
+  };
+  [[nodiscard]] parameter_part part_of(std::size_t k, std::size_t g) const {
+    const place_state& st = *states_[k];
+    const model_parameter& q = model_parameters_.at(g);
+    parameter_part part;
+    if (q.stage != st.stage) return part;
+    std::size_t j = 0;
+    for (std::size_t i = 0; i < g; ++i) j += model_parameters_[i].stage == st.stage ? 1 : 0;
+    const std::size_t p = mesh_.local_places()[k];
+    const auto held = st.params.at(j).extents();
+    part.index = j;
+    part.offset.assign(held.size(), 0);
+    bool whole = true;
+    for (std::size_t d = 0; d < held.size(); ++d) {
+      if (held[d] == q.extents[d]) continue;
+      whole = false;
+      if constexpr (has_tp) {
+        const std::size_t tp = Mesh::axis_index("tp");
+        part.offset[d] = pdo::detail::chunk_offset(q.extents[d], mesh_.extent(tp), mesh_.coord(p, tp));
+      } else {
+        throw layout_error("pipeline: parameter " + q.name + " of stage " + std::to_string(q.stage) + " is " +
+                           pdo::detail::format_extents(q.extents) + " in the model but " + pdo::detail::format_extents(held) +
+                           " on place " + mesh_.place(p).name());
+      }
+    }
+    part.first = true;
+    if constexpr (has_dp) part.first = mesh_.coord(p, Mesh::axis_index("dp")) == 0;
+    if constexpr (has_tp)
+      if (whole) part.first = part.first && mesh_.coord(p, Mesh::axis_index("tp")) == 0;
+    return part;
+  }
   /// @brief Seconds each place of this process spent computing in the last step, and the step's length.
   [[nodiscard]] std::vector<double> busy_seconds() const {
     std::vector<double> out;
@@ -458,6 +521,7 @@ class pipeline {
   Loss loss_;
   std::vector<std::vector<pipeline_action>> schedule_;
   std::vector<std::unique_ptr<place_state>> states_;
+  std::vector<model_parameter> model_parameters_;
 };
 
 /// @brief A pipeline over the "pp" axis of `m`: `model` (a sequential, built anywhere) is cut
