@@ -611,6 +611,18 @@ class checkpoint {
     detail::flush_directory(target.parent_path());
   }
 
+  /// @brief The first failure of this process's places (one per local place) becomes the
+  /// save's or load's, unless it has one already; `name_place` puts the place in its message.
+  template <class Context, class Mesh>
+  static void keep_first_failure(Context& c, const Mesh& m, const std::vector<std::optional<pdo::detail::captured_error>>& failures,
+                                 bool name_place) {
+    for (std::size_t k = 0; k < failures.size() && !c.failure; ++k)
+      if (failures[k]) {
+        c.failure = failures[k];
+        if (name_place) c.failure->message = "on place " + m.place(m.local_places()[k]).name() + ": " + c.failure->message;
+      }
+  }
+
   template <class T, std::size_t R>
   static nlohmann::ordered_json tensor_json(const shape_t<R>& shape) {
     return {{"kind", "tensor"}, {"dtype", std::string(detail::stored_dtype<T>())},
@@ -675,8 +687,7 @@ class checkpoint {
             }
           },
           "copy");
-      for (auto& f : failures)
-        if (f && !c.failure) c.failure = f;
+      keep_first_failure(c, m, failures, false);
     });
   }
 
@@ -706,11 +717,7 @@ class checkpoint {
           }
         },
         "copy");
-    for (std::size_t k = 0; k < failures.size(); ++k)
-      if (failures[k] && !c.failure) {
-        c.failure = failures[k];
-        c.failure->message = "on place " + m.place(m.local_places()[k]).name() + ": " + c.failure->message;
-      }
+    keep_first_failure(c, m, failures, true);
   }
 
   /// @brief Place p's block as add_blocks takes it, checked to lie inside `shape`.
@@ -762,8 +769,7 @@ class checkpoint {
           if (k == 0) table = std::move(all);
         },
         "copy");
-    for (std::size_t k = 0; k < failures.size(); ++k)
-      if (failures[k] && !c.failure) c.failure = failures[k];
+    keep_first_failure(c, m, failures, false);
     auto j = tensor_json<T, R>(shape);
     j["layout"] = "blocks";
     j["mesh"] = m.describe();
@@ -796,11 +802,7 @@ class checkpoint {
           }
         },
         "copy");
-    for (std::size_t k = 0; k < failures.size(); ++k)
-      if (failures[k] && !c.failure) {
-        c.failure = failures[k];
-        c.failure->message = "on place " + m.place(m.local_places()[k]).name() + ": " + c.failure->message;
-      }
+    keep_first_failure(c, m, failures, true);
   }
 
   std::vector<entry> entries_;
