@@ -4,6 +4,7 @@
 
 #include <pdo/nn.hpp>
 
+#include <algorithm>
 #include <vector>
 
 namespace {
@@ -258,6 +259,44 @@ TEST_CASE("spatial conv2d: height, width or both split, halos from as many place
           check_spatial_conv<HW>(pdo::make_mesh<"sh", "sw">(pdo::cpu_places(sh * sw), {sh, sw}), xs, kernel, o, ++seed);
         }
       }
+}
+
+TEST_CASE("spatial interior: the output rows whose windows read no halo row are exactly those computed before the halo",
+          "[model_parallel][conv][spatial]") {
+  // every geometry of the spatial tests and more: each output row of each place is in its
+  // interior exactly when the rows of the image its window reads are its own
+  std::size_t nonempty = 0, checked = 0;
+  for (std::size_t extent = 1; extent <= 13; ++extent)
+    for (std::size_t parts = 1; parts <= 4; ++parts)
+      for (std::size_t kernel = 1; kernel <= 7; ++kernel)
+        for (std::size_t stride = 1; stride <= 3; ++stride)
+          for (std::size_t padding = 0; padding <= 3; ++padding) {
+            if (extent + 2 * padding < kernel) continue;
+            const std::size_t out = (extent + 2 * padding - kernel) / stride + 1;
+            const pdo::detail::halo_dim d{extent, out, kernel, stride, padding, parts};
+            for (std::size_t c = 0; c < parts; ++c) {
+              const auto inner = d.interior(c);
+              const auto own = d.own(c), rows = d.out(c);
+              nonempty += inner.size() != 0;
+              std::vector<bool> own_only;  // per output row of the place
+              for (std::size_t r = rows.begin; r < rows.end; ++r) {
+                // window r reads padded rows [r * stride, r * stride + kernel): image rows from r * stride - padding
+                const std::size_t lo = std::max(r * stride, padding), hi = std::min(r * stride + kernel, extent + padding);
+                own_only.push_back(lo >= hi || (lo - padding >= own.begin && hi - padding <= own.end));
+              }
+              // one run: the interior is that run; else (rows of padding past a halo row) empty
+              std::size_t runs = 0;
+              for (std::size_t i = 0; i < own_only.size(); ++i) runs += own_only[i] && (i == 0 || !own_only[i - 1]);
+              for (std::size_t i = 0; i < own_only.size(); ++i) {
+                INFO("extent " << extent << ", " << parts << " parts, kernel " << kernel << ", stride " << stride << ", padding "
+                               << padding << ", place " << c << ", output row " << rows.begin + i);
+                CHECK((runs == 1 && own_only[i]) == (i >= inner.begin && i < inner.end));
+                ++checked;
+              }
+            }
+          }
+  CHECK(nonempty > 1000);
+  CHECK(checked > 10000);
 }
 
 TEST_CASE("spatial conv2d with batch and channel splits: dp x sp and sp x tp", "[model_parallel][conv][spatial]") {

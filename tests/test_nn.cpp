@@ -613,3 +613,60 @@ TEST_CASE("nn: learning-rate schedules follow their formulas, and a trainer appl
   }
   CHECK(values_of(scheduled) == values_of(by_hand));
 }
+
+TEST_CASE("spatial conv2d overlaps its halo exchange: the exchange on the communication lanes, the interior and the "
+          "weight gradient on the compute lanes beside it",
+          "[nn][conv][spatial][engine]") {
+  using pdo::replicate;
+  using H = pdo::layout<replicate, replicate, pdo::split<"sp">, replicate>;
+  using HW = pdo::layout<replicate, replicate, pdo::split<"sh">, pdo::split<"sw">>;
+  const auto x = rnd<4>({1, 3, 16, 12}, 7);
+  const auto w = rnd<4>({4, 3, 3, 3}, 8);
+  const auto b = rnd<1>({4}, 9);
+  auto run = [&]<class L>(const auto& m, L) {
+    auto X = pdo::parameter(pdo::distribute<L>(m, x));
+    auto W = pdo::parameter(pdo::distribute<pdo::layout<replicate, replicate, replicate, replicate>>(m, w));
+    auto B = pdo::parameter(pdo::distribute<pdo::layout<replicate>>(m, b));
+    pdo::trace::start();
+    const auto y = pdo::conv2d(X, W, B, {1, 1});
+    pdo::backward(pdo::sum(y));
+    pdo::trace::stop();
+    const auto events = pdo::detail::trace_recorder::instance().events();
+    for (std::size_t p = 0; p < m.size(); ++p) {
+      INFO(m.place(p).name());
+      // the tasks of each pass on this place, in submission order (ids grow with it)
+      std::vector<const pdo::detail::timeline_event*> forward, backward;
+      for (const auto& e : events) {
+        if (e.id == 0 || e.track->place != m.place(p).name()) continue;
+        if (e.name == "conv2d") forward.push_back(&e);
+        if (e.name == "conv2d backward") backward.push_back(&e);
+      }
+      for (auto* pass : {&forward, &backward})
+        std::sort(pass->begin(), pass->end(), [](auto* a, auto* b) { return a->id < b->id; });
+      REQUIRE(forward.size() == 3);
+      REQUIRE(backward.size() == 3);
+      // forward: the interior's im2col, the halo exchange, then the frame and the gemm
+      CHECK(forward[0]->track->lane == "compute");
+      CHECK(forward[1]->track->lane == "communication");
+      CHECK(std::string(forward[1]->category) == "collective");
+      CHECK(forward[2]->track->lane == "compute");
+      CHECK(forward[2]->start >= forward[1]->end);  // the frame reads the halo
+      // backward: the input gradient, its halo rows sent back, the weight gradient beside it
+      CHECK(backward[0]->track->lane == "compute");
+      CHECK(backward[1]->track->lane == "communication");
+      CHECK(backward[2]->track->lane == "compute");
+      CHECK(backward[1]->start >= backward[0]->end);
+      CHECK(std::find(backward[2]->after.begin(), backward[2]->after.end(), backward[1]->id) == backward[2]->after.end());
+    }
+    // and the result is one place's
+    auto X1 = pdo::parameter(x), W1 = pdo::parameter(w);
+    auto B1 = pdo::parameter(b);
+    const auto y1 = pdo::conv2d(X1, W1, B1, {1, 1});
+    pdo::backward(pdo::sum(y1));
+    CHECK(pdo_test::close(pdo::gather(y.value()), y1.value(), 1e-12));
+    CHECK(pdo_test::close(pdo::gather(X.grad()), X1.grad(), 1e-12));
+    CHECK(pdo_test::close(pdo::gather(W.grad()), W1.grad(), 1e-12));
+  };
+  run(pdo::make_mesh<"sp">(pdo::cpu_places(2)), H{});
+  run(pdo::make_mesh<"sh", "sw">(pdo::cpu_places(4), {2, 2}), HW{});
+}

@@ -43,46 +43,90 @@ inline window_geometry window_of(const char* op, const shape_t<4>& x, std::size_
 
 namespace detail {
 
+/// @brief The local conv2d's output from its im2col matrix: y = cols * w^T + bias (bias may be null).
+template <class T>
+tensor<T, 4> conv2d_from_cols(const tensor<T, 2>& cols, const tensor<T, 4>& w, const T* bias, const window_geometry& g) {
+  const std::size_t oc = w.extent(0);
+  auto system = kernel_system("conv2d", {cols.where(), w.where()});
+  const thrust::counting_iterator<std::size_t> zero(0);
+  tensor<T, 2> rows({g.rows(), oc}, uninitialized);
+  gemm<T>(system, g.rows(), oc, g.cols(), {cols.data(), g.cols(), false}, {w.data(), g.cols(), true}, rows.data());
+  tensor<T, 4> y({g.batch, oc, g.out_height, g.out_width}, uninitialized);
+  thrust::transform(system, zero, zero + y.size(), y.data(), rows_to_images<T>{rows.data(), bias, oc, g.out_pixels()});
+  return y;
+}
+
+/// @brief The im2col rows of the output pixels of `region` (geometry g over a block) into
+/// `cols`, read from `src`, which holds the block's rows from `row0` and columns from `col0`.
+template <class T>
+void im2col_region(tensor<T, 2>& cols, const tensor<T, 4>& src, std::ptrdiff_t row0, std::ptrdiff_t col0, const window_geometry& g,
+                   const pixel_region& region) {
+  if (region.pixels() == 0 || g.batch == 0) return;
+  auto system = kernel_system("conv2d", {src.where(), cols.where()});
+  thrust::for_each_n(system, thrust::counting_iterator<std::size_t>(0), g.batch * region.pixels() * g.cols(),
+                     im2col_region_element<T>{src.data(), cols.data(), g, region, row0, col0, src.extent(2), src.extent(3)});
+}
+
 /// @brief The local conv2d: y = conv(x, w) + bias (bias may be null), and the im2col
 /// matrix the backward needs. Tensors go to the calling thread's place.
 template <class T>
 std::pair<tensor<T, 4>, std::shared_ptr<tensor<T, 2>>> conv2d_forward(const tensor<T, 4>& x, const tensor<T, 4>& w, const T* bias,
                                                                        const window_geometry& g) {
-  const std::size_t oc = w.extent(0);
   auto system = kernel_system("conv2d", {x.where(), w.where()});
   const thrust::counting_iterator<std::size_t> zero(0);
   auto cols = std::make_shared<tensor<T, 2>>(shape_t<2>{g.rows(), g.cols()}, uninitialized);
   thrust::transform(system, zero, zero + cols->size(), cols->data(), im2col_element<T>{x.data(), g});
-  tensor<T, 2> rows({g.rows(), oc}, uninitialized);
-  gemm<T>(system, g.rows(), oc, g.cols(), {cols->data(), g.cols(), false}, {w.data(), g.cols(), true}, rows.data());
-  tensor<T, 4> y({g.batch, oc, g.out_height, g.out_width}, uninitialized);
-  thrust::transform(system, zero, zero + y.size(), y.data(), rows_to_images<T>{rows.data(), bias, oc, g.out_pixels()});
-  return {std::move(y), std::move(cols)};
+  return {conv2d_from_cols(*cols, w, bias, g), std::move(cols)};
+}
+
+/// @brief The local conv2d's output gradient dy as the rows of its gemm: [rows, out_channels].
+template <class T>
+tensor<T, 2> conv2d_grad_rows(const tensor<T, 4>& dy, const window_geometry& g) {
+  const std::size_t oc = dy.extent(1);
+  auto sys = kernel_system("conv2d backward", {dy.where()});
+  const thrust::counting_iterator<std::size_t> first(0);
+  tensor<T, 2> g2({g.rows(), oc}, uninitialized);
+  thrust::transform(sys, first, first + g2.size(), g2.data(), images_to_rows<T>{dy.data(), oc, g.out_pixels()});
+  return g2;
+}
+
+/// @brief The local conv2d's input gradient from dy as rows (conv2d_grad_rows): col2im(g2 * w).
+template <class T>
+tensor<T, 4> conv2d_input_grad(const tensor<T, 2>& g2, const tensor<T, 4>& w, const window_geometry& g) {
+  const std::size_t oc = w.extent(0);
+  auto sys = kernel_system("conv2d backward", {g2.where(), w.where()});
+  const thrust::counting_iterator<std::size_t> first(0);
+  tensor<T, 2> dcols({g.rows(), g.cols()}, uninitialized);
+  gemm<T>(sys, g.rows(), g.cols(), oc, {g2.data(), oc, false}, {w.data(), g.cols(), false}, dcols.data());
+  tensor<T, 4> dx(shape_t<4>{g.batch, g.channels, g.height, g.width}, uninitialized);
+  thrust::transform(sys, first, first + dx.size(), dx.data(), col2im_element<T>{dcols.data(), g});
+  return dx;
+}
+
+/// @brief The local conv2d's weight and bias gradients from dy as rows, each computed when asked for (non-null).
+template <class T>
+void conv2d_weight_grads(const tensor<T, 2>& g2, const tensor<T, 2>& cols, const shape_t<4>& w_shape, const window_geometry& g,
+                         tensor<T, 4>* dw, tensor<T, 1>* db) {
+  const std::size_t oc = w_shape[0];
+  auto sys = kernel_system("conv2d backward", {g2.where(), cols.where()});
+  if (dw != nullptr) {
+    *dw = tensor<T, 4>(w_shape, uninitialized);
+    gemm<T>(sys, oc, g.cols(), g.rows(), {g2.data(), oc, true}, {cols.data(), g.cols(), false}, dw->data());
+  }
+  if (db != nullptr) {
+    *db = tensor<T, 1>(shape_t<1>{oc}, uninitialized);
+    const thrust::counting_iterator<std::size_t> first(0);
+    thrust::transform(sys, first, first + oc, db->data(), column_sum<T>{g2.data(), g.rows(), oc});
+  }
 }
 
 /// @brief The local conv2d backward from dy: dw, db and dx, each computed when asked for (non-null).
 template <class T>
 void conv2d_backward(const tensor<T, 4>& dy, const tensor<T, 2>& cols, const tensor<T, 4>& w, const window_geometry& g,
                      tensor<T, 4>* dw, tensor<T, 1>* db, tensor<T, 4>* dx) {
-  const std::size_t oc = w.extent(0);
-  auto sys = kernel_system("conv2d backward", {dy.where(), cols.where(), w.where()});
-  const thrust::counting_iterator<std::size_t> first(0);
-  tensor<T, 2> g2({g.rows(), oc}, uninitialized);
-  thrust::transform(sys, first, first + g2.size(), g2.data(), images_to_rows<T>{dy.data(), oc, g.out_pixels()});
-  if (dw != nullptr) {
-    *dw = tensor<T, 4>(w.shape(), uninitialized);
-    gemm<T>(sys, oc, g.cols(), g.rows(), {g2.data(), oc, true}, {cols.data(), g.cols(), false}, dw->data());
-  }
-  if (db != nullptr) {
-    *db = tensor<T, 1>(shape_t<1>{oc}, uninitialized);
-    thrust::transform(sys, first, first + oc, db->data(), column_sum<T>{g2.data(), g.rows(), oc});
-  }
-  if (dx != nullptr) {
-    tensor<T, 2> dcols({g.rows(), g.cols()}, uninitialized);
-    gemm<T>(sys, g.rows(), g.cols(), oc, {g2.data(), oc, false}, {w.data(), g.cols(), false}, dcols.data());
-    *dx = tensor<T, 4>(shape_t<4>{g.batch, g.channels, g.height, g.width}, uninitialized);
-    thrust::transform(sys, first, first + dx->size(), dx->data(), col2im_element<T>{dcols.data(), g});
-  }
+  const tensor<T, 2> g2 = conv2d_grad_rows(dy, g);
+  conv2d_weight_grads(g2, cols, w.shape(), g, dw, db);
+  if (dx != nullptr) *dx = conv2d_input_grad(g2, w, g);
 }
 
 inline void check_conv_shapes(const shape_t<4>& sx, const shape_t<4>& sw, const shape_t<1>& sb, const std::string& layouts) {
@@ -227,6 +271,24 @@ struct spatial_cut {
       if (split[i]) shard[2 + i] = dims[i].need(coord(m, p, i)).size();
     return shard;
   }
+  /// @brief Where place p's shard starts in its block along dim i (its block's first row
+  /// may come after the shard's first: a place whose windows begin below its own first row).
+  template <class Mesh>
+  [[nodiscard]] std::ptrdiff_t shard_offset(const Mesh& m, std::size_t p, std::size_t i) const {
+    if (!split[i]) return 0;
+    const std::size_t c = coord(m, p, i);
+    return static_cast<std::ptrdiff_t>(dims[i].own(c).begin) - static_cast<std::ptrdiff_t>(dims[i].need(c).begin);
+  }
+  /// @brief The output pixels of place p (of geometry g over its block) whose windows read
+  /// none of its halo: computable from its shard before the halo exchange ends (empty when
+  /// no row or no column is such).
+  template <class Mesh>
+  [[nodiscard]] pixel_region interior(const Mesh& m, std::size_t p, const window_geometry& g) const {
+    const row_range rows = split[0] ? dims[0].interior(coord(m, p, 0)) : row_range{0, g.out_height};
+    const row_range cols = split[1] ? dims[1].interior(coord(m, p, 1)) : row_range{0, g.out_width};
+    if (rows.size() == 0 || cols.size() == 0) return {};
+    return {rows.begin, rows.end, cols.begin, cols.end};
+  }
   /// @brief The window geometry of place p over its block (its shard when nothing is split):
   /// the output rows and columns it owns, the padding of the image edges the block touches.
   template <class Mesh>
@@ -236,6 +298,98 @@ struct spatial_cut {
             dims[1].pad_before(cw), dims[0].out(ch).size(), dims[1].out(cw).size()};
   }
 };
+
+
+/// @brief conv2d over an input split along its height or width, on every place of `m` in
+/// this process: each place's halo exchange runs on its communication lane while its
+/// compute lane gathers the im2col rows of its interior (the output pixels whose windows
+/// read only its own rows and columns) from its shard; once the halo is in, the frame's
+/// rows come from the widened block, then one gemm. `bias_of(p, k)`: the bias place p adds,
+/// or null. Fills ys and cols (kept for the backward) per local place.
+template <class T, class Mesh, class BiasOf>
+void conv2d_spatial_forward(const Mesh& m, const spatial_cut& cut, const std::vector<tensor<T, 4>>& xs, const std::vector<tensor<T, 4>>& ws,
+                            const BiasOf& bias_of, std::vector<tensor<T, 4>>& ys, std::vector<std::shared_ptr<tensor<T, 2>>>& cols) {
+  const auto& local = m.local_places();
+  std::vector<window_geometry> geometry(local.size());
+  std::vector<pixel_region> inner(local.size());
+  std::vector<tensor<T, 4>> blocks(local.size());
+  for (std::size_t k = 0; k < local.size(); ++k) {
+    geometry[k] = cut.local(m, local[k], cut.block_shape(m, local[k], xs[k].shape()));
+    inner[k] = cut.interior(m, local[k], geometry[k]);
+  }
+  batch_sequence ops("conv2d");
+  ops.submit(
+      m, lane_kind::compute, false,
+      [&](std::size_t p, std::size_t k) {
+        const window_geometry& g = geometry[k];
+        cols[k] = std::make_shared<tensor<T, 2>>(shape_t<2>{g.rows(), g.cols()}, uninitialized);
+        im2col_region(*cols[k], xs[k], cut.shard_offset(m, p, 0), cut.shard_offset(m, p, 1), g, inner[k]);
+      },
+      [&](std::size_t, std::size_t k) { return access{{xs[k].data()}, {&cols[k]}}; });
+  ops.submit(
+      m, lane_kind::communication, true, [&](std::size_t p, std::size_t k) { blocks[k] = cut.gather(m, p, xs[k]); },
+      [&](std::size_t, std::size_t k) { return access{{xs[k].data()}, {&blocks[k]}}; });
+  ops.submit(
+      m, lane_kind::compute, false,
+      [&](std::size_t p, std::size_t k) {
+        const window_geometry& g = geometry[k];
+        const pixel_region in = inner[k];
+        // the frame around the interior: the rows above and below it, whole; beside it, left and right
+        for (const pixel_region r : {pixel_region{0, in.row_begin, 0, g.out_width}, pixel_region{in.row_end, g.out_height, 0, g.out_width},
+                                     pixel_region{in.row_begin, in.row_end, 0, in.col_begin},
+                                     pixel_region{in.row_begin, in.row_end, in.col_end, g.out_width}})
+          im2col_region(*cols[k], blocks[k], 0, 0, g, r);
+        blocks[k] = {};
+        ys[k] = conv2d_from_cols(*cols[k], ws[k], bias_of(p, k), g);
+      },
+      [&](std::size_t, std::size_t k) { return access{{&blocks[k], &cols[k], ws[k].data()}, {&blocks[k], &cols[k], &ys[k]}}; });
+  ops.finish(m);
+}
+
+/// @brief conv2d's backward over an input split along its height or width, on every place of
+/// `m` in this process: each place computes its block's input gradient first; its halo part
+/// goes back to the neighbours on the communication lane while the compute lane computes
+/// the weight and bias gradients (when asked for: dws, dbs non-null). Fills dxs.
+template <class T, class Mesh>
+void conv2d_spatial_backward(const Mesh& m, const spatial_cut& cut, const std::vector<tensor<T, 4>>& dys,
+                             const std::vector<std::shared_ptr<tensor<T, 2>>>& cols, const std::vector<tensor<T, 4>>& ws,
+                             const std::vector<tensor<T, 4>>& xs, std::vector<tensor<T, 4>>* dws, std::vector<tensor<T, 1>>* dbs,
+                             std::vector<tensor<T, 4>>& dxs) {
+  const auto& local = m.local_places();
+  std::vector<window_geometry> geometry(local.size());
+  std::vector<tensor<T, 2>> rows(local.size());
+  std::vector<tensor<T, 4>> dblocks(local.size());
+  for (std::size_t k = 0; k < local.size(); ++k) geometry[k] = cut.local(m, local[k], cut.block_shape(m, local[k], xs[k].shape()));
+  batch_sequence ops("conv2d backward");
+  ops.submit(
+      m, lane_kind::compute, false,
+      [&](std::size_t, std::size_t k) {
+        rows[k] = conv2d_grad_rows(dys[k], geometry[k]);
+        dblocks[k] = conv2d_input_grad(rows[k], ws[k], geometry[k]);
+      },
+      [&](std::size_t, std::size_t k) { return access{{dys[k].data(), ws[k].data()}, {&rows[k], &dblocks[k]}}; });
+  ops.submit(
+      m, lane_kind::communication, true,
+      [&](std::size_t p, std::size_t k) {
+        dxs[k] = cut.give_back(m, p, std::move(dblocks[k]));
+        dblocks[k] = {};
+      },
+      [&](std::size_t, std::size_t k) { return access{{&dblocks[k]}, {&dblocks[k], &dxs[k]}}; });
+  if (dws != nullptr || dbs != nullptr)
+    ops.submit(
+        m, lane_kind::compute, false,
+        [&](std::size_t, std::size_t k) {
+          conv2d_weight_grads(rows[k], *cols[k], ws[k].shape(), geometry[k], dws != nullptr ? &(*dws)[k] : nullptr,
+                              dbs != nullptr ? &(*dbs)[k] : nullptr);
+        },
+        [&](std::size_t, std::size_t k) {
+          access a{{&rows[k], cols[k].get()}, {}};
+          if (dws != nullptr) a.writes.push_back(&(*dws)[k]);
+          if (dbs != nullptr) a.writes.push_back(&(*dbs)[k]);
+          return a;
+        });
+  ops.finish(m);
+}
 
 }  // namespace detail
 
@@ -370,21 +524,13 @@ constexpr expression_plan pool2d_plan() {
   return detail::window_plan(Max ? "max_pool2d" : "avg_pool2d", 1, x, x);
 }
 
-/// @brief conv2d over dtensors: each place convolves its shards, with the layouts of
-/// detail::conv_rule: batch split over "dp" is data parallel (weight gradients partial over
-/// "dp"); the weight's output channels split over an axis give an output split by
-/// channels (channel parallel; the input gradient is a partial sum over that axis); the
-/// input channels split with the weight's dim 1 give a partial output (summed where it is
-/// consumed; the bias is added once); the height or width split (spatial) gives an output
-/// split alike, each place receiving from its neighbours the rows its windows read (a halo
-/// exchange, from as many places as the halo is wide) and sending back their gradient.
-/// Gradients go back to the operands' layouts by the planner's redistributions.
-template <class Policy = implicit, class T, class Mesh, class LX, class LW, class LB>
-auto conv2d(const var<dtensor<T, 4, Mesh, LX>>& x, const var<dtensor<T, 4, Mesh, LW>>& weight,
-            const var<dtensor<T, 1, Mesh, LB>>& bias, window_options o = {}) {
+namespace detail {
+
+/// @brief conv2d over dtensors whose layouts conv_rule takes.
+template <class T, class Mesh, class LX, class LW, class LB>
+auto distributed_conv2d(const var<dtensor<T, 4, Mesh, LX>>& x, const var<dtensor<T, 4, Mesh, LW>>& weight,
+                        const var<dtensor<T, 1, Mesh, LB>>& bias, window_options o) {
   using rule = detail::conv_rule_of<LX, LW, LB>;
-  static_assert(detail::check_conv_layouts<LX, LW, LB>());
-  static_assert(detail::check_window_policy<Policy, "conv2d", LX>());
   using LY = detail::layout_type_t<Mesh, detail::conv_layout_provider<LX, LW, LB, &detail::conv_layouts::y>>;
   using LDW = detail::layout_type_t<Mesh, detail::conv_layout_provider<LX, LW, LB, &detail::conv_layouts::dw>>;
   using LDB = detail::layout_type_t<Mesh, detail::conv_layout_provider<LX, LW, LB, &detail::conv_layouts::db>>;
@@ -401,20 +547,22 @@ auto conv2d(const var<dtensor<T, 4, Mesh, LX>>& x, const var<dtensor<T, 4, Mesh,
   const auto& local = m.local_places();
   std::vector<tensor<T, 4>> ys(local.size());
   auto cols = std::make_shared<std::vector<std::shared_ptr<tensor<T, 2>>>>(local.size());
-  detail::run_on_places("conv2d", m, [&](std::size_t p, std::size_t k) {
-    const auto& xs = xv.local_shards()[k];
-    tensor<T, 4> block;
-    if (cut->any()) block = cut->gather(m, p, xs);
-    const tensor<T, 4>& in = cut->any() ? block : xs;
-    const auto g = cut->local(m, p, in.shape());
-    // a partial output: the bias is added once, by the first place along the partial axis
-    bool add_bias = true;
+  // a partial output: the bias is added once, by the first place along the partial axis
+  const auto bias_of = [&](std::size_t p, std::size_t k) -> const T* {
     for (std::size_t i = 0; i < rule::value.y.npartial; ++i)
-      add_bias = add_bias && m.coord(p, Mesh::axis_index(rule::value.y.partial[i])) == 0;
-    auto [y, c] = detail::conv2d_forward(in, wv.local_shards()[k], add_bias ? bv.local_shards()[k].data() : nullptr, g);
-    ys[k] = std::move(y);
-    (*cols)[k] = std::move(c);
-  });
+      if (m.coord(p, Mesh::axis_index(rule::value.y.partial[i])) != 0) return nullptr;
+    return bv.local_shards()[k].data();
+  };
+  if (cut->any()) {
+    detail::conv2d_spatial_forward(m, *cut, xv.local_shards(), wv.local_shards(), bias_of, ys, *cols);
+  } else {
+    detail::run_on_places("conv2d", m, [&](std::size_t p, std::size_t k) {
+      const auto& xs = xv.local_shards()[k];
+      auto [y, c] = detail::conv2d_forward(xs, wv.local_shards()[k], bias_of(p, k), cut->local(m, p, xs.shape()));
+      ys[k] = std::move(y);
+      (*cols)[k] = std::move(c);
+    });
+  }
   dtensor<T, 4, Mesh, LY> y(m, y_shape, std::move(ys));
   return detail::record(
       std::move(y),
@@ -425,17 +573,41 @@ auto conv2d(const var<dtensor<T, 4, Mesh, LX>>& x, const var<dtensor<T, 4, Mesh,
         const auto& local = m.local_places();
         std::vector<tensor<T, 4>> dws(local.size()), dxs(local.size());
         std::vector<tensor<T, 1>> dbs(local.size());
-        detail::run_on_places("conv2d backward", m, [&](std::size_t p, std::size_t k) {
-          const auto g = cut->local(m, p, cut->block_shape(m, p, xv.local_shards()[k].shape()));
-          detail::conv2d_backward(self.grad->local_shards()[k], *(*cols)[k], wv.local_shards()[k], g, weight.requires_grad() ? &dws[k] : nullptr,
-                                  bias.requires_grad() ? &dbs[k] : nullptr, x.requires_grad() ? &dxs[k] : nullptr);
-          if (x.requires_grad() && cut->any()) dxs[k] = cut->give_back(m, p, std::move(dxs[k]));
-        });
+        if (x.requires_grad() && cut->any()) {
+          detail::conv2d_spatial_backward(m, *cut, self.grad->local_shards(), *cols, wv.local_shards(), xv.local_shards(),
+                                          weight.requires_grad() ? &dws : nullptr, bias.requires_grad() ? &dbs : nullptr, dxs);
+        } else {
+          detail::run_on_places("conv2d backward", m, [&](std::size_t p, std::size_t k) {
+            const auto g = cut->local(m, p, cut->block_shape(m, p, xv.local_shards()[k].shape()));
+            detail::conv2d_backward(self.grad->local_shards()[k], *(*cols)[k], wv.local_shards()[k], g,
+                                    weight.requires_grad() ? &dws[k] : nullptr, bias.requires_grad() ? &dbs[k] : nullptr,
+                                    x.requires_grad() ? &dxs[k] : nullptr);
+          });
+        }
         if (weight.requires_grad()) detail::add_grad(weight, dtensor<T, 4, Mesh, LDW>(m, wv.shape(), std::move(dws)));
         if (bias.requires_grad()) detail::add_grad(bias, dtensor<T, 1, Mesh, LDB>(m, bias.value().shape(), std::move(dbs)));
         if (x.requires_grad()) detail::add_grad(x, dtensor<T, 4, Mesh, LDX>(m, xv.shape(), std::move(dxs)));
       },
       x, weight, bias);
+}
+
+}  // namespace detail
+
+/// @brief conv2d over dtensors: each place convolves its shards, with the layouts of
+/// detail::conv_rule: batch split over "dp" is data parallel (weight gradients partial over
+/// "dp"); the weight's output channels split over an axis give an output split by
+/// channels (channel parallel; the input gradient is a partial sum over that axis); the
+/// input channels split with the weight's dim 1 give a partial output (summed where it is
+/// consumed; the bias is added once); the height or width split (spatial) gives an output
+/// split alike, each place receiving from its neighbours the rows its windows read (a halo
+/// exchange, from as many places as the halo is wide) and sending back their gradient.
+/// Gradients go back to the operands' layouts by the planner's redistributions.
+template <class Policy = implicit, class T, class Mesh, class LX, class LW, class LB>
+auto conv2d(const var<dtensor<T, 4, Mesh, LX>>& x, const var<dtensor<T, 4, Mesh, LW>>& weight,
+            const var<dtensor<T, 1, Mesh, LB>>& bias, window_options o = {}) {
+  // layouts it does not take: one error, naming them and why, and nothing of the op instantiated after it
+  if constexpr (detail::check_conv_layouts<LX, LW, LB>() && detail::check_window_policy<Policy, "conv2d", LX>())
+    return detail::distributed_conv2d(x, weight, bias, o);
 }
 
 namespace detail {

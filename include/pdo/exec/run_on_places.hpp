@@ -198,6 +198,55 @@ void run_on_places(const char* op, const Mesh& m, Task&& task, const char* categ
     failure->error.rethrow_with_context(std::string(op) + ": on place " + m.place(failure->place).name() + ": ");
 }
 
+/// @brief The mesh-wide operations of one op, submitted one after another on different
+/// lanes (a halo exchange on the communication lanes beside kernels on the compute lanes,
+/// ordered by the buffers they name), waited for together. Its tasks may use the caller's
+/// locals: it waits for every task to end before it goes, also when a submission throws.
+class batch_sequence {
+ public:
+  explicit batch_sequence(const char* op) : op_(op) {}
+  batch_sequence(const batch_sequence&) = delete;
+  batch_sequence& operator=(const batch_sequence&) = delete;
+  ~batch_sequence() {
+    for (const auto& b : batches_)
+      for (const auto& t : b->tasks) t->wait_ended();
+  }
+
+  /// @brief Submits one operation: `task(place_index, local_ordinal)` on every place of `m` in
+  /// this process, on lane `lane`, with `access_of(place_index, local_ordinal)`'s reads and
+  /// writes; `communicate`: its tasks run the mesh's collectives.
+  template <class Mesh, class Task, class Access>
+  void submit(const Mesh& m, lane_kind lane, bool communicate, Task task, Access access_of) {
+    const bool local_only = !m.is_multiprocess();
+    auto written = [&](std::size_t p, std::size_t k) {
+      access a = access_of(p, k);
+      written_.insert(written_.end(), a.writes.begin(), a.writes.end());
+      return a;
+    };
+    batches_.push_back(submit_on_places(m, std::move(task),
+                                        batch_options{op_, communicate ? "collective" : "kernel", communicate,
+                                                      communicate && local_only, lane, false},
+                                        written));
+  }
+
+  /// @brief Waits for every task; throws the failure of the first operation that failed (the
+  /// later ones' tasks that needed its results were cancelled by it) naming the op and place.
+  template <class Mesh>
+  void finish(const Mesh& m) {
+    for (const auto& b : batches_) b->wait();
+    for (const auto& b : batches_)
+      if (const auto failure = b->first_failure()) {
+        engine::instance().forget(written_);  // the caller's buffers: later storage may take their addresses
+        failure->error.rethrow_with_context(std::string(op_) + ": on place " + m.place(failure->place).name() + ": ");
+      }
+  }
+
+ private:
+  const char* op_;
+  std::vector<std::shared_ptr<place_batch>> batches_;
+  std::vector<const void*> written_;
+};
+
 }  // namespace pdo::detail
 
 namespace pdo {

@@ -58,6 +58,42 @@ struct im2col_element {
   }
 };
 
+/// @brief A rectangle of output pixels: rows [row_begin, row_end), columns [col_begin, col_end).
+struct pixel_region {
+  std::size_t row_begin = 0, row_end = 0, col_begin = 0, col_end = 0;
+  [[nodiscard]] PDO_HD std::size_t pixels() const { return (row_end - row_begin) * (col_end - col_begin); }
+};
+
+/// @brief Element i of the im2col rows of the output pixels of `region` (of geometry g, whose
+/// input is a block of `g.height` x `g.width` pixels), for each image: cols's entries for
+/// those pixels, read from `src`, which holds rows [row0, row0 + src_height) and columns
+/// [col0, col0 + src_width) of the block (the block itself, or a part of it held apart,
+/// such as a place's own rows before its halo has come). The region's windows must read no
+/// block pixel outside `src`; padding reads as zero.
+template <class T>
+struct im2col_region_element {
+  const T* src;
+  T* cols;
+  window_geometry g;
+  pixel_region region;
+  std::ptrdiff_t row0 = 0, col0 = 0;
+  std::size_t src_height = 0, src_width = 0;
+  PDO_HD void operator()(std::size_t i) const {
+    const std::size_t per_image = region.pixels() * g.cols(), n = i / per_image, rest = i % per_image;
+    const std::size_t pixel = rest / g.cols(), col = rest % g.cols(), region_width = region.col_end - region.col_begin;
+    const std::size_t oh = region.row_begin + pixel / region_width, ow = region.col_begin + pixel % region_width;
+    const std::size_t c = col / (g.kernel * g.kernel), k = col % (g.kernel * g.kernel);
+    const std::size_t h = oh * g.stride + k / g.kernel, w = ow * g.stride + k % g.kernel;  // in padded coordinates
+    T value(0);
+    if (h >= g.pad_h && w >= g.pad_w && h - g.pad_h < g.height && w - g.pad_w < g.width) {
+      const std::size_t sh = static_cast<std::size_t>(static_cast<std::ptrdiff_t>(h - g.pad_h) - row0);
+      const std::size_t sw = static_cast<std::size_t>(static_cast<std::ptrdiff_t>(w - g.pad_w) - col0);
+      value = src[((n * g.channels + c) * src_height + sh) * src_width + sw];
+    }
+    cols[(n * g.out_pixels() + oh * g.out_width + ow) * g.cols() + col] = value;
+  }
+};
+
 /// @brief Element i of dx [batch, channels, height, width]: the sum of the im2col
 /// gradient entries that read it.
 template <class T>

@@ -63,6 +63,24 @@ struct halo_dim {
     const row_range n = need(c);
     return n.size() == 0 ? 0 : n.begin + padding - window_begin(c);
   }
+  /// @brief Its output rows, counted from its first, whose windows read none of its halo
+  /// (only its own rows, or padding): computable before the halo has come. Empty when
+  /// there are none, or when they are not one run.
+  [[nodiscard]] constexpr row_range interior(std::size_t c) const {
+    const std::size_t outs = out(c).size(), pad = pad_before(c);
+    const row_range n = need(c), o = intersect(n, own(c));
+    // in the padded coordinates of its block: window r reads rows [r * stride, r * stride + kernel)
+    const std::size_t own_lo = o.begin - n.begin + pad, own_hi = o.end - n.begin + pad, real_hi = pad + n.size();
+    std::size_t first = outs, last = 0;
+    for (std::size_t r = 0; r < outs; ++r) {
+      const std::size_t lo = std::max(r * stride, pad), hi = std::min(r * stride + kernel, real_hi);
+      if (lo < hi && (lo < own_lo || hi > own_hi)) continue;  // reads a halo row
+      if (first != outs && last != r) return {};               // a second run
+      if (first == outs) first = r;
+      last = r + 1;
+    }
+    return first < last ? row_range{first, last} : row_range{};
+  }
   /// @brief The rows it receives from other places (its halo).
   [[nodiscard]] constexpr std::size_t halo_rows(std::size_t c) const { return need(c).size() - intersect(need(c), own(c)).size(); }
 };
