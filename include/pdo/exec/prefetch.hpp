@@ -104,7 +104,7 @@ auto prefetch(const any_place& where, F f) {
 /// the dtensor; every process passes the same host tensor.
 template <layout_spec Layout, mesh_type Mesh, element T, std::size_t Rank>
 prefetched<dtensor<T, Rank, Mesh, Layout>> prefetch(const Mesh& m, tensor<T, Rank> host) {
-  static_assert(detail::check_layout<"prefetch", Layout, Mesh, Rank>::ok);
+  static_assert(sizeof(detail::check_layout<"prefetch", Layout, Mesh, Rank>) != 0);
   detail::check_not_nested("prefetch");
   struct state {
     tensor<T, Rank> host;

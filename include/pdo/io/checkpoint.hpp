@@ -857,7 +857,7 @@ tensor<T, R> read(const std::filesystem::path& dir, const std::string& name, con
 /// layout: each place reads only what its shard needs).
 template <element T, std::size_t R, layout_spec Layout, mesh_type Mesh>
 dtensor<T, R, Mesh, Layout> read(const std::filesystem::path& dir, const std::string& name, const Mesh& m, const load_options& o = {}) {
-  static_assert(pdo::detail::check_layout<"io::read", Layout, Mesh, R>::ok);
+  static_assert(sizeof(pdo::detail::check_layout<"io::read", Layout, Mesh, R>) != 0);
   shape_t<R> shape{};
   for (const auto& e : inspect(dir))
     if (e.name == name) {

@@ -45,8 +45,8 @@ struct layout {
   using dims = detail::type_list<Dims...>;
   static constexpr std::size_t rank = sizeof...(Dims);
   static constexpr std::array<std::string_view, rank> dim_axes{[] {
-    if constexpr (std::is_same_v<Dims, replicate>) return std::string_view{};
-    else return Dims::axis;
+    if constexpr (dim_spec<Dims> && !std::is_same_v<Dims, replicate>) return Dims::axis;
+    else return std::string_view{};  // (a bad entry: the assertion above says so, once)
   }()...};
   static constexpr std::array<std::string_view, 0> partial_axes{};
 

@@ -59,7 +59,8 @@ bool holds_partial_value(const Mesh& m, const layout_value& v, std::size_t p) {
 /// @tparam Mesh a pdo::mesh type; @tparam Layout a layout_spec valid on it for rank `Rank`
 template <element T, std::size_t Rank, mesh_type Mesh, layout_spec Layout>
 class dtensor {
-  static_assert(detail::check_layout<"dtensor", Layout, Mesh, Rank>::ok);
+  // the layout's checks, each with its message (no second error when one fails)
+  static_assert(sizeof(detail::check_layout<"dtensor", Layout, Mesh, Rank>) != 0);
 
  public:
   using value_type = T;

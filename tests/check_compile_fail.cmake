@@ -1,0 +1,30 @@
+# ctest script: compiles SOURCE, a program that must not compile, with COMPILER and pdo's
+# include directories, definitions and options (INCLUDES, DEFINES, OPTIONS, ;-lists), and
+# checks what a user reads: the compiler fails; its output matches EXPECT; its first error
+# line is a message of pdo's ("pdo: ..."); and it is at most MOST_LINES lines long, since a
+# layout mistake should cost one message, not pages of instantiation context.
+set(args -std=c++20 -fsyntax-only)
+foreach(dir IN LISTS INCLUDES)
+  list(APPEND args "-I${dir}")
+endforeach()
+foreach(def IN LISTS DEFINES)
+  list(APPEND args "-D${def}")
+endforeach()
+list(APPEND args ${OPTIONS} ${SOURCE})
+execute_process(COMMAND ${COMPILER} ${args} RESULT_VARIABLE status OUTPUT_VARIABLE out ERROR_VARIABLE out)
+if(status EQUAL 0)
+  message(FATAL_ERROR "${SOURCE} compiled; it must not")
+endif()
+if(NOT out MATCHES "${EXPECT}")
+  message(FATAL_ERROR "the compiler's output does not say \"${EXPECT}\":\n${out}")
+endif()
+string(REGEX MATCH "[^\n]*error[^\n]*" first_error "${out}")
+if(NOT first_error MATCHES "error: (static assertion failed: |static_assert failed due to requirement [^\n]*\")?pdo: ")
+  message(FATAL_ERROR "the first error is not one of pdo's messages: ${first_error}")
+endif()
+string(REGEX MATCHALL "\n" newlines "${out}")
+list(LENGTH newlines lines)
+if(lines GREATER MOST_LINES)
+  message(FATAL_ERROR "${lines} lines of compiler output, more than ${MOST_LINES}:\n${out}")
+endif()
+message(STATUS "first error: ${first_error}\n${lines} lines of compiler output")
