@@ -1,4 +1,8 @@
-# conanfile.py: Conan 2 recipe for pdo, a header-only package with optional MPI and CUDA components.
+# conanfile.py: Conan 2 recipe for pdo, a header-only package with optional MPI, CUDA and IO components.
+# What pdo needs from outside comes from the system, found by CMake when a consumer is configured (the
+# build modules below): Thrust (Debian's libthrust-dev or the CUDA toolkit's CCCL) always, a BLAS
+# (OpenBLAS preferred) with with_blas, MPI with with_mpi, the CUDA toolkit and NCCL with with_cuda;
+# nlohmann_json, for the IO component, is a Conan requirement.
 import os
 import textwrap
 
@@ -20,12 +24,16 @@ class PdoConan(ConanFile):
     # The settings only let validate() check the C++ standard; package_id() drops them.
     settings = "os", "arch", "compiler", "build_type"
     # The options change what package_info() declares, never the files in the package.
-    options = {"with_mpi": [True, False], "with_cuda": [True, False], "with_io": [True, False]}
-    default_options = {"with_mpi": False, "with_cuda": False, "with_io": False}
+    options = {"with_blas": [True, False], "with_mpi": [True, False], "with_cuda": [True, False],
+               "with_io": [True, False]}
+    default_options = {"with_blas": True, "with_mpi": False, "with_cuda": False, "with_io": False}
     exports_sources = "include/*", "cmake/*", "CMakeLists.txt", "LICENSE*"
     no_copy_source = True
 
-    # Included by CMakeDeps after it declares the targets: gives pdo::mpi the system MPI.
+    # Included by CMakeDeps after it declares the targets: they give pdo::pdo Thrust's include folder
+    # and the system BLAS, and pdo::mpi the system MPI.
+    _thrust_build_module = os.path.join("lib", "cmake", "pdo", "pdo-conan-thrust.cmake")
+    _blas_build_module = os.path.join("lib", "cmake", "pdo", "pdo-conan-blas.cmake")
     _mpi_build_module = os.path.join("lib", "cmake", "pdo", "pdo-conan-mpi.cmake")
 
     def layout(self):
@@ -46,6 +54,28 @@ class PdoConan(ConanFile):
              dst=os.path.join(self.package_folder, "include"))
         copy(self, "LICENSE*", src=self.source_folder, dst=os.path.join(self.package_folder, "licenses"))
         # Written whatever the options, so that one package serves every consumer.
+        save(self, os.path.join(self.package_folder, self._thrust_build_module), textwrap.dedent("""\
+            # pdo-conan-thrust.cmake: gives pdo::pdo the include folder of the system's Thrust.
+            find_path(PDO_THRUST_INCLUDE_DIR thrust/version.h
+                      PATHS /usr/include "$ENV{CUDA_HOME}/include/cccl" /usr/local/cuda/include/cccl)
+            if(NOT PDO_THRUST_INCLUDE_DIR)
+              message(FATAL_ERROR "pdo needs Thrust: install libthrust-dev (Debian) or the CUDA toolkit, "
+                                  "or set PDO_THRUST_INCLUDE_DIR to the folder that holds thrust/version.h")
+            endif()
+            if(NOT PDO_THRUST_INCLUDE_DIR STREQUAL "/usr/include")
+              set_property(TARGET pdo::pdo APPEND PROPERTY INTERFACE_INCLUDE_DIRECTORIES "${PDO_THRUST_INCLUDE_DIR}")
+            endif()
+            """))
+        save(self, os.path.join(self.package_folder, self._blas_build_module), textwrap.dedent("""\
+            # pdo-conan-blas.cmake: links pdo::pdo to the system BLAS (OpenBLAS preferred), matmul's sgemm/dgemm.
+            set(BLA_VENDOR OpenBLAS)
+            find_package(BLAS QUIET)
+            if(NOT BLAS_FOUND)
+              unset(BLA_VENDOR)
+              find_package(BLAS REQUIRED)
+            endif()
+            set_property(TARGET pdo::pdo APPEND PROPERTY INTERFACE_LINK_LIBRARIES BLAS::BLAS)
+            """))
         save(self, os.path.join(self.package_folder, self._mpi_build_module), textwrap.dedent("""\
             # pdo-conan-mpi.cmake: links pdo::mpi to the system MPI (Conan declares only its define).
             find_package(MPI REQUIRED COMPONENTS CXX)
@@ -63,6 +93,11 @@ class PdoConan(ConanFile):
         core.libdirs = []
         if self.settings.os in ("Linux", "FreeBSD"):
             core.system_libs = ["pthread"]
+        build_modules = [self._thrust_build_module]
+        if self.options.with_blas:
+            # cblas.h and the library come from the system (Debian: libopenblas-dev)
+            core.defines = ["PDO_WITH_BLAS"]
+            build_modules.append(self._blas_build_module)
 
         if self.options.with_mpi:
             # MPI comes from the system (Open MPI from apt, or any MPI-3 library), not from Conan:
@@ -74,7 +109,7 @@ class PdoConan(ConanFile):
             mpi.defines = ["PDO_WITH_MPI"]
             mpi.bindirs = []
             mpi.libdirs = []
-            self.cpp_info.set_property("cmake_build_modules", [self._mpi_build_module])
+            build_modules.append(self._mpi_build_module)
 
         if self.options.with_io:
             io = self.cpp_info.components["io"]
@@ -94,3 +129,5 @@ class PdoConan(ConanFile):
             cuda.system_libs = ["cudart", "cublas", "nccl"]
             cuda.bindirs = []
             cuda.libdirs = []
+
+        self.cpp_info.set_property("cmake_build_modules", build_modules)

@@ -26,6 +26,27 @@ int main() {
       }
     }
     std::puts("test_package: pdo distribute and gather over 2 places: ok");
+
+    // matmul, on the system's BLAS when the package declares it (with_blas, the default)
+    pdo::tensor<double, 2> a({2, 3});
+    pdo::tensor<double, 2> b({3, 2});
+    for (std::size_t i = 0; i < 6; ++i) {
+      a.data()[i] = static_cast<double>(i + 1);
+      b.data()[i] = static_cast<double>(i) - 2.0;
+    }
+    const pdo::tensor<double, 2> c = pdo::eval(pdo::matmul(a, b));
+    const double expected[4] = {4.0, 10.0, 4.0, 19.0};
+    for (std::size_t i = 0; i < 4; ++i) {
+      if (c.data()[i] != expected[i]) {
+        std::printf("test_package: matmul element %zu is %g, expected %g\n", i, c.data()[i], expected[i]);
+        return 1;
+      }
+    }
+#if defined(PDO_WITH_BLAS)
+    std::puts("test_package: matmul on BLAS: ok");
+#else
+    std::puts("test_package: matmul without BLAS: ok");
+#endif
     return 0;
   } catch (const std::exception& e) {
     std::printf("test_package: %s\n", e.what());

@@ -11,6 +11,7 @@ vcpkg_check_features(OUT_FEATURE_OPTIONS feature_options
         mpi  PDO_WITH_MPI
         cuda PDO_WITH_CUDA
         io   PDO_WITH_IO
+        blas PDO_WITH_BLAS
 )
 
 vcpkg_cmake_configure(

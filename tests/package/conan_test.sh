@@ -73,6 +73,7 @@ if ! "${conan[@]}" create "$source_dir" --build=missing -tf "$work_dir/test_pack
 fi
 grep -q "Component target declared 'pdo::pdo'" "$log" || fail "CMakeDeps declared no pdo::pdo target"
 grep -q "test_package: pdo distribute and gather over 2 places: ok" "$log" || fail "test_package did not report ok"
+grep -q "test_package: matmul on BLAS: ok" "$log" || fail "test_package's matmul did not run on BLAS (with_blas is the default)"
 
 # A package whose info package_id() cleared has the id of empty information.
 package_dir=$("${conan[@]}" cache path "pdo/$version:da39a3ee5e6b4b0d3255bfef95601890afd80709" 2>/dev/null) ||

@@ -84,4 +84,26 @@ expect_failure("consumer asking for an unknown component" "pdo has no component 
                ${CMAKE_COMMAND} -S ${CONSUMER_SOURCE_DIR} -B ${WORK_DIR}/consumer-bogus -G ${GENERATOR}
                -DCMAKE_CXX_COMPILER=${CXX_COMPILER} -DCMAKE_PREFIX_PATH=${prefix} -DCONSUMER_COMPONENTS=Bogus)
 
+# 6. Thrust outside the compiler's default folders (as the CUDA toolkit's CCCL is): the installed
+#    package carries the folder pdo was built with, so a consumer builds without naming it.
+find_path(thrust_dir thrust/version.h PATHS /usr/include $ENV{CUDA_HOME}/include/cccl /usr/local/cuda/include/cccl NO_CACHE)
+if(NOT thrust_dir)
+  message(FATAL_ERROR "no thrust/version.h found to copy")
+endif()
+set(thrust_elsewhere ${WORK_DIR}/thrust-elsewhere)
+file(COPY ${thrust_dir}/thrust DESTINATION ${thrust_elsewhere})
+set(prefix ${WORK_DIR}/prefix-thrust)
+run_step("configure pdo with Thrust in ${thrust_elsewhere}" ${CMAKE_COMMAND} -S ${PDO_SOURCE_DIR} -B ${pdo_build}-thrust
+         -G ${GENERATOR} -DCMAKE_CXX_COMPILER=${CXX_COMPILER} -DCMAKE_BUILD_TYPE=Release -DCMAKE_INSTALL_PREFIX=${prefix}
+         -DPDO_INSTALL=ON -DPDO_BUILD_TESTS=OFF -DPDO_BUILD_EXAMPLES=OFF -DPDO_BUILD_BENCHMARKS=OFF
+         -DPDO_WITH_CUDA=OFF -DPDO_WITH_MPI=OFF -DPDO_THRUST_INCLUDE_DIR=${thrust_elsewhere})
+run_step("install pdo with Thrust in ${thrust_elsewhere}" ${CMAKE_COMMAND} --install ${pdo_build}-thrust --config Release)
+consumer(thrust_elsewhere "" -DCMAKE_EXPORT_COMPILE_COMMANDS=ON)
+file(READ ${WORK_DIR}/consumer-thrust_elsewhere/compile_commands.json commands)
+string(FIND "${commands}" "${thrust_elsewhere}" at)
+if(at EQUAL -1)
+  message(FATAL_ERROR "the consumer's compile commands do not name the Thrust folder pdo was built with "
+                      "(${thrust_elsewhere}):\n${commands}")
+endif()
+
 message(STATUS "find_package_test: all consumers passed")
