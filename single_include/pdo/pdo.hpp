@@ -334,16 +334,21 @@ std::string group_label(const Group&) {
 template <class Group>
 class group_communicator {
  public:
+  /// @brief Marks this class as a communicator (see pdo::communicator).
   using communicator_tag = void;
 
+  /// @brief Member `member` (0 to the group's size - 1) of `group`, which copies of the endpoint share.
   group_communicator(std::shared_ptr<Group> group, std::size_t member) : group_(std::move(group)), member_(member) {}
 
+  /// @brief The number of members of the group.
   [[nodiscard]] std::size_t size() const {
     using detail::visit_group;
     return visit_group(*group_, [](auto& g) { return g.size(); });
   }
+  /// @brief This endpoint's member index in the group, from 0.
   [[nodiscard]] std::size_t rank() const { return member_; }
 
+  /// @brief Returns once every member of the group has called barrier().
   void barrier() const {
     const detail::timeline_span span("collective", "barrier", [&] { return describe(0); });
     with([&](auto& g) { g.barrier(member_); });
@@ -1207,15 +1212,19 @@ namespace pdo {
 /// (`pdo::split<"dp">`, `pdo::mesh<"dp", "tp">`).
 template <std::size_t N>
 struct fixed_string {
-  char chars[N]{};
+  char chars[N]{};  ///< the characters, then the literal's terminating NUL
 
+  /// @brief The literal `text` (implicit, so `split<"dp">` works).
   constexpr fixed_string(const char (&text)[N]) { std::copy_n(text, N, chars); }
   /// @brief The first N - 1 characters of `text`, at compile time (a name kept as a string_view).
   constexpr explicit fixed_string(std::string_view text) { std::copy_n(text.data(), N - 1, chars); }
 
+  /// @brief The N - 1 characters, without the terminator.
   [[nodiscard]] constexpr std::string_view view() const { return {chars, N - 1}; }
+  /// @brief view(), implicitly.
   [[nodiscard]] constexpr operator std::string_view() const { return view(); }
 
+  /// @brief Whether both hold the same characters (strings of different lengths compare unequal).
   template <std::size_t M>
   [[nodiscard]] constexpr bool operator==(const fixed_string<M>& other) const {
     return view() == other.view();
@@ -1285,10 +1294,12 @@ namespace pdo {
 /// memory for CPU places, device memory for GPU places. `allocate` returns nullptr
 /// when the system refuses.
 struct memory_system {
+  /// @brief A new block of `bytes` bytes, or nullptr when the system refuses (it must not throw).
   void* (*allocate)(std::size_t bytes, void* context);
+  /// @brief Gives back block `p`, of the `bytes` it was allocated with.
   void (*deallocate)(void* p, std::size_t bytes, void* context) noexcept;
   void* context = nullptr;  ///< what the two need besides the size (a GPU place's device and stream)
-  const char* name = "host";
+  const char* name = "host";  ///< the memory's name, for messages ("host" for host memory)
 };
 
 /// @brief Host memory, 64-byte aligned (one cache line, one AVX-512 vector).
@@ -1305,6 +1316,8 @@ inline memory_system host_memory_system() {
 /// request fails with pdo::out_of_memory naming the place, the request and the cap.
 class caching_allocator {
  public:
+  /// @brief An allocator of place `owner` (the name errors give) taking blocks from `system`; `cap`: the most
+  /// bytes in use at once, counted in rounded block sizes (0: no cap).
   explicit caching_allocator(std::string owner, std::size_t cap = 0, memory_system system = host_memory_system())
       : owner_(std::move(owner)), system_(system) {
     stats_.cap = cap;
@@ -1363,18 +1376,22 @@ class caching_allocator {
     release_cache_locked();
   }
 
+  /// @brief A snapshot of the counters: bytes in use, cached and at peak, system allocations, the cap.
   [[nodiscard]] memory_stats stats() const {
     std::lock_guard lock(mutex_);
     return stats_;
   }
+  /// @brief Sets the cap on bytes in use (0: none); it applies to later requests, nothing is freed.
   void set_cap(std::size_t cap) {
     std::lock_guard lock(mutex_);
     stats_.cap = cap;
   }
+  /// @brief Restarts the peak from the bytes in use now.
   void reset_peak() {
     std::lock_guard lock(mutex_);
     stats_.peak_bytes_in_use = stats_.bytes_in_use;
   }
+  /// @brief The name of the place that owns this allocator, as its errors name it.
   [[nodiscard]] const std::string& owner() const { return owner_; }
 
   /// @brief The block size a request is served with: multiples of 256 bytes up to
@@ -2090,9 +2107,11 @@ class place_handle {
 /// @brief Any place, whatever its kind: what a mesh holds.
 class any_place : public detail::place_handle<any_place> {
  public:
+  /// @brief The place `p`, of any kind (implicit: a place is an any_place); copies share its state.
   template <place P>
     requires(!std::same_as<P, any_place>)
   any_place(const P& p) : place_handle(p.state()) {}  // NOLINT: implicit, a place is an any_place
+  /// @brief A handle on the place whose state is `s`.
   explicit any_place(std::shared_ptr<detail::place_state> s) : place_handle(std::move(s)) {}
 };
 
@@ -2167,8 +2186,11 @@ class mesh {
   static_assert(distinct_names(), "pdo: mesh: two axes have the same name; give every mesh axis its own name");
 
  public:
+  /// @brief Marks this class as a mesh (see pdo::mesh_type).
   using mesh_tag = void;
+  /// @brief The number of axes.
   static constexpr std::size_t ndim = sizeof...(Axes);
+  /// @brief The axis names, in order.
   static constexpr std::array<std::string_view, ndim> axis_names{Axes.view()...};
   /// @brief The name of axis `I` as a pdo::fixed_string (to spell layouts of this mesh).
   template <std::size_t I>
@@ -2180,22 +2202,31 @@ class mesh {
       if (axis_names[i] == name) return i;
     return ndim;
   }
+  /// @brief Whether the mesh has an axis named `name`.
   static constexpr bool has_axis(std::string_view name) { return axis_index(name) < ndim; }
 
+  /// @brief A handle on `state`, shared with the other copies (pdo::make_mesh builds and checks it: use that).
   explicit mesh(std::shared_ptr<detail::mesh_state> state) : state_(std::move(state)) {}
 
+  /// @brief The number of places, of every process: the product of the extents.
   [[nodiscard]] std::size_t size() const { return state_->places.size(); }
+  /// @brief The number of places along axis number `axis` (not range-checked).
   [[nodiscard]] std::size_t extent(std::size_t axis) const { return state_->extents[axis]; }
+  /// @brief The number of places along the axis named `axis`; pdo::layout_error if there is none.
   [[nodiscard]] std::size_t extent(std::string_view axis) const { return extent(checked_axis(axis)); }
+  /// @brief The extents, one per axis, in axis order.
   [[nodiscard]] const std::vector<std::size_t>& extents() const { return state_->extents; }
+  /// @brief Place `index` (row-major over the axes); pdo::layout_error when index >= size().
   [[nodiscard]] const any_place& place(std::size_t index) const {
     if (index >= size())
       throw layout_error(describe() + " has " + std::to_string(size()) + " places; there is no place " + std::to_string(index));
     return state_->places[index];
   }
+  /// @brief Every place, row-major over the axes (the last axis varies fastest).
   [[nodiscard]] const std::vector<any_place>& places() const { return state_->places; }
   /// @brief Indices of the places that belong to this process.
   [[nodiscard]] const std::vector<std::size_t>& local_places() const { return state_->local; }
+  /// @brief Whether some places belong to other processes.
   [[nodiscard]] bool is_multiprocess() const { return state_->multiprocess; }
 
   /// @brief The coordinates of place `index` (row-major: the last axis varies fastest).
@@ -2207,7 +2238,9 @@ class mesh {
     }
     return c;
   }
+  /// @brief The coordinate of place `index` along axis number `axis`.
   [[nodiscard]] std::size_t coord(std::size_t index, std::size_t axis) const { return coords(index)[axis]; }
+  /// @brief The index of the place at coordinates `c` (row-major; the inverse of coords()).
   [[nodiscard]] std::size_t index(const std::array<std::size_t, ndim>& c) const {
     std::size_t i = 0;
     for (std::size_t a = 0; a < ndim; ++a) i = i * state_->extents[a] + c[a];
@@ -2234,6 +2267,7 @@ class mesh {
     return text + ")";
   }
 
+  /// @brief The state all copies of this mesh share (places, extents, communicators).
   [[nodiscard]] const std::shared_ptr<detail::mesh_state>& state() const { return state_; }
   friend bool operator==(const mesh& a, const mesh& b) { return a.state_ == b.state_; }
 
@@ -5795,7 +5829,9 @@ namespace pdo {
 /// (sizes differ by at most one, larger chunks first: 10 rows over 4 places are 3,3,2,2).
 template <fixed_string Axis>
 struct split {
+  /// @brief Marks this type as a split entry (see pdo::dim_spec).
   using split_tag = void;
+  /// @brief The name of the mesh axis the dim is cut along.
   static constexpr std::string_view axis = Axis.view();
 };
 
@@ -5818,14 +5854,20 @@ template <class... Dims>
 struct layout {
   static_assert((dim_spec<Dims> && ...),
                 "pdo: layout: each entry must be pdo::split<\"axis\"> or pdo::replicate (one per tensor dim)");
+  /// @brief Marks this type as a layout (see pdo::layout_spec).
   using layout_tag = void;
+  /// @brief The layout without pending sums: this layout itself.
   using base = layout;
+  /// @brief The entries, one per tensor dim.
   using dims = detail::type_list<Dims...>;
+  /// @brief The number of tensor dims the layout describes.
   static constexpr std::size_t rank = sizeof...(Dims);
+  /// @brief For each dim, the mesh axis it is split along, or "" where it is replicated.
   static constexpr std::array<std::string_view, rank> dim_axes{[] {
     if constexpr (dim_spec<Dims> && !std::is_same_v<Dims, replicate>) return Dims::axis;
     else return std::string_view{};  // (a bad entry: the assertion above says so, once)
   }()...};
+  /// @brief The axes of pending sums: none.
   static constexpr std::array<std::string_view, 0> partial_axes{};
 
   /// @brief This layout with pending sums over mesh axes `Axes` (a class, not an alias:
@@ -5833,11 +5875,17 @@ struct layout {
   template <fixed_string... Axes>
   struct partial {
     static_assert(sizeof...(Axes) >= 1, "pdo: layout::partial: name at least one mesh axis");
+    /// @brief Marks this type as a layout (see pdo::layout_spec).
     using layout_tag = void;
+    /// @brief The enclosing layout, without the pending sums.
     using base = layout;
+    /// @brief The entries, one per tensor dim (those of the enclosing layout).
     using dims = detail::type_list<Dims...>;
+    /// @brief The number of tensor dims.
     static constexpr std::size_t rank = sizeof...(Dims);
+    /// @brief For each dim, the mesh axis it is split along, or "" where it is replicated.
     static constexpr auto dim_axes = layout::dim_axes;
+    /// @brief The mesh axes the value is a pending sum over, in the order given.
     static constexpr std::array<std::string_view, sizeof...(Axes)> partial_axes{Axes.view()...};
   };
 };
@@ -6267,21 +6315,28 @@ constexpr bool communicates(step_kind k) {
   return k != step_kind::local_slice && k != step_kind::keep_on_one && k != step_kind::zero_pad;
 }
 
+/// @brief One step of a redistribute_plan: a collective (or a local step) along one mesh axis,
+/// with the layouts before and after it.
 struct redistribute_step {
-  step_kind kind{};
-  std::string_view axis;
+  step_kind kind{};       ///< what the step does
+  std::string_view axis;  ///< the mesh axis it runs along
   std::size_t dim = 0;       ///< the dim gathered, scattered or sliced (the target dim of all_to_all)
   std::size_t from_dim = 0;  ///< all_to_all: the dim split before
+  /// @brief The layout before the step.
   detail::layout_value before, after;
+  /// @var after
+  /// @brief The layout after the step.
 };
 
 /// @brief The steps from one layout to another, in order. A value: usable in
 /// static_assert, printable with describe().
 struct redistribute_plan {
-  std::size_t size = 0;
-  std::array<redistribute_step, 2 * (detail::max_rank + detail::max_axes)> steps{};
+  std::size_t size = 0;  ///< the number of steps in use, at the front of `steps`
+  std::array<redistribute_step, 2 * (detail::max_rank + detail::max_axes)> steps{};  ///< the steps, in order
 
+  /// @brief The first step.
   [[nodiscard]] constexpr const redistribute_step* begin() const { return steps.data(); }
+  /// @brief Past the last step in use (steps + size).
   [[nodiscard]] constexpr const redistribute_step* end() const { return steps.data() + size; }
   /// @brief How many steps of kind `k` the plan has.
   [[nodiscard]] constexpr std::size_t count(step_kind k) const {
@@ -6289,6 +6344,7 @@ struct redistribute_plan {
     for (std::size_t i = 0; i < size; ++i) n += steps[i].kind == k;
     return n;
   }
+  /// @brief How many steps communicate (all but local_slice, keep_on_one and zero_pad).
   [[nodiscard]] constexpr std::size_t collectives() const {
     std::size_t n = 0;
     for (std::size_t i = 0; i < size; ++i) n += communicates(steps[i].kind);
@@ -6441,7 +6497,7 @@ enum class plan_step_kind {
 /// @brief One step of a plan. Nodes are numbered in evaluation order (post-order, leaves
 /// included), so a step names the op it belongs to and, for a redistribution, the operand.
 struct plan_step {
-  plan_step_kind kind{};
+  plan_step_kind kind{};          ///< what the step does
   std::string_view op;            ///< the op the step belongs to ("matmul", "relu")
   std::size_t node = 0;           ///< that op's node number
   std::size_t operand = 0;        ///< redistribute: which operand of the op
@@ -6830,7 +6886,9 @@ inline place_state* current_tensor_place() { return current_place(); }
 template <element T, std::size_t Rank>
 class tensor {
  public:
+  /// @brief Element type.
   using value_type = T;
+  /// @brief Number of dims.
   static constexpr std::size_t rank = Rank;
 
   tensor() = default;
@@ -6846,19 +6904,24 @@ class tensor {
                         detail::format_extents(shape) + " of " + std::to_string(size()) + " elements");
     detail::copy_bytes(place_.get(), data_, nullptr, values.begin(), bytes());
   }
+  /// @brief An uninitialised tensor, placed as the zero-filled one above (calling thread's place, else host).
   tensor(const shape_t<Rank>& shape, detail::uninitialized_t)
       : tensor(shape, detail::current_tensor_place() ? detail::current_tensor_place()->memory.get() : &host_allocator(),
                detail::current_tensor_place() ? detail::current_tensor_place()->shared_from_this() : nullptr) {}
+  /// @brief An uninitialised tensor in `place`'s memory.
   tensor(const shape_t<Rank>& shape, const any_place& place, detail::uninitialized_t)
       : tensor(shape, &place.memory(), place.state()) {}
 
+  /// @brief A deep copy in the same place's memory as `other` (empty if `other` is default-constructed).
   tensor(const tensor& other) {
     if (other.allocator_ == nullptr) return;  // a default-constructed tensor copies as one
     tensor copy(other.shape_, other.allocator_, other.place_);
     detail::copy_bytes(place_of(copy), copy.data_, place_of(other), other.data_, other.bytes());
     swap(copy);
   }
+  /// @brief Takes `other`'s data and place; `other` is left empty, as if default-constructed.
   tensor(tensor&& other) noexcept { swap(other); }
+  /// @brief Copy or move assignment (by value, then swap): a copy is deep, on the source's place.
   tensor& operator=(tensor other) noexcept {
     swap(other);
     return *this;
@@ -6866,6 +6929,7 @@ class tensor {
   ~tensor() {
     if (allocator_ != nullptr) allocator_->deallocate(data_, bytes());
   }
+  /// @brief Exchanges data, shape and place with `other`; no element is copied.
   void swap(tensor& other) noexcept {
     std::swap(shape_, other.shape_);
     std::swap(strides_, other.strides_);
@@ -6874,18 +6938,31 @@ class tensor {
     std::swap(place_, other.place_);
   }
 
+  /// @brief The extents, one per dim.
   [[nodiscard]] const shape_t<Rank>& shape() const { return shape_; }
+  /// @brief The extent of dim `dim` (not range-checked).
   [[nodiscard]] std::size_t extent(std::size_t dim) const { return shape_[dim]; }
+  /// @brief Row-major strides, in elements: the last dim's is 1.
   [[nodiscard]] const std::array<std::ptrdiff_t, Rank>& strides() const { return strides_; }
+  /// @brief The number of elements (1 for rank 0).
   [[nodiscard]] std::size_t size() const { return detail::volume(shape_); }
+  /// @brief The size of the data in bytes: size() * sizeof(T).
   [[nodiscard]] std::size_t bytes() const { return size() * sizeof(T); }
+  /// @brief The first element, in the holding place's memory (a device pointer for GPU tensors).
   [[nodiscard]] T* data() { return data_; }
+  /// @brief The first element, in the holding place's memory (a device pointer for GPU tensors).
   [[nodiscard]] const T* data() const { return data_; }
+  /// @brief The elements in row-major order (host-readable only when !on_gpu()).
   [[nodiscard]] std::span<T> span() { return {data_, size()}; }
+  /// @brief The elements in row-major order (host-readable only when !on_gpu()).
   [[nodiscard]] std::span<const T> span() const { return {data_, size()}; }
+  /// @brief Iterator to the first element in row-major order (host-readable only when !on_gpu()).
   [[nodiscard]] T* begin() { return data_; }
+  /// @brief Iterator past the last element.
   [[nodiscard]] T* end() { return data_ + size(); }
+  /// @brief Iterator to the first element in row-major order (host-readable only when !on_gpu()).
   [[nodiscard]] const T* begin() const { return data_; }
+  /// @brief Iterator past the last element.
   [[nodiscard]] const T* end() const { return data_ + size(); }
   /// @brief The place holding the data (nullptr for host tensors).
   [[nodiscard]] detail::place_state* where() const { return place_.get(); }
@@ -6894,17 +6971,20 @@ class tensor {
   /// @brief The name of the place holding the data ("host" for host tensors).
   [[nodiscard]] std::string place_name() const { return place_ ? place_->name : std::string("host"); }
 
+  /// @brief The element at `index` (one integer per dim); host memory only, no bounds check.
   template <class... Index>
     requires(sizeof...(Index) == Rank && (std::integral<Index> && ...))
   [[nodiscard]] T& operator()(Index... index) {
     return data_[offset_of(index...)];
   }
+  /// @brief The element at `index` (one integer per dim); host memory only, no bounds check.
   template <class... Index>
     requires(sizeof...(Index) == Rank && (std::integral<Index> && ...))
   [[nodiscard]] const T& operator()(Index... index) const {
     return data_[offset_of(index...)];
   }
 
+  /// @brief Sets every element to `value`, on the host or on the holding GPU.
   void fill(T value) {
     if (on_gpu()) detail::fill_bytes(place_.get(), data_, &value, sizeof(T), size());
     else std::fill_n(data_, size(), value);
@@ -7046,10 +7126,15 @@ class dtensor {
   static_assert(sizeof(detail::check_layout<"dtensor", Layout, Mesh, Rank>) != 0);
 
  public:
+  /// @brief Element type of the shards.
   using value_type = T;
+  /// @brief Type of the mesh the tensor is laid out over.
   using mesh_type = Mesh;
+  /// @brief The layout_spec type: how each dim is split over the mesh axes (or replicated, or partial).
   using layout_type = Layout;
+  /// @brief Number of dims.
   static constexpr std::size_t rank = Rank;
+  /// @brief `Layout` as a value the planner computes with.
   static constexpr detail::layout_value layout_value = detail::value_of<Layout>();
 
   /// @brief Takes the local shards as they are; each must have the shape the layout gives
@@ -7068,14 +7153,20 @@ class dtensor {
                           detail::format_extents(local_shape(local[k])));
   }
 
+  /// @brief The mesh the tensor is laid out over.
   [[nodiscard]] const Mesh& mesh() const { return mesh_; }
+  /// @brief The global extents (not those of a shard).
   [[nodiscard]] const shape_t<Rank>& shape() const { return shape_; }
+  /// @brief The global number of elements.
   [[nodiscard]] std::size_t size() const { return detail::volume(shape_); }
+  /// @brief This process's shards, in the order of `mesh().local_places()`.
   [[nodiscard]] const std::vector<tensor<T, Rank>>& local_shards() const { return shards_; }
+  /// @brief This process's shards, in the order of `mesh().local_places()`, writable (keep their shapes).
   [[nodiscard]] std::vector<tensor<T, Rank>>& local_shards() { return shards_; }
 
-  /// @brief The shard of place `p` (a place of this process).
+  /// @brief The shard of place `p` (a place of this process; else pdo::layout_error).
   [[nodiscard]] const tensor<T, Rank>& shard(std::size_t p) const { return shards_[local_ordinal(p)]; }
+  /// @brief The shard of place `p`, writable (a place of this process; else pdo::layout_error).
   [[nodiscard]] tensor<T, Rank>& shard(std::size_t p) { return shards_[local_ordinal(p)]; }
 
   /// @brief The shape of place `p`'s shard (any place of the mesh).
@@ -7548,23 +7639,42 @@ inline constexpr bool same_element_types = ((Children::is_scalar || std::is_same
 template <element T, std::size_t Rank>
 class tensor_leaf {
  public:
+  /// @brief Marks this class as an expression node (see pdo::tensor_expression).
   using expression_tag = void;
+  /// @brief Element type of the tensor read.
   using value_type = T;
+  /// @brief void: a local tensor belongs to no mesh.
   using mesh_type = void;
+  /// @brief Number of dims of the tensor.
   static constexpr std::size_t rank = Rank;
+  /// @brief false: a local tensor, not laid out over a mesh.
   static constexpr bool distributed = false, is_leaf = true, is_scalar = false, elementwise = false;
+  /// @var is_leaf
+  /// @brief true: a leaf has no children.
+  /// @var is_scalar
+  /// @brief false: a tensor, not a plain number.
+  /// @var elementwise
+  /// @brief false: a leaf is read as a block, never fused into an elementwise kernel.
+
+  /// @brief "tensor": how plans and error messages name this leaf.
   static constexpr std::string_view name = "tensor";
+  /// @brief The planner's rule: an output layout of rank `Rank` with no split or partial axis (a local value).
   static constexpr detail::op_rule rule = [] {
     detail::op_rule r;
     r.out.rank = Rank;
     return r;
   }();
 
+  /// @brief Refers to `t`, which must outlive every evaluation of the expression.
   explicit tensor_leaf(const tensor<T, Rank>& t) : t_(&t) {}
+  /// @brief Takes `t` over; copies of this leaf share it.
   explicit tensor_leaf(tensor<T, Rank>&& t) : owned_(std::make_shared<const tensor<T, Rank>>(std::move(t))), t_(owned_.get()) {}
 
+  /// @brief The tensor's extents.
   [[nodiscard]] const shape_t<Rank>& shape() const { return t_->shape(); }
+  /// @brief The tensor this leaf reads.
   [[nodiscard]] const tensor<T, Rank>& value() const { return *t_; }
+  /// @brief The whole tensor, whatever the context: a local tensor is a single block.
   template <class Ctx>
   [[nodiscard]] const tensor<T, Rank>& shard(const Ctx&) const {
     return *t_;
@@ -7579,26 +7689,46 @@ class tensor_leaf {
 template <class DTensor>
 class dtensor_leaf {
  public:
+  /// @brief Marks this class as an expression node (see pdo::tensor_expression).
   using expression_tag = void;
+  /// @brief Element type of the dtensor read.
   using value_type = typename DTensor::value_type;
+  /// @brief Type of the mesh the dtensor is laid out over.
   using mesh_type = typename DTensor::mesh_type;
+  /// @brief Number of dims of the dtensor.
   static constexpr std::size_t rank = DTensor::rank;
+  /// @brief true: the dtensor is laid out over a mesh, one shard per place.
   static constexpr bool distributed = true, is_leaf = true, is_scalar = false, elementwise = false;
+  /// @var is_leaf
+  /// @brief true: a leaf has no children.
+  /// @var is_scalar
+  /// @brief false: a tensor, not a plain number.
+  /// @var elementwise
+  /// @brief false: a leaf is read as a block, never fused into an elementwise kernel.
+
+  /// @brief "dtensor": how plans and error messages name this leaf.
   static constexpr std::string_view name = "dtensor";
+  /// @brief The planner's rule: the output layout is the dtensor's own (DTensor::layout_value).
   static constexpr detail::op_rule rule = [] {
     detail::op_rule r;
     r.out = DTensor::layout_value;
     return r;
   }();
 
+  /// @brief Refers to `t`, which must outlive every evaluation of the expression.
   explicit dtensor_leaf(const DTensor& t) : t_(&t) {}
+  /// @brief Takes `t` over; copies of this leaf share it.
   explicit dtensor_leaf(DTensor&& t) : owned_(std::make_shared<const DTensor>(std::move(t))), t_(owned_.get()) {}
   /// @brief A dtensor kept alive by `t` (the result of an eval_async, say).
   explicit dtensor_leaf(std::shared_ptr<const DTensor> t) : owned_(std::move(t)), t_(owned_.get()) {}
 
+  /// @brief The dtensor's global extents.
   [[nodiscard]] const shape_t<rank>& shape() const { return t_->shape(); }
+  /// @brief The mesh the dtensor is laid out over.
   [[nodiscard]] const mesh_type& mesh() const { return t_->mesh(); }
+  /// @brief The dtensor this leaf reads.
   [[nodiscard]] const DTensor& value() const { return *t_; }
+  /// @brief The shard of the context's place `ctx.p` (a place of this process; else pdo::layout_error).
   template <class Ctx>
   [[nodiscard]] const tensor<value_type, rank>& shard(const Ctx& ctx) const {
     return t_->shard(ctx.p);  // the context of a place of the dtensor's mesh
@@ -7613,16 +7743,33 @@ class dtensor_leaf {
 template <element T>
 class scalar_leaf {
  public:
+  /// @brief Marks this class as an expression node (see pdo::tensor_expression).
   using expression_tag = void;
+  /// @brief The number's own type; an op converts it to its tensor operands' element type.
   using value_type = T;
+  /// @brief void: a number belongs to no mesh.
   using mesh_type = void;
+  /// @brief 0: a number has no dims.
   static constexpr std::size_t rank = 0;
+  /// @brief false: a number is not laid out over a mesh (every place reads the same value).
   static constexpr bool distributed = false, is_leaf = true, is_scalar = true, elementwise = false;
+  /// @var is_leaf
+  /// @brief true: a leaf has no children.
+  /// @var is_scalar
+  /// @brief true: a plain number, broadcast to the shape of the tensors it meets.
+  /// @var elementwise
+  /// @brief false: a number is no op; elementwise kernels read it as a constant.
+
+  /// @brief "scalar": how plans and error messages name this leaf.
   static constexpr std::string_view name = "scalar";
+  /// @brief The planner's rule: empty (rank 0, nothing split); a number needs no layout.
   static constexpr detail::op_rule rule{};
 
+  /// @brief Holds the number `v`.
   explicit scalar_leaf(T v) : value(v) {}
+  /// @brief The empty shape of rank 0.
   [[nodiscard]] shape_t<0> shape() const { return {}; }
+  /// @brief The number, read by every element of the op it is an operand of.
   T value;
 };
 
@@ -7807,12 +7954,14 @@ namespace pdo {
 /// @brief The plan of an expression: its steps in order. A value: usable in
 /// static_assert (`pdo::plan_of<E>().count(pdo::step_kind::all_reduce) == 1`).
 struct expression_plan {
-  static constexpr std::size_t capacity = 96;
-  std::size_t size = 0;
+  static constexpr std::size_t capacity = 96;  ///< the most steps a plan holds
+  std::size_t size = 0;                        ///< the number of steps in use, at the front of `steps`
   std::size_t nodes = 0;  ///< nodes numbered (leaves included)
-  std::array<plan_step, capacity> steps{};
+  std::array<plan_step, capacity> steps{};     ///< the steps, in the order they run
 
+  /// @brief The first step.
   [[nodiscard]] constexpr const plan_step* begin() const { return steps.data(); }
+  /// @brief Past the last step in use (steps + size).
   [[nodiscard]] constexpr const plan_step* end() const { return steps.data() + size; }
   /// @brief How many collectives of kind `k` the plan runs (an all_reduce(max) counts as an all_reduce).
   [[nodiscard]] constexpr std::size_t count(step_kind k) const {
@@ -7842,6 +7991,8 @@ struct expression_plan {
       if (steps[i].kind == plan_step_kind::kernel) return steps[i].layout;
     return {};
   }
+  /// @brief Appends `s`; beyond `capacity` steps, a compile-time error in a constant expression (a thrown
+  /// string literal at run time).
   constexpr void push(const plan_step& s) {
     if (size == capacity) throw "pdo: plan_of: the expression has more steps than a plan holds; evaluate part of it first";
     steps[size++] = s;
@@ -8471,52 +8622,83 @@ enum class linearity {
 };
 
 // Unary ops. `apply` is the math; `name` is what plans and errors print.
+/// @brief negate(x) = -x.
 struct negate {
+  /// @brief The name plans and error messages print for this op ("negate").
   static constexpr std::string_view name = "negate";
+  /// @brief linearity::scaling: the negation of a partial operand stays partial.
   static constexpr linearity rule = linearity::scaling;
+  /// @brief Returns -x.
   template <class T>
   PDO_HD static T apply(T x) { return -x; }
 };
+/// @brief exp(x) = e^x.
 struct exp {
+  /// @brief The name plans and error messages print for this op ("exp").
   static constexpr std::string_view name = "exp";
+  /// @brief linearity::none: a partial (pending-sum) operand is reduced before this op is applied.
   static constexpr linearity rule = linearity::none;
+  /// @brief Returns e^x (std::exp, or T's own exp found by argument-dependent lookup).
   template <class T>
   PDO_HD static T apply(T x) { using std::exp; return static_cast<T>(exp(x)); }
 };
+/// @brief log(x): the natural logarithm.
 struct log {
+  /// @brief The name plans and error messages print for this op ("log").
   static constexpr std::string_view name = "log";
+  /// @brief linearity::none: a partial (pending-sum) operand is reduced before this op is applied.
   static constexpr linearity rule = linearity::none;
+  /// @brief Returns ln x (std::log, or T's own log found by argument-dependent lookup).
   template <class T>
   PDO_HD static T apply(T x) { using std::log; return static_cast<T>(log(x)); }
 };
+/// @brief sqrt(x): the square root.
 struct sqrt {
+  /// @brief The name plans and error messages print for this op ("sqrt").
   static constexpr std::string_view name = "sqrt";
+  /// @brief linearity::none: a partial (pending-sum) operand is reduced before this op is applied.
   static constexpr linearity rule = linearity::none;
+  /// @brief Returns √x (std::sqrt, or T's own sqrt found by argument-dependent lookup).
   template <class T>
   PDO_HD static T apply(T x) { using std::sqrt; return static_cast<T>(sqrt(x)); }
 };
+/// @brief tanh(x): the hyperbolic tangent.
 struct tanh {
+  /// @brief The name plans and error messages print for this op ("tanh").
   static constexpr std::string_view name = "tanh";
+  /// @brief linearity::none: a partial (pending-sum) operand is reduced before this op is applied.
   static constexpr linearity rule = linearity::none;
+  /// @brief Returns tanh x (std::tanh, or T's own tanh found by argument-dependent lookup).
   template <class T>
   PDO_HD static T apply(T x) { using std::tanh; return static_cast<T>(tanh(x)); }
 };
+/// @brief sigmoid(x) = 1 / (1 + e^-x), the logistic function.
 struct sigmoid {
+  /// @brief The name plans and error messages print for this op ("sigmoid").
   static constexpr std::string_view name = "sigmoid";
+  /// @brief linearity::none: a partial (pending-sum) operand is reduced before this op is applied.
   static constexpr linearity rule = linearity::none;
+  /// @brief Returns 1 / (1 + e^-x), computed in T.
   template <class T>
   PDO_HD static T apply(T x) { using std::exp; return static_cast<T>(T(1) / (T(1) + exp(-x))); }
 };
+/// @brief relu(x) = max(x, 0); NaN stays NaN.
 struct relu {
+  /// @brief The name plans and error messages print for this op ("relu").
   static constexpr std::string_view name = "relu";
+  /// @brief linearity::none: a partial (pending-sum) operand is reduced before this op is applied.
   static constexpr linearity rule = linearity::none;
+  /// @brief Returns x where x > 0 or x is NaN, else 0.
   template <class T>
   PDO_HD static T apply(T x) { return (x > T(0) || x != x) ? x : T(0); }  // NaN stays NaN
 };
 /// @brief GELU, exact: x * Φ(x) = 0.5 x (1 + erf(x / √2)), PyTorch's default (F.gelu).
 struct gelu {
+  /// @brief The name plans and error messages print for this op ("gelu").
   static constexpr std::string_view name = "gelu";
+  /// @brief linearity::none: a partial (pending-sum) operand is reduced before this op is applied.
   static constexpr linearity rule = linearity::none;
+  /// @brief Returns the exact gelu of x, computed in double and converted to T.
   template <class T>
   PDO_HD static T apply(T x) {
     using std::erf;
@@ -8527,8 +8709,11 @@ struct gelu {
 
 /// @brief The derivative of the exact gelu: Φ(x) + x φ(x).
 struct gelu_derivative {
+  /// @brief The name plans and error messages print for this op ("gelu_derivative").
   static constexpr std::string_view name = "gelu_derivative";
+  /// @brief linearity::none: a partial (pending-sum) operand is reduced before this op is applied.
   static constexpr linearity rule = linearity::none;
+  /// @brief Returns Φ(x) + x φ(x), computed in double and converted to T.
   template <class T>
   PDO_HD static T apply(T x) {
     using std::erf;
@@ -8541,8 +8726,11 @@ struct gelu_derivative {
 /// @brief GELU, tanh approximation: 0.5 x (1 + tanh(√(2/π) (x + 0.044715 x³))), as in GPT-2
 /// and PyTorch's F.gelu(x, approximate="tanh").
 struct gelu_tanh {
+  /// @brief The name plans and error messages print for this op ("gelu_tanh").
   static constexpr std::string_view name = "gelu_tanh";
+  /// @brief linearity::none: a partial (pending-sum) operand is reduced before this op is applied.
   static constexpr linearity rule = linearity::none;
+  /// @brief Returns the tanh-approximated gelu of x, computed in double and converted to T.
   template <class T>
   PDO_HD static T apply(T x) {
     using std::tanh;
@@ -8553,8 +8741,11 @@ struct gelu_tanh {
 
 /// @brief The derivative of gelu_tanh, for its backward.
 struct gelu_tanh_derivative {
+  /// @brief The name plans and error messages print for this op ("gelu_tanh_derivative").
   static constexpr std::string_view name = "gelu_tanh_derivative";
+  /// @brief linearity::none: a partial (pending-sum) operand is reduced before this op is applied.
   static constexpr linearity rule = linearity::none;
+  /// @brief Returns the derivative of gelu_tanh at x, computed in double; 0.5 (1 + t) where tanh saturates.
   template <class T>
   PDO_HD static T apply(T x) {
     using std::tanh;
@@ -8568,81 +8759,132 @@ struct gelu_tanh_derivative {
 // Binary ops.
 /// @brief expand(a, like): a broadcast to the shape of `like` (whose values are not read).
 struct expand {
+  /// @brief The name plans and error messages print for this op ("expand").
   static constexpr std::string_view name = "expand";
+  /// @brief linearity::none: a partial (pending-sum) operand is reduced before this op is applied.
   static constexpr linearity rule = linearity::none;
+  /// @brief Returns a; the second operand only supplies the shape.
   template <class T>
   PDO_HD static T apply(T a, T) { return a; }
 };
+/// @brief add(a, b) = a + b.
 struct add {
+  /// @brief The name plans and error messages print for this op ("add").
   static constexpr std::string_view name = "add";
+  /// @brief linearity::additive: the sum of operands partial over the same axes stays partial.
   static constexpr linearity rule = linearity::additive;
+  /// @brief Returns a + b.
   template <class T>
   PDO_HD static T apply(T a, T b) { return a + b; }
 };
+/// @brief subtract(a, b) = a - b.
 struct subtract {
+  /// @brief The name plans and error messages print for this op ("subtract").
   static constexpr std::string_view name = "subtract";
+  /// @brief linearity::additive: the difference of operands partial over the same axes stays partial.
   static constexpr linearity rule = linearity::additive;
+  /// @brief Returns a - b.
   template <class T>
   PDO_HD static T apply(T a, T b) { return a - b; }
 };
+/// @brief multiply(a, b) = a * b.
 struct multiply {
+  /// @brief The name plans and error messages print for this op ("multiply").
   static constexpr std::string_view name = "multiply";
+  /// @brief linearity::scaling: a product with exactly one partial operand stays partial.
   static constexpr linearity rule = linearity::scaling;
+  /// @brief Returns a * b.
   template <class T>
   PDO_HD static T apply(T a, T b) { return a * b; }
 };
+/// @brief divide(a, b) = a / b.
 struct divide {
+  /// @brief The name plans and error messages print for this op ("divide").
   static constexpr std::string_view name = "divide";
+  /// @brief linearity::numerator: a partial numerator over a non-partial denominator stays partial.
   static constexpr linearity rule = linearity::numerator;
+  /// @brief Returns a / b (integers truncate; a zero b is not checked).
   template <class T>
   PDO_HD static T apply(T a, T b) { return a / b; }
 };
+/// @brief maximum(a, b): the larger operand, NaN where either is NaN (as PyTorch's maximum).
 struct maximum {
+  /// @brief The name plans and error messages print for this op ("maximum").
   static constexpr std::string_view name = "maximum";
+  /// @brief linearity::none: a partial (pending-sum) operand is reduced before this op is applied.
   static constexpr linearity rule = linearity::none;
+  /// @brief Returns the larger of a and b, or NaN if either is NaN.
   template <class T>
   PDO_HD static T apply(T a, T b) { return detail::nan_max(a, b); }
 };
+/// @brief minimum(a, b): the smaller operand, NaN where either is NaN (as PyTorch's minimum).
 struct minimum {
+  /// @brief The name plans and error messages print for this op ("minimum").
   static constexpr std::string_view name = "minimum";
+  /// @brief linearity::none: a partial (pending-sum) operand is reduced before this op is applied.
   static constexpr linearity rule = linearity::none;
+  /// @brief Returns the smaller of a and b, or NaN if either is NaN.
   template <class T>
   PDO_HD static T apply(T a, T b) { return detail::nan_min(a, b); }
 };
 // Comparisons give 1 where they hold and 0 elsewhere, in the operands' element type.
+/// @brief less(a, b): 1 where a < b, else 0.
 struct less {
+  /// @brief The name plans and error messages print for this op ("less").
   static constexpr std::string_view name = "less";
+  /// @brief linearity::none: a partial (pending-sum) operand is reduced before this op is applied.
   static constexpr linearity rule = linearity::none;
+  /// @brief Returns T(1) if a < b, else T(0) (also when either is NaN).
   template <class T>
   PDO_HD static T apply(T a, T b) { return a < b ? T(1) : T(0); }
 };
+/// @brief less_equal(a, b): 1 where a <= b, else 0.
 struct less_equal {
+  /// @brief The name plans and error messages print for this op ("less_equal").
   static constexpr std::string_view name = "less_equal";
+  /// @brief linearity::none: a partial (pending-sum) operand is reduced before this op is applied.
   static constexpr linearity rule = linearity::none;
+  /// @brief Returns T(1) if a <= b, else T(0) (also when either is NaN).
   template <class T>
   PDO_HD static T apply(T a, T b) { return a <= b ? T(1) : T(0); }
 };
+/// @brief greater(a, b): 1 where a > b, else 0.
 struct greater {
+  /// @brief The name plans and error messages print for this op ("greater").
   static constexpr std::string_view name = "greater";
+  /// @brief linearity::none: a partial (pending-sum) operand is reduced before this op is applied.
   static constexpr linearity rule = linearity::none;
+  /// @brief Returns T(1) if a > b, else T(0) (also when either is NaN).
   template <class T>
   PDO_HD static T apply(T a, T b) { return a > b ? T(1) : T(0); }
 };
+/// @brief greater_equal(a, b): 1 where a >= b, else 0.
 struct greater_equal {
+  /// @brief The name plans and error messages print for this op ("greater_equal").
   static constexpr std::string_view name = "greater_equal";
+  /// @brief linearity::none: a partial (pending-sum) operand is reduced before this op is applied.
   static constexpr linearity rule = linearity::none;
+  /// @brief Returns T(1) if a >= b, else T(0) (also when either is NaN).
   template <class T>
   PDO_HD static T apply(T a, T b) { return a >= b ? T(1) : T(0); }
 };
+/// @brief equal(a, b): 1 where a == b, else 0.
 struct equal {
+  /// @brief The name plans and error messages print for this op ("equal").
   static constexpr std::string_view name = "equal";
+  /// @brief linearity::none: a partial (pending-sum) operand is reduced before this op is applied.
   static constexpr linearity rule = linearity::none;
+  /// @brief Returns T(1) if a == b, else T(0) (NaN equals nothing).
   template <class T>
   PDO_HD static T apply(T a, T b) { return a == b ? T(1) : T(0); }
 };
+/// @brief not_equal(a, b): 1 where a != b, else 0.
 struct not_equal {
+  /// @brief The name plans and error messages print for this op ("not_equal").
   static constexpr std::string_view name = "not_equal";
+  /// @brief linearity::none: a partial (pending-sum) operand is reduced before this op is applied.
   static constexpr linearity rule = linearity::none;
+  /// @brief Returns T(1) if a != b, else T(0) (NaN differs from everything).
   template <class T>
   PDO_HD static T apply(T a, T b) { return a != b ? T(1) : T(0); }
 };
@@ -8651,16 +8893,22 @@ struct not_equal {
 /// @brief 1 where a equals b, NaN matching NaN, else 0: the elements a maximum (or minimum)
 /// reached, among which its gradient is shared.
 struct matches {
+  /// @brief The name plans and error messages print for this op ("matches").
   static constexpr std::string_view name = "matches";
+  /// @brief linearity::none: a partial (pending-sum) operand is reduced before this op is applied.
   static constexpr linearity rule = linearity::none;
+  /// @brief Returns T(1) if a == b or both are NaN, else T(0).
   template <class T>
   PDO_HD static T apply(T a, T b) { return (a == b || (a != a && b != b)) ? T(1) : T(0); }
 };
 /// @brief The share of maximum(a, b)'s gradient that goes to a: 1 where a is chosen (larger,
 /// or NaN where b is not), 1/2 where they tie (equal, or both NaN), else 0 (PyTorch's rule).
 struct maximum_share {
+  /// @brief The name plans and error messages print for this op ("maximum_share").
   static constexpr std::string_view name = "maximum_share";
+  /// @brief linearity::none: a partial (pending-sum) operand is reduced before this op is applied.
   static constexpr linearity rule = linearity::none;
+  /// @brief Returns 1/2 on a tie or where both are NaN, 1 where a > b or only a is NaN, else 0.
   template <class T>
   PDO_HD static T apply(T a, T b) {
     if (a == b || (a != a && b != b)) return T(0.5);
@@ -8669,8 +8917,11 @@ struct maximum_share {
 };
 /// @brief The share of minimum(a, b)'s gradient that goes to a (see maximum_share).
 struct minimum_share {
+  /// @brief The name plans and error messages print for this op ("minimum_share").
   static constexpr std::string_view name = "minimum_share";
+  /// @brief linearity::none: a partial (pending-sum) operand is reduced before this op is applied.
   static constexpr linearity rule = linearity::none;
+  /// @brief Returns 1/2 on a tie or where both are NaN, 1 where a < b or only a is NaN, else 0.
   template <class T>
   PDO_HD static T apply(T a, T b) {
     if (a == b || (a != a && b != b)) return T(0.5);
@@ -8681,8 +8932,11 @@ struct minimum_share {
 // Ternary op.
 /// @brief where(c, a, b): a where c is nonzero, else b.
 struct where {
+  /// @brief The name plans and error messages print for this op ("where").
   static constexpr std::string_view name = "where";
+  /// @brief linearity::none: a partial (pending-sum) operand is reduced before this op is applied.
   static constexpr linearity rule = linearity::none;
+  /// @brief Returns a if c is nonzero, else b.
   template <class T>
   PDO_HD static T apply(T c, T a, T b) { return c != T(0) ? a : b; }
 };
@@ -8843,15 +9097,23 @@ template <class Op, class... Children>
 class elementwise_node : public detail::op_node<Children...> {
 
  public:
+  /// @brief Element type of the result: that of the first tensor operand (numbers are converted to it).
   using value_type = typename detail::common_value<Children...>::type;
   static_assert(detail::same_element_types<value_type, Children...>,
                 "pdo: an elementwise op's tensor operands have different element types; convert one first");
+  /// @brief The largest rank among the operands.
   static constexpr std::size_t rank = detail::max_rank_of<Children::rank...>();
+  /// @brief true: elementwise children that need no redistribution run inside this node's kernel.
   static constexpr bool elementwise = true;
+  /// @brief The op's name (Op::name), as plans and error messages print it.
   static constexpr std::string_view name = Op::name;
+  /// @brief The planner's rule (detail::elementwise_rule): operand layouts broadcast to `rank` dims, partial
+  /// operands kept partial where Op::rule allows.
   static constexpr detail::op_rule rule = detail::elementwise_rule<sizeof...(Children)>(
       detail::partial_rule_of<Op>(), {Children::rule.out...}, {Children::is_scalar...}, rank);
 
+  /// @brief Broadcasts the operands' shapes: pdo::shape_error when they do not broadcast, pdo::layout_error
+  /// when a dim of extent 1 that broadcasts is split.
   explicit elementwise_node(Children... c) : detail::op_node<Children...>(std::move(c)...) {
     shape_.fill(1);
     bool ok = true;
@@ -8860,6 +9122,7 @@ class elementwise_node : public detail::op_node<Children...> {
     if constexpr (elementwise_node::distributed) check_split_broadcast(std::index_sequence_for<Children...>{});
   }
 
+  /// @brief The operands' broadcast shape.
   [[nodiscard]] const shape_t<rank>& shape() const { return shape_; }
 
   /// @brief The reader of this node's subexpression inside a fused group; children that
@@ -8869,6 +9132,7 @@ class elementwise_node : public detail::op_node<Children...> {
     return reader_of(ctx, frame, std::index_sequence_for<Children...>{});
   }
 
+  /// @brief Writes this place's block of the result into `out`: the whole fused group in one pass.
   template <class Ctx>
   void kernel(Ctx& ctx, tensor<value_type, rank>& out) const {
     detail::group_frame<rank> frame{out.shape(), ctx.local_offset(rule.out, shape_)};
@@ -8973,19 +9237,27 @@ struct transpose_element {
 template <class C>
 class transpose_node : public detail::op_node<C> {
  public:
+  /// @brief The operand's element type, which the result keeps.
   using value_type = typename C::value_type;
   static_assert(C::rank >= 2, "pdo: transpose: needs at least 2 dims");
+  /// @brief The operand's rank (at least 2).
   static constexpr std::size_t rank = C::rank;
+  /// @brief false: a transpose is never fused into an elementwise group (a local matmul may read it in place).
   static constexpr bool elementwise = false;
+  /// @brief "transpose": how plans and error messages name this op.
   static constexpr std::string_view name = "transpose";
+  /// @brief The planner's rule (detail::transpose_rule): the last two dims' splits swap; partial stays partial.
   static constexpr detail::op_rule rule = detail::transpose_rule(C::rule.out);
 
+  /// @brief Takes the operand's shape with its last two extents swapped.
   explicit transpose_node(C c) : detail::op_node<C>(std::move(c)) {
     shape_ = std::get<0>(this->children_).shape();
     std::swap(shape_[rank - 2], shape_[rank - 1]);
   }
+  /// @brief The operand's shape with its last two extents swapped.
   [[nodiscard]] const shape_t<rank>& shape() const { return shape_; }
 
+  /// @brief Writes the transpose of this place's block of the operand into `out`.
   template <class Ctx>
   void kernel(Ctx& ctx, tensor<value_type, rank>& out) const {
     const auto in = ctx.template operand<0>();
@@ -9231,15 +9503,20 @@ template <class A, class B>
 class matmul_node : public detail::op_node<A, B> {
 
  public:
+  /// @brief Element type of both operands and of the result.
   using value_type = typename A::value_type;
   static_assert(std::is_same_v<value_type, typename B::value_type>,
                 "pdo: matmul: the operands have different element types; convert one first");
   static_assert(A::rank >= 2 && B::rank >= 2, "pdo: matmul: both operands need at least 2 dims ([M, K] and [K, N])");
   static_assert(B::rank == 2 || B::rank == A::rank,
                 "pdo: matmul: b must be a matrix [K, N] or have a's batch dims [..., K, N]");
+  /// @brief a's rank: the result is [..., M, N].
   static constexpr std::size_t rank = A::rank;
+  /// @brief false: a matmul is never fused into an elementwise group.
   static constexpr bool elementwise = false;
+  /// @brief "matmul": how plans and error messages name this op.
   static constexpr std::string_view name = "matmul";
+  /// @brief The planner's rule (detail::matmul_rule): which of M, K, N and the batch dims stay split.
   static constexpr detail::op_rule rule = detail::matmul_rule(A::rule.out, B::rule.out);
   /// @brief A local 2-D product reads operand I in place when it is the transpose of a
   /// stored matrix: gemm takes it as a transposed operand, with no copy (fused, in its plan).
@@ -9247,6 +9524,7 @@ class matmul_node : public detail::op_node<A, B> {
   static constexpr bool reads_in_place =
       !detail::op_node<A, B>::distributed && rank == 2 && detail::is_transposed_leaf_v<std::tuple_element_t<I, std::tuple<A, B>>>;
 
+  /// @brief pdo::shape_error unless a's last dim equals b's second-to-last and the batch dims agree.
   matmul_node(A a, B b) : detail::op_node<A, B>(std::move(a), std::move(b)) {
     const auto sa = std::get<0>(this->children_).shape();
     const auto sb = std::get<1>(this->children_).shape();
@@ -9261,8 +9539,11 @@ class matmul_node : public detail::op_node<A, B> {
     shape_[rank - 1] = sb[B::rank - 1];
   }
 
+  /// @brief [..., M, N]: a's dims with the last one replaced by b's last.
   [[nodiscard]] const shape_t<rank>& shape() const { return shape_; }
 
+  /// @brief Writes this place's block of the product into `out` with gemm, batch by batch (on a GPU, one
+  /// strided batched cuBLAS call when the operand blocks hold exactly the output's batches).
   template <class Ctx>
   void kernel(Ctx& ctx, tensor<value_type, rank>& out) const {
     if constexpr (!Ctx::distributed && (reads_in_place<0> || reads_in_place<1>)) {
@@ -9445,17 +9726,24 @@ namespace pdo {
 template <detail::reduction What, std::size_t Dim, bool All, class C>
 class reduce_node : public detail::op_node<C> {
  public:
+  /// @brief The operand's element type, which the result keeps.
   using value_type = typename C::value_type;
   static_assert(All || Dim < C::rank, "pdo: sum/mean/max: the dim to reduce is out of range for the operand's rank");
   static_assert(What != detail::reduction::mean || std::is_floating_point_v<value_type>,
                 "pdo: mean: needs a floating-point operand");
+  /// @brief 0 when `All`, else the operand's rank less the reduced dim.
   static constexpr std::size_t rank = All ? 0 : C::rank - 1;
+  /// @brief false: a reduction is never fused into an elementwise group.
   static constexpr bool elementwise = false;
+  /// @brief "sum", "mean" or "max", as plans and error messages print it.
   static constexpr std::string_view name =
       What == detail::reduction::sum ? "sum" : What == detail::reduction::mean ? "mean" : "max";
+  /// @brief The planner's rule: a split reduced dim leaves a partial sum (sum, mean), or an all_reduce(max)
+  /// after the kernel (max); see detail::reduce_rule and detail::reduce_all_rule.
   static constexpr detail::op_rule rule = All ? detail::reduce_all_rule(C::rule.out, What == detail::reduction::max)
                                               : detail::reduce_rule(C::rule.out, Dim, What == detail::reduction::max);
 
+  /// @brief pdo::shape_error for a max over no elements.
   explicit reduce_node(C c) : detail::op_node<C>(std::move(c)) {
     const auto s = std::get<0>(this->children_).shape();
     if (What == detail::reduction::max && (All ? detail::volume(s) : s[All ? 0 : Dim]) == 0)
@@ -9465,8 +9753,10 @@ class reduce_node : public detail::op_node<C> {
         if (d != Dim) shape_[o++] = s[d];
   }
 
+  /// @brief The operand's shape without dim `Dim` (empty when `All`).
   [[nodiscard]] const shape_t<rank>& shape() const { return shape_; }
 
+  /// @brief Reduces this place's block of the operand into `out`; a mean divides by the global count.
   template <class Ctx>
   void kernel(Ctx& ctx, tensor<value_type, rank>& out) const {
     const auto in = ctx.template operand<0>();
@@ -9502,15 +9792,22 @@ namespace pdo {
 template <std::size_t Rank, class C>
 class reshape_node : public detail::op_node<C> {
  public:
+  /// @brief The operand's element type, which the result keeps.
   using value_type = typename C::value_type;
+  /// @brief Number of dims of the new shape.
   static constexpr std::size_t rank = Rank;
+  /// @brief false: a reshape is never fused into an elementwise group.
   static constexpr bool elementwise = false;
+  /// @brief "reshape": how plans and error messages name this op.
   static constexpr std::string_view name = "reshape";
   static_assert(detail::kept_dims(C::rule.out) <= Rank,
                 "pdo: reshape: the result must keep every dim up to the operand's last split dim; gather the split "
                 "dims first (pdo::redistribute) or reshape only trailing replicated dims");
+  /// @brief The planner's rule (detail::reshape_rule): kept dims keep their split, the rest are replicated.
   static constexpr detail::op_rule rule = detail::reshape_rule(C::rule.out, Rank);
 
+  /// @brief pdo::shape_error unless `shape` has the operand's element count and keeps the dims up to its
+  /// last split one.
   reshape_node(C c, const shape_t<Rank>& shape) : detail::op_node<C>(std::move(c)), shape_(shape) {
     const auto s = std::get<0>(this->children_).shape();
     bool ok = detail::volume(s) == detail::checked_volume(shape_, "reshape", sizeof(value_type));
@@ -9519,8 +9816,10 @@ class reshape_node : public detail::op_node<C> {
       throw shape_error("reshape: " + detail::describe_node(std::get<0>(this->children_)) + " to " + detail::format_extents(shape_) +
                         ": the number of elements must stay the same, and the dims up to the last split one must be kept");
   }
+  /// @brief The new shape.
   [[nodiscard]] const shape_t<Rank>& shape() const { return shape_; }
 
+  /// @brief Copies this place's block of the operand into `out` unchanged (row-major order is kept).
   template <class Ctx>
   void kernel(Ctx& ctx, tensor<value_type, rank>& out) const {
     const auto in = ctx.template operand<0>();
@@ -9537,20 +9836,28 @@ class reshape_node : public detail::op_node<C> {
 template <std::size_t Dim, class C>
 class unsqueeze_node : public detail::op_node<C> {
  public:
+  /// @brief The operand's element type, which the result keeps.
   using value_type = typename C::value_type;
+  /// @brief One more than the operand's rank.
   static constexpr std::size_t rank = C::rank + 1;
   static_assert(Dim <= C::rank, "pdo: unsqueeze: the dim to insert is beyond the operand's rank");
   static_assert(rank <= detail::max_rank, "pdo: unsqueeze: the result would have more dims than pdo's layouts hold");
+  /// @brief false: an unsqueeze is never fused into an elementwise group.
   static constexpr bool elementwise = false;
+  /// @brief "unsqueeze": how plans and error messages name this op.
   static constexpr std::string_view name = "unsqueeze";
+  /// @brief The planner's rule (detail::unsqueeze_rule): the new dim is replicated, the others keep their split.
   static constexpr detail::op_rule rule = detail::unsqueeze_rule(C::rule.out, Dim);
 
+  /// @brief Takes the operand's shape with a 1 inserted at `Dim`.
   explicit unsqueeze_node(C c) : detail::op_node<C>(std::move(c)) {
     const auto s = std::get<0>(this->children_).shape();
     for (std::size_t d = 0, i = 0; d < rank; ++d) shape_[d] = d == Dim ? 1 : s[i++];
   }
+  /// @brief The operand's shape with a dim of extent 1 at `Dim`.
   [[nodiscard]] const shape_t<rank>& shape() const { return shape_; }
 
+  /// @brief Copies this place's block of the operand into `out` unchanged.
   template <class Ctx>
   void kernel(Ctx& ctx, tensor<value_type, rank>& out) const {
     const auto in = ctx.template operand<0>();
@@ -9693,17 +10000,25 @@ namespace pdo {
 template <bool Log, std::size_t Dim, class C>
 class softmax_node : public detail::op_node<C> {
  public:
+  /// @brief The operand's floating-point element type, which the result keeps.
   using value_type = typename C::value_type;
   static_assert(Dim < C::rank, "pdo: softmax: the dim is out of range for the operand's rank");
   static_assert(std::is_floating_point_v<value_type>, "pdo: softmax: needs a floating-point operand");
+  /// @brief The operand's rank.
   static constexpr std::size_t rank = C::rank;
+  /// @brief false: a softmax is never fused into an elementwise group.
   static constexpr bool elementwise = false;
+  /// @brief "softmax" or "log_softmax", as plans and error messages print it.
   static constexpr std::string_view name = Log ? "log_softmax" : "softmax";
+  /// @brief The planner's rule (detail::along_dim_rule): dim `Dim` whole on each place, partials reduced.
   static constexpr detail::op_rule rule = detail::along_dim_rule(C::rule.out, Dim);
 
+  /// @brief Wraps the operand; no check runs here (the dim and type are checked at compile time).
   explicit softmax_node(C c) : detail::op_node<C>(std::move(c)) {}
+  /// @brief The operand's shape.
   [[nodiscard]] shape_t<rank> shape() const { return std::get<0>(this->children_).shape(); }
 
+  /// @brief Writes the softmax (or log_softmax) along `Dim` of this place's block of the operand into `out`.
   template <class Ctx>
   void kernel(Ctx& ctx, tensor<value_type, rank>& out) const {
     const auto in = ctx.template operand<0>();
@@ -9719,14 +10034,21 @@ template <class Logits, class Labels>
 class cross_entropy_node : public detail::op_node<Logits, Labels> {
 
  public:
+  /// @brief The logits' floating-point element type, which the loss has.
   using value_type = typename Logits::value_type;
   static_assert(Logits::rank == 2 && Labels::rank == 1, "pdo: cross_entropy: takes logits [N, C] and labels [N]");
   static_assert(std::is_floating_point_v<value_type>, "pdo: cross_entropy: needs floating-point logits");
+  /// @brief 0: the loss is one number.
   static constexpr std::size_t rank = 0;
+  /// @brief false: a cross_entropy is never fused into an elementwise group.
   static constexpr bool elementwise = false;
+  /// @brief "cross_entropy": how plans and error messages name this op.
   static constexpr std::string_view name = "cross_entropy";
+  /// @brief The planner's rule (detail::cross_entropy_rule): classes gathered, labels beside their rows; a split
+  /// N makes the result partial.
   static constexpr detail::op_rule rule = detail::cross_entropy_rule(Logits::rule.out, Labels::rule.out);
 
+  /// @brief pdo::shape_error unless there is one label per row of logits and, for N > 0, at least one class.
   cross_entropy_node(Logits logits, Labels labels) : detail::op_node<Logits, Labels>(std::move(logits), std::move(labels)) {
     const auto sl = std::get<0>(this->children_).shape();
     const auto sb = std::get<1>(this->children_).shape();
@@ -9735,8 +10057,11 @@ class cross_entropy_node : public detail::op_node<Logits, Labels> {
                         detail::describe_node(std::get<1>(this->children_)) +
                         ": need one label per row of logits and at least one class");
   }
+  /// @brief The empty shape of rank 0.
   [[nodiscard]] shape_t<0> shape() const { return {}; }
 
+  /// @brief Writes into `out` this place's rows' summed losses divided by the global N; pdo::shape_error when
+  /// a label is not a class index in [0, C).
   template <class Ctx>
   void kernel(Ctx& ctx, tensor<value_type, 0>& out) const {
     const auto logits = ctx.template operand<0>();
@@ -10234,9 +10559,12 @@ auto queue_evaluation(Expr&& expr, bool caller_waits) {
 template <class DTensor>
 class async_result {
  public:
+  /// @brief The result's dtensor type.
   using value_type = DTensor;
+  /// @brief Marks this class as an async result: expressions take it as a dtensor operand.
   using async_result_tag = void;
 
+  /// @brief The result `*result`, owned by the queued evaluation `state` (what eval_async returns).
   async_result(std::shared_ptr<const detail::queued_evaluation> state, DTensor* result)
       : state_(std::move(state)), result_(result) {}
 
@@ -10642,9 +10970,13 @@ template <class V>
 class var {
  public:
   static_assert(detail::value_kind<V>::valid, "pdo: var holds a pdo::tensor or a pdo::dtensor");
+  /// @brief The held value's type: a pdo::tensor or a pdo::dtensor.
   using value_type = V;
+  /// @brief The value's element type.
   using element_type = typename detail::value_kind<V>::element_type;
+  /// @brief The value's number of dims.
   static constexpr std::size_t rank = detail::value_kind<V>::rank;
+  /// @brief Whether the value is a dtensor (laid out over a mesh) rather than a local tensor.
   static constexpr bool distributed = detail::value_kind<V>::distributed;
 
   var() = default;
@@ -10657,12 +10989,17 @@ class var {
   /// @brief An op's result, recorded with the nodes it was computed from.
   var(std::shared_ptr<detail::value_node<V>> node, bool requires_grad) : node_(std::move(node)), requires_grad_(requires_grad) {}
 
+  /// @brief The value (a default-constructed var has none: do not call this on one).
   [[nodiscard]] const V& value() const { return node_->value; }
   /// @brief The value, to change in place (optimizers update parameters this way).
   [[nodiscard]] V& value() { return node_->value; }
+  /// @brief The value's (global) extents.
   [[nodiscard]] const auto& shape() const { return node_->value.shape(); }
+  /// @brief Whether backward computes a gradient for this value: a parameter, or a result of one.
   [[nodiscard]] bool requires_grad() const { return requires_grad_; }
+  /// @brief Whether this var was made from a value (a constant or a parameter) rather than by an op.
   [[nodiscard]] bool is_leaf() const { return node_->leaf; }
+  /// @brief Whether a gradient is held now (backward reached this value and it was not zeroed or freed).
   [[nodiscard]] bool has_grad() const { return node_->grad.has_value(); }
   /// @brief The gradient accumulated by pdo::backward (for a partial dtensor: replicated over its partial axes).
   [[nodiscard]] const detail::grad_t<V>& grad() const {
@@ -10671,12 +11008,14 @@ class var {
                                                                           : "the value does not require a gradient"));
     return *node_->grad;
   }
+  /// @brief The gradient, writable; pdo::error when there is none (see the const overload).
   [[nodiscard]] detail::grad_t<V>& grad() { return const_cast<detail::grad_t<V>&>(std::as_const(*this).grad()); }
   /// @brief Forgets the gradient (before the next backward, which would add to it).
   void zero_grad() { node_->grad.reset(); }
   /// @brief Calls `f()` during backward once this leaf's gradient is complete.
   void on_gradient(std::function<void()> f) { node_->on_gradient = std::move(f); }
 
+  /// @brief The recorded graph node shared by copies of this var: its value, gradient and backward function.
   [[nodiscard]] const std::shared_ptr<detail::value_node<V>>& node() const { return node_; }
 
  private:
@@ -10823,17 +11162,24 @@ struct cross_entropy_grad_row {
 template <class Logits, class Labels>
 class cross_entropy_grad_node : public detail::op_node<Logits, Labels> {
  public:
+  /// @brief The logits' element type, which the gradient has.
   using value_type = typename Logits::value_type;
   static_assert(Logits::rank == 2 && Labels::rank == 1, "pdo: cross_entropy: takes logits [N, C] and labels [N]");
+  /// @brief 2: the gradient is [N, C], like the logits.
   static constexpr std::size_t rank = 2;
+  /// @brief false: never fused into an elementwise group.
   static constexpr bool elementwise = false;
+  /// @brief "cross_entropy_grad": how plans and error messages name this op.
   static constexpr std::string_view name = "cross_entropy_grad";
+  /// @brief The planner's rule: cross_entropy's operand layouts, with the output laid out as the logits operand.
   static constexpr detail::op_rule rule = [] {
     detail::op_rule r = detail::cross_entropy_rule(Logits::rule.out, Labels::rule.out);
     r.out = r.operands[0];
     return r;
   }();
 
+  /// @brief The gradient of `scale * cross_entropy(logits, labels)`; pdo::shape_error unless there is one label
+  /// per row of logits.
   cross_entropy_grad_node(Logits logits, Labels labels, value_type scale)
       : detail::op_node<Logits, Labels>(std::move(logits), std::move(labels)), scale_(scale) {
     shape_ = std::get<0>(this->children_).shape();
@@ -10841,8 +11187,11 @@ class cross_entropy_grad_node : public detail::op_node<Logits, Labels> {
       throw shape_error("cross_entropy backward: logits " + detail::describe_node(std::get<0>(this->children_)) + " and labels " +
                         detail::describe_node(std::get<1>(this->children_)) + ": need one label per row of logits");
   }
+  /// @brief The logits' shape, [N, C].
   [[nodiscard]] const shape_t<2>& shape() const { return shape_; }
 
+  /// @brief Writes this place's rows of the gradient into `out`, scaled by `scale` / global N. Labels are not
+  /// range-checked: a row whose label is outside [0, C) gets softmax * scale / N, with no one-hot term.
   template <class Ctx>
   void kernel(Ctx& ctx, tensor<value_type, 2>& out) const {
     const auto logits = ctx.template operand<0>();
@@ -11743,8 +12092,8 @@ namespace pdo {
 
 /// @brief Stride and zero padding of conv2d and the pools.
 struct window_options {
-  std::size_t stride = 1;
-  std::size_t padding = 0;
+  std::size_t stride = 1;   ///< step between windows, in pixels, along H and W; 0 in a pool means the kernel size
+  std::size_t padding = 0;  ///< zero cells added on each side of H and W
 };
 
 namespace detail {
@@ -13288,7 +13637,9 @@ class prefetched {
   /// @brief `tasks`' work fills the result; `take()` makes it, once they have all ended.
   prefetched(std::vector<detail::task_handle> tasks, std::function<Result()> take)
       : tasks_(std::move(tasks)), take_(std::move(take)) {}
+  /// @brief Takes over `other`'s work and result.
   prefetched(prefetched&&) noexcept = default;
+  /// @brief Waits for this one's own work (its result is dropped), then takes over `other`'s.
   prefetched& operator=(prefetched&& other) noexcept {
     if (this != &other) {
       finish();
@@ -13649,8 +14000,8 @@ namespace pdo::nn {
 /// @brief The rows of a global batch that one place trains on.
 template <class T, std::size_t R, class Target>
 struct batch_shard {
-  tensor<T, R> inputs;
-  Target targets;
+  tensor<T, R> inputs;  ///< the place's input rows, in its memory; dim 0 is the rows
+  Target targets;       ///< the targets of the same rows, in the same order and memory
 };
 
 }  // namespace pdo::nn
@@ -13728,9 +14079,11 @@ using rng = std::mt19937_64;
 template <class T>
 class parameter_ref {
  public:
+  /// @brief Refers to `v` (a var of a tensor or dtensor of T) under `name`; `v`'s node is shared, not copied.
   template <class V>
   parameter_ref(std::string name, var<V> v) : name_(std::move(name)), impl_(std::make_shared<holder<V>>(std::move(v))) {}
 
+  /// @brief The parameter's name, prefixed as the model listed it ("0.weight").
   [[nodiscard]] const std::string& name() const { return name_; }
   /// @brief The values, one block per tensor or local shard.
   [[nodiscard]] std::vector<std::span<T>> value_blocks() const { return impl_->value_blocks(); }
@@ -13755,6 +14108,7 @@ class parameter_ref {
     for (const auto& b : impl_->value_blocks()) n += b.size();
     return n;
   }
+  /// @brief The bytes of this process's blocks: size() * sizeof(T).
   [[nodiscard]] std::size_t bytes() const { return size() * sizeof(T); }
   /// @brief A local parameter's gradient, zero-filled first if there is none (a place with
   /// no samples still takes part in the gradient all_reduce).
@@ -13764,7 +14118,9 @@ class parameter_ref {
   /// the layout (replicated blocks are not counted twice). 0 without a gradient. For a
   /// dtensor this is a collective: every process calls it.
   [[nodiscard]] double grad_squared_norm() const { return impl_->grad_squared_norm(); }
+  /// @brief Drops the parameter's gradient, so the next backward starts from none (see var::zero_grad).
   void zero_grad() const { impl_->zero_grad(); }
+  /// @brief Has backward call `f()` once this parameter's gradient is complete; replaces any earlier hook.
   void on_gradient(std::function<void()> f) const { impl_->on_gradient(std::move(f)); }
   /// @brief "f32[16, 8]" for a local parameter, "f32[16, 8]{split<tp>, replicate} on mesh(tp=2)" for a dtensor.
   [[nodiscard]] std::string shape_text() const { return impl_->shape_text(); }
@@ -14014,10 +14370,14 @@ namespace pdo::nn {
 
 /// @brief A span of one step on one place, in microseconds from the step's start.
 struct step_event {
-  std::size_t place = 0;
+  std::size_t place = 0;  ///< the place's index in the mesh
   std::string what;  ///< "forward", "backward", "all_reduce" (or "reduce_scatter", "all_gather" under ZeRO-1), "optimizer"
-  std::size_t bucket = 0;
+  std::size_t bucket = 0;  ///< the bucket of a collective (0 for the other events)
+  /// @brief When the span began, in microseconds from the step's start.
   double start_us = 0, end_us = 0;
+  /// @var end_us
+  /// @brief When the span ended, in microseconds from the step's start.
+
   /// @brief For a bucket's collective: when backward queued it on the communication lane
   /// (start_us is when that lane began it). Otherwise start_us.
   double queued_us = 0;
@@ -14045,6 +14405,7 @@ struct bucket_options {
 template <class T, class Mesh, fixed_string Axis>
 class gradient_buckets {
  public:
+  /// @brief The index of `Axis` among the mesh's axes.
   static constexpr std::size_t axis = Mesh::axis_index(Axis);
   static_assert(axis < Mesh::ndim, "pdo: gradient_buckets: the mesh has no such axis");
 
@@ -14057,19 +14418,24 @@ class gradient_buckets {
     v.add_partial(std::string_view(Axis));
     return v;
   }();
+  /// @brief A bucket replicated: every place holds the whole sum (after the all_reduce).
   static constexpr detail::layout_value replicated = [] {
     detail::layout_value v;
     v.rank = 1;
     return v;
   }();
+  /// @brief A bucket sliced over the axis: each place holds the sum of its chunk (ZeRO-1, after the reduce_scatter).
   static constexpr detail::layout_value sliced = [] {
     detail::layout_value v;
     v.rank = 1;
     v.dim_axis[0] = std::string_view(Axis);
     return v;
   }();
+  /// @brief The planner's plan from gradient_layout to replicated: one all_reduce (checked below).
   static constexpr redistribute_plan sync_plan = detail::plan_redistribute(gradient_layout, replicated);
+  /// @brief The planner's plan from gradient_layout to sliced (ZeRO-1): one reduce_scatter.
   static constexpr redistribute_plan scatter_plan = detail::plan_redistribute(gradient_layout, sliced);
+  /// @brief The planner's plan from sliced to replicated (ZeRO-1's updated slices): one all_gather.
   static constexpr redistribute_plan gather_plan = detail::plan_redistribute(sliced, replicated);
   static_assert(sync_plan.size == 1 && sync_plan.steps[0].kind == step_kind::all_reduce,
                 "pdo: gradient_buckets: the planner should sync a partial gradient with one all_reduce");
@@ -14078,6 +14444,8 @@ class gradient_buckets {
   static_assert(gather_plan.size == 1 && gather_plan.steps[0].kind == step_kind::all_gather,
                 "pdo: gradient_buckets: the planner should gather slices with one all_gather");
 
+  /// @brief Groups `params`, the parameters of mesh place `place`, into buckets, last parameter first (the
+  /// order backward completes them); under ZeRO-1 also cuts this place's slice of each bucket.
   gradient_buckets(const Mesh& m, std::size_t place, std::vector<parameter_ref<T>> params, bucket_options o)
       : mesh_(m), place_(place), params_(std::move(params)), options_(o) {
     const std::size_t parts = m.extent(axis), me = m.coord(place, axis);
@@ -14187,7 +14555,9 @@ class gradient_buckets {
     for (const auto& b : buckets_) out.push_back(b.params);
     return out;
   }
+  /// @brief The number of gradient elements in bucket `b`.
   [[nodiscard]] std::size_t elements(std::size_t b) const { return buckets_[b].elements; }
+  /// @brief The number of buckets.
   [[nodiscard]] std::size_t size() const { return buckets_.size(); }
   /// @brief The optimizer state this place keeps: all the elements, or under ZeRO-1 its slices.
   [[nodiscard]] std::size_t optimizer_state_elements() const {
@@ -14199,6 +14569,7 @@ class gradient_buckets {
   [[nodiscard]] static constexpr const redistribute_step& step_of(bool zero1) {
     return zero1 ? scatter_plan.steps[0] : sync_plan.steps[0];
   }
+  /// @brief The redistribution step this place's buckets run: reduce_scatter under ZeRO-1, else all_reduce.
   [[nodiscard]] const redistribute_step& step() const { return step_of(options_.zero1); }
 
   /// @brief Microseconds since begin_step().
@@ -14208,6 +14579,7 @@ class gradient_buckets {
     std::lock_guard lock(events_mutex_);
     events_.push_back({place_, std::move(what), b, from, to, queued < 0 ? from : queued});
   }
+  /// @brief The events recorded since begin_step(), in the order recorded.
   [[nodiscard]] std::vector<step_event> events() const {
     std::lock_guard lock(events_mutex_);
     return events_;
@@ -14349,22 +14721,27 @@ namespace pdo::nn {
 template <class T, class W = tensor<T, 2>, class B = tensor<T, 1>>
 class linear {
  public:
+  /// @brief Local parameters weight [in, out] and bias [out], drawn from U(-1/√in, 1/√in) with `gen`, in the
+  /// memory of the place running the calling thread.
   linear(std::size_t in, std::size_t out, rng& gen)
     requires(std::is_same_v<W, tensor<T, 2>> && std::is_same_v<B, tensor<T, 1>>)
       : weight(parameter(init::fan_in_uniform<T>(shape_t<2>{in, out}, in, gen))),
         bias(parameter(init::fan_in_uniform<T>(shape_t<1>{out}, in, gen))) {}
+  /// @brief Takes given parameters: w [in, out] and b [out] (tensors, or dtensors laid out for tensor parallelism).
   linear(var<W> w, var<B> b) : weight(std::move(w)), bias(std::move(b)) {}
 
+  /// @brief x [..., in] W + b: [..., out].
   template <class V>
   auto operator()(const var<V>& x) const {
     return pdo::matmul(x, weight) + bias;
   }
+  /// @brief "weight" and "bias", each name prefixed with `prefix`.
   [[nodiscard]] std::vector<parameter_ref<T>> parameters(const std::string& prefix = "") const {
     return {{prefix + "weight", weight}, {prefix + "bias", bias}};
   }
 
-  var<W> weight;
-  var<B> bias;
+  var<W> weight;  ///< W [in, out]
+  var<B> bias;    ///< b [out]
 };
 
 /// @brief 2-D convolution over [N, in_channels, H, W] with a square kernel.
@@ -14374,20 +14751,25 @@ class linear {
 template <class T>
 class conv2d {
  public:
+  /// @brief Parameters drawn from U(-1/√fan_in, 1/√fan_in) with `gen`; `o`: stride (not 0) and padding.
   conv2d(std::size_t in_channels, std::size_t out_channels, std::size_t kernel, rng& gen, window_options o = {})
       : weight(parameter(init::fan_in_uniform<T>(shape_t<4>{out_channels, in_channels, kernel, kernel}, in_channels * kernel * kernel, gen))),
         bias(parameter(init::fan_in_uniform<T>(shape_t<1>{out_channels}, in_channels * kernel * kernel, gen))),
         options_(o) {}
+  /// @brief Takes given parameters: w [out_channels, in_channels, k, k] and b [out_channels].
   conv2d(var<tensor<T, 4>> w, var<tensor<T, 1>> b, window_options o) : weight(std::move(w)), bias(std::move(b)), options_(o) {}
+  /// @brief The stride and padding the layer convolves with.
   [[nodiscard]] window_options options() const { return options_; }
 
+  /// @brief The convolution of local images x [N, in_channels, H, W]: [N, out_channels, H', W'].
   var<tensor<T, 4>> operator()(const var<tensor<T, 4>>& x) const { return pdo::conv2d(x, weight, bias, options_); }
+  /// @brief "weight" and "bias", each name prefixed with `prefix`.
   [[nodiscard]] std::vector<parameter_ref<T>> parameters(const std::string& prefix = "") const {
     return {{prefix + "weight", weight}, {prefix + "bias", bias}};
   }
 
-  var<tensor<T, 4>> weight;
-  var<tensor<T, 1>> bias;
+  var<tensor<T, 4>> weight;  ///< [out_channels, in_channels, k, k]
+  var<tensor<T, 1>> bias;    ///< [out_channels]
 
  private:
   window_options options_;
@@ -14395,6 +14777,7 @@ class conv2d {
 
 /// @brief A layer without parameters.
 struct stateless {
+  /// @brief No parameters: an empty list.
   template <class T>
   [[nodiscard]] std::vector<parameter_ref<T>> parameters(const std::string& = "") const {
     return {};
@@ -14403,8 +14786,9 @@ struct stateless {
 
 /// @brief Max pooling over kernel x kernel windows (stride: the kernel unless given).
 struct max_pool2d : stateless {
-  std::size_t kernel = 2;
-  window_options options{0, 0};
+  std::size_t kernel = 2;        ///< window side, in pixels
+  window_options options{0, 0};  ///< stride (0: the kernel) and zero padding
+  /// @brief pdo::max_pool2d of x [N, C, H, W], a local tensor or a dtensor.
   template <class V>
   var<V> operator()(const var<V>& x) const {
     return pdo::max_pool2d(x, kernel, options);
@@ -14413,8 +14797,9 @@ struct max_pool2d : stateless {
 
 /// @brief Average pooling over kernel x kernel windows (stride: the kernel unless given).
 struct avg_pool2d : stateless {
-  std::size_t kernel = 2;
-  window_options options{0, 0};
+  std::size_t kernel = 2;        ///< window side, in pixels
+  window_options options{0, 0};  ///< stride (0: the kernel) and zero padding (counted as zeros)
+  /// @brief pdo::avg_pool2d of x [N, C, H, W], a local tensor or a dtensor.
   template <class V>
   var<V> operator()(const var<V>& x) const {
     return pdo::avg_pool2d(x, kernel, options);
@@ -14423,6 +14808,7 @@ struct avg_pool2d : stateless {
 
 /// @brief [N, ...] -> [N, product of the rest].
 struct flatten : stateless {
+  /// @brief x reshaped to [N, product of its other extents] (of a dtensor, only dim 0 may be split).
   template <class V>
   auto operator()(const var<V>& x) const {
     const auto& s = x.shape();
@@ -14432,25 +14818,33 @@ struct flatten : stateless {
   }
 };
 
+/// @brief ReLU, max(x, 0) elementwise: PyTorch's nn.ReLU().
 struct relu : stateless {
+  /// @brief pdo::relu(x).
   template <class V>
   auto operator()(const var<V>& x) const { return pdo::relu(x); }
 };
+/// @brief Hyperbolic tangent, elementwise: PyTorch's nn.Tanh().
 struct tanh : stateless {
+  /// @brief pdo::tanh(x).
   template <class V>
   auto operator()(const var<V>& x) const { return pdo::tanh(x); }
 };
+/// @brief Logistic sigmoid 1 / (1 + e^-x), elementwise: PyTorch's nn.Sigmoid().
 struct sigmoid : stateless {
+  /// @brief pdo::sigmoid(x).
   template <class V>
   auto operator()(const var<V>& x) const { return pdo::sigmoid(x); }
 };
 /// @brief GELU, exact (erf form): PyTorch's nn.GELU().
 struct gelu : stateless {
+  /// @brief pdo::gelu(x).
   template <class V>
   auto operator()(const var<V>& x) const { return pdo::gelu(x); }
 };
 /// @brief GELU, tanh approximation: PyTorch's nn.GELU(approximate="tanh").
 struct gelu_tanh : stateless {
+  /// @brief pdo::gelu_tanh(x).
   template <class V>
   auto operator()(const var<V>& x) const { return pdo::gelu_tanh(x); }
 };
@@ -14466,12 +14860,15 @@ std::vector<parameter_ref<T>> parameters_of(const M& m, const std::string& prefi
 template <class... Layers>
 class sequential {
  public:
+  /// @brief The layers, applied first to last.
   explicit sequential(Layers... layers) : layers_(std::move(layers)...) {}
 
+  /// @brief x through every layer in order (x itself when there are none).
   template <class V>
   auto operator()(const var<V>& x) const {
     return apply<0>(x);
   }
+  /// @brief Every layer's parameters in order, named `prefix` + "<index>." + the layer's name for them.
   template <class T>
   [[nodiscard]] std::vector<parameter_ref<T>> parameters(const std::string& prefix = "") const {
     std::vector<parameter_ref<T>> all;
@@ -14480,6 +14877,7 @@ class sequential {
     }(std::index_sequence_for<Layers...>{});
     return all;
   }
+  /// @brief The layers, in order.
   [[nodiscard]] const std::tuple<Layers...>& layers() const { return layers_; }
 
  private:
@@ -14507,6 +14905,7 @@ namespace pdo::nn {
 
 /// @brief Cross-entropy of logits [N, C] against class indices [N]: the default loss.
 struct cross_entropy_loss {
+  /// @brief pdo::cross_entropy(logits, labels): the mean over the N rows of -log softmax(logits)[label].
   template <class V, class Y>
   auto operator()(const var<V>& logits, const Y& labels) const {
     return pdo::cross_entropy(logits, labels);
@@ -14515,6 +14914,7 @@ struct cross_entropy_loss {
 
 /// @brief Mean squared error against targets of the output's shape.
 struct mse_loss {
+  /// @brief mean((out - target)²) over every element; `target` is a constant (no gradient).
   template <class V>
   auto operator()(const var<V>& out, const V& target) const {
     return pdo::mse(out, var<V>(target));
@@ -14679,17 +15079,20 @@ class optimizer_base {
   void zero_grad() {
     for (auto& p : params_) p.zero_grad();
   }
+  /// @brief The parameters this optimizer updates, in the order it was given them.
   [[nodiscard]] const std::vector<parameter_ref<T>>& parameters() const { return params_; }
 
  protected:
+  /// @brief Keeps `params` (references: the optimizer updates the model's own values).
   explicit optimizer_base(std::vector<parameter_ref<T>> params) : params_(std::move(params)) {}
-  std::vector<parameter_ref<T>> params_;
+  std::vector<parameter_ref<T>> params_;  ///< the parameters updated, in the order given
 };
 
+/// @brief Settings of sgd, as PyTorch's torch.optim.SGD (no dampening, no Nesterov).
 struct sgd_options {
-  double lr = 0.01;
-  double momentum = 0;
-  double weight_decay = 0;
+  double lr = 0.01;         ///< learning rate
+  double momentum = 0;      ///< momentum factor; 0: plain SGD, no momentum buffer kept
+  double weight_decay = 0;  ///< L2 penalty: weight_decay * p is added to the gradient
 };
 
 /// @brief Stochastic gradient descent with optional momentum and (L2) weight decay.
@@ -14698,6 +15101,7 @@ class sgd : public optimizer_base<T> {
   using optimizer_base<T>::params_;
 
  public:
+  /// @brief Updates `params` with the settings `o`.
   sgd(std::vector<parameter_ref<T>> params, sgd_options o) : optimizer_base<T>(std::move(params)), o_(o), buffers_(params_.size()) {}
 
   /// @brief One update of every parameter that has a gradient (of each of its local blocks).
@@ -14718,7 +15122,9 @@ class sgd : public optimizer_base<T> {
       }
     }
   }
+  /// @brief Sets the learning rate of the next steps (a schedule calls this before each one).
   void set_lr(double lr) { o_.lr = lr; }
+  /// @brief The current learning rate.
   [[nodiscard]] double lr() const { return o_.lr; }
 
   /// @brief The state kept per parameter, by PyTorch's names: "momentum_buffer" (with momentum).
@@ -14735,6 +15141,7 @@ class sgd : public optimizer_base<T> {
   }
   /// @brief Steps taken (SGD's update does not depend on it).
   [[nodiscard]] long steps() const { return 0; }
+  /// @brief Does nothing: SGD keeps no step count (a checkpoint's is ignored).
   void set_steps(long) {}
 
  private:
@@ -14742,12 +15149,13 @@ class sgd : public optimizer_base<T> {
   std::vector<std::vector<tensor<T, 1>>> buffers_;  ///< momentum, per parameter and block
 };
 
+/// @brief Settings of adam, as PyTorch's torch.optim.Adam (and AdamW with decoupled_weight_decay).
 struct adam_options {
-  double lr = 1e-3;
-  double beta1 = 0.9;
-  double beta2 = 0.999;
-  double eps = 1e-8;
-  double weight_decay = 0;
+  double lr = 1e-3;         ///< learning rate
+  double beta1 = 0.9;       ///< decay rate of the first moment (the mean of the gradients)
+  double beta2 = 0.999;     ///< decay rate of the second moment (the mean of their squares)
+  double eps = 1e-8;        ///< added to the square root of the second moment, against division by 0
+  double weight_decay = 0;  ///< L2 penalty added to the gradient, or with AdamW p -= lr * weight_decay * p
   bool decoupled_weight_decay = false;  ///< true: AdamW
 };
 
@@ -14757,9 +15165,12 @@ class adam : public optimizer_base<T> {
   using optimizer_base<T>::params_;
 
  public:
+  /// @brief Updates `params` with the settings `o`.
   adam(std::vector<parameter_ref<T>> params, adam_options o)
       : optimizer_base<T>(std::move(params)), o_(o), m_(params_.size()), v_(params_.size()) {}
 
+  /// @brief Counts one step, then updates every parameter that has a gradient (each of its local blocks),
+  /// with bias-corrected moments.
   void step() {
     ++t_;
     const T c1 = static_cast<T>(1 - std::pow(o_.beta1, static_cast<double>(t_)));
@@ -14781,7 +15192,9 @@ class adam : public optimizer_base<T> {
                                                                 o_.decoupled_weight_decay});
     }
   }
+  /// @brief Sets the learning rate of the next steps (a schedule calls this before each one).
   void set_lr(double lr) { o_.lr = lr; }
+  /// @brief The current learning rate.
   [[nodiscard]] double lr() const { return o_.lr; }
 
   /// @brief The state kept per parameter, by PyTorch's names: the moments "exp_avg" and "exp_avg_sq".
@@ -14799,6 +15212,7 @@ class adam : public optimizer_base<T> {
   }
   /// @brief Steps taken: the bias corrections 1 - beta^t count them.
   [[nodiscard]] long steps() const { return t_; }
+  /// @brief Sets the steps taken (a checkpoint restores it, so the bias corrections continue).
   void set_steps(long t) { t_ = t; }
 
  private:
@@ -14824,20 +15238,29 @@ concept optimizer = requires(O& o, const O& co, double lr) {
 template <class T>
 class any_optimizer {
  public:
+  /// @brief Holds `o` (copied or moved in); implicit, so a factory may return any optimizer.
   template <class O>
     requires(optimizer<std::remove_cvref_t<O>, T> && !std::same_as<std::remove_cvref_t<O>, any_optimizer>)
   any_optimizer(O&& o)  // NOLINT: implicit, so a factory may return any optimizer
       : impl_(std::make_shared<holder<std::remove_cvref_t<O>>>(std::forward<O>(o))) {}
 
+  /// @brief The held optimizer's step().
   void step() { impl_->step(); }
+  /// @brief The held optimizer's zero_grad(): forgets its parameters' gradients.
   void zero_grad() { impl_->zero_grad(); }
+  /// @brief Sets the held optimizer's learning rate.
   void set_lr(double lr) { impl_->set_lr(lr); }
+  /// @brief The held optimizer's learning rate.
   [[nodiscard]] double lr() const { return impl_->lr(); }
+  /// @brief The parameters the held optimizer updates.
   [[nodiscard]] const std::vector<parameter_ref<T>>& parameters() const { return impl_->parameters(); }
   /// @brief The held optimizer's state, for checkpoints (none when it keeps no state_names()).
   [[nodiscard]] std::vector<std::string> state_names() const { return impl_->state_names(); }
+  /// @brief The held optimizer's state `name` of parameter `i`; pdo::error if it has no state(name, i).
   [[nodiscard]] std::vector<tensor<T, 1>>& state(const std::string& name, std::size_t i) { return impl_->state(name, i); }
+  /// @brief The held optimizer's step count (0 if it keeps none).
   [[nodiscard]] long steps() const { return impl_->steps(); }
+  /// @brief Sets the held optimizer's step count (ignored if it keeps none).
   void set_steps(long t) { impl_->set_steps(t); }
 
  private:
@@ -14914,6 +15337,8 @@ inline adam_options adamw_options(double lr = 1e-3, double weight_decay = 0.01) 
 
 namespace pdo::nn {
 
+/// @brief Settings of data_parallel: gradient buckets, ZeRO-1, non-finite steps, replica
+/// start-up, gradient clipping and the learning-rate schedule.
 struct data_parallel_options {
   /// @brief Gradients are all_reduced in buckets of about this many bytes (at least one
   /// parameter each), in the order backward completes them (PyTorch DDP's default: 25 MiB).
@@ -14983,23 +15408,34 @@ namespace pdo::nn {
 template <class T, class Model, class Optimizer, class Mesh, class Loss = cross_entropy_loss>
 class data_parallel {
  public:
+  /// @brief The mesh type trained over; it has an axis named "dp".
   using mesh_type = Mesh;
+  /// @brief The index of the "dp" axis among the mesh's axes.
   static constexpr std::size_t dp_axis = Mesh::axis_index("dp");
   static_assert(dp_axis < Mesh::ndim, "pdo: data_parallel: the mesh needs an axis named \"dp\"");
 
+  /// @brief The batch's layout, as the planner sees it: rows split along "dp", the rest replicated.
   using data_layout = layout<split<"dp">, replicate>;
+  /// @brief A replicated parameter's layout: every place holds all of it.
   using param_layout = layout<replicate, replicate>;
+  /// @brief The layout the planner derives for such a parameter's gradient, matmul(xᵀ, g) of rows split
+  /// along "dp": partial over "dp".
   using gradient_layout =
       result_layout_t<decltype(pdo::matmul(pdo::transpose(std::declval<const dtensor<T, 2, Mesh, data_layout>&>()),
                                            std::declval<const dtensor<T, 2, Mesh, data_layout>&>()))>;
+  /// @brief The plan from gradient_layout to param_layout: one all_reduce over "dp" (checked just below).
   static constexpr redistribute_plan gradient_sync_plan = redistribute_plan_of<gradient_layout, param_layout>();
   static_assert(gradient_sync_plan.size == 1 && gradient_sync_plan.steps[0].kind == step_kind::all_reduce &&
                     gradient_sync_plan.steps[0].axis == "dp",
                 "pdo: data_parallel: the planner should sync replicated gradients with one all_reduce over \"dp\"");
+  /// @brief The buckets each replica syncs its gradients in, over "dp".
   using buckets_type = gradient_buckets<T, Mesh, "dp">;
   static_assert(buckets_type::sync_plan.steps[0].kind == gradient_sync_plan.steps[0].kind,
                 "pdo: data_parallel: a bucket syncs its gradients as the planner syncs a parameter's");
 
+  /// @brief Builds a replica on every place of this process, on its lane: make_model(), then
+  /// make_optimizer(parameters) (under ZeRO-1, of the place's slices), after the broadcast and replica
+  /// check that `o` asks for. `loss(output, targets)` is the loss each step minimises.
   template <class MakeModel, class MakeOptimizer>
   data_parallel(const Mesh& m, MakeModel make_model, MakeOptimizer make_optimizer, data_parallel_options o = {}, Loss loss = {})
       : mesh_(m), options_(o), loss_(loss), replicas_(m.local_places().size()) {
@@ -15044,20 +15480,22 @@ class data_parallel {
   /// (computed when data_parallel_options::clip_grad_norm is set; 0 otherwise).
   [[nodiscard]] double last_grad_norm() const { return replicas_.empty() ? 0.0 : replicas_[0]->grad_norm; }
 
+  /// @brief What fit reports after each epoch.
   struct epoch_stats {
-    std::size_t epoch = 0;
+    std::size_t epoch = 0;      ///< the epoch's index, from 0, counted on across resumed runs
     double loss = 0;            ///< mean training loss over the epoch's samples
     double accuracy = 0;        ///< on the training samples, from the step's outputs
-    double samples_per_second = 0;
+    double samples_per_second = 0;  ///< all the epoch's samples (skipped steps too) over its wall-clock seconds
     std::size_t samples = 0;         ///< the samples whose loss counts (those of skipped steps do not)
     std::size_t skipped_steps = 0;   ///< steps with a non-finite loss, skipped (data_parallel_options::skip_nonfinite_steps)
   };
 
+  /// @brief Settings of fit.
   struct fit_options {
-    std::size_t epochs = 1;
+    std::size_t epochs = 1;       ///< epochs to train in this call, after those already trained
     std::size_t batch_size = 64;  ///< global batch
     std::uint64_t seed = 0;       ///< for the order of the samples in each epoch
-    bool shuffle = true;
+    bool shuffle = true;          ///< a new order each epoch; false: the inputs' order
     /// @brief Each global batch is run as this many micro-batches whose gradients add up
     /// before one sync and one update (see step()).
     std::size_t micro_batches = 1;
@@ -15137,6 +15575,7 @@ class data_parallel {
 
   /// @brief The model of the `k`-th place of this process.
   [[nodiscard]] const Model& model(std::size_t k = 0) const { return *replicas_[k]->model; }
+  /// @brief The parameters of the `k`-th place's replica, named as the model lists them.
   [[nodiscard]] std::vector<parameter_ref<T>> parameters(std::size_t k = 0) const { return replicas_[k]->params; }
   /// @brief The parameters of each bucket, by name, in the order they are all_reduced.
   [[nodiscard]] std::vector<std::vector<std::string>> buckets() const {
@@ -15159,16 +15598,20 @@ class data_parallel {
     }
     return all;
   }
+  /// @brief The mesh trained over.
   [[nodiscard]] const Mesh& mesh() const { return mesh_; }
   /// @brief The optimizer of the `k`-th place of this process.
   [[nodiscard]] Optimizer& optimizer(std::size_t k = 0) { return *replicas_[k]->optimizer; }
   /// @brief The places of this process, each with its replica.
   [[nodiscard]] std::size_t replica_count() const { return replicas_.size(); }
+  /// @brief The settings given at construction.
   [[nodiscard]] const data_parallel_options& options() const { return options_; }
   /// @brief Steps and epochs trained (skipped steps included), restored with set_progress
   /// when training resumes from a checkpoint.
   [[nodiscard]] std::size_t steps() const { return steps_; }
+  /// @brief Epochs trained by fit (see steps()).
   [[nodiscard]] std::size_t epochs() const { return epochs_; }
+  /// @brief Sets the steps and epochs trained, as a checkpoint restores them.
   void set_progress(std::size_t steps, std::size_t epochs) {
     steps_ = steps;
     epochs_ = epochs;
@@ -15419,13 +15862,14 @@ inline constexpr bool is_local_linear_v<linear<T>> = true;
 /// (W [in, out/n], b [out/n]), the second by rows (W [in/n, out], b replicated).
 template <fixed_string Axis>
 struct column_layouts {
-  using weight = layout<replicate, split<Axis>>;
-  using bias = layout<split<Axis>>;
+  using weight = layout<replicate, split<Axis>>;  ///< W [in, out] split by columns (out) along `Axis`
+  using bias = layout<split<Axis>>;               ///< b [out] split along `Axis`, as W's columns
 };
+/// @brief The layouts of the second linear of a Megatron pair (see column_layouts): split by rows.
 template <fixed_string Axis>
 struct row_layouts {
-  using weight = layout<split<Axis>, replicate>;
-  using bias = layout<replicate>;
+  using weight = layout<split<Axis>, replicate>;  ///< W [in, out] split by rows (in) along `Axis`
+  using bias = layout<replicate>;                 ///< b [out] whole on every place
 };
 
 namespace detail_tp {
@@ -15465,18 +15909,22 @@ auto row_parallel(const Mesh& m, const linear<T>& l) {
 template <class T, bool Column>
 class linear_shard {
  public:
+  /// @brief Takes this place's shards `w` and `b` and the tensor-parallel group `g` it belongs to.
   linear_shard(var<tensor<T, 2>> w, var<tensor<T, 1>> b, mesh_communicator g)
       : weight(std::move(w)), bias(std::move(b)), group(std::move(g)) {}
+  /// @brief x [N, in] (column) or this place's column shard of it (row) times W, plus b, with the
+  /// collectives above: [N, out/n] (column) or [N, out] (row).
   auto operator()(const var<tensor<T, 2>>& x) const {
     if constexpr (Column) return pdo::matmul(pdo::replicated_across(x, group), weight) + bias;
     else return pdo::sum_across(pdo::matmul(x, weight), group) + bias;
   }
+  /// @brief "weight" and "bias" (this place's shards), each name prefixed with `prefix`.
   [[nodiscard]] std::vector<parameter_ref<T>> parameters(const std::string& prefix = "") const {
     return {{prefix + "weight", weight}, {prefix + "bias", bias}};
   }
-  var<tensor<T, 2>> weight;
-  var<tensor<T, 1>> bias;
-  mesh_communicator group;
+  var<tensor<T, 2>> weight;  ///< this place's shard of W: [in, out/n] (column) or [in/n, out] (row)
+  var<tensor<T, 1>> bias;    ///< this place's shard of b: [out/n] (column), or all of b [out] (row)
+  mesh_communicator group;   ///< the tensor-parallel group the collectives run over
 };
 template <class T>
 using column_parallel_shard = linear_shard<T, true>;
@@ -15591,8 +16039,8 @@ enum class pipeline_schedule {
 
 /// @brief One step of a stage's schedule: the forward or the backward of a micro-batch.
 struct pipeline_action {
-  bool forward = true;
-  std::size_t micro = 0;
+  bool forward = true;    ///< true: the forward of micro-batch `micro`; false: its backward
+  std::size_t micro = 0;  ///< the micro-batch's index, from 0
   friend bool operator==(const pipeline_action&, const pipeline_action&) = default;
 };
 
@@ -15706,15 +16154,23 @@ struct cut_list {};
 /// stage s is [values[s], values[s + 1]).
 template <std::size_t Layers, std::size_t... Cuts>
 struct stage_bounds {
+  /// @brief 0, the cut points, then the number of layers.
   static constexpr std::array<std::size_t, sizeof...(Cuts) + 2> values{0, Cuts..., Layers};
 };
 
 /// @brief A place's links to its neighbouring stages: its line along "pp" (members by "pp"
 /// coordinate) for the data, the mesh's host group (members by place index) for shapes.
 struct channel {
+  /// @brief The place's line along "pp", which carries the tensors' elements.
   mesh_communicator link, host;
   std::size_t previous = 0, next = 0;              ///< members of `link`
   std::size_t previous_place = 0, next_place = 0;  ///< members of `host`
+  /// @var host
+  /// @brief The mesh's host group, which carries the tensors' shapes ahead of their elements.
+  /// @var previous
+  /// @brief The previous stage's member of `link` (`next`: the next stage's).
+  /// @var previous_place
+  /// @brief The previous stage's member of `host` (`next_place`: the next stage's).
 };
 
 /// @brief Sends tensors from a place without waiting for their receiver: engine tasks on
@@ -15722,8 +16178,8 @@ struct channel {
 /// and backward's go on two lanes, so a send that waits for its receiver never holds up
 /// the other direction.
 struct async_sender {
-  lane_kind lane = lane_kind::communication;
-  std::vector<pdo::detail::task_handle> sends = {};
+  lane_kind lane = lane_kind::communication;  ///< the sending place's lane that runs the sends, in order
+  std::vector<pdo::detail::task_handle> sends = {};  ///< the send tasks submitted since the last reset()
 
   /// @brief Sends `t` to member `to` of `link` (the line along "pp"); its shape goes first
   /// through `host` (the mesh's host group, whose member `to_place` the receiver is), so a
@@ -15745,6 +16201,7 @@ struct async_sender {
     };
     sends.push_back(pdo::detail::engine::instance().submit(std::move(r)));
   }
+  /// @brief Waits until every submitted send has ended, failed or not (see failure()).
   void drain() const {
     for (const auto& s : sends) s->wait_ended();
   }
@@ -15754,6 +16211,7 @@ struct async_sender {
       if (auto e = pdo::detail::outcome(*s)) return e;
     return std::nullopt;
   }
+  /// @brief Forgets the submitted sends (once drained).
   void reset() { sends.clear(); }
 };
 
@@ -15770,9 +16228,10 @@ tensor<T, R> receive(const channel& c, bool from_previous, int tag, const any_pl
 
 }  // namespace detail_pp
 
+/// @brief Settings of pipeline: the schedule, the micro-batches and, over "dp", the gradient buckets.
 struct pipeline_options {
-  pipeline_schedule schedule = pipeline_schedule::one_f_one_b;
-  std::size_t micro_batches = 4;
+  pipeline_schedule schedule = pipeline_schedule::one_f_one_b;  ///< the order of each stage's forwards and backwards
+  std::size_t micro_batches = 4;  ///< micro-batches each place's rows of a global batch are cut into (at least 1)
   /// @brief On a mesh with a "dp" axis, each stage's gradients are all_reduced over "dp" in
   /// buckets of about this many bytes (pdo/nn/buckets.hpp), started during the last
   /// micro-batch's backward.
@@ -15792,12 +16251,19 @@ struct pipeline_options {
 template <class T, std::size_t InRank, class Target, class Mesh, class Optimizer, class Loss, class... Stages>
 class pipeline {
  public:
+  /// @brief The number of stages; the mesh has as many places along "pp".
   static constexpr std::size_t stage_count = sizeof...(Stages);
+  /// @brief The index of the "pp" axis among the mesh's axes.
   static constexpr std::size_t pp_axis = Mesh::axis_index("pp");
+  /// @brief Whether the mesh has a "dp" axis: each stage is then data parallel over it.
   static constexpr bool has_dp = Mesh::has_axis("dp");
+  /// @brief Whether the mesh has a "tp" axis: each stage is then tensor parallel over it.
   static constexpr bool has_tp = Mesh::has_axis("tp");
   static_assert(pp_axis < Mesh::ndim, "pdo: pipeline: the mesh needs an axis named \"pp\"");
 
+  /// @brief Cuts `model` (a sequential) after the layers `Cuts...` and builds, on each place of this process,
+  /// its stage and make_optimizer(its parameters). pdo::layout_error for a GPU place, a "pp" extent other
+  /// than stage_count, or 0 micro-batches; pdo::error for a schedule that would not finish.
   template <class MakeOptimizer, class Model, std::size_t... Cuts>
   pipeline(const Mesh& m, const Model& model, detail_pp::cut_list<Cuts...>, MakeOptimizer make_optimizer, pipeline_options o, Loss loss)
       : mesh_(m), options_(o), loss_(loss), schedule_(make_schedule(o.schedule, stage_count, o.micro_batches)),
@@ -15854,19 +16320,21 @@ class pipeline {
     for (const auto& s : states_) out.push_back(s->max_in_flight);
     return out;
   }
+  /// @brief The action list of every stage, indexed by stage (see make_schedule).
   [[nodiscard]] const std::vector<std::vector<pipeline_action>>& schedule() const { return schedule_; }
   /// @brief The parameters of this process's k-th place (those of its stage, or its shards of them along "tp").
   [[nodiscard]] std::vector<parameter_ref<T>> parameters(std::size_t k) const { return states_[k]->params; }
   /// @brief The optimizer of this process's k-th place (its stage's parameters).
   [[nodiscard]] Optimizer& optimizer(std::size_t k) { return *states_[k]->optimizer; }
+  /// @brief The mesh trained over.
   [[nodiscard]] const Mesh& mesh() const { return mesh_; }
 
   /// @brief A parameter of the whole model as make_pipeline was given it: its name there
   /// ("<layer>.<name>"), its whole shape, and the stage that holds it.
   struct model_parameter {
-    std::string name;
-    std::vector<std::size_t> extents;
-    std::size_t stage = 0;
+    std::string name;                  ///< "<layer>.<name>", as the whole sequential names it
+    std::vector<std::size_t> extents;  ///< the whole parameter's shape
+    std::size_t stage = 0;             ///< the stage whose places hold it
   };
   /// @brief The whole model's parameters, in the model's order (the same on every process).
   [[nodiscard]] const std::vector<model_parameter>& model_parameters() const { return model_parameters_; }
@@ -15877,11 +16345,12 @@ class pipeline {
   /// is the one that speaks for the block (the first along "dp", and along "tp" when every
   /// member holds it whole).
   struct parameter_part {
-    static constexpr std::size_t npos = static_cast<std::size_t>(-1);
-    std::size_t index = npos;
-    std::vector<std::size_t> offset;
-    bool first = false;
+    static constexpr std::size_t npos = static_cast<std::size_t>(-1);  ///< `index` of a parameter not held
+    std::size_t index = npos;          ///< the parameter's index in parameters(k), or npos
+    std::vector<std::size_t> offset;   ///< where the place's block starts in the whole parameter, per dim
+    bool first = false;                ///< whether this place speaks for the block (saves it, say)
   };
+  /// @brief Where this process's k-th place holds model parameter `g` (an index into model_parameters()).
   [[nodiscard]] parameter_part part_of(std::size_t k, std::size_t g) const {
     const place_state& st = *states_[k];
     const model_parameter& q = model_parameters_.at(g);
@@ -15918,6 +16387,7 @@ class pipeline {
     for (const auto& s : states_) out.push_back(s->busy);
     return out;
   }
+  /// @brief The last step's length in seconds: the longest time among this process's places.
   [[nodiscard]] double last_step_seconds() const {
     double longest = 0;
     for (const auto& s : states_) longest = std::max(longest, s->seconds);
@@ -16427,14 +16897,18 @@ struct load_options {
 /// block another place writes (a replica along a data-parallel axis).
 template <class T>
 struct held_block {
+  /// @brief Where the block starts in the whole tensor, one index per dim.
   std::vector<std::size_t> offset, shape;
-  T* data = nullptr;
-  bool write = true;
+  /// @var shape
+  /// @brief The block's extents, one per dim.
+
+  T* data = nullptr;  ///< the block's elements, row-major, in host memory; null when the place holds none
+  bool write = true;  ///< false for a replica of a block another place writes
 };
 
 /// @brief What a checkpoint holds under one name (see inspect()).
 struct entry_info {
-  std::string name;
+  std::string name;                  ///< the name it was added under
   std::string kind;                  ///< "tensor", "value" (a number) or "text"
   std::string dtype;                 ///< "float32", "int64", ... ("" for text)
   std::vector<std::size_t> shape;    ///< global extents (empty for numbers and text)
@@ -16841,6 +17315,7 @@ class checkpoint {
     return *this;
   }
 
+  /// @brief The number of entries added so far (one per add, add_blocks or add_computed call).
   [[nodiscard]] std::size_t size() const { return entries_.size(); }
 
   /// @brief Writes every entry into `dir` safely: into `dir` + ".partial" first, flushed,
@@ -17460,8 +17935,11 @@ void convert_from(const std::string& dtype, const unsigned char* src, T* out, st
 /// @brief One tensor of a safetensors file, as its header describes it.
 struct safetensors_entry {
   std::string dtype;                ///< "F32", "I64", ...
-  std::vector<std::size_t> shape;
-  std::size_t begin = 0, end = 0;   ///< its bytes, from the start of the data
+  std::vector<std::size_t> shape;  ///< extents, one per dim (empty for a scalar)
+  /// @brief Where its bytes begin, counted from the start of the data (after the header).
+  std::size_t begin = 0, end = 0;
+  /// @var end
+  /// @brief Where its bytes end (exclusive), counted as `begin`.
 };
 
 /// @brief A safetensors file opened to read. The header is checked when it is opened
@@ -17469,6 +17947,7 @@ struct safetensors_entry {
 /// when asked for.
 class safetensors_reader {
  public:
+  /// @brief Opens `path` and checks its header; a pdo::io_error saying what is wrong otherwise.
   explicit safetensors_reader(const std::filesystem::path& path) : f_(path, detail::file::mode::read) {
     auto bad = [&](const std::string& what) { return io_error("io: " + path.string() + ": not a valid safetensors file: " + what); };
     const std::size_t size = f_.size();
@@ -17523,6 +18002,7 @@ class safetensors_reader {
       if (ranges[i].first < ranges[i - 1].second) throw bad("two tensors' data overlap");
   }
 
+  /// @brief The file's path, as given.
   [[nodiscard]] const std::filesystem::path& path() const { return f_.path(); }
   /// @brief The names of its tensors, sorted.
   [[nodiscard]] std::vector<std::string> names() const {
@@ -17530,6 +18010,7 @@ class safetensors_reader {
     for (const auto& [k, v] : entries_) out.push_back(k);
     return out;
   }
+  /// @brief Whether the file holds a tensor named `name`.
   [[nodiscard]] bool contains(const std::string& name) const { return entries_.contains(name); }
   /// @brief The header's entry of `name` (an io_error listing the names when there is none).
   [[nodiscard]] const safetensors_entry& entry(const std::string& name) const {
@@ -17541,6 +18022,7 @@ class safetensors_reader {
     }
     return it->second;
   }
+  /// @brief The header's __metadata__ strings, by key (empty when it has none).
   [[nodiscard]] const std::map<std::string, std::string>& metadata() const { return metadata_; }
 
   /// @brief Tensor `name` as a host tensor of element type T: stored as T, or converted from
@@ -17588,6 +18070,8 @@ class safetensors_reader {
 /// @brief Named tensors gathered to be written as one safetensors file (it copies them).
 class safetensors_writer {
  public:
+  /// @brief A copy of `t` (copied down first if it is in a GPU's memory) under `name`; a pdo::io_error for an
+  /// empty name, "__metadata__" or a name already added.
   template <element T, std::size_t R>
   safetensors_writer& add(const std::string& name, const tensor<T, R>& t) {
     return add_raw(name, detail::safetensors_dtype<T>(), std::vector<std::size_t>(t.shape().begin(), t.shape().end()),

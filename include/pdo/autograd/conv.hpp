@@ -21,8 +21,8 @@ namespace pdo {
 
 /// @brief Stride and zero padding of conv2d and the pools.
 struct window_options {
-  std::size_t stride = 1;
-  std::size_t padding = 0;
+  std::size_t stride = 1;   ///< step between windows, in pixels, along H and W; 0 in a pool means the kernel size
+  std::size_t padding = 0;  ///< zero cells added on each side of H and W
 };
 
 namespace detail {

@@ -162,9 +162,13 @@ template <class V>
 class var {
  public:
   static_assert(detail::value_kind<V>::valid, "pdo: var holds a pdo::tensor or a pdo::dtensor");
+  /// @brief The held value's type: a pdo::tensor or a pdo::dtensor.
   using value_type = V;
+  /// @brief The value's element type.
   using element_type = typename detail::value_kind<V>::element_type;
+  /// @brief The value's number of dims.
   static constexpr std::size_t rank = detail::value_kind<V>::rank;
+  /// @brief Whether the value is a dtensor (laid out over a mesh) rather than a local tensor.
   static constexpr bool distributed = detail::value_kind<V>::distributed;
 
   var() = default;
@@ -177,12 +181,17 @@ class var {
   /// @brief An op's result, recorded with the nodes it was computed from.
   var(std::shared_ptr<detail::value_node<V>> node, bool requires_grad) : node_(std::move(node)), requires_grad_(requires_grad) {}
 
+  /// @brief The value (a default-constructed var has none: do not call this on one).
   [[nodiscard]] const V& value() const { return node_->value; }
   /// @brief The value, to change in place (optimizers update parameters this way).
   [[nodiscard]] V& value() { return node_->value; }
+  /// @brief The value's (global) extents.
   [[nodiscard]] const auto& shape() const { return node_->value.shape(); }
+  /// @brief Whether backward computes a gradient for this value: a parameter, or a result of one.
   [[nodiscard]] bool requires_grad() const { return requires_grad_; }
+  /// @brief Whether this var was made from a value (a constant or a parameter) rather than by an op.
   [[nodiscard]] bool is_leaf() const { return node_->leaf; }
+  /// @brief Whether a gradient is held now (backward reached this value and it was not zeroed or freed).
   [[nodiscard]] bool has_grad() const { return node_->grad.has_value(); }
   /// @brief The gradient accumulated by pdo::backward (for a partial dtensor: replicated over its partial axes).
   [[nodiscard]] const detail::grad_t<V>& grad() const {
@@ -191,12 +200,14 @@ class var {
                                                                           : "the value does not require a gradient"));
     return *node_->grad;
   }
+  /// @brief The gradient, writable; pdo::error when there is none (see the const overload).
   [[nodiscard]] detail::grad_t<V>& grad() { return const_cast<detail::grad_t<V>&>(std::as_const(*this).grad()); }
   /// @brief Forgets the gradient (before the next backward, which would add to it).
   void zero_grad() { node_->grad.reset(); }
   /// @brief Calls `f()` during backward once this leaf's gradient is complete.
   void on_gradient(std::function<void()> f) { node_->on_gradient = std::move(f); }
 
+  /// @brief The recorded graph node shared by copies of this var: its value, gradient and backward function.
   [[nodiscard]] const std::shared_ptr<detail::value_node<V>>& node() const { return node_; }
 
  private:

@@ -33,16 +33,21 @@ std::string group_label(const Group&) {
 template <class Group>
 class group_communicator {
  public:
+  /// @brief Marks this class as a communicator (see pdo::communicator).
   using communicator_tag = void;
 
+  /// @brief Member `member` (0 to the group's size - 1) of `group`, which copies of the endpoint share.
   group_communicator(std::shared_ptr<Group> group, std::size_t member) : group_(std::move(group)), member_(member) {}
 
+  /// @brief The number of members of the group.
   [[nodiscard]] std::size_t size() const {
     using detail::visit_group;
     return visit_group(*group_, [](auto& g) { return g.size(); });
   }
+  /// @brief This endpoint's member index in the group, from 0.
   [[nodiscard]] std::size_t rank() const { return member_; }
 
+  /// @brief Returns once every member of the group has called barrier().
   void barrier() const {
     const detail::timeline_span span("collective", "barrier", [&] { return describe(0); });
     with([&](auto& g) { g.barrier(member_); });

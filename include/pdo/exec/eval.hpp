@@ -183,9 +183,12 @@ auto queue_evaluation(Expr&& expr, bool caller_waits) {
 template <class DTensor>
 class async_result {
  public:
+  /// @brief The result's dtensor type.
   using value_type = DTensor;
+  /// @brief Marks this class as an async result: expressions take it as a dtensor operand.
   using async_result_tag = void;
 
+  /// @brief The result `*result`, owned by the queued evaluation `state` (what eval_async returns).
   async_result(std::shared_ptr<const detail::queued_evaluation> state, DTensor* result)
       : state_(std::move(state)), result_(result) {}
 

@@ -31,7 +31,9 @@ class prefetched {
   /// @brief `tasks`' work fills the result; `take()` makes it, once they have all ended.
   prefetched(std::vector<detail::task_handle> tasks, std::function<Result()> take)
       : tasks_(std::move(tasks)), take_(std::move(take)) {}
+  /// @brief Takes over `other`'s work and result.
   prefetched(prefetched&&) noexcept = default;
+  /// @brief Waits for this one's own work (its result is dropped), then takes over `other`'s.
   prefetched& operator=(prefetched&& other) noexcept {
     if (this != &other) {
       finish();

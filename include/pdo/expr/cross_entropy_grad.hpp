@@ -34,17 +34,24 @@ struct cross_entropy_grad_row {
 template <class Logits, class Labels>
 class cross_entropy_grad_node : public detail::op_node<Logits, Labels> {
  public:
+  /// @brief The logits' element type, which the gradient has.
   using value_type = typename Logits::value_type;
   static_assert(Logits::rank == 2 && Labels::rank == 1, "pdo: cross_entropy: takes logits [N, C] and labels [N]");
+  /// @brief 2: the gradient is [N, C], like the logits.
   static constexpr std::size_t rank = 2;
+  /// @brief false: never fused into an elementwise group.
   static constexpr bool elementwise = false;
+  /// @brief "cross_entropy_grad": how plans and error messages name this op.
   static constexpr std::string_view name = "cross_entropy_grad";
+  /// @brief The planner's rule: cross_entropy's operand layouts, with the output laid out as the logits operand.
   static constexpr detail::op_rule rule = [] {
     detail::op_rule r = detail::cross_entropy_rule(Logits::rule.out, Labels::rule.out);
     r.out = r.operands[0];
     return r;
   }();
 
+  /// @brief The gradient of `scale * cross_entropy(logits, labels)`; pdo::shape_error unless there is one label
+  /// per row of logits.
   cross_entropy_grad_node(Logits logits, Labels labels, value_type scale)
       : detail::op_node<Logits, Labels>(std::move(logits), std::move(labels)), scale_(scale) {
     shape_ = std::get<0>(this->children_).shape();
@@ -52,8 +59,11 @@ class cross_entropy_grad_node : public detail::op_node<Logits, Labels> {
       throw shape_error("cross_entropy backward: logits " + detail::describe_node(std::get<0>(this->children_)) + " and labels " +
                         detail::describe_node(std::get<1>(this->children_)) + ": need one label per row of logits");
   }
+  /// @brief The logits' shape, [N, C].
   [[nodiscard]] const shape_t<2>& shape() const { return shape_; }
 
+  /// @brief Writes this place's rows of the gradient into `out`, scaled by `scale` / global N. Labels are not
+  /// range-checked: a row whose label is outside [0, C) gets softmax * scale / N, with no one-hot term.
   template <class Ctx>
   void kernel(Ctx& ctx, tensor<value_type, 2>& out) const {
     const auto logits = ctx.template operand<0>();

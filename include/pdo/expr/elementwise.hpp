@@ -158,15 +158,23 @@ template <class Op, class... Children>
 class elementwise_node : public detail::op_node<Children...> {
 
  public:
+  /// @brief Element type of the result: that of the first tensor operand (numbers are converted to it).
   using value_type = typename detail::common_value<Children...>::type;
   static_assert(detail::same_element_types<value_type, Children...>,
                 "pdo: an elementwise op's tensor operands have different element types; convert one first");
+  /// @brief The largest rank among the operands.
   static constexpr std::size_t rank = detail::max_rank_of<Children::rank...>();
+  /// @brief true: elementwise children that need no redistribution run inside this node's kernel.
   static constexpr bool elementwise = true;
+  /// @brief The op's name (Op::name), as plans and error messages print it.
   static constexpr std::string_view name = Op::name;
+  /// @brief The planner's rule (detail::elementwise_rule): operand layouts broadcast to `rank` dims, partial
+  /// operands kept partial where Op::rule allows.
   static constexpr detail::op_rule rule = detail::elementwise_rule<sizeof...(Children)>(
       detail::partial_rule_of<Op>(), {Children::rule.out...}, {Children::is_scalar...}, rank);
 
+  /// @brief Broadcasts the operands' shapes: pdo::shape_error when they do not broadcast, pdo::layout_error
+  /// when a dim of extent 1 that broadcasts is split.
   explicit elementwise_node(Children... c) : detail::op_node<Children...>(std::move(c)...) {
     shape_.fill(1);
     bool ok = true;
@@ -175,6 +183,7 @@ class elementwise_node : public detail::op_node<Children...> {
     if constexpr (elementwise_node::distributed) check_split_broadcast(std::index_sequence_for<Children...>{});
   }
 
+  /// @brief The operands' broadcast shape.
   [[nodiscard]] const shape_t<rank>& shape() const { return shape_; }
 
   /// @brief The reader of this node's subexpression inside a fused group; children that
@@ -184,6 +193,7 @@ class elementwise_node : public detail::op_node<Children...> {
     return reader_of(ctx, frame, std::index_sequence_for<Children...>{});
   }
 
+  /// @brief Writes this place's block of the result into `out`: the whole fused group in one pass.
   template <class Ctx>
   void kernel(Ctx& ctx, tensor<value_type, rank>& out) const {
     detail::group_frame<rank> frame{out.shape(), ctx.local_offset(rule.out, shape_)};

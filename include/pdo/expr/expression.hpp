@@ -117,23 +117,42 @@ inline constexpr bool same_element_types = ((Children::is_scalar || std::is_same
 template <element T, std::size_t Rank>
 class tensor_leaf {
  public:
+  /// @brief Marks this class as an expression node (see pdo::tensor_expression).
   using expression_tag = void;
+  /// @brief Element type of the tensor read.
   using value_type = T;
+  /// @brief void: a local tensor belongs to no mesh.
   using mesh_type = void;
+  /// @brief Number of dims of the tensor.
   static constexpr std::size_t rank = Rank;
+  /// @brief false: a local tensor, not laid out over a mesh.
   static constexpr bool distributed = false, is_leaf = true, is_scalar = false, elementwise = false;
+  /// @var is_leaf
+  /// @brief true: a leaf has no children.
+  /// @var is_scalar
+  /// @brief false: a tensor, not a plain number.
+  /// @var elementwise
+  /// @brief false: a leaf is read as a block, never fused into an elementwise kernel.
+
+  /// @brief "tensor": how plans and error messages name this leaf.
   static constexpr std::string_view name = "tensor";
+  /// @brief The planner's rule: an output layout of rank `Rank` with no split or partial axis (a local value).
   static constexpr detail::op_rule rule = [] {
     detail::op_rule r;
     r.out.rank = Rank;
     return r;
   }();
 
+  /// @brief Refers to `t`, which must outlive every evaluation of the expression.
   explicit tensor_leaf(const tensor<T, Rank>& t) : t_(&t) {}
+  /// @brief Takes `t` over; copies of this leaf share it.
   explicit tensor_leaf(tensor<T, Rank>&& t) : owned_(std::make_shared<const tensor<T, Rank>>(std::move(t))), t_(owned_.get()) {}
 
+  /// @brief The tensor's extents.
   [[nodiscard]] const shape_t<Rank>& shape() const { return t_->shape(); }
+  /// @brief The tensor this leaf reads.
   [[nodiscard]] const tensor<T, Rank>& value() const { return *t_; }
+  /// @brief The whole tensor, whatever the context: a local tensor is a single block.
   template <class Ctx>
   [[nodiscard]] const tensor<T, Rank>& shard(const Ctx&) const {
     return *t_;
@@ -148,26 +167,46 @@ class tensor_leaf {
 template <class DTensor>
 class dtensor_leaf {
  public:
+  /// @brief Marks this class as an expression node (see pdo::tensor_expression).
   using expression_tag = void;
+  /// @brief Element type of the dtensor read.
   using value_type = typename DTensor::value_type;
+  /// @brief Type of the mesh the dtensor is laid out over.
   using mesh_type = typename DTensor::mesh_type;
+  /// @brief Number of dims of the dtensor.
   static constexpr std::size_t rank = DTensor::rank;
+  /// @brief true: the dtensor is laid out over a mesh, one shard per place.
   static constexpr bool distributed = true, is_leaf = true, is_scalar = false, elementwise = false;
+  /// @var is_leaf
+  /// @brief true: a leaf has no children.
+  /// @var is_scalar
+  /// @brief false: a tensor, not a plain number.
+  /// @var elementwise
+  /// @brief false: a leaf is read as a block, never fused into an elementwise kernel.
+
+  /// @brief "dtensor": how plans and error messages name this leaf.
   static constexpr std::string_view name = "dtensor";
+  /// @brief The planner's rule: the output layout is the dtensor's own (DTensor::layout_value).
   static constexpr detail::op_rule rule = [] {
     detail::op_rule r;
     r.out = DTensor::layout_value;
     return r;
   }();
 
+  /// @brief Refers to `t`, which must outlive every evaluation of the expression.
   explicit dtensor_leaf(const DTensor& t) : t_(&t) {}
+  /// @brief Takes `t` over; copies of this leaf share it.
   explicit dtensor_leaf(DTensor&& t) : owned_(std::make_shared<const DTensor>(std::move(t))), t_(owned_.get()) {}
   /// @brief A dtensor kept alive by `t` (the result of an eval_async, say).
   explicit dtensor_leaf(std::shared_ptr<const DTensor> t) : owned_(std::move(t)), t_(owned_.get()) {}
 
+  /// @brief The dtensor's global extents.
   [[nodiscard]] const shape_t<rank>& shape() const { return t_->shape(); }
+  /// @brief The mesh the dtensor is laid out over.
   [[nodiscard]] const mesh_type& mesh() const { return t_->mesh(); }
+  /// @brief The dtensor this leaf reads.
   [[nodiscard]] const DTensor& value() const { return *t_; }
+  /// @brief The shard of the context's place `ctx.p` (a place of this process; else pdo::layout_error).
   template <class Ctx>
   [[nodiscard]] const tensor<value_type, rank>& shard(const Ctx& ctx) const {
     return t_->shard(ctx.p);  // the context of a place of the dtensor's mesh
@@ -182,16 +221,33 @@ class dtensor_leaf {
 template <element T>
 class scalar_leaf {
  public:
+  /// @brief Marks this class as an expression node (see pdo::tensor_expression).
   using expression_tag = void;
+  /// @brief The number's own type; an op converts it to its tensor operands' element type.
   using value_type = T;
+  /// @brief void: a number belongs to no mesh.
   using mesh_type = void;
+  /// @brief 0: a number has no dims.
   static constexpr std::size_t rank = 0;
+  /// @brief false: a number is not laid out over a mesh (every place reads the same value).
   static constexpr bool distributed = false, is_leaf = true, is_scalar = true, elementwise = false;
+  /// @var is_leaf
+  /// @brief true: a leaf has no children.
+  /// @var is_scalar
+  /// @brief true: a plain number, broadcast to the shape of the tensors it meets.
+  /// @var elementwise
+  /// @brief false: a number is no op; elementwise kernels read it as a constant.
+
+  /// @brief "scalar": how plans and error messages name this leaf.
   static constexpr std::string_view name = "scalar";
+  /// @brief The planner's rule: empty (rank 0, nothing split); a number needs no layout.
   static constexpr detail::op_rule rule{};
 
+  /// @brief Holds the number `v`.
   explicit scalar_leaf(T v) : value(v) {}
+  /// @brief The empty shape of rank 0.
   [[nodiscard]] shape_t<0> shape() const { return {}; }
+  /// @brief The number, read by every element of the op it is an operand of.
   T value;
 };
 

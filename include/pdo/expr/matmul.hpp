@@ -26,15 +26,20 @@ template <class A, class B>
 class matmul_node : public detail::op_node<A, B> {
 
  public:
+  /// @brief Element type of both operands and of the result.
   using value_type = typename A::value_type;
   static_assert(std::is_same_v<value_type, typename B::value_type>,
                 "pdo: matmul: the operands have different element types; convert one first");
   static_assert(A::rank >= 2 && B::rank >= 2, "pdo: matmul: both operands need at least 2 dims ([M, K] and [K, N])");
   static_assert(B::rank == 2 || B::rank == A::rank,
                 "pdo: matmul: b must be a matrix [K, N] or have a's batch dims [..., K, N]");
+  /// @brief a's rank: the result is [..., M, N].
   static constexpr std::size_t rank = A::rank;
+  /// @brief false: a matmul is never fused into an elementwise group.
   static constexpr bool elementwise = false;
+  /// @brief "matmul": how plans and error messages name this op.
   static constexpr std::string_view name = "matmul";
+  /// @brief The planner's rule (detail::matmul_rule): which of M, K, N and the batch dims stay split.
   static constexpr detail::op_rule rule = detail::matmul_rule(A::rule.out, B::rule.out);
   /// @brief A local 2-D product reads operand I in place when it is the transpose of a
   /// stored matrix: gemm takes it as a transposed operand, with no copy (fused, in its plan).
@@ -42,6 +47,7 @@ class matmul_node : public detail::op_node<A, B> {
   static constexpr bool reads_in_place =
       !detail::op_node<A, B>::distributed && rank == 2 && detail::is_transposed_leaf_v<std::tuple_element_t<I, std::tuple<A, B>>>;
 
+  /// @brief pdo::shape_error unless a's last dim equals b's second-to-last and the batch dims agree.
   matmul_node(A a, B b) : detail::op_node<A, B>(std::move(a), std::move(b)) {
     const auto sa = std::get<0>(this->children_).shape();
     const auto sb = std::get<1>(this->children_).shape();
@@ -56,8 +62,11 @@ class matmul_node : public detail::op_node<A, B> {
     shape_[rank - 1] = sb[B::rank - 1];
   }
 
+  /// @brief [..., M, N]: a's dims with the last one replaced by b's last.
   [[nodiscard]] const shape_t<rank>& shape() const { return shape_; }
 
+  /// @brief Writes this place's block of the product into `out` with gemm, batch by batch (on a GPU, one
+  /// strided batched cuBLAS call when the operand blocks hold exactly the output's batches).
   template <class Ctx>
   void kernel(Ctx& ctx, tensor<value_type, rank>& out) const {
     if constexpr (!Ctx::distributed && (reads_in_place<0> || reads_in_place<1>)) {

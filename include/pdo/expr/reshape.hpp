@@ -16,15 +16,22 @@ namespace pdo {
 template <std::size_t Rank, class C>
 class reshape_node : public detail::op_node<C> {
  public:
+  /// @brief The operand's element type, which the result keeps.
   using value_type = typename C::value_type;
+  /// @brief Number of dims of the new shape.
   static constexpr std::size_t rank = Rank;
+  /// @brief false: a reshape is never fused into an elementwise group.
   static constexpr bool elementwise = false;
+  /// @brief "reshape": how plans and error messages name this op.
   static constexpr std::string_view name = "reshape";
   static_assert(detail::kept_dims(C::rule.out) <= Rank,
                 "pdo: reshape: the result must keep every dim up to the operand's last split dim; gather the split "
                 "dims first (pdo::redistribute) or reshape only trailing replicated dims");
+  /// @brief The planner's rule (detail::reshape_rule): kept dims keep their split, the rest are replicated.
   static constexpr detail::op_rule rule = detail::reshape_rule(C::rule.out, Rank);
 
+  /// @brief pdo::shape_error unless `shape` has the operand's element count and keeps the dims up to its
+  /// last split one.
   reshape_node(C c, const shape_t<Rank>& shape) : detail::op_node<C>(std::move(c)), shape_(shape) {
     const auto s = std::get<0>(this->children_).shape();
     bool ok = detail::volume(s) == detail::checked_volume(shape_, "reshape", sizeof(value_type));
@@ -33,8 +40,10 @@ class reshape_node : public detail::op_node<C> {
       throw shape_error("reshape: " + detail::describe_node(std::get<0>(this->children_)) + " to " + detail::format_extents(shape_) +
                         ": the number of elements must stay the same, and the dims up to the last split one must be kept");
   }
+  /// @brief The new shape.
   [[nodiscard]] const shape_t<Rank>& shape() const { return shape_; }
 
+  /// @brief Copies this place's block of the operand into `out` unchanged (row-major order is kept).
   template <class Ctx>
   void kernel(Ctx& ctx, tensor<value_type, rank>& out) const {
     const auto in = ctx.template operand<0>();
@@ -51,20 +60,28 @@ class reshape_node : public detail::op_node<C> {
 template <std::size_t Dim, class C>
 class unsqueeze_node : public detail::op_node<C> {
  public:
+  /// @brief The operand's element type, which the result keeps.
   using value_type = typename C::value_type;
+  /// @brief One more than the operand's rank.
   static constexpr std::size_t rank = C::rank + 1;
   static_assert(Dim <= C::rank, "pdo: unsqueeze: the dim to insert is beyond the operand's rank");
   static_assert(rank <= detail::max_rank, "pdo: unsqueeze: the result would have more dims than pdo's layouts hold");
+  /// @brief false: an unsqueeze is never fused into an elementwise group.
   static constexpr bool elementwise = false;
+  /// @brief "unsqueeze": how plans and error messages name this op.
   static constexpr std::string_view name = "unsqueeze";
+  /// @brief The planner's rule (detail::unsqueeze_rule): the new dim is replicated, the others keep their split.
   static constexpr detail::op_rule rule = detail::unsqueeze_rule(C::rule.out, Dim);
 
+  /// @brief Takes the operand's shape with a 1 inserted at `Dim`.
   explicit unsqueeze_node(C c) : detail::op_node<C>(std::move(c)) {
     const auto s = std::get<0>(this->children_).shape();
     for (std::size_t d = 0, i = 0; d < rank; ++d) shape_[d] = d == Dim ? 1 : s[i++];
   }
+  /// @brief The operand's shape with a dim of extent 1 at `Dim`.
   [[nodiscard]] const shape_t<rank>& shape() const { return shape_; }
 
+  /// @brief Copies this place's block of the operand into `out` unchanged.
   template <class Ctx>
   void kernel(Ctx& ctx, tensor<value_type, rank>& out) const {
     const auto in = ctx.template operand<0>();

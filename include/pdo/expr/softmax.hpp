@@ -16,17 +16,25 @@ namespace pdo {
 template <bool Log, std::size_t Dim, class C>
 class softmax_node : public detail::op_node<C> {
  public:
+  /// @brief The operand's floating-point element type, which the result keeps.
   using value_type = typename C::value_type;
   static_assert(Dim < C::rank, "pdo: softmax: the dim is out of range for the operand's rank");
   static_assert(std::is_floating_point_v<value_type>, "pdo: softmax: needs a floating-point operand");
+  /// @brief The operand's rank.
   static constexpr std::size_t rank = C::rank;
+  /// @brief false: a softmax is never fused into an elementwise group.
   static constexpr bool elementwise = false;
+  /// @brief "softmax" or "log_softmax", as plans and error messages print it.
   static constexpr std::string_view name = Log ? "log_softmax" : "softmax";
+  /// @brief The planner's rule (detail::along_dim_rule): dim `Dim` whole on each place, partials reduced.
   static constexpr detail::op_rule rule = detail::along_dim_rule(C::rule.out, Dim);
 
+  /// @brief Wraps the operand; no check runs here (the dim and type are checked at compile time).
   explicit softmax_node(C c) : detail::op_node<C>(std::move(c)) {}
+  /// @brief The operand's shape.
   [[nodiscard]] shape_t<rank> shape() const { return std::get<0>(this->children_).shape(); }
 
+  /// @brief Writes the softmax (or log_softmax) along `Dim` of this place's block of the operand into `out`.
   template <class Ctx>
   void kernel(Ctx& ctx, tensor<value_type, rank>& out) const {
     const auto in = ctx.template operand<0>();
@@ -42,14 +50,21 @@ template <class Logits, class Labels>
 class cross_entropy_node : public detail::op_node<Logits, Labels> {
 
  public:
+  /// @brief The logits' floating-point element type, which the loss has.
   using value_type = typename Logits::value_type;
   static_assert(Logits::rank == 2 && Labels::rank == 1, "pdo: cross_entropy: takes logits [N, C] and labels [N]");
   static_assert(std::is_floating_point_v<value_type>, "pdo: cross_entropy: needs floating-point logits");
+  /// @brief 0: the loss is one number.
   static constexpr std::size_t rank = 0;
+  /// @brief false: a cross_entropy is never fused into an elementwise group.
   static constexpr bool elementwise = false;
+  /// @brief "cross_entropy": how plans and error messages name this op.
   static constexpr std::string_view name = "cross_entropy";
+  /// @brief The planner's rule (detail::cross_entropy_rule): classes gathered, labels beside their rows; a split
+  /// N makes the result partial.
   static constexpr detail::op_rule rule = detail::cross_entropy_rule(Logits::rule.out, Labels::rule.out);
 
+  /// @brief pdo::shape_error unless there is one label per row of logits and, for N > 0, at least one class.
   cross_entropy_node(Logits logits, Labels labels) : detail::op_node<Logits, Labels>(std::move(logits), std::move(labels)) {
     const auto sl = std::get<0>(this->children_).shape();
     const auto sb = std::get<1>(this->children_).shape();
@@ -58,8 +73,11 @@ class cross_entropy_node : public detail::op_node<Logits, Labels> {
                         detail::describe_node(std::get<1>(this->children_)) +
                         ": need one label per row of logits and at least one class");
   }
+  /// @brief The empty shape of rank 0.
   [[nodiscard]] shape_t<0> shape() const { return {}; }
 
+  /// @brief Writes into `out` this place's rows' summed losses divided by the global N; pdo::shape_error when
+  /// a label is not a class index in [0, C).
   template <class Ctx>
   void kernel(Ctx& ctx, tensor<value_type, 0>& out) const {
     const auto logits = ctx.template operand<0>();

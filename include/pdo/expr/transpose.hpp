@@ -27,19 +27,27 @@ struct transpose_element {
 template <class C>
 class transpose_node : public detail::op_node<C> {
  public:
+  /// @brief The operand's element type, which the result keeps.
   using value_type = typename C::value_type;
   static_assert(C::rank >= 2, "pdo: transpose: needs at least 2 dims");
+  /// @brief The operand's rank (at least 2).
   static constexpr std::size_t rank = C::rank;
+  /// @brief false: a transpose is never fused into an elementwise group (a local matmul may read it in place).
   static constexpr bool elementwise = false;
+  /// @brief "transpose": how plans and error messages name this op.
   static constexpr std::string_view name = "transpose";
+  /// @brief The planner's rule (detail::transpose_rule): the last two dims' splits swap; partial stays partial.
   static constexpr detail::op_rule rule = detail::transpose_rule(C::rule.out);
 
+  /// @brief Takes the operand's shape with its last two extents swapped.
   explicit transpose_node(C c) : detail::op_node<C>(std::move(c)) {
     shape_ = std::get<0>(this->children_).shape();
     std::swap(shape_[rank - 2], shape_[rank - 1]);
   }
+  /// @brief The operand's shape with its last two extents swapped.
   [[nodiscard]] const shape_t<rank>& shape() const { return shape_; }
 
+  /// @brief Writes the transpose of this place's block of the operand into `out`.
   template <class Ctx>
   void kernel(Ctx& ctx, tensor<value_type, rank>& out) const {
     const auto in = ctx.template operand<0>();

@@ -56,14 +56,18 @@ struct load_options {
 /// block another place writes (a replica along a data-parallel axis).
 template <class T>
 struct held_block {
+  /// @brief Where the block starts in the whole tensor, one index per dim.
   std::vector<std::size_t> offset, shape;
-  T* data = nullptr;
-  bool write = true;
+  /// @var shape
+  /// @brief The block's extents, one per dim.
+
+  T* data = nullptr;  ///< the block's elements, row-major, in host memory; null when the place holds none
+  bool write = true;  ///< false for a replica of a block another place writes
 };
 
 /// @brief What a checkpoint holds under one name (see inspect()).
 struct entry_info {
-  std::string name;
+  std::string name;                  ///< the name it was added under
   std::string kind;                  ///< "tensor", "value" (a number) or "text"
   std::string dtype;                 ///< "float32", "int64", ... ("" for text)
   std::vector<std::size_t> shape;    ///< global extents (empty for numbers and text)
@@ -470,6 +474,7 @@ class checkpoint {
     return *this;
   }
 
+  /// @brief The number of entries added so far (one per add, add_blocks or add_computed call).
   [[nodiscard]] std::size_t size() const { return entries_.size(); }
 
   /// @brief Writes every entry into `dir` safely: into `dir` + ".partial" first, flushed,

@@ -65,8 +65,11 @@ void convert_from(const std::string& dtype, const unsigned char* src, T* out, st
 /// @brief One tensor of a safetensors file, as its header describes it.
 struct safetensors_entry {
   std::string dtype;                ///< "F32", "I64", ...
-  std::vector<std::size_t> shape;
-  std::size_t begin = 0, end = 0;   ///< its bytes, from the start of the data
+  std::vector<std::size_t> shape;  ///< extents, one per dim (empty for a scalar)
+  /// @brief Where its bytes begin, counted from the start of the data (after the header).
+  std::size_t begin = 0, end = 0;
+  /// @var end
+  /// @brief Where its bytes end (exclusive), counted as `begin`.
 };
 
 /// @brief A safetensors file opened to read. The header is checked when it is opened
@@ -74,6 +77,7 @@ struct safetensors_entry {
 /// when asked for.
 class safetensors_reader {
  public:
+  /// @brief Opens `path` and checks its header; a pdo::io_error saying what is wrong otherwise.
   explicit safetensors_reader(const std::filesystem::path& path) : f_(path, detail::file::mode::read) {
     auto bad = [&](const std::string& what) { return io_error("io: " + path.string() + ": not a valid safetensors file: " + what); };
     const std::size_t size = f_.size();
@@ -128,6 +132,7 @@ class safetensors_reader {
       if (ranges[i].first < ranges[i - 1].second) throw bad("two tensors' data overlap");
   }
 
+  /// @brief The file's path, as given.
   [[nodiscard]] const std::filesystem::path& path() const { return f_.path(); }
   /// @brief The names of its tensors, sorted.
   [[nodiscard]] std::vector<std::string> names() const {
@@ -135,6 +140,7 @@ class safetensors_reader {
     for (const auto& [k, v] : entries_) out.push_back(k);
     return out;
   }
+  /// @brief Whether the file holds a tensor named `name`.
   [[nodiscard]] bool contains(const std::string& name) const { return entries_.contains(name); }
   /// @brief The header's entry of `name` (an io_error listing the names when there is none).
   [[nodiscard]] const safetensors_entry& entry(const std::string& name) const {
@@ -146,6 +152,7 @@ class safetensors_reader {
     }
     return it->second;
   }
+  /// @brief The header's __metadata__ strings, by key (empty when it has none).
   [[nodiscard]] const std::map<std::string, std::string>& metadata() const { return metadata_; }
 
   /// @brief Tensor `name` as a host tensor of element type T: stored as T, or converted from
@@ -193,6 +200,8 @@ class safetensors_reader {
 /// @brief Named tensors gathered to be written as one safetensors file (it copies them).
 class safetensors_writer {
  public:
+  /// @brief A copy of `t` (copied down first if it is in a GPU's memory) under `name`; a pdo::io_error for an
+  /// empty name, "__metadata__" or a name already added.
   template <element T, std::size_t R>
   safetensors_writer& add(const std::string& name, const tensor<T, R>& t) {
     return add_raw(name, detail::safetensors_dtype<T>(), std::vector<std::size_t>(t.shape().begin(), t.shape().end()),

@@ -17,7 +17,9 @@ namespace pdo {
 /// (sizes differ by at most one, larger chunks first: 10 rows over 4 places are 3,3,2,2).
 template <fixed_string Axis>
 struct split {
+  /// @brief Marks this type as a split entry (see pdo::dim_spec).
   using split_tag = void;
+  /// @brief The name of the mesh axis the dim is cut along.
   static constexpr std::string_view axis = Axis.view();
 };
 
@@ -40,14 +42,20 @@ template <class... Dims>
 struct layout {
   static_assert((dim_spec<Dims> && ...),
                 "pdo: layout: each entry must be pdo::split<\"axis\"> or pdo::replicate (one per tensor dim)");
+  /// @brief Marks this type as a layout (see pdo::layout_spec).
   using layout_tag = void;
+  /// @brief The layout without pending sums: this layout itself.
   using base = layout;
+  /// @brief The entries, one per tensor dim.
   using dims = detail::type_list<Dims...>;
+  /// @brief The number of tensor dims the layout describes.
   static constexpr std::size_t rank = sizeof...(Dims);
+  /// @brief For each dim, the mesh axis it is split along, or "" where it is replicated.
   static constexpr std::array<std::string_view, rank> dim_axes{[] {
     if constexpr (dim_spec<Dims> && !std::is_same_v<Dims, replicate>) return Dims::axis;
     else return std::string_view{};  // (a bad entry: the assertion above says so, once)
   }()...};
+  /// @brief The axes of pending sums: none.
   static constexpr std::array<std::string_view, 0> partial_axes{};
 
   /// @brief This layout with pending sums over mesh axes `Axes` (a class, not an alias:
@@ -55,11 +63,17 @@ struct layout {
   template <fixed_string... Axes>
   struct partial {
     static_assert(sizeof...(Axes) >= 1, "pdo: layout::partial: name at least one mesh axis");
+    /// @brief Marks this type as a layout (see pdo::layout_spec).
     using layout_tag = void;
+    /// @brief The enclosing layout, without the pending sums.
     using base = layout;
+    /// @brief The entries, one per tensor dim (those of the enclosing layout).
     using dims = detail::type_list<Dims...>;
+    /// @brief The number of tensor dims.
     static constexpr std::size_t rank = sizeof...(Dims);
+    /// @brief For each dim, the mesh axis it is split along, or "" where it is replicated.
     static constexpr auto dim_axes = layout::dim_axes;
+    /// @brief The mesh axes the value is a pending sum over, in the order given.
     static constexpr std::array<std::string_view, sizeof...(Axes)> partial_axes{Axes.view()...};
   };
 };

@@ -39,21 +39,28 @@ constexpr bool communicates(step_kind k) {
   return k != step_kind::local_slice && k != step_kind::keep_on_one && k != step_kind::zero_pad;
 }
 
+/// @brief One step of a redistribute_plan: a collective (or a local step) along one mesh axis,
+/// with the layouts before and after it.
 struct redistribute_step {
-  step_kind kind{};
-  std::string_view axis;
+  step_kind kind{};       ///< what the step does
+  std::string_view axis;  ///< the mesh axis it runs along
   std::size_t dim = 0;       ///< the dim gathered, scattered or sliced (the target dim of all_to_all)
   std::size_t from_dim = 0;  ///< all_to_all: the dim split before
+  /// @brief The layout before the step.
   detail::layout_value before, after;
+  /// @var after
+  /// @brief The layout after the step.
 };
 
 /// @brief The steps from one layout to another, in order. A value: usable in
 /// static_assert, printable with describe().
 struct redistribute_plan {
-  std::size_t size = 0;
-  std::array<redistribute_step, 2 * (detail::max_rank + detail::max_axes)> steps{};
+  std::size_t size = 0;  ///< the number of steps in use, at the front of `steps`
+  std::array<redistribute_step, 2 * (detail::max_rank + detail::max_axes)> steps{};  ///< the steps, in order
 
+  /// @brief The first step.
   [[nodiscard]] constexpr const redistribute_step* begin() const { return steps.data(); }
+  /// @brief Past the last step in use (steps + size).
   [[nodiscard]] constexpr const redistribute_step* end() const { return steps.data() + size; }
   /// @brief How many steps of kind `k` the plan has.
   [[nodiscard]] constexpr std::size_t count(step_kind k) const {
@@ -61,6 +68,7 @@ struct redistribute_plan {
     for (std::size_t i = 0; i < size; ++i) n += steps[i].kind == k;
     return n;
   }
+  /// @brief How many steps communicate (all but local_slice, keep_on_one and zero_pad).
   [[nodiscard]] constexpr std::size_t collectives() const {
     std::size_t n = 0;
     for (std::size_t i = 0; i < size; ++i) n += communicates(steps[i].kind);

@@ -19,10 +19,12 @@ namespace pdo {
 /// memory for CPU places, device memory for GPU places. `allocate` returns nullptr
 /// when the system refuses.
 struct memory_system {
+  /// @brief A new block of `bytes` bytes, or nullptr when the system refuses (it must not throw).
   void* (*allocate)(std::size_t bytes, void* context);
+  /// @brief Gives back block `p`, of the `bytes` it was allocated with.
   void (*deallocate)(void* p, std::size_t bytes, void* context) noexcept;
   void* context = nullptr;  ///< what the two need besides the size (a GPU place's device and stream)
-  const char* name = "host";
+  const char* name = "host";  ///< the memory's name, for messages ("host" for host memory)
 };
 
 /// @brief Host memory, 64-byte aligned (one cache line, one AVX-512 vector).
@@ -39,6 +41,8 @@ inline memory_system host_memory_system() {
 /// request fails with pdo::out_of_memory naming the place, the request and the cap.
 class caching_allocator {
  public:
+  /// @brief An allocator of place `owner` (the name errors give) taking blocks from `system`; `cap`: the most
+  /// bytes in use at once, counted in rounded block sizes (0: no cap).
   explicit caching_allocator(std::string owner, std::size_t cap = 0, memory_system system = host_memory_system())
       : owner_(std::move(owner)), system_(system) {
     stats_.cap = cap;
@@ -97,18 +101,22 @@ class caching_allocator {
     release_cache_locked();
   }
 
+  /// @brief A snapshot of the counters: bytes in use, cached and at peak, system allocations, the cap.
   [[nodiscard]] memory_stats stats() const {
     std::lock_guard lock(mutex_);
     return stats_;
   }
+  /// @brief Sets the cap on bytes in use (0: none); it applies to later requests, nothing is freed.
   void set_cap(std::size_t cap) {
     std::lock_guard lock(mutex_);
     stats_.cap = cap;
   }
+  /// @brief Restarts the peak from the bytes in use now.
   void reset_peak() {
     std::lock_guard lock(mutex_);
     stats_.peak_bytes_in_use = stats_.bytes_in_use;
   }
+  /// @brief The name of the place that owns this allocator, as its errors name it.
   [[nodiscard]] const std::string& owner() const { return owner_; }
 
   /// @brief The block size a request is served with: multiples of 256 bytes up to

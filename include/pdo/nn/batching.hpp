@@ -20,8 +20,8 @@ namespace pdo::nn {
 /// @brief The rows of a global batch that one place trains on.
 template <class T, std::size_t R, class Target>
 struct batch_shard {
-  tensor<T, R> inputs;
-  Target targets;
+  tensor<T, R> inputs;  ///< the place's input rows, in its memory; dim 0 is the rows
+  Target targets;       ///< the targets of the same rows, in the same order and memory
 };
 
 }  // namespace pdo::nn

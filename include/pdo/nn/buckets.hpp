@@ -28,10 +28,14 @@ namespace pdo::nn {
 
 /// @brief A span of one step on one place, in microseconds from the step's start.
 struct step_event {
-  std::size_t place = 0;
+  std::size_t place = 0;  ///< the place's index in the mesh
   std::string what;  ///< "forward", "backward", "all_reduce" (or "reduce_scatter", "all_gather" under ZeRO-1), "optimizer"
-  std::size_t bucket = 0;
+  std::size_t bucket = 0;  ///< the bucket of a collective (0 for the other events)
+  /// @brief When the span began, in microseconds from the step's start.
   double start_us = 0, end_us = 0;
+  /// @var end_us
+  /// @brief When the span ended, in microseconds from the step's start.
+
   /// @brief For a bucket's collective: when backward queued it on the communication lane
   /// (start_us is when that lane began it). Otherwise start_us.
   double queued_us = 0;
@@ -59,6 +63,7 @@ struct bucket_options {
 template <class T, class Mesh, fixed_string Axis>
 class gradient_buckets {
  public:
+  /// @brief The index of `Axis` among the mesh's axes.
   static constexpr std::size_t axis = Mesh::axis_index(Axis);
   static_assert(axis < Mesh::ndim, "pdo: gradient_buckets: the mesh has no such axis");
 
@@ -71,19 +76,24 @@ class gradient_buckets {
     v.add_partial(std::string_view(Axis));
     return v;
   }();
+  /// @brief A bucket replicated: every place holds the whole sum (after the all_reduce).
   static constexpr detail::layout_value replicated = [] {
     detail::layout_value v;
     v.rank = 1;
     return v;
   }();
+  /// @brief A bucket sliced over the axis: each place holds the sum of its chunk (ZeRO-1, after the reduce_scatter).
   static constexpr detail::layout_value sliced = [] {
     detail::layout_value v;
     v.rank = 1;
     v.dim_axis[0] = std::string_view(Axis);
     return v;
   }();
+  /// @brief The planner's plan from gradient_layout to replicated: one all_reduce (checked below).
   static constexpr redistribute_plan sync_plan = detail::plan_redistribute(gradient_layout, replicated);
+  /// @brief The planner's plan from gradient_layout to sliced (ZeRO-1): one reduce_scatter.
   static constexpr redistribute_plan scatter_plan = detail::plan_redistribute(gradient_layout, sliced);
+  /// @brief The planner's plan from sliced to replicated (ZeRO-1's updated slices): one all_gather.
   static constexpr redistribute_plan gather_plan = detail::plan_redistribute(sliced, replicated);
   static_assert(sync_plan.size == 1 && sync_plan.steps[0].kind == step_kind::all_reduce,
                 "pdo: gradient_buckets: the planner should sync a partial gradient with one all_reduce");
@@ -92,6 +102,8 @@ class gradient_buckets {
   static_assert(gather_plan.size == 1 && gather_plan.steps[0].kind == step_kind::all_gather,
                 "pdo: gradient_buckets: the planner should gather slices with one all_gather");
 
+  /// @brief Groups `params`, the parameters of mesh place `place`, into buckets, last parameter first (the
+  /// order backward completes them); under ZeRO-1 also cuts this place's slice of each bucket.
   gradient_buckets(const Mesh& m, std::size_t place, std::vector<parameter_ref<T>> params, bucket_options o)
       : mesh_(m), place_(place), params_(std::move(params)), options_(o) {
     const std::size_t parts = m.extent(axis), me = m.coord(place, axis);
@@ -201,7 +213,9 @@ class gradient_buckets {
     for (const auto& b : buckets_) out.push_back(b.params);
     return out;
   }
+  /// @brief The number of gradient elements in bucket `b`.
   [[nodiscard]] std::size_t elements(std::size_t b) const { return buckets_[b].elements; }
+  /// @brief The number of buckets.
   [[nodiscard]] std::size_t size() const { return buckets_.size(); }
   /// @brief The optimizer state this place keeps: all the elements, or under ZeRO-1 its slices.
   [[nodiscard]] std::size_t optimizer_state_elements() const {
@@ -213,6 +227,7 @@ class gradient_buckets {
   [[nodiscard]] static constexpr const redistribute_step& step_of(bool zero1) {
     return zero1 ? scatter_plan.steps[0] : sync_plan.steps[0];
   }
+  /// @brief The redistribution step this place's buckets run: reduce_scatter under ZeRO-1, else all_reduce.
   [[nodiscard]] const redistribute_step& step() const { return step_of(options_.zero1); }
 
   /// @brief Microseconds since begin_step().
@@ -222,6 +237,7 @@ class gradient_buckets {
     std::lock_guard lock(events_mutex_);
     events_.push_back({place_, std::move(what), b, from, to, queued < 0 ? from : queued});
   }
+  /// @brief The events recorded since begin_step(), in the order recorded.
   [[nodiscard]] std::vector<step_event> events() const {
     std::lock_guard lock(events_mutex_);
     return events_;

@@ -34,6 +34,8 @@
 
 namespace pdo::nn {
 
+/// @brief Settings of data_parallel: gradient buckets, ZeRO-1, non-finite steps, replica
+/// start-up, gradient clipping and the learning-rate schedule.
 struct data_parallel_options {
   /// @brief Gradients are all_reduced in buckets of about this many bytes (at least one
   /// parameter each), in the order backward completes them (PyTorch DDP's default: 25 MiB).
@@ -103,23 +105,34 @@ namespace pdo::nn {
 template <class T, class Model, class Optimizer, class Mesh, class Loss = cross_entropy_loss>
 class data_parallel {
  public:
+  /// @brief The mesh type trained over; it has an axis named "dp".
   using mesh_type = Mesh;
+  /// @brief The index of the "dp" axis among the mesh's axes.
   static constexpr std::size_t dp_axis = Mesh::axis_index("dp");
   static_assert(dp_axis < Mesh::ndim, "pdo: data_parallel: the mesh needs an axis named \"dp\"");
 
+  /// @brief The batch's layout, as the planner sees it: rows split along "dp", the rest replicated.
   using data_layout = layout<split<"dp">, replicate>;
+  /// @brief A replicated parameter's layout: every place holds all of it.
   using param_layout = layout<replicate, replicate>;
+  /// @brief The layout the planner derives for such a parameter's gradient, matmul(xᵀ, g) of rows split
+  /// along "dp": partial over "dp".
   using gradient_layout =
       result_layout_t<decltype(pdo::matmul(pdo::transpose(std::declval<const dtensor<T, 2, Mesh, data_layout>&>()),
                                            std::declval<const dtensor<T, 2, Mesh, data_layout>&>()))>;
+  /// @brief The plan from gradient_layout to param_layout: one all_reduce over "dp" (checked just below).
   static constexpr redistribute_plan gradient_sync_plan = redistribute_plan_of<gradient_layout, param_layout>();
   static_assert(gradient_sync_plan.size == 1 && gradient_sync_plan.steps[0].kind == step_kind::all_reduce &&
                     gradient_sync_plan.steps[0].axis == "dp",
                 "pdo: data_parallel: the planner should sync replicated gradients with one all_reduce over \"dp\"");
+  /// @brief The buckets each replica syncs its gradients in, over "dp".
   using buckets_type = gradient_buckets<T, Mesh, "dp">;
   static_assert(buckets_type::sync_plan.steps[0].kind == gradient_sync_plan.steps[0].kind,
                 "pdo: data_parallel: a bucket syncs its gradients as the planner syncs a parameter's");
 
+  /// @brief Builds a replica on every place of this process, on its lane: make_model(), then
+  /// make_optimizer(parameters) (under ZeRO-1, of the place's slices), after the broadcast and replica
+  /// check that `o` asks for. `loss(output, targets)` is the loss each step minimises.
   template <class MakeModel, class MakeOptimizer>
   data_parallel(const Mesh& m, MakeModel make_model, MakeOptimizer make_optimizer, data_parallel_options o = {}, Loss loss = {})
       : mesh_(m), options_(o), loss_(loss), replicas_(m.local_places().size()) {
@@ -164,20 +177,22 @@ class data_parallel {
   /// (computed when data_parallel_options::clip_grad_norm is set; 0 otherwise).
   [[nodiscard]] double last_grad_norm() const { return replicas_.empty() ? 0.0 : replicas_[0]->grad_norm; }
 
+  /// @brief What fit reports after each epoch.
   struct epoch_stats {
-    std::size_t epoch = 0;
+    std::size_t epoch = 0;      ///< the epoch's index, from 0, counted on across resumed runs
     double loss = 0;            ///< mean training loss over the epoch's samples
     double accuracy = 0;        ///< on the training samples, from the step's outputs
-    double samples_per_second = 0;
+    double samples_per_second = 0;  ///< all the epoch's samples (skipped steps too) over its wall-clock seconds
     std::size_t samples = 0;         ///< the samples whose loss counts (those of skipped steps do not)
     std::size_t skipped_steps = 0;   ///< steps with a non-finite loss, skipped (data_parallel_options::skip_nonfinite_steps)
   };
 
+  /// @brief Settings of fit.
   struct fit_options {
-    std::size_t epochs = 1;
+    std::size_t epochs = 1;       ///< epochs to train in this call, after those already trained
     std::size_t batch_size = 64;  ///< global batch
     std::uint64_t seed = 0;       ///< for the order of the samples in each epoch
-    bool shuffle = true;
+    bool shuffle = true;          ///< a new order each epoch; false: the inputs' order
     /// @brief Each global batch is run as this many micro-batches whose gradients add up
     /// before one sync and one update (see step()).
     std::size_t micro_batches = 1;
@@ -257,6 +272,7 @@ class data_parallel {
 
   /// @brief The model of the `k`-th place of this process.
   [[nodiscard]] const Model& model(std::size_t k = 0) const { return *replicas_[k]->model; }
+  /// @brief The parameters of the `k`-th place's replica, named as the model lists them.
   [[nodiscard]] std::vector<parameter_ref<T>> parameters(std::size_t k = 0) const { return replicas_[k]->params; }
   /// @brief The parameters of each bucket, by name, in the order they are all_reduced.
   [[nodiscard]] std::vector<std::vector<std::string>> buckets() const {
@@ -279,16 +295,20 @@ class data_parallel {
     }
     return all;
   }
+  /// @brief The mesh trained over.
   [[nodiscard]] const Mesh& mesh() const { return mesh_; }
   /// @brief The optimizer of the `k`-th place of this process.
   [[nodiscard]] Optimizer& optimizer(std::size_t k = 0) { return *replicas_[k]->optimizer; }
   /// @brief The places of this process, each with its replica.
   [[nodiscard]] std::size_t replica_count() const { return replicas_.size(); }
+  /// @brief The settings given at construction.
   [[nodiscard]] const data_parallel_options& options() const { return options_; }
   /// @brief Steps and epochs trained (skipped steps included), restored with set_progress
   /// when training resumes from a checkpoint.
   [[nodiscard]] std::size_t steps() const { return steps_; }
+  /// @brief Epochs trained by fit (see steps()).
   [[nodiscard]] std::size_t epochs() const { return epochs_; }
+  /// @brief Sets the steps and epochs trained, as a checkpoint restores them.
   void set_progress(std::size_t steps, std::size_t epochs) {
     steps_ = steps;
     epochs_ = epochs;

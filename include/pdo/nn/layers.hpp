@@ -26,22 +26,27 @@ namespace pdo::nn {
 template <class T, class W = tensor<T, 2>, class B = tensor<T, 1>>
 class linear {
  public:
+  /// @brief Local parameters weight [in, out] and bias [out], drawn from U(-1/√in, 1/√in) with `gen`, in the
+  /// memory of the place running the calling thread.
   linear(std::size_t in, std::size_t out, rng& gen)
     requires(std::is_same_v<W, tensor<T, 2>> && std::is_same_v<B, tensor<T, 1>>)
       : weight(parameter(init::fan_in_uniform<T>(shape_t<2>{in, out}, in, gen))),
         bias(parameter(init::fan_in_uniform<T>(shape_t<1>{out}, in, gen))) {}
+  /// @brief Takes given parameters: w [in, out] and b [out] (tensors, or dtensors laid out for tensor parallelism).
   linear(var<W> w, var<B> b) : weight(std::move(w)), bias(std::move(b)) {}
 
+  /// @brief x [..., in] W + b: [..., out].
   template <class V>
   auto operator()(const var<V>& x) const {
     return pdo::matmul(x, weight) + bias;
   }
+  /// @brief "weight" and "bias", each name prefixed with `prefix`.
   [[nodiscard]] std::vector<parameter_ref<T>> parameters(const std::string& prefix = "") const {
     return {{prefix + "weight", weight}, {prefix + "bias", bias}};
   }
 
-  var<W> weight;
-  var<B> bias;
+  var<W> weight;  ///< W [in, out]
+  var<B> bias;    ///< b [out]
 };
 
 /// @brief 2-D convolution over [N, in_channels, H, W] with a square kernel.
@@ -51,20 +56,25 @@ class linear {
 template <class T>
 class conv2d {
  public:
+  /// @brief Parameters drawn from U(-1/√fan_in, 1/√fan_in) with `gen`; `o`: stride (not 0) and padding.
   conv2d(std::size_t in_channels, std::size_t out_channels, std::size_t kernel, rng& gen, window_options o = {})
       : weight(parameter(init::fan_in_uniform<T>(shape_t<4>{out_channels, in_channels, kernel, kernel}, in_channels * kernel * kernel, gen))),
         bias(parameter(init::fan_in_uniform<T>(shape_t<1>{out_channels}, in_channels * kernel * kernel, gen))),
         options_(o) {}
+  /// @brief Takes given parameters: w [out_channels, in_channels, k, k] and b [out_channels].
   conv2d(var<tensor<T, 4>> w, var<tensor<T, 1>> b, window_options o) : weight(std::move(w)), bias(std::move(b)), options_(o) {}
+  /// @brief The stride and padding the layer convolves with.
   [[nodiscard]] window_options options() const { return options_; }
 
+  /// @brief The convolution of local images x [N, in_channels, H, W]: [N, out_channels, H', W'].
   var<tensor<T, 4>> operator()(const var<tensor<T, 4>>& x) const { return pdo::conv2d(x, weight, bias, options_); }
+  /// @brief "weight" and "bias", each name prefixed with `prefix`.
   [[nodiscard]] std::vector<parameter_ref<T>> parameters(const std::string& prefix = "") const {
     return {{prefix + "weight", weight}, {prefix + "bias", bias}};
   }
 
-  var<tensor<T, 4>> weight;
-  var<tensor<T, 1>> bias;
+  var<tensor<T, 4>> weight;  ///< [out_channels, in_channels, k, k]
+  var<tensor<T, 1>> bias;    ///< [out_channels]
 
  private:
   window_options options_;
@@ -72,6 +82,7 @@ class conv2d {
 
 /// @brief A layer without parameters.
 struct stateless {
+  /// @brief No parameters: an empty list.
   template <class T>
   [[nodiscard]] std::vector<parameter_ref<T>> parameters(const std::string& = "") const {
     return {};
@@ -80,8 +91,9 @@ struct stateless {
 
 /// @brief Max pooling over kernel x kernel windows (stride: the kernel unless given).
 struct max_pool2d : stateless {
-  std::size_t kernel = 2;
-  window_options options{0, 0};
+  std::size_t kernel = 2;        ///< window side, in pixels
+  window_options options{0, 0};  ///< stride (0: the kernel) and zero padding
+  /// @brief pdo::max_pool2d of x [N, C, H, W], a local tensor or a dtensor.
   template <class V>
   var<V> operator()(const var<V>& x) const {
     return pdo::max_pool2d(x, kernel, options);
@@ -90,8 +102,9 @@ struct max_pool2d : stateless {
 
 /// @brief Average pooling over kernel x kernel windows (stride: the kernel unless given).
 struct avg_pool2d : stateless {
-  std::size_t kernel = 2;
-  window_options options{0, 0};
+  std::size_t kernel = 2;        ///< window side, in pixels
+  window_options options{0, 0};  ///< stride (0: the kernel) and zero padding (counted as zeros)
+  /// @brief pdo::avg_pool2d of x [N, C, H, W], a local tensor or a dtensor.
   template <class V>
   var<V> operator()(const var<V>& x) const {
     return pdo::avg_pool2d(x, kernel, options);
@@ -100,6 +113,7 @@ struct avg_pool2d : stateless {
 
 /// @brief [N, ...] -> [N, product of the rest].
 struct flatten : stateless {
+  /// @brief x reshaped to [N, product of its other extents] (of a dtensor, only dim 0 may be split).
   template <class V>
   auto operator()(const var<V>& x) const {
     const auto& s = x.shape();
@@ -109,25 +123,33 @@ struct flatten : stateless {
   }
 };
 
+/// @brief ReLU, max(x, 0) elementwise: PyTorch's nn.ReLU().
 struct relu : stateless {
+  /// @brief pdo::relu(x).
   template <class V>
   auto operator()(const var<V>& x) const { return pdo::relu(x); }
 };
+/// @brief Hyperbolic tangent, elementwise: PyTorch's nn.Tanh().
 struct tanh : stateless {
+  /// @brief pdo::tanh(x).
   template <class V>
   auto operator()(const var<V>& x) const { return pdo::tanh(x); }
 };
+/// @brief Logistic sigmoid 1 / (1 + e^-x), elementwise: PyTorch's nn.Sigmoid().
 struct sigmoid : stateless {
+  /// @brief pdo::sigmoid(x).
   template <class V>
   auto operator()(const var<V>& x) const { return pdo::sigmoid(x); }
 };
 /// @brief GELU, exact (erf form): PyTorch's nn.GELU().
 struct gelu : stateless {
+  /// @brief pdo::gelu(x).
   template <class V>
   auto operator()(const var<V>& x) const { return pdo::gelu(x); }
 };
 /// @brief GELU, tanh approximation: PyTorch's nn.GELU(approximate="tanh").
 struct gelu_tanh : stateless {
+  /// @brief pdo::gelu_tanh(x).
   template <class V>
   auto operator()(const var<V>& x) const { return pdo::gelu_tanh(x); }
 };
@@ -143,12 +165,15 @@ std::vector<parameter_ref<T>> parameters_of(const M& m, const std::string& prefi
 template <class... Layers>
 class sequential {
  public:
+  /// @brief The layers, applied first to last.
   explicit sequential(Layers... layers) : layers_(std::move(layers)...) {}
 
+  /// @brief x through every layer in order (x itself when there are none).
   template <class V>
   auto operator()(const var<V>& x) const {
     return apply<0>(x);
   }
+  /// @brief Every layer's parameters in order, named `prefix` + "<index>." + the layer's name for them.
   template <class T>
   [[nodiscard]] std::vector<parameter_ref<T>> parameters(const std::string& prefix = "") const {
     std::vector<parameter_ref<T>> all;
@@ -157,6 +182,7 @@ class sequential {
     }(std::index_sequence_for<Layers...>{});
     return all;
   }
+  /// @brief The layers, in order.
   [[nodiscard]] const std::tuple<Layers...>& layers() const { return layers_; }
 
  private:

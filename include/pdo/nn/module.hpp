@@ -31,9 +31,11 @@ using rng = std::mt19937_64;
 template <class T>
 class parameter_ref {
  public:
+  /// @brief Refers to `v` (a var of a tensor or dtensor of T) under `name`; `v`'s node is shared, not copied.
   template <class V>
   parameter_ref(std::string name, var<V> v) : name_(std::move(name)), impl_(std::make_shared<holder<V>>(std::move(v))) {}
 
+  /// @brief The parameter's name, prefixed as the model listed it ("0.weight").
   [[nodiscard]] const std::string& name() const { return name_; }
   /// @brief The values, one block per tensor or local shard.
   [[nodiscard]] std::vector<std::span<T>> value_blocks() const { return impl_->value_blocks(); }
@@ -58,6 +60,7 @@ class parameter_ref {
     for (const auto& b : impl_->value_blocks()) n += b.size();
     return n;
   }
+  /// @brief The bytes of this process's blocks: size() * sizeof(T).
   [[nodiscard]] std::size_t bytes() const { return size() * sizeof(T); }
   /// @brief A local parameter's gradient, zero-filled first if there is none (a place with
   /// no samples still takes part in the gradient all_reduce).
@@ -67,7 +70,9 @@ class parameter_ref {
   /// the layout (replicated blocks are not counted twice). 0 without a gradient. For a
   /// dtensor this is a collective: every process calls it.
   [[nodiscard]] double grad_squared_norm() const { return impl_->grad_squared_norm(); }
+  /// @brief Drops the parameter's gradient, so the next backward starts from none (see var::zero_grad).
   void zero_grad() const { impl_->zero_grad(); }
+  /// @brief Has backward call `f()` once this parameter's gradient is complete; replaces any earlier hook.
   void on_gradient(std::function<void()> f) const { impl_->on_gradient(std::move(f)); }
   /// @brief "f32[16, 8]" for a local parameter, "f32[16, 8]{split<tp>, replicate} on mesh(tp=2)" for a dtensor.
   [[nodiscard]] std::string shape_text() const { return impl_->shape_text(); }

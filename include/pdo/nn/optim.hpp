@@ -155,17 +155,20 @@ class optimizer_base {
   void zero_grad() {
     for (auto& p : params_) p.zero_grad();
   }
+  /// @brief The parameters this optimizer updates, in the order it was given them.
   [[nodiscard]] const std::vector<parameter_ref<T>>& parameters() const { return params_; }
 
  protected:
+  /// @brief Keeps `params` (references: the optimizer updates the model's own values).
   explicit optimizer_base(std::vector<parameter_ref<T>> params) : params_(std::move(params)) {}
-  std::vector<parameter_ref<T>> params_;
+  std::vector<parameter_ref<T>> params_;  ///< the parameters updated, in the order given
 };
 
+/// @brief Settings of sgd, as PyTorch's torch.optim.SGD (no dampening, no Nesterov).
 struct sgd_options {
-  double lr = 0.01;
-  double momentum = 0;
-  double weight_decay = 0;
+  double lr = 0.01;         ///< learning rate
+  double momentum = 0;      ///< momentum factor; 0: plain SGD, no momentum buffer kept
+  double weight_decay = 0;  ///< L2 penalty: weight_decay * p is added to the gradient
 };
 
 /// @brief Stochastic gradient descent with optional momentum and (L2) weight decay.
@@ -174,6 +177,7 @@ class sgd : public optimizer_base<T> {
   using optimizer_base<T>::params_;
 
  public:
+  /// @brief Updates `params` with the settings `o`.
   sgd(std::vector<parameter_ref<T>> params, sgd_options o) : optimizer_base<T>(std::move(params)), o_(o), buffers_(params_.size()) {}
 
   /// @brief One update of every parameter that has a gradient (of each of its local blocks).
@@ -194,7 +198,9 @@ class sgd : public optimizer_base<T> {
       }
     }
   }
+  /// @brief Sets the learning rate of the next steps (a schedule calls this before each one).
   void set_lr(double lr) { o_.lr = lr; }
+  /// @brief The current learning rate.
   [[nodiscard]] double lr() const { return o_.lr; }
 
   /// @brief The state kept per parameter, by PyTorch's names: "momentum_buffer" (with momentum).
@@ -211,6 +217,7 @@ class sgd : public optimizer_base<T> {
   }
   /// @brief Steps taken (SGD's update does not depend on it).
   [[nodiscard]] long steps() const { return 0; }
+  /// @brief Does nothing: SGD keeps no step count (a checkpoint's is ignored).
   void set_steps(long) {}
 
  private:
@@ -218,12 +225,13 @@ class sgd : public optimizer_base<T> {
   std::vector<std::vector<tensor<T, 1>>> buffers_;  ///< momentum, per parameter and block
 };
 
+/// @brief Settings of adam, as PyTorch's torch.optim.Adam (and AdamW with decoupled_weight_decay).
 struct adam_options {
-  double lr = 1e-3;
-  double beta1 = 0.9;
-  double beta2 = 0.999;
-  double eps = 1e-8;
-  double weight_decay = 0;
+  double lr = 1e-3;         ///< learning rate
+  double beta1 = 0.9;       ///< decay rate of the first moment (the mean of the gradients)
+  double beta2 = 0.999;     ///< decay rate of the second moment (the mean of their squares)
+  double eps = 1e-8;        ///< added to the square root of the second moment, against division by 0
+  double weight_decay = 0;  ///< L2 penalty added to the gradient, or with AdamW p -= lr * weight_decay * p
   bool decoupled_weight_decay = false;  ///< true: AdamW
 };
 
@@ -233,9 +241,12 @@ class adam : public optimizer_base<T> {
   using optimizer_base<T>::params_;
 
  public:
+  /// @brief Updates `params` with the settings `o`.
   adam(std::vector<parameter_ref<T>> params, adam_options o)
       : optimizer_base<T>(std::move(params)), o_(o), m_(params_.size()), v_(params_.size()) {}
 
+  /// @brief Counts one step, then updates every parameter that has a gradient (each of its local blocks),
+  /// with bias-corrected moments.
   void step() {
     ++t_;
     const T c1 = static_cast<T>(1 - std::pow(o_.beta1, static_cast<double>(t_)));
@@ -257,7 +268,9 @@ class adam : public optimizer_base<T> {
                                                                 o_.decoupled_weight_decay});
     }
   }
+  /// @brief Sets the learning rate of the next steps (a schedule calls this before each one).
   void set_lr(double lr) { o_.lr = lr; }
+  /// @brief The current learning rate.
   [[nodiscard]] double lr() const { return o_.lr; }
 
   /// @brief The state kept per parameter, by PyTorch's names: the moments "exp_avg" and "exp_avg_sq".
@@ -275,6 +288,7 @@ class adam : public optimizer_base<T> {
   }
   /// @brief Steps taken: the bias corrections 1 - beta^t count them.
   [[nodiscard]] long steps() const { return t_; }
+  /// @brief Sets the steps taken (a checkpoint restores it, so the bias corrections continue).
   void set_steps(long t) { t_ = t; }
 
  private:
@@ -300,20 +314,29 @@ concept optimizer = requires(O& o, const O& co, double lr) {
 template <class T>
 class any_optimizer {
  public:
+  /// @brief Holds `o` (copied or moved in); implicit, so a factory may return any optimizer.
   template <class O>
     requires(optimizer<std::remove_cvref_t<O>, T> && !std::same_as<std::remove_cvref_t<O>, any_optimizer>)
   any_optimizer(O&& o)  // NOLINT: implicit, so a factory may return any optimizer
       : impl_(std::make_shared<holder<std::remove_cvref_t<O>>>(std::forward<O>(o))) {}
 
+  /// @brief The held optimizer's step().
   void step() { impl_->step(); }
+  /// @brief The held optimizer's zero_grad(): forgets its parameters' gradients.
   void zero_grad() { impl_->zero_grad(); }
+  /// @brief Sets the held optimizer's learning rate.
   void set_lr(double lr) { impl_->set_lr(lr); }
+  /// @brief The held optimizer's learning rate.
   [[nodiscard]] double lr() const { return impl_->lr(); }
+  /// @brief The parameters the held optimizer updates.
   [[nodiscard]] const std::vector<parameter_ref<T>>& parameters() const { return impl_->parameters(); }
   /// @brief The held optimizer's state, for checkpoints (none when it keeps no state_names()).
   [[nodiscard]] std::vector<std::string> state_names() const { return impl_->state_names(); }
+  /// @brief The held optimizer's state `name` of parameter `i`; pdo::error if it has no state(name, i).
   [[nodiscard]] std::vector<tensor<T, 1>>& state(const std::string& name, std::size_t i) { return impl_->state(name, i); }
+  /// @brief The held optimizer's step count (0 if it keeps none).
   [[nodiscard]] long steps() const { return impl_->steps(); }
+  /// @brief Sets the held optimizer's step count (ignored if it keeps none).
   void set_steps(long t) { impl_->set_steps(t); }
 
  private:

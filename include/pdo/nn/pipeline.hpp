@@ -30,8 +30,8 @@ enum class pipeline_schedule {
 
 /// @brief One step of a stage's schedule: the forward or the backward of a micro-batch.
 struct pipeline_action {
-  bool forward = true;
-  std::size_t micro = 0;
+  bool forward = true;    ///< true: the forward of micro-batch `micro`; false: its backward
+  std::size_t micro = 0;  ///< the micro-batch's index, from 0
   friend bool operator==(const pipeline_action&, const pipeline_action&) = default;
 };
 
@@ -145,15 +145,23 @@ struct cut_list {};
 /// stage s is [values[s], values[s + 1]).
 template <std::size_t Layers, std::size_t... Cuts>
 struct stage_bounds {
+  /// @brief 0, the cut points, then the number of layers.
   static constexpr std::array<std::size_t, sizeof...(Cuts) + 2> values{0, Cuts..., Layers};
 };
 
 /// @brief A place's links to its neighbouring stages: its line along "pp" (members by "pp"
 /// coordinate) for the data, the mesh's host group (members by place index) for shapes.
 struct channel {
+  /// @brief The place's line along "pp", which carries the tensors' elements.
   mesh_communicator link, host;
   std::size_t previous = 0, next = 0;              ///< members of `link`
   std::size_t previous_place = 0, next_place = 0;  ///< members of `host`
+  /// @var host
+  /// @brief The mesh's host group, which carries the tensors' shapes ahead of their elements.
+  /// @var previous
+  /// @brief The previous stage's member of `link` (`next`: the next stage's).
+  /// @var previous_place
+  /// @brief The previous stage's member of `host` (`next_place`: the next stage's).
 };
 
 /// @brief Sends tensors from a place without waiting for their receiver: engine tasks on
@@ -161,8 +169,8 @@ struct channel {
 /// and backward's go on two lanes, so a send that waits for its receiver never holds up
 /// the other direction.
 struct async_sender {
-  lane_kind lane = lane_kind::communication;
-  std::vector<pdo::detail::task_handle> sends = {};
+  lane_kind lane = lane_kind::communication;  ///< the sending place's lane that runs the sends, in order
+  std::vector<pdo::detail::task_handle> sends = {};  ///< the send tasks submitted since the last reset()
 
   /// @brief Sends `t` to member `to` of `link` (the line along "pp"); its shape goes first
   /// through `host` (the mesh's host group, whose member `to_place` the receiver is), so a
@@ -184,6 +192,7 @@ struct async_sender {
     };
     sends.push_back(pdo::detail::engine::instance().submit(std::move(r)));
   }
+  /// @brief Waits until every submitted send has ended, failed or not (see failure()).
   void drain() const {
     for (const auto& s : sends) s->wait_ended();
   }
@@ -193,6 +202,7 @@ struct async_sender {
       if (auto e = pdo::detail::outcome(*s)) return e;
     return std::nullopt;
   }
+  /// @brief Forgets the submitted sends (once drained).
   void reset() { sends.clear(); }
 };
 
@@ -209,9 +219,10 @@ tensor<T, R> receive(const channel& c, bool from_previous, int tag, const any_pl
 
 }  // namespace detail_pp
 
+/// @brief Settings of pipeline: the schedule, the micro-batches and, over "dp", the gradient buckets.
 struct pipeline_options {
-  pipeline_schedule schedule = pipeline_schedule::one_f_one_b;
-  std::size_t micro_batches = 4;
+  pipeline_schedule schedule = pipeline_schedule::one_f_one_b;  ///< the order of each stage's forwards and backwards
+  std::size_t micro_batches = 4;  ///< micro-batches each place's rows of a global batch are cut into (at least 1)
   /// @brief On a mesh with a "dp" axis, each stage's gradients are all_reduced over "dp" in
   /// buckets of about this many bytes (pdo/nn/buckets.hpp), started during the last
   /// micro-batch's backward.
@@ -231,12 +242,19 @@ struct pipeline_options {
 template <class T, std::size_t InRank, class Target, class Mesh, class Optimizer, class Loss, class... Stages>
 class pipeline {
  public:
+  /// @brief The number of stages; the mesh has as many places along "pp".
   static constexpr std::size_t stage_count = sizeof...(Stages);
+  /// @brief The index of the "pp" axis among the mesh's axes.
   static constexpr std::size_t pp_axis = Mesh::axis_index("pp");
+  /// @brief Whether the mesh has a "dp" axis: each stage is then data parallel over it.
   static constexpr bool has_dp = Mesh::has_axis("dp");
+  /// @brief Whether the mesh has a "tp" axis: each stage is then tensor parallel over it.
   static constexpr bool has_tp = Mesh::has_axis("tp");
   static_assert(pp_axis < Mesh::ndim, "pdo: pipeline: the mesh needs an axis named \"pp\"");
 
+  /// @brief Cuts `model` (a sequential) after the layers `Cuts...` and builds, on each place of this process,
+  /// its stage and make_optimizer(its parameters). pdo::layout_error for a GPU place, a "pp" extent other
+  /// than stage_count, or 0 micro-batches; pdo::error for a schedule that would not finish.
   template <class MakeOptimizer, class Model, std::size_t... Cuts>
   pipeline(const Mesh& m, const Model& model, detail_pp::cut_list<Cuts...>, MakeOptimizer make_optimizer, pipeline_options o, Loss loss)
       : mesh_(m), options_(o), loss_(loss), schedule_(make_schedule(o.schedule, stage_count, o.micro_batches)),
@@ -293,19 +311,21 @@ class pipeline {
     for (const auto& s : states_) out.push_back(s->max_in_flight);
     return out;
   }
+  /// @brief The action list of every stage, indexed by stage (see make_schedule).
   [[nodiscard]] const std::vector<std::vector<pipeline_action>>& schedule() const { return schedule_; }
   /// @brief The parameters of this process's k-th place (those of its stage, or its shards of them along "tp").
   [[nodiscard]] std::vector<parameter_ref<T>> parameters(std::size_t k) const { return states_[k]->params; }
   /// @brief The optimizer of this process's k-th place (its stage's parameters).
   [[nodiscard]] Optimizer& optimizer(std::size_t k) { return *states_[k]->optimizer; }
+  /// @brief The mesh trained over.
   [[nodiscard]] const Mesh& mesh() const { return mesh_; }
 
   /// @brief A parameter of the whole model as make_pipeline was given it: its name there
   /// ("<layer>.<name>"), its whole shape, and the stage that holds it.
   struct model_parameter {
-    std::string name;
-    std::vector<std::size_t> extents;
-    std::size_t stage = 0;
+    std::string name;                  ///< "<layer>.<name>", as the whole sequential names it
+    std::vector<std::size_t> extents;  ///< the whole parameter's shape
+    std::size_t stage = 0;             ///< the stage whose places hold it
   };
   /// @brief The whole model's parameters, in the model's order (the same on every process).
   [[nodiscard]] const std::vector<model_parameter>& model_parameters() const { return model_parameters_; }
@@ -316,11 +336,12 @@ class pipeline {
   /// is the one that speaks for the block (the first along "dp", and along "tp" when every
   /// member holds it whole).
   struct parameter_part {
-    static constexpr std::size_t npos = static_cast<std::size_t>(-1);
-    std::size_t index = npos;
-    std::vector<std::size_t> offset;
-    bool first = false;
+    static constexpr std::size_t npos = static_cast<std::size_t>(-1);  ///< `index` of a parameter not held
+    std::size_t index = npos;          ///< the parameter's index in parameters(k), or npos
+    std::vector<std::size_t> offset;   ///< where the place's block starts in the whole parameter, per dim
+    bool first = false;                ///< whether this place speaks for the block (saves it, say)
   };
+  /// @brief Where this process's k-th place holds model parameter `g` (an index into model_parameters()).
   [[nodiscard]] parameter_part part_of(std::size_t k, std::size_t g) const {
     const place_state& st = *states_[k];
     const model_parameter& q = model_parameters_.at(g);
@@ -357,6 +378,7 @@ class pipeline {
     for (const auto& s : states_) out.push_back(s->busy);
     return out;
   }
+  /// @brief The last step's length in seconds: the longest time among this process's places.
   [[nodiscard]] double last_step_seconds() const {
     double longest = 0;
     for (const auto& s : states_) longest = std::max(longest, s->seconds);

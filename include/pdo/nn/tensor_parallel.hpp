@@ -21,13 +21,14 @@ inline constexpr bool is_local_linear_v<linear<T>> = true;
 /// (W [in, out/n], b [out/n]), the second by rows (W [in/n, out], b replicated).
 template <fixed_string Axis>
 struct column_layouts {
-  using weight = layout<replicate, split<Axis>>;
-  using bias = layout<split<Axis>>;
+  using weight = layout<replicate, split<Axis>>;  ///< W [in, out] split by columns (out) along `Axis`
+  using bias = layout<split<Axis>>;               ///< b [out] split along `Axis`, as W's columns
 };
+/// @brief The layouts of the second linear of a Megatron pair (see column_layouts): split by rows.
 template <fixed_string Axis>
 struct row_layouts {
-  using weight = layout<split<Axis>, replicate>;
-  using bias = layout<replicate>;
+  using weight = layout<split<Axis>, replicate>;  ///< W [in, out] split by rows (in) along `Axis`
+  using bias = layout<replicate>;                 ///< b [out] whole on every place
 };
 
 namespace detail_tp {
@@ -67,18 +68,22 @@ auto row_parallel(const Mesh& m, const linear<T>& l) {
 template <class T, bool Column>
 class linear_shard {
  public:
+  /// @brief Takes this place's shards `w` and `b` and the tensor-parallel group `g` it belongs to.
   linear_shard(var<tensor<T, 2>> w, var<tensor<T, 1>> b, mesh_communicator g)
       : weight(std::move(w)), bias(std::move(b)), group(std::move(g)) {}
+  /// @brief x [N, in] (column) or this place's column shard of it (row) times W, plus b, with the
+  /// collectives above: [N, out/n] (column) or [N, out] (row).
   auto operator()(const var<tensor<T, 2>>& x) const {
     if constexpr (Column) return pdo::matmul(pdo::replicated_across(x, group), weight) + bias;
     else return pdo::sum_across(pdo::matmul(x, weight), group) + bias;
   }
+  /// @brief "weight" and "bias" (this place's shards), each name prefixed with `prefix`.
   [[nodiscard]] std::vector<parameter_ref<T>> parameters(const std::string& prefix = "") const {
     return {{prefix + "weight", weight}, {prefix + "bias", bias}};
   }
-  var<tensor<T, 2>> weight;
-  var<tensor<T, 1>> bias;
-  mesh_communicator group;
+  var<tensor<T, 2>> weight;  ///< this place's shard of W: [in, out/n] (column) or [in/n, out] (row)
+  var<tensor<T, 1>> bias;    ///< this place's shard of b: [out/n] (column), or all of b [out] (row)
+  mesh_communicator group;   ///< the tensor-parallel group the collectives run over
 };
 template <class T>
 using column_parallel_shard = linear_shard<T, true>;

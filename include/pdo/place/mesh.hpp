@@ -74,8 +74,11 @@ class mesh {
   static_assert(distinct_names(), "pdo: mesh: two axes have the same name; give every mesh axis its own name");
 
  public:
+  /// @brief Marks this class as a mesh (see pdo::mesh_type).
   using mesh_tag = void;
+  /// @brief The number of axes.
   static constexpr std::size_t ndim = sizeof...(Axes);
+  /// @brief The axis names, in order.
   static constexpr std::array<std::string_view, ndim> axis_names{Axes.view()...};
   /// @brief The name of axis `I` as a pdo::fixed_string (to spell layouts of this mesh).
   template <std::size_t I>
@@ -87,22 +90,31 @@ class mesh {
       if (axis_names[i] == name) return i;
     return ndim;
   }
+  /// @brief Whether the mesh has an axis named `name`.
   static constexpr bool has_axis(std::string_view name) { return axis_index(name) < ndim; }
 
+  /// @brief A handle on `state`, shared with the other copies (pdo::make_mesh builds and checks it: use that).
   explicit mesh(std::shared_ptr<detail::mesh_state> state) : state_(std::move(state)) {}
 
+  /// @brief The number of places, of every process: the product of the extents.
   [[nodiscard]] std::size_t size() const { return state_->places.size(); }
+  /// @brief The number of places along axis number `axis` (not range-checked).
   [[nodiscard]] std::size_t extent(std::size_t axis) const { return state_->extents[axis]; }
+  /// @brief The number of places along the axis named `axis`; pdo::layout_error if there is none.
   [[nodiscard]] std::size_t extent(std::string_view axis) const { return extent(checked_axis(axis)); }
+  /// @brief The extents, one per axis, in axis order.
   [[nodiscard]] const std::vector<std::size_t>& extents() const { return state_->extents; }
+  /// @brief Place `index` (row-major over the axes); pdo::layout_error when index >= size().
   [[nodiscard]] const any_place& place(std::size_t index) const {
     if (index >= size())
       throw layout_error(describe() + " has " + std::to_string(size()) + " places; there is no place " + std::to_string(index));
     return state_->places[index];
   }
+  /// @brief Every place, row-major over the axes (the last axis varies fastest).
   [[nodiscard]] const std::vector<any_place>& places() const { return state_->places; }
   /// @brief Indices of the places that belong to this process.
   [[nodiscard]] const std::vector<std::size_t>& local_places() const { return state_->local; }
+  /// @brief Whether some places belong to other processes.
   [[nodiscard]] bool is_multiprocess() const { return state_->multiprocess; }
 
   /// @brief The coordinates of place `index` (row-major: the last axis varies fastest).
@@ -114,7 +126,9 @@ class mesh {
     }
     return c;
   }
+  /// @brief The coordinate of place `index` along axis number `axis`.
   [[nodiscard]] std::size_t coord(std::size_t index, std::size_t axis) const { return coords(index)[axis]; }
+  /// @brief The index of the place at coordinates `c` (row-major; the inverse of coords()).
   [[nodiscard]] std::size_t index(const std::array<std::size_t, ndim>& c) const {
     std::size_t i = 0;
     for (std::size_t a = 0; a < ndim; ++a) i = i * state_->extents[a] + c[a];
@@ -141,6 +155,7 @@ class mesh {
     return text + ")";
   }
 
+  /// @brief The state all copies of this mesh share (places, extents, communicators).
   [[nodiscard]] const std::shared_ptr<detail::mesh_state>& state() const { return state_; }
   friend bool operator==(const mesh& a, const mesh& b) { return a.state_ == b.state_; }
 

@@ -65,9 +65,11 @@ class place_handle {
 /// @brief Any place, whatever its kind: what a mesh holds.
 class any_place : public detail::place_handle<any_place> {
  public:
+  /// @brief The place `p`, of any kind (implicit: a place is an any_place); copies share its state.
   template <place P>
     requires(!std::same_as<P, any_place>)
   any_place(const P& p) : place_handle(p.state()) {}  // NOLINT: implicit, a place is an any_place
+  /// @brief A handle on the place whose state is `s`.
   explicit any_place(std::shared_ptr<detail::place_state> s) : place_handle(std::move(s)) {}
 };
 

@@ -19,12 +19,14 @@ namespace pdo {
 /// @brief The plan of an expression: its steps in order. A value: usable in
 /// static_assert (`pdo::plan_of<E>().count(pdo::step_kind::all_reduce) == 1`).
 struct expression_plan {
-  static constexpr std::size_t capacity = 96;
-  std::size_t size = 0;
+  static constexpr std::size_t capacity = 96;  ///< the most steps a plan holds
+  std::size_t size = 0;                        ///< the number of steps in use, at the front of `steps`
   std::size_t nodes = 0;  ///< nodes numbered (leaves included)
-  std::array<plan_step, capacity> steps{};
+  std::array<plan_step, capacity> steps{};     ///< the steps, in the order they run
 
+  /// @brief The first step.
   [[nodiscard]] constexpr const plan_step* begin() const { return steps.data(); }
+  /// @brief Past the last step in use (steps + size).
   [[nodiscard]] constexpr const plan_step* end() const { return steps.data() + size; }
   /// @brief How many collectives of kind `k` the plan runs (an all_reduce(max) counts as an all_reduce).
   [[nodiscard]] constexpr std::size_t count(step_kind k) const {
@@ -54,6 +56,8 @@ struct expression_plan {
       if (steps[i].kind == plan_step_kind::kernel) return steps[i].layout;
     return {};
   }
+  /// @brief Appends `s`; beyond `capacity` steps, a compile-time error in a constant expression (a thrown
+  /// string literal at run time).
   constexpr void push(const plan_step& s) {
     if (size == capacity) throw "pdo: plan_of: the expression has more steps than a plan holds; evaluate part of it first";
     steps[size++] = s;

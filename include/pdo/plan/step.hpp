@@ -25,7 +25,7 @@ enum class plan_step_kind {
 /// @brief One step of a plan. Nodes are numbered in evaluation order (post-order, leaves
 /// included), so a step names the op it belongs to and, for a redistribution, the operand.
 struct plan_step {
-  plan_step_kind kind{};
+  plan_step_kind kind{};          ///< what the step does
   std::string_view op;            ///< the op the step belongs to ("matmul", "relu")
   std::size_t node = 0;           ///< that op's node number
   std::size_t operand = 0;        ///< redistribute: which operand of the op

@@ -63,10 +63,15 @@ class dtensor {
   static_assert(sizeof(detail::check_layout<"dtensor", Layout, Mesh, Rank>) != 0);
 
  public:
+  /// @brief Element type of the shards.
   using value_type = T;
+  /// @brief Type of the mesh the tensor is laid out over.
   using mesh_type = Mesh;
+  /// @brief The layout_spec type: how each dim is split over the mesh axes (or replicated, or partial).
   using layout_type = Layout;
+  /// @brief Number of dims.
   static constexpr std::size_t rank = Rank;
+  /// @brief `Layout` as a value the planner computes with.
   static constexpr detail::layout_value layout_value = detail::value_of<Layout>();
 
   /// @brief Takes the local shards as they are; each must have the shape the layout gives
@@ -85,14 +90,20 @@ class dtensor {
                           detail::format_extents(local_shape(local[k])));
   }
 
+  /// @brief The mesh the tensor is laid out over.
   [[nodiscard]] const Mesh& mesh() const { return mesh_; }
+  /// @brief The global extents (not those of a shard).
   [[nodiscard]] const shape_t<Rank>& shape() const { return shape_; }
+  /// @brief The global number of elements.
   [[nodiscard]] std::size_t size() const { return detail::volume(shape_); }
+  /// @brief This process's shards, in the order of `mesh().local_places()`.
   [[nodiscard]] const std::vector<tensor<T, Rank>>& local_shards() const { return shards_; }
+  /// @brief This process's shards, in the order of `mesh().local_places()`, writable (keep their shapes).
   [[nodiscard]] std::vector<tensor<T, Rank>>& local_shards() { return shards_; }
 
-  /// @brief The shard of place `p` (a place of this process).
+  /// @brief The shard of place `p` (a place of this process; else pdo::layout_error).
   [[nodiscard]] const tensor<T, Rank>& shard(std::size_t p) const { return shards_[local_ordinal(p)]; }
+  /// @brief The shard of place `p`, writable (a place of this process; else pdo::layout_error).
   [[nodiscard]] tensor<T, Rank>& shard(std::size_t p) { return shards_[local_ordinal(p)]; }
 
   /// @brief The shape of place `p`'s shard (any place of the mesh).

@@ -37,7 +37,9 @@ inline place_state* current_tensor_place() { return current_place(); }
 template <element T, std::size_t Rank>
 class tensor {
  public:
+  /// @brief Element type.
   using value_type = T;
+  /// @brief Number of dims.
   static constexpr std::size_t rank = Rank;
 
   tensor() = default;
@@ -53,19 +55,24 @@ class tensor {
                         detail::format_extents(shape) + " of " + std::to_string(size()) + " elements");
     detail::copy_bytes(place_.get(), data_, nullptr, values.begin(), bytes());
   }
+  /// @brief An uninitialised tensor, placed as the zero-filled one above (calling thread's place, else host).
   tensor(const shape_t<Rank>& shape, detail::uninitialized_t)
       : tensor(shape, detail::current_tensor_place() ? detail::current_tensor_place()->memory.get() : &host_allocator(),
                detail::current_tensor_place() ? detail::current_tensor_place()->shared_from_this() : nullptr) {}
+  /// @brief An uninitialised tensor in `place`'s memory.
   tensor(const shape_t<Rank>& shape, const any_place& place, detail::uninitialized_t)
       : tensor(shape, &place.memory(), place.state()) {}
 
+  /// @brief A deep copy in the same place's memory as `other` (empty if `other` is default-constructed).
   tensor(const tensor& other) {
     if (other.allocator_ == nullptr) return;  // a default-constructed tensor copies as one
     tensor copy(other.shape_, other.allocator_, other.place_);
     detail::copy_bytes(place_of(copy), copy.data_, place_of(other), other.data_, other.bytes());
     swap(copy);
   }
+  /// @brief Takes `other`'s data and place; `other` is left empty, as if default-constructed.
   tensor(tensor&& other) noexcept { swap(other); }
+  /// @brief Copy or move assignment (by value, then swap): a copy is deep, on the source's place.
   tensor& operator=(tensor other) noexcept {
     swap(other);
     return *this;
@@ -73,6 +80,7 @@ class tensor {
   ~tensor() {
     if (allocator_ != nullptr) allocator_->deallocate(data_, bytes());
   }
+  /// @brief Exchanges data, shape and place with `other`; no element is copied.
   void swap(tensor& other) noexcept {
     std::swap(shape_, other.shape_);
     std::swap(strides_, other.strides_);
@@ -81,18 +89,31 @@ class tensor {
     std::swap(place_, other.place_);
   }
 
+  /// @brief The extents, one per dim.
   [[nodiscard]] const shape_t<Rank>& shape() const { return shape_; }
+  /// @brief The extent of dim `dim` (not range-checked).
   [[nodiscard]] std::size_t extent(std::size_t dim) const { return shape_[dim]; }
+  /// @brief Row-major strides, in elements: the last dim's is 1.
   [[nodiscard]] const std::array<std::ptrdiff_t, Rank>& strides() const { return strides_; }
+  /// @brief The number of elements (1 for rank 0).
   [[nodiscard]] std::size_t size() const { return detail::volume(shape_); }
+  /// @brief The size of the data in bytes: size() * sizeof(T).
   [[nodiscard]] std::size_t bytes() const { return size() * sizeof(T); }
+  /// @brief The first element, in the holding place's memory (a device pointer for GPU tensors).
   [[nodiscard]] T* data() { return data_; }
+  /// @brief The first element, in the holding place's memory (a device pointer for GPU tensors).
   [[nodiscard]] const T* data() const { return data_; }
+  /// @brief The elements in row-major order (host-readable only when !on_gpu()).
   [[nodiscard]] std::span<T> span() { return {data_, size()}; }
+  /// @brief The elements in row-major order (host-readable only when !on_gpu()).
   [[nodiscard]] std::span<const T> span() const { return {data_, size()}; }
+  /// @brief Iterator to the first element in row-major order (host-readable only when !on_gpu()).
   [[nodiscard]] T* begin() { return data_; }
+  /// @brief Iterator past the last element.
   [[nodiscard]] T* end() { return data_ + size(); }
+  /// @brief Iterator to the first element in row-major order (host-readable only when !on_gpu()).
   [[nodiscard]] const T* begin() const { return data_; }
+  /// @brief Iterator past the last element.
   [[nodiscard]] const T* end() const { return data_ + size(); }
   /// @brief The place holding the data (nullptr for host tensors).
   [[nodiscard]] detail::place_state* where() const { return place_.get(); }
@@ -101,17 +122,20 @@ class tensor {
   /// @brief The name of the place holding the data ("host" for host tensors).
   [[nodiscard]] std::string place_name() const { return place_ ? place_->name : std::string("host"); }
 
+  /// @brief The element at `index` (one integer per dim); host memory only, no bounds check.
   template <class... Index>
     requires(sizeof...(Index) == Rank && (std::integral<Index> && ...))
   [[nodiscard]] T& operator()(Index... index) {
     return data_[offset_of(index...)];
   }
+  /// @brief The element at `index` (one integer per dim); host memory only, no bounds check.
   template <class... Index>
     requires(sizeof...(Index) == Rank && (std::integral<Index> && ...))
   [[nodiscard]] const T& operator()(Index... index) const {
     return data_[offset_of(index...)];
   }
 
+  /// @brief Sets every element to `value`, on the host or on the holding GPU.
   void fill(T value) {
     if (on_gpu()) detail::fill_bytes(place_.get(), data_, &value, sizeof(T), size());
     else std::fill_n(data_, size(), value);
