@@ -414,35 +414,9 @@ TEST_CASE("spatial plans: the halo exchange is a step of its own, counted by the
 }
 
 TEST_CASE("spatial training: a small CNN on a dp x sp mesh equals one place step by step", "[model_parallel][conv][spatial]") {
-  const auto x = pdo_test::random_tensor<double>(pdo::shape_t<4>{4, 2, 12, 10}, 21);
-  const auto target = pdo_test::random_tensor<double>(pdo::shape_t<4>{4, 3, 6, 5}, 22);
-  const auto w1 = pdo_test::random_tensor<double>(pdo::shape_t<4>{4, 2, 3, 3}, 23, -0.5);
-  const auto b1 = pdo_test::random_tensor<double>(pdo::shape_t<1>{4}, 24);
-  const auto w2 = pdo_test::random_tensor<double>(pdo::shape_t<4>{3, 4, 5, 5}, 25, -0.5);
-  const auto b2 = pdo_test::random_tensor<double>(pdo::shape_t<1>{3}, 26);
-  const auto on_host = [](const auto& v) {
-    if constexpr (requires { pdo::gather(v); }) return pdo::gather(v);
-    else return v;
-  };
-  // conv 3x3 -> relu -> max pool 2 -> conv 5x5 (padding 2) -> squared error
-  auto train = [&](auto distribute_x, auto distribute_p) {
-    auto W1 = pdo::parameter(distribute_p(w1)), W2 = pdo::parameter(distribute_p(w2));
-    auto B1 = pdo::parameter(distribute_p(b1)), B2 = pdo::parameter(distribute_p(b2));
-    pdo::nn::sgd<double> opt({{"w1", W1}, {"b1", B1}, {"w2", W2}, {"b2", B2}}, {.lr = 2e-7, .momentum = 0.9});
-    const auto in = pdo::var(distribute_x(x));
-    const auto t = pdo::var(distribute_x(target));
-    std::vector<double> losses;
-    for (int step = 0; step < 4; ++step) {
-      opt.zero_grad();
-      const auto h = pdo::max_pool2d(pdo::relu(pdo::conv2d(in, W1, B1, {1, 1})), 2);
-      const auto d = pdo::conv2d(h, W2, B2, {1, 2}) - t;
-      const auto loss = pdo::sum(d * d);
-      pdo::backward(loss);
-      opt.step();
-      losses.push_back(on_host(loss.value()).data()[0]);
-    }
-    return std::pair{losses, on_host(W2.value())};
-  };
+  // images 12 x 10 over 1 or 2 "dp" places and 2 or 3 "sp" places: uneven row shards
+  const pdo_test::cnn_problem d(4, 12, 10, 21);
+  const auto train = [&](auto distribute_x, auto distribute_p) { return pdo_test::train_cnn(d, distribute_x, distribute_p, 2e-7, 4); };
   const auto [reference, w_reference] = train([](const auto& t) { return t; }, [](const auto& t) { return t; });
   REQUIRE(reference.back() < reference.front());
   for (auto [dp, sp] : {std::pair<std::size_t, std::size_t>{2, 2}, {1, 3}, {2, 3}}) {

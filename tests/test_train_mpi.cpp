@@ -121,35 +121,8 @@ TEST_CASE("MPI: a pipeline whose stages live in different processes matches one 
 TEST_CASE("MPI: a CNN whose images are split by rows over the processes (halo exchanges over MPI) matches one place step by step",
           "[mpi][train][spatial]") {
   // 13 x 10 images: uneven row shards on 3 and 4 places; the 5 x 5 kernel reads two rows of each neighbour
-  const auto x = pdo_test::random_tensor<double>(pdo::shape_t<4>{2, 2, 13, 10}, 31);
-  const auto target = pdo_test::random_tensor<double>(pdo::shape_t<4>{2, 3, 6, 5}, 32);
-  const auto w1 = pdo_test::random_tensor<double>(pdo::shape_t<4>{4, 2, 3, 3}, 33, -0.5);
-  const auto b1 = pdo_test::random_tensor<double>(pdo::shape_t<1>{4}, 34);
-  const auto w2 = pdo_test::random_tensor<double>(pdo::shape_t<4>{3, 4, 5, 5}, 35, -0.5);
-  const auto b2 = pdo_test::random_tensor<double>(pdo::shape_t<1>{3}, 36);
-  const auto on_host = [](const auto& v) {
-    if constexpr (requires { pdo::gather(v); }) return pdo::gather(v);
-    else return v;
-  };
-  // conv 3x3 -> relu -> max pool 2 -> conv 5x5 (padding 2) -> squared error, SGD with momentum
-  auto train = [&](auto distribute_x, auto distribute_p) {
-    auto W1 = pdo::parameter(distribute_p(w1)), W2 = pdo::parameter(distribute_p(w2));
-    auto B1 = pdo::parameter(distribute_p(b1)), B2 = pdo::parameter(distribute_p(b2));
-    pdo::nn::sgd<double> opt({{"w1", W1}, {"b1", B1}, {"w2", W2}, {"b2", B2}}, {.lr = 1e-6, .momentum = 0.9});
-    const auto in = pdo::var(distribute_x(x));
-    const auto t = pdo::var(distribute_x(target));
-    std::vector<double> losses;
-    for (int step = 0; step < 3; ++step) {
-      opt.zero_grad();
-      const auto h = pdo::max_pool2d(pdo::relu(pdo::conv2d(in, W1, B1, {1, 1})), 2);
-      const auto d = pdo::conv2d(h, W2, B2, {1, 2}) - t;
-      const auto loss = pdo::sum(d * d);
-      pdo::backward(loss);
-      opt.step();
-      losses.push_back(on_host(loss.value()).data()[0]);
-    }
-    return losses;
-  };
+  const pdo_test::cnn_problem d(2, 13, 10, 31);
+  const auto train = [&](auto distribute_x, auto distribute_p) { return pdo_test::train_cnn(d, distribute_x, distribute_p, 1e-6, 3).first; };
   const auto same = [](const auto& t) { return t; };
   const auto reference = train(same, same);
   REQUIRE(reference.back() < reference.front());
