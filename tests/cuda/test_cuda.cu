@@ -136,6 +136,47 @@ void expressions(const std::vector<pdo::cuda_place>& gpus) {
     const auto s = pdo::eval(pdo::softmax<1>(x));
     return pdo::gather(pdo::eval(pdo::sum<0>(s)));
   }, 1e-5);
+  // rows of 300 and 1000: on a GPU, segmented reductions (a block of threads per row under nvcc)
+  const auto wide = filled<double, 3>({5, 300, 7}, 9);
+  const auto logits = filled<double, 2>({9, 1000}, 10);
+  same_on_both("sum, mean and max along a long dim, on a split and a whole one", gpus, [&](const auto& m) {
+    const auto x = pdo::distribute<pdo::layout<split<"dp">, replicate, replicate>>(m, wide);
+    const auto s = pdo::gather(pdo::eval(pdo::sum<1>(x))), mean = pdo::gather(pdo::eval(pdo::mean<1>(x)));
+    const auto top = pdo::gather(pdo::eval(pdo::max<1>(x))), over_split = pdo::gather(pdo::eval(pdo::sum<0>(x)));
+    pdo::tensor<double, 1> all({s.size() + mean.size() + top.size() + over_split.size()});
+    std::size_t at = 0;
+    for (const auto* t : {&s, &mean, &top, &over_split}) {
+      std::copy(t->data(), t->data() + t->size(), all.data() + at);
+      at += t->size();
+    }
+    return all;
+  }, 1e-12);
+  same_on_both("softmax and log_softmax along long rows (300 elements 7 apart; 1000 contiguous)", gpus, [&](const auto& m) {
+    const auto x = pdo::distribute<pdo::layout<split<"dp">, replicate, replicate>>(m, wide);
+    const auto y = pdo::distribute<pdo::layout<split<"dp">, replicate>>(m, logits);
+    const auto a = pdo::gather(pdo::eval(pdo::softmax<1>(x))), b = pdo::gather(pdo::eval(pdo::log_softmax<1>(x)));
+    const auto c = pdo::gather(pdo::eval(pdo::softmax<1>(y))), d = pdo::gather(pdo::eval(pdo::log_softmax<1>(y)));
+    pdo::tensor<double, 1> all({a.size() + b.size() + c.size() + d.size()});
+    std::copy(a.data(), a.data() + a.size(), all.data());
+    std::copy(b.data(), b.data() + b.size(), all.data() + a.size());
+    std::copy(c.data(), c.data() + c.size(), all.data() + a.size() + b.size());
+    std::copy(d.data(), d.data() + d.size(), all.data() + a.size() + b.size() + c.size());
+    return all;
+  }, 1e-12);
+  same_on_both("cross_entropy over 1000 classes, rows split, and its gradient", gpus, [&](const auto& m) {
+    pdo::tensor<int, 1> labels({9});
+    for (std::size_t i = 0; i < 9; ++i) labels(i) = static_cast<int>((i * 337) % 1000);
+    const auto y = pdo::distribute<pdo::layout<split<"dp">, replicate>>(m, logits);
+    const auto l = pdo::distribute<pdo::layout<split<"dp">>>(m, labels);
+    auto w = pdo::parameter(y);
+    const auto loss = pdo::cross_entropy(w, l);
+    pdo::backward(loss);
+    const auto grad = pdo::gather(w.grad());
+    pdo::tensor<double, 1> all({grad.size() + 1});
+    std::copy(grad.data(), grad.data() + grad.size(), all.data());
+    all.data()[grad.size()] = pdo::gather(loss.value())();
+    return all;
+  }, 1e-12);
   same_on_both("redistribute split rows -> split columns (all_to_all)", gpus, [&](const auto& m) {
     const auto x = pdo::distribute<pdo::layout<split<"dp">, replicate>>(m, a);
     return pdo::gather(pdo::redistribute<pdo::layout<replicate, split<"dp">>>(x));

@@ -10,22 +10,6 @@
 
 namespace pdo {
 
-namespace detail {
-/// @brief Row r of d(mean cross-entropy)/d(logits), times `scale`: (softmax(row) - one_hot(label)) * scale.
-template <class T, class Label>
-struct cross_entropy_grad_row {
-  const T* logits;
-  const Label* labels;
-  T* out;
-  std::size_t classes;
-  T scale;
-  PDO_HD void operator()(std::size_t r) const {
-    softmax_row<T, false>{logits + r * classes, out + r * classes, classes, 1}(0);
-    const auto label = static_cast<std::size_t>(labels[r]);
-    for (std::size_t c = 0; c < classes; ++c) out[r * classes + c] = (out[r * classes + c] - (c == label ? T(1) : T(0))) * scale;
-  }
-};
-}  // namespace detail
 
 /// @brief (softmax(logits) - one_hot(labels)) * scale / N, with N the global row count:
 /// the gradient of `scale * cross_entropy(logits, labels)` with respect to the logits. Its
@@ -71,8 +55,7 @@ class cross_entropy_grad_node : public detail::op_node<Logits, Labels> {
     using label_t = typename Labels::value_type;
     const label_t* first = labels.data + (logits.offset[0] - labels.offset[0]);
     const value_type scale = logits.global[0] == 0 ? value_type{} : scale_ / static_cast<value_type>(logits.global[0]);
-    thrust::for_each_n(ctx.system, thrust::counting_iterator<std::size_t>(0), logits.shape[0],
-                       detail::cross_entropy_grad_row<value_type, label_t>{logits.data, first, out.data(), logits.shape[1], scale});
+    detail::cross_entropy_grad(ctx.system, logits.data, first, logits.shape[0], logits.shape[1], scale, out.data());
   }
 
  private:

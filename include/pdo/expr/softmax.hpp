@@ -92,8 +92,7 @@ class cross_entropy_node : public detail::op_node<Logits, Labels> {
       throw shape_error("cross_entropy: " + std::to_string(bad) + " labels of " + detail::describe_node(std::get<1>(this->children_)) +
                         " are not class indices in [0, " + std::to_string(classes) + ")");
     // the sum of the rows' losses, then divided by the global row count, where the result lives
-    detail::transform_reduce_into(ctx.system, begin, end, detail::cross_entropy_row<value_type, label_t>{logits.data, first, classes},
-                                  value_type{}, thrust::plus<value_type>{}, out.data());
+    detail::cross_entropy_sum_into(ctx.system, logits.data, first, rows, classes, out.data());
     thrust::for_each_n(ctx.system, begin, std::size_t{1}, detail::mean_of_sum<value_type>{out.data(), logits.global[0]});
   }
 

@@ -1,8 +1,9 @@
 // pdo/kernels/cuda_system.hpp: the algorithms of pdo's kernels on a GPU place: the same
 // functors as on CPU places (each a PDO_HD functor of an output index), run on the place's
 // compute stream without waiting for them. Under nvcc they are Thrust's for_each (CUB's
-// DeviceFor) and CUB's DeviceReduce, whose temporary storage comes from the place's caching
-// allocator (in its cap and statistics, and stream-ordered). Built against the simulated
+// DeviceFor), CUB's DeviceReduce and, for reductions along a dim or a row, CUB's
+// DeviceSegmentedReduce (a block of threads per long row), whose temporary storage comes from
+// the place's caching allocator (in its cap and statistics, and stream-ordered). Built against the simulated
 // devices of tests/cuda_sim (PDO_CUDA_SIMULATOR), the same functors run as the stream's
 // device work. A reduction either writes its result into device memory (no wait), or brings
 // it back to the host, waiting for its own stream only.
@@ -18,6 +19,7 @@
 #include <pdo/place/place_state.hpp>
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 // Host-only builds take Thrust's C++ system as the device system, so no CUDA header is needed.
@@ -28,12 +30,34 @@
 
 #if defined(PDO_WITH_CUDA) && defined(__CUDACC__)
 #include <cub/device/device_reduce.cuh>
+#include <cub/device/device_segmented_reduce.cuh>
+#include <thrust/iterator/transform_iterator.h>
 #include <thrust/for_each.h>
 #include <thrust/system/cuda/execution_policy.h>
 #include <thrust/system_error.h>
 #endif
 
 namespace pdo::detail {
+
+/// @brief Segment s of a segmented reduction: reduce over k in [0, length) of f(s, k) with
+/// `op`, from `init`, in order; one work item per segment (a CPU place's loop, and a GPU's
+/// kernel for short segments).
+template <class F, class T, class Op>
+struct reduce_segment {
+  F f;
+  T init;
+  Op op;
+  std::size_t length;
+  PDO_HD T operator()(std::size_t s) const {
+    T acc = init;
+    for (std::size_t k = 0; k < length; ++k) acc = op(acc, f(s, k));
+    return acc;
+  }
+};
+
+/// @brief Segments at least this long are reduced by a block of GPU threads each (CUB's
+/// segmented reduction); shorter ones by one thread each.
+inline constexpr std::size_t long_segment = 256;
 
 #if defined(PDO_WITH_CUDA) && (defined(__CUDACC__) || defined(PDO_CUDA_SIMULATOR))
 inline constexpr bool cuda_kernels_enabled = true;
@@ -102,6 +126,45 @@ void launch_reduce_into(place_state& p, std::size_t first, std::size_t last, F f
   p.memory->deallocate(storage, bytes == 0 ? 1 : bytes);
   cuda_check(status, "cub::DeviceReduce::TransformReduce", p.name);
 }
+
+/// @brief f(s, k) as element s * length + k of one flat sequence, whose segments CUB reduces.
+template <class F, class T>
+struct segment_element {
+  F f;
+  std::size_t length;
+  PDO_HD T operator()(std::size_t i) const { return f(i / length, i % length); }
+};
+
+/// @brief Where segment s starts in the flat sequence.
+struct segment_start {
+  std::size_t length;
+  PDO_HD std::int64_t operator()(std::size_t s) const { return static_cast<std::int64_t>(s * length); }
+};
+
+/// @brief out[s] = reduce over k of f(s, k), for s in [0, segments), on the place's compute
+/// stream: CUB's DeviceSegmentedReduce (a block of threads per segment) for long segments,
+/// its temporary storage from the place's allocator; one thread per segment for short ones.
+template <class F, class T, class Op>
+void launch_segmented_reduce(place_state& p, std::size_t segments, std::size_t length, F f, T init, Op op, T* out) {
+  if (segments == 0) return;
+  if (length < long_segment) {
+    launch_indices(p, 0, segments, write_element<T*, reduce_segment<F, T, Op>>{out, {f, init, op, length}, 0}, "segmented reduction kernel");
+    return;
+  }
+  cuda_device& d = cuda_device_of(p);
+  device_guard guard(d.ordinal);
+  const auto in = thrust::make_transform_iterator(thrust::counting_iterator<std::size_t>(0), segment_element<F, T>{f, length});
+  const auto begins = thrust::make_transform_iterator(thrust::counting_iterator<std::size_t>(0), segment_start{length});
+  const auto ends = begins + 1;
+  const auto count = static_cast<std::int64_t>(segments);
+  std::size_t bytes = 0;
+  cuda_check(cub::DeviceSegmentedReduce::Reduce(nullptr, bytes, in, out, count, begins, ends, op, init, d.compute),
+             "cub::DeviceSegmentedReduce::Reduce", p.name);
+  void* storage = p.memory->allocate(bytes == 0 ? 1 : bytes);
+  const cudaError_t status = cub::DeviceSegmentedReduce::Reduce(storage, bytes, in, out, count, begins, ends, op, init, d.compute);
+  p.memory->deallocate(storage, bytes == 0 ? 1 : bytes);
+  cuda_check(status, "cub::DeviceSegmentedReduce::Reduce", p.name);
+}
 #else
 /// @brief f(first + k) for k in [0, n) as device work of the place's compute stream (the
 /// simulated device runs it on the stream's thread, after the work queued before it).
@@ -129,6 +192,12 @@ template <class F, class T, class Op>
 void launch_reduce_into(place_state& p, std::size_t first, std::size_t last, F f, T init, Op op, T* out) {
   launch_indices(p, 0, 1, reduce_range<F, T, Op>{f, init, op, first, last, out}, "reduction kernel");
 }
+
+/// @brief out[s] = reduce over k of f(s, k), for s in [0, segments): a work item per segment.
+template <class F, class T, class Op>
+void launch_segmented_reduce(place_state& p, std::size_t segments, std::size_t length, F f, T init, Op op, T* out) {
+  launch_indices(p, 0, segments, write_element<T*, reduce_segment<F, T, Op>>{out, {f, init, op, length}, 0}, "segmented reduction kernel");
+}
 #endif
 
 /// @brief out[k] = f(first + k) on the place's compute stream.
@@ -149,6 +218,13 @@ template <class F, class T, class Op>
 void gpu_transform_reduce_into(place_state& p, thrust::counting_iterator<std::size_t> first, thrust::counting_iterator<std::size_t> last,
                                F f, T init, Op op, T* out) {
   launch_reduce_into(p, *first, *last, f, init, op, out);
+}
+
+/// @brief out[s] (device memory of `p`) = reduce over k in [0, length) of f(s, k), for s in
+/// [0, segments), queued on the place's compute stream.
+template <class F, class T, class Op>
+void gpu_segmented_reduce(place_state& p, std::size_t segments, std::size_t length, F f, T init, Op op, T* out) {
+  launch_segmented_reduce(p, segments, length, f, init, op, out);
 }
 
 /// @brief The reduction, brought back to the host (waits for the place's compute stream).
@@ -190,6 +266,10 @@ T gpu_transform_reduce(place_state& p, First, First, F, T, Op) {
 }
 template <class F, class T, class Op, class First>
 void gpu_transform_reduce_into(place_state& p, First, First, F, T, Op, T*) {
+  no_gpu_kernels(p);
+}
+template <class F, class T, class Op>
+void gpu_segmented_reduce(place_state& p, std::size_t, std::size_t, F, T, Op, T*) {
   no_gpu_kernels(p);
 }
 #endif

@@ -166,6 +166,36 @@ void transform_reduce_into(place_system& system, thrust::counting_iterator<std::
   *out = transform_reduce(system, first, last, f, init, op);
 }
 
+/// @brief out[s] = reduce over k in [0, length) of f(s, k) with `op`, from `init`, for s in
+/// [0, segments): a reduction along a dim or a row. On a CPU place a loop per segment, in
+/// order, segments in parallel over the place's cores; on a GPU place a block of threads per
+/// long segment (CUB's segmented reduction, queued on the compute stream), a thread per short one.
+template <class F, class T, class Op>
+void segmented_reduce(place_system& system, std::size_t segments, std::size_t length, F f, T init, Op op, T* out) {
+  if (system.gpu != nullptr) return gpu_segmented_reduce(*system.gpu, segments, length, f, init, op, out);
+  transform(system, thrust::counting_iterator<std::size_t>(0), thrust::counting_iterator<std::size_t>(segments), out,
+            reduce_segment<F, T, Op>{f, init, op, length});
+}
+
+/// @brief `n` elements of T in the memory of place `p`, for the kernels of one op, given back
+/// when it goes. A GPU place's allocator is stream-ordered on its compute stream, so the kernels
+/// queued there before then still have them.
+template <class T>
+class kernel_scratch {
+ public:
+  kernel_scratch(place_state& p, std::size_t n)
+      : place_(p), bytes_((n == 0 ? 1 : n) * sizeof(T)), data_(static_cast<T*>(p.memory->allocate(bytes_))) {}
+  ~kernel_scratch() { place_.memory->deallocate(data_, bytes_); }
+  kernel_scratch(const kernel_scratch&) = delete;
+  kernel_scratch& operator=(const kernel_scratch&) = delete;
+  [[nodiscard]] T* data() const { return data_; }
+
+ private:
+  place_state& place_;
+  std::size_t bytes_;
+  T* data_;
+};
+
 /// @brief f(i) for i in [0, n), over data in the memory of `where` (a tensor's place; null:
 /// host memory), run where that memory can be read: on a GPU's place (from its compute lane, the
 /// calling thread waiting, when called from elsewhere), else as host loops over the calling

@@ -22,22 +22,12 @@ PDO_HD T reduction_identity(reduction r) {
   return std::numeric_limits<T>::has_infinity ? -std::numeric_limits<T>::infinity() : std::numeric_limits<T>::lowest();
 }
 
-/// @brief Output element o of a reduction along the middle dim of [outer, extent, inner].
+/// @brief Element e of the row of output element o, along the middle dim of [outer, extent, inner].
 template <class T>
-struct reduce_along_dim {
+struct element_along_dim {
   const T* in;
   std::size_t extent, inner;
-  reduction what;
-  T scale;  ///< 1 / the global extent, for mean
-  PDO_HD T operator()(std::size_t o) const {
-    const T* p = in + (o / inner) * extent * inner + o % inner;
-    T acc = reduction_identity<T>(what);
-    if (what == reduction::max)
-      for (std::size_t e = 0; e < extent; ++e) acc = nan_max(acc, p[e * inner]);
-    else
-      for (std::size_t e = 0; e < extent; ++e) acc += p[e * inner];
-    return what == reduction::mean ? acc * scale : acc;
-  }
+  PDO_HD T operator()(std::size_t o, std::size_t e) const { return in[(o / inner) * extent * inner + o % inner + e * inner]; }
 };
 
 template <class T>
@@ -51,12 +41,28 @@ struct max_of {
   PDO_HD T operator()(T a, T b) const { return nan_max(a, b); }
 };
 
-/// @brief out[o] = the reduction along dim `v` of `in`; `global_extent` divides a mean.
+/// @brief in[o] * factor.
+template <class T>
+struct scaled {
+  const T* in;
+  T factor;
+  PDO_HD T operator()(std::size_t o) const { return in[o] * factor; }
+};
+
+/// @brief out[o] = the reduction along dim `v` of `in` (a segmented reduction: a row per output
+/// element); `global_extent` divides a mean.
 template <class T>
 void reduce_dim(place_system& system, const T* in, const dim_view& v, reduction what, std::size_t global_extent, T* out) {
-  const T scale = what == reduction::mean ? T(1) / static_cast<T>(global_extent) : T(1);
-  thrust::transform(system, thrust::counting_iterator<std::size_t>(0), thrust::counting_iterator<std::size_t>(v.outer * v.inner),
-                    out, reduce_along_dim<T>{in, v.extent, v.inner, what, scale});
+  const std::size_t outputs = v.outer * v.inner;
+  const element_along_dim<T> element{in, v.extent, v.inner};
+  if (what == reduction::max) {
+    segmented_reduce(system, outputs, v.extent, element, reduction_identity<T>(what), max_of<T>{}, out);
+    return;
+  }
+  segmented_reduce(system, outputs, v.extent, element, T{}, thrust::plus<T>{}, out);
+  if (what == reduction::mean)  // in place: element o reads only out[o]
+    thrust::transform(system, thrust::counting_iterator<std::size_t>(0), thrust::counting_iterator<std::size_t>(outputs), out,
+                      scaled<T>{out, T(1) / static_cast<T>(global_extent)});
 }
 
 /// @brief *out = *out * factor, for the one element of a rank-0 result.

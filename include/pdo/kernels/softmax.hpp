@@ -5,6 +5,7 @@
 #include <pdo/core/dtype.hpp>
 #include <pdo/core/shape.hpp>
 #include <pdo/kernels/place_system.hpp>
+#include <pdo/kernels/reduce.hpp>
 
 #include <cmath>
 #include <cstddef>
@@ -67,12 +68,86 @@ struct softmax_row {
   }
 };
 
+/// @brief The sum of exp(x - max) over a row, in two parts: how many elements equal the max
+/// (each adds exactly 1), and the sum over the others. log_sum_exp_parts' `rest` is then
+/// (ties - 1) + others, exact for a row with one max, whatever order the terms were added in.
+template <class T>
+struct exp_sum_parts {
+  T ties;
+  T others;
+};
+
+template <class T>
+struct add_exp_sum_parts {
+  PDO_HD exp_sum_parts<T> operator()(const exp_sum_parts<T>& a, const exp_sum_parts<T>& b) const {
+    return {a.ties + b.ties, a.others + b.others};
+  }
+};
+
+/// @brief Element e of row r's exp_sum_parts, given the rows' maxima `tops`.
+template <class T>
+struct exp_sum_part_of {
+  element_along_dim<T> element;
+  const T* tops;
+  PDO_HD exp_sum_parts<T> operator()(std::size_t r, std::size_t e) const {
+    using std::exp;
+    const T x = element(r, e);
+    if (x == tops[r]) return {T(1), T(0)};
+    return {T(0), static_cast<T>(exp(x - tops[r]))};
+  }
+};
+
+/// @brief The log-sum-exp statistics of the rows of [outer, extent, inner] along the middle
+/// dim, by two segmented reductions (a block of GPU threads per long row): tops[r] the row's
+/// max, parts[r] its exp_sum_parts.
+template <class T>
+void row_exp_sums(place_system& system, const T* in, const dim_view& v, T* tops, exp_sum_parts<T>* parts) {
+  const std::size_t rows = v.outer * v.inner;
+  const element_along_dim<T> element{in, v.extent, v.inner};
+  segmented_reduce(system, rows, v.extent, element, reduction_identity<T>(reduction::max), max_of<T>{}, tops);
+  segmented_reduce(system, rows, v.extent, exp_sum_part_of<T>{element, tops}, exp_sum_parts<T>{T(0), T(0)}, add_exp_sum_parts<T>{},
+                   parts);
+}
+
+/// @brief log(sum of exp(x - max)) of a row from its parts: log1p(rest), as log_sum_exp_parts.
+template <class T>
+PDO_HD T log_sum_of(const exp_sum_parts<T>& p) {
+  using std::log1p;
+  return static_cast<T>(log1p((p.ties - T(1)) + p.others));
+}
+
+/// @brief Element i of softmax (or log_softmax) of [outer, extent, inner] along the middle
+/// dim, from its row's statistics.
+template <class T, bool Log>
+struct softmax_element {
+  const T* in;
+  const T* tops;
+  const exp_sum_parts<T>* parts;
+  std::size_t extent, inner;
+  PDO_HD T operator()(std::size_t i) const {
+    using std::exp;
+    const std::size_t r = (i / (extent * inner)) * inner + i % inner;
+    if constexpr (Log) return (in[i] - tops[r]) - log_sum_of(parts[r]);
+    else return static_cast<T>(exp(in[i] - tops[r])) / (T(1) + ((parts[r].ties - T(1)) + parts[r].others));
+  }
+};
+
 /// @brief softmax (or log_softmax) of `in` laid out as `v`, along its middle dim, into `out`.
+/// A CPU place and short rows on a GPU: one work item per row. Long rows on a GPU: the rows'
+/// statistics by segmented reductions (a block of threads per row), then one thread per element.
 template <bool Log, class T>
 void softmax_dim(place_system& system, const T* in, const dim_view& v, T* out) {
   if (v.extent == 0) return;
-  thrust::for_each_n(system, thrust::counting_iterator<std::size_t>(0), v.outer * v.inner,
-                     softmax_row<T, Log>{in, out, v.extent, v.inner});
+  const std::size_t rows = v.outer * v.inner;
+  if (system.gpu != nullptr && v.extent >= long_segment) {
+    const kernel_scratch<T> tops(*system.gpu, rows);
+    const kernel_scratch<exp_sum_parts<T>> parts(*system.gpu, rows);
+    row_exp_sums(system, in, v, tops.data(), parts.data());
+    thrust::transform(system, thrust::counting_iterator<std::size_t>(0), thrust::counting_iterator<std::size_t>(rows * v.extent), out,
+                      softmax_element<T, Log>{in, tops.data(), parts.data(), v.extent, v.inner});
+    return;
+  }
+  thrust::for_each_n(system, thrust::counting_iterator<std::size_t>(0), rows, softmax_row<T, Log>{in, out, v.extent, v.inner});
 }
 
 /// @brief The loss of sample i: log-sum-exp of its logits minus the logit of its label,
@@ -88,6 +163,81 @@ struct cross_entropy_row {
     return parts.log_sum() - (row[static_cast<std::size_t>(labels[i])] - parts.top);
   }
 };
+
+/// @brief The loss of sample i from its row's statistics (as cross_entropy_row).
+template <class T, class Label>
+struct cross_entropy_from_parts {
+  const T* logits;
+  const Label* labels;
+  const T* tops;
+  const exp_sum_parts<T>* parts;
+  std::size_t classes;
+  PDO_HD T operator()(std::size_t i) const {
+    return log_sum_of(parts[i]) - (logits[i * classes + static_cast<std::size_t>(labels[i])] - tops[i]);
+  }
+};
+
+/// @brief *out (in the memory of the system's place) = the sum of the losses of `rows` samples
+/// of `classes` logits each. A CPU place and few classes on a GPU: a work item per sample; many
+/// classes on a GPU: the rows' statistics by segmented reductions first.
+template <class T, class Label>
+void cross_entropy_sum_into(place_system& system, const T* logits, const Label* labels, std::size_t rows, std::size_t classes, T* out) {
+  const thrust::counting_iterator<std::size_t> begin(0), end(rows);
+  if (system.gpu != nullptr && classes >= long_segment) {
+    const kernel_scratch<T> tops(*system.gpu, rows);
+    const kernel_scratch<exp_sum_parts<T>> parts(*system.gpu, rows);
+    row_exp_sums(system, logits, dim_view{rows, classes, 1}, tops.data(), parts.data());
+    transform_reduce_into(system, begin, end, cross_entropy_from_parts<T, Label>{logits, labels, tops.data(), parts.data(), classes}, T{},
+                          thrust::plus<T>{}, out);
+    return;
+  }
+  transform_reduce_into(system, begin, end, cross_entropy_row<T, Label>{logits, labels, classes}, T{}, thrust::plus<T>{}, out);
+}
+
+/// @brief Row r of d(mean cross-entropy)/d(logits), times `scale`: (softmax(row) - one_hot(label)) * scale.
+template <class T, class Label>
+struct cross_entropy_grad_row {
+  const T* logits;
+  const Label* labels;
+  T* out;
+  std::size_t classes;
+  T scale;
+  PDO_HD void operator()(std::size_t r) const {
+    softmax_row<T, false>{logits + r * classes, out + r * classes, classes, 1}(0);
+    const auto label = static_cast<std::size_t>(labels[r]);
+    for (std::size_t c = 0; c < classes; ++c) out[r * classes + c] = (out[r * classes + c] - (c == label ? T(1) : T(0))) * scale;
+  }
+};
+
+/// @brief Element i of the cross-entropy gradient, from its row's statistics (as cross_entropy_grad_row).
+template <class T, class Label>
+struct cross_entropy_grad_element {
+  softmax_element<T, false> softmax;
+  const Label* labels;
+  T scale;
+  PDO_HD T operator()(std::size_t i) const {
+    const std::size_t r = i / softmax.extent, c = i % softmax.extent;
+    return (softmax(i) - (c == static_cast<std::size_t>(labels[r]) ? T(1) : T(0))) * scale;
+  }
+};
+
+/// @brief out = (softmax(logits) - one_hot(labels)) * scale for `rows` rows of `classes`. A CPU
+/// place and few classes on a GPU: a work item per row; many classes on a GPU: the rows'
+/// statistics by segmented reductions, then a thread per element.
+template <class T, class Label>
+void cross_entropy_grad(place_system& system, const T* logits, const Label* labels, std::size_t rows, std::size_t classes, T scale,
+                        T* out) {
+  if (system.gpu != nullptr && classes >= long_segment) {
+    const kernel_scratch<T> tops(*system.gpu, rows);
+    const kernel_scratch<exp_sum_parts<T>> parts(*system.gpu, rows);
+    row_exp_sums(system, logits, dim_view{rows, classes, 1}, tops.data(), parts.data());
+    thrust::transform(system, thrust::counting_iterator<std::size_t>(0), thrust::counting_iterator<std::size_t>(rows * classes), out,
+                      cross_entropy_grad_element<T, Label>{{logits, tops.data(), parts.data(), classes, 1}, labels, scale});
+    return;
+  }
+  thrust::for_each_n(system, thrust::counting_iterator<std::size_t>(0), rows,
+                     cross_entropy_grad_row<T, Label>{logits, labels, out, classes, scale});
+}
 
 /// @brief *out = *out / count (the mean of a sum), NaN for no samples (the mean of nothing,
 /// as PyTorch gives).
