@@ -65,6 +65,17 @@ dt<R> rnd(const shape_t<R>& s, unsigned seed, double shift = 0) {
 
 }  // namespace
 
+TEST_CASE("autograd: an empty var says so instead of reading nothing", "[autograd]") {
+  pdo::var<pdo::tensor<float, 1>> empty;
+  CHECK_THROWS_WITH(empty.value(), Catch::Contains("this var is empty (default-constructed)"));
+  CHECK_THROWS_WITH(empty.shape(), Catch::Contains("this var is empty"));
+  CHECK_THROWS_WITH(empty.grad(), Catch::Contains("this var is empty"));
+  CHECK_THROWS_AS(empty.zero_grad(), pdo::error);
+  empty = pdo::parameter(pdo::tensor<float, 1>({3}));
+  CHECK(empty.shape()[0] == 3);
+  CHECK_FALSE(empty.has_grad());
+}
+
 TEST_CASE("autograd: elementwise ops with broadcasting", "[autograd]") {
   const auto a = rnd<2>({3, 4}, 1), b = rnd<2>({3, 4}, 2), col = rnd<2>({3, 1}, 4);
   const auto bias = rnd<1>({4}, 3);

@@ -406,6 +406,13 @@ TEST_CASE("resume: a tensor-parallel model and its optimizer, on the same mesh a
   pdo::io::checkpoint c;
   pdo::io::add_state(c, "tp.", pdo::nn::parameters_of<double>(first), first_opt);
   c.save(tmp.path / "tp");
+  // written by the places that hold them: a weight split over 3 places in 3 blocks, its momentum
+  // too, the replicated bias of a row-parallel layer once
+  const auto meta = nlohmann::json::parse(std::ifstream(tmp.path / "tp" / "metadata.json"));
+  CHECK(meta["entries"]["tp.model.0.weight"]["blocks"].size() == 3);
+  CHECK(meta["entries"]["tp.optimizer.0.weight.momentum_buffer"]["blocks"].size() == 3);
+  CHECK(meta["entries"]["tp.model.2.weight"]["blocks"].size() == 3);
+  CHECK(meta["entries"]["tp.model.2.bias"]["blocks"].size() == 1);
 
   for (std::size_t places : {3, 2}) {
     CAPTURE(places);

@@ -49,6 +49,14 @@ auto make_model() {
   return nn::sequential(nn::linear<double>(6, 8, gen), nn::tanh{}, nn::linear<double>(8, 5, gen), nn::relu{}, nn::linear<double>(5, 3, gen));
 }
 
+/// @brief An MLP of two column/row pairs (for tensor parallelism), the same on every process.
+auto make_pairs() {
+  namespace nn = pdo::nn;
+  nn::rng gen(6);
+  return nn::sequential(nn::linear<double>(6, 8, gen), nn::tanh{}, nn::linear<double>(8, 5, gen), nn::relu{}, nn::linear<double>(5, 7, gen),
+                        nn::gelu{}, nn::linear<double>(7, 3, gen));
+}
+
 auto make_sgd() {
   return [](auto params) { return pdo::nn::sgd<double>(std::move(params), {.lr = 0.2, .momentum = 0.5}); };
 }
@@ -64,9 +72,10 @@ void with_pipeline(const Mesh& m, F&& f) {
   }
 }
 
-/// @brief The losses of `steps` steps of make_model on one place, on `x` and `y`.
-std::vector<double> one_place(const pdo::tensor<double, 2>& x, const pdo::tensor<int, 1>& y, int steps) {
-  auto model = make_model();
+/// @brief The losses of `steps` steps of `make()`'s model on one place, on `x` and `y`.
+template <class Make>
+std::vector<double> one_place(Make make, const pdo::tensor<double, 2>& x, const pdo::tensor<int, 1>& y, int steps) {
+  auto model = make();
   auto opt = make_sgd()(pdo::nn::parameters_of<double>(model));
   std::vector<double> losses;
   for (int s = 0; s < steps; ++s) {
@@ -77,6 +86,18 @@ std::vector<double> one_place(const pdo::tensor<double, 2>& x, const pdo::tensor
     losses.push_back(loss.value().data()[0]);
   }
   return losses;
+}
+
+/// @brief One step of SGD on a tensor-parallel model over mesh `m`, on x and y replicated: its loss.
+template <class Mesh, class Model, class Opt>
+double tp_step(const Mesh& m, Model& model, Opt& opt, const pdo::tensor<double, 2>& x, const pdo::tensor<int, 1>& y) {
+  const auto dx = pdo::var(pdo::distribute<pdo::layout<replicate, replicate>>(m, x));
+  const auto dy = pdo::distribute<pdo::layout<replicate>>(m, y);
+  opt.zero_grad();
+  const auto loss = pdo::cross_entropy(model(dx), dy);
+  pdo::backward(loss);
+  opt.step();
+  return pdo::gather(loss.value()).data()[0];
 }
 
 }  // namespace
@@ -97,7 +118,8 @@ int main(int argc, char** argv) {
   const auto px = reference<double, 2>({10, 6}, 5);
   pdo::tensor<int, 1> py({10});
   for (std::size_t i = 0; i < 10; ++i) py(i) = static_cast<int>(i % 3);
-  const auto reference_losses = one_place(px, py, 4);
+  const auto reference_losses = one_place([] { return make_model(); }, px, py, 4);
+  const auto tp_losses = one_place([] { return make_pairs(); }, px, py, 4);
   try {
     if (mode == "save") {
       auto xa = pdo::distribute<pdo::layout<split<"x">, replicate>>(mesh, a);
@@ -113,6 +135,16 @@ int main(int argc, char** argv) {
         for (int s = 0; s < 3; ++s) check(std::abs(pl.step(px, py) - reference_losses[s]) <= 1e-10, "pipeline step " + std::to_string(s));
         pdo::io::save(dir.string() + ".pipeline", pl);
       });
+      // a tensor-parallel model and its optimizer, each place writing its own shards
+      const auto tp = pdo::make_mesh<"tp">(mesh.places());
+      auto model = pdo::nn::tensor_parallel<"tp">(tp, make_pairs());
+      auto opt = make_sgd()(pdo::nn::parameters_of<double>(model));
+      for (int s = 0; s < 3; ++s)
+        check(std::abs(tp_step(tp, model, opt, px, py) - tp_losses[s]) <= 1e-10, "tensor-parallel step " + std::to_string(s));
+      pdo::io::checkpoint state;
+      state.spanning(tp);
+      pdo::io::add_state(state, "", pdo::nn::parameters_of<double>(model), opt);
+      pdo::io::save(dir.string() + ".tp", state);
     } else if (mode == "load") {
       auto ya = pdo::distribute<pdo::layout<replicate, split<"x">>>(mesh, pdo::tensor<float, 2>({13, 6}));
       auto yb = pdo::distribute<pdo::layout<split<"x">, replicate, replicate>>(mesh, pdo::tensor<double, 3>({5, 7, 3}));
@@ -135,6 +167,18 @@ int main(int argc, char** argv) {
               "the pipeline loaded on " + pp.describe() + " takes the 4th step of one place: " + std::to_string(loss) + " against " +
                   std::to_string(reference_losses[3]));
       });
+      // the tensor-parallel model, its shards cut for this process count
+      const auto tp = pdo::make_mesh<"tp">(mesh.places());
+      auto model = pdo::nn::tensor_parallel<"tp">(tp, make_pairs());
+      auto opt = make_sgd()(pdo::nn::parameters_of<double>(model));
+      pdo::io::checkpoint state;
+      state.spanning(tp);
+      pdo::io::add_state(state, "", pdo::nn::parameters_of<double>(model), opt);
+      pdo::io::load(dir.string() + ".tp", state);
+      const double loss = tp_step(tp, model, opt, px, py);
+      check(std::abs(loss - tp_losses[3]) <= 1e-10, "the tensor-parallel model loaded on " + tp.describe() +
+                                                        " takes the 4th step of one place: " + std::to_string(loss) + " against " +
+                                                        std::to_string(tp_losses[3]));
     } else if (mode == "corrupt") {
       // the last shard of "a", which only the processes holding its last rows read
       const std::filesystem::path damaged = dir.string() + ".damaged";

@@ -1216,8 +1216,9 @@ struct fixed_string {
 
   /// @brief The literal `text` (implicit, so `split<"dp">` works).
   constexpr fixed_string(const char (&text)[N]) { std::copy_n(text, N, chars); }
-  /// @brief The first N - 1 characters of `text`, at compile time (a name kept as a string_view).
-  constexpr explicit fixed_string(std::string_view text) { std::copy_n(text.data(), N - 1, chars); }
+  /// @brief The first N - 1 characters of `text`, at compile time (a name kept as a string_view);
+  /// a shorter `text` is padded with NULs.
+  constexpr explicit fixed_string(std::string_view text) { std::copy_n(text.data(), std::min(text.size(), N - 1), chars); }
 
   /// @brief The N - 1 characters, without the terminator.
   [[nodiscard]] constexpr std::string_view view() const { return {chars, N - 1}; }
@@ -5408,8 +5409,9 @@ void spmd(const Mesh& m, Task&& task) {
 // pdo/kernels/cuda_system.hpp: the algorithms of pdo's kernels on a GPU place: the same
 // functors as on CPU places (each a PDO_HD functor of an output index), run on the place's
 // compute stream without waiting for them. Under nvcc they are Thrust's for_each (CUB's
-// DeviceFor) and CUB's DeviceReduce, whose temporary storage comes from the place's caching
-// allocator (in its cap and statistics, and stream-ordered). Built against the simulated
+// DeviceFor), CUB's DeviceReduce and, for reductions along a dim or a row, CUB's
+// DeviceSegmentedReduce (a block of threads per long row), whose temporary storage comes from
+// the place's caching allocator (in its cap and statistics, and stream-ordered). Built against the simulated
 // devices of tests/cuda_sim (PDO_CUDA_SIMULATOR), the same functors run as the stream's
 // device work. A reduction either writes its result into device memory (no wait), or brings
 // it back to the host, waiting for its own stream only.
@@ -5420,6 +5422,7 @@ void spmd(const Mesh& m, Task&& task) {
 
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 // Host-only builds take Thrust's C++ system as the device system, so no CUDA header is needed.
@@ -5430,12 +5433,34 @@ void spmd(const Mesh& m, Task&& task) {
 
 #if defined(PDO_WITH_CUDA) && defined(__CUDACC__)
 #include <cub/device/device_reduce.cuh>
+#include <cub/device/device_segmented_reduce.cuh>
+#include <thrust/iterator/transform_iterator.h>
 #include <thrust/for_each.h>
 #include <thrust/system/cuda/execution_policy.h>
 #include <thrust/system_error.h>
 #endif
 
 namespace pdo::detail {
+
+/// @brief Segment s of a segmented reduction: reduce over k in [0, length) of f(s, k) with
+/// `op`, from `init`, in order; one work item per segment (a CPU place's loop, and a GPU's
+/// kernel for short segments).
+template <class F, class T, class Op>
+struct reduce_segment {
+  F f;
+  T init;
+  Op op;
+  std::size_t length;
+  PDO_HD T operator()(std::size_t s) const {
+    T acc = init;
+    for (std::size_t k = 0; k < length; ++k) acc = op(acc, f(s, k));
+    return acc;
+  }
+};
+
+/// @brief Segments at least this long are reduced by a block of GPU threads each (CUB's
+/// segmented reduction); shorter ones by one thread each.
+inline constexpr std::size_t long_segment = 256;
 
 #if defined(PDO_WITH_CUDA) && (defined(__CUDACC__) || defined(PDO_CUDA_SIMULATOR))
 inline constexpr bool cuda_kernels_enabled = true;
@@ -5504,6 +5529,45 @@ void launch_reduce_into(place_state& p, std::size_t first, std::size_t last, F f
   p.memory->deallocate(storage, bytes == 0 ? 1 : bytes);
   cuda_check(status, "cub::DeviceReduce::TransformReduce", p.name);
 }
+
+/// @brief f(s, k) as element s * length + k of one flat sequence, whose segments CUB reduces.
+template <class F, class T>
+struct segment_element {
+  F f;
+  std::size_t length;
+  PDO_HD T operator()(std::size_t i) const { return f(i / length, i % length); }
+};
+
+/// @brief Where segment s starts in the flat sequence.
+struct segment_start {
+  std::size_t length;
+  PDO_HD std::int64_t operator()(std::size_t s) const { return static_cast<std::int64_t>(s * length); }
+};
+
+/// @brief out[s] = reduce over k of f(s, k), for s in [0, segments), on the place's compute
+/// stream: CUB's DeviceSegmentedReduce (a block of threads per segment) for long segments,
+/// its temporary storage from the place's allocator; one thread per segment for short ones.
+template <class F, class T, class Op>
+void launch_segmented_reduce(place_state& p, std::size_t segments, std::size_t length, F f, T init, Op op, T* out) {
+  if (segments == 0) return;
+  if (length < long_segment) {
+    launch_indices(p, 0, segments, write_element<T*, reduce_segment<F, T, Op>>{out, {f, init, op, length}, 0}, "segmented reduction kernel");
+    return;
+  }
+  cuda_device& d = cuda_device_of(p);
+  device_guard guard(d.ordinal);
+  const auto in = thrust::make_transform_iterator(thrust::counting_iterator<std::size_t>(0), segment_element<F, T>{f, length});
+  const auto begins = thrust::make_transform_iterator(thrust::counting_iterator<std::size_t>(0), segment_start{length});
+  const auto ends = begins + 1;
+  const auto count = static_cast<std::int64_t>(segments);
+  std::size_t bytes = 0;
+  cuda_check(cub::DeviceSegmentedReduce::Reduce(nullptr, bytes, in, out, count, begins, ends, op, init, d.compute),
+             "cub::DeviceSegmentedReduce::Reduce", p.name);
+  void* storage = p.memory->allocate(bytes == 0 ? 1 : bytes);
+  const cudaError_t status = cub::DeviceSegmentedReduce::Reduce(storage, bytes, in, out, count, begins, ends, op, init, d.compute);
+  p.memory->deallocate(storage, bytes == 0 ? 1 : bytes);
+  cuda_check(status, "cub::DeviceSegmentedReduce::Reduce", p.name);
+}
 #else
 /// @brief f(first + k) for k in [0, n) as device work of the place's compute stream (the
 /// simulated device runs it on the stream's thread, after the work queued before it).
@@ -5531,6 +5595,12 @@ template <class F, class T, class Op>
 void launch_reduce_into(place_state& p, std::size_t first, std::size_t last, F f, T init, Op op, T* out) {
   launch_indices(p, 0, 1, reduce_range<F, T, Op>{f, init, op, first, last, out}, "reduction kernel");
 }
+
+/// @brief out[s] = reduce over k of f(s, k), for s in [0, segments): a work item per segment.
+template <class F, class T, class Op>
+void launch_segmented_reduce(place_state& p, std::size_t segments, std::size_t length, F f, T init, Op op, T* out) {
+  launch_indices(p, 0, segments, write_element<T*, reduce_segment<F, T, Op>>{out, {f, init, op, length}, 0}, "segmented reduction kernel");
+}
 #endif
 
 /// @brief out[k] = f(first + k) on the place's compute stream.
@@ -5551,6 +5621,13 @@ template <class F, class T, class Op>
 void gpu_transform_reduce_into(place_state& p, thrust::counting_iterator<std::size_t> first, thrust::counting_iterator<std::size_t> last,
                                F f, T init, Op op, T* out) {
   launch_reduce_into(p, *first, *last, f, init, op, out);
+}
+
+/// @brief out[s] (device memory of `p`) = reduce over k in [0, length) of f(s, k), for s in
+/// [0, segments), queued on the place's compute stream.
+template <class F, class T, class Op>
+void gpu_segmented_reduce(place_state& p, std::size_t segments, std::size_t length, F f, T init, Op op, T* out) {
+  launch_segmented_reduce(p, segments, length, f, init, op, out);
 }
 
 /// @brief The reduction, brought back to the host (waits for the place's compute stream).
@@ -5592,6 +5669,10 @@ T gpu_transform_reduce(place_state& p, First, First, F, T, Op) {
 }
 template <class F, class T, class Op, class First>
 void gpu_transform_reduce_into(place_state& p, First, First, F, T, Op, T*) {
+  no_gpu_kernels(p);
+}
+template <class F, class T, class Op>
+void gpu_segmented_reduce(place_state& p, std::size_t, std::size_t, F, T, Op, T*) {
   no_gpu_kernels(p);
 }
 #endif
@@ -5758,6 +5839,36 @@ void transform_reduce_into(place_system& system, thrust::counting_iterator<std::
   if (system.gpu != nullptr) return gpu_transform_reduce_into(*system.gpu, first, last, f, init, op, out);
   *out = transform_reduce(system, first, last, f, init, op);
 }
+
+/// @brief out[s] = reduce over k in [0, length) of f(s, k) with `op`, from `init`, for s in
+/// [0, segments): a reduction along a dim or a row. On a CPU place a loop per segment, in
+/// order, segments in parallel over the place's cores; on a GPU place a block of threads per
+/// long segment (CUB's segmented reduction, queued on the compute stream), a thread per short one.
+template <class F, class T, class Op>
+void segmented_reduce(place_system& system, std::size_t segments, std::size_t length, F f, T init, Op op, T* out) {
+  if (system.gpu != nullptr) return gpu_segmented_reduce(*system.gpu, segments, length, f, init, op, out);
+  transform(system, thrust::counting_iterator<std::size_t>(0), thrust::counting_iterator<std::size_t>(segments), out,
+            reduce_segment<F, T, Op>{f, init, op, length});
+}
+
+/// @brief `n` elements of T in the memory of place `p`, for the kernels of one op, given back
+/// when it goes. A GPU place's allocator is stream-ordered on its compute stream, so the kernels
+/// queued there before then still have them.
+template <class T>
+class kernel_scratch {
+ public:
+  kernel_scratch(place_state& p, std::size_t n)
+      : place_(p), bytes_((n == 0 ? 1 : n) * sizeof(T)), data_(static_cast<T*>(p.memory->allocate(bytes_))) {}
+  ~kernel_scratch() { place_.memory->deallocate(data_, bytes_); }
+  kernel_scratch(const kernel_scratch&) = delete;
+  kernel_scratch& operator=(const kernel_scratch&) = delete;
+  [[nodiscard]] T* data() const { return data_; }
+
+ private:
+  place_state& place_;
+  std::size_t bytes_;
+  T* data_;
+};
 
 /// @brief f(i) for i in [0, n), over data in the memory of `where` (a tensor's place; null:
 /// host memory), run where that memory can be read: on a GPU's place (from its compute lane, the
@@ -7944,6 +8055,7 @@ using layout_type_t = typename layout_type_builder<Mesh, Value>::type;
 
 #include <array>
 #include <cstddef>
+#include <string>
 #include <string_view>
 #include <tuple>
 #include <type_traits>
@@ -7991,10 +8103,12 @@ struct expression_plan {
       if (steps[i].kind == plan_step_kind::kernel) return steps[i].layout;
     return {};
   }
-  /// @brief Appends `s`; beyond `capacity` steps, a compile-time error in a constant expression (a thrown
-  /// string literal at run time).
+  /// @brief Appends `s`; beyond `capacity` steps, a compile-time error in a constant expression
+  /// (pdo::layout_error at run time).
   constexpr void push(const plan_step& s) {
-    if (size == capacity) throw "pdo: plan_of: the expression has more steps than a plan holds; evaluate part of it first";
+    if (size == capacity)
+      throw layout_error("plan_of: the expression has more than " + std::to_string(capacity) +
+                         " steps, more than a plan holds; evaluate part of it first");
     steps[size++] = s;
   }
 };
@@ -9654,22 +9768,12 @@ PDO_HD T reduction_identity(reduction r) {
   return std::numeric_limits<T>::has_infinity ? -std::numeric_limits<T>::infinity() : std::numeric_limits<T>::lowest();
 }
 
-/// @brief Output element o of a reduction along the middle dim of [outer, extent, inner].
+/// @brief Element e of the row of output element o, along the middle dim of [outer, extent, inner].
 template <class T>
-struct reduce_along_dim {
+struct element_along_dim {
   const T* in;
   std::size_t extent, inner;
-  reduction what;
-  T scale;  ///< 1 / the global extent, for mean
-  PDO_HD T operator()(std::size_t o) const {
-    const T* p = in + (o / inner) * extent * inner + o % inner;
-    T acc = reduction_identity<T>(what);
-    if (what == reduction::max)
-      for (std::size_t e = 0; e < extent; ++e) acc = nan_max(acc, p[e * inner]);
-    else
-      for (std::size_t e = 0; e < extent; ++e) acc += p[e * inner];
-    return what == reduction::mean ? acc * scale : acc;
-  }
+  PDO_HD T operator()(std::size_t o, std::size_t e) const { return in[(o / inner) * extent * inner + o % inner + e * inner]; }
 };
 
 template <class T>
@@ -9683,12 +9787,28 @@ struct max_of {
   PDO_HD T operator()(T a, T b) const { return nan_max(a, b); }
 };
 
-/// @brief out[o] = the reduction along dim `v` of `in`; `global_extent` divides a mean.
+/// @brief in[o] * factor.
+template <class T>
+struct scaled {
+  const T* in;
+  T factor;
+  PDO_HD T operator()(std::size_t o) const { return in[o] * factor; }
+};
+
+/// @brief out[o] = the reduction along dim `v` of `in` (a segmented reduction: a row per output
+/// element); `global_extent` divides a mean.
 template <class T>
 void reduce_dim(place_system& system, const T* in, const dim_view& v, reduction what, std::size_t global_extent, T* out) {
-  const T scale = what == reduction::mean ? T(1) / static_cast<T>(global_extent) : T(1);
-  thrust::transform(system, thrust::counting_iterator<std::size_t>(0), thrust::counting_iterator<std::size_t>(v.outer * v.inner),
-                    out, reduce_along_dim<T>{in, v.extent, v.inner, what, scale});
+  const std::size_t outputs = v.outer * v.inner;
+  const element_along_dim<T> element{in, v.extent, v.inner};
+  if (what == reduction::max) {
+    segmented_reduce(system, outputs, v.extent, element, reduction_identity<T>(what), max_of<T>{}, out);
+    return;
+  }
+  segmented_reduce(system, outputs, v.extent, element, T{}, thrust::plus<T>{}, out);
+  if (what == reduction::mean)  // in place: element o reads only out[o]
+    thrust::transform(system, thrust::counting_iterator<std::size_t>(0), thrust::counting_iterator<std::size_t>(outputs), out,
+                      scaled<T>{out, T(1) / static_cast<T>(global_extent)});
 }
 
 /// @brief *out = *out * factor, for the one element of a rank-0 result.
@@ -9942,12 +10062,86 @@ struct softmax_row {
   }
 };
 
+/// @brief The sum of exp(x - max) over a row, in two parts: how many elements equal the max
+/// (each adds exactly 1), and the sum over the others. log_sum_exp_parts' `rest` is then
+/// (ties - 1) + others, exact for a row with one max, whatever order the terms were added in.
+template <class T>
+struct exp_sum_parts {
+  T ties;
+  T others;
+};
+
+template <class T>
+struct add_exp_sum_parts {
+  PDO_HD exp_sum_parts<T> operator()(const exp_sum_parts<T>& a, const exp_sum_parts<T>& b) const {
+    return {a.ties + b.ties, a.others + b.others};
+  }
+};
+
+/// @brief Element e of row r's exp_sum_parts, given the rows' maxima `tops`.
+template <class T>
+struct exp_sum_part_of {
+  element_along_dim<T> element;
+  const T* tops;
+  PDO_HD exp_sum_parts<T> operator()(std::size_t r, std::size_t e) const {
+    using std::exp;
+    const T x = element(r, e);
+    if (x == tops[r]) return {T(1), T(0)};
+    return {T(0), static_cast<T>(exp(x - tops[r]))};
+  }
+};
+
+/// @brief The log-sum-exp statistics of the rows of [outer, extent, inner] along the middle
+/// dim, by two segmented reductions (a block of GPU threads per long row): tops[r] the row's
+/// max, parts[r] its exp_sum_parts.
+template <class T>
+void row_exp_sums(place_system& system, const T* in, const dim_view& v, T* tops, exp_sum_parts<T>* parts) {
+  const std::size_t rows = v.outer * v.inner;
+  const element_along_dim<T> element{in, v.extent, v.inner};
+  segmented_reduce(system, rows, v.extent, element, reduction_identity<T>(reduction::max), max_of<T>{}, tops);
+  segmented_reduce(system, rows, v.extent, exp_sum_part_of<T>{element, tops}, exp_sum_parts<T>{T(0), T(0)}, add_exp_sum_parts<T>{},
+                   parts);
+}
+
+/// @brief log(sum of exp(x - max)) of a row from its parts: log1p(rest), as log_sum_exp_parts.
+template <class T>
+PDO_HD T log_sum_of(const exp_sum_parts<T>& p) {
+  using std::log1p;
+  return static_cast<T>(log1p((p.ties - T(1)) + p.others));
+}
+
+/// @brief Element i of softmax (or log_softmax) of [outer, extent, inner] along the middle
+/// dim, from its row's statistics.
+template <class T, bool Log>
+struct softmax_element {
+  const T* in;
+  const T* tops;
+  const exp_sum_parts<T>* parts;
+  std::size_t extent, inner;
+  PDO_HD T operator()(std::size_t i) const {
+    using std::exp;
+    const std::size_t r = (i / (extent * inner)) * inner + i % inner;
+    if constexpr (Log) return (in[i] - tops[r]) - log_sum_of(parts[r]);
+    else return static_cast<T>(exp(in[i] - tops[r])) / (T(1) + ((parts[r].ties - T(1)) + parts[r].others));
+  }
+};
+
 /// @brief softmax (or log_softmax) of `in` laid out as `v`, along its middle dim, into `out`.
+/// A CPU place and short rows on a GPU: one work item per row. Long rows on a GPU: the rows'
+/// statistics by segmented reductions (a block of threads per row), then one thread per element.
 template <bool Log, class T>
 void softmax_dim(place_system& system, const T* in, const dim_view& v, T* out) {
   if (v.extent == 0) return;
-  thrust::for_each_n(system, thrust::counting_iterator<std::size_t>(0), v.outer * v.inner,
-                     softmax_row<T, Log>{in, out, v.extent, v.inner});
+  const std::size_t rows = v.outer * v.inner;
+  if (system.gpu != nullptr && v.extent >= long_segment) {
+    const kernel_scratch<T> tops(*system.gpu, rows);
+    const kernel_scratch<exp_sum_parts<T>> parts(*system.gpu, rows);
+    row_exp_sums(system, in, v, tops.data(), parts.data());
+    thrust::transform(system, thrust::counting_iterator<std::size_t>(0), thrust::counting_iterator<std::size_t>(rows * v.extent), out,
+                      softmax_element<T, Log>{in, tops.data(), parts.data(), v.extent, v.inner});
+    return;
+  }
+  thrust::for_each_n(system, thrust::counting_iterator<std::size_t>(0), rows, softmax_row<T, Log>{in, out, v.extent, v.inner});
 }
 
 /// @brief The loss of sample i: log-sum-exp of its logits minus the logit of its label,
@@ -9963,6 +10157,81 @@ struct cross_entropy_row {
     return parts.log_sum() - (row[static_cast<std::size_t>(labels[i])] - parts.top);
   }
 };
+
+/// @brief The loss of sample i from its row's statistics (as cross_entropy_row).
+template <class T, class Label>
+struct cross_entropy_from_parts {
+  const T* logits;
+  const Label* labels;
+  const T* tops;
+  const exp_sum_parts<T>* parts;
+  std::size_t classes;
+  PDO_HD T operator()(std::size_t i) const {
+    return log_sum_of(parts[i]) - (logits[i * classes + static_cast<std::size_t>(labels[i])] - tops[i]);
+  }
+};
+
+/// @brief *out (in the memory of the system's place) = the sum of the losses of `rows` samples
+/// of `classes` logits each. A CPU place and few classes on a GPU: a work item per sample; many
+/// classes on a GPU: the rows' statistics by segmented reductions first.
+template <class T, class Label>
+void cross_entropy_sum_into(place_system& system, const T* logits, const Label* labels, std::size_t rows, std::size_t classes, T* out) {
+  const thrust::counting_iterator<std::size_t> begin(0), end(rows);
+  if (system.gpu != nullptr && classes >= long_segment) {
+    const kernel_scratch<T> tops(*system.gpu, rows);
+    const kernel_scratch<exp_sum_parts<T>> parts(*system.gpu, rows);
+    row_exp_sums(system, logits, dim_view{rows, classes, 1}, tops.data(), parts.data());
+    transform_reduce_into(system, begin, end, cross_entropy_from_parts<T, Label>{logits, labels, tops.data(), parts.data(), classes}, T{},
+                          thrust::plus<T>{}, out);
+    return;
+  }
+  transform_reduce_into(system, begin, end, cross_entropy_row<T, Label>{logits, labels, classes}, T{}, thrust::plus<T>{}, out);
+}
+
+/// @brief Row r of d(mean cross-entropy)/d(logits), times `scale`: (softmax(row) - one_hot(label)) * scale.
+template <class T, class Label>
+struct cross_entropy_grad_row {
+  const T* logits;
+  const Label* labels;
+  T* out;
+  std::size_t classes;
+  T scale;
+  PDO_HD void operator()(std::size_t r) const {
+    softmax_row<T, false>{logits + r * classes, out + r * classes, classes, 1}(0);
+    const auto label = static_cast<std::size_t>(labels[r]);
+    for (std::size_t c = 0; c < classes; ++c) out[r * classes + c] = (out[r * classes + c] - (c == label ? T(1) : T(0))) * scale;
+  }
+};
+
+/// @brief Element i of the cross-entropy gradient, from its row's statistics (as cross_entropy_grad_row).
+template <class T, class Label>
+struct cross_entropy_grad_element {
+  softmax_element<T, false> softmax;
+  const Label* labels;
+  T scale;
+  PDO_HD T operator()(std::size_t i) const {
+    const std::size_t r = i / softmax.extent, c = i % softmax.extent;
+    return (softmax(i) - (c == static_cast<std::size_t>(labels[r]) ? T(1) : T(0))) * scale;
+  }
+};
+
+/// @brief out = (softmax(logits) - one_hot(labels)) * scale for `rows` rows of `classes`. A CPU
+/// place and few classes on a GPU: a work item per row; many classes on a GPU: the rows'
+/// statistics by segmented reductions, then a thread per element.
+template <class T, class Label>
+void cross_entropy_grad(place_system& system, const T* logits, const Label* labels, std::size_t rows, std::size_t classes, T scale,
+                        T* out) {
+  if (system.gpu != nullptr && classes >= long_segment) {
+    const kernel_scratch<T> tops(*system.gpu, rows);
+    const kernel_scratch<exp_sum_parts<T>> parts(*system.gpu, rows);
+    row_exp_sums(system, logits, dim_view{rows, classes, 1}, tops.data(), parts.data());
+    thrust::transform(system, thrust::counting_iterator<std::size_t>(0), thrust::counting_iterator<std::size_t>(rows * classes), out,
+                      cross_entropy_grad_element<T, Label>{{logits, tops.data(), parts.data(), classes, 1}, labels, scale});
+    return;
+  }
+  thrust::for_each_n(system, thrust::counting_iterator<std::size_t>(0), rows,
+                     cross_entropy_grad_row<T, Label>{logits, labels, out, classes, scale});
+}
 
 /// @brief *out = *out / count (the mean of a sum), NaN for no samples (the mean of nothing,
 /// as PyTorch gives).
@@ -10076,8 +10345,7 @@ class cross_entropy_node : public detail::op_node<Logits, Labels> {
       throw shape_error("cross_entropy: " + std::to_string(bad) + " labels of " + detail::describe_node(std::get<1>(this->children_)) +
                         " are not class indices in [0, " + std::to_string(classes) + ")");
     // the sum of the rows' losses, then divided by the global row count, where the result lives
-    detail::transform_reduce_into(ctx.system, begin, end, detail::cross_entropy_row<value_type, label_t>{logits.data, first, classes},
-                                  value_type{}, thrust::plus<value_type>{}, out.data());
+    detail::cross_entropy_sum_into(ctx.system, logits.data, first, rows, classes, out.data());
     thrust::for_each_n(ctx.system, begin, std::size_t{1}, detail::mean_of_sum<value_type>{out.data(), logits.global[0]});
   }
 
@@ -10979,6 +11247,7 @@ class var {
   /// @brief Whether the value is a dtensor (laid out over a mesh) rather than a local tensor.
   static constexpr bool distributed = detail::value_kind<V>::distributed;
 
+  /// @brief An empty var, to assign later; using it before then throws pdo::error.
   var() = default;
   /// @brief A leaf: a constant, or (with `requires_grad`) a value to differentiate with respect to.
   explicit var(V value, bool requires_grad = false)
@@ -10989,21 +11258,21 @@ class var {
   /// @brief An op's result, recorded with the nodes it was computed from.
   var(std::shared_ptr<detail::value_node<V>> node, bool requires_grad) : node_(std::move(node)), requires_grad_(requires_grad) {}
 
-  /// @brief The value (a default-constructed var has none: do not call this on one).
-  [[nodiscard]] const V& value() const { return node_->value; }
+  /// @brief The value (pdo::error on an empty, default-constructed var).
+  [[nodiscard]] const V& value() const { return held().value; }
   /// @brief The value, to change in place (optimizers update parameters this way).
-  [[nodiscard]] V& value() { return node_->value; }
+  [[nodiscard]] V& value() { return held().value; }
   /// @brief The value's (global) extents.
-  [[nodiscard]] const auto& shape() const { return node_->value.shape(); }
+  [[nodiscard]] const auto& shape() const { return held().value.shape(); }
   /// @brief Whether backward computes a gradient for this value: a parameter, or a result of one.
   [[nodiscard]] bool requires_grad() const { return requires_grad_; }
   /// @brief Whether this var was made from a value (a constant or a parameter) rather than by an op.
-  [[nodiscard]] bool is_leaf() const { return node_->leaf; }
+  [[nodiscard]] bool is_leaf() const { return held().leaf; }
   /// @brief Whether a gradient is held now (backward reached this value and it was not zeroed or freed).
-  [[nodiscard]] bool has_grad() const { return node_->grad.has_value(); }
+  [[nodiscard]] bool has_grad() const { return held().grad.has_value(); }
   /// @brief The gradient accumulated by pdo::backward (for a partial dtensor: replicated over its partial axes).
   [[nodiscard]] const detail::grad_t<V>& grad() const {
-    if (!node_->grad)
+    if (!held().grad)
       throw error("var::grad: no gradient: " + std::string(requires_grad_ ? "backward has not reached this value"
                                                                           : "the value does not require a gradient"));
     return *node_->grad;
@@ -11011,14 +11280,18 @@ class var {
   /// @brief The gradient, writable; pdo::error when there is none (see the const overload).
   [[nodiscard]] detail::grad_t<V>& grad() { return const_cast<detail::grad_t<V>&>(std::as_const(*this).grad()); }
   /// @brief Forgets the gradient (before the next backward, which would add to it).
-  void zero_grad() { node_->grad.reset(); }
+  void zero_grad() { held().grad.reset(); }
   /// @brief Calls `f()` during backward once this leaf's gradient is complete.
-  void on_gradient(std::function<void()> f) { node_->on_gradient = std::move(f); }
+  void on_gradient(std::function<void()> f) { held().on_gradient = std::move(f); }
 
   /// @brief The recorded graph node shared by copies of this var: its value, gradient and backward function.
   [[nodiscard]] const std::shared_ptr<detail::value_node<V>>& node() const { return node_; }
 
  private:
+  detail::value_node<V>& held() const {
+    if (!node_) throw error("var: this var is empty (default-constructed); assign it a value, a parameter or an op's result first");
+    return *node_;
+  }
   std::shared_ptr<detail::value_node<V>> node_;
   bool requires_grad_ = false;
 };
@@ -11138,22 +11411,6 @@ void backward(const var<V>& loss) {
 
 namespace pdo {
 
-namespace detail {
-/// @brief Row r of d(mean cross-entropy)/d(logits), times `scale`: (softmax(row) - one_hot(label)) * scale.
-template <class T, class Label>
-struct cross_entropy_grad_row {
-  const T* logits;
-  const Label* labels;
-  T* out;
-  std::size_t classes;
-  T scale;
-  PDO_HD void operator()(std::size_t r) const {
-    softmax_row<T, false>{logits + r * classes, out + r * classes, classes, 1}(0);
-    const auto label = static_cast<std::size_t>(labels[r]);
-    for (std::size_t c = 0; c < classes; ++c) out[r * classes + c] = (out[r * classes + c] - (c == label ? T(1) : T(0))) * scale;
-  }
-};
-}  // namespace detail
 
 /// @brief (softmax(logits) - one_hot(labels)) * scale / N, with N the global row count:
 /// the gradient of `scale * cross_entropy(logits, labels)` with respect to the logits. Its
@@ -11199,8 +11456,7 @@ class cross_entropy_grad_node : public detail::op_node<Logits, Labels> {
     using label_t = typename Labels::value_type;
     const label_t* first = labels.data + (logits.offset[0] - labels.offset[0]);
     const value_type scale = logits.global[0] == 0 ? value_type{} : scale_ / static_cast<value_type>(logits.global[0]);
-    thrust::for_each_n(ctx.system, thrust::counting_iterator<std::size_t>(0), logits.shape[0],
-                       detail::cross_entropy_grad_row<value_type, label_t>{logits.data, first, out.data(), logits.shape[1], scale});
+    detail::cross_entropy_grad(ctx.system, logits.data, first, logits.shape[0], logits.shape[1], scale, out.data());
   }
 
  private:
@@ -12368,6 +12624,11 @@ struct spatial_cut {
     return {block[0], block[1], block[2], block[3], dims[0].kernel, dims[0].stride, dims[0].pad_before(ch),
             dims[1].pad_before(cw), dims[0].out(ch).size(), dims[1].out(cw).size()};
   }
+  /// @brief The window geometry of place p over the block its shard (of shape `shard`) widens to.
+  template <class Mesh>
+  [[nodiscard]] window_geometry block_geometry(const Mesh& m, std::size_t p, const shape_t<4>& shard) const {
+    return local(m, p, block_shape(m, p, shard));
+  }
 };
 
 
@@ -12385,7 +12646,7 @@ void conv2d_spatial_forward(const Mesh& m, const spatial_cut& cut, const std::ve
   std::vector<pixel_region> inner(local.size());
   std::vector<tensor<T, 4>> blocks(local.size());
   for (std::size_t k = 0; k < local.size(); ++k) {
-    geometry[k] = cut.local(m, local[k], cut.block_shape(m, local[k], xs[k].shape()));
+    geometry[k] = cut.block_geometry(m, local[k], xs[k].shape());
     inner[k] = cut.interior(m, local[k], geometry[k]);
   }
   batch_sequence ops("conv2d");
@@ -12430,7 +12691,7 @@ void conv2d_spatial_backward(const Mesh& m, const spatial_cut& cut, const std::v
   std::vector<window_geometry> geometry(local.size());
   std::vector<tensor<T, 2>> rows(local.size());
   std::vector<tensor<T, 4>> dblocks(local.size());
-  for (std::size_t k = 0; k < local.size(); ++k) geometry[k] = cut.local(m, local[k], cut.block_shape(m, local[k], xs[k].shape()));
+  for (std::size_t k = 0; k < local.size(); ++k) geometry[k] = cut.block_geometry(m, local[k], xs[k].shape());
   batch_sequence ops("conv2d backward");
   ops.submit(
       m, lane_kind::compute, false,
@@ -12649,7 +12910,7 @@ auto distributed_conv2d(const var<dtensor<T, 4, Mesh, LX>>& x, const var<dtensor
                                           weight.requires_grad() ? &dws : nullptr, bias.requires_grad() ? &dbs : nullptr, dxs);
         } else {
           detail::run_on_places("conv2d backward", m, [&](std::size_t p, std::size_t k) {
-            const auto g = cut->local(m, p, cut->block_shape(m, p, xv.local_shards()[k].shape()));
+            const auto g = cut->block_geometry(m, p, xv.local_shards()[k].shape());
             detail::conv2d_backward(self.grad->local_shards()[k], *(*cols)[k], wv.local_shards()[k], g,
                                     weight.requires_grad() ? &dws[k] : nullptr, bias.requires_grad() ? &dbs[k] : nullptr,
                                     x.requires_grad() ? &dxs[k] : nullptr);
@@ -14095,6 +14356,20 @@ class parameter_ref {
   /// @brief The place whose memory holds each block (null: host memory), for the kernels
   /// that update them.
   [[nodiscard]] std::vector<detail::place_state*> block_places() const { return impl_->block_places(); }
+  /// @brief Where one of this process's blocks sits in the whole parameter: the mesh place
+  /// that holds it, its offset and extents, and whether that place is the one that writes it
+  /// to a checkpoint (false for a replica of a block another place writes).
+  struct block_position {
+    std::size_t place = 0;                  ///< the index of the holding place in the parameter's mesh (0 for a local parameter)
+    std::vector<std::size_t> offset, shape;  ///< where the block starts, and its extents, one per dim
+    bool write = true;                       ///< false for a replica along an axis the layout does not split
+  };
+  /// @brief One position per value block, in the order of value_blocks(); empty for a dtensor
+  /// laid out with pending sums (partial), whose blocks are not parts of its value.
+  [[nodiscard]] std::vector<block_position> block_positions() const { return impl_->block_positions(); }
+  /// @brief The places of a dtensor parameter's mesh (every process's, in mesh order); empty
+  /// for a local parameter.
+  [[nodiscard]] std::vector<any_place> mesh_places() const { return impl_->mesh_places(); }
   /// @brief The values of a local parameter (one block).
   [[nodiscard]] std::span<T> value() const { return single(impl_->value_blocks(), "value"); }
   /// @brief The gradient of a local parameter; empty when backward has given none.
@@ -14177,6 +14452,8 @@ class parameter_ref {
     virtual std::vector<std::span<T>> value_blocks() = 0;
     virtual std::vector<std::span<T>> grad_blocks() = 0;
     virtual std::vector<detail::place_state*> block_places() = 0;
+    virtual std::vector<block_position> block_positions() = 0;
+    virtual std::vector<any_place> mesh_places() = 0;
     virtual std::vector<tensor<T, 1>> zero_state() = 0;
     virtual std::span<T> grad_or_zeros() = 0;
     virtual double grad_squared_norm() = 0;
@@ -14212,6 +14489,25 @@ class parameter_ref {
       } else {
         return {v.value().where()};
       }
+    }
+    std::vector<block_position> block_positions() override {
+      std::vector<block_position> out;
+      if constexpr (var<V>::distributed) {
+        const auto& x = v.value();
+        constexpr detail::layout_value layout = V::layout_value;
+        if (layout.npartial != 0) return out;
+        for (std::size_t p : x.mesh().local_places()) {
+          const auto offset = x.local_offset(p), shape = x.local_shape(p);
+          out.push_back({p, {offset.begin(), offset.end()}, {shape.begin(), shape.end()}, detail::writes_block(x.mesh(), layout, p)});
+        }
+      } else {
+        out.push_back({0, std::vector<std::size_t>(var<V>::rank, 0), extents(), true});
+      }
+      return out;
+    }
+    std::vector<any_place> mesh_places() override {
+      if constexpr (var<V>::distributed) return v.value().mesh().places();
+      else return {};
     }
     std::vector<tensor<T, 1>> zero_state() override {
       std::vector<tensor<T, 1>> out;
@@ -18175,6 +18471,8 @@ void save_parameters(const std::filesystem::path& path, const M& model, const st
 #include <algorithm>
 #include <cstddef>
 #include <filesystem>
+#include <memory>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -18209,30 +18507,35 @@ concept optimizer_with_state = requires(O& o, const O& co, const std::string& na
   o.set_steps(t);
 };
 
+/// @brief Entries for parameter `params_of(k)[i]` and its optimizer state in `opt_of(k)`, of
+/// `copies` identical copies (the replicas of data parallelism; 1 otherwise), as global values:
+/// each saved from copy 0 (gathered), each loaded into every copy.
+template <class T, class Params, class Opt>
+void add_parameter_whole(checkpoint& c, const std::string& prefix, std::size_t copies, Params params_of, Opt opt_of, std::size_t i) {
+  const nn::parameter_ref<T> p = params_of(0)[i];
+  with_rank(p.rank(), p.name(), [&]<std::size_t R>(std::integral_constant<std::size_t, R>) {
+    const shape_t<R> shape = p.template shape<R>();
+    c.add_computed<T, R>(
+        prefix + "model." + p.name(), shape, [params_of, i, shape] { return shaped(params_of(0)[i].global_values(), shape); },
+        [params_of, copies, i](const tensor<T, R>& t) {
+          for (std::size_t k = 0; k < copies; ++k) params_of(k)[i].assign(t);
+        });
+    for (const std::string& s : opt_of(0).state_names())
+      c.add_computed<T, R>(
+          prefix + "optimizer." + p.name() + "." + s, shape,
+          [params_of, opt_of, i, s, shape] { return shaped(params_of(0)[i].gather_state(opt_of(0).state(s, i)), shape); },
+          [params_of, opt_of, copies, i, s](const tensor<T, R>& t) {
+            for (std::size_t k = 0; k < copies; ++k) params_of(k)[i].scatter_state(t.data(), opt_of(k).state(s, i));
+          });
+  });
+}
+
 /// @brief Entries for the parameters `params_of(k)[i]` and the optimizer state `opt_of(k)` of
-/// `copies` identical copies (the replicas of data parallelism; 1 otherwise): each saved from
-/// copy 0, each loaded into every copy.
+/// `copies` identical copies: each saved from copy 0, each loaded into every copy.
 template <class T, class Params, class Opt>
 void add_parameters_and_state(checkpoint& c, const std::string& prefix, std::size_t copies, Params params_of, Opt opt_of) {
-  const std::vector<nn::parameter_ref<T>> params = params_of(0);
-  for (std::size_t i = 0; i < params.size(); ++i) {
-    const auto& p = params[i];
-    with_rank(p.rank(), p.name(), [&]<std::size_t R>(std::integral_constant<std::size_t, R>) {
-      const shape_t<R> shape = p.template shape<R>();
-      c.add_computed<T, R>(
-          prefix + "model." + p.name(), shape, [params_of, i, shape] { return shaped(params_of(0)[i].global_values(), shape); },
-          [params_of, copies, i](const tensor<T, R>& t) {
-            for (std::size_t k = 0; k < copies; ++k) params_of(k)[i].assign(t);
-          });
-      for (const std::string& s : opt_of(0).state_names())
-        c.add_computed<T, R>(
-            prefix + "optimizer." + p.name() + "." + s, shape,
-            [params_of, opt_of, i, s, shape] { return shaped(params_of(0)[i].gather_state(opt_of(0).state(s, i)), shape); },
-            [params_of, opt_of, copies, i, s](const tensor<T, R>& t) {
-              for (std::size_t k = 0; k < copies; ++k) params_of(k)[i].scatter_state(t.data(), opt_of(k).state(s, i));
-            });
-    });
-  }
+  const std::size_t n = params_of(0).size();
+  for (std::size_t i = 0; i < n; ++i) add_parameter_whole<T>(c, prefix, copies, params_of, opt_of, i);
   c.add_computed<long>(
       prefix + "optimizer.steps", [opt_of] { return opt_of(0).steps(); },
       [opt_of, copies](long t) {
@@ -18240,20 +18543,79 @@ void add_parameters_and_state(checkpoint& c, const std::string& prefix, std::siz
       });
 }
 
+/// @brief Whether parameter `p` can be saved and loaded as its places' blocks: a dtensor on CPU
+/// places with no pending sums.
+template <class T>
+bool held_in_blocks(const nn::parameter_ref<T>& p) {
+  if (p.mesh_places().empty() || p.block_positions().size() != p.value_blocks().size()) return false;
+  for (const any_place& q : p.mesh_places())
+    if (q.kind() != place_kind::cpu) return false;
+  return true;
+}
+
 }  // namespace detail
 
-/// @brief Adds to `c` a model's parameters (their global values, as "<prefix>model.<name>")
-/// and `opt`'s state ("<prefix>optimizer.<name>.<state>", "<prefix>optimizer.steps"). The
-/// parameters may be local tensors or dtensors of any layout (the tensor-parallel model's):
-/// each is saved as its global value and loaded into whatever layout the parameter has then.
-/// For parameters over the places of several processes, call c.spanning(mesh) first.
+/// @brief Adds to `c` a model's parameters (as "<prefix>model.<name>") and `opt`'s state
+/// ("<prefix>optimizer.<name>.<state>", "<prefix>optimizer.steps"). The parameters may be
+/// local tensors or dtensors of any layout (the tensor-parallel model's). A dtensor on CPU
+/// places is saved by its places, each writing its own block at once (a replica's by the first
+/// place along the axes its layout does not split), and loaded into whatever layout and mesh
+/// the parameter has then, each place reading the parts of the saved blocks its block overlaps;
+/// a local tensor, or a dtensor on GPU places, is saved as its global value. Every process of
+/// the parameters' meshes calls this, in the same order. For parameters over the places of
+/// several processes, call c.spanning(mesh) first.
 template <class T, class Optimizer>
 checkpoint& add_state(checkpoint& c, const std::string& prefix, std::vector<nn::parameter_ref<T>> params, Optimizer& opt) {
   static_assert(detail::optimizer_with_state<Optimizer>,
                 "pdo: io::add_state: the optimizer must expose its state (state_names(), state(name, i), steps(), set_steps(t)), as "
                 "pdo::nn::sgd, adam and any_optimizer do");
-  detail::add_parameters_and_state<T>(
-      c, prefix, 1, [params = std::move(params)](std::size_t) { return params; }, [&opt](std::size_t) -> Optimizer& { return opt; });
+  auto params_of = [params](std::size_t) { return params; };
+  auto opt_of = [&opt](std::size_t) -> Optimizer& { return opt; };
+  // one mesh of every place of a parameter's mesh, in its order, for the blocks' entries
+  std::vector<std::pair<std::vector<any_place>, mesh<"place">>> meshes;
+  auto mesh_over = [&meshes](const std::vector<any_place>& places) -> const mesh<"place">& {
+    for (const auto& [these, m] : meshes)
+      if (these == places) return m;
+    return meshes.emplace_back(places, make_mesh<"place">(places)).second;
+  };
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    const nn::parameter_ref<T>& p = params[i];
+    if (!detail::held_in_blocks(p)) {
+      detail::add_parameter_whole<T>(c, prefix, 1, params_of, opt_of, i);
+      continue;
+    }
+    // a dtensor on CPU places: each place writes its own block, and a load fills each block
+    // from the parts of the saved blocks it overlaps
+    const mesh<"place">& m = mesh_over(p.mesh_places());
+    const auto positions = std::make_shared<const std::vector<typename nn::parameter_ref<T>::block_position>>(p.block_positions());
+    // called by the places' lanes at once: the optimizer makes a state's blocks on first use,
+    // one lane at a time
+    const auto state_mutex = std::make_shared<std::mutex>();
+    auto block_of = [p, positions, state_mutex, &opt, i](const std::string& state) {
+      return [p, positions, state_mutex, &opt, i, state](std::size_t place) -> held_block<T> {
+        for (std::size_t k = 0; k < positions->size(); ++k) {
+          const auto& at = (*positions)[k];
+          if (at.place != place) continue;
+          T* data = nullptr;
+          if (state.empty()) {
+            data = p.value_blocks().at(k).data();
+          } else {
+            std::lock_guard lock(*state_mutex);
+            data = opt.state(state, i).at(k).data();
+          }
+          return {at.offset, at.shape, data, at.write};
+        }
+        return {};
+      };
+    };
+    detail::with_rank(p.rank(), p.name(), [&]<std::size_t R>(std::integral_constant<std::size_t, R>) {
+      const shape_t<R> shape = p.template shape<R>();
+      c.add_blocks<T, R>(prefix + "model." + p.name(), m, shape, block_of(""));
+      for (const std::string& s : opt.state_names()) c.add_blocks<T, R>(prefix + "optimizer." + p.name() + "." + s, m, shape, block_of(s));
+    });
+  }
+  c.add_computed<long>(
+      prefix + "optimizer.steps", [&opt] { return opt.steps(); }, [&opt](long t) { opt.set_steps(t); });
   return c;
 }
 

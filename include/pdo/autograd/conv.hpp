@@ -297,6 +297,11 @@ struct spatial_cut {
     return {block[0], block[1], block[2], block[3], dims[0].kernel, dims[0].stride, dims[0].pad_before(ch),
             dims[1].pad_before(cw), dims[0].out(ch).size(), dims[1].out(cw).size()};
   }
+  /// @brief The window geometry of place p over the block its shard (of shape `shard`) widens to.
+  template <class Mesh>
+  [[nodiscard]] window_geometry block_geometry(const Mesh& m, std::size_t p, const shape_t<4>& shard) const {
+    return local(m, p, block_shape(m, p, shard));
+  }
 };
 
 
@@ -314,7 +319,7 @@ void conv2d_spatial_forward(const Mesh& m, const spatial_cut& cut, const std::ve
   std::vector<pixel_region> inner(local.size());
   std::vector<tensor<T, 4>> blocks(local.size());
   for (std::size_t k = 0; k < local.size(); ++k) {
-    geometry[k] = cut.local(m, local[k], cut.block_shape(m, local[k], xs[k].shape()));
+    geometry[k] = cut.block_geometry(m, local[k], xs[k].shape());
     inner[k] = cut.interior(m, local[k], geometry[k]);
   }
   batch_sequence ops("conv2d");
@@ -359,7 +364,7 @@ void conv2d_spatial_backward(const Mesh& m, const spatial_cut& cut, const std::v
   std::vector<window_geometry> geometry(local.size());
   std::vector<tensor<T, 2>> rows(local.size());
   std::vector<tensor<T, 4>> dblocks(local.size());
-  for (std::size_t k = 0; k < local.size(); ++k) geometry[k] = cut.local(m, local[k], cut.block_shape(m, local[k], xs[k].shape()));
+  for (std::size_t k = 0; k < local.size(); ++k) geometry[k] = cut.block_geometry(m, local[k], xs[k].shape());
   batch_sequence ops("conv2d backward");
   ops.submit(
       m, lane_kind::compute, false,
@@ -578,7 +583,7 @@ auto distributed_conv2d(const var<dtensor<T, 4, Mesh, LX>>& x, const var<dtensor
                                           weight.requires_grad() ? &dws : nullptr, bias.requires_grad() ? &dbs : nullptr, dxs);
         } else {
           detail::run_on_places("conv2d backward", m, [&](std::size_t p, std::size_t k) {
-            const auto g = cut->local(m, p, cut->block_shape(m, p, xv.local_shards()[k].shape()));
+            const auto g = cut->block_geometry(m, p, xv.local_shards()[k].shape());
             detail::conv2d_backward(self.grad->local_shards()[k], *(*cols)[k], wv.local_shards()[k], g,
                                     weight.requires_grad() ? &dws[k] : nullptr, bias.requires_grad() ? &dbs[k] : nullptr,
                                     x.requires_grad() ? &dxs[k] : nullptr);

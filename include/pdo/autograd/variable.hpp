@@ -171,6 +171,7 @@ class var {
   /// @brief Whether the value is a dtensor (laid out over a mesh) rather than a local tensor.
   static constexpr bool distributed = detail::value_kind<V>::distributed;
 
+  /// @brief An empty var, to assign later; using it before then throws pdo::error.
   var() = default;
   /// @brief A leaf: a constant, or (with `requires_grad`) a value to differentiate with respect to.
   explicit var(V value, bool requires_grad = false)
@@ -181,21 +182,21 @@ class var {
   /// @brief An op's result, recorded with the nodes it was computed from.
   var(std::shared_ptr<detail::value_node<V>> node, bool requires_grad) : node_(std::move(node)), requires_grad_(requires_grad) {}
 
-  /// @brief The value (a default-constructed var has none: do not call this on one).
-  [[nodiscard]] const V& value() const { return node_->value; }
+  /// @brief The value (pdo::error on an empty, default-constructed var).
+  [[nodiscard]] const V& value() const { return held().value; }
   /// @brief The value, to change in place (optimizers update parameters this way).
-  [[nodiscard]] V& value() { return node_->value; }
+  [[nodiscard]] V& value() { return held().value; }
   /// @brief The value's (global) extents.
-  [[nodiscard]] const auto& shape() const { return node_->value.shape(); }
+  [[nodiscard]] const auto& shape() const { return held().value.shape(); }
   /// @brief Whether backward computes a gradient for this value: a parameter, or a result of one.
   [[nodiscard]] bool requires_grad() const { return requires_grad_; }
   /// @brief Whether this var was made from a value (a constant or a parameter) rather than by an op.
-  [[nodiscard]] bool is_leaf() const { return node_->leaf; }
+  [[nodiscard]] bool is_leaf() const { return held().leaf; }
   /// @brief Whether a gradient is held now (backward reached this value and it was not zeroed or freed).
-  [[nodiscard]] bool has_grad() const { return node_->grad.has_value(); }
+  [[nodiscard]] bool has_grad() const { return held().grad.has_value(); }
   /// @brief The gradient accumulated by pdo::backward (for a partial dtensor: replicated over its partial axes).
   [[nodiscard]] const detail::grad_t<V>& grad() const {
-    if (!node_->grad)
+    if (!held().grad)
       throw error("var::grad: no gradient: " + std::string(requires_grad_ ? "backward has not reached this value"
                                                                           : "the value does not require a gradient"));
     return *node_->grad;
@@ -203,14 +204,18 @@ class var {
   /// @brief The gradient, writable; pdo::error when there is none (see the const overload).
   [[nodiscard]] detail::grad_t<V>& grad() { return const_cast<detail::grad_t<V>&>(std::as_const(*this).grad()); }
   /// @brief Forgets the gradient (before the next backward, which would add to it).
-  void zero_grad() { node_->grad.reset(); }
+  void zero_grad() { held().grad.reset(); }
   /// @brief Calls `f()` during backward once this leaf's gradient is complete.
-  void on_gradient(std::function<void()> f) { node_->on_gradient = std::move(f); }
+  void on_gradient(std::function<void()> f) { held().on_gradient = std::move(f); }
 
   /// @brief The recorded graph node shared by copies of this var: its value, gradient and backward function.
   [[nodiscard]] const std::shared_ptr<detail::value_node<V>>& node() const { return node_; }
 
  private:
+  detail::value_node<V>& held() const {
+    if (!node_) throw error("var: this var is empty (default-constructed); assign it a value, a parameter or an op's result first");
+    return *node_;
+  }
   std::shared_ptr<detail::value_node<V>> node_;
   bool requires_grad_ = false;
 };

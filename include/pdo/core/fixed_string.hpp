@@ -15,8 +15,9 @@ struct fixed_string {
 
   /// @brief The literal `text` (implicit, so `split<"dp">` works).
   constexpr fixed_string(const char (&text)[N]) { std::copy_n(text, N, chars); }
-  /// @brief The first N - 1 characters of `text`, at compile time (a name kept as a string_view).
-  constexpr explicit fixed_string(std::string_view text) { std::copy_n(text.data(), N - 1, chars); }
+  /// @brief The first N - 1 characters of `text`, at compile time (a name kept as a string_view);
+  /// a shorter `text` is padded with NULs.
+  constexpr explicit fixed_string(std::string_view text) { std::copy_n(text.data(), std::min(text.size(), N - 1), chars); }
 
   /// @brief The N - 1 characters, without the terminator.
   [[nodiscard]] constexpr std::string_view view() const { return {chars, N - 1}; }

@@ -11,6 +11,8 @@
 #include <algorithm>
 #include <cstddef>
 #include <filesystem>
+#include <memory>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -45,30 +47,35 @@ concept optimizer_with_state = requires(O& o, const O& co, const std::string& na
   o.set_steps(t);
 };
 
+/// @brief Entries for parameter `params_of(k)[i]` and its optimizer state in `opt_of(k)`, of
+/// `copies` identical copies (the replicas of data parallelism; 1 otherwise), as global values:
+/// each saved from copy 0 (gathered), each loaded into every copy.
+template <class T, class Params, class Opt>
+void add_parameter_whole(checkpoint& c, const std::string& prefix, std::size_t copies, Params params_of, Opt opt_of, std::size_t i) {
+  const nn::parameter_ref<T> p = params_of(0)[i];
+  with_rank(p.rank(), p.name(), [&]<std::size_t R>(std::integral_constant<std::size_t, R>) {
+    const shape_t<R> shape = p.template shape<R>();
+    c.add_computed<T, R>(
+        prefix + "model." + p.name(), shape, [params_of, i, shape] { return shaped(params_of(0)[i].global_values(), shape); },
+        [params_of, copies, i](const tensor<T, R>& t) {
+          for (std::size_t k = 0; k < copies; ++k) params_of(k)[i].assign(t);
+        });
+    for (const std::string& s : opt_of(0).state_names())
+      c.add_computed<T, R>(
+          prefix + "optimizer." + p.name() + "." + s, shape,
+          [params_of, opt_of, i, s, shape] { return shaped(params_of(0)[i].gather_state(opt_of(0).state(s, i)), shape); },
+          [params_of, opt_of, copies, i, s](const tensor<T, R>& t) {
+            for (std::size_t k = 0; k < copies; ++k) params_of(k)[i].scatter_state(t.data(), opt_of(k).state(s, i));
+          });
+  });
+}
+
 /// @brief Entries for the parameters `params_of(k)[i]` and the optimizer state `opt_of(k)` of
-/// `copies` identical copies (the replicas of data parallelism; 1 otherwise): each saved from
-/// copy 0, each loaded into every copy.
+/// `copies` identical copies: each saved from copy 0, each loaded into every copy.
 template <class T, class Params, class Opt>
 void add_parameters_and_state(checkpoint& c, const std::string& prefix, std::size_t copies, Params params_of, Opt opt_of) {
-  const std::vector<nn::parameter_ref<T>> params = params_of(0);
-  for (std::size_t i = 0; i < params.size(); ++i) {
-    const auto& p = params[i];
-    with_rank(p.rank(), p.name(), [&]<std::size_t R>(std::integral_constant<std::size_t, R>) {
-      const shape_t<R> shape = p.template shape<R>();
-      c.add_computed<T, R>(
-          prefix + "model." + p.name(), shape, [params_of, i, shape] { return shaped(params_of(0)[i].global_values(), shape); },
-          [params_of, copies, i](const tensor<T, R>& t) {
-            for (std::size_t k = 0; k < copies; ++k) params_of(k)[i].assign(t);
-          });
-      for (const std::string& s : opt_of(0).state_names())
-        c.add_computed<T, R>(
-            prefix + "optimizer." + p.name() + "." + s, shape,
-            [params_of, opt_of, i, s, shape] { return shaped(params_of(0)[i].gather_state(opt_of(0).state(s, i)), shape); },
-            [params_of, opt_of, copies, i, s](const tensor<T, R>& t) {
-              for (std::size_t k = 0; k < copies; ++k) params_of(k)[i].scatter_state(t.data(), opt_of(k).state(s, i));
-            });
-    });
-  }
+  const std::size_t n = params_of(0).size();
+  for (std::size_t i = 0; i < n; ++i) add_parameter_whole<T>(c, prefix, copies, params_of, opt_of, i);
   c.add_computed<long>(
       prefix + "optimizer.steps", [opt_of] { return opt_of(0).steps(); },
       [opt_of, copies](long t) {
@@ -76,20 +83,79 @@ void add_parameters_and_state(checkpoint& c, const std::string& prefix, std::siz
       });
 }
 
+/// @brief Whether parameter `p` can be saved and loaded as its places' blocks: a dtensor on CPU
+/// places with no pending sums.
+template <class T>
+bool held_in_blocks(const nn::parameter_ref<T>& p) {
+  if (p.mesh_places().empty() || p.block_positions().size() != p.value_blocks().size()) return false;
+  for (const any_place& q : p.mesh_places())
+    if (q.kind() != place_kind::cpu) return false;
+  return true;
+}
+
 }  // namespace detail
 
-/// @brief Adds to `c` a model's parameters (their global values, as "<prefix>model.<name>")
-/// and `opt`'s state ("<prefix>optimizer.<name>.<state>", "<prefix>optimizer.steps"). The
-/// parameters may be local tensors or dtensors of any layout (the tensor-parallel model's):
-/// each is saved as its global value and loaded into whatever layout the parameter has then.
-/// For parameters over the places of several processes, call c.spanning(mesh) first.
+/// @brief Adds to `c` a model's parameters (as "<prefix>model.<name>") and `opt`'s state
+/// ("<prefix>optimizer.<name>.<state>", "<prefix>optimizer.steps"). The parameters may be
+/// local tensors or dtensors of any layout (the tensor-parallel model's). A dtensor on CPU
+/// places is saved by its places, each writing its own block at once (a replica's by the first
+/// place along the axes its layout does not split), and loaded into whatever layout and mesh
+/// the parameter has then, each place reading the parts of the saved blocks its block overlaps;
+/// a local tensor, or a dtensor on GPU places, is saved as its global value. Every process of
+/// the parameters' meshes calls this, in the same order. For parameters over the places of
+/// several processes, call c.spanning(mesh) first.
 template <class T, class Optimizer>
 checkpoint& add_state(checkpoint& c, const std::string& prefix, std::vector<nn::parameter_ref<T>> params, Optimizer& opt) {
   static_assert(detail::optimizer_with_state<Optimizer>,
                 "pdo: io::add_state: the optimizer must expose its state (state_names(), state(name, i), steps(), set_steps(t)), as "
                 "pdo::nn::sgd, adam and any_optimizer do");
-  detail::add_parameters_and_state<T>(
-      c, prefix, 1, [params = std::move(params)](std::size_t) { return params; }, [&opt](std::size_t) -> Optimizer& { return opt; });
+  auto params_of = [params](std::size_t) { return params; };
+  auto opt_of = [&opt](std::size_t) -> Optimizer& { return opt; };
+  // one mesh of every place of a parameter's mesh, in its order, for the blocks' entries
+  std::vector<std::pair<std::vector<any_place>, mesh<"place">>> meshes;
+  auto mesh_over = [&meshes](const std::vector<any_place>& places) -> const mesh<"place">& {
+    for (const auto& [these, m] : meshes)
+      if (these == places) return m;
+    return meshes.emplace_back(places, make_mesh<"place">(places)).second;
+  };
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    const nn::parameter_ref<T>& p = params[i];
+    if (!detail::held_in_blocks(p)) {
+      detail::add_parameter_whole<T>(c, prefix, 1, params_of, opt_of, i);
+      continue;
+    }
+    // a dtensor on CPU places: each place writes its own block, and a load fills each block
+    // from the parts of the saved blocks it overlaps
+    const mesh<"place">& m = mesh_over(p.mesh_places());
+    const auto positions = std::make_shared<const std::vector<typename nn::parameter_ref<T>::block_position>>(p.block_positions());
+    // called by the places' lanes at once: the optimizer makes a state's blocks on first use,
+    // one lane at a time
+    const auto state_mutex = std::make_shared<std::mutex>();
+    auto block_of = [p, positions, state_mutex, &opt, i](const std::string& state) {
+      return [p, positions, state_mutex, &opt, i, state](std::size_t place) -> held_block<T> {
+        for (std::size_t k = 0; k < positions->size(); ++k) {
+          const auto& at = (*positions)[k];
+          if (at.place != place) continue;
+          T* data = nullptr;
+          if (state.empty()) {
+            data = p.value_blocks().at(k).data();
+          } else {
+            std::lock_guard lock(*state_mutex);
+            data = opt.state(state, i).at(k).data();
+          }
+          return {at.offset, at.shape, data, at.write};
+        }
+        return {};
+      };
+    };
+    detail::with_rank(p.rank(), p.name(), [&]<std::size_t R>(std::integral_constant<std::size_t, R>) {
+      const shape_t<R> shape = p.template shape<R>();
+      c.add_blocks<T, R>(prefix + "model." + p.name(), m, shape, block_of(""));
+      for (const std::string& s : opt.state_names()) c.add_blocks<T, R>(prefix + "optimizer." + p.name() + "." + s, m, shape, block_of(s));
+    });
+  }
+  c.add_computed<long>(
+      prefix + "optimizer.steps", [&opt] { return opt.steps(); }, [&opt](long t) { opt.set_steps(t); });
   return c;
 }
 

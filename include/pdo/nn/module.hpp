@@ -47,6 +47,20 @@ class parameter_ref {
   /// @brief The place whose memory holds each block (null: host memory), for the kernels
   /// that update them.
   [[nodiscard]] std::vector<detail::place_state*> block_places() const { return impl_->block_places(); }
+  /// @brief Where one of this process's blocks sits in the whole parameter: the mesh place
+  /// that holds it, its offset and extents, and whether that place is the one that writes it
+  /// to a checkpoint (false for a replica of a block another place writes).
+  struct block_position {
+    std::size_t place = 0;                  ///< the index of the holding place in the parameter's mesh (0 for a local parameter)
+    std::vector<std::size_t> offset, shape;  ///< where the block starts, and its extents, one per dim
+    bool write = true;                       ///< false for a replica along an axis the layout does not split
+  };
+  /// @brief One position per value block, in the order of value_blocks(); empty for a dtensor
+  /// laid out with pending sums (partial), whose blocks are not parts of its value.
+  [[nodiscard]] std::vector<block_position> block_positions() const { return impl_->block_positions(); }
+  /// @brief The places of a dtensor parameter's mesh (every process's, in mesh order); empty
+  /// for a local parameter.
+  [[nodiscard]] std::vector<any_place> mesh_places() const { return impl_->mesh_places(); }
   /// @brief The values of a local parameter (one block).
   [[nodiscard]] std::span<T> value() const { return single(impl_->value_blocks(), "value"); }
   /// @brief The gradient of a local parameter; empty when backward has given none.
@@ -129,6 +143,8 @@ class parameter_ref {
     virtual std::vector<std::span<T>> value_blocks() = 0;
     virtual std::vector<std::span<T>> grad_blocks() = 0;
     virtual std::vector<detail::place_state*> block_places() = 0;
+    virtual std::vector<block_position> block_positions() = 0;
+    virtual std::vector<any_place> mesh_places() = 0;
     virtual std::vector<tensor<T, 1>> zero_state() = 0;
     virtual std::span<T> grad_or_zeros() = 0;
     virtual double grad_squared_norm() = 0;
@@ -164,6 +180,25 @@ class parameter_ref {
       } else {
         return {v.value().where()};
       }
+    }
+    std::vector<block_position> block_positions() override {
+      std::vector<block_position> out;
+      if constexpr (var<V>::distributed) {
+        const auto& x = v.value();
+        constexpr detail::layout_value layout = V::layout_value;
+        if (layout.npartial != 0) return out;
+        for (std::size_t p : x.mesh().local_places()) {
+          const auto offset = x.local_offset(p), shape = x.local_shape(p);
+          out.push_back({p, {offset.begin(), offset.end()}, {shape.begin(), shape.end()}, detail::writes_block(x.mesh(), layout, p)});
+        }
+      } else {
+        out.push_back({0, std::vector<std::size_t>(var<V>::rank, 0), extents(), true});
+      }
+      return out;
+    }
+    std::vector<any_place> mesh_places() override {
+      if constexpr (var<V>::distributed) return v.value().mesh().places();
+      else return {};
     }
     std::vector<tensor<T, 1>> zero_state() override {
       std::vector<tensor<T, 1>> out;

@@ -1,6 +1,7 @@
 // pdo/plan/plan.hpp: the plan of an expression, computed from its type at compile time.
 #pragma once
 
+#include <pdo/core/error.hpp>
 #include <pdo/core/fixed_string.hpp>
 #include <pdo/expr/expression.hpp>
 #include <pdo/layout/layout_type.hpp>
@@ -9,6 +10,7 @@
 
 #include <array>
 #include <cstddef>
+#include <string>
 #include <string_view>
 #include <tuple>
 #include <type_traits>
@@ -56,10 +58,12 @@ struct expression_plan {
       if (steps[i].kind == plan_step_kind::kernel) return steps[i].layout;
     return {};
   }
-  /// @brief Appends `s`; beyond `capacity` steps, a compile-time error in a constant expression (a thrown
-  /// string literal at run time).
+  /// @brief Appends `s`; beyond `capacity` steps, a compile-time error in a constant expression
+  /// (pdo::layout_error at run time).
   constexpr void push(const plan_step& s) {
-    if (size == capacity) throw "pdo: plan_of: the expression has more steps than a plan holds; evaluate part of it first";
+    if (size == capacity)
+      throw layout_error("plan_of: the expression has more than " + std::to_string(capacity) +
+                         " steps, more than a plan holds; evaluate part of it first");
     steps[size++] = s;
   }
 };
