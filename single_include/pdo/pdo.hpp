@@ -14361,7 +14361,8 @@ class parameter_ref {
   /// to a checkpoint (false for a replica of a block another place writes).
   struct block_position {
     std::size_t place = 0;                  ///< the index of the holding place in the parameter's mesh (0 for a local parameter)
-    std::vector<std::size_t> offset, shape;  ///< where the block starts, and its extents, one per dim
+    std::vector<std::size_t> offset;  ///< where the block starts in the whole parameter, one index per dim
+    std::vector<std::size_t> shape;   ///< the block's extents, one per dim
     bool write = true;                       ///< false for a replica along an axis the layout does not split
   };
   /// @brief One position per value block, in the order of value_blocks(); empty for a dtensor
