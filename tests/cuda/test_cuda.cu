@@ -666,6 +666,32 @@ void trainers(const std::vector<pdo::cuda_place>& gpus) {
       check(false, std::string("data_parallel on GPU places: ") + e.what());
     }
   }
+  // the hand-written data-parallel program: a differentiable parallel_do over a split batch with
+  // replicated parameters, its loss, backward (the replicas' gradients summed by the planner's
+  // all_reduce, NCCL on GPU places) and SGD on every place
+  same_on_both("differentiable parallel_do: 3 steps of an MLP on a split batch (losses and weights)", gpus, [&](const auto& m) {
+    using rows = pdo::layout<pdo::split<"dp">, pdo::replicate>;
+    using whole = pdo::layout<pdo::replicate, pdo::replicate>;
+    const auto xd = filled<double, 2>({13, 6}, 21), w1 = filled<double, 2>({6, 9}, 22), w2 = filled<double, 2>({9, 3}, 23);
+    pdo::tensor<int, 1> labels({13});
+    for (std::size_t i = 0; i < 13; ++i) labels(i) = static_cast<int>(i % 3);
+    auto mlp = [](const auto& xl, const auto& a, const auto& b) { return pdo::matmul(pdo::tanh(pdo::matmul(xl, a)), b); };
+    const auto X = pdo::distribute<rows>(m, xd);
+    const auto Y = pdo::distribute<pdo::layout<pdo::split<"dp">>>(m, labels);
+    auto W1 = pdo::parameter(pdo::distribute<whole>(m, w1)), W2 = pdo::parameter(pdo::distribute<whole>(m, w2));
+    pdo::nn::sgd<double> opt({{"w1", W1}, {"w2", W2}}, {.lr = 0.3, .momentum = 0.9});
+    pdo::tensor<double, 1> out({3 + 9 * 3});
+    for (std::size_t step = 0; step < 3; ++step) {
+      const auto loss = pdo::cross_entropy(pdo::parallel_do<rows>(mlp, pdo::var(X), W1, W2), Y);
+      out(step) = pdo::to_host(pdo::gather(loss.value()))();
+      opt.zero_grad();
+      pdo::backward(loss);
+      opt.step();
+    }
+    const auto w = pdo::gather(W2.value());
+    std::copy(w.data(), w.data() + w.size(), out.data() + 3);
+    return out;
+  }, 1e-10);
   // the pipeline refuses GPU places, saying why
   if (n >= 2) {
     try {

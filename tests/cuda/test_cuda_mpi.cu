@@ -1,7 +1,7 @@
 // tests/cuda/test_cuda_mpi.cu: GPU places over MPI processes, their collectives on NCCL
 // bootstrapped over MPI (the unique id broadcast from the first place's process): an
 // all_reduce, distribute (whose agreement check on the host shapes goes over the host group,
-// not NCCL), parallel_do, gather, a redistribution; with three or more processes, a mesh over
+// not NCCL), parallel_do, gather, a redistribution, the data-parallel trainer; with three or more processes, a mesh over
 // the places of the first two, which the others make too while holding none of its places.
 // Run it under mpirun with one process per GPU; run alone, it is one process. Without a GPU
 // it reports itself skipped (exit 77) with the reason.
@@ -72,6 +72,27 @@ void programs(const Mesh& m, const std::string& what) {
   auto want = host;
   for (auto& v : want) v *= 2;
   check(same_values(pdo::gather(doubled), want), what + ": parallel_do");
+  // the data-parallel trainer over these GPU places follows one process's CPU places, step by step
+  auto make = [] {
+    pdo::nn::rng gen(7);
+    return pdo::nn::sequential(pdo::nn::linear<double>(6, 8, gen), pdo::nn::tanh{}, pdo::nn::linear<double>(8, 3, gen));
+  };
+  auto sgd = [](auto params) { return pdo::nn::sgd<double>(std::move(params), {.lr = 0.2, .momentum = 0.5}); };
+  const auto x = numbered(11, 6);
+  pdo::tensor<int, 1> y({11});
+  for (std::size_t i = 0; i < 11; ++i) y(i) = static_cast<int>(i % 3);
+  auto losses = [&](const auto& mesh) {
+    auto trainer = pdo::nn::make_data_parallel<double>(mesh, make, sgd, {.bucket_bytes = 128});
+    std::vector<double> out;
+    for (int s = 0; s < 3; ++s) out.push_back(trainer.step(x, y));
+    return out;
+  };
+  const auto want_losses = losses(pdo::make_mesh<"dp">(pdo::cpu_places(n), {n}));
+  const auto got_losses = losses(m);
+  bool follows = got_losses.size() == want_losses.size();
+  for (std::size_t s = 0; follows && s < got_losses.size(); ++s)
+    follows = std::abs(got_losses[s] - want_losses[s]) <= 1e-10 * (1 + std::abs(want_losses[s]));
+  check(follows, what + ": the data-parallel trainer's losses equal those of " + std::to_string(n) + " CPU places");
 }
 
 }  // namespace
