@@ -83,6 +83,62 @@ void add_parameters_and_state(checkpoint& c, const std::string& prefix, std::siz
       });
 }
 
+/// @brief The entries of a data-parallel trainer with ZeRO-1. Its parameters are whole on every
+/// replica ("<prefix>model.<name>", saved from the first, loaded into every one, and each
+/// replica's slices cut again from them). Its optimizer state lies in the places' slices of the
+/// gradient buckets: each state of a parameter is an entry of the parameter's elements in
+/// row-major order ("<prefix>optimizer.<name>.<state>", of shape [elements]), to which every
+/// place writes the run its slices hold, and from which a load fills each place's runs,
+/// whatever the number of places then.
+template <class T, class Trainer>
+void add_zero1_state(checkpoint& c, const std::string& prefix, Trainer& trainer) {
+  auto* t = &trainer;
+  const std::vector<nn::parameter_ref<T>> params = trainer.parameters(0);
+  const auto& m = trainer.mesh();
+  const std::size_t dp = std::decay_t<decltype(m)>::axis_index("dp");
+  // a replica along another axis than "dp" holds the same slices: only the first writes
+  auto writes = [&m, dp](std::size_t place) {
+    for (std::size_t a = 0; a < m.ndim; ++a)
+      if (a != dp && m.coord(place, a) != 0) return false;
+    return true;
+  };
+  auto block_of = [t, writes](std::size_t i, const std::string& state) {
+    return [t, writes, i, state](std::size_t place) -> held_block<T> {
+      const auto& local = t->mesh().local_places();
+      const std::size_t k = static_cast<std::size_t>(std::find(local.begin(), local.end(), place) - local.begin());
+      if (k == local.size()) return {};
+      for (const auto& run : t->buckets(k).slice_runs()) {
+        if (run.param != i) continue;
+        T* data = t->optimizer(k).state(state, run.bucket).at(0).data() + run.at;
+        return {{run.first}, {run.count}, data, writes(place)};
+      }
+      return {};
+    };
+  };
+  const std::vector<std::string> states = trainer.replica_count() == 0 ? std::vector<std::string>{} : trainer.optimizer(0).state_names();
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    const nn::parameter_ref<T>& p = params[i];
+    with_rank(p.rank(), p.name(), [&]<std::size_t R>(std::integral_constant<std::size_t, R>) {
+      const shape_t<R> shape = p.template shape<R>();
+      c.add_computed<T, R>(
+          prefix + "model." + p.name(), shape, [t, i, shape] { return shaped(t->parameters(0)[i].global_values(), shape); },
+          [t, i](const tensor<T, R>& v) {
+            for (std::size_t k = 0; k < t->replica_count(); ++k) {
+              t->parameters(k)[i].assign(v);
+              t->buckets(k).reslice(i);
+            }
+          });
+    });
+    for (const std::string& s : states)
+      c.add_blocks<T, 1>(prefix + "optimizer." + p.name() + "." + s, m, shape_t<1>{p.size_global()}, block_of(i, s));
+  }
+  c.add_computed<long>(
+      prefix + "optimizer.steps", [t] { return t->replica_count() == 0 ? 0L : static_cast<long>(t->optimizer(0).steps()); },
+      [t](long v) {
+        for (std::size_t k = 0; k < t->replica_count(); ++k) t->optimizer(k).set_steps(v);
+      });
+}
+
 /// @brief Whether parameter `p` can be saved and loaded as its places' blocks: a dtensor on CPU
 /// places with no pending sums.
 template <class T>
@@ -162,20 +218,22 @@ checkpoint& add_state(checkpoint& c, const std::string& prefix, std::vector<nn::
 /// @brief Adds to `c` the whole state of a data-parallel trainer: the parameters and the
 /// optimizer state (saved from the first replica, loaded into every one), the steps and
 /// epochs trained. Loaded into a trainer of the same model on any mesh, it trains on as the
-/// saved one would have: bitwise the same losses on the same mesh.
+/// saved one would have: bitwise the same losses on the same mesh. Under ZeRO-1 the optimizer
+/// state is written by the places whose slices hold it (see detail::add_zero1_state), and
+/// loads into ZeRO-1 trainers of any number of places.
 template <class T, class Model, class Optimizer, class Mesh, class Loss>
 checkpoint& add_state(checkpoint& c, const std::string& prefix, nn::data_parallel<T, Model, Optimizer, Mesh, Loss>& trainer) {
   static_assert(detail::optimizer_with_state<Optimizer>,
                 "pdo: io::add_state: the optimizer must expose its state (state_names(), state(name, i), steps(), set_steps(t)), as "
                 "pdo::nn::sgd, adam and any_optimizer do");
-  if (trainer.options().zero1)
-    throw io_error("io: add_state: a data_parallel trainer with ZeRO-1 keeps its optimizer state in slices over \"dp\", which "
-                   "checkpoints do not hold yet; save a trainer without zero1");
   c.spanning(trainer.mesh());
   auto* t = &trainer;
-  detail::add_parameters_and_state<T>(
-      c, prefix, trainer.replica_count(), [t](std::size_t k) { return t->parameters(k); },
-      [t](std::size_t k) -> Optimizer& { return t->optimizer(k); });
+  if (trainer.options().zero1)
+    detail::add_zero1_state<T>(c, prefix, trainer);
+  else
+    detail::add_parameters_and_state<T>(
+        c, prefix, trainer.replica_count(), [t](std::size_t k) { return t->parameters(k); },
+        [t](std::size_t k) -> Optimizer& { return t->optimizer(k); });
   c.add_computed<std::uint64_t>(
       prefix + "steps", [t] { return static_cast<std::uint64_t>(t->steps()); },
       [t](std::uint64_t s) { t->set_progress(s, t->epochs()); });

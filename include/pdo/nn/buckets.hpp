@@ -15,6 +15,7 @@
 #include <pdo/layout/redistribute_plan.hpp>
 #include <pdo/nn/module.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstddef>
@@ -205,6 +206,42 @@ class gradient_buckets {
       unpack(bk, /*values=*/true);
       record("all_gather", b, from, since_start());
     }
+  }
+
+  /// @brief ZeRO-1: a run of parameter `param`'s elements (row-major) that this place's slice of
+  /// bucket `bucket` holds: elements [first, first + count) of the parameter, at `at` in the slice.
+  struct slice_run {
+    std::size_t param = 0;   ///< index of the parameter
+    std::size_t bucket = 0;  ///< index of the bucket (and of its slice among slices())
+    std::size_t first = 0;   ///< the run's first element in the parameter
+    std::size_t count = 0;   ///< the run's length
+    std::size_t at = 0;      ///< where the run starts in the slice
+  };
+  /// @brief ZeRO-1: the runs of every parameter that this place's slices hold, bucket by bucket
+  /// (a parameter lies in one bucket, so a place holds at most one run of it).
+  [[nodiscard]] std::vector<slice_run> slice_runs() const {
+    std::vector<slice_run> out;
+    if (!options_.zero1) return out;
+    for (std::size_t b = 0; b < buckets_.size(); ++b) {
+      const bucket& bk = buckets_[b];
+      const std::size_t begin = bk.slice_offset, end = begin + bk.slice.shape()[0];
+      std::size_t at = 0;
+      for (std::size_t j : bk.params) {
+        const std::size_t n = params_[j].size(), lo = std::max(at, begin), hi = std::min(at + n, end);
+        if (lo < hi) out.push_back({j, b, lo - at, hi - lo, lo - begin});
+        at += n;
+      }
+    }
+    return out;
+  }
+  /// @brief ZeRO-1: this place's slice of parameter `param`'s bucket taken again from the
+  /// parameters' values (after they were set from outside, as a checkpoint's load does).
+  void reslice(std::size_t param) {
+    if (!options_.zero1) return;
+    bucket& bk = buckets_[bucket_of_[param]];
+    pack(bk, /*values=*/true);
+    const std::span<T> mine = bk.slice.value().span();
+    pdo::detail::copy_bytes(bk.slice.value().where(), mine.data(), bk.flat.where(), bk.flat.data() + bk.slice_offset, mine.size_bytes());
   }
 
   /// @brief The parameters of each bucket, by index.
