@@ -692,6 +692,24 @@ void trainers(const std::vector<pdo::cuda_place>& gpus) {
     std::copy(w.data(), w.data() + w.size(), out.data() + 3);
     return out;
   }, 1e-10);
+  // prefetch: the next batch cut onto the GPU places (host -> device on their copy lanes) while
+  // the current one is used
+  same_on_both("prefetch of batches onto the places, used by parallel_do", gpus, [&](const auto& m) {
+    using rows = pdo::layout<pdo::split<"dp">, pdo::replicate>;
+    auto batch = [](std::size_t i) { return filled<double, 2>({9, 4}, 40 + static_cast<unsigned>(i)); };
+    const auto w = filled<double, 2>({4, 3}, 39);
+    const auto W = pdo::distribute<pdo::layout<pdo::replicate, pdo::replicate>>(m, w);
+    auto next = pdo::prefetch<rows>(m, batch(0));
+    pdo::tensor<double, 1> out({3 * 9 * 3});
+    for (std::size_t i = 0; i < 3; ++i) {
+      const auto X = next.get();
+      if (i + 1 < 3) next = pdo::prefetch<rows>(m, batch(i + 1));
+      const auto y = pdo::gather(pdo::parallel_do<rows>(
+          [](const auto& xl, const auto& wl) { return pdo::eval(pdo::tanh(pdo::matmul(xl, wl))); }, X, W));
+      std::copy(y.data(), y.data() + y.size(), out.data() + i * 27);
+    }
+    return out;
+  }, 1e-12);
   // the pipeline refuses GPU places, saying why
   if (n >= 2) {
     try {
