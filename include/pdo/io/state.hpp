@@ -95,11 +95,12 @@ void add_zero1_state(checkpoint& c, const std::string& prefix, Trainer& trainer)
   auto* t = &trainer;
   const std::vector<nn::parameter_ref<T>> params = trainer.parameters(0);
   const auto& m = trainer.mesh();
-  const std::size_t dp = std::decay_t<decltype(m)>::axis_index("dp");
+  using mesh_type = std::decay_t<decltype(m)>;
   // a replica along another axis than "dp" holds the same slices: only the first writes
-  auto writes = [&m, dp](std::size_t place) {
-    for (std::size_t a = 0; a < m.ndim; ++a)
-      if (a != dp && m.coord(place, a) != 0) return false;
+  auto writes = [t](std::size_t place) {
+    constexpr std::size_t dp = mesh_type::axis_index("dp");
+    for (std::size_t a = 0; a < mesh_type::ndim; ++a)
+      if (a != dp && t->mesh().coord(place, a) != 0) return false;
     return true;
   };
   auto block_of = [t, writes](std::size_t i, const std::string& state) {
