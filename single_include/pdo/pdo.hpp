@@ -5545,12 +5545,14 @@ struct segment_start {
 };
 
 /// @brief out[s] = reduce over k of f(s, k), for s in [0, segments), on the place's compute
-/// stream: CUB's DeviceSegmentedReduce (a block of threads per segment) for long segments,
-/// its temporary storage from the place's allocator; one thread per segment for short ones.
+/// stream: CUB's DeviceSegmentedReduce (a block of threads per segment) for long segments whose
+/// elements are `contiguous` in memory, its temporary storage from the place's allocator; one
+/// thread per segment for short ones and for strided ones (whose threads then read neighbouring
+/// elements at each step).
 template <class F, class T, class Op>
-void launch_segmented_reduce(place_state& p, std::size_t segments, std::size_t length, F f, T init, Op op, T* out) {
+void launch_segmented_reduce(place_state& p, std::size_t segments, std::size_t length, bool contiguous, F f, T init, Op op, T* out) {
   if (segments == 0) return;
-  if (length < long_segment) {
+  if (length < long_segment || !contiguous) {  // strided rows: neighbouring threads read neighbouring elements
     launch_indices(p, 0, segments, write_element<T*, reduce_segment<F, T, Op>>{out, {f, init, op, length}, 0}, "segmented reduction kernel");
     return;
   }
@@ -5598,7 +5600,7 @@ void launch_reduce_into(place_state& p, std::size_t first, std::size_t last, F f
 
 /// @brief out[s] = reduce over k of f(s, k), for s in [0, segments): a work item per segment.
 template <class F, class T, class Op>
-void launch_segmented_reduce(place_state& p, std::size_t segments, std::size_t length, F f, T init, Op op, T* out) {
+void launch_segmented_reduce(place_state& p, std::size_t segments, std::size_t length, bool, F f, T init, Op op, T* out) {
   launch_indices(p, 0, segments, write_element<T*, reduce_segment<F, T, Op>>{out, {f, init, op, length}, 0}, "segmented reduction kernel");
 }
 #endif
@@ -5624,10 +5626,11 @@ void gpu_transform_reduce_into(place_state& p, thrust::counting_iterator<std::si
 }
 
 /// @brief out[s] (device memory of `p`) = reduce over k in [0, length) of f(s, k), for s in
-/// [0, segments), queued on the place's compute stream.
+/// [0, segments), queued on the place's compute stream; `contiguous`: each segment's elements
+/// are next to each other in memory.
 template <class F, class T, class Op>
-void gpu_segmented_reduce(place_state& p, std::size_t segments, std::size_t length, F f, T init, Op op, T* out) {
-  launch_segmented_reduce(p, segments, length, f, init, op, out);
+void gpu_segmented_reduce(place_state& p, std::size_t segments, std::size_t length, bool contiguous, F f, T init, Op op, T* out) {
+  launch_segmented_reduce(p, segments, length, contiguous, f, init, op, out);
 }
 
 /// @brief The reduction, brought back to the host (waits for the place's compute stream).
@@ -5672,7 +5675,7 @@ void gpu_transform_reduce_into(place_state& p, First, First, F, T, Op, T*) {
   no_gpu_kernels(p);
 }
 template <class F, class T, class Op>
-void gpu_segmented_reduce(place_state& p, std::size_t, std::size_t, F, T, Op, T*) {
+void gpu_segmented_reduce(place_state& p, std::size_t, std::size_t, bool, F, T, Op, T*) {
   no_gpu_kernels(p);
 }
 #endif
@@ -5843,10 +5846,11 @@ void transform_reduce_into(place_system& system, thrust::counting_iterator<std::
 /// @brief out[s] = reduce over k in [0, length) of f(s, k) with `op`, from `init`, for s in
 /// [0, segments): a reduction along a dim or a row. On a CPU place a loop per segment, in
 /// order, segments in parallel over the place's cores; on a GPU place a block of threads per
-/// long segment (CUB's segmented reduction, queued on the compute stream), a thread per short one.
+/// long segment whose elements are `contiguous` in memory (CUB's segmented reduction, queued on
+/// the compute stream), a thread per short or strided one.
 template <class F, class T, class Op>
-void segmented_reduce(place_system& system, std::size_t segments, std::size_t length, F f, T init, Op op, T* out) {
-  if (system.gpu != nullptr) return gpu_segmented_reduce(*system.gpu, segments, length, f, init, op, out);
+void segmented_reduce(place_system& system, std::size_t segments, std::size_t length, bool contiguous, F f, T init, Op op, T* out) {
+  if (system.gpu != nullptr) return gpu_segmented_reduce(*system.gpu, segments, length, contiguous, f, init, op, out);
   transform(system, thrust::counting_iterator<std::size_t>(0), thrust::counting_iterator<std::size_t>(segments), out,
             reduce_segment<F, T, Op>{f, init, op, length});
 }
@@ -9802,10 +9806,10 @@ void reduce_dim(place_system& system, const T* in, const dim_view& v, reduction 
   const std::size_t outputs = v.outer * v.inner;
   const element_along_dim<T> element{in, v.extent, v.inner};
   if (what == reduction::max) {
-    segmented_reduce(system, outputs, v.extent, element, reduction_identity<T>(what), max_of<T>{}, out);
+    segmented_reduce(system, outputs, v.extent, v.inner == 1, element, reduction_identity<T>(what), max_of<T>{}, out);
     return;
   }
-  segmented_reduce(system, outputs, v.extent, element, T{}, thrust::plus<T>{}, out);
+  segmented_reduce(system, outputs, v.extent, v.inner == 1, element, T{}, thrust::plus<T>{}, out);
   if (what == reduction::mean)  // in place: element o reads only out[o]
     thrust::transform(system, thrust::counting_iterator<std::size_t>(0), thrust::counting_iterator<std::size_t>(outputs), out,
                       scaled<T>{out, T(1) / static_cast<T>(global_extent)});
@@ -10098,9 +10102,10 @@ template <class T>
 void row_exp_sums(place_system& system, const T* in, const dim_view& v, T* tops, exp_sum_parts<T>* parts) {
   const std::size_t rows = v.outer * v.inner;
   const element_along_dim<T> element{in, v.extent, v.inner};
-  segmented_reduce(system, rows, v.extent, element, reduction_identity<T>(reduction::max), max_of<T>{}, tops);
-  segmented_reduce(system, rows, v.extent, exp_sum_part_of<T>{element, tops}, exp_sum_parts<T>{T(0), T(0)}, add_exp_sum_parts<T>{},
-                   parts);
+  const bool contiguous = v.inner == 1;
+  segmented_reduce(system, rows, v.extent, contiguous, element, reduction_identity<T>(reduction::max), max_of<T>{}, tops);
+  segmented_reduce(system, rows, v.extent, contiguous, exp_sum_part_of<T>{element, tops}, exp_sum_parts<T>{T(0), T(0)},
+                   add_exp_sum_parts<T>{}, parts);
 }
 
 /// @brief log(sum of exp(x - max)) of a row from its parts: log1p(rest), as log_sum_exp_parts.
@@ -14371,6 +14376,8 @@ class parameter_ref {
   /// @brief The places of a dtensor parameter's mesh (every process's, in mesh order); empty
   /// for a local parameter.
   [[nodiscard]] std::vector<any_place> mesh_places() const { return impl_->mesh_places(); }
+  /// @brief Whether the parameter is a dtensor laid out with pending sums (partial).
+  [[nodiscard]] bool partial() const { return impl_->partial(); }
   /// @brief The values of a local parameter (one block).
   [[nodiscard]] std::span<T> value() const { return single(impl_->value_blocks(), "value"); }
   /// @brief The gradient of a local parameter; empty when backward has given none.
@@ -14455,6 +14462,7 @@ class parameter_ref {
     virtual std::vector<detail::place_state*> block_places() = 0;
     virtual std::vector<block_position> block_positions() = 0;
     virtual std::vector<any_place> mesh_places() = 0;
+    virtual bool partial() = 0;
     virtual std::vector<tensor<T, 1>> zero_state() = 0;
     virtual std::span<T> grad_or_zeros() = 0;
     virtual double grad_squared_norm() = 0;
@@ -14509,6 +14517,10 @@ class parameter_ref {
     std::vector<any_place> mesh_places() override {
       if constexpr (var<V>::distributed) return v.value().mesh().places();
       else return {};
+    }
+    bool partial() override {
+      if constexpr (var<V>::distributed) return V::layout_value.npartial != 0;
+      else return false;
     }
     std::vector<tensor<T, 1>> zero_state() override {
       std::vector<tensor<T, 1>> out;
@@ -15939,7 +15951,7 @@ class data_parallel {
   /// @brief The places of this process, each with its replica.
   [[nodiscard]] std::size_t replica_count() const { return replicas_.size(); }
   /// @brief The gradient buckets of replica k (under ZeRO-1 also its slices of the parameters).
-  [[nodiscard]] buckets_type& buckets(std::size_t k = 0) { return *replicas_[k]->buckets; }
+  [[nodiscard]] buckets_type& replica_buckets(std::size_t k) { return *replicas_[k]->buckets; }
   /// @brief The settings given at construction.
   [[nodiscard]] const data_parallel_options& options() const { return options_; }
   /// @brief Steps and epochs trained (skipped steps included), restored with set_progress
@@ -18592,6 +18604,11 @@ void add_parameters_and_state(checkpoint& c, const std::string& prefix, std::siz
 /// whatever the number of places then.
 template <class T, class Trainer>
 void add_zero1_state(checkpoint& c, const std::string& prefix, Trainer& trainer) {
+  for (const any_place& q : trainer.mesh().places())  // every process sees every place: all refuse alike
+    if (q.kind() != place_kind::cpu)
+      throw io_error("io: add_state: a data_parallel trainer with ZeRO-1 on GPU places (" + q.name() +
+                     ") keeps its optimizer state's slices in device memory, which checkpoints of ZeRO-1 state do not take "
+                     "yet; save a trainer on CPU places, or one without zero1");
   auto* t = &trainer;
   const std::vector<nn::parameter_ref<T>> params = trainer.parameters(0);
   const auto& m = trainer.mesh();
@@ -18608,7 +18625,7 @@ void add_zero1_state(checkpoint& c, const std::string& prefix, Trainer& trainer)
       const auto& local = t->mesh().local_places();
       const std::size_t k = static_cast<std::size_t>(std::find(local.begin(), local.end(), place) - local.begin());
       if (k == local.size()) return {};
-      for (const auto& run : t->buckets(k).slice_runs()) {
+      for (const auto& run : t->replica_buckets(k).slice_runs()) {
         if (run.param != i) continue;
         T* data = t->optimizer(k).state(state, run.bucket).at(0).data() + run.at;
         return {{run.first}, {run.count}, data, writes(place)};
@@ -18626,7 +18643,7 @@ void add_zero1_state(checkpoint& c, const std::string& prefix, Trainer& trainer)
           [t, i](const tensor<T, R>& v) {
             for (std::size_t k = 0; k < t->replica_count(); ++k) {
               t->parameters(k)[i].assign(v);
-              t->buckets(k).reslice(i);
+              t->replica_buckets(k).reslice(i);
             }
           });
     });
@@ -18644,7 +18661,9 @@ void add_zero1_state(checkpoint& c, const std::string& prefix, Trainer& trainer)
 /// places with no pending sums.
 template <class T>
 bool held_in_blocks(const nn::parameter_ref<T>& p) {
-  if (p.mesh_places().empty() || p.block_positions().size() != p.value_blocks().size()) return false;
+  // decided from what every process sees alike (the mesh's places, the layout), never from
+  // this process's blocks: the blocks' entries are collective over the mesh
+  if (p.mesh_places().empty() || p.partial()) return false;
   for (const any_place& q : p.mesh_places())
     if (q.kind() != place_kind::cpu) return false;
   return true;

@@ -92,6 +92,11 @@ void add_parameters_and_state(checkpoint& c, const std::string& prefix, std::siz
 /// whatever the number of places then.
 template <class T, class Trainer>
 void add_zero1_state(checkpoint& c, const std::string& prefix, Trainer& trainer) {
+  for (const any_place& q : trainer.mesh().places())  // every process sees every place: all refuse alike
+    if (q.kind() != place_kind::cpu)
+      throw io_error("io: add_state: a data_parallel trainer with ZeRO-1 on GPU places (" + q.name() +
+                     ") keeps its optimizer state's slices in device memory, which checkpoints of ZeRO-1 state do not take "
+                     "yet; save a trainer on CPU places, or one without zero1");
   auto* t = &trainer;
   const std::vector<nn::parameter_ref<T>> params = trainer.parameters(0);
   const auto& m = trainer.mesh();
@@ -108,7 +113,7 @@ void add_zero1_state(checkpoint& c, const std::string& prefix, Trainer& trainer)
       const auto& local = t->mesh().local_places();
       const std::size_t k = static_cast<std::size_t>(std::find(local.begin(), local.end(), place) - local.begin());
       if (k == local.size()) return {};
-      for (const auto& run : t->buckets(k).slice_runs()) {
+      for (const auto& run : t->replica_buckets(k).slice_runs()) {
         if (run.param != i) continue;
         T* data = t->optimizer(k).state(state, run.bucket).at(0).data() + run.at;
         return {{run.first}, {run.count}, data, writes(place)};
@@ -126,7 +131,7 @@ void add_zero1_state(checkpoint& c, const std::string& prefix, Trainer& trainer)
           [t, i](const tensor<T, R>& v) {
             for (std::size_t k = 0; k < t->replica_count(); ++k) {
               t->parameters(k)[i].assign(v);
-              t->buckets(k).reslice(i);
+              t->replica_buckets(k).reslice(i);
             }
           });
     });
@@ -144,7 +149,9 @@ void add_zero1_state(checkpoint& c, const std::string& prefix, Trainer& trainer)
 /// places with no pending sums.
 template <class T>
 bool held_in_blocks(const nn::parameter_ref<T>& p) {
-  if (p.mesh_places().empty() || p.block_positions().size() != p.value_blocks().size()) return false;
+  // decided from what every process sees alike (the mesh's places, the layout), never from
+  // this process's blocks: the blocks' entries are collective over the mesh
+  if (p.mesh_places().empty() || p.partial()) return false;
   for (const any_place& q : p.mesh_places())
     if (q.kind() != place_kind::cpu) return false;
   return true;

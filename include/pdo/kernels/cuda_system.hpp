@@ -142,12 +142,14 @@ struct segment_start {
 };
 
 /// @brief out[s] = reduce over k of f(s, k), for s in [0, segments), on the place's compute
-/// stream: CUB's DeviceSegmentedReduce (a block of threads per segment) for long segments,
-/// its temporary storage from the place's allocator; one thread per segment for short ones.
+/// stream: CUB's DeviceSegmentedReduce (a block of threads per segment) for long segments whose
+/// elements are `contiguous` in memory, its temporary storage from the place's allocator; one
+/// thread per segment for short ones and for strided ones (whose threads then read neighbouring
+/// elements at each step).
 template <class F, class T, class Op>
-void launch_segmented_reduce(place_state& p, std::size_t segments, std::size_t length, F f, T init, Op op, T* out) {
+void launch_segmented_reduce(place_state& p, std::size_t segments, std::size_t length, bool contiguous, F f, T init, Op op, T* out) {
   if (segments == 0) return;
-  if (length < long_segment) {
+  if (length < long_segment || !contiguous) {  // strided rows: neighbouring threads read neighbouring elements
     launch_indices(p, 0, segments, write_element<T*, reduce_segment<F, T, Op>>{out, {f, init, op, length}, 0}, "segmented reduction kernel");
     return;
   }
@@ -195,7 +197,7 @@ void launch_reduce_into(place_state& p, std::size_t first, std::size_t last, F f
 
 /// @brief out[s] = reduce over k of f(s, k), for s in [0, segments): a work item per segment.
 template <class F, class T, class Op>
-void launch_segmented_reduce(place_state& p, std::size_t segments, std::size_t length, F f, T init, Op op, T* out) {
+void launch_segmented_reduce(place_state& p, std::size_t segments, std::size_t length, bool, F f, T init, Op op, T* out) {
   launch_indices(p, 0, segments, write_element<T*, reduce_segment<F, T, Op>>{out, {f, init, op, length}, 0}, "segmented reduction kernel");
 }
 #endif
@@ -221,10 +223,11 @@ void gpu_transform_reduce_into(place_state& p, thrust::counting_iterator<std::si
 }
 
 /// @brief out[s] (device memory of `p`) = reduce over k in [0, length) of f(s, k), for s in
-/// [0, segments), queued on the place's compute stream.
+/// [0, segments), queued on the place's compute stream; `contiguous`: each segment's elements
+/// are next to each other in memory.
 template <class F, class T, class Op>
-void gpu_segmented_reduce(place_state& p, std::size_t segments, std::size_t length, F f, T init, Op op, T* out) {
-  launch_segmented_reduce(p, segments, length, f, init, op, out);
+void gpu_segmented_reduce(place_state& p, std::size_t segments, std::size_t length, bool contiguous, F f, T init, Op op, T* out) {
+  launch_segmented_reduce(p, segments, length, contiguous, f, init, op, out);
 }
 
 /// @brief The reduction, brought back to the host (waits for the place's compute stream).
@@ -269,7 +272,7 @@ void gpu_transform_reduce_into(place_state& p, First, First, F, T, Op, T*) {
   no_gpu_kernels(p);
 }
 template <class F, class T, class Op>
-void gpu_segmented_reduce(place_state& p, std::size_t, std::size_t, F, T, Op, T*) {
+void gpu_segmented_reduce(place_state& p, std::size_t, std::size_t, bool, F, T, Op, T*) {
   no_gpu_kernels(p);
 }
 #endif

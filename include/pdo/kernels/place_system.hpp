@@ -169,10 +169,11 @@ void transform_reduce_into(place_system& system, thrust::counting_iterator<std::
 /// @brief out[s] = reduce over k in [0, length) of f(s, k) with `op`, from `init`, for s in
 /// [0, segments): a reduction along a dim or a row. On a CPU place a loop per segment, in
 /// order, segments in parallel over the place's cores; on a GPU place a block of threads per
-/// long segment (CUB's segmented reduction, queued on the compute stream), a thread per short one.
+/// long segment whose elements are `contiguous` in memory (CUB's segmented reduction, queued on
+/// the compute stream), a thread per short or strided one.
 template <class F, class T, class Op>
-void segmented_reduce(place_system& system, std::size_t segments, std::size_t length, F f, T init, Op op, T* out) {
-  if (system.gpu != nullptr) return gpu_segmented_reduce(*system.gpu, segments, length, f, init, op, out);
+void segmented_reduce(place_system& system, std::size_t segments, std::size_t length, bool contiguous, F f, T init, Op op, T* out) {
+  if (system.gpu != nullptr) return gpu_segmented_reduce(*system.gpu, segments, length, contiguous, f, init, op, out);
   transform(system, thrust::counting_iterator<std::size_t>(0), thrust::counting_iterator<std::size_t>(segments), out,
             reduce_segment<F, T, Op>{f, init, op, length});
 }

@@ -56,10 +56,10 @@ void reduce_dim(place_system& system, const T* in, const dim_view& v, reduction 
   const std::size_t outputs = v.outer * v.inner;
   const element_along_dim<T> element{in, v.extent, v.inner};
   if (what == reduction::max) {
-    segmented_reduce(system, outputs, v.extent, element, reduction_identity<T>(what), max_of<T>{}, out);
+    segmented_reduce(system, outputs, v.extent, v.inner == 1, element, reduction_identity<T>(what), max_of<T>{}, out);
     return;
   }
-  segmented_reduce(system, outputs, v.extent, element, T{}, thrust::plus<T>{}, out);
+  segmented_reduce(system, outputs, v.extent, v.inner == 1, element, T{}, thrust::plus<T>{}, out);
   if (what == reduction::mean)  // in place: element o reads only out[o]
     thrust::transform(system, thrust::counting_iterator<std::size_t>(0), thrust::counting_iterator<std::size_t>(outputs), out,
                       scaled<T>{out, T(1) / static_cast<T>(global_extent)});

@@ -104,9 +104,10 @@ template <class T>
 void row_exp_sums(place_system& system, const T* in, const dim_view& v, T* tops, exp_sum_parts<T>* parts) {
   const std::size_t rows = v.outer * v.inner;
   const element_along_dim<T> element{in, v.extent, v.inner};
-  segmented_reduce(system, rows, v.extent, element, reduction_identity<T>(reduction::max), max_of<T>{}, tops);
-  segmented_reduce(system, rows, v.extent, exp_sum_part_of<T>{element, tops}, exp_sum_parts<T>{T(0), T(0)}, add_exp_sum_parts<T>{},
-                   parts);
+  const bool contiguous = v.inner == 1;
+  segmented_reduce(system, rows, v.extent, contiguous, element, reduction_identity<T>(reduction::max), max_of<T>{}, tops);
+  segmented_reduce(system, rows, v.extent, contiguous, exp_sum_part_of<T>{element, tops}, exp_sum_parts<T>{T(0), T(0)},
+                   add_exp_sum_parts<T>{}, parts);
 }
 
 /// @brief log(sum of exp(x - max)) of a row from its parts: log1p(rest), as log_sum_exp_parts.

@@ -302,7 +302,7 @@ class data_parallel {
   /// @brief The places of this process, each with its replica.
   [[nodiscard]] std::size_t replica_count() const { return replicas_.size(); }
   /// @brief The gradient buckets of replica k (under ZeRO-1 also its slices of the parameters).
-  [[nodiscard]] buckets_type& buckets(std::size_t k = 0) { return *replicas_[k]->buckets; }
+  [[nodiscard]] buckets_type& replica_buckets(std::size_t k) { return *replicas_[k]->buckets; }
   /// @brief The settings given at construction.
   [[nodiscard]] const data_parallel_options& options() const { return options_; }
   /// @brief Steps and epochs trained (skipped steps included), restored with set_progress

@@ -62,6 +62,8 @@ class parameter_ref {
   /// @brief The places of a dtensor parameter's mesh (every process's, in mesh order); empty
   /// for a local parameter.
   [[nodiscard]] std::vector<any_place> mesh_places() const { return impl_->mesh_places(); }
+  /// @brief Whether the parameter is a dtensor laid out with pending sums (partial).
+  [[nodiscard]] bool partial() const { return impl_->partial(); }
   /// @brief The values of a local parameter (one block).
   [[nodiscard]] std::span<T> value() const { return single(impl_->value_blocks(), "value"); }
   /// @brief The gradient of a local parameter; empty when backward has given none.
@@ -146,6 +148,7 @@ class parameter_ref {
     virtual std::vector<detail::place_state*> block_places() = 0;
     virtual std::vector<block_position> block_positions() = 0;
     virtual std::vector<any_place> mesh_places() = 0;
+    virtual bool partial() = 0;
     virtual std::vector<tensor<T, 1>> zero_state() = 0;
     virtual std::span<T> grad_or_zeros() = 0;
     virtual double grad_squared_norm() = 0;
@@ -200,6 +203,10 @@ class parameter_ref {
     std::vector<any_place> mesh_places() override {
       if constexpr (var<V>::distributed) return v.value().mesh().places();
       else return {};
+    }
+    bool partial() override {
+      if constexpr (var<V>::distributed) return V::layout_value.npartial != 0;
+      else return false;
     }
     std::vector<tensor<T, 1>> zero_state() override {
       std::vector<tensor<T, 1>> out;
