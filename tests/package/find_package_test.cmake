@@ -10,18 +10,6 @@ else()
   set(WITH_MPI OFF)
 endif()
 
-# Runs a command that must fail with output matching `regex`.
-function(expect_failure what regex)
-  message(STATUS "${what} (must fail): ${ARGN}")
-  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
-  if(rc EQUAL 0)
-    message(FATAL_ERROR "${what} succeeded but should have failed:\n${out}")
-  endif()
-  if(NOT out MATCHES "${regex}")
-    message(FATAL_ERROR "${what} failed without the expected message \"${regex}\":\n${out}")
-  endif()
-endfunction()
-
 set(pdo_build ${WORK_DIR}/pdo-build)
 set(stage ${WORK_DIR}/stage)
 set(prefix ${WORK_DIR}/prefix)

@@ -1,4 +1,5 @@
-# tests/package/package_test_common.cmake: helpers shared by the package test scripts (cmake -P).
+# tests/package/package_test_common.cmake: helpers shared by the package test scripts and the
+# compile-fail check (cmake -P).
 
 # Stops the script unless every variable named after the first argument is set and not empty.
 function(require_inputs script)
@@ -16,4 +17,18 @@ function(run_step what)
   if(NOT rc EQUAL 0)
     message(FATAL_ERROR "${what} failed (${rc}):\n${out}")
   endif()
+endfunction()
+
+# Runs a command that must fail with output matching `regex`; leaves its output in
+# `expect_failure_output`.
+function(expect_failure what regex)
+  message(STATUS "${what} (must fail): ${ARGN}")
+  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
+  if(rc EQUAL 0)
+    message(FATAL_ERROR "${what} succeeded but should have failed:\n${out}")
+  endif()
+  if(NOT out MATCHES "${regex}")
+    message(FATAL_ERROR "${what} failed without the expected message \"${regex}\":\n${out}")
+  endif()
+  set(expect_failure_output "${out}" PARENT_SCOPE)
 endfunction()

@@ -47,19 +47,34 @@ concept optimizer_with_state = requires(O& o, const O& co, const std::string& na
   o.set_steps(t);
 };
 
-/// @brief Entries for parameter `params_of(k)[i]` and its optimizer state in `opt_of(k)`, of
-/// `copies` identical copies (the replicas of data parallelism; 1 otherwise), as global values:
-/// each saved from copy 0 (gathered), each loaded into every copy.
-template <class T, class Params, class Opt>
-void add_parameter_whole(checkpoint& c, const std::string& prefix, std::size_t copies, Params params_of, Opt opt_of, std::size_t i) {
+/// @brief Entry "<prefix>model.<name>" of parameter `params_of(k)[i]` of `copies` identical
+/// copies, as a global value: saved from copy 0 (gathered), loaded into every copy, after which
+/// `loaded(k)` runs for that copy.
+template <class T, class Params, class Loaded>
+void add_model_entry(checkpoint& c, const std::string& prefix, std::size_t copies, Params params_of, std::size_t i, Loaded loaded) {
   const nn::parameter_ref<T> p = params_of(0)[i];
   with_rank(p.rank(), p.name(), [&]<std::size_t R>(std::integral_constant<std::size_t, R>) {
     const shape_t<R> shape = p.template shape<R>();
     c.add_computed<T, R>(
         prefix + "model." + p.name(), shape, [params_of, i, shape] { return shaped(params_of(0)[i].global_values(), shape); },
-        [params_of, copies, i](const tensor<T, R>& t) {
-          for (std::size_t k = 0; k < copies; ++k) params_of(k)[i].assign(t);
+        [params_of, copies, i, loaded](const tensor<T, R>& t) {
+          for (std::size_t k = 0; k < copies; ++k) {
+            params_of(k)[i].assign(t);
+            loaded(k);
+          }
         });
+  });
+}
+
+/// @brief Entries for parameter `params_of(k)[i]` and its optimizer state in `opt_of(k)`, of
+/// `copies` identical copies (the replicas of data parallelism; 1 otherwise), as global values:
+/// each saved from copy 0 (gathered), each loaded into every copy.
+template <class T, class Params, class Opt>
+void add_parameter_whole(checkpoint& c, const std::string& prefix, std::size_t copies, Params params_of, Opt opt_of, std::size_t i) {
+  add_model_entry<T>(c, prefix, copies, params_of, i, [](std::size_t) {});
+  const nn::parameter_ref<T> p = params_of(0)[i];
+  with_rank(p.rank(), p.name(), [&]<std::size_t R>(std::integral_constant<std::size_t, R>) {
+    const shape_t<R> shape = p.template shape<R>();
     for (const std::string& s : opt_of(0).state_names())
       c.add_computed<T, R>(
           prefix + "optimizer." + p.name() + "." + s, shape,
@@ -124,17 +139,8 @@ void add_zero1_state(checkpoint& c, const std::string& prefix, Trainer& trainer)
   const std::vector<std::string> states = trainer.replica_count() == 0 ? std::vector<std::string>{} : trainer.optimizer(0).state_names();
   for (std::size_t i = 0; i < params.size(); ++i) {
     const nn::parameter_ref<T>& p = params[i];
-    with_rank(p.rank(), p.name(), [&]<std::size_t R>(std::integral_constant<std::size_t, R>) {
-      const shape_t<R> shape = p.template shape<R>();
-      c.add_computed<T, R>(
-          prefix + "model." + p.name(), shape, [t, i, shape] { return shaped(t->parameters(0)[i].global_values(), shape); },
-          [t, i](const tensor<T, R>& v) {
-            for (std::size_t k = 0; k < t->replica_count(); ++k) {
-              t->parameters(k)[i].assign(v);
-              t->replica_buckets(k).reslice(i);
-            }
-          });
-    });
+    add_model_entry<T>(c, prefix, trainer.replica_count(), [t](std::size_t k) { return t->parameters(k); }, i,
+                       [t, i](std::size_t k) { t->replica_buckets(k).reslice(i); });
     for (const std::string& s : states)
       c.add_blocks<T, 1>(prefix + "optimizer." + p.name() + "." + s, m, shape_t<1>{p.size_global()}, block_of(i, s));
   }
