@@ -5401,7 +5401,8 @@ void spmd(const Mesh& m, Task&& task) {
 // ---- pdo/kernels/place_system.hpp
 #ifndef PDO_SINGLE_PDO_KERNELS_PLACE_SYSTEM_HPP
 #define PDO_SINGLE_PDO_KERNELS_PLACE_SYSTEM_HPP
-// pdo/kernels/place_system.hpp: the Thrust execution policy of a CPU place: its kernels use exactly its cores.
+// pdo/kernels/place_system.hpp: a Thrust system per backend (a CPU place's cores, a GPU place's
+// compute stream), each with its own algorithms, and the system of the place a kernel runs on.
 
 // ---- pdo/kernels/cuda_system.hpp
 #ifndef PDO_SINGLE_PDO_KERNELS_CUDA_SYSTEM_HPP
@@ -5441,6 +5442,25 @@ void spmd(const Mesh& m, Task&& task) {
 #endif
 
 namespace pdo::detail {
+
+/// @brief `n` elements of T in the memory of place `p`, for the kernels of one op, given back
+/// when it goes. A GPU place's allocator is stream-ordered on its compute stream, so the kernels
+/// queued there before then still have them.
+template <class T>
+class kernel_scratch {
+ public:
+  kernel_scratch(place_state& p, std::size_t n)
+      : place_(p), bytes_((n == 0 ? 1 : n) * sizeof(T)), data_(static_cast<T*>(p.memory->allocate(bytes_))) {}
+  ~kernel_scratch() { place_.memory->deallocate(data_, bytes_); }
+  kernel_scratch(const kernel_scratch&) = delete;
+  kernel_scratch& operator=(const kernel_scratch&) = delete;
+  [[nodiscard]] T* data() const { return data_; }
+
+ private:
+  place_state& place_;
+  std::size_t bytes_;
+  T* data_;
+};
 
 /// @brief Segment s of a segmented reduction: reduce over k in [0, length) of f(s, k) with
 /// `op`, from `init`, in order; one work item per segment (a CPU place's loop, and a GPU's
@@ -5524,10 +5544,9 @@ void launch_reduce_into(place_state& p, std::size_t first, std::size_t last, F f
   std::size_t bytes = 0;
   cuda_check(cub::DeviceReduce::TransformReduce(nullptr, bytes, in, out, last - first, op, f, init, d.compute),
              "cub::DeviceReduce::TransformReduce", p.name);
-  void* storage = p.memory->allocate(bytes == 0 ? 1 : bytes);
-  const cudaError_t status = cub::DeviceReduce::TransformReduce(storage, bytes, in, out, last - first, op, f, init, d.compute);
-  p.memory->deallocate(storage, bytes == 0 ? 1 : bytes);
-  cuda_check(status, "cub::DeviceReduce::TransformReduce", p.name);
+  const kernel_scratch<unsigned char> storage(p, bytes);
+  cuda_check(cub::DeviceReduce::TransformReduce(storage.data(), bytes, in, out, last - first, op, f, init, d.compute),
+             "cub::DeviceReduce::TransformReduce", p.name);
 }
 
 /// @brief f(s, k) as element s * length + k of one flat sequence, whose segments CUB reduces.
@@ -5565,10 +5584,9 @@ void launch_segmented_reduce(place_state& p, std::size_t segments, std::size_t l
   std::size_t bytes = 0;
   cuda_check(cub::DeviceSegmentedReduce::Reduce(nullptr, bytes, in, out, count, begins, ends, op, init, d.compute),
              "cub::DeviceSegmentedReduce::Reduce", p.name);
-  void* storage = p.memory->allocate(bytes == 0 ? 1 : bytes);
-  const cudaError_t status = cub::DeviceSegmentedReduce::Reduce(storage, bytes, in, out, count, begins, ends, op, init, d.compute);
-  p.memory->deallocate(storage, bytes == 0 ? 1 : bytes);
-  cuda_check(status, "cub::DeviceSegmentedReduce::Reduce", p.name);
+  const kernel_scratch<unsigned char> storage(p, bytes);
+  cuda_check(cub::DeviceSegmentedReduce::Reduce(storage.data(), bytes, in, out, count, begins, ends, op, init, d.compute),
+             "cub::DeviceSegmentedReduce::Reduce", p.name);
 }
 #else
 /// @brief f(first + k) for k in [0, n) as device work of the place's compute stream (the
@@ -5638,16 +5656,11 @@ template <class F, class T, class Op>
 T gpu_transform_reduce(place_state& p, thrust::counting_iterator<std::size_t> first, thrust::counting_iterator<std::size_t> last, F f,
                        T init, Op op) {
   cuda_device& d = cuda_device_of(p);
-  T* scalar = static_cast<T*>(p.memory->allocate(sizeof(T)));
-  struct give_back {
-    place_state& p;
-    T* scalar;
-    ~give_back() { p.memory->deallocate(scalar, sizeof(T)); }
-  } guard_scalar{p, scalar};
-  launch_reduce_into(p, *first, *last, f, init, op, scalar);
+  const kernel_scratch<T> scalar(p, 1);
+  launch_reduce_into(p, *first, *last, f, init, op, scalar.data());
   T result{};
   device_guard guard(d.ordinal);
-  cuda_check(cudaMemcpyAsync(&result, scalar, sizeof(T), cudaMemcpyDeviceToHost, d.compute), "cudaMemcpyAsync", p.name);
+  cuda_check(cudaMemcpyAsync(&result, scalar.data(), sizeof(T), cudaMemcpyDeviceToHost, d.compute), "cudaMemcpyAsync", p.name);
   wait_for_stream(d, d.compute);
   return result;
 }
@@ -5687,6 +5700,7 @@ void gpu_segmented_reduce(place_state& p, std::size_t, std::size_t, bool, F, T, 
 #include <thrust/iterator/counting_iterator.h>
 #include <thrust/for_each.h>
 #include <thrust/reduce.h>
+#include <thrust/execution_policy.h>
 #include <thrust/system/cpp/execution_policy.h>
 #include <thrust/transform.h>
 #include <thrust/transform_reduce.h>
@@ -5695,6 +5709,7 @@ void gpu_segmented_reduce(place_state& p, std::size_t, std::size_t, bool, F, T, 
 #include <initializer_list>
 #include <string>
 #include <string_view>
+#include <type_traits>
 
 #if defined(_OPENMP)
 #include <omp.h>
@@ -5702,14 +5717,45 @@ void gpu_segmented_reduce(place_state& p, std::size_t, std::size_t, bool, F, T, 
 
 namespace pdo::detail {
 
-/// @brief A Thrust system for the work of one place. On a CPU place it is Thrust's C++
-/// system except for the algorithms pdo's kernels use, which it runs as vectorised loops
-/// over the place's own cores (an OpenMP team of `threads`, inheriting the place's
-/// pinning), found by Thrust through argument-dependent lookup on the policy. On a GPU
-/// place (`gpu` set) those algorithms run the same functors on the device.
+/// @brief The CPU backend: Thrust's C++ system, except for the algorithms pdo's kernels use,
+/// which it runs as vectorised loops over `threads` cores of a place (an OpenMP team,
+/// inheriting the place's pinning), found by Thrust through argument-dependent lookup.
+struct cpu_system : thrust::system::cpp::execution_policy<cpu_system> {
+  int threads = 1;
+};
+
+/// @brief The GPU backend: the algorithms pdo's kernels use, run with the same functors on the
+/// compute stream of GPU place `place` (pdo/kernels/cuda_system.hpp). It derives from Thrust's
+/// generic policy, not from a host system's: an algorithm it lacks does not compile (Thrust's
+/// generic layer asserts), rather than running host loops over device memory.
+struct gpu_system : thrust::execution_policy<gpu_system> {
+  place_state* place = nullptr;
+};
+
+/// @brief Whether backend `B` (cpu_system or gpu_system) is the GPU's: for the kernels that
+/// take another algorithm there (`if constexpr`).
+template <class B>
+inline constexpr bool gpu_backend = std::is_same_v<std::remove_cvref_t<B>, gpu_system>;
+
+/// @brief The system of the place a kernel runs on, which is known only at run time: the one
+/// run-time choice of backend. Every algorithm called with it picks the backend once, by
+/// visit(), and calls that backend's own overload (chosen at compile time).
 struct place_system : thrust::system::cpp::execution_policy<place_system> {
   int threads = 1;
   place_state* gpu = nullptr;  ///< the GPU place whose compute stream runs the kernels, if any
+
+  /// @brief f(backend): f called with the gpu_system of `gpu`, or the cpu_system of `threads`.
+  template <class F>
+  decltype(auto) visit(F&& f) const {
+    if (gpu != nullptr) {
+      gpu_system g;
+      g.place = gpu;
+      return f(g);
+    }
+    cpu_system c;
+    c.threads = threads;
+    return f(c);
+  }
 };
 
 /// @brief The policy for the calling thread: a CPU place's compute lane uses its place's cores,
@@ -5753,9 +5799,8 @@ inline constexpr std::size_t parallel_grain = std::size_t{1} << 15;
 /// @brief out[k] = f(first + k) for k in [0, last - first): the form every pdo kernel
 /// has (a functor of the output index).
 template <class F, class Out>
-Out transform([[maybe_unused]] place_system& system, thrust::counting_iterator<std::size_t> first, thrust::counting_iterator<std::size_t> last,
+Out transform([[maybe_unused]] cpu_system& system, thrust::counting_iterator<std::size_t> first, thrust::counting_iterator<std::size_t> last,
               Out out, F f) {
-  if (system.gpu != nullptr) return gpu_transform(*system.gpu, first, last, out, f);
   const std::size_t base = *first, n = *last - *first;
 #if defined(_OPENMP)
   if (system.threads > 1 && n >= parallel_grain) {
@@ -5779,9 +5824,8 @@ Out transform([[maybe_unused]] place_system& system, thrust::counting_iterator<s
 /// @brief f(first + k) for k in [0, n), for work items that write several outputs each
 /// (a row of a softmax); items run in parallel over the place's cores.
 template <class F>
-thrust::counting_iterator<std::size_t> for_each_n([[maybe_unused]] place_system& system, thrust::counting_iterator<std::size_t> first,
+thrust::counting_iterator<std::size_t> for_each_n([[maybe_unused]] cpu_system& system, thrust::counting_iterator<std::size_t> first,
                                                   std::size_t n, F f) {
-  if (system.gpu != nullptr) return gpu_for_each_n(*system.gpu, first, n, f);
   const std::size_t base = *first;
 #if defined(_OPENMP)
   if (system.threads > 1 && n > 1) {
@@ -5799,9 +5843,8 @@ thrust::counting_iterator<std::size_t> for_each_n([[maybe_unused]] place_system&
 /// is reduced pairwise (halves, down to runs of 256 in order), so a float sum of n
 /// elements errs by O(log n) roundings, not O(n), as a GPU's tree reduction.
 template <class F, class T, class Op>
-T transform_reduce([[maybe_unused]] place_system& system, thrust::counting_iterator<std::size_t> first,
+T transform_reduce([[maybe_unused]] cpu_system& system, thrust::counting_iterator<std::size_t> first,
                    thrust::counting_iterator<std::size_t> last, F f, T init, Op op) {
-  if (system.gpu != nullptr) return gpu_transform_reduce(*system.gpu, first, last, f, init, op);
   const std::size_t base = *first, n = *last - *first;
   auto pairwise = [&](auto& self, std::size_t begin, std::size_t end) -> T {
     if (end - begin <= 256) {
@@ -5834,45 +5877,81 @@ T transform_reduce([[maybe_unused]] place_system& system, thrust::counting_itera
   return n == 0 ? init : op(init, range(0, n));
 }
 
-/// @brief *out = reduce(f(first + k)) with `op`, from `init`: on a GPU place a kernel that
-/// writes the result into device memory (queued, no wait); elsewhere at once.
+/// @brief *out = reduce(f(first + k)) with `op`, from `init`, at once.
 template <class F, class T, class Op>
-void transform_reduce_into(place_system& system, thrust::counting_iterator<std::size_t> first, thrust::counting_iterator<std::size_t> last,
+void transform_reduce_into(cpu_system& system, thrust::counting_iterator<std::size_t> first, thrust::counting_iterator<std::size_t> last,
                            F f, T init, Op op, T* out) {
-  if (system.gpu != nullptr) return gpu_transform_reduce_into(*system.gpu, first, last, f, init, op, out);
   *out = transform_reduce(system, first, last, f, init, op);
 }
 
 /// @brief out[s] = reduce over k in [0, length) of f(s, k) with `op`, from `init`, for s in
-/// [0, segments): a reduction along a dim or a row. On a CPU place a loop per segment, in
-/// order, segments in parallel over the place's cores; on a GPU place a block of threads per
-/// long segment whose elements are `contiguous` in memory (CUB's segmented reduction, queued on
-/// the compute stream), a thread per short or strided one.
+/// [0, segments): a reduction along a dim or a row, a loop per segment, in order, segments in
+/// parallel over the place's cores.
 template <class F, class T, class Op>
-void segmented_reduce(place_system& system, std::size_t segments, std::size_t length, bool contiguous, F f, T init, Op op, T* out) {
-  if (system.gpu != nullptr) return gpu_segmented_reduce(*system.gpu, segments, length, contiguous, f, init, op, out);
+void segmented_reduce(cpu_system& system, std::size_t segments, std::size_t length, bool, F f, T init, Op op, T* out) {
   transform(system, thrust::counting_iterator<std::size_t>(0), thrust::counting_iterator<std::size_t>(segments), out,
             reduce_segment<F, T, Op>{f, init, op, length});
 }
 
-/// @brief `n` elements of T in the memory of place `p`, for the kernels of one op, given back
-/// when it goes. A GPU place's allocator is stream-ordered on its compute stream, so the kernels
-/// queued there before then still have them.
-template <class T>
-class kernel_scratch {
- public:
-  kernel_scratch(place_state& p, std::size_t n)
-      : place_(p), bytes_((n == 0 ? 1 : n) * sizeof(T)), data_(static_cast<T*>(p.memory->allocate(bytes_))) {}
-  ~kernel_scratch() { place_.memory->deallocate(data_, bytes_); }
-  kernel_scratch(const kernel_scratch&) = delete;
-  kernel_scratch& operator=(const kernel_scratch&) = delete;
-  [[nodiscard]] T* data() const { return data_; }
+/// @name The GPU backend's algorithms: the same functors on the place's compute stream.
+/// @{
+template <class F, class Out>
+Out transform(gpu_system& system, thrust::counting_iterator<std::size_t> first, thrust::counting_iterator<std::size_t> last, Out out, F f) {
+  return gpu_transform(*system.place, first, last, out, f);
+}
+template <class F>
+thrust::counting_iterator<std::size_t> for_each_n(gpu_system& system, thrust::counting_iterator<std::size_t> first, std::size_t n, F f) {
+  return gpu_for_each_n(*system.place, first, n, f);
+}
+/// @brief The reduction, brought back to the host (waits for the place's compute stream).
+template <class F, class T, class Op>
+T transform_reduce(gpu_system& system, thrust::counting_iterator<std::size_t> first, thrust::counting_iterator<std::size_t> last, F f,
+                   T init, Op op) {
+  return gpu_transform_reduce(*system.place, first, last, f, init, op);
+}
+/// @brief *out (device memory) = the reduction, by a kernel queued on the compute stream (no wait).
+template <class F, class T, class Op>
+void transform_reduce_into(gpu_system& system, thrust::counting_iterator<std::size_t> first, thrust::counting_iterator<std::size_t> last,
+                           F f, T init, Op op, T* out) {
+  gpu_transform_reduce_into(*system.place, first, last, f, init, op, out);
+}
+/// @brief A block of threads per long segment whose elements are `contiguous` in memory (CUB's
+/// segmented reduction), a thread per short or strided one.
+template <class F, class T, class Op>
+void segmented_reduce(gpu_system& system, std::size_t segments, std::size_t length, bool contiguous, F f, T init, Op op, T* out) {
+  gpu_segmented_reduce(*system.place, segments, length, contiguous, f, init, op, out);
+}
+/// @}
 
- private:
-  place_state& place_;
-  std::size_t bytes_;
-  T* data_;
-};
+/// @name Algorithms on the system of a place known at run time: its backend's own.
+/// @{
+template <class F, class Out>
+Out transform(place_system& system, thrust::counting_iterator<std::size_t> first, thrust::counting_iterator<std::size_t> last, Out out, F f) {
+  return system.visit([&](auto& backend) { return transform(backend, first, last, out, f); });
+}
+template <class F>
+thrust::counting_iterator<std::size_t> for_each_n(place_system& system, thrust::counting_iterator<std::size_t> first, std::size_t n, F f) {
+  return system.visit([&](auto& backend) { return for_each_n(backend, first, n, f); });
+}
+template <class F, class T, class Op>
+T transform_reduce(place_system& system, thrust::counting_iterator<std::size_t> first, thrust::counting_iterator<std::size_t> last, F f,
+                   T init, Op op) {
+  return system.visit([&](auto& backend) { return transform_reduce(backend, first, last, f, init, op); });
+}
+/// @brief *out (in the memory of the system's place) = reduce(f(first + k)) with `op`, from
+/// `init`: on a GPU place written by a kernel (queued, no wait); elsewhere at once.
+template <class F, class T, class Op>
+void transform_reduce_into(place_system& system, thrust::counting_iterator<std::size_t> first, thrust::counting_iterator<std::size_t> last,
+                           F f, T init, Op op, T* out) {
+  system.visit([&](auto& backend) { transform_reduce_into(backend, first, last, f, init, op, out); });
+}
+/// @brief out[s] = reduce over k in [0, length) of f(s, k) with `op`, from `init`, for s in
+/// [0, segments): a reduction along a dim or a row (see the backends' overloads).
+template <class F, class T, class Op>
+void segmented_reduce(place_system& system, std::size_t segments, std::size_t length, bool contiguous, F f, T init, Op op, T* out) {
+  system.visit([&](auto& backend) { segmented_reduce(backend, segments, length, contiguous, f, init, op, out); });
+}
+/// @}
 
 /// @brief f(i) for i in [0, n), over data in the memory of `where` (a tensor's place; null:
 /// host memory), run where that memory can be read: on a GPU's place (from its compute lane, the
@@ -9546,27 +9625,19 @@ inline std::pair<std::size_t, std::size_t> gemm_block(std::size_t extent, std::s
   return {lo, hi};
 }
 
-/// @brief C (m x n, dense, row-major) = A (m x k) * B (k x n) on the place of `system`
-/// (its cores, or its GPU). On a CPU place of several cores the product is cut into one
-/// block of C's rows (or, for few rows, columns) per core, each a one-thread BLAS call on
-/// the place's own OpenMP team: a place's gemm uses exactly its cores, whatever the other
-/// places do.
+/// @brief C (m x n, dense, row-major) = A (m x k) * B (k x n) on a CPU place's cores. On a
+/// place of several cores the product is cut into one block of C's rows (or, for few rows,
+/// columns) per core, each a one-thread BLAS call on the place's own OpenMP team: a place's
+/// gemm uses exactly its cores, whatever the other places do. Without BLAS (or for other
+/// element types), a Thrust kernel.
 template <class T>
-void gemm(place_system& system, std::size_t m, std::size_t n, std::size_t k, matrix_ref<T> a, matrix_ref<T> b, T* c) {
+void gemm(cpu_system& system, std::size_t m, std::size_t n, std::size_t k, matrix_ref<T> a, matrix_ref<T> b, T* c) {
   if (m == 0 || n == 0) return;
   if (k == 0) {
-    const T zero{};
-    fill_bytes(system.gpu, c, &zero, sizeof(T), m * n);
+    std::fill_n(c, m * n, T{});
     return;
   }
-#if defined(PDO_WITH_CUDA)
-  if constexpr (cublas_element<T>)
-    if (system.gpu != nullptr) return cublas_gemm(*system.gpu, m, n, k, a, b, c);
-#endif
-  if (system.gpu != nullptr) {
-    thrust::transform(system, thrust::counting_iterator<std::size_t>(0), thrust::counting_iterator<std::size_t>(m * n), c,
-                      gemm_element<T>{a, b, n, k});
-  } else if constexpr (blas_gemm_v<T>) {
+  if constexpr (blas_gemm_v<T>) {
 #if defined(PDO_WITH_BLAS)
     blas_threads_off();
     const std::size_t parts = static_cast<std::size_t>(system.threads);
@@ -9595,6 +9666,51 @@ void gemm(place_system& system, std::size_t m, std::size_t n, std::size_t k, mat
     thrust::transform(system, thrust::counting_iterator<std::size_t>(0), thrust::counting_iterator<std::size_t>(m * n), c,
                       gemm_element<T>{a, b, n, k});
   }
+}
+
+/// @brief C = A * B on a GPU place's compute stream: cuBLAS for float and double, a Thrust
+/// kernel for other element types.
+template <class T>
+void gemm(gpu_system& system, std::size_t m, std::size_t n, std::size_t k, matrix_ref<T> a, matrix_ref<T> b, T* c) {
+  if (m == 0 || n == 0) return;
+  if (k == 0) {
+    const T zero{};
+    fill_bytes(system.place, c, &zero, sizeof(T), m * n);
+    return;
+  }
+#if defined(PDO_WITH_CUDA)
+  if constexpr (cublas_element<T>) return cublas_gemm(*system.place, m, n, k, a, b, c);
+#endif
+  transform(system, thrust::counting_iterator<std::size_t>(0), thrust::counting_iterator<std::size_t>(m * n), c, gemm_element<T>{a, b, n, k});
+}
+
+/// @brief C = A * B on the place of `system` (its backend's gemm).
+template <class T>
+void gemm(place_system& system, std::size_t m, std::size_t n, std::size_t k, matrix_ref<T> a, matrix_ref<T> b, T* c) {
+  system.visit([&](auto& backend) { gemm<T>(backend, m, n, k, a, b, c); });
+}
+
+/// @brief `batches` products C_i = A_i * B_i, A_i at a.data + i * stride_a (likewise B; a
+/// stride of 0 repeats one matrix), C_i m x n apart, as one call where the backend has one
+/// (cuBLAS's strided batched gemm on a GPU place); returns whether it had: otherwise the
+/// caller multiplies the batches one by one.
+template <class T>
+bool gemm_strided_batched([[maybe_unused]] place_system& system, [[maybe_unused]] std::size_t batches, [[maybe_unused]] std::size_t m,
+                          [[maybe_unused]] std::size_t n, [[maybe_unused]] std::size_t k, [[maybe_unused]] matrix_ref<T> a,
+                          [[maybe_unused]] std::size_t stride_a, [[maybe_unused]] matrix_ref<T> b, [[maybe_unused]] std::size_t stride_b,
+                          [[maybe_unused]] T* c) {
+#if defined(PDO_WITH_CUDA)
+  if constexpr (cublas_element<T>)
+    return system.visit([&](auto& backend) {
+      if constexpr (gpu_backend<decltype(backend)>) {
+        cublas_gemm_batched<T>(*backend.place, batches, m, n, k, a, stride_a, b, stride_b, c);
+        return true;
+      } else {
+        return false;
+      }
+    });
+#endif
+  return false;
 }
 
 }  // namespace pdo::detail
@@ -9705,24 +9821,20 @@ class matmul_node : public detail::op_node<A, B> {
     const auto frame = ctx.local_offset(rule.out, shape_);
     const std::size_t a_m0 = frame[rank - 2] - a.offset[rank - 2];
     const std::size_t b_n0 = frame[rank - 1] - b.offset[rb - 1];
-#if defined(PDO_WITH_CUDA)
-    // on a GPU, when the operand blocks hold exactly the output's batches: one strided batched cuBLAS call
-    if constexpr (detail::cublas_element<value_type>) {
-      if (batches > 1 && ctx.system.gpu != nullptr) {
-        bool regular = true;
-        for (std::size_t d = 0; d + 2 < rank; ++d) {
-          regular = regular && frame[d] == a.offset[d] && a.shape[d] == out.shape()[d];
-          if constexpr (rb == rank) regular = regular && frame[d] == b.offset[d] && b.shape[d] == out.shape()[d];
-        }
-        if (regular) {
-          const std::size_t stride_b = rb == rank ? b.shape[rb - 2] * ldb : 0;
-          detail::cublas_gemm_batched<value_type>(*ctx.system.gpu, batches, m, n, k, {a.data + a_m0 * lda + a_k0, lda},
-                                                  a.shape[rank - 2] * lda, {b.data + b_k0 * ldb + b_n0, ldb}, stride_b, out.data());
-          return;
-        }
+    // when the operand blocks hold exactly the output's batches: one strided batched call
+    // where the place's backend has one (cuBLAS)
+    if (batches > 1) {
+      bool regular = true;
+      for (std::size_t d = 0; d + 2 < rank; ++d) {
+        regular = regular && frame[d] == a.offset[d] && a.shape[d] == out.shape()[d];
+        if constexpr (rb == rank) regular = regular && frame[d] == b.offset[d] && b.shape[d] == out.shape()[d];
       }
+      const std::size_t stride_b = rb == rank ? b.shape[rb - 2] * ldb : 0;
+      if (regular && detail::gemm_strided_batched<value_type>(ctx.system, batches, m, n, k, {a.data + a_m0 * lda + a_k0, lda},
+                                                               a.shape[rank - 2] * lda, {b.data + b_k0 * ldb + b_n0, ldb}, stride_b,
+                                                               out.data()))
+        return;
     }
-#endif
     shape_t<rank> index{};
     for (std::size_t batch = 0; batch < batches; ++batch) {
       std::size_t a_off = 0, b_off = 0;
@@ -10095,25 +10207,43 @@ struct exp_sum_part_of {
   }
 };
 
-/// @brief The log-sum-exp statistics of the rows of [outer, extent, inner] along the middle
-/// dim, by two segmented reductions (a block of GPU threads per long row): tops[r] the row's
-/// max, parts[r] its exp_sum_parts.
+/// @brief (ties - 1) + others: the sum of exp(x - max) over a row but for one maximum (see
+/// exp_sum_parts), log_sum_exp_parts' `rest`.
 template <class T>
-void row_exp_sums(place_system& system, const T* in, const dim_view& v, T* tops, exp_sum_parts<T>* parts) {
-  const std::size_t rows = v.outer * v.inner;
-  const element_along_dim<T> element{in, v.extent, v.inner};
-  const bool contiguous = v.inner == 1;
-  segmented_reduce(system, rows, v.extent, contiguous, element, reduction_identity<T>(reduction::max), max_of<T>{}, tops);
-  segmented_reduce(system, rows, v.extent, contiguous, exp_sum_part_of<T>{element, tops}, exp_sum_parts<T>{T(0), T(0)},
-                   add_exp_sum_parts<T>{}, parts);
+PDO_HD T rest_of(const exp_sum_parts<T>& p) {
+  return (p.ties - T(1)) + p.others;
 }
 
 /// @brief log(sum of exp(x - max)) of a row from its parts: log1p(rest), as log_sum_exp_parts.
 template <class T>
 PDO_HD T log_sum_of(const exp_sum_parts<T>& p) {
   using std::log1p;
-  return static_cast<T>(log1p((p.ties - T(1)) + p.others));
+  return static_cast<T>(log1p(rest_of(p)));
 }
+
+/// @brief The log-sum-exp statistics of the rows of [outer, extent, inner] along the middle
+/// dim, in the memory of a GPU place for the kernels of one op, computed by two segmented
+/// reductions (a block of threads per long row): tops()[r] the row's max, parts()[r] its
+/// exp_sum_parts.
+template <class T>
+class row_statistics {
+ public:
+  row_statistics(gpu_system& system, const T* in, const dim_view& v)
+      : tops_(*system.place, v.outer * v.inner), parts_(*system.place, v.outer * v.inner) {
+    const element_along_dim<T> element{in, v.extent, v.inner};
+    const bool contiguous = v.inner == 1;
+    const std::size_t rows = v.outer * v.inner;
+    segmented_reduce(system, rows, v.extent, contiguous, element, reduction_identity<T>(reduction::max), max_of<T>{}, tops_.data());
+    segmented_reduce(system, rows, v.extent, contiguous, exp_sum_part_of<T>{element, tops_.data()}, exp_sum_parts<T>{T(0), T(0)},
+                     add_exp_sum_parts<T>{}, parts_.data());
+  }
+  [[nodiscard]] const T* tops() const { return tops_.data(); }
+  [[nodiscard]] const exp_sum_parts<T>* parts() const { return parts_.data(); }
+
+ private:
+  kernel_scratch<T> tops_;
+  kernel_scratch<exp_sum_parts<T>> parts_;
+};
 
 /// @brief Element i of softmax (or log_softmax) of [outer, extent, inner] along the middle
 /// dim, from its row's statistics.
@@ -10127,7 +10257,7 @@ struct softmax_element {
     using std::exp;
     const std::size_t r = (i / (extent * inner)) * inner + i % inner;
     if constexpr (Log) return (in[i] - tops[r]) - log_sum_of(parts[r]);
-    else return static_cast<T>(exp(in[i] - tops[r])) / (T(1) + ((parts[r].ties - T(1)) + parts[r].others));
+    else return static_cast<T>(exp(in[i] - tops[r])) / (T(1) + rest_of(parts[r]));
   }
 };
 
@@ -10138,15 +10268,18 @@ template <bool Log, class T>
 void softmax_dim(place_system& system, const T* in, const dim_view& v, T* out) {
   if (v.extent == 0) return;
   const std::size_t rows = v.outer * v.inner;
-  if (system.gpu != nullptr && v.extent >= long_segment) {
-    const kernel_scratch<T> tops(*system.gpu, rows);
-    const kernel_scratch<exp_sum_parts<T>> parts(*system.gpu, rows);
-    row_exp_sums(system, in, v, tops.data(), parts.data());
-    thrust::transform(system, thrust::counting_iterator<std::size_t>(0), thrust::counting_iterator<std::size_t>(rows * v.extent), out,
-                      softmax_element<T, Log>{in, tops.data(), parts.data(), v.extent, v.inner});
-    return;
-  }
-  thrust::for_each_n(system, thrust::counting_iterator<std::size_t>(0), rows, softmax_row<T, Log>{in, out, v.extent, v.inner});
+  const thrust::counting_iterator<std::size_t> begin(0);
+  system.visit([&](auto& backend) {
+    if constexpr (gpu_backend<decltype(backend)>) {
+      if (v.extent >= long_segment) {
+        const row_statistics<T> stats(backend, in, v);
+        transform(backend, begin, begin + static_cast<std::ptrdiff_t>(rows * v.extent), out,
+                  softmax_element<T, Log>{in, stats.tops(), stats.parts(), v.extent, v.inner});
+        return;
+      }
+    }
+    for_each_n(backend, begin, rows, softmax_row<T, Log>{in, out, v.extent, v.inner});
+  });
 }
 
 /// @brief The loss of sample i: log-sum-exp of its logits minus the logit of its label,
@@ -10182,15 +10315,17 @@ struct cross_entropy_from_parts {
 template <class T, class Label>
 void cross_entropy_sum_into(place_system& system, const T* logits, const Label* labels, std::size_t rows, std::size_t classes, T* out) {
   const thrust::counting_iterator<std::size_t> begin(0), end(rows);
-  if (system.gpu != nullptr && classes >= long_segment) {
-    const kernel_scratch<T> tops(*system.gpu, rows);
-    const kernel_scratch<exp_sum_parts<T>> parts(*system.gpu, rows);
-    row_exp_sums(system, logits, dim_view{rows, classes, 1}, tops.data(), parts.data());
-    transform_reduce_into(system, begin, end, cross_entropy_from_parts<T, Label>{logits, labels, tops.data(), parts.data(), classes}, T{},
-                          thrust::plus<T>{}, out);
-    return;
-  }
-  transform_reduce_into(system, begin, end, cross_entropy_row<T, Label>{logits, labels, classes}, T{}, thrust::plus<T>{}, out);
+  system.visit([&](auto& backend) {
+    if constexpr (gpu_backend<decltype(backend)>) {
+      if (classes >= long_segment) {
+        const row_statistics<T> stats(backend, logits, dim_view{rows, classes, 1});
+        transform_reduce_into(backend, begin, end, cross_entropy_from_parts<T, Label>{logits, labels, stats.tops(), stats.parts(), classes},
+                              T{}, thrust::plus<T>{}, out);
+        return;
+      }
+    }
+    transform_reduce_into(backend, begin, end, cross_entropy_row<T, Label>{logits, labels, classes}, T{}, thrust::plus<T>{}, out);
+  });
 }
 
 /// @brief Row r of d(mean cross-entropy)/d(logits), times `scale`: (softmax(row) - one_hot(label)) * scale.
@@ -10226,16 +10361,18 @@ struct cross_entropy_grad_element {
 template <class T, class Label>
 void cross_entropy_grad(place_system& system, const T* logits, const Label* labels, std::size_t rows, std::size_t classes, T scale,
                         T* out) {
-  if (system.gpu != nullptr && classes >= long_segment) {
-    const kernel_scratch<T> tops(*system.gpu, rows);
-    const kernel_scratch<exp_sum_parts<T>> parts(*system.gpu, rows);
-    row_exp_sums(system, logits, dim_view{rows, classes, 1}, tops.data(), parts.data());
-    thrust::transform(system, thrust::counting_iterator<std::size_t>(0), thrust::counting_iterator<std::size_t>(rows * classes), out,
-                      cross_entropy_grad_element<T, Label>{{logits, tops.data(), parts.data(), classes, 1}, labels, scale});
-    return;
-  }
-  thrust::for_each_n(system, thrust::counting_iterator<std::size_t>(0), rows,
-                     cross_entropy_grad_row<T, Label>{logits, labels, out, classes, scale});
+  const thrust::counting_iterator<std::size_t> begin(0);
+  system.visit([&](auto& backend) {
+    if constexpr (gpu_backend<decltype(backend)>) {
+      if (classes >= long_segment) {
+        const row_statistics<T> stats(backend, logits, dim_view{rows, classes, 1});
+        transform(backend, begin, begin + static_cast<std::ptrdiff_t>(rows * classes), out,
+                  cross_entropy_grad_element<T, Label>{{logits, stats.tops(), stats.parts(), classes, 1}, labels, scale});
+        return;
+      }
+    }
+    for_each_n(backend, begin, rows, cross_entropy_grad_row<T, Label>{logits, labels, out, classes, scale});
+  });
 }
 
 /// @brief *out = *out / count (the mean of a sum), NaN for no samples (the mean of nothing,
@@ -18559,19 +18696,34 @@ concept optimizer_with_state = requires(O& o, const O& co, const std::string& na
   o.set_steps(t);
 };
 
-/// @brief Entries for parameter `params_of(k)[i]` and its optimizer state in `opt_of(k)`, of
-/// `copies` identical copies (the replicas of data parallelism; 1 otherwise), as global values:
-/// each saved from copy 0 (gathered), each loaded into every copy.
-template <class T, class Params, class Opt>
-void add_parameter_whole(checkpoint& c, const std::string& prefix, std::size_t copies, Params params_of, Opt opt_of, std::size_t i) {
+/// @brief Entry "<prefix>model.<name>" of parameter `params_of(k)[i]` of `copies` identical
+/// copies, as a global value: saved from copy 0 (gathered), loaded into every copy, after which
+/// `loaded(k)` runs for that copy.
+template <class T, class Params, class Loaded>
+void add_model_entry(checkpoint& c, const std::string& prefix, std::size_t copies, Params params_of, std::size_t i, Loaded loaded) {
   const nn::parameter_ref<T> p = params_of(0)[i];
   with_rank(p.rank(), p.name(), [&]<std::size_t R>(std::integral_constant<std::size_t, R>) {
     const shape_t<R> shape = p.template shape<R>();
     c.add_computed<T, R>(
         prefix + "model." + p.name(), shape, [params_of, i, shape] { return shaped(params_of(0)[i].global_values(), shape); },
-        [params_of, copies, i](const tensor<T, R>& t) {
-          for (std::size_t k = 0; k < copies; ++k) params_of(k)[i].assign(t);
+        [params_of, copies, i, loaded](const tensor<T, R>& t) {
+          for (std::size_t k = 0; k < copies; ++k) {
+            params_of(k)[i].assign(t);
+            loaded(k);
+          }
         });
+  });
+}
+
+/// @brief Entries for parameter `params_of(k)[i]` and its optimizer state in `opt_of(k)`, of
+/// `copies` identical copies (the replicas of data parallelism; 1 otherwise), as global values:
+/// each saved from copy 0 (gathered), each loaded into every copy.
+template <class T, class Params, class Opt>
+void add_parameter_whole(checkpoint& c, const std::string& prefix, std::size_t copies, Params params_of, Opt opt_of, std::size_t i) {
+  add_model_entry<T>(c, prefix, copies, params_of, i, [](std::size_t) {});
+  const nn::parameter_ref<T> p = params_of(0)[i];
+  with_rank(p.rank(), p.name(), [&]<std::size_t R>(std::integral_constant<std::size_t, R>) {
+    const shape_t<R> shape = p.template shape<R>();
     for (const std::string& s : opt_of(0).state_names())
       c.add_computed<T, R>(
           prefix + "optimizer." + p.name() + "." + s, shape,
@@ -18636,17 +18788,8 @@ void add_zero1_state(checkpoint& c, const std::string& prefix, Trainer& trainer)
   const std::vector<std::string> states = trainer.replica_count() == 0 ? std::vector<std::string>{} : trainer.optimizer(0).state_names();
   for (std::size_t i = 0; i < params.size(); ++i) {
     const nn::parameter_ref<T>& p = params[i];
-    with_rank(p.rank(), p.name(), [&]<std::size_t R>(std::integral_constant<std::size_t, R>) {
-      const shape_t<R> shape = p.template shape<R>();
-      c.add_computed<T, R>(
-          prefix + "model." + p.name(), shape, [t, i, shape] { return shaped(t->parameters(0)[i].global_values(), shape); },
-          [t, i](const tensor<T, R>& v) {
-            for (std::size_t k = 0; k < t->replica_count(); ++k) {
-              t->parameters(k)[i].assign(v);
-              t->replica_buckets(k).reslice(i);
-            }
-          });
-    });
+    add_model_entry<T>(c, prefix, trainer.replica_count(), [t](std::size_t k) { return t->parameters(k); }, i,
+                       [t, i](std::size_t k) { t->replica_buckets(k).reslice(i); });
     for (const std::string& s : states)
       c.add_blocks<T, 1>(prefix + "optimizer." + p.name() + "." + s, m, shape_t<1>{p.size_global()}, block_of(i, s));
   }

@@ -110,24 +110,20 @@ class matmul_node : public detail::op_node<A, B> {
     const auto frame = ctx.local_offset(rule.out, shape_);
     const std::size_t a_m0 = frame[rank - 2] - a.offset[rank - 2];
     const std::size_t b_n0 = frame[rank - 1] - b.offset[rb - 1];
-#if defined(PDO_WITH_CUDA)
-    // on a GPU, when the operand blocks hold exactly the output's batches: one strided batched cuBLAS call
-    if constexpr (detail::cublas_element<value_type>) {
-      if (batches > 1 && ctx.system.gpu != nullptr) {
-        bool regular = true;
-        for (std::size_t d = 0; d + 2 < rank; ++d) {
-          regular = regular && frame[d] == a.offset[d] && a.shape[d] == out.shape()[d];
-          if constexpr (rb == rank) regular = regular && frame[d] == b.offset[d] && b.shape[d] == out.shape()[d];
-        }
-        if (regular) {
-          const std::size_t stride_b = rb == rank ? b.shape[rb - 2] * ldb : 0;
-          detail::cublas_gemm_batched<value_type>(*ctx.system.gpu, batches, m, n, k, {a.data + a_m0 * lda + a_k0, lda},
-                                                  a.shape[rank - 2] * lda, {b.data + b_k0 * ldb + b_n0, ldb}, stride_b, out.data());
-          return;
-        }
+    // when the operand blocks hold exactly the output's batches: one strided batched call
+    // where the place's backend has one (cuBLAS)
+    if (batches > 1) {
+      bool regular = true;
+      for (std::size_t d = 0; d + 2 < rank; ++d) {
+        regular = regular && frame[d] == a.offset[d] && a.shape[d] == out.shape()[d];
+        if constexpr (rb == rank) regular = regular && frame[d] == b.offset[d] && b.shape[d] == out.shape()[d];
       }
+      const std::size_t stride_b = rb == rank ? b.shape[rb - 2] * ldb : 0;
+      if (regular && detail::gemm_strided_batched<value_type>(ctx.system, batches, m, n, k, {a.data + a_m0 * lda + a_k0, lda},
+                                                               a.shape[rank - 2] * lda, {b.data + b_k0 * ldb + b_n0, ldb}, stride_b,
+                                                               out.data()))
+        return;
     }
-#endif
     shape_t<rank> index{};
     for (std::size_t batch = 0; batch < batches; ++batch) {
       std::size_t a_off = 0, b_off = 0;

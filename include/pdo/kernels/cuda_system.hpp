@@ -39,6 +39,25 @@
 
 namespace pdo::detail {
 
+/// @brief `n` elements of T in the memory of place `p`, for the kernels of one op, given back
+/// when it goes. A GPU place's allocator is stream-ordered on its compute stream, so the kernels
+/// queued there before then still have them.
+template <class T>
+class kernel_scratch {
+ public:
+  kernel_scratch(place_state& p, std::size_t n)
+      : place_(p), bytes_((n == 0 ? 1 : n) * sizeof(T)), data_(static_cast<T*>(p.memory->allocate(bytes_))) {}
+  ~kernel_scratch() { place_.memory->deallocate(data_, bytes_); }
+  kernel_scratch(const kernel_scratch&) = delete;
+  kernel_scratch& operator=(const kernel_scratch&) = delete;
+  [[nodiscard]] T* data() const { return data_; }
+
+ private:
+  place_state& place_;
+  std::size_t bytes_;
+  T* data_;
+};
+
 /// @brief Segment s of a segmented reduction: reduce over k in [0, length) of f(s, k) with
 /// `op`, from `init`, in order; one work item per segment (a CPU place's loop, and a GPU's
 /// kernel for short segments).
@@ -121,10 +140,9 @@ void launch_reduce_into(place_state& p, std::size_t first, std::size_t last, F f
   std::size_t bytes = 0;
   cuda_check(cub::DeviceReduce::TransformReduce(nullptr, bytes, in, out, last - first, op, f, init, d.compute),
              "cub::DeviceReduce::TransformReduce", p.name);
-  void* storage = p.memory->allocate(bytes == 0 ? 1 : bytes);
-  const cudaError_t status = cub::DeviceReduce::TransformReduce(storage, bytes, in, out, last - first, op, f, init, d.compute);
-  p.memory->deallocate(storage, bytes == 0 ? 1 : bytes);
-  cuda_check(status, "cub::DeviceReduce::TransformReduce", p.name);
+  const kernel_scratch<unsigned char> storage(p, bytes);
+  cuda_check(cub::DeviceReduce::TransformReduce(storage.data(), bytes, in, out, last - first, op, f, init, d.compute),
+             "cub::DeviceReduce::TransformReduce", p.name);
 }
 
 /// @brief f(s, k) as element s * length + k of one flat sequence, whose segments CUB reduces.
@@ -162,10 +180,9 @@ void launch_segmented_reduce(place_state& p, std::size_t segments, std::size_t l
   std::size_t bytes = 0;
   cuda_check(cub::DeviceSegmentedReduce::Reduce(nullptr, bytes, in, out, count, begins, ends, op, init, d.compute),
              "cub::DeviceSegmentedReduce::Reduce", p.name);
-  void* storage = p.memory->allocate(bytes == 0 ? 1 : bytes);
-  const cudaError_t status = cub::DeviceSegmentedReduce::Reduce(storage, bytes, in, out, count, begins, ends, op, init, d.compute);
-  p.memory->deallocate(storage, bytes == 0 ? 1 : bytes);
-  cuda_check(status, "cub::DeviceSegmentedReduce::Reduce", p.name);
+  const kernel_scratch<unsigned char> storage(p, bytes);
+  cuda_check(cub::DeviceSegmentedReduce::Reduce(storage.data(), bytes, in, out, count, begins, ends, op, init, d.compute),
+             "cub::DeviceSegmentedReduce::Reduce", p.name);
 }
 #else
 /// @brief f(first + k) for k in [0, n) as device work of the place's compute stream (the
@@ -235,16 +252,11 @@ template <class F, class T, class Op>
 T gpu_transform_reduce(place_state& p, thrust::counting_iterator<std::size_t> first, thrust::counting_iterator<std::size_t> last, F f,
                        T init, Op op) {
   cuda_device& d = cuda_device_of(p);
-  T* scalar = static_cast<T*>(p.memory->allocate(sizeof(T)));
-  struct give_back {
-    place_state& p;
-    T* scalar;
-    ~give_back() { p.memory->deallocate(scalar, sizeof(T)); }
-  } guard_scalar{p, scalar};
-  launch_reduce_into(p, *first, *last, f, init, op, scalar);
+  const kernel_scratch<T> scalar(p, 1);
+  launch_reduce_into(p, *first, *last, f, init, op, scalar.data());
   T result{};
   device_guard guard(d.ordinal);
-  cuda_check(cudaMemcpyAsync(&result, scalar, sizeof(T), cudaMemcpyDeviceToHost, d.compute), "cudaMemcpyAsync", p.name);
+  cuda_check(cudaMemcpyAsync(&result, scalar.data(), sizeof(T), cudaMemcpyDeviceToHost, d.compute), "cudaMemcpyAsync", p.name);
   wait_for_stream(d, d.compute);
   return result;
 }

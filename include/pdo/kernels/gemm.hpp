@@ -157,27 +157,19 @@ inline std::pair<std::size_t, std::size_t> gemm_block(std::size_t extent, std::s
   return {lo, hi};
 }
 
-/// @brief C (m x n, dense, row-major) = A (m x k) * B (k x n) on the place of `system`
-/// (its cores, or its GPU). On a CPU place of several cores the product is cut into one
-/// block of C's rows (or, for few rows, columns) per core, each a one-thread BLAS call on
-/// the place's own OpenMP team: a place's gemm uses exactly its cores, whatever the other
-/// places do.
+/// @brief C (m x n, dense, row-major) = A (m x k) * B (k x n) on a CPU place's cores. On a
+/// place of several cores the product is cut into one block of C's rows (or, for few rows,
+/// columns) per core, each a one-thread BLAS call on the place's own OpenMP team: a place's
+/// gemm uses exactly its cores, whatever the other places do. Without BLAS (or for other
+/// element types), a Thrust kernel.
 template <class T>
-void gemm(place_system& system, std::size_t m, std::size_t n, std::size_t k, matrix_ref<T> a, matrix_ref<T> b, T* c) {
+void gemm(cpu_system& system, std::size_t m, std::size_t n, std::size_t k, matrix_ref<T> a, matrix_ref<T> b, T* c) {
   if (m == 0 || n == 0) return;
   if (k == 0) {
-    const T zero{};
-    fill_bytes(system.gpu, c, &zero, sizeof(T), m * n);
+    std::fill_n(c, m * n, T{});
     return;
   }
-#if defined(PDO_WITH_CUDA)
-  if constexpr (cublas_element<T>)
-    if (system.gpu != nullptr) return cublas_gemm(*system.gpu, m, n, k, a, b, c);
-#endif
-  if (system.gpu != nullptr) {
-    thrust::transform(system, thrust::counting_iterator<std::size_t>(0), thrust::counting_iterator<std::size_t>(m * n), c,
-                      gemm_element<T>{a, b, n, k});
-  } else if constexpr (blas_gemm_v<T>) {
+  if constexpr (blas_gemm_v<T>) {
 #if defined(PDO_WITH_BLAS)
     blas_threads_off();
     const std::size_t parts = static_cast<std::size_t>(system.threads);
@@ -206,6 +198,51 @@ void gemm(place_system& system, std::size_t m, std::size_t n, std::size_t k, mat
     thrust::transform(system, thrust::counting_iterator<std::size_t>(0), thrust::counting_iterator<std::size_t>(m * n), c,
                       gemm_element<T>{a, b, n, k});
   }
+}
+
+/// @brief C = A * B on a GPU place's compute stream: cuBLAS for float and double, a Thrust
+/// kernel for other element types.
+template <class T>
+void gemm(gpu_system& system, std::size_t m, std::size_t n, std::size_t k, matrix_ref<T> a, matrix_ref<T> b, T* c) {
+  if (m == 0 || n == 0) return;
+  if (k == 0) {
+    const T zero{};
+    fill_bytes(system.place, c, &zero, sizeof(T), m * n);
+    return;
+  }
+#if defined(PDO_WITH_CUDA)
+  if constexpr (cublas_element<T>) return cublas_gemm(*system.place, m, n, k, a, b, c);
+#endif
+  transform(system, thrust::counting_iterator<std::size_t>(0), thrust::counting_iterator<std::size_t>(m * n), c, gemm_element<T>{a, b, n, k});
+}
+
+/// @brief C = A * B on the place of `system` (its backend's gemm).
+template <class T>
+void gemm(place_system& system, std::size_t m, std::size_t n, std::size_t k, matrix_ref<T> a, matrix_ref<T> b, T* c) {
+  system.visit([&](auto& backend) { gemm<T>(backend, m, n, k, a, b, c); });
+}
+
+/// @brief `batches` products C_i = A_i * B_i, A_i at a.data + i * stride_a (likewise B; a
+/// stride of 0 repeats one matrix), C_i m x n apart, as one call where the backend has one
+/// (cuBLAS's strided batched gemm on a GPU place); returns whether it had: otherwise the
+/// caller multiplies the batches one by one.
+template <class T>
+bool gemm_strided_batched([[maybe_unused]] place_system& system, [[maybe_unused]] std::size_t batches, [[maybe_unused]] std::size_t m,
+                          [[maybe_unused]] std::size_t n, [[maybe_unused]] std::size_t k, [[maybe_unused]] matrix_ref<T> a,
+                          [[maybe_unused]] std::size_t stride_a, [[maybe_unused]] matrix_ref<T> b, [[maybe_unused]] std::size_t stride_b,
+                          [[maybe_unused]] T* c) {
+#if defined(PDO_WITH_CUDA)
+  if constexpr (cublas_element<T>)
+    return system.visit([&](auto& backend) {
+      if constexpr (gpu_backend<decltype(backend)>) {
+        cublas_gemm_batched<T>(*backend.place, batches, m, n, k, a, stride_a, b, stride_b, c);
+        return true;
+      } else {
+        return false;
+      }
+    });
+#endif
+  return false;
 }
 
 }  // namespace pdo::detail

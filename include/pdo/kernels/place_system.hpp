@@ -1,4 +1,5 @@
-// pdo/kernels/place_system.hpp: the Thrust execution policy of a CPU place: its kernels use exactly its cores.
+// pdo/kernels/place_system.hpp: a Thrust system per backend (a CPU place's cores, a GPU place's
+// compute stream), each with its own algorithms, and the system of the place a kernel runs on.
 #pragma once
 
 #include <pdo/core/config.hpp>
@@ -10,6 +11,7 @@
 #include <thrust/iterator/counting_iterator.h>
 #include <thrust/for_each.h>
 #include <thrust/reduce.h>
+#include <thrust/execution_policy.h>
 #include <thrust/system/cpp/execution_policy.h>
 #include <thrust/transform.h>
 #include <thrust/transform_reduce.h>
@@ -18,6 +20,7 @@
 #include <initializer_list>
 #include <string>
 #include <string_view>
+#include <type_traits>
 
 #if defined(_OPENMP)
 #include <omp.h>
@@ -25,14 +28,45 @@
 
 namespace pdo::detail {
 
-/// @brief A Thrust system for the work of one place. On a CPU place it is Thrust's C++
-/// system except for the algorithms pdo's kernels use, which it runs as vectorised loops
-/// over the place's own cores (an OpenMP team of `threads`, inheriting the place's
-/// pinning), found by Thrust through argument-dependent lookup on the policy. On a GPU
-/// place (`gpu` set) those algorithms run the same functors on the device.
+/// @brief The CPU backend: Thrust's C++ system, except for the algorithms pdo's kernels use,
+/// which it runs as vectorised loops over `threads` cores of a place (an OpenMP team,
+/// inheriting the place's pinning), found by Thrust through argument-dependent lookup.
+struct cpu_system : thrust::system::cpp::execution_policy<cpu_system> {
+  int threads = 1;
+};
+
+/// @brief The GPU backend: the algorithms pdo's kernels use, run with the same functors on the
+/// compute stream of GPU place `place` (pdo/kernels/cuda_system.hpp). It derives from Thrust's
+/// generic policy, not from a host system's: an algorithm it lacks does not compile (Thrust's
+/// generic layer asserts), rather than running host loops over device memory.
+struct gpu_system : thrust::execution_policy<gpu_system> {
+  place_state* place = nullptr;
+};
+
+/// @brief Whether backend `B` (cpu_system or gpu_system) is the GPU's: for the kernels that
+/// take another algorithm there (`if constexpr`).
+template <class B>
+inline constexpr bool gpu_backend = std::is_same_v<std::remove_cvref_t<B>, gpu_system>;
+
+/// @brief The system of the place a kernel runs on, which is known only at run time: the one
+/// run-time choice of backend. Every algorithm called with it picks the backend once, by
+/// visit(), and calls that backend's own overload (chosen at compile time).
 struct place_system : thrust::system::cpp::execution_policy<place_system> {
   int threads = 1;
   place_state* gpu = nullptr;  ///< the GPU place whose compute stream runs the kernels, if any
+
+  /// @brief f(backend): f called with the gpu_system of `gpu`, or the cpu_system of `threads`.
+  template <class F>
+  decltype(auto) visit(F&& f) const {
+    if (gpu != nullptr) {
+      gpu_system g;
+      g.place = gpu;
+      return f(g);
+    }
+    cpu_system c;
+    c.threads = threads;
+    return f(c);
+  }
 };
 
 /// @brief The policy for the calling thread: a CPU place's compute lane uses its place's cores,
@@ -76,9 +110,8 @@ inline constexpr std::size_t parallel_grain = std::size_t{1} << 15;
 /// @brief out[k] = f(first + k) for k in [0, last - first): the form every pdo kernel
 /// has (a functor of the output index).
 template <class F, class Out>
-Out transform([[maybe_unused]] place_system& system, thrust::counting_iterator<std::size_t> first, thrust::counting_iterator<std::size_t> last,
+Out transform([[maybe_unused]] cpu_system& system, thrust::counting_iterator<std::size_t> first, thrust::counting_iterator<std::size_t> last,
               Out out, F f) {
-  if (system.gpu != nullptr) return gpu_transform(*system.gpu, first, last, out, f);
   const std::size_t base = *first, n = *last - *first;
 #if defined(_OPENMP)
   if (system.threads > 1 && n >= parallel_grain) {
@@ -102,9 +135,8 @@ Out transform([[maybe_unused]] place_system& system, thrust::counting_iterator<s
 /// @brief f(first + k) for k in [0, n), for work items that write several outputs each
 /// (a row of a softmax); items run in parallel over the place's cores.
 template <class F>
-thrust::counting_iterator<std::size_t> for_each_n([[maybe_unused]] place_system& system, thrust::counting_iterator<std::size_t> first,
+thrust::counting_iterator<std::size_t> for_each_n([[maybe_unused]] cpu_system& system, thrust::counting_iterator<std::size_t> first,
                                                   std::size_t n, F f) {
-  if (system.gpu != nullptr) return gpu_for_each_n(*system.gpu, first, n, f);
   const std::size_t base = *first;
 #if defined(_OPENMP)
   if (system.threads > 1 && n > 1) {
@@ -122,9 +154,8 @@ thrust::counting_iterator<std::size_t> for_each_n([[maybe_unused]] place_system&
 /// is reduced pairwise (halves, down to runs of 256 in order), so a float sum of n
 /// elements errs by O(log n) roundings, not O(n), as a GPU's tree reduction.
 template <class F, class T, class Op>
-T transform_reduce([[maybe_unused]] place_system& system, thrust::counting_iterator<std::size_t> first,
+T transform_reduce([[maybe_unused]] cpu_system& system, thrust::counting_iterator<std::size_t> first,
                    thrust::counting_iterator<std::size_t> last, F f, T init, Op op) {
-  if (system.gpu != nullptr) return gpu_transform_reduce(*system.gpu, first, last, f, init, op);
   const std::size_t base = *first, n = *last - *first;
   auto pairwise = [&](auto& self, std::size_t begin, std::size_t end) -> T {
     if (end - begin <= 256) {
@@ -157,45 +188,81 @@ T transform_reduce([[maybe_unused]] place_system& system, thrust::counting_itera
   return n == 0 ? init : op(init, range(0, n));
 }
 
-/// @brief *out = reduce(f(first + k)) with `op`, from `init`: on a GPU place a kernel that
-/// writes the result into device memory (queued, no wait); elsewhere at once.
+/// @brief *out = reduce(f(first + k)) with `op`, from `init`, at once.
 template <class F, class T, class Op>
-void transform_reduce_into(place_system& system, thrust::counting_iterator<std::size_t> first, thrust::counting_iterator<std::size_t> last,
+void transform_reduce_into(cpu_system& system, thrust::counting_iterator<std::size_t> first, thrust::counting_iterator<std::size_t> last,
                            F f, T init, Op op, T* out) {
-  if (system.gpu != nullptr) return gpu_transform_reduce_into(*system.gpu, first, last, f, init, op, out);
   *out = transform_reduce(system, first, last, f, init, op);
 }
 
 /// @brief out[s] = reduce over k in [0, length) of f(s, k) with `op`, from `init`, for s in
-/// [0, segments): a reduction along a dim or a row. On a CPU place a loop per segment, in
-/// order, segments in parallel over the place's cores; on a GPU place a block of threads per
-/// long segment whose elements are `contiguous` in memory (CUB's segmented reduction, queued on
-/// the compute stream), a thread per short or strided one.
+/// [0, segments): a reduction along a dim or a row, a loop per segment, in order, segments in
+/// parallel over the place's cores.
 template <class F, class T, class Op>
-void segmented_reduce(place_system& system, std::size_t segments, std::size_t length, bool contiguous, F f, T init, Op op, T* out) {
-  if (system.gpu != nullptr) return gpu_segmented_reduce(*system.gpu, segments, length, contiguous, f, init, op, out);
+void segmented_reduce(cpu_system& system, std::size_t segments, std::size_t length, bool, F f, T init, Op op, T* out) {
   transform(system, thrust::counting_iterator<std::size_t>(0), thrust::counting_iterator<std::size_t>(segments), out,
             reduce_segment<F, T, Op>{f, init, op, length});
 }
 
-/// @brief `n` elements of T in the memory of place `p`, for the kernels of one op, given back
-/// when it goes. A GPU place's allocator is stream-ordered on its compute stream, so the kernels
-/// queued there before then still have them.
-template <class T>
-class kernel_scratch {
- public:
-  kernel_scratch(place_state& p, std::size_t n)
-      : place_(p), bytes_((n == 0 ? 1 : n) * sizeof(T)), data_(static_cast<T*>(p.memory->allocate(bytes_))) {}
-  ~kernel_scratch() { place_.memory->deallocate(data_, bytes_); }
-  kernel_scratch(const kernel_scratch&) = delete;
-  kernel_scratch& operator=(const kernel_scratch&) = delete;
-  [[nodiscard]] T* data() const { return data_; }
+/// @name The GPU backend's algorithms: the same functors on the place's compute stream.
+/// @{
+template <class F, class Out>
+Out transform(gpu_system& system, thrust::counting_iterator<std::size_t> first, thrust::counting_iterator<std::size_t> last, Out out, F f) {
+  return gpu_transform(*system.place, first, last, out, f);
+}
+template <class F>
+thrust::counting_iterator<std::size_t> for_each_n(gpu_system& system, thrust::counting_iterator<std::size_t> first, std::size_t n, F f) {
+  return gpu_for_each_n(*system.place, first, n, f);
+}
+/// @brief The reduction, brought back to the host (waits for the place's compute stream).
+template <class F, class T, class Op>
+T transform_reduce(gpu_system& system, thrust::counting_iterator<std::size_t> first, thrust::counting_iterator<std::size_t> last, F f,
+                   T init, Op op) {
+  return gpu_transform_reduce(*system.place, first, last, f, init, op);
+}
+/// @brief *out (device memory) = the reduction, by a kernel queued on the compute stream (no wait).
+template <class F, class T, class Op>
+void transform_reduce_into(gpu_system& system, thrust::counting_iterator<std::size_t> first, thrust::counting_iterator<std::size_t> last,
+                           F f, T init, Op op, T* out) {
+  gpu_transform_reduce_into(*system.place, first, last, f, init, op, out);
+}
+/// @brief A block of threads per long segment whose elements are `contiguous` in memory (CUB's
+/// segmented reduction), a thread per short or strided one.
+template <class F, class T, class Op>
+void segmented_reduce(gpu_system& system, std::size_t segments, std::size_t length, bool contiguous, F f, T init, Op op, T* out) {
+  gpu_segmented_reduce(*system.place, segments, length, contiguous, f, init, op, out);
+}
+/// @}
 
- private:
-  place_state& place_;
-  std::size_t bytes_;
-  T* data_;
-};
+/// @name Algorithms on the system of a place known at run time: its backend's own.
+/// @{
+template <class F, class Out>
+Out transform(place_system& system, thrust::counting_iterator<std::size_t> first, thrust::counting_iterator<std::size_t> last, Out out, F f) {
+  return system.visit([&](auto& backend) { return transform(backend, first, last, out, f); });
+}
+template <class F>
+thrust::counting_iterator<std::size_t> for_each_n(place_system& system, thrust::counting_iterator<std::size_t> first, std::size_t n, F f) {
+  return system.visit([&](auto& backend) { return for_each_n(backend, first, n, f); });
+}
+template <class F, class T, class Op>
+T transform_reduce(place_system& system, thrust::counting_iterator<std::size_t> first, thrust::counting_iterator<std::size_t> last, F f,
+                   T init, Op op) {
+  return system.visit([&](auto& backend) { return transform_reduce(backend, first, last, f, init, op); });
+}
+/// @brief *out (in the memory of the system's place) = reduce(f(first + k)) with `op`, from
+/// `init`: on a GPU place written by a kernel (queued, no wait); elsewhere at once.
+template <class F, class T, class Op>
+void transform_reduce_into(place_system& system, thrust::counting_iterator<std::size_t> first, thrust::counting_iterator<std::size_t> last,
+                           F f, T init, Op op, T* out) {
+  system.visit([&](auto& backend) { transform_reduce_into(backend, first, last, f, init, op, out); });
+}
+/// @brief out[s] = reduce over k in [0, length) of f(s, k) with `op`, from `init`, for s in
+/// [0, segments): a reduction along a dim or a row (see the backends' overloads).
+template <class F, class T, class Op>
+void segmented_reduce(place_system& system, std::size_t segments, std::size_t length, bool contiguous, F f, T init, Op op, T* out) {
+  system.visit([&](auto& backend) { segmented_reduce(backend, segments, length, contiguous, f, init, op, out); });
+}
+/// @}
 
 /// @brief f(i) for i in [0, n), over data in the memory of `where` (a tensor's place; null:
 /// host memory), run where that memory can be read: on a GPU's place (from its compute lane, the

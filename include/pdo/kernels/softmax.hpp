@@ -97,25 +97,43 @@ struct exp_sum_part_of {
   }
 };
 
-/// @brief The log-sum-exp statistics of the rows of [outer, extent, inner] along the middle
-/// dim, by two segmented reductions (a block of GPU threads per long row): tops[r] the row's
-/// max, parts[r] its exp_sum_parts.
+/// @brief (ties - 1) + others: the sum of exp(x - max) over a row but for one maximum (see
+/// exp_sum_parts), log_sum_exp_parts' `rest`.
 template <class T>
-void row_exp_sums(place_system& system, const T* in, const dim_view& v, T* tops, exp_sum_parts<T>* parts) {
-  const std::size_t rows = v.outer * v.inner;
-  const element_along_dim<T> element{in, v.extent, v.inner};
-  const bool contiguous = v.inner == 1;
-  segmented_reduce(system, rows, v.extent, contiguous, element, reduction_identity<T>(reduction::max), max_of<T>{}, tops);
-  segmented_reduce(system, rows, v.extent, contiguous, exp_sum_part_of<T>{element, tops}, exp_sum_parts<T>{T(0), T(0)},
-                   add_exp_sum_parts<T>{}, parts);
+PDO_HD T rest_of(const exp_sum_parts<T>& p) {
+  return (p.ties - T(1)) + p.others;
 }
 
 /// @brief log(sum of exp(x - max)) of a row from its parts: log1p(rest), as log_sum_exp_parts.
 template <class T>
 PDO_HD T log_sum_of(const exp_sum_parts<T>& p) {
   using std::log1p;
-  return static_cast<T>(log1p((p.ties - T(1)) + p.others));
+  return static_cast<T>(log1p(rest_of(p)));
 }
+
+/// @brief The log-sum-exp statistics of the rows of [outer, extent, inner] along the middle
+/// dim, in the memory of a GPU place for the kernels of one op, computed by two segmented
+/// reductions (a block of threads per long row): tops()[r] the row's max, parts()[r] its
+/// exp_sum_parts.
+template <class T>
+class row_statistics {
+ public:
+  row_statistics(gpu_system& system, const T* in, const dim_view& v)
+      : tops_(*system.place, v.outer * v.inner), parts_(*system.place, v.outer * v.inner) {
+    const element_along_dim<T> element{in, v.extent, v.inner};
+    const bool contiguous = v.inner == 1;
+    const std::size_t rows = v.outer * v.inner;
+    segmented_reduce(system, rows, v.extent, contiguous, element, reduction_identity<T>(reduction::max), max_of<T>{}, tops_.data());
+    segmented_reduce(system, rows, v.extent, contiguous, exp_sum_part_of<T>{element, tops_.data()}, exp_sum_parts<T>{T(0), T(0)},
+                     add_exp_sum_parts<T>{}, parts_.data());
+  }
+  [[nodiscard]] const T* tops() const { return tops_.data(); }
+  [[nodiscard]] const exp_sum_parts<T>* parts() const { return parts_.data(); }
+
+ private:
+  kernel_scratch<T> tops_;
+  kernel_scratch<exp_sum_parts<T>> parts_;
+};
 
 /// @brief Element i of softmax (or log_softmax) of [outer, extent, inner] along the middle
 /// dim, from its row's statistics.
@@ -129,7 +147,7 @@ struct softmax_element {
     using std::exp;
     const std::size_t r = (i / (extent * inner)) * inner + i % inner;
     if constexpr (Log) return (in[i] - tops[r]) - log_sum_of(parts[r]);
-    else return static_cast<T>(exp(in[i] - tops[r])) / (T(1) + ((parts[r].ties - T(1)) + parts[r].others));
+    else return static_cast<T>(exp(in[i] - tops[r])) / (T(1) + rest_of(parts[r]));
   }
 };
 
@@ -140,15 +158,18 @@ template <bool Log, class T>
 void softmax_dim(place_system& system, const T* in, const dim_view& v, T* out) {
   if (v.extent == 0) return;
   const std::size_t rows = v.outer * v.inner;
-  if (system.gpu != nullptr && v.extent >= long_segment) {
-    const kernel_scratch<T> tops(*system.gpu, rows);
-    const kernel_scratch<exp_sum_parts<T>> parts(*system.gpu, rows);
-    row_exp_sums(system, in, v, tops.data(), parts.data());
-    thrust::transform(system, thrust::counting_iterator<std::size_t>(0), thrust::counting_iterator<std::size_t>(rows * v.extent), out,
-                      softmax_element<T, Log>{in, tops.data(), parts.data(), v.extent, v.inner});
-    return;
-  }
-  thrust::for_each_n(system, thrust::counting_iterator<std::size_t>(0), rows, softmax_row<T, Log>{in, out, v.extent, v.inner});
+  const thrust::counting_iterator<std::size_t> begin(0);
+  system.visit([&](auto& backend) {
+    if constexpr (gpu_backend<decltype(backend)>) {
+      if (v.extent >= long_segment) {
+        const row_statistics<T> stats(backend, in, v);
+        transform(backend, begin, begin + static_cast<std::ptrdiff_t>(rows * v.extent), out,
+                  softmax_element<T, Log>{in, stats.tops(), stats.parts(), v.extent, v.inner});
+        return;
+      }
+    }
+    for_each_n(backend, begin, rows, softmax_row<T, Log>{in, out, v.extent, v.inner});
+  });
 }
 
 /// @brief The loss of sample i: log-sum-exp of its logits minus the logit of its label,
@@ -184,15 +205,17 @@ struct cross_entropy_from_parts {
 template <class T, class Label>
 void cross_entropy_sum_into(place_system& system, const T* logits, const Label* labels, std::size_t rows, std::size_t classes, T* out) {
   const thrust::counting_iterator<std::size_t> begin(0), end(rows);
-  if (system.gpu != nullptr && classes >= long_segment) {
-    const kernel_scratch<T> tops(*system.gpu, rows);
-    const kernel_scratch<exp_sum_parts<T>> parts(*system.gpu, rows);
-    row_exp_sums(system, logits, dim_view{rows, classes, 1}, tops.data(), parts.data());
-    transform_reduce_into(system, begin, end, cross_entropy_from_parts<T, Label>{logits, labels, tops.data(), parts.data(), classes}, T{},
-                          thrust::plus<T>{}, out);
-    return;
-  }
-  transform_reduce_into(system, begin, end, cross_entropy_row<T, Label>{logits, labels, classes}, T{}, thrust::plus<T>{}, out);
+  system.visit([&](auto& backend) {
+    if constexpr (gpu_backend<decltype(backend)>) {
+      if (classes >= long_segment) {
+        const row_statistics<T> stats(backend, logits, dim_view{rows, classes, 1});
+        transform_reduce_into(backend, begin, end, cross_entropy_from_parts<T, Label>{logits, labels, stats.tops(), stats.parts(), classes},
+                              T{}, thrust::plus<T>{}, out);
+        return;
+      }
+    }
+    transform_reduce_into(backend, begin, end, cross_entropy_row<T, Label>{logits, labels, classes}, T{}, thrust::plus<T>{}, out);
+  });
 }
 
 /// @brief Row r of d(mean cross-entropy)/d(logits), times `scale`: (softmax(row) - one_hot(label)) * scale.
@@ -228,16 +251,18 @@ struct cross_entropy_grad_element {
 template <class T, class Label>
 void cross_entropy_grad(place_system& system, const T* logits, const Label* labels, std::size_t rows, std::size_t classes, T scale,
                         T* out) {
-  if (system.gpu != nullptr && classes >= long_segment) {
-    const kernel_scratch<T> tops(*system.gpu, rows);
-    const kernel_scratch<exp_sum_parts<T>> parts(*system.gpu, rows);
-    row_exp_sums(system, logits, dim_view{rows, classes, 1}, tops.data(), parts.data());
-    thrust::transform(system, thrust::counting_iterator<std::size_t>(0), thrust::counting_iterator<std::size_t>(rows * classes), out,
-                      cross_entropy_grad_element<T, Label>{{logits, tops.data(), parts.data(), classes, 1}, labels, scale});
-    return;
-  }
-  thrust::for_each_n(system, thrust::counting_iterator<std::size_t>(0), rows,
-                     cross_entropy_grad_row<T, Label>{logits, labels, out, classes, scale});
+  const thrust::counting_iterator<std::size_t> begin(0);
+  system.visit([&](auto& backend) {
+    if constexpr (gpu_backend<decltype(backend)>) {
+      if (classes >= long_segment) {
+        const row_statistics<T> stats(backend, logits, dim_view{rows, classes, 1});
+        transform(backend, begin, begin + static_cast<std::ptrdiff_t>(rows * classes), out,
+                  cross_entropy_grad_element<T, Label>{{logits, stats.tops(), stats.parts(), classes, 1}, labels, scale});
+        return;
+      }
+    }
+    for_each_n(backend, begin, rows, cross_entropy_grad_row<T, Label>{logits, labels, out, classes, scale});
+  });
 }
 
 /// @brief *out = *out / count (the mean of a sum), NaN for no samples (the mean of nothing,
