@@ -159,7 +159,8 @@ ref_out reduction(const std::vector<ld>& x, const std::vector<ld>& w, int what, 
 }
 
 /// @brief softmax or log_softmax along dim 1 (rows), as pdo computes them: the row's first
-/// maximum m, rest = the sum of exp(x - m) over the other elements, log-sum = log1p(rest).
+/// maximum m, rest = (m - m) + the sum of exp(x - m) over the other elements (m - m: NaN for
+/// an infinite max, whose row is NaN throughout, as PyTorch gives), log-sum = log1p(rest).
 ref_out softmaxes(const std::vector<ld>& x, const std::vector<ld>& w, bool log) {
   ref_out r;
   r.value.resize(x.size());
@@ -170,7 +171,7 @@ ref_out softmaxes(const std::vector<ld>& x, const std::vector<ld>& w, bool log) 
     for (std::size_t j = 1; j < cols; ++j)
       if (row[j] > row[at] || (std::isnan(row[j]) && !std::isnan(row[at]))) at = j;
     const ld top = row[at];
-    ld rest = 0;
+    ld rest = top - top;
     for (std::size_t j = 0; j < cols; ++j)
       if (j != at) rest += std::exp(row[j] - top);
     ld gy = 0, g = 0;
@@ -340,6 +341,33 @@ TEST_CASE("numerics: log_softmax and cross_entropy keep their precision next to 
   pdo::backward(pdo::cross_entropy(v, label));
   const ld p1 = std::exp(ld(-10)) / (1 + std::exp(ld(-10)) + std::exp(ld(-20)));
   CHECK(std::abs(v.grad()(0, 1) - p1) <= 1e-15 * p1);
+}
+
+TEST_CASE("numerics: a row whose max is infinite is NaN throughout, as PyTorch gives", "[numerics]") {
+  // torch.softmax([inf, 1]) = [nan, nan]; torch.softmax([1, inf, 2]) = [nan, nan, nan];
+  // torch.softmax([-inf, 0]) = [0, 1] and torch.log_softmax([-inf, 0]) = [-inf, 0]
+  const double inf = std::numeric_limits<double>::infinity();
+  const pdo::tensor<double, 2> x({3, 3}, {inf, 1, -inf, 1, inf, 2, -inf, 0, -inf});
+  auto check_rows = [&](const pdo::tensor<double, 2>& sm, const pdo::tensor<double, 2>& lsm) {
+    for (std::size_t i = 0; i < 2; ++i)
+      for (std::size_t j = 0; j < 3; ++j) {
+        CHECK(std::isnan(sm(i, j)));
+        CHECK(std::isnan(lsm(i, j)));
+      }
+    CHECK(sm(2, 0) == 0.0);
+    CHECK(sm(2, 1) == 1.0);
+    CHECK(lsm(2, 0) == -inf);
+    CHECK(lsm(2, 1) == 0.0);
+  };
+  check_rows(pdo::eval(pdo::softmax<1>(x)), pdo::eval(pdo::log_softmax<1>(x)));
+  const pdo::tensor<int, 1> labels({3}, {1, 0, 1});
+  for (std::size_t n : pdo_test::line_sizes()) {
+    const auto mesh = pdo::make_mesh<"x">(pdo::cpu_places(n));
+    const auto d = pdo::distribute<pdo::layout<pdo::split<"x">, pdo::replicate>>(mesh, x);
+    check_rows(pdo::gather(pdo::eval(pdo::softmax<1>(d))), pdo::gather(pdo::eval(pdo::log_softmax<1>(d))));
+    // the loss of a batch with such a row is NaN (torch.nn.functional.cross_entropy too)
+    CHECK(std::isnan(pdo::gather(pdo::eval(pdo::cross_entropy(d, pdo::distribute<pdo::layout<pdo::split<"x">>>(mesh, labels))))()));
+  }
 }
 
 TEST_CASE("numerics: the gradient of max with ties is shared evenly, and adds up to the output's", "[numerics]") {

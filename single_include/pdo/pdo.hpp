@@ -5739,8 +5739,9 @@ inline constexpr bool gpu_backend = std::is_same_v<std::remove_cvref_t<B>, gpu_s
 
 /// @brief The system of the place a kernel runs on, which is known only at run time: the one
 /// run-time choice of backend. Every algorithm called with it picks the backend once, by
-/// visit(), and calls that backend's own overload (chosen at compile time).
-struct place_system : thrust::system::cpp::execution_policy<place_system> {
+/// visit(), and calls that backend's own overload (chosen at compile time). It derives from
+/// Thrust's generic policy too: a Thrust algorithm pdo has no overload for does not compile.
+struct place_system : thrust::execution_policy<place_system> {
   int threads = 1;
   place_state* gpu = nullptr;  ///< the GPU place whose compute stream runs the kernels, if any
 
@@ -9679,9 +9680,12 @@ void gemm(gpu_system& system, std::size_t m, std::size_t n, std::size_t k, matri
     return;
   }
 #if defined(PDO_WITH_CUDA)
-  if constexpr (cublas_element<T>) return cublas_gemm(*system.place, m, n, k, a, b, c);
+  if constexpr (cublas_element<T>)
+    cublas_gemm(*system.place, m, n, k, a, b, c);
+  else
 #endif
-  transform(system, thrust::counting_iterator<std::size_t>(0), thrust::counting_iterator<std::size_t>(m * n), c, gemm_element<T>{a, b, n, k});
+    transform(system, thrust::counting_iterator<std::size_t>(0), thrust::counting_iterator<std::size_t>(m * n), c,
+              gemm_element<T>{a, b, n, k});
 }
 
 /// @brief C = A * B on the place of `system` (its backend's gemm).
@@ -9700,7 +9704,7 @@ bool gemm_strided_batched([[maybe_unused]] place_system& system, [[maybe_unused]
                           [[maybe_unused]] std::size_t stride_a, [[maybe_unused]] matrix_ref<T> b, [[maybe_unused]] std::size_t stride_b,
                           [[maybe_unused]] T* c) {
 #if defined(PDO_WITH_CUDA)
-  if constexpr (cublas_element<T>)
+  if constexpr (cublas_element<T>) {
     return system.visit([&](auto& backend) {
       if constexpr (gpu_backend<decltype(backend)>) {
         cublas_gemm_batched<T>(*backend.place, batches, m, n, k, a, stride_a, b, stride_b, c);
@@ -9709,8 +9713,12 @@ bool gemm_strided_batched([[maybe_unused]] place_system& system, [[maybe_unused]
         return false;
       }
     });
-#endif
+  } else {
+    return false;
+  }
+#else
   return false;
+#endif
 }
 
 }  // namespace pdo::detail
@@ -10142,7 +10150,9 @@ struct log_sum_exp_parts {
         at = e;
       }
     }
-    rest = T(0);
+    // the max's own term, exp(max - max), is 1 for a finite max and NaN for +-inf (a row with
+    // an infinite max is NaN throughout, as PyTorch gives): rest starts from max - max
+    rest = top - top;
     for (std::size_t e = 0; e < extent; ++e)
       if (e != at) rest += static_cast<T>(exp(row[e * stride] - top));
   }
@@ -10202,7 +10212,7 @@ struct exp_sum_part_of {
   PDO_HD exp_sum_parts<T> operator()(std::size_t r, std::size_t e) const {
     using std::exp;
     const T x = element(r, e);
-    if (x == tops[r]) return {T(1), T(0)};
+    if (x == tops[r]) return {T(1), x - x};  // x - x: NaN for an infinite max, as log_sum_exp_parts
     return {T(0), static_cast<T>(exp(x - tops[r]))};
   }
 };

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <cstdio>
 #include <exception>
 #include <functional>
@@ -32,9 +33,15 @@ template <class T, std::size_t R>
 bool close(const pdo::tensor<T, R>& a, const pdo::tensor<T, R>& b, double tolerance) {
   if (a.shape() != b.shape()) return false;
   const auto ha = pdo::to_host(a), hb = pdo::to_host(b);
-  for (std::size_t i = 0; i < ha.size(); ++i)
-    if (std::abs(static_cast<double>(ha.data()[i]) - static_cast<double>(hb.data()[i])) > tolerance * (1 + std::abs(static_cast<double>(hb.data()[i]))))
-      return false;
+  for (std::size_t i = 0; i < ha.size(); ++i) {
+    const auto x = static_cast<double>(ha.data()[i]), y = static_cast<double>(hb.data()[i]);
+    if (std::isnan(x) || std::isnan(y)) {  // NaN only where the other has NaN
+      if (std::isnan(x) != std::isnan(y)) return false;
+      continue;
+    }
+    if (x == y) continue;  // infinities of one sign
+    if (!(std::abs(x - y) <= tolerance * (1 + std::abs(y)))) return false;
+  }
   return true;
 }
 
@@ -151,9 +158,20 @@ void expressions(const std::vector<pdo::cuda_place>& gpus) {
     }
     return all;
   }, 1e-12);
-  same_on_both("softmax and log_softmax along long rows (300 elements 7 apart; 1000 contiguous)", gpus, [&](const auto& m) {
-    const auto x = pdo::distribute<pdo::layout<split<"dp">, replicate, replicate>>(m, wide);
-    const auto y = pdo::distribute<pdo::layout<split<"dp">, replicate>>(m, logits);
+  // rows with infinities: one +inf (NaN throughout, as PyTorch gives), two (ties at +inf), -inf
+  auto spiked = filled<double, 2>({9, 1000}, 10);
+  auto spiked_wide = filled<double, 3>({5, 300, 7}, 9);
+  const double inf = std::numeric_limits<double>::infinity();
+  spiked(1, 5) = inf;
+  spiked(2, 3) = spiked(2, 700) = inf;
+  spiked(3, 0) = spiked(3, 999) = -inf;
+  spiked(4, 17) = spiked(4, 18) = 1.0;  // ties at a finite max
+  spiked_wide(0, 10, 0) = inf;
+  spiked_wide(1, 20, 3) = -inf;
+  same_on_both("softmax and log_softmax along long rows (300 elements 7 apart; 1000 contiguous), with infinities", gpus,
+               [&](const auto& m) {
+    const auto x = pdo::distribute<pdo::layout<split<"dp">, replicate, replicate>>(m, spiked_wide);
+    const auto y = pdo::distribute<pdo::layout<split<"dp">, replicate>>(m, spiked);
     const auto a = pdo::gather(pdo::eval(pdo::softmax<1>(x))), b = pdo::gather(pdo::eval(pdo::log_softmax<1>(x)));
     const auto c = pdo::gather(pdo::eval(pdo::softmax<1>(y))), d = pdo::gather(pdo::eval(pdo::log_softmax<1>(y)));
     pdo::tensor<double, 1> all({a.size() + b.size() + c.size() + d.size()});

@@ -211,9 +211,12 @@ void gemm(gpu_system& system, std::size_t m, std::size_t n, std::size_t k, matri
     return;
   }
 #if defined(PDO_WITH_CUDA)
-  if constexpr (cublas_element<T>) return cublas_gemm(*system.place, m, n, k, a, b, c);
+  if constexpr (cublas_element<T>)
+    cublas_gemm(*system.place, m, n, k, a, b, c);
+  else
 #endif
-  transform(system, thrust::counting_iterator<std::size_t>(0), thrust::counting_iterator<std::size_t>(m * n), c, gemm_element<T>{a, b, n, k});
+    transform(system, thrust::counting_iterator<std::size_t>(0), thrust::counting_iterator<std::size_t>(m * n), c,
+              gemm_element<T>{a, b, n, k});
 }
 
 /// @brief C = A * B on the place of `system` (its backend's gemm).
@@ -232,7 +235,7 @@ bool gemm_strided_batched([[maybe_unused]] place_system& system, [[maybe_unused]
                           [[maybe_unused]] std::size_t stride_a, [[maybe_unused]] matrix_ref<T> b, [[maybe_unused]] std::size_t stride_b,
                           [[maybe_unused]] T* c) {
 #if defined(PDO_WITH_CUDA)
-  if constexpr (cublas_element<T>)
+  if constexpr (cublas_element<T>) {
     return system.visit([&](auto& backend) {
       if constexpr (gpu_backend<decltype(backend)>) {
         cublas_gemm_batched<T>(*backend.place, batches, m, n, k, a, stride_a, b, stride_b, c);
@@ -241,8 +244,12 @@ bool gemm_strided_batched([[maybe_unused]] place_system& system, [[maybe_unused]
         return false;
       }
     });
-#endif
+  } else {
+    return false;
+  }
+#else
   return false;
+#endif
 }
 
 }  // namespace pdo::detail

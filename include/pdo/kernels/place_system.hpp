@@ -50,8 +50,9 @@ inline constexpr bool gpu_backend = std::is_same_v<std::remove_cvref_t<B>, gpu_s
 
 /// @brief The system of the place a kernel runs on, which is known only at run time: the one
 /// run-time choice of backend. Every algorithm called with it picks the backend once, by
-/// visit(), and calls that backend's own overload (chosen at compile time).
-struct place_system : thrust::system::cpp::execution_policy<place_system> {
+/// visit(), and calls that backend's own overload (chosen at compile time). It derives from
+/// Thrust's generic policy too: a Thrust algorithm pdo has no overload for does not compile.
+struct place_system : thrust::execution_policy<place_system> {
   int threads = 1;
   place_state* gpu = nullptr;  ///< the GPU place whose compute stream runs the kernels, if any
 

@@ -32,7 +32,9 @@ struct log_sum_exp_parts {
         at = e;
       }
     }
-    rest = T(0);
+    // the max's own term, exp(max - max), is 1 for a finite max and NaN for +-inf (a row with
+    // an infinite max is NaN throughout, as PyTorch gives): rest starts from max - max
+    rest = top - top;
     for (std::size_t e = 0; e < extent; ++e)
       if (e != at) rest += static_cast<T>(exp(row[e * stride] - top));
   }
@@ -92,7 +94,7 @@ struct exp_sum_part_of {
   PDO_HD exp_sum_parts<T> operator()(std::size_t r, std::size_t e) const {
     using std::exp;
     const T x = element(r, e);
-    if (x == tops[r]) return {T(1), T(0)};
+    if (x == tops[r]) return {T(1), x - x};  // x - x: NaN for an infinite max, as log_sum_exp_parts
     return {T(0), static_cast<T>(exp(x - tops[r]))};
   }
 };
