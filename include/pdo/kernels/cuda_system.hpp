@@ -164,11 +164,11 @@ struct segment_start {
 /// elements are `contiguous` in memory, its temporary storage from the place's allocator; one
 /// thread per segment for short ones and for strided ones (whose threads then read neighbouring
 /// elements at each step).
-template <class F, class T, class Op>
-void launch_segmented_reduce(place_state& p, std::size_t segments, std::size_t length, bool contiguous, F f, T init, Op op, T* out) {
+template <class F, class T, class Op, class Out>
+void launch_segmented_reduce(place_state& p, std::size_t segments, std::size_t length, bool contiguous, F f, T init, Op op, Out out) {
   if (segments == 0) return;
   if (length < long_segment || !contiguous) {  // strided rows: neighbouring threads read neighbouring elements
-    launch_indices(p, 0, segments, write_element<T*, reduce_segment<F, T, Op>>{out, {f, init, op, length}, 0}, "segmented reduction kernel");
+    launch_indices(p, 0, segments, write_element<Out, reduce_segment<F, T, Op>>{out, {f, init, op, length}, 0}, "segmented reduction kernel");
     return;
   }
   cuda_device& d = cuda_device_of(p);
@@ -213,9 +213,9 @@ void launch_reduce_into(place_state& p, std::size_t first, std::size_t last, F f
 }
 
 /// @brief out[s] = reduce over k of f(s, k), for s in [0, segments): a work item per segment.
-template <class F, class T, class Op>
-void launch_segmented_reduce(place_state& p, std::size_t segments, std::size_t length, bool, F f, T init, Op op, T* out) {
-  launch_indices(p, 0, segments, write_element<T*, reduce_segment<F, T, Op>>{out, {f, init, op, length}, 0}, "segmented reduction kernel");
+template <class F, class T, class Op, class Out>
+void launch_segmented_reduce(place_state& p, std::size_t segments, std::size_t length, bool, F f, T init, Op op, Out out) {
+  launch_indices(p, 0, segments, write_element<Out, reduce_segment<F, T, Op>>{out, {f, init, op, length}, 0}, "segmented reduction kernel");
 }
 #endif
 
@@ -242,8 +242,8 @@ void gpu_transform_reduce_into(place_state& p, thrust::counting_iterator<std::si
 /// @brief out[s] (device memory of `p`) = reduce over k in [0, length) of f(s, k), for s in
 /// [0, segments), queued on the place's compute stream; `contiguous`: each segment's elements
 /// are next to each other in memory.
-template <class F, class T, class Op>
-void gpu_segmented_reduce(place_state& p, std::size_t segments, std::size_t length, bool contiguous, F f, T init, Op op, T* out) {
+template <class F, class T, class Op, class Out>
+void gpu_segmented_reduce(place_state& p, std::size_t segments, std::size_t length, bool contiguous, F f, T init, Op op, Out out) {
   launch_segmented_reduce(p, segments, length, contiguous, f, init, op, out);
 }
 
@@ -283,8 +283,8 @@ template <class F, class T, class Op, class First>
 void gpu_transform_reduce_into(place_state& p, First, First, F, T, Op, T*) {
   no_gpu_kernels(p);
 }
-template <class F, class T, class Op>
-void gpu_segmented_reduce(place_state& p, std::size_t, std::size_t, bool, F, T, Op, T*) {
+template <class F, class T, class Op, class Out>
+void gpu_segmented_reduce(place_state& p, std::size_t, std::size_t, bool, F, T, Op, Out) {
   no_gpu_kernels(p);
 }
 #endif

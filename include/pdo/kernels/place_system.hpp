@@ -199,8 +199,8 @@ void transform_reduce_into(cpu_system& system, thrust::counting_iterator<std::si
 /// @brief out[s] = reduce over k in [0, length) of f(s, k) with `op`, from `init`, for s in
 /// [0, segments): a reduction along a dim or a row, a loop per segment, in order, segments in
 /// parallel over the place's cores.
-template <class F, class T, class Op>
-void segmented_reduce(cpu_system& system, std::size_t segments, std::size_t length, bool, F f, T init, Op op, T* out) {
+template <class F, class T, class Op, class Out>
+void segmented_reduce(cpu_system& system, std::size_t segments, std::size_t length, bool, F f, T init, Op op, Out out) {
   transform(system, thrust::counting_iterator<std::size_t>(0), thrust::counting_iterator<std::size_t>(segments), out,
             reduce_segment<F, T, Op>{f, init, op, length});
 }
@@ -229,8 +229,8 @@ void transform_reduce_into(gpu_system& system, thrust::counting_iterator<std::si
 }
 /// @brief A block of threads per long segment whose elements are `contiguous` in memory (CUB's
 /// segmented reduction), a thread per short or strided one.
-template <class F, class T, class Op>
-void segmented_reduce(gpu_system& system, std::size_t segments, std::size_t length, bool contiguous, F f, T init, Op op, T* out) {
+template <class F, class T, class Op, class Out>
+void segmented_reduce(gpu_system& system, std::size_t segments, std::size_t length, bool contiguous, F f, T init, Op op, Out out) {
   gpu_segmented_reduce(*system.place, segments, length, contiguous, f, init, op, out);
 }
 /// @}
@@ -258,9 +258,11 @@ void transform_reduce_into(place_system& system, thrust::counting_iterator<std::
   system.visit([&](auto& backend) { transform_reduce_into(backend, first, last, f, init, op, out); });
 }
 /// @brief out[s] = reduce over k in [0, length) of f(s, k) with `op`, from `init`, for s in
-/// [0, segments): a reduction along a dim or a row (see the backends' overloads).
-template <class F, class T, class Op>
-void segmented_reduce(place_system& system, std::size_t segments, std::size_t length, bool contiguous, F f, T init, Op op, T* out) {
+/// [0, segments): a reduction along a dim or a row (see the backends' overloads). `out` is a
+/// pointer or an output iterator (one that scales what it is given finishes a mean in the
+/// same pass).
+template <class F, class T, class Op, class Out>
+void segmented_reduce(place_system& system, std::size_t segments, std::size_t length, bool contiguous, F f, T init, Op op, Out out) {
   system.visit([&](auto& backend) { segmented_reduce(backend, segments, length, contiguous, f, init, op, out); });
 }
 /// @}

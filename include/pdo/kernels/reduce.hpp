@@ -6,6 +6,8 @@
 #include <pdo/core/shape.hpp>
 #include <pdo/kernels/place_system.hpp>
 
+#include <thrust/iterator/transform_output_iterator.h>
+
 #include <cstddef>
 #include <limits>
 
@@ -41,12 +43,11 @@ struct max_of {
   PDO_HD T operator()(T a, T b) const { return nan_max(a, b); }
 };
 
-/// @brief in[o] * factor.
+/// @brief x * factor: what a mean's output iterator writes for a sum x.
 template <class T>
-struct scaled {
-  const T* in;
+struct scale_by {
   T factor;
-  PDO_HD T operator()(std::size_t o) const { return in[o] * factor; }
+  PDO_HD T operator()(T x) const { return x * factor; }
 };
 
 /// @brief out[o] = the reduction along dim `v` of `in` (a segmented reduction: a row per output
@@ -59,10 +60,11 @@ void reduce_dim(place_system& system, const T* in, const dim_view& v, reduction 
     segmented_reduce(system, outputs, v.extent, v.inner == 1, element, reduction_identity<T>(what), max_of<T>{}, out);
     return;
   }
-  segmented_reduce(system, outputs, v.extent, v.inner == 1, element, T{}, thrust::plus<T>{}, out);
-  if (what == reduction::mean)  // in place: element o reads only out[o]
-    thrust::transform(system, thrust::counting_iterator<std::size_t>(0), thrust::counting_iterator<std::size_t>(outputs), out,
-                      scaled<T>{out, T(1) / static_cast<T>(global_extent)});
+  if (what == reduction::mean)  // each sum scaled as it is written
+    segmented_reduce(system, outputs, v.extent, v.inner == 1, element, T{}, thrust::plus<T>{},
+                     thrust::make_transform_output_iterator(out, scale_by<T>{T(1) / static_cast<T>(global_extent)}));
+  else
+    segmented_reduce(system, outputs, v.extent, v.inner == 1, element, T{}, thrust::plus<T>{}, out);
 }
 
 /// @brief *out = *out * factor, for the one element of a rank-0 result.
