@@ -1781,11 +1781,20 @@ class lane {
       } guard(*this);
       run(next);
     }
+    // the lane is woken only when it has a task to run: one queued behind this one that is
+    // ready now (the lane passed over it while this one ran). Waking it for nothing would set
+    // its thread polling for work beside the host threads (the cost of short operations from
+    // several host threads at once); a task that becomes ready later pokes it then.
+    bool asleep = false;
     {
       std::lock_guard lock(mutex_);
       busy_ = false;
+      if (head_ready()) {
+        signal_.fetch_add(1, std::memory_order_release);
+        asleep = sleeping_;
+      }
     }
-    poke();  // the lane's next task may be ready
+    if (asleep) wake_.notify_one();
     return true;
   }
 
@@ -4905,6 +4914,7 @@ mesh_communicator host_communicator_of(const Mesh& m, std::size_t index) {
 #include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -4933,6 +4943,28 @@ struct task_request {
   std::string detail;          ///< for the trace (shapes, layouts, bytes); may stay empty
 };
 
+/// @brief The engine's lock. What it guards takes a fraction of a microsecond, and host threads
+/// that submit short operations at once would otherwise put each other to sleep on it (a
+/// futex wait and wake-up costs more than the operations): a waiter spins, then yields its
+/// core (to the holder, when there are more threads than cores), and never sleeps.
+class spin_lock {
+ public:
+  void lock() noexcept {
+    for (int tries = 0; locked_.exchange(true, std::memory_order_acquire); ++tries)
+      while (locked_.load(std::memory_order_relaxed)) {
+        if (tries < 64) {
+          ++tries;
+        } else {
+          std::this_thread::yield();
+        }
+      }
+  }
+  void unlock() noexcept { locked_.store(false, std::memory_order_release); }
+
+ private:
+  std::atomic<bool> locked_{false};
+};
+
 /// @brief The dependency engine: the last writer and the readers since of every buffer in
 /// use, and the total order of submission.
 class engine {
@@ -4947,9 +4979,10 @@ class engine {
   std::vector<task_handle> submit(std::vector<task_request>& requests) {
     std::vector<task_handle> handles;
     handles.reserve(requests.size());
+    for (auto& r : requests) handles.push_back(make(r));
     {
-      std::lock_guard lock(mutex_);
-      for (auto& r : requests) handles.push_back(make(r));
+      std::lock_guard guard(lock_);
+      for (auto& h : handles) h->id = ++submitted_;
       for (std::size_t i = 0; i < requests.size(); ++i) link_all(handles[i], requests[i].uses);
       for (std::size_t i = 0; i < requests.size(); ++i) record(handles[i], requests[i].uses);
       // the operation's tasks become what the next operation on their after_all waits for
@@ -4967,10 +5000,10 @@ class engine {
 
   /// @brief Submits one task.
   task_handle submit(task_request request) {
-    task_handle h;
+    task_handle h = make(request);
     {
-      std::lock_guard lock(mutex_);
-      h = make(request);
+      std::lock_guard guard(lock_);
+      h->id = ++submitted_;
       link_all(h, request.uses);
       record(h, request.uses);
       if (request.uses.after_all != nullptr) operations_[request.uses.after_all] = {h};
@@ -4983,7 +5016,7 @@ class engine {
   /// address later storage may take. A later task that reads that new storage must not wait
   /// for, or be cancelled by the failure of, a task that wrote the old one.
   void forget(const std::vector<const void*>& buffers) {
-    std::lock_guard lock(mutex_);
+    std::lock_guard guard(lock_);
     for (const void* b : buffers) {
       const auto found = buffers_.find(b);
       if (found == buffers_.end() || live(found->second.writer)) continue;
@@ -4995,7 +5028,7 @@ class engine {
 
   /// @brief The buffers the engine tracks now (for tests: finished work is forgotten).
   [[nodiscard]] std::size_t tracked_buffers() {
-    std::lock_guard lock(mutex_);
+    std::lock_guard guard(lock_);
     sweep();
     return buffers_.size();
   }
@@ -5008,8 +5041,8 @@ class engine {
     std::vector<task_handle> readers;  ///< since the last write
   };
 
-  /// @brief A task of `r` (under the lock: its id is its place in the order).
-  task_handle make(task_request& r) {
+  /// @brief A task of `r`; its id, its place in the order, is given under the lock.
+  static task_handle make(task_request& r) {
     auto t = std::make_shared<task_state>();
     t->fn = std::move(r.fn);
     t->home = r.home;
@@ -5018,7 +5051,6 @@ class engine {
     t->runs_cancelled = r.runs_cancelled;
     t->quiet = r.quiet;
     t->detail = std::move(r.detail);
-    t->id = ++submitted_;
     return t;
   }
 
@@ -5083,7 +5115,7 @@ class engine {
     });
   }
 
-  std::mutex mutex_;
+  spin_lock lock_;
   std::unordered_map<const void*, buffer_state> buffers_;
   std::unordered_map<const void*, std::vector<task_handle>> operations_;  ///< by after_all: the last operation's tasks
   std::uint64_t submitted_ = 0;
@@ -5568,11 +5600,11 @@ struct segment_start {
 /// elements are `contiguous` in memory, its temporary storage from the place's allocator; one
 /// thread per segment for short ones and for strided ones (whose threads then read neighbouring
 /// elements at each step).
-template <class F, class T, class Op>
-void launch_segmented_reduce(place_state& p, std::size_t segments, std::size_t length, bool contiguous, F f, T init, Op op, T* out) {
+template <class F, class T, class Op, class Out>
+void launch_segmented_reduce(place_state& p, std::size_t segments, std::size_t length, bool contiguous, F f, T init, Op op, Out out) {
   if (segments == 0) return;
   if (length < long_segment || !contiguous) {  // strided rows: neighbouring threads read neighbouring elements
-    launch_indices(p, 0, segments, write_element<T*, reduce_segment<F, T, Op>>{out, {f, init, op, length}, 0}, "segmented reduction kernel");
+    launch_indices(p, 0, segments, write_element<Out, reduce_segment<F, T, Op>>{out, {f, init, op, length}, 0}, "segmented reduction kernel");
     return;
   }
   cuda_device& d = cuda_device_of(p);
@@ -5617,9 +5649,9 @@ void launch_reduce_into(place_state& p, std::size_t first, std::size_t last, F f
 }
 
 /// @brief out[s] = reduce over k of f(s, k), for s in [0, segments): a work item per segment.
-template <class F, class T, class Op>
-void launch_segmented_reduce(place_state& p, std::size_t segments, std::size_t length, bool, F f, T init, Op op, T* out) {
-  launch_indices(p, 0, segments, write_element<T*, reduce_segment<F, T, Op>>{out, {f, init, op, length}, 0}, "segmented reduction kernel");
+template <class F, class T, class Op, class Out>
+void launch_segmented_reduce(place_state& p, std::size_t segments, std::size_t length, bool, F f, T init, Op op, Out out) {
+  launch_indices(p, 0, segments, write_element<Out, reduce_segment<F, T, Op>>{out, {f, init, op, length}, 0}, "segmented reduction kernel");
 }
 #endif
 
@@ -5646,8 +5678,8 @@ void gpu_transform_reduce_into(place_state& p, thrust::counting_iterator<std::si
 /// @brief out[s] (device memory of `p`) = reduce over k in [0, length) of f(s, k), for s in
 /// [0, segments), queued on the place's compute stream; `contiguous`: each segment's elements
 /// are next to each other in memory.
-template <class F, class T, class Op>
-void gpu_segmented_reduce(place_state& p, std::size_t segments, std::size_t length, bool contiguous, F f, T init, Op op, T* out) {
+template <class F, class T, class Op, class Out>
+void gpu_segmented_reduce(place_state& p, std::size_t segments, std::size_t length, bool contiguous, F f, T init, Op op, Out out) {
   launch_segmented_reduce(p, segments, length, contiguous, f, init, op, out);
 }
 
@@ -5687,8 +5719,8 @@ template <class F, class T, class Op, class First>
 void gpu_transform_reduce_into(place_state& p, First, First, F, T, Op, T*) {
   no_gpu_kernels(p);
 }
-template <class F, class T, class Op>
-void gpu_segmented_reduce(place_state& p, std::size_t, std::size_t, bool, F, T, Op, T*) {
+template <class F, class T, class Op, class Out>
+void gpu_segmented_reduce(place_state& p, std::size_t, std::size_t, bool, F, T, Op, Out) {
   no_gpu_kernels(p);
 }
 #endif
@@ -5888,8 +5920,8 @@ void transform_reduce_into(cpu_system& system, thrust::counting_iterator<std::si
 /// @brief out[s] = reduce over k in [0, length) of f(s, k) with `op`, from `init`, for s in
 /// [0, segments): a reduction along a dim or a row, a loop per segment, in order, segments in
 /// parallel over the place's cores.
-template <class F, class T, class Op>
-void segmented_reduce(cpu_system& system, std::size_t segments, std::size_t length, bool, F f, T init, Op op, T* out) {
+template <class F, class T, class Op, class Out>
+void segmented_reduce(cpu_system& system, std::size_t segments, std::size_t length, bool, F f, T init, Op op, Out out) {
   transform(system, thrust::counting_iterator<std::size_t>(0), thrust::counting_iterator<std::size_t>(segments), out,
             reduce_segment<F, T, Op>{f, init, op, length});
 }
@@ -5918,8 +5950,8 @@ void transform_reduce_into(gpu_system& system, thrust::counting_iterator<std::si
 }
 /// @brief A block of threads per long segment whose elements are `contiguous` in memory (CUB's
 /// segmented reduction), a thread per short or strided one.
-template <class F, class T, class Op>
-void segmented_reduce(gpu_system& system, std::size_t segments, std::size_t length, bool contiguous, F f, T init, Op op, T* out) {
+template <class F, class T, class Op, class Out>
+void segmented_reduce(gpu_system& system, std::size_t segments, std::size_t length, bool contiguous, F f, T init, Op op, Out out) {
   gpu_segmented_reduce(*system.place, segments, length, contiguous, f, init, op, out);
 }
 /// @}
@@ -5947,9 +5979,11 @@ void transform_reduce_into(place_system& system, thrust::counting_iterator<std::
   system.visit([&](auto& backend) { transform_reduce_into(backend, first, last, f, init, op, out); });
 }
 /// @brief out[s] = reduce over k in [0, length) of f(s, k) with `op`, from `init`, for s in
-/// [0, segments): a reduction along a dim or a row (see the backends' overloads).
-template <class F, class T, class Op>
-void segmented_reduce(place_system& system, std::size_t segments, std::size_t length, bool contiguous, F f, T init, Op op, T* out) {
+/// [0, segments): a reduction along a dim or a row (see the backends' overloads). `out` is a
+/// pointer or an output iterator (one that scales what it is given finishes a mean in the
+/// same pass).
+template <class F, class T, class Op, class Out>
+void segmented_reduce(place_system& system, std::size_t segments, std::size_t length, bool contiguous, F f, T init, Op op, Out out) {
   system.visit([&](auto& backend) { segmented_reduce(backend, segments, length, contiguous, f, init, op, out); });
 }
 /// @}
@@ -9876,6 +9910,8 @@ class matmul_node : public detail::op_node<A, B> {
 // pdo/kernels/reduce.hpp: sums and maxima along one dim or over everything, as Thrust kernels.
 
 
+#include <thrust/iterator/transform_output_iterator.h>
+
 #include <cstddef>
 #include <limits>
 
@@ -9911,12 +9947,11 @@ struct max_of {
   PDO_HD T operator()(T a, T b) const { return nan_max(a, b); }
 };
 
-/// @brief in[o] * factor.
+/// @brief x * factor: what a mean's output iterator writes for a sum x.
 template <class T>
-struct scaled {
-  const T* in;
+struct scale_by {
   T factor;
-  PDO_HD T operator()(std::size_t o) const { return in[o] * factor; }
+  PDO_HD T operator()(T x) const { return x * factor; }
 };
 
 /// @brief out[o] = the reduction along dim `v` of `in` (a segmented reduction: a row per output
@@ -9929,10 +9964,11 @@ void reduce_dim(place_system& system, const T* in, const dim_view& v, reduction 
     segmented_reduce(system, outputs, v.extent, v.inner == 1, element, reduction_identity<T>(what), max_of<T>{}, out);
     return;
   }
-  segmented_reduce(system, outputs, v.extent, v.inner == 1, element, T{}, thrust::plus<T>{}, out);
-  if (what == reduction::mean)  // in place: element o reads only out[o]
-    thrust::transform(system, thrust::counting_iterator<std::size_t>(0), thrust::counting_iterator<std::size_t>(outputs), out,
-                      scaled<T>{out, T(1) / static_cast<T>(global_extent)});
+  if (what == reduction::mean)  // each sum scaled as it is written
+    segmented_reduce(system, outputs, v.extent, v.inner == 1, element, T{}, thrust::plus<T>{},
+                     thrust::make_transform_output_iterator(out, scale_by<T>{T(1) / static_cast<T>(global_extent)}));
+  else
+    segmented_reduce(system, outputs, v.extent, v.inner == 1, element, T{}, thrust::plus<T>{}, out);
 }
 
 /// @brief *out = *out * factor, for the one element of a rank-0 result.

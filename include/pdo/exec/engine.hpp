@@ -29,6 +29,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -57,6 +58,28 @@ struct task_request {
   std::string detail;          ///< for the trace (shapes, layouts, bytes); may stay empty
 };
 
+/// @brief The engine's lock. What it guards takes a fraction of a microsecond, and host threads
+/// that submit short operations at once would otherwise put each other to sleep on it (a
+/// futex wait and wake-up costs more than the operations): a waiter spins, then yields its
+/// core (to the holder, when there are more threads than cores), and never sleeps.
+class spin_lock {
+ public:
+  void lock() noexcept {
+    for (int tries = 0; locked_.exchange(true, std::memory_order_acquire); ++tries)
+      while (locked_.load(std::memory_order_relaxed)) {
+        if (tries < 64) {
+          ++tries;
+        } else {
+          std::this_thread::yield();
+        }
+      }
+  }
+  void unlock() noexcept { locked_.store(false, std::memory_order_release); }
+
+ private:
+  std::atomic<bool> locked_{false};
+};
+
 /// @brief The dependency engine: the last writer and the readers since of every buffer in
 /// use, and the total order of submission.
 class engine {
@@ -71,9 +94,10 @@ class engine {
   std::vector<task_handle> submit(std::vector<task_request>& requests) {
     std::vector<task_handle> handles;
     handles.reserve(requests.size());
+    for (auto& r : requests) handles.push_back(make(r));
     {
-      std::lock_guard lock(mutex_);
-      for (auto& r : requests) handles.push_back(make(r));
+      std::lock_guard guard(lock_);
+      for (auto& h : handles) h->id = ++submitted_;
       for (std::size_t i = 0; i < requests.size(); ++i) link_all(handles[i], requests[i].uses);
       for (std::size_t i = 0; i < requests.size(); ++i) record(handles[i], requests[i].uses);
       // the operation's tasks become what the next operation on their after_all waits for
@@ -91,10 +115,10 @@ class engine {
 
   /// @brief Submits one task.
   task_handle submit(task_request request) {
-    task_handle h;
+    task_handle h = make(request);
     {
-      std::lock_guard lock(mutex_);
-      h = make(request);
+      std::lock_guard guard(lock_);
+      h->id = ++submitted_;
       link_all(h, request.uses);
       record(h, request.uses);
       if (request.uses.after_all != nullptr) operations_[request.uses.after_all] = {h};
@@ -107,7 +131,7 @@ class engine {
   /// address later storage may take. A later task that reads that new storage must not wait
   /// for, or be cancelled by the failure of, a task that wrote the old one.
   void forget(const std::vector<const void*>& buffers) {
-    std::lock_guard lock(mutex_);
+    std::lock_guard guard(lock_);
     for (const void* b : buffers) {
       const auto found = buffers_.find(b);
       if (found == buffers_.end() || live(found->second.writer)) continue;
@@ -119,7 +143,7 @@ class engine {
 
   /// @brief The buffers the engine tracks now (for tests: finished work is forgotten).
   [[nodiscard]] std::size_t tracked_buffers() {
-    std::lock_guard lock(mutex_);
+    std::lock_guard guard(lock_);
     sweep();
     return buffers_.size();
   }
@@ -132,8 +156,8 @@ class engine {
     std::vector<task_handle> readers;  ///< since the last write
   };
 
-  /// @brief A task of `r` (under the lock: its id is its place in the order).
-  task_handle make(task_request& r) {
+  /// @brief A task of `r`; its id, its place in the order, is given under the lock.
+  static task_handle make(task_request& r) {
     auto t = std::make_shared<task_state>();
     t->fn = std::move(r.fn);
     t->home = r.home;
@@ -142,7 +166,6 @@ class engine {
     t->runs_cancelled = r.runs_cancelled;
     t->quiet = r.quiet;
     t->detail = std::move(r.detail);
-    t->id = ++submitted_;
     return t;
   }
 
@@ -207,7 +230,7 @@ class engine {
     });
   }
 
-  std::mutex mutex_;
+  spin_lock lock_;
   std::unordered_map<const void*, buffer_state> buffers_;
   std::unordered_map<const void*, std::vector<task_handle>> operations_;  ///< by after_all: the last operation's tasks
   std::uint64_t submitted_ = 0;

@@ -339,11 +339,20 @@ class lane {
       } guard(*this);
       run(next);
     }
+    // the lane is woken only when it has a task to run: one queued behind this one that is
+    // ready now (the lane passed over it while this one ran). Waking it for nothing would set
+    // its thread polling for work beside the host threads (the cost of short operations from
+    // several host threads at once); a task that becomes ready later pokes it then.
+    bool asleep = false;
     {
       std::lock_guard lock(mutex_);
       busy_ = false;
+      if (head_ready()) {
+        signal_.fetch_add(1, std::memory_order_release);
+        asleep = sleeping_;
+      }
     }
-    poke();  // the lane's next task may be ready
+    if (asleep) wake_.notify_one();
     return true;
   }
 
