@@ -1,6 +1,7 @@
 # conanfile.py: Conan 2 recipe for pdo, a header-only package with optional MPI, CUDA and IO components.
 # What pdo needs from outside comes from the system, found by CMake when a consumer is configured (the
-# build modules below): Thrust (Debian's libthrust-dev or the CUDA toolkit's CCCL) always, a BLAS
+# build modules below): Thrust (Debian's libthrust-dev or the CUDA toolkit's CCCL) and range-v3
+# (Debian's librange-v3-dev) always, a BLAS
 # (OpenBLAS preferred) with with_blas, MPI with with_mpi, the CUDA toolkit and NCCL with with_cuda;
 # nlohmann_json, for the IO component, is a Conan requirement.
 import os
@@ -30,9 +31,10 @@ class PdoConan(ConanFile):
     exports_sources = "include/*", "cmake/*", "CMakeLists.txt", "LICENSE*"
     no_copy_source = True
 
-    # Included by CMakeDeps after it declares the targets: they give pdo::pdo Thrust's include folder
-    # and the system BLAS, and pdo::mpi the system MPI.
+    # Included by CMakeDeps after it declares the targets: they give pdo::pdo Thrust's include folder,
+    # range-v3 and the system BLAS, and pdo::mpi the system MPI.
     _thrust_build_module = os.path.join("lib", "cmake", "pdo", "pdo-conan-thrust.cmake")
+    _ranges_build_module = os.path.join("lib", "cmake", "pdo", "pdo-conan-range-v3.cmake")
     _blas_build_module = os.path.join("lib", "cmake", "pdo", "pdo-conan-blas.cmake")
     _mpi_build_module = os.path.join("lib", "cmake", "pdo", "pdo-conan-mpi.cmake")
 
@@ -66,6 +68,15 @@ class PdoConan(ConanFile):
               set_property(TARGET pdo::pdo APPEND PROPERTY INTERFACE_INCLUDE_DIRECTORIES "${PDO_THRUST_INCLUDE_DIR}")
             endif()
             """))
+        save(self, os.path.join(self.package_folder, self._ranges_build_module), textwrap.dedent("""\
+            # pdo-conan-range-v3.cmake: links pdo::pdo to the system's range-v3 (the views pdo's loops use).
+            find_package(range-v3 QUIET)
+            if(NOT range-v3_FOUND)
+              message(FATAL_ERROR "pdo needs range-v3 0.11 or later: install librange-v3-dev (Debian), "
+                                  "or set range-v3_DIR to the folder that holds range-v3-config.cmake")
+            endif()
+            set_property(TARGET pdo::pdo APPEND PROPERTY INTERFACE_LINK_LIBRARIES range-v3::range-v3)
+            """))
         save(self, os.path.join(self.package_folder, self._blas_build_module), textwrap.dedent("""\
             # pdo-conan-blas.cmake: links pdo::pdo to the system BLAS (OpenBLAS preferred), matmul's sgemm/dgemm.
             set(BLA_VENDOR OpenBLAS)
@@ -93,7 +104,7 @@ class PdoConan(ConanFile):
         core.libdirs = []
         if self.settings.os in ("Linux", "FreeBSD"):
             core.system_libs = ["pthread"]
-        build_modules = [self._thrust_build_module]
+        build_modules = [self._thrust_build_module, self._ranges_build_module]
         if self.options.with_blas:
             # cblas.h and the library come from the system (Debian: libopenblas-dev)
             core.defines = ["PDO_WITH_BLAS"]

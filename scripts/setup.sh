@@ -3,7 +3,7 @@
 # packages already present are not installed again.
 set -euo pipefail
 
-packages=(cmake ninja-build g++ clang ccache catch2 libthrust-dev libcub-dev libomp-dev libeigen3-dev libopenblas-dev libopenmpi-dev openmpi-bin python3 python3-venv python3-numpy python3-sklearn zlib1g-dev nlohmann-json3-dev doxygen)
+packages=(cmake ninja-build g++ clang ccache catch2 libthrust-dev libcub-dev librange-v3-dev libomp-dev libeigen3-dev libopenblas-dev libopenmpi-dev openmpi-bin python3 python3-venv python3-numpy python3-sklearn zlib1g-dev nlohmann-json3-dev doxygen)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

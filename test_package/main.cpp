@@ -1,9 +1,13 @@
-// test_package/main.cpp: splits a tensor over two CPU places, gathers it back and checks every element.
+// test_package/main.cpp: splits a tensor over two CPU places, gathers it back and checks every element
+// (paired with range-v3's zip, which comes with pdo::pdo).
 #include <pdo/pdo.hpp>
+
+#include <range/v3/view/zip.hpp>
 
 #include <cstddef>
 #include <cstdio>
 #include <exception>
+#include <span>
 
 int main() {
   try {
@@ -19,11 +23,14 @@ int main() {
       std::puts("test_package: gather returned another shape");
       return 1;
     }
-    for (std::size_t i = 0; i < host.size(); ++i) {
-      if (back.data()[i] != host.data()[i]) {
-        std::printf("test_package: element %zu is %d, expected %d\n", i, back.data()[i], host.data()[i]);
+    // range-v3 comes with pdo::pdo
+    std::size_t i = 0;
+    for (const auto [got, want] : ranges::views::zip(std::span(back.data(), back.size()), std::span(host.data(), host.size()))) {
+      if (got != want) {
+        std::printf("test_package: element %zu is %d, expected %d\n", i, got, want);
         return 1;
       }
+      ++i;
     }
     std::puts("test_package: pdo distribute and gather over 2 places: ok");
 

@@ -3,6 +3,8 @@
 
 #include <cmath>
 #include <functional>
+#include <string>
+#include <vector>
 
 using pdo::replicate;
 using pdo_test::close;
@@ -27,6 +29,31 @@ pdo::tensor<T, Rank> zip(const pdo::tensor<T, Rank>& a, const pdo::tensor<T, Ran
 }
 
 }  // namespace
+
+// The views pdo's loops use: range-v3's, or pdo's own under nvcc (this program is also built by nvcc).
+TEST_CASE("zip and enumerate pair shards with places", "[expr][views]") {
+  namespace views = pdo::detail::views;
+  std::vector<std::size_t> places{4, 7, 9};
+  std::vector<int> shards{10, 20, 30, 40};  // longer: zip stops with the shortest
+  std::vector<std::string> names{"a", "b", "c"};
+  std::vector<std::string> seen;
+  for (auto&& [p, s, n] : views::zip(places, shards, names)) {
+    s += static_cast<int>(p);  // references into the ranges: writes land
+    seen.push_back(n + std::to_string(p));
+  }
+  CHECK(shards == std::vector<int>{14, 27, 39, 40});
+  CHECK(seen == std::vector<std::string>{"a4", "b7", "c9"});
+  std::vector<std::size_t> positions;
+  std::size_t total = 0;
+  for (const auto [k, p] : views::enumerate(places)) {
+    positions.push_back(static_cast<std::size_t>(k));
+    total += p;
+  }
+  CHECK(positions == std::vector<std::size_t>{0, 1, 2});
+  CHECK(total == 20);
+  const std::vector<int> none;
+  CHECK(std::ranges::distance(views::zip(places, none)) == 0);
+}
 
 TEST_CASE("elementwise ops against naive loops", "[expr]") {
   const auto a = random_tensor<double, 2>({5, 7}, 1);

@@ -29,6 +29,101 @@
 #define PDO_SINGLE_PDO_AUTOGRAD_VARIABLE_HPP
 // pdo/autograd/variable.hpp: pdo::var, the graph it records, and pdo::backward.
 
+// ---- pdo/core/views.hpp
+#ifndef PDO_SINGLE_PDO_CORE_VIEWS_HPP
+#define PDO_SINGLE_PDO_CORE_VIEWS_HPP
+// pdo/core/views.hpp: the range views pdo's loops use to pair shards with places and number them:
+// range-v3's (C++20's std::views in g++ 12 have neither zip nor enumerate). nvcc cannot compile
+// range-v3's headers: its front end rewrites the conversion operator that range-v3's semiregular_box
+// takes from its base into one naming the standard library's template parameter (`operator _Tp &`),
+// which the host compiler rejects. Under nvcc the two views are pdo's own, with the same elements:
+// tuples of references (zip) and (position, reference) pairs (enumerate).
+
+#include <cstddef>
+#include <iterator>
+#include <ranges>
+#include <tuple>
+#include <utility>
+
+#if !defined(__CUDACC__)
+#include <range/v3/view/enumerate.hpp>
+#include <range/v3/view/zip.hpp>
+#endif
+
+namespace pdo::detail::views {
+
+#if !defined(__CUDACC__)
+
+/// @brief The elements of several ranges side by side, as long as the shortest: `for (auto [p, shard] : zip(places, shards))`.
+using ranges::views::zip;
+/// @brief Each element with its position: `for (auto [k, x] : enumerate(r))`.
+using ranges::views::enumerate;
+
+#else
+
+/// @brief zip's range: a tuple of iterators advanced together, ending with the shortest range.
+template <std::ranges::view... Vs>
+class zip_view : public std::ranges::view_interface<zip_view<Vs...>> {
+ public:
+  zip_view() = default;
+  explicit zip_view(Vs... vs) : views_(std::move(vs)...) {}
+
+  class iterator {
+   public:
+    using value_type = std::tuple<std::ranges::range_value_t<Vs>...>;
+    using difference_type = std::ptrdiff_t;
+    iterator() = default;
+    explicit iterator(std::tuple<std::ranges::iterator_t<Vs>...> at) : at_(std::move(at)) {}
+    auto operator*() const {
+      return std::apply([](const auto&... it) { return std::tuple<std::ranges::range_reference_t<Vs>...>(*it...); }, at_);
+    }
+    iterator& operator++() {
+      std::apply([](auto&... it) { (++it, ...); }, at_);
+      return *this;
+    }
+    void operator++(int) { ++*this; }
+    bool reached(const std::tuple<std::ranges::sentinel_t<Vs>...>& ends) const {
+      return [&]<std::size_t... I>(std::index_sequence<I...>) {
+        return ((std::get<I>(at_) == std::get<I>(ends)) || ...);
+      }(std::index_sequence_for<Vs...>{});
+    }
+
+   private:
+    std::tuple<std::ranges::iterator_t<Vs>...> at_;
+  };
+  struct sentinel {
+    std::tuple<std::ranges::sentinel_t<Vs>...> ends;
+    friend bool operator==(const iterator& it, const sentinel& s) { return it.reached(s.ends); }
+  };
+
+  iterator begin() {
+    return iterator(std::apply([](auto&... v) { return std::tuple(std::ranges::begin(v)...); }, views_));
+  }
+  sentinel end() {
+    return sentinel{std::apply([](auto&... v) { return std::tuple(std::ranges::end(v)...); }, views_)};
+  }
+
+ private:
+  std::tuple<Vs...> views_;
+};
+
+template <class... Rs>
+zip_view(Rs&&...) -> zip_view<std::views::all_t<Rs>...>;
+
+/// @brief The elements of several ranges side by side, as long as the shortest.
+inline constexpr auto zip = []<std::ranges::viewable_range... Rs>(Rs&&... rs) {
+  return zip_view<std::views::all_t<Rs>...>(std::views::all(std::forward<Rs>(rs))...);
+};
+
+/// @brief Each element with its position (a std::size_t).
+inline constexpr auto enumerate = []<std::ranges::viewable_range R>(R&& r) {
+  return zip(std::views::iota(std::size_t{0}), std::forward<R>(r));
+};
+
+#endif
+
+}  // namespace pdo::detail::views
+#endif  // PDO_SINGLE_PDO_CORE_VIEWS_HPP
 // ---- pdo/exec/eval.hpp
 #ifndef PDO_SINGLE_PDO_EXEC_EVAL_HPP
 #define PDO_SINGLE_PDO_EXEC_EVAL_HPP
@@ -2128,12 +2223,14 @@ class any_place : public detail::place_handle<any_place> {
 }  // namespace pdo
 #endif  // PDO_SINGLE_PDO_PLACE_PLACE_CONCEPT_HPP
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstddef>
 #include <memory>
 #include <mutex>
 #include <ranges>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -2321,11 +2418,10 @@ mesh<Axes...> make_mesh(const Places& places, const std::size_t (&extents)[N], c
     throw layout_error("make_mesh: extents " + detail::format_extents(state->extents) + " of " + probe.describe() +
                        " hold " + std::to_string(product) + " places but " + std::to_string(state->places.size()) +
                        " were given; make the product of the extents equal the number of places");
-  for (std::size_t i = 0; i < state->places.size(); ++i) {
-    const auto& p = state->places[i];
-    for (std::size_t j = 0; j < i; ++j)
-      if (state->places[j] == p)
-        throw layout_error("make_mesh: place " + p.name() + " appears twice in " + probe.describe());
+  for (const auto [i, p] : detail::views::enumerate(state->places)) {
+    const auto before = std::span(state->places).first(static_cast<std::size_t>(i));
+    if (std::ranges::find(before, p) != before.end())
+      throw layout_error("make_mesh: place " + p.name() + " appears twice in " + probe.describe());
     if (i > 0 && p.process() < state->places[i - 1].process())
       throw layout_error("make_mesh: places must be ordered by process (" + p.name() + " comes after " +
                          state->places[i - 1].name() + ")");
@@ -7375,11 +7471,10 @@ class dtensor {
     if (shards_.size() != local.size())
       throw shape_error("dtensor: " + std::to_string(shards_.size()) + " shards given for " + std::to_string(local.size()) +
                         " local places of " + mesh_.describe());
-    for (std::size_t k = 0; k < local.size(); ++k)
-      if (shards_[k].shape() != local_shape(local[k]))
-        throw shape_error("dtensor: " + describe() + ": the shard of place " + mesh_.place(local[k]).name() + " is " +
-                          pdo::describe(shards_[k]) + " but the layout gives it " +
-                          detail::format_extents(local_shape(local[k])));
+    for (const auto [p, shard] : detail::views::zip(local, shards_))
+      if (shard.shape() != local_shape(p))
+        throw shape_error("dtensor: " + describe() + ": the shard of place " + mesh_.place(p).name() + " is " +
+                          pdo::describe(shard) + " but the layout gives it " + detail::format_extents(local_shape(p)));
   }
 
   /// @brief The mesh the tensor is laid out over.
@@ -7412,8 +7507,8 @@ class dtensor {
  private:
   std::size_t local_ordinal(std::size_t p) const {
     const auto& local = mesh_.local_places();
-    for (std::size_t k = 0; k < local.size(); ++k)
-      if (local[k] == p) return k;
+    for (const auto [k, q] : detail::views::enumerate(local))
+      if (q == p) return static_cast<std::size_t>(k);
     throw layout_error("dtensor: place " + std::to_string(p) + " of " + mesh_.describe() + " does not belong to this process");
   }
 
@@ -7755,9 +7850,8 @@ template <class T, std::size_t Rank, class Mesh, class Layout>
 void write_local_blocks(const dtensor<T, Rank, Mesh, Layout>& x, tensor<T, Rank>& out) {
   const auto& m = x.mesh();
   const auto& local = m.local_places();
-  for (std::size_t k = 0; k < local.size(); ++k) {
-    if (writes_block(m, value_of<Layout>(), local[k])) write_block(x.local_shards()[k], out, x.local_offset(local[k]));
-  }
+  for (const auto [p, shard] : views::zip(local, x.local_shards()))
+    if (writes_block(m, value_of<Layout>(), p)) write_block(shard, out, x.local_offset(p));
 }
 
 }  // namespace detail
@@ -10889,8 +10983,8 @@ struct evaluation final : queued_evaluation {
   evaluation(Node e, Result r) : expr(std::move(e)), result(std::move(r)) {
     const auto& local = result.mesh().local_places();
     runs.reserve(local.size());
-    for (std::size_t k = 0; k < local.size(); ++k)
-      runs.emplace_back(expr, mesh_context<mesh_t>(result.mesh(), local[k]), result.local_shards()[k]);
+    for (auto&& [p, shard] : views::zip(local, result.local_shards()))
+      runs.emplace_back(expr, mesh_context<mesh_t>(result.mesh(), p), shard);
     for (const auto& r : runs) {
       const auto w = r.written();
       written.insert(written.end(), w.begin(), w.end());
@@ -11358,7 +11452,7 @@ void add_in_place(V& sum, const V& g) {
     for_each_index(out.where(), out.size(), add_into_element<typename value_kind<V>::element_type>{out.data(), in.data()});
   };
   if constexpr (value_kind<V>::distributed) {
-    for (std::size_t k = 0; k < sum.local_shards().size(); ++k) add(sum.local_shards()[k], g.local_shards()[k]);
+    for (auto&& [out, in] : views::zip(sum.local_shards(), g.local_shards())) add(out, in);
   } else {
     add(sum, g);
   }
@@ -12833,9 +12927,9 @@ void conv2d_spatial_forward(const Mesh& m, const spatial_cut& cut, const std::ve
   std::vector<window_geometry> geometry(local.size());
   std::vector<pixel_region> inner(local.size());
   std::vector<tensor<T, 4>> blocks(local.size());
-  for (std::size_t k = 0; k < local.size(); ++k) {
-    geometry[k] = cut.block_geometry(m, local[k], xs[k].shape());
-    inner[k] = cut.interior(m, local[k], geometry[k]);
+  for (auto&& [p, x, g, in] : views::zip(local, xs, geometry, inner)) {
+    g = cut.block_geometry(m, p, x.shape());
+    in = cut.interior(m, p, g);
   }
   batch_sequence ops("conv2d");
   ops.submit(
@@ -12879,7 +12973,7 @@ void conv2d_spatial_backward(const Mesh& m, const spatial_cut& cut, const std::v
   std::vector<window_geometry> geometry(local.size());
   std::vector<tensor<T, 2>> rows(local.size());
   std::vector<tensor<T, 4>> dblocks(local.size());
-  for (std::size_t k = 0; k < local.size(); ++k) geometry[k] = cut.block_geometry(m, local[k], xs[k].shape());
+  for (auto&& [p, x, g] : views::zip(local, xs, geometry)) g = cut.block_geometry(m, p, x.shape());
   batch_sequence ops("conv2d backward");
   ops.submit(
       m, lane_kind::compute, false,
@@ -13410,9 +13504,9 @@ block_outcomes share_outcomes(const Mesh& m, const std::vector<std::optional<Res
   };
   const auto& local = m.local_places();
   if (!m.is_multiprocess()) {
-    for (std::size_t k = 0; k < local.size(); ++k) {
-      const auto v = mine(k);
-      std::copy(v.begin(), v.end(), o.values.begin() + static_cast<std::ptrdiff_t>(local[k] * o.width));
+    for (const auto [k, p] : views::enumerate(local)) {
+      const auto v = mine(static_cast<std::size_t>(k));
+      std::copy(v.begin(), v.end(), o.values.begin() + static_cast<std::ptrdiff_t>(p * o.width));
     }
     return o;
   }
@@ -14807,7 +14901,7 @@ class parameter_ref {
       if constexpr (var<V>::distributed) {
         using L = typename V::layout_type;
         const auto cut = pdo::distribute<L>(v.value().mesh(), host);
-        for (std::size_t k = 0; k < cut.local_shards().size(); ++k) pdo::copy(cut.local_shards()[k], v.value().local_shards()[k]);
+        for (auto&& [from, to] : detail::views::zip(cut.local_shards(), v.value().local_shards())) pdo::copy(from, to);
       } else {
         pdo::copy(host, v.value());
       }

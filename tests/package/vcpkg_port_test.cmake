@@ -19,7 +19,7 @@ set(port_dir ${PDO_SOURCE_DIR}/ports/pdo)
 set(port_manifest ${port_dir}/vcpkg.json)
 
 # 1. The manifests, the port's and the repository's: pdo at the project's version, the features, the host
-#    tools, Thrust as a dependency and the BLAS as a default feature.
+#    tools, Thrust and range-v3 as dependencies and the BLAS as a default feature.
 foreach(manifest ${port_manifest} ${PDO_SOURCE_DIR}/vcpkg.json)
   file(READ ${manifest} json)
   string(JSON name GET "${json}" name)
@@ -50,6 +50,7 @@ foreach(manifest ${port_manifest} ${PDO_SOURCE_DIR}/vcpkg.json)
     endif()
   endforeach()
   require("${manifest}: thrust must be a dependency" "thrust" IN_LIST dependencies)
+  require("${manifest}: range-v3 must be a dependency" "range-v3" IN_LIST dependencies)
   string(JSON default_features ERROR_VARIABLE missing GET "${json}" default-features)
   string(FIND "${default_features}" "\"blas\"" at)
   require("${manifest}: blas must be a default feature" NOT missing AND at GREATER -1)

@@ -2,10 +2,11 @@
 #pragma once
 
 #include <pdo/autograd/variable.hpp>
+#include <pdo/core/views.hpp>
+#include <pdo/exec/mesh_ops.hpp>
 #include <pdo/kernels/conv.hpp>
 #include <pdo/kernels/gemm.hpp>
 #include <pdo/layout/layout_type.hpp>
-#include <pdo/exec/mesh_ops.hpp>
 #include <pdo/plan/plan.hpp>
 #include <pdo/tensor/halo.hpp>
 
@@ -318,9 +319,9 @@ void conv2d_spatial_forward(const Mesh& m, const spatial_cut& cut, const std::ve
   std::vector<window_geometry> geometry(local.size());
   std::vector<pixel_region> inner(local.size());
   std::vector<tensor<T, 4>> blocks(local.size());
-  for (std::size_t k = 0; k < local.size(); ++k) {
-    geometry[k] = cut.block_geometry(m, local[k], xs[k].shape());
-    inner[k] = cut.interior(m, local[k], geometry[k]);
+  for (auto&& [p, x, g, in] : views::zip(local, xs, geometry, inner)) {
+    g = cut.block_geometry(m, p, x.shape());
+    in = cut.interior(m, p, g);
   }
   batch_sequence ops("conv2d");
   ops.submit(
@@ -364,7 +365,7 @@ void conv2d_spatial_backward(const Mesh& m, const spatial_cut& cut, const std::v
   std::vector<window_geometry> geometry(local.size());
   std::vector<tensor<T, 2>> rows(local.size());
   std::vector<tensor<T, 4>> dblocks(local.size());
-  for (std::size_t k = 0; k < local.size(); ++k) geometry[k] = cut.block_geometry(m, local[k], xs[k].shape());
+  for (auto&& [p, x, g] : views::zip(local, xs, geometry)) g = cut.block_geometry(m, p, x.shape());
   batch_sequence ops("conv2d backward");
   ops.submit(
       m, lane_kind::compute, false,

@@ -1,9 +1,10 @@
 // pdo/autograd/variable.hpp: pdo::var, the graph it records, and pdo::backward.
 #pragma once
 
+#include <pdo/core/views.hpp>
 #include <pdo/exec/eval.hpp>
-#include <pdo/kernels/place_system.hpp>
 #include <pdo/exec/mesh_ops.hpp>
+#include <pdo/kernels/place_system.hpp>
 
 #include <algorithm>
 #include <atomic>
@@ -94,7 +95,7 @@ void add_in_place(V& sum, const V& g) {
     for_each_index(out.where(), out.size(), add_into_element<typename value_kind<V>::element_type>{out.data(), in.data()});
   };
   if constexpr (value_kind<V>::distributed) {
-    for (std::size_t k = 0; k < sum.local_shards().size(); ++k) add(sum.local_shards()[k], g.local_shards()[k]);
+    for (auto&& [out, in] : views::zip(sum.local_shards(), g.local_shards())) add(out, in);
   } else {
     add(sum, g);
   }

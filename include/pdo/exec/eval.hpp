@@ -1,6 +1,7 @@
 // pdo/exec/eval.hpp: evaluating expressions: at once (eval) or queued on the places (eval_async, wait_all).
 #pragma once
 
+#include <pdo/core/views.hpp>
 #include <pdo/exec/run_on_places.hpp>
 #include <pdo/exec/run_plan.hpp>
 #include <pdo/expr/operators.hpp>
@@ -57,8 +58,8 @@ struct evaluation final : queued_evaluation {
   evaluation(Node e, Result r) : expr(std::move(e)), result(std::move(r)) {
     const auto& local = result.mesh().local_places();
     runs.reserve(local.size());
-    for (std::size_t k = 0; k < local.size(); ++k)
-      runs.emplace_back(expr, mesh_context<mesh_t>(result.mesh(), local[k]), result.local_shards()[k]);
+    for (auto&& [p, shard] : views::zip(local, result.local_shards()))
+      runs.emplace_back(expr, mesh_context<mesh_t>(result.mesh(), p), shard);
     for (const auto& r : runs) {
       const auto w = r.written();
       written.insert(written.end(), w.begin(), w.end());

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <pdo/comm/mesh_comms.hpp>
+#include <pdo/core/views.hpp>
 #include <pdo/exec/run_on_places.hpp>
 #include <pdo/layout/layout_check.hpp>
 #include <pdo/tensor/dtensor.hpp>
@@ -75,9 +76,9 @@ block_outcomes share_outcomes(const Mesh& m, const std::vector<std::optional<Res
   };
   const auto& local = m.local_places();
   if (!m.is_multiprocess()) {
-    for (std::size_t k = 0; k < local.size(); ++k) {
-      const auto v = mine(k);
-      std::copy(v.begin(), v.end(), o.values.begin() + static_cast<std::ptrdiff_t>(local[k] * o.width));
+    for (const auto [k, p] : views::enumerate(local)) {
+      const auto v = mine(static_cast<std::size_t>(k));
+      std::copy(v.begin(), v.end(), o.values.begin() + static_cast<std::ptrdiff_t>(p * o.width));
     }
     return o;
   }

@@ -3,6 +3,7 @@
 
 #include <pdo/autograd/variable.hpp>
 #include <pdo/core/copy_elements.hpp>
+#include <pdo/core/views.hpp>
 #include <pdo/exec/mesh_ops.hpp>
 
 #include <algorithm>
@@ -310,7 +311,7 @@ class parameter_ref {
       if constexpr (var<V>::distributed) {
         using L = typename V::layout_type;
         const auto cut = pdo::distribute<L>(v.value().mesh(), host);
-        for (std::size_t k = 0; k < cut.local_shards().size(); ++k) pdo::copy(cut.local_shards()[k], v.value().local_shards()[k]);
+        for (auto&& [from, to] : detail::views::zip(cut.local_shards(), v.value().local_shards())) pdo::copy(from, to);
       } else {
         pdo::copy(host, v.value());
       }

@@ -4,14 +4,17 @@
 #include <pdo/core/error.hpp>
 #include <pdo/core/fixed_string.hpp>
 #include <pdo/core/shape.hpp>
+#include <pdo/core/views.hpp>
 #include <pdo/place/place_concept.hpp>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstddef>
 #include <memory>
 #include <mutex>
 #include <ranges>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -199,11 +202,10 @@ mesh<Axes...> make_mesh(const Places& places, const std::size_t (&extents)[N], c
     throw layout_error("make_mesh: extents " + detail::format_extents(state->extents) + " of " + probe.describe() +
                        " hold " + std::to_string(product) + " places but " + std::to_string(state->places.size()) +
                        " were given; make the product of the extents equal the number of places");
-  for (std::size_t i = 0; i < state->places.size(); ++i) {
-    const auto& p = state->places[i];
-    for (std::size_t j = 0; j < i; ++j)
-      if (state->places[j] == p)
-        throw layout_error("make_mesh: place " + p.name() + " appears twice in " + probe.describe());
+  for (const auto [i, p] : detail::views::enumerate(state->places)) {
+    const auto before = std::span(state->places).first(static_cast<std::size_t>(i));
+    if (std::ranges::find(before, p) != before.end())
+      throw layout_error("make_mesh: place " + p.name() + " appears twice in " + probe.describe());
     if (i > 0 && p.process() < state->places[i - 1].process())
       throw layout_error("make_mesh: places must be ordered by process (" + p.name() + " comes after " +
                          state->places[i - 1].name() + ")");

@@ -4,6 +4,7 @@
 #include <pdo/core/error.hpp>
 #include <pdo/core/fixed_string.hpp>
 #include <pdo/core/shape.hpp>
+#include <pdo/core/views.hpp>
 #include <pdo/layout/layout_check.hpp>
 #include <pdo/layout/layout_value.hpp>
 #include <pdo/place/mesh.hpp>
@@ -83,11 +84,10 @@ class dtensor {
     if (shards_.size() != local.size())
       throw shape_error("dtensor: " + std::to_string(shards_.size()) + " shards given for " + std::to_string(local.size()) +
                         " local places of " + mesh_.describe());
-    for (std::size_t k = 0; k < local.size(); ++k)
-      if (shards_[k].shape() != local_shape(local[k]))
-        throw shape_error("dtensor: " + describe() + ": the shard of place " + mesh_.place(local[k]).name() + " is " +
-                          pdo::describe(shards_[k]) + " but the layout gives it " +
-                          detail::format_extents(local_shape(local[k])));
+    for (const auto [p, shard] : detail::views::zip(local, shards_))
+      if (shard.shape() != local_shape(p))
+        throw shape_error("dtensor: " + describe() + ": the shard of place " + mesh_.place(p).name() + " is " +
+                          pdo::describe(shard) + " but the layout gives it " + detail::format_extents(local_shape(p)));
   }
 
   /// @brief The mesh the tensor is laid out over.
@@ -120,8 +120,8 @@ class dtensor {
  private:
   std::size_t local_ordinal(std::size_t p) const {
     const auto& local = mesh_.local_places();
-    for (std::size_t k = 0; k < local.size(); ++k)
-      if (local[k] == p) return k;
+    for (const auto [k, q] : detail::views::enumerate(local))
+      if (q == p) return static_cast<std::size_t>(k);
     throw layout_error("dtensor: place " + std::to_string(p) + " of " + mesh_.describe() + " does not belong to this process");
   }
 

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <pdo/comm/mesh_comms.hpp>
+#include <pdo/core/views.hpp>
 #include <pdo/layout/layout_check.hpp>
 #include <pdo/layout/redistribute_plan.hpp>
 #include <pdo/tensor/copy.hpp>
@@ -215,9 +216,8 @@ template <class T, std::size_t Rank, class Mesh, class Layout>
 void write_local_blocks(const dtensor<T, Rank, Mesh, Layout>& x, tensor<T, Rank>& out) {
   const auto& m = x.mesh();
   const auto& local = m.local_places();
-  for (std::size_t k = 0; k < local.size(); ++k) {
-    if (writes_block(m, value_of<Layout>(), local[k])) write_block(x.local_shards()[k], out, x.local_offset(local[k]));
-  }
+  for (const auto [p, shard] : views::zip(local, x.local_shards()))
+    if (writes_block(m, value_of<Layout>(), p)) write_block(shard, out, x.local_offset(p));
 }
 
 }  // namespace detail
