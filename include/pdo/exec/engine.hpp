@@ -7,12 +7,18 @@
 // since of a buffer it writes (write after read, write after write). Tasks that do not
 // conflict run at the same time, on different lanes and places (pdo/place/lane.hpp).
 //
-// Submission is one total order: a task waits only for tasks submitted before it, and the
-// tasks of one mesh-wide operation (one per place) are submitted at one point of that order,
-// none waiting for another. Lanes run their tasks in submission order. So the earliest task
-// that has not ended always has every task it waits for ended and every task before it on
-// its lane ended: it runs, and with it the other tasks of its operation, whose collectives
-// therefore meet. Nothing waits forever, whichever threads submit.
+// The engine's table of buffers is cut into shards by address, each with its own lock, so
+// host threads that submit work on different buffers do not wait for each other. A
+// submission locks the shards of every buffer it names (in shard order), links its tasks to
+// what they conflict with and records them, and queues them on their lanes before it lets
+// the shards go; the tasks of one mesh-wide operation (one per place) are queued at one
+// instant, every lane involved locked at once (lane::push_together). So a task waits only
+// for tasks queued before it, lanes run their tasks in the order they were queued, and the
+// tasks of an operation stand in the same order against every other task on all their
+// lanes. The task queued earliest of those that have not ended therefore has every task it
+// waits for ended and every task before it on its lane ended: it runs, and with it the other
+// tasks of its operation, whose collectives meet. Nothing waits forever, whichever threads
+// submit.
 //
 // A task that fails cancels the tasks that read what it wrote (and, in turn, those that read
 // theirs), with its error; a task that only overwrites its buffers runs, as do independent
@@ -22,7 +28,9 @@
 #include <pdo/core/error.hpp>
 #include <pdo/place/lane.hpp>
 
+#include <array>
 #include <atomic>
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -58,21 +66,16 @@ struct task_request {
   std::string detail;          ///< for the trace (shapes, layouts, bytes); may stay empty
 };
 
-/// @brief The engine's lock. What it guards takes a fraction of a microsecond, and host threads
-/// that submit short operations at once would otherwise put each other to sleep on it (a
-/// futex wait and wake-up costs more than the operations): a waiter spins, then yields its
-/// core (to the holder, when there are more threads than cores), and never sleeps.
+/// @brief A lock of the engine. What it guards takes a fraction of a microsecond, and host
+/// threads that submit short operations at once would otherwise put each other to sleep on
+/// it (a futex wait and wake-up costs more than the operations): a waiter spins, then yields
+/// its core (to the holder, when there are more threads than cores), and never sleeps.
 class spin_lock {
  public:
   void lock() noexcept {
-    for (int tries = 0; locked_.exchange(true, std::memory_order_acquire); ++tries)
-      while (locked_.load(std::memory_order_relaxed)) {
-        if (tries < 64) {
-          ++tries;
-        } else {
-          std::this_thread::yield();
-        }
-      }
+    for (int spins = 0; locked_.exchange(true, std::memory_order_acquire);)
+      while (locked_.load(std::memory_order_relaxed))
+        if (++spins > 64) std::this_thread::yield();
   }
   void unlock() noexcept { locked_.store(false, std::memory_order_release); }
 
@@ -81,7 +84,7 @@ class spin_lock {
 };
 
 /// @brief The dependency engine: the last writer and the readers since of every buffer in
-/// use, and the total order of submission.
+/// use, in shards by address, and the order of submission.
 class engine {
  public:
   static engine& instance() {
@@ -89,63 +92,70 @@ class engine {
     return *e;
   }
 
-  /// @brief Submits `requests` at one point of the total order (the tasks of one operation:
-  /// none waits for another of them) and returns their handles, in order.
+  /// @brief Submits `requests`, the tasks of one operation (none waits for another of them),
+  /// queued at one instant on their lanes, and returns their handles, in order.
   std::vector<task_handle> submit(std::vector<task_request>& requests) {
     std::vector<task_handle> handles;
     handles.reserve(requests.size());
     for (auto& r : requests) handles.push_back(make(r));
-    {
-      std::lock_guard guard(lock_);
-      for (auto& h : handles) h->id = ++submitted_;
-      for (std::size_t i = 0; i < requests.size(); ++i) link_all(handles[i], requests[i].uses);
-      for (std::size_t i = 0; i < requests.size(); ++i) record(handles[i], requests[i].uses);
-      // the operation's tasks become what the next operation on their after_all waits for
-      for (std::size_t i = 0; i < requests.size(); ++i) {
-        const void* token = requests[i].uses.after_all;
-        if (token == nullptr) continue;
-        auto& last = operations_[token];
-        if (i == 0 || requests[i - 1].uses.after_all != token) last.clear();
-        last.push_back(handles[i]);
-      }
-      for (auto& h : handles) queue(h);
+    std::uint64_t mask = 0;
+    for (const auto& r : requests) mask |= shards_of(r.uses);
+    const shard_locks locked(*this, mask);
+    for (auto& h : handles) h->id = submitted_.fetch_add(1, std::memory_order_relaxed) + 1;
+    for (std::size_t i = 0; i < requests.size(); ++i) link_all(handles[i], requests[i].uses);
+    for (std::size_t i = 0; i < requests.size(); ++i) record(handles[i], requests[i].uses);
+    // the operation's tasks become what the next operation on their after_all waits for
+    for (std::size_t i = 0; i < requests.size(); ++i) {
+      const void* token = requests[i].uses.after_all;
+      if (token == nullptr) continue;
+      auto& last = shard_for(token).operations[token];
+      if (i == 0 || requests[i - 1].uses.after_all != token) last.clear();
+      last.push_back(handles[i]);
     }
+    for (auto& h : handles) h->waiting.fetch_sub(1, std::memory_order_acq_rel);  // the submission's own count
+    lane::push_together(handles);
     return handles;
   }
 
   /// @brief Submits one task.
   task_handle submit(task_request request) {
     task_handle h = make(request);
-    {
-      std::lock_guard guard(lock_);
-      h->id = ++submitted_;
-      link_all(h, request.uses);
-      record(h, request.uses);
-      if (request.uses.after_all != nullptr) operations_[request.uses.after_all] = {h};
-      queue(h);
-    }
+    const shard_locks locked(*this, shards_of(request.uses));
+    h->id = submitted_.fetch_add(1, std::memory_order_relaxed) + 1;
+    link_all(h, request.uses);
+    record(h, request.uses);
+    if (request.uses.after_all != nullptr) shard_for(request.uses.after_all).operations[request.uses.after_all] = {h};
+    // gives up the submission's own count, then queues: a lane looks at its head again on
+    // every push, so no extra wake-up is needed for a task whose dependencies have all ended
+    h->waiting.fetch_sub(1, std::memory_order_acq_rel);
+    h->home->push(h);
     return h;
   }
 
   /// @brief Forgets `buffers` whose tasks have all ended: storage about to be freed, whose
   /// address later storage may take. A later task that reads that new storage must not wait
-  /// for, or be cancelled by the failure of, a task that wrote the old one.
+  /// for, or be cancelled by, a task that wrote the old one.
   void forget(const std::vector<const void*>& buffers) {
-    std::lock_guard guard(lock_);
     for (const void* b : buffers) {
-      const auto found = buffers_.find(b);
-      if (found == buffers_.end() || live(found->second.writer)) continue;
+      shard& s = shard_for(b);
+      std::lock_guard guard(s.lock);
+      const auto found = s.buffers.find(b);
+      if (found == s.buffers.end() || live(found->second.writer)) continue;
       bool reading = false;
       for (const auto& r : found->second.readers) reading = reading || live(r);
-      if (!reading) buffers_.erase(found);
+      if (!reading) s.buffers.erase(found);
     }
   }
 
   /// @brief The buffers the engine tracks now (for tests: finished work is forgotten).
   [[nodiscard]] std::size_t tracked_buffers() {
-    std::lock_guard guard(lock_);
-    sweep();
-    return buffers_.size();
+    std::size_t n = 0;
+    for (shard& s : shards_) {
+      std::lock_guard guard(s.lock);
+      sweep(s);
+      n += s.buffers.size();
+    }
+    return n;
   }
 
  private:
@@ -156,7 +166,49 @@ class engine {
     std::vector<task_handle> readers;  ///< since the last write
   };
 
-  /// @brief A task of `r`; its id, its place in the order, is given under the lock.
+  /// @brief One part of the table: the buffers (and operation tokens) whose address hashes to it.
+  struct alignas(64) shard {
+    spin_lock lock;
+    std::unordered_map<const void*, buffer_state> buffers;
+    std::unordered_map<const void*, std::vector<task_handle>> operations;  ///< by after_all: the last operation's tasks
+    std::size_t since_sweep = 0;
+  };
+  static constexpr std::size_t shard_count = 64;
+
+  static std::size_t shard_index(const void* p) {
+    return static_cast<std::size_t>(((reinterpret_cast<std::uintptr_t>(p) >> 4) * 0x9E3779B97F4A7C15ull) >> 58);
+  }
+  shard& shard_for(const void* p) { return shards_[shard_index(p)]; }
+
+  /// @brief The shards a task's buffers and operation token fall in, one bit each.
+  static std::uint64_t shards_of(const access& uses) {
+    std::uint64_t mask = 0;
+    for (const void* b : uses.reads) mask |= std::uint64_t{1} << shard_index(b);
+    for (const void* b : uses.writes) mask |= std::uint64_t{1} << shard_index(b);
+    if (uses.after_all != nullptr) mask |= std::uint64_t{1} << shard_index(uses.after_all);
+    return mask;
+  }
+
+  /// @brief Holds the locks of the shards in `mask`, taken in shard order (so two
+  /// submissions never hold one each of two shards the other wants).
+  class shard_locks {
+   public:
+    shard_locks(engine& e, std::uint64_t mask) : e_(e), mask_(mask) {
+      for (std::uint64_t m = mask_; m != 0; m &= m - 1) e_.shards_[static_cast<std::size_t>(std::countr_zero(m))].lock.lock();
+    }
+    ~shard_locks() {
+      for (std::uint64_t m = mask_; m != 0; m &= m - 1) e_.shards_[static_cast<std::size_t>(std::countr_zero(m))].lock.unlock();
+    }
+    shard_locks(const shard_locks&) = delete;
+    shard_locks& operator=(const shard_locks&) = delete;
+
+   private:
+    engine& e_;
+    std::uint64_t mask_;
+  };
+  static_assert(shard_count == 64, "shard_locks keeps one bit per shard in a 64-bit mask");
+
+  /// @brief A task of `r`; its id, its place in the order, is given under the locks.
   static task_handle make(task_request& r) {
     auto t = std::make_shared<task_state>();
     t->fn = std::move(r.fn);
@@ -169,72 +221,71 @@ class engine {
     return t;
   }
 
-  /// @brief Gives up the submission's own count on `t`, then queues it on its lane: a lane
-  /// looks at its head again on every push, so no extra wake-up is needed for a task whose
-  /// dependencies have all ended.
-  static void queue(const task_handle& t) {
-    t->waiting.fetch_sub(1, std::memory_order_acq_rel);
-    t->home->push(t);
-  }
-
   static bool live(const task_handle& t) { return t && !t->ended.load(std::memory_order_acquire); }
 
-  /// @brief Makes `t` wait for what it conflicts with (under the lock).
+  /// @brief Makes `t` wait for what it conflicts with (under the locks of its shards).
   void link_all(const task_handle& t, const access& uses) {
-    if (uses.after_all != nullptr)
-      if (const auto found = operations_.find(uses.after_all); found != operations_.end())
+    if (uses.after_all != nullptr) {
+      auto& operations = shard_for(uses.after_all).operations;
+      if (const auto found = operations.find(uses.after_all); found != operations.end())
         for (const auto& before : found->second) link(t, *before, false);
+    }
     for (const void* b : uses.reads) {
-      const auto found = buffers_.find(b);
-      if (found != buffers_.end() && found->second.writer) link(t, *found->second.writer, true);  // read after write
+      auto& buffers = shard_for(b).buffers;
+      const auto found = buffers.find(b);
+      if (found != buffers.end() && found->second.writer) link(t, *found->second.writer, true);  // read after write
     }
     for (const void* b : uses.writes) {
-      const auto found = buffers_.find(b);
-      if (found == buffers_.end()) continue;
+      auto& buffers = shard_for(b).buffers;
+      const auto found = buffers.find(b);
+      if (found == buffers.end()) continue;
       if (found->second.writer) link(t, *found->second.writer, false);  // write after write: an order, not a result
       for (const auto& r : found->second.readers)
         if (r.get() != t.get()) link(t, *r, false);  // write after read
     }
   }
 
-  /// @brief Records `t` as a reader and writer of its buffers (under the lock).
+  /// @brief Records `t` as a reader and writer of its buffers (under the locks of its shards).
   void record(const task_handle& t, const access& uses) {
+    auto note = [](shard& s) {
+      if (++s.since_sweep >= 4096) sweep(s);
+    };
     for (const void* b : uses.reads) {
-      auto& s = buffers_[b];
+      shard& sh = shard_for(b);
+      auto& s = sh.buffers[b];
       // readers that have ended no longer matter: dropped now and then, not on every read
       if (s.readers.size() >= 16) std::erase_if(s.readers, [](const task_handle& r) { return !live(r); });
       s.readers.push_back(t);
+      note(sh);
     }
     for (const void* b : uses.writes) {
-      auto& s = buffers_[b];
+      shard& sh = shard_for(b);
+      auto& s = sh.buffers[b];
       s.writer = t;
       s.readers.clear();
+      note(sh);
     }
-    if (++since_sweep_ >= 4096) sweep();
   }
 
-  /// @brief Forgets the buffers whose tasks have all ended.
-  void sweep() {
-    since_sweep_ = 0;
-    std::erase_if(operations_, [](const auto& entry) {
+  /// @brief Forgets the buffers of shard `s` whose tasks have all ended (under its lock).
+  static void sweep(shard& s) {
+    s.since_sweep = 0;
+    std::erase_if(s.operations, [](const auto& entry) {
       for (const auto& t : entry.second)
         if (live(t)) return false;
       return true;
     });
-    std::erase_if(buffers_, [](const auto& entry) {
-      const buffer_state& s = entry.second;
-      if (live(s.writer)) return false;
-      for (const auto& r : s.readers)
+    std::erase_if(s.buffers, [](const auto& entry) {
+      const buffer_state& b = entry.second;
+      if (live(b.writer)) return false;
+      for (const auto& r : b.readers)
         if (live(r)) return false;
       return true;
     });
   }
 
-  spin_lock lock_;
-  std::unordered_map<const void*, buffer_state> buffers_;
-  std::unordered_map<const void*, std::vector<task_handle>> operations_;  ///< by after_all: the last operation's tasks
-  std::uint64_t submitted_ = 0;
-  std::size_t since_sweep_ = 0;
+  std::array<shard, shard_count> shards_;
+  std::atomic<std::uint64_t> submitted_{0};
 };
 
 /// @brief How `t` ended, once it has: nothing, or the error it failed or was cancelled with,

@@ -8,15 +8,18 @@
 #include <pdo/core/timeline.hpp>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <new>
 #include <optional>
+#include <span>
 #include <string>
 #include <thread>
 #include <type_traits>
@@ -295,14 +298,45 @@ class lane {
   /// @brief Queues `t` behind the lane's earlier tasks.
   void push(task_handle t) {
     bool asleep = false;
-    const bool quiet = t->quiet && runs_anywhere_;
     {
       std::lock_guard lock(mutex_);
-      queue_.push_back(std::move(t));
-      if (!quiet) signal_.fetch_add(1, std::memory_order_release);
-      asleep = sleeping_ && !quiet;
+      asleep = append(std::move(t));
     }
     if (asleep) wake_.notify_one();
+  }
+
+  /// @brief Queues `tasks` (of one operation, on their own lanes) at one instant: every lane
+  /// involved is locked while they are queued, so no task queued by another thread comes
+  /// between them on one lane and not on another.
+  static void push_together(const std::vector<task_handle>& tasks) {
+    if (tasks.size() == 1) {
+      tasks.front()->home->push(tasks.front());
+      return;
+    }
+    // the distinct lanes in address order (a mesh has few places: no allocation up to 16)
+    std::array<lane*, 16> small{};
+    std::vector<lane*> large;
+    std::span<lane*> lanes;
+    if (tasks.size() <= small.size()) {
+      lanes = std::span(small.data(), tasks.size());
+    } else {
+      large.resize(tasks.size());
+      lanes = large;
+    }
+    std::ranges::transform(tasks, lanes.begin(), [](const task_handle& t) { return t->home; });
+    std::ranges::sort(lanes, std::less<>{});
+    lanes = lanes.first(static_cast<std::size_t>(std::unique(lanes.begin(), lanes.end()) - lanes.begin()));
+    std::uint64_t asleep = 0;  // one bit per lane, for the first 64 (the others are woken whatever)
+    for (lane* l : lanes) l->mutex_.lock();  // in address order: whoever else locks two of them does too
+    for (const auto& t : tasks) {
+      lane* home = t->home;
+      const auto at = static_cast<std::size_t>(std::ranges::lower_bound(lanes, home, std::less<>{}) - lanes.begin());
+      const bool wake = home->append(t);
+      if (wake && at < 64) asleep |= std::uint64_t{1} << at;
+    }
+    for (lane* l : lanes) l->mutex_.unlock();
+    for (std::size_t i = 0; i < lanes.size(); ++i)
+      if (i >= 64 || (asleep >> i & 1) != 0) lanes[i]->wake_.notify_one();
   }
 
   /// @brief Runs `t` on the calling thread, as this lane would, when `t` is the lane's next
@@ -369,6 +403,15 @@ class lane {
 
  private:
   static constexpr int idle_polls = 200;
+
+  /// @brief Appends `t` to the queue (under the lock); returns whether the thread sleeps and must be woken.
+  bool append(task_handle t) {
+    const bool quiet = t->quiet && runs_anywhere_;
+    queue_.push_back(std::move(t));
+    if (quiet) return false;
+    signal_.fetch_add(1, std::memory_order_release);
+    return sleeping_;
+  }
 
   [[nodiscard]] bool head_ready() const { return !queue_.empty() && queue_.front()->waiting.load(std::memory_order_acquire) == 0; }
 
