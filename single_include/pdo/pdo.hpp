@@ -1860,14 +1860,23 @@ class lane {
       large.resize(tasks.size());
       lanes = large;
     }
-    std::ranges::transform(tasks, lanes.begin(), [](const task_handle& t) { return t->home; });
-    std::ranges::sort(lanes, std::less<>{});
-    lanes = lanes.first(static_cast<std::size_t>(std::unique(lanes.begin(), lanes.end()) - lanes.begin()));
+    std::size_t distinct = 0;
+    for (const auto& t : tasks) {  // insertion into the sorted distinct lanes (a mesh has few places)
+      lane* l = t->home;
+      std::size_t at = 0;
+      while (at < distinct && std::less<>{}(lanes[at], l)) ++at;
+      if (at < distinct && lanes[at] == l) continue;
+      for (std::size_t j = distinct; j > at; --j) lanes[j] = lanes[j - 1];
+      lanes[at] = l;
+      ++distinct;
+    }
+    lanes = lanes.first(distinct);
     std::uint64_t asleep = 0;  // one bit per lane, for the first 64 (the others are woken whatever)
     for (lane* l : lanes) l->mutex_.lock();  // in address order: whoever else locks two of them does too
     for (const auto& t : tasks) {
       lane* home = t->home;
-      const auto at = static_cast<std::size_t>(std::ranges::lower_bound(lanes, home, std::less<>{}) - lanes.begin());
+      std::size_t at = 0;
+      while (lanes[at] != home) ++at;
       const bool wake = home->append(t);
       if (wake && at < 64) asleep |= std::uint64_t{1} << at;
     }
@@ -2317,6 +2326,20 @@ inline mesh_agreement& multiprocess_agreement() {
   return check;
 }
 
+
+/// @brief Checks the places of a mesh being made, `name` (none twice, ordered by process),
+/// and notes which belong to this process.
+inline void take_places(mesh_state& state, const std::string& name) {
+  for (const auto [i, p] : views::enumerate(state.places)) {
+    const auto before = std::span(state.places).first(static_cast<std::size_t>(i));
+    if (std::ranges::find(before, p) != before.end()) throw layout_error("make_mesh: place " + p.name() + " appears twice in " + name);
+    if (i > 0 && p.process() < state.places[i - 1].process())
+      throw layout_error("make_mesh: places must be ordered by process (" + p.name() + " comes after " + state.places[i - 1].name() + ")");
+    if (p.is_local()) state.local.push_back(static_cast<std::size_t>(i));
+    else state.multiprocess = true;
+  }
+}
+
 }  // namespace detail
 
 /// @brief An N-D grid of places whose axes are named by `Axes` ("dp", "tp", "pp").
@@ -2461,16 +2484,7 @@ mesh<Axes...> make_mesh(const Places& places, const std::size_t (&extents)[N], c
     throw layout_error("make_mesh: extents " + detail::format_extents(state->extents) + " of " + probe.describe() +
                        " hold " + std::to_string(product) + " places but " + std::to_string(state->places.size()) +
                        " were given; make the product of the extents equal the number of places");
-  for (const auto [i, p] : detail::views::enumerate(state->places)) {
-    const auto before = std::span(state->places).first(static_cast<std::size_t>(i));
-    if (std::ranges::find(before, p) != before.end())
-      throw layout_error("make_mesh: place " + p.name() + " appears twice in " + probe.describe());
-    if (i > 0 && p.process() < state->places[i - 1].process())
-      throw layout_error("make_mesh: places must be ordered by process (" + p.name() + " comes after " +
-                         state->places[i - 1].name() + ")");
-    if (p.is_local()) state->local.push_back(i);
-    else state->multiprocess = true;
-  }
+  detail::take_places(*state, probe.describe());
   if (state->multiprocess) {
     if (detail::multiprocess_agreement() == nullptr)
       throw layout_error("make_mesh: " + probe.describe() + " has places of other processes but no backend joins them");

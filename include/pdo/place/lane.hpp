@@ -323,14 +323,23 @@ class lane {
       large.resize(tasks.size());
       lanes = large;
     }
-    std::ranges::transform(tasks, lanes.begin(), [](const task_handle& t) { return t->home; });
-    std::ranges::sort(lanes, std::less<>{});
-    lanes = lanes.first(static_cast<std::size_t>(std::unique(lanes.begin(), lanes.end()) - lanes.begin()));
+    std::size_t distinct = 0;
+    for (const auto& t : tasks) {  // insertion into the sorted distinct lanes (a mesh has few places)
+      lane* l = t->home;
+      std::size_t at = 0;
+      while (at < distinct && std::less<>{}(lanes[at], l)) ++at;
+      if (at < distinct && lanes[at] == l) continue;
+      for (std::size_t j = distinct; j > at; --j) lanes[j] = lanes[j - 1];
+      lanes[at] = l;
+      ++distinct;
+    }
+    lanes = lanes.first(distinct);
     std::uint64_t asleep = 0;  // one bit per lane, for the first 64 (the others are woken whatever)
     for (lane* l : lanes) l->mutex_.lock();  // in address order: whoever else locks two of them does too
     for (const auto& t : tasks) {
       lane* home = t->home;
-      const auto at = static_cast<std::size_t>(std::ranges::lower_bound(lanes, home, std::less<>{}) - lanes.begin());
+      std::size_t at = 0;
+      while (lanes[at] != home) ++at;
       const bool wake = home->append(t);
       if (wake && at < 64) asleep |= std::uint64_t{1} << at;
     }

@@ -58,6 +58,20 @@ inline mesh_agreement& multiprocess_agreement() {
   return check;
 }
 
+
+/// @brief Checks the places of a mesh being made, `name` (none twice, ordered by process),
+/// and notes which belong to this process.
+inline void take_places(mesh_state& state, const std::string& name) {
+  for (const auto [i, p] : views::enumerate(state.places)) {
+    const auto before = std::span(state.places).first(static_cast<std::size_t>(i));
+    if (std::ranges::find(before, p) != before.end()) throw layout_error("make_mesh: place " + p.name() + " appears twice in " + name);
+    if (i > 0 && p.process() < state.places[i - 1].process())
+      throw layout_error("make_mesh: places must be ordered by process (" + p.name() + " comes after " + state.places[i - 1].name() + ")");
+    if (p.is_local()) state.local.push_back(static_cast<std::size_t>(i));
+    else state.multiprocess = true;
+  }
+}
+
 }  // namespace detail
 
 /// @brief An N-D grid of places whose axes are named by `Axes` ("dp", "tp", "pp").
@@ -202,16 +216,7 @@ mesh<Axes...> make_mesh(const Places& places, const std::size_t (&extents)[N], c
     throw layout_error("make_mesh: extents " + detail::format_extents(state->extents) + " of " + probe.describe() +
                        " hold " + std::to_string(product) + " places but " + std::to_string(state->places.size()) +
                        " were given; make the product of the extents equal the number of places");
-  for (const auto [i, p] : detail::views::enumerate(state->places)) {
-    const auto before = std::span(state->places).first(static_cast<std::size_t>(i));
-    if (std::ranges::find(before, p) != before.end())
-      throw layout_error("make_mesh: place " + p.name() + " appears twice in " + probe.describe());
-    if (i > 0 && p.process() < state->places[i - 1].process())
-      throw layout_error("make_mesh: places must be ordered by process (" + p.name() + " comes after " +
-                         state->places[i - 1].name() + ")");
-    if (p.is_local()) state->local.push_back(i);
-    else state->multiprocess = true;
-  }
+  detail::take_places(*state, probe.describe());
   if (state->multiprocess) {
     if (detail::multiprocess_agreement() == nullptr)
       throw layout_error("make_mesh: " + probe.describe() + " has places of other processes but no backend joins them");
