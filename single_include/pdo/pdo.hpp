@@ -5285,8 +5285,9 @@ class engine {
 
   /// @brief Records `t` as a reader and writer of its buffers (under the locks of its shards).
   void record(const task_handle& t, const access& uses) {
+    // a shard forgets its ended tasks every 64 records (4096 over the table, as one table did)
     auto note = [](shard& s) {
-      if (++s.since_sweep >= 4096) sweep(s);
+      if (++s.since_sweep >= 4096 / shard_count) sweep(s);
     };
     for (const void* b : uses.reads) {
       shard& sh = shard_for(b);
