@@ -121,20 +121,29 @@ void queue_step(const std::shared_ptr<State>& state, bool caller_waits) {
                                 (step.kind == plan_step_kind::redistribute && communicates(step.move.kind));
     batch_options o{step.op.data(), collective ? "collective" : "kernel", collective, collective && !m.is_multiprocess(),
                     collective ? lane_kind::communication : lane_kind::compute, caller_waits};
-    state->steps.push_back(submit_on_places(
-        m, [raw = state.get()](std::size_t, std::size_t k) { raw->runs[k].template run_step<S>(); }, o,
-        [raw = state.get()](std::size_t, std::size_t k) { return raw->runs[k].template uses<S>(); },
-        [raw = state.get()] { return step_detail<node_t, S>(raw->expr, raw->result.mesh()); }));
+    // plain functions of the evaluation: the tasks share the submission path of every operation
+    const place_work work{[](void* s, std::size_t, std::size_t k) { static_cast<State*>(s)->runs[k].template run_step<S>(); },
+                          state.get()};
+    const place_access uses{[](const void* s, std::size_t, std::size_t k) { return static_cast<const State*>(s)->runs[k].template uses<S>(); },
+                            state.get()};
+    const place_detail detail{[](const void* s) {
+                                const auto& e = *static_cast<const State*>(s);
+                                return step_detail<node_t, S>(e.expr, e.result.mesh());
+                              },
+                              state.get()};
+    state->steps.push_back(submit_on_mesh(*m.state(), comms_of(m), work, nullptr, o, uses, detail));
   }
 }
 
 /// @brief Queues the copy that evaluates an expression that is a dtensor.
 template <class State>
 void queue_copy(const std::shared_ptr<State>& state, bool caller_waits) {
-  state->steps.push_back(submit_on_places(
-      state->result.mesh(), [raw = state.get()](std::size_t, std::size_t k) { raw->runs[k].copy_leaf(); },
-      batch_options{"copy", "copy", false, false, lane_kind::compute, caller_waits},
-      [raw = state.get()](std::size_t, std::size_t k) { return raw->runs[k].copy_uses(); }));
+  const auto& m = state->result.mesh();
+  const place_work work{[](void* s, std::size_t, std::size_t k) { static_cast<State*>(s)->runs[k].copy_leaf(); }, state.get()};
+  const place_access uses{[](const void* s, std::size_t, std::size_t k) { return static_cast<const State*>(s)->runs[k].copy_uses(); },
+                          state.get()};
+  state->steps.push_back(
+      submit_on_mesh(*m.state(), comms_of(m), work, nullptr, batch_options{"copy", "copy", false, false, lane_kind::compute, caller_waits}, uses));
 }
 
 /// @brief The evaluations this thread queued with eval_async and has not waited for: what

@@ -15,6 +15,7 @@
 #include <string>
 #include <thread>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #if defined(PDO_WITH_MPI)
@@ -62,6 +63,28 @@ struct batch_options {
   bool caller_waits = false;
 };
 
+/// @brief The work of one place in a mesh-wide operation, type-erased: `call(context, p, k)`
+/// runs it for mesh place `p`, the `k`-th of this process. A plain function and a pointer, so
+/// that every operation shares one submission path (no copy of it per kind of work).
+struct place_work {
+  void (*call)(void* context, std::size_t p, std::size_t k) = nullptr;
+  void* context = nullptr;
+};
+
+/// @brief What the tasks of one operation read and write on each place, asked while they are
+/// submitted: `call(context, p, k)`, or nothing when `call` is null.
+struct place_access {
+  access (*call)(const void* context, std::size_t p, std::size_t k) = nullptr;
+  const void* context = nullptr;
+};
+
+/// @brief The trace's detail of an operation, made only while the timeline records:
+/// `call(context)`, or none when `call` is null.
+struct place_detail {
+  std::string (*call)(const void* context) = nullptr;
+  const void* context = nullptr;
+};
+
 /// @brief The tasks of one mesh-wide operation, one per place of this process, and how they ended.
 struct place_batch {
   explicit place_batch(std::size_t n) : failures(n) {}
@@ -70,6 +93,12 @@ struct place_batch {
   std::vector<std::optional<captured_error>> failures;  ///< per task, once it has ended
   std::atomic<std::size_t> arrived{0};                  ///< tasks done with their work
   std::atomic<std::size_t> done{0};                     ///< tasks done with their work and the mesh's collectives
+  place_work work;                                      ///< what each task runs
+  std::shared_ptr<void> work_owner;                      ///< keeps work's context alive, when the batch owns it
+  mesh_comms* comms = nullptr;                          ///< the mesh's communicators
+  bool local_only = true;                               ///< the mesh lies in this process
+  bool communicate = true;                              ///< see batch_options
+  bool closing = false;                                 ///< see batch_options
 
   /// @brief Whether every task is done (its results written, its failure recorded).
   [[nodiscard]] bool finished() const { return done.load(std::memory_order_acquire) == failures.size(); }
@@ -98,6 +127,36 @@ struct place_batch {
     }
     return first;
   }
+
+  /// @brief The `k`-th task's work on mesh place `p`, and how it ends: a failure is recorded,
+  /// releases the mesh's other places from their collectives (or ends the job when they are
+  /// in other processes and cannot learn of it), and reaches the engine.
+  void run(std::size_t p, std::size_t k) {
+    try {
+      if (const captured_error* cause = cancelled_by(); cause != nullptr) cause->rethrow_with_context("");
+      work.call(work.context, p, k);
+    } catch (...) {
+      failures[k] = captured_error::current();
+      if (local_only) {
+        if (communicate) comms->abort();
+      } else if (communicate && !shared_by_all_members(failures[k]->kind)) {
+        end_job(current_place()->name + ": " + failures[k]->message);
+      }
+    }
+    if (closing && arrived.fetch_add(1, std::memory_order_acq_rel) + 1 == failures.size()) {
+      // the last of the operation's tasks: the others are past their collectives, and no
+      // later operation's task starts before this one ends
+      bool failed = false;
+      for (const auto& f : failures) failed = failed || f.has_value();
+      if (failed) comms->reset();
+    }
+    // the caller may go on now: nothing below touches the mesh, the caller's task or its results
+    done.fetch_add(1, std::memory_order_acq_rel);
+    done.notify_all();
+    // the engine learns of the failure: the tasks that need this one's results are cancelled
+    // (the task holds the batch)
+    if (failures[k]) failures[k]->rethrow_with_context("");
+  }
 };
 
 /// @brief No buffers declared: the tasks are ordered by their lanes only.
@@ -114,62 +173,57 @@ inline void check_not_nested(const char* op) {
                        "task (inside them, work on the local shards with pdo::eval of local tensors and the communicators)");
 }
 
-/// @brief Submits `task(place_index, local_ordinal)` for every place of `m` in this process,
-/// on its lane `o.lane`, reading and writing what `access_of(place_index, local_ordinal)`
-/// says, and returns without waiting.
-/// `describe()` gives the trace's detail (called only while the timeline records).
-template <class Mesh, class Task, class Access = no_access, class Describe = std::nullptr_t>
-std::shared_ptr<place_batch> submit_on_places(const Mesh& m, Task task, batch_options o, Access access_of = {},
-                                              Describe describe = nullptr) {
+/// @brief Submits `work` for every place of the mesh `state` in this process, on its lane
+/// `o.lane`, reading and writing what `uses` says, and returns without waiting. `owner`
+/// keeps work's context alive until the tasks are freed (null: the caller keeps it alive).
+inline std::shared_ptr<place_batch> submit_on_mesh(const mesh_state& state, mesh_comms& comms, place_work work,
+                                                   std::shared_ptr<void> owner, batch_options o, place_access uses = {},
+                                                   place_detail describe = {}) {
   check_not_nested(o.op);
-  const auto& local = m.local_places();
-  auto& comms = comms_of(m);
-  const bool local_only = !m.is_multiprocess();
+  const auto& local = state.local;
   auto batch = std::make_shared<place_batch>(local.size());
   batch->places = local;
+  batch->work = work;
+  batch->work_owner = std::move(owner);
+  batch->comms = &comms;
+  batch->local_only = !state.multiprocess;
+  batch->communicate = o.communicate;
+  batch->closing = o.closing;
   std::vector<task_request> requests(local.size());
   std::string detail;
-  if constexpr (!std::is_same_v<Describe, std::nullptr_t>)
-    if (timeline_on()) detail = describe();
-  const bool communicate = o.communicate, closing = o.closing;
+  if (describe.call != nullptr && timeline_on()) detail = describe.call(describe.context);
   for (std::size_t k = 0; k < local.size(); ++k) {
     task_request& r = requests[k];
-    r.home = &lane_of(*m.place(local[k]).state(), o.lane);
+    r.home = &lane_of(*state.places[local[k]].state(), o.lane);
     r.op = o.op;
     r.category = o.category;
     r.detail = detail;
     r.runs_cancelled = true;  // a cancelled task still meets the others of its operation
     r.quiet = o.caller_waits && k == 0;
-    r.uses = access_of(local[k], k);
-    if (communicate) r.uses.after_all = &comms;  // operations that communicate on one mesh follow each other whole
-    r.fn = [&comms, local_only, communicate, closing, batch, task, k, p = local[k]] {
-      try {
-        if (const captured_error* cause = cancelled_by(); cause != nullptr) cause->rethrow_with_context("");
-        task(p, k);
-      } catch (...) {
-        batch->failures[k] = captured_error::current();
-        if (local_only) {
-          if (communicate) comms.abort();
-        } else if (communicate && !shared_by_all_members(batch->failures[k]->kind)) {
-          end_job(current_place()->name + ": " + batch->failures[k]->message);
-        }
-      }
-      if (closing && batch->arrived.fetch_add(1, std::memory_order_acq_rel) + 1 == batch->failures.size()) {
-        // the last of the operation's tasks: the others are past their collectives, and no
-        // later operation's task starts before this one ends
-        bool failed = false;
-        for (const auto& f : batch->failures) failed = failed || f.has_value();
-        if (failed) comms.reset();
-      }
-      // the caller may go on now: nothing below touches the mesh, the caller's task or its results
-      batch->done.fetch_add(1, std::memory_order_acq_rel);
-      batch->done.notify_all();
-      // the engine learns of the failure: the tasks that need this one's results are cancelled
-      if (batch->failures[k]) batch->failures[k]->rethrow_with_context("");
-    };
+    if (uses.call != nullptr) r.uses = uses.call(uses.context, local[k], k);
+    if (o.communicate) r.uses.after_all = &comms;  // operations that communicate on one mesh follow each other whole
+    r.fn = [batch, k, p = local[k]] { batch->run(p, k); };
   }
   batch->tasks = engine::instance().submit(requests);
   return batch;
+}
+
+/// @brief Submits `task(place_index, local_ordinal)` for every place of `m` in this process,
+/// on its lane `o.lane`, reading and writing what `access_of(place_index, local_ordinal)`
+/// says, and returns without waiting (the batch keeps `task` until its tasks are freed).
+/// `describe()` gives the trace's detail (called only while the timeline records).
+template <class Mesh, class Task, class Access = no_access, class Describe = std::nullptr_t>
+std::shared_ptr<place_batch> submit_on_places(const Mesh& m, Task task, batch_options o, Access access_of = {},
+                                              Describe describe = nullptr) {
+  auto owner = std::make_shared<Task>(std::move(task));
+  const place_work work{[](void* c, std::size_t p, std::size_t k) { std::as_const(*static_cast<Task*>(c))(p, k); }, owner.get()};
+  place_access uses;
+  if constexpr (!std::is_same_v<Access, no_access>)
+    uses = {[](const void* c, std::size_t p, std::size_t k) { return access((*static_cast<const Access*>(c))(p, k)); }, &access_of};
+  place_detail detail;
+  if constexpr (!std::is_same_v<Describe, std::nullptr_t>)
+    detail = {[](const void* c) { return std::string((*static_cast<const Describe*>(c))()); }, &describe};
+  return submit_on_mesh(*m.state(), comms_of(m), work, std::move(owner), o, uses, detail);
 }
 
 /// @brief Runs `task(place_index, local_ordinal)` on every place of `m` that lives in this
