@@ -4556,6 +4556,7 @@ inline std::vector<std::shared_ptr<comm_set>> split_lines(const pdo::detail::mes
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
 #include <mutex>
 #include <string>
@@ -4653,6 +4654,61 @@ inline void copy_between_devices(place_state& dst_place, void* dst, place_state&
     device_guard guard(d.ordinal);
     if (direct) cuda_check(cudaStreamWaitEvent(d.compute, copied, 0), "cudaStreamWaitEvent", d.name);
   });
+}
+#endif
+
+/// @brief A block of a GPU place's memory handed to another GPU place by two threads, neither
+/// on the other's lanes (a pipeline's sender and receiver): the sender offers the block with
+/// an event marking the work its place queued so far (which wrote the block); the receiver
+/// copies it on its compute stream after that event and marks the copy; the sender's compute
+/// stream waits for that mark before it may reuse the block. No lane of either place is
+/// borrowed, so neither waits for the other's queued tasks.
+struct device_handoff {
+  const void* data = nullptr;      ///< the block, in the sender's memory
+  std::uintptr_t event = 0;        ///< the sender's mark (cudaEvent_t), then the receiver's
+};
+
+#if defined(PDO_WITH_CUDA)
+/// @brief The sender's half: marks the work queued on `from`'s compute stream (which wrote `data`).
+inline device_handoff offer_block(place_state& from, const void* data) {
+  cuda_device& s = cuda_device_of(from);
+  device_guard guard(s.ordinal);
+  cudaEvent_t ready = nullptr;
+  cuda_check(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), "cudaEventCreateWithFlags", s.name);
+  cuda_check(cudaEventRecord(ready, s.compute), "cudaEventRecord", s.name);
+  return {data, reinterpret_cast<std::uintptr_t>(ready)};
+}
+
+/// @brief The receiver's half: copies the offered block (`bytes`) into `dst` in `to`'s memory
+/// on its compute stream, after the sender's mark; returns the mark of the copy, for the sender.
+inline std::uintptr_t take_block(place_state& to, void* dst, place_state& from, const device_handoff& offer, std::size_t bytes) {
+  cuda_device &d = cuda_device_of(to), &s = cuda_device_of(from);
+  if (d.ordinal != s.ordinal) enable_peer_access(d.ordinal, s.ordinal);  // the driver stages the copy where it cannot
+  device_guard guard(d.ordinal);
+  const auto ready = reinterpret_cast<cudaEvent_t>(offer.event);
+  cuda_check(cudaStreamWaitEvent(d.compute, ready, 0), "cudaStreamWaitEvent", d.name);
+  cuda_check(cudaMemcpyPeerAsync(dst, d.ordinal, offer.data, s.ordinal, bytes, d.compute), "cudaMemcpyPeerAsync", d.name);
+  cudaEvent_t copied = nullptr;
+  cuda_check(cudaEventCreateWithFlags(&copied, cudaEventDisableTiming), "cudaEventCreateWithFlags", d.name);
+  cuda_check(cudaEventRecord(copied, d.compute), "cudaEventRecord", d.name);
+  return reinterpret_cast<std::uintptr_t>(copied);
+}
+
+/// @brief The sender's last step, once the receiver has taken the block (`copied`: its mark,
+/// 0 when it took none): `from`'s later work, which may reuse the block, waits for the copy;
+/// both marks are released (the queued waits on them still see them).
+inline void release_block(place_state& from, place_state* to, const device_handoff& offer, std::uintptr_t copied) {
+  cuda_device& s = cuda_device_of(from);
+  if (copied != 0) {
+    {
+      device_guard guard(s.ordinal);
+      cuda_check(cudaStreamWaitEvent(s.compute, reinterpret_cast<cudaEvent_t>(copied), 0), "cudaStreamWaitEvent", s.name);
+    }
+    device_guard guard(cuda_device_of(*to).ordinal);
+    cudaEventDestroy(reinterpret_cast<cudaEvent_t>(copied));
+  }
+  device_guard guard(s.ordinal);
+  cudaEventDestroy(reinterpret_cast<cudaEvent_t>(offer.event));
 }
 #endif
 
@@ -5364,6 +5420,7 @@ inline void wait(const task_handle& t) {
 #include <string>
 #include <thread>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #if defined(PDO_WITH_MPI)
@@ -5410,6 +5467,28 @@ struct batch_options {
   bool caller_waits = false;
 };
 
+/// @brief The work of one place in a mesh-wide operation, type-erased: `call(context, p, k)`
+/// runs it for mesh place `p`, the `k`-th of this process. A plain function and a pointer, so
+/// that every operation shares one submission path (no copy of it per kind of work).
+struct place_work {
+  void (*call)(void* context, std::size_t p, std::size_t k) = nullptr;
+  void* context = nullptr;
+};
+
+/// @brief What the tasks of one operation read and write on each place, asked while they are
+/// submitted: `call(context, p, k)`, or nothing when `call` is null.
+struct place_access {
+  access (*call)(const void* context, std::size_t p, std::size_t k) = nullptr;
+  const void* context = nullptr;
+};
+
+/// @brief The trace's detail of an operation, made only while the timeline records:
+/// `call(context)`, or none when `call` is null.
+struct place_detail {
+  std::string (*call)(const void* context) = nullptr;
+  const void* context = nullptr;
+};
+
 /// @brief The tasks of one mesh-wide operation, one per place of this process, and how they ended.
 struct place_batch {
   explicit place_batch(std::size_t n) : failures(n) {}
@@ -5418,6 +5497,12 @@ struct place_batch {
   std::vector<std::optional<captured_error>> failures;  ///< per task, once it has ended
   std::atomic<std::size_t> arrived{0};                  ///< tasks done with their work
   std::atomic<std::size_t> done{0};                     ///< tasks done with their work and the mesh's collectives
+  place_work work;                                      ///< what each task runs
+  std::shared_ptr<void> work_owner;                      ///< keeps work's context alive, when the batch owns it
+  mesh_comms* comms = nullptr;                          ///< the mesh's communicators
+  bool local_only = true;                               ///< the mesh lies in this process
+  bool communicate = true;                              ///< see batch_options
+  bool closing = false;                                 ///< see batch_options
 
   /// @brief Whether every task is done (its results written, its failure recorded).
   [[nodiscard]] bool finished() const { return done.load(std::memory_order_acquire) == failures.size(); }
@@ -5446,6 +5531,36 @@ struct place_batch {
     }
     return first;
   }
+
+  /// @brief The `k`-th task's work on mesh place `p`, and how it ends: a failure is recorded,
+  /// releases the mesh's other places from their collectives (or ends the job when they are
+  /// in other processes and cannot learn of it), and reaches the engine.
+  void run(std::size_t p, std::size_t k) {
+    try {
+      if (const captured_error* cause = cancelled_by(); cause != nullptr) cause->rethrow_with_context("");
+      work.call(work.context, p, k);
+    } catch (...) {
+      failures[k] = captured_error::current();
+      if (local_only) {
+        if (communicate) comms->abort();
+      } else if (communicate && !shared_by_all_members(failures[k]->kind)) {
+        end_job(current_place()->name + ": " + failures[k]->message);
+      }
+    }
+    if (closing && arrived.fetch_add(1, std::memory_order_acq_rel) + 1 == failures.size()) {
+      // the last of the operation's tasks: the others are past their collectives, and no
+      // later operation's task starts before this one ends
+      bool failed = false;
+      for (const auto& f : failures) failed = failed || f.has_value();
+      if (failed) comms->reset();
+    }
+    // the caller may go on now: nothing below touches the mesh, the caller's task or its results
+    done.fetch_add(1, std::memory_order_acq_rel);
+    done.notify_all();
+    // the engine learns of the failure: the tasks that need this one's results are cancelled
+    // (the task holds the batch)
+    if (failures[k]) failures[k]->rethrow_with_context("");
+  }
 };
 
 /// @brief No buffers declared: the tasks are ordered by their lanes only.
@@ -5462,62 +5577,57 @@ inline void check_not_nested(const char* op) {
                        "task (inside them, work on the local shards with pdo::eval of local tensors and the communicators)");
 }
 
-/// @brief Submits `task(place_index, local_ordinal)` for every place of `m` in this process,
-/// on its lane `o.lane`, reading and writing what `access_of(place_index, local_ordinal)`
-/// says, and returns without waiting.
-/// `describe()` gives the trace's detail (called only while the timeline records).
-template <class Mesh, class Task, class Access = no_access, class Describe = std::nullptr_t>
-std::shared_ptr<place_batch> submit_on_places(const Mesh& m, Task task, batch_options o, Access access_of = {},
-                                              Describe describe = nullptr) {
+/// @brief Submits `work` for every place of the mesh `state` in this process, on its lane
+/// `o.lane`, reading and writing what `uses` says, and returns without waiting. `owner`
+/// keeps work's context alive until the tasks are freed (null: the caller keeps it alive).
+inline std::shared_ptr<place_batch> submit_on_mesh(const mesh_state& state, mesh_comms& comms, place_work work,
+                                                   std::shared_ptr<void> owner, batch_options o, place_access uses = {},
+                                                   place_detail describe = {}) {
   check_not_nested(o.op);
-  const auto& local = m.local_places();
-  auto& comms = comms_of(m);
-  const bool local_only = !m.is_multiprocess();
+  const auto& local = state.local;
   auto batch = std::make_shared<place_batch>(local.size());
   batch->places = local;
+  batch->work = work;
+  batch->work_owner = std::move(owner);
+  batch->comms = &comms;
+  batch->local_only = !state.multiprocess;
+  batch->communicate = o.communicate;
+  batch->closing = o.closing;
   std::vector<task_request> requests(local.size());
   std::string detail;
-  if constexpr (!std::is_same_v<Describe, std::nullptr_t>)
-    if (timeline_on()) detail = describe();
-  const bool communicate = o.communicate, closing = o.closing;
+  if (describe.call != nullptr && timeline_on()) detail = describe.call(describe.context);
   for (std::size_t k = 0; k < local.size(); ++k) {
     task_request& r = requests[k];
-    r.home = &lane_of(*m.place(local[k]).state(), o.lane);
+    r.home = &lane_of(*state.places[local[k]].state(), o.lane);
     r.op = o.op;
     r.category = o.category;
     r.detail = detail;
     r.runs_cancelled = true;  // a cancelled task still meets the others of its operation
     r.quiet = o.caller_waits && k == 0;
-    r.uses = access_of(local[k], k);
-    if (communicate) r.uses.after_all = &comms;  // operations that communicate on one mesh follow each other whole
-    r.fn = [&comms, local_only, communicate, closing, batch, task, k, p = local[k]] {
-      try {
-        if (const captured_error* cause = cancelled_by(); cause != nullptr) cause->rethrow_with_context("");
-        task(p, k);
-      } catch (...) {
-        batch->failures[k] = captured_error::current();
-        if (local_only) {
-          if (communicate) comms.abort();
-        } else if (communicate && !shared_by_all_members(batch->failures[k]->kind)) {
-          end_job(current_place()->name + ": " + batch->failures[k]->message);
-        }
-      }
-      if (closing && batch->arrived.fetch_add(1, std::memory_order_acq_rel) + 1 == batch->failures.size()) {
-        // the last of the operation's tasks: the others are past their collectives, and no
-        // later operation's task starts before this one ends
-        bool failed = false;
-        for (const auto& f : batch->failures) failed = failed || f.has_value();
-        if (failed) comms.reset();
-      }
-      // the caller may go on now: nothing below touches the mesh, the caller's task or its results
-      batch->done.fetch_add(1, std::memory_order_acq_rel);
-      batch->done.notify_all();
-      // the engine learns of the failure: the tasks that need this one's results are cancelled
-      if (batch->failures[k]) batch->failures[k]->rethrow_with_context("");
-    };
+    if (uses.call != nullptr) r.uses = uses.call(uses.context, local[k], k);
+    if (o.communicate) r.uses.after_all = &comms;  // operations that communicate on one mesh follow each other whole
+    r.fn = [batch, k, p = local[k]] { batch->run(p, k); };
   }
   batch->tasks = engine::instance().submit(requests);
   return batch;
+}
+
+/// @brief Submits `task(place_index, local_ordinal)` for every place of `m` in this process,
+/// on its lane `o.lane`, reading and writing what `access_of(place_index, local_ordinal)`
+/// says, and returns without waiting (the batch keeps `task` until its tasks are freed).
+/// `describe()` gives the trace's detail (called only while the timeline records).
+template <class Mesh, class Task, class Access = no_access, class Describe = std::nullptr_t>
+std::shared_ptr<place_batch> submit_on_places(const Mesh& m, Task task, batch_options o, Access access_of = {},
+                                              Describe describe = nullptr) {
+  auto owner = std::make_shared<Task>(std::move(task));
+  const place_work work{[](void* c, std::size_t p, std::size_t k) { std::as_const(*static_cast<Task*>(c))(p, k); }, owner.get()};
+  place_access uses;
+  if constexpr (!std::is_same_v<Access, no_access>)
+    uses = {[](const void* c, std::size_t p, std::size_t k) { return access((*static_cast<const Access*>(c))(p, k)); }, &access_of};
+  place_detail detail;
+  if constexpr (!std::is_same_v<Describe, std::nullptr_t>)
+    detail = {[](const void* c) { return std::string((*static_cast<const Describe*>(c))()); }, &describe};
+  return submit_on_mesh(*m.state(), comms_of(m), work, std::move(owner), o, uses, detail);
 }
 
 /// @brief Runs `task(place_index, local_ordinal)` on every place of `m` that lives in this
@@ -7094,6 +7204,7 @@ inline constexpr bool valid_layout_v = detail::find_layout_problem<L, Mesh>(Rank
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
 #include <mutex>
 #include <string>
@@ -7191,6 +7302,61 @@ inline void copy_between_devices(place_state& dst_place, void* dst, place_state&
     device_guard guard(d.ordinal);
     if (direct) cuda_check(cudaStreamWaitEvent(d.compute, copied, 0), "cudaStreamWaitEvent", d.name);
   });
+}
+#endif
+
+/// @brief A block of a GPU place's memory handed to another GPU place by two threads, neither
+/// on the other's lanes (a pipeline's sender and receiver): the sender offers the block with
+/// an event marking the work its place queued so far (which wrote the block); the receiver
+/// copies it on its compute stream after that event and marks the copy; the sender's compute
+/// stream waits for that mark before it may reuse the block. No lane of either place is
+/// borrowed, so neither waits for the other's queued tasks.
+struct device_handoff {
+  const void* data = nullptr;      ///< the block, in the sender's memory
+  std::uintptr_t event = 0;        ///< the sender's mark (cudaEvent_t), then the receiver's
+};
+
+#if defined(PDO_WITH_CUDA)
+/// @brief The sender's half: marks the work queued on `from`'s compute stream (which wrote `data`).
+inline device_handoff offer_block(place_state& from, const void* data) {
+  cuda_device& s = cuda_device_of(from);
+  device_guard guard(s.ordinal);
+  cudaEvent_t ready = nullptr;
+  cuda_check(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), "cudaEventCreateWithFlags", s.name);
+  cuda_check(cudaEventRecord(ready, s.compute), "cudaEventRecord", s.name);
+  return {data, reinterpret_cast<std::uintptr_t>(ready)};
+}
+
+/// @brief The receiver's half: copies the offered block (`bytes`) into `dst` in `to`'s memory
+/// on its compute stream, after the sender's mark; returns the mark of the copy, for the sender.
+inline std::uintptr_t take_block(place_state& to, void* dst, place_state& from, const device_handoff& offer, std::size_t bytes) {
+  cuda_device &d = cuda_device_of(to), &s = cuda_device_of(from);
+  if (d.ordinal != s.ordinal) enable_peer_access(d.ordinal, s.ordinal);  // the driver stages the copy where it cannot
+  device_guard guard(d.ordinal);
+  const auto ready = reinterpret_cast<cudaEvent_t>(offer.event);
+  cuda_check(cudaStreamWaitEvent(d.compute, ready, 0), "cudaStreamWaitEvent", d.name);
+  cuda_check(cudaMemcpyPeerAsync(dst, d.ordinal, offer.data, s.ordinal, bytes, d.compute), "cudaMemcpyPeerAsync", d.name);
+  cudaEvent_t copied = nullptr;
+  cuda_check(cudaEventCreateWithFlags(&copied, cudaEventDisableTiming), "cudaEventCreateWithFlags", d.name);
+  cuda_check(cudaEventRecord(copied, d.compute), "cudaEventRecord", d.name);
+  return reinterpret_cast<std::uintptr_t>(copied);
+}
+
+/// @brief The sender's last step, once the receiver has taken the block (`copied`: its mark,
+/// 0 when it took none): `from`'s later work, which may reuse the block, waits for the copy;
+/// both marks are released (the queued waits on them still see them).
+inline void release_block(place_state& from, place_state* to, const device_handoff& offer, std::uintptr_t copied) {
+  cuda_device& s = cuda_device_of(from);
+  if (copied != 0) {
+    {
+      device_guard guard(s.ordinal);
+      cuda_check(cudaStreamWaitEvent(s.compute, reinterpret_cast<cudaEvent_t>(copied), 0), "cudaStreamWaitEvent", s.name);
+    }
+    device_guard guard(cuda_device_of(*to).ordinal);
+    cudaEventDestroy(reinterpret_cast<cudaEvent_t>(copied));
+  }
+  device_guard guard(s.ordinal);
+  cudaEventDestroy(reinterpret_cast<cudaEvent_t>(offer.event));
 }
 #endif
 
@@ -11155,20 +11321,29 @@ void queue_step(const std::shared_ptr<State>& state, bool caller_waits) {
                                 (step.kind == plan_step_kind::redistribute && communicates(step.move.kind));
     batch_options o{step.op.data(), collective ? "collective" : "kernel", collective, collective && !m.is_multiprocess(),
                     collective ? lane_kind::communication : lane_kind::compute, caller_waits};
-    state->steps.push_back(submit_on_places(
-        m, [raw = state.get()](std::size_t, std::size_t k) { raw->runs[k].template run_step<S>(); }, o,
-        [raw = state.get()](std::size_t, std::size_t k) { return raw->runs[k].template uses<S>(); },
-        [raw = state.get()] { return step_detail<node_t, S>(raw->expr, raw->result.mesh()); }));
+    // plain functions of the evaluation: the tasks share the submission path of every operation
+    const place_work work{[](void* s, std::size_t, std::size_t k) { static_cast<State*>(s)->runs[k].template run_step<S>(); },
+                          state.get()};
+    const place_access uses{[](const void* s, std::size_t, std::size_t k) { return static_cast<const State*>(s)->runs[k].template uses<S>(); },
+                            state.get()};
+    const place_detail detail{[](const void* s) {
+                                const auto& e = *static_cast<const State*>(s);
+                                return step_detail<node_t, S>(e.expr, e.result.mesh());
+                              },
+                              state.get()};
+    state->steps.push_back(submit_on_mesh(*m.state(), comms_of(m), work, nullptr, o, uses, detail));
   }
 }
 
 /// @brief Queues the copy that evaluates an expression that is a dtensor.
 template <class State>
 void queue_copy(const std::shared_ptr<State>& state, bool caller_waits) {
-  state->steps.push_back(submit_on_places(
-      state->result.mesh(), [raw = state.get()](std::size_t, std::size_t k) { raw->runs[k].copy_leaf(); },
-      batch_options{"copy", "copy", false, false, lane_kind::compute, caller_waits},
-      [raw = state.get()](std::size_t, std::size_t k) { return raw->runs[k].copy_uses(); }));
+  const auto& m = state->result.mesh();
+  const place_work work{[](void* s, std::size_t, std::size_t k) { static_cast<State*>(s)->runs[k].copy_leaf(); }, state.get()};
+  const place_access uses{[](const void* s, std::size_t, std::size_t k) { return static_cast<const State*>(s)->runs[k].copy_uses(); },
+                          state.get()};
+  state->steps.push_back(
+      submit_on_mesh(*m.state(), comms_of(m), work, nullptr, batch_options{"copy", "copy", false, false, lane_kind::compute, caller_waits}, uses));
 }
 
 /// @brief The evaluations this thread queued with eval_async and has not waited for: what
@@ -16756,6 +16931,8 @@ auto tensor_parallel_shard(const Mesh& m, std::size_t p, const sequential<Layers
 #include <algorithm>
 #include <array>
 #include <cstddef>
+#include <cstdint>
+#include <exception>
 #include <memory>
 #include <optional>
 #include <string>
@@ -16894,11 +17071,17 @@ struct stage_bounds {
 
 /// @brief A place's links to its neighbouring stages: its line along "pp" (members by "pp"
 /// coordinate) for the data, the mesh's host group (members by place index) for shapes.
+/// Between GPU places of one process the data goes by device copies instead (handoff): the
+/// receiver copies the sender's block on its own stream, the sender's stream then waits for
+/// that copy before it reuses the block.
 struct channel {
   /// @brief The place's line along "pp", which carries the tensors' elements.
   mesh_communicator link, host;
   std::size_t previous = 0, next = 0;              ///< members of `link`
   std::size_t previous_place = 0, next_place = 0;  ///< members of `host`
+  bool handoff = false;                            ///< GPU places of one process: device copies, not `link`
+  pdo::detail::place_state* previous_state = nullptr;  ///< the previous stage's place (for handoffs)
+  pdo::detail::place_state* next_state = nullptr;      ///< the next stage's place (for handoffs)
   /// @var host
   /// @brief The mesh's host group, which carries the tensors' shapes ahead of their elements.
   /// @var previous
@@ -16906,6 +17089,11 @@ struct channel {
   /// @var previous_place
   /// @brief The previous stage's member of `host` (`next_place`: the next stage's).
 };
+
+/// @brief The header of a tensor sent between stages: its extents, then (a handoff) where its
+/// block is and the sender's mark of the work that wrote it.
+template <std::size_t R>
+using send_header = std::array<std::size_t, R + 2>;
 
 /// @brief Sends tensors from a place without waiting for their receiver: engine tasks on
 /// one lane of the place, in order (receivers take them in the same order). Forward's sends
@@ -16915,9 +17103,9 @@ struct async_sender {
   lane_kind lane = lane_kind::communication;  ///< the sending place's lane that runs the sends, in order
   std::vector<pdo::detail::task_handle> sends = {};  ///< the send tasks submitted since the last reset()
 
-  /// @brief Sends `t` to member `to` of `link` (the line along "pp"); its shape goes first
-  /// through `host` (the mesh's host group, whose member `to_place` the receiver is), so a
-  /// GPU mesh sends only device memory through NCCL.
+  /// @brief Sends `t` to the next stage's place (`forward`) or the previous one's: its shape
+  /// through `c.host` (the mesh's host group), then its elements through `c.link` (the line
+  /// along "pp"), or by a handoff between GPU places (the receiver copies the block).
   template <class T, std::size_t R>
   void send(pdo::detail::place_state& from, const channel& c, tensor<T, R> t, bool forward, int tag) {
     auto data = std::make_shared<tensor<T, R>>(std::move(t));
@@ -16927,11 +17115,36 @@ struct async_sender {
     r.category = "collective";
     r.uses.reads.push_back(data->data());
     if (pdo::detail::timeline_on()) r.detail = std::to_string(data->bytes()) + " bytes, micro-batch " + std::to_string(tag);
-    r.fn = [c, forward, tag, data] {
-      std::array<std::size_t, R + 1> header{};
+    r.fn = [c, forward, tag, data, &from] {
+      send_header<R> header{};
       for (std::size_t d = 0; d < R; ++d) header[d] = data->shape()[d];
-      c.host.send(std::span<const std::size_t>(header), forward ? c.next_place : c.previous_place, 2 * tag);
-      c.link.send(std::as_const(*data).span(), forward ? c.next : c.previous, 2 * tag + 1);
+      const std::size_t to = forward ? c.next_place : c.previous_place;
+      if (!c.handoff) {
+        c.host.send(std::span<const std::size_t>(header), to, 2 * tag);
+        c.link.send(std::as_const(*data).span(), forward ? c.next : c.previous, 2 * tag + 1);
+        return;
+      }
+#if defined(PDO_WITH_CUDA)
+      // the receiver copies the block itself and says when (its mark); then this place's
+      // stream waits for the copy before the block, freed here, can be reused
+      pdo::detail::place_state* receiver = forward ? c.next_state : c.previous_state;
+      const auto offer = pdo::detail::offer_block(from, data->data());
+      header[R] = reinterpret_cast<std::uintptr_t>(offer.data);
+      header[R + 1] = offer.event;
+      std::size_t copied = 0;
+      try {
+        c.host.send(std::span<const std::size_t>(header), to, 2 * tag);
+        c.host.recv(std::span<std::size_t>(&copied, 1), to, 2 * tag + 1);
+      } catch (...) {
+        // the receiver may have queued its copy: the block stays until its stream is done
+        pdo::detail::wait_for_stream(pdo::detail::cuda_device_of(*receiver), pdo::detail::cuda_device_of(*receiver).compute);
+        pdo::detail::release_block(from, receiver, offer, 0);
+        throw;
+      }
+      pdo::detail::release_block(from, receiver, offer, copied);
+#else
+      pdo::detail::no_cuda("pipeline send", from.name);
+#endif
     };
     sends.push_back(pdo::detail::engine::instance().submit(std::move(r)));
   }
@@ -16951,12 +17164,33 @@ struct async_sender {
 
 template <class T, std::size_t R>
 tensor<T, R> receive(const channel& c, bool from_previous, int tag, const any_place& place) {
-  std::array<std::size_t, R + 1> header{};
-  c.host.recv(std::span<std::size_t>(header), from_previous ? c.previous_place : c.next_place, 2 * tag);
+  send_header<R> header{};
+  const std::size_t from = from_previous ? c.previous_place : c.next_place;
+  c.host.recv(std::span<std::size_t>(header), from, 2 * tag);
   shape_t<R> shape{};
   for (std::size_t d = 0; d < R; ++d) shape[d] = header[d];
   tensor<T, R> t(shape, place, pdo::detail::uninitialized);
-  c.link.recv(t.span(), from_previous ? c.previous : c.next, 2 * tag + 1);
+  if (!c.handoff) {
+    c.link.recv(t.span(), from_previous ? c.previous : c.next, 2 * tag + 1);
+    return t;
+  }
+#if defined(PDO_WITH_CUDA)
+  // take the sender's block on this place's stream; the sender learns when (the mark), also
+  // when the copy could not be queued (no mark), so it never waits for nothing
+  const pdo::detail::device_handoff offer{reinterpret_cast<const void*>(header[R]), header[R + 1]};
+  std::size_t copied = 0;
+  std::exception_ptr failed;
+  try {
+    if (t.bytes() > 0)
+      copied = pdo::detail::take_block(*place.state(), t.data(), *(from_previous ? c.previous_state : c.next_state), offer, t.bytes());
+  } catch (...) {
+    failed = std::current_exception();
+  }
+  c.host.send(std::span<const std::size_t>(&copied, 1), from, 2 * tag + 1);
+  if (failed) std::rethrow_exception(failed);
+#else
+  pdo::detail::no_cuda("pipeline receive", place.name());
+#endif
   return t;
 }
 
@@ -16995,18 +17229,22 @@ class pipeline {
   static constexpr bool has_tp = Mesh::has_axis("tp");
   static_assert(pp_axis < Mesh::ndim, "pdo: pipeline: the mesh needs an axis named \"pp\"");
 
-  /// @brief Cuts `model` (a sequential) after the layers `Cuts...` and builds, on each place of this process,
-  /// its stage and make_optimizer(its parameters). pdo::layout_error for a GPU place, a "pp" extent other
-  /// than stage_count, or 0 micro-batches; pdo::error for a schedule that would not finish.
+  /// @brief Cuts `model` (a sequential) after the layers `Cuts...` and builds, on each place of this
+  /// process, its stage and make_optimizer(its parameters). pdo::layout_error for a mesh of CPU
+  /// and GPU places, or of GPU places over several processes, a "pp" extent other than
+  /// stage_count, or 0 micro-batches; pdo::error for a schedule that would not finish.
   template <class MakeOptimizer, class Model, std::size_t... Cuts>
   pipeline(const Mesh& m, const Model& model, detail_pp::cut_list<Cuts...>, MakeOptimizer make_optimizer, pipeline_options o, Loss loss)
       : mesh_(m), options_(o), loss_(loss), schedule_(make_schedule(o.schedule, stage_count, o.micro_batches)),
         states_(m.local_places().size()) {
+    // stages on GPU places hand their tensors over by device copies, which take one process
     for (std::size_t q = 0; q < m.size(); ++q)
-      if (m.place(q).kind() != place_kind::cpu)
+      if (m.place(q).kind() != m.place(0).kind() || (m.place(q).kind() != place_kind::cpu && m.is_multiprocess()))
         throw layout_error("pipeline: place " + m.place(q).name() + " of " + m.describe() +
-                           " is a GPU place; the pipeline trains on CPU places (its sends and receives between stages "
-                           "would share one NCCL stream per GPU, where a send waits for a receive queued behind it)");
+                           (m.place(q).kind() != m.place(0).kind()
+                                ? " is not of the kind of " + m.place(0).name() + "; the stages run on CPU places or on GPU places, not both"
+                                : " is a GPU place of a mesh over several processes; the pipeline trains on the GPU places of one "
+                                  "process (its stages hand tensors over by device copies) or on CPU places"));
     if (m.extent(pp_axis) != stage_count)
       throw layout_error("pipeline: the model is cut into " + std::to_string(stage_count) + " stages but " + m.describe() + " has " +
                          std::to_string(m.extent(pp_axis)) + " places along \"pp\"");
@@ -17185,6 +17423,9 @@ class pipeline {
       link.next = me + 1 < line.size() ? me + 1 : me;
       link.previous_place = line[link.previous];
       link.next_place = line[link.next];
+      link.handoff = place.kind() != place_kind::cpu;
+      link.previous_state = mesh_.place(link.previous_place).state().get();
+      link.next_state = mesh_.place(link.next_place).state().get();
     }
     // this place's rows: its "dp" share of the batch, cut into micro-batches
     std::size_t first_row = 0, my_rows = global_rows;

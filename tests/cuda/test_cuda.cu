@@ -684,6 +684,35 @@ void trainers(const std::vector<pdo::cuda_place>& gpus) {
       check(false, std::string("data_parallel on GPU places: ") + e.what());
     }
   }
+  // the pipeline: stages on GPU places hand activations and their gradients over by device
+  // copies (no NCCL stream shared by sends and receives); over "dp" x "pp" its buckets sync
+  // each stage's gradients with NCCL
+  auto make_deep = [] {
+    pdo::nn::rng gen(5);
+    return pdo::nn::sequential(pdo::nn::linear<float>(6, 8, gen), pdo::nn::relu{}, pdo::nn::linear<float>(8, 8, gen), pdo::nn::tanh{},
+                               pdo::nn::linear<float>(8, 3, gen));
+  };
+  auto sgd = [](auto ps) { return pdo::nn::sgd<float>(std::move(ps), {.lr = 0.2, .momentum = 0.5}); };
+  for (const auto kind : {pdo::nn::pipeline_schedule::gpipe, pdo::nn::pipeline_schedule::one_f_one_b}) {
+    auto pipeline_losses = [&](const auto& mesh) {
+      auto trainer = pdo::nn::make_pipeline<float, 2, 3>(mesh, make_deep(), sgd, {kind, 3});
+      pdo::tensor<float, 1> out({4});
+      for (std::size_t s = 0; s < 4; ++s) out(s) = trainer.step(x, y);
+      return out;
+    };
+    const std::string name = kind == pdo::nn::pipeline_schedule::gpipe ? "GPipe" : "1F1B";
+    try {
+      const auto one = pipeline_losses(pdo::make_mesh<"pp">(pdo::cpu_places(2), {2}));
+      const auto gpu = pipeline_losses(pdo::make_mesh<"pp">(std::vector<pdo::cuda_place>(gpus.begin(), gpus.begin() + 2), {2}));
+      check(close(gpu, one, 1e-4), "pipeline (" + name + ") on 2 GPU places follows the CPU places (losses)");
+      if (n >= 4) {
+        const auto hybrid = pipeline_losses(pdo::make_mesh<"dp", "pp">(std::vector<pdo::cuda_place>(gpus.begin(), gpus.begin() + 4), {2, 2}));
+        check(close(hybrid, one, 1e-4), "pipeline (" + name + ") on 2 dp x 2 pp GPU places follows the CPU places (losses)");
+      }
+    } catch (const std::exception& e) {
+      check(false, "pipeline (" + name + ") on GPU places: " + e.what());
+    }
+  }
   // the hand-written data-parallel program: a differentiable parallel_do over a split batch with
   // replicated parameters, its loss, backward (the replicas' gradients summed by the planner's
   // all_reduce, NCCL on GPU places) and SGD on every place
@@ -728,16 +757,15 @@ void trainers(const std::vector<pdo::cuda_place>& gpus) {
     }
     return out;
   }, 1e-12);
-  // the pipeline refuses GPU places, saying why
-  if (n >= 2) {
-    try {
-      const auto mesh = pdo::make_mesh<"pp">(std::vector<pdo::cuda_place>(gpus.begin(), gpus.begin() + 2));
-      auto sgd = [](auto ps) { return pdo::nn::sgd<float>(std::move(ps), {.lr = 0.1}); };
-      (void)pdo::nn::make_pipeline<float, 2, 2>(mesh, make(), sgd);
-      check(false, "a pipeline on GPU places is refused");
-    } catch (const pdo::layout_error& e) {
-      check(std::string(e.what()).find("GPU place") != std::string::npos, "a pipeline on GPU places is refused, saying why");
-    }
+  // a pipeline over CPU and GPU places at once is refused, saying why
+  try {
+    const auto mesh = pdo::make_mesh<"pp">(std::vector<pdo::any_place>{pdo::cpu_places(1).front(), gpus.front()}, {2});
+    auto sgd_once = [](auto ps) { return pdo::nn::sgd<float>(std::move(ps), {.lr = 0.1}); };
+    (void)pdo::nn::make_pipeline<float, 2, 2>(mesh, make(), sgd_once);
+    check(false, "a pipeline over a CPU place and a GPU place is refused");
+  } catch (const pdo::layout_error& e) {
+    check(std::string(e.what()).find("CPU places or on GPU places") != std::string::npos,
+          "a pipeline over a CPU place and a GPU place is refused, saying why");
   }
 }
 

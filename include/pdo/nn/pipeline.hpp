@@ -13,6 +13,8 @@
 #include <algorithm>
 #include <array>
 #include <cstddef>
+#include <cstdint>
+#include <exception>
 #include <memory>
 #include <optional>
 #include <string>
@@ -151,11 +153,17 @@ struct stage_bounds {
 
 /// @brief A place's links to its neighbouring stages: its line along "pp" (members by "pp"
 /// coordinate) for the data, the mesh's host group (members by place index) for shapes.
+/// Between GPU places of one process the data goes by device copies instead (handoff): the
+/// receiver copies the sender's block on its own stream, the sender's stream then waits for
+/// that copy before it reuses the block.
 struct channel {
   /// @brief The place's line along "pp", which carries the tensors' elements.
   mesh_communicator link, host;
   std::size_t previous = 0, next = 0;              ///< members of `link`
   std::size_t previous_place = 0, next_place = 0;  ///< members of `host`
+  bool handoff = false;                            ///< GPU places of one process: device copies, not `link`
+  pdo::detail::place_state* previous_state = nullptr;  ///< the previous stage's place (for handoffs)
+  pdo::detail::place_state* next_state = nullptr;      ///< the next stage's place (for handoffs)
   /// @var host
   /// @brief The mesh's host group, which carries the tensors' shapes ahead of their elements.
   /// @var previous
@@ -163,6 +171,11 @@ struct channel {
   /// @var previous_place
   /// @brief The previous stage's member of `host` (`next_place`: the next stage's).
 };
+
+/// @brief The header of a tensor sent between stages: its extents, then (a handoff) where its
+/// block is and the sender's mark of the work that wrote it.
+template <std::size_t R>
+using send_header = std::array<std::size_t, R + 2>;
 
 /// @brief Sends tensors from a place without waiting for their receiver: engine tasks on
 /// one lane of the place, in order (receivers take them in the same order). Forward's sends
@@ -172,9 +185,9 @@ struct async_sender {
   lane_kind lane = lane_kind::communication;  ///< the sending place's lane that runs the sends, in order
   std::vector<pdo::detail::task_handle> sends = {};  ///< the send tasks submitted since the last reset()
 
-  /// @brief Sends `t` to member `to` of `link` (the line along "pp"); its shape goes first
-  /// through `host` (the mesh's host group, whose member `to_place` the receiver is), so a
-  /// GPU mesh sends only device memory through NCCL.
+  /// @brief Sends `t` to the next stage's place (`forward`) or the previous one's: its shape
+  /// through `c.host` (the mesh's host group), then its elements through `c.link` (the line
+  /// along "pp"), or by a handoff between GPU places (the receiver copies the block).
   template <class T, std::size_t R>
   void send(pdo::detail::place_state& from, const channel& c, tensor<T, R> t, bool forward, int tag) {
     auto data = std::make_shared<tensor<T, R>>(std::move(t));
@@ -184,11 +197,36 @@ struct async_sender {
     r.category = "collective";
     r.uses.reads.push_back(data->data());
     if (pdo::detail::timeline_on()) r.detail = std::to_string(data->bytes()) + " bytes, micro-batch " + std::to_string(tag);
-    r.fn = [c, forward, tag, data] {
-      std::array<std::size_t, R + 1> header{};
+    r.fn = [c, forward, tag, data, &from] {
+      send_header<R> header{};
       for (std::size_t d = 0; d < R; ++d) header[d] = data->shape()[d];
-      c.host.send(std::span<const std::size_t>(header), forward ? c.next_place : c.previous_place, 2 * tag);
-      c.link.send(std::as_const(*data).span(), forward ? c.next : c.previous, 2 * tag + 1);
+      const std::size_t to = forward ? c.next_place : c.previous_place;
+      if (!c.handoff) {
+        c.host.send(std::span<const std::size_t>(header), to, 2 * tag);
+        c.link.send(std::as_const(*data).span(), forward ? c.next : c.previous, 2 * tag + 1);
+        return;
+      }
+#if defined(PDO_WITH_CUDA)
+      // the receiver copies the block itself and says when (its mark); then this place's
+      // stream waits for the copy before the block, freed here, can be reused
+      pdo::detail::place_state* receiver = forward ? c.next_state : c.previous_state;
+      const auto offer = pdo::detail::offer_block(from, data->data());
+      header[R] = reinterpret_cast<std::uintptr_t>(offer.data);
+      header[R + 1] = offer.event;
+      std::size_t copied = 0;
+      try {
+        c.host.send(std::span<const std::size_t>(header), to, 2 * tag);
+        c.host.recv(std::span<std::size_t>(&copied, 1), to, 2 * tag + 1);
+      } catch (...) {
+        // the receiver may have queued its copy: the block stays until its stream is done
+        pdo::detail::wait_for_stream(pdo::detail::cuda_device_of(*receiver), pdo::detail::cuda_device_of(*receiver).compute);
+        pdo::detail::release_block(from, receiver, offer, 0);
+        throw;
+      }
+      pdo::detail::release_block(from, receiver, offer, copied);
+#else
+      pdo::detail::no_cuda("pipeline send", from.name);
+#endif
     };
     sends.push_back(pdo::detail::engine::instance().submit(std::move(r)));
   }
@@ -208,12 +246,33 @@ struct async_sender {
 
 template <class T, std::size_t R>
 tensor<T, R> receive(const channel& c, bool from_previous, int tag, const any_place& place) {
-  std::array<std::size_t, R + 1> header{};
-  c.host.recv(std::span<std::size_t>(header), from_previous ? c.previous_place : c.next_place, 2 * tag);
+  send_header<R> header{};
+  const std::size_t from = from_previous ? c.previous_place : c.next_place;
+  c.host.recv(std::span<std::size_t>(header), from, 2 * tag);
   shape_t<R> shape{};
   for (std::size_t d = 0; d < R; ++d) shape[d] = header[d];
   tensor<T, R> t(shape, place, pdo::detail::uninitialized);
-  c.link.recv(t.span(), from_previous ? c.previous : c.next, 2 * tag + 1);
+  if (!c.handoff) {
+    c.link.recv(t.span(), from_previous ? c.previous : c.next, 2 * tag + 1);
+    return t;
+  }
+#if defined(PDO_WITH_CUDA)
+  // take the sender's block on this place's stream; the sender learns when (the mark), also
+  // when the copy could not be queued (no mark), so it never waits for nothing
+  const pdo::detail::device_handoff offer{reinterpret_cast<const void*>(header[R]), header[R + 1]};
+  std::size_t copied = 0;
+  std::exception_ptr failed;
+  try {
+    if (t.bytes() > 0)
+      copied = pdo::detail::take_block(*place.state(), t.data(), *(from_previous ? c.previous_state : c.next_state), offer, t.bytes());
+  } catch (...) {
+    failed = std::current_exception();
+  }
+  c.host.send(std::span<const std::size_t>(&copied, 1), from, 2 * tag + 1);
+  if (failed) std::rethrow_exception(failed);
+#else
+  pdo::detail::no_cuda("pipeline receive", place.name());
+#endif
   return t;
 }
 
@@ -252,18 +311,22 @@ class pipeline {
   static constexpr bool has_tp = Mesh::has_axis("tp");
   static_assert(pp_axis < Mesh::ndim, "pdo: pipeline: the mesh needs an axis named \"pp\"");
 
-  /// @brief Cuts `model` (a sequential) after the layers `Cuts...` and builds, on each place of this process,
-  /// its stage and make_optimizer(its parameters). pdo::layout_error for a GPU place, a "pp" extent other
-  /// than stage_count, or 0 micro-batches; pdo::error for a schedule that would not finish.
+  /// @brief Cuts `model` (a sequential) after the layers `Cuts...` and builds, on each place of this
+  /// process, its stage and make_optimizer(its parameters). pdo::layout_error for a mesh of CPU
+  /// and GPU places, or of GPU places over several processes, a "pp" extent other than
+  /// stage_count, or 0 micro-batches; pdo::error for a schedule that would not finish.
   template <class MakeOptimizer, class Model, std::size_t... Cuts>
   pipeline(const Mesh& m, const Model& model, detail_pp::cut_list<Cuts...>, MakeOptimizer make_optimizer, pipeline_options o, Loss loss)
       : mesh_(m), options_(o), loss_(loss), schedule_(make_schedule(o.schedule, stage_count, o.micro_batches)),
         states_(m.local_places().size()) {
+    // stages on GPU places hand their tensors over by device copies, which take one process
     for (std::size_t q = 0; q < m.size(); ++q)
-      if (m.place(q).kind() != place_kind::cpu)
+      if (m.place(q).kind() != m.place(0).kind() || (m.place(q).kind() != place_kind::cpu && m.is_multiprocess()))
         throw layout_error("pipeline: place " + m.place(q).name() + " of " + m.describe() +
-                           " is a GPU place; the pipeline trains on CPU places (its sends and receives between stages "
-                           "would share one NCCL stream per GPU, where a send waits for a receive queued behind it)");
+                           (m.place(q).kind() != m.place(0).kind()
+                                ? " is not of the kind of " + m.place(0).name() + "; the stages run on CPU places or on GPU places, not both"
+                                : " is a GPU place of a mesh over several processes; the pipeline trains on the GPU places of one "
+                                  "process (its stages hand tensors over by device copies) or on CPU places"));
     if (m.extent(pp_axis) != stage_count)
       throw layout_error("pipeline: the model is cut into " + std::to_string(stage_count) + " stages but " + m.describe() + " has " +
                          std::to_string(m.extent(pp_axis)) + " places along \"pp\"");
@@ -442,6 +505,9 @@ class pipeline {
       link.next = me + 1 < line.size() ? me + 1 : me;
       link.previous_place = line[link.previous];
       link.next_place = line[link.next];
+      link.handoff = place.kind() != place_kind::cpu;
+      link.previous_state = mesh_.place(link.previous_place).state().get();
+      link.next_state = mesh_.place(link.next_place).state().get();
     }
     // this place's rows: its "dp" share of the batch, cut into micro-batches
     std::size_t first_row = 0, my_rows = global_rows;

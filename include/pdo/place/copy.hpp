@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
 #include <mutex>
 #include <string>
@@ -112,6 +113,61 @@ inline void copy_between_devices(place_state& dst_place, void* dst, place_state&
     device_guard guard(d.ordinal);
     if (direct) cuda_check(cudaStreamWaitEvent(d.compute, copied, 0), "cudaStreamWaitEvent", d.name);
   });
+}
+#endif
+
+/// @brief A block of a GPU place's memory handed to another GPU place by two threads, neither
+/// on the other's lanes (a pipeline's sender and receiver): the sender offers the block with
+/// an event marking the work its place queued so far (which wrote the block); the receiver
+/// copies it on its compute stream after that event and marks the copy; the sender's compute
+/// stream waits for that mark before it may reuse the block. No lane of either place is
+/// borrowed, so neither waits for the other's queued tasks.
+struct device_handoff {
+  const void* data = nullptr;      ///< the block, in the sender's memory
+  std::uintptr_t event = 0;        ///< the sender's mark (cudaEvent_t), then the receiver's
+};
+
+#if defined(PDO_WITH_CUDA)
+/// @brief The sender's half: marks the work queued on `from`'s compute stream (which wrote `data`).
+inline device_handoff offer_block(place_state& from, const void* data) {
+  cuda_device& s = cuda_device_of(from);
+  device_guard guard(s.ordinal);
+  cudaEvent_t ready = nullptr;
+  cuda_check(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), "cudaEventCreateWithFlags", s.name);
+  cuda_check(cudaEventRecord(ready, s.compute), "cudaEventRecord", s.name);
+  return {data, reinterpret_cast<std::uintptr_t>(ready)};
+}
+
+/// @brief The receiver's half: copies the offered block (`bytes`) into `dst` in `to`'s memory
+/// on its compute stream, after the sender's mark; returns the mark of the copy, for the sender.
+inline std::uintptr_t take_block(place_state& to, void* dst, place_state& from, const device_handoff& offer, std::size_t bytes) {
+  cuda_device &d = cuda_device_of(to), &s = cuda_device_of(from);
+  if (d.ordinal != s.ordinal) enable_peer_access(d.ordinal, s.ordinal);  // the driver stages the copy where it cannot
+  device_guard guard(d.ordinal);
+  const auto ready = reinterpret_cast<cudaEvent_t>(offer.event);
+  cuda_check(cudaStreamWaitEvent(d.compute, ready, 0), "cudaStreamWaitEvent", d.name);
+  cuda_check(cudaMemcpyPeerAsync(dst, d.ordinal, offer.data, s.ordinal, bytes, d.compute), "cudaMemcpyPeerAsync", d.name);
+  cudaEvent_t copied = nullptr;
+  cuda_check(cudaEventCreateWithFlags(&copied, cudaEventDisableTiming), "cudaEventCreateWithFlags", d.name);
+  cuda_check(cudaEventRecord(copied, d.compute), "cudaEventRecord", d.name);
+  return reinterpret_cast<std::uintptr_t>(copied);
+}
+
+/// @brief The sender's last step, once the receiver has taken the block (`copied`: its mark,
+/// 0 when it took none): `from`'s later work, which may reuse the block, waits for the copy;
+/// both marks are released (the queued waits on them still see them).
+inline void release_block(place_state& from, place_state* to, const device_handoff& offer, std::uintptr_t copied) {
+  cuda_device& s = cuda_device_of(from);
+  if (copied != 0) {
+    {
+      device_guard guard(s.ordinal);
+      cuda_check(cudaStreamWaitEvent(s.compute, reinterpret_cast<cudaEvent_t>(copied), 0), "cudaStreamWaitEvent", s.name);
+    }
+    device_guard guard(cuda_device_of(*to).ordinal);
+    cudaEventDestroy(reinterpret_cast<cudaEvent_t>(copied));
+  }
+  device_guard guard(s.ordinal);
+  cudaEventDestroy(reinterpret_cast<cudaEvent_t>(offer.event));
 }
 #endif
 
