@@ -3657,9 +3657,10 @@ inline std::shared_ptr<host_group> make_host_group(const mesh_state& m, const st
 // pdo/place/cuda_place.hpp: GPU places. The type always exists, so generic code and
 // meshes can name it; creating one needs a build with PDO_WITH_CUDA.
 //
-// A GPU place is a set of host lanes (threads) that drive one device, with two streams: compute
-// (every kernel, cuBLAS call and copy of the place, in order) and communication (NCCL),
-// ordered against each other by events, never by a device-wide synchronisation. Its
+// A GPU place is a set of host lanes (threads) that drive one device, with three streams:
+// compute (every kernel, cuBLAS call and copy of the place, in order), communication (NCCL)
+// and copy (the copies its copy lane makes: batches prefetched onto it), ordered against each
+// other by events, never by a device-wide synchronisation. Its
 // caching allocator takes device memory from the stream-ordered allocator
 // (cudaMallocAsync on the compute stream; cudaMalloc where the device has no memory
 // pools), with the same statistics and cap as CPU places. A block freed on the host is
@@ -3748,6 +3749,7 @@ struct cuda_device {
   bool pools = false;  ///< the device supports the stream-ordered allocator
   cudaStream_t compute = nullptr;
   cudaStream_t comm = nullptr;
+  cudaStream_t copy = nullptr;  ///< the copy lane's copies
   cublasHandle_t blas = nullptr;
 
   std::mutex order_mutex;            ///< guards order_event between its record and the wait on it
@@ -3770,6 +3772,7 @@ struct cuda_device {
     pools = supported != 0;
     cuda_check(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking), "cudaStreamCreateWithFlags", name);
     cuda_check(cudaStreamCreateWithFlags(&comm, cudaStreamNonBlocking), "cudaStreamCreateWithFlags", name);
+    cuda_check(cudaStreamCreateWithFlags(&copy, cudaStreamNonBlocking), "cudaStreamCreateWithFlags", name);
     cublas_check(cublasCreate(&blas), "cublasCreate", name);
     cublas_check(cublasSetStream(blas, compute), "cublasSetStream", name);
     cuda_check(cudaEventCreateWithFlags(&order_event, cudaEventDisableTiming), "cudaEventCreateWithFlags", name);
@@ -3779,6 +3782,7 @@ struct cuda_device {
       device_guard guard(ordinal);
       if (compute) cudaStreamSynchronize(compute);
       if (comm) cudaStreamSynchronize(comm);
+      if (copy) cudaStreamSynchronize(copy);
     }
     for (int b = 0; b < 2; ++b) {
       if (last_upload[b]) cudaEventSynchronize(last_upload[b]);  // the upload from the buffer has read it
@@ -3793,6 +3797,7 @@ struct cuda_device {
     device_guard guard(ordinal);
     if (order_event) cudaEventDestroy(order_event);
     if (blas) cublasDestroy(blas);
+    if (copy) cudaStreamDestroy(copy);
     if (comm) cudaStreamDestroy(comm);
     if (compute) cudaStreamDestroy(compute);
   }
@@ -3943,7 +3948,7 @@ struct cuda_place_options {
 };
 
 /// @brief A CUDA GPU place: host lanes that drive device `ordinal`, its
-/// compute and communication streams, and a caching allocator of device memory with the
+/// compute, communication and copy streams, and a caching allocator of device memory with the
 /// same statistics and cap as CPU places.
 class cuda_place : public detail::place_handle<cuda_place> {
  public:
@@ -3964,15 +3969,20 @@ class cuda_place : public detail::place_handle<cuda_place> {
     detail::start_lanes(*state_, {}, [device] { cudaSetDevice(device); });
   }
 
-  /// @brief The stream every kernel, cuBLAS call and copy of this place runs on, in order.
+  /// @brief The stream every kernel, cuBLAS call and copy of this place runs on, in order
+  /// (but the copies of its copy lane).
   [[nodiscard]] cudaStream_t compute_stream() const { return resources().compute; }
   /// @brief The stream the place's NCCL collectives run on.
   [[nodiscard]] cudaStream_t comm_stream() const { return resources().comm; }
-  /// @brief Waits until the work queued on both streams has finished (not a device-wide
+  /// @brief The stream of the copies made on the place's copy lane (pdo::prefetch): each
+  /// after the work queued so far on the compute stream, and complete before its task ends.
+  [[nodiscard]] cudaStream_t copy_stream() const { return resources().copy; }
+  /// @brief Waits until the work queued on its streams has finished (not a device-wide
   /// synchronisation); a collective that can no longer complete is a pdo::communication_error.
   void synchronize() const {
     detail::wait_for_stream(resources(), resources().compute);
     detail::wait_for_stream(resources(), resources().comm);
+    detail::wait_for_stream(resources(), resources().copy);
   }
   /// @brief Whether this device can read and write `other`'s memory directly (peer copies).
   [[nodiscard]] bool can_access_peer(const cuda_place& other) const {
@@ -4551,7 +4561,9 @@ inline std::vector<std::shared_ptr<comm_set>> split_lines(const pdo::detail::mes
 // allows it, else through pinned host memory in chunks, two buffers in flight; between a
 // GPU and the host it is a cudaMemcpyAsync on the GPU place's compute stream. Either way
 // it is ordered after the work already queued on both places' compute streams, and the
-// receiving place's later work is ordered after it, with events (no device-wide wait).
+// receiving place's later work is ordered after it, with events (no device-wide wait). A copy
+// made on a GPU place's copy lane goes on its copy stream instead (see copy_stream), so the
+// compute work queued after it does not wait for it.
 
 
 #include <algorithm>
@@ -4657,6 +4669,29 @@ inline void copy_between_devices(place_state& dst_place, void* dst, place_state&
 }
 #endif
 
+#if defined(PDO_WITH_CUDA)
+/// @brief The stream a GPU place's copies and fills go on from the calling thread. On the
+/// place's copy lane: its copy stream, after the work queued so far on its compute stream
+/// (which made, or last used, the blocks the copy touches), and the copies are complete before
+/// the task goes on (done()), so that no later work, on any stream, waits for that stream.
+/// Elsewhere: its compute stream, in that stream's order.
+struct copy_stream {
+  explicit copy_stream(place_state& place) : device(cuda_device_of(place)) {
+    const lane* l = current_lane();
+    on_copy_lane = l != nullptr && l->kind() == lane_kind::copy && current_place() == &place;
+    if (on_copy_lane) device.make_wait(device.copy, device.compute);
+    stream = on_copy_lane ? device.copy : device.compute;
+  }
+  /// @brief After the copies: on the copy lane, waits until they are done.
+  void done() const {
+    if (on_copy_lane) wait_for_stream(device, device.copy);
+  }
+  cuda_device& device;
+  bool on_copy_lane = false;
+  cudaStream_t stream = nullptr;
+};
+#endif
+
 /// @brief A block of a GPU place's memory handed to another GPU place by two threads, neither
 /// on the other's lanes (a pipeline's sender and receiver): the sender offers the block with
 /// an event marking the work its place queued so far (which wrote the block); the receiver
@@ -4734,16 +4769,20 @@ inline void copy_bytes(place_state* dst_place, void* dst, place_state* src_place
     // after the source's work; the source's later work waits for the copy before it
     // overwrites what the copy reads
     device_guard guard(d.ordinal);
-    s.make_wait(d.compute, s.compute);
-    cuda_check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, d.compute), "cudaMemcpyAsync", d.name);
-    d.make_wait(s.compute, d.compute);
+    const copy_stream on(*dst_place);
+    s.make_wait(on.stream, s.compute);
+    cuda_check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, on.stream), "cudaMemcpyAsync", d.name);
+    d.make_wait(s.compute, on.stream);
+    on.done();
     return;
   }
   cuda_device& g = cuda_device_of(to_gpu ? *dst_place : *src_place);
   device_guard guard(g.ordinal);
-  cuda_check(cudaMemcpyAsync(dst, src, bytes, to_gpu ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost, g.compute), "cudaMemcpyAsync",
+  const copy_stream on(to_gpu ? *dst_place : *src_place);
+  cuda_check(cudaMemcpyAsync(dst, src, bytes, to_gpu ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost, on.stream), "cudaMemcpyAsync",
              g.name);
-  if (completion == copy_completion::host_safe) wait_for_stream(g, g.compute);
+  if (completion == copy_completion::host_safe) wait_for_stream(g, on.stream);
+  on.done();
 #else
   (void)completion;
   (void)how;
@@ -4765,8 +4804,10 @@ inline void copy_strided(place_state* place, void* dst, std::size_t dst_pitch, c
 #if defined(PDO_WITH_CUDA)
   cuda_device& g = cuda_device_of(*place);
   device_guard guard(g.ordinal);
-  cuda_check(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, width, rows, cudaMemcpyDeviceToDevice, g.compute), "cudaMemcpy2DAsync",
+  const copy_stream on(*place);
+  cuda_check(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, width, rows, cudaMemcpyDeviceToDevice, on.stream), "cudaMemcpy2DAsync",
              g.name);
+  on.done();
 #else
   no_cuda("copy", place->name);
 #endif
@@ -4788,19 +4829,22 @@ inline void fill_bytes(place_state* place, void* dst, const void* value, std::si
 #if defined(PDO_WITH_CUDA)
   cuda_device& g = cuda_device_of(*place);
   device_guard guard(g.ordinal);
+  const copy_stream on(*place);
   if (one_byte) {
-    cuda_check(cudaMemsetAsync(dst, v[0], elem_bytes * count, g.compute), "cudaMemsetAsync", g.name);
+    cuda_check(cudaMemsetAsync(dst, v[0], elem_bytes * count, on.stream), "cudaMemsetAsync", g.name);
+    on.done();
     return;
   }
   // a pattern of several bytes: one element copied up, then doubled on the device (log2(count)
   // device-to-device copies, no host buffer of the whole size)
   auto* out = static_cast<unsigned char*>(dst);
-  cuda_check(cudaMemcpyAsync(out, v, elem_bytes, cudaMemcpyHostToDevice, g.compute), "cudaMemcpyAsync", g.name);
+  cuda_check(cudaMemcpyAsync(out, v, elem_bytes, cudaMemcpyHostToDevice, on.stream), "cudaMemcpyAsync", g.name);
   for (std::size_t have = 1; have < count; have *= 2) {
     const std::size_t more = std::min(have, count - have);
-    cuda_check(cudaMemcpyAsync(out + have * elem_bytes, out, more * elem_bytes, cudaMemcpyDeviceToDevice, g.compute), "cudaMemcpyAsync",
+    cuda_check(cudaMemcpyAsync(out + have * elem_bytes, out, more * elem_bytes, cudaMemcpyDeviceToDevice, on.stream), "cudaMemcpyAsync",
                g.name);
   }
+  on.done();
 #else
   no_cuda("fill", place->name);
 #endif
@@ -7199,7 +7243,9 @@ inline constexpr bool valid_layout_v = detail::find_layout_problem<L, Mesh>(Rank
 // allows it, else through pinned host memory in chunks, two buffers in flight; between a
 // GPU and the host it is a cudaMemcpyAsync on the GPU place's compute stream. Either way
 // it is ordered after the work already queued on both places' compute streams, and the
-// receiving place's later work is ordered after it, with events (no device-wide wait).
+// receiving place's later work is ordered after it, with events (no device-wide wait). A copy
+// made on a GPU place's copy lane goes on its copy stream instead (see copy_stream), so the
+// compute work queued after it does not wait for it.
 
 
 #include <algorithm>
@@ -7305,6 +7351,29 @@ inline void copy_between_devices(place_state& dst_place, void* dst, place_state&
 }
 #endif
 
+#if defined(PDO_WITH_CUDA)
+/// @brief The stream a GPU place's copies and fills go on from the calling thread. On the
+/// place's copy lane: its copy stream, after the work queued so far on its compute stream
+/// (which made, or last used, the blocks the copy touches), and the copies are complete before
+/// the task goes on (done()), so that no later work, on any stream, waits for that stream.
+/// Elsewhere: its compute stream, in that stream's order.
+struct copy_stream {
+  explicit copy_stream(place_state& place) : device(cuda_device_of(place)) {
+    const lane* l = current_lane();
+    on_copy_lane = l != nullptr && l->kind() == lane_kind::copy && current_place() == &place;
+    if (on_copy_lane) device.make_wait(device.copy, device.compute);
+    stream = on_copy_lane ? device.copy : device.compute;
+  }
+  /// @brief After the copies: on the copy lane, waits until they are done.
+  void done() const {
+    if (on_copy_lane) wait_for_stream(device, device.copy);
+  }
+  cuda_device& device;
+  bool on_copy_lane = false;
+  cudaStream_t stream = nullptr;
+};
+#endif
+
 /// @brief A block of a GPU place's memory handed to another GPU place by two threads, neither
 /// on the other's lanes (a pipeline's sender and receiver): the sender offers the block with
 /// an event marking the work its place queued so far (which wrote the block); the receiver
@@ -7382,16 +7451,20 @@ inline void copy_bytes(place_state* dst_place, void* dst, place_state* src_place
     // after the source's work; the source's later work waits for the copy before it
     // overwrites what the copy reads
     device_guard guard(d.ordinal);
-    s.make_wait(d.compute, s.compute);
-    cuda_check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, d.compute), "cudaMemcpyAsync", d.name);
-    d.make_wait(s.compute, d.compute);
+    const copy_stream on(*dst_place);
+    s.make_wait(on.stream, s.compute);
+    cuda_check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, on.stream), "cudaMemcpyAsync", d.name);
+    d.make_wait(s.compute, on.stream);
+    on.done();
     return;
   }
   cuda_device& g = cuda_device_of(to_gpu ? *dst_place : *src_place);
   device_guard guard(g.ordinal);
-  cuda_check(cudaMemcpyAsync(dst, src, bytes, to_gpu ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost, g.compute), "cudaMemcpyAsync",
+  const copy_stream on(to_gpu ? *dst_place : *src_place);
+  cuda_check(cudaMemcpyAsync(dst, src, bytes, to_gpu ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost, on.stream), "cudaMemcpyAsync",
              g.name);
-  if (completion == copy_completion::host_safe) wait_for_stream(g, g.compute);
+  if (completion == copy_completion::host_safe) wait_for_stream(g, on.stream);
+  on.done();
 #else
   (void)completion;
   (void)how;
@@ -7413,8 +7486,10 @@ inline void copy_strided(place_state* place, void* dst, std::size_t dst_pitch, c
 #if defined(PDO_WITH_CUDA)
   cuda_device& g = cuda_device_of(*place);
   device_guard guard(g.ordinal);
-  cuda_check(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, width, rows, cudaMemcpyDeviceToDevice, g.compute), "cudaMemcpy2DAsync",
+  const copy_stream on(*place);
+  cuda_check(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, width, rows, cudaMemcpyDeviceToDevice, on.stream), "cudaMemcpy2DAsync",
              g.name);
+  on.done();
 #else
   no_cuda("copy", place->name);
 #endif
@@ -7436,19 +7511,22 @@ inline void fill_bytes(place_state* place, void* dst, const void* value, std::si
 #if defined(PDO_WITH_CUDA)
   cuda_device& g = cuda_device_of(*place);
   device_guard guard(g.ordinal);
+  const copy_stream on(*place);
   if (one_byte) {
-    cuda_check(cudaMemsetAsync(dst, v[0], elem_bytes * count, g.compute), "cudaMemsetAsync", g.name);
+    cuda_check(cudaMemsetAsync(dst, v[0], elem_bytes * count, on.stream), "cudaMemsetAsync", g.name);
+    on.done();
     return;
   }
   // a pattern of several bytes: one element copied up, then doubled on the device (log2(count)
   // device-to-device copies, no host buffer of the whole size)
   auto* out = static_cast<unsigned char*>(dst);
-  cuda_check(cudaMemcpyAsync(out, v, elem_bytes, cudaMemcpyHostToDevice, g.compute), "cudaMemcpyAsync", g.name);
+  cuda_check(cudaMemcpyAsync(out, v, elem_bytes, cudaMemcpyHostToDevice, on.stream), "cudaMemcpyAsync", g.name);
   for (std::size_t have = 1; have < count; have *= 2) {
     const std::size_t more = std::min(have, count - have);
-    cuda_check(cudaMemcpyAsync(out + have * elem_bytes, out, more * elem_bytes, cudaMemcpyDeviceToDevice, g.compute), "cudaMemcpyAsync",
+    cuda_check(cudaMemcpyAsync(out + have * elem_bytes, out, more * elem_bytes, cudaMemcpyDeviceToDevice, on.stream), "cudaMemcpyAsync",
                g.name);
   }
+  on.done();
 #else
   no_cuda("fill", place->name);
 #endif

@@ -757,6 +757,35 @@ void trainers(const std::vector<pdo::cuda_place>& gpus) {
     }
     return out;
   }, 1e-12);
+  // the uploads of a prefetch onto a GPU place go on its copy stream, not on its compute
+  // stream, whose later work does not wait for them; what the compute stream queued before
+  // (the block's last users) comes first: the result is right
+  {
+    const auto m = pdo::make_mesh<"dp">(gpus, {n});
+    using rows = pdo::layout<pdo::split<"dp">, pdo::replicate>;
+    const auto h = filled<float, 2>({4 * n + 1, 6}, 44);
+    auto earlier = pdo::eval(pdo::exp(pdo::distribute<rows>(m, h)));  // work queued on the compute streams
+#if defined(PDO_CUDA_SIMULATOR)
+    std::vector<unsigned long long> copy_before(n), compute_before(n), copy_after(n), compute_after(n);
+    for (std::size_t p = 0; p < n; ++p) {
+      cudaSimStreamCopies(gpus[p].copy_stream(), &copy_before[p]);
+      cudaSimStreamCopies(gpus[p].compute_stream(), &compute_before[p]);
+    }
+#endif
+    auto next = pdo::prefetch<rows>(m, h);
+    const auto got = next.get();
+#if defined(PDO_CUDA_SIMULATOR)
+    bool on_copy = true;
+    for (std::size_t p = 0; p < n; ++p) {
+      cudaSimStreamCopies(gpus[p].copy_stream(), &copy_after[p]);
+      cudaSimStreamCopies(gpus[p].compute_stream(), &compute_after[p]);
+      on_copy = on_copy && copy_after[p] > copy_before[p] && compute_after[p] == compute_before[p];
+    }
+    check(on_copy, "a prefetch's uploads go on the GPU places' copy streams, none on their compute streams");
+#endif
+    check(close(pdo::gather(got), h, 0) && close(pdo::gather(pdo::eval(pdo::log(earlier))), h, 1e-5),
+          "a prefetch on the copy streams beside work on the compute streams gives both results");
+  }
   // a pipeline over CPU and GPU places at once is refused, saying why
   try {
     const auto mesh = pdo::make_mesh<"pp">(std::vector<pdo::any_place>{pdo::cpu_places(1).front(), gpus.front()}, {2});

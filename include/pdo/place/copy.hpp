@@ -5,7 +5,9 @@
 // allows it, else through pinned host memory in chunks, two buffers in flight; between a
 // GPU and the host it is a cudaMemcpyAsync on the GPU place's compute stream. Either way
 // it is ordered after the work already queued on both places' compute streams, and the
-// receiving place's later work is ordered after it, with events (no device-wide wait).
+// receiving place's later work is ordered after it, with events (no device-wide wait). A copy
+// made on a GPU place's copy lane goes on its copy stream instead (see copy_stream), so the
+// compute work queued after it does not wait for it.
 #pragma once
 
 #include <pdo/core/copy_elements.hpp>
@@ -116,6 +118,29 @@ inline void copy_between_devices(place_state& dst_place, void* dst, place_state&
 }
 #endif
 
+#if defined(PDO_WITH_CUDA)
+/// @brief The stream a GPU place's copies and fills go on from the calling thread. On the
+/// place's copy lane: its copy stream, after the work queued so far on its compute stream
+/// (which made, or last used, the blocks the copy touches), and the copies are complete before
+/// the task goes on (done()), so that no later work, on any stream, waits for that stream.
+/// Elsewhere: its compute stream, in that stream's order.
+struct copy_stream {
+  explicit copy_stream(place_state& place) : device(cuda_device_of(place)) {
+    const lane* l = current_lane();
+    on_copy_lane = l != nullptr && l->kind() == lane_kind::copy && current_place() == &place;
+    if (on_copy_lane) device.make_wait(device.copy, device.compute);
+    stream = on_copy_lane ? device.copy : device.compute;
+  }
+  /// @brief After the copies: on the copy lane, waits until they are done.
+  void done() const {
+    if (on_copy_lane) wait_for_stream(device, device.copy);
+  }
+  cuda_device& device;
+  bool on_copy_lane = false;
+  cudaStream_t stream = nullptr;
+};
+#endif
+
 /// @brief A block of a GPU place's memory handed to another GPU place by two threads, neither
 /// on the other's lanes (a pipeline's sender and receiver): the sender offers the block with
 /// an event marking the work its place queued so far (which wrote the block); the receiver
@@ -193,16 +218,20 @@ inline void copy_bytes(place_state* dst_place, void* dst, place_state* src_place
     // after the source's work; the source's later work waits for the copy before it
     // overwrites what the copy reads
     device_guard guard(d.ordinal);
-    s.make_wait(d.compute, s.compute);
-    cuda_check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, d.compute), "cudaMemcpyAsync", d.name);
-    d.make_wait(s.compute, d.compute);
+    const copy_stream on(*dst_place);
+    s.make_wait(on.stream, s.compute);
+    cuda_check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, on.stream), "cudaMemcpyAsync", d.name);
+    d.make_wait(s.compute, on.stream);
+    on.done();
     return;
   }
   cuda_device& g = cuda_device_of(to_gpu ? *dst_place : *src_place);
   device_guard guard(g.ordinal);
-  cuda_check(cudaMemcpyAsync(dst, src, bytes, to_gpu ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost, g.compute), "cudaMemcpyAsync",
+  const copy_stream on(to_gpu ? *dst_place : *src_place);
+  cuda_check(cudaMemcpyAsync(dst, src, bytes, to_gpu ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost, on.stream), "cudaMemcpyAsync",
              g.name);
-  if (completion == copy_completion::host_safe) wait_for_stream(g, g.compute);
+  if (completion == copy_completion::host_safe) wait_for_stream(g, on.stream);
+  on.done();
 #else
   (void)completion;
   (void)how;
@@ -224,8 +253,10 @@ inline void copy_strided(place_state* place, void* dst, std::size_t dst_pitch, c
 #if defined(PDO_WITH_CUDA)
   cuda_device& g = cuda_device_of(*place);
   device_guard guard(g.ordinal);
-  cuda_check(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, width, rows, cudaMemcpyDeviceToDevice, g.compute), "cudaMemcpy2DAsync",
+  const copy_stream on(*place);
+  cuda_check(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, width, rows, cudaMemcpyDeviceToDevice, on.stream), "cudaMemcpy2DAsync",
              g.name);
+  on.done();
 #else
   no_cuda("copy", place->name);
 #endif
@@ -247,19 +278,22 @@ inline void fill_bytes(place_state* place, void* dst, const void* value, std::si
 #if defined(PDO_WITH_CUDA)
   cuda_device& g = cuda_device_of(*place);
   device_guard guard(g.ordinal);
+  const copy_stream on(*place);
   if (one_byte) {
-    cuda_check(cudaMemsetAsync(dst, v[0], elem_bytes * count, g.compute), "cudaMemsetAsync", g.name);
+    cuda_check(cudaMemsetAsync(dst, v[0], elem_bytes * count, on.stream), "cudaMemsetAsync", g.name);
+    on.done();
     return;
   }
   // a pattern of several bytes: one element copied up, then doubled on the device (log2(count)
   // device-to-device copies, no host buffer of the whole size)
   auto* out = static_cast<unsigned char*>(dst);
-  cuda_check(cudaMemcpyAsync(out, v, elem_bytes, cudaMemcpyHostToDevice, g.compute), "cudaMemcpyAsync", g.name);
+  cuda_check(cudaMemcpyAsync(out, v, elem_bytes, cudaMemcpyHostToDevice, on.stream), "cudaMemcpyAsync", g.name);
   for (std::size_t have = 1; have < count; have *= 2) {
     const std::size_t more = std::min(have, count - have);
-    cuda_check(cudaMemcpyAsync(out + have * elem_bytes, out, more * elem_bytes, cudaMemcpyDeviceToDevice, g.compute), "cudaMemcpyAsync",
+    cuda_check(cudaMemcpyAsync(out + have * elem_bytes, out, more * elem_bytes, cudaMemcpyDeviceToDevice, on.stream), "cudaMemcpyAsync",
                g.name);
   }
+  on.done();
 #else
   no_cuda("fill", place->name);
 #endif

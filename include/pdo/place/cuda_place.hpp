@@ -1,9 +1,10 @@
 // pdo/place/cuda_place.hpp: GPU places. The type always exists, so generic code and
 // meshes can name it; creating one needs a build with PDO_WITH_CUDA.
 //
-// A GPU place is a set of host lanes (threads) that drive one device, with two streams: compute
-// (every kernel, cuBLAS call and copy of the place, in order) and communication (NCCL),
-// ordered against each other by events, never by a device-wide synchronisation. Its
+// A GPU place is a set of host lanes (threads) that drive one device, with three streams:
+// compute (every kernel, cuBLAS call and copy of the place, in order), communication (NCCL)
+// and copy (the copies its copy lane makes: batches prefetched onto it), ordered against each
+// other by events, never by a device-wide synchronisation. Its
 // caching allocator takes device memory from the stream-ordered allocator
 // (cudaMallocAsync on the compute stream; cudaMalloc where the device has no memory
 // pools), with the same statistics and cap as CPU places. A block freed on the host is
@@ -95,6 +96,7 @@ struct cuda_device {
   bool pools = false;  ///< the device supports the stream-ordered allocator
   cudaStream_t compute = nullptr;
   cudaStream_t comm = nullptr;
+  cudaStream_t copy = nullptr;  ///< the copy lane's copies
   cublasHandle_t blas = nullptr;
 
   std::mutex order_mutex;            ///< guards order_event between its record and the wait on it
@@ -117,6 +119,7 @@ struct cuda_device {
     pools = supported != 0;
     cuda_check(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking), "cudaStreamCreateWithFlags", name);
     cuda_check(cudaStreamCreateWithFlags(&comm, cudaStreamNonBlocking), "cudaStreamCreateWithFlags", name);
+    cuda_check(cudaStreamCreateWithFlags(&copy, cudaStreamNonBlocking), "cudaStreamCreateWithFlags", name);
     cublas_check(cublasCreate(&blas), "cublasCreate", name);
     cublas_check(cublasSetStream(blas, compute), "cublasSetStream", name);
     cuda_check(cudaEventCreateWithFlags(&order_event, cudaEventDisableTiming), "cudaEventCreateWithFlags", name);
@@ -126,6 +129,7 @@ struct cuda_device {
       device_guard guard(ordinal);
       if (compute) cudaStreamSynchronize(compute);
       if (comm) cudaStreamSynchronize(comm);
+      if (copy) cudaStreamSynchronize(copy);
     }
     for (int b = 0; b < 2; ++b) {
       if (last_upload[b]) cudaEventSynchronize(last_upload[b]);  // the upload from the buffer has read it
@@ -140,6 +144,7 @@ struct cuda_device {
     device_guard guard(ordinal);
     if (order_event) cudaEventDestroy(order_event);
     if (blas) cublasDestroy(blas);
+    if (copy) cudaStreamDestroy(copy);
     if (comm) cudaStreamDestroy(comm);
     if (compute) cudaStreamDestroy(compute);
   }
@@ -290,7 +295,7 @@ struct cuda_place_options {
 };
 
 /// @brief A CUDA GPU place: host lanes that drive device `ordinal`, its
-/// compute and communication streams, and a caching allocator of device memory with the
+/// compute, communication and copy streams, and a caching allocator of device memory with the
 /// same statistics and cap as CPU places.
 class cuda_place : public detail::place_handle<cuda_place> {
  public:
@@ -311,15 +316,20 @@ class cuda_place : public detail::place_handle<cuda_place> {
     detail::start_lanes(*state_, {}, [device] { cudaSetDevice(device); });
   }
 
-  /// @brief The stream every kernel, cuBLAS call and copy of this place runs on, in order.
+  /// @brief The stream every kernel, cuBLAS call and copy of this place runs on, in order
+  /// (but the copies of its copy lane).
   [[nodiscard]] cudaStream_t compute_stream() const { return resources().compute; }
   /// @brief The stream the place's NCCL collectives run on.
   [[nodiscard]] cudaStream_t comm_stream() const { return resources().comm; }
-  /// @brief Waits until the work queued on both streams has finished (not a device-wide
+  /// @brief The stream of the copies made on the place's copy lane (pdo::prefetch): each
+  /// after the work queued so far on the compute stream, and complete before its task ends.
+  [[nodiscard]] cudaStream_t copy_stream() const { return resources().copy; }
+  /// @brief Waits until the work queued on its streams has finished (not a device-wide
   /// synchronisation); a collective that can no longer complete is a pdo::communication_error.
   void synchronize() const {
     detail::wait_for_stream(resources(), resources().compute);
     detail::wait_for_stream(resources(), resources().comm);
+    detail::wait_for_stream(resources(), resources().copy);
   }
   /// @brief Whether this device can read and write `other`'s memory directly (peer copies).
   [[nodiscard]] bool can_access_peer(const cuda_place& other) const {

@@ -128,6 +128,8 @@ struct cudaSimStats {
   unsigned long long device_work;                ///< operations run as device work
 };
 cudaError_t cudaSimGetStats(struct cudaSimStats* stats);
+/** The number of copies and memsets queued on stream `s` so far (which stream a library used). */
+cudaError_t cudaSimStreamCopies(cudaStream_t s, unsigned long long* copies);
 
 #if defined(__cplusplus)
 }

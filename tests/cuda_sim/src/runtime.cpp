@@ -204,6 +204,7 @@ cudaError_t memcpy_checked(void* dst, const void* src, std::size_t bytes, cudaMe
     return fail(cudaErrorInvalidMemcpyDirection, std::string(call) + ": the pointers do not match the copy's direction");
   if (cudaError_t e = check_reach(da, st->device(), call); e != cudaSuccess) return e;
   if (cudaError_t e = check_reach(sa, st->device(), call); e != cudaSuccess) return e;
+  st->count_copy();
   auto run = [=] {
     for (std::size_t r = 0; r < rows; ++r) std::memcpy(static_cast<char*>(dst) + r * dpitch, static_cast<const char*>(src) + r * spitch, bytes);
   };
@@ -705,6 +706,7 @@ cudaError_t cudaMemsetAsync(void* p, int value, size_t count, cudaStream_t s) {
   const allocation* a = find_allocation(p, count, &overruns);
   if (a == nullptr || overruns) return fail(cudaErrorInvalidValue, "cudaMemsetAsync: not device memory, or past its allocation");
   if (cudaError_t e = check_reach(a, st->device(), "cudaMemsetAsync"); e != cudaSuccess) return e;
+  st->count_copy();
   st->enqueue(operation{[=] { std::memset(p, value, count); }, true, "cudaMemsetAsync"});
   return cudaSuccess;
 }
@@ -765,6 +767,13 @@ cudaError_t cudaSimLaunchKernel(cudaStream_t s, unsigned long long n, void (*bod
                           if (release != nullptr) release(args);
                         },
                         true, "kernel"});
+  return cudaSuccess;
+}
+
+cudaError_t cudaSimStreamCopies(cudaStream_t s, unsigned long long* copies) {
+  stream* st = stream_of(s);
+  if (st == nullptr || copies == nullptr) return fail(cudaErrorInvalidValue);
+  *copies = st->copies();
   return cudaSuccess;
 }
 

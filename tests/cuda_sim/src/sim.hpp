@@ -5,6 +5,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -106,8 +107,12 @@ class stream {
   [[nodiscard]] bool idle();
   /// @brief Whether a queued operation still uses host memory in [p, p + bytes).
   bool uses_host_range(const void* p, std::size_t bytes);
+  /// @brief How many copies and memsets were made on it so far (queued, or synchronous).
+  [[nodiscard]] unsigned long long copies() const { return copies_.load(); }
+  void count_copy() { ++copies_; }
 
  private:
+  std::atomic<unsigned long long> copies_{0};
   void loop();
   int device_;
   std::mutex mutex_;
