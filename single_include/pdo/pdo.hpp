@@ -6203,9 +6203,14 @@ Out transform([[maybe_unused]] cpu_system& system, thrust::counting_iterator<std
     return out + static_cast<std::ptrdiff_t>(n);
   }
 #endif
-  // one core: no team is started (that alone costs more than a small kernel)
+  // one core: no team is started (that alone costs more than a small kernel); the functor
+  // copied to a local, as each thread's copy above, so that the stores to `out` cannot be
+  // taken to change it and its loads stay plain vector loads
+  {
+    const F local = f;
 #pragma omp simd
-  for (std::size_t k = 0; k < n; ++k) out[k] = f(base + k);
+    for (std::size_t k = 0; k < n; ++k) out[k] = local(base + k);
+  }
   return out + static_cast<std::ptrdiff_t>(n);
 }
 
@@ -9711,6 +9716,29 @@ struct fused_kernel {
   }
 };
 
+/// @brief The fused kernel over whole rows (the last dim) of an output of rank `Rank` >= 1
+/// whose operands are not all laid out as it is: item r writes row r, its coordinates worked
+/// out once (one division per dim per row, not per element).
+template <std::size_t Rank, class T, class Reader>
+struct fused_rows {
+  Reader reader;
+  std::array<std::size_t, Rank> extent;
+  T* out;
+  PDO_HD void operator()(std::size_t r) const {
+    std::size_t c[Rank] = {};
+    std::size_t rest = r;
+    for (std::size_t d = Rank - 1; d-- > 0;) {
+      c[d] = rest % extent[d];
+      rest /= extent[d];
+    }
+    const std::size_t length = extent[Rank - 1], first = r * length;
+    for (std::size_t j = 0; j < length; ++j) {
+      c[Rank - 1] = j;
+      out[first + j] = reader.template at<false>(first + j, c);
+    }
+  }
+};
+
 /// @brief Where the output block of a fused group lies: its local extents and global offset.
 template <std::size_t Rank>
 struct group_frame {
@@ -9817,12 +9845,23 @@ class elementwise_node : public detail::op_node<Children...> {
     detail::group_frame<rank> frame{out.shape(), ctx.local_offset(rule.out, shape_)};
     const auto r = reader(ctx, frame);
     const thrust::counting_iterator<std::size_t> first(0), last(out.size());
-    if (frame.dense)
+    if (frame.dense) {
       thrust::transform(ctx.system, first, last, out.data(),
                         detail::fused_kernel<true, rank, value_type, decltype(r)>{r, out.shape()});
-    else
+    } else if constexpr (rank >= 1) {
+      if (ctx.system.gpu == nullptr) {
+        // host loops: row by row, the coordinates carried along each row
+        if (out.size() == 0) return;
+        const std::size_t rows = out.size() / out.shape()[rank - 1];
+        thrust::for_each_n(ctx.system, first, rows, detail::fused_rows<rank, value_type, decltype(r)>{r, out.shape(), out.data()});
+      } else {
+        thrust::transform(ctx.system, first, last, out.data(),
+                          detail::fused_kernel<false, rank, value_type, decltype(r)>{r, out.shape()});
+      }
+    } else {
       thrust::transform(ctx.system, first, last, out.data(),
                         detail::fused_kernel<false, rank, value_type, decltype(r)>{r, out.shape()});
+    }
   }
 
  private:

@@ -123,9 +123,14 @@ Out transform([[maybe_unused]] cpu_system& system, thrust::counting_iterator<std
     return out + static_cast<std::ptrdiff_t>(n);
   }
 #endif
-  // one core: no team is started (that alone costs more than a small kernel)
+  // one core: no team is started (that alone costs more than a small kernel); the functor
+  // copied to a local, as each thread's copy above, so that the stores to `out` cannot be
+  // taken to change it and its loads stay plain vector loads
+  {
+    const F local = f;
 #pragma omp simd
-  for (std::size_t k = 0; k < n; ++k) out[k] = f(base + k);
+    for (std::size_t k = 0; k < n; ++k) out[k] = local(base + k);
+  }
   return out + static_cast<std::ptrdiff_t>(n);
 }
 
