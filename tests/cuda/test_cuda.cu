@@ -706,8 +706,24 @@ void trainers(const std::vector<pdo::cuda_place>& gpus) {
       const auto gpu = pipeline_losses(pdo::make_mesh<"pp">(std::vector<pdo::cuda_place>(gpus.begin(), gpus.begin() + 2), {2}));
       check(close(gpu, one, 1e-4), "pipeline (" + name + ") on 2 GPU places follows the CPU places (losses)");
       if (n >= 4) {
-        const auto hybrid = pipeline_losses(pdo::make_mesh<"dp", "pp">(std::vector<pdo::cuda_place>(gpus.begin(), gpus.begin() + 4), {2, 2}));
+        const std::vector<pdo::cuda_place> four(gpus.begin(), gpus.begin() + 4);
+        const auto hybrid = pipeline_losses(pdo::make_mesh<"dp", "pp">(four, {2, 2}));
         check(close(hybrid, one, 1e-4), "pipeline (" + name + ") on 2 dp x 2 pp GPU places follows the CPU places (losses)");
+        // stages of Megatron pairs, tensor parallel over "tp" (uneven shards: widths 10 and 7)
+        auto make_pairs = [] {
+          pdo::nn::rng gen(21);
+          return pdo::nn::sequential(pdo::nn::linear<float>(6, 10, gen), pdo::nn::relu{}, pdo::nn::linear<float>(10, 5, gen), pdo::nn::tanh{},
+                                     pdo::nn::linear<float>(5, 7, gen), pdo::nn::relu{}, pdo::nn::linear<float>(7, 3, gen));
+        };
+        auto pairs_losses = [&](const auto& mesh) {
+          auto trainer = pdo::nn::make_pipeline<float, 2, 3>(mesh, make_pairs(), sgd, {kind, 3});
+          pdo::tensor<float, 1> out({4});
+          for (std::size_t s = 0; s < 4; ++s) out(s) = trainer.step(x, y);
+          return out;
+        };
+        const auto cpu_pairs = pairs_losses(pdo::make_mesh<"pp">(pdo::cpu_places(2), {2}));
+        const auto gpu_pairs = pairs_losses(pdo::make_mesh<"pp", "tp">(four, {2, 2}));
+        check(close(gpu_pairs, cpu_pairs, 1e-4), "pipeline (" + name + ") on 2 pp x 2 tp GPU places follows the CPU places (losses)");
       }
     } catch (const std::exception& e) {
       check(false, "pipeline (" + name + ") on GPU places: " + e.what());
