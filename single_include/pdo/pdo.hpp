@@ -4562,15 +4562,20 @@ inline std::vector<std::shared_ptr<comm_set>> split_lines(const pdo::detail::mes
 // GPU and the host it is a cudaMemcpyAsync on the GPU place's compute stream. Either way
 // it is ordered after the work already queued on both places' compute streams, and the
 // receiving place's later work is ordered after it, with events (no device-wide wait). A copy
-// made on a GPU place's copy lane goes on its copy stream instead (see copy_stream), so the
-// compute work queued after it does not wait for it.
+// to or from the host, or within one device, made on a GPU place's copy lane goes on its copy
+// stream instead (see copy_stream), so the compute work queued after it does not wait for it;
+// a copy between two devices stays on their compute streams.
 
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <mutex>
+#include <thread>
 #include <string>
 #include <vector>
 
@@ -4673,8 +4678,8 @@ inline void copy_between_devices(place_state& dst_place, void* dst, place_state&
 /// @brief The stream a GPU place's copies and fills go on from the calling thread. On the
 /// place's copy lane: its copy stream, after the work queued so far on its compute stream
 /// (which made, or last used, the blocks the copy touches), and the copies are complete before
-/// the task goes on (done()), so that no later work, on any stream, waits for that stream.
-/// Elsewhere: its compute stream, in that stream's order.
+/// the task goes on (done()), so that the work that uses them later needs no event of that
+/// stream. Elsewhere: its compute stream, in that stream's order.
 struct copy_stream {
   explicit copy_stream(place_state& place) : device(cuda_device_of(place)) {
     const lane* l = current_lane();
@@ -4693,57 +4698,114 @@ struct copy_stream {
 #endif
 
 /// @brief A block of a GPU place's memory handed to another GPU place by two threads, neither
-/// on the other's lanes (a pipeline's sender and receiver): the sender offers the block with
-/// an event marking the work its place queued so far (which wrote the block); the receiver
-/// copies it on its compute stream after that event and marks the copy; the sender's compute
-/// stream waits for that mark before it may reuse the block. No lane of either place is
-/// borrowed, so neither waits for the other's queued tasks.
+/// on the other's lanes (a pipeline's sender and receiver): where the block is and the
+/// sender's mark (a cudaEvent_t) of the work that wrote it.
 struct device_handoff {
-  const void* data = nullptr;      ///< the block, in the sender's memory
-  std::uintptr_t event = 0;        ///< the sender's mark (cudaEvent_t), then the receiver's
+  const void* data = nullptr;  ///< the block, in the sender's memory
+  std::uintptr_t event = 0;    ///< the sender's mark
 };
 
 #if defined(PDO_WITH_CUDA)
-/// @brief The sender's half: marks the work queued on `from`'s compute stream (which wrote `data`).
-inline device_handoff offer_block(place_state& from, const void* data) {
-  cuda_device& s = cuda_device_of(from);
-  device_guard guard(s.ordinal);
-  cudaEvent_t ready = nullptr;
-  cuda_check(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), "cudaEventCreateWithFlags", s.name);
-  cuda_check(cudaEventRecord(ready, s.compute), "cudaEventRecord", s.name);
-  return {data, reinterpret_cast<std::uintptr_t>(ready)};
+/// @brief Waits on the host until `done()`, watching `d`'s checks: gives up (false) when a
+/// collective on `d` failed, whose work may never end. Never throws.
+template <class Done>
+bool wait_quietly(cuda_device& d, Done done) noexcept {
+  for (unsigned spins = 0;; ++spins) {
+    if (done()) return true;
+    if ((spins & 63) == 63) {
+      try {
+        if (!d.failures().empty()) return false;
+      } catch (...) {
+        return false;
+      }
+    }
+    if (spins < 256) std::this_thread::yield();
+    else std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
 }
 
-/// @brief The receiver's half: copies the offered block (`bytes`) into `dst` in `to`'s memory
-/// on its compute stream, after the sender's mark; returns the mark of the copy, for the sender.
+/// @brief The sender's side of a handoff. Made on the sender's compute lane right after the
+/// work that writes the block is queued, it marks that work (and nothing queued later, so the
+/// receiver never waits for the sender's later collectives). It keeps the block until the
+/// receiver is done with it: freed when the receiver's copy has run (its mark, taken()), when
+/// the receiver took none (taken(0)), or, when the exchange broke after the receiver learnt of
+/// the block (sent() without taken()), when the receiver's compute stream has emptied.
+class offered_block {
+ public:
+  offered_block(place_state& from, std::shared_ptr<const void> keep, const void* data) : from_(&from), keep_(std::move(keep)) {
+    cuda_device& s = cuda_device_of(from);
+    device_guard guard(s.ordinal);
+    cuda_check(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming), "cudaEventCreateWithFlags", s.name);
+    handoff_.data = data;
+    handoff_.event = reinterpret_cast<std::uintptr_t>(ready_);
+    if (const cudaError_t status = cudaEventRecord(ready_, s.compute); status != cudaSuccess) {
+      cudaEventDestroy(ready_);
+      cuda_check(status, "cudaEventRecord", s.name);
+    }
+  }
+  offered_block(const offered_block&) = delete;
+  offered_block& operator=(const offered_block&) = delete;
+  ~offered_block() {
+    if (to_ != nullptr) {
+      cuda_device& d = cuda_device_of(*to_);
+      device_guard guard(d.ordinal);
+      if (copied_ != nullptr) wait_quietly(d, [&] { return cudaEventQuery(copied_) != cudaErrorNotReady; });
+      else if (!answered_.load(std::memory_order_acquire)) wait_quietly(d, [&] { return cudaStreamQuery(d.compute) != cudaErrorNotReady; });
+      if (copied_ != nullptr) cudaEventDestroy(copied_);
+    }
+    device_guard guard(cuda_device_of(*from_).ordinal);
+    cudaEventDestroy(ready_);
+  }
+  /// @brief What the receiver needs: the block and the mark.
+  [[nodiscard]] device_handoff handoff() const { return handoff_; }
+  /// @brief The receiver `to` has learnt of the block (and may copy it from now on).
+  void sent(place_state& to) { to_ = &to; }
+  /// @brief The receiver's answer: the mark of its copy, or 0 when it queued none.
+  void taken(std::uintptr_t copied) {
+    copied_ = reinterpret_cast<cudaEvent_t>(copied);
+    answered_.store(true, std::memory_order_release);
+  }
+  /// @brief Whether the block may be freed now (the receiver answered and its copy has run);
+  /// from another thread than the one the exchange runs on.
+  [[nodiscard]] bool released() const {
+    if (!answered_.load(std::memory_order_acquire)) return false;
+    if (copied_ == nullptr) return true;
+    device_guard guard(cuda_device_of(*to_).ordinal);
+    return cudaEventQuery(copied_) != cudaErrorNotReady;
+  }
+
+ private:
+  place_state* from_;
+  std::shared_ptr<const void> keep_;
+  cudaEvent_t ready_ = nullptr;
+  device_handoff handoff_;
+  place_state* to_ = nullptr;
+  std::atomic<bool> answered_{false};
+  cudaEvent_t copied_ = nullptr;
+};
+
+/// @brief The receiver's side: copies the offered block (`bytes`) into `dst` in `to`'s memory
+/// on its compute stream, after the sender's mark; returns the mark of the copy, for the
+/// sender. When it fails after the copy was queued, it waits for the copy first (the sender
+/// frees the block when told that no copy is pending).
 inline std::uintptr_t take_block(place_state& to, void* dst, place_state& from, const device_handoff& offer, std::size_t bytes) {
   cuda_device &d = cuda_device_of(to), &s = cuda_device_of(from);
   if (d.ordinal != s.ordinal) enable_peer_access(d.ordinal, s.ordinal);  // the driver stages the copy where it cannot
   device_guard guard(d.ordinal);
-  const auto ready = reinterpret_cast<cudaEvent_t>(offer.event);
-  cuda_check(cudaStreamWaitEvent(d.compute, ready, 0), "cudaStreamWaitEvent", d.name);
-  cuda_check(cudaMemcpyPeerAsync(dst, d.ordinal, offer.data, s.ordinal, bytes, d.compute), "cudaMemcpyPeerAsync", d.name);
   cudaEvent_t copied = nullptr;
   cuda_check(cudaEventCreateWithFlags(&copied, cudaEventDisableTiming), "cudaEventCreateWithFlags", d.name);
-  cuda_check(cudaEventRecord(copied, d.compute), "cudaEventRecord", d.name);
-  return reinterpret_cast<std::uintptr_t>(copied);
-}
-
-/// @brief The sender's last step, once the receiver has taken the block (`copied`: its mark,
-/// 0 when it took none): `from`'s later work, which may reuse the block, waits for the copy;
-/// both marks are released (the queued waits on them still see them).
-inline void release_block(place_state& from, place_state* to, const device_handoff& offer, std::uintptr_t copied) {
-  cuda_device& s = cuda_device_of(from);
-  if (copied != 0) {
-    {
-      device_guard guard(s.ordinal);
-      cuda_check(cudaStreamWaitEvent(s.compute, reinterpret_cast<cudaEvent_t>(copied), 0), "cudaStreamWaitEvent", s.name);
-    }
-    device_guard guard(cuda_device_of(*to).ordinal);
-    cudaEventDestroy(reinterpret_cast<cudaEvent_t>(copied));
+  bool queued = false;
+  try {
+    cuda_check(cudaStreamWaitEvent(d.compute, reinterpret_cast<cudaEvent_t>(offer.event), 0), "cudaStreamWaitEvent", d.name);
+    queued = true;
+    cuda_check(cudaMemcpyPeerAsync(dst, d.ordinal, offer.data, s.ordinal, bytes, d.compute), "cudaMemcpyPeerAsync", d.name);
+    cuda_check(cudaEventRecord(copied, d.compute), "cudaEventRecord", d.name);
+  } catch (...) {
+    if (queued) wait_quietly(d, [&] { return cudaStreamQuery(d.compute) != cudaErrorNotReady; });
+    cudaEventDestroy(copied);
+    throw;
   }
-  device_guard guard(s.ordinal);
-  cudaEventDestroy(reinterpret_cast<cudaEvent_t>(offer.event));
+  return reinterpret_cast<std::uintptr_t>(copied);
 }
 #endif
 
@@ -7249,15 +7311,20 @@ inline constexpr bool valid_layout_v = detail::find_layout_problem<L, Mesh>(Rank
 // GPU and the host it is a cudaMemcpyAsync on the GPU place's compute stream. Either way
 // it is ordered after the work already queued on both places' compute streams, and the
 // receiving place's later work is ordered after it, with events (no device-wide wait). A copy
-// made on a GPU place's copy lane goes on its copy stream instead (see copy_stream), so the
-// compute work queued after it does not wait for it.
+// to or from the host, or within one device, made on a GPU place's copy lane goes on its copy
+// stream instead (see copy_stream), so the compute work queued after it does not wait for it;
+// a copy between two devices stays on their compute streams.
 
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <mutex>
+#include <thread>
 #include <string>
 #include <vector>
 
@@ -7360,8 +7427,8 @@ inline void copy_between_devices(place_state& dst_place, void* dst, place_state&
 /// @brief The stream a GPU place's copies and fills go on from the calling thread. On the
 /// place's copy lane: its copy stream, after the work queued so far on its compute stream
 /// (which made, or last used, the blocks the copy touches), and the copies are complete before
-/// the task goes on (done()), so that no later work, on any stream, waits for that stream.
-/// Elsewhere: its compute stream, in that stream's order.
+/// the task goes on (done()), so that the work that uses them later needs no event of that
+/// stream. Elsewhere: its compute stream, in that stream's order.
 struct copy_stream {
   explicit copy_stream(place_state& place) : device(cuda_device_of(place)) {
     const lane* l = current_lane();
@@ -7380,57 +7447,114 @@ struct copy_stream {
 #endif
 
 /// @brief A block of a GPU place's memory handed to another GPU place by two threads, neither
-/// on the other's lanes (a pipeline's sender and receiver): the sender offers the block with
-/// an event marking the work its place queued so far (which wrote the block); the receiver
-/// copies it on its compute stream after that event and marks the copy; the sender's compute
-/// stream waits for that mark before it may reuse the block. No lane of either place is
-/// borrowed, so neither waits for the other's queued tasks.
+/// on the other's lanes (a pipeline's sender and receiver): where the block is and the
+/// sender's mark (a cudaEvent_t) of the work that wrote it.
 struct device_handoff {
-  const void* data = nullptr;      ///< the block, in the sender's memory
-  std::uintptr_t event = 0;        ///< the sender's mark (cudaEvent_t), then the receiver's
+  const void* data = nullptr;  ///< the block, in the sender's memory
+  std::uintptr_t event = 0;    ///< the sender's mark
 };
 
 #if defined(PDO_WITH_CUDA)
-/// @brief The sender's half: marks the work queued on `from`'s compute stream (which wrote `data`).
-inline device_handoff offer_block(place_state& from, const void* data) {
-  cuda_device& s = cuda_device_of(from);
-  device_guard guard(s.ordinal);
-  cudaEvent_t ready = nullptr;
-  cuda_check(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), "cudaEventCreateWithFlags", s.name);
-  cuda_check(cudaEventRecord(ready, s.compute), "cudaEventRecord", s.name);
-  return {data, reinterpret_cast<std::uintptr_t>(ready)};
+/// @brief Waits on the host until `done()`, watching `d`'s checks: gives up (false) when a
+/// collective on `d` failed, whose work may never end. Never throws.
+template <class Done>
+bool wait_quietly(cuda_device& d, Done done) noexcept {
+  for (unsigned spins = 0;; ++spins) {
+    if (done()) return true;
+    if ((spins & 63) == 63) {
+      try {
+        if (!d.failures().empty()) return false;
+      } catch (...) {
+        return false;
+      }
+    }
+    if (spins < 256) std::this_thread::yield();
+    else std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
 }
 
-/// @brief The receiver's half: copies the offered block (`bytes`) into `dst` in `to`'s memory
-/// on its compute stream, after the sender's mark; returns the mark of the copy, for the sender.
+/// @brief The sender's side of a handoff. Made on the sender's compute lane right after the
+/// work that writes the block is queued, it marks that work (and nothing queued later, so the
+/// receiver never waits for the sender's later collectives). It keeps the block until the
+/// receiver is done with it: freed when the receiver's copy has run (its mark, taken()), when
+/// the receiver took none (taken(0)), or, when the exchange broke after the receiver learnt of
+/// the block (sent() without taken()), when the receiver's compute stream has emptied.
+class offered_block {
+ public:
+  offered_block(place_state& from, std::shared_ptr<const void> keep, const void* data) : from_(&from), keep_(std::move(keep)) {
+    cuda_device& s = cuda_device_of(from);
+    device_guard guard(s.ordinal);
+    cuda_check(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming), "cudaEventCreateWithFlags", s.name);
+    handoff_.data = data;
+    handoff_.event = reinterpret_cast<std::uintptr_t>(ready_);
+    if (const cudaError_t status = cudaEventRecord(ready_, s.compute); status != cudaSuccess) {
+      cudaEventDestroy(ready_);
+      cuda_check(status, "cudaEventRecord", s.name);
+    }
+  }
+  offered_block(const offered_block&) = delete;
+  offered_block& operator=(const offered_block&) = delete;
+  ~offered_block() {
+    if (to_ != nullptr) {
+      cuda_device& d = cuda_device_of(*to_);
+      device_guard guard(d.ordinal);
+      if (copied_ != nullptr) wait_quietly(d, [&] { return cudaEventQuery(copied_) != cudaErrorNotReady; });
+      else if (!answered_.load(std::memory_order_acquire)) wait_quietly(d, [&] { return cudaStreamQuery(d.compute) != cudaErrorNotReady; });
+      if (copied_ != nullptr) cudaEventDestroy(copied_);
+    }
+    device_guard guard(cuda_device_of(*from_).ordinal);
+    cudaEventDestroy(ready_);
+  }
+  /// @brief What the receiver needs: the block and the mark.
+  [[nodiscard]] device_handoff handoff() const { return handoff_; }
+  /// @brief The receiver `to` has learnt of the block (and may copy it from now on).
+  void sent(place_state& to) { to_ = &to; }
+  /// @brief The receiver's answer: the mark of its copy, or 0 when it queued none.
+  void taken(std::uintptr_t copied) {
+    copied_ = reinterpret_cast<cudaEvent_t>(copied);
+    answered_.store(true, std::memory_order_release);
+  }
+  /// @brief Whether the block may be freed now (the receiver answered and its copy has run);
+  /// from another thread than the one the exchange runs on.
+  [[nodiscard]] bool released() const {
+    if (!answered_.load(std::memory_order_acquire)) return false;
+    if (copied_ == nullptr) return true;
+    device_guard guard(cuda_device_of(*to_).ordinal);
+    return cudaEventQuery(copied_) != cudaErrorNotReady;
+  }
+
+ private:
+  place_state* from_;
+  std::shared_ptr<const void> keep_;
+  cudaEvent_t ready_ = nullptr;
+  device_handoff handoff_;
+  place_state* to_ = nullptr;
+  std::atomic<bool> answered_{false};
+  cudaEvent_t copied_ = nullptr;
+};
+
+/// @brief The receiver's side: copies the offered block (`bytes`) into `dst` in `to`'s memory
+/// on its compute stream, after the sender's mark; returns the mark of the copy, for the
+/// sender. When it fails after the copy was queued, it waits for the copy first (the sender
+/// frees the block when told that no copy is pending).
 inline std::uintptr_t take_block(place_state& to, void* dst, place_state& from, const device_handoff& offer, std::size_t bytes) {
   cuda_device &d = cuda_device_of(to), &s = cuda_device_of(from);
   if (d.ordinal != s.ordinal) enable_peer_access(d.ordinal, s.ordinal);  // the driver stages the copy where it cannot
   device_guard guard(d.ordinal);
-  const auto ready = reinterpret_cast<cudaEvent_t>(offer.event);
-  cuda_check(cudaStreamWaitEvent(d.compute, ready, 0), "cudaStreamWaitEvent", d.name);
-  cuda_check(cudaMemcpyPeerAsync(dst, d.ordinal, offer.data, s.ordinal, bytes, d.compute), "cudaMemcpyPeerAsync", d.name);
   cudaEvent_t copied = nullptr;
   cuda_check(cudaEventCreateWithFlags(&copied, cudaEventDisableTiming), "cudaEventCreateWithFlags", d.name);
-  cuda_check(cudaEventRecord(copied, d.compute), "cudaEventRecord", d.name);
-  return reinterpret_cast<std::uintptr_t>(copied);
-}
-
-/// @brief The sender's last step, once the receiver has taken the block (`copied`: its mark,
-/// 0 when it took none): `from`'s later work, which may reuse the block, waits for the copy;
-/// both marks are released (the queued waits on them still see them).
-inline void release_block(place_state& from, place_state* to, const device_handoff& offer, std::uintptr_t copied) {
-  cuda_device& s = cuda_device_of(from);
-  if (copied != 0) {
-    {
-      device_guard guard(s.ordinal);
-      cuda_check(cudaStreamWaitEvent(s.compute, reinterpret_cast<cudaEvent_t>(copied), 0), "cudaStreamWaitEvent", s.name);
-    }
-    device_guard guard(cuda_device_of(*to).ordinal);
-    cudaEventDestroy(reinterpret_cast<cudaEvent_t>(copied));
+  bool queued = false;
+  try {
+    cuda_check(cudaStreamWaitEvent(d.compute, reinterpret_cast<cudaEvent_t>(offer.event), 0), "cudaStreamWaitEvent", d.name);
+    queued = true;
+    cuda_check(cudaMemcpyPeerAsync(dst, d.ordinal, offer.data, s.ordinal, bytes, d.compute), "cudaMemcpyPeerAsync", d.name);
+    cuda_check(cudaEventRecord(copied, d.compute), "cudaEventRecord", d.name);
+  } catch (...) {
+    if (queued) wait_quietly(d, [&] { return cudaStreamQuery(d.compute) != cudaErrorNotReady; });
+    cudaEventDestroy(copied);
+    throw;
   }
-  device_guard guard(s.ordinal);
-  cudaEventDestroy(reinterpret_cast<cudaEvent_t>(offer.event));
+  return reinterpret_cast<std::uintptr_t>(copied);
 }
 #endif
 
@@ -9849,11 +9973,15 @@ class elementwise_node : public detail::op_node<Children...> {
       thrust::transform(ctx.system, first, last, out.data(),
                         detail::fused_kernel<true, rank, value_type, decltype(r)>{r, out.shape()});
     } else if constexpr (rank >= 1) {
-      if (ctx.system.gpu == nullptr) {
-        // host loops: row by row, the coordinates carried along each row
-        if (out.size() == 0) return;
-        const std::size_t rows = out.size() / out.shape()[rank - 1];
-        thrust::for_each_n(ctx.system, first, rows, detail::fused_rows<rank, value_type, decltype(r)>{r, out.shape(), out.data()});
+      // host loops: row by row, the coordinates carried along each row, the rows over the
+      // place's cores when there is work for them all (a small kernel starts no team; a few
+      // long rows run element by element, over every core)
+      const std::size_t rows = out.size() == 0 ? 0 : out.size() / out.shape()[rank - 1];
+      const bool parallel = out.size() >= detail::parallel_grain;
+      if (ctx.system.gpu == nullptr && (!parallel || rows >= static_cast<std::size_t>(ctx.system.threads))) {
+        detail::cpu_system host;
+        host.threads = parallel ? ctx.system.threads : 1;
+        detail::for_each_n(host, first, rows, detail::fused_rows<rank, value_type, decltype(r)>{r, out.shape(), out.data()});
       } else {
         thrust::transform(ctx.system, first, last, out.data(),
                           detail::fused_kernel<false, rank, value_type, decltype(r)>{r, out.shape()});
@@ -17189,8 +17317,8 @@ struct stage_bounds {
 /// @brief A place's links to its neighbouring stages: its line along "pp" (members by "pp"
 /// coordinate) for the data, the mesh's host group (members by place index) for shapes.
 /// Between GPU places of one process the data goes by device copies instead (handoff): the
-/// receiver copies the sender's block on its own stream, the sender's stream then waits for
-/// that copy before it reuses the block.
+/// receiver copies the sender's block on its own stream, and the sender keeps the block until
+/// that copy has run (pdo::detail::offered_block).
 struct channel {
   /// @brief The place's line along "pp", which carries the tensors' elements.
   mesh_communicator link, host;
@@ -17219,10 +17347,15 @@ using send_header = std::array<std::size_t, R + 2>;
 struct async_sender {
   lane_kind lane = lane_kind::communication;  ///< the sending place's lane that runs the sends, in order
   std::vector<pdo::detail::task_handle> sends = {};  ///< the send tasks submitted since the last reset()
+#if defined(PDO_WITH_CUDA)
+  /// @brief The blocks handed to GPU places that the receivers may still be copying.
+  std::vector<std::unique_ptr<pdo::detail::offered_block>> offers = {};
+#endif
 
   /// @brief Sends `t` to the next stage's place (`forward`) or the previous one's: its shape
   /// through `c.host` (the mesh's host group), then its elements through `c.link` (the line
-  /// along "pp"), or by a handoff between GPU places (the receiver copies the block).
+  /// along "pp"), or by a handoff between GPU places (the receiver copies the block, after the
+  /// mark made here, on the sending place's compute lane, of the work that wrote it).
   template <class T, std::size_t R>
   void send(pdo::detail::place_state& from, const channel& c, tensor<T, R> t, bool forward, int tag) {
     auto data = std::make_shared<tensor<T, R>>(std::move(t));
@@ -17232,42 +17365,48 @@ struct async_sender {
     r.category = "collective";
     r.uses.reads.push_back(data->data());
     if (pdo::detail::timeline_on()) r.detail = std::to_string(data->bytes()) + " bytes, micro-batch " + std::to_string(tag);
-    r.fn = [c, forward, tag, data, &from] {
-      send_header<R> header{};
-      for (std::size_t d = 0; d < R; ++d) header[d] = data->shape()[d];
-      const std::size_t to = forward ? c.next_place : c.previous_place;
-      if (!c.handoff) {
-        c.host.send(std::span<const std::size_t>(header), to, 2 * tag);
+    if (!c.handoff) {
+      r.fn = [c, forward, tag, data] {
+        send_header<R> header{};
+        for (std::size_t d = 0; d < R; ++d) header[d] = data->shape()[d];
+        c.host.send(std::span<const std::size_t>(header), forward ? c.next_place : c.previous_place, 2 * tag);
         c.link.send(std::as_const(*data).span(), forward ? c.next : c.previous, 2 * tag + 1);
-        return;
-      }
+      };
+      sends.push_back(pdo::detail::engine::instance().submit(std::move(r)));
+      return;
+    }
 #if defined(PDO_WITH_CUDA)
-      // the receiver copies the block itself and says when (its mark); then this place's
-      // stream waits for the copy before the block, freed here, can be reused
-      pdo::detail::place_state* receiver = forward ? c.next_state : c.previous_state;
-      const auto offer = pdo::detail::offer_block(from, data->data());
-      header[R] = reinterpret_cast<std::uintptr_t>(offer.data);
-      header[R + 1] = offer.event;
+    // the blocks whose copies have run are freed as the step goes (1F1B keeps few in flight)
+    std::erase_if(offers, [](const auto& o) { return o->released(); });
+    // kept here until drain() (which first waits for the send tasks): the task uses it by address
+    offers.push_back(std::make_unique<pdo::detail::offered_block>(from, data, data->data()));
+    pdo::detail::offered_block* offer = offers.back().get();
+    pdo::detail::place_state* receiver = forward ? c.next_state : c.previous_state;
+    r.fn = [c, forward, tag, shape = data->shape(), offer, receiver] {
+      send_header<R> header{};
+      for (std::size_t d = 0; d < R; ++d) header[d] = shape[d];
+      const pdo::detail::device_handoff h = offer->handoff();
+      header[R] = reinterpret_cast<std::uintptr_t>(h.data);
+      header[R + 1] = h.event;
+      const std::size_t to = forward ? c.next_place : c.previous_place;
+      c.host.send(std::span<const std::size_t>(header), to, 2 * tag);
+      offer->sent(*receiver);  // from here the receiver may copy the block: it is kept until it is done
       std::size_t copied = 0;
-      try {
-        c.host.send(std::span<const std::size_t>(header), to, 2 * tag);
-        c.host.recv(std::span<std::size_t>(&copied, 1), to, 2 * tag + 1);
-      } catch (...) {
-        // the receiver may have queued its copy: the block stays until its stream is done
-        pdo::detail::wait_for_stream(pdo::detail::cuda_device_of(*receiver), pdo::detail::cuda_device_of(*receiver).compute);
-        pdo::detail::release_block(from, receiver, offer, 0);
-        throw;
-      }
-      pdo::detail::release_block(from, receiver, offer, copied);
-#else
-      pdo::detail::no_cuda("pipeline send", from.name);
-#endif
+      c.host.recv(std::span<std::size_t>(&copied, 1), to, 2 * tag + 1);
+      offer->taken(copied);
     };
     sends.push_back(pdo::detail::engine::instance().submit(std::move(r)));
+#else
+    pdo::detail::no_cuda("pipeline send", from.name);
+#endif
   }
-  /// @brief Waits until every submitted send has ended, failed or not (see failure()).
-  void drain() const {
+  /// @brief Waits until every submitted send has ended, failed or not (see failure()), and
+  /// the blocks handed to GPU places are no longer read.
+  void drain() {
     for (const auto& s : sends) s->wait_ended();
+#if defined(PDO_WITH_CUDA)
+    offers.clear();
+#endif
   }
   /// @brief The first send that failed, once drained.
   [[nodiscard]] std::optional<pdo::detail::captured_error> failure() const {

@@ -226,11 +226,15 @@ class elementwise_node : public detail::op_node<Children...> {
       thrust::transform(ctx.system, first, last, out.data(),
                         detail::fused_kernel<true, rank, value_type, decltype(r)>{r, out.shape()});
     } else if constexpr (rank >= 1) {
-      if (ctx.system.gpu == nullptr) {
-        // host loops: row by row, the coordinates carried along each row
-        if (out.size() == 0) return;
-        const std::size_t rows = out.size() / out.shape()[rank - 1];
-        thrust::for_each_n(ctx.system, first, rows, detail::fused_rows<rank, value_type, decltype(r)>{r, out.shape(), out.data()});
+      // host loops: row by row, the coordinates carried along each row, the rows over the
+      // place's cores when there is work for them all (a small kernel starts no team; a few
+      // long rows run element by element, over every core)
+      const std::size_t rows = out.size() == 0 ? 0 : out.size() / out.shape()[rank - 1];
+      const bool parallel = out.size() >= detail::parallel_grain;
+      if (ctx.system.gpu == nullptr && (!parallel || rows >= static_cast<std::size_t>(ctx.system.threads))) {
+        detail::cpu_system host;
+        host.threads = parallel ? ctx.system.threads : 1;
+        detail::for_each_n(host, first, rows, detail::fused_rows<rank, value_type, decltype(r)>{r, out.shape(), out.data()});
       } else {
         thrust::transform(ctx.system, first, last, out.data(),
                           detail::fused_kernel<false, rank, value_type, decltype(r)>{r, out.shape()});

@@ -154,8 +154,8 @@ struct stage_bounds {
 /// @brief A place's links to its neighbouring stages: its line along "pp" (members by "pp"
 /// coordinate) for the data, the mesh's host group (members by place index) for shapes.
 /// Between GPU places of one process the data goes by device copies instead (handoff): the
-/// receiver copies the sender's block on its own stream, the sender's stream then waits for
-/// that copy before it reuses the block.
+/// receiver copies the sender's block on its own stream, and the sender keeps the block until
+/// that copy has run (pdo::detail::offered_block).
 struct channel {
   /// @brief The place's line along "pp", which carries the tensors' elements.
   mesh_communicator link, host;
@@ -184,10 +184,15 @@ using send_header = std::array<std::size_t, R + 2>;
 struct async_sender {
   lane_kind lane = lane_kind::communication;  ///< the sending place's lane that runs the sends, in order
   std::vector<pdo::detail::task_handle> sends = {};  ///< the send tasks submitted since the last reset()
+#if defined(PDO_WITH_CUDA)
+  /// @brief The blocks handed to GPU places that the receivers may still be copying.
+  std::vector<std::unique_ptr<pdo::detail::offered_block>> offers = {};
+#endif
 
   /// @brief Sends `t` to the next stage's place (`forward`) or the previous one's: its shape
   /// through `c.host` (the mesh's host group), then its elements through `c.link` (the line
-  /// along "pp"), or by a handoff between GPU places (the receiver copies the block).
+  /// along "pp"), or by a handoff between GPU places (the receiver copies the block, after the
+  /// mark made here, on the sending place's compute lane, of the work that wrote it).
   template <class T, std::size_t R>
   void send(pdo::detail::place_state& from, const channel& c, tensor<T, R> t, bool forward, int tag) {
     auto data = std::make_shared<tensor<T, R>>(std::move(t));
@@ -197,42 +202,48 @@ struct async_sender {
     r.category = "collective";
     r.uses.reads.push_back(data->data());
     if (pdo::detail::timeline_on()) r.detail = std::to_string(data->bytes()) + " bytes, micro-batch " + std::to_string(tag);
-    r.fn = [c, forward, tag, data, &from] {
-      send_header<R> header{};
-      for (std::size_t d = 0; d < R; ++d) header[d] = data->shape()[d];
-      const std::size_t to = forward ? c.next_place : c.previous_place;
-      if (!c.handoff) {
-        c.host.send(std::span<const std::size_t>(header), to, 2 * tag);
+    if (!c.handoff) {
+      r.fn = [c, forward, tag, data] {
+        send_header<R> header{};
+        for (std::size_t d = 0; d < R; ++d) header[d] = data->shape()[d];
+        c.host.send(std::span<const std::size_t>(header), forward ? c.next_place : c.previous_place, 2 * tag);
         c.link.send(std::as_const(*data).span(), forward ? c.next : c.previous, 2 * tag + 1);
-        return;
-      }
+      };
+      sends.push_back(pdo::detail::engine::instance().submit(std::move(r)));
+      return;
+    }
 #if defined(PDO_WITH_CUDA)
-      // the receiver copies the block itself and says when (its mark); then this place's
-      // stream waits for the copy before the block, freed here, can be reused
-      pdo::detail::place_state* receiver = forward ? c.next_state : c.previous_state;
-      const auto offer = pdo::detail::offer_block(from, data->data());
-      header[R] = reinterpret_cast<std::uintptr_t>(offer.data);
-      header[R + 1] = offer.event;
+    // the blocks whose copies have run are freed as the step goes (1F1B keeps few in flight)
+    std::erase_if(offers, [](const auto& o) { return o->released(); });
+    // kept here until drain() (which first waits for the send tasks): the task uses it by address
+    offers.push_back(std::make_unique<pdo::detail::offered_block>(from, data, data->data()));
+    pdo::detail::offered_block* offer = offers.back().get();
+    pdo::detail::place_state* receiver = forward ? c.next_state : c.previous_state;
+    r.fn = [c, forward, tag, shape = data->shape(), offer, receiver] {
+      send_header<R> header{};
+      for (std::size_t d = 0; d < R; ++d) header[d] = shape[d];
+      const pdo::detail::device_handoff h = offer->handoff();
+      header[R] = reinterpret_cast<std::uintptr_t>(h.data);
+      header[R + 1] = h.event;
+      const std::size_t to = forward ? c.next_place : c.previous_place;
+      c.host.send(std::span<const std::size_t>(header), to, 2 * tag);
+      offer->sent(*receiver);  // from here the receiver may copy the block: it is kept until it is done
       std::size_t copied = 0;
-      try {
-        c.host.send(std::span<const std::size_t>(header), to, 2 * tag);
-        c.host.recv(std::span<std::size_t>(&copied, 1), to, 2 * tag + 1);
-      } catch (...) {
-        // the receiver may have queued its copy: the block stays until its stream is done
-        pdo::detail::wait_for_stream(pdo::detail::cuda_device_of(*receiver), pdo::detail::cuda_device_of(*receiver).compute);
-        pdo::detail::release_block(from, receiver, offer, 0);
-        throw;
-      }
-      pdo::detail::release_block(from, receiver, offer, copied);
-#else
-      pdo::detail::no_cuda("pipeline send", from.name);
-#endif
+      c.host.recv(std::span<std::size_t>(&copied, 1), to, 2 * tag + 1);
+      offer->taken(copied);
     };
     sends.push_back(pdo::detail::engine::instance().submit(std::move(r)));
+#else
+    pdo::detail::no_cuda("pipeline send", from.name);
+#endif
   }
-  /// @brief Waits until every submitted send has ended, failed or not (see failure()).
-  void drain() const {
+  /// @brief Waits until every submitted send has ended, failed or not (see failure()), and
+  /// the blocks handed to GPU places are no longer read.
+  void drain() {
     for (const auto& s : sends) s->wait_ended();
+#if defined(PDO_WITH_CUDA)
+    offers.clear();
+#endif
   }
   /// @brief The first send that failed, once drained.
   [[nodiscard]] std::optional<pdo::detail::captured_error> failure() const {
