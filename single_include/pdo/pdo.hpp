@@ -4697,24 +4697,17 @@ struct copy_stream {
 };
 #endif
 
-/// @brief A block of a GPU place's memory handed to another GPU place by two threads, neither
-/// on the other's lanes (a pipeline's sender and receiver): where the block is and the
-/// sender's mark (a cudaEvent_t) of the work that wrote it.
-struct device_handoff {
-  const void* data = nullptr;  ///< the block, in the sender's memory
-  std::uintptr_t event = 0;    ///< the sender's mark
-};
-
 #if defined(PDO_WITH_CUDA)
 /// @brief Waits on the host until `done()`, watching `d`'s checks: gives up (false) when a
-/// collective on `d` failed, whose work may never end. Never throws.
+/// collective on `d` failed (not the echo of an abort, whose kernels end), as its work may
+/// never end. Never throws.
 template <class Done>
 bool wait_quietly(cuda_device& d, Done done) noexcept {
   for (unsigned spins = 0;; ++spins) {
     if (done()) return true;
     if ((spins & 63) == 63) {
       try {
-        if (!d.failures().empty()) return false;
+        if (const std::string f = d.failures(); !f.empty() && f[0] != '~') return false;
       } catch (...) {
         return false;
       }
@@ -4724,88 +4717,135 @@ bool wait_quietly(cuda_device& d, Done done) noexcept {
   }
 }
 
+/// @brief What a sender and a receiver of one process share about a block of the sender's GPU
+/// memory that the receiver copies to its own (a pipeline's handoff): where the block is, the
+/// sender's mark (event) of the work that wrote it, and how far the receiver got. The receiver
+/// claims it (or finds it withdrawn), then says whether it queued a copy (and its mark), queued
+/// none, or could not tell when its copy ends. Freed by the last of the two.
+struct handoff {
+  enum stage_t : int { pending, claimed, copying, no_copy, lost, withdrawn };
+  std::atomic<int> stage{pending};
+  std::atomic<int> refs{1};
+  place_state* from = nullptr;
+  const void* data = nullptr;
+  cudaEvent_t ready = nullptr;   ///< the sender's mark (an event of its device)
+  cudaEvent_t copied = nullptr;  ///< the receiver's mark of its copy (an event of its device), when copying
+  place_state* to = nullptr;     ///< the receiver, once claimed
+  void release() {
+    if (refs.fetch_sub(1, std::memory_order_acq_rel) == 1) delete this;
+  }
+};
+
 /// @brief The sender's side of a handoff. Made on the sender's compute lane right after the
 /// work that writes the block is queued, it marks that work (and nothing queued later, so the
 /// receiver never waits for the sender's later collectives). It keeps the block until the
-/// receiver is done with it: freed when the receiver's copy has run (its mark, taken()), when
-/// the receiver took none (taken(0)), or, when the exchange broke after the receiver learnt of
-/// the block (sent() without taken()), when the receiver's compute stream has emptied.
+/// receiver is done with it: at once when the receiver never claimed it (it is withdrawn), else
+/// once the receiver's copy has run. When the receiver could not tell (its device failed) the
+/// block is kept for good rather than freed under a copy that may still run.
 class offered_block {
  public:
-  offered_block(place_state& from, std::shared_ptr<const void> keep, const void* data) : from_(&from), keep_(std::move(keep)) {
+  offered_block(place_state& from, std::shared_ptr<const void> keep, const void* data) : keep_(std::move(keep)) {
     cuda_device& s = cuda_device_of(from);
     device_guard guard(s.ordinal);
-    cuda_check(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming), "cudaEventCreateWithFlags", s.name);
-    handoff_.data = data;
-    handoff_.event = reinterpret_cast<std::uintptr_t>(ready_);
-    if (const cudaError_t status = cudaEventRecord(ready_, s.compute); status != cudaSuccess) {
-      cudaEventDestroy(ready_);
+    auto* h = new handoff;
+    h->from = &from;
+    h->data = data;
+    if (const cudaError_t status = cudaEventCreateWithFlags(&h->ready, cudaEventDisableTiming); status != cudaSuccess) {
+      delete h;
+      cuda_check(status, "cudaEventCreateWithFlags", s.name);
+    }
+    if (const cudaError_t status = cudaEventRecord(h->ready, s.compute); status != cudaSuccess) {
+      cudaEventDestroy(h->ready);
+      delete h;
       cuda_check(status, "cudaEventRecord", s.name);
     }
+    state_ = h;
   }
   offered_block(const offered_block&) = delete;
   offered_block& operator=(const offered_block&) = delete;
   ~offered_block() {
-    if (to_ != nullptr) {
-      cuda_device& d = cuda_device_of(*to_);
-      device_guard guard(d.ordinal);
-      if (copied_ != nullptr) wait_quietly(d, [&] { return cudaEventQuery(copied_) != cudaErrorNotReady; });
-      else if (!answered_.load(std::memory_order_acquire)) wait_quietly(d, [&] { return cudaStreamQuery(d.compute) != cudaErrorNotReady; });
-      if (copied_ != nullptr) cudaEventDestroy(copied_);
+    int stage = handoff::pending;
+    if (!state_->stage.compare_exchange_strong(stage, handoff::withdrawn, std::memory_order_acq_rel)) {
+      // claimed: the receiver always answers, soon (a few calls that do not wait)
+      while ((stage = state_->stage.load(std::memory_order_acquire)) == handoff::claimed) std::this_thread::yield();
+      if (stage == handoff::copying) {
+        cuda_device& d = cuda_device_of(*state_->to);
+        device_guard guard(d.ordinal);
+        if (!wait_quietly(d, [&] { return cudaEventQuery(state_->copied) != cudaErrorNotReady; })) stage = handoff::lost;
+        cudaEventDestroy(state_->copied);
+      }
+      if (stage == handoff::lost) new std::shared_ptr<const void>(std::move(keep_));  // the copy may still read it: kept for good
     }
-    device_guard guard(cuda_device_of(*from_).ordinal);
-    cudaEventDestroy(ready_);
+    {
+      device_guard guard(cuda_device_of(*state_->from).ordinal);
+      cudaEventDestroy(state_->ready);
+    }
+    state_->release();
   }
-  /// @brief What the receiver needs: the block and the mark.
-  [[nodiscard]] device_handoff handoff() const { return handoff_; }
-  /// @brief The receiver `to` has learnt of the block (and may copy it from now on).
-  void sent(place_state& to) { to_ = &to; }
-  /// @brief The receiver's answer: the mark of its copy, or 0 when it queued none.
-  void taken(std::uintptr_t copied) {
-    copied_ = reinterpret_cast<cudaEvent_t>(copied);
-    answered_.store(true, std::memory_order_release);
+  /// @brief The handoff's address, for the receiver (in this process); the receiver's
+  /// reference is taken here, and given back by handed() if the receiver never got it.
+  [[nodiscard]] std::uintptr_t address() {
+    state_->refs.fetch_add(1, std::memory_order_relaxed);
+    return reinterpret_cast<std::uintptr_t>(state_);
   }
-  /// @brief Whether the block may be freed now (the receiver answered and its copy has run);
-  /// from another thread than the one the exchange runs on.
+  /// @brief The receiver did not get the address (the header was not delivered).
+  void not_delivered() { state_->release(); }
+  /// @brief Whether the block may be freed now (the receiver's copy has run, or it took none);
+  /// from another thread than the receiver's.
   [[nodiscard]] bool released() const {
-    if (!answered_.load(std::memory_order_acquire)) return false;
-    if (copied_ == nullptr) return true;
-    device_guard guard(cuda_device_of(*to_).ordinal);
-    return cudaEventQuery(copied_) != cudaErrorNotReady;
+    const int stage = state_->stage.load(std::memory_order_acquire);
+    if (stage == handoff::no_copy) return true;
+    if (stage != handoff::copying) return false;
+    device_guard guard(cuda_device_of(*state_->to).ordinal);
+    return cudaEventQuery(state_->copied) != cudaErrorNotReady;
   }
 
  private:
-  place_state* from_;
+  handoff* state_ = nullptr;
   std::shared_ptr<const void> keep_;
-  cudaEvent_t ready_ = nullptr;
-  device_handoff handoff_;
-  place_state* to_ = nullptr;
-  std::atomic<bool> answered_{false};
-  cudaEvent_t copied_ = nullptr;
 };
 
-/// @brief The receiver's side: copies the offered block (`bytes`) into `dst` in `to`'s memory
-/// on its compute stream, after the sender's mark; returns the mark of the copy, for the
-/// sender. When it fails after the copy was queued, it waits for the copy first (the sender
-/// frees the block when told that no copy is pending).
-inline std::uintptr_t take_block(place_state& to, void* dst, place_state& from, const device_handoff& offer, std::size_t bytes) {
-  cuda_device &d = cuda_device_of(to), &s = cuda_device_of(from);
-  if (d.ordinal != s.ordinal) enable_peer_access(d.ordinal, s.ordinal);  // the driver stages the copy where it cannot
-  device_guard guard(d.ordinal);
-  cudaEvent_t copied = nullptr;
-  cuda_check(cudaEventCreateWithFlags(&copied, cudaEventDisableTiming), "cudaEventCreateWithFlags", d.name);
+/// @brief The receiver gives up the handoff at `address` without claiming it (it could not
+/// take the block): the sender withdraws it.
+inline void leave_block(std::uintptr_t address) { reinterpret_cast<handoff*>(address)->release(); }
+
+/// @brief The receiver's side: claims the handoff at `address` (a pdo::error when the sender
+/// withdrew it) and copies its block (`bytes`) into `dst` in `to`'s memory on `to`'s compute
+/// stream, after the sender's mark; marks the copy for the sender. When it fails after the copy
+/// was queued, it waits for the copy before it says so.
+inline void take_block(place_state& to, void* dst, std::uintptr_t address, std::size_t bytes) {
+  auto* h = reinterpret_cast<handoff*>(address);
+  struct reference {
+    handoff* h;
+    ~reference() { h->release(); }
+  } ref{h};
+  int stage = handoff::pending;
+  if (!h->stage.compare_exchange_strong(stage, handoff::claimed, std::memory_order_acq_rel))
+    throw error("pipeline: receiving on " + to.name + ": " + h->from->name + " withdrew the tensor it sent (its step failed)");
+  h->to = &to;
+  if (bytes == 0) {
+    h->stage.store(handoff::no_copy, std::memory_order_release);
+    return;
+  }
+  cuda_device &d = cuda_device_of(to), &s = cuda_device_of(*h->from);
   bool queued = false;
   try {
-    cuda_check(cudaStreamWaitEvent(d.compute, reinterpret_cast<cudaEvent_t>(offer.event), 0), "cudaStreamWaitEvent", d.name);
+    if (d.ordinal != s.ordinal) enable_peer_access(d.ordinal, s.ordinal);  // the driver stages the copy where it cannot
+    device_guard guard(d.ordinal);
+    cuda_check(cudaEventCreateWithFlags(&h->copied, cudaEventDisableTiming), "cudaEventCreateWithFlags", d.name);
+    cuda_check(cudaStreamWaitEvent(d.compute, h->ready, 0), "cudaStreamWaitEvent", d.name);
     queued = true;
-    cuda_check(cudaMemcpyPeerAsync(dst, d.ordinal, offer.data, s.ordinal, bytes, d.compute), "cudaMemcpyPeerAsync", d.name);
-    cuda_check(cudaEventRecord(copied, d.compute), "cudaEventRecord", d.name);
+    cuda_check(cudaMemcpyPeerAsync(dst, d.ordinal, h->data, s.ordinal, bytes, d.compute), "cudaMemcpyPeerAsync", d.name);
+    cuda_check(cudaEventRecord(h->copied, d.compute), "cudaEventRecord", d.name);
   } catch (...) {
-    if (queued) wait_quietly(d, [&] { return cudaStreamQuery(d.compute) != cudaErrorNotReady; });
-    cudaEventDestroy(copied);
+    device_guard guard(d.ordinal);
+    const bool ended = !queued || wait_quietly(d, [&] { return cudaStreamQuery(d.compute) != cudaErrorNotReady; });
+    if (h->copied != nullptr) cudaEventDestroy(h->copied);
+    h->copied = nullptr;
+    h->stage.store(ended ? handoff::no_copy : handoff::lost, std::memory_order_release);
     throw;
   }
-  return reinterpret_cast<std::uintptr_t>(copied);
+  h->stage.store(handoff::copying, std::memory_order_release);
 }
 #endif
 
@@ -7446,24 +7486,17 @@ struct copy_stream {
 };
 #endif
 
-/// @brief A block of a GPU place's memory handed to another GPU place by two threads, neither
-/// on the other's lanes (a pipeline's sender and receiver): where the block is and the
-/// sender's mark (a cudaEvent_t) of the work that wrote it.
-struct device_handoff {
-  const void* data = nullptr;  ///< the block, in the sender's memory
-  std::uintptr_t event = 0;    ///< the sender's mark
-};
-
 #if defined(PDO_WITH_CUDA)
 /// @brief Waits on the host until `done()`, watching `d`'s checks: gives up (false) when a
-/// collective on `d` failed, whose work may never end. Never throws.
+/// collective on `d` failed (not the echo of an abort, whose kernels end), as its work may
+/// never end. Never throws.
 template <class Done>
 bool wait_quietly(cuda_device& d, Done done) noexcept {
   for (unsigned spins = 0;; ++spins) {
     if (done()) return true;
     if ((spins & 63) == 63) {
       try {
-        if (!d.failures().empty()) return false;
+        if (const std::string f = d.failures(); !f.empty() && f[0] != '~') return false;
       } catch (...) {
         return false;
       }
@@ -7473,88 +7506,135 @@ bool wait_quietly(cuda_device& d, Done done) noexcept {
   }
 }
 
+/// @brief What a sender and a receiver of one process share about a block of the sender's GPU
+/// memory that the receiver copies to its own (a pipeline's handoff): where the block is, the
+/// sender's mark (event) of the work that wrote it, and how far the receiver got. The receiver
+/// claims it (or finds it withdrawn), then says whether it queued a copy (and its mark), queued
+/// none, or could not tell when its copy ends. Freed by the last of the two.
+struct handoff {
+  enum stage_t : int { pending, claimed, copying, no_copy, lost, withdrawn };
+  std::atomic<int> stage{pending};
+  std::atomic<int> refs{1};
+  place_state* from = nullptr;
+  const void* data = nullptr;
+  cudaEvent_t ready = nullptr;   ///< the sender's mark (an event of its device)
+  cudaEvent_t copied = nullptr;  ///< the receiver's mark of its copy (an event of its device), when copying
+  place_state* to = nullptr;     ///< the receiver, once claimed
+  void release() {
+    if (refs.fetch_sub(1, std::memory_order_acq_rel) == 1) delete this;
+  }
+};
+
 /// @brief The sender's side of a handoff. Made on the sender's compute lane right after the
 /// work that writes the block is queued, it marks that work (and nothing queued later, so the
 /// receiver never waits for the sender's later collectives). It keeps the block until the
-/// receiver is done with it: freed when the receiver's copy has run (its mark, taken()), when
-/// the receiver took none (taken(0)), or, when the exchange broke after the receiver learnt of
-/// the block (sent() without taken()), when the receiver's compute stream has emptied.
+/// receiver is done with it: at once when the receiver never claimed it (it is withdrawn), else
+/// once the receiver's copy has run. When the receiver could not tell (its device failed) the
+/// block is kept for good rather than freed under a copy that may still run.
 class offered_block {
  public:
-  offered_block(place_state& from, std::shared_ptr<const void> keep, const void* data) : from_(&from), keep_(std::move(keep)) {
+  offered_block(place_state& from, std::shared_ptr<const void> keep, const void* data) : keep_(std::move(keep)) {
     cuda_device& s = cuda_device_of(from);
     device_guard guard(s.ordinal);
-    cuda_check(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming), "cudaEventCreateWithFlags", s.name);
-    handoff_.data = data;
-    handoff_.event = reinterpret_cast<std::uintptr_t>(ready_);
-    if (const cudaError_t status = cudaEventRecord(ready_, s.compute); status != cudaSuccess) {
-      cudaEventDestroy(ready_);
+    auto* h = new handoff;
+    h->from = &from;
+    h->data = data;
+    if (const cudaError_t status = cudaEventCreateWithFlags(&h->ready, cudaEventDisableTiming); status != cudaSuccess) {
+      delete h;
+      cuda_check(status, "cudaEventCreateWithFlags", s.name);
+    }
+    if (const cudaError_t status = cudaEventRecord(h->ready, s.compute); status != cudaSuccess) {
+      cudaEventDestroy(h->ready);
+      delete h;
       cuda_check(status, "cudaEventRecord", s.name);
     }
+    state_ = h;
   }
   offered_block(const offered_block&) = delete;
   offered_block& operator=(const offered_block&) = delete;
   ~offered_block() {
-    if (to_ != nullptr) {
-      cuda_device& d = cuda_device_of(*to_);
-      device_guard guard(d.ordinal);
-      if (copied_ != nullptr) wait_quietly(d, [&] { return cudaEventQuery(copied_) != cudaErrorNotReady; });
-      else if (!answered_.load(std::memory_order_acquire)) wait_quietly(d, [&] { return cudaStreamQuery(d.compute) != cudaErrorNotReady; });
-      if (copied_ != nullptr) cudaEventDestroy(copied_);
+    int stage = handoff::pending;
+    if (!state_->stage.compare_exchange_strong(stage, handoff::withdrawn, std::memory_order_acq_rel)) {
+      // claimed: the receiver always answers, soon (a few calls that do not wait)
+      while ((stage = state_->stage.load(std::memory_order_acquire)) == handoff::claimed) std::this_thread::yield();
+      if (stage == handoff::copying) {
+        cuda_device& d = cuda_device_of(*state_->to);
+        device_guard guard(d.ordinal);
+        if (!wait_quietly(d, [&] { return cudaEventQuery(state_->copied) != cudaErrorNotReady; })) stage = handoff::lost;
+        cudaEventDestroy(state_->copied);
+      }
+      if (stage == handoff::lost) new std::shared_ptr<const void>(std::move(keep_));  // the copy may still read it: kept for good
     }
-    device_guard guard(cuda_device_of(*from_).ordinal);
-    cudaEventDestroy(ready_);
+    {
+      device_guard guard(cuda_device_of(*state_->from).ordinal);
+      cudaEventDestroy(state_->ready);
+    }
+    state_->release();
   }
-  /// @brief What the receiver needs: the block and the mark.
-  [[nodiscard]] device_handoff handoff() const { return handoff_; }
-  /// @brief The receiver `to` has learnt of the block (and may copy it from now on).
-  void sent(place_state& to) { to_ = &to; }
-  /// @brief The receiver's answer: the mark of its copy, or 0 when it queued none.
-  void taken(std::uintptr_t copied) {
-    copied_ = reinterpret_cast<cudaEvent_t>(copied);
-    answered_.store(true, std::memory_order_release);
+  /// @brief The handoff's address, for the receiver (in this process); the receiver's
+  /// reference is taken here, and given back by handed() if the receiver never got it.
+  [[nodiscard]] std::uintptr_t address() {
+    state_->refs.fetch_add(1, std::memory_order_relaxed);
+    return reinterpret_cast<std::uintptr_t>(state_);
   }
-  /// @brief Whether the block may be freed now (the receiver answered and its copy has run);
-  /// from another thread than the one the exchange runs on.
+  /// @brief The receiver did not get the address (the header was not delivered).
+  void not_delivered() { state_->release(); }
+  /// @brief Whether the block may be freed now (the receiver's copy has run, or it took none);
+  /// from another thread than the receiver's.
   [[nodiscard]] bool released() const {
-    if (!answered_.load(std::memory_order_acquire)) return false;
-    if (copied_ == nullptr) return true;
-    device_guard guard(cuda_device_of(*to_).ordinal);
-    return cudaEventQuery(copied_) != cudaErrorNotReady;
+    const int stage = state_->stage.load(std::memory_order_acquire);
+    if (stage == handoff::no_copy) return true;
+    if (stage != handoff::copying) return false;
+    device_guard guard(cuda_device_of(*state_->to).ordinal);
+    return cudaEventQuery(state_->copied) != cudaErrorNotReady;
   }
 
  private:
-  place_state* from_;
+  handoff* state_ = nullptr;
   std::shared_ptr<const void> keep_;
-  cudaEvent_t ready_ = nullptr;
-  device_handoff handoff_;
-  place_state* to_ = nullptr;
-  std::atomic<bool> answered_{false};
-  cudaEvent_t copied_ = nullptr;
 };
 
-/// @brief The receiver's side: copies the offered block (`bytes`) into `dst` in `to`'s memory
-/// on its compute stream, after the sender's mark; returns the mark of the copy, for the
-/// sender. When it fails after the copy was queued, it waits for the copy first (the sender
-/// frees the block when told that no copy is pending).
-inline std::uintptr_t take_block(place_state& to, void* dst, place_state& from, const device_handoff& offer, std::size_t bytes) {
-  cuda_device &d = cuda_device_of(to), &s = cuda_device_of(from);
-  if (d.ordinal != s.ordinal) enable_peer_access(d.ordinal, s.ordinal);  // the driver stages the copy where it cannot
-  device_guard guard(d.ordinal);
-  cudaEvent_t copied = nullptr;
-  cuda_check(cudaEventCreateWithFlags(&copied, cudaEventDisableTiming), "cudaEventCreateWithFlags", d.name);
+/// @brief The receiver gives up the handoff at `address` without claiming it (it could not
+/// take the block): the sender withdraws it.
+inline void leave_block(std::uintptr_t address) { reinterpret_cast<handoff*>(address)->release(); }
+
+/// @brief The receiver's side: claims the handoff at `address` (a pdo::error when the sender
+/// withdrew it) and copies its block (`bytes`) into `dst` in `to`'s memory on `to`'s compute
+/// stream, after the sender's mark; marks the copy for the sender. When it fails after the copy
+/// was queued, it waits for the copy before it says so.
+inline void take_block(place_state& to, void* dst, std::uintptr_t address, std::size_t bytes) {
+  auto* h = reinterpret_cast<handoff*>(address);
+  struct reference {
+    handoff* h;
+    ~reference() { h->release(); }
+  } ref{h};
+  int stage = handoff::pending;
+  if (!h->stage.compare_exchange_strong(stage, handoff::claimed, std::memory_order_acq_rel))
+    throw error("pipeline: receiving on " + to.name + ": " + h->from->name + " withdrew the tensor it sent (its step failed)");
+  h->to = &to;
+  if (bytes == 0) {
+    h->stage.store(handoff::no_copy, std::memory_order_release);
+    return;
+  }
+  cuda_device &d = cuda_device_of(to), &s = cuda_device_of(*h->from);
   bool queued = false;
   try {
-    cuda_check(cudaStreamWaitEvent(d.compute, reinterpret_cast<cudaEvent_t>(offer.event), 0), "cudaStreamWaitEvent", d.name);
+    if (d.ordinal != s.ordinal) enable_peer_access(d.ordinal, s.ordinal);  // the driver stages the copy where it cannot
+    device_guard guard(d.ordinal);
+    cuda_check(cudaEventCreateWithFlags(&h->copied, cudaEventDisableTiming), "cudaEventCreateWithFlags", d.name);
+    cuda_check(cudaStreamWaitEvent(d.compute, h->ready, 0), "cudaStreamWaitEvent", d.name);
     queued = true;
-    cuda_check(cudaMemcpyPeerAsync(dst, d.ordinal, offer.data, s.ordinal, bytes, d.compute), "cudaMemcpyPeerAsync", d.name);
-    cuda_check(cudaEventRecord(copied, d.compute), "cudaEventRecord", d.name);
+    cuda_check(cudaMemcpyPeerAsync(dst, d.ordinal, h->data, s.ordinal, bytes, d.compute), "cudaMemcpyPeerAsync", d.name);
+    cuda_check(cudaEventRecord(h->copied, d.compute), "cudaEventRecord", d.name);
   } catch (...) {
-    if (queued) wait_quietly(d, [&] { return cudaStreamQuery(d.compute) != cudaErrorNotReady; });
-    cudaEventDestroy(copied);
+    device_guard guard(d.ordinal);
+    const bool ended = !queued || wait_quietly(d, [&] { return cudaStreamQuery(d.compute) != cudaErrorNotReady; });
+    if (h->copied != nullptr) cudaEventDestroy(h->copied);
+    h->copied = nullptr;
+    h->stage.store(ended ? handoff::no_copy : handoff::lost, std::memory_order_release);
     throw;
   }
-  return reinterpret_cast<std::uintptr_t>(copied);
+  h->stage.store(handoff::copying, std::memory_order_release);
 }
 #endif
 
@@ -17381,19 +17461,16 @@ struct async_sender {
     // kept here until drain() (which first waits for the send tasks): the task uses it by address
     offers.push_back(std::make_unique<pdo::detail::offered_block>(from, data, data->data()));
     pdo::detail::offered_block* offer = offers.back().get();
-    pdo::detail::place_state* receiver = forward ? c.next_state : c.previous_state;
-    r.fn = [c, forward, tag, shape = data->shape(), offer, receiver] {
+    r.fn = [c, forward, tag, shape = data->shape(), offer] {
       send_header<R> header{};
       for (std::size_t d = 0; d < R; ++d) header[d] = shape[d];
-      const pdo::detail::device_handoff h = offer->handoff();
-      header[R] = reinterpret_cast<std::uintptr_t>(h.data);
-      header[R + 1] = h.event;
-      const std::size_t to = forward ? c.next_place : c.previous_place;
-      c.host.send(std::span<const std::size_t>(header), to, 2 * tag);
-      offer->sent(*receiver);  // from here the receiver may copy the block: it is kept until it is done
-      std::size_t copied = 0;
-      c.host.recv(std::span<std::size_t>(&copied, 1), to, 2 * tag + 1);
-      offer->taken(copied);
+      header[R] = offer->address();  // the receiver claims the block there and says when its copy ends
+      try {
+        c.host.send(std::span<const std::size_t>(header), forward ? c.next_place : c.previous_place, 2 * tag);
+      } catch (...) {
+        offer->not_delivered();
+        throw;
+      }
     };
     sends.push_back(pdo::detail::engine::instance().submit(std::move(r)));
 #else
@@ -17425,29 +17502,28 @@ tensor<T, R> receive(const channel& c, bool from_previous, int tag, const any_pl
   c.host.recv(std::span<std::size_t>(header), from, 2 * tag);
   shape_t<R> shape{};
   for (std::size_t d = 0; d < R; ++d) shape[d] = header[d];
-  tensor<T, R> t(shape, place, pdo::detail::uninitialized);
+  std::optional<tensor<T, R>> made;
+  try {
+    made.emplace(shape, place, pdo::detail::uninitialized);
+  } catch (...) {
+#if defined(PDO_WITH_CUDA)
+    if (c.handoff) pdo::detail::leave_block(header[R]);  // the sender withdraws it
+#endif
+    throw;
+  }
+  tensor<T, R>& t = *made;
   if (!c.handoff) {
     c.link.recv(t.span(), from_previous ? c.previous : c.next, 2 * tag + 1);
-    return t;
+    return std::move(t);
   }
 #if defined(PDO_WITH_CUDA)
-  // take the sender's block on this place's stream; the sender learns when (the mark), also
-  // when the copy could not be queued (no mark), so it never waits for nothing
-  const pdo::detail::device_handoff offer{reinterpret_cast<const void*>(header[R]), header[R + 1]};
-  std::size_t copied = 0;
-  std::exception_ptr failed;
-  try {
-    if (t.bytes() > 0)
-      copied = pdo::detail::take_block(*place.state(), t.data(), *(from_previous ? c.previous_state : c.next_state), offer, t.bytes());
-  } catch (...) {
-    failed = std::current_exception();
-  }
-  c.host.send(std::span<const std::size_t>(&copied, 1), from, 2 * tag + 1);
-  if (failed) std::rethrow_exception(failed);
+  // take the sender's block on this place's stream, after the sender's mark of the work that
+  // wrote it; the sender keeps it until this copy has run
+  pdo::detail::take_block(*place.state(), t.data(), header[R], t.bytes());
 #else
   pdo::detail::no_cuda("pipeline receive", place.name());
 #endif
-  return t;
+  return std::move(t);
 }
 
 }  // namespace detail_pp

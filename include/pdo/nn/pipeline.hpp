@@ -218,19 +218,16 @@ struct async_sender {
     // kept here until drain() (which first waits for the send tasks): the task uses it by address
     offers.push_back(std::make_unique<pdo::detail::offered_block>(from, data, data->data()));
     pdo::detail::offered_block* offer = offers.back().get();
-    pdo::detail::place_state* receiver = forward ? c.next_state : c.previous_state;
-    r.fn = [c, forward, tag, shape = data->shape(), offer, receiver] {
+    r.fn = [c, forward, tag, shape = data->shape(), offer] {
       send_header<R> header{};
       for (std::size_t d = 0; d < R; ++d) header[d] = shape[d];
-      const pdo::detail::device_handoff h = offer->handoff();
-      header[R] = reinterpret_cast<std::uintptr_t>(h.data);
-      header[R + 1] = h.event;
-      const std::size_t to = forward ? c.next_place : c.previous_place;
-      c.host.send(std::span<const std::size_t>(header), to, 2 * tag);
-      offer->sent(*receiver);  // from here the receiver may copy the block: it is kept until it is done
-      std::size_t copied = 0;
-      c.host.recv(std::span<std::size_t>(&copied, 1), to, 2 * tag + 1);
-      offer->taken(copied);
+      header[R] = offer->address();  // the receiver claims the block there and says when its copy ends
+      try {
+        c.host.send(std::span<const std::size_t>(header), forward ? c.next_place : c.previous_place, 2 * tag);
+      } catch (...) {
+        offer->not_delivered();
+        throw;
+      }
     };
     sends.push_back(pdo::detail::engine::instance().submit(std::move(r)));
 #else
@@ -262,29 +259,28 @@ tensor<T, R> receive(const channel& c, bool from_previous, int tag, const any_pl
   c.host.recv(std::span<std::size_t>(header), from, 2 * tag);
   shape_t<R> shape{};
   for (std::size_t d = 0; d < R; ++d) shape[d] = header[d];
-  tensor<T, R> t(shape, place, pdo::detail::uninitialized);
+  std::optional<tensor<T, R>> made;
+  try {
+    made.emplace(shape, place, pdo::detail::uninitialized);
+  } catch (...) {
+#if defined(PDO_WITH_CUDA)
+    if (c.handoff) pdo::detail::leave_block(header[R]);  // the sender withdraws it
+#endif
+    throw;
+  }
+  tensor<T, R>& t = *made;
   if (!c.handoff) {
     c.link.recv(t.span(), from_previous ? c.previous : c.next, 2 * tag + 1);
-    return t;
+    return std::move(t);
   }
 #if defined(PDO_WITH_CUDA)
-  // take the sender's block on this place's stream; the sender learns when (the mark), also
-  // when the copy could not be queued (no mark), so it never waits for nothing
-  const pdo::detail::device_handoff offer{reinterpret_cast<const void*>(header[R]), header[R + 1]};
-  std::size_t copied = 0;
-  std::exception_ptr failed;
-  try {
-    if (t.bytes() > 0)
-      copied = pdo::detail::take_block(*place.state(), t.data(), *(from_previous ? c.previous_state : c.next_state), offer, t.bytes());
-  } catch (...) {
-    failed = std::current_exception();
-  }
-  c.host.send(std::span<const std::size_t>(&copied, 1), from, 2 * tag + 1);
-  if (failed) std::rethrow_exception(failed);
+  // take the sender's block on this place's stream, after the sender's mark of the work that
+  // wrote it; the sender keeps it until this copy has run
+  pdo::detail::take_block(*place.state(), t.data(), header[R], t.bytes());
 #else
   pdo::detail::no_cuda("pipeline receive", place.name());
 #endif
-  return t;
+  return std::move(t);
 }
 
 }  // namespace detail_pp
