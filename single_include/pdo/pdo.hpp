@@ -10052,7 +10052,9 @@ class elementwise_node : public detail::op_node<Children...> {
     if (frame.dense) {
       thrust::transform(ctx.system, first, last, out.data(),
                         detail::fused_kernel<true, rank, value_type, decltype(r)>{r, out.shape()});
-    } else if constexpr (rank >= 1) {
+      return;
+    }
+    if constexpr (rank >= 1) {
       // host loops: row by row, the coordinates carried along each row, the rows over the
       // place's cores when there is work for them all (a small kernel starts no team; a few
       // long rows run element by element, over every core)
@@ -10062,14 +10064,10 @@ class elementwise_node : public detail::op_node<Children...> {
         detail::cpu_system host;
         host.threads = parallel ? ctx.system.threads : 1;
         detail::for_each_n(host, first, rows, detail::fused_rows<rank, value_type, decltype(r)>{r, out.shape(), out.data()});
-      } else {
-        thrust::transform(ctx.system, first, last, out.data(),
-                          detail::fused_kernel<false, rank, value_type, decltype(r)>{r, out.shape()});
+        return;
       }
-    } else {
-      thrust::transform(ctx.system, first, last, out.data(),
-                        detail::fused_kernel<false, rank, value_type, decltype(r)>{r, out.shape()});
     }
+    thrust::transform(ctx.system, first, last, out.data(), detail::fused_kernel<false, rank, value_type, decltype(r)>{r, out.shape()});
   }
 
  private:
