@@ -26,6 +26,15 @@
 #include <omp.h>
 #endif
 
+#if defined(__clang__)
+// The kernels' loops ask for vectorization (`omp simd`); those that gather (conv, pooling,
+// indexing) cannot have it, and clang's optimizer reports each such loop as a warning at the
+// place the loop was inlined into: in a user's code, or with no location at all. A
+// push/pop around the loops cannot cover those places, so the warning is off from here to the
+// end of the translation unit (it only ever reports a vectorization request that failed).
+#pragma clang diagnostic ignored "-Wpass-failed"
+#endif
+
 namespace pdo::detail {
 
 /// @brief The CPU backend: Thrust's C++ system, except for the algorithms pdo's kernels use,
@@ -101,12 +110,6 @@ inline place_system kernel_system(std::string_view op, std::initializer_list<pla
 /// @brief Loops this short are not worth waking a team for.
 inline constexpr std::size_t parallel_grain = std::size_t{1} << 15;
 
-#if defined(__clang__)
-// the simd loops ask for vectorization; kernels that gather (conv, pooling) cannot have it,
-// which clang reports as a warning for every such kernel
-#pragma clang diagnostic push
-#pragma clang diagnostic ignored "-Wpass-failed"
-#endif
 
 /// @brief out[k] = f(first + k) for k in [0, last - first): the form every pdo kernel
 /// has (a functor of the output index).
@@ -134,9 +137,6 @@ Out transform([[maybe_unused]] cpu_system& system, thrust::counting_iterator<std
   return out + static_cast<std::ptrdiff_t>(n);
 }
 
-#if defined(__clang__)
-#pragma clang diagnostic pop
-#endif
 
 /// @brief f(first + k) for k in [0, n), for work items that write several outputs each
 /// (a row of a softmax); items run in parallel over the place's cores.
