@@ -145,6 +145,24 @@ int main(int argc, char** argv) {
       state.spanning(tp);
       pdo::io::add_state(state, "", pdo::nn::parameters_of<double>(model), opt);
       pdo::io::save(dir.string() + ".tp", state);
+      // blocks held only by the places of the processes after the first, in a checkpoint
+      // whose metadata the first process writes: it learns from them what they wrote
+      std::vector<pdo::any_place> later_places;
+      for (const auto& q : mesh.places())
+        if (q.process() != 0) later_places.push_back(q);
+      const auto later = pdo::make_mesh<"x">(later_places);
+      const auto whole = reference<float, 1>({12}, 6);
+      std::vector<std::vector<float>> held(later.size());
+      pdo::io::checkpoint blocks;
+      blocks.spanning(mesh);
+      blocks.add_blocks<float, 1>("later", later, {12}, [&](std::size_t q) {
+        const std::size_t at = pdo::detail::chunk_offset(12, later.size(), q), n = pdo::detail::chunk_size(12, later.size(), q);
+        held[q].assign(whole.data() + at, whole.data() + at + n);
+        return pdo::io::held_block<float>{{at}, {n}, held[q].data()};
+      });
+      pdo::io::save(dir.string() + ".later", blocks);
+      check(same(pdo::io::read<float, 1>(dir.string() + ".later", "later"), whole),
+            "blocks of a mesh without the writer's places: saved, listed in the metadata, read back whole");
     } else if (mode == "load") {
       auto ya = pdo::distribute<pdo::layout<replicate, split<"x">>>(mesh, pdo::tensor<float, 2>({13, 6}));
       auto yb = pdo::distribute<pdo::layout<split<"x">, replicate, replicate>>(mesh, pdo::tensor<double, 3>({5, 7, 3}));

@@ -282,6 +282,9 @@ struct save_context {
   nlohmann::ordered_json entries = nlohmann::ordered_json::object();
   bool writer = true;        ///< this process writes the host tensors and the metadata
   std::size_t index = 0;     ///< the entry's position: its shard files' names
+  /// @brief Each element becomes its largest value over the checkpoint's processes (they all
+  /// call it, in the same order); absent in a checkpoint of one process.
+  std::function<void(std::span<long long>)> max_over_processes;
   std::optional<pdo::detail::captured_error> failure;
   void fail() {
     if (!failure) failure = pdo::detail::captured_error::current();
@@ -348,18 +351,19 @@ inline tensor_meta tensor_entry(const load_context& c, const std::string& name, 
   return t;
 }
 
-/// @brief The largest value of `v` over the processes of `m` (each process passes its own):
-/// how they learn that one of them failed. In a mesh of one process, `v` itself.
+/// @brief Each element of `v` becomes its largest value over the processes of `m` (each
+/// process passes its own): how they learn that one of them failed, and what the others
+/// wrote. In a mesh of one process, `v` is left as it is.
 template <class Mesh>
-long long max_over_processes(const Mesh& m, long long v) {
-  if (!m.is_multiprocess()) return v;
-  long long result = v;
+void max_over_processes(const Mesh& m, std::span<long long> v) {
+  if (!m.is_multiprocess()) return;
+  std::vector<long long> result(v.begin(), v.end());
   pdo::detail::run_on_places("checkpoint", m, [&](std::size_t p, std::size_t k) {
-    long long x = v;
-    host_communicator_of(m, p).all_reduce(std::span<long long>(&x, 1), reduce_op::max);
-    if (k == 0) result = x;
+    std::vector<long long> x(v.begin(), v.end());
+    host_communicator_of(m, p).all_reduce(std::span<long long>(x), reduce_op::max);
+    if (k == 0) result = std::move(x);
   });
-  return result;
+  std::copy(result.begin(), result.end(), v.begin());
 }
 
 }  // namespace detail
@@ -454,7 +458,7 @@ class checkpoint {
   template <mesh_type Mesh>
   checkpoint& spanning(const Mesh& m) {
     if (!agree_) {
-      agree_ = [m](long long v) { return detail::max_over_processes(m, v); };
+      agree_ = [m](std::span<long long> v) { detail::max_over_processes(m, v); };
       writer_ = m.place(0).is_local();
       rank_ = m.local_places().empty() ? 0 : m.place(m.local_places().front()).process();
     }
@@ -485,6 +489,7 @@ class checkpoint {
     detail::save_context c;
     c.options = o;
     c.writer = writer_;
+    c.max_over_processes = agree_;
     const std::filesystem::path target = std::filesystem::absolute(dir).lexically_normal();
     c.dir = target;
     c.dir += ".partial";
@@ -585,7 +590,8 @@ class checkpoint {
   /// @brief Every process learns whether one of them failed: the one that did throws its own
   /// error, the others an io_error naming it.
   void agree(const std::optional<pdo::detail::captured_error>& failure, const char* op, const std::filesystem::path& dir) const {
-    const long long failed = agree_ ? agree_(failure ? rank_ + 1 : 0) : (failure ? 1 : 0);
+    long long failed = failure ? rank_ + 1 : 0;
+    if (agree_) agree_(std::span<long long>(&failed, 1));
     if (failure) failure->rethrow_with_context("");
     if (failed > 0)
       throw io_error(std::string("io: ") + op + " of " + dir.string() + ": process " + std::to_string(failed - 1) +
@@ -748,12 +754,12 @@ class checkpoint {
     auto file_of = [&](std::size_t q) { return "t" + std::to_string(c.index) + ".p" + std::to_string(q) + ".bin"; };
     // per place: whether it wrote a block, then its offset and shape
     constexpr std::size_t record = 1 + 2 * R;
-    std::vector<std::size_t> table(m.size() * record, 0);
+    std::vector<long long> table(m.size() * record, 0);
     std::vector<std::optional<pdo::detail::captured_error>> failures(m.local_places().size());
     pdo::detail::run_on_places(
         "io::save", m,
         [&](std::size_t p, std::size_t k) {
-          std::array<std::size_t, record> mine{};
+          std::array<long long, record> mine{};
           try {
             const held_block<T> b = checked_block<T, R>(name, m, shape, block, p);
             if (b.data && b.write) {
@@ -761,25 +767,30 @@ class checkpoint {
               for (std::size_t e : b.shape) elements *= e;
               detail::write_shard(c.dir / file_of(p), name, b.offset, b.data, elements * sizeof(T), c.options);
               mine[0] = 1;
-              std::copy(b.offset.begin(), b.offset.end(), mine.begin() + 1);
-              std::copy(b.shape.begin(), b.shape.end(), mine.begin() + 1 + R);
+              for (std::size_t d = 0; d < R; ++d) {
+                mine[1 + d] = static_cast<long long>(b.offset[d]);
+                mine[1 + R + d] = static_cast<long long>(b.shape[d]);
+              }
             }
           } catch (...) {
             failures[k] = pdo::detail::captured_error::current();
             mine[0] = 0;
           }
           // every place takes part, failed or not: the others wait for its record
-          std::vector<std::size_t> all(table.size());
-          host_communicator_of(m, p).all_gather(std::span<const std::size_t>(mine), std::span<std::size_t>(all));
+          std::vector<long long> all(table.size());
+          host_communicator_of(m, p).all_gather(std::span<const long long>(mine), std::span<long long>(all));
           if (k == 0) table = std::move(all);
         },
         "copy");
     keep_first_failure(c, m, failures, false);
+    // the processes that hold no place of `m` (the writer of the metadata among them, maybe)
+    // learn the table from those that do
+    if (c.max_over_processes) c.max_over_processes(std::span<long long>(table));
     auto j = tensor_json<T, R>(shape);
     j["layout"] = "blocks";
     j["mesh"] = m.describe();
     for (std::size_t q = 0; q < m.size(); ++q) {
-      const std::size_t* r = table.data() + q * record;
+      const long long* r = table.data() + q * record;
       if (r[0] == 0) continue;
       j["blocks"].push_back({{"file", file_of(q)}, {"offset", std::vector<std::size_t>(r + 1, r + 1 + R)},
                              {"shape", std::vector<std::size_t>(r + 1 + R, r + 1 + 2 * R)}});
@@ -811,7 +822,7 @@ class checkpoint {
   }
 
   std::vector<entry> entries_;
-  std::function<long long(long long)> agree_;  ///< over the processes of the first dtensor's mesh
+  std::function<void(std::span<long long>)> agree_;  ///< elementwise max over the processes of the first mesh added
   bool writer_ = true;
   long long rank_ = 0;
 };

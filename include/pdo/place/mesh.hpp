@@ -44,7 +44,7 @@ struct mesh_state {
   std::vector<std::size_t> extents;
   std::vector<any_place> places;      ///< row-major over the axes: the last axis varies fastest
   std::vector<std::size_t> local;     ///< indices of the places of this process
-  bool multiprocess = false;          ///< some places belong to other processes
+  bool multiprocess = false;          ///< the places belong to more than one process
   std::once_flag comms_once;
   std::shared_ptr<mesh_comms> comms;
 };
@@ -68,8 +68,10 @@ inline void take_places(mesh_state& state, const std::string& name) {
     if (i > 0 && p.process() < state.places[i - 1].process())
       throw layout_error("make_mesh: places must be ordered by process (" + p.name() + " comes after " + state.places[i - 1].name() + ")");
     if (p.is_local()) state.local.push_back(static_cast<std::size_t>(i));
-    else state.multiprocess = true;
   }
+  // the same answer on every process (each takes part in the mesh's agreement and
+  // communicators by it): a mesh whose places all live in one other process is not one
+  state.multiprocess = !state.places.empty() && state.places.front().process() != state.places.back().process();
 }
 
 }  // namespace detail
@@ -131,7 +133,8 @@ class mesh {
   [[nodiscard]] const std::vector<any_place>& places() const { return state_->places; }
   /// @brief Indices of the places that belong to this process.
   [[nodiscard]] const std::vector<std::size_t>& local_places() const { return state_->local; }
-  /// @brief Whether some places belong to other processes.
+  /// @brief Whether the places belong to more than one process (the same answer on every
+  /// process: a mesh whose places all live in one process is not, seen from any process).
   [[nodiscard]] bool is_multiprocess() const { return state_->multiprocess; }
 
   /// @brief The coordinates of place `index` (row-major: the last axis varies fastest).
