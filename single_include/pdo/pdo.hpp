@@ -17464,7 +17464,8 @@ struct async_sender {
 #if defined(PDO_WITH_CUDA)
     // the blocks whose copies have run are freed as the step goes (1F1B keeps few in flight)
     std::erase_if(offers, [](const auto& o) { return o->released(); });
-    // kept here until drain() (which first waits for the send tasks): the task uses it by address
+    // kept here until its receiver's copy has run, or until the step's end shows no receiver
+    // will take it (reset(), or drain() of a failed step): the task uses it by address
     offers.push_back(std::make_unique<pdo::detail::offered_block>(from, data, data->data()));
     pdo::detail::offered_block* offer = offers.back().get();
     r.fn = [c, forward, tag, shape = data->shape(), offer] {
@@ -17483,12 +17484,17 @@ struct async_sender {
     pdo::detail::no_cuda("pipeline send", from.name);
 #endif
   }
-  /// @brief Waits until every submitted send has ended, failed or not (see failure()), and
-  /// the blocks handed to GPU places are no longer read.
-  void drain() {
+  /// @brief Waits until every submitted send has ended, failed or not (see failure()). The
+  /// blocks handed to GPU places whose copies have run are freed. After a step that failed
+  /// here (`withdraw`) the others are too: those not yet claimed are withdrawn (their
+  /// receivers, released by the abort, are told), the copies of those claimed waited for.
+  /// Otherwise a block not yet claimed is kept: a send task ends when its header is delivered,
+  /// which may be before the receiver takes the block (that receiver's step is still on).
+  void drain([[maybe_unused]] bool withdraw = false) {
     for (const auto& s : sends) s->wait_ended();
 #if defined(PDO_WITH_CUDA)
-    offers.clear();
+    if (withdraw) offers.clear();
+    else std::erase_if(offers, [](const auto& o) { return o->released(); });
 #endif
   }
   /// @brief The first send that failed, once drained.
@@ -17497,8 +17503,15 @@ struct async_sender {
       if (auto e = pdo::detail::outcome(*s)) return e;
     return std::nullopt;
   }
-  /// @brief Forgets the submitted sends (once drained).
-  void reset() { sends.clear(); }
+  /// @brief Forgets the submitted sends (once drained), before the next step: the previous
+  /// step has ended on every place, so a block handed to a GPU place that no receiver claimed
+  /// then never will be (it is withdrawn), and the copies of the others are waited for.
+  void reset() {
+    sends.clear();
+#if defined(PDO_WITH_CUDA)
+    offers.clear();
+#endif
+  }
 };
 
 template <class T, std::size_t R>
@@ -17841,8 +17854,8 @@ class pipeline {
       }
     } catch (...) {
       pdo::detail::comms_of(mesh_).abort();  // release the other stages before waiting for our sends
-      st.forward_sends.drain();
-      st.backward_sends.drain();
+      st.forward_sends.drain(/*withdraw=*/true);
+      st.backward_sends.drain(/*withdraw=*/true);
       if constexpr (has_dp) st.buckets->abandon();
       throw;
     }

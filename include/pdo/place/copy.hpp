@@ -152,17 +152,13 @@ struct copy_stream {
 /// never end. Never throws.
 template <class Done>
 bool wait_quietly(cuda_device& d, Done done) noexcept {
-  for (unsigned spins = 0;; ++spins) {
-    if (done()) return true;
-    if ((spins & 63) == 63) {
-      try {
-        if (const std::string f = d.failures(); !f.empty() && f[0] != '~') return false;
-      } catch (...) {
-        return false;
-      }
-    }
-    if (spins < 256) std::this_thread::yield();
-    else std::this_thread::sleep_for(std::chrono::microseconds(20));
+  try {
+    return poll_device(done, [&] {
+      const std::string f = d.failures();
+      return f.empty() || f[0] == '~';
+    });
+  } catch (...) {
+    return false;
   }
 }
 

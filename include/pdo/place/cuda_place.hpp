@@ -211,22 +211,35 @@ inline void throw_failures(cuda_device& d) {
   throw communication_error("waiting for the work of " + d.name + ": " + failed);
 }
 
+/// @brief Polls `done()` on the host until it holds (true), yielding the core between polls,
+/// then sleeping a little; every 64 polls asks `go_on()` whether to keep waiting (false: gives
+/// up, false). How every wait for a device's work watches that device.
+template <class Done, class GoOn>
+bool poll_device(Done done, GoOn go_on) {
+  for (unsigned spins = 0;; ++spins) {
+    if (done()) return true;
+    if ((spins & 63) == 63 && !go_on()) return false;
+    if (spins < 256) std::this_thread::yield();
+    else std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
+}
+
 /// @brief Waits until the work queued on `stream` (a stream of `d`) has finished, watching
 /// the checks of `d` meanwhile: a collective that can no longer complete (a failed or aborted
 /// NCCL communicator) is a pdo::error naming the place, never a hang.
 inline void wait_for_stream(cuda_device& d, cudaStream_t stream) {
   device_guard guard(d.ordinal);
-  for (unsigned spins = 0;; ++spins) {
-    const cudaError_t state = cudaStreamQuery(stream);
-    if (state == cudaSuccess) {
-      throw_failures(d);  // work that completed after an asynchronous failure may hold garbage
-      return;
-    }
-    if (state != cudaErrorNotReady) cuda_check(state, "cudaStreamQuery", d.name);
-    if ((spins & 63) == 63) throw_failures(d);
-    if (spins < 256) std::this_thread::yield();
-    else std::this_thread::sleep_for(std::chrono::microseconds(20));
-  }
+  poll_device(
+      [&] {
+        const cudaError_t state = cudaStreamQuery(stream);
+        if (state != cudaSuccess && state != cudaErrorNotReady) cuda_check(state, "cudaStreamQuery", d.name);
+        return state == cudaSuccess;
+      },
+      [&] {
+        throw_failures(d);
+        return true;
+      });
+  throw_failures(d);  // work that completed after an asynchronous failure may hold garbage
 }
 
 /// @brief Lets `device` read and write the memory of `peer` directly (peer access, and the
