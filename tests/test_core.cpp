@@ -90,6 +90,40 @@ TEST_CASE("mesh: coordinates, groups along an axis, description", "[mesh]") {
                     Catch::Contains("make_mesh") && Catch::Contains("[3, 2]") && Catch::Contains("4 were given"));
 }
 
+TEST_CASE("mesh: a place or axis number out of range is a layout_error naming the mesh and the call", "[mesh]") {
+  const auto mesh = pdo::make_mesh<"dp", "tp">(pdo::cpu_places(6), {3, 2});
+// (matchers made in the check itself: Catch's && keeps references to its operands)
+#define no_place(op) Catch::Contains("mesh(dp=3, tp=2)") && Catch::Contains(op) && Catch::Contains("no place 9")
+#define no_axis(op) Catch::Contains("mesh(dp=3, tp=2)") && Catch::Contains(op) && Catch::Contains("no axis number 2")
+  CHECK_THROWS_AS(mesh.coords(9), pdo::layout_error);
+  CHECK_THROWS_WITH(mesh.coords(9), no_place("coords"));
+  CHECK_THROWS_WITH(mesh.coord(0, 2), no_axis("coord"));
+  CHECK_THROWS_WITH(mesh.coord(9, 0), no_place("coord"));
+  CHECK_THROWS_WITH(mesh.extent(std::size_t{2}), no_axis("extent"));
+  CHECK_THROWS_WITH(mesh.group(2, 0), no_axis("group"));
+  CHECK_THROWS_WITH(mesh.group(0, 9), no_place("group"));
+  CHECK_THROWS_WITH(mesh.index({3, 0}), Catch::Contains("coordinate 3 along \"dp\"") && Catch::Contains("extent 3"));
+  CHECK_THROWS_WITH(pdo::communicator_along(mesh, 2, 0), no_axis("communicator_along"));
+  CHECK_THROWS_WITH(pdo::communicator_along(mesh, 0, 9), no_place("communicator_along"));
+  CHECK_THROWS_WITH(pdo::communicator_of(mesh, 9), no_place("communicator_of"));
+  CHECK_THROWS_WITH(pdo::host_communicator_of(mesh, 9), no_place("host_communicator_of"));
+  const auto x = pdo::distribute<pdo::layout<replicate, split<"tp">>>(mesh, pdo_test::iota_tensor<float, 2>({4, 5}));
+  CHECK_THROWS_WITH(x.local_shape(9), no_place("dtensor::local_shape"));
+  CHECK_THROWS_WITH(x.local_offset(9), no_place("dtensor::local_offset"));
+  // the places that exist still answer
+  CHECK(x.local_shape(5) == pdo::shape_t<2>{4, 2});
+  CHECK(x.local_offset(5) == pdo::shape_t<2>{0, 3});
+  CHECK(mesh.coord(5, 1) == 1);
+  for (std::size_t p = 0; p < mesh.size(); ++p)
+    for (std::size_t a = 0; a < 2; ++a) {
+      CHECK(mesh.coord(p, a) == mesh.coords(p)[a]);
+      for (std::size_t q : mesh.group(a, p)) CHECK((mesh.coords(q)[1 - a] == mesh.coords(p)[1 - a]));
+      CHECK(mesh.group(a, p).size() == mesh.extent(a));
+    }
+#undef no_place
+#undef no_axis
+}
+
 TEST_CASE("layouts: validity is known at compile time, both ways", "[layout]") {
   using M = pdo::mesh<"dp", "tp">;
   STATIC_REQUIRE(pdo::valid_layout_v<pdo::layout<split<"dp">, replicate>, M, 2>);

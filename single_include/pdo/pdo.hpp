@@ -2385,8 +2385,11 @@ class mesh {
 
   /// @brief The number of places, of every process: the product of the extents.
   [[nodiscard]] std::size_t size() const { return state_->places.size(); }
-  /// @brief The number of places along axis number `axis` (not range-checked).
-  [[nodiscard]] std::size_t extent(std::size_t axis) const { return state_->extents[axis]; }
+  /// @brief The number of places along axis number `axis`; pdo::layout_error when axis >= ndim.
+  [[nodiscard]] std::size_t extent(std::size_t axis) const {
+    check_axis(axis, "extent");
+    return state_->extents[axis];
+  }
   /// @brief The number of places along the axis named `axis`; pdo::layout_error if there is none.
   [[nodiscard]] std::size_t extent(std::string_view axis) const { return extent(checked_axis(axis)); }
   /// @brief The extents, one per axis, in axis order.
@@ -2405,8 +2408,10 @@ class mesh {
   /// process: a mesh whose places all live in one process is not, seen from any process).
   [[nodiscard]] bool is_multiprocess() const { return state_->multiprocess; }
 
-  /// @brief The coordinates of place `index` (row-major: the last axis varies fastest).
+  /// @brief The coordinates of place `index` (row-major: the last axis varies fastest);
+  /// pdo::layout_error when index >= size().
   [[nodiscard]] std::array<std::size_t, ndim> coords(std::size_t index) const {
+    check_place(index, "coords");
     std::array<std::size_t, ndim> c{};
     for (std::size_t a = ndim; a-- > 0;) {
       c[a] = index % state_->extents[a];
@@ -2414,33 +2419,59 @@ class mesh {
     }
     return c;
   }
-  /// @brief The coordinate of place `index` along axis number `axis`.
-  [[nodiscard]] std::size_t coord(std::size_t index, std::size_t axis) const { return coords(index)[axis]; }
-  /// @brief The index of the place at coordinates `c` (row-major; the inverse of coords()).
+  /// @brief The coordinate of place `index` along axis number `axis` (both checked, as by coords() and extent()).
+  [[nodiscard]] std::size_t coord(std::size_t index, std::size_t axis) const {
+    check_axis(axis, "coord");
+    check_place(index, "coord");
+    for (std::size_t a = ndim; a-- > axis + 1;) index /= state_->extents[a];
+    return index % state_->extents[axis];
+  }
+  /// @brief The index of the place at coordinates `c` (row-major; the inverse of coords());
+  /// pdo::layout_error when a coordinate is not below its axis's extent.
   [[nodiscard]] std::size_t index(const std::array<std::size_t, ndim>& c) const {
     std::size_t i = 0;
-    for (std::size_t a = 0; a < ndim; ++a) i = i * state_->extents[a] + c[a];
+    for (std::size_t a = 0; a < ndim; ++a) {
+      if (c[a] >= state_->extents[a])
+        throw layout_error(describe() + ": index: coordinate " + std::to_string(c[a]) + " along \"" + std::string(axis_names[a]) +
+                           "\" is outside its extent " + std::to_string(state_->extents[a]));
+      i = i * state_->extents[a] + c[a];
+    }
     return i;
   }
 
   /// @brief The places that differ from place `index` only along `axis`, in
   /// coordinate order: the group a collective along that axis runs over.
   [[nodiscard]] std::vector<std::size_t> group(std::size_t axis, std::size_t index) const {
-    auto c = coords(index);
-    std::vector<std::size_t> members;
-    for (std::size_t k = 0; k < extent(axis); ++k) {
-      c[axis] = k;
-      members.push_back(this->index(c));
-    }
+    check_axis(axis, "group");
+    check_place(index, "group");
+    std::size_t stride = 1;  // between places that differ by one along `axis`
+    for (std::size_t a = axis + 1; a < ndim; ++a) stride *= state_->extents[a];
+    const std::size_t first = index - coord(index, axis) * stride;
+    std::vector<std::size_t> members(state_->extents[axis]);
+    for (std::size_t k = 0; k < members.size(); ++k) members[k] = first + k * stride;
     return members;
   }
+
 
   /// @brief "mesh(dp=2, tp=2)".
   [[nodiscard]] std::string describe() const {
     std::string text = "mesh(";
     for (std::size_t a = 0; a < ndim; ++a)
-      text += (a ? ", " : "") + std::string(axis_names[a]) + "=" + std::to_string(extent(a));
+      text += (a ? ", " : "") + std::string(axis_names[a]) + "=" + std::to_string(state_->extents[a]);
     return text + ")";
+  }
+
+  /// @brief pdo::layout_error naming `op` and this mesh unless `index` is one of its places.
+  void check_place(std::size_t index, std::string_view op) const {
+    if (index >= size())
+      throw layout_error(describe() + ": " + std::string(op) + ": there is no place " + std::to_string(index) + " (it has " +
+                         std::to_string(size()) + ")");
+  }
+  /// @brief pdo::layout_error naming `op` and this mesh unless `axis` is one of its axis numbers.
+  void check_axis(std::size_t axis, std::string_view op) const {
+    if (axis >= ndim)
+      throw layout_error(describe() + ": " + std::string(op) + ": there is no axis number " + std::to_string(axis) + " (it has " +
+                         std::to_string(ndim) + (ndim == 1 ? " axis)" : " axes)"));
   }
 
   /// @brief The state all copies of this mesh share (places, extents, communicators).
@@ -5058,6 +5089,7 @@ class staged_group {
 #include <cstddef>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <variant>
 #include <vector>
 
@@ -5222,21 +5254,40 @@ mesh_comms& comms_of(const Mesh& m) {
 
 }  // namespace detail
 
+namespace detail {
+
+/// @brief pdo::layout_error naming `op` unless place `index` of `m` exists and belongs to this
+/// process (an endpoint is used by the place's own lane).
+template <class Mesh>
+void check_local_member(const Mesh& m, std::size_t index, std::string_view op) {
+  m.check_place(index, op);
+  if (!m.place(index).is_local())
+    throw layout_error(m.describe() + ": " + std::string(op) + ": place " + std::to_string(index) + " (" + m.place(index).name() +
+                       ") belongs to process " + std::to_string(m.place(index).process()) + ", not this one");
+}
+
+}  // namespace detail
+
 /// @brief The communicator of a mesh's groups, whichever backend they run on.
 using mesh_communicator = group_communicator<detail::any_group>;
 
 static_assert(communicator<mesh_communicator>);
 
 /// @brief Place `index`'s endpoint on the group of places along mesh axis `axis`.
+/// pdo::layout_error when the mesh has no such axis or place, or the place is another process's.
 template <class Mesh>
 mesh_communicator communicator_along(const Mesh& m, std::size_t axis, std::size_t index) {
+  m.check_axis(axis, "communicator_along");
+  detail::check_local_member(m, index, "communicator_along");
   auto& comms = detail::comms_of(m);
   return {comms.lines[axis][comms.line_of[axis][index]], m.coord(index, axis)};
 }
 
-/// @brief Place `index`'s endpoint on the group of all places of the mesh.
+/// @brief Place `index`'s endpoint on the group of all places of the mesh; pdo::layout_error
+/// when the mesh has no such place, or it is another process's.
 template <class Mesh>
 mesh_communicator communicator_of(const Mesh& m, std::size_t index) {
+  detail::check_local_member(m, index, "communicator_of");
   return {detail::comms_of(m).whole, index};
 }
 
@@ -5245,6 +5296,7 @@ mesh_communicator communicator_of(const Mesh& m, std::size_t index) {
 /// communicator_of's group is NCCL, which takes device memory only.
 template <class Mesh>
 mesh_communicator host_communicator_of(const Mesh& m, std::size_t index) {
+  detail::check_local_member(m, index, "host_communicator_of");
   return {detail::comms_of(m).whole_host, index};
 }
 
@@ -8064,9 +8116,15 @@ class dtensor {
   [[nodiscard]] tensor<T, Rank>& shard(std::size_t p) { return shards_[local_ordinal(p)]; }
 
   /// @brief The shape of place `p`'s shard (any place of the mesh).
-  [[nodiscard]] shape_t<Rank> local_shape(std::size_t p) const { return detail::shard_shape(mesh_, layout_value, shape_, p); }
+  [[nodiscard]] shape_t<Rank> local_shape(std::size_t p) const {
+    mesh_.check_place(p, "dtensor::local_shape");
+    return detail::shard_shape(mesh_, layout_value, shape_, p);
+  }
   /// @brief Where place `p`'s shard starts in the global tensor.
-  [[nodiscard]] shape_t<Rank> local_offset(std::size_t p) const { return detail::shard_offset(mesh_, layout_value, shape_, p); }
+  [[nodiscard]] shape_t<Rank> local_offset(std::size_t p) const {
+    mesh_.check_place(p, "dtensor::local_offset");
+    return detail::shard_offset(mesh_, layout_value, shape_, p);
+  }
 
   /// @brief "f32[10, 6]{split<dp>, replicate} on mesh(dp=2, tp=2)".
   [[nodiscard]] std::string describe() const {

@@ -18,6 +18,7 @@
 #include <cstddef>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <variant>
 #include <vector>
 
@@ -182,21 +183,40 @@ mesh_comms& comms_of(const Mesh& m) {
 
 }  // namespace detail
 
+namespace detail {
+
+/// @brief pdo::layout_error naming `op` unless place `index` of `m` exists and belongs to this
+/// process (an endpoint is used by the place's own lane).
+template <class Mesh>
+void check_local_member(const Mesh& m, std::size_t index, std::string_view op) {
+  m.check_place(index, op);
+  if (!m.place(index).is_local())
+    throw layout_error(m.describe() + ": " + std::string(op) + ": place " + std::to_string(index) + " (" + m.place(index).name() +
+                       ") belongs to process " + std::to_string(m.place(index).process()) + ", not this one");
+}
+
+}  // namespace detail
+
 /// @brief The communicator of a mesh's groups, whichever backend they run on.
 using mesh_communicator = group_communicator<detail::any_group>;
 
 static_assert(communicator<mesh_communicator>);
 
 /// @brief Place `index`'s endpoint on the group of places along mesh axis `axis`.
+/// pdo::layout_error when the mesh has no such axis or place, or the place is another process's.
 template <class Mesh>
 mesh_communicator communicator_along(const Mesh& m, std::size_t axis, std::size_t index) {
+  m.check_axis(axis, "communicator_along");
+  detail::check_local_member(m, index, "communicator_along");
   auto& comms = detail::comms_of(m);
   return {comms.lines[axis][comms.line_of[axis][index]], m.coord(index, axis)};
 }
 
-/// @brief Place `index`'s endpoint on the group of all places of the mesh.
+/// @brief Place `index`'s endpoint on the group of all places of the mesh; pdo::layout_error
+/// when the mesh has no such place, or it is another process's.
 template <class Mesh>
 mesh_communicator communicator_of(const Mesh& m, std::size_t index) {
+  detail::check_local_member(m, index, "communicator_of");
   return {detail::comms_of(m).whole, index};
 }
 
@@ -205,6 +225,7 @@ mesh_communicator communicator_of(const Mesh& m, std::size_t index) {
 /// communicator_of's group is NCCL, which takes device memory only.
 template <class Mesh>
 mesh_communicator host_communicator_of(const Mesh& m, std::size_t index) {
+  detail::check_local_member(m, index, "host_communicator_of");
   return {detail::comms_of(m).whole_host, index};
 }
 

@@ -117,8 +117,11 @@ class mesh {
 
   /// @brief The number of places, of every process: the product of the extents.
   [[nodiscard]] std::size_t size() const { return state_->places.size(); }
-  /// @brief The number of places along axis number `axis` (not range-checked).
-  [[nodiscard]] std::size_t extent(std::size_t axis) const { return state_->extents[axis]; }
+  /// @brief The number of places along axis number `axis`; pdo::layout_error when axis >= ndim.
+  [[nodiscard]] std::size_t extent(std::size_t axis) const {
+    check_axis(axis, "extent");
+    return state_->extents[axis];
+  }
   /// @brief The number of places along the axis named `axis`; pdo::layout_error if there is none.
   [[nodiscard]] std::size_t extent(std::string_view axis) const { return extent(checked_axis(axis)); }
   /// @brief The extents, one per axis, in axis order.
@@ -137,8 +140,10 @@ class mesh {
   /// process: a mesh whose places all live in one process is not, seen from any process).
   [[nodiscard]] bool is_multiprocess() const { return state_->multiprocess; }
 
-  /// @brief The coordinates of place `index` (row-major: the last axis varies fastest).
+  /// @brief The coordinates of place `index` (row-major: the last axis varies fastest);
+  /// pdo::layout_error when index >= size().
   [[nodiscard]] std::array<std::size_t, ndim> coords(std::size_t index) const {
+    check_place(index, "coords");
     std::array<std::size_t, ndim> c{};
     for (std::size_t a = ndim; a-- > 0;) {
       c[a] = index % state_->extents[a];
@@ -146,33 +151,59 @@ class mesh {
     }
     return c;
   }
-  /// @brief The coordinate of place `index` along axis number `axis`.
-  [[nodiscard]] std::size_t coord(std::size_t index, std::size_t axis) const { return coords(index)[axis]; }
-  /// @brief The index of the place at coordinates `c` (row-major; the inverse of coords()).
+  /// @brief The coordinate of place `index` along axis number `axis` (both checked, as by coords() and extent()).
+  [[nodiscard]] std::size_t coord(std::size_t index, std::size_t axis) const {
+    check_axis(axis, "coord");
+    check_place(index, "coord");
+    for (std::size_t a = ndim; a-- > axis + 1;) index /= state_->extents[a];
+    return index % state_->extents[axis];
+  }
+  /// @brief The index of the place at coordinates `c` (row-major; the inverse of coords());
+  /// pdo::layout_error when a coordinate is not below its axis's extent.
   [[nodiscard]] std::size_t index(const std::array<std::size_t, ndim>& c) const {
     std::size_t i = 0;
-    for (std::size_t a = 0; a < ndim; ++a) i = i * state_->extents[a] + c[a];
+    for (std::size_t a = 0; a < ndim; ++a) {
+      if (c[a] >= state_->extents[a])
+        throw layout_error(describe() + ": index: coordinate " + std::to_string(c[a]) + " along \"" + std::string(axis_names[a]) +
+                           "\" is outside its extent " + std::to_string(state_->extents[a]));
+      i = i * state_->extents[a] + c[a];
+    }
     return i;
   }
 
   /// @brief The places that differ from place `index` only along `axis`, in
   /// coordinate order: the group a collective along that axis runs over.
   [[nodiscard]] std::vector<std::size_t> group(std::size_t axis, std::size_t index) const {
-    auto c = coords(index);
-    std::vector<std::size_t> members;
-    for (std::size_t k = 0; k < extent(axis); ++k) {
-      c[axis] = k;
-      members.push_back(this->index(c));
-    }
+    check_axis(axis, "group");
+    check_place(index, "group");
+    std::size_t stride = 1;  // between places that differ by one along `axis`
+    for (std::size_t a = axis + 1; a < ndim; ++a) stride *= state_->extents[a];
+    const std::size_t first = index - coord(index, axis) * stride;
+    std::vector<std::size_t> members(state_->extents[axis]);
+    for (std::size_t k = 0; k < members.size(); ++k) members[k] = first + k * stride;
     return members;
   }
+
 
   /// @brief "mesh(dp=2, tp=2)".
   [[nodiscard]] std::string describe() const {
     std::string text = "mesh(";
     for (std::size_t a = 0; a < ndim; ++a)
-      text += (a ? ", " : "") + std::string(axis_names[a]) + "=" + std::to_string(extent(a));
+      text += (a ? ", " : "") + std::string(axis_names[a]) + "=" + std::to_string(state_->extents[a]);
     return text + ")";
+  }
+
+  /// @brief pdo::layout_error naming `op` and this mesh unless `index` is one of its places.
+  void check_place(std::size_t index, std::string_view op) const {
+    if (index >= size())
+      throw layout_error(describe() + ": " + std::string(op) + ": there is no place " + std::to_string(index) + " (it has " +
+                         std::to_string(size()) + ")");
+  }
+  /// @brief pdo::layout_error naming `op` and this mesh unless `axis` is one of its axis numbers.
+  void check_axis(std::size_t axis, std::string_view op) const {
+    if (axis >= ndim)
+      throw layout_error(describe() + ": " + std::string(op) + ": there is no axis number " + std::to_string(axis) + " (it has " +
+                         std::to_string(ndim) + (ndim == 1 ? " axis)" : " axes)"));
   }
 
   /// @brief The state all copies of this mesh share (places, extents, communicators).

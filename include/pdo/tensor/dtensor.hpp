@@ -107,9 +107,15 @@ class dtensor {
   [[nodiscard]] tensor<T, Rank>& shard(std::size_t p) { return shards_[local_ordinal(p)]; }
 
   /// @brief The shape of place `p`'s shard (any place of the mesh).
-  [[nodiscard]] shape_t<Rank> local_shape(std::size_t p) const { return detail::shard_shape(mesh_, layout_value, shape_, p); }
+  [[nodiscard]] shape_t<Rank> local_shape(std::size_t p) const {
+    mesh_.check_place(p, "dtensor::local_shape");
+    return detail::shard_shape(mesh_, layout_value, shape_, p);
+  }
   /// @brief Where place `p`'s shard starts in the global tensor.
-  [[nodiscard]] shape_t<Rank> local_offset(std::size_t p) const { return detail::shard_offset(mesh_, layout_value, shape_, p); }
+  [[nodiscard]] shape_t<Rank> local_offset(std::size_t p) const {
+    mesh_.check_place(p, "dtensor::local_offset");
+    return detail::shard_offset(mesh_, layout_value, shape_, p);
+  }
 
   /// @brief "f32[10, 6]{split<dp>, replicate} on mesh(dp=2, tp=2)".
   [[nodiscard]] std::string describe() const {
