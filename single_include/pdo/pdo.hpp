@@ -1771,7 +1771,7 @@ inline void link(const task_handle& t, task_state& before, bool needs_result) {
   // twice and let go twice: no search of the list
   before.dependents.push_back({t, needs_result});
   t->waiting.fetch_add(1, std::memory_order_relaxed);
-  t->after.push_back(before.id);
+  if (before.id != 0) t->after.push_back(before.id);  // for the timeline's arrows (ids are given while it records)
 }
 
 /// @brief The error the running task was cancelled with (see cancellation_of), for a task
@@ -1797,7 +1797,7 @@ inline place_state*& current_place() {
 /// tasks it waits for have ended. After its last task the thread keeps looking for work
 /// for a few microseconds (yielding its core) before it sleeps, so a program that issues
 /// short operations one after another does not pay a wake-up for each.
-class lane {
+class alignas(64) lane {
  public:
   /// @param setup runs first on the lane's thread (a GPU place selects its device)
   /// @param runs_anywhere its tasks may run on any host thread (a CPU place's: see run_here)
@@ -2113,9 +2113,11 @@ enum class place_kind { cpu, cuda };
 
 namespace detail {
 
+// Aligned to a cache line, as mesh_state: the places of cpu_places(n) are made one after the
+// other, and every tensor's copy of a place handle writes its reference counts.
 /// @brief The state behind a place handle. A place of another process (an MPI rank)
 /// has no lanes and no allocator here: only its identity.
-struct place_state : std::enable_shared_from_this<place_state> {
+struct alignas(64) place_state : std::enable_shared_from_this<place_state> {
   place_kind kind = place_kind::cpu;
   int ordinal = 0;          ///< index among the places of its kind in its process (or device ordinal)
   int process = 0;          ///< the MPI rank that owns it (0 in a single process)
@@ -2305,8 +2307,11 @@ struct mesh_options {
 
 namespace detail {
 
+// Aligned to a cache line: with make_shared the reference counts of one mesh's state would
+// otherwise share a line with the fields of the state made just before it, so that two host
+// threads driving two meshes write each other's lines on every operation.
 /// @brief What all copies of one mesh share.
-struct mesh_state {
+struct alignas(64) mesh_state {
   mesh_options options;
   std::vector<std::string> axes;
   std::vector<std::size_t> extents;
@@ -5402,10 +5407,10 @@ class engine {
     std::vector<task_handle> handles;
     handles.reserve(requests.size());
     for (auto& r : requests) handles.push_back(make(r));
-    std::uint64_t mask = 0;
-    for (const auto& r : requests) mask |= shards_of(r.uses);
+    shard_set mask{};
+    for (const auto& r : requests) add_shards(r.uses, mask);
     const shard_locks locked(*this, mask);
-    for (auto& h : handles) h->id = submitted_.fetch_add(1, std::memory_order_relaxed) + 1;
+    for (auto& h : handles) h->id = next_id();
     for (std::size_t i = 0; i < requests.size(); ++i) link_all(handles[i], requests[i].uses);
     for (std::size_t i = 0; i < requests.size(); ++i) record(handles[i], requests[i].uses);
     // the operation's tasks become what the next operation on their after_all waits for
@@ -5424,8 +5429,10 @@ class engine {
   /// @brief Submits one task.
   task_handle submit(task_request request) {
     task_handle h = make(request);
-    const shard_locks locked(*this, shards_of(request.uses));
-    h->id = submitted_.fetch_add(1, std::memory_order_relaxed) + 1;
+    shard_set mask{};
+    add_shards(request.uses, mask);
+    const shard_locks locked(*this, mask);
+    h->id = next_id();
     link_all(h, request.uses);
     record(h, request.uses);
     if (request.uses.after_all != nullptr) shard_for(request.uses.after_all).operations[request.uses.after_all] = {h};
@@ -5477,40 +5484,54 @@ class engine {
     std::unordered_map<const void*, std::vector<task_handle>> operations;  ///< by after_all: the last operation's tasks
     std::size_t since_sweep = 0;
   };
-  static constexpr std::size_t shard_count = 64;
+  // Many shards, so that two host threads whose operations touch different buffers seldom
+  // meet on one: with 64, two threads each using five buffers shared a shard in a third of
+  // the runs (and then on every operation, as the caching allocators hand back the same
+  // addresses), which cost each thread a fifth more time per operation.
+  static constexpr std::size_t shard_count = 1024;
+  static constexpr std::size_t words = shard_count / 64;
+  /// @brief A set of shards, one bit each.
+  using shard_set = std::array<std::uint64_t, words>;
 
   static std::size_t shard_index(const void* p) {
-    return static_cast<std::size_t>(((reinterpret_cast<std::uintptr_t>(p) >> 4) * 0x9E3779B97F4A7C15ull) >> 58);
+    return static_cast<std::size_t>(((reinterpret_cast<std::uintptr_t>(p) >> 4) * 0x9E3779B97F4A7C15ull) >> (64 - std::countr_zero(shard_count)));
   }
   shard& shard_for(const void* p) { return shards_[shard_index(p)]; }
 
-  /// @brief The shards a task's buffers and operation token fall in, one bit each.
-  static std::uint64_t shards_of(const access& uses) {
-    std::uint64_t mask = 0;
-    for (const void* b : uses.reads) mask |= std::uint64_t{1} << shard_index(b);
-    for (const void* b : uses.writes) mask |= std::uint64_t{1} << shard_index(b);
-    if (uses.after_all != nullptr) mask |= std::uint64_t{1} << shard_index(uses.after_all);
-    return mask;
+  /// @brief Adds the shards a task's buffers and operation token fall in to `set`.
+  static void add_shards(const access& uses, shard_set& set) {
+    auto add = [&](const void* p) {
+      const std::size_t i = shard_index(p);
+      set[i / 64] |= std::uint64_t{1} << (i % 64);
+    };
+    for (const void* b : uses.reads) add(b);
+    for (const void* b : uses.writes) add(b);
+    if (uses.after_all != nullptr) add(uses.after_all);
   }
 
   /// @brief Holds the locks of the shards in `mask`, taken in shard order (so two
   /// submissions never hold one each of two shards the other wants).
   class shard_locks {
    public:
-    shard_locks(engine& e, std::uint64_t mask) : e_(e), mask_(mask) {
-      for (std::uint64_t m = mask_; m != 0; m &= m - 1) e_.shards_[static_cast<std::size_t>(std::countr_zero(m))].lock.lock();
+    shard_locks(engine& e, const shard_set& set) : e_(e), set_(set) {
+      each([&](shard& s) { s.lock.lock(); });
     }
     ~shard_locks() {
-      for (std::uint64_t m = mask_; m != 0; m &= m - 1) e_.shards_[static_cast<std::size_t>(std::countr_zero(m))].lock.unlock();
+      each([&](shard& s) { s.lock.unlock(); });
     }
     shard_locks(const shard_locks&) = delete;
     shard_locks& operator=(const shard_locks&) = delete;
 
    private:
+    template <class F>
+    void each(F f) {
+      for (std::size_t w = 0; w < words; ++w)
+        for (std::uint64_t m = set_[w]; m != 0; m &= m - 1) f(e_.shards_[w * 64 + static_cast<std::size_t>(std::countr_zero(m))]);
+    }
     engine& e_;
-    std::uint64_t mask_;
+    const shard_set& set_;
   };
-  static_assert(shard_count == 64, "shard_locks keeps one bit per shard in a 64-bit mask");
+  static_assert(std::has_single_bit(shard_count) && shard_count % 64 == 0, "shards are counted in 64-bit words, a power of two of them");
 
   /// @brief A task of `r`; its id, its place in the order, is given under the locks.
   static task_handle make(task_request& r) {
@@ -5526,6 +5547,11 @@ class engine {
   }
 
   static bool live(const task_handle& t) { return t && !t->ended.load(std::memory_order_acquire); }
+
+  /// @brief The id of a task being submitted (under its shards' locks): its place in the order
+  /// of submission, which the timeline shows. Tasks submitted while no timeline records get
+  /// none (0): the counter is the one thing every submission of every host thread would write.
+  std::uint64_t next_id() { return timeline_on() ? submitted_.fetch_add(1, std::memory_order_relaxed) + 1 : 0; }
 
   /// @brief Makes `t` wait for what it conflicts with (under the locks of its shards).
   void link_all(const task_handle& t, const access& uses) {
@@ -5551,9 +5577,9 @@ class engine {
 
   /// @brief Records `t` as a reader and writer of its buffers (under the locks of its shards).
   void record(const task_handle& t, const access& uses) {
-    // a shard forgets its ended tasks every 64 records (4096 over the table, as one table did)
+    // a shard forgets its ended tasks every 16 records
     auto note = [](shard& s) {
-      if (++s.since_sweep >= 4096 / shard_count) sweep(s);
+      if (++s.since_sweep >= 16) sweep(s);
     };
     for (const void* b : uses.reads) {
       shard& sh = shard_for(b);

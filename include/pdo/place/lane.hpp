@@ -234,7 +234,7 @@ inline void link(const task_handle& t, task_state& before, bool needs_result) {
   // twice and let go twice: no search of the list
   before.dependents.push_back({t, needs_result});
   t->waiting.fetch_add(1, std::memory_order_relaxed);
-  t->after.push_back(before.id);
+  if (before.id != 0) t->after.push_back(before.id);  // for the timeline's arrows (ids are given while it records)
 }
 
 /// @brief The error the running task was cancelled with (see cancellation_of), for a task
@@ -260,7 +260,7 @@ inline place_state*& current_place() {
 /// tasks it waits for have ended. After its last task the thread keeps looking for work
 /// for a few microseconds (yielding its core) before it sleeps, so a program that issues
 /// short operations one after another does not pay a wake-up for each.
-class lane {
+class alignas(64) lane {
  public:
   /// @param setup runs first on the lane's thread (a GPU place selects its device)
   /// @param runs_anywhere its tasks may run on any host thread (a CPU place's: see run_here)

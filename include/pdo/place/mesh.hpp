@@ -37,8 +37,11 @@ struct mesh_options {
 
 namespace detail {
 
+// Aligned to a cache line: with make_shared the reference counts of one mesh's state would
+// otherwise share a line with the fields of the state made just before it, so that two host
+// threads driving two meshes write each other's lines on every operation.
 /// @brief What all copies of one mesh share.
-struct mesh_state {
+struct alignas(64) mesh_state {
   mesh_options options;
   std::vector<std::string> axes;
   std::vector<std::size_t> extents;

@@ -21,9 +21,11 @@ enum class place_kind { cpu, cuda };
 
 namespace detail {
 
+// Aligned to a cache line, as mesh_state: the places of cpu_places(n) are made one after the
+// other, and every tensor's copy of a place handle writes its reference counts.
 /// @brief The state behind a place handle. A place of another process (an MPI rank)
 /// has no lanes and no allocator here: only its identity.
-struct place_state : std::enable_shared_from_this<place_state> {
+struct alignas(64) place_state : std::enable_shared_from_this<place_state> {
   place_kind kind = place_kind::cpu;
   int ordinal = 0;          ///< index among the places of its kind in its process (or device ordinal)
   int process = 0;          ///< the MPI rank that owns it (0 in a single process)
