@@ -1353,6 +1353,44 @@ constexpr auto nth_value() {
 #define PDO_SINGLE_PDO_MEMORY_CACHING_ALLOCATOR_HPP
 // pdo/memory/caching_allocator.hpp: per-place caching allocator with statistics and a cap.
 
+// ---- pdo/core/cache_line_allocator.hpp
+#ifndef PDO_SINGLE_PDO_CORE_CACHE_LINE_ALLOCATOR_HPP
+#define PDO_SINGLE_PDO_CORE_CACHE_LINE_ALLOCATOR_HPP
+// pdo/core/cache_line_allocator.hpp: a standard allocator that gives every allocation cache
+// lines of its own, for bookkeeping that several host threads write at once.
+
+#include <cstddef>
+#include <new>
+
+namespace pdo::detail {
+
+/// @brief A standard allocator whose every allocation has cache lines of its own (64-byte
+/// aligned, its size rounded up to whole lines): for the nodes and arrays of containers that
+/// different host threads write at once, which the heap would otherwise put side by side
+/// (two threads then write one line: each write makes the other's copy stale).
+template <class T>
+struct cache_line_allocator {
+  using value_type = T;  ///< what it allocates
+  cache_line_allocator() = default;
+  /// @brief From the allocator of another type (containers rebind it).
+  template <class U>
+  cache_line_allocator(const cache_line_allocator<U>&) noexcept {}  // NOLINT: implicit, as standard allocators are
+  /// @brief Room for `n` objects.
+  T* allocate(std::size_t n) { return static_cast<T*>(::operator new(rounded(n), std::align_val_t{64})); }
+  /// @brief Gives back what allocate(n) gave.
+  void deallocate(T* p, std::size_t n) noexcept { ::operator delete(p, rounded(n), std::align_val_t{64}); }
+  /// @brief Every such allocator frees what another gave.
+  template <class U>
+  bool operator==(const cache_line_allocator<U>&) const noexcept {
+    return true;
+  }
+
+ private:
+  static std::size_t rounded(std::size_t n) { return (n * sizeof(T) + 63) / 64 * 64; }
+};
+
+}  // namespace pdo::detail
+#endif  // PDO_SINGLE_PDO_CORE_CACHE_LINE_ALLOCATOR_HPP
 // ---- pdo/memory/memory_stats.hpp
 #ifndef PDO_SINGLE_PDO_MEMORY_MEMORY_STATS_HPP
 #define PDO_SINGLE_PDO_MEMORY_MEMORY_STATS_HPP
@@ -1410,7 +1448,11 @@ inline memory_system host_memory_system() {
 /// Freed blocks are kept in size classes and reused; when a request would take the
 /// place over its cap, the cache is released first and, if that is not enough, the
 /// request fails with pdo::out_of_memory naming the place, the request and the cap.
-class caching_allocator {
+// Aligned, and its free lists on cache lines of their own: the places of cpu_places(n) are
+// made one after the other (and a free list is made by the thread that first frees a block
+// of its size), while two host threads that each drive one place allocate and free on every
+// operation.
+class alignas(64) caching_allocator {
  public:
   /// @brief An allocator of place `owner` (the name errors give) taking blocks from `system`; `cap`: the most
   /// bytes in use at once, counted in rounded block sizes (0: no cap).
@@ -1523,7 +1565,8 @@ class caching_allocator {
   std::string owner_;
   memory_system system_;
   mutable std::mutex mutex_;
-  std::map<std::size_t, std::vector<void*>> cache_;
+  using free_list = std::vector<void*, detail::cache_line_allocator<void*>>;
+  std::map<std::size_t, free_list, std::less<>, detail::cache_line_allocator<std::pair<const std::size_t, free_list>>> cache_;
   memory_stats stats_;
 };
 
@@ -5474,14 +5517,19 @@ class engine {
 
   struct buffer_state {
     task_handle writer;
-    std::vector<task_handle> readers;  ///< since the last write
+    std::vector<task_handle, cache_line_allocator<task_handle>> readers;  ///< since the last write
   };
 
   /// @brief One part of the table: the buffers (and operation tokens) whose address hashes to it.
   struct alignas(64) shard {
     spin_lock lock;
-    std::unordered_map<const void*, buffer_state> buffers;
-    std::unordered_map<const void*, std::vector<task_handle>> operations;  ///< by after_all: the last operation's tasks
+    // nodes and arrays on cache lines of their own: a thread that made the entries of
+    // another thread's buffers (it used them first) would otherwise share lines with it
+    template <class V>
+    using table = std::unordered_map<const void*, V, std::hash<const void*>, std::equal_to<>,
+                                     cache_line_allocator<std::pair<const void* const, V>>>;
+    table<buffer_state> buffers;
+    table<std::vector<task_handle, cache_line_allocator<task_handle>>> operations;  ///< by after_all: the last operation's tasks
     std::size_t since_sweep = 0;
   };
   // Many shards, so that two host threads whose operations touch different buffers seldom

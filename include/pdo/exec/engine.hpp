@@ -25,6 +25,7 @@
 // ones. Waiting on a task throws the error it failed or was cancelled with.
 #pragma once
 
+#include <pdo/core/cache_line_allocator.hpp>
 #include <pdo/core/error.hpp>
 #include <pdo/place/lane.hpp>
 
@@ -165,14 +166,19 @@ class engine {
 
   struct buffer_state {
     task_handle writer;
-    std::vector<task_handle> readers;  ///< since the last write
+    std::vector<task_handle, cache_line_allocator<task_handle>> readers;  ///< since the last write
   };
 
   /// @brief One part of the table: the buffers (and operation tokens) whose address hashes to it.
   struct alignas(64) shard {
     spin_lock lock;
-    std::unordered_map<const void*, buffer_state> buffers;
-    std::unordered_map<const void*, std::vector<task_handle>> operations;  ///< by after_all: the last operation's tasks
+    // nodes and arrays on cache lines of their own: a thread that made the entries of
+    // another thread's buffers (it used them first) would otherwise share lines with it
+    template <class V>
+    using table = std::unordered_map<const void*, V, std::hash<const void*>, std::equal_to<>,
+                                     cache_line_allocator<std::pair<const void* const, V>>>;
+    table<buffer_state> buffers;
+    table<std::vector<task_handle, cache_line_allocator<task_handle>>> operations;  ///< by after_all: the last operation's tasks
     std::size_t since_sweep = 0;
   };
   // Many shards, so that two host threads whose operations touch different buffers seldom

@@ -1,6 +1,7 @@
 // pdo/memory/caching_allocator.hpp: per-place caching allocator with statistics and a cap.
 #pragma once
 
+#include <pdo/core/cache_line_allocator.hpp>
 #include <pdo/core/error.hpp>
 #include <pdo/memory/memory_stats.hpp>
 
@@ -39,7 +40,11 @@ inline memory_system host_memory_system() {
 /// Freed blocks are kept in size classes and reused; when a request would take the
 /// place over its cap, the cache is released first and, if that is not enough, the
 /// request fails with pdo::out_of_memory naming the place, the request and the cap.
-class caching_allocator {
+// Aligned, and its free lists on cache lines of their own: the places of cpu_places(n) are
+// made one after the other (and a free list is made by the thread that first frees a block
+// of its size), while two host threads that each drive one place allocate and free on every
+// operation.
+class alignas(64) caching_allocator {
  public:
   /// @brief An allocator of place `owner` (the name errors give) taking blocks from `system`; `cap`: the most
   /// bytes in use at once, counted in rounded block sizes (0: no cap).
@@ -152,7 +157,8 @@ class caching_allocator {
   std::string owner_;
   memory_system system_;
   mutable std::mutex mutex_;
-  std::map<std::size_t, std::vector<void*>> cache_;
+  using free_list = std::vector<void*, detail::cache_line_allocator<void*>>;
+  std::map<std::size_t, free_list, std::less<>, detail::cache_line_allocator<std::pair<const std::size_t, free_list>>> cache_;
   memory_stats stats_;
 };
 
