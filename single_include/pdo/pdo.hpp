@@ -1378,7 +1378,7 @@ struct cache_line_allocator {
   /// @brief Room for `n` objects.
   T* allocate(std::size_t n) { return static_cast<T*>(::operator new(rounded(n), std::align_val_t{64})); }
   /// @brief Gives back what allocate(n) gave.
-  void deallocate(T* p, std::size_t n) noexcept { ::operator delete(p, rounded(n), std::align_val_t{64}); }
+  void deallocate(T* p, std::size_t) noexcept { ::operator delete(p, std::align_val_t{64}); }  // unsized: clang declares no sized aligned delete by default
   /// @brief Every such allocator frees what another gave.
   template <class U>
   bool operator==(const cache_line_allocator<U>&) const noexcept {
@@ -1758,7 +1758,7 @@ struct task_state {
   const char* op = "task";       ///< what it is, for errors and the trace (a string literal)
   const char* category = "task"; ///< for the trace: "kernel", "collective", "copy", "task"
   std::string detail;            ///< shapes, layouts, bytes: filled only while tracing
-  std::uint64_t id = 0;          ///< its place in the engine's total order of submission
+  std::uint64_t id = 0;          ///< its place in the engine's order of submission, given while the timeline records (else 0)
   bool runs_cancelled = false;   ///< run fn even when cancelled (cancelled_by() tells it so)
   /// @brief Queued without waking its lane: the thread that submitted it waits for it at once,
   /// and runs it itself or wakes the lane then (place_batch::wait).
@@ -1777,7 +1777,7 @@ struct task_state {
     bool needs_result;  ///< it reads what this task wrote: this task's failure cancels it
   };
   std::vector<dependent> dependents;
-  std::vector<std::uint64_t> after;  ///< the tasks it waited for (the trace's flow arrows)
+  std::vector<std::uint64_t> after;  ///< the ids of the tasks it waited for, those that have one (the trace's flow arrows)
 
   /// @brief Waits (spinning briefly, then sleeping) until the task has ended.
   void wait_ended() const {

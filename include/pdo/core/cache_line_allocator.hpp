@@ -21,7 +21,7 @@ struct cache_line_allocator {
   /// @brief Room for `n` objects.
   T* allocate(std::size_t n) { return static_cast<T*>(::operator new(rounded(n), std::align_val_t{64})); }
   /// @brief Gives back what allocate(n) gave.
-  void deallocate(T* p, std::size_t n) noexcept { ::operator delete(p, rounded(n), std::align_val_t{64}); }
+  void deallocate(T* p, std::size_t) noexcept { ::operator delete(p, std::align_val_t{64}); }  // unsized: clang declares no sized aligned delete by default
   /// @brief Every such allocator frees what another gave.
   template <class U>
   bool operator==(const cache_line_allocator<U>&) const noexcept {

@@ -178,7 +178,7 @@ struct task_state {
   const char* op = "task";       ///< what it is, for errors and the trace (a string literal)
   const char* category = "task"; ///< for the trace: "kernel", "collective", "copy", "task"
   std::string detail;            ///< shapes, layouts, bytes: filled only while tracing
-  std::uint64_t id = 0;          ///< its place in the engine's total order of submission
+  std::uint64_t id = 0;          ///< its place in the engine's order of submission, given while the timeline records (else 0)
   bool runs_cancelled = false;   ///< run fn even when cancelled (cancelled_by() tells it so)
   /// @brief Queued without waking its lane: the thread that submitted it waits for it at once,
   /// and runs it itself or wakes the lane then (place_batch::wait).
@@ -197,7 +197,7 @@ struct task_state {
     bool needs_result;  ///< it reads what this task wrote: this task's failure cancels it
   };
   std::vector<dependent> dependents;
-  std::vector<std::uint64_t> after;  ///< the tasks it waited for (the trace's flow arrows)
+  std::vector<std::uint64_t> after;  ///< the ids of the tasks it waited for, those that have one (the trace's flow arrows)
 
   /// @brief Waits (spinning briefly, then sleeping) until the task has ended.
   void wait_ended() const {
