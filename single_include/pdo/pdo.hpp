@@ -129,6 +129,58 @@ inline constexpr auto enumerate = []<std::ranges::viewable_range R>(R&& r) {
 #define PDO_SINGLE_PDO_EXEC_EVAL_HPP
 // pdo/exec/eval.hpp: evaluating expressions: at once (eval) or queued on the places (eval_async, wait_all).
 
+// ---- pdo/core/config.hpp
+#ifndef PDO_SINGLE_PDO_CORE_CONFIG_HPP
+#define PDO_SINGLE_PDO_CORE_CONFIG_HPP
+// pdo/core/config.hpp: configuration macros shared by every layer.
+
+/// @brief Marks a function callable on the host and, under nvcc, on the device.
+#if defined(__CUDACC__)
+#define PDO_HD __host__ __device__
+#else
+#define PDO_HD
+#endif
+
+/// @brief Placed before a loop whose iterations do not depend on each other through
+/// memory (its pointers may alias as far as the compiler knows, but never overlap in
+/// the ranges it touches): lets the compiler vectorise it without run-time checks.
+#if defined(__CUDACC__)
+#define PDO_IVDEP
+#elif defined(__clang__)
+#define PDO_IVDEP _Pragma("clang loop vectorize(assume_safety)")
+#elif defined(__GNUC__)
+#define PDO_IVDEP _Pragma("GCC ivdep")
+#else
+#define PDO_IVDEP
+#endif
+
+/// @brief Keeps a function out of its callers: for the bookkeeping of an operation (checks,
+/// messages, submission) that every instantiation of a template calls, so that it is
+/// compiled once in a translation unit, not again inside each instantiation.
+#if defined(__GNUC__) || defined(__clang__)
+#define PDO_NOINLINE __attribute__((noinline))
+#else
+#define PDO_NOINLINE
+#endif
+
+#define PDO_VERSION_MAJOR 0
+#define PDO_VERSION_MINOR 1
+#define PDO_VERSION_PATCH 0
+
+namespace pdo::detail {
+
+/// @brief Tells the core the calling thread is spinning (x86's pause, Arm's yield), so a
+/// short spin costs the other hyperthread and the memory system little.
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield" ::: "memory");
+#endif
+}
+
+}  // namespace pdo::detail
+#endif  // PDO_SINGLE_PDO_CORE_CONFIG_HPP
 // ---- pdo/exec/run_on_places.hpp
 #ifndef PDO_SINGLE_PDO_EXEC_RUN_ON_PLACES_HPP
 #define PDO_SINGLE_PDO_EXEC_RUN_ON_PLACES_HPP
@@ -155,49 +207,6 @@ inline constexpr auto enumerate = []<std::ranges::viewable_range R>(R&& r) {
 #define PDO_SINGLE_PDO_CORE_DTYPE_HPP
 // pdo/core/dtype.hpp: element types pdo moves and reduces, and their short names.
 
-// ---- pdo/core/config.hpp
-#ifndef PDO_SINGLE_PDO_CORE_CONFIG_HPP
-#define PDO_SINGLE_PDO_CORE_CONFIG_HPP
-// pdo/core/config.hpp: configuration macros shared by every layer.
-
-/// @brief Marks a function callable on the host and, under nvcc, on the device.
-#if defined(__CUDACC__)
-#define PDO_HD __host__ __device__
-#else
-#define PDO_HD
-#endif
-
-/// @brief Placed before a loop whose iterations do not depend on each other through
-/// memory (its pointers may alias as far as the compiler knows, but never overlap in
-/// the ranges it touches): lets the compiler vectorise it without run-time checks.
-#if defined(__CUDACC__)
-#define PDO_IVDEP
-#elif defined(__clang__)
-#define PDO_IVDEP _Pragma("clang loop vectorize(assume_safety)")
-#elif defined(__GNUC__)
-#define PDO_IVDEP _Pragma("GCC ivdep")
-#else
-#define PDO_IVDEP
-#endif
-
-#define PDO_VERSION_MAJOR 0
-#define PDO_VERSION_MINOR 1
-#define PDO_VERSION_PATCH 0
-
-namespace pdo::detail {
-
-/// @brief Tells the core the calling thread is spinning (x86's pause, Arm's yield), so a
-/// short spin costs the other hyperthread and the memory system little.
-inline void cpu_relax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield" ::: "memory");
-#endif
-}
-
-}  // namespace pdo::detail
-#endif  // PDO_SINGLE_PDO_CORE_CONFIG_HPP
 
 #include <concepts>
 #include <cstdint>
@@ -823,9 +832,11 @@ void copy_elements(T* dst, const T* src, std::size_t count) {
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <sstream>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 namespace pdo {
@@ -853,6 +864,15 @@ std::string format_extents(const Range& extents);
 /// @brief The product of `extents`, checked: when it, or its size in bytes at
 /// `element_bytes` each, exceeds what memory can hold (max_tensor_bytes), a
 /// pdo::shape_error naming `op` and the extents.
+/// @brief The error of checked_volume.
+[[noreturn]] PDO_NOINLINE inline void throw_too_large(std::string_view op, const std::string& extents, long double elements,
+                                                      std::size_t element_bytes) {
+  std::ostringstream os;
+  os << op << ": extents " << extents << " hold " << elements << " elements of " << element_bytes
+     << " bytes, more than one tensor can address (" << max_tensor_bytes << " bytes); use smaller extents";
+  throw shape_error(os.str());
+}
+
 template <class Range>
 std::size_t checked_volume(const Range& extents, std::string_view op, std::size_t element_bytes = 1) {
   std::size_t n = 1;
@@ -865,12 +885,8 @@ std::size_t checked_volume(const Range& extents, std::string_view op, std::size_
   }
   if (empty) return 0;  // an empty tensor: any other extent is fine
   std::size_t bytes = 0;
-  if (over || __builtin_mul_overflow(n, element_bytes, &bytes) || bytes > max_tensor_bytes) {
-    std::ostringstream os;
-    os << op << ": extents " << format_extents(extents) << " hold " << exact << " elements of " << element_bytes
-       << " bytes, more than one tensor can address (" << max_tensor_bytes << " bytes); use smaller extents";
-    throw shape_error(os.str());
-  }
+  if (over || __builtin_mul_overflow(n, element_bytes, &bytes) || bytes > max_tensor_bytes)
+    throw_too_large(op, format_extents(extents), exact, element_bytes);
   return n;
 }
 
@@ -897,18 +913,25 @@ constexpr std::size_t chunk_offset(std::size_t extent, std::size_t parts, std::s
   return index * (extent / parts) + (index < rem ? index : rem);
 }
 
+/// @brief "[10, 6]": extents as messages print them.
+PDO_NOINLINE inline std::string format_extent_list(std::span<const std::size_t> extents) {
+  std::string text = "[";
+  for (std::size_t i = 0; i < extents.size(); ++i) text += (i ? ", " : "") + std::to_string(extents[i]);
+  return text + "]";
+}
+
 template <class Range>
 std::string format_extents(const Range& extents) {
-  std::ostringstream os;
-  os << '[';
-  bool first = true;
-  for (auto e : extents) {
-    if (!first) os << ", ";
-    os << e;
-    first = false;
+  if constexpr (std::is_convertible_v<const Range&, std::span<const std::size_t>>) {
+    return format_extent_list(extents);
+  } else {
+    std::string text = "[";
+    for (bool first = true; auto e : extents) {
+      text += (first ? "" : ", ") + std::to_string(e);
+      first = false;
+    }
+    return text + "]";
   }
-  os << ']';
-  return os.str();
 }
 
 /// @brief A tensor viewed as [outer, extent(dim), inner], the form every pack,
@@ -2222,6 +2245,21 @@ inline bool on_gpu(const place_state* p) { return p != nullptr && p->kind == pla
 /// (null), which the host and every CPU place share.
 inline place_state* memory_of(place_state* p) { return on_gpu(p) ? p : nullptr; }
 
+/// @brief Runs `call(context)` on `p`'s compute lane, the calling thread waiting; a failure
+/// is thrown again here, with its pdo::error subclass and message.
+PDO_NOINLINE inline void run_waiting(place_state& p, void (*call)(void*), void* context) {
+  std::optional<captured_error> failure;
+  const task_handle t = queue_on_lane(p, [&] {
+    try {
+      call(context);
+    } catch (...) {
+      failure = captured_error::current();
+    }
+  }, "run_on_place");
+  t->wait_ended();
+  if (failure) failure->rethrow_with_context("");
+}
+
 /// @brief Runs `f` on `p`'s compute lane and returns what it returns, the calling thread
 /// waiting (on one of p's lanes already: at once, there). A failure is thrown again here,
 /// with its pdo::error subclass and message.
@@ -2229,19 +2267,14 @@ template <class F>
 auto run_on_place(place_state& p, F&& f) -> decltype(f()) {
   using result_t = decltype(f());
   if (current_place() == &p) return f();
-  std::conditional_t<std::is_void_v<result_t>, bool, std::optional<result_t>> result{};
-  std::optional<captured_error> failure;
-  const task_handle t = queue_on_lane(p, [&] {
-    try {
-      if constexpr (std::is_void_v<result_t>) f();
-      else result.emplace(f());
-    } catch (...) {
-      failure = captured_error::current();
-    }
-  }, "run_on_place");
-  t->wait_ended();
-  if (failure) failure->rethrow_with_context("");
-  if constexpr (!std::is_void_v<result_t>) return std::move(*result);
+  if constexpr (std::is_void_v<result_t>) {
+    run_waiting(p, [](void* c) { (*static_cast<std::remove_reference_t<F>*>(c))(); }, const_cast<void*>(static_cast<const void*>(&f)));
+  } else {
+    std::optional<result_t> result;
+    auto body = [&] { result.emplace(f()); };
+    run_waiting(p, [](void* c) { (*static_cast<decltype(body)*>(c))(); }, &body);
+    return std::move(*result);
+  }
 }
 
 }  // namespace detail
@@ -2375,6 +2408,31 @@ inline mesh_agreement& multiprocess_agreement() {
 }
 
 
+/// @brief "mesh(dp=2, tp=2)".
+PDO_NOINLINE inline std::string describe_mesh(const mesh_state& m) {
+  std::string text = "mesh(";
+  for (std::size_t a = 0; a < m.axes.size(); ++a) text += (a ? ", " : "") + m.axes[a] + "=" + std::to_string(m.extents[a]);
+  return text + ")";
+}
+
+/// @brief The coordinate along `axis` of place `index` of a grid of `extents` (row-major:
+/// the last axis varies fastest); both in range.
+inline std::size_t grid_coord(const std::vector<std::size_t>& extents, std::size_t index, std::size_t axis) {
+  for (std::size_t a = extents.size(); a-- > axis + 1;) index /= extents[a];
+  return index % extents[axis];
+}
+
+/// @brief The places of a grid of `extents` that differ from place `index` only along
+/// `axis`, in coordinate order; both in range.
+inline std::vector<std::size_t> grid_group(const std::vector<std::size_t>& extents, std::size_t axis, std::size_t index) {
+  std::size_t stride = 1;  // between places that differ by one along `axis`
+  for (std::size_t a = axis + 1; a < extents.size(); ++a) stride *= extents[a];
+  const std::size_t first = index - grid_coord(extents, index, axis) * stride;
+  std::vector<std::size_t> members(extents[axis]);
+  for (std::size_t k = 0; k < members.size(); ++k) members[k] = first + k * stride;
+  return members;
+}
+
 /// @brief Checks the places of a mesh being made, `name` (none twice, ordered by process),
 /// and notes which belong to this process.
 inline void take_places(mesh_state& state, const std::string& name) {
@@ -2388,6 +2446,31 @@ inline void take_places(mesh_state& state, const std::string& name) {
   // the same answer on every process (each takes part in the mesh's agreement and
   // communicators by it): a mesh whose places all live in one other process is not one
   state.multiprocess = !state.places.empty() && state.places.front().process() != state.places.back().process();
+}
+
+/// @brief The checks and agreement of make_mesh, once its state holds the axes, extents and places.
+PDO_NOINLINE inline void finish_mesh(mesh_state& state) {
+  const std::string name = describe_mesh(state);
+  std::size_t product = 1;
+  for (auto e : state.extents) product *= e;
+  if (product != state.places.size() || product == 0)
+    throw layout_error("make_mesh: extents " + format_extents(state.extents) + " of " + name +
+                       " hold " + std::to_string(product) + " places but " + std::to_string(state.places.size()) +
+                       " were given; make the product of the extents equal the number of places");
+  take_places(state, name);
+  if (state.multiprocess) {
+    if (multiprocess_agreement() == nullptr)
+      throw layout_error("make_mesh: " + name + " has places of other processes but no backend joins them");
+    // the places each process holds, in order: "rank 0: cpu, cpu; rank 1: cpu, cpu"
+    std::string holdings;
+    for (std::size_t i = 0; i < state.places.size(); ++i) {
+      const auto& p = state.places[i];
+      const bool first = i == 0 || state.places[i - 1].process() != p.process();
+      holdings += std::string(first ? (i == 0 ? "" : "; ") + ("rank " + std::to_string(p.process()) + ": ") : ", ") +
+                  (p.kind() == place_kind::cuda ? "gpu" : "cpu");
+    }
+    multiprocess_agreement()(state, name + " over places (" + holdings + ")");
+  }
 }
 
 }  // namespace detail
@@ -2471,8 +2554,7 @@ class mesh {
   [[nodiscard]] std::size_t coord(std::size_t index, std::size_t axis) const {
     check_axis(axis, "coord");
     check_place(index, "coord");
-    for (std::size_t a = ndim; a-- > axis + 1;) index /= state_->extents[a];
-    return index % state_->extents[axis];
+    return detail::grid_coord(state_->extents, index, axis);
   }
   /// @brief The index of the place at coordinates `c` (row-major; the inverse of coords());
   /// pdo::layout_error when a coordinate is not below its axis's extent.
@@ -2492,22 +2574,12 @@ class mesh {
   [[nodiscard]] std::vector<std::size_t> group(std::size_t axis, std::size_t index) const {
     check_axis(axis, "group");
     check_place(index, "group");
-    std::size_t stride = 1;  // between places that differ by one along `axis`
-    for (std::size_t a = axis + 1; a < ndim; ++a) stride *= state_->extents[a];
-    const std::size_t first = index - coord(index, axis) * stride;
-    std::vector<std::size_t> members(state_->extents[axis]);
-    for (std::size_t k = 0; k < members.size(); ++k) members[k] = first + k * stride;
-    return members;
+    return detail::grid_group(state_->extents, axis, index);
   }
 
 
   /// @brief "mesh(dp=2, tp=2)".
-  [[nodiscard]] std::string describe() const {
-    std::string text = "mesh(";
-    for (std::size_t a = 0; a < ndim; ++a)
-      text += (a ? ", " : "") + std::string(axis_names[a]) + "=" + std::to_string(state_->extents[a]);
-    return text + ")";
-  }
+  [[nodiscard]] std::string describe() const { return detail::describe_mesh(*state_); }
 
   /// @brief pdo::layout_error naming `op` and this mesh unless `index` is one of its places.
   void check_place(std::size_t index, std::string_view op) const {
@@ -2559,28 +2631,8 @@ mesh<Axes...> make_mesh(const Places& places, const std::size_t (&extents)[N], c
   state->axes = {std::string(Axes.view())...};
   state->extents.assign(extents, extents + N);
   for (const auto& p : places) state->places.emplace_back(p);
-  std::size_t product = 1;
-  for (auto e : state->extents) product *= e;
-  const mesh<Axes...> probe(state);
-  if (product != state->places.size() || product == 0)
-    throw layout_error("make_mesh: extents " + detail::format_extents(state->extents) + " of " + probe.describe() +
-                       " hold " + std::to_string(product) + " places but " + std::to_string(state->places.size()) +
-                       " were given; make the product of the extents equal the number of places");
-  detail::take_places(*state, probe.describe());
-  if (state->multiprocess) {
-    if (detail::multiprocess_agreement() == nullptr)
-      throw layout_error("make_mesh: " + probe.describe() + " has places of other processes but no backend joins them");
-    // the places each process holds, in order: "rank 0: cpu, cpu; rank 1: cpu, cpu"
-    std::string holdings;
-    for (std::size_t i = 0; i < state->places.size(); ++i) {
-      const auto& p = state->places[i];
-      const bool first = i == 0 || state->places[i - 1].process() != p.process();
-      holdings += std::string(first ? (i == 0 ? "" : "; ") + ("rank " + std::to_string(p.process()) + ": ") : ", ") +
-                  (p.kind() == place_kind::cuda ? "gpu" : "cpu");
-    }
-    detail::multiprocess_agreement()(*state, probe.describe() + " over places (" + holdings + ")");
-  }
-  return probe;
+  detail::finish_mesh(*state);
+  return mesh<Axes...>(state);
 }
 
 /// @brief A one-axis mesh over all of `places`.
@@ -5232,23 +5284,23 @@ inline std::shared_ptr<any_group> device_group(const mesh_state& m, const std::v
 
 /// @brief The communicators of the mesh behind `state`, built on first use (by every
 /// process of a multi-process mesh, at the same point of the program).
-template <class Mesh>
-mesh_comms& comms_of(const Mesh& m) {
-  auto& state = *m.state();
+PDO_NOINLINE inline mesh_comms& comms_of_state(mesh_state& state) {
   std::call_once(state.comms_once, [&] {
+    const std::string name = describe_mesh(state);
+    const std::size_t size = state.places.size(), ndim = state.extents.size();
     auto comms = std::make_shared<mesh_comms>();
-    std::vector<std::size_t> all(m.size());
+    std::vector<std::size_t> all(size);
     for (std::size_t i = 0; i < all.size(); ++i) all[i] = i;
     const mesh_devices devices = devices_of(state);
 #if defined(PDO_WITH_MPI)
     // making communicators blocks until every process takes part: meet first, watched
     if (state.multiprocess)
-      mpi::detail::watch::instance().meet_all("building the communicators of " + m.describe(),
+      mpi::detail::watch::instance().meet_all("building the communicators of " + name,
                                               state.options.collective_timeout.count() > 0 ? state.options.collective_timeout
                                                                                           : mpi::detail::default_collective_timeout());
 #endif
     if (devices != mesh_devices::cpu && !cuda_enabled)
-      throw communication_error("mesh: " + m.describe() + " has GPU places; their collectives need a build with PDO_WITH_CUDA");
+      throw communication_error("mesh: " + name + " has GPU places; their collectives need a build with PDO_WITH_CUDA");
 #if defined(PDO_WITH_CUDA)
     using nccl_comms = std::shared_ptr<nccl::detail::comm_set>;
     const nccl_comms whole_nccl = devices == mesh_devices::gpu ? nccl::detail::init_mesh(state) : nullptr;
@@ -5268,28 +5320,28 @@ mesh_comms& comms_of(const Mesh& m) {
       return host;
     };
 #endif
-    comms->whole = wrap(all, whole_nccl, "the whole " + m.describe(), &comms->whole_host);
-    if (comms->whole) comms->whole->label = "the whole " + m.describe();
-    if (comms->whole_host) comms->whole_host->label = "the whole " + m.describe() + " (host)";
-    comms->lines.resize(Mesh::ndim);
-    comms->line_of.assign(Mesh::ndim, std::vector<std::size_t>(m.size()));
-    for (std::size_t a = 0; a < Mesh::ndim; ++a) {
+    comms->whole = wrap(all, whole_nccl, "the whole " + name, &comms->whole_host);
+    if (comms->whole) comms->whole->label = "the whole " + name;
+    if (comms->whole_host) comms->whole_host->label = "the whole " + name + " (host)";
+    comms->lines.resize(ndim);
+    comms->line_of.assign(ndim, std::vector<std::size_t>(size));
+    for (std::size_t a = 0; a < ndim; ++a) {
       std::vector<std::vector<std::size_t>> line_members;
-      for (std::size_t p = 0; p < m.size(); ++p) {
-        if (m.coord(p, a) != 0) continue;
-        const auto members = m.group(a, p);
+      for (std::size_t p = 0; p < size; ++p) {
+        if (grid_coord(state.extents, p, a) != 0) continue;
+        const auto members = grid_group(state.extents, a, p);
         for (auto q : members) comms->line_of[a][q] = line_members.size();
         line_members.push_back(members);
       }
       std::vector<nccl_comms> line_nccl(line_members.size());
 #if defined(PDO_WITH_CUDA)
       if (whole_nccl) {
-        std::vector<std::size_t> coords(m.size());
-        for (std::size_t p = 0; p < m.size(); ++p) coords[p] = m.coord(p, a);
-        line_nccl = nccl::detail::split_lines(state, *whole_nccl, comms->line_of[a], line_members.size(), coords, m.extent(a));
+        std::vector<std::size_t> coords(size);
+        for (std::size_t p = 0; p < size; ++p) coords[p] = grid_coord(state.extents, p, a);
+        line_nccl = nccl::detail::split_lines(state, *whole_nccl, comms->line_of[a], line_members.size(), coords, state.extents[a]);
       }
 #endif
-      const std::string label = "axis \"" + std::string(Mesh::axis_names[a]) + "\" of " + m.describe();
+      const std::string label = "axis \"" + state.axes[a] + "\" of " + name;
       for (std::size_t g = 0; g < line_members.size(); ++g) {
         comms->lines[a].push_back(wrap(line_members[g], line_nccl[g], label));
         if (comms->lines[a].back()) comms->lines[a].back()->label = label;
@@ -5298,6 +5350,13 @@ mesh_comms& comms_of(const Mesh& m) {
     state.comms = std::move(comms);
   });
   return *state.comms;
+}
+
+/// @brief The communicators of mesh `m`, built on first use (by every process of a
+/// multi-process mesh, at the same point of the program).
+template <class Mesh>
+mesh_comms& comms_of(const Mesh& m) {
+  return comms_of_state(*m.state());
 }
 
 }  // namespace detail
@@ -5864,7 +5923,7 @@ inline void check_not_nested(const char* op) {
 /// @brief Submits `work` for every place of the mesh `state` in this process, on its lane
 /// `o.lane`, reading and writing what `uses` says, and returns without waiting. `owner`
 /// keeps work's context alive until the tasks are freed (null: the caller keeps it alive).
-inline std::shared_ptr<place_batch> submit_on_mesh(const mesh_state& state, mesh_comms& comms, place_work work,
+PDO_NOINLINE inline std::shared_ptr<place_batch> submit_on_mesh(const mesh_state& state, mesh_comms& comms, place_work work,
                                                    std::shared_ptr<void> owner, batch_options o, place_access uses = {},
                                                    place_detail describe = {}) {
   check_not_nested(o.op);
@@ -8135,6 +8194,40 @@ bool holds_partial_value(const Mesh& m, const layout_value& v, std::size_t p) {
   return true;
 }
 
+/// @brief "f32[10, 6]{split<dp>, replicate} on mesh(dp=2, tp=2)": a dtensor's description (one
+/// function for every layout of a mesh, element type and rank).
+template <class T, std::size_t Rank, class Mesh>
+PDO_NOINLINE std::string describe_dtensor(const Mesh& m, const layout_value& v, const shape_t<Rank>& global) {
+  return std::string(dtype_name<T>()) + format_extent_list(global) + to_string(v) + " on " + m.describe();
+}
+
+/// @brief The checks of a dtensor's constructor: one shard for each place of this process,
+/// each of the shape the layout gives its place (else pdo::shape_error).
+template <class T, std::size_t Rank, class Mesh>
+PDO_NOINLINE void check_shards(const Mesh& m, const layout_value& v, const shape_t<Rank>& global, const std::vector<tensor<T, Rank>>& shards) {
+  checked_volume(global, "dtensor", sizeof(T));
+  const auto& local = m.local_places();
+  if (shards.size() != local.size())
+    throw shape_error("dtensor: " + std::to_string(shards.size()) + " shards given for " + std::to_string(local.size()) +
+                      " local places of " + m.describe());
+  for (std::size_t k = 0; k < local.size(); ++k) {
+    const auto want = shard_shape(m, v, global, local[k]);
+    if (shards[k].shape() != want)
+      throw shape_error("dtensor: " + describe_dtensor<T>(m, v, global) + ": the shard of place " + m.place(local[k]).name() + " is " +
+                        pdo::describe(shards[k]) + " but the layout gives it " + format_extents(want));
+  }
+}
+
+/// @brief The position of place `p` among the places of `m` in this process (else
+/// pdo::layout_error).
+template <class Mesh>
+PDO_NOINLINE std::size_t local_ordinal(const Mesh& m, std::size_t p) {
+  const auto& local = m.local_places();
+  for (std::size_t k = 0; k < local.size(); ++k)
+    if (local[k] == p) return k;
+  throw layout_error("dtensor: place " + std::to_string(p) + " of " + m.describe() + " does not belong to this process");
+}
+
 }  // namespace detail
 
 /// @brief A tensor of global shape `shape()` laid out over `Mesh` as `Layout`; this
@@ -8162,15 +8255,7 @@ class dtensor {
   /// its place (else pdo::shape_error naming the place and both shapes).
   dtensor(Mesh m, const shape_t<Rank>& global, std::vector<tensor<T, Rank>> shards)
       : mesh_(std::move(m)), shape_(global), shards_(std::move(shards)) {
-    detail::checked_volume(global, "dtensor", sizeof(T));
-    const auto& local = mesh_.local_places();
-    if (shards_.size() != local.size())
-      throw shape_error("dtensor: " + std::to_string(shards_.size()) + " shards given for " + std::to_string(local.size()) +
-                        " local places of " + mesh_.describe());
-    for (const auto [p, shard] : detail::views::zip(local, shards_))
-      if (shard.shape() != local_shape(p))
-        throw shape_error("dtensor: " + describe() + ": the shard of place " + mesh_.place(p).name() + " is " +
-                          pdo::describe(shard) + " but the layout gives it " + detail::format_extents(local_shape(p)));
+    detail::check_shards(mesh_, layout_value, shape_, shards_);
   }
 
   /// @brief The mesh the tensor is laid out over.
@@ -8201,18 +8286,10 @@ class dtensor {
   }
 
   /// @brief "f32[10, 6]{split<dp>, replicate} on mesh(dp=2, tp=2)".
-  [[nodiscard]] std::string describe() const {
-    return std::string(detail::dtype_name<T>()) + detail::format_extents(shape_) + detail::to_string(layout_value) + " on " +
-           mesh_.describe();
-  }
+  [[nodiscard]] std::string describe() const { return detail::describe_dtensor<T>(mesh_, layout_value, shape_); }
 
  private:
-  std::size_t local_ordinal(std::size_t p) const {
-    const auto& local = mesh_.local_places();
-    for (const auto [k, q] : detail::views::enumerate(local))
-      if (q == p) return static_cast<std::size_t>(k);
-    throw layout_error("dtensor: place " + std::to_string(p) + " of " + mesh_.describe() + " does not belong to this process");
-  }
+  std::size_t local_ordinal(std::size_t p) const { return detail::local_ordinal(mesh_, p); }
 
   Mesh mesh_;
   shape_t<Rank> shape_;
@@ -8563,6 +8640,7 @@ void write_local_blocks(const dtensor<T, Rank, Mesh, Layout>& x, tensor<T, Rank>
 
 #include <cstddef>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <tuple>
@@ -8593,12 +8671,19 @@ struct block_view {
   shape_t<Rank> global{};
 };
 
+/// @brief "f32[10, 6]", followed by the layout when there is one.
+PDO_NOINLINE inline std::string describe_block(std::string_view dtype, std::span<const std::size_t> extents, const layout_value* layout) {
+  std::string text = std::string(dtype) + format_extent_list(extents);
+  if (layout != nullptr) text += to_string(*layout);
+  return text;
+}
+
 /// @brief "f32[10, 6]" for local nodes, "f32[10, 6]{split<x>, replicate}" for distributed ones.
 template <class Node>
 std::string describe_node(const Node& n) {
-  std::string text = std::string(dtype_name<typename Node::value_type>()) + format_extents(n.shape());
-  if constexpr (Node::distributed) text += to_string(Node::rule.out);
-  return text;
+  const auto shape = n.shape();
+  if constexpr (Node::distributed) return describe_block(dtype_name<typename Node::value_type>(), shape, &Node::rule.out);
+  else return describe_block(dtype_name<typename Node::value_type>(), shape, nullptr);
 }
 
 template <class... Ts>
@@ -8845,15 +8930,18 @@ const typename Node::mesh_type* find_mesh(const Node& node) {
   }
 }
 
+/// @brief The error of check_one_mesh.
+[[noreturn]] PDO_NOINLINE inline void throw_other_mesh(const std::string& operand, const std::string& its_mesh, const std::string& mesh) {
+  throw layout_error("eval: an operand " + operand + " lives on " + its_mesh + ", another mesh than the expression's first dtensor (" +
+                     mesh + "); redistribute it onto one mesh first");
+}
+
 /// @brief Throws pdo::layout_error unless every dtensor of `node`'s subtree lives on `m`.
 template <class Node, class Mesh>
 void check_one_mesh(const Node& node, const Mesh& m) {
   if constexpr (Node::is_leaf) {
     if constexpr (Node::distributed)
-      if (!(node.mesh() == m))
-        throw layout_error("eval: an operand " + describe_node(node) + " lives on " + node.mesh().describe() +
-                           ", another mesh than the expression's first dtensor (" + m.describe() +
-                           "); redistribute it onto one mesh first");
+      if (!(node.mesh() == m)) throw_other_mesh(describe_node(node), node.mesh().describe(), m.describe());
   } else {
     std::apply([&](const auto&... c) { (check_one_mesh(c, m), ...); }, node.children());
   }
@@ -8872,6 +8960,14 @@ void for_each_tensor_leaf(const Node& node, F&& f) {
 /// @brief The GPU place whose memory holds the local tensors of `node`, or null when they
 /// are in host memory (which CPU places share). Operands in two memories are a pdo::error
 /// naming the op, the operands and their places.
+[[noreturn]] PDO_NOINLINE inline void throw_two_memories(std::string_view op, const std::vector<std::pair<std::string, const place_state*>>& operands) {
+  std::string text;
+  for (const auto& [operand, memory] : operands)
+    text += (text.empty() ? "" : ", ") + operand + " on " + (memory != nullptr ? memory->name : std::string("the host"));
+  throw error("eval of " + std::string(op) + ": operands in two memories (" + text +
+              "); copy them to one place first (pdo::to_place, pdo::to_host)");
+}
+
 template <class Node>
 place_state* local_home(const Node& node) {
   place_state* home = nullptr;
@@ -8883,13 +8979,9 @@ place_state* local_home(const Node& node) {
     seen = true;
   });
   if (mixed) {
-    std::string operands;
-    for_each_tensor_leaf(node, [&](const auto& leaf) {
-      place_state* const memory = memory_of(leaf.value().where());
-      operands += (operands.empty() ? "" : ", ") + describe_node(leaf) + " on " + (memory != nullptr ? memory->name : std::string("the host"));
-    });
-    throw error("eval of " + std::string(Node::name) + ": operands in two memories (" + operands +
-                "); copy them to one place first (pdo::to_place, pdo::to_host)");
+    std::vector<std::pair<std::string, const place_state*>> operands;
+    for_each_tensor_leaf(node, [&](const auto& leaf) { operands.emplace_back(describe_node(leaf), memory_of(leaf.value().where())); });
+    throw_two_memories(Node::name, operands);
   }
   return home;
 }
@@ -9283,9 +9375,10 @@ struct local_context {
 template <class Mesh>
 struct mesh_context {
   static constexpr bool distributed = true;
+  mesh_context() = default;
   mesh_context(const Mesh& mesh, std::size_t place) : m(&mesh), p(place) {}
-  const Mesh* m;
-  std::size_t p;
+  const Mesh* m = nullptr;
+  std::size_t p = 0;
   place_system system;
 
   template <std::size_t Rank>
@@ -9314,6 +9407,12 @@ constexpr std::size_t kernel_step_of() {
 template <class Run, std::size_t N>
 class kernel_context;
 
+/// @brief Adds to `out` the addresses of `n` slots from `slots`, then `result`.
+PDO_NOINLINE inline void add_addresses(std::vector<const void*>& out, const std::shared_ptr<void>* slots, std::size_t n, const void* result) {
+  for (std::size_t i = 0; i < n; ++i) out.push_back(slots + i);
+  out.push_back(result);
+}
+
 /// @brief One place's run of the plan of `Root`: the expression, where it runs, and a slot
 /// per node number for the block a step leaves for a later one (an op's result, or an
 /// operand brought to the layout its op needs). The root's kernel writes the result.
@@ -9328,7 +9427,14 @@ class plan_run {
   static constexpr std::size_t nodes = numbered_nodes<Root>();
   static constexpr std::size_t root_number = nodes - 1;
 
+  plan_run() = default;
   plan_run(const Root& root, Place place, tensor<value_type, rank>& result) : root_(&root), place_(std::move(place)), result_(&result) {}
+  /// @brief Makes a run made empty the run of `root` on `place`, into `result`.
+  void bind(const Root& root, Place place, tensor<value_type, rank>& result) {
+    root_ = &root;
+    place_ = std::move(place);
+    result_ = &result;
+  }
 
   [[nodiscard]] const Root& root() const { return *root_; }
   [[nodiscard]] Place& place() { return place_; }
@@ -9405,14 +9511,10 @@ class plan_run {
     return a;
   }
 
-  /// @brief The buffers this run's tasks write: the slots and the result's storage (for the
-  /// engine to forget when they are freed).
-  [[nodiscard]] std::vector<const void*> written() const {
-    std::vector<const void*> out;
-    out.reserve(nodes + 1);
-    for (const auto& s : slots_) out.push_back(&s);
-    out.push_back(result_->data());
-    return out;
+  /// @brief Adds to `out` the buffers this run's tasks write: the slots and the result's
+  /// storage (for the engine to forget when they are freed).
+  void add_written(std::vector<const void*>& out) const {
+    add_addresses(out, slots_.data(), nodes, result_->data());
   }
 
   /// @brief What a task that copies a leaf expression reads and writes.
@@ -9549,9 +9651,9 @@ class plan_run {
     }
   }
 
-  const Root* root_;
+  const Root* root_ = nullptr;
   Place place_;
-  tensor<value_type, rank>* result_;
+  tensor<value_type, rank>* result_ = nullptr;
   std::array<std::shared_ptr<void>, nodes> slots_{};
 };
 
@@ -9974,6 +10076,8 @@ struct where {
 
 #include <array>
 #include <cstddef>
+#include <initializer_list>
+#include <span>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -10141,6 +10245,36 @@ constexpr std::size_t max_rank_of() {
 
 }  // namespace detail
 
+namespace detail {
+
+/// @brief The first dim of an operand of `shape` that broadcasts (extent 1 in a result dim
+/// `out` that is not) while `target` splits it, or shape.size() when there is none.
+template <std::size_t Rank>
+std::size_t split_broadcast_dim(const shape_t<Rank>& shape, std::span<const std::size_t> out, const layout_value& target) {
+  for (std::size_t j = 0; j < Rank; ++j)
+    if (shape[j] == 1 && out[j] != 1 && !target.dim_axis[j].empty()) return j;
+  return Rank;
+}
+
+[[noreturn]] PDO_NOINLINE inline void throw_split_broadcast(std::string_view op, std::size_t dim, const std::string& operand,
+                                                            std::string_view axis) {
+  throw layout_error(std::string(op) + ": dim " + std::to_string(dim) + " of " + operand + " has extent 1 and broadcasts, but is split on \"" +
+                     std::string(axis) + "\"; replicate it");
+}
+
+[[noreturn]] PDO_NOINLINE inline void throw_no_broadcast(std::string_view op, const std::string& operands) {
+  throw shape_error(std::string(op) + ": shapes do not broadcast: " + operands);
+}
+
+/// @brief "a, b, c".
+PDO_NOINLINE inline std::string join_operands(std::initializer_list<std::string> operands) {
+  std::string text;
+  for (const auto& o : operands) text += (text.empty() ? "" : ", ") + o;
+  return text;
+}
+
+}  // namespace detail
+
 /// @brief An elementwise op over 1 to 3 operands with NumPy broadcasting (operands are
 /// aligned on their last dims; a dim of extent 1 stretches). Chains of these nodes run
 /// as one kernel with no temporaries.
@@ -10169,7 +10303,7 @@ class elementwise_node : public detail::op_node<Children...> {
     shape_.fill(1);
     bool ok = true;
     std::apply([&](const auto&... child) { (broadcast_into(child, ok), ...); }, this->children_);
-    if (!ok) throw shape_error(std::string(name) + ": shapes do not broadcast: " + operands_text());
+    if (!ok) detail::throw_no_broadcast(name, operands_text());
     if constexpr (elementwise_node::distributed) check_split_broadcast(std::index_sequence_for<Children...>{});
   }
 
@@ -10223,9 +10357,7 @@ class elementwise_node : public detail::op_node<Children...> {
   }
 
   std::string operands_text() const {
-    std::string text;
-    std::apply([&](const auto&... c) { ((text += (text.empty() ? "" : ", ") + detail::describe_node(c)), ...); }, this->children_);
-    return text;
+    return std::apply([&](const auto&... c) { return detail::join_operands({detail::describe_node(c)...}); }, this->children_);
   }
 
   /// @brief A dim of extent 1 that broadcasts cannot be split: its one element would sit on one place only.
@@ -10234,11 +10366,8 @@ class elementwise_node : public detail::op_node<Children...> {
     auto check = [&](const auto& c, const detail::layout_value& target) {
       using child_t = std::remove_cvref_t<decltype(c)>;
       const auto s = c.shape();
-      for (std::size_t j = 0; j < child_t::rank; ++j)
-        if (s[j] == 1 && shape_[rank - child_t::rank + j] != 1 && !target.dim_axis[j].empty())
-          throw layout_error(std::string(name) + ": dim " + std::to_string(j) + " of " + detail::describe_node(c) +
-                             " has extent 1 and broadcasts, but is split on \"" + std::string(target.dim_axis[j]) +
-                             "\"; replicate it");
+      const std::size_t j = detail::split_broadcast_dim(s, std::span<const std::size_t>(shape_).last(child_t::rank), target);
+      if (j < child_t::rank) detail::throw_split_broadcast(name, j, detail::describe_node(c), target.dim_axis[j]);
     };
     (check(std::get<I>(this->children_), rule.operands[I]), ...);
   }
@@ -11685,11 +11814,18 @@ namespace detail {
 
 /// @brief An evaluation queued on the places of a mesh: the tasks of each step of its plan,
 /// in the plan's order, and how to name it in an error (built only when one is thrown).
+/// What does not depend on the expression's type lives here, compiled once, not once per
+/// expression.
 struct queued_evaluation {
   std::vector<std::shared_ptr<place_batch>> steps;
-  virtual ~queued_evaluation() = default;
+  /// @brief The addresses the runs' tasks write, taken when they are queued: the result may
+  /// have been moved out (and freed) by the time the evaluation is.
+  std::vector<const void*> written;
+  /// @brief The mesh the evaluation runs on (its places name the failures).
+  std::shared_ptr<const mesh_state> mesh;
+  mesh_comms* comms = nullptr;
   [[nodiscard]] virtual std::string what() const = 0;
-  [[nodiscard]] virtual std::string place_name(std::size_t p) const = 0;
+  [[nodiscard]] std::string place_name(std::size_t p) const { return mesh->places[p].name(); }
 
   /// @brief Waits for every task, ignoring failures (before the evaluation is freed).
   void finish_quietly() const noexcept {
@@ -11710,6 +11846,42 @@ struct queued_evaluation {
       if (const auto failure = b->first_failure())
         failure->error.rethrow_with_context(what() + ": on place " + place_name(failure->place) + ": ");
   }
+
+  /// @brief Queues one step of the plan on every place of the mesh in this process: a kernel
+  /// on the compute lanes, a collective on the communication lanes.
+  PDO_NOINLINE void queue(const char* op, bool collective, bool caller_waits, place_work work, place_access uses, place_detail detail) {
+    const batch_options o{op,         collective ? "collective" : "kernel",
+                          collective, collective && !mesh->multiprocess,
+                          collective ? lane_kind::communication : lane_kind::compute,
+                          caller_waits};
+    steps.push_back(submit_on_mesh(*mesh, *comms, work, nullptr, o, uses, detail));
+  }
+
+ protected:
+  // Not virtual: an evaluation is made by make_shared, whose control block destroys it as
+  // what it is (a virtual destructor would add a deleting one to every evaluation's code).
+  ~queued_evaluation() = default;
+  /// @brief Notes the mesh and its communicators, and room for the addresses written.
+  PDO_NOINLINE void start(std::shared_ptr<const mesh_state> m, mesh_comms& c, std::size_t writes) {
+    mesh = std::move(m);
+    comms = &c;
+    written.reserve(writes);
+  }
+  /// @brief "eval of matmul -> f32[8, 4]{split<dp>, replicate}".
+  PDO_NOINLINE static std::string describe_evaluation(std::string_view op, const std::string& result) {
+    return "eval of " + std::string(op) + " -> " + result;
+  }
+  /// @brief Its tasks have ended (the derived evaluation frees each place's run after this).
+  /// When one failed, the engine forgets the buffers they wrote, so storage allocated there
+  /// later is not taken for the result of a failed task (a writer that succeeded holds
+  /// nothing up once it has ended).
+  PDO_NOINLINE void end() noexcept {
+    finish_quietly();
+    bool failed = false;
+    for (const auto& b : steps)
+      for (const auto& f : b->failures) failed = failed || f.has_value();
+    if (failed) engine::instance().forget(written);
+  }
 };
 
 /// @brief What an evaluation shares with the tasks it queued: the expression (its leaves
@@ -11718,38 +11890,22 @@ struct queued_evaluation {
 template <class Node, class Result>
 struct evaluation final : queued_evaluation {
   using mesh_t = typename Node::mesh_type;
-  evaluation(Node e, Result r) : expr(std::move(e)), result(std::move(r)) {
-    const auto& local = result.mesh().local_places();
-    runs.reserve(local.size());
-    for (auto&& [p, shard] : views::zip(local, result.local_shards()))
-      runs.emplace_back(expr, mesh_context<mesh_t>(result.mesh(), p), shard);
-    for (const auto& r : runs) {
-      const auto w = r.written();
-      written.insert(written.end(), w.begin(), w.end());
+  using run_t = plan_run<Node, mesh_context<mesh_t>>;
+  evaluation(Node e, Result r, mesh_comms& c) : expr(std::move(e)), result(std::move(r)), runs(result.mesh().local_places().size()) {
+    start(result.mesh().state(), c, runs.size() * (run_t::nodes + 1));
+    const auto& local = mesh->local;
+    for (std::size_t k = 0; k < runs.size(); ++k) {
+      runs[k].bind(expr, mesh_context<mesh_t>(result.mesh(), local[k]), result.local_shards()[k]);
+      runs[k].add_written(written);
     }
   }
   evaluation(const evaluation&) = delete;
   evaluation& operator=(const evaluation&) = delete;
-  /// @brief Its tasks have ended (each place's run is freed with it). When one failed, the
-  /// engine forgets the buffers they wrote, so storage allocated there later is not taken for
-  /// the result of a failed task (a writer that succeeded holds nothing up once it has ended).
-  ~evaluation() override {
-    finish_quietly();
-    bool failed = false;
-    for (const auto& b : steps)
-      for (const auto& f : b->failures) failed = failed || f.has_value();
-    if (failed) engine::instance().forget(written);
-  }
+  ~evaluation() { end(); }
   Node expr;
   Result result;
-  std::vector<plan_run<Node, mesh_context<mesh_t>>> runs;  ///< refer to expr and result
-  /// @brief The addresses the runs' tasks write, taken when they are queued: the result may
-  /// have been moved out (and freed) by the time the evaluation is.
-  std::vector<const void*> written;
-  [[nodiscard]] std::string what() const override {
-    return "eval of " + std::string(Node::name) + " -> " + describe_node(expr);
-  }
-  [[nodiscard]] std::string place_name(std::size_t p) const override { return result.mesh().place(p).name(); }
+  std::vector<run_t> runs;  ///< refer to expr and result
+  [[nodiscard]] std::string what() const override { return describe_evaluation(Node::name, describe_node(expr)); }
 };
 
 /// @brief The trace's detail of step `S` of `Node`'s plan (built only while tracing).
@@ -11774,39 +11930,55 @@ std::string step_detail(const Node& root, const Mesh& m) {
 template <std::size_t S, class State>
 void queue_step(const std::shared_ptr<State>& state, bool caller_waits) {
   using node_t = std::remove_cvref_t<decltype(state->expr)>;
-  using run_t = plan_run<node_t, mesh_context<typename node_t::mesh_type>>;
-  constexpr plan_step step = run_t::plan.steps[S];
+  constexpr plan_step step = State::run_t::plan.steps[S];
   if constexpr (step.kind == plan_step_kind::kernel && step.fused) {
     return;  // runs inside the kernel of the op that reads it
   } else {
-    const auto& m = state->result.mesh();
     constexpr bool collective = step.kind == plan_step_kind::combine_max ||
                                 (step.kind == plan_step_kind::redistribute && communicates(step.move.kind));
-    batch_options o{step.op.data(), collective ? "collective" : "kernel", collective, collective && !m.is_multiprocess(),
-                    collective ? lane_kind::communication : lane_kind::compute, caller_waits};
     // plain functions of the evaluation: the tasks share the submission path of every operation
-    const place_work work{[](void* s, std::size_t, std::size_t k) { static_cast<State*>(s)->runs[k].template run_step<S>(); },
-                          state.get()};
-    const place_access uses{[](const void* s, std::size_t, std::size_t k) { return static_cast<const State*>(s)->runs[k].template uses<S>(); },
-                            state.get()};
-    const place_detail detail{[](const void* s) {
+    state->queue(step.op.data(), collective, caller_waits,
+                 place_work{[](void* s, std::size_t, std::size_t k) { static_cast<State*>(s)->runs[k].template run_step<S>(); }, state.get()},
+                 place_access{[](const void* s, std::size_t, std::size_t k) { return static_cast<const State*>(s)->runs[k].template uses<S>(); },
+                              state.get()},
+                 place_detail{[](const void* s) {
                                 const auto& e = *static_cast<const State*>(s);
                                 return step_detail<node_t, S>(e.expr, e.result.mesh());
                               },
-                              state.get()};
-    state->steps.push_back(submit_on_mesh(*m.state(), comms_of(m), work, nullptr, o, uses, detail));
+                              state.get()});
   }
 }
 
 /// @brief Queues the copy that evaluates an expression that is a dtensor.
 template <class State>
 void queue_copy(const std::shared_ptr<State>& state, bool caller_waits) {
-  const auto& m = state->result.mesh();
   const place_work work{[](void* s, std::size_t, std::size_t k) { static_cast<State*>(s)->runs[k].copy_leaf(); }, state.get()};
   const place_access uses{[](const void* s, std::size_t, std::size_t k) { return static_cast<const State*>(s)->runs[k].copy_uses(); },
                           state.get()};
-  state->steps.push_back(
-      submit_on_mesh(*m.state(), comms_of(m), work, nullptr, batch_options{"copy", "copy", false, false, lane_kind::compute, caller_waits}, uses));
+  state->steps.push_back(submit_on_mesh(*state->mesh, *state->comms, work, nullptr,
+                                        batch_options{"copy", "copy", false, false, lane_kind::compute, caller_waits}, uses));
+}
+
+/// @brief The shards of the result of an evaluation on `m`, of shape `global` laid out as
+/// `out`, one for each place of this process, allocated in its memory (uninitialized).
+template <class T, std::size_t Rank, class Mesh>
+PDO_NOINLINE std::vector<tensor<T, Rank>> result_shards(const Mesh& m, const layout_value& out, const shape_t<Rank>& global,
+                                                        std::string_view op) {
+  if (m.local_places().empty()) throw layout_error("eval: this process holds no place of " + m.describe());
+  checked_volume(global, op, sizeof(T));
+  std::vector<tensor<T, Rank>> shards;
+  shards.reserve(m.local_places().size());
+  for (std::size_t p : m.local_places()) shards.emplace_back(shard_shape(m, out, global, p), m.place(p), uninitialized);
+  return shards;
+}
+
+/// @brief Evaluates the local expression `node` where `ctx` says, into a new tensor.
+template <class Node>
+PDO_NOINLINE tensor<typename Node::value_type, Node::rank> run_local(const Node& node, local_context ctx) {
+  checked_volume(node.shape(), Node::name, sizeof(typename Node::value_type));
+  auto out = ctx.template allocate<typename Node::value_type>(node.shape());
+  plan_run<Node, local_context>(node, ctx, out).run_all();
+  return out;
 }
 
 /// @brief The evaluations this thread queued with eval_async and has not waited for: what
@@ -11831,14 +12003,10 @@ auto queue_evaluation(Expr&& expr, bool caller_waits) {
   node_t node = as_expression(std::forward<Expr>(expr));
   const mesh_t& m = *find_mesh(node);
   check_one_mesh(node, m);
-  comms_of(m);  // built by every process, those without places too
-  if (m.local_places().empty()) throw layout_error("eval: this process holds no place of " + m.describe());
+  mesh_comms& comms = comms_of(m);  // built by every process, those without places too
   const auto global = node.shape();
-  checked_volume(global, node_t::name, sizeof(T));
-  std::vector<tensor<T, node_t::rank>> shards;
-  shards.reserve(m.local_places().size());
-  for (std::size_t p : m.local_places()) shards.emplace_back(shard_shape(m, node_t::rule.out, global, p), m.place(p), uninitialized);
-  auto state = std::make_shared<evaluation<node_t, result_t>>(std::move(node), result_t(m, global, std::move(shards)));
+  auto shards = result_shards<T>(m, node_t::rule.out, global, node_t::name);
+  auto state = std::make_shared<evaluation<node_t, result_t>>(std::move(node), result_t(m, global, std::move(shards)), comms);
   if constexpr (node_t::is_leaf) {
     queue_copy(state, caller_waits);
   } else {
@@ -11948,15 +12116,9 @@ auto eval(Expr&& expr) {
     node_t node = detail::as_expression(std::forward<Expr>(expr));
     // the kernels run where the operands are: on their GPU's place (on its compute lane), or
     // over host memory on the calling thread
-    auto run = [&](detail::local_context ctx) {
-      detail::checked_volume(node.shape(), node_t::name, sizeof(typename node_t::value_type));
-      auto out = ctx.template allocate<typename node_t::value_type>(node.shape());
-      detail::plan_run<node_t, detail::local_context>(node, ctx, out).run_all();
-      return out;
-    };
     if (detail::place_state* const gpu = detail::local_home(node); gpu != nullptr)
-      return detail::run_on_place(*gpu, [&] { return run(detail::local_context{}); });
-    return run(detail::local_context(detail::on_gpu(detail::current_place())));
+      return detail::run_on_place(*gpu, [&] { return detail::run_local(node, detail::local_context{}); });
+    return detail::run_local(node, detail::local_context(detail::on_gpu(detail::current_place())));
   }
 }
 

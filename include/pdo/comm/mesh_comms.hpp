@@ -113,23 +113,23 @@ inline std::shared_ptr<any_group> device_group(const mesh_state& m, const std::v
 
 /// @brief The communicators of the mesh behind `state`, built on first use (by every
 /// process of a multi-process mesh, at the same point of the program).
-template <class Mesh>
-mesh_comms& comms_of(const Mesh& m) {
-  auto& state = *m.state();
+PDO_NOINLINE inline mesh_comms& comms_of_state(mesh_state& state) {
   std::call_once(state.comms_once, [&] {
+    const std::string name = describe_mesh(state);
+    const std::size_t size = state.places.size(), ndim = state.extents.size();
     auto comms = std::make_shared<mesh_comms>();
-    std::vector<std::size_t> all(m.size());
+    std::vector<std::size_t> all(size);
     for (std::size_t i = 0; i < all.size(); ++i) all[i] = i;
     const mesh_devices devices = devices_of(state);
 #if defined(PDO_WITH_MPI)
     // making communicators blocks until every process takes part: meet first, watched
     if (state.multiprocess)
-      mpi::detail::watch::instance().meet_all("building the communicators of " + m.describe(),
+      mpi::detail::watch::instance().meet_all("building the communicators of " + name,
                                               state.options.collective_timeout.count() > 0 ? state.options.collective_timeout
                                                                                           : mpi::detail::default_collective_timeout());
 #endif
     if (devices != mesh_devices::cpu && !cuda_enabled)
-      throw communication_error("mesh: " + m.describe() + " has GPU places; their collectives need a build with PDO_WITH_CUDA");
+      throw communication_error("mesh: " + name + " has GPU places; their collectives need a build with PDO_WITH_CUDA");
 #if defined(PDO_WITH_CUDA)
     using nccl_comms = std::shared_ptr<nccl::detail::comm_set>;
     const nccl_comms whole_nccl = devices == mesh_devices::gpu ? nccl::detail::init_mesh(state) : nullptr;
@@ -149,28 +149,28 @@ mesh_comms& comms_of(const Mesh& m) {
       return host;
     };
 #endif
-    comms->whole = wrap(all, whole_nccl, "the whole " + m.describe(), &comms->whole_host);
-    if (comms->whole) comms->whole->label = "the whole " + m.describe();
-    if (comms->whole_host) comms->whole_host->label = "the whole " + m.describe() + " (host)";
-    comms->lines.resize(Mesh::ndim);
-    comms->line_of.assign(Mesh::ndim, std::vector<std::size_t>(m.size()));
-    for (std::size_t a = 0; a < Mesh::ndim; ++a) {
+    comms->whole = wrap(all, whole_nccl, "the whole " + name, &comms->whole_host);
+    if (comms->whole) comms->whole->label = "the whole " + name;
+    if (comms->whole_host) comms->whole_host->label = "the whole " + name + " (host)";
+    comms->lines.resize(ndim);
+    comms->line_of.assign(ndim, std::vector<std::size_t>(size));
+    for (std::size_t a = 0; a < ndim; ++a) {
       std::vector<std::vector<std::size_t>> line_members;
-      for (std::size_t p = 0; p < m.size(); ++p) {
-        if (m.coord(p, a) != 0) continue;
-        const auto members = m.group(a, p);
+      for (std::size_t p = 0; p < size; ++p) {
+        if (grid_coord(state.extents, p, a) != 0) continue;
+        const auto members = grid_group(state.extents, a, p);
         for (auto q : members) comms->line_of[a][q] = line_members.size();
         line_members.push_back(members);
       }
       std::vector<nccl_comms> line_nccl(line_members.size());
 #if defined(PDO_WITH_CUDA)
       if (whole_nccl) {
-        std::vector<std::size_t> coords(m.size());
-        for (std::size_t p = 0; p < m.size(); ++p) coords[p] = m.coord(p, a);
-        line_nccl = nccl::detail::split_lines(state, *whole_nccl, comms->line_of[a], line_members.size(), coords, m.extent(a));
+        std::vector<std::size_t> coords(size);
+        for (std::size_t p = 0; p < size; ++p) coords[p] = grid_coord(state.extents, p, a);
+        line_nccl = nccl::detail::split_lines(state, *whole_nccl, comms->line_of[a], line_members.size(), coords, state.extents[a]);
       }
 #endif
-      const std::string label = "axis \"" + std::string(Mesh::axis_names[a]) + "\" of " + m.describe();
+      const std::string label = "axis \"" + state.axes[a] + "\" of " + name;
       for (std::size_t g = 0; g < line_members.size(); ++g) {
         comms->lines[a].push_back(wrap(line_members[g], line_nccl[g], label));
         if (comms->lines[a].back()) comms->lines[a].back()->label = label;
@@ -179,6 +179,13 @@ mesh_comms& comms_of(const Mesh& m) {
     state.comms = std::move(comms);
   });
   return *state.comms;
+}
+
+/// @brief The communicators of mesh `m`, built on first use (by every process of a
+/// multi-process mesh, at the same point of the program).
+template <class Mesh>
+mesh_comms& comms_of(const Mesh& m) {
+  return comms_of_state(*m.state());
 }
 
 }  // namespace detail

@@ -21,6 +21,15 @@
 #define PDO_IVDEP
 #endif
 
+/// @brief Keeps a function out of its callers: for the bookkeeping of an operation (checks,
+/// messages, submission) that every instantiation of a template calls, so that it is
+/// compiled once in a translation unit, not again inside each instantiation.
+#if defined(__GNUC__) || defined(__clang__)
+#define PDO_NOINLINE __attribute__((noinline))
+#else
+#define PDO_NOINLINE
+#endif
+
 #define PDO_VERSION_MAJOR 0
 #define PDO_VERSION_MINOR 1
 #define PDO_VERSION_PATCH 0

@@ -1,14 +1,17 @@
 // pdo/core/shape.hpp: shapes, row-major strides and the even-split rule for shards.
 #pragma once
 
+#include <pdo/core/config.hpp>
 #include <pdo/core/error.hpp>
 
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <sstream>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 namespace pdo {
@@ -36,6 +39,15 @@ std::string format_extents(const Range& extents);
 /// @brief The product of `extents`, checked: when it, or its size in bytes at
 /// `element_bytes` each, exceeds what memory can hold (max_tensor_bytes), a
 /// pdo::shape_error naming `op` and the extents.
+/// @brief The error of checked_volume.
+[[noreturn]] PDO_NOINLINE inline void throw_too_large(std::string_view op, const std::string& extents, long double elements,
+                                                      std::size_t element_bytes) {
+  std::ostringstream os;
+  os << op << ": extents " << extents << " hold " << elements << " elements of " << element_bytes
+     << " bytes, more than one tensor can address (" << max_tensor_bytes << " bytes); use smaller extents";
+  throw shape_error(os.str());
+}
+
 template <class Range>
 std::size_t checked_volume(const Range& extents, std::string_view op, std::size_t element_bytes = 1) {
   std::size_t n = 1;
@@ -48,12 +60,8 @@ std::size_t checked_volume(const Range& extents, std::string_view op, std::size_
   }
   if (empty) return 0;  // an empty tensor: any other extent is fine
   std::size_t bytes = 0;
-  if (over || __builtin_mul_overflow(n, element_bytes, &bytes) || bytes > max_tensor_bytes) {
-    std::ostringstream os;
-    os << op << ": extents " << format_extents(extents) << " hold " << exact << " elements of " << element_bytes
-       << " bytes, more than one tensor can address (" << max_tensor_bytes << " bytes); use smaller extents";
-    throw shape_error(os.str());
-  }
+  if (over || __builtin_mul_overflow(n, element_bytes, &bytes) || bytes > max_tensor_bytes)
+    throw_too_large(op, format_extents(extents), exact, element_bytes);
   return n;
 }
 
@@ -80,18 +88,25 @@ constexpr std::size_t chunk_offset(std::size_t extent, std::size_t parts, std::s
   return index * (extent / parts) + (index < rem ? index : rem);
 }
 
+/// @brief "[10, 6]": extents as messages print them.
+PDO_NOINLINE inline std::string format_extent_list(std::span<const std::size_t> extents) {
+  std::string text = "[";
+  for (std::size_t i = 0; i < extents.size(); ++i) text += (i ? ", " : "") + std::to_string(extents[i]);
+  return text + "]";
+}
+
 template <class Range>
 std::string format_extents(const Range& extents) {
-  std::ostringstream os;
-  os << '[';
-  bool first = true;
-  for (auto e : extents) {
-    if (!first) os << ", ";
-    os << e;
-    first = false;
+  if constexpr (std::is_convertible_v<const Range&, std::span<const std::size_t>>) {
+    return format_extent_list(extents);
+  } else {
+    std::string text = "[";
+    for (bool first = true; auto e : extents) {
+      text += (first ? "" : ", ") + std::to_string(e);
+      first = false;
+    }
+    return text + "]";
   }
-  os << ']';
-  return os.str();
 }
 
 /// @brief A tensor viewed as [outer, extent(dim), inner], the form every pack,

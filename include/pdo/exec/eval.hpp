@@ -1,7 +1,7 @@
 // pdo/exec/eval.hpp: evaluating expressions: at once (eval) or queued on the places (eval_async, wait_all).
 #pragma once
 
-#include <pdo/core/views.hpp>
+#include <pdo/core/config.hpp>
 #include <pdo/exec/run_on_places.hpp>
 #include <pdo/exec/run_plan.hpp>
 #include <pdo/expr/operators.hpp>
@@ -22,11 +22,18 @@ namespace detail {
 
 /// @brief An evaluation queued on the places of a mesh: the tasks of each step of its plan,
 /// in the plan's order, and how to name it in an error (built only when one is thrown).
+/// What does not depend on the expression's type lives here, compiled once, not once per
+/// expression.
 struct queued_evaluation {
   std::vector<std::shared_ptr<place_batch>> steps;
-  virtual ~queued_evaluation() = default;
+  /// @brief The addresses the runs' tasks write, taken when they are queued: the result may
+  /// have been moved out (and freed) by the time the evaluation is.
+  std::vector<const void*> written;
+  /// @brief The mesh the evaluation runs on (its places name the failures).
+  std::shared_ptr<const mesh_state> mesh;
+  mesh_comms* comms = nullptr;
   [[nodiscard]] virtual std::string what() const = 0;
-  [[nodiscard]] virtual std::string place_name(std::size_t p) const = 0;
+  [[nodiscard]] std::string place_name(std::size_t p) const { return mesh->places[p].name(); }
 
   /// @brief Waits for every task, ignoring failures (before the evaluation is freed).
   void finish_quietly() const noexcept {
@@ -47,6 +54,42 @@ struct queued_evaluation {
       if (const auto failure = b->first_failure())
         failure->error.rethrow_with_context(what() + ": on place " + place_name(failure->place) + ": ");
   }
+
+  /// @brief Queues one step of the plan on every place of the mesh in this process: a kernel
+  /// on the compute lanes, a collective on the communication lanes.
+  PDO_NOINLINE void queue(const char* op, bool collective, bool caller_waits, place_work work, place_access uses, place_detail detail) {
+    const batch_options o{op,         collective ? "collective" : "kernel",
+                          collective, collective && !mesh->multiprocess,
+                          collective ? lane_kind::communication : lane_kind::compute,
+                          caller_waits};
+    steps.push_back(submit_on_mesh(*mesh, *comms, work, nullptr, o, uses, detail));
+  }
+
+ protected:
+  // Not virtual: an evaluation is made by make_shared, whose control block destroys it as
+  // what it is (a virtual destructor would add a deleting one to every evaluation's code).
+  ~queued_evaluation() = default;
+  /// @brief Notes the mesh and its communicators, and room for the addresses written.
+  PDO_NOINLINE void start(std::shared_ptr<const mesh_state> m, mesh_comms& c, std::size_t writes) {
+    mesh = std::move(m);
+    comms = &c;
+    written.reserve(writes);
+  }
+  /// @brief "eval of matmul -> f32[8, 4]{split<dp>, replicate}".
+  PDO_NOINLINE static std::string describe_evaluation(std::string_view op, const std::string& result) {
+    return "eval of " + std::string(op) + " -> " + result;
+  }
+  /// @brief Its tasks have ended (the derived evaluation frees each place's run after this).
+  /// When one failed, the engine forgets the buffers they wrote, so storage allocated there
+  /// later is not taken for the result of a failed task (a writer that succeeded holds
+  /// nothing up once it has ended).
+  PDO_NOINLINE void end() noexcept {
+    finish_quietly();
+    bool failed = false;
+    for (const auto& b : steps)
+      for (const auto& f : b->failures) failed = failed || f.has_value();
+    if (failed) engine::instance().forget(written);
+  }
 };
 
 /// @brief What an evaluation shares with the tasks it queued: the expression (its leaves
@@ -55,38 +98,22 @@ struct queued_evaluation {
 template <class Node, class Result>
 struct evaluation final : queued_evaluation {
   using mesh_t = typename Node::mesh_type;
-  evaluation(Node e, Result r) : expr(std::move(e)), result(std::move(r)) {
-    const auto& local = result.mesh().local_places();
-    runs.reserve(local.size());
-    for (auto&& [p, shard] : views::zip(local, result.local_shards()))
-      runs.emplace_back(expr, mesh_context<mesh_t>(result.mesh(), p), shard);
-    for (const auto& r : runs) {
-      const auto w = r.written();
-      written.insert(written.end(), w.begin(), w.end());
+  using run_t = plan_run<Node, mesh_context<mesh_t>>;
+  evaluation(Node e, Result r, mesh_comms& c) : expr(std::move(e)), result(std::move(r)), runs(result.mesh().local_places().size()) {
+    start(result.mesh().state(), c, runs.size() * (run_t::nodes + 1));
+    const auto& local = mesh->local;
+    for (std::size_t k = 0; k < runs.size(); ++k) {
+      runs[k].bind(expr, mesh_context<mesh_t>(result.mesh(), local[k]), result.local_shards()[k]);
+      runs[k].add_written(written);
     }
   }
   evaluation(const evaluation&) = delete;
   evaluation& operator=(const evaluation&) = delete;
-  /// @brief Its tasks have ended (each place's run is freed with it). When one failed, the
-  /// engine forgets the buffers they wrote, so storage allocated there later is not taken for
-  /// the result of a failed task (a writer that succeeded holds nothing up once it has ended).
-  ~evaluation() override {
-    finish_quietly();
-    bool failed = false;
-    for (const auto& b : steps)
-      for (const auto& f : b->failures) failed = failed || f.has_value();
-    if (failed) engine::instance().forget(written);
-  }
+  ~evaluation() { end(); }
   Node expr;
   Result result;
-  std::vector<plan_run<Node, mesh_context<mesh_t>>> runs;  ///< refer to expr and result
-  /// @brief The addresses the runs' tasks write, taken when they are queued: the result may
-  /// have been moved out (and freed) by the time the evaluation is.
-  std::vector<const void*> written;
-  [[nodiscard]] std::string what() const override {
-    return "eval of " + std::string(Node::name) + " -> " + describe_node(expr);
-  }
-  [[nodiscard]] std::string place_name(std::size_t p) const override { return result.mesh().place(p).name(); }
+  std::vector<run_t> runs;  ///< refer to expr and result
+  [[nodiscard]] std::string what() const override { return describe_evaluation(Node::name, describe_node(expr)); }
 };
 
 /// @brief The trace's detail of step `S` of `Node`'s plan (built only while tracing).
@@ -111,39 +138,55 @@ std::string step_detail(const Node& root, const Mesh& m) {
 template <std::size_t S, class State>
 void queue_step(const std::shared_ptr<State>& state, bool caller_waits) {
   using node_t = std::remove_cvref_t<decltype(state->expr)>;
-  using run_t = plan_run<node_t, mesh_context<typename node_t::mesh_type>>;
-  constexpr plan_step step = run_t::plan.steps[S];
+  constexpr plan_step step = State::run_t::plan.steps[S];
   if constexpr (step.kind == plan_step_kind::kernel && step.fused) {
     return;  // runs inside the kernel of the op that reads it
   } else {
-    const auto& m = state->result.mesh();
     constexpr bool collective = step.kind == plan_step_kind::combine_max ||
                                 (step.kind == plan_step_kind::redistribute && communicates(step.move.kind));
-    batch_options o{step.op.data(), collective ? "collective" : "kernel", collective, collective && !m.is_multiprocess(),
-                    collective ? lane_kind::communication : lane_kind::compute, caller_waits};
     // plain functions of the evaluation: the tasks share the submission path of every operation
-    const place_work work{[](void* s, std::size_t, std::size_t k) { static_cast<State*>(s)->runs[k].template run_step<S>(); },
-                          state.get()};
-    const place_access uses{[](const void* s, std::size_t, std::size_t k) { return static_cast<const State*>(s)->runs[k].template uses<S>(); },
-                            state.get()};
-    const place_detail detail{[](const void* s) {
+    state->queue(step.op.data(), collective, caller_waits,
+                 place_work{[](void* s, std::size_t, std::size_t k) { static_cast<State*>(s)->runs[k].template run_step<S>(); }, state.get()},
+                 place_access{[](const void* s, std::size_t, std::size_t k) { return static_cast<const State*>(s)->runs[k].template uses<S>(); },
+                              state.get()},
+                 place_detail{[](const void* s) {
                                 const auto& e = *static_cast<const State*>(s);
                                 return step_detail<node_t, S>(e.expr, e.result.mesh());
                               },
-                              state.get()};
-    state->steps.push_back(submit_on_mesh(*m.state(), comms_of(m), work, nullptr, o, uses, detail));
+                              state.get()});
   }
 }
 
 /// @brief Queues the copy that evaluates an expression that is a dtensor.
 template <class State>
 void queue_copy(const std::shared_ptr<State>& state, bool caller_waits) {
-  const auto& m = state->result.mesh();
   const place_work work{[](void* s, std::size_t, std::size_t k) { static_cast<State*>(s)->runs[k].copy_leaf(); }, state.get()};
   const place_access uses{[](const void* s, std::size_t, std::size_t k) { return static_cast<const State*>(s)->runs[k].copy_uses(); },
                           state.get()};
-  state->steps.push_back(
-      submit_on_mesh(*m.state(), comms_of(m), work, nullptr, batch_options{"copy", "copy", false, false, lane_kind::compute, caller_waits}, uses));
+  state->steps.push_back(submit_on_mesh(*state->mesh, *state->comms, work, nullptr,
+                                        batch_options{"copy", "copy", false, false, lane_kind::compute, caller_waits}, uses));
+}
+
+/// @brief The shards of the result of an evaluation on `m`, of shape `global` laid out as
+/// `out`, one for each place of this process, allocated in its memory (uninitialized).
+template <class T, std::size_t Rank, class Mesh>
+PDO_NOINLINE std::vector<tensor<T, Rank>> result_shards(const Mesh& m, const layout_value& out, const shape_t<Rank>& global,
+                                                        std::string_view op) {
+  if (m.local_places().empty()) throw layout_error("eval: this process holds no place of " + m.describe());
+  checked_volume(global, op, sizeof(T));
+  std::vector<tensor<T, Rank>> shards;
+  shards.reserve(m.local_places().size());
+  for (std::size_t p : m.local_places()) shards.emplace_back(shard_shape(m, out, global, p), m.place(p), uninitialized);
+  return shards;
+}
+
+/// @brief Evaluates the local expression `node` where `ctx` says, into a new tensor.
+template <class Node>
+PDO_NOINLINE tensor<typename Node::value_type, Node::rank> run_local(const Node& node, local_context ctx) {
+  checked_volume(node.shape(), Node::name, sizeof(typename Node::value_type));
+  auto out = ctx.template allocate<typename Node::value_type>(node.shape());
+  plan_run<Node, local_context>(node, ctx, out).run_all();
+  return out;
 }
 
 /// @brief The evaluations this thread queued with eval_async and has not waited for: what
@@ -168,14 +211,10 @@ auto queue_evaluation(Expr&& expr, bool caller_waits) {
   node_t node = as_expression(std::forward<Expr>(expr));
   const mesh_t& m = *find_mesh(node);
   check_one_mesh(node, m);
-  comms_of(m);  // built by every process, those without places too
-  if (m.local_places().empty()) throw layout_error("eval: this process holds no place of " + m.describe());
+  mesh_comms& comms = comms_of(m);  // built by every process, those without places too
   const auto global = node.shape();
-  checked_volume(global, node_t::name, sizeof(T));
-  std::vector<tensor<T, node_t::rank>> shards;
-  shards.reserve(m.local_places().size());
-  for (std::size_t p : m.local_places()) shards.emplace_back(shard_shape(m, node_t::rule.out, global, p), m.place(p), uninitialized);
-  auto state = std::make_shared<evaluation<node_t, result_t>>(std::move(node), result_t(m, global, std::move(shards)));
+  auto shards = result_shards<T>(m, node_t::rule.out, global, node_t::name);
+  auto state = std::make_shared<evaluation<node_t, result_t>>(std::move(node), result_t(m, global, std::move(shards)), comms);
   if constexpr (node_t::is_leaf) {
     queue_copy(state, caller_waits);
   } else {
@@ -285,15 +324,9 @@ auto eval(Expr&& expr) {
     node_t node = detail::as_expression(std::forward<Expr>(expr));
     // the kernels run where the operands are: on their GPU's place (on its compute lane), or
     // over host memory on the calling thread
-    auto run = [&](detail::local_context ctx) {
-      detail::checked_volume(node.shape(), node_t::name, sizeof(typename node_t::value_type));
-      auto out = ctx.template allocate<typename node_t::value_type>(node.shape());
-      detail::plan_run<node_t, detail::local_context>(node, ctx, out).run_all();
-      return out;
-    };
     if (detail::place_state* const gpu = detail::local_home(node); gpu != nullptr)
-      return detail::run_on_place(*gpu, [&] { return run(detail::local_context{}); });
-    return run(detail::local_context(detail::on_gpu(detail::current_place())));
+      return detail::run_on_place(*gpu, [&] { return detail::run_local(node, detail::local_context{}); });
+    return detail::run_local(node, detail::local_context(detail::on_gpu(detail::current_place())));
   }
 }
 

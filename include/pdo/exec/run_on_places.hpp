@@ -176,7 +176,7 @@ inline void check_not_nested(const char* op) {
 /// @brief Submits `work` for every place of the mesh `state` in this process, on its lane
 /// `o.lane`, reading and writing what `uses` says, and returns without waiting. `owner`
 /// keeps work's context alive until the tasks are freed (null: the caller keeps it alive).
-inline std::shared_ptr<place_batch> submit_on_mesh(const mesh_state& state, mesh_comms& comms, place_work work,
+PDO_NOINLINE inline std::shared_ptr<place_batch> submit_on_mesh(const mesh_state& state, mesh_comms& comms, place_work work,
                                                    std::shared_ptr<void> owner, batch_options o, place_access uses = {},
                                                    place_detail describe = {}) {
   check_not_nested(o.op);

@@ -54,9 +54,10 @@ struct local_context {
 template <class Mesh>
 struct mesh_context {
   static constexpr bool distributed = true;
+  mesh_context() = default;
   mesh_context(const Mesh& mesh, std::size_t place) : m(&mesh), p(place) {}
-  const Mesh* m;
-  std::size_t p;
+  const Mesh* m = nullptr;
+  std::size_t p = 0;
   place_system system;
 
   template <std::size_t Rank>
@@ -85,6 +86,12 @@ constexpr std::size_t kernel_step_of() {
 template <class Run, std::size_t N>
 class kernel_context;
 
+/// @brief Adds to `out` the addresses of `n` slots from `slots`, then `result`.
+PDO_NOINLINE inline void add_addresses(std::vector<const void*>& out, const std::shared_ptr<void>* slots, std::size_t n, const void* result) {
+  for (std::size_t i = 0; i < n; ++i) out.push_back(slots + i);
+  out.push_back(result);
+}
+
 /// @brief One place's run of the plan of `Root`: the expression, where it runs, and a slot
 /// per node number for the block a step leaves for a later one (an op's result, or an
 /// operand brought to the layout its op needs). The root's kernel writes the result.
@@ -99,7 +106,14 @@ class plan_run {
   static constexpr std::size_t nodes = numbered_nodes<Root>();
   static constexpr std::size_t root_number = nodes - 1;
 
+  plan_run() = default;
   plan_run(const Root& root, Place place, tensor<value_type, rank>& result) : root_(&root), place_(std::move(place)), result_(&result) {}
+  /// @brief Makes a run made empty the run of `root` on `place`, into `result`.
+  void bind(const Root& root, Place place, tensor<value_type, rank>& result) {
+    root_ = &root;
+    place_ = std::move(place);
+    result_ = &result;
+  }
 
   [[nodiscard]] const Root& root() const { return *root_; }
   [[nodiscard]] Place& place() { return place_; }
@@ -176,14 +190,10 @@ class plan_run {
     return a;
   }
 
-  /// @brief The buffers this run's tasks write: the slots and the result's storage (for the
-  /// engine to forget when they are freed).
-  [[nodiscard]] std::vector<const void*> written() const {
-    std::vector<const void*> out;
-    out.reserve(nodes + 1);
-    for (const auto& s : slots_) out.push_back(&s);
-    out.push_back(result_->data());
-    return out;
+  /// @brief Adds to `out` the buffers this run's tasks write: the slots and the result's
+  /// storage (for the engine to forget when they are freed).
+  void add_written(std::vector<const void*>& out) const {
+    add_addresses(out, slots_.data(), nodes, result_->data());
   }
 
   /// @brief What a task that copies a leaf expression reads and writes.
@@ -320,9 +330,9 @@ class plan_run {
     }
   }
 
-  const Root* root_;
+  const Root* root_ = nullptr;
   Place place_;
-  tensor<value_type, rank>* result_;
+  tensor<value_type, rank>* result_ = nullptr;
   std::array<std::shared_ptr<void>, nodes> slots_{};
 };
 

@@ -7,6 +7,8 @@
 
 #include <array>
 #include <cstddef>
+#include <initializer_list>
+#include <span>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -174,6 +176,36 @@ constexpr std::size_t max_rank_of() {
 
 }  // namespace detail
 
+namespace detail {
+
+/// @brief The first dim of an operand of `shape` that broadcasts (extent 1 in a result dim
+/// `out` that is not) while `target` splits it, or shape.size() when there is none.
+template <std::size_t Rank>
+std::size_t split_broadcast_dim(const shape_t<Rank>& shape, std::span<const std::size_t> out, const layout_value& target) {
+  for (std::size_t j = 0; j < Rank; ++j)
+    if (shape[j] == 1 && out[j] != 1 && !target.dim_axis[j].empty()) return j;
+  return Rank;
+}
+
+[[noreturn]] PDO_NOINLINE inline void throw_split_broadcast(std::string_view op, std::size_t dim, const std::string& operand,
+                                                            std::string_view axis) {
+  throw layout_error(std::string(op) + ": dim " + std::to_string(dim) + " of " + operand + " has extent 1 and broadcasts, but is split on \"" +
+                     std::string(axis) + "\"; replicate it");
+}
+
+[[noreturn]] PDO_NOINLINE inline void throw_no_broadcast(std::string_view op, const std::string& operands) {
+  throw shape_error(std::string(op) + ": shapes do not broadcast: " + operands);
+}
+
+/// @brief "a, b, c".
+PDO_NOINLINE inline std::string join_operands(std::initializer_list<std::string> operands) {
+  std::string text;
+  for (const auto& o : operands) text += (text.empty() ? "" : ", ") + o;
+  return text;
+}
+
+}  // namespace detail
+
 /// @brief An elementwise op over 1 to 3 operands with NumPy broadcasting (operands are
 /// aligned on their last dims; a dim of extent 1 stretches). Chains of these nodes run
 /// as one kernel with no temporaries.
@@ -202,7 +234,7 @@ class elementwise_node : public detail::op_node<Children...> {
     shape_.fill(1);
     bool ok = true;
     std::apply([&](const auto&... child) { (broadcast_into(child, ok), ...); }, this->children_);
-    if (!ok) throw shape_error(std::string(name) + ": shapes do not broadcast: " + operands_text());
+    if (!ok) detail::throw_no_broadcast(name, operands_text());
     if constexpr (elementwise_node::distributed) check_split_broadcast(std::index_sequence_for<Children...>{});
   }
 
@@ -256,9 +288,7 @@ class elementwise_node : public detail::op_node<Children...> {
   }
 
   std::string operands_text() const {
-    std::string text;
-    std::apply([&](const auto&... c) { ((text += (text.empty() ? "" : ", ") + detail::describe_node(c)), ...); }, this->children_);
-    return text;
+    return std::apply([&](const auto&... c) { return detail::join_operands({detail::describe_node(c)...}); }, this->children_);
   }
 
   /// @brief A dim of extent 1 that broadcasts cannot be split: its one element would sit on one place only.
@@ -267,11 +297,8 @@ class elementwise_node : public detail::op_node<Children...> {
     auto check = [&](const auto& c, const detail::layout_value& target) {
       using child_t = std::remove_cvref_t<decltype(c)>;
       const auto s = c.shape();
-      for (std::size_t j = 0; j < child_t::rank; ++j)
-        if (s[j] == 1 && shape_[rank - child_t::rank + j] != 1 && !target.dim_axis[j].empty())
-          throw layout_error(std::string(name) + ": dim " + std::to_string(j) + " of " + detail::describe_node(c) +
-                             " has extent 1 and broadcasts, but is split on \"" + std::string(target.dim_axis[j]) +
-                             "\"; replicate it");
+      const std::size_t j = detail::split_broadcast_dim(s, std::span<const std::size_t>(shape_).last(child_t::rank), target);
+      if (j < child_t::rank) detail::throw_split_broadcast(name, j, detail::describe_node(c), target.dim_axis[j]);
     };
     (check(std::get<I>(this->children_), rule.operands[I]), ...);
   }

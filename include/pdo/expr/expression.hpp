@@ -4,6 +4,7 @@
 #pragma once
 
 #include <pdo/comm/mesh_comms.hpp>
+#include <pdo/core/config.hpp>
 #include <pdo/core/error.hpp>
 #include <pdo/core/shape.hpp>
 #include <pdo/kernels/place_system.hpp>
@@ -16,6 +17,7 @@
 
 #include <cstddef>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <tuple>
@@ -46,12 +48,19 @@ struct block_view {
   shape_t<Rank> global{};
 };
 
+/// @brief "f32[10, 6]", followed by the layout when there is one.
+PDO_NOINLINE inline std::string describe_block(std::string_view dtype, std::span<const std::size_t> extents, const layout_value* layout) {
+  std::string text = std::string(dtype) + format_extent_list(extents);
+  if (layout != nullptr) text += to_string(*layout);
+  return text;
+}
+
 /// @brief "f32[10, 6]" for local nodes, "f32[10, 6]{split<x>, replicate}" for distributed ones.
 template <class Node>
 std::string describe_node(const Node& n) {
-  std::string text = std::string(dtype_name<typename Node::value_type>()) + format_extents(n.shape());
-  if constexpr (Node::distributed) text += to_string(Node::rule.out);
-  return text;
+  const auto shape = n.shape();
+  if constexpr (Node::distributed) return describe_block(dtype_name<typename Node::value_type>(), shape, &Node::rule.out);
+  else return describe_block(dtype_name<typename Node::value_type>(), shape, nullptr);
 }
 
 template <class... Ts>
@@ -298,15 +307,18 @@ const typename Node::mesh_type* find_mesh(const Node& node) {
   }
 }
 
+/// @brief The error of check_one_mesh.
+[[noreturn]] PDO_NOINLINE inline void throw_other_mesh(const std::string& operand, const std::string& its_mesh, const std::string& mesh) {
+  throw layout_error("eval: an operand " + operand + " lives on " + its_mesh + ", another mesh than the expression's first dtensor (" +
+                     mesh + "); redistribute it onto one mesh first");
+}
+
 /// @brief Throws pdo::layout_error unless every dtensor of `node`'s subtree lives on `m`.
 template <class Node, class Mesh>
 void check_one_mesh(const Node& node, const Mesh& m) {
   if constexpr (Node::is_leaf) {
     if constexpr (Node::distributed)
-      if (!(node.mesh() == m))
-        throw layout_error("eval: an operand " + describe_node(node) + " lives on " + node.mesh().describe() +
-                           ", another mesh than the expression's first dtensor (" + m.describe() +
-                           "); redistribute it onto one mesh first");
+      if (!(node.mesh() == m)) throw_other_mesh(describe_node(node), node.mesh().describe(), m.describe());
   } else {
     std::apply([&](const auto&... c) { (check_one_mesh(c, m), ...); }, node.children());
   }
@@ -325,6 +337,14 @@ void for_each_tensor_leaf(const Node& node, F&& f) {
 /// @brief The GPU place whose memory holds the local tensors of `node`, or null when they
 /// are in host memory (which CPU places share). Operands in two memories are a pdo::error
 /// naming the op, the operands and their places.
+[[noreturn]] PDO_NOINLINE inline void throw_two_memories(std::string_view op, const std::vector<std::pair<std::string, const place_state*>>& operands) {
+  std::string text;
+  for (const auto& [operand, memory] : operands)
+    text += (text.empty() ? "" : ", ") + operand + " on " + (memory != nullptr ? memory->name : std::string("the host"));
+  throw error("eval of " + std::string(op) + ": operands in two memories (" + text +
+              "); copy them to one place first (pdo::to_place, pdo::to_host)");
+}
+
 template <class Node>
 place_state* local_home(const Node& node) {
   place_state* home = nullptr;
@@ -336,13 +356,9 @@ place_state* local_home(const Node& node) {
     seen = true;
   });
   if (mixed) {
-    std::string operands;
-    for_each_tensor_leaf(node, [&](const auto& leaf) {
-      place_state* const memory = memory_of(leaf.value().where());
-      operands += (operands.empty() ? "" : ", ") + describe_node(leaf) + " on " + (memory != nullptr ? memory->name : std::string("the host"));
-    });
-    throw error("eval of " + std::string(Node::name) + ": operands in two memories (" + operands +
-                "); copy them to one place first (pdo::to_place, pdo::to_host)");
+    std::vector<std::pair<std::string, const place_state*>> operands;
+    for_each_tensor_leaf(node, [&](const auto& leaf) { operands.emplace_back(describe_node(leaf), memory_of(leaf.value().where())); });
+    throw_two_memories(Node::name, operands);
   }
   return home;
 }

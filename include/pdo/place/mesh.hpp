@@ -1,6 +1,7 @@
 // pdo/place/mesh.hpp: an N-D grid of places with named axes, in one process or many.
 #pragma once
 
+#include <pdo/core/config.hpp>
 #include <pdo/core/error.hpp>
 #include <pdo/core/fixed_string.hpp>
 #include <pdo/core/shape.hpp>
@@ -62,6 +63,31 @@ inline mesh_agreement& multiprocess_agreement() {
 }
 
 
+/// @brief "mesh(dp=2, tp=2)".
+PDO_NOINLINE inline std::string describe_mesh(const mesh_state& m) {
+  std::string text = "mesh(";
+  for (std::size_t a = 0; a < m.axes.size(); ++a) text += (a ? ", " : "") + m.axes[a] + "=" + std::to_string(m.extents[a]);
+  return text + ")";
+}
+
+/// @brief The coordinate along `axis` of place `index` of a grid of `extents` (row-major:
+/// the last axis varies fastest); both in range.
+inline std::size_t grid_coord(const std::vector<std::size_t>& extents, std::size_t index, std::size_t axis) {
+  for (std::size_t a = extents.size(); a-- > axis + 1;) index /= extents[a];
+  return index % extents[axis];
+}
+
+/// @brief The places of a grid of `extents` that differ from place `index` only along
+/// `axis`, in coordinate order; both in range.
+inline std::vector<std::size_t> grid_group(const std::vector<std::size_t>& extents, std::size_t axis, std::size_t index) {
+  std::size_t stride = 1;  // between places that differ by one along `axis`
+  for (std::size_t a = axis + 1; a < extents.size(); ++a) stride *= extents[a];
+  const std::size_t first = index - grid_coord(extents, index, axis) * stride;
+  std::vector<std::size_t> members(extents[axis]);
+  for (std::size_t k = 0; k < members.size(); ++k) members[k] = first + k * stride;
+  return members;
+}
+
 /// @brief Checks the places of a mesh being made, `name` (none twice, ordered by process),
 /// and notes which belong to this process.
 inline void take_places(mesh_state& state, const std::string& name) {
@@ -75,6 +101,31 @@ inline void take_places(mesh_state& state, const std::string& name) {
   // the same answer on every process (each takes part in the mesh's agreement and
   // communicators by it): a mesh whose places all live in one other process is not one
   state.multiprocess = !state.places.empty() && state.places.front().process() != state.places.back().process();
+}
+
+/// @brief The checks and agreement of make_mesh, once its state holds the axes, extents and places.
+PDO_NOINLINE inline void finish_mesh(mesh_state& state) {
+  const std::string name = describe_mesh(state);
+  std::size_t product = 1;
+  for (auto e : state.extents) product *= e;
+  if (product != state.places.size() || product == 0)
+    throw layout_error("make_mesh: extents " + format_extents(state.extents) + " of " + name +
+                       " hold " + std::to_string(product) + " places but " + std::to_string(state.places.size()) +
+                       " were given; make the product of the extents equal the number of places");
+  take_places(state, name);
+  if (state.multiprocess) {
+    if (multiprocess_agreement() == nullptr)
+      throw layout_error("make_mesh: " + name + " has places of other processes but no backend joins them");
+    // the places each process holds, in order: "rank 0: cpu, cpu; rank 1: cpu, cpu"
+    std::string holdings;
+    for (std::size_t i = 0; i < state.places.size(); ++i) {
+      const auto& p = state.places[i];
+      const bool first = i == 0 || state.places[i - 1].process() != p.process();
+      holdings += std::string(first ? (i == 0 ? "" : "; ") + ("rank " + std::to_string(p.process()) + ": ") : ", ") +
+                  (p.kind() == place_kind::cuda ? "gpu" : "cpu");
+    }
+    multiprocess_agreement()(state, name + " over places (" + holdings + ")");
+  }
 }
 
 }  // namespace detail
@@ -158,8 +209,7 @@ class mesh {
   [[nodiscard]] std::size_t coord(std::size_t index, std::size_t axis) const {
     check_axis(axis, "coord");
     check_place(index, "coord");
-    for (std::size_t a = ndim; a-- > axis + 1;) index /= state_->extents[a];
-    return index % state_->extents[axis];
+    return detail::grid_coord(state_->extents, index, axis);
   }
   /// @brief The index of the place at coordinates `c` (row-major; the inverse of coords());
   /// pdo::layout_error when a coordinate is not below its axis's extent.
@@ -179,22 +229,12 @@ class mesh {
   [[nodiscard]] std::vector<std::size_t> group(std::size_t axis, std::size_t index) const {
     check_axis(axis, "group");
     check_place(index, "group");
-    std::size_t stride = 1;  // between places that differ by one along `axis`
-    for (std::size_t a = axis + 1; a < ndim; ++a) stride *= state_->extents[a];
-    const std::size_t first = index - coord(index, axis) * stride;
-    std::vector<std::size_t> members(state_->extents[axis]);
-    for (std::size_t k = 0; k < members.size(); ++k) members[k] = first + k * stride;
-    return members;
+    return detail::grid_group(state_->extents, axis, index);
   }
 
 
   /// @brief "mesh(dp=2, tp=2)".
-  [[nodiscard]] std::string describe() const {
-    std::string text = "mesh(";
-    for (std::size_t a = 0; a < ndim; ++a)
-      text += (a ? ", " : "") + std::string(axis_names[a]) + "=" + std::to_string(state_->extents[a]);
-    return text + ")";
-  }
+  [[nodiscard]] std::string describe() const { return detail::describe_mesh(*state_); }
 
   /// @brief pdo::layout_error naming `op` and this mesh unless `index` is one of its places.
   void check_place(std::size_t index, std::string_view op) const {
@@ -246,28 +286,8 @@ mesh<Axes...> make_mesh(const Places& places, const std::size_t (&extents)[N], c
   state->axes = {std::string(Axes.view())...};
   state->extents.assign(extents, extents + N);
   for (const auto& p : places) state->places.emplace_back(p);
-  std::size_t product = 1;
-  for (auto e : state->extents) product *= e;
-  const mesh<Axes...> probe(state);
-  if (product != state->places.size() || product == 0)
-    throw layout_error("make_mesh: extents " + detail::format_extents(state->extents) + " of " + probe.describe() +
-                       " hold " + std::to_string(product) + " places but " + std::to_string(state->places.size()) +
-                       " were given; make the product of the extents equal the number of places");
-  detail::take_places(*state, probe.describe());
-  if (state->multiprocess) {
-    if (detail::multiprocess_agreement() == nullptr)
-      throw layout_error("make_mesh: " + probe.describe() + " has places of other processes but no backend joins them");
-    // the places each process holds, in order: "rank 0: cpu, cpu; rank 1: cpu, cpu"
-    std::string holdings;
-    for (std::size_t i = 0; i < state->places.size(); ++i) {
-      const auto& p = state->places[i];
-      const bool first = i == 0 || state->places[i - 1].process() != p.process();
-      holdings += std::string(first ? (i == 0 ? "" : "; ") + ("rank " + std::to_string(p.process()) + ": ") : ", ") +
-                  (p.kind() == place_kind::cuda ? "gpu" : "cpu");
-    }
-    detail::multiprocess_agreement()(*state, probe.describe() + " over places (" + holdings + ")");
-  }
-  return probe;
+  detail::finish_mesh(*state);
+  return mesh<Axes...>(state);
 }
 
 /// @brief A one-axis mesh over all of `places`.

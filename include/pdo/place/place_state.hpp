@@ -1,6 +1,7 @@
 // pdo/place/place_state.hpp: what every place handle shares: identity, cores, memory, lanes.
 #pragma once
 
+#include <pdo/core/config.hpp>
 #include <pdo/core/error.hpp>
 #include <pdo/memory/caching_allocator.hpp>
 #include <pdo/place/lane.hpp>
@@ -87,6 +88,21 @@ inline bool on_gpu(const place_state* p) { return p != nullptr && p->kind == pla
 /// (null), which the host and every CPU place share.
 inline place_state* memory_of(place_state* p) { return on_gpu(p) ? p : nullptr; }
 
+/// @brief Runs `call(context)` on `p`'s compute lane, the calling thread waiting; a failure
+/// is thrown again here, with its pdo::error subclass and message.
+PDO_NOINLINE inline void run_waiting(place_state& p, void (*call)(void*), void* context) {
+  std::optional<captured_error> failure;
+  const task_handle t = queue_on_lane(p, [&] {
+    try {
+      call(context);
+    } catch (...) {
+      failure = captured_error::current();
+    }
+  }, "run_on_place");
+  t->wait_ended();
+  if (failure) failure->rethrow_with_context("");
+}
+
 /// @brief Runs `f` on `p`'s compute lane and returns what it returns, the calling thread
 /// waiting (on one of p's lanes already: at once, there). A failure is thrown again here,
 /// with its pdo::error subclass and message.
@@ -94,19 +110,14 @@ template <class F>
 auto run_on_place(place_state& p, F&& f) -> decltype(f()) {
   using result_t = decltype(f());
   if (current_place() == &p) return f();
-  std::conditional_t<std::is_void_v<result_t>, bool, std::optional<result_t>> result{};
-  std::optional<captured_error> failure;
-  const task_handle t = queue_on_lane(p, [&] {
-    try {
-      if constexpr (std::is_void_v<result_t>) f();
-      else result.emplace(f());
-    } catch (...) {
-      failure = captured_error::current();
-    }
-  }, "run_on_place");
-  t->wait_ended();
-  if (failure) failure->rethrow_with_context("");
-  if constexpr (!std::is_void_v<result_t>) return std::move(*result);
+  if constexpr (std::is_void_v<result_t>) {
+    run_waiting(p, [](void* c) { (*static_cast<std::remove_reference_t<F>*>(c))(); }, const_cast<void*>(static_cast<const void*>(&f)));
+  } else {
+    std::optional<result_t> result;
+    auto body = [&] { result.emplace(f()); };
+    run_waiting(p, [](void* c) { (*static_cast<decltype(body)*>(c))(); }, &body);
+    return std::move(*result);
+  }
 }
 
 }  // namespace detail

@@ -1,10 +1,10 @@
 // pdo/tensor/dtensor.hpp: pdo::dtensor, a tensor laid out over a mesh: global shape + local shards.
 #pragma once
 
+#include <pdo/core/config.hpp>
 #include <pdo/core/error.hpp>
 #include <pdo/core/fixed_string.hpp>
 #include <pdo/core/shape.hpp>
-#include <pdo/core/views.hpp>
 #include <pdo/layout/layout_check.hpp>
 #include <pdo/layout/layout_value.hpp>
 #include <pdo/place/mesh.hpp>
@@ -52,6 +52,40 @@ bool holds_partial_value(const Mesh& m, const layout_value& v, std::size_t p) {
   return true;
 }
 
+/// @brief "f32[10, 6]{split<dp>, replicate} on mesh(dp=2, tp=2)": a dtensor's description (one
+/// function for every layout of a mesh, element type and rank).
+template <class T, std::size_t Rank, class Mesh>
+PDO_NOINLINE std::string describe_dtensor(const Mesh& m, const layout_value& v, const shape_t<Rank>& global) {
+  return std::string(dtype_name<T>()) + format_extent_list(global) + to_string(v) + " on " + m.describe();
+}
+
+/// @brief The checks of a dtensor's constructor: one shard for each place of this process,
+/// each of the shape the layout gives its place (else pdo::shape_error).
+template <class T, std::size_t Rank, class Mesh>
+PDO_NOINLINE void check_shards(const Mesh& m, const layout_value& v, const shape_t<Rank>& global, const std::vector<tensor<T, Rank>>& shards) {
+  checked_volume(global, "dtensor", sizeof(T));
+  const auto& local = m.local_places();
+  if (shards.size() != local.size())
+    throw shape_error("dtensor: " + std::to_string(shards.size()) + " shards given for " + std::to_string(local.size()) +
+                      " local places of " + m.describe());
+  for (std::size_t k = 0; k < local.size(); ++k) {
+    const auto want = shard_shape(m, v, global, local[k]);
+    if (shards[k].shape() != want)
+      throw shape_error("dtensor: " + describe_dtensor<T>(m, v, global) + ": the shard of place " + m.place(local[k]).name() + " is " +
+                        pdo::describe(shards[k]) + " but the layout gives it " + format_extents(want));
+  }
+}
+
+/// @brief The position of place `p` among the places of `m` in this process (else
+/// pdo::layout_error).
+template <class Mesh>
+PDO_NOINLINE std::size_t local_ordinal(const Mesh& m, std::size_t p) {
+  const auto& local = m.local_places();
+  for (std::size_t k = 0; k < local.size(); ++k)
+    if (local[k] == p) return k;
+  throw layout_error("dtensor: place " + std::to_string(p) + " of " + m.describe() + " does not belong to this process");
+}
+
 }  // namespace detail
 
 /// @brief A tensor of global shape `shape()` laid out over `Mesh` as `Layout`; this
@@ -79,15 +113,7 @@ class dtensor {
   /// its place (else pdo::shape_error naming the place and both shapes).
   dtensor(Mesh m, const shape_t<Rank>& global, std::vector<tensor<T, Rank>> shards)
       : mesh_(std::move(m)), shape_(global), shards_(std::move(shards)) {
-    detail::checked_volume(global, "dtensor", sizeof(T));
-    const auto& local = mesh_.local_places();
-    if (shards_.size() != local.size())
-      throw shape_error("dtensor: " + std::to_string(shards_.size()) + " shards given for " + std::to_string(local.size()) +
-                        " local places of " + mesh_.describe());
-    for (const auto [p, shard] : detail::views::zip(local, shards_))
-      if (shard.shape() != local_shape(p))
-        throw shape_error("dtensor: " + describe() + ": the shard of place " + mesh_.place(p).name() + " is " +
-                          pdo::describe(shard) + " but the layout gives it " + detail::format_extents(local_shape(p)));
+    detail::check_shards(mesh_, layout_value, shape_, shards_);
   }
 
   /// @brief The mesh the tensor is laid out over.
@@ -118,18 +144,10 @@ class dtensor {
   }
 
   /// @brief "f32[10, 6]{split<dp>, replicate} on mesh(dp=2, tp=2)".
-  [[nodiscard]] std::string describe() const {
-    return std::string(detail::dtype_name<T>()) + detail::format_extents(shape_) + detail::to_string(layout_value) + " on " +
-           mesh_.describe();
-  }
+  [[nodiscard]] std::string describe() const { return detail::describe_dtensor<T>(mesh_, layout_value, shape_); }
 
  private:
-  std::size_t local_ordinal(std::size_t p) const {
-    const auto& local = mesh_.local_places();
-    for (const auto [k, q] : detail::views::enumerate(local))
-      if (q == p) return static_cast<std::size_t>(k);
-    throw layout_error("dtensor: place " + std::to_string(p) + " of " + mesh_.describe() + " does not belong to this process");
-  }
+  std::size_t local_ordinal(std::size_t p) const { return detail::local_ordinal(mesh_, p); }
 
   Mesh mesh_;
   shape_t<Rank> shape_;
