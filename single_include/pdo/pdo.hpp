@@ -8153,7 +8153,9 @@ tensor<T, Rank> to_host(const tensor<T, Rank>& t) {
 #endif  // PDO_SINGLE_PDO_TENSOR_TENSOR_HPP
 
 #include <cstddef>
+#include <span>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -8194,11 +8196,18 @@ bool holds_partial_value(const Mesh& m, const layout_value& v, std::size_t p) {
   return true;
 }
 
+/// @brief "f32[10, 6]", followed by the layout when there is one.
+PDO_NOINLINE inline std::string describe_block(std::string_view dtype, std::span<const std::size_t> extents, const layout_value* layout) {
+  std::string text = std::string(dtype) + format_extent_list(extents);
+  if (layout != nullptr) text += to_string(*layout);
+  return text;
+}
+
 /// @brief "f32[10, 6]{split<dp>, replicate} on mesh(dp=2, tp=2)": a dtensor's description (one
 /// function for every layout of a mesh, element type and rank).
 template <class T, std::size_t Rank, class Mesh>
 PDO_NOINLINE std::string describe_dtensor(const Mesh& m, const layout_value& v, const shape_t<Rank>& global) {
-  return std::string(dtype_name<T>()) + format_extent_list(global) + to_string(v) + " on " + m.describe();
+  return describe_block(dtype_name<T>(), global, &v) + " on " + m.describe();
 }
 
 /// @brief The checks of a dtensor's constructor: one shard for each place of this process,
@@ -8670,13 +8679,6 @@ struct block_view {
   shape_t<Rank> offset{};
   shape_t<Rank> global{};
 };
-
-/// @brief "f32[10, 6]", followed by the layout when there is one.
-PDO_NOINLINE inline std::string describe_block(std::string_view dtype, std::span<const std::size_t> extents, const layout_value* layout) {
-  std::string text = std::string(dtype) + format_extent_list(extents);
-  if (layout != nullptr) text += to_string(*layout);
-  return text;
-}
 
 /// @brief "f32[10, 6]" for local nodes, "f32[10, 6]{split<x>, replicate}" for distributed ones.
 template <class Node>

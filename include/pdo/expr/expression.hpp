@@ -48,13 +48,6 @@ struct block_view {
   shape_t<Rank> global{};
 };
 
-/// @brief "f32[10, 6]", followed by the layout when there is one.
-PDO_NOINLINE inline std::string describe_block(std::string_view dtype, std::span<const std::size_t> extents, const layout_value* layout) {
-  std::string text = std::string(dtype) + format_extent_list(extents);
-  if (layout != nullptr) text += to_string(*layout);
-  return text;
-}
-
 /// @brief "f32[10, 6]" for local nodes, "f32[10, 6]{split<x>, replicate}" for distributed ones.
 template <class Node>
 std::string describe_node(const Node& n) {
