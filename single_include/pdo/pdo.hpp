@@ -17696,21 +17696,34 @@ struct stage_bounds {
   static constexpr std::array<std::size_t, sizeof...(Cuts) + 2> values{0, Cuts..., Layers};
 };
 
+/// @brief How a tensor goes between two neighbouring stages' places: through the line along
+/// "pp" (`link`: CPU places, in one process or several); by a device copy (`handoff`: GPU
+/// places of one process: the receiver copies the sender's block on its own stream, and the
+/// sender keeps the block until that copy has run, pdo::detail::offered_block); or through
+/// host memory and the mesh's host group (`staged`: GPU places of two processes, whose NCCL
+/// point-to-point calls, one stream per GPU, would let a send wait for a receive queued
+/// behind it).
+enum class transport { link, handoff, staged };
+
+/// @brief How `me` sends to and receives from the neighbouring stage's place `other`.
+inline transport transport_between(const pdo::detail::place_state& me, const pdo::detail::place_state& other) {
+  if (me.kind == place_kind::cpu) return transport::link;
+  return other.local ? transport::handoff : transport::staged;
+}
+
 /// @brief A place's links to its neighbouring stages: its line along "pp" (members by "pp"
-/// coordinate) for the data, the mesh's host group (members by place index) for shapes.
-/// Between GPU places of one process the data goes by device copies instead (handoff): the
-/// receiver copies the sender's block on its own stream, and the sender keeps the block until
-/// that copy has run (pdo::detail::offered_block).
+/// coordinate) for the data, the mesh's host group (members by place index) for shapes, and
+/// how tensors go to each neighbour (transport).
 struct channel {
   /// @brief The place's line along "pp", which carries the tensors' elements.
   mesh_communicator link, host;
   std::size_t previous = 0, next = 0;              ///< members of `link`
   std::size_t previous_place = 0, next_place = 0;  ///< members of `host`
-  bool handoff = false;                            ///< GPU places of one process: device copies, not `link`
-  pdo::detail::place_state* previous_state = nullptr;  ///< the previous stage's place (for handoffs)
-  pdo::detail::place_state* next_state = nullptr;      ///< the next stage's place (for handoffs)
+  transport to_previous = transport::link;         ///< how tensors go to and from the previous stage's place
+  transport to_next = transport::link;             ///< how tensors go to and from the next stage's place
   /// @var host
-  /// @brief The mesh's host group, which carries the tensors' shapes ahead of their elements.
+  /// @brief The mesh's host group, which carries the tensors' shapes ahead of their elements
+  /// (and, staged, the elements).
   /// @var previous
   /// @brief The previous stage's member of `link` (`next`: the next stage's).
   /// @var previous_place
@@ -17736,8 +17749,9 @@ struct async_sender {
 
   /// @brief Sends `t` to the next stage's place (`forward`) or the previous one's: its shape
   /// through `c.host` (the mesh's host group), then its elements through `c.link` (the line
-  /// along "pp"), or by a handoff between GPU places (the receiver copies the block, after the
-  /// mark made here, on the sending place's compute lane, of the work that wrote it).
+  /// along "pp"), through `c.host` from a copy in host memory (staged), or by a handoff between
+  /// GPU places (the receiver copies the block, after the mark made here, on the sending
+  /// place's compute lane, of the work that wrote it).
   template <class T, std::size_t R>
   void send(pdo::detail::place_state& from, const channel& c, tensor<T, R> t, bool forward, int tag) {
     auto data = std::make_shared<tensor<T, R>>(std::move(t));
@@ -17747,12 +17761,17 @@ struct async_sender {
     r.category = "collective";
     r.uses.reads.push_back(data->data());
     if (pdo::detail::timeline_on()) r.detail = std::to_string(data->bytes()) + " bytes, micro-batch " + std::to_string(tag);
-    if (!c.handoff) {
-      r.fn = [c, forward, tag, data] {
+    const transport how = forward ? c.to_next : c.to_previous;
+    if (how != transport::handoff) {
+      r.fn = [c, forward, tag, data, how] {
+        // staged: the copy to host memory first, so a failed copy sends nothing
+        const std::optional<tensor<T, R>> staged = how == transport::staged ? std::optional(to_host(*data)) : std::nullopt;
         send_header<R> header{};
         for (std::size_t d = 0; d < R; ++d) header[d] = data->shape()[d];
-        c.host.send(std::span<const std::size_t>(header), forward ? c.next_place : c.previous_place, 2 * tag);
-        c.link.send(std::as_const(*data).span(), forward ? c.next : c.previous, 2 * tag + 1);
+        const std::size_t to_place = forward ? c.next_place : c.previous_place;
+        c.host.send(std::span<const std::size_t>(header), to_place, 2 * tag);
+        if (staged) c.host.send(staged->span(), to_place, 2 * tag + 1);
+        else c.link.send(std::as_const(*data).span(), forward ? c.next : c.previous, 2 * tag + 1);
       };
       sends.push_back(pdo::detail::engine::instance().submit(std::move(r)));
       return;
@@ -17814,20 +17833,26 @@ template <class T, std::size_t R>
 tensor<T, R> receive(const channel& c, bool from_previous, int tag, const any_place& place) {
   send_header<R> header{};
   const std::size_t from = from_previous ? c.previous_place : c.next_place;
+  const transport how = from_previous ? c.to_previous : c.to_next;
   c.host.recv(std::span<std::size_t>(header), from, 2 * tag);
   shape_t<R> shape{};
   for (std::size_t d = 0; d < R; ++d) shape[d] = header[d];
+  if (how == transport::staged) {
+    auto staged = tensor<T, R>::on_host(shape);
+    c.host.recv(staged.span(), from, 2 * tag + 1);
+    return to_place(staged, place);
+  }
   std::optional<tensor<T, R>> made;
   try {
     made.emplace(shape, place, pdo::detail::uninitialized);
   } catch (...) {
 #if defined(PDO_WITH_CUDA)
-    if (c.handoff) pdo::detail::leave_block(header[R]);  // the sender withdraws it
+    if (how == transport::handoff) pdo::detail::leave_block(header[R]);  // the sender withdraws it
 #endif
     throw;
   }
   tensor<T, R>& t = *made;
-  if (!c.handoff) {
+  if (how == transport::link) {
     c.link.recv(t.span(), from_previous ? c.previous : c.next, 2 * tag + 1);
     return std::move(t);
   }
@@ -17878,20 +17903,16 @@ class pipeline {
 
   /// @brief Cuts `model` (a sequential) after the layers `Cuts...` and builds, on each place of this
   /// process, its stage and make_optimizer(its parameters). pdo::layout_error for a mesh of CPU
-  /// and GPU places, or of GPU places over several processes, a "pp" extent other than
-  /// stage_count, or 0 micro-batches; pdo::error for a schedule that would not finish.
+  /// and GPU places, a "pp" extent other than stage_count, or 0 micro-batches; pdo::error for a schedule that would not finish.
   template <class MakeOptimizer, class Model, std::size_t... Cuts>
   pipeline(const Mesh& m, const Model& model, detail_pp::cut_list<Cuts...>, MakeOptimizer make_optimizer, pipeline_options o, Loss loss)
       : mesh_(m), options_(o), loss_(loss), schedule_(make_schedule(o.schedule, stage_count, o.micro_batches)),
         states_(m.local_places().size()) {
-    // stages on GPU places hand their tensors over by device copies, which take one process
+    // neighbouring stages hand tensors over as their places' kind says (detail_pp::transport)
     for (std::size_t q = 0; q < m.size(); ++q)
-      if (m.place(q).kind() != m.place(0).kind() || (m.place(q).kind() != place_kind::cpu && m.is_multiprocess()))
-        throw layout_error("pipeline: place " + m.place(q).name() + " of " + m.describe() +
-                           (m.place(q).kind() != m.place(0).kind()
-                                ? " is not of the kind of " + m.place(0).name() + "; the stages run on CPU places or on GPU places, not both"
-                                : " is a GPU place of a mesh over several processes; the pipeline trains on the GPU places of one "
-                                  "process (its stages hand tensors over by device copies) or on CPU places"));
+      if (m.place(q).kind() != m.place(0).kind())
+        throw layout_error("pipeline: place " + m.place(q).name() + " of " + m.describe() + " is not of the kind of " + m.place(0).name() +
+                           "; the stages run on CPU places or on GPU places, not both");
     if (m.extent(pp_axis) != stage_count)
       throw layout_error("pipeline: the model is cut into " + std::to_string(stage_count) + " stages but " + m.describe() + " has " +
                          std::to_string(m.extent(pp_axis)) + " places along \"pp\"");
@@ -18070,9 +18091,8 @@ class pipeline {
       link.next = me + 1 < line.size() ? me + 1 : me;
       link.previous_place = line[link.previous];
       link.next_place = line[link.next];
-      link.handoff = place.kind() != place_kind::cpu;
-      link.previous_state = mesh_.place(link.previous_place).state().get();
-      link.next_state = mesh_.place(link.next_place).state().get();
+      link.to_previous = detail_pp::transport_between(*place.state(), *mesh_.place(link.previous_place).state());
+      link.to_next = detail_pp::transport_between(*place.state(), *mesh_.place(link.next_place).state());
     }
     // this place's rows: its "dp" share of the batch, cut into micro-batches
     std::size_t first_row = 0, my_rows = global_rows;

@@ -1,8 +1,10 @@
 // tests/cuda/test_cuda_mpi.cu: GPU places over MPI processes, their collectives on NCCL
 // bootstrapped over MPI (the unique id broadcast from the first place's process): an
 // all_reduce, distribute (whose agreement check on the host shapes goes over the host group,
-// not NCCL), parallel_do, gather, a redistribution, the data-parallel trainer; with three or more processes, a mesh over
-// the places of the first two, which the others make too while holding none of its places.
+// not NCCL), parallel_do, gather, a redistribution, the data-parallel trainer; the pipeline
+// with stages in different processes (tensors staged through host memory between them, handed
+// over by device copies within one); with three or more processes, a mesh over the places of
+// the first two, which the others make too while holding none of its places.
 // Run it under mpirun with one process per GPU; run alone, it is one process. Without a GPU
 // it reports itself skipped (exit 77) with the reason.
 #include <pdo/pdo.hpp>
@@ -95,6 +97,35 @@ void programs(const Mesh& m, const std::string& what) {
   check(follows, what + ": the data-parallel trainer's losses equal those of " + std::to_string(n) + " CPU places");
 }
 
+/// Pipeline training over "pp" with stages on the GPU places of different processes follows the
+/// same training on CPU places of one process, loss by loss, for both schedules: `Cuts...` cut
+/// the model into as many stages as `m` has places along "pp".
+template <std::size_t... Cuts, class Mesh, class CpuMesh>
+void pipeline_follows(const Mesh& m, const CpuMesh& cpu, const std::string& what) {
+  auto make = [] {
+    pdo::nn::rng gen(5);
+    return pdo::nn::sequential(pdo::nn::linear<double>(6, 8, gen), pdo::nn::relu{}, pdo::nn::linear<double>(8, 8, gen), pdo::nn::tanh{},
+                               pdo::nn::linear<double>(8, 3, gen));
+  };
+  auto sgd = [](auto ps) { return pdo::nn::sgd<double>(std::move(ps), {.lr = 0.2, .momentum = 0.5}); };
+  const auto x = numbered(13, 6);
+  pdo::tensor<int, 1> y({13});
+  for (std::size_t i = 0; i < 13; ++i) y(i) = static_cast<int>(i % 3);
+  for (const auto kind : {pdo::nn::pipeline_schedule::gpipe, pdo::nn::pipeline_schedule::one_f_one_b}) {
+    auto losses = [&](const auto& mesh) {
+      auto trainer = pdo::nn::make_pipeline<double, 2, Cuts...>(mesh, make(), sgd, {kind, 3});
+      std::vector<double> out;
+      for (int s = 0; s < 3; ++s) out.push_back(trainer.step(x, y));
+      return out;
+    };
+    const auto want = losses(cpu), got = losses(m);
+    bool follows = got.size() == want.size();
+    for (std::size_t s = 0; follows && s < got.size(); ++s) follows = std::abs(got[s] - want[s]) <= 1e-10 * (1 + std::abs(want[s]));
+    check(follows, what + ": the pipeline's losses (" + (kind == pdo::nn::pipeline_schedule::gpipe ? "GPipe" : "1F1B") +
+                       ") equal those of CPU places");
+  }
+}
+
 }  // namespace
 
 int main() {
@@ -107,6 +138,16 @@ int main() {
   try {
     const auto places = pdo::mpi::world_cuda_places(1);
     programs(pdo::make_mesh<"dp">(places, {places.size()}), "every process");
+    if (places.size() == 2) {
+      // a stage in each process: every tensor between stages goes through host memory
+      pipeline_follows<3>(pdo::make_mesh<"pp">(places, {2}), pdo::make_mesh<"pp">(pdo::cpu_places(2), {2}), "2 stages in 2 processes");
+      // two GPU places in each process: stages 0 and 1, 2 and 3 hand tensors over by device
+      // copies, 1 and 2 through host memory; then "pp" across the processes and "dp" within each
+      const auto four = pdo::mpi::world_cuda_places(2);
+      pipeline_follows<1, 2, 3>(pdo::make_mesh<"pp">(four, {4}), pdo::make_mesh<"pp">(pdo::cpu_places(4), {4}), "4 stages in 2 processes");
+      pipeline_follows<3>(pdo::make_mesh<"pp", "dp">(four, {2, 2}), pdo::make_mesh<"pp", "dp">(pdo::cpu_places(4), {2, 2}),
+                          "2 pp (across processes) x 2 dp");
+    }
     if (places.size() >= 3) {
       // a mesh over the places of the first two processes: the others hold none of its places
       const std::vector<pdo::any_place> first_two{places[0], places[1]};
