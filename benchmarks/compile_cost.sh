@@ -62,7 +62,9 @@ printf '%-24s %9s %9s %12s %11s\n' "(anchor: std headers)" "$anchor_gnu" "$ancho
 worst=0
 for src in "$here"/examples/*.cpp; do
   name=$(basename "$src" .cpp)
-  extra=("${io[@]}")
+  extra=()
+  # IO as the examples' build gives it: to those that link pdo::io (their checkpoints)
+  grep -q "pdo::io::" "$src" && extra+=("${io[@]}")
   case $name in
     mpi_*) [ ${#mpi_flags[@]} -gt 0 ] || { printf '%-24s %s\n' "$name" "(no mpicxx: not measured)"; continue; }
            extra+=("${mpi_flags[@]}") ;;
