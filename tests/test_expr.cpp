@@ -302,9 +302,22 @@ TEST_CASE("eval_async queues work per place; errors surface at the wait", "[expr
   }();
   CHECK(close(pdo::gather(std::move(later).get()), pdo::eval(pdo::exp(h) * 0.5), 1e-15));
   // operands on two meshes of one type
-  CHECK_THROWS_WITH(pdo::eval(a + b), Catch::Contains("another mesh"));
+  CHECK_THROWS_WITH(pdo::eval(a + b), Catch::Contains("another mesh") && Catch::Contains("each make_mesh call makes a mesh of its own"));
   CHECK(after.ready());
   CHECK_THROWS_AS(failing.get(), pdo::shape_error);
+  // a result taken by get() on an rvalue, and a dtensor moved from, are empty: every use says so
+  auto once = pdo::eval_async(a * 2.0);
+  const auto taken = std::move(once).get();
+  CHECK(close(pdo::gather(taken), pdo::eval(h * 2.0), 0));
+  CHECK_THROWS_WITH(pdo::gather(once.get()), Catch::Contains("dtensor f64[6, 4]{split<x>, replicate}: used after it was moved from"));
+  auto moved = pdo::distribute<L>(one, h);
+  const auto kept = std::move(moved);
+  for (const auto& use : std::vector<std::function<void()>>{[&] { (void)pdo::gather(moved); },
+                                                            [&] { (void)pdo::redistribute<pdo::layout<replicate, replicate>>(moved); },
+                                                            [&] { (void)pdo::eval(moved + 1.0); }, [&] { (void)pdo::eval(kept + moved); }})
+    CHECK_THROWS_WITH(use(), Catch::Contains("used after it was moved from"));
+  CHECK_THAT(moved.describe(), Catch::Contains("(moved from)"));
+  CHECK(close(pdo::gather(kept), h, 0));
 }
 
 TEST_CASE("explain prints the plan with shapes and bytes", "[expr][plan]") {

@@ -283,6 +283,10 @@ TEST_CASE("data parallel: a failing step names the op and place, and the trainer
   pdo::tensor<int, 1> wrong({8});
   wrong.fill(9);  // 4 classes
   CHECK_THROWS_WITH(trainer.step(rnd<2>({8, 6}, 61), wrong), Catch::Contains("cross_entropy"));
+  const auto before = trainer.parameters()[0].value()[0];
+  CHECK_THROWS_WITH(trainer.step(pdo::tensor<double, 2>({0, 6}), pdo::tensor<int, 1>({0})),
+                    Catch::Contains("data_parallel::step") && Catch::Contains("[0, 6]") && Catch::Contains("no rows"));
+  CHECK(trainer.parameters()[0].value()[0] == before);
   const double loss = trainer.step(rnd<2>({8, 6}, 62), labels_for(8));
   CHECK(std::isfinite(loss));
   CHECK(trainer.accuracy(rnd<2>({8, 6}, 62), labels_for(8)) >= 0.0);

@@ -76,6 +76,14 @@ TEST_CASE("pipeline: GPipe and 1F1B training match one place step by step, with 
         const auto losses = pipeline_losses(pdo::make_mesh<"pp">(pdo::cpu_places(stages)), kind, micros, x, y, 3);
         for (std::size_t s = 0; s < losses.size(); ++s) CHECK(losses[s] == Approx(reference[s]).epsilon(1e-10));
       }
+  SECTION("a batch of no rows is a shape_error, and the trainer goes on") {
+    const auto m = pdo::make_mesh<"pp">(pdo::cpu_places(2));
+    auto trainer = pdo::nn::make_pipeline<double, 2, 3>(m, make_mlp(), [](auto ps) { return pdo::nn::sgd<double>(std::move(ps), {.lr = 0.2, .momentum = 0.5}); },
+                                                        {pdo::nn::pipeline_schedule::one_f_one_b, 3});
+    CHECK_THROWS_WITH(trainer.step(pdo::tensor<double, 2>({0, 6}), pdo::tensor<int, 1>({0})),
+                      Catch::Contains("pipeline::step") && Catch::Contains("no rows"));
+    CHECK(trainer.step(x, y) == Approx(reference[0]).epsilon(1e-10));
+  }
   SECTION("2 pipeline stages x 2 data-parallel replicas") {
     const auto m = pdo::make_mesh<"pp", "dp">(pdo::cpu_places(4), {2, 2});
     const auto losses = pipeline_losses(m, pdo::nn::pipeline_schedule::one_f_one_b, 2, x, y, 3);

@@ -8210,6 +8210,13 @@ PDO_NOINLINE std::string describe_dtensor(const Mesh& m, const layout_value& v, 
   return describe_block(dtype_name<T>(), global, &v) + " on " + m.describe();
 }
 
+/// @brief The error of a dtensor used after it was moved from (`what`: its type, as
+/// describe_block writes it).
+[[noreturn]] PDO_NOINLINE inline void throw_moved_from(const std::string& what) {
+  throw error("dtensor " + what + ": used after it was moved from; it holds no mesh and no shards (std::move of a dtensor, or "
+              "pdo::async_result::get() on an rvalue, empties it)");
+}
+
 /// @brief The checks of a dtensor's constructor: one shard for each place of this process,
 /// each of the shape the layout gives its place (else pdo::shape_error).
 template <class T, std::size_t Rank, class Mesh>
@@ -8267,8 +8274,9 @@ class dtensor {
     detail::check_shards(mesh_, layout_value, shape_, shards_);
   }
 
-  /// @brief The mesh the tensor is laid out over.
-  [[nodiscard]] const Mesh& mesh() const { return mesh_; }
+  /// @brief The mesh the tensor is laid out over (a pdo::error for a dtensor that was moved
+  /// from: every operation on one says so).
+  [[nodiscard]] const Mesh& mesh() const { return live_mesh(); }
   /// @brief The global extents (not those of a shard).
   [[nodiscard]] const shape_t<Rank>& shape() const { return shape_; }
   /// @brief The global number of elements.
@@ -8285,20 +8293,28 @@ class dtensor {
 
   /// @brief The shape of place `p`'s shard (any place of the mesh).
   [[nodiscard]] shape_t<Rank> local_shape(std::size_t p) const {
-    mesh_.check_place(p, "dtensor::local_shape");
+    live_mesh().check_place(p, "dtensor::local_shape");
     return detail::shard_shape(mesh_, layout_value, shape_, p);
   }
   /// @brief Where place `p`'s shard starts in the global tensor.
   [[nodiscard]] shape_t<Rank> local_offset(std::size_t p) const {
-    mesh_.check_place(p, "dtensor::local_offset");
+    live_mesh().check_place(p, "dtensor::local_offset");
     return detail::shard_offset(mesh_, layout_value, shape_, p);
   }
 
   /// @brief "f32[10, 6]{split<dp>, replicate} on mesh(dp=2, tp=2)".
-  [[nodiscard]] std::string describe() const { return detail::describe_dtensor<T>(mesh_, layout_value, shape_); }
+  [[nodiscard]] std::string describe() const {
+    if (!mesh_.state()) return detail::describe_block(detail::dtype_name<T>(), shape_, &layout_value) + " (moved from)";
+    return detail::describe_dtensor<T>(mesh_, layout_value, shape_);
+  }
 
  private:
-  std::size_t local_ordinal(std::size_t p) const { return detail::local_ordinal(mesh_, p); }
+  std::size_t local_ordinal(std::size_t p) const { return detail::local_ordinal(live_mesh(), p); }
+  const Mesh& live_mesh() const {
+    if (!mesh_.state()) [[unlikely]]
+      detail::throw_moved_from(detail::describe_block(detail::dtype_name<T>(), shape_, &layout_value));
+    return mesh_;
+  }
 
   Mesh mesh_;
   shape_t<Rank> shape_;
@@ -8710,6 +8726,12 @@ struct operand_traits {
   static_assert(((std::is_void_v<typename Children::mesh_type> ||
                   std::is_same_v<typename Children::mesh_type, mesh_type>) && ...),
                 "pdo: an expression mixes dtensors of different mesh types; every operand must live on one mesh");
+  /// @brief Whether the operands agree (the checks above) here and in every operand's subtree:
+  /// what evaluates an expression instantiates nothing more when they do not (one error).
+  static constexpr bool agree = !(distributed && any_local_tensor) &&
+                                ((std::is_void_v<typename Children::mesh_type> || std::is_same_v<typename Children::mesh_type, mesh_type>) &&
+                                 ...) &&
+                                (Children::well_formed && ...);
 };
 
 /// @brief The element type of an op over `Children`: that of its first tensor operand
@@ -8734,6 +8756,9 @@ class op_node {
   using mesh_type = typename traits::mesh_type;
   using children_type = std::tuple<Children...>;
   static constexpr bool distributed = traits::distributed, is_leaf = false, is_scalar = false;
+  /// @brief Whether the operands of this op and of every op below it agree (one element
+  /// type's mesh, no pdo::tensor beside a pdo::dtensor).
+  static constexpr bool well_formed = traits::agree;
 
   [[nodiscard]] const children_type& children() const { return children_; }
 
@@ -8761,6 +8786,8 @@ class tensor_leaf {
   static constexpr std::size_t rank = Rank;
   /// @brief false: a local tensor, not laid out over a mesh.
   static constexpr bool distributed = false, is_leaf = true, is_scalar = false, elementwise = false;
+  /// @brief true: a leaf is well formed.
+  static constexpr bool well_formed = true;
   /// @var is_leaf
   /// @brief true: a leaf has no children.
   /// @var is_scalar
@@ -8811,6 +8838,8 @@ class dtensor_leaf {
   static constexpr std::size_t rank = DTensor::rank;
   /// @brief true: the dtensor is laid out over a mesh, one shard per place.
   static constexpr bool distributed = true, is_leaf = true, is_scalar = false, elementwise = false;
+  /// @brief true: a leaf is well formed.
+  static constexpr bool well_formed = true;
   /// @var is_leaf
   /// @brief true: a leaf has no children.
   /// @var is_scalar
@@ -8865,6 +8894,8 @@ class scalar_leaf {
   static constexpr std::size_t rank = 0;
   /// @brief false: a number is not laid out over a mesh (every place reads the same value).
   static constexpr bool distributed = false, is_leaf = true, is_scalar = true, elementwise = false;
+  /// @brief true: a leaf is well formed.
+  static constexpr bool well_formed = true;
   /// @var is_leaf
   /// @brief true: a leaf has no children.
   /// @var is_scalar
@@ -8934,6 +8965,9 @@ const typename Node::mesh_type* find_mesh(const Node& node) {
 
 /// @brief The error of check_one_mesh.
 [[noreturn]] PDO_NOINLINE inline void throw_other_mesh(const std::string& operand, const std::string& its_mesh, const std::string& mesh) {
+  if (its_mesh == mesh)
+    throw layout_error("eval: an operand " + operand + " lives on another mesh than the expression's first dtensor, though both are " +
+                       mesh + " (each make_mesh call makes a mesh of its own); make the operands on one mesh");
   throw layout_error("eval: an operand " + operand + " lives on " + its_mesh + ", another mesh than the expression's first dtensor (" +
                      mesh + "); redistribute it onto one mesh first");
 }
@@ -12074,9 +12108,13 @@ class async_result {
 template <class Policy = implicit, class Expr>
   requires detail::tensor_operand<Expr>
 auto eval_async(Expr&& expr) {
-  auto state = detail::queue_evaluation<Policy>(std::forward<Expr>(expr), false);
-  detail::pending_evaluations().push_back(state);
-  return async_result<std::remove_cvref_t<decltype(state->result)>>(state, &state->result);
+  if constexpr (!detail::expression_t<Expr>::well_formed) {
+    return 0;  // the operands' error was given where the expression was made: nothing more after it
+  } else {
+    auto state = detail::queue_evaluation<Policy>(std::forward<Expr>(expr), false);
+    detail::pending_evaluations().push_back(state);
+    return async_result<std::remove_cvref_t<decltype(state->result)>>(state, &state->result);
+  }
 }
 
 /// @brief Waits for every evaluation that the calling thread queued with pdo::eval_async
@@ -12107,7 +12145,9 @@ template <class Policy = implicit, class Expr>
   requires detail::tensor_operand<Expr>
 auto eval(Expr&& expr) {
   using node_t = detail::expression_t<Expr>;
-  if constexpr (node_t::distributed) {  // queue_evaluation checks the policy
+  if constexpr (!node_t::well_formed) {
+    return 0;  // the operands' error was given where the expression was made: nothing more after it
+  } else if constexpr (node_t::distributed) {  // queue_evaluation checks the policy
     const auto state = detail::queue_evaluation<Policy>(std::forward<Expr>(expr), true);
     state->finish();
     return std::move(state->result);
@@ -16986,7 +17026,7 @@ class data_parallel {
   }
 
   /// @brief One training step on a global batch (host tensors: inputs [B, ...], targets
-  /// [B, ...]); returns the mean loss over the global batch. A loss that is not finite is a
+  /// [B, ...], B at least 1, else pdo::shape_error); returns the mean loss over the global batch. A loss that is not finite is a
   /// pdo::error naming the step, with no parameter updated (or, with
   /// data_parallel_options::skip_nonfinite_steps, returned with no update).
   ///
@@ -16997,6 +17037,8 @@ class data_parallel {
   /// the whole batch (within rounding), with the activations of one micro-batch at a time.
   template <std::size_t R, class Target>
   T step(const tensor<T, R>& inputs, const Target& targets, std::size_t micro_batches = 1) {
+    if (inputs.extent(0) == 0)
+      throw shape_error("data_parallel::step: the batch " + describe(inputs) + " has no rows; a step trains on at least one");
     std::vector<std::size_t> order(inputs.extent(0));
     std::iota(order.begin(), order.end(), std::size_t{0});
     return step_on(cut(inputs, targets, order, 0, inputs.extent(0), micro_batches), inputs.extent(0));
@@ -17369,9 +17411,14 @@ class data_parallel {
 template <class T, class Mesh, class MakeModel, class MakeOptimizer, class Loss = cross_entropy_loss>
 auto make_data_parallel(const Mesh& m, MakeModel make_model, MakeOptimizer make_optimizer, data_parallel_options o = {},
                         Loss loss = {}) {
-  using model_t = std::invoke_result_t<MakeModel&>;
-  using optimizer_t = std::invoke_result_t<MakeOptimizer&, std::vector<parameter_ref<T>>>;
-  return data_parallel<T, model_t, optimizer_t, Mesh, Loss>(m, std::move(make_model), std::move(make_optimizer), o, loss);
+  static_assert(Mesh::has_axis("dp"), "pdo: data_parallel: the mesh needs an axis named \"dp\"");
+  if constexpr (Mesh::has_axis("dp")) {  // else nothing more is instantiated after the error
+    using model_t = std::invoke_result_t<MakeModel&>;
+    using optimizer_t = std::invoke_result_t<MakeOptimizer&, std::vector<parameter_ref<T>>>;
+    return data_parallel<T, model_t, optimizer_t, Mesh, Loss>(m, std::move(make_model), std::move(make_optimizer), o, loss);
+  } else {
+    return 0;
+  }
 }
 
 }  // namespace pdo::nn
@@ -17525,10 +17572,14 @@ auto shard(const Mesh& m, std::size_t p, const Layer& layer) {
 template <fixed_string Axis, class Mesh, class... Layers>
 auto tensor_parallel(const Mesh& m, const sequential<Layers...>& model) {
   static_assert(Mesh::has_axis(Axis.view()), "pdo: tensor_parallel: the mesh has no axis of that name");
-  detail_tp::check_pairs<Layers...>();
-  return [&]<std::size_t... I>(std::index_sequence<I...>) {
-    return sequential(detail_tp::convert<Axis, detail_tp::linears_before<Layers...>(I)>(m, std::get<I>(model.layers()))...);
-  }(std::index_sequence_for<Layers...>{});
+  if constexpr (Mesh::has_axis(Axis.view())) {  // else nothing more is instantiated after the error
+    detail_tp::check_pairs<Layers...>();
+    return [&]<std::size_t... I>(std::index_sequence<I...>) {
+      return sequential(detail_tp::convert<Axis, detail_tp::linears_before<Layers...>(I)>(m, std::get<I>(model.layers()))...);
+    }(std::index_sequence_for<Layers...>{});
+  } else {
+    return model;
+  }
 }
 
 /// @brief Place `p`'s part of tensor_parallel<Axis>(m, model), for SPMD code that runs the
@@ -17940,12 +17991,13 @@ class pipeline {
     });
   }
 
-  /// @brief One step on a global batch (host tensors); returns its mean loss.
+  /// @brief One step on a global batch (host tensors of at least one row, else pdo::shape_error); returns its mean loss.
   template <class Inputs>
   T step(const Inputs& inputs, const Target& targets) {
     if (targets.extent(0) != inputs.extent(0))
       throw shape_error("pipeline: inputs " + describe(inputs) + " and targets " + describe(targets) + " differ in rows");
     const std::size_t rows = inputs.extent(0);
+    if (rows == 0) throw shape_error("pipeline::step: the batch " + describe(inputs) + " has no rows; a step trains on at least one");
     std::vector<T> losses(states_.size());
     pdo::detail::run_on_places("pipeline::step", mesh_, [&](std::size_t p, std::size_t k) {
       place_state& st = *states_[k];
@@ -18206,12 +18258,24 @@ template <class T, std::size_t InRank, std::size_t... Cuts, class Mesh, class...
 auto make_pipeline(const Mesh& m, const sequential<Layers...>& model, MakeOptimizer make_optimizer, pipeline_options o = {},
                    Loss loss = {}) {
   using bounds = detail_pp::stage_bounds<sizeof...(Layers), Cuts...>;
-  using optimizer_t = std::invoke_result_t<MakeOptimizer&, std::vector<parameter_ref<T>>>;
-  return [&]<std::size_t... S>(std::index_sequence<S...>) {
-    using pipeline_t = pipeline<T, InRank, Target, Mesh, optimizer_t, Loss,
-                                decltype(detail_pp::stage_of<bounds::values[S], bounds::values[S + 1]>(model, m, std::size_t{}))...>;
-    return pipeline_t(m, model, detail_pp::cut_list<Cuts...>{}, std::move(make_optimizer), o, loss);
-  }(std::make_index_sequence<sizeof...(Cuts) + 1>{});
+  constexpr bool cuts_fit = [] {
+    for (std::size_t s = 0; s + 1 < bounds::values.size(); ++s)
+      if (bounds::values[s] >= bounds::values[s + 1]) return false;
+    return true;
+  }();
+  static_assert(cuts_fit,
+                "pdo: pipeline: every stage needs at least one layer: the cut points must increase and lie inside the model "
+                "(a sequential of N layers is cut after layers 1 .. N-1)");
+  if constexpr (cuts_fit) {
+    using optimizer_t = std::invoke_result_t<MakeOptimizer&, std::vector<parameter_ref<T>>>;
+    return [&]<std::size_t... S>(std::index_sequence<S...>) {
+      using pipeline_t = pipeline<T, InRank, Target, Mesh, optimizer_t, Loss,
+                                  decltype(detail_pp::stage_of<bounds::values[S], bounds::values[S + 1]>(model, m, std::size_t{}))...>;
+      return pipeline_t(m, model, detail_pp::cut_list<Cuts...>{}, std::move(make_optimizer), o, loss);
+    }(std::make_index_sequence<sizeof...(Cuts) + 1>{});
+  } else {
+    return 0;  // not reached: the static_assert above is the error
+  }
 }
 
 }  // namespace pdo::nn

@@ -280,9 +280,13 @@ class async_result {
 template <class Policy = implicit, class Expr>
   requires detail::tensor_operand<Expr>
 auto eval_async(Expr&& expr) {
-  auto state = detail::queue_evaluation<Policy>(std::forward<Expr>(expr), false);
-  detail::pending_evaluations().push_back(state);
-  return async_result<std::remove_cvref_t<decltype(state->result)>>(state, &state->result);
+  if constexpr (!detail::expression_t<Expr>::well_formed) {
+    return 0;  // the operands' error was given where the expression was made: nothing more after it
+  } else {
+    auto state = detail::queue_evaluation<Policy>(std::forward<Expr>(expr), false);
+    detail::pending_evaluations().push_back(state);
+    return async_result<std::remove_cvref_t<decltype(state->result)>>(state, &state->result);
+  }
 }
 
 /// @brief Waits for every evaluation that the calling thread queued with pdo::eval_async
@@ -313,7 +317,9 @@ template <class Policy = implicit, class Expr>
   requires detail::tensor_operand<Expr>
 auto eval(Expr&& expr) {
   using node_t = detail::expression_t<Expr>;
-  if constexpr (node_t::distributed) {  // queue_evaluation checks the policy
+  if constexpr (!node_t::well_formed) {
+    return 0;  // the operands' error was given where the expression was made: nothing more after it
+  } else if constexpr (node_t::distributed) {  // queue_evaluation checks the policy
     const auto state = detail::queue_evaluation<Policy>(std::forward<Expr>(expr), true);
     state->finish();
     return std::move(state->result);

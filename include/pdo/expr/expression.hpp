@@ -78,6 +78,12 @@ struct operand_traits {
   static_assert(((std::is_void_v<typename Children::mesh_type> ||
                   std::is_same_v<typename Children::mesh_type, mesh_type>) && ...),
                 "pdo: an expression mixes dtensors of different mesh types; every operand must live on one mesh");
+  /// @brief Whether the operands agree (the checks above) here and in every operand's subtree:
+  /// what evaluates an expression instantiates nothing more when they do not (one error).
+  static constexpr bool agree = !(distributed && any_local_tensor) &&
+                                ((std::is_void_v<typename Children::mesh_type> || std::is_same_v<typename Children::mesh_type, mesh_type>) &&
+                                 ...) &&
+                                (Children::well_formed && ...);
 };
 
 /// @brief The element type of an op over `Children`: that of its first tensor operand
@@ -102,6 +108,9 @@ class op_node {
   using mesh_type = typename traits::mesh_type;
   using children_type = std::tuple<Children...>;
   static constexpr bool distributed = traits::distributed, is_leaf = false, is_scalar = false;
+  /// @brief Whether the operands of this op and of every op below it agree (one element
+  /// type's mesh, no pdo::tensor beside a pdo::dtensor).
+  static constexpr bool well_formed = traits::agree;
 
   [[nodiscard]] const children_type& children() const { return children_; }
 
@@ -129,6 +138,8 @@ class tensor_leaf {
   static constexpr std::size_t rank = Rank;
   /// @brief false: a local tensor, not laid out over a mesh.
   static constexpr bool distributed = false, is_leaf = true, is_scalar = false, elementwise = false;
+  /// @brief true: a leaf is well formed.
+  static constexpr bool well_formed = true;
   /// @var is_leaf
   /// @brief true: a leaf has no children.
   /// @var is_scalar
@@ -179,6 +190,8 @@ class dtensor_leaf {
   static constexpr std::size_t rank = DTensor::rank;
   /// @brief true: the dtensor is laid out over a mesh, one shard per place.
   static constexpr bool distributed = true, is_leaf = true, is_scalar = false, elementwise = false;
+  /// @brief true: a leaf is well formed.
+  static constexpr bool well_formed = true;
   /// @var is_leaf
   /// @brief true: a leaf has no children.
   /// @var is_scalar
@@ -233,6 +246,8 @@ class scalar_leaf {
   static constexpr std::size_t rank = 0;
   /// @brief false: a number is not laid out over a mesh (every place reads the same value).
   static constexpr bool distributed = false, is_leaf = true, is_scalar = true, elementwise = false;
+  /// @brief true: a leaf is well formed.
+  static constexpr bool well_formed = true;
   /// @var is_leaf
   /// @brief true: a leaf has no children.
   /// @var is_scalar
@@ -302,6 +317,9 @@ const typename Node::mesh_type* find_mesh(const Node& node) {
 
 /// @brief The error of check_one_mesh.
 [[noreturn]] PDO_NOINLINE inline void throw_other_mesh(const std::string& operand, const std::string& its_mesh, const std::string& mesh) {
+  if (its_mesh == mesh)
+    throw layout_error("eval: an operand " + operand + " lives on another mesh than the expression's first dtensor, though both are " +
+                       mesh + " (each make_mesh call makes a mesh of its own); make the operands on one mesh");
   throw layout_error("eval: an operand " + operand + " lives on " + its_mesh + ", another mesh than the expression's first dtensor (" +
                      mesh + "); redistribute it onto one mesh first");
 }

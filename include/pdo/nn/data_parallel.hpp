@@ -149,7 +149,7 @@ class data_parallel {
   }
 
   /// @brief One training step on a global batch (host tensors: inputs [B, ...], targets
-  /// [B, ...]); returns the mean loss over the global batch. A loss that is not finite is a
+  /// [B, ...], B at least 1, else pdo::shape_error); returns the mean loss over the global batch. A loss that is not finite is a
   /// pdo::error naming the step, with no parameter updated (or, with
   /// data_parallel_options::skip_nonfinite_steps, returned with no update).
   ///
@@ -160,6 +160,8 @@ class data_parallel {
   /// the whole batch (within rounding), with the activations of one micro-batch at a time.
   template <std::size_t R, class Target>
   T step(const tensor<T, R>& inputs, const Target& targets, std::size_t micro_batches = 1) {
+    if (inputs.extent(0) == 0)
+      throw shape_error("data_parallel::step: the batch " + describe(inputs) + " has no rows; a step trains on at least one");
     std::vector<std::size_t> order(inputs.extent(0));
     std::iota(order.begin(), order.end(), std::size_t{0});
     return step_on(cut(inputs, targets, order, 0, inputs.extent(0), micro_batches), inputs.extent(0));
@@ -532,9 +534,14 @@ class data_parallel {
 template <class T, class Mesh, class MakeModel, class MakeOptimizer, class Loss = cross_entropy_loss>
 auto make_data_parallel(const Mesh& m, MakeModel make_model, MakeOptimizer make_optimizer, data_parallel_options o = {},
                         Loss loss = {}) {
-  using model_t = std::invoke_result_t<MakeModel&>;
-  using optimizer_t = std::invoke_result_t<MakeOptimizer&, std::vector<parameter_ref<T>>>;
-  return data_parallel<T, model_t, optimizer_t, Mesh, Loss>(m, std::move(make_model), std::move(make_optimizer), o, loss);
+  static_assert(Mesh::has_axis("dp"), "pdo: data_parallel: the mesh needs an axis named \"dp\"");
+  if constexpr (Mesh::has_axis("dp")) {  // else nothing more is instantiated after the error
+    using model_t = std::invoke_result_t<MakeModel&>;
+    using optimizer_t = std::invoke_result_t<MakeOptimizer&, std::vector<parameter_ref<T>>>;
+    return data_parallel<T, model_t, optimizer_t, Mesh, Loss>(m, std::move(make_model), std::move(make_optimizer), o, loss);
+  } else {
+    return 0;
+  }
 }
 
 }  // namespace pdo::nn

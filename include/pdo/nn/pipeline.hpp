@@ -395,12 +395,13 @@ class pipeline {
     });
   }
 
-  /// @brief One step on a global batch (host tensors); returns its mean loss.
+  /// @brief One step on a global batch (host tensors of at least one row, else pdo::shape_error); returns its mean loss.
   template <class Inputs>
   T step(const Inputs& inputs, const Target& targets) {
     if (targets.extent(0) != inputs.extent(0))
       throw shape_error("pipeline: inputs " + describe(inputs) + " and targets " + describe(targets) + " differ in rows");
     const std::size_t rows = inputs.extent(0);
+    if (rows == 0) throw shape_error("pipeline::step: the batch " + describe(inputs) + " has no rows; a step trains on at least one");
     std::vector<T> losses(states_.size());
     pdo::detail::run_on_places("pipeline::step", mesh_, [&](std::size_t p, std::size_t k) {
       place_state& st = *states_[k];
@@ -661,12 +662,24 @@ template <class T, std::size_t InRank, std::size_t... Cuts, class Mesh, class...
 auto make_pipeline(const Mesh& m, const sequential<Layers...>& model, MakeOptimizer make_optimizer, pipeline_options o = {},
                    Loss loss = {}) {
   using bounds = detail_pp::stage_bounds<sizeof...(Layers), Cuts...>;
-  using optimizer_t = std::invoke_result_t<MakeOptimizer&, std::vector<parameter_ref<T>>>;
-  return [&]<std::size_t... S>(std::index_sequence<S...>) {
-    using pipeline_t = pipeline<T, InRank, Target, Mesh, optimizer_t, Loss,
-                                decltype(detail_pp::stage_of<bounds::values[S], bounds::values[S + 1]>(model, m, std::size_t{}))...>;
-    return pipeline_t(m, model, detail_pp::cut_list<Cuts...>{}, std::move(make_optimizer), o, loss);
-  }(std::make_index_sequence<sizeof...(Cuts) + 1>{});
+  constexpr bool cuts_fit = [] {
+    for (std::size_t s = 0; s + 1 < bounds::values.size(); ++s)
+      if (bounds::values[s] >= bounds::values[s + 1]) return false;
+    return true;
+  }();
+  static_assert(cuts_fit,
+                "pdo: pipeline: every stage needs at least one layer: the cut points must increase and lie inside the model "
+                "(a sequential of N layers is cut after layers 1 .. N-1)");
+  if constexpr (cuts_fit) {
+    using optimizer_t = std::invoke_result_t<MakeOptimizer&, std::vector<parameter_ref<T>>>;
+    return [&]<std::size_t... S>(std::index_sequence<S...>) {
+      using pipeline_t = pipeline<T, InRank, Target, Mesh, optimizer_t, Loss,
+                                  decltype(detail_pp::stage_of<bounds::values[S], bounds::values[S + 1]>(model, m, std::size_t{}))...>;
+      return pipeline_t(m, model, detail_pp::cut_list<Cuts...>{}, std::move(make_optimizer), o, loss);
+    }(std::make_index_sequence<sizeof...(Cuts) + 1>{});
+  } else {
+    return 0;  // not reached: the static_assert above is the error
+  }
 }
 
 }  // namespace pdo::nn

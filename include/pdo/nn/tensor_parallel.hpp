@@ -148,10 +148,14 @@ auto shard(const Mesh& m, std::size_t p, const Layer& layer) {
 template <fixed_string Axis, class Mesh, class... Layers>
 auto tensor_parallel(const Mesh& m, const sequential<Layers...>& model) {
   static_assert(Mesh::has_axis(Axis.view()), "pdo: tensor_parallel: the mesh has no axis of that name");
-  detail_tp::check_pairs<Layers...>();
-  return [&]<std::size_t... I>(std::index_sequence<I...>) {
-    return sequential(detail_tp::convert<Axis, detail_tp::linears_before<Layers...>(I)>(m, std::get<I>(model.layers()))...);
-  }(std::index_sequence_for<Layers...>{});
+  if constexpr (Mesh::has_axis(Axis.view())) {  // else nothing more is instantiated after the error
+    detail_tp::check_pairs<Layers...>();
+    return [&]<std::size_t... I>(std::index_sequence<I...>) {
+      return sequential(detail_tp::convert<Axis, detail_tp::linears_before<Layers...>(I)>(m, std::get<I>(model.layers()))...);
+    }(std::index_sequence_for<Layers...>{});
+  } else {
+    return model;
+  }
 }
 
 /// @brief Place `p`'s part of tensor_parallel<Axis>(m, model), for SPMD code that runs the

@@ -68,6 +68,13 @@ PDO_NOINLINE std::string describe_dtensor(const Mesh& m, const layout_value& v, 
   return describe_block(dtype_name<T>(), global, &v) + " on " + m.describe();
 }
 
+/// @brief The error of a dtensor used after it was moved from (`what`: its type, as
+/// describe_block writes it).
+[[noreturn]] PDO_NOINLINE inline void throw_moved_from(const std::string& what) {
+  throw error("dtensor " + what + ": used after it was moved from; it holds no mesh and no shards (std::move of a dtensor, or "
+              "pdo::async_result::get() on an rvalue, empties it)");
+}
+
 /// @brief The checks of a dtensor's constructor: one shard for each place of this process,
 /// each of the shape the layout gives its place (else pdo::shape_error).
 template <class T, std::size_t Rank, class Mesh>
@@ -125,8 +132,9 @@ class dtensor {
     detail::check_shards(mesh_, layout_value, shape_, shards_);
   }
 
-  /// @brief The mesh the tensor is laid out over.
-  [[nodiscard]] const Mesh& mesh() const { return mesh_; }
+  /// @brief The mesh the tensor is laid out over (a pdo::error for a dtensor that was moved
+  /// from: every operation on one says so).
+  [[nodiscard]] const Mesh& mesh() const { return live_mesh(); }
   /// @brief The global extents (not those of a shard).
   [[nodiscard]] const shape_t<Rank>& shape() const { return shape_; }
   /// @brief The global number of elements.
@@ -143,20 +151,28 @@ class dtensor {
 
   /// @brief The shape of place `p`'s shard (any place of the mesh).
   [[nodiscard]] shape_t<Rank> local_shape(std::size_t p) const {
-    mesh_.check_place(p, "dtensor::local_shape");
+    live_mesh().check_place(p, "dtensor::local_shape");
     return detail::shard_shape(mesh_, layout_value, shape_, p);
   }
   /// @brief Where place `p`'s shard starts in the global tensor.
   [[nodiscard]] shape_t<Rank> local_offset(std::size_t p) const {
-    mesh_.check_place(p, "dtensor::local_offset");
+    live_mesh().check_place(p, "dtensor::local_offset");
     return detail::shard_offset(mesh_, layout_value, shape_, p);
   }
 
   /// @brief "f32[10, 6]{split<dp>, replicate} on mesh(dp=2, tp=2)".
-  [[nodiscard]] std::string describe() const { return detail::describe_dtensor<T>(mesh_, layout_value, shape_); }
+  [[nodiscard]] std::string describe() const {
+    if (!mesh_.state()) return detail::describe_block(detail::dtype_name<T>(), shape_, &layout_value) + " (moved from)";
+    return detail::describe_dtensor<T>(mesh_, layout_value, shape_);
+  }
 
  private:
-  std::size_t local_ordinal(std::size_t p) const { return detail::local_ordinal(mesh_, p); }
+  std::size_t local_ordinal(std::size_t p) const { return detail::local_ordinal(live_mesh(), p); }
+  const Mesh& live_mesh() const {
+    if (!mesh_.state()) [[unlikely]]
+      detail::throw_moved_from(detail::describe_block(detail::dtype_name<T>(), shape_, &layout_value));
+    return mesh_;
+  }
 
   Mesh mesh_;
   shape_t<Rank> shape_;
