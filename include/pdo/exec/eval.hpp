@@ -260,7 +260,8 @@ class async_result {
     wait();
     return *result_;
   }
-  /// @brief Waits, then gives the result itself.
+  /// @brief Waits, then gives the result itself: this async_result and its copies then hold
+  /// an empty dtensor, whose every use is a pdo::error.
   [[nodiscard]] DTensor get() && {
     wait();
     return std::move(*result_);
