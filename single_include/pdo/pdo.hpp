@@ -8304,15 +8304,18 @@ class dtensor {
 
   /// @brief "f32[10, 6]{split<dp>, replicate} on mesh(dp=2, tp=2)".
   [[nodiscard]] std::string describe() const {
-    if (!mesh_.state()) return detail::describe_block(detail::dtype_name<T>(), shape_, &layout_value) + " (moved from)";
-    return detail::describe_dtensor<T>(mesh_, layout_value, shape_);
+    return moved_from() ? type_text() + " (moved from)" : detail::describe_dtensor<T>(mesh_, layout_value, shape_);
   }
 
  private:
   std::size_t local_ordinal(std::size_t p) const { return detail::local_ordinal(live_mesh(), p); }
+  /// A moved-from dtensor has no mesh state (and no shards).
+  bool moved_from() const { return !mesh_.state(); }
+  /// "f32[7, 5]{split<x>, replicate}": the element type, extents and layout.
+  std::string type_text() const { return detail::describe_block(detail::dtype_name<T>(), shape_, &layout_value); }
   const Mesh& live_mesh() const {
-    if (!mesh_.state()) [[unlikely]]
-      detail::throw_moved_from(detail::describe_block(detail::dtype_name<T>(), shape_, &layout_value));
+    if (moved_from()) [[unlikely]]
+      detail::throw_moved_from(type_text());
     return mesh_;
   }
 
@@ -8720,18 +8723,15 @@ struct operand_traits {
   using mesh_type = typename first_mesh<Children...>::type;
   static constexpr bool distributed = (Children::distributed || ...);
   static constexpr bool any_local_tensor = ((!Children::distributed && !Children::is_scalar) || ...);
-  static_assert(!distributed || !any_local_tensor,
+  static constexpr bool no_mixing = !distributed || !any_local_tensor;
+  static constexpr bool one_mesh = ((std::is_void_v<typename Children::mesh_type> || std::is_same_v<typename Children::mesh_type, mesh_type>) && ...);
+  static_assert(no_mixing,
                 "pdo: an expression mixes pdo::tensor and pdo::dtensor operands; distribute the tensor onto the "
                 "mesh first (pdo::distribute<Layout>(mesh, t)), or use the local shards inside pdo::parallel_do");
-  static_assert(((std::is_void_v<typename Children::mesh_type> ||
-                  std::is_same_v<typename Children::mesh_type, mesh_type>) && ...),
-                "pdo: an expression mixes dtensors of different mesh types; every operand must live on one mesh");
+  static_assert(one_mesh, "pdo: an expression mixes dtensors of different mesh types; every operand must live on one mesh");
   /// @brief Whether the operands agree (the checks above) here and in every operand's subtree:
   /// what evaluates an expression instantiates nothing more when they do not (one error).
-  static constexpr bool agree = !(distributed && any_local_tensor) &&
-                                ((std::is_void_v<typename Children::mesh_type> || std::is_same_v<typename Children::mesh_type, mesh_type>) &&
-                                 ...) &&
-                                (Children::well_formed && ...);
+  static constexpr bool agree = no_mixing && one_mesh && (Children::well_formed && ...);
 };
 
 /// @brief The element type of an op over `Children`: that of its first tensor operand
@@ -17722,7 +17722,6 @@ Layer to_place(const Layer& layer, const any_place& place) {
 /// along "tp" (tensor_parallel_shard).
 template <std::size_t Begin, std::size_t End, class Mesh, class... Layers>
 auto stage_of(const sequential<Layers...>& model, const Mesh& m, std::size_t p) {
-  static_assert(Begin < End, "pdo: pipeline: every stage needs at least one layer (cut points must increase)");
   return [&]<std::size_t... I>(std::index_sequence<I...>) {
     if constexpr (Mesh::has_axis("tp")) {
       using stage_layers = std::tuple<std::tuple_element_t<Begin + I, std::tuple<Layers...>>...>;

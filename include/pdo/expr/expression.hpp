@@ -72,18 +72,15 @@ struct operand_traits {
   using mesh_type = typename first_mesh<Children...>::type;
   static constexpr bool distributed = (Children::distributed || ...);
   static constexpr bool any_local_tensor = ((!Children::distributed && !Children::is_scalar) || ...);
-  static_assert(!distributed || !any_local_tensor,
+  static constexpr bool no_mixing = !distributed || !any_local_tensor;
+  static constexpr bool one_mesh = ((std::is_void_v<typename Children::mesh_type> || std::is_same_v<typename Children::mesh_type, mesh_type>) && ...);
+  static_assert(no_mixing,
                 "pdo: an expression mixes pdo::tensor and pdo::dtensor operands; distribute the tensor onto the "
                 "mesh first (pdo::distribute<Layout>(mesh, t)), or use the local shards inside pdo::parallel_do");
-  static_assert(((std::is_void_v<typename Children::mesh_type> ||
-                  std::is_same_v<typename Children::mesh_type, mesh_type>) && ...),
-                "pdo: an expression mixes dtensors of different mesh types; every operand must live on one mesh");
+  static_assert(one_mesh, "pdo: an expression mixes dtensors of different mesh types; every operand must live on one mesh");
   /// @brief Whether the operands agree (the checks above) here and in every operand's subtree:
   /// what evaluates an expression instantiates nothing more when they do not (one error).
-  static constexpr bool agree = !(distributed && any_local_tensor) &&
-                                ((std::is_void_v<typename Children::mesh_type> || std::is_same_v<typename Children::mesh_type, mesh_type>) &&
-                                 ...) &&
-                                (Children::well_formed && ...);
+  static constexpr bool agree = no_mixing && one_mesh && (Children::well_formed && ...);
 };
 
 /// @brief The element type of an op over `Children`: that of its first tensor operand

@@ -162,15 +162,18 @@ class dtensor {
 
   /// @brief "f32[10, 6]{split<dp>, replicate} on mesh(dp=2, tp=2)".
   [[nodiscard]] std::string describe() const {
-    if (!mesh_.state()) return detail::describe_block(detail::dtype_name<T>(), shape_, &layout_value) + " (moved from)";
-    return detail::describe_dtensor<T>(mesh_, layout_value, shape_);
+    return moved_from() ? type_text() + " (moved from)" : detail::describe_dtensor<T>(mesh_, layout_value, shape_);
   }
 
  private:
   std::size_t local_ordinal(std::size_t p) const { return detail::local_ordinal(live_mesh(), p); }
+  /// A moved-from dtensor has no mesh state (and no shards).
+  bool moved_from() const { return !mesh_.state(); }
+  /// "f32[7, 5]{split<x>, replicate}": the element type, extents and layout.
+  std::string type_text() const { return detail::describe_block(detail::dtype_name<T>(), shape_, &layout_value); }
   const Mesh& live_mesh() const {
-    if (!mesh_.state()) [[unlikely]]
-      detail::throw_moved_from(detail::describe_block(detail::dtype_name<T>(), shape_, &layout_value));
+    if (moved_from()) [[unlikely]]
+      detail::throw_moved_from(type_text());
     return mesh_;
   }
 
