@@ -187,12 +187,12 @@ void gemm(cpu_system& system, std::size_t m, std::size_t n, std::size_t k, matri
         blas_gemm(m, hi - lo, k, a, cols, c + lo, n);
       }
     };
-#if defined(_OPENMP)
-#pragma omp parallel for num_threads(system.threads) schedule(static, 1)
-    for (std::size_t t = 0; t < parts; ++t) block(t);
-#else
-    for (std::size_t t = 0; t < parts; ++t) block(t);
-#endif
+    // block t on thread t (and block t + nt, when the team is smaller than asked)
+    const std::pair<const decltype(block)*, std::size_t> job{&block, parts};
+    run_team(system.threads, [](void* c, std::size_t t, std::size_t nt) {
+      const auto& [blocks, count] = *static_cast<const decltype(job)*>(c);
+      for (std::size_t b = t; b < count; b += nt) (*blocks)(b);
+    }, const_cast<void*>(static_cast<const void*>(&job)));
 #endif
   } else {
     thrust::transform(system, thrust::counting_iterator<std::size_t>(0), thrust::counting_iterator<std::size_t>(m * n), c,

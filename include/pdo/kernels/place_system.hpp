@@ -21,6 +21,7 @@
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <utility>
 
 #if defined(_OPENMP)
 #include <omp.h>
@@ -111,32 +112,59 @@ inline place_system kernel_system(std::string_view op, std::initializer_list<pla
 inline constexpr std::size_t parallel_grain = std::size_t{1} << 15;
 
 
+/// @brief Runs `body(context, t, nt)` on each thread `t` of a team of `nt` (at most
+/// `threads`; the team may be smaller: OMP_DYNAMIC, thread limits, nesting): the one OpenMP
+/// parallel region of pdo's CPU kernels. Each kernel is a plain function over a range of its
+/// indices, called here by every thread with its part: one region, compiled once, not one
+/// outlined region per kernel type (which the compilers' OpenMP passes would analyse each).
+PDO_NOINLINE inline void run_team([[maybe_unused]] int threads, void (*body)(void* context, std::size_t t, std::size_t nt),
+                                  void* context) {
+#if defined(_OPENMP)
+#pragma omp parallel num_threads(threads)
+  body(context, static_cast<std::size_t>(omp_get_thread_num()), static_cast<std::size_t>(omp_get_num_threads()));
+#else
+  body(context, 0, 1);
+#endif
+}
+
+/// @brief Part `t` of `nt` equal parts of [0, n): its first index and the next part's.
+constexpr std::pair<std::size_t, std::size_t> team_part(std::size_t n, std::size_t t, std::size_t nt) {
+  return {n * t / nt, n * (t + 1) / nt};
+}
+
+/// @brief out[k] = f(base + k) for k in [begin, end), vectorized. The functor is copied to a
+/// local, so that the stores to `out` cannot be taken to change it and its loads stay plain
+/// vector loads (a shared one turns them into gathers).
+template <class F, class Out>
+void transform_range(const F& f, std::size_t base, Out out, std::size_t begin, std::size_t end) {
+  const F local = f;
+#pragma omp simd
+  for (std::size_t k = begin; k < end; ++k) out[k] = local(base + k);
+}
+
 /// @brief out[k] = f(first + k) for k in [0, last - first): the form every pdo kernel
 /// has (a functor of the output index).
 template <class F, class Out>
 Out transform([[maybe_unused]] cpu_system& system, thrust::counting_iterator<std::size_t> first, thrust::counting_iterator<std::size_t> last,
               Out out, F f) {
   const std::size_t base = *first, n = *last - *first;
-#if defined(_OPENMP)
   if (system.threads > 1 && n >= parallel_grain) {
-    // each thread its own copy of the functor, so its pointers are plain vector loads (a
-    // shared one turns them into gathers)
-#pragma omp parallel for simd num_threads(system.threads) schedule(static) firstprivate(f)
-    for (std::size_t k = 0; k < n; ++k) out[k] = f(base + k);
-    return out + static_cast<std::ptrdiff_t>(n);
-  }
-#endif
-  // one core: no team is started (that alone costs more than a small kernel); the functor
-  // copied to a local, as each thread's copy above, so that the stores to `out` cannot be
-  // taken to change it and its loads stay plain vector loads
-  {
-    const F local = f;
-#pragma omp simd
-    for (std::size_t k = 0; k < n; ++k) out[k] = local(base + k);
+    struct job {
+      const F& f;
+      std::size_t base, n;
+      Out out;
+    } j{f, base, n, out};
+    run_team(system.threads, [](void* c, std::size_t t, std::size_t nt) {
+      const job& j = *static_cast<const job*>(c);
+      const auto [begin, end] = team_part(j.n, t, nt);
+      transform_range(j.f, j.base, j.out, begin, end);
+    }, &j);
+  } else {
+    // one core: no team is started (that alone costs more than a small kernel)
+    transform_range(f, base, out, 0, n);
   }
   return out + static_cast<std::ptrdiff_t>(n);
 }
-
 
 /// @brief f(first + k) for k in [0, n), for work items that write several outputs each
 /// (a row of a softmax); items run in parallel over the place's cores.
@@ -144,14 +172,19 @@ template <class F>
 thrust::counting_iterator<std::size_t> for_each_n([[maybe_unused]] cpu_system& system, thrust::counting_iterator<std::size_t> first,
                                                   std::size_t n, F f) {
   const std::size_t base = *first;
-#if defined(_OPENMP)
   if (system.threads > 1 && n > 1) {
-#pragma omp parallel for num_threads(system.threads) schedule(static)
+    struct job {
+      const F& f;
+      std::size_t base, n;
+    } j{f, base, n};
+    run_team(system.threads, [](void* c, std::size_t t, std::size_t nt) {
+      const job& j = *static_cast<const job*>(c);
+      const auto [begin, end] = team_part(j.n, t, nt);
+      for (std::size_t k = begin; k < end; ++k) j.f(j.base + k);
+    }, &j);
+  } else {
     for (std::size_t k = 0; k < n; ++k) f(base + k);
-    return first + static_cast<std::ptrdiff_t>(n);
   }
-#endif
-  for (std::size_t k = 0; k < n; ++k) f(base + k);
   return first + static_cast<std::ptrdiff_t>(n);
 }
 
@@ -163,35 +196,40 @@ template <class F, class T, class Op>
 T transform_reduce([[maybe_unused]] cpu_system& system, thrust::counting_iterator<std::size_t> first,
                    thrust::counting_iterator<std::size_t> last, F f, T init, Op op) {
   const std::size_t base = *first, n = *last - *first;
-  auto pairwise = [&](auto& self, std::size_t begin, std::size_t end) -> T {
-    if (end - begin <= 256) {
-      T acc = f(base + begin);
-      for (std::size_t k = begin + 1; k < end; ++k) acc = op(acc, f(base + k));
-      return acc;
+  struct job {
+    const F& f;
+    const Op& op;
+    std::size_t base;
+    T range(std::size_t begin, std::size_t end) const {
+      if (end - begin <= 256) {
+        T acc = f(base + begin);
+        for (std::size_t k = begin + 1; k < end; ++k) acc = op(acc, f(base + k));
+        return acc;
+      }
+      const std::size_t mid = begin + (end - begin) / 2;
+      return op(range(begin, mid), range(mid, end));
     }
-    const std::size_t mid = begin + (end - begin) / 2;
-    return op(self(self, begin, mid), self(self, mid, end));
   };
-  auto range = [&](std::size_t begin, std::size_t end) { return pairwise(pairwise, begin, end); };
-#if defined(_OPENMP)
+  const job whole{f, op, base};
   if (system.threads > 1 && n >= parallel_grain) {
-    constexpr int most = 64;
-    T parts[most];
-    int used = 1;
-#pragma omp parallel num_threads(system.threads < most ? system.threads : most)
-    {
-      // the team may be smaller than asked (OMP_DYNAMIC, thread limits, nesting): split by its size
-      const auto t = static_cast<std::size_t>(omp_get_thread_num()), nt = static_cast<std::size_t>(omp_get_num_threads());
-      parts[t] = range(n * t / nt, n * (t + 1) / nt);
-#pragma omp single
-      used = static_cast<int>(nt);
-    }
+    constexpr std::size_t most = 64;
+    struct team_job {
+      const job& j;
+      std::size_t n;
+      T parts[most];
+      std::size_t used;
+    } tj{whole, n, {}, 1};
+    run_team(system.threads < static_cast<int>(most) ? system.threads : static_cast<int>(most), [](void* c, std::size_t t, std::size_t nt) {
+      auto& tj = *static_cast<team_job*>(c);
+      const auto [begin, end] = team_part(tj.n, t, nt);
+      tj.parts[t] = tj.j.range(begin, end);
+      if (t == 0) tj.used = nt;
+    }, &tj);
     T acc = init;
-    for (int t = 0; t < used; ++t) acc = op(acc, parts[t]);
+    for (std::size_t t = 0; t < tj.used; ++t) acc = op(acc, tj.parts[t]);
     return acc;
   }
-#endif
-  return n == 0 ? init : op(init, range(0, n));
+  return n == 0 ? init : op(init, whole.range(0, n));
 }
 
 /// @brief *out = reduce(f(first + k)) with `op`, from `init`, at once.
