@@ -168,6 +168,36 @@ TEST_CASE("an evaluation that needs a failed one is cancelled with its error; th
   CHECK(ran);
 }
 
+TEST_CASE("gather and redistribute of an eval_async result not yet waited for read it once written, or fail with its error",
+          "[engine][errors]") {
+  const auto mesh = pdo_test::line_mesh(2);
+  using L = pdo::layout<split<"x">, replicate>;
+  using whole = pdo::layout<replicate, replicate>;
+  // 7 rows over 2 places (uneven); products long enough that the reads come before the writes
+  const auto h = pdo_test::random_tensor<double, 2>({7, 160}, 3);
+  const auto w = pdo_test::random_tensor<double, 2>({160, 160}, 4);
+  const auto x = pdo::distribute<L>(mesh, h);
+  const auto dw = pdo::distribute<whole>(mesh, w);
+  const auto reference = pdo::eval(pdo::matmul(pdo::matmul(pdo::matmul(h, w), w), w));
+  for (int round = 0; round < 20; ++round) {
+    auto a = pdo::eval_async(pdo::matmul(pdo::matmul(pdo::matmul(x, dw), dw), dw));
+    CHECK(pdo_test::close(pdo::gather(a.value()), reference, 1e-12));
+    auto b = pdo::eval_async(pdo::matmul(pdo::matmul(pdo::matmul(x, dw), dw), dw));
+    CHECK(pdo_test::close(pdo::gather(pdo::redistribute<whole>(b.value())), reference, 1e-12));
+    pdo::wait_all();
+  }
+  const auto labels = pdo::distribute<pdo::layout<split<"x">>>(mesh, pdo::tensor<double, 1>({7}, {0, 1, 2, 3, 9, 0, 1}));
+  const auto logits = pdo::distribute<L>(mesh, pdo_test::random_tensor<double, 2>({7, 4}, 5));  // label 9 of 4 classes on cpu:1
+  auto failing = pdo::eval_async(pdo::cross_entropy(logits, labels) * 1.0);
+  // the result is a pending sum: the gather's all_reduce is what is cancelled
+  CHECK_THROWS_WITH(pdo::gather(failing.value()), Catch::Contains("cancelled") && Catch::Contains("cross_entropy") && Catch::Contains("cpu:1"));
+  auto failing_too = pdo::eval_async(pdo::cross_entropy(logits, labels) * 1.0);
+  CHECK_THROWS_WITH(pdo::redistribute<pdo::layout<>>(failing_too.value()), Catch::Contains("redistribute") && Catch::Contains("cross_entropy"));
+  CHECK_THROWS_AS(failing.wait(), pdo::shape_error);
+  CHECK_THROWS_AS(failing_too.wait(), pdo::shape_error);
+  CHECK(pdo_test::close(pdo::gather(pdo::eval(x * 2.0)), pdo::eval(h * 2.0), 1e-15));
+}
+
 TEST_CASE("an evaluation runs its plan's steps as tasks: kernels on compute lanes, collectives on communication lanes",
           "[engine][plan]") {
   for (std::size_t n : {2, 3}) {

@@ -5808,6 +5808,10 @@ struct batch_options {
   /// @brief The caller waits for the tasks at once: the first is queued without waking its
   /// lane, since the caller will run it itself if it can (place_batch::wait).
   bool caller_waits = false;
+  /// @brief A step of a program every process runs alike (an evaluation's kernel): in a mesh
+  /// over several processes its failure on one process ends the job, as a collective's does
+  /// (the other processes go on to the next collective, which waits for this one).
+  bool ends_job = false;
 };
 
 /// @brief The work of one place in a mesh-wide operation, type-erased: `call(context, p, k)`
@@ -5845,6 +5849,7 @@ struct place_batch {
   mesh_comms* comms = nullptr;                          ///< the mesh's communicators
   bool local_only = true;                               ///< the mesh lies in this process
   bool communicate = true;                              ///< see batch_options
+  bool ends_job = false;                                ///< see batch_options
   bool closing = false;                                 ///< see batch_options
 
   /// @brief Whether every task is done (its results written, its failure recorded).
@@ -5886,7 +5891,7 @@ struct place_batch {
       failures[k] = captured_error::current();
       if (local_only) {
         if (communicate) comms->abort();
-      } else if (communicate && !shared_by_all_members(failures[k]->kind)) {
+      } else if ((communicate || ends_job) && !shared_by_all_members(failures[k]->kind)) {
         end_job(current_place()->name + ": " + failures[k]->message);
       }
     }
@@ -5935,6 +5940,7 @@ PDO_NOINLINE inline std::shared_ptr<place_batch> submit_on_mesh(const mesh_state
   batch->comms = &comms;
   batch->local_only = !state.multiprocess;
   batch->communicate = o.communicate;
+  batch->ends_job = o.ends_job;
   batch->closing = o.closing;
   std::vector<task_request> requests(local.size());
   std::string detail;
@@ -5981,13 +5987,23 @@ std::shared_ptr<place_batch> submit_on_places(const Mesh& m, Task task, batch_op
 /// the mesh stays usable. In a mesh over several processes, tasks that `communicate`
 /// cannot be unwound that way: an argument mismatch is thrown alike by every member
 /// (pdo::mismatch_error) and returned here, any other failure ends the job (end_job).
+/// `access_of(place_index, local_ordinal)` names what each task reads and writes: it waits
+/// for the tasks queued before that write what it reads, and is cancelled with the error of
+/// one that failed.
 /// @return the first failure that is a cause, not an echo of another's, or nothing
-template <class Mesh, class Task>
+template <class Mesh, class Task, class Access = no_access>
 std::optional<place_failure> try_run_on_places(const Mesh& m, Task&& task, bool communicate = true, const char* op = "spmd",
-                                               const char* category = "task") {
+                                               const char* category = "task", Access access_of = {}) {
   const bool local_only = !m.is_multiprocess();
-  const auto batch = submit_on_places(m, [&task](std::size_t p, std::size_t k) { task(p, k); },
-                                      batch_options{op, category, communicate || local_only, local_only, lane_kind::compute, true});
+  // waited for here: the tasks call `task` and `access_of` where they are, owning nothing
+  using task_t = std::remove_reference_t<Task>;
+  const place_work work{[](void* c, std::size_t p, std::size_t k) { (*static_cast<task_t*>(c))(p, k); },
+                        const_cast<void*>(static_cast<const void*>(std::addressof(task)))};
+  place_access uses;
+  if constexpr (!std::is_same_v<Access, no_access>)
+    uses = {[](const void* c, std::size_t p, std::size_t k) { return access((*static_cast<const Access*>(c))(p, k)); }, &access_of};
+  const auto batch = submit_on_mesh(*m.state(), comms_of(m), work, nullptr,
+                                    batch_options{op, category, communicate || local_only, local_only, lane_kind::compute, true}, uses);
   batch->wait();
   return batch->first_failure();
 }
@@ -8689,15 +8705,6 @@ void write_block(const tensor<T, Rank>& block, tensor<T, Rank>& out, const shape
   }
 }
 
-/// @brief The blocks of `x` (no partial axes) that places of this process hold, written
-/// into `out` (host memory, of x's global shape) from the host thread.
-template <class T, std::size_t Rank, class Mesh, class Layout>
-void write_local_blocks(const dtensor<T, Rank, Mesh, Layout>& x, tensor<T, Rank>& out) {
-  const auto& m = x.mesh();
-  const auto& local = m.local_places();
-  for (const auto [p, shard] : views::zip(local, x.local_shards()))
-    if (writes_block(m, value_of<Layout>(), p)) write_block(shard, out, x.local_offset(p));
-}
 
 }  // namespace detail
 
@@ -11927,12 +11934,12 @@ struct queued_evaluation {
     const batch_options o{op,         collective ? "collective" : "kernel",
                           collective, collective && !mesh->multiprocess,
                           collective ? lane_kind::communication : lane_kind::compute,
-                          caller_waits};
+                          caller_waits, true};
     steps.push_back(submit_on_mesh(*mesh, *comms, work, nullptr, o, uses, detail));
   }
 
  protected:
-  // Not virtual: an evaluation is made by make_shared, whose control block destroys it as
+  // Not virtual: an evaluation is owned through make_owned, whose deleter destroys it as
   // what it is (a virtual destructor would add a deleting one to every evaluation's code).
   ~queued_evaluation() = default;
   /// @brief Notes the mesh and its communicators, and room for the addresses written.
@@ -11981,6 +11988,19 @@ struct evaluation final : queued_evaluation {
   std::vector<run_t> runs;  ///< refer to expr and result
   [[nodiscard]] std::string what() const override { return describe_evaluation(Node::name, describe_node(expr)); }
 };
+
+/// @brief Owns a new `State` (an evaluation) through a shared_ptr whose control block is the
+/// same type for every evaluation (a pointer to queued_evaluation and a plain deleter
+/// function): make_shared would instantiate a control block of a dozen functions for each
+/// expression type.
+template <class State, class... Args>
+std::shared_ptr<State> make_owned(Args&&... args) {
+  using deleter = void (*)(queued_evaluation*);
+  State* const made = new State(std::forward<Args>(args)...);
+  std::shared_ptr<queued_evaluation> owner(static_cast<queued_evaluation*>(made),
+                                           deleter{[](queued_evaluation* e) { delete static_cast<State*>(e); }});
+  return std::shared_ptr<State>(std::move(owner), made);
+}
 
 /// @brief The trace's detail of step `S` of `Node`'s plan (built only while tracing).
 template <class Node, std::size_t S, class Mesh>
@@ -12080,7 +12100,7 @@ auto queue_evaluation(Expr&& expr, bool caller_waits) {
   mesh_comms& comms = comms_of(m);  // built by every process, those without places too
   const auto global = node.shape();
   auto shards = result_shards<T>(m, node_t::rule.out, global, node_t::name);
-  auto state = std::make_shared<evaluation<node_t, result_t>>(std::move(node), result_t(m, global, std::move(shards)), comms);
+  auto state = make_owned<evaluation<node_t, result_t>>(std::move(node), result_t(m, global, std::move(shards)), comms);
   if constexpr (node_t::is_leaf) {
     queue_copy(state, caller_waits);
   } else {
@@ -12220,6 +12240,16 @@ auto eval(Expr&& expr) {
 
 namespace pdo {
 
+namespace detail {
+/// @brief What a task that reads the storage at `data` declares (nothing for an empty
+/// shard, which has none).
+inline access reading(const void* data) {
+  access a;
+  if (data != nullptr) a.reads.push_back(data);
+  return a;
+}
+}  // namespace detail
+
 /// @brief Cuts the host tensor `host` over `m` as `Layout`: each place of this process
 /// gets its chunk of the split dims, in its own memory; for partial axes, the places at
 /// coordinate 0 get the value and the others zeros. Every process passes the same tensor.
@@ -12247,9 +12277,11 @@ dtensor<T, Rank, Mesh, To> redistribute(const dtensor<T, Rank, Mesh, From>& x) {
   static_assert(sizeof(detail::check_layout<"redistribute", To, Mesh, Rank>) != 0);
   const Mesh& m = x.mesh();
   std::vector<tensor<T, Rank>> shards(x.local_shards().size());
+  // each place's task reads its shard: it waits for the work queued to write it (an
+  // eval_async's), and is cancelled with that work's error if it failed
   const auto failure = detail::try_run_on_places(
       m, [&](std::size_t p, std::size_t k) { shards[k] = detail::apply_plan<From, To>(m, x.shape(), p, x.local_shards()[k]); }, true,
-      "redistribute", "collective");
+      "redistribute", "collective", [&](std::size_t, std::size_t k) { return detail::reading(x.local_shards()[k].data()); });
   if (failure)
     failure->error.rethrow_with_context(detail::redistribute_context(x, layout_name<To>()) + ": on place " +
                                         m.place(failure->place).name() + ": ");
@@ -12264,6 +12296,22 @@ template <class T, std::size_t Rank, class Mesh, class Layout, class F>
 decltype(auto) with_sums_done(const dtensor<T, Rank, Mesh, Layout>& x, F&& f) {
   if constexpr (value_of<Layout>().npartial > 0) return f(redistribute<typename Layout::base>(x));
   else return f(x);
+}
+
+/// @brief The blocks of `x` (no partial axes) that places of this process hold, written
+/// into `out` (host memory, of x's global shape), each by a task of its place that reads
+/// the shard: after the work queued to write it (an eval_async's) has ended, and never from
+/// work that failed (its error is thrown, naming `op` and the place).
+template <class T, std::size_t Rank, class Mesh, class Layout>
+void write_local_blocks(const dtensor<T, Rank, Mesh, Layout>& x, tensor<T, Rank>& out, const char* op) {
+  const auto& m = x.mesh();
+  const auto failure = try_run_on_places(
+      m,
+      [&](std::size_t p, std::size_t k) {
+        if (writes_block(m, value_of<Layout>(), p)) write_block(x.local_shards()[k], out, x.local_offset(p));
+      },
+      false, op, "copy", [&](std::size_t, std::size_t k) { return reading(x.local_shards()[k].data()); });
+  if (failure) failure->error.rethrow_with_context(std::string(op) + ": " + x.describe() + ": on place " + m.place(failure->place).name() + ": ");
 }
 
 /// @brief The blocks of `x` (no partial axes) that places of other processes hold, into
@@ -12315,7 +12363,7 @@ tensor<T, Rank> gather(const dtensor<T, Rank, Mesh, Layout>& x) {
   if (m.local_places().empty()) throw layout_error("gather: " + x.describe() + ": this process holds no place of the mesh");
   return detail::with_sums_done(x, [&](const auto& whole) {
     auto out = tensor<T, Rank>::on_host(x.shape());
-    detail::write_local_blocks(whole, out);
+    detail::write_local_blocks(whole, out, "gather");
     if (m.is_multiprocess()) detail::move_remote_blocks(whole, &out, 0, true, "gather");
     return out;
   });
@@ -12342,7 +12390,7 @@ std::optional<tensor<T, Rank>> gather_to(const dtensor<T, Rank, Mesh, Layout>& x
     std::optional<tensor<T, Rank>> out;
     if (is_root) {
       out.emplace(tensor<T, Rank>::on_host(x.shape()));
-      detail::write_local_blocks(whole, *out);
+      detail::write_local_blocks(whole, *out, "gather_to");
     }
     if (m.is_multiprocess()) detail::move_remote_blocks(whole, out ? &*out : nullptr, to, false, "gather_to");
     return out;

@@ -61,12 +61,12 @@ struct queued_evaluation {
     const batch_options o{op,         collective ? "collective" : "kernel",
                           collective, collective && !mesh->multiprocess,
                           collective ? lane_kind::communication : lane_kind::compute,
-                          caller_waits};
+                          caller_waits, true};
     steps.push_back(submit_on_mesh(*mesh, *comms, work, nullptr, o, uses, detail));
   }
 
  protected:
-  // Not virtual: an evaluation is made by make_shared, whose control block destroys it as
+  // Not virtual: an evaluation is owned through make_owned, whose deleter destroys it as
   // what it is (a virtual destructor would add a deleting one to every evaluation's code).
   ~queued_evaluation() = default;
   /// @brief Notes the mesh and its communicators, and room for the addresses written.
@@ -115,6 +115,19 @@ struct evaluation final : queued_evaluation {
   std::vector<run_t> runs;  ///< refer to expr and result
   [[nodiscard]] std::string what() const override { return describe_evaluation(Node::name, describe_node(expr)); }
 };
+
+/// @brief Owns a new `State` (an evaluation) through a shared_ptr whose control block is the
+/// same type for every evaluation (a pointer to queued_evaluation and a plain deleter
+/// function): make_shared would instantiate a control block of a dozen functions for each
+/// expression type.
+template <class State, class... Args>
+std::shared_ptr<State> make_owned(Args&&... args) {
+  using deleter = void (*)(queued_evaluation*);
+  State* const made = new State(std::forward<Args>(args)...);
+  std::shared_ptr<queued_evaluation> owner(static_cast<queued_evaluation*>(made),
+                                           deleter{[](queued_evaluation* e) { delete static_cast<State*>(e); }});
+  return std::shared_ptr<State>(std::move(owner), made);
+}
 
 /// @brief The trace's detail of step `S` of `Node`'s plan (built only while tracing).
 template <class Node, std::size_t S, class Mesh>
@@ -214,7 +227,7 @@ auto queue_evaluation(Expr&& expr, bool caller_waits) {
   mesh_comms& comms = comms_of(m);  // built by every process, those without places too
   const auto global = node.shape();
   auto shards = result_shards<T>(m, node_t::rule.out, global, node_t::name);
-  auto state = std::make_shared<evaluation<node_t, result_t>>(std::move(node), result_t(m, global, std::move(shards)), comms);
+  auto state = make_owned<evaluation<node_t, result_t>>(std::move(node), result_t(m, global, std::move(shards)), comms);
   if constexpr (node_t::is_leaf) {
     queue_copy(state, caller_waits);
   } else {

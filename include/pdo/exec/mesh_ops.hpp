@@ -14,6 +14,16 @@
 
 namespace pdo {
 
+namespace detail {
+/// @brief What a task that reads the storage at `data` declares (nothing for an empty
+/// shard, which has none).
+inline access reading(const void* data) {
+  access a;
+  if (data != nullptr) a.reads.push_back(data);
+  return a;
+}
+}  // namespace detail
+
 /// @brief Cuts the host tensor `host` over `m` as `Layout`: each place of this process
 /// gets its chunk of the split dims, in its own memory; for partial axes, the places at
 /// coordinate 0 get the value and the others zeros. Every process passes the same tensor.
@@ -41,9 +51,11 @@ dtensor<T, Rank, Mesh, To> redistribute(const dtensor<T, Rank, Mesh, From>& x) {
   static_assert(sizeof(detail::check_layout<"redistribute", To, Mesh, Rank>) != 0);
   const Mesh& m = x.mesh();
   std::vector<tensor<T, Rank>> shards(x.local_shards().size());
+  // each place's task reads its shard: it waits for the work queued to write it (an
+  // eval_async's), and is cancelled with that work's error if it failed
   const auto failure = detail::try_run_on_places(
       m, [&](std::size_t p, std::size_t k) { shards[k] = detail::apply_plan<From, To>(m, x.shape(), p, x.local_shards()[k]); }, true,
-      "redistribute", "collective");
+      "redistribute", "collective", [&](std::size_t, std::size_t k) { return detail::reading(x.local_shards()[k].data()); });
   if (failure)
     failure->error.rethrow_with_context(detail::redistribute_context(x, layout_name<To>()) + ": on place " +
                                         m.place(failure->place).name() + ": ");
@@ -58,6 +70,22 @@ template <class T, std::size_t Rank, class Mesh, class Layout, class F>
 decltype(auto) with_sums_done(const dtensor<T, Rank, Mesh, Layout>& x, F&& f) {
   if constexpr (value_of<Layout>().npartial > 0) return f(redistribute<typename Layout::base>(x));
   else return f(x);
+}
+
+/// @brief The blocks of `x` (no partial axes) that places of this process hold, written
+/// into `out` (host memory, of x's global shape), each by a task of its place that reads
+/// the shard: after the work queued to write it (an eval_async's) has ended, and never from
+/// work that failed (its error is thrown, naming `op` and the place).
+template <class T, std::size_t Rank, class Mesh, class Layout>
+void write_local_blocks(const dtensor<T, Rank, Mesh, Layout>& x, tensor<T, Rank>& out, const char* op) {
+  const auto& m = x.mesh();
+  const auto failure = try_run_on_places(
+      m,
+      [&](std::size_t p, std::size_t k) {
+        if (writes_block(m, value_of<Layout>(), p)) write_block(x.local_shards()[k], out, x.local_offset(p));
+      },
+      false, op, "copy", [&](std::size_t, std::size_t k) { return reading(x.local_shards()[k].data()); });
+  if (failure) failure->error.rethrow_with_context(std::string(op) + ": " + x.describe() + ": on place " + m.place(failure->place).name() + ": ");
 }
 
 /// @brief The blocks of `x` (no partial axes) that places of other processes hold, into
@@ -109,7 +137,7 @@ tensor<T, Rank> gather(const dtensor<T, Rank, Mesh, Layout>& x) {
   if (m.local_places().empty()) throw layout_error("gather: " + x.describe() + ": this process holds no place of the mesh");
   return detail::with_sums_done(x, [&](const auto& whole) {
     auto out = tensor<T, Rank>::on_host(x.shape());
-    detail::write_local_blocks(whole, out);
+    detail::write_local_blocks(whole, out, "gather");
     if (m.is_multiprocess()) detail::move_remote_blocks(whole, &out, 0, true, "gather");
     return out;
   });
@@ -136,7 +164,7 @@ std::optional<tensor<T, Rank>> gather_to(const dtensor<T, Rank, Mesh, Layout>& x
     std::optional<tensor<T, Rank>> out;
     if (is_root) {
       out.emplace(tensor<T, Rank>::on_host(x.shape()));
-      detail::write_local_blocks(whole, *out);
+      detail::write_local_blocks(whole, *out, "gather_to");
     }
     if (m.is_multiprocess()) detail::move_remote_blocks(whole, out ? &*out : nullptr, to, false, "gather_to");
     return out;

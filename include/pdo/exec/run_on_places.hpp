@@ -61,6 +61,10 @@ struct batch_options {
   /// @brief The caller waits for the tasks at once: the first is queued without waking its
   /// lane, since the caller will run it itself if it can (place_batch::wait).
   bool caller_waits = false;
+  /// @brief A step of a program every process runs alike (an evaluation's kernel): in a mesh
+  /// over several processes its failure on one process ends the job, as a collective's does
+  /// (the other processes go on to the next collective, which waits for this one).
+  bool ends_job = false;
 };
 
 /// @brief The work of one place in a mesh-wide operation, type-erased: `call(context, p, k)`
@@ -98,6 +102,7 @@ struct place_batch {
   mesh_comms* comms = nullptr;                          ///< the mesh's communicators
   bool local_only = true;                               ///< the mesh lies in this process
   bool communicate = true;                              ///< see batch_options
+  bool ends_job = false;                                ///< see batch_options
   bool closing = false;                                 ///< see batch_options
 
   /// @brief Whether every task is done (its results written, its failure recorded).
@@ -139,7 +144,7 @@ struct place_batch {
       failures[k] = captured_error::current();
       if (local_only) {
         if (communicate) comms->abort();
-      } else if (communicate && !shared_by_all_members(failures[k]->kind)) {
+      } else if ((communicate || ends_job) && !shared_by_all_members(failures[k]->kind)) {
         end_job(current_place()->name + ": " + failures[k]->message);
       }
     }
@@ -188,6 +193,7 @@ PDO_NOINLINE inline std::shared_ptr<place_batch> submit_on_mesh(const mesh_state
   batch->comms = &comms;
   batch->local_only = !state.multiprocess;
   batch->communicate = o.communicate;
+  batch->ends_job = o.ends_job;
   batch->closing = o.closing;
   std::vector<task_request> requests(local.size());
   std::string detail;
@@ -234,13 +240,23 @@ std::shared_ptr<place_batch> submit_on_places(const Mesh& m, Task task, batch_op
 /// the mesh stays usable. In a mesh over several processes, tasks that `communicate`
 /// cannot be unwound that way: an argument mismatch is thrown alike by every member
 /// (pdo::mismatch_error) and returned here, any other failure ends the job (end_job).
+/// `access_of(place_index, local_ordinal)` names what each task reads and writes: it waits
+/// for the tasks queued before that write what it reads, and is cancelled with the error of
+/// one that failed.
 /// @return the first failure that is a cause, not an echo of another's, or nothing
-template <class Mesh, class Task>
+template <class Mesh, class Task, class Access = no_access>
 std::optional<place_failure> try_run_on_places(const Mesh& m, Task&& task, bool communicate = true, const char* op = "spmd",
-                                               const char* category = "task") {
+                                               const char* category = "task", Access access_of = {}) {
   const bool local_only = !m.is_multiprocess();
-  const auto batch = submit_on_places(m, [&task](std::size_t p, std::size_t k) { task(p, k); },
-                                      batch_options{op, category, communicate || local_only, local_only, lane_kind::compute, true});
+  // waited for here: the tasks call `task` and `access_of` where they are, owning nothing
+  using task_t = std::remove_reference_t<Task>;
+  const place_work work{[](void* c, std::size_t p, std::size_t k) { (*static_cast<task_t*>(c))(p, k); },
+                        const_cast<void*>(static_cast<const void*>(std::addressof(task)))};
+  place_access uses;
+  if constexpr (!std::is_same_v<Access, no_access>)
+    uses = {[](const void* c, std::size_t p, std::size_t k) { return access((*static_cast<const Access*>(c))(p, k)); }, &access_of};
+  const auto batch = submit_on_mesh(*m.state(), comms_of(m), work, nullptr,
+                                    batch_options{op, category, communicate || local_only, local_only, lane_kind::compute, true}, uses);
   batch->wait();
   return batch->first_failure();
 }

@@ -210,15 +210,6 @@ void write_block(const tensor<T, Rank>& block, tensor<T, Rank>& out, const shape
   }
 }
 
-/// @brief The blocks of `x` (no partial axes) that places of this process hold, written
-/// into `out` (host memory, of x's global shape) from the host thread.
-template <class T, std::size_t Rank, class Mesh, class Layout>
-void write_local_blocks(const dtensor<T, Rank, Mesh, Layout>& x, tensor<T, Rank>& out) {
-  const auto& m = x.mesh();
-  const auto& local = m.local_places();
-  for (const auto [p, shard] : views::zip(local, x.local_shards()))
-    if (writes_block(m, value_of<Layout>(), p)) write_block(shard, out, x.local_offset(p));
-}
 
 }  // namespace detail
 
