@@ -157,6 +157,33 @@ TEST_CASE("MPI collectives with different sizes fail on every process, never han
   CHECK(ok[mesh.local_places().front()][0] == static_cast<float>(mesh.size()));
 }
 
+TEST_CASE("MPI processes in different collectives fail alike on every process, never crash", "[mpi][errors]") {
+  // the first process's places call all_reduce (or a barrier), the others' all_to_all: their
+  // meetings exchange the same number of values, so each finds the other's collective
+  const auto mesh = world_line();
+  const std::size_t n = mesh.size();
+  for (const bool barrier : {false, true}) {
+    REQUIRE_THROWS_WITH(on_world(mesh,
+                                 [&](const pdo::mesh_communicator& comm, std::size_t p) {
+                                   if (mesh.place(p).process() == 0) {
+                                     std::vector<float> v(3, 1.0f);
+                                     if (barrier) comm.barrier();
+                                     else comm.all_reduce(std::span<float>(v));
+                                   } else {
+                                     std::vector<int> in(n, 1), out(n);
+                                     const std::vector<std::size_t> counts(n, 1);
+                                     comm.all_to_all(std::span<const int>(in), std::span<const std::size_t>(counts), std::span<int>(out),
+                                                     std::span<const std::size_t>(counts));
+                                   }
+                                 }),
+                        Catch::Contains("different collectives") && Catch::Contains("all_to_all") &&
+                            Catch::Contains(barrier ? "barrier" : "all_reduce"));
+  }
+  std::vector<std::vector<float>> ok(n, std::vector<float>(3, 1.0f));
+  on_world(mesh, [&](const pdo::mesh_communicator& comm, std::size_t p) { comm.all_reduce(std::span<float>(ok[p])); });
+  CHECK(ok[mesh.local_places().front()][0] == static_cast<float>(n));
+}
+
 TEST_CASE("MPI redistribution pairs on a line and on a 2-D mesh", "[mpi][redistribute]") {
   const auto host = pdo_test::iota_tensor<int, 2>({9, 7});
   const auto line = world_line();

@@ -17,6 +17,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -102,7 +103,7 @@ class group {
     args_[l] = {data.data(), data.data()};
     const auto& counts = exchange(me, std::vector<std::size_t>{data.size()}, "all_reduce");
     for (std::size_t k = 0; k < size(); ++k)
-      if (counts[k] != counts[0]) fail("all_reduce: members called it with different sizes (" + listing(counts, 1, 0) + ")");
+      if (counts[3 * k + 1] != counts[1]) fail("all_reduce: members called it with different sizes (" + listing(counts, 3, 1) + ")");
     if (local_.size() > 1) local_.all_reduce(l, data, op);
     leader_step(l, [&] {
       pdo::mpi::detail::check(MPI_Allreduce(MPI_IN_PLACE, data.data(), pdo::mpi::detail::count(data.size(), "all_reduce"),
@@ -119,15 +120,15 @@ class group {
     args_[l] = {in.data(), out.data()};
     const auto& counts = exchange(me, std::vector<std::size_t>{in.size(), out.size()}, "all_gather");
     std::size_t total = 0;
-    for (std::size_t k = 0; k < size(); ++k) total += counts[2 * k];
+    for (std::size_t k = 0; k < size(); ++k) total += counts[3 * k + 1];
     for (std::size_t k = 0; k < size(); ++k)
-      if (counts[2 * k + 1] != total)
-        fail("all_gather: inputs add up to " + std::to_string(total) + " elements but outputs hold (" + listing(counts, 2, 1) + ")");
+      if (counts[3 * k + 2] != total)
+        fail("all_gather: inputs add up to " + std::to_string(total) + " elements but outputs hold (" + listing(counts, 3, 2) + ")");
     T* leader_out = static_cast<T*>(args_[0].out);
-    copy_elements(leader_out + prefix(counts, 2, 0, me), in.data(), in.size());
+    copy_elements(leader_out + prefix(counts, 3, 1, me), in.data(), in.size());
     local_.barrier();
     leader_step(l, [&] {
-      auto [rank_counts, displs] = rank_blocks(counts, 2, 0);
+      auto [rank_counts, displs] = rank_blocks(counts, 3, 1);
       pdo::mpi::detail::check(MPI_Allgatherv(MPI_IN_PLACE, 0, datatype<T>(), leader_out, rank_counts.data(), displs.data(),
                                              datatype<T>(), comm_),
                               "MPI_Allgatherv");
@@ -143,11 +144,11 @@ class group {
     const auto& counts = exchange(me, std::vector<std::size_t>{in.size(), out.size()}, "reduce_scatter");
     std::size_t total = 0;
     for (std::size_t k = 0; k < size(); ++k) {
-      if (counts[2 * k] != counts[0]) fail("reduce_scatter: members called it with different sizes (" + listing(counts, 2, 0) + ")");
-      total += counts[2 * k + 1];
+      if (counts[3 * k + 1] != counts[1]) fail("reduce_scatter: members called it with different sizes (" + listing(counts, 3, 1) + ")");
+      total += counts[3 * k + 2];
     }
-    if (total != counts[0])
-      fail("reduce_scatter: outputs add up to " + std::to_string(total) + " elements but the input has " + std::to_string(counts[0]));
+    if (total != counts[1])
+      fail("reduce_scatter: outputs add up to " + std::to_string(total) + " elements but the input has " + std::to_string(counts[1]));
     // Sum this process's inputs first (each member a slice), then across processes.
     const T* send = in.data();
     std::vector<const T*> srcs(local_.size());
@@ -161,15 +162,15 @@ class group {
       send = stage;
       local_.barrier();
     }
-    const std::size_t block_offset = prefix(counts, 2, 1, first());
+    const std::size_t block_offset = prefix(counts, 3, 2, first());
     leader_step(l, [&] {
-      auto [rank_counts, displs] = rank_blocks(counts, 2, 1);
+      auto [rank_counts, displs] = rank_blocks(counts, 3, 2);
       const std::size_t mine = static_cast<std::size_t>(rank_counts[static_cast<std::size_t>(my_rank())]);
       result_.resize(mine * sizeof(T));
       pdo::mpi::detail::check(MPI_Reduce_scatter(send, result_.data(), rank_counts.data(), datatype<T>(), op_of<T>(op), comm_),
                               "MPI_Reduce_scatter");
     });
-    copy_elements(out.data(), reinterpret_cast<const T*>(result_.data()) + (prefix(counts, 2, 1, me) - block_offset), out.size());
+    copy_elements(out.data(), reinterpret_cast<const T*>(result_.data()) + (prefix(counts, 3, 2, me) - block_offset), out.size());
     local_.barrier();
   }
 
@@ -179,8 +180,8 @@ class group {
     args_[l] = {data.data(), data.data()};
     const auto& counts = exchange(me, std::vector<std::size_t>{data.size(), root}, "broadcast");
     for (std::size_t k = 0; k < size(); ++k)
-      if (counts[2 * k] != counts[0] || counts[2 * k + 1] != counts[1])
-        fail("broadcast: members called it with different sizes or roots (" + listing(counts, 2, 0) + "; roots " + listing(counts, 2, 1) + ")");
+      if (counts[3 * k + 1] != counts[1] || counts[3 * k + 2] != counts[2])
+        fail("broadcast: members called it with different sizes or roots (" + listing(counts, 3, 1) + "; roots " + listing(counts, 3, 2) + ")");
     if (root >= size()) fail("broadcast: root " + std::to_string(root) + " is not a member of a group of " + std::to_string(size()));
     local_.barrier();
     const int root_rank = rank_of(root);
@@ -210,7 +211,8 @@ class group {
       mine[2 * n] = std::accumulate(send_counts.begin(), send_counts.end(), std::size_t{0}) == in.size() &&
                     std::accumulate(recv_counts.begin(), recv_counts.end(), std::size_t{0}) == out.size();
     }
-    const auto& m = exchange(me, mine, "all_to_all");
+    exchange(me, std::vector<std::size_t>{}, "all_to_all");  // every member is in an all_to_all: the widths agree
+    const auto& m = exchange_values(me, mine, "all_to_all");
     const std::size_t w = 2 * n + 1;
     auto sends = [&](std::size_t i, std::size_t j) { return m[i * w + j]; };
     auto recvs = [&](std::size_t j, std::size_t i) { return m[j * w + n + i]; };
@@ -369,10 +371,43 @@ class group {
             names_.begin() + static_cast<std::ptrdiff_t>(f + per_rank_[static_cast<std::size_t>(my_rank())])};
   }
 
-  /// @brief Every member's `values` (all of one width), in member order, on every member:
-  /// where the processes meet before collective `op`. Its wait is watched (see watch): past
-  /// the group's timeout every member that arrived throws pdo::collective_timeout.
+  /// @brief Where the processes meet before collective `op` (at most two `values` per
+  /// member): every member's [op's code, values..., zeros], 3 per member in member order, on
+  /// every member. A member in another collective has another code: every member finds it
+  /// alike and fails (mismatch_error). The width is the same whatever the collective, so MPI
+  /// never sees messages of two sizes meet (which it reports as a fatal truncation).
   const std::vector<std::size_t>& exchange(std::size_t me, const std::vector<std::size_t>& values, const char* op) {
+    std::vector<std::size_t> framed(3, 0);
+    framed[0] = collective_code(op);
+    std::copy(values.begin(), values.end(), framed.begin() + 1);
+    const auto& all = exchange_values(me, framed, op);
+    for (std::size_t k = 0; k < size(); ++k)
+      if (all[3 * k] != framed[0]) {
+        std::string calls;
+        for (std::size_t j = 0; j < size(); ++j) calls += (j ? ", " : "") + names_[j] + " in " + collective_name(all[3 * j]);
+        fail(std::string(op) + " over " + identity_.label + ": the members called different collectives (" + calls +
+             "); every member of a group must call the same collectives in the same order");
+      }
+    return all;
+  }
+
+  /// @brief A code for the name of collective `op` (its bytes hashed).
+  static constexpr std::size_t collective_code(std::string_view op) {
+    std::uint64_t h = 1469598103934665603ull;
+    for (char c : op) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
+    return static_cast<std::size_t>(h);
+  }
+  /// @brief The name of the collective of `code`.
+  static std::string collective_name(std::size_t code) {
+    for (std::string_view op : {"barrier", "all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all"})
+      if (collective_code(op) == code) return std::string(op);
+    return "another collective";
+  }
+
+  /// @brief Every member's `values` (all of one width), in member order, on every member.
+  /// Its wait is watched (see watch): past the group's timeout every member that arrived
+  /// throws pdo::collective_timeout.
+  const std::vector<std::size_t>& exchange_values(std::size_t me, const std::vector<std::size_t>& values, const char* op) {
     if (!broken_.empty())  // read by every member alike: it was set before the last collective ended
       throw collective_timeout(std::string(op) + " over " + identity_.label + ": the group timed out earlier and cannot be used: " + broken_);
     const std::size_t l = me - first(), width = values.size();
@@ -385,20 +420,16 @@ class group {
     local_.barrier();
     leader_step(l, [&] {
       MPI_Request request = MPI_REQUEST_NULL;
-      if (width_ == 0) {  // a barrier: an all-gather of nothing need not synchronise
-        pdo::mpi::detail::check(MPI_Ibarrier(comm_, &request), "MPI_Ibarrier");
-      } else {
-        counts_.assign(per_rank_.size(), 0);
-        displs_.assign(per_rank_.size(), 0);
-        for (std::size_t r = 0; r < per_rank_.size(); ++r) {
-          counts_[r] = static_cast<int>(per_rank_[r] * width_);
-          displs_[r] = static_cast<int>(first_of(static_cast<int>(r)) * width_);
-        }
-        all_values_.assign(size() * width_, 0);
-        pdo::mpi::detail::check(MPI_Iallgatherv(local_values_.data(), static_cast<int>(local_values_.size()), MPI_UINT64_T,
-                                                all_values_.data(), counts_.data(), displs_.data(), MPI_UINT64_T, comm_, &request),
-                                "MPI_Iallgatherv");
+      counts_.assign(per_rank_.size(), 0);
+      displs_.assign(per_rank_.size(), 0);
+      for (std::size_t r = 0; r < per_rank_.size(); ++r) {
+        counts_[r] = static_cast<int>(per_rank_[r] * width_);
+        displs_[r] = static_cast<int>(first_of(static_cast<int>(r)) * width_);
       }
+      all_values_.assign(size() * width_, 0);
+      pdo::mpi::detail::check(MPI_Iallgatherv(local_values_.data(), static_cast<int>(local_values_.size()), MPI_UINT64_T,
+                                              all_values_.data(), counts_.data(), displs_.data(), MPI_UINT64_T, comm_, &request),
+                              "MPI_Iallgatherv");
       const wait_label label{identity_.id, ++collectives_, std::string(op) + " over " + identity_.label};
       std::vector<int> peers;
       for (std::size_t r = 0; r < world_ranks_.size(); ++r)
