@@ -4,6 +4,7 @@
 
 #include <pdo/io.hpp>
 
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -227,6 +228,17 @@ TEST_CASE("checkpoints: corrupt, truncated, missing and mismatched files are io_
     CHECK_THAT(load_error(dir, into), Catch::Contains("metadata.json: not valid JSON"));
     std::ofstream(dir / "metadata.json") << "{\"format\": \"other\"}";
     CHECK_THAT(load_error(dir, into), Catch::Contains("not the metadata of a pdo checkpoint"));
+    std::ofstream(dir / "metadata.json") << "{\"format\": 5, \"version\": 1, \"entries\": {}}";
+    CHECK_THAT(load_error(dir, into), Catch::Contains("metadata.json: not the metadata of a pdo checkpoint"));
+    std::ofstream(dir / "metadata.json") << "{\"format\": \"pdo-checkpoint\", \"version\": \"1\", \"entries\": {}}";
+    CHECK_THAT(load_error(dir, into), Catch::Contains("metadata.json: checkpoint format version \"1\""));
+  }
+  SECTION("a block's shape in the metadata past the tensor's, or too large to count") {
+    const auto dir = fresh("bigblock");
+    nlohmann::json meta = nlohmann::json::parse(std::ifstream(dir / "metadata.json"));
+    meta["entries"]["weights"]["blocks"][0]["shape"] = {std::uint64_t{1} << 62, 30};
+    std::ofstream(dir / "metadata.json") << meta.dump();
+    CHECK_THAT(load_error(dir, into), Catch::Contains("\"weights\"") && Catch::Contains("does not fit its shape [40, 30]"));
   }
   SECTION("another global shape, another element type, another name") {
     auto wrong_shape = pdo::tensor<float, 2>({30, 40});
@@ -272,6 +284,31 @@ TEST_CASE("npy and safetensors: round trips, and bad files") {
   CHECK_THROWS_WITH((r.get<double, 3>("b")), Catch::Contains("no tensor named \"b\" (it holds: a, v)"));
   fs::resize_file(tmp.path / "m.safetensors", fs::file_size(tmp.path / "m.safetensors") - 1);
   CHECK_THROWS_WITH(pdo::io::safetensors_reader(tmp.path / "m.safetensors"), Catch::Contains("truncated"));
+
+  // headers that lie: an io_error naming the file and the tensor, for each
+  auto with_header = [&](const std::string& header) {
+    const fs::path path = tmp.path / "bad.safetensors";
+    std::ofstream f(path, std::ios::binary);
+    const std::uint64_t n = header.size();
+    f.write(reinterpret_cast<const char*>(&n), 8);
+    f << header << std::string(64, '\0');
+    f.close();
+    try {
+      pdo::io::safetensors_reader bad(path);
+    } catch (const pdo::io_error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  CHECK_THAT(with_header(R"({"t": {"dtype": "F32", "shape": [-3, 4], "data_offsets": [0, 48]}})"),
+             Catch::Contains("bad.safetensors") && Catch::Contains("\"t\"") && Catch::Contains("[-3,4]") && Catch::Contains("not a whole number"));
+  CHECK_THAT(with_header(R"({"t": {"dtype": "F32", "shape": [4611686018427387904, 4], "data_offsets": [0, 16]}})"),
+             Catch::Contains("bad.safetensors") && Catch::Contains("\"t\"") && Catch::Contains("4611686018427387904"));
+  CHECK_THAT(with_header(R"({"t": {"dtype": "F32", "shape": [4, 2], "data_offsets": [18446744073709551600, 32]}})"),
+             Catch::Contains("bad.safetensors") && Catch::Contains("end before they begin"));
+  CHECK_THAT(with_header(R"({"t": {"dtype": "F32", "shape": [4, 2], "data_offsets": [0, -32]}})"),
+             Catch::Contains("bad.safetensors") && Catch::Contains("not a pair of whole numbers"));
+  CHECK_THAT(with_header(R"({"t": {"dtype": "F32", "shape": [2, 2], "data_offsets": [0, 16]}})"), Catch::Equals("no error"));
 }
 
 TEST_CASE("safetensors: a model's parameters by name, local and tensor-parallel") {

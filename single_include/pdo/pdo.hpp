@@ -18822,7 +18822,12 @@ class shard_reader {
     if (std::memcmp(h_.magic, shard_magic, 8) != 0) throw io_error(where + "not a pdo shard file (its first bytes are not PDOSHARD)");
     if (h_.version != shard_version)
       throw io_error(where + "shard format version " + std::to_string(h_.version) + ", this pdo reads version " + std::to_string(shard_version));
-    const std::size_t expected = pdo::detail::checked_volume(b.shape, "io: a block", element_bytes) * element_bytes;
+    std::size_t expected = 0;
+    try {
+      expected = pdo::detail::checked_volume(b.shape, "a block", element_bytes) * element_bytes;
+    } catch (const pdo::error& e) {
+      throw io_error(where + "the metadata is corrupt: " + e.what());
+    }
     if (h_.data_bytes != expected)
       throw io_error(where + "the metadata does not match the shard: the block " + pdo::detail::format_extents(b.shape) + " needs " +
                      std::to_string(expected) + " bytes, the file holds " + std::to_string(h_.data_bytes));
@@ -19000,7 +19005,9 @@ inline tensor_meta tensor_entry(const load_context& c, const std::string& name, 
     for (const auto& b : e.at("blocks")) {
       block_meta m{b.at("file").get<std::string>(), sizes_of(b.at("offset"), "a block offset of \"" + name + "\""),
                    sizes_of(b.at("shape"), "a block shape of \"" + name + "\"")};
-      if (m.offset.size() != t.shape.size() || m.shape.size() != t.shape.size() || m.file.find('/') != std::string::npos)
+      bool inside = m.offset.size() == t.shape.size() && m.shape.size() == t.shape.size() && m.file.find('/') == std::string::npos;
+      for (std::size_t d = 0; inside && d < t.shape.size(); ++d) inside = m.shape[d] <= t.shape[d] && m.offset[d] <= t.shape[d] - m.shape[d];
+      if (!inside)
         throw io_error(c.where(name) + "the metadata's block " + b.dump() + " does not fit its shape " + pdo::detail::format_extents(t.shape));
       t.blocks.push_back(std::move(m));
     }
@@ -19231,9 +19238,10 @@ class checkpoint {
     } catch (const nlohmann::json::exception& e) {
       throw io_error("io: " + path.string() + ": not valid JSON: " + e.what());
     }
-    if (!meta.is_object() || meta.value("format", "") != "pdo-checkpoint" || !meta.contains("entries") || !meta["entries"].is_object())
+    if (!meta.is_object() || !meta.contains("format") || meta["format"] != "pdo-checkpoint" || !meta.contains("entries") ||
+        !meta["entries"].is_object())
       throw io_error("io: " + path.string() + ": not the metadata of a pdo checkpoint");
-    if (meta.value("version", 0) != 1)
+    if (!meta.contains("version") || meta["version"] != 1)
       throw io_error("io: " + path.string() + ": checkpoint format version " + meta["version"].dump() + ", this pdo reads version 1");
     return meta;
   }
@@ -19812,9 +19820,15 @@ class safetensors_reader {
       safetensors_entry t;
       try {
         t.dtype = e.at("dtype").get<std::string>();
-        for (const auto& x : e.at("shape")) t.shape.push_back(x.get<std::size_t>());
+        const auto& shape = e.at("shape");
+        if (!shape.is_array()) throw bad("\"" + name + "\": its shape is not a list of extents");
+        for (const auto& x : shape) {
+          if (!x.is_number_unsigned()) throw bad("\"" + name + "\": its shape " + shape.dump() + " has an extent that is not a whole number >= 0");
+          t.shape.push_back(x.get<std::size_t>());
+        }
         const auto& offsets = e.at("data_offsets");
-        if (!offsets.is_array() || offsets.size() != 2) throw bad("\"" + name + "\": data_offsets is not a pair");
+        if (!offsets.is_array() || offsets.size() != 2 || !offsets[0].is_number_unsigned() || !offsets[1].is_number_unsigned())
+          throw bad("\"" + name + "\": data_offsets " + offsets.dump() + " is not a pair of whole numbers >= 0");
         t.begin = offsets[0].get<std::size_t>();
         t.end = offsets[1].get<std::size_t>();
       } catch (const nlohmann::json::exception& x) {
@@ -19822,8 +19836,15 @@ class safetensors_reader {
       }
       const std::size_t element = detail::safetensors_element_bytes(t.dtype);
       if (element == 0) throw bad("\"" + name + "\" has type " + t.dtype + ", which pdo does not read (it reads F64, F32, I64 to I8, U64 to U8)");
-      const std::size_t bytes = pdo::detail::checked_volume(t.shape, "safetensors", element) * element;
-      if (t.end < t.begin || t.end - t.begin != bytes)
+      std::size_t bytes = 0;
+      try {
+        bytes = pdo::detail::checked_volume(t.shape, "safetensors", element) * element;
+      } catch (const pdo::error& x) {
+        throw bad("\"" + name + "\": " + x.what());
+      }
+      if (t.end < t.begin)
+        throw bad("\"" + name + "\": data_offsets [" + std::to_string(t.begin) + ", " + std::to_string(t.end) + "] end before they begin");
+      if (t.end - t.begin != bytes)
         throw bad("\"" + name + "\": data_offsets [" + std::to_string(t.begin) + ", " + std::to_string(t.end) + "] hold " +
                   std::to_string(t.end - t.begin) + " bytes, its shape " + pdo::detail::format_extents(t.shape) + " needs " + std::to_string(bytes));
       if (t.end > size - data_at_)

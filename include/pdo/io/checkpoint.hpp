@@ -158,7 +158,12 @@ class shard_reader {
     if (std::memcmp(h_.magic, shard_magic, 8) != 0) throw io_error(where + "not a pdo shard file (its first bytes are not PDOSHARD)");
     if (h_.version != shard_version)
       throw io_error(where + "shard format version " + std::to_string(h_.version) + ", this pdo reads version " + std::to_string(shard_version));
-    const std::size_t expected = pdo::detail::checked_volume(b.shape, "io: a block", element_bytes) * element_bytes;
+    std::size_t expected = 0;
+    try {
+      expected = pdo::detail::checked_volume(b.shape, "a block", element_bytes) * element_bytes;
+    } catch (const pdo::error& e) {
+      throw io_error(where + "the metadata is corrupt: " + e.what());
+    }
     if (h_.data_bytes != expected)
       throw io_error(where + "the metadata does not match the shard: the block " + pdo::detail::format_extents(b.shape) + " needs " +
                      std::to_string(expected) + " bytes, the file holds " + std::to_string(h_.data_bytes));
@@ -336,7 +341,9 @@ inline tensor_meta tensor_entry(const load_context& c, const std::string& name, 
     for (const auto& b : e.at("blocks")) {
       block_meta m{b.at("file").get<std::string>(), sizes_of(b.at("offset"), "a block offset of \"" + name + "\""),
                    sizes_of(b.at("shape"), "a block shape of \"" + name + "\"")};
-      if (m.offset.size() != t.shape.size() || m.shape.size() != t.shape.size() || m.file.find('/') != std::string::npos)
+      bool inside = m.offset.size() == t.shape.size() && m.shape.size() == t.shape.size() && m.file.find('/') == std::string::npos;
+      for (std::size_t d = 0; inside && d < t.shape.size(); ++d) inside = m.shape[d] <= t.shape[d] && m.offset[d] <= t.shape[d] - m.shape[d];
+      if (!inside)
         throw io_error(c.where(name) + "the metadata's block " + b.dump() + " does not fit its shape " + pdo::detail::format_extents(t.shape));
       t.blocks.push_back(std::move(m));
     }
@@ -567,9 +574,10 @@ class checkpoint {
     } catch (const nlohmann::json::exception& e) {
       throw io_error("io: " + path.string() + ": not valid JSON: " + e.what());
     }
-    if (!meta.is_object() || meta.value("format", "") != "pdo-checkpoint" || !meta.contains("entries") || !meta["entries"].is_object())
+    if (!meta.is_object() || !meta.contains("format") || meta["format"] != "pdo-checkpoint" || !meta.contains("entries") ||
+        !meta["entries"].is_object())
       throw io_error("io: " + path.string() + ": not the metadata of a pdo checkpoint");
-    if (meta.value("version", 0) != 1)
+    if (!meta.contains("version") || meta["version"] != 1)
       throw io_error("io: " + path.string() + ": checkpoint format version " + meta["version"].dump() + ", this pdo reads version 1");
     return meta;
   }

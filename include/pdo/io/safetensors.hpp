@@ -108,9 +108,15 @@ class safetensors_reader {
       safetensors_entry t;
       try {
         t.dtype = e.at("dtype").get<std::string>();
-        for (const auto& x : e.at("shape")) t.shape.push_back(x.get<std::size_t>());
+        const auto& shape = e.at("shape");
+        if (!shape.is_array()) throw bad("\"" + name + "\": its shape is not a list of extents");
+        for (const auto& x : shape) {
+          if (!x.is_number_unsigned()) throw bad("\"" + name + "\": its shape " + shape.dump() + " has an extent that is not a whole number >= 0");
+          t.shape.push_back(x.get<std::size_t>());
+        }
         const auto& offsets = e.at("data_offsets");
-        if (!offsets.is_array() || offsets.size() != 2) throw bad("\"" + name + "\": data_offsets is not a pair");
+        if (!offsets.is_array() || offsets.size() != 2 || !offsets[0].is_number_unsigned() || !offsets[1].is_number_unsigned())
+          throw bad("\"" + name + "\": data_offsets " + offsets.dump() + " is not a pair of whole numbers >= 0");
         t.begin = offsets[0].get<std::size_t>();
         t.end = offsets[1].get<std::size_t>();
       } catch (const nlohmann::json::exception& x) {
@@ -118,8 +124,15 @@ class safetensors_reader {
       }
       const std::size_t element = detail::safetensors_element_bytes(t.dtype);
       if (element == 0) throw bad("\"" + name + "\" has type " + t.dtype + ", which pdo does not read (it reads F64, F32, I64 to I8, U64 to U8)");
-      const std::size_t bytes = pdo::detail::checked_volume(t.shape, "safetensors", element) * element;
-      if (t.end < t.begin || t.end - t.begin != bytes)
+      std::size_t bytes = 0;
+      try {
+        bytes = pdo::detail::checked_volume(t.shape, "safetensors", element) * element;
+      } catch (const pdo::error& x) {
+        throw bad("\"" + name + "\": " + x.what());
+      }
+      if (t.end < t.begin)
+        throw bad("\"" + name + "\": data_offsets [" + std::to_string(t.begin) + ", " + std::to_string(t.end) + "] end before they begin");
+      if (t.end - t.begin != bytes)
         throw bad("\"" + name + "\": data_offsets [" + std::to_string(t.begin) + ", " + std::to_string(t.end) + "] hold " +
                   std::to_string(t.end - t.begin) + " bytes, its shape " + pdo::detail::format_extents(t.shape) + " needs " + std::to_string(bytes));
       if (t.end > size - data_at_)
