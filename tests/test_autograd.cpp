@@ -227,6 +227,38 @@ TEST_CASE("autograd: a dtensor program's gradients equal the one-place program's
   }
 }
 
+TEST_CASE("autograd: broadcasting over an extent-1 dim of a dtensor, whichever dim is split", "[autograd][mesh]") {
+  // centring as layer norm does (X - mean over the features, kept as [N, 1]), and a per-row
+  // scale broadcast from [N, 1]: with the rows split and with the features split (the
+  // gradient of the [N, 1] operand is then a sum over places, brought to its layout)
+  const auto x = rnd<2>({5, 7}, 40), s = rnd<2>({5, 1}, 41);
+  auto program = [](const auto& X, const auto& S) {
+    const auto centred = X - pdo::reshape(pdo::mean<1>(X), {5, 1});
+    return pdo::sum(centred * centred * S) + pdo::sum(pdo::exp(S * 0.5 + X * 0.1));
+  };
+  auto X = pdo::parameter(x), S = pdo::parameter(s);
+  const auto loss = program(X, S);
+  pdo::backward(loss);
+  auto check = [&]<class LX, class LS>(std::size_t n) {
+    const auto m = pdo_test::line_mesh(n);
+    auto dX = pdo::parameter(pdo::distribute<LX>(m, x));
+    auto dS = pdo::parameter(pdo::distribute<LS>(m, s));
+    const auto dloss = program(dX, dS);
+    pdo::backward(dloss);
+    CHECK(pdo::gather(dloss.value()).data()[0] == Approx(loss.value().data()[0]).epsilon(1e-12));
+    CHECK(pdo_test::close(pdo::gather(dX.grad()), X.grad(), 1e-11));
+    CHECK(pdo_test::close(pdo::gather(dS.grad()), S.grad(), 1e-11));
+  };
+  using R = pdo::replicate;
+  using split_x = pdo::split<"x">;
+  for (std::size_t n : pdo_test::line_sizes()) {
+    INFO(n << " places");
+    check.operator()<pdo::layout<R, split_x>, pdo::layout<R, R>>(n);        // features split (7 over n: uneven)
+    check.operator()<pdo::layout<split_x, R>, pdo::layout<split_x, R>>(n);  // rows split, 5 over n
+    check.operator()<pdo::layout<split_x, R>, pdo::layout<R, R>>(n);
+  }
+}
+
 TEST_CASE("autograd inside parallel_do blocks: per-place backward, gradients merged as a partial sum", "[autograd][mesh]") {
   using rows = pdo::layout<pdo::split<"x">, pdo::replicate>;
   using labels_rows = pdo::layout<pdo::split<"x">>;

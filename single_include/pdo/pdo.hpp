@@ -12839,16 +12839,9 @@ Target sum_kept_dims(const G& g, const shape_t<value_kind<Target>::rank>& target
     if (target[D] != 1 || g.shape()[D] == 1) return sum_kept_dims<D + 1, Target>(g, target);
     shape_t<r> kept = g.shape();
     kept[D] = 1;
-    auto summed = pdo::eval(pdo::reshape(pdo::sum<D>(g), kept));
-    if constexpr (std::is_same_v<decltype(summed), G>) {
-      return sum_kept_dims<D + 1, Target>(summed, target);
-    } else {
-      // a dtensor whose layout the sum changes (the summed dim was split, or a later one is)
-      throw layout_error("autograd: broadcasting " + g.describe() + " onto a value of shape " + format_extents(target) +
-                         " along dim " + std::to_string(D) +
-                         ": the gradient would change layout between dims; broadcast with fewer dims (a bias [N] for rows "
-                         "[M, N]) instead of an extent-1 dim");
-    }
+    // a dtensor's layout may change here (summing a split dim leaves a pending sum): the
+    // result is brought to the value's layout at the end (to_value)
+    return sum_kept_dims<D + 1, Target>(pdo::eval(pdo::reshape(pdo::sum<D>(g), kept)), target);
   }
 }
 
