@@ -195,6 +195,12 @@ TEST_CASE("gather and redistribute of an eval_async result not yet waited for re
   CHECK_THROWS_WITH(pdo::redistribute<pdo::layout<>>(failing_too.value()), Catch::Contains("redistribute") && Catch::Contains("cross_entropy"));
   CHECK_THROWS_AS(failing.wait(), pdo::shape_error);
   CHECK_THROWS_AS(failing_too.wait(), pdo::shape_error);
+  // after the wait, and after enough other work that the engine has swept its table many
+  // times: reading the failed result is still its error, while the evaluation is alive
+  for (int i = 0; i < 300; ++i) (void)pdo::eval(x * static_cast<double>(i));
+  CHECK(pdo::detail::engine::instance().tracked_buffers() > 0);  // sweeps every shard of the table
+  CHECK_THROWS_WITH(pdo::gather(failing.value()), Catch::Contains("cross_entropy") && Catch::Contains("cpu:1"));
+  CHECK_THROWS_WITH(pdo::gather(failing_too.value()), Catch::Contains("cross_entropy") && Catch::Contains("cpu:1"));
   CHECK(pdo_test::close(pdo::gather(pdo::eval(x * 2.0)), pdo::eval(h * 2.0), 1e-15));
 }
 

@@ -1786,6 +1786,7 @@ struct task_state {
   /// @brief Queued without waking its lane: the thread that submitted it waits for it at once,
   /// and runs it itself or wakes the lane then (place_batch::wait).
   bool quiet = false;
+  bool keeps_failure = false;  ///< see task_request::keeps_failure
   std::atomic<std::uint32_t> waiting{1};
   std::atomic<bool> ended{false};
 
@@ -5505,6 +5506,10 @@ struct task_request {
   const char* category = "task";  ///< for the trace: "kernel", "collective", "copy", "task"
   bool runs_cancelled = false;  ///< run fn even when cancelled (it releases the others of its collective)
   bool quiet = false;           ///< queued without waking its lane (see task_state::quiet)
+  /// @brief Its failure stays with the buffers it wrote until they are forgotten (forget()),
+  /// not swept with the ended tasks: an evaluation's result, which the evaluation forgets
+  /// when it is freed, read after its wait still gives the failure, not what the memory holds.
+  bool keeps_failure = false;
   std::string detail;          ///< for the trace (shapes, layouts, bytes); may stay empty
 };
 
@@ -5680,11 +5685,18 @@ class engine {
     t->category = r.category;
     t->runs_cancelled = r.runs_cancelled;
     t->quiet = r.quiet;
+    t->keeps_failure = r.keeps_failure;
     t->detail = std::move(r.detail);
     return t;
   }
 
   static bool live(const task_handle& t) { return t && !t->ended.load(std::memory_order_acquire); }
+  /// @brief Whether `t` failed and its failure stays with what it wrote (task_request::keeps_failure).
+  static bool keeps_its_failure(const task_handle& t) {
+    if (!t || !t->keeps_failure) return false;
+    std::lock_guard lock(t->mutex);
+    return t->failed;
+  }
 
   /// @brief The id of a task being submitted (under its shards' locks): its place in the order
   /// of submission, which the timeline shows. Tasks submitted while no timeline records get
@@ -5746,7 +5758,7 @@ class engine {
     });
     std::erase_if(s.buffers, [](const auto& entry) {
       const buffer_state& b = entry.second;
-      if (live(b.writer)) return false;
+      if (live(b.writer) || keeps_its_failure(b.writer)) return false;
       for (const auto& r : b.readers)
         if (live(r)) return false;
       return true;
@@ -5843,6 +5855,9 @@ struct batch_options {
   /// over several processes its failure on one process ends the job, as a collective's does
   /// (the other processes go on to the next collective, which waits for this one).
   bool ends_job = false;
+  /// @brief The tasks' failures stay with the buffers they write until the caller forgets
+  /// them (task_request::keeps_failure).
+  bool keeps_failure = false;
 };
 
 /// @brief The work of one place in a mesh-wide operation, type-erased: `call(context, p, k)`
@@ -5984,6 +5999,7 @@ PDO_NOINLINE inline std::shared_ptr<place_batch> submit_on_mesh(const mesh_state
     r.detail = detail;
     r.runs_cancelled = true;  // a cancelled task still meets the others of its operation
     r.quiet = o.caller_waits && k == 0;
+    r.keeps_failure = o.keeps_failure;
     if (uses.call != nullptr) r.uses = uses.call(uses.context, local[k], k);
     if (o.communicate) r.uses.after_all = &comms;  // operations that communicate on one mesh follow each other whole
     r.fn = [batch, k, p = local[k]] { batch->run(p, k); };
@@ -11965,7 +11981,7 @@ struct queued_evaluation {
     const batch_options o{op,         collective ? "collective" : "kernel",
                           collective, collective && !mesh->multiprocess,
                           collective ? lane_kind::communication : lane_kind::compute,
-                          caller_waits, true};
+                          caller_waits, true, true};
     steps.push_back(submit_on_mesh(*mesh, *comms, work, nullptr, o, uses, detail));
   }
 
@@ -12081,7 +12097,7 @@ void queue_copy(const std::shared_ptr<State>& state, bool caller_waits) {
   const place_access uses{[](const void* s, std::size_t, std::size_t k) { return static_cast<const State*>(s)->runs[k].copy_uses(); },
                           state.get()};
   state->steps.push_back(submit_on_mesh(*state->mesh, *state->comms, work, nullptr,
-                                        batch_options{"copy", "copy", false, false, lane_kind::compute, caller_waits}, uses));
+                                        batch_options{"copy", "copy", false, false, lane_kind::compute, caller_waits, true, true}, uses));
 }
 
 /// @brief The shards of the result of an evaluation on `m`, of shape `global` laid out as

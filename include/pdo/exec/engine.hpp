@@ -64,6 +64,10 @@ struct task_request {
   const char* category = "task";  ///< for the trace: "kernel", "collective", "copy", "task"
   bool runs_cancelled = false;  ///< run fn even when cancelled (it releases the others of its collective)
   bool quiet = false;           ///< queued without waking its lane (see task_state::quiet)
+  /// @brief Its failure stays with the buffers it wrote until they are forgotten (forget()),
+  /// not swept with the ended tasks: an evaluation's result, which the evaluation forgets
+  /// when it is freed, read after its wait still gives the failure, not what the memory holds.
+  bool keeps_failure = false;
   std::string detail;          ///< for the trace (shapes, layouts, bytes); may stay empty
 };
 
@@ -239,11 +243,18 @@ class engine {
     t->category = r.category;
     t->runs_cancelled = r.runs_cancelled;
     t->quiet = r.quiet;
+    t->keeps_failure = r.keeps_failure;
     t->detail = std::move(r.detail);
     return t;
   }
 
   static bool live(const task_handle& t) { return t && !t->ended.load(std::memory_order_acquire); }
+  /// @brief Whether `t` failed and its failure stays with what it wrote (task_request::keeps_failure).
+  static bool keeps_its_failure(const task_handle& t) {
+    if (!t || !t->keeps_failure) return false;
+    std::lock_guard lock(t->mutex);
+    return t->failed;
+  }
 
   /// @brief The id of a task being submitted (under its shards' locks): its place in the order
   /// of submission, which the timeline shows. Tasks submitted while no timeline records get
@@ -305,7 +316,7 @@ class engine {
     });
     std::erase_if(s.buffers, [](const auto& entry) {
       const buffer_state& b = entry.second;
-      if (live(b.writer)) return false;
+      if (live(b.writer) || keeps_its_failure(b.writer)) return false;
       for (const auto& r : b.readers)
         if (live(r)) return false;
       return true;

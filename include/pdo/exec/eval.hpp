@@ -61,7 +61,7 @@ struct queued_evaluation {
     const batch_options o{op,         collective ? "collective" : "kernel",
                           collective, collective && !mesh->multiprocess,
                           collective ? lane_kind::communication : lane_kind::compute,
-                          caller_waits, true};
+                          caller_waits, true, true};
     steps.push_back(submit_on_mesh(*mesh, *comms, work, nullptr, o, uses, detail));
   }
 
@@ -177,7 +177,7 @@ void queue_copy(const std::shared_ptr<State>& state, bool caller_waits) {
   const place_access uses{[](const void* s, std::size_t, std::size_t k) { return static_cast<const State*>(s)->runs[k].copy_uses(); },
                           state.get()};
   state->steps.push_back(submit_on_mesh(*state->mesh, *state->comms, work, nullptr,
-                                        batch_options{"copy", "copy", false, false, lane_kind::compute, caller_waits}, uses));
+                                        batch_options{"copy", "copy", false, false, lane_kind::compute, caller_waits, true, true}, uses));
 }
 
 /// @brief The shards of the result of an evaluation on `m`, of shape `global` laid out as

@@ -65,6 +65,9 @@ struct batch_options {
   /// over several processes its failure on one process ends the job, as a collective's does
   /// (the other processes go on to the next collective, which waits for this one).
   bool ends_job = false;
+  /// @brief The tasks' failures stay with the buffers they write until the caller forgets
+  /// them (task_request::keeps_failure).
+  bool keeps_failure = false;
 };
 
 /// @brief The work of one place in a mesh-wide operation, type-erased: `call(context, p, k)`
@@ -206,6 +209,7 @@ PDO_NOINLINE inline std::shared_ptr<place_batch> submit_on_mesh(const mesh_state
     r.detail = detail;
     r.runs_cancelled = true;  // a cancelled task still meets the others of its operation
     r.quiet = o.caller_waits && k == 0;
+    r.keeps_failure = o.keeps_failure;
     if (uses.call != nullptr) r.uses = uses.call(uses.context, local[k], k);
     if (o.communicate) r.uses.after_all = &comms;  // operations that communicate on one mesh follow each other whole
     r.fn = [batch, k, p = local[k]] { batch->run(p, k); };

@@ -183,6 +183,7 @@ struct task_state {
   /// @brief Queued without waking its lane: the thread that submitted it waits for it at once,
   /// and runs it itself or wakes the lane then (place_batch::wait).
   bool quiet = false;
+  bool keeps_failure = false;  ///< see task_request::keeps_failure
   std::atomic<std::uint32_t> waiting{1};
   std::atomic<bool> ended{false};
 
