@@ -6008,6 +6008,14 @@ PDO_NOINLINE inline std::shared_ptr<place_batch> submit_on_mesh(const mesh_state
   return batch;
 }
 
+/// @brief `access_of(place_index, local_ordinal)` (kept alive by the caller) as the plain
+/// function the submission asks; nothing for no_access.
+template <class Access>
+place_access access_of_places(const Access& access_of) {
+  if constexpr (std::is_same_v<Access, no_access>) return {};
+  else return {[](const void* c, std::size_t p, std::size_t k) { return access((*static_cast<const Access*>(c))(p, k)); }, &access_of};
+}
+
 /// @brief Submits `task(place_index, local_ordinal)` for every place of `m` in this process,
 /// on its lane `o.lane`, reading and writing what `access_of(place_index, local_ordinal)`
 /// says, and returns without waiting (the batch keeps `task` until its tasks are freed).
@@ -6017,9 +6025,7 @@ std::shared_ptr<place_batch> submit_on_places(const Mesh& m, Task task, batch_op
                                               Describe describe = nullptr) {
   auto owner = std::make_shared<Task>(std::move(task));
   const place_work work{[](void* c, std::size_t p, std::size_t k) { std::as_const(*static_cast<Task*>(c))(p, k); }, owner.get()};
-  place_access uses;
-  if constexpr (!std::is_same_v<Access, no_access>)
-    uses = {[](const void* c, std::size_t p, std::size_t k) { return access((*static_cast<const Access*>(c))(p, k)); }, &access_of};
+  const place_access uses = access_of_places(access_of);
   place_detail detail;
   if constexpr (!std::is_same_v<Describe, std::nullptr_t>)
     detail = {[](const void* c) { return std::string((*static_cast<const Describe*>(c))()); }, &describe};
@@ -6046,9 +6052,7 @@ std::optional<place_failure> try_run_on_places(const Mesh& m, Task&& task, bool 
   using task_t = std::remove_reference_t<Task>;
   const place_work work{[](void* c, std::size_t p, std::size_t k) { (*static_cast<task_t*>(c))(p, k); },
                         const_cast<void*>(static_cast<const void*>(std::addressof(task)))};
-  place_access uses;
-  if constexpr (!std::is_same_v<Access, no_access>)
-    uses = {[](const void* c, std::size_t p, std::size_t k) { return access((*static_cast<const Access*>(c))(p, k)); }, &access_of};
+  const place_access uses = access_of_places(access_of);
   const auto batch = submit_on_mesh(*m.state(), comms_of(m), work, nullptr,
                                     batch_options{op, category, communicate || local_only, local_only, lane_kind::compute, true}, uses);
   batch->wait();
@@ -6584,6 +6588,12 @@ void transform_range(const F& f, std::size_t base, Out out, std::size_t begin, s
   for (std::size_t k = begin; k < end; ++k) out[k] = local(base + k);
 }
 
+/// @brief f(base + k) for k in [begin, end), in order.
+template <class F>
+void for_each_range(const F& f, std::size_t base, std::size_t begin, std::size_t end) {
+  for (std::size_t k = begin; k < end; ++k) f(base + k);
+}
+
 /// @brief out[k] = f(first + k) for k in [0, last - first): the form every pdo kernel
 /// has (a functor of the output index).
 template <class F, class Out>
@@ -6622,10 +6632,10 @@ thrust::counting_iterator<std::size_t> for_each_n([[maybe_unused]] cpu_system& s
     run_team(system.threads, [](void* c, std::size_t t, std::size_t nt) {
       const job& j = *static_cast<const job*>(c);
       const auto [begin, end] = team_part(j.n, t, nt);
-      for (std::size_t k = begin; k < end; ++k) j.f(j.base + k);
+      for_each_range(j.f, j.base, begin, end);
     }, &j);
   } else {
-    for (std::size_t k = 0; k < n; ++k) f(base + k);
+    for_each_range(f, base, 0, n);
   }
   return first + static_cast<std::ptrdiff_t>(n);
 }
@@ -11978,10 +11988,14 @@ struct queued_evaluation {
   /// @brief Queues one step of the plan on every place of the mesh in this process: a kernel
   /// on the compute lanes, a collective on the communication lanes.
   PDO_NOINLINE void queue(const char* op, bool collective, bool caller_waits, place_work work, place_access uses, place_detail detail) {
-    const batch_options o{op,         collective ? "collective" : "kernel",
-                          collective, collective && !mesh->multiprocess,
-                          collective ? lane_kind::communication : lane_kind::compute,
-                          caller_waits, true, true};
+    const batch_options o{.op = op,
+                          .category = collective ? "collective" : "kernel",
+                          .communicate = collective,
+                          .closing = collective && !mesh->multiprocess,
+                          .lane = collective ? lane_kind::communication : lane_kind::compute,
+                          .caller_waits = caller_waits,
+                          .ends_job = true,
+                          .keeps_failure = true};
     steps.push_back(submit_on_mesh(*mesh, *comms, work, nullptr, o, uses, detail));
   }
 
@@ -12097,7 +12111,13 @@ void queue_copy(const std::shared_ptr<State>& state, bool caller_waits) {
   const place_access uses{[](const void* s, std::size_t, std::size_t k) { return static_cast<const State*>(s)->runs[k].copy_uses(); },
                           state.get()};
   state->steps.push_back(submit_on_mesh(*state->mesh, *state->comms, work, nullptr,
-                                        batch_options{"copy", "copy", false, false, lane_kind::compute, caller_waits, true, true}, uses));
+                                        batch_options{.op = "copy",
+                                                      .category = "copy",
+                                                      .communicate = false,
+                                                      .caller_waits = caller_waits,
+                                                      .ends_job = true,
+                                                      .keeps_failure = true},
+                                        uses));
 }
 
 /// @brief The shards of the result of an evaluation on `m`, of shape `global` laid out as

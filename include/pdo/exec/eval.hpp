@@ -58,10 +58,14 @@ struct queued_evaluation {
   /// @brief Queues one step of the plan on every place of the mesh in this process: a kernel
   /// on the compute lanes, a collective on the communication lanes.
   PDO_NOINLINE void queue(const char* op, bool collective, bool caller_waits, place_work work, place_access uses, place_detail detail) {
-    const batch_options o{op,         collective ? "collective" : "kernel",
-                          collective, collective && !mesh->multiprocess,
-                          collective ? lane_kind::communication : lane_kind::compute,
-                          caller_waits, true, true};
+    const batch_options o{.op = op,
+                          .category = collective ? "collective" : "kernel",
+                          .communicate = collective,
+                          .closing = collective && !mesh->multiprocess,
+                          .lane = collective ? lane_kind::communication : lane_kind::compute,
+                          .caller_waits = caller_waits,
+                          .ends_job = true,
+                          .keeps_failure = true};
     steps.push_back(submit_on_mesh(*mesh, *comms, work, nullptr, o, uses, detail));
   }
 
@@ -177,7 +181,13 @@ void queue_copy(const std::shared_ptr<State>& state, bool caller_waits) {
   const place_access uses{[](const void* s, std::size_t, std::size_t k) { return static_cast<const State*>(s)->runs[k].copy_uses(); },
                           state.get()};
   state->steps.push_back(submit_on_mesh(*state->mesh, *state->comms, work, nullptr,
-                                        batch_options{"copy", "copy", false, false, lane_kind::compute, caller_waits, true, true}, uses));
+                                        batch_options{.op = "copy",
+                                                      .category = "copy",
+                                                      .communicate = false,
+                                                      .caller_waits = caller_waits,
+                                                      .ends_job = true,
+                                                      .keeps_failure = true},
+                                        uses));
 }
 
 /// @brief The shards of the result of an evaluation on `m`, of shape `global` laid out as

@@ -218,6 +218,14 @@ PDO_NOINLINE inline std::shared_ptr<place_batch> submit_on_mesh(const mesh_state
   return batch;
 }
 
+/// @brief `access_of(place_index, local_ordinal)` (kept alive by the caller) as the plain
+/// function the submission asks; nothing for no_access.
+template <class Access>
+place_access access_of_places(const Access& access_of) {
+  if constexpr (std::is_same_v<Access, no_access>) return {};
+  else return {[](const void* c, std::size_t p, std::size_t k) { return access((*static_cast<const Access*>(c))(p, k)); }, &access_of};
+}
+
 /// @brief Submits `task(place_index, local_ordinal)` for every place of `m` in this process,
 /// on its lane `o.lane`, reading and writing what `access_of(place_index, local_ordinal)`
 /// says, and returns without waiting (the batch keeps `task` until its tasks are freed).
@@ -227,9 +235,7 @@ std::shared_ptr<place_batch> submit_on_places(const Mesh& m, Task task, batch_op
                                               Describe describe = nullptr) {
   auto owner = std::make_shared<Task>(std::move(task));
   const place_work work{[](void* c, std::size_t p, std::size_t k) { std::as_const(*static_cast<Task*>(c))(p, k); }, owner.get()};
-  place_access uses;
-  if constexpr (!std::is_same_v<Access, no_access>)
-    uses = {[](const void* c, std::size_t p, std::size_t k) { return access((*static_cast<const Access*>(c))(p, k)); }, &access_of};
+  const place_access uses = access_of_places(access_of);
   place_detail detail;
   if constexpr (!std::is_same_v<Describe, std::nullptr_t>)
     detail = {[](const void* c) { return std::string((*static_cast<const Describe*>(c))()); }, &describe};
@@ -256,9 +262,7 @@ std::optional<place_failure> try_run_on_places(const Mesh& m, Task&& task, bool 
   using task_t = std::remove_reference_t<Task>;
   const place_work work{[](void* c, std::size_t p, std::size_t k) { (*static_cast<task_t*>(c))(p, k); },
                         const_cast<void*>(static_cast<const void*>(std::addressof(task)))};
-  place_access uses;
-  if constexpr (!std::is_same_v<Access, no_access>)
-    uses = {[](const void* c, std::size_t p, std::size_t k) { return access((*static_cast<const Access*>(c))(p, k)); }, &access_of};
+  const place_access uses = access_of_places(access_of);
   const auto batch = submit_on_mesh(*m.state(), comms_of(m), work, nullptr,
                                     batch_options{op, category, communicate || local_only, local_only, lane_kind::compute, true}, uses);
   batch->wait();

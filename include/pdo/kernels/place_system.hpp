@@ -142,6 +142,12 @@ void transform_range(const F& f, std::size_t base, Out out, std::size_t begin, s
   for (std::size_t k = begin; k < end; ++k) out[k] = local(base + k);
 }
 
+/// @brief f(base + k) for k in [begin, end), in order.
+template <class F>
+void for_each_range(const F& f, std::size_t base, std::size_t begin, std::size_t end) {
+  for (std::size_t k = begin; k < end; ++k) f(base + k);
+}
+
 /// @brief out[k] = f(first + k) for k in [0, last - first): the form every pdo kernel
 /// has (a functor of the output index).
 template <class F, class Out>
@@ -180,10 +186,10 @@ thrust::counting_iterator<std::size_t> for_each_n([[maybe_unused]] cpu_system& s
     run_team(system.threads, [](void* c, std::size_t t, std::size_t nt) {
       const job& j = *static_cast<const job*>(c);
       const auto [begin, end] = team_part(j.n, t, nt);
-      for (std::size_t k = begin; k < end; ++k) j.f(j.base + k);
+      for_each_range(j.f, j.base, begin, end);
     }, &j);
   } else {
-    for (std::size_t k = 0; k < n; ++k) f(base + k);
+    for_each_range(f, base, 0, n);
   }
   return first + static_cast<std::ptrdiff_t>(n);
 }
