@@ -314,3 +314,63 @@ TEST_CASE("bad peers, tags and roots are errors, not hangs", "[collectives][erro
                   }),
                   pdo::mismatch_error);
 }
+
+TEST_CASE("places in different collectives, element types or reductions fail alike, and the mesh goes on", "[collectives][errors]") {
+  // each case: what place 0 calls, what the others call, and the words every place's error names
+  struct call_case {
+    std::function<void(const pdo::mesh_communicator&)> first, others;
+    std::vector<std::string> named;
+  };
+  auto reduce = [](pdo::reduce_op op) {
+    return [op](const pdo::mesh_communicator& comm) {
+      std::vector<float> v(6, 1.0f);
+      comm.all_reduce(std::span<float>(v), op);
+    };
+  };
+  const std::vector<call_case> cases{
+      {reduce(pdo::reduce_op::sum), reduce(pdo::reduce_op::max), {"all_reduce(sum) of f32", "all_reduce(max) of f32"}},
+      {reduce(pdo::reduce_op::sum),
+       [](const pdo::mesh_communicator& comm) {
+         std::vector<double> v(6, 1.0);
+         comm.all_reduce(std::span<double>(v));
+       },
+       {"all_reduce(sum) of f32", "all_reduce(sum) of f64"}},
+      {reduce(pdo::reduce_op::sum),
+       [](const pdo::mesh_communicator& comm) {
+         std::vector<float> v(6, 1.0f);
+         comm.broadcast(std::span<float>(v), 6);  // its count field holds the root: the sizes alone would agree
+       },
+       {"all_reduce(sum) of f32", "broadcast of f32"}},
+      {[](const pdo::mesh_communicator& comm) { comm.barrier(); }, reduce(pdo::reduce_op::sum), {"barrier", "all_reduce(sum)"}},
+      {[](const pdo::mesh_communicator& comm) {
+         std::vector<std::int16_t> in(3), out(3 * comm.size());
+         comm.all_gather(std::span<const std::int16_t>(in), std::span<std::int16_t>(out));
+       },
+       [](const pdo::mesh_communicator& comm) {
+         std::vector<std::uint16_t> in(3), out(3 * comm.size());
+         comm.all_gather(std::span<const std::uint16_t>(in), std::span<std::uint16_t>(out));
+       },
+       {"all_gather of int16", "all_gather of uint16"}},
+  };
+  for (const std::size_t n : {2, 3}) {
+    const auto mesh = pdo_test::line_mesh(n);
+    for (const auto& c : cases) {
+      std::vector<std::string> errors(n);
+      pdo::spmd(mesh, [&](std::size_t p) {
+        try {
+          (p == 0 ? c.first : c.others)(pdo::communicator_of(mesh, p));
+        } catch (const pdo::mismatch_error& e) {
+          errors[p] = e.what();
+        }
+      });
+      for (std::size_t p = 0; p < n; ++p) {
+        CAPTURE(n, p, errors[p]);
+        CHECK_THAT(errors[p], Catch::Contains("different collectives"));
+        for (const auto& word : c.named) CHECK_THAT(errors[p], Catch::Contains(word));
+      }
+    }
+    std::vector<std::vector<float>> ok(n, std::vector<float>(5, 2.0f));
+    pdo::spmd(mesh, [&](std::size_t p) { pdo::communicator_of(mesh, p).all_reduce(std::span<float>(ok[p]), pdo::reduce_op::max); });
+    for (const auto& v : ok) CHECK(v == std::vector<float>(5, 2.0f));
+  }
+}

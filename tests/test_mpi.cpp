@@ -179,6 +179,19 @@ TEST_CASE("MPI processes in different collectives fail alike on every process, n
                         Catch::Contains("different collectives") && Catch::Contains("all_to_all") &&
                             Catch::Contains(barrier ? "barrier" : "all_reduce"));
   }
+  // the same collective over another element type, or with another reduction
+  for (const bool type : {false, true}) {
+    REQUIRE_THROWS_WITH(on_world(mesh,
+                                 [&](const pdo::mesh_communicator& comm, std::size_t p) {
+                                   std::vector<float> v(4, 1.0f);
+                                   std::vector<double> w(4, 1.0);
+                                   if (mesh.place(p).process() == 0) comm.all_reduce(std::span<float>(v));
+                                   else if (type) comm.all_reduce(std::span<double>(w));
+                                   else comm.all_reduce(std::span<float>(v), pdo::reduce_op::max);
+                                 }),
+                        Catch::Contains("different collectives") && Catch::Contains("all_reduce(sum) of f32") &&
+                            Catch::Contains(type ? "all_reduce(sum) of f64" : "all_reduce(max) of f32"));
+  }
   std::vector<std::vector<float>> ok(n, std::vector<float>(3, 1.0f));
   on_world(mesh, [&](const pdo::mesh_communicator& comm, std::size_t p) { comm.all_reduce(std::span<float>(ok[p])); });
   CHECK(ok[mesh.local_places().front()][0] == static_cast<float>(n));

@@ -961,6 +961,7 @@ constexpr dim_view view_along(const shape_t<Rank>& shape, std::size_t dim) {
 #include <array>
 #include <condition_variable>
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -968,6 +969,7 @@ constexpr dim_view view_along(const shape_t<Rank>& shape, std::size_t dim) {
 #include <mutex>
 #include <span>
 #include <string>
+#include <string_view>
 #include <tuple>
 #include <vector>
 
@@ -1053,13 +1055,39 @@ std::pair<std::size_t, std::size_t> work_range(std::size_t n, std::size_t member
   return {lo, hi};
 }
 
+/// @brief How a collective call is named in a mismatch: "all_reduce(sum) of f32",
+/// "broadcast of int16", "barrier". `op` is a reduce_op, or -1 for none.
+PDO_NOINLINE inline std::string collective_call_text(std::string_view collective, std::string_view element, std::size_t element_bytes,
+                                                     int op) {
+  std::string text(collective);
+  if (op >= 0) text += "(" + std::string(op_name(static_cast<reduce_op>(op))) + ")";
+  if (element.empty()) return text;
+  std::string e(element);
+  if (e == "int" || e == "uint" || e == "float") e += std::to_string(8 * element_bytes);
+  return text + " of " + e;
+}
+
+/// @brief A code for the call text `call` (its bytes hashed), to compare calls between processes.
+constexpr std::size_t collective_code(std::string_view call) {
+  std::uint64_t h = 1469598103934665603ull;
+  for (char c : call) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
+  return static_cast<std::size_t>(h);
+}
+
+/// @brief The call text of a collective over elements of type T.
+template <class T>
+std::string collective_call_text(std::string_view collective, int op = -1) {
+  return collective_call_text(collective, dtype_name<T>(), sizeof(T), op);
+}
+
 /// @brief The members of one group that live in this process, and the shared slots
 /// through which they see each other's buffers. Every collective is called by all
 /// `size()` members at once, each from its own thread, with its own member index.
 ///
-/// Protocol: publish the buffers, barrier, check the arguments agree (all members
-/// reach the same verdict from the same slots, so a mismatch is an error on every
-/// member, never a hang), do this member's share of the work, barrier.
+/// Protocol: publish the buffers and what was called (the collective, its element type,
+/// its reduction), barrier, check that every member called the same and that the
+/// arguments agree (all members reach the same verdict from the same slots, so a mismatch
+/// is an error on every member, never a hang), do this member's share of the work, barrier.
 class local_group {
  public:
   explicit local_group(std::vector<std::string> member_names)
@@ -1068,8 +1096,18 @@ class local_group {
   [[nodiscard]] std::size_t size() const { return names_.size(); }
   [[nodiscard]] const std::string& name(std::size_t member) const { return names_[member]; }
 
+  /// @brief A plain barrier of the members (a step inside another group's collective).
   void barrier() { barrier_.arrive_and_wait(); }
-  void barrier(std::size_t /*me*/) { barrier_.arrive_and_wait(); }
+  /// @brief The barrier collective: an error on every member when another called a
+  /// different collective.
+  void barrier(std::size_t me) {
+    slot s;
+    s.collective = "barrier";
+    publish(me, s);
+    barrier_.arrive_and_wait();
+    const closing_barrier closing(barrier_);
+    check_same_call();
+  }
 
   /// @brief Wakes every member blocked in this group with an error; see reset().
   void abort() {
@@ -1091,9 +1129,10 @@ class local_group {
     std::array<T*, 4> few{};  // allocated before the entry barrier: nothing throws between the barriers
     std::vector<T*> many(size() > few.size() ? size() : 0);
     T** bufs = many.empty() ? few.data() : many.data();
-    publish(me, {data.data(), data.data(), data.size(), data.size()});
+    publish(me, call<T>("all_reduce", data.data(), data.data(), data.size(), data.size(), op));
     barrier_.arrive_and_wait();
     const closing_barrier closing(barrier_);
+    check_same_call();
     check_equal_counts("all_reduce", &slot::in_count, me);
     const auto [lo, hi] = work_range<T>(data.size(), size(), me);
     for (std::size_t k = 0; k < size(); ++k) bufs[k] = static_cast<T*>(slots_[k].out);
@@ -1104,9 +1143,10 @@ class local_group {
   /// member order; inputs may differ in size.
   template <class T>
   void all_gather(std::size_t me, std::span<const T> in, std::span<T> out) {
-    publish(me, {in.data(), out.data(), in.size(), out.size()});
+    publish(me, call<T>("all_gather", in.data(), out.data(), in.size(), out.size()));
     barrier_.arrive_and_wait();
     const closing_barrier closing(barrier_);
+    check_same_call();
     check_total("all_gather", me);
     std::size_t offset = 0;
     for (const slot& s : slots_) {
@@ -1120,9 +1160,10 @@ class local_group {
   template <class T>
   void reduce_scatter(std::size_t me, std::span<const T> in, std::span<T> out, reduce_op op) {
     std::vector<const T*> srcs(size());  // allocated before the entry barrier
-    publish(me, {in.data(), out.data(), in.size(), out.size()});
+    publish(me, call<T>("reduce_scatter", in.data(), out.data(), in.size(), out.size(), op));
     barrier_.arrive_and_wait();
     const closing_barrier closing(barrier_);
+    check_same_call();
     check_equal_counts("reduce_scatter", &slot::in_count, me);
     check_total("reduce_scatter", me, /*outputs_sum_to_input=*/true);
     std::size_t offset = 0;
@@ -1134,9 +1175,10 @@ class local_group {
 
   template <class T>
   void broadcast(std::size_t me, std::span<T> data, std::size_t root) {
-    publish(me, {data.data(), data.data(), data.size(), root});
+    publish(me, call<T>("broadcast", data.data(), data.data(), data.size(), root));
     barrier_.arrive_and_wait();
     const closing_barrier closing(barrier_);
+    check_same_call();
     check_equal_counts("broadcast", &slot::in_count, me);
     for (const slot& s : slots_)
       if (s.out_count != root)
@@ -1150,13 +1192,14 @@ class local_group {
   template <class T>
   void all_to_all(std::size_t me, std::span<const T> in, std::span<const std::size_t> send_counts, std::span<T> out,
                   std::span<const std::size_t> recv_counts) {
-    slot s{in.data(), out.data(), in.size(), out.size()};
+    slot s = call<T>("all_to_all", in.data(), out.data(), in.size(), out.size());
     s.send_counts = send_counts.data();
     s.recv_counts = recv_counts.data();
     s.counts_size = send_counts.size() == recv_counts.size() ? send_counts.size() : 0;
     publish(me, s);
     barrier_.arrive_and_wait();
     const closing_barrier closing(barrier_);
+    check_same_call();
     check_all_to_all(me);
     std::size_t out_offset = 0;
     for (std::size_t i = 0; i < size(); ++i) {
@@ -1215,6 +1258,10 @@ class local_group {
     const std::size_t* send_counts = nullptr;
     const std::size_t* recv_counts = nullptr;
     std::size_t counts_size = 0;
+    std::string_view collective;  ///< what the member called
+    std::string_view element;     ///< its element type ("" for a barrier)
+    std::size_t element_bytes = 0;
+    int op = -1;  ///< its reduce_op, or -1
   };
   struct post {
     const void* data = nullptr;
@@ -1225,6 +1272,41 @@ class local_group {
   };
 
   void publish(std::size_t me, const slot& s) { slots_[me] = s; }
+
+  /// @brief `s` marked as a call of `collective` over elements of type T (reducing with `op`).
+  template <class T>
+  static slot call(std::string_view collective, const void* in, void* out, std::size_t in_count, std::size_t out_count, int op = -1) {
+    slot s;
+    s.in = in;
+    s.out = out;
+    s.in_count = in_count;
+    s.out_count = out_count;
+    s.collective = collective;
+    s.element = dtype_name<T>();
+    s.element_bytes = sizeof(T);
+    s.op = op;
+    return s;
+  }
+  template <class T>
+  static slot call(std::string_view collective, const void* in, void* out, std::size_t in_count, std::size_t out_count, reduce_op op) {
+    return call<T>(collective, in, out, in_count, out_count, static_cast<int>(op));
+  }
+
+  static std::string call_text(const slot& s) { return collective_call_text(s.collective, s.element, s.element_bytes, s.op); }
+
+  /// @brief An error on every member when the members called different collectives, or one
+  /// over another element type or with another reduction.
+  PDO_NOINLINE void check_same_call() const {
+    const slot& first = slots_[0];
+    for (const slot& s : slots_)
+      if (s.collective != first.collective || s.element != first.element || s.element_bytes != first.element_bytes || s.op != first.op) {
+        std::string calls;
+        for (std::size_t k = 0; k < size(); ++k) calls += (k ? ", " : "") + names_[k] + " in " + call_text(slots_[k]);
+        fail_after_barrier(std::string(first.collective) +
+                           ": the members of the group called different collectives (" + calls +
+                           "); every member of a group must call the same collectives, over the same element type, in the same order");
+      }
+  }
 
   using mail_key = std::tuple<std::size_t, std::size_t, int>;  ///< from, to, tag
 
@@ -3272,7 +3354,7 @@ class group {
   void reset() {}
 
   void barrier(std::size_t me) {
-    exchange(me, std::vector<std::size_t>{}, "barrier");
+    exchange(me, std::vector<std::size_t>{}, "barrier", "barrier");
     local_.barrier();
   }
 
@@ -3280,7 +3362,7 @@ class group {
   void all_reduce(std::size_t me, std::span<T> data, reduce_op op) {
     const std::size_t l = me - first();
     args_[l] = {data.data(), data.data()};
-    const auto& counts = exchange(me, std::vector<std::size_t>{data.size()}, "all_reduce");
+    const auto& counts = exchange(me, std::vector<std::size_t>{data.size()}, "all_reduce", pdo::detail::collective_call_text<T>("all_reduce", static_cast<int>(op)));
     for (std::size_t k = 0; k < size(); ++k)
       if (counts[3 * k + 1] != counts[1]) fail("all_reduce: members called it with different sizes (" + listing(counts, 3, 1) + ")");
     if (local_.size() > 1) local_.all_reduce(l, data, op);
@@ -3297,7 +3379,7 @@ class group {
   void all_gather(std::size_t me, std::span<const T> in, std::span<T> out) {
     const std::size_t l = me - first();
     args_[l] = {in.data(), out.data()};
-    const auto& counts = exchange(me, std::vector<std::size_t>{in.size(), out.size()}, "all_gather");
+    const auto& counts = exchange(me, std::vector<std::size_t>{in.size(), out.size()}, "all_gather", pdo::detail::collective_call_text<T>("all_gather"));
     std::size_t total = 0;
     for (std::size_t k = 0; k < size(); ++k) total += counts[3 * k + 1];
     for (std::size_t k = 0; k < size(); ++k)
@@ -3320,7 +3402,8 @@ class group {
   void reduce_scatter(std::size_t me, std::span<const T> in, std::span<T> out, reduce_op op) {
     const std::size_t l = me - first();
     args_[l] = {in.data(), out.data()};
-    const auto& counts = exchange(me, std::vector<std::size_t>{in.size(), out.size()}, "reduce_scatter");
+    const auto& counts = exchange(me, std::vector<std::size_t>{in.size(), out.size()}, "reduce_scatter",
+                                 pdo::detail::collective_call_text<T>("reduce_scatter", static_cast<int>(op)));
     std::size_t total = 0;
     for (std::size_t k = 0; k < size(); ++k) {
       if (counts[3 * k + 1] != counts[1]) fail("reduce_scatter: members called it with different sizes (" + listing(counts, 3, 1) + ")");
@@ -3357,7 +3440,7 @@ class group {
   void broadcast(std::size_t me, std::span<T> data, std::size_t root) {
     const std::size_t l = me - first();
     args_[l] = {data.data(), data.data()};
-    const auto& counts = exchange(me, std::vector<std::size_t>{data.size(), root}, "broadcast");
+    const auto& counts = exchange(me, std::vector<std::size_t>{data.size(), root}, "broadcast", pdo::detail::collective_call_text<T>("broadcast"));
     for (std::size_t k = 0; k < size(); ++k)
       if (counts[3 * k + 1] != counts[1] || counts[3 * k + 2] != counts[2])
         fail("broadcast: members called it with different sizes or roots (" + listing(counts, 3, 1) + "; roots " + listing(counts, 3, 2) + ")");
@@ -3390,7 +3473,7 @@ class group {
       mine[2 * n] = std::accumulate(send_counts.begin(), send_counts.end(), std::size_t{0}) == in.size() &&
                     std::accumulate(recv_counts.begin(), recv_counts.end(), std::size_t{0}) == out.size();
     }
-    exchange(me, std::vector<std::size_t>{}, "all_to_all");  // every member is in an all_to_all: the widths agree
+    exchange(me, std::vector<std::size_t>{}, "all_to_all", pdo::detail::collective_call_text<T>("all_to_all"));  // every member is in an all_to_all: the widths agree
     const auto& m = exchange_values(me, mine, "all_to_all");
     const std::size_t w = 2 * n + 1;
     auto sends = [&](std::size_t i, std::size_t j) { return m[i * w + j]; };
@@ -3551,13 +3634,17 @@ class group {
   }
 
   /// @brief Where the processes meet before collective `op` (at most two `values` per
-  /// member): every member's [op's code, values..., zeros], 3 per member in member order, on
-  /// every member. A member in another collective has another code: every member finds it
-  /// alike and fails (mismatch_error). The width is the same whatever the collective, so MPI
-  /// never sees messages of two sizes meet (which it reports as a fatal truncation).
-  const std::vector<std::size_t>& exchange(std::size_t me, const std::vector<std::size_t>& values, const char* op) {
+  /// member): every member's [a code of its call, values..., zeros], 3 per member in member
+  /// order, on every member. `call` names the call whole (`collective_call_text`: the
+  /// collective, its element type, its reduction): a member in another collective, or in one
+  /// over another element type or with another reduction, has another code, and every member
+  /// finds it alike and fails (mismatch_error). The width is the same whatever the
+  /// collective, so MPI never sees messages of two sizes meet (which it reports as a fatal
+  /// truncation).
+  const std::vector<std::size_t>& exchange(std::size_t me, const std::vector<std::size_t>& values, const char* op,
+                                           const std::string& call) {
     std::vector<std::size_t> framed(3, 0);
-    framed[0] = collective_code(op);
+    framed[0] = collective_code(call);
     std::copy(values.begin(), values.end(), framed.begin() + 1);
     const auto& all = exchange_values(me, framed, op);
     for (std::size_t k = 0; k < size(); ++k)
@@ -3565,21 +3652,22 @@ class group {
         std::string calls;
         for (std::size_t j = 0; j < size(); ++j) calls += (j ? ", " : "") + names_[j] + " in " + collective_name(all[3 * j]);
         fail(std::string(op) + " over " + identity_.label + ": the members called different collectives (" + calls +
-             "); every member of a group must call the same collectives in the same order");
+             "); every member of a group must call the same collectives, over the same element type, in the same order");
       }
     return all;
   }
 
-  /// @brief A code for the name of collective `op` (its bytes hashed).
-  static constexpr std::size_t collective_code(std::string_view op) {
-    std::uint64_t h = 1469598103934665603ull;
-    for (char c : op) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
-    return static_cast<std::size_t>(h);
-  }
-  /// @brief The name of the collective of `code`.
-  static std::string collective_name(std::size_t code) {
+  static constexpr std::size_t collective_code(std::string_view call) { return pdo::detail::collective_code(call); }
+  /// @brief The call of `code`: each collective, reduction and element type tried.
+  PDO_NOINLINE static std::string collective_name(std::size_t code) {
+    std::vector<std::pair<std::string, std::size_t>> elements{{"", 0}, {"f32", 4}, {"f64", 8}, {"i32", 4}, {"i64", 8}};
+    for (const char* generic : {"int", "uint", "float"})
+      for (std::size_t bytes : {1, 2, 4, 8, 16}) elements.emplace_back(generic, bytes);
     for (std::string_view op : {"barrier", "all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all"})
-      if (collective_code(op) == code) return std::string(op);
+      for (int reduction = -1; reduction <= static_cast<int>(reduce_op::min); ++reduction)
+        for (const auto& [element, bytes] : elements)
+          if (std::string call = pdo::detail::collective_call_text(op, element, bytes, reduction); collective_code(call) == code)
+            return call;
     return "another collective";
   }
 
@@ -4438,7 +4526,7 @@ class group {
 
   template <class T>
   void all_reduce(std::size_t me, std::span<T> data, reduce_op op) {
-    agree(me, "all_reduce", data.size(), 0);
+    agree(me, "all_reduce", data.size(), 0, pdo::detail::collective_call_text<T>("all_reduce", static_cast<int>(op)));
     reducible<T>("all_reduce", me);
     enqueue(me, "ncclAllReduce", [&](ncclComm_t c, cudaStream_t s) {
       return ncclAllReduce(data.data(), data.data(), data.size(), type_of<T>(), op_of(op), c, s);
@@ -4447,7 +4535,7 @@ class group {
 
   template <class T>
   void broadcast(std::size_t me, std::span<T> data, std::size_t root) {
-    agree(me, "broadcast", data.size(), root);
+    agree(me, "broadcast", data.size(), root, pdo::detail::collective_call_text<T>("broadcast"));
     enqueue(me, "ncclBroadcast", [&](ncclComm_t c, cudaStream_t s) {
       return ncclBroadcast(data.data(), data.data(), bytes_or_count<T>(data.size()), wire_type<T>(), static_cast<int>(root), c, s);
     });
@@ -4487,7 +4575,7 @@ class group {
     const auto counts = counts_of(me, out.size());
     std::size_t total = 0;
     for (auto c : counts) total += c;
-    agree(me, "reduce_scatter", in.size(), 0);
+    agree(me, "reduce_scatter", in.size(), 0, pdo::detail::collective_call_text<T>("reduce_scatter", static_cast<int>(op)));
     if (total != in.size())
       throw mismatch_error("reduce_scatter on " + name(me) + ": the segments add up to " + std::to_string(total) +
                            " elements but the input holds " + std::to_string(in.size()));
@@ -4604,11 +4692,16 @@ class group {
                          std::string(pdo::detail::dtype_name<T>()));
   }
 
-  /// @brief Throws on every member unless all passed the same `count` and `root`.
-  void agree(std::size_t me, const char* op, std::size_t count, std::size_t root) {
-    std::array<std::int64_t, 4> v{static_cast<std::int64_t>(count), -static_cast<std::int64_t>(count), static_cast<std::int64_t>(root),
-                                   -static_cast<std::int64_t>(root)};
+  /// @brief Throws on every member unless all made the same call (`call`: the collective,
+  /// its element type and reduction) with the same `count` and `root`.
+  void agree(std::size_t me, const char* op, std::size_t count, std::size_t root, const std::string& call) {
+    const auto code = static_cast<std::int64_t>(pdo::detail::collective_code(call) >> 1);
+    std::array<std::int64_t, 6> v{static_cast<std::int64_t>(count), -static_cast<std::int64_t>(count), static_cast<std::int64_t>(root),
+                                   -static_cast<std::int64_t>(root), code, -code};
     on_host([&](auto& h) { h.all_reduce(me, std::span<std::int64_t>(v), reduce_op::max); });
+    if (v[4] != -v[5])
+      throw mismatch_error(std::string(op) + ": the members called different collectives, or this one over different element types or "
+                           "with different reductions (this member: " + call + ", seen on " + name(me) + ")");
     if (v[0] != -v[1])
       throw mismatch_error(std::string(op) + ": the members passed different sizes, from " + std::to_string(-v[1]) + " to " +
                            std::to_string(v[0]) + " elements (seen on " + name(me) + ")");

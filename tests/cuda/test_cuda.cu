@@ -328,6 +328,26 @@ void collectives(const std::vector<pdo::cuda_place>& gpus) {
     }
   }
   check(mismatch, "NCCL collectives with sizes that disagree throw mismatch_error on every member");
+  // the same size, another reduction: every member names what it called, then the mesh goes on
+  std::vector<std::string> said(n);
+  if (n > 1) {
+    pdo::spmd(m, [&](std::size_t p) {
+      pdo::tensor<float, 1> t({4}, m.place(p));
+      try {
+        pdo::communicator_of(m, p).all_reduce(t.span(), p == 0 ? pdo::reduce_op::sum : pdo::reduce_op::max);
+      } catch (const pdo::mismatch_error& e) {
+        said[p] = e.what();
+      }
+    });
+  }
+  bool named = true;
+  for (std::size_t p = 0; p < n && n > 1; ++p)
+    named = named && said[p].find("different collectives") != std::string::npos &&
+            said[p].find(p == 0 ? "all_reduce(sum) of f32" : "all_reduce(max) of f32") != std::string::npos;
+  pdo::tensor<float, 1> twos({3});
+  twos.fill(2.0f);
+  const auto after = pdo::gather(pdo::eval(pdo::distribute<pdo::layout<pdo::replicate>>(m, twos) * 3.0f));
+  check(named && after(0) == 6.0f, "NCCL all_reduces with different reductions: mismatch_error on every member naming its call");
 }
 
 void mixed_mesh(const std::vector<pdo::cuda_place>& gpus) {

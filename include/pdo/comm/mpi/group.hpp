@@ -93,7 +93,7 @@ class group {
   void reset() {}
 
   void barrier(std::size_t me) {
-    exchange(me, std::vector<std::size_t>{}, "barrier");
+    exchange(me, std::vector<std::size_t>{}, "barrier", "barrier");
     local_.barrier();
   }
 
@@ -101,7 +101,7 @@ class group {
   void all_reduce(std::size_t me, std::span<T> data, reduce_op op) {
     const std::size_t l = me - first();
     args_[l] = {data.data(), data.data()};
-    const auto& counts = exchange(me, std::vector<std::size_t>{data.size()}, "all_reduce");
+    const auto& counts = exchange(me, std::vector<std::size_t>{data.size()}, "all_reduce", pdo::detail::collective_call_text<T>("all_reduce", static_cast<int>(op)));
     for (std::size_t k = 0; k < size(); ++k)
       if (counts[3 * k + 1] != counts[1]) fail("all_reduce: members called it with different sizes (" + listing(counts, 3, 1) + ")");
     if (local_.size() > 1) local_.all_reduce(l, data, op);
@@ -118,7 +118,7 @@ class group {
   void all_gather(std::size_t me, std::span<const T> in, std::span<T> out) {
     const std::size_t l = me - first();
     args_[l] = {in.data(), out.data()};
-    const auto& counts = exchange(me, std::vector<std::size_t>{in.size(), out.size()}, "all_gather");
+    const auto& counts = exchange(me, std::vector<std::size_t>{in.size(), out.size()}, "all_gather", pdo::detail::collective_call_text<T>("all_gather"));
     std::size_t total = 0;
     for (std::size_t k = 0; k < size(); ++k) total += counts[3 * k + 1];
     for (std::size_t k = 0; k < size(); ++k)
@@ -141,7 +141,8 @@ class group {
   void reduce_scatter(std::size_t me, std::span<const T> in, std::span<T> out, reduce_op op) {
     const std::size_t l = me - first();
     args_[l] = {in.data(), out.data()};
-    const auto& counts = exchange(me, std::vector<std::size_t>{in.size(), out.size()}, "reduce_scatter");
+    const auto& counts = exchange(me, std::vector<std::size_t>{in.size(), out.size()}, "reduce_scatter",
+                                 pdo::detail::collective_call_text<T>("reduce_scatter", static_cast<int>(op)));
     std::size_t total = 0;
     for (std::size_t k = 0; k < size(); ++k) {
       if (counts[3 * k + 1] != counts[1]) fail("reduce_scatter: members called it with different sizes (" + listing(counts, 3, 1) + ")");
@@ -178,7 +179,7 @@ class group {
   void broadcast(std::size_t me, std::span<T> data, std::size_t root) {
     const std::size_t l = me - first();
     args_[l] = {data.data(), data.data()};
-    const auto& counts = exchange(me, std::vector<std::size_t>{data.size(), root}, "broadcast");
+    const auto& counts = exchange(me, std::vector<std::size_t>{data.size(), root}, "broadcast", pdo::detail::collective_call_text<T>("broadcast"));
     for (std::size_t k = 0; k < size(); ++k)
       if (counts[3 * k + 1] != counts[1] || counts[3 * k + 2] != counts[2])
         fail("broadcast: members called it with different sizes or roots (" + listing(counts, 3, 1) + "; roots " + listing(counts, 3, 2) + ")");
@@ -211,7 +212,7 @@ class group {
       mine[2 * n] = std::accumulate(send_counts.begin(), send_counts.end(), std::size_t{0}) == in.size() &&
                     std::accumulate(recv_counts.begin(), recv_counts.end(), std::size_t{0}) == out.size();
     }
-    exchange(me, std::vector<std::size_t>{}, "all_to_all");  // every member is in an all_to_all: the widths agree
+    exchange(me, std::vector<std::size_t>{}, "all_to_all", pdo::detail::collective_call_text<T>("all_to_all"));  // every member is in an all_to_all: the widths agree
     const auto& m = exchange_values(me, mine, "all_to_all");
     const std::size_t w = 2 * n + 1;
     auto sends = [&](std::size_t i, std::size_t j) { return m[i * w + j]; };
@@ -372,13 +373,17 @@ class group {
   }
 
   /// @brief Where the processes meet before collective `op` (at most two `values` per
-  /// member): every member's [op's code, values..., zeros], 3 per member in member order, on
-  /// every member. A member in another collective has another code: every member finds it
-  /// alike and fails (mismatch_error). The width is the same whatever the collective, so MPI
-  /// never sees messages of two sizes meet (which it reports as a fatal truncation).
-  const std::vector<std::size_t>& exchange(std::size_t me, const std::vector<std::size_t>& values, const char* op) {
+  /// member): every member's [a code of its call, values..., zeros], 3 per member in member
+  /// order, on every member. `call` names the call whole (`collective_call_text`: the
+  /// collective, its element type, its reduction): a member in another collective, or in one
+  /// over another element type or with another reduction, has another code, and every member
+  /// finds it alike and fails (mismatch_error). The width is the same whatever the
+  /// collective, so MPI never sees messages of two sizes meet (which it reports as a fatal
+  /// truncation).
+  const std::vector<std::size_t>& exchange(std::size_t me, const std::vector<std::size_t>& values, const char* op,
+                                           const std::string& call) {
     std::vector<std::size_t> framed(3, 0);
-    framed[0] = collective_code(op);
+    framed[0] = collective_code(call);
     std::copy(values.begin(), values.end(), framed.begin() + 1);
     const auto& all = exchange_values(me, framed, op);
     for (std::size_t k = 0; k < size(); ++k)
@@ -386,21 +391,22 @@ class group {
         std::string calls;
         for (std::size_t j = 0; j < size(); ++j) calls += (j ? ", " : "") + names_[j] + " in " + collective_name(all[3 * j]);
         fail(std::string(op) + " over " + identity_.label + ": the members called different collectives (" + calls +
-             "); every member of a group must call the same collectives in the same order");
+             "); every member of a group must call the same collectives, over the same element type, in the same order");
       }
     return all;
   }
 
-  /// @brief A code for the name of collective `op` (its bytes hashed).
-  static constexpr std::size_t collective_code(std::string_view op) {
-    std::uint64_t h = 1469598103934665603ull;
-    for (char c : op) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
-    return static_cast<std::size_t>(h);
-  }
-  /// @brief The name of the collective of `code`.
-  static std::string collective_name(std::size_t code) {
+  static constexpr std::size_t collective_code(std::string_view call) { return pdo::detail::collective_code(call); }
+  /// @brief The call of `code`: each collective, reduction and element type tried.
+  PDO_NOINLINE static std::string collective_name(std::size_t code) {
+    std::vector<std::pair<std::string, std::size_t>> elements{{"", 0}, {"f32", 4}, {"f64", 8}, {"i32", 4}, {"i64", 8}};
+    for (const char* generic : {"int", "uint", "float"})
+      for (std::size_t bytes : {1, 2, 4, 8, 16}) elements.emplace_back(generic, bytes);
     for (std::string_view op : {"barrier", "all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all"})
-      if (collective_code(op) == code) return std::string(op);
+      for (int reduction = -1; reduction <= static_cast<int>(reduce_op::min); ++reduction)
+        for (const auto& [element, bytes] : elements)
+          if (std::string call = pdo::detail::collective_call_text(op, element, bytes, reduction); collective_code(call) == code)
+            return call;
     return "another collective";
   }
 

@@ -176,7 +176,7 @@ class group {
 
   template <class T>
   void all_reduce(std::size_t me, std::span<T> data, reduce_op op) {
-    agree(me, "all_reduce", data.size(), 0);
+    agree(me, "all_reduce", data.size(), 0, pdo::detail::collective_call_text<T>("all_reduce", static_cast<int>(op)));
     reducible<T>("all_reduce", me);
     enqueue(me, "ncclAllReduce", [&](ncclComm_t c, cudaStream_t s) {
       return ncclAllReduce(data.data(), data.data(), data.size(), type_of<T>(), op_of(op), c, s);
@@ -185,7 +185,7 @@ class group {
 
   template <class T>
   void broadcast(std::size_t me, std::span<T> data, std::size_t root) {
-    agree(me, "broadcast", data.size(), root);
+    agree(me, "broadcast", data.size(), root, pdo::detail::collective_call_text<T>("broadcast"));
     enqueue(me, "ncclBroadcast", [&](ncclComm_t c, cudaStream_t s) {
       return ncclBroadcast(data.data(), data.data(), bytes_or_count<T>(data.size()), wire_type<T>(), static_cast<int>(root), c, s);
     });
@@ -225,7 +225,7 @@ class group {
     const auto counts = counts_of(me, out.size());
     std::size_t total = 0;
     for (auto c : counts) total += c;
-    agree(me, "reduce_scatter", in.size(), 0);
+    agree(me, "reduce_scatter", in.size(), 0, pdo::detail::collective_call_text<T>("reduce_scatter", static_cast<int>(op)));
     if (total != in.size())
       throw mismatch_error("reduce_scatter on " + name(me) + ": the segments add up to " + std::to_string(total) +
                            " elements but the input holds " + std::to_string(in.size()));
@@ -342,11 +342,16 @@ class group {
                          std::string(pdo::detail::dtype_name<T>()));
   }
 
-  /// @brief Throws on every member unless all passed the same `count` and `root`.
-  void agree(std::size_t me, const char* op, std::size_t count, std::size_t root) {
-    std::array<std::int64_t, 4> v{static_cast<std::int64_t>(count), -static_cast<std::int64_t>(count), static_cast<std::int64_t>(root),
-                                   -static_cast<std::int64_t>(root)};
+  /// @brief Throws on every member unless all made the same call (`call`: the collective,
+  /// its element type and reduction) with the same `count` and `root`.
+  void agree(std::size_t me, const char* op, std::size_t count, std::size_t root, const std::string& call) {
+    const auto code = static_cast<std::int64_t>(pdo::detail::collective_code(call) >> 1);
+    std::array<std::int64_t, 6> v{static_cast<std::int64_t>(count), -static_cast<std::int64_t>(count), static_cast<std::int64_t>(root),
+                                   -static_cast<std::int64_t>(root), code, -code};
     on_host([&](auto& h) { h.all_reduce(me, std::span<std::int64_t>(v), reduce_op::max); });
+    if (v[4] != -v[5])
+      throw mismatch_error(std::string(op) + ": the members called different collectives, or this one over different element types or "
+                           "with different reductions (this member: " + call + ", seen on " + name(me) + ")");
     if (v[0] != -v[1])
       throw mismatch_error(std::string(op) + ": the members passed different sizes, from " + std::to_string(-v[1]) + " to " +
                            std::to_string(v[0]) + " elements (seen on " + name(me) + ")");

@@ -12,6 +12,7 @@
 #include <array>
 #include <condition_variable>
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -19,6 +20,7 @@
 #include <mutex>
 #include <span>
 #include <string>
+#include <string_view>
 #include <tuple>
 #include <vector>
 
@@ -104,13 +106,39 @@ std::pair<std::size_t, std::size_t> work_range(std::size_t n, std::size_t member
   return {lo, hi};
 }
 
+/// @brief How a collective call is named in a mismatch: "all_reduce(sum) of f32",
+/// "broadcast of int16", "barrier". `op` is a reduce_op, or -1 for none.
+PDO_NOINLINE inline std::string collective_call_text(std::string_view collective, std::string_view element, std::size_t element_bytes,
+                                                     int op) {
+  std::string text(collective);
+  if (op >= 0) text += "(" + std::string(op_name(static_cast<reduce_op>(op))) + ")";
+  if (element.empty()) return text;
+  std::string e(element);
+  if (e == "int" || e == "uint" || e == "float") e += std::to_string(8 * element_bytes);
+  return text + " of " + e;
+}
+
+/// @brief A code for the call text `call` (its bytes hashed), to compare calls between processes.
+constexpr std::size_t collective_code(std::string_view call) {
+  std::uint64_t h = 1469598103934665603ull;
+  for (char c : call) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
+  return static_cast<std::size_t>(h);
+}
+
+/// @brief The call text of a collective over elements of type T.
+template <class T>
+std::string collective_call_text(std::string_view collective, int op = -1) {
+  return collective_call_text(collective, dtype_name<T>(), sizeof(T), op);
+}
+
 /// @brief The members of one group that live in this process, and the shared slots
 /// through which they see each other's buffers. Every collective is called by all
 /// `size()` members at once, each from its own thread, with its own member index.
 ///
-/// Protocol: publish the buffers, barrier, check the arguments agree (all members
-/// reach the same verdict from the same slots, so a mismatch is an error on every
-/// member, never a hang), do this member's share of the work, barrier.
+/// Protocol: publish the buffers and what was called (the collective, its element type,
+/// its reduction), barrier, check that every member called the same and that the
+/// arguments agree (all members reach the same verdict from the same slots, so a mismatch
+/// is an error on every member, never a hang), do this member's share of the work, barrier.
 class local_group {
  public:
   explicit local_group(std::vector<std::string> member_names)
@@ -119,8 +147,18 @@ class local_group {
   [[nodiscard]] std::size_t size() const { return names_.size(); }
   [[nodiscard]] const std::string& name(std::size_t member) const { return names_[member]; }
 
+  /// @brief A plain barrier of the members (a step inside another group's collective).
   void barrier() { barrier_.arrive_and_wait(); }
-  void barrier(std::size_t /*me*/) { barrier_.arrive_and_wait(); }
+  /// @brief The barrier collective: an error on every member when another called a
+  /// different collective.
+  void barrier(std::size_t me) {
+    slot s;
+    s.collective = "barrier";
+    publish(me, s);
+    barrier_.arrive_and_wait();
+    const closing_barrier closing(barrier_);
+    check_same_call();
+  }
 
   /// @brief Wakes every member blocked in this group with an error; see reset().
   void abort() {
@@ -142,9 +180,10 @@ class local_group {
     std::array<T*, 4> few{};  // allocated before the entry barrier: nothing throws between the barriers
     std::vector<T*> many(size() > few.size() ? size() : 0);
     T** bufs = many.empty() ? few.data() : many.data();
-    publish(me, {data.data(), data.data(), data.size(), data.size()});
+    publish(me, call<T>("all_reduce", data.data(), data.data(), data.size(), data.size(), op));
     barrier_.arrive_and_wait();
     const closing_barrier closing(barrier_);
+    check_same_call();
     check_equal_counts("all_reduce", &slot::in_count, me);
     const auto [lo, hi] = work_range<T>(data.size(), size(), me);
     for (std::size_t k = 0; k < size(); ++k) bufs[k] = static_cast<T*>(slots_[k].out);
@@ -155,9 +194,10 @@ class local_group {
   /// member order; inputs may differ in size.
   template <class T>
   void all_gather(std::size_t me, std::span<const T> in, std::span<T> out) {
-    publish(me, {in.data(), out.data(), in.size(), out.size()});
+    publish(me, call<T>("all_gather", in.data(), out.data(), in.size(), out.size()));
     barrier_.arrive_and_wait();
     const closing_barrier closing(barrier_);
+    check_same_call();
     check_total("all_gather", me);
     std::size_t offset = 0;
     for (const slot& s : slots_) {
@@ -171,9 +211,10 @@ class local_group {
   template <class T>
   void reduce_scatter(std::size_t me, std::span<const T> in, std::span<T> out, reduce_op op) {
     std::vector<const T*> srcs(size());  // allocated before the entry barrier
-    publish(me, {in.data(), out.data(), in.size(), out.size()});
+    publish(me, call<T>("reduce_scatter", in.data(), out.data(), in.size(), out.size(), op));
     barrier_.arrive_and_wait();
     const closing_barrier closing(barrier_);
+    check_same_call();
     check_equal_counts("reduce_scatter", &slot::in_count, me);
     check_total("reduce_scatter", me, /*outputs_sum_to_input=*/true);
     std::size_t offset = 0;
@@ -185,9 +226,10 @@ class local_group {
 
   template <class T>
   void broadcast(std::size_t me, std::span<T> data, std::size_t root) {
-    publish(me, {data.data(), data.data(), data.size(), root});
+    publish(me, call<T>("broadcast", data.data(), data.data(), data.size(), root));
     barrier_.arrive_and_wait();
     const closing_barrier closing(barrier_);
+    check_same_call();
     check_equal_counts("broadcast", &slot::in_count, me);
     for (const slot& s : slots_)
       if (s.out_count != root)
@@ -201,13 +243,14 @@ class local_group {
   template <class T>
   void all_to_all(std::size_t me, std::span<const T> in, std::span<const std::size_t> send_counts, std::span<T> out,
                   std::span<const std::size_t> recv_counts) {
-    slot s{in.data(), out.data(), in.size(), out.size()};
+    slot s = call<T>("all_to_all", in.data(), out.data(), in.size(), out.size());
     s.send_counts = send_counts.data();
     s.recv_counts = recv_counts.data();
     s.counts_size = send_counts.size() == recv_counts.size() ? send_counts.size() : 0;
     publish(me, s);
     barrier_.arrive_and_wait();
     const closing_barrier closing(barrier_);
+    check_same_call();
     check_all_to_all(me);
     std::size_t out_offset = 0;
     for (std::size_t i = 0; i < size(); ++i) {
@@ -266,6 +309,10 @@ class local_group {
     const std::size_t* send_counts = nullptr;
     const std::size_t* recv_counts = nullptr;
     std::size_t counts_size = 0;
+    std::string_view collective;  ///< what the member called
+    std::string_view element;     ///< its element type ("" for a barrier)
+    std::size_t element_bytes = 0;
+    int op = -1;  ///< its reduce_op, or -1
   };
   struct post {
     const void* data = nullptr;
@@ -276,6 +323,41 @@ class local_group {
   };
 
   void publish(std::size_t me, const slot& s) { slots_[me] = s; }
+
+  /// @brief `s` marked as a call of `collective` over elements of type T (reducing with `op`).
+  template <class T>
+  static slot call(std::string_view collective, const void* in, void* out, std::size_t in_count, std::size_t out_count, int op = -1) {
+    slot s;
+    s.in = in;
+    s.out = out;
+    s.in_count = in_count;
+    s.out_count = out_count;
+    s.collective = collective;
+    s.element = dtype_name<T>();
+    s.element_bytes = sizeof(T);
+    s.op = op;
+    return s;
+  }
+  template <class T>
+  static slot call(std::string_view collective, const void* in, void* out, std::size_t in_count, std::size_t out_count, reduce_op op) {
+    return call<T>(collective, in, out, in_count, out_count, static_cast<int>(op));
+  }
+
+  static std::string call_text(const slot& s) { return collective_call_text(s.collective, s.element, s.element_bytes, s.op); }
+
+  /// @brief An error on every member when the members called different collectives, or one
+  /// over another element type or with another reduction.
+  PDO_NOINLINE void check_same_call() const {
+    const slot& first = slots_[0];
+    for (const slot& s : slots_)
+      if (s.collective != first.collective || s.element != first.element || s.element_bytes != first.element_bytes || s.op != first.op) {
+        std::string calls;
+        for (std::size_t k = 0; k < size(); ++k) calls += (k ? ", " : "") + names_[k] + " in " + call_text(slots_[k]);
+        fail_after_barrier(std::string(first.collective) +
+                           ": the members of the group called different collectives (" + calls +
+                           "); every member of a group must call the same collectives, over the same element type, in the same order");
+      }
+  }
 
   using mail_key = std::tuple<std::size_t, std::size_t, int>;  ///< from, to, tag
 
