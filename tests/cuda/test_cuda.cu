@@ -348,6 +348,26 @@ void collectives(const std::vector<pdo::cuda_place>& gpus) {
   twos.fill(2.0f);
   const auto after = pdo::gather(pdo::eval(pdo::distribute<pdo::layout<pdo::replicate>>(m, twos) * 3.0f));
   check(named && after(0) == 6.0f, "NCCL all_reduces with different reductions: mismatch_error on every member naming its call");
+  // an all_gather of floats against one of ints (the same bytes): an error, not ints read as floats
+  std::size_t caught = 0;
+  if (n > 1) {
+    std::vector<int> threw(n, 0);
+    pdo::spmd(m, [&](std::size_t p) {
+      try {
+        if (p == 0) {
+          pdo::tensor<float, 1> in({2}, m.place(p)), out({2 * n}, m.place(p));
+          pdo::communicator_of(m, p).all_gather(std::span<const float>(in.data(), 2), out.span());
+        } else {
+          pdo::tensor<int, 1> in({2}, m.place(p)), out({2 * n}, m.place(p));
+          pdo::communicator_of(m, p).all_gather(std::span<const int>(in.data(), 2), out.span());
+        }
+      } catch (const pdo::mismatch_error& e) {
+        threw[p] = std::string(e.what()).find("all_gather of") != std::string::npos;
+      }
+    });
+    for (int t : threw) caught += static_cast<std::size_t>(t);
+  }
+  check(n == 1 || caught == n, "NCCL all_gathers over different element types: mismatch_error on every member");
 }
 
 void mixed_mesh(const std::vector<pdo::cuda_place>& gpus) {

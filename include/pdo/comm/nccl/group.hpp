@@ -195,6 +195,7 @@ class group {
   /// one broadcast per member in a group call.
   template <class T>
   void all_gather(std::size_t me, std::span<const T> in, std::span<T> out) {
+    same_call(me, "all_gather", pdo::detail::collective_call_text<T>("all_gather"));
     const auto counts = counts_of(me, in.size());
     std::size_t total = 0;
     for (auto c : counts) total += c;
@@ -221,11 +222,11 @@ class group {
   /// sizes go as one reduce per member in a group call.
   template <class T>
   void reduce_scatter(std::size_t me, std::span<const T> in, std::span<T> out, reduce_op op) {
-    reducible<T>("reduce_scatter", me);
     const auto counts = counts_of(me, out.size());
     std::size_t total = 0;
     for (auto c : counts) total += c;
     agree(me, "reduce_scatter", in.size(), 0, pdo::detail::collective_call_text<T>("reduce_scatter", static_cast<int>(op)));
+    reducible<T>("reduce_scatter", me);  // after agree: every member has this T, so all throw alike
     if (total != in.size())
       throw mismatch_error("reduce_scatter on " + name(me) + ": the segments add up to " + std::to_string(total) +
                            " elements but the input holds " + std::to_string(in.size()));
@@ -246,6 +247,7 @@ class group {
   void all_to_all(std::size_t me, std::span<const T> in, std::span<const std::size_t> send_counts, std::span<T> out,
                   std::span<const std::size_t> recv_counts) {
     const std::size_t n = size();
+    same_call(me, "all_to_all", pdo::detail::collective_call_text<T>("all_to_all"));
     if (send_counts.size() != n || recv_counts.size() != n)
       throw mismatch_error("all_to_all on " + name(me) + ": " + std::to_string(send_counts.size()) + " send and " +
                            std::to_string(recv_counts.size()) + " receive counts for " + std::to_string(n) + " members");
@@ -340,6 +342,17 @@ class group {
     if constexpr (type_of<T>() == ncclNumTypes)
       throw layout_error(std::string(op) + " on " + name(me) + ": NCCL cannot reduce elements of type " +
                          std::string(pdo::detail::dtype_name<T>()));
+  }
+
+  /// @brief Throws on every member unless all made the same call (`call`: the collective and
+  /// its element type), for the collectives whose sizes may differ between members.
+  void same_call(std::size_t me, const char* op, const std::string& call) {
+    const auto code = static_cast<std::int64_t>(pdo::detail::collective_code(call) >> 1);
+    std::array<std::int64_t, 2> v{code, -code};
+    on_host([&](auto& h) { h.all_reduce(me, std::span<std::int64_t>(v), reduce_op::max); });
+    if (v[0] != -v[1])
+      throw mismatch_error(std::string(op) + ": the members called different collectives, or this one over different element types "
+                           "(this member: " + call + ", seen on " + name(me) + ")");
   }
 
   /// @brief Throws on every member unless all made the same call (`call`: the collective,
