@@ -674,3 +674,25 @@ TEST_CASE("spatial conv2d overlaps its halo exchange: the exchange on the commun
   run(pdo::make_mesh<"sp">(pdo::cpu_places(2)), H{});
   run(pdo::make_mesh<"sh", "sw">(pdo::cpu_places(4), {2, 2}), HW{});
 }
+
+TEST_CASE("a trace outlives the places and threads that recorded it", "[trace]") {
+  pdo::trace::start();
+  {
+    const auto m = pdo::make_mesh<"dp">(pdo::cpu_places(2));
+    pdo::cpu_place_options o;
+    o.name = "short-lived";
+    o.pin = false;
+    const auto other = pdo::make_mesh<"dp">(std::vector<pdo::cpu_place>{pdo::cpu_place(0, std::vector<int>{0}, o)});
+    auto make = [] {
+      pdo::nn::rng gen(3);
+      return pdo::nn::sequential(pdo::nn::linear<double>(4, 4, gen));
+    };
+    auto trainer = pdo::nn::make_data_parallel<double>(m, make, [](auto ps) { return pdo::nn::sgd<double>(std::move(ps), {.lr = 0.1}); });
+    (void)trainer.step(rnd<2>({6, 4}, 70), labels_for(6));
+    (void)pdo::gather(pdo::eval(pdo::distribute<pdo::layout<pdo::split<"dp">>>(other, rnd<1>({5}, 71)) * 2.0));
+  }  // the places, their lanes and the trainer are gone
+  pdo::trace::stop();
+  const std::string json = pdo::trace::json();
+  CHECK_THAT(json, Catch::Contains("\"name\":\"short-lived\"") && Catch::Contains("bucket all_reduce") &&
+                       Catch::Contains("\"queued_on\":\"compute\"") && Catch::Contains("\"name\":\"queues\""));
+}

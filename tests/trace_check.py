@@ -6,7 +6,9 @@ then checks the Chrome trace-event JSON it wrote:
   - one row per place and lane (compute and communication on every place);
   - every step of every place has every bucket's collective, with the bytes the trainer's
     plan gives for that bucket;
-  - each bucket's collective starts after backward completed every gradient it reads;
+  - each bucket's collective starts after backward completed every gradient it reads, and was
+    queued by backward (a "queues" arrow from the place's compute lane) once the last of them
+    was written;
   - dependencies (flow arrows) point from an earlier task's end to a later task's start.
 Prints how much of the bucket collectives' time overlaps backward.
 
@@ -58,6 +60,8 @@ def main():
     buckets = [e for e in spans if e["cat"] == "collective" and e["name"] == "bucket all_reduce"]
     gradients = [e for e in events if e.get("ph") == "i" and e["cat"] == "gradient"]
     backward = [e for e in spans if e["name"] == "backward"]
+    flows = [e for e in events if e.get("cat") == "dependency" and e["name"] == "queues"]
+    queue_flows = {e["id"] for e in flows if e["ph"] == "s"} & {e["id"] for e in flows if e["ph"] == "f"}
     if not steps or not buckets or not gradients:
         fail("steps %d, bucket collectives %d, gradients %d" % (len(steps), len(buckets), len(gradients)))
 
@@ -80,6 +84,13 @@ def main():
             if len(ready) != nparams:
                 fail("on %s the collective of bucket %d (at %.1f us) starts before backward wrote its %d gradients "
                      "(%d written before it)" % (place, k, b["ts"], nparams, len(ready)))
+            queued = b["args"].get("queued_at")
+            if b["args"].get("queued_on") != "compute" or queued is None or ("q%d" % b["args"]["task"]) not in queue_flows:
+                fail("on %s the collective of bucket %d has no arrow from the backward that queued it: %s" % (place, k, b))
+            last = max(g["ts"] for g in ready)
+            if not (last <= queued + 1.0 and queued <= b["ts"] + 1.0):
+                fail("on %s bucket %d was queued at %.1f us: its last gradient was written at %.1f us, its collective "
+                     "started at %.1f us" % (place, k, queued, last, b["ts"]))
             for bw in backward:
                 if places[bw["pid"]] == place and begin <= bw["ts"] <= end:
                     lo, hi = max(b["ts"], bw["ts"]), min(b["ts"] + b["dur"], bw["ts"] + bw["dur"])

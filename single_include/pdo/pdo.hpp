@@ -335,6 +335,10 @@ struct timeline_event {
   timeline_clock::time_point start, end;
   std::uint64_t id = 0;              ///< the engine's task id (0: a span inside a task)
   std::vector<std::uint64_t> after;  ///< the tasks a task waited for (flow arrows)
+  /// @brief For a task queued by another while it ran (a bucket's collective by backward): the
+  /// row of the task that queued it and when (a flow arrow from there); null otherwise.
+  const timeline_track* queued_on = nullptr;
+  timeline_clock::time_point queued_at;
   bool instant = false;
 };
 
@@ -1884,6 +1888,10 @@ struct task_state {
   };
   std::vector<dependent> dependents;
   std::vector<std::uint64_t> after;  ///< the ids of the tasks it waited for, those that have one (the trace's flow arrows)
+  /// @brief While tracing, for a task queued from a lane (by the task it runs): that lane's
+  /// row and when (the trace's "queued by" arrow).
+  const timeline_track* queued_on = nullptr;
+  timeline_clock::time_point queued_at;
 
   /// @brief Waits (spinning briefly, then sleeping) until the task has ended.
   void wait_ended() const {
@@ -2182,6 +2190,8 @@ class alignas(64) lane {
         e.end = timeline_clock::now();
         e.id = t->id;
         e.after = t->after;
+        e.queued_on = t->queued_on;
+        e.queued_at = t->queued_at;
         sink->record(std::move(e));
       }
     }
@@ -5793,6 +5803,10 @@ class engine {
     t->quiet = r.quiet;
     t->keeps_failure = r.keeps_failure;
     t->detail = std::move(r.detail);
+    if (current_lane() != nullptr && timeline_on()) {  // queued by the task its lane runs
+      t->queued_on = current_track();
+      t->queued_at = timeline_clock::now();
+    }
     return t;
   }
 
@@ -15513,7 +15527,9 @@ namespace pdo {
 
 namespace detail {
 
-/// @brief The recorder behind pdo::trace: events in the order they ended.
+/// @brief The recorder behind pdo::trace: events in the order they ended. An event's rows
+/// are the recorder's own copies (by place and lane name), so a recording outlives the
+/// places whose lanes, and the threads, that recorded it.
 class trace_recorder final : public timeline_sink {
  public:
   static trace_recorder& instance() {
@@ -15522,6 +15538,8 @@ class trace_recorder final : public timeline_sink {
   }
   void record(timeline_event e) override {
     std::lock_guard lock(mutex_);
+    e.track = own(e.track);
+    if (e.queued_on != nullptr) e.queued_on = own(e.queued_on);
     events_.push_back(std::move(e));
   }
   std::vector<timeline_event> events() {
@@ -15537,8 +15555,14 @@ class trace_recorder final : public timeline_sink {
 
  private:
   trace_recorder() = default;
+  /// @brief The recorder's row named as `t` (made on first use; never freed).
+  const timeline_track* own(const timeline_track* t) {
+    if (t == nullptr) return nullptr;
+    return &tracks_.try_emplace({t->place, t->lane}, timeline_track{t->place, t->lane}).first->second;
+  }
   std::mutex mutex_;
   std::vector<timeline_event> events_;
+  std::map<std::pair<std::string, std::string>, timeline_track> tracks_;
   timeline_clock::time_point origin_ = timeline_clock::now();
 };
 
@@ -15649,8 +15673,26 @@ class trace {
         out += ",\"task\":" + std::to_string(e.id) + ",\"after\":[";
         for (std::size_t i = 0; i < e.after.size(); ++i) out += (i ? "," : "") + std::to_string(e.after[i]);
         out += "]";
+        if (e.queued_on != nullptr && e.queued_at >= origin) {
+          out += ",\"queued_on\":";
+          detail::append_json_string(out, e.queued_on->lane);
+          out += ',';
+          put_number("queued_at", us(e.queued_at));
+        }
       }
       out += "}}";
+      // a flow arrow from where a task queued it (inside that task's span) to its start
+      if (e.queued_on != nullptr && e.id != 0 && e.queued_at >= origin) {
+        const std::string flow = "q" + std::to_string(e.id);
+        begin();
+        out += "{\"name\":\"queues\",\"cat\":\"dependency\",\"ph\":\"s\",\"id\":\"" + flow + "\",";
+        put_number("ts", us(e.queued_at));
+        out += ",\"pid\":" + std::to_string(pid_of(e.queued_on)) + ",\"tid\":" + std::to_string(tid_of(e.queued_on)) + "}";
+        begin();
+        out += "{\"name\":\"queues\",\"cat\":\"dependency\",\"ph\":\"f\",\"bp\":\"e\",\"id\":\"" + flow + "\",";
+        put_number("ts", us(e.start));
+        out += ",\"pid\":" + std::to_string(pid_of(e.track)) + ",\"tid\":" + std::to_string(tid_of(e.track)) + "}";
+      }
       // a flow arrow from the end of each task it waited for to its start
       for (std::uint64_t before : e.after) {
         const auto found = tasks.find(before);

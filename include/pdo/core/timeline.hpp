@@ -30,6 +30,10 @@ struct timeline_event {
   timeline_clock::time_point start, end;
   std::uint64_t id = 0;              ///< the engine's task id (0: a span inside a task)
   std::vector<std::uint64_t> after;  ///< the tasks a task waited for (flow arrows)
+  /// @brief For a task queued by another while it ran (a bucket's collective by backward): the
+  /// row of the task that queued it and when (a flow arrow from there); null otherwise.
+  const timeline_track* queued_on = nullptr;
+  timeline_clock::time_point queued_at;
   bool instant = false;
 };
 

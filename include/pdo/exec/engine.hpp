@@ -245,6 +245,10 @@ class engine {
     t->quiet = r.quiet;
     t->keeps_failure = r.keeps_failure;
     t->detail = std::move(r.detail);
+    if (current_lane() != nullptr && timeline_on()) {  // queued by the task its lane runs
+      t->queued_on = current_track();
+      t->queued_at = timeline_clock::now();
+    }
     return t;
   }
 

@@ -23,7 +23,9 @@ namespace pdo {
 
 namespace detail {
 
-/// @brief The recorder behind pdo::trace: events in the order they ended.
+/// @brief The recorder behind pdo::trace: events in the order they ended. An event's rows
+/// are the recorder's own copies (by place and lane name), so a recording outlives the
+/// places whose lanes, and the threads, that recorded it.
 class trace_recorder final : public timeline_sink {
  public:
   static trace_recorder& instance() {
@@ -32,6 +34,8 @@ class trace_recorder final : public timeline_sink {
   }
   void record(timeline_event e) override {
     std::lock_guard lock(mutex_);
+    e.track = own(e.track);
+    if (e.queued_on != nullptr) e.queued_on = own(e.queued_on);
     events_.push_back(std::move(e));
   }
   std::vector<timeline_event> events() {
@@ -47,8 +51,14 @@ class trace_recorder final : public timeline_sink {
 
  private:
   trace_recorder() = default;
+  /// @brief The recorder's row named as `t` (made on first use; never freed).
+  const timeline_track* own(const timeline_track* t) {
+    if (t == nullptr) return nullptr;
+    return &tracks_.try_emplace({t->place, t->lane}, timeline_track{t->place, t->lane}).first->second;
+  }
   std::mutex mutex_;
   std::vector<timeline_event> events_;
+  std::map<std::pair<std::string, std::string>, timeline_track> tracks_;
   timeline_clock::time_point origin_ = timeline_clock::now();
 };
 
@@ -159,8 +169,26 @@ class trace {
         out += ",\"task\":" + std::to_string(e.id) + ",\"after\":[";
         for (std::size_t i = 0; i < e.after.size(); ++i) out += (i ? "," : "") + std::to_string(e.after[i]);
         out += "]";
+        if (e.queued_on != nullptr && e.queued_at >= origin) {
+          out += ",\"queued_on\":";
+          detail::append_json_string(out, e.queued_on->lane);
+          out += ',';
+          put_number("queued_at", us(e.queued_at));
+        }
       }
       out += "}}";
+      // a flow arrow from where a task queued it (inside that task's span) to its start
+      if (e.queued_on != nullptr && e.id != 0 && e.queued_at >= origin) {
+        const std::string flow = "q" + std::to_string(e.id);
+        begin();
+        out += "{\"name\":\"queues\",\"cat\":\"dependency\",\"ph\":\"s\",\"id\":\"" + flow + "\",";
+        put_number("ts", us(e.queued_at));
+        out += ",\"pid\":" + std::to_string(pid_of(e.queued_on)) + ",\"tid\":" + std::to_string(tid_of(e.queued_on)) + "}";
+        begin();
+        out += "{\"name\":\"queues\",\"cat\":\"dependency\",\"ph\":\"f\",\"bp\":\"e\",\"id\":\"" + flow + "\",";
+        put_number("ts", us(e.start));
+        out += ",\"pid\":" + std::to_string(pid_of(e.track)) + ",\"tid\":" + std::to_string(tid_of(e.track)) + "}";
+      }
       // a flow arrow from the end of each task it waited for to its start
       for (std::uint64_t before : e.after) {
         const auto found = tasks.find(before);

@@ -199,6 +199,10 @@ struct task_state {
   };
   std::vector<dependent> dependents;
   std::vector<std::uint64_t> after;  ///< the ids of the tasks it waited for, those that have one (the trace's flow arrows)
+  /// @brief While tracing, for a task queued from a lane (by the task it runs): that lane's
+  /// row and when (the trace's "queued by" arrow).
+  const timeline_track* queued_on = nullptr;
+  timeline_clock::time_point queued_at;
 
   /// @brief Waits (spinning briefly, then sleeping) until the task has ended.
   void wait_ended() const {
@@ -497,6 +501,8 @@ class alignas(64) lane {
         e.end = timeline_clock::now();
         e.id = t->id;
         e.after = t->after;
+        e.queued_on = t->queued_on;
+        e.queued_at = t->queued_at;
         sink->record(std::move(e));
       }
     }
