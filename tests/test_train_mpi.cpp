@@ -1,8 +1,8 @@
 // tests/test_train_mpi.cpp: training over MPI processes, run under mpirun (with one or more
 // places per process, PDO_TEST_PLACES_PER_RANK): the data-parallel trainer, a tensor-parallel
-// model, a pipeline whose stages live in different processes and a CNN whose images are split by
-// rows over the processes, each against the same training on one place, step by step; and a
-// data-parallel replica made different on purpose.
+// model, a differentiable parallel_do, a pipeline whose stages live in different processes and
+// a CNN whose images are split by rows over the processes, each against the same training on
+// one place, step by step; and a data-parallel replica made different on purpose.
 #define CATCH_CONFIG_RUNNER
 #include "model_support.hpp"
 
@@ -93,6 +93,42 @@ TEST_CASE("MPI: a tensor-parallel model matches one place step by step", "[mpi][
     losses.push_back(pdo::gather(loss.value()).data()[0]);
   }
   check_losses(losses, reference);
+}
+
+TEST_CASE("MPI: a differentiable parallel_do (an MLP block over split rows, SGD on every replica) matches one place step by step",
+          "[mpi][train][parallel_do]") {
+  const auto x = pdo_test::random_tensor<double>(pdo::shape_t<2>{11, 5}, 21);
+  const auto y = labels_for(11);
+  const auto w1 = pdo_test::random_tensor<double>(pdo::shape_t<2>{5, 8}, 22), w2 = pdo_test::random_tensor<double>(pdo::shape_t<2>{8, 4}, 23);
+  auto mlp = [](const auto& xl, const auto& a, const auto& b) { return pdo::matmul(pdo::relu(pdo::matmul(xl, a)), b); };
+  auto W1 = pdo::parameter(w1), W2 = pdo::parameter(w2);
+  pdo::nn::sgd<double> opt({{"w1", W1}, {"w2", W2}}, {.lr = 0.2, .momentum = 0.5});
+  std::vector<double> want;
+  for (int s = 0; s < 4; ++s) {
+    const auto loss = pdo::cross_entropy(mlp(pdo::var(x), W1, W2), y);
+    want.push_back(loss.value().data()[0]);
+    opt.zero_grad();
+    pdo::backward(loss);
+    opt.step();
+  }
+  const auto mesh = pdo::make_mesh<"dp">(pdo::mpi::world_places(places_per_rank()));
+  using rows = pdo::layout<split<"dp">, replicate>;
+  using whole = pdo::layout<replicate, replicate>;
+  const auto X = pdo::distribute<rows>(mesh, x);  // 11 rows: uneven over 2 and 4 places
+  const auto Y = pdo::distribute<pdo::layout<split<"dp">>>(mesh, y);
+  auto dW1 = pdo::parameter(pdo::distribute<whole>(mesh, w1)), dW2 = pdo::parameter(pdo::distribute<whole>(mesh, w2));
+  pdo::nn::sgd<double> dopt({{"w1", dW1}, {"w2", dW2}}, {.lr = 0.2, .momentum = 0.5});
+  std::vector<double> got;
+  for (int s = 0; s < 4; ++s) {
+    const auto loss = pdo::cross_entropy(pdo::parallel_do<rows>(mlp, pdo::var(X), dW1, dW2), Y);
+    got.push_back(pdo::gather(loss.value()).data()[0]);
+    dopt.zero_grad();
+    pdo::backward(loss);
+    dopt.step();
+  }
+  check_losses(got, want);
+  const auto trained = pdo::gather(dW2.value());
+  for (std::size_t i = 0; i < trained.size(); ++i) CHECK(trained.data()[i] == Approx(W2.value().data()[i]).epsilon(1e-10));
 }
 
 TEST_CASE("MPI: a pipeline whose stages live in different processes matches one place step by step", "[mpi][train][pp]") {

@@ -165,7 +165,7 @@ var<tensor<T, 4>> conv2d(const var<tensor<T, 4>>& x, const var<tensor<T, 4>>& we
 
 namespace detail {
 
-/// @brief The layouts of a distributed conv2d (DESIGN §3): batch split -> data parallel;
+/// @brief The layouts of a distributed conv2d: batch split -> data parallel;
 /// output channels split (weight dim 0, bias) -> channel parallel, output split by
 /// channels; input channels split (input dim 1 and weight dim 1 on one axis) -> a partial
 /// output; height or width split (input dims 2, 3) -> spatial: the output's rows split on
