@@ -350,7 +350,7 @@ TEST_CASE("places in different collectives, element types or reductions fail ali
          std::vector<std::uint16_t> in(3), out(3 * comm.size());
          comm.all_gather(std::span<const std::uint16_t>(in), std::span<std::uint16_t>(out));
        },
-       {"all_gather of int16", "all_gather of uint16"}},
+       {"all_gather of i16", "all_gather of u16"}},
   };
   for (const std::size_t n : {2, 3}) {
     const auto mesh = pdo_test::line_mesh(n);
@@ -372,5 +372,14 @@ TEST_CASE("places in different collectives, element types or reductions fail ali
     std::vector<std::vector<float>> ok(n, std::vector<float>(5, 2.0f));
     pdo::spmd(mesh, [&](std::size_t p) { pdo::communicator_of(mesh, p).all_reduce(std::span<float>(ok[p]), pdo::reduce_op::max); });
     for (const auto& v : ok) CHECK(v == std::vector<float>(5, 2.0f));
+    // two types of one representation (long and long long, 8-byte signed) make the same call
+    static_assert(sizeof(long) == sizeof(long long));
+    std::vector<long> longs(3, 2);
+    std::vector<std::vector<long long>> long_longs(n, std::vector<long long>(3, 2));
+    pdo::spmd(mesh, [&](std::size_t p) {
+      if (p == 0) pdo::communicator_of(mesh, p).all_reduce(std::span<long>(longs));
+      else pdo::communicator_of(mesh, p).all_reduce(std::span<long long>(long_longs[p]));
+    });
+    CHECK(longs == std::vector<long>(3, static_cast<long>(2 * n)));
   }
 }

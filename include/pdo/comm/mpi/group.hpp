@@ -399,9 +399,9 @@ class group {
   static constexpr std::size_t collective_code(std::string_view call) { return pdo::detail::collective_code(call); }
   /// @brief The call of `code`: each collective, reduction and element type tried.
   PDO_NOINLINE static std::string collective_name(std::size_t code) {
-    std::vector<std::pair<std::string, std::size_t>> elements{{"", 0}, {"f32", 4}, {"f64", 8}, {"i32", 4}, {"i64", 8}};
-    for (const char* generic : {"int", "uint", "float"})
-      for (std::size_t bytes : {1, 2, 4, 8, 16}) elements.emplace_back(generic, bytes);
+    std::vector<std::pair<char, std::size_t>> elements{{0, 0}};
+    for (const char kind : {'f', 'i', 'u'})
+      for (std::size_t bytes : {1, 2, 4, 8, 16}) elements.emplace_back(kind, bytes);
     for (std::string_view op : {"barrier", "all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all"})
       for (int reduction = -1; reduction <= static_cast<int>(reduce_op::min); ++reduction)
         for (const auto& [element, bytes] : elements)

@@ -22,6 +22,7 @@
 #include <string>
 #include <string_view>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 namespace pdo::detail {
@@ -107,15 +108,20 @@ std::pair<std::size_t, std::size_t> work_range(std::size_t n, std::size_t member
 }
 
 /// @brief How a collective call is named in a mismatch: "all_reduce(sum) of f32",
-/// "broadcast of int16", "barrier". `op` is a reduce_op, or -1 for none.
-PDO_NOINLINE inline std::string collective_call_text(std::string_view collective, std::string_view element, std::size_t element_bytes,
-                                                     int op) {
+/// "broadcast of u16", "barrier". The element is its kind ('f' floating point, 'i' signed,
+/// 'u' unsigned; 0 for none) and its bits, so types of one representation (long and long
+/// long of 8 bytes) name one call. `op` is a reduce_op, or -1 for none.
+PDO_NOINLINE inline std::string collective_call_text(std::string_view collective, char element_kind, std::size_t element_bytes, int op) {
   std::string text(collective);
   if (op >= 0) text += "(" + std::string(op_name(static_cast<reduce_op>(op))) + ")";
-  if (element.empty()) return text;
-  std::string e(element);
-  if (e == "int" || e == "uint" || e == "float") e += std::to_string(8 * element_bytes);
-  return text + " of " + e;
+  if (element_kind == 0) return text;
+  return text + " of " + element_kind + std::to_string(8 * element_bytes);
+}
+
+/// @brief The kind of element T in a call text: 'f', 'i' or 'u'.
+template <class T>
+constexpr char element_kind() {
+  return std::is_floating_point_v<T> ? 'f' : std::is_signed_v<T> ? 'i' : 'u';
 }
 
 /// @brief A code for the call text `call` (its bytes hashed), to compare calls between processes.
@@ -128,7 +134,7 @@ constexpr std::size_t collective_code(std::string_view call) {
 /// @brief The call text of a collective over elements of type T.
 template <class T>
 std::string collective_call_text(std::string_view collective, int op = -1) {
-  return collective_call_text(collective, dtype_name<T>(), sizeof(T), op);
+  return collective_call_text(collective, element_kind<T>(), sizeof(T), op);
 }
 
 /// @brief The members of one group that live in this process, and the shared slots
@@ -310,7 +316,7 @@ class local_group {
     const std::size_t* recv_counts = nullptr;
     std::size_t counts_size = 0;
     std::string_view collective;  ///< what the member called
-    std::string_view element;     ///< its element type ("" for a barrier)
+    char element_kind = 0;        ///< its element type (see collective_call_text; 0 for a barrier)
     std::size_t element_bytes = 0;
     int op = -1;  ///< its reduce_op, or -1
   };
@@ -333,7 +339,7 @@ class local_group {
     s.in_count = in_count;
     s.out_count = out_count;
     s.collective = collective;
-    s.element = dtype_name<T>();
+    s.element_kind = element_kind<T>();
     s.element_bytes = sizeof(T);
     s.op = op;
     return s;
@@ -343,14 +349,14 @@ class local_group {
     return call<T>(collective, in, out, in_count, out_count, static_cast<int>(op));
   }
 
-  static std::string call_text(const slot& s) { return collective_call_text(s.collective, s.element, s.element_bytes, s.op); }
+  static std::string call_text(const slot& s) { return collective_call_text(s.collective, s.element_kind, s.element_bytes, s.op); }
 
   /// @brief An error on every member when the members called different collectives, or one
   /// over another element type or with another reduction.
   PDO_NOINLINE void check_same_call() const {
     const slot& first = slots_[0];
     for (const slot& s : slots_)
-      if (s.collective != first.collective || s.element != first.element || s.element_bytes != first.element_bytes || s.op != first.op) {
+      if (s.collective != first.collective || s.element_kind != first.element_kind || s.element_bytes != first.element_bytes || s.op != first.op) {
         std::string calls;
         for (std::size_t k = 0; k < size(); ++k) calls += (k ? ", " : "") + names_[k] + " in " + call_text(slots_[k]);
         fail_after_barrier(std::string(first.collective) +
