@@ -4712,31 +4712,34 @@ class group {
 
   /// @brief Throws on every member unless all made the same call (`call`: the collective and
   /// its element type), for the collectives whose sizes may differ between members.
-  void same_call(std::size_t me, const char* op, const std::string& call) {
-    const auto code = static_cast<std::int64_t>(pdo::detail::collective_code(call) >> 1);
-    std::array<std::int64_t, 2> v{code, -code};
-    on_host([&](auto& h) { h.all_reduce(me, std::span<std::int64_t>(v), reduce_op::max); });
-    if (v[0] != -v[1])
-      throw mismatch_error(std::string(op) + ": the members called different collectives, or this one over different element types "
-                           "(this member: " + call + ", seen on " + name(me) + ")");
-  }
+  void same_call(std::size_t me, const char* op, const std::string& call) { agree(me, op, call, {}); }
 
   /// @brief Throws on every member unless all made the same call (`call`: the collective,
   /// its element type and reduction) with the same `count` and `root`.
   void agree(std::size_t me, const char* op, std::size_t count, std::size_t root, const std::string& call) {
+    const std::array<std::int64_t, 2> sizes{static_cast<std::int64_t>(count), static_cast<std::int64_t>(root)};
+    agree(me, op, call, sizes);
+  }
+
+  /// @brief The check of the two above: one host all_reduce(max) of the call's code and of
+  /// each of `values` with their negations, so every member learns the largest and smallest.
+  void agree(std::size_t me, const char* op, const std::string& call, std::span<const std::int64_t> values) {
     const auto code = static_cast<std::int64_t>(pdo::detail::collective_code(call) >> 1);
-    std::array<std::int64_t, 6> v{static_cast<std::int64_t>(count), -static_cast<std::int64_t>(count), static_cast<std::int64_t>(root),
-                                   -static_cast<std::int64_t>(root), code, -code};
-    on_host([&](auto& h) { h.all_reduce(me, std::span<std::int64_t>(v), reduce_op::max); });
-    if (v[4] != -v[5])
+    std::array<std::int64_t, 6> v{code, -code, 0, 0, 0, 0};
+    for (std::size_t i = 0; i < values.size(); ++i) {
+      v[2 + 2 * i] = values[i];
+      v[3 + 2 * i] = -values[i];
+    }
+    on_host([&](auto& h) { h.all_reduce(me, std::span<std::int64_t>(v.data(), 2 + 2 * values.size()), reduce_op::max); });
+    if (v[0] != -v[1])
       throw mismatch_error(std::string(op) + ": the members called different collectives, or this one over different element types or "
                            "with different reductions (this member: " + call + ", seen on " + name(me) + ")");
-    if (v[0] != -v[1])
-      throw mismatch_error(std::string(op) + ": the members passed different sizes, from " + std::to_string(-v[1]) + " to " +
-                           std::to_string(v[0]) + " elements (seen on " + name(me) + ")");
-    if (v[2] != -v[3])
-      throw mismatch_error(std::string(op) + ": the members named different roots, from " + std::to_string(-v[3]) + " to " +
-                           std::to_string(v[2]) + " (seen on " + name(me) + ")");
+    if (values.size() > 0 && v[2] != -v[3])
+      throw mismatch_error(std::string(op) + ": the members passed different sizes, from " + std::to_string(-v[3]) + " to " +
+                           std::to_string(v[2]) + " elements (seen on " + name(me) + ")");
+    if (values.size() > 1 && v[4] != -v[5])
+      throw mismatch_error(std::string(op) + ": the members named different roots, from " + std::to_string(-v[5]) + " to " +
+                           std::to_string(v[4]) + " (seen on " + name(me) + ")");
   }
 
   /// @brief Every member's `count`, in member order.
@@ -15654,6 +15657,18 @@ class trace {
       std::snprintf(number, sizeof number, "\"%s\":%.3f", key, v);
       out += number;
     };
+    // a flow arrow `id` from `from` at `at` to the start of task `to`
+    auto put_flow = [&](const char* name, const std::string& id, const detail::timeline_track* from, detail::timeline_clock::time_point at,
+                        const detail::timeline_event& to) {
+      for (const bool start : {true, false}) {
+        begin();
+        out += std::string("{\"name\":\"") + name + "\",\"cat\":\"dependency\",\"ph\":" + (start ? "\"s\"" : "\"f\",\"bp\":\"e\"") +
+               ",\"id\":\"" + id + "\",";
+        put_number("ts", us(start ? at : to.start));
+        const detail::timeline_track* row = start ? from : to.track;
+        out += ",\"pid\":" + std::to_string(pid_of(row)) + ",\"tid\":" + std::to_string(tid_of(row)) + "}";
+      }
+    };
     for (const auto& e : events) {
       begin();
       out += "{\"name\":";
@@ -15688,31 +15703,13 @@ class trace {
       }
       out += "}}";
       // a flow arrow from where a task queued it (inside that task's span) to its start
-      if (e.queued_on != nullptr && e.id != 0 && e.queued_at >= origin) {
-        const std::string flow = "q" + std::to_string(e.id);
-        begin();
-        out += "{\"name\":\"queues\",\"cat\":\"dependency\",\"ph\":\"s\",\"id\":\"" + flow + "\",";
-        put_number("ts", us(e.queued_at));
-        out += ",\"pid\":" + std::to_string(pid_of(e.queued_on)) + ",\"tid\":" + std::to_string(tid_of(e.queued_on)) + "}";
-        begin();
-        out += "{\"name\":\"queues\",\"cat\":\"dependency\",\"ph\":\"f\",\"bp\":\"e\",\"id\":\"" + flow + "\",";
-        put_number("ts", us(e.start));
-        out += ",\"pid\":" + std::to_string(pid_of(e.track)) + ",\"tid\":" + std::to_string(tid_of(e.track)) + "}";
-      }
+      if (e.queued_on != nullptr && e.id != 0 && e.queued_at >= origin)
+        put_flow("queues", "q" + std::to_string(e.id), e.queued_on, e.queued_at, e);
       // a flow arrow from the end of each task it waited for to its start
       for (std::uint64_t before : e.after) {
         const auto found = tasks.find(before);
         if (found == tasks.end()) continue;
-        const auto& b = *found->second;
-        const std::string flow = std::to_string(before) + "." + std::to_string(e.id);
-        begin();
-        out += "{\"name\":\"waits for\",\"cat\":\"dependency\",\"ph\":\"s\",\"id\":\"" + flow + "\",";
-        put_number("ts", us(b.end));
-        out += ",\"pid\":" + std::to_string(pid_of(b.track)) + ",\"tid\":" + std::to_string(tid_of(b.track)) + "}";
-        begin();
-        out += "{\"name\":\"waits for\",\"cat\":\"dependency\",\"ph\":\"f\",\"bp\":\"e\",\"id\":\"" + flow + "\",";
-        put_number("ts", us(e.start));
-        out += ",\"pid\":" + std::to_string(pid_of(e.track)) + ",\"tid\":" + std::to_string(tid_of(e.track)) + "}";
+        put_flow("waits for", std::to_string(before) + "." + std::to_string(e.id), found->second->track, found->second->end, e);
       }
     }
     // names of the rows

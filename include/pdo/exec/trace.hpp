@@ -144,6 +144,18 @@ class trace {
       std::snprintf(number, sizeof number, "\"%s\":%.3f", key, v);
       out += number;
     };
+    // a flow arrow `id` from `from` at `at` to the start of task `to`
+    auto put_flow = [&](const char* name, const std::string& id, const detail::timeline_track* from, detail::timeline_clock::time_point at,
+                        const detail::timeline_event& to) {
+      for (const bool start : {true, false}) {
+        begin();
+        out += std::string("{\"name\":\"") + name + "\",\"cat\":\"dependency\",\"ph\":" + (start ? "\"s\"" : "\"f\",\"bp\":\"e\"") +
+               ",\"id\":\"" + id + "\",";
+        put_number("ts", us(start ? at : to.start));
+        const detail::timeline_track* row = start ? from : to.track;
+        out += ",\"pid\":" + std::to_string(pid_of(row)) + ",\"tid\":" + std::to_string(tid_of(row)) + "}";
+      }
+    };
     for (const auto& e : events) {
       begin();
       out += "{\"name\":";
@@ -178,31 +190,13 @@ class trace {
       }
       out += "}}";
       // a flow arrow from where a task queued it (inside that task's span) to its start
-      if (e.queued_on != nullptr && e.id != 0 && e.queued_at >= origin) {
-        const std::string flow = "q" + std::to_string(e.id);
-        begin();
-        out += "{\"name\":\"queues\",\"cat\":\"dependency\",\"ph\":\"s\",\"id\":\"" + flow + "\",";
-        put_number("ts", us(e.queued_at));
-        out += ",\"pid\":" + std::to_string(pid_of(e.queued_on)) + ",\"tid\":" + std::to_string(tid_of(e.queued_on)) + "}";
-        begin();
-        out += "{\"name\":\"queues\",\"cat\":\"dependency\",\"ph\":\"f\",\"bp\":\"e\",\"id\":\"" + flow + "\",";
-        put_number("ts", us(e.start));
-        out += ",\"pid\":" + std::to_string(pid_of(e.track)) + ",\"tid\":" + std::to_string(tid_of(e.track)) + "}";
-      }
+      if (e.queued_on != nullptr && e.id != 0 && e.queued_at >= origin)
+        put_flow("queues", "q" + std::to_string(e.id), e.queued_on, e.queued_at, e);
       // a flow arrow from the end of each task it waited for to its start
       for (std::uint64_t before : e.after) {
         const auto found = tasks.find(before);
         if (found == tasks.end()) continue;
-        const auto& b = *found->second;
-        const std::string flow = std::to_string(before) + "." + std::to_string(e.id);
-        begin();
-        out += "{\"name\":\"waits for\",\"cat\":\"dependency\",\"ph\":\"s\",\"id\":\"" + flow + "\",";
-        put_number("ts", us(b.end));
-        out += ",\"pid\":" + std::to_string(pid_of(b.track)) + ",\"tid\":" + std::to_string(tid_of(b.track)) + "}";
-        begin();
-        out += "{\"name\":\"waits for\",\"cat\":\"dependency\",\"ph\":\"f\",\"bp\":\"e\",\"id\":\"" + flow + "\",";
-        put_number("ts", us(e.start));
-        out += ",\"pid\":" + std::to_string(pid_of(e.track)) + ",\"tid\":" + std::to_string(tid_of(e.track)) + "}";
+        put_flow("waits for", std::to_string(before) + "." + std::to_string(e.id), found->second->track, found->second->end, e);
       }
     }
     // names of the rows
