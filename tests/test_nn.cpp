@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <limits>
 #include <numbers>
 #include <vector>
 
@@ -91,6 +92,14 @@ TEST_CASE("nn: layer gradients against finite differences", "[nn]") {
     pdo::nn::conv2d<double> c(2, 3, 3, gen);
     CHECK_THROWS_WITH(c(pdo::var(rnd<4>({1, 4, 5, 5}, 9))), Catch::Contains("conv2d") && Catch::Contains("[1, 4, 5, 5]"));
     CHECK_THROWS_WITH(pdo::max_pool2d(pdo::var(rnd<4>({1, 1, 1, 1}, 9)), 2), Catch::Contains("max_pool2d"));
+    // a linear layer names its own shape, not the matmul inside it
+    pdo::nn::linear<double> l(3, 2, gen);
+    CHECK_THROWS_WITH(l(pdo::var(rnd<2>({4, 5}, 9))),
+                      Catch::StartsWith("linear: input [4, 5] for a layer of 3 inputs and 2 outputs") && Catch::Contains("must be 3"));
+    CHECK_THROWS_AS(pdo::nn::linear<double>(pdo::parameter(rnd<2>({3, 2}, 1)), pdo::parameter(rnd<1>({3}, 2))), pdo::shape_error);
+    CHECK(l(pdo::var(rnd<3>({2, 4, 3}, 9))).value().shape() == pdo::shape_t<3>{2, 4, 2});
+    CHECK_THROWS_WITH(pdo::mse(pdo::var(rnd<2>({2, 4}, 1)), pdo::var(rnd<2>({2, 3}, 2))),
+                      Catch::StartsWith("mse: subtract: shapes do not broadcast") && Catch::Contains("[2, 3]"));
   }
 }
 
@@ -137,6 +146,28 @@ TEST_CASE("nn: optimizers follow their update rules", "[nn]") {
       INFO("decoupled " << decoupled);
       for (std::size_t i = 0; i < 3; ++i) CHECK(p.value()(i) == Approx(ref[i]).epsilon(1e-12));
     }
+  }
+  SECTION("settings PyTorch rejects are errors that name them, and nothing is updated") {
+    auto p = param();
+    const auto sgd = [&](pdo::nn::sgd_options o) { return pdo::nn::sgd<double>({{"p", p}}, o); };
+    const auto adam = [&](pdo::nn::adam_options o) { return pdo::nn::adam<double>({{"p", p}}, o); };
+    CHECK_THROWS_WITH(sgd({.lr = -0.1}), "sgd: lr must be finite and >= 0, not -0.1");
+    CHECK_THROWS_WITH(sgd({.lr = 0.1, .momentum = -0.5}), "sgd: momentum must be finite and >= 0, not -0.5");
+    CHECK_THROWS_WITH(sgd({.lr = 0.1, .weight_decay = std::nan("")}), Catch::StartsWith("sgd: weight_decay must be finite"));
+    CHECK_THROWS_WITH(adam({.lr = std::numeric_limits<double>::infinity()}), "adam: lr must be finite and >= 0, not inf");
+    CHECK_THROWS_WITH(adam({.beta1 = 1.0}), "adam: beta1 must be in [0, 1), not 1");
+    CHECK_THROWS_WITH(adam({.beta2 = -0.1}), "adam: beta2 must be in [0, 1), not -0.1");
+    CHECK_THROWS_WITH(adam({.eps = -1e-8}), "adam: eps must be finite and >= 0, not -1e-08");
+    CHECK_THROWS_WITH(adam(pdo::nn::adamw_options(0.1, -0.01)), "adam: weight_decay must be finite and >= 0, not -0.01");
+    auto ok = sgd({.lr = 0.1, .momentum = 1.5});  // PyTorch takes any momentum >= 0, and lr 0
+    CHECK_THROWS_WITH(ok.set_lr(-1), "sgd::set_lr: lr must be finite and >= 0, not -1");
+    CHECK(ok.lr() == 0.1);
+    ok.set_lr(0);
+    set_grad(p);
+    ok.step();
+    CHECK(p.value()(0) == 1.0);
+    pdo::nn::any_optimizer<double> any = adam({});
+    CHECK_THROWS_WITH(any.set_lr(std::nan("")), "adam::set_lr: lr must be finite and >= 0, not nan");
   }
 }
 
@@ -279,7 +310,7 @@ TEST_CASE("data parallel: a failing step names the op and place, and the trainer
   const auto m = pdo::make_mesh<"dp">(pdo::cpu_places(2));
   auto trainer = pdo::nn::make_data_parallel<double>(m, make_mlp, [](auto ps) { return pdo::nn::sgd<double>(std::move(ps), {.lr = 0.1}); });
   const auto bad = rnd<2>({8, 5}, 60);  // the model takes 6 features
-  CHECK_THROWS_WITH(trainer.step(bad, labels_for(8)), Catch::Contains("data_parallel::step") && Catch::Contains("matmul"));
+  CHECK_THROWS_WITH(trainer.step(bad, labels_for(8)), Catch::Contains("data_parallel::step") && Catch::Contains("linear: input [4, 5] for a layer of 6 inputs"));
   pdo::tensor<int, 1> wrong({8});
   wrong.fill(9);  // 4 classes
   CHECK_THROWS_WITH(trainer.step(rnd<2>({8, 6}, 61), wrong), Catch::Contains("cross_entropy"));

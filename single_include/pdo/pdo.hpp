@@ -13386,10 +13386,17 @@ auto cross_entropy(const var<L>& logits, const Y& labels) {
       logits);
 }
 
-/// @brief Mean squared error: mean((a - b)²) over every element.
+/// @brief Mean squared error: mean((a - b)²) over every element (a and b broadcast as in
+/// a - b; shapes that do not are a pdo::shape_error that names mse).
 template <class A, class B>
 auto mse(const var<A>& a, const var<B>& b) {
-  const auto d = a - b;
+  const auto d = [&] {
+    try {
+      return a - b;
+    } catch (const shape_error& e) {
+      throw shape_error(std::string("mse: ") + e.what());
+    }
+  }();
   return pdo::mean(d * d);
 }
 
@@ -16577,10 +16584,30 @@ class gradient_buckets {
 
 
 #include <cstddef>
+#include <span>
 #include <string>
 #include <tuple>
 #include <utility>
 #include <vector>
+
+namespace pdo::detail {
+
+/// @brief A linear layer's weight [in, out] and bias [out] agree (`out` = bias's length).
+PDO_NOINLINE inline void check_linear_shapes(std::span<const std::size_t> weight, std::size_t bias) {
+  if (weight.size() == 2 && weight[1] == bias) return;
+  throw shape_error("linear: weight " + format_extent_list(weight) + " and bias [" + std::to_string(bias) +
+                    "]: the weight must be [in, out] and the bias [out]");
+}
+
+/// @brief The input x [..., in] of a linear layer of weight [in, out] has `in` features.
+PDO_NOINLINE inline void check_linear_input(std::span<const std::size_t> weight, std::span<const std::size_t> x) {
+  if (!x.empty() && x.back() == weight[0]) return;
+  throw shape_error("linear: input " + format_extent_list(x) + " for a layer of " + std::to_string(weight[0]) + " inputs and " +
+                    std::to_string(weight[1]) + " outputs (weight " + format_extent_list(weight) +
+                    "): the input's last dim must be " + std::to_string(weight[0]));
+}
+
+}  // namespace pdo::detail
 
 namespace pdo::nn {
 
@@ -16599,12 +16626,17 @@ class linear {
     requires(std::is_same_v<W, tensor<T, 2>> && std::is_same_v<B, tensor<T, 1>>)
       : weight(parameter(init::fan_in_uniform<T>(shape_t<2>{in, out}, in, gen))),
         bias(parameter(init::fan_in_uniform<T>(shape_t<1>{out}, in, gen))) {}
-  /// @brief Takes given parameters: w [in, out] and b [out] (tensors, or dtensors laid out for tensor parallelism).
-  linear(var<W> w, var<B> b) : weight(std::move(w)), bias(std::move(b)) {}
+  /// @brief Takes given parameters: w [in, out] and b [out] (tensors, or dtensors laid out for
+  /// tensor parallelism); a pdo::shape_error when b's length is not w's second extent.
+  linear(var<W> w, var<B> b) : weight(std::move(w)), bias(std::move(b)) {
+    detail::check_linear_shapes(weight.shape(), bias.shape()[0]);
+  }
 
-  /// @brief x [..., in] W + b: [..., out].
+  /// @brief x [..., in] W + b: [..., out]; a pdo::shape_error naming the layer's shape when
+  /// x's last extent is not `in`.
   template <class V>
   auto operator()(const var<V>& x) const {
+    detail::check_linear_input(weight.shape(), x.shape());
     return pdo::matmul(x, weight) + bias;
   }
   /// @brief "weight" and "bias", each name prefixed with `prefix`.
@@ -16807,10 +16839,12 @@ struct mse_loss {
 #include <cmath>
 #include <concepts>
 #include <cstddef>
+#include <cstdio>
 #include <functional>
 #include <memory>
 #include <numbers>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -16854,6 +16888,19 @@ struct adam_update {
     p[i] -= lr * mhat / (static_cast<T>(sqrt(vhat)) + eps);
   }
 };
+
+/// @brief Throws a pdo::error naming the optimizer `op` and its setting `name` when `value` is
+/// not finite or breaks `ok` (described by `rule`), as PyTorch's optimizers reject such
+/// settings when made.
+PDO_NOINLINE inline void check_setting(std::string_view op, std::string_view name, double value, bool ok, std::string_view rule) {
+  if (ok && std::isfinite(value)) return;
+  char text[32];
+  std::snprintf(text, sizeof text, "%g", value);
+  throw error(std::string(op) + ": " + std::string(name) + " must be " + std::string(rule) + ", not " + text);
+}
+
+/// @brief The learning rate of optimizer `op`: finite and not negative.
+inline void check_lr(std::string_view op, double lr) { check_setting(op, "lr", lr, lr >= 0, "finite and >= 0"); }
 
 /// @brief g[i] *= factor (a gradient clipped by its global norm).
 template <class T>
@@ -16974,7 +17021,12 @@ class sgd : public optimizer_base<T> {
 
  public:
   /// @brief Updates `params` with the settings `o`.
-  sgd(std::vector<parameter_ref<T>> params, sgd_options o) : optimizer_base<T>(std::move(params)), o_(o), buffers_(params_.size()) {}
+  /// A pdo::error when a setting is negative or not finite.
+  sgd(std::vector<parameter_ref<T>> params, sgd_options o) : optimizer_base<T>(std::move(params)), o_(o), buffers_(params_.size()) {
+    pdo::detail::check_lr("sgd", o.lr);
+    pdo::detail::check_setting("sgd", "momentum", o.momentum, o.momentum >= 0, "finite and >= 0");
+    pdo::detail::check_setting("sgd", "weight_decay", o.weight_decay, o.weight_decay >= 0, "finite and >= 0");
+  }
 
   /// @brief One update of every parameter that has a gradient (of each of its local blocks).
   void step() {
@@ -16994,8 +17046,12 @@ class sgd : public optimizer_base<T> {
       }
     }
   }
-  /// @brief Sets the learning rate of the next steps (a schedule calls this before each one).
-  void set_lr(double lr) { o_.lr = lr; }
+  /// @brief Sets the learning rate of the next steps (a schedule calls this before each one);
+  /// a pdo::error when it is negative or not finite.
+  void set_lr(double lr) {
+    pdo::detail::check_lr("sgd::set_lr", lr);
+    o_.lr = lr;
+  }
   /// @brief The current learning rate.
   [[nodiscard]] double lr() const { return o_.lr; }
 
@@ -17038,8 +17094,15 @@ class adam : public optimizer_base<T> {
 
  public:
   /// @brief Updates `params` with the settings `o`.
+  /// A pdo::error when a setting is out of its range (betas in [0, 1), the others >= 0) or not finite.
   adam(std::vector<parameter_ref<T>> params, adam_options o)
-      : optimizer_base<T>(std::move(params)), o_(o), m_(params_.size()), v_(params_.size()) {}
+      : optimizer_base<T>(std::move(params)), o_(o), m_(params_.size()), v_(params_.size()) {
+    pdo::detail::check_lr("adam", o.lr);
+    pdo::detail::check_setting("adam", "beta1", o.beta1, o.beta1 >= 0 && o.beta1 < 1, "in [0, 1)");
+    pdo::detail::check_setting("adam", "beta2", o.beta2, o.beta2 >= 0 && o.beta2 < 1, "in [0, 1)");
+    pdo::detail::check_setting("adam", "eps", o.eps, o.eps >= 0, "finite and >= 0");
+    pdo::detail::check_setting("adam", "weight_decay", o.weight_decay, o.weight_decay >= 0, "finite and >= 0");
+  }
 
   /// @brief Counts one step, then updates every parameter that has a gradient (each of its local blocks),
   /// with bias-corrected moments.
@@ -17064,8 +17127,12 @@ class adam : public optimizer_base<T> {
                                                                 o_.decoupled_weight_decay});
     }
   }
-  /// @brief Sets the learning rate of the next steps (a schedule calls this before each one).
-  void set_lr(double lr) { o_.lr = lr; }
+  /// @brief Sets the learning rate of the next steps (a schedule calls this before each one);
+  /// a pdo::error when it is negative or not finite.
+  void set_lr(double lr) {
+    pdo::detail::check_lr("adam::set_lr", lr);
+    o_.lr = lr;
+  }
   /// @brief The current learning rate.
   [[nodiscard]] double lr() const { return o_.lr; }
 

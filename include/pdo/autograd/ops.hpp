@@ -414,10 +414,17 @@ auto cross_entropy(const var<L>& logits, const Y& labels) {
       logits);
 }
 
-/// @brief Mean squared error: mean((a - b)²) over every element.
+/// @brief Mean squared error: mean((a - b)²) over every element (a and b broadcast as in
+/// a - b; shapes that do not are a pdo::shape_error that names mse).
 template <class A, class B>
 auto mse(const var<A>& a, const var<B>& b) {
-  const auto d = a - b;
+  const auto d = [&] {
+    try {
+      return a - b;
+    } catch (const shape_error& e) {
+      throw shape_error(std::string("mse: ") + e.what());
+    }
+  }();
   return pdo::mean(d * d);
 }
 

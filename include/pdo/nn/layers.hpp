@@ -10,10 +10,30 @@
 #include <pdo/nn/module.hpp>
 
 #include <cstddef>
+#include <span>
 #include <string>
 #include <tuple>
 #include <utility>
 #include <vector>
+
+namespace pdo::detail {
+
+/// @brief A linear layer's weight [in, out] and bias [out] agree (`out` = bias's length).
+PDO_NOINLINE inline void check_linear_shapes(std::span<const std::size_t> weight, std::size_t bias) {
+  if (weight.size() == 2 && weight[1] == bias) return;
+  throw shape_error("linear: weight " + format_extent_list(weight) + " and bias [" + std::to_string(bias) +
+                    "]: the weight must be [in, out] and the bias [out]");
+}
+
+/// @brief The input x [..., in] of a linear layer of weight [in, out] has `in` features.
+PDO_NOINLINE inline void check_linear_input(std::span<const std::size_t> weight, std::span<const std::size_t> x) {
+  if (!x.empty() && x.back() == weight[0]) return;
+  throw shape_error("linear: input " + format_extent_list(x) + " for a layer of " + std::to_string(weight[0]) + " inputs and " +
+                    std::to_string(weight[1]) + " outputs (weight " + format_extent_list(weight) +
+                    "): the input's last dim must be " + std::to_string(weight[0]));
+}
+
+}  // namespace pdo::detail
 
 namespace pdo::nn {
 
@@ -32,12 +52,17 @@ class linear {
     requires(std::is_same_v<W, tensor<T, 2>> && std::is_same_v<B, tensor<T, 1>>)
       : weight(parameter(init::fan_in_uniform<T>(shape_t<2>{in, out}, in, gen))),
         bias(parameter(init::fan_in_uniform<T>(shape_t<1>{out}, in, gen))) {}
-  /// @brief Takes given parameters: w [in, out] and b [out] (tensors, or dtensors laid out for tensor parallelism).
-  linear(var<W> w, var<B> b) : weight(std::move(w)), bias(std::move(b)) {}
+  /// @brief Takes given parameters: w [in, out] and b [out] (tensors, or dtensors laid out for
+  /// tensor parallelism); a pdo::shape_error when b's length is not w's second extent.
+  linear(var<W> w, var<B> b) : weight(std::move(w)), bias(std::move(b)) {
+    detail::check_linear_shapes(weight.shape(), bias.shape()[0]);
+  }
 
-  /// @brief x [..., in] W + b: [..., out].
+  /// @brief x [..., in] W + b: [..., out]; a pdo::shape_error naming the layer's shape when
+  /// x's last extent is not `in`.
   template <class V>
   auto operator()(const var<V>& x) const {
+    detail::check_linear_input(weight.shape(), x.shape());
     return pdo::matmul(x, weight) + bias;
   }
   /// @brief "weight" and "bias", each name prefixed with `prefix`.

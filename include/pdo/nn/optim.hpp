@@ -11,10 +11,12 @@
 #include <cmath>
 #include <concepts>
 #include <cstddef>
+#include <cstdio>
 #include <functional>
 #include <memory>
 #include <numbers>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -58,6 +60,19 @@ struct adam_update {
     p[i] -= lr * mhat / (static_cast<T>(sqrt(vhat)) + eps);
   }
 };
+
+/// @brief Throws a pdo::error naming the optimizer `op` and its setting `name` when `value` is
+/// not finite or breaks `ok` (described by `rule`), as PyTorch's optimizers reject such
+/// settings when made.
+PDO_NOINLINE inline void check_setting(std::string_view op, std::string_view name, double value, bool ok, std::string_view rule) {
+  if (ok && std::isfinite(value)) return;
+  char text[32];
+  std::snprintf(text, sizeof text, "%g", value);
+  throw error(std::string(op) + ": " + std::string(name) + " must be " + std::string(rule) + ", not " + text);
+}
+
+/// @brief The learning rate of optimizer `op`: finite and not negative.
+inline void check_lr(std::string_view op, double lr) { check_setting(op, "lr", lr, lr >= 0, "finite and >= 0"); }
 
 /// @brief g[i] *= factor (a gradient clipped by its global norm).
 template <class T>
@@ -178,7 +193,12 @@ class sgd : public optimizer_base<T> {
 
  public:
   /// @brief Updates `params` with the settings `o`.
-  sgd(std::vector<parameter_ref<T>> params, sgd_options o) : optimizer_base<T>(std::move(params)), o_(o), buffers_(params_.size()) {}
+  /// A pdo::error when a setting is negative or not finite.
+  sgd(std::vector<parameter_ref<T>> params, sgd_options o) : optimizer_base<T>(std::move(params)), o_(o), buffers_(params_.size()) {
+    pdo::detail::check_lr("sgd", o.lr);
+    pdo::detail::check_setting("sgd", "momentum", o.momentum, o.momentum >= 0, "finite and >= 0");
+    pdo::detail::check_setting("sgd", "weight_decay", o.weight_decay, o.weight_decay >= 0, "finite and >= 0");
+  }
 
   /// @brief One update of every parameter that has a gradient (of each of its local blocks).
   void step() {
@@ -198,8 +218,12 @@ class sgd : public optimizer_base<T> {
       }
     }
   }
-  /// @brief Sets the learning rate of the next steps (a schedule calls this before each one).
-  void set_lr(double lr) { o_.lr = lr; }
+  /// @brief Sets the learning rate of the next steps (a schedule calls this before each one);
+  /// a pdo::error when it is negative or not finite.
+  void set_lr(double lr) {
+    pdo::detail::check_lr("sgd::set_lr", lr);
+    o_.lr = lr;
+  }
   /// @brief The current learning rate.
   [[nodiscard]] double lr() const { return o_.lr; }
 
@@ -242,8 +266,15 @@ class adam : public optimizer_base<T> {
 
  public:
   /// @brief Updates `params` with the settings `o`.
+  /// A pdo::error when a setting is out of its range (betas in [0, 1), the others >= 0) or not finite.
   adam(std::vector<parameter_ref<T>> params, adam_options o)
-      : optimizer_base<T>(std::move(params)), o_(o), m_(params_.size()), v_(params_.size()) {}
+      : optimizer_base<T>(std::move(params)), o_(o), m_(params_.size()), v_(params_.size()) {
+    pdo::detail::check_lr("adam", o.lr);
+    pdo::detail::check_setting("adam", "beta1", o.beta1, o.beta1 >= 0 && o.beta1 < 1, "in [0, 1)");
+    pdo::detail::check_setting("adam", "beta2", o.beta2, o.beta2 >= 0 && o.beta2 < 1, "in [0, 1)");
+    pdo::detail::check_setting("adam", "eps", o.eps, o.eps >= 0, "finite and >= 0");
+    pdo::detail::check_setting("adam", "weight_decay", o.weight_decay, o.weight_decay >= 0, "finite and >= 0");
+  }
 
   /// @brief Counts one step, then updates every parameter that has a gradient (each of its local blocks),
   /// with bias-corrected moments.
@@ -268,8 +299,12 @@ class adam : public optimizer_base<T> {
                                                                 o_.decoupled_weight_decay});
     }
   }
-  /// @brief Sets the learning rate of the next steps (a schedule calls this before each one).
-  void set_lr(double lr) { o_.lr = lr; }
+  /// @brief Sets the learning rate of the next steps (a schedule calls this before each one);
+  /// a pdo::error when it is negative or not finite.
+  void set_lr(double lr) {
+    pdo::detail::check_lr("adam::set_lr", lr);
+    o_.lr = lr;
+  }
   /// @brief The current learning rate.
   [[nodiscard]] double lr() const { return o_.lr; }
 
