@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # Installs what pdo's build, tests and demo need on a Debian machine. Safe to run twice:
 # packages already present are not installed again.
+#   bash scripts/setup.sh          # the build, the demo
+#   bash scripts/setup.sh --tests  # and what only the tests use (PyTorch, their numerical reference)
 set -euo pipefail
 
 packages=(cmake ninja-build g++ clang ccache catch2 libthrust-dev libcub-dev librange-v3-dev libomp-dev libeigen3-dev libopenblas-dev libopenmpi-dev openmpi-bin python3 python3-venv python3-numpy python3-sklearn zlib1g-dev nlohmann-json3-dev doxygen)
+[ "${1:-}" = --tests ] && packages+=(python3-torch)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -9,7 +9,7 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 jobs=$(nproc)
 elapsed() { echo "== $((SECONDS / 60)) min $((SECONDS % 60)) s $*"; }
-bash "$here/scripts/setup.sh"
+bash "$here/scripts/setup.sh" --tests
 
 echo "== build and test (g++; the GPU tests and the broadest programs by nvcc when the CUDA toolkit is present)"
 # No debug info; no GPU runs this build's device code (compiled for sm_80 and sm_90 and linked),
