@@ -308,6 +308,9 @@ TEST_CASE("data parallel: bucketed all_reduce overlaps backward", "[nn][data_par
 
 TEST_CASE("data parallel: a failing step names the op and place, and the trainer goes on", "[nn][data_parallel]") {
   const auto m = pdo::make_mesh<"dp">(pdo::cpu_places(2));
+  const auto sgd = [](auto ps) { return pdo::nn::sgd<double>(std::move(ps), {.lr = 0.1}); };
+  CHECK_THROWS_WITH(pdo::nn::make_data_parallel<double>(m, make_mlp, sgd, {.clip_grad_norm = -1}),
+                    "data_parallel: clip_grad_norm must be finite and >= 0 (0: no clipping), not -1");
   auto trainer = pdo::nn::make_data_parallel<double>(m, make_mlp, [](auto ps) { return pdo::nn::sgd<double>(std::move(ps), {.lr = 0.1}); });
   const auto bad = rnd<2>({8, 5}, 60);  // the model takes 6 features
   CHECK_THROWS_WITH(trainer.step(bad, labels_for(8)), Catch::Contains("data_parallel::step") && Catch::Contains("linear: input [4, 5] for a layer of 6 inputs"));

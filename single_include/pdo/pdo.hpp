@@ -17304,6 +17304,7 @@ struct data_parallel_options {
   /// @brief When positive, the summed gradients are clipped by their global norm before each
   /// update (clip_grad_norm: scaled by max / (norm + 1e-6) when the norm exceeds it); the norm
   /// of the last step is last_grad_norm(). Under ZeRO-1 the norm is summed over the slices.
+  /// 0: no clipping; a negative or non-finite value is a pdo::error when the trainer is made.
   double clip_grad_norm = 0;
   /// @brief When set, the optimizer's learning rate before each update is schedule(steps
   /// taken before it): step_lr, cosine_lr, or any function of the step.
@@ -17378,6 +17379,8 @@ class data_parallel {
   template <class MakeModel, class MakeOptimizer>
   data_parallel(const Mesh& m, MakeModel make_model, MakeOptimizer make_optimizer, data_parallel_options o = {}, Loss loss = {})
       : mesh_(m), options_(o), loss_(loss), replicas_(m.local_places().size()) {
+    pdo::detail::check_setting("data_parallel", "clip_grad_norm", o.clip_grad_norm, o.clip_grad_norm >= 0,
+                               "finite and >= 0 (0: no clipping)");
     pdo::detail::run_on_places("data_parallel", mesh_, [&](std::size_t p, std::size_t k) {
       auto& r = *(replicas_[k] = std::make_unique<replica>());
       r.place = p;
