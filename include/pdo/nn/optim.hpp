@@ -123,8 +123,7 @@ inline double clip_factor(double norm, double max_norm) {
 /// process calls it with the same parameters.
 template <class T>
 double clip_grad_norm(const std::vector<parameter_ref<T>>& params, double max_norm) {
-  if (!(max_norm > 0) || !std::isfinite(max_norm))
-    throw error("clip_grad_norm: max_norm must be positive and finite, not " + std::to_string(max_norm));
+  pdo::detail::check_setting("clip_grad_norm", "max_norm", max_norm, max_norm > 0, "positive and finite");
   const double norm = std::sqrt(grad_squared_norm(params));
   const double f = clip_factor(norm, max_norm);
   if (f < 1) scale_grads(params, f);
