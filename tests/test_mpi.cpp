@@ -247,6 +247,20 @@ TEST_CASE("MPI parallel_do: merged results, and one place's failure reaches ever
   CHECK(pdo_test::equal(pdo::gather(x), host));  // still usable
 }
 
+TEST_CASE("MPI parallel_do on an eval_async result not yet waited for reads it after its collectives", "[mpi][parallel_do]") {
+  const auto mesh = world_line();
+  const std::size_t n = std::size_t{1} << 18;  // long enough that the all_reduce is still running when the block is queued
+  const auto host = pdo_test::iota_tensor<float, 2>({mesh.size(), n});
+  const auto x = pdo::distribute<pdo::layout<split<"x">, replicate>>(mesh, host);
+  const auto expected = pdo::eval(pdo::max<0>(host));
+  for (int round = 0; round < 3; ++round) {
+    const auto r = pdo::eval_async(pdo::max<0>(x));  // a kernel, then an all_reduce(max) over "x"
+    const auto y = pdo::parallel_do<pdo::layout<replicate>>([](const pdo::tensor<float, 1>& s) { return pdo::tensor<float, 1>(s); }, r.value());
+    CHECK(pdo_test::equal(pdo::gather(y), expected));
+    r.wait();
+  }
+}
+
 TEST_CASE("MPI distribute: processes that pass host tensors of different shapes all fail", "[mpi][errors]") {
   const auto mesh = world_line();
   const std::size_t rows = pdo::mpi::rank() == 0 ? 6 : 7;

@@ -1,6 +1,8 @@
 // tests/parallel_do.cpp: parallel_do against the single-place program, merges, and failures.
 #include "support.hpp"
 
+#include <cmath>
+
 using pdo::replicate;
 using pdo::split;
 
@@ -96,6 +98,31 @@ TEST_CASE("an exception on one place reaches the caller naming the place; the me
   }
   const auto y = pdo::parallel_do<pdo::layout<split<"x">>>(block, x);
   CHECK(pdo_test::equal(pdo::gather(y), pdo_test::iota_tensor<int, 1>({10})));
+}
+
+TEST_CASE("a block reading an eval_async result waits for it, and is cancelled with its error when it failed", "[parallel_do][errors]") {
+  const auto mesh = pdo_test::line_mesh(2);
+  pdo::tensor<float, 2> h({2, 3});
+  h.fill(1);
+  pdo::tensor<int, 1> labels({2});
+  labels(0) = 0;
+  labels(1) = 99;  // not a class index: cross_entropy fails on place 1
+  const auto logits = pdo::distribute<pdo::layout<split<"x">, replicate>>(mesh, h);
+  const auto y = pdo::distribute<pdo::layout<split<"x">>>(mesh, labels);
+  auto copy = [](const pdo::tensor<float, 2>& s) { return pdo::tensor<float, 2>(s); };
+  const auto r = pdo::eval_async(pdo::softmax<1>(logits) + pdo::cross_entropy(logits, y));
+  for (int pass = 0; pass < 2; ++pass) {  // before its wait, and after
+    CHECK_THROWS_WITH((pdo::parallel_do<pdo::layout<split<"x">, replicate>>(copy, r.value())),
+                      Catch::Contains("parallel_do: the block failed on place cpu:") && Catch::Contains("cancelled") &&
+                          Catch::Contains("not class indices"));
+    if (pass == 0) CHECK_THROWS_WITH(r.wait(), Catch::Contains("not class indices"));
+  }
+  // an independent block still runs, and one on a good result reads it whole
+  labels(1) = 2;
+  const auto y2 = pdo::distribute<pdo::layout<split<"x">>>(mesh, labels);
+  const auto good = pdo::eval_async(pdo::softmax<1>(logits) + pdo::cross_entropy(logits, y2));
+  const auto out = pdo::gather(pdo::parallel_do<pdo::layout<split<"x">, replicate>>(copy, good.value()));
+  CHECK(out(1, 2) == Approx(1.0 / 3 + std::log(3.0)));
 }
 
 TEST_CASE("a block's pdo::error keeps its type", "[parallel_do][errors]") {

@@ -205,7 +205,7 @@ auto parallel_do(Block&& block, const Args&... args) {
     detail::keep_leaves<Args...>(tape.leaves, arguments, std::index_sequence_for<Args...>{});
     tape.out = detail::as_block_result(std::apply(block, arguments));
     return tape.out.value();
-  });
+  }, [&](std::size_t, std::size_t k) { return detail::shards_read(k, detail::mesh_holder(args)...); });
 
   bool needs_grad = false;
   for (const auto& t : *tapes) needs_grad = needs_grad || t->out.requires_grad();

@@ -30,6 +30,21 @@ decltype(auto) local_view(const Arg& arg, std::size_t p) {
 template <class Arg>
 using local_view_t = decltype(local_view(std::declval<const Arg&>(), std::size_t{}));
 
+/// @brief What the block of this process's `k`-th place reads: the local shards of the
+/// dtensors among `args`. So it waits for the work queued to write them (an eval_async's,
+/// its collectives included), and is cancelled with that work's error if it failed.
+template <class... Args>
+access shards_read(std::size_t k, const Args&... args) {
+  access a;
+  (
+      [&] {
+        if constexpr (distributed_tensor<Args>)
+          if (const void* d = args.local_shards()[k].data(); d != nullptr) a.reads.push_back(d);
+      }(),
+      ...);
+  return a;
+}
+
 template <class Arg, class Mesh>
 void check_same_mesh(const Arg& arg, const Mesh& m) {
   if constexpr (distributed_tensor<Arg>) {
@@ -62,12 +77,12 @@ struct block_outcomes {
 
 template <class Mesh, class Result>
 block_outcomes share_outcomes(const Mesh& m, const std::vector<std::optional<Result>>& results,
-                              const std::optional<place_failure>& failure) {
+                              const std::vector<std::optional<captured_error>>& failures) {
   constexpr std::size_t rank = Result::rank;
   block_outcomes o{std::vector<std::size_t>(m.size() * (rank + 1), 0), rank + 1};
   auto mine = [&](std::size_t k) {
     std::vector<std::size_t> v(rank + 1, 1);
-    if (failure && failure->place == m.local_places()[k]) v[0] = 1 + static_cast<std::size_t>(failure->error.kind);
+    if (failures[k]) v[0] = 1 + static_cast<std::size_t>(failures[k]->kind);
     if (results[k]) {
       v[0] = 0;
       for (std::size_t d = 0; d < rank; ++d) v[1 + d] = results[k]->extent(d);
@@ -140,8 +155,8 @@ namespace detail {
 /// this process, all at once, and merges the tensors they return into a dtensor laid out as
 /// `OutLayout`: a part that failed, or parts whose shapes do not fit the layout, are a
 /// pdo::error on every process, naming the place and the shapes; the mesh stays usable.
-template <layout_spec OutLayout, class Mesh, class Part>
-auto merge_parts(const Mesh& m, Part&& part) {
+template <layout_spec OutLayout, class Mesh, class Part, class Access = no_access>
+auto merge_parts(const Mesh& m, Part&& part, Access reads = {}) {
   using result_t = std::remove_cvref_t<std::invoke_result_t<Part&, std::size_t, std::size_t>>;
   using T = typename result_t::value_type;
   constexpr std::size_t rank = result_t::rank;
@@ -151,7 +166,7 @@ auto merge_parts(const Mesh& m, Part&& part) {
   if (local.empty())
     throw layout_error("parallel_do: this process holds no place of " + m.describe() + "; call it on the processes that do");
   std::vector<std::optional<result_t>> results(local.size());
-  const auto failure = try_run_on_places(
+  const auto batch = run_batch_on_places(
       m,
       [&](std::size_t p, std::size_t k) {
         result_t r = part(p, k);
@@ -159,13 +174,20 @@ auto merge_parts(const Mesh& m, Part&& part) {
         if (memory_of(r.where()) != memory_of(m.place(p).state().get())) r = to_place(r, m.place(p));
         results[k].emplace(std::move(r));
       },
-      /*communicate=*/false, "parallel_do");
-  const block_outcomes outcomes = share_outcomes(m, results, failure);
-  for (std::size_t p = 0; p < m.size(); ++p) {
-    if (!outcomes.failed(p)) continue;
-    const std::string here = failure && failure->place == p ? failure->error.message : std::string();
-    throw_error_of_kind(outcomes.kind(p), "parallel_do: the block failed on place " + m.place(p).name() + ": " +
-                                              share_message(m, p, here));
+      /*communicate=*/false, "parallel_do", "task", reads);
+  const block_outcomes outcomes = share_outcomes(m, results, batch->failures);
+  // the place whose error is reported, the same on every process: the first that failed by
+  // itself, else the first whose collective was aborted by another's failure
+  std::optional<std::size_t> reported;
+  for (std::size_t p = 0; p < m.size(); ++p)
+    if (outcomes.failed(p) && (!reported || (outcomes.kind(*reported) == error_kind::aborted && outcomes.kind(p) != error_kind::aborted)))
+      reported = p;
+  if (reported) {
+    const std::size_t p = *reported;
+    std::string here;
+    for (std::size_t k = 0; k < local.size(); ++k)
+      if (local[k] == p && batch->failures[k]) here = batch->failures[k]->message;
+    throw_error_of_kind(outcomes.kind(p), "parallel_do: the block failed on place " + m.place(p).name() + ": " + share_message(m, p, here));
   }
   shape_t<rank> global{};
   check_merge<OutLayout>(m, outcomes, global);
@@ -197,7 +219,9 @@ auto parallel_do(Block&& block, const Args&... args) {
     using mesh_t = std::remove_cvref_t<decltype(m)>;
     static_assert(sizeof(detail::check_layout<"parallel_do", OutLayout, mesh_t, result_t::rank>) != 0);
     (detail::check_same_mesh(args, m), ...);
-    return detail::merge_parts<OutLayout>(m, [&](std::size_t p, std::size_t) -> result_t { return block(detail::local_view(args, p)...); });
+    return detail::merge_parts<OutLayout>(
+        m, [&](std::size_t p, std::size_t) -> result_t { return block(detail::local_view(args, p)...); },
+        [&](std::size_t, std::size_t k) { return detail::shards_read(k, args...); });
   }
 }
 

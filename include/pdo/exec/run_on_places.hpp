@@ -253,20 +253,28 @@ std::shared_ptr<place_batch> submit_on_places(const Mesh& m, Task task, batch_op
 /// `access_of(place_index, local_ordinal)` names what each task reads and writes: it waits
 /// for the tasks queued before that write what it reads, and is cancelled with the error of
 /// one that failed.
-/// @return the first failure that is a cause, not an echo of another's, or nothing
+/// @return the ended batch: each local place's failure, if any (`failures`, by local ordinal)
 template <class Mesh, class Task, class Access = no_access>
-std::optional<place_failure> try_run_on_places(const Mesh& m, Task&& task, bool communicate = true, const char* op = "spmd",
-                                               const char* category = "task", Access access_of = {}) {
+std::shared_ptr<place_batch> run_batch_on_places(const Mesh& m, Task&& task, bool communicate, const char* op, const char* category,
+                                                 Access access_of = {}) {
   const bool local_only = !m.is_multiprocess();
   // waited for here: the tasks call `task` and `access_of` where they are, owning nothing
   using task_t = std::remove_reference_t<Task>;
   const place_work work{[](void* c, std::size_t p, std::size_t k) { (*static_cast<task_t*>(c))(p, k); },
                         const_cast<void*>(static_cast<const void*>(std::addressof(task)))};
   const place_access uses = access_of_places(access_of);
-  const auto batch = submit_on_mesh(*m.state(), comms_of(m), work, nullptr,
-                                    batch_options{op, category, communicate || local_only, local_only, lane_kind::compute, true}, uses);
+  auto batch = submit_on_mesh(*m.state(), comms_of(m), work, nullptr,
+                              batch_options{op, category, communicate || local_only, local_only, lane_kind::compute, true}, uses);
   batch->wait();
-  return batch->first_failure();
+  return batch;
+}
+
+/// @brief run_batch_on_places, giving the first failure that is a cause, not an echo of
+/// another's, or nothing.
+template <class Mesh, class Task, class Access = no_access>
+std::optional<place_failure> try_run_on_places(const Mesh& m, Task&& task, bool communicate = true, const char* op = "spmd",
+                                               const char* category = "task", Access access_of = {}) {
+  return run_batch_on_places(m, std::forward<Task>(task), communicate, op, category, access_of)->first_failure();
 }
 
 /// @brief try_run_on_places, throwing the failure as a pdo::error naming `op` and the place.
