@@ -101,6 +101,8 @@ def main():
 
     tasks = {e["args"]["task"]: e for e in spans if "task" in e["args"]}
     for e in tasks.values():
+        if len(set(e["args"]["after"])) != len(e["args"]["after"]):
+            fail("task %d lists a task it waits for twice: %s" % (e["args"]["task"], e["args"]["after"]))
         for before in e["args"]["after"]:
             if before in tasks and tasks[before]["ts"] + tasks[before]["dur"] > e["ts"] + 1.0:
                 fail("task %d started before task %d, which it waits for, ended" % (e["args"]["task"], before))

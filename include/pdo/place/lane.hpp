@@ -239,7 +239,8 @@ inline void link(const task_handle& t, task_state& before, bool needs_result) {
   // twice and let go twice: no search of the list
   before.dependents.push_back({t, needs_result});
   t->waiting.fetch_add(1, std::memory_order_relaxed);
-  if (before.id != 0) t->after.push_back(before.id);  // for the timeline's arrows (ids are given while it records)
+  // for the timeline's arrows (ids are given while it records), each task it waits for once
+  if (before.id != 0 && std::find(t->after.begin(), t->after.end(), before.id) == t->after.end()) t->after.push_back(before.id);
 }
 
 /// @brief The error the running task was cancelled with (see cancellation_of), for a task
