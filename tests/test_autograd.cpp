@@ -168,6 +168,23 @@ TEST_CASE("autograd: leaf hooks fire when the leaf's gradient is complete, befor
   CHECK_THROWS_WITH(pdo::backward(pdo::sum(x)), Catch::Contains("does not depend on anything"));
 }
 
+TEST_CASE("autograd: a graph takes one backward; a second through any part of it is an error that adds nothing", "[autograd]") {
+  auto w = pdo::parameter(rnd<2>({3, 2}, 25));
+  const auto x = pdo::var(rnd<2>({4, 3}, 26));
+  const auto trunk = pdo::tanh(pdo::matmul(x, w));
+  const auto l1 = pdo::sum(trunk);
+  const auto l2 = pdo::sum(trunk * trunk);
+  pdo::backward(l1);
+  const auto once = w.grad();
+  CHECK_THROWS_WITH(pdo::backward(l2), Catch::Contains("backward: part of the graph of this value was used by an earlier backward"));
+  CHECK_THROWS_WITH(pdo::backward(l1), Catch::Contains("used by an earlier backward"));
+  CHECK(pdo_test::equal(w.grad(), once));
+  // the forward again takes another gradient; so does the sum of two losses of one forward
+  const auto again = pdo::tanh(pdo::matmul(x, w));
+  pdo::backward(pdo::sum(again) + pdo::sum(again * again));
+  CHECK_FALSE(pdo_test::equal(w.grad(), once));
+}
+
 TEST_CASE("autograd: gradient layouts are derived by the forward rules", "[autograd][mesh]") {
   using rows = pdo::layout<pdo::split<"x">, pdo::replicate>;
   using whole = pdo::layout<pdo::replicate, pdo::replicate>;

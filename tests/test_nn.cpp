@@ -92,6 +92,8 @@ TEST_CASE("nn: layer gradients against finite differences", "[nn]") {
     pdo::nn::conv2d<double> c(2, 3, 3, gen);
     CHECK_THROWS_WITH(c(pdo::var(rnd<4>({1, 4, 5, 5}, 9))), Catch::Contains("conv2d") && Catch::Contains("[1, 4, 5, 5]"));
     CHECK_THROWS_WITH(pdo::max_pool2d(pdo::var(rnd<4>({1, 1, 1, 1}, 9)), 2), Catch::Contains("max_pool2d"));
+    CHECK_THROWS_WITH(pdo::avg_pool2d(pdo::var(rnd<4>({1, 1, 4, 4}, 9)), 2, {.stride = 2, .padding = 2}),
+                      Catch::StartsWith("avg_pool2d: padding 2 with kernel 2") && Catch::Contains("at most half the kernel size"));
     // a linear layer names its own shape, not the matmul inside it
     pdo::nn::linear<double> l(3, 2, gen);
     CHECK_THROWS_WITH(l(pdo::var(rnd<2>({4, 5}, 9))),
@@ -146,6 +148,23 @@ TEST_CASE("nn: optimizers follow their update rules", "[nn]") {
       INFO("decoupled " << decoupled);
       for (std::size_t i = 0; i < 3; ++i) CHECK(p.value()(i) == Approx(ref[i]).epsilon(1e-12));
     }
+  }
+  SECTION("adam counts each parameter's steps, as PyTorch's: one first updated at step 2 is corrected as at its first") {
+    auto p = param();
+    auto late = pdo::parameter(pdo::tensor<double, 1>({1}));
+    late.value()(0) = 1.0;
+    pdo::nn::adam<double> opt({{"p", p}, {"late", late}}, {.lr = 0.1});
+    set_grad(p);
+    opt.step();  // late has no gradient
+    CHECK(late.value()(0) == 1.0);
+    set_grad(p);
+    pdo::backward(pdo::sum(late * 3.0));
+    opt.step();
+    // bias-corrected at t = 1: the update is lr * g / (|g| + eps), 0.1 (torch.optim.Adam gives 0.9)
+    CHECK(late.value()(0) == Approx(0.9).epsilon(1e-9));
+    CHECK(opt.steps() == 2);
+    CHECK(opt.steps(0) == 2);
+    CHECK(opt.steps(1) == 1);
   }
   SECTION("settings PyTorch rejects are errors that name them, and nothing is updated") {
     auto p = param();

@@ -12712,6 +12712,8 @@ struct grad_node {
   std::vector<std::shared_ptr<grad_node>> inputs;  ///< the operands that need gradients
   std::uint64_t order;                             ///< creation order: inputs come before their uses
   bool leaf = false;
+  /// @brief A backward has run through this node and freed what it saved.
+  bool released = false;
   /// @brief For leaves: called by backward once this leaf's gradient is complete (all its
   /// uses have contributed), while the rest of backward still runs.
   std::function<void()> on_gradient;
@@ -12742,6 +12744,7 @@ struct value_node final : grad_node {
   void release() override {
     grad.reset();
     backward = nullptr;
+    released = true;
   }
   /// @brief Adds `g` to the gradient. Several threads may add at once: the places of a
   /// parallel_do whose block uses one parameter run their backward passes together.
@@ -12879,7 +12882,9 @@ auto scalar_of(const V& v) {
 /// @brief Reverse mode: adds d(out)/d(leaf), weighted by `seed` (d(loss)/d(out)), to the
 /// gradient of every leaf `out` depends on that requires one. Nodes run from the last
 /// computed to the first; a leaf's on_gradient hook fires as soon as its last use has
-/// contributed. Intermediate gradients are freed as they are consumed.
+/// contributed. Intermediate gradients and what the ops saved for them are freed as they
+/// are consumed, so a graph takes one backward: a second one through any part of it is a
+/// pdo::error (as PyTorch's without retain_graph), nothing is added.
 template <class V>
 void backward(const var<V>& out, detail::grad_t<V> seed) {
   if (!out.requires_grad()) throw error("backward: the value does not depend on anything that requires a gradient");
@@ -12900,6 +12905,10 @@ void backward(const var<V>& out, detail::grad_t<V> seed) {
       if (fresh) stack.push_back(in.get());
     }
   }
+  for (const detail::grad_node* n : nodes)
+    if (n->released)
+      throw error("backward: part of the graph of this value was used by an earlier backward, which freed it; compute the value "
+                  "again (run the forward again) to take another gradient");
   std::sort(nodes.begin(), nodes.end(), [](const auto* a, const auto* b) { return a->order > b->order; });
   const detail::timeline_span span("kernel", "backward", [&] { return std::to_string(nodes.size()) + " nodes"; });
   out.node()->accumulate(std::move(seed));
@@ -13891,6 +13900,16 @@ inline window_geometry window_of(const char* op, const shape_t<4>& x, std::size_
   return g;
 }
 
+/// @brief The windows of a pool: stride 0 means the kernel size; the padding at most half the
+/// kernel (as PyTorch's pools), so that every window holds a cell of the input.
+inline window_geometry pool_window_of(const char* op, const shape_t<4>& x, std::size_t kernel, window_options& o) {
+  if (o.stride == 0) o.stride = kernel;
+  if (2 * o.padding > kernel)
+    throw shape_error(std::string(op) + ": padding " + std::to_string(o.padding) + " with kernel " + std::to_string(kernel) +
+                      ": the padding must be at most half the kernel size (a window would hold only padding)");
+  return window_of(op, x, kernel, o);
+}
+
 }  // namespace detail
 
 namespace detail {
@@ -14491,8 +14510,7 @@ tensor<T, 4> pool2d_backward(const char* op, const tensor<T, 4>& x, const tensor
 
 template <bool Max, class T>
 var<tensor<T, 4>> pool2d(const char* op, const var<tensor<T, 4>>& x, std::size_t kernel, window_options o) {
-  if (o.stride == 0) o.stride = kernel;
-  const window_geometry g = window_of(op, x.shape(), kernel, o);
+  const window_geometry g = pool_window_of(op, x.shape(), kernel, o);
   return record(
       pool2d_forward<Max>(op, x.value(), g),
       [x, g, op](auto& self) { add_grad(x, pool2d_backward<Max>(op, x.value(), *self.grad, g)); }, x);
@@ -14508,9 +14526,8 @@ template <bool Max, class T, class Mesh, class L>
 var<dtensor<T, 4, Mesh, L>> pool2d(const char* op, const var<dtensor<T, 4, Mesh, L>>& x, std::size_t kernel, window_options o) {
   static_assert(pool_layout_ok(value_of<L>()), "pdo: max_pool2d/avg_pool2d: the input must not be partial: reduce it first");
   using value_t = dtensor<T, 4, Mesh, L>;
-  if (o.stride == 0) o.stride = kernel;
   const value_t& xv = x.value();
-  const window_geometry whole = window_of(op, xv.shape(), kernel, o);
+  const window_geometry whole = pool_window_of(op, xv.shape(), kernel, o);
   const Mesh& m = xv.mesh();
   const auto cut = std::make_shared<const spatial_cut>(m, value_of<L>(), whole, o.padding);
   std::vector<tensor<T, 4>> ys(m.local_places().size());
@@ -14573,9 +14590,8 @@ template <bool Max, class X>
 std::string explain_pool2d(const X& x, std::size_t kernel, window_options o) {
   const auto& xv = window_value(x);
   using value_t = std::remove_cvref_t<decltype(xv)>;
-  if (o.stride == 0) o.stride = kernel;
   const char* op = Max ? "max_pool2d" : "avg_pool2d";
-  const window_geometry whole = window_of(op, xv.shape(), kernel, o);
+  const window_geometry whole = pool_window_of(op, xv.shape(), kernel, o);
   const spatial_cut cut(xv.mesh(), value_t::layout_value, whole, o.padding);
   return explain_window(op, pool2d_plan<value_t, Max>(), xv.mesh(), xv.shape(), value_t::layout_value,
                         {whole.batch, whole.channels, whole.out_height, whole.out_width}, cut, sizeof(typename value_t::value_type), "");
@@ -16869,6 +16885,7 @@ struct mse_loss {
 // under data parallelism every place steps its own copy.
 
 
+#include <algorithm>
 #include <cmath>
 #include <concepts>
 #include <cstddef>
@@ -17128,7 +17145,7 @@ class adam : public optimizer_base<T> {
   /// @brief Updates `params` with the settings `o`.
   /// A pdo::error when a setting is out of its range (betas in [0, 1), the others >= 0) or not finite.
   adam(std::vector<parameter_ref<T>> params, adam_options o)
-      : optimizer_base<T>(std::move(params)), o_(o), m_(params_.size()), v_(params_.size()) {
+      : optimizer_base<T>(std::move(params)), o_(o), m_(params_.size()), v_(params_.size()), t_(params_.size(), 0) {
     pdo::detail::check_lr("adam", o.lr);
     pdo::detail::check_setting("adam", "beta1", o.beta1, o.beta1 >= 0 && o.beta1 < 1, "in [0, 1)");
     pdo::detail::check_setting("adam", "beta2", o.beta2, o.beta2 >= 0 && o.beta2 < 1, "in [0, 1)");
@@ -17136,16 +17153,19 @@ class adam : public optimizer_base<T> {
     pdo::detail::check_setting("adam", "weight_decay", o.weight_decay, o.weight_decay >= 0, "finite and >= 0");
   }
 
-  /// @brief Counts one step, then updates every parameter that has a gradient (each of its local blocks),
-  /// with bias-corrected moments.
+  /// @brief Updates every parameter that has a gradient (each of its local blocks), with
+  /// bias-corrected moments. As PyTorch's, each parameter counts its own steps (those it had
+  /// a gradient in): a parameter whose first gradient comes at the tenth step is corrected
+  /// as at its first.
   void step() {
-    ++t_;
-    const T c1 = static_cast<T>(1 - std::pow(o_.beta1, static_cast<double>(t_)));
-    const T c2 = static_cast<T>(1 - std::pow(o_.beta2, static_cast<double>(t_)));
+    ++steps_;
     for (std::size_t i = 0; i < params_.size(); ++i) {
       const auto values = params_[i].value_blocks();
       const auto grads = params_[i].grad_blocks();
       if (grads.empty()) continue;
+      const double t = static_cast<double>(++t_[i]);
+      const T c1 = static_cast<T>(1 - std::pow(o_.beta1, t));
+      const T c2 = static_cast<T>(1 - std::pow(o_.beta2, t));
       const auto places = params_[i].block_places();
       if (m_[i].empty()) {
         m_[i] = params_[i].zero_state();
@@ -17181,15 +17201,24 @@ class adam : public optimizer_base<T> {
     }
     return name == "exp_avg" ? m_[i] : v_[i];
   }
-  /// @brief Steps taken: the bias corrections 1 - beta^t count them.
-  [[nodiscard]] long steps() const { return t_; }
-  /// @brief Sets the steps taken (a checkpoint restores it, so the bias corrections continue).
-  void set_steps(long t) { t_ = t; }
+  /// @brief Steps taken (calls of step()).
+  [[nodiscard]] long steps() const { return steps_; }
+  /// @brief Steps parameter `i` has taken (those it had a gradient in): its bias corrections'
+  /// t.
+  [[nodiscard]] long steps(std::size_t i) const { return t_.at(i); }
+  /// @brief Sets the steps taken, of the optimizer and of every parameter (a checkpoint
+  /// restores it, so the bias corrections continue; it keeps one count, so a parameter that
+  /// had skipped steps resumes counting as if it had taken every one).
+  void set_steps(long t) {
+    steps_ = t;
+    std::fill(t_.begin(), t_.end(), t);
+  }
 
  private:
   adam_options o_;
   std::vector<std::vector<tensor<T, 1>>> m_, v_;  ///< moments, per parameter and block
-  long t_ = 0;
+  std::vector<long> t_;                           ///< steps per parameter
+  long steps_ = 0;
 };
 
 /// @brief An optimizer of parameters of element type T: sgd, adam, any_optimizer, or a type

@@ -40,6 +40,16 @@ inline window_geometry window_of(const char* op, const shape_t<4>& x, std::size_
   return g;
 }
 
+/// @brief The windows of a pool: stride 0 means the kernel size; the padding at most half the
+/// kernel (as PyTorch's pools), so that every window holds a cell of the input.
+inline window_geometry pool_window_of(const char* op, const shape_t<4>& x, std::size_t kernel, window_options& o) {
+  if (o.stride == 0) o.stride = kernel;
+  if (2 * o.padding > kernel)
+    throw shape_error(std::string(op) + ": padding " + std::to_string(o.padding) + " with kernel " + std::to_string(kernel) +
+                      ": the padding must be at most half the kernel size (a window would hold only padding)");
+  return window_of(op, x, kernel, o);
+}
+
 }  // namespace detail
 
 namespace detail {
@@ -640,8 +650,7 @@ tensor<T, 4> pool2d_backward(const char* op, const tensor<T, 4>& x, const tensor
 
 template <bool Max, class T>
 var<tensor<T, 4>> pool2d(const char* op, const var<tensor<T, 4>>& x, std::size_t kernel, window_options o) {
-  if (o.stride == 0) o.stride = kernel;
-  const window_geometry g = window_of(op, x.shape(), kernel, o);
+  const window_geometry g = pool_window_of(op, x.shape(), kernel, o);
   return record(
       pool2d_forward<Max>(op, x.value(), g),
       [x, g, op](auto& self) { add_grad(x, pool2d_backward<Max>(op, x.value(), *self.grad, g)); }, x);
@@ -657,9 +666,8 @@ template <bool Max, class T, class Mesh, class L>
 var<dtensor<T, 4, Mesh, L>> pool2d(const char* op, const var<dtensor<T, 4, Mesh, L>>& x, std::size_t kernel, window_options o) {
   static_assert(pool_layout_ok(value_of<L>()), "pdo: max_pool2d/avg_pool2d: the input must not be partial: reduce it first");
   using value_t = dtensor<T, 4, Mesh, L>;
-  if (o.stride == 0) o.stride = kernel;
   const value_t& xv = x.value();
-  const window_geometry whole = window_of(op, xv.shape(), kernel, o);
+  const window_geometry whole = pool_window_of(op, xv.shape(), kernel, o);
   const Mesh& m = xv.mesh();
   const auto cut = std::make_shared<const spatial_cut>(m, value_of<L>(), whole, o.padding);
   std::vector<tensor<T, 4>> ys(m.local_places().size());
@@ -722,9 +730,8 @@ template <bool Max, class X>
 std::string explain_pool2d(const X& x, std::size_t kernel, window_options o) {
   const auto& xv = window_value(x);
   using value_t = std::remove_cvref_t<decltype(xv)>;
-  if (o.stride == 0) o.stride = kernel;
   const char* op = Max ? "max_pool2d" : "avg_pool2d";
-  const window_geometry whole = window_of(op, xv.shape(), kernel, o);
+  const window_geometry whole = pool_window_of(op, xv.shape(), kernel, o);
   const spatial_cut cut(xv.mesh(), value_t::layout_value, whole, o.padding);
   return explain_window(op, pool2d_plan<value_t, Max>(), xv.mesh(), xv.shape(), value_t::layout_value,
                         {whole.batch, whole.channels, whole.out_height, whole.out_width}, cut, sizeof(typename value_t::value_type), "");

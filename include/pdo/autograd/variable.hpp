@@ -112,6 +112,8 @@ struct grad_node {
   std::vector<std::shared_ptr<grad_node>> inputs;  ///< the operands that need gradients
   std::uint64_t order;                             ///< creation order: inputs come before their uses
   bool leaf = false;
+  /// @brief A backward has run through this node and freed what it saved.
+  bool released = false;
   /// @brief For leaves: called by backward once this leaf's gradient is complete (all its
   /// uses have contributed), while the rest of backward still runs.
   std::function<void()> on_gradient;
@@ -142,6 +144,7 @@ struct value_node final : grad_node {
   void release() override {
     grad.reset();
     backward = nullptr;
+    released = true;
   }
   /// @brief Adds `g` to the gradient. Several threads may add at once: the places of a
   /// parallel_do whose block uses one parameter run their backward passes together.
@@ -279,7 +282,9 @@ auto scalar_of(const V& v) {
 /// @brief Reverse mode: adds d(out)/d(leaf), weighted by `seed` (d(loss)/d(out)), to the
 /// gradient of every leaf `out` depends on that requires one. Nodes run from the last
 /// computed to the first; a leaf's on_gradient hook fires as soon as its last use has
-/// contributed. Intermediate gradients are freed as they are consumed.
+/// contributed. Intermediate gradients and what the ops saved for them are freed as they
+/// are consumed, so a graph takes one backward: a second one through any part of it is a
+/// pdo::error (as PyTorch's without retain_graph), nothing is added.
 template <class V>
 void backward(const var<V>& out, detail::grad_t<V> seed) {
   if (!out.requires_grad()) throw error("backward: the value does not depend on anything that requires a gradient");
@@ -300,6 +305,10 @@ void backward(const var<V>& out, detail::grad_t<V> seed) {
       if (fresh) stack.push_back(in.get());
     }
   }
+  for (const detail::grad_node* n : nodes)
+    if (n->released)
+      throw error("backward: part of the graph of this value was used by an earlier backward, which freed it; compute the value "
+                  "again (run the forward again) to take another gradient");
   std::sort(nodes.begin(), nodes.end(), [](const auto* a, const auto* b) { return a->order > b->order; });
   const detail::timeline_span span("kernel", "backward", [&] { return std::to_string(nodes.size()) + " nodes"; });
   out.node()->accumulate(std::move(seed));

@@ -8,6 +8,7 @@
 #include <pdo/kernels/place_system.hpp>
 #include <pdo/nn/module.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <concepts>
 #include <cstddef>
@@ -267,7 +268,7 @@ class adam : public optimizer_base<T> {
   /// @brief Updates `params` with the settings `o`.
   /// A pdo::error when a setting is out of its range (betas in [0, 1), the others >= 0) or not finite.
   adam(std::vector<parameter_ref<T>> params, adam_options o)
-      : optimizer_base<T>(std::move(params)), o_(o), m_(params_.size()), v_(params_.size()) {
+      : optimizer_base<T>(std::move(params)), o_(o), m_(params_.size()), v_(params_.size()), t_(params_.size(), 0) {
     pdo::detail::check_lr("adam", o.lr);
     pdo::detail::check_setting("adam", "beta1", o.beta1, o.beta1 >= 0 && o.beta1 < 1, "in [0, 1)");
     pdo::detail::check_setting("adam", "beta2", o.beta2, o.beta2 >= 0 && o.beta2 < 1, "in [0, 1)");
@@ -275,16 +276,19 @@ class adam : public optimizer_base<T> {
     pdo::detail::check_setting("adam", "weight_decay", o.weight_decay, o.weight_decay >= 0, "finite and >= 0");
   }
 
-  /// @brief Counts one step, then updates every parameter that has a gradient (each of its local blocks),
-  /// with bias-corrected moments.
+  /// @brief Updates every parameter that has a gradient (each of its local blocks), with
+  /// bias-corrected moments. As PyTorch's, each parameter counts its own steps (those it had
+  /// a gradient in): a parameter whose first gradient comes at the tenth step is corrected
+  /// as at its first.
   void step() {
-    ++t_;
-    const T c1 = static_cast<T>(1 - std::pow(o_.beta1, static_cast<double>(t_)));
-    const T c2 = static_cast<T>(1 - std::pow(o_.beta2, static_cast<double>(t_)));
+    ++steps_;
     for (std::size_t i = 0; i < params_.size(); ++i) {
       const auto values = params_[i].value_blocks();
       const auto grads = params_[i].grad_blocks();
       if (grads.empty()) continue;
+      const double t = static_cast<double>(++t_[i]);
+      const T c1 = static_cast<T>(1 - std::pow(o_.beta1, t));
+      const T c2 = static_cast<T>(1 - std::pow(o_.beta2, t));
       const auto places = params_[i].block_places();
       if (m_[i].empty()) {
         m_[i] = params_[i].zero_state();
@@ -320,15 +324,24 @@ class adam : public optimizer_base<T> {
     }
     return name == "exp_avg" ? m_[i] : v_[i];
   }
-  /// @brief Steps taken: the bias corrections 1 - beta^t count them.
-  [[nodiscard]] long steps() const { return t_; }
-  /// @brief Sets the steps taken (a checkpoint restores it, so the bias corrections continue).
-  void set_steps(long t) { t_ = t; }
+  /// @brief Steps taken (calls of step()).
+  [[nodiscard]] long steps() const { return steps_; }
+  /// @brief Steps parameter `i` has taken (those it had a gradient in): its bias corrections'
+  /// t.
+  [[nodiscard]] long steps(std::size_t i) const { return t_.at(i); }
+  /// @brief Sets the steps taken, of the optimizer and of every parameter (a checkpoint
+  /// restores it, so the bias corrections continue; it keeps one count, so a parameter that
+  /// had skipped steps resumes counting as if it had taken every one).
+  void set_steps(long t) {
+    steps_ = t;
+    std::fill(t_.begin(), t_.end(), t);
+  }
 
  private:
   adam_options o_;
   std::vector<std::vector<tensor<T, 1>>> m_, v_;  ///< moments, per parameter and block
-  long t_ = 0;
+  std::vector<long> t_;                           ///< steps per parameter
+  long steps_ = 0;
 };
 
 /// @brief An optimizer of parameters of element type T: sgd, adam, any_optimizer, or a type
