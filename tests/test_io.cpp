@@ -4,11 +4,14 @@
 
 #include <pdo/io.hpp>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <string>
 #include <tuple>
 
@@ -175,6 +178,99 @@ TEST_CASE("checkpoints: a save replaces the old checkpoint whole, and leaves not
   CHECK_THAT(e, Catch::Contains("metadata.json: missing") && Catch::Contains("gone.partial is an unfinished save"));
 }
 
+TEST_CASE("checkpoints: a save replaces only a checkpoint; a failed save or load changes nothing; numbers and text kept exactly") {
+  scratch_dir tmp("only");
+  auto t = pdo_test::random_tensor<float, 2>({3, 4}, 3);
+  pdo::io::checkpoint c;
+  c.add("t", t);
+  auto save_error = [&](const fs::path& dir, const pdo::io::checkpoint& ck) -> std::string {
+    try {
+      pdo::io::save(dir, ck);
+    } catch (const pdo::io_error& e) {
+      return e.what();
+    }
+    return "no error";
+  };
+  auto listing = [&] {
+    std::vector<std::string> names;
+    for (const auto& e : fs::recursive_directory_iterator(tmp.path)) names.push_back(fs::relative(e.path(), tmp.path).string());
+    std::sort(names.begin(), names.end());
+    return names;
+  };
+
+  // a folder of other files, and a file, are left as they are
+  fs::create_directories(tmp.path / "results");
+  std::ofstream(tmp.path / "results" / "log.txt") << "keep me";
+  CHECK_THAT(save_error(tmp.path / "results", c), Catch::Contains("results is a directory that holds no pdo checkpoint"));
+  std::ofstream(tmp.path / "model.ckpt") << "keep me too";
+  CHECK_THAT(save_error(tmp.path / "model.ckpt", c), Catch::Contains("model.ckpt exists and is not a directory"));
+  CHECK_THAT(save_error(tmp.path / "model.ckpt" / "inner", c), Catch::Contains("io: save"));
+  CHECK_THAT(save_error("", c), Catch::Contains("the checkpoint's path is empty"));
+  CHECK(listing() == std::vector<std::string>{"model.ckpt", "results", "results/log.txt"});
+  // an empty folder, or a checkpoint, is replaced
+  fs::create_directories(tmp.path / "empty");
+  pdo::io::save(tmp.path / "empty", c);
+  pdo::io::save(tmp.path / "empty", c);
+  CHECK(pdo_test::equal(pdo::io::read<float, 2>(tmp.path / "empty", "t"), t));
+
+  // text that is not UTF-8 is an error naming the entry, before anything replaces the old checkpoint
+  std::string bytes = "ok\xff\xfe";
+  pdo::io::checkpoint with_bytes;
+  with_bytes.add("t", t).add("loader", bytes);
+  CHECK_THAT(save_error(tmp.path / "empty", with_bytes), Catch::Contains("\"loader\"") && Catch::Contains("not valid UTF-8"));
+  CHECK(fs::exists(tmp.path / "empty" / "metadata.json"));
+  CHECK_FALSE(fs::exists(tmp.path / "empty.partial"));
+
+  // infinities and NaN round-trip; the other numbers exactly
+  double inf = std::numeric_limits<double>::infinity(), ninf = -inf, nan = std::nan(""), tenth = 0.1;
+  float finf = std::numeric_limits<float>::infinity();
+  std::int64_t low = std::numeric_limits<std::int64_t>::min();
+  std::uint64_t high = std::numeric_limits<std::uint64_t>::max();
+  pdo::io::checkpoint numbers;
+  numbers.add("inf", inf).add("ninf", ninf).add("nan", nan).add("tenth", tenth).add("finf", finf).add("low", low).add("high", high);
+  pdo::io::save(tmp.path / "numbers", numbers);
+  double inf2 = 0, ninf2 = 0, nan2 = 0, tenth2 = 0;
+  float finf2 = 0;
+  std::int64_t low2 = 0;
+  std::uint64_t high2 = 0;
+  pdo::io::checkpoint numbers2;
+  numbers2.add("inf", inf2).add("ninf", ninf2).add("nan", nan2).add("tenth", tenth2).add("finf", finf2).add("low", low2).add("high", high2);
+  pdo::io::load(tmp.path / "numbers", numbers2);
+  CHECK((inf2 == inf && ninf2 == ninf && std::isnan(nan2) && tenth2 == tenth && finf2 == finf && low2 == low && high2 == high));
+  // a number the type cannot hold is an error naming the entry
+  int small = 0;
+  pdo::io::checkpoint narrow;
+  narrow.add("tenth", small);
+  CHECK_THAT(load_error(tmp.path / "numbers", narrow), Catch::Contains("\"tenth\"") && Catch::Contains("float64"));
+
+  // a load that finds an entry of another shape loads none of the entries
+  auto a = pdo_test::random_tensor<float, 2>({3, 4}, 4);
+  auto b = pdo::tensor<float, 1>({5});
+  pdo::io::checkpoint two;
+  two.add("a", a).add("b", b);
+  pdo::io::save(tmp.path / "two", two);
+  auto a2 = pdo::tensor<float, 2>({3, 4});
+  a2.fill(7);
+  auto b2 = pdo::tensor<float, 1>({6});
+  double missing = 1.5;
+  pdo::io::checkpoint other;
+  other.add("a", a2).add("b", b2);
+  CHECK_THAT(load_error(tmp.path / "two", other), Catch::Contains("\"b\"") && Catch::Contains("[5]") && Catch::Contains("[6]"));
+  pdo::io::checkpoint more;
+  more.add("a", a2).add("step", missing);
+  CHECK_THAT(load_error(tmp.path / "two", more), Catch::Contains("no entry named \"step\""));
+  CHECK(a2(2, 3) == 7.0f);
+  CHECK(missing == 1.5);
+
+  // a block's file outside the checkpoint's folder is named as such
+  nlohmann::json meta = nlohmann::json::parse(std::ifstream(tmp.path / "two" / "metadata.json"));
+  meta["entries"]["a"]["blocks"][0]["file"] = "../numbers/t0.bin";
+  std::ofstream(tmp.path / "two" / "metadata.json") << meta.dump();
+  pdo::io::checkpoint just_a;
+  just_a.add("a", a2);
+  CHECK_THAT(load_error(tmp.path / "two", just_a), Catch::Contains("names the file \"../numbers/t0.bin\", which is not a file of the checkpoint"));
+}
+
 TEST_CASE("checkpoints: corrupt, truncated, missing and mismatched files are io_errors naming the file and the tensor") {
   scratch_dir tmp("corrupt");
   const auto mesh = pdo_test::line_mesh(2);
@@ -271,6 +367,16 @@ TEST_CASE("npy and safetensors: round trips, and bad files") {
   CHECK_THROWS_WITH((pdo::io::load_npy<double, 2>(tmp.path / "a.npy")), Catch::Contains("rank 3 [2, 3, 4]"));
   fs::resize_file(tmp.path / "a.npy", fs::file_size(tmp.path / "a.npy") - 8);
   CHECK_THROWS_WITH((pdo::io::load_npy<double, 3>(tmp.path / "a.npy")), Catch::Contains("a.npy") && Catch::Contains("truncated"));
+  {  // a header that claims a shape far beyond the file is an io_error before anything is allocated
+    std::string header = "{'descr': '<f8', 'fortran_order': False, 'shape': (100000000000000, 3), }";
+    header.resize(117, ' ');
+    header += '\n';
+    std::ofstream f(tmp.path / "huge.npy", std::ios::binary);
+    f << "\x93NUMPY" << '\x01' << '\x00' << static_cast<char>(header.size() & 0xff) << static_cast<char>(header.size() >> 8) << header
+      << std::string(48, '\0');
+  }
+  CHECK_THROWS_AS((pdo::io::load_npy<double, 2>(tmp.path / "huge.npy")), pdo::io_error);
+  CHECK_THROWS_WITH((pdo::io::load_npy<double, 2>(tmp.path / "huge.npy")), Catch::Contains("huge.npy") && Catch::Contains("damaged header"));
 
   pdo::io::safetensors_writer w;
   w.add("a", a).add("v", v).metadata("format", "pt");

@@ -18993,11 +18993,13 @@ inline void flush_directory(const std::filesystem::path& dir) {
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <span>
@@ -19276,6 +19278,9 @@ struct load_context {
   std::filesystem::path dir;
   load_options options;
   nlohmann::ordered_json entries;
+  /// @brief The first pass of a load: each entry only checks that the checkpoint holds it as
+  /// what it is loaded into (kind, element type, shape), changing nothing.
+  bool checking = false;
   std::optional<pdo::detail::captured_error> failure;
   void fail() {
     if (!failure) failure = pdo::detail::captured_error::current();
@@ -19316,7 +19321,10 @@ inline tensor_meta tensor_entry(const load_context& c, const std::string& name, 
     for (const auto& b : e.at("blocks")) {
       block_meta m{b.at("file").get<std::string>(), sizes_of(b.at("offset"), "a block offset of \"" + name + "\""),
                    sizes_of(b.at("shape"), "a block shape of \"" + name + "\"")};
-      bool inside = m.offset.size() == t.shape.size() && m.shape.size() == t.shape.size() && m.file.find('/') == std::string::npos;
+      if (m.file.empty() || m.file.find('/') != std::string::npos || m.file == "." || m.file == "..")
+        throw io_error(c.where(name) + "the metadata's block " + b.dump() + " names the file \"" + m.file +
+                       "\", which is not a file of the checkpoint's folder");
+      bool inside = m.offset.size() == t.shape.size() && m.shape.size() == t.shape.size();
       for (std::size_t d = 0; inside && d < t.shape.size(); ++d) inside = m.shape[d] <= t.shape[d] && m.offset[d] <= t.shape[d] - m.shape[d];
       if (!inside)
         throw io_error(c.where(name) + "the metadata's block " + b.dump() + " does not fit its shape " + pdo::detail::format_extents(t.shape));
@@ -19331,6 +19339,53 @@ inline tensor_meta tensor_entry(const load_context& c, const std::string& name, 
     throw io_error(c.where(name) + "its global shape is " + pdo::detail::format_extents(t.shape) + ", the tensor it is loaded into has " +
                    pdo::detail::format_extents(shape));
   return t;
+}
+
+/// @brief A number as the metadata keeps it: exactly, as JSON's number; a floating-point
+/// infinity or NaN, which JSON has no number for, as the string "inf", "-inf" or "nan".
+template <class V>
+nlohmann::ordered_json number_json(V v) {
+  if constexpr (std::is_floating_point_v<V>) {
+    if (std::isnan(v)) return "nan";
+    if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+  }
+  return v;
+}
+
+/// @brief The number entry `name` holds (see number_json), or an io_error naming it.
+template <class V>
+V number_of(const load_context& c, const std::string& name, const nlohmann::ordered_json& j) {
+  if constexpr (std::is_floating_point_v<V>) {
+    if (j.is_string()) {
+      const auto& s = j.get_ref<const std::string&>();
+      if (s == "nan") return std::numeric_limits<V>::quiet_NaN();
+      if (s == "inf") return std::numeric_limits<V>::infinity();
+      if (s == "-inf") return -std::numeric_limits<V>::infinity();
+    }
+    if (j.is_number()) return j.get<V>();
+  } else if constexpr (std::is_signed_v<V>) {
+    if (j.is_number_integer()) {
+      const auto x = j.get<std::int64_t>();
+      if (x >= std::numeric_limits<V>::min() && x <= std::numeric_limits<V>::max()) return static_cast<V>(x);
+    }
+  } else {
+    if (j.is_number_unsigned()) {
+      const auto x = j.get<std::uint64_t>();
+      if (x <= std::numeric_limits<V>::max()) return static_cast<V>(x);
+    }
+  }
+  throw io_error(c.where(name) + "its value in the metadata is " + j.dump() + ", not a " + std::string(stored_dtype<V>()));
+}
+
+/// @brief A string entry must be valid UTF-8 (JSON text): an io_error naming it when not,
+/// before anything is written.
+inline void check_text(const std::string& name, const std::string& text) {
+  try {
+    (void)nlohmann::ordered_json(text).dump();
+  } catch (const nlohmann::json::exception&) {
+    throw io_error("io: save of \"" + name + "\": the string is not valid UTF-8 text (a checkpoint keeps strings in its JSON "
+                   "metadata); keep bytes in a tensor of std::uint8_t");
+  }
 }
 
 /// @brief Each element of `v` becomes its largest value over the processes of `m` (each
@@ -19408,6 +19463,10 @@ class checkpoint {
     check_name(name);
     entries_.push_back({std::move(name), [get](detail::save_context& c, const std::string& n) { save_host(c, n, get()); },
                         [set, shape](detail::load_context& c, const std::string& n) {
+                          if (c.checking) {
+                            detail::tensor_entry(c, n, detail::stored_dtype<T>(), {shape.begin(), shape.end()});
+                            return;
+                          }
                           auto t = tensor<T, R>::on_host(shape);
                           load_host(c, n, t);
                           set(t);
@@ -19422,14 +19481,15 @@ class checkpoint {
     check_name(name);
     entries_.push_back({std::move(name),
                         [get](detail::save_context& c, const std::string& n) {
-                          c.entries[n] = {{"kind", "value"}, {"dtype", std::string(detail::stored_dtype<V>())}, {"value", get()}};
+                          c.entries[n] = {{"kind", "value"}, {"dtype", std::string(detail::stored_dtype<V>())}, {"value", detail::number_json(get())}};
                         },
                         [set](detail::load_context& c, const std::string& n) {
                           const auto& e = c.entry(n);
                           if (e.value("kind", "") != "value" || e.value("dtype", "") != detail::stored_dtype<V>())
                             throw io_error(c.where(n) + "it is " + e.value("kind", "?") + " " + e.value("dtype", "?") +
                                            " in the checkpoint, not a " + std::string(detail::stored_dtype<V>()) + " value");
-                          set(e.at("value").get<V>());
+                          const V v = detail::number_of<V>(c, n, e.at("value"));
+                          if (!c.checking) set(v);
                         }});
     return *this;
   }
@@ -19451,11 +19511,15 @@ class checkpoint {
   checkpoint& add(std::string name, std::string& text) {
     check_name(name);
     entries_.push_back({std::move(name),
-                        [&text](detail::save_context& c, const std::string& n) { c.entries[n] = {{"kind", "text"}, {"value", text}}; },
+                        [&text](detail::save_context& c, const std::string& n) {
+                          detail::check_text(n, text);
+                          c.entries[n] = {{"kind", "text"}, {"value", text}};
+                        },
                         [&text](detail::load_context& c, const std::string& n) {
                           const auto& e = c.entry(n);
-                          if (e.value("kind", "") != "text") throw io_error(c.where(n) + "it is not text in the checkpoint");
-                          text = e.at("value").get<std::string>();
+                          if (e.value("kind", "") != "text" || !e.contains("value") || !e["value"].is_string())
+                            throw io_error(c.where(n) + "it is not text in the checkpoint");
+                          if (!c.checking) text = e["value"].get<std::string>();
                         }});
     return *this;
   }
@@ -19465,9 +19529,12 @@ class checkpoint {
 
   /// @brief Writes every entry into `dir` safely: into `dir` + ".partial" first, flushed,
   /// then swapped in for `dir` in one rename, so `dir` holds the old checkpoint or the new
-  /// one, never a part. Any failure is a pdo::io_error, on every process.
+  /// one, never a part. `dir` must not exist, be empty, or hold a checkpoint (pdo replaces
+  /// nothing else). Any failure is a pdo::io_error, on every process, and leaves `dir` as
+  /// it was and no `dir` + ".partial".
   void save(const std::filesystem::path& dir, const save_options& o = {}) const {
     pdo::detail::check_not_nested("io::save");
+    if (dir.empty()) throw io_error("io: save: the checkpoint's path is empty");
     detail::save_context c;
     c.options = o;
     c.writer = writer_;
@@ -19475,9 +19542,24 @@ class checkpoint {
     const std::filesystem::path target = std::filesystem::absolute(dir).lexically_normal();
     c.dir = target;
     c.dir += ".partial";
+    // a failure after the staging directory was made removes it (every process has stopped writing by then)
+    const auto settle = [&] {
+      try {
+        agree(c.failure, "save", target);
+      } catch (...) {
+        std::error_code ec;
+        if (c.writer) std::filesystem::remove_all(c.dir, ec);
+        throw;
+      }
+    };
     try {  // a fresh staging directory (the writer clears what a failed save left)
-      if (c.writer) std::filesystem::remove_all(c.dir);
-    } catch (const std::exception&) {
+      if (c.writer) {
+        check_target(target);
+        std::filesystem::remove_all(c.dir);
+      }
+    } catch (const std::filesystem::filesystem_error& e) {
+      c.failure = pdo::detail::captured_error{error_kind::io, "io: save: cannot clear " + c.dir.string() + ": " + e.code().message()};
+    } catch (...) {
       c.fail();
     }
     agree(c.failure, "save", target);
@@ -19495,24 +19577,33 @@ class checkpoint {
       }
       ++c.index;
     }
-    agree(c.failure, "save", target);
+    settle();
     if (c.writer) {
       try {
         nlohmann::ordered_json meta = {{"format", "pdo-checkpoint"}, {"version", 1}, {"entries", c.entries}};
-        detail::write_text_atomically(c.dir / "metadata.json", meta.dump(1));
+        std::string text;
+        try {
+          text = meta.dump(1);
+        } catch (const nlohmann::json::exception& e) {
+          throw io_error("io: save of " + target.string() + ": the metadata cannot be written as JSON (an entry's name that is not UTF-8?): " +
+                         e.what());
+        }
+        detail::write_text_atomically(c.dir / "metadata.json", text);
         detail::flush_directory(c.dir);
         commit(c.dir, target);
       } catch (...) {
         c.fail();
       }
     }
-    agree(c.failure, "save", target);
+    settle();
   }
 
   /// @brief Fills every entry from the checkpoint in `dir`; a missing, corrupt or truncated
   /// file, metadata that does not match the shards, or an entry of another global shape or
   /// element type is a pdo::io_error naming the file, the entry and what is wrong, on every
-  /// process.
+  /// process. Every entry's metadata is checked first: a checkpoint that lacks an entry, or
+  /// holds one of another kind, element type or shape, loads nothing. A shard file found
+  /// corrupt while the data is read fails the load with the entries before it filled.
   void load(const std::filesystem::path& dir, const load_options& o = {}) {
     pdo::detail::check_not_nested("io::load");
     detail::load_context c;
@@ -19523,15 +19614,20 @@ class checkpoint {
     } catch (...) {
       c.fail();
     }
-    if (!c.failure)
-      for (const auto& e : entries_) {
-        try {
-          e.load(c, e.name);
-        } catch (...) {
-          c.fail();
+    for (const bool checking : {true, false}) {
+      c.checking = checking;
+      if (!c.failure)
+        for (const auto& e : entries_) {
+          try {
+            e.load(c, e.name);
+          } catch (const nlohmann::json::exception& x) {
+            if (!c.failure) c.failure = pdo::detail::captured_error{error_kind::io, c.where(e.name) + "its metadata is malformed: " + x.what()};
+          } catch (...) {
+            c.fail();
+          }
         }
-      }
-    agree(c.failure, "load", dir);
+      agree(c.failure, "load", dir);
+    }
   }
 
   /// @brief The metadata of the checkpoint in `dir` (an io_error when it is missing or not one).
@@ -19579,6 +19675,19 @@ class checkpoint {
     if (failed > 0)
       throw io_error(std::string("io: ") + op + " of " + dir.string() + ": process " + std::to_string(failed - 1) +
                      " failed (its error says why); nothing was " + (op[0] == 's' ? "replaced" : "loaded reliably"));
+  }
+
+  /// @brief An io_error unless `target` is absent, an empty directory or a checkpoint's: a
+  /// save replaces only a checkpoint (what it replaces is removed).
+  static void check_target(const std::filesystem::path& target) {
+    const auto st = std::filesystem::status(target);
+    if (!std::filesystem::exists(st)) return;
+    if (!std::filesystem::is_directory(st))
+      throw io_error("io: save: " + target.string() + " exists and is not a directory (a checkpoint is a directory); it was left as it is: " +
+                     "save to another path");
+    if (!std::filesystem::exists(target / "metadata.json") && !std::filesystem::is_empty(target))
+      throw io_error("io: save: " + target.string() + " is a directory that holds no pdo checkpoint (no metadata.json); a save replaces " +
+                     "only a checkpoint, so it was left as it is: save to another path, or empty it");
   }
 
   /// @brief `staged` becomes `target`; the checkpoint `target` held, if any, is removed.
@@ -19639,6 +19748,7 @@ class checkpoint {
   template <class T, std::size_t R>
   static void load_host(detail::load_context& c, const std::string& name, tensor<T, R>& t) {
     const auto meta = detail::tensor_entry(c, name, detail::stored_dtype<T>(), {t.shape().begin(), t.shape().end()});
+    if (c.checking) return;
     if (t.on_gpu()) {
       auto host = tensor<T, R>::on_host(t.shape());
       detail::read_region<T, R>(c.dir, meta, shape_t<R>{}, t.shape(), host.data(), c.options);
@@ -19688,6 +19798,7 @@ class checkpoint {
   template <class T, std::size_t R, class Mesh, class L>
   static void load_distributed(detail::load_context& c, const std::string& name, dtensor<T, R, Mesh, L>& x) {
     const auto meta = detail::tensor_entry(c, name, detail::stored_dtype<T>(), {x.shape().begin(), x.shape().end()});
+    if (c.checking) return;
     const Mesh& m = x.mesh();
     std::vector<std::optional<pdo::detail::captured_error>> failures(m.local_places().size());
     pdo::detail::run_on_places(
@@ -19785,6 +19896,7 @@ class checkpoint {
   static void load_blocks(detail::load_context& c, const std::string& name, const Mesh& m, const shape_t<R>& shape,
                           const std::function<held_block<T>(std::size_t)>& block) {
     const auto meta = detail::tensor_entry(c, name, detail::stored_dtype<T>(), {shape.begin(), shape.end()});
+    if (c.checking) return;
     std::vector<std::optional<pdo::detail::captured_error>> failures(m.local_places().size());
     pdo::detail::run_on_places(
         "io::load", m,
@@ -19884,10 +19996,12 @@ dtensor<T, R, Mesh, Layout> read(const std::filesystem::path& dir, const std::st
 // little-endian.
 
 
+#include <algorithm>
 #include <cctype>
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -20013,11 +20127,22 @@ tensor<T, R> load_npy(const std::filesystem::path& path) {
                    pdo::detail::format_extents(h.shape) + ", the tensor asked for has rank " + std::to_string(R));
   shape_t<R> shape{};
   std::copy(h.shape.begin(), h.shape.end(), shape.begin());
-  auto out = tensor<T, R>::on_host(shape);
-  const std::size_t need = h.data_offset + out.bytes();
-  if (f.size() != need)
+  // the file's size is checked against the header before anything is allocated (a damaged
+  // header may claim any shape)
+  const bool empty = std::find(h.shape.begin(), h.shape.end(), std::size_t{0}) != h.shape.end();
+  std::size_t bytes = empty ? 0 : sizeof(T);
+  bool overflow = false;
+  for (std::size_t e : h.shape) {
+    if (empty) break;
+    overflow = overflow || bytes > std::numeric_limits<std::size_t>::max() / e;
+    if (!overflow) bytes *= e;
+  }
+  overflow = overflow || bytes > std::numeric_limits<std::size_t>::max() - h.data_offset;
+  if (overflow || f.size() != h.data_offset + bytes)
     throw io_error("io: " + path.string() + ": " + std::to_string(f.size()) + " bytes, its header " + pdo::detail::format_extents(h.shape) +
-                   " needs " + std::to_string(need) + (f.size() < need ? " (truncated)" : ""));
+                   " needs " + (overflow ? std::string("more than memory can address") : std::to_string(h.data_offset + bytes)) +
+                   (overflow || f.size() < h.data_offset + bytes ? " (truncated, or a damaged header)" : ""));
+  auto out = tensor<T, R>::on_host(shape);
   f.read_at(out.data(), out.bytes(), h.data_offset);
   return out;
 }

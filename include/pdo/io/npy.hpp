@@ -6,10 +6,12 @@
 #include <pdo/io/file.hpp>
 #include <pdo/tensor/tensor.hpp>
 
+#include <algorithm>
 #include <cctype>
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -135,11 +137,22 @@ tensor<T, R> load_npy(const std::filesystem::path& path) {
                    pdo::detail::format_extents(h.shape) + ", the tensor asked for has rank " + std::to_string(R));
   shape_t<R> shape{};
   std::copy(h.shape.begin(), h.shape.end(), shape.begin());
-  auto out = tensor<T, R>::on_host(shape);
-  const std::size_t need = h.data_offset + out.bytes();
-  if (f.size() != need)
+  // the file's size is checked against the header before anything is allocated (a damaged
+  // header may claim any shape)
+  const bool empty = std::find(h.shape.begin(), h.shape.end(), std::size_t{0}) != h.shape.end();
+  std::size_t bytes = empty ? 0 : sizeof(T);
+  bool overflow = false;
+  for (std::size_t e : h.shape) {
+    if (empty) break;
+    overflow = overflow || bytes > std::numeric_limits<std::size_t>::max() / e;
+    if (!overflow) bytes *= e;
+  }
+  overflow = overflow || bytes > std::numeric_limits<std::size_t>::max() - h.data_offset;
+  if (overflow || f.size() != h.data_offset + bytes)
     throw io_error("io: " + path.string() + ": " + std::to_string(f.size()) + " bytes, its header " + pdo::detail::format_extents(h.shape) +
-                   " needs " + std::to_string(need) + (f.size() < need ? " (truncated)" : ""));
+                   " needs " + (overflow ? std::string("more than memory can address") : std::to_string(h.data_offset + bytes)) +
+                   (overflow || f.size() < h.data_offset + bytes ? " (truncated, or a damaged header)" : ""));
+  auto out = tensor<T, R>::on_host(shape);
   f.read_at(out.data(), out.bytes(), h.data_offset);
   return out;
 }
