@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -87,6 +88,13 @@ TEST_CASE("elementwise ops against naive loops", "[expr]") {
   // a fused chain equals the op-by-op evaluation
   const auto step = pdo::eval(a * b);
   CHECK(close(eval_checked(pdo::relu(a * b + pos)), eval_checked(pdo::relu(step + pos)), 0));
+  // integer division truncates; by 0 it gives 0 and lowest / -1 wraps, as NumPy's (not a crash)
+  pdo::tensor<int, 1> n({5}), d({5});
+  const int lowest = std::numeric_limits<int>::min();
+  const int ns[] = {7, -7, lowest, 5, 0}, ds[] = {0, 2, -1, -1, 0}, want[] = {0, -3, lowest, -5, 0};
+  for (std::size_t i = 0; i < 5; ++i) n(i) = ns[i], d(i) = ds[i];
+  const auto q = pdo::eval(n / d);
+  for (std::size_t i = 0; i < 5; ++i) CHECK(q(i) == want[i]);
 }
 
 TEST_CASE("broadcasting aligns trailing dims and stretches dims of extent 1", "[expr]") {

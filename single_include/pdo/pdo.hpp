@@ -10014,6 +10014,7 @@ class kernel_context {
 
 
 #include <cmath>
+#include <type_traits>
 #include <string_view>
 
 namespace pdo::op {
@@ -10209,9 +10210,18 @@ struct divide {
   static constexpr std::string_view name = "divide";
   /// @brief linearity::numerator: a partial numerator over a non-partial denominator stays partial.
   static constexpr linearity rule = linearity::numerator;
-  /// @brief Returns a / b (integers truncate; a zero b is not checked).
+  /// @brief Returns a / b. Integers truncate toward zero; as NumPy's, an integer divided by
+  /// zero gives 0 and the lowest signed value divided by -1 gives itself (the quotient wraps),
+  /// where C++ has no result (a crash on x86).
   template <class T>
-  PDO_HD static T apply(T a, T b) { return a / b; }
+  PDO_HD static T apply(T a, T b) {
+    if constexpr (std::is_integral_v<T>) {
+      if (b == T(0)) return T(0);
+      if constexpr (std::is_signed_v<T>)
+        if (b == T(-1)) return static_cast<T>(static_cast<std::make_unsigned_t<T>>(0) - static_cast<std::make_unsigned_t<T>>(a));
+    }
+    return a / b;
+  }
 };
 /// @brief maximum(a, b): the larger operand, NaN where either is NaN (as PyTorch's maximum).
 struct maximum {
