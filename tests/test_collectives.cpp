@@ -259,6 +259,47 @@ TEST_CASE("a place failing before a collective does not leave the others waiting
   CHECK(got[0] == std::vector<int>(3, 8));
 }
 
+TEST_CASE("a place whose task ends without joining a collective does not leave the others waiting", "[collectives][errors]") {
+  const auto mesh = pdo_test::line_mesh(3);
+  for (int round = 0; round < 20; ++round) {  // place 2 ends before the others arrive, or while they wait
+    try {
+      pdo::spmd(mesh, [&](std::size_t p) {
+        std::vector<float> v(4, 1.0f);
+        if (p != 2) pdo::communicator_of(mesh, p).all_reduce(std::span<float>(v));
+      });
+      FAIL("no error reached the caller");
+    } catch (const pdo::error& e) {
+      CHECK_THAT(std::string(e.what()), Catch::Contains("place cpu:2 ended without joining it"));
+    }
+    // the mesh works afterwards
+    std::vector<std::vector<int>> got(3, std::vector<int>(2, 1));
+    pdo::spmd(mesh, [&](std::size_t p) {
+      pdo::communicator_of(mesh, p).all_reduce(std::span<int>(got[p]));
+      pdo::communicator_along(mesh, 0, p).all_reduce(std::span<int>(got[p]));
+    });
+    CHECK(got[0] == std::vector<int>(2, 9));
+    CHECK(got[2] == std::vector<int>(2, 9));
+  }
+}
+
+TEST_CASE("on a 2x2 mesh, places outside a group may end while the group's members run its collectives", "[collectives]") {
+  const auto mesh = pdo_test::grid_mesh(2, 2);
+  for (int round = 0; round < 20; ++round) {
+    std::vector<std::vector<int>> got(4, std::vector<int>(2, 0));
+    pdo::spmd(mesh, [&](std::size_t p) {
+      if (mesh.coord(p, 0) != 0) return;  // only the first row reduces, along axis 1
+      got[p] = {static_cast<int>(p) + 1, 1};
+      for (int i = 0; i < 3; ++i) pdo::communicator_along(mesh, 1, p).all_reduce(std::span<int>(got[p]));
+    });
+    for (std::size_t p = 0; p < 4; ++p) {
+      if (mesh.coord(p, 0) != 0) continue;
+      int first = 0;
+      for (auto q : mesh.group(1, p)) first += static_cast<int>(q) + 1;
+      CHECK(got[p] == std::vector<int>{first * 4, 8});
+    }
+  }
+}
+
 TEST_CASE("send/recv with different sizes fails on both sides", "[collectives][errors]") {
   const auto mesh = pdo_test::line_mesh(2);
   REQUIRE_THROWS_WITH(pdo::spmd(mesh,

@@ -715,6 +715,7 @@ struct captured_error {
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <mutex>
 #include <string>
 #include <thread>
 
@@ -762,14 +763,24 @@ class group_barrier {
     if ((now & ~aborted_bit) == clean) throw_aborted();  // woken by abort(), not by the last arrival
   }
 
-  /// @brief Wakes abortable waiters, now and until reset(), with pdo::collective_aborted.
-  void abort() {
+  /// @brief Wakes abortable waiters, now and until reset(), with pdo::collective_aborted
+  /// saying `why` (the first reason given since the last reset; by default, that another
+  /// place of the group failed).
+  void abort(std::string why = {}) {
+    {
+      std::lock_guard lock(why_mutex_);
+      if (why_.empty()) why_ = std::move(why);
+    }
     phase_.fetch_or(aborted_bit, std::memory_order_release);
     phase_.notify_all();
   }
   /// @brief Makes the barrier usable again; call only when no thread is inside it.
   void reset() {
     arrived_.store(0, std::memory_order_relaxed);
+    {
+      std::lock_guard lock(why_mutex_);
+      why_.clear();
+    }
     phase_.fetch_and(~aborted_bit, std::memory_order_release);
   }
   [[nodiscard]] bool aborted() const { return (phase_.load(std::memory_order_acquire) & aborted_bit) != 0; }
@@ -782,14 +793,21 @@ class group_barrier {
   static bool done(std::uint32_t now, std::uint32_t clean, bool abortable) {
     return (now & ~aborted_bit) != clean || (abortable && (now & aborted_bit));
   }
-  [[noreturn]] static void throw_aborted() {
-    throw collective_aborted("collective aborted: another place of the group failed");
+  [[noreturn]] void throw_aborted() {
+    std::string why;
+    {
+      std::lock_guard lock(why_mutex_);
+      why = why_;
+    }
+    throw collective_aborted(why.empty() ? "collective aborted: another place of the group failed" : why);
   }
 
   const std::uint32_t count_;
   const int spin_limit_;  ///< spin only while every member can have a core of its own
   std::atomic<std::uint32_t> arrived_{0};
   std::atomic<std::uint32_t> phase_{0};
+  std::mutex why_mutex_;
+  std::string why_;  ///< why it was aborted, when not a failure
 };
 
 /// @brief The closing barrier of a collective, as a scope: it is passed when the scope
@@ -1126,6 +1144,15 @@ class local_group {
     mail_aborted_ = true;
     mail_ready_.notify_all();
   }
+  /// @brief Member `member`'s task has ended: a collective of the group can no longer
+  /// complete, so the members waiting in one, or entering one, get pdo::collective_aborted
+  /// saying so, until reopen() (messages between the others go on).
+  void leave(std::size_t member, const std::string& task) {
+    barrier_.abort("collective aborted: the " + task + " of place " + names_[member] + " ended without joining it (every member of a "
+                   "group must make the same collectives)");
+  }
+  /// @brief After leave(): the collectives are usable again (call once no member is inside one).
+  void reopen() { barrier_.reset(); }
   /// @brief Makes the group usable again once no member is inside a collective.
   void reset() {
     barrier_.reset();
@@ -5395,6 +5422,7 @@ struct mesh_comms {
   std::shared_ptr<any_group> whole_host;
   std::vector<std::vector<std::shared_ptr<any_group>>> lines;
   std::vector<std::vector<std::size_t>> line_of;
+  std::vector<std::vector<std::size_t>> member_in_line;  ///< [a][p]: p's member index in its group along a (its coordinate)
 
   /// @brief Wakes every place blocked in a collective of this mesh with an error.
   void abort() {
@@ -5402,6 +5430,27 @@ struct mesh_comms {
   }
   void reset() {
     for_each_group([](any_group& g) { g.reset(); });
+  }
+  /// @brief The task of place `p` (`task`: "spmd task", say) has ended: the collectives of
+  /// the groups of this process it belongs to cannot complete any more, so their other
+  /// members get an error instead of waiting for it forever (local_group::leave), until
+  /// rejoin().
+  void left(std::size_t p, const std::string& task) {
+    auto leave = [&](any_group& g, std::size_t member) {
+      if (auto* local = std::get_if<std::shared_ptr<local_group>>(&g.impl)) (*local)->leave(member, task);
+    };
+    if (whole) leave(*whole, p);
+    if (whole_host && whole_host != whole) leave(*whole_host, p);
+    for (std::size_t a = 0; a < lines.size(); ++a) {
+      const std::size_t line = line_of[a][p];
+      if (line < lines[a].size() && lines[a][line]) leave(*lines[a][line], member_in_line[a][p]);
+    }
+  }
+  /// @brief After left(): the collectives are usable again (once no task of the mesh is in one).
+  void rejoin() {
+    for_each_group([](any_group& g) {
+      if (auto* local = std::get_if<std::shared_ptr<local_group>>(&g.impl)) (*local)->reopen();
+    });
   }
   /// @brief Calls `f` on every group with members in this process.
   template <class F>
@@ -5483,12 +5532,16 @@ PDO_NOINLINE inline mesh_comms& comms_of_state(mesh_state& state) {
     if (comms->whole_host) comms->whole_host->label = "the whole " + name + " (host)";
     comms->lines.resize(ndim);
     comms->line_of.assign(ndim, std::vector<std::size_t>(size));
+    comms->member_in_line.assign(ndim, std::vector<std::size_t>(size));
     for (std::size_t a = 0; a < ndim; ++a) {
       std::vector<std::vector<std::size_t>> line_members;
       for (std::size_t p = 0; p < size; ++p) {
         if (grid_coord(state.extents, p, a) != 0) continue;
         const auto members = grid_group(state.extents, a, p);
-        for (auto q : members) comms->line_of[a][q] = line_members.size();
+        for (std::size_t i = 0; i < members.size(); ++i) {
+          comms->line_of[a][members[i]] = line_members.size();
+          comms->member_in_line[a][members[i]] = i;
+        }
         line_members.push_back(members);
       }
       std::vector<nccl_comms> line_nccl(line_members.size());
@@ -6071,12 +6124,16 @@ struct place_batch {
         end_job(current_place()->name + ": " + failures[k]->message);
       }
     }
+    // a task that ended has made all its collectives: the others of its groups, waiting in
+    // one or entering one, would wait for it forever (in one process; MPI's watch times out)
+    if (closing && !failures[k]) comms->left(p, "task");
     if (closing && arrived.fetch_add(1, std::memory_order_acq_rel) + 1 == failures.size()) {
       // the last of the operation's tasks: the others are past their collectives, and no
       // later operation's task starts before this one ends
       bool failed = false;
       for (const auto& f : failures) failed = failed || f.has_value();
       if (failed) comms->reset();
+      else comms->rejoin();
     }
     // the caller may go on now: nothing below touches the mesh, the caller's task or its results
     done.fetch_add(1, std::memory_order_acq_rel);

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <mutex>
 #include <string>
 #include <thread>
 
@@ -54,14 +55,24 @@ class group_barrier {
     if ((now & ~aborted_bit) == clean) throw_aborted();  // woken by abort(), not by the last arrival
   }
 
-  /// @brief Wakes abortable waiters, now and until reset(), with pdo::collective_aborted.
-  void abort() {
+  /// @brief Wakes abortable waiters, now and until reset(), with pdo::collective_aborted
+  /// saying `why` (the first reason given since the last reset; by default, that another
+  /// place of the group failed).
+  void abort(std::string why = {}) {
+    {
+      std::lock_guard lock(why_mutex_);
+      if (why_.empty()) why_ = std::move(why);
+    }
     phase_.fetch_or(aborted_bit, std::memory_order_release);
     phase_.notify_all();
   }
   /// @brief Makes the barrier usable again; call only when no thread is inside it.
   void reset() {
     arrived_.store(0, std::memory_order_relaxed);
+    {
+      std::lock_guard lock(why_mutex_);
+      why_.clear();
+    }
     phase_.fetch_and(~aborted_bit, std::memory_order_release);
   }
   [[nodiscard]] bool aborted() const { return (phase_.load(std::memory_order_acquire) & aborted_bit) != 0; }
@@ -74,14 +85,21 @@ class group_barrier {
   static bool done(std::uint32_t now, std::uint32_t clean, bool abortable) {
     return (now & ~aborted_bit) != clean || (abortable && (now & aborted_bit));
   }
-  [[noreturn]] static void throw_aborted() {
-    throw collective_aborted("collective aborted: another place of the group failed");
+  [[noreturn]] void throw_aborted() {
+    std::string why;
+    {
+      std::lock_guard lock(why_mutex_);
+      why = why_;
+    }
+    throw collective_aborted(why.empty() ? "collective aborted: another place of the group failed" : why);
   }
 
   const std::uint32_t count_;
   const int spin_limit_;  ///< spin only while every member can have a core of its own
   std::atomic<std::uint32_t> arrived_{0};
   std::atomic<std::uint32_t> phase_{0};
+  std::mutex why_mutex_;
+  std::string why_;  ///< why it was aborted, when not a failure
 };
 
 /// @brief The closing barrier of a collective, as a scope: it is passed when the scope

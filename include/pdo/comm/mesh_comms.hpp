@@ -66,6 +66,7 @@ struct mesh_comms {
   std::shared_ptr<any_group> whole_host;
   std::vector<std::vector<std::shared_ptr<any_group>>> lines;
   std::vector<std::vector<std::size_t>> line_of;
+  std::vector<std::vector<std::size_t>> member_in_line;  ///< [a][p]: p's member index in its group along a (its coordinate)
 
   /// @brief Wakes every place blocked in a collective of this mesh with an error.
   void abort() {
@@ -73,6 +74,27 @@ struct mesh_comms {
   }
   void reset() {
     for_each_group([](any_group& g) { g.reset(); });
+  }
+  /// @brief The task of place `p` (`task`: "spmd task", say) has ended: the collectives of
+  /// the groups of this process it belongs to cannot complete any more, so their other
+  /// members get an error instead of waiting for it forever (local_group::leave), until
+  /// rejoin().
+  void left(std::size_t p, const std::string& task) {
+    auto leave = [&](any_group& g, std::size_t member) {
+      if (auto* local = std::get_if<std::shared_ptr<local_group>>(&g.impl)) (*local)->leave(member, task);
+    };
+    if (whole) leave(*whole, p);
+    if (whole_host && whole_host != whole) leave(*whole_host, p);
+    for (std::size_t a = 0; a < lines.size(); ++a) {
+      const std::size_t line = line_of[a][p];
+      if (line < lines[a].size() && lines[a][line]) leave(*lines[a][line], member_in_line[a][p]);
+    }
+  }
+  /// @brief After left(): the collectives are usable again (once no task of the mesh is in one).
+  void rejoin() {
+    for_each_group([](any_group& g) {
+      if (auto* local = std::get_if<std::shared_ptr<local_group>>(&g.impl)) (*local)->reopen();
+    });
   }
   /// @brief Calls `f` on every group with members in this process.
   template <class F>
@@ -154,12 +176,16 @@ PDO_NOINLINE inline mesh_comms& comms_of_state(mesh_state& state) {
     if (comms->whole_host) comms->whole_host->label = "the whole " + name + " (host)";
     comms->lines.resize(ndim);
     comms->line_of.assign(ndim, std::vector<std::size_t>(size));
+    comms->member_in_line.assign(ndim, std::vector<std::size_t>(size));
     for (std::size_t a = 0; a < ndim; ++a) {
       std::vector<std::vector<std::size_t>> line_members;
       for (std::size_t p = 0; p < size; ++p) {
         if (grid_coord(state.extents, p, a) != 0) continue;
         const auto members = grid_group(state.extents, a, p);
-        for (auto q : members) comms->line_of[a][q] = line_members.size();
+        for (std::size_t i = 0; i < members.size(); ++i) {
+          comms->line_of[a][members[i]] = line_members.size();
+          comms->member_in_line[a][members[i]] = i;
+        }
         line_members.push_back(members);
       }
       std::vector<nccl_comms> line_nccl(line_members.size());

@@ -151,12 +151,16 @@ struct place_batch {
         end_job(current_place()->name + ": " + failures[k]->message);
       }
     }
+    // a task that ended has made all its collectives: the others of its groups, waiting in
+    // one or entering one, would wait for it forever (in one process; MPI's watch times out)
+    if (closing && !failures[k]) comms->left(p, "task");
     if (closing && arrived.fetch_add(1, std::memory_order_acq_rel) + 1 == failures.size()) {
       // the last of the operation's tasks: the others are past their collectives, and no
       // later operation's task starts before this one ends
       bool failed = false;
       for (const auto& f : failures) failed = failed || f.has_value();
       if (failed) comms->reset();
+      else comms->rejoin();
     }
     // the caller may go on now: nothing below touches the mesh, the caller's task or its results
     done.fetch_add(1, std::memory_order_acq_rel);

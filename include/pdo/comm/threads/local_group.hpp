@@ -173,6 +173,15 @@ class local_group {
     mail_aborted_ = true;
     mail_ready_.notify_all();
   }
+  /// @brief Member `member`'s task has ended: a collective of the group can no longer
+  /// complete, so the members waiting in one, or entering one, get pdo::collective_aborted
+  /// saying so, until reopen() (messages between the others go on).
+  void leave(std::size_t member, const std::string& task) {
+    barrier_.abort("collective aborted: the " + task + " of place " + names_[member] + " ended without joining it (every member of a "
+                   "group must make the same collectives)");
+  }
+  /// @brief After leave(): the collectives are usable again (call once no member is inside one).
+  void reopen() { barrier_.reset(); }
   /// @brief Makes the group usable again once no member is inside a collective.
   void reset() {
     barrier_.reset();
