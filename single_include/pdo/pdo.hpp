@@ -12563,11 +12563,21 @@ dtensor<T, Rank, Mesh, To> redistribute(const dtensor<T, Rank, Mesh, From>& x) {
 namespace detail {
 
 /// @brief `x` with its partial axes summed (an all_reduce over each, shard by shard: no
-/// place holds more than its shard), or `x` itself when it has none; then `f` of it.
+/// place holds more than its shard), or `x` itself when it has none; then `f` of it. A
+/// failure of the sum is an error of `op` (the operation that asked for it).
 template <class T, std::size_t Rank, class Mesh, class Layout, class F>
-decltype(auto) with_sums_done(const dtensor<T, Rank, Mesh, Layout>& x, F&& f) {
-  if constexpr (value_of<Layout>().npartial > 0) return f(redistribute<typename Layout::base>(x));
-  else return f(x);
+decltype(auto) with_sums_done(const char* op, const dtensor<T, Rank, Mesh, Layout>& x, F&& f) {
+  if constexpr (value_of<Layout>().npartial > 0) {
+    std::optional<dtensor<T, Rank, Mesh, typename Layout::base>> whole;
+    try {
+      whole.emplace(redistribute<typename Layout::base>(x));
+    } catch (const error&) {
+      captured_error::current().rethrow_with_context(std::string(op) + ": ");
+    }
+    return f(*whole);
+  } else {
+    return f(x);
+  }
 }
 
 /// @brief The blocks of `x` (no partial axes) that places of this process hold, written
@@ -12633,7 +12643,7 @@ tensor<T, Rank> gather(const dtensor<T, Rank, Mesh, Layout>& x) {
   const Mesh& m = x.mesh();
   detail::comms_of(m);  // built by every process, those without places too
   if (m.local_places().empty()) throw layout_error("gather: " + x.describe() + ": this process holds no place of the mesh");
-  return detail::with_sums_done(x, [&](const auto& whole) {
+  return detail::with_sums_done("gather", x, [&](const auto& whole) {
     auto out = tensor<T, Rank>::on_host(x.shape());
     detail::write_local_blocks(whole, out, "gather");
     if (m.is_multiprocess()) detail::move_remote_blocks(whole, &out, 0, true, "gather");
@@ -12656,7 +12666,7 @@ std::optional<tensor<T, Rank>> gather_to(const dtensor<T, Rank, Mesh, Layout>& x
   if (to == m.size())
     throw layout_error("gather_to: " + x.describe() + ": process " + std::to_string(root) + " holds no place of the mesh");
   const auto& local = m.local_places();
-  return detail::with_sums_done(x, [&](const auto& whole) -> std::optional<tensor<T, Rank>> {
+  return detail::with_sums_done("gather_to", x, [&](const auto& whole) -> std::optional<tensor<T, Rank>> {
     if (local.empty()) return std::nullopt;
     const bool is_root = m.place(local.front()).process() == root;
     std::optional<tensor<T, Rank>> out;
@@ -19827,7 +19837,7 @@ class checkpoint {
 
   template <class T, std::size_t R, class Mesh, class L>
   static void save_distributed(detail::save_context& c, const std::string& name, const dtensor<T, R, Mesh, L>& x) {
-    pdo::detail::with_sums_done(x, [&](const auto& whole) {
+    pdo::detail::with_sums_done("io::save", x, [&](const auto& whole) {
       const Mesh& m = whole.mesh();
       constexpr pdo::detail::layout_value v = std::remove_cvref_t<decltype(whole)>::layout_value;
       auto j = tensor_json<T, R>(x.shape());

@@ -785,7 +785,7 @@ class checkpoint {
 
   template <class T, std::size_t R, class Mesh, class L>
   static void save_distributed(detail::save_context& c, const std::string& name, const dtensor<T, R, Mesh, L>& x) {
-    pdo::detail::with_sums_done(x, [&](const auto& whole) {
+    pdo::detail::with_sums_done("io::save", x, [&](const auto& whole) {
       const Mesh& m = whole.mesh();
       constexpr pdo::detail::layout_value v = std::remove_cvref_t<decltype(whole)>::layout_value;
       auto j = tensor_json<T, R>(x.shape());
