@@ -247,6 +247,37 @@ TEST_CASE("an evaluation runs its plan's steps as tasks: kernels on compute lane
   }
 }
 
+TEST_CASE("a task that started before the trace did is left out, and so are the spans inside it", "[engine][trace]") {
+  const auto mesh = pdo_test::line_mesh(1);
+  const auto x = pdo::distribute<pdo::layout<split<"x">>>(mesh, pdo_test::random_tensor<double, 1>({64}, 3));
+  std::atomic<bool> started{false}, go{false};
+  std::thread host([&] {
+    (void)pdo::parallel_do<pdo::layout<split<"x">>>(
+        [&](const pdo::tensor<double, 1>& s) {
+          started = true;
+          while (!go.load()) std::this_thread::yield();
+          pdo::tensor<double, 1> out(s.shape());
+          pdo::detail::copy_bytes(nullptr, out.data(), nullptr, s.data(), s.bytes());  // a span inside the task
+          return out;
+        },
+        x);
+  });
+  while (!started.load()) std::this_thread::yield();
+  pdo::trace::start();
+  go = true;
+  host.join();
+  // a copy made now, outside any task, is recorded
+  pdo::tensor<double, 1> a({4}), b({4});
+  pdo::detail::copy_bytes(nullptr, b.data(), nullptr, a.data(), a.bytes());
+  pdo::trace::stop();
+  std::size_t copies = 0;
+  for (const auto& e : pdo::detail::trace_recorder::instance().events()) {
+    CHECK(std::string(e.name) != "parallel_do");
+    copies += std::string(e.category) == "copy" ? 1 : 0;
+  }
+  CHECK(copies == 1);
+}
+
 namespace {
 
 using grid = pdo::mesh<"x">;

@@ -64,13 +64,20 @@ inline const timeline_track* track_of_this_thread() {
   return &own;
 }
 
+/// @brief Whether the calling thread runs a task that started before the timeline recorded:
+/// the spans inside it are not recorded either (a span is shown inside its task).
+inline bool& in_untraced_task() {
+  thread_local bool untraced = false;
+  return untraced;
+}
+
 /// @brief Records the interval from its construction to its end, while the timeline records:
 /// `describe()` (the detail) is called only then.
 class timeline_span {
  public:
   template <class Describe>
   timeline_span(const char* category, const char* name, Describe&& describe) {
-    if (!timeline_on()) return;
+    if (!timeline_on() || in_untraced_task()) return;
     event_ = std::make_unique<timeline_event>();
     auto& e = *event_;
     e.category = category;
@@ -95,7 +102,7 @@ class timeline_span {
 template <class Describe>
 void timeline_instant(const char* category, std::string name, Describe&& describe) {
   timeline_sink* sink = timeline().load(std::memory_order_acquire);
-  if (sink == nullptr) return;
+  if (sink == nullptr || in_untraced_task()) return;
   timeline_event e;
   e.category = category;
   e.name = std::move(name);

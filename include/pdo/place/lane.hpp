@@ -480,11 +480,14 @@ class alignas(64) lane {
       std::optional<captured_error> cause;
       if (cancelled) cause = cancellation_of(*t);
       cancelled_by() = cause ? &*cause : nullptr;
+      const bool outer_untraced = in_untraced_task();
+      in_untraced_task() = !traced;
       try {
         t->fn();
       } catch (...) {
         if (!cancelled) failure = captured_error::current();
       }
+      in_untraced_task() = outer_untraced;
       cancelled_by() = nullptr;
       if (cancelled) failure = t->error;
     }
