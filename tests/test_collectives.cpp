@@ -268,7 +268,7 @@ TEST_CASE("a place whose task ends without joining a collective does not leave t
         if (p != 2) pdo::communicator_of(mesh, p).all_reduce(std::span<float>(v));
       });
       FAIL("no error reached the caller");
-    } catch (const pdo::error& e) {
+    } catch (const pdo::mismatch_error& e) {  // the members did not make the same collectives
       CHECK_THAT(std::string(e.what()), Catch::Contains("place cpu:2 ended without joining it"));
     }
     // the mesh works afterwards
@@ -279,6 +279,23 @@ TEST_CASE("a place whose task ends without joining a collective does not leave t
     });
     CHECK(got[0] == std::vector<int>(2, 9));
     CHECK(got[2] == std::vector<int>(2, 9));
+  }
+}
+
+TEST_CASE("a skipped collective on a 2x2 mesh is reported as the skip, not as the others it aborted", "[collectives][errors]") {
+  const auto mesh = pdo_test::grid_mesh(2, 2);
+  for (int round = 0; round < 20; ++round) {
+    try {
+      pdo::spmd(mesh, [&](std::size_t p) {
+        std::vector<int> v(2, 1);
+        // every place reduces along axis 1; then along axis 0, which the last place skips
+        pdo::communicator_along(mesh, 1, p).all_reduce(std::span<int>(v));
+        if (p != 3) pdo::communicator_along(mesh, 0, p).all_reduce(std::span<int>(v));
+      });
+      FAIL("no error reached the caller");
+    } catch (const pdo::mismatch_error& e) {
+      CHECK_THAT(std::string(e.what()), Catch::Contains("place cpu:3 ended without joining it"));
+    }
   }
 }
 

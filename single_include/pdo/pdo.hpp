@@ -770,13 +770,18 @@ class group_barrier {
     if ((now & ~aborted_bit) == clean) throw_aborted();  // woken by abort(), not by the last arrival
   }
 
-  /// @brief Wakes abortable waiters, now and until reset(), with pdo::collective_aborted
-  /// saying `why` (the first reason given since the last reset; by default, that another
-  /// place of the group failed).
-  void abort(std::string why = {}) {
+  /// @brief Wakes abortable waiters, now and until reset(), with an error saying why (the
+  /// first abort's since the last reset): by default pdo::collective_aborted, "another place
+  /// of the group failed" (an echo of that failure); with `why` and `cause`, a
+  /// pdo::mismatch_error saying `why` (the members did not make the same collectives).
+  void abort(std::string why = {}, bool cause = false) {
     {
       std::lock_guard lock(why_mutex_);
-      if (why_.empty()) why_ = std::move(why);
+      if (!claimed_) {
+        claimed_ = true;
+        why_ = std::move(why);
+        cause_ = cause && !why_.empty();
+      }
     }
     phase_.fetch_or(aborted_bit, std::memory_order_release);
     phase_.notify_all();
@@ -786,6 +791,8 @@ class group_barrier {
     arrived_.store(0, std::memory_order_relaxed);
     {
       std::lock_guard lock(why_mutex_);
+      claimed_ = false;
+      cause_ = false;
       why_.clear();
     }
     phase_.fetch_and(~aborted_bit, std::memory_order_release);
@@ -802,10 +809,13 @@ class group_barrier {
   }
   [[noreturn]] void throw_aborted() {
     std::string why;
+    bool cause = false;
     {
       std::lock_guard lock(why_mutex_);
       why = why_;
+      cause = cause_;
     }
+    if (cause) throw mismatch_error(why);
     throw collective_aborted(why.empty() ? "collective aborted: another place of the group failed" : why);
   }
 
@@ -814,7 +824,9 @@ class group_barrier {
   std::atomic<std::uint32_t> arrived_{0};
   std::atomic<std::uint32_t> phase_{0};
   std::mutex why_mutex_;
-  std::string why_;  ///< why it was aborted, when not a failure
+  bool claimed_ = false;  ///< aborted since the last reset: why_ and cause_ say why
+  bool cause_ = false;    ///< the abort is a cause (a mismatch), not the echo of a failure
+  std::string why_;       ///< empty: another place of the group failed
 };
 
 /// @brief The closing barrier of a collective, as a scope: it is passed when the scope
@@ -1152,11 +1164,12 @@ class local_group {
     mail_ready_.notify_all();
   }
   /// @brief Member `member`'s task has ended: a collective of the group can no longer
-  /// complete, so the members waiting in one, or entering one, get pdo::collective_aborted
+  /// complete, so the members waiting in one, or entering one, get pdo::mismatch_error
   /// saying so, until reopen() (messages between the others go on).
   void leave(std::size_t member, const std::string& task) {
     barrier_.abort("collective aborted: the " + task + " of place " + names_[member] + " ended without joining it (every member of a "
-                   "group must make the same collectives)");
+                   "group must make the same collectives)",
+                   true);
   }
   /// @brief After leave(): the collectives are usable again (call once no member is inside one).
   void reopen() { barrier_.reset(); }
@@ -5441,26 +5454,26 @@ struct mesh_comms {
   void reset() {
     for_each_group([](any_group& g) { g.reset(); });
   }
-  /// @brief The task of place `p` (`task`: "spmd task", say) has ended: the collectives of
-  /// the groups of this process it belongs to cannot complete any more, so their other
-  /// members get an error instead of waiting for it forever (local_group::leave), until
-  /// rejoin().
+  /// @brief Whether every group is the threads backend's (a mesh of CPU places in this
+  /// process): then whole_host is the same local_group as whole.
+  [[nodiscard]] bool all_threads() const { return whole && std::holds_alternative<std::shared_ptr<local_group>>(whole->impl); }
+  /// @brief The task of place `p` (`task`: "spmd task", say) has ended: on a mesh of CPU
+  /// places in this process, the collectives of its groups cannot complete any more, so
+  /// their other members get an error instead of waiting for it forever
+  /// (local_group::leave), until rejoin(). Nothing on other meshes.
   void left(std::size_t p, const std::string& task) {
-    auto leave = [&](any_group& g, std::size_t member) {
-      if (auto* local = std::get_if<std::shared_ptr<local_group>>(&g.impl)) (*local)->leave(member, task);
-    };
-    if (whole) leave(*whole, p);
-    if (whole_host && whole_host != whole) leave(*whole_host, p);
+    if (!all_threads()) return;
+    std::get<std::shared_ptr<local_group>>(whole->impl)->leave(p, task);
     for (std::size_t a = 0; a < lines.size(); ++a) {
       const std::size_t line = line_of[a][p];
-      if (line < lines[a].size() && lines[a][line]) leave(*lines[a][line], member_in_line[a][p]);
+      if (line < lines[a].size() && lines[a][line])
+        std::get<std::shared_ptr<local_group>>(lines[a][line]->impl)->leave(member_in_line[a][p], task);
     }
   }
   /// @brief After left(): the collectives are usable again (once no task of the mesh is in one).
   void rejoin() {
-    for_each_group([](any_group& g) {
-      if (auto* local = std::get_if<std::shared_ptr<local_group>>(&g.impl)) (*local)->reopen();
-    });
+    if (!all_threads()) return;
+    for_each_group([](any_group& g) { std::get<std::shared_ptr<local_group>>(g.impl)->reopen(); });
   }
   /// @brief Calls `f` on every group with members in this process.
   template <class F>

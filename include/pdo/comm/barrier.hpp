@@ -55,13 +55,18 @@ class group_barrier {
     if ((now & ~aborted_bit) == clean) throw_aborted();  // woken by abort(), not by the last arrival
   }
 
-  /// @brief Wakes abortable waiters, now and until reset(), with pdo::collective_aborted
-  /// saying `why` (the first reason given since the last reset; by default, that another
-  /// place of the group failed).
-  void abort(std::string why = {}) {
+  /// @brief Wakes abortable waiters, now and until reset(), with an error saying why (the
+  /// first abort's since the last reset): by default pdo::collective_aborted, "another place
+  /// of the group failed" (an echo of that failure); with `why` and `cause`, a
+  /// pdo::mismatch_error saying `why` (the members did not make the same collectives).
+  void abort(std::string why = {}, bool cause = false) {
     {
       std::lock_guard lock(why_mutex_);
-      if (why_.empty()) why_ = std::move(why);
+      if (!claimed_) {
+        claimed_ = true;
+        why_ = std::move(why);
+        cause_ = cause && !why_.empty();
+      }
     }
     phase_.fetch_or(aborted_bit, std::memory_order_release);
     phase_.notify_all();
@@ -71,6 +76,8 @@ class group_barrier {
     arrived_.store(0, std::memory_order_relaxed);
     {
       std::lock_guard lock(why_mutex_);
+      claimed_ = false;
+      cause_ = false;
       why_.clear();
     }
     phase_.fetch_and(~aborted_bit, std::memory_order_release);
@@ -87,10 +94,13 @@ class group_barrier {
   }
   [[noreturn]] void throw_aborted() {
     std::string why;
+    bool cause = false;
     {
       std::lock_guard lock(why_mutex_);
       why = why_;
+      cause = cause_;
     }
+    if (cause) throw mismatch_error(why);
     throw collective_aborted(why.empty() ? "collective aborted: another place of the group failed" : why);
   }
 
@@ -99,7 +109,9 @@ class group_barrier {
   std::atomic<std::uint32_t> arrived_{0};
   std::atomic<std::uint32_t> phase_{0};
   std::mutex why_mutex_;
-  std::string why_;  ///< why it was aborted, when not a failure
+  bool claimed_ = false;  ///< aborted since the last reset: why_ and cause_ say why
+  bool cause_ = false;    ///< the abort is a cause (a mismatch), not the echo of a failure
+  std::string why_;       ///< empty: another place of the group failed
 };
 
 /// @brief The closing barrier of a collective, as a scope: it is passed when the scope

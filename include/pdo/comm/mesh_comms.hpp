@@ -75,26 +75,26 @@ struct mesh_comms {
   void reset() {
     for_each_group([](any_group& g) { g.reset(); });
   }
-  /// @brief The task of place `p` (`task`: "spmd task", say) has ended: the collectives of
-  /// the groups of this process it belongs to cannot complete any more, so their other
-  /// members get an error instead of waiting for it forever (local_group::leave), until
-  /// rejoin().
+  /// @brief Whether every group is the threads backend's (a mesh of CPU places in this
+  /// process): then whole_host is the same local_group as whole.
+  [[nodiscard]] bool all_threads() const { return whole && std::holds_alternative<std::shared_ptr<local_group>>(whole->impl); }
+  /// @brief The task of place `p` (`task`: "spmd task", say) has ended: on a mesh of CPU
+  /// places in this process, the collectives of its groups cannot complete any more, so
+  /// their other members get an error instead of waiting for it forever
+  /// (local_group::leave), until rejoin(). Nothing on other meshes.
   void left(std::size_t p, const std::string& task) {
-    auto leave = [&](any_group& g, std::size_t member) {
-      if (auto* local = std::get_if<std::shared_ptr<local_group>>(&g.impl)) (*local)->leave(member, task);
-    };
-    if (whole) leave(*whole, p);
-    if (whole_host && whole_host != whole) leave(*whole_host, p);
+    if (!all_threads()) return;
+    std::get<std::shared_ptr<local_group>>(whole->impl)->leave(p, task);
     for (std::size_t a = 0; a < lines.size(); ++a) {
       const std::size_t line = line_of[a][p];
-      if (line < lines[a].size() && lines[a][line]) leave(*lines[a][line], member_in_line[a][p]);
+      if (line < lines[a].size() && lines[a][line])
+        std::get<std::shared_ptr<local_group>>(lines[a][line]->impl)->leave(member_in_line[a][p], task);
     }
   }
   /// @brief After left(): the collectives are usable again (once no task of the mesh is in one).
   void rejoin() {
-    for_each_group([](any_group& g) {
-      if (auto* local = std::get_if<std::shared_ptr<local_group>>(&g.impl)) (*local)->reopen();
-    });
+    if (!all_threads()) return;
+    for_each_group([](any_group& g) { std::get<std::shared_ptr<local_group>>(g.impl)->reopen(); });
   }
   /// @brief Calls `f` on every group with members in this process.
   template <class F>

@@ -174,11 +174,12 @@ class local_group {
     mail_ready_.notify_all();
   }
   /// @brief Member `member`'s task has ended: a collective of the group can no longer
-  /// complete, so the members waiting in one, or entering one, get pdo::collective_aborted
+  /// complete, so the members waiting in one, or entering one, get pdo::mismatch_error
   /// saying so, until reopen() (messages between the others go on).
   void leave(std::size_t member, const std::string& task) {
     barrier_.abort("collective aborted: the " + task + " of place " + names_[member] + " ended without joining it (every member of a "
-                   "group must make the same collectives)");
+                   "group must make the same collectives)",
+                   true);
   }
   /// @brief After leave(): the collectives are usable again (call once no member is inside one).
   void reopen() { barrier_.reset(); }
