@@ -212,6 +212,10 @@ TEST_CASE("checkpoints: a save replaces only a checkpoint; a failed save or load
   pdo::io::save(tmp.path / "empty", c);
   pdo::io::save(tmp.path / "empty", c);
   CHECK(pdo_test::equal(pdo::io::read<float, 2>(tmp.path / "empty", "t"), t));
+  // a path with a trailing separator names the same checkpoint
+  pdo::io::save((tmp.path / "slash").string() + "/", c);
+  CHECK(pdo_test::equal(pdo::io::read<float, 2>(tmp.path / "slash", "t"), t));
+  fs::remove_all(tmp.path / "slash");
 
   // text that is not UTF-8 is an error naming the entry, before anything replaces the old checkpoint
   std::string bytes = "ok\xff\xfe";

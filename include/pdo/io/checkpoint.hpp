@@ -564,7 +564,8 @@ class checkpoint {
     c.options = o;
     c.writer = writer_;
     c.max_over_processes = agree_;
-    const std::filesystem::path target = std::filesystem::absolute(dir).lexically_normal();
+    std::filesystem::path target = std::filesystem::absolute(dir).lexically_normal();
+    if (!target.has_filename()) target = target.parent_path();  // "ckpt/" is "ckpt"
     c.dir = target;
     c.dir += ".partial";
     // a failure after the staging directory was made removes it (every process has stopped writing by then)
@@ -727,7 +728,11 @@ class checkpoint {
         std::filesystem::rename(target, old, ec);
         if (ec) throw io_error("io: save: cannot move the old checkpoint " + target.string() + " aside: " + ec.message());
         std::filesystem::rename(staged, target, ec);
-        if (ec) throw io_error("io: save: cannot rename " + staged.string() + " to " + target.string() + ": " + ec.message());
+        if (ec) {
+          std::error_code back;
+          std::filesystem::rename(old, target, back);  // the old checkpoint where it was
+          throw io_error("io: save: cannot rename " + staged.string() + " to " + target.string() + ": " + ec.message());
+        }
         std::filesystem::remove_all(old, ec);
       } else {
         std::filesystem::remove_all(staged, ec);  // the old checkpoint, now under the staging name
