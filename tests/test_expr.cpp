@@ -314,7 +314,7 @@ TEST_CASE("eval_async queues work per place; errors surface at the wait", "[expr
   CHECK(after.ready());
   CHECK_THROWS_AS(failing.get(), pdo::shape_error);
   // a partial result that failed: gather names itself, then the sum it needed
-  auto failed_sum = pdo::eval_async(pdo::sum(pdo::cross_entropy(a, labels) * a));
+  auto failed_sum = pdo::eval_async(pdo::sum(pdo::cross_entropy(a, labels) * 1.0));
   static_assert(pdo::detail::value_of<typename decltype(failed_sum)::value_type::layout_type>().npartial == 1);
   CHECK_THROWS_WITH(pdo::gather(failed_sum.value()), Catch::StartsWith("gather: redistribute: ") && Catch::Contains("cross_entropy"));
   CHECK_THROWS_AS(failed_sum.wait(), pdo::shape_error);
