@@ -314,10 +314,17 @@ TEST_CASE("eval_async queues work per place; errors surface at the wait", "[expr
   CHECK(after.ready());
   CHECK_THROWS_AS(failing.get(), pdo::shape_error);
   // a partial result that failed: gather names itself, then the sum it needed
-  auto failed_sum = pdo::eval_async(pdo::sum(pdo::cross_entropy(a, labels) * 1.0));
+  auto failed_sum = pdo::eval_async(pdo::sum(pdo::cross_entropy(a, labels) * a));
   static_assert(pdo::detail::value_of<typename decltype(failed_sum)::value_type::layout_type>().npartial == 1);
   CHECK_THROWS_WITH(pdo::gather(failed_sum.value()), Catch::StartsWith("gather: redistribute: ") && Catch::Contains("cross_entropy"));
   CHECK_THROWS_AS(failed_sum.wait(), pdo::shape_error);
+  // the same plan with labels in range: its kernel (cross_entropy, compute lanes) and the
+  // all_gather of `a` (communication lanes) run at once on each place, sharing its run
+  pdo::tensor<double, 1> good({6}, {0, 1, 2, 3, 3, 0});
+  const auto good_labels = pdo::distribute<pdo::layout<split<"x">>>(one, good);
+  for (int round = 0; round < 20; ++round)
+    CHECK(close(pdo::gather(pdo::eval(pdo::sum(pdo::cross_entropy(a, good_labels) * a))),
+                pdo::eval(pdo::sum(pdo::cross_entropy(h, good) * h)), 1e-13));
   // a result taken by get() on an rvalue, and a dtensor moved from, are empty: every use says so
   auto once = pdo::eval_async(a * 2.0);
   const auto taken = std::move(once).get();
