@@ -9727,7 +9727,8 @@ struct local_context {
 };
 
 /// @brief Where a distributed expression runs on one place: place `p` of mesh `m`, on the
-/// lane of the task that runs the step (its system is taken there).
+/// lane of the task that runs the step (each step's kernel takes its system there: steps of
+/// one place may run at once on different lanes, so the context holds nothing they write).
 template <class Mesh>
 struct mesh_context {
   static constexpr bool distributed = true;
@@ -9735,7 +9736,6 @@ struct mesh_context {
   mesh_context(const Mesh& mesh, std::size_t place) : m(&mesh), p(place) {}
   const Mesh* m = nullptr;
   std::size_t p = 0;
-  place_system system;
 
   template <std::size_t Rank>
   shape_t<Rank> local_shape(const layout_value& v, const shape_t<Rank>& global) const {
@@ -9816,7 +9816,6 @@ class plan_run {
   template <std::size_t S>
   void run_step() {
     constexpr plan_step step = plan.steps[S];
-    place_.system = current_place_system_for(place_);
     if constexpr (step.kind == plan_step_kind::kernel) {
       if constexpr (step.fused) {
         // runs inside the kernel of the op that reads it (kernel_context::fused), which records it
@@ -9885,8 +9884,9 @@ class plan_run {
   template <class, std::size_t>
   friend class kernel_context;
 
-  /// @brief The system for kernels on this place, on the calling lane.
-  static place_system current_place_system_for(const Place& place) {
+  /// @brief The system for kernels on this place, on the calling lane (a distributed run's
+  /// steps run on several lanes, some at once: each kernel asks for its own).
+  static place_system system_for(const Place& place) {
     if constexpr (Place::distributed) return current_place_system();
     else return place.system;
   }
@@ -10022,9 +10022,9 @@ class kernel_context {
   using node_type = node_numbered_t<N, typename Run::root_type>;
   static constexpr bool distributed = Run::place_type::distributed;
 
-  explicit kernel_context(Run& run) : system(run.place().system), run_(&run) {}
+  explicit kernel_context(Run& run) : system(Run::system_for(run.place())), run_(&run) {}
 
-  place_system& system;
+  place_system system;
 
   template <std::size_t Rank>
   [[nodiscard]] shape_t<Rank> local_offset(const layout_value& v, const shape_t<Rank>& global) const {
