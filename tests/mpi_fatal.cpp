@@ -5,6 +5,9 @@
 // With the argument `eval`: an evaluation whose kernel fails on process 1 only (a label out
 // of range in its rows); process 0 goes on to the gather's collective, which would wait for
 // process 1 until the collective timeout: the job ends instead.
+// With the argument `skip`: two places per process; the task of place 1 (on process 0) ends
+// without joining the all_reduce the others make. Place 0 would wait for it forever on its
+// process (the timeout watches other processes only): the job ends, naming place 1.
 #include <pdo/pdo.hpp>
 
 #include <cstring>
@@ -25,6 +28,15 @@ int main(int argc, char** argv) {
     } catch (const pdo::error&) {
     }
     (void)pdo::gather(pdo::eval(x * 2.0f));
+    return 0;  // not reached: the job ends
+  }
+  if (argc > 1 && std::strcmp(argv[1], "skip") == 0) {
+    const auto line = pdo::make_mesh<"x">(pdo::mpi::world_places(2));
+    pdo::spmd(line, [&](std::size_t p) {
+      if (p == 1) return;  // joins nothing
+      std::vector<float> v(8, 1.0f);
+      pdo::communicator_of(line, p).all_reduce(std::span<float>(v));
+    });
     return 0;  // not reached: the job ends
   }
   const auto places = pdo::mpi::world_places(2);

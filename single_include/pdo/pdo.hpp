@@ -722,9 +722,9 @@ struct captured_error {
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
-#include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 namespace pdo::detail {
 
@@ -738,8 +738,16 @@ namespace pdo::detail {
 /// for all of them (none unwinds and frees a buffer another is still using).
 class group_barrier {
  public:
-  explicit group_barrier(std::uint32_t count)
-      : count_(count), spin_limit_(count <= std::max(1u, std::thread::hardware_concurrency()) ? 4000 : 16) {}
+  /// @param names the members' names, for the error that names a member whose task left
+  /// (kept by the caller for the barrier's life), or null
+  /// @param part_of_larger the members are this process's part of a group over several
+  /// processes: a member's departure is then a pdo::communication_error (the other processes
+  /// cannot be told of it, so it ends the job), not a pdo::mismatch_error every member throws
+  explicit group_barrier(std::uint32_t count, const std::vector<std::string>* names = nullptr, bool part_of_larger = false)
+      : count_(count),
+        spin_limit_(count <= std::max(1u, std::thread::hardware_concurrency()) ? 4000 : 16),
+        names_(names),
+        part_of_larger_(part_of_larger) {}
 
   // phase_ counts completed phases in steps of 2; its low bit says "aborted". The last
   // arrival completes a phase only if no abort came first (compare-exchange), so either
@@ -770,31 +778,20 @@ class group_barrier {
     if ((now & ~aborted_bit) == clean) throw_aborted();  // woken by abort(), not by the last arrival
   }
 
-  /// @brief Wakes abortable waiters, now and until reset(), with an error saying why (the
-  /// first abort's since the last reset): by default pdo::collective_aborted, "another place
-  /// of the group failed" (an echo of that failure); with `why` and `cause`, a
-  /// pdo::mismatch_error saying `why` (the members did not make the same collectives).
-  void abort(std::string why = {}, bool cause = false) {
-    {
-      std::lock_guard lock(why_mutex_);
-      if (!claimed_) {
-        claimed_ = true;
-        why_ = std::move(why);
-        cause_ = cause && !why_.empty();
-      }
-    }
-    phase_.fetch_or(aborted_bit, std::memory_order_release);
-    phase_.notify_all();
-  }
+  /// @brief Wakes abortable waiters, now and until reset(), with pdo::collective_aborted:
+  /// "another place of the group failed" (an echo of that failure), unless an earlier abort
+  /// since the last reset said otherwise.
+  void abort() { abort_because(echo); }
+  /// @brief Wakes abortable waiters, now and until reset(), with a pdo::mismatch_error saying
+  /// that member `member`'s task ended without joining the collective (unless an earlier
+  /// abort since the last reset said otherwise). Nothing is formatted here: a task's end on
+  /// a mesh of CPU places calls this for each group it belongs to, and the text is made only
+  /// when a waiter throws it.
+  void abort_departed(std::uint32_t member) { abort_because(departed + member); }
   /// @brief Makes the barrier usable again; call only when no thread is inside it.
   void reset() {
     arrived_.store(0, std::memory_order_relaxed);
-    {
-      std::lock_guard lock(why_mutex_);
-      claimed_ = false;
-      cause_ = false;
-      why_.clear();
-    }
+    reason_.store(none, std::memory_order_relaxed);
     phase_.fetch_and(~aborted_bit, std::memory_order_release);
   }
   [[nodiscard]] bool aborted() const { return (phase_.load(std::memory_order_acquire) & aborted_bit) != 0; }
@@ -807,26 +804,36 @@ class group_barrier {
   static bool done(std::uint32_t now, std::uint32_t clean, bool abortable) {
     return (now & ~aborted_bit) != clean || (abortable && (now & aborted_bit));
   }
-  [[noreturn]] void throw_aborted() {
-    std::string why;
-    bool cause = false;
-    {
-      std::lock_guard lock(why_mutex_);
-      why = why_;
-      cause = cause_;
+  /// @brief Why the barrier was aborted: none, an echo of a failure, or `departed + m`.
+  static constexpr std::uint32_t none = 0, echo = 1, departed = 2;
+
+  /// @brief The first abort since the last reset gives its reason; then waiters are woken.
+  void abort_because(std::uint32_t reason) {
+    std::uint32_t expected = none;
+    reason_.compare_exchange_strong(expected, reason, std::memory_order_acq_rel);
+    phase_.fetch_or(aborted_bit, std::memory_order_release);
+    phase_.notify_all();
+  }
+  [[noreturn]] PDO_NOINLINE void throw_aborted() const {
+    const std::uint32_t reason = reason_.load(std::memory_order_acquire);
+    if (reason >= departed) {
+      const std::uint32_t member = reason - departed;
+      const std::string who = names_ != nullptr && member < names_->size() ? (*names_)[member] : "member " + std::to_string(member);
+      const std::string why =
+          "collective aborted: the task of place " + who + " ended without joining it (every member of a group must make the same collectives)";
+      if (part_of_larger_) throw communication_error(why);
+      throw mismatch_error(why);
     }
-    if (cause) throw mismatch_error(why);
-    throw collective_aborted(why.empty() ? "collective aborted: another place of the group failed" : why);
+    throw collective_aborted("collective aborted: another place of the group failed");
   }
 
   const std::uint32_t count_;
   const int spin_limit_;  ///< spin only while every member can have a core of its own
   std::atomic<std::uint32_t> arrived_{0};
   std::atomic<std::uint32_t> phase_{0};
-  std::mutex why_mutex_;
-  bool claimed_ = false;  ///< aborted since the last reset: why_ and cause_ say why
-  bool cause_ = false;    ///< the abort is a cause (a mismatch), not the echo of a failure
-  std::string why_;       ///< empty: another place of the group failed
+  std::atomic<std::uint32_t> reason_{none};  ///< why it was aborted since the last reset
+  const std::vector<std::string>* names_;    ///< the members' names (the errors name the one that left), or null
+  const bool part_of_larger_;                ///< see the constructor
 };
 
 /// @brief The closing barrier of a collective, as a scope: it is passed when the scope
@@ -1137,8 +1144,12 @@ std::string collective_call_text(std::string_view collective, int op = -1) {
 /// is an error on every member, never a hang), do this member's share of the work, barrier.
 class local_group {
  public:
-  explicit local_group(std::vector<std::string> member_names)
-      : names_(std::move(member_names)), slots_(names_.size()), barrier_(static_cast<std::uint32_t>(names_.size())) {}
+  /// @param part_of_larger the members are this process's part of a group over several
+  /// processes (see group_barrier)
+  explicit local_group(std::vector<std::string> member_names, bool part_of_larger = false)
+      : names_(std::move(member_names)),
+        slots_(names_.size()),
+        barrier_(static_cast<std::uint32_t>(names_.size()), &names_, part_of_larger) {}
 
   [[nodiscard]] std::size_t size() const { return names_.size(); }
   [[nodiscard]] const std::string& name(std::size_t member) const { return names_[member]; }
@@ -1164,13 +1175,10 @@ class local_group {
     mail_ready_.notify_all();
   }
   /// @brief Member `member`'s task has ended: a collective of the group can no longer
-  /// complete, so the members waiting in one, or entering one, get pdo::mismatch_error
-  /// saying so, until reopen() (messages between the others go on).
-  void leave(std::size_t member, const std::string& task) {
-    barrier_.abort("collective aborted: the " + task + " of place " + names_[member] + " ended without joining it (every member of a "
-                   "group must make the same collectives)",
-                   true);
-  }
+  /// complete, so the members waiting in one, or entering one, get an error saying so
+  /// (pdo::mismatch_error; pdo::communication_error for this process's part of a group over
+  /// several processes, which ends the job), until reopen() (messages between the others go on).
+  void leave(std::size_t member) { barrier_.abort_departed(static_cast<std::uint32_t>(member)); }
   /// @brief After leave(): the collectives are usable again (call once no member is inside one).
   void reopen() { barrier_.reset(); }
   /// @brief Makes the group usable again once no member is inside a collective.
@@ -3392,7 +3400,7 @@ class group {
         per_rank_(std::move(members_per_rank)),
         first_(first_of(rank_)),
         names_(std::move(member_names)),
-        local_(local_names()),
+        local_(local_names(), /*part_of_larger=*/true),
         args_(local_.size()),
         identity_(std::move(identity)),
         world_ranks_(world_ranks_of(comm_)) {}
@@ -5454,26 +5462,53 @@ struct mesh_comms {
   void reset() {
     for_each_group([](any_group& g) { g.reset(); });
   }
-  /// @brief Whether every group is the threads backend's (a mesh of CPU places in this
-  /// process): then whole_host is the same local_group as whole.
-  [[nodiscard]] bool all_threads() const { return whole && std::holds_alternative<std::shared_ptr<local_group>>(whole->impl); }
-  /// @brief The task of place `p` (`task`: "spmd task", say) has ended: on a mesh of CPU
-  /// places in this process, the collectives of its groups cannot complete any more, so
-  /// their other members get an error instead of waiting for it forever
-  /// (local_group::leave), until rejoin(). Nothing on other meshes.
-  void left(std::size_t p, const std::string& task) {
-    if (!all_threads()) return;
-    std::get<std::shared_ptr<local_group>>(whole->impl)->leave(p, task);
-    for (std::size_t a = 0; a < lines.size(); ++a) {
-      const std::size_t line = line_of[a][p];
-      if (line < lines[a].size() && lines[a][line])
-        std::get<std::shared_ptr<local_group>>(lines[a][line]->impl)->leave(member_in_line[a][p], task);
-    }
+  /// @brief The task of place `p` (a place of this process) has ended: the collectives of its
+  /// groups that need it cannot complete any more, so the other members of this process
+  /// waiting in one, or entering one, get an error instead of waiting for it forever
+  /// (local_group::leave), until rejoin(). On a mesh of CPU places in this process, every
+  /// member is told (pdo::mismatch_error); over MPI, the other places of this process in its
+  /// groups (pdo::communication_error: the other processes cannot be told, so the job ends);
+  /// nothing on meshes with GPU places.
+  void left(std::size_t p) {
+    each_group_of(p, [](local_group& g, std::size_t member) { g.leave(member); });
   }
   /// @brief After left(): the collectives are usable again (once no task of the mesh is in one).
   void rejoin() {
-    if (!all_threads()) return;
-    for_each_group([](any_group& g) { std::get<std::shared_ptr<local_group>>(g.impl)->reopen(); });
+    if (!whole || local_part(*whole) == nullptr) return;
+    for_each_group([](any_group& g) { local_part(g)->reopen(); });
+  }
+  /// @brief `f(local group, p's member index in it)` for each group of place `p`, through the
+  /// part of the group in this process (the whole of a threads group, an MPI group's local
+  /// members), on a mesh of CPU places (whole_host is then whole's group); none for groups of
+  /// one member in this process.
+  template <class F>
+  void each_group_of(std::size_t p, F&& f) {
+    if (!whole || local_part(*whole) == nullptr) return;  // GPU places: NCCL or staged groups
+    auto visit = [&](any_group* g, std::size_t member) {
+      if (local_group* local = g != nullptr ? local_part(*g) : nullptr; local != nullptr && local->size() > 1)
+        f(*local, member - first_local(*g));
+    };
+    visit(whole.get(), p);
+    for (std::size_t a = 0; a < lines.size(); ++a) {
+      const std::size_t line = line_of[a][p];
+      if (line < lines[a].size()) visit(lines[a][line].get(), member_in_line[a][p]);
+    }
+  }
+  /// @brief The members of `g` in this process as a threads group: all of a threads group,
+  /// the local part of an MPI group; null for GPU groups.
+  static local_group* local_part(any_group& g) {
+    if (auto* threads = std::get_if<std::shared_ptr<local_group>>(&g.impl)) return threads->get();
+#if defined(PDO_WITH_MPI)
+    if (auto* processes = std::get_if<std::shared_ptr<mpi::detail::group>>(&g.impl)) return &(*processes)->local();
+#endif
+    return nullptr;
+  }
+  /// @brief The member index in `g` of its first member in this process.
+  static std::size_t first_local([[maybe_unused]] const any_group& g) {
+#if defined(PDO_WITH_MPI)
+    if (const auto* processes = std::get_if<std::shared_ptr<mpi::detail::group>>(&g.impl)) return (*processes)->first();
+#endif
+    return 0;
   }
   /// @brief Calls `f` on every group with members in this process.
   template <class F>
@@ -6048,9 +6083,11 @@ struct batch_options {
   /// the others do not wait for it); in a mesh over several processes, a failure the other
   /// processes cannot learn of ends the job (end_job).
   bool communicate = true;
-  /// @brief The last task to end resets the mesh's collectives if any failed (a mesh of
-  /// this process). The operations on a mesh follow each other whole (engine's after_all),
-  /// so no task of a later one is inside a collective then.
+  /// @brief The tasks run the mesh's collectives, each until it ends: a task that ends tells
+  /// the others of its groups in this process that it will join no more (mesh_comms::left),
+  /// and the last task to end makes the groups usable again (resetting them if a task
+  /// failed, in a mesh of this process). The operations on a mesh follow each other whole
+  /// (engine's after_all), so no task of a later one is inside a collective then.
   bool closing = false;
   /// @brief The lane of each place the tasks run on.
   lane_kind lane = lane_kind::compute;
@@ -6147,16 +6184,17 @@ struct place_batch {
         end_job(current_place()->name + ": " + failures[k]->message);
       }
     }
-    // a task that ended has made all its collectives: the others of its groups, waiting in
-    // one or entering one, would wait for it forever (in one process; MPI's watch times out)
-    if (closing && !failures[k]) comms->left(p, "task");
+    // a task that ended has made all its collectives: the others of its groups in this
+    // process, waiting in one or entering one, would wait for it forever (other processes'
+    // members are found by MPI's watch)
+    if (closing && !failures[k]) comms->left(p);
     if (closing && arrived.fetch_add(1, std::memory_order_acq_rel) + 1 == failures.size()) {
       // the last of the operation's tasks: the others are past their collectives, and no
       // later operation's task starts before this one ends
       bool failed = false;
       for (const auto& f : failures) failed = failed || f.has_value();
       if (failed) comms->reset();
-      else comms->rejoin();
+      comms->rejoin();
     }
     // the caller may go on now: nothing below touches the mesh, the caller's task or its results
     done.fetch_add(1, std::memory_order_acq_rel);
@@ -6264,7 +6302,7 @@ std::shared_ptr<place_batch> run_batch_on_places(const Mesh& m, Task&& task, boo
                         const_cast<void*>(static_cast<const void*>(std::addressof(task)))};
   const place_access uses = access_of_places(access_of);
   auto batch = submit_on_mesh(*m.state(), comms_of(m), work, nullptr,
-                              batch_options{op, category, communicate || local_only, local_only, lane_kind::compute, true}, uses);
+                              batch_options{op, category, communicate || local_only, communicate || local_only, lane_kind::compute, true}, uses);
   batch->wait();
   return batch;
 }
@@ -6303,15 +6341,13 @@ class batch_sequence {
   /// writes; `communicate`: its tasks run the mesh's collectives.
   template <class Mesh, class Task, class Access>
   void submit(const Mesh& m, lane_kind lane, bool communicate, Task task, Access access_of) {
-    const bool local_only = !m.is_multiprocess();
     auto written = [&](std::size_t p, std::size_t k) {
       access a = access_of(p, k);
       written_.insert(written_.end(), a.writes.begin(), a.writes.end());
       return a;
     };
     batches_.push_back(submit_on_places(m, std::move(task),
-                                        batch_options{op_, communicate ? "collective" : "kernel", communicate,
-                                                      communicate && local_only, lane, false},
+                                        batch_options{op_, communicate ? "collective" : "kernel", communicate, communicate, lane, false},
                                         written));
   }
 
@@ -12219,7 +12255,7 @@ struct queued_evaluation {
     const batch_options o{.op = op,
                           .category = collective ? "collective" : "kernel",
                           .communicate = collective,
-                          .closing = collective && !mesh->multiprocess,
+                          .closing = collective,
                           .lane = collective ? lane_kind::communication : lane_kind::compute,
                           .caller_waits = caller_waits,
                           .ends_job = true,
@@ -17307,12 +17343,14 @@ class adam : public optimizer_base<T> {
   /// t.
   [[nodiscard]] long steps(std::size_t i) const { return t_.at(i); }
   /// @brief Sets the steps taken, of the optimizer and of every parameter (a checkpoint
-  /// restores it, so the bias corrections continue; it keeps one count, so a parameter that
-  /// had skipped steps resumes counting as if it had taken every one).
+  /// restores it, then each parameter's own count with set_steps(i, t), so the bias
+  /// corrections continue).
   void set_steps(long t) {
     steps_ = t;
     std::fill(t_.begin(), t_.end(), t);
   }
+  /// @brief Sets the steps parameter `i` has taken (a checkpoint restores each parameter's).
+  void set_steps(std::size_t i, long t) { t_.at(i) = t; }
 
  private:
   adam_options o_;
@@ -17362,6 +17400,12 @@ class any_optimizer {
   [[nodiscard]] long steps() const { return impl_->steps(); }
   /// @brief Sets the held optimizer's step count (ignored if it keeps none).
   void set_steps(long t) { impl_->set_steps(t); }
+  /// @brief The steps parameter `i` has taken, if the held optimizer counts them per
+  /// parameter (adam); else its step count.
+  [[nodiscard]] long steps(std::size_t i) const { return impl_->steps(i); }
+  /// @brief Sets the steps parameter `i` has taken (ignored if the held optimizer keeps no
+  /// count per parameter).
+  void set_steps(std::size_t i, long t) { impl_->set_steps(i, t); }
 
  private:
   struct base {
@@ -17375,6 +17419,8 @@ class any_optimizer {
     [[nodiscard]] virtual std::vector<tensor<T, 1>>& state(const std::string& name, std::size_t i) = 0;
     [[nodiscard]] virtual long steps() const = 0;
     virtual void set_steps(long t) = 0;
+    [[nodiscard]] virtual long steps(std::size_t i) const = 0;
+    virtual void set_steps(std::size_t i, long t) = 0;
   };
   template <class O>
   struct holder final : base {
@@ -17399,6 +17445,13 @@ class any_optimizer {
     }
     void set_steps(long t) override {
       if constexpr (requires { o.set_steps(t); }) o.set_steps(t);
+    }
+    [[nodiscard]] long steps(std::size_t i) const override {
+      if constexpr (requires { o.steps(i); }) return o.steps(i);
+      else return steps();
+    }
+    void set_steps(std::size_t i, long t) override {
+      if constexpr (requires { o.set_steps(i, t); }) o.set_steps(i, t);
     }
   };
   std::shared_ptr<base> impl_;
@@ -19575,15 +19628,18 @@ class checkpoint {
   }
 
   /// @brief A number made when the checkpoint is saved and handed to `set` when it is loaded.
+  /// An `optional` entry may be absent from the checkpoint loaded (one saved before the entry
+  /// was added to a state): `set` is then not called.
   template <class V>
     requires(std::is_arithmetic_v<V> && !std::is_same_v<V, bool>)
-  checkpoint& add_computed(std::string name, std::function<V()> get, std::function<void(V)> set) {
+  checkpoint& add_computed(std::string name, std::function<V()> get, std::function<void(V)> set, bool optional = false) {
     check_name(name);
     entries_.push_back({std::move(name),
                         [get](detail::save_context& c, const std::string& n) {
                           c.entries[n] = {{"kind", "value"}, {"dtype", std::string(detail::stored_dtype<V>())}, {"value", detail::number_json(get())}};
                         },
-                        [set](detail::load_context& c, const std::string& n) {
+                        [set, optional](detail::load_context& c, const std::string& n) {
+                          if (optional && !c.entries.contains(n)) return;
                           const auto& e = c.entry(n);
                           if (e.value("kind", "") != "value" || e.value("dtype", "") != detail::stored_dtype<V>())
                             throw io_error(c.where(n) + "it is " + e.value("kind", "?") + " " + e.value("dtype", "?") +
@@ -20607,6 +20663,33 @@ concept optimizer_with_state = requires(O& o, const O& co, const std::string& na
   o.set_steps(t);
 };
 
+/// @brief An optimizer that counts each parameter's steps (adam, any_optimizer).
+template <class O>
+concept steps_per_parameter = requires(O& o, const O& co, std::size_t i, long t) {
+  { co.steps(i) } -> std::convertible_to<long>;
+  o.set_steps(i, t);
+};
+
+/// @brief After the entry "<prefix>optimizer.steps": for an optimizer that counts each
+/// parameter's steps, "<prefix>optimizer.<name>.steps" for each parameter (saved from copy 0,
+/// loaded into every copy of `copies`), so a parameter that skipped steps (no gradient in them)
+/// resumes with its own bias corrections. Optional: a checkpoint saved without them loads with
+/// every parameter at the optimizer's count.
+template <class T, class Opt>
+void add_parameter_steps(checkpoint& c, const std::string& prefix, const std::vector<nn::parameter_ref<T>>& params, std::size_t copies,
+                         Opt opt_of) {
+  using optimizer_t = std::remove_cvref_t<decltype(opt_of(0))>;
+  if constexpr (steps_per_parameter<optimizer_t>) {
+    for (std::size_t i = 0; i < params.size(); ++i)
+      c.add_computed<long>(
+          prefix + "optimizer." + params[i].name() + ".steps", [opt_of, i] { return static_cast<long>(opt_of(0).steps(i)); },
+          [opt_of, copies, i](long t) {
+            for (std::size_t k = 0; k < copies; ++k) opt_of(k).set_steps(i, t);
+          },
+          /*optional=*/true);
+  }
+}
+
 /// @brief Entry "<prefix>model.<name>" of parameter `params_of(k)[i]` of `copies` identical
 /// copies, as a global value: saved from copy 0 (gathered), loaded into every copy, after which
 /// `loaded(k)` runs for that copy.
@@ -20656,6 +20739,7 @@ void add_parameters_and_state(checkpoint& c, const std::string& prefix, std::siz
       [opt_of, copies](long t) {
         for (std::size_t k = 0; k < copies; ++k) opt_of(k).set_steps(t);
       });
+  add_parameter_steps<T>(c, prefix, params_of(0), copies, opt_of);
 }
 
 /// @brief The entries of a data-parallel trainer with ZeRO-1. Its parameters are whole on every
@@ -20726,7 +20810,8 @@ bool held_in_blocks(const nn::parameter_ref<T>& p) {
 }  // namespace detail
 
 /// @brief Adds to `c` a model's parameters (as "<prefix>model.<name>") and `opt`'s state
-/// ("<prefix>optimizer.<name>.<state>", "<prefix>optimizer.steps"). The parameters may be
+/// ("<prefix>optimizer.<name>.<state>", "<prefix>optimizer.steps", and for an optimizer that
+/// counts each parameter's steps, as adam does, "<prefix>optimizer.<name>.steps"). The parameters may be
 /// local tensors or dtensors of any layout (the tensor-parallel model's). A dtensor on CPU
 /// places is saved by its places, each writing its own block at once (a replica's by the first
 /// place along the axes its layout does not split), and loaded into whatever layout and mesh
@@ -20786,6 +20871,7 @@ checkpoint& add_state(checkpoint& c, const std::string& prefix, std::vector<nn::
   }
   c.add_computed<long>(
       prefix + "optimizer.steps", [&opt] { return opt.steps(); }, [&opt](long t) { opt.set_steps(t); });
+  detail::add_parameter_steps<T>(c, prefix, params, 1, opt_of);
   return c;
 }
 

@@ -7,9 +7,9 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
-#include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 namespace pdo::detail {
 
@@ -23,8 +23,16 @@ namespace pdo::detail {
 /// for all of them (none unwinds and frees a buffer another is still using).
 class group_barrier {
  public:
-  explicit group_barrier(std::uint32_t count)
-      : count_(count), spin_limit_(count <= std::max(1u, std::thread::hardware_concurrency()) ? 4000 : 16) {}
+  /// @param names the members' names, for the error that names a member whose task left
+  /// (kept by the caller for the barrier's life), or null
+  /// @param part_of_larger the members are this process's part of a group over several
+  /// processes: a member's departure is then a pdo::communication_error (the other processes
+  /// cannot be told of it, so it ends the job), not a pdo::mismatch_error every member throws
+  explicit group_barrier(std::uint32_t count, const std::vector<std::string>* names = nullptr, bool part_of_larger = false)
+      : count_(count),
+        spin_limit_(count <= std::max(1u, std::thread::hardware_concurrency()) ? 4000 : 16),
+        names_(names),
+        part_of_larger_(part_of_larger) {}
 
   // phase_ counts completed phases in steps of 2; its low bit says "aborted". The last
   // arrival completes a phase only if no abort came first (compare-exchange), so either
@@ -55,31 +63,20 @@ class group_barrier {
     if ((now & ~aborted_bit) == clean) throw_aborted();  // woken by abort(), not by the last arrival
   }
 
-  /// @brief Wakes abortable waiters, now and until reset(), with an error saying why (the
-  /// first abort's since the last reset): by default pdo::collective_aborted, "another place
-  /// of the group failed" (an echo of that failure); with `why` and `cause`, a
-  /// pdo::mismatch_error saying `why` (the members did not make the same collectives).
-  void abort(std::string why = {}, bool cause = false) {
-    {
-      std::lock_guard lock(why_mutex_);
-      if (!claimed_) {
-        claimed_ = true;
-        why_ = std::move(why);
-        cause_ = cause && !why_.empty();
-      }
-    }
-    phase_.fetch_or(aborted_bit, std::memory_order_release);
-    phase_.notify_all();
-  }
+  /// @brief Wakes abortable waiters, now and until reset(), with pdo::collective_aborted:
+  /// "another place of the group failed" (an echo of that failure), unless an earlier abort
+  /// since the last reset said otherwise.
+  void abort() { abort_because(echo); }
+  /// @brief Wakes abortable waiters, now and until reset(), with a pdo::mismatch_error saying
+  /// that member `member`'s task ended without joining the collective (unless an earlier
+  /// abort since the last reset said otherwise). Nothing is formatted here: a task's end on
+  /// a mesh of CPU places calls this for each group it belongs to, and the text is made only
+  /// when a waiter throws it.
+  void abort_departed(std::uint32_t member) { abort_because(departed + member); }
   /// @brief Makes the barrier usable again; call only when no thread is inside it.
   void reset() {
     arrived_.store(0, std::memory_order_relaxed);
-    {
-      std::lock_guard lock(why_mutex_);
-      claimed_ = false;
-      cause_ = false;
-      why_.clear();
-    }
+    reason_.store(none, std::memory_order_relaxed);
     phase_.fetch_and(~aborted_bit, std::memory_order_release);
   }
   [[nodiscard]] bool aborted() const { return (phase_.load(std::memory_order_acquire) & aborted_bit) != 0; }
@@ -92,26 +89,36 @@ class group_barrier {
   static bool done(std::uint32_t now, std::uint32_t clean, bool abortable) {
     return (now & ~aborted_bit) != clean || (abortable && (now & aborted_bit));
   }
-  [[noreturn]] void throw_aborted() {
-    std::string why;
-    bool cause = false;
-    {
-      std::lock_guard lock(why_mutex_);
-      why = why_;
-      cause = cause_;
+  /// @brief Why the barrier was aborted: none, an echo of a failure, or `departed + m`.
+  static constexpr std::uint32_t none = 0, echo = 1, departed = 2;
+
+  /// @brief The first abort since the last reset gives its reason; then waiters are woken.
+  void abort_because(std::uint32_t reason) {
+    std::uint32_t expected = none;
+    reason_.compare_exchange_strong(expected, reason, std::memory_order_acq_rel);
+    phase_.fetch_or(aborted_bit, std::memory_order_release);
+    phase_.notify_all();
+  }
+  [[noreturn]] PDO_NOINLINE void throw_aborted() const {
+    const std::uint32_t reason = reason_.load(std::memory_order_acquire);
+    if (reason >= departed) {
+      const std::uint32_t member = reason - departed;
+      const std::string who = names_ != nullptr && member < names_->size() ? (*names_)[member] : "member " + std::to_string(member);
+      const std::string why =
+          "collective aborted: the task of place " + who + " ended without joining it (every member of a group must make the same collectives)";
+      if (part_of_larger_) throw communication_error(why);
+      throw mismatch_error(why);
     }
-    if (cause) throw mismatch_error(why);
-    throw collective_aborted(why.empty() ? "collective aborted: another place of the group failed" : why);
+    throw collective_aborted("collective aborted: another place of the group failed");
   }
 
   const std::uint32_t count_;
   const int spin_limit_;  ///< spin only while every member can have a core of its own
   std::atomic<std::uint32_t> arrived_{0};
   std::atomic<std::uint32_t> phase_{0};
-  std::mutex why_mutex_;
-  bool claimed_ = false;  ///< aborted since the last reset: why_ and cause_ say why
-  bool cause_ = false;    ///< the abort is a cause (a mismatch), not the echo of a failure
-  std::string why_;       ///< empty: another place of the group failed
+  std::atomic<std::uint32_t> reason_{none};  ///< why it was aborted since the last reset
+  const std::vector<std::string>* names_;    ///< the members' names (the errors name the one that left), or null
+  const bool part_of_larger_;                ///< see the constructor
 };
 
 /// @brief The closing barrier of a collective, as a scope: it is passed when the scope

@@ -75,26 +75,53 @@ struct mesh_comms {
   void reset() {
     for_each_group([](any_group& g) { g.reset(); });
   }
-  /// @brief Whether every group is the threads backend's (a mesh of CPU places in this
-  /// process): then whole_host is the same local_group as whole.
-  [[nodiscard]] bool all_threads() const { return whole && std::holds_alternative<std::shared_ptr<local_group>>(whole->impl); }
-  /// @brief The task of place `p` (`task`: "spmd task", say) has ended: on a mesh of CPU
-  /// places in this process, the collectives of its groups cannot complete any more, so
-  /// their other members get an error instead of waiting for it forever
-  /// (local_group::leave), until rejoin(). Nothing on other meshes.
-  void left(std::size_t p, const std::string& task) {
-    if (!all_threads()) return;
-    std::get<std::shared_ptr<local_group>>(whole->impl)->leave(p, task);
-    for (std::size_t a = 0; a < lines.size(); ++a) {
-      const std::size_t line = line_of[a][p];
-      if (line < lines[a].size() && lines[a][line])
-        std::get<std::shared_ptr<local_group>>(lines[a][line]->impl)->leave(member_in_line[a][p], task);
-    }
+  /// @brief The task of place `p` (a place of this process) has ended: the collectives of its
+  /// groups that need it cannot complete any more, so the other members of this process
+  /// waiting in one, or entering one, get an error instead of waiting for it forever
+  /// (local_group::leave), until rejoin(). On a mesh of CPU places in this process, every
+  /// member is told (pdo::mismatch_error); over MPI, the other places of this process in its
+  /// groups (pdo::communication_error: the other processes cannot be told, so the job ends);
+  /// nothing on meshes with GPU places.
+  void left(std::size_t p) {
+    each_group_of(p, [](local_group& g, std::size_t member) { g.leave(member); });
   }
   /// @brief After left(): the collectives are usable again (once no task of the mesh is in one).
   void rejoin() {
-    if (!all_threads()) return;
-    for_each_group([](any_group& g) { std::get<std::shared_ptr<local_group>>(g.impl)->reopen(); });
+    if (!whole || local_part(*whole) == nullptr) return;
+    for_each_group([](any_group& g) { local_part(g)->reopen(); });
+  }
+  /// @brief `f(local group, p's member index in it)` for each group of place `p`, through the
+  /// part of the group in this process (the whole of a threads group, an MPI group's local
+  /// members), on a mesh of CPU places (whole_host is then whole's group); none for groups of
+  /// one member in this process.
+  template <class F>
+  void each_group_of(std::size_t p, F&& f) {
+    if (!whole || local_part(*whole) == nullptr) return;  // GPU places: NCCL or staged groups
+    auto visit = [&](any_group* g, std::size_t member) {
+      if (local_group* local = g != nullptr ? local_part(*g) : nullptr; local != nullptr && local->size() > 1)
+        f(*local, member - first_local(*g));
+    };
+    visit(whole.get(), p);
+    for (std::size_t a = 0; a < lines.size(); ++a) {
+      const std::size_t line = line_of[a][p];
+      if (line < lines[a].size()) visit(lines[a][line].get(), member_in_line[a][p]);
+    }
+  }
+  /// @brief The members of `g` in this process as a threads group: all of a threads group,
+  /// the local part of an MPI group; null for GPU groups.
+  static local_group* local_part(any_group& g) {
+    if (auto* threads = std::get_if<std::shared_ptr<local_group>>(&g.impl)) return threads->get();
+#if defined(PDO_WITH_MPI)
+    if (auto* processes = std::get_if<std::shared_ptr<mpi::detail::group>>(&g.impl)) return &(*processes)->local();
+#endif
+    return nullptr;
+  }
+  /// @brief The member index in `g` of its first member in this process.
+  static std::size_t first_local([[maybe_unused]] const any_group& g) {
+#if defined(PDO_WITH_MPI)
+    if (const auto* processes = std::get_if<std::shared_ptr<mpi::detail::group>>(&g.impl)) return (*processes)->first();
+#endif
+    return 0;
   }
   /// @brief Calls `f` on every group with members in this process.
   template <class F>

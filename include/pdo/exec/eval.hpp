@@ -61,7 +61,7 @@ struct queued_evaluation {
     const batch_options o{.op = op,
                           .category = collective ? "collective" : "kernel",
                           .communicate = collective,
-                          .closing = collective && !mesh->multiprocess,
+                          .closing = collective,
                           .lane = collective ? lane_kind::communication : lane_kind::compute,
                           .caller_waits = caller_waits,
                           .ends_job = true,

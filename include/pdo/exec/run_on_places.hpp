@@ -52,9 +52,11 @@ struct batch_options {
   /// the others do not wait for it); in a mesh over several processes, a failure the other
   /// processes cannot learn of ends the job (end_job).
   bool communicate = true;
-  /// @brief The last task to end resets the mesh's collectives if any failed (a mesh of
-  /// this process). The operations on a mesh follow each other whole (engine's after_all),
-  /// so no task of a later one is inside a collective then.
+  /// @brief The tasks run the mesh's collectives, each until it ends: a task that ends tells
+  /// the others of its groups in this process that it will join no more (mesh_comms::left),
+  /// and the last task to end makes the groups usable again (resetting them if a task
+  /// failed, in a mesh of this process). The operations on a mesh follow each other whole
+  /// (engine's after_all), so no task of a later one is inside a collective then.
   bool closing = false;
   /// @brief The lane of each place the tasks run on.
   lane_kind lane = lane_kind::compute;
@@ -151,16 +153,17 @@ struct place_batch {
         end_job(current_place()->name + ": " + failures[k]->message);
       }
     }
-    // a task that ended has made all its collectives: the others of its groups, waiting in
-    // one or entering one, would wait for it forever (in one process; MPI's watch times out)
-    if (closing && !failures[k]) comms->left(p, "task");
+    // a task that ended has made all its collectives: the others of its groups in this
+    // process, waiting in one or entering one, would wait for it forever (other processes'
+    // members are found by MPI's watch)
+    if (closing && !failures[k]) comms->left(p);
     if (closing && arrived.fetch_add(1, std::memory_order_acq_rel) + 1 == failures.size()) {
       // the last of the operation's tasks: the others are past their collectives, and no
       // later operation's task starts before this one ends
       bool failed = false;
       for (const auto& f : failures) failed = failed || f.has_value();
       if (failed) comms->reset();
-      else comms->rejoin();
+      comms->rejoin();
     }
     // the caller may go on now: nothing below touches the mesh, the caller's task or its results
     done.fetch_add(1, std::memory_order_acq_rel);
@@ -268,7 +271,7 @@ std::shared_ptr<place_batch> run_batch_on_places(const Mesh& m, Task&& task, boo
                         const_cast<void*>(static_cast<const void*>(std::addressof(task)))};
   const place_access uses = access_of_places(access_of);
   auto batch = submit_on_mesh(*m.state(), comms_of(m), work, nullptr,
-                              batch_options{op, category, communicate || local_only, local_only, lane_kind::compute, true}, uses);
+                              batch_options{op, category, communicate || local_only, communicate || local_only, lane_kind::compute, true}, uses);
   batch->wait();
   return batch;
 }
@@ -307,15 +310,13 @@ class batch_sequence {
   /// writes; `communicate`: its tasks run the mesh's collectives.
   template <class Mesh, class Task, class Access>
   void submit(const Mesh& m, lane_kind lane, bool communicate, Task task, Access access_of) {
-    const bool local_only = !m.is_multiprocess();
     auto written = [&](std::size_t p, std::size_t k) {
       access a = access_of(p, k);
       written_.insert(written_.end(), a.writes.begin(), a.writes.end());
       return a;
     };
     batches_.push_back(submit_on_places(m, std::move(task),
-                                        batch_options{op_, communicate ? "collective" : "kernel", communicate,
-                                                      communicate && local_only, lane, false},
+                                        batch_options{op_, communicate ? "collective" : "kernel", communicate, communicate, lane, false},
                                         written));
   }
 

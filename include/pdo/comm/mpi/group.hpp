@@ -64,7 +64,7 @@ class group {
         per_rank_(std::move(members_per_rank)),
         first_(first_of(rank_)),
         names_(std::move(member_names)),
-        local_(local_names()),
+        local_(local_names(), /*part_of_larger=*/true),
         args_(local_.size()),
         identity_(std::move(identity)),
         world_ranks_(world_ranks_of(comm_)) {}

@@ -147,8 +147,12 @@ std::string collective_call_text(std::string_view collective, int op = -1) {
 /// is an error on every member, never a hang), do this member's share of the work, barrier.
 class local_group {
  public:
-  explicit local_group(std::vector<std::string> member_names)
-      : names_(std::move(member_names)), slots_(names_.size()), barrier_(static_cast<std::uint32_t>(names_.size())) {}
+  /// @param part_of_larger the members are this process's part of a group over several
+  /// processes (see group_barrier)
+  explicit local_group(std::vector<std::string> member_names, bool part_of_larger = false)
+      : names_(std::move(member_names)),
+        slots_(names_.size()),
+        barrier_(static_cast<std::uint32_t>(names_.size()), &names_, part_of_larger) {}
 
   [[nodiscard]] std::size_t size() const { return names_.size(); }
   [[nodiscard]] const std::string& name(std::size_t member) const { return names_[member]; }
@@ -174,13 +178,10 @@ class local_group {
     mail_ready_.notify_all();
   }
   /// @brief Member `member`'s task has ended: a collective of the group can no longer
-  /// complete, so the members waiting in one, or entering one, get pdo::mismatch_error
-  /// saying so, until reopen() (messages between the others go on).
-  void leave(std::size_t member, const std::string& task) {
-    barrier_.abort("collective aborted: the " + task + " of place " + names_[member] + " ended without joining it (every member of a "
-                   "group must make the same collectives)",
-                   true);
-  }
+  /// complete, so the members waiting in one, or entering one, get an error saying so
+  /// (pdo::mismatch_error; pdo::communication_error for this process's part of a group over
+  /// several processes, which ends the job), until reopen() (messages between the others go on).
+  void leave(std::size_t member) { barrier_.abort_departed(static_cast<std::uint32_t>(member)); }
   /// @brief After leave(): the collectives are usable again (call once no member is inside one).
   void reopen() { barrier_.reset(); }
   /// @brief Makes the group usable again once no member is inside a collective.
