@@ -523,6 +523,59 @@ TEST_CASE("resume: a data-parallel trainer saved after 10 steps and loaded train
   }
 }
 
+TEST_CASE("resume: adam's count of each parameter's steps, for a parameter that skipped steps; older checkpoints without it") {
+  scratch_dir tmp("resume_adam_steps");
+  // `late` gets a gradient from step 3 on: adam corrects it as at its first step then
+  struct run {
+    pdo::var<pdo::tensor<double, 1>> p = pdo::parameter(pdo::tensor<double, 1>({2}, {0.5, -1.0}));
+    pdo::var<pdo::tensor<double, 1>> late = pdo::parameter(pdo::tensor<double, 1>({2}, {1.0, 2.0}));
+    pdo::nn::adam<double> opt{{{"p", p}, {"late", late}}, {.lr = 0.1}};
+    void steps(int from, int to) {
+      for (int s = from; s < to; ++s) {
+        opt.zero_grad();
+        if (s < 2) pdo::backward(pdo::sum(p * p));
+        else pdo::backward(pdo::sum(p * p) + pdo::sum(late * late * 3.0));
+        opt.step();
+      }
+    }
+    std::vector<double> values() const { return {p.value()(0), p.value()(1), late.value()(0), late.value()(1)}; }
+  };
+  run straight;
+  straight.steps(0, 6);
+  run first;
+  first.steps(0, 3);  // saved when late has taken 1 step of 3
+  CHECK(first.opt.steps(1) == 1);
+  pdo::io::checkpoint c;
+  pdo::io::add_state(c, "a.", first.opt.parameters(), first.opt);
+  c.save(tmp.path / "adam");
+  auto resume = [&](const fs::path& dir) {
+    run again;
+    again.p.value()(0) = 7;  // overwritten by the load
+    pdo::io::checkpoint back;
+    pdo::io::add_state(back, "a.", again.opt.parameters(), again.opt);
+    back.load(dir);
+    return again;
+  };
+  run resumed = resume(tmp.path / "adam");
+  CHECK(resumed.opt.steps() == 3);
+  CHECK(resumed.opt.steps(0) == 3);
+  CHECK(resumed.opt.steps(1) == 1);
+  resumed.steps(3, 6);
+  CHECK(resumed.values() == straight.values());  // bitwise
+
+  // a checkpoint saved without the counts per parameter (before they were kept) still loads:
+  // every parameter resumes at the optimizer's count
+  nlohmann::json meta = nlohmann::json::parse(std::ifstream(tmp.path / "adam" / "metadata.json"));
+  CHECK(meta["entries"].contains("a.optimizer.late.steps"));
+  meta["entries"].erase("a.optimizer.p.steps");
+  meta["entries"].erase("a.optimizer.late.steps");
+  std::ofstream(tmp.path / "adam" / "metadata.json") << meta.dump();
+  run older = resume(tmp.path / "adam");
+  CHECK(older.opt.steps(1) == 3);
+  older.steps(3, 6);
+  CHECK(older.values() != straight.values());
+}
+
 TEST_CASE("resume: a ZeRO-1 trainer's sliced optimizer state, on the same mesh and on another number of places") {
   scratch_dir tmp("resume_zero1");
   auto straight = make_trainer(2, 0, true);

@@ -500,15 +500,18 @@ class checkpoint {
   }
 
   /// @brief A number made when the checkpoint is saved and handed to `set` when it is loaded.
+  /// An `optional` entry may be absent from the checkpoint loaded (one saved before the entry
+  /// was added to a state): `set` is then not called.
   template <class V>
     requires(std::is_arithmetic_v<V> && !std::is_same_v<V, bool>)
-  checkpoint& add_computed(std::string name, std::function<V()> get, std::function<void(V)> set) {
+  checkpoint& add_computed(std::string name, std::function<V()> get, std::function<void(V)> set, bool optional = false) {
     check_name(name);
     entries_.push_back({std::move(name),
                         [get](detail::save_context& c, const std::string& n) {
                           c.entries[n] = {{"kind", "value"}, {"dtype", std::string(detail::stored_dtype<V>())}, {"value", detail::number_json(get())}};
                         },
-                        [set](detail::load_context& c, const std::string& n) {
+                        [set, optional](detail::load_context& c, const std::string& n) {
+                          if (optional && !c.entries.contains(n)) return;
                           const auto& e = c.entry(n);
                           if (e.value("kind", "") != "value" || e.value("dtype", "") != detail::stored_dtype<V>())
                             throw io_error(c.where(n) + "it is " + e.value("kind", "?") + " " + e.value("dtype", "?") +

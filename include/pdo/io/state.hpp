@@ -47,6 +47,33 @@ concept optimizer_with_state = requires(O& o, const O& co, const std::string& na
   o.set_steps(t);
 };
 
+/// @brief An optimizer that counts each parameter's steps (adam, any_optimizer).
+template <class O>
+concept steps_per_parameter = requires(O& o, const O& co, std::size_t i, long t) {
+  { co.steps(i) } -> std::convertible_to<long>;
+  o.set_steps(i, t);
+};
+
+/// @brief After the entry "<prefix>optimizer.steps": for an optimizer that counts each
+/// parameter's steps, "<prefix>optimizer.<name>.steps" for each parameter (saved from copy 0,
+/// loaded into every copy of `copies`), so a parameter that skipped steps (no gradient in them)
+/// resumes with its own bias corrections. Optional: a checkpoint saved without them loads with
+/// every parameter at the optimizer's count.
+template <class T, class Opt>
+void add_parameter_steps(checkpoint& c, const std::string& prefix, const std::vector<nn::parameter_ref<T>>& params, std::size_t copies,
+                         Opt opt_of) {
+  using optimizer_t = std::remove_cvref_t<decltype(opt_of(0))>;
+  if constexpr (steps_per_parameter<optimizer_t>) {
+    for (std::size_t i = 0; i < params.size(); ++i)
+      c.add_computed<long>(
+          prefix + "optimizer." + params[i].name() + ".steps", [opt_of, i] { return static_cast<long>(opt_of(0).steps(i)); },
+          [opt_of, copies, i](long t) {
+            for (std::size_t k = 0; k < copies; ++k) opt_of(k).set_steps(i, t);
+          },
+          /*optional=*/true);
+  }
+}
+
 /// @brief Entry "<prefix>model.<name>" of parameter `params_of(k)[i]` of `copies` identical
 /// copies, as a global value: saved from copy 0 (gathered), loaded into every copy, after which
 /// `loaded(k)` runs for that copy.
@@ -96,6 +123,7 @@ void add_parameters_and_state(checkpoint& c, const std::string& prefix, std::siz
       [opt_of, copies](long t) {
         for (std::size_t k = 0; k < copies; ++k) opt_of(k).set_steps(t);
       });
+  add_parameter_steps<T>(c, prefix, params_of(0), copies, opt_of);
 }
 
 /// @brief The entries of a data-parallel trainer with ZeRO-1. Its parameters are whole on every
@@ -166,7 +194,8 @@ bool held_in_blocks(const nn::parameter_ref<T>& p) {
 }  // namespace detail
 
 /// @brief Adds to `c` a model's parameters (as "<prefix>model.<name>") and `opt`'s state
-/// ("<prefix>optimizer.<name>.<state>", "<prefix>optimizer.steps"). The parameters may be
+/// ("<prefix>optimizer.<name>.<state>", "<prefix>optimizer.steps", and for an optimizer that
+/// counts each parameter's steps, as adam does, "<prefix>optimizer.<name>.steps"). The parameters may be
 /// local tensors or dtensors of any layout (the tensor-parallel model's). A dtensor on CPU
 /// places is saved by its places, each writing its own block at once (a replica's by the first
 /// place along the axes its layout does not split), and loaded into whatever layout and mesh
@@ -226,6 +255,7 @@ checkpoint& add_state(checkpoint& c, const std::string& prefix, std::vector<nn::
   }
   c.add_computed<long>(
       prefix + "optimizer.steps", [&opt] { return opt.steps(); }, [&opt](long t) { opt.set_steps(t); });
+  detail::add_parameter_steps<T>(c, prefix, params, 1, opt_of);
   return c;
 }
 

@@ -330,12 +330,14 @@ class adam : public optimizer_base<T> {
   /// t.
   [[nodiscard]] long steps(std::size_t i) const { return t_.at(i); }
   /// @brief Sets the steps taken, of the optimizer and of every parameter (a checkpoint
-  /// restores it, so the bias corrections continue; it keeps one count, so a parameter that
-  /// had skipped steps resumes counting as if it had taken every one).
+  /// restores it, then each parameter's own count with set_steps(i, t), so the bias
+  /// corrections continue).
   void set_steps(long t) {
     steps_ = t;
     std::fill(t_.begin(), t_.end(), t);
   }
+  /// @brief Sets the steps parameter `i` has taken (a checkpoint restores each parameter's).
+  void set_steps(std::size_t i, long t) { t_.at(i) = t; }
 
  private:
   adam_options o_;
@@ -385,6 +387,12 @@ class any_optimizer {
   [[nodiscard]] long steps() const { return impl_->steps(); }
   /// @brief Sets the held optimizer's step count (ignored if it keeps none).
   void set_steps(long t) { impl_->set_steps(t); }
+  /// @brief The steps parameter `i` has taken, if the held optimizer counts them per
+  /// parameter (adam); else its step count.
+  [[nodiscard]] long steps(std::size_t i) const { return impl_->steps(i); }
+  /// @brief Sets the steps parameter `i` has taken (ignored if the held optimizer keeps no
+  /// count per parameter).
+  void set_steps(std::size_t i, long t) { impl_->set_steps(i, t); }
 
  private:
   struct base {
@@ -398,6 +406,8 @@ class any_optimizer {
     [[nodiscard]] virtual std::vector<tensor<T, 1>>& state(const std::string& name, std::size_t i) = 0;
     [[nodiscard]] virtual long steps() const = 0;
     virtual void set_steps(long t) = 0;
+    [[nodiscard]] virtual long steps(std::size_t i) const = 0;
+    virtual void set_steps(std::size_t i, long t) = 0;
   };
   template <class O>
   struct holder final : base {
@@ -422,6 +432,13 @@ class any_optimizer {
     }
     void set_steps(long t) override {
       if constexpr (requires { o.set_steps(t); }) o.set_steps(t);
+    }
+    [[nodiscard]] long steps(std::size_t i) const override {
+      if constexpr (requires { o.steps(i); }) return o.steps(i);
+      else return steps();
+    }
+    void set_steps(std::size_t i, long t) override {
+      if constexpr (requires { o.set_steps(i, t); }) o.set_steps(i, t);
     }
   };
   std::shared_ptr<base> impl_;
