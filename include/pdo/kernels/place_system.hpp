@@ -172,6 +172,37 @@ Out transform([[maybe_unused]] cpu_system& system, thrust::counting_iterator<std
   return out + static_cast<std::ptrdiff_t>(n);
 }
 
+/// @brief f(base + k) for k in [begin, end), vectorized: for elementwise items, each reading
+/// and writing its own elements. The functor is copied to a local, as in transform_range (its
+/// pointers then stay in registers, and the loads and stores through them are vector ones).
+template <class F>
+void for_each_element_range(const F& f, std::size_t base, std::size_t begin, std::size_t end) {
+  const F local = f;
+#pragma omp simd
+  for (std::size_t k = begin; k < end; ++k) local(base + k);
+}
+
+/// @brief f(first + k) for k in [0, n), for elementwise work items (each writes the elements
+/// of its own index: an optimizer's update, a gradient's accumulation), vectorized, in
+/// parallel over the place's cores.
+template <class F>
+void for_each_element([[maybe_unused]] cpu_system& system, thrust::counting_iterator<std::size_t> first, std::size_t n, F f) {
+  const std::size_t base = *first;
+  if (system.threads > 1 && n >= parallel_grain) {
+    struct job {
+      const F& f;
+      std::size_t base, n;
+    } j{f, base, n};
+    run_team(system.threads, [](void* c, std::size_t t, std::size_t nt) {
+      const job& j = *static_cast<const job*>(c);
+      const auto [begin, end] = team_part(j.n, t, nt);
+      for_each_element_range(j.f, j.base, begin, end);
+    }, &j);
+  } else {
+    for_each_element_range(f, base, 0, n);
+  }
+}
+
 /// @brief f(first + k) for k in [0, n), for work items that write several outputs each
 /// (a row of a softmax); items run in parallel over the place's cores.
 template <class F>
@@ -264,6 +295,10 @@ template <class F>
 thrust::counting_iterator<std::size_t> for_each_n(gpu_system& system, thrust::counting_iterator<std::size_t> first, std::size_t n, F f) {
   return gpu_for_each_n(*system.place, first, n, f);
 }
+template <class F>
+void for_each_element(gpu_system& system, thrust::counting_iterator<std::size_t> first, std::size_t n, F f) {
+  gpu_for_each_n(*system.place, first, n, f);
+}
 /// @brief The reduction, brought back to the host (waits for the place's compute stream).
 template <class F, class T, class Op>
 T transform_reduce(gpu_system& system, thrust::counting_iterator<std::size_t> first, thrust::counting_iterator<std::size_t> last, F f,
@@ -294,6 +329,10 @@ template <class F>
 thrust::counting_iterator<std::size_t> for_each_n(place_system& system, thrust::counting_iterator<std::size_t> first, std::size_t n, F f) {
   return system.visit([&](auto& backend) { return for_each_n(backend, first, n, f); });
 }
+template <class F>
+void for_each_element(place_system& system, thrust::counting_iterator<std::size_t> first, std::size_t n, F f) {
+  system.visit([&](auto& backend) { for_each_element(backend, first, n, f); });
+}
 template <class F, class T, class Op>
 T transform_reduce(place_system& system, thrust::counting_iterator<std::size_t> first, thrust::counting_iterator<std::size_t> last, F f,
                    T init, Op op) {
@@ -316,16 +355,17 @@ void segmented_reduce(place_system& system, std::size_t segments, std::size_t le
 }
 /// @}
 
-/// @brief f(i) for i in [0, n), over data in the memory of `where` (a tensor's place; null:
-/// host memory), run where that memory can be read: on a GPU's place (from its compute lane, the
-/// calling thread waiting, when called from elsewhere), else as host loops over the calling
-/// thread's cores (one core on a GPU place's lane).
+/// @brief f(i) for i in [0, n), each i reading and writing only the elements of index i (an
+/// elementwise update), over data in the memory of `where` (a tensor's place; null: host
+/// memory), run where that memory can be read: on a GPU's place (from its compute lane, the
+/// calling thread waiting, when called from elsewhere), else as vectorized host loops over the
+/// calling thread's cores (one core on a GPU place's lane).
 template <class F>
 void for_each_index(place_state* where, std::size_t n, F f) {
   if (on_gpu(where) && current_place() != where) return run_on_place(*where, [&] { for_each_index(where, n, f); });
   place_system system = current_place_system();
   if (system.gpu != memory_of(where)) system = place_system{};
-  thrust::for_each_n(system, thrust::counting_iterator<std::size_t>(0), n, f);
+  for_each_element(system, thrust::counting_iterator<std::size_t>(0), n, f);
 }
 
 }  // namespace pdo::detail

@@ -53,10 +53,11 @@ inline lane& lane_of(place_state& p, lane_kind k = lane_kind::compute) {
   if (!p.lanes[i]) {
     if (!p.local) throw layout_error("place " + p.name + " belongs to another process; its work runs there");
     std::function<void()> setup = p.lane_setup ? p.lane_setup : [] {};
-    // the compute lane runs on the place's cores; the others only move data, wherever the system puts them
-    // a CPU place's tasks may run on a host thread that waits for them (lane::run_here)
-    p.lanes[i] = std::make_unique<lane>(p, p.name, k, k == lane_kind::compute ? p.pin : std::vector<int>{}, std::move(setup),
-                                        p.kind == place_kind::cpu);
+    // every lane of a place runs on the place's cores: its collectives and copies move the
+    // place's memory (two places' communication lanes left to float can share one core while
+    // the other idles, and a data-parallel step's fused sync and update then takes twice as
+    // long); a CPU place's tasks may run on a host thread that waits for them (lane::run_here)
+    p.lanes[i] = std::make_unique<lane>(p, p.name, k, p.pin, std::move(setup), p.kind == place_kind::cpu);
   }
   return *p.lanes[i];
 }
