@@ -1,20 +1,28 @@
 // benchmarks/train.cpp: data-parallel training step of an MLP 1024-4096-4096-10 (float32,
 // cross-entropy, SGD), global batch 256: on 1 place and on 2 places (strong scaling: the
-// same global batch; weak scaling: 256 rows per place), the fraction of the gradient
-// all_reduce hidden behind backward, and the step with the all_reduce after backward.
+// same global batch; weak scaling: 256 rows per place); on 2 places with the gradients' sync
+// fused with the update (the default on CPU places) and with the buckets' all_reduces
+// overlapping backward (data_parallel_options::fused_update = false), with the fraction of
+// the all_reduce hidden behind backward.
 //
-// Anchor, measured in the same run: OpenBLAS's sgemm on the step's eight matrix products
-// (each layer's forward product and weight gradient, and the input gradients of the second
-// and third layers: the batch, the first layer's input, needs none) with the cores of one place; "sgemm-only
-// step" is the time those products alone take, and the ratio printed is that time over
-// the step's (1.00 would be a step that costs nothing but its gemms). For 2 places the
-// limit is two such one-thread sgemm runs at once, one per place's rows (they share the
-// memory system as the places do). Then one step of 2 places under pdo::trace: where its
-// time goes, per lane of place 0.
+// Anchor: OpenBLAS's sgemm on the step's eight matrix products (each layer's forward product
+// and weight gradient, and the input gradients of the second and third layers: the batch, the
+// first layer's input, needs none) with the cores of one place; "sgemm-only step" is the time
+// those products alone take, and the ratio printed is that time over the step's (1.00 would
+// be a step that costs nothing but its gemms). For 2 places the limit is two such one-thread
+// sgemm runs at once, one per place's rows (they share the memory system as the places do).
+// A second anchor is the least a 2-place step can do besides: after those products, the
+// gradients summed and the SGD update applied to both replicas in one pass by hand-written
+// loops (each core half of the elements).
+//
+// The machines these run on change speed from one second to the next (other tenants), so
+// each sample runs the anchors and every trainer's step one after the other, and each ratio
+// is the median of the samples' ratios, not a ratio of medians. Then one step of 2 places
+// under pdo::trace: where its time goes, per lane of place 0.
 //
 // The same model in PyTorch: benchmarks/train_torch.py.
 //
-//   bench_train [steps] [warmup]
+//   bench_train [samples] [warmup]
 #include <pdo/pdo.hpp>
 
 #include <cblas.h>
@@ -42,45 +50,6 @@ auto make_mlp() {
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
-}
-
-struct result {
-  double step_ms = 0;
-  double hidden_fraction = 0;  ///< of the all_reduce time, the part inside backward (place 0)
-  double all_reduce_ms = 0;
-};
-
-result run(std::size_t places, std::size_t global_batch, bool overlap, int steps, int warmup) {
-  // places with one half of the cores each (one core each on a 2-core machine); one place is the first of them
-  auto all = pdo::cpu_places(2);
-  if (places == 1) all.pop_back();
-  const auto mesh = pdo::make_mesh<"dp">(all);
-  auto trainer = pdo::nn::make_data_parallel<float>(
-      mesh, make_mlp, [](auto ps) { return pdo::nn::sgd<float>(std::move(ps), {.lr = 0.01}); }, {.overlap = overlap});
-  pdo::tensor<float, 2> x({global_batch, in});
-  pdo::tensor<int, 1> y({global_batch});
-  for (std::size_t i = 0; i < x.size(); ++i) x.data()[i] = static_cast<float>((i * 2654435761u) % 1000) / 1000.0f - 0.5f;
-  for (std::size_t i = 0; i < global_batch; ++i) y(i) = static_cast<int>(i % classes);
-  std::vector<double> times, hidden_fractions, reduce_times;
-  for (int s = 0; s < warmup + steps; ++s) {
-    const auto start = steady::now();
-    (void)trainer.step(x, y);
-    const double ms = std::chrono::duration<double, std::milli>(steady::now() - start).count();
-    if (s < warmup) continue;
-    times.push_back(ms);
-    double backward_start = 0, backward_end = 0, total = 0, inside = 0;
-    const auto events = trainer.last_step_events();
-    for (const auto& e : events)
-      if (e.place == 0 && e.what == "backward") backward_start = e.start_us, backward_end = e.end_us;
-    for (const auto& e : events) {
-      if (e.place != 0 || e.what != "all_reduce") continue;
-      total += e.end_us - e.start_us;
-      inside += std::max(0.0, std::min(e.end_us, backward_end) - std::max(e.start_us, backward_start));
-    }
-    hidden_fractions.push_back(total > 0 ? inside / total : 0);
-    reduce_times.push_back(total / 1000);
-  }
-  return {median(times), places > 1 ? median(hidden_fractions) : 0, places > 1 ? median(reduce_times) : 0};
 }
 
 /// @brief The anchor: milliseconds OpenBLAS's sgemm takes for the nine products of one
@@ -171,44 +140,148 @@ void trace_breakdown(Trainer& trainer, const X& x, const Y& y) {
   std::printf("    bucket collectives: %.1f ms, %.0f%% of it while backward runs\n", buckets / 1000, buckets > 0 ? 100 * inside / buckets : 0.0);
 }
 
+/// @brief A data-parallel trainer of the MLP with SGD on `places` of the two places of
+/// cpu_places(2) (one core each on a 2-core machine), fused or not.
+auto make_trainer(std::size_t places, bool fused) {
+  auto all = pdo::cpu_places(2);
+  if (places == 1) all.pop_back();
+  const auto mesh = pdo::make_mesh<"dp">(all);
+  return pdo::nn::make_data_parallel<float>(
+      mesh, make_mlp, [](auto ps) { return pdo::nn::sgd<float>(std::move(ps), {.lr = 0.01}); }, {.fused_update = fused});
+}
+
+/// @brief A global batch of `rows` rows.
+std::pair<pdo::tensor<float, 2>, pdo::tensor<int, 1>> batch_of(std::size_t rows) {
+  pdo::tensor<float, 2> x({rows, in});
+  pdo::tensor<int, 1> y({rows});
+  for (std::size_t i = 0; i < x.size(); ++i) x.data()[i] = static_cast<float>((i * 2654435761u) % 1000) / 1000.0f - 0.5f;
+  for (std::size_t i = 0; i < rows; ++i) y(i) = static_cast<int>(i % classes);
+  return {std::move(x), std::move(y)};
+}
+
+/// @brief Milliseconds one step of `trainer` takes.
+template <class Trainer, class Batch>
+double step_ms(Trainer& trainer, const Batch& b) {
+  const auto start = steady::now();
+  (void)trainer.step(b.first, b.second);
+  return std::chrono::duration<double, std::milli>(steady::now() - start).count();
+}
+
+/// @brief Of the last step of `trainer`, on place 0: the all_reduces' time (ms) and the fraction of it inside backward.
+template <class Trainer>
+std::pair<double, double> all_reduce_of(const Trainer& trainer) {
+  double backward_start = 0, backward_end = 0, total = 0, inside = 0;
+  const auto events = trainer.last_step_events();
+  for (const auto& e : events)
+    if (e.place == 0 && e.what == "backward") backward_start = e.start_us, backward_end = e.end_us;
+  for (const auto& e : events) {
+    if (e.place != 0 || e.what != "all_reduce") continue;
+    total += e.end_us - e.start_us;
+    inside += std::max(0.0, std::min(e.end_us, backward_end) - std::max(e.start_us, backward_start));
+  }
+  return {total / 1000, total > 0 ? inside / total : 0};
+}
+
+/// @brief The second anchor: the least a 2-place step does besides its products. Two threads,
+/// pinned as the places' lanes are, run the step's products on 128 rows each (one-thread
+/// sgemm), meet, then sum the two replicas' gradients and apply SGD to both replicas' values
+/// in one pass, each thread half of the elements; milliseconds until both are done.
+struct ideal_step {
+  std::size_t elements = in * hidden + hidden + hidden * hidden + hidden + hidden * classes + classes;
+  std::vector<float> values[2], grads[2];
+  ideal_step() {
+    for (int k = 0; k < 2; ++k) {
+      values[k].assign(elements, 0.01f);
+      grads[k].assign(elements, 0.001f * static_cast<float>(k + 1));
+    }
+  }
+  double run() {
+    const std::vector<int> cores = pdo::detail::process_cores();
+    std::latch start(2), products(2);
+    double ms[2] = {0, 0}, pass[2] = {0, 0};
+    auto on = [&](std::size_t k) {
+      if (cores.size() >= 2) pdo::detail::pin_current_thread({cores[k]});
+      ms[k] = sgemm_step_ms(128, 1, 1, &start);  // timed from when both have their operands
+      products.arrive_and_wait();
+      const auto t0 = steady::now();
+      float* __restrict a = values[0].data();
+      float* __restrict b = values[1].data();
+      const float* __restrict g0 = grads[0].data();
+      const float* __restrict g1 = grads[1].data();
+      const std::size_t lo = k * elements / 2, hi = (k + 1) * elements / 2;
+#pragma omp simd
+      for (std::size_t i = lo; i < hi; ++i) {
+        const float v = a[i] - 0.01f * (g0[i] + g1[i]);
+        a[i] = v;
+        b[i] = v;
+      }
+      pass[k] = std::chrono::duration<double, std::milli>(steady::now() - t0).count();
+    };
+    std::thread first([&] { on(0); }), second([&] { on(1); });
+    first.join();
+    second.join();
+    return std::max(ms[0], ms[1]) + std::max(pass[0], pass[1]);
+  }
+};
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  const int steps = argc > 1 ? std::max(1, std::atoi(argv[1])) : 5;
+  const int samples = argc > 1 ? std::max(1, std::atoi(argv[1])) : 7;
   const int warmup = argc > 2 ? std::max(0, std::atoi(argv[2])) : 2;
   const std::size_t batch = 256;
-  std::printf("MLP %zu-%zu-%zu-%zu, float32, SGD, median of %d steps after %d\n", in, hidden, hidden, classes, steps, warmup);
-
-  const double gemm_1core_256 = sgemm_step_ms(batch, 1, 3);
-  const double gemm_1core_128 = sgemm_step_ms(batch / 2, 1, 3);
-  std::printf("anchor: OpenBLAS sgemm, the step's 8 products, 1 thread: %.1f ms at 256 rows, %.1f ms at 128 rows\n", gemm_1core_256,
-              gemm_1core_128);
-
-  const result one = run(1, batch, true, steps, warmup);
-  std::printf("1 place (half the cores), batch 256:               step %7.1f ms  %6.0f samples/s  sgemm-only step / step = %.2f\n",
-              one.step_ms, 1000.0 * batch / one.step_ms, gemm_1core_256 / one.step_ms);
-  const double limit_2 = two_sgemm_steps_ms(batch / 2, 3);
-  std::printf("anchor: two one-thread sgemm runs of the step's products at once, 128 rows each: %.1f ms (the limit of 2 places)\n", limit_2);
-  const result strong = run(2, batch, true, steps, warmup);
-  std::printf("2 places, global batch 256 (strong):               step %7.1f ms  %6.0f samples/s  speedup %.2fx  limit / step = %.2f\n",
-              strong.step_ms, 1000.0 * batch / strong.step_ms, one.step_ms / strong.step_ms, limit_2 / strong.step_ms);
-  std::printf("    all_reduce %.1f ms per step, %.0f%% of it hidden behind backward\n", strong.all_reduce_ms, 100 * strong.hidden_fraction);
-  const result strong_serial = run(2, batch, false, steps, warmup);
-  std::printf("2 places, global batch 256, all_reduce after backward: step %7.1f ms (overlap saves %.1f%%)\n", strong_serial.step_ms,
-              100 * (strong_serial.step_ms - strong.step_ms) / strong_serial.step_ms);
-  const result weak = run(2, 2 * batch, true, steps, warmup);
-  std::printf("2 places, 256 rows each, global 512 (weak):        step %7.1f ms  %6.0f samples/s  weak-scaling efficiency %.2f\n",
-              weak.step_ms, 1000.0 * 2 * batch / weak.step_ms, one.step_ms / weak.step_ms);
-  std::printf("    all_reduce %.1f ms per step, %.0f%% of it hidden behind backward\n", weak.all_reduce_ms, 100 * weak.hidden_fraction);
-  {
-    const auto mesh = pdo::make_mesh<"dp">(pdo::cpu_places(2));
-    auto trainer = pdo::nn::make_data_parallel<float>(mesh, make_mlp, [](auto ps) { return pdo::nn::sgd<float>(std::move(ps), {.lr = 0.01}); });
-    pdo::tensor<float, 2> x({batch, in});
-    pdo::tensor<int, 1> y({batch});
-    for (std::size_t i = 0; i < x.size(); ++i) x.data()[i] = static_cast<float>((i * 2654435761u) % 1000) / 1000.0f - 0.5f;
-    for (std::size_t i = 0; i < batch; ++i) y(i) = static_cast<int>(i % classes);
-    for (int s = 0; s < warmup; ++s) (void)trainer.step(x, y);
-    trace_breakdown(trainer, x, y);
+  std::printf("MLP %zu-%zu-%zu-%zu, float32, SGD, %d samples after %d warm-up steps; in each sample the anchors and every "
+              "trainer's step run one after the other; figures are medians (ratios: of the samples' ratios)\n",
+              in, hidden, hidden, classes, samples, warmup);
+  auto one = make_trainer(1, true);
+  auto fused = make_trainer(2, true);
+  auto overlapped = make_trainer(2, false);
+  std::printf("2 places: %s", fused.explain().substr(0, fused.explain().find("  bucket 0")).c_str());
+  const auto b256 = batch_of(batch), b512 = batch_of(2 * batch);
+  for (int s = 0; s < warmup; ++s) {
+    (void)one.step(b256.first, b256.second);
+    (void)fused.step(b256.first, b256.second);
+    (void)overlapped.step(b256.first, b256.second);
+    (void)fused.step(b512.first, b512.second);
   }
+  ideal_step ideal;
+  std::vector<double> a1, t1, r1, a2, i2, t2, r2, ri, t2o, r2o, reduce_o, hidden_o, reduce_f, tw, rw;
+  for (int s = 0; s < samples; ++s) {
+    a1.push_back(sgemm_step_ms(batch, 1, 1));
+    t1.push_back(step_ms(one, b256));
+    r1.push_back(a1.back() / t1.back());
+    a2.push_back(two_sgemm_steps_ms(batch / 2, 1));
+    i2.push_back(ideal.run());
+    t2.push_back(step_ms(fused, b256));
+    r2.push_back(a2.back() / t2.back());
+    ri.push_back(a2.back() / i2.back());
+    reduce_f.push_back(all_reduce_of(fused).first);
+    t2o.push_back(step_ms(overlapped, b256));
+    r2o.push_back(a2.back() / t2o.back());
+    const auto [ms, hidden_part] = all_reduce_of(overlapped);
+    reduce_o.push_back(ms);
+    hidden_o.push_back(hidden_part);
+    tw.push_back(step_ms(fused, b512));
+    rw.push_back(t1.back() / tw.back());
+  }
+  std::printf("anchor: OpenBLAS sgemm, the step's 8 products, 1 thread, 256 rows: %.1f ms\n", median(a1));
+  std::printf("1 place (half the cores), batch 256:                  step %7.1f ms  %6.0f samples/s  sgemm-only step / step = %.2f\n",
+              median(t1), 1000.0 * batch / median(t1), median(r1));
+  std::printf("anchor: two one-thread sgemm runs of the step's products at once, 128 rows each: %.1f ms (the limit of 2 places)\n",
+              median(a2));
+  std::printf("anchor: those products, then the gradients' sum and SGD on both replicas in one hand-written pass: %.1f ms, "
+              "limit / that = %.2f (the best any 2-place step can do here)\n",
+              median(i2), median(ri));
+  std::printf("2 places, global batch 256 (strong), fused sync and update: step %7.1f ms  %6.0f samples/s  speedup %.2fx  "
+              "limit / step = %.2f\n",
+              median(t2), 1000.0 * batch / median(t2), median(t1) / median(t2), median(r2));
+  std::printf("    the buckets' all_reduces fused with the update: %.1f ms per step, after backward\n", median(reduce_f));
+  std::printf("2 places, global batch 256, all_reduces overlapping backward, then step(): step %7.1f ms  limit / step = %.2f\n",
+              median(t2o), median(r2o));
+  std::printf("    all_reduce %.1f ms per step, %.0f%% of it hidden behind backward\n", median(reduce_o), 100 * median(hidden_o));
+  std::printf("2 places, 256 rows each, global 512 (weak), fused:       step %7.1f ms  %6.0f samples/s  weak-scaling efficiency %.2f\n",
+              median(tw), 1000.0 * 2 * batch / median(tw), median(rw));
+  for (int s = 0; s < warmup; ++s) (void)fused.step(b256.first, b256.second);
+  trace_breakdown(fused, b256.first, b256.second);
   return 0;
 }

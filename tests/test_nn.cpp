@@ -291,7 +291,8 @@ TEST_CASE("data parallel: bucketed all_reduce overlaps backward", "[nn][data_par
                                pdo::nn::linear<double>(512, 4, gen));
   };
   auto trainer = pdo::nn::make_data_parallel<double>(
-      m, make, [](auto ps) { return pdo::nn::sgd<double>(std::move(ps), {.lr = 0.01}); }, {.bucket_bytes = 256 << 10});
+      m, make, [](auto ps) { return pdo::nn::sgd<double>(std::move(ps), {.lr = 0.01}); }, {.bucket_bytes = 256 << 10, .fused_update = false});
+  CHECK(!trainer.fused_update());
   const auto buckets = trainer.buckets();
   REQUIRE(buckets.size() >= 3);
   CHECK(buckets.front().front() == "6.bias");  // the last layer's gradients are complete first
@@ -495,6 +496,72 @@ void check_close(const std::vector<double>& a, const std::vector<double>& b, dou
 }
 
 }  // namespace
+
+TEST_CASE("data parallel: the gradients' sync fused with the optimizer's update gives the unfused trainer's values, bit for bit",
+          "[nn][data_parallel]") {
+  // 11 rows in global batches of 4: 4, 4, 3 (uneven over 2 and 3 places; a place of 1 mesh);
+  // 512-byte buckets pack several parameters, and a bucket's range cuts parameters apart
+  const auto x = rnd<2>({11, 6}, 60);
+  const auto y = labels_for(11);
+  using any = pdo::nn::any_optimizer<double>;
+  const std::vector<std::pair<const char*, std::function<any(std::vector<pdo::nn::parameter_ref<double>>)>>> optimizers{
+      {"sgd", [](auto ps) -> any { return pdo::nn::sgd<double>(std::move(ps), {.lr = 0.05}); }},
+      {"sgd with momentum and decay", [](auto ps) -> any { return pdo::nn::sgd<double>(std::move(ps), {.lr = 0.05, .momentum = 0.9, .weight_decay = 1e-3}); }},
+      {"adam", [](auto ps) -> any { return pdo::nn::adam<double>(std::move(ps), {.lr = 0.01, .weight_decay = 1e-3}); }},
+      {"adamw", [](auto ps) -> any { return pdo::nn::adam<double>(std::move(ps), pdo::nn::adamw_options(0.01)); }}};
+  for (const auto& [name, make_optimizer] : optimizers)
+    for (std::size_t places : {1, 2, 3})
+      for (std::size_t bucket_bytes : {std::size_t{512}, std::size_t{1} << 20}) {
+        INFO(name << " on " << places << " places, buckets of " << bucket_bytes << " B");
+        const auto m = pdo::make_mesh<"dp">(pdo::cpu_places(places));
+        auto fused = pdo::nn::make_data_parallel<double>(m, make_mlp, make_optimizer, {.bucket_bytes = bucket_bytes});
+        auto plain = pdo::nn::make_data_parallel<double>(m, make_mlp, make_optimizer, {.bucket_bytes = bucket_bytes, .fused_update = false});
+        REQUIRE(fused.fused_update());
+        REQUIRE(!plain.fused_update());
+        CHECK_THAT(fused.explain(), Catch::Contains("fused with the optimizer's update"));
+        for (int epoch = 0; epoch < 2; ++epoch)
+          for (std::size_t first = 0; first < 11; first += 4) {
+            const std::size_t rows = std::min<std::size_t>(4, 11 - first);
+            dt<2> xb({rows, 6});
+            pdo::tensor<int, 1> yb({rows});
+            std::copy_n(x.data() + first * 6, rows * 6, xb.data());
+            std::copy_n(y.data() + first, rows, yb.data());
+            CHECK(fused.step(xb, yb) == plain.step(xb, yb));
+          }
+        for (std::size_t k = 0; k < places; ++k) CHECK(values_of(fused, k) == values_of(plain, k));
+        CHECK(fused.optimizer().steps() == plain.optimizer().steps());
+        // the buckets' collectives ran after backward, queued by it, one per bucket
+        const auto events = fused.last_step_events();
+        std::size_t collectives = 0;
+        for (std::size_t p = 0; p < places; ++p) {
+          double backward_end = -1;
+          for (const auto& e : events)
+            if (e.place == p && e.what == "backward") backward_end = e.end_us;
+          for (const auto& e : events)
+            if (e.place == p && e.what == "all_reduce") {
+              ++collectives;
+              CHECK(e.start_us >= backward_end);
+            }
+        }
+        CHECK(collectives == places * fused.buckets().size());
+      }
+  // where it does not apply, the trainer syncs and steps as before
+  const auto m = pdo::make_mesh<"dp">(pdo::cpu_places(2));
+  const auto sgd = [](auto ps) { return pdo::nn::sgd<double>(std::move(ps), {.lr = 0.05}); };
+  CHECK(!pdo::nn::make_data_parallel<double>(m, make_mlp, sgd, {.zero1 = true}).fused_update());
+  CHECK(!pdo::nn::make_data_parallel<double>(m, make_mlp, sgd, {.clip_grad_norm = 1.0}).fused_update());
+  // an optimizer of only some of the parameters updates those only, fused too
+  auto frozen = pdo::nn::make_data_parallel<double>(m, make_mlp, [](auto ps) {
+    ps.erase(ps.begin());  // the first layer's weight stays as it is
+    return pdo::nn::sgd<double>(std::move(ps), {.lr = 0.05});
+  });
+  CHECK(frozen.fused_update());
+  const auto before = std::vector<double>(frozen.parameters()[0].value().begin(), frozen.parameters()[0].value().end());
+  const auto bias_before = std::vector<double>(frozen.parameters()[1].value().begin(), frozen.parameters()[1].value().end());
+  (void)frozen.step(rnd<2>({8, 6}, 61), labels_for(8));
+  CHECK(std::vector<double>(frozen.parameters()[0].value().begin(), frozen.parameters()[0].value().end()) == before);
+  CHECK(std::vector<double>(frozen.parameters()[1].value().begin(), frozen.parameters()[1].value().end()) != bias_before);
+}
 
 TEST_CASE("data parallel: replicas start equal by a broadcast from place 0, and can be checked", "[nn][data_parallel]") {
   // a factory that builds a different replica on every place

@@ -276,6 +276,17 @@ constexpr T apply(reduce_op op, T a, T b) {
 
 namespace pdo {
 
+/// @brief What consumes the sum of an all_reduce_apply (group_communicator::all_reduce_apply):
+/// `call(context, lo, hi, sum)` takes elements [lo, hi) of the sum, `sum[0]` being element lo.
+/// It may be called from the thread of another member of the group, once for each range, the
+/// ranges together covering the elements once; it writes only its own member's outputs.
+template <class T>
+struct reduced_consumer {
+  void (*call)(const void* context, std::size_t lo, std::size_t hi, const T* sum) = nullptr;
+  const void* context = nullptr;
+  void operator()(std::size_t lo, std::size_t hi, const T* sum) const { call(context, lo, hi, sum); }
+};
+
 /// @brief One member's endpoint on a group of places (a mesh axis, or the whole mesh).
 ///
 /// Every collective is called by all members of the group at once, each with its own
@@ -473,6 +484,26 @@ class group_communicator {
   void all_reduce(std::span<T> data, reduce_op op = reduce_op::sum) const {
     const detail::timeline_span span("collective", "all_reduce", [&] { return describe(data.size_bytes()); });
     with([&](auto& g) { g.all_reduce(member_, data, op); });
+  }
+  /// @brief The sum over members of their `data` (same size on all), consumed where it is
+  /// made instead of stored: each member's `consume` receives every range of the sum (see
+  /// pdo::reduced_consumer), an all_reduce fused with what reads its result. Over shared memory
+  /// (the threads backend) each member sums its part of the elements block by block and hands
+  /// each block to every member's consumer while it is in cache: one pass over memory, the sum
+  /// never written. Elsewhere `data` is all_reduced in place and handed whole to this member's
+  /// consumer. Either way the sum is the all_reduce's, bitwise; `data` may be left as it was or
+  /// summed.
+  template <element T>
+  void all_reduce_apply(std::span<T> data, reduced_consumer<T> consume) const {
+    const detail::timeline_span span("collective", "all_reduce", [&] { return describe(data.size_bytes()) + ", fused with its consumer"; });
+    with([&](auto& g) {
+      if constexpr (requires { g.all_reduce_apply(member_, std::span<const T>(data), consume); }) {
+        g.all_reduce_apply(member_, std::span<const T>(data), consume);
+      } else {
+        g.all_reduce(member_, data, reduce_op::sum);
+        consume(0, data.size(), data.data());
+      }
+    });
   }
   /// @brief `out` = every member's `in`, concatenated in member order (sizes may differ).
   template <element T>
@@ -1056,6 +1087,21 @@ void reduce_blocks(std::span<const T* const> srcs, std::span<T* const> dsts, std
   }
 }
 
+/// @brief `sum[0, n) = srcs[0][b + i] + srcs[1][b + i] + ...`, added in the order of `srcs`
+/// (that of reduce_in_place and reduce_blocks, so the sum is the all_reduce's, bitwise).
+template <class T>
+void sum_block(T* __restrict sum, std::span<const T* const> srcs, std::size_t b, std::size_t n) {
+  const T* __restrict first = srcs[0] + b;
+  if (srcs.size() == 1) {
+    copy_elements(sum, first, n);
+    return;
+  }
+  const T* __restrict second = srcs[1] + b;
+#pragma omp simd
+  for (std::size_t i = 0; i < n; ++i) sum[i] = first[i] + second[i];
+  for (std::size_t k = 2; k < srcs.size(); ++k) reduce_into(sum, srcs[k] + b, n, reduce_op::sum);
+}
+
 /// @brief In place over `bufs` (N buffers): `bufs[k][i] = op over k of bufs[k][i]` for i in
 /// [lo, hi), in one pass: N reads and N writes per element, summed in buffer order.
 template <std::size_t N, class T, class Op>
@@ -1202,6 +1248,37 @@ class local_group {
     const auto [lo, hi] = work_range<T>(data.size(), size(), me);
     for (std::size_t k = 0; k < size(); ++k) bufs[k] = static_cast<T*>(slots_[k].out);
     reduce_in_place<T>(std::span<T* const>(bufs, size()), lo, hi, op);
+  }
+
+  /// @brief The sum over members of their `data`, handed block by block to every member's
+  /// `consume` (see group_communicator::all_reduce_apply): member `me` sums its part of the
+  /// elements (in member order, as all_reduce does) into a block that stays in L1 and hands
+  /// each block to every member's consumer.
+  template <class T>
+  void all_reduce_apply(std::size_t me, std::span<const T> data, const reduced_consumer<T>& consume) {
+    std::array<const T*, 4> few{};  // allocated before the entry barrier: nothing throws between the barriers
+    std::array<const reduced_consumer<T>*, 4> few_consumers{};
+    std::vector<const T*> many(size() > few.size() ? size() : 0);
+    std::vector<const reduced_consumer<T>*> many_consumers(many.size());
+    const T** srcs = many.empty() ? few.data() : many.data();
+    const reduced_consumer<T>** consumers = many.empty() ? few_consumers.data() : many_consumers.data();
+    publish(me, call<T>("all_reduce_apply", data.data(), const_cast<reduced_consumer<T>*>(&consume), data.size(), data.size(), reduce_op::sum));
+    barrier_.arrive_and_wait();
+    const closing_barrier closing(barrier_);
+    check_same_call();
+    check_equal_counts("all_reduce_apply", &slot::in_count, me);
+    for (std::size_t k = 0; k < size(); ++k) {
+      srcs[k] = static_cast<const T*>(slots_[k].in);
+      consumers[k] = static_cast<const reduced_consumer<T>*>(slots_[k].out);
+    }
+    const auto [lo, hi] = work_range<T>(data.size(), size(), me);
+    constexpr std::size_t block = 2048;
+    alignas(64) T sum[block];
+    for (std::size_t b = lo; b < hi; b += block) {
+      const std::size_t n = std::min(block, hi - b);
+      sum_block(sum, std::span<const T* const>(srcs, size()), b, n);
+      for (std::size_t k = 0; k < size(); ++k) (*consumers[k])(b, b + n, sum);
+    }
   }
 
   /// @brief `out` (same size on every member) = the members' `in` concatenated in
@@ -2368,10 +2445,11 @@ inline lane& lane_of(place_state& p, lane_kind k = lane_kind::compute) {
   if (!p.lanes[i]) {
     if (!p.local) throw layout_error("place " + p.name + " belongs to another process; its work runs there");
     std::function<void()> setup = p.lane_setup ? p.lane_setup : [] {};
-    // the compute lane runs on the place's cores; the others only move data, wherever the system puts them
-    // a CPU place's tasks may run on a host thread that waits for them (lane::run_here)
-    p.lanes[i] = std::make_unique<lane>(p, p.name, k, k == lane_kind::compute ? p.pin : std::vector<int>{}, std::move(setup),
-                                        p.kind == place_kind::cpu);
+    // every lane of a place runs on the place's cores: its collectives and copies move the
+    // place's memory (two places' communication lanes left to float can share one core while
+    // the other idles, and a data-parallel step's fused sync and update then takes twice as
+    // long); a CPU place's tasks may run on a host thread that waits for them (lane::run_here)
+    p.lanes[i] = std::make_unique<lane>(p, p.name, k, p.pin, std::move(setup), p.kind == place_kind::cpu);
   }
   return *p.lanes[i];
 }
@@ -6872,6 +6950,37 @@ Out transform([[maybe_unused]] cpu_system& system, thrust::counting_iterator<std
   return out + static_cast<std::ptrdiff_t>(n);
 }
 
+/// @brief f(base + k) for k in [begin, end), vectorized: for elementwise items, each reading
+/// and writing its own elements. The functor is copied to a local, as in transform_range (its
+/// pointers then stay in registers, and the loads and stores through them are vector ones).
+template <class F>
+void for_each_element_range(const F& f, std::size_t base, std::size_t begin, std::size_t end) {
+  const F local = f;
+#pragma omp simd
+  for (std::size_t k = begin; k < end; ++k) local(base + k);
+}
+
+/// @brief f(first + k) for k in [0, n), for elementwise work items (each writes the elements
+/// of its own index: an optimizer's update, a gradient's accumulation), vectorized, in
+/// parallel over the place's cores.
+template <class F>
+void for_each_element([[maybe_unused]] cpu_system& system, thrust::counting_iterator<std::size_t> first, std::size_t n, F f) {
+  const std::size_t base = *first;
+  if (system.threads > 1 && n >= parallel_grain) {
+    struct job {
+      const F& f;
+      std::size_t base, n;
+    } j{f, base, n};
+    run_team(system.threads, [](void* c, std::size_t t, std::size_t nt) {
+      const job& j = *static_cast<const job*>(c);
+      const auto [begin, end] = team_part(j.n, t, nt);
+      for_each_element_range(j.f, j.base, begin, end);
+    }, &j);
+  } else {
+    for_each_element_range(f, base, 0, n);
+  }
+}
+
 /// @brief f(first + k) for k in [0, n), for work items that write several outputs each
 /// (a row of a softmax); items run in parallel over the place's cores.
 template <class F>
@@ -6964,6 +7073,10 @@ template <class F>
 thrust::counting_iterator<std::size_t> for_each_n(gpu_system& system, thrust::counting_iterator<std::size_t> first, std::size_t n, F f) {
   return gpu_for_each_n(*system.place, first, n, f);
 }
+template <class F>
+void for_each_element(gpu_system& system, thrust::counting_iterator<std::size_t> first, std::size_t n, F f) {
+  gpu_for_each_n(*system.place, first, n, f);
+}
 /// @brief The reduction, brought back to the host (waits for the place's compute stream).
 template <class F, class T, class Op>
 T transform_reduce(gpu_system& system, thrust::counting_iterator<std::size_t> first, thrust::counting_iterator<std::size_t> last, F f,
@@ -6994,6 +7107,10 @@ template <class F>
 thrust::counting_iterator<std::size_t> for_each_n(place_system& system, thrust::counting_iterator<std::size_t> first, std::size_t n, F f) {
   return system.visit([&](auto& backend) { return for_each_n(backend, first, n, f); });
 }
+template <class F>
+void for_each_element(place_system& system, thrust::counting_iterator<std::size_t> first, std::size_t n, F f) {
+  system.visit([&](auto& backend) { for_each_element(backend, first, n, f); });
+}
 template <class F, class T, class Op>
 T transform_reduce(place_system& system, thrust::counting_iterator<std::size_t> first, thrust::counting_iterator<std::size_t> last, F f,
                    T init, Op op) {
@@ -7016,16 +7133,17 @@ void segmented_reduce(place_system& system, std::size_t segments, std::size_t le
 }
 /// @}
 
-/// @brief f(i) for i in [0, n), over data in the memory of `where` (a tensor's place; null:
-/// host memory), run where that memory can be read: on a GPU's place (from its compute lane, the
-/// calling thread waiting, when called from elsewhere), else as host loops over the calling
-/// thread's cores (one core on a GPU place's lane).
+/// @brief f(i) for i in [0, n), each i reading and writing only the elements of index i (an
+/// elementwise update), over data in the memory of `where` (a tensor's place; null: host
+/// memory), run where that memory can be read: on a GPU's place (from its compute lane, the
+/// calling thread waiting, when called from elsewhere), else as vectorized host loops over the
+/// calling thread's cores (one core on a GPU place's lane).
 template <class F>
 void for_each_index(place_state* where, std::size_t n, F f) {
   if (on_gpu(where) && current_place() != where) return run_on_place(*where, [&] { for_each_index(where, n, f); });
   place_system system = current_place_system();
   if (system.gpu != memory_of(where)) system = place_system{};
-  thrust::for_each_n(system, thrust::counting_iterator<std::size_t>(0), n, f);
+  for_each_element(system, thrust::counting_iterator<std::size_t>(0), n, f);
 }
 
 }  // namespace pdo::detail
@@ -8851,6 +8969,17 @@ void apply_flat_step(const redistribute_step& step, const Mesh& m, std::size_t p
   if constexpr (Kind == step_kind::all_reduce) comm.all_reduce(data);
   else if constexpr (Kind == step_kind::reduce_scatter) comm.reduce_scatter(std::span<const T>(data), out);
   else comm.all_gather(std::span<const T>(data), out);
+}
+
+/// @brief The all_reduce of a flat buffer (partial over the step's axis -> replicate) fused
+/// with what reads its result: the step apply_flat_step<all_reduce> runs, the sum handed to
+/// `consume` range by range instead of written back (group_communicator::all_reduce_apply).
+template <class T, class Mesh>
+void apply_flat_sum(const redistribute_step& step, const Mesh& m, std::size_t p, std::span<T> data, reduced_consumer<T> consume) {
+  const std::size_t a = Mesh::axis_index(step.axis);
+  const mesh_communicator comm = communicator_along(m, a, p);
+  if (m.coord(p, a) == 0) planned_collective_counts()[static_cast<std::size_t>(step_kind::all_reduce)].fetch_add(1, std::memory_order_relaxed);
+  comm.all_reduce_apply(data, consume);
 }
 
 /// @brief One step of a redistribution on place `p`: turns `shard` (laid out as
@@ -16383,11 +16512,582 @@ tensor<T, R> fan_in_uniform(const shape_t<R>& shape, std::size_t fan_in, rng& ge
 
 }  // namespace pdo::nn
 #endif  // PDO_SINGLE_PDO_NN_MODULE_HPP
+// ---- pdo/nn/optim.hpp
+#ifndef PDO_SINGLE_PDO_NN_OPTIM_HPP
+#define PDO_SINGLE_PDO_NN_OPTIM_HPP
+// pdo/nn/optim.hpp: SGD (momentum, weight decay) and Adam / AdamW, with PyTorch's update rules;
+// gradient clipping by global norm; learning-rate schedules. Each optimizer updates the
+// parameters it was given, in place, on the cores of the place whose thread calls step():
+// under data parallelism every place steps its own copy.
+
+
+#include <algorithm>
+#include <cmath>
+#include <concepts>
+#include <cstddef>
+#include <cstdio>
+#include <functional>
+#include <memory>
+#include <numbers>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace pdo::detail {
+
+/// @brief SGD's update of element i: with a momentum buffer when `Momentum` (`first`: the
+/// buffer's first value is the gradient). Branch-free, so that its loop vectorizes.
+template <class T, bool Momentum>
+struct sgd_update {
+  T* p;
+  const T* g;
+  T* buf;  ///< momentum buffer (Momentum only)
+  T lr, momentum, weight_decay;
+  bool first;
+  PDO_HD void operator()(std::size_t i) const {
+    T d = g[i] + weight_decay * p[i];
+    if constexpr (Momentum) {
+      const T b = first ? d : momentum * buf[i] + d;
+      buf[i] = b;
+      d = b;
+    }
+    p[i] -= lr * d;
+  }
+};
+
+/// @brief Adam's update of element i; AdamW's (`Decoupled`: the weights decay, not the
+/// gradient). Branch-free, so that its loop vectorizes.
+template <class T, bool Decoupled>
+struct adam_update {
+  T* p;
+  const T* g;
+  T* m;
+  T* v;
+  T lr, beta1, beta2, eps, weight_decay;
+  T correction1, correction2;  ///< 1 - beta^t
+  PDO_HD void operator()(std::size_t i) const {
+    using std::sqrt;
+    T d = g[i];
+    T w = p[i];
+    if constexpr (Decoupled) w -= lr * weight_decay * w;
+    else d += weight_decay * w;
+    const T mi = beta1 * m[i] + (T(1) - beta1) * d;
+    const T vi = beta2 * v[i] + (T(1) - beta2) * d * d;
+    m[i] = mi;
+    v[i] = vi;
+    const T mhat = mi / correction1, vhat = vi / correction2;
+    p[i] = w - lr * mhat / (static_cast<T>(sqrt(vhat)) + eps);
+  }
+};
+
+/// @brief Throws a pdo::error naming the optimizer `op` and its setting `name` when `value` is
+/// not finite or breaks `ok` (described by `rule`), as PyTorch's optimizers reject such
+/// settings when made.
+PDO_NOINLINE inline void check_setting(std::string_view op, std::string_view name, double value, bool ok, std::string_view rule) {
+  if (ok && std::isfinite(value)) return;
+  char text[32];
+  std::snprintf(text, sizeof text, "%g", value);
+  throw error(std::string(op) + ": " + std::string(name) + " must be " + std::string(rule) + ", not " + text);
+}
+
+/// @brief The learning rate of optimizer `op`: finite and not negative.
+inline void check_lr(std::string_view op, double lr) { check_setting(op, "lr", lr, lr >= 0, "finite and >= 0"); }
+
+/// @brief g[i] *= factor (a gradient clipped by its global norm).
+template <class T>
+struct scale_update {
+  T* g;
+  T factor;
+  PDO_HD void operator()(std::size_t i) const { g[i] = g[i] * factor; }
+};
+
+}  // namespace pdo::detail
+
+namespace pdo::nn {
+
+/// @brief The squared norm of the gradients of `params`, over every element of every
+/// parameter counted once whatever its layout (see parameter_ref::grad_squared_norm).
+template <class T>
+double grad_squared_norm(const std::vector<parameter_ref<T>>& params) {
+  double sum = 0;
+  for (const auto& p : params) sum += p.grad_squared_norm();
+  return sum;
+}
+
+/// @brief Multiplies every local block of the gradients of `params` by `factor`.
+template <class T>
+void scale_grads(const std::vector<parameter_ref<T>>& params, double factor) {
+  for (const auto& p : params) {
+    const auto grads = p.grad_blocks();
+    const auto places = p.block_places();
+    for (std::size_t k = 0; k < grads.size(); ++k)
+      pdo::detail::for_each_index(places[k], grads[k].size(), pdo::detail::scale_update<T>{grads[k].data(), static_cast<T>(factor)});
+  }
+}
+
+/// @brief The factor clip_grad_norm scales gradients of global norm `norm` by (PyTorch's
+/// rule): max_norm / (norm + 1e-6) when that is below 1, else 1 (and 1 when the norm is not
+/// finite: such gradients are left as they are, for the caller to see).
+inline double clip_factor(double norm, double max_norm) {
+  if (!std::isfinite(norm)) return 1;
+  const double f = max_norm / (norm + 1e-6);
+  return f < 1 ? f : 1;
+}
+
+/// @brief Clips the gradients of `params` by their global norm, as
+/// torch.nn.utils.clip_grad_norm_: the norm is taken over every element of every parameter
+/// (a dtensor's over all its shards, on every process, each element counted once whatever
+/// its layout), and when it exceeds `max_norm` every gradient is scaled by
+/// max_norm / (norm + 1e-6). Returns the norm before clipping. Over several processes, every
+/// process calls it with the same parameters.
+template <class T>
+double clip_grad_norm(const std::vector<parameter_ref<T>>& params, double max_norm) {
+  pdo::detail::check_setting("clip_grad_norm", "max_norm", max_norm, max_norm > 0, "positive and finite");
+  const double norm = std::sqrt(grad_squared_norm(params));
+  const double f = clip_factor(norm, max_norm);
+  if (f < 1) scale_grads(params, f);
+  return norm;
+}
+
+/// @brief A learning rate for each optimizer step, given the number of steps taken before it
+/// (0 for the first). A trainer with a schedule sets its optimizer's rate from it before
+/// every update; since it depends on the step count only, a run resumed from a checkpoint
+/// follows it as if it had not stopped.
+using lr_schedule = std::function<double(std::size_t step)>;
+
+/// @brief `lr` at every step.
+inline lr_schedule constant_lr(double lr) {
+  return [lr](std::size_t) { return lr; };
+}
+
+/// @brief PyTorch's StepLR, counted in steps: lr * gamma^floor(step / step_size).
+inline lr_schedule step_lr(double lr, std::size_t step_size, double gamma = 0.1) {
+  if (step_size == 0) throw error("step_lr: step_size must be at least 1");
+  return [=](std::size_t step) { return lr * std::pow(gamma, static_cast<double>(step / step_size)); };
+}
+
+/// @brief Linear warm-up, then cosine decay: lr * (step + 1) / warmup_steps for the first
+/// warmup_steps steps; then min_lr + (lr - min_lr) * (1 + cos(pi * (step - warmup_steps) /
+/// (total_steps - warmup_steps))) / 2 until total_steps; min_lr after.
+inline lr_schedule cosine_lr(double lr, std::size_t warmup_steps, std::size_t total_steps, double min_lr = 0) {
+  if (warmup_steps > total_steps)
+    throw error("cosine_lr: " + std::to_string(warmup_steps) + " warm-up steps exceed the " + std::to_string(total_steps) + " steps in all");
+  return [=](std::size_t step) {
+    if (step < warmup_steps) return lr * static_cast<double>(step + 1) / static_cast<double>(warmup_steps);
+    if (step >= total_steps) return min_lr;
+    const double progress = static_cast<double>(step - warmup_steps) / static_cast<double>(total_steps - warmup_steps);
+    return min_lr + (lr - min_lr) * 0.5 * (1 + std::cos(std::numbers::pi * progress));
+  };
+}
+
+/// @brief The update of one parameter's elements from their gradient, made for one step
+/// (optimizers' fused_update): `update(lo, hi, g)` applies the step to elements [lo, hi) of the
+/// parameter's only block, g[0] being element lo's gradient. A data-parallel trainer hands it
+/// the summed gradient while the all_reduce makes it (data_parallel_options::fused_update).
+template <class T>
+using element_update = std::function<void(std::size_t lo, std::size_t hi, const T* g)>;
+
+/// @brief What every optimizer has: the parameters it updates.
+template <class T>
+class optimizer_base {
+ public:
+  /// @brief Forgets the gradients (before the next backward, which would add to them).
+  void zero_grad() {
+    for (auto& p : params_) p.zero_grad();
+  }
+  /// @brief The parameters this optimizer updates, in the order it was given them.
+  [[nodiscard]] const std::vector<parameter_ref<T>>& parameters() const { return params_; }
+  /// @brief Whether this optimizer can update its parameters range by range from gradients
+  /// handed to it (fused_update): yes, each element's update reads only its own gradient.
+  [[nodiscard]] bool fusable() const { return true; }
+
+ protected:
+  /// @brief The values of parameter `i`, which a fused update takes whole: its only block.
+  [[nodiscard]] T* only_block(std::size_t i, const char* op) const {
+    const auto values = params_.at(i).value_blocks();
+    if (values.size() != 1)
+      throw error(std::string(op) + ": parameter " + params_[i].name() + " has " + std::to_string(values.size()) +
+                  " blocks on this process; a fused update takes a parameter of one block (a replica)");
+    return values[0].data();
+  }
+  /// @brief Keeps `params` (references: the optimizer updates the model's own values).
+  explicit optimizer_base(std::vector<parameter_ref<T>> params) : params_(std::move(params)) {}
+  std::vector<parameter_ref<T>> params_;  ///< the parameters updated, in the order given
+};
+
+/// @brief Settings of sgd, as PyTorch's torch.optim.SGD (no dampening, no Nesterov).
+struct sgd_options {
+  double lr = 0.01;         ///< learning rate
+  double momentum = 0;      ///< momentum factor; 0: plain SGD, no momentum buffer kept
+  double weight_decay = 0;  ///< L2 penalty: weight_decay * p is added to the gradient
+};
+
+/// @brief Stochastic gradient descent with optional momentum and (L2) weight decay.
+template <class T>
+class sgd : public optimizer_base<T> {
+  using optimizer_base<T>::params_;
+
+ public:
+  /// @brief Updates `params` with the settings `o`.
+  /// A pdo::error when a setting is negative or not finite.
+  sgd(std::vector<parameter_ref<T>> params, sgd_options o) : optimizer_base<T>(std::move(params)), o_(o), buffers_(params_.size()) {
+    pdo::detail::check_lr("sgd", o.lr);
+    pdo::detail::check_setting("sgd", "momentum", o.momentum, o.momentum >= 0, "finite and >= 0");
+    pdo::detail::check_setting("sgd", "weight_decay", o.weight_decay, o.weight_decay >= 0, "finite and >= 0");
+  }
+
+  /// @brief One update of every parameter that has a gradient (of each of its local blocks).
+  void step() {
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      const auto values = params_[i].value_blocks();
+      const auto grads = params_[i].grad_blocks();
+      if (grads.empty()) continue;
+      const auto places = params_[i].block_places();
+      auto& buffers = buffers_[i];
+      const bool first = buffers.empty() && o_.momentum != 0;
+      if (first) buffers = params_[i].zero_state();
+      for (std::size_t k = 0; k < values.size(); ++k) {
+        auto update = [&]<bool Momentum>() {
+          pdo::detail::for_each_index(places[k], values[k].size(),
+                                      pdo::detail::sgd_update<T, Momentum>{values[k].data(), grads[k].data(), Momentum ? buffers[k].data() : nullptr,
+                                                                           static_cast<T>(o_.lr), static_cast<T>(o_.momentum),
+                                                                           static_cast<T>(o_.weight_decay), first});
+        };
+        if (o_.momentum != 0) update.template operator()<true>();
+        else update.template operator()<false>();
+      }
+    }
+  }
+  /// @brief Begins a step taken by fused updates (nothing to count for SGD).
+  void begin_fused_step() {}
+  /// @brief This step's update of parameter `i` (of one block), for step() applied range by
+  /// range to gradients handed to it: the same rule, element for element.
+  [[nodiscard]] element_update<T> fused_update(std::size_t i) {
+    T* const p = this->only_block(i, "sgd::fused_update");
+    auto& buffers = buffers_[i];
+    const bool first = buffers.empty() && o_.momentum != 0;
+    if (first) buffers = params_[i].zero_state();
+    const T lr = static_cast<T>(o_.lr), momentum = static_cast<T>(o_.momentum), decay = static_cast<T>(o_.weight_decay);
+    if (o_.momentum == 0)
+      return [=](std::size_t lo, std::size_t hi, const T* g) {
+        pdo::detail::for_each_element_range(pdo::detail::sgd_update<T, false>{p + lo, g, nullptr, lr, momentum, decay, false}, 0, 0, hi - lo);
+      };
+    T* const buf = buffers.at(0).data();
+    return [=](std::size_t lo, std::size_t hi, const T* g) {
+      pdo::detail::for_each_element_range(pdo::detail::sgd_update<T, true>{p + lo, g, buf + lo, lr, momentum, decay, first}, 0, 0, hi - lo);
+    };
+  }
+  /// @brief Sets the learning rate of the next steps (a schedule calls this before each one);
+  /// a pdo::error when it is negative or not finite.
+  void set_lr(double lr) {
+    pdo::detail::check_lr("sgd::set_lr", lr);
+    o_.lr = lr;
+  }
+  /// @brief The current learning rate.
+  [[nodiscard]] double lr() const { return o_.lr; }
+
+  /// @brief The state kept per parameter, by PyTorch's names: "momentum_buffer" (with momentum).
+  [[nodiscard]] std::vector<std::string> state_names() const {
+    return o_.momentum != 0 ? std::vector<std::string>{"momentum_buffer"} : std::vector<std::string>{};
+  }
+  /// @brief State `name` of parameter `i`: one block per local block of the parameter
+  /// (zero-filled first if no step has made it yet), for checkpoints.
+  [[nodiscard]] std::vector<tensor<T, 1>>& state(const std::string& name, std::size_t i) {
+    if (name != "momentum_buffer" || o_.momentum == 0 || i >= params_.size())
+      throw error("sgd::state: no state \"" + name + "\" for parameter " + std::to_string(i) + " (sgd keeps a momentum_buffer when momentum is not 0)");
+    if (buffers_[i].empty()) buffers_[i] = params_[i].zero_state();
+    return buffers_[i];
+  }
+  /// @brief Steps taken (SGD's update does not depend on it).
+  [[nodiscard]] long steps() const { return 0; }
+  /// @brief Does nothing: SGD keeps no step count (a checkpoint's is ignored).
+  void set_steps(long) {}
+
+ private:
+  sgd_options o_;
+  std::vector<std::vector<tensor<T, 1>>> buffers_;  ///< momentum, per parameter and block
+};
+
+/// @brief Settings of adam, as PyTorch's torch.optim.Adam (and AdamW with decoupled_weight_decay).
+struct adam_options {
+  double lr = 1e-3;         ///< learning rate
+  double beta1 = 0.9;       ///< decay rate of the first moment (the mean of the gradients)
+  double beta2 = 0.999;     ///< decay rate of the second moment (the mean of their squares)
+  double eps = 1e-8;        ///< added to the square root of the second moment, against division by 0
+  double weight_decay = 0;  ///< L2 penalty added to the gradient, or with AdamW p -= lr * weight_decay * p
+  bool decoupled_weight_decay = false;  ///< true: AdamW
+};
+
+/// @brief Adam, or AdamW with decoupled_weight_decay (see adamw_options()).
+template <class T>
+class adam : public optimizer_base<T> {
+  using optimizer_base<T>::params_;
+
+ public:
+  /// @brief Updates `params` with the settings `o`.
+  /// A pdo::error when a setting is out of its range (betas in [0, 1), the others >= 0) or not finite.
+  adam(std::vector<parameter_ref<T>> params, adam_options o)
+      : optimizer_base<T>(std::move(params)), o_(o), m_(params_.size()), v_(params_.size()), t_(params_.size(), 0) {
+    pdo::detail::check_lr("adam", o.lr);
+    pdo::detail::check_setting("adam", "beta1", o.beta1, o.beta1 >= 0 && o.beta1 < 1, "in [0, 1)");
+    pdo::detail::check_setting("adam", "beta2", o.beta2, o.beta2 >= 0 && o.beta2 < 1, "in [0, 1)");
+    pdo::detail::check_setting("adam", "eps", o.eps, o.eps >= 0, "finite and >= 0");
+    pdo::detail::check_setting("adam", "weight_decay", o.weight_decay, o.weight_decay >= 0, "finite and >= 0");
+  }
+
+  /// @brief Updates every parameter that has a gradient (each of its local blocks), with
+  /// bias-corrected moments. As PyTorch's, each parameter counts its own steps (those it had
+  /// a gradient in): a parameter whose first gradient comes at the tenth step is corrected
+  /// as at its first.
+  void step() {
+    ++steps_;
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      const auto values = params_[i].value_blocks();
+      const auto grads = params_[i].grad_blocks();
+      if (grads.empty()) continue;
+      const double t = static_cast<double>(++t_[i]);
+      const T c1 = static_cast<T>(1 - std::pow(o_.beta1, t));
+      const T c2 = static_cast<T>(1 - std::pow(o_.beta2, t));
+      const auto places = params_[i].block_places();
+      if (m_[i].empty()) {
+        m_[i] = params_[i].zero_state();
+        v_[i] = params_[i].zero_state();
+      }
+      for (std::size_t k = 0; k < values.size(); ++k) {
+        auto update = [&]<bool Decoupled>() {
+          pdo::detail::for_each_index(places[k], values[k].size(),
+                                      pdo::detail::adam_update<T, Decoupled>{values[k].data(), grads[k].data(), m_[i][k].data(), v_[i][k].data(),
+                                                                             static_cast<T>(o_.lr), static_cast<T>(o_.beta1),
+                                                                             static_cast<T>(o_.beta2), static_cast<T>(o_.eps),
+                                                                             static_cast<T>(o_.weight_decay), c1, c2});
+        };
+        if (o_.decoupled_weight_decay) update.template operator()<true>();
+        else update.template operator()<false>();
+      }
+    }
+  }
+  /// @brief Begins a step taken by fused updates: counts it, as step() does.
+  void begin_fused_step() { ++steps_; }
+  /// @brief This step's update of parameter `i` (of one block), for step() applied range by
+  /// range to gradients handed to it: counts the parameter's step, and applies the same rule,
+  /// element for element.
+  [[nodiscard]] element_update<T> fused_update(std::size_t i) {
+    T* const p = this->only_block(i, "adam::fused_update");
+    const double t = static_cast<double>(++t_[i]);
+    if (m_[i].empty()) {
+      m_[i] = params_[i].zero_state();
+      v_[i] = params_[i].zero_state();
+    }
+    T* const m = m_[i].at(0).data();
+    T* const v = v_[i].at(0).data();
+    const T lr = static_cast<T>(o_.lr), beta1 = static_cast<T>(o_.beta1), beta2 = static_cast<T>(o_.beta2), eps = static_cast<T>(o_.eps),
+            decay = static_cast<T>(o_.weight_decay);
+    const T c1 = static_cast<T>(1 - std::pow(o_.beta1, t)), c2 = static_cast<T>(1 - std::pow(o_.beta2, t));
+    auto update = [=]<bool Decoupled>() -> element_update<T> {
+      return [=](std::size_t lo, std::size_t hi, const T* g) {
+        pdo::detail::for_each_element_range(
+            pdo::detail::adam_update<T, Decoupled>{p + lo, g, m + lo, v + lo, lr, beta1, beta2, eps, decay, c1, c2}, 0, 0, hi - lo);
+      };
+    };
+    return o_.decoupled_weight_decay ? update.template operator()<true>() : update.template operator()<false>();
+  }
+  /// @brief Sets the learning rate of the next steps (a schedule calls this before each one);
+  /// a pdo::error when it is negative or not finite.
+  void set_lr(double lr) {
+    pdo::detail::check_lr("adam::set_lr", lr);
+    o_.lr = lr;
+  }
+  /// @brief The current learning rate.
+  [[nodiscard]] double lr() const { return o_.lr; }
+
+  /// @brief The state kept per parameter, by PyTorch's names: the moments "exp_avg" and "exp_avg_sq".
+  [[nodiscard]] std::vector<std::string> state_names() const { return {"exp_avg", "exp_avg_sq"}; }
+  /// @brief State `name` of parameter `i`: one block per local block of the parameter
+  /// (zero-filled first if no step has made it yet), for checkpoints.
+  [[nodiscard]] std::vector<tensor<T, 1>>& state(const std::string& name, std::size_t i) {
+    if ((name != "exp_avg" && name != "exp_avg_sq") || i >= params_.size())
+      throw error("adam::state: no state \"" + name + "\" for parameter " + std::to_string(i) + " (adam keeps exp_avg and exp_avg_sq)");
+    if (m_[i].empty()) {
+      m_[i] = params_[i].zero_state();
+      v_[i] = params_[i].zero_state();
+    }
+    return name == "exp_avg" ? m_[i] : v_[i];
+  }
+  /// @brief Steps taken (calls of step()).
+  [[nodiscard]] long steps() const { return steps_; }
+  /// @brief Steps parameter `i` has taken (those it had a gradient in): its bias corrections'
+  /// t.
+  [[nodiscard]] long steps(std::size_t i) const { return t_.at(i); }
+  /// @brief Sets the steps taken, of the optimizer and of every parameter (a checkpoint
+  /// restores it, then each parameter's own count with set_steps(i, t), so the bias
+  /// corrections continue).
+  void set_steps(long t) {
+    steps_ = t;
+    std::fill(t_.begin(), t_.end(), t);
+  }
+  /// @brief Sets the steps parameter `i` has taken (a checkpoint restores each parameter's).
+  void set_steps(std::size_t i, long t) { t_.at(i) = t; }
+
+ private:
+  adam_options o_;
+  std::vector<std::vector<tensor<T, 1>>> m_, v_;  ///< moments, per parameter and block
+  std::vector<long> t_;                           ///< steps per parameter
+  long steps_ = 0;
+};
+
+/// @brief An optimizer of parameters of element type T: sgd, adam, any_optimizer, or a type
+/// of the user's with these members. Checkpoints (pdo::io) also need its state:
+/// state_names(), state(name, i), steps() and set_steps(t), as sgd and adam have.
+template <class O, class T>
+concept optimizer = requires(O& o, const O& co, double lr) {
+  o.step();
+  o.zero_grad();
+  o.set_lr(lr);
+  { co.lr() } -> std::convertible_to<double>;
+  { co.parameters() } -> std::convertible_to<const std::vector<parameter_ref<T>>&>;
+};
+
+/// @brief An optimizer that can take a step as fused updates (sgd, adam, any_optimizer): a
+/// data-parallel trainer on CPU places of one process hands each parameter's update the summed
+/// gradient while the all_reduce makes it, instead of calling step() after it. `fusable()`
+/// says whether it can (any_optimizer: whether what it holds can).
+template <class O, class T>
+concept fused_optimizer = requires(O& o, const O& co, std::size_t i) {
+  { co.fusable() } -> std::convertible_to<bool>;
+  o.begin_fused_step();
+  { o.fused_update(i) } -> std::convertible_to<element_update<T>>;
+};
+
+/// @brief Any optimizer of T parameters, chosen at run time (SGD or Adam from a command-line
+/// flag, say): holds one and forwards to it. Copies share the optimizer they hold.
+template <class T>
+class any_optimizer {
+ public:
+  /// @brief Holds `o` (copied or moved in); implicit, so a factory may return any optimizer.
+  template <class O>
+    requires(optimizer<std::remove_cvref_t<O>, T> && !std::same_as<std::remove_cvref_t<O>, any_optimizer>)
+  any_optimizer(O&& o)  // NOLINT: implicit, so a factory may return any optimizer
+      : impl_(std::make_shared<holder<std::remove_cvref_t<O>>>(std::forward<O>(o))) {}
+
+  /// @brief The held optimizer's step().
+  void step() { impl_->step(); }
+  /// @brief The held optimizer's zero_grad(): forgets its parameters' gradients.
+  void zero_grad() { impl_->zero_grad(); }
+  /// @brief Sets the held optimizer's learning rate.
+  void set_lr(double lr) { impl_->set_lr(lr); }
+  /// @brief The held optimizer's learning rate.
+  [[nodiscard]] double lr() const { return impl_->lr(); }
+  /// @brief The parameters the held optimizer updates.
+  [[nodiscard]] const std::vector<parameter_ref<T>>& parameters() const { return impl_->parameters(); }
+  /// @brief The held optimizer's state, for checkpoints (none when it keeps no state_names()).
+  [[nodiscard]] std::vector<std::string> state_names() const { return impl_->state_names(); }
+  /// @brief The held optimizer's state `name` of parameter `i`; pdo::error if it has no state(name, i).
+  [[nodiscard]] std::vector<tensor<T, 1>>& state(const std::string& name, std::size_t i) { return impl_->state(name, i); }
+  /// @brief The held optimizer's step count (0 if it keeps none).
+  [[nodiscard]] long steps() const { return impl_->steps(); }
+  /// @brief Sets the held optimizer's step count (ignored if it keeps none).
+  void set_steps(long t) { impl_->set_steps(t); }
+  /// @brief Whether the held optimizer takes fused updates (fusable(), begin_fused_step(),
+  /// fused_update(i), as sgd and adam do).
+  [[nodiscard]] bool fusable() const { return impl_->fusable(); }
+  /// @brief The held optimizer's begin_fused_step() (only when fusable()).
+  void begin_fused_step() { impl_->begin_fused_step(); }
+  /// @brief The held optimizer's fused_update(i) (only when fusable()).
+  [[nodiscard]] element_update<T> fused_update(std::size_t i) { return impl_->fused_update(i); }
+  /// @brief The steps parameter `i` has taken, if the held optimizer counts them per
+  /// parameter (adam); else its step count.
+  [[nodiscard]] long steps(std::size_t i) const { return impl_->steps(i); }
+  /// @brief Sets the steps parameter `i` has taken (ignored if the held optimizer keeps no
+  /// count per parameter).
+  void set_steps(std::size_t i, long t) { impl_->set_steps(i, t); }
+
+ private:
+  struct base {
+    virtual ~base() = default;
+    virtual void step() = 0;
+    virtual void zero_grad() = 0;
+    virtual void set_lr(double) = 0;
+    [[nodiscard]] virtual double lr() const = 0;
+    [[nodiscard]] virtual const std::vector<parameter_ref<T>>& parameters() const = 0;
+    [[nodiscard]] virtual std::vector<std::string> state_names() const = 0;
+    [[nodiscard]] virtual std::vector<tensor<T, 1>>& state(const std::string& name, std::size_t i) = 0;
+    [[nodiscard]] virtual long steps() const = 0;
+    virtual void set_steps(long t) = 0;
+    [[nodiscard]] virtual long steps(std::size_t i) const = 0;
+    virtual void set_steps(std::size_t i, long t) = 0;
+    [[nodiscard]] virtual bool fusable() const = 0;
+    virtual void begin_fused_step() = 0;
+    [[nodiscard]] virtual element_update<T> fused_update(std::size_t i) = 0;
+  };
+  template <class O>
+  struct holder final : base {
+    explicit holder(O x) : o(std::move(x)) {}
+    O o;
+    void step() override { o.step(); }
+    void zero_grad() override { o.zero_grad(); }
+    void set_lr(double lr) override { o.set_lr(lr); }
+    [[nodiscard]] double lr() const override { return o.lr(); }
+    [[nodiscard]] const std::vector<parameter_ref<T>>& parameters() const override { return o.parameters(); }
+    [[nodiscard]] std::vector<std::string> state_names() const override {
+      if constexpr (requires { o.state_names(); }) return o.state_names();
+      else return {};
+    }
+    [[nodiscard]] std::vector<tensor<T, 1>>& state(const std::string& name, std::size_t i) override {
+      if constexpr (requires { o.state(name, i); }) return o.state(name, i);
+      else throw error("any_optimizer::state: the optimizer it holds keeps no state a checkpoint can save (no state(name, i)); asked for \"" + name + "\"");
+    }
+    [[nodiscard]] long steps() const override {
+      if constexpr (requires { o.steps(); }) return o.steps();
+      else return 0;
+    }
+    void set_steps(long t) override {
+      if constexpr (requires { o.set_steps(t); }) o.set_steps(t);
+    }
+    [[nodiscard]] long steps(std::size_t i) const override {
+      if constexpr (requires { o.steps(i); }) return o.steps(i);
+      else return steps();
+    }
+    void set_steps(std::size_t i, long t) override {
+      if constexpr (requires { o.set_steps(i, t); }) o.set_steps(i, t);
+    }
+    [[nodiscard]] bool fusable() const override {
+      if constexpr (fused_optimizer<O, T>) return o.fusable();
+      else return false;
+    }
+    void begin_fused_step() override {
+      if constexpr (fused_optimizer<O, T>) o.begin_fused_step();
+      else throw error("any_optimizer::begin_fused_step: the optimizer it holds takes no fused updates");
+    }
+    [[nodiscard]] element_update<T> fused_update(std::size_t i) override {
+      if constexpr (fused_optimizer<O, T>) return o.fused_update(i);
+      else throw error("any_optimizer::fused_update: the optimizer it holds takes no fused updates");
+    }
+  };
+  std::shared_ptr<base> impl_;
+};
+
+static_assert(optimizer<sgd<float>, float> && optimizer<adam<double>, double> && optimizer<any_optimizer<float>, float>);
+static_assert(fused_optimizer<sgd<float>, float> && fused_optimizer<adam<double>, double> && fused_optimizer<any_optimizer<float>, float>);
+
+/// @brief AdamW's usual settings: decoupled weight decay 0.01.
+inline adam_options adamw_options(double lr = 1e-3, double weight_decay = 0.01) {
+  adam_options o;
+  o.lr = lr;
+  o.weight_decay = weight_decay;
+  o.decoupled_weight_decay = true;
+  return o;
+}
+
+}  // namespace pdo::nn
+#endif  // PDO_SINGLE_PDO_NN_OPTIM_HPP
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstddef>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -16429,7 +17129,8 @@ struct bucket_options {
 /// in buckets. Each step: begin_step() (before backward), arm() (before the backward whose
 /// gradients are the step's last contributions: they fire the buckets), finish() (after it:
 /// the remaining buckets, then waits for all); under ZeRO-1 the optimizer steps slices()
-/// and gather_slices() brings the updated values back.
+/// and gather_slices() brings the updated values back. Or, fused: begin_step(), backward,
+/// then sync_and_update(), each bucket's all_reduce handing the sum to the optimizer's update.
 template <class T, class Mesh, fixed_string Axis>
 class gradient_buckets {
  public:
@@ -16524,15 +17225,16 @@ class gradient_buckets {
   }
 
   /// @brief The next backward completes the step's gradients: each parameter's last
-  /// contribution counts toward its bucket, and a complete bucket starts its collective.
-  void arm() {
+  /// contribution counts toward its bucket (the timeline marks it), and with `launch` a
+  /// complete bucket starts its collective (with bucket_options::overlap).
+  void arm(bool launch = true) {
     for (std::size_t j = 0; j < params_.size(); ++j) {
-      params_[j].on_gradient([this, j] {
+      params_[j].on_gradient([this, j, launch] {
         if (pdo::detail::timeline_on())
           pdo::detail::timeline_instant("gradient", "gradient " + params_[j].name(), [&] { return "bucket " + std::to_string(bucket_of_[j]); });
         auto& b = buckets_[bucket_of_[j]];
         if (--b.waiting == 0) b.ready = true;
-        if (options_.overlap) launch_ready();
+        if (launch && options_.overlap) launch_ready();
       });
     }
   }
@@ -16549,6 +17251,22 @@ class gradient_buckets {
     if (options_.zero1) return;
     for (auto& b : buckets_)
       if (b.params.size() > 1) unpack(b, /*values=*/false);
+  }
+
+  /// @brief After the step's backward, instead of finish() and the optimizer's step(): every
+  /// bucket's all_reduce fused with the update of its parameters (the planner's partial ->
+  /// replicate step, its sum handed to `updates[j]`, the update of parameter j for this step,
+  /// which may be empty for a parameter the optimizer does not update), on the communication
+  /// lane, bucket after bucket; waits for all. Over shared memory each place sums its part of
+  /// every bucket and updates that part of every replica (one pass over the gradients and
+  /// parameters); the gradients are left as each place's own. Parameters without a gradient
+  /// send zeros. Throws the first failure.
+  void sync_and_update(const std::vector<element_update<T>>& updates) {
+    for (std::size_t j = 0; j < params_.size(); ++j) params_[j].on_gradient(nullptr);
+    for (std::size_t b = 0; b < buckets_.size(); ++b) launch(b, &updates);
+    wait_launched();
+    if (!failures_.empty())
+      failures_.front().rethrow_with_context("gradient " + std::string(step_name(step().kind)) + " fused with the update: ");
   }
 
   /// @brief After a step that failed on this place: waits for the buckets already queued
@@ -16682,9 +17400,28 @@ class gradient_buckets {
     }
   }
 
+  /// @brief What a fused bucket's all_reduce hands its sum to: the updates of the bucket's
+  /// parameters, each given its part of the range (called by every place of the group).
+  struct bucket_consumer {
+    const bucket* b = nullptr;
+    const std::vector<parameter_ref<T>>* params = nullptr;
+    const std::vector<element_update<T>>* updates = nullptr;
+    static void call(const void* context, std::size_t lo, std::size_t hi, const T* sum) {
+      const auto& c = *static_cast<const bucket_consumer*>(context);
+      std::size_t at = 0;  // where parameter j begins in the bucket
+      for (std::size_t j : c.b->params) {
+        const std::size_t n = (*c.params)[j].size(), from = std::max(lo, at), to = std::min(hi, at + n);
+        if (from < to && (*c.updates)[j]) (*c.updates)[j](from - at, to - at, sum + (from - lo));
+        at += n;
+        if (at >= hi) break;
+      }
+    }
+  };
+
   /// @brief Queues bucket `b`'s collective on the place's communication lane: a bucket of one
-  /// parameter in place, a bucket of several packed into one buffer.
-  void launch(std::size_t b) {
+  /// parameter in place, a bucket of several packed into one buffer. With `updates`, its
+  /// all_reduce is fused with them (sync_and_update).
+  void launch(std::size_t b, const std::vector<element_update<T>>* updates = nullptr) {
     auto& bk = buckets_[b];
     std::span<T> data = bk.flat.span();
     if (bk.params.size() == 1 && !options_.zero1) {
@@ -16706,14 +17443,23 @@ class gradient_buckets {
     request.category = "collective";
     request.uses.reads.push_back(data.data());
     request.uses.writes.push_back(options_.zero1 ? static_cast<const void*>(slice_grad.data()) : data.data());
+    if (updates != nullptr)
+      for (std::size_t j : bk.params) request.uses.writes.push_back(params_[j].value().data());
     if (pdo::detail::timeline_on())
       request.detail = "bucket " + std::to_string(b) + ": " + std::to_string(data.size_bytes()) + " bytes over \"" +
-                       std::string(std::string_view(Axis)) + "\" (" + std::to_string(bk.params.size()) + " parameters)";
-    request.fn = [this, data, slice_grad, b, queued] {
+                       std::string(std::string_view(Axis)) + "\" (" + std::to_string(bk.params.size()) + " parameters)" +
+                       (updates != nullptr ? ", fused with the optimizer's update" : "");
+    request.fn = [this, data, slice_grad, b, queued, updates] {
       const double from = since_start();
       try {
-        if (options_.zero1) pdo::detail::apply_flat_step<step_kind::reduce_scatter>(scatter_plan.steps[0], mesh_, place_, data, slice_grad);
-        else pdo::detail::apply_flat_step<step_kind::all_reduce>(sync_plan.steps[0], mesh_, place_, data);
+        if (options_.zero1) {
+          pdo::detail::apply_flat_step<step_kind::reduce_scatter>(scatter_plan.steps[0], mesh_, place_, data, slice_grad);
+        } else if (updates != nullptr) {
+          const bucket_consumer consumer{&buckets_[b], &params_, updates};
+          pdo::detail::apply_flat_sum(sync_plan.steps[0], mesh_, place_, data, reduced_consumer<T>{&bucket_consumer::call, &consumer});
+        } else {
+          pdo::detail::apply_flat_step<step_kind::all_reduce>(sync_plan.steps[0], mesh_, place_, data);
+        }
       } catch (...) {
         std::lock_guard lock(events_mutex_);
         failures_.push_back(pdo::detail::captured_error::current());
@@ -17012,464 +17758,6 @@ struct mse_loss {
 
 }  // namespace pdo::nn
 #endif  // PDO_SINGLE_PDO_NN_LOSSES_HPP
-// ---- pdo/nn/optim.hpp
-#ifndef PDO_SINGLE_PDO_NN_OPTIM_HPP
-#define PDO_SINGLE_PDO_NN_OPTIM_HPP
-// pdo/nn/optim.hpp: SGD (momentum, weight decay) and Adam / AdamW, with PyTorch's update rules;
-// gradient clipping by global norm; learning-rate schedules. Each optimizer updates the
-// parameters it was given, in place, on the cores of the place whose thread calls step():
-// under data parallelism every place steps its own copy.
-
-
-#include <algorithm>
-#include <cmath>
-#include <concepts>
-#include <cstddef>
-#include <cstdio>
-#include <functional>
-#include <memory>
-#include <numbers>
-#include <string>
-#include <string_view>
-#include <type_traits>
-#include <utility>
-#include <vector>
-
-namespace pdo::detail {
-
-template <class T>
-struct sgd_update {
-  T* p;
-  const T* g;
-  T* buf;  ///< momentum buffer, or null
-  T lr, momentum, weight_decay;
-  bool first;
-  PDO_HD void operator()(std::size_t i) const {
-    T d = g[i] + weight_decay * p[i];
-    if (buf != nullptr) {
-      buf[i] = first ? d : momentum * buf[i] + d;
-      d = buf[i];
-    }
-    p[i] -= lr * d;
-  }
-};
-
-template <class T>
-struct adam_update {
-  T* p;
-  const T* g;
-  T* m;
-  T* v;
-  T lr, beta1, beta2, eps, weight_decay;
-  T correction1, correction2;  ///< 1 - beta^t
-  bool decoupled;              ///< AdamW: decay the weights, not the gradient
-  PDO_HD void operator()(std::size_t i) const {
-    using std::sqrt;
-    T d = g[i];
-    if (decoupled) p[i] -= lr * weight_decay * p[i];
-    else d += weight_decay * p[i];
-    m[i] = beta1 * m[i] + (T(1) - beta1) * d;
-    v[i] = beta2 * v[i] + (T(1) - beta2) * d * d;
-    const T mhat = m[i] / correction1, vhat = v[i] / correction2;
-    p[i] -= lr * mhat / (static_cast<T>(sqrt(vhat)) + eps);
-  }
-};
-
-/// @brief Throws a pdo::error naming the optimizer `op` and its setting `name` when `value` is
-/// not finite or breaks `ok` (described by `rule`), as PyTorch's optimizers reject such
-/// settings when made.
-PDO_NOINLINE inline void check_setting(std::string_view op, std::string_view name, double value, bool ok, std::string_view rule) {
-  if (ok && std::isfinite(value)) return;
-  char text[32];
-  std::snprintf(text, sizeof text, "%g", value);
-  throw error(std::string(op) + ": " + std::string(name) + " must be " + std::string(rule) + ", not " + text);
-}
-
-/// @brief The learning rate of optimizer `op`: finite and not negative.
-inline void check_lr(std::string_view op, double lr) { check_setting(op, "lr", lr, lr >= 0, "finite and >= 0"); }
-
-/// @brief g[i] *= factor (a gradient clipped by its global norm).
-template <class T>
-struct scale_update {
-  T* g;
-  T factor;
-  PDO_HD void operator()(std::size_t i) const { g[i] = g[i] * factor; }
-};
-
-}  // namespace pdo::detail
-
-namespace pdo::nn {
-
-/// @brief The squared norm of the gradients of `params`, over every element of every
-/// parameter counted once whatever its layout (see parameter_ref::grad_squared_norm).
-template <class T>
-double grad_squared_norm(const std::vector<parameter_ref<T>>& params) {
-  double sum = 0;
-  for (const auto& p : params) sum += p.grad_squared_norm();
-  return sum;
-}
-
-/// @brief Multiplies every local block of the gradients of `params` by `factor`.
-template <class T>
-void scale_grads(const std::vector<parameter_ref<T>>& params, double factor) {
-  for (const auto& p : params) {
-    const auto grads = p.grad_blocks();
-    const auto places = p.block_places();
-    for (std::size_t k = 0; k < grads.size(); ++k)
-      pdo::detail::for_each_index(places[k], grads[k].size(), pdo::detail::scale_update<T>{grads[k].data(), static_cast<T>(factor)});
-  }
-}
-
-/// @brief The factor clip_grad_norm scales gradients of global norm `norm` by (PyTorch's
-/// rule): max_norm / (norm + 1e-6) when that is below 1, else 1 (and 1 when the norm is not
-/// finite: such gradients are left as they are, for the caller to see).
-inline double clip_factor(double norm, double max_norm) {
-  if (!std::isfinite(norm)) return 1;
-  const double f = max_norm / (norm + 1e-6);
-  return f < 1 ? f : 1;
-}
-
-/// @brief Clips the gradients of `params` by their global norm, as
-/// torch.nn.utils.clip_grad_norm_: the norm is taken over every element of every parameter
-/// (a dtensor's over all its shards, on every process, each element counted once whatever
-/// its layout), and when it exceeds `max_norm` every gradient is scaled by
-/// max_norm / (norm + 1e-6). Returns the norm before clipping. Over several processes, every
-/// process calls it with the same parameters.
-template <class T>
-double clip_grad_norm(const std::vector<parameter_ref<T>>& params, double max_norm) {
-  pdo::detail::check_setting("clip_grad_norm", "max_norm", max_norm, max_norm > 0, "positive and finite");
-  const double norm = std::sqrt(grad_squared_norm(params));
-  const double f = clip_factor(norm, max_norm);
-  if (f < 1) scale_grads(params, f);
-  return norm;
-}
-
-/// @brief A learning rate for each optimizer step, given the number of steps taken before it
-/// (0 for the first). A trainer with a schedule sets its optimizer's rate from it before
-/// every update; since it depends on the step count only, a run resumed from a checkpoint
-/// follows it as if it had not stopped.
-using lr_schedule = std::function<double(std::size_t step)>;
-
-/// @brief `lr` at every step.
-inline lr_schedule constant_lr(double lr) {
-  return [lr](std::size_t) { return lr; };
-}
-
-/// @brief PyTorch's StepLR, counted in steps: lr * gamma^floor(step / step_size).
-inline lr_schedule step_lr(double lr, std::size_t step_size, double gamma = 0.1) {
-  if (step_size == 0) throw error("step_lr: step_size must be at least 1");
-  return [=](std::size_t step) { return lr * std::pow(gamma, static_cast<double>(step / step_size)); };
-}
-
-/// @brief Linear warm-up, then cosine decay: lr * (step + 1) / warmup_steps for the first
-/// warmup_steps steps; then min_lr + (lr - min_lr) * (1 + cos(pi * (step - warmup_steps) /
-/// (total_steps - warmup_steps))) / 2 until total_steps; min_lr after.
-inline lr_schedule cosine_lr(double lr, std::size_t warmup_steps, std::size_t total_steps, double min_lr = 0) {
-  if (warmup_steps > total_steps)
-    throw error("cosine_lr: " + std::to_string(warmup_steps) + " warm-up steps exceed the " + std::to_string(total_steps) + " steps in all");
-  return [=](std::size_t step) {
-    if (step < warmup_steps) return lr * static_cast<double>(step + 1) / static_cast<double>(warmup_steps);
-    if (step >= total_steps) return min_lr;
-    const double progress = static_cast<double>(step - warmup_steps) / static_cast<double>(total_steps - warmup_steps);
-    return min_lr + (lr - min_lr) * 0.5 * (1 + std::cos(std::numbers::pi * progress));
-  };
-}
-
-/// @brief What every optimizer has: the parameters it updates.
-template <class T>
-class optimizer_base {
- public:
-  /// @brief Forgets the gradients (before the next backward, which would add to them).
-  void zero_grad() {
-    for (auto& p : params_) p.zero_grad();
-  }
-  /// @brief The parameters this optimizer updates, in the order it was given them.
-  [[nodiscard]] const std::vector<parameter_ref<T>>& parameters() const { return params_; }
-
- protected:
-  /// @brief Keeps `params` (references: the optimizer updates the model's own values).
-  explicit optimizer_base(std::vector<parameter_ref<T>> params) : params_(std::move(params)) {}
-  std::vector<parameter_ref<T>> params_;  ///< the parameters updated, in the order given
-};
-
-/// @brief Settings of sgd, as PyTorch's torch.optim.SGD (no dampening, no Nesterov).
-struct sgd_options {
-  double lr = 0.01;         ///< learning rate
-  double momentum = 0;      ///< momentum factor; 0: plain SGD, no momentum buffer kept
-  double weight_decay = 0;  ///< L2 penalty: weight_decay * p is added to the gradient
-};
-
-/// @brief Stochastic gradient descent with optional momentum and (L2) weight decay.
-template <class T>
-class sgd : public optimizer_base<T> {
-  using optimizer_base<T>::params_;
-
- public:
-  /// @brief Updates `params` with the settings `o`.
-  /// A pdo::error when a setting is negative or not finite.
-  sgd(std::vector<parameter_ref<T>> params, sgd_options o) : optimizer_base<T>(std::move(params)), o_(o), buffers_(params_.size()) {
-    pdo::detail::check_lr("sgd", o.lr);
-    pdo::detail::check_setting("sgd", "momentum", o.momentum, o.momentum >= 0, "finite and >= 0");
-    pdo::detail::check_setting("sgd", "weight_decay", o.weight_decay, o.weight_decay >= 0, "finite and >= 0");
-  }
-
-  /// @brief One update of every parameter that has a gradient (of each of its local blocks).
-  void step() {
-    for (std::size_t i = 0; i < params_.size(); ++i) {
-      const auto values = params_[i].value_blocks();
-      const auto grads = params_[i].grad_blocks();
-      if (grads.empty()) continue;
-      const auto places = params_[i].block_places();
-      auto& buffers = buffers_[i];
-      const bool first = buffers.empty() && o_.momentum != 0;
-      if (first) buffers = params_[i].zero_state();
-      for (std::size_t k = 0; k < values.size(); ++k) {
-        pdo::detail::for_each_index(places[k], values[k].size(),
-                                    pdo::detail::sgd_update<T>{values[k].data(), grads[k].data(), o_.momentum != 0 ? buffers[k].data() : nullptr,
-                                                               static_cast<T>(o_.lr), static_cast<T>(o_.momentum),
-                                                               static_cast<T>(o_.weight_decay), first});
-      }
-    }
-  }
-  /// @brief Sets the learning rate of the next steps (a schedule calls this before each one);
-  /// a pdo::error when it is negative or not finite.
-  void set_lr(double lr) {
-    pdo::detail::check_lr("sgd::set_lr", lr);
-    o_.lr = lr;
-  }
-  /// @brief The current learning rate.
-  [[nodiscard]] double lr() const { return o_.lr; }
-
-  /// @brief The state kept per parameter, by PyTorch's names: "momentum_buffer" (with momentum).
-  [[nodiscard]] std::vector<std::string> state_names() const {
-    return o_.momentum != 0 ? std::vector<std::string>{"momentum_buffer"} : std::vector<std::string>{};
-  }
-  /// @brief State `name` of parameter `i`: one block per local block of the parameter
-  /// (zero-filled first if no step has made it yet), for checkpoints.
-  [[nodiscard]] std::vector<tensor<T, 1>>& state(const std::string& name, std::size_t i) {
-    if (name != "momentum_buffer" || o_.momentum == 0 || i >= params_.size())
-      throw error("sgd::state: no state \"" + name + "\" for parameter " + std::to_string(i) + " (sgd keeps a momentum_buffer when momentum is not 0)");
-    if (buffers_[i].empty()) buffers_[i] = params_[i].zero_state();
-    return buffers_[i];
-  }
-  /// @brief Steps taken (SGD's update does not depend on it).
-  [[nodiscard]] long steps() const { return 0; }
-  /// @brief Does nothing: SGD keeps no step count (a checkpoint's is ignored).
-  void set_steps(long) {}
-
- private:
-  sgd_options o_;
-  std::vector<std::vector<tensor<T, 1>>> buffers_;  ///< momentum, per parameter and block
-};
-
-/// @brief Settings of adam, as PyTorch's torch.optim.Adam (and AdamW with decoupled_weight_decay).
-struct adam_options {
-  double lr = 1e-3;         ///< learning rate
-  double beta1 = 0.9;       ///< decay rate of the first moment (the mean of the gradients)
-  double beta2 = 0.999;     ///< decay rate of the second moment (the mean of their squares)
-  double eps = 1e-8;        ///< added to the square root of the second moment, against division by 0
-  double weight_decay = 0;  ///< L2 penalty added to the gradient, or with AdamW p -= lr * weight_decay * p
-  bool decoupled_weight_decay = false;  ///< true: AdamW
-};
-
-/// @brief Adam, or AdamW with decoupled_weight_decay (see adamw_options()).
-template <class T>
-class adam : public optimizer_base<T> {
-  using optimizer_base<T>::params_;
-
- public:
-  /// @brief Updates `params` with the settings `o`.
-  /// A pdo::error when a setting is out of its range (betas in [0, 1), the others >= 0) or not finite.
-  adam(std::vector<parameter_ref<T>> params, adam_options o)
-      : optimizer_base<T>(std::move(params)), o_(o), m_(params_.size()), v_(params_.size()), t_(params_.size(), 0) {
-    pdo::detail::check_lr("adam", o.lr);
-    pdo::detail::check_setting("adam", "beta1", o.beta1, o.beta1 >= 0 && o.beta1 < 1, "in [0, 1)");
-    pdo::detail::check_setting("adam", "beta2", o.beta2, o.beta2 >= 0 && o.beta2 < 1, "in [0, 1)");
-    pdo::detail::check_setting("adam", "eps", o.eps, o.eps >= 0, "finite and >= 0");
-    pdo::detail::check_setting("adam", "weight_decay", o.weight_decay, o.weight_decay >= 0, "finite and >= 0");
-  }
-
-  /// @brief Updates every parameter that has a gradient (each of its local blocks), with
-  /// bias-corrected moments. As PyTorch's, each parameter counts its own steps (those it had
-  /// a gradient in): a parameter whose first gradient comes at the tenth step is corrected
-  /// as at its first.
-  void step() {
-    ++steps_;
-    for (std::size_t i = 0; i < params_.size(); ++i) {
-      const auto values = params_[i].value_blocks();
-      const auto grads = params_[i].grad_blocks();
-      if (grads.empty()) continue;
-      const double t = static_cast<double>(++t_[i]);
-      const T c1 = static_cast<T>(1 - std::pow(o_.beta1, t));
-      const T c2 = static_cast<T>(1 - std::pow(o_.beta2, t));
-      const auto places = params_[i].block_places();
-      if (m_[i].empty()) {
-        m_[i] = params_[i].zero_state();
-        v_[i] = params_[i].zero_state();
-      }
-      for (std::size_t k = 0; k < values.size(); ++k)
-        pdo::detail::for_each_index(places[k], values[k].size(),
-                                    pdo::detail::adam_update<T>{values[k].data(), grads[k].data(), m_[i][k].data(), v_[i][k].data(),
-                                                                static_cast<T>(o_.lr), static_cast<T>(o_.beta1), static_cast<T>(o_.beta2),
-                                                                static_cast<T>(o_.eps), static_cast<T>(o_.weight_decay), c1, c2,
-                                                                o_.decoupled_weight_decay});
-    }
-  }
-  /// @brief Sets the learning rate of the next steps (a schedule calls this before each one);
-  /// a pdo::error when it is negative or not finite.
-  void set_lr(double lr) {
-    pdo::detail::check_lr("adam::set_lr", lr);
-    o_.lr = lr;
-  }
-  /// @brief The current learning rate.
-  [[nodiscard]] double lr() const { return o_.lr; }
-
-  /// @brief The state kept per parameter, by PyTorch's names: the moments "exp_avg" and "exp_avg_sq".
-  [[nodiscard]] std::vector<std::string> state_names() const { return {"exp_avg", "exp_avg_sq"}; }
-  /// @brief State `name` of parameter `i`: one block per local block of the parameter
-  /// (zero-filled first if no step has made it yet), for checkpoints.
-  [[nodiscard]] std::vector<tensor<T, 1>>& state(const std::string& name, std::size_t i) {
-    if ((name != "exp_avg" && name != "exp_avg_sq") || i >= params_.size())
-      throw error("adam::state: no state \"" + name + "\" for parameter " + std::to_string(i) + " (adam keeps exp_avg and exp_avg_sq)");
-    if (m_[i].empty()) {
-      m_[i] = params_[i].zero_state();
-      v_[i] = params_[i].zero_state();
-    }
-    return name == "exp_avg" ? m_[i] : v_[i];
-  }
-  /// @brief Steps taken (calls of step()).
-  [[nodiscard]] long steps() const { return steps_; }
-  /// @brief Steps parameter `i` has taken (those it had a gradient in): its bias corrections'
-  /// t.
-  [[nodiscard]] long steps(std::size_t i) const { return t_.at(i); }
-  /// @brief Sets the steps taken, of the optimizer and of every parameter (a checkpoint
-  /// restores it, then each parameter's own count with set_steps(i, t), so the bias
-  /// corrections continue).
-  void set_steps(long t) {
-    steps_ = t;
-    std::fill(t_.begin(), t_.end(), t);
-  }
-  /// @brief Sets the steps parameter `i` has taken (a checkpoint restores each parameter's).
-  void set_steps(std::size_t i, long t) { t_.at(i) = t; }
-
- private:
-  adam_options o_;
-  std::vector<std::vector<tensor<T, 1>>> m_, v_;  ///< moments, per parameter and block
-  std::vector<long> t_;                           ///< steps per parameter
-  long steps_ = 0;
-};
-
-/// @brief An optimizer of parameters of element type T: sgd, adam, any_optimizer, or a type
-/// of the user's with these members. Checkpoints (pdo::io) also need its state:
-/// state_names(), state(name, i), steps() and set_steps(t), as sgd and adam have.
-template <class O, class T>
-concept optimizer = requires(O& o, const O& co, double lr) {
-  o.step();
-  o.zero_grad();
-  o.set_lr(lr);
-  { co.lr() } -> std::convertible_to<double>;
-  { co.parameters() } -> std::convertible_to<const std::vector<parameter_ref<T>>&>;
-};
-
-/// @brief Any optimizer of T parameters, chosen at run time (SGD or Adam from a command-line
-/// flag, say): holds one and forwards to it. Copies share the optimizer they hold.
-template <class T>
-class any_optimizer {
- public:
-  /// @brief Holds `o` (copied or moved in); implicit, so a factory may return any optimizer.
-  template <class O>
-    requires(optimizer<std::remove_cvref_t<O>, T> && !std::same_as<std::remove_cvref_t<O>, any_optimizer>)
-  any_optimizer(O&& o)  // NOLINT: implicit, so a factory may return any optimizer
-      : impl_(std::make_shared<holder<std::remove_cvref_t<O>>>(std::forward<O>(o))) {}
-
-  /// @brief The held optimizer's step().
-  void step() { impl_->step(); }
-  /// @brief The held optimizer's zero_grad(): forgets its parameters' gradients.
-  void zero_grad() { impl_->zero_grad(); }
-  /// @brief Sets the held optimizer's learning rate.
-  void set_lr(double lr) { impl_->set_lr(lr); }
-  /// @brief The held optimizer's learning rate.
-  [[nodiscard]] double lr() const { return impl_->lr(); }
-  /// @brief The parameters the held optimizer updates.
-  [[nodiscard]] const std::vector<parameter_ref<T>>& parameters() const { return impl_->parameters(); }
-  /// @brief The held optimizer's state, for checkpoints (none when it keeps no state_names()).
-  [[nodiscard]] std::vector<std::string> state_names() const { return impl_->state_names(); }
-  /// @brief The held optimizer's state `name` of parameter `i`; pdo::error if it has no state(name, i).
-  [[nodiscard]] std::vector<tensor<T, 1>>& state(const std::string& name, std::size_t i) { return impl_->state(name, i); }
-  /// @brief The held optimizer's step count (0 if it keeps none).
-  [[nodiscard]] long steps() const { return impl_->steps(); }
-  /// @brief Sets the held optimizer's step count (ignored if it keeps none).
-  void set_steps(long t) { impl_->set_steps(t); }
-  /// @brief The steps parameter `i` has taken, if the held optimizer counts them per
-  /// parameter (adam); else its step count.
-  [[nodiscard]] long steps(std::size_t i) const { return impl_->steps(i); }
-  /// @brief Sets the steps parameter `i` has taken (ignored if the held optimizer keeps no
-  /// count per parameter).
-  void set_steps(std::size_t i, long t) { impl_->set_steps(i, t); }
-
- private:
-  struct base {
-    virtual ~base() = default;
-    virtual void step() = 0;
-    virtual void zero_grad() = 0;
-    virtual void set_lr(double) = 0;
-    [[nodiscard]] virtual double lr() const = 0;
-    [[nodiscard]] virtual const std::vector<parameter_ref<T>>& parameters() const = 0;
-    [[nodiscard]] virtual std::vector<std::string> state_names() const = 0;
-    [[nodiscard]] virtual std::vector<tensor<T, 1>>& state(const std::string& name, std::size_t i) = 0;
-    [[nodiscard]] virtual long steps() const = 0;
-    virtual void set_steps(long t) = 0;
-    [[nodiscard]] virtual long steps(std::size_t i) const = 0;
-    virtual void set_steps(std::size_t i, long t) = 0;
-  };
-  template <class O>
-  struct holder final : base {
-    explicit holder(O x) : o(std::move(x)) {}
-    O o;
-    void step() override { o.step(); }
-    void zero_grad() override { o.zero_grad(); }
-    void set_lr(double lr) override { o.set_lr(lr); }
-    [[nodiscard]] double lr() const override { return o.lr(); }
-    [[nodiscard]] const std::vector<parameter_ref<T>>& parameters() const override { return o.parameters(); }
-    [[nodiscard]] std::vector<std::string> state_names() const override {
-      if constexpr (requires { o.state_names(); }) return o.state_names();
-      else return {};
-    }
-    [[nodiscard]] std::vector<tensor<T, 1>>& state(const std::string& name, std::size_t i) override {
-      if constexpr (requires { o.state(name, i); }) return o.state(name, i);
-      else throw error("any_optimizer::state: the optimizer it holds keeps no state a checkpoint can save (no state(name, i)); asked for \"" + name + "\"");
-    }
-    [[nodiscard]] long steps() const override {
-      if constexpr (requires { o.steps(); }) return o.steps();
-      else return 0;
-    }
-    void set_steps(long t) override {
-      if constexpr (requires { o.set_steps(t); }) o.set_steps(t);
-    }
-    [[nodiscard]] long steps(std::size_t i) const override {
-      if constexpr (requires { o.steps(i); }) return o.steps(i);
-      else return steps();
-    }
-    void set_steps(std::size_t i, long t) override {
-      if constexpr (requires { o.set_steps(i, t); }) o.set_steps(i, t);
-    }
-  };
-  std::shared_ptr<base> impl_;
-};
-
-static_assert(optimizer<sgd<float>, float> && optimizer<adam<double>, double> && optimizer<any_optimizer<float>, float>);
-
-/// @brief AdamW's usual settings: decoupled weight decay 0.01.
-inline adam_options adamw_options(double lr = 1e-3, double weight_decay = 0.01) {
-  adam_options o;
-  o.lr = lr;
-  o.weight_decay = weight_decay;
-  o.decoupled_weight_decay = true;
-  return o;
-}
-
-}  // namespace pdo::nn
-#endif  // PDO_SINGLE_PDO_NN_OPTIM_HPP
 
 #include <algorithm>
 #include <array>
@@ -17523,6 +17811,17 @@ struct data_parallel_options {
   /// @brief When set, the optimizer's learning rate before each update is schedule(steps
   /// taken before it): step_lr, cosine_lr, or any function of the step.
   lr_schedule schedule = {};
+  /// @brief On a mesh of CPU places in one process, with an optimizer that takes fused
+  /// updates (nn::sgd, nn::adam, any_optimizer holding one): after backward, each bucket's
+  /// all_reduce hands the summed gradient to the optimizer's update while it makes it, instead
+  /// of writing it back for a step() after. Each place sums its part of every bucket and
+  /// updates that part of every replica, in one pass over gradients and parameters (the same
+  /// arithmetic: the same values, bit for bit). On two cores this pass costs less than the
+  /// all_reduce alone, which overlapping backward cannot hide when backward's products keep
+  /// every core busy. The gradients a step leaves are then each place's own, not the sum.
+  /// Elsewhere (GPU places, several processes, ZeRO-1, clip_grad_norm, another optimizer),
+  /// or when false, the buckets' all_reduces overlap backward (`overlap`) and step() follows.
+  bool fused_update = true;
 };
 
 }  // namespace pdo::nn
@@ -17605,6 +17904,7 @@ class data_parallel {
       r.buckets = std::make_unique<buckets_type>(mesh_, p, r.params, bucket_options{options_.bucket_bytes, options_.overlap, options_.zero1});
       r.optimizer.emplace(make_optimizer(options_.zero1 ? r.buckets->slices() : r.params));
     });
+    fused_ = fusable();
   }
 
   /// @brief One training step on a global batch (host tensors: inputs [B, ...], targets
@@ -17777,6 +18077,10 @@ class data_parallel {
     epochs_ = epochs;
   }
 
+  /// @brief Whether steps sync each bucket's gradients fused with the optimizer's update
+  /// (data_parallel_options::fused_update, where it applies).
+  [[nodiscard]] bool fused_update() const { return fused_; }
+
   /// @brief The plan of a step, as text: how the batch is cut, the gradient layout the
   /// planner derives for the replicated parameters, the collective that syncs it, and the
   /// buckets with the bytes each place sends for them.
@@ -17788,6 +18092,11 @@ class data_parallel {
     if (options_.zero1)
       text += "  ZeRO-1: reduce_scattered over \"" + std::string(step.axis) + "\" (each place sums and updates its slice, with its "
               "slice of the optimizer state), the slices all_gathered back; in buckets of ~" + std::to_string(options_.bucket_bytes) + " B\n";
+    else if (fused_)
+      text += "  synced to " + pdo::layout_name<param_layout>() + " by " + std::string(step_name(step.kind)) + " over \"" +
+              std::string(step.axis) + "\", in buckets of ~" + std::to_string(options_.bucket_bytes) +
+              " B after backward, each fused with the optimizer's update (each place sums its part of a bucket and updates it "
+              "on every replica)\n";
     else
       text += "  synced to " + pdo::layout_name<param_layout>() + " by " + std::string(step_name(step.kind)) + " over \"" +
               std::string(step.axis) + "\", in buckets of ~" + std::to_string(options_.bucket_bytes) + " B, " +
@@ -17812,7 +18121,39 @@ class data_parallel {
     std::unique_ptr<buckets_type> buckets;
     std::optional<Optimizer> optimizer;  ///< declared after the buckets: under ZeRO-1 it updates their slices
     double grad_norm = 0;                ///< of the last step's summed gradients, when clipping
+    /// @brief For each of params, its index among the optimizer's parameters, or npos (fused updates).
+    std::vector<std::size_t> updated_as;
   };
+
+  /// @brief Whether steps can fuse the gradients' sync with the optimizer's update (see
+  /// data_parallel_options::fused_update): also notes, for each replica, where each of its
+  /// parameters is among its optimizer's (all of those must be the replica's own).
+  bool fusable() {
+    if (!options_.fused_update || options_.zero1 || options_.clip_grad_norm > 0 || mesh_.is_multiprocess()) return false;
+    for (const any_place& q : mesh_.places())
+      if (q.kind() != place_kind::cpu) return false;
+    if constexpr (!fused_optimizer<Optimizer, T>) {
+      return false;
+    } else {
+      for (auto& held : replicas_) {
+        replica& r = *held;
+        if (!r.optimizer->fusable()) return false;
+        const auto& updated = r.optimizer->parameters();
+        r.updated_as.assign(r.params.size(), npos);
+        for (std::size_t i = 0; i < updated.size(); ++i) {
+          if (updated[i].value_blocks().size() != 1) return false;
+          const T* data = updated[i].value().data();
+          std::size_t found = npos;
+          for (std::size_t j = 0; j < r.params.size() && data != nullptr; ++j)
+            if (r.params[j].value().data() == data && r.params[j].size() == updated[i].size()) found = j;
+          if (found == npos) return false;  // the optimizer updates something the buckets do not sync
+          r.updated_as[found] = i;
+        }
+      }
+      return true;
+    }
+  }
+  static constexpr std::size_t npos = static_cast<std::size_t>(-1);
 
   /// @brief Place 0's parameter values into `params`, place p's (a broadcast over the mesh).
   void broadcast_from_first(std::size_t p, const std::vector<parameter_ref<T>>& params) const {
@@ -17907,7 +18248,7 @@ class data_parallel {
         // micro-batches before the last add their gradients without any communication; the
         // last one's backward completes them and fires the buckets
         for (std::size_t m = 0; m < micro.size(); ++m) {
-          if (m + 1 == micro.size()) buckets.arm();
+          if (m + 1 == micro.size()) buckets.arm(/*launch=*/!fused_);
           auto& s = micro[m][k];
           const std::size_t rows = s.inputs.extent(0);
           if (rows == 0) continue;
@@ -17925,7 +18266,7 @@ class data_parallel {
           buckets.record("backward", 0, forward_end, buckets.since_start());
         }
         guard.done = true;
-        buckets.finish();  // parameters without a gradient (no rows here, or unused) send zeros
+        if (!fused_) buckets.finish();  // parameters without a gradient (no rows here, or unused) send zeros
       }
       // the global batch's loss and count of correct predictions, on every place, before any
       // update: a step whose loss is not finite changes nothing
@@ -17944,6 +18285,18 @@ class data_parallel {
         if (f < 1) scale_grads(updated, f);
       }
       if (options_.schedule) r.optimizer->set_lr(options_.schedule(steps_));
+      if constexpr (fused_optimizer<Optimizer, T>) {
+        if (fused_) {
+          // the sync and the update in one pass (parameters without a gradient send zeros)
+          r.optimizer->begin_fused_step();
+          std::vector<element_update<T>> updates(r.params.size());
+          for (std::size_t j = 0; j < r.params.size(); ++j)
+            if (r.updated_as[j] != npos) updates[j] = r.optimizer->fused_update(r.updated_as[j]);
+          buckets.sync_and_update(updates);
+          buckets.record("optimizer", 0, opt_start, buckets.since_start());
+          return;
+        }
+      }
       r.optimizer->step();
       buckets.record("optimizer", 0, opt_start, buckets.since_start());
       if (options_.zero1) buckets.gather_slices();
@@ -17982,6 +18335,7 @@ class data_parallel {
   data_parallel_options options_;
   Loss loss_;
   std::vector<std::unique_ptr<replica>> replicas_;
+  bool fused_ = false;  ///< steps fuse the gradients' sync with the optimizer's update (fusable())
   double last_epoch_correct_ = 0;
   std::size_t steps_ = 0;   ///< steps taken, skipped ones included
   std::size_t epochs_ = 0;  ///< epochs fit has trained

@@ -9,6 +9,17 @@
 
 namespace pdo {
 
+/// @brief What consumes the sum of an all_reduce_apply (group_communicator::all_reduce_apply):
+/// `call(context, lo, hi, sum)` takes elements [lo, hi) of the sum, `sum[0]` being element lo.
+/// It may be called from the thread of another member of the group, once for each range, the
+/// ranges together covering the elements once; it writes only its own member's outputs.
+template <class T>
+struct reduced_consumer {
+  void (*call)(const void* context, std::size_t lo, std::size_t hi, const T* sum) = nullptr;
+  const void* context = nullptr;
+  void operator()(std::size_t lo, std::size_t hi, const T* sum) const { call(context, lo, hi, sum); }
+};
+
 /// @brief One member's endpoint on a group of places (a mesh axis, or the whole mesh).
 ///
 /// Every collective is called by all members of the group at once, each with its own

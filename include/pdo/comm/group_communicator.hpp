@@ -58,6 +58,26 @@ class group_communicator {
     const detail::timeline_span span("collective", "all_reduce", [&] { return describe(data.size_bytes()); });
     with([&](auto& g) { g.all_reduce(member_, data, op); });
   }
+  /// @brief The sum over members of their `data` (same size on all), consumed where it is
+  /// made instead of stored: each member's `consume` receives every range of the sum (see
+  /// pdo::reduced_consumer), an all_reduce fused with what reads its result. Over shared memory
+  /// (the threads backend) each member sums its part of the elements block by block and hands
+  /// each block to every member's consumer while it is in cache: one pass over memory, the sum
+  /// never written. Elsewhere `data` is all_reduced in place and handed whole to this member's
+  /// consumer. Either way the sum is the all_reduce's, bitwise; `data` may be left as it was or
+  /// summed.
+  template <element T>
+  void all_reduce_apply(std::span<T> data, reduced_consumer<T> consume) const {
+    const detail::timeline_span span("collective", "all_reduce", [&] { return describe(data.size_bytes()) + ", fused with its consumer"; });
+    with([&](auto& g) {
+      if constexpr (requires { g.all_reduce_apply(member_, std::span<const T>(data), consume); }) {
+        g.all_reduce_apply(member_, std::span<const T>(data), consume);
+      } else {
+        g.all_reduce(member_, data, reduce_op::sum);
+        consume(0, data.size(), data.data());
+      }
+    });
+  }
   /// @brief `out` = every member's `in`, concatenated in member order (sizes may differ).
   template <element T>
   void all_gather(std::span<const T> in, std::span<T> out) const {

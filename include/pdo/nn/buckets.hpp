@@ -14,11 +14,13 @@
 #include <pdo/exec/mesh_ops.hpp>
 #include <pdo/layout/redistribute_plan.hpp>
 #include <pdo/nn/module.hpp>
+#include <pdo/nn/optim.hpp>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstddef>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -60,7 +62,8 @@ struct bucket_options {
 /// in buckets. Each step: begin_step() (before backward), arm() (before the backward whose
 /// gradients are the step's last contributions: they fire the buckets), finish() (after it:
 /// the remaining buckets, then waits for all); under ZeRO-1 the optimizer steps slices()
-/// and gather_slices() brings the updated values back.
+/// and gather_slices() brings the updated values back. Or, fused: begin_step(), backward,
+/// then sync_and_update(), each bucket's all_reduce handing the sum to the optimizer's update.
 template <class T, class Mesh, fixed_string Axis>
 class gradient_buckets {
  public:
@@ -155,15 +158,16 @@ class gradient_buckets {
   }
 
   /// @brief The next backward completes the step's gradients: each parameter's last
-  /// contribution counts toward its bucket, and a complete bucket starts its collective.
-  void arm() {
+  /// contribution counts toward its bucket (the timeline marks it), and with `launch` a
+  /// complete bucket starts its collective (with bucket_options::overlap).
+  void arm(bool launch = true) {
     for (std::size_t j = 0; j < params_.size(); ++j) {
-      params_[j].on_gradient([this, j] {
+      params_[j].on_gradient([this, j, launch] {
         if (pdo::detail::timeline_on())
           pdo::detail::timeline_instant("gradient", "gradient " + params_[j].name(), [&] { return "bucket " + std::to_string(bucket_of_[j]); });
         auto& b = buckets_[bucket_of_[j]];
         if (--b.waiting == 0) b.ready = true;
-        if (options_.overlap) launch_ready();
+        if (launch && options_.overlap) launch_ready();
       });
     }
   }
@@ -180,6 +184,22 @@ class gradient_buckets {
     if (options_.zero1) return;
     for (auto& b : buckets_)
       if (b.params.size() > 1) unpack(b, /*values=*/false);
+  }
+
+  /// @brief After the step's backward, instead of finish() and the optimizer's step(): every
+  /// bucket's all_reduce fused with the update of its parameters (the planner's partial ->
+  /// replicate step, its sum handed to `updates[j]`, the update of parameter j for this step,
+  /// which may be empty for a parameter the optimizer does not update), on the communication
+  /// lane, bucket after bucket; waits for all. Over shared memory each place sums its part of
+  /// every bucket and updates that part of every replica (one pass over the gradients and
+  /// parameters); the gradients are left as each place's own. Parameters without a gradient
+  /// send zeros. Throws the first failure.
+  void sync_and_update(const std::vector<element_update<T>>& updates) {
+    for (std::size_t j = 0; j < params_.size(); ++j) params_[j].on_gradient(nullptr);
+    for (std::size_t b = 0; b < buckets_.size(); ++b) launch(b, &updates);
+    wait_launched();
+    if (!failures_.empty())
+      failures_.front().rethrow_with_context("gradient " + std::string(step_name(step().kind)) + " fused with the update: ");
   }
 
   /// @brief After a step that failed on this place: waits for the buckets already queued
@@ -313,9 +333,28 @@ class gradient_buckets {
     }
   }
 
+  /// @brief What a fused bucket's all_reduce hands its sum to: the updates of the bucket's
+  /// parameters, each given its part of the range (called by every place of the group).
+  struct bucket_consumer {
+    const bucket* b = nullptr;
+    const std::vector<parameter_ref<T>>* params = nullptr;
+    const std::vector<element_update<T>>* updates = nullptr;
+    static void call(const void* context, std::size_t lo, std::size_t hi, const T* sum) {
+      const auto& c = *static_cast<const bucket_consumer*>(context);
+      std::size_t at = 0;  // where parameter j begins in the bucket
+      for (std::size_t j : c.b->params) {
+        const std::size_t n = (*c.params)[j].size(), from = std::max(lo, at), to = std::min(hi, at + n);
+        if (from < to && (*c.updates)[j]) (*c.updates)[j](from - at, to - at, sum + (from - lo));
+        at += n;
+        if (at >= hi) break;
+      }
+    }
+  };
+
   /// @brief Queues bucket `b`'s collective on the place's communication lane: a bucket of one
-  /// parameter in place, a bucket of several packed into one buffer.
-  void launch(std::size_t b) {
+  /// parameter in place, a bucket of several packed into one buffer. With `updates`, its
+  /// all_reduce is fused with them (sync_and_update).
+  void launch(std::size_t b, const std::vector<element_update<T>>* updates = nullptr) {
     auto& bk = buckets_[b];
     std::span<T> data = bk.flat.span();
     if (bk.params.size() == 1 && !options_.zero1) {
@@ -337,14 +376,23 @@ class gradient_buckets {
     request.category = "collective";
     request.uses.reads.push_back(data.data());
     request.uses.writes.push_back(options_.zero1 ? static_cast<const void*>(slice_grad.data()) : data.data());
+    if (updates != nullptr)
+      for (std::size_t j : bk.params) request.uses.writes.push_back(params_[j].value().data());
     if (pdo::detail::timeline_on())
       request.detail = "bucket " + std::to_string(b) + ": " + std::to_string(data.size_bytes()) + " bytes over \"" +
-                       std::string(std::string_view(Axis)) + "\" (" + std::to_string(bk.params.size()) + " parameters)";
-    request.fn = [this, data, slice_grad, b, queued] {
+                       std::string(std::string_view(Axis)) + "\" (" + std::to_string(bk.params.size()) + " parameters)" +
+                       (updates != nullptr ? ", fused with the optimizer's update" : "");
+    request.fn = [this, data, slice_grad, b, queued, updates] {
       const double from = since_start();
       try {
-        if (options_.zero1) pdo::detail::apply_flat_step<step_kind::reduce_scatter>(scatter_plan.steps[0], mesh_, place_, data, slice_grad);
-        else pdo::detail::apply_flat_step<step_kind::all_reduce>(sync_plan.steps[0], mesh_, place_, data);
+        if (options_.zero1) {
+          pdo::detail::apply_flat_step<step_kind::reduce_scatter>(scatter_plan.steps[0], mesh_, place_, data, slice_grad);
+        } else if (updates != nullptr) {
+          const bucket_consumer consumer{&buckets_[b], &params_, updates};
+          pdo::detail::apply_flat_sum(sync_plan.steps[0], mesh_, place_, data, reduced_consumer<T>{&bucket_consumer::call, &consumer});
+        } else {
+          pdo::detail::apply_flat_step<step_kind::all_reduce>(sync_plan.steps[0], mesh_, place_, data);
+        }
       } catch (...) {
         std::lock_guard lock(events_mutex_);
         failures_.push_back(pdo::detail::captured_error::current());

@@ -67,6 +67,17 @@ struct data_parallel_options {
   /// @brief When set, the optimizer's learning rate before each update is schedule(steps
   /// taken before it): step_lr, cosine_lr, or any function of the step.
   lr_schedule schedule = {};
+  /// @brief On a mesh of CPU places in one process, with an optimizer that takes fused
+  /// updates (nn::sgd, nn::adam, any_optimizer holding one): after backward, each bucket's
+  /// all_reduce hands the summed gradient to the optimizer's update while it makes it, instead
+  /// of writing it back for a step() after. Each place sums its part of every bucket and
+  /// updates that part of every replica, in one pass over gradients and parameters (the same
+  /// arithmetic: the same values, bit for bit). On two cores this pass costs less than the
+  /// all_reduce alone, which overlapping backward cannot hide when backward's products keep
+  /// every core busy. The gradients a step leaves are then each place's own, not the sum.
+  /// Elsewhere (GPU places, several processes, ZeRO-1, clip_grad_norm, another optimizer),
+  /// or when false, the buckets' all_reduces overlap backward (`overlap`) and step() follows.
+  bool fused_update = true;
 };
 
 }  // namespace pdo::nn
@@ -149,6 +160,7 @@ class data_parallel {
       r.buckets = std::make_unique<buckets_type>(mesh_, p, r.params, bucket_options{options_.bucket_bytes, options_.overlap, options_.zero1});
       r.optimizer.emplace(make_optimizer(options_.zero1 ? r.buckets->slices() : r.params));
     });
+    fused_ = fusable();
   }
 
   /// @brief One training step on a global batch (host tensors: inputs [B, ...], targets
@@ -321,6 +333,10 @@ class data_parallel {
     epochs_ = epochs;
   }
 
+  /// @brief Whether steps sync each bucket's gradients fused with the optimizer's update
+  /// (data_parallel_options::fused_update, where it applies).
+  [[nodiscard]] bool fused_update() const { return fused_; }
+
   /// @brief The plan of a step, as text: how the batch is cut, the gradient layout the
   /// planner derives for the replicated parameters, the collective that syncs it, and the
   /// buckets with the bytes each place sends for them.
@@ -332,6 +348,11 @@ class data_parallel {
     if (options_.zero1)
       text += "  ZeRO-1: reduce_scattered over \"" + std::string(step.axis) + "\" (each place sums and updates its slice, with its "
               "slice of the optimizer state), the slices all_gathered back; in buckets of ~" + std::to_string(options_.bucket_bytes) + " B\n";
+    else if (fused_)
+      text += "  synced to " + pdo::layout_name<param_layout>() + " by " + std::string(step_name(step.kind)) + " over \"" +
+              std::string(step.axis) + "\", in buckets of ~" + std::to_string(options_.bucket_bytes) +
+              " B after backward, each fused with the optimizer's update (each place sums its part of a bucket and updates it "
+              "on every replica)\n";
     else
       text += "  synced to " + pdo::layout_name<param_layout>() + " by " + std::string(step_name(step.kind)) + " over \"" +
               std::string(step.axis) + "\", in buckets of ~" + std::to_string(options_.bucket_bytes) + " B, " +
@@ -356,7 +377,39 @@ class data_parallel {
     std::unique_ptr<buckets_type> buckets;
     std::optional<Optimizer> optimizer;  ///< declared after the buckets: under ZeRO-1 it updates their slices
     double grad_norm = 0;                ///< of the last step's summed gradients, when clipping
+    /// @brief For each of params, its index among the optimizer's parameters, or npos (fused updates).
+    std::vector<std::size_t> updated_as;
   };
+
+  /// @brief Whether steps can fuse the gradients' sync with the optimizer's update (see
+  /// data_parallel_options::fused_update): also notes, for each replica, where each of its
+  /// parameters is among its optimizer's (all of those must be the replica's own).
+  bool fusable() {
+    if (!options_.fused_update || options_.zero1 || options_.clip_grad_norm > 0 || mesh_.is_multiprocess()) return false;
+    for (const any_place& q : mesh_.places())
+      if (q.kind() != place_kind::cpu) return false;
+    if constexpr (!fused_optimizer<Optimizer, T>) {
+      return false;
+    } else {
+      for (auto& held : replicas_) {
+        replica& r = *held;
+        if (!r.optimizer->fusable()) return false;
+        const auto& updated = r.optimizer->parameters();
+        r.updated_as.assign(r.params.size(), npos);
+        for (std::size_t i = 0; i < updated.size(); ++i) {
+          if (updated[i].value_blocks().size() != 1) return false;
+          const T* data = updated[i].value().data();
+          std::size_t found = npos;
+          for (std::size_t j = 0; j < r.params.size() && data != nullptr; ++j)
+            if (r.params[j].value().data() == data && r.params[j].size() == updated[i].size()) found = j;
+          if (found == npos) return false;  // the optimizer updates something the buckets do not sync
+          r.updated_as[found] = i;
+        }
+      }
+      return true;
+    }
+  }
+  static constexpr std::size_t npos = static_cast<std::size_t>(-1);
 
   /// @brief Place 0's parameter values into `params`, place p's (a broadcast over the mesh).
   void broadcast_from_first(std::size_t p, const std::vector<parameter_ref<T>>& params) const {
@@ -451,7 +504,7 @@ class data_parallel {
         // micro-batches before the last add their gradients without any communication; the
         // last one's backward completes them and fires the buckets
         for (std::size_t m = 0; m < micro.size(); ++m) {
-          if (m + 1 == micro.size()) buckets.arm();
+          if (m + 1 == micro.size()) buckets.arm(/*launch=*/!fused_);
           auto& s = micro[m][k];
           const std::size_t rows = s.inputs.extent(0);
           if (rows == 0) continue;
@@ -469,7 +522,7 @@ class data_parallel {
           buckets.record("backward", 0, forward_end, buckets.since_start());
         }
         guard.done = true;
-        buckets.finish();  // parameters without a gradient (no rows here, or unused) send zeros
+        if (!fused_) buckets.finish();  // parameters without a gradient (no rows here, or unused) send zeros
       }
       // the global batch's loss and count of correct predictions, on every place, before any
       // update: a step whose loss is not finite changes nothing
@@ -488,6 +541,18 @@ class data_parallel {
         if (f < 1) scale_grads(updated, f);
       }
       if (options_.schedule) r.optimizer->set_lr(options_.schedule(steps_));
+      if constexpr (fused_optimizer<Optimizer, T>) {
+        if (fused_) {
+          // the sync and the update in one pass (parameters without a gradient send zeros)
+          r.optimizer->begin_fused_step();
+          std::vector<element_update<T>> updates(r.params.size());
+          for (std::size_t j = 0; j < r.params.size(); ++j)
+            if (r.updated_as[j] != npos) updates[j] = r.optimizer->fused_update(r.updated_as[j]);
+          buckets.sync_and_update(updates);
+          buckets.record("optimizer", 0, opt_start, buckets.since_start());
+          return;
+        }
+      }
       r.optimizer->step();
       buckets.record("optimizer", 0, opt_start, buckets.since_start());
       if (options_.zero1) buckets.gather_slices();
@@ -526,6 +591,7 @@ class data_parallel {
   data_parallel_options options_;
   Loss loss_;
   std::vector<std::unique_ptr<replica>> replicas_;
+  bool fused_ = false;  ///< steps fuse the gradients' sync with the optimizer's update (fusable())
   double last_epoch_correct_ = 0;
   std::size_t steps_ = 0;   ///< steps taken, skipped ones included
   std::size_t epochs_ = 0;  ///< epochs fit has trained

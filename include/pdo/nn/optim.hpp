@@ -24,24 +24,29 @@
 
 namespace pdo::detail {
 
-template <class T>
+/// @brief SGD's update of element i: with a momentum buffer when `Momentum` (`first`: the
+/// buffer's first value is the gradient). Branch-free, so that its loop vectorizes.
+template <class T, bool Momentum>
 struct sgd_update {
   T* p;
   const T* g;
-  T* buf;  ///< momentum buffer, or null
+  T* buf;  ///< momentum buffer (Momentum only)
   T lr, momentum, weight_decay;
   bool first;
   PDO_HD void operator()(std::size_t i) const {
     T d = g[i] + weight_decay * p[i];
-    if (buf != nullptr) {
-      buf[i] = first ? d : momentum * buf[i] + d;
-      d = buf[i];
+    if constexpr (Momentum) {
+      const T b = first ? d : momentum * buf[i] + d;
+      buf[i] = b;
+      d = b;
     }
     p[i] -= lr * d;
   }
 };
 
-template <class T>
+/// @brief Adam's update of element i; AdamW's (`Decoupled`: the weights decay, not the
+/// gradient). Branch-free, so that its loop vectorizes.
+template <class T, bool Decoupled>
 struct adam_update {
   T* p;
   const T* g;
@@ -49,16 +54,18 @@ struct adam_update {
   T* v;
   T lr, beta1, beta2, eps, weight_decay;
   T correction1, correction2;  ///< 1 - beta^t
-  bool decoupled;              ///< AdamW: decay the weights, not the gradient
   PDO_HD void operator()(std::size_t i) const {
     using std::sqrt;
     T d = g[i];
-    if (decoupled) p[i] -= lr * weight_decay * p[i];
-    else d += weight_decay * p[i];
-    m[i] = beta1 * m[i] + (T(1) - beta1) * d;
-    v[i] = beta2 * v[i] + (T(1) - beta2) * d * d;
-    const T mhat = m[i] / correction1, vhat = v[i] / correction2;
-    p[i] -= lr * mhat / (static_cast<T>(sqrt(vhat)) + eps);
+    T w = p[i];
+    if constexpr (Decoupled) w -= lr * weight_decay * w;
+    else d += weight_decay * w;
+    const T mi = beta1 * m[i] + (T(1) - beta1) * d;
+    const T vi = beta2 * v[i] + (T(1) - beta2) * d * d;
+    m[i] = mi;
+    v[i] = vi;
+    const T mhat = mi / correction1, vhat = vi / correction2;
+    p[i] = w - lr * mhat / (static_cast<T>(sqrt(vhat)) + eps);
   }
 };
 
@@ -162,6 +169,13 @@ inline lr_schedule cosine_lr(double lr, std::size_t warmup_steps, std::size_t to
   };
 }
 
+/// @brief The update of one parameter's elements from their gradient, made for one step
+/// (optimizers' fused_update): `update(lo, hi, g)` applies the step to elements [lo, hi) of the
+/// parameter's only block, g[0] being element lo's gradient. A data-parallel trainer hands it
+/// the summed gradient while the all_reduce makes it (data_parallel_options::fused_update).
+template <class T>
+using element_update = std::function<void(std::size_t lo, std::size_t hi, const T* g)>;
+
 /// @brief What every optimizer has: the parameters it updates.
 template <class T>
 class optimizer_base {
@@ -172,8 +186,19 @@ class optimizer_base {
   }
   /// @brief The parameters this optimizer updates, in the order it was given them.
   [[nodiscard]] const std::vector<parameter_ref<T>>& parameters() const { return params_; }
+  /// @brief Whether this optimizer can update its parameters range by range from gradients
+  /// handed to it (fused_update): yes, each element's update reads only its own gradient.
+  [[nodiscard]] bool fusable() const { return true; }
 
  protected:
+  /// @brief The values of parameter `i`, which a fused update takes whole: its only block.
+  [[nodiscard]] T* only_block(std::size_t i, const char* op) const {
+    const auto values = params_.at(i).value_blocks();
+    if (values.size() != 1)
+      throw error(std::string(op) + ": parameter " + params_[i].name() + " has " + std::to_string(values.size()) +
+                  " blocks on this process; a fused update takes a parameter of one block (a replica)");
+    return values[0].data();
+  }
   /// @brief Keeps `params` (references: the optimizer updates the model's own values).
   explicit optimizer_base(std::vector<parameter_ref<T>> params) : params_(std::move(params)) {}
   std::vector<parameter_ref<T>> params_;  ///< the parameters updated, in the order given
@@ -211,12 +236,35 @@ class sgd : public optimizer_base<T> {
       const bool first = buffers.empty() && o_.momentum != 0;
       if (first) buffers = params_[i].zero_state();
       for (std::size_t k = 0; k < values.size(); ++k) {
-        pdo::detail::for_each_index(places[k], values[k].size(),
-                                    pdo::detail::sgd_update<T>{values[k].data(), grads[k].data(), o_.momentum != 0 ? buffers[k].data() : nullptr,
-                                                               static_cast<T>(o_.lr), static_cast<T>(o_.momentum),
-                                                               static_cast<T>(o_.weight_decay), first});
+        auto update = [&]<bool Momentum>() {
+          pdo::detail::for_each_index(places[k], values[k].size(),
+                                      pdo::detail::sgd_update<T, Momentum>{values[k].data(), grads[k].data(), Momentum ? buffers[k].data() : nullptr,
+                                                                           static_cast<T>(o_.lr), static_cast<T>(o_.momentum),
+                                                                           static_cast<T>(o_.weight_decay), first});
+        };
+        if (o_.momentum != 0) update.template operator()<true>();
+        else update.template operator()<false>();
       }
     }
+  }
+  /// @brief Begins a step taken by fused updates (nothing to count for SGD).
+  void begin_fused_step() {}
+  /// @brief This step's update of parameter `i` (of one block), for step() applied range by
+  /// range to gradients handed to it: the same rule, element for element.
+  [[nodiscard]] element_update<T> fused_update(std::size_t i) {
+    T* const p = this->only_block(i, "sgd::fused_update");
+    auto& buffers = buffers_[i];
+    const bool first = buffers.empty() && o_.momentum != 0;
+    if (first) buffers = params_[i].zero_state();
+    const T lr = static_cast<T>(o_.lr), momentum = static_cast<T>(o_.momentum), decay = static_cast<T>(o_.weight_decay);
+    if (o_.momentum == 0)
+      return [=](std::size_t lo, std::size_t hi, const T* g) {
+        pdo::detail::for_each_element_range(pdo::detail::sgd_update<T, false>{p + lo, g, nullptr, lr, momentum, decay, false}, 0, 0, hi - lo);
+      };
+    T* const buf = buffers.at(0).data();
+    return [=](std::size_t lo, std::size_t hi, const T* g) {
+      pdo::detail::for_each_element_range(pdo::detail::sgd_update<T, true>{p + lo, g, buf + lo, lr, momentum, decay, first}, 0, 0, hi - lo);
+    };
   }
   /// @brief Sets the learning rate of the next steps (a schedule calls this before each one);
   /// a pdo::error when it is negative or not finite.
@@ -294,13 +342,43 @@ class adam : public optimizer_base<T> {
         m_[i] = params_[i].zero_state();
         v_[i] = params_[i].zero_state();
       }
-      for (std::size_t k = 0; k < values.size(); ++k)
-        pdo::detail::for_each_index(places[k], values[k].size(),
-                                    pdo::detail::adam_update<T>{values[k].data(), grads[k].data(), m_[i][k].data(), v_[i][k].data(),
-                                                                static_cast<T>(o_.lr), static_cast<T>(o_.beta1), static_cast<T>(o_.beta2),
-                                                                static_cast<T>(o_.eps), static_cast<T>(o_.weight_decay), c1, c2,
-                                                                o_.decoupled_weight_decay});
+      for (std::size_t k = 0; k < values.size(); ++k) {
+        auto update = [&]<bool Decoupled>() {
+          pdo::detail::for_each_index(places[k], values[k].size(),
+                                      pdo::detail::adam_update<T, Decoupled>{values[k].data(), grads[k].data(), m_[i][k].data(), v_[i][k].data(),
+                                                                             static_cast<T>(o_.lr), static_cast<T>(o_.beta1),
+                                                                             static_cast<T>(o_.beta2), static_cast<T>(o_.eps),
+                                                                             static_cast<T>(o_.weight_decay), c1, c2});
+        };
+        if (o_.decoupled_weight_decay) update.template operator()<true>();
+        else update.template operator()<false>();
+      }
     }
+  }
+  /// @brief Begins a step taken by fused updates: counts it, as step() does.
+  void begin_fused_step() { ++steps_; }
+  /// @brief This step's update of parameter `i` (of one block), for step() applied range by
+  /// range to gradients handed to it: counts the parameter's step, and applies the same rule,
+  /// element for element.
+  [[nodiscard]] element_update<T> fused_update(std::size_t i) {
+    T* const p = this->only_block(i, "adam::fused_update");
+    const double t = static_cast<double>(++t_[i]);
+    if (m_[i].empty()) {
+      m_[i] = params_[i].zero_state();
+      v_[i] = params_[i].zero_state();
+    }
+    T* const m = m_[i].at(0).data();
+    T* const v = v_[i].at(0).data();
+    const T lr = static_cast<T>(o_.lr), beta1 = static_cast<T>(o_.beta1), beta2 = static_cast<T>(o_.beta2), eps = static_cast<T>(o_.eps),
+            decay = static_cast<T>(o_.weight_decay);
+    const T c1 = static_cast<T>(1 - std::pow(o_.beta1, t)), c2 = static_cast<T>(1 - std::pow(o_.beta2, t));
+    auto update = [=]<bool Decoupled>() -> element_update<T> {
+      return [=](std::size_t lo, std::size_t hi, const T* g) {
+        pdo::detail::for_each_element_range(
+            pdo::detail::adam_update<T, Decoupled>{p + lo, g, m + lo, v + lo, lr, beta1, beta2, eps, decay, c1, c2}, 0, 0, hi - lo);
+      };
+    };
+    return o_.decoupled_weight_decay ? update.template operator()<true>() : update.template operator()<false>();
   }
   /// @brief Sets the learning rate of the next steps (a schedule calls this before each one);
   /// a pdo::error when it is negative or not finite.
@@ -358,6 +436,17 @@ concept optimizer = requires(O& o, const O& co, double lr) {
   { co.parameters() } -> std::convertible_to<const std::vector<parameter_ref<T>>&>;
 };
 
+/// @brief An optimizer that can take a step as fused updates (sgd, adam, any_optimizer): a
+/// data-parallel trainer on CPU places of one process hands each parameter's update the summed
+/// gradient while the all_reduce makes it, instead of calling step() after it. `fusable()`
+/// says whether it can (any_optimizer: whether what it holds can).
+template <class O, class T>
+concept fused_optimizer = requires(O& o, const O& co, std::size_t i) {
+  { co.fusable() } -> std::convertible_to<bool>;
+  o.begin_fused_step();
+  { o.fused_update(i) } -> std::convertible_to<element_update<T>>;
+};
+
 /// @brief Any optimizer of T parameters, chosen at run time (SGD or Adam from a command-line
 /// flag, say): holds one and forwards to it. Copies share the optimizer they hold.
 template <class T>
@@ -387,6 +476,13 @@ class any_optimizer {
   [[nodiscard]] long steps() const { return impl_->steps(); }
   /// @brief Sets the held optimizer's step count (ignored if it keeps none).
   void set_steps(long t) { impl_->set_steps(t); }
+  /// @brief Whether the held optimizer takes fused updates (fusable(), begin_fused_step(),
+  /// fused_update(i), as sgd and adam do).
+  [[nodiscard]] bool fusable() const { return impl_->fusable(); }
+  /// @brief The held optimizer's begin_fused_step() (only when fusable()).
+  void begin_fused_step() { impl_->begin_fused_step(); }
+  /// @brief The held optimizer's fused_update(i) (only when fusable()).
+  [[nodiscard]] element_update<T> fused_update(std::size_t i) { return impl_->fused_update(i); }
   /// @brief The steps parameter `i` has taken, if the held optimizer counts them per
   /// parameter (adam); else its step count.
   [[nodiscard]] long steps(std::size_t i) const { return impl_->steps(i); }
@@ -408,6 +504,9 @@ class any_optimizer {
     virtual void set_steps(long t) = 0;
     [[nodiscard]] virtual long steps(std::size_t i) const = 0;
     virtual void set_steps(std::size_t i, long t) = 0;
+    [[nodiscard]] virtual bool fusable() const = 0;
+    virtual void begin_fused_step() = 0;
+    [[nodiscard]] virtual element_update<T> fused_update(std::size_t i) = 0;
   };
   template <class O>
   struct holder final : base {
@@ -440,11 +539,24 @@ class any_optimizer {
     void set_steps(std::size_t i, long t) override {
       if constexpr (requires { o.set_steps(i, t); }) o.set_steps(i, t);
     }
+    [[nodiscard]] bool fusable() const override {
+      if constexpr (fused_optimizer<O, T>) return o.fusable();
+      else return false;
+    }
+    void begin_fused_step() override {
+      if constexpr (fused_optimizer<O, T>) o.begin_fused_step();
+      else throw error("any_optimizer::begin_fused_step: the optimizer it holds takes no fused updates");
+    }
+    [[nodiscard]] element_update<T> fused_update(std::size_t i) override {
+      if constexpr (fused_optimizer<O, T>) return o.fused_update(i);
+      else throw error("any_optimizer::fused_update: the optimizer it holds takes no fused updates");
+    }
   };
   std::shared_ptr<base> impl_;
 };
 
 static_assert(optimizer<sgd<float>, float> && optimizer<adam<double>, double> && optimizer<any_optimizer<float>, float>);
+static_assert(fused_optimizer<sgd<float>, float> && fused_optimizer<adam<double>, double> && fused_optimizer<any_optimizer<float>, float>);
 
 /// @brief AdamW's usual settings: decoupled weight decay 0.01.
 inline adam_options adamw_options(double lr = 1e-3, double weight_decay = 0.01) {

@@ -47,6 +47,17 @@ void apply_flat_step(const redistribute_step& step, const Mesh& m, std::size_t p
   else comm.all_gather(std::span<const T>(data), out);
 }
 
+/// @brief The all_reduce of a flat buffer (partial over the step's axis -> replicate) fused
+/// with what reads its result: the step apply_flat_step<all_reduce> runs, the sum handed to
+/// `consume` range by range instead of written back (group_communicator::all_reduce_apply).
+template <class T, class Mesh>
+void apply_flat_sum(const redistribute_step& step, const Mesh& m, std::size_t p, std::span<T> data, reduced_consumer<T> consume) {
+  const std::size_t a = Mesh::axis_index(step.axis);
+  const mesh_communicator comm = communicator_along(m, a, p);
+  if (m.coord(p, a) == 0) planned_collective_counts()[static_cast<std::size_t>(step_kind::all_reduce)].fetch_add(1, std::memory_order_relaxed);
+  comm.all_reduce_apply(data, consume);
+}
+
 /// @brief One step of a redistribution on place `p`: turns `shard` (laid out as
 /// step.before) into its shard under step.after. Every place of the mesh runs it at once.
 template <step_kind Kind, class T, std::size_t Rank, class Mesh>

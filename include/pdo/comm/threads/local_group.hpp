@@ -2,6 +2,7 @@
 #pragma once
 
 #include <pdo/comm/barrier.hpp>
+#include <pdo/comm/communicator_concept.hpp>
 #include <pdo/core/config.hpp>
 #include <pdo/core/copy_elements.hpp>
 #include <pdo/core/dtype.hpp>
@@ -57,6 +58,21 @@ void reduce_blocks(std::span<const T* const> srcs, std::span<T* const> dsts, std
     for (std::size_t k = 1; k < srcs.size(); ++k) reduce_into(acc, srcs[k] + b, n, op);
     for (T* d : dsts) copy_elements(d + b, acc, n);
   }
+}
+
+/// @brief `sum[0, n) = srcs[0][b + i] + srcs[1][b + i] + ...`, added in the order of `srcs`
+/// (that of reduce_in_place and reduce_blocks, so the sum is the all_reduce's, bitwise).
+template <class T>
+void sum_block(T* __restrict sum, std::span<const T* const> srcs, std::size_t b, std::size_t n) {
+  const T* __restrict first = srcs[0] + b;
+  if (srcs.size() == 1) {
+    copy_elements(sum, first, n);
+    return;
+  }
+  const T* __restrict second = srcs[1] + b;
+#pragma omp simd
+  for (std::size_t i = 0; i < n; ++i) sum[i] = first[i] + second[i];
+  for (std::size_t k = 2; k < srcs.size(); ++k) reduce_into(sum, srcs[k] + b, n, reduce_op::sum);
 }
 
 /// @brief In place over `bufs` (N buffers): `bufs[k][i] = op over k of bufs[k][i]` for i in
@@ -205,6 +221,37 @@ class local_group {
     const auto [lo, hi] = work_range<T>(data.size(), size(), me);
     for (std::size_t k = 0; k < size(); ++k) bufs[k] = static_cast<T*>(slots_[k].out);
     reduce_in_place<T>(std::span<T* const>(bufs, size()), lo, hi, op);
+  }
+
+  /// @brief The sum over members of their `data`, handed block by block to every member's
+  /// `consume` (see group_communicator::all_reduce_apply): member `me` sums its part of the
+  /// elements (in member order, as all_reduce does) into a block that stays in L1 and hands
+  /// each block to every member's consumer.
+  template <class T>
+  void all_reduce_apply(std::size_t me, std::span<const T> data, const reduced_consumer<T>& consume) {
+    std::array<const T*, 4> few{};  // allocated before the entry barrier: nothing throws between the barriers
+    std::array<const reduced_consumer<T>*, 4> few_consumers{};
+    std::vector<const T*> many(size() > few.size() ? size() : 0);
+    std::vector<const reduced_consumer<T>*> many_consumers(many.size());
+    const T** srcs = many.empty() ? few.data() : many.data();
+    const reduced_consumer<T>** consumers = many.empty() ? few_consumers.data() : many_consumers.data();
+    publish(me, call<T>("all_reduce_apply", data.data(), const_cast<reduced_consumer<T>*>(&consume), data.size(), data.size(), reduce_op::sum));
+    barrier_.arrive_and_wait();
+    const closing_barrier closing(barrier_);
+    check_same_call();
+    check_equal_counts("all_reduce_apply", &slot::in_count, me);
+    for (std::size_t k = 0; k < size(); ++k) {
+      srcs[k] = static_cast<const T*>(slots_[k].in);
+      consumers[k] = static_cast<const reduced_consumer<T>*>(slots_[k].out);
+    }
+    const auto [lo, hi] = work_range<T>(data.size(), size(), me);
+    constexpr std::size_t block = 2048;
+    alignas(64) T sum[block];
+    for (std::size_t b = lo; b < hi; b += block) {
+      const std::size_t n = std::min(block, hi - b);
+      sum_block(sum, std::span<const T* const>(srcs, size()), b, n);
+      for (std::size_t k = 0; k < size(); ++k) (*consumers[k])(b, b + n, sum);
+    }
   }
 
   /// @brief `out` (same size on every member) = the members' `in` concatenated in
