@@ -7,7 +7,8 @@
 //
 // Anchor: OpenBLAS's sgemm on the step's eight matrix products (each layer's forward product
 // and weight gradient, and the input gradients of the second and third layers: the batch, the
-// first layer's input, needs none) with the cores of one place; "sgemm-only step" is the time
+// first layer's input, needs none), each called as the step calls it (the weight gradient
+// xᵀg and the input gradient g wᵀ read an operand transposed), with the cores of one place; "sgemm-only step" is the time
 // those products alone take, and the ratio printed is that time over the step's (1.00 would
 // be a step that costs nothing but its gemms). For 2 places the limit is two such one-thread
 // sgemm runs at once, one per place's rows (they share the memory system as the places do).
@@ -52,21 +53,23 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-/// @brief The anchor: milliseconds OpenBLAS's sgemm takes for the nine products of one
-/// step on `rows` rows, on `threads` threads (once the operands are made; with `start`, once
-/// every thread counted by it has made its own).
+/// @brief The anchor: milliseconds OpenBLAS's sgemm takes for the eight products of one
+/// step on `rows` rows, called as the step calls them (a layer's weight gradient xᵀg reads x
+/// transposed, its input gradient g wᵀ reads w transposed), on `threads` threads (once the
+/// operands are made; with `start`, once every thread counted by it has made its own).
 double sgemm_step_ms(std::size_t rows, int threads, int repeats, std::latch* start = nullptr) {
   openblas_set_num_threads(threads);
   struct product {
+    CBLAS_TRANSPOSE ta, tb;
     std::size_t m, n, k;
   };
   const std::size_t dims[] = {in, hidden, hidden, classes};
   std::vector<product> products;
   for (std::size_t l = 0; l < 3; ++l) {
     const std::size_t a = dims[l], b = dims[l + 1];
-    products.push_back({rows, b, a});              // forward
-    products.push_back({a, b, rows});              // weight gradient
-    if (l > 0) products.push_back({rows, a, b});  // input gradient (backward computes none for the batch)
+    products.push_back({CblasNoTrans, CblasNoTrans, rows, b, a});           // forward: x w
+    products.push_back({CblasTrans, CblasNoTrans, a, b, rows});             // weight gradient: xᵀ g
+    if (l > 0) products.push_back({CblasNoTrans, CblasTrans, rows, a, b});  // input gradient g wᵀ (none for the batch)
   }
   std::vector<float> A(hidden * std::max(rows, hidden)), B(hidden * std::max(rows, hidden)), C(hidden * std::max(rows, hidden));
   std::fill(A.begin(), A.end(), 0.001f);
@@ -76,9 +79,12 @@ double sgemm_step_ms(std::size_t rows, int threads, int repeats, std::latch* sta
   std::vector<double> times;
   for (int r = 0; r < repeats; ++r) {
     const auto start = steady::now();
-    for (const auto& p : products)
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(p.m), static_cast<int>(p.n), static_cast<int>(p.k), 1.0f,
-                  A.data(), static_cast<int>(p.k), B.data(), static_cast<int>(p.n), 0.0f, C.data(), static_cast<int>(p.n));
+    for (const auto& p : products) {
+      // row-major: a stored operand's rows are its second extent long
+      const int lda = static_cast<int>(p.ta == CblasNoTrans ? p.k : p.m), ldb = static_cast<int>(p.tb == CblasNoTrans ? p.n : p.k);
+      cblas_sgemm(CblasRowMajor, p.ta, p.tb, static_cast<int>(p.m), static_cast<int>(p.n), static_cast<int>(p.k), 1.0f, A.data(), lda,
+                  B.data(), ldb, 0.0f, C.data(), static_cast<int>(p.n));
+    }
     times.push_back(std::chrono::duration<double, std::milli>(steady::now() - start).count());
   }
   return median(times);
@@ -264,7 +270,7 @@ int main(int argc, char** argv) {
     tw.push_back(step_ms(fused, b512));
     rw.push_back(t1.back() / tw.back());
   }
-  std::printf("anchor: OpenBLAS sgemm, the step's 8 products, 1 thread, 256 rows: %.1f ms\n", median(a1));
+  std::printf("anchor: OpenBLAS sgemm, the step's 8 products as it calls them, 1 thread, 256 rows: %.1f ms\n", median(a1));
   std::printf("1 place (half the cores), batch 256:                  step %7.1f ms  %6.0f samples/s  sgemm-only step / step = %.2f\n",
               median(t1), 1000.0 * batch / median(t1), median(r1));
   std::printf("anchor: two one-thread sgemm runs of the step's products at once, 128 rows each: %.1f ms (the limit of 2 places)\n",
