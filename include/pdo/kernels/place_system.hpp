@@ -182,13 +182,11 @@ void for_each_element_range(const F& f, std::size_t base, std::size_t begin, std
   for (std::size_t k = begin; k < end; ++k) local(base + k);
 }
 
-/// @brief f(first + k) for k in [0, n), for elementwise work items (each writes the elements
-/// of its own index: an optimizer's update, a gradient's accumulation), vectorized, in
-/// parallel over the place's cores.
-template <class F>
-void for_each_element([[maybe_unused]] cpu_system& system, thrust::counting_iterator<std::size_t> first, std::size_t n, F f) {
-  const std::size_t base = *first;
-  if (system.threads > 1 && n >= parallel_grain) {
+/// @brief `Range(f, base, begin, end)` over the parts of [0, n): on the place's cores, a part
+/// each, when it has several and more than `grain` items; else on the calling thread, whole.
+template <auto Range, class F>
+void over_team(const cpu_system& system, std::size_t base, std::size_t n, std::size_t grain, const F& f) {
+  if (system.threads > 1 && n > grain) {
     struct job {
       const F& f;
       std::size_t base, n;
@@ -196,32 +194,26 @@ void for_each_element([[maybe_unused]] cpu_system& system, thrust::counting_iter
     run_team(system.threads, [](void* c, std::size_t t, std::size_t nt) {
       const job& j = *static_cast<const job*>(c);
       const auto [begin, end] = team_part(j.n, t, nt);
-      for_each_element_range(j.f, j.base, begin, end);
+      Range(j.f, j.base, begin, end);
     }, &j);
   } else {
-    for_each_element_range(f, base, 0, n);
+    Range(f, base, 0, n);
   }
+}
+
+/// @brief f(first + k) for k in [0, n), for elementwise work items (each writes the elements
+/// of its own index: an optimizer's update, a gradient's accumulation), vectorized, in
+/// parallel over the place's cores.
+template <class F>
+void for_each_element(cpu_system& system, thrust::counting_iterator<std::size_t> first, std::size_t n, F f) {
+  over_team<&for_each_element_range<F>>(system, *first, n, parallel_grain - 1, f);
 }
 
 /// @brief f(first + k) for k in [0, n), for work items that write several outputs each
 /// (a row of a softmax); items run in parallel over the place's cores.
 template <class F>
-thrust::counting_iterator<std::size_t> for_each_n([[maybe_unused]] cpu_system& system, thrust::counting_iterator<std::size_t> first,
-                                                  std::size_t n, F f) {
-  const std::size_t base = *first;
-  if (system.threads > 1 && n > 1) {
-    struct job {
-      const F& f;
-      std::size_t base, n;
-    } j{f, base, n};
-    run_team(system.threads, [](void* c, std::size_t t, std::size_t nt) {
-      const job& j = *static_cast<const job*>(c);
-      const auto [begin, end] = team_part(j.n, t, nt);
-      for_each_range(j.f, j.base, begin, end);
-    }, &j);
-  } else {
-    for_each_range(f, base, 0, n);
-  }
+thrust::counting_iterator<std::size_t> for_each_n(cpu_system& system, thrust::counting_iterator<std::size_t> first, std::size_t n, F f) {
+  over_team<&for_each_range<F>>(system, *first, n, 1, f);
   return first + static_cast<std::ptrdiff_t>(n);
 }
 
