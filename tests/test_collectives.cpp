@@ -2,7 +2,10 @@
 #include "support.hpp"
 
 #include <algorithm>
+#include <atomic>
+#include <cstring>
 #include <functional>
+#include <memory>
 #include <numeric>
 #include <span>
 #include <tuple>
@@ -76,6 +79,41 @@ TEMPLATE_TEST_CASE("all_reduce equals the reduction in member order, bitwise", "
         });
         for (std::size_t p = 0; p < got.size(); ++p) REQUIRE(got[p] == reference_reduce<T>(s.members, count, op, 1, s.group_of[p]));
       }
+}
+
+TEST_CASE("all_reduce_apply hands every member's consumer each element of the all_reduce's sum once, bitwise", "[collectives]") {
+  // a line of 1-4 places (one of them owning both cores of a 2-core machine: its part is cut
+  // among them), a 2x2 mesh's axis groups; sizes below and above a team's grain
+  for (const auto& s : setups())
+    for (std::size_t count : {std::size_t{1}, std::size_t{5000}, std::size_t{100003}}) {
+      CAPTURE(s.name, count);
+      struct consumed {
+        std::vector<float> sum;
+        std::vector<std::atomic<int>> times;
+        explicit consumed(std::size_t n) : sum(n), times(n) {}
+      };
+      std::vector<std::vector<float>> in(s.member_of.size()), reduced(s.member_of.size());
+      std::vector<std::unique_ptr<consumed>> out;
+      for (std::size_t p = 0; p < s.member_of.size(); ++p) out.push_back(std::make_unique<consumed>(count));
+      s.run([&](const pdo::mesh_communicator& comm, std::size_t p) {
+        in[p] = random_values<float>(count, seed(4, s.group_of[p], s.member_of[p]));
+        reduced[p] = in[p];
+        pdo::reduced_consumer<float> take{[](const void* c, std::size_t lo, std::size_t hi, const float* sum) {
+                                            auto& o = *static_cast<consumed*>(const_cast<void*>(c));
+                                            for (std::size_t i = lo; i < hi; ++i) {
+                                              o.sum[i] = sum[i - lo];
+                                              o.times[i].fetch_add(1, std::memory_order_relaxed);
+                                            }
+                                          },
+                                          out[p].get()};
+        comm.all_reduce_apply(std::span<float>(in[p]), take);
+        comm.all_reduce(std::span<float>(reduced[p]));
+      });
+      for (std::size_t p = 0; p < out.size(); ++p) {
+        REQUIRE(std::memcmp(out[p]->sum.data(), reduced[p].data(), count * sizeof(float)) == 0);
+        REQUIRE(std::all_of(out[p]->times.begin(), out[p]->times.end(), [](const std::atomic<int>& t) { return t.load() == 1; }));
+      }
+    }
 }
 
 TEST_CASE("all_reduce and reduce_scatter are reproducible run after run", "[collectives]") {

@@ -282,8 +282,11 @@ namespace pdo {
 /// ranges together covering the elements once; it writes only its own member's outputs.
 template <class T>
 struct reduced_consumer {
+  /// @brief What consumes a range: `call(context, lo, hi, sum)`.
   void (*call)(const void* context, std::size_t lo, std::size_t hi, const T* sum) = nullptr;
+  /// @brief What `call` is given first: the consumer's own state.
   const void* context = nullptr;
+  /// @brief Hands elements [lo, hi) of the sum (`sum[0]` is element lo) to `call`.
   void operator()(std::size_t lo, std::size_t hi, const T* sum) const { call(context, lo, hi, sum); }
 };
 
@@ -1035,556 +1038,44 @@ constexpr dim_view view_along(const shape_t<Rank>& shape, std::size_t dim) {
 }  // namespace detail
 }  // namespace pdo
 #endif  // PDO_SINGLE_PDO_CORE_SHAPE_HPP
+// ---- pdo/kernels/place_system.hpp
+#ifndef PDO_SINGLE_PDO_KERNELS_PLACE_SYSTEM_HPP
+#define PDO_SINGLE_PDO_KERNELS_PLACE_SYSTEM_HPP
+// pdo/kernels/place_system.hpp: a Thrust system per backend (a CPU place's cores, a GPU place's
+// compute stream), each with its own algorithms, and the system of the place a kernel runs on.
 
-#include <algorithm>
-#include <array>
-#include <condition_variable>
-#include <cstddef>
-#include <cstdint>
-#include <cstring>
-#include <map>
-#include <memory>
-#include <utility>
-#include <mutex>
-#include <span>
-#include <string>
-#include <string_view>
-#include <tuple>
-#include <type_traits>
-#include <vector>
+// ---- pdo/kernels/cuda_system.hpp
+#ifndef PDO_SINGLE_PDO_KERNELS_CUDA_SYSTEM_HPP
+#define PDO_SINGLE_PDO_KERNELS_CUDA_SYSTEM_HPP
+// pdo/kernels/cuda_system.hpp: the algorithms of pdo's kernels on a GPU place: the same
+// functors as on CPU places (each a PDO_HD functor of an output index), run on the place's
+// compute stream without waiting for them. Under nvcc they are Thrust's for_each (CUB's
+// DeviceFor), CUB's DeviceReduce and, for reductions along a dim or a row, CUB's
+// DeviceSegmentedReduce (a block of threads per long row), whose temporary storage comes from
+// the place's caching allocator (in its cap and statistics, and stream-ordered). Built against the simulated
+// devices of tests/cuda_sim (PDO_CUDA_SIMULATOR), the same functors run as the stream's
+// device work. A reduction either writes its result into device memory (no wait), or brings
+// it back to the host, waiting for its own stream only.
+//
+// In a translation unit compiled by a host compiler against the real CUDA runtime, work on
+// a GPU place that needs a kernel throws a pdo::error that says so (cuBLAS and the copies
+// need no kernel of ours and work from any translation unit).
 
-namespace pdo::detail {
+// ---- pdo/place/cuda_place.hpp
+#ifndef PDO_SINGLE_PDO_PLACE_CUDA_PLACE_HPP
+#define PDO_SINGLE_PDO_PLACE_CUDA_PLACE_HPP
+// pdo/place/cuda_place.hpp: GPU places. The type always exists, so generic code and
+// meshes can name it; creating one needs a build with PDO_WITH_CUDA.
+//
+// A GPU place is a set of host lanes (threads) that drive one device, with three streams:
+// compute (every kernel, cuBLAS call and copy of the place, in order), communication (NCCL)
+// and copy (the copies its copy lane makes: batches prefetched onto it), ordered against each
+// other by events, never by a device-wide synchronisation. Its
+// caching allocator takes device memory from the stream-ordered allocator
+// (cudaMallocAsync on the compute stream; cudaMalloc where the device has no memory
+// pools), with the same statistics and cap as CPU places. A block freed on the host is
+// reused by later work of the compute stream, which runs after the work that used it.
 
-/// @brief Elementwise `acc[i] = op(acc[i], src[i])`, written so the compiler vectorises it.
-template <class T>
-void reduce_into(T* __restrict acc, const T* __restrict src, std::size_t n, reduce_op op) {
-  switch (op) {
-    case reduce_op::sum:
-      for (std::size_t i = 0; i < n; ++i) acc[i] += src[i];
-      break;
-    case reduce_op::max:
-      for (std::size_t i = 0; i < n; ++i) acc[i] = nan_max(acc[i], src[i]);
-      break;
-    case reduce_op::min:
-      for (std::size_t i = 0; i < n; ++i) acc[i] = nan_min(acc[i], src[i]);
-      break;
-  }
-}
-
-/// @brief `dst[lo, hi) = op over k of srcs[k][lo, hi)`, summed in the order of `srcs`
-/// (fixed, so results are bitwise reproducible), then copied to every `dsts[k]`.
-/// Works block by block through a buffer that stays in L1.
-template <class T>
-void reduce_blocks(std::span<const T* const> srcs, std::span<T* const> dsts, std::size_t lo, std::size_t hi,
-                   reduce_op op) {
-  constexpr std::size_t block = 2048;
-  alignas(64) T acc[block];
-  for (std::size_t b = lo; b < hi; b += block) {
-    const std::size_t n = std::min(block, hi - b);
-    copy_elements(acc, srcs[0] + b, n);
-    for (std::size_t k = 1; k < srcs.size(); ++k) reduce_into(acc, srcs[k] + b, n, op);
-    for (T* d : dsts) copy_elements(d + b, acc, n);
-  }
-}
-
-/// @brief `sum[0, n) = srcs[0][b + i] + srcs[1][b + i] + ...`, added in the order of `srcs`
-/// (that of reduce_in_place and reduce_blocks, so the sum is the all_reduce's, bitwise).
-template <class T>
-void sum_block(T* __restrict sum, std::span<const T* const> srcs, std::size_t b, std::size_t n) {
-  const T* __restrict first = srcs[0] + b;
-  if (srcs.size() == 1) {
-    copy_elements(sum, first, n);
-    return;
-  }
-  const T* __restrict second = srcs[1] + b;
-#pragma omp simd
-  for (std::size_t i = 0; i < n; ++i) sum[i] = first[i] + second[i];
-  for (std::size_t k = 2; k < srcs.size(); ++k) reduce_into(sum, srcs[k] + b, n, reduce_op::sum);
-}
-
-/// @brief In place over `bufs` (N buffers): `bufs[k][i] = op over k of bufs[k][i]` for i in
-/// [lo, hi), in one pass: N reads and N writes per element, summed in buffer order.
-template <std::size_t N, class T, class Op>
-void reduce_in_place(T* const* bufs, std::size_t lo, std::size_t hi, Op op) {
-  [&]<std::size_t... K>(std::index_sequence<K...>) {
-    T* const b[N] = {bufs[K]...};
-    PDO_IVDEP
-    for (std::size_t i = lo; i < hi; ++i) {
-      T v = b[0][i];
-      ((v = K == 0 ? v : op(v, b[K][i])), ...);
-      ((b[K][i] = v), ...);
-    }
-  }(std::make_index_sequence<N>{});
-}
-
-/// @brief reduce_in_place for any number of buffers and any reduce_op: one fused pass
-/// for up to four buffers (the memory-traffic limit), blocks through an L1-resident
-/// accumulator beyond.
-template <class T>
-void reduce_in_place(std::span<T* const> bufs, std::size_t lo, std::size_t hi, reduce_op op) {
-  auto with_op = [&](auto run) {
-    switch (op) {
-      case reduce_op::sum: return run([](T a, T b) { return a + b; });
-      case reduce_op::max: return run([](T a, T b) { return nan_max(a, b); });
-      case reduce_op::min: return run([](T a, T b) { return nan_min(a, b); });
-    }
-  };
-  switch (bufs.size()) {
-    case 1: return;
-    case 2: return with_op([&](auto f) { reduce_in_place<2>(bufs.data(), lo, hi, f); });
-    case 3: return with_op([&](auto f) { reduce_in_place<3>(bufs.data(), lo, hi, f); });
-    case 4: return with_op([&](auto f) { reduce_in_place<4>(bufs.data(), lo, hi, f); });
-    default:
-      reduce_blocks<T>(std::span<const T* const>(bufs.data(), bufs.size()), bufs, lo, hi, op);
-  }
-}
-
-/// @brief The part of [0, n) that member `me` of `members` works on, cut at 64-byte
-/// boundaries so no two members write the same cache line.
-template <class T>
-std::pair<std::size_t, std::size_t> work_range(std::size_t n, std::size_t members, std::size_t me) {
-  constexpr std::size_t align = std::max<std::size_t>(1, 64 / sizeof(T));
-  const std::size_t units = (n + align - 1) / align;
-  const std::size_t lo = std::min(n, chunk_offset(units, members, me) * align);
-  const std::size_t hi = std::min(n, (chunk_offset(units, members, me) + chunk_size(units, members, me)) * align);
-  return {lo, hi};
-}
-
-/// @brief How a collective call is named in a mismatch: "all_reduce(sum) of f32",
-/// "broadcast of u16", "barrier". The element is its kind ('f' floating point, 'i' signed,
-/// 'u' unsigned; 0 for none) and its bits, so types of one representation (long and long
-/// long of 8 bytes) name one call. `op` is a reduce_op, or -1 for none.
-PDO_NOINLINE inline std::string collective_call_text(std::string_view collective, char element_kind, std::size_t element_bytes, int op) {
-  std::string text(collective);
-  if (op >= 0) text += "(" + std::string(op_name(static_cast<reduce_op>(op))) + ")";
-  if (element_kind == 0) return text;
-  return text + " of " + element_kind + std::to_string(8 * element_bytes);
-}
-
-/// @brief The kind of element T in a call text: 'f', 'i' or 'u'.
-template <class T>
-constexpr char element_kind() {
-  return std::is_floating_point_v<T> ? 'f' : std::is_signed_v<T> ? 'i' : 'u';
-}
-
-/// @brief A code for the call text `call` (its bytes hashed), to compare calls between processes.
-constexpr std::size_t collective_code(std::string_view call) {
-  std::uint64_t h = 1469598103934665603ull;
-  for (char c : call) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
-  return static_cast<std::size_t>(h);
-}
-
-/// @brief The call text of a collective over elements of type T.
-template <class T>
-std::string collective_call_text(std::string_view collective, int op = -1) {
-  return collective_call_text(collective, element_kind<T>(), sizeof(T), op);
-}
-
-/// @brief The members of one group that live in this process, and the shared slots
-/// through which they see each other's buffers. Every collective is called by all
-/// `size()` members at once, each from its own thread, with its own member index.
-///
-/// Protocol: publish the buffers and what was called (the collective, its element type,
-/// its reduction), barrier, check that every member called the same and that the
-/// arguments agree (all members reach the same verdict from the same slots, so a mismatch
-/// is an error on every member, never a hang), do this member's share of the work, barrier.
-class local_group {
- public:
-  /// @param part_of_larger the members are this process's part of a group over several
-  /// processes (see group_barrier)
-  explicit local_group(std::vector<std::string> member_names, bool part_of_larger = false)
-      : names_(std::move(member_names)),
-        slots_(names_.size()),
-        barrier_(static_cast<std::uint32_t>(names_.size()), &names_, part_of_larger) {}
-
-  [[nodiscard]] std::size_t size() const { return names_.size(); }
-  [[nodiscard]] const std::string& name(std::size_t member) const { return names_[member]; }
-
-  /// @brief A plain barrier of the members (a step inside another group's collective).
-  void barrier() { barrier_.arrive_and_wait(); }
-  /// @brief The barrier collective: an error on every member when another called a
-  /// different collective.
-  void barrier(std::size_t me) {
-    slot s;
-    s.collective = "barrier";
-    publish(me, s);
-    barrier_.arrive_and_wait();
-    const closing_barrier closing(barrier_);
-    check_same_call();
-  }
-
-  /// @brief Wakes every member blocked in this group with an error; see reset().
-  void abort() {
-    barrier_.abort();
-    std::lock_guard lock(mail_mutex_);
-    mail_aborted_ = true;
-    mail_ready_.notify_all();
-  }
-  /// @brief Member `member`'s task has ended: a collective of the group can no longer
-  /// complete, so the members waiting in one, or entering one, get an error saying so
-  /// (pdo::mismatch_error; pdo::communication_error for this process's part of a group over
-  /// several processes, which ends the job), until reopen() (messages between the others go on).
-  void leave(std::size_t member) { barrier_.abort_departed(static_cast<std::uint32_t>(member)); }
-  /// @brief After leave(): the collectives are usable again (call once no member is inside one).
-  void reopen() { barrier_.reset(); }
-  /// @brief Makes the group usable again once no member is inside a collective.
-  void reset() {
-    barrier_.reset();
-    std::lock_guard lock(mail_mutex_);
-    mail_aborted_ = false;
-    mailbox_.clear();
-  }
-
-  template <class T>
-  void all_reduce(std::size_t me, std::span<T> data, reduce_op op) {
-    std::array<T*, 4> few{};  // allocated before the entry barrier: nothing throws between the barriers
-    std::vector<T*> many(size() > few.size() ? size() : 0);
-    T** bufs = many.empty() ? few.data() : many.data();
-    publish(me, call<T>("all_reduce", data.data(), data.data(), data.size(), data.size(), op));
-    barrier_.arrive_and_wait();
-    const closing_barrier closing(barrier_);
-    check_same_call();
-    check_equal_counts("all_reduce", &slot::in_count, me);
-    const auto [lo, hi] = work_range<T>(data.size(), size(), me);
-    for (std::size_t k = 0; k < size(); ++k) bufs[k] = static_cast<T*>(slots_[k].out);
-    reduce_in_place<T>(std::span<T* const>(bufs, size()), lo, hi, op);
-  }
-
-  /// @brief The sum over members of their `data`, handed block by block to every member's
-  /// `consume` (see group_communicator::all_reduce_apply): member `me` sums its part of the
-  /// elements (in member order, as all_reduce does) into a block that stays in L1 and hands
-  /// each block to every member's consumer.
-  template <class T>
-  void all_reduce_apply(std::size_t me, std::span<const T> data, const reduced_consumer<T>& consume) {
-    std::array<const T*, 4> few{};  // allocated before the entry barrier: nothing throws between the barriers
-    std::array<const reduced_consumer<T>*, 4> few_consumers{};
-    std::vector<const T*> many(size() > few.size() ? size() : 0);
-    std::vector<const reduced_consumer<T>*> many_consumers(many.size());
-    const T** srcs = many.empty() ? few.data() : many.data();
-    const reduced_consumer<T>** consumers = many.empty() ? few_consumers.data() : many_consumers.data();
-    publish(me, call<T>("all_reduce_apply", data.data(), const_cast<reduced_consumer<T>*>(&consume), data.size(), data.size(), reduce_op::sum));
-    barrier_.arrive_and_wait();
-    const closing_barrier closing(barrier_);
-    check_same_call();
-    check_equal_counts("all_reduce_apply", &slot::in_count, me);
-    for (std::size_t k = 0; k < size(); ++k) {
-      srcs[k] = static_cast<const T*>(slots_[k].in);
-      consumers[k] = static_cast<const reduced_consumer<T>*>(slots_[k].out);
-    }
-    const auto [lo, hi] = work_range<T>(data.size(), size(), me);
-    constexpr std::size_t block = 2048;
-    alignas(64) T sum[block];
-    for (std::size_t b = lo; b < hi; b += block) {
-      const std::size_t n = std::min(block, hi - b);
-      sum_block(sum, std::span<const T* const>(srcs, size()), b, n);
-      for (std::size_t k = 0; k < size(); ++k) (*consumers[k])(b, b + n, sum);
-    }
-  }
-
-  /// @brief `out` (same size on every member) = the members' `in` concatenated in
-  /// member order; inputs may differ in size.
-  template <class T>
-  void all_gather(std::size_t me, std::span<const T> in, std::span<T> out) {
-    publish(me, call<T>("all_gather", in.data(), out.data(), in.size(), out.size()));
-    barrier_.arrive_and_wait();
-    const closing_barrier closing(barrier_);
-    check_same_call();
-    check_total("all_gather", me);
-    std::size_t offset = 0;
-    for (const slot& s : slots_) {
-      copy_elements(out.data() + offset, static_cast<const T*>(s.in), s.in_count);
-      offset += s.in_count;
-    }
-  }
-
-  /// @brief `in` (same size on every member) reduced over members; member k keeps the
-  /// k-th segment, whose size is its `out.size()`.
-  template <class T>
-  void reduce_scatter(std::size_t me, std::span<const T> in, std::span<T> out, reduce_op op) {
-    std::vector<const T*> srcs(size());  // allocated before the entry barrier
-    publish(me, call<T>("reduce_scatter", in.data(), out.data(), in.size(), out.size(), op));
-    barrier_.arrive_and_wait();
-    const closing_barrier closing(barrier_);
-    check_same_call();
-    check_equal_counts("reduce_scatter", &slot::in_count, me);
-    check_total("reduce_scatter", me, /*outputs_sum_to_input=*/true);
-    std::size_t offset = 0;
-    for (std::size_t k = 0; k < me; ++k) offset += slots_[k].out_count;
-    for (std::size_t k = 0; k < size(); ++k) srcs[k] = static_cast<const T*>(slots_[k].in) + offset;
-    T* dst = out.data();
-    reduce_blocks<T>(srcs, std::span<T* const>(&dst, 1), 0, out.size(), op);
-  }
-
-  template <class T>
-  void broadcast(std::size_t me, std::span<T> data, std::size_t root) {
-    publish(me, call<T>("broadcast", data.data(), data.data(), data.size(), root));
-    barrier_.arrive_and_wait();
-    const closing_barrier closing(barrier_);
-    check_same_call();
-    check_equal_counts("broadcast", &slot::in_count, me);
-    for (const slot& s : slots_)
-      if (s.out_count != root)
-        fail_after_barrier("broadcast: members named different roots (" + counts_text(&slot::out_count) + ")");
-    if (root >= size()) fail_after_barrier("broadcast: root " + std::to_string(root) + " is not a member of a group of " + std::to_string(size()));
-    if (me != root) copy_elements(data.data(), static_cast<const T*>(slots_[root].in), data.size());
-  }
-
-  /// @brief Member i sends `in`'s i->j piece (send_counts[j] elements, pieces in member
-  /// order) to member j, which receives recv_counts[i] elements from i, in member order.
-  template <class T>
-  void all_to_all(std::size_t me, std::span<const T> in, std::span<const std::size_t> send_counts, std::span<T> out,
-                  std::span<const std::size_t> recv_counts) {
-    slot s = call<T>("all_to_all", in.data(), out.data(), in.size(), out.size());
-    s.send_counts = send_counts.data();
-    s.recv_counts = recv_counts.data();
-    s.counts_size = send_counts.size() == recv_counts.size() ? send_counts.size() : 0;
-    publish(me, s);
-    barrier_.arrive_and_wait();
-    const closing_barrier closing(barrier_);
-    check_same_call();
-    check_all_to_all(me);
-    std::size_t out_offset = 0;
-    for (std::size_t i = 0; i < size(); ++i) {
-      const slot& src = slots_[i];
-      std::size_t in_offset = 0;
-      for (std::size_t j = 0; j < me; ++j) in_offset += src.send_counts[j];
-      copy_elements(out.data() + out_offset, static_cast<const T*>(src.in) + in_offset, recv_counts[i]);
-      out_offset += recv_counts[i];
-    }
-  }
-
-  /// @brief Blocks until member `to` has received `data` with a matching recv.
-  template <class T>
-  void send(std::size_t me, std::span<const T> data, std::size_t to, int tag) {
-    check_peer("send", me, to, tag);
-    std::unique_lock lock(mail_mutex_);
-    const auto mine = post_for({me, to, tag});
-    mine->data = data.data();
-    mine->count = data.size();
-    mine->posted = true;
-    mail_ready_.notify_all();
-    mail_ready_.wait(lock, [&] { return mine->done || mail_aborted_; });
-    if (!mine->done) {  // withdraw the post: its buffer is about to go away
-      if (auto it = mailbox_.find({me, to, tag}); it != mailbox_.end() && it->second == mine) mailbox_.erase(it);
-      throw collective_aborted("send aborted: another place of the group failed");
-    }
-    if (!mine->problem.empty()) throw mismatch_error(mine->problem);
-  }
-
-  /// @brief Receives exactly `data.size()` elements from member `from` (an error on both
-  /// sides when the sizes differ).
-  template <class T>
-  void recv(std::size_t me, std::span<T> data, std::size_t from, int tag) {
-    check_peer("recv", me, from, tag);
-    std::unique_lock lock(mail_mutex_);
-    const auto theirs = post_for({from, me, tag});
-    mail_ready_.wait(lock, [&] { return mail_aborted_ || theirs->posted; });
-    if (mail_aborted_) throw collective_aborted("recv aborted: another place of the group failed");
-    mailbox_.erase({from, me, tag});  // consumed: the next send with this key makes a new post
-    if (theirs->count != data.size())
-      theirs->problem = "send/recv: " + names_[from] + " sent " + std::to_string(theirs->count) + " elements with tag " +
-                        std::to_string(tag) + " but " + names_[me] + " expects " + std::to_string(data.size());
-    else
-      copy_elements(data.data(), static_cast<const T*>(theirs->data), data.size());
-    theirs->done = true;
-    mail_ready_.notify_all();
-    if (!theirs->problem.empty()) throw mismatch_error(theirs->problem);
-  }
-
- private:
-  struct slot {
-    const void* in = nullptr;
-    void* out = nullptr;
-    std::size_t in_count = 0;
-    std::size_t out_count = 0;
-    const std::size_t* send_counts = nullptr;
-    const std::size_t* recv_counts = nullptr;
-    std::size_t counts_size = 0;
-    std::string_view collective;  ///< what the member called
-    char element_kind = 0;        ///< its element type (see collective_call_text; 0 for a barrier)
-    std::size_t element_bytes = 0;
-    int op = -1;  ///< its reduce_op, or -1
-  };
-  struct post {
-    const void* data = nullptr;
-    std::size_t count = 0;
-    bool posted = false;
-    bool done = false;
-    std::string problem;
-  };
-
-  void publish(std::size_t me, const slot& s) { slots_[me] = s; }
-
-  /// @brief `s` marked as a call of `collective` over elements of type T (reducing with `op`).
-  template <class T>
-  static slot call(std::string_view collective, const void* in, void* out, std::size_t in_count, std::size_t out_count, int op = -1) {
-    slot s;
-    s.in = in;
-    s.out = out;
-    s.in_count = in_count;
-    s.out_count = out_count;
-    s.collective = collective;
-    s.element_kind = element_kind<T>();
-    s.element_bytes = sizeof(T);
-    s.op = op;
-    return s;
-  }
-  template <class T>
-  static slot call(std::string_view collective, const void* in, void* out, std::size_t in_count, std::size_t out_count, reduce_op op) {
-    return call<T>(collective, in, out, in_count, out_count, static_cast<int>(op));
-  }
-
-  static std::string call_text(const slot& s) { return collective_call_text(s.collective, s.element_kind, s.element_bytes, s.op); }
-
-  /// @brief An error on every member when the members called different collectives, or one
-  /// over another element type or with another reduction.
-  PDO_NOINLINE void check_same_call() const {
-    const slot& first = slots_[0];
-    for (const slot& s : slots_)
-      if (s.collective != first.collective || s.element_kind != first.element_kind || s.element_bytes != first.element_bytes || s.op != first.op) {
-        std::string calls;
-        for (std::size_t k = 0; k < size(); ++k) calls += (k ? ", " : "") + names_[k] + " in " + call_text(slots_[k]);
-        fail_after_barrier(std::string(first.collective) +
-                           ": the members of the group called different collectives (" + calls +
-                           "); every member of a group must call the same collectives, over the same element type, in the same order");
-      }
-  }
-
-  using mail_key = std::tuple<std::size_t, std::size_t, int>;  ///< from, to, tag
-
-  /// @brief The post for `key`, made by whichever of sender and receiver comes first.
-  std::shared_ptr<post> post_for(const mail_key& key) {
-    auto& slot = mailbox_[key];
-    if (!slot) slot = std::make_shared<post>();
-    return slot;
-  }
-
-  void check_peer(const char* op, std::size_t me, std::size_t peer, int tag) const {
-    if (peer >= size() || peer == me || tag < 0)
-      throw communication_error(std::string(op) + ": " + names_[me] + " named member " + std::to_string(peer) +
-                                " with tag " + std::to_string(tag) + "; the peer must be another member of the group of " +
-                                std::to_string(size()) + " and the tag non-negative");
-  }
-
-  /// @brief The error every member of a collective finds alike; the closing barrier of
-  /// the collective is passed as the exception leaves its scope.
-  [[noreturn]] static void fail_after_barrier(const std::string& what) { throw mismatch_error(what); }
-
-  std::string counts_text(std::size_t slot::*field) const {
-    std::string text;
-    for (std::size_t k = 0; k < size(); ++k)
-      text += (k ? ", " : "") + names_[k] + ": " + std::to_string(slots_[k].*field);
-    return text;
-  }
-
-  void check_equal_counts(const char* op, std::size_t slot::*field, std::size_t) {
-    for (const slot& s : slots_)
-      if (s.*field != slots_[0].*field)
-        fail_after_barrier(std::string(op) + ": members called it with different sizes (" + counts_text(field) + ")");
-  }
-
-  void check_total(const char* op, std::size_t, bool outputs_sum_to_input = false) {
-    std::size_t total = 0;
-    if (outputs_sum_to_input) {
-      for (const slot& s : slots_) total += s.out_count;
-      if (total != slots_[0].in_count)
-        fail_after_barrier(std::string(op) + ": outputs add up to " + std::to_string(total) +
-                           " elements but the input has " + std::to_string(slots_[0].in_count) + " (" +
-                           counts_text(&slot::out_count) + ")");
-      return;
-    }
-    for (const slot& s : slots_) total += s.in_count;
-    for (const slot& s : slots_)
-      if (s.out_count != total)
-        fail_after_barrier(std::string(op) + ": inputs add up to " + std::to_string(total) +
-                           " elements but outputs hold (" + counts_text(&slot::out_count) + ")");
-  }
-
-  void check_all_to_all(std::size_t) {
-    for (std::size_t i = 0; i < size(); ++i) {
-      const slot& si = slots_[i];
-      std::size_t sent = 0, received = 0;
-      if (si.counts_size != size())
-        fail_after_barrier("all_to_all: " + names_[i] + " gave send and receive counts that are not one per member of a group of " +
-                           std::to_string(size()));
-      for (std::size_t j = 0; j < size(); ++j) {
-        sent += si.send_counts[j];
-        received += si.recv_counts[j];
-      }
-      if (sent != si.in_count || received != si.out_count)
-        fail_after_barrier("all_to_all: " + names_[i] + "'s counts do not add up to its buffers");
-    }
-    for (std::size_t i = 0; i < size(); ++i)
-      for (std::size_t j = 0; j < size(); ++j)
-        if (slots_[i].send_counts[j] != slots_[j].recv_counts[i])
-          fail_after_barrier("all_to_all: " + names_[i] + " sends " + std::to_string(slots_[i].send_counts[j]) +
-                             " elements to " + names_[j] + ", which expects " +
-                             std::to_string(slots_[j].recv_counts[i]));
-  }
-
-  std::vector<std::string> names_;
-  std::vector<slot> slots_;
-  group_barrier barrier_;
-
-  std::mutex mail_mutex_;
-  std::condition_variable mail_ready_;
-  std::map<mail_key, std::shared_ptr<post>> mailbox_;
-  bool mail_aborted_ = false;
-};
-
-}  // namespace pdo::detail
-#endif  // PDO_SINGLE_PDO_COMM_THREADS_LOCAL_GROUP_HPP
-// ---- pdo/place/mesh.hpp
-#ifndef PDO_SINGLE_PDO_PLACE_MESH_HPP
-#define PDO_SINGLE_PDO_PLACE_MESH_HPP
-// pdo/place/mesh.hpp: an N-D grid of places with named axes, in one process or many.
-
-// ---- pdo/core/fixed_string.hpp
-#ifndef PDO_SINGLE_PDO_CORE_FIXED_STRING_HPP
-#define PDO_SINGLE_PDO_CORE_FIXED_STRING_HPP
-// pdo/core/fixed_string.hpp: a string usable as a template argument (mesh axis names).
-
-#include <algorithm>
-#include <cstddef>
-#include <string_view>
-
-namespace pdo {
-
-/// @brief A compile-time string literal, usable as a non-type template parameter
-/// (`pdo::split<"dp">`, `pdo::mesh<"dp", "tp">`).
-template <std::size_t N>
-struct fixed_string {
-  char chars[N]{};  ///< the characters, then the literal's terminating NUL
-
-  /// @brief The literal `text` (implicit, so `split<"dp">` works).
-  constexpr fixed_string(const char (&text)[N]) { std::copy_n(text, N, chars); }
-  /// @brief The first N - 1 characters of `text`, at compile time (a name kept as a string_view);
-  /// a shorter `text` is padded with NULs.
-  constexpr explicit fixed_string(std::string_view text) { std::copy_n(text.data(), std::min(text.size(), N - 1), chars); }
-
-  /// @brief The N - 1 characters, without the terminator.
-  [[nodiscard]] constexpr std::string_view view() const { return {chars, N - 1}; }
-  /// @brief view(), implicitly.
-  [[nodiscard]] constexpr operator std::string_view() const { return view(); }
-
-  /// @brief Whether both hold the same characters (strings of different lengths compare unequal).
-  template <std::size_t M>
-  [[nodiscard]] constexpr bool operator==(const fixed_string<M>& other) const {
-    return view() == other.view();
-  }
-};
-
-namespace detail {
-/// @brief Value `I` of a pack of values (the name of mesh axis I, say).
-template <std::size_t I, auto First, auto... Rest>
-constexpr auto nth_value() {
-  if constexpr (I == 0) return First;
-  else return nth_value<I - 1, Rest...>();
-}
-}  // namespace detail
-
-}  // namespace pdo
-#endif  // PDO_SINGLE_PDO_CORE_FIXED_STRING_HPP
 // ---- pdo/place/place_concept.hpp
 #ifndef PDO_SINGLE_PDO_PLACE_PLACE_CONCEPT_HPP
 #define PDO_SINGLE_PDO_PLACE_PLACE_CONCEPT_HPP
@@ -2588,6 +2079,1633 @@ class any_place : public detail::place_handle<any_place> {
 
 }  // namespace pdo
 #endif  // PDO_SINGLE_PDO_PLACE_PLACE_CONCEPT_HPP
+
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#if defined(PDO_WITH_CUDA)
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <chrono>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <set>
+#include <thread>
+#endif
+
+namespace pdo {
+
+namespace detail {
+/// @brief True when this translation unit was built with the CUDA backend.
+#if defined(PDO_WITH_CUDA)
+inline constexpr bool cuda_enabled = true;
+#else
+inline constexpr bool cuda_enabled = false;
+#endif
+
+/// @brief The error for work on a GPU place in a build without the CUDA backend.
+[[noreturn]] inline void no_cuda(const std::string& what, const std::string& place) {
+  throw error(what + " on " + place + ": this program was built without the CUDA backend (PDO_WITH_CUDA)");
+}
+
+#if defined(PDO_WITH_CUDA)
+/// @brief "out of memory (cudaErrorMemoryAllocation)".
+inline std::string cuda_status(cudaError_t status) {
+  return std::string(cudaGetErrorString(status)) + " (" + cudaGetErrorName(status) + ")";
+}
+
+/// @brief Throws, for a failed CUDA runtime call, a pdo::error naming the call and the
+/// place (pdo::out_of_memory when the device is out of memory).
+inline void cuda_check(cudaError_t status, const char* call, const std::string& where) {
+  if (status == cudaSuccess) return;
+  (void)cudaGetLastError();  // clears the error unless it is sticky
+  const std::string message = std::string(call) + " on " + where + ": " + cuda_status(status);
+  if (status == cudaErrorMemoryAllocation) throw out_of_memory(message);
+  throw error(message);
+}
+
+/// @brief Throws, for a failed cuBLAS call, a pdo::error naming the call and the place.
+inline void cublas_check(cublasStatus_t status, const char* call, const std::string& where) {
+  if (status == CUBLAS_STATUS_SUCCESS) return;
+  throw error(std::string(call) + " on " + where + ": " + cublasGetStatusString(status));
+}
+
+/// @brief Makes `device` the calling thread's current device for its lifetime, and
+/// restores the one before (host threads that are not a place's lanes keep theirs).
+class device_guard {
+ public:
+  explicit device_guard(int device) {
+    if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
+    if (previous_ != device) cudaSetDevice(device);
+  }
+  ~device_guard() {
+    if (previous_ >= 0) cudaSetDevice(previous_);
+  }
+  device_guard(const device_guard&) = delete;
+  device_guard& operator=(const device_guard&) = delete;
+
+ private:
+  int previous_ = -1;
+};
+
+/// @brief A GPU place's device resources: its streams, its cuBLAS handle (bound to the
+/// compute stream), two pinned host buffers for copies staged through the host, and the
+/// checks of the NCCL communicators that use its streams (see failures()).
+struct cuda_device {
+  int ordinal = 0;
+  std::string name;
+  bool pools = false;  ///< the device supports the stream-ordered allocator
+  cudaStream_t compute = nullptr;
+  cudaStream_t comm = nullptr;
+  cudaStream_t copy = nullptr;  ///< the copy lane's copies
+  cublasHandle_t blas = nullptr;
+
+  std::mutex order_mutex;            ///< guards order_event between its record and the wait on it
+  cudaEvent_t order_event = nullptr;  ///< marks work of this device's streams that another stream waits for
+
+  static constexpr std::size_t staging_bytes = std::size_t{4} << 20;
+  std::mutex staging_mutex;      ///< one staged copy from this device at a time
+  void* staging[2] = {nullptr, nullptr};
+  cudaEvent_t staged[2] = {nullptr, nullptr};      ///< buffer b holds its chunk (an event of this device)
+  cudaEvent_t last_upload[2] = {nullptr, nullptr};  ///< buffer b's last upload has read it (an event of that upload's device)
+  std::map<int, cudaEvent_t> upload_events[2];      ///< per destination device: the events made there for buffer b
+
+  std::mutex checks_mutex;
+  std::vector<std::pair<const void*, std::function<std::string()>>> checks;  ///< owner, check
+
+  cuda_device(int device, std::string label) : ordinal(device), name(std::move(label)) {
+    device_guard guard(device);
+    int supported = 0;
+    cuda_check(cudaDeviceGetAttribute(&supported, cudaDevAttrMemoryPoolsSupported, device), "cudaDeviceGetAttribute", name);
+    pools = supported != 0;
+    cuda_check(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking), "cudaStreamCreateWithFlags", name);
+    cuda_check(cudaStreamCreateWithFlags(&comm, cudaStreamNonBlocking), "cudaStreamCreateWithFlags", name);
+    cuda_check(cudaStreamCreateWithFlags(&copy, cudaStreamNonBlocking), "cudaStreamCreateWithFlags", name);
+    cublas_check(cublasCreate(&blas), "cublasCreate", name);
+    cublas_check(cublasSetStream(blas, compute), "cublasSetStream", name);
+    cuda_check(cudaEventCreateWithFlags(&order_event, cudaEventDisableTiming), "cudaEventCreateWithFlags", name);
+  }
+  ~cuda_device() {
+    {
+      device_guard guard(ordinal);
+      if (compute) cudaStreamSynchronize(compute);
+      if (comm) cudaStreamSynchronize(comm);
+      if (copy) cudaStreamSynchronize(copy);
+    }
+    for (int b = 0; b < 2; ++b) {
+      if (last_upload[b]) cudaEventSynchronize(last_upload[b]);  // the upload from the buffer has read it
+      for (auto& [device, event] : upload_events[b]) {
+        device_guard guard(device);
+        cudaEventDestroy(event);
+      }
+      device_guard guard(ordinal);
+      if (staged[b]) cudaEventDestroy(staged[b]);
+      if (staging[b]) cudaFreeHost(staging[b]);
+    }
+    device_guard guard(ordinal);
+    if (order_event) cudaEventDestroy(order_event);
+    if (blas) cublasDestroy(blas);
+    if (copy) cudaStreamDestroy(copy);
+    if (comm) cudaStreamDestroy(comm);
+    if (compute) cudaStreamDestroy(compute);
+  }
+  cuda_device(const cuda_device&) = delete;
+  cuda_device& operator=(const cuda_device&) = delete;
+
+  /// @brief Makes `later` (a stream of any device) wait, without a host wait, for the work
+  /// queued so far on `mine`, a stream of this device (the event must be made here).
+  void make_wait(cudaStream_t later, cudaStream_t mine) {
+    if (later == mine) return;
+    std::lock_guard lock(order_mutex);  // the wait takes the record made just before it
+    device_guard guard(ordinal);
+    cuda_check(cudaEventRecord(order_event, mine), "cudaEventRecord", name);
+    cuda_check(cudaStreamWaitEvent(later, order_event, 0), "cudaStreamWaitEvent", name);
+  }
+
+  /// @brief The pinned buffers and their events, made on first use (the caller holds staging_mutex).
+  void ensure_staging() {
+    if (staging[0]) return;
+    device_guard guard(ordinal);
+    for (int b = 0; b < 2; ++b) {
+      cuda_check(cudaHostAlloc(&staging[b], staging_bytes, cudaHostAllocPortable), "cudaHostAlloc", name);
+      cuda_check(cudaEventCreateWithFlags(&staged[b], cudaEventDisableTiming), "cudaEventCreateWithFlags", name);
+    }
+  }
+  /// @brief The event that marks an upload from buffer b on device `destination` (made there:
+  /// an event is recorded only on streams of its own device).
+  cudaEvent_t upload_event(int b, int destination) {
+    auto& event = upload_events[b][destination];
+    if (event == nullptr) {
+      device_guard guard(destination);
+      cuda_check(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreateWithFlags", name);
+    }
+    return event;
+  }
+
+  /// @brief Adds a check of the work queued on this device's streams (an NCCL communicator's
+  /// asynchronous error): it returns what failed, after releasing the streams, or "".
+  void add_check(const void* owner, std::function<std::string()> check) {
+    std::lock_guard lock(checks_mutex);
+    checks.emplace_back(owner, std::move(check));
+  }
+  void remove_checks(const void* owner) {
+    std::lock_guard lock(checks_mutex);
+    std::erase_if(checks, [&](const auto& c) { return c.first == owner; });
+  }
+  /// @brief What the checks found failed ("" when nothing did); a check whose text starts
+  /// with '~' reports only the echo of another failure (an abort).
+  std::string failures() {
+    std::lock_guard lock(checks_mutex);
+    std::string found;
+    for (auto& [owner, check] : checks)
+      if (std::string f = check(); !f.empty() && (found.empty() || found[0] == '~')) found = f;
+    return found;
+  }
+};
+
+/// @brief Throws what the checks of `d` found failed, if anything: pdo::communication_error
+/// for a failure, pdo::collective_aborted for the echo of one (an aborted communicator).
+inline void throw_failures(cuda_device& d) {
+  const std::string failed = d.failures();
+  if (failed.empty()) return;
+  if (failed[0] == '~') throw collective_aborted("waiting for the work of " + d.name + ": " + failed.substr(1));
+  throw communication_error("waiting for the work of " + d.name + ": " + failed);
+}
+
+/// @brief Polls `done()` on the host until it holds (true), yielding the core between polls,
+/// then sleeping a little; every 64 polls asks `go_on()` whether to keep waiting (false: gives
+/// up, false). How every wait for a device's work watches that device.
+template <class Done, class GoOn>
+bool poll_device(Done done, GoOn go_on) {
+  for (unsigned spins = 0;; ++spins) {
+    if (done()) return true;
+    if ((spins & 63) == 63 && !go_on()) return false;
+    if (spins < 256) std::this_thread::yield();
+    else std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
+}
+
+/// @brief Waits until the work queued on `stream` (a stream of `d`) has finished, watching
+/// the checks of `d` meanwhile: a collective that can no longer complete (a failed or aborted
+/// NCCL communicator) is a pdo::error naming the place, never a hang.
+inline void wait_for_stream(cuda_device& d, cudaStream_t stream) {
+  device_guard guard(d.ordinal);
+  poll_device(
+      [&] {
+        const cudaError_t state = cudaStreamQuery(stream);
+        if (state != cudaSuccess && state != cudaErrorNotReady) cuda_check(state, "cudaStreamQuery", d.name);
+        return state == cudaSuccess;
+      },
+      [&] {
+        throw_failures(d);
+        return true;
+      });
+  throw_failures(d);  // work that completed after an asynchronous failure may hold garbage
+}
+
+/// @brief Lets `device` read and write the memory of `peer` directly (peer access, and the
+/// allocations of peer's memory pool), once per pair; false where the devices cannot.
+inline bool enable_peer_access(int device, int peer) {
+  static std::mutex mutex;
+  static std::map<std::pair<int, int>, bool> known;
+  std::lock_guard lock(mutex);
+  if (auto it = known.find({device, peer}); it != known.end()) return it->second;
+  int can = 0;
+  cuda_check(cudaDeviceCanAccessPeer(&can, device, peer), "cudaDeviceCanAccessPeer", "cuda:" + std::to_string(device));
+  if (can != 0) {
+    device_guard guard(device);
+    const cudaError_t status = cudaDeviceEnablePeerAccess(peer, 0);
+    if (status == cudaErrorPeerAccessAlreadyEnabled) (void)cudaGetLastError();
+    else cuda_check(status, "cudaDeviceEnablePeerAccess", "cuda:" + std::to_string(device));
+    int pools = 0;
+    cuda_check(cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, peer), "cudaDeviceGetAttribute", "cuda:" + std::to_string(peer));
+    if (pools != 0) {  // pool allocations are reachable from other devices only where the pool says so
+      cudaMemPool_t pool = nullptr;
+      cuda_check(cudaDeviceGetDefaultMemPool(&pool, peer), "cudaDeviceGetDefaultMemPool", "cuda:" + std::to_string(peer));
+      cudaMemAccessDesc access{};
+      access.location.type = cudaMemLocationTypeDevice;
+      access.location.id = device;
+      access.flags = cudaMemAccessFlagsProtReadWrite;
+      cuda_check(cudaMemPoolSetAccess(pool, &access, 1), "cudaMemPoolSetAccess", "cuda:" + std::to_string(peer));
+    }
+  }
+  known[{device, peer}] = can != 0;
+  return can != 0;
+}
+
+/// @brief The device resources of GPU place `p`.
+inline cuda_device& cuda_device_of(const place_state& p) { return *static_cast<cuda_device*>(p.device.get()); }
+
+/// @brief Device memory for a GPU place's caching allocator: stream-ordered on its
+/// compute stream where the device supports it.
+inline memory_system cuda_memory_system(cuda_device& device) {
+  return {[](std::size_t bytes, void* context) -> void* {
+            auto& d = *static_cast<cuda_device*>(context);
+            device_guard guard(d.ordinal);
+            void* p = nullptr;
+            const cudaError_t status = d.pools ? cudaMallocAsync(&p, bytes, d.compute) : cudaMalloc(&p, bytes);
+            if (status != cudaSuccess) {
+              (void)cudaGetLastError();
+              return nullptr;
+            }
+            return p;
+          },
+          [](void* p, std::size_t, void* context) noexcept {
+            auto& d = *static_cast<cuda_device*>(context);
+            device_guard guard(d.ordinal);
+            if (d.pools) cudaFreeAsync(p, d.compute);
+            else cudaFree(p);
+          },
+          &device, "cuda"};
+}
+#endif
+}  // namespace detail
+
+/// @brief How a GPU place is made.
+struct cuda_place_options {
+  std::size_t memory_cap = 0;  ///< bytes the place may hold (0: no cap)
+  std::string name;            ///< empty: "cuda:<device>"
+  int process = 0;             ///< the MPI rank that owns it
+};
+
+/// @brief A CUDA GPU place: host lanes that drive device `ordinal`, its
+/// compute, communication and copy streams, and a caching allocator of device memory with the
+/// same statistics and cap as CPU places.
+class cuda_place : public detail::place_handle<cuda_place> {
+ public:
+  /// @brief A handle to the GPU place behind `state`.
+  explicit cuda_place(std::shared_ptr<detail::place_state> state) : place_handle(std::move(state)) {}
+
+#if defined(PDO_WITH_CUDA)
+  /// @brief A new place for GPU `device`, with an optional memory cap in bytes.
+  explicit cuda_place(int device, std::size_t memory_cap = 0) : cuda_place(device, cuda_place_options{memory_cap, "", 0}) {}
+  /// @brief A new place for GPU `device`, made as `options` say.
+  cuda_place(int device, const cuda_place_options& options)
+      : place_handle(std::make_shared<detail::place_state>(place_kind::cuda, device, options.process, true, std::vector<int>{},
+                                                           options.name.empty() ? "cuda:" + std::to_string(device) : options.name)) {
+    const std::size_t memory_cap = options.memory_cap;
+    auto resources = std::make_shared<detail::cuda_device>(device, state_->name);
+    state_->device = resources;
+    state_->memory = std::make_unique<caching_allocator>(state_->name, memory_cap, detail::cuda_memory_system(*resources));
+    detail::start_lanes(*state_, {}, [device] { cudaSetDevice(device); });
+  }
+
+  /// @brief The stream every kernel, cuBLAS call and copy of this place runs on, in order
+  /// (but the copies of its copy lane).
+  [[nodiscard]] cudaStream_t compute_stream() const { return resources().compute; }
+  /// @brief The stream the place's NCCL collectives run on.
+  [[nodiscard]] cudaStream_t comm_stream() const { return resources().comm; }
+  /// @brief The stream of the copies made on the place's copy lane (pdo::prefetch): each
+  /// after the work queued so far on the compute stream, and complete before its task ends.
+  [[nodiscard]] cudaStream_t copy_stream() const { return resources().copy; }
+  /// @brief Waits until the work queued on its streams has finished (not a device-wide
+  /// synchronisation); a collective that can no longer complete is a pdo::communication_error.
+  void synchronize() const {
+    detail::wait_for_stream(resources(), resources().compute);
+    detail::wait_for_stream(resources(), resources().comm);
+    detail::wait_for_stream(resources(), resources().copy);
+  }
+  /// @brief Whether this device can read and write `other`'s memory directly (peer copies).
+  [[nodiscard]] bool can_access_peer(const cuda_place& other) const {
+    int can = 0;
+    detail::cuda_check(cudaDeviceCanAccessPeer(&can, device(), other.device()), "cudaDeviceCanAccessPeer", name());
+    return can != 0;
+  }
+#endif
+
+  /// @brief The CUDA device ordinal.
+  [[nodiscard]] int device() const { return ordinal(); }
+
+ private:
+#if defined(PDO_WITH_CUDA)
+  [[nodiscard]] detail::cuda_device& resources() const { return detail::cuda_device_of(*state_); }
+#endif
+};
+
+#if defined(PDO_WITH_CUDA)
+/// @brief A CUDA event, to order work across the streams of one place or of several:
+/// record() marks the work queued so far on a stream; wait() makes another stream's
+/// later work wait for it, without blocking the host; synchronize() blocks the host. The
+/// event is made on the device of the stream it is first recorded on (an event is recorded
+/// only on streams of its own device), and again when recorded on another device's stream.
+class cuda_event {
+ public:
+  cuda_event() = default;
+  ~cuda_event() {
+    if (event_) cudaEventDestroy(event_);
+  }
+  cuda_event(cuda_event&& other) noexcept : event_(std::exchange(other.event_, nullptr)), device_(other.device_) {}
+  cuda_event& operator=(cuda_event&& other) noexcept {
+    std::swap(event_, other.event_);
+    std::swap(device_, other.device_);
+    return *this;
+  }
+  cuda_event(const cuda_event&) = delete;
+  cuda_event& operator=(const cuda_event&) = delete;
+
+  void record(cudaStream_t stream) {
+    int device = 0;
+    detail::cuda_check(cudaStreamGetDevice(stream, &device), "cudaStreamGetDevice", "host");
+    detail::device_guard guard(device);
+    if (event_ != nullptr && device != device_) {
+      cudaEventDestroy(event_);  // waits queued on it still see it complete
+      event_ = nullptr;
+    }
+    if (event_ == nullptr) {
+      detail::cuda_check(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming), "cudaEventCreateWithFlags", "cuda:" + std::to_string(device));
+      device_ = device;
+    }
+    detail::cuda_check(cudaEventRecord(event_, stream), "cudaEventRecord", "cuda:" + std::to_string(device));
+  }
+  /// @brief Makes `stream`'s later work wait for the last record (nothing before a record).
+  void wait(cudaStream_t stream) const {
+    if (event_ != nullptr) detail::cuda_check(cudaStreamWaitEvent(stream, event_, 0), "cudaStreamWaitEvent", "host");
+  }
+  void synchronize() const {
+    if (event_ != nullptr) detail::cuda_check(cudaEventSynchronize(event_), "cudaEventSynchronize", "host");
+  }
+  /// @brief Whether the recorded work has finished.
+  [[nodiscard]] bool done() const { return event_ == nullptr || cudaEventQuery(event_) == cudaSuccess; }
+  /// @brief The CUDA event (null before the first record).
+  [[nodiscard]] cudaEvent_t native() const { return event_; }
+
+ private:
+  cudaEvent_t event_ = nullptr;
+  int device_ = -1;
+};
+
+/// @brief Why there is no GPU place to make, or an empty string when there is one.
+inline std::string cuda_unavailable_reason() {
+  int count = 0;
+  const cudaError_t status = cudaGetDeviceCount(&count);
+  if (status != cudaSuccess) {
+    (void)cudaGetLastError();
+    return "cudaGetDeviceCount: " + detail::cuda_status(status);
+  }
+  return count == 0 ? "cudaGetDeviceCount found no device" : "";
+}
+
+/// @brief One place per visible GPU (none when the machine has no usable GPU; see cuda_unavailable_reason).
+inline std::vector<cuda_place> cuda_places(std::size_t memory_cap = 0) {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    (void)cudaGetLastError();
+    count = 0;
+  }
+  std::vector<cuda_place> places;
+  for (int d = 0; d < count; ++d) places.emplace_back(d, memory_cap);
+  return places;
+}
+#endif
+
+}  // namespace pdo
+#endif  // PDO_SINGLE_PDO_PLACE_CUDA_PLACE_HPP
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+// Host-only builds take Thrust's C++ system as the device system, so no CUDA header is needed.
+#if !defined(__CUDACC__) && !defined(THRUST_DEVICE_SYSTEM)
+#define THRUST_DEVICE_SYSTEM THRUST_DEVICE_SYSTEM_CPP
+#endif
+#include <thrust/iterator/counting_iterator.h>
+
+#if defined(PDO_WITH_CUDA) && defined(__CUDACC__)
+#include <cub/device/device_reduce.cuh>
+#include <cub/device/device_segmented_reduce.cuh>
+#include <thrust/iterator/transform_iterator.h>
+#include <thrust/for_each.h>
+#include <thrust/system/cuda/execution_policy.h>
+#include <thrust/system_error.h>
+#endif
+
+namespace pdo::detail {
+
+/// @brief `n` elements of T in the memory of place `p`, for the kernels of one op, given back
+/// when it goes. A GPU place's allocator is stream-ordered on its compute stream, so the kernels
+/// queued there before then still have them.
+template <class T>
+class kernel_scratch {
+ public:
+  kernel_scratch(place_state& p, std::size_t n)
+      : place_(p), bytes_((n == 0 ? 1 : n) * sizeof(T)), data_(static_cast<T*>(p.memory->allocate(bytes_))) {}
+  ~kernel_scratch() { place_.memory->deallocate(data_, bytes_); }
+  kernel_scratch(const kernel_scratch&) = delete;
+  kernel_scratch& operator=(const kernel_scratch&) = delete;
+  [[nodiscard]] T* data() const { return data_; }
+
+ private:
+  place_state& place_;
+  std::size_t bytes_;
+  T* data_;
+};
+
+/// @brief Segment s of a segmented reduction: reduce over k in [0, length) of f(s, k) with
+/// `op`, from `init`, in order; one work item per segment (a CPU place's loop, and a GPU's
+/// kernel for short segments).
+template <class F, class T, class Op>
+struct reduce_segment {
+  F f;
+  T init;
+  Op op;
+  std::size_t length;
+  PDO_HD T operator()(std::size_t s) const {
+    T acc = init;
+    for (std::size_t k = 0; k < length; ++k) acc = op(acc, f(s, k));
+    return acc;
+  }
+};
+
+/// @brief Segments at least this long are reduced by a block of GPU threads each (CUB's
+/// segmented reduction); shorter ones by one thread each.
+inline constexpr std::size_t long_segment = 256;
+
+#if defined(PDO_WITH_CUDA) && (defined(__CUDACC__) || defined(PDO_CUDA_SIMULATOR))
+inline constexpr bool cuda_kernels_enabled = true;
+
+/// @brief out[i - base] = f(i): a transform over an index range as one for_each work item.
+template <class Out, class F>
+struct write_element {
+  Out out;
+  F f;
+  std::size_t base;
+  PDO_HD void operator()(std::size_t i) const { out[i - base] = f(i); }
+};
+
+/// @brief out[0] = reduce over k in [first, last) of f(k), from `init`, sequentially: the
+/// simulator's reduction kernel.
+template <class F, class T, class Op>
+struct reduce_range {
+  F f;
+  T init;
+  Op op;
+  std::size_t first, last;
+  T* out;
+  PDO_HD void operator()(std::size_t) const {
+    T acc = init;
+    for (std::size_t k = first; k < last; ++k) acc = op(acc, f(k));
+    *out = acc;
+  }
+};
+
+#if defined(__CUDACC__)
+/// @brief Runs `launch(policy)` with the CUDA policy of GPU place `p` (its compute stream),
+/// turning Thrust's and CUDA's failures into a pdo::error naming the place.
+template <class Launch>
+auto on_gpu_stream(place_state& p, const char* what, Launch&& launch) {
+  cuda_device& d = cuda_device_of(p);
+  device_guard guard(d.ordinal);
+  try {
+    auto result = launch(thrust::cuda::par_nosync.on(d.compute));
+    cuda_check(cudaGetLastError(), what, p.name);
+    return result;
+  } catch (const thrust::system_error& e) {
+    throw error(std::string(what) + " on " + p.name + ": " + e.what());
+  }
+}
+
+/// @brief f(first + k) for k in [0, n) on the place's compute stream, as Thrust's for_each
+/// (CUB's DeviceFor: one kernel per functor).
+template <class F>
+void launch_indices(place_state& p, std::size_t first, std::size_t n, F f, const char* what) {
+  on_gpu_stream(p, what, [&](auto policy) { return thrust::for_each_n(policy, thrust::counting_iterator<std::size_t>(first), n, f); });
+}
+
+/// @brief out[0] = reduce of f over [first, last) on the place's compute stream: CUB's
+/// DeviceReduce, its temporary storage from the place's allocator (freed, stream-ordered,
+/// once the reduction is queued: later work of the stream reuses it only after).
+template <class F, class T, class Op>
+void launch_reduce_into(place_state& p, std::size_t first, std::size_t last, F f, T init, Op op, T* out) {
+  cuda_device& d = cuda_device_of(p);
+  device_guard guard(d.ordinal);
+  const thrust::counting_iterator<std::size_t> in(first);
+  std::size_t bytes = 0;
+  cuda_check(cub::DeviceReduce::TransformReduce(nullptr, bytes, in, out, last - first, op, f, init, d.compute),
+             "cub::DeviceReduce::TransformReduce", p.name);
+  const kernel_scratch<unsigned char> storage(p, bytes);
+  cuda_check(cub::DeviceReduce::TransformReduce(storage.data(), bytes, in, out, last - first, op, f, init, d.compute),
+             "cub::DeviceReduce::TransformReduce", p.name);
+}
+
+/// @brief f(s, k) as element s * length + k of one flat sequence, whose segments CUB reduces.
+template <class F, class T>
+struct segment_element {
+  F f;
+  std::size_t length;
+  PDO_HD T operator()(std::size_t i) const { return f(i / length, i % length); }
+};
+
+/// @brief Where segment s starts in the flat sequence.
+struct segment_start {
+  std::size_t length;
+  PDO_HD std::int64_t operator()(std::size_t s) const { return static_cast<std::int64_t>(s * length); }
+};
+
+/// @brief out[s] = reduce over k of f(s, k), for s in [0, segments), on the place's compute
+/// stream: CUB's DeviceSegmentedReduce (a block of threads per segment) for long segments whose
+/// elements are `contiguous` in memory, its temporary storage from the place's allocator; one
+/// thread per segment for short ones and for strided ones (whose threads then read neighbouring
+/// elements at each step).
+template <class F, class T, class Op, class Out>
+void launch_segmented_reduce(place_state& p, std::size_t segments, std::size_t length, bool contiguous, F f, T init, Op op, Out out) {
+  if (segments == 0) return;
+  if (length < long_segment || !contiguous) {  // strided rows: neighbouring threads read neighbouring elements
+    launch_indices(p, 0, segments, write_element<Out, reduce_segment<F, T, Op>>{out, {f, init, op, length}, 0}, "segmented reduction kernel");
+    return;
+  }
+  cuda_device& d = cuda_device_of(p);
+  device_guard guard(d.ordinal);
+  const auto in = thrust::make_transform_iterator(thrust::counting_iterator<std::size_t>(0), segment_element<F, T>{f, length});
+  const auto begins = thrust::make_transform_iterator(thrust::counting_iterator<std::size_t>(0), segment_start{length});
+  const auto ends = begins + 1;
+  const auto count = static_cast<std::int64_t>(segments);
+  std::size_t bytes = 0;
+  cuda_check(cub::DeviceSegmentedReduce::Reduce(nullptr, bytes, in, out, count, begins, ends, op, init, d.compute),
+             "cub::DeviceSegmentedReduce::Reduce", p.name);
+  const kernel_scratch<unsigned char> storage(p, bytes);
+  cuda_check(cub::DeviceSegmentedReduce::Reduce(storage.data(), bytes, in, out, count, begins, ends, op, init, d.compute),
+             "cub::DeviceSegmentedReduce::Reduce", p.name);
+}
+#else
+/// @brief f(first + k) for k in [0, n) as device work of the place's compute stream (the
+/// simulated device runs it on the stream's thread, after the work queued before it).
+template <class F>
+void launch_indices(place_state& p, std::size_t first, std::size_t n, F f, const char* what) {
+  if (n == 0) return;
+  struct job {
+    F f;
+    std::size_t first;
+  };
+  cuda_device& d = cuda_device_of(p);
+  device_guard guard(d.ordinal);
+  auto* work = new job{f, first};
+  cuda_check(cudaSimLaunchKernel(
+                 d.compute, n,
+                 [](void* args, unsigned long long begin, unsigned long long end) {
+                   const job& j = *static_cast<const job*>(args);
+                   for (unsigned long long k = begin; k < end; ++k) j.f(j.first + static_cast<std::size_t>(k));
+                 },
+                 work, [](void* args) { delete static_cast<job*>(args); }),
+             what, p.name);
+}
+
+template <class F, class T, class Op>
+void launch_reduce_into(place_state& p, std::size_t first, std::size_t last, F f, T init, Op op, T* out) {
+  launch_indices(p, 0, 1, reduce_range<F, T, Op>{f, init, op, first, last, out}, "reduction kernel");
+}
+
+/// @brief out[s] = reduce over k of f(s, k), for s in [0, segments): a work item per segment.
+template <class F, class T, class Op, class Out>
+void launch_segmented_reduce(place_state& p, std::size_t segments, std::size_t length, bool, F f, T init, Op op, Out out) {
+  launch_indices(p, 0, segments, write_element<Out, reduce_segment<F, T, Op>>{out, {f, init, op, length}, 0}, "segmented reduction kernel");
+}
+#endif
+
+/// @brief out[k] = f(first + k) on the place's compute stream.
+template <class Out, class F>
+Out gpu_transform(place_state& p, thrust::counting_iterator<std::size_t> first, thrust::counting_iterator<std::size_t> last, Out out, F f) {
+  const std::size_t n = *last - *first;
+  launch_indices(p, *first, n, write_element<Out, F>{out, f, *first}, "thrust::for_each_n");
+  return out + static_cast<std::ptrdiff_t>(n);
+}
+template <class F>
+thrust::counting_iterator<std::size_t> gpu_for_each_n(place_state& p, thrust::counting_iterator<std::size_t> first, std::size_t n, F f) {
+  launch_indices(p, *first, n, f, "thrust::for_each_n");
+  return first + static_cast<std::ptrdiff_t>(n);
+}
+
+/// @brief *out (device memory of `p`) = the reduction, queued on the place's compute stream.
+template <class F, class T, class Op>
+void gpu_transform_reduce_into(place_state& p, thrust::counting_iterator<std::size_t> first, thrust::counting_iterator<std::size_t> last,
+                               F f, T init, Op op, T* out) {
+  launch_reduce_into(p, *first, *last, f, init, op, out);
+}
+
+/// @brief out[s] (device memory of `p`) = reduce over k in [0, length) of f(s, k), for s in
+/// [0, segments), queued on the place's compute stream; `contiguous`: each segment's elements
+/// are next to each other in memory.
+template <class F, class T, class Op, class Out>
+void gpu_segmented_reduce(place_state& p, std::size_t segments, std::size_t length, bool contiguous, F f, T init, Op op, Out out) {
+  launch_segmented_reduce(p, segments, length, contiguous, f, init, op, out);
+}
+
+/// @brief The reduction, brought back to the host (waits for the place's compute stream).
+template <class F, class T, class Op>
+T gpu_transform_reduce(place_state& p, thrust::counting_iterator<std::size_t> first, thrust::counting_iterator<std::size_t> last, F f,
+                       T init, Op op) {
+  cuda_device& d = cuda_device_of(p);
+  const kernel_scratch<T> scalar(p, 1);
+  launch_reduce_into(p, *first, *last, f, init, op, scalar.data());
+  T result{};
+  device_guard guard(d.ordinal);
+  cuda_check(cudaMemcpyAsync(&result, scalar.data(), sizeof(T), cudaMemcpyDeviceToHost, d.compute), "cudaMemcpyAsync", p.name);
+  wait_for_stream(d, d.compute);
+  return result;
+}
+#else
+inline constexpr bool cuda_kernels_enabled = false;
+
+[[noreturn]] inline void no_gpu_kernels(const place_state& p) {
+  if constexpr (!cuda_enabled) no_cuda("a kernel", p.name);
+  throw error("a kernel on " + p.name + ": GPU kernels are compiled by nvcc; compile this translation unit as CUDA");
+}
+template <class Out, class First, class F>
+Out gpu_transform(place_state& p, First, First, Out, F) {
+  no_gpu_kernels(p);
+}
+template <class First, class F>
+First gpu_for_each_n(place_state& p, First, std::size_t, F) {
+  no_gpu_kernels(p);
+}
+template <class F, class T, class Op, class First>
+T gpu_transform_reduce(place_state& p, First, First, F, T, Op) {
+  no_gpu_kernels(p);
+}
+template <class F, class T, class Op, class First>
+void gpu_transform_reduce_into(place_state& p, First, First, F, T, Op, T*) {
+  no_gpu_kernels(p);
+}
+template <class F, class T, class Op, class Out>
+void gpu_segmented_reduce(place_state& p, std::size_t, std::size_t, bool, F, T, Op, Out) {
+  no_gpu_kernels(p);
+}
+#endif
+
+}  // namespace pdo::detail
+#endif  // PDO_SINGLE_PDO_KERNELS_CUDA_SYSTEM_HPP
+
+#include <thrust/functional.h>
+#include <thrust/iterator/counting_iterator.h>
+#include <thrust/for_each.h>
+#include <thrust/reduce.h>
+#include <thrust/execution_policy.h>
+#include <thrust/system/cpp/execution_policy.h>
+#include <thrust/transform.h>
+#include <thrust/transform_reduce.h>
+
+#include <cstddef>
+#include <initializer_list>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
+
+#if defined(__clang__)
+// The kernels' loops ask for vectorization (`omp simd`); those that gather (conv, pooling,
+// indexing) cannot have it, and clang's optimizer reports each such loop as a warning at the
+// place the loop was inlined into: in a user's code, or with no location at all. A
+// push/pop around the loops cannot cover those places, so the warning is off from here to the
+// end of the translation unit (it only ever reports a vectorization request that failed).
+#pragma clang diagnostic ignored "-Wpass-failed"
+#endif
+
+namespace pdo::detail {
+
+/// @brief The CPU backend: Thrust's C++ system, except for the algorithms pdo's kernels use,
+/// which it runs as vectorised loops over `threads` cores of a place (an OpenMP team,
+/// inheriting the place's pinning), found by Thrust through argument-dependent lookup.
+struct cpu_system : thrust::system::cpp::execution_policy<cpu_system> {
+  int threads = 1;
+};
+
+/// @brief The GPU backend: the algorithms pdo's kernels use, run with the same functors on the
+/// compute stream of GPU place `place` (pdo/kernels/cuda_system.hpp). It derives from Thrust's
+/// generic policy, not from a host system's: an algorithm it lacks does not compile (Thrust's
+/// generic layer asserts), rather than running host loops over device memory.
+struct gpu_system : thrust::execution_policy<gpu_system> {
+  place_state* place = nullptr;
+};
+
+/// @brief Whether backend `B` (cpu_system or gpu_system) is the GPU's: for the kernels that
+/// take another algorithm there (`if constexpr`).
+template <class B>
+inline constexpr bool gpu_backend = std::is_same_v<std::remove_cvref_t<B>, gpu_system>;
+
+/// @brief The system of the place a kernel runs on, which is known only at run time: the one
+/// run-time choice of backend. Every algorithm called with it picks the backend once, by
+/// visit(), and calls that backend's own overload (chosen at compile time). It derives from
+/// Thrust's generic policy too: a Thrust algorithm pdo has no overload for does not compile.
+struct place_system : thrust::execution_policy<place_system> {
+  int threads = 1;
+  place_state* gpu = nullptr;  ///< the GPU place whose compute stream runs the kernels, if any
+
+  /// @brief f(backend): f called with the gpu_system of `gpu`, or the cpu_system of `threads`.
+  template <class F>
+  decltype(auto) visit(F&& f) const {
+    if (gpu != nullptr) {
+      gpu_system g;
+      g.place = gpu;
+      return f(g);
+    }
+    cpu_system c;
+    c.threads = threads;
+    return f(c);
+  }
+};
+
+/// @brief The policy for the calling thread: a CPU place's compute lane uses its place's cores,
+/// a GPU place's lanes their device; any other thread, one core.
+inline place_system current_place_system() {
+  place_system s;
+  place_state* p = current_place();
+  if (p != nullptr && p->kind == place_kind::cuda) s.gpu = p;
+  else if (p != nullptr && !p->cores.empty()) s.threads = static_cast<int>(p->cores.size());
+  return s;
+}
+
+/// @brief The policy for kernel `op` on the calling thread, over operands in the memory of
+/// `operands` (each a tensor's place; null: host memory). A GPU's memory is read only by
+/// kernels on that GPU's place, and host memory only by host loops, so an operand the
+/// calling thread's place cannot read is a pdo::error naming the op and both places.
+inline place_system kernel_system(std::string_view op, std::initializer_list<place_state*> operands) {
+  place_system s = current_place_system();
+  for (place_state* operand : operands) {
+    place_state* const gpu = memory_of(operand);
+    if (gpu == s.gpu) continue;
+    const place_state* here = current_place();
+    throw error(std::string(op) + ": an operand in the memory of " + (gpu != nullptr ? gpu->name : std::string("the host")) +
+                " is used on " + (here != nullptr ? here->name : std::string("a host thread")) +
+                ", which cannot read it; run GPU work on its place (pdo::spmd, dtensor ops), or copy the tensor "
+                "there first (pdo::to_place, pdo::to_host)");
+  }
+  return s;
+}
+
+/// @brief Loops this short are not worth waking a team for.
+inline constexpr std::size_t parallel_grain = std::size_t{1} << 15;
+
+
+/// @brief Runs `body(context, t, nt)` on each thread `t` of a team of `nt` (at most
+/// `threads`; the team may be smaller: OMP_DYNAMIC, thread limits, nesting): the one OpenMP
+/// parallel region of pdo's CPU kernels. Each kernel is a plain function over a range of its
+/// indices, called here by every thread with its part: one region, compiled once, not one
+/// outlined region per kernel type (which the compilers' OpenMP passes would analyse each).
+PDO_NOINLINE inline void run_team([[maybe_unused]] int threads, void (*body)(void* context, std::size_t t, std::size_t nt),
+                                  void* context) {
+#if defined(_OPENMP)
+#pragma omp parallel num_threads(threads)
+  body(context, static_cast<std::size_t>(omp_get_thread_num()), static_cast<std::size_t>(omp_get_num_threads()));
+#else
+  body(context, 0, 1);
+#endif
+}
+
+/// @brief Part `t` of `nt` equal parts of [0, n): its first index and the next part's.
+constexpr std::pair<std::size_t, std::size_t> team_part(std::size_t n, std::size_t t, std::size_t nt) {
+  return {n * t / nt, n * (t + 1) / nt};
+}
+
+/// @brief out[k] = f(base + k) for k in [begin, end), vectorized. The functor is copied to a
+/// local, so that the stores to `out` cannot be taken to change it and its loads stay plain
+/// vector loads (a shared one turns them into gathers).
+template <class F, class Out>
+void transform_range(const F& f, std::size_t base, Out out, std::size_t begin, std::size_t end) {
+  const F local = f;
+#pragma omp simd
+  for (std::size_t k = begin; k < end; ++k) out[k] = local(base + k);
+}
+
+/// @brief f(base + k) for k in [begin, end), in order.
+template <class F>
+void for_each_range(const F& f, std::size_t base, std::size_t begin, std::size_t end) {
+  for (std::size_t k = begin; k < end; ++k) f(base + k);
+}
+
+/// @brief out[k] = f(first + k) for k in [0, last - first): the form every pdo kernel
+/// has (a functor of the output index).
+template <class F, class Out>
+Out transform([[maybe_unused]] cpu_system& system, thrust::counting_iterator<std::size_t> first, thrust::counting_iterator<std::size_t> last,
+              Out out, F f) {
+  const std::size_t base = *first, n = *last - *first;
+  if (system.threads > 1 && n >= parallel_grain) {
+    struct job {
+      const F& f;
+      std::size_t base, n;
+      Out out;
+    } j{f, base, n, out};
+    run_team(system.threads, [](void* c, std::size_t t, std::size_t nt) {
+      const job& j = *static_cast<const job*>(c);
+      const auto [begin, end] = team_part(j.n, t, nt);
+      transform_range(j.f, j.base, j.out, begin, end);
+    }, &j);
+  } else {
+    // one core: no team is started (that alone costs more than a small kernel)
+    transform_range(f, base, out, 0, n);
+  }
+  return out + static_cast<std::ptrdiff_t>(n);
+}
+
+/// @brief f(base + k) for k in [begin, end), vectorized: for elementwise items, each reading
+/// and writing its own elements. The functor is copied to a local, as in transform_range (its
+/// pointers then stay in registers, and the loads and stores through them are vector ones).
+template <class F>
+void for_each_element_range(const F& f, std::size_t base, std::size_t begin, std::size_t end) {
+  const F local = f;
+#pragma omp simd
+  for (std::size_t k = begin; k < end; ++k) local(base + k);
+}
+
+/// @brief `Range(f, base, begin, end)` over the parts of [0, n): on the place's cores, a part
+/// each, when it has several and more than `grain` items; else on the calling thread, whole.
+template <auto Range, class F>
+void over_team(const cpu_system& system, std::size_t base, std::size_t n, std::size_t grain, const F& f) {
+  if (system.threads > 1 && n > grain) {
+    struct job {
+      const F& f;
+      std::size_t base, n;
+    } j{f, base, n};
+    run_team(system.threads, [](void* c, std::size_t t, std::size_t nt) {
+      const job& j = *static_cast<const job*>(c);
+      const auto [begin, end] = team_part(j.n, t, nt);
+      Range(j.f, j.base, begin, end);
+    }, &j);
+  } else {
+    Range(f, base, 0, n);
+  }
+}
+
+/// @brief f(first + k) for k in [0, n), for elementwise work items (each writes the elements
+/// of its own index: an optimizer's update, a gradient's accumulation), vectorized, in
+/// parallel over the place's cores.
+template <class F>
+void for_each_element(cpu_system& system, thrust::counting_iterator<std::size_t> first, std::size_t n, F f) {
+  over_team<&for_each_element_range<F>>(system, *first, n, parallel_grain - 1, f);
+}
+
+/// @brief f(first + k) for k in [0, n), for work items that write several outputs each
+/// (a row of a softmax); items run in parallel over the place's cores.
+template <class F>
+thrust::counting_iterator<std::size_t> for_each_n(cpu_system& system, thrust::counting_iterator<std::size_t> first, std::size_t n, F f) {
+  over_team<&for_each_range<F>>(system, *first, n, 1, f);
+  return first + static_cast<std::ptrdiff_t>(n);
+}
+
+/// @brief reduce(f(first + k)) with `op`, from `init`; one partial result per thread,
+/// combined in thread order (so the result does not depend on timing). Each thread's range
+/// is reduced pairwise (halves, down to runs of 256 in order), so a float sum of n
+/// elements errs by O(log n) roundings, not O(n), as a GPU's tree reduction.
+template <class F, class T, class Op>
+T transform_reduce([[maybe_unused]] cpu_system& system, thrust::counting_iterator<std::size_t> first,
+                   thrust::counting_iterator<std::size_t> last, F f, T init, Op op) {
+  const std::size_t base = *first, n = *last - *first;
+  struct job {
+    const F& f;
+    const Op& op;
+    std::size_t base;
+    T range(std::size_t begin, std::size_t end) const {
+      if (end - begin <= 256) {
+        T acc = f(base + begin);
+        for (std::size_t k = begin + 1; k < end; ++k) acc = op(acc, f(base + k));
+        return acc;
+      }
+      const std::size_t mid = begin + (end - begin) / 2;
+      return op(range(begin, mid), range(mid, end));
+    }
+  };
+  const job whole{f, op, base};
+  if (system.threads > 1 && n >= parallel_grain) {
+    constexpr std::size_t most = 64;
+    struct team_job {
+      const job& j;
+      std::size_t n;
+      T parts[most];
+      std::size_t used;
+    } tj{whole, n, {}, 1};
+    run_team(system.threads < static_cast<int>(most) ? system.threads : static_cast<int>(most), [](void* c, std::size_t t, std::size_t nt) {
+      auto& tj = *static_cast<team_job*>(c);
+      const auto [begin, end] = team_part(tj.n, t, nt);
+      tj.parts[t] = tj.j.range(begin, end);
+      if (t == 0) tj.used = nt;
+    }, &tj);
+    T acc = init;
+    for (std::size_t t = 0; t < tj.used; ++t) acc = op(acc, tj.parts[t]);
+    return acc;
+  }
+  return n == 0 ? init : op(init, whole.range(0, n));
+}
+
+/// @brief *out = reduce(f(first + k)) with `op`, from `init`, at once.
+template <class F, class T, class Op>
+void transform_reduce_into(cpu_system& system, thrust::counting_iterator<std::size_t> first, thrust::counting_iterator<std::size_t> last,
+                           F f, T init, Op op, T* out) {
+  *out = transform_reduce(system, first, last, f, init, op);
+}
+
+/// @brief out[s] = reduce over k in [0, length) of f(s, k) with `op`, from `init`, for s in
+/// [0, segments): a reduction along a dim or a row, a loop per segment, in order, segments in
+/// parallel over the place's cores.
+template <class F, class T, class Op, class Out>
+void segmented_reduce(cpu_system& system, std::size_t segments, std::size_t length, bool, F f, T init, Op op, Out out) {
+  transform(system, thrust::counting_iterator<std::size_t>(0), thrust::counting_iterator<std::size_t>(segments), out,
+            reduce_segment<F, T, Op>{f, init, op, length});
+}
+
+/// @name The GPU backend's algorithms: the same functors on the place's compute stream.
+/// @{
+template <class F, class Out>
+Out transform(gpu_system& system, thrust::counting_iterator<std::size_t> first, thrust::counting_iterator<std::size_t> last, Out out, F f) {
+  return gpu_transform(*system.place, first, last, out, f);
+}
+template <class F>
+thrust::counting_iterator<std::size_t> for_each_n(gpu_system& system, thrust::counting_iterator<std::size_t> first, std::size_t n, F f) {
+  return gpu_for_each_n(*system.place, first, n, f);
+}
+template <class F>
+void for_each_element(gpu_system& system, thrust::counting_iterator<std::size_t> first, std::size_t n, F f) {
+  gpu_for_each_n(*system.place, first, n, f);
+}
+/// @brief The reduction, brought back to the host (waits for the place's compute stream).
+template <class F, class T, class Op>
+T transform_reduce(gpu_system& system, thrust::counting_iterator<std::size_t> first, thrust::counting_iterator<std::size_t> last, F f,
+                   T init, Op op) {
+  return gpu_transform_reduce(*system.place, first, last, f, init, op);
+}
+/// @brief *out (device memory) = the reduction, by a kernel queued on the compute stream (no wait).
+template <class F, class T, class Op>
+void transform_reduce_into(gpu_system& system, thrust::counting_iterator<std::size_t> first, thrust::counting_iterator<std::size_t> last,
+                           F f, T init, Op op, T* out) {
+  gpu_transform_reduce_into(*system.place, first, last, f, init, op, out);
+}
+/// @brief A block of threads per long segment whose elements are `contiguous` in memory (CUB's
+/// segmented reduction), a thread per short or strided one.
+template <class F, class T, class Op, class Out>
+void segmented_reduce(gpu_system& system, std::size_t segments, std::size_t length, bool contiguous, F f, T init, Op op, Out out) {
+  gpu_segmented_reduce(*system.place, segments, length, contiguous, f, init, op, out);
+}
+/// @}
+
+/// @name Algorithms on the system of a place known at run time: its backend's own.
+/// @{
+template <class F, class Out>
+Out transform(place_system& system, thrust::counting_iterator<std::size_t> first, thrust::counting_iterator<std::size_t> last, Out out, F f) {
+  return system.visit([&](auto& backend) { return transform(backend, first, last, out, f); });
+}
+template <class F>
+thrust::counting_iterator<std::size_t> for_each_n(place_system& system, thrust::counting_iterator<std::size_t> first, std::size_t n, F f) {
+  return system.visit([&](auto& backend) { return for_each_n(backend, first, n, f); });
+}
+template <class F>
+void for_each_element(place_system& system, thrust::counting_iterator<std::size_t> first, std::size_t n, F f) {
+  system.visit([&](auto& backend) { for_each_element(backend, first, n, f); });
+}
+template <class F, class T, class Op>
+T transform_reduce(place_system& system, thrust::counting_iterator<std::size_t> first, thrust::counting_iterator<std::size_t> last, F f,
+                   T init, Op op) {
+  return system.visit([&](auto& backend) { return transform_reduce(backend, first, last, f, init, op); });
+}
+/// @brief *out (in the memory of the system's place) = reduce(f(first + k)) with `op`, from
+/// `init`: on a GPU place written by a kernel (queued, no wait); elsewhere at once.
+template <class F, class T, class Op>
+void transform_reduce_into(place_system& system, thrust::counting_iterator<std::size_t> first, thrust::counting_iterator<std::size_t> last,
+                           F f, T init, Op op, T* out) {
+  system.visit([&](auto& backend) { transform_reduce_into(backend, first, last, f, init, op, out); });
+}
+/// @brief out[s] = reduce over k in [0, length) of f(s, k) with `op`, from `init`, for s in
+/// [0, segments): a reduction along a dim or a row (see the backends' overloads). `out` is a
+/// pointer or an output iterator (one that scales what it is given finishes a mean in the
+/// same pass).
+template <class F, class T, class Op, class Out>
+void segmented_reduce(place_system& system, std::size_t segments, std::size_t length, bool contiguous, F f, T init, Op op, Out out) {
+  system.visit([&](auto& backend) { segmented_reduce(backend, segments, length, contiguous, f, init, op, out); });
+}
+/// @}
+
+/// @brief f(i) for i in [0, n), each i reading and writing only the elements of index i (an
+/// elementwise update), over data in the memory of `where` (a tensor's place; null: host
+/// memory), run where that memory can be read: on a GPU's place (from its compute lane, the
+/// calling thread waiting, when called from elsewhere), else as vectorized host loops over the
+/// calling thread's cores (one core on a GPU place's lane).
+template <class F>
+void for_each_index(place_state* where, std::size_t n, F f) {
+  if (on_gpu(where) && current_place() != where) return run_on_place(*where, [&] { for_each_index(where, n, f); });
+  place_system system = current_place_system();
+  if (system.gpu != memory_of(where)) system = place_system{};
+  for_each_element(system, thrust::counting_iterator<std::size_t>(0), n, f);
+}
+
+}  // namespace pdo::detail
+#endif  // PDO_SINGLE_PDO_KERNELS_PLACE_SYSTEM_HPP
+
+#include <algorithm>
+#include <array>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <utility>
+#include <mutex>
+#include <span>
+#include <string>
+#include <string_view>
+#include <tuple>
+#include <type_traits>
+#include <vector>
+
+namespace pdo::detail {
+
+/// @brief Elementwise `acc[i] = op(acc[i], src[i])`, written so the compiler vectorises it.
+template <class T>
+void reduce_into(T* __restrict acc, const T* __restrict src, std::size_t n, reduce_op op) {
+  switch (op) {
+    case reduce_op::sum:
+      for (std::size_t i = 0; i < n; ++i) acc[i] += src[i];
+      break;
+    case reduce_op::max:
+      for (std::size_t i = 0; i < n; ++i) acc[i] = nan_max(acc[i], src[i]);
+      break;
+    case reduce_op::min:
+      for (std::size_t i = 0; i < n; ++i) acc[i] = nan_min(acc[i], src[i]);
+      break;
+  }
+}
+
+/// @brief `dst[lo, hi) = op over k of srcs[k][lo, hi)`, summed in the order of `srcs`
+/// (fixed, so results are bitwise reproducible), then copied to every `dsts[k]`.
+/// Works block by block through a buffer that stays in L1.
+template <class T>
+void reduce_blocks(std::span<const T* const> srcs, std::span<T* const> dsts, std::size_t lo, std::size_t hi,
+                   reduce_op op) {
+  constexpr std::size_t block = 2048;
+  alignas(64) T acc[block];
+  for (std::size_t b = lo; b < hi; b += block) {
+    const std::size_t n = std::min(block, hi - b);
+    copy_elements(acc, srcs[0] + b, n);
+    for (std::size_t k = 1; k < srcs.size(); ++k) reduce_into(acc, srcs[k] + b, n, op);
+    for (T* d : dsts) copy_elements(d + b, acc, n);
+  }
+}
+
+/// @brief `sum[0, n) = srcs[0][b + i] + srcs[1][b + i] + ...`, added in the order of `srcs`
+/// (that of reduce_in_place and reduce_blocks, so the sum is the all_reduce's, bitwise).
+template <class T>
+void sum_block(T* __restrict sum, std::span<const T* const> srcs, std::size_t b, std::size_t n) {
+  const T* __restrict first = srcs[0] + b;
+  if (srcs.size() == 1) {
+    copy_elements(sum, first, n);
+    return;
+  }
+  const T* __restrict second = srcs[1] + b;
+#pragma omp simd
+  for (std::size_t i = 0; i < n; ++i) sum[i] = first[i] + second[i];
+  for (std::size_t k = 2; k < srcs.size(); ++k) reduce_into(sum, srcs[k] + b, n, reduce_op::sum);
+}
+
+/// @brief In place over `bufs` (N buffers): `bufs[k][i] = op over k of bufs[k][i]` for i in
+/// [lo, hi), in one pass: N reads and N writes per element, summed in buffer order.
+template <std::size_t N, class T, class Op>
+void reduce_in_place(T* const* bufs, std::size_t lo, std::size_t hi, Op op) {
+  [&]<std::size_t... K>(std::index_sequence<K...>) {
+    T* const b[N] = {bufs[K]...};
+    PDO_IVDEP
+    for (std::size_t i = lo; i < hi; ++i) {
+      T v = b[0][i];
+      ((v = K == 0 ? v : op(v, b[K][i])), ...);
+      ((b[K][i] = v), ...);
+    }
+  }(std::make_index_sequence<N>{});
+}
+
+/// @brief reduce_in_place for any number of buffers and any reduce_op: one fused pass
+/// for up to four buffers (the memory-traffic limit), blocks through an L1-resident
+/// accumulator beyond.
+template <class T>
+void reduce_in_place(std::span<T* const> bufs, std::size_t lo, std::size_t hi, reduce_op op) {
+  auto with_op = [&](auto run) {
+    switch (op) {
+      case reduce_op::sum: return run([](T a, T b) { return a + b; });
+      case reduce_op::max: return run([](T a, T b) { return nan_max(a, b); });
+      case reduce_op::min: return run([](T a, T b) { return nan_min(a, b); });
+    }
+  };
+  switch (bufs.size()) {
+    case 1: return;
+    case 2: return with_op([&](auto f) { reduce_in_place<2>(bufs.data(), lo, hi, f); });
+    case 3: return with_op([&](auto f) { reduce_in_place<3>(bufs.data(), lo, hi, f); });
+    case 4: return with_op([&](auto f) { reduce_in_place<4>(bufs.data(), lo, hi, f); });
+    default:
+      reduce_blocks<T>(std::span<const T* const>(bufs.data(), bufs.size()), bufs, lo, hi, op);
+  }
+}
+
+/// @brief The part of [0, n) that member `me` of `members` works on, cut at 64-byte
+/// boundaries so no two members write the same cache line.
+template <class T>
+std::pair<std::size_t, std::size_t> work_range(std::size_t n, std::size_t members, std::size_t me) {
+  constexpr std::size_t align = std::max<std::size_t>(1, 64 / sizeof(T));
+  const std::size_t units = (n + align - 1) / align;
+  const std::size_t lo = std::min(n, chunk_offset(units, members, me) * align);
+  const std::size_t hi = std::min(n, (chunk_offset(units, members, me) + chunk_size(units, members, me)) * align);
+  return {lo, hi};
+}
+
+/// @brief How a collective call is named in a mismatch: "all_reduce(sum) of f32",
+/// "broadcast of u16", "barrier". The element is its kind ('f' floating point, 'i' signed,
+/// 'u' unsigned; 0 for none) and its bits, so types of one representation (long and long
+/// long of 8 bytes) name one call. `op` is a reduce_op, or -1 for none.
+PDO_NOINLINE inline std::string collective_call_text(std::string_view collective, char element_kind, std::size_t element_bytes, int op) {
+  std::string text(collective);
+  if (op >= 0) text += "(" + std::string(op_name(static_cast<reduce_op>(op))) + ")";
+  if (element_kind == 0) return text;
+  return text + " of " + element_kind + std::to_string(8 * element_bytes);
+}
+
+/// @brief The kind of element T in a call text: 'f', 'i' or 'u'.
+template <class T>
+constexpr char element_kind() {
+  return std::is_floating_point_v<T> ? 'f' : std::is_signed_v<T> ? 'i' : 'u';
+}
+
+/// @brief A code for the call text `call` (its bytes hashed), to compare calls between processes.
+constexpr std::size_t collective_code(std::string_view call) {
+  std::uint64_t h = 1469598103934665603ull;
+  for (char c : call) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
+  return static_cast<std::size_t>(h);
+}
+
+/// @brief The call text of a collective over elements of type T.
+template <class T>
+std::string collective_call_text(std::string_view collective, int op = -1) {
+  return collective_call_text(collective, element_kind<T>(), sizeof(T), op);
+}
+
+/// @brief The members of one group that live in this process, and the shared slots
+/// through which they see each other's buffers. Every collective is called by all
+/// `size()` members at once, each from its own thread, with its own member index.
+///
+/// Protocol: publish the buffers and what was called (the collective, its element type,
+/// its reduction), barrier, check that every member called the same and that the
+/// arguments agree (all members reach the same verdict from the same slots, so a mismatch
+/// is an error on every member, never a hang), do this member's share of the work, barrier.
+class local_group {
+ public:
+  /// @param part_of_larger the members are this process's part of a group over several
+  /// processes (see group_barrier)
+  explicit local_group(std::vector<std::string> member_names, bool part_of_larger = false)
+      : names_(std::move(member_names)),
+        slots_(names_.size()),
+        barrier_(static_cast<std::uint32_t>(names_.size()), &names_, part_of_larger) {}
+
+  [[nodiscard]] std::size_t size() const { return names_.size(); }
+  [[nodiscard]] const std::string& name(std::size_t member) const { return names_[member]; }
+
+  /// @brief A plain barrier of the members (a step inside another group's collective).
+  void barrier() { barrier_.arrive_and_wait(); }
+  /// @brief The barrier collective: an error on every member when another called a
+  /// different collective.
+  void barrier(std::size_t me) {
+    slot s;
+    s.collective = "barrier";
+    publish(me, s);
+    barrier_.arrive_and_wait();
+    const closing_barrier closing(barrier_);
+    check_same_call();
+  }
+
+  /// @brief Wakes every member blocked in this group with an error; see reset().
+  void abort() {
+    barrier_.abort();
+    std::lock_guard lock(mail_mutex_);
+    mail_aborted_ = true;
+    mail_ready_.notify_all();
+  }
+  /// @brief Member `member`'s task has ended: a collective of the group can no longer
+  /// complete, so the members waiting in one, or entering one, get an error saying so
+  /// (pdo::mismatch_error; pdo::communication_error for this process's part of a group over
+  /// several processes, which ends the job), until reopen() (messages between the others go on).
+  void leave(std::size_t member) { barrier_.abort_departed(static_cast<std::uint32_t>(member)); }
+  /// @brief After leave(): the collectives are usable again (call once no member is inside one).
+  void reopen() { barrier_.reset(); }
+  /// @brief Makes the group usable again once no member is inside a collective.
+  void reset() {
+    barrier_.reset();
+    std::lock_guard lock(mail_mutex_);
+    mail_aborted_ = false;
+    mailbox_.clear();
+  }
+
+  template <class T>
+  void all_reduce(std::size_t me, std::span<T> data, reduce_op op) {
+    std::array<T*, 4> few{};  // allocated before the entry barrier: nothing throws between the barriers
+    std::vector<T*> many(size() > few.size() ? size() : 0);
+    T** bufs = many.empty() ? few.data() : many.data();
+    publish(me, call<T>("all_reduce", data.data(), data.data(), data.size(), data.size(), op));
+    barrier_.arrive_and_wait();
+    const closing_barrier closing(barrier_);
+    check_same_call();
+    check_equal_counts("all_reduce", &slot::in_count, me);
+    const auto [lo, hi] = work_range<T>(data.size(), size(), me);
+    for (std::size_t k = 0; k < size(); ++k) bufs[k] = static_cast<T*>(slots_[k].out);
+    reduce_in_place<T>(std::span<T* const>(bufs, size()), lo, hi, op);
+  }
+
+  /// @brief The sum over members of their `data`, handed block by block to every member's
+  /// `consume` (see group_communicator::all_reduce_apply): member `me` sums its part of the
+  /// elements (in member order, as all_reduce does) into a block that stays in L1 and hands
+  /// each block to every member's consumer; on a place of several cores, its part is cut
+  /// again among them (the consumers take disjoint ranges).
+  template <class T>
+  void all_reduce_apply(std::size_t me, std::span<const T> data, const reduced_consumer<T>& consume) {
+    std::array<const T*, 4> few{};  // allocated before the entry barrier: nothing throws between the barriers
+    std::array<const reduced_consumer<T>*, 4> few_consumers{};
+    std::vector<const T*> many(size() > few.size() ? size() : 0);
+    std::vector<const reduced_consumer<T>*> many_consumers(many.size());
+    const T** srcs = many.empty() ? few.data() : many.data();
+    const reduced_consumer<T>** consumers = many.empty() ? few_consumers.data() : many_consumers.data();
+    publish(me, call<T>("all_reduce_apply", data.data(), const_cast<reduced_consumer<T>*>(&consume), data.size(), data.size(), reduce_op::sum));
+    barrier_.arrive_and_wait();
+    const closing_barrier closing(barrier_);
+    check_same_call();
+    check_equal_counts("all_reduce_apply", &slot::in_count, me);
+    for (std::size_t k = 0; k < size(); ++k) {
+      srcs[k] = static_cast<const T*>(slots_[k].in);
+      consumers[k] = static_cast<const reduced_consumer<T>*>(slots_[k].out);
+    }
+    const auto [lo, hi] = work_range<T>(data.size(), size(), me);
+    struct job {
+      std::span<const T* const> srcs;
+      const reduced_consumer<T>* const* consumers;
+      std::size_t lo, hi;
+      /// @brief Elements [from, to): summed a block at a time, each block handed to every consumer.
+      void run(std::size_t from, std::size_t to) const {
+        constexpr std::size_t block = 2048;
+        alignas(64) T sum[block];
+        for (std::size_t b = from; b < to; b += block) {
+          const std::size_t n = std::min(block, to - b);
+          sum_block(sum, srcs, b, n);
+          for (std::size_t k = 0; k < srcs.size(); ++k) (*consumers[k])(b, b + n, sum);
+        }
+      }
+    };
+    const job j{std::span<const T* const>(srcs, size()), consumers, lo, hi};
+    const int threads = current_place_system().threads;  // the cores of the place whose lane calls
+    if (threads > 1 && hi - lo >= parallel_grain) {
+      run_team(threads, [](void* c, std::size_t t, std::size_t nt) {
+        const job& j = *static_cast<const job*>(c);
+        constexpr std::size_t line = std::max<std::size_t>(1, 64 / sizeof(T));  // parts cut at cache lines
+        const auto [first, last] = team_part((j.hi - j.lo + line - 1) / line, t, nt);
+        j.run(std::min(j.hi, j.lo + first * line), std::min(j.hi, j.lo + last * line));
+      }, const_cast<job*>(&j));
+    } else {
+      j.run(lo, hi);
+    }
+  }
+
+  /// @brief `out` (same size on every member) = the members' `in` concatenated in
+  /// member order; inputs may differ in size.
+  template <class T>
+  void all_gather(std::size_t me, std::span<const T> in, std::span<T> out) {
+    publish(me, call<T>("all_gather", in.data(), out.data(), in.size(), out.size()));
+    barrier_.arrive_and_wait();
+    const closing_barrier closing(barrier_);
+    check_same_call();
+    check_total("all_gather", me);
+    std::size_t offset = 0;
+    for (const slot& s : slots_) {
+      copy_elements(out.data() + offset, static_cast<const T*>(s.in), s.in_count);
+      offset += s.in_count;
+    }
+  }
+
+  /// @brief `in` (same size on every member) reduced over members; member k keeps the
+  /// k-th segment, whose size is its `out.size()`.
+  template <class T>
+  void reduce_scatter(std::size_t me, std::span<const T> in, std::span<T> out, reduce_op op) {
+    std::vector<const T*> srcs(size());  // allocated before the entry barrier
+    publish(me, call<T>("reduce_scatter", in.data(), out.data(), in.size(), out.size(), op));
+    barrier_.arrive_and_wait();
+    const closing_barrier closing(barrier_);
+    check_same_call();
+    check_equal_counts("reduce_scatter", &slot::in_count, me);
+    check_total("reduce_scatter", me, /*outputs_sum_to_input=*/true);
+    std::size_t offset = 0;
+    for (std::size_t k = 0; k < me; ++k) offset += slots_[k].out_count;
+    for (std::size_t k = 0; k < size(); ++k) srcs[k] = static_cast<const T*>(slots_[k].in) + offset;
+    T* dst = out.data();
+    reduce_blocks<T>(srcs, std::span<T* const>(&dst, 1), 0, out.size(), op);
+  }
+
+  template <class T>
+  void broadcast(std::size_t me, std::span<T> data, std::size_t root) {
+    publish(me, call<T>("broadcast", data.data(), data.data(), data.size(), root));
+    barrier_.arrive_and_wait();
+    const closing_barrier closing(barrier_);
+    check_same_call();
+    check_equal_counts("broadcast", &slot::in_count, me);
+    for (const slot& s : slots_)
+      if (s.out_count != root)
+        fail_after_barrier("broadcast: members named different roots (" + counts_text(&slot::out_count) + ")");
+    if (root >= size()) fail_after_barrier("broadcast: root " + std::to_string(root) + " is not a member of a group of " + std::to_string(size()));
+    if (me != root) copy_elements(data.data(), static_cast<const T*>(slots_[root].in), data.size());
+  }
+
+  /// @brief Member i sends `in`'s i->j piece (send_counts[j] elements, pieces in member
+  /// order) to member j, which receives recv_counts[i] elements from i, in member order.
+  template <class T>
+  void all_to_all(std::size_t me, std::span<const T> in, std::span<const std::size_t> send_counts, std::span<T> out,
+                  std::span<const std::size_t> recv_counts) {
+    slot s = call<T>("all_to_all", in.data(), out.data(), in.size(), out.size());
+    s.send_counts = send_counts.data();
+    s.recv_counts = recv_counts.data();
+    s.counts_size = send_counts.size() == recv_counts.size() ? send_counts.size() : 0;
+    publish(me, s);
+    barrier_.arrive_and_wait();
+    const closing_barrier closing(barrier_);
+    check_same_call();
+    check_all_to_all(me);
+    std::size_t out_offset = 0;
+    for (std::size_t i = 0; i < size(); ++i) {
+      const slot& src = slots_[i];
+      std::size_t in_offset = 0;
+      for (std::size_t j = 0; j < me; ++j) in_offset += src.send_counts[j];
+      copy_elements(out.data() + out_offset, static_cast<const T*>(src.in) + in_offset, recv_counts[i]);
+      out_offset += recv_counts[i];
+    }
+  }
+
+  /// @brief Blocks until member `to` has received `data` with a matching recv.
+  template <class T>
+  void send(std::size_t me, std::span<const T> data, std::size_t to, int tag) {
+    check_peer("send", me, to, tag);
+    std::unique_lock lock(mail_mutex_);
+    const auto mine = post_for({me, to, tag});
+    mine->data = data.data();
+    mine->count = data.size();
+    mine->posted = true;
+    mail_ready_.notify_all();
+    mail_ready_.wait(lock, [&] { return mine->done || mail_aborted_; });
+    if (!mine->done) {  // withdraw the post: its buffer is about to go away
+      if (auto it = mailbox_.find({me, to, tag}); it != mailbox_.end() && it->second == mine) mailbox_.erase(it);
+      throw collective_aborted("send aborted: another place of the group failed");
+    }
+    if (!mine->problem.empty()) throw mismatch_error(mine->problem);
+  }
+
+  /// @brief Receives exactly `data.size()` elements from member `from` (an error on both
+  /// sides when the sizes differ).
+  template <class T>
+  void recv(std::size_t me, std::span<T> data, std::size_t from, int tag) {
+    check_peer("recv", me, from, tag);
+    std::unique_lock lock(mail_mutex_);
+    const auto theirs = post_for({from, me, tag});
+    mail_ready_.wait(lock, [&] { return mail_aborted_ || theirs->posted; });
+    if (mail_aborted_) throw collective_aborted("recv aborted: another place of the group failed");
+    mailbox_.erase({from, me, tag});  // consumed: the next send with this key makes a new post
+    if (theirs->count != data.size())
+      theirs->problem = "send/recv: " + names_[from] + " sent " + std::to_string(theirs->count) + " elements with tag " +
+                        std::to_string(tag) + " but " + names_[me] + " expects " + std::to_string(data.size());
+    else
+      copy_elements(data.data(), static_cast<const T*>(theirs->data), data.size());
+    theirs->done = true;
+    mail_ready_.notify_all();
+    if (!theirs->problem.empty()) throw mismatch_error(theirs->problem);
+  }
+
+ private:
+  struct slot {
+    const void* in = nullptr;
+    void* out = nullptr;
+    std::size_t in_count = 0;
+    std::size_t out_count = 0;
+    const std::size_t* send_counts = nullptr;
+    const std::size_t* recv_counts = nullptr;
+    std::size_t counts_size = 0;
+    std::string_view collective;  ///< what the member called
+    char element_kind = 0;        ///< its element type (see collective_call_text; 0 for a barrier)
+    std::size_t element_bytes = 0;
+    int op = -1;  ///< its reduce_op, or -1
+  };
+  struct post {
+    const void* data = nullptr;
+    std::size_t count = 0;
+    bool posted = false;
+    bool done = false;
+    std::string problem;
+  };
+
+  void publish(std::size_t me, const slot& s) { slots_[me] = s; }
+
+  /// @brief `s` marked as a call of `collective` over elements of type T (reducing with `op`).
+  template <class T>
+  static slot call(std::string_view collective, const void* in, void* out, std::size_t in_count, std::size_t out_count, int op = -1) {
+    slot s;
+    s.in = in;
+    s.out = out;
+    s.in_count = in_count;
+    s.out_count = out_count;
+    s.collective = collective;
+    s.element_kind = element_kind<T>();
+    s.element_bytes = sizeof(T);
+    s.op = op;
+    return s;
+  }
+  template <class T>
+  static slot call(std::string_view collective, const void* in, void* out, std::size_t in_count, std::size_t out_count, reduce_op op) {
+    return call<T>(collective, in, out, in_count, out_count, static_cast<int>(op));
+  }
+
+  static std::string call_text(const slot& s) { return collective_call_text(s.collective, s.element_kind, s.element_bytes, s.op); }
+
+  /// @brief An error on every member when the members called different collectives, or one
+  /// over another element type or with another reduction.
+  PDO_NOINLINE void check_same_call() const {
+    const slot& first = slots_[0];
+    for (const slot& s : slots_)
+      if (s.collective != first.collective || s.element_kind != first.element_kind || s.element_bytes != first.element_bytes || s.op != first.op) {
+        std::string calls;
+        for (std::size_t k = 0; k < size(); ++k) calls += (k ? ", " : "") + names_[k] + " in " + call_text(slots_[k]);
+        fail_after_barrier(std::string(first.collective) +
+                           ": the members of the group called different collectives (" + calls +
+                           "); every member of a group must call the same collectives, over the same element type, in the same order");
+      }
+  }
+
+  using mail_key = std::tuple<std::size_t, std::size_t, int>;  ///< from, to, tag
+
+  /// @brief The post for `key`, made by whichever of sender and receiver comes first.
+  std::shared_ptr<post> post_for(const mail_key& key) {
+    auto& slot = mailbox_[key];
+    if (!slot) slot = std::make_shared<post>();
+    return slot;
+  }
+
+  void check_peer(const char* op, std::size_t me, std::size_t peer, int tag) const {
+    if (peer >= size() || peer == me || tag < 0)
+      throw communication_error(std::string(op) + ": " + names_[me] + " named member " + std::to_string(peer) +
+                                " with tag " + std::to_string(tag) + "; the peer must be another member of the group of " +
+                                std::to_string(size()) + " and the tag non-negative");
+  }
+
+  /// @brief The error every member of a collective finds alike; the closing barrier of
+  /// the collective is passed as the exception leaves its scope.
+  [[noreturn]] static void fail_after_barrier(const std::string& what) { throw mismatch_error(what); }
+
+  std::string counts_text(std::size_t slot::*field) const {
+    std::string text;
+    for (std::size_t k = 0; k < size(); ++k)
+      text += (k ? ", " : "") + names_[k] + ": " + std::to_string(slots_[k].*field);
+    return text;
+  }
+
+  void check_equal_counts(const char* op, std::size_t slot::*field, std::size_t) {
+    for (const slot& s : slots_)
+      if (s.*field != slots_[0].*field)
+        fail_after_barrier(std::string(op) + ": members called it with different sizes (" + counts_text(field) + ")");
+  }
+
+  void check_total(const char* op, std::size_t, bool outputs_sum_to_input = false) {
+    std::size_t total = 0;
+    if (outputs_sum_to_input) {
+      for (const slot& s : slots_) total += s.out_count;
+      if (total != slots_[0].in_count)
+        fail_after_barrier(std::string(op) + ": outputs add up to " + std::to_string(total) +
+                           " elements but the input has " + std::to_string(slots_[0].in_count) + " (" +
+                           counts_text(&slot::out_count) + ")");
+      return;
+    }
+    for (const slot& s : slots_) total += s.in_count;
+    for (const slot& s : slots_)
+      if (s.out_count != total)
+        fail_after_barrier(std::string(op) + ": inputs add up to " + std::to_string(total) +
+                           " elements but outputs hold (" + counts_text(&slot::out_count) + ")");
+  }
+
+  void check_all_to_all(std::size_t) {
+    for (std::size_t i = 0; i < size(); ++i) {
+      const slot& si = slots_[i];
+      std::size_t sent = 0, received = 0;
+      if (si.counts_size != size())
+        fail_after_barrier("all_to_all: " + names_[i] + " gave send and receive counts that are not one per member of a group of " +
+                           std::to_string(size()));
+      for (std::size_t j = 0; j < size(); ++j) {
+        sent += si.send_counts[j];
+        received += si.recv_counts[j];
+      }
+      if (sent != si.in_count || received != si.out_count)
+        fail_after_barrier("all_to_all: " + names_[i] + "'s counts do not add up to its buffers");
+    }
+    for (std::size_t i = 0; i < size(); ++i)
+      for (std::size_t j = 0; j < size(); ++j)
+        if (slots_[i].send_counts[j] != slots_[j].recv_counts[i])
+          fail_after_barrier("all_to_all: " + names_[i] + " sends " + std::to_string(slots_[i].send_counts[j]) +
+                             " elements to " + names_[j] + ", which expects " +
+                             std::to_string(slots_[j].recv_counts[i]));
+  }
+
+  std::vector<std::string> names_;
+  std::vector<slot> slots_;
+  group_barrier barrier_;
+
+  std::mutex mail_mutex_;
+  std::condition_variable mail_ready_;
+  std::map<mail_key, std::shared_ptr<post>> mailbox_;
+  bool mail_aborted_ = false;
+};
+
+}  // namespace pdo::detail
+#endif  // PDO_SINGLE_PDO_COMM_THREADS_LOCAL_GROUP_HPP
+// ---- pdo/place/mesh.hpp
+#ifndef PDO_SINGLE_PDO_PLACE_MESH_HPP
+#define PDO_SINGLE_PDO_PLACE_MESH_HPP
+// pdo/place/mesh.hpp: an N-D grid of places with named axes, in one process or many.
+
+// ---- pdo/core/fixed_string.hpp
+#ifndef PDO_SINGLE_PDO_CORE_FIXED_STRING_HPP
+#define PDO_SINGLE_PDO_CORE_FIXED_STRING_HPP
+// pdo/core/fixed_string.hpp: a string usable as a template argument (mesh axis names).
+
+#include <algorithm>
+#include <cstddef>
+#include <string_view>
+
+namespace pdo {
+
+/// @brief A compile-time string literal, usable as a non-type template parameter
+/// (`pdo::split<"dp">`, `pdo::mesh<"dp", "tp">`).
+template <std::size_t N>
+struct fixed_string {
+  char chars[N]{};  ///< the characters, then the literal's terminating NUL
+
+  /// @brief The literal `text` (implicit, so `split<"dp">` works).
+  constexpr fixed_string(const char (&text)[N]) { std::copy_n(text, N, chars); }
+  /// @brief The first N - 1 characters of `text`, at compile time (a name kept as a string_view);
+  /// a shorter `text` is padded with NULs.
+  constexpr explicit fixed_string(std::string_view text) { std::copy_n(text.data(), std::min(text.size(), N - 1), chars); }
+
+  /// @brief The N - 1 characters, without the terminator.
+  [[nodiscard]] constexpr std::string_view view() const { return {chars, N - 1}; }
+  /// @brief view(), implicitly.
+  [[nodiscard]] constexpr operator std::string_view() const { return view(); }
+
+  /// @brief Whether both hold the same characters (strings of different lengths compare unequal).
+  template <std::size_t M>
+  [[nodiscard]] constexpr bool operator==(const fixed_string<M>& other) const {
+    return view() == other.view();
+  }
+};
+
+namespace detail {
+/// @brief Value `I` of a pack of values (the name of mesh axis I, say).
+template <std::size_t I, auto First, auto... Rest>
+constexpr auto nth_value() {
+  if constexpr (I == 0) return First;
+  else return nth_value<I - 1, Rest...>();
+}
+}  // namespace detail
+
+}  // namespace pdo
+#endif  // PDO_SINGLE_PDO_CORE_FIXED_STRING_HPP
 
 #include <algorithm>
 #include <array>
@@ -4058,447 +5176,6 @@ inline std::shared_ptr<host_group> make_host_group(const mesh_state& m, const st
 
 }  // namespace pdo::detail
 #endif  // PDO_SINGLE_PDO_COMM_HOST_GROUP_HPP
-// ---- pdo/place/cuda_place.hpp
-#ifndef PDO_SINGLE_PDO_PLACE_CUDA_PLACE_HPP
-#define PDO_SINGLE_PDO_PLACE_CUDA_PLACE_HPP
-// pdo/place/cuda_place.hpp: GPU places. The type always exists, so generic code and
-// meshes can name it; creating one needs a build with PDO_WITH_CUDA.
-//
-// A GPU place is a set of host lanes (threads) that drive one device, with three streams:
-// compute (every kernel, cuBLAS call and copy of the place, in order), communication (NCCL)
-// and copy (the copies its copy lane makes: batches prefetched onto it), ordered against each
-// other by events, never by a device-wide synchronisation. Its
-// caching allocator takes device memory from the stream-ordered allocator
-// (cudaMallocAsync on the compute stream; cudaMalloc where the device has no memory
-// pools), with the same statistics and cap as CPU places. A block freed on the host is
-// reused by later work of the compute stream, which runs after the work that used it.
-
-
-#include <cstddef>
-#include <memory>
-#include <string>
-#include <utility>
-#include <vector>
-
-#if defined(PDO_WITH_CUDA)
-#include <cublas_v2.h>
-#include <cuda_runtime_api.h>
-
-#include <chrono>
-#include <functional>
-#include <map>
-#include <mutex>
-#include <set>
-#include <thread>
-#endif
-
-namespace pdo {
-
-namespace detail {
-/// @brief True when this translation unit was built with the CUDA backend.
-#if defined(PDO_WITH_CUDA)
-inline constexpr bool cuda_enabled = true;
-#else
-inline constexpr bool cuda_enabled = false;
-#endif
-
-/// @brief The error for work on a GPU place in a build without the CUDA backend.
-[[noreturn]] inline void no_cuda(const std::string& what, const std::string& place) {
-  throw error(what + " on " + place + ": this program was built without the CUDA backend (PDO_WITH_CUDA)");
-}
-
-#if defined(PDO_WITH_CUDA)
-/// @brief "out of memory (cudaErrorMemoryAllocation)".
-inline std::string cuda_status(cudaError_t status) {
-  return std::string(cudaGetErrorString(status)) + " (" + cudaGetErrorName(status) + ")";
-}
-
-/// @brief Throws, for a failed CUDA runtime call, a pdo::error naming the call and the
-/// place (pdo::out_of_memory when the device is out of memory).
-inline void cuda_check(cudaError_t status, const char* call, const std::string& where) {
-  if (status == cudaSuccess) return;
-  (void)cudaGetLastError();  // clears the error unless it is sticky
-  const std::string message = std::string(call) + " on " + where + ": " + cuda_status(status);
-  if (status == cudaErrorMemoryAllocation) throw out_of_memory(message);
-  throw error(message);
-}
-
-/// @brief Throws, for a failed cuBLAS call, a pdo::error naming the call and the place.
-inline void cublas_check(cublasStatus_t status, const char* call, const std::string& where) {
-  if (status == CUBLAS_STATUS_SUCCESS) return;
-  throw error(std::string(call) + " on " + where + ": " + cublasGetStatusString(status));
-}
-
-/// @brief Makes `device` the calling thread's current device for its lifetime, and
-/// restores the one before (host threads that are not a place's lanes keep theirs).
-class device_guard {
- public:
-  explicit device_guard(int device) {
-    if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
-    if (previous_ != device) cudaSetDevice(device);
-  }
-  ~device_guard() {
-    if (previous_ >= 0) cudaSetDevice(previous_);
-  }
-  device_guard(const device_guard&) = delete;
-  device_guard& operator=(const device_guard&) = delete;
-
- private:
-  int previous_ = -1;
-};
-
-/// @brief A GPU place's device resources: its streams, its cuBLAS handle (bound to the
-/// compute stream), two pinned host buffers for copies staged through the host, and the
-/// checks of the NCCL communicators that use its streams (see failures()).
-struct cuda_device {
-  int ordinal = 0;
-  std::string name;
-  bool pools = false;  ///< the device supports the stream-ordered allocator
-  cudaStream_t compute = nullptr;
-  cudaStream_t comm = nullptr;
-  cudaStream_t copy = nullptr;  ///< the copy lane's copies
-  cublasHandle_t blas = nullptr;
-
-  std::mutex order_mutex;            ///< guards order_event between its record and the wait on it
-  cudaEvent_t order_event = nullptr;  ///< marks work of this device's streams that another stream waits for
-
-  static constexpr std::size_t staging_bytes = std::size_t{4} << 20;
-  std::mutex staging_mutex;      ///< one staged copy from this device at a time
-  void* staging[2] = {nullptr, nullptr};
-  cudaEvent_t staged[2] = {nullptr, nullptr};      ///< buffer b holds its chunk (an event of this device)
-  cudaEvent_t last_upload[2] = {nullptr, nullptr};  ///< buffer b's last upload has read it (an event of that upload's device)
-  std::map<int, cudaEvent_t> upload_events[2];      ///< per destination device: the events made there for buffer b
-
-  std::mutex checks_mutex;
-  std::vector<std::pair<const void*, std::function<std::string()>>> checks;  ///< owner, check
-
-  cuda_device(int device, std::string label) : ordinal(device), name(std::move(label)) {
-    device_guard guard(device);
-    int supported = 0;
-    cuda_check(cudaDeviceGetAttribute(&supported, cudaDevAttrMemoryPoolsSupported, device), "cudaDeviceGetAttribute", name);
-    pools = supported != 0;
-    cuda_check(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking), "cudaStreamCreateWithFlags", name);
-    cuda_check(cudaStreamCreateWithFlags(&comm, cudaStreamNonBlocking), "cudaStreamCreateWithFlags", name);
-    cuda_check(cudaStreamCreateWithFlags(&copy, cudaStreamNonBlocking), "cudaStreamCreateWithFlags", name);
-    cublas_check(cublasCreate(&blas), "cublasCreate", name);
-    cublas_check(cublasSetStream(blas, compute), "cublasSetStream", name);
-    cuda_check(cudaEventCreateWithFlags(&order_event, cudaEventDisableTiming), "cudaEventCreateWithFlags", name);
-  }
-  ~cuda_device() {
-    {
-      device_guard guard(ordinal);
-      if (compute) cudaStreamSynchronize(compute);
-      if (comm) cudaStreamSynchronize(comm);
-      if (copy) cudaStreamSynchronize(copy);
-    }
-    for (int b = 0; b < 2; ++b) {
-      if (last_upload[b]) cudaEventSynchronize(last_upload[b]);  // the upload from the buffer has read it
-      for (auto& [device, event] : upload_events[b]) {
-        device_guard guard(device);
-        cudaEventDestroy(event);
-      }
-      device_guard guard(ordinal);
-      if (staged[b]) cudaEventDestroy(staged[b]);
-      if (staging[b]) cudaFreeHost(staging[b]);
-    }
-    device_guard guard(ordinal);
-    if (order_event) cudaEventDestroy(order_event);
-    if (blas) cublasDestroy(blas);
-    if (copy) cudaStreamDestroy(copy);
-    if (comm) cudaStreamDestroy(comm);
-    if (compute) cudaStreamDestroy(compute);
-  }
-  cuda_device(const cuda_device&) = delete;
-  cuda_device& operator=(const cuda_device&) = delete;
-
-  /// @brief Makes `later` (a stream of any device) wait, without a host wait, for the work
-  /// queued so far on `mine`, a stream of this device (the event must be made here).
-  void make_wait(cudaStream_t later, cudaStream_t mine) {
-    if (later == mine) return;
-    std::lock_guard lock(order_mutex);  // the wait takes the record made just before it
-    device_guard guard(ordinal);
-    cuda_check(cudaEventRecord(order_event, mine), "cudaEventRecord", name);
-    cuda_check(cudaStreamWaitEvent(later, order_event, 0), "cudaStreamWaitEvent", name);
-  }
-
-  /// @brief The pinned buffers and their events, made on first use (the caller holds staging_mutex).
-  void ensure_staging() {
-    if (staging[0]) return;
-    device_guard guard(ordinal);
-    for (int b = 0; b < 2; ++b) {
-      cuda_check(cudaHostAlloc(&staging[b], staging_bytes, cudaHostAllocPortable), "cudaHostAlloc", name);
-      cuda_check(cudaEventCreateWithFlags(&staged[b], cudaEventDisableTiming), "cudaEventCreateWithFlags", name);
-    }
-  }
-  /// @brief The event that marks an upload from buffer b on device `destination` (made there:
-  /// an event is recorded only on streams of its own device).
-  cudaEvent_t upload_event(int b, int destination) {
-    auto& event = upload_events[b][destination];
-    if (event == nullptr) {
-      device_guard guard(destination);
-      cuda_check(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreateWithFlags", name);
-    }
-    return event;
-  }
-
-  /// @brief Adds a check of the work queued on this device's streams (an NCCL communicator's
-  /// asynchronous error): it returns what failed, after releasing the streams, or "".
-  void add_check(const void* owner, std::function<std::string()> check) {
-    std::lock_guard lock(checks_mutex);
-    checks.emplace_back(owner, std::move(check));
-  }
-  void remove_checks(const void* owner) {
-    std::lock_guard lock(checks_mutex);
-    std::erase_if(checks, [&](const auto& c) { return c.first == owner; });
-  }
-  /// @brief What the checks found failed ("" when nothing did); a check whose text starts
-  /// with '~' reports only the echo of another failure (an abort).
-  std::string failures() {
-    std::lock_guard lock(checks_mutex);
-    std::string found;
-    for (auto& [owner, check] : checks)
-      if (std::string f = check(); !f.empty() && (found.empty() || found[0] == '~')) found = f;
-    return found;
-  }
-};
-
-/// @brief Throws what the checks of `d` found failed, if anything: pdo::communication_error
-/// for a failure, pdo::collective_aborted for the echo of one (an aborted communicator).
-inline void throw_failures(cuda_device& d) {
-  const std::string failed = d.failures();
-  if (failed.empty()) return;
-  if (failed[0] == '~') throw collective_aborted("waiting for the work of " + d.name + ": " + failed.substr(1));
-  throw communication_error("waiting for the work of " + d.name + ": " + failed);
-}
-
-/// @brief Polls `done()` on the host until it holds (true), yielding the core between polls,
-/// then sleeping a little; every 64 polls asks `go_on()` whether to keep waiting (false: gives
-/// up, false). How every wait for a device's work watches that device.
-template <class Done, class GoOn>
-bool poll_device(Done done, GoOn go_on) {
-  for (unsigned spins = 0;; ++spins) {
-    if (done()) return true;
-    if ((spins & 63) == 63 && !go_on()) return false;
-    if (spins < 256) std::this_thread::yield();
-    else std::this_thread::sleep_for(std::chrono::microseconds(20));
-  }
-}
-
-/// @brief Waits until the work queued on `stream` (a stream of `d`) has finished, watching
-/// the checks of `d` meanwhile: a collective that can no longer complete (a failed or aborted
-/// NCCL communicator) is a pdo::error naming the place, never a hang.
-inline void wait_for_stream(cuda_device& d, cudaStream_t stream) {
-  device_guard guard(d.ordinal);
-  poll_device(
-      [&] {
-        const cudaError_t state = cudaStreamQuery(stream);
-        if (state != cudaSuccess && state != cudaErrorNotReady) cuda_check(state, "cudaStreamQuery", d.name);
-        return state == cudaSuccess;
-      },
-      [&] {
-        throw_failures(d);
-        return true;
-      });
-  throw_failures(d);  // work that completed after an asynchronous failure may hold garbage
-}
-
-/// @brief Lets `device` read and write the memory of `peer` directly (peer access, and the
-/// allocations of peer's memory pool), once per pair; false where the devices cannot.
-inline bool enable_peer_access(int device, int peer) {
-  static std::mutex mutex;
-  static std::map<std::pair<int, int>, bool> known;
-  std::lock_guard lock(mutex);
-  if (auto it = known.find({device, peer}); it != known.end()) return it->second;
-  int can = 0;
-  cuda_check(cudaDeviceCanAccessPeer(&can, device, peer), "cudaDeviceCanAccessPeer", "cuda:" + std::to_string(device));
-  if (can != 0) {
-    device_guard guard(device);
-    const cudaError_t status = cudaDeviceEnablePeerAccess(peer, 0);
-    if (status == cudaErrorPeerAccessAlreadyEnabled) (void)cudaGetLastError();
-    else cuda_check(status, "cudaDeviceEnablePeerAccess", "cuda:" + std::to_string(device));
-    int pools = 0;
-    cuda_check(cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, peer), "cudaDeviceGetAttribute", "cuda:" + std::to_string(peer));
-    if (pools != 0) {  // pool allocations are reachable from other devices only where the pool says so
-      cudaMemPool_t pool = nullptr;
-      cuda_check(cudaDeviceGetDefaultMemPool(&pool, peer), "cudaDeviceGetDefaultMemPool", "cuda:" + std::to_string(peer));
-      cudaMemAccessDesc access{};
-      access.location.type = cudaMemLocationTypeDevice;
-      access.location.id = device;
-      access.flags = cudaMemAccessFlagsProtReadWrite;
-      cuda_check(cudaMemPoolSetAccess(pool, &access, 1), "cudaMemPoolSetAccess", "cuda:" + std::to_string(peer));
-    }
-  }
-  known[{device, peer}] = can != 0;
-  return can != 0;
-}
-
-/// @brief The device resources of GPU place `p`.
-inline cuda_device& cuda_device_of(const place_state& p) { return *static_cast<cuda_device*>(p.device.get()); }
-
-/// @brief Device memory for a GPU place's caching allocator: stream-ordered on its
-/// compute stream where the device supports it.
-inline memory_system cuda_memory_system(cuda_device& device) {
-  return {[](std::size_t bytes, void* context) -> void* {
-            auto& d = *static_cast<cuda_device*>(context);
-            device_guard guard(d.ordinal);
-            void* p = nullptr;
-            const cudaError_t status = d.pools ? cudaMallocAsync(&p, bytes, d.compute) : cudaMalloc(&p, bytes);
-            if (status != cudaSuccess) {
-              (void)cudaGetLastError();
-              return nullptr;
-            }
-            return p;
-          },
-          [](void* p, std::size_t, void* context) noexcept {
-            auto& d = *static_cast<cuda_device*>(context);
-            device_guard guard(d.ordinal);
-            if (d.pools) cudaFreeAsync(p, d.compute);
-            else cudaFree(p);
-          },
-          &device, "cuda"};
-}
-#endif
-}  // namespace detail
-
-/// @brief How a GPU place is made.
-struct cuda_place_options {
-  std::size_t memory_cap = 0;  ///< bytes the place may hold (0: no cap)
-  std::string name;            ///< empty: "cuda:<device>"
-  int process = 0;             ///< the MPI rank that owns it
-};
-
-/// @brief A CUDA GPU place: host lanes that drive device `ordinal`, its
-/// compute, communication and copy streams, and a caching allocator of device memory with the
-/// same statistics and cap as CPU places.
-class cuda_place : public detail::place_handle<cuda_place> {
- public:
-  /// @brief A handle to the GPU place behind `state`.
-  explicit cuda_place(std::shared_ptr<detail::place_state> state) : place_handle(std::move(state)) {}
-
-#if defined(PDO_WITH_CUDA)
-  /// @brief A new place for GPU `device`, with an optional memory cap in bytes.
-  explicit cuda_place(int device, std::size_t memory_cap = 0) : cuda_place(device, cuda_place_options{memory_cap, "", 0}) {}
-  /// @brief A new place for GPU `device`, made as `options` say.
-  cuda_place(int device, const cuda_place_options& options)
-      : place_handle(std::make_shared<detail::place_state>(place_kind::cuda, device, options.process, true, std::vector<int>{},
-                                                           options.name.empty() ? "cuda:" + std::to_string(device) : options.name)) {
-    const std::size_t memory_cap = options.memory_cap;
-    auto resources = std::make_shared<detail::cuda_device>(device, state_->name);
-    state_->device = resources;
-    state_->memory = std::make_unique<caching_allocator>(state_->name, memory_cap, detail::cuda_memory_system(*resources));
-    detail::start_lanes(*state_, {}, [device] { cudaSetDevice(device); });
-  }
-
-  /// @brief The stream every kernel, cuBLAS call and copy of this place runs on, in order
-  /// (but the copies of its copy lane).
-  [[nodiscard]] cudaStream_t compute_stream() const { return resources().compute; }
-  /// @brief The stream the place's NCCL collectives run on.
-  [[nodiscard]] cudaStream_t comm_stream() const { return resources().comm; }
-  /// @brief The stream of the copies made on the place's copy lane (pdo::prefetch): each
-  /// after the work queued so far on the compute stream, and complete before its task ends.
-  [[nodiscard]] cudaStream_t copy_stream() const { return resources().copy; }
-  /// @brief Waits until the work queued on its streams has finished (not a device-wide
-  /// synchronisation); a collective that can no longer complete is a pdo::communication_error.
-  void synchronize() const {
-    detail::wait_for_stream(resources(), resources().compute);
-    detail::wait_for_stream(resources(), resources().comm);
-    detail::wait_for_stream(resources(), resources().copy);
-  }
-  /// @brief Whether this device can read and write `other`'s memory directly (peer copies).
-  [[nodiscard]] bool can_access_peer(const cuda_place& other) const {
-    int can = 0;
-    detail::cuda_check(cudaDeviceCanAccessPeer(&can, device(), other.device()), "cudaDeviceCanAccessPeer", name());
-    return can != 0;
-  }
-#endif
-
-  /// @brief The CUDA device ordinal.
-  [[nodiscard]] int device() const { return ordinal(); }
-
- private:
-#if defined(PDO_WITH_CUDA)
-  [[nodiscard]] detail::cuda_device& resources() const { return detail::cuda_device_of(*state_); }
-#endif
-};
-
-#if defined(PDO_WITH_CUDA)
-/// @brief A CUDA event, to order work across the streams of one place or of several:
-/// record() marks the work queued so far on a stream; wait() makes another stream's
-/// later work wait for it, without blocking the host; synchronize() blocks the host. The
-/// event is made on the device of the stream it is first recorded on (an event is recorded
-/// only on streams of its own device), and again when recorded on another device's stream.
-class cuda_event {
- public:
-  cuda_event() = default;
-  ~cuda_event() {
-    if (event_) cudaEventDestroy(event_);
-  }
-  cuda_event(cuda_event&& other) noexcept : event_(std::exchange(other.event_, nullptr)), device_(other.device_) {}
-  cuda_event& operator=(cuda_event&& other) noexcept {
-    std::swap(event_, other.event_);
-    std::swap(device_, other.device_);
-    return *this;
-  }
-  cuda_event(const cuda_event&) = delete;
-  cuda_event& operator=(const cuda_event&) = delete;
-
-  void record(cudaStream_t stream) {
-    int device = 0;
-    detail::cuda_check(cudaStreamGetDevice(stream, &device), "cudaStreamGetDevice", "host");
-    detail::device_guard guard(device);
-    if (event_ != nullptr && device != device_) {
-      cudaEventDestroy(event_);  // waits queued on it still see it complete
-      event_ = nullptr;
-    }
-    if (event_ == nullptr) {
-      detail::cuda_check(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming), "cudaEventCreateWithFlags", "cuda:" + std::to_string(device));
-      device_ = device;
-    }
-    detail::cuda_check(cudaEventRecord(event_, stream), "cudaEventRecord", "cuda:" + std::to_string(device));
-  }
-  /// @brief Makes `stream`'s later work wait for the last record (nothing before a record).
-  void wait(cudaStream_t stream) const {
-    if (event_ != nullptr) detail::cuda_check(cudaStreamWaitEvent(stream, event_, 0), "cudaStreamWaitEvent", "host");
-  }
-  void synchronize() const {
-    if (event_ != nullptr) detail::cuda_check(cudaEventSynchronize(event_), "cudaEventSynchronize", "host");
-  }
-  /// @brief Whether the recorded work has finished.
-  [[nodiscard]] bool done() const { return event_ == nullptr || cudaEventQuery(event_) == cudaSuccess; }
-  /// @brief The CUDA event (null before the first record).
-  [[nodiscard]] cudaEvent_t native() const { return event_; }
-
- private:
-  cudaEvent_t event_ = nullptr;
-  int device_ = -1;
-};
-
-/// @brief Why there is no GPU place to make, or an empty string when there is one.
-inline std::string cuda_unavailable_reason() {
-  int count = 0;
-  const cudaError_t status = cudaGetDeviceCount(&count);
-  if (status != cudaSuccess) {
-    (void)cudaGetLastError();
-    return "cudaGetDeviceCount: " + detail::cuda_status(status);
-  }
-  return count == 0 ? "cudaGetDeviceCount found no device" : "";
-}
-
-/// @brief One place per visible GPU (none when the machine has no usable GPU; see cuda_unavailable_reason).
-inline std::vector<cuda_place> cuda_places(std::size_t memory_cap = 0) {
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess) {
-    (void)cudaGetLastError();
-    count = 0;
-  }
-  std::vector<cuda_place> places;
-  for (int d = 0; d < count; ++d) places.emplace_back(d, memory_cap);
-  return places;
-}
-#endif
-
-}  // namespace pdo
-#endif  // PDO_SINGLE_PDO_PLACE_CUDA_PLACE_HPP
 
 #if defined(PDO_WITH_MPI)
 #endif
@@ -6487,659 +7164,6 @@ void spmd(const Mesh& m, Task&& task) {
 // runs is exec's (pdo/exec/run_plan.hpp): a node's kernel reads its operands through the
 // context it is given.
 
-// ---- pdo/kernels/place_system.hpp
-#ifndef PDO_SINGLE_PDO_KERNELS_PLACE_SYSTEM_HPP
-#define PDO_SINGLE_PDO_KERNELS_PLACE_SYSTEM_HPP
-// pdo/kernels/place_system.hpp: a Thrust system per backend (a CPU place's cores, a GPU place's
-// compute stream), each with its own algorithms, and the system of the place a kernel runs on.
-
-// ---- pdo/kernels/cuda_system.hpp
-#ifndef PDO_SINGLE_PDO_KERNELS_CUDA_SYSTEM_HPP
-#define PDO_SINGLE_PDO_KERNELS_CUDA_SYSTEM_HPP
-// pdo/kernels/cuda_system.hpp: the algorithms of pdo's kernels on a GPU place: the same
-// functors as on CPU places (each a PDO_HD functor of an output index), run on the place's
-// compute stream without waiting for them. Under nvcc they are Thrust's for_each (CUB's
-// DeviceFor), CUB's DeviceReduce and, for reductions along a dim or a row, CUB's
-// DeviceSegmentedReduce (a block of threads per long row), whose temporary storage comes from
-// the place's caching allocator (in its cap and statistics, and stream-ordered). Built against the simulated
-// devices of tests/cuda_sim (PDO_CUDA_SIMULATOR), the same functors run as the stream's
-// device work. A reduction either writes its result into device memory (no wait), or brings
-// it back to the host, waiting for its own stream only.
-//
-// In a translation unit compiled by a host compiler against the real CUDA runtime, work on
-// a GPU place that needs a kernel throws a pdo::error that says so (cuBLAS and the copies
-// need no kernel of ours and work from any translation unit).
-
-
-#include <cstddef>
-#include <cstdint>
-#include <string>
-
-// Host-only builds take Thrust's C++ system as the device system, so no CUDA header is needed.
-#if !defined(__CUDACC__) && !defined(THRUST_DEVICE_SYSTEM)
-#define THRUST_DEVICE_SYSTEM THRUST_DEVICE_SYSTEM_CPP
-#endif
-#include <thrust/iterator/counting_iterator.h>
-
-#if defined(PDO_WITH_CUDA) && defined(__CUDACC__)
-#include <cub/device/device_reduce.cuh>
-#include <cub/device/device_segmented_reduce.cuh>
-#include <thrust/iterator/transform_iterator.h>
-#include <thrust/for_each.h>
-#include <thrust/system/cuda/execution_policy.h>
-#include <thrust/system_error.h>
-#endif
-
-namespace pdo::detail {
-
-/// @brief `n` elements of T in the memory of place `p`, for the kernels of one op, given back
-/// when it goes. A GPU place's allocator is stream-ordered on its compute stream, so the kernels
-/// queued there before then still have them.
-template <class T>
-class kernel_scratch {
- public:
-  kernel_scratch(place_state& p, std::size_t n)
-      : place_(p), bytes_((n == 0 ? 1 : n) * sizeof(T)), data_(static_cast<T*>(p.memory->allocate(bytes_))) {}
-  ~kernel_scratch() { place_.memory->deallocate(data_, bytes_); }
-  kernel_scratch(const kernel_scratch&) = delete;
-  kernel_scratch& operator=(const kernel_scratch&) = delete;
-  [[nodiscard]] T* data() const { return data_; }
-
- private:
-  place_state& place_;
-  std::size_t bytes_;
-  T* data_;
-};
-
-/// @brief Segment s of a segmented reduction: reduce over k in [0, length) of f(s, k) with
-/// `op`, from `init`, in order; one work item per segment (a CPU place's loop, and a GPU's
-/// kernel for short segments).
-template <class F, class T, class Op>
-struct reduce_segment {
-  F f;
-  T init;
-  Op op;
-  std::size_t length;
-  PDO_HD T operator()(std::size_t s) const {
-    T acc = init;
-    for (std::size_t k = 0; k < length; ++k) acc = op(acc, f(s, k));
-    return acc;
-  }
-};
-
-/// @brief Segments at least this long are reduced by a block of GPU threads each (CUB's
-/// segmented reduction); shorter ones by one thread each.
-inline constexpr std::size_t long_segment = 256;
-
-#if defined(PDO_WITH_CUDA) && (defined(__CUDACC__) || defined(PDO_CUDA_SIMULATOR))
-inline constexpr bool cuda_kernels_enabled = true;
-
-/// @brief out[i - base] = f(i): a transform over an index range as one for_each work item.
-template <class Out, class F>
-struct write_element {
-  Out out;
-  F f;
-  std::size_t base;
-  PDO_HD void operator()(std::size_t i) const { out[i - base] = f(i); }
-};
-
-/// @brief out[0] = reduce over k in [first, last) of f(k), from `init`, sequentially: the
-/// simulator's reduction kernel.
-template <class F, class T, class Op>
-struct reduce_range {
-  F f;
-  T init;
-  Op op;
-  std::size_t first, last;
-  T* out;
-  PDO_HD void operator()(std::size_t) const {
-    T acc = init;
-    for (std::size_t k = first; k < last; ++k) acc = op(acc, f(k));
-    *out = acc;
-  }
-};
-
-#if defined(__CUDACC__)
-/// @brief Runs `launch(policy)` with the CUDA policy of GPU place `p` (its compute stream),
-/// turning Thrust's and CUDA's failures into a pdo::error naming the place.
-template <class Launch>
-auto on_gpu_stream(place_state& p, const char* what, Launch&& launch) {
-  cuda_device& d = cuda_device_of(p);
-  device_guard guard(d.ordinal);
-  try {
-    auto result = launch(thrust::cuda::par_nosync.on(d.compute));
-    cuda_check(cudaGetLastError(), what, p.name);
-    return result;
-  } catch (const thrust::system_error& e) {
-    throw error(std::string(what) + " on " + p.name + ": " + e.what());
-  }
-}
-
-/// @brief f(first + k) for k in [0, n) on the place's compute stream, as Thrust's for_each
-/// (CUB's DeviceFor: one kernel per functor).
-template <class F>
-void launch_indices(place_state& p, std::size_t first, std::size_t n, F f, const char* what) {
-  on_gpu_stream(p, what, [&](auto policy) { return thrust::for_each_n(policy, thrust::counting_iterator<std::size_t>(first), n, f); });
-}
-
-/// @brief out[0] = reduce of f over [first, last) on the place's compute stream: CUB's
-/// DeviceReduce, its temporary storage from the place's allocator (freed, stream-ordered,
-/// once the reduction is queued: later work of the stream reuses it only after).
-template <class F, class T, class Op>
-void launch_reduce_into(place_state& p, std::size_t first, std::size_t last, F f, T init, Op op, T* out) {
-  cuda_device& d = cuda_device_of(p);
-  device_guard guard(d.ordinal);
-  const thrust::counting_iterator<std::size_t> in(first);
-  std::size_t bytes = 0;
-  cuda_check(cub::DeviceReduce::TransformReduce(nullptr, bytes, in, out, last - first, op, f, init, d.compute),
-             "cub::DeviceReduce::TransformReduce", p.name);
-  const kernel_scratch<unsigned char> storage(p, bytes);
-  cuda_check(cub::DeviceReduce::TransformReduce(storage.data(), bytes, in, out, last - first, op, f, init, d.compute),
-             "cub::DeviceReduce::TransformReduce", p.name);
-}
-
-/// @brief f(s, k) as element s * length + k of one flat sequence, whose segments CUB reduces.
-template <class F, class T>
-struct segment_element {
-  F f;
-  std::size_t length;
-  PDO_HD T operator()(std::size_t i) const { return f(i / length, i % length); }
-};
-
-/// @brief Where segment s starts in the flat sequence.
-struct segment_start {
-  std::size_t length;
-  PDO_HD std::int64_t operator()(std::size_t s) const { return static_cast<std::int64_t>(s * length); }
-};
-
-/// @brief out[s] = reduce over k of f(s, k), for s in [0, segments), on the place's compute
-/// stream: CUB's DeviceSegmentedReduce (a block of threads per segment) for long segments whose
-/// elements are `contiguous` in memory, its temporary storage from the place's allocator; one
-/// thread per segment for short ones and for strided ones (whose threads then read neighbouring
-/// elements at each step).
-template <class F, class T, class Op, class Out>
-void launch_segmented_reduce(place_state& p, std::size_t segments, std::size_t length, bool contiguous, F f, T init, Op op, Out out) {
-  if (segments == 0) return;
-  if (length < long_segment || !contiguous) {  // strided rows: neighbouring threads read neighbouring elements
-    launch_indices(p, 0, segments, write_element<Out, reduce_segment<F, T, Op>>{out, {f, init, op, length}, 0}, "segmented reduction kernel");
-    return;
-  }
-  cuda_device& d = cuda_device_of(p);
-  device_guard guard(d.ordinal);
-  const auto in = thrust::make_transform_iterator(thrust::counting_iterator<std::size_t>(0), segment_element<F, T>{f, length});
-  const auto begins = thrust::make_transform_iterator(thrust::counting_iterator<std::size_t>(0), segment_start{length});
-  const auto ends = begins + 1;
-  const auto count = static_cast<std::int64_t>(segments);
-  std::size_t bytes = 0;
-  cuda_check(cub::DeviceSegmentedReduce::Reduce(nullptr, bytes, in, out, count, begins, ends, op, init, d.compute),
-             "cub::DeviceSegmentedReduce::Reduce", p.name);
-  const kernel_scratch<unsigned char> storage(p, bytes);
-  cuda_check(cub::DeviceSegmentedReduce::Reduce(storage.data(), bytes, in, out, count, begins, ends, op, init, d.compute),
-             "cub::DeviceSegmentedReduce::Reduce", p.name);
-}
-#else
-/// @brief f(first + k) for k in [0, n) as device work of the place's compute stream (the
-/// simulated device runs it on the stream's thread, after the work queued before it).
-template <class F>
-void launch_indices(place_state& p, std::size_t first, std::size_t n, F f, const char* what) {
-  if (n == 0) return;
-  struct job {
-    F f;
-    std::size_t first;
-  };
-  cuda_device& d = cuda_device_of(p);
-  device_guard guard(d.ordinal);
-  auto* work = new job{f, first};
-  cuda_check(cudaSimLaunchKernel(
-                 d.compute, n,
-                 [](void* args, unsigned long long begin, unsigned long long end) {
-                   const job& j = *static_cast<const job*>(args);
-                   for (unsigned long long k = begin; k < end; ++k) j.f(j.first + static_cast<std::size_t>(k));
-                 },
-                 work, [](void* args) { delete static_cast<job*>(args); }),
-             what, p.name);
-}
-
-template <class F, class T, class Op>
-void launch_reduce_into(place_state& p, std::size_t first, std::size_t last, F f, T init, Op op, T* out) {
-  launch_indices(p, 0, 1, reduce_range<F, T, Op>{f, init, op, first, last, out}, "reduction kernel");
-}
-
-/// @brief out[s] = reduce over k of f(s, k), for s in [0, segments): a work item per segment.
-template <class F, class T, class Op, class Out>
-void launch_segmented_reduce(place_state& p, std::size_t segments, std::size_t length, bool, F f, T init, Op op, Out out) {
-  launch_indices(p, 0, segments, write_element<Out, reduce_segment<F, T, Op>>{out, {f, init, op, length}, 0}, "segmented reduction kernel");
-}
-#endif
-
-/// @brief out[k] = f(first + k) on the place's compute stream.
-template <class Out, class F>
-Out gpu_transform(place_state& p, thrust::counting_iterator<std::size_t> first, thrust::counting_iterator<std::size_t> last, Out out, F f) {
-  const std::size_t n = *last - *first;
-  launch_indices(p, *first, n, write_element<Out, F>{out, f, *first}, "thrust::for_each_n");
-  return out + static_cast<std::ptrdiff_t>(n);
-}
-template <class F>
-thrust::counting_iterator<std::size_t> gpu_for_each_n(place_state& p, thrust::counting_iterator<std::size_t> first, std::size_t n, F f) {
-  launch_indices(p, *first, n, f, "thrust::for_each_n");
-  return first + static_cast<std::ptrdiff_t>(n);
-}
-
-/// @brief *out (device memory of `p`) = the reduction, queued on the place's compute stream.
-template <class F, class T, class Op>
-void gpu_transform_reduce_into(place_state& p, thrust::counting_iterator<std::size_t> first, thrust::counting_iterator<std::size_t> last,
-                               F f, T init, Op op, T* out) {
-  launch_reduce_into(p, *first, *last, f, init, op, out);
-}
-
-/// @brief out[s] (device memory of `p`) = reduce over k in [0, length) of f(s, k), for s in
-/// [0, segments), queued on the place's compute stream; `contiguous`: each segment's elements
-/// are next to each other in memory.
-template <class F, class T, class Op, class Out>
-void gpu_segmented_reduce(place_state& p, std::size_t segments, std::size_t length, bool contiguous, F f, T init, Op op, Out out) {
-  launch_segmented_reduce(p, segments, length, contiguous, f, init, op, out);
-}
-
-/// @brief The reduction, brought back to the host (waits for the place's compute stream).
-template <class F, class T, class Op>
-T gpu_transform_reduce(place_state& p, thrust::counting_iterator<std::size_t> first, thrust::counting_iterator<std::size_t> last, F f,
-                       T init, Op op) {
-  cuda_device& d = cuda_device_of(p);
-  const kernel_scratch<T> scalar(p, 1);
-  launch_reduce_into(p, *first, *last, f, init, op, scalar.data());
-  T result{};
-  device_guard guard(d.ordinal);
-  cuda_check(cudaMemcpyAsync(&result, scalar.data(), sizeof(T), cudaMemcpyDeviceToHost, d.compute), "cudaMemcpyAsync", p.name);
-  wait_for_stream(d, d.compute);
-  return result;
-}
-#else
-inline constexpr bool cuda_kernels_enabled = false;
-
-[[noreturn]] inline void no_gpu_kernels(const place_state& p) {
-  if constexpr (!cuda_enabled) no_cuda("a kernel", p.name);
-  throw error("a kernel on " + p.name + ": GPU kernels are compiled by nvcc; compile this translation unit as CUDA");
-}
-template <class Out, class First, class F>
-Out gpu_transform(place_state& p, First, First, Out, F) {
-  no_gpu_kernels(p);
-}
-template <class First, class F>
-First gpu_for_each_n(place_state& p, First, std::size_t, F) {
-  no_gpu_kernels(p);
-}
-template <class F, class T, class Op, class First>
-T gpu_transform_reduce(place_state& p, First, First, F, T, Op) {
-  no_gpu_kernels(p);
-}
-template <class F, class T, class Op, class First>
-void gpu_transform_reduce_into(place_state& p, First, First, F, T, Op, T*) {
-  no_gpu_kernels(p);
-}
-template <class F, class T, class Op, class Out>
-void gpu_segmented_reduce(place_state& p, std::size_t, std::size_t, bool, F, T, Op, Out) {
-  no_gpu_kernels(p);
-}
-#endif
-
-}  // namespace pdo::detail
-#endif  // PDO_SINGLE_PDO_KERNELS_CUDA_SYSTEM_HPP
-
-#include <thrust/functional.h>
-#include <thrust/iterator/counting_iterator.h>
-#include <thrust/for_each.h>
-#include <thrust/reduce.h>
-#include <thrust/execution_policy.h>
-#include <thrust/system/cpp/execution_policy.h>
-#include <thrust/transform.h>
-#include <thrust/transform_reduce.h>
-
-#include <cstddef>
-#include <initializer_list>
-#include <string>
-#include <string_view>
-#include <type_traits>
-#include <utility>
-
-#if defined(_OPENMP)
-#include <omp.h>
-#endif
-
-#if defined(__clang__)
-// The kernels' loops ask for vectorization (`omp simd`); those that gather (conv, pooling,
-// indexing) cannot have it, and clang's optimizer reports each such loop as a warning at the
-// place the loop was inlined into: in a user's code, or with no location at all. A
-// push/pop around the loops cannot cover those places, so the warning is off from here to the
-// end of the translation unit (it only ever reports a vectorization request that failed).
-#pragma clang diagnostic ignored "-Wpass-failed"
-#endif
-
-namespace pdo::detail {
-
-/// @brief The CPU backend: Thrust's C++ system, except for the algorithms pdo's kernels use,
-/// which it runs as vectorised loops over `threads` cores of a place (an OpenMP team,
-/// inheriting the place's pinning), found by Thrust through argument-dependent lookup.
-struct cpu_system : thrust::system::cpp::execution_policy<cpu_system> {
-  int threads = 1;
-};
-
-/// @brief The GPU backend: the algorithms pdo's kernels use, run with the same functors on the
-/// compute stream of GPU place `place` (pdo/kernels/cuda_system.hpp). It derives from Thrust's
-/// generic policy, not from a host system's: an algorithm it lacks does not compile (Thrust's
-/// generic layer asserts), rather than running host loops over device memory.
-struct gpu_system : thrust::execution_policy<gpu_system> {
-  place_state* place = nullptr;
-};
-
-/// @brief Whether backend `B` (cpu_system or gpu_system) is the GPU's: for the kernels that
-/// take another algorithm there (`if constexpr`).
-template <class B>
-inline constexpr bool gpu_backend = std::is_same_v<std::remove_cvref_t<B>, gpu_system>;
-
-/// @brief The system of the place a kernel runs on, which is known only at run time: the one
-/// run-time choice of backend. Every algorithm called with it picks the backend once, by
-/// visit(), and calls that backend's own overload (chosen at compile time). It derives from
-/// Thrust's generic policy too: a Thrust algorithm pdo has no overload for does not compile.
-struct place_system : thrust::execution_policy<place_system> {
-  int threads = 1;
-  place_state* gpu = nullptr;  ///< the GPU place whose compute stream runs the kernels, if any
-
-  /// @brief f(backend): f called with the gpu_system of `gpu`, or the cpu_system of `threads`.
-  template <class F>
-  decltype(auto) visit(F&& f) const {
-    if (gpu != nullptr) {
-      gpu_system g;
-      g.place = gpu;
-      return f(g);
-    }
-    cpu_system c;
-    c.threads = threads;
-    return f(c);
-  }
-};
-
-/// @brief The policy for the calling thread: a CPU place's compute lane uses its place's cores,
-/// a GPU place's lanes their device; any other thread, one core.
-inline place_system current_place_system() {
-  place_system s;
-  place_state* p = current_place();
-  if (p != nullptr && p->kind == place_kind::cuda) s.gpu = p;
-  else if (p != nullptr && !p->cores.empty()) s.threads = static_cast<int>(p->cores.size());
-  return s;
-}
-
-/// @brief The policy for kernel `op` on the calling thread, over operands in the memory of
-/// `operands` (each a tensor's place; null: host memory). A GPU's memory is read only by
-/// kernels on that GPU's place, and host memory only by host loops, so an operand the
-/// calling thread's place cannot read is a pdo::error naming the op and both places.
-inline place_system kernel_system(std::string_view op, std::initializer_list<place_state*> operands) {
-  place_system s = current_place_system();
-  for (place_state* operand : operands) {
-    place_state* const gpu = memory_of(operand);
-    if (gpu == s.gpu) continue;
-    const place_state* here = current_place();
-    throw error(std::string(op) + ": an operand in the memory of " + (gpu != nullptr ? gpu->name : std::string("the host")) +
-                " is used on " + (here != nullptr ? here->name : std::string("a host thread")) +
-                ", which cannot read it; run GPU work on its place (pdo::spmd, dtensor ops), or copy the tensor "
-                "there first (pdo::to_place, pdo::to_host)");
-  }
-  return s;
-}
-
-/// @brief Loops this short are not worth waking a team for.
-inline constexpr std::size_t parallel_grain = std::size_t{1} << 15;
-
-
-/// @brief Runs `body(context, t, nt)` on each thread `t` of a team of `nt` (at most
-/// `threads`; the team may be smaller: OMP_DYNAMIC, thread limits, nesting): the one OpenMP
-/// parallel region of pdo's CPU kernels. Each kernel is a plain function over a range of its
-/// indices, called here by every thread with its part: one region, compiled once, not one
-/// outlined region per kernel type (which the compilers' OpenMP passes would analyse each).
-PDO_NOINLINE inline void run_team([[maybe_unused]] int threads, void (*body)(void* context, std::size_t t, std::size_t nt),
-                                  void* context) {
-#if defined(_OPENMP)
-#pragma omp parallel num_threads(threads)
-  body(context, static_cast<std::size_t>(omp_get_thread_num()), static_cast<std::size_t>(omp_get_num_threads()));
-#else
-  body(context, 0, 1);
-#endif
-}
-
-/// @brief Part `t` of `nt` equal parts of [0, n): its first index and the next part's.
-constexpr std::pair<std::size_t, std::size_t> team_part(std::size_t n, std::size_t t, std::size_t nt) {
-  return {n * t / nt, n * (t + 1) / nt};
-}
-
-/// @brief out[k] = f(base + k) for k in [begin, end), vectorized. The functor is copied to a
-/// local, so that the stores to `out` cannot be taken to change it and its loads stay plain
-/// vector loads (a shared one turns them into gathers).
-template <class F, class Out>
-void transform_range(const F& f, std::size_t base, Out out, std::size_t begin, std::size_t end) {
-  const F local = f;
-#pragma omp simd
-  for (std::size_t k = begin; k < end; ++k) out[k] = local(base + k);
-}
-
-/// @brief f(base + k) for k in [begin, end), in order.
-template <class F>
-void for_each_range(const F& f, std::size_t base, std::size_t begin, std::size_t end) {
-  for (std::size_t k = begin; k < end; ++k) f(base + k);
-}
-
-/// @brief out[k] = f(first + k) for k in [0, last - first): the form every pdo kernel
-/// has (a functor of the output index).
-template <class F, class Out>
-Out transform([[maybe_unused]] cpu_system& system, thrust::counting_iterator<std::size_t> first, thrust::counting_iterator<std::size_t> last,
-              Out out, F f) {
-  const std::size_t base = *first, n = *last - *first;
-  if (system.threads > 1 && n >= parallel_grain) {
-    struct job {
-      const F& f;
-      std::size_t base, n;
-      Out out;
-    } j{f, base, n, out};
-    run_team(system.threads, [](void* c, std::size_t t, std::size_t nt) {
-      const job& j = *static_cast<const job*>(c);
-      const auto [begin, end] = team_part(j.n, t, nt);
-      transform_range(j.f, j.base, j.out, begin, end);
-    }, &j);
-  } else {
-    // one core: no team is started (that alone costs more than a small kernel)
-    transform_range(f, base, out, 0, n);
-  }
-  return out + static_cast<std::ptrdiff_t>(n);
-}
-
-/// @brief f(base + k) for k in [begin, end), vectorized: for elementwise items, each reading
-/// and writing its own elements. The functor is copied to a local, as in transform_range (its
-/// pointers then stay in registers, and the loads and stores through them are vector ones).
-template <class F>
-void for_each_element_range(const F& f, std::size_t base, std::size_t begin, std::size_t end) {
-  const F local = f;
-#pragma omp simd
-  for (std::size_t k = begin; k < end; ++k) local(base + k);
-}
-
-/// @brief `Range(f, base, begin, end)` over the parts of [0, n): on the place's cores, a part
-/// each, when it has several and more than `grain` items; else on the calling thread, whole.
-template <auto Range, class F>
-void over_team(const cpu_system& system, std::size_t base, std::size_t n, std::size_t grain, const F& f) {
-  if (system.threads > 1 && n > grain) {
-    struct job {
-      const F& f;
-      std::size_t base, n;
-    } j{f, base, n};
-    run_team(system.threads, [](void* c, std::size_t t, std::size_t nt) {
-      const job& j = *static_cast<const job*>(c);
-      const auto [begin, end] = team_part(j.n, t, nt);
-      Range(j.f, j.base, begin, end);
-    }, &j);
-  } else {
-    Range(f, base, 0, n);
-  }
-}
-
-/// @brief f(first + k) for k in [0, n), for elementwise work items (each writes the elements
-/// of its own index: an optimizer's update, a gradient's accumulation), vectorized, in
-/// parallel over the place's cores.
-template <class F>
-void for_each_element(cpu_system& system, thrust::counting_iterator<std::size_t> first, std::size_t n, F f) {
-  over_team<&for_each_element_range<F>>(system, *first, n, parallel_grain - 1, f);
-}
-
-/// @brief f(first + k) for k in [0, n), for work items that write several outputs each
-/// (a row of a softmax); items run in parallel over the place's cores.
-template <class F>
-thrust::counting_iterator<std::size_t> for_each_n(cpu_system& system, thrust::counting_iterator<std::size_t> first, std::size_t n, F f) {
-  over_team<&for_each_range<F>>(system, *first, n, 1, f);
-  return first + static_cast<std::ptrdiff_t>(n);
-}
-
-/// @brief reduce(f(first + k)) with `op`, from `init`; one partial result per thread,
-/// combined in thread order (so the result does not depend on timing). Each thread's range
-/// is reduced pairwise (halves, down to runs of 256 in order), so a float sum of n
-/// elements errs by O(log n) roundings, not O(n), as a GPU's tree reduction.
-template <class F, class T, class Op>
-T transform_reduce([[maybe_unused]] cpu_system& system, thrust::counting_iterator<std::size_t> first,
-                   thrust::counting_iterator<std::size_t> last, F f, T init, Op op) {
-  const std::size_t base = *first, n = *last - *first;
-  struct job {
-    const F& f;
-    const Op& op;
-    std::size_t base;
-    T range(std::size_t begin, std::size_t end) const {
-      if (end - begin <= 256) {
-        T acc = f(base + begin);
-        for (std::size_t k = begin + 1; k < end; ++k) acc = op(acc, f(base + k));
-        return acc;
-      }
-      const std::size_t mid = begin + (end - begin) / 2;
-      return op(range(begin, mid), range(mid, end));
-    }
-  };
-  const job whole{f, op, base};
-  if (system.threads > 1 && n >= parallel_grain) {
-    constexpr std::size_t most = 64;
-    struct team_job {
-      const job& j;
-      std::size_t n;
-      T parts[most];
-      std::size_t used;
-    } tj{whole, n, {}, 1};
-    run_team(system.threads < static_cast<int>(most) ? system.threads : static_cast<int>(most), [](void* c, std::size_t t, std::size_t nt) {
-      auto& tj = *static_cast<team_job*>(c);
-      const auto [begin, end] = team_part(tj.n, t, nt);
-      tj.parts[t] = tj.j.range(begin, end);
-      if (t == 0) tj.used = nt;
-    }, &tj);
-    T acc = init;
-    for (std::size_t t = 0; t < tj.used; ++t) acc = op(acc, tj.parts[t]);
-    return acc;
-  }
-  return n == 0 ? init : op(init, whole.range(0, n));
-}
-
-/// @brief *out = reduce(f(first + k)) with `op`, from `init`, at once.
-template <class F, class T, class Op>
-void transform_reduce_into(cpu_system& system, thrust::counting_iterator<std::size_t> first, thrust::counting_iterator<std::size_t> last,
-                           F f, T init, Op op, T* out) {
-  *out = transform_reduce(system, first, last, f, init, op);
-}
-
-/// @brief out[s] = reduce over k in [0, length) of f(s, k) with `op`, from `init`, for s in
-/// [0, segments): a reduction along a dim or a row, a loop per segment, in order, segments in
-/// parallel over the place's cores.
-template <class F, class T, class Op, class Out>
-void segmented_reduce(cpu_system& system, std::size_t segments, std::size_t length, bool, F f, T init, Op op, Out out) {
-  transform(system, thrust::counting_iterator<std::size_t>(0), thrust::counting_iterator<std::size_t>(segments), out,
-            reduce_segment<F, T, Op>{f, init, op, length});
-}
-
-/// @name The GPU backend's algorithms: the same functors on the place's compute stream.
-/// @{
-template <class F, class Out>
-Out transform(gpu_system& system, thrust::counting_iterator<std::size_t> first, thrust::counting_iterator<std::size_t> last, Out out, F f) {
-  return gpu_transform(*system.place, first, last, out, f);
-}
-template <class F>
-thrust::counting_iterator<std::size_t> for_each_n(gpu_system& system, thrust::counting_iterator<std::size_t> first, std::size_t n, F f) {
-  return gpu_for_each_n(*system.place, first, n, f);
-}
-template <class F>
-void for_each_element(gpu_system& system, thrust::counting_iterator<std::size_t> first, std::size_t n, F f) {
-  gpu_for_each_n(*system.place, first, n, f);
-}
-/// @brief The reduction, brought back to the host (waits for the place's compute stream).
-template <class F, class T, class Op>
-T transform_reduce(gpu_system& system, thrust::counting_iterator<std::size_t> first, thrust::counting_iterator<std::size_t> last, F f,
-                   T init, Op op) {
-  return gpu_transform_reduce(*system.place, first, last, f, init, op);
-}
-/// @brief *out (device memory) = the reduction, by a kernel queued on the compute stream (no wait).
-template <class F, class T, class Op>
-void transform_reduce_into(gpu_system& system, thrust::counting_iterator<std::size_t> first, thrust::counting_iterator<std::size_t> last,
-                           F f, T init, Op op, T* out) {
-  gpu_transform_reduce_into(*system.place, first, last, f, init, op, out);
-}
-/// @brief A block of threads per long segment whose elements are `contiguous` in memory (CUB's
-/// segmented reduction), a thread per short or strided one.
-template <class F, class T, class Op, class Out>
-void segmented_reduce(gpu_system& system, std::size_t segments, std::size_t length, bool contiguous, F f, T init, Op op, Out out) {
-  gpu_segmented_reduce(*system.place, segments, length, contiguous, f, init, op, out);
-}
-/// @}
-
-/// @name Algorithms on the system of a place known at run time: its backend's own.
-/// @{
-template <class F, class Out>
-Out transform(place_system& system, thrust::counting_iterator<std::size_t> first, thrust::counting_iterator<std::size_t> last, Out out, F f) {
-  return system.visit([&](auto& backend) { return transform(backend, first, last, out, f); });
-}
-template <class F>
-thrust::counting_iterator<std::size_t> for_each_n(place_system& system, thrust::counting_iterator<std::size_t> first, std::size_t n, F f) {
-  return system.visit([&](auto& backend) { return for_each_n(backend, first, n, f); });
-}
-template <class F>
-void for_each_element(place_system& system, thrust::counting_iterator<std::size_t> first, std::size_t n, F f) {
-  system.visit([&](auto& backend) { for_each_element(backend, first, n, f); });
-}
-template <class F, class T, class Op>
-T transform_reduce(place_system& system, thrust::counting_iterator<std::size_t> first, thrust::counting_iterator<std::size_t> last, F f,
-                   T init, Op op) {
-  return system.visit([&](auto& backend) { return transform_reduce(backend, first, last, f, init, op); });
-}
-/// @brief *out (in the memory of the system's place) = reduce(f(first + k)) with `op`, from
-/// `init`: on a GPU place written by a kernel (queued, no wait); elsewhere at once.
-template <class F, class T, class Op>
-void transform_reduce_into(place_system& system, thrust::counting_iterator<std::size_t> first, thrust::counting_iterator<std::size_t> last,
-                           F f, T init, Op op, T* out) {
-  system.visit([&](auto& backend) { transform_reduce_into(backend, first, last, f, init, op, out); });
-}
-/// @brief out[s] = reduce over k in [0, length) of f(s, k) with `op`, from `init`, for s in
-/// [0, segments): a reduction along a dim or a row (see the backends' overloads). `out` is a
-/// pointer or an output iterator (one that scales what it is given finishes a mean in the
-/// same pass).
-template <class F, class T, class Op, class Out>
-void segmented_reduce(place_system& system, std::size_t segments, std::size_t length, bool contiguous, F f, T init, Op op, Out out) {
-  system.visit([&](auto& backend) { segmented_reduce(backend, segments, length, contiguous, f, init, op, out); });
-}
-/// @}
-
-/// @brief f(i) for i in [0, n), each i reading and writing only the elements of index i (an
-/// elementwise update), over data in the memory of `where` (a tensor's place; null: host
-/// memory), run where that memory can be read: on a GPU's place (from its compute lane, the
-/// calling thread waiting, when called from elsewhere), else as vectorized host loops over the
-/// calling thread's cores (one core on a GPU place's lane).
-template <class F>
-void for_each_index(place_state* where, std::size_t n, F f) {
-  if (on_gpu(where) && current_place() != where) return run_on_place(*where, [&] { for_each_index(where, n, f); });
-  place_system system = current_place_system();
-  if (system.gpu != memory_of(where)) system = place_system{};
-  for_each_element(system, thrust::counting_iterator<std::size_t>(0), n, f);
-}
-
-}  // namespace pdo::detail
-#endif  // PDO_SINGLE_PDO_KERNELS_PLACE_SYSTEM_HPP
 // ---- pdo/layout/propagation.hpp
 #ifndef PDO_SINGLE_PDO_LAYOUT_PROPAGATION_HPP
 #define PDO_SINGLE_PDO_LAYOUT_PROPAGATION_HPP

@@ -15,8 +15,11 @@ namespace pdo {
 /// ranges together covering the elements once; it writes only its own member's outputs.
 template <class T>
 struct reduced_consumer {
+  /// @brief What consumes a range: `call(context, lo, hi, sum)`.
   void (*call)(const void* context, std::size_t lo, std::size_t hi, const T* sum) = nullptr;
+  /// @brief What `call` is given first: the consumer's own state.
   const void* context = nullptr;
+  /// @brief Hands elements [lo, hi) of the sum (`sum[0]` is element lo) to `call`.
   void operator()(std::size_t lo, std::size_t hi, const T* sum) const { call(context, lo, hi, sum); }
 };
 

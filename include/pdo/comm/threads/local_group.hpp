@@ -8,6 +8,7 @@
 #include <pdo/core/dtype.hpp>
 #include <pdo/core/error.hpp>
 #include <pdo/core/shape.hpp>
+#include <pdo/kernels/place_system.hpp>
 
 #include <algorithm>
 #include <array>
@@ -226,7 +227,8 @@ class local_group {
   /// @brief The sum over members of their `data`, handed block by block to every member's
   /// `consume` (see group_communicator::all_reduce_apply): member `me` sums its part of the
   /// elements (in member order, as all_reduce does) into a block that stays in L1 and hands
-  /// each block to every member's consumer.
+  /// each block to every member's consumer; on a place of several cores, its part is cut
+  /// again among them (the consumers take disjoint ranges).
   template <class T>
   void all_reduce_apply(std::size_t me, std::span<const T> data, const reduced_consumer<T>& consume) {
     std::array<const T*, 4> few{};  // allocated before the entry barrier: nothing throws between the barriers
@@ -245,12 +247,32 @@ class local_group {
       consumers[k] = static_cast<const reduced_consumer<T>*>(slots_[k].out);
     }
     const auto [lo, hi] = work_range<T>(data.size(), size(), me);
-    constexpr std::size_t block = 2048;
-    alignas(64) T sum[block];
-    for (std::size_t b = lo; b < hi; b += block) {
-      const std::size_t n = std::min(block, hi - b);
-      sum_block(sum, std::span<const T* const>(srcs, size()), b, n);
-      for (std::size_t k = 0; k < size(); ++k) (*consumers[k])(b, b + n, sum);
+    struct job {
+      std::span<const T* const> srcs;
+      const reduced_consumer<T>* const* consumers;
+      std::size_t lo, hi;
+      /// @brief Elements [from, to): summed a block at a time, each block handed to every consumer.
+      void run(std::size_t from, std::size_t to) const {
+        constexpr std::size_t block = 2048;
+        alignas(64) T sum[block];
+        for (std::size_t b = from; b < to; b += block) {
+          const std::size_t n = std::min(block, to - b);
+          sum_block(sum, srcs, b, n);
+          for (std::size_t k = 0; k < srcs.size(); ++k) (*consumers[k])(b, b + n, sum);
+        }
+      }
+    };
+    const job j{std::span<const T* const>(srcs, size()), consumers, lo, hi};
+    const int threads = current_place_system().threads;  // the cores of the place whose lane calls
+    if (threads > 1 && hi - lo >= parallel_grain) {
+      run_team(threads, [](void* c, std::size_t t, std::size_t nt) {
+        const job& j = *static_cast<const job*>(c);
+        constexpr std::size_t line = std::max<std::size_t>(1, 64 / sizeof(T));  // parts cut at cache lines
+        const auto [first, last] = team_part((j.hi - j.lo + line - 1) / line, t, nt);
+        j.run(std::min(j.hi, j.lo + first * line), std::min(j.hi, j.lo + last * line));
+      }, const_cast<job*>(&j));
+    } else {
+      j.run(lo, hi);
     }
   }
 
