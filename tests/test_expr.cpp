@@ -2,6 +2,7 @@
 #include "support.hpp"
 
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <limits>
 #include <string>
@@ -210,6 +211,36 @@ TEST_CASE("reductions, softmax, cross_entropy, transpose and reshape against nai
   CHECK(eval_checked(pdo::sum<0>(empty))(1) == 0.0);
   pdo::tensor<double, 1> fraction({4}, {0, 1.5, 2, 3});
   CHECK_THROWS_AS(pdo::eval(pdo::cross_entropy(a, fraction)), pdo::shape_error);
+
+  // along a dim that is not the innermost (read row by row on the CPU, outputs in blocks of
+  // 512): each output its elements in order, bitwise; a NaN, -0.0, rows wider than a block
+  for (const pdo::shape_t<3> shape : {pdo::shape_t<3>{3, 7, 5}, pdo::shape_t<3>{2, 33, 1300}, pdo::shape_t<3>{1, 1, 1}}) {
+    CAPTURE(shape[0], shape[1], shape[2]);
+    pdo::tensor<float, 3> x(shape);
+    for (std::size_t i = 0; i < x.size(); ++i) x.data()[i] = std::sin(0.37f * static_cast<float>(i)) * (i % 7 == 3 ? -0.0f : 1.0f);
+    if (x.size() > 10) x.data()[10] = std::numeric_limits<float>::quiet_NaN();
+    const auto s1 = eval_checked(pdo::sum<1>(x)), m1 = eval_checked(pdo::mean<1>(x)), x1 = eval_checked(pdo::max<1>(x));
+    const auto s0 = eval_checked(pdo::sum<0>(x));
+    std::size_t differ = 0;
+    auto same = [](float u, float v) { return std::memcmp(&u, &v, sizeof u) == 0; };
+    for (std::size_t o = 0; o < shape[0]; ++o)
+      for (std::size_t j = 0; j < shape[2]; ++j) {
+        float sum = 0, top = -std::numeric_limits<float>::infinity();
+        for (std::size_t e = 0; e < shape[1]; ++e) {
+          sum = sum + x(o, e, j);
+          top = pdo::detail::nan_max(top, x(o, e, j));
+        }
+        const float mean = sum * (1.0f / static_cast<float>(shape[1]));
+        differ += !same(sum, s1(o, j)) + !same(mean, m1(o, j)) + !same(top, x1(o, j));
+      }
+    for (std::size_t e = 0; e < shape[1]; ++e)
+      for (std::size_t j = 0; j < shape[2]; ++j) {
+        float sum = 0;
+        for (std::size_t o = 0; o < shape[0]; ++o) sum = sum + x(o, e, j);
+        differ += !same(sum, s0(e, j));
+      }
+    CHECK(differ == 0);
+  }
 }
 
 TEST_CASE("the planner's layouts and plans, at compile time", "[expr][plan]") {
