@@ -291,7 +291,7 @@ TEST_CASE("data parallel: bucketed all_reduce overlaps backward", "[nn][data_par
                                pdo::nn::linear<double>(512, 4, gen));
   };
   auto trainer = pdo::nn::make_data_parallel<double>(
-      m, make, [](auto ps) { return pdo::nn::sgd<double>(std::move(ps), {.lr = 0.01}); }, {.bucket_bytes = 256 << 10, .fused_update = false});
+      m, make, [](auto ps) { return pdo::nn::sgd<double>(std::move(ps), {.lr = 0.01}); }, {.bucket_bytes = 256 << 10});
   CHECK(!trainer.fused_update());
   const auto buckets = trainer.buckets();
   REQUIRE(buckets.size() >= 3);
@@ -514,7 +514,7 @@ TEST_CASE("data parallel: the gradients' sync fused with the optimizer's update 
       for (std::size_t bucket_bytes : {std::size_t{512}, std::size_t{1} << 20}) {
         INFO(name << " on " << places << " places, buckets of " << bucket_bytes << " B");
         const auto m = pdo::make_mesh<"dp">(pdo::cpu_places(places));
-        auto fused = pdo::nn::make_data_parallel<double>(m, make_mlp, make_optimizer, {.bucket_bytes = bucket_bytes});
+        auto fused = pdo::nn::make_data_parallel<double>(m, make_mlp, make_optimizer, {.bucket_bytes = bucket_bytes, .fused_update = true});
         auto plain = pdo::nn::make_data_parallel<double>(m, make_mlp, make_optimizer, {.bucket_bytes = bucket_bytes, .fused_update = false});
         REQUIRE(fused.fused_update());
         REQUIRE(!plain.fused_update());
@@ -548,13 +548,17 @@ TEST_CASE("data parallel: the gradients' sync fused with the optimizer's update 
   // where it does not apply, the trainer syncs and steps as before
   const auto m = pdo::make_mesh<"dp">(pdo::cpu_places(2));
   const auto sgd = [](auto ps) { return pdo::nn::sgd<double>(std::move(ps), {.lr = 0.05}); };
-  CHECK(!pdo::nn::make_data_parallel<double>(m, make_mlp, sgd, {.zero1 = true}).fused_update());
-  CHECK(!pdo::nn::make_data_parallel<double>(m, make_mlp, sgd, {.clip_grad_norm = 1.0}).fused_update());
+  CHECK(!pdo::nn::make_data_parallel<double>(m, make_mlp, sgd).fused_update());  // not by default
+  CHECK(!pdo::nn::make_data_parallel<double>(m, make_mlp, sgd, {.zero1 = true, .fused_update = true}).fused_update());
+  CHECK(!pdo::nn::make_data_parallel<double>(m, make_mlp, sgd, {.clip_grad_norm = 1.0, .fused_update = true}).fused_update());
   // an optimizer of only some of the parameters updates those only, fused too
-  auto frozen = pdo::nn::make_data_parallel<double>(m, make_mlp, [](auto ps) {
-    ps.erase(ps.begin());  // the first layer's weight stays as it is
-    return pdo::nn::sgd<double>(std::move(ps), {.lr = 0.05});
-  });
+  auto frozen = pdo::nn::make_data_parallel<double>(
+      m, make_mlp,
+      [](auto ps) {
+        ps.erase(ps.begin());  // the first layer's weight stays as it is
+        return pdo::nn::sgd<double>(std::move(ps), {.lr = 0.05});
+      },
+      {.fused_update = true});
   CHECK(frozen.fused_update());
   const auto before = std::vector<double>(frozen.parameters()[0].value().begin(), frozen.parameters()[0].value().end());
   const auto bias_before = std::vector<double>(frozen.parameters()[1].value().begin(), frozen.parameters()[1].value().end());

@@ -17876,12 +17876,13 @@ struct data_parallel_options {
   /// all_reduce hands the summed gradient to the optimizer's update while it makes it, instead
   /// of writing it back for a step() after. Each place sums its part of every bucket and
   /// updates that part of every replica, in one pass over gradients and parameters (the same
-  /// arithmetic: the same values, bit for bit). On two cores this pass costs less than the
-  /// all_reduce alone, which overlapping backward cannot hide when backward's products keep
-  /// every core busy. The gradients a step leaves are then each place's own, not the sum.
-  /// Elsewhere (GPU places, several processes, ZeRO-1, clip_grad_norm, another optimizer),
-  /// or when false, the buckets' all_reduces overlap backward (`overlap`) and step() follows.
-  bool fused_update = true;
+  /// arithmetic: the same values, bit for bit): less memory traffic than the all_reduce and
+  /// the update it replaces, but none of it overlaps backward (on two cores the two ways
+  /// measure within a few percent of each other: benchmarks/train.cpp). The gradients a step
+  /// leaves are then each place's own, not the sum. Elsewhere (GPU places, several processes,
+  /// ZeRO-1, clip_grad_norm, another optimizer), and by default, the buckets' all_reduces
+  /// overlap backward (`overlap`) and step() follows, as PyTorch DDP does.
+  bool fused_update = false;
 };
 
 }  // namespace pdo::nn
