@@ -565,6 +565,10 @@ TEST_CASE("data parallel: the gradients' sync fused with the optimizer's update 
   (void)frozen.step(rnd<2>({8, 6}, 61), labels_for(8));
   CHECK(std::vector<double>(frozen.parameters()[0].value().begin(), frozen.parameters()[0].value().end()) == before);
   CHECK(std::vector<double>(frozen.parameters()[1].value().begin(), frozen.parameters()[1].value().end()) != bias_before);
+  // buckets under ZeRO-1 reduce_scatter their gradients: a fused update is refused, not skipped
+  pdo::nn::gradient_buckets<double, pdo::mesh<"dp">, "dp"> sliced(m, 0, frozen.parameters(0), {.zero1 = true});
+  CHECK_THROWS_WITH(sliced.sync_and_update(std::vector<pdo::nn::element_update<double>>(frozen.parameters(0).size())),
+                    Catch::Contains("sync_and_update") && Catch::Contains("ZeRO-1"));
 }
 
 TEST_CASE("data parallel: replicas start equal by a broadcast from place 0, and can be checked", "[nn][data_parallel]") {

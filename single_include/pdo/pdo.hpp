@@ -315,275 +315,6 @@ concept communicator = requires(const C& c, std::span<float> f, std::span<const 
 
 }  // namespace pdo
 #endif  // PDO_SINGLE_PDO_COMM_COMMUNICATOR_CONCEPT_HPP
-// ---- pdo/core/timeline.hpp
-#ifndef PDO_SINGLE_PDO_CORE_TIMELINE_HPP
-#define PDO_SINGLE_PDO_CORE_TIMELINE_HPP
-// pdo/core/timeline.hpp: what the timeline (pdo::trace, pdo/exec/trace.hpp) learns while it
-// records: the engine's tasks, and spans inside them (kernels, collectives, copies). While
-// nothing records, a span costs one relaxed atomic load.
-
-#include <atomic>
-#include <chrono>
-#include <cstdint>
-#include <memory>
-#include <string>
-#include <utility>
-#include <vector>
-
-namespace pdo::detail {
-
-using timeline_clock = std::chrono::steady_clock;
-
-/// @brief A row of the timeline: one lane of one place, or a host thread.
-struct timeline_track {
-  std::string place;  ///< "cpu:0", "rank1/cuda:0"; "host" for a thread that is no place's lane
-  std::string lane;   ///< "compute", "communication", "copy"; for a host thread, "thread <n>"
-};
-
-/// @brief One recorded interval (or instant, when start == end).
-struct timeline_event {
-  const char* category = "task";  ///< "kernel", "collective", "copy", "task", "gradient"
-  std::string name;
-  std::string detail;             ///< shapes and layouts, bytes, from and to
-  const timeline_track* track = nullptr;
-  timeline_clock::time_point start, end;
-  std::uint64_t id = 0;              ///< the engine's task id (0: a span inside a task)
-  std::vector<std::uint64_t> after;  ///< the tasks a task waited for (flow arrows)
-  /// @brief For a task queued by another while it ran (a bucket's collective by backward): the
-  /// row of the task that queued it and when (a flow arrow from there); null otherwise.
-  const timeline_track* queued_on = nullptr;
-  timeline_clock::time_point queued_at;
-  bool instant = false;
-};
-
-/// @brief Where events go while the timeline records.
-struct timeline_sink {
-  virtual ~timeline_sink() = default;
-  virtual void record(timeline_event e) = 0;
-};
-
-inline std::atomic<timeline_sink*>& timeline() {
-  static std::atomic<timeline_sink*> sink{nullptr};
-  return sink;
-}
-
-/// @brief Whether the timeline records now.
-inline bool timeline_on() { return timeline().load(std::memory_order_relaxed) != nullptr; }
-
-/// @brief The calling thread's row: its lane's (set by the lane), else one of its own.
-inline const timeline_track*& current_track() {
-  thread_local const timeline_track* track = nullptr;
-  return track;
-}
-
-inline const timeline_track* track_of_this_thread() {
-  if (const timeline_track* t = current_track(); t != nullptr) return t;
-  static std::atomic<int> threads{0};
-  thread_local const timeline_track own{"host", "thread " + std::to_string(threads.fetch_add(1))};
-  return &own;
-}
-
-/// @brief Whether the calling thread runs a task that started before the timeline recorded:
-/// the spans inside it are not recorded either (a span is shown inside its task).
-inline bool& in_untraced_task() {
-  thread_local bool untraced = false;
-  return untraced;
-}
-
-/// @brief Records the interval from its construction to its end, while the timeline records:
-/// `describe()` (the detail) is called only then.
-class timeline_span {
- public:
-  template <class Describe>
-  timeline_span(const char* category, const char* name, Describe&& describe) {
-    if (!timeline_on() || in_untraced_task()) return;
-    event_ = std::make_unique<timeline_event>();
-    auto& e = *event_;
-    e.category = category;
-    e.name = name;
-    e.detail = std::forward<Describe>(describe)();
-    e.track = track_of_this_thread();
-    e.start = timeline_clock::now();
-  }
-  timeline_span(const timeline_span&) = delete;
-  timeline_span& operator=(const timeline_span&) = delete;
-  ~timeline_span() {
-    if (!event_) return;
-    event_->end = timeline_clock::now();
-    if (timeline_sink* sink = timeline().load(std::memory_order_acquire); sink != nullptr) sink->record(std::move(*event_));
-  }
-
- private:
-  std::unique_ptr<timeline_event> event_;  ///< null while the timeline is off
-};
-
-/// @brief Records an instant (a gradient complete, say), while the timeline records.
-template <class Describe>
-void timeline_instant(const char* category, std::string name, Describe&& describe) {
-  timeline_sink* sink = timeline().load(std::memory_order_acquire);
-  if (sink == nullptr || in_untraced_task()) return;
-  timeline_event e;
-  e.category = category;
-  e.name = std::move(name);
-  e.detail = std::forward<Describe>(describe)();
-  e.track = track_of_this_thread();
-  e.start = e.end = timeline_clock::now();
-  e.instant = true;
-  sink->record(std::move(e));
-}
-
-}  // namespace pdo::detail
-#endif  // PDO_SINGLE_PDO_CORE_TIMELINE_HPP
-
-#include <cstddef>
-#include <memory>
-#include <span>
-#include <string>
-#include <utility>
-
-namespace pdo {
-
-namespace detail {
-/// @brief Calls `f` with the backend group behind `g`; groups that choose their backend
-/// at run time (any_group) overload it.
-template <class Group, class F>
-decltype(auto) visit_group(Group& g, F&& f) {
-  return std::forward<F>(f)(g);
-}
-/// @brief How the timeline names a group; groups that know their mesh axis overload it.
-template <class Group>
-std::string group_label(const Group&) {
-  return "a group";
-}
-}  // namespace detail
-
-/// @brief Member `rank()` of a group of places; see pdo::communicator for the contract.
-/// @tparam Group a backend group: detail::local_group (threads), mpi::detail::group,
-///         or detail::any_group (whichever the mesh was built on).
-template <class Group>
-class group_communicator {
- public:
-  /// @brief Marks this class as a communicator (see pdo::communicator).
-  using communicator_tag = void;
-
-  /// @brief Member `member` (0 to the group's size - 1) of `group`, which copies of the endpoint share.
-  group_communicator(std::shared_ptr<Group> group, std::size_t member) : group_(std::move(group)), member_(member) {}
-
-  /// @brief The number of members of the group.
-  [[nodiscard]] std::size_t size() const {
-    using detail::visit_group;
-    return visit_group(*group_, [](auto& g) { return g.size(); });
-  }
-  /// @brief This endpoint's member index in the group, from 0.
-  [[nodiscard]] std::size_t rank() const { return member_; }
-
-  /// @brief Returns once every member of the group has called barrier().
-  void barrier() const {
-    const detail::timeline_span span("collective", "barrier", [&] { return describe(0); });
-    with([&](auto& g) { g.barrier(member_); });
-  }
-  /// @brief `data` = op over members of their `data` (same size on all).
-  template <element T>
-  void all_reduce(std::span<T> data, reduce_op op = reduce_op::sum) const {
-    const detail::timeline_span span("collective", "all_reduce", [&] { return describe(data.size_bytes()); });
-    with([&](auto& g) { g.all_reduce(member_, data, op); });
-  }
-  /// @brief The sum over members of their `data` (same size on all), consumed where it is
-  /// made instead of stored: each member's `consume` receives every range of the sum (see
-  /// pdo::reduced_consumer), an all_reduce fused with what reads its result. Over shared memory
-  /// (the threads backend) each member sums its part of the elements block by block and hands
-  /// each block to every member's consumer while it is in cache: one pass over memory, the sum
-  /// never written. Elsewhere `data` is all_reduced in place and handed whole to this member's
-  /// consumer. Either way the sum is the all_reduce's, bitwise; `data` may be left as it was or
-  /// summed.
-  template <element T>
-  void all_reduce_apply(std::span<T> data, reduced_consumer<T> consume) const {
-    const detail::timeline_span span("collective", "all_reduce", [&] { return describe(data.size_bytes()) + ", fused with its consumer"; });
-    with([&](auto& g) {
-      if constexpr (requires { g.all_reduce_apply(member_, std::span<const T>(data), consume); }) {
-        g.all_reduce_apply(member_, std::span<const T>(data), consume);
-      } else {
-        g.all_reduce(member_, data, reduce_op::sum);
-        consume(0, data.size(), data.data());
-      }
-    });
-  }
-  /// @brief `out` = every member's `in`, concatenated in member order (sizes may differ).
-  template <element T>
-  void all_gather(std::span<const T> in, std::span<T> out) const {
-    const detail::timeline_span span("collective", "all_gather", [&] { return describe(out.size_bytes()); });
-    with([&](auto& g) { g.all_gather(member_, in, out); });
-  }
-  /// @brief `out` = this member's segment of op over members of `in`; segment k has the
-  /// size member k passes as `out`.
-  template <element T>
-  void reduce_scatter(std::span<const T> in, std::span<T> out, reduce_op op = reduce_op::sum) const {
-    const detail::timeline_span span("collective", "reduce_scatter", [&] { return describe(in.size_bytes()); });
-    with([&](auto& g) { g.reduce_scatter(member_, in, out, op); });
-  }
-  /// @brief `data` = member `root`'s `data`.
-  template <element T>
-  void broadcast(std::span<T> data, std::size_t root) const {
-    const detail::timeline_span span("collective", "broadcast", [&] { return describe(data.size_bytes()); });
-    with([&](auto& g) { g.broadcast(member_, data, root); });
-  }
-  /// @brief Piece j of `in` (send_counts[j] elements) goes to member j; `out` holds the
-  /// pieces received from members 0..n-1 in order (recv_counts[i] elements from i).
-  template <element T>
-  void all_to_all(std::span<const T> in, std::span<const std::size_t> send_counts, std::span<T> out,
-                  std::span<const std::size_t> recv_counts) const {
-    const detail::timeline_span span("collective", "all_to_all", [&] { return describe(in.size_bytes()); });
-    with([&](auto& g) { g.all_to_all(member_, in, send_counts, out, recv_counts); });
-  }
-  /// @brief Sends `data` to member `to`; returns once it has been received.
-  template <element T>
-  void send(std::span<const T> data, std::size_t to, int tag = 0) const {
-    const detail::timeline_span span("collective", "send", [&] { return describe(data.size_bytes()); });
-    with([&](auto& g) { g.send(member_, data, to, tag); });
-  }
-  /// @brief Receives exactly `data.size()` elements from member `from`.
-  template <element T>
-  void recv(std::span<T> data, std::size_t from, int tag = 0) const {
-    const detail::timeline_span span("collective", "recv", [&] { return describe(data.size_bytes()); });
-    with([&](auto& g) { g.recv(member_, data, from, tag); });
-  }
-
- private:
-  /// @brief The timeline's detail of a collective: its group, this member, the bytes it passes.
-  [[nodiscard]] std::string describe(std::size_t bytes) const {
-    using detail::group_label;
-    return "over " + group_label(*group_) + ", member " + std::to_string(member_) + " of " + std::to_string(size()) + ", " +
-           std::to_string(bytes) + " bytes";
-  }
-
-  template <class F>
-  void with(F&& f) const {
-    using detail::visit_group;  // and, found by ADL, the overloads of run-time chosen groups
-    visit_group(*group_, std::forward<F>(f));
-  }
-
-  std::shared_ptr<Group> group_;
-  std::size_t member_;
-};
-
-}  // namespace pdo
-#endif  // PDO_SINGLE_PDO_COMM_GROUP_COMMUNICATOR_HPP
-// ---- pdo/comm/host_group.hpp
-#ifndef PDO_SINGLE_PDO_COMM_HOST_GROUP_HPP
-#define PDO_SINGLE_PDO_COMM_HOST_GROUP_HPP
-// pdo/comm/host_group.hpp: the group of host memory a mesh's places communicate through:
-// the threads backend when all places live in this process, MPI otherwise.
-
-// ---- pdo/comm/threads/local_group.hpp
-#ifndef PDO_SINGLE_PDO_COMM_THREADS_LOCAL_GROUP_HPP
-#define PDO_SINGLE_PDO_COMM_THREADS_LOCAL_GROUP_HPP
-// pdo/comm/threads/local_group.hpp: collectives among threads of one process over shared memory.
-
-// ---- pdo/comm/barrier.hpp
-#ifndef PDO_SINGLE_PDO_COMM_BARRIER_HPP
-#define PDO_SINGLE_PDO_COMM_BARRIER_HPP
-// pdo/comm/barrier.hpp: a reusable barrier that spins briefly, then sleeps, and can be aborted.
-
 // ---- pdo/core/error.hpp
 #ifndef PDO_SINGLE_PDO_CORE_ERROR_HPP
 #define PDO_SINGLE_PDO_CORE_ERROR_HPP
@@ -752,6 +483,282 @@ struct captured_error {
 }  // namespace detail
 }  // namespace pdo
 #endif  // PDO_SINGLE_PDO_CORE_ERROR_HPP
+// ---- pdo/core/timeline.hpp
+#ifndef PDO_SINGLE_PDO_CORE_TIMELINE_HPP
+#define PDO_SINGLE_PDO_CORE_TIMELINE_HPP
+// pdo/core/timeline.hpp: what the timeline (pdo::trace, pdo/exec/trace.hpp) learns while it
+// records: the engine's tasks, and spans inside them (kernels, collectives, copies). While
+// nothing records, a span costs one relaxed atomic load.
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace pdo::detail {
+
+using timeline_clock = std::chrono::steady_clock;
+
+/// @brief A row of the timeline: one lane of one place, or a host thread.
+struct timeline_track {
+  std::string place;  ///< "cpu:0", "rank1/cuda:0"; "host" for a thread that is no place's lane
+  std::string lane;   ///< "compute", "communication", "copy"; for a host thread, "thread <n>"
+};
+
+/// @brief One recorded interval (or instant, when start == end).
+struct timeline_event {
+  const char* category = "task";  ///< "kernel", "collective", "copy", "task", "gradient"
+  std::string name;
+  std::string detail;             ///< shapes and layouts, bytes, from and to
+  const timeline_track* track = nullptr;
+  timeline_clock::time_point start, end;
+  std::uint64_t id = 0;              ///< the engine's task id (0: a span inside a task)
+  std::vector<std::uint64_t> after;  ///< the tasks a task waited for (flow arrows)
+  /// @brief For a task queued by another while it ran (a bucket's collective by backward): the
+  /// row of the task that queued it and when (a flow arrow from there); null otherwise.
+  const timeline_track* queued_on = nullptr;
+  timeline_clock::time_point queued_at;
+  bool instant = false;
+};
+
+/// @brief Where events go while the timeline records.
+struct timeline_sink {
+  virtual ~timeline_sink() = default;
+  virtual void record(timeline_event e) = 0;
+};
+
+inline std::atomic<timeline_sink*>& timeline() {
+  static std::atomic<timeline_sink*> sink{nullptr};
+  return sink;
+}
+
+/// @brief Whether the timeline records now.
+inline bool timeline_on() { return timeline().load(std::memory_order_relaxed) != nullptr; }
+
+/// @brief The calling thread's row: its lane's (set by the lane), else one of its own.
+inline const timeline_track*& current_track() {
+  thread_local const timeline_track* track = nullptr;
+  return track;
+}
+
+inline const timeline_track* track_of_this_thread() {
+  if (const timeline_track* t = current_track(); t != nullptr) return t;
+  static std::atomic<int> threads{0};
+  thread_local const timeline_track own{"host", "thread " + std::to_string(threads.fetch_add(1))};
+  return &own;
+}
+
+/// @brief Whether the calling thread runs a task that started before the timeline recorded:
+/// the spans inside it are not recorded either (a span is shown inside its task).
+inline bool& in_untraced_task() {
+  thread_local bool untraced = false;
+  return untraced;
+}
+
+/// @brief Records the interval from its construction to its end, while the timeline records:
+/// `describe()` (the detail) is called only then.
+class timeline_span {
+ public:
+  template <class Describe>
+  timeline_span(const char* category, const char* name, Describe&& describe) {
+    if (!timeline_on() || in_untraced_task()) return;
+    event_ = std::make_unique<timeline_event>();
+    auto& e = *event_;
+    e.category = category;
+    e.name = name;
+    e.detail = std::forward<Describe>(describe)();
+    e.track = track_of_this_thread();
+    e.start = timeline_clock::now();
+  }
+  timeline_span(const timeline_span&) = delete;
+  timeline_span& operator=(const timeline_span&) = delete;
+  ~timeline_span() {
+    if (!event_) return;
+    event_->end = timeline_clock::now();
+    if (timeline_sink* sink = timeline().load(std::memory_order_acquire); sink != nullptr) sink->record(std::move(*event_));
+  }
+
+ private:
+  std::unique_ptr<timeline_event> event_;  ///< null while the timeline is off
+};
+
+/// @brief Records an instant (a gradient complete, say), while the timeline records.
+template <class Describe>
+void timeline_instant(const char* category, std::string name, Describe&& describe) {
+  timeline_sink* sink = timeline().load(std::memory_order_acquire);
+  if (sink == nullptr || in_untraced_task()) return;
+  timeline_event e;
+  e.category = category;
+  e.name = std::move(name);
+  e.detail = std::forward<Describe>(describe)();
+  e.track = track_of_this_thread();
+  e.start = e.end = timeline_clock::now();
+  e.instant = true;
+  sink->record(std::move(e));
+}
+
+}  // namespace pdo::detail
+#endif  // PDO_SINGLE_PDO_CORE_TIMELINE_HPP
+
+#include <cstddef>
+#include <memory>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+namespace pdo {
+
+namespace detail {
+/// @brief Calls `f` with the backend group behind `g`; groups that choose their backend
+/// at run time (any_group) overload it.
+template <class Group, class F>
+decltype(auto) visit_group(Group& g, F&& f) {
+  return std::forward<F>(f)(g);
+}
+/// @brief How the timeline names a group; groups that know their mesh axis overload it.
+template <class Group>
+std::string group_label(const Group&) {
+  return "a group";
+}
+}  // namespace detail
+
+/// @brief Member `rank()` of a group of places; see pdo::communicator for the contract.
+/// @tparam Group a backend group: detail::local_group (threads), mpi::detail::group,
+///         or detail::any_group (whichever the mesh was built on).
+template <class Group>
+class group_communicator {
+ public:
+  /// @brief Marks this class as a communicator (see pdo::communicator).
+  using communicator_tag = void;
+
+  /// @brief Member `member` (0 to the group's size - 1) of `group`, which copies of the endpoint share.
+  group_communicator(std::shared_ptr<Group> group, std::size_t member) : group_(std::move(group)), member_(member) {}
+
+  /// @brief The number of members of the group.
+  [[nodiscard]] std::size_t size() const {
+    using detail::visit_group;
+    return visit_group(*group_, [](auto& g) { return g.size(); });
+  }
+  /// @brief This endpoint's member index in the group, from 0.
+  [[nodiscard]] std::size_t rank() const { return member_; }
+
+  /// @brief Returns once every member of the group has called barrier().
+  void barrier() const {
+    const detail::timeline_span span("collective", "barrier", [&] { return describe(0); });
+    with([&](auto& g) { g.barrier(member_); });
+  }
+  /// @brief `data` = op over members of their `data` (same size on all).
+  template <element T>
+  void all_reduce(std::span<T> data, reduce_op op = reduce_op::sum) const {
+    const detail::timeline_span span("collective", "all_reduce", [&] { return describe(data.size_bytes()); });
+    with([&](auto& g) { g.all_reduce(member_, data, op); });
+  }
+  /// @brief The sum over members of their `data` (same size on all), consumed where it is
+  /// made instead of stored: each member's `consume` receives every range of the sum (see
+  /// pdo::reduced_consumer), an all_reduce fused with what reads its result. Over shared memory
+  /// (the threads backend) each member sums its part of the elements block by block and hands
+  /// each block to every member's consumer while it is in cache: one pass over memory, the sum
+  /// never written. Over MPI `data` is all_reduced in place and handed whole to this member's
+  /// consumer. Either way the sum is the all_reduce's, bitwise; `data` may be left as it was or
+  /// summed. The consumer runs on the host: over a group of GPU places (NCCL, or staged through
+  /// host memory), whose buffers are device memory, it is a pdo::communication_error.
+  template <element T>
+  void all_reduce_apply(std::span<T> data, reduced_consumer<T> consume) const {
+    const detail::timeline_span span("collective", "all_reduce", [&] { return describe(data.size_bytes()) + ", fused with its consumer"; });
+    with([&](auto& g) {
+      using group_t = std::remove_cvref_t<decltype(g)>;
+      if constexpr (requires { group_t::device_buffers; }) {
+        throw communication_error("all_reduce_apply: over " + describe(data.size_bytes()) +
+                                  ": a group of GPU places, whose buffers the host consumer cannot read; all_reduce, then "
+                                  "consume the result on the places");
+      } else if constexpr (requires { g.all_reduce_apply(member_, std::span<const T>(data), consume); }) {
+        g.all_reduce_apply(member_, std::span<const T>(data), consume);
+      } else {
+        g.all_reduce(member_, data, reduce_op::sum);
+        consume(0, data.size(), data.data());
+      }
+    });
+  }
+  /// @brief `out` = every member's `in`, concatenated in member order (sizes may differ).
+  template <element T>
+  void all_gather(std::span<const T> in, std::span<T> out) const {
+    const detail::timeline_span span("collective", "all_gather", [&] { return describe(out.size_bytes()); });
+    with([&](auto& g) { g.all_gather(member_, in, out); });
+  }
+  /// @brief `out` = this member's segment of op over members of `in`; segment k has the
+  /// size member k passes as `out`.
+  template <element T>
+  void reduce_scatter(std::span<const T> in, std::span<T> out, reduce_op op = reduce_op::sum) const {
+    const detail::timeline_span span("collective", "reduce_scatter", [&] { return describe(in.size_bytes()); });
+    with([&](auto& g) { g.reduce_scatter(member_, in, out, op); });
+  }
+  /// @brief `data` = member `root`'s `data`.
+  template <element T>
+  void broadcast(std::span<T> data, std::size_t root) const {
+    const detail::timeline_span span("collective", "broadcast", [&] { return describe(data.size_bytes()); });
+    with([&](auto& g) { g.broadcast(member_, data, root); });
+  }
+  /// @brief Piece j of `in` (send_counts[j] elements) goes to member j; `out` holds the
+  /// pieces received from members 0..n-1 in order (recv_counts[i] elements from i).
+  template <element T>
+  void all_to_all(std::span<const T> in, std::span<const std::size_t> send_counts, std::span<T> out,
+                  std::span<const std::size_t> recv_counts) const {
+    const detail::timeline_span span("collective", "all_to_all", [&] { return describe(in.size_bytes()); });
+    with([&](auto& g) { g.all_to_all(member_, in, send_counts, out, recv_counts); });
+  }
+  /// @brief Sends `data` to member `to`; returns once it has been received.
+  template <element T>
+  void send(std::span<const T> data, std::size_t to, int tag = 0) const {
+    const detail::timeline_span span("collective", "send", [&] { return describe(data.size_bytes()); });
+    with([&](auto& g) { g.send(member_, data, to, tag); });
+  }
+  /// @brief Receives exactly `data.size()` elements from member `from`.
+  template <element T>
+  void recv(std::span<T> data, std::size_t from, int tag = 0) const {
+    const detail::timeline_span span("collective", "recv", [&] { return describe(data.size_bytes()); });
+    with([&](auto& g) { g.recv(member_, data, from, tag); });
+  }
+
+ private:
+  /// @brief The timeline's detail of a collective: its group, this member, the bytes it passes.
+  [[nodiscard]] std::string describe(std::size_t bytes) const {
+    using detail::group_label;
+    return "over " + group_label(*group_) + ", member " + std::to_string(member_) + " of " + std::to_string(size()) + ", " +
+           std::to_string(bytes) + " bytes";
+  }
+
+  template <class F>
+  void with(F&& f) const {
+    using detail::visit_group;  // and, found by ADL, the overloads of run-time chosen groups
+    visit_group(*group_, std::forward<F>(f));
+  }
+
+  std::shared_ptr<Group> group_;
+  std::size_t member_;
+};
+
+}  // namespace pdo
+#endif  // PDO_SINGLE_PDO_COMM_GROUP_COMMUNICATOR_HPP
+// ---- pdo/comm/host_group.hpp
+#ifndef PDO_SINGLE_PDO_COMM_HOST_GROUP_HPP
+#define PDO_SINGLE_PDO_COMM_HOST_GROUP_HPP
+// pdo/comm/host_group.hpp: the group of host memory a mesh's places communicate through:
+// the threads backend when all places live in this process, MPI otherwise.
+
+// ---- pdo/comm/threads/local_group.hpp
+#ifndef PDO_SINGLE_PDO_COMM_THREADS_LOCAL_GROUP_HPP
+#define PDO_SINGLE_PDO_COMM_THREADS_LOCAL_GROUP_HPP
+// pdo/comm/threads/local_group.hpp: collectives among threads of one process over shared memory.
+
+// ---- pdo/comm/barrier.hpp
+#ifndef PDO_SINGLE_PDO_COMM_BARRIER_HPP
+#define PDO_SINGLE_PDO_COMM_BARRIER_HPP
+// pdo/comm/barrier.hpp: a reusable barrier that spins briefly, then sleeps, and can be aborted.
+
 
 #include <algorithm>
 #include <atomic>
@@ -1919,7 +1926,7 @@ struct alignas(64) place_state : std::enable_shared_from_this<place_state> {
   std::shared_ptr<void> device;  ///< a GPU place's streams and library handles (detail::cuda_device)
   std::unique_ptr<caching_allocator> memory;  ///< declared after `device`: destroyed before it
   std::function<void()> lane_setup;  ///< runs first on each lane's thread (a GPU place selects its device)
-  std::vector<int> pin;              ///< the cores its compute lane is pinned to (empty: not pinned)
+  std::vector<int> pin;              ///< the cores its lanes are pinned to (empty: not pinned)
   std::mutex lanes_mutex;
   /// @brief Its lanes, by lane_kind: the compute lane from the start, the others made on
   /// first use. Declared last: destroyed first, before the memory their work uses.
@@ -5320,6 +5327,8 @@ struct comm_set {
 /// which carries the argument checks, barriers and point-to-point handshakes.
 class group {
  public:
+  /// @brief Its buffers are GPU memory, filled by work queued on the members' streams.
+  static constexpr bool device_buffers = true;
   group(std::vector<std::shared_ptr<pdo::detail::place_state>> places, std::shared_ptr<comm_set> comms,
         std::shared_ptr<pdo::detail::host_group> host)
       : places_(std::move(places)), comms_(std::move(comms)), host_(std::move(host)), locks_(places_.size()) {
@@ -6079,6 +6088,8 @@ namespace pdo::detail {
 
 class staged_group {
  public:
+  /// @brief Its buffers may be GPU memory (staged through host memory by the group).
+  static constexpr bool device_buffers = true;
   /// @param places member m's place (null for members of other processes)
   staged_group(std::vector<std::shared_ptr<place_state>> places, std::shared_ptr<host_group> host)
       : places_(std::move(places)), host_(std::move(host)) {}
@@ -6840,9 +6851,10 @@ struct batch_options {
   bool communicate = true;
   /// @brief The tasks run the mesh's collectives, each until it ends: a task that ends tells
   /// the others of its groups in this process that it will join no more (mesh_comms::left),
-  /// and the last task to end makes the groups usable again (resetting them if a task
-  /// failed, in a mesh of this process). The operations on a mesh follow each other whole
-  /// (engine's after_all), so no task of a later one is inside a collective then.
+  /// and the last task to end makes the groups usable again (resetting them if a task failed:
+  /// an aborted threads group is released; an MPI or NCCL group, which is never aborted, is
+  /// left as it is). The operations on a mesh follow each other whole (engine's after_all),
+  /// so no task of a later one is inside a collective then.
   bool closing = false;
   /// @brief The lane of each place the tasks run on.
   lane_kind lane = lane_kind::compute;
@@ -17320,10 +17332,20 @@ class gradient_buckets {
   /// lane, bucket after bucket; waits for all. Over shared memory each place sums its part of
   /// every bucket and updates that part of every replica (one pass over the gradients and
   /// parameters); the gradients are left as each place's own. Parameters without a gradient
-  /// send zeros. Throws the first failure.
+  /// send zeros. Throws the first failure (the buckets before it are updated). For buckets of
+  /// CPU places' replicas without ZeRO-1 (a pdo::error otherwise).
   void sync_and_update(const std::vector<element_update<T>>& updates) {
+    if (options_.zero1 || where_.kind() != place_kind::cpu || updates.size() != params_.size())
+      throw error("gradient_buckets::sync_and_update: fused updates take the buckets of a CPU place's replica without ZeRO-1, "
+                  "one update per parameter (" + where_.name() + ", " + std::to_string(updates.size()) + " updates for " +
+                  std::to_string(params_.size()) + " parameters" + (options_.zero1 ? ", ZeRO-1" : "") + ")");
     for (std::size_t j = 0; j < params_.size(); ++j) params_[j].on_gradient(nullptr);
-    for (std::size_t b = 0; b < buckets_.size(); ++b) launch(b, &updates);
+    try {
+      for (std::size_t b = 0; b < buckets_.size(); ++b) launch(b, &updates);
+    } catch (...) {
+      wait_launched();  // the queued ones use `updates` until they end
+      throw;
+    }
     wait_launched();
     if (!failures_.empty())
       failures_.front().rethrow_with_context("gradient " + std::string(step_name(step().kind)) + " fused with the update: ");
@@ -17879,7 +17901,9 @@ struct data_parallel_options {
   /// arithmetic: the same values, bit for bit): less memory traffic than the all_reduce and
   /// the update it replaces, but none of it overlaps backward (on two cores the two ways
   /// measure within a few percent of each other: benchmarks/train.cpp). The gradients a step
-  /// leaves are then each place's own, not the sum. Elsewhere (GPU places, several processes,
+  /// leaves are then each place's own, not the sum, and a failure inside the fused pass (a
+  /// place's failure aborting a bucket) leaves the buckets before it updated, where the
+  /// unfused trainer fails before any update. Elsewhere (GPU places, several processes,
   /// ZeRO-1, clip_grad_norm, another optimizer), and by default, the buckets' all_reduces
   /// overlap backward (`overlap`) and step() follows, as PyTorch DDP does.
   bool fused_update = false;
@@ -21226,7 +21250,8 @@ bool held_in_blocks(const nn::parameter_ref<T>& p) {
 
 /// @brief Adds to `c` a model's parameters (as "<prefix>model.<name>") and `opt`'s state
 /// ("<prefix>optimizer.<name>.<state>", "<prefix>optimizer.steps", and for an optimizer that
-/// counts each parameter's steps, as adam does, "<prefix>optimizer.<name>.steps"). The parameters may be
+/// counts each parameter's steps, as adam does, "<prefix>optimizer.<name>.steps"; an
+/// any_optimizer writes them whatever it holds, 0 for one that keeps no count). The parameters may be
 /// local tensors or dtensors of any layout (the tensor-parallel model's). A dtensor on CPU
 /// places is saved by its places, each writing its own block at once (a replica's by the first
 /// place along the axes its layout does not split), and loaded into whatever layout and mesh

@@ -328,6 +328,17 @@ void collectives(const std::vector<pdo::cuda_place>& gpus) {
     }
   }
   check(mismatch, "NCCL collectives with sizes that disagree throw mismatch_error on every member");
+  // a consumer of the sum runs on the host: over NCCL's device buffers it is refused, on every member
+  std::vector<int> refused(n, 0);
+  pdo::spmd(m, [&](std::size_t p) {
+    pdo::tensor<float, 1> t({4}, m.place(p));
+    try {
+      pdo::communicator_of(m, p).all_reduce_apply(t.span(), pdo::reduced_consumer<float>{[](const void*, std::size_t, std::size_t, const float*) {}, nullptr});
+    } catch (const pdo::communication_error& e) {
+      refused[p] = std::string(e.what()).find("GPU places") != std::string::npos;
+    }
+  });
+  check(std::count(refused.begin(), refused.end(), 1) == static_cast<std::ptrdiff_t>(n), "all_reduce_apply over GPU places is a communication_error");
   // the same size, another reduction: every member names what it called, then the mesh goes on
   std::vector<std::string> said(n);
   if (n > 1) {

@@ -3,12 +3,14 @@
 
 #include <pdo/comm/communicator_concept.hpp>
 #include <pdo/core/dtype.hpp>
+#include <pdo/core/error.hpp>
 #include <pdo/core/timeline.hpp>
 
 #include <cstddef>
 #include <memory>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 namespace pdo {
@@ -63,14 +65,20 @@ class group_communicator {
   /// pdo::reduced_consumer), an all_reduce fused with what reads its result. Over shared memory
   /// (the threads backend) each member sums its part of the elements block by block and hands
   /// each block to every member's consumer while it is in cache: one pass over memory, the sum
-  /// never written. Elsewhere `data` is all_reduced in place and handed whole to this member's
+  /// never written. Over MPI `data` is all_reduced in place and handed whole to this member's
   /// consumer. Either way the sum is the all_reduce's, bitwise; `data` may be left as it was or
-  /// summed.
+  /// summed. The consumer runs on the host: over a group of GPU places (NCCL, or staged through
+  /// host memory), whose buffers are device memory, it is a pdo::communication_error.
   template <element T>
   void all_reduce_apply(std::span<T> data, reduced_consumer<T> consume) const {
     const detail::timeline_span span("collective", "all_reduce", [&] { return describe(data.size_bytes()) + ", fused with its consumer"; });
     with([&](auto& g) {
-      if constexpr (requires { g.all_reduce_apply(member_, std::span<const T>(data), consume); }) {
+      using group_t = std::remove_cvref_t<decltype(g)>;
+      if constexpr (requires { group_t::device_buffers; }) {
+        throw communication_error("all_reduce_apply: over " + describe(data.size_bytes()) +
+                                  ": a group of GPU places, whose buffers the host consumer cannot read; all_reduce, then "
+                                  "consume the result on the places");
+      } else if constexpr (requires { g.all_reduce_apply(member_, std::span<const T>(data), consume); }) {
         g.all_reduce_apply(member_, std::span<const T>(data), consume);
       } else {
         g.all_reduce(member_, data, reduce_op::sum);

@@ -16,6 +16,8 @@ namespace pdo::detail {
 
 class staged_group {
  public:
+  /// @brief Its buffers may be GPU memory (staged through host memory by the group).
+  static constexpr bool device_buffers = true;
   /// @param places member m's place (null for members of other processes)
   staged_group(std::vector<std::shared_ptr<place_state>> places, std::shared_ptr<host_group> host)
       : places_(std::move(places)), host_(std::move(host)) {}

@@ -54,9 +54,10 @@ struct batch_options {
   bool communicate = true;
   /// @brief The tasks run the mesh's collectives, each until it ends: a task that ends tells
   /// the others of its groups in this process that it will join no more (mesh_comms::left),
-  /// and the last task to end makes the groups usable again (resetting them if a task
-  /// failed, in a mesh of this process). The operations on a mesh follow each other whole
-  /// (engine's after_all), so no task of a later one is inside a collective then.
+  /// and the last task to end makes the groups usable again (resetting them if a task failed:
+  /// an aborted threads group is released; an MPI or NCCL group, which is never aborted, is
+  /// left as it is). The operations on a mesh follow each other whole (engine's after_all),
+  /// so no task of a later one is inside a collective then.
   bool closing = false;
   /// @brief The lane of each place the tasks run on.
   lane_kind lane = lane_kind::compute;

@@ -195,7 +195,8 @@ bool held_in_blocks(const nn::parameter_ref<T>& p) {
 
 /// @brief Adds to `c` a model's parameters (as "<prefix>model.<name>") and `opt`'s state
 /// ("<prefix>optimizer.<name>.<state>", "<prefix>optimizer.steps", and for an optimizer that
-/// counts each parameter's steps, as adam does, "<prefix>optimizer.<name>.steps"). The parameters may be
+/// counts each parameter's steps, as adam does, "<prefix>optimizer.<name>.steps"; an
+/// any_optimizer writes them whatever it holds, 0 for one that keeps no count). The parameters may be
 /// local tensors or dtensors of any layout (the tensor-parallel model's). A dtensor on CPU
 /// places is saved by its places, each writing its own block at once (a replica's by the first
 /// place along the axes its layout does not split), and loaded into whatever layout and mesh

@@ -193,10 +193,20 @@ class gradient_buckets {
   /// lane, bucket after bucket; waits for all. Over shared memory each place sums its part of
   /// every bucket and updates that part of every replica (one pass over the gradients and
   /// parameters); the gradients are left as each place's own. Parameters without a gradient
-  /// send zeros. Throws the first failure.
+  /// send zeros. Throws the first failure (the buckets before it are updated). For buckets of
+  /// CPU places' replicas without ZeRO-1 (a pdo::error otherwise).
   void sync_and_update(const std::vector<element_update<T>>& updates) {
+    if (options_.zero1 || where_.kind() != place_kind::cpu || updates.size() != params_.size())
+      throw error("gradient_buckets::sync_and_update: fused updates take the buckets of a CPU place's replica without ZeRO-1, "
+                  "one update per parameter (" + where_.name() + ", " + std::to_string(updates.size()) + " updates for " +
+                  std::to_string(params_.size()) + " parameters" + (options_.zero1 ? ", ZeRO-1" : "") + ")");
     for (std::size_t j = 0; j < params_.size(); ++j) params_[j].on_gradient(nullptr);
-    for (std::size_t b = 0; b < buckets_.size(); ++b) launch(b, &updates);
+    try {
+      for (std::size_t b = 0; b < buckets_.size(); ++b) launch(b, &updates);
+    } catch (...) {
+      wait_launched();  // the queued ones use `updates` until they end
+      throw;
+    }
     wait_launched();
     if (!failures_.empty())
       failures_.front().rethrow_with_context("gradient " + std::string(step_name(step().kind)) + " fused with the update: ");

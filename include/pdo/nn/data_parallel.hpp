@@ -75,7 +75,9 @@ struct data_parallel_options {
   /// arithmetic: the same values, bit for bit): less memory traffic than the all_reduce and
   /// the update it replaces, but none of it overlaps backward (on two cores the two ways
   /// measure within a few percent of each other: benchmarks/train.cpp). The gradients a step
-  /// leaves are then each place's own, not the sum. Elsewhere (GPU places, several processes,
+  /// leaves are then each place's own, not the sum, and a failure inside the fused pass (a
+  /// place's failure aborting a bucket) leaves the buckets before it updated, where the
+  /// unfused trainer fails before any update. Elsewhere (GPU places, several processes,
   /// ZeRO-1, clip_grad_norm, another optimizer), and by default, the buckets' all_reduces
   /// overlap backward (`overlap`) and step() follows, as PyTorch DDP does.
   bool fused_update = false;

@@ -36,7 +36,7 @@ struct alignas(64) place_state : std::enable_shared_from_this<place_state> {
   std::shared_ptr<void> device;  ///< a GPU place's streams and library handles (detail::cuda_device)
   std::unique_ptr<caching_allocator> memory;  ///< declared after `device`: destroyed before it
   std::function<void()> lane_setup;  ///< runs first on each lane's thread (a GPU place selects its device)
-  std::vector<int> pin;              ///< the cores its compute lane is pinned to (empty: not pinned)
+  std::vector<int> pin;              ///< the cores its lanes are pinned to (empty: not pinned)
   std::mutex lanes_mutex;
   /// @brief Its lanes, by lane_kind: the compute lane from the start, the others made on
   /// first use. Declared last: destroyed first, before the memory their work uses.

@@ -140,6 +140,8 @@ struct comm_set {
 /// which carries the argument checks, barriers and point-to-point handshakes.
 class group {
  public:
+  /// @brief Its buffers are GPU memory, filled by work queued on the members' streams.
+  static constexpr bool device_buffers = true;
   group(std::vector<std::shared_ptr<pdo::detail::place_state>> places, std::shared_ptr<comm_set> comms,
         std::shared_ptr<pdo::detail::host_group> host)
       : places_(std::move(places)), comms_(std::move(comms)), host_(std::move(host)), locks_(places_.size()) {
