@@ -240,6 +240,29 @@ TEST_CASE("reductions, softmax, cross_entropy, transpose and reshape against nai
         differ += !same(sum, s0(e, j));
       }
     CHECK(differ == 0);
+
+    // softmax along the middle dim (rows read a line of a block at a time on the CPU) gives
+    // the bits of softmax along the innermost dim of the same rows laid out contiguously;
+    // with an infinite element (its row NaN) and a tie for the max
+    if (x.size() > 40) {
+      x.data()[20] = std::numeric_limits<float>::infinity();
+      x.data()[40 + shape[2]] = x.data()[40];
+    }
+    pdo::tensor<float, 3> y({shape[0], shape[2], shape[1]});
+    for (std::size_t o = 0; o < shape[0]; ++o)
+      for (std::size_t e = 0; e < shape[1]; ++e)
+        for (std::size_t j = 0; j < shape[2]; ++j) y(o, j, e) = x(o, e, j);
+    const auto sm1 = eval_checked(pdo::softmax<1>(x)), lsm1 = eval_checked(pdo::log_softmax<1>(x));
+    const auto sm2 = eval_checked(pdo::softmax<2>(y)), lsm2 = eval_checked(pdo::log_softmax<2>(y));
+    std::size_t nans = 0;
+    for (std::size_t o = 0; o < shape[0]; ++o)
+      for (std::size_t e = 0; e < shape[1]; ++e)
+        for (std::size_t j = 0; j < shape[2]; ++j) {
+          differ += !same(sm1(o, e, j), sm2(o, j, e)) + !same(lsm1(o, e, j), lsm2(o, j, e));
+          nans += std::isnan(sm1(o, e, j));
+        }
+    CHECK(differ == 0);
+    if (x.size() > 40) CHECK(nans >= shape[1]);  // the rows of the NaN and of the infinity
   }
 }
 

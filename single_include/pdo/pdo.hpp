@@ -11725,6 +11725,7 @@ class unsqueeze_node : public detail::op_node<C> {
 // pdo/kernels/softmax.hpp: softmax, log_softmax and cross-entropy rows, as Thrust kernels.
 
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -11784,6 +11785,60 @@ struct softmax_row {
     } else {
       const T sum = parts.sum();
       for (std::size_t e = 0; e < extent; ++e) out[base + e * inner] = static_cast<T>(exp(in[base + e * inner] - parts.top)) / sum;
+    }
+  }
+};
+
+/// @brief Block `b` of the rows of a softmax (or log_softmax) along a dim that is not the
+/// innermost, on the CPU: the rows [j, j + n) of outer index o (b counts `per_outer` blocks per
+/// o), whose statistics stay in buffers while the elements along the dim stream past a line of
+/// the block at a time. Each row gets the bits softmax_row gives it (the same max, the same
+/// terms added in the same order), but the block reads lines, not columns strided by the inner
+/// extent.
+template <class T, bool Log>
+struct softmax_rows_block {
+  static constexpr std::size_t width = 256;  ///< rows per block: their statistics fit in L1
+  const T* in;
+  T* out;
+  dim_view v;
+  std::size_t per_outer;
+  void operator()(std::size_t b) const {
+    using std::exp;
+    const std::size_t o = b / per_outer, j = b % per_outer * width, n = std::min(width, v.inner - j);
+    const std::size_t first = o * v.extent * v.inner + j;
+    alignas(64) T top[width];
+    alignas(64) T rest[width];
+    std::size_t at[width];
+    for (std::size_t i = 0; i < n; ++i) {
+      top[i] = in[first + i];
+      at[i] = 0;
+    }
+    for (std::size_t e = 1; e < v.extent; ++e) {
+      const T* line = in + first + e * v.inner;
+      for (std::size_t i = 0; i < n; ++i) {
+        const T x = line[i];
+        const bool above = x > top[i] || (x != x && top[i] == top[i]);  // as log_sum_exp_parts
+        top[i] = above ? x : top[i];
+        at[i] = above ? e : at[i];
+      }
+    }
+    for (std::size_t i = 0; i < n; ++i) rest[i] = top[i] - top[i];
+    for (std::size_t e = 0; e < v.extent; ++e) {
+      const T* line = in + first + e * v.inner;
+      for (std::size_t i = 0; i < n; ++i)
+        if (e != at[i]) rest[i] += static_cast<T>(exp(line[i] - top[i]));
+    }
+    for (std::size_t i = 0; i < n; ++i) {
+      using std::log1p;
+      rest[i] = Log ? static_cast<T>(log1p(rest[i])) : T(1) + rest[i];  // log_sum() or sum()
+    }
+    for (std::size_t e = 0; e < v.extent; ++e) {
+      const T* line = in + first + e * v.inner;
+      T* to = out + first + e * v.inner;
+      for (std::size_t i = 0; i < n; ++i) {
+        if constexpr (Log) to[i] = (line[i] - top[i]) - rest[i];
+        else to[i] = static_cast<T>(exp(line[i] - top[i])) / rest[i];
+      }
     }
   }
 };
@@ -11872,8 +11927,10 @@ struct softmax_element {
 };
 
 /// @brief softmax (or log_softmax) of `in` laid out as `v`, along its middle dim, into `out`.
-/// A CPU place and short rows on a GPU: one work item per row. Long rows on a GPU: the rows'
-/// statistics by segmented reductions (a block of threads per row), then one thread per element.
+/// Short rows on a GPU, and rows along the innermost dim on a CPU place: one work item per row.
+/// Along another dim on a CPU place: blocks of rows read line by line (softmax_rows_block).
+/// Long rows on a GPU: the rows' statistics by segmented reductions (a block of threads per
+/// row), then one thread per element.
 template <bool Log, class T>
 void softmax_dim(place_system& system, const T* in, const dim_view& v, T* out) {
   if (v.extent == 0) return;
@@ -11887,6 +11944,11 @@ void softmax_dim(place_system& system, const T* in, const dim_view& v, T* out) {
                   softmax_element<T, Log>{in, stats.tops(), stats.parts(), v.extent, v.inner});
         return;
       }
+    } else if (v.inner > 1) {
+      using block = softmax_rows_block<T, Log>;
+      const std::size_t per_outer = (v.inner + block::width - 1) / block::width;
+      for_each_n(backend, begin, v.outer * per_outer, block{in, out, v, per_outer});
+      return;
     }
     for_each_n(backend, begin, rows, softmax_row<T, Log>{in, out, v.extent, v.inner});
   });
