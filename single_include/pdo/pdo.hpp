@@ -11475,23 +11475,43 @@ struct scale_by {
   PDO_HD T operator()(T x) const { return x * factor; }
 };
 
-/// @brief Block `b` of the outputs of a reduction along a dim that is not the innermost, on the
-/// CPU: the outputs [j, j + n) of outer index o (b counts `per_outer` blocks per o), kept in a
-/// buffer while the rows along the dim stream past, vectorized across the outputs. Each output
-/// still reduces its elements in order from `init` (the bits segmented_reduce gives), but reads
-/// rows, not columns strided by the inner extent (a bias's gradient, the sum over the rows of
-/// a [128, 4096] block, read that way took 4-5 ms, the element's index divided twice per element).
+/// @brief The work items of a CPU kernel along a dim that is not the innermost: item b runs
+/// `block(o, j, n)` for the positions [j, j + n) of the innermost dim under outer index o,
+/// blocks of at most `Block::width` positions, `per_outer` of them per o.
+template <class Block>
+struct inner_blocks {
+  Block block;
+  std::size_t inner, per_outer;
+  void operator()(std::size_t b) const {
+    const std::size_t j = b % per_outer * Block::width;
+    block(b / per_outer, j, std::min(Block::width, inner - j));
+  }
+};
+
+/// @brief Runs `block` over every block of the innermost dim of `v` (see inner_blocks), spread
+/// over the cores of the place: the kernels that read along a dim that is not the innermost a
+/// line of a block at a time, keeping what they compute for the block's positions in buffers.
+template <class Backend, class Block>
+void for_each_inner_block(Backend& backend, const dim_view& v, const Block& block) {
+  const std::size_t per_outer = (v.inner + Block::width - 1) / Block::width;
+  for_each_n(backend, thrust::counting_iterator<std::size_t>(0), v.outer * per_outer, inner_blocks<Block>{block, v.inner, per_outer});
+}
+
+/// @brief The outputs [j, j + n) of outer index o of a reduction along a dim that is not the
+/// innermost, on the CPU (a block of for_each_inner_block): kept in a buffer while the rows
+/// along the dim stream past, vectorized across the outputs. Each output still reduces its
+/// elements in order from `init` (the bits segmented_reduce gives), but reads rows, not
+/// columns strided by the inner extent (a bias's gradient, the sum over the rows of a
+/// [128, 4096] block, read that way took 4-5 ms, the element's index divided twice per element).
 template <class T, class Op, class Out>
 struct reduce_rows_block {
   static constexpr std::size_t width = 512;  ///< outputs per block: 2 KiB of floats, in L1
   const T* in;
   dim_view v;
-  std::size_t per_outer;
   T init;
   Op op;
   Out out;
-  void operator()(std::size_t b) const {
-    const std::size_t o = b / per_outer, j = b % per_outer * width, n = std::min(width, v.inner - j);
+  void operator()(std::size_t o, std::size_t j, std::size_t n) const {
     alignas(64) T acc[width];
     for (std::size_t i = 0; i < n; ++i) acc[i] = init;
     const T* row = in + o * v.extent * v.inner + j;
@@ -11512,9 +11532,7 @@ void reduce_along(place_system& system, const T* in, const dim_view& v, T init, 
   system.visit([&](auto& backend) {
     if constexpr (!gpu_backend<decltype(backend)>) {
       if (v.inner > 1) {
-        const std::size_t per_outer = (v.inner + reduce_rows_block<T, Op, Out>::width - 1) / reduce_rows_block<T, Op, Out>::width;
-        for_each_n(backend, thrust::counting_iterator<std::size_t>(0), v.outer * per_outer,
-                   reduce_rows_block<T, Op, Out>{in, v, per_outer, init, op, out});
+        for_each_inner_block(backend, v, reduce_rows_block<T, Op, Out>{in, v, init, op, out});
         return;
       }
     }
@@ -11789,22 +11807,19 @@ struct softmax_row {
   }
 };
 
-/// @brief Block `b` of the rows of a softmax (or log_softmax) along a dim that is not the
-/// innermost, on the CPU: the rows [j, j + n) of outer index o (b counts `per_outer` blocks per
-/// o), whose statistics stay in buffers while the elements along the dim stream past a line of
-/// the block at a time. Each row gets the bits softmax_row gives it (the same max, the same
-/// terms added in the same order), but the block reads lines, not columns strided by the inner
-/// extent.
+/// @brief The rows [j, j + n) of outer index o of a softmax (or log_softmax) along a dim that
+/// is not the innermost, on the CPU (a block of for_each_inner_block): their statistics stay in
+/// buffers while the elements along the dim stream past a line of the block at a time. Each
+/// row gets the bits softmax_row gives it (the same max, the same terms added in the same
+/// order), but the block reads lines, not columns strided by the inner extent.
 template <class T, bool Log>
 struct softmax_rows_block {
   static constexpr std::size_t width = 256;  ///< rows per block: their statistics fit in L1
   const T* in;
   T* out;
   dim_view v;
-  std::size_t per_outer;
-  void operator()(std::size_t b) const {
+  void operator()(std::size_t o, std::size_t j, std::size_t n) const {
     using std::exp;
-    const std::size_t o = b / per_outer, j = b % per_outer * width, n = std::min(width, v.inner - j);
     const std::size_t first = o * v.extent * v.inner + j;
     alignas(64) T top[width];
     alignas(64) T rest[width];
@@ -11828,9 +11843,10 @@ struct softmax_rows_block {
       for (std::size_t i = 0; i < n; ++i)
         if (e != at[i]) rest[i] += static_cast<T>(exp(line[i] - top[i]));
     }
-    for (std::size_t i = 0; i < n; ++i) {
+    for (std::size_t i = 0; i < n; ++i) {  // log_sum() or sum() of log_sum_exp_parts
       using std::log1p;
-      rest[i] = Log ? static_cast<T>(log1p(rest[i])) : T(1) + rest[i];  // log_sum() or sum()
+      if constexpr (Log) rest[i] = static_cast<T>(log1p(rest[i]));
+      else rest[i] = T(1) + rest[i];
     }
     for (std::size_t e = 0; e < v.extent; ++e) {
       const T* line = in + first + e * v.inner;
@@ -11945,9 +11961,7 @@ void softmax_dim(place_system& system, const T* in, const dim_view& v, T* out) {
         return;
       }
     } else if (v.inner > 1) {
-      using block = softmax_rows_block<T, Log>;
-      const std::size_t per_outer = (v.inner + block::width - 1) / block::width;
-      for_each_n(backend, begin, v.outer * per_outer, block{in, out, v, per_outer});
+      for_each_inner_block(backend, v, softmax_rows_block<T, Log>{in, out, v});
       return;
     }
     for_each_n(backend, begin, rows, softmax_row<T, Log>{in, out, v.extent, v.inner});

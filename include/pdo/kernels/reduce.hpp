@@ -51,23 +51,43 @@ struct scale_by {
   PDO_HD T operator()(T x) const { return x * factor; }
 };
 
-/// @brief Block `b` of the outputs of a reduction along a dim that is not the innermost, on the
-/// CPU: the outputs [j, j + n) of outer index o (b counts `per_outer` blocks per o), kept in a
-/// buffer while the rows along the dim stream past, vectorized across the outputs. Each output
-/// still reduces its elements in order from `init` (the bits segmented_reduce gives), but reads
-/// rows, not columns strided by the inner extent (a bias's gradient, the sum over the rows of
-/// a [128, 4096] block, read that way took 4-5 ms, the element's index divided twice per element).
+/// @brief The work items of a CPU kernel along a dim that is not the innermost: item b runs
+/// `block(o, j, n)` for the positions [j, j + n) of the innermost dim under outer index o,
+/// blocks of at most `Block::width` positions, `per_outer` of them per o.
+template <class Block>
+struct inner_blocks {
+  Block block;
+  std::size_t inner, per_outer;
+  void operator()(std::size_t b) const {
+    const std::size_t j = b % per_outer * Block::width;
+    block(b / per_outer, j, std::min(Block::width, inner - j));
+  }
+};
+
+/// @brief Runs `block` over every block of the innermost dim of `v` (see inner_blocks), spread
+/// over the cores of the place: the kernels that read along a dim that is not the innermost a
+/// line of a block at a time, keeping what they compute for the block's positions in buffers.
+template <class Backend, class Block>
+void for_each_inner_block(Backend& backend, const dim_view& v, const Block& block) {
+  const std::size_t per_outer = (v.inner + Block::width - 1) / Block::width;
+  for_each_n(backend, thrust::counting_iterator<std::size_t>(0), v.outer * per_outer, inner_blocks<Block>{block, v.inner, per_outer});
+}
+
+/// @brief The outputs [j, j + n) of outer index o of a reduction along a dim that is not the
+/// innermost, on the CPU (a block of for_each_inner_block): kept in a buffer while the rows
+/// along the dim stream past, vectorized across the outputs. Each output still reduces its
+/// elements in order from `init` (the bits segmented_reduce gives), but reads rows, not
+/// columns strided by the inner extent (a bias's gradient, the sum over the rows of a
+/// [128, 4096] block, read that way took 4-5 ms, the element's index divided twice per element).
 template <class T, class Op, class Out>
 struct reduce_rows_block {
   static constexpr std::size_t width = 512;  ///< outputs per block: 2 KiB of floats, in L1
   const T* in;
   dim_view v;
-  std::size_t per_outer;
   T init;
   Op op;
   Out out;
-  void operator()(std::size_t b) const {
-    const std::size_t o = b / per_outer, j = b % per_outer * width, n = std::min(width, v.inner - j);
+  void operator()(std::size_t o, std::size_t j, std::size_t n) const {
     alignas(64) T acc[width];
     for (std::size_t i = 0; i < n; ++i) acc[i] = init;
     const T* row = in + o * v.extent * v.inner + j;
@@ -88,9 +108,7 @@ void reduce_along(place_system& system, const T* in, const dim_view& v, T init, 
   system.visit([&](auto& backend) {
     if constexpr (!gpu_backend<decltype(backend)>) {
       if (v.inner > 1) {
-        const std::size_t per_outer = (v.inner + reduce_rows_block<T, Op, Out>::width - 1) / reduce_rows_block<T, Op, Out>::width;
-        for_each_n(backend, thrust::counting_iterator<std::size_t>(0), v.outer * per_outer,
-                   reduce_rows_block<T, Op, Out>{in, v, per_outer, init, op, out});
+        for_each_inner_block(backend, v, reduce_rows_block<T, Op, Out>{in, v, init, op, out});
         return;
       }
     }

@@ -71,22 +71,19 @@ struct softmax_row {
   }
 };
 
-/// @brief Block `b` of the rows of a softmax (or log_softmax) along a dim that is not the
-/// innermost, on the CPU: the rows [j, j + n) of outer index o (b counts `per_outer` blocks per
-/// o), whose statistics stay in buffers while the elements along the dim stream past a line of
-/// the block at a time. Each row gets the bits softmax_row gives it (the same max, the same
-/// terms added in the same order), but the block reads lines, not columns strided by the inner
-/// extent.
+/// @brief The rows [j, j + n) of outer index o of a softmax (or log_softmax) along a dim that
+/// is not the innermost, on the CPU (a block of for_each_inner_block): their statistics stay in
+/// buffers while the elements along the dim stream past a line of the block at a time. Each
+/// row gets the bits softmax_row gives it (the same max, the same terms added in the same
+/// order), but the block reads lines, not columns strided by the inner extent.
 template <class T, bool Log>
 struct softmax_rows_block {
   static constexpr std::size_t width = 256;  ///< rows per block: their statistics fit in L1
   const T* in;
   T* out;
   dim_view v;
-  std::size_t per_outer;
-  void operator()(std::size_t b) const {
+  void operator()(std::size_t o, std::size_t j, std::size_t n) const {
     using std::exp;
-    const std::size_t o = b / per_outer, j = b % per_outer * width, n = std::min(width, v.inner - j);
     const std::size_t first = o * v.extent * v.inner + j;
     alignas(64) T top[width];
     alignas(64) T rest[width];
@@ -110,9 +107,10 @@ struct softmax_rows_block {
       for (std::size_t i = 0; i < n; ++i)
         if (e != at[i]) rest[i] += static_cast<T>(exp(line[i] - top[i]));
     }
-    for (std::size_t i = 0; i < n; ++i) {
+    for (std::size_t i = 0; i < n; ++i) {  // log_sum() or sum() of log_sum_exp_parts
       using std::log1p;
-      rest[i] = Log ? static_cast<T>(log1p(rest[i])) : T(1) + rest[i];  // log_sum() or sum()
+      if constexpr (Log) rest[i] = static_cast<T>(log1p(rest[i]));
+      else rest[i] = T(1) + rest[i];
     }
     for (std::size_t e = 0; e < v.extent; ++e) {
       const T* line = in + first + e * v.inner;
@@ -227,9 +225,7 @@ void softmax_dim(place_system& system, const T* in, const dim_view& v, T* out) {
         return;
       }
     } else if (v.inner > 1) {
-      using block = softmax_rows_block<T, Log>;
-      const std::size_t per_outer = (v.inner + block::width - 1) / block::width;
-      for_each_n(backend, begin, v.outer * per_outer, block{in, out, v, per_outer});
+      for_each_inner_block(backend, v, softmax_rows_block<T, Log>{in, out, v});
       return;
     }
     for_each_n(backend, begin, rows, softmax_row<T, Log>{in, out, v.extent, v.inner});
