@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <map>
 #include <string>
 #include <tuple>
 
@@ -523,6 +524,79 @@ TEST_CASE("resume: a data-parallel trainer saved after 10 steps and loaded train
   }
 }
 
+TEST_CASE("resume: an optimizer of part of the parameters (a frozen layer), in another order than the model's") {
+  scratch_dir tmp("resume_frozen");
+  // adam over the model's parameters but 0.weight and 2.bias, in reverse order
+  auto trainer = [](unsigned seed_shift) {
+    const auto m = pdo::make_mesh<"dp">(pdo::cpu_places(2));
+    return pdo::nn::make_data_parallel<double>(
+        m,
+        [seed_shift] {
+          auto model = pdo_test::make_mlp();
+          for (const auto& p : pdo::nn::parameters_of<double>(model))
+            for (auto& v : p.value()) v += 0.25 * seed_shift;
+          return model;
+        },
+        [](auto params) {
+          std::erase_if(params, [](const auto& p) { return p.name() == "0.weight" || p.name() == "2.bias"; });
+          std::reverse(params.begin(), params.end());
+          return pdo::nn::adam<double>(std::move(params), {.lr = 0.01});
+        },
+        {.bucket_bytes = 256});
+  };
+  auto straight = trainer(0);
+  const auto all = train(straight, 0, 12);
+  auto first = trainer(0);
+  train(first, 0, 6);
+  pdo::io::save(tmp.path / "dp", first);
+  std::map<std::string, std::vector<std::size_t>> shapes;
+  for (const auto& e : pdo::io::inspect(tmp.path / "dp")) shapes[e.name] = e.shape;
+  for (const std::string name : {"0.weight", "0.bias", "2.weight", "2.bias", "4.weight", "4.bias", "6.weight", "6.bias"}) {
+    CAPTURE(name);
+    REQUIRE(shapes.count("model." + name) == 1);
+    const bool frozen = name == "0.weight" || name == "2.bias";
+    CHECK(shapes.count("optimizer." + name + ".exp_avg") == (frozen ? 0U : 1U));
+    CHECK(shapes.count("optimizer." + name + ".steps") == (frozen ? 0U : 1U));
+    if (!frozen) CHECK(shapes["optimizer." + name + ".exp_avg_sq"] == shapes["model." + name]);
+  }
+  auto resumed = trainer(1);
+  pdo::io::load(tmp.path / "dp", resumed);
+  const auto tail = train(resumed, 6, 12);
+  for (std::size_t i = 0; i < tail.size(); ++i) CHECK(tail[i] == all[6 + i]);  // bitwise
+  const auto want = straight.parameters(0), got = resumed.parameters(0);
+  for (std::size_t i = 0; i < want.size(); ++i) CHECK(std::ranges::equal(got[i].value(), want[i].value()));
+
+  // a model and an optimizer of one of its two parameters
+  auto p = pdo::parameter(pdo::tensor<double, 1>({2}, {0.5, -1.0}));
+  auto late = pdo::parameter(pdo::tensor<double, 1>({3}, {1.0, 2.0, 3.0}));
+  pdo::nn::adam<double> opt({{"late", late}}, {.lr = 0.1});
+  opt.zero_grad();
+  pdo::backward(pdo::sum(late * late));
+  opt.step();
+  pdo::io::checkpoint c;
+  pdo::io::add_state<double>(c, "m.", {{"p", p}, {"late", late}}, opt);
+  c.save(tmp.path / "model");
+  std::map<std::string, std::vector<std::size_t>> saved;
+  for (const auto& e : pdo::io::inspect(tmp.path / "model")) saved[e.name] = e.shape;
+  CHECK(saved.count("m.optimizer.p.exp_avg") == 0);
+  CHECK(saved["m.optimizer.late.exp_avg"] == std::vector<std::size_t>{3});
+  auto late2 = pdo::parameter(pdo::tensor<double, 1>({3}));
+  auto p2 = pdo::parameter(pdo::tensor<double, 1>({2}));
+  pdo::nn::adam<double> opt2({{"late", late2}}, {.lr = 0.1});
+  pdo::io::checkpoint back;
+  pdo::io::add_state<double>(back, "m.", {{"p", p2}, {"late", late2}}, opt2);
+  back.load(tmp.path / "model");
+  CHECK(std::ranges::equal(p2.value(), p.value()));
+  CHECK(opt2.steps(0) == 1);
+  opt.zero_grad();
+  pdo::backward(pdo::sum(late * late));
+  opt.step();
+  opt2.zero_grad();
+  pdo::backward(pdo::sum(late2 * late2));
+  opt2.step();
+  CHECK(std::ranges::equal(late2.value(), late.value()));  // bitwise: the moments were restored
+}
+
 TEST_CASE("resume: adam's count of each parameter's steps, for a parameter that skipped steps; older checkpoints without it") {
   scratch_dir tmp("resume_adam_steps");
   // `late` gets a gradient from step 3 on: adam corrects it as at its first step then
@@ -713,6 +787,30 @@ TEST_CASE("resume: a pipeline saved by its stages' places loads into another cut
   wrong.save(tmp.path / "wrong");
   auto d = make_a();
   CHECK_THROWS_WITH(pdo::io::load(tmp.path / "wrong", d), Catch::Contains("model.0.weight") && Catch::Contains("[10, 7]"));
+
+  // stage optimizers that list their parameters in reverse: each state saved under its own
+  // parameter, so the checkpoint loads into the first cut's pipeline bitwise
+  auto reversed_adam = [](auto params) {
+    std::reverse(params.begin(), params.end());
+    return pdo::nn::adam<double>(std::move(params), {.lr = 0.02});
+  };
+  auto r = pdo::nn::make_pipeline<double, 2, 1, 4>(a_mesh, pdo_test::make_mlp(), reversed_adam, o);
+  train(r, 0, 10);
+  pdo::io::save(tmp.path / "r", r);
+  auto from_r = make_a();
+  pdo::io::load(tmp.path / "r", from_r);
+  const auto tail_r = train(from_r, 10, 20);
+  for (std::size_t i = 0; i < tail_r.size(); ++i) CHECK(tail_r[i] == all[10 + i]);
+  // one that leaves a parameter out (a frozen one) cannot be saved whole: an io_error at once
+  auto frozen_adam = [](auto params) {
+    params.pop_back();
+    return pdo::nn::adam<double>(std::move(params), {.lr = 0.02});
+  };
+  auto f = pdo::nn::make_pipeline<double, 2, 1, 4>(a_mesh, pdo_test::make_mlp(), frozen_adam, o);
+  train(f, 0, 2);
+  CHECK_THROWS_AS(pdo::io::save(tmp.path / "f", f), pdo::io_error);
+  CHECK_THROWS_WITH(pdo::io::save(tmp.path / "f", f), Catch::Contains("does not update the stage's parameter"));
+  CHECK(!fs::exists(tmp.path / "f"));
 }
 
 #ifdef PDO_PYTHON

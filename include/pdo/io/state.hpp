@@ -54,23 +54,54 @@ concept steps_per_parameter = requires(O& o, const O& co, std::size_t i, long t)
   o.set_steps(i, t);
 };
 
+/// @brief A parameter its optimizer does not update (see held_as).
+inline constexpr std::size_t not_held = static_cast<std::size_t>(-1);
+
+/// @brief For each of `params`, the index of the same parameter among `opt`'s, or not_held: an
+/// optimizer made for part of a model's parameters (a frozen layer), or for them in another
+/// order, keeps state for its own list. An optimizer that does not list its parameters is
+/// taken to hold `params` in their order.
+template <class T, class Optimizer>
+std::vector<std::size_t> held_as(const std::vector<nn::parameter_ref<T>>& params, const Optimizer& opt) {
+  std::vector<std::size_t> out(params.size(), not_held);
+  if constexpr (requires { { opt.parameters() } -> std::convertible_to<const std::vector<nn::parameter_ref<T>>&>; }) {
+    const std::vector<nn::parameter_ref<T>>& held = opt.parameters();
+    for (std::size_t i = 0; i < params.size(); ++i)
+      for (std::size_t j = 0; j < held.size() && out[i] == not_held; ++j)
+        if (params[i].same_parameter(held[j])) out[i] = j;
+  } else {
+    for (std::size_t i = 0; i < params.size(); ++i) out[i] = i;
+  }
+  return out;
+}
+
+/// @brief held_as for each of `copies` copies (`params_of(k)` and `opt_of(k)`): [copy][parameter].
+template <class T, class Params, class Opt>
+std::shared_ptr<const std::vector<std::vector<std::size_t>>> held_by_copies(std::size_t copies, Params params_of, Opt opt_of) {
+  auto held = std::make_shared<std::vector<std::vector<std::size_t>>>();
+  for (std::size_t k = 0; k < copies; ++k) held->push_back(held_as<T>(params_of(k), opt_of(k)));
+  return held;
+}
+
 /// @brief After the entry "<prefix>optimizer.steps": for an optimizer that counts each
-/// parameter's steps, "<prefix>optimizer.<name>.steps" for each parameter (saved from copy 0,
-/// loaded into every copy of `copies`), so a parameter that skipped steps (no gradient in them)
-/// resumes with its own bias corrections. Optional: a checkpoint saved without them loads with
-/// every parameter at the optimizer's count.
+/// parameter's steps, "<prefix>optimizer.<name>.steps" for each parameter it updates (saved
+/// from copy 0, loaded into every copy of `copies`; `held` as held_by_copies), so a parameter
+/// that skipped steps (no gradient in them) resumes with its own bias corrections. Optional: a
+/// checkpoint saved without them loads with every parameter at the optimizer's count.
 template <class T, class Opt>
 void add_parameter_steps(checkpoint& c, const std::string& prefix, const std::vector<nn::parameter_ref<T>>& params, std::size_t copies,
-                         Opt opt_of) {
+                         Opt opt_of, const std::shared_ptr<const std::vector<std::vector<std::size_t>>>& held) {
   using optimizer_t = std::remove_cvref_t<decltype(opt_of(0))>;
   if constexpr (steps_per_parameter<optimizer_t>) {
     for (std::size_t i = 0; i < params.size(); ++i)
-      c.add_computed<long>(
-          prefix + "optimizer." + params[i].name() + ".steps", [opt_of, i] { return static_cast<long>(opt_of(0).steps(i)); },
-          [opt_of, copies, i](long t) {
-            for (std::size_t k = 0; k < copies; ++k) opt_of(k).set_steps(i, t);
-          },
-          /*optional=*/true);
+      if ((*held)[0][i] != not_held)
+        c.add_computed<long>(
+            prefix + "optimizer." + params[i].name() + ".steps", [opt_of, held, i] { return static_cast<long>(opt_of(0).steps((*held)[0][i])); },
+            [opt_of, copies, held, i](long t) {
+              for (std::size_t k = 0; k < copies; ++k)
+                if ((*held)[k][i] != not_held) opt_of(k).set_steps((*held)[k][i], t);
+            },
+            /*optional=*/true);
   }
 }
 
@@ -95,19 +126,23 @@ void add_model_entry(checkpoint& c, const std::string& prefix, std::size_t copie
 
 /// @brief Entries for parameter `params_of(k)[i]` and its optimizer state in `opt_of(k)`, of
 /// `copies` identical copies (the replicas of data parallelism; 1 otherwise), as global values:
-/// each saved from copy 0 (gathered), each loaded into every copy.
+/// each saved from copy 0 (gathered), each loaded into every copy. A parameter the optimizer
+/// does not update (`held`, as held_by_copies) has no optimizer entries.
 template <class T, class Params, class Opt>
-void add_parameter_whole(checkpoint& c, const std::string& prefix, std::size_t copies, Params params_of, Opt opt_of, std::size_t i) {
+void add_parameter_whole(checkpoint& c, const std::string& prefix, std::size_t copies, Params params_of, Opt opt_of, std::size_t i,
+                         const std::shared_ptr<const std::vector<std::vector<std::size_t>>>& held) {
   add_model_entry<T>(c, prefix, copies, params_of, i, [](std::size_t) {});
+  if ((*held)[0][i] == not_held) return;
   const nn::parameter_ref<T> p = params_of(0)[i];
   with_rank(p.rank(), p.name(), [&]<std::size_t R>(std::integral_constant<std::size_t, R>) {
     const shape_t<R> shape = p.template shape<R>();
     for (const std::string& s : opt_of(0).state_names())
       c.add_computed<T, R>(
           prefix + "optimizer." + p.name() + "." + s, shape,
-          [params_of, opt_of, i, s, shape] { return shaped(params_of(0)[i].gather_state(opt_of(0).state(s, i)), shape); },
-          [params_of, opt_of, copies, i, s](const tensor<T, R>& t) {
-            for (std::size_t k = 0; k < copies; ++k) params_of(k)[i].scatter_state(t.data(), opt_of(k).state(s, i));
+          [params_of, opt_of, held, i, s, shape] { return shaped(params_of(0)[i].gather_state(opt_of(0).state(s, (*held)[0][i])), shape); },
+          [params_of, opt_of, copies, held, i, s](const tensor<T, R>& t) {
+            for (std::size_t k = 0; k < copies; ++k)
+              if ((*held)[k][i] != not_held) params_of(k)[i].scatter_state(t.data(), opt_of(k).state(s, (*held)[k][i]));
           });
   });
 }
@@ -117,13 +152,14 @@ void add_parameter_whole(checkpoint& c, const std::string& prefix, std::size_t c
 template <class T, class Params, class Opt>
 void add_parameters_and_state(checkpoint& c, const std::string& prefix, std::size_t copies, Params params_of, Opt opt_of) {
   const std::size_t n = params_of(0).size();
-  for (std::size_t i = 0; i < n; ++i) add_parameter_whole<T>(c, prefix, copies, params_of, opt_of, i);
+  const auto held = held_by_copies<T>(copies, params_of, opt_of);
+  for (std::size_t i = 0; i < n; ++i) add_parameter_whole<T>(c, prefix, copies, params_of, opt_of, i, held);
   c.add_computed<long>(
       prefix + "optimizer.steps", [opt_of] { return opt_of(0).steps(); },
       [opt_of, copies](long t) {
         for (std::size_t k = 0; k < copies; ++k) opt_of(k).set_steps(t);
       });
-  add_parameter_steps<T>(c, prefix, params_of(0), copies, opt_of);
+  add_parameter_steps<T>(c, prefix, params_of(0), copies, opt_of, held);
 }
 
 /// @brief The entries of a data-parallel trainer with ZeRO-1. Its parameters are whole on every
@@ -196,7 +232,9 @@ bool held_in_blocks(const nn::parameter_ref<T>& p) {
 /// @brief Adds to `c` a model's parameters (as "<prefix>model.<name>") and `opt`'s state
 /// ("<prefix>optimizer.<name>.<state>", "<prefix>optimizer.steps", and for an optimizer that
 /// counts each parameter's steps, as adam does, "<prefix>optimizer.<name>.steps"; an
-/// any_optimizer writes them whatever it holds, 0 for one that keeps no count). The parameters may be
+/// any_optimizer writes them whatever it holds, 0 for one that keeps no count). Each parameter's
+/// state is found among `opt`'s parameters as the same parameter, in whatever order `opt` lists
+/// them; one `opt` does not update (a frozen layer) has no optimizer entries. The parameters may be
 /// local tensors or dtensors of any layout (the tensor-parallel model's). A dtensor on CPU
 /// places is saved by its places, each writing its own block at once (a replica's by the first
 /// place along the axes its layout does not split), and loaded into whatever layout and mesh
@@ -211,6 +249,7 @@ checkpoint& add_state(checkpoint& c, const std::string& prefix, std::vector<nn::
                 "pdo::nn::sgd, adam and any_optimizer do");
   auto params_of = [params](std::size_t) { return params; };
   auto opt_of = [&opt](std::size_t) -> Optimizer& { return opt; };
+  const auto held = detail::held_by_copies<T>(1, params_of, opt_of);
   // one mesh of every place of a parameter's mesh, in its order, for the blocks' entries
   std::vector<std::pair<std::vector<any_place>, mesh<"place">>> meshes;
   auto mesh_over = [&meshes](const std::vector<any_place>& places) -> const mesh<"place">& {
@@ -221,7 +260,7 @@ checkpoint& add_state(checkpoint& c, const std::string& prefix, std::vector<nn::
   for (std::size_t i = 0; i < params.size(); ++i) {
     const nn::parameter_ref<T>& p = params[i];
     if (!detail::held_in_blocks(p)) {
-      detail::add_parameter_whole<T>(c, prefix, 1, params_of, opt_of, i);
+      detail::add_parameter_whole<T>(c, prefix, 1, params_of, opt_of, i, held);
       continue;
     }
     // a dtensor on CPU places: each place writes its own block, and a load fills each block
@@ -231,8 +270,9 @@ checkpoint& add_state(checkpoint& c, const std::string& prefix, std::vector<nn::
     // called by the places' lanes at once: the optimizer makes a state's blocks on first use,
     // one lane at a time
     const auto state_mutex = std::make_shared<std::mutex>();
-    auto block_of = [p, positions, state_mutex, &opt, i](const std::string& state) {
-      return [p, positions, state_mutex, &opt, i, state](std::size_t place) -> held_block<T> {
+    const std::size_t j = (*held)[0][i];  // its index among the optimizer's parameters
+    auto block_of = [p, positions, state_mutex, &opt, j](const std::string& state) {
+      return [p, positions, state_mutex, &opt, j, state](std::size_t place) -> held_block<T> {
         for (std::size_t k = 0; k < positions->size(); ++k) {
           const auto& at = (*positions)[k];
           if (at.place != place) continue;
@@ -241,7 +281,7 @@ checkpoint& add_state(checkpoint& c, const std::string& prefix, std::vector<nn::
             data = p.value_blocks().at(k).data();
           } else {
             std::lock_guard lock(*state_mutex);
-            data = opt.state(state, i).at(k).data();
+            data = opt.state(state, j).at(k).data();
           }
           return {at.offset, at.shape, data, at.write};
         }
@@ -251,12 +291,13 @@ checkpoint& add_state(checkpoint& c, const std::string& prefix, std::vector<nn::
     detail::with_rank(p.rank(), p.name(), [&]<std::size_t R>(std::integral_constant<std::size_t, R>) {
       const shape_t<R> shape = p.template shape<R>();
       c.add_blocks<T, R>(prefix + "model." + p.name(), m, shape, block_of(""));
-      for (const std::string& s : opt.state_names()) c.add_blocks<T, R>(prefix + "optimizer." + p.name() + "." + s, m, shape, block_of(s));
+      if (j != detail::not_held)
+        for (const std::string& s : opt.state_names()) c.add_blocks<T, R>(prefix + "optimizer." + p.name() + "." + s, m, shape, block_of(s));
     });
   }
   c.add_computed<long>(
       prefix + "optimizer.steps", [&opt] { return opt.steps(); }, [&opt](long t) { opt.set_steps(t); });
-  detail::add_parameter_steps<T>(c, prefix, params, 1, opt_of);
+  detail::add_parameter_steps<T>(c, prefix, params, 1, opt_of, held);
   return c;
 }
 
@@ -302,16 +343,29 @@ checkpoint& add_state(checkpoint& c, const std::string& prefix, nn::pipeline<T, 
                 "pdo: io::add_state: the optimizer must expose its state (state_names(), state(name, i), steps(), set_steps(t)), as "
                 "pdo::nn::sgd, adam and any_optimizer do");
   auto* pl = &pipeline;
+  // each local place's stage parameters among its optimizer's: a state entry holds every
+  // parameter's blocks, so each must have its state (checked before any entry is added)
+  const std::size_t locals = pl->mesh().local_places().size();
+  const auto held = detail::held_by_copies<T>(locals, [pl](std::size_t k) { return pl->parameters(k); },
+                                              [pl](std::size_t k) -> Optimizer& { return pl->optimizer(k); });
+  for (std::size_t k = 0; k < locals; ++k)
+    for (std::size_t i = 0; i < (*held)[k].size(); ++i)
+      if ((*held)[k][i] == detail::not_held)
+        throw io_error("io: add_state: the optimizer of the pipeline stage on place " +
+                       pl->mesh().place(pl->mesh().local_places()[k]).name() + " does not update the stage's parameter " +
+                       pl->parameters(k)[i].name() +
+                       " (a frozen parameter); a pipeline's checkpoint holds each stage's optimizer state for every parameter of "
+                       "the stage: give make_optimizer's optimizer all the parameters it is given");
   c.spanning(pl->mesh());
   // the block place p holds of model parameter g: its values (state "") or an optimizer state
-  auto block_of = [pl](std::size_t g, const std::string& state) {
-    return [pl, g, state](std::size_t p) -> held_block<T> {
+  auto block_of = [pl, held](std::size_t g, const std::string& state) {
+    return [pl, held, g, state](std::size_t p) -> held_block<T> {
       const auto& local = pl->mesh().local_places();
       const std::size_t k = static_cast<std::size_t>(std::find(local.begin(), local.end(), p) - local.begin());
       const auto part = pl->part_of(k, g);
       if (part.index == part.npos) return {};
       const nn::parameter_ref<T> q = pl->parameters(k)[part.index];  // parameters(k) is a copy
-      T* data = state.empty() ? q.value_blocks().at(0).data() : pl->optimizer(k).state(state, part.index).at(0).data();
+      T* data = state.empty() ? q.value_blocks().at(0).data() : pl->optimizer(k).state(state, (*held)[k][part.index]).at(0).data();
       return {part.offset, q.extents(), data, part.first};
     };
   };

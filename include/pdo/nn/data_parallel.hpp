@@ -401,10 +401,9 @@ class data_parallel {
         r.updated_as.assign(r.params.size(), npos);
         for (std::size_t i = 0; i < updated.size(); ++i) {
           if (updated[i].value_blocks().size() != 1) return false;
-          const T* data = updated[i].value().data();
           std::size_t found = npos;
-          for (std::size_t j = 0; j < r.params.size() && data != nullptr; ++j)
-            if (r.params[j].value().data() == data && r.params[j].size() == updated[i].size()) found = j;
+          for (std::size_t j = 0; j < r.params.size(); ++j)
+            if (r.params[j].same_parameter(updated[i])) found = j;
           if (found == npos) return false;  // the optimizer updates something the buckets do not sync
           r.updated_as[found] = i;
         }

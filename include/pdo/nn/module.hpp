@@ -38,6 +38,9 @@ class parameter_ref {
 
   /// @brief The parameter's name, prefixed as the model listed it ("0.weight").
   [[nodiscard]] const std::string& name() const { return name_; }
+  /// @brief Whether `other` refers to the same parameter (the same var), whatever its name
+  /// and however each was obtained (a model's parameters(), an optimizer's copy of them).
+  [[nodiscard]] bool same_parameter(const parameter_ref& other) const { return impl_->identity() == other.impl_->identity(); }
   /// @brief The values, one block per tensor or local shard.
   [[nodiscard]] std::vector<std::span<T>> value_blocks() const { return impl_->value_blocks(); }
   /// @brief Zero-filled state for each block (an optimizer's moments), each in the memory
@@ -144,6 +147,7 @@ class parameter_ref {
   }
   struct base {
     virtual ~base() = default;
+    virtual const void* identity() const = 0;
     virtual std::vector<std::span<T>> value_blocks() = 0;
     virtual std::vector<std::span<T>> grad_blocks() = 0;
     virtual std::vector<detail::place_state*> block_places() = 0;
@@ -166,6 +170,7 @@ class parameter_ref {
   struct holder final : base {
     explicit holder(var<V> x) : v(std::move(x)) {}
     var<V> v;
+    const void* identity() const override { return v.node().get(); }
     template <class X>
     static std::vector<std::span<T>> blocks_of(X& value) {
       if constexpr (var<V>::distributed) {
