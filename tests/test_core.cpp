@@ -88,6 +88,7 @@ TEST_CASE("mesh: coordinates, groups along an axis, description", "[mesh]") {
   STATIC_REQUIRE(!decltype(mesh)::has_axis("pp"));
   CHECK_THROWS_WITH((pdo::make_mesh<"dp", "tp">(pdo::cpu_places(4), {3, 2})),
                     Catch::Contains("make_mesh") && Catch::Contains("[3, 2]") && Catch::Contains("4 were given"));
+  CHECK_THROWS_WITH(pdo::make_mesh<"x">(std::vector<pdo::cpu_place>{}), Catch::Contains("make_mesh") && Catch::Contains("has no places"));
 }
 
 TEST_CASE("mesh: a place or axis number out of range is a layout_error naming the mesh and the call", "[mesh]") {

@@ -458,8 +458,9 @@ TEST_CASE("safetensors: a model's parameters by name, local and tensor-parallel"
 
 namespace {
 
-/// @brief A data-parallel trainer of make_mlp with Adam on `places` places.
-auto make_trainer(std::size_t places, unsigned seed_shift = 0, bool zero1 = false) {
+/// @brief A data-parallel trainer of make_mlp with Adam on `places` places; `reversed`: the
+/// optimizer lists what it is given (parameters, or ZeRO-1's slices) in reverse.
+auto make_trainer(std::size_t places, unsigned seed_shift = 0, bool zero1 = false, bool reversed = false) {
   const auto m = pdo::make_mesh<"dp">(pdo::cpu_places(places));
   return pdo::nn::make_data_parallel<double>(
       m,
@@ -470,7 +471,10 @@ auto make_trainer(std::size_t places, unsigned seed_shift = 0, bool zero1 = fals
             for (auto& v : p.value()) v += 0.25 * seed_shift;
         return model;
       },
-      [](auto params) { return pdo::nn::adam<double>(std::move(params), {.lr = 0.01}); },
+      [reversed](auto params) {
+        if (reversed) std::reverse(params.begin(), params.end());
+        return pdo::nn::adam<double>(std::move(params), {.lr = 0.01});
+      },
       {.bucket_bytes = 256, .zero1 = zero1});
 }
 
@@ -672,6 +676,31 @@ TEST_CASE("resume: a ZeRO-1 trainer's sliced optimizer state, on the same mesh a
       else CHECK(std::abs(tail[i] - all[7 + i]) <= 1e-12 * std::abs(all[7 + i]));
     }
   }
+
+  // an optimizer that lists the slices in reverse: each slice's state saved as its own, so the
+  // checkpoint resumes bitwise, and loads into a trainer whose optimizer keeps their order
+  auto reversed = make_trainer(2, 0, true, true);
+  train(reversed, 0, 7);
+  pdo::io::save(tmp.path / "r", reversed);
+  for (const bool again_reversed : {true, false}) {
+    CAPTURE(again_reversed);
+    auto resumed = make_trainer(2, 1, true, again_reversed);
+    pdo::io::load(tmp.path / "r", resumed);
+    const auto tail = train(resumed, 7, 14);
+    for (std::size_t i = 0; i < tail.size(); ++i) CHECK(tail[i] == all[7 + i]);
+  }
+  // one that leaves a slice out cannot be saved whole: an io_error before anything is written
+  const auto m = pdo::make_mesh<"dp">(pdo::cpu_places(2));
+  auto frozen = pdo::nn::make_data_parallel<double>(
+      m, [] { return pdo_test::make_mlp(); },
+      [](auto slices) {
+        slices.pop_back();
+        return pdo::nn::adam<double>(std::move(slices), {.lr = 0.01});
+      },
+      {.bucket_bytes = 256, .zero1 = true});
+  train(frozen, 0, 2);
+  CHECK_THROWS_WITH(pdo::io::save(tmp.path / "f", frozen), Catch::Contains("does not update bucket") && Catch::Contains("slice"));
+  CHECK(!fs::exists(tmp.path / "f"));
 }
 
 TEST_CASE("resume: a tensor-parallel model and its optimizer, on the same mesh and on another") {

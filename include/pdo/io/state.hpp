@@ -177,6 +177,18 @@ void add_zero1_state(checkpoint& c, const std::string& prefix, Trainer& trainer)
                      ") keeps its optimizer state's slices in device memory, which checkpoints of ZeRO-1 state do not take "
                      "yet; save a trainer on CPU places, or one without zero1");
   auto* t = &trainer;
+  // each replica's bucket slices among its optimizer's parameters (make_optimizer was given
+  // slices() and may list them in another order): a state entry holds every slice's runs
+  const auto held = held_by_copies<T>(
+      trainer.replica_count(), [t](std::size_t k) { return t->replica_buckets(k).slices(); },
+      [t](std::size_t k) -> auto& { return t->optimizer(k); });
+  for (std::size_t k = 0; k < held->size(); ++k)
+    for (std::size_t b = 0; b < (*held)[k].size(); ++b)
+      if ((*held)[k][b] == not_held)
+        throw io_error("io: add_state: the optimizer of the ZeRO-1 trainer's replica on place " +
+                       trainer.mesh().place(trainer.mesh().local_places()[k]).name() + " does not update bucket " +
+                       std::to_string(b) + "'s slice (a frozen slice); a ZeRO-1 checkpoint holds the optimizer state of every "
+                       "slice: give make_optimizer's optimizer all the slices it is given");
   const std::vector<nn::parameter_ref<T>> params = trainer.parameters(0);
   const auto& m = trainer.mesh();
   using mesh_type = std::decay_t<decltype(m)>;
@@ -187,14 +199,14 @@ void add_zero1_state(checkpoint& c, const std::string& prefix, Trainer& trainer)
       if (a != dp && t->mesh().coord(place, a) != 0) return false;
     return true;
   };
-  auto block_of = [t, writes](std::size_t i, const std::string& state) {
-    return [t, writes, i, state](std::size_t place) -> held_block<T> {
+  auto block_of = [t, writes, held](std::size_t i, const std::string& state) {
+    return [t, writes, held, i, state](std::size_t place) -> held_block<T> {
       const auto& local = t->mesh().local_places();
       const std::size_t k = static_cast<std::size_t>(std::find(local.begin(), local.end(), place) - local.begin());
       if (k == local.size()) return {};
       for (const auto& run : t->replica_buckets(k).slice_runs()) {
         if (run.param != i) continue;
-        T* data = t->optimizer(k).state(state, run.bucket).at(0).data() + run.at;
+        T* data = t->optimizer(k).state(state, (*held)[k][run.bucket]).at(0).data() + run.at;
         return {{run.first}, {run.count}, data, writes(place)};
       }
       return {};

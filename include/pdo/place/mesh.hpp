@@ -108,7 +108,10 @@ PDO_NOINLINE inline void finish_mesh(mesh_state& state) {
   const std::string name = describe_mesh(state);
   std::size_t product = 1;
   for (auto e : state.extents) product *= e;
-  if (product != state.places.size() || product == 0)
+  if (state.places.empty() || product == 0)
+    throw layout_error("make_mesh: " + name + " has no places (extents " + format_extents(state.extents) + ", " +
+                       std::to_string(state.places.size()) + " places given); a mesh needs at least one place and every extent at least 1");
+  if (product != state.places.size())
     throw layout_error("make_mesh: extents " + format_extents(state.extents) + " of " + name +
                        " hold " + std::to_string(product) + " places but " + std::to_string(state.places.size()) +
                        " were given; make the product of the extents equal the number of places");
