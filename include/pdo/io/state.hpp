@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <memory>
 #include <mutex>
+#include <numeric>
 #include <string>
 #include <utility>
 #include <vector>
@@ -54,8 +55,7 @@ concept steps_per_parameter = requires(O& o, const O& co, std::size_t i, long t)
   o.set_steps(i, t);
 };
 
-/// @brief A parameter its optimizer does not update (see held_as).
-inline constexpr std::size_t not_held = static_cast<std::size_t>(-1);
+using pdo::detail::not_held;
 
 /// @brief For each of `params`, the index of the same parameter among `opt`'s, or not_held: an
 /// optimizer made for part of a model's parameters (a frozen layer), or for them in another
@@ -63,16 +63,13 @@ inline constexpr std::size_t not_held = static_cast<std::size_t>(-1);
 /// taken to hold `params` in their order.
 template <class T, class Optimizer>
 std::vector<std::size_t> held_as(const std::vector<nn::parameter_ref<T>>& params, const Optimizer& opt) {
-  std::vector<std::size_t> out(params.size(), not_held);
   if constexpr (requires { { opt.parameters() } -> std::convertible_to<const std::vector<nn::parameter_ref<T>>&>; }) {
-    const std::vector<nn::parameter_ref<T>>& held = opt.parameters();
-    for (std::size_t i = 0; i < params.size(); ++i)
-      for (std::size_t j = 0; j < held.size() && out[i] == not_held; ++j)
-        if (params[i].same_parameter(held[j])) out[i] = j;
+    return pdo::detail::positions_among(params, opt.parameters());
   } else {
-    for (std::size_t i = 0; i < params.size(); ++i) out[i] = i;
+    std::vector<std::size_t> out(params.size());
+    std::iota(out.begin(), out.end(), std::size_t{0});
+    return out;
   }
-  return out;
 }
 
 /// @brief held_as for each of `copies` copies (`params_of(k)` and `opt_of(k)`): [copy][parameter].
@@ -81,6 +78,16 @@ std::shared_ptr<const std::vector<std::vector<std::size_t>>> held_by_copies(std:
   auto held = std::make_shared<std::vector<std::vector<std::size_t>>>();
   for (std::size_t k = 0; k < copies; ++k) held->push_back(held_as<T>(params_of(k), opt_of(k)));
   return held;
+}
+
+/// @brief An io_error, `what(k, i)`, for the first parameter `i` of a copy `k` that its optimizer
+/// does not update (`held` as held_by_copies): for the checkpoints whose state entries hold
+/// every parameter's blocks (a pipeline's, a ZeRO-1 trainer's slices).
+template <class What>
+void require_all_held(const std::vector<std::vector<std::size_t>>& held, What what) {
+  for (std::size_t k = 0; k < held.size(); ++k)
+    for (std::size_t i = 0; i < held[k].size(); ++i)
+      if (held[k][i] == not_held) throw io_error(what(k, i));
 }
 
 /// @brief After the entry "<prefix>optimizer.steps": for an optimizer that counts each
@@ -182,13 +189,12 @@ void add_zero1_state(checkpoint& c, const std::string& prefix, Trainer& trainer)
   const auto held = held_by_copies<T>(
       trainer.replica_count(), [t](std::size_t k) { return t->replica_buckets(k).slices(); },
       [t](std::size_t k) -> auto& { return t->optimizer(k); });
-  for (std::size_t k = 0; k < held->size(); ++k)
-    for (std::size_t b = 0; b < (*held)[k].size(); ++b)
-      if ((*held)[k][b] == not_held)
-        throw io_error("io: add_state: the optimizer of the ZeRO-1 trainer's replica on place " +
-                       trainer.mesh().place(trainer.mesh().local_places()[k]).name() + " does not update bucket " +
-                       std::to_string(b) + "'s slice (a frozen slice); a ZeRO-1 checkpoint holds the optimizer state of every "
-                       "slice: give make_optimizer's optimizer all the slices it is given");
+  require_all_held(*held, [t](std::size_t k, std::size_t b) {
+    return "io: add_state: the optimizer of the ZeRO-1 trainer's replica on place " + t->mesh().place(t->mesh().local_places()[k]).name() +
+           " does not update bucket " + std::to_string(b) +
+           "'s slice (a frozen slice); a ZeRO-1 checkpoint holds the optimizer state of every slice: give make_optimizer's "
+           "optimizer all the slices it is given";
+  });
   const std::vector<nn::parameter_ref<T>> params = trainer.parameters(0);
   const auto& m = trainer.mesh();
   using mesh_type = std::decay_t<decltype(m)>;
@@ -360,14 +366,12 @@ checkpoint& add_state(checkpoint& c, const std::string& prefix, nn::pipeline<T, 
   const std::size_t locals = pl->mesh().local_places().size();
   const auto held = detail::held_by_copies<T>(locals, [pl](std::size_t k) { return pl->parameters(k); },
                                               [pl](std::size_t k) -> Optimizer& { return pl->optimizer(k); });
-  for (std::size_t k = 0; k < locals; ++k)
-    for (std::size_t i = 0; i < (*held)[k].size(); ++i)
-      if ((*held)[k][i] == detail::not_held)
-        throw io_error("io: add_state: the optimizer of the pipeline stage on place " +
-                       pl->mesh().place(pl->mesh().local_places()[k]).name() + " does not update the stage's parameter " +
-                       pl->parameters(k)[i].name() +
-                       " (a frozen parameter); a pipeline's checkpoint holds each stage's optimizer state for every parameter of "
-                       "the stage: give make_optimizer's optimizer all the parameters it is given");
+  detail::require_all_held(*held, [pl](std::size_t k, std::size_t i) {
+    return "io: add_state: the optimizer of the pipeline stage on place " + pl->mesh().place(pl->mesh().local_places()[k]).name() +
+           " does not update the stage's parameter " + pl->parameters(k)[i].name() +
+           " (a frozen parameter); a pipeline's checkpoint holds each stage's optimizer state for every parameter of the stage: "
+           "give make_optimizer's optimizer all the parameters it is given";
+  });
   c.spanning(pl->mesh());
   // the block place p holds of model parameter g: its values (state "") or an optimizer state
   auto block_of = [pl, held](std::size_t g, const std::string& state) {

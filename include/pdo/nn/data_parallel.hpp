@@ -398,20 +398,17 @@ class data_parallel {
         replica& r = *held;
         if (!r.optimizer->fusable()) return false;
         const auto& updated = r.optimizer->parameters();
-        r.updated_as.assign(r.params.size(), npos);
-        for (std::size_t i = 0; i < updated.size(); ++i) {
-          if (updated[i].value_blocks().size() != 1) return false;
-          std::size_t found = npos;
-          for (std::size_t j = 0; j < r.params.size(); ++j)
-            if (r.params[j].same_parameter(updated[i])) found = j;
-          if (found == npos) return false;  // the optimizer updates something the buckets do not sync
-          r.updated_as[found] = i;
-        }
+        for (const auto& u : updated)
+          if (u.value_blocks().size() != 1) return false;
+        r.updated_as = pdo::detail::positions_among(r.params, updated);
+        // the optimizer updates something the buckets do not sync
+        if (static_cast<std::size_t>(std::ranges::count_if(r.updated_as, [](std::size_t j) { return j != npos; })) != updated.size())
+          return false;
       }
       return true;
     }
   }
-  static constexpr std::size_t npos = static_cast<std::size_t>(-1);
+  static constexpr std::size_t npos = pdo::detail::not_held;
 
   /// @brief Place 0's parameter values into `params`, place p's (a broadcast over the mesh).
   void broadcast_from_first(std::size_t p, const std::vector<parameter_ref<T>>& params) const {

@@ -356,3 +356,22 @@ tensor<T, R> fan_in_uniform(const shape_t<R>& shape, std::size_t fan_in, rng& ge
 }  // namespace init
 
 }  // namespace pdo::nn
+
+namespace pdo::detail {
+
+/// @brief What positions_among gives a parameter that `among` lacks.
+inline constexpr std::size_t not_held = static_cast<std::size_t>(-1);
+
+/// @brief For each of `these`, the index of the same parameter (parameter_ref::same_parameter)
+/// in `among`, or not_held: where an optimizer, made for part of a model's parameters or for
+/// them in another order, keeps each one's state.
+template <class T>
+std::vector<std::size_t> positions_among(const std::vector<nn::parameter_ref<T>>& these, const std::vector<nn::parameter_ref<T>>& among) {
+  std::vector<std::size_t> out(these.size(), not_held);
+  for (std::size_t i = 0; i < these.size(); ++i)
+    for (std::size_t j = 0; j < among.size() && out[i] == not_held; ++j)
+      if (these[i].same_parameter(among[j])) out[i] = j;
+  return out;
+}
+
+}  // namespace pdo::detail
