@@ -3,7 +3,7 @@
 // x + y on tiny dtensors (what every expression pays besides its kernels).
 //
 // Usage: bench_dispatch [iterations=20000] [samples=5]
-// Target (DESIGN §7): dispatch overhead per op per place <= 2 us. Beside spmd, the same
+// Target: dispatch overhead per op per place <= 2 us. Beside spmd, the same
 // round trip through a std::thread created per operation, the cost pdo's resident place
 // lanes avoid; beside eval, the spmd round trip on the same mesh, the part of an eval
 // that is dispatch alone. Each sample times `iterations` calls (a tenth of that for the

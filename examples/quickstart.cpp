@@ -1,4 +1,4 @@
-// examples/quickstart.cpp: the main demo. Distributes a batch and a weight matrix over a
+// examples/quickstart.cpp: the quick start. Distributes a batch and a weight matrix over a
 // mesh of CPU places, runs a dense layer with parallel_do, redistributes the result, and
 // checks it against the same program on one place, printing what happened at each step.
 #include <pdo/pdo.hpp>

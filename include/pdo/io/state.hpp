@@ -360,6 +360,11 @@ checkpoint& add_state(checkpoint& c, const std::string& prefix, nn::pipeline<T, 
   static_assert(detail::optimizer_with_state<Optimizer>,
                 "pdo: io::add_state: the optimizer must expose its state (state_names(), state(name, i), steps(), set_steps(t)), as "
                 "pdo::nn::sgd, adam and any_optimizer do");
+  for (const any_place& q : pipeline.mesh().places())  // every process sees every place: all refuse alike
+    if (q.kind() != place_kind::cpu)
+      throw io_error("io: add_state: a pipeline on GPU places (" + q.name() +
+                     ") keeps its stages' parameters and optimizer state in device memory, which pipeline checkpoints do not "
+                     "take yet; save a pipeline on CPU places");
   auto* pl = &pipeline;
   // each local place's stage parameters among its optimizer's: a state entry holds every
   // parameter's blocks, so each must have its state (checked before any entry is added)
