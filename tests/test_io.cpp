@@ -301,10 +301,34 @@ TEST_CASE("checkpoints: corrupt, truncated, missing and mismatched files are io_
     CHECK_THAT(e, Catch::Contains("t0.p1.bin") && Catch::Contains("\"weights\"") && Catch::Contains("corrupt") &&
                       Catch::Contains("do not match their checksum"));
   }
-  SECTION("a flipped byte in the header") {
-    const auto dir = fresh("header");
-    flip_byte(dir / "t0.p0.bin", fs::file_size(dir / "t0.p0.bin") - 20);
-    CHECK_THAT(load_error(dir, into), Catch::Contains("t0.p0.bin") && Catch::Contains("does not match"));
+  SECTION("a flipped byte in each field of a shard's header") {
+    // bytes 16 to 63: the data's size, the chunk size, the block's identity, the checksum, reserved
+    for (const std::size_t at : {16, 17, 20, 21, 24, 25, 32, 40, 48, 56}) {
+      const auto dir = fresh("header" + std::to_string(at));
+      flip_byte(dir / "t0.p0.bin", fs::file_size(dir / "t0.p0.bin") - at);
+      const auto e = load_error(dir, into);
+      INFO("byte " << at << ": " << e);
+      CHECK_THAT(e, Catch::Contains("t0.p0.bin") && Catch::Contains("\"weights\"") && Catch::Contains("corrupt"));
+      CHECK_THAT(e, !Catch::Contains("metadata does not match"));
+    }
+  }
+  SECTION("a corrupt shard ends the load: the entries after it are left as they were") {
+    const fs::path dir = tmp.path / "order";
+    pdo::tensor<double, 1> a({4}), b({4});
+    for (std::size_t i = 0; i < 4; ++i) a(i) = static_cast<double>(i + 1), b(i) = static_cast<double>(i + 5);
+    pdo::io::checkpoint out;
+    out.add("a", a);
+    out.add("b", b);
+    pdo::io::save(dir, out);
+    flip_byte(dir / "t0.bin", 1);  // the last byte of a's data
+    pdo::tensor<double, 1> a2({4}), b2({4});
+    a2.fill(-1);
+    b2.fill(-1);
+    pdo::io::checkpoint in;
+    in.add("a", a2);
+    in.add("b", b2);
+    CHECK_THAT(load_error(dir, in), Catch::Contains("t0.bin") && Catch::Contains("\"a\"") && Catch::Contains("corrupt"));
+    for (std::size_t i = 0; i < 4; ++i) CHECK(b2(i) == -1);
   }
   SECTION("a truncated shard") {
     const auto dir = fresh("truncated");
@@ -382,6 +406,19 @@ TEST_CASE("npy and safetensors: round trips, and bad files") {
   }
   CHECK_THROWS_AS((pdo::io::load_npy<double, 2>(tmp.path / "huge.npy")), pdo::io_error);
   CHECK_THROWS_WITH((pdo::io::load_npy<double, 2>(tmp.path / "huge.npy")), Catch::Contains("huge.npy") && Catch::Contains("damaged header"));
+  {  // an extent past 2^64 (2^64 + 3) is not wrapped around to a small one
+    std::string header = "{'descr': '<f4', 'fortran_order': False, 'shape': (18446744073709551619, 4), }";
+    header.resize(117, ' ');
+    header += '\n';
+    std::ofstream f(tmp.path / "wrap.npy", std::ios::binary);
+    f << "\x93NUMPY" << '\x01' << '\x00' << static_cast<char>(header.size() & 0xff) << static_cast<char>(header.size() >> 8) << header
+      << std::string(48, '\0');
+  }
+  CHECK_THROWS_WITH((pdo::io::load_npy<float, 2>(tmp.path / "wrap.npy")), Catch::Contains("wrap.npy") && Catch::Contains("too large to count"));
+  // a save that fails leaves no temporary file behind
+  fs::create_directories(tmp.path / "adir.npy");
+  CHECK_THROWS_AS(pdo::io::save_npy(tmp.path / "adir.npy", a), pdo::io_error);
+  CHECK_FALSE(fs::exists(tmp.path / "adir.npy.partial"));
 
   pdo::io::safetensors_writer w;
   w.add("a", a).add("v", v).metadata("format", "pt");

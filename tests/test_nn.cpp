@@ -645,6 +645,39 @@ TEST_CASE("data parallel: micro-batches accumulate gradients without syncing, on
   CHECK(b == Approx(a).epsilon(1e-12));
   check_close(values_of(micro), values_of(whole), 1e-12);
   CHECK_THROWS_WITH(micro.step(x, y, 0), Catch::Contains("micro_batches must be at least 1"));
+  // an epoch's accuracy counts that epoch's steps only, not step() calls made before fit: with
+  // a learning rate of 0 it is the accuracy of the unchanged model on the same rows
+  auto still = pdo::nn::make_data_parallel<double>(m, make_mlp, [](auto ps) { return pdo::nn::sgd<double>(std::move(ps), {.lr = 0.0}); });
+  for (int s = 0; s < 3; ++s) (void)still.step(x, y);
+  const double expected = still.accuracy(x, y);
+  std::vector<double> seen;
+  still.fit(x, y, {.epochs = 2, .batch_size = 5, .seed = 3}, [&](const auto& s) { seen.push_back(s.accuracy); });
+  REQUIRE(seen.size() == 2);
+  for (const double acc : seen) CHECK(acc == Approx(expected).epsilon(1e-12));
+}
+
+TEST_CASE("data parallel: a regression with mse_loss, the same on 1 and 3 places; targets of another shape are refused", "[nn][data_parallel]") {
+  const auto x = rnd<2>({11, 6}, 131);
+  const auto t = rnd<2>({11, 4}, 132);
+  auto sgd = [](auto ps) { return pdo::nn::sgd<double>(std::move(ps), {.lr = 0.05, .momentum = 0.9}); };
+  auto one = pdo::nn::make_data_parallel<double>(pdo::make_mesh<"dp">(pdo::cpu_places(1)), make_mlp, sgd, {}, pdo::nn::mse_loss{});
+  auto three = pdo::nn::make_data_parallel<double>(pdo::make_mesh<"dp">(pdo::cpu_places(3)), make_mlp, sgd, {}, pdo::nn::mse_loss{});
+  // the loss by hand, on the model as it starts
+  auto model = make_mlp();
+  const auto out = model(pdo::var(x)).value();
+  double expected = 0;
+  for (std::size_t i = 0; i < 11; ++i)
+    for (std::size_t j = 0; j < 4; ++j) expected += (out(i, j) - t(i, j)) * (out(i, j) - t(i, j)) / 44.0;
+  for (int s = 0; s < 3; ++s) {
+    const double a = one.step(x, t), b = three.step(x, t);
+    if (s == 0) CHECK(a == Approx(expected).epsilon(1e-12));
+    CHECK(b == Approx(a).epsilon(1e-12));
+  }
+  check_close(values_of(three), values_of(one), 1e-12);
+  const auto column = rnd<2>({11, 1}, 133);
+  CHECK_THROWS_AS(three.step(x, column), pdo::shape_error);
+  CHECK_THROWS_WITH(one.step(x, column), Catch::Contains("nn::mse_loss") && Catch::Contains("[11, 4]") && Catch::Contains("[11, 1]"));
+  CHECK(three.step(x, t) == Approx(one.step(x, t)).epsilon(1e-12));  // both go on after the refusal
 }
 
 TEST_CASE("data parallel: gradients clipped by their global norm, the same on 1 and 4 places and as the formula", "[nn][data_parallel]") {

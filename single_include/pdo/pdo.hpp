@@ -17935,8 +17935,13 @@ struct cross_entropy_loss {
 /// @brief Mean squared error against targets of the output's shape.
 struct mse_loss {
   /// @brief mean((out - target)²) over every element; `target` is a constant (no gradient).
+  /// Targets of another shape are a pdo::shape_error (pdo::mse would broadcast them: a target
+  /// column [N, 1] against outputs [N, C] is a mistake a trainer should not take silently).
   template <class V>
   auto operator()(const var<V>& out, const V& target) const {
+    if (out.value().shape() != target.shape())
+      throw shape_error("nn::mse_loss: the output is " + pdo::detail::format_extents(out.value().shape()) + " and the targets " +
+                        pdo::detail::format_extents(target.shape()) + ": give targets of the output's shape");
     return pdo::mse(out, var<V>(target));
   }
 };
@@ -18168,6 +18173,7 @@ class data_parallel {
     for (std::size_t epoch = first_epoch; epoch < first_epoch + o.epochs; ++epoch) {
       if (o.shuffle) std::shuffle(order.begin(), order.end(), gen);
       const auto start = std::chrono::steady_clock::now();
+      last_epoch_correct_ = 0;  // the epoch's own steps only (not step() calls before, nor a fit that threw)
       double total = 0;
       std::size_t counted = 0, skipped = 0;
       auto prefetch = [&](std::size_t first) {
@@ -18197,7 +18203,6 @@ class data_parallel {
       s.skipped_steps = skipped;
       s.samples_per_second = static_cast<double>(n) / seconds;
       s.accuracy = last_epoch_correct_ / static_cast<double>(n);
-      last_epoch_correct_ = 0;
       ++epochs_;
       on_epoch(s);
     }
@@ -18520,7 +18525,7 @@ class data_parallel {
   Loss loss_;
   std::vector<std::unique_ptr<replica>> replicas_;
   bool fused_ = false;  ///< steps fuse the gradients' sync with the optimizer's update (fusable())
-  double last_epoch_correct_ = 0;
+  double last_epoch_correct_ = 0;  ///< rows the steps of fit's current epoch classified right
   std::size_t steps_ = 0;   ///< steps taken, skipped ones included
   std::size_t epochs_ = 0;  ///< epochs fit has trained
 };
@@ -19527,6 +19532,7 @@ inline std::vector<cpu_place> cpu_places() { return cpu_places(detail::process_c
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -19649,19 +19655,26 @@ inline std::string read_text(const std::filesystem::path& path) {
 }
 
 /// @brief Writes `path` safely: `write(file&)` fills a temporary name beside it, which is
-/// flushed, then renamed over `path`, so a reader finds the old file or the new one, never a part.
+/// flushed, then renamed over `path`, so a reader finds the old file or the new one, never a
+/// part. When the write, the flush or the rename fails, the temporary file is removed.
 template <class Write>
 void write_atomically(const std::filesystem::path& path, Write&& write) {
   std::filesystem::path temporary = path;
   temporary += ".partial";
-  {
-    file f(temporary, file::mode::write);
-    write(f);
-    f.flush();
+  std::optional<file> f(std::in_place, temporary, file::mode::write);  // from here on, the temporary is this write's
+  try {
+    write(*f);
+    f->flush();
+    f.reset();
+    std::error_code ec;
+    std::filesystem::rename(temporary, path, ec);
+    if (ec) throw io_error("io: " + path.string() + ": cannot rename " + temporary.string() + " to it: " + ec.message());
+  } catch (...) {
+    f.reset();
+    std::error_code ignored;
+    std::filesystem::remove(temporary, ignored);
+    throw;
   }
-  std::error_code ec;
-  std::filesystem::rename(temporary, path, ec);
-  if (ec) throw io_error("io: " + path.string() + ": cannot rename " + temporary.string() + " to it: " + ec.message());
 }
 
 inline void write_text_atomically(const std::filesystem::path& path, std::string_view text) {
@@ -19832,21 +19845,34 @@ class shard_reader {
     } catch (const pdo::error& e) {
       throw io_error(where + "the metadata is corrupt: " + e.what());
     }
+    // The header's fields are believed only once its checksum matches, and the checksums it
+    // covers can be read only where its sizes fit the file: a header whose sizes do not is
+    // either a truncated or extended file's or a damaged one.
+    if (h_.chunk_bytes == 0) throw io_error(where + "corrupt: the header's chunk size is 0");
+    const std::size_t size = f_.size();
+    auto file_bytes_for = [&](std::size_t data_bytes) {  // the file's size a block of data_bytes needs, or 0 past the file's
+      return data_bytes > size ? 0 : data_offset_of(chunks_of(data_bytes, h_.chunk_bytes)) + data_bytes;
+    };
+    const std::size_t need = file_bytes_for(h_.data_bytes);
+    if (need != size) {
+      if (h_.data_bytes != expected)
+        throw io_error(where + "corrupt or truncated: its header says " + std::to_string(h_.data_bytes) + " bytes of data in a file of " +
+                       std::to_string(size) + " bytes, and the block " + pdo::detail::format_extents(b.shape) + " needs " +
+                       std::to_string(expected));
+      if (need == 0 || size < need)
+        throw io_error(where + "truncated: " + std::to_string(size) + " bytes, its block needs " +
+                       std::to_string(data_offset_of(chunks_of(expected, h_.chunk_bytes)) + expected));
+      throw io_error(where + "the metadata does not match the shard: " + std::to_string(size - need) + " bytes more than its block");
+    }
+    sums_.resize(chunks_of(h_.data_bytes, h_.chunk_bytes));
+    data_at_ = data_offset_of(sums_.size());
+    if (!sums_.empty()) f_.read_at(sums_.data(), sums_.size() * 8, sizeof h_);
+    if (header_checksum(h_, sums_) != h_.checksum) throw io_error(where + "corrupt: the header's checksum does not match");
     if (h_.data_bytes != expected)
       throw io_error(where + "the metadata does not match the shard: the block " + pdo::detail::format_extents(b.shape) + " needs " +
                      std::to_string(expected) + " bytes, the file holds " + std::to_string(h_.data_bytes));
     if (h_.identity != block_identity(name, b.offset))
       throw io_error(where + "the metadata does not match the shard: the file holds another tensor's block, or another block");
-    if (h_.chunk_bytes == 0) throw io_error(where + "corrupt header (chunk size 0)");
-    sums_.resize(chunks_of(h_.data_bytes, h_.chunk_bytes));
-    data_at_ = data_offset_of(sums_.size());
-    const std::size_t need = data_at_ + h_.data_bytes;
-    if (f_.size() < need)
-      throw io_error(where + "truncated: " + std::to_string(f_.size()) + " bytes, its block needs " + std::to_string(need));
-    if (f_.size() > need)
-      throw io_error(where + "the metadata does not match the shard: " + std::to_string(f_.size() - need) + " bytes more than its block");
-    if (!sums_.empty()) f_.read_at(sums_.data(), sums_.size() * 8, sizeof h_);
-    if (header_checksum(h_, sums_) != h_.checksum) throw io_error(where + "corrupt: the header's checksum does not match");
     where_ = where;
   }
 
@@ -20298,7 +20324,9 @@ class checkpoint {
   /// element type is a pdo::io_error naming the file, the entry and what is wrong, on every
   /// process. Every entry's metadata is checked first: a checkpoint that lacks an entry, or
   /// holds one of another kind, element type or shape, loads nothing. A shard file found
-  /// corrupt while the data is read fails the load with the entries before it filled.
+  /// corrupt while the data is read fails the load there: the entries before it are filled,
+  /// those after it are left as they were, and the entry it belongs to may hold some of the
+  /// checkpoint's bytes (those read before the failure, the damaged ones among them).
   void load(const std::filesystem::path& dir, const load_options& o = {}) {
     pdo::detail::check_not_nested("io::load");
     detail::load_context c;
@@ -20313,6 +20341,7 @@ class checkpoint {
       c.checking = checking;
       if (!c.failure)
         for (const auto& e : entries_) {
+          if (c.failure) break;  // the first failure ends the load (no entry's load is a collective)
           try {
             e.load(c, e.name);
           } catch (const nlohmann::json::exception& x) {
@@ -20754,7 +20783,11 @@ inline npy_header parse_npy_header(const std::filesystem::path& path, const std:
     if (i >= end) break;
     if (!std::isdigit(static_cast<unsigned char>(text[i]))) throw bad("an extent is not a number");
     std::size_t v = 0;
-    while (i < end && std::isdigit(static_cast<unsigned char>(text[i]))) v = v * 10 + static_cast<std::size_t>(text[i++] - '0');
+    while (i < end && std::isdigit(static_cast<unsigned char>(text[i]))) {
+      const auto digit = static_cast<std::size_t>(text[i++] - '0');
+      if (v > (std::numeric_limits<std::size_t>::max() - digit) / 10) throw bad("an extent is too large to count");
+      v = v * 10 + digit;
+    }
     h.shape.push_back(v);
   }
   return h;

@@ -166,21 +166,34 @@ class shard_reader {
     } catch (const pdo::error& e) {
       throw io_error(where + "the metadata is corrupt: " + e.what());
     }
+    // The header's fields are believed only once its checksum matches, and the checksums it
+    // covers can be read only where its sizes fit the file: a header whose sizes do not is
+    // either a truncated or extended file's or a damaged one.
+    if (h_.chunk_bytes == 0) throw io_error(where + "corrupt: the header's chunk size is 0");
+    const std::size_t size = f_.size();
+    auto file_bytes_for = [&](std::size_t data_bytes) {  // the file's size a block of data_bytes needs, or 0 past the file's
+      return data_bytes > size ? 0 : data_offset_of(chunks_of(data_bytes, h_.chunk_bytes)) + data_bytes;
+    };
+    const std::size_t need = file_bytes_for(h_.data_bytes);
+    if (need != size) {
+      if (h_.data_bytes != expected)
+        throw io_error(where + "corrupt or truncated: its header says " + std::to_string(h_.data_bytes) + " bytes of data in a file of " +
+                       std::to_string(size) + " bytes, and the block " + pdo::detail::format_extents(b.shape) + " needs " +
+                       std::to_string(expected));
+      if (need == 0 || size < need)
+        throw io_error(where + "truncated: " + std::to_string(size) + " bytes, its block needs " +
+                       std::to_string(data_offset_of(chunks_of(expected, h_.chunk_bytes)) + expected));
+      throw io_error(where + "the metadata does not match the shard: " + std::to_string(size - need) + " bytes more than its block");
+    }
+    sums_.resize(chunks_of(h_.data_bytes, h_.chunk_bytes));
+    data_at_ = data_offset_of(sums_.size());
+    if (!sums_.empty()) f_.read_at(sums_.data(), sums_.size() * 8, sizeof h_);
+    if (header_checksum(h_, sums_) != h_.checksum) throw io_error(where + "corrupt: the header's checksum does not match");
     if (h_.data_bytes != expected)
       throw io_error(where + "the metadata does not match the shard: the block " + pdo::detail::format_extents(b.shape) + " needs " +
                      std::to_string(expected) + " bytes, the file holds " + std::to_string(h_.data_bytes));
     if (h_.identity != block_identity(name, b.offset))
       throw io_error(where + "the metadata does not match the shard: the file holds another tensor's block, or another block");
-    if (h_.chunk_bytes == 0) throw io_error(where + "corrupt header (chunk size 0)");
-    sums_.resize(chunks_of(h_.data_bytes, h_.chunk_bytes));
-    data_at_ = data_offset_of(sums_.size());
-    const std::size_t need = data_at_ + h_.data_bytes;
-    if (f_.size() < need)
-      throw io_error(where + "truncated: " + std::to_string(f_.size()) + " bytes, its block needs " + std::to_string(need));
-    if (f_.size() > need)
-      throw io_error(where + "the metadata does not match the shard: " + std::to_string(f_.size() - need) + " bytes more than its block");
-    if (!sums_.empty()) f_.read_at(sums_.data(), sums_.size() * 8, sizeof h_);
-    if (header_checksum(h_, sums_) != h_.checksum) throw io_error(where + "corrupt: the header's checksum does not match");
     where_ = where;
   }
 
@@ -632,7 +645,9 @@ class checkpoint {
   /// element type is a pdo::io_error naming the file, the entry and what is wrong, on every
   /// process. Every entry's metadata is checked first: a checkpoint that lacks an entry, or
   /// holds one of another kind, element type or shape, loads nothing. A shard file found
-  /// corrupt while the data is read fails the load with the entries before it filled.
+  /// corrupt while the data is read fails the load there: the entries before it are filled,
+  /// those after it are left as they were, and the entry it belongs to may hold some of the
+  /// checkpoint's bytes (those read before the failure, the damaged ones among them).
   void load(const std::filesystem::path& dir, const load_options& o = {}) {
     pdo::detail::check_not_nested("io::load");
     detail::load_context c;
@@ -647,6 +662,7 @@ class checkpoint {
       c.checking = checking;
       if (!c.failure)
         for (const auto& e : entries_) {
+          if (c.failure) break;  // the first failure ends the load (no entry's load is a collective)
           try {
             e.load(c, e.name);
           } catch (const nlohmann::json::exception& x) {

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -134,19 +135,26 @@ inline std::string read_text(const std::filesystem::path& path) {
 }
 
 /// @brief Writes `path` safely: `write(file&)` fills a temporary name beside it, which is
-/// flushed, then renamed over `path`, so a reader finds the old file or the new one, never a part.
+/// flushed, then renamed over `path`, so a reader finds the old file or the new one, never a
+/// part. When the write, the flush or the rename fails, the temporary file is removed.
 template <class Write>
 void write_atomically(const std::filesystem::path& path, Write&& write) {
   std::filesystem::path temporary = path;
   temporary += ".partial";
-  {
-    file f(temporary, file::mode::write);
-    write(f);
-    f.flush();
+  std::optional<file> f(std::in_place, temporary, file::mode::write);  // from here on, the temporary is this write's
+  try {
+    write(*f);
+    f->flush();
+    f.reset();
+    std::error_code ec;
+    std::filesystem::rename(temporary, path, ec);
+    if (ec) throw io_error("io: " + path.string() + ": cannot rename " + temporary.string() + " to it: " + ec.message());
+  } catch (...) {
+    f.reset();
+    std::error_code ignored;
+    std::filesystem::remove(temporary, ignored);
+    throw;
   }
-  std::error_code ec;
-  std::filesystem::rename(temporary, path, ec);
-  if (ec) throw io_error("io: " + path.string() + ": cannot rename " + temporary.string() + " to it: " + ec.message());
 }
 
 inline void write_text_atomically(const std::filesystem::path& path, std::string_view text) {

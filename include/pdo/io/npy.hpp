@@ -65,7 +65,11 @@ inline npy_header parse_npy_header(const std::filesystem::path& path, const std:
     if (i >= end) break;
     if (!std::isdigit(static_cast<unsigned char>(text[i]))) throw bad("an extent is not a number");
     std::size_t v = 0;
-    while (i < end && std::isdigit(static_cast<unsigned char>(text[i]))) v = v * 10 + static_cast<std::size_t>(text[i++] - '0');
+    while (i < end && std::isdigit(static_cast<unsigned char>(text[i]))) {
+      const auto digit = static_cast<std::size_t>(text[i++] - '0');
+      if (v > (std::numeric_limits<std::size_t>::max() - digit) / 10) throw bad("an extent is too large to count");
+      v = v * 10 + digit;
+    }
     h.shape.push_back(v);
   }
   return h;

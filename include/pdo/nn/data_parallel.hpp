@@ -239,6 +239,7 @@ class data_parallel {
     for (std::size_t epoch = first_epoch; epoch < first_epoch + o.epochs; ++epoch) {
       if (o.shuffle) std::shuffle(order.begin(), order.end(), gen);
       const auto start = std::chrono::steady_clock::now();
+      last_epoch_correct_ = 0;  // the epoch's own steps only (not step() calls before, nor a fit that threw)
       double total = 0;
       std::size_t counted = 0, skipped = 0;
       auto prefetch = [&](std::size_t first) {
@@ -268,7 +269,6 @@ class data_parallel {
       s.skipped_steps = skipped;
       s.samples_per_second = static_cast<double>(n) / seconds;
       s.accuracy = last_epoch_correct_ / static_cast<double>(n);
-      last_epoch_correct_ = 0;
       ++epochs_;
       on_epoch(s);
     }
@@ -591,7 +591,7 @@ class data_parallel {
   Loss loss_;
   std::vector<std::unique_ptr<replica>> replicas_;
   bool fused_ = false;  ///< steps fuse the gradients' sync with the optimizer's update (fusable())
-  double last_epoch_correct_ = 0;
+  double last_epoch_correct_ = 0;  ///< rows the steps of fit's current epoch classified right
   std::size_t steps_ = 0;   ///< steps taken, skipped ones included
   std::size_t epochs_ = 0;  ///< epochs fit has trained
 };

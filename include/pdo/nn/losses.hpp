@@ -17,8 +17,13 @@ struct cross_entropy_loss {
 /// @brief Mean squared error against targets of the output's shape.
 struct mse_loss {
   /// @brief mean((out - target)²) over every element; `target` is a constant (no gradient).
+  /// Targets of another shape are a pdo::shape_error (pdo::mse would broadcast them: a target
+  /// column [N, 1] against outputs [N, C] is a mistake a trainer should not take silently).
   template <class V>
   auto operator()(const var<V>& out, const V& target) const {
+    if (out.value().shape() != target.shape())
+      throw shape_error("nn::mse_loss: the output is " + pdo::detail::format_extents(out.value().shape()) + " and the targets " +
+                        pdo::detail::format_extents(target.shape()) + ": give targets of the output's shape");
     return pdo::mse(out, var<V>(target));
   }
 };
