@@ -311,6 +311,25 @@ TEST_CASE("checkpoints: corrupt, truncated, missing and mismatched files are io_
       CHECK_THAT(e, Catch::Contains("t0.p0.bin") && Catch::Contains("\"weights\"") && Catch::Contains("corrupt"));
       CHECK_THAT(e, !Catch::Contains("metadata does not match"));
     }
+    // a shard whose chunk checksums pass its first 4096 bytes (625 chunks of 64 bytes): a
+    // damaged chunk size must not move where its data is read from unchecked
+    const fs::path many = tmp.path / "many";
+    pdo::tensor<float, 1> big({10000});
+    pdo::io::checkpoint out;
+    out.add("big", big);
+    pdo::io::save(many, out, {.chunk_bytes = 64});
+    for (const std::size_t at : {24, 25, 26}) {
+      const fs::path dir = tmp.path / ("many" + std::to_string(at));
+      fs::copy(many, dir);
+      flip_byte(dir / "t0.bin", fs::file_size(dir / "t0.bin") - at);
+      pdo::tensor<float, 1> back({10000});
+      pdo::io::checkpoint in;
+      in.add("big", back);
+      const auto e = load_error(dir, in);
+      INFO("byte " << at << ": " << e);
+      CHECK_THAT(e, Catch::Contains("t0.bin") && Catch::Contains("corrupt"));
+      CHECK_THAT(e, !Catch::Contains("metadata does not match") && !Catch::Contains("truncated"));
+    }
   }
   SECTION("a corrupt shard ends the load: the entries after it are left as they were") {
     const fs::path dir = tmp.path / "order";

@@ -213,6 +213,16 @@ int main(int argc, char** argv) {
       auto ya = pdo::distribute<pdo::layout<split<"x">, replicate>>(mesh, pdo::tensor<float, 2>({13, 6}));
       pdo::io::checkpoint ck;
       ck.add("a", ya);
+      // an entry after "a" whose load is collective over the processes (as a parameter loaded
+      // whole is): the process that found "a" corrupt must not stop before it while the
+      // others go on into it
+      bool host_loaded = false;
+      ck.add_computed<double, 1>(
+          "host", {4}, [] { return pdo::tensor<double, 1>({4}); },
+          [&](const pdo::tensor<double, 1>& t) {
+            (void)pdo::distribute<pdo::layout<replicate>>(mesh, t);
+            host_loaded = true;
+          });
       pdo::spmd(mesh, [](std::size_t) {});  // rank 0 has damaged its copy
       std::string message;
       try {
@@ -222,6 +232,7 @@ int main(int argc, char** argv) {
       }
       check(message.find("corrupt") != std::string::npos || message.find("failed (its error says why)") != std::string::npos,
             "every process gets an io_error, got: \"" + message + "\"");
+      check(!host_loaded, "the load ends at the corrupt entry on every process");
       pdo::spmd(mesh, [](std::size_t) {});
       if (pdo::mpi::rank() == 0) std::filesystem::remove_all(damaged);
     }

@@ -19776,7 +19776,9 @@ struct shard_header {
 };
 static_assert(sizeof(shard_header) == shard_header_bytes);
 
-inline std::size_t chunks_of(std::size_t data_bytes, std::size_t chunk_bytes) { return (data_bytes + chunk_bytes - 1) / chunk_bytes; }
+inline std::size_t chunks_of(std::size_t data_bytes, std::size_t chunk_bytes) {
+  return data_bytes / chunk_bytes + (data_bytes % chunk_bytes != 0 ? 1 : 0);  // no overflow for any chunk size
+}
 inline std::size_t data_offset_of(std::size_t nchunks) {
   const std::size_t used = shard_header_bytes + 8 * nchunks;
   return (used + shard_data_alignment - 1) / shard_data_alignment * shard_data_alignment;
@@ -19845,27 +19847,22 @@ class shard_reader {
     } catch (const pdo::error& e) {
       throw io_error(where + "the metadata is corrupt: " + e.what());
     }
-    // The header's fields are believed only once its checksum matches, and the checksums it
-    // covers can be read only where its sizes fit the file: a header whose sizes do not is
-    // either a truncated or extended file's or a damaged one.
+    // The header's fields are believed only once its checksum matches. The checksums it
+    // covers are read from where its sizes say: sizes past the file are a damaged header or
+    // a truncated file; sizes within it are checked by the checksum before anything else.
     if (h_.chunk_bytes == 0) throw io_error(where + "corrupt: the header's chunk size is 0");
     const std::size_t size = f_.size();
-    auto file_bytes_for = [&](std::size_t data_bytes) {  // the file's size a block of data_bytes needs, or 0 past the file's
-      return data_bytes > size ? 0 : data_offset_of(chunks_of(data_bytes, h_.chunk_bytes)) + data_bytes;
-    };
-    const std::size_t need = file_bytes_for(h_.data_bytes);
-    if (need != size) {
+    auto needs_for = [&](std::size_t data_bytes) { return data_offset_of(chunks_of(data_bytes, h_.chunk_bytes)) + data_bytes; };
+    auto past_the_file = [&] {
       if (h_.data_bytes != expected)
-        throw io_error(where + "corrupt or truncated: its header says " + std::to_string(h_.data_bytes) + " bytes of data in a file of " +
-                       std::to_string(size) + " bytes, and the block " + pdo::detail::format_extents(b.shape) + " needs " +
-                       std::to_string(expected));
-      if (need == 0 || size < need)
-        throw io_error(where + "truncated: " + std::to_string(size) + " bytes, its block needs " +
-                       std::to_string(data_offset_of(chunks_of(expected, h_.chunk_bytes)) + expected));
-      throw io_error(where + "the metadata does not match the shard: " + std::to_string(size - need) + " bytes more than its block");
-    }
-    sums_.resize(chunks_of(h_.data_bytes, h_.chunk_bytes));
-    data_at_ = data_offset_of(sums_.size());
+        return io_error(where + "corrupt or truncated: its header says " + std::to_string(h_.data_bytes) + " bytes of data in a file of " +
+                        std::to_string(size) + " bytes, and the block " + pdo::detail::format_extents(b.shape) + " needs " +
+                        std::to_string(expected));
+      return io_error(where + "truncated: " + std::to_string(size) + " bytes, its block needs " + std::to_string(needs_for(expected)));
+    };
+    if (h_.data_bytes > size) throw past_the_file();
+    sums_.resize(chunks_of(h_.data_bytes, h_.chunk_bytes));  // at most data_bytes <= size of them
+    if (shard_header_bytes + 8 * sums_.size() > size) throw past_the_file();
     if (!sums_.empty()) f_.read_at(sums_.data(), sums_.size() * 8, sizeof h_);
     if (header_checksum(h_, sums_) != h_.checksum) throw io_error(where + "corrupt: the header's checksum does not match");
     if (h_.data_bytes != expected)
@@ -19873,6 +19870,11 @@ class shard_reader {
                      std::to_string(expected) + " bytes, the file holds " + std::to_string(h_.data_bytes));
     if (h_.identity != block_identity(name, b.offset))
       throw io_error(where + "the metadata does not match the shard: the file holds another tensor's block, or another block");
+    data_at_ = data_offset_of(sums_.size());
+    const std::size_t need = data_at_ + h_.data_bytes;
+    if (size < need) throw io_error(where + "truncated: " + std::to_string(size) + " bytes, its block needs " + std::to_string(need));
+    if (size > need)
+      throw io_error(where + "the metadata does not match the shard: " + std::to_string(size - need) + " bytes more than its block");
     where_ = where;
   }
 
@@ -20341,7 +20343,15 @@ class checkpoint {
       c.checking = checking;
       if (!c.failure)
         for (const auto& e : entries_) {
-          if (c.failure) break;  // the first failure ends the load (no entry's load is a collective)
+          if (!checking) {
+            // the first failure on any process ends the load on every process at the same
+            // entry: an entry's load may be collective (a parameter loaded whole is
+            // distributed over the mesh), and a process that stopped alone would leave the
+            // others waiting in it
+            long long failed = c.failure ? 1 : 0;
+            if (agree_) agree_(std::span<long long>(&failed, 1));
+            if (failed != 0) break;
+          }
           try {
             e.load(c, e.name);
           } catch (const nlohmann::json::exception& x) {
