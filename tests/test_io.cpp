@@ -95,6 +95,16 @@ void flip_byte(const fs::path& file, std::size_t from_end) {
   f.write(&c, 1);
 }
 
+/// @brief An .npy file of format 1.0 with the header `dict` (padded to 117 characters and a
+/// newline, as NumPy aligns it) and `data_bytes` zero bytes of data.
+void write_npy_v1(const fs::path& path, std::string dict, std::size_t data_bytes) {
+  dict.resize(117, ' ');
+  dict += '\n';
+  std::ofstream f(path, std::ios::binary);
+  f << "\x93NUMPY" << '\x01' << '\x00' << static_cast<char>(dict.size() & 0xff) << static_cast<char>(dict.size() >> 8) << dict
+    << std::string(data_bytes, '\0');
+}
+
 std::string load_error(const fs::path& dir, pdo::io::checkpoint& c) {
   try {
     pdo::io::load(dir, c);
@@ -415,24 +425,12 @@ TEST_CASE("npy and safetensors: round trips, and bad files") {
   CHECK_THROWS_WITH((pdo::io::load_npy<double, 2>(tmp.path / "a.npy")), Catch::Contains("rank 3 [2, 3, 4]"));
   fs::resize_file(tmp.path / "a.npy", fs::file_size(tmp.path / "a.npy") - 8);
   CHECK_THROWS_WITH((pdo::io::load_npy<double, 3>(tmp.path / "a.npy")), Catch::Contains("a.npy") && Catch::Contains("truncated"));
-  {  // a header that claims a shape far beyond the file is an io_error before anything is allocated
-    std::string header = "{'descr': '<f8', 'fortran_order': False, 'shape': (100000000000000, 3), }";
-    header.resize(117, ' ');
-    header += '\n';
-    std::ofstream f(tmp.path / "huge.npy", std::ios::binary);
-    f << "\x93NUMPY" << '\x01' << '\x00' << static_cast<char>(header.size() & 0xff) << static_cast<char>(header.size() >> 8) << header
-      << std::string(48, '\0');
-  }
+  // a header that claims a shape far beyond the file is an io_error before anything is allocated
+  write_npy_v1(tmp.path / "huge.npy", "{'descr': '<f8', 'fortran_order': False, 'shape': (100000000000000, 3), }", 48);
   CHECK_THROWS_AS((pdo::io::load_npy<double, 2>(tmp.path / "huge.npy")), pdo::io_error);
   CHECK_THROWS_WITH((pdo::io::load_npy<double, 2>(tmp.path / "huge.npy")), Catch::Contains("huge.npy") && Catch::Contains("damaged header"));
-  {  // an extent past 2^64 (2^64 + 3) is not wrapped around to a small one
-    std::string header = "{'descr': '<f4', 'fortran_order': False, 'shape': (18446744073709551619, 4), }";
-    header.resize(117, ' ');
-    header += '\n';
-    std::ofstream f(tmp.path / "wrap.npy", std::ios::binary);
-    f << "\x93NUMPY" << '\x01' << '\x00' << static_cast<char>(header.size() & 0xff) << static_cast<char>(header.size() >> 8) << header
-      << std::string(48, '\0');
-  }
+  // an extent past 2^64 (2^64 + 3) is not wrapped around to a small one
+  write_npy_v1(tmp.path / "wrap.npy", "{'descr': '<f4', 'fortran_order': False, 'shape': (18446744073709551619, 4), }", 48);
   CHECK_THROWS_WITH((pdo::io::load_npy<float, 2>(tmp.path / "wrap.npy")), Catch::Contains("wrap.npy") && Catch::Contains("too large to count"));
   // a save that fails leaves no temporary file behind
   fs::create_directories(tmp.path / "adir.npy");

@@ -80,6 +80,15 @@ std::shared_ptr<const std::vector<std::vector<std::size_t>>> held_by_copies(std:
   return held;
 }
 
+/// @brief An io_error, `what(name)`, naming the first place of `places` that is not a CPU
+/// place: for state these checkpoints take from host memory only (every process sees every
+/// place of a mesh, so all refuse alike, before any entry is added).
+template <class What>
+void require_cpu_places(const std::vector<any_place>& places, What what) {
+  for (const any_place& q : places)
+    if (q.kind() != place_kind::cpu) throw io_error(what(q.name()));
+}
+
 /// @brief An io_error, `what(k, i)`, for the first parameter `i` of a copy `k` that its optimizer
 /// does not update (`held` as held_by_copies): for the checkpoints whose state entries hold
 /// every parameter's blocks (a pipeline's, a ZeRO-1 trainer's slices).
@@ -178,11 +187,11 @@ void add_parameters_and_state(checkpoint& c, const std::string& prefix, std::siz
 /// whatever the number of places then.
 template <class T, class Trainer>
 void add_zero1_state(checkpoint& c, const std::string& prefix, Trainer& trainer) {
-  for (const any_place& q : trainer.mesh().places())  // every process sees every place: all refuse alike
-    if (q.kind() != place_kind::cpu)
-      throw io_error("io: add_state: a data_parallel trainer with ZeRO-1 on GPU places (" + q.name() +
-                     ") keeps its optimizer state's slices in device memory, which checkpoints of ZeRO-1 state do not take "
-                     "yet; save a trainer on CPU places, or one without zero1");
+  require_cpu_places(trainer.mesh().places(), [](const std::string& gpu) {
+    return "io: add_state: a data_parallel trainer with ZeRO-1 on GPU places (" + gpu +
+           ") keeps its optimizer state's slices in device memory, which checkpoints of ZeRO-1 state do not take yet; save a "
+           "trainer on CPU places, or one without zero1";
+  });
   auto* t = &trainer;
   // each replica's bucket slices among its optimizer's parameters (make_optimizer was given
   // slices() and may list them in another order): a state entry holds every slice's runs
@@ -360,11 +369,11 @@ checkpoint& add_state(checkpoint& c, const std::string& prefix, nn::pipeline<T, 
   static_assert(detail::optimizer_with_state<Optimizer>,
                 "pdo: io::add_state: the optimizer must expose its state (state_names(), state(name, i), steps(), set_steps(t)), as "
                 "pdo::nn::sgd, adam and any_optimizer do");
-  for (const any_place& q : pipeline.mesh().places())  // every process sees every place: all refuse alike
-    if (q.kind() != place_kind::cpu)
-      throw io_error("io: add_state: a pipeline on GPU places (" + q.name() +
-                     ") keeps its stages' parameters and optimizer state in device memory, which pipeline checkpoints do not "
-                     "take yet; save a pipeline on CPU places");
+  detail::require_cpu_places(pipeline.mesh().places(), [](const std::string& gpu) {
+    return "io: add_state: a pipeline on GPU places (" + gpu +
+           ") keeps its stages' parameters and optimizer state in device memory, which pipeline checkpoints do not take yet; "
+           "save a pipeline on CPU places";
+  });
   auto* pl = &pipeline;
   // each local place's stage parameters among its optimizer's: a state entry holds every
   // parameter's blocks, so each must have its state (checked before any entry is added)
