@@ -6,6 +6,7 @@
 #include <pdo/autograd.hpp>
 
 #include <functional>
+#include <limits>
 #include <tuple>
 
 namespace {
@@ -111,6 +112,13 @@ TEST_CASE("autograd: numbers on either side, and one-operand ops", "[autograd]")
   check_gradient([](auto x) { return pdo::tanh(x); }, a);
   check_gradient([](auto x) { return pdo::sigmoid(x); }, a);
   check_gradient([](auto x) { return pdo::relu(x); }, a);  // random values: none within eps of 0
+  {  // at a NaN, relu passes the gradient through, as PyTorch's (x <= 0 ? 0 : g)
+    auto x = pdo::parameter(dt<1>({3}, {std::numeric_limits<double>::quiet_NaN(), -1.0, 2.0}));
+    pdo::backward(pdo::sum(pdo::relu(x)));
+    CHECK(x.grad()(0) == 1.0);
+    CHECK(x.grad()(1) == 0.0);
+    CHECK(x.grad()(2) == 1.0);
+  }
   check_gradient([](auto x) { return pdo::gelu(x); }, a);
   check_gradient([](auto x) { return pdo::gelu_tanh(x); }, a);
 }
@@ -273,6 +281,61 @@ TEST_CASE("autograd: broadcasting over an extent-1 dim of a dtensor, whichever d
     check.operator()<pdo::layout<R, split_x>, pdo::layout<R, R>>(n);        // features split (7 over n: uneven)
     check.operator()<pdo::layout<split_x, R>, pdo::layout<split_x, R>>(n);  // rows split, 5 over n
     check.operator()<pdo::layout<split_x, R>, pdo::layout<R, R>>(n);
+  }
+}
+
+TEST_CASE("autograd: a batched matmul by one matrix, with the batch, rows, contraction or columns split", "[autograd][mesh]") {
+  // [batch, rows, features] by one [features, out] matrix, as a layer over a sequence: the
+  // weight's gradient sums the products of every batch, whichever dim is split (5 batches,
+  // 4 rows, 6 features and 3 columns over n places: uneven)
+  const auto x = rnd<3>({5, 4, 6}, 50);
+  const auto w = rnd<2>({6, 3}, 51);
+  auto program = [](const auto& X, const auto& W) { return pdo::sum(pdo::tanh(pdo::matmul(X, W)) * 0.5) + pdo::mean(pdo::matmul(X, W)); };
+  auto X = pdo::parameter(x);
+  auto W = pdo::parameter(w);
+  const auto loss = program(X, W);
+  pdo::backward(loss);
+  auto check = [&]<class LX, class LW>(std::size_t n) {
+    const auto m = pdo_test::line_mesh(n);
+    auto dX = pdo::parameter(pdo::distribute<LX>(m, x));
+    auto dW = pdo::parameter(pdo::distribute<LW>(m, w));
+    const auto dloss = program(dX, dW);
+    pdo::backward(dloss);
+    CHECK(pdo::gather(dloss.value()).data()[0] == Approx(loss.value().data()[0]).epsilon(1e-12));
+    CHECK(pdo_test::close(pdo::gather(dX.grad()), X.grad(), 1e-11));
+    CHECK(pdo_test::close(pdo::gather(dW.grad()), W.grad(), 1e-11));
+  };
+  using R = pdo::replicate;
+  using S = pdo::split<"x">;
+  for (std::size_t n : pdo_test::line_sizes()) {
+    INFO(n << " places");
+    check.operator()<pdo::layout<S, R, R>, pdo::layout<R, R>>(n);  // the batch (data parallel)
+    check.operator()<pdo::layout<R, S, R>, pdo::layout<R, R>>(n);  // the rows
+    check.operator()<pdo::layout<R, R, S>, pdo::layout<S, R>>(n);  // the contraction (row parallel)
+    check.operator()<pdo::layout<R, R, R>, pdo::layout<R, S>>(n);  // the columns (column parallel)
+    check.operator()<pdo::layout<R, R, R>, pdo::layout<R, R>>(n);  // nothing: one product of the folded rows
+  }
+}
+
+TEST_CASE("autograd: an operand broadcast along its extent-1 dim 0 while its dim 1 is split", "[autograd][mesh]") {
+  // a [1, 7] scale on [5, 7] rows, the 7 features split (uneven): its gradient sums over the
+  // rows and puts the extent-1 dim back in front of the split one
+  const auto x = rnd<2>({5, 7}, 52), s = rnd<2>({1, 7}, 53);
+  auto program = [](const auto& X, const auto& S) { return pdo::sum(pdo::tanh(X * S) + S); };
+  auto X = pdo::parameter(x), S = pdo::parameter(s);
+  const auto loss = program(X, S);
+  pdo::backward(loss);
+  for (std::size_t n : pdo_test::line_sizes()) {
+    INFO(n << " places");
+    const auto m = pdo_test::line_mesh(n);
+    using features = pdo::layout<pdo::replicate, pdo::split<"x">>;
+    auto dX = pdo::parameter(pdo::distribute<features>(m, x));
+    auto dS = pdo::parameter(pdo::distribute<features>(m, s));
+    const auto dloss = program(dX, dS);
+    pdo::backward(dloss);
+    CHECK(pdo::gather(dloss.value()).data()[0] == Approx(loss.value().data()[0]).epsilon(1e-12));
+    CHECK(pdo_test::close(pdo::gather(dX.grad()), X.grad(), 1e-11));
+    CHECK(pdo_test::close(pdo::gather(dS.grad()), S.grad(), 1e-11));
   }
 }
 

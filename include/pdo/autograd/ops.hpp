@@ -30,11 +30,11 @@ Target sum_kept_dims(const G& g, const shape_t<value_kind<Target>::rank>& target
     return to_value<Target>(G(g));
   } else {
     if (target[D] != 1 || g.shape()[D] == 1) return sum_kept_dims<D + 1, Target>(g, target);
-    shape_t<r> kept = g.shape();
-    kept[D] = 1;
-    // a dtensor's layout may change here (summing a split dim leaves a pending sum): the
-    // result is brought to the value's layout at the end (to_value)
-    return sum_kept_dims<D + 1, Target>(pdo::eval(pdo::reshape(pdo::sum<D>(g), kept)), target);
+    // summed, the dim put back with extent 1 (unsqueeze keeps every other dim's split, where a
+    // reshape could not put it back after a split dim); a dtensor's layout may change here
+    // (summing a split dim leaves a pending sum): the result is brought to the value's layout
+    // at the end (to_value)
+    return sum_kept_dims<D + 1, Target>(pdo::eval(pdo::unsqueeze<D>(pdo::sum<D>(g))), target);
   }
 }
 
@@ -253,7 +253,8 @@ auto relu(const var<A>& a) {
   using T = detail::var_element_t<A>;
   return detail::record(
       pdo::eval(pdo::relu(a.value())),
-      [a](auto& self) { detail::add_grad(a, pdo::where(pdo::greater(a.value(), T(0)), *self.grad, T(0))); }, a);
+      // PyTorch's rule, x <= 0 ? 0 : g, which passes g at a NaN
+      [a](auto& self) { detail::add_grad(a, pdo::where(pdo::less_equal(a.value(), T(0)), T(0), *self.grad)); }, a);
 }
 /// @brief GELU, exact (erf form), PyTorch's default.
 template <class A>
@@ -293,14 +294,21 @@ auto matmul(const var<A>& a, const var<B>& b) {
         if (b.requires_grad()) {
           if constexpr (rb == ra) {
             detail::add_grad(b, pdo::matmul(pdo::transpose(a.value()), g));
-          } else {
-            // one matrix for the whole batch: the batch dims fold into the rows
+          } else if constexpr (detail::kept_dims(detail::expression_t<const A&>::rule.out) == 0 &&
+                               detail::kept_dims(detail::expression_t<decltype(g)>::rule.out) == 0) {
+            // one matrix for the whole batch, no dim split: the batch dims fold into the rows
+            // (one product)
             const auto& sa = a.shape();
             std::size_t rows = 1;
             for (std::size_t d = 0; d + 1 < ra; ++d) rows *= sa[d];
             const auto a2 = pdo::eval(pdo::reshape(a.value(), shape_t<2>{rows, sa[ra - 1]}));
             const auto g2 = pdo::eval(pdo::reshape(g, shape_t<2>{rows, g.shape()[ra - 1]}));
             detail::add_grad(b, pdo::matmul(pdo::transpose(a2), g2));
+          } else {
+            // one matrix for the whole batch, some dim of a or g split: a fold of the batch
+            // dims into the rows would cut them at other places than the split does, so each
+            // batch's product is summed over the batch dims (a pending sum where they are split)
+            detail::add_grad(b, detail::sum_to<detail::grad_t<B>>(pdo::eval(pdo::matmul(pdo::transpose(a.value()), g)), b.shape()));
           }
         }
       },
