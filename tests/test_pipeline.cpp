@@ -4,6 +4,8 @@
 
 #include <pdo/nn.hpp>
 
+#include <cmath>
+#include <limits>
 #include <vector>
 
 namespace {
@@ -83,6 +85,35 @@ TEST_CASE("pipeline: GPipe and 1F1B training match one place step by step, with 
     CHECK_THROWS_WITH(trainer.step(pdo::tensor<double, 2>({0, 6}), pdo::tensor<int, 1>({0})),
                       Catch::Contains("pipeline::step") && Catch::Contains("no rows"));
     CHECK(trainer.step(x, y) == Approx(reference[0]).epsilon(1e-10));
+  }
+  SECTION("a step whose loss is not finite updates no stage: a pdo::error, or skipped with skip_nonfinite_steps") {
+    auto bad = x;
+    bad(4, 2) = std::numeric_limits<double>::quiet_NaN();
+    auto opt = [](auto ps) { return pdo::nn::sgd<double>(std::move(ps), {.lr = 0.2, .momentum = 0.5}); };
+    for (std::size_t places : {2, 4}) {
+      INFO(places << " places");
+      const auto m = pdo::make_mesh<"pp", "dp">(pdo::cpu_places(places), {2, places / 2});
+      auto refusing = pdo::nn::make_pipeline<double, 2, 3>(m, make_mlp(), opt, {pdo::nn::pipeline_schedule::one_f_one_b, 3});
+      CHECK_THROWS_WITH(refusing.step(bad, y), Catch::Contains("pipeline::step: step 1") && Catch::Contains("the loss is") && Catch::Contains("nan") &&
+                                                   Catch::Contains("no parameter was updated"));
+      CHECK(refusing.skipped_steps() == 1);
+      CHECK(refusing.step(x, y) == Approx(reference[0]).epsilon(1e-10));  // nothing was updated, momentum included
+      CHECK(refusing.step(x, y) == Approx(reference[1]).epsilon(1e-10));
+      pdo::nn::pipeline_options skip{pdo::nn::pipeline_schedule::gpipe, 2};
+      skip.skip_nonfinite_steps = true;
+      auto skipping = pdo::nn::make_pipeline<double, 2, 3>(m, make_mlp(), opt, skip);
+      CHECK(std::isnan(skipping.step(bad, y)));
+      CHECK(skipping.skipped_steps() == 1);
+      CHECK(skipping.step(x, y) == Approx(reference[0]).epsilon(1e-10));
+    }
+  }
+  SECTION("a regression with mse_loss: targets [rows, outputs], the same as one place's data-parallel trainer") {
+    const auto t = pdo_test::random_tensor<double>(pdo::shape_t<2>{11, 4}, 10);
+    auto opt = [](auto ps) { return pdo::nn::sgd<double>(std::move(ps), {.lr = 0.05, .momentum = 0.9}); };
+    auto one = pdo::nn::make_data_parallel<double>(pdo::make_mesh<"dp">(pdo::cpu_places(1)), make_mlp, opt, {}, pdo::nn::mse_loss{});
+    auto piped = pdo::nn::make_pipeline<double, 2, 1, 3>(pdo::make_mesh<"pp">(pdo::cpu_places(3)), make_mlp(), opt,
+                                                         {pdo::nn::pipeline_schedule::one_f_one_b, 4}, pdo::nn::mse_loss{});
+    for (int s = 0; s < 3; ++s) CHECK(piped.step(x, t) == Approx(one.step(x, t)).epsilon(1e-10));
   }
   SECTION("2 pipeline stages x 2 data-parallel replicas") {
     const auto m = pdo::make_mesh<"pp", "dp">(pdo::cpu_places(4), {2, 2});

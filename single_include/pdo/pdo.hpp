@@ -18741,6 +18741,7 @@ auto tensor_parallel_shard(const Mesh& m, std::size_t p, const sequential<Layers
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <exception>
@@ -19059,6 +19060,10 @@ struct pipeline_options {
   /// buckets of about this many bytes (pdo/nn/buckets.hpp), started during the last
   /// micro-batch's backward.
   std::size_t bucket_bytes = std::size_t{25} << 20;
+  /// @brief A step whose global loss is not finite (NaN or infinite) is skipped: no stage
+  /// updates its parameters (pipeline::skipped_steps counts it). When false, such a step is a
+  /// pdo::error naming the step, before any parameter changes.
+  bool skip_nonfinite_steps = false;
 };
 
 /// @brief Pipeline training over the "pp" axis of a mesh, data parallel over "dp" and tensor
@@ -19071,7 +19076,7 @@ struct pipeline_options {
 /// stage accumulates its parameters' gradients over the micro-batches (weighted by their
 /// share of the global batch), all_reduces them over "dp", and steps its optimizer. So
 /// the step equals one place's step on the global batch.
-template <class T, std::size_t InRank, class Target, class Mesh, class Optimizer, class Loss, class... Stages>
+template <class T, std::size_t InRank, class Mesh, class Optimizer, class Loss, class... Stages>
 class pipeline {
  public:
   /// @brief The number of stages; the mesh has as many places along "pp".
@@ -19124,8 +19129,11 @@ class pipeline {
   }
 
   /// @brief One step on a global batch (host tensors of at least one row, else pdo::shape_error); returns its mean loss.
-  template <class Inputs>
-  T step(const Inputs& inputs, const Target& targets) {
+  /// The targets are what the loss takes (class labels `tensor<int, 1>` for cross_entropy_loss,
+  /// `tensor<T, 2>` for mse_loss). A step whose loss is not finite updates nothing: a
+  /// pdo::error, or with pipeline_options::skip_nonfinite_steps, the loss returned.
+  template <class Inputs, class Targets>
+  T step(const Inputs& inputs, const Targets& targets) {
     if (targets.extent(0) != inputs.extent(0))
       throw shape_error("pipeline: inputs " + describe(inputs) + " and targets " + describe(targets) + " differ in rows");
     const std::size_t rows = inputs.extent(0);
@@ -19135,8 +19143,21 @@ class pipeline {
       place_state& st = *states_[k];
       with_stage(st.stage, [&]<std::size_t S>() { losses[k] = run_stage<S>(p, st, inputs, targets, rows); });
     });
+    ++steps_;
+    if (!std::isfinite(static_cast<double>(losses[0]))) {
+      ++skipped_steps_;
+      if (!options_.skip_nonfinite_steps)
+        throw error("pipeline::step: step " + std::to_string(steps_) + " (a global batch of " + std::to_string(rows) + " rows on " +
+                    mesh_.describe() + "): the loss is " + std::to_string(static_cast<double>(losses[0])) +
+                    "; no parameter was updated. Check the inputs and the learning rate, or skip such steps with "
+                    "pipeline_options::skip_nonfinite_steps");
+    }
     return losses[0];
   }
+
+  /// @brief The steps taken so far whose loss was not finite, so that nothing was updated
+  /// (skipped with pipeline_options::skip_nonfinite_steps, or a pdo::error without it).
+  [[nodiscard]] std::size_t skipped_steps() const { return skipped_steps_; }
 
   /// @brief The most micro-batches whose activations each stage of this process held at once in the last step.
   [[nodiscard]] std::vector<std::size_t> max_in_flight() const {
@@ -19259,8 +19280,8 @@ class pipeline {
     }(std::make_index_sequence<stage_count>{});
   }
 
-  template <std::size_t S, class Inputs>
-  T run_stage(std::size_t p, place_state& st, const Inputs& inputs, const Target& targets, std::size_t global_rows) {
+  template <std::size_t S, class Inputs, class Targets>
+  T run_stage(std::size_t p, place_state& st, const Inputs& inputs, const Targets& targets, std::size_t global_rows) {
     using types = stage_types<S>;
     using in_t = typename types::in;
     using out_t = typename types::out;
@@ -19364,11 +19385,12 @@ class pipeline {
     if (const auto f = st.forward_sends.failure()) f->rethrow_with_context("pipeline send: ");
     if (const auto f = st.backward_sends.failure()) f->rethrow_with_context("pipeline send: ");
     if constexpr (has_dp) st.buckets->finish();
-    st.optimizer->step();
-    // the step's loss, known to the last stage of each "dp" row (once per "tp" group): summed over the whole mesh
+    // the step's loss, known to the last stage of each "dp" row (once per "tp" group): summed
+    // over the whole mesh, so every stage knows it before it updates anything
     double sum = static_cast<double>(total);
     if constexpr (has_tp) sum = mesh_.coord(p, Mesh::axis_index("tp")) == 0 ? sum : 0.0;
     host_communicator_of(mesh_, p).all_reduce(std::span<double>(&sum, 1));
+    if (std::isfinite(sum)) st.optimizer->step();  // else no stage updates (step() says why)
     st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count();
     return static_cast<T>(sum);
   }
@@ -19379,6 +19401,8 @@ class pipeline {
   std::vector<std::vector<pipeline_action>> schedule_;
   std::vector<std::unique_ptr<place_state>> states_;
   std::vector<model_parameter> model_parameters_;
+  std::size_t steps_ = 0;          ///< steps taken (their number names a failed one)
+  std::size_t skipped_steps_ = 0;  ///< steps whose loss was not finite
 };
 
 /// @brief A pipeline over the "pp" axis of `m`: `model` (a sequential, built anywhere) is cut
@@ -19386,7 +19410,7 @@ class pipeline {
 /// `make_optimizer(parameters)` builds each stage's optimizer on its place.
 /// @tparam InRank the rank of the inputs (2 for [batch, features], 4 for images)
 template <class T, std::size_t InRank, std::size_t... Cuts, class Mesh, class... Layers, class MakeOptimizer,
-          class Target = tensor<int, 1>, class Loss = cross_entropy_loss>
+          class Loss = cross_entropy_loss>
 auto make_pipeline(const Mesh& m, const sequential<Layers...>& model, MakeOptimizer make_optimizer, pipeline_options o = {},
                    Loss loss = {}) {
   using bounds = detail_pp::stage_bounds<sizeof...(Layers), Cuts...>;
@@ -19401,7 +19425,7 @@ auto make_pipeline(const Mesh& m, const sequential<Layers...>& model, MakeOptimi
   if constexpr (cuts_fit) {
     using optimizer_t = std::invoke_result_t<MakeOptimizer&, std::vector<parameter_ref<T>>>;
     return [&]<std::size_t... S>(std::index_sequence<S...>) {
-      using pipeline_t = pipeline<T, InRank, Target, Mesh, optimizer_t, Loss,
+      using pipeline_t = pipeline<T, InRank, Mesh, optimizer_t, Loss,
                                   decltype(detail_pp::stage_of<bounds::values[S], bounds::values[S + 1]>(model, m, std::size_t{}))...>;
       return pipeline_t(m, model, detail_pp::cut_list<Cuts...>{}, std::move(make_optimizer), o, loss);
     }(std::make_index_sequence<sizeof...(Cuts) + 1>{});
@@ -21569,8 +21593,8 @@ checkpoint& add_state(checkpoint& c, const std::string& prefix, nn::data_paralle
 /// per "dp" row); a load fills each place's parameters and moments from the blocks they
 /// overlap, so a checkpoint loads into a pipeline of the same model cut, split or replicated
 /// otherwise (another mesh, other cut points, "tp" or "dp" axes or none).
-template <class T, std::size_t InRank, class Target, class Mesh, class Optimizer, class Loss, class... Stages>
-checkpoint& add_state(checkpoint& c, const std::string& prefix, nn::pipeline<T, InRank, Target, Mesh, Optimizer, Loss, Stages...>& pipeline) {
+template <class T, std::size_t InRank, class Mesh, class Optimizer, class Loss, class... Stages>
+checkpoint& add_state(checkpoint& c, const std::string& prefix, nn::pipeline<T, InRank, Mesh, Optimizer, Loss, Stages...>& pipeline) {
   static_assert(detail::optimizer_with_state<Optimizer>,
                 "pdo: io::add_state: the optimizer must expose its state (state_names(), state(name, i), steps(), set_steps(t)), as "
                 "pdo::nn::sgd, adam and any_optimizer do");

@@ -364,8 +364,8 @@ checkpoint& add_state(checkpoint& c, const std::string& prefix, nn::data_paralle
 /// per "dp" row); a load fills each place's parameters and moments from the blocks they
 /// overlap, so a checkpoint loads into a pipeline of the same model cut, split or replicated
 /// otherwise (another mesh, other cut points, "tp" or "dp" axes or none).
-template <class T, std::size_t InRank, class Target, class Mesh, class Optimizer, class Loss, class... Stages>
-checkpoint& add_state(checkpoint& c, const std::string& prefix, nn::pipeline<T, InRank, Target, Mesh, Optimizer, Loss, Stages...>& pipeline) {
+template <class T, std::size_t InRank, class Mesh, class Optimizer, class Loss, class... Stages>
+checkpoint& add_state(checkpoint& c, const std::string& prefix, nn::pipeline<T, InRank, Mesh, Optimizer, Loss, Stages...>& pipeline) {
   static_assert(detail::optimizer_with_state<Optimizer>,
                 "pdo: io::add_state: the optimizer must expose its state (state_names(), state(name, i), steps(), set_steps(t)), as "
                 "pdo::nn::sgd, adam and any_optimizer do");
