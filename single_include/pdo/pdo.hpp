@@ -18470,7 +18470,7 @@ class data_parallel {
       const auto totals = pdo::detail::sum_along<Mesh, 2>(mesh_, dp_axis, p, {static_cast<double>(local), static_cast<double>(correct)});
       losses[k] = static_cast<T>(totals[0]);
       corrects[k] = totals[1];
-      if (!std::isfinite(totals[0])) return;
+      if (!std::isfinite(static_cast<double>(losses[k]))) return;  // as step() reports it (in T)
       const double opt_start = buckets.since_start();
       if (options_.clip_grad_norm > 0) {
         // replicated gradients: every place has them all; ZeRO-1 slices: summed over "dp"
@@ -19061,8 +19061,8 @@ struct pipeline_options {
   /// micro-batch's backward.
   std::size_t bucket_bytes = std::size_t{25} << 20;
   /// @brief A step whose global loss is not finite (NaN or infinite) is skipped: no stage
-  /// updates its parameters (pipeline::skipped_steps counts it). When false, such a step is a
-  /// pdo::error naming the step, before any parameter changes.
+  /// updates its parameters. When false, such a step is a pdo::error naming the step, before
+  /// any parameter changes. pipeline::skipped_steps counts such steps either way.
   bool skip_nonfinite_steps = false;
 };
 
@@ -19390,7 +19390,8 @@ class pipeline {
     double sum = static_cast<double>(total);
     if constexpr (has_tp) sum = mesh_.coord(p, Mesh::axis_index("tp")) == 0 ? sum : 0.0;
     host_communicator_of(mesh_, p).all_reduce(std::span<double>(&sum, 1));
-    if (std::isfinite(sum)) st.optimizer->step();  // else no stage updates (step() says why)
+    // the loss as step() returns it (in T) decides, so that an update and its report agree
+    if (std::isfinite(static_cast<double>(static_cast<T>(sum)))) st.optimizer->step();  // else no stage updates (step() says why)
     st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count();
     return static_cast<T>(sum);
   }
@@ -21648,8 +21649,8 @@ checkpoint& add_state(checkpoint& c, const std::string& prefix, nn::pipeline<T, 
 }
 
 /// @brief Saves the whole state of `pipeline` into `dir` (see add_state).
-template <class T, std::size_t InRank, class Target, class Mesh, class Optimizer, class Loss, class... Stages>
-void save(const std::filesystem::path& dir, nn::pipeline<T, InRank, Target, Mesh, Optimizer, Loss, Stages...>& pipeline,
+template <class T, std::size_t InRank, class Mesh, class Optimizer, class Loss, class... Stages>
+void save(const std::filesystem::path& dir, nn::pipeline<T, InRank, Mesh, Optimizer, Loss, Stages...>& pipeline,
           const save_options& o = {}) {
   checkpoint c;
   add_state(c, "", pipeline);
@@ -21657,8 +21658,8 @@ void save(const std::filesystem::path& dir, nn::pipeline<T, InRank, Target, Mesh
 }
 
 /// @brief Restores the whole state of `pipeline` from `dir` (see add_state).
-template <class T, std::size_t InRank, class Target, class Mesh, class Optimizer, class Loss, class... Stages>
-void load(const std::filesystem::path& dir, nn::pipeline<T, InRank, Target, Mesh, Optimizer, Loss, Stages...>& pipeline,
+template <class T, std::size_t InRank, class Mesh, class Optimizer, class Loss, class... Stages>
+void load(const std::filesystem::path& dir, nn::pipeline<T, InRank, Mesh, Optimizer, Loss, Stages...>& pipeline,
           const load_options& o = {}) {
   checkpoint c;
   add_state(c, "", pipeline);

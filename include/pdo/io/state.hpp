@@ -419,8 +419,8 @@ checkpoint& add_state(checkpoint& c, const std::string& prefix, nn::pipeline<T, 
 }
 
 /// @brief Saves the whole state of `pipeline` into `dir` (see add_state).
-template <class T, std::size_t InRank, class Target, class Mesh, class Optimizer, class Loss, class... Stages>
-void save(const std::filesystem::path& dir, nn::pipeline<T, InRank, Target, Mesh, Optimizer, Loss, Stages...>& pipeline,
+template <class T, std::size_t InRank, class Mesh, class Optimizer, class Loss, class... Stages>
+void save(const std::filesystem::path& dir, nn::pipeline<T, InRank, Mesh, Optimizer, Loss, Stages...>& pipeline,
           const save_options& o = {}) {
   checkpoint c;
   add_state(c, "", pipeline);
@@ -428,8 +428,8 @@ void save(const std::filesystem::path& dir, nn::pipeline<T, InRank, Target, Mesh
 }
 
 /// @brief Restores the whole state of `pipeline` from `dir` (see add_state).
-template <class T, std::size_t InRank, class Target, class Mesh, class Optimizer, class Loss, class... Stages>
-void load(const std::filesystem::path& dir, nn::pipeline<T, InRank, Target, Mesh, Optimizer, Loss, Stages...>& pipeline,
+template <class T, std::size_t InRank, class Mesh, class Optimizer, class Loss, class... Stages>
+void load(const std::filesystem::path& dir, nn::pipeline<T, InRank, Mesh, Optimizer, Loss, Stages...>& pipeline,
           const load_options& o = {}) {
   checkpoint c;
   add_state(c, "", pipeline);

@@ -528,7 +528,7 @@ class data_parallel {
       const auto totals = pdo::detail::sum_along<Mesh, 2>(mesh_, dp_axis, p, {static_cast<double>(local), static_cast<double>(correct)});
       losses[k] = static_cast<T>(totals[0]);
       corrects[k] = totals[1];
-      if (!std::isfinite(totals[0])) return;
+      if (!std::isfinite(static_cast<double>(losses[k]))) return;  // as step() reports it (in T)
       const double opt_start = buckets.since_start();
       if (options_.clip_grad_norm > 0) {
         // replicated gradients: every place has them all; ZeRO-1 slices: summed over "dp"

@@ -332,8 +332,8 @@ struct pipeline_options {
   /// micro-batch's backward.
   std::size_t bucket_bytes = std::size_t{25} << 20;
   /// @brief A step whose global loss is not finite (NaN or infinite) is skipped: no stage
-  /// updates its parameters (pipeline::skipped_steps counts it). When false, such a step is a
-  /// pdo::error naming the step, before any parameter changes.
+  /// updates its parameters. When false, such a step is a pdo::error naming the step, before
+  /// any parameter changes. pipeline::skipped_steps counts such steps either way.
   bool skip_nonfinite_steps = false;
 };
 
@@ -661,7 +661,8 @@ class pipeline {
     double sum = static_cast<double>(total);
     if constexpr (has_tp) sum = mesh_.coord(p, Mesh::axis_index("tp")) == 0 ? sum : 0.0;
     host_communicator_of(mesh_, p).all_reduce(std::span<double>(&sum, 1));
-    if (std::isfinite(sum)) st.optimizer->step();  // else no stage updates (step() says why)
+    // the loss as step() returns it (in T) decides, so that an update and its report agree
+    if (std::isfinite(static_cast<double>(static_cast<T>(sum)))) st.optimizer->step();  // else no stage updates (step() says why)
     st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count();
     return static_cast<T>(sum);
   }
