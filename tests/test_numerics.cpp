@@ -275,7 +275,7 @@ void check_all_ops(bool specials, unsigned seed) {
   unary("sigmoid", [](auto a, auto) { return pdo::sigmoid(a); }, [](ld a) { return 1 / (1 + std::exp(-a)); },
         [](ld a) { return (1 / (1 + std::exp(-a))) * (1 - 1 / (1 + std::exp(-a))); });
   unary("relu", [](auto a, auto) { return pdo::relu(a); }, [](ld a) { return (a > 0 || std::isnan(a)) ? a : ld(0); },
-        [](ld a) { return a > 0 ? ld(1) : ld(0); });
+        [](ld a) { return a <= 0 ? ld(0) : ld(1); });  // PyTorch's rule: the gradient passes at NaN
   unary("gelu", [](auto a, auto) { return pdo::gelu(a); }, gelu_exact, gelu_exact_d);
   unary("gelu_tanh", [](auto a, auto) { return pdo::gelu_tanh(a); }, gelu_tanh, gelu_tanh_d);
   binary("add", [](auto a, auto b) { return a + b; }, [](ld a, ld b, ld g) { return triple{a + b, g, g}; });
