@@ -16264,6 +16264,7 @@ class trace {
 #include <cstddef>
 #include <memory>
 #include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -16279,6 +16280,17 @@ struct batch_shard {
 }  // namespace pdo::nn
 
 namespace pdo::detail {
+
+/// @brief The refusal of step `step` of `trainer` ("data_parallel", "pipeline"), whose loss
+/// `loss` is not finite: a pdo::error naming the step, its batch and mesh, and the option
+/// (`trainer`_options::skip_nonfinite_steps) that skips such steps instead.
+[[noreturn]] inline void refuse_nonfinite_step(const std::string& trainer, std::size_t step, std::size_t rows,
+                                               const std::string& mesh, double loss) {
+  throw error(trainer + "::step: step " + std::to_string(step) + " (a global batch of " + std::to_string(rows) + " rows on " + mesh +
+              "): the loss is " + std::to_string(loss) +
+              "; no parameter was updated. Check the inputs and the learning rate, or skip such steps with " + trainer +
+              "_options::skip_nonfinite_steps");
+}
 
 template <std::size_t R>
 shape_t<R> with_rows(shape_t<R> s, std::size_t rows) {
@@ -18501,10 +18513,7 @@ class data_parallel {
     ++steps_;
     if (!std::isfinite(static_cast<double>(losses[0]))) {
       if (!options_.skip_nonfinite_steps)
-        throw error("data_parallel::step: step " + std::to_string(steps_) + " (a global batch of " + std::to_string(global_rows) +
-                    " rows on " + mesh_.describe() + "): the loss is " + std::to_string(static_cast<double>(losses[0])) +
-                    "; no parameter was updated. Check the inputs and the learning rate, or skip such steps with "
-                    "data_parallel_options::skip_nonfinite_steps");
+        pdo::detail::refuse_nonfinite_step("data_parallel", steps_, global_rows, mesh_.describe(), static_cast<double>(losses[0]));
       return losses[0];
     }
     last_epoch_correct_ += corrects[0];
@@ -19147,10 +19156,7 @@ class pipeline {
     if (!std::isfinite(static_cast<double>(losses[0]))) {
       ++skipped_steps_;
       if (!options_.skip_nonfinite_steps)
-        throw error("pipeline::step: step " + std::to_string(steps_) + " (a global batch of " + std::to_string(rows) + " rows on " +
-                    mesh_.describe() + "): the loss is " + std::to_string(static_cast<double>(losses[0])) +
-                    "; no parameter was updated. Check the inputs and the learning rate, or skip such steps with "
-                    "pipeline_options::skip_nonfinite_steps");
+        pdo::detail::refuse_nonfinite_step("pipeline", steps_, rows, mesh_.describe(), static_cast<double>(losses[0]));
     }
     return losses[0];
   }

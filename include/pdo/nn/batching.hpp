@@ -3,6 +3,7 @@
 // pdo::prefetch).
 #pragma once
 
+#include <pdo/core/error.hpp>
 #include <pdo/exec/prefetch.hpp>
 #include <pdo/place/mesh.hpp>
 #include <pdo/tensor/copy.hpp>
@@ -12,6 +13,7 @@
 #include <cstddef>
 #include <memory>
 #include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -27,6 +29,17 @@ struct batch_shard {
 }  // namespace pdo::nn
 
 namespace pdo::detail {
+
+/// @brief The refusal of step `step` of `trainer` ("data_parallel", "pipeline"), whose loss
+/// `loss` is not finite: a pdo::error naming the step, its batch and mesh, and the option
+/// (`trainer`_options::skip_nonfinite_steps) that skips such steps instead.
+[[noreturn]] inline void refuse_nonfinite_step(const std::string& trainer, std::size_t step, std::size_t rows,
+                                               const std::string& mesh, double loss) {
+  throw error(trainer + "::step: step " + std::to_string(step) + " (a global batch of " + std::to_string(rows) + " rows on " + mesh +
+              "): the loss is " + std::to_string(loss) +
+              "; no parameter was updated. Check the inputs and the learning rate, or skip such steps with " + trainer +
+              "_options::skip_nonfinite_steps");
+}
 
 template <std::size_t R>
 shape_t<R> with_rows(shape_t<R> s, std::size_t rows) {

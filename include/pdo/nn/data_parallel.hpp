@@ -559,10 +559,7 @@ class data_parallel {
     ++steps_;
     if (!std::isfinite(static_cast<double>(losses[0]))) {
       if (!options_.skip_nonfinite_steps)
-        throw error("data_parallel::step: step " + std::to_string(steps_) + " (a global batch of " + std::to_string(global_rows) +
-                    " rows on " + mesh_.describe() + "): the loss is " + std::to_string(static_cast<double>(losses[0])) +
-                    "; no parameter was updated. Check the inputs and the learning rate, or skip such steps with "
-                    "data_parallel_options::skip_nonfinite_steps");
+        pdo::detail::refuse_nonfinite_step("data_parallel", steps_, global_rows, mesh_.describe(), static_cast<double>(losses[0]));
       return losses[0];
     }
     last_epoch_correct_ += corrects[0];

@@ -418,10 +418,7 @@ class pipeline {
     if (!std::isfinite(static_cast<double>(losses[0]))) {
       ++skipped_steps_;
       if (!options_.skip_nonfinite_steps)
-        throw error("pipeline::step: step " + std::to_string(steps_) + " (a global batch of " + std::to_string(rows) + " rows on " +
-                    mesh_.describe() + "): the loss is " + std::to_string(static_cast<double>(losses[0])) +
-                    "; no parameter was updated. Check the inputs and the learning rate, or skip such steps with "
-                    "pipeline_options::skip_nonfinite_steps");
+        pdo::detail::refuse_nonfinite_step("pipeline", steps_, rows, mesh_.describe(), static_cast<double>(losses[0]));
     }
     return losses[0];
   }
