@@ -34,6 +34,33 @@ TEST_CASE("elementwise expressions over meshes equal the single-place result", "
       [](const auto& x, const auto& y, const auto& z) { return (x + x) * y - z; }, 1e-14, a, b, bias);
 }
 
+TEST_CASE("a unit dim that broadcasts where the result is split is a layout_error naming the fix", "[expr][mesh]") {
+  const auto m = pdo::make_mesh<"a", "b">(pdo::cpu_places(4), {2, 2});
+  const auto h = random_tensor<double, 2>({1, 5}, 41);
+  const auto x = pdo::distribute<pdo::layout<split<"a">, split<"b">>>(m, h);
+  auto expect_refusal = [](auto build, std::string_view op, std::string_view extent) {
+    try {
+      (void)pdo::gather(pdo::eval(build()));
+      FAIL("no error");
+    } catch (const pdo::layout_error& e) {
+      CHECK_THAT(e.what(), Catch::Contains(std::string(op) + ": dim ") && Catch::Contains("extent 1 and broadcasts to extent " + std::string(extent)) &&
+                               Catch::Contains("splits on \"b\"") && Catch::Contains("pdo::redistribute"));
+    }
+  };
+  // [1, 5] - [1] (NumPy's broadcasting, as on one place): max<1>'s result, split on "a", would take
+  // the result's split on "b" in the dim that stretches
+  expect_refusal([&] { return x - pdo::max<1>(x); }, "subtract", "5");
+  // the fix the message names: keep the unit dim (unsqueeze) in a layout that replicates it
+  const auto want = pdo::eval(h - pdo::max<1>(h));
+  CHECK(close(pdo::gather(pdo::eval(x - pdo::unsqueeze<1>(pdo::max<1>(x)))), want, 0));
+  // a [7, 1] operand split on "b" in its unit dim: replicating that dim first makes it broadcast
+  const auto g = random_tensor<double, 2>({7, 5}, 42), c = random_tensor<double, 2>({7, 1}, 43);
+  using col_split = pdo::layout<replicate, split<"b">>;
+  const auto gd = pdo::distribute<col_split>(m, g), cd = pdo::distribute<col_split>(m, c);
+  expect_refusal([&] { return gd + cd; }, "add", "5");
+  CHECK(close(pdo::gather(pdo::eval(gd + pdo::redistribute<pdo::layout<replicate, replicate>>(cd))), pdo::eval(g + c), 0));
+}
+
 TEST_CASE("reductions, softmax and losses over meshes", "[expr][mesh]") {
   const auto a = random_tensor<double, 2>({10, 7}, 31);
   using rows = pdo::layout<split<"x">, replicate>;

@@ -188,9 +188,12 @@ std::size_t split_broadcast_dim(const shape_t<Rank>& shape, std::span<const std:
 }
 
 [[noreturn]] PDO_NOINLINE inline void throw_split_broadcast(std::string_view op, std::size_t dim, const std::string& operand,
-                                                            std::string_view axis) {
-  throw layout_error(std::string(op) + ": dim " + std::to_string(dim) + " of " + operand + " has extent 1 and broadcasts, but is split on \"" +
-                     std::string(axis) + "\"; replicate it");
+                                                            std::size_t extent, std::string_view axis) {
+  throw layout_error(std::string(op) + ": dim " + std::to_string(dim) + " of " + operand + " has extent 1 and broadcasts to extent " +
+                     std::to_string(extent) + ", which the result splits on \"" + std::string(axis) +
+                     "\"; the plan, made from the layouts before extents are known, gives the operand that split, so its one "
+                     "element would sit on some of the places only. Replicate that dim of the operand first (pdo::redistribute to a "
+                     "layout with replicate there), or keep the unit dim in a layout that replicates it");
 }
 
 [[noreturn]] PDO_NOINLINE inline void throw_no_broadcast(std::string_view op, const std::string& operands) {
@@ -298,7 +301,8 @@ class elementwise_node : public detail::op_node<Children...> {
       using child_t = std::remove_cvref_t<decltype(c)>;
       const auto s = c.shape();
       const std::size_t j = detail::split_broadcast_dim(s, std::span<const std::size_t>(shape_).last(child_t::rank), target);
-      if (j < child_t::rank) detail::throw_split_broadcast(name, j, detail::describe_node(c), target.dim_axis[j]);
+      if (j < child_t::rank)
+        detail::throw_split_broadcast(name, j, detail::describe_node(c), shape_[rank - child_t::rank + j], target.dim_axis[j]);
     };
     (check(std::get<I>(this->children_), rule.operands[I]), ...);
   }
