@@ -359,6 +359,20 @@ TEST_CASE("spatial pooling: max and average over split height and width, forward
   pdo::backward(pdo::sum(pdo::max_pool2d(X, 3, {1, 1})));
   pdo::backward(pdo::sum(pdo::max_pool2d(dX, 3, {1, 1})));
   check_close(dX.grad(), X.grad(), "input gradient of ties");
+
+  // windows that do not fit: a pdo::shape_error naming the op, the shapes and the layouts
+  const auto m3 = pdo::make_mesh<"sp">(pdo::cpu_places(3));
+  const auto small = pdo::var(pdo::distribute<H>(m3, pdo::tensor<double, 4>(pdo::shape_t<4>{1, 2, 7, 5})));
+  CHECK_THROWS_WITH(pdo::max_pool2d(small, 9),
+                    Catch::StartsWith("max_pool2d: input [1, 2, 7, 5] (layout {replicate, replicate, split<sp>, replicate}) with kernel 9"));
+  CHECK_THROWS_WITH(pdo::avg_pool2d(small, 2, {2, 2}),
+                    Catch::StartsWith("avg_pool2d: padding 2 with kernel 2 on input [1, 2, 7, 5] (layout {replicate, replicate, split<sp>, replicate})"));
+  const auto w = pdo::parameter(pdo::distribute<pdo::layout<R, R, R, R>>(m3, pdo::tensor<double, 4>(pdo::shape_t<4>{3, 2, 9, 9})));
+  const auto b = pdo::parameter(pdo::distribute<pdo::layout<R>>(m3, pdo::tensor<double, 1>(pdo::shape_t<1>{3})));
+  CHECK_THROWS_WITH(pdo::conv2d(small, w, b, pdo::window_options{}),
+                    Catch::StartsWith("conv2d: input [1, 2, 7, 5] (layouts {replicate, replicate, split<sp>, replicate}, "
+                                      "{replicate, replicate, replicate, replicate}, {replicate}) with kernel 9"));
+  CHECK_THROWS_WITH(pdo::explain_conv2d(small, w, b), Catch::Contains("(layouts {replicate, replicate, split<sp>, replicate}"));
 }
 
 TEST_CASE("spatial plans: the halo exchange is a step of its own, counted by the plan, shown by explain with its bytes",

@@ -14316,10 +14316,12 @@ struct window_options {
 
 namespace detail {
 
-inline window_geometry window_of(const char* op, const shape_t<4>& x, std::size_t kernel, window_options o) {
+/// @brief The windows of conv2d or a pool over x; a pdo::shape_error naming `op`, the shapes
+/// and `layouts` (" (layouts ...)" for dtensors, else empty) when they do not fit.
+inline window_geometry window_of(const char* op, const shape_t<4>& x, std::size_t kernel, window_options o, const std::string& layouts = "") {
   window_geometry g{x[0], x[1], x[2], x[3], kernel, o.stride, o.padding, o.padding};
   if (!make_window_geometry(g))
-    throw shape_error(std::string(op) + ": input " + format_extents(x) + " with kernel " + std::to_string(kernel) + ", stride " +
+    throw shape_error(std::string(op) + ": input " + format_extents(x) + layouts + " with kernel " + std::to_string(kernel) + ", stride " +
                       std::to_string(o.stride) + ", padding " + std::to_string(o.padding) +
                       ": the window must fit the padded image, and kernel and stride must be positive");
   // the im2col matrix [rows, cols] conv2d makes, and the output, must be addressable
@@ -14330,12 +14332,14 @@ inline window_geometry window_of(const char* op, const shape_t<4>& x, std::size_
 
 /// @brief The windows of a pool: stride 0 means the kernel size; the padding at most half the
 /// kernel (as PyTorch's pools), so that every window holds a cell of the input.
-inline window_geometry pool_window_of(const char* op, const shape_t<4>& x, std::size_t kernel, window_options& o) {
+inline window_geometry pool_window_of(const char* op, const shape_t<4>& x, std::size_t kernel, window_options& o,
+                                      const std::string& layouts = "") {
   if (o.stride == 0) o.stride = kernel;
   if (2 * o.padding > kernel)
-    throw shape_error(std::string(op) + ": padding " + std::to_string(o.padding) + " with kernel " + std::to_string(kernel) +
+    throw shape_error(std::string(op) + ": padding " + std::to_string(o.padding) + " with kernel " + std::to_string(kernel) + " on input " +
+                      format_extents(x) + layouts +
                       ": the padding must be at most half the kernel size (a window would hold only padding)");
-  return window_of(op, x, kernel, o);
+  return window_of(op, x, kernel, o, layouts);
 }
 
 }  // namespace detail
@@ -14843,9 +14847,9 @@ auto distributed_conv2d(const var<dtensor<T, 4, Mesh, LX>>& x, const var<dtensor
   const auto& wv = weight.value();
   const auto& bv = bias.value();
   const Mesh& m = xv.mesh();
-  detail::check_conv_shapes(xv.shape(), wv.shape(), bv.shape(),
-                            " (layouts " + layout_name<LX>() + ", " + layout_name<LW>() + ", " + layout_name<LB>() + ")");
-  const detail::window_geometry whole = detail::window_of("conv2d", xv.shape(), wv.shape()[2], o);
+  const std::string layouts = " (layouts " + layout_name<LX>() + ", " + layout_name<LW>() + ", " + layout_name<LB>() + ")";
+  detail::check_conv_shapes(xv.shape(), wv.shape(), bv.shape(), layouts);
+  const detail::window_geometry whole = detail::window_of("conv2d", xv.shape(), wv.shape()[2], o, layouts);
   const auto cut = std::make_shared<const detail::spatial_cut>(m, detail::value_of<LX>(), whole, o.padding);
   const shape_t<4> y_shape{whole.batch, wv.shape()[0], whole.out_height, whole.out_width};
   const auto& local = m.local_places();
@@ -14955,7 +14959,7 @@ var<dtensor<T, 4, Mesh, L>> pool2d(const char* op, const var<dtensor<T, 4, Mesh,
   static_assert(pool_layout_ok(value_of<L>()), "pdo: max_pool2d/avg_pool2d: the input must not be partial: reduce it first");
   using value_t = dtensor<T, 4, Mesh, L>;
   const value_t& xv = x.value();
-  const window_geometry whole = pool_window_of(op, xv.shape(), kernel, o);
+  const window_geometry whole = pool_window_of(op, xv.shape(), kernel, o, " (layout " + layout_name<L>() + ")");
   const Mesh& m = xv.mesh();
   const auto cut = std::make_shared<const spatial_cut>(m, value_of<L>(), whole, o.padding);
   std::vector<tensor<T, 4>> ys(m.local_places().size());
@@ -15019,7 +15023,7 @@ std::string explain_pool2d(const X& x, std::size_t kernel, window_options o) {
   const auto& xv = window_value(x);
   using value_t = std::remove_cvref_t<decltype(xv)>;
   const char* op = Max ? "max_pool2d" : "avg_pool2d";
-  const window_geometry whole = pool_window_of(op, xv.shape(), kernel, o);
+  const window_geometry whole = pool_window_of(op, xv.shape(), kernel, o, " (layout " + layout_name<typename value_t::layout_type>() + ")");
   const spatial_cut cut(xv.mesh(), value_t::layout_value, whole, o.padding);
   return explain_window(op, pool2d_plan<value_t, Max>(), xv.mesh(), xv.shape(), value_t::layout_value,
                         {whole.batch, whole.channels, whole.out_height, whole.out_width}, cut, sizeof(typename value_t::value_type), "");
@@ -15039,8 +15043,10 @@ std::string explain_conv2d(const X& x, const W& weight, const B& bias, window_op
   using BV = std::remove_cvref_t<decltype(bv)>;
   constexpr auto plan = conv2d_plan<XV, WV, BV>();
   constexpr detail::conv_layouts rule = detail::conv_rule_of<typename XV::layout_type, typename WV::layout_type, typename BV::layout_type>::value;
-  detail::check_conv_shapes(xv.shape(), wv.shape(), bv.shape(), "");
-  const detail::window_geometry whole = detail::window_of("conv2d", xv.shape(), wv.shape()[2], o);
+  const std::string layouts = " (layouts " + layout_name<typename XV::layout_type>() + ", " + layout_name<typename WV::layout_type>() + ", " +
+                              layout_name<typename BV::layout_type>() + ")";
+  detail::check_conv_shapes(xv.shape(), wv.shape(), bv.shape(), layouts);
+  const detail::window_geometry whole = detail::window_of("conv2d", xv.shape(), wv.shape()[2], o, layouts);
   const detail::spatial_cut cut(xv.mesh(), XV::layout_value, whole, o.padding);
   std::string extra;
   if (rule.dw.npartial > 0) {
