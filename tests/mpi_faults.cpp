@@ -78,6 +78,7 @@ void sleeper(bool from_env) {
       expect(waited < 3.5, "reported within the timeout and its grace, after " + std::to_string(waited) + " s");
       expect(contains(m, "all_reduce over axis \"x\" of mesh(x=" + std::to_string(n) + ")"), "names the collective and axis: " + m);
       expect(contains(m, "not arrived: rank " + std::to_string(n - 1) + " (did not answer"), "names the rank that did not arrive: " + m);
+      expect(contains(m, "(timeout 1 s, then a last round"), "names the timeout it was given: " + m);
     } else {
       expect(contains(m, "gave up"), "the late process is told the others gave up: " + m);
     }

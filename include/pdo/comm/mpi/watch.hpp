@@ -147,7 +147,7 @@ class watch {
         if (r.answered == peers.size() || now >= r.ends) {
           r.open = false;
           note_status(label, r, peers, now - start);
-          if (final_round) give_up(label, r, peers, now - start, can_go_on);
+          if (final_round) give_up(label, r, peers, now - start, timeout, can_go_on);
         }
       } else if (now >= deadline) {
         final_round = true;
@@ -327,10 +327,13 @@ class watch {
 
   /// @brief The timeout: the message, sent to every peer (those that arrived give up too,
   /// with it), then thrown or, when the process cannot go on, printed before the job ends.
+  ///
+  /// The wait it reports is the timeout and the last round of questions (up to 2 s) after it.
   [[noreturn]] void give_up(const wait_label& label, const round& r, const std::vector<int>& peers, watch_clock::duration waited,
-                            bool can_go_on) {
+                            std::chrono::duration<double> timeout, bool can_go_on) {
     std::ostringstream os;
-    os << describe(label) << " timed out after " << std::chrono::duration<double>(waited).count() << " s on rank " << me_
+    os << describe(label) << " timed out after " << std::chrono::duration<double>(waited).count() << " s (timeout "
+       << timeout.count() << " s, then a last round asking the others where they wait) on rank " << me_
        << ": not arrived: " << missing(r, peers)
        << ". The group cannot be used after this; if those processes are only slow, raise the timeout "
           "(PDO_COLLECTIVE_TIMEOUT=<seconds>, or mesh_options::collective_timeout)";
