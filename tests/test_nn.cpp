@@ -366,7 +366,21 @@ TEST_CASE("data parallel: a non-finite loss stops with an error naming the step,
     CHECK_THROWS_WITH(trainer.step(poisoned, labels_for(8)), Catch::Contains("step 2") && Catch::Contains("the loss is nan") &&
                                                                  Catch::Contains("no parameter was updated"));
     CHECK(values_of(trainer) == before);
+    CHECK(trainer.steps() == 1);  // a refused step is not counted
     CHECK(std::isfinite(trainer.step(good, labels_for(8))));
+  }
+  {
+    // nor does it move the learning-rate schedule: a refusal caught leaves the trainer as if
+    // its batch had not been given
+    const pdo::nn::data_parallel_options scheduled{.schedule = pdo::nn::step_lr(0.1, 1, 0.5)};
+    auto steady = pdo::nn::make_data_parallel<double>(m, make_mlp, sgd, scheduled);
+    auto refused = pdo::nn::make_data_parallel<double>(m, make_mlp, sgd, scheduled);
+    for (int s = 0; s < 3; ++s) {
+      if (s == 1) CHECK_THROWS_WITH(refused.step(poisoned, labels_for(8)), Catch::Contains("step 2"));
+      CHECK(refused.step(good, labels_for(8)) == steady.step(good, labels_for(8)));
+    }
+    CHECK(values_of(refused) == values_of(steady));
+    CHECK(refused.steps() == 3);
   }
   {
     auto trainer = pdo::nn::make_data_parallel<double>(m, make_mlp, sgd, {.skip_nonfinite_steps = true});

@@ -99,6 +99,9 @@ TEST_CASE("pipeline: GPipe and 1F1B training match one place step by step, with 
       CHECK(refusing.skipped_steps() == 1);
       CHECK(refusing.step(x, y) == Approx(reference[0]).epsilon(1e-10));  // nothing was updated, momentum included
       CHECK(refusing.step(x, y) == Approx(reference[1]).epsilon(1e-10));
+      // a refused step is not counted: the next refusal names step 3
+      CHECK_THROWS_WITH(refusing.step(bad, y), Catch::Contains("pipeline::step: step 3"));
+      CHECK(refusing.skipped_steps() == 2);
       pdo::nn::pipeline_options skip{pdo::nn::pipeline_schedule::gpipe, 2};
       skip.skip_nonfinite_steps = true;
       auto skipping = pdo::nn::make_pipeline<double, 2, 3>(m, make_mlp(), opt, skip);

@@ -18292,8 +18292,9 @@ class data_parallel {
   [[nodiscard]] buckets_type& replica_buckets(std::size_t k) { return *replicas_[k]->buckets; }
   /// @brief The settings given at construction.
   [[nodiscard]] const data_parallel_options& options() const { return options_; }
-  /// @brief Steps and epochs trained (skipped steps included), restored with set_progress
-  /// when training resumes from a checkpoint.
+  /// @brief Steps and epochs trained (skipped steps included; a step refused with a
+  /// pdo::error is not counted), restored with set_progress when training resumes from a
+  /// checkpoint.
   [[nodiscard]] std::size_t steps() const { return steps_; }
   /// @brief Epochs trained by fit (see steps()).
   [[nodiscard]] std::size_t epochs() const { return epochs_; }
@@ -18523,12 +18524,15 @@ class data_parallel {
       buckets.record("optimizer", 0, opt_start, buckets.since_start());
       if (options_.zero1) buckets.gather_slices();
     });
-    ++steps_;
+    // a refused step leaves the trainer as if its batch had not been given (the schedule and
+    // a checkpoint's step count do not move); a skipped one counts, as fit's epochs count it
     if (!std::isfinite(static_cast<double>(losses[0]))) {
       if (!options_.skip_nonfinite_steps)
-        pdo::detail::refuse_nonfinite_step("data_parallel", steps_, global_rows, mesh_.describe(), static_cast<double>(losses[0]));
+        pdo::detail::refuse_nonfinite_step("data_parallel", steps_ + 1, global_rows, mesh_.describe(), static_cast<double>(losses[0]));
+      ++steps_;
       return losses[0];
     }
+    ++steps_;
     last_epoch_correct_ += corrects[0];
     return losses[0];
   }
@@ -19165,12 +19169,13 @@ class pipeline {
       place_state& st = *states_[k];
       with_stage(st.stage, [&]<std::size_t S>() { losses[k] = run_stage<S>(p, st, inputs, targets, rows); });
     });
-    ++steps_;
     if (!std::isfinite(static_cast<double>(losses[0]))) {
       ++skipped_steps_;
+      // a refused step is not counted: the next one has the number it had
       if (!options_.skip_nonfinite_steps)
-        pdo::detail::refuse_nonfinite_step("pipeline", steps_, rows, mesh_.describe(), static_cast<double>(losses[0]));
+        pdo::detail::refuse_nonfinite_step("pipeline", steps_ + 1, rows, mesh_.describe(), static_cast<double>(losses[0]));
     }
+    ++steps_;
     return losses[0];
   }
 
@@ -19421,7 +19426,7 @@ class pipeline {
   std::vector<std::vector<pipeline_action>> schedule_;
   std::vector<std::unique_ptr<place_state>> states_;
   std::vector<model_parameter> model_parameters_;
-  std::size_t steps_ = 0;          ///< steps taken (their number names a failed one)
+  std::size_t steps_ = 0;          ///< steps taken, refused ones not counted (their number names a failed one)
   std::size_t skipped_steps_ = 0;  ///< steps whose loss was not finite
 };
 

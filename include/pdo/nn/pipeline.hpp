@@ -414,12 +414,13 @@ class pipeline {
       place_state& st = *states_[k];
       with_stage(st.stage, [&]<std::size_t S>() { losses[k] = run_stage<S>(p, st, inputs, targets, rows); });
     });
-    ++steps_;
     if (!std::isfinite(static_cast<double>(losses[0]))) {
       ++skipped_steps_;
+      // a refused step is not counted: the next one has the number it had
       if (!options_.skip_nonfinite_steps)
-        pdo::detail::refuse_nonfinite_step("pipeline", steps_, rows, mesh_.describe(), static_cast<double>(losses[0]));
+        pdo::detail::refuse_nonfinite_step("pipeline", steps_ + 1, rows, mesh_.describe(), static_cast<double>(losses[0]));
     }
+    ++steps_;
     return losses[0];
   }
 
@@ -670,7 +671,7 @@ class pipeline {
   std::vector<std::vector<pipeline_action>> schedule_;
   std::vector<std::unique_ptr<place_state>> states_;
   std::vector<model_parameter> model_parameters_;
-  std::size_t steps_ = 0;          ///< steps taken (their number names a failed one)
+  std::size_t steps_ = 0;          ///< steps taken, refused ones not counted (their number names a failed one)
   std::size_t skipped_steps_ = 0;  ///< steps whose loss was not finite
 };
 
