@@ -394,6 +394,21 @@ TEST_CASE("checkpoints: corrupt, truncated, missing and mismatched files are io_
     std::ofstream(dir / "metadata.json") << meta.dump();
     CHECK_THAT(load_error(dir, into), Catch::Contains("\"weights\"") && Catch::Contains("does not fit its shape [40, 30]"));
   }
+  SECTION("a global shape in the metadata larger than its blocks: io::read names it before allocating") {
+    const auto dir = fresh("bigshape");
+    nlohmann::json meta = nlohmann::json::parse(std::ifstream(dir / "metadata.json"));
+    for (std::uint64_t rows : {std::uint64_t{1000000000000000000}, std::uint64_t{100000000000}, std::uint64_t{41}}) {
+      meta["entries"]["weights"]["shape"] = {rows, 30};
+      std::ofstream(dir / "metadata.json") << meta.dump();
+      INFO(rows << " rows");
+      const std::string shape = "metadata.json: tensor \"weights\": its shape [" + std::to_string(rows) + ", 30]";
+      CHECK_THROWS_AS((pdo::io::read<float, 2>(dir, "weights")), pdo::io_error);
+      CHECK_THROWS_WITH((pdo::io::read<float, 2>(dir, "weights")),
+                        Catch::Contains(shape) && Catch::Contains("its blocks only 1200") && Catch::Contains("does not match the shards"));
+      CHECK_THROWS_WITH((pdo::io::read<float, 2, pdo::layout<split<"x">, replicate>>(dir, "weights", mesh)),
+                        Catch::Contains(shape) && Catch::Contains("its blocks only 1200"));
+    }
+  }
   SECTION("another global shape, another element type, another name") {
     auto wrong_shape = pdo::tensor<float, 2>({30, 40});
     pdo::io::checkpoint a;

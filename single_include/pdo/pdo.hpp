@@ -19763,6 +19763,7 @@ inline void flush_directory(const std::filesystem::path& dir) {
 #include <limits>
 #include <memory>
 #include <optional>
+#include <sstream>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -20738,21 +20739,50 @@ inline std::vector<entry_info> inspect(const std::filesystem::path& dir) {
   return out;
 }
 
+namespace detail {
+/// @brief The global shape of entry `name` in `dir`, as io::read allocates it; zeros when the
+/// checkpoint has no such tensor (the load then names what it holds). An io_error when its
+/// rank is not R, or when its blocks hold fewer elements than it needs: checked before the
+/// whole tensor is allocated, so that a damaged shape in the metadata is named as such rather
+/// than asked of the allocator.
+template <std::size_t R>
+shape_t<R> shape_to_read(const std::filesystem::path& dir, const std::string& name) {
+  const auto meta = checkpoint::read_metadata(dir);
+  const std::string where = "io: " + (dir / "metadata.json").string() + ": tensor \"" + name + "\": ";
+  shape_t<R> shape{};
+  try {
+    const auto& entries = meta.at("entries");
+    if (!entries.contains(name) || entries.at(name).value("kind", "") != "tensor") return shape;  // named by the load
+    const auto& e = entries.at(name);
+    const auto extents = sizes_of(e.at("shape"), "the shape of \"" + name + "\"");
+    if (extents.size() != R)
+      throw io_error("io: read of \"" + name + "\" from " + dir.string() + ": it has rank " + std::to_string(extents.size()) + ", not " +
+                     std::to_string(R));
+    long double held = 0, want = 1;  // counted exactly enough to compare, whatever the extents
+    for (const auto& b : e.at("blocks")) {
+      long double v = 1;
+      for (std::size_t x : sizes_of(b.at("shape"), "a block shape of \"" + name + "\"")) v *= static_cast<long double>(x);
+      held += v;
+    }
+    for (std::size_t x : extents) want *= static_cast<long double>(x);
+    if (held < want) {
+      std::ostringstream os;
+      os << where << "its shape " << pdo::detail::format_extents(extents) << " holds " << want << " elements, its blocks only " << held
+         << ": the metadata does not match the shards";
+      throw io_error(os.str());
+    }
+    std::copy(extents.begin(), extents.end(), shape.begin());
+  } catch (const nlohmann::json::exception& x) {
+    throw io_error(where + "its metadata is malformed: " + x.what());
+  }
+  return shape;
+}
+}  // namespace detail
+
 /// @brief The tensor `name` of the checkpoint in `dir`, whole, in host memory.
 template <element T, std::size_t R>
 tensor<T, R> read(const std::filesystem::path& dir, const std::string& name, const load_options& o = {}) {
-  shape_t<R> shape{};
-  bool found = false;
-  for (const auto& e : inspect(dir))
-    if (e.name == name) {
-      if (e.shape.size() != R)
-        throw io_error("io: read of \"" + name + "\" from " + dir.string() + ": it has rank " + std::to_string(e.shape.size()) + ", not " +
-                       std::to_string(R));
-      std::copy(e.shape.begin(), e.shape.end(), shape.begin());
-      found = true;
-    }
-  if (!found) shape = {};  // the load below names what the checkpoint holds
-  auto out = tensor<T, R>::on_host(shape);
+  auto out = tensor<T, R>::on_host(detail::shape_to_read<R>(dir, name));
   checkpoint c;
   c.add(name, out);
   c.load(dir, o);
@@ -20764,14 +20794,7 @@ tensor<T, R> read(const std::filesystem::path& dir, const std::string& name, con
 template <element T, std::size_t R, layout_spec Layout, mesh_type Mesh>
 dtensor<T, R, Mesh, Layout> read(const std::filesystem::path& dir, const std::string& name, const Mesh& m, const load_options& o = {}) {
   static_assert(sizeof(pdo::detail::check_layout<"io::read", Layout, Mesh, R>) != 0);
-  shape_t<R> shape{};
-  for (const auto& e : inspect(dir))
-    if (e.name == name) {
-      if (e.shape.size() != R)
-        throw io_error("io: read of \"" + name + "\" from " + dir.string() + ": it has rank " + std::to_string(e.shape.size()) + ", not " +
-                       std::to_string(R));
-      std::copy(e.shape.begin(), e.shape.end(), shape.begin());
-    }
+  const shape_t<R> shape = detail::shape_to_read<R>(dir, name);
   std::vector<tensor<T, R>> shards;
   for (std::size_t p : m.local_places())
     shards.emplace_back(pdo::detail::shard_shape(m, pdo::detail::value_of<Layout>(), shape, p), m.place(p), pdo::detail::uninitialized);
