@@ -355,6 +355,40 @@ TEST_CASE("on a 2x2 mesh, places outside a group may end while the group's membe
   }
 }
 
+TEST_CASE("a send or recv whose peer's task ends without the matching call is an error, not a hang", "[collectives][errors]") {
+  const auto mesh = pdo_test::line_mesh(3);
+  for (int round = 0; round < 20; ++round) {  // the peer ends before the call, or while it waits
+    const bool sending = round % 2 == 0;
+    std::vector<float> from_2(3, 0.0f);
+    try {
+      pdo::spmd(mesh, [&](std::size_t p) {
+        const auto comm = pdo::communicator_of(mesh, p);
+        std::vector<float> v(4, 1.0f);
+        if (p == 2) comm.send(std::span<const float>(std::vector<float>(3, 2.0f)), 0, 1);  // between the others: goes on
+        if (p == 0) {
+          comm.recv(std::span<float>(from_2), 2, 1);
+          if (sending) comm.send(std::span<const float>(v), 1, 7);
+          else comm.recv(std::span<float>(v), 1, 7);
+        }
+      });
+      FAIL("no error reached the caller");
+    } catch (const pdo::mismatch_error& e) {
+      CHECK_THAT(std::string(e.what()), Catch::Contains(sending ? "send aborted: the task of place cpu:1 ended without a recv from cpu:0 with tag 7"
+                                                                : "recv aborted: the task of place cpu:1 ended without a send to cpu:0 with tag 7"));
+    }
+    CHECK(from_2 == std::vector<float>(3, 2.0f));
+    // the mesh works afterwards, messages too
+    std::vector<std::vector<int>> got(3, std::vector<int>(2, 1));
+    pdo::spmd(mesh, [&](std::size_t p) {
+      const auto comm = pdo::communicator_of(mesh, p);
+      if (p == 1) comm.send(std::span<const int>(got[1]), 0, 7);
+      if (p == 0) comm.recv(std::span<int>(got[0]), 1, 7);
+      comm.all_reduce(std::span<int>(got[p]));
+    });
+    CHECK(got[0] == std::vector<int>(2, 3));
+  }
+}
+
 TEST_CASE("send/recv with different sizes fails on both sides", "[collectives][errors]") {
   const auto mesh = pdo_test::line_mesh(2);
   REQUIRE_THROWS_WITH(pdo::spmd(mesh,

@@ -169,7 +169,9 @@ class local_group {
   explicit local_group(std::vector<std::string> member_names, bool part_of_larger = false)
       : names_(std::move(member_names)),
         slots_(names_.size()),
-        barrier_(static_cast<std::uint32_t>(names_.size()), &names_, part_of_larger) {}
+        barrier_(static_cast<std::uint32_t>(names_.size()), &names_, part_of_larger),
+        departed_(names_.size(), false),
+        part_of_larger_(part_of_larger) {}
 
   [[nodiscard]] std::size_t size() const { return names_.size(); }
   [[nodiscard]] const std::string& name(std::size_t member) const { return names_[member]; }
@@ -197,15 +199,26 @@ class local_group {
   /// @brief Member `member`'s task has ended: a collective of the group can no longer
   /// complete, so the members waiting in one, or entering one, get an error saying so
   /// (pdo::mismatch_error; pdo::communication_error for this process's part of a group over
-  /// several processes, which ends the job), until reopen() (messages between the others go on).
-  void leave(std::size_t member) { barrier_.abort_departed(static_cast<std::uint32_t>(member)); }
+  /// several processes, which ends the job), until reopen(). A send to it or a recv from it
+  /// that waits, or comes later, fails alike; messages between the others go on.
+  void leave(std::size_t member) {
+    barrier_.abort_departed(static_cast<std::uint32_t>(member));
+    std::lock_guard lock(mail_mutex_);
+    departed_[member] = true;
+    mail_ready_.notify_all();
+  }
   /// @brief After leave(): the collectives are usable again (call once no member is inside one).
-  void reopen() { barrier_.reset(); }
+  void reopen() {
+    barrier_.reset();
+    std::lock_guard lock(mail_mutex_);
+    departed_.assign(size(), false);
+  }
   /// @brief Makes the group usable again once no member is inside a collective.
   void reset() {
     barrier_.reset();
     std::lock_guard lock(mail_mutex_);
     mail_aborted_ = false;
+    departed_.assign(size(), false);
     mailbox_.clear();
   }
 
@@ -358,10 +371,11 @@ class local_group {
     mine->count = data.size();
     mine->posted = true;
     mail_ready_.notify_all();
-    mail_ready_.wait(lock, [&] { return mine->done || mail_aborted_; });
+    mail_ready_.wait(lock, [&] { return mine->done || mail_aborted_ || departed_[to]; });
     if (!mine->done) {  // withdraw the post: its buffer is about to go away
       if (auto it = mailbox_.find({me, to, tag}); it != mailbox_.end() && it->second == mine) mailbox_.erase(it);
-      throw collective_aborted("send aborted: another place of the group failed");
+      if (mail_aborted_) throw collective_aborted("send aborted: another place of the group failed");
+      peer_left("send", "a recv from", me, to, tag);
     }
     if (!mine->problem.empty()) throw mismatch_error(mine->problem);
   }
@@ -373,8 +387,12 @@ class local_group {
     check_peer("recv", me, from, tag);
     std::unique_lock lock(mail_mutex_);
     const auto theirs = post_for({from, me, tag});
-    mail_ready_.wait(lock, [&] { return mail_aborted_ || theirs->posted; });
+    mail_ready_.wait(lock, [&] { return mail_aborted_ || theirs->posted || departed_[from]; });
     if (mail_aborted_) throw collective_aborted("recv aborted: another place of the group failed");
+    if (!theirs->posted) {  // the sender's task ended without this send: drop the empty post
+      if (auto it = mailbox_.find({from, me, tag}); it != mailbox_.end() && it->second == theirs) mailbox_.erase(it);
+      peer_left("recv", "a send to", me, from, tag);
+    }
     mailbox_.erase({from, me, tag});  // consumed: the next send with this key makes a new post
     if (theirs->count != data.size())
       theirs->problem = "send/recv: " + names_[from] + " sent " + std::to_string(theirs->count) + " elements with tag " +
@@ -454,6 +472,16 @@ class local_group {
     return slot;
   }
 
+  /// @brief The error of a send or recv whose peer's task ended without the matching call:
+  /// a pdo::mismatch_error (a pdo::communication_error for this process's part of a group
+  /// over several processes, as the barrier's).
+  [[noreturn]] PDO_NOINLINE void peer_left(const char* op, const char* missing, std::size_t me, std::size_t peer, int tag) const {
+    const std::string why = std::string(op) + " aborted: the task of place " + names_[peer] + " ended without " + missing + " " + names_[me] +
+                            " with tag " + std::to_string(tag) + " (every send needs a matching recv)";
+    if (part_of_larger_) throw communication_error(why);
+    throw mismatch_error(why);
+  }
+
   void check_peer(const char* op, std::size_t me, std::size_t peer, int tag) const {
     if (peer >= size() || peer == me || tag < 0)
       throw communication_error(std::string(op) + ": " + names_[me] + " named member " + std::to_string(peer) +
@@ -525,6 +553,8 @@ class local_group {
   std::condition_variable mail_ready_;
   std::map<mail_key, std::shared_ptr<post>> mailbox_;
   bool mail_aborted_ = false;
+  std::vector<bool> departed_;  ///< the members whose task has ended since the last reopen() (see leave)
+  const bool part_of_larger_;
 };
 
 }  // namespace pdo::detail
