@@ -278,6 +278,21 @@ TEST_CASE("a task that started before the trace did is left out, and so are the 
   CHECK(copies == 1);
 }
 
+TEST_CASE("the trace's strings are valid JSON whatever bytes a message carries", "[engine][trace]") {
+  // a failure message may carry a file name's raw bytes: each byte that is not well-formed
+  // UTF-8 becomes U+FFFD; well-formed sequences, quotes and control characters as JSON has them
+  const auto json = [](const std::string& s) {
+    std::string out;
+    pdo::detail::append_json_string(out, s);
+    return out;
+  };
+  CHECK(json("caf\xe9.bin") == "\"caf\\ufffd.bin\"");
+  CHECK(json("\xe2\x82\xac \xf0\x9f\x99\x82 \xc3\xa9") == "\"\xe2\x82\xac \xf0\x9f\x99\x82 \xc3\xa9\"");
+  CHECK(json("\xe2\x82") == "\"\\ufffd\\ufffd\"");                  // truncated
+  CHECK(json("\xc0\xaf \xed\xa0\x80") == "\"\\ufffd\\ufffd \\ufffd\\ufffd\\ufffd\"");  // overlong, surrogate
+  CHECK(json("a\"b\\c\nd\x01") == "\"a\\\"b\\\\c\\nd\\u0001\"");
+}
+
 namespace {
 
 using grid = pdo::mesh<"x">;
@@ -424,6 +439,8 @@ TEST_CASE("a mesh-wide operation inside a parallel_do block or an spmd task is a
     CHECK_THROWS_WITH(pdo::spmd(mesh, [&](std::size_t) { (void)pdo::eval(pdo::exp(x)); }),
                       Catch::Contains("eval") && Catch::Contains("inside a task of place"));
     CHECK_THROWS_WITH(pdo::spmd(mesh, [&](std::size_t) { (void)pdo::gather(x); }), Catch::Contains("gather"));
+    CHECK_THROWS_WITH(pdo::spmd(mesh, [&](std::size_t) { (void)pdo::eval_async(x * 2.0); }),
+                      Catch::Contains("eval_async: a mesh-wide operation was started inside a task of place"));
     // local work inside a block is what a block is for
     const auto y = pdo::parallel_do<L>([](const auto& shard) { return pdo::eval(shard * 2.0); }, x);
     CHECK(pdo_test::close(pdo::gather(y), pdo::eval(pdo::gather(x) * 2.0), 0));

@@ -12741,7 +12741,7 @@ auto queue_evaluation(Expr&& expr, bool caller_waits) {
   using T = typename node_t::value_type;
   using mesh_t = typename node_t::mesh_type;
   using result_t = dtensor<T, node_t::rank, mesh_t, result_layout_t<node_t>>;
-  check_not_nested("eval");
+  check_not_nested(caller_waits ? "eval" : "eval_async");
   node_t node = as_expression(std::forward<Expr>(expr));
   const mesh_t& m = *find_mesh(node);
   check_one_mesh(node, m);
@@ -16098,9 +16098,34 @@ class trace_recorder final : public timeline_sink {
   timeline_clock::time_point origin_ = timeline_clock::now();
 };
 
+/// @brief The length of the well-formed UTF-8 sequence at s[i] (1-4), or 0 when the bytes
+/// there are not one (a stray continuation byte, a truncated, overlong or surrogate sequence).
+inline std::size_t utf8_sequence_at(const std::string& s, std::size_t i) {
+  const auto b = [&](std::size_t k) { return i + k < s.size() ? static_cast<unsigned char>(s[i + k]) : 0u; };
+  const auto cont = [&](std::size_t k, unsigned lo = 0x80, unsigned hi = 0xBF) { return b(k) >= lo && b(k) <= hi; };
+  const unsigned c = b(0);
+  if (c < 0x80) return 1;
+  if (c >= 0xC2 && c <= 0xDF) return cont(1) ? 2 : 0;
+  if (c >= 0xE0 && c <= 0xEF)
+    return cont(1, c == 0xE0 ? 0xA0 : 0x80, c == 0xED ? 0x9F : 0xBF) && cont(2) ? 3 : 0;
+  if (c >= 0xF0 && c <= 0xF4)
+    return cont(1, c == 0xF0 ? 0x90 : 0x80, c == 0xF4 ? 0x8F : 0xBF) && cont(2) && cont(3) ? 4 : 0;
+  return 0;
+}
+
+/// @brief `s` as a JSON string: quotes, backslashes and control characters escaped, and each
+/// byte that is not part of well-formed UTF-8 (an error message may carry a file name's raw
+/// bytes) written as U+FFFD, so that the trace is always valid JSON.
 inline void append_json_string(std::string& out, const std::string& s) {
   out += '"';
-  for (const char c : s) {
+  for (std::size_t i = 0; i < s.size();) {
+    const char c = s[i];
+    if (static_cast<unsigned char>(c) >= 0x80) {
+      const std::size_t n = utf8_sequence_at(s, i);
+      if (n == 0) out += "\\ufffd", i += 1;
+      else out.append(s, i, n), i += n;
+      continue;
+    }
     switch (c) {
       case '"': out += "\\\""; break;
       case '\\': out += "\\\\"; break;
@@ -16115,6 +16140,7 @@ inline void append_json_string(std::string& out, const std::string& s) {
           out += c;
         }
     }
+    ++i;
   }
   out += '"';
 }

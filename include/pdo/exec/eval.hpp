@@ -230,7 +230,7 @@ auto queue_evaluation(Expr&& expr, bool caller_waits) {
   using T = typename node_t::value_type;
   using mesh_t = typename node_t::mesh_type;
   using result_t = dtensor<T, node_t::rank, mesh_t, result_layout_t<node_t>>;
-  check_not_nested("eval");
+  check_not_nested(caller_waits ? "eval" : "eval_async");
   node_t node = as_expression(std::forward<Expr>(expr));
   const mesh_t& m = *find_mesh(node);
   check_one_mesh(node, m);
