@@ -247,6 +247,52 @@ TEST_CASE("an evaluation runs its plan's steps as tasks: kernels on compute lane
   }
 }
 
+TEST_CASE("a standalone redistribute runs a collective on the communication lanes, a local slice on the compute lanes",
+          "[engine][plan]") {
+  for (std::size_t n : {2, 3}) {
+    INFO(n << " places");
+    const auto mesh = pdo_test::line_mesh(n);
+    const auto a = pdo_test::random_tensor<double, 2>({7, 5}, 13);
+    const auto x = pdo::distribute<pdo::layout<split<"x">, replicate>>(mesh, a);
+    pdo::trace::start();
+    const auto whole = pdo::redistribute<pdo::layout<replicate, replicate>>(x);     // all_gather
+    const auto cut = pdo::redistribute<pdo::layout<replicate, split<"x">>>(whole);  // local slice
+    pdo::trace::stop();
+    CHECK(pdo_test::close(pdo::gather(whole), a, 0.0));
+    CHECK(pdo_test::close(pdo::gather(cut), a, 0.0));
+    const auto events = pdo::detail::trace_recorder::instance().events();
+    for (std::size_t p = 0; p < n; ++p) {
+      const std::string place = mesh.place(p).name();
+      std::vector<const pdo::detail::timeline_event*> tasks;
+      for (const auto& e : events)
+        if (e.id != 0 && e.track->place == place && e.name == "redistribute") tasks.push_back(&e);
+      REQUIRE(tasks.size() == 2);
+      std::sort(tasks.begin(), tasks.end(), [](const auto* l, const auto* r) { return l->id < r->id; });
+      CHECK(tasks[0]->track->lane == "communication");
+      CHECK(std::string(tasks[0]->category) == "collective");
+      CHECK(tasks[1]->track->lane == "compute");
+      CHECK(std::string(tasks[1]->category) == "kernel");
+    }
+  }
+}
+
+TEST_CASE("an evaluation whose result does not fit a place's memory is an out_of_memory naming the call, the op and the result",
+          "[engine][memory]") {
+  const auto mesh = pdo::make_mesh<"x">(pdo::cpu_places(2, 64 << 10));
+  const auto a = pdo_test::random_tensor<double, 2>({200, 1}, 21), b = pdo_test::random_tensor<double, 2>({1, 200}, 22);
+  const auto x = pdo::distribute<pdo::layout<split<"x">, replicate>>(mesh, a);
+  const auto w = pdo::distribute<pdo::layout<replicate, replicate>>(mesh, b);
+  // the product's rows are split: 100 x 200 doubles (160 KB) a place, past the 64 KiB cap
+  CHECK_THROWS_AS(pdo::eval_async(pdo::matmul(x, w)), pdo::out_of_memory);
+  CHECK_THROWS_WITH(pdo::eval_async(pdo::matmul(x, w)),
+                    Catch::StartsWith("eval_async of matmul: its result f64[200, 200]{split<x>, replicate}") &&
+                        Catch::Contains("cpu:") && Catch::Contains("cap of 65536"));
+  CHECK_THROWS_WITH(pdo::eval(pdo::matmul(x, w)), Catch::StartsWith("eval of matmul: its result"));
+  // nothing was queued: the mesh and the operands are as before
+  CHECK(pdo_test::close(pdo::gather(pdo::eval(x * 2.0)), pdo::eval(a * 2.0), 0.0));
+  CHECK_NOTHROW(pdo::wait_all());
+}
+
 TEST_CASE("a task that started before the trace did is left out, and so are the spans inside it", "[engine][trace]") {
   const auto mesh = pdo_test::line_mesh(1);
   const auto x = pdo::distribute<pdo::layout<split<"x">>>(mesh, pdo_test::random_tensor<double, 1>({64}, 3));

@@ -769,6 +769,15 @@ class group_communicator {
 
 namespace pdo::detail {
 
+/// @brief The error of a member whose peer's task ended without the matching call (a
+/// collective it did not join, a send or recv it did not make): a pdo::mismatch_error, or a
+/// pdo::communication_error when the members are this process's part of a group over several
+/// processes (the others cannot be told, so it is not a mismatch every member finds alike).
+[[noreturn]] PDO_NOINLINE inline void throw_member_left(const std::string& why, bool part_of_larger) {
+  if (part_of_larger) throw communication_error(why);
+  throw mismatch_error(why);
+}
+
 /// @brief A barrier for a fixed number of threads. Waiters spin for a few microseconds
 /// (collectives on small messages stay well under a microsecond) and then sleep on
 /// the phase counter, so oversubscribed places do not burn each other's cores.
@@ -862,8 +871,7 @@ class group_barrier {
       const std::string who = names_ != nullptr && member < names_->size() ? (*names_)[member] : "member " + std::to_string(member);
       const std::string why =
           "collective aborted: the task of place " + who + " ended without joining it (every member of a group must make the same collectives)";
-      if (part_of_larger_) throw communication_error(why);
-      throw mismatch_error(why);
+      throw_member_left(why, part_of_larger_);
     }
     throw collective_aborted("collective aborted: another place of the group failed");
   }
@@ -3605,14 +3613,12 @@ class local_group {
     return slot;
   }
 
-  /// @brief The error of a send or recv whose peer's task ended without the matching call:
-  /// a pdo::mismatch_error (a pdo::communication_error for this process's part of a group
-  /// over several processes, as the barrier's).
+  /// @brief The error of a send or recv whose peer's task ended without the matching call
+  /// (throw_member_left, as the barrier's).
   [[noreturn]] PDO_NOINLINE void peer_left(const char* op, const char* missing, std::size_t me, std::size_t peer, int tag) const {
-    const std::string why = std::string(op) + " aborted: the task of place " + names_[peer] + " ended without " + missing + " " + names_[me] +
-                            " with tag " + std::to_string(tag) + " (every send needs a matching recv)";
-    if (part_of_larger_) throw communication_error(why);
-    throw mismatch_error(why);
+    throw_member_left(std::string(op) + " aborted: the task of place " + names_[peer] + " ended without " + missing + " " + names_[me] +
+                          " with tag " + std::to_string(tag) + " (every send needs a matching recv)",
+                      part_of_larger_);
   }
 
   void check_peer(const char* op, std::size_t me, std::size_t peer, int tag) const {
@@ -7093,11 +7099,11 @@ std::shared_ptr<place_batch> submit_on_places(const Mesh& m, Task task, batch_op
 /// (pdo::mismatch_error) and returned here, any other failure ends the job (end_job).
 /// `access_of(place_index, local_ordinal)` names what each task reads and writes: it waits
 /// for the tasks queued before that write what it reads, and is cancelled with the error of
-/// one that failed.
+/// one that failed. The tasks run on each place's `lane`.
 /// @return the ended batch: each local place's failure, if any (`failures`, by local ordinal)
 template <class Mesh, class Task, class Access = no_access>
 std::shared_ptr<place_batch> run_batch_on_places(const Mesh& m, Task&& task, bool communicate, const char* op, const char* category,
-                                                 Access access_of = {}) {
+                                                 Access access_of = {}, lane_kind lane = lane_kind::compute) {
   const bool local_only = !m.is_multiprocess();
   // waited for here: the tasks call `task` and `access_of` where they are, owning nothing
   using task_t = std::remove_reference_t<Task>;
@@ -7105,7 +7111,7 @@ std::shared_ptr<place_batch> run_batch_on_places(const Mesh& m, Task&& task, boo
                         const_cast<void*>(static_cast<const void*>(std::addressof(task)))};
   const place_access uses = access_of_places(access_of);
   auto batch = submit_on_mesh(*m.state(), comms_of(m), work, nullptr,
-                              batch_options{op, category, communicate || local_only, communicate || local_only, lane_kind::compute, true}, uses);
+                              batch_options{op, category, communicate || local_only, communicate || local_only, lane, true}, uses);
   batch->wait();
   return batch;
 }
@@ -7114,8 +7120,9 @@ std::shared_ptr<place_batch> run_batch_on_places(const Mesh& m, Task&& task, boo
 /// another's, or nothing.
 template <class Mesh, class Task, class Access = no_access>
 std::optional<place_failure> try_run_on_places(const Mesh& m, Task&& task, bool communicate = true, const char* op = "spmd",
-                                               const char* category = "task", Access access_of = {}) {
-  return run_batch_on_places(m, std::forward<Task>(task), communicate, op, category, access_of)->first_failure();
+                                               const char* category = "task", Access access_of = {},
+                                               lane_kind lane = lane_kind::compute) {
+  return run_batch_on_places(m, std::forward<Task>(task), communicate, op, category, access_of, lane)->first_failure();
 }
 
 /// @brief try_run_on_places, throwing the failure as a pdo::error naming `op` and the place.
@@ -12702,15 +12709,21 @@ void queue_copy(const std::shared_ptr<State>& state, bool caller_waits) {
 }
 
 /// @brief The shards of the result of an evaluation on `m`, of shape `global` laid out as
-/// `out`, one for each place of this process, allocated in its memory (uninitialized).
+/// `out`, one for each place of this process, allocated in its memory (uninitialized). A
+/// failure (a place's memory full, say) is an error of `caller` ("eval", "eval_async") of `op`.
 template <class T, std::size_t Rank, class Mesh>
 PDO_NOINLINE std::vector<tensor<T, Rank>> result_shards(const Mesh& m, const layout_value& out, const shape_t<Rank>& global,
-                                                        std::string_view op) {
-  if (m.local_places().empty()) throw layout_error("eval: this process holds no place of " + m.describe());
+                                                        std::string_view op, const char* caller) {
+  const auto context = [&] { return std::string(caller) + " of " + std::string(op) + ": "; };
+  if (m.local_places().empty()) throw layout_error(context() + "this process holds no place of " + m.describe());
   checked_volume(global, op, sizeof(T));
   std::vector<tensor<T, Rank>> shards;
   shards.reserve(m.local_places().size());
-  for (std::size_t p : m.local_places()) shards.emplace_back(shard_shape(m, out, global, p), m.place(p), uninitialized);
+  try {
+    for (std::size_t p : m.local_places()) shards.emplace_back(shard_shape(m, out, global, p), m.place(p), uninitialized);
+  } catch (const error&) {
+    captured_error::current().rethrow_with_context(context() + "its result " + describe_dtensor<T>(m, out, global) + ": ");
+  }
   return shards;
 }
 
@@ -12747,7 +12760,7 @@ auto queue_evaluation(Expr&& expr, bool caller_waits) {
   check_one_mesh(node, m);
   mesh_comms& comms = comms_of(m);  // built by every process, those without places too
   const auto global = node.shape();
-  auto shards = result_shards<T>(m, node_t::rule.out, global, node_t::name);
+  auto shards = result_shards<T>(m, node_t::rule.out, global, node_t::name, caller_waits ? "eval" : "eval_async");
   auto state = make_owned<evaluation<node_t, result_t>>(std::move(node), result_t(m, global, std::move(shards)), comms);
   if constexpr (node_t::is_leaf) {
     queue_copy(state, caller_waits);
@@ -12926,10 +12939,15 @@ dtensor<T, Rank, Mesh, To> redistribute(const dtensor<T, Rank, Mesh, From>& x) {
   const Mesh& m = x.mesh();
   std::vector<tensor<T, Rank>> shards(x.local_shards().size());
   // each place's task reads its shard: it waits for the work queued to write it (an
-  // eval_async's), and is cancelled with that work's error if it failed
+  // eval_async's), and is cancelled with that work's error if it failed. A plan with a
+  // collective runs on the communication lanes, as an evaluation's does; a local slice on
+  // the compute lanes.
+  constexpr bool collective = redistribute_plan_of<From, To>().collectives() > 0;
   const auto failure = detail::try_run_on_places(
       m, [&](std::size_t p, std::size_t k) { shards[k] = detail::apply_plan<From, To>(m, x.shape(), p, x.local_shards()[k]); }, true,
-      "redistribute", "collective", [&](std::size_t, std::size_t k) { return detail::reading(x.local_shards()[k].data()); });
+      "redistribute", collective ? "collective" : "kernel",
+      [&](std::size_t, std::size_t k) { return detail::reading(x.local_shards()[k].data()); },
+      collective ? lane_kind::communication : lane_kind::compute);
   if (failure)
     failure->error.rethrow_with_context(detail::redistribute_context(x, layout_name<To>()) + ": on place " +
                                         m.place(failure->place).name() + ": ");
@@ -18582,14 +18600,11 @@ class data_parallel {
     });
     // a refused step leaves the trainer as if its batch had not been given (the schedule and
     // a checkpoint's step count do not move); a skipped one counts, as fit's epochs count it
-    if (!std::isfinite(static_cast<double>(losses[0]))) {
-      if (!options_.skip_nonfinite_steps)
-        pdo::detail::refuse_nonfinite_step("data_parallel", steps_ + 1, global_rows, mesh_.describe(), static_cast<double>(losses[0]));
-      ++steps_;
-      return losses[0];
-    }
+    const bool finite = std::isfinite(static_cast<double>(losses[0]));
+    if (!finite && !options_.skip_nonfinite_steps)
+      pdo::detail::refuse_nonfinite_step("data_parallel", steps_ + 1, global_rows, mesh_.describe(), static_cast<double>(losses[0]));
     ++steps_;
-    last_epoch_correct_ += corrects[0];
+    if (finite) last_epoch_correct_ += corrects[0];
     return losses[0];
   }
 

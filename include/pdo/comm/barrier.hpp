@@ -13,6 +13,15 @@
 
 namespace pdo::detail {
 
+/// @brief The error of a member whose peer's task ended without the matching call (a
+/// collective it did not join, a send or recv it did not make): a pdo::mismatch_error, or a
+/// pdo::communication_error when the members are this process's part of a group over several
+/// processes (the others cannot be told, so it is not a mismatch every member finds alike).
+[[noreturn]] PDO_NOINLINE inline void throw_member_left(const std::string& why, bool part_of_larger) {
+  if (part_of_larger) throw communication_error(why);
+  throw mismatch_error(why);
+}
+
 /// @brief A barrier for a fixed number of threads. Waiters spin for a few microseconds
 /// (collectives on small messages stay well under a microsecond) and then sleep on
 /// the phase counter, so oversubscribed places do not burn each other's cores.
@@ -106,8 +115,7 @@ class group_barrier {
       const std::string who = names_ != nullptr && member < names_->size() ? (*names_)[member] : "member " + std::to_string(member);
       const std::string why =
           "collective aborted: the task of place " + who + " ended without joining it (every member of a group must make the same collectives)";
-      if (part_of_larger_) throw communication_error(why);
-      throw mismatch_error(why);
+      throw_member_left(why, part_of_larger_);
     }
     throw collective_aborted("collective aborted: another place of the group failed");
   }

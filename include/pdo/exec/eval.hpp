@@ -191,15 +191,21 @@ void queue_copy(const std::shared_ptr<State>& state, bool caller_waits) {
 }
 
 /// @brief The shards of the result of an evaluation on `m`, of shape `global` laid out as
-/// `out`, one for each place of this process, allocated in its memory (uninitialized).
+/// `out`, one for each place of this process, allocated in its memory (uninitialized). A
+/// failure (a place's memory full, say) is an error of `caller` ("eval", "eval_async") of `op`.
 template <class T, std::size_t Rank, class Mesh>
 PDO_NOINLINE std::vector<tensor<T, Rank>> result_shards(const Mesh& m, const layout_value& out, const shape_t<Rank>& global,
-                                                        std::string_view op) {
-  if (m.local_places().empty()) throw layout_error("eval: this process holds no place of " + m.describe());
+                                                        std::string_view op, const char* caller) {
+  const auto context = [&] { return std::string(caller) + " of " + std::string(op) + ": "; };
+  if (m.local_places().empty()) throw layout_error(context() + "this process holds no place of " + m.describe());
   checked_volume(global, op, sizeof(T));
   std::vector<tensor<T, Rank>> shards;
   shards.reserve(m.local_places().size());
-  for (std::size_t p : m.local_places()) shards.emplace_back(shard_shape(m, out, global, p), m.place(p), uninitialized);
+  try {
+    for (std::size_t p : m.local_places()) shards.emplace_back(shard_shape(m, out, global, p), m.place(p), uninitialized);
+  } catch (const error&) {
+    captured_error::current().rethrow_with_context(context() + "its result " + describe_dtensor<T>(m, out, global) + ": ");
+  }
   return shards;
 }
 
@@ -236,7 +242,7 @@ auto queue_evaluation(Expr&& expr, bool caller_waits) {
   check_one_mesh(node, m);
   mesh_comms& comms = comms_of(m);  // built by every process, those without places too
   const auto global = node.shape();
-  auto shards = result_shards<T>(m, node_t::rule.out, global, node_t::name);
+  auto shards = result_shards<T>(m, node_t::rule.out, global, node_t::name, caller_waits ? "eval" : "eval_async");
   auto state = make_owned<evaluation<node_t, result_t>>(std::move(node), result_t(m, global, std::move(shards)), comms);
   if constexpr (node_t::is_leaf) {
     queue_copy(state, caller_waits);

@@ -52,10 +52,15 @@ dtensor<T, Rank, Mesh, To> redistribute(const dtensor<T, Rank, Mesh, From>& x) {
   const Mesh& m = x.mesh();
   std::vector<tensor<T, Rank>> shards(x.local_shards().size());
   // each place's task reads its shard: it waits for the work queued to write it (an
-  // eval_async's), and is cancelled with that work's error if it failed
+  // eval_async's), and is cancelled with that work's error if it failed. A plan with a
+  // collective runs on the communication lanes, as an evaluation's does; a local slice on
+  // the compute lanes.
+  constexpr bool collective = redistribute_plan_of<From, To>().collectives() > 0;
   const auto failure = detail::try_run_on_places(
       m, [&](std::size_t p, std::size_t k) { shards[k] = detail::apply_plan<From, To>(m, x.shape(), p, x.local_shards()[k]); }, true,
-      "redistribute", "collective", [&](std::size_t, std::size_t k) { return detail::reading(x.local_shards()[k].data()); });
+      "redistribute", collective ? "collective" : "kernel",
+      [&](std::size_t, std::size_t k) { return detail::reading(x.local_shards()[k].data()); },
+      collective ? lane_kind::communication : lane_kind::compute);
   if (failure)
     failure->error.rethrow_with_context(detail::redistribute_context(x, layout_name<To>()) + ": on place " +
                                         m.place(failure->place).name() + ": ");

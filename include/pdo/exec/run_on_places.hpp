@@ -260,11 +260,11 @@ std::shared_ptr<place_batch> submit_on_places(const Mesh& m, Task task, batch_op
 /// (pdo::mismatch_error) and returned here, any other failure ends the job (end_job).
 /// `access_of(place_index, local_ordinal)` names what each task reads and writes: it waits
 /// for the tasks queued before that write what it reads, and is cancelled with the error of
-/// one that failed.
+/// one that failed. The tasks run on each place's `lane`.
 /// @return the ended batch: each local place's failure, if any (`failures`, by local ordinal)
 template <class Mesh, class Task, class Access = no_access>
 std::shared_ptr<place_batch> run_batch_on_places(const Mesh& m, Task&& task, bool communicate, const char* op, const char* category,
-                                                 Access access_of = {}) {
+                                                 Access access_of = {}, lane_kind lane = lane_kind::compute) {
   const bool local_only = !m.is_multiprocess();
   // waited for here: the tasks call `task` and `access_of` where they are, owning nothing
   using task_t = std::remove_reference_t<Task>;
@@ -272,7 +272,7 @@ std::shared_ptr<place_batch> run_batch_on_places(const Mesh& m, Task&& task, boo
                         const_cast<void*>(static_cast<const void*>(std::addressof(task)))};
   const place_access uses = access_of_places(access_of);
   auto batch = submit_on_mesh(*m.state(), comms_of(m), work, nullptr,
-                              batch_options{op, category, communicate || local_only, communicate || local_only, lane_kind::compute, true}, uses);
+                              batch_options{op, category, communicate || local_only, communicate || local_only, lane, true}, uses);
   batch->wait();
   return batch;
 }
@@ -281,8 +281,9 @@ std::shared_ptr<place_batch> run_batch_on_places(const Mesh& m, Task&& task, boo
 /// another's, or nothing.
 template <class Mesh, class Task, class Access = no_access>
 std::optional<place_failure> try_run_on_places(const Mesh& m, Task&& task, bool communicate = true, const char* op = "spmd",
-                                               const char* category = "task", Access access_of = {}) {
-  return run_batch_on_places(m, std::forward<Task>(task), communicate, op, category, access_of)->first_failure();
+                                               const char* category = "task", Access access_of = {},
+                                               lane_kind lane = lane_kind::compute) {
+  return run_batch_on_places(m, std::forward<Task>(task), communicate, op, category, access_of, lane)->first_failure();
 }
 
 /// @brief try_run_on_places, throwing the failure as a pdo::error naming `op` and the place.

@@ -559,14 +559,11 @@ class data_parallel {
     });
     // a refused step leaves the trainer as if its batch had not been given (the schedule and
     // a checkpoint's step count do not move); a skipped one counts, as fit's epochs count it
-    if (!std::isfinite(static_cast<double>(losses[0]))) {
-      if (!options_.skip_nonfinite_steps)
-        pdo::detail::refuse_nonfinite_step("data_parallel", steps_ + 1, global_rows, mesh_.describe(), static_cast<double>(losses[0]));
-      ++steps_;
-      return losses[0];
-    }
+    const bool finite = std::isfinite(static_cast<double>(losses[0]));
+    if (!finite && !options_.skip_nonfinite_steps)
+      pdo::detail::refuse_nonfinite_step("data_parallel", steps_ + 1, global_rows, mesh_.describe(), static_cast<double>(losses[0]));
     ++steps_;
-    last_epoch_correct_ += corrects[0];
+    if (finite) last_epoch_correct_ += corrects[0];
     return losses[0];
   }
 

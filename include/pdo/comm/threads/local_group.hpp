@@ -472,14 +472,12 @@ class local_group {
     return slot;
   }
 
-  /// @brief The error of a send or recv whose peer's task ended without the matching call:
-  /// a pdo::mismatch_error (a pdo::communication_error for this process's part of a group
-  /// over several processes, as the barrier's).
+  /// @brief The error of a send or recv whose peer's task ended without the matching call
+  /// (throw_member_left, as the barrier's).
   [[noreturn]] PDO_NOINLINE void peer_left(const char* op, const char* missing, std::size_t me, std::size_t peer, int tag) const {
-    const std::string why = std::string(op) + " aborted: the task of place " + names_[peer] + " ended without " + missing + " " + names_[me] +
-                            " with tag " + std::to_string(tag) + " (every send needs a matching recv)";
-    if (part_of_larger_) throw communication_error(why);
-    throw mismatch_error(why);
+    throw_member_left(std::string(op) + " aborted: the task of place " + names_[peer] + " ended without " + missing + " " + names_[me] +
+                          " with tag " + std::to_string(tag) + " (every send needs a matching recv)",
+                      part_of_larger_);
   }
 
   void check_peer(const char* op, std::size_t me, std::size_t peer, int tag) const {
