@@ -9584,15 +9584,16 @@ inline constexpr redistribute_plan operand_plan_v =
     plan_redistribute(std::tuple_element_t<I, typename Node::children_type>::rule.out, Node::rule.operands[I]);
 
 /// @brief Whether child `I` of `Node` runs inside `Node`'s kernel (fused): both are
-/// elementwise and nothing moves between them, or `Node` reads the child in place (a node
-/// says so with a `reads_in_place<I>` member: a local matmul reads a transposed tensor as
-/// it is stored). The one place fusion is decided: the kernels read fused children through
+/// elementwise and nothing moves between them, or `Node` reads the child in place and
+/// nothing moves between them (a node says so with a `reads_in_place<I>` member: a 2-D
+/// matmul reads a transposed tensor as it is stored). The one place fusion is decided: the kernels read fused children through
 /// it, and plan_of marks their steps fused.
 template <class Node, std::size_t I>
 inline constexpr bool fuses_child = [] {
   using child_t = std::tuple_element_t<I, typename Node::children_type>;
   if constexpr (Node::is_leaf || child_t::is_leaf) return false;
-  else if constexpr (requires { Node::template reads_in_place<I>; }) return Node::template reads_in_place<I>;
+  else if constexpr (requires { Node::template reads_in_place<I>; })
+    return Node::template reads_in_place<I> && (!Node::distributed || operand_plan_v<Node, I>.size == 0);
   else return Node::elementwise && child_t::elementwise && (!Node::distributed || operand_plan_v<Node, I>.size == 0);
 }();
 
@@ -11361,11 +11362,12 @@ class matmul_node : public detail::op_node<A, B> {
   static constexpr std::string_view name = "matmul";
   /// @brief The planner's rule (detail::matmul_rule): which of M, K, N and the batch dims stay split.
   static constexpr detail::op_rule rule = detail::matmul_rule(A::rule.out, B::rule.out);
-  /// @brief A local 2-D product reads operand I in place when it is the transpose of a
-  /// stored matrix: gemm takes it as a transposed operand, with no copy (fused, in its plan).
+  /// @brief A 2-D product reads operand I in place when it is the transpose of a stored
+  /// matrix: gemm takes it as a transposed operand, with no copy (fused, in its plan). On a
+  /// mesh, only where the transposed shard is the block the product needs (no redistribution
+  /// between them: detail::fuses_child).
   template <std::size_t I>
-  static constexpr bool reads_in_place =
-      !detail::op_node<A, B>::distributed && rank == 2 && detail::is_transposed_leaf_v<std::tuple_element_t<I, std::tuple<A, B>>>;
+  static constexpr bool reads_in_place = rank == 2 && detail::is_transposed_leaf_v<std::tuple_element_t<I, std::tuple<A, B>>>;
 
   /// @brief pdo::shape_error unless a's last dim equals b's second-to-last and the batch dims agree.
   matmul_node(A a, B b) : detail::op_node<A, B>(std::move(a), std::move(b)) {
@@ -11389,27 +11391,52 @@ class matmul_node : public detail::op_node<A, B> {
   /// strided batched cuBLAS call when the operand blocks hold exactly the output's batches).
   template <class Ctx>
   void kernel(Ctx& ctx, tensor<value_type, rank>& out) const {
-    if constexpr (!Ctx::distributed && (reads_in_place<0> || reads_in_place<1>)) {
-      const auto ra = matrix_of<0>(ctx), rb = matrix_of<1>(ctx);
-      const auto sa = std::get<0>(this->children_).shape();
-      detail::gemm<value_type>(ctx.system, shape_[0], shape_[1], sa[1], ra, rb, out.data());
+    if constexpr (detail::fuses_child<matmul_node, 0> || detail::fuses_child<matmul_node, 1>) {
+      run_matrices(ctx, out);
     } else {
       run_blocks(ctx, out);
     }
   }
 
  private:
-  /// @brief Operand I of a local 2-D product as gemm reads it: a transposed leaf in place.
+  /// @brief Operand I of a 2-D product on this place: where its block starts in the
+  /// operand's global shape, its extents, and how gemm reads it.
+  struct matrix_block {
+    detail::matrix_ref<value_type> ref;
+    std::size_t rows = 0, cols = 0, row0 = 0, col0 = 0;
+    /// @brief The block from its element (r, c) on.
+    [[nodiscard]] detail::matrix_ref<value_type> from(std::size_t r, std::size_t c) const {
+      return {ref.data + (ref.trans ? c * ref.ld + r : r * ref.ld + c), ref.ld, ref.trans};
+    }
+  };
+
+  /// @brief Operand I as gemm reads it: a transposed leaf in place (its stored shard, read
+  /// transposed), any other operand as its block.
   template <std::size_t I, class Ctx>
-  detail::matrix_ref<value_type> matrix_of(Ctx& ctx) const {
-    if constexpr (reads_in_place<I>) {
+  matrix_block matrix_of(Ctx& ctx) const {
+    if constexpr (detail::fuses_child<matmul_node, I>) {
       const auto inner = ctx.template fused<I>();  // the transpose, run inside this kernel
-      const auto& stored = inner.shard(std::get<0>(std::get<I>(this->children_).children()));
-      return {stored.data(), stored.shape()[1], true};
+      const auto& leaf = std::get<0>(std::get<I>(this->children_).children());
+      const auto& stored = inner.shard(leaf);
+      const auto at = inner.local_offset(std::remove_cvref_t<decltype(leaf)>::rule.out, leaf.shape());
+      return {{stored.data(), stored.shape()[1], true}, stored.shape()[1], stored.shape()[0], at[1], at[0]};
     } else {
       const auto block = ctx.template operand<I>();
-      return {block.data, block.shape[1], false};
+      return {{block.data, block.shape[1], false}, block.shape[0], block.shape[1], block.offset[0], block.offset[1]};
     }
+  }
+
+  /// @brief A 2-D product with an operand read in place: the K range both blocks hold, as
+  /// run_blocks takes it, by one gemm.
+  template <class Ctx>
+  void run_matrices(Ctx& ctx, tensor<value_type, rank>& out) const {
+    const matrix_block a = matrix_of<0>(ctx), b = matrix_of<1>(ctx);
+    const std::size_t k = a.cols < b.rows ? a.cols : b.rows;
+    const std::size_t a_k0 = a.cols > k ? b.row0 - a.col0 : 0;
+    const std::size_t b_k0 = b.rows > k ? a.col0 - b.row0 : 0;
+    const auto frame = ctx.local_offset(rule.out, shape_);
+    detail::gemm<value_type>(ctx.system, out.shape()[0], out.shape()[1], k, a.from(frame[0] - a.row0, a_k0),
+                             b.from(b_k0, frame[1] - b.col0), out.data());
   }
 
   template <class Ctx>

@@ -132,6 +132,18 @@ void expressions(const std::vector<pdo::cuda_place>& gpus) {
     const auto w = pdo::distribute<pdo::layout<split<"dp">, replicate>>(m, c);
     return pdo::gather(pdo::eval(pdo::matmul(x, w)));
   }, 1e-5);
+  // stored transposed, read in place by cuBLAS as a transposed operand (no transpose kernel)
+  const auto ct = pdo::eval(pdo::transpose(c)), at = pdo::eval(pdo::transpose(a));
+  same_on_both("matmul reading a transposed shard in place, K split: partial sums all_reduced", gpus, [&](const auto& m) {
+    const auto x = pdo::distribute<pdo::layout<replicate, split<"dp">>>(m, a);
+    const auto w = pdo::distribute<pdo::layout<replicate, split<"dp">>>(m, ct);
+    return pdo::gather(pdo::eval(pdo::relu(pdo::matmul(x, pdo::transpose(w)))));
+  }, 1e-5);
+  same_on_both("matmul reading a transposed shard in place, rows split", gpus, [&](const auto& m) {
+    const auto x = pdo::distribute<pdo::layout<replicate, split<"dp">>>(m, at);
+    const auto w = pdo::distribute<pdo::layout<replicate, replicate>>(m, c);
+    return pdo::gather(pdo::eval(pdo::matmul(pdo::transpose(x), w)));
+  }, 1e-5);
   const auto batch = filled<double, 3>({6, 5, 4}, 7), right = filled<double, 3>({6, 4, 3}, 8);
   same_on_both("batched matmul (cuBLAS strided batched)", gpus, [&](const auto& m) {
     const auto x = pdo::distribute<pdo::layout<split<"dp">, replicate, replicate>>(m, batch);
