@@ -10,6 +10,9 @@
 //   pdo 1 place, 2 cores   a 1-place mesh whose place owns both cores: its gemm is cut into
 //                   one block per core, each a one-thread sgemm on the place's own team
 //   OpenBLAS        cblas_sgemm on the calling thread, openblas_set_num_threads(1) and (2)
+//   pdo 2 places, B stored transposed   matmul(x, transpose(wt)) with wt = B^T replicated:
+//                   gemm reads wt's shard transposed, in place (no transpose kernel), so it
+//                   should take the time of "pdo 2 places"
 // Only pdo::eval is timed (distribute and gather are not). GFLOP/s counts 2 n^3 per product.
 // Targets: pdo 1 place within a few % of OpenBLAS 1 thread; 2 places >= 1.8x one place and
 // >= 0.95 of OpenBLAS 2 threads. Each place's gemm uses exactly its own cores: pdo keeps
@@ -62,11 +65,12 @@ int main(int argc, char** argv) try {
   if (n < 2 || n > 8192) throw std::invalid_argument("n: need 2 <= n <= 8192");
   const std::vector<int> cores = pdo::detail::process_cores();
 
-  pdo::tensor<float, 2> a({n, n}), b({n, n}), c({n, n});
+  pdo::tensor<float, 2> a({n, n}), b({n, n}), bt({n, n}), c({n, n});
   for (std::size_t i = 0; i < n; ++i)
     for (std::size_t k = 0; k < n; ++k) {
       a(i, k) = a_at(i, k);
       b(i, k) = b_at(i, k);
+      bt(k, i) = b_at(i, k);
     }
 
   const auto mesh1 = pdo::make_mesh<"x">(std::vector<pdo::cpu_place>{pdo::cpu_place(0, {cores.front()})});
@@ -78,6 +82,7 @@ int main(int argc, char** argv) try {
   const auto w1 = pdo::distribute<whole>(mesh1, b);
   const auto x2 = pdo::distribute<rows>(mesh2, a);
   const auto w2 = pdo::distribute<whole>(mesh2, b);
+  const auto wt2 = pdo::distribute<whole>(mesh2, bt);
 
   std::printf("# C = A * B, float32, n = %zu (%.1f GFLOP per product), %d samples, median\n", n,
               2.0 * static_cast<double>(n * n) * static_cast<double>(n) / 1e9, samples);
@@ -107,21 +112,24 @@ int main(int argc, char** argv) try {
   bad += mismatches("pdo 1 place", pdo::gather(pdo::eval(pdo::matmul(x1, w1))).data(), c.data(), n * n);
   bad += mismatches("pdo 2 places", pdo::gather(pdo::eval(pdo::matmul(x2, w2))).data(), c.data(), n * n);
   bad += mismatches("pdo 1 place, 2 cores", pdo::gather(pdo::eval(pdo::matmul(xw, ww))).data(), c.data(), n * n);
+  bad += mismatches("pdo 2 places, B stored transposed", pdo::gather(pdo::eval(pdo::matmul(x2, pdo::transpose(wt2)))).data(),
+                    c.data(), n * n);
 
   const auto s = bench::interleaved_medians(
       samples, bench::per_call([&] { (void)pdo::eval(pdo::matmul(x2, w2)); }),
       bench::per_call([&] { blas_sgemm(1, n, a.data(), b.data(), c.data()); }),
       bench::per_call([&] { blas_sgemm(2, n, a.data(), b.data(), c.data()); }),
       bench::per_call([&] { (void)pdo::eval(pdo::matmul(x1, w1)); }),
-      bench::per_call([&] { (void)pdo::eval(pdo::matmul(xw, ww)); }));
-  enum { pdo2, blas1, blas2, pdo1, pdo_wide, count };
+      bench::per_call([&] { (void)pdo::eval(pdo::matmul(xw, ww)); }),
+      bench::per_call([&] { (void)pdo::eval(pdo::matmul(x2, pdo::transpose(wt2))); }));
+  enum { pdo2, blas1, blas2, pdo1, pdo_wide, pdo2t, count };
   const char* names[count] = {"pdo 2 places (1 core each)", "OpenBLAS, 1 thread", "OpenBLAS, 2 threads",
-                              "pdo 1 place (1 core)", "pdo 1 place (2 cores)"};
+                              "pdo 1 place (1 core)", "pdo 1 place (2 cores)", "pdo 2 places, B^T stored"};
   const double flop = 2.0 * static_cast<double>(n * n) * static_cast<double>(n);
   double gf[count];
   for (int v = 0; v < count; ++v) gf[v] = flop / s[v] / 1e9;
   std::printf("%-28s | %9s | %8s\n", "variant", "ms", "GFLOP/s");
-  for (int v : {pdo1, pdo2, pdo_wide, blas1, blas2}) std::printf("%-28s | %9.2f | %8.1f\n", names[v], s[v] * 1e3, gf[v]);
+  for (int v : {pdo1, pdo2, pdo_wide, pdo2t, blas1, blas2}) std::printf("%-28s | %9.2f | %8.1f\n", names[v], s[v] * 1e3, gf[v]);
   std::printf("%-28s | %8s | %-28s | %8s | %5s\n", "pdo", "GFLOP/s", "anchor (same run)", "GFLOP/s", "ratio");
   auto ratio = [&](int p, int anchor) {
     std::printf("%-28s | %8.1f | %-28s | %8.1f | %5.2f\n", names[p], gf[p], names[anchor], gf[anchor], gf[p] / gf[anchor]);
@@ -130,6 +138,7 @@ int main(int argc, char** argv) try {
   ratio(pdo2, pdo1);
   ratio(pdo2, blas2);
   ratio(pdo_wide, blas2);
+  ratio(pdo2t, pdo2);
   ratio(blas2, blas1);
   std::printf("summary: n=%zu pdo 1 place %.1f GFLOP/s (%.2f of OpenBLAS 1 thread), 2 places %.1f GFLOP/s: "
               "speedup %.2f over 1 place (target >= 1.8), %.2f of OpenBLAS 2 threads%s\n",
