@@ -379,8 +379,8 @@ inline constexpr redistribute_plan operand_plan_v =
 /// @brief Whether child `I` of `Node` runs inside `Node`'s kernel (fused): both are
 /// elementwise and nothing moves between them, or `Node` reads the child in place and
 /// nothing moves between them (a node says so with a `reads_in_place<I>` member: a 2-D
-/// matmul reads a transposed tensor as it is stored). The one place fusion is decided: the kernels read fused children through
-/// it, and plan_of marks their steps fused.
+/// matmul reads a transposed tensor as it is stored). The one place fusion is decided: the
+/// kernels read fused children through it, and plan_of marks their steps fused.
 template <class Node, std::size_t I>
 inline constexpr bool fuses_child = [] {
   using child_t = std::tuple_element_t<I, typename Node::children_type>;
