@@ -11410,6 +11410,17 @@ class matmul_node : public detail::op_node<A, B> {
     }
   };
 
+  /// @brief The K range both operand blocks hold: its length, and where it starts in a's
+  /// block and in b's (the smaller block, read from the larger at its offset); each block
+  /// given by its extent along K and its offset along K in the operand's global shape.
+  struct k_range {
+    std::size_t k, a0, b0;
+  };
+  static constexpr k_range common_k(std::size_t ka, std::size_t a_offset, std::size_t kb, std::size_t b_offset) {
+    const std::size_t k = ka < kb ? ka : kb;
+    return {k, ka > k ? b_offset - a_offset : 0, kb > k ? a_offset - b_offset : 0};
+  }
+
   /// @brief Operand I as gemm reads it: a transposed leaf in place (its stored shard, read
   /// transposed), any other operand as its block.
   template <std::size_t I, class Ctx>
@@ -11426,14 +11437,12 @@ class matmul_node : public detail::op_node<A, B> {
     }
   }
 
-  /// @brief A 2-D product with an operand read in place: the K range both blocks hold, as
-  /// run_blocks takes it, by one gemm.
+  /// @brief A 2-D product with an operand read in place, by one gemm over the K range both
+  /// blocks hold.
   template <class Ctx>
   void run_matrices(Ctx& ctx, tensor<value_type, rank>& out) const {
     const matrix_block a = matrix_of<0>(ctx), b = matrix_of<1>(ctx);
-    const std::size_t k = a.cols < b.rows ? a.cols : b.rows;
-    const std::size_t a_k0 = a.cols > k ? b.row0 - a.col0 : 0;
-    const std::size_t b_k0 = b.rows > k ? a.col0 - b.row0 : 0;
+    const auto [k, a_k0, b_k0] = common_k(a.cols, a.col0, b.rows, b.row0);
     const auto frame = ctx.local_offset(rule.out, shape_);
     detail::gemm<value_type>(ctx.system, out.shape()[0], out.shape()[1], k, a.from(frame[0] - a.row0, a_k0),
                              b.from(b_k0, frame[1] - b.col0), out.data());
@@ -11444,11 +11453,7 @@ class matmul_node : public detail::op_node<A, B> {
     const auto a = ctx.template operand<0>();
     const auto b = ctx.template operand<1>();
     constexpr std::size_t rb = B::rank;
-    // the K range both blocks hold: the smaller block, read from the larger at its offset
-    const std::size_t ka = a.shape[rank - 1], kb = b.shape[rb - 2];
-    const std::size_t k = ka < kb ? ka : kb;
-    const std::size_t a_k0 = ka > k ? b.offset[rb - 2] - a.offset[rank - 1] : 0;
-    const std::size_t b_k0 = kb > k ? a.offset[rank - 1] - b.offset[rb - 2] : 0;
+    const auto [k, a_k0, b_k0] = common_k(a.shape[rank - 1], a.offset[rank - 1], b.shape[rb - 2], b.offset[rb - 2]);
     const std::size_t m = out.shape()[rank - 2], n = out.shape()[rank - 1];
     const std::size_t lda = a.shape[rank - 1], ldb = b.shape[rb - 1];
     std::size_t batches = 1;
