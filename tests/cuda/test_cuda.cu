@@ -9,12 +9,15 @@
 #include <limits>
 #include <cstdio>
 #include <exception>
+#include <filesystem>
 #include <functional>
 #include <future>
 #include <mutex>
 #include <string>
 #include <variant>
 #include <vector>
+
+#include <unistd.h>
 
 #if !defined(PDO_WITH_CUDA)
 #error "test_cuda.cu must be built with PDO_WITH_CUDA (link pdo::cuda)"
@@ -877,6 +880,111 @@ void trainers(const std::vector<pdo::cuda_place>& gpus) {
   }
 }
 
+#if defined(PDO_WITH_IO)
+/// @brief Checkpoints of what lives in GPU memory: dtensors' blocks staged through the host,
+/// loaded into other places and layouts, a data-parallel trainer resumed, and the states these
+/// checkpoints do not take (a ZeRO-1 trainer's and a pipeline's on GPU places) refused.
+void checkpoints(const std::vector<pdo::cuda_place>& gpus) {
+  const std::size_t n = gpus.size();
+  const auto dir = std::filesystem::temp_directory_path() / ("pdo_cuda_checkpoints_" + std::to_string(::getpid()));
+  using rows = pdo::layout<pdo::split<"dp">, pdo::replicate>;
+  using cols = pdo::layout<pdo::replicate, pdo::split<"dp">>;
+  const auto gpu_mesh = pdo::make_mesh<"dp">(gpus, {n});
+  const auto cpu_mesh = pdo::make_mesh<"dp">(pdo::cpu_places(n), {n});
+  const auto w = filled<float, 2>({2 * n + 1, 5}, 61);  // uneven rows, and uneven columns over 2 or 4 places
+  auto doubled = pdo::tensor<float, 2>::on_host(w.shape());
+  for (std::size_t i = 0; i < w.size(); ++i) doubled.data()[i] = 2 * w.data()[i];
+  try {
+    // saved from GPU places right after the kernels that make the blocks were queued
+    auto on_gpus = pdo::eval(pdo::distribute<rows>(gpu_mesh, w) * 2.0f);
+    pdo::io::checkpoint out;
+    out.add("w", on_gpus);
+    pdo::io::save(dir, out);
+    auto on_cpus = pdo::distribute<cols>(cpu_mesh, pdo::tensor<float, 2>(w.shape()));
+    pdo::io::checkpoint in;
+    in.add("w", on_cpus);
+    pdo::io::load(dir, in);
+    check(close(pdo::gather(on_cpus), doubled, 0), "a dtensor saved from GPU places loads on CPU places, split otherwise");
+    // loaded into GPU places split by columns, and used there at once
+    auto back = pdo::distribute<cols>(gpu_mesh, pdo::tensor<float, 2>(w.shape()));
+    pdo::io::checkpoint again;
+    again.add("w", back);
+    pdo::io::load(dir, again);
+    const auto halved = pdo::gather(pdo::eval(back * 0.5f));
+    check(close(halved, w, 0), "a checkpoint loads into a dtensor on GPU places, split by columns, and computes on at once");
+    check(close(pdo::gather(pdo::io::read<float, 2, rows>(dir, "w", gpu_mesh)), doubled, 0), "io::read makes a dtensor on GPU places");
+    // a tensor on one GPU place, whole, into a tensor on another, and .npy of a GPU tensor
+    pdo::tensor<float, 2> one(w.shape(), gpus.front()), other(w.shape(), gpus.back());
+    pdo::copy(w, one);
+    pdo::io::checkpoint single;
+    single.add("t", one);
+    pdo::io::save(dir, single);
+    pdo::io::checkpoint single_in;
+    single_in.add("t", other);
+    pdo::io::load(dir, single_in);
+    check(close(other, w, 0), "a tensor on a GPU place saves and loads into a tensor on another");
+    std::filesystem::remove_all(dir);
+    std::filesystem::create_directories(dir);
+    pdo::io::save_npy(dir / "t.npy", one);
+    check(close(pdo::io::load_npy<float, 2>(dir / "t.npy"), w, 0), "save_npy of a tensor on a GPU place");
+  } catch (const std::exception& e) {
+    check(false, std::string("checkpoints of dtensors on GPU places: ") + e.what());
+  }
+  std::filesystem::remove_all(dir);
+
+  // a data-parallel trainer on GPU places saved after 2 steps, resumed on GPU places and on CPU
+  // places: steps 3 and 4 as the uninterrupted run's
+  const auto x = filled<float, 2>({18, 6}, 63);
+  pdo::tensor<int, 1> y({18});
+  for (std::size_t i = 0; i < 18; ++i) y(i) = static_cast<int>(i % 3);
+  auto make = [] {
+    pdo::nn::rng gen(11);
+    return pdo::nn::sequential(pdo::nn::linear<float>(6, 8, gen), pdo::nn::relu{}, pdo::nn::linear<float>(8, 3, gen));
+  };
+  auto adam = [](auto ps) { return pdo::nn::adam<float>(std::move(ps), {.lr = 0.02}); };
+  try {
+    auto straight = pdo::nn::make_data_parallel<float>(gpu_mesh, make, adam);
+    std::vector<float> losses;
+    for (int s = 0; s < 4; ++s) losses.push_back(straight.step(x, y));
+    auto first = pdo::nn::make_data_parallel<float>(gpu_mesh, make, adam);
+    for (int s = 0; s < 2; ++s) (void)first.step(x, y);
+    pdo::io::save(dir, first);
+    auto on_gpus = pdo::nn::make_data_parallel<float>(gpu_mesh, make, adam);
+    pdo::io::load(dir, on_gpus);
+    const float third = on_gpus.step(x, y), fourth = on_gpus.step(x, y);
+    check(third == losses[2] && fourth == losses[3] && on_gpus.steps() == 4,
+          "a data_parallel trainer on GPU places resumes bitwise from its checkpoint");
+    auto on_cpus = pdo::nn::make_data_parallel<float>(cpu_mesh, make, adam);
+    pdo::io::load(dir, on_cpus);
+    const float cpu_third = on_cpus.step(x, y), cpu_fourth = on_cpus.step(x, y);
+    check(std::abs(cpu_third - losses[2]) <= 1e-5f && std::abs(cpu_fourth - losses[3]) <= 1e-5f,
+          "a data_parallel trainer's checkpoint from GPU places resumes on CPU places");
+  } catch (const std::exception& e) {
+    check(false, std::string("a data_parallel trainer's checkpoint on GPU places: ") + e.what());
+  }
+  std::filesystem::remove_all(dir);
+
+  // what these checkpoints do not take is refused before anything is written, saying why
+  auto refused = [&](const std::string& what, auto&& save, const std::string& says) {
+    try {
+      save();
+      check(false, what + " is refused");
+    } catch (const pdo::io_error& e) {
+      check(std::string(e.what()).find(says) != std::string::npos && !std::filesystem::exists(dir), what + " is refused, saying why");
+    }
+  };
+  auto zero1 = pdo::nn::make_data_parallel<float>(gpu_mesh, make, adam, {.zero1 = true});
+  (void)zero1.step(x, y);
+  refused("saving a ZeRO-1 trainer on GPU places", [&] { pdo::io::save(dir, zero1); }, "ZeRO-1 on GPU places");
+  auto sgd = [](auto ps) { return pdo::nn::sgd<float>(std::move(ps), {.lr = 0.1}); };
+  auto pipeline = pdo::nn::make_pipeline<float, 2, 2>(pdo::make_mesh<"pp">(std::vector<pdo::cuda_place>(gpus.begin(), gpus.begin() + 2), {2}),
+                                                      make(), sgd);
+  (void)pipeline.step(x, y);
+  refused("saving a pipeline on GPU places", [&] { pdo::io::save(dir, pipeline); }, "a pipeline on GPU places");
+  std::filesystem::remove_all(dir);
+}
+#endif
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -906,7 +1014,11 @@ int main(int argc, char** argv) {
                                                         {"empty_blocks", empty_blocks},
                                                         {"peers_and_events", peers_and_events},
                                                         {"cpu_and_gpu_meshes_at_once", cpu_and_gpu_meshes_at_once},
-                                                        {"trainers", trainers}};
+                                                        {"trainers", trainers},
+#if defined(PDO_WITH_IO)
+                                                        {"checkpoints", checkpoints},
+#endif
+  };
   // an argument names the one part to run
   for (const auto& [name, run] : parts) {
     if (argc > 1 && std::string(argv[1]) != name) continue;
