@@ -1,6 +1,7 @@
 // tests/test_expr.cpp: expressions on one place: every op against a naive loop; plans, fusion, async, explain.
 #include "support.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -213,7 +214,8 @@ TEST_CASE("reductions, softmax, cross_entropy, transpose and reshape against nai
   CHECK_THROWS_AS(pdo::eval(pdo::cross_entropy(a, fraction)), pdo::shape_error);
 
   // along a dim that is not the innermost (read row by row on the CPU, outputs in blocks of
-  // 512): each output its elements in order, bitwise; a NaN, -0.0, rows wider than a block
+  // 512): each output its elements in order, added in double and rounded once, bitwise; a NaN,
+  // -0.0, rows wider than a block
   for (const pdo::shape_t<3> shape : {pdo::shape_t<3>{3, 7, 5}, pdo::shape_t<3>{2, 33, 1300}, pdo::shape_t<3>{1, 1, 1}}) {
     CAPTURE(shape[0], shape[1], shape[2]);
     pdo::tensor<float, 3> x(shape);
@@ -225,19 +227,20 @@ TEST_CASE("reductions, softmax, cross_entropy, transpose and reshape against nai
     auto same = [](float u, float v) { return std::memcmp(&u, &v, sizeof u) == 0; };
     for (std::size_t o = 0; o < shape[0]; ++o)
       for (std::size_t j = 0; j < shape[2]; ++j) {
-        float sum = 0, top = -std::numeric_limits<float>::infinity();
+        double sum = 0;
+        float top = -std::numeric_limits<float>::infinity();
         for (std::size_t e = 0; e < shape[1]; ++e) {
           sum = sum + x(o, e, j);
           top = pdo::detail::nan_max(top, x(o, e, j));
         }
-        const float mean = sum * (1.0f / static_cast<float>(shape[1]));
-        differ += !same(sum, s1(o, j)) + !same(mean, m1(o, j)) + !same(top, x1(o, j));
+        const auto mean = static_cast<float>(sum * (1.0 / static_cast<double>(shape[1])));
+        differ += !same(static_cast<float>(sum), s1(o, j)) + !same(mean, m1(o, j)) + !same(top, x1(o, j));
       }
     for (std::size_t e = 0; e < shape[1]; ++e)
       for (std::size_t j = 0; j < shape[2]; ++j) {
-        float sum = 0;
+        double sum = 0;
         for (std::size_t o = 0; o < shape[0]; ++o) sum = sum + x(o, e, j);
-        differ += !same(sum, s0(e, j));
+        differ += !same(static_cast<float>(sum), s0(e, j));
       }
     CHECK(differ == 0);
 
@@ -264,6 +267,28 @@ TEST_CASE("reductions, softmax, cross_entropy, transpose and reshape against nai
     CHECK(differ == 0);
     if (x.size() > 40) CHECK(nans >= shape[1]);  // the rows of the NaN and of the infinity
   }
+
+  // long rows in float: a running float sum of 2^20 elements of 0.1f is 1% off; pdo's sums
+  // (and means, and softmax's normaliser) add in double and round once. Here the double sum is
+  // exact (each partial sum fits in 44 bits), so the results are the exact values rounded.
+  const std::size_t n = std::size_t{1} << 20;
+  pdo::tensor<float, 2> row({1, n}), column({n, 2}), alternating({1, n});
+  std::fill(row.begin(), row.end(), 0.1f);
+  std::fill(column.begin(), column.end(), 0.1f);
+  for (std::size_t i = 0; i < n; ++i) alternating.data()[i] = i % 2 == 0 ? 0.0f : -2.3f;
+  const double exact = static_cast<double>(0.1f) * static_cast<double>(n);
+  CHECK(eval_checked(pdo::sum<1>(row))(0) == static_cast<float>(exact));
+  CHECK(eval_checked(pdo::mean<1>(row))(0) == 0.1f);
+  const auto column_sums = eval_checked(pdo::sum<0>(column));
+  CHECK((column_sums(0) == static_cast<float>(exact) && column_sums(1) == static_cast<float>(exact)));
+  const double z = static_cast<double>(n / 2) * (1 + std::exp(static_cast<double>(-2.3f)));
+  CHECK(eval_checked(pdo::softmax<1>(alternating))(0, 0) == Approx(1 / z).epsilon(1e-6));
+  CHECK(eval_checked(pdo::log_softmax<1>(alternating))(0, 0) == Approx(-std::log(z)).epsilon(1e-7));
+  pdo::tensor<float, 2> alternating_rows({n, 2});  // along a dim that is not the innermost
+  for (std::size_t i = 0; i < 2 * n; ++i) alternating_rows.data()[i] = alternating.data()[i / 2];
+  const auto by_columns = eval_checked(pdo::softmax<0>(alternating_rows));
+  CHECK(by_columns(0, 0) == Approx(1 / z).epsilon(1e-6));
+  CHECK(by_columns(0, 1) == by_columns(0, 0));
 }
 
 TEST_CASE("the planner's layouts and plans, at compile time", "[expr][plan]") {

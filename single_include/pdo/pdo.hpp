@@ -244,6 +244,13 @@ constexpr std::string_view op_name(reduce_op op) {
   return "?";
 }
 
+/// @brief What a sum of elements of type T adds in: double for float (a running float sum of
+/// a long row loses about a bit per doubling of its length: 1% over 2^20 elements), T otherwise.
+/// Every sum a kernel makes along a dim or a row (sum, mean, softmax's normaliser, a bias's
+/// gradient) adds in it and rounds once, at the end.
+template <class T>
+using sum_accumulator = std::conditional_t<std::same_as<T, float>, double, T>;
+
 /// @brief The larger of `a` and `b`; NaN when either is NaN, whichever it is (as PyTorch's
 /// maximum and NumPy's max): every max of pdo, reductions and collectives included, is this one.
 template <class T>
@@ -11528,12 +11535,13 @@ PDO_HD T reduction_identity(reduction r) {
   return std::numeric_limits<T>::has_infinity ? -std::numeric_limits<T>::infinity() : std::numeric_limits<T>::lowest();
 }
 
-/// @brief Element e of the row of output element o, along the middle dim of [outer, extent, inner].
-template <class T>
+/// @brief Element e of the row of output element o, along the middle dim of [outer, extent,
+/// inner], as an A (what a reduction of it accumulates in).
+template <class T, class A = T>
 struct element_along_dim {
   const T* in;
   std::size_t extent, inner;
-  PDO_HD T operator()(std::size_t o, std::size_t e) const { return in[(o / inner) * extent * inner + o % inner + e * inner]; }
+  PDO_HD A operator()(std::size_t o, std::size_t e) const { return static_cast<A>(in[(o / inner) * extent * inner + o % inner + e * inner]); }
 };
 
 template <class T>
@@ -11547,11 +11555,18 @@ struct max_of {
   PDO_HD T operator()(T a, T b) const { return nan_max(a, b); }
 };
 
-/// @brief x * factor: what a mean's output iterator writes for a sum x.
-template <class T>
+/// @brief x * factor rounded to T: what a mean's output iterator writes for a sum x (in its
+/// accumulator A).
+template <class T, class A = T>
 struct scale_by {
-  T factor;
-  PDO_HD T operator()(T x) const { return x * factor; }
+  A factor;
+  PDO_HD T operator()(A x) const { return static_cast<T>(x * factor); }
+};
+
+/// @brief x rounded to T: what a sum's output iterator writes for a sum x in its accumulator A.
+template <class T, class A>
+struct rounded_to {
+  PDO_HD T operator()(A x) const { return static_cast<T>(x); }
 };
 
 /// @brief The work items of a CPU kernel along a dim that is not the innermost: item b runs
@@ -11579,57 +11594,63 @@ void for_each_inner_block(Backend& backend, const dim_view& v, const Block& bloc
 /// @brief The outputs [j, j + n) of outer index o of a reduction along a dim that is not the
 /// innermost, on the CPU (a block of for_each_inner_block): kept in a buffer while the rows
 /// along the dim stream past, vectorized across the outputs. Each output still reduces its
-/// elements in order from `init` (the bits segmented_reduce gives), but reads rows, not
-/// columns strided by the inner extent (a bias's gradient, the sum over the rows of a
-/// [128, 4096] block, read that way took 4-5 ms, the element's index divided twice per element).
-template <class T, class Op, class Out>
+/// elements in order from `init`, in the accumulator A (the bits segmented_reduce gives), but
+/// reads rows, not columns strided by the inner extent (a bias's gradient, the sum over the
+/// rows of a [128, 4096] block, read that way took 4-5 ms, the element's index divided twice
+/// per element).
+template <class T, class A, class Op, class Out>
 struct reduce_rows_block {
-  static constexpr std::size_t width = 512;  ///< outputs per block: 2 KiB of floats, in L1
+  static constexpr std::size_t width = 512;  ///< outputs per block: 4 KiB of doubles, in L1
   const T* in;
   dim_view v;
-  T init;
+  A init;
   Op op;
   Out out;
   void operator()(std::size_t o, std::size_t j, std::size_t n) const {
-    alignas(64) T acc[width];
+    alignas(64) A acc[width];
     for (std::size_t i = 0; i < n; ++i) acc[i] = init;
     const T* row = in + o * v.extent * v.inner + j;
     for (std::size_t e = 0; e < v.extent; ++e, row += v.inner) {
 #pragma omp simd
-      for (std::size_t i = 0; i < n; ++i) acc[i] = op(acc[i], row[i]);
+      for (std::size_t i = 0; i < n; ++i) acc[i] = op(acc[i], static_cast<A>(row[i]));
     }
     Out to = out + static_cast<std::ptrdiff_t>(o * v.inner + j);
     for (std::size_t i = 0; i < n; ++i) to[static_cast<std::ptrdiff_t>(i)] = acc[i];
   }
 };
 
-/// @brief out[o] = `op` from `init` along dim `v` of `in`: a segmented reduction (a row per
-/// output element) on the GPU and along the innermost dim; row by row on the CPU along another
-/// (reduce_rows_block).
-template <class T, class Op, class Out>
-void reduce_along(place_system& system, const T* in, const dim_view& v, T init, Op op, Out out) {
+/// @brief out[o] = `op` from `init` along dim `v` of `in`, accumulated in A (init's type): a
+/// segmented reduction (a row per output element) on the GPU and along the innermost dim; row
+/// by row on the CPU along another (reduce_rows_block).
+template <class T, class A, class Op, class Out>
+void reduce_along(place_system& system, const T* in, const dim_view& v, A init, Op op, Out out) {
   system.visit([&](auto& backend) {
     if constexpr (!gpu_backend<decltype(backend)>) {
       if (v.inner > 1) {
-        for_each_inner_block(backend, v, reduce_rows_block<T, Op, Out>{in, v, init, op, out});
+        for_each_inner_block(backend, v, reduce_rows_block<T, A, Op, Out>{in, v, init, op, out});
         return;
       }
     }
-    segmented_reduce(backend, v.outer * v.inner, v.extent, v.inner == 1, element_along_dim<T>{in, v.extent, v.inner}, init, op, out);
+    segmented_reduce(backend, v.outer * v.inner, v.extent, v.inner == 1, element_along_dim<T, A>{in, v.extent, v.inner}, init, op, out);
   });
 }
 
-/// @brief out[o] = the reduction along dim `v` of `in`; `global_extent` divides a mean.
+/// @brief out[o] = the reduction along dim `v` of `in`; `global_extent` divides a mean. Sums
+/// add in sum_accumulator<T>, rounded to T once each (a mean after its division).
 template <class T>
 void reduce_dim(place_system& system, const T* in, const dim_view& v, reduction what, std::size_t global_extent, T* out) {
   if (what == reduction::max) {
     reduce_along(system, in, v, reduction_identity<T>(what), max_of<T>{}, out);
     return;
   }
+  using A = sum_accumulator<T>;
   if (what == reduction::mean)  // each sum scaled as it is written
-    reduce_along(system, in, v, T{}, thrust::plus<T>{}, thrust::make_transform_output_iterator(out, scale_by<T>{T(1) / static_cast<T>(global_extent)}));
+    reduce_along(system, in, v, A{}, thrust::plus<A>{},
+                 thrust::make_transform_output_iterator(out, scale_by<T, A>{A(1) / static_cast<A>(global_extent)}));
+  else if constexpr (std::is_same_v<A, T>)
+    reduce_along(system, in, v, A{}, thrust::plus<A>{}, out);
   else
-    reduce_along(system, in, v, T{}, thrust::plus<T>{}, out);
+    reduce_along(system, in, v, A{}, thrust::plus<A>{}, thrust::make_transform_output_iterator(out, rounded_to<T, A>{}));
 }
 
 /// @brief *out = *out * factor, for the one element of a rank-0 result.
@@ -11832,7 +11853,7 @@ namespace pdo::detail {
 /// @brief The log-sum-exp pieces of a row of `extent` elements `stride` apart: its max, and
 /// the sum of exp(x - max) over every element but the (first) maximum, whose own term is 1.
 /// log(sum) is then log1p(rest): exact for sums near 1, where log(1 + rest) would lose rest
-/// to the rounding of 1 + rest.
+/// to the rounding of 1 + rest. The terms add in sum_accumulator<T>, rest rounded once.
 template <class T>
 struct log_sum_exp_parts {
   T top;
@@ -11850,9 +11871,10 @@ struct log_sum_exp_parts {
     }
     // the max's own term, exp(max - max), is 1 for a finite max and NaN for +-inf (a row with
     // an infinite max is NaN throughout, as PyTorch gives): rest starts from max - max
-    rest = top - top;
+    sum_accumulator<T> sum = top - top;
     for (std::size_t e = 0; e < extent; ++e)
-      if (e != at) rest += static_cast<T>(exp(row[e * stride] - top));
+      if (e != at) sum += static_cast<T>(exp(row[e * stride] - top));
+    rest = static_cast<T>(sum);
   }
   /// @brief log(sum of exp(x - max)).
   PDO_HD T log_sum() const {
@@ -11902,6 +11924,7 @@ struct softmax_rows_block {
     const std::size_t first = o * v.extent * v.inner + j;
     alignas(64) T top[width];
     alignas(64) T rest[width];
+    alignas(64) sum_accumulator<T> sum[width];
     std::size_t at[width];
     for (std::size_t i = 0; i < n; ++i) {
       top[i] = in[first + i];
@@ -11916,14 +11939,15 @@ struct softmax_rows_block {
         at[i] = above ? e : at[i];
       }
     }
-    for (std::size_t i = 0; i < n; ++i) rest[i] = top[i] - top[i];
+    for (std::size_t i = 0; i < n; ++i) sum[i] = top[i] - top[i];
     for (std::size_t e = 0; e < v.extent; ++e) {
       const T* line = in + first + e * v.inner;
       for (std::size_t i = 0; i < n; ++i)
-        if (e != at[i]) rest[i] += static_cast<T>(exp(line[i] - top[i]));
+        if (e != at[i]) sum[i] += static_cast<T>(exp(line[i] - top[i]));
     }
     for (std::size_t i = 0; i < n; ++i) {  // log_sum() or sum() of log_sum_exp_parts
       using std::log1p;
+      rest[i] = static_cast<T>(sum[i]);
       if constexpr (Log) rest[i] = static_cast<T>(log1p(rest[i]));
       else rest[i] = T(1) + rest[i];
     }
@@ -11941,10 +11965,11 @@ struct softmax_rows_block {
 /// @brief The sum of exp(x - max) over a row, in two parts: how many elements equal the max
 /// (each adds exactly 1), and the sum over the others. log_sum_exp_parts' `rest` is then
 /// (ties - 1) + others, exact for a row with one max, whatever order the terms were added in.
+/// Both add in sum_accumulator<T>.
 template <class T>
 struct exp_sum_parts {
-  T ties;
-  T others;
+  sum_accumulator<T> ties;
+  sum_accumulator<T> others;
 };
 
 template <class T>
@@ -11961,9 +11986,10 @@ struct exp_sum_part_of {
   const T* tops;
   PDO_HD exp_sum_parts<T> operator()(std::size_t r, std::size_t e) const {
     using std::exp;
+    using A = sum_accumulator<T>;
     const T x = element(r, e);
-    if (x == tops[r]) return {T(1), x - x};  // x - x: NaN for an infinite max, as log_sum_exp_parts
-    return {T(0), static_cast<T>(exp(x - tops[r]))};
+    if (x == tops[r]) return {A(1), A(x - x)};  // x - x: NaN for an infinite max, as log_sum_exp_parts
+    return {A(0), A(static_cast<T>(exp(x - tops[r])))};
   }
 };
 
@@ -11971,7 +11997,7 @@ struct exp_sum_part_of {
 /// exp_sum_parts), log_sum_exp_parts' `rest`.
 template <class T>
 PDO_HD T rest_of(const exp_sum_parts<T>& p) {
-  return (p.ties - T(1)) + p.others;
+  return static_cast<T>((p.ties - 1) + p.others);
 }
 
 /// @brief log(sum of exp(x - max)) of a row from its parts: log1p(rest), as log_sum_exp_parts.
@@ -11994,7 +12020,7 @@ class row_statistics {
     const bool contiguous = v.inner == 1;
     const std::size_t rows = v.outer * v.inner;
     segmented_reduce(system, rows, v.extent, contiguous, element, reduction_identity<T>(reduction::max), max_of<T>{}, tops_.data());
-    segmented_reduce(system, rows, v.extent, contiguous, exp_sum_part_of<T>{element, tops_.data()}, exp_sum_parts<T>{T(0), T(0)},
+    segmented_reduce(system, rows, v.extent, contiguous, exp_sum_part_of<T>{element, tops_.data()}, exp_sum_parts<T>{0, 0},
                      add_exp_sum_parts<T>{}, parts_.data());
   }
   [[nodiscard]] const T* tops() const { return tops_.data(); }
@@ -14109,15 +14135,15 @@ struct images_to_rows {
   }
 };
 
-/// @brief Column oc of a [rows, columns] matrix, summed (the bias gradient).
+/// @brief Column oc of a [rows, columns] matrix, summed in sum_accumulator<T> (the bias gradient).
 template <class T>
 struct column_sum {
   const T* m;
   std::size_t rows, columns;
   PDO_HD T operator()(std::size_t oc) const {
-    T acc{};
+    sum_accumulator<T> acc{};
     for (std::size_t r = 0; r < rows; ++r) acc += m[r * columns + oc];
-    return acc;
+    return static_cast<T>(acc);
   }
 };
 

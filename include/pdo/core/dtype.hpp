@@ -39,6 +39,13 @@ constexpr std::string_view op_name(reduce_op op) {
   return "?";
 }
 
+/// @brief What a sum of elements of type T adds in: double for float (a running float sum of
+/// a long row loses about a bit per doubling of its length: 1% over 2^20 elements), T otherwise.
+/// Every sum a kernel makes along a dim or a row (sum, mean, softmax's normaliser, a bias's
+/// gradient) adds in it and rounds once, at the end.
+template <class T>
+using sum_accumulator = std::conditional_t<std::same_as<T, float>, double, T>;
+
 /// @brief The larger of `a` and `b`; NaN when either is NaN, whichever it is (as PyTorch's
 /// maximum and NumPy's max): every max of pdo, reductions and collectives included, is this one.
 template <class T>

@@ -146,15 +146,15 @@ struct images_to_rows {
   }
 };
 
-/// @brief Column oc of a [rows, columns] matrix, summed (the bias gradient).
+/// @brief Column oc of a [rows, columns] matrix, summed in sum_accumulator<T> (the bias gradient).
 template <class T>
 struct column_sum {
   const T* m;
   std::size_t rows, columns;
   PDO_HD T operator()(std::size_t oc) const {
-    T acc{};
+    sum_accumulator<T> acc{};
     for (std::size_t r = 0; r < rows; ++r) acc += m[r * columns + oc];
-    return acc;
+    return static_cast<T>(acc);
   }
 };
 

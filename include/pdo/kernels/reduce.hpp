@@ -25,12 +25,13 @@ PDO_HD T reduction_identity(reduction r) {
   return std::numeric_limits<T>::has_infinity ? -std::numeric_limits<T>::infinity() : std::numeric_limits<T>::lowest();
 }
 
-/// @brief Element e of the row of output element o, along the middle dim of [outer, extent, inner].
-template <class T>
+/// @brief Element e of the row of output element o, along the middle dim of [outer, extent,
+/// inner], as an A (what a reduction of it accumulates in).
+template <class T, class A = T>
 struct element_along_dim {
   const T* in;
   std::size_t extent, inner;
-  PDO_HD T operator()(std::size_t o, std::size_t e) const { return in[(o / inner) * extent * inner + o % inner + e * inner]; }
+  PDO_HD A operator()(std::size_t o, std::size_t e) const { return static_cast<A>(in[(o / inner) * extent * inner + o % inner + e * inner]); }
 };
 
 template <class T>
@@ -44,11 +45,18 @@ struct max_of {
   PDO_HD T operator()(T a, T b) const { return nan_max(a, b); }
 };
 
-/// @brief x * factor: what a mean's output iterator writes for a sum x.
-template <class T>
+/// @brief x * factor rounded to T: what a mean's output iterator writes for a sum x (in its
+/// accumulator A).
+template <class T, class A = T>
 struct scale_by {
-  T factor;
-  PDO_HD T operator()(T x) const { return x * factor; }
+  A factor;
+  PDO_HD T operator()(A x) const { return static_cast<T>(x * factor); }
+};
+
+/// @brief x rounded to T: what a sum's output iterator writes for a sum x in its accumulator A.
+template <class T, class A>
+struct rounded_to {
+  PDO_HD T operator()(A x) const { return static_cast<T>(x); }
 };
 
 /// @brief The work items of a CPU kernel along a dim that is not the innermost: item b runs
@@ -76,57 +84,63 @@ void for_each_inner_block(Backend& backend, const dim_view& v, const Block& bloc
 /// @brief The outputs [j, j + n) of outer index o of a reduction along a dim that is not the
 /// innermost, on the CPU (a block of for_each_inner_block): kept in a buffer while the rows
 /// along the dim stream past, vectorized across the outputs. Each output still reduces its
-/// elements in order from `init` (the bits segmented_reduce gives), but reads rows, not
-/// columns strided by the inner extent (a bias's gradient, the sum over the rows of a
-/// [128, 4096] block, read that way took 4-5 ms, the element's index divided twice per element).
-template <class T, class Op, class Out>
+/// elements in order from `init`, in the accumulator A (the bits segmented_reduce gives), but
+/// reads rows, not columns strided by the inner extent (a bias's gradient, the sum over the
+/// rows of a [128, 4096] block, read that way took 4-5 ms, the element's index divided twice
+/// per element).
+template <class T, class A, class Op, class Out>
 struct reduce_rows_block {
-  static constexpr std::size_t width = 512;  ///< outputs per block: 2 KiB of floats, in L1
+  static constexpr std::size_t width = 512;  ///< outputs per block: 4 KiB of doubles, in L1
   const T* in;
   dim_view v;
-  T init;
+  A init;
   Op op;
   Out out;
   void operator()(std::size_t o, std::size_t j, std::size_t n) const {
-    alignas(64) T acc[width];
+    alignas(64) A acc[width];
     for (std::size_t i = 0; i < n; ++i) acc[i] = init;
     const T* row = in + o * v.extent * v.inner + j;
     for (std::size_t e = 0; e < v.extent; ++e, row += v.inner) {
 #pragma omp simd
-      for (std::size_t i = 0; i < n; ++i) acc[i] = op(acc[i], row[i]);
+      for (std::size_t i = 0; i < n; ++i) acc[i] = op(acc[i], static_cast<A>(row[i]));
     }
     Out to = out + static_cast<std::ptrdiff_t>(o * v.inner + j);
     for (std::size_t i = 0; i < n; ++i) to[static_cast<std::ptrdiff_t>(i)] = acc[i];
   }
 };
 
-/// @brief out[o] = `op` from `init` along dim `v` of `in`: a segmented reduction (a row per
-/// output element) on the GPU and along the innermost dim; row by row on the CPU along another
-/// (reduce_rows_block).
-template <class T, class Op, class Out>
-void reduce_along(place_system& system, const T* in, const dim_view& v, T init, Op op, Out out) {
+/// @brief out[o] = `op` from `init` along dim `v` of `in`, accumulated in A (init's type): a
+/// segmented reduction (a row per output element) on the GPU and along the innermost dim; row
+/// by row on the CPU along another (reduce_rows_block).
+template <class T, class A, class Op, class Out>
+void reduce_along(place_system& system, const T* in, const dim_view& v, A init, Op op, Out out) {
   system.visit([&](auto& backend) {
     if constexpr (!gpu_backend<decltype(backend)>) {
       if (v.inner > 1) {
-        for_each_inner_block(backend, v, reduce_rows_block<T, Op, Out>{in, v, init, op, out});
+        for_each_inner_block(backend, v, reduce_rows_block<T, A, Op, Out>{in, v, init, op, out});
         return;
       }
     }
-    segmented_reduce(backend, v.outer * v.inner, v.extent, v.inner == 1, element_along_dim<T>{in, v.extent, v.inner}, init, op, out);
+    segmented_reduce(backend, v.outer * v.inner, v.extent, v.inner == 1, element_along_dim<T, A>{in, v.extent, v.inner}, init, op, out);
   });
 }
 
-/// @brief out[o] = the reduction along dim `v` of `in`; `global_extent` divides a mean.
+/// @brief out[o] = the reduction along dim `v` of `in`; `global_extent` divides a mean. Sums
+/// add in sum_accumulator<T>, rounded to T once each (a mean after its division).
 template <class T>
 void reduce_dim(place_system& system, const T* in, const dim_view& v, reduction what, std::size_t global_extent, T* out) {
   if (what == reduction::max) {
     reduce_along(system, in, v, reduction_identity<T>(what), max_of<T>{}, out);
     return;
   }
+  using A = sum_accumulator<T>;
   if (what == reduction::mean)  // each sum scaled as it is written
-    reduce_along(system, in, v, T{}, thrust::plus<T>{}, thrust::make_transform_output_iterator(out, scale_by<T>{T(1) / static_cast<T>(global_extent)}));
+    reduce_along(system, in, v, A{}, thrust::plus<A>{},
+                 thrust::make_transform_output_iterator(out, scale_by<T, A>{A(1) / static_cast<A>(global_extent)}));
+  else if constexpr (std::is_same_v<A, T>)
+    reduce_along(system, in, v, A{}, thrust::plus<A>{}, out);
   else
-    reduce_along(system, in, v, T{}, thrust::plus<T>{}, out);
+    reduce_along(system, in, v, A{}, thrust::plus<A>{}, thrust::make_transform_output_iterator(out, rounded_to<T, A>{}));
 }
 
 /// @brief *out = *out * factor, for the one element of a rank-0 result.

@@ -17,7 +17,7 @@ namespace pdo::detail {
 /// @brief The log-sum-exp pieces of a row of `extent` elements `stride` apart: its max, and
 /// the sum of exp(x - max) over every element but the (first) maximum, whose own term is 1.
 /// log(sum) is then log1p(rest): exact for sums near 1, where log(1 + rest) would lose rest
-/// to the rounding of 1 + rest.
+/// to the rounding of 1 + rest. The terms add in sum_accumulator<T>, rest rounded once.
 template <class T>
 struct log_sum_exp_parts {
   T top;
@@ -35,9 +35,10 @@ struct log_sum_exp_parts {
     }
     // the max's own term, exp(max - max), is 1 for a finite max and NaN for +-inf (a row with
     // an infinite max is NaN throughout, as PyTorch gives): rest starts from max - max
-    rest = top - top;
+    sum_accumulator<T> sum = top - top;
     for (std::size_t e = 0; e < extent; ++e)
-      if (e != at) rest += static_cast<T>(exp(row[e * stride] - top));
+      if (e != at) sum += static_cast<T>(exp(row[e * stride] - top));
+    rest = static_cast<T>(sum);
   }
   /// @brief log(sum of exp(x - max)).
   PDO_HD T log_sum() const {
@@ -87,6 +88,7 @@ struct softmax_rows_block {
     const std::size_t first = o * v.extent * v.inner + j;
     alignas(64) T top[width];
     alignas(64) T rest[width];
+    alignas(64) sum_accumulator<T> sum[width];
     std::size_t at[width];
     for (std::size_t i = 0; i < n; ++i) {
       top[i] = in[first + i];
@@ -101,14 +103,15 @@ struct softmax_rows_block {
         at[i] = above ? e : at[i];
       }
     }
-    for (std::size_t i = 0; i < n; ++i) rest[i] = top[i] - top[i];
+    for (std::size_t i = 0; i < n; ++i) sum[i] = top[i] - top[i];
     for (std::size_t e = 0; e < v.extent; ++e) {
       const T* line = in + first + e * v.inner;
       for (std::size_t i = 0; i < n; ++i)
-        if (e != at[i]) rest[i] += static_cast<T>(exp(line[i] - top[i]));
+        if (e != at[i]) sum[i] += static_cast<T>(exp(line[i] - top[i]));
     }
     for (std::size_t i = 0; i < n; ++i) {  // log_sum() or sum() of log_sum_exp_parts
       using std::log1p;
+      rest[i] = static_cast<T>(sum[i]);
       if constexpr (Log) rest[i] = static_cast<T>(log1p(rest[i]));
       else rest[i] = T(1) + rest[i];
     }
@@ -126,10 +129,11 @@ struct softmax_rows_block {
 /// @brief The sum of exp(x - max) over a row, in two parts: how many elements equal the max
 /// (each adds exactly 1), and the sum over the others. log_sum_exp_parts' `rest` is then
 /// (ties - 1) + others, exact for a row with one max, whatever order the terms were added in.
+/// Both add in sum_accumulator<T>.
 template <class T>
 struct exp_sum_parts {
-  T ties;
-  T others;
+  sum_accumulator<T> ties;
+  sum_accumulator<T> others;
 };
 
 template <class T>
@@ -146,9 +150,10 @@ struct exp_sum_part_of {
   const T* tops;
   PDO_HD exp_sum_parts<T> operator()(std::size_t r, std::size_t e) const {
     using std::exp;
+    using A = sum_accumulator<T>;
     const T x = element(r, e);
-    if (x == tops[r]) return {T(1), x - x};  // x - x: NaN for an infinite max, as log_sum_exp_parts
-    return {T(0), static_cast<T>(exp(x - tops[r]))};
+    if (x == tops[r]) return {A(1), A(x - x)};  // x - x: NaN for an infinite max, as log_sum_exp_parts
+    return {A(0), A(static_cast<T>(exp(x - tops[r])))};
   }
 };
 
@@ -156,7 +161,7 @@ struct exp_sum_part_of {
 /// exp_sum_parts), log_sum_exp_parts' `rest`.
 template <class T>
 PDO_HD T rest_of(const exp_sum_parts<T>& p) {
-  return (p.ties - T(1)) + p.others;
+  return static_cast<T>((p.ties - 1) + p.others);
 }
 
 /// @brief log(sum of exp(x - max)) of a row from its parts: log1p(rest), as log_sum_exp_parts.
@@ -179,7 +184,7 @@ class row_statistics {
     const bool contiguous = v.inner == 1;
     const std::size_t rows = v.outer * v.inner;
     segmented_reduce(system, rows, v.extent, contiguous, element, reduction_identity<T>(reduction::max), max_of<T>{}, tops_.data());
-    segmented_reduce(system, rows, v.extent, contiguous, exp_sum_part_of<T>{element, tops_.data()}, exp_sum_parts<T>{T(0), T(0)},
+    segmented_reduce(system, rows, v.extent, contiguous, exp_sum_part_of<T>{element, tops_.data()}, exp_sum_parts<T>{0, 0},
                      add_exp_sum_parts<T>{}, parts_.data());
   }
   [[nodiscard]] const T* tops() const { return tops_.data(); }
