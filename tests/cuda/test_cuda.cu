@@ -396,6 +396,53 @@ void collectives(const std::vector<pdo::cuda_place>& gpus) {
   check(n == 1 || caught == n, "NCCL all_gathers over different element types: mismatch_error on every member");
 }
 
+/// @brief NCCL's max and min skip NaN (as fmax and fmin); pdo's keep it wherever it sits, as
+/// on CPU places: all_reduce and reduce_scatter (even and uneven segments) with max and min,
+/// and max along a split dim and over every dim.
+void nan_in_max_and_min(const std::vector<pdo::cuda_place>& gpus) {
+  const std::size_t n = gpus.size();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  same_on_both("max and min all_reduce and reduce_scatter keep a NaN held by any place", gpus, [&](const auto& m) {
+    std::vector<pdo::tensor<float, 1>> out(m.local_places().size());
+    pdo::spmd(m, [&](std::size_t p) {
+      const auto comm = pdo::communicator_of(m, p);
+      const auto& place = m.place(p);
+      auto h = filled<float, 1>({4 * n}, 70 + static_cast<unsigned>(p));
+      h(p) = nan;                          // element p: NaN on place p only
+      if (p == 0) h(4 * n - 2) = nan;      // in the last place's segment: from place 0
+      if (p == 1) h(4 * n - 1) = nan;      // and from place 1
+      auto high = pdo::to_place(h, place), low = pdo::to_place(h, place);
+      comm.all_reduce(high.span(), pdo::reduce_op::max);
+      comm.all_reduce(low.span(), pdo::reduce_op::min);
+      const auto from = pdo::to_place(h, place);
+      pdo::tensor<float, 1> even({4}, place), uneven({p == 0 ? 3 + n : 3}, place);
+      comm.reduce_scatter(std::as_const(from).span(), even.span(), pdo::reduce_op::max);
+      comm.reduce_scatter(std::as_const(from).span(), uneven.span(), pdo::reduce_op::min);
+      if (p != n - 1) return;
+      const auto parts = {pdo::to_host(high), pdo::to_host(low), pdo::to_host(even), pdo::to_host(uneven)};
+      std::size_t size = 0;
+      for (const auto& t : parts) size += t.size();
+      auto all = pdo::tensor<float, 1>::on_host({size});
+      float* at = all.data();
+      for (const auto& t : parts)
+        for (float x : t) *at++ = x;
+      out[n - 1] = all;
+    });
+    return out[n - 1];
+  }, 0);
+  same_on_both("max along a split dim and over every dim keep a NaN held by the last place", gpus, [&](const auto& m) {
+    auto x = filled<double, 2>({3 * n + 1, 3}, 71);
+    x(3 * n, 1) = std::numeric_limits<double>::quiet_NaN();  // the last row: on the last place
+    const auto d = pdo::distribute<pdo::layout<pdo::split<"dp">, pdo::replicate>>(m, x);
+    const auto along = pdo::to_host(pdo::gather(pdo::eval(pdo::max<0>(d))));
+    const auto whole = pdo::to_host(pdo::gather(pdo::eval(pdo::max(d))));
+    auto out = pdo::tensor<double, 1>::on_host({4});
+    for (std::size_t j = 0; j < 3; ++j) out(j) = along(j);
+    out(3) = whole();
+    return out;
+  }, 0);
+}
+
 void mixed_mesh(const std::vector<pdo::cuda_place>& gpus) {
   // a CPU place and a GPU place in one mesh: collectives staged through host memory
   std::vector<pdo::any_place> places{pdo::cpu_places(1).front(), gpus.front()};
@@ -1002,6 +1049,7 @@ int main(int argc, char** argv) {
                                                         {"convolution", convolution},
                                                         {"spatial", spatial},
                                                         {"collectives", collectives},
+                                                        {"nan_in_max_and_min", nan_in_max_and_min},
                                                         {"mixed_mesh", mixed_mesh},
                                                         {"operand_places", operand_places},
                                                         {"errors", errors},

@@ -11,6 +11,7 @@
 #include <pdo/comm/host_group.hpp>
 #include <pdo/core/dtype.hpp>
 #include <pdo/core/error.hpp>
+#include <pdo/kernels/cuda_system.hpp>
 #include <pdo/place/cuda_place.hpp>
 
 #include <nccl.h>
@@ -61,6 +62,34 @@ inline ncclRedOp_t op_of(reduce_op op) {
     case reduce_op::min: return ncclMin;
     default: return ncclSum;
   }
+}
+
+/// @brief flags[i] = 1 where data[i] is NaN, else 0: what a max or min of floating elements
+/// reduces beside its data, since NCCL's max and min skip NaN (as fmax and fmin do) and pdo's
+/// propagate it wherever it sits (detail::nan_max).
+template <class T>
+struct nan_flag {
+  const T* data;
+  T* flags;
+  PDO_HD void operator()(std::size_t i) const { flags[i] = data[i] != data[i] ? T(1) : T(0); }
+};
+
+/// @brief data[i] = NaN where flags[i] (reduced over the members with max) is set.
+template <class T>
+struct restore_nan {
+  const T* flags;
+  T* data;
+  PDO_HD void operator()(std::size_t i) const {
+    if (flags[i] != T(0)) data[i] = T(0) / T(0);
+  }
+};
+
+/// @brief Whether a reduction `op` of T needs the NaN flags (nan_flag): a max or min of
+/// floating elements, where this translation unit can run kernels on the GPU (compiled as
+/// CUDA, or on simulated devices); elsewhere NCCL's max and min skip NaN (docs/cuda.md).
+template <class T>
+bool needs_nan_flags(reduce_op op) {
+  return std::is_floating_point_v<T> && pdo::detail::cuda_kernels_enabled && op != reduce_op::sum;
 }
 
 /// @brief Closes a group opened with ncclGroupStart when it goes out of scope, so a failure
@@ -180,8 +209,20 @@ class group {
   void all_reduce(std::size_t me, std::span<T> data, reduce_op op) {
     agree(me, "all_reduce", data.size(), 0, pdo::detail::collective_call_text<T>("all_reduce", static_cast<int>(op)));
     reducible<T>("all_reduce", me);
-    enqueue(me, "ncclAllReduce", [&](ncclComm_t c, cudaStream_t s) {
-      return ncclAllReduce(data.data(), data.data(), data.size(), type_of<T>(), op_of(op), c, s);
+    if (!needs_nan_flags<T>(op)) {
+      enqueue(me, "ncclAllReduce", [&](ncclComm_t c, cudaStream_t s) {
+        return ncclAllReduce(data.data(), data.data(), data.size(), type_of<T>(), op_of(op), c, s);
+      });
+      return;
+    }
+    with_nan_flags<T>(me, data.data(), data.size(), data.size(), data.data(), [&](const T* flags_in, T* flags_out) {
+      enqueue(me, "ncclAllReduce", [&](ncclComm_t c, cudaStream_t s) {
+        ncclResult_t status = ncclGroupStart();
+        if (status == ncclSuccess) status = ncclAllReduce(data.data(), data.data(), data.size(), type_of<T>(), op_of(op), c, s);
+        if (status == ncclSuccess) status = ncclAllReduce(flags_in, flags_out, data.size(), type_of<T>(), ncclMax, c, s);
+        const ncclResult_t end = ncclGroupEnd();
+        return status != ncclSuccess ? status : end;
+      });
     });
   }
 
@@ -233,15 +274,26 @@ class group {
       throw mismatch_error("reduce_scatter on " + name(me) + ": the segments add up to " + std::to_string(total) +
                            " elements but the input holds " + std::to_string(in.size()));
     const bool even = std::all_of(counts.begin(), counts.end(), [&](std::size_t c) { return c == counts[0]; });
-    enqueue(me, even ? "ncclReduceScatter" : "ncclReduce", [&](ncclComm_t c, cudaStream_t s) {
-      if (even) return ncclReduceScatter(in.data(), out.data(), out.size(), type_of<T>(), op_of(op), c, s);
-      ncclResult_t status = ncclGroupStart();
+    // the reduction of `from` into `to` with `o`, queued in the group call open on (c, s)
+    auto queue = [&](const T* from, T* to, ncclRedOp_t o, ncclComm_t c, cudaStream_t s) {
+      if (even) return ncclReduceScatter(from, to, out.size(), type_of<T>(), o, c, s);
+      ncclResult_t status = ncclSuccess;
       std::size_t at = 0;
       for (std::size_t k = 0; k < counts.size() && status == ncclSuccess; at += counts[k], ++k)
-        status = ncclReduce(in.data() + at, k == me ? out.data() : nullptr, counts[k], type_of<T>(), op_of(op), static_cast<int>(k), c, s);
-      const ncclResult_t end = ncclGroupEnd();
-      return status != ncclSuccess ? status : end;
-    });
+        status = ncclReduce(from + at, k == me ? to : nullptr, counts[k], type_of<T>(), o, static_cast<int>(k), c, s);
+      return status;
+    };
+    auto run = [&](const T* flags_in, T* flags_out) {
+      enqueue(me, even ? "ncclReduceScatter" : "ncclReduce", [&](ncclComm_t c, cudaStream_t s) {
+        ncclResult_t status = ncclGroupStart();
+        if (status == ncclSuccess) status = queue(in.data(), out.data(), op_of(op), c, s);
+        if (status == ncclSuccess && flags_in != nullptr) status = queue(flags_in, flags_out, ncclMax, c, s);
+        const ncclResult_t end = ncclGroupEnd();
+        return status != ncclSuccess ? status : end;
+      });
+    };
+    if (needs_nan_flags<T>(op)) with_nan_flags<T>(me, in.data(), in.size(), out.size(), out.data(), run);
+    else run(nullptr, nullptr);
   }
 
   /// @brief Piece j of `in` to member j, as sends and receives in one group call.
@@ -344,6 +396,21 @@ class group {
     if constexpr (type_of<T>() == ncclNumTypes)
       throw layout_error(std::string(op) + " on " + name(me) + ": NCCL cannot reduce elements of type " +
                          std::string(pdo::detail::dtype_name<T>()));
+  }
+
+  /// @brief A max or min of floating elements that keeps NaN (needs_nan_flags): flags of the
+  /// `n` elements of `in` (1 where NaN) made on the place's compute stream, then
+  /// `reduce(flags_in, flags_out)`, which queues the collective and the flags' own reduction
+  /// with max (`m` results), then NaN put back into `out` where a reduced flag is set. The
+  /// flags' memory is the place's, freed in stream order after the last kernel.
+  template <class T, class Reduce>
+  void with_nan_flags(std::size_t me, const T* in, std::size_t n, std::size_t m, T* out, Reduce&& reduce) {
+    auto& place = *places_[me];
+    const pdo::detail::kernel_scratch<T> flags_in(place, n), flags_out(place, m);
+    const thrust::counting_iterator<std::size_t> first(0);
+    pdo::detail::gpu_for_each_n(place, first, n, nan_flag<T>{in, flags_in.data()});
+    reduce(static_cast<const T*>(flags_in.data()), flags_out.data());
+    pdo::detail::gpu_for_each_n(place, first, m, restore_nan<T>{flags_out.data(), out});
   }
 
   /// @brief Throws on every member unless all made the same call (`call`: the collective and
