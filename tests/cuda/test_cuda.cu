@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <cstdint>
 #include <cstdio>
 #include <exception>
 #include <filesystem>
@@ -53,6 +54,19 @@ pdo::tensor<T, R> filled(const pdo::shape_t<R>& shape, unsigned seed) {
   auto t = pdo::tensor<T, R>::on_host(shape);  // also when called inside a GPU place's task
   for (std::size_t i = 0; i < t.size(); ++i) t.data()[i] = static_cast<T>(((i * 2654435761u + seed) % 1000) / 500.0 - 1.0);
   return t;
+}
+
+/// @brief Labels 0, 1, 2, 0, 1, ... of `rows` samples (three classes).
+pdo::tensor<int, 1> three_classes(std::size_t rows) {
+  pdo::tensor<int, 1> y({rows});
+  for (std::size_t i = 0; i < rows; ++i) y(i) = static_cast<int>(i % 3);
+  return y;
+}
+
+/// @brief The 6-8-3 MLP the trainers' checks train, its weights drawn from `seed`.
+auto small_mlp(std::uint64_t seed) {
+  pdo::nn::rng gen(seed);
+  return pdo::nn::sequential(pdo::nn::linear<float>(6, 8, gen), pdo::nn::relu{}, pdo::nn::linear<float>(8, 3, gen));
 }
 
 /// @brief Runs `program(mesh)` on a "dp" mesh of CPU places and of GPU places (as many of
@@ -774,12 +788,8 @@ void cpu_and_gpu_meshes_at_once(const std::vector<pdo::cuda_place>& gpus) {
 void trainers(const std::vector<pdo::cuda_place>& gpus) {
   const std::size_t n = gpus.size();
   const auto x = filled<float, 2>({20, 6}, 3);
-  pdo::tensor<int, 1> y({20});
-  for (std::size_t i = 0; i < 20; ++i) y(i) = static_cast<int>(i % 3);
-  auto make = [] {
-    pdo::nn::rng gen(7);
-    return pdo::nn::sequential(pdo::nn::linear<float>(6, 8, gen), pdo::nn::relu{}, pdo::nn::linear<float>(8, 3, gen));
-  };
+  const auto y = three_classes(20);
+  auto make = [] { return small_mlp(7); };
   auto adam = [](auto ps) { return pdo::nn::adam<float>(std::move(ps), {.lr = 0.01}); };
   for (const bool zero1 : {false, true}) {
     auto losses = [&](const auto& mesh) {
@@ -849,8 +859,7 @@ void trainers(const std::vector<pdo::cuda_place>& gpus) {
     using rows = pdo::layout<pdo::split<"dp">, pdo::replicate>;
     using whole = pdo::layout<pdo::replicate, pdo::replicate>;
     const auto xd = filled<double, 2>({13, 6}, 21), w1 = filled<double, 2>({6, 9}, 22), w2 = filled<double, 2>({9, 3}, 23);
-    pdo::tensor<int, 1> labels({13});
-    for (std::size_t i = 0; i < 13; ++i) labels(i) = static_cast<int>(i % 3);
+    const auto labels = three_classes(13);
     auto mlp = [](const auto& xl, const auto& a, const auto& b) { return pdo::matmul(pdo::tanh(pdo::matmul(xl, a)), b); };
     const auto X = pdo::distribute<rows>(m, xd);
     const auto Y = pdo::distribute<pdo::layout<pdo::split<"dp">>>(m, labels);
@@ -982,12 +991,8 @@ void checkpoints(const std::vector<pdo::cuda_place>& gpus) {
   // a data-parallel trainer on GPU places saved after 2 steps, resumed on GPU places and on CPU
   // places: steps 3 and 4 as the uninterrupted run's
   const auto x = filled<float, 2>({18, 6}, 63);
-  pdo::tensor<int, 1> y({18});
-  for (std::size_t i = 0; i < 18; ++i) y(i) = static_cast<int>(i % 3);
-  auto make = [] {
-    pdo::nn::rng gen(11);
-    return pdo::nn::sequential(pdo::nn::linear<float>(6, 8, gen), pdo::nn::relu{}, pdo::nn::linear<float>(8, 3, gen));
-  };
+  const auto y = three_classes(18);
+  auto make = [] { return small_mlp(11); };
   auto adam = [](auto ps) { return pdo::nn::adam<float>(std::move(ps), {.lr = 0.02}); };
   try {
     auto straight = pdo::nn::make_data_parallel<float>(gpu_mesh, make, adam);
