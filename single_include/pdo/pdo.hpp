@@ -8680,15 +8680,19 @@ class tensor {
 
   /// @brief The element at `index` (one integer per dim); host memory only, no bounds check.
   template <class... Index>
-    requires(sizeof...(Index) == Rank && (std::integral<Index> && ...))
+    requires(std::integral<Index> && ...)
   [[nodiscard]] T& operator()(Index... index) {
-    return data_[offset_of(index...)];
+    static_assert(sizeof...(Index) == Rank, "pdo: tensor(i, j, ...): give one index per dim of the tensor");
+    if constexpr (sizeof...(Index) == Rank) return data_[offset_of(index...)];
+    else return data_[0];  // the error was given: nothing more after it
   }
   /// @brief The element at `index` (one integer per dim); host memory only, no bounds check.
   template <class... Index>
-    requires(sizeof...(Index) == Rank && (std::integral<Index> && ...))
+    requires(std::integral<Index> && ...)
   [[nodiscard]] const T& operator()(Index... index) const {
-    return data_[offset_of(index...)];
+    static_assert(sizeof...(Index) == Rank, "pdo: tensor(i, j, ...): give one index per dim of the tensor");
+    if constexpr (sizeof...(Index) == Rank) return data_[offset_of(index...)];
+    else return data_[0];  // the error was given: nothing more after it
   }
 
   /// @brief Sets every element to `value`, on the host or on the holding GPU.
@@ -11113,6 +11117,9 @@ class transpose_node : public detail::op_node<C> {
   /// @brief The operand's element type, which the result keeps.
   using value_type = typename C::value_type;
   static_assert(C::rank >= 2, "pdo: transpose: needs at least 2 dims");
+  /// @brief Whether this transpose and every op below it is well formed (see detail::op_node):
+  /// for fewer than 2 dims nothing more is instantiated after the error, and eval stops there.
+  static constexpr bool well_formed = detail::op_node<C>::well_formed && C::rank >= 2;
   /// @brief The operand's rank (at least 2).
   static constexpr std::size_t rank = C::rank;
   /// @brief false: a transpose is never fused into an elementwise group (a local matmul may read it in place).
@@ -11120,12 +11127,12 @@ class transpose_node : public detail::op_node<C> {
   /// @brief "transpose": how plans and error messages name this op.
   static constexpr std::string_view name = "transpose";
   /// @brief The planner's rule (detail::transpose_rule): the last two dims' splits swap; partial stays partial.
-  static constexpr detail::op_rule rule = detail::transpose_rule(C::rule.out);
+  static constexpr detail::op_rule rule = C::rank >= 2 ? detail::transpose_rule(C::rule.out) : detail::op_rule{};
 
   /// @brief Takes the operand's shape with its last two extents swapped.
   explicit transpose_node(C c) : detail::op_node<C>(std::move(c)) {
     shape_ = std::get<0>(this->children_).shape();
-    std::swap(shape_[rank - 2], shape_[rank - 1]);
+    if constexpr (rank >= 2) std::swap(shape_[rank - 2], shape_[rank - 1]);
   }
   /// @brief The operand's shape with its last two extents swapped.
   [[nodiscard]] const shape_t<rank>& shape() const { return shape_; }
@@ -11425,8 +11432,13 @@ class matmul_node : public detail::op_node<A, B> {
   static_assert(std::is_same_v<value_type, typename B::value_type>,
                 "pdo: matmul: the operands have different element types; convert one first");
   static_assert(A::rank >= 2 && B::rank >= 2, "pdo: matmul: both operands need at least 2 dims ([M, K] and [K, N])");
-  static_assert(B::rank == 2 || B::rank == A::rank,
+  static_assert(A::rank < 2 || B::rank < 2 || B::rank == 2 || B::rank == A::rank,
                 "pdo: matmul: b must be a matrix [K, N] or have a's batch dims [..., K, N]");
+  /// @brief Whether the operands' ranks make a product (the checks above): when they do not,
+  /// nothing of the product is instantiated after the error, and eval stops there.
+  static constexpr bool ranks_fit = A::rank >= 2 && (B::rank == 2 || B::rank == A::rank);
+  /// @brief Whether this product and every op below it is well formed (see detail::op_node).
+  static constexpr bool well_formed = detail::op_node<A, B>::well_formed && ranks_fit;
   /// @brief a's rank: the result is [..., M, N].
   static constexpr std::size_t rank = A::rank;
   /// @brief false: a matmul is never fused into an elementwise group.
@@ -11434,7 +11446,7 @@ class matmul_node : public detail::op_node<A, B> {
   /// @brief "matmul": how plans and error messages name this op.
   static constexpr std::string_view name = "matmul";
   /// @brief The planner's rule (detail::matmul_rule): which of M, K, N and the batch dims stay split.
-  static constexpr detail::op_rule rule = detail::matmul_rule(A::rule.out, B::rule.out);
+  static constexpr detail::op_rule rule = ranks_fit ? detail::matmul_rule(A::rule.out, B::rule.out) : detail::op_rule{};
   /// @brief A 2-D product reads operand I in place when it is the transpose of a stored
   /// matrix: gemm takes it as a transposed operand, with no copy (fused, in its plan). On a
   /// mesh, only where the transposed shard is the block the product needs (no redistribution
@@ -11444,17 +11456,7 @@ class matmul_node : public detail::op_node<A, B> {
 
   /// @brief pdo::shape_error unless a's last dim equals b's second-to-last and the batch dims agree.
   matmul_node(A a, B b) : detail::op_node<A, B>(std::move(a), std::move(b)) {
-    const auto sa = std::get<0>(this->children_).shape();
-    const auto sb = std::get<1>(this->children_).shape();
-    bool ok = sa[rank - 1] == sb[B::rank - 2];
-    if constexpr (B::rank == rank)
-      for (std::size_t d = 0; d + 2 < rank; ++d) ok = ok && sa[d] == sb[d];
-    if (!ok)
-      throw shape_error("matmul: " + detail::describe_node(std::get<0>(this->children_)) + " by " +
-                        detail::describe_node(std::get<1>(this->children_)) +
-                        ": a's last dim must equal b's second-to-last, and batch dims must agree");
-    for (std::size_t d = 0; d + 1 < rank; ++d) shape_[d] = sa[d];
-    shape_[rank - 1] = sb[B::rank - 1];
+    if constexpr (ranks_fit) set_shape();
   }
 
   /// @brief [..., M, N]: a's dims with the last one replaced by b's last.
@@ -11472,6 +11474,20 @@ class matmul_node : public detail::op_node<A, B> {
   }
 
  private:
+  void set_shape() {
+    const auto sa = std::get<0>(this->children_).shape();
+    const auto sb = std::get<1>(this->children_).shape();
+    bool ok = sa[rank - 1] == sb[B::rank - 2];
+    if constexpr (B::rank == rank)
+      for (std::size_t d = 0; d + 2 < rank; ++d) ok = ok && sa[d] == sb[d];
+    if (!ok)
+      throw shape_error("matmul: " + detail::describe_node(std::get<0>(this->children_)) + " by " +
+                        detail::describe_node(std::get<1>(this->children_)) +
+                        ": a's last dim must equal b's second-to-last, and batch dims must agree");
+    for (std::size_t d = 0; d + 1 < rank; ++d) shape_[d] = sa[d];
+    shape_[rank - 1] = sb[B::rank - 1];
+  }
+
   /// @brief Operand I of a 2-D product on this place: where its block starts in the
   /// operand's global shape, its extents, and how gemm reads it.
   struct matrix_block {
@@ -12745,10 +12761,11 @@ template <class Node, class Result>
 struct evaluation final : queued_evaluation {
   using mesh_t = typename Node::mesh_type;
   using run_t = plan_run<Node, mesh_context<mesh_t>>;
-  evaluation(Node e, Result r, mesh_comms& c) : expr(std::move(e)), result(std::move(r)), runs(result.mesh().local_places().size()) {
-    start(result.mesh().state(), c, runs.size() * (run_t::nodes + 1));
+  evaluation(Node e, Result r, mesh_comms& c)
+      : expr(std::move(e)), result(std::move(r)), run_count(result.mesh().local_places().size()), runs(new run_t[run_count]) {
+    start(result.mesh().state(), c, run_count * (run_t::nodes + 1));
     const auto& local = mesh->local;
-    for (std::size_t k = 0; k < runs.size(); ++k) {
+    for (std::size_t k = 0; k < run_count; ++k) {
       runs[k].bind(expr, mesh_context<mesh_t>(result.mesh(), local[k]), result.local_shards()[k]);
       runs[k].add_written(written);
     }
@@ -12758,7 +12775,10 @@ struct evaluation final : queued_evaluation {
   ~evaluation() { end(); }
   Node expr;
   Result result;
-  std::vector<run_t> runs;  ///< refer to expr and result
+  std::size_t run_count;
+  /// @brief One run per local place, referring to expr and result (an array, not a vector:
+  /// a vector's dozen member functions would be compiled again for every expression type).
+  std::unique_ptr<run_t[]> runs;
   [[nodiscard]] std::string what() const override { return describe_evaluation(Node::name, describe_node(expr)); }
 };
 
@@ -13008,6 +13028,16 @@ auto eval(Expr&& expr) {
   }
 }
 
+/// @brief Rejects at compile time what is not a tensor expression (a number, a pdo::var).
+template <class Policy = implicit, class Expr>
+  requires(!detail::tensor_operand<Expr>)
+auto eval(Expr&&) {
+  static_assert(detail::always_false<Expr>,
+                "pdo: eval takes a pdo::tensor, a pdo::dtensor or an expression of them (a pdo::var is computed at once: its "
+                "value is var.value())");
+  return 0;
+}
+
 }  // namespace pdo
 #endif  // PDO_SINGLE_PDO_EXEC_EVAL_HPP
 // ---- pdo/exec/mesh_ops.hpp
@@ -13053,13 +13083,11 @@ dtensor<T, Rank, Mesh, Layout> distribute(const Mesh& m, const tensor<T, Rank>& 
   return {m, host.shape(), std::move(shards)};
 }
 
-/// @brief `x` laid out as `To`. The steps are planned at compile time
-/// (redistribute_plan_of<From, To>()): partial -> replicate is an all_reduce,
-/// partial -> split a reduce_scatter, split -> replicate an all_gather, split(d) ->
-/// split(d') an all_to_all, and replicate -> split a local slice that moves no data.
+namespace detail {
+
+/// @brief redistribute<To>(x) once its layout is checked.
 template <layout_spec To, element T, std::size_t Rank, mesh_type Mesh, layout_spec From>
-dtensor<T, Rank, Mesh, To> redistribute(const dtensor<T, Rank, Mesh, From>& x) {
-  static_assert(sizeof(detail::check_layout<"redistribute", To, Mesh, Rank>) != 0);
+dtensor<T, Rank, Mesh, To> redistribute_to(const dtensor<T, Rank, Mesh, From>& x) {
   const Mesh& m = x.mesh();
   std::vector<tensor<T, Rank>> shards(x.local_shards().size());
   // each place's task reads its shard: it waits for the work queued to write it (an
@@ -13076,6 +13104,23 @@ dtensor<T, Rank, Mesh, To> redistribute(const dtensor<T, Rank, Mesh, From>& x) {
     failure->error.rethrow_with_context(detail::redistribute_context(x, layout_name<To>()) + ": on place " +
                                         m.place(failure->place).name() + ": ");
   return {m, x.shape(), std::move(shards)};
+}
+
+}  // namespace detail
+
+/// @brief `x` laid out as `To`. The steps are planned at compile time
+/// (redistribute_plan_of<From, To>()): partial -> replicate is an all_reduce,
+/// partial -> split a reduce_scatter, split -> replicate an all_gather, split(d) ->
+/// split(d') an all_to_all, and replicate -> split a local slice that moves no data.
+/// Returns a dtensor<T, Rank, Mesh, To>; a target layout that does not fit the dtensor (other
+/// rank, an axis the mesh lacks) is one compile error, with nothing instantiated after it.
+template <layout_spec To, element T, std::size_t Rank, mesh_type Mesh, layout_spec From>
+auto redistribute(const dtensor<T, Rank, Mesh, From>& x) {
+  if constexpr (!detail::check_layout<"redistribute", To, Mesh, Rank>::ok) {
+    return 0;  // the layout's error was given: nothing more after it
+  } else {
+    return detail::redistribute_to<To>(x);
+  }
 }
 
 namespace detail {
@@ -13526,6 +13571,16 @@ void backward(const var<V>& loss) {
   backward(loss, detail::eval_as<detail::grad_t<V>>(detail::make_elementwise<op::expand>(T(1), loss.value())));
 }
 
+/// @brief Rejects at compile time a value that is not a pdo::var: it has no graph to take
+/// a gradient through.
+template <class V, class... Seed>
+  requires(!is_var_v<std::remove_cvref_t<V>>)
+void backward(const V&, const Seed&...) {
+  static_assert(detail::always_false<V>,
+                "pdo: backward takes a pdo::var: compute the loss from inputs wrapped in pdo::var(t) (or pdo::parameter(t) for "
+                "what needs a gradient), not from plain tensors or expressions");
+}
+
 }  // namespace pdo
 #endif  // PDO_SINGLE_PDO_AUTOGRAD_VARIABLE_HPP
 // ---- pdo/expr/cross_entropy_grad.hpp
@@ -13864,10 +13919,26 @@ auto gelu_tanh(const var<A>& a) {
 
 // ---- matmul ----
 
+namespace detail {
+template <class A, class B>
+auto matmul_var(const var<A>& a, const var<B>& b);
+}  // namespace detail
+
 /// @brief matmul(a [..., M, K], b [K, N] or [..., K, N]); gradients matmul(g, bᵀ) and
 /// matmul(aᵀ, g) (summed over the batch when b is one matrix for the whole batch).
 template <class A, class B>
 auto matmul(const var<A>& a, const var<B>& b) {
+  if constexpr (!decltype(pdo::matmul(a.value(), b.value()))::well_formed) {
+    return 0;  // the product's error was given: nothing more after it
+  } else {
+    return detail::matmul_var(a, b);
+  }
+}
+
+namespace detail {
+/// @brief matmul of two vars whose ranks make a product.
+template <class A, class B>
+auto matmul_var(const var<A>& a, const var<B>& b) {
   auto y = pdo::eval(pdo::matmul(a.value(), b.value()));
   using V = decltype(y);
   constexpr std::size_t ra = detail::value_kind<A>::rank, rb = detail::value_kind<B>::rank;
@@ -13899,6 +13970,7 @@ auto matmul(const var<A>& a, const var<B>& b) {
       },
       a, b);
 }
+}  // namespace detail
 
 // ---- reductions ----
 
@@ -14026,10 +14098,14 @@ auto mse(const var<A>& a, const var<B>& b) {
 /// @brief The last two dims swapped.
 template <class A>
 auto transpose(const var<A>& a) {
-  auto y = pdo::eval(pdo::transpose(a.value()));
-  using V = decltype(y);
-  return detail::record(
-      std::move(y), [a](detail::value_node<V>& self) { detail::add_grad(a, pdo::transpose(*self.grad)); }, a);
+  if constexpr (!decltype(pdo::transpose(a.value()))::well_formed) {
+    return 0;  // the transpose's error was given: nothing more after it
+  } else {
+    auto y = pdo::eval(pdo::transpose(a.value()));
+    using V = decltype(y);
+    return detail::record(
+        std::move(y), [a](detail::value_node<V>& self) { detail::add_grad(a, pdo::transpose(*self.grad)); }, a);
+  }
 }
 
 /// @brief The same elements under `shape`.
@@ -17136,6 +17212,14 @@ class sgd : public optimizer_base<T> {
   using optimizer_base<T>::params_;
 
  public:
+  /// @brief Rejects at compile time parameters of another element type than the optimizer's.
+  template <class U>
+    requires(!std::same_as<U, T>)
+  sgd(std::vector<parameter_ref<U>>, sgd_options) : optimizer_base<T>(std::vector<parameter_ref<T>>{}) {
+    static_assert(pdo::detail::always_false<U>,
+                  "pdo: sgd<T>: the parameters' element type is not T; give the optimizer the parameters' type "
+                  "(sgd<double> for a linear<double>'s)");
+  }
   /// @brief Updates `params` with the settings `o`.
   /// A pdo::error when a setting is negative or not finite.
   sgd(std::vector<parameter_ref<T>> params, sgd_options o) : optimizer_base<T>(std::move(params)), o_(o), buffers_(params_.size()) {
@@ -17232,6 +17316,14 @@ class adam : public optimizer_base<T> {
   using optimizer_base<T>::params_;
 
  public:
+  /// @brief Rejects at compile time parameters of another element type than the optimizer's.
+  template <class U>
+    requires(!std::same_as<U, T>)
+  adam(std::vector<parameter_ref<U>>, adam_options) : optimizer_base<T>(std::vector<parameter_ref<T>>{}) {
+    static_assert(pdo::detail::always_false<U>,
+                  "pdo: adam<T>: the parameters' element type is not T; give the optimizer the parameters' type "
+                  "(adam<double> for a linear<double>'s)");
+  }
   /// @brief Updates `params` with the settings `o`.
   /// A pdo::error when a setting is out of its range (betas in [0, 1), the others >= 0) or not finite.
   adam(std::vector<parameter_ref<T>> params, adam_options o)

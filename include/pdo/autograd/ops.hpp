@@ -279,10 +279,26 @@ auto gelu_tanh(const var<A>& a) {
 
 // ---- matmul ----
 
+namespace detail {
+template <class A, class B>
+auto matmul_var(const var<A>& a, const var<B>& b);
+}  // namespace detail
+
 /// @brief matmul(a [..., M, K], b [K, N] or [..., K, N]); gradients matmul(g, bᵀ) and
 /// matmul(aᵀ, g) (summed over the batch when b is one matrix for the whole batch).
 template <class A, class B>
 auto matmul(const var<A>& a, const var<B>& b) {
+  if constexpr (!decltype(pdo::matmul(a.value(), b.value()))::well_formed) {
+    return 0;  // the product's error was given: nothing more after it
+  } else {
+    return detail::matmul_var(a, b);
+  }
+}
+
+namespace detail {
+/// @brief matmul of two vars whose ranks make a product.
+template <class A, class B>
+auto matmul_var(const var<A>& a, const var<B>& b) {
   auto y = pdo::eval(pdo::matmul(a.value(), b.value()));
   using V = decltype(y);
   constexpr std::size_t ra = detail::value_kind<A>::rank, rb = detail::value_kind<B>::rank;
@@ -314,6 +330,7 @@ auto matmul(const var<A>& a, const var<B>& b) {
       },
       a, b);
 }
+}  // namespace detail
 
 // ---- reductions ----
 
@@ -441,10 +458,14 @@ auto mse(const var<A>& a, const var<B>& b) {
 /// @brief The last two dims swapped.
 template <class A>
 auto transpose(const var<A>& a) {
-  auto y = pdo::eval(pdo::transpose(a.value()));
-  using V = decltype(y);
-  return detail::record(
-      std::move(y), [a](detail::value_node<V>& self) { detail::add_grad(a, pdo::transpose(*self.grad)); }, a);
+  if constexpr (!decltype(pdo::transpose(a.value()))::well_formed) {
+    return 0;  // the transpose's error was given: nothing more after it
+  } else {
+    auto y = pdo::eval(pdo::transpose(a.value()));
+    using V = decltype(y);
+    return detail::record(
+        std::move(y), [a](detail::value_node<V>& self) { detail::add_grad(a, pdo::transpose(*self.grad)); }, a);
+  }
 }
 
 /// @brief The same elements under `shape`.

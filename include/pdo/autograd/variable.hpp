@@ -331,4 +331,14 @@ void backward(const var<V>& loss) {
   backward(loss, detail::eval_as<detail::grad_t<V>>(detail::make_elementwise<op::expand>(T(1), loss.value())));
 }
 
+/// @brief Rejects at compile time a value that is not a pdo::var: it has no graph to take
+/// a gradient through.
+template <class V, class... Seed>
+  requires(!is_var_v<std::remove_cvref_t<V>>)
+void backward(const V&, const Seed&...) {
+  static_assert(detail::always_false<V>,
+                "pdo: backward takes a pdo::var: compute the loss from inputs wrapped in pdo::var(t) (or pdo::parameter(t) for "
+                "what needs a gradient), not from plain tensors or expressions");
+}
+
 }  // namespace pdo

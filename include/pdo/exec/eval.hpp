@@ -103,10 +103,11 @@ template <class Node, class Result>
 struct evaluation final : queued_evaluation {
   using mesh_t = typename Node::mesh_type;
   using run_t = plan_run<Node, mesh_context<mesh_t>>;
-  evaluation(Node e, Result r, mesh_comms& c) : expr(std::move(e)), result(std::move(r)), runs(result.mesh().local_places().size()) {
-    start(result.mesh().state(), c, runs.size() * (run_t::nodes + 1));
+  evaluation(Node e, Result r, mesh_comms& c)
+      : expr(std::move(e)), result(std::move(r)), run_count(result.mesh().local_places().size()), runs(new run_t[run_count]) {
+    start(result.mesh().state(), c, run_count * (run_t::nodes + 1));
     const auto& local = mesh->local;
-    for (std::size_t k = 0; k < runs.size(); ++k) {
+    for (std::size_t k = 0; k < run_count; ++k) {
       runs[k].bind(expr, mesh_context<mesh_t>(result.mesh(), local[k]), result.local_shards()[k]);
       runs[k].add_written(written);
     }
@@ -116,7 +117,10 @@ struct evaluation final : queued_evaluation {
   ~evaluation() { end(); }
   Node expr;
   Result result;
-  std::vector<run_t> runs;  ///< refer to expr and result
+  std::size_t run_count;
+  /// @brief One run per local place, referring to expr and result (an array, not a vector:
+  /// a vector's dozen member functions would be compiled again for every expression type).
+  std::unique_ptr<run_t[]> runs;
   [[nodiscard]] std::string what() const override { return describe_evaluation(Node::name, describe_node(expr)); }
 };
 
@@ -364,6 +368,16 @@ auto eval(Expr&& expr) {
       return detail::run_on_place(*gpu, [&] { return detail::run_local(node, detail::local_context{}); });
     return detail::run_local(node, detail::local_context(detail::on_gpu(detail::current_place())));
   }
+}
+
+/// @brief Rejects at compile time what is not a tensor expression (a number, a pdo::var).
+template <class Policy = implicit, class Expr>
+  requires(!detail::tensor_operand<Expr>)
+auto eval(Expr&&) {
+  static_assert(detail::always_false<Expr>,
+                "pdo: eval takes a pdo::tensor, a pdo::dtensor or an expression of them (a pdo::var is computed at once: its "
+                "value is var.value())");
+  return 0;
 }
 
 }  // namespace pdo

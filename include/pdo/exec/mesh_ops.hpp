@@ -42,13 +42,11 @@ dtensor<T, Rank, Mesh, Layout> distribute(const Mesh& m, const tensor<T, Rank>& 
   return {m, host.shape(), std::move(shards)};
 }
 
-/// @brief `x` laid out as `To`. The steps are planned at compile time
-/// (redistribute_plan_of<From, To>()): partial -> replicate is an all_reduce,
-/// partial -> split a reduce_scatter, split -> replicate an all_gather, split(d) ->
-/// split(d') an all_to_all, and replicate -> split a local slice that moves no data.
+namespace detail {
+
+/// @brief redistribute<To>(x) once its layout is checked.
 template <layout_spec To, element T, std::size_t Rank, mesh_type Mesh, layout_spec From>
-dtensor<T, Rank, Mesh, To> redistribute(const dtensor<T, Rank, Mesh, From>& x) {
-  static_assert(sizeof(detail::check_layout<"redistribute", To, Mesh, Rank>) != 0);
+dtensor<T, Rank, Mesh, To> redistribute_to(const dtensor<T, Rank, Mesh, From>& x) {
   const Mesh& m = x.mesh();
   std::vector<tensor<T, Rank>> shards(x.local_shards().size());
   // each place's task reads its shard: it waits for the work queued to write it (an
@@ -65,6 +63,23 @@ dtensor<T, Rank, Mesh, To> redistribute(const dtensor<T, Rank, Mesh, From>& x) {
     failure->error.rethrow_with_context(detail::redistribute_context(x, layout_name<To>()) + ": on place " +
                                         m.place(failure->place).name() + ": ");
   return {m, x.shape(), std::move(shards)};
+}
+
+}  // namespace detail
+
+/// @brief `x` laid out as `To`. The steps are planned at compile time
+/// (redistribute_plan_of<From, To>()): partial -> replicate is an all_reduce,
+/// partial -> split a reduce_scatter, split -> replicate an all_gather, split(d) ->
+/// split(d') an all_to_all, and replicate -> split a local slice that moves no data.
+/// Returns a dtensor<T, Rank, Mesh, To>; a target layout that does not fit the dtensor (other
+/// rank, an axis the mesh lacks) is one compile error, with nothing instantiated after it.
+template <layout_spec To, element T, std::size_t Rank, mesh_type Mesh, layout_spec From>
+auto redistribute(const dtensor<T, Rank, Mesh, From>& x) {
+  if constexpr (!detail::check_layout<"redistribute", To, Mesh, Rank>::ok) {
+    return 0;  // the layout's error was given: nothing more after it
+  } else {
+    return detail::redistribute_to<To>(x);
+  }
 }
 
 namespace detail {

@@ -31,8 +31,13 @@ class matmul_node : public detail::op_node<A, B> {
   static_assert(std::is_same_v<value_type, typename B::value_type>,
                 "pdo: matmul: the operands have different element types; convert one first");
   static_assert(A::rank >= 2 && B::rank >= 2, "pdo: matmul: both operands need at least 2 dims ([M, K] and [K, N])");
-  static_assert(B::rank == 2 || B::rank == A::rank,
+  static_assert(A::rank < 2 || B::rank < 2 || B::rank == 2 || B::rank == A::rank,
                 "pdo: matmul: b must be a matrix [K, N] or have a's batch dims [..., K, N]");
+  /// @brief Whether the operands' ranks make a product (the checks above): when they do not,
+  /// nothing of the product is instantiated after the error, and eval stops there.
+  static constexpr bool ranks_fit = A::rank >= 2 && (B::rank == 2 || B::rank == A::rank);
+  /// @brief Whether this product and every op below it is well formed (see detail::op_node).
+  static constexpr bool well_formed = detail::op_node<A, B>::well_formed && ranks_fit;
   /// @brief a's rank: the result is [..., M, N].
   static constexpr std::size_t rank = A::rank;
   /// @brief false: a matmul is never fused into an elementwise group.
@@ -40,7 +45,7 @@ class matmul_node : public detail::op_node<A, B> {
   /// @brief "matmul": how plans and error messages name this op.
   static constexpr std::string_view name = "matmul";
   /// @brief The planner's rule (detail::matmul_rule): which of M, K, N and the batch dims stay split.
-  static constexpr detail::op_rule rule = detail::matmul_rule(A::rule.out, B::rule.out);
+  static constexpr detail::op_rule rule = ranks_fit ? detail::matmul_rule(A::rule.out, B::rule.out) : detail::op_rule{};
   /// @brief A 2-D product reads operand I in place when it is the transpose of a stored
   /// matrix: gemm takes it as a transposed operand, with no copy (fused, in its plan). On a
   /// mesh, only where the transposed shard is the block the product needs (no redistribution
@@ -50,17 +55,7 @@ class matmul_node : public detail::op_node<A, B> {
 
   /// @brief pdo::shape_error unless a's last dim equals b's second-to-last and the batch dims agree.
   matmul_node(A a, B b) : detail::op_node<A, B>(std::move(a), std::move(b)) {
-    const auto sa = std::get<0>(this->children_).shape();
-    const auto sb = std::get<1>(this->children_).shape();
-    bool ok = sa[rank - 1] == sb[B::rank - 2];
-    if constexpr (B::rank == rank)
-      for (std::size_t d = 0; d + 2 < rank; ++d) ok = ok && sa[d] == sb[d];
-    if (!ok)
-      throw shape_error("matmul: " + detail::describe_node(std::get<0>(this->children_)) + " by " +
-                        detail::describe_node(std::get<1>(this->children_)) +
-                        ": a's last dim must equal b's second-to-last, and batch dims must agree");
-    for (std::size_t d = 0; d + 1 < rank; ++d) shape_[d] = sa[d];
-    shape_[rank - 1] = sb[B::rank - 1];
+    if constexpr (ranks_fit) set_shape();
   }
 
   /// @brief [..., M, N]: a's dims with the last one replaced by b's last.
@@ -78,6 +73,20 @@ class matmul_node : public detail::op_node<A, B> {
   }
 
  private:
+  void set_shape() {
+    const auto sa = std::get<0>(this->children_).shape();
+    const auto sb = std::get<1>(this->children_).shape();
+    bool ok = sa[rank - 1] == sb[B::rank - 2];
+    if constexpr (B::rank == rank)
+      for (std::size_t d = 0; d + 2 < rank; ++d) ok = ok && sa[d] == sb[d];
+    if (!ok)
+      throw shape_error("matmul: " + detail::describe_node(std::get<0>(this->children_)) + " by " +
+                        detail::describe_node(std::get<1>(this->children_)) +
+                        ": a's last dim must equal b's second-to-last, and batch dims must agree");
+    for (std::size_t d = 0; d + 1 < rank; ++d) shape_[d] = sa[d];
+    shape_[rank - 1] = sb[B::rank - 1];
+  }
+
   /// @brief Operand I of a 2-D product on this place: where its block starts in the
   /// operand's global shape, its extents, and how gemm reads it.
   struct matrix_block {

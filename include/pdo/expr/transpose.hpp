@@ -30,6 +30,9 @@ class transpose_node : public detail::op_node<C> {
   /// @brief The operand's element type, which the result keeps.
   using value_type = typename C::value_type;
   static_assert(C::rank >= 2, "pdo: transpose: needs at least 2 dims");
+  /// @brief Whether this transpose and every op below it is well formed (see detail::op_node):
+  /// for fewer than 2 dims nothing more is instantiated after the error, and eval stops there.
+  static constexpr bool well_formed = detail::op_node<C>::well_formed && C::rank >= 2;
   /// @brief The operand's rank (at least 2).
   static constexpr std::size_t rank = C::rank;
   /// @brief false: a transpose is never fused into an elementwise group (a local matmul may read it in place).
@@ -37,12 +40,12 @@ class transpose_node : public detail::op_node<C> {
   /// @brief "transpose": how plans and error messages name this op.
   static constexpr std::string_view name = "transpose";
   /// @brief The planner's rule (detail::transpose_rule): the last two dims' splits swap; partial stays partial.
-  static constexpr detail::op_rule rule = detail::transpose_rule(C::rule.out);
+  static constexpr detail::op_rule rule = C::rank >= 2 ? detail::transpose_rule(C::rule.out) : detail::op_rule{};
 
   /// @brief Takes the operand's shape with its last two extents swapped.
   explicit transpose_node(C c) : detail::op_node<C>(std::move(c)) {
     shape_ = std::get<0>(this->children_).shape();
-    std::swap(shape_[rank - 2], shape_[rank - 1]);
+    if constexpr (rank >= 2) std::swap(shape_[rank - 2], shape_[rank - 1]);
   }
   /// @brief The operand's shape with its last two extents swapped.
   [[nodiscard]] const shape_t<rank>& shape() const { return shape_; }

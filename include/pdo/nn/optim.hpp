@@ -217,6 +217,14 @@ class sgd : public optimizer_base<T> {
   using optimizer_base<T>::params_;
 
  public:
+  /// @brief Rejects at compile time parameters of another element type than the optimizer's.
+  template <class U>
+    requires(!std::same_as<U, T>)
+  sgd(std::vector<parameter_ref<U>>, sgd_options) : optimizer_base<T>(std::vector<parameter_ref<T>>{}) {
+    static_assert(pdo::detail::always_false<U>,
+                  "pdo: sgd<T>: the parameters' element type is not T; give the optimizer the parameters' type "
+                  "(sgd<double> for a linear<double>'s)");
+  }
   /// @brief Updates `params` with the settings `o`.
   /// A pdo::error when a setting is negative or not finite.
   sgd(std::vector<parameter_ref<T>> params, sgd_options o) : optimizer_base<T>(std::move(params)), o_(o), buffers_(params_.size()) {
@@ -313,6 +321,14 @@ class adam : public optimizer_base<T> {
   using optimizer_base<T>::params_;
 
  public:
+  /// @brief Rejects at compile time parameters of another element type than the optimizer's.
+  template <class U>
+    requires(!std::same_as<U, T>)
+  adam(std::vector<parameter_ref<U>>, adam_options) : optimizer_base<T>(std::vector<parameter_ref<T>>{}) {
+    static_assert(pdo::detail::always_false<U>,
+                  "pdo: adam<T>: the parameters' element type is not T; give the optimizer the parameters' type "
+                  "(adam<double> for a linear<double>'s)");
+  }
   /// @brief Updates `params` with the settings `o`.
   /// A pdo::error when a setting is out of its range (betas in [0, 1), the others >= 0) or not finite.
   adam(std::vector<parameter_ref<T>> params, adam_options o)

@@ -124,15 +124,19 @@ class tensor {
 
   /// @brief The element at `index` (one integer per dim); host memory only, no bounds check.
   template <class... Index>
-    requires(sizeof...(Index) == Rank && (std::integral<Index> && ...))
+    requires(std::integral<Index> && ...)
   [[nodiscard]] T& operator()(Index... index) {
-    return data_[offset_of(index...)];
+    static_assert(sizeof...(Index) == Rank, "pdo: tensor(i, j, ...): give one index per dim of the tensor");
+    if constexpr (sizeof...(Index) == Rank) return data_[offset_of(index...)];
+    else return data_[0];  // the error was given: nothing more after it
   }
   /// @brief The element at `index` (one integer per dim); host memory only, no bounds check.
   template <class... Index>
-    requires(sizeof...(Index) == Rank && (std::integral<Index> && ...))
+    requires(std::integral<Index> && ...)
   [[nodiscard]] const T& operator()(Index... index) const {
-    return data_[offset_of(index...)];
+    static_assert(sizeof...(Index) == Rank, "pdo: tensor(i, j, ...): give one index per dim of the tensor");
+    if constexpr (sizeof...(Index) == Rank) return data_[offset_of(index...)];
+    else return data_[0];  // the error was given: nothing more after it
   }
 
   /// @brief Sets every element to `value`, on the host or on the holding GPU.
