@@ -9,6 +9,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <string>
+#include <thread>
 #include <tuple>
 
 using pdo::replicate;
@@ -266,6 +268,41 @@ TEST_CASE("MPI distribute: processes that pass host tensors of different shapes 
   const std::size_t rows = pdo::mpi::rank() == 0 ? 6 : 7;
   CHECK_THROWS_WITH((pdo::distribute<pdo::layout<split<"x">, replicate>>(mesh, pdo::tensor<float, 2>({rows, 2}))),
                     Catch::Contains("distribute") && Catch::Contains("different shapes") && Catch::Contains("[7, 2]"));
+}
+
+TEST_CASE("MPI a mesh over processes takes its operations from one host thread per process", "[mpi][errors]") {
+  const auto mesh = world_line();
+  const auto host = pdo_test::iota_tensor<double, 1>({2 * mesh.size() + 1});
+  const auto x = pdo::distribute<pdo::layout<split<"x">>>(mesh, host);  // this thread drives the mesh now
+  // another thread's operation is refused at once on every process, before it communicates
+  std::string refused;
+  std::thread other([&] {
+    try {
+      (void)pdo::eval(x * 2.0);
+    } catch (const pdo::error& e) {
+      refused = e.what();
+    }
+  });
+  other.join();
+  CHECK_THAT(refused, Catch::Contains("multiply: mesh(x=") && Catch::Contains("spans processes") &&
+                          Catch::Contains("another host thread of this process issues its operations"));
+  // the mesh goes on from its own thread
+  const auto doubled = pdo::gather(pdo::eval(x * 2.0));
+  for (std::size_t i = 0; i < host.size(); ++i) REQUIRE(doubled(i) == 2 * host(i));
+  // a mesh made (by every process, in the same order) for another thread is that thread's to drive
+  const auto theirs = world_line();
+  pdo::tensor<double, 1> plus_one;
+  std::string failure;
+  std::thread driver([&] {
+    try {
+      plus_one = pdo::gather(pdo::eval(pdo::distribute<pdo::layout<split<"x">>>(theirs, host) + 1.0));
+    } catch (const pdo::error& e) {
+      failure = e.what();
+    }
+  });
+  driver.join();
+  REQUIRE(failure.empty());
+  for (std::size_t i = 0; i < host.size(); ++i) REQUIRE(plus_one(i) == host(i) + 1);
 }
 
 int main(int argc, char** argv) {

@@ -3759,6 +3759,7 @@ constexpr auto nth_value() {
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <memory>
@@ -3767,6 +3768,7 @@ constexpr auto nth_value() {
 #include <span>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 namespace pdo {
@@ -3798,6 +3800,9 @@ struct alignas(64) mesh_state {
   std::vector<any_place> places;      ///< row-major over the axes: the last axis varies fastest
   std::vector<std::size_t> local;     ///< indices of the places of this process
   bool multiprocess = false;          ///< the places belong to more than one process
+  /// @brief Of a mesh over several processes: the host thread of this process that issued its
+  /// first operation, the only one that may issue them (none yet: the default id).
+  mutable std::atomic<std::thread::id> driver{};
   std::once_flag comms_once;
   std::shared_ptr<mesh_comms> comms;
 };
@@ -7101,6 +7106,22 @@ inline void check_not_nested(const char* op) {
                        "task (inside them, work on the local shards with pdo::eval of local tensors and the communicators)");
 }
 
+[[noreturn]] PDO_NOINLINE inline void throw_other_driver(const mesh_state& state, const char* op) {
+  throw error(std::string(op) + ": " + describe_mesh(state) +
+              " spans processes, and another host thread of this process issues its operations: the processes pair a "
+              "mesh's operations by the order each process issues them, which two threads would not keep (their results "
+              "would mix). Issue them from one host thread per process, or make a mesh for each thread that drives one");
+}
+
+/// @brief Throws a pdo::error at once when an operation on a mesh over several processes
+/// comes from another host thread than the one that issued its first (see mesh_state::driver).
+inline void check_driver(const mesh_state& state, const char* op) {
+  if (!state.multiprocess) return;
+  const std::thread::id me = std::this_thread::get_id();
+  std::thread::id first{};
+  if (!state.driver.compare_exchange_strong(first, me) && first != me) throw_other_driver(state, op);
+}
+
 /// @brief Submits `work` for every place of the mesh `state` in this process, on its lane
 /// `o.lane`, reading and writing what `uses` says, and returns without waiting. `owner`
 /// keeps work's context alive until the tasks are freed (null: the caller keeps it alive).
@@ -7108,6 +7129,7 @@ PDO_NOINLINE inline std::shared_ptr<place_batch> submit_on_mesh(const mesh_state
                                                    std::shared_ptr<void> owner, batch_options o, place_access uses = {},
                                                    place_detail describe = {}) {
   check_not_nested(o.op);
+  check_driver(state, o.op);
   const auto& local = state.local;
   auto batch = std::make_shared<place_batch>(local.size());
   batch->places = local;

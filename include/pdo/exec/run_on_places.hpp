@@ -189,6 +189,22 @@ inline void check_not_nested(const char* op) {
                        "task (inside them, work on the local shards with pdo::eval of local tensors and the communicators)");
 }
 
+[[noreturn]] PDO_NOINLINE inline void throw_other_driver(const mesh_state& state, const char* op) {
+  throw error(std::string(op) + ": " + describe_mesh(state) +
+              " spans processes, and another host thread of this process issues its operations: the processes pair a "
+              "mesh's operations by the order each process issues them, which two threads would not keep (their results "
+              "would mix). Issue them from one host thread per process, or make a mesh for each thread that drives one");
+}
+
+/// @brief Throws a pdo::error at once when an operation on a mesh over several processes
+/// comes from another host thread than the one that issued its first (see mesh_state::driver).
+inline void check_driver(const mesh_state& state, const char* op) {
+  if (!state.multiprocess) return;
+  const std::thread::id me = std::this_thread::get_id();
+  std::thread::id first{};
+  if (!state.driver.compare_exchange_strong(first, me) && first != me) throw_other_driver(state, op);
+}
+
 /// @brief Submits `work` for every place of the mesh `state` in this process, on its lane
 /// `o.lane`, reading and writing what `uses` says, and returns without waiting. `owner`
 /// keeps work's context alive until the tasks are freed (null: the caller keeps it alive).
@@ -196,6 +212,7 @@ PDO_NOINLINE inline std::shared_ptr<place_batch> submit_on_mesh(const mesh_state
                                                    std::shared_ptr<void> owner, batch_options o, place_access uses = {},
                                                    place_detail describe = {}) {
   check_not_nested(o.op);
+  check_driver(state, o.op);
   const auto& local = state.local;
   auto batch = std::make_shared<place_batch>(local.size());
   batch->places = local;

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <memory>
@@ -18,6 +19,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 namespace pdo {
@@ -49,6 +51,9 @@ struct alignas(64) mesh_state {
   std::vector<any_place> places;      ///< row-major over the axes: the last axis varies fastest
   std::vector<std::size_t> local;     ///< indices of the places of this process
   bool multiprocess = false;          ///< the places belong to more than one process
+  /// @brief Of a mesh over several processes: the host thread of this process that issued its
+  /// first operation, the only one that may issue them (none yet: the default id).
+  mutable std::atomic<std::thread::id> driver{};
   std::once_flag comms_once;
   std::shared_ptr<mesh_comms> comms;
 };
