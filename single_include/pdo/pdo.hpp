@@ -12295,9 +12295,12 @@ struct label_out_of_range {
 #endif  // PDO_SINGLE_PDO_KERNELS_SOFTMAX_HPP
 
 #include <cstddef>
+#include <cstdio>
 #include <limits>
 #include <string>
 #include <tuple>
+#include <type_traits>
+#include <vector>
 
 namespace pdo {
 
@@ -12333,6 +12336,35 @@ class softmax_node : public detail::op_node<C> {
 
  private:
 };
+
+namespace detail {
+
+/// @brief The error of a place's cross_entropy whose labels (its `rows` rows, from global row
+/// `row0`) hold `bad` values that are not class indices in [0, classes): how many, and the
+/// first of them with its row (read back from the place's memory, `where`).
+template <class Label>
+[[noreturn]] void throw_bad_labels(place_state* where, const Label* labels, std::size_t rows, std::size_t row0, std::size_t classes,
+                                   std::size_t bad, const std::string& operand) {
+  std::vector<Label> host(rows);
+  copy_bytes(nullptr, host.data(), where, labels, rows * sizeof(Label));
+  const label_out_of_range<Label> out_of_range{host.data(), classes};
+  std::size_t i = 0;
+  while (i + 1 < rows && out_of_range(i) == 0) ++i;
+  std::string value;
+  if constexpr (std::is_integral_v<Label>) {
+    value = std::to_string(host[i]);
+  } else {
+    char text[32];
+    std::snprintf(text, sizeof text, "%g", static_cast<double>(host[i]));
+    value = text;
+  }
+  throw shape_error("cross_entropy: " + std::to_string(bad) + (bad == 1 ? " label of " : " labels of ") + operand +
+                    (bad == 1 ? " is not a class index" : " are not class indices") + " in [0, " + std::to_string(classes) +
+                    "): the first is " + value + ", at row " +
+                    std::to_string(row0 + i));
+}
+
+}  // namespace detail
 
 /// @brief cross_entropy(logits [N, C], labels [N]): the mean over the N samples of
 /// -log softmax(logits)[label]. Labels are class indices of any element type.
@@ -12379,8 +12411,7 @@ class cross_entropy_node : public detail::op_node<Logits, Labels> {
     const std::size_t bad = thrust::transform_reduce(ctx.system, begin, end, detail::label_out_of_range<label_t>{first, classes},
                                                      std::size_t{0}, thrust::plus<std::size_t>{});
     if (bad != 0)
-      throw shape_error("cross_entropy: " + std::to_string(bad) + " labels of " + detail::describe_node(std::get<1>(this->children_)) +
-                        " are not class indices in [0, " + std::to_string(classes) + ")");
+      detail::throw_bad_labels(ctx.system.gpu, first, rows, logits.offset[0], classes, bad, detail::describe_node(std::get<1>(this->children_)));
     // the sum of the rows' losses, then divided by the global row count, where the result lives
     detail::cross_entropy_sum_into(ctx.system, logits.data, first, rows, classes, out.data());
     thrust::for_each_n(ctx.system, begin, std::size_t{1}, detail::mean_of_sum<value_type>{out.data(), logits.global[0]});

@@ -570,6 +570,33 @@ void host_never_writes_device_memory(const std::vector<pdo::cuda_place>& gpus) {
   bool same = grad_got.size() == grad_want.size();
   for (std::size_t i = 0; same && i < grad_got.size(); ++i) same = std::abs(grad_got[i] - grad_want[i]) < 1e-12;
   check(std::abs(ce_got - ce_want) < 1e-12 && same, "cross_entropy on a GPU place: its loss and backward's seed stay on the device");
+  {
+    // a label that is not a class index, read back from the device to be named, with its
+    // global row: on one GPU place, and over the places of a mesh with the rows split
+    pdo::tensor<int, 1> bad(labels);
+    bad(4) = 7;  // 7 classes
+    std::string local, split_rows;
+    pdo::detail::run_on_place(*g.state(), [&] {
+      try {
+        (void)pdo::eval(pdo::cross_entropy(pdo::to_place(a, g), pdo::to_place(bad, g)));
+      } catch (const pdo::shape_error& e) {
+        local = e.what();
+      }
+    });
+    bad(4) = 4;
+    bad(7) = -1;
+    const auto m = pdo::make_mesh<"dp">(gpus, {gpus.size()});
+    try {
+      (void)pdo::eval(pdo::cross_entropy(pdo::distribute<pdo::layout<pdo::split<"dp">, pdo::replicate>>(m, a),
+                                         pdo::distribute<pdo::layout<pdo::split<"dp">>>(m, bad)));
+    } catch (const pdo::error& e) {
+      split_rows = e.what();
+    }
+    check(local.find("1 label of i32[9] is not a class index in [0, 7)") != std::string::npos &&
+              local.find("the first is 7, at row 4") != std::string::npos &&
+              split_rows.find("the first is -1, at row 7") != std::string::npos,
+          "a label that is no class index on GPU places is named with its value and global row: " + local + " | " + split_rows);
+  }
   std::vector<float> made_here, made_there;
   {
     pdo::nn::rng gen(3);
