@@ -2,8 +2,10 @@
 // cross-entropy, SGD), global batch 256: on 1 place and on 2 places (strong scaling: the
 // same global batch; weak scaling: 256 rows per place); on 2 places with the buckets'
 // all_reduces overlapping backward (the default), with the fraction of the all_reduce hidden
-// behind backward, and with the gradients' sync fused with the update
-// (data_parallel_options::fused_update).
+// behind backward, with the gradients' sync fused with the update
+// (data_parallel_options::fused_update), and with sliced weight gradients (each place makes
+// its rows of each weight's summed gradient from the batch's activations all_gathered, the
+// SGD update folded into that product: data_parallel_options::sliced_weight_gradients).
 //
 // Anchor: OpenBLAS's sgemm on the step's eight matrix products (each layer's forward product
 // and weight gradient, and the input gradients of the second and third layers: the batch, the
@@ -14,7 +16,9 @@
 // sgemm runs at once, one per place's rows (they share the memory system as the places do).
 // A second anchor is the least a 2-place step can do besides: after those products, the
 // gradients summed and the SGD update applied to both replicas in one pass by hand-written
-// loops (each core half of the elements).
+// loops (each core half of the elements). A third is the sliced step's own products, called
+// as it calls them, two one-thread runs at once: its weight gradients are other products
+// (half a weight's rows over all 256 rows, beta 1) than the limit's.
 //
 // The machines these run on change speed from one second to the next (other tenants), so
 // each sample runs the anchors and every trainer's step one after the other, and each ratio
@@ -56,19 +60,24 @@ double median(std::vector<double> v) {
 /// @brief The anchor: milliseconds OpenBLAS's sgemm takes for the eight products of one
 /// step on `rows` rows, called as the step calls them (a layer's weight gradient xᵀg reads x
 /// transposed, its input gradient g wᵀ reads w transposed), on `threads` threads (once the
-/// operands are made; with `start`, once every thread counted by it has made its own).
-double sgemm_step_ms(std::size_t rows, int threads, int repeats, std::latch* start = nullptr) {
+/// operands are made; with `start`, once every thread counted by it has made its own). With
+/// `sliced`, each weight gradient is called as a 2-place step with sliced weight gradients
+/// calls it: half the weight's rows, over both places' rows (2 `rows`), C read and written
+/// (beta 1: the update folded in).
+double sgemm_step_ms(std::size_t rows, int threads, int repeats, std::latch* start = nullptr, bool sliced = false) {
   openblas_set_num_threads(threads);
   struct product {
     CBLAS_TRANSPOSE ta, tb;
     std::size_t m, n, k;
+    float beta = 0;
   };
   const std::size_t dims[] = {in, hidden, hidden, classes};
   std::vector<product> products;
   for (std::size_t l = 0; l < 3; ++l) {
     const std::size_t a = dims[l], b = dims[l + 1];
     products.push_back({CblasNoTrans, CblasNoTrans, rows, b, a});           // forward: x w
-    products.push_back({CblasTrans, CblasNoTrans, a, b, rows});             // weight gradient: xᵀ g
+    if (sliced) products.push_back({CblasTrans, CblasNoTrans, a / 2, b, 2 * rows, 1.0f});  // its rows of xᵀ g, updating w
+    else products.push_back({CblasTrans, CblasNoTrans, a, b, rows});                      // weight gradient: xᵀ g
     if (l > 0) products.push_back({CblasNoTrans, CblasTrans, rows, a, b});  // input gradient g wᵀ (none for the batch)
   }
   std::vector<float> A(hidden * std::max(rows, hidden)), B(hidden * std::max(rows, hidden)), C(hidden * std::max(rows, hidden));
@@ -81,9 +90,9 @@ double sgemm_step_ms(std::size_t rows, int threads, int repeats, std::latch* sta
     const auto start = steady::now();
     for (const auto& p : products) {
       // row-major: a stored operand's rows are its second extent long
-      const int lda = static_cast<int>(p.ta == CblasNoTrans ? p.k : p.m), ldb = static_cast<int>(p.tb == CblasNoTrans ? p.n : p.k);
+      const int lda = static_cast<int>(p.ta == CblasNoTrans ? p.k : (p.beta != 0 ? 2 * p.m : p.m)), ldb = static_cast<int>(p.tb == CblasNoTrans ? p.n : p.k);
       cblas_sgemm(CblasRowMajor, p.ta, p.tb, static_cast<int>(p.m), static_cast<int>(p.n), static_cast<int>(p.k), 1.0f, A.data(), lda,
-                  B.data(), ldb, 0.0f, C.data(), static_cast<int>(p.n));
+                  B.data(), ldb, p.beta, C.data(), static_cast<int>(p.n));
     }
     times.push_back(std::chrono::duration<double, std::milli>(steady::now() - start).count());
   }
@@ -92,8 +101,9 @@ double sgemm_step_ms(std::size_t rows, int threads, int repeats, std::latch* sta
 
 /// @brief The limit of a step on 2 places: two threads at once, each pinned to one core as a
 /// place's lane is, running the step's products on `rows` rows with a one-thread sgemm
-/// (started together once both have their operands); milliseconds until both are done.
-double two_sgemm_steps_ms(std::size_t rows, int repeats) {
+/// (started together once both have their operands); milliseconds until both are done. With
+/// `sliced`, the products as a step with sliced weight gradients calls them.
+double two_sgemm_steps_ms(std::size_t rows, int repeats, bool sliced = false) {
   const std::vector<int> cores = pdo::detail::process_cores();
   std::vector<double> times;
   for (int r = 0; r < repeats; ++r) {
@@ -101,7 +111,7 @@ double two_sgemm_steps_ms(std::size_t rows, int repeats) {
     double ms[2] = {0, 0};
     auto run_on = [&](std::size_t k) {
       if (cores.size() >= 2) pdo::detail::pin_current_thread({cores[k]});
-      ms[k] = sgemm_step_ms(rows, 1, 1, &start);
+      ms[k] = sgemm_step_ms(rows, 1, 1, &start, sliced);
     };
     std::thread first([&] { run_on(0); }), second([&] { run_on(1); });
     first.join();
@@ -147,13 +157,15 @@ void trace_breakdown(Trainer& trainer, const X& x, const Y& y) {
 }
 
 /// @brief A data-parallel trainer of the MLP with SGD on `places` of the two places of
-/// cpu_places(2) (one core each on a 2-core machine), fused or not.
-auto make_trainer(std::size_t places, bool fused) {
+/// cpu_places(2) (one core each on a 2-core machine), fused or not, with sliced weight
+/// gradients or not.
+auto make_trainer(std::size_t places, bool fused, bool sliced = false) {
   auto all = pdo::cpu_places(2);
   if (places == 1) all.pop_back();
   const auto mesh = pdo::make_mesh<"dp">(all);
   return pdo::nn::make_data_parallel<float>(
-      mesh, make_mlp, [](auto ps) { return pdo::nn::sgd<float>(std::move(ps), {.lr = 0.01}); }, {.fused_update = fused});
+      mesh, make_mlp, [](auto ps) { return pdo::nn::sgd<float>(std::move(ps), {.lr = 0.01}); },
+      {.fused_update = fused, .sliced_weight_gradients = sliced});
 }
 
 /// @brief A global batch of `rows` rows.
@@ -242,16 +254,18 @@ int main(int argc, char** argv) {
   auto one = make_trainer(1, false);
   auto overlapped = make_trainer(2, false);  // the default
   auto fused = make_trainer(2, true);
+  auto sliced = make_trainer(2, true, true);
   std::printf("2 places: %s", overlapped.explain().substr(0, overlapped.explain().find("  bucket 0")).c_str());
   const auto b256 = batch_of(batch), b512 = batch_of(2 * batch);
   for (int s = 0; s < warmup; ++s) {
     (void)one.step(b256.first, b256.second);
     (void)overlapped.step(b256.first, b256.second);
     (void)fused.step(b256.first, b256.second);
+    (void)sliced.step(b256.first, b256.second);
     (void)overlapped.step(b512.first, b512.second);
   }
   ideal_step ideal;
-  std::vector<double> a1, t1, r1, a2, i2, ri, t2, r2, reduce_o, hidden_o, t2f, r2f, reduce_f, tw, rw;
+  std::vector<double> a1, t1, r1, a2, i2, ri, t2, r2, reduce_o, hidden_o, t2f, r2f, reduce_f, t2s, r2s, a2s, r2ss, tw, rw;
   for (int s = 0; s < samples; ++s) {
     a1.push_back(sgemm_step_ms(batch, 1, 1));
     t1.push_back(step_ms(one, b256));
@@ -267,6 +281,10 @@ int main(int argc, char** argv) {
     t2f.push_back(step_ms(fused, b256));
     r2f.push_back(a2.back() / t2f.back());
     reduce_f.push_back(all_reduce_of(fused).first);
+    t2s.push_back(step_ms(sliced, b256));
+    r2s.push_back(a2.back() / t2s.back());
+    a2s.push_back(two_sgemm_steps_ms(batch / 2, 1, true));
+    r2ss.push_back(a2s.back() / t2s.back());
     tw.push_back(step_ms(overlapped, b512));
     rw.push_back(t1.back() / tw.back());
   }
@@ -283,6 +301,11 @@ int main(int argc, char** argv) {
   std::printf("    all_reduce %.1f ms per step, %.0f%% of it hidden behind backward\n", median(reduce_o), 100 * median(hidden_o));
   std::printf("2 places, global batch 256, .fused_update:           step %7.1f ms  limit / step = %.2f\n", median(t2f), median(r2f));
   std::printf("    the buckets' all_reduces fused with the update: %.1f ms per step, after backward\n", median(reduce_f));
+  std::printf("2 places, global batch 256, .sliced_weight_gradients: step %7.1f ms  limit / step = %.2f\n", median(t2s), median(r2s));
+  std::printf("    (each weight's gradient made from x and g all_gathered, its rows per place, the SGD update folded into the product)\n");
+  std::printf("    anchor: its products as it calls them (each weight gradient: half the rows of w over all 256 rows, beta 1), two "
+              "one-thread sgemm runs at once: %.1f ms; that / step = %.2f\n",
+              median(a2s), median(r2ss));
   std::printf("2 places, 256 rows each, global 512 (weak):          step %7.1f ms  %6.0f samples/s  weak-scaling efficiency %.2f\n",
               median(tw), 1000.0 * 2 * batch / median(tw), median(rw));
   for (int s = 0; s < warmup; ++s) (void)overlapped.step(b256.first, b256.second);

@@ -585,6 +585,125 @@ TEST_CASE("data parallel: the gradients' sync fused with the optimizer's update 
                     Catch::Contains("sync_and_update") && Catch::Contains("ZeRO-1"));
 }
 
+namespace {
+
+/// @brief One square weight used three times: as x W twice (two products' gradients) and as
+/// Wᵀ (a gradient that is not a product's right operand), then a head.
+struct tied_mlp {
+  pdo::nn::linear<double> square, head;
+  template <class V>
+  auto operator()(const pdo::var<V>& x) const {
+    const auto h = pdo::relu(square(x));
+    const auto z = square(h) + pdo::matmul(h, pdo::transpose(square.weight));
+    return head(pdo::tanh(z));
+  }
+  [[nodiscard]] std::vector<pdo::nn::parameter_ref<double>> parameters(const std::string& prefix = "") const {
+    auto out = square.parameters(prefix + "square.");
+    const auto rest = head.parameters(prefix + "head.");
+    out.insert(out.end(), rest.begin(), rest.end());
+    return out;
+  }
+};
+
+tied_mlp make_tied() {
+  pdo::nn::rng gen(12);
+  return {pdo::nn::linear<double>(6, 6, gen), pdo::nn::linear<double>(6, 4, gen)};
+}
+
+/// @brief Trains `make_model`'s model on the 11 rows of `x`, `y` in global batches of 4 (4,
+/// 4, 3), two epochs, the second batch of each epoch in 2 micro-batches; returns the losses.
+template <class Trainer>
+std::vector<double> train_batches(Trainer& trainer, const dt<2>& x, const pdo::tensor<int, 1>& y) {
+  std::vector<double> losses;
+  for (int epoch = 0; epoch < 2; ++epoch)
+    for (std::size_t first = 0; first < 11; first += 4) {
+      const std::size_t rows = std::min<std::size_t>(4, 11 - first);
+      dt<2> xb({rows, 6});
+      pdo::tensor<int, 1> yb({rows});
+      std::copy_n(x.data() + first * 6, rows * 6, xb.data());
+      std::copy_n(y.data() + first, rows, yb.data());
+      losses.push_back(trainer.step(xb, yb, first == 4 ? 2 : 1));
+    }
+  return losses;
+}
+
+}  // namespace
+
+TEST_CASE("data parallel: sliced weight gradients, the SGD update folded into each place's rows of the product, train as one place does",
+          "[nn][data_parallel]") {
+  // batches of 4, 4 (in 2 micro-batches: gradients all_reduced instead), 3 rows (on 4 places
+  // one place has none: the same); weights of 6, 16 and 16 rows cut unevenly over 3 and 4
+  const auto x = rnd<2>({11, 6}, 62);
+  const auto y = labels_for(11);
+  using any = pdo::nn::any_optimizer<double>;
+  const std::vector<std::pair<const char*, std::function<any(std::vector<pdo::nn::parameter_ref<double>>)>>> optimizers{
+      {"sgd", [](auto ps) -> any { return pdo::nn::sgd<double>(std::move(ps), {.lr = 0.05}); }},
+      {"sgd with weight decay", [](auto ps) -> any { return pdo::nn::sgd<double>(std::move(ps), {.lr = 0.05, .weight_decay = 0.01}); }}};
+  const auto check_model = [&](auto make_model, const char* model, bool products_only) {
+    for (const auto& [name, make_optimizer] : optimizers) {
+      auto one = pdo::nn::make_data_parallel<double>(pdo::make_mesh<"dp">(pdo::cpu_places(1)), make_model, make_optimizer,
+                                                     {.schedule = pdo::nn::step_lr(0.05, 2, 0.5)});
+      const auto reference = train_batches(one, x, y);
+      for (std::size_t places : {1, 2, 3, 4}) {
+        INFO(model << ", " << name << ", " << places << " places");
+        const auto m = pdo::make_mesh<"dp">(pdo::cpu_places(places));
+        auto sliced = pdo::nn::make_data_parallel<double>(m, make_model, make_optimizer,
+                                                          {.schedule = pdo::nn::step_lr(0.05, 2, 0.5), .sliced_weight_gradients = true});
+        REQUIRE(sliced.sliced_weight_gradients());
+        CHECK_THAT(sliced.explain(), Catch::Contains("with the SGD update folded in"));
+        const auto losses = train_batches(sliced, x, y);
+        for (std::size_t s = 0; s < losses.size(); ++s) CHECK(losses[s] == Approx(reference[s]).epsilon(1e-12));
+        check_close(values_of(sliced), values_of(one), 1e-11);
+        CHECK_NOTHROW(sliced.check_replicas());  // each place's rows reached every replica
+        // a weight whose gradients were all products' went into the update: backward left it
+        // none (the last batch, 3 rows, leaves one of 4 places none: all_reduced instead; a weight
+        // also used as Wᵀ gets that gradient, all_reduced and applied besides)
+        CHECK(sliced.parameters()[0].grad_blocks().empty() == (products_only && places < 4));
+      }
+    }
+  };
+  check_model(make_mlp, "mlp", true);
+  check_model(make_tied, "a weight used twice as x W and once as Wᵀ", false);
+
+  const auto m = pdo::make_mesh<"dp">(pdo::cpu_places(2));
+  const auto sgd = [](auto ps) { return pdo::nn::sgd<double>(std::move(ps), {.lr = 0.05}); };
+  SECTION("a step whose loss is not finite runs no backward and changes nothing") {
+    auto trainer = pdo::nn::make_data_parallel<double>(m, make_mlp, sgd, {.skip_nonfinite_steps = true, .sliced_weight_gradients = true});
+    REQUIRE(trainer.sliced_weight_gradients());
+    const auto before = values_of(trainer);
+    auto bad = rnd<2>({4, 6}, 63);
+    bad(3, 2) = std::numeric_limits<double>::quiet_NaN();
+    CHECK(std::isnan(trainer.step(bad, labels_for(4))));
+    CHECK(values_of(trainer) == before);
+    CHECK(values_of(trainer, 1) == before);
+    CHECK(std::isfinite(trainer.step(rnd<2>({4, 6}, 64), labels_for(4))));
+    CHECK(values_of(trainer) != before);
+  }
+  SECTION("where it does not apply the trainer runs as without it") {
+    const auto adam = [](auto ps) { return pdo::nn::adam<double>(std::move(ps), {.lr = 0.01}); };
+    const auto momentum = [](auto ps) { return pdo::nn::sgd<double>(std::move(ps), {.lr = 0.01, .momentum = 0.9}); };
+    CHECK(!pdo::nn::make_data_parallel<double>(m, make_mlp, sgd).sliced_weight_gradients());  // not by default
+    CHECK(!pdo::nn::make_data_parallel<double>(m, make_mlp, adam, {.sliced_weight_gradients = true}).sliced_weight_gradients());
+    CHECK(!pdo::nn::make_data_parallel<double>(m, make_mlp, momentum, {.sliced_weight_gradients = true}).sliced_weight_gradients());
+    CHECK(!pdo::nn::make_data_parallel<double>(m, make_mlp, sgd, {.zero1 = true, .sliced_weight_gradients = true}).sliced_weight_gradients());
+    auto with_adam = pdo::nn::make_data_parallel<double>(m, make_mlp, adam, {.sliced_weight_gradients = true});
+    auto plain = pdo::nn::make_data_parallel<double>(m, make_mlp, adam);
+    CHECK(!with_adam.fused_update());  // nor fused, as not asked
+    CHECK(with_adam.step(rnd<2>({5, 6}, 65), labels_for(5)) == plain.step(rnd<2>({5, 6}, 65), labels_for(5)));
+    CHECK(values_of(with_adam) == values_of(plain));
+  }
+  SECTION("the model outlives its trainer: backward adds its weights' gradients again") {
+    std::optional<decltype(make_mlp())> model;
+    {
+      auto trainer = pdo::nn::make_data_parallel<double>(m, make_mlp, sgd, {.sliced_weight_gradients = true});
+      (void)trainer.step(rnd<2>({4, 6}, 66), labels_for(4));
+      model.emplace(trainer.model());  // shares the replica's parameters
+    }
+    pdo::backward(pdo::cross_entropy((*model)(pdo::var(rnd<2>({3, 6}, 67))), labels_for(3)));
+    for (const auto& p : pdo::nn::parameters_of<double>(*model)) CHECK(!p.grad_blocks().empty());
+  }
+}
+
 TEST_CASE("data parallel: replicas start equal by a broadcast from place 0, and can be checked", "[nn][data_parallel]") {
   // a factory that builds a different replica on every place
   std::atomic<unsigned> seed{100};

@@ -11293,18 +11293,19 @@ template <class T>
 inline constexpr bool cublas_element = std::is_same_v<T, float> || std::is_same_v<T, double>;
 
 #if defined(PDO_WITH_BLAS)
-/// @brief C = A * B by one BLAS call on the calling thread, C's rows `ldc` apart. BLAS's
-/// own threads are off (see blas_threads_off): a place's gemm uses its cores by cutting
-/// the product into one block per core (gemm).
+/// @brief C = alpha A B + beta C by one BLAS call on the calling thread, C's rows `ldc` apart
+/// (alpha 1, beta 0: C = A B, C not read). BLAS's own threads are off (see blas_threads_off):
+/// a place's gemm uses its cores by cutting the product into one block per core (gemm).
 template <class T>
-void blas_gemm(std::size_t m, std::size_t n, std::size_t k, matrix_ref<T> a, matrix_ref<T> b, T* c, std::size_t ldc) {
+void blas_gemm(std::size_t m, std::size_t n, std::size_t k, matrix_ref<T> a, matrix_ref<T> b, T* c, std::size_t ldc, T alpha = T(1),
+               T beta = T(0)) {
   const auto M = static_cast<int>(m), N = static_cast<int>(n), K = static_cast<int>(k);
   const auto ta = a.trans ? CblasTrans : CblasNoTrans, tb = b.trans ? CblasTrans : CblasNoTrans;
   if constexpr (std::is_same_v<T, float>)
-    cblas_sgemm(CblasRowMajor, ta, tb, M, N, K, 1.0f, a.data, static_cast<int>(a.ld), b.data, static_cast<int>(b.ld), 0.0f, c,
+    cblas_sgemm(CblasRowMajor, ta, tb, M, N, K, alpha, a.data, static_cast<int>(a.ld), b.data, static_cast<int>(b.ld), beta, c,
                 static_cast<int>(ldc));
   else
-    cblas_dgemm(CblasRowMajor, ta, tb, M, N, K, 1.0, a.data, static_cast<int>(a.ld), b.data, static_cast<int>(b.ld), 0.0, c,
+    cblas_dgemm(CblasRowMajor, ta, tb, M, N, K, alpha, a.data, static_cast<int>(a.ld), b.data, static_cast<int>(b.ld), beta, c,
                 static_cast<int>(ldc));
 }
 
@@ -11330,11 +11331,43 @@ inline std::pair<std::size_t, std::size_t> gemm_block(std::size_t extent, std::s
   return {lo, hi};
 }
 
-/// @brief C (m x n, dense, row-major) = A (m x k) * B (k x n) on a CPU place's cores. On a
-/// place of several cores the product is cut into one block of C's rows (or, for few rows,
-/// columns) per core, each a one-thread BLAS call on the place's own OpenMP team: a place's
-/// gemm uses exactly its cores, whatever the other places do. Without BLAS (or for other
-/// element types), a Thrust kernel.
+#if defined(PDO_WITH_BLAS)
+/// @brief C = alpha A B + beta C (C m x n, its rows `ldc` apart) by BLAS on a CPU place's
+/// cores: on a place of several cores the product is cut into one block of C's rows (or, for
+/// few rows, columns) per core, each a one-thread BLAS call on the place's own OpenMP team,
+/// so that a place's gemm uses exactly its cores, whatever the other places do. For float
+/// and double (blas_gemm_v); m, n and k not 0.
+template <class T>
+void blas_gemm_on_cores(cpu_system& system, std::size_t m, std::size_t n, std::size_t k, matrix_ref<T> a, matrix_ref<T> b, T* c,
+                        std::size_t ldc, T alpha = T(1), T beta = T(0)) {
+  blas_threads_off();
+  const std::size_t parts = static_cast<std::size_t>(system.threads);
+  if (parts <= 1 || m * n * k < gemm_split_grain) return blas_gemm(m, n, k, a, b, c, ldc, alpha, beta);
+  const bool by_rows = m >= n || m >= 16 * parts;
+  // block t: rows [lo, hi) of C (A's rows), or columns [lo, hi) (B's columns)
+  auto block = [&](std::size_t t) {
+    const auto [lo, hi] = gemm_block(by_rows ? m : n, parts, t);
+    if (lo == hi) return;
+    if (by_rows) {
+      const matrix_ref<T> rows{a.trans ? a.data + lo : a.data + lo * a.ld, a.ld, a.trans};
+      blas_gemm(hi - lo, n, k, rows, b, c + lo * ldc, ldc, alpha, beta);
+    } else {
+      const matrix_ref<T> cols{b.trans ? b.data + lo * b.ld : b.data + lo, b.ld, b.trans};
+      blas_gemm(m, hi - lo, k, a, cols, c + lo, ldc, alpha, beta);
+    }
+  };
+  // block t on thread t (and block t + nt, when the team is smaller than asked)
+  const std::pair<const decltype(block)*, std::size_t> job{&block, parts};
+  run_team(system.threads, [](void* c, std::size_t t, std::size_t nt) {
+    const auto& [blocks, count] = *static_cast<const decltype(job)*>(c);
+    for (std::size_t b = t; b < count; b += nt) (*blocks)(b);
+  }, const_cast<void*>(static_cast<const void*>(&job)));
+}
+#endif
+
+/// @brief C (m x n, dense, row-major) = A (m x k) * B (k x n) on a CPU place's cores: BLAS
+/// (blas_gemm_on_cores) for float and double; without BLAS, or for other element types, a
+/// Thrust kernel.
 template <class T>
 void gemm(cpu_system& system, std::size_t m, std::size_t n, std::size_t k, matrix_ref<T> a, matrix_ref<T> b, T* c) {
   if (m == 0 || n == 0) return;
@@ -11344,28 +11377,7 @@ void gemm(cpu_system& system, std::size_t m, std::size_t n, std::size_t k, matri
   }
   if constexpr (blas_gemm_v<T>) {
 #if defined(PDO_WITH_BLAS)
-    blas_threads_off();
-    const std::size_t parts = static_cast<std::size_t>(system.threads);
-    if (parts <= 1 || m * n * k < gemm_split_grain) return blas_gemm(m, n, k, a, b, c, n);
-    const bool by_rows = m >= n || m >= 16 * parts;
-    // block t: rows [lo, hi) of C (A's rows), or columns [lo, hi) (B's columns)
-    auto block = [&](std::size_t t) {
-      const auto [lo, hi] = gemm_block(by_rows ? m : n, parts, t);
-      if (lo == hi) return;
-      if (by_rows) {
-        const matrix_ref<T> rows{a.trans ? a.data + lo : a.data + lo * a.ld, a.ld, a.trans};
-        blas_gemm(hi - lo, n, k, rows, b, c + lo * n, n);
-      } else {
-        const matrix_ref<T> cols{b.trans ? b.data + lo * b.ld : b.data + lo, b.ld, b.trans};
-        blas_gemm(m, hi - lo, k, a, cols, c + lo, n);
-      }
-    };
-    // block t on thread t (and block t + nt, when the team is smaller than asked)
-    const std::pair<const decltype(block)*, std::size_t> job{&block, parts};
-    run_team(system.threads, [](void* c, std::size_t t, std::size_t nt) {
-      const auto& [blocks, count] = *static_cast<const decltype(job)*>(c);
-      for (std::size_t b = t; b < count; b += nt) (*blocks)(b);
-    }, const_cast<void*>(static_cast<const void*>(&job)));
+    blas_gemm_on_cores(system, m, n, k, a, b, c, n);
 #endif
   } else {
     thrust::transform(system, thrust::counting_iterator<std::size_t>(0), thrust::counting_iterator<std::size_t>(m * n), c,
@@ -13410,6 +13422,12 @@ struct grad_node {
   /// @brief For leaves: called by backward once this leaf's gradient is complete (all its
   /// uses have contributed), while the rest of backward still runs.
   std::function<void()> on_gradient;
+  /// @brief For a leaf that is a local matrix (pdo::tensor<T, 2>): when set, backward hands it
+  /// each contribution matmul(aᵀ, g) to this leaf's gradient (as a product's right operand,
+  /// `a` and `g` pointing at the tensor<T, 2> operands) instead of adding it; it returns
+  /// whether it took the contribution (false: backward adds it). A data-parallel trainer
+  /// computes such weight gradients itself (data_parallel_options::sliced_weight_gradients).
+  std::function<bool(const void* a, const void* g)> product_gradient;
 
   [[nodiscard]] virtual bool has_grad() const = 0;
   virtual void propagate() = 0;  ///< adds this node's contribution to its inputs' gradients
@@ -13989,6 +14007,18 @@ auto matmul(const var<A>& a, const var<B>& b) {
 }
 
 namespace detail {
+/// @brief Whether `b`'s product_gradient hook (a local matrix leaf's) took the contribution
+/// matmul(aᵀ, g) to its gradient; never for other values.
+template <class B, class A2, class G2>
+bool took_product_gradient(const var<B>& b, const A2& a, const G2& g) {
+  if constexpr (std::is_same_v<B, A2> && std::is_same_v<B, G2> && !value_kind<B>::distributed && value_kind<B>::rank == 2) {
+    const auto& hook = b.node()->product_gradient;
+    return hook && hook(&a, &g);
+  } else {
+    return false;
+  }
+}
+
 /// @brief matmul of two vars whose ranks make a product.
 template <class A, class B>
 auto matmul_var(const var<A>& a, const var<B>& b) {
@@ -14002,6 +14032,7 @@ auto matmul_var(const var<A>& a, const var<B>& b) {
         if (a.requires_grad()) detail::add_grad(a, pdo::matmul(g, pdo::transpose(b.value())));
         if (b.requires_grad()) {
           if constexpr (rb == ra) {
+            if (detail::took_product_gradient(b, a.value(), g)) return;
             detail::add_grad(b, pdo::matmul(pdo::transpose(a.value()), g));
           } else if constexpr (detail::kept_dims(detail::expression_t<const A&>::rule.out) == 0 &&
                                detail::kept_dims(detail::expression_t<decltype(g)>::rule.out) == 0) {
@@ -14012,6 +14043,7 @@ auto matmul_var(const var<A>& a, const var<B>& b) {
             for (std::size_t d = 0; d + 1 < ra; ++d) rows *= sa[d];
             const auto a2 = pdo::eval(pdo::reshape(a.value(), shape_t<2>{rows, sa[ra - 1]}));
             const auto g2 = pdo::eval(pdo::reshape(g, shape_t<2>{rows, g.shape()[ra - 1]}));
+            if (detail::took_product_gradient(b, a2, g2)) return;
             detail::add_grad(b, pdo::matmul(pdo::transpose(a2), g2));
           } else {
             // one matrix for the whole batch, some dim of a or g split: a fold of the batch
@@ -16766,6 +16798,13 @@ class parameter_ref {
   void zero_grad() const { impl_->zero_grad(); }
   /// @brief Has backward call `f()` once this parameter's gradient is complete; replaces any earlier hook.
   void on_gradient(std::function<void()> f) const { impl_->on_gradient(std::move(f)); }
+  /// @brief For a local matrix (a pdo::tensor<T, 2>): has backward hand `f(a, g)` each
+  /// contribution matmul(aᵀ, g) this parameter's gradient gets as a product's right operand,
+  /// instead of adding it, when `f` returns true (false: backward adds it); an empty `f`
+  /// removes the hook. Returns false, and sets nothing, for a parameter of another kind.
+  bool on_product_gradient(std::function<bool(const tensor<T, 2>& a, const tensor<T, 2>& g)> f) const {
+    return impl_->on_product_gradient(std::move(f));
+  }
   /// @brief "f32[16, 8]" for a local parameter, "f32[16, 8]{split<tp>, replicate} on mesh(tp=2)" for a dtensor.
   [[nodiscard]] std::string shape_text() const { return impl_->shape_text(); }
   /// @brief The parameter's rank.
@@ -16830,6 +16869,7 @@ class parameter_ref {
     virtual double grad_squared_norm() = 0;
     virtual void zero_grad() = 0;
     virtual void on_gradient(std::function<void()> f) = 0;
+    virtual bool on_product_gradient(std::function<bool(const tensor<T, 2>&, const tensor<T, 2>&)> f) = 0;
     virtual std::string shape_text() = 0;
     virtual std::vector<std::size_t> extents() = 0;
     virtual void assign(const T* values, const std::vector<std::size_t>& shape, const std::string& name) = 0;
@@ -16912,6 +16952,19 @@ class parameter_ref {
     }
     void zero_grad() override { v.zero_grad(); }
     void on_gradient(std::function<void()> f) override { v.on_gradient(std::move(f)); }
+    bool on_product_gradient(std::function<bool(const tensor<T, 2>&, const tensor<T, 2>&)> f) override {
+      if constexpr (std::is_same_v<V, tensor<T, 2>>) {
+        auto& hook = v.node()->product_gradient;
+        if (!f) hook = nullptr;
+        else
+          hook = [f = std::move(f)](const void* a, const void* g) {
+            return f(*static_cast<const tensor<T, 2>*>(a), *static_cast<const tensor<T, 2>*>(g));
+          };
+        return true;
+      } else {
+        return false;
+      }
+    }
     std::string shape_text() override {
       if constexpr (var<V>::distributed) return v.value().describe();
       else return describe(v.value());
@@ -17064,6 +17117,7 @@ std::vector<std::size_t> positions_among(const std::vector<nn::parameter_ref<T>>
 #include <functional>
 #include <memory>
 #include <numbers>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -17224,6 +17278,16 @@ inline lr_schedule cosine_lr(double lr, std::size_t warmup_steps, std::size_t to
 template <class T>
 using element_update = std::function<void(std::size_t lo, std::size_t hi, const T* g)>;
 
+/// @brief An update that is linear in the gradient and keeps no state, w <- keep w + scale g
+/// element for element (plain SGD: keep = 1 - lr weight_decay, scale = -lr), which a
+/// data-parallel trainer can fold into the product that makes a weight's gradient
+/// (data_parallel_options::sliced_weight_gradients).
+template <class T>
+struct linear_update {
+  T keep = T(1);   ///< what the value is multiplied by
+  T scale = T(0);  ///< what the gradient is multiplied by before it is added
+};
+
 /// @brief What every optimizer has: the parameters it updates.
 template <class T>
 class optimizer_base {
@@ -17321,6 +17385,12 @@ class sgd : public optimizer_base<T> {
     return [=](std::size_t lo, std::size_t hi, const T* g) {
       pdo::detail::for_each_element_range(pdo::detail::sgd_update<T, true>{p + lo, g, buf + lo, lr, momentum, decay, first}, 0, 0, hi - lo);
     };
+  }
+  /// @brief This step's update as w <- keep w + scale g when it is one (no momentum: SGD
+  /// then keeps no state), else none. The same rule as step(), rounded differently.
+  [[nodiscard]] std::optional<linear_update<T>> linear_step() const {
+    if (o_.momentum != 0) return std::nullopt;
+    return linear_update<T>{static_cast<T>(1 - o_.lr * o_.weight_decay), static_cast<T>(-o_.lr)};
   }
   /// @brief Sets the learning rate of the next steps (a schedule calls this before each one);
   /// a pdo::error when it is negative or not finite.
@@ -17547,6 +17617,8 @@ class any_optimizer {
   void begin_fused_step() { impl_->begin_fused_step(); }
   /// @brief The held optimizer's fused_update(i) (only when fusable()).
   [[nodiscard]] element_update<T> fused_update(std::size_t i) { return impl_->fused_update(i); }
+  /// @brief The held optimizer's linear_step() (sgd's), or none when it has none.
+  [[nodiscard]] std::optional<linear_update<T>> linear_step() const { return impl_->linear_step(); }
   /// @brief The steps parameter `i` has taken, if the held optimizer counts them per
   /// parameter (adam); else its step count.
   [[nodiscard]] long steps(std::size_t i) const { return impl_->steps(i); }
@@ -17571,6 +17643,7 @@ class any_optimizer {
     [[nodiscard]] virtual bool fusable() const = 0;
     virtual void begin_fused_step() = 0;
     [[nodiscard]] virtual element_update<T> fused_update(std::size_t i) = 0;
+    [[nodiscard]] virtual std::optional<linear_update<T>> linear_step() const = 0;
   };
   template <class O>
   struct holder final : base {
@@ -17614,6 +17687,10 @@ class any_optimizer {
     [[nodiscard]] element_update<T> fused_update(std::size_t i) override {
       if constexpr (fused_optimizer<O, T>) return o.fused_update(i);
       else throw error("any_optimizer::fused_update: the optimizer it holds takes no fused updates");
+    }
+    [[nodiscard]] std::optional<linear_update<T>> linear_step() const override {
+      if constexpr (requires { o.linear_step(); }) return o.linear_step();
+      else return std::nullopt;
     }
   };
   std::shared_ptr<base> impl_;
@@ -18324,6 +18401,176 @@ struct mse_loss {
 
 }  // namespace pdo::nn
 #endif  // PDO_SINGLE_PDO_NN_LOSSES_HPP
+// ---- pdo/nn/sliced_weights.hpp
+#ifndef PDO_SINGLE_PDO_NN_SLICED_WEIGHTS_HPP
+#define PDO_SINGLE_PDO_NN_SLICED_WEIGHTS_HPP
+// pdo/nn/sliced_weights.hpp: a data-parallel trainer's weight gradients made already summed
+// and sliced, and folded into the update (data_parallel_options::sliced_weight_gradients).
+//
+// The gradient of a replicated weight W [K, N] used as x W on rows split over "dp" is
+// xᵀ g, partial over "dp": the default sync all_reduces all K N elements of it, then every
+// replica updates all of W. When the rows are few next to K N (a batch of 256 rows against a
+// 4096 x 4096 weight), moving the product's operands is cheaper than moving the product: each
+// place all_gathers x and g over "dp" (rows (K + N) elements per place), computes rows
+// [lo, hi) of the summed product, its own K / n of them, with the batch's rows all at once,
+// and folds the optimizer's update into that product (w <- keep w + scale xᵀg, one BLAS call
+// with alpha = scale and beta = keep: the gradient is never stored). The updated rows then
+// go to every replica (a broadcast per place's rows), K N elements in all, where the default
+// all_reduce moves twice that and the update reads and writes the whole weight on every place.
+
+
+#include <cstddef>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace pdo::nn {
+
+/// @brief The local matrices among one place's replica parameters whose gradients the
+/// trainer makes sliced (see the file's comment), over mesh axis `axis`. Each step: start(),
+/// then take_products() before a backward that every place runs (the hooks take each product
+/// x W's gradient from then on), finish_step() after backward (what backward added otherwise is all_reduced and applied, then
+/// every place's rows are broadcast); end() whenever a step stops (the hooks let backward
+/// add gradients again).
+template <class T, class Mesh>
+class sliced_weights {
+ public:
+  /// @brief Takes, among `params` (place `place`'s replica), those listed in `candidates`
+  /// that are local matrices, and hooks their products' gradients (inactive until take_products).
+  sliced_weights(const Mesh& m, std::size_t axis, std::size_t place, const std::vector<parameter_ref<T>>& params,
+                 const std::vector<std::size_t>& candidates)
+      : mesh_(m), axis_(axis), place_(place) {
+    if constexpr (blas_weights) {
+      const std::size_t parts = m.extent(axis), me = m.coord(place, axis);
+      for (std::size_t j : candidates) {
+        const parameter_ref<T>& p = params[j];
+        if (p.rank() != 2 || p.value_blocks().size() != 1 || !p.on_product_gradient(nullptr)) continue;
+        const auto e = p.extents();
+        weights_.push_back({j, p, e[0], e[1], pdo::detail::chunk_offset(e[0], parts, me), pdo::detail::chunk_size(e[0], parts, me)});
+      }
+      for (std::size_t i = 0; i < weights_.size(); ++i)
+        weights_[i].param.on_product_gradient([this, i](const tensor<T, 2>& a, const tensor<T, 2>& g) { return take(i, a, g); });
+    }
+  }
+  sliced_weights(const sliced_weights&) = delete;
+  sliced_weights& operator=(const sliced_weights&) = delete;
+  /// @brief Unhooks the weights (a copy of the model may outlive the trainer).
+  ~sliced_weights() {
+    for (auto& w : weights_) w.param.on_product_gradient(nullptr);
+  }
+
+  /// @brief The indices (in the replica's parameters) of the weights made sliced.
+  [[nodiscard]] std::vector<std::size_t> indices() const {
+    std::vector<std::size_t> out;
+    for (const auto& w : weights_) out.push_back(w.index);
+    return out;
+  }
+  /// @brief Whether any parameter is made sliced.
+  [[nodiscard]] bool empty() const { return weights_.empty(); }
+
+  /// @brief At a step's start: no gradients, nothing folded, the hooks inactive.
+  void start() {
+    active_ = false;
+    for (auto& w : weights_) {
+      w.folded = false;
+      w.param.zero_grad();
+    }
+  }
+  /// @brief Before the step's (one) backward: the hooks take each product's gradient, folded
+  /// into the update `u`. Every place's backward must then reach the same products: each place
+  /// has rows, and all run this backward.
+  void take_products(linear_update<T> u) {
+    update_ = u;
+    active_ = true;
+  }
+
+  /// @brief After the step's backward, with the step's update `u` (the same on every place):
+  /// each weight that took no product, or got other gradients besides, has those (zeros
+  /// where backward left none) all_reduced and applied to its rows; then each place's rows
+  /// go to every replica.
+  void finish_step(linear_update<T> u) {
+    active_ = false;
+    const mesh_communicator comm = communicator_along(mesh_, axis_, place_);
+    const std::size_t parts = mesh_.extent(axis_);
+    for (auto& w : weights_) {
+      const std::span<T> value = w.param.value();
+      // every place takes this branch alike: the same products folded, the same other uses
+      if (!w.folded || !w.param.grad_blocks().empty()) {
+        const std::span<T> g = w.param.grad_or_zeros();
+        comm.all_reduce(g);
+        const T keep = w.folded ? T(1) : u.keep;
+        T* __restrict v = value.data() + w.lo * w.cols;
+        const T* __restrict s = g.data() + w.lo * w.cols;
+        const std::size_t n = w.rows_here * w.cols;
+#pragma omp simd
+        for (std::size_t e = 0; e < n; ++e) v[e] = keep * v[e] + u.scale * s[e];
+      }
+      w.folded = false;
+      for (std::size_t c = 0; c < parts; ++c) {
+        const std::size_t lo = pdo::detail::chunk_offset(w.rows, parts, c), rows = pdo::detail::chunk_size(w.rows, parts, c);
+        if (rows != 0) comm.broadcast(value.subspan(lo * w.cols, rows * w.cols), c);
+      }
+    }
+  }
+
+  /// @brief Whenever a step stops (done or failed): backward adds gradients again.
+  void end() { active_ = false; }
+
+ private:
+  static constexpr bool blas_weights = pdo::detail::blas_gemm_v<T>;
+
+  struct weight {
+    std::size_t index;  ///< among the replica's parameters
+    parameter_ref<T> param;
+    std::size_t rows, cols;  ///< K, N
+    std::size_t lo, rows_here;  ///< this place's rows [lo, lo + rows_here)
+    bool folded = false;        ///< a product's gradient was folded into the rows this step
+  };
+
+  /// @brief The hook of weight i: the gradient matmul(aᵀ, g) of this place's rows a [r, K]
+  /// and g [r, N], summed over the axis and folded into this place's rows of the weight.
+  bool take(std::size_t i, const tensor<T, 2>& a, const tensor<T, 2>& g) {
+    weight& w = weights_[i];
+    // inactive, or not this weight's product (the same answer on every place: K and N are)
+    if (!active_ || a.extent(1) != w.rows || g.extent(1) != w.cols || a.on_gpu() || g.on_gpu()) return false;
+    const mesh_communicator comm = communicator_along(mesh_, axis_, place_);
+    const std::size_t parts = mesh_.extent(axis_);
+    std::vector<double> counts(parts);
+    const double mine = static_cast<double>(a.extent(0));
+    comm.all_gather(std::span<const double>(&mine, 1), std::span<double>(counts));
+    std::size_t total = 0;
+    for (double c : counts) total += static_cast<std::size_t>(c);
+    if (total == 0) return true;  // no rows anywhere: nothing to add
+    const any_place where = mesh_.place(place_);
+    tensor<T, 2> a_all(shape_t<2>{total, w.rows}, where, pdo::detail::uninitialized), g_all(shape_t<2>{total, w.cols}, where, pdo::detail::uninitialized);
+    comm.all_gather(std::span<const T>(a.data(), a.size()), a_all.span());
+    comm.all_gather(std::span<const T>(g.data(), g.size()), g_all.span());
+    if (w.rows_here != 0) {
+#if defined(PDO_WITH_BLAS)
+      if constexpr (blas_weights) {
+        pdo::detail::cpu_system system;
+        system.threads = pdo::detail::current_place_system().threads;
+        T* rows = w.param.value().data() + w.lo * w.cols;
+        // rows [lo, lo + rows_here) of aᵀ g: a_all's columns lo.. read transposed
+        pdo::detail::blas_gemm_on_cores(system, w.rows_here, w.cols, total, pdo::detail::matrix_ref<T>{a_all.data() + w.lo, w.rows, true},
+                                        pdo::detail::matrix_ref<T>{g_all.data(), w.cols, false}, rows, w.cols, update_.scale,
+                                        w.folded ? T(1) : update_.keep);
+      }
+#endif
+    }
+    w.folded = true;
+    return true;
+  }
+
+  Mesh mesh_;
+  std::size_t axis_, place_;
+  std::vector<weight> weights_;
+  linear_update<T> update_{};
+  bool active_ = false;
+};
+
+}  // namespace pdo::nn
+#endif  // PDO_SINGLE_PDO_NN_SLICED_WEIGHTS_HPP
 
 #include <algorithm>
 #include <array>
@@ -18391,6 +18638,23 @@ struct data_parallel_options {
   /// ZeRO-1, clip_grad_norm, another optimizer), and by default, the buckets' all_reduces
   /// overlap backward (`overlap`) and step() follows, as PyTorch DDP does.
   bool fused_update = false;
+  /// @brief With nn::sgd without momentum (or an any_optimizer holding one), on the places
+  /// where fused_update applies: the gradient of each weight W [K, N] used as x W (a local
+  /// matrix, a right operand of matmul) is made summed and sliced instead of all_reduced.
+  /// Each place all_gathers x and g over "dp" (the batch's rows: (K + N) of them per place's
+  /// row), computes its K / n rows of the summed xᵀ g with all the batch's rows in one BLAS
+  /// call whose alpha and beta apply the SGD update (the gradient is never stored), and
+  /// broadcasts its updated rows to every replica: K N elements moved per weight, where the
+  /// all_reduce moves 2 K N (n - 1) / n and every replica then updates all of W. The other
+  /// parameters (biases) take the fused update. Worth it when the batch's rows are few next
+  /// to the weights' (benchmarks/train.cpp: 256 rows, 4096 x 4096 weights). The same values
+  /// as the default within rounding (the products add the rows in another order); the loss
+  /// is summed and checked before backward (a step whose loss is not finite runs no
+  /// backward), and backward leaves such weights no gradient. A step with micro_batches > 1,
+  /// or whose batch leaves some place no rows, all_reduces those gradients and applies the
+  /// same update. Elsewhere, the trainer runs as without it (sliced_weight_gradients() says
+  /// which).
+  bool sliced_weight_gradients = false;
 };
 
 }  // namespace pdo::nn
@@ -18471,9 +18735,14 @@ class data_parallel {
       if (options_.broadcast_parameters) broadcast_from_first(p, r.params);
       if (options_.check_replicas) check_replicas_on(p, r.params);
       r.buckets = std::make_unique<buckets_type>(mesh_, p, r.params, bucket_options{options_.bucket_bytes, options_.overlap, options_.zero1});
+      r.synced.resize(r.params.size());
+      std::iota(r.synced.begin(), r.synced.end(), std::size_t{0});
       r.optimizer.emplace(make_optimizer(options_.zero1 ? r.buckets->slices() : r.params));
     });
     fused_ = fusable();
+    if (fused_ && options_.sliced_weight_gradients) slice_weights();
+    // sliced weights take the fused update for the other parameters; without them, as asked
+    if (!sliced_weight_gradients()) fused_ = fused_ && options_.fused_update;
   }
 
   /// @brief One training step on a global batch (host tensors: inputs [B, ...], targets
@@ -18609,7 +18878,7 @@ class data_parallel {
     std::vector<std::vector<std::string>> out;
     for (const auto& b : replicas_[0]->buckets->members()) {
       out.emplace_back();
-      for (std::size_t i : b) out.back().push_back(replicas_[0]->params[i].name());
+      for (std::size_t i : b) out.back().push_back(replicas_[0]->params[replicas_[0]->synced[i]].name());
     }
     return out;
   }
@@ -18650,6 +18919,9 @@ class data_parallel {
   /// @brief Whether steps sync each bucket's gradients fused with the optimizer's update
   /// (data_parallel_options::fused_update, where it applies).
   [[nodiscard]] bool fused_update() const { return fused_; }
+  /// @brief Whether steps make the weights' gradients sliced and fold them into the update
+  /// (data_parallel_options::sliced_weight_gradients, where it applies).
+  [[nodiscard]] bool sliced_weight_gradients() const { return !replicas_.empty() && replicas_[0]->sliced != nullptr; }
 
   /// @brief The plan of a step, as text: how the batch is cut, the gradient layout the
   /// planner derives for the replicated parameters, the collective that syncs it, and the
@@ -18659,6 +18931,12 @@ class data_parallel {
     std::string text = "data_parallel on " + mesh_.describe() + ": each place trains the rows " + pdo::layout_name<data_layout>() +
                        " of the global batch on its own replica\n";
     text += "  gradient of a replicated parameter used on those rows: matmul(xᵀ, g) -> " + pdo::layout_name<gradient_layout>() + "\n";
+    if (sliced_weight_gradients()) {
+      text += "  weights used as x W (the rest below):";
+      for (std::size_t j : replicas_[0]->sliced->indices()) text += " " + replicas_[0]->params[j].name();
+      text += "; each place all_gathers x and g over \"dp\", computes its rows of the summed xᵀ g with the SGD update folded in "
+              "(one BLAS call; the gradient is not stored), and broadcasts those rows to every replica\n";
+    }
     if (options_.zero1)
       text += "  ZeRO-1: reduce_scattered over \"" + std::string(step.axis) + "\" (each place sums and updates its slice, with its "
               "slice of the optimizer state), the slices all_gathered back; in buckets of ~" + std::to_string(options_.bucket_bytes) + " B\n";
@@ -18677,7 +18955,7 @@ class data_parallel {
       const std::size_t elements = r.buckets->elements(b);
       text += "  bucket " + std::to_string(b) + ": " + std::to_string(elements * sizeof(T)) + " B, each place sends " +
               std::to_string(pdo::detail::bytes_sent(mesh_, step, {elements}, sizeof(T))) + " B:";
-      for (std::size_t j : members[b]) text += " " + r.params[j].name() + " " + r.params[j].shape_text();
+      for (std::size_t j : members[b]) text += " " + r.params[r.synced[j]].name() + " " + r.params[r.synced[j]].shape_text();
       text += "\n";
     }
     return text;
@@ -18689,6 +18967,10 @@ class data_parallel {
     std::optional<Model> model;
     std::vector<parameter_ref<T>> params;
     std::unique_ptr<buckets_type> buckets;
+    /// @brief The parameters the buckets sync, by index in params (all, unless some are sliced).
+    std::vector<std::size_t> synced;
+    /// @brief The weights whose gradients are made sliced (sliced_weight_gradients), if any.
+    std::unique_ptr<sliced_weights<T, Mesh>> sliced;
     std::optional<Optimizer> optimizer;  ///< declared after the buckets: under ZeRO-1 it updates their slices
     double grad_norm = 0;                ///< of the last step's summed gradients, when clipping
     /// @brief For each of params, its index among the optimizer's parameters, or npos (fused updates).
@@ -18699,7 +18981,7 @@ class data_parallel {
   /// data_parallel_options::fused_update): also notes, for each replica, where each of its
   /// parameters is among its optimizer's (all of those must be the replica's own).
   bool fusable() {
-    if (!options_.fused_update || options_.zero1 || options_.clip_grad_norm > 0 || mesh_.is_multiprocess()) return false;
+    if (!(options_.fused_update || options_.sliced_weight_gradients) || options_.zero1 || options_.clip_grad_norm > 0 || mesh_.is_multiprocess()) return false;
     for (const any_place& q : mesh_.places())
       if (q.kind() != place_kind::cpu) return false;
     if constexpr (!fused_optimizer<Optimizer, T>) {
@@ -18720,6 +19002,37 @@ class data_parallel {
     }
   }
   static constexpr std::size_t npos = pdo::detail::not_held;
+
+  /// @brief The optimizer's update as w <- keep w + scale g, when it is one (see linear_update).
+  static std::optional<linear_update<T>> linear_step_of(const Optimizer& o) {
+    if constexpr (requires { o.linear_step(); }) return o.linear_step();
+    else return std::nullopt;
+  }
+
+  /// @brief With an optimizer whose update is linear (plain SGD) on every replica: the weights
+  /// it updates get their gradients sliced, and the buckets sync the other parameters.
+  void slice_weights() {
+    for (const auto& r : replicas_)
+      if (!linear_step_of(*r->optimizer)) return;
+    pdo::detail::run_on_places("data_parallel", mesh_, [&](std::size_t p, std::size_t k) {
+      replica& r = *replicas_[k];
+      std::vector<std::size_t> updated;
+      for (std::size_t j = 0; j < r.params.size(); ++j)
+        if (r.updated_as[j] != npos) updated.push_back(j);
+      auto sliced = std::make_unique<sliced_weights<T, Mesh>>(mesh_, dp_axis, p, r.params, updated);
+      if (sliced->empty()) return;
+      const auto taken = sliced->indices();
+      r.synced.clear();
+      std::vector<parameter_ref<T>> rest;
+      for (std::size_t j = 0; j < r.params.size(); ++j)
+        if (std::ranges::find(taken, j) == taken.end()) {
+          r.synced.push_back(j);
+          rest.push_back(r.params[j]);
+        }
+      r.buckets = std::make_unique<buckets_type>(mesh_, p, std::move(rest), bucket_options{options_.bucket_bytes, options_.overlap, false});
+      r.sliced = std::move(sliced);
+    });
+  }
 
   /// @brief Place 0's parameter values into `params`, place p's (a broadcast over the mesh).
   void broadcast_from_first(std::size_t p, const std::vector<parameter_ref<T>>& params) const {
@@ -18796,21 +19109,31 @@ class data_parallel {
   T step_on(std::vector<std::vector<batch_shard<T, R, Target>>> micro, std::size_t global_rows) {
     std::vector<T> losses(replicas_.size());
     std::vector<double> corrects(replicas_.size());
+    // sliced weight gradients: the products' gradients are taken in backward when every
+    // place runs the one backward (one micro-batch, rows on every place; one process)
+    bool take_products = sliced_weight_gradients() && micro.size() == 1;
+    for (const auto& shard : micro.back()) take_products = take_products && shard.inputs.extent(0) != 0;
     pdo::detail::run_on_places("data_parallel::step", mesh_, [&](std::size_t p, std::size_t k) {
       replica& r = *replicas_[k];
       buckets_type& buckets = *r.buckets;
       buckets.begin_step();
+      if (r.sliced) r.sliced->start();
       T local{};
       std::size_t correct = 0;
+      bool summed = false;  // the loss was summed before backward (take_products)
+      std::array<double, 2> totals{};
       {
-        // whatever happens, the communication lane is done with this step's buffers before we return
+        // whatever happens, the communication lane is done with this step's buffers before we
+        // return, and backward adds gradients again
         struct drain {
           buckets_type& b;
+          sliced_weights<T, Mesh>* sliced;
           bool done = false;
           ~drain() {
+            if (sliced != nullptr) sliced->end();
             if (!done) b.abandon();
           }
-        } guard{buckets};
+        } guard{buckets, r.sliced.get()};
         // micro-batches before the last add their gradients without any communication; the
         // last one's backward completes them and fires the buckets
         for (std::size_t m = 0; m < micro.size(); ++m) {
@@ -18828,6 +19151,15 @@ class data_parallel {
           buckets.record("forward", 0, forward_start, forward_end);
           if constexpr (std::is_integral_v<typename Target::value_type>) correct += count_correct(out.value(), s.targets);
           local += pdo::detail::scalar_of(loss.value());
+          if (take_products) {
+            // the update goes into the products backward makes: the loss is checked first,
+            // and the update's learning rate set
+            totals = pdo::detail::sum_along<Mesh, 2>(mesh_, dp_axis, p, {static_cast<double>(local), static_cast<double>(correct)});
+            summed = true;
+            if (!std::isfinite(static_cast<double>(static_cast<T>(totals[0])))) break;
+            if (options_.schedule) r.optimizer->set_lr(options_.schedule(steps_));
+            r.sliced->take_products(*linear_step_of(*r.optimizer));
+          }
           pdo::backward(loss);
           buckets.record("backward", 0, forward_end, buckets.since_start());
         }
@@ -18836,7 +19168,7 @@ class data_parallel {
       }
       // the global batch's loss and count of correct predictions, on every place, before any
       // update: a step whose loss is not finite changes nothing
-      const auto totals = pdo::detail::sum_along<Mesh, 2>(mesh_, dp_axis, p, {static_cast<double>(local), static_cast<double>(correct)});
+      if (!summed) totals = pdo::detail::sum_along<Mesh, 2>(mesh_, dp_axis, p, {static_cast<double>(local), static_cast<double>(correct)});
       losses[k] = static_cast<T>(totals[0]);
       corrects[k] = totals[1];
       if (!std::isfinite(static_cast<double>(losses[k]))) return;  // as step() reports it (in T)
@@ -18850,15 +19182,17 @@ class data_parallel {
         const double f = clip_factor(r.grad_norm, options_.clip_grad_norm);
         if (f < 1) scale_grads(updated, f);
       }
-      if (options_.schedule) r.optimizer->set_lr(options_.schedule(steps_));
+      if (options_.schedule && !summed) r.optimizer->set_lr(options_.schedule(steps_));
       if constexpr (fused_optimizer<Optimizer, T>) {
         if (fused_) {
           // the sync and the update in one pass (parameters without a gradient send zeros)
           r.optimizer->begin_fused_step();
-          std::vector<element_update<T>> updates(r.params.size());
-          for (std::size_t j = 0; j < r.params.size(); ++j)
-            if (r.updated_as[j] != npos) updates[j] = r.optimizer->fused_update(r.updated_as[j]);
+          std::vector<element_update<T>> updates(r.synced.size());
+          for (std::size_t i = 0; i < r.synced.size(); ++i)
+            if (r.updated_as[r.synced[i]] != npos) updates[i] = r.optimizer->fused_update(r.updated_as[r.synced[i]]);
           buckets.sync_and_update(updates);
+          // the weights whose products took the update (and any gradient they got besides)
+          if (r.sliced) r.sliced->finish_step(*linear_step_of(*r.optimizer));
           buckets.record("optimizer", 0, opt_start, buckets.since_start());
           return;
         }

@@ -296,6 +296,18 @@ auto matmul(const var<A>& a, const var<B>& b) {
 }
 
 namespace detail {
+/// @brief Whether `b`'s product_gradient hook (a local matrix leaf's) took the contribution
+/// matmul(aᵀ, g) to its gradient; never for other values.
+template <class B, class A2, class G2>
+bool took_product_gradient(const var<B>& b, const A2& a, const G2& g) {
+  if constexpr (std::is_same_v<B, A2> && std::is_same_v<B, G2> && !value_kind<B>::distributed && value_kind<B>::rank == 2) {
+    const auto& hook = b.node()->product_gradient;
+    return hook && hook(&a, &g);
+  } else {
+    return false;
+  }
+}
+
 /// @brief matmul of two vars whose ranks make a product.
 template <class A, class B>
 auto matmul_var(const var<A>& a, const var<B>& b) {
@@ -309,6 +321,7 @@ auto matmul_var(const var<A>& a, const var<B>& b) {
         if (a.requires_grad()) detail::add_grad(a, pdo::matmul(g, pdo::transpose(b.value())));
         if (b.requires_grad()) {
           if constexpr (rb == ra) {
+            if (detail::took_product_gradient(b, a.value(), g)) return;
             detail::add_grad(b, pdo::matmul(pdo::transpose(a.value()), g));
           } else if constexpr (detail::kept_dims(detail::expression_t<const A&>::rule.out) == 0 &&
                                detail::kept_dims(detail::expression_t<decltype(g)>::rule.out) == 0) {
@@ -319,6 +332,7 @@ auto matmul_var(const var<A>& a, const var<B>& b) {
             for (std::size_t d = 0; d + 1 < ra; ++d) rows *= sa[d];
             const auto a2 = pdo::eval(pdo::reshape(a.value(), shape_t<2>{rows, sa[ra - 1]}));
             const auto g2 = pdo::eval(pdo::reshape(g, shape_t<2>{rows, g.shape()[ra - 1]}));
+            if (detail::took_product_gradient(b, a2, g2)) return;
             detail::add_grad(b, pdo::matmul(pdo::transpose(a2), g2));
           } else {
             // one matrix for the whole batch, some dim of a or g split: a fold of the batch

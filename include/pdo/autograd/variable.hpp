@@ -117,6 +117,12 @@ struct grad_node {
   /// @brief For leaves: called by backward once this leaf's gradient is complete (all its
   /// uses have contributed), while the rest of backward still runs.
   std::function<void()> on_gradient;
+  /// @brief For a leaf that is a local matrix (pdo::tensor<T, 2>): when set, backward hands it
+  /// each contribution matmul(aᵀ, g) to this leaf's gradient (as a product's right operand,
+  /// `a` and `g` pointing at the tensor<T, 2> operands) instead of adding it; it returns
+  /// whether it took the contribution (false: backward adds it). A data-parallel trainer
+  /// computes such weight gradients itself (data_parallel_options::sliced_weight_gradients).
+  std::function<bool(const void* a, const void* g)> product_gradient;
 
   [[nodiscard]] virtual bool has_grad() const = 0;
   virtual void propagate() = 0;  ///< adds this node's contribution to its inputs' gradients

@@ -120,18 +120,19 @@ template <class T>
 inline constexpr bool cublas_element = std::is_same_v<T, float> || std::is_same_v<T, double>;
 
 #if defined(PDO_WITH_BLAS)
-/// @brief C = A * B by one BLAS call on the calling thread, C's rows `ldc` apart. BLAS's
-/// own threads are off (see blas_threads_off): a place's gemm uses its cores by cutting
-/// the product into one block per core (gemm).
+/// @brief C = alpha A B + beta C by one BLAS call on the calling thread, C's rows `ldc` apart
+/// (alpha 1, beta 0: C = A B, C not read). BLAS's own threads are off (see blas_threads_off):
+/// a place's gemm uses its cores by cutting the product into one block per core (gemm).
 template <class T>
-void blas_gemm(std::size_t m, std::size_t n, std::size_t k, matrix_ref<T> a, matrix_ref<T> b, T* c, std::size_t ldc) {
+void blas_gemm(std::size_t m, std::size_t n, std::size_t k, matrix_ref<T> a, matrix_ref<T> b, T* c, std::size_t ldc, T alpha = T(1),
+               T beta = T(0)) {
   const auto M = static_cast<int>(m), N = static_cast<int>(n), K = static_cast<int>(k);
   const auto ta = a.trans ? CblasTrans : CblasNoTrans, tb = b.trans ? CblasTrans : CblasNoTrans;
   if constexpr (std::is_same_v<T, float>)
-    cblas_sgemm(CblasRowMajor, ta, tb, M, N, K, 1.0f, a.data, static_cast<int>(a.ld), b.data, static_cast<int>(b.ld), 0.0f, c,
+    cblas_sgemm(CblasRowMajor, ta, tb, M, N, K, alpha, a.data, static_cast<int>(a.ld), b.data, static_cast<int>(b.ld), beta, c,
                 static_cast<int>(ldc));
   else
-    cblas_dgemm(CblasRowMajor, ta, tb, M, N, K, 1.0, a.data, static_cast<int>(a.ld), b.data, static_cast<int>(b.ld), 0.0, c,
+    cblas_dgemm(CblasRowMajor, ta, tb, M, N, K, alpha, a.data, static_cast<int>(a.ld), b.data, static_cast<int>(b.ld), beta, c,
                 static_cast<int>(ldc));
 }
 
@@ -157,11 +158,43 @@ inline std::pair<std::size_t, std::size_t> gemm_block(std::size_t extent, std::s
   return {lo, hi};
 }
 
-/// @brief C (m x n, dense, row-major) = A (m x k) * B (k x n) on a CPU place's cores. On a
-/// place of several cores the product is cut into one block of C's rows (or, for few rows,
-/// columns) per core, each a one-thread BLAS call on the place's own OpenMP team: a place's
-/// gemm uses exactly its cores, whatever the other places do. Without BLAS (or for other
-/// element types), a Thrust kernel.
+#if defined(PDO_WITH_BLAS)
+/// @brief C = alpha A B + beta C (C m x n, its rows `ldc` apart) by BLAS on a CPU place's
+/// cores: on a place of several cores the product is cut into one block of C's rows (or, for
+/// few rows, columns) per core, each a one-thread BLAS call on the place's own OpenMP team,
+/// so that a place's gemm uses exactly its cores, whatever the other places do. For float
+/// and double (blas_gemm_v); m, n and k not 0.
+template <class T>
+void blas_gemm_on_cores(cpu_system& system, std::size_t m, std::size_t n, std::size_t k, matrix_ref<T> a, matrix_ref<T> b, T* c,
+                        std::size_t ldc, T alpha = T(1), T beta = T(0)) {
+  blas_threads_off();
+  const std::size_t parts = static_cast<std::size_t>(system.threads);
+  if (parts <= 1 || m * n * k < gemm_split_grain) return blas_gemm(m, n, k, a, b, c, ldc, alpha, beta);
+  const bool by_rows = m >= n || m >= 16 * parts;
+  // block t: rows [lo, hi) of C (A's rows), or columns [lo, hi) (B's columns)
+  auto block = [&](std::size_t t) {
+    const auto [lo, hi] = gemm_block(by_rows ? m : n, parts, t);
+    if (lo == hi) return;
+    if (by_rows) {
+      const matrix_ref<T> rows{a.trans ? a.data + lo : a.data + lo * a.ld, a.ld, a.trans};
+      blas_gemm(hi - lo, n, k, rows, b, c + lo * ldc, ldc, alpha, beta);
+    } else {
+      const matrix_ref<T> cols{b.trans ? b.data + lo * b.ld : b.data + lo, b.ld, b.trans};
+      blas_gemm(m, hi - lo, k, a, cols, c + lo, ldc, alpha, beta);
+    }
+  };
+  // block t on thread t (and block t + nt, when the team is smaller than asked)
+  const std::pair<const decltype(block)*, std::size_t> job{&block, parts};
+  run_team(system.threads, [](void* c, std::size_t t, std::size_t nt) {
+    const auto& [blocks, count] = *static_cast<const decltype(job)*>(c);
+    for (std::size_t b = t; b < count; b += nt) (*blocks)(b);
+  }, const_cast<void*>(static_cast<const void*>(&job)));
+}
+#endif
+
+/// @brief C (m x n, dense, row-major) = A (m x k) * B (k x n) on a CPU place's cores: BLAS
+/// (blas_gemm_on_cores) for float and double; without BLAS, or for other element types, a
+/// Thrust kernel.
 template <class T>
 void gemm(cpu_system& system, std::size_t m, std::size_t n, std::size_t k, matrix_ref<T> a, matrix_ref<T> b, T* c) {
   if (m == 0 || n == 0) return;
@@ -171,28 +204,7 @@ void gemm(cpu_system& system, std::size_t m, std::size_t n, std::size_t k, matri
   }
   if constexpr (blas_gemm_v<T>) {
 #if defined(PDO_WITH_BLAS)
-    blas_threads_off();
-    const std::size_t parts = static_cast<std::size_t>(system.threads);
-    if (parts <= 1 || m * n * k < gemm_split_grain) return blas_gemm(m, n, k, a, b, c, n);
-    const bool by_rows = m >= n || m >= 16 * parts;
-    // block t: rows [lo, hi) of C (A's rows), or columns [lo, hi) (B's columns)
-    auto block = [&](std::size_t t) {
-      const auto [lo, hi] = gemm_block(by_rows ? m : n, parts, t);
-      if (lo == hi) return;
-      if (by_rows) {
-        const matrix_ref<T> rows{a.trans ? a.data + lo : a.data + lo * a.ld, a.ld, a.trans};
-        blas_gemm(hi - lo, n, k, rows, b, c + lo * n, n);
-      } else {
-        const matrix_ref<T> cols{b.trans ? b.data + lo * b.ld : b.data + lo, b.ld, b.trans};
-        blas_gemm(m, hi - lo, k, a, cols, c + lo, n);
-      }
-    };
-    // block t on thread t (and block t + nt, when the team is smaller than asked)
-    const std::pair<const decltype(block)*, std::size_t> job{&block, parts};
-    run_team(system.threads, [](void* c, std::size_t t, std::size_t nt) {
-      const auto& [blocks, count] = *static_cast<const decltype(job)*>(c);
-      for (std::size_t b = t; b < count; b += nt) (*blocks)(b);
-    }, const_cast<void*>(static_cast<const void*>(&job)));
+    blas_gemm_on_cores(system, m, n, k, a, b, c, n);
 #endif
   } else {
     thrust::transform(system, thrust::counting_iterator<std::size_t>(0), thrust::counting_iterator<std::size_t>(m * n), c,

@@ -12,6 +12,7 @@
 #include <pdo/nn/layers.hpp>
 #include <pdo/nn/losses.hpp>
 #include <pdo/nn/optim.hpp>
+#include <pdo/nn/sliced_weights.hpp>
 #include <pdo/plan/explain.hpp>
 #include <pdo/plan/plan.hpp>
 
@@ -81,6 +82,23 @@ struct data_parallel_options {
   /// ZeRO-1, clip_grad_norm, another optimizer), and by default, the buckets' all_reduces
   /// overlap backward (`overlap`) and step() follows, as PyTorch DDP does.
   bool fused_update = false;
+  /// @brief With nn::sgd without momentum (or an any_optimizer holding one), on the places
+  /// where fused_update applies: the gradient of each weight W [K, N] used as x W (a local
+  /// matrix, a right operand of matmul) is made summed and sliced instead of all_reduced.
+  /// Each place all_gathers x and g over "dp" (the batch's rows: (K + N) of them per place's
+  /// row), computes its K / n rows of the summed xᵀ g with all the batch's rows in one BLAS
+  /// call whose alpha and beta apply the SGD update (the gradient is never stored), and
+  /// broadcasts its updated rows to every replica: K N elements moved per weight, where the
+  /// all_reduce moves 2 K N (n - 1) / n and every replica then updates all of W. The other
+  /// parameters (biases) take the fused update. Worth it when the batch's rows are few next
+  /// to the weights' (benchmarks/train.cpp: 256 rows, 4096 x 4096 weights). The same values
+  /// as the default within rounding (the products add the rows in another order); the loss
+  /// is summed and checked before backward (a step whose loss is not finite runs no
+  /// backward), and backward leaves such weights no gradient. A step with micro_batches > 1,
+  /// or whose batch leaves some place no rows, all_reduces those gradients and applies the
+  /// same update. Elsewhere, the trainer runs as without it (sliced_weight_gradients() says
+  /// which).
+  bool sliced_weight_gradients = false;
 };
 
 }  // namespace pdo::nn
@@ -161,9 +179,14 @@ class data_parallel {
       if (options_.broadcast_parameters) broadcast_from_first(p, r.params);
       if (options_.check_replicas) check_replicas_on(p, r.params);
       r.buckets = std::make_unique<buckets_type>(mesh_, p, r.params, bucket_options{options_.bucket_bytes, options_.overlap, options_.zero1});
+      r.synced.resize(r.params.size());
+      std::iota(r.synced.begin(), r.synced.end(), std::size_t{0});
       r.optimizer.emplace(make_optimizer(options_.zero1 ? r.buckets->slices() : r.params));
     });
     fused_ = fusable();
+    if (fused_ && options_.sliced_weight_gradients) slice_weights();
+    // sliced weights take the fused update for the other parameters; without them, as asked
+    if (!sliced_weight_gradients()) fused_ = fused_ && options_.fused_update;
   }
 
   /// @brief One training step on a global batch (host tensors: inputs [B, ...], targets
@@ -299,7 +322,7 @@ class data_parallel {
     std::vector<std::vector<std::string>> out;
     for (const auto& b : replicas_[0]->buckets->members()) {
       out.emplace_back();
-      for (std::size_t i : b) out.back().push_back(replicas_[0]->params[i].name());
+      for (std::size_t i : b) out.back().push_back(replicas_[0]->params[replicas_[0]->synced[i]].name());
     }
     return out;
   }
@@ -340,6 +363,9 @@ class data_parallel {
   /// @brief Whether steps sync each bucket's gradients fused with the optimizer's update
   /// (data_parallel_options::fused_update, where it applies).
   [[nodiscard]] bool fused_update() const { return fused_; }
+  /// @brief Whether steps make the weights' gradients sliced and fold them into the update
+  /// (data_parallel_options::sliced_weight_gradients, where it applies).
+  [[nodiscard]] bool sliced_weight_gradients() const { return !replicas_.empty() && replicas_[0]->sliced != nullptr; }
 
   /// @brief The plan of a step, as text: how the batch is cut, the gradient layout the
   /// planner derives for the replicated parameters, the collective that syncs it, and the
@@ -349,6 +375,12 @@ class data_parallel {
     std::string text = "data_parallel on " + mesh_.describe() + ": each place trains the rows " + pdo::layout_name<data_layout>() +
                        " of the global batch on its own replica\n";
     text += "  gradient of a replicated parameter used on those rows: matmul(xᵀ, g) -> " + pdo::layout_name<gradient_layout>() + "\n";
+    if (sliced_weight_gradients()) {
+      text += "  weights used as x W (the rest below):";
+      for (std::size_t j : replicas_[0]->sliced->indices()) text += " " + replicas_[0]->params[j].name();
+      text += "; each place all_gathers x and g over \"dp\", computes its rows of the summed xᵀ g with the SGD update folded in "
+              "(one BLAS call; the gradient is not stored), and broadcasts those rows to every replica\n";
+    }
     if (options_.zero1)
       text += "  ZeRO-1: reduce_scattered over \"" + std::string(step.axis) + "\" (each place sums and updates its slice, with its "
               "slice of the optimizer state), the slices all_gathered back; in buckets of ~" + std::to_string(options_.bucket_bytes) + " B\n";
@@ -367,7 +399,7 @@ class data_parallel {
       const std::size_t elements = r.buckets->elements(b);
       text += "  bucket " + std::to_string(b) + ": " + std::to_string(elements * sizeof(T)) + " B, each place sends " +
               std::to_string(pdo::detail::bytes_sent(mesh_, step, {elements}, sizeof(T))) + " B:";
-      for (std::size_t j : members[b]) text += " " + r.params[j].name() + " " + r.params[j].shape_text();
+      for (std::size_t j : members[b]) text += " " + r.params[r.synced[j]].name() + " " + r.params[r.synced[j]].shape_text();
       text += "\n";
     }
     return text;
@@ -379,6 +411,10 @@ class data_parallel {
     std::optional<Model> model;
     std::vector<parameter_ref<T>> params;
     std::unique_ptr<buckets_type> buckets;
+    /// @brief The parameters the buckets sync, by index in params (all, unless some are sliced).
+    std::vector<std::size_t> synced;
+    /// @brief The weights whose gradients are made sliced (sliced_weight_gradients), if any.
+    std::unique_ptr<sliced_weights<T, Mesh>> sliced;
     std::optional<Optimizer> optimizer;  ///< declared after the buckets: under ZeRO-1 it updates their slices
     double grad_norm = 0;                ///< of the last step's summed gradients, when clipping
     /// @brief For each of params, its index among the optimizer's parameters, or npos (fused updates).
@@ -389,7 +425,7 @@ class data_parallel {
   /// data_parallel_options::fused_update): also notes, for each replica, where each of its
   /// parameters is among its optimizer's (all of those must be the replica's own).
   bool fusable() {
-    if (!options_.fused_update || options_.zero1 || options_.clip_grad_norm > 0 || mesh_.is_multiprocess()) return false;
+    if (!(options_.fused_update || options_.sliced_weight_gradients) || options_.zero1 || options_.clip_grad_norm > 0 || mesh_.is_multiprocess()) return false;
     for (const any_place& q : mesh_.places())
       if (q.kind() != place_kind::cpu) return false;
     if constexpr (!fused_optimizer<Optimizer, T>) {
@@ -410,6 +446,37 @@ class data_parallel {
     }
   }
   static constexpr std::size_t npos = pdo::detail::not_held;
+
+  /// @brief The optimizer's update as w <- keep w + scale g, when it is one (see linear_update).
+  static std::optional<linear_update<T>> linear_step_of(const Optimizer& o) {
+    if constexpr (requires { o.linear_step(); }) return o.linear_step();
+    else return std::nullopt;
+  }
+
+  /// @brief With an optimizer whose update is linear (plain SGD) on every replica: the weights
+  /// it updates get their gradients sliced, and the buckets sync the other parameters.
+  void slice_weights() {
+    for (const auto& r : replicas_)
+      if (!linear_step_of(*r->optimizer)) return;
+    pdo::detail::run_on_places("data_parallel", mesh_, [&](std::size_t p, std::size_t k) {
+      replica& r = *replicas_[k];
+      std::vector<std::size_t> updated;
+      for (std::size_t j = 0; j < r.params.size(); ++j)
+        if (r.updated_as[j] != npos) updated.push_back(j);
+      auto sliced = std::make_unique<sliced_weights<T, Mesh>>(mesh_, dp_axis, p, r.params, updated);
+      if (sliced->empty()) return;
+      const auto taken = sliced->indices();
+      r.synced.clear();
+      std::vector<parameter_ref<T>> rest;
+      for (std::size_t j = 0; j < r.params.size(); ++j)
+        if (std::ranges::find(taken, j) == taken.end()) {
+          r.synced.push_back(j);
+          rest.push_back(r.params[j]);
+        }
+      r.buckets = std::make_unique<buckets_type>(mesh_, p, std::move(rest), bucket_options{options_.bucket_bytes, options_.overlap, false});
+      r.sliced = std::move(sliced);
+    });
+  }
 
   /// @brief Place 0's parameter values into `params`, place p's (a broadcast over the mesh).
   void broadcast_from_first(std::size_t p, const std::vector<parameter_ref<T>>& params) const {
@@ -486,21 +553,31 @@ class data_parallel {
   T step_on(std::vector<std::vector<batch_shard<T, R, Target>>> micro, std::size_t global_rows) {
     std::vector<T> losses(replicas_.size());
     std::vector<double> corrects(replicas_.size());
+    // sliced weight gradients: the products' gradients are taken in backward when every
+    // place runs the one backward (one micro-batch, rows on every place; one process)
+    bool take_products = sliced_weight_gradients() && micro.size() == 1;
+    for (const auto& shard : micro.back()) take_products = take_products && shard.inputs.extent(0) != 0;
     pdo::detail::run_on_places("data_parallel::step", mesh_, [&](std::size_t p, std::size_t k) {
       replica& r = *replicas_[k];
       buckets_type& buckets = *r.buckets;
       buckets.begin_step();
+      if (r.sliced) r.sliced->start();
       T local{};
       std::size_t correct = 0;
+      bool summed = false;  // the loss was summed before backward (take_products)
+      std::array<double, 2> totals{};
       {
-        // whatever happens, the communication lane is done with this step's buffers before we return
+        // whatever happens, the communication lane is done with this step's buffers before we
+        // return, and backward adds gradients again
         struct drain {
           buckets_type& b;
+          sliced_weights<T, Mesh>* sliced;
           bool done = false;
           ~drain() {
+            if (sliced != nullptr) sliced->end();
             if (!done) b.abandon();
           }
-        } guard{buckets};
+        } guard{buckets, r.sliced.get()};
         // micro-batches before the last add their gradients without any communication; the
         // last one's backward completes them and fires the buckets
         for (std::size_t m = 0; m < micro.size(); ++m) {
@@ -518,6 +595,15 @@ class data_parallel {
           buckets.record("forward", 0, forward_start, forward_end);
           if constexpr (std::is_integral_v<typename Target::value_type>) correct += count_correct(out.value(), s.targets);
           local += pdo::detail::scalar_of(loss.value());
+          if (take_products) {
+            // the update goes into the products backward makes: the loss is checked first,
+            // and the update's learning rate set
+            totals = pdo::detail::sum_along<Mesh, 2>(mesh_, dp_axis, p, {static_cast<double>(local), static_cast<double>(correct)});
+            summed = true;
+            if (!std::isfinite(static_cast<double>(static_cast<T>(totals[0])))) break;
+            if (options_.schedule) r.optimizer->set_lr(options_.schedule(steps_));
+            r.sliced->take_products(*linear_step_of(*r.optimizer));
+          }
           pdo::backward(loss);
           buckets.record("backward", 0, forward_end, buckets.since_start());
         }
@@ -526,7 +612,7 @@ class data_parallel {
       }
       // the global batch's loss and count of correct predictions, on every place, before any
       // update: a step whose loss is not finite changes nothing
-      const auto totals = pdo::detail::sum_along<Mesh, 2>(mesh_, dp_axis, p, {static_cast<double>(local), static_cast<double>(correct)});
+      if (!summed) totals = pdo::detail::sum_along<Mesh, 2>(mesh_, dp_axis, p, {static_cast<double>(local), static_cast<double>(correct)});
       losses[k] = static_cast<T>(totals[0]);
       corrects[k] = totals[1];
       if (!std::isfinite(static_cast<double>(losses[k]))) return;  // as step() reports it (in T)
@@ -540,15 +626,17 @@ class data_parallel {
         const double f = clip_factor(r.grad_norm, options_.clip_grad_norm);
         if (f < 1) scale_grads(updated, f);
       }
-      if (options_.schedule) r.optimizer->set_lr(options_.schedule(steps_));
+      if (options_.schedule && !summed) r.optimizer->set_lr(options_.schedule(steps_));
       if constexpr (fused_optimizer<Optimizer, T>) {
         if (fused_) {
           // the sync and the update in one pass (parameters without a gradient send zeros)
           r.optimizer->begin_fused_step();
-          std::vector<element_update<T>> updates(r.params.size());
-          for (std::size_t j = 0; j < r.params.size(); ++j)
-            if (r.updated_as[j] != npos) updates[j] = r.optimizer->fused_update(r.updated_as[j]);
+          std::vector<element_update<T>> updates(r.synced.size());
+          for (std::size_t i = 0; i < r.synced.size(); ++i)
+            if (r.updated_as[r.synced[i]] != npos) updates[i] = r.optimizer->fused_update(r.updated_as[r.synced[i]]);
           buckets.sync_and_update(updates);
+          // the weights whose products took the update (and any gradient they got besides)
+          if (r.sliced) r.sliced->finish_step(*linear_step_of(*r.optimizer));
           buckets.record("optimizer", 0, opt_start, buckets.since_start());
           return;
         }

@@ -95,6 +95,13 @@ class parameter_ref {
   void zero_grad() const { impl_->zero_grad(); }
   /// @brief Has backward call `f()` once this parameter's gradient is complete; replaces any earlier hook.
   void on_gradient(std::function<void()> f) const { impl_->on_gradient(std::move(f)); }
+  /// @brief For a local matrix (a pdo::tensor<T, 2>): has backward hand `f(a, g)` each
+  /// contribution matmul(aᵀ, g) this parameter's gradient gets as a product's right operand,
+  /// instead of adding it, when `f` returns true (false: backward adds it); an empty `f`
+  /// removes the hook. Returns false, and sets nothing, for a parameter of another kind.
+  bool on_product_gradient(std::function<bool(const tensor<T, 2>& a, const tensor<T, 2>& g)> f) const {
+    return impl_->on_product_gradient(std::move(f));
+  }
   /// @brief "f32[16, 8]" for a local parameter, "f32[16, 8]{split<tp>, replicate} on mesh(tp=2)" for a dtensor.
   [[nodiscard]] std::string shape_text() const { return impl_->shape_text(); }
   /// @brief The parameter's rank.
@@ -159,6 +166,7 @@ class parameter_ref {
     virtual double grad_squared_norm() = 0;
     virtual void zero_grad() = 0;
     virtual void on_gradient(std::function<void()> f) = 0;
+    virtual bool on_product_gradient(std::function<bool(const tensor<T, 2>&, const tensor<T, 2>&)> f) = 0;
     virtual std::string shape_text() = 0;
     virtual std::vector<std::size_t> extents() = 0;
     virtual void assign(const T* values, const std::vector<std::size_t>& shape, const std::string& name) = 0;
@@ -241,6 +249,19 @@ class parameter_ref {
     }
     void zero_grad() override { v.zero_grad(); }
     void on_gradient(std::function<void()> f) override { v.on_gradient(std::move(f)); }
+    bool on_product_gradient(std::function<bool(const tensor<T, 2>&, const tensor<T, 2>&)> f) override {
+      if constexpr (std::is_same_v<V, tensor<T, 2>>) {
+        auto& hook = v.node()->product_gradient;
+        if (!f) hook = nullptr;
+        else
+          hook = [f = std::move(f)](const void* a, const void* g) {
+            return f(*static_cast<const tensor<T, 2>*>(a), *static_cast<const tensor<T, 2>*>(g));
+          };
+        return true;
+      } else {
+        return false;
+      }
+    }
     std::string shape_text() override {
       if constexpr (var<V>::distributed) return v.value().describe();
       else return describe(v.value());

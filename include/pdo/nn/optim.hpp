@@ -16,6 +16,7 @@
 #include <functional>
 #include <memory>
 #include <numbers>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -176,6 +177,16 @@ inline lr_schedule cosine_lr(double lr, std::size_t warmup_steps, std::size_t to
 template <class T>
 using element_update = std::function<void(std::size_t lo, std::size_t hi, const T* g)>;
 
+/// @brief An update that is linear in the gradient and keeps no state, w <- keep w + scale g
+/// element for element (plain SGD: keep = 1 - lr weight_decay, scale = -lr), which a
+/// data-parallel trainer can fold into the product that makes a weight's gradient
+/// (data_parallel_options::sliced_weight_gradients).
+template <class T>
+struct linear_update {
+  T keep = T(1);   ///< what the value is multiplied by
+  T scale = T(0);  ///< what the gradient is multiplied by before it is added
+};
+
 /// @brief What every optimizer has: the parameters it updates.
 template <class T>
 class optimizer_base {
@@ -273,6 +284,12 @@ class sgd : public optimizer_base<T> {
     return [=](std::size_t lo, std::size_t hi, const T* g) {
       pdo::detail::for_each_element_range(pdo::detail::sgd_update<T, true>{p + lo, g, buf + lo, lr, momentum, decay, first}, 0, 0, hi - lo);
     };
+  }
+  /// @brief This step's update as w <- keep w + scale g when it is one (no momentum: SGD
+  /// then keeps no state), else none. The same rule as step(), rounded differently.
+  [[nodiscard]] std::optional<linear_update<T>> linear_step() const {
+    if (o_.momentum != 0) return std::nullopt;
+    return linear_update<T>{static_cast<T>(1 - o_.lr * o_.weight_decay), static_cast<T>(-o_.lr)};
   }
   /// @brief Sets the learning rate of the next steps (a schedule calls this before each one);
   /// a pdo::error when it is negative or not finite.
@@ -499,6 +516,8 @@ class any_optimizer {
   void begin_fused_step() { impl_->begin_fused_step(); }
   /// @brief The held optimizer's fused_update(i) (only when fusable()).
   [[nodiscard]] element_update<T> fused_update(std::size_t i) { return impl_->fused_update(i); }
+  /// @brief The held optimizer's linear_step() (sgd's), or none when it has none.
+  [[nodiscard]] std::optional<linear_update<T>> linear_step() const { return impl_->linear_step(); }
   /// @brief The steps parameter `i` has taken, if the held optimizer counts them per
   /// parameter (adam); else its step count.
   [[nodiscard]] long steps(std::size_t i) const { return impl_->steps(i); }
@@ -523,6 +542,7 @@ class any_optimizer {
     [[nodiscard]] virtual bool fusable() const = 0;
     virtual void begin_fused_step() = 0;
     [[nodiscard]] virtual element_update<T> fused_update(std::size_t i) = 0;
+    [[nodiscard]] virtual std::optional<linear_update<T>> linear_step() const = 0;
   };
   template <class O>
   struct holder final : base {
@@ -566,6 +586,10 @@ class any_optimizer {
     [[nodiscard]] element_update<T> fused_update(std::size_t i) override {
       if constexpr (fused_optimizer<O, T>) return o.fused_update(i);
       else throw error("any_optimizer::fused_update: the optimizer it holds takes no fused updates");
+    }
+    [[nodiscard]] std::optional<linear_update<T>> linear_step() const override {
+      if constexpr (requires { o.linear_step(); }) return o.linear_step();
+      else return std::nullopt;
     }
   };
   std::shared_ptr<base> impl_;

@@ -1,0 +1,172 @@
+// pdo/nn/sliced_weights.hpp: a data-parallel trainer's weight gradients made already summed
+// and sliced, and folded into the update (data_parallel_options::sliced_weight_gradients).
+//
+// The gradient of a replicated weight W [K, N] used as x W on rows split over "dp" is
+// xᵀ g, partial over "dp": the default sync all_reduces all K N elements of it, then every
+// replica updates all of W. When the rows are few next to K N (a batch of 256 rows against a
+// 4096 x 4096 weight), moving the product's operands is cheaper than moving the product: each
+// place all_gathers x and g over "dp" (rows (K + N) elements per place), computes rows
+// [lo, hi) of the summed product, its own K / n of them, with the batch's rows all at once,
+// and folds the optimizer's update into that product (w <- keep w + scale xᵀg, one BLAS call
+// with alpha = scale and beta = keep: the gradient is never stored). The updated rows then
+// go to every replica (a broadcast per place's rows), K N elements in all, where the default
+// all_reduce moves twice that and the update reads and writes the whole weight on every place.
+#pragma once
+
+#include <pdo/comm/mesh_comms.hpp>
+#include <pdo/core/error.hpp>
+#include <pdo/kernels/gemm.hpp>
+#include <pdo/nn/module.hpp>
+#include <pdo/nn/optim.hpp>
+
+#include <cstddef>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace pdo::nn {
+
+/// @brief The local matrices among one place's replica parameters whose gradients the
+/// trainer makes sliced (see the file's comment), over mesh axis `axis`. Each step: start(),
+/// then take_products() before a backward that every place runs (the hooks take each product
+/// x W's gradient from then on), finish_step() after backward (what backward added otherwise is all_reduced and applied, then
+/// every place's rows are broadcast); end() whenever a step stops (the hooks let backward
+/// add gradients again).
+template <class T, class Mesh>
+class sliced_weights {
+ public:
+  /// @brief Takes, among `params` (place `place`'s replica), those listed in `candidates`
+  /// that are local matrices, and hooks their products' gradients (inactive until take_products).
+  sliced_weights(const Mesh& m, std::size_t axis, std::size_t place, const std::vector<parameter_ref<T>>& params,
+                 const std::vector<std::size_t>& candidates)
+      : mesh_(m), axis_(axis), place_(place) {
+    if constexpr (blas_weights) {
+      const std::size_t parts = m.extent(axis), me = m.coord(place, axis);
+      for (std::size_t j : candidates) {
+        const parameter_ref<T>& p = params[j];
+        if (p.rank() != 2 || p.value_blocks().size() != 1 || !p.on_product_gradient(nullptr)) continue;
+        const auto e = p.extents();
+        weights_.push_back({j, p, e[0], e[1], pdo::detail::chunk_offset(e[0], parts, me), pdo::detail::chunk_size(e[0], parts, me)});
+      }
+      for (std::size_t i = 0; i < weights_.size(); ++i)
+        weights_[i].param.on_product_gradient([this, i](const tensor<T, 2>& a, const tensor<T, 2>& g) { return take(i, a, g); });
+    }
+  }
+  sliced_weights(const sliced_weights&) = delete;
+  sliced_weights& operator=(const sliced_weights&) = delete;
+  /// @brief Unhooks the weights (a copy of the model may outlive the trainer).
+  ~sliced_weights() {
+    for (auto& w : weights_) w.param.on_product_gradient(nullptr);
+  }
+
+  /// @brief The indices (in the replica's parameters) of the weights made sliced.
+  [[nodiscard]] std::vector<std::size_t> indices() const {
+    std::vector<std::size_t> out;
+    for (const auto& w : weights_) out.push_back(w.index);
+    return out;
+  }
+  /// @brief Whether any parameter is made sliced.
+  [[nodiscard]] bool empty() const { return weights_.empty(); }
+
+  /// @brief At a step's start: no gradients, nothing folded, the hooks inactive.
+  void start() {
+    active_ = false;
+    for (auto& w : weights_) {
+      w.folded = false;
+      w.param.zero_grad();
+    }
+  }
+  /// @brief Before the step's (one) backward: the hooks take each product's gradient, folded
+  /// into the update `u`. Every place's backward must then reach the same products: each place
+  /// has rows, and all run this backward.
+  void take_products(linear_update<T> u) {
+    update_ = u;
+    active_ = true;
+  }
+
+  /// @brief After the step's backward, with the step's update `u` (the same on every place):
+  /// each weight that took no product, or got other gradients besides, has those (zeros
+  /// where backward left none) all_reduced and applied to its rows; then each place's rows
+  /// go to every replica.
+  void finish_step(linear_update<T> u) {
+    active_ = false;
+    const mesh_communicator comm = communicator_along(mesh_, axis_, place_);
+    const std::size_t parts = mesh_.extent(axis_);
+    for (auto& w : weights_) {
+      const std::span<T> value = w.param.value();
+      // every place takes this branch alike: the same products folded, the same other uses
+      if (!w.folded || !w.param.grad_blocks().empty()) {
+        const std::span<T> g = w.param.grad_or_zeros();
+        comm.all_reduce(g);
+        const T keep = w.folded ? T(1) : u.keep;
+        T* __restrict v = value.data() + w.lo * w.cols;
+        const T* __restrict s = g.data() + w.lo * w.cols;
+        const std::size_t n = w.rows_here * w.cols;
+#pragma omp simd
+        for (std::size_t e = 0; e < n; ++e) v[e] = keep * v[e] + u.scale * s[e];
+      }
+      w.folded = false;
+      for (std::size_t c = 0; c < parts; ++c) {
+        const std::size_t lo = pdo::detail::chunk_offset(w.rows, parts, c), rows = pdo::detail::chunk_size(w.rows, parts, c);
+        if (rows != 0) comm.broadcast(value.subspan(lo * w.cols, rows * w.cols), c);
+      }
+    }
+  }
+
+  /// @brief Whenever a step stops (done or failed): backward adds gradients again.
+  void end() { active_ = false; }
+
+ private:
+  static constexpr bool blas_weights = pdo::detail::blas_gemm_v<T>;
+
+  struct weight {
+    std::size_t index;  ///< among the replica's parameters
+    parameter_ref<T> param;
+    std::size_t rows, cols;  ///< K, N
+    std::size_t lo, rows_here;  ///< this place's rows [lo, lo + rows_here)
+    bool folded = false;        ///< a product's gradient was folded into the rows this step
+  };
+
+  /// @brief The hook of weight i: the gradient matmul(aᵀ, g) of this place's rows a [r, K]
+  /// and g [r, N], summed over the axis and folded into this place's rows of the weight.
+  bool take(std::size_t i, const tensor<T, 2>& a, const tensor<T, 2>& g) {
+    weight& w = weights_[i];
+    // inactive, or not this weight's product (the same answer on every place: K and N are)
+    if (!active_ || a.extent(1) != w.rows || g.extent(1) != w.cols || a.on_gpu() || g.on_gpu()) return false;
+    const mesh_communicator comm = communicator_along(mesh_, axis_, place_);
+    const std::size_t parts = mesh_.extent(axis_);
+    std::vector<double> counts(parts);
+    const double mine = static_cast<double>(a.extent(0));
+    comm.all_gather(std::span<const double>(&mine, 1), std::span<double>(counts));
+    std::size_t total = 0;
+    for (double c : counts) total += static_cast<std::size_t>(c);
+    if (total == 0) return true;  // no rows anywhere: nothing to add
+    const any_place where = mesh_.place(place_);
+    tensor<T, 2> a_all(shape_t<2>{total, w.rows}, where, pdo::detail::uninitialized), g_all(shape_t<2>{total, w.cols}, where, pdo::detail::uninitialized);
+    comm.all_gather(std::span<const T>(a.data(), a.size()), a_all.span());
+    comm.all_gather(std::span<const T>(g.data(), g.size()), g_all.span());
+    if (w.rows_here != 0) {
+#if defined(PDO_WITH_BLAS)
+      if constexpr (blas_weights) {
+        pdo::detail::cpu_system system;
+        system.threads = pdo::detail::current_place_system().threads;
+        T* rows = w.param.value().data() + w.lo * w.cols;
+        // rows [lo, lo + rows_here) of aᵀ g: a_all's columns lo.. read transposed
+        pdo::detail::blas_gemm_on_cores(system, w.rows_here, w.cols, total, pdo::detail::matrix_ref<T>{a_all.data() + w.lo, w.rows, true},
+                                        pdo::detail::matrix_ref<T>{g_all.data(), w.cols, false}, rows, w.cols, update_.scale,
+                                        w.folded ? T(1) : update_.keep);
+      }
+#endif
+    }
+    w.folded = true;
+    return true;
+  }
+
+  Mesh mesh_;
+  std::size_t axis_, place_;
+  std::vector<weight> weights_;
+  linear_update<T> update_{};
+  bool active_ = false;
+};
+
+}  // namespace pdo::nn
