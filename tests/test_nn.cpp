@@ -587,27 +587,26 @@ TEST_CASE("data parallel: the gradients' sync fused with the optimizer's update 
 
 namespace {
 
-/// @brief One square weight used three times: as x W twice (two products' gradients) and as
-/// Wᵀ (a gradient that is not a product's right operand), then a head.
+/// @brief A square weight used three times: as x W twice (two products' gradients) and as
+/// Wᵀ (a gradient that is not a product's right operand), between two other layers.
 struct tied_mlp {
-  pdo::nn::linear<double> square, head;
+  pdo::nn::linear<double> in, square, head;
   template <class V>
   auto operator()(const pdo::var<V>& x) const {
-    const auto h = pdo::relu(square(x));
+    const auto h = pdo::relu(square(in(x)));
     const auto z = square(h) + pdo::matmul(h, pdo::transpose(square.weight));
     return head(pdo::tanh(z));
   }
   [[nodiscard]] std::vector<pdo::nn::parameter_ref<double>> parameters(const std::string& prefix = "") const {
-    auto out = square.parameters(prefix + "square.");
-    const auto rest = head.parameters(prefix + "head.");
-    out.insert(out.end(), rest.begin(), rest.end());
+    auto out = in.parameters(prefix + "in.");
+    for (const auto& more : {square.parameters(prefix + "square."), head.parameters(prefix + "head.")}) out.insert(out.end(), more.begin(), more.end());
     return out;
   }
 };
 
 tied_mlp make_tied() {
   pdo::nn::rng gen(12);
-  return {pdo::nn::linear<double>(6, 6, gen), pdo::nn::linear<double>(6, 4, gen)};
+  return {pdo::nn::linear<double>(6, 16, gen), pdo::nn::linear<double>(16, 16, gen), pdo::nn::linear<double>(16, 4, gen)};
 }
 
 /// @brief Trains `make_model`'s model on the 11 rows of `x`, `y` in global batches of 4 (4,
@@ -632,7 +631,8 @@ std::vector<double> train_batches(Trainer& trainer, const dt<2>& x, const pdo::t
 TEST_CASE("data parallel: sliced weight gradients, the SGD update folded into each place's rows of the product, train as one place does",
           "[nn][data_parallel]") {
   // batches of 4, 4 (in 2 micro-batches: gradients all_reduced instead), 3 rows (on 4 places
-  // one place has none: the same); weights of 6, 16 and 16 rows cut unevenly over 3 and 4
+  // one place has none: the same); weights of 6 and 16 rows cut unevenly over 3 and 4; the
+  // head's weight, 16 x 4, all_reduced in the 4-row steps (its operands' rows cost more)
   const auto x = rnd<2>({11, 6}, 62);
   const auto y = labels_for(11);
   using any = pdo::nn::any_optimizer<double>;
@@ -655,10 +655,12 @@ TEST_CASE("data parallel: sliced weight gradients, the SGD update folded into ea
         for (std::size_t s = 0; s < losses.size(); ++s) CHECK(losses[s] == Approx(reference[s]).epsilon(1e-12));
         check_close(values_of(sliced), values_of(one), 1e-11);
         CHECK_NOTHROW(sliced.check_replicas());  // each place's rows reached every replica
-        // a weight whose gradients were all products' went into the update: backward left it
-        // none (the last batch, 3 rows, leaves one of 4 places none: all_reduced instead; a weight
-        // also used as Wᵀ gets that gradient, all_reduced and applied besides)
-        CHECK(sliced.parameters()[0].grad_blocks().empty() == (products_only && places < 4));
+        // the first weight's gradient, all products', went into the update: backward left it
+        // none (the last batch, 3 rows, leaves one of 4 places none: all_reduced instead)
+        const auto params = sliced.parameters();
+        CHECK(params[0].grad_blocks().empty() == (places < 4));
+        // the square weight also used as Wᵀ gets that gradient too, all_reduced and applied
+        if (!products_only) CHECK(!params[2].grad_blocks().empty());
       }
     }
   };
@@ -667,7 +669,7 @@ TEST_CASE("data parallel: sliced weight gradients, the SGD update folded into ea
 
   const auto m = pdo::make_mesh<"dp">(pdo::cpu_places(2));
   const auto sgd = [](auto ps) { return pdo::nn::sgd<double>(std::move(ps), {.lr = 0.05}); };
-  SECTION("a step whose loss is not finite runs no backward and changes nothing") {
+  SECTION("a step whose loss is not finite changes nothing") {
     auto trainer = pdo::nn::make_data_parallel<double>(m, make_mlp, sgd, {.skip_nonfinite_steps = true, .sliced_weight_gradients = true});
     REQUIRE(trainer.sliced_weight_gradients());
     const auto before = values_of(trainer);
@@ -678,6 +680,14 @@ TEST_CASE("data parallel: sliced weight gradients, the SGD update folded into ea
     CHECK(values_of(trainer, 1) == before);
     CHECK(std::isfinite(trainer.step(rnd<2>({4, 6}, 64), labels_for(4))));
     CHECK(values_of(trainer) != before);
+  }
+  SECTION("each weight's way, by bytes: its operands' rows gathered, or its product all_reduced") {
+    auto trainer = pdo::nn::make_data_parallel<double>(m, make_mlp, sgd, {.sliced_weight_gradients = true});
+    (void)trainer.step(rnd<2>({4, 6}, 68), labels_for(4));
+    const auto params = trainer.parameters();
+    CHECK(params[0].grad_blocks().empty());   // 6 x 16: 4 rows x (6 + 16) = 88 < 96, gathered
+    CHECK(!params[4].grad_blocks().empty());  // 16 x 4: 4 x 20 = 80 >= 64, all_reduced
+    CHECK_NOTHROW(trainer.check_replicas());
   }
   SECTION("where it does not apply the trainer runs as without it") {
     const auto adam = [](auto ps) { return pdo::nn::adam<double>(std::move(ps), {.lr = 0.01}); };

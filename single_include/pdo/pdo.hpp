@@ -18414,14 +18414,21 @@ struct mse_loss {
 // place all_gathers x and g over "dp" (rows (K + N) elements per place), computes rows
 // [lo, hi) of the summed product, its own K / n of them, with the batch's rows all at once,
 // and folds the optimizer's update into that product (w <- keep w + scale xᵀg, one BLAS call
-// with alpha = scale and beta = keep: the gradient is never stored). The updated rows then
+// with alpha = scale and beta = keep: the gradient is never stored). The operands are gathered
+// while backward runs (a hook takes the product's gradient in backward's place) and the
+// products run once backward is done: an earlier use of the weight (a tied one) still reads
+// its old value for its own input's gradient. The updated rows then
 // go to every replica (a broadcast per place's rows), K N elements in all, where the default
 // all_reduce moves twice that and the update reads and writes the whole weight on every place.
+// Where the batch's rows times (K + N) reach K N, gathering the operands would move more than
+// the product: such a weight's gradient is all_reduced (after backward) and the same update
+// applied to it.
 
 
 #include <cstddef>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace pdo::nn {
@@ -18468,44 +18475,60 @@ class sliced_weights {
   /// @brief Whether any parameter is made sliced.
   [[nodiscard]] bool empty() const { return weights_.empty(); }
 
-  /// @brief At a step's start: no gradients, nothing folded, the hooks inactive.
+  /// @brief At a step's start: no gradients, no products taken, the hooks inactive.
   void start() {
     active_ = false;
     for (auto& w : weights_) {
-      w.folded = false;
+      w.pending.clear();
       w.param.zero_grad();
     }
   }
-  /// @brief Before the step's (one) backward: the hooks take each product's gradient, folded
-  /// into the update `u`. Every place's backward must then reach the same products: each place
-  /// has rows, and all run this backward.
-  void take_products(linear_update<T> u) {
-    update_ = u;
-    active_ = true;
-  }
+  /// @brief Before the step's (one) backward: the hooks take each product's gradient (its
+  /// operands gathered, for finish_step). Every place's backward must then reach the same
+  /// products: each place has rows, and all run this backward.
+  void take_products() { active_ = true; }
 
   /// @brief After the step's backward, with the step's update `u` (the same on every place):
-  /// each weight that took no product, or got other gradients besides, has those (zeros
-  /// where backward left none) all_reduced and applied to its rows; then each place's rows
-  /// go to every replica.
+  /// each weight's products taken in backward, its rows of them with `u` folded in; each
+  /// weight that took no product, or got other gradients besides, has those (zeros where
+  /// backward left none) all_reduced and applied to its rows; then each place's rows go to
+  /// every replica.
   void finish_step(linear_update<T> u) {
     active_ = false;
     const mesh_communicator comm = communicator_along(mesh_, axis_, place_);
     const std::size_t parts = mesh_.extent(axis_);
     for (auto& w : weights_) {
       const std::span<T> value = w.param.value();
+      bool first = true;
+      for (const auto& [a_all, g_all] : w.pending) {
+        if (w.rows_here == 0) break;
+#if defined(PDO_WITH_BLAS)
+        if constexpr (blas_weights) {
+          pdo::detail::cpu_system system;
+          system.threads = pdo::detail::current_place_system().threads;
+          // rows [lo, lo + rows_here) of aᵀ g: a_all's columns lo.. read transposed; the
+          // first product applies the update's keep, the next ones add
+          pdo::detail::blas_gemm_on_cores(system, w.rows_here, w.cols, a_all.extent(0),
+                                          pdo::detail::matrix_ref<T>{a_all.data() + w.lo, w.rows, true},
+                                          pdo::detail::matrix_ref<T>{g_all.data(), w.cols, false}, value.data() + w.lo * w.cols, w.cols,
+                                          u.scale, first ? u.keep : T(1));
+        }
+#endif
+        first = false;
+      }
+      const bool folded = !w.pending.empty();
+      w.pending.clear();
       // every place takes this branch alike: the same products folded, the same other uses
-      if (!w.folded || !w.param.grad_blocks().empty()) {
+      if (!folded || !w.param.grad_blocks().empty()) {
         const std::span<T> g = w.param.grad_or_zeros();
         comm.all_reduce(g);
-        const T keep = w.folded ? T(1) : u.keep;
+        const T keep = folded ? T(1) : u.keep;
         T* __restrict v = value.data() + w.lo * w.cols;
         const T* __restrict s = g.data() + w.lo * w.cols;
         const std::size_t n = w.rows_here * w.cols;
 #pragma omp simd
         for (std::size_t e = 0; e < n; ++e) v[e] = keep * v[e] + u.scale * s[e];
       }
-      w.folded = false;
       for (std::size_t c = 0; c < parts; ++c) {
         const std::size_t lo = pdo::detail::chunk_offset(w.rows, parts, c), rows = pdo::detail::chunk_size(w.rows, parts, c);
         if (rows != 0) comm.broadcast(value.subspan(lo * w.cols, rows * w.cols), c);
@@ -18513,8 +18536,13 @@ class sliced_weights {
     }
   }
 
-  /// @brief Whenever a step stops (done or failed): backward adds gradients again.
+  /// @brief Whenever a step's backward is over: backward adds gradients again.
   void end() { active_ = false; }
+  /// @brief After a step that failed: the operands gathered for it are dropped too.
+  void abandon() {
+    active_ = false;
+    for (auto& w : weights_) w.pending.clear();
+  }
 
  private:
   static constexpr bool blas_weights = pdo::detail::blas_gemm_v<T>;
@@ -18524,11 +18552,13 @@ class sliced_weights {
     parameter_ref<T> param;
     std::size_t rows, cols;  ///< K, N
     std::size_t lo, rows_here;  ///< this place's rows [lo, lo + rows_here)
-    bool folded = false;        ///< a product's gradient was folded into the rows this step
+    /// @brief The operands of each product taken this step, gathered over the axis (x and g
+    /// of the batch's rows), for finish_step.
+    std::vector<std::pair<tensor<T, 2>, tensor<T, 2>>> pending;
   };
 
-  /// @brief The hook of weight i: the gradient matmul(aᵀ, g) of this place's rows a [r, K]
-  /// and g [r, N], summed over the axis and folded into this place's rows of the weight.
+  /// @brief The hook of weight i: takes the gradient matmul(aᵀ, g) of this place's rows a
+  /// [r, K] and g [r, N], its operands gathered over the axis for finish_step.
   bool take(std::size_t i, const tensor<T, 2>& a, const tensor<T, 2>& g) {
     weight& w = weights_[i];
     // inactive, or not this weight's product (the same answer on every place: K and N are)
@@ -18541,31 +18571,20 @@ class sliced_weights {
     std::size_t total = 0;
     for (double c : counts) total += static_cast<std::size_t>(c);
     if (total == 0) return true;  // no rows anywhere: nothing to add
+    // the operands' rows cost more than the product would: all_reduce the product instead
+    // (the same answer on every place: the same rows, K and N)
+    if (total * (w.rows + w.cols) >= w.rows * w.cols) return false;
     const any_place where = mesh_.place(place_);
     tensor<T, 2> a_all(shape_t<2>{total, w.rows}, where, pdo::detail::uninitialized), g_all(shape_t<2>{total, w.cols}, where, pdo::detail::uninitialized);
     comm.all_gather(std::span<const T>(a.data(), a.size()), a_all.span());
     comm.all_gather(std::span<const T>(g.data(), g.size()), g_all.span());
-    if (w.rows_here != 0) {
-#if defined(PDO_WITH_BLAS)
-      if constexpr (blas_weights) {
-        pdo::detail::cpu_system system;
-        system.threads = pdo::detail::current_place_system().threads;
-        T* rows = w.param.value().data() + w.lo * w.cols;
-        // rows [lo, lo + rows_here) of aᵀ g: a_all's columns lo.. read transposed
-        pdo::detail::blas_gemm_on_cores(system, w.rows_here, w.cols, total, pdo::detail::matrix_ref<T>{a_all.data() + w.lo, w.rows, true},
-                                        pdo::detail::matrix_ref<T>{g_all.data(), w.cols, false}, rows, w.cols, update_.scale,
-                                        w.folded ? T(1) : update_.keep);
-      }
-#endif
-    }
-    w.folded = true;
+    w.pending.emplace_back(std::move(a_all), std::move(g_all));
     return true;
   }
 
   Mesh mesh_;
   std::size_t axis_, place_;
   std::vector<weight> weights_;
-  linear_update<T> update_{};
   bool active_ = false;
 };
 
@@ -18647,10 +18666,11 @@ struct data_parallel_options {
   /// broadcasts its updated rows to every replica: K N elements moved per weight, where the
   /// all_reduce moves 2 K N (n - 1) / n and every replica then updates all of W. The other
   /// parameters (biases) take the fused update. Worth it when the batch's rows are few next
-  /// to the weights' (benchmarks/train.cpp: 256 rows, 4096 x 4096 weights). The same values
-  /// as the default within rounding (the products add the rows in another order); the loss
-  /// is summed and checked before backward (a step whose loss is not finite runs no
-  /// backward), and backward leaves such weights no gradient. A step with micro_batches > 1,
+  /// to the weights' (benchmarks/train.cpp: 256 rows, 4096 x 4096 weights): a weight for which
+  /// the batch's rows times (K + N) reach K N has its gradient all_reduced after backward
+  /// instead, and the same update applied (chosen each step, by bytes). The same values
+  /// as the default within rounding (the products add the rows in another order); backward
+  /// leaves such weights no gradient. A step with micro_batches > 1,
   /// or whose batch leaves some place no rows, all_reduces those gradients and applies the
   /// same update. Elsewhere, the trainer runs as without it (sliced_weight_gradients() says
   /// which).
@@ -18935,7 +18955,8 @@ class data_parallel {
       text += "  weights used as x W (the rest below):";
       for (std::size_t j : replicas_[0]->sliced->indices()) text += " " + replicas_[0]->params[j].name();
       text += "; each place all_gathers x and g over \"dp\", computes its rows of the summed xᵀ g with the SGD update folded in "
-              "(one BLAS call; the gradient is not stored), and broadcasts those rows to every replica\n";
+              "(one BLAS call; the gradient is not stored), and broadcasts those rows to every replica; where the batch's rows "
+              "times (K + N) reach K N, all_reduced after backward instead\n";
     }
     if (options_.zero1)
       text += "  ZeRO-1: reduce_scattered over \"" + std::string(step.axis) + "\" (each place sums and updates its slice, with its "
@@ -19120,8 +19141,6 @@ class data_parallel {
       if (r.sliced) r.sliced->start();
       T local{};
       std::size_t correct = 0;
-      bool summed = false;  // the loss was summed before backward (take_products)
-      std::array<double, 2> totals{};
       {
         // whatever happens, the communication lane is done with this step's buffers before we
         // return, and backward adds gradients again
@@ -19130,7 +19149,7 @@ class data_parallel {
           sliced_weights<T, Mesh>* sliced;
           bool done = false;
           ~drain() {
-            if (sliced != nullptr) sliced->end();
+            if (sliced != nullptr) done ? sliced->end() : sliced->abandon();
             if (!done) b.abandon();
           }
         } guard{buckets, r.sliced.get()};
@@ -19151,15 +19170,9 @@ class data_parallel {
           buckets.record("forward", 0, forward_start, forward_end);
           if constexpr (std::is_integral_v<typename Target::value_type>) correct += count_correct(out.value(), s.targets);
           local += pdo::detail::scalar_of(loss.value());
-          if (take_products) {
-            // the update goes into the products backward makes: the loss is checked first,
-            // and the update's learning rate set
-            totals = pdo::detail::sum_along<Mesh, 2>(mesh_, dp_axis, p, {static_cast<double>(local), static_cast<double>(correct)});
-            summed = true;
-            if (!std::isfinite(static_cast<double>(static_cast<T>(totals[0])))) break;
-            if (options_.schedule) r.optimizer->set_lr(options_.schedule(steps_));
-            r.sliced->take_products(*linear_step_of(*r.optimizer));
-          }
+          // the products backward takes have their operands gathered; the update is folded
+          // into them after it
+          if (take_products) r.sliced->take_products();
           pdo::backward(loss);
           buckets.record("backward", 0, forward_end, buckets.since_start());
         }
@@ -19168,7 +19181,7 @@ class data_parallel {
       }
       // the global batch's loss and count of correct predictions, on every place, before any
       // update: a step whose loss is not finite changes nothing
-      if (!summed) totals = pdo::detail::sum_along<Mesh, 2>(mesh_, dp_axis, p, {static_cast<double>(local), static_cast<double>(correct)});
+      const auto totals = pdo::detail::sum_along<Mesh, 2>(mesh_, dp_axis, p, {static_cast<double>(local), static_cast<double>(correct)});
       losses[k] = static_cast<T>(totals[0]);
       corrects[k] = totals[1];
       if (!std::isfinite(static_cast<double>(losses[k]))) return;  // as step() reports it (in T)
@@ -19182,7 +19195,7 @@ class data_parallel {
         const double f = clip_factor(r.grad_norm, options_.clip_grad_norm);
         if (f < 1) scale_grads(updated, f);
       }
-      if (options_.schedule && !summed) r.optimizer->set_lr(options_.schedule(steps_));
+      if (options_.schedule) r.optimizer->set_lr(options_.schedule(steps_));
       if constexpr (fused_optimizer<Optimizer, T>) {
         if (fused_) {
           // the sync and the update in one pass (parameters without a gradient send zeros)
