@@ -669,7 +669,7 @@ TEST_CASE("data parallel: sliced weight gradients, the SGD update folded into ea
 
   const auto m = pdo::make_mesh<"dp">(pdo::cpu_places(2));
   const auto sgd = [](auto ps) { return pdo::nn::sgd<double>(std::move(ps), {.lr = 0.05}); };
-  SECTION("a step whose loss is not finite changes nothing") {
+  SECTION("a step whose loss is not finite runs no backward and changes nothing") {
     auto trainer = pdo::nn::make_data_parallel<double>(m, make_mlp, sgd, {.skip_nonfinite_steps = true, .sliced_weight_gradients = true});
     REQUIRE(trainer.sliced_weight_gradients());
     const auto before = values_of(trainer);

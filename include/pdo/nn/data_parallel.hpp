@@ -94,8 +94,9 @@ struct data_parallel_options {
   /// to the weights' (benchmarks/train.cpp: 256 rows, 4096 x 4096 weights): a weight for which
   /// the batch's rows times (K + N) reach K N has its gradient all_reduced after backward
   /// instead, and the same update applied (chosen each step, by bytes). The same values
-  /// as the default within rounding (the products add the rows in another order); backward
-  /// leaves such weights no gradient. A step with micro_batches > 1,
+  /// as the default within rounding (the products add the rows in another order); the loss
+  /// is summed and checked before backward (a step whose loss is not finite runs no
+  /// backward), and backward leaves such weights no gradient. A step with micro_batches > 1,
   /// or whose batch leaves some place no rows, all_reduces those gradients and applies the
   /// same update. Elsewhere, the trainer runs as without it (sliced_weight_gradients() says
   /// which).
@@ -566,6 +567,8 @@ class data_parallel {
       if (r.sliced) r.sliced->start();
       T local{};
       std::size_t correct = 0;
+      bool summed = false;  // the loss was summed before backward (take_products)
+      std::array<double, 2> totals{};
       {
         // whatever happens, the communication lane is done with this step's buffers before we
         // return, and backward adds gradients again
@@ -595,9 +598,15 @@ class data_parallel {
           buckets.record("forward", 0, forward_start, forward_end);
           if constexpr (std::is_integral_v<typename Target::value_type>) correct += count_correct(out.value(), s.targets);
           local += pdo::detail::scalar_of(loss.value());
-          // the products backward takes have their operands gathered; the update is folded
-          // into them after it
-          if (take_products) r.sliced->take_products();
+          if (take_products) {
+            // the products backward takes get the update folded in as it runs: the loss is
+            // checked first, and the update's learning rate set
+            totals = pdo::detail::sum_along<Mesh, 2>(mesh_, dp_axis, p, {static_cast<double>(local), static_cast<double>(correct)});
+            summed = true;
+            if (!std::isfinite(static_cast<double>(static_cast<T>(totals[0])))) break;
+            if (options_.schedule) r.optimizer->set_lr(options_.schedule(steps_));
+            r.sliced->take_products(*linear_step_of(*r.optimizer));
+          }
           pdo::backward(loss);
           buckets.record("backward", 0, forward_end, buckets.since_start());
         }
@@ -606,7 +615,7 @@ class data_parallel {
       }
       // the global batch's loss and count of correct predictions, on every place, before any
       // update: a step whose loss is not finite changes nothing
-      const auto totals = pdo::detail::sum_along<Mesh, 2>(mesh_, dp_axis, p, {static_cast<double>(local), static_cast<double>(correct)});
+      if (!summed) totals = pdo::detail::sum_along<Mesh, 2>(mesh_, dp_axis, p, {static_cast<double>(local), static_cast<double>(correct)});
       losses[k] = static_cast<T>(totals[0]);
       corrects[k] = totals[1];
       if (!std::isfinite(static_cast<double>(losses[k]))) return;  // as step() reports it (in T)
@@ -620,7 +629,7 @@ class data_parallel {
         const double f = clip_factor(r.grad_norm, options_.clip_grad_norm);
         if (f < 1) scale_grads(updated, f);
       }
-      if (options_.schedule) r.optimizer->set_lr(options_.schedule(steps_));
+      if (options_.schedule && !summed) r.optimizer->set_lr(options_.schedule(steps_));
       if constexpr (fused_optimizer<Optimizer, T>) {
         if (fused_) {
           // the sync and the update in one pass (parameters without a gradient send zeros)

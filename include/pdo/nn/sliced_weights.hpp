@@ -10,8 +10,8 @@
 // and folds the optimizer's update into that product (w <- keep w + scale xᵀg, one BLAS call
 // with alpha = scale and beta = keep: the gradient is never stored). The operands are gathered
 // while backward runs (a hook takes the product's gradient in backward's place) and the
-// products run once backward is done: an earlier use of the weight (a tied one) still reads
-// its old value for its own input's gradient. The updated rows then
+// products are made once the weight's last use in backward is done: every use (a tied
+// weight's too) has read its old value for its own input's gradient. The updated rows then
 // go to every replica (a broadcast per place's rows), K N elements in all, where the default
 // all_reduce moves twice that and the update reads and writes the whole weight on every place.
 // Where the batch's rows times (K + N) reach K N, gathering the operands would move more than
@@ -53,7 +53,7 @@ class sliced_weights {
         const parameter_ref<T>& p = params[j];
         if (p.rank() != 2 || p.value_blocks().size() != 1 || !p.on_product_gradient(nullptr)) continue;
         const auto e = p.extents();
-        weights_.push_back({j, p, e[0], e[1], pdo::detail::chunk_offset(e[0], parts, me), pdo::detail::chunk_size(e[0], parts, me)});
+        weights_.push_back({j, p, e[0], e[1], pdo::detail::chunk_offset(e[0], parts, me), pdo::detail::chunk_size(e[0], parts, me), {}, false});
       }
       for (std::size_t i = 0; i < weights_.size(); ++i)
         weights_[i].param.on_product_gradient([this, i](const tensor<T, 2>& a, const tensor<T, 2>& g) { return take(i, a, g); });
@@ -77,16 +77,22 @@ class sliced_weights {
 
   /// @brief At a step's start: no gradients, no products taken, the hooks inactive.
   void start() {
-    active_ = false;
+    end();
     for (auto& w : weights_) {
       w.pending.clear();
+      w.folded = false;
       w.param.zero_grad();
     }
   }
   /// @brief Before the step's (one) backward: the hooks take each product's gradient (its
-  /// operands gathered, for finish_step). Every place's backward must then reach the same
+  /// operands gathered), and once a weight's last use in backward is done its products are
+  /// made with the update `u` folded in. Every place's backward must then reach the same
   /// products: each place has rows, and all run this backward.
-  void take_products() { active_ = true; }
+  void take_products(linear_update<T> u) {
+    update_ = u;
+    active_ = true;
+    for (std::size_t i = 0; i < weights_.size(); ++i) weights_[i].param.on_gradient([this, i] { fold(weights_[i], update_); });
+  }
 
   /// @brief After the step's backward, with the step's update `u` (the same on every place):
   /// each weight's products taken in backward, its rows of them with `u` folded in; each
@@ -99,25 +105,9 @@ class sliced_weights {
     const std::size_t parts = mesh_.extent(axis_);
     for (auto& w : weights_) {
       const std::span<T> value = w.param.value();
-      bool first = true;
-      for (const auto& [a_all, g_all] : w.pending) {
-        if (w.rows_here == 0) break;
-#if defined(PDO_WITH_BLAS)
-        if constexpr (blas_weights) {
-          pdo::detail::cpu_system system;
-          system.threads = pdo::detail::current_place_system().threads;
-          // rows [lo, lo + rows_here) of aᵀ g: a_all's columns lo.. read transposed; the
-          // first product applies the update's keep, the next ones add
-          pdo::detail::blas_gemm_on_cores(system, w.rows_here, w.cols, a_all.extent(0),
-                                          pdo::detail::matrix_ref<T>{a_all.data() + w.lo, w.rows, true},
-                                          pdo::detail::matrix_ref<T>{g_all.data(), w.cols, false}, value.data() + w.lo * w.cols, w.cols,
-                                          u.scale, first ? u.keep : T(1));
-        }
-#endif
-        first = false;
-      }
-      const bool folded = !w.pending.empty();
-      w.pending.clear();
+      fold(w, u);  // products not made yet
+      const bool folded = w.folded;
+      w.folded = false;
       // every place takes this branch alike: the same products folded, the same other uses
       if (!folded || !w.param.grad_blocks().empty()) {
         const std::span<T> g = w.param.grad_or_zeros();
@@ -137,10 +127,13 @@ class sliced_weights {
   }
 
   /// @brief Whenever a step's backward is over: backward adds gradients again.
-  void end() { active_ = false; }
+  void end() {
+    active_ = false;
+    for (auto& w : weights_) w.param.on_gradient(nullptr);
+  }
   /// @brief After a step that failed: the operands gathered for it are dropped too.
   void abandon() {
-    active_ = false;
+    end();
     for (auto& w : weights_) w.pending.clear();
   }
 
@@ -155,7 +148,33 @@ class sliced_weights {
     /// @brief The operands of each product taken this step, gathered over the axis (x and g
     /// of the batch's rows), for finish_step.
     std::vector<std::pair<tensor<T, 2>, tensor<T, 2>>> pending;
+    bool folded = false;  ///< products were folded into the rows this step
   };
+
+  /// @brief Makes the products `w` took, into its rows with the update `u` folded in (the
+  /// first applies u's keep, the next ones add); after the weight's last use in backward
+  /// (no rule reads its value after it) or after backward.
+  void fold(weight& w, linear_update<T> u) {
+    if (w.pending.empty()) return;
+    T* const rows = w.param.value().data() + w.lo * w.cols;
+    for (const auto& [a_all, g_all] : w.pending) {
+      if (w.rows_here == 0) break;
+#if defined(PDO_WITH_BLAS)
+      if constexpr (blas_weights) {
+        pdo::detail::cpu_system system;
+        system.threads = pdo::detail::current_place_system().threads;
+        // rows [lo, lo + rows_here) of aᵀ g: a_all's columns lo.. read transposed
+        pdo::detail::blas_gemm_on_cores(system, w.rows_here, w.cols, a_all.extent(0),
+                                        pdo::detail::matrix_ref<T>{a_all.data() + w.lo, w.rows, true},
+                                        pdo::detail::matrix_ref<T>{g_all.data(), w.cols, false}, rows, w.cols, u.scale,
+                                        w.folded ? T(1) : u.keep);
+      }
+#endif
+      w.folded = true;
+    }
+    w.folded = true;
+    w.pending.clear();
+  }
 
   /// @brief The hook of weight i: takes the gradient matmul(aᵀ, g) of this place's rows a
   /// [r, K] and g [r, N], its operands gathered over the axis for finish_step.
@@ -185,6 +204,7 @@ class sliced_weights {
   Mesh mesh_;
   std::size_t axis_, place_;
   std::vector<weight> weights_;
+  linear_update<T> update_{};
   bool active_ = false;
 };
 
