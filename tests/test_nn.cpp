@@ -604,6 +604,22 @@ struct tied_mlp {
   }
 };
 
+/// @brief Two experts of one shape, the rows' first value choosing which one a place's
+/// rows go through: a path that depends on the data.
+struct routed_mlp {
+  pdo::nn::linear<double> first, second, head;
+  template <class V>
+  auto operator()(const pdo::var<V>& x) const {
+    const bool pick_first = x.value().data()[0] > 0;
+    return head(pdo::relu(pick_first ? first(x) : second(x)));
+  }
+  [[nodiscard]] std::vector<pdo::nn::parameter_ref<double>> parameters(const std::string& prefix = "") const {
+    auto out = first.parameters(prefix + "first.");
+    for (const auto& more : {second.parameters(prefix + "second."), head.parameters(prefix + "head.")}) out.insert(out.end(), more.begin(), more.end());
+    return out;
+  }
+};
+
 tied_mlp make_tied() {
   pdo::nn::rng gen(12);
   return {pdo::nn::linear<double>(6, 16, gen), pdo::nn::linear<double>(16, 16, gen), pdo::nn::linear<double>(16, 4, gen)};
@@ -688,6 +704,27 @@ TEST_CASE("data parallel: sliced weight gradients, the SGD update folded into ea
     CHECK(params[0].grad_blocks().empty());   // 6 x 16: 4 rows x (6 + 16) = 88 < 96, gathered
     CHECK(!params[4].grad_blocks().empty());  // 16 x 4: 4 x 20 = 80 >= 64, all_reduced
     CHECK_NOTHROW(trainer.check_replicas());
+  }
+  SECTION("places whose backward passes reach different weights: a mismatch_error on every place, not mixed weights") {
+    const auto make_routed = [] {
+      pdo::nn::rng gen(13);
+      return routed_mlp{pdo::nn::linear<double>(6, 16, gen), pdo::nn::linear<double>(6, 16, gen), pdo::nn::linear<double>(16, 4, gen)};
+    };
+    auto trainer = pdo::nn::make_data_parallel<double>(m, make_routed, sgd, {.sliced_weight_gradients = true});
+    REQUIRE(trainer.sliced_weight_gradients());
+    auto x = rnd<2>({4, 6}, 69);
+    x(0, 0) = 1;   // place 0's rows: the first expert
+    x(2, 0) = -1;  // place 1's: the second
+    try {
+      (void)trainer.step(x, labels_for(4));
+      FAIL("the step went through");
+    } catch (const pdo::mismatch_error& e) {
+      CHECK_THAT(std::string(e.what()), Catch::Contains("reach different weights' products") && Catch::Contains("first.weight") &&
+                                            Catch::Contains("second.weight"));
+    }
+    // the mesh goes on: a batch that takes one path on every place trains
+    x(2, 0) = 1;
+    CHECK(std::isfinite(trainer.step(x, labels_for(4))));
   }
   SECTION("where it does not apply the trainer runs as without it") {
     const auto adam = [](auto ps) { return pdo::nn::adam<double>(std::move(ps), {.lr = 0.01}); };

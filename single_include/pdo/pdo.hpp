@@ -18425,6 +18425,8 @@ struct mse_loss {
 // applied to it.
 
 
+#include <algorithm>
+#include <array>
 #include <cstddef>
 #include <span>
 #include <string>
@@ -18452,6 +18454,8 @@ class sliced_weights {
       for (std::size_t j : candidates) {
         const parameter_ref<T>& p = params[j];
         if (p.rank() != 2 || p.value_blocks().size() != 1 || !p.on_product_gradient(nullptr)) continue;
+        // a parameter listed twice is one weight (its hook and its update once)
+        if (std::ranges::any_of(weights_, [&](const weight& w) { return w.param.same_parameter(p); })) continue;
         const auto e = p.extents();
         weights_.push_back({j, p, e[0], e[1], pdo::detail::chunk_offset(e[0], parts, me), pdo::detail::chunk_size(e[0], parts, me), {}, false});
       }
@@ -18584,11 +18588,22 @@ class sliced_weights {
     if (!active_ || a.extent(1) != w.rows || g.extent(1) != w.cols || a.on_gpu() || g.on_gpu()) return false;
     const mesh_communicator comm = communicator_along(mesh_, axis_, place_);
     const std::size_t parts = mesh_.extent(axis_);
-    std::vector<double> counts(parts);
-    const double mine = static_cast<double>(a.extent(0));
-    comm.all_gather(std::span<const double>(&mine, 1), std::span<double>(counts));
+    // every place's weight and rows: the places must be at the same weight's product (a
+    // model whose path depends on its data could reach different ones: every place throws)
+    std::vector<double> seen(2 * parts);
+    const std::array<double, 2> mine{static_cast<double>(i), static_cast<double>(a.extent(0))};
+    comm.all_gather(std::span<const double>(mine), std::span<double>(seen));
     std::size_t total = 0;
-    for (double c : counts) total += static_cast<std::size_t>(c);
+    for (std::size_t c = 0; c < parts; ++c) {
+      const auto other = static_cast<std::size_t>(seen[2 * c]);
+      if (other != static_cast<std::size_t>(seen[0]))
+        throw mismatch_error("data_parallel: sliced weight gradients: the places' backward passes reach different weights' products (" +
+                             mesh_.place(mesh_.group(axis_, place_)[0]).name() + ": " + weights_.at(static_cast<std::size_t>(seen[0])).param.name() +
+                             ", " + mesh_.place(mesh_.group(axis_, place_)[c]).name() + ": " + weights_.at(other).param.name() +
+                             "); with sliced_weight_gradients every place's backward must use the same weights in the same order "
+                             "(leave the option off for a model whose path depends on its data)");
+      total += static_cast<std::size_t>(seen[2 * c + 1]);
+    }
     if (total == 0) return true;  // no rows anywhere: nothing to add
     // the operands' rows cost more than the product would: all_reduce the product instead
     // (the same answer on every place: the same rows, K and N)
@@ -18680,21 +18695,29 @@ struct data_parallel_options {
   /// @brief With nn::sgd without momentum (or an any_optimizer holding one), on the places
   /// where fused_update applies: the gradient of each weight W [K, N] used as x W (a local
   /// matrix, a right operand of matmul) is made summed and sliced instead of all_reduced.
-  /// Each place all_gathers x and g over "dp" (the batch's rows: (K + N) of them per place's
-  /// row), computes its K / n rows of the summed xᵀ g with all the batch's rows in one BLAS
-  /// call whose alpha and beta apply the SGD update (the gradient is never stored), and
-  /// broadcasts its updated rows to every replica: K N elements moved per weight, where the
-  /// all_reduce moves 2 K N (n - 1) / n and every replica then updates all of W. The other
-  /// parameters (biases) take the fused update. Worth it when the batch's rows are few next
-  /// to the weights' (benchmarks/train.cpp: 256 rows, 4096 x 4096 weights): a weight for which
-  /// the batch's rows times (K + N) reach K N has its gradient all_reduced after backward
-  /// instead, and the same update applied (chosen each step, by bytes). The same values
-  /// as the default within rounding (the products add the rows in another order); the loss
-  /// is summed and checked before backward (a step whose loss is not finite runs no
-  /// backward), and backward leaves such weights no gradient. A step with micro_batches > 1,
-  /// or whose batch leaves some place no rows, all_reduces those gradients and applies the
-  /// same update. Elsewhere, the trainer runs as without it (sliced_weight_gradients() says
-  /// which).
+  /// Each place all_gathers x and g over "dp" (the batch's rows, K + N elements each) while
+  /// backward runs and, once the weight's last use in backward is done, computes its K / n
+  /// rows of the summed xᵀ g over all the batch's rows, a BLAS call per product (cut over
+  /// the place's cores) whose alpha and beta apply the SGD update (the gradient is never
+  /// stored); after backward it broadcasts its updated rows to every replica. Per weight that
+  /// moves the gathered rows and K N elements, where the all_reduce moves 2 K N (n - 1) / n
+  /// and every replica then updates all of W; a weight for which the batch's rows times
+  /// (K + N) reach K N has its gradient all_reduced after backward instead, and the same
+  /// update applied (chosen each step, by bytes). Worth it when the batch's rows are few next
+  /// to the weights' (benchmarks/train.cpp: 256 rows, 4096 x 4096 weights). The other
+  /// parameters (biases) take the fused update (so fused_update() is true too). The same
+  /// values as the default within rounding (the products add the rows in another order). In
+  /// a step of one micro-batch with rows on every place, the loss is summed and checked
+  /// before backward (a step whose loss is not finite runs no backward); backward leaves the
+  /// weights no gradient; every place's backward must reach the same weights' products in the
+  /// same order (a model whose path depends on its data gets a pdo::mismatch_error on every
+  /// place); and a step that fails after a weight's products were made (a failure later in
+  /// backward, or in the sync) leaves those rows updated on the places that made them, so
+  /// the replicas differ (check_replicas() says where; resume from a checkpoint). A step of
+  /// several micro-batches, or one that leaves some place no rows, all_reduces those
+  /// gradients after backward and applies the same update, as it does a gradient a weight
+  /// gets otherwise (a weight also used as Wᵀ). Elsewhere, the trainer runs as without it
+  /// (sliced_weight_gradients() says which).
   bool sliced_weight_gradients = false;
 };
 
@@ -18925,7 +18948,12 @@ class data_parallel {
   }
   /// @brief The parameter elements whose optimizer state place `k` of this process keeps:
   /// all of them, or under ZeRO-1 its slices (about 1/n).
-  [[nodiscard]] std::size_t optimizer_state_elements(std::size_t k = 0) const { return replicas_[k]->buckets->optimizer_state_elements(); }
+  [[nodiscard]] std::size_t optimizer_state_elements(std::size_t k = 0) const {
+    if (options_.zero1) return replicas_[k]->buckets->optimizer_state_elements();
+    std::size_t n = 0;
+    for (const auto& p : replicas_[k]->params) n += p.size();
+    return n;
+  }
   /// @brief What every place of this process did in the last step, with times.
   [[nodiscard]] std::vector<step_event> last_step_events() const {
     std::vector<step_event> all;
@@ -19200,7 +19228,7 @@ class data_parallel {
             summed = true;
             if (!std::isfinite(static_cast<double>(static_cast<T>(totals[0])))) break;
             if (options_.schedule) r.optimizer->set_lr(options_.schedule(steps_));
-            r.sliced->take_products(*linear_step_of(*r.optimizer));
+            r.sliced->take_products(linear_step_of(*r.optimizer).value());
           }
           pdo::backward(loss);
           buckets.record("backward", 0, forward_end, buckets.since_start());
@@ -19234,7 +19262,7 @@ class data_parallel {
             if (r.updated_as[r.synced[i]] != npos) updates[i] = r.optimizer->fused_update(r.updated_as[r.synced[i]]);
           buckets.sync_and_update(updates);
           // the weights whose products took the update (and any gradient they got besides)
-          if (r.sliced) r.sliced->finish_step(*linear_step_of(*r.optimizer));
+          if (r.sliced) r.sliced->finish_step(linear_step_of(*r.optimizer).value());
           buckets.record("optimizer", 0, opt_start, buckets.since_start());
           return;
         }

@@ -85,21 +85,29 @@ struct data_parallel_options {
   /// @brief With nn::sgd without momentum (or an any_optimizer holding one), on the places
   /// where fused_update applies: the gradient of each weight W [K, N] used as x W (a local
   /// matrix, a right operand of matmul) is made summed and sliced instead of all_reduced.
-  /// Each place all_gathers x and g over "dp" (the batch's rows: (K + N) of them per place's
-  /// row), computes its K / n rows of the summed xᵀ g with all the batch's rows in one BLAS
-  /// call whose alpha and beta apply the SGD update (the gradient is never stored), and
-  /// broadcasts its updated rows to every replica: K N elements moved per weight, where the
-  /// all_reduce moves 2 K N (n - 1) / n and every replica then updates all of W. The other
-  /// parameters (biases) take the fused update. Worth it when the batch's rows are few next
-  /// to the weights' (benchmarks/train.cpp: 256 rows, 4096 x 4096 weights): a weight for which
-  /// the batch's rows times (K + N) reach K N has its gradient all_reduced after backward
-  /// instead, and the same update applied (chosen each step, by bytes). The same values
-  /// as the default within rounding (the products add the rows in another order); the loss
-  /// is summed and checked before backward (a step whose loss is not finite runs no
-  /// backward), and backward leaves such weights no gradient. A step with micro_batches > 1,
-  /// or whose batch leaves some place no rows, all_reduces those gradients and applies the
-  /// same update. Elsewhere, the trainer runs as without it (sliced_weight_gradients() says
-  /// which).
+  /// Each place all_gathers x and g over "dp" (the batch's rows, K + N elements each) while
+  /// backward runs and, once the weight's last use in backward is done, computes its K / n
+  /// rows of the summed xᵀ g over all the batch's rows, a BLAS call per product (cut over
+  /// the place's cores) whose alpha and beta apply the SGD update (the gradient is never
+  /// stored); after backward it broadcasts its updated rows to every replica. Per weight that
+  /// moves the gathered rows and K N elements, where the all_reduce moves 2 K N (n - 1) / n
+  /// and every replica then updates all of W; a weight for which the batch's rows times
+  /// (K + N) reach K N has its gradient all_reduced after backward instead, and the same
+  /// update applied (chosen each step, by bytes). Worth it when the batch's rows are few next
+  /// to the weights' (benchmarks/train.cpp: 256 rows, 4096 x 4096 weights). The other
+  /// parameters (biases) take the fused update (so fused_update() is true too). The same
+  /// values as the default within rounding (the products add the rows in another order). In
+  /// a step of one micro-batch with rows on every place, the loss is summed and checked
+  /// before backward (a step whose loss is not finite runs no backward); backward leaves the
+  /// weights no gradient; every place's backward must reach the same weights' products in the
+  /// same order (a model whose path depends on its data gets a pdo::mismatch_error on every
+  /// place); and a step that fails after a weight's products were made (a failure later in
+  /// backward, or in the sync) leaves those rows updated on the places that made them, so
+  /// the replicas differ (check_replicas() says where; resume from a checkpoint). A step of
+  /// several micro-batches, or one that leaves some place no rows, all_reduces those
+  /// gradients after backward and applies the same update, as it does a gradient a weight
+  /// gets otherwise (a weight also used as Wᵀ). Elsewhere, the trainer runs as without it
+  /// (sliced_weight_gradients() says which).
   bool sliced_weight_gradients = false;
 };
 
@@ -330,7 +338,12 @@ class data_parallel {
   }
   /// @brief The parameter elements whose optimizer state place `k` of this process keeps:
   /// all of them, or under ZeRO-1 its slices (about 1/n).
-  [[nodiscard]] std::size_t optimizer_state_elements(std::size_t k = 0) const { return replicas_[k]->buckets->optimizer_state_elements(); }
+  [[nodiscard]] std::size_t optimizer_state_elements(std::size_t k = 0) const {
+    if (options_.zero1) return replicas_[k]->buckets->optimizer_state_elements();
+    std::size_t n = 0;
+    for (const auto& p : replicas_[k]->params) n += p.size();
+    return n;
+  }
   /// @brief What every place of this process did in the last step, with times.
   [[nodiscard]] std::vector<step_event> last_step_events() const {
     std::vector<step_event> all;
@@ -605,7 +618,7 @@ class data_parallel {
             summed = true;
             if (!std::isfinite(static_cast<double>(static_cast<T>(totals[0])))) break;
             if (options_.schedule) r.optimizer->set_lr(options_.schedule(steps_));
-            r.sliced->take_products(*linear_step_of(*r.optimizer));
+            r.sliced->take_products(linear_step_of(*r.optimizer).value());
           }
           pdo::backward(loss);
           buckets.record("backward", 0, forward_end, buckets.since_start());
@@ -639,7 +652,7 @@ class data_parallel {
             if (r.updated_as[r.synced[i]] != npos) updates[i] = r.optimizer->fused_update(r.updated_as[r.synced[i]]);
           buckets.sync_and_update(updates);
           // the weights whose products took the update (and any gradient they got besides)
-          if (r.sliced) r.sliced->finish_step(*linear_step_of(*r.optimizer));
+          if (r.sliced) r.sliced->finish_step(linear_step_of(*r.optimizer).value());
           buckets.record("optimizer", 0, opt_start, buckets.since_start());
           return;
         }

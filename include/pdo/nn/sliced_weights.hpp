@@ -25,6 +25,8 @@
 #include <pdo/nn/module.hpp>
 #include <pdo/nn/optim.hpp>
 
+#include <algorithm>
+#include <array>
 #include <cstddef>
 #include <span>
 #include <string>
@@ -52,6 +54,8 @@ class sliced_weights {
       for (std::size_t j : candidates) {
         const parameter_ref<T>& p = params[j];
         if (p.rank() != 2 || p.value_blocks().size() != 1 || !p.on_product_gradient(nullptr)) continue;
+        // a parameter listed twice is one weight (its hook and its update once)
+        if (std::ranges::any_of(weights_, [&](const weight& w) { return w.param.same_parameter(p); })) continue;
         const auto e = p.extents();
         weights_.push_back({j, p, e[0], e[1], pdo::detail::chunk_offset(e[0], parts, me), pdo::detail::chunk_size(e[0], parts, me), {}, false});
       }
@@ -184,11 +188,22 @@ class sliced_weights {
     if (!active_ || a.extent(1) != w.rows || g.extent(1) != w.cols || a.on_gpu() || g.on_gpu()) return false;
     const mesh_communicator comm = communicator_along(mesh_, axis_, place_);
     const std::size_t parts = mesh_.extent(axis_);
-    std::vector<double> counts(parts);
-    const double mine = static_cast<double>(a.extent(0));
-    comm.all_gather(std::span<const double>(&mine, 1), std::span<double>(counts));
+    // every place's weight and rows: the places must be at the same weight's product (a
+    // model whose path depends on its data could reach different ones: every place throws)
+    std::vector<double> seen(2 * parts);
+    const std::array<double, 2> mine{static_cast<double>(i), static_cast<double>(a.extent(0))};
+    comm.all_gather(std::span<const double>(mine), std::span<double>(seen));
     std::size_t total = 0;
-    for (double c : counts) total += static_cast<std::size_t>(c);
+    for (std::size_t c = 0; c < parts; ++c) {
+      const auto other = static_cast<std::size_t>(seen[2 * c]);
+      if (other != static_cast<std::size_t>(seen[0]))
+        throw mismatch_error("data_parallel: sliced weight gradients: the places' backward passes reach different weights' products (" +
+                             mesh_.place(mesh_.group(axis_, place_)[0]).name() + ": " + weights_.at(static_cast<std::size_t>(seen[0])).param.name() +
+                             ", " + mesh_.place(mesh_.group(axis_, place_)[c]).name() + ": " + weights_.at(other).param.name() +
+                             "); with sliced_weight_gradients every place's backward must use the same weights in the same order "
+                             "(leave the option off for a model whose path depends on its data)");
+      total += static_cast<std::size_t>(seen[2 * c + 1]);
+    }
     if (total == 0) return true;  // no rows anywhere: nothing to add
     // the operands' rows cost more than the product would: all_reduce the product instead
     // (the same answer on every place: the same rows, K and N)
