@@ -157,6 +157,9 @@ TEST_CASE("autograd: transpose, reshape, and a value used twice", "[autograd]") 
   check_gradient([](auto x) { return pdo::transpose(x); }, a);
   check_gradient([](auto x) { return pdo::reshape(x, {6, 4}); }, a);
   check_gradient([](auto x) { return pdo::reshape(x, {24}); }, a);
+  check_gradient([](auto x) { return pdo::unsqueeze<0>(x) * 2.0; }, a);
+  check_gradient([](auto x) { return pdo::unsqueeze<3>(x); }, a);
+  check_gradient([](auto x) { return x - pdo::unsqueeze<1>(pdo::max<1>(x)); }, a);
   check_gradient([](auto x) { return pdo::tanh(x) * x + pdo::exp(x * x); }, a);
   check_gradient([](auto x, auto w) { return pdo::matmul(pdo::relu(pdo::matmul(x, w)), w); }, rnd<2>({3, 4}, 20), rnd<2>({4, 4}, 21));
 }
@@ -259,7 +262,9 @@ TEST_CASE("autograd: broadcasting over an extent-1 dim of a dtensor, whichever d
   const auto x = rnd<2>({5, 7}, 40), s = rnd<2>({5, 1}, 41);
   auto program = [](const auto& X, const auto& S) {
     const auto centred = X - pdo::reshape(pdo::mean<1>(X), {5, 1});
-    return pdo::sum(centred * centred * S) + pdo::sum(pdo::exp(S * 0.5 + X * 0.1));
+    // the same centring by unsqueeze, which keeps the rows' split where reshape cannot
+    const auto shifted = X - pdo::unsqueeze<1>(pdo::max<1>(X));
+    return pdo::sum(centred * centred * S) + pdo::sum(pdo::exp(S * 0.5 + X * 0.1)) + pdo::sum(pdo::tanh(shifted));
   };
   auto X = pdo::parameter(x), S = pdo::parameter(s);
   const auto loss = program(X, S);

@@ -497,4 +497,15 @@ auto reshape(const var<A>& a, const std::size_t (&shape)[Rank]) {
   return pdo::reshape(a, s);
 }
 
+/// @brief `a` with a dim of extent 1 inserted at `Dim`, every dim keeping its split (as
+/// pdo::unsqueeze); the gradient sums the inserted dim away, so it comes back in a's layout
+/// whatever the gradient's layout of that dim is.
+template <std::size_t Dim, class A>
+auto unsqueeze(const var<A>& a) {
+  auto y = pdo::eval(pdo::unsqueeze<Dim>(a.value()));
+  using V = decltype(y);
+  return detail::record(
+      std::move(y), [a](detail::value_node<V>& self) { detail::add_grad(a, pdo::sum<Dim>(*self.grad)); }, a);
+}
+
 }  // namespace pdo
