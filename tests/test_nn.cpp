@@ -337,6 +337,18 @@ TEST_CASE("data parallel: a failing step names the op and place, and the trainer
   pdo::tensor<int, 1> wrong({8});
   wrong.fill(9);  // 4 classes
   CHECK_THROWS_WITH(trainer.step(rnd<2>({8, 6}, 61), wrong), Catch::Contains("cross_entropy"));
+  // a label out of range in row 6 of 7: place 1 holds rows 4..6, and the error says so
+  auto one_bad = labels_for(7);
+  one_bad(6) = 7;
+  CHECK_THROWS_WITH(trainer.step(rnd<2>({7, 6}, 63), one_bad),
+                    Catch::StartsWith("data_parallel::step: on place cpu:1: its 3 rows of the batch are the inputs' rows 4..6 (row 0 "
+                                      "here is row 4 there): cross_entropy") &&
+                        Catch::Contains("the first is 7, at row 2"));
+  // in a shuffled epoch the place's rows are listed, in their order
+  auto bad_in_epoch = labels_for(16);
+  bad_in_epoch(11) = 8;
+  CHECK_THROWS_WITH(trainer.fit(rnd<2>({16, 6}, 64), bad_in_epoch, {.batch_size = 16, .seed = 5}, [](const auto&) {}),
+                    Catch::Contains("its 8 rows of the batch are the inputs' rows ") && Catch::Contains(", ... (row i here is the i-th of them): cross_entropy"));
   const auto before = trainer.parameters()[0].value()[0];
   CHECK_THROWS_WITH(trainer.step(pdo::tensor<double, 2>({0, 6}), pdo::tensor<int, 1>({0})),
                     Catch::Contains("data_parallel::step") && Catch::Contains("[0, 6]") && Catch::Contains("no rows"));

@@ -3,6 +3,7 @@
 // pdo::prefetch).
 #pragma once
 
+#include <pdo/core/config.hpp>
 #include <pdo/core/error.hpp>
 #include <pdo/exec/prefetch.hpp>
 #include <pdo/place/mesh.hpp>
@@ -22,8 +23,9 @@ namespace pdo::nn {
 /// @brief The rows of a global batch that one place trains on.
 template <class T, std::size_t R, class Target>
 struct batch_shard {
-  tensor<T, R> inputs;  ///< the place's input rows, in its memory; dim 0 is the rows
-  Target targets;       ///< the targets of the same rows, in the same order and memory
+  tensor<T, R> inputs;            ///< the place's input rows, in its memory; dim 0 is the rows
+  Target targets;                 ///< the targets of the same rows, in the same order and memory
+  std::vector<std::size_t> rows;  ///< which rows of the data they are, in their order (to name them in an error)
 };
 
 }  // namespace pdo::nn
@@ -39,6 +41,33 @@ namespace pdo::detail {
               "): the loss is " + std::to_string(loss) +
               "; no parameter was updated. Check the inputs and the learning rate, or skip such steps with " + trainer +
               "_options::skip_nonfinite_steps");
+}
+
+/// @brief "its 2 rows of the batch are the inputs' rows 5..6 (row 0 here is row 5 there): ",
+/// what a place's error in a trainer's step adds so that a row it names can be found in the
+/// data the caller passed (a shuffled order's rows listed, the first few).
+PDO_NOINLINE inline std::string rows_context(const std::vector<std::size_t>& rows) {
+  const std::size_t n = rows.size();
+  std::string s = "its " + std::to_string(n) + (n == 1 ? " row of the batch is the inputs' row " : " rows of the batch are the inputs' rows ");
+  bool in_order = true;
+  for (std::size_t i = 0; i < n; ++i) in_order = in_order && rows[i] == rows[0] + i;
+  if (n == 1) return s + std::to_string(rows[0]) + ": ";
+  if (in_order)
+    return s + std::to_string(rows[0]) + ".." + std::to_string(rows[n - 1]) + " (row 0 here is row " + std::to_string(rows[0]) + " there): ";
+  constexpr std::size_t shown = 6;
+  for (std::size_t i = 0; i < n && i < shown; ++i) s += (i == 0 ? "" : ", ") + std::to_string(rows[i]);
+  return s + (n > shown ? ", ..." : "") + " (row i here is the i-th of them): ";
+}
+
+/// @brief `forward()`'s result; a pdo::error it throws gets rows_context(rows) in front of
+/// its message, keeping its subclass.
+template <class F>
+decltype(auto) naming_rows(const std::vector<std::size_t>& rows, F&& forward) {
+  try {
+    return std::forward<F>(forward)();
+  } catch (const error&) {
+    captured_error::current().rethrow_with_context(rows_context(rows));
+  }
 }
 
 template <std::size_t R>

@@ -560,7 +560,9 @@ class data_parallel {
       const std::size_t c = mesh_.coord(p, dp_axis);
       const std::size_t at = first + pdo::detail::chunk_offset(rows, parts, c), count = pdo::detail::chunk_size(rows, parts, c);
       out.push_back({pdo::detail::cut_rows(inputs, order, at, count, mesh_.place(p)),
-                     pdo::detail::cut_rows(targets, order, at, count, mesh_.place(p))});
+                     pdo::detail::cut_rows(targets, order, at, count, mesh_.place(p)),
+                     std::vector<std::size_t>(order.begin() + static_cast<std::ptrdiff_t>(at),
+                                              order.begin() + static_cast<std::ptrdiff_t>(at + count))});
     }
     return out;
   }
@@ -604,8 +606,14 @@ class data_parallel {
           const double forward_start = buckets.since_start();
           std::optional<pdo::detail::timeline_span> forward_span;
           forward_span.emplace("kernel", "forward", [&] { return std::to_string(rows) + " rows"; });
-          const auto out = (*r.model)(var(s.inputs));
-          const auto loss = loss_(out, s.targets) * (static_cast<T>(rows) / static_cast<T>(global_rows));
+          // a mistake in the data (a label out of range, say) is named in the caller's rows
+          const auto forward = pdo::detail::naming_rows(s.rows, [&] {
+            auto y = (*r.model)(var(s.inputs));
+            auto l = loss_(y, s.targets) * (static_cast<T>(rows) / static_cast<T>(global_rows));
+            return std::pair(std::move(y), std::move(l));
+          });
+          const auto& out = forward.first;
+          const auto& loss = forward.second;
           forward_span.reset();
           const double forward_end = buckets.since_start();
           buckets.record("forward", 0, forward_start, forward_end);
