@@ -13133,19 +13133,24 @@ inline access reading(const void* data) {
 /// @brief Cuts the host tensor `host` over `m` as `Layout`: each place of this process
 /// gets its chunk of the split dims, in its own memory; for partial axes, the places at
 /// coordinate 0 get the value and the others zeros. Every process passes the same tensor.
+/// Returns a dtensor<T, Rank, Mesh, Layout>; a layout that does not fit it (other rank, an
+/// axis the mesh lacks) is one compile error, with nothing instantiated after it.
 template <layout_spec Layout, mesh_type Mesh, element T, std::size_t Rank>
-dtensor<T, Rank, Mesh, Layout> distribute(const Mesh& m, const tensor<T, Rank>& host) {
-  static_assert(sizeof(detail::check_layout<"distribute", Layout, Mesh, Rank>) != 0);
-  const auto& local = m.local_places();
-  std::vector<tensor<T, Rank>> shards(local.size());
-  detail::run_on_places(
-      "distribute", m,
-      [&](std::size_t p, std::size_t k) {
-        if (m.is_multiprocess()) detail::check_same_host_shape(m, p, host.shape());
-        shards[k] = detail::shard_of<Layout>(m, host, p);
-      },
-      "copy");
-  return {m, host.shape(), std::move(shards)};
+auto distribute(const Mesh& m, const tensor<T, Rank>& host) {
+  if constexpr (!detail::check_layout<"distribute", Layout, Mesh, Rank>::ok) {
+    return 0;  // the layout's error was given: nothing more after it
+  } else {
+    const auto& local = m.local_places();
+    std::vector<tensor<T, Rank>> shards(local.size());
+    detail::run_on_places(
+        "distribute", m,
+        [&](std::size_t p, std::size_t k) {
+          if (m.is_multiprocess()) detail::check_same_host_shape(m, p, host.shape());
+          shards[k] = detail::shard_of<Layout>(m, host, p);
+        },
+        "copy");
+    return dtensor<T, Rank, Mesh, Layout>(m, host.shape(), std::move(shards));
+  }
 }
 
 namespace detail {
@@ -16318,32 +16323,35 @@ auto prefetch(const any_place& where, F f) {
 /// GPU), all at once. The host tensor is moved in (pass a copy to keep yours). get() gives
 /// the dtensor; every process passes the same host tensor.
 template <layout_spec Layout, mesh_type Mesh, element T, std::size_t Rank>
-prefetched<dtensor<T, Rank, Mesh, Layout>> prefetch(const Mesh& m, tensor<T, Rank> host) {
-  static_assert(sizeof(detail::check_layout<"prefetch", Layout, Mesh, Rank>) != 0);
-  detail::check_not_nested("prefetch");
-  struct state {
-    tensor<T, Rank> host;
-    std::vector<tensor<T, Rank>> shards;
-  };
-  auto s = std::make_shared<state>(state{std::move(host), std::vector<tensor<T, Rank>>(m.local_places().size())});
-  const bool multiprocess = m.is_multiprocess();
-  auto batch = detail::submit_on_places(
-      m,
-      [s, m, multiprocess](std::size_t p, std::size_t k) {
-        if (multiprocess) detail::check_same_host_shape(m, p, s->host.shape());
-        s->shards[k] = detail::shard_of<Layout>(m, s->host, p);
-      },
-      detail::batch_options{"prefetch", "copy", multiprocess, false, lane_kind::copy},
-      [raw = s.get()](std::size_t, std::size_t k) {
-        detail::access a;
-        a.writes.push_back(&raw->shards[k]);
-        return a;
-      });
-  return prefetched<dtensor<T, Rank, Mesh, Layout>>(batch->tasks, [s, batch, m]() {
-    if (const auto failure = batch->first_failure())
-      failure->error.rethrow_with_context("prefetch: on place " + m.place(failure->place).name() + ": ");
-    return dtensor<T, Rank, Mesh, Layout>(m, s->host.shape(), std::move(s->shards));
-  });
+auto prefetch(const Mesh& m, tensor<T, Rank> host) {
+  if constexpr (!detail::check_layout<"prefetch", Layout, Mesh, Rank>::ok) {
+    return 0;  // the layout's error was given: nothing more after it
+  } else {
+    detail::check_not_nested("prefetch");
+    struct state {
+      tensor<T, Rank> host;
+      std::vector<tensor<T, Rank>> shards;
+    };
+    auto s = std::make_shared<state>(state{std::move(host), std::vector<tensor<T, Rank>>(m.local_places().size())});
+    const bool multiprocess = m.is_multiprocess();
+    auto batch = detail::submit_on_places(
+        m,
+        [s, m, multiprocess](std::size_t p, std::size_t k) {
+          if (multiprocess) detail::check_same_host_shape(m, p, s->host.shape());
+          s->shards[k] = detail::shard_of<Layout>(m, s->host, p);
+        },
+        detail::batch_options{"prefetch", "copy", multiprocess, false, lane_kind::copy},
+        [raw = s.get()](std::size_t, std::size_t k) {
+          detail::access a;
+          a.writes.push_back(&raw->shards[k]);
+          return a;
+        });
+    return prefetched<dtensor<T, Rank, Mesh, Layout>>(batch->tasks, [s, batch, m]() {
+      if (const auto failure = batch->first_failure())
+        failure->error.rethrow_with_context("prefetch: on place " + m.place(failure->place).name() + ": ");
+      return dtensor<T, Rank, Mesh, Layout>(m, s->host.shape(), std::move(s->shards));
+    });
+  }
 }
 
 }  // namespace pdo
@@ -16656,8 +16664,9 @@ namespace pdo::nn {
 /// @brief The rows of a global batch that one place trains on.
 template <class T, std::size_t R, class Target>
 struct batch_shard {
-  tensor<T, R> inputs;  ///< the place's input rows, in its memory; dim 0 is the rows
-  Target targets;       ///< the targets of the same rows, in the same order and memory
+  tensor<T, R> inputs;            ///< the place's input rows, in its memory; dim 0 is the rows
+  Target targets;                 ///< the targets of the same rows, in the same order and memory
+  std::vector<std::size_t> rows;  ///< which rows of the data they are, in their order (to name them in an error)
 };
 
 }  // namespace pdo::nn
@@ -16673,6 +16682,33 @@ namespace pdo::detail {
               "): the loss is " + std::to_string(loss) +
               "; no parameter was updated. Check the inputs and the learning rate, or skip such steps with " + trainer +
               "_options::skip_nonfinite_steps");
+}
+
+/// @brief "its 2 rows of the batch are the inputs' rows 5..6 (row 0 here is row 5 there): ",
+/// what a place's error in a trainer's step adds so that a row it names can be found in the
+/// data the caller passed (a shuffled order's rows listed, the first few).
+PDO_NOINLINE inline std::string rows_context(const std::vector<std::size_t>& rows) {
+  const std::size_t n = rows.size();
+  std::string s = "its " + std::to_string(n) + (n == 1 ? " row of the batch is the inputs' row " : " rows of the batch are the inputs' rows ");
+  bool in_order = true;
+  for (std::size_t i = 0; i < n; ++i) in_order = in_order && rows[i] == rows[0] + i;
+  if (n == 1) return s + std::to_string(rows[0]) + ": ";
+  if (in_order)
+    return s + std::to_string(rows[0]) + ".." + std::to_string(rows[n - 1]) + " (row 0 here is row " + std::to_string(rows[0]) + " there): ";
+  constexpr std::size_t shown = 6;
+  for (std::size_t i = 0; i < n && i < shown; ++i) s += (i == 0 ? "" : ", ") + std::to_string(rows[i]);
+  return s + (n > shown ? ", ..." : "") + " (row i here is the i-th of them): ";
+}
+
+/// @brief `forward()`'s result; a pdo::error it throws gets rows_context(rows) in front of
+/// its message, keeping its subclass.
+template <class F>
+decltype(auto) naming_rows(const std::vector<std::size_t>& rows, F&& forward) {
+  try {
+    return std::forward<F>(forward)();
+  } catch (const error&) {
+    captured_error::current().rethrow_with_context(rows_context(rows));
+  }
 }
 
 template <std::size_t R>
@@ -19181,7 +19217,9 @@ class data_parallel {
       const std::size_t c = mesh_.coord(p, dp_axis);
       const std::size_t at = first + pdo::detail::chunk_offset(rows, parts, c), count = pdo::detail::chunk_size(rows, parts, c);
       out.push_back({pdo::detail::cut_rows(inputs, order, at, count, mesh_.place(p)),
-                     pdo::detail::cut_rows(targets, order, at, count, mesh_.place(p))});
+                     pdo::detail::cut_rows(targets, order, at, count, mesh_.place(p)),
+                     std::vector<std::size_t>(order.begin() + static_cast<std::ptrdiff_t>(at),
+                                              order.begin() + static_cast<std::ptrdiff_t>(at + count))});
     }
     return out;
   }
@@ -19225,8 +19263,14 @@ class data_parallel {
           const double forward_start = buckets.since_start();
           std::optional<pdo::detail::timeline_span> forward_span;
           forward_span.emplace("kernel", "forward", [&] { return std::to_string(rows) + " rows"; });
-          const auto out = (*r.model)(var(s.inputs));
-          const auto loss = loss_(out, s.targets) * (static_cast<T>(rows) / static_cast<T>(global_rows));
+          // a mistake in the data (a label out of range, say) is named in the caller's rows
+          const auto forward = pdo::detail::naming_rows(s.rows, [&] {
+            auto y = (*r.model)(var(s.inputs));
+            auto l = loss_(y, s.targets) * (static_cast<T>(rows) / static_cast<T>(global_rows));
+            return std::pair(std::move(y), std::move(l));
+          });
+          const auto& out = forward.first;
+          const auto& loss = forward.second;
           forward_span.reset();
           const double forward_end = buckets.since_start();
           buckets.record("forward", 0, forward_start, forward_end);
@@ -21547,17 +21591,20 @@ tensor<T, R> read(const std::filesystem::path& dir, const std::string& name, con
 /// @brief The tensor `name` of the checkpoint in `dir` laid out over `m` as `Layout` (any
 /// layout: each place reads only what its shard needs).
 template <element T, std::size_t R, layout_spec Layout, mesh_type Mesh>
-dtensor<T, R, Mesh, Layout> read(const std::filesystem::path& dir, const std::string& name, const Mesh& m, const load_options& o = {}) {
-  static_assert(sizeof(pdo::detail::check_layout<"io::read", Layout, Mesh, R>) != 0);
-  const shape_t<R> shape = detail::shape_to_read<R>(dir, name);
-  std::vector<tensor<T, R>> shards;
-  for (std::size_t p : m.local_places())
-    shards.emplace_back(pdo::detail::shard_shape(m, pdo::detail::value_of<Layout>(), shape, p), m.place(p), pdo::detail::uninitialized);
-  dtensor<T, R, Mesh, Layout> out(m, shape, std::move(shards));
-  checkpoint c;
-  c.add(name, out);
-  c.load(dir, o);
-  return out;
+auto read(const std::filesystem::path& dir, const std::string& name, const Mesh& m, const load_options& o = {}) {
+  if constexpr (!pdo::detail::check_layout<"io::read", Layout, Mesh, R>::ok) {
+    return 0;  // the layout's error was given: nothing more after it
+  } else {
+    const shape_t<R> shape = detail::shape_to_read<R>(dir, name);
+    std::vector<tensor<T, R>> shards;
+    for (std::size_t p : m.local_places())
+      shards.emplace_back(pdo::detail::shard_shape(m, pdo::detail::value_of<Layout>(), shape, p), m.place(p), pdo::detail::uninitialized);
+    dtensor<T, R, Mesh, Layout> out(m, shape, std::move(shards));
+    checkpoint c;
+    c.add(name, out);
+    c.load(dir, o);
+    return out;
+  }
 }
 
 }  // namespace pdo::io

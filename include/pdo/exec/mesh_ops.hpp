@@ -27,19 +27,24 @@ inline access reading(const void* data) {
 /// @brief Cuts the host tensor `host` over `m` as `Layout`: each place of this process
 /// gets its chunk of the split dims, in its own memory; for partial axes, the places at
 /// coordinate 0 get the value and the others zeros. Every process passes the same tensor.
+/// Returns a dtensor<T, Rank, Mesh, Layout>; a layout that does not fit it (other rank, an
+/// axis the mesh lacks) is one compile error, with nothing instantiated after it.
 template <layout_spec Layout, mesh_type Mesh, element T, std::size_t Rank>
-dtensor<T, Rank, Mesh, Layout> distribute(const Mesh& m, const tensor<T, Rank>& host) {
-  static_assert(sizeof(detail::check_layout<"distribute", Layout, Mesh, Rank>) != 0);
-  const auto& local = m.local_places();
-  std::vector<tensor<T, Rank>> shards(local.size());
-  detail::run_on_places(
-      "distribute", m,
-      [&](std::size_t p, std::size_t k) {
-        if (m.is_multiprocess()) detail::check_same_host_shape(m, p, host.shape());
-        shards[k] = detail::shard_of<Layout>(m, host, p);
-      },
-      "copy");
-  return {m, host.shape(), std::move(shards)};
+auto distribute(const Mesh& m, const tensor<T, Rank>& host) {
+  if constexpr (!detail::check_layout<"distribute", Layout, Mesh, Rank>::ok) {
+    return 0;  // the layout's error was given: nothing more after it
+  } else {
+    const auto& local = m.local_places();
+    std::vector<tensor<T, Rank>> shards(local.size());
+    detail::run_on_places(
+        "distribute", m,
+        [&](std::size_t p, std::size_t k) {
+          if (m.is_multiprocess()) detail::check_same_host_shape(m, p, host.shape());
+          shards[k] = detail::shard_of<Layout>(m, host, p);
+        },
+        "copy");
+    return dtensor<T, Rank, Mesh, Layout>(m, host.shape(), std::move(shards));
+  }
 }
 
 namespace detail {

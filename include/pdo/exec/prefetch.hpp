@@ -105,32 +105,35 @@ auto prefetch(const any_place& where, F f) {
 /// GPU), all at once. The host tensor is moved in (pass a copy to keep yours). get() gives
 /// the dtensor; every process passes the same host tensor.
 template <layout_spec Layout, mesh_type Mesh, element T, std::size_t Rank>
-prefetched<dtensor<T, Rank, Mesh, Layout>> prefetch(const Mesh& m, tensor<T, Rank> host) {
-  static_assert(sizeof(detail::check_layout<"prefetch", Layout, Mesh, Rank>) != 0);
-  detail::check_not_nested("prefetch");
-  struct state {
-    tensor<T, Rank> host;
-    std::vector<tensor<T, Rank>> shards;
-  };
-  auto s = std::make_shared<state>(state{std::move(host), std::vector<tensor<T, Rank>>(m.local_places().size())});
-  const bool multiprocess = m.is_multiprocess();
-  auto batch = detail::submit_on_places(
-      m,
-      [s, m, multiprocess](std::size_t p, std::size_t k) {
-        if (multiprocess) detail::check_same_host_shape(m, p, s->host.shape());
-        s->shards[k] = detail::shard_of<Layout>(m, s->host, p);
-      },
-      detail::batch_options{"prefetch", "copy", multiprocess, false, lane_kind::copy},
-      [raw = s.get()](std::size_t, std::size_t k) {
-        detail::access a;
-        a.writes.push_back(&raw->shards[k]);
-        return a;
-      });
-  return prefetched<dtensor<T, Rank, Mesh, Layout>>(batch->tasks, [s, batch, m]() {
-    if (const auto failure = batch->first_failure())
-      failure->error.rethrow_with_context("prefetch: on place " + m.place(failure->place).name() + ": ");
-    return dtensor<T, Rank, Mesh, Layout>(m, s->host.shape(), std::move(s->shards));
-  });
+auto prefetch(const Mesh& m, tensor<T, Rank> host) {
+  if constexpr (!detail::check_layout<"prefetch", Layout, Mesh, Rank>::ok) {
+    return 0;  // the layout's error was given: nothing more after it
+  } else {
+    detail::check_not_nested("prefetch");
+    struct state {
+      tensor<T, Rank> host;
+      std::vector<tensor<T, Rank>> shards;
+    };
+    auto s = std::make_shared<state>(state{std::move(host), std::vector<tensor<T, Rank>>(m.local_places().size())});
+    const bool multiprocess = m.is_multiprocess();
+    auto batch = detail::submit_on_places(
+        m,
+        [s, m, multiprocess](std::size_t p, std::size_t k) {
+          if (multiprocess) detail::check_same_host_shape(m, p, s->host.shape());
+          s->shards[k] = detail::shard_of<Layout>(m, s->host, p);
+        },
+        detail::batch_options{"prefetch", "copy", multiprocess, false, lane_kind::copy},
+        [raw = s.get()](std::size_t, std::size_t k) {
+          detail::access a;
+          a.writes.push_back(&raw->shards[k]);
+          return a;
+        });
+    return prefetched<dtensor<T, Rank, Mesh, Layout>>(batch->tasks, [s, batch, m]() {
+      if (const auto failure = batch->first_failure())
+        failure->error.rethrow_with_context("prefetch: on place " + m.place(failure->place).name() + ": ");
+      return dtensor<T, Rank, Mesh, Layout>(m, s->host.shape(), std::move(s->shards));
+    });
+  }
 }
 
 }  // namespace pdo
