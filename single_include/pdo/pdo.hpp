@@ -13039,6 +13039,10 @@ template <class Policy = implicit, class Expr>
 auto eval_async(Expr&& expr) {
   if constexpr (!detail::expression_t<Expr>::well_formed) {
     return 0;  // the operands' error was given where the expression was made: nothing more after it
+  } else if constexpr (!detail::expression_t<Expr>::distributed) {
+    static_assert(detail::always_false<Expr>,
+                  "pdo: eval_async: the expression has no dtensor operand; evaluate local tensors with pdo::eval");
+    return 0;
   } else {
     auto state = detail::queue_evaluation<Policy>(std::forward<Expr>(expr), false);
     detail::pending_evaluations().push_back(state);

@@ -1,0 +1,9 @@
+// compile_fail/eval_async_local.cpp: eval_async of an expression of local tensors only.
+// expect: pdo: eval_async: the expression has no dtensor operand
+#include <pdo/pdo.hpp>
+
+int main() {
+  const pdo::tensor<float, 2> h({2, 3});
+  auto r = pdo::eval_async(pdo::relu(h));
+  return r.get().shape()[0] == 2 ? 0 : 1;
+}
