@@ -502,10 +502,14 @@ auto reshape(const var<A>& a, const std::size_t (&shape)[Rank]) {
 /// whatever the gradient's layout of that dim is.
 template <std::size_t Dim, class A>
 auto unsqueeze(const var<A>& a) {
-  auto y = pdo::eval(pdo::unsqueeze<Dim>(a.value()));
-  using V = decltype(y);
-  return detail::record(
-      std::move(y), [a](detail::value_node<V>& self) { detail::add_grad(a, pdo::sum<Dim>(*self.grad)); }, a);
+  if constexpr (!decltype(pdo::unsqueeze<Dim>(a.value()))::well_formed) {
+    return 0;  // the unsqueeze's error was given: nothing more after it
+  } else {
+    auto y = pdo::eval(pdo::unsqueeze<Dim>(a.value()));
+    using V = decltype(y);
+    return detail::record(
+        std::move(y), [a](detail::value_node<V>& self) { detail::add_grad(a, pdo::sum<Dim>(*self.grad)); }, a);
+  }
 }
 
 }  // namespace pdo

@@ -66,12 +66,15 @@ class unsqueeze_node : public detail::op_node<C> {
   static constexpr std::size_t rank = C::rank + 1;
   static_assert(Dim <= C::rank, "pdo: unsqueeze: the dim to insert is beyond the operand's rank");
   static_assert(rank <= detail::max_rank, "pdo: unsqueeze: the result would have more dims than pdo's layouts hold");
+  /// @brief Whether this unsqueeze and every op below it is well formed (see detail::op_node):
+  /// for a dim past the operand's rank nothing more is instantiated after the error.
+  static constexpr bool well_formed = detail::op_node<C>::well_formed && Dim <= C::rank && rank <= detail::max_rank;
   /// @brief false: an unsqueeze is never fused into an elementwise group.
   static constexpr bool elementwise = false;
   /// @brief "unsqueeze": how plans and error messages name this op.
   static constexpr std::string_view name = "unsqueeze";
   /// @brief The planner's rule (detail::unsqueeze_rule): the new dim is replicated, the others keep their split.
-  static constexpr detail::op_rule rule = detail::unsqueeze_rule(C::rule.out, Dim);
+  static constexpr detail::op_rule rule = well_formed ? detail::unsqueeze_rule(C::rule.out, Dim) : detail::op_rule{};
 
   /// @brief Takes the operand's shape with a 1 inserted at `Dim`.
   explicit unsqueeze_node(C c) : detail::op_node<C>(std::move(c)) {
