@@ -45,18 +45,19 @@ namespace pdo::detail {
 
 /// @brief "its 2 rows of the batch are the inputs' rows 5..6 (row 0 here is row 5 there): ",
 /// what a place's error in a trainer's step adds so that a row it names can be found in the
-/// data the caller passed (a shuffled order's rows listed, the first few).
+/// data the caller passed (the rows of a shuffled order listed, the first 128 of them).
 PDO_NOINLINE inline std::string rows_context(const std::vector<std::size_t>& rows) {
   const std::size_t n = rows.size();
+  if (n == 0) return "it holds no rows of the batch: ";
   std::string s = "its " + std::to_string(n) + (n == 1 ? " row of the batch is the inputs' row " : " rows of the batch are the inputs' rows ");
+  if (n == 1) return s + std::to_string(rows[0]) + ": ";
   bool in_order = true;
   for (std::size_t i = 0; i < n; ++i) in_order = in_order && rows[i] == rows[0] + i;
-  if (n == 1) return s + std::to_string(rows[0]) + ": ";
   if (in_order)
     return s + std::to_string(rows[0]) + ".." + std::to_string(rows[n - 1]) + " (row 0 here is row " + std::to_string(rows[0]) + " there): ";
-  constexpr std::size_t shown = 6;
+  constexpr std::size_t shown = 128;
   for (std::size_t i = 0; i < n && i < shown; ++i) s += (i == 0 ? "" : ", ") + std::to_string(rows[i]);
-  return s + (n > shown ? ", ..." : "") + " (row i here is the i-th of them): ";
+  return s + (n > shown ? ", ..." : "") + " (row i here, counted from 0, is the i-th of them): ";
 }
 
 /// @brief `forward()`'s result; a pdo::error it throws gets rows_context(rows) in front of
