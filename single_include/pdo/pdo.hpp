@@ -11920,12 +11920,15 @@ class unsqueeze_node : public detail::op_node<C> {
   static constexpr std::size_t rank = C::rank + 1;
   static_assert(Dim <= C::rank, "pdo: unsqueeze: the dim to insert is beyond the operand's rank");
   static_assert(rank <= detail::max_rank, "pdo: unsqueeze: the result would have more dims than pdo's layouts hold");
+  /// @brief Whether this unsqueeze and every op below it is well formed (see detail::op_node):
+  /// for a dim past the operand's rank nothing more is instantiated after the error.
+  static constexpr bool well_formed = detail::op_node<C>::well_formed && Dim <= C::rank && rank <= detail::max_rank;
   /// @brief false: an unsqueeze is never fused into an elementwise group.
   static constexpr bool elementwise = false;
   /// @brief "unsqueeze": how plans and error messages name this op.
   static constexpr std::string_view name = "unsqueeze";
   /// @brief The planner's rule (detail::unsqueeze_rule): the new dim is replicated, the others keep their split.
-  static constexpr detail::op_rule rule = detail::unsqueeze_rule(C::rule.out, Dim);
+  static constexpr detail::op_rule rule = well_formed ? detail::unsqueeze_rule(C::rule.out, Dim) : detail::op_rule{};
 
   /// @brief Takes the operand's shape with a 1 inserted at `Dim`.
   explicit unsqueeze_node(C c) : detail::op_node<C>(std::move(c)) {
@@ -14222,10 +14225,14 @@ auto reshape(const var<A>& a, const std::size_t (&shape)[Rank]) {
 /// whatever the gradient's layout of that dim is.
 template <std::size_t Dim, class A>
 auto unsqueeze(const var<A>& a) {
-  auto y = pdo::eval(pdo::unsqueeze<Dim>(a.value()));
-  using V = decltype(y);
-  return detail::record(
-      std::move(y), [a](detail::value_node<V>& self) { detail::add_grad(a, pdo::sum<Dim>(*self.grad)); }, a);
+  if constexpr (!decltype(pdo::unsqueeze<Dim>(a.value()))::well_formed) {
+    return 0;  // the unsqueeze's error was given: nothing more after it
+  } else {
+    auto y = pdo::eval(pdo::unsqueeze<Dim>(a.value()));
+    using V = decltype(y);
+    return detail::record(
+        std::move(y), [a](detail::value_node<V>& self) { detail::add_grad(a, pdo::sum<Dim>(*self.grad)); }, a);
+  }
 }
 
 }  // namespace pdo
@@ -16690,18 +16697,19 @@ namespace pdo::detail {
 
 /// @brief "its 2 rows of the batch are the inputs' rows 5..6 (row 0 here is row 5 there): ",
 /// what a place's error in a trainer's step adds so that a row it names can be found in the
-/// data the caller passed (a shuffled order's rows listed, the first few).
+/// data the caller passed (the rows of a shuffled order listed, the first 128 of them).
 PDO_NOINLINE inline std::string rows_context(const std::vector<std::size_t>& rows) {
   const std::size_t n = rows.size();
+  if (n == 0) return "it holds no rows of the batch: ";
   std::string s = "its " + std::to_string(n) + (n == 1 ? " row of the batch is the inputs' row " : " rows of the batch are the inputs' rows ");
+  if (n == 1) return s + std::to_string(rows[0]) + ": ";
   bool in_order = true;
   for (std::size_t i = 0; i < n; ++i) in_order = in_order && rows[i] == rows[0] + i;
-  if (n == 1) return s + std::to_string(rows[0]) + ": ";
   if (in_order)
     return s + std::to_string(rows[0]) + ".." + std::to_string(rows[n - 1]) + " (row 0 here is row " + std::to_string(rows[0]) + " there): ";
-  constexpr std::size_t shown = 6;
+  constexpr std::size_t shown = 128;
   for (std::size_t i = 0; i < n && i < shown; ++i) s += (i == 0 ? "" : ", ") + std::to_string(rows[i]);
-  return s + (n > shown ? ", ..." : "") + " (row i here is the i-th of them): ";
+  return s + (n > shown ? ", ..." : "") + " (row i here, counted from 0, is the i-th of them): ";
 }
 
 /// @brief `forward()`'s result; a pdo::error it throws gets rows_context(rows) in front of
@@ -21593,7 +21601,8 @@ tensor<T, R> read(const std::filesystem::path& dir, const std::string& name, con
 }
 
 /// @brief The tensor `name` of the checkpoint in `dir` laid out over `m` as `Layout` (any
-/// layout: each place reads only what its shard needs).
+/// layout: each place reads only what its shard needs), a dtensor<T, R, Mesh, Layout>; a
+/// layout that does not fit it is one compile error, with nothing instantiated after it.
 template <element T, std::size_t R, layout_spec Layout, mesh_type Mesh>
 auto read(const std::filesystem::path& dir, const std::string& name, const Mesh& m, const load_options& o = {}) {
   if constexpr (!pdo::detail::check_layout<"io::read", Layout, Mesh, R>::ok) {

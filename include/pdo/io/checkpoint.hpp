@@ -1054,7 +1054,8 @@ tensor<T, R> read(const std::filesystem::path& dir, const std::string& name, con
 }
 
 /// @brief The tensor `name` of the checkpoint in `dir` laid out over `m` as `Layout` (any
-/// layout: each place reads only what its shard needs).
+/// layout: each place reads only what its shard needs), a dtensor<T, R, Mesh, Layout>; a
+/// layout that does not fit it is one compile error, with nothing instantiated after it.
 template <element T, std::size_t R, layout_spec Layout, mesh_type Mesh>
 auto read(const std::filesystem::path& dir, const std::string& name, const Mesh& m, const load_options& o = {}) {
   if constexpr (!pdo::detail::check_layout<"io::read", Layout, Mesh, R>::ok) {
