@@ -78,13 +78,21 @@ TEST_CASE("pipeline: GPipe and 1F1B training match one place step by step, with 
         const auto losses = pipeline_losses(pdo::make_mesh<"pp">(pdo::cpu_places(stages)), kind, micros, x, y, 3);
         for (std::size_t s = 0; s < losses.size(); ++s) CHECK(losses[s] == Approx(reference[s]).epsilon(1e-10));
       }
-  SECTION("a batch of no rows is a shape_error, and the trainer goes on") {
+  SECTION("a batch of no rows, or a label out of range, is an error, and the trainer goes on") {
     const auto m = pdo::make_mesh<"pp">(pdo::cpu_places(2));
     auto trainer = pdo::nn::make_pipeline<double, 2, 3>(m, make_mlp(), [](auto ps) { return pdo::nn::sgd<double>(std::move(ps), {.lr = 0.2, .momentum = 0.5}); },
                                                         {pdo::nn::pipeline_schedule::one_f_one_b, 3});
     CHECK_THROWS_WITH(trainer.step(pdo::tensor<double, 2>({0, 6}), pdo::tensor<int, 1>({0})),
                       Catch::Contains("pipeline::step") && Catch::Contains("no rows"));
     CHECK(trainer.step(x, y) == Approx(reference[0]).epsilon(1e-10));
+    // a label out of range in row 9: the last micro-batch (rows 8..10) on the last stage
+    auto bad = y;
+    bad(9) = 7;
+    CHECK_THROWS_WITH(trainer.step(x, bad),
+                      Catch::StartsWith("pipeline::step: on place cpu:1: its 3 rows of the batch are the inputs' rows 8..10 (row 0 "
+                                        "here is row 8 there): cross_entropy") &&
+                          Catch::Contains("the first is 7, at row 1"));
+    CHECK(trainer.step(x, y) == Approx(reference[1]).epsilon(1e-10));  // the refused step updated nothing
   }
   SECTION("a step whose loss is not finite updates no stage: a pdo::error, or skipped with skip_nonfinite_steps") {
     auto bad = x;

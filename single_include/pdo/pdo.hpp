@@ -19583,6 +19583,7 @@ auto tensor_parallel_shard(const Mesh& m, std::size_t p, const sequential<Layers
 #include <cstdint>
 #include <exception>
 #include <memory>
+#include <numeric>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -20173,10 +20174,15 @@ class pipeline {
           if constexpr (first) x = var<in_t>(pdo::detail::cut_rows(inputs, m0, mr, place));
           else x = parameter(detail_pp::receive<T, in_t::rank>(link, true, tag, place));
           const auto t0 = std::chrono::steady_clock::now();
-          auto y = model(x);
+          // a mistake in the data (a label out of range, say) is named in the caller's rows
+          std::vector<std::size_t> rows(mr);
+          std::iota(rows.begin(), rows.end(), m0);
+          auto y = pdo::detail::naming_rows(rows, [&] { return model(x); });
           if constexpr (last) {
             if (mr > 0) {
-              auto loss = loss_(y, pdo::detail::cut_rows(targets, m0, mr, place)) * (static_cast<T>(mr) / static_cast<T>(global_rows));
+              auto loss = pdo::detail::naming_rows(rows, [&] {
+                return loss_(y, pdo::detail::cut_rows(targets, m0, mr, place)) * (static_cast<T>(mr) / static_cast<T>(global_rows));
+              });
               total += pdo::detail::scalar_of(loss.value());
               micro_losses[a.micro] = std::move(loss);
             }
