@@ -94,4 +94,23 @@ if(at EQUAL -1)
                       "(${thrust_elsewhere}):\n${commands}")
 endif()
 
+# 7. With clang++, pdo::pdo turns clang's OpenMP optimisation pass off (it serves offloading and
+#    doubles the compile time), unless the consumer's target sets PDO_CLANG_OPENMP_OPT.
+find_program(clangxx clang++ NO_CACHE)
+if(clangxx)
+  foreach(keep OFF ON)
+    set(build ${WORK_DIR}/consumer-clang-${keep})
+    run_step("configure a clang++ consumer (PDO_CLANG_OPENMP_OPT ${keep})" ${CMAKE_COMMAND} -S ${CONSUMER_SOURCE_DIR} -B ${build}
+             -G ${GENERATOR} -DCMAKE_CXX_COMPILER=${clangxx} -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH=${prefix}
+             -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF -DCMAKE_EXPORT_COMPILE_COMMANDS=ON -DCONSUMER_KEEP_OPENMP_OPT=${keep})
+    file(READ ${build}/compile_commands.json commands)
+    string(FIND "${commands}" "-mllvm -openmp-opt-disable" at)
+    if(keep AND NOT at EQUAL -1)
+      message(FATAL_ERROR "a target that sets PDO_CLANG_OPENMP_OPT is still compiled without clang's OpenMP pass:\n${commands}")
+    elseif(NOT keep AND at EQUAL -1)
+      message(FATAL_ERROR "the clang++ consumer's compile commands lack -mllvm -openmp-opt-disable:\n${commands}")
+    endif()
+  endforeach()
+endif()
+
 message(STATUS "find_package_test: all consumers passed")
