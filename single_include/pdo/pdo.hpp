@@ -11918,11 +11918,15 @@ class unsqueeze_node : public detail::op_node<C> {
   using value_type = typename C::value_type;
   /// @brief One more than the operand's rank.
   static constexpr std::size_t rank = C::rank + 1;
-  static_assert(Dim <= C::rank, "pdo: unsqueeze: the dim to insert is beyond the operand's rank");
-  static_assert(rank <= detail::max_rank, "pdo: unsqueeze: the result would have more dims than pdo's layouts hold");
+  /// @brief Whether `Dim` is a place to insert a dim: 0 to the operand's rank.
+  static constexpr bool dim_fits = Dim <= C::rank;
+  /// @brief Whether pdo's layouts hold the result's rank.
+  static constexpr bool rank_fits = rank <= detail::max_rank;
+  static_assert(dim_fits, "pdo: unsqueeze: the dim to insert is beyond the operand's rank");
+  static_assert(rank_fits, "pdo: unsqueeze: the result would have more dims than pdo's layouts hold");
   /// @brief Whether this unsqueeze and every op below it is well formed (see detail::op_node):
   /// for a dim past the operand's rank nothing more is instantiated after the error.
-  static constexpr bool well_formed = detail::op_node<C>::well_formed && Dim <= C::rank && rank <= detail::max_rank;
+  static constexpr bool well_formed = detail::op_node<C>::well_formed && dim_fits && rank_fits;
   /// @brief false: an unsqueeze is never fused into an elementwise group.
   static constexpr bool elementwise = false;
   /// @brief "unsqueeze": how plans and error messages name this op.
@@ -16697,29 +16701,35 @@ namespace pdo::detail {
 
 /// @brief "its 2 rows of the batch are the inputs' rows 5..6 (row 0 here is row 5 there): ",
 /// what a place's error in a trainer's step adds so that a row it names can be found in the
-/// data the caller passed (the rows of a shuffled order listed, the first 128 of them).
+/// data the caller passed: rows first .. first + count - 1.
+PDO_NOINLINE inline std::string rows_context(std::size_t first, std::size_t count) {
+  if (count == 0) return "it holds no rows of the batch: ";
+  if (count == 1) return "its 1 row of the batch is the inputs' row " + std::to_string(first) + ": ";
+  return "its " + std::to_string(count) + " rows of the batch are the inputs' rows " + std::to_string(first) + ".." +
+         std::to_string(first + count - 1) + " (row 0 here is row " + std::to_string(first) + " there): ";
+}
+
+/// @brief The same for the rows of a shuffled order: the first 128 of them listed, or as
+/// above when they follow each other.
 PDO_NOINLINE inline std::string rows_context(const std::vector<std::size_t>& rows) {
   const std::size_t n = rows.size();
-  if (n == 0) return "it holds no rows of the batch: ";
-  std::string s = "its " + std::to_string(n) + (n == 1 ? " row of the batch is the inputs' row " : " rows of the batch are the inputs' rows ");
-  if (n == 1) return s + std::to_string(rows[0]) + ": ";
-  bool in_order = true;
-  for (std::size_t i = 0; i < n; ++i) in_order = in_order && rows[i] == rows[0] + i;
-  if (in_order)
-    return s + std::to_string(rows[0]) + ".." + std::to_string(rows[n - 1]) + " (row 0 here is row " + std::to_string(rows[0]) + " there): ";
+  std::size_t i = 1;
+  while (i < n && rows[i] == rows[0] + i) ++i;
+  if (i >= n) return rows_context(n == 0 ? 0 : rows[0], n);
   constexpr std::size_t shown = 128;
-  for (std::size_t i = 0; i < n && i < shown; ++i) s += (i == 0 ? "" : ", ") + std::to_string(rows[i]);
+  std::string s = "its " + std::to_string(n) + " rows of the batch are the inputs' rows ";
+  for (std::size_t k = 0; k < n && k < shown; ++k) s += (k == 0 ? "" : ", ") + std::to_string(rows[k]);
   return s + (n > shown ? ", ..." : "") + " (row i here, counted from 0, is the i-th of them): ";
 }
 
-/// @brief `forward()`'s result; a pdo::error it throws gets rows_context(rows) in front of
-/// its message, keeping its subclass.
-template <class F>
-decltype(auto) naming_rows(const std::vector<std::size_t>& rows, F&& forward) {
+/// @brief `forward()`'s result; a pdo::error it throws gets `context()` (rows_context of the
+/// rows it ran on, built only then) in front of its message, keeping its subclass.
+template <class Context, class F>
+decltype(auto) naming_rows(const Context& context, F&& forward) {
   try {
     return std::forward<F>(forward)();
   } catch (const error&) {
-    captured_error::current().rethrow_with_context(rows_context(rows));
+    captured_error::current().rethrow_with_context(context());
   }
 }
 
@@ -19276,7 +19286,7 @@ class data_parallel {
           std::optional<pdo::detail::timeline_span> forward_span;
           forward_span.emplace("kernel", "forward", [&] { return std::to_string(rows) + " rows"; });
           // a mistake in the data (a label out of range, say) is named in the caller's rows
-          const auto forward = pdo::detail::naming_rows(s.rows, [&] {
+          const auto forward = pdo::detail::naming_rows([&] { return pdo::detail::rows_context(s.rows); }, [&] {
             auto y = (*r.model)(var(s.inputs));
             auto l = loss_(y, s.targets) * (static_cast<T>(rows) / static_cast<T>(global_rows));
             return std::pair(std::move(y), std::move(l));
@@ -19583,7 +19593,6 @@ auto tensor_parallel_shard(const Mesh& m, std::size_t p, const sequential<Layers
 #include <cstdint>
 #include <exception>
 #include <memory>
-#include <numeric>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -20175,8 +20184,7 @@ class pipeline {
           else x = parameter(detail_pp::receive<T, in_t::rank>(link, true, tag, place));
           const auto t0 = std::chrono::steady_clock::now();
           // a mistake in the data (a label out of range, say) is named in the caller's rows
-          std::vector<std::size_t> rows(mr);
-          std::iota(rows.begin(), rows.end(), m0);
+          const auto rows = [&] { return pdo::detail::rows_context(m0, mr); };
           auto y = pdo::detail::naming_rows(rows, [&] { return model(x); });
           if constexpr (last) {
             if (mr > 0) {

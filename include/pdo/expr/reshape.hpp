@@ -64,11 +64,15 @@ class unsqueeze_node : public detail::op_node<C> {
   using value_type = typename C::value_type;
   /// @brief One more than the operand's rank.
   static constexpr std::size_t rank = C::rank + 1;
-  static_assert(Dim <= C::rank, "pdo: unsqueeze: the dim to insert is beyond the operand's rank");
-  static_assert(rank <= detail::max_rank, "pdo: unsqueeze: the result would have more dims than pdo's layouts hold");
+  /// @brief Whether `Dim` is a place to insert a dim: 0 to the operand's rank.
+  static constexpr bool dim_fits = Dim <= C::rank;
+  /// @brief Whether pdo's layouts hold the result's rank.
+  static constexpr bool rank_fits = rank <= detail::max_rank;
+  static_assert(dim_fits, "pdo: unsqueeze: the dim to insert is beyond the operand's rank");
+  static_assert(rank_fits, "pdo: unsqueeze: the result would have more dims than pdo's layouts hold");
   /// @brief Whether this unsqueeze and every op below it is well formed (see detail::op_node):
   /// for a dim past the operand's rank nothing more is instantiated after the error.
-  static constexpr bool well_formed = detail::op_node<C>::well_formed && Dim <= C::rank && rank <= detail::max_rank;
+  static constexpr bool well_formed = detail::op_node<C>::well_formed && dim_fits && rank_fits;
   /// @brief false: an unsqueeze is never fused into an elementwise group.
   static constexpr bool elementwise = false;
   /// @brief "unsqueeze": how plans and error messages name this op.

@@ -45,29 +45,35 @@ namespace pdo::detail {
 
 /// @brief "its 2 rows of the batch are the inputs' rows 5..6 (row 0 here is row 5 there): ",
 /// what a place's error in a trainer's step adds so that a row it names can be found in the
-/// data the caller passed (the rows of a shuffled order listed, the first 128 of them).
+/// data the caller passed: rows first .. first + count - 1.
+PDO_NOINLINE inline std::string rows_context(std::size_t first, std::size_t count) {
+  if (count == 0) return "it holds no rows of the batch: ";
+  if (count == 1) return "its 1 row of the batch is the inputs' row " + std::to_string(first) + ": ";
+  return "its " + std::to_string(count) + " rows of the batch are the inputs' rows " + std::to_string(first) + ".." +
+         std::to_string(first + count - 1) + " (row 0 here is row " + std::to_string(first) + " there): ";
+}
+
+/// @brief The same for the rows of a shuffled order: the first 128 of them listed, or as
+/// above when they follow each other.
 PDO_NOINLINE inline std::string rows_context(const std::vector<std::size_t>& rows) {
   const std::size_t n = rows.size();
-  if (n == 0) return "it holds no rows of the batch: ";
-  std::string s = "its " + std::to_string(n) + (n == 1 ? " row of the batch is the inputs' row " : " rows of the batch are the inputs' rows ");
-  if (n == 1) return s + std::to_string(rows[0]) + ": ";
-  bool in_order = true;
-  for (std::size_t i = 0; i < n; ++i) in_order = in_order && rows[i] == rows[0] + i;
-  if (in_order)
-    return s + std::to_string(rows[0]) + ".." + std::to_string(rows[n - 1]) + " (row 0 here is row " + std::to_string(rows[0]) + " there): ";
+  std::size_t i = 1;
+  while (i < n && rows[i] == rows[0] + i) ++i;
+  if (i >= n) return rows_context(n == 0 ? 0 : rows[0], n);
   constexpr std::size_t shown = 128;
-  for (std::size_t i = 0; i < n && i < shown; ++i) s += (i == 0 ? "" : ", ") + std::to_string(rows[i]);
+  std::string s = "its " + std::to_string(n) + " rows of the batch are the inputs' rows ";
+  for (std::size_t k = 0; k < n && k < shown; ++k) s += (k == 0 ? "" : ", ") + std::to_string(rows[k]);
   return s + (n > shown ? ", ..." : "") + " (row i here, counted from 0, is the i-th of them): ";
 }
 
-/// @brief `forward()`'s result; a pdo::error it throws gets rows_context(rows) in front of
-/// its message, keeping its subclass.
-template <class F>
-decltype(auto) naming_rows(const std::vector<std::size_t>& rows, F&& forward) {
+/// @brief `forward()`'s result; a pdo::error it throws gets `context()` (rows_context of the
+/// rows it ran on, built only then) in front of its message, keeping its subclass.
+template <class Context, class F>
+decltype(auto) naming_rows(const Context& context, F&& forward) {
   try {
     return std::forward<F>(forward)();
   } catch (const error&) {
-    captured_error::current().rethrow_with_context(rows_context(rows));
+    captured_error::current().rethrow_with_context(context());
   }
 }
 

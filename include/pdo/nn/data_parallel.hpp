@@ -607,7 +607,7 @@ class data_parallel {
           std::optional<pdo::detail::timeline_span> forward_span;
           forward_span.emplace("kernel", "forward", [&] { return std::to_string(rows) + " rows"; });
           // a mistake in the data (a label out of range, say) is named in the caller's rows
-          const auto forward = pdo::detail::naming_rows(s.rows, [&] {
+          const auto forward = pdo::detail::naming_rows([&] { return pdo::detail::rows_context(s.rows); }, [&] {
             auto y = (*r.model)(var(s.inputs));
             auto l = loss_(y, s.targets) * (static_cast<T>(rows) / static_cast<T>(global_rows));
             return std::pair(std::move(y), std::move(l));

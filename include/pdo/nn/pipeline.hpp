@@ -17,7 +17,6 @@
 #include <cstdint>
 #include <exception>
 #include <memory>
-#include <numeric>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -609,8 +608,7 @@ class pipeline {
           else x = parameter(detail_pp::receive<T, in_t::rank>(link, true, tag, place));
           const auto t0 = std::chrono::steady_clock::now();
           // a mistake in the data (a label out of range, say) is named in the caller's rows
-          std::vector<std::size_t> rows(mr);
-          std::iota(rows.begin(), rows.end(), m0);
+          const auto rows = [&] { return pdo::detail::rows_context(m0, mr); };
           auto y = pdo::detail::naming_rows(rows, [&] { return model(x); });
           if constexpr (last) {
             if (mr > 0) {
