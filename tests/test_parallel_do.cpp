@@ -1,6 +1,7 @@
 // tests/parallel_do.cpp: parallel_do against the single-place program, merges, and failures.
 #include "support.hpp"
 
+#include <atomic>
 #include <cmath>
 
 using pdo::replicate;
@@ -69,6 +70,29 @@ TEST_CASE("parallel_do on a 2x2 mesh: data x tensor parallel", "[parallel_do]") 
       pdo::distribute<pdo::layout<replicate, split<"b">>>(mesh, w));
   CHECK(y.shard(3).shape() == pdo::shape_t<2>{4, 2});
   CHECK(pdo_test::equal(pdo::gather(y), pdo_test::naive_matmul(x, w)));
+}
+
+TEST_CASE("a block may return an expression of its shards, evaluated on its place", "[parallel_do]") {
+  // the contract's example: relu(matmul) of each place's rows by the weights, uneven rows
+  const auto x = pdo_test::iota_tensor<float, 2>({11, 6});
+  auto w = pdo_test::iota_tensor<float, 2>({6, 5});
+  for (auto& v : w) v = 0.01f * v - 0.1f;
+  const auto expected = pdo::eval(pdo::relu(pdo::matmul(x, w)));
+  const auto block = [](const auto& xl, const auto& wl) { return pdo::relu(pdo::matmul(xl, wl)); };
+  for (std::size_t n : pdo_test::line_sizes()) {
+    CAPTURE(n);
+    const auto mesh = pdo_test::line_mesh(n);
+    const auto y = pdo::parallel_do<pdo::layout<split<"x">, replicate>>(
+        block, pdo::distribute<pdo::layout<split<"x">, replicate>>(mesh, x), pdo::distribute<pdo::layout<replicate, replicate>>(mesh, w));
+    static_assert(std::is_same_v<typename decltype(y)::value_type, float>);
+    CHECK(pdo_test::close(pdo::gather(y), expected, 1e-5));
+  }
+  // on a 2 x 2 mesh, the weight's columns cut along "b": the result is split both ways
+  const auto mesh = pdo_test::grid_mesh(2, 2);
+  const auto y = pdo::parallel_do<pdo::layout<split<"a">, split<"b">>>(block, pdo::distribute<pdo::layout<split<"a">, replicate>>(mesh, x),
+                                                                       pdo::distribute<pdo::layout<replicate, split<"b">>>(mesh, w));
+  CHECK(y.shard(3).shape() == pdo::shape_t<2>{5, 2});
+  CHECK(pdo_test::close(pdo::gather(y), expected, 1e-5));
 }
 
 TEST_CASE("results made inside a block live in the place's memory", "[parallel_do][memory]") {
@@ -140,10 +164,11 @@ TEST_CASE("a block's pdo::error keeps its type", "[parallel_do][errors]") {
 TEST_CASE("results that cannot be merged as the layout says are a shape error", "[parallel_do][errors]") {
   const auto mesh = pdo_test::line_mesh(3);
   const auto x = pdo::distribute<pdo::layout<split<"x">, replicate>>(mesh, pdo_test::iota_tensor<float, 2>({6, 2}));
-  // replicate merge needs equal shapes
-  REQUIRE_THROWS_AS((pdo::parallel_do<pdo::layout<replicate, replicate>>([](const auto& s) { return s; },
-                                                                          pdo::distribute<pdo::layout<split<"x">, replicate>>(
-                                                                              mesh, pdo_test::iota_tensor<float, 2>({7, 2})))),
+  // replicate merge needs equal shapes: here the second place to run returns one row more
+  std::atomic<int> ran{0};
+  REQUIRE_THROWS_AS((pdo::parallel_do<pdo::layout<replicate, replicate>>(
+                        [&ran](const pdo::tensor<float, 2>& s) { return pdo::tensor<float, 2>({s.extent(0) + (ran++ == 1 ? 1 : 0), 2}); },
+                        pdo::distribute<pdo::layout<replicate, replicate>>(mesh, pdo_test::iota_tensor<float, 2>({7, 2})))),
                     pdo::shape_error);
   // a split merge needs the even cut: place 0 returns 1 row, so 5 rows would be cut 2,2,1
   REQUIRE_THROWS_WITH((pdo::parallel_do<pdo::layout<split<"x">, replicate>>(
@@ -299,9 +324,18 @@ TEST_CASE("parallel_do over vars: a block's result that does not fit the output 
           "[parallel_do][autograd][errors]") {
   const auto m = pdo::make_mesh<"x", "y">(pdo::cpu_places(2), {2, 1});
   auto dX = pdo::parameter(pdo::distribute<rows2>(m, random<double, 2>({5, 4}, 15)));
-  // the places hold 3 and 2 rows: their results cannot be replicas of one value
-  CHECK_THROWS_WITH(pdo::parallel_do<whole2>([](const auto& xl) { return xl * 2.0; }, dX),
-                    Catch::Contains("parallel_do") && Catch::Contains("cpu:1") && Catch::Contains("returned [2, 4]"));
+  // (a block over rows split along "x" whose result replicates over "x" is a compile error:
+  // tests/compile_fail/parallel_do_replicas_differ.cpp) the second place to run returns a
+  // block of 4 rows, the first one of 5: they cannot be replicas of one value
+  const auto whole = pdo::parameter(pdo::distribute<whole2>(m, random<double, 2>({5, 4}, 15)));
+  std::atomic<int> ran{0};
+  CHECK_THROWS_WITH(pdo::parallel_do<whole2>(
+                        [&ran](const auto& xl) {
+                          if (ran++ == 1) return pdo::var(pdo::tensor<double, 2>({4, 4}));
+                          return pdo::var(pdo::eval(xl.value() * 2.0));
+                        },
+                        whole),
+                    Catch::Contains("parallel_do") && Catch::Contains("cpu:") && Catch::Contains("returned [4, 4]"));
   // the mesh stays usable
   const auto y = pdo::parallel_do<rows2>([](const auto& xl) { return xl * 2.0; }, dX);
   pdo::backward(pdo::sum(y));

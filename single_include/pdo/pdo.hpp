@@ -15499,6 +15499,7 @@ var<tensor<T, R>> replicated_across(const var<tensor<T, R>>& x, const mesh_commu
 #include <limits>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -15532,6 +15533,68 @@ access shards_read(std::size_t k, const Args&... args) {
       ...);
   return a;
 }
+
+/// @brief Whether a parallel_do block may return an `R` as its place's part: a tensor, or an
+/// expression of local tensors (evaluated on the place).
+template <class R>
+consteval bool is_block_part() {
+  if constexpr (is_tensor_v<R>) return true;
+  else if constexpr (tensor_expression<R>) return !expression_t<R>::distributed;
+  else return false;
+}
+
+/// @brief A block's result on its place as a local tensor: a tensor as it is; an expression
+/// of local tensors, evaluated there.
+template <class R>
+auto as_block_part(R&& r) {
+  if constexpr (is_tensor_v<std::remove_cvref_t<R>>) return std::remove_cvref_t<R>(std::forward<R>(r));
+  else return pdo::eval(std::forward<R>(r));
+}
+
+/// @brief Whether the blocks' parts may be merged as `Out`, given operands laid out as
+/// `Layouts` (void for an argument that is not a dtensor): every mesh axis along which an
+/// operand's blocks differ (a dim split over it, or a pending sum over it) must be one that
+/// `Out` splits a dim over or sums over. Else the places along it would return different
+/// parts that `Out` calls copies of one value (replicate), and the merged dtensor would hold
+/// different "replicas": the mistake is refused at compile time, as the layouts' are.
+template <class Out, class... Layouts>
+consteval bool parts_mergeable() {
+  constexpr layout_value out = value_of<Out>();
+  const auto covered = [&](std::string_view axis) { return out.split_dim(axis) < out.rank || out.is_partial(axis); };
+  bool ok = true;
+  (
+      [&] {
+        if constexpr (!std::is_void_v<Layouts>) {
+          constexpr layout_value v = value_of<Layouts>();
+          for (std::size_t d = 0; d < v.rank; ++d) ok = ok && (v.dim_axis[d].empty() || covered(v.dim_axis[d]));
+          for (std::size_t i = 0; i < v.npartial; ++i) ok = ok && covered(v.partial[i]);
+        }
+      }(),
+      ...);
+  return ok;
+}
+
+/// @brief The check of parts_mergeable, its error given once (a static_assert naming what to
+/// change): `ok` says whether to go on.
+template <class Out, class... Layouts>
+struct check_parts_mergeable {
+  static constexpr bool ok = parts_mergeable<Out, Layouts...>();
+  static_assert(ok,
+                "pdo: parallel_do: an operand is split (or a pending sum) over a mesh axis that the out layout replicates: the places "
+                "along that axis return different parts, not copies of one value; split a dim of the result over that axis, make the "
+                "result ::partial over it, or pass the operand replicated there");
+};
+
+/// @brief An argument's layout type, or void for one that is not a dtensor.
+template <class Arg>
+struct argument_layout {
+  using type = void;
+};
+template <class Arg>
+  requires distributed_tensor<Arg>
+struct argument_layout<Arg> {
+  using type = typename Arg::layout_type;
+};
 
 template <class Arg, class Mesh>
 void check_same_mesh(const Arg& arg, const Mesh& m) {
@@ -15689,9 +15752,13 @@ auto merge_parts(const Mesh& m, Part&& part, Access reads = {}) {
 
 /// @brief Runs `block` on every place of the mesh at once, on its local shards: each
 /// dtensor argument arrives as that place's shard (a `const pdo::tensor&`), any other
-/// argument as it is. The block returns that place's part of the result, and the parts
-/// are merged as `OutLayout` says: concatenated along a split dim, summed over a partial
-/// axis, kept as they are for replicate (each place's copy is its replica).
+/// argument as it is. The block returns that place's part of the result (a pdo::tensor, or
+/// an expression of local tensors, evaluated on the place), and the parts are merged as
+/// `OutLayout` says: concatenated along a split dim, summed over a partial axis, kept as
+/// they are for replicate (each place's copy is its replica). A mesh axis that an operand
+/// is split or partial over must be one that `OutLayout` splits or sums over: else the
+/// places along it would return different parts that the result calls replicas, a
+/// compile error.
 ///
 /// An exception thrown by the block on some place reaches the caller, on every process,
 /// as a pdo::error naming the place; the other places finish their blocks, and the
@@ -15700,16 +15767,27 @@ auto merge_parts(const Mesh& m, Part&& part, Access reads = {}) {
 template <layout_spec OutLayout, class Block, class... Args>
   requires(distributed_tensor<Args> || ...)
 auto parallel_do(Block&& block, const Args&... args) {
-  using result_t = std::remove_cvref_t<std::invoke_result_t<Block&, detail::local_view_t<Args>...>>;
-  static_assert(is_tensor_v<result_t>, "pdo: parallel_do: the block must return a pdo::tensor (its place's part of the result)");
-  if constexpr (is_tensor_v<result_t>) {  // else nothing more: one error
-    const auto& m = detail::first_dtensor(args...).mesh();
-    using mesh_t = std::remove_cvref_t<decltype(m)>;
-    static_assert(sizeof(detail::check_layout<"parallel_do", OutLayout, mesh_t, result_t::rank>) != 0);
-    (detail::check_same_mesh(args, m), ...);
-    return detail::merge_parts<OutLayout>(
-        m, [&](std::size_t p, std::size_t) -> result_t { return block(detail::local_view(args, p)...); },
-        [&](std::size_t, std::size_t k) { return detail::shards_read(k, args...); });
+  using returned_t = std::invoke_result_t<Block&, detail::local_view_t<Args>...>;
+  constexpr bool part_ok = detail::is_block_part<std::remove_cvref_t<returned_t>>();
+  static_assert(part_ok,
+                "pdo: parallel_do: the block must return a pdo::tensor or an expression of local tensors (its place's part of the result)");
+  // each check's error is given once, with nothing instantiated after it (0 stands for the result)
+  if constexpr (!part_ok) {
+    return 0;
+  } else {
+    using result_t = decltype(detail::as_block_part(std::declval<returned_t>()));
+    using mesh_t = typename std::remove_cvref_t<decltype(detail::first_dtensor(args...))>::mesh_type;
+    if constexpr (!detail::check_layout<"parallel_do", OutLayout, mesh_t, result_t::rank>::ok) {
+      return 0;
+    } else if constexpr (!detail::check_parts_mergeable<OutLayout, typename detail::argument_layout<Args>::type...>::ok) {
+      return 0;
+    } else {
+      const mesh_t& m = detail::first_dtensor(args...).mesh();
+      (detail::check_same_mesh(args, m), ...);
+      return detail::merge_parts<OutLayout>(
+          m, [&](std::size_t p, std::size_t) -> result_t { return detail::as_block_part(block(detail::local_view(args, p)...)); },
+          [&](std::size_t, std::size_t k) { return detail::shards_read(k, args...); });
+    }
   }
 }
 
@@ -15760,6 +15838,10 @@ const auto& mesh_holder(const Arg& arg) {
   if constexpr (is_distributed_var_v<Arg>) return arg.value();
   else return arg;
 }
+
+/// @brief An operand's layout type (a dtensor's, or the dtensor's a var holds), or void.
+template <class Arg>
+using operand_layout_t = typename argument_layout<std::remove_cvref_t<decltype(mesh_holder(std::declval<const Arg&>()))>>::type;
 
 /// @brief The layout of the gradients the places compute for an operand laid out as
 /// `Layout`: its split dims as they are, and a pending sum over every mesh axis that no dim
@@ -15903,44 +15985,50 @@ auto parallel_do(Block&& block, const Args&... args) {
   const auto& m = detail::first_dtensor(detail::mesh_holder(args)...).mesh();
   using mesh_t = std::remove_cvref_t<decltype(m)>;
   using merged_t = dtensor<T, rank, mesh_t, OutLayout>;
-  static_assert(sizeof(detail::check_layout<"parallel_do", OutLayout, mesh_t, rank>) != 0);
-  (detail::check_same_mesh(detail::mesh_holder(args), m), ...);
+  // each check's error is given once, with nothing instantiated after it (0 stands for the result)
+  if constexpr (!detail::check_layout<"parallel_do", OutLayout, mesh_t, rank>::ok) {
+    return 0;
+  } else if constexpr (!detail::check_parts_mergeable<OutLayout, detail::operand_layout_t<Args>...>::ok) {
+    return 0;
+  } else {
+    (detail::check_same_mesh(detail::mesh_holder(args), m), ...);
 
-  using tape_t = detail::block_tape<part_t, Args...>;
-  auto tapes = std::make_shared<std::vector<std::optional<tape_t>>>(m.local_places().size());
-  merged_t merged = detail::merge_parts<OutLayout>(m, [&](std::size_t p, std::size_t k) -> local_t {
-    tape_t& tape = (*tapes)[k].emplace();
-    std::tuple<detail::block_argument_t<Args>...> arguments(detail::block_argument_of(args, p)...);
-    detail::keep_leaves<Args...>(tape.leaves, arguments, std::index_sequence_for<Args...>{});
-    tape.out = detail::as_block_result(std::apply(block, arguments));
-    return tape.out.value();
-  }, [&](std::size_t, std::size_t k) { return detail::shards_read(k, detail::mesh_holder(args)...); });
+    using tape_t = detail::block_tape<part_t, Args...>;
+    auto tapes = std::make_shared<std::vector<std::optional<tape_t>>>(m.local_places().size());
+    merged_t merged = detail::merge_parts<OutLayout>(m, [&](std::size_t p, std::size_t k) -> local_t {
+      tape_t& tape = (*tapes)[k].emplace();
+      std::tuple<detail::block_argument_t<Args>...> arguments(detail::block_argument_of(args, p)...);
+      detail::keep_leaves<Args...>(tape.leaves, arguments, std::index_sequence_for<Args...>{});
+      tape.out = detail::as_block_result(std::apply(block, arguments));
+      return tape.out.value();
+    }, [&](std::size_t, std::size_t k) { return detail::shards_read(k, detail::mesh_holder(args)...); });
 
-  bool needs_grad = false;
-  for (const auto& t : *tapes) needs_grad = needs_grad || t->out.requires_grad();
-  if (!needs_grad) return var<merged_t>(std::move(merged));
+    bool needs_grad = false;
+    for (const auto& t : *tapes) needs_grad = needs_grad || t->out.requires_grad();
+    if (!needs_grad) return var<merged_t>(std::move(merged));
 
-  // the graph's inputs: the operands that need a gradient (a block's own parameters are
-  // reached through the places' graphs)
-  std::vector<std::shared_ptr<detail::grad_node>> inputs;
-  (detail::add_input(args, inputs), ...);
-  auto node = std::make_shared<detail::value_node<merged_t>>(std::move(merged), std::move(inputs));
-  node->backward = [tapes, m, operands = std::make_tuple(detail::kept_operand(args)...)](detail::value_node<merged_t>& self) {
-    const detail::grad_t<merged_t>& g = *self.grad;
-    // every place's backward at once, from its part of the output's gradient; the places
-    // along an axis the output is replicated on computed one value n times, and share its
-    // gradient: each takes 1/n of it (the gradients are summed below)
-    const std::size_t copies = detail::replica_count(m, detail::value_of<OutLayout>());
-    detail::run_on_places("parallel_do backward", m, [&](std::size_t, std::size_t k) {
-      auto& tape = *(*tapes)[k];
-      if (!tape.out.requires_grad()) return;
-      if (copies == 1) pdo::backward(tape.out, tensor<T, rank>(g.local_shards()[k]));
-      else pdo::backward(tape.out, pdo::eval(g.local_shards()[k] * (T(1) / static_cast<T>(copies))));
-    });
-    detail::merge_operand_gradients(m, *tapes, operands, std::index_sequence_for<Args...>{});
-    for (auto& t : *tapes) t.reset();  // the places' graphs are spent
-  };
-  return var<merged_t>(std::move(node), true);
+    // the graph's inputs: the operands that need a gradient (a block's own parameters are
+    // reached through the places' graphs)
+    std::vector<std::shared_ptr<detail::grad_node>> inputs;
+    (detail::add_input(args, inputs), ...);
+    auto node = std::make_shared<detail::value_node<merged_t>>(std::move(merged), std::move(inputs));
+    node->backward = [tapes, m, operands = std::make_tuple(detail::kept_operand(args)...)](detail::value_node<merged_t>& self) {
+      const detail::grad_t<merged_t>& g = *self.grad;
+      // every place's backward at once, from its part of the output's gradient; the places
+      // along an axis the output is replicated on computed one value n times, and share its
+      // gradient: each takes 1/n of it (the gradients are summed below)
+      const std::size_t copies = detail::replica_count(m, detail::value_of<OutLayout>());
+      detail::run_on_places("parallel_do backward", m, [&](std::size_t, std::size_t k) {
+        auto& tape = *(*tapes)[k];
+        if (!tape.out.requires_grad()) return;
+        if (copies == 1) pdo::backward(tape.out, tensor<T, rank>(g.local_shards()[k]));
+        else pdo::backward(tape.out, pdo::eval(g.local_shards()[k] * (T(1) / static_cast<T>(copies))));
+      });
+      detail::merge_operand_gradients(m, *tapes, operands, std::index_sequence_for<Args...>{});
+      for (auto& t : *tapes) t.reset();  // the places' graphs are spent
+    };
+    return var<merged_t>(std::move(node), true);
+  }
 }
 
 }  // namespace pdo

@@ -52,6 +52,10 @@ const auto& mesh_holder(const Arg& arg) {
   else return arg;
 }
 
+/// @brief An operand's layout type (a dtensor's, or the dtensor's a var holds), or void.
+template <class Arg>
+using operand_layout_t = typename argument_layout<std::remove_cvref_t<decltype(mesh_holder(std::declval<const Arg&>()))>>::type;
+
 /// @brief The layout of the gradients the places compute for an operand laid out as
 /// `Layout`: its split dims as they are, and a pending sum over every mesh axis that no dim
 /// splits (the places along such an axis hold replicas, each used by its own block).
@@ -194,44 +198,50 @@ auto parallel_do(Block&& block, const Args&... args) {
   const auto& m = detail::first_dtensor(detail::mesh_holder(args)...).mesh();
   using mesh_t = std::remove_cvref_t<decltype(m)>;
   using merged_t = dtensor<T, rank, mesh_t, OutLayout>;
-  static_assert(sizeof(detail::check_layout<"parallel_do", OutLayout, mesh_t, rank>) != 0);
-  (detail::check_same_mesh(detail::mesh_holder(args), m), ...);
+  // each check's error is given once, with nothing instantiated after it (0 stands for the result)
+  if constexpr (!detail::check_layout<"parallel_do", OutLayout, mesh_t, rank>::ok) {
+    return 0;
+  } else if constexpr (!detail::check_parts_mergeable<OutLayout, detail::operand_layout_t<Args>...>::ok) {
+    return 0;
+  } else {
+    (detail::check_same_mesh(detail::mesh_holder(args), m), ...);
 
-  using tape_t = detail::block_tape<part_t, Args...>;
-  auto tapes = std::make_shared<std::vector<std::optional<tape_t>>>(m.local_places().size());
-  merged_t merged = detail::merge_parts<OutLayout>(m, [&](std::size_t p, std::size_t k) -> local_t {
-    tape_t& tape = (*tapes)[k].emplace();
-    std::tuple<detail::block_argument_t<Args>...> arguments(detail::block_argument_of(args, p)...);
-    detail::keep_leaves<Args...>(tape.leaves, arguments, std::index_sequence_for<Args...>{});
-    tape.out = detail::as_block_result(std::apply(block, arguments));
-    return tape.out.value();
-  }, [&](std::size_t, std::size_t k) { return detail::shards_read(k, detail::mesh_holder(args)...); });
+    using tape_t = detail::block_tape<part_t, Args...>;
+    auto tapes = std::make_shared<std::vector<std::optional<tape_t>>>(m.local_places().size());
+    merged_t merged = detail::merge_parts<OutLayout>(m, [&](std::size_t p, std::size_t k) -> local_t {
+      tape_t& tape = (*tapes)[k].emplace();
+      std::tuple<detail::block_argument_t<Args>...> arguments(detail::block_argument_of(args, p)...);
+      detail::keep_leaves<Args...>(tape.leaves, arguments, std::index_sequence_for<Args...>{});
+      tape.out = detail::as_block_result(std::apply(block, arguments));
+      return tape.out.value();
+    }, [&](std::size_t, std::size_t k) { return detail::shards_read(k, detail::mesh_holder(args)...); });
 
-  bool needs_grad = false;
-  for (const auto& t : *tapes) needs_grad = needs_grad || t->out.requires_grad();
-  if (!needs_grad) return var<merged_t>(std::move(merged));
+    bool needs_grad = false;
+    for (const auto& t : *tapes) needs_grad = needs_grad || t->out.requires_grad();
+    if (!needs_grad) return var<merged_t>(std::move(merged));
 
-  // the graph's inputs: the operands that need a gradient (a block's own parameters are
-  // reached through the places' graphs)
-  std::vector<std::shared_ptr<detail::grad_node>> inputs;
-  (detail::add_input(args, inputs), ...);
-  auto node = std::make_shared<detail::value_node<merged_t>>(std::move(merged), std::move(inputs));
-  node->backward = [tapes, m, operands = std::make_tuple(detail::kept_operand(args)...)](detail::value_node<merged_t>& self) {
-    const detail::grad_t<merged_t>& g = *self.grad;
-    // every place's backward at once, from its part of the output's gradient; the places
-    // along an axis the output is replicated on computed one value n times, and share its
-    // gradient: each takes 1/n of it (the gradients are summed below)
-    const std::size_t copies = detail::replica_count(m, detail::value_of<OutLayout>());
-    detail::run_on_places("parallel_do backward", m, [&](std::size_t, std::size_t k) {
-      auto& tape = *(*tapes)[k];
-      if (!tape.out.requires_grad()) return;
-      if (copies == 1) pdo::backward(tape.out, tensor<T, rank>(g.local_shards()[k]));
-      else pdo::backward(tape.out, pdo::eval(g.local_shards()[k] * (T(1) / static_cast<T>(copies))));
-    });
-    detail::merge_operand_gradients(m, *tapes, operands, std::index_sequence_for<Args...>{});
-    for (auto& t : *tapes) t.reset();  // the places' graphs are spent
-  };
-  return var<merged_t>(std::move(node), true);
+    // the graph's inputs: the operands that need a gradient (a block's own parameters are
+    // reached through the places' graphs)
+    std::vector<std::shared_ptr<detail::grad_node>> inputs;
+    (detail::add_input(args, inputs), ...);
+    auto node = std::make_shared<detail::value_node<merged_t>>(std::move(merged), std::move(inputs));
+    node->backward = [tapes, m, operands = std::make_tuple(detail::kept_operand(args)...)](detail::value_node<merged_t>& self) {
+      const detail::grad_t<merged_t>& g = *self.grad;
+      // every place's backward at once, from its part of the output's gradient; the places
+      // along an axis the output is replicated on computed one value n times, and share its
+      // gradient: each takes 1/n of it (the gradients are summed below)
+      const std::size_t copies = detail::replica_count(m, detail::value_of<OutLayout>());
+      detail::run_on_places("parallel_do backward", m, [&](std::size_t, std::size_t k) {
+        auto& tape = *(*tapes)[k];
+        if (!tape.out.requires_grad()) return;
+        if (copies == 1) pdo::backward(tape.out, tensor<T, rank>(g.local_shards()[k]));
+        else pdo::backward(tape.out, pdo::eval(g.local_shards()[k] * (T(1) / static_cast<T>(copies))));
+      });
+      detail::merge_operand_gradients(m, *tapes, operands, std::index_sequence_for<Args...>{});
+      for (auto& t : *tapes) t.reset();  // the places' graphs are spent
+    };
+    return var<merged_t>(std::move(node), true);
+  }
 }
 
 }  // namespace pdo

@@ -3,6 +3,7 @@
 
 #include <pdo/comm/mesh_comms.hpp>
 #include <pdo/core/views.hpp>
+#include <pdo/exec/eval.hpp>
 #include <pdo/exec/run_on_places.hpp>
 #include <pdo/layout/layout_check.hpp>
 #include <pdo/tensor/dtensor.hpp>
@@ -11,6 +12,7 @@
 #include <limits>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -44,6 +46,68 @@ access shards_read(std::size_t k, const Args&... args) {
       ...);
   return a;
 }
+
+/// @brief Whether a parallel_do block may return an `R` as its place's part: a tensor, or an
+/// expression of local tensors (evaluated on the place).
+template <class R>
+consteval bool is_block_part() {
+  if constexpr (is_tensor_v<R>) return true;
+  else if constexpr (tensor_expression<R>) return !expression_t<R>::distributed;
+  else return false;
+}
+
+/// @brief A block's result on its place as a local tensor: a tensor as it is; an expression
+/// of local tensors, evaluated there.
+template <class R>
+auto as_block_part(R&& r) {
+  if constexpr (is_tensor_v<std::remove_cvref_t<R>>) return std::remove_cvref_t<R>(std::forward<R>(r));
+  else return pdo::eval(std::forward<R>(r));
+}
+
+/// @brief Whether the blocks' parts may be merged as `Out`, given operands laid out as
+/// `Layouts` (void for an argument that is not a dtensor): every mesh axis along which an
+/// operand's blocks differ (a dim split over it, or a pending sum over it) must be one that
+/// `Out` splits a dim over or sums over. Else the places along it would return different
+/// parts that `Out` calls copies of one value (replicate), and the merged dtensor would hold
+/// different "replicas": the mistake is refused at compile time, as the layouts' are.
+template <class Out, class... Layouts>
+consteval bool parts_mergeable() {
+  constexpr layout_value out = value_of<Out>();
+  const auto covered = [&](std::string_view axis) { return out.split_dim(axis) < out.rank || out.is_partial(axis); };
+  bool ok = true;
+  (
+      [&] {
+        if constexpr (!std::is_void_v<Layouts>) {
+          constexpr layout_value v = value_of<Layouts>();
+          for (std::size_t d = 0; d < v.rank; ++d) ok = ok && (v.dim_axis[d].empty() || covered(v.dim_axis[d]));
+          for (std::size_t i = 0; i < v.npartial; ++i) ok = ok && covered(v.partial[i]);
+        }
+      }(),
+      ...);
+  return ok;
+}
+
+/// @brief The check of parts_mergeable, its error given once (a static_assert naming what to
+/// change): `ok` says whether to go on.
+template <class Out, class... Layouts>
+struct check_parts_mergeable {
+  static constexpr bool ok = parts_mergeable<Out, Layouts...>();
+  static_assert(ok,
+                "pdo: parallel_do: an operand is split (or a pending sum) over a mesh axis that the out layout replicates: the places "
+                "along that axis return different parts, not copies of one value; split a dim of the result over that axis, make the "
+                "result ::partial over it, or pass the operand replicated there");
+};
+
+/// @brief An argument's layout type, or void for one that is not a dtensor.
+template <class Arg>
+struct argument_layout {
+  using type = void;
+};
+template <class Arg>
+  requires distributed_tensor<Arg>
+struct argument_layout<Arg> {
+  using type = typename Arg::layout_type;
+};
 
 template <class Arg, class Mesh>
 void check_same_mesh(const Arg& arg, const Mesh& m) {
@@ -201,9 +265,13 @@ auto merge_parts(const Mesh& m, Part&& part, Access reads = {}) {
 
 /// @brief Runs `block` on every place of the mesh at once, on its local shards: each
 /// dtensor argument arrives as that place's shard (a `const pdo::tensor&`), any other
-/// argument as it is. The block returns that place's part of the result, and the parts
-/// are merged as `OutLayout` says: concatenated along a split dim, summed over a partial
-/// axis, kept as they are for replicate (each place's copy is its replica).
+/// argument as it is. The block returns that place's part of the result (a pdo::tensor, or
+/// an expression of local tensors, evaluated on the place), and the parts are merged as
+/// `OutLayout` says: concatenated along a split dim, summed over a partial axis, kept as
+/// they are for replicate (each place's copy is its replica). A mesh axis that an operand
+/// is split or partial over must be one that `OutLayout` splits or sums over: else the
+/// places along it would return different parts that the result calls replicas, a
+/// compile error.
 ///
 /// An exception thrown by the block on some place reaches the caller, on every process,
 /// as a pdo::error naming the place; the other places finish their blocks, and the
@@ -212,16 +280,27 @@ auto merge_parts(const Mesh& m, Part&& part, Access reads = {}) {
 template <layout_spec OutLayout, class Block, class... Args>
   requires(distributed_tensor<Args> || ...)
 auto parallel_do(Block&& block, const Args&... args) {
-  using result_t = std::remove_cvref_t<std::invoke_result_t<Block&, detail::local_view_t<Args>...>>;
-  static_assert(is_tensor_v<result_t>, "pdo: parallel_do: the block must return a pdo::tensor (its place's part of the result)");
-  if constexpr (is_tensor_v<result_t>) {  // else nothing more: one error
-    const auto& m = detail::first_dtensor(args...).mesh();
-    using mesh_t = std::remove_cvref_t<decltype(m)>;
-    static_assert(sizeof(detail::check_layout<"parallel_do", OutLayout, mesh_t, result_t::rank>) != 0);
-    (detail::check_same_mesh(args, m), ...);
-    return detail::merge_parts<OutLayout>(
-        m, [&](std::size_t p, std::size_t) -> result_t { return block(detail::local_view(args, p)...); },
-        [&](std::size_t, std::size_t k) { return detail::shards_read(k, args...); });
+  using returned_t = std::invoke_result_t<Block&, detail::local_view_t<Args>...>;
+  constexpr bool part_ok = detail::is_block_part<std::remove_cvref_t<returned_t>>();
+  static_assert(part_ok,
+                "pdo: parallel_do: the block must return a pdo::tensor or an expression of local tensors (its place's part of the result)");
+  // each check's error is given once, with nothing instantiated after it (0 stands for the result)
+  if constexpr (!part_ok) {
+    return 0;
+  } else {
+    using result_t = decltype(detail::as_block_part(std::declval<returned_t>()));
+    using mesh_t = typename std::remove_cvref_t<decltype(detail::first_dtensor(args...))>::mesh_type;
+    if constexpr (!detail::check_layout<"parallel_do", OutLayout, mesh_t, result_t::rank>::ok) {
+      return 0;
+    } else if constexpr (!detail::check_parts_mergeable<OutLayout, typename detail::argument_layout<Args>::type...>::ok) {
+      return 0;
+    } else {
+      const mesh_t& m = detail::first_dtensor(args...).mesh();
+      (detail::check_same_mesh(args, m), ...);
+      return detail::merge_parts<OutLayout>(
+          m, [&](std::size_t p, std::size_t) -> result_t { return detail::as_block_part(block(detail::local_view(args, p)...)); },
+          [&](std::size_t, std::size_t k) { return detail::shards_read(k, args...); });
+    }
   }
 }
 
