@@ -15499,7 +15499,6 @@ var<tensor<T, R>> replicated_across(const var<tensor<T, R>>& x, const mesh_commu
 #include <limits>
 #include <optional>
 #include <string>
-#include <string_view>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -15560,14 +15559,13 @@ auto as_block_part(R&& r) {
 template <class Out, class... Layouts>
 consteval bool parts_mergeable() {
   constexpr layout_value out = value_of<Out>();
-  const auto covered = [&](std::string_view axis) { return out.split_dim(axis) < out.rank || out.is_partial(axis); };
   bool ok = true;
   (
       [&] {
         if constexpr (!std::is_void_v<Layouts>) {
           constexpr layout_value v = value_of<Layouts>();
-          for (std::size_t d = 0; d < v.rank; ++d) ok = ok && (v.dim_axis[d].empty() || covered(v.dim_axis[d]));
-          for (std::size_t i = 0; i < v.npartial; ++i) ok = ok && covered(v.partial[i]);
+          for (std::size_t d = 0; d < v.rank; ++d) ok = ok && (v.dim_axis[d].empty() || uses_axis(out, v.dim_axis[d]));
+          for (std::size_t i = 0; i < v.npartial; ++i) ok = ok && uses_axis(out, v.partial[i]);
         }
       }(),
       ...);
@@ -15864,12 +15862,8 @@ struct replica_gradient_layout {
 template <class Mesh>
 std::size_t replica_count(const Mesh& m, const layout_value& v) {
   std::size_t n = 1;
-  for (std::size_t a = 0; a < Mesh::ndim; ++a) {
-    bool used = false;
-    for (std::size_t d = 0; d < v.rank; ++d) used = used || v.dim_axis[d] == Mesh::axis_names[a];
-    for (std::size_t i = 0; i < v.npartial; ++i) used = used || v.partial[i] == Mesh::axis_names[a];
-    if (!used) n *= m.extent(a);
-  }
+  for (std::size_t a = 0; a < Mesh::ndim; ++a)
+    if (!uses_axis(v, Mesh::axis_names[a])) n *= m.extent(a);
   return n;
 }
 
@@ -15883,10 +15877,10 @@ auto as_block_result(R&& r) {
                   "pdo: parallel_do: a block returns its place's part of the result, a pdo::var over a local tensor, not over a dtensor");
     return plain(std::forward<R>(r));
   } else {
-    static_assert(tensor_operand<plain>,
-                  "pdo: parallel_do: the block must return a pdo::var over a local tensor, a pdo::tensor or an expression (its "
-                  "place's part of the result)");
-    auto t = pdo::eval(std::forward<R>(r));
+    static_assert(is_block_part<plain>(),
+                  "pdo: parallel_do: the block must return a pdo::var over a local tensor, a pdo::tensor or an expression of local "
+                  "tensors (its place's part of the result)");
+    auto t = as_block_part(std::forward<R>(r));
     return var<decltype(t)>(std::move(t));
   }
 }

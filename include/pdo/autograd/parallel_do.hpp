@@ -77,12 +77,8 @@ struct replica_gradient_layout {
 template <class Mesh>
 std::size_t replica_count(const Mesh& m, const layout_value& v) {
   std::size_t n = 1;
-  for (std::size_t a = 0; a < Mesh::ndim; ++a) {
-    bool used = false;
-    for (std::size_t d = 0; d < v.rank; ++d) used = used || v.dim_axis[d] == Mesh::axis_names[a];
-    for (std::size_t i = 0; i < v.npartial; ++i) used = used || v.partial[i] == Mesh::axis_names[a];
-    if (!used) n *= m.extent(a);
-  }
+  for (std::size_t a = 0; a < Mesh::ndim; ++a)
+    if (!uses_axis(v, Mesh::axis_names[a])) n *= m.extent(a);
   return n;
 }
 
@@ -96,10 +92,10 @@ auto as_block_result(R&& r) {
                   "pdo: parallel_do: a block returns its place's part of the result, a pdo::var over a local tensor, not over a dtensor");
     return plain(std::forward<R>(r));
   } else {
-    static_assert(tensor_operand<plain>,
-                  "pdo: parallel_do: the block must return a pdo::var over a local tensor, a pdo::tensor or an expression (its "
-                  "place's part of the result)");
-    auto t = pdo::eval(std::forward<R>(r));
+    static_assert(is_block_part<plain>(),
+                  "pdo: parallel_do: the block must return a pdo::var over a local tensor, a pdo::tensor or an expression of local "
+                  "tensors (its place's part of the result)");
+    auto t = as_block_part(std::forward<R>(r));
     return var<decltype(t)>(std::move(t));
   }
 }

@@ -6,13 +6,13 @@
 #include <pdo/exec/eval.hpp>
 #include <pdo/exec/run_on_places.hpp>
 #include <pdo/layout/layout_check.hpp>
+#include <pdo/layout/propagation.hpp>
 #include <pdo/tensor/dtensor.hpp>
 
 #include <cstddef>
 #include <limits>
 #include <optional>
 #include <string>
-#include <string_view>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -73,14 +73,13 @@ auto as_block_part(R&& r) {
 template <class Out, class... Layouts>
 consteval bool parts_mergeable() {
   constexpr layout_value out = value_of<Out>();
-  const auto covered = [&](std::string_view axis) { return out.split_dim(axis) < out.rank || out.is_partial(axis); };
   bool ok = true;
   (
       [&] {
         if constexpr (!std::is_void_v<Layouts>) {
           constexpr layout_value v = value_of<Layouts>();
-          for (std::size_t d = 0; d < v.rank; ++d) ok = ok && (v.dim_axis[d].empty() || covered(v.dim_axis[d]));
-          for (std::size_t i = 0; i < v.npartial; ++i) ok = ok && covered(v.partial[i]);
+          for (std::size_t d = 0; d < v.rank; ++d) ok = ok && (v.dim_axis[d].empty() || uses_axis(out, v.dim_axis[d]));
+          for (std::size_t i = 0; i < v.npartial; ++i) ok = ok && uses_axis(out, v.partial[i]);
         }
       }(),
       ...);
