@@ -231,6 +231,26 @@ TEST_CASE("parallel_do over vars: gradients of split and replicated operands equ
   }
 }
 
+TEST_CASE("parallel_do over vars: a plain dtensor beside a var arrives as its shard, and gets no gradient",
+          "[parallel_do][autograd]") {
+  const auto x = random<double, 2>({7, 4}, 5), w = random<double, 2>({4, 3}, 6);
+  const auto seed = random<double, 2>({7, 3}, 7);
+  auto X = pdo::parameter(x);
+  const auto want = pdo::relu(pdo::matmul(X, pdo::var(w)));
+  pdo::backward(want, seed);
+  for (const auto& m : meshes()) {
+    CAPTURE(m.describe());
+    auto dX = pdo::parameter(pdo::distribute<rows2>(m, x));
+    const auto dW = pdo::distribute<whole2>(m, w);  // a plain dtensor: the block wraps its shard itself
+    const auto out = pdo::parallel_do<rows2>(
+        [](const auto& xl, const pdo::tensor<double, 2>& wl) { return pdo::relu(pdo::matmul(xl, pdo::var(wl))); }, dX, dW);
+    STATIC_REQUIRE(std::is_same_v<std::remove_cvref_t<decltype(out)>, pdo::var<pdo::dtensor<double, 2, grid, rows2>>>);
+    CHECK(pdo_test::close(pdo::gather(out.value()), want.value(), 1e-13));
+    pdo::backward(out, pdo::distribute<rows2>(m, seed));
+    CHECK(pdo_test::close(pdo::gather(dX.grad()), X.grad(), 1e-12));
+  }
+}
+
 TEST_CASE("parallel_do over vars: a block with its own parameter, two blocks in a row, a result used twice",
           "[parallel_do][autograd]") {
   const auto x = random<double, 2>({9, 4}, 5), w1 = random<double, 2>({4, 6}, 6), w2 = random<double, 2>({6, 3}, 7);

@@ -15505,7 +15505,17 @@ var<tensor<T, R>> replicated_across(const var<tensor<T, R>>& x, const mesh_commu
 
 namespace pdo {
 
+template <class V>
+class var;  // pdo/autograd/variable.hpp
+
 namespace detail {
+
+/// @brief Whether an argument is a pdo::var over a dtensor: parallel_do with one such
+/// argument is the differentiable overload's (pdo/autograd/parallel_do.hpp), not this one.
+template <class A>
+inline constexpr bool is_distributed_var_v = false;
+template <class V>
+inline constexpr bool is_distributed_var_v<var<V>> = distributed_tensor<V>;
 
 /// @brief What a parallel_do block receives for one argument on place `p`: a dtensor's
 /// local shard; anything else as it is.
@@ -15594,11 +15604,26 @@ struct argument_layout<Arg> {
   using type = typename Arg::layout_type;
 };
 
+/// @brief Whether argument `Arg` is no dtensor, or one on a mesh of type `Mesh`.
+template <class Arg, class Mesh>
+constexpr bool on_mesh_type() {
+  if constexpr (distributed_tensor<Arg>) return std::is_same_v<typename Arg::mesh_type, Mesh>;
+  else return true;
+}
+
+/// @brief The check that every dtensor argument lives on a mesh of type `Mesh`, its error
+/// given once, before the checks that compare their layouts: `ok` says whether to go on.
+template <class Mesh, class... Args>
+struct check_one_mesh_type {
+  static constexpr bool ok = (on_mesh_type<Args, Mesh>() && ...);
+  static_assert(ok, "pdo: parallel_do: all dtensor arguments must live on the same mesh type");
+};
+
+/// @brief Throws unless `arg` (when it is a dtensor) lives on `m` itself (its type is
+/// checked by check_one_mesh_type).
 template <class Arg, class Mesh>
 void check_same_mesh(const Arg& arg, const Mesh& m) {
   if constexpr (distributed_tensor<Arg>) {
-    static_assert(std::is_same_v<typename Arg::mesh_type, Mesh>,
-                  "pdo: parallel_do: all dtensor arguments must live on the same mesh type");
     if (!(arg.mesh() == m))
       throw layout_error("parallel_do: " + arg.describe() + " lives on another mesh than the first dtensor argument");
   }
@@ -15763,7 +15788,7 @@ auto merge_parts(const Mesh& m, Part&& part, Access reads = {}) {
 /// mesh stays usable. (With `pdo::var` operands, pdo/autograd/parallel_do.hpp's overload
 /// records the block for pdo::backward.)
 template <layout_spec OutLayout, class Block, class... Args>
-  requires(distributed_tensor<Args> || ...)
+  requires((distributed_tensor<Args> || ...) && !(detail::is_distributed_var_v<Args> || ...))
 auto parallel_do(Block&& block, const Args&... args) {
   using returned_t = std::invoke_result_t<Block&, detail::local_view_t<Args>...>;
   constexpr bool part_ok = detail::is_block_part<std::remove_cvref_t<returned_t>>();
@@ -15776,6 +15801,8 @@ auto parallel_do(Block&& block, const Args&... args) {
     using result_t = decltype(detail::as_block_part(std::declval<returned_t>()));
     using mesh_t = typename std::remove_cvref_t<decltype(detail::first_dtensor(args...))>::mesh_type;
     if constexpr (!detail::check_layout<"parallel_do", OutLayout, mesh_t, result_t::rank>::ok) {
+      return 0;
+    } else if constexpr (!detail::check_one_mesh_type<mesh_t, Args...>::ok) {
       return 0;
     } else if constexpr (!detail::check_parts_mergeable<OutLayout, typename detail::argument_layout<Args>::type...>::ok) {
       return 0;
@@ -15806,11 +15833,6 @@ namespace pdo {
 
 namespace detail {
 
-template <class A>
-inline constexpr bool is_distributed_var_v = false;
-template <class V>
-inline constexpr bool is_distributed_var_v<var<V>> = value_kind<V>::distributed;
-
 /// @brief What a differentiable block receives for one argument: a var over a dtensor
 /// becomes a var over the place's shard (a leaf of the place's graph, needing a gradient
 /// when the operand does); a dtensor, its shard; anything else, itself.
@@ -15837,9 +15859,13 @@ const auto& mesh_holder(const Arg& arg) {
   else return arg;
 }
 
+/// @brief An operand as the checks see it: the dtensor a var holds, or the argument itself.
+template <class Arg>
+using operand_holder_t = std::remove_cvref_t<decltype(mesh_holder(std::declval<const Arg&>()))>;
+
 /// @brief An operand's layout type (a dtensor's, or the dtensor's a var holds), or void.
 template <class Arg>
-using operand_layout_t = typename argument_layout<std::remove_cvref_t<decltype(mesh_holder(std::declval<const Arg&>()))>>::type;
+using operand_layout_t = typename argument_layout<operand_holder_t<Arg>>::type;
 
 /// @brief The layout of the gradients the places compute for an operand laid out as
 /// `Layout`: its split dims as they are, and a pending sum over every mesh axis that no dim
@@ -15981,6 +16007,8 @@ auto parallel_do(Block&& block, const Args&... args) {
   using merged_t = dtensor<T, rank, mesh_t, OutLayout>;
   // each check's error is given once, with nothing instantiated after it (0 stands for the result)
   if constexpr (!detail::check_layout<"parallel_do", OutLayout, mesh_t, rank>::ok) {
+    return 0;
+  } else if constexpr (!detail::check_one_mesh_type<mesh_t, detail::operand_holder_t<Args>...>::ok) {
     return 0;
   } else if constexpr (!detail::check_parts_mergeable<OutLayout, detail::operand_layout_t<Args>...>::ok) {
     return 0;

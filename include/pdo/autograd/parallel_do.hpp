@@ -21,11 +21,6 @@ namespace pdo {
 
 namespace detail {
 
-template <class A>
-inline constexpr bool is_distributed_var_v = false;
-template <class V>
-inline constexpr bool is_distributed_var_v<var<V>> = value_kind<V>::distributed;
-
 /// @brief What a differentiable block receives for one argument: a var over a dtensor
 /// becomes a var over the place's shard (a leaf of the place's graph, needing a gradient
 /// when the operand does); a dtensor, its shard; anything else, itself.
@@ -52,9 +47,13 @@ const auto& mesh_holder(const Arg& arg) {
   else return arg;
 }
 
+/// @brief An operand as the checks see it: the dtensor a var holds, or the argument itself.
+template <class Arg>
+using operand_holder_t = std::remove_cvref_t<decltype(mesh_holder(std::declval<const Arg&>()))>;
+
 /// @brief An operand's layout type (a dtensor's, or the dtensor's a var holds), or void.
 template <class Arg>
-using operand_layout_t = typename argument_layout<std::remove_cvref_t<decltype(mesh_holder(std::declval<const Arg&>()))>>::type;
+using operand_layout_t = typename argument_layout<operand_holder_t<Arg>>::type;
 
 /// @brief The layout of the gradients the places compute for an operand laid out as
 /// `Layout`: its split dims as they are, and a pending sum over every mesh axis that no dim
@@ -196,6 +195,8 @@ auto parallel_do(Block&& block, const Args&... args) {
   using merged_t = dtensor<T, rank, mesh_t, OutLayout>;
   // each check's error is given once, with nothing instantiated after it (0 stands for the result)
   if constexpr (!detail::check_layout<"parallel_do", OutLayout, mesh_t, rank>::ok) {
+    return 0;
+  } else if constexpr (!detail::check_one_mesh_type<mesh_t, detail::operand_holder_t<Args>...>::ok) {
     return 0;
   } else if constexpr (!detail::check_parts_mergeable<OutLayout, detail::operand_layout_t<Args>...>::ok) {
     return 0;

@@ -19,7 +19,17 @@
 
 namespace pdo {
 
+template <class V>
+class var;  // pdo/autograd/variable.hpp
+
 namespace detail {
+
+/// @brief Whether an argument is a pdo::var over a dtensor: parallel_do with one such
+/// argument is the differentiable overload's (pdo/autograd/parallel_do.hpp), not this one.
+template <class A>
+inline constexpr bool is_distributed_var_v = false;
+template <class V>
+inline constexpr bool is_distributed_var_v<var<V>> = distributed_tensor<V>;
 
 /// @brief What a parallel_do block receives for one argument on place `p`: a dtensor's
 /// local shard; anything else as it is.
@@ -108,11 +118,26 @@ struct argument_layout<Arg> {
   using type = typename Arg::layout_type;
 };
 
+/// @brief Whether argument `Arg` is no dtensor, or one on a mesh of type `Mesh`.
+template <class Arg, class Mesh>
+constexpr bool on_mesh_type() {
+  if constexpr (distributed_tensor<Arg>) return std::is_same_v<typename Arg::mesh_type, Mesh>;
+  else return true;
+}
+
+/// @brief The check that every dtensor argument lives on a mesh of type `Mesh`, its error
+/// given once, before the checks that compare their layouts: `ok` says whether to go on.
+template <class Mesh, class... Args>
+struct check_one_mesh_type {
+  static constexpr bool ok = (on_mesh_type<Args, Mesh>() && ...);
+  static_assert(ok, "pdo: parallel_do: all dtensor arguments must live on the same mesh type");
+};
+
+/// @brief Throws unless `arg` (when it is a dtensor) lives on `m` itself (its type is
+/// checked by check_one_mesh_type).
 template <class Arg, class Mesh>
 void check_same_mesh(const Arg& arg, const Mesh& m) {
   if constexpr (distributed_tensor<Arg>) {
-    static_assert(std::is_same_v<typename Arg::mesh_type, Mesh>,
-                  "pdo: parallel_do: all dtensor arguments must live on the same mesh type");
     if (!(arg.mesh() == m))
       throw layout_error("parallel_do: " + arg.describe() + " lives on another mesh than the first dtensor argument");
   }
@@ -277,7 +302,7 @@ auto merge_parts(const Mesh& m, Part&& part, Access reads = {}) {
 /// mesh stays usable. (With `pdo::var` operands, pdo/autograd/parallel_do.hpp's overload
 /// records the block for pdo::backward.)
 template <layout_spec OutLayout, class Block, class... Args>
-  requires(distributed_tensor<Args> || ...)
+  requires((distributed_tensor<Args> || ...) && !(detail::is_distributed_var_v<Args> || ...))
 auto parallel_do(Block&& block, const Args&... args) {
   using returned_t = std::invoke_result_t<Block&, detail::local_view_t<Args>...>;
   constexpr bool part_ok = detail::is_block_part<std::remove_cvref_t<returned_t>>();
@@ -290,6 +315,8 @@ auto parallel_do(Block&& block, const Args&... args) {
     using result_t = decltype(detail::as_block_part(std::declval<returned_t>()));
     using mesh_t = typename std::remove_cvref_t<decltype(detail::first_dtensor(args...))>::mesh_type;
     if constexpr (!detail::check_layout<"parallel_do", OutLayout, mesh_t, result_t::rank>::ok) {
+      return 0;
+    } else if constexpr (!detail::check_one_mesh_type<mesh_t, Args...>::ok) {
       return 0;
     } else if constexpr (!detail::check_parts_mergeable<OutLayout, typename detail::argument_layout<Args>::type...>::ok) {
       return 0;
