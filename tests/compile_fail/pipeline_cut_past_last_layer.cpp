@@ -1,4 +1,4 @@
-// compile_fail/pipeline_cut_past_last_layer.cpp: a pipeline cut after layer 7 of a model of 3 layers.
+// compile_fail/pipeline_cut_past_last_layer.cpp: a pipeline cut at layer 7 of a model of 3 layers.
 // expect: pdo: pipeline: every stage needs at least one layer: the cut points must increase and lie inside the model
 #include <pdo/pdo.hpp>
 

@@ -143,8 +143,8 @@ auto stage_of(const sequential<Layers...>& model, const Mesh& m, std::size_t p) 
 template <std::size_t... Cuts>
 struct cut_list {};
 
-/// @brief Where the stages of a model of `Layers` layers cut after `Cuts...` begin and end:
-/// stage s is [values[s], values[s + 1]).
+/// @brief Where the stages of a model of `Layers` layers cut at `Cuts...` begin and end
+/// (a cut c starts a stage at layer c, numbered from 0): stage s is [values[s], values[s + 1]).
 template <std::size_t Layers, std::size_t... Cuts>
 struct stage_bounds {
   /// @brief 0, the cut points, then the number of layers.
@@ -360,7 +360,8 @@ class pipeline {
   static constexpr bool has_tp = Mesh::has_axis("tp");
   static_assert(pp_axis < Mesh::ndim, "pdo: pipeline: the mesh needs an axis named \"pp\"");
 
-  /// @brief Cuts `model` (a sequential) after the layers `Cuts...` and builds, on each place of this
+  /// @brief Cuts `model` (a sequential) at the layers `Cuts...` (each the first layer of a stage,
+  /// numbered from 0) and builds, on each place of this
   /// process, its stage and make_optimizer(its parameters). pdo::layout_error for a mesh of CPU
   /// and GPU places, a "pp" extent other than stage_count, or 0 micro-batches; pdo::error for a schedule that would not finish.
   template <class MakeOptimizer, class Model, std::size_t... Cuts>
@@ -680,7 +681,9 @@ class pipeline {
 };
 
 /// @brief A pipeline over the "pp" axis of `m`: `model` (a sequential, built anywhere) is cut
-/// after the layers `Cuts...` into stages whose layers are copied to their places.
+/// at the layers `Cuts...` (each the first layer of a stage, numbered from 0 as in the parameters'
+/// names: cuts 2, 4 give stages of layers 0-1, 2-3 and 4 on) into stages whose layers are
+/// copied to their places.
 /// `make_optimizer(parameters)` builds each stage's optimizer on its place.
 /// @tparam InRank the rank of the inputs (2 for [batch, features], 4 for images)
 template <class T, std::size_t InRank, std::size_t... Cuts, class Mesh, class... Layers, class MakeOptimizer,
@@ -695,7 +698,7 @@ auto make_pipeline(const Mesh& m, const sequential<Layers...>& model, MakeOptimi
   }();
   static_assert(cuts_fit,
                 "pdo: pipeline: every stage needs at least one layer: the cut points must increase and lie inside the model "
-                "(a sequential of N layers is cut after layers 1 .. N-1)");
+                "(a cut c starts a stage at layer c, counted from 0: a sequential of N layers takes cuts 1 .. N-1)");
   if constexpr (cuts_fit) {
     using optimizer_t = std::invoke_result_t<MakeOptimizer&, std::vector<parameter_ref<T>>>;
     return [&]<std::size_t... S>(std::index_sequence<S...>) {
