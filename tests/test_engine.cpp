@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <future>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
@@ -132,6 +133,52 @@ TEST_CASE("a failed task cancels what depends on it, with its error; independent
   // the buffer is usable again: a new writer does not inherit the failure
   pdo::detail::wait(e.submit(request(on(1, pdo::lane_kind::compute), {}, {&a}, [&] { a = 7; }, "rewrite")));
   CHECK(a == 7);
+}
+
+TEST_CASE("work submitted to a place runs on its compute lane in order; what it throws reaches the handle's wait",
+          "[engine][errors]") {
+  const auto places = pdo::cpu_places(2);
+  std::vector<int> order;
+  std::atomic<bool> on_lane{true};
+  const pdo::any_place p = places[1];
+  std::vector<pdo::place_task> tasks;
+  for (int k = 0; k < 3; ++k)
+    tasks.push_back(p.submit([&, k] {
+      on_lane = on_lane && pdo::detail::current_place() == p.state().get();
+      order.push_back(k);
+    }));
+  const auto failed = p.submit([] { throw pdo::shape_error("rows 3 != 4"); });
+  const auto after = p.submit([&] { order.push_back(3); });  // a failure cancels nothing queued behind it
+  for (const auto& t : tasks) t.wait();
+  try {
+    failed.wait();
+    FAIL("the failure was dropped");
+  } catch (const pdo::shape_error& err) {  // its own kind, naming the place
+    CHECK_THAT(err.what(), Catch::Contains("submit on cpu:1") && Catch::Contains("rows 3 != 4"));
+  }
+  CHECK_THROWS_AS(failed.wait(), pdo::shape_error);  // every wait says so
+  after.wait();
+  CHECK(after.ready());
+  CHECK(order == std::vector<int>{0, 1, 2, 3});
+  CHECK(on_lane.load());
+  CHECK(pdo::place_task().ready());
+  // waiting inside the place's own work for work queued behind it is an error, not a hang
+  std::optional<pdo::place_task> behind;
+  std::string inner;
+  std::atomic<bool> release{false};
+  const auto outer = p.submit([&] {
+    while (!release.load()) std::this_thread::yield();
+    try {
+      behind->wait();
+    } catch (const pdo::error& err) {
+      inner = err.what();
+    }
+  });
+  behind.emplace(p.submit([] {}));
+  release = true;
+  outer.wait();
+  behind->wait();
+  CHECK_THAT(inner, Catch::Contains("lane") && Catch::Contains("wait"));
 }
 
 TEST_CASE("an evaluation that needs a failed one is cancelled with its error; the mesh goes on", "[engine][errors]") {

@@ -1907,6 +1907,31 @@ inline captured_error cancellation_of(const task_state& t) {
   return e;
 }
 
+/// @brief How `t` ended, once it has: nothing, or the error it failed or was cancelled with,
+/// its message saying where the failure began when it was cancelled.
+inline std::optional<captured_error> outcome(const task_state& t) {
+  std::lock_guard lock(const_cast<task_state&>(t).mutex);
+  if (!t.failed) return std::nullopt;
+  return t.cancelled ? cancellation_of(t) : *t.error;
+}
+
+/// @brief Throws a pdo::error at once if the calling thread is `t`'s lane and `t` has not
+/// ended: a lane that waits for a task queued on itself would wait forever.
+inline void check_not_own_lane(const task_state& t, const char* op) {
+  if (!t.ended.load(std::memory_order_acquire) && t.home != nullptr && t.home->on_this_thread())
+    throw error(std::string(op) + ": called on " + t.home->place_name() + "'s " + lane_name(t.home->kind()) +
+                " lane, it would wait for work queued behind the task it runs in (" + t.op +
+                "); mesh-wide operations and waits run on the host thread, not inside a parallel_do block or an spmd task");
+}
+
+/// @brief Waits until `t` has ended; throws what it failed or was cancelled with (its
+/// pdo::error subclass), after "`op` on place: ".
+inline void wait(const task_handle& t) {
+  check_not_own_lane(*t, t->op);
+  t->wait_ended();
+  if (auto e = outcome(*t)) e->rethrow_with_context(std::string(t->op) + " on " + t->home->place_name() + ": ");
+}
+
 }  // namespace detail
 }  // namespace pdo
 #endif  // PDO_SINGLE_PDO_PLACE_LANE_HPP
@@ -2048,6 +2073,26 @@ concept place = requires(const P& p) {
   { p.state() } -> std::same_as<const std::shared_ptr<detail::place_state>&>;
 };
 
+/// @brief Work queued on one place by its `submit`: whether it has ended, and what it threw.
+class place_task {
+ public:
+  /// @brief No work (ready, and wait() returns at once).
+  place_task() = default;
+  /// @brief The queued task `t` (what `submit` returns).
+  explicit place_task(detail::task_handle t) : task_(std::move(t)) {}
+  /// @brief Whether the work has ended, by returning or by throwing.
+  [[nodiscard]] bool ready() const { return !task_ || task_->ended.load(std::memory_order_acquire); }
+  /// @brief Waits until the work has ended; throws what it threw, as a pdo::error of the
+  /// same kind whose message begins "submit on <place>: ". Called on the place's own lane
+  /// (inside work it runs) before the work has ended, a pdo::error: it would wait forever.
+  void wait() const {
+    if (task_) detail::wait(task_);
+  }
+
+ private:
+  detail::task_handle task_;
+};
+
 namespace detail {
 
 /// @brief The members every place handle has; a handle is a shared reference to
@@ -2070,12 +2115,14 @@ class place_handle {
     if (!state_->memory) throw layout_error("memory: place " + state_->name + " belongs to another process");
     return *state_->memory;
   }
-  /// @brief Runs `task` on the place's compute lane, after the work queued there before it;
-  /// returns at once. What it throws is dropped: report failures through what it writes.
+  /// @brief Runs `task` on the place's compute lane, after the work queued there before it
+  /// (not ordered by pdo's engine with the evaluations that read or write the same tensors:
+  /// wait for those first); returns at once. What it throws reaches the returned handle's
+  /// wait(), so the handle is not to be dropped.
   template <class Task>
-  void submit(Task&& task) const {
+  [[nodiscard]] place_task submit(Task&& task) const {
     if (!state_->local) throw layout_error("submit: place " + state_->name + " belongs to another process");
-    detail::queue_on_lane(*state_, detail::task(std::forward<Task>(task)), "submit");
+    return place_task(detail::queue_on_lane(*state_, detail::task(std::forward<Task>(task)), "submit"));
   }
 
   friend bool operator==(const Derived& a, const Derived& b) { return a.state_ == b.state_; }
@@ -6895,31 +6942,6 @@ class engine {
   std::array<shard, shard_count> shards_;
   std::atomic<std::uint64_t> submitted_{0};
 };
-
-/// @brief How `t` ended, once it has: nothing, or the error it failed or was cancelled with,
-/// its message saying where the failure began when it was cancelled.
-inline std::optional<captured_error> outcome(const task_state& t) {
-  std::lock_guard lock(const_cast<task_state&>(t).mutex);
-  if (!t.failed) return std::nullopt;
-  return t.cancelled ? cancellation_of(t) : *t.error;
-}
-
-/// @brief Throws a pdo::error at once if the calling thread is `t`'s lane and `t` has not
-/// ended: a lane that waits for a task queued on itself would wait forever.
-inline void check_not_own_lane(const task_state& t, const char* op) {
-  if (!t.ended.load(std::memory_order_acquire) && t.home != nullptr && t.home->on_this_thread())
-    throw error(std::string(op) + ": called on " + t.home->place_name() + "'s " + lane_name(t.home->kind()) +
-                " lane, it would wait for work queued behind the task it runs in (" + t.op +
-                "); mesh-wide operations and waits run on the host thread, not inside a parallel_do block or an spmd task");
-}
-
-/// @brief Waits until `t` has ended; throws what it failed or was cancelled with (its
-/// pdo::error subclass), after "`op` on place: ".
-inline void wait(const task_handle& t) {
-  check_not_own_lane(*t, t->op);
-  t->wait_ended();
-  if (auto e = outcome(*t)) e->rethrow_with_context(std::string(t->op) + " on " + t->home->place_name() + ": ");
-}
 
 }  // namespace pdo::detail
 #endif  // PDO_SINGLE_PDO_EXEC_ENGINE_HPP
@@ -19829,8 +19851,8 @@ auto stage_of(const sequential<Layers...>& model, const Mesh& m, std::size_t p) 
 template <std::size_t... Cuts>
 struct cut_list {};
 
-/// @brief Where the stages of a model of `Layers` layers cut after `Cuts...` begin and end:
-/// stage s is [values[s], values[s + 1]).
+/// @brief Where the stages of a model of `Layers` layers cut at `Cuts...` begin and end
+/// (a cut c starts a stage at layer c, numbered from 0): stage s is [values[s], values[s + 1]).
 template <std::size_t Layers, std::size_t... Cuts>
 struct stage_bounds {
   /// @brief 0, the cut points, then the number of layers.
@@ -20046,7 +20068,8 @@ class pipeline {
   static constexpr bool has_tp = Mesh::has_axis("tp");
   static_assert(pp_axis < Mesh::ndim, "pdo: pipeline: the mesh needs an axis named \"pp\"");
 
-  /// @brief Cuts `model` (a sequential) after the layers `Cuts...` and builds, on each place of this
+  /// @brief Cuts `model` (a sequential) at the layers `Cuts...` (each the first layer of a stage,
+  /// numbered from 0) and builds, on each place of this
   /// process, its stage and make_optimizer(its parameters). pdo::layout_error for a mesh of CPU
   /// and GPU places, a "pp" extent other than stage_count, or 0 micro-batches; pdo::error for a schedule that would not finish.
   template <class MakeOptimizer, class Model, std::size_t... Cuts>
@@ -20366,7 +20389,9 @@ class pipeline {
 };
 
 /// @brief A pipeline over the "pp" axis of `m`: `model` (a sequential, built anywhere) is cut
-/// after the layers `Cuts...` into stages whose layers are copied to their places.
+/// at the layers `Cuts...` (each the first layer of a stage, numbered from 0 as in the parameters'
+/// names: cuts 2, 4 give stages of layers 0-1, 2-3 and 4 on) into stages whose layers are
+/// copied to their places.
 /// `make_optimizer(parameters)` builds each stage's optimizer on its place.
 /// @tparam InRank the rank of the inputs (2 for [batch, features], 4 for images)
 template <class T, std::size_t InRank, std::size_t... Cuts, class Mesh, class... Layers, class MakeOptimizer,
@@ -20381,7 +20406,7 @@ auto make_pipeline(const Mesh& m, const sequential<Layers...>& model, MakeOptimi
   }();
   static_assert(cuts_fit,
                 "pdo: pipeline: every stage needs at least one layer: the cut points must increase and lie inside the model "
-                "(a sequential of N layers is cut after layers 1 .. N-1)");
+                "(a cut c starts a stage at layer c, counted from 0: a sequential of N layers takes cuts 1 .. N-1)");
   if constexpr (cuts_fit) {
     using optimizer_t = std::invoke_result_t<MakeOptimizer&, std::vector<parameter_ref<T>>>;
     return [&]<std::size_t... S>(std::index_sequence<S...>) {

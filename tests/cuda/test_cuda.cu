@@ -558,7 +558,7 @@ void host_never_writes_device_memory(const std::vector<pdo::cuda_place>& gpus) {
     pdo::backward(pdo::cross_entropy(w, labels));
     grad_want.assign(w.grad().begin(), w.grad().end());
   }
-  g.submit([] {});  // the place's compute lane is alive
+  g.submit([] {}).wait();  // the place's compute lane is alive
   pdo::detail::run_on_place(*g.state(), [&] {
     auto w = pdo::parameter(pdo::to_place(a, g));
     const auto loss = pdo::cross_entropy(w, pdo::to_place(labels, g));

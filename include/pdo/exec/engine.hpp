@@ -331,29 +331,4 @@ class engine {
   std::atomic<std::uint64_t> submitted_{0};
 };
 
-/// @brief How `t` ended, once it has: nothing, or the error it failed or was cancelled with,
-/// its message saying where the failure began when it was cancelled.
-inline std::optional<captured_error> outcome(const task_state& t) {
-  std::lock_guard lock(const_cast<task_state&>(t).mutex);
-  if (!t.failed) return std::nullopt;
-  return t.cancelled ? cancellation_of(t) : *t.error;
-}
-
-/// @brief Throws a pdo::error at once if the calling thread is `t`'s lane and `t` has not
-/// ended: a lane that waits for a task queued on itself would wait forever.
-inline void check_not_own_lane(const task_state& t, const char* op) {
-  if (!t.ended.load(std::memory_order_acquire) && t.home != nullptr && t.home->on_this_thread())
-    throw error(std::string(op) + ": called on " + t.home->place_name() + "'s " + lane_name(t.home->kind()) +
-                " lane, it would wait for work queued behind the task it runs in (" + t.op +
-                "); mesh-wide operations and waits run on the host thread, not inside a parallel_do block or an spmd task");
-}
-
-/// @brief Waits until `t` has ended; throws what it failed or was cancelled with (its
-/// pdo::error subclass), after "`op` on place: ".
-inline void wait(const task_handle& t) {
-  check_not_own_lane(*t, t->op);
-  t->wait_ended();
-  if (auto e = outcome(*t)) e->rethrow_with_context(std::string(t->op) + " on " + t->home->place_name() + ": ");
-}
-
 }  // namespace pdo::detail

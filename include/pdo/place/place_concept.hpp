@@ -22,6 +22,26 @@ concept place = requires(const P& p) {
   { p.state() } -> std::same_as<const std::shared_ptr<detail::place_state>&>;
 };
 
+/// @brief Work queued on one place by its `submit`: whether it has ended, and what it threw.
+class place_task {
+ public:
+  /// @brief No work (ready, and wait() returns at once).
+  place_task() = default;
+  /// @brief The queued task `t` (what `submit` returns).
+  explicit place_task(detail::task_handle t) : task_(std::move(t)) {}
+  /// @brief Whether the work has ended, by returning or by throwing.
+  [[nodiscard]] bool ready() const { return !task_ || task_->ended.load(std::memory_order_acquire); }
+  /// @brief Waits until the work has ended; throws what it threw, as a pdo::error of the
+  /// same kind whose message begins "submit on <place>: ". Called on the place's own lane
+  /// (inside work it runs) before the work has ended, a pdo::error: it would wait forever.
+  void wait() const {
+    if (task_) detail::wait(task_);
+  }
+
+ private:
+  detail::task_handle task_;
+};
+
 namespace detail {
 
 /// @brief The members every place handle has; a handle is a shared reference to
@@ -44,12 +64,14 @@ class place_handle {
     if (!state_->memory) throw layout_error("memory: place " + state_->name + " belongs to another process");
     return *state_->memory;
   }
-  /// @brief Runs `task` on the place's compute lane, after the work queued there before it;
-  /// returns at once. What it throws is dropped: report failures through what it writes.
+  /// @brief Runs `task` on the place's compute lane, after the work queued there before it
+  /// (not ordered by pdo's engine with the evaluations that read or write the same tensors:
+  /// wait for those first); returns at once. What it throws reaches the returned handle's
+  /// wait(), so the handle is not to be dropped.
   template <class Task>
-  void submit(Task&& task) const {
+  [[nodiscard]] place_task submit(Task&& task) const {
     if (!state_->local) throw layout_error("submit: place " + state_->name + " belongs to another process");
-    detail::queue_on_lane(*state_, detail::task(std::forward<Task>(task)), "submit");
+    return place_task(detail::queue_on_lane(*state_, detail::task(std::forward<Task>(task)), "submit"));
   }
 
   friend bool operator==(const Derived& a, const Derived& b) { return a.state_ == b.state_; }
