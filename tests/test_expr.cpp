@@ -335,6 +335,23 @@ TEST_CASE("the planner's layouts and plans, at compile time", "[expr][plan]") {
   STATIC_REQUIRE(pdo::plan_of<mixed>().collectives() == 0);
 }
 
+TEST_CASE("planned_collectives counts what ran as the plan counts it: max's all_reduce(max) as an all_reduce", "[expr][plan]") {
+  for (const auto& [dp, tp] : {std::pair<std::size_t, std::size_t>{2, 1}, {2, 2}, {3, 1}, {1, 3}}) {
+    INFO(dp << " x " << tp);
+    const auto mesh = pdo::make_mesh<"dp", "tp">(pdo::cpu_places(dp * tp), {dp, tp});
+    const auto h = random_tensor<float, 2>({7, 5}, 43);
+    const auto x = pdo::distribute<pdo::layout<split<"dp">, split<"tp">>>(mesh, h);
+    using E = decltype(pdo::max<0>(x) + 1.0f);
+    STATIC_REQUIRE(pdo::plan_of<E>().count(pdo::step_kind::all_reduce) == 1);
+    pdo::reset_planned_collectives();
+    const auto r = pdo::gather(pdo::eval(pdo::max<0>(x) + 1.0f));
+    // once per group of places along dp: one per place of tp
+    CHECK(pdo::planned_collectives(pdo::step_kind::all_reduce) == tp);
+    const auto want = pdo::eval(pdo::max<0>(h) + 1.0f);
+    for (std::size_t j = 0; j < 5; ++j) CHECK(r(j) == want(j));
+  }
+}
+
 TEST_CASE("a fused chain allocates exactly its output", "[expr][memory]") {
   for (std::size_t n : {std::size_t{1}, std::size_t{3}}) {
     const auto mesh = pdo_test::line_mesh(n);

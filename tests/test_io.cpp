@@ -448,6 +448,12 @@ TEST_CASE("npy and safetensors: round trips, and bad files") {
   write_npy_v1(tmp.path / "wrap.npy", "{'descr': '<f4', 'fortran_order': False, 'shape': (18446744073709551619, 4), }", 48);
   CHECK_THROWS_WITH((pdo::io::load_npy<float, 2>(tmp.path / "wrap.npy")), Catch::Contains("wrap.npy") && Catch::Contains("too large to count"));
   // a save that fails leaves no temporary file behind
+  {  // a version-2 header whose length field claims 4 GiB: refused before anything is allocated
+    std::string bytes = std::string("\x93NUMPY\x02\x00", 8) + std::string("\xf0\xff\xff\xff", 4) + "{'descr': '<f4'";
+    std::ofstream(tmp.path / "v2huge.npy", std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    CHECK_THROWS_WITH((pdo::io::load_npy<float, 2>(tmp.path / "v2huge.npy")),
+                      Catch::Contains("v2huge.npy") && Catch::Contains("header claims 4294967280 bytes") && Catch::Contains("has 27 bytes"));
+  }
   fs::create_directories(tmp.path / "adir.npy");
   CHECK_THROWS_AS(pdo::io::save_npy(tmp.path / "adir.npy", a), pdo::io_error);
   CHECK_FALSE(fs::exists(tmp.path / "adir.npy.partial"));

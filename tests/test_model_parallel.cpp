@@ -384,6 +384,7 @@ TEST_CASE("spatial plans: the halo exchange is a step of its own, counted by the
   using BR = pdo::dtensor<double, 1, pdo::mesh<"sp">, pdo::layout<R>>;
   constexpr auto conv_plan = pdo::conv2d_plan<XH, WR, BR>();
   static_assert(conv_plan.size == 2 && conv_plan.collectives() == 1 && conv_plan.kernels() == 1);
+  static_assert(conv_plan.count(pdo::step_kind::all_to_all) == 1);  // a halo exchange runs as one all_to_all
   static_assert(conv_plan.steps[0].kind == pdo::plan_step_kind::halo_exchange && conv_plan.steps[0].move.axis == "sp" &&
                 conv_plan.steps[0].move.dim == 2 && conv_plan.result_layout() == pdo::detail::value_of<H>());
   using XHW = pdo::dtensor<double, 4, pdo::mesh<"sh", "sw">, HW>;
@@ -406,6 +407,13 @@ TEST_CASE("spatial plans: the halo exchange is a step of its own, counted by the
   CHECK(text.find("rows received per place: 2, 4, 2; bytes sent per place: 864, 1728, 864\n") != std::string::npos);
   CHECK(text.find("2. kernel conv2d") != std::string::npos);
   CHECK(text.find("weight and bias gradients partial over sp") != std::string::npos);
+  // what runs is counted as the plan counts it: the halo exchange, and the way back of its
+  // rows' gradient, each one all_to_all of the one group of places along sp
+  pdo::reset_planned_collectives();
+  const auto y = pdo::conv2d(pdo::parameter(x), pdo::parameter(w), pdo::parameter(b), {1, 2});
+  CHECK(pdo::planned_collectives(pdo::step_kind::all_to_all) == conv_plan.count(pdo::step_kind::all_to_all));
+  pdo::backward(pdo::sum(y));
+  CHECK(pdo::planned_collectives(pdo::step_kind::all_to_all) == 2);
 
   // 2 x 2 places over 11 x 9 (shards of 6 + 5 rows, 5 + 4 columns), 3 x 3 windows, stride 2, padding 1:
   // 6 x 5 outputs, 3 + 3 rows and 3 + 2 columns. Row 1's windows read input rows [5, 11): row 5 from
@@ -425,6 +433,12 @@ TEST_CASE("spatial plans: the halo exchange is a step of its own, counted by the
   CHECK(pool.find("3. kernel max_pool2d") != std::string::npos);
   CHECK(pool.find("backward: kernel max_pool2d backward, then the halo rows' gradient sent back to their owners over sw, sh") !=
         std::string::npos);
+  // on 2 x 2 places each exchange runs in two groups (one per row of places, one per column)
+  pdo::reset_planned_collectives();
+  const auto pooled = pdo::max_pool2d(pdo::parameter(xg), 3, {2, 1});
+  CHECK(pdo::planned_collectives(pdo::step_kind::all_to_all) == 4);
+  pdo::backward(pdo::sum(pooled));
+  CHECK(pdo::planned_collectives(pdo::step_kind::all_to_all) == 8);
 }
 
 TEST_CASE("spatial training: a small CNN on a dp x sp mesh equals one place step by step", "[model_parallel][conv][spatial]") {

@@ -4281,6 +4281,7 @@ inline int size() {
 #include <thread>
 #include <vector>
 
+#include <time.h>
 #include <unistd.h>
 
 namespace pdo::mpi::detail {
@@ -4560,20 +4561,47 @@ class watch {
     return label.what + (label.seq != 0 ? " (collective #" + std::to_string(label.seq) + " of its group)" : "");
   }
 
-  /// @brief Keeps a line about this wait for the signal note (see install_signal_note).
+  /// @brief Nanoseconds on CLOCK_MONOTONIC (which a signal handler may read).
+  static std::int64_t monotonic_ns() {
+    timespec now{};
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return static_cast<std::int64_t>(now.tv_sec) * 1000000000 + now.tv_nsec;
+  }
+
+  /// @brief Keeps a line about this wait for the signal note (see install_signal_note): the
+  /// text before and after the time waited, which the note reckons when it is written (the
+  /// line is kept at each round of questions, which may be minutes apart).
   void note_status(const wait_label& label, const round& r, const std::vector<int>& peers, watch_clock::duration waited) {
     const std::string who = missing(r, peers);
-    std::ostringstream os;
-    os << "pdo: rank " << me_ << ": ended while waiting in " << describe(label) << "; after "
-       << std::chrono::duration<double>(waited).count() << " s, "
-       << (who.empty() ? std::string("every other member had arrived") : "not arrived: " + who) << "\n";
-    const std::string line = os.str();
+    const std::string before = "pdo: rank " + std::to_string(me_) + ": ended while waiting in " + describe(label) + "; after ";
+    const std::string after = " s, " + (who.empty() ? std::string("every other member had arrived") : "not arrived: " + who) + "\n";
     std::lock_guard lock(mutex_);
-    const std::size_t n = std::min(line.size(), sizeof(status_) - 1);
-    std::memcpy(status_, line.data(), n);
+    const std::size_t split = std::min(before.size(), sizeof(status_) - 1);
+    const std::size_t n = std::min(split + after.size(), sizeof(status_) - 1);
+    std::memcpy(status_, before.data(), split);
+    std::memcpy(status_ + split, after.data(), n - split);
     status_[n] = '\0';
+    status_split_ = split;
     status_length_ = n;
+    status_since_ns_ = monotonic_ns() - std::chrono::duration_cast<std::chrono::nanoseconds>(waited).count();
     status_ready_.store(true, std::memory_order_release);
+  }
+
+  /// @brief Writes the kept line to stderr with the time waited until now ("12.3"): only
+  /// calls a signal handler may make.
+  void write_status_note() const {
+    const std::int64_t tenths = std::max<std::int64_t>(0, (monotonic_ns() - status_since_ns_) / 100000000);
+    char digits[24];
+    std::size_t n = 0;
+    digits[n++] = static_cast<char>('0' + tenths % 10);
+    digits[n++] = '.';
+    for (std::int64_t whole = tenths / 10; n == 2 || whole > 0; whole /= 10) digits[n++] = static_cast<char>('0' + whole % 10);
+    char number[24];
+    for (std::size_t i = 0; i < n; ++i) number[i] = digits[n - 1 - i];
+    ssize_t written = ::write(2, status_, status_split_);
+    written = ::write(2, number, n);
+    written = ::write(2, status_ + status_split_, status_length_ - status_split_);
+    (void)written;
   }
 
   /// @brief The timeout: the message, sent to every peer (those that arrived give up too,
@@ -4619,11 +4647,8 @@ class watch {
     if (sigaction(SIGTERM, nullptr, &current) != 0 || current.sa_handler != SIG_DFL) return;
     struct sigaction note {};
     note.sa_handler = [](int) {
-      watch& w = instance();
-      if (w.status_ready_.load(std::memory_order_acquire)) {
-        const ssize_t written = ::write(2, w.status_, w.status_length_);
-        (void)written;
-      }
+      const watch& w = instance();
+      if (w.status_ready_.load(std::memory_order_acquire)) w.write_status_note();
       std::signal(SIGTERM, SIG_DFL);
       std::raise(SIGTERM);
     };
@@ -4641,6 +4666,8 @@ class watch {
   std::uint64_t agreements_ = 0;  ///< steps taken on the agreement communicator
   char status_[1024] = {};
   std::size_t status_length_ = 0;
+  std::size_t status_split_ = 0;       ///< where the time waited goes in status_
+  std::int64_t status_since_ns_ = 0;   ///< when the wait began (monotonic_ns)
   std::atomic<bool> status_ready_{false};
 };
 
@@ -9146,6 +9173,12 @@ inline std::array<std::atomic<std::size_t>, 7>& planned_collective_counts() {
   return counts;
 }
 
+/// @brief Counts one planned collective of kind `k` run by a group of places: called by
+/// every member, counted by the first (`first_of_group`), so a group counts once.
+inline void count_planned(step_kind k, bool first_of_group) {
+  if (first_of_group) planned_collective_counts()[static_cast<std::size_t>(k)].fetch_add(1, std::memory_order_relaxed);
+}
+
 /// @brief The collective of redistribution step `step` on place `p` over a flat buffer (a
 /// gradient bucket: one parameter's gradient, or several packed): partial -> replicate
 /// (all_reduce) in place in `data`; partial -> split of dim 0 (reduce_scatter) into `out`,
@@ -9157,7 +9190,7 @@ void apply_flat_step(const redistribute_step& step, const Mesh& m, std::size_t p
                 "pdo: a flat buffer is synced by an all_reduce, a reduce_scatter or an all_gather of dim 0");
   const std::size_t a = Mesh::axis_index(step.axis);
   const mesh_communicator comm = communicator_along(m, a, p);
-  if (m.coord(p, a) == 0) planned_collective_counts()[static_cast<std::size_t>(Kind)].fetch_add(1, std::memory_order_relaxed);
+  count_planned(Kind, m.coord(p, a) == 0);
   if constexpr (Kind == step_kind::all_reduce) comm.all_reduce(data);
   else if constexpr (Kind == step_kind::reduce_scatter) comm.reduce_scatter(std::span<const T>(data), out);
   else comm.all_gather(std::span<const T>(data), out);
@@ -9170,7 +9203,7 @@ template <class T, class Mesh>
 void apply_flat_sum(const redistribute_step& step, const Mesh& m, std::size_t p, std::span<T> data, reduced_consumer<T> consume) {
   const std::size_t a = Mesh::axis_index(step.axis);
   const mesh_communicator comm = communicator_along(m, a, p);
-  if (m.coord(p, a) == 0) planned_collective_counts()[static_cast<std::size_t>(step_kind::all_reduce)].fetch_add(1, std::memory_order_relaxed);
+  count_planned(step_kind::all_reduce, m.coord(p, a) == 0);
   comm.all_reduce_apply(data, consume);
 }
 
@@ -9198,7 +9231,7 @@ tensor<T, Rank> apply_step(const redistribute_step& step, const Mesh& m, const s
     return shard;
   } else {
     const mesh_communicator comm = communicator_along(m, a, p);
-    if (me == 0) planned_collective_counts()[static_cast<std::size_t>(Kind)].fetch_add(1, std::memory_order_relaxed);
+    count_planned(Kind, me == 0);
     if constexpr (Kind == step_kind::reduce_scatter) {
       // members keep chunks of `dim`: send them chunk-major, unless dim is outermost
       const dim_view v = view_along(shard.shape(), step.dim);
@@ -9280,10 +9313,12 @@ void check_same_host_shape(const Mesh& m, std::size_t p, const shape_t<Rank>& sh
 
 }  // namespace detail
 
-/// @brief How many collectives of kind `k` the planned redistributions have run in this
-/// process since reset_planned_collectives() (eval, redistribute, autograd's gradients),
-/// each counted once per group of places that ran it together. For tests and tuning:
-/// `pdo::plan_of` says what a plan will run; this says what ran.
+/// @brief How many collectives of kind `k` the plans have run in this process since
+/// reset_planned_collectives() (eval's redistributions, redistribute, autograd's gradients;
+/// an all_reduce(max) counts as an all_reduce, and a window op's halo exchange, forward or
+/// backward, as the all_to_all it runs as), each counted once per group of places that ran
+/// it together. For tests and tuning: `pdo::plan_of` says what a plan will run (its
+/// `count(k)` counts the same way); this says what ran.
 inline std::size_t planned_collectives(step_kind k) {
   return detail::planned_collective_counts()[static_cast<std::size_t>(k)].load(std::memory_order_relaxed);
 }
@@ -9795,12 +9830,15 @@ struct expression_plan {
   [[nodiscard]] constexpr const plan_step* begin() const { return steps.data(); }
   /// @brief Past the last step in use (steps + size).
   [[nodiscard]] constexpr const plan_step* end() const { return steps.data() + size; }
-  /// @brief How many collectives of kind `k` the plan runs (an all_reduce(max) counts as an all_reduce).
+  /// @brief How many collectives of kind `k` the plan runs (an all_reduce(max) counts as an
+  /// all_reduce, a halo exchange as the all_to_all it runs as; pdo::planned_collectives
+  /// counts what ran the same way).
   [[nodiscard]] constexpr std::size_t count(step_kind k) const {
     std::size_t n = 0;
     for (const auto& s : *this)
       n += (s.kind == plan_step_kind::redistribute && s.move.kind == k) ||
-           (s.kind == plan_step_kind::combine_max && k == step_kind::all_reduce);
+           (s.kind == plan_step_kind::combine_max && k == step_kind::all_reduce) ||
+           (s.kind == plan_step_kind::halo_exchange && k == step_kind::all_to_all);
     return n;
   }
   /// @brief How many steps communicate (halo exchanges included).
@@ -10355,7 +10393,9 @@ class plan_run {
     using node_t = node_numbered_t<step.node, Root>;
     auto& out = block_of<step.node>();
     using mesh_t = std::remove_cvref_t<decltype(*place_.m)>;
-    communicator_along(*place_.m, mesh_t::axis_index(step.move.axis), place_.p).all_reduce(out.span(), reduce_op::max);
+    constexpr std::size_t axis = mesh_t::axis_index(step.move.axis);
+    count_planned(step_kind::all_reduce, place_.m->coord(place_.p, axis) == 0);
+    communicator_along(*place_.m, axis, place_.p).all_reduce(out.span(), reduce_op::max);
     if (step_recorder::on()) {
       plan_step ran{plan_step_kind::combine_max, node_t::name, step.node};
       ran.move.kind = step_kind::all_reduce;
@@ -14944,14 +14984,20 @@ struct spatial_cut {
   template <class T, class Mesh>
   [[nodiscard]] tensor<T, 4> gather(const Mesh& m, std::size_t p, tensor<T, 4> block) const {
     for (std::size_t i = 0; i < 2; ++i)
-      if (split[i]) block = halo_gather(communicator_along(m, axis[i], p), dims[i], coord(m, p, i), 2 + i, block, m.place(p));
+      if (split[i]) {
+        count_planned(step_kind::all_to_all, coord(m, p, i) == 0);
+        block = halo_gather(communicator_along(m, axis[i], p), dims[i], coord(m, p, i), 2 + i, block, m.place(p));
+      }
     return block;
   }
   /// @brief The transpose of gather: the gradient of place p's block, back to its shard.
   template <class T, class Mesh>
   [[nodiscard]] tensor<T, 4> give_back(const Mesh& m, std::size_t p, tensor<T, 4> dblock) const {
     for (std::size_t i = 2; i-- > 0;)
-      if (split[i]) dblock = halo_return(communicator_along(m, axis[i], p), dims[i], coord(m, p, i), 2 + i, dblock, m.place(p));
+      if (split[i]) {
+        count_planned(step_kind::all_to_all, coord(m, p, i) == 0);
+        dblock = halo_return(communicator_along(m, axis[i], p), dims[i], coord(m, p, i), 2 + i, dblock, m.place(p));
+      }
     return dblock;
   }
   /// @brief The shape of the block place p's windows read: its shard's, widened along each
@@ -15303,8 +15349,16 @@ template <class Policy = implicit, class T, class Mesh, class LX, class LW, clas
 auto conv2d(const var<dtensor<T, 4, Mesh, LX>>& x, const var<dtensor<T, 4, Mesh, LW>>& weight,
             const var<dtensor<T, 1, Mesh, LB>>& bias, window_options o = {}) {
   // layouts it does not take: one error, naming them and why, and nothing of the op instantiated after it
-  if constexpr (detail::check_conv_layouts<LX, LW, LB>() && detail::check_window_policy<Policy, "conv2d", LX>())
-    return detail::distributed_conv2d(x, weight, bias, o);
+  if constexpr (detail::check_conv_layouts<LX, LW, LB>()) {
+    if constexpr (detail::check_window_policy<Policy, "conv2d", LX>()) {
+      return detail::distributed_conv2d(x, weight, bias, o);
+    } else {  // the policy's error was given: an empty result of the type the call has, so that no other error follows
+      using LY = detail::layout_type_t<Mesh, detail::conv_layout_provider<LX, LW, LB, &detail::conv_layouts::y>>;
+      return var<dtensor<T, 4, Mesh, LY>>();
+    }
+  } else {  // the layouts' error was given: an empty result, in the input's layout, so that no other error follows
+    return var<dtensor<T, 4, Mesh, LX>>();
+  }
 }
 
 namespace detail {
@@ -21865,6 +21919,11 @@ inline npy_header read_npy_header(const file& f) {
   } else {
     throw io_error("io: " + f.path().string() + ": .npy format version " + std::to_string(major) + " (pdo reads versions 1 to 3)");
   }
+  // the header's length is checked against the file's size before it is read (a damaged
+  // length may claim any size)
+  if (at > f.size() || length > f.size() - at)
+    throw io_error("io: " + f.path().string() + ": truncated, or a damaged .npy header: its header claims " + std::to_string(length) +
+                   " bytes after byte " + std::to_string(at) + ", the file has " + std::to_string(f.size()) + " bytes");
   std::string text(length, '\0');
   f.read_at(text.data(), length, at);
   return parse_npy_header(f.path(), text, at + length);

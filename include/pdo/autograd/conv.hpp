@@ -267,14 +267,20 @@ struct spatial_cut {
   template <class T, class Mesh>
   [[nodiscard]] tensor<T, 4> gather(const Mesh& m, std::size_t p, tensor<T, 4> block) const {
     for (std::size_t i = 0; i < 2; ++i)
-      if (split[i]) block = halo_gather(communicator_along(m, axis[i], p), dims[i], coord(m, p, i), 2 + i, block, m.place(p));
+      if (split[i]) {
+        count_planned(step_kind::all_to_all, coord(m, p, i) == 0);
+        block = halo_gather(communicator_along(m, axis[i], p), dims[i], coord(m, p, i), 2 + i, block, m.place(p));
+      }
     return block;
   }
   /// @brief The transpose of gather: the gradient of place p's block, back to its shard.
   template <class T, class Mesh>
   [[nodiscard]] tensor<T, 4> give_back(const Mesh& m, std::size_t p, tensor<T, 4> dblock) const {
     for (std::size_t i = 2; i-- > 0;)
-      if (split[i]) dblock = halo_return(communicator_along(m, axis[i], p), dims[i], coord(m, p, i), 2 + i, dblock, m.place(p));
+      if (split[i]) {
+        count_planned(step_kind::all_to_all, coord(m, p, i) == 0);
+        dblock = halo_return(communicator_along(m, axis[i], p), dims[i], coord(m, p, i), 2 + i, dblock, m.place(p));
+      }
     return dblock;
   }
   /// @brief The shape of the block place p's windows read: its shard's, widened along each
@@ -626,8 +632,16 @@ template <class Policy = implicit, class T, class Mesh, class LX, class LW, clas
 auto conv2d(const var<dtensor<T, 4, Mesh, LX>>& x, const var<dtensor<T, 4, Mesh, LW>>& weight,
             const var<dtensor<T, 1, Mesh, LB>>& bias, window_options o = {}) {
   // layouts it does not take: one error, naming them and why, and nothing of the op instantiated after it
-  if constexpr (detail::check_conv_layouts<LX, LW, LB>() && detail::check_window_policy<Policy, "conv2d", LX>())
-    return detail::distributed_conv2d(x, weight, bias, o);
+  if constexpr (detail::check_conv_layouts<LX, LW, LB>()) {
+    if constexpr (detail::check_window_policy<Policy, "conv2d", LX>()) {
+      return detail::distributed_conv2d(x, weight, bias, o);
+    } else {  // the policy's error was given: an empty result of the type the call has, so that no other error follows
+      using LY = detail::layout_type_t<Mesh, detail::conv_layout_provider<LX, LW, LB, &detail::conv_layouts::y>>;
+      return var<dtensor<T, 4, Mesh, LY>>();
+    }
+  } else {  // the layouts' error was given: an empty result, in the input's layout, so that no other error follows
+    return var<dtensor<T, 4, Mesh, LX>>();
+  }
 }
 
 namespace detail {

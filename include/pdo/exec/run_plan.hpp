@@ -320,7 +320,9 @@ class plan_run {
     using node_t = node_numbered_t<step.node, Root>;
     auto& out = block_of<step.node>();
     using mesh_t = std::remove_cvref_t<decltype(*place_.m)>;
-    communicator_along(*place_.m, mesh_t::axis_index(step.move.axis), place_.p).all_reduce(out.span(), reduce_op::max);
+    constexpr std::size_t axis = mesh_t::axis_index(step.move.axis);
+    count_planned(step_kind::all_reduce, place_.m->coord(place_.p, axis) == 0);
+    communicator_along(*place_.m, axis, place_.p).all_reduce(out.span(), reduce_op::max);
     if (step_recorder::on()) {
       plan_step ran{plan_step_kind::combine_max, node_t::name, step.node};
       ran.move.kind = step_kind::all_reduce;

@@ -93,6 +93,11 @@ inline npy_header read_npy_header(const file& f) {
   } else {
     throw io_error("io: " + f.path().string() + ": .npy format version " + std::to_string(major) + " (pdo reads versions 1 to 3)");
   }
+  // the header's length is checked against the file's size before it is read (a damaged
+  // length may claim any size)
+  if (at > f.size() || length > f.size() - at)
+    throw io_error("io: " + f.path().string() + ": truncated, or a damaged .npy header: its header claims " + std::to_string(length) +
+                   " bytes after byte " + std::to_string(at) + ", the file has " + std::to_string(f.size()) + " bytes");
   std::string text(length, '\0');
   f.read_at(text.data(), length, at);
   return parse_npy_header(f.path(), text, at + length);

@@ -30,12 +30,15 @@ struct expression_plan {
   [[nodiscard]] constexpr const plan_step* begin() const { return steps.data(); }
   /// @brief Past the last step in use (steps + size).
   [[nodiscard]] constexpr const plan_step* end() const { return steps.data() + size; }
-  /// @brief How many collectives of kind `k` the plan runs (an all_reduce(max) counts as an all_reduce).
+  /// @brief How many collectives of kind `k` the plan runs (an all_reduce(max) counts as an
+  /// all_reduce, a halo exchange as the all_to_all it runs as; pdo::planned_collectives
+  /// counts what ran the same way).
   [[nodiscard]] constexpr std::size_t count(step_kind k) const {
     std::size_t n = 0;
     for (const auto& s : *this)
       n += (s.kind == plan_step_kind::redistribute && s.move.kind == k) ||
-           (s.kind == plan_step_kind::combine_max && k == step_kind::all_reduce);
+           (s.kind == plan_step_kind::combine_max && k == step_kind::all_reduce) ||
+           (s.kind == plan_step_kind::halo_exchange && k == step_kind::all_to_all);
     return n;
   }
   /// @brief How many steps communicate (halo exchanges included).

@@ -30,6 +30,12 @@ inline std::array<std::atomic<std::size_t>, 7>& planned_collective_counts() {
   return counts;
 }
 
+/// @brief Counts one planned collective of kind `k` run by a group of places: called by
+/// every member, counted by the first (`first_of_group`), so a group counts once.
+inline void count_planned(step_kind k, bool first_of_group) {
+  if (first_of_group) planned_collective_counts()[static_cast<std::size_t>(k)].fetch_add(1, std::memory_order_relaxed);
+}
+
 /// @brief The collective of redistribution step `step` on place `p` over a flat buffer (a
 /// gradient bucket: one parameter's gradient, or several packed): partial -> replicate
 /// (all_reduce) in place in `data`; partial -> split of dim 0 (reduce_scatter) into `out`,
@@ -41,7 +47,7 @@ void apply_flat_step(const redistribute_step& step, const Mesh& m, std::size_t p
                 "pdo: a flat buffer is synced by an all_reduce, a reduce_scatter or an all_gather of dim 0");
   const std::size_t a = Mesh::axis_index(step.axis);
   const mesh_communicator comm = communicator_along(m, a, p);
-  if (m.coord(p, a) == 0) planned_collective_counts()[static_cast<std::size_t>(Kind)].fetch_add(1, std::memory_order_relaxed);
+  count_planned(Kind, m.coord(p, a) == 0);
   if constexpr (Kind == step_kind::all_reduce) comm.all_reduce(data);
   else if constexpr (Kind == step_kind::reduce_scatter) comm.reduce_scatter(std::span<const T>(data), out);
   else comm.all_gather(std::span<const T>(data), out);
@@ -54,7 +60,7 @@ template <class T, class Mesh>
 void apply_flat_sum(const redistribute_step& step, const Mesh& m, std::size_t p, std::span<T> data, reduced_consumer<T> consume) {
   const std::size_t a = Mesh::axis_index(step.axis);
   const mesh_communicator comm = communicator_along(m, a, p);
-  if (m.coord(p, a) == 0) planned_collective_counts()[static_cast<std::size_t>(step_kind::all_reduce)].fetch_add(1, std::memory_order_relaxed);
+  count_planned(step_kind::all_reduce, m.coord(p, a) == 0);
   comm.all_reduce_apply(data, consume);
 }
 
@@ -82,7 +88,7 @@ tensor<T, Rank> apply_step(const redistribute_step& step, const Mesh& m, const s
     return shard;
   } else {
     const mesh_communicator comm = communicator_along(m, a, p);
-    if (me == 0) planned_collective_counts()[static_cast<std::size_t>(Kind)].fetch_add(1, std::memory_order_relaxed);
+    count_planned(Kind, me == 0);
     if constexpr (Kind == step_kind::reduce_scatter) {
       // members keep chunks of `dim`: send them chunk-major, unless dim is outermost
       const dim_view v = view_along(shard.shape(), step.dim);
@@ -164,10 +170,12 @@ void check_same_host_shape(const Mesh& m, std::size_t p, const shape_t<Rank>& sh
 
 }  // namespace detail
 
-/// @brief How many collectives of kind `k` the planned redistributions have run in this
-/// process since reset_planned_collectives() (eval, redistribute, autograd's gradients),
-/// each counted once per group of places that ran it together. For tests and tuning:
-/// `pdo::plan_of` says what a plan will run; this says what ran.
+/// @brief How many collectives of kind `k` the plans have run in this process since
+/// reset_planned_collectives() (eval's redistributions, redistribute, autograd's gradients;
+/// an all_reduce(max) counts as an all_reduce, and a window op's halo exchange, forward or
+/// backward, as the all_to_all it runs as), each counted once per group of places that ran
+/// it together. For tests and tuning: `pdo::plan_of` says what a plan will run (its
+/// `count(k)` counts the same way); this says what ran.
 inline std::size_t planned_collectives(step_kind k) {
   return detail::planned_collective_counts()[static_cast<std::size_t>(k)].load(std::memory_order_relaxed);
 }

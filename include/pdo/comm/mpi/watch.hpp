@@ -30,6 +30,7 @@
 #include <thread>
 #include <vector>
 
+#include <time.h>
 #include <unistd.h>
 
 namespace pdo::mpi::detail {
@@ -309,20 +310,47 @@ class watch {
     return label.what + (label.seq != 0 ? " (collective #" + std::to_string(label.seq) + " of its group)" : "");
   }
 
-  /// @brief Keeps a line about this wait for the signal note (see install_signal_note).
+  /// @brief Nanoseconds on CLOCK_MONOTONIC (which a signal handler may read).
+  static std::int64_t monotonic_ns() {
+    timespec now{};
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return static_cast<std::int64_t>(now.tv_sec) * 1000000000 + now.tv_nsec;
+  }
+
+  /// @brief Keeps a line about this wait for the signal note (see install_signal_note): the
+  /// text before and after the time waited, which the note reckons when it is written (the
+  /// line is kept at each round of questions, which may be minutes apart).
   void note_status(const wait_label& label, const round& r, const std::vector<int>& peers, watch_clock::duration waited) {
     const std::string who = missing(r, peers);
-    std::ostringstream os;
-    os << "pdo: rank " << me_ << ": ended while waiting in " << describe(label) << "; after "
-       << std::chrono::duration<double>(waited).count() << " s, "
-       << (who.empty() ? std::string("every other member had arrived") : "not arrived: " + who) << "\n";
-    const std::string line = os.str();
+    const std::string before = "pdo: rank " + std::to_string(me_) + ": ended while waiting in " + describe(label) + "; after ";
+    const std::string after = " s, " + (who.empty() ? std::string("every other member had arrived") : "not arrived: " + who) + "\n";
     std::lock_guard lock(mutex_);
-    const std::size_t n = std::min(line.size(), sizeof(status_) - 1);
-    std::memcpy(status_, line.data(), n);
+    const std::size_t split = std::min(before.size(), sizeof(status_) - 1);
+    const std::size_t n = std::min(split + after.size(), sizeof(status_) - 1);
+    std::memcpy(status_, before.data(), split);
+    std::memcpy(status_ + split, after.data(), n - split);
     status_[n] = '\0';
+    status_split_ = split;
     status_length_ = n;
+    status_since_ns_ = monotonic_ns() - std::chrono::duration_cast<std::chrono::nanoseconds>(waited).count();
     status_ready_.store(true, std::memory_order_release);
+  }
+
+  /// @brief Writes the kept line to stderr with the time waited until now ("12.3"): only
+  /// calls a signal handler may make.
+  void write_status_note() const {
+    const std::int64_t tenths = std::max<std::int64_t>(0, (monotonic_ns() - status_since_ns_) / 100000000);
+    char digits[24];
+    std::size_t n = 0;
+    digits[n++] = static_cast<char>('0' + tenths % 10);
+    digits[n++] = '.';
+    for (std::int64_t whole = tenths / 10; n == 2 || whole > 0; whole /= 10) digits[n++] = static_cast<char>('0' + whole % 10);
+    char number[24];
+    for (std::size_t i = 0; i < n; ++i) number[i] = digits[n - 1 - i];
+    ssize_t written = ::write(2, status_, status_split_);
+    written = ::write(2, number, n);
+    written = ::write(2, status_ + status_split_, status_length_ - status_split_);
+    (void)written;
   }
 
   /// @brief The timeout: the message, sent to every peer (those that arrived give up too,
@@ -368,11 +396,8 @@ class watch {
     if (sigaction(SIGTERM, nullptr, &current) != 0 || current.sa_handler != SIG_DFL) return;
     struct sigaction note {};
     note.sa_handler = [](int) {
-      watch& w = instance();
-      if (w.status_ready_.load(std::memory_order_acquire)) {
-        const ssize_t written = ::write(2, w.status_, w.status_length_);
-        (void)written;
-      }
+      const watch& w = instance();
+      if (w.status_ready_.load(std::memory_order_acquire)) w.write_status_note();
       std::signal(SIGTERM, SIG_DFL);
       std::raise(SIGTERM);
     };
@@ -390,6 +415,8 @@ class watch {
   std::uint64_t agreements_ = 0;  ///< steps taken on the agreement communicator
   char status_[1024] = {};
   std::size_t status_length_ = 0;
+  std::size_t status_split_ = 0;       ///< where the time waited goes in status_
+  std::int64_t status_since_ns_ = 0;   ///< when the wait began (monotonic_ns)
   std::atomic<bool> status_ready_{false};
 };
 
