@@ -13,6 +13,10 @@
 //                  timeout, naming the collective and the rank that did not arrive
 //   killed         the last process is killed while the others wait in an all_reduce: the
 //                  launcher ends the job, and the others say first who had not arrived
+//   ended          the last process ends its program (returns from main) while the others
+//                  wait for it in an all_reduce, with the default timeout of 30 minutes: they
+//                  get a pdo::collective_timeout within seconds, naming the process that ended,
+//                  and every process then ends normally
 #include <pdo/pdo.hpp>
 
 #include <chrono>
@@ -140,6 +144,27 @@ void killed() {
   pdo::spmd(mesh, [&](std::size_t p) { pdo::communicator_of(mesh, p).all_reduce(std::span<double>(v)); });
 }
 
+void ended() {
+  const auto places = pdo::mpi::world_places();
+  const int me = pdo::mpi::rank(), n = pdo::mpi::size();
+  const auto mesh = pdo::make_mesh<"x">(places);
+  std::vector<double> v{1.0};
+  pdo::spmd(mesh, [&](std::size_t p) { pdo::communicator_of(mesh, p).all_reduce(std::span<double>(v)); });  // all present
+  if (me == n - 1) return;  // its program ends here
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    pdo::spmd(mesh, [&](std::size_t p) { pdo::communicator_of(mesh, p).all_reduce(std::span<double>(v)); });
+    expect(false, "the all_reduce completed without the process that ended");
+  } catch (const pdo::collective_timeout& e) {
+    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (me == 0) std::printf("rank 0 was told, %.1f s into the wait: %s\n", waited, e.what());
+    expect(waited < 20, "the error came after " + std::to_string(waited) + " s");
+    expect(contains(e.what(), "all_reduce over the whole mesh(x=" + std::to_string(n) + ")") &&
+               contains(e.what(), "rank " + std::to_string(n - 1) + " has ended its program"),
+           std::string("the error names the collective and the process that ended: ") + e.what());
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -148,8 +173,9 @@ int main(int argc, char** argv) {
   else if (mode == "sleeper") sleeper(argc > 2 && std::strcmp(argv[2], "env") == 0);
   else if (mode == "trainer_leaves") trainer_leaves();
   else if (mode == "killed") killed();
+  else if (mode == "ended") ended();
   else {
-    std::fprintf(stderr, "usage: mpi_faults mesh_mismatch|sleeper [env]|trainer_leaves|killed\n");
+    std::fprintf(stderr, "usage: mpi_faults mesh_mismatch|sleeper [env]|trainer_leaves|killed|ended\n");
     return 2;
   }
   if (failures == 0) std::printf("rank %d: ok\n", pdo::mpi::rank());

@@ -8,12 +8,14 @@
 
 #include <pdo/autograd.hpp>
 
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <functional>
 #include <limits>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -420,6 +422,13 @@ TEST_CASE("numerics: NaN propagates through every reduction, comparison-based op
     image.data()[at] = nan;
     const auto pooled = pdo::max_pool2d(pdo::var(image), 2);
     CHECK(std::isnan(pooled.value().data()[0]));
+  }
+  // max-pool's gradient goes to a window's last NaN, as PyTorch's kernel gives it
+  // (F.max_pool2d over [[nan, 1], [nan, 3]] and [[1, nan], [3, nan]])
+  for (const auto& [cells, to] : {std::pair<std::array<double, 4>, std::size_t>{{nan, 1, nan, 3}, 2}, {{1, nan, 3, nan}, 3}}) {
+    auto image = pdo::parameter(pdo::tensor<double, 4>({1, 1, 2, 2}, {cells[0], cells[1], cells[2], cells[3]}));
+    pdo::backward(pdo::sum(pdo::max_pool2d(image, 2)));
+    for (std::size_t i = 0; i < 4; ++i) CHECK(image.grad().data()[i] == (i == to ? 1.0 : 0.0));
   }
   // over meshes: the place holding the NaN does not matter
   for (std::size_t n : pdo_test::line_sizes())

@@ -4133,10 +4133,20 @@ namespace pdo::mpi {
 
 namespace detail {
 
+/// @brief What runs at the program's end before MPI_Finalize, once pdo's collectives are
+/// watched (watch::start sets it: the watch tells the processes still waiting for this one
+/// that it has ended).
+inline void (*&before_finalize())() {
+  static void (*hook)() = nullptr;
+  return hook;
+}
+
 inline void finalize_at_exit() {
   int finalized = 0;
   MPI_Finalized(&finalized);
-  if (!finalized) MPI_Finalize();
+  if (finalized) return;
+  if (before_finalize() != nullptr) before_finalize()();
+  MPI_Finalize();
 }
 
 inline void check(int code, const char* call) {
@@ -4325,8 +4335,29 @@ class watch {
       check(MPI_Comm_dup(MPI_COMM_WORLD, &talk_), "MPI_Comm_dup");
       check(MPI_Comm_dup(MPI_COMM_WORLD, &agree_), "MPI_Comm_dup");
       MPI_Comm_rank(MPI_COMM_WORLD, &me_);
+      int n = 0;
+      MPI_Comm_size(MPI_COMM_WORLD, &n);
+      ended_.assign(static_cast<std::size_t>(n), 0);
       install_signal_note();
+      before_finalize() = [] { instance().linger_at_exit(); };
     });
+  }
+
+  /// @brief At the program's end, when pdo started MPI (before MPI_Finalize, which waits for
+  /// every process anyway): until every process has come to its end too, answers the
+  /// questions of those that wait for this one in a collective with a notice that it has
+  /// ended, so that their collective fails at once rather than at its timeout.
+  void linger_at_exit() {
+    MPI_Request request = MPI_REQUEST_NULL;
+    if (talk_ == MPI_COMM_NULL || MPI_Ibarrier(talk_, &request) != MPI_SUCCESS) return;
+    exiting_.store(true, std::memory_order_release);
+    const auto start = watch_clock::now();
+    for (std::size_t spins = 0;; ++spins) {
+      int done = 0;
+      if (MPI_Test(&request, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS || done != 0) return;
+      serve();
+      back_off(spins, watch_clock::now() - start);
+    }
   }
   [[nodiscard]] MPI_Comm agreement_comm() const { return agree_; }
   [[nodiscard]] int rank() const { return me_; }
@@ -4383,6 +4414,7 @@ class watch {
     auto next_round = start + std::chrono::milliseconds(100);
     round r;
     bool final_round = false;
+    watch_clock::time_point ended_seen{};  // when a peer was first known to have ended
     for (std::size_t spins = 0;; ++spins) {
       serve();
       if (w.given_up) fail(w.give_up_text, can_go_on);
@@ -4392,6 +4424,11 @@ class watch {
         return;
       }
       const auto now = watch_clock::now();
+      if (const int gone = first_ended(peers); gone >= 0) {
+        // what it sent before it ended still arrives: the collective may yet complete here
+        if (ended_seen == watch_clock::time_point{}) ended_seen = now;
+        else if (now - ended_seen >= ended_grace) ended_without_joining(label, gone, now - start, can_go_on);
+      }
       if (r.open) {
         const std::size_t before = r.answered;
         collect(r, label, peers);
@@ -4414,7 +4451,9 @@ class watch {
   }
 
  private:
-  static constexpr int tag_question = 1, tag_give_up = 2, tag_answers = 100, answer_tags = 16000;
+  static constexpr int tag_question = 1, tag_give_up = 2, tag_ended = 3, tag_answers = 100, answer_tags = 16000;
+  /// @brief How long a collective still waits after a member is known to have ended.
+  static constexpr auto ended_grace = std::chrono::seconds(2);
 
   struct active_wait {
     const wait_label* label;
@@ -4477,6 +4516,10 @@ class watch {
       int reply_tag = 0;
       std::uint64_t round_id = 0;
       in >> reply_tag >> round_id;
+      if (exiting_.load(std::memory_order_acquire)) {  // this process has ended: say so, whatever was asked
+        post(std::to_string(me_), status.MPI_SOURCE, tag_ended);
+        continue;
+      }
       std::string answer = std::to_string(round_id) + "\n";
       {
         std::lock_guard lock(mutex_);
@@ -4499,6 +4542,12 @@ class watch {
           w->given_up = true;
           w->give_up_text = rest;
         }
+    }
+    while (MPI_Improbe(MPI_ANY_SOURCE, tag_ended, talk_, &flag, &message, &status) == MPI_SUCCESS && flag) {
+      (void)receive(message, status);
+      std::lock_guard lock(mutex_);
+      ended_.at(static_cast<std::size_t>(status.MPI_SOURCE)) = 1;
+      any_ended_.store(true, std::memory_order_release);
     }
     std::lock_guard lock(mutex_);
     for (auto it = sends_.begin(); it != sends_.end();) {
@@ -4624,6 +4673,26 @@ class watch {
     fail(message, can_go_on);
   }
 
+  /// @brief The first of `peers` known to have ended its program, or -1.
+  int first_ended(const std::vector<int>& peers) {
+    if (!any_ended_.load(std::memory_order_acquire)) return -1;
+    std::lock_guard lock(mutex_);
+    for (int peer : peers)
+      if (ended_.at(static_cast<std::size_t>(peer)) != 0) return peer;
+    return -1;
+  }
+
+  /// @brief A member of the collective has ended its program without joining it: the
+  /// collective cannot complete (a pdo::collective_timeout, as when it does not arrive in time).
+  [[noreturn]] void ended_without_joining(const wait_label& label, int gone, watch_clock::duration waited, bool can_go_on) const {
+    std::ostringstream os;
+    os << describe(label) << " cannot complete on rank " << me_ << ": rank " << gone
+       << " has ended its program (returned from main, or called exit) without joining it; waited "
+       << std::chrono::duration<double>(waited).count()
+       << " s. The group cannot be used after this; every process must take part in each collective of its groups";
+    fail(os.str(), can_go_on);
+  }
+
   [[noreturn]] static void fail(const std::string& message, bool can_go_on) {
     if (can_go_on) throw collective_timeout(message);
     std::fprintf(stderr, "pdo: fatal: %s; a transfer still holds a buffer of this process, ending the job\n", message.c_str());
@@ -4669,6 +4738,9 @@ class watch {
   std::size_t status_split_ = 0;       ///< where the time waited goes in status_
   std::int64_t status_since_ns_ = 0;   ///< when the wait began (monotonic_ns)
   std::atomic<bool> status_ready_{false};
+  std::atomic<bool> exiting_{false};  ///< this process has ended its program (linger_at_exit)
+  std::vector<char> ended_;           ///< per world rank: it said it has ended
+  std::atomic<bool> any_ended_{false};
 };
 
 }  // namespace pdo::mpi::detail
@@ -14185,8 +14257,8 @@ auto mean(const var<A>& a) {
   return detail::reduce_var<detail::reduction::mean, Dim>(a);
 }
 /// @brief Maximum over dim `Dim`, or over every dim (NaN when any element is NaN); the
-/// gradient is shared evenly among the elements equal to the maximum (the NaNs, for a NaN
-/// maximum), as PyTorch's amax.
+/// gradient is shared evenly among the elements equal to the maximum, as PyTorch's amax;
+/// for a NaN maximum, among the NaNs (PyTorch's amax gives NaN to every element there).
 template <std::size_t Dim = all_dims, class A>
 auto max(const var<A>& a) {
   return detail::reduce_var<detail::reduction::max, Dim>(a);
@@ -14496,8 +14568,8 @@ struct pool_element {
 };
 
 /// @brief Element i of dx for a pool: the output gradients of the windows that read it;
-/// for max pooling only those whose maximum it is (the first maximum of a window, in
-/// reading order, as PyTorch picks).
+/// for max pooling only those whose maximum it is (the maximum PyTorch picks: the first of
+/// equal maxima in reading order, the last NaN of a window that holds NaNs).
 template <class T, bool Max>
 struct pool_backward_element {
   const T* x;
@@ -14516,7 +14588,7 @@ struct pool_backward_element {
         const std::size_t ow = (pw - kw) / g.stride;
         const T grad = dy[nc * g.out_pixels() + oh * g.out_width + ow];
         if constexpr (Max) {
-          if (first_max_at(plane, oh, ow) == h * g.width + w) acc += grad;
+          if (picked_max_at(plane, oh, ow) == h * g.width + w) acc += grad;
         } else {
           acc += grad / static_cast<T>(g.kernel * g.kernel);
         }
@@ -14524,8 +14596,8 @@ struct pool_backward_element {
     }
     return acc;
   }
-  /// @brief Where, in its plane, window (oh, ow)'s first maximum lies.
-  PDO_HD std::size_t first_max_at(const T* plane, std::size_t oh, std::size_t ow) const {
+  /// @brief Where, in its plane, window (oh, ow)'s picked maximum lies.
+  PDO_HD std::size_t picked_max_at(const T* plane, std::size_t oh, std::size_t ow) const {
     std::size_t at = 0;
     bool first = true;
     T best{};
@@ -14535,7 +14607,7 @@ struct pool_backward_element {
         if (h < g.pad_h || w < g.pad_w || h - g.pad_h >= g.height || w - g.pad_w >= g.width) continue;
         const std::size_t idx = (h - g.pad_h) * g.width + (w - g.pad_w);
         const T v = plane[idx];
-        if (first || v > best || (v != v && best == best)) {  // the first NaN wins, as PyTorch's
+        if (first || v > best || v != v) {  // each NaN replaces the one before, as in PyTorch's kernel
           best = v;
           at = idx;
           first = false;
@@ -15436,7 +15508,7 @@ var<dtensor<T, 4, Mesh, L>> pool2d(const char* op, const var<dtensor<T, 4, Mesh,
 /// @brief Max pooling over kernel x kernel windows (stride defaults to the kernel) of
 /// x [N, C, H, W], a local tensor or a dtensor (batch or channels split: each place pools
 /// its shard; height or width split: with its halo, as conv2d). NaN in a window gives NaN; the gradient goes to each
-/// window's first maximum (its first NaN, if any), as PyTorch's.
+/// window's first maximum (its last NaN, if any), as PyTorch's.
 template <class Policy = implicit, class V>
   requires(detail::value_kind<V>::rank == 4)
 var<V> max_pool2d(const var<V>& x, std::size_t kernel, window_options o = {0, 0}) {

@@ -719,7 +719,7 @@ var<dtensor<T, 4, Mesh, L>> pool2d(const char* op, const var<dtensor<T, 4, Mesh,
 /// @brief Max pooling over kernel x kernel windows (stride defaults to the kernel) of
 /// x [N, C, H, W], a local tensor or a dtensor (batch or channels split: each place pools
 /// its shard; height or width split: with its halo, as conv2d). NaN in a window gives NaN; the gradient goes to each
-/// window's first maximum (its first NaN, if any), as PyTorch's.
+/// window's first maximum (its last NaN, if any), as PyTorch's.
 template <class Policy = implicit, class V>
   requires(detail::value_kind<V>::rank == 4)
 var<V> max_pool2d(const var<V>& x, std::size_t kernel, window_options o = {0, 0}) {

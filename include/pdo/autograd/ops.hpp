@@ -396,8 +396,8 @@ auto mean(const var<A>& a) {
   return detail::reduce_var<detail::reduction::mean, Dim>(a);
 }
 /// @brief Maximum over dim `Dim`, or over every dim (NaN when any element is NaN); the
-/// gradient is shared evenly among the elements equal to the maximum (the NaNs, for a NaN
-/// maximum), as PyTorch's amax.
+/// gradient is shared evenly among the elements equal to the maximum, as PyTorch's amax;
+/// for a NaN maximum, among the NaNs (PyTorch's amax gives NaN to every element there).
 template <std::size_t Dim = all_dims, class A>
 auto max(const var<A>& a) {
   return detail::reduce_var<detail::reduction::max, Dim>(a);

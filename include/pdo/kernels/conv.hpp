@@ -187,8 +187,8 @@ struct pool_element {
 };
 
 /// @brief Element i of dx for a pool: the output gradients of the windows that read it;
-/// for max pooling only those whose maximum it is (the first maximum of a window, in
-/// reading order, as PyTorch picks).
+/// for max pooling only those whose maximum it is (the maximum PyTorch picks: the first of
+/// equal maxima in reading order, the last NaN of a window that holds NaNs).
 template <class T, bool Max>
 struct pool_backward_element {
   const T* x;
@@ -207,7 +207,7 @@ struct pool_backward_element {
         const std::size_t ow = (pw - kw) / g.stride;
         const T grad = dy[nc * g.out_pixels() + oh * g.out_width + ow];
         if constexpr (Max) {
-          if (first_max_at(plane, oh, ow) == h * g.width + w) acc += grad;
+          if (picked_max_at(plane, oh, ow) == h * g.width + w) acc += grad;
         } else {
           acc += grad / static_cast<T>(g.kernel * g.kernel);
         }
@@ -215,8 +215,8 @@ struct pool_backward_element {
     }
     return acc;
   }
-  /// @brief Where, in its plane, window (oh, ow)'s first maximum lies.
-  PDO_HD std::size_t first_max_at(const T* plane, std::size_t oh, std::size_t ow) const {
+  /// @brief Where, in its plane, window (oh, ow)'s picked maximum lies.
+  PDO_HD std::size_t picked_max_at(const T* plane, std::size_t oh, std::size_t ow) const {
     std::size_t at = 0;
     bool first = true;
     T best{};
@@ -226,7 +226,7 @@ struct pool_backward_element {
         if (h < g.pad_h || w < g.pad_w || h - g.pad_h >= g.height || w - g.pad_w >= g.width) continue;
         const std::size_t idx = (h - g.pad_h) * g.width + (w - g.pad_w);
         const T v = plane[idx];
-        if (first || v > best || (v != v && best == best)) {  // the first NaN wins, as PyTorch's
+        if (first || v > best || v != v) {  // each NaN replaces the one before, as in PyTorch's kernel
           best = v;
           at = idx;
           first = false;

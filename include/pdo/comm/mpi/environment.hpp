@@ -20,10 +20,20 @@ namespace pdo::mpi {
 
 namespace detail {
 
+/// @brief What runs at the program's end before MPI_Finalize, once pdo's collectives are
+/// watched (watch::start sets it: the watch tells the processes still waiting for this one
+/// that it has ended).
+inline void (*&before_finalize())() {
+  static void (*hook)() = nullptr;
+  return hook;
+}
+
 inline void finalize_at_exit() {
   int finalized = 0;
   MPI_Finalized(&finalized);
-  if (!finalized) MPI_Finalize();
+  if (finalized) return;
+  if (before_finalize() != nullptr) before_finalize()();
+  MPI_Finalize();
 }
 
 inline void check(int code, const char* call) {

@@ -74,8 +74,29 @@ class watch {
       check(MPI_Comm_dup(MPI_COMM_WORLD, &talk_), "MPI_Comm_dup");
       check(MPI_Comm_dup(MPI_COMM_WORLD, &agree_), "MPI_Comm_dup");
       MPI_Comm_rank(MPI_COMM_WORLD, &me_);
+      int n = 0;
+      MPI_Comm_size(MPI_COMM_WORLD, &n);
+      ended_.assign(static_cast<std::size_t>(n), 0);
       install_signal_note();
+      before_finalize() = [] { instance().linger_at_exit(); };
     });
+  }
+
+  /// @brief At the program's end, when pdo started MPI (before MPI_Finalize, which waits for
+  /// every process anyway): until every process has come to its end too, answers the
+  /// questions of those that wait for this one in a collective with a notice that it has
+  /// ended, so that their collective fails at once rather than at its timeout.
+  void linger_at_exit() {
+    MPI_Request request = MPI_REQUEST_NULL;
+    if (talk_ == MPI_COMM_NULL || MPI_Ibarrier(talk_, &request) != MPI_SUCCESS) return;
+    exiting_.store(true, std::memory_order_release);
+    const auto start = watch_clock::now();
+    for (std::size_t spins = 0;; ++spins) {
+      int done = 0;
+      if (MPI_Test(&request, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS || done != 0) return;
+      serve();
+      back_off(spins, watch_clock::now() - start);
+    }
   }
   [[nodiscard]] MPI_Comm agreement_comm() const { return agree_; }
   [[nodiscard]] int rank() const { return me_; }
@@ -132,6 +153,7 @@ class watch {
     auto next_round = start + std::chrono::milliseconds(100);
     round r;
     bool final_round = false;
+    watch_clock::time_point ended_seen{};  // when a peer was first known to have ended
     for (std::size_t spins = 0;; ++spins) {
       serve();
       if (w.given_up) fail(w.give_up_text, can_go_on);
@@ -141,6 +163,11 @@ class watch {
         return;
       }
       const auto now = watch_clock::now();
+      if (const int gone = first_ended(peers); gone >= 0) {
+        // what it sent before it ended still arrives: the collective may yet complete here
+        if (ended_seen == watch_clock::time_point{}) ended_seen = now;
+        else if (now - ended_seen >= ended_grace) ended_without_joining(label, gone, now - start, can_go_on);
+      }
       if (r.open) {
         const std::size_t before = r.answered;
         collect(r, label, peers);
@@ -163,7 +190,9 @@ class watch {
   }
 
  private:
-  static constexpr int tag_question = 1, tag_give_up = 2, tag_answers = 100, answer_tags = 16000;
+  static constexpr int tag_question = 1, tag_give_up = 2, tag_ended = 3, tag_answers = 100, answer_tags = 16000;
+  /// @brief How long a collective still waits after a member is known to have ended.
+  static constexpr auto ended_grace = std::chrono::seconds(2);
 
   struct active_wait {
     const wait_label* label;
@@ -226,6 +255,10 @@ class watch {
       int reply_tag = 0;
       std::uint64_t round_id = 0;
       in >> reply_tag >> round_id;
+      if (exiting_.load(std::memory_order_acquire)) {  // this process has ended: say so, whatever was asked
+        post(std::to_string(me_), status.MPI_SOURCE, tag_ended);
+        continue;
+      }
       std::string answer = std::to_string(round_id) + "\n";
       {
         std::lock_guard lock(mutex_);
@@ -248,6 +281,12 @@ class watch {
           w->given_up = true;
           w->give_up_text = rest;
         }
+    }
+    while (MPI_Improbe(MPI_ANY_SOURCE, tag_ended, talk_, &flag, &message, &status) == MPI_SUCCESS && flag) {
+      (void)receive(message, status);
+      std::lock_guard lock(mutex_);
+      ended_.at(static_cast<std::size_t>(status.MPI_SOURCE)) = 1;
+      any_ended_.store(true, std::memory_order_release);
     }
     std::lock_guard lock(mutex_);
     for (auto it = sends_.begin(); it != sends_.end();) {
@@ -373,6 +412,26 @@ class watch {
     fail(message, can_go_on);
   }
 
+  /// @brief The first of `peers` known to have ended its program, or -1.
+  int first_ended(const std::vector<int>& peers) {
+    if (!any_ended_.load(std::memory_order_acquire)) return -1;
+    std::lock_guard lock(mutex_);
+    for (int peer : peers)
+      if (ended_.at(static_cast<std::size_t>(peer)) != 0) return peer;
+    return -1;
+  }
+
+  /// @brief A member of the collective has ended its program without joining it: the
+  /// collective cannot complete (a pdo::collective_timeout, as when it does not arrive in time).
+  [[noreturn]] void ended_without_joining(const wait_label& label, int gone, watch_clock::duration waited, bool can_go_on) const {
+    std::ostringstream os;
+    os << describe(label) << " cannot complete on rank " << me_ << ": rank " << gone
+       << " has ended its program (returned from main, or called exit) without joining it; waited "
+       << std::chrono::duration<double>(waited).count()
+       << " s. The group cannot be used after this; every process must take part in each collective of its groups";
+    fail(os.str(), can_go_on);
+  }
+
   [[noreturn]] static void fail(const std::string& message, bool can_go_on) {
     if (can_go_on) throw collective_timeout(message);
     std::fprintf(stderr, "pdo: fatal: %s; a transfer still holds a buffer of this process, ending the job\n", message.c_str());
@@ -418,6 +477,9 @@ class watch {
   std::size_t status_split_ = 0;       ///< where the time waited goes in status_
   std::int64_t status_since_ns_ = 0;   ///< when the wait began (monotonic_ns)
   std::atomic<bool> status_ready_{false};
+  std::atomic<bool> exiting_{false};  ///< this process has ended its program (linger_at_exit)
+  std::vector<char> ended_;           ///< per world rank: it said it has ended
+  std::atomic<bool> any_ended_{false};
 };
 
 }  // namespace pdo::mpi::detail
