@@ -9,6 +9,6 @@ int main() {
   auto x = pdo::var(pdo::distribute<pdo::layout<R, R, pdo::split<"sp">, R>>(m, pdo::tensor<float, 4>({1, 1, 4, 4})));
   auto w = pdo::parameter(pdo::distribute<pdo::layout<R, R, pdo::split<"sp">, R>>(m, pdo::tensor<float, 4>({1, 1, 3, 3})));
   auto b = pdo::parameter(pdo::distribute<pdo::layout<R>>(m, pdo::tensor<float, 1>({1})));
-  const auto y = pdo::conv2d(x, w, b);  // one error: none for y or its use after it
+  const auto y = pdo::conv2d(x, w, b);  // one error (with g++ and clang++): none for y or its use after it
   return y.value().shape()[0] == 1 ? 0 : 1;
 }

@@ -474,6 +474,13 @@ struct strict_forbids_halo_exchange {
                 "neighbours, which takes communication; gather the spatial dims first (pdo::redistribute), or call it without pdo::strict");
   static constexpr bool ok = false;
 };
+/// @brief Whether a window op under `Policy` takes an input laid out as LX (no error given:
+/// check_window_policy gives it).
+template <class Policy, class LX>
+constexpr bool window_policy_allows() {
+  constexpr layout_value x = value_of<LX>();
+  return std::is_same_v<Policy, implicit> || (std::is_same_v<Policy, strict> && x.dim_axis[2].empty() && x.dim_axis[3].empty());
+}
 template <class Policy, fixed_string Op, class LX>
 constexpr bool check_window_policy() {
   static_assert(std::is_same_v<Policy, implicit> || std::is_same_v<Policy, strict>,
@@ -631,16 +638,17 @@ auto distributed_conv2d(const var<dtensor<T, 4, Mesh, LX>>& x, const var<dtensor
 template <class Policy = implicit, class T, class Mesh, class LX, class LW, class LB>
 auto conv2d(const var<dtensor<T, 4, Mesh, LX>>& x, const var<dtensor<T, 4, Mesh, LW>>& weight,
             const var<dtensor<T, 1, Mesh, LB>>& bias, window_options o = {}) {
-  // layouts it does not take: one error, naming them and why, and nothing of the op instantiated after it
-  if constexpr (detail::check_conv_layouts<LX, LW, LB>()) {
-    if constexpr (detail::check_window_policy<Policy, "conv2d", LX>()) {
-      return detail::distributed_conv2d(x, weight, bias, o);
-    } else {  // the policy's error was given: an empty result of the type the call has, so that no other error follows
-      using LY = detail::layout_type_t<Mesh, detail::conv_layout_provider<LX, LW, LB, &detail::conv_layouts::y>>;
-      return var<dtensor<T, 4, Mesh, LY>>();
-    }
-  } else {  // the layouts' error was given: an empty result, in the input's layout, so that no other error follows
+  // layouts it does not take, or a policy that refuses the input's: one error, naming them and
+  // why, then an empty result of a type the call could have, so that no other error follows
+  // (the conditions are plain predicates: the checks that give the errors are called inside)
+  if constexpr (!detail::conv_rule_of<LX, LW, LB>::value.ok) {
+    (void)detail::check_conv_layouts<LX, LW, LB>();
     return var<dtensor<T, 4, Mesh, LX>>();
+  } else if constexpr (!detail::window_policy_allows<Policy, LX>()) {
+    (void)detail::check_window_policy<Policy, "conv2d", LX>();
+    return var<dtensor<T, 4, Mesh, detail::layout_type_t<Mesh, detail::conv_layout_provider<LX, LW, LB, &detail::conv_layouts::y>>>>();
+  } else {
+    return detail::distributed_conv2d(x, weight, bias, o);
   }
 }
 
