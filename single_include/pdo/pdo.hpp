@@ -15270,15 +15270,31 @@ constexpr bool window_policy_allows() {
   constexpr layout_value x = value_of<LX>();
   return std::is_same_v<Policy, implicit> || (std::is_same_v<Policy, strict> && x.dim_axis[2].empty() && x.dim_axis[3].empty());
 }
+/// @brief The layout a window op's policy check looks at: a dtensor's, or (a local
+/// tensor) one that splits nothing.
+template <class V>
+struct window_layout {
+  using type = layout<replicate, replicate, replicate, replicate>;
+};
+template <class T, class M, class L>
+struct window_layout<dtensor<T, 4, M, L>> {
+  using type = L;
+};
+template <class V>
+using window_layout_t = typename window_layout<V>::type;
+/// @brief Whether a window op under `Policy` takes x of value type V (a dtensor or a local
+/// tensor): the policy is implicit or strict, and strict's input has no split spatial dim.
+template <class Policy, class V>
+constexpr bool window_op_allowed() {
+  return window_policy_allows<Policy, window_layout_t<V>>();
+}
 template <class Policy, fixed_string Op, class LX>
 constexpr bool check_window_policy() {
   static_assert(std::is_same_v<Policy, implicit> || std::is_same_v<Policy, strict>,
                 "pdo: conv2d/max_pool2d/avg_pool2d: the policy must be pdo::implicit or pdo::strict");
-  constexpr layout_value x = value_of<LX>();
-  if constexpr (std::is_same_v<Policy, strict> && (!x.dim_axis[2].empty() || !x.dim_axis[3].empty()))
-    return strict_forbids_halo_exchange<Op, LX>::ok;
-  else
-    return true;
+  if constexpr (!std::is_same_v<Policy, implicit> && !std::is_same_v<Policy, strict>) return false;
+  else if constexpr (!window_policy_allows<Policy, LX>()) return strict_forbids_halo_exchange<Op, LX>::ok;
+  else return true;
 }
 
 /// @brief explain's text for a window op run by `plan` on mesh m over an input of
@@ -15520,9 +15536,12 @@ var<dtensor<T, 4, Mesh, L>> pool2d(const char* op, const var<dtensor<T, 4, Mesh,
 template <class Policy = implicit, class V>
   requires(detail::value_kind<V>::rank == 4)
 var<V> max_pool2d(const var<V>& x, std::size_t kernel, window_options o = {0, 0}) {
-  if constexpr (detail::value_kind<V>::distributed) static_assert(detail::check_window_policy<Policy, "max_pool2d", typename V::layout_type>());
-  else static_assert(std::is_same_v<Policy, implicit> || std::is_same_v<Policy, strict>, "pdo: max_pool2d: the policy must be pdo::implicit or pdo::strict");
-  return detail::pool2d<true>("max_pool2d", x, kernel, o);
+  if constexpr (!detail::window_op_allowed<Policy, V>()) {
+    (void)detail::check_window_policy<Policy, "max_pool2d", detail::window_layout_t<V>>();
+    return var<V>{};  // the error was given: nothing more after it
+  } else {
+    return detail::pool2d<true>("max_pool2d", x, kernel, o);
+  }
 }
 
 /// @brief Average pooling over kernel x kernel windows (stride defaults to the kernel;
@@ -15530,9 +15549,12 @@ var<V> max_pool2d(const var<V>& x, std::size_t kernel, window_options o = {0, 0}
 template <class Policy = implicit, class V>
   requires(detail::value_kind<V>::rank == 4)
 var<V> avg_pool2d(const var<V>& x, std::size_t kernel, window_options o = {0, 0}) {
-  if constexpr (detail::value_kind<V>::distributed) static_assert(detail::check_window_policy<Policy, "avg_pool2d", typename V::layout_type>());
-  else static_assert(std::is_same_v<Policy, implicit> || std::is_same_v<Policy, strict>, "pdo: avg_pool2d: the policy must be pdo::implicit or pdo::strict");
-  return detail::pool2d<false>("avg_pool2d", x, kernel, o);
+  if constexpr (!detail::window_op_allowed<Policy, V>()) {
+    (void)detail::check_window_policy<Policy, "avg_pool2d", detail::window_layout_t<V>>();
+    return var<V>{};  // the error was given: nothing more after it
+  } else {
+    return detail::pool2d<false>("avg_pool2d", x, kernel, o);
+  }
 }
 
 namespace detail {
