@@ -3811,6 +3811,7 @@ constexpr auto nth_value() {
 #include <cstddef>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <ranges>
 #include <span>
 #include <string>
@@ -3852,6 +3853,9 @@ struct alignas(64) mesh_state {
   mutable std::atomic<std::thread::id> driver{};
   std::once_flag comms_once;
   std::shared_ptr<mesh_comms> comms;
+  /// @brief Why its communicators could not be built (a process that did not come in time,
+  /// say), when that failed: every later use of the mesh's collectives is that error.
+  std::optional<captured_error> comms_failure;
 };
 
 /// @brief How the processes of a mesh over several of them check, when it is made, that they
@@ -6435,7 +6439,9 @@ class staged_group {
 #endif
 
 #include <cstddef>
+#include <exception>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <variant>
@@ -6579,77 +6585,94 @@ inline std::shared_ptr<any_group> device_group(const mesh_state& m, const std::v
 }
 #endif
 
-/// @brief The communicators of the mesh behind `state`, built on first use (by every
-/// process of a multi-process mesh, at the same point of the program).
-PDO_NOINLINE inline mesh_comms& comms_of_state(mesh_state& state) {
-  std::call_once(state.comms_once, [&] {
-    const std::string name = describe_mesh(state);
-    const std::size_t size = state.places.size(), ndim = state.extents.size();
-    auto comms = std::make_shared<mesh_comms>();
-    std::vector<std::size_t> all(size);
-    for (std::size_t i = 0; i < all.size(); ++i) all[i] = i;
-    const mesh_devices devices = devices_of(state);
+/// @brief Builds the communicators of the mesh behind `state` (once, by every process of a
+/// multi-process mesh, at the same point of the program).
+PDO_NOINLINE inline void build_comms(mesh_state& state) {
+  const std::string name = describe_mesh(state);
+  const std::size_t size = state.places.size(), ndim = state.extents.size();
+  auto comms = std::make_shared<mesh_comms>();
+  std::vector<std::size_t> all(size);
+  for (std::size_t i = 0; i < all.size(); ++i) all[i] = i;
+  const mesh_devices devices = devices_of(state);
 #if defined(PDO_WITH_MPI)
-    // making communicators blocks until every process takes part: meet first, watched
-    if (state.multiprocess)
-      mpi::detail::watch::instance().meet_all("building the communicators of " + name,
-                                              state.options.collective_timeout.count() > 0 ? state.options.collective_timeout
-                                                                                          : mpi::detail::default_collective_timeout());
+  // making communicators blocks until every process takes part: meet first, watched
+  if (state.multiprocess)
+    mpi::detail::watch::instance().meet_all("building the communicators of " + name,
+                                            state.options.collective_timeout.count() > 0 ? state.options.collective_timeout
+                                                                                        : mpi::detail::default_collective_timeout());
 #endif
-    if (devices != mesh_devices::cpu && !cuda_enabled)
-      throw communication_error("mesh: " + name + " has GPU places; their collectives need a build with PDO_WITH_CUDA");
+  if (devices != mesh_devices::cpu && !cuda_enabled)
+    throw communication_error("mesh: " + name + " has GPU places; their collectives need a build with PDO_WITH_CUDA");
 #if defined(PDO_WITH_CUDA)
-    using nccl_comms = std::shared_ptr<nccl::detail::comm_set>;
-    const nccl_comms whole_nccl = devices == mesh_devices::gpu ? nccl::detail::init_mesh(state) : nullptr;
-    auto wrap = [&](const std::vector<std::size_t>& members, nccl_comms nc, const std::string& label,
-                    std::shared_ptr<any_group>* host_out = nullptr) {
-      auto host = make_host_group(state, members, label);
-      if (host_out != nullptr) *host_out = from_host(host);
-      return devices == mesh_devices::cpu ? from_host(host) : device_group(state, members, std::move(host), std::move(nc));
-    };
+  using nccl_comms = std::shared_ptr<nccl::detail::comm_set>;
+  const nccl_comms whole_nccl = devices == mesh_devices::gpu ? nccl::detail::init_mesh(state) : nullptr;
+  auto wrap = [&](const std::vector<std::size_t>& members, nccl_comms nc, const std::string& label,
+                  std::shared_ptr<any_group>* host_out = nullptr) {
+    auto host = make_host_group(state, members, label);
+    if (host_out != nullptr) *host_out = from_host(host);
+    return devices == mesh_devices::cpu ? from_host(host) : device_group(state, members, std::move(host), std::move(nc));
+  };
 #else
-    using nccl_comms = std::nullptr_t;
-    const nccl_comms whole_nccl = nullptr;
-    auto wrap = [&](const std::vector<std::size_t>& members, nccl_comms, const std::string& label,
-                    std::shared_ptr<any_group>* host_out = nullptr) {
-      auto host = from_host(make_host_group(state, members, label));
-      if (host_out != nullptr) *host_out = host;
-      return host;
-    };
+  using nccl_comms = std::nullptr_t;
+  const nccl_comms whole_nccl = nullptr;
+  auto wrap = [&](const std::vector<std::size_t>& members, nccl_comms, const std::string& label,
+                  std::shared_ptr<any_group>* host_out = nullptr) {
+    auto host = from_host(make_host_group(state, members, label));
+    if (host_out != nullptr) *host_out = host;
+    return host;
+  };
 #endif
-    comms->whole = wrap(all, whole_nccl, "the whole " + name, &comms->whole_host);
-    if (comms->whole) comms->whole->label = "the whole " + name;
-    if (comms->whole_host) comms->whole_host->label = "the whole " + name + " (host)";
-    comms->lines.resize(ndim);
-    comms->line_of.assign(ndim, std::vector<std::size_t>(size));
-    comms->member_in_line.assign(ndim, std::vector<std::size_t>(size));
-    for (std::size_t a = 0; a < ndim; ++a) {
-      std::vector<std::vector<std::size_t>> line_members;
-      for (std::size_t p = 0; p < size; ++p) {
-        if (grid_coord(state.extents, p, a) != 0) continue;
-        const auto members = grid_group(state.extents, a, p);
-        for (std::size_t i = 0; i < members.size(); ++i) {
-          comms->line_of[a][members[i]] = line_members.size();
-          comms->member_in_line[a][members[i]] = i;
-        }
-        line_members.push_back(members);
+  comms->whole = wrap(all, whole_nccl, "the whole " + name, &comms->whole_host);
+  if (comms->whole) comms->whole->label = "the whole " + name;
+  if (comms->whole_host) comms->whole_host->label = "the whole " + name + " (host)";
+  comms->lines.resize(ndim);
+  comms->line_of.assign(ndim, std::vector<std::size_t>(size));
+  comms->member_in_line.assign(ndim, std::vector<std::size_t>(size));
+  for (std::size_t a = 0; a < ndim; ++a) {
+    std::vector<std::vector<std::size_t>> line_members;
+    for (std::size_t p = 0; p < size; ++p) {
+      if (grid_coord(state.extents, p, a) != 0) continue;
+      const auto members = grid_group(state.extents, a, p);
+      for (std::size_t i = 0; i < members.size(); ++i) {
+        comms->line_of[a][members[i]] = line_members.size();
+        comms->member_in_line[a][members[i]] = i;
       }
-      std::vector<nccl_comms> line_nccl(line_members.size());
-#if defined(PDO_WITH_CUDA)
-      if (whole_nccl) {
-        std::vector<std::size_t> coords(size);
-        for (std::size_t p = 0; p < size; ++p) coords[p] = grid_coord(state.extents, p, a);
-        line_nccl = nccl::detail::split_lines(state, *whole_nccl, comms->line_of[a], line_members.size(), coords, state.extents[a]);
-      }
-#endif
-      const std::string label = "axis \"" + state.axes[a] + "\" of " + name;
-      for (std::size_t g = 0; g < line_members.size(); ++g) {
-        comms->lines[a].push_back(wrap(line_members[g], line_nccl[g], label));
-        if (comms->lines[a].back()) comms->lines[a].back()->label = label;
-      }
+      line_members.push_back(members);
     }
-    state.comms = std::move(comms);
+    std::vector<nccl_comms> line_nccl(line_members.size());
+#if defined(PDO_WITH_CUDA)
+    if (whole_nccl) {
+      std::vector<std::size_t> coords(size);
+      for (std::size_t p = 0; p < size; ++p) coords[p] = grid_coord(state.extents, p, a);
+      line_nccl = nccl::detail::split_lines(state, *whole_nccl, comms->line_of[a], line_members.size(), coords, state.extents[a]);
+    }
+#endif
+    const std::string label = "axis \"" + state.axes[a] + "\" of " + name;
+    for (std::size_t g = 0; g < line_members.size(); ++g) {
+      comms->lines[a].push_back(wrap(line_members[g], line_nccl[g], label));
+      if (comms->lines[a].back()) comms->lines[a].back()->label = label;
+    }
+  }
+  state.comms = std::move(comms);
+}
+
+/// @brief The communicators of the mesh behind `state`, built on first use (by every
+/// process of a multi-process mesh, at the same point of the program). When that failed,
+/// every later call throws its error again: the processes did not all build them, so none
+/// may use them (nor try again, which some would do alone).
+PDO_NOINLINE inline mesh_comms& comms_of_state(mesh_state& state) {
+  std::exception_ptr failed_here;
+  std::call_once(state.comms_once, [&] {
+    try {
+      build_comms(state);
+    } catch (...) {
+      state.comms_failure = captured_error::current();
+      failed_here = std::current_exception();
+    }
   });
+  if (failed_here) std::rethrow_exception(failed_here);
+  if (state.comms_failure)
+    state.comms_failure->rethrow_with_context(describe_mesh(state) + ": its communicators could not be built, so it has no collectives: ");
   return *state.comms;
 }
 

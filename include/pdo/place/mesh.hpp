@@ -15,6 +15,7 @@
 #include <cstddef>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <ranges>
 #include <span>
 #include <string>
@@ -56,6 +57,9 @@ struct alignas(64) mesh_state {
   mutable std::atomic<std::thread::id> driver{};
   std::once_flag comms_once;
   std::shared_ptr<mesh_comms> comms;
+  /// @brief Why its communicators could not be built (a process that did not come in time,
+  /// say), when that failed: every later use of the mesh's collectives is that error.
+  std::optional<captured_error> comms_failure;
 };
 
 /// @brief How the processes of a mesh over several of them check, when it is made, that they
