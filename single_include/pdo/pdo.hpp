@@ -468,6 +468,15 @@ inline std::string message_of(const std::exception_ptr& failure) {
   }
 }
 
+/// @brief Stands for the result of a call whose compile error was given (a layout that does
+/// not fit, an expression that is not well formed): only its type is used, so that the
+/// program's uses of the result report nothing more. Such a program does not compile, so
+/// this never runs.
+template <class R>
+[[noreturn]] R unformed_result() {
+  throw error("pdo: the result of a call that does not compile was used");
+}
+
 /// @brief A caught exception as its error_kind and message, so it can be thrown
 /// again on another thread or process. The exception object itself stays on the thread
 /// that caught it: an exception_ptr released on a different thread than the one that read
@@ -3938,13 +3947,12 @@ PDO_NOINLINE inline void finish_mesh(mesh_state& state) {
 
 }  // namespace detail
 
-/// @brief An N-D grid of places whose axes are named by `Axes` ("dp", "tp", "pp").
-/// Extents are run-time values; the axis names are part of the type, so layouts can
-/// be checked against the mesh at compile time. Copies share one state.
+namespace detail {
+/// @brief The checks of a mesh's axis names, each with its message. Instantiated by the
+/// mesh's constructor, not its class: a failed one leaves the class whole, so nothing more is
+/// reported about its uses after it (clang would call every member of the class missing).
 template <fixed_string... Axes>
-class mesh {
-  static_assert(sizeof...(Axes) >= 1, "pdo: mesh: a mesh needs at least one named axis, e.g. pdo::mesh<\"dp\">");
-
+struct check_mesh_axes {
   static constexpr bool distinct_names() {
     constexpr std::array<std::string_view, sizeof...(Axes)> names{Axes.view()...};
     for (std::size_t i = 0; i < names.size(); ++i)
@@ -3952,8 +3960,17 @@ class mesh {
         if (names[i] == names[j]) return false;
     return true;
   }
+  static_assert(sizeof...(Axes) >= 1, "pdo: mesh: a mesh needs at least one named axis, e.g. pdo::mesh<\"dp\">");
   static_assert(distinct_names(), "pdo: mesh: two axes have the same name; give every mesh axis its own name");
+  static_assert(((Axes.view().size() > 0) && ...), "pdo: mesh: an axis name is empty; name every mesh axis, e.g. pdo::mesh<\"dp\">");
+};
+}  // namespace detail
 
+/// @brief An N-D grid of places whose axes are named by `Axes` ("dp", "tp", "pp").
+/// Extents are run-time values; the axis names are part of the type, so layouts can
+/// be checked against the mesh at compile time. Copies share one state.
+template <fixed_string... Axes>
+class mesh {
  public:
   /// @brief Marks this class as a mesh (see pdo::mesh_type).
   using mesh_tag = void;
@@ -3975,7 +3992,9 @@ class mesh {
   static constexpr bool has_axis(std::string_view name) { return axis_index(name) < ndim; }
 
   /// @brief A handle on `state`, shared with the other copies (pdo::make_mesh builds and checks it: use that).
-  explicit mesh(std::shared_ptr<detail::mesh_state> state) : state_(std::move(state)) {}
+  explicit mesh(std::shared_ptr<detail::mesh_state> state) : state_(std::move(state)) {
+    static_assert(sizeof(detail::check_mesh_axes<Axes...>) != 0);
+  }
 
   /// @brief The number of places, of every process: the product of the extents.
   [[nodiscard]] std::size_t size() const { return state_->places.size(); }
@@ -10164,7 +10183,9 @@ constexpr void check_policy() {
   static_assert(std::is_same_v<Policy, implicit> || std::is_same_v<Policy, strict>,
                 "pdo: eval: the policy must be pdo::implicit or pdo::strict");
   if constexpr (std::is_same_v<Policy, strict>) {
-    [[maybe_unused]] constexpr bool checked = check_strict<Node>();  // its failing step's message, and no second error
+    // its failing step's message (called, not held in a constexpr variable: clang would add
+    // that the variable is not initialized by a constant)
+    (void)check_strict<Node>();
   }
 }
 
@@ -11148,6 +11169,9 @@ class elementwise_node : public detail::op_node<Children...> {
   using value_type = typename detail::common_value<Children...>::type;
   static_assert(detail::same_element_types<value_type, Children...>,
                 "pdo: an elementwise op's tensor operands have different element types; convert one first");
+  /// @brief Whether the operands have one element type, and this op and every op below it is
+  /// well formed (see detail::op_node): when not, eval stops after the error.
+  static constexpr bool well_formed = detail::op_node<Children...>::well_formed && detail::same_element_types<value_type, Children...>;
   /// @brief The largest rank among the operands.
   static constexpr std::size_t rank = detail::max_rank_of<Children::rank...>();
   /// @brief true: elementwise children that need no redistribution run inside this node's kernel.
@@ -11618,9 +11642,10 @@ template <class A, class B>
 class matmul_node : public detail::op_node<A, B> {
 
  public:
-  /// @brief Element type of both operands and of the result.
-  using value_type = typename A::value_type;
-  static_assert(std::is_same_v<value_type, typename B::value_type>,
+  /// @brief Element type of both operands and of the result (b's: when a's differs, the
+  /// error below is given, and what follows a layer's product, its weight's type, is kept).
+  using value_type = typename B::value_type;
+  static_assert(std::is_same_v<value_type, typename A::value_type>,
                 "pdo: matmul: the operands have different element types; convert one first");
   static_assert(A::rank >= 2 && B::rank >= 2, "pdo: matmul: both operands need at least 2 dims ([M, K] and [K, N])");
   static_assert(A::rank < 2 || B::rank < 2 || B::rank == 2 || B::rank == A::rank,
@@ -11629,7 +11654,8 @@ class matmul_node : public detail::op_node<A, B> {
   /// nothing of the product is instantiated after the error, and eval stops there.
   static constexpr bool ranks_fit = A::rank >= 2 && (B::rank == 2 || B::rank == A::rank);
   /// @brief Whether this product and every op below it is well formed (see detail::op_node).
-  static constexpr bool well_formed = detail::op_node<A, B>::well_formed && ranks_fit;
+  static constexpr bool well_formed =
+      detail::op_node<A, B>::well_formed && ranks_fit && std::is_same_v<value_type, typename A::value_type>;
   /// @brief a's rank: the result is [..., M, N].
   static constexpr std::size_t rank = A::rank;
   /// @brief false: a matmul is never fused into an elementwise group.
@@ -11966,8 +11992,12 @@ class reduce_node : public detail::op_node<C> {
   static_assert(All || Dim < C::rank, "pdo: sum/mean/max: the dim to reduce is out of range for the operand's rank");
   static_assert(What != detail::reduction::mean || std::is_floating_point_v<value_type>,
                 "pdo: mean: needs a floating-point operand");
+  /// @brief Whether the checks above hold here and every op below is well formed (see
+  /// detail::op_node): when not, eval stops after the error.
+  static constexpr bool well_formed = detail::op_node<C>::well_formed && (All || Dim < C::rank) &&
+                                      (What != detail::reduction::mean || std::is_floating_point_v<value_type>);
   /// @brief 0 when `All`, else the operand's rank less the reduced dim.
-  static constexpr std::size_t rank = All ? 0 : C::rank - 1;
+  static constexpr std::size_t rank = All || C::rank == 0 ? 0 : C::rank - 1;
   /// @brief false: a reduction is never fused into an elementwise group.
   static constexpr bool elementwise = false;
   /// @brief "sum", "mean" or "max", as plans and error messages print it.
@@ -12489,6 +12519,9 @@ class softmax_node : public detail::op_node<C> {
   using value_type = typename C::value_type;
   static_assert(Dim < C::rank, "pdo: softmax: the dim is out of range for the operand's rank");
   static_assert(std::is_floating_point_v<value_type>, "pdo: softmax: needs a floating-point operand");
+  /// @brief Whether the checks above hold here and every op below is well formed (see
+  /// detail::op_node): when not, eval stops after the error.
+  static constexpr bool well_formed = detail::op_node<C>::well_formed && Dim < C::rank && std::is_floating_point_v<value_type>;
   /// @brief The operand's rank.
   static constexpr std::size_t rank = C::rank;
   /// @brief false: a softmax is never fused into an elementwise group.
@@ -12552,6 +12585,10 @@ class cross_entropy_node : public detail::op_node<Logits, Labels> {
   using value_type = typename Logits::value_type;
   static_assert(Logits::rank == 2 && Labels::rank == 1, "pdo: cross_entropy: takes logits [N, C] and labels [N]");
   static_assert(std::is_floating_point_v<value_type>, "pdo: cross_entropy: needs floating-point logits");
+  /// @brief Whether the checks above hold here and every op below is well formed (see
+  /// detail::op_node): when not, eval stops after the error.
+  static constexpr bool well_formed = detail::op_node<Logits, Labels>::well_formed && Logits::rank == 2 && Labels::rank == 1 &&
+                                      std::is_floating_point_v<value_type>;
   /// @brief 0: the loss is one number.
   static constexpr std::size_t rank = 0;
   /// @brief false: a cross_entropy is never fused into an elementwise group.
@@ -12907,6 +12944,21 @@ namespace pdo {
 
 namespace detail {
 
+/// @brief What evaluating the expression node `Node` gives when it is not well formed (its
+/// error was given where it was made): a value of the type it would most likely have had
+/// (its element type and rank; on its mesh, replicated), so that the program's uses of the
+/// result report nothing more.
+template <class Node, bool = Node::distributed>
+struct unformed_value {
+  using type = tensor<typename Node::value_type, Node::rank>;
+};
+template <class Node>
+struct unformed_value<Node, true> {
+  using type = dtensor<typename Node::value_type, Node::rank, typename Node::mesh_type, replicated_layout_t<Node::rank>>;
+};
+template <class Node>
+using unformed_value_t = typename unformed_value<Node>::type;
+
 /// @brief An evaluation queued on the places of a mesh: the tasks of each step of its plan,
 /// in the plan's order, and how to name it in an error (built only when one is thrown).
 /// What does not depend on the expression's type lives here, compiled once, not once per
@@ -13202,7 +13254,10 @@ template <class Policy = implicit, class Expr>
   requires detail::tensor_operand<Expr>
 auto eval_async(Expr&& expr) {
   if constexpr (!detail::expression_t<Expr>::well_formed) {
-    return 0;  // the operands' error was given where the expression was made: nothing more after it
+    // the operands' error was given where the expression was made: nothing more after it
+    using node_t = detail::expression_t<Expr>;
+    if constexpr (node_t::distributed) return detail::unformed_result<async_result<detail::unformed_value_t<node_t>>>();
+    else return 0;
   } else if constexpr (!detail::expression_t<Expr>::distributed) {
     static_assert(detail::always_false<Expr>,
                   "pdo: eval_async: the expression has no dtensor operand; evaluate local tensors with pdo::eval");
@@ -13243,7 +13298,8 @@ template <class Policy = implicit, class Expr>
 auto eval(Expr&& expr) {
   using node_t = detail::expression_t<Expr>;
   if constexpr (!node_t::well_formed) {
-    return 0;  // the operands' error was given where the expression was made: nothing more after it
+    // the operands' error was given where the expression was made: nothing more after it
+    return detail::unformed_result<detail::unformed_value_t<node_t>>();
   } else if constexpr (node_t::distributed) {  // queue_evaluation checks the policy
     const auto state = detail::queue_evaluation<Policy>(std::forward<Expr>(expr), true);
     state->finish();
@@ -13298,6 +13354,16 @@ inline access reading(const void* data) {
 }
 }  // namespace detail
 
+/// @brief Rejects one layout entry given where a layout is asked for: pdo::split<"dp"> for
+/// pdo::layout<pdo::split<"dp">>.
+template <class Entry, class Mesh, class T, std::size_t Rank>
+  requires dim_spec<Entry>
+auto distribute(const Mesh&, const tensor<T, Rank>&) {
+  static_assert(detail::always_false<Entry>,
+                "pdo: distribute: give a layout, pdo::layout<...> with one entry per tensor dim (pdo::layout<pdo::split<\"dp\">>, not pdo::split<\"dp\">)");
+  return detail::unformed_result<dtensor<T, Rank, Mesh, detail::replicated_layout_t<Rank>>>();
+}
+
 /// @brief Cuts the host tensor `host` over `m` as `Layout`: each place of this process
 /// gets its chunk of the split dims, in its own memory; for partial axes, the places at
 /// coordinate 0 get the value and the others zeros. Every process passes the same tensor.
@@ -13306,7 +13372,8 @@ inline access reading(const void* data) {
 template <layout_spec Layout, mesh_type Mesh, element T, std::size_t Rank>
 auto distribute(const Mesh& m, const tensor<T, Rank>& host) {
   if constexpr (!detail::check_layout<"distribute", Layout, Mesh, Rank>::ok) {
-    return 0;  // the layout's error was given: nothing more after it
+    // the layout's error was given: nothing more after it
+    return detail::unformed_result<dtensor<T, Rank, Mesh, detail::replicated_layout_t<Rank>>>();
   } else {
     const auto& local = m.local_places();
     std::vector<tensor<T, Rank>> shards(local.size());
@@ -13346,6 +13413,15 @@ dtensor<T, Rank, Mesh, To> redistribute_to(const dtensor<T, Rank, Mesh, From>& x
 
 }  // namespace detail
 
+/// @brief Rejects one layout entry given where a layout is asked for (see distribute's).
+template <class Entry, class T, std::size_t Rank, class Mesh, class From>
+  requires dim_spec<Entry>
+auto redistribute(const dtensor<T, Rank, Mesh, From>&) {
+  static_assert(detail::always_false<Entry>,
+                "pdo: redistribute: give a layout, pdo::layout<...> with one entry per tensor dim (pdo::layout<pdo::replicate>, not pdo::replicate)");
+  return detail::unformed_result<dtensor<T, Rank, Mesh, detail::replicated_layout_t<Rank>>>();
+}
+
 /// @brief `x` laid out as `To`. The steps are planned at compile time
 /// (redistribute_plan_of<From, To>()): partial -> replicate is an all_reduce,
 /// partial -> split a reduce_scatter, split -> replicate an all_gather, split(d) ->
@@ -13355,7 +13431,8 @@ dtensor<T, Rank, Mesh, To> redistribute_to(const dtensor<T, Rank, Mesh, From>& x
 template <layout_spec To, element T, std::size_t Rank, mesh_type Mesh, layout_spec From>
 auto redistribute(const dtensor<T, Rank, Mesh, From>& x) {
   if constexpr (!detail::check_layout<"redistribute", To, Mesh, Rank>::ok) {
-    return 0;  // the layout's error was given: nothing more after it
+    // the layout's error was given: nothing more after it
+    return detail::unformed_result<dtensor<T, Rank, Mesh, detail::replicated_layout_t<Rank>>>();
   } else {
     return detail::redistribute_to<To>(x);
   }
@@ -13721,6 +13798,31 @@ inline constexpr bool is_var_v<var<V>> = true;
 
 namespace detail {
 
+/// @brief The forward value of an op on vars whose expression is not well formed (its error
+/// was given): of the type the op would have given, and marked so that record instantiates
+/// nothing of the op's backward after the error.
+template <class V>
+struct unformed_forward {
+  using type = V;
+};
+/// @brief Evaluates an op's forward expression `expr`: its value, or (not well formed) an
+/// unformed_forward.
+template <class Expr>
+auto eval_forward(Expr&& expr) {
+  using node_t = expression_t<Expr>;
+  if constexpr (!node_t::well_formed) return unformed_forward<unformed_value_t<node_t>>{};
+  else return pdo::eval(std::forward<Expr>(expr));
+}
+template <class V>
+struct value_kind<unformed_forward<V>> : value_kind<V> {};
+
+/// @brief For an op whose expression was not well formed: an empty var of the type it would
+/// have given (the backward rule is not instantiated).
+template <class V, class Backward, class... Operands>
+var<V> record(unformed_forward<V>, Backward&&, const Operands&...) {
+  return var<V>{};
+}
+
 /// @brief Records the result of an op: `value`, computed from `operands`, whose gradient
 /// `backward(node)` pushes back to them. A result of operands that need no gradient is a
 /// plain constant, and nothing is recorded.
@@ -13850,6 +13952,8 @@ class cross_entropy_grad_node : public detail::op_node<Logits, Labels> {
   /// @brief The logits' element type, which the gradient has.
   using value_type = typename Logits::value_type;
   static_assert(Logits::rank == 2 && Labels::rank == 1, "pdo: cross_entropy: takes logits [N, C] and labels [N]");
+  /// @brief Whether the check above holds here and every op below is well formed.
+  static constexpr bool well_formed = detail::op_node<Logits, Labels>::well_formed && Logits::rank == 2 && Labels::rank == 1;
   /// @brief 2: the gradient is [N, C], like the logits.
   static constexpr std::size_t rank = 2;
   /// @brief false: never fused into an elementwise group.
@@ -13947,11 +14051,10 @@ auto keep_dim(const G& g, const shape_t<R>&) {
 
 template <class A, class B>
 auto operator+(const var<A>& a, const var<B>& b) {
-  auto y = pdo::eval(a.value() + b.value());
-  using V = decltype(y);
+  auto y = detail::eval_forward(a.value() + b.value());
   return detail::record(
       std::move(y),
-      [a, b](detail::value_node<V>& self) {
+      [a, b](auto& self) {
         if (a.requires_grad()) detail::add_grad(a, detail::sum_to<detail::grad_t<A>>(*self.grad, a.shape()));
         if (b.requires_grad()) detail::add_grad(b, detail::sum_to<detail::grad_t<B>>(*self.grad, b.shape()));
       },
@@ -13960,11 +14063,10 @@ auto operator+(const var<A>& a, const var<B>& b) {
 
 template <class A, class B>
 auto operator-(const var<A>& a, const var<B>& b) {
-  auto y = pdo::eval(a.value() - b.value());
-  using V = decltype(y);
+  auto y = detail::eval_forward(a.value() - b.value());
   return detail::record(
       std::move(y),
-      [a, b](detail::value_node<V>& self) {
+      [a, b](auto& self) {
         if (a.requires_grad()) detail::add_grad(a, detail::sum_to<detail::grad_t<A>>(*self.grad, a.shape()));
         if (b.requires_grad()) detail::add_grad(b, detail::sum_to<detail::grad_t<B>>(pdo::eval(-*self.grad), b.shape()));
       },
@@ -13973,11 +14075,10 @@ auto operator-(const var<A>& a, const var<B>& b) {
 
 template <class A, class B>
 auto operator*(const var<A>& a, const var<B>& b) {
-  auto y = pdo::eval(a.value() * b.value());
-  using V = decltype(y);
+  auto y = detail::eval_forward(a.value() * b.value());
   return detail::record(
       std::move(y),
-      [a, b](detail::value_node<V>& self) {
+      [a, b](auto& self) {
         if (a.requires_grad()) detail::add_grad(a, detail::sum_to<detail::grad_t<A>>(pdo::eval(*self.grad * b.value()), a.shape()));
         if (b.requires_grad()) detail::add_grad(b, detail::sum_to<detail::grad_t<B>>(pdo::eval(*self.grad * a.value()), b.shape()));
       },
@@ -13986,11 +14087,10 @@ auto operator*(const var<A>& a, const var<B>& b) {
 
 template <class A, class B>
 auto operator/(const var<A>& a, const var<B>& b) {
-  auto y = pdo::eval(a.value() / b.value());
-  using V = decltype(y);
+  auto y = detail::eval_forward(a.value() / b.value());
   return detail::record(
       std::move(y),
-      [a, b](detail::value_node<V>& self) {
+      [a, b](auto& self) {
         if (a.requires_grad()) detail::add_grad(a, detail::sum_to<detail::grad_t<A>>(pdo::eval(*self.grad / b.value()), a.shape()));
         if (b.requires_grad())
           detail::add_grad(b, detail::sum_to<detail::grad_t<B>>(pdo::eval(-(*self.grad * self.value) / b.value()), b.shape()));
@@ -14004,8 +14104,8 @@ namespace detail {
 template <bool Max, class A, class B>
 auto extremum(const var<A>& a, const var<B>& b) {
   auto y = [&] {
-    if constexpr (Max) return pdo::eval(pdo::maximum(a.value(), b.value()));
-    else return pdo::eval(pdo::minimum(a.value(), b.value()));
+    if constexpr (Max) return eval_forward(pdo::maximum(a.value(), b.value()));
+    else return eval_forward(pdo::minimum(a.value(), b.value()));
   }();
   using V = decltype(y);
   using T = var_element_t<V>;
@@ -14040,12 +14140,12 @@ template <class C, class A, class B>
   requires(!is_var_v<std::remove_cvref_t<C>>)
 auto where(const C& condition, const var<A>& a, const var<B>& b) {
   auto cond = pdo::eval(condition);
-  auto y = pdo::eval(pdo::where(cond, a.value(), b.value()));
+  auto y = detail::eval_forward(pdo::where(cond, a.value(), b.value()));
   using V = decltype(y);
   using T = detail::var_element_t<V>;
   return detail::record(
       std::move(y),
-      [cond, a, b](detail::value_node<V>& self) {
+      [cond, a, b](auto& self) {
         const auto& g = *self.grad;
         if (a.requires_grad()) detail::add_grad(a, detail::sum_to<detail::grad_t<A>>(pdo::eval(pdo::where(cond, g, T(0))), a.shape()));
         if (b.requires_grad()) detail::add_grad(b, detail::sum_to<detail::grad_t<B>>(pdo::eval(pdo::where(cond, T(0), g)), b.shape()));
@@ -14058,7 +14158,7 @@ auto where(const C& condition, const var<A>& a, const var<B>& b) {
 template <class A>
 auto operator+(const var<A>& a, detail::var_element_t<A> s) {
   return detail::record(
-      pdo::eval(a.value() + s), [a](auto& self) { detail::add_grad(a, *self.grad); }, a);
+      detail::eval_forward(a.value() + s), [a](auto& self) { detail::add_grad(a, *self.grad); }, a);
 }
 template <class A>
 auto operator+(detail::var_element_t<A> s, const var<A>& a) {
@@ -14071,12 +14171,12 @@ auto operator-(const var<A>& a, detail::var_element_t<A> s) {
 template <class A>
 auto operator-(detail::var_element_t<A> s, const var<A>& a) {
   return detail::record(
-      pdo::eval(s - a.value()), [a](auto& self) { detail::add_grad(a, -*self.grad); }, a);
+      detail::eval_forward(s - a.value()), [a](auto& self) { detail::add_grad(a, -*self.grad); }, a);
 }
 template <class A>
 auto operator*(const var<A>& a, detail::var_element_t<A> s) {
   return detail::record(
-      pdo::eval(a.value() * s), [a, s](auto& self) { detail::add_grad(a, *self.grad * s); }, a);
+      detail::eval_forward(a.value() * s), [a, s](auto& self) { detail::add_grad(a, *self.grad * s); }, a);
 }
 template <class A>
 auto operator*(detail::var_element_t<A> s, const var<A>& a) {
@@ -14085,12 +14185,12 @@ auto operator*(detail::var_element_t<A> s, const var<A>& a) {
 template <class A>
 auto operator/(const var<A>& a, detail::var_element_t<A> s) {
   return detail::record(
-      pdo::eval(a.value() / s), [a, s](auto& self) { detail::add_grad(a, *self.grad / s); }, a);
+      detail::eval_forward(a.value() / s), [a, s](auto& self) { detail::add_grad(a, *self.grad / s); }, a);
 }
 template <class A>
 auto operator/(detail::var_element_t<A> s, const var<A>& a) {
   return detail::record(
-      pdo::eval(s / a.value()),
+      detail::eval_forward(s / a.value()),
       [a](auto& self) { detail::add_grad(a, -(*self.grad * self.value) / a.value()); }, a);
 }
 
@@ -14099,44 +14199,44 @@ auto operator/(detail::var_element_t<A> s, const var<A>& a) {
 template <class A>
 auto operator-(const var<A>& a) {
   return detail::record(
-      pdo::eval(-a.value()), [a](auto& self) { detail::add_grad(a, -*self.grad); }, a);
+      detail::eval_forward(-a.value()), [a](auto& self) { detail::add_grad(a, -*self.grad); }, a);
 }
 template <class A>
 auto exp(const var<A>& a) {
   return detail::record(
-      pdo::eval(pdo::exp(a.value())), [a](auto& self) { detail::add_grad(a, *self.grad * self.value); }, a);
+      detail::eval_forward(pdo::exp(a.value())), [a](auto& self) { detail::add_grad(a, *self.grad * self.value); }, a);
 }
 template <class A>
 auto log(const var<A>& a) {
   return detail::record(
-      pdo::eval(pdo::log(a.value())), [a](auto& self) { detail::add_grad(a, *self.grad / a.value()); }, a);
+      detail::eval_forward(pdo::log(a.value())), [a](auto& self) { detail::add_grad(a, *self.grad / a.value()); }, a);
 }
 template <class A>
 auto sqrt(const var<A>& a) {
   using T = detail::var_element_t<A>;
   return detail::record(
-      pdo::eval(pdo::sqrt(a.value())),
+      detail::eval_forward(pdo::sqrt(a.value())),
       [a](auto& self) { detail::add_grad(a, *self.grad / (self.value * T(2))); }, a);
 }
 template <class A>
 auto tanh(const var<A>& a) {
   using T = detail::var_element_t<A>;
   return detail::record(
-      pdo::eval(pdo::tanh(a.value())),
+      detail::eval_forward(pdo::tanh(a.value())),
       [a](auto& self) { detail::add_grad(a, *self.grad * (T(1) - self.value * self.value)); }, a);
 }
 template <class A>
 auto sigmoid(const var<A>& a) {
   using T = detail::var_element_t<A>;
   return detail::record(
-      pdo::eval(pdo::sigmoid(a.value())),
+      detail::eval_forward(pdo::sigmoid(a.value())),
       [a](auto& self) { detail::add_grad(a, *self.grad * self.value * (T(1) - self.value)); }, a);
 }
 template <class A>
 auto relu(const var<A>& a) {
   using T = detail::var_element_t<A>;
   return detail::record(
-      pdo::eval(pdo::relu(a.value())),
+      detail::eval_forward(pdo::relu(a.value())),
       // PyTorch's rule, x <= 0 ? 0 : g, which passes g at a NaN
       [a](auto& self) { detail::add_grad(a, pdo::where(pdo::less_equal(a.value(), T(0)), T(0), *self.grad)); }, a);
 }
@@ -14144,7 +14244,7 @@ auto relu(const var<A>& a) {
 template <class A>
 auto gelu(const var<A>& a) {
   return detail::record(
-      pdo::eval(pdo::gelu(a.value())),
+      detail::eval_forward(pdo::gelu(a.value())),
       [a](auto& self) {
         detail::add_grad(a, *self.grad * detail::make_elementwise<op::gelu_derivative>(a.value()));
       },
@@ -14154,7 +14254,7 @@ auto gelu(const var<A>& a) {
 template <class A>
 auto gelu_tanh(const var<A>& a) {
   return detail::record(
-      pdo::eval(pdo::gelu_tanh(a.value())),
+      detail::eval_forward(pdo::gelu_tanh(a.value())),
       [a](auto& self) {
         detail::add_grad(a, *self.grad * detail::make_elementwise<op::gelu_tanh_derivative>(a.value()));
       },
@@ -14172,8 +14272,9 @@ auto matmul_var(const var<A>& a, const var<B>& b);
 /// matmul(aᵀ, g) (summed over the batch when b is one matrix for the whole batch).
 template <class A, class B>
 auto matmul(const var<A>& a, const var<B>& b) {
-  if constexpr (!decltype(pdo::matmul(a.value(), b.value()))::well_formed) {
-    return 0;  // the product's error was given: nothing more after it
+  using node_t = decltype(pdo::matmul(a.value(), b.value()));
+  if constexpr (!node_t::well_formed) {
+    return var<detail::unformed_value_t<node_t>>{};  // the product's error was given: nothing more after it
   } else {
     return detail::matmul_var(a, b);
   }
@@ -14195,11 +14296,13 @@ bool took_product_gradient(const var<B>& b, const A2& a, const G2& g) {
 /// @brief matmul of two vars whose ranks make a product.
 template <class A, class B>
 auto matmul_var(const var<A>& a, const var<B>& b) {
-  auto y = pdo::eval(pdo::matmul(a.value(), b.value()));
-  using V = decltype(y);
+  auto y = detail::eval_forward(pdo::matmul(a.value(), b.value()));
+  using V = decltype(y);  // well formed: matmul checked it
   constexpr std::size_t ra = detail::value_kind<A>::rank, rb = detail::value_kind<B>::rank;
   return detail::record(
       std::move(y),
+      // the node's type, not auto: in a generic lambda clang would instantiate the branches
+      // below that depend on g's type before they are discarded
       [a, b](detail::value_node<V>& self) {
         const auto& g = *self.grad;
         if (a.requires_grad()) detail::add_grad(a, pdo::matmul(g, pdo::transpose(b.value())));
@@ -14236,11 +14339,10 @@ namespace detail {
 template <reduction What, std::size_t Dim, class A>
 auto reduce_var(const var<A>& a) {
   using T = var_element_t<A>;
-  auto y = pdo::eval(detail::make_reduction<What, Dim>(a.value()));
-  using V = decltype(y);
+  auto y = detail::eval_forward(detail::make_reduction<What, Dim>(a.value()));
   return record(
       std::move(y),
-      [a](value_node<V>& self) {
+      [a](auto& self) {
         const auto& g = *self.grad;
         const auto& x = a.value();
         if constexpr (What == reduction::max) {
@@ -14294,7 +14396,7 @@ template <std::size_t Dim = last_dim, class A>
 auto softmax(const var<A>& a) {
   constexpr std::size_t d = Dim == last_dim ? var<A>::rank - 1 : Dim;
   return detail::record(
-      pdo::eval(pdo::softmax<d>(a.value())),
+      detail::eval_forward(pdo::softmax<d>(a.value())),
       [a](auto& self) {
         const auto& g = *self.grad;
         const auto& y = self.value;
@@ -14309,7 +14411,7 @@ template <std::size_t Dim = last_dim, class A>
 auto log_softmax(const var<A>& a) {
   constexpr std::size_t d = Dim == last_dim ? var<A>::rank - 1 : Dim;
   return detail::record(
-      pdo::eval(pdo::log_softmax<d>(a.value())),
+      detail::eval_forward(pdo::log_softmax<d>(a.value())),
       [a](auto& self) {
         const auto& g = *self.grad;
         const auto& y = self.value;
@@ -14324,12 +14426,11 @@ auto log_softmax(const var<A>& a) {
 template <class L, class Y>
   requires(!is_var_v<std::remove_cvref_t<Y>>)
 auto cross_entropy(const var<L>& logits, const Y& labels) {
-  auto y = pdo::eval(pdo::cross_entropy(logits.value(), labels));
-  using V = decltype(y);
+  auto y = detail::eval_forward(pdo::cross_entropy(logits.value(), labels));
   using T = detail::var_element_t<L>;
   return detail::record(
       std::move(y),
-      [logits, labels](detail::value_node<V>& self) {
+      [logits, labels](auto& self) {
         const T scale = static_cast<T>(detail::scalar_of(*self.grad));
         detail::add_grad(logits, cross_entropy_grad_node<detail::expression_t<const L&>, detail::expression_t<const Y&>>(
                                      detail::as_expression(logits.value()), detail::as_expression(labels), scale));
@@ -14356,23 +14457,22 @@ auto mse(const var<A>& a, const var<B>& b) {
 /// @brief The last two dims swapped.
 template <class A>
 auto transpose(const var<A>& a) {
-  if constexpr (!decltype(pdo::transpose(a.value()))::well_formed) {
-    return 0;  // the transpose's error was given: nothing more after it
+  using node_t = decltype(pdo::transpose(a.value()));
+  if constexpr (!node_t::well_formed) {
+    return var<detail::unformed_value_t<node_t>>{};  // the transpose's error was given: nothing more after it
   } else {
-    auto y = pdo::eval(pdo::transpose(a.value()));
-    using V = decltype(y);
+    auto y = detail::eval_forward(pdo::transpose(a.value()));
     return detail::record(
-        std::move(y), [a](detail::value_node<V>& self) { detail::add_grad(a, pdo::transpose(*self.grad)); }, a);
+        std::move(y), [a](auto& self) { detail::add_grad(a, pdo::transpose(*self.grad)); }, a);
   }
 }
 
 /// @brief The same elements under `shape`.
 template <class A, std::size_t Rank>
 auto reshape(const var<A>& a, const shape_t<Rank>& shape) {
-  auto y = pdo::eval(pdo::reshape(a.value(), shape));
-  using V = decltype(y);
+  auto y = detail::eval_forward(pdo::reshape(a.value(), shape));
   return detail::record(
-      std::move(y), [a](detail::value_node<V>& self) { detail::add_grad(a, pdo::reshape(*self.grad, a.shape())); }, a);
+      std::move(y), [a](auto& self) { detail::add_grad(a, pdo::reshape(*self.grad, a.shape())); }, a);
 }
 template <class A, std::size_t Rank>
 auto reshape(const var<A>& a, const std::size_t (&shape)[Rank]) {
@@ -14386,13 +14486,13 @@ auto reshape(const var<A>& a, const std::size_t (&shape)[Rank]) {
 /// whatever the gradient's layout of that dim is.
 template <std::size_t Dim, class A>
 auto unsqueeze(const var<A>& a) {
-  if constexpr (!decltype(pdo::unsqueeze<Dim>(a.value()))::well_formed) {
-    return 0;  // the unsqueeze's error was given: nothing more after it
+  using node_t = decltype(pdo::unsqueeze<Dim>(a.value()));
+  if constexpr (!node_t::well_formed) {
+    return var<detail::unformed_value_t<node_t>>{};  // the unsqueeze's error was given: nothing more after it
   } else {
-    auto y = pdo::eval(pdo::unsqueeze<Dim>(a.value()));
-    using V = decltype(y);
+    auto y = detail::eval_forward(pdo::unsqueeze<Dim>(a.value()));
     return detail::record(
-        std::move(y), [a](detail::value_node<V>& self) { detail::add_grad(a, pdo::sum<Dim>(*self.grad)); }, a);
+        std::move(y), [a](auto& self) { detail::add_grad(a, pdo::sum<Dim>(*self.grad)); }, a);
   }
 }
 
@@ -15972,6 +16072,30 @@ auto merge_parts(const Mesh& m, Part&& part, Access reads = {}) {
   return dtensor<T, rank, Mesh, OutLayout>(m, global, std::move(shards));
 }
 
+/// @brief parallel_do once its block is known to return a part: the layout and mesh checks
+/// (each error given once, a value of the type the result would most likely have had
+/// standing for the result after it), then the run.
+template <layout_spec OutLayout, class Block, class... Args>
+auto parallel_do_checked(Block& block, const Args&... args) {
+  using returned_t = std::invoke_result_t<Block&, detail::local_view_t<Args>...>;
+  using result_t = decltype(detail::as_block_part(std::declval<returned_t>()));
+  using mesh_t = typename std::remove_cvref_t<decltype(detail::first_dtensor(args...))>::mesh_type;
+  using unformed_t = dtensor<typename result_t::value_type, OutLayout::rank, mesh_t, replicated_layout_t<OutLayout::rank>>;
+  if constexpr (!detail::check_layout<"parallel_do", OutLayout, mesh_t, result_t::rank>::ok) {
+    return detail::unformed_result<unformed_t>();
+  } else if constexpr (!detail::check_one_mesh_type<mesh_t, Args...>::ok) {
+    return detail::unformed_result<unformed_t>();
+  } else if constexpr (!detail::check_parts_mergeable<OutLayout, typename detail::argument_layout<Args>::type...>::ok) {
+    return detail::unformed_result<unformed_t>();
+  } else {
+    const mesh_t& m = detail::first_dtensor(args...).mesh();
+    (detail::check_same_mesh(args, m), ...);
+    return detail::merge_parts<OutLayout>(
+        m, [&](std::size_t p, std::size_t) -> result_t { return detail::as_block_part(block(detail::local_view(args, p)...)); },
+        [&](std::size_t, std::size_t k) { return detail::shards_read(k, args...); });
+  }
+}
+
 }  // namespace detail
 
 /// @brief Runs `block` on every place of the mesh at once, on its local shards: each
@@ -15991,28 +16115,25 @@ auto merge_parts(const Mesh& m, Part&& part, Access reads = {}) {
 template <layout_spec OutLayout, class Block, class... Args>
   requires((distributed_tensor<Args> || ...) && !(detail::is_distributed_var_v<Args> || ...))
 auto parallel_do(Block&& block, const Args&... args) {
-  using returned_t = std::invoke_result_t<Block&, detail::local_view_t<Args>...>;
-  constexpr bool part_ok = detail::is_block_part<std::remove_cvref_t<returned_t>>();
-  static_assert(part_ok,
-                "pdo: parallel_do: the block must return a pdo::tensor or an expression of local tensors (its place's part of the result)");
-  // each check's error is given once, with nothing instantiated after it (0 stands for the result)
-  if constexpr (!part_ok) {
-    return 0;
+  // each check's error is given once, with nothing instantiated after it (a value of the
+  // type the result would most likely have had stands for the result)
+  using first_t = std::remove_cvref_t<decltype(detail::first_dtensor(args...))>;
+  using unformed_t = dtensor<typename first_t::value_type, OutLayout::rank, typename first_t::mesh_type, detail::replicated_layout_t<OutLayout::rank>>;
+  if constexpr (!std::is_invocable_v<Block&, detail::local_view_t<Args>...>) {
+    static_assert(detail::always_false<Block>,
+                  "pdo: parallel_do: the block cannot be called with the arguments as it receives them: a dtensor's local shard "
+                  "as a const pdo::tensor<T, Rank>& (same element type and rank; take it as const auto&), any other argument as "
+                  "it is, one parameter per argument in order");
+    return detail::unformed_result<unformed_t>();
   } else {
-    using result_t = decltype(detail::as_block_part(std::declval<returned_t>()));
-    using mesh_t = typename std::remove_cvref_t<decltype(detail::first_dtensor(args...))>::mesh_type;
-    if constexpr (!detail::check_layout<"parallel_do", OutLayout, mesh_t, result_t::rank>::ok) {
-      return 0;
-    } else if constexpr (!detail::check_one_mesh_type<mesh_t, Args...>::ok) {
-      return 0;
-    } else if constexpr (!detail::check_parts_mergeable<OutLayout, typename detail::argument_layout<Args>::type...>::ok) {
-      return 0;
+    using returned_t = std::invoke_result_t<Block&, detail::local_view_t<Args>...>;
+    constexpr bool part_ok = detail::is_block_part<std::remove_cvref_t<returned_t>>();
+    static_assert(part_ok,
+                  "pdo: parallel_do: the block must return a pdo::tensor or an expression of local tensors (its place's part of the result)");
+    if constexpr (!part_ok) {
+      return detail::unformed_result<unformed_t>();
     } else {
-      const mesh_t& m = detail::first_dtensor(args...).mesh();
-      (detail::check_same_mesh(args, m), ...);
-      return detail::merge_parts<OutLayout>(
-          m, [&](std::size_t p, std::size_t) -> result_t { return detail::as_block_part(block(detail::local_view(args, p)...)); },
-          [&](std::size_t, std::size_t k) { return detail::shards_read(k, args...); });
+      return detail::parallel_do_checked<OutLayout>(block, args...);
     }
   }
 }
@@ -16206,13 +16327,15 @@ auto parallel_do(Block&& block, const Args&... args) {
   const auto& m = detail::first_dtensor(detail::mesh_holder(args)...).mesh();
   using mesh_t = std::remove_cvref_t<decltype(m)>;
   using merged_t = dtensor<T, rank, mesh_t, OutLayout>;
-  // each check's error is given once, with nothing instantiated after it (0 stands for the result)
+  // each check's error is given once, with nothing instantiated after it (an empty var of
+  // the type the result would most likely have had stands for the result)
+  using unformed_t = var<dtensor<T, OutLayout::rank, mesh_t, detail::replicated_layout_t<OutLayout::rank>>>;
   if constexpr (!detail::check_layout<"parallel_do", OutLayout, mesh_t, rank>::ok) {
-    return 0;
+    return unformed_t{};
   } else if constexpr (!detail::check_one_mesh_type<mesh_t, detail::operand_holder_t<Args>...>::ok) {
-    return 0;
+    return unformed_t{};
   } else if constexpr (!detail::check_parts_mergeable<OutLayout, detail::operand_layout_t<Args>...>::ok) {
-    return 0;
+    return unformed_t{};
   } else {
     (detail::check_same_mesh(detail::mesh_holder(args), m), ...);
 
@@ -21934,7 +22057,8 @@ tensor<T, R> read(const std::filesystem::path& dir, const std::string& name, con
 template <element T, std::size_t R, layout_spec Layout, mesh_type Mesh>
 auto read(const std::filesystem::path& dir, const std::string& name, const Mesh& m, const load_options& o = {}) {
   if constexpr (!pdo::detail::check_layout<"io::read", Layout, Mesh, R>::ok) {
-    return 0;  // the layout's error was given: nothing more after it
+    // the layout's error was given: nothing more after it
+    return pdo::detail::unformed_result<dtensor<T, R, Mesh, pdo::detail::replicated_layout_t<R>>>();
   } else {
     const shape_t<R> shape = detail::shape_to_read<R>(dir, name);
     std::vector<tensor<T, R>> shards;

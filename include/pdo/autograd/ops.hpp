@@ -63,11 +63,10 @@ auto keep_dim(const G& g, const shape_t<R>&) {
 
 template <class A, class B>
 auto operator+(const var<A>& a, const var<B>& b) {
-  auto y = pdo::eval(a.value() + b.value());
-  using V = decltype(y);
+  auto y = detail::eval_forward(a.value() + b.value());
   return detail::record(
       std::move(y),
-      [a, b](detail::value_node<V>& self) {
+      [a, b](auto& self) {
         if (a.requires_grad()) detail::add_grad(a, detail::sum_to<detail::grad_t<A>>(*self.grad, a.shape()));
         if (b.requires_grad()) detail::add_grad(b, detail::sum_to<detail::grad_t<B>>(*self.grad, b.shape()));
       },
@@ -76,11 +75,10 @@ auto operator+(const var<A>& a, const var<B>& b) {
 
 template <class A, class B>
 auto operator-(const var<A>& a, const var<B>& b) {
-  auto y = pdo::eval(a.value() - b.value());
-  using V = decltype(y);
+  auto y = detail::eval_forward(a.value() - b.value());
   return detail::record(
       std::move(y),
-      [a, b](detail::value_node<V>& self) {
+      [a, b](auto& self) {
         if (a.requires_grad()) detail::add_grad(a, detail::sum_to<detail::grad_t<A>>(*self.grad, a.shape()));
         if (b.requires_grad()) detail::add_grad(b, detail::sum_to<detail::grad_t<B>>(pdo::eval(-*self.grad), b.shape()));
       },
@@ -89,11 +87,10 @@ auto operator-(const var<A>& a, const var<B>& b) {
 
 template <class A, class B>
 auto operator*(const var<A>& a, const var<B>& b) {
-  auto y = pdo::eval(a.value() * b.value());
-  using V = decltype(y);
+  auto y = detail::eval_forward(a.value() * b.value());
   return detail::record(
       std::move(y),
-      [a, b](detail::value_node<V>& self) {
+      [a, b](auto& self) {
         if (a.requires_grad()) detail::add_grad(a, detail::sum_to<detail::grad_t<A>>(pdo::eval(*self.grad * b.value()), a.shape()));
         if (b.requires_grad()) detail::add_grad(b, detail::sum_to<detail::grad_t<B>>(pdo::eval(*self.grad * a.value()), b.shape()));
       },
@@ -102,11 +99,10 @@ auto operator*(const var<A>& a, const var<B>& b) {
 
 template <class A, class B>
 auto operator/(const var<A>& a, const var<B>& b) {
-  auto y = pdo::eval(a.value() / b.value());
-  using V = decltype(y);
+  auto y = detail::eval_forward(a.value() / b.value());
   return detail::record(
       std::move(y),
-      [a, b](detail::value_node<V>& self) {
+      [a, b](auto& self) {
         if (a.requires_grad()) detail::add_grad(a, detail::sum_to<detail::grad_t<A>>(pdo::eval(*self.grad / b.value()), a.shape()));
         if (b.requires_grad())
           detail::add_grad(b, detail::sum_to<detail::grad_t<B>>(pdo::eval(-(*self.grad * self.value) / b.value()), b.shape()));
@@ -120,8 +116,8 @@ namespace detail {
 template <bool Max, class A, class B>
 auto extremum(const var<A>& a, const var<B>& b) {
   auto y = [&] {
-    if constexpr (Max) return pdo::eval(pdo::maximum(a.value(), b.value()));
-    else return pdo::eval(pdo::minimum(a.value(), b.value()));
+    if constexpr (Max) return eval_forward(pdo::maximum(a.value(), b.value()));
+    else return eval_forward(pdo::minimum(a.value(), b.value()));
   }();
   using V = decltype(y);
   using T = var_element_t<V>;
@@ -156,12 +152,12 @@ template <class C, class A, class B>
   requires(!is_var_v<std::remove_cvref_t<C>>)
 auto where(const C& condition, const var<A>& a, const var<B>& b) {
   auto cond = pdo::eval(condition);
-  auto y = pdo::eval(pdo::where(cond, a.value(), b.value()));
+  auto y = detail::eval_forward(pdo::where(cond, a.value(), b.value()));
   using V = decltype(y);
   using T = detail::var_element_t<V>;
   return detail::record(
       std::move(y),
-      [cond, a, b](detail::value_node<V>& self) {
+      [cond, a, b](auto& self) {
         const auto& g = *self.grad;
         if (a.requires_grad()) detail::add_grad(a, detail::sum_to<detail::grad_t<A>>(pdo::eval(pdo::where(cond, g, T(0))), a.shape()));
         if (b.requires_grad()) detail::add_grad(b, detail::sum_to<detail::grad_t<B>>(pdo::eval(pdo::where(cond, T(0), g)), b.shape()));
@@ -174,7 +170,7 @@ auto where(const C& condition, const var<A>& a, const var<B>& b) {
 template <class A>
 auto operator+(const var<A>& a, detail::var_element_t<A> s) {
   return detail::record(
-      pdo::eval(a.value() + s), [a](auto& self) { detail::add_grad(a, *self.grad); }, a);
+      detail::eval_forward(a.value() + s), [a](auto& self) { detail::add_grad(a, *self.grad); }, a);
 }
 template <class A>
 auto operator+(detail::var_element_t<A> s, const var<A>& a) {
@@ -187,12 +183,12 @@ auto operator-(const var<A>& a, detail::var_element_t<A> s) {
 template <class A>
 auto operator-(detail::var_element_t<A> s, const var<A>& a) {
   return detail::record(
-      pdo::eval(s - a.value()), [a](auto& self) { detail::add_grad(a, -*self.grad); }, a);
+      detail::eval_forward(s - a.value()), [a](auto& self) { detail::add_grad(a, -*self.grad); }, a);
 }
 template <class A>
 auto operator*(const var<A>& a, detail::var_element_t<A> s) {
   return detail::record(
-      pdo::eval(a.value() * s), [a, s](auto& self) { detail::add_grad(a, *self.grad * s); }, a);
+      detail::eval_forward(a.value() * s), [a, s](auto& self) { detail::add_grad(a, *self.grad * s); }, a);
 }
 template <class A>
 auto operator*(detail::var_element_t<A> s, const var<A>& a) {
@@ -201,12 +197,12 @@ auto operator*(detail::var_element_t<A> s, const var<A>& a) {
 template <class A>
 auto operator/(const var<A>& a, detail::var_element_t<A> s) {
   return detail::record(
-      pdo::eval(a.value() / s), [a, s](auto& self) { detail::add_grad(a, *self.grad / s); }, a);
+      detail::eval_forward(a.value() / s), [a, s](auto& self) { detail::add_grad(a, *self.grad / s); }, a);
 }
 template <class A>
 auto operator/(detail::var_element_t<A> s, const var<A>& a) {
   return detail::record(
-      pdo::eval(s / a.value()),
+      detail::eval_forward(s / a.value()),
       [a](auto& self) { detail::add_grad(a, -(*self.grad * self.value) / a.value()); }, a);
 }
 
@@ -215,44 +211,44 @@ auto operator/(detail::var_element_t<A> s, const var<A>& a) {
 template <class A>
 auto operator-(const var<A>& a) {
   return detail::record(
-      pdo::eval(-a.value()), [a](auto& self) { detail::add_grad(a, -*self.grad); }, a);
+      detail::eval_forward(-a.value()), [a](auto& self) { detail::add_grad(a, -*self.grad); }, a);
 }
 template <class A>
 auto exp(const var<A>& a) {
   return detail::record(
-      pdo::eval(pdo::exp(a.value())), [a](auto& self) { detail::add_grad(a, *self.grad * self.value); }, a);
+      detail::eval_forward(pdo::exp(a.value())), [a](auto& self) { detail::add_grad(a, *self.grad * self.value); }, a);
 }
 template <class A>
 auto log(const var<A>& a) {
   return detail::record(
-      pdo::eval(pdo::log(a.value())), [a](auto& self) { detail::add_grad(a, *self.grad / a.value()); }, a);
+      detail::eval_forward(pdo::log(a.value())), [a](auto& self) { detail::add_grad(a, *self.grad / a.value()); }, a);
 }
 template <class A>
 auto sqrt(const var<A>& a) {
   using T = detail::var_element_t<A>;
   return detail::record(
-      pdo::eval(pdo::sqrt(a.value())),
+      detail::eval_forward(pdo::sqrt(a.value())),
       [a](auto& self) { detail::add_grad(a, *self.grad / (self.value * T(2))); }, a);
 }
 template <class A>
 auto tanh(const var<A>& a) {
   using T = detail::var_element_t<A>;
   return detail::record(
-      pdo::eval(pdo::tanh(a.value())),
+      detail::eval_forward(pdo::tanh(a.value())),
       [a](auto& self) { detail::add_grad(a, *self.grad * (T(1) - self.value * self.value)); }, a);
 }
 template <class A>
 auto sigmoid(const var<A>& a) {
   using T = detail::var_element_t<A>;
   return detail::record(
-      pdo::eval(pdo::sigmoid(a.value())),
+      detail::eval_forward(pdo::sigmoid(a.value())),
       [a](auto& self) { detail::add_grad(a, *self.grad * self.value * (T(1) - self.value)); }, a);
 }
 template <class A>
 auto relu(const var<A>& a) {
   using T = detail::var_element_t<A>;
   return detail::record(
-      pdo::eval(pdo::relu(a.value())),
+      detail::eval_forward(pdo::relu(a.value())),
       // PyTorch's rule, x <= 0 ? 0 : g, which passes g at a NaN
       [a](auto& self) { detail::add_grad(a, pdo::where(pdo::less_equal(a.value(), T(0)), T(0), *self.grad)); }, a);
 }
@@ -260,7 +256,7 @@ auto relu(const var<A>& a) {
 template <class A>
 auto gelu(const var<A>& a) {
   return detail::record(
-      pdo::eval(pdo::gelu(a.value())),
+      detail::eval_forward(pdo::gelu(a.value())),
       [a](auto& self) {
         detail::add_grad(a, *self.grad * detail::make_elementwise<op::gelu_derivative>(a.value()));
       },
@@ -270,7 +266,7 @@ auto gelu(const var<A>& a) {
 template <class A>
 auto gelu_tanh(const var<A>& a) {
   return detail::record(
-      pdo::eval(pdo::gelu_tanh(a.value())),
+      detail::eval_forward(pdo::gelu_tanh(a.value())),
       [a](auto& self) {
         detail::add_grad(a, *self.grad * detail::make_elementwise<op::gelu_tanh_derivative>(a.value()));
       },
@@ -288,8 +284,9 @@ auto matmul_var(const var<A>& a, const var<B>& b);
 /// matmul(aᵀ, g) (summed over the batch when b is one matrix for the whole batch).
 template <class A, class B>
 auto matmul(const var<A>& a, const var<B>& b) {
-  if constexpr (!decltype(pdo::matmul(a.value(), b.value()))::well_formed) {
-    return 0;  // the product's error was given: nothing more after it
+  using node_t = decltype(pdo::matmul(a.value(), b.value()));
+  if constexpr (!node_t::well_formed) {
+    return var<detail::unformed_value_t<node_t>>{};  // the product's error was given: nothing more after it
   } else {
     return detail::matmul_var(a, b);
   }
@@ -311,11 +308,13 @@ bool took_product_gradient(const var<B>& b, const A2& a, const G2& g) {
 /// @brief matmul of two vars whose ranks make a product.
 template <class A, class B>
 auto matmul_var(const var<A>& a, const var<B>& b) {
-  auto y = pdo::eval(pdo::matmul(a.value(), b.value()));
-  using V = decltype(y);
+  auto y = detail::eval_forward(pdo::matmul(a.value(), b.value()));
+  using V = decltype(y);  // well formed: matmul checked it
   constexpr std::size_t ra = detail::value_kind<A>::rank, rb = detail::value_kind<B>::rank;
   return detail::record(
       std::move(y),
+      // the node's type, not auto: in a generic lambda clang would instantiate the branches
+      // below that depend on g's type before they are discarded
       [a, b](detail::value_node<V>& self) {
         const auto& g = *self.grad;
         if (a.requires_grad()) detail::add_grad(a, pdo::matmul(g, pdo::transpose(b.value())));
@@ -352,11 +351,10 @@ namespace detail {
 template <reduction What, std::size_t Dim, class A>
 auto reduce_var(const var<A>& a) {
   using T = var_element_t<A>;
-  auto y = pdo::eval(detail::make_reduction<What, Dim>(a.value()));
-  using V = decltype(y);
+  auto y = detail::eval_forward(detail::make_reduction<What, Dim>(a.value()));
   return record(
       std::move(y),
-      [a](value_node<V>& self) {
+      [a](auto& self) {
         const auto& g = *self.grad;
         const auto& x = a.value();
         if constexpr (What == reduction::max) {
@@ -410,7 +408,7 @@ template <std::size_t Dim = last_dim, class A>
 auto softmax(const var<A>& a) {
   constexpr std::size_t d = Dim == last_dim ? var<A>::rank - 1 : Dim;
   return detail::record(
-      pdo::eval(pdo::softmax<d>(a.value())),
+      detail::eval_forward(pdo::softmax<d>(a.value())),
       [a](auto& self) {
         const auto& g = *self.grad;
         const auto& y = self.value;
@@ -425,7 +423,7 @@ template <std::size_t Dim = last_dim, class A>
 auto log_softmax(const var<A>& a) {
   constexpr std::size_t d = Dim == last_dim ? var<A>::rank - 1 : Dim;
   return detail::record(
-      pdo::eval(pdo::log_softmax<d>(a.value())),
+      detail::eval_forward(pdo::log_softmax<d>(a.value())),
       [a](auto& self) {
         const auto& g = *self.grad;
         const auto& y = self.value;
@@ -440,12 +438,11 @@ auto log_softmax(const var<A>& a) {
 template <class L, class Y>
   requires(!is_var_v<std::remove_cvref_t<Y>>)
 auto cross_entropy(const var<L>& logits, const Y& labels) {
-  auto y = pdo::eval(pdo::cross_entropy(logits.value(), labels));
-  using V = decltype(y);
+  auto y = detail::eval_forward(pdo::cross_entropy(logits.value(), labels));
   using T = detail::var_element_t<L>;
   return detail::record(
       std::move(y),
-      [logits, labels](detail::value_node<V>& self) {
+      [logits, labels](auto& self) {
         const T scale = static_cast<T>(detail::scalar_of(*self.grad));
         detail::add_grad(logits, cross_entropy_grad_node<detail::expression_t<const L&>, detail::expression_t<const Y&>>(
                                      detail::as_expression(logits.value()), detail::as_expression(labels), scale));
@@ -472,23 +469,22 @@ auto mse(const var<A>& a, const var<B>& b) {
 /// @brief The last two dims swapped.
 template <class A>
 auto transpose(const var<A>& a) {
-  if constexpr (!decltype(pdo::transpose(a.value()))::well_formed) {
-    return 0;  // the transpose's error was given: nothing more after it
+  using node_t = decltype(pdo::transpose(a.value()));
+  if constexpr (!node_t::well_formed) {
+    return var<detail::unformed_value_t<node_t>>{};  // the transpose's error was given: nothing more after it
   } else {
-    auto y = pdo::eval(pdo::transpose(a.value()));
-    using V = decltype(y);
+    auto y = detail::eval_forward(pdo::transpose(a.value()));
     return detail::record(
-        std::move(y), [a](detail::value_node<V>& self) { detail::add_grad(a, pdo::transpose(*self.grad)); }, a);
+        std::move(y), [a](auto& self) { detail::add_grad(a, pdo::transpose(*self.grad)); }, a);
   }
 }
 
 /// @brief The same elements under `shape`.
 template <class A, std::size_t Rank>
 auto reshape(const var<A>& a, const shape_t<Rank>& shape) {
-  auto y = pdo::eval(pdo::reshape(a.value(), shape));
-  using V = decltype(y);
+  auto y = detail::eval_forward(pdo::reshape(a.value(), shape));
   return detail::record(
-      std::move(y), [a](detail::value_node<V>& self) { detail::add_grad(a, pdo::reshape(*self.grad, a.shape())); }, a);
+      std::move(y), [a](auto& self) { detail::add_grad(a, pdo::reshape(*self.grad, a.shape())); }, a);
 }
 template <class A, std::size_t Rank>
 auto reshape(const var<A>& a, const std::size_t (&shape)[Rank]) {
@@ -502,13 +498,13 @@ auto reshape(const var<A>& a, const std::size_t (&shape)[Rank]) {
 /// whatever the gradient's layout of that dim is.
 template <std::size_t Dim, class A>
 auto unsqueeze(const var<A>& a) {
-  if constexpr (!decltype(pdo::unsqueeze<Dim>(a.value()))::well_formed) {
-    return 0;  // the unsqueeze's error was given: nothing more after it
+  using node_t = decltype(pdo::unsqueeze<Dim>(a.value()));
+  if constexpr (!node_t::well_formed) {
+    return var<detail::unformed_value_t<node_t>>{};  // the unsqueeze's error was given: nothing more after it
   } else {
-    auto y = pdo::eval(pdo::unsqueeze<Dim>(a.value()));
-    using V = decltype(y);
+    auto y = detail::eval_forward(pdo::unsqueeze<Dim>(a.value()));
     return detail::record(
-        std::move(y), [a](detail::value_node<V>& self) { detail::add_grad(a, pdo::sum<Dim>(*self.grad)); }, a);
+        std::move(y), [a](auto& self) { detail::add_grad(a, pdo::sum<Dim>(*self.grad)); }, a);
   }
 }
 

@@ -193,13 +193,15 @@ auto parallel_do(Block&& block, const Args&... args) {
   const auto& m = detail::first_dtensor(detail::mesh_holder(args)...).mesh();
   using mesh_t = std::remove_cvref_t<decltype(m)>;
   using merged_t = dtensor<T, rank, mesh_t, OutLayout>;
-  // each check's error is given once, with nothing instantiated after it (0 stands for the result)
+  // each check's error is given once, with nothing instantiated after it (an empty var of
+  // the type the result would most likely have had stands for the result)
+  using unformed_t = var<dtensor<T, OutLayout::rank, mesh_t, detail::replicated_layout_t<OutLayout::rank>>>;
   if constexpr (!detail::check_layout<"parallel_do", OutLayout, mesh_t, rank>::ok) {
-    return 0;
+    return unformed_t{};
   } else if constexpr (!detail::check_one_mesh_type<mesh_t, detail::operand_holder_t<Args>...>::ok) {
-    return 0;
+    return unformed_t{};
   } else if constexpr (!detail::check_parts_mergeable<OutLayout, detail::operand_layout_t<Args>...>::ok) {
-    return 0;
+    return unformed_t{};
   } else {
     (detail::check_same_mesh(detail::mesh_holder(args), m), ...);
 

@@ -243,6 +243,31 @@ inline constexpr bool is_var_v<var<V>> = true;
 
 namespace detail {
 
+/// @brief The forward value of an op on vars whose expression is not well formed (its error
+/// was given): of the type the op would have given, and marked so that record instantiates
+/// nothing of the op's backward after the error.
+template <class V>
+struct unformed_forward {
+  using type = V;
+};
+/// @brief Evaluates an op's forward expression `expr`: its value, or (not well formed) an
+/// unformed_forward.
+template <class Expr>
+auto eval_forward(Expr&& expr) {
+  using node_t = expression_t<Expr>;
+  if constexpr (!node_t::well_formed) return unformed_forward<unformed_value_t<node_t>>{};
+  else return pdo::eval(std::forward<Expr>(expr));
+}
+template <class V>
+struct value_kind<unformed_forward<V>> : value_kind<V> {};
+
+/// @brief For an op whose expression was not well formed: an empty var of the type it would
+/// have given (the backward rule is not instantiated).
+template <class V, class Backward, class... Operands>
+var<V> record(unformed_forward<V>, Backward&&, const Operands&...) {
+  return var<V>{};
+}
+
 /// @brief Records the result of an op: `value`, computed from `operands`, whose gradient
 /// `backward(node)` pushes back to them. A result of operands that need no gradient is a
 /// plain constant, and nothing is recorded.

@@ -142,6 +142,15 @@ inline std::string message_of(const std::exception_ptr& failure) {
   }
 }
 
+/// @brief Stands for the result of a call whose compile error was given (a layout that does
+/// not fit, an expression that is not well formed): only its type is used, so that the
+/// program's uses of the result report nothing more. Such a program does not compile, so
+/// this never runs.
+template <class R>
+[[noreturn]] R unformed_result() {
+  throw error("pdo: the result of a call that does not compile was used");
+}
+
 /// @brief A caught exception as its error_kind and message, so it can be thrown
 /// again on another thread or process. The exception object itself stays on the thread
 /// that caught it: an exception_ptr released on a different thread than the one that read

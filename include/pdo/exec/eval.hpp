@@ -20,6 +20,21 @@ namespace pdo {
 
 namespace detail {
 
+/// @brief What evaluating the expression node `Node` gives when it is not well formed (its
+/// error was given where it was made): a value of the type it would most likely have had
+/// (its element type and rank; on its mesh, replicated), so that the program's uses of the
+/// result report nothing more.
+template <class Node, bool = Node::distributed>
+struct unformed_value {
+  using type = tensor<typename Node::value_type, Node::rank>;
+};
+template <class Node>
+struct unformed_value<Node, true> {
+  using type = dtensor<typename Node::value_type, Node::rank, typename Node::mesh_type, replicated_layout_t<Node::rank>>;
+};
+template <class Node>
+using unformed_value_t = typename unformed_value<Node>::type;
+
 /// @brief An evaluation queued on the places of a mesh: the tasks of each step of its plan,
 /// in the plan's order, and how to name it in an error (built only when one is thrown).
 /// What does not depend on the expression's type lives here, compiled once, not once per
@@ -315,7 +330,10 @@ template <class Policy = implicit, class Expr>
   requires detail::tensor_operand<Expr>
 auto eval_async(Expr&& expr) {
   if constexpr (!detail::expression_t<Expr>::well_formed) {
-    return 0;  // the operands' error was given where the expression was made: nothing more after it
+    // the operands' error was given where the expression was made: nothing more after it
+    using node_t = detail::expression_t<Expr>;
+    if constexpr (node_t::distributed) return detail::unformed_result<async_result<detail::unformed_value_t<node_t>>>();
+    else return 0;
   } else if constexpr (!detail::expression_t<Expr>::distributed) {
     static_assert(detail::always_false<Expr>,
                   "pdo: eval_async: the expression has no dtensor operand; evaluate local tensors with pdo::eval");
@@ -356,7 +374,8 @@ template <class Policy = implicit, class Expr>
 auto eval(Expr&& expr) {
   using node_t = detail::expression_t<Expr>;
   if constexpr (!node_t::well_formed) {
-    return 0;  // the operands' error was given where the expression was made: nothing more after it
+    // the operands' error was given where the expression was made: nothing more after it
+    return detail::unformed_result<detail::unformed_value_t<node_t>>();
   } else if constexpr (node_t::distributed) {  // queue_evaluation checks the policy
     const auto state = detail::queue_evaluation<Policy>(std::forward<Expr>(expr), true);
     state->finish();

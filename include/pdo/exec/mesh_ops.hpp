@@ -24,6 +24,16 @@ inline access reading(const void* data) {
 }
 }  // namespace detail
 
+/// @brief Rejects one layout entry given where a layout is asked for: pdo::split<"dp"> for
+/// pdo::layout<pdo::split<"dp">>.
+template <class Entry, class Mesh, class T, std::size_t Rank>
+  requires dim_spec<Entry>
+auto distribute(const Mesh&, const tensor<T, Rank>&) {
+  static_assert(detail::always_false<Entry>,
+                "pdo: distribute: give a layout, pdo::layout<...> with one entry per tensor dim (pdo::layout<pdo::split<\"dp\">>, not pdo::split<\"dp\">)");
+  return detail::unformed_result<dtensor<T, Rank, Mesh, detail::replicated_layout_t<Rank>>>();
+}
+
 /// @brief Cuts the host tensor `host` over `m` as `Layout`: each place of this process
 /// gets its chunk of the split dims, in its own memory; for partial axes, the places at
 /// coordinate 0 get the value and the others zeros. Every process passes the same tensor.
@@ -32,7 +42,8 @@ inline access reading(const void* data) {
 template <layout_spec Layout, mesh_type Mesh, element T, std::size_t Rank>
 auto distribute(const Mesh& m, const tensor<T, Rank>& host) {
   if constexpr (!detail::check_layout<"distribute", Layout, Mesh, Rank>::ok) {
-    return 0;  // the layout's error was given: nothing more after it
+    // the layout's error was given: nothing more after it
+    return detail::unformed_result<dtensor<T, Rank, Mesh, detail::replicated_layout_t<Rank>>>();
   } else {
     const auto& local = m.local_places();
     std::vector<tensor<T, Rank>> shards(local.size());
@@ -72,6 +83,15 @@ dtensor<T, Rank, Mesh, To> redistribute_to(const dtensor<T, Rank, Mesh, From>& x
 
 }  // namespace detail
 
+/// @brief Rejects one layout entry given where a layout is asked for (see distribute's).
+template <class Entry, class T, std::size_t Rank, class Mesh, class From>
+  requires dim_spec<Entry>
+auto redistribute(const dtensor<T, Rank, Mesh, From>&) {
+  static_assert(detail::always_false<Entry>,
+                "pdo: redistribute: give a layout, pdo::layout<...> with one entry per tensor dim (pdo::layout<pdo::replicate>, not pdo::replicate)");
+  return detail::unformed_result<dtensor<T, Rank, Mesh, detail::replicated_layout_t<Rank>>>();
+}
+
 /// @brief `x` laid out as `To`. The steps are planned at compile time
 /// (redistribute_plan_of<From, To>()): partial -> replicate is an all_reduce,
 /// partial -> split a reduce_scatter, split -> replicate an all_gather, split(d) ->
@@ -81,7 +101,8 @@ dtensor<T, Rank, Mesh, To> redistribute_to(const dtensor<T, Rank, Mesh, From>& x
 template <layout_spec To, element T, std::size_t Rank, mesh_type Mesh, layout_spec From>
 auto redistribute(const dtensor<T, Rank, Mesh, From>& x) {
   if constexpr (!detail::check_layout<"redistribute", To, Mesh, Rank>::ok) {
-    return 0;  // the layout's error was given: nothing more after it
+    // the layout's error was given: nothing more after it
+    return detail::unformed_result<dtensor<T, Rank, Mesh, detail::replicated_layout_t<Rank>>>();
   } else {
     return detail::redistribute_to<To>(x);
   }

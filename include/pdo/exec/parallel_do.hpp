@@ -285,6 +285,30 @@ auto merge_parts(const Mesh& m, Part&& part, Access reads = {}) {
   return dtensor<T, rank, Mesh, OutLayout>(m, global, std::move(shards));
 }
 
+/// @brief parallel_do once its block is known to return a part: the layout and mesh checks
+/// (each error given once, a value of the type the result would most likely have had
+/// standing for the result after it), then the run.
+template <layout_spec OutLayout, class Block, class... Args>
+auto parallel_do_checked(Block& block, const Args&... args) {
+  using returned_t = std::invoke_result_t<Block&, detail::local_view_t<Args>...>;
+  using result_t = decltype(detail::as_block_part(std::declval<returned_t>()));
+  using mesh_t = typename std::remove_cvref_t<decltype(detail::first_dtensor(args...))>::mesh_type;
+  using unformed_t = dtensor<typename result_t::value_type, OutLayout::rank, mesh_t, replicated_layout_t<OutLayout::rank>>;
+  if constexpr (!detail::check_layout<"parallel_do", OutLayout, mesh_t, result_t::rank>::ok) {
+    return detail::unformed_result<unformed_t>();
+  } else if constexpr (!detail::check_one_mesh_type<mesh_t, Args...>::ok) {
+    return detail::unformed_result<unformed_t>();
+  } else if constexpr (!detail::check_parts_mergeable<OutLayout, typename detail::argument_layout<Args>::type...>::ok) {
+    return detail::unformed_result<unformed_t>();
+  } else {
+    const mesh_t& m = detail::first_dtensor(args...).mesh();
+    (detail::check_same_mesh(args, m), ...);
+    return detail::merge_parts<OutLayout>(
+        m, [&](std::size_t p, std::size_t) -> result_t { return detail::as_block_part(block(detail::local_view(args, p)...)); },
+        [&](std::size_t, std::size_t k) { return detail::shards_read(k, args...); });
+  }
+}
+
 }  // namespace detail
 
 /// @brief Runs `block` on every place of the mesh at once, on its local shards: each
@@ -304,28 +328,25 @@ auto merge_parts(const Mesh& m, Part&& part, Access reads = {}) {
 template <layout_spec OutLayout, class Block, class... Args>
   requires((distributed_tensor<Args> || ...) && !(detail::is_distributed_var_v<Args> || ...))
 auto parallel_do(Block&& block, const Args&... args) {
-  using returned_t = std::invoke_result_t<Block&, detail::local_view_t<Args>...>;
-  constexpr bool part_ok = detail::is_block_part<std::remove_cvref_t<returned_t>>();
-  static_assert(part_ok,
-                "pdo: parallel_do: the block must return a pdo::tensor or an expression of local tensors (its place's part of the result)");
-  // each check's error is given once, with nothing instantiated after it (0 stands for the result)
-  if constexpr (!part_ok) {
-    return 0;
+  // each check's error is given once, with nothing instantiated after it (a value of the
+  // type the result would most likely have had stands for the result)
+  using first_t = std::remove_cvref_t<decltype(detail::first_dtensor(args...))>;
+  using unformed_t = dtensor<typename first_t::value_type, OutLayout::rank, typename first_t::mesh_type, detail::replicated_layout_t<OutLayout::rank>>;
+  if constexpr (!std::is_invocable_v<Block&, detail::local_view_t<Args>...>) {
+    static_assert(detail::always_false<Block>,
+                  "pdo: parallel_do: the block cannot be called with the arguments as it receives them: a dtensor's local shard "
+                  "as a const pdo::tensor<T, Rank>& (same element type and rank; take it as const auto&), any other argument as "
+                  "it is, one parameter per argument in order");
+    return detail::unformed_result<unformed_t>();
   } else {
-    using result_t = decltype(detail::as_block_part(std::declval<returned_t>()));
-    using mesh_t = typename std::remove_cvref_t<decltype(detail::first_dtensor(args...))>::mesh_type;
-    if constexpr (!detail::check_layout<"parallel_do", OutLayout, mesh_t, result_t::rank>::ok) {
-      return 0;
-    } else if constexpr (!detail::check_one_mesh_type<mesh_t, Args...>::ok) {
-      return 0;
-    } else if constexpr (!detail::check_parts_mergeable<OutLayout, typename detail::argument_layout<Args>::type...>::ok) {
-      return 0;
+    using returned_t = std::invoke_result_t<Block&, detail::local_view_t<Args>...>;
+    constexpr bool part_ok = detail::is_block_part<std::remove_cvref_t<returned_t>>();
+    static_assert(part_ok,
+                  "pdo: parallel_do: the block must return a pdo::tensor or an expression of local tensors (its place's part of the result)");
+    if constexpr (!part_ok) {
+      return detail::unformed_result<unformed_t>();
     } else {
-      const mesh_t& m = detail::first_dtensor(args...).mesh();
-      (detail::check_same_mesh(args, m), ...);
-      return detail::merge_parts<OutLayout>(
-          m, [&](std::size_t p, std::size_t) -> result_t { return detail::as_block_part(block(detail::local_view(args, p)...)); },
-          [&](std::size_t, std::size_t k) { return detail::shards_read(k, args...); });
+      return detail::parallel_do_checked<OutLayout>(block, args...);
     }
   }
 }

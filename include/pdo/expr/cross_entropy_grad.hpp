@@ -21,6 +21,8 @@ class cross_entropy_grad_node : public detail::op_node<Logits, Labels> {
   /// @brief The logits' element type, which the gradient has.
   using value_type = typename Logits::value_type;
   static_assert(Logits::rank == 2 && Labels::rank == 1, "pdo: cross_entropy: takes logits [N, C] and labels [N]");
+  /// @brief Whether the check above holds here and every op below is well formed.
+  static constexpr bool well_formed = detail::op_node<Logits, Labels>::well_formed && Logits::rank == 2 && Labels::rank == 1;
   /// @brief 2: the gradient is [N, C], like the logits.
   static constexpr std::size_t rank = 2;
   /// @brief false: never fused into an elementwise group.

@@ -220,6 +220,9 @@ class elementwise_node : public detail::op_node<Children...> {
   using value_type = typename detail::common_value<Children...>::type;
   static_assert(detail::same_element_types<value_type, Children...>,
                 "pdo: an elementwise op's tensor operands have different element types; convert one first");
+  /// @brief Whether the operands have one element type, and this op and every op below it is
+  /// well formed (see detail::op_node): when not, eval stops after the error.
+  static constexpr bool well_formed = detail::op_node<Children...>::well_formed && detail::same_element_types<value_type, Children...>;
   /// @brief The largest rank among the operands.
   static constexpr std::size_t rank = detail::max_rank_of<Children::rank...>();
   /// @brief true: elementwise children that need no redistribution run inside this node's kernel.

@@ -26,9 +26,10 @@ template <class A, class B>
 class matmul_node : public detail::op_node<A, B> {
 
  public:
-  /// @brief Element type of both operands and of the result.
-  using value_type = typename A::value_type;
-  static_assert(std::is_same_v<value_type, typename B::value_type>,
+  /// @brief Element type of both operands and of the result (b's: when a's differs, the
+  /// error below is given, and what follows a layer's product, its weight's type, is kept).
+  using value_type = typename B::value_type;
+  static_assert(std::is_same_v<value_type, typename A::value_type>,
                 "pdo: matmul: the operands have different element types; convert one first");
   static_assert(A::rank >= 2 && B::rank >= 2, "pdo: matmul: both operands need at least 2 dims ([M, K] and [K, N])");
   static_assert(A::rank < 2 || B::rank < 2 || B::rank == 2 || B::rank == A::rank,
@@ -37,7 +38,8 @@ class matmul_node : public detail::op_node<A, B> {
   /// nothing of the product is instantiated after the error, and eval stops there.
   static constexpr bool ranks_fit = A::rank >= 2 && (B::rank == 2 || B::rank == A::rank);
   /// @brief Whether this product and every op below it is well formed (see detail::op_node).
-  static constexpr bool well_formed = detail::op_node<A, B>::well_formed && ranks_fit;
+  static constexpr bool well_formed =
+      detail::op_node<A, B>::well_formed && ranks_fit && std::is_same_v<value_type, typename A::value_type>;
   /// @brief a's rank: the result is [..., M, N].
   static constexpr std::size_t rank = A::rank;
   /// @brief false: a matmul is never fused into an elementwise group.

@@ -20,8 +20,12 @@ class reduce_node : public detail::op_node<C> {
   static_assert(All || Dim < C::rank, "pdo: sum/mean/max: the dim to reduce is out of range for the operand's rank");
   static_assert(What != detail::reduction::mean || std::is_floating_point_v<value_type>,
                 "pdo: mean: needs a floating-point operand");
+  /// @brief Whether the checks above hold here and every op below is well formed (see
+  /// detail::op_node): when not, eval stops after the error.
+  static constexpr bool well_formed = detail::op_node<C>::well_formed && (All || Dim < C::rank) &&
+                                      (What != detail::reduction::mean || std::is_floating_point_v<value_type>);
   /// @brief 0 when `All`, else the operand's rank less the reduced dim.
-  static constexpr std::size_t rank = All ? 0 : C::rank - 1;
+  static constexpr std::size_t rank = All || C::rank == 0 ? 0 : C::rank - 1;
   /// @brief false: a reduction is never fused into an elementwise group.
   static constexpr bool elementwise = false;
   /// @brief "sum", "mean" or "max", as plans and error messages print it.

@@ -23,6 +23,9 @@ class softmax_node : public detail::op_node<C> {
   using value_type = typename C::value_type;
   static_assert(Dim < C::rank, "pdo: softmax: the dim is out of range for the operand's rank");
   static_assert(std::is_floating_point_v<value_type>, "pdo: softmax: needs a floating-point operand");
+  /// @brief Whether the checks above hold here and every op below is well formed (see
+  /// detail::op_node): when not, eval stops after the error.
+  static constexpr bool well_formed = detail::op_node<C>::well_formed && Dim < C::rank && std::is_floating_point_v<value_type>;
   /// @brief The operand's rank.
   static constexpr std::size_t rank = C::rank;
   /// @brief false: a softmax is never fused into an elementwise group.
@@ -86,6 +89,10 @@ class cross_entropy_node : public detail::op_node<Logits, Labels> {
   using value_type = typename Logits::value_type;
   static_assert(Logits::rank == 2 && Labels::rank == 1, "pdo: cross_entropy: takes logits [N, C] and labels [N]");
   static_assert(std::is_floating_point_v<value_type>, "pdo: cross_entropy: needs floating-point logits");
+  /// @brief Whether the checks above hold here and every op below is well formed (see
+  /// detail::op_node): when not, eval stops after the error.
+  static constexpr bool well_formed = detail::op_node<Logits, Labels>::well_formed && Logits::rank == 2 && Labels::rank == 1 &&
+                                      std::is_floating_point_v<value_type>;
   /// @brief 0: the loss is one number.
   static constexpr std::size_t rank = 0;
   /// @brief false: a cross_entropy is never fused into an elementwise group.

@@ -142,13 +142,12 @@ PDO_NOINLINE inline void finish_mesh(mesh_state& state) {
 
 }  // namespace detail
 
-/// @brief An N-D grid of places whose axes are named by `Axes` ("dp", "tp", "pp").
-/// Extents are run-time values; the axis names are part of the type, so layouts can
-/// be checked against the mesh at compile time. Copies share one state.
+namespace detail {
+/// @brief The checks of a mesh's axis names, each with its message. Instantiated by the
+/// mesh's constructor, not its class: a failed one leaves the class whole, so nothing more is
+/// reported about its uses after it (clang would call every member of the class missing).
 template <fixed_string... Axes>
-class mesh {
-  static_assert(sizeof...(Axes) >= 1, "pdo: mesh: a mesh needs at least one named axis, e.g. pdo::mesh<\"dp\">");
-
+struct check_mesh_axes {
   static constexpr bool distinct_names() {
     constexpr std::array<std::string_view, sizeof...(Axes)> names{Axes.view()...};
     for (std::size_t i = 0; i < names.size(); ++i)
@@ -156,8 +155,17 @@ class mesh {
         if (names[i] == names[j]) return false;
     return true;
   }
+  static_assert(sizeof...(Axes) >= 1, "pdo: mesh: a mesh needs at least one named axis, e.g. pdo::mesh<\"dp\">");
   static_assert(distinct_names(), "pdo: mesh: two axes have the same name; give every mesh axis its own name");
+  static_assert(((Axes.view().size() > 0) && ...), "pdo: mesh: an axis name is empty; name every mesh axis, e.g. pdo::mesh<\"dp\">");
+};
+}  // namespace detail
 
+/// @brief An N-D grid of places whose axes are named by `Axes` ("dp", "tp", "pp").
+/// Extents are run-time values; the axis names are part of the type, so layouts can
+/// be checked against the mesh at compile time. Copies share one state.
+template <fixed_string... Axes>
+class mesh {
  public:
   /// @brief Marks this class as a mesh (see pdo::mesh_type).
   using mesh_tag = void;
@@ -179,7 +187,9 @@ class mesh {
   static constexpr bool has_axis(std::string_view name) { return axis_index(name) < ndim; }
 
   /// @brief A handle on `state`, shared with the other copies (pdo::make_mesh builds and checks it: use that).
-  explicit mesh(std::shared_ptr<detail::mesh_state> state) : state_(std::move(state)) {}
+  explicit mesh(std::shared_ptr<detail::mesh_state> state) : state_(std::move(state)) {
+    static_assert(sizeof(detail::check_mesh_axes<Axes...>) != 0);
+  }
 
   /// @brief The number of places, of every process: the product of the extents.
   [[nodiscard]] std::size_t size() const { return state_->places.size(); }
