@@ -59,10 +59,10 @@ std::size_t bytes_sent(const Mesh& m, const redistribute_step& s, const std::vec
 /// with its output layout, ops fused into one kernel marked as such, and each collective
 /// with its axis, layouts and the bytes each place sends (place 0's block where shards are uneven).
 template <class Expr>
+  requires tensor_expression<std::remove_cvref_t<Expr>>
 std::string explain(const Expr& expr) {
   const auto& node = expr;
   using node_t = std::remove_cvref_t<Expr>;
-  static_assert(tensor_expression<node_t>, "pdo: explain: pass an expression (an op applied to tensors or dtensors)");
   constexpr expression_plan plan = plan_of<node_t>();
   std::vector<detail::node_facts> nodes;
   detail::collect_nodes(node, nodes);
@@ -113,6 +113,16 @@ std::string explain(const Expr& expr) {
   }
   if (plan.size == 0) text += "  (nothing to compute: the result is the operand)\n";
   return text;
+}
+
+/// @brief Rejects at compile time what is not an expression (a tensor or dtensor itself, a
+/// pdo::var): one error.
+template <class X>
+  requires(!tensor_expression<std::remove_cvref_t<X>>)
+std::string explain(const X&) {
+  static_assert(detail::always_false<X>,
+                "pdo: explain: pass an expression (an op applied to tensors or dtensors; for a pdo::var, its value())");
+  return {};
 }
 
 }  // namespace pdo
