@@ -8752,6 +8752,7 @@ inline void fill_bytes(place_state* place, void* dst, const void* value, std::si
 
 #include <algorithm>
 #include <array>
+#include <concepts>
 #include <cstddef>
 #include <cstring>
 #include <initializer_list>
@@ -8795,6 +8796,20 @@ class tensor {
       throw shape_error("tensor: " + std::to_string(values.size()) + " values given for shape " +
                         detail::format_extents(shape) + " of " + std::to_string(size()) + " elements");
     detail::copy_bytes(place_.get(), data_, nullptr, values.begin(), bytes());
+  }
+  /// @brief Rejects at compile time a shape of another number of extents than the rank
+  /// (else `tensor<float, 2>({4})` would be a tensor of shape [4, 0]).
+  template <std::integral I, std::size_t N, class... Rest>
+    requires(N != Rank)
+  explicit tensor(const I (&)[N], Rest&&...) {
+    static_assert(N == Rank, "pdo: tensor<T, Rank>: the shape needs one extent per dim, as many as the tensor's rank");
+  }
+  /// @brief Rejects at compile time values given with a shape of another number of extents
+  /// than the rank.
+  template <std::integral I, std::size_t N>
+    requires(N != Rank)
+  tensor(const I (&)[N], std::initializer_list<T>) {
+    static_assert(N == Rank, "pdo: tensor<T, Rank>: the shape needs one extent per dim, as many as the tensor's rank");
   }
   /// @brief An uninitialised tensor, placed as the zero-filled one above (calling thread's place, else host).
   tensor(const shape_t<Rank>& shape, detail::uninitialized_t)
@@ -9148,6 +9163,13 @@ inline constexpr bool is_dtensor_v<dtensor<T, Rank, Mesh, Layout>> = true;
 /// @brief A pdo::dtensor type.
 template <class T>
 concept distributed_tensor = is_dtensor_v<std::remove_cvref_t<T>>;
+
+namespace detail {
+/// @brief The replicated dtensor of element type `T` and rank `Rank` on `Mesh`: the stand-in
+/// result of an operation whose error was given (see unformed_result).
+template <class T, std::size_t Rank, class Mesh>
+using replicated_dtensor_t = dtensor<T, Rank, Mesh, replicated_layout_t<Rank>>;
+}  // namespace detail
 
 }  // namespace pdo
 #endif  // PDO_SINGLE_PDO_TENSOR_DTENSOR_HPP
@@ -12964,7 +12986,7 @@ struct unformed_value {
 };
 template <class Node>
 struct unformed_value<Node, true> {
-  using type = dtensor<typename Node::value_type, Node::rank, typename Node::mesh_type, replicated_layout_t<Node::rank>>;
+  using type = replicated_dtensor_t<typename Node::value_type, Node::rank, typename Node::mesh_type>;
 };
 template <class Node>
 using unformed_value_t = typename unformed_value<Node>::type;
@@ -13267,7 +13289,7 @@ auto eval_async(Expr&& expr) {
     // the operands' error was given where the expression was made: nothing more after it
     using node_t = detail::expression_t<Expr>;
     if constexpr (node_t::distributed) return detail::unformed_result<async_result<detail::unformed_value_t<node_t>>>();
-    else return 0;
+    else return detail::unformed_result<detail::unformed_value_t<node_t>>();
   } else if constexpr (!detail::expression_t<Expr>::distributed) {
     static_assert(detail::always_false<Expr>,
                   "pdo: eval_async: the expression has no dtensor operand; evaluate local tensors with pdo::eval");
@@ -13371,7 +13393,7 @@ template <class Entry, class Mesh, class T, std::size_t Rank>
 auto distribute(const Mesh&, const tensor<T, Rank>&) {
   static_assert(detail::always_false<Entry>,
                 "pdo: distribute: give a layout, pdo::layout<...> with one entry per tensor dim (pdo::layout<pdo::split<\"dp\">>, not pdo::split<\"dp\">)");
-  return detail::unformed_result<dtensor<T, Rank, Mesh, detail::replicated_layout_t<Rank>>>();
+  return detail::unformed_result<detail::replicated_dtensor_t<T, Rank, Mesh>>();
 }
 
 /// @brief Cuts the host tensor `host` over `m` as `Layout`: each place of this process
@@ -13383,7 +13405,7 @@ template <layout_spec Layout, mesh_type Mesh, element T, std::size_t Rank>
 auto distribute(const Mesh& m, const tensor<T, Rank>& host) {
   if constexpr (!detail::check_layout<"distribute", Layout, Mesh, Rank>::ok) {
     // the layout's error was given: nothing more after it
-    return detail::unformed_result<dtensor<T, Rank, Mesh, detail::replicated_layout_t<Rank>>>();
+    return detail::unformed_result<detail::replicated_dtensor_t<T, Rank, Mesh>>();
   } else {
     const auto& local = m.local_places();
     std::vector<tensor<T, Rank>> shards(local.size());
@@ -13429,7 +13451,7 @@ template <class Entry, class T, std::size_t Rank, class Mesh, class From>
 auto redistribute(const dtensor<T, Rank, Mesh, From>&) {
   static_assert(detail::always_false<Entry>,
                 "pdo: redistribute: give a layout, pdo::layout<...> with one entry per tensor dim (pdo::layout<pdo::replicate>, not pdo::replicate)");
-  return detail::unformed_result<dtensor<T, Rank, Mesh, detail::replicated_layout_t<Rank>>>();
+  return detail::unformed_result<detail::replicated_dtensor_t<T, Rank, Mesh>>();
 }
 
 /// @brief `x` laid out as `To`. The steps are planned at compile time
@@ -13442,7 +13464,7 @@ template <layout_spec To, element T, std::size_t Rank, mesh_type Mesh, layout_sp
 auto redistribute(const dtensor<T, Rank, Mesh, From>& x) {
   if constexpr (!detail::check_layout<"redistribute", To, Mesh, Rank>::ok) {
     // the layout's error was given: nothing more after it
-    return detail::unformed_result<dtensor<T, Rank, Mesh, detail::replicated_layout_t<Rank>>>();
+    return detail::unformed_result<detail::replicated_dtensor_t<T, Rank, Mesh>>();
   } else {
     return detail::redistribute_to<To>(x);
   }
@@ -13925,6 +13947,16 @@ void backward(const var<V>& loss) {
                 "pdo: backward(loss) needs a rank-0 value; pass the seed gradient for other values: backward(out, seed)");
   using T = typename detail::value_kind<V>::element_type;
   backward(loss, detail::eval_as<detail::grad_t<V>>(detail::make_elementwise<op::expand>(T(1), loss.value())));
+}
+
+/// @brief Rejects at compile time a seed that is not a gradient of `out` (another element
+/// type or rank; for a dtensor, another mesh, or a layout that does not convert).
+template <class V, class Seed>
+  requires(!std::convertible_to<const Seed&, detail::grad_t<V>>)
+void backward(const var<V>&, const Seed&) {
+  static_assert(detail::always_false<Seed>,
+                "pdo: backward(out, seed): the seed is d(loss)/d(out), a value of out's gradient type: out's element type and rank "
+                "(for a dtensor, its mesh and layout)");
 }
 
 /// @brief Rejects at compile time a value that is not a pdo::var: it has no graph to take
@@ -14504,6 +14536,69 @@ auto unsqueeze(const var<A>& a) {
     return detail::record(
         std::move(y), [a](auto& self) { detail::add_grad(a, pdo::sum<Dim>(*self.grad)); }, a);
   }
+}
+
+// ---- a var with a plain tensor on the other side: one compile error ----
+
+namespace detail {
+/// @brief A var and a tensor operand (a pdo::tensor, a pdo::dtensor or an expression of
+/// them), in either order: what the ops on vars do not take.
+template <class A, class B>
+concept var_with_tensor = (is_var_v<A> && tensor_operand<B>) || (tensor_operand<A> && is_var_v<B>);
+
+/// @brief The operand as an expression takes it: a var's value, a tensor operand itself.
+template <class X>
+const auto& value_operand(const X& x) {
+  if constexpr (is_var_v<X>) return x.value();
+  else return x;
+}
+
+/// @brief The error of an op given a var and a plain tensor; an empty var of the type the
+/// op on the two values would have (`Node`) stands for its result, so nothing more is
+/// reported.
+template <class Node>
+auto var_with_tensor_result() {
+  static_assert(always_false<Node>,
+                "pdo: an op on a pdo::var was given a plain tensor or expression as its other operand: make that a var too, "
+                "pdo::var(x) (a constant: no gradient)");
+  return var<unformed_value_t<expression_t<Node>>>{};
+}
+}  // namespace detail
+
+template <class A, class B>
+  requires detail::var_with_tensor<A, B>
+auto operator+(const A& a, const B& b) {
+  return detail::var_with_tensor_result<decltype(detail::value_operand(a) + detail::value_operand(b))>();
+}
+template <class A, class B>
+  requires detail::var_with_tensor<A, B>
+auto operator-(const A& a, const B& b) {
+  return detail::var_with_tensor_result<decltype(detail::value_operand(a) - detail::value_operand(b))>();
+}
+template <class A, class B>
+  requires detail::var_with_tensor<A, B>
+auto operator*(const A& a, const B& b) {
+  return detail::var_with_tensor_result<decltype(detail::value_operand(a) * detail::value_operand(b))>();
+}
+template <class A, class B>
+  requires detail::var_with_tensor<A, B>
+auto operator/(const A& a, const B& b) {
+  return detail::var_with_tensor_result<decltype(detail::value_operand(a) / detail::value_operand(b))>();
+}
+template <class A, class B>
+  requires detail::var_with_tensor<A, B>
+auto maximum(const A& a, const B& b) {
+  return detail::var_with_tensor_result<decltype(pdo::maximum(detail::value_operand(a), detail::value_operand(b)))>();
+}
+template <class A, class B>
+  requires detail::var_with_tensor<A, B>
+auto minimum(const A& a, const B& b) {
+  return detail::var_with_tensor_result<decltype(pdo::minimum(detail::value_operand(a), detail::value_operand(b)))>();
+}
+template <class A, class B>
+  requires detail::var_with_tensor<A, B>
+auto matmul(const A& a, const B& b) {
+  return detail::var_with_tensor_result<decltype(pdo::matmul(detail::value_operand(a), detail::value_operand(b)))>();
 }
 
 }  // namespace pdo
@@ -15415,12 +15510,6 @@ struct window_layout<dtensor<T, 4, M, L>> {
 };
 template <class V>
 using window_layout_t = typename window_layout<V>::type;
-/// @brief Whether a window op under `Policy` takes x of value type V (a dtensor or a local
-/// tensor): the policy is implicit or strict, and strict's input has no split spatial dim.
-template <class Policy, class V>
-constexpr bool window_op_allowed() {
-  return window_policy_allows<Policy, window_layout_t<V>>();
-}
 template <class Policy, fixed_string Op, class LX>
 constexpr bool check_window_policy() {
   static_assert(std::is_same_v<Policy, implicit> || std::is_same_v<Policy, strict>,
@@ -15669,7 +15758,7 @@ var<dtensor<T, 4, Mesh, L>> pool2d(const char* op, const var<dtensor<T, 4, Mesh,
 template <class Policy = implicit, class V>
   requires(detail::value_kind<V>::rank == 4)
 var<V> max_pool2d(const var<V>& x, std::size_t kernel, window_options o = {0, 0}) {
-  if constexpr (!detail::window_op_allowed<Policy, V>()) {
+  if constexpr (!detail::window_policy_allows<Policy, detail::window_layout_t<V>>()) {
     (void)detail::check_window_policy<Policy, "max_pool2d", detail::window_layout_t<V>>();
     return var<V>{};  // the error was given: nothing more after it
   } else {
@@ -15682,7 +15771,7 @@ var<V> max_pool2d(const var<V>& x, std::size_t kernel, window_options o = {0, 0}
 template <class Policy = implicit, class V>
   requires(detail::value_kind<V>::rank == 4)
 var<V> avg_pool2d(const var<V>& x, std::size_t kernel, window_options o = {0, 0}) {
-  if constexpr (!detail::window_op_allowed<Policy, V>()) {
+  if constexpr (!detail::window_policy_allows<Policy, detail::window_layout_t<V>>()) {
     (void)detail::check_window_policy<Policy, "avg_pool2d", detail::window_layout_t<V>>();
     return var<V>{};  // the error was given: nothing more after it
   } else {
@@ -16083,20 +16172,19 @@ auto merge_parts(const Mesh& m, Part&& part, Access reads = {}) {
 }
 
 /// @brief parallel_do once its block is known to return a part: the layout and mesh checks
-/// (each error given once, a value of the type the result would most likely have had
-/// standing for the result after it), then the run.
-template <layout_spec OutLayout, class Block, class... Args>
+/// (each error given once, a value of type `Unformed` standing for the result after it),
+/// then the run.
+template <layout_spec OutLayout, class Unformed, class Block, class... Args>
 auto parallel_do_checked(Block& block, const Args&... args) {
   using returned_t = std::invoke_result_t<Block&, detail::local_view_t<Args>...>;
   using result_t = decltype(detail::as_block_part(std::declval<returned_t>()));
   using mesh_t = typename std::remove_cvref_t<decltype(detail::first_dtensor(args...))>::mesh_type;
-  using unformed_t = dtensor<typename result_t::value_type, OutLayout::rank, mesh_t, replicated_layout_t<OutLayout::rank>>;
   if constexpr (!detail::check_layout<"parallel_do", OutLayout, mesh_t, result_t::rank>::ok) {
-    return detail::unformed_result<unformed_t>();
+    return detail::unformed_result<Unformed>();
   } else if constexpr (!detail::check_one_mesh_type<mesh_t, Args...>::ok) {
-    return detail::unformed_result<unformed_t>();
+    return detail::unformed_result<Unformed>();
   } else if constexpr (!detail::check_parts_mergeable<OutLayout, typename detail::argument_layout<Args>::type...>::ok) {
-    return detail::unformed_result<unformed_t>();
+    return detail::unformed_result<Unformed>();
   } else {
     const mesh_t& m = detail::first_dtensor(args...).mesh();
     (detail::check_same_mesh(args, m), ...);
@@ -16128,7 +16216,7 @@ auto parallel_do(Block&& block, const Args&... args) {
   // each check's error is given once, with nothing instantiated after it (a value of the
   // type the result would most likely have had stands for the result)
   using first_t = std::remove_cvref_t<decltype(detail::first_dtensor(args...))>;
-  using unformed_t = dtensor<typename first_t::value_type, OutLayout::rank, typename first_t::mesh_type, detail::replicated_layout_t<OutLayout::rank>>;
+  using unformed_t = detail::replicated_dtensor_t<typename first_t::value_type, OutLayout::rank, typename first_t::mesh_type>;
   if constexpr (!std::is_invocable_v<Block&, detail::local_view_t<Args>...>) {
     static_assert(detail::always_false<Block>,
                   "pdo: parallel_do: the block cannot be called with the arguments as it receives them: a dtensor's local shard "
@@ -16143,7 +16231,7 @@ auto parallel_do(Block&& block, const Args&... args) {
     if constexpr (!part_ok) {
       return detail::unformed_result<unformed_t>();
     } else {
-      return detail::parallel_do_checked<OutLayout>(block, args...);
+      return detail::parallel_do_checked<OutLayout, unformed_t>(block, args...);
     }
   }
 }
@@ -16339,7 +16427,7 @@ auto parallel_do(Block&& block, const Args&... args) {
   using merged_t = dtensor<T, rank, mesh_t, OutLayout>;
   // each check's error is given once, with nothing instantiated after it (an empty var of
   // the type the result would most likely have had stands for the result)
-  using unformed_t = var<dtensor<T, OutLayout::rank, mesh_t, detail::replicated_layout_t<OutLayout::rank>>>;
+  using unformed_t = var<detail::replicated_dtensor_t<T, OutLayout::rank, mesh_t>>;
   if constexpr (!detail::check_layout<"parallel_do", OutLayout, mesh_t, rank>::ok) {
     return unformed_t{};
   } else if constexpr (!detail::check_one_mesh_type<mesh_t, detail::operand_holder_t<Args>...>::ok) {
@@ -17850,6 +17938,13 @@ class sgd : public optimizer_base<T> {
                   "pdo: sgd<T>: the parameters' element type is not T; give the optimizer the parameters' type "
                   "(sgd<double> for a linear<double>'s)");
   }
+  /// @brief Rejects at compile time a layer or model given for its parameters.
+  template <class Layer>
+    requires requires(Layer& layer) { layer.parameters(); }
+  sgd(Layer&, sgd_options) : optimizer_base<T>(std::vector<parameter_ref<T>>{}) {
+    static_assert(pdo::detail::always_false<Layer>,
+                  "pdo: sgd: give the optimizer the layer's parameters, sgd<T>(layer.parameters(), {...}), not the layer");
+  }
   /// @brief Updates `params` with the settings `o`.
   /// A pdo::error when a setting is negative or not finite.
   sgd(std::vector<parameter_ref<T>> params, sgd_options o) : optimizer_base<T>(std::move(params)), o_(o), buffers_(params_.size()) {
@@ -17959,6 +18054,13 @@ class adam : public optimizer_base<T> {
     static_assert(pdo::detail::always_false<U>,
                   "pdo: adam<T>: the parameters' element type is not T; give the optimizer the parameters' type "
                   "(adam<double> for a linear<double>'s)");
+  }
+  /// @brief Rejects at compile time a layer or model given for its parameters.
+  template <class Layer>
+    requires requires(Layer& layer) { layer.parameters(); }
+  adam(Layer&, adam_options) : optimizer_base<T>(std::vector<parameter_ref<T>>{}) {
+    static_assert(pdo::detail::always_false<Layer>,
+                  "pdo: adam: give the optimizer the layer's parameters, adam<T>(layer.parameters(), {...}), not the layer");
   }
   /// @brief Updates `params` with the settings `o`.
   /// A pdo::error when a setting is out of its range (betas in [0, 1), the others >= 0) or not finite.
@@ -22068,7 +22170,7 @@ template <element T, std::size_t R, layout_spec Layout, mesh_type Mesh>
 auto read(const std::filesystem::path& dir, const std::string& name, const Mesh& m, const load_options& o = {}) {
   if constexpr (!pdo::detail::check_layout<"io::read", Layout, Mesh, R>::ok) {
     // the layout's error was given: nothing more after it
-    return pdo::detail::unformed_result<dtensor<T, R, Mesh, pdo::detail::replicated_layout_t<R>>>();
+    return pdo::detail::unformed_result<pdo::detail::replicated_dtensor_t<T, R, Mesh>>();
   } else {
     const shape_t<R> shape = detail::shape_to_read<R>(dir, name);
     std::vector<tensor<T, R>> shards;

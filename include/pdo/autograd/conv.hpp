@@ -493,12 +493,6 @@ struct window_layout<dtensor<T, 4, M, L>> {
 };
 template <class V>
 using window_layout_t = typename window_layout<V>::type;
-/// @brief Whether a window op under `Policy` takes x of value type V (a dtensor or a local
-/// tensor): the policy is implicit or strict, and strict's input has no split spatial dim.
-template <class Policy, class V>
-constexpr bool window_op_allowed() {
-  return window_policy_allows<Policy, window_layout_t<V>>();
-}
 template <class Policy, fixed_string Op, class LX>
 constexpr bool check_window_policy() {
   static_assert(std::is_same_v<Policy, implicit> || std::is_same_v<Policy, strict>,
@@ -747,7 +741,7 @@ var<dtensor<T, 4, Mesh, L>> pool2d(const char* op, const var<dtensor<T, 4, Mesh,
 template <class Policy = implicit, class V>
   requires(detail::value_kind<V>::rank == 4)
 var<V> max_pool2d(const var<V>& x, std::size_t kernel, window_options o = {0, 0}) {
-  if constexpr (!detail::window_op_allowed<Policy, V>()) {
+  if constexpr (!detail::window_policy_allows<Policy, detail::window_layout_t<V>>()) {
     (void)detail::check_window_policy<Policy, "max_pool2d", detail::window_layout_t<V>>();
     return var<V>{};  // the error was given: nothing more after it
   } else {
@@ -760,7 +754,7 @@ var<V> max_pool2d(const var<V>& x, std::size_t kernel, window_options o = {0, 0}
 template <class Policy = implicit, class V>
   requires(detail::value_kind<V>::rank == 4)
 var<V> avg_pool2d(const var<V>& x, std::size_t kernel, window_options o = {0, 0}) {
-  if constexpr (!detail::window_op_allowed<Policy, V>()) {
+  if constexpr (!detail::window_policy_allows<Policy, detail::window_layout_t<V>>()) {
     (void)detail::check_window_policy<Policy, "avg_pool2d", detail::window_layout_t<V>>();
     return var<V>{};  // the error was given: nothing more after it
   } else {

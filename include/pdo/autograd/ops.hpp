@@ -508,4 +508,67 @@ auto unsqueeze(const var<A>& a) {
   }
 }
 
+// ---- a var with a plain tensor on the other side: one compile error ----
+
+namespace detail {
+/// @brief A var and a tensor operand (a pdo::tensor, a pdo::dtensor or an expression of
+/// them), in either order: what the ops on vars do not take.
+template <class A, class B>
+concept var_with_tensor = (is_var_v<A> && tensor_operand<B>) || (tensor_operand<A> && is_var_v<B>);
+
+/// @brief The operand as an expression takes it: a var's value, a tensor operand itself.
+template <class X>
+const auto& value_operand(const X& x) {
+  if constexpr (is_var_v<X>) return x.value();
+  else return x;
+}
+
+/// @brief The error of an op given a var and a plain tensor; an empty var of the type the
+/// op on the two values would have (`Node`) stands for its result, so nothing more is
+/// reported.
+template <class Node>
+auto var_with_tensor_result() {
+  static_assert(always_false<Node>,
+                "pdo: an op on a pdo::var was given a plain tensor or expression as its other operand: make that a var too, "
+                "pdo::var(x) (a constant: no gradient)");
+  return var<unformed_value_t<expression_t<Node>>>{};
+}
+}  // namespace detail
+
+template <class A, class B>
+  requires detail::var_with_tensor<A, B>
+auto operator+(const A& a, const B& b) {
+  return detail::var_with_tensor_result<decltype(detail::value_operand(a) + detail::value_operand(b))>();
+}
+template <class A, class B>
+  requires detail::var_with_tensor<A, B>
+auto operator-(const A& a, const B& b) {
+  return detail::var_with_tensor_result<decltype(detail::value_operand(a) - detail::value_operand(b))>();
+}
+template <class A, class B>
+  requires detail::var_with_tensor<A, B>
+auto operator*(const A& a, const B& b) {
+  return detail::var_with_tensor_result<decltype(detail::value_operand(a) * detail::value_operand(b))>();
+}
+template <class A, class B>
+  requires detail::var_with_tensor<A, B>
+auto operator/(const A& a, const B& b) {
+  return detail::var_with_tensor_result<decltype(detail::value_operand(a) / detail::value_operand(b))>();
+}
+template <class A, class B>
+  requires detail::var_with_tensor<A, B>
+auto maximum(const A& a, const B& b) {
+  return detail::var_with_tensor_result<decltype(pdo::maximum(detail::value_operand(a), detail::value_operand(b)))>();
+}
+template <class A, class B>
+  requires detail::var_with_tensor<A, B>
+auto minimum(const A& a, const B& b) {
+  return detail::var_with_tensor_result<decltype(pdo::minimum(detail::value_operand(a), detail::value_operand(b)))>();
+}
+template <class A, class B>
+  requires detail::var_with_tensor<A, B>
+auto matmul(const A& a, const B& b) {
+  return detail::var_with_tensor_result<decltype(pdo::matmul(detail::value_operand(a), detail::value_operand(b)))>();
+}
+
 }  // namespace pdo

@@ -195,7 +195,7 @@ auto parallel_do(Block&& block, const Args&... args) {
   using merged_t = dtensor<T, rank, mesh_t, OutLayout>;
   // each check's error is given once, with nothing instantiated after it (an empty var of
   // the type the result would most likely have had stands for the result)
-  using unformed_t = var<dtensor<T, OutLayout::rank, mesh_t, detail::replicated_layout_t<OutLayout::rank>>>;
+  using unformed_t = var<detail::replicated_dtensor_t<T, OutLayout::rank, mesh_t>>;
   if constexpr (!detail::check_layout<"parallel_do", OutLayout, mesh_t, rank>::ok) {
     return unformed_t{};
   } else if constexpr (!detail::check_one_mesh_type<mesh_t, detail::operand_holder_t<Args>...>::ok) {

@@ -362,6 +362,16 @@ void backward(const var<V>& loss) {
   backward(loss, detail::eval_as<detail::grad_t<V>>(detail::make_elementwise<op::expand>(T(1), loss.value())));
 }
 
+/// @brief Rejects at compile time a seed that is not a gradient of `out` (another element
+/// type or rank; for a dtensor, another mesh, or a layout that does not convert).
+template <class V, class Seed>
+  requires(!std::convertible_to<const Seed&, detail::grad_t<V>>)
+void backward(const var<V>&, const Seed&) {
+  static_assert(detail::always_false<Seed>,
+                "pdo: backward(out, seed): the seed is d(loss)/d(out), a value of out's gradient type: out's element type and rank "
+                "(for a dtensor, its mesh and layout)");
+}
+
 /// @brief Rejects at compile time a value that is not a pdo::var: it has no graph to take
 /// a gradient through.
 template <class V, class... Seed>

@@ -30,7 +30,7 @@ struct unformed_value {
 };
 template <class Node>
 struct unformed_value<Node, true> {
-  using type = dtensor<typename Node::value_type, Node::rank, typename Node::mesh_type, replicated_layout_t<Node::rank>>;
+  using type = replicated_dtensor_t<typename Node::value_type, Node::rank, typename Node::mesh_type>;
 };
 template <class Node>
 using unformed_value_t = typename unformed_value<Node>::type;
@@ -333,7 +333,7 @@ auto eval_async(Expr&& expr) {
     // the operands' error was given where the expression was made: nothing more after it
     using node_t = detail::expression_t<Expr>;
     if constexpr (node_t::distributed) return detail::unformed_result<async_result<detail::unformed_value_t<node_t>>>();
-    else return 0;
+    else return detail::unformed_result<detail::unformed_value_t<node_t>>();
   } else if constexpr (!detail::expression_t<Expr>::distributed) {
     static_assert(detail::always_false<Expr>,
                   "pdo: eval_async: the expression has no dtensor operand; evaluate local tensors with pdo::eval");

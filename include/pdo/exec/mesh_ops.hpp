@@ -31,7 +31,7 @@ template <class Entry, class Mesh, class T, std::size_t Rank>
 auto distribute(const Mesh&, const tensor<T, Rank>&) {
   static_assert(detail::always_false<Entry>,
                 "pdo: distribute: give a layout, pdo::layout<...> with one entry per tensor dim (pdo::layout<pdo::split<\"dp\">>, not pdo::split<\"dp\">)");
-  return detail::unformed_result<dtensor<T, Rank, Mesh, detail::replicated_layout_t<Rank>>>();
+  return detail::unformed_result<detail::replicated_dtensor_t<T, Rank, Mesh>>();
 }
 
 /// @brief Cuts the host tensor `host` over `m` as `Layout`: each place of this process
@@ -43,7 +43,7 @@ template <layout_spec Layout, mesh_type Mesh, element T, std::size_t Rank>
 auto distribute(const Mesh& m, const tensor<T, Rank>& host) {
   if constexpr (!detail::check_layout<"distribute", Layout, Mesh, Rank>::ok) {
     // the layout's error was given: nothing more after it
-    return detail::unformed_result<dtensor<T, Rank, Mesh, detail::replicated_layout_t<Rank>>>();
+    return detail::unformed_result<detail::replicated_dtensor_t<T, Rank, Mesh>>();
   } else {
     const auto& local = m.local_places();
     std::vector<tensor<T, Rank>> shards(local.size());
@@ -89,7 +89,7 @@ template <class Entry, class T, std::size_t Rank, class Mesh, class From>
 auto redistribute(const dtensor<T, Rank, Mesh, From>&) {
   static_assert(detail::always_false<Entry>,
                 "pdo: redistribute: give a layout, pdo::layout<...> with one entry per tensor dim (pdo::layout<pdo::replicate>, not pdo::replicate)");
-  return detail::unformed_result<dtensor<T, Rank, Mesh, detail::replicated_layout_t<Rank>>>();
+  return detail::unformed_result<detail::replicated_dtensor_t<T, Rank, Mesh>>();
 }
 
 /// @brief `x` laid out as `To`. The steps are planned at compile time
@@ -102,7 +102,7 @@ template <layout_spec To, element T, std::size_t Rank, mesh_type Mesh, layout_sp
 auto redistribute(const dtensor<T, Rank, Mesh, From>& x) {
   if constexpr (!detail::check_layout<"redistribute", To, Mesh, Rank>::ok) {
     // the layout's error was given: nothing more after it
-    return detail::unformed_result<dtensor<T, Rank, Mesh, detail::replicated_layout_t<Rank>>>();
+    return detail::unformed_result<detail::replicated_dtensor_t<T, Rank, Mesh>>();
   } else {
     return detail::redistribute_to<To>(x);
   }

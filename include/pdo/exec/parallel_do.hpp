@@ -286,20 +286,19 @@ auto merge_parts(const Mesh& m, Part&& part, Access reads = {}) {
 }
 
 /// @brief parallel_do once its block is known to return a part: the layout and mesh checks
-/// (each error given once, a value of the type the result would most likely have had
-/// standing for the result after it), then the run.
-template <layout_spec OutLayout, class Block, class... Args>
+/// (each error given once, a value of type `Unformed` standing for the result after it),
+/// then the run.
+template <layout_spec OutLayout, class Unformed, class Block, class... Args>
 auto parallel_do_checked(Block& block, const Args&... args) {
   using returned_t = std::invoke_result_t<Block&, detail::local_view_t<Args>...>;
   using result_t = decltype(detail::as_block_part(std::declval<returned_t>()));
   using mesh_t = typename std::remove_cvref_t<decltype(detail::first_dtensor(args...))>::mesh_type;
-  using unformed_t = dtensor<typename result_t::value_type, OutLayout::rank, mesh_t, replicated_layout_t<OutLayout::rank>>;
   if constexpr (!detail::check_layout<"parallel_do", OutLayout, mesh_t, result_t::rank>::ok) {
-    return detail::unformed_result<unformed_t>();
+    return detail::unformed_result<Unformed>();
   } else if constexpr (!detail::check_one_mesh_type<mesh_t, Args...>::ok) {
-    return detail::unformed_result<unformed_t>();
+    return detail::unformed_result<Unformed>();
   } else if constexpr (!detail::check_parts_mergeable<OutLayout, typename detail::argument_layout<Args>::type...>::ok) {
-    return detail::unformed_result<unformed_t>();
+    return detail::unformed_result<Unformed>();
   } else {
     const mesh_t& m = detail::first_dtensor(args...).mesh();
     (detail::check_same_mesh(args, m), ...);
@@ -331,7 +330,7 @@ auto parallel_do(Block&& block, const Args&... args) {
   // each check's error is given once, with nothing instantiated after it (a value of the
   // type the result would most likely have had stands for the result)
   using first_t = std::remove_cvref_t<decltype(detail::first_dtensor(args...))>;
-  using unformed_t = dtensor<typename first_t::value_type, OutLayout::rank, typename first_t::mesh_type, detail::replicated_layout_t<OutLayout::rank>>;
+  using unformed_t = detail::replicated_dtensor_t<typename first_t::value_type, OutLayout::rank, typename first_t::mesh_type>;
   if constexpr (!std::is_invocable_v<Block&, detail::local_view_t<Args>...>) {
     static_assert(detail::always_false<Block>,
                   "pdo: parallel_do: the block cannot be called with the arguments as it receives them: a dtensor's local shard "
@@ -346,7 +345,7 @@ auto parallel_do(Block&& block, const Args&... args) {
     if constexpr (!part_ok) {
       return detail::unformed_result<unformed_t>();
     } else {
-      return detail::parallel_do_checked<OutLayout>(block, args...);
+      return detail::parallel_do_checked<OutLayout, unformed_t>(block, args...);
     }
   }
 }

@@ -1060,7 +1060,7 @@ template <element T, std::size_t R, layout_spec Layout, mesh_type Mesh>
 auto read(const std::filesystem::path& dir, const std::string& name, const Mesh& m, const load_options& o = {}) {
   if constexpr (!pdo::detail::check_layout<"io::read", Layout, Mesh, R>::ok) {
     // the layout's error was given: nothing more after it
-    return pdo::detail::unformed_result<dtensor<T, R, Mesh, pdo::detail::replicated_layout_t<R>>>();
+    return pdo::detail::unformed_result<pdo::detail::replicated_dtensor_t<T, R, Mesh>>();
   } else {
     const shape_t<R> shape = detail::shape_to_read<R>(dir, name);
     std::vector<tensor<T, R>> shards;

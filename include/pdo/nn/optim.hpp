@@ -236,6 +236,13 @@ class sgd : public optimizer_base<T> {
                   "pdo: sgd<T>: the parameters' element type is not T; give the optimizer the parameters' type "
                   "(sgd<double> for a linear<double>'s)");
   }
+  /// @brief Rejects at compile time a layer or model given for its parameters.
+  template <class Layer>
+    requires requires(Layer& layer) { layer.parameters(); }
+  sgd(Layer&, sgd_options) : optimizer_base<T>(std::vector<parameter_ref<T>>{}) {
+    static_assert(pdo::detail::always_false<Layer>,
+                  "pdo: sgd: give the optimizer the layer's parameters, sgd<T>(layer.parameters(), {...}), not the layer");
+  }
   /// @brief Updates `params` with the settings `o`.
   /// A pdo::error when a setting is negative or not finite.
   sgd(std::vector<parameter_ref<T>> params, sgd_options o) : optimizer_base<T>(std::move(params)), o_(o), buffers_(params_.size()) {
@@ -345,6 +352,13 @@ class adam : public optimizer_base<T> {
     static_assert(pdo::detail::always_false<U>,
                   "pdo: adam<T>: the parameters' element type is not T; give the optimizer the parameters' type "
                   "(adam<double> for a linear<double>'s)");
+  }
+  /// @brief Rejects at compile time a layer or model given for its parameters.
+  template <class Layer>
+    requires requires(Layer& layer) { layer.parameters(); }
+  adam(Layer&, adam_options) : optimizer_base<T>(std::vector<parameter_ref<T>>{}) {
+    static_assert(pdo::detail::always_false<Layer>,
+                  "pdo: adam: give the optimizer the layer's parameters, adam<T>(layer.parameters(), {...}), not the layer");
   }
   /// @brief Updates `params` with the settings `o`.
   /// A pdo::error when a setting is out of its range (betas in [0, 1), the others >= 0) or not finite.

@@ -191,4 +191,11 @@ inline constexpr bool is_dtensor_v<dtensor<T, Rank, Mesh, Layout>> = true;
 template <class T>
 concept distributed_tensor = is_dtensor_v<std::remove_cvref_t<T>>;
 
+namespace detail {
+/// @brief The replicated dtensor of element type `T` and rank `Rank` on `Mesh`: the stand-in
+/// result of an operation whose error was given (see unformed_result).
+template <class T, std::size_t Rank, class Mesh>
+using replicated_dtensor_t = dtensor<T, Rank, Mesh, replicated_layout_t<Rank>>;
+}  // namespace detail
+
 }  // namespace pdo

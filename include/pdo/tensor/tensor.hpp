@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <array>
+#include <concepts>
 #include <cstddef>
 #include <cstring>
 #include <initializer_list>
@@ -54,6 +55,20 @@ class tensor {
       throw shape_error("tensor: " + std::to_string(values.size()) + " values given for shape " +
                         detail::format_extents(shape) + " of " + std::to_string(size()) + " elements");
     detail::copy_bytes(place_.get(), data_, nullptr, values.begin(), bytes());
+  }
+  /// @brief Rejects at compile time a shape of another number of extents than the rank
+  /// (else `tensor<float, 2>({4})` would be a tensor of shape [4, 0]).
+  template <std::integral I, std::size_t N, class... Rest>
+    requires(N != Rank)
+  explicit tensor(const I (&)[N], Rest&&...) {
+    static_assert(N == Rank, "pdo: tensor<T, Rank>: the shape needs one extent per dim, as many as the tensor's rank");
+  }
+  /// @brief Rejects at compile time values given with a shape of another number of extents
+  /// than the rank.
+  template <std::integral I, std::size_t N>
+    requires(N != Rank)
+  tensor(const I (&)[N], std::initializer_list<T>) {
+    static_assert(N == Rank, "pdo: tensor<T, Rank>: the shape needs one extent per dim, as many as the tensor's rank");
   }
   /// @brief An uninitialised tensor, placed as the zero-filled one above (calling thread's place, else host).
   tensor(const shape_t<Rank>& shape, detail::uninitialized_t)
