@@ -440,6 +440,19 @@ TEST_CASE("eval_async queues work per place; errors surface at the wait", "[expr
     CHECK_THROWS_WITH(use(), Catch::Contains("used after it was moved from"));
   CHECK_THAT(moved.describe(), Catch::Contains("(moved from)"));
   CHECK(close(pdo::gather(kept), h, 0));
+  // an async_result moved from is still a handle on its evaluation; a mesh moved from has
+  // no places, and every use of it says so
+  auto handle = pdo::eval_async(a * 3.0);
+  const auto other = std::move(handle);
+  CHECK(close(pdo::gather(handle.get()), pdo::eval(h * 3.0), 0));
+  CHECK(other.ready());
+  auto mesh_moved = pdo_test::line_mesh(2);
+  const auto mesh_kept = std::move(mesh_moved);
+  for (const auto& use : std::vector<std::function<void()>>{[&] { (void)mesh_moved.size(); },
+                                                            [&] { (void)mesh_moved.describe(); },
+                                                            [&] { (void)pdo::distribute<L>(mesh_moved, h); }})
+    CHECK_THROWS_WITH(use(), Catch::Contains("mesh of 1 axis: used after it was moved from"));
+  CHECK(close(pdo::gather(pdo::distribute<L>(mesh_kept, h)), h, 0));
 }
 
 TEST_CASE("explain prints the plan with shapes and bytes", "[expr][plan]") {

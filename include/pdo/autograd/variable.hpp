@@ -192,7 +192,7 @@ class var {
   /// @brief An op's result, recorded with the nodes it was computed from.
   var(std::shared_ptr<detail::value_node<V>> node, bool requires_grad) : node_(std::move(node)), requires_grad_(requires_grad) {}
 
-  /// @brief The value (pdo::error on an empty, default-constructed var).
+  /// @brief The value (pdo::error on an empty var: default-constructed, or moved from).
   [[nodiscard]] const V& value() const { return held().value; }
   /// @brief The value, to change in place (optimizers update parameters this way).
   [[nodiscard]] V& value() { return held().value; }
@@ -223,7 +223,7 @@ class var {
 
  private:
   detail::value_node<V>& held() const {
-    if (!node_) throw error("var: this var is empty (default-constructed); assign it a value, a parameter or an op's result first");
+    if (!node_) throw error("var: this var is empty (default-constructed, or moved from); assign it a value, a parameter or an op's result first");
     return *node_;
   }
   std::shared_ptr<detail::value_node<V>> node_;

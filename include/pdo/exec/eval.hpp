@@ -288,6 +288,11 @@ class async_result {
   /// @brief The result `*result`, owned by the queued evaluation `state` (what eval_async returns).
   async_result(std::shared_ptr<const detail::queued_evaluation> state, DTensor* result)
       : state_(std::move(state)), result_(result) {}
+  /// @brief Another handle on the same evaluation. An async_result has no move of its own:
+  /// moving one copies it, so one moved from can still be waited for.
+  async_result(const async_result&) = default;
+  async_result& operator=(const async_result&) = default;
+  ~async_result() = default;
 
   /// @brief The result, possibly still being computed by its places. Used as an operand
   /// (`pdo::exp(r)`), an async_result keeps its evaluation alive until the expression is done.

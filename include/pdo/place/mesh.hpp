@@ -159,6 +159,12 @@ struct check_mesh_axes {
   static_assert(distinct_names(), "pdo: mesh: two axes have the same name; give every mesh axis its own name");
   static_assert(((Axes.view().size() > 0) && ...), "pdo: mesh: an axis name is empty; name every mesh axis, e.g. pdo::mesh<\"dp\">");
 };
+
+/// @brief The error of a mesh used after it was moved from (a mesh of `axes` axes).
+[[noreturn]] PDO_NOINLINE inline void throw_moved_from_mesh(std::size_t axes) {
+  throw error("mesh of " + std::to_string(axes) + (axes == 1 ? " axis" : " axes") +
+              ": used after it was moved from; it has no places (copy a mesh to share it: copies are handles on the same places)");
+}
 }  // namespace detail
 
 /// @brief An N-D grid of places whose axes are named by `Axes` ("dp", "tp", "pp").
@@ -192,38 +198,39 @@ class mesh {
   }
 
   /// @brief The number of places, of every process: the product of the extents.
-  [[nodiscard]] std::size_t size() const { return state_->places.size(); }
+  [[nodiscard]] std::size_t size() const { return live().places.size(); }
   /// @brief The number of places along axis number `axis`; pdo::layout_error when axis >= ndim.
   [[nodiscard]] std::size_t extent(std::size_t axis) const {
     check_axis(axis, "extent");
-    return state_->extents[axis];
+    return live().extents[axis];
   }
   /// @brief The number of places along the axis named `axis`; pdo::layout_error if there is none.
   [[nodiscard]] std::size_t extent(std::string_view axis) const { return extent(checked_axis(axis)); }
   /// @brief The extents, one per axis, in axis order.
-  [[nodiscard]] const std::vector<std::size_t>& extents() const { return state_->extents; }
+  [[nodiscard]] const std::vector<std::size_t>& extents() const { return live().extents; }
   /// @brief Place `index` (row-major over the axes); pdo::layout_error when index >= size().
   [[nodiscard]] const any_place& place(std::size_t index) const {
     if (index >= size())
       throw layout_error(describe() + " has " + std::to_string(size()) + " places; there is no place " + std::to_string(index));
-    return state_->places[index];
+    return live().places[index];
   }
   /// @brief Every place, row-major over the axes (the last axis varies fastest).
-  [[nodiscard]] const std::vector<any_place>& places() const { return state_->places; }
+  [[nodiscard]] const std::vector<any_place>& places() const { return live().places; }
   /// @brief Indices of the places that belong to this process.
-  [[nodiscard]] const std::vector<std::size_t>& local_places() const { return state_->local; }
+  [[nodiscard]] const std::vector<std::size_t>& local_places() const { return live().local; }
   /// @brief Whether the places belong to more than one process (the same answer on every
   /// process: a mesh whose places all live in one process is not, seen from any process).
-  [[nodiscard]] bool is_multiprocess() const { return state_->multiprocess; }
+  [[nodiscard]] bool is_multiprocess() const { return live().multiprocess; }
 
   /// @brief The coordinates of place `index` (row-major: the last axis varies fastest);
   /// pdo::layout_error when index >= size().
   [[nodiscard]] std::array<std::size_t, ndim> coords(std::size_t index) const {
     check_place(index, "coords");
+    const auto& grid = live().extents;
     std::array<std::size_t, ndim> c{};
     for (std::size_t a = ndim; a-- > 0;) {
-      c[a] = index % state_->extents[a];
-      index /= state_->extents[a];
+      c[a] = index % grid[a];
+      index /= grid[a];
     }
     return c;
   }
@@ -231,17 +238,18 @@ class mesh {
   [[nodiscard]] std::size_t coord(std::size_t index, std::size_t axis) const {
     check_axis(axis, "coord");
     check_place(index, "coord");
-    return detail::grid_coord(state_->extents, index, axis);
+    return detail::grid_coord(live().extents, index, axis);
   }
   /// @brief The index of the place at coordinates `c` (row-major; the inverse of coords());
   /// pdo::layout_error when a coordinate is not below its axis's extent.
   [[nodiscard]] std::size_t index(const std::array<std::size_t, ndim>& c) const {
+    const auto& grid = live().extents;
     std::size_t i = 0;
     for (std::size_t a = 0; a < ndim; ++a) {
-      if (c[a] >= state_->extents[a])
+      if (c[a] >= grid[a])
         throw layout_error(describe() + ": index: coordinate " + std::to_string(c[a]) + " along \"" + std::string(axis_names[a]) +
-                           "\" is outside its extent " + std::to_string(state_->extents[a]));
-      i = i * state_->extents[a] + c[a];
+                           "\" is outside its extent " + std::to_string(grid[a]));
+      i = i * grid[a] + c[a];
     }
     return i;
   }
@@ -251,12 +259,12 @@ class mesh {
   [[nodiscard]] std::vector<std::size_t> group(std::size_t axis, std::size_t index) const {
     check_axis(axis, "group");
     check_place(index, "group");
-    return detail::grid_group(state_->extents, axis, index);
+    return detail::grid_group(live().extents, axis, index);
   }
 
 
   /// @brief "mesh(dp=2, tp=2)".
-  [[nodiscard]] std::string describe() const { return detail::describe_mesh(*state_); }
+  [[nodiscard]] std::string describe() const { return detail::describe_mesh(live()); }
 
   /// @brief pdo::layout_error naming `op` and this mesh unless `index` is one of its places.
   void check_place(std::size_t index, std::string_view op) const {
@@ -276,6 +284,12 @@ class mesh {
   friend bool operator==(const mesh& a, const mesh& b) { return a.state_ == b.state_; }
 
  private:
+  /// The state, or a pdo::error for a mesh that was moved from (it has none).
+  const detail::mesh_state& live() const {
+    if (!state_) [[unlikely]]
+      detail::throw_moved_from_mesh(ndim);
+    return *state_;
+  }
   std::size_t checked_axis(std::string_view name) const {
     const std::size_t a = axis_index(name);
     if (a == ndim) throw layout_error(describe() + " has no axis \"" + std::string(name) + "\"");
