@@ -68,12 +68,16 @@ dt<R> rnd(const shape_t<R>& s, unsigned seed, double shift = 0) {
 
 TEST_CASE("autograd: an empty var says so instead of reading nothing", "[autograd]") {
   pdo::var<pdo::tensor<float, 1>> empty;
-  CHECK_THROWS_WITH(empty.value(), Catch::Contains("this var is empty (default-constructed)"));
+  CHECK_THROWS_WITH(empty.value(), Catch::Contains("this var is empty (default-constructed, or moved from)"));
   CHECK_THROWS_WITH(empty.shape(), Catch::Contains("this var is empty"));
   CHECK_THROWS_WITH(empty.grad(), Catch::Contains("this var is empty"));
   CHECK_THROWS_AS(empty.zero_grad(), pdo::error);
   empty = pdo::parameter(pdo::tensor<float, 1>({3}));
   CHECK(empty.shape()[0] == 3);
+  auto moved = pdo::parameter(pdo::tensor<float, 1>({2}));
+  const auto kept = std::move(moved);
+  CHECK_THROWS_WITH(moved.value(), Catch::Contains("this var is empty (default-constructed, or moved from)"));
+  CHECK(kept.shape()[0] == 2);
   CHECK_FALSE(empty.has_grad());
 }
 

@@ -7568,10 +7568,11 @@ concept dim_spec = is_dim_spec_v<T>;
 /// @brief How a tensor is laid out on a mesh: one entry per tensor dim.
 /// `layout<...>::partial<"tp">` marks a pending sum over mesh axis "tp": each place
 /// holds an addend, and the value is the sum over the places along that axis.
+/// Its entries are checked where it is used (detail::check_layout), with the mesh and the
+/// tensor's rank: a check here would make clang reject every overload whose constraint
+/// looks into a layout with a bad entry, a second error after the first.
 template <class... Dims>
 struct layout {
-  static_assert((dim_spec<Dims> && ...),
-                "pdo: layout: each entry must be pdo::split<\"axis\"> or pdo::replicate (one per tensor dim)");
   /// @brief Marks this type as a layout (see pdo::layout_spec).
   using layout_tag = void;
   /// @brief The layout without pending sums: this layout itself.
@@ -7583,7 +7584,7 @@ struct layout {
   /// @brief For each dim, the mesh axis it is split along, or "" where it is replicated.
   static constexpr std::array<std::string_view, rank> dim_axes{[] {
     if constexpr (dim_spec<Dims> && !std::is_same_v<Dims, replicate>) return Dims::axis;
-    else return std::string_view{};  // (a bad entry: the assertion above says so, once)
+    else return std::string_view{};  // (a bad entry: check_layout says so, once)
   }()...};
   /// @brief The axes of pending sums: none.
   static constexpr std::array<std::string_view, 0> partial_axes{};
@@ -8311,12 +8312,14 @@ class step_recorder {
 namespace pdo {
 
 /// @brief What is wrong with a layout on a mesh, if anything.
-enum class layout_problem { none, rank_mismatch, axis_not_in_mesh, axis_used_twice };
+enum class layout_problem { none, bad_entry, rank_mismatch, axis_not_in_mesh, axis_used_twice };
 
 namespace detail {
 
+/// @brief What is wrong with layout `L`, whose entries are splits and replicates, for a
+/// tensor of rank `tensor_rank` on `Mesh`.
 template <layout_spec L, class Mesh>
-constexpr layout_problem find_layout_problem(std::size_t tensor_rank) {
+constexpr layout_problem find_entries_problem(std::size_t tensor_rank) {
   constexpr layout_value v = value_of<L>();
   if (v.rank != tensor_rank) return layout_problem::rank_mismatch;
   std::array<std::string_view, max_rank + max_axes> used{};
@@ -8332,12 +8335,28 @@ constexpr layout_problem find_layout_problem(std::size_t tensor_rank) {
   return layout_problem::none;
 }
 
+/// @brief Whether every entry of a layout's entry list is a split or a replicate.
+template <class Dims>
+inline constexpr bool all_dim_specs = false;
+template <class... Dims>
+inline constexpr bool all_dim_specs<type_list<Dims...>> = (dim_spec<Dims> && ...);
+
+/// @brief What is wrong with layout `L` for a tensor of rank `tensor_rank` on `Mesh` (a bad
+/// entry first: nothing of such a layout is computed).
+template <layout_spec L, class Mesh>
+constexpr layout_problem find_layout_problem(std::size_t tensor_rank) {
+  if constexpr (!all_dim_specs<typename L::dims>) return layout_problem::bad_entry;
+  else return find_entries_problem<L, Mesh>(tensor_rank);
+}
+
 /// @brief Instantiated where a layout is used; its static_asserts fail with a message
 /// that says what is wrong, and the compiler's note names the op, the layout and the
 /// mesh (the template arguments of this type).
 template <fixed_string Op, layout_spec L, class Mesh, std::size_t Rank>
 struct check_layout {
   static constexpr layout_problem problem = find_layout_problem<L, Mesh>(Rank);
+  static_assert(problem != layout_problem::bad_entry,
+                "pdo: layout: each entry must be pdo::split<\"axis\"> or pdo::replicate (one per tensor dim)");
   static_assert(problem != layout_problem::rank_mismatch,
                 "pdo: layout has a different number of entries than the tensor has dims; give one entry "
                 "(pdo::split<\"axis\"> or pdo::replicate) per tensor dim");
@@ -13261,7 +13280,9 @@ class async_result {
   /// @brief Another handle on the same evaluation. An async_result has no move of its own:
   /// moving one copies it, so one moved from can still be waited for.
   async_result(const async_result&) = default;
+  /// @brief Makes this a handle on `other`'s evaluation (a move does the same).
   async_result& operator=(const async_result&) = default;
+  /// @brief Lets go of the evaluation; pdo::wait_all still waits for it when it was not waited for.
   ~async_result() = default;
 
   /// @brief The result, possibly still being computed by its places. Used as an operand

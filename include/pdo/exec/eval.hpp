@@ -291,7 +291,9 @@ class async_result {
   /// @brief Another handle on the same evaluation. An async_result has no move of its own:
   /// moving one copies it, so one moved from can still be waited for.
   async_result(const async_result&) = default;
+  /// @brief Makes this a handle on `other`'s evaluation (a move does the same).
   async_result& operator=(const async_result&) = default;
+  /// @brief Lets go of the evaluation; pdo::wait_all still waits for it when it was not waited for.
   ~async_result() = default;
 
   /// @brief The result, possibly still being computed by its places. Used as an operand

@@ -38,10 +38,11 @@ concept dim_spec = is_dim_spec_v<T>;
 /// @brief How a tensor is laid out on a mesh: one entry per tensor dim.
 /// `layout<...>::partial<"tp">` marks a pending sum over mesh axis "tp": each place
 /// holds an addend, and the value is the sum over the places along that axis.
+/// Its entries are checked where it is used (detail::check_layout), with the mesh and the
+/// tensor's rank: a check here would make clang reject every overload whose constraint
+/// looks into a layout with a bad entry, a second error after the first.
 template <class... Dims>
 struct layout {
-  static_assert((dim_spec<Dims> && ...),
-                "pdo: layout: each entry must be pdo::split<\"axis\"> or pdo::replicate (one per tensor dim)");
   /// @brief Marks this type as a layout (see pdo::layout_spec).
   using layout_tag = void;
   /// @brief The layout without pending sums: this layout itself.
@@ -53,7 +54,7 @@ struct layout {
   /// @brief For each dim, the mesh axis it is split along, or "" where it is replicated.
   static constexpr std::array<std::string_view, rank> dim_axes{[] {
     if constexpr (dim_spec<Dims> && !std::is_same_v<Dims, replicate>) return Dims::axis;
-    else return std::string_view{};  // (a bad entry: the assertion above says so, once)
+    else return std::string_view{};  // (a bad entry: check_layout says so, once)
   }()...};
   /// @brief The axes of pending sums: none.
   static constexpr std::array<std::string_view, 0> partial_axes{};

@@ -10,12 +10,14 @@
 namespace pdo {
 
 /// @brief What is wrong with a layout on a mesh, if anything.
-enum class layout_problem { none, rank_mismatch, axis_not_in_mesh, axis_used_twice };
+enum class layout_problem { none, bad_entry, rank_mismatch, axis_not_in_mesh, axis_used_twice };
 
 namespace detail {
 
+/// @brief What is wrong with layout `L`, whose entries are splits and replicates, for a
+/// tensor of rank `tensor_rank` on `Mesh`.
 template <layout_spec L, class Mesh>
-constexpr layout_problem find_layout_problem(std::size_t tensor_rank) {
+constexpr layout_problem find_entries_problem(std::size_t tensor_rank) {
   constexpr layout_value v = value_of<L>();
   if (v.rank != tensor_rank) return layout_problem::rank_mismatch;
   std::array<std::string_view, max_rank + max_axes> used{};
@@ -31,12 +33,28 @@ constexpr layout_problem find_layout_problem(std::size_t tensor_rank) {
   return layout_problem::none;
 }
 
+/// @brief Whether every entry of a layout's entry list is a split or a replicate.
+template <class Dims>
+inline constexpr bool all_dim_specs = false;
+template <class... Dims>
+inline constexpr bool all_dim_specs<type_list<Dims...>> = (dim_spec<Dims> && ...);
+
+/// @brief What is wrong with layout `L` for a tensor of rank `tensor_rank` on `Mesh` (a bad
+/// entry first: nothing of such a layout is computed).
+template <layout_spec L, class Mesh>
+constexpr layout_problem find_layout_problem(std::size_t tensor_rank) {
+  if constexpr (!all_dim_specs<typename L::dims>) return layout_problem::bad_entry;
+  else return find_entries_problem<L, Mesh>(tensor_rank);
+}
+
 /// @brief Instantiated where a layout is used; its static_asserts fail with a message
 /// that says what is wrong, and the compiler's note names the op, the layout and the
 /// mesh (the template arguments of this type).
 template <fixed_string Op, layout_spec L, class Mesh, std::size_t Rank>
 struct check_layout {
   static constexpr layout_problem problem = find_layout_problem<L, Mesh>(Rank);
+  static_assert(problem != layout_problem::bad_entry,
+                "pdo: layout: each entry must be pdo::split<\"axis\"> or pdo::replicate (one per tensor dim)");
   static_assert(problem != layout_problem::rank_mismatch,
                 "pdo: layout has a different number of entries than the tensor has dims; give one entry "
                 "(pdo::split<\"axis\"> or pdo::replicate) per tensor dim");
