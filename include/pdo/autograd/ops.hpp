@@ -516,13 +516,6 @@ namespace detail {
 template <class A, class B>
 concept var_with_tensor = (is_var_v<A> && tensor_operand<B>) || (tensor_operand<A> && is_var_v<B>);
 
-/// @brief The operand as an expression takes it: a var's value, a tensor operand itself.
-template <class X>
-const auto& value_operand(const X& x) {
-  if constexpr (is_var_v<X>) return x.value();
-  else return x;
-}
-
 /// @brief The error of an op given a var and a plain tensor; an empty var of the type the
 /// op on the two values would have (`Node`) stands for its result, so nothing more is
 /// reported.
@@ -538,37 +531,37 @@ auto var_with_tensor_result() {
 template <class A, class B>
   requires detail::var_with_tensor<A, B>
 auto operator+(const A& a, const B& b) {
-  return detail::var_with_tensor_result<decltype(detail::value_operand(a) + detail::value_operand(b))>();
+  return detail::var_with_tensor_result<decltype(detail::unwrap_var<is_var_v<A>>(a) + detail::unwrap_var<is_var_v<B>>(b))>();
 }
 template <class A, class B>
   requires detail::var_with_tensor<A, B>
 auto operator-(const A& a, const B& b) {
-  return detail::var_with_tensor_result<decltype(detail::value_operand(a) - detail::value_operand(b))>();
+  return detail::var_with_tensor_result<decltype(detail::unwrap_var<is_var_v<A>>(a) - detail::unwrap_var<is_var_v<B>>(b))>();
 }
 template <class A, class B>
   requires detail::var_with_tensor<A, B>
 auto operator*(const A& a, const B& b) {
-  return detail::var_with_tensor_result<decltype(detail::value_operand(a) * detail::value_operand(b))>();
+  return detail::var_with_tensor_result<decltype(detail::unwrap_var<is_var_v<A>>(a) * detail::unwrap_var<is_var_v<B>>(b))>();
 }
 template <class A, class B>
   requires detail::var_with_tensor<A, B>
 auto operator/(const A& a, const B& b) {
-  return detail::var_with_tensor_result<decltype(detail::value_operand(a) / detail::value_operand(b))>();
+  return detail::var_with_tensor_result<decltype(detail::unwrap_var<is_var_v<A>>(a) / detail::unwrap_var<is_var_v<B>>(b))>();
 }
 template <class A, class B>
   requires detail::var_with_tensor<A, B>
 auto maximum(const A& a, const B& b) {
-  return detail::var_with_tensor_result<decltype(pdo::maximum(detail::value_operand(a), detail::value_operand(b)))>();
+  return detail::var_with_tensor_result<decltype(pdo::maximum(detail::unwrap_var<is_var_v<A>>(a), detail::unwrap_var<is_var_v<B>>(b)))>();
 }
 template <class A, class B>
   requires detail::var_with_tensor<A, B>
 auto minimum(const A& a, const B& b) {
-  return detail::var_with_tensor_result<decltype(pdo::minimum(detail::value_operand(a), detail::value_operand(b)))>();
+  return detail::var_with_tensor_result<decltype(pdo::minimum(detail::unwrap_var<is_var_v<A>>(a), detail::unwrap_var<is_var_v<B>>(b)))>();
 }
 template <class A, class B>
   requires detail::var_with_tensor<A, B>
 auto matmul(const A& a, const B& b) {
-  return detail::var_with_tensor_result<decltype(pdo::matmul(detail::value_operand(a), detail::value_operand(b)))>();
+  return detail::var_with_tensor_result<decltype(pdo::matmul(detail::unwrap_var<is_var_v<A>>(a), detail::unwrap_var<is_var_v<B>>(b)))>();
 }
 
 }  // namespace pdo

@@ -41,15 +41,9 @@ block_argument_t<Arg> block_argument_of(const Arg& arg, std::size_t p) {
   else return local_view(arg, p);
 }
 
-template <class Arg>
-const auto& mesh_holder(const Arg& arg) {
-  if constexpr (is_distributed_var_v<Arg>) return arg.value();
-  else return arg;
-}
-
 /// @brief An operand as the checks see it: the dtensor a var holds, or the argument itself.
 template <class Arg>
-using operand_holder_t = std::remove_cvref_t<decltype(mesh_holder(std::declval<const Arg&>()))>;
+using operand_holder_t = std::remove_cvref_t<decltype(unwrap_var<is_distributed_var_v<Arg>>(std::declval<const Arg&>()))>;
 
 /// @brief An operand's layout type (a dtensor's, or the dtensor's a var holds), or void.
 template <class Arg>
@@ -190,7 +184,7 @@ auto parallel_do(Block&& block, const Args&... args) {
   using local_t = typename part_t::value_type;
   using T = typename local_t::value_type;
   constexpr std::size_t rank = local_t::rank;
-  const auto& m = detail::first_dtensor(detail::mesh_holder(args)...).mesh();
+  const auto& m = detail::first_dtensor(detail::unwrap_var<detail::is_distributed_var_v<Args>>(args)...).mesh();
   using mesh_t = std::remove_cvref_t<decltype(m)>;
   using merged_t = dtensor<T, rank, mesh_t, OutLayout>;
   // each check's error is given once, with nothing instantiated after it (an empty var of
@@ -203,7 +197,7 @@ auto parallel_do(Block&& block, const Args&... args) {
   } else if constexpr (!detail::check_parts_mergeable<OutLayout, detail::operand_layout_t<Args>...>::ok) {
     return unformed_t{};
   } else {
-    (detail::check_same_mesh(detail::mesh_holder(args), m), ...);
+    (detail::check_same_mesh(detail::unwrap_var<detail::is_distributed_var_v<Args>>(args), m), ...);
 
     using tape_t = detail::block_tape<part_t, Args...>;
     auto tapes = std::make_shared<std::vector<std::optional<tape_t>>>(m.local_places().size());
@@ -213,7 +207,7 @@ auto parallel_do(Block&& block, const Args&... args) {
       detail::keep_leaves<Args...>(tape.leaves, arguments, std::index_sequence_for<Args...>{});
       tape.out = detail::as_block_result(std::apply(block, arguments));
       return tape.out.value();
-    }, [&](std::size_t, std::size_t k) { return detail::shards_read(k, detail::mesh_holder(args)...); });
+    }, [&](std::size_t, std::size_t k) { return detail::shards_read(k, detail::unwrap_var<detail::is_distributed_var_v<Args>>(args)...); });
 
     bool needs_grad = false;
     for (const auto& t : *tapes) needs_grad = needs_grad || t->out.requires_grad();

@@ -243,6 +243,14 @@ inline constexpr bool is_var_v<var<V>> = true;
 
 namespace detail {
 
+/// @brief The value var `x` holds when `Unwrap` (the caller's kind of var: any, or a
+/// distributed one), else `x` itself: an operand as an op or a check looks into it.
+template <bool Unwrap, class X>
+const auto& unwrap_var(const X& x) {
+  if constexpr (Unwrap) return x.value();
+  else return x;
+}
+
 /// @brief The forward value of an op on vars whose expression is not well formed (its error
 /// was given): of the type the op would have given, and marked so that record instantiates
 /// nothing of the op's backward after the error.

@@ -14,25 +14,6 @@ enum class layout_problem { none, bad_entry, rank_mismatch, axis_not_in_mesh, ax
 
 namespace detail {
 
-/// @brief What is wrong with layout `L`, whose entries are splits and replicates, for a
-/// tensor of rank `tensor_rank` on `Mesh`.
-template <layout_spec L, class Mesh>
-constexpr layout_problem find_entries_problem(std::size_t tensor_rank) {
-  constexpr layout_value v = value_of<L>();
-  if (v.rank != tensor_rank) return layout_problem::rank_mismatch;
-  std::array<std::string_view, max_rank + max_axes> used{};
-  std::size_t n = 0;
-  for (std::size_t d = 0; d < v.rank; ++d)
-    if (!v.dim_axis[d].empty()) used[n++] = v.dim_axis[d];
-  for (std::string_view axis : L::partial_axes) used[n++] = axis;
-  for (std::size_t i = 0; i < n; ++i) {
-    if (!Mesh::has_axis(used[i])) return layout_problem::axis_not_in_mesh;
-    for (std::size_t j = i + 1; j < n; ++j)
-      if (used[i] == used[j]) return layout_problem::axis_used_twice;
-  }
-  return layout_problem::none;
-}
-
 /// @brief Whether every entry of a layout's entry list is a split or a replicate.
 template <class Dims>
 inline constexpr bool all_dim_specs = false;
@@ -40,11 +21,26 @@ template <class... Dims>
 inline constexpr bool all_dim_specs<type_list<Dims...>> = (dim_spec<Dims> && ...);
 
 /// @brief What is wrong with layout `L` for a tensor of rank `tensor_rank` on `Mesh` (a bad
-/// entry first: nothing of such a layout is computed).
+/// entry first: nothing else of such a layout is computed).
 template <layout_spec L, class Mesh>
 constexpr layout_problem find_layout_problem(std::size_t tensor_rank) {
-  if constexpr (!all_dim_specs<typename L::dims>) return layout_problem::bad_entry;
-  else return find_entries_problem<L, Mesh>(tensor_rank);
+  if constexpr (!all_dim_specs<typename L::dims>) {
+    return layout_problem::bad_entry;
+  } else {
+    constexpr layout_value v = value_of<L>();
+    if (v.rank != tensor_rank) return layout_problem::rank_mismatch;
+    std::array<std::string_view, max_rank + max_axes> used{};
+    std::size_t n = 0;
+    for (std::size_t d = 0; d < v.rank; ++d)
+      if (!v.dim_axis[d].empty()) used[n++] = v.dim_axis[d];
+    for (std::string_view axis : L::partial_axes) used[n++] = axis;
+    for (std::size_t i = 0; i < n; ++i) {
+      if (!Mesh::has_axis(used[i])) return layout_problem::axis_not_in_mesh;
+      for (std::size_t j = i + 1; j < n; ++j)
+        if (used[i] == used[j]) return layout_problem::axis_used_twice;
+    }
+    return layout_problem::none;
+  }
 }
 
 /// @brief Instantiated where a layout is used; its static_asserts fail with a message
