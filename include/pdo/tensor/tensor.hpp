@@ -70,6 +70,20 @@ class tensor {
   tensor(const I (&)[N], std::initializer_list<T>) {
     static_assert(N == Rank, "pdo: tensor<T, Rank>: the shape needs one extent per dim, as many as the tensor's rank");
   }
+  /// @brief Rejects at compile time a shape of extents of mixed integer types (`{n, 4}`) of
+  /// another number of extents than the rank.
+  template <std::size_t N, class... Rest>
+    requires(N != Rank)
+  explicit tensor(const std::size_t (&)[N], Rest&&...) {
+    static_assert(N == Rank, "pdo: tensor<T, Rank>: the shape needs one extent per dim, as many as the tensor's rank");
+  }
+  /// @brief Rejects at compile time values given with a shape of extents of mixed integer
+  /// types of another number of extents than the rank.
+  template <std::size_t N>
+    requires(N != Rank)
+  tensor(const std::size_t (&)[N], std::initializer_list<T>) {
+    static_assert(N == Rank, "pdo: tensor<T, Rank>: the shape needs one extent per dim, as many as the tensor's rank");
+  }
   /// @brief An uninitialised tensor, placed as the zero-filled one above (calling thread's place, else host).
   tensor(const shape_t<Rank>& shape, detail::uninitialized_t)
       : tensor(shape, detail::current_tensor_place() ? detail::current_tensor_place()->memory.get() : &host_allocator(),
