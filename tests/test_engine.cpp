@@ -552,3 +552,75 @@ TEST_CASE("the engine forgets buffers once their tasks have ended", "[engine]") 
   CHECK(pdo::detail::engine::instance().tracked_buffers() < 100);
   for (int v : many) REQUIRE(v == 1);
 }
+
+namespace {
+
+/// @brief Runs `scenario(queue, release)`: `queue()` holds each of `places`' compute lanes
+/// with a task that waits; `release()` lets them go from another thread at once (so the
+/// host thread may wait for the work queued behind them, and the work runs late, after
+/// what the host thread does right after `release()`).
+template <class Scenario>
+void with_held_lanes(const std::vector<pdo::cpu_place>& places, Scenario scenario) {
+  std::atomic<bool> go{false}, open{false};
+  std::vector<pdo::place_task> holds;
+  std::thread opener([&] {
+    while (!go.load()) std::this_thread::yield();
+    open = true;
+  });
+  scenario([&] {
+    for (const auto& p : places)
+      holds.push_back(p.submit([&] {
+        while (!open.load()) std::this_thread::yield();
+      }));
+  }, [&] { go = true; });
+  go = true;
+  opener.join();
+  for (const auto& h : holds) h.wait();
+}
+
+}  // namespace
+
+TEST_CASE("a dtensor replaced or freed while an eval_async reads it waits for that work, which sees it as it was",
+          "[engine][async]") {
+  const auto places = pdo::cpu_places(2);
+  const auto m = pdo::make_mesh<"x">(places);
+  using rows = pdo::layout<split<"x">, replicate>;
+  pdo::tensor<double, 2> h({5, 3});  // uneven: 3 rows and 2
+  pdo::tensor<double, 2> other({5, 3});
+  for (std::size_t i = 0; i < h.size(); ++i) {
+    h.data()[i] = 0.1 * static_cast<double>(i);
+    other.data()[i] = 7.0;
+  }
+  const auto want = pdo::eval(pdo::exp(h));
+  auto check = [&](const pdo::tensor<double, 2>& got) {
+    for (std::size_t i = 0; i < got.size(); ++i) REQUIRE(got.data()[i] == Approx(want.data()[i]));
+  };
+
+  SECTION("assigned: the queued work reads the values it was queued with") {
+    auto a = pdo::distribute<rows>(m, h);
+    auto replacement = pdo::distribute<rows>(m, other);
+    std::optional<pdo::async_result<decltype(a)>> r;
+    with_held_lanes(places, [&](auto hold, auto release) {
+      hold();
+      r.emplace(pdo::eval_async(pdo::exp(a)));
+      release();
+      a = std::move(replacement);  // waits for r's work on a
+    });
+    check(pdo::gather(r->get()));
+    const auto now = pdo::gather(a);
+    for (double v : now.span()) REQUIRE(v == 7.0);
+  }
+  SECTION("freed: its storage is not handed out before the queued work has read it") {
+    std::optional<pdo::dtensor<double, 2, pdo::mesh<"x">, rows>> b(pdo::distribute<rows>(m, h));
+    std::optional<pdo::async_result<pdo::dtensor<double, 2, pdo::mesh<"x">, rows>>> r;
+    std::optional<pdo::dtensor<double, 2, pdo::mesh<"x">, rows>> reuse;
+    with_held_lanes(places, [&](auto hold, auto release) {
+      hold();
+      r.emplace(pdo::eval_async(pdo::exp(*b)));
+      release();
+      b.reset();                                  // waits for r's work on b
+      reuse.emplace(pdo::distribute<rows>(m, other));  // may take b's blocks
+    });
+    check(pdo::gather(r->get()));
+  }
+}

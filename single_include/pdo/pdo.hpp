@@ -6795,6 +6795,1175 @@ mesh_communicator host_communicator_of(const Mesh& m, std::size_t index) {
 // theirs), with its error; a task that only overwrites its buffers runs, as do independent
 // ones. Waiting on a task throws the error it failed or was cancelled with.
 
+// ---- pdo/tensor/dtensor.hpp
+#ifndef PDO_SINGLE_PDO_TENSOR_DTENSOR_HPP
+#define PDO_SINGLE_PDO_TENSOR_DTENSOR_HPP
+// pdo/tensor/dtensor.hpp: pdo::dtensor, a tensor laid out over a mesh: global shape + local shards.
+
+// ---- pdo/layout/layout_check.hpp
+#ifndef PDO_SINGLE_PDO_LAYOUT_LAYOUT_CHECK_HPP
+#define PDO_SINGLE_PDO_LAYOUT_LAYOUT_CHECK_HPP
+// pdo/layout/layout_check.hpp: compile-time checks of a layout against a tensor rank and a mesh.
+
+// ---- pdo/core/type_list.hpp
+#ifndef PDO_SINGLE_PDO_CORE_TYPE_LIST_HPP
+#define PDO_SINGLE_PDO_CORE_TYPE_LIST_HPP
+// pdo/core/type_list.hpp: minimal type-level lists used by the layout algebra.
+
+#include <cstddef>
+#include <type_traits>
+
+namespace pdo::detail {
+
+template <class... Ts>
+struct type_list {
+  static constexpr std::size_t size = sizeof...(Ts);
+};
+
+/// @brief A `false` that depends on a type, for static_asserts in templates that must
+/// only fire when instantiated.
+template <class...>
+inline constexpr bool always_false = false;
+
+template <class T, template <class...> class Template>
+inline constexpr bool is_specialization_of = false;
+template <template <class...> class Template, class... Args>
+inline constexpr bool is_specialization_of<Template<Args...>, Template> = true;
+
+}  // namespace pdo::detail
+#endif  // PDO_SINGLE_PDO_CORE_TYPE_LIST_HPP
+// ---- pdo/layout/layout_value.hpp
+#ifndef PDO_SINGLE_PDO_LAYOUT_LAYOUT_VALUE_HPP
+#define PDO_SINGLE_PDO_LAYOUT_LAYOUT_VALUE_HPP
+// pdo/layout/layout_value.hpp: a layout as a constexpr value, for planning and messages.
+
+// ---- pdo/layout/layout.hpp
+#ifndef PDO_SINGLE_PDO_LAYOUT_LAYOUT_HPP
+#define PDO_SINGLE_PDO_LAYOUT_LAYOUT_HPP
+// pdo/layout/layout.hpp: layouts as types: split<"axis">, replicate, partial axes.
+
+
+#include <array>
+#include <cstddef>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+
+namespace pdo {
+
+/// @brief Layout entry of one tensor dim: cut into contiguous chunks along mesh axis `Axis`
+/// (sizes differ by at most one, larger chunks first: 10 rows over 4 places are 3,3,2,2).
+template <fixed_string Axis>
+struct split {
+  /// @brief Marks this type as a split entry (see pdo::dim_spec).
+  using split_tag = void;
+  /// @brief The name of the mesh axis the dim is cut along.
+  static constexpr std::string_view axis = Axis.view();
+};
+
+/// @brief Layout entry of one tensor dim: every place holds all of it.
+struct replicate {};
+
+// Found by split's member, not by a partial specialization on split<Axis>: nvcc's
+// front end does not match partial specializations on string template arguments.
+template <class T>
+inline constexpr bool is_dim_spec_v = std::is_same_v<T, replicate> || requires { typename T::split_tag; };
+
+/// @brief A layout entry: pdo::split<"axis"> or pdo::replicate.
+template <class T>
+concept dim_spec = is_dim_spec_v<T>;
+
+/// @brief How a tensor is laid out on a mesh: one entry per tensor dim.
+/// `layout<...>::partial<"tp">` marks a pending sum over mesh axis "tp": each place
+/// holds an addend, and the value is the sum over the places along that axis.
+/// Its entries are checked where it is used (detail::check_layout), with the mesh and the
+/// tensor's rank: a check here would make clang reject every overload whose constraint
+/// looks into a layout with a bad entry, a second error after the first.
+template <class... Dims>
+struct layout {
+  /// @brief Marks this type as a layout (see pdo::layout_spec).
+  using layout_tag = void;
+  /// @brief The layout without pending sums: this layout itself.
+  using base = layout;
+  /// @brief The entries, one per tensor dim.
+  using dims = detail::type_list<Dims...>;
+  /// @brief The number of tensor dims the layout describes.
+  static constexpr std::size_t rank = sizeof...(Dims);
+  /// @brief For each dim, the mesh axis it is split along, or "" where it is replicated.
+  static constexpr std::array<std::string_view, rank> dim_axes{[] {
+    if constexpr (dim_spec<Dims> && !std::is_same_v<Dims, replicate>) return Dims::axis;
+    else return std::string_view{};  // (a bad entry: check_layout says so, once)
+  }()...};
+  /// @brief The axes of pending sums: none.
+  static constexpr std::array<std::string_view, 0> partial_axes{};
+
+  /// @brief This layout with pending sums over mesh axes `Axes` (a class, not an alias:
+  /// nvcc's front end cannot take string literals as arguments of alias templates).
+  template <fixed_string... Axes>
+  struct partial {
+    static_assert(sizeof...(Axes) >= 1, "pdo: layout::partial: name at least one mesh axis");
+    /// @brief Marks this type as a layout (see pdo::layout_spec).
+    using layout_tag = void;
+    /// @brief The enclosing layout, without the pending sums.
+    using base = layout;
+    /// @brief The entries, one per tensor dim (those of the enclosing layout).
+    using dims = detail::type_list<Dims...>;
+    /// @brief The number of tensor dims.
+    static constexpr std::size_t rank = sizeof...(Dims);
+    /// @brief For each dim, the mesh axis it is split along, or "" where it is replicated.
+    static constexpr auto dim_axes = layout::dim_axes;
+    /// @brief The mesh axes the value is a pending sum over, in the order given.
+    static constexpr std::array<std::string_view, sizeof...(Axes)> partial_axes{Axes.view()...};
+  };
+};
+
+namespace detail {
+template <class Seq>
+struct replicated_layout;
+template <std::size_t... I>
+struct replicated_layout<std::index_sequence<I...>> {
+  using type = layout<std::conditional_t<I == I, replicate, void>...>;
+};
+/// @brief layout<replicate, ..., replicate> of rank `Rank`.
+template <std::size_t Rank>
+using replicated_layout_t = typename replicated_layout<std::make_index_sequence<Rank>>::type;
+}  // namespace detail
+
+/// @brief A layout type: pdo::layout<...> or pdo::layout<...>::partial<...>.
+template <class L>
+concept layout_spec = requires {
+  typename L::layout_tag;
+  L::rank;
+  L::dim_axes;
+  L::partial_axes;
+};
+
+}  // namespace pdo
+#endif  // PDO_SINGLE_PDO_LAYOUT_LAYOUT_HPP
+
+#include <array>
+#include <cstddef>
+#include <string>
+#include <string_view>
+
+namespace pdo::detail {
+
+inline constexpr std::size_t max_rank = 8;  ///< the highest tensor rank a layout may have
+inline constexpr std::size_t max_axes = 8;  ///< the most partial axes a layout may have
+
+/// @brief A layout as data: for each dim the axis it is split on ("" when replicated),
+/// and the partial axes. Equality treats the partial axes as a set.
+struct layout_value {
+  std::size_t rank = 0;
+  std::array<std::string_view, max_rank> dim_axis{};
+  std::size_t npartial = 0;
+  std::array<std::string_view, max_axes> partial{};
+
+  /// @brief The dim split on `axis`, or rank when none is.
+  [[nodiscard]] constexpr std::size_t split_dim(std::string_view axis) const {
+    for (std::size_t d = 0; d < rank; ++d)
+      if (dim_axis[d] == axis) return d;
+    return rank;
+  }
+  [[nodiscard]] constexpr bool is_partial(std::string_view axis) const {
+    for (std::size_t i = 0; i < npartial; ++i)
+      if (partial[i] == axis) return true;
+    return false;
+  }
+  constexpr void add_partial(std::string_view axis) {
+    if (!is_partial(axis)) partial[npartial++] = axis;
+  }
+  constexpr void remove_partial(std::string_view axis) {
+    std::size_t kept = 0;
+    for (std::size_t i = 0; i < npartial; ++i)
+      if (partial[i] != axis) partial[kept++] = partial[i];
+    for (std::size_t i = kept; i < npartial; ++i) partial[i] = {};
+    npartial = kept;
+  }
+  friend constexpr bool operator==(const layout_value& a, const layout_value& b) {
+    if (a.rank != b.rank || a.npartial != b.npartial) return false;
+    for (std::size_t d = 0; d < a.rank; ++d)
+      if (a.dim_axis[d] != b.dim_axis[d]) return false;
+    for (std::size_t i = 0; i < a.npartial; ++i)
+      if (!b.is_partial(a.partial[i])) return false;
+    return true;
+  }
+};
+
+template <layout_spec L>
+constexpr layout_value value_of() {
+  static_assert(L::rank <= max_rank, "pdo: layout: at most 8 tensor dims are supported");
+  static_assert(L::partial_axes.size() <= max_axes, "pdo: layout: at most 8 partial axes are supported");
+  layout_value v;
+  v.rank = L::rank;
+  for (std::size_t d = 0; d < L::rank; ++d) v.dim_axis[d] = L::dim_axes[d];
+  for (auto a : L::partial_axes) v.add_partial(a);
+  return v;
+}
+
+/// @brief "{split<dp>, replicate}" or "{replicate, replicate} partial<tp>".
+inline std::string to_string(const layout_value& v) {
+  std::string text = "{";
+  for (std::size_t d = 0; d < v.rank; ++d) {
+    if (d) text += ", ";
+    text += v.dim_axis[d].empty() ? std::string("replicate") : "split<" + std::string(v.dim_axis[d]) + ">";
+  }
+  text += "}";
+  for (std::size_t i = 0; i < v.npartial; ++i) text += (i ? ", " : " ") + ("partial<" + std::string(v.partial[i]) + ">");
+  return text;
+}
+
+}  // namespace pdo::detail
+
+namespace pdo {
+/// @brief A layout type spelled out: "{split<dp>, replicate} partial<tp>".
+template <layout_spec L>
+std::string layout_name() {
+  return detail::to_string(detail::value_of<L>());
+}
+}  // namespace pdo
+#endif  // PDO_SINGLE_PDO_LAYOUT_LAYOUT_VALUE_HPP
+
+#include <cstddef>
+
+namespace pdo {
+
+/// @brief What is wrong with a layout on a mesh, if anything.
+enum class layout_problem { none, bad_entry, rank_mismatch, axis_not_in_mesh, axis_used_twice };
+
+namespace detail {
+
+/// @brief Whether every entry of a layout's entry list is a split or a replicate.
+template <class Dims>
+inline constexpr bool all_dim_specs = false;
+template <class... Dims>
+inline constexpr bool all_dim_specs<type_list<Dims...>> = (dim_spec<Dims> && ...);
+
+/// @brief What is wrong with layout `L` for a tensor of rank `tensor_rank` on `Mesh` (a bad
+/// entry first: nothing else of such a layout is computed).
+template <layout_spec L, class Mesh>
+constexpr layout_problem find_layout_problem(std::size_t tensor_rank) {
+  if constexpr (!all_dim_specs<typename L::dims>) {
+    return layout_problem::bad_entry;
+  } else {
+    constexpr layout_value v = value_of<L>();
+    if (v.rank != tensor_rank) return layout_problem::rank_mismatch;
+    std::array<std::string_view, max_rank + max_axes> used{};
+    std::size_t n = 0;
+    for (std::size_t d = 0; d < v.rank; ++d)
+      if (!v.dim_axis[d].empty()) used[n++] = v.dim_axis[d];
+    for (std::string_view axis : L::partial_axes) used[n++] = axis;
+    for (std::size_t i = 0; i < n; ++i) {
+      if (!Mesh::has_axis(used[i])) return layout_problem::axis_not_in_mesh;
+      for (std::size_t j = i + 1; j < n; ++j)
+        if (used[i] == used[j]) return layout_problem::axis_used_twice;
+    }
+    return layout_problem::none;
+  }
+}
+
+/// @brief Instantiated where a layout is used; its static_asserts fail with a message
+/// that says what is wrong, and the compiler's note names the op, the layout and the
+/// mesh (the template arguments of this type).
+template <fixed_string Op, layout_spec L, class Mesh, std::size_t Rank>
+struct check_layout {
+  static constexpr layout_problem problem = find_layout_problem<L, Mesh>(Rank);
+  static_assert(problem != layout_problem::bad_entry,
+                "pdo: layout: each entry must be pdo::split<\"axis\"> or pdo::replicate (one per tensor dim)");
+  static_assert(problem != layout_problem::rank_mismatch,
+                "pdo: layout has a different number of entries than the tensor has dims; give one entry "
+                "(pdo::split<\"axis\"> or pdo::replicate) per tensor dim");
+  static_assert(problem != layout_problem::axis_not_in_mesh,
+                "pdo: layout splits or sums over a mesh axis that the mesh does not have; use one of the "
+                "mesh's axis names");
+  static_assert(problem != layout_problem::axis_used_twice,
+                "pdo: layout uses one mesh axis twice; a mesh axis may split one tensor dim or mark one "
+                "partial sum, not both and not two dims");
+  static constexpr bool ok = problem == layout_problem::none;
+};
+
+}  // namespace detail
+
+/// @brief True when layout `L` fits a tensor of rank `Rank` on mesh type `Mesh`.
+template <layout_spec L, class Mesh, std::size_t Rank>
+inline constexpr bool valid_layout_v = detail::find_layout_problem<L, Mesh>(Rank) == layout_problem::none;
+
+}  // namespace pdo
+#endif  // PDO_SINGLE_PDO_LAYOUT_LAYOUT_CHECK_HPP
+// ---- pdo/tensor/tensor.hpp
+#ifndef PDO_SINGLE_PDO_TENSOR_TENSOR_HPP
+#define PDO_SINGLE_PDO_TENSOR_TENSOR_HPP
+// pdo/tensor/tensor.hpp: pdo::tensor, an owning dense row-major tensor on one place.
+
+// ---- pdo/place/copy.hpp
+#ifndef PDO_SINGLE_PDO_PLACE_COPY_HPP
+#define PDO_SINGLE_PDO_PLACE_COPY_HPP
+// pdo/place/copy.hpp: copies between the memories of any two places (host, CPU places,
+// GPU places), and fills.
+//
+// Between GPUs a copy goes directly (cudaMemcpyPeerAsync) where cudaDeviceCanAccessPeer
+// allows it, else through pinned host memory in chunks, two buffers in flight; between a
+// GPU and the host it is a cudaMemcpyAsync on the GPU place's compute stream. Either way
+// it is ordered after the work already queued on both places' compute streams, and the
+// receiving place's later work is ordered after it, with events (no device-wide wait). A copy
+// to or from the host, or within one device, made on a GPU place's copy lane goes on its copy
+// stream instead (see copy_stream), so the compute work queued after it does not wait for it;
+// a copy between two devices stays on their compute streams.
+
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <string>
+#include <vector>
+
+namespace pdo {
+
+/// @brief How a copy between two GPUs goes.
+enum class peer_copy {
+  automatic,  ///< directly where the devices can access each other, else staged
+  direct,     ///< cudaMemcpyPeerAsync (the driver stages it itself where there is no peer path)
+  staged,     ///< through pinned host memory, chunk by chunk
+};
+
+/// @brief When a copy returns.
+enum class copy_completion {
+  host_safe,  ///< host memory on either side may be read or reused at once (GPU-to-GPU stays queued on the streams)
+  queued,     ///< queued on the streams: host memory on either side must stay untouched until the places synchronize
+};
+
+namespace detail {
+
+#if defined(PDO_WITH_CUDA)
+/// @brief GPU to GPU on different devices through the two pinned buffers of the source:
+/// chunk i goes down on the source's compute stream into buffer i % 2, then up on the
+/// destination's; a buffer is refilled once its previous upload has read it. Every step is
+/// ordered by events on the streams (each recorded on its own device's stream): nothing
+/// waits on the host.
+inline void staged_device_copy(cuda_device& dst, void* to, cuda_device& src, const void* from, std::size_t bytes) {
+  std::lock_guard lock(src.staging_mutex);
+  src.ensure_staging();
+  auto* out = static_cast<char*>(to);
+  const auto* in = static_cast<const char*>(from);
+  for (std::size_t done = 0, chunk = 0; done < bytes; ++chunk) {
+    const int b = static_cast<int>(chunk % 2);
+    const std::size_t n = std::min(cuda_device::staging_bytes, bytes - done);
+    {
+      device_guard guard(src.ordinal);
+      if (src.last_upload[b] != nullptr) cuda_check(cudaStreamWaitEvent(src.compute, src.last_upload[b], 0), "cudaStreamWaitEvent", src.name);
+      cuda_check(cudaMemcpyAsync(src.staging[b], in + done, n, cudaMemcpyDeviceToHost, src.compute), "cudaMemcpyAsync", src.name);
+      cuda_check(cudaEventRecord(src.staged[b], src.compute), "cudaEventRecord", src.name);
+    }
+    device_guard guard(dst.ordinal);
+    cuda_check(cudaStreamWaitEvent(dst.compute, src.staged[b], 0), "cudaStreamWaitEvent", dst.name);
+    cuda_check(cudaMemcpyAsync(out + done, src.staging[b], n, cudaMemcpyHostToDevice, dst.compute), "cudaMemcpyAsync", dst.name);
+    cudaEvent_t uploaded = src.upload_event(b, dst.ordinal);
+    cuda_check(cudaEventRecord(uploaded, dst.compute), "cudaEventRecord", dst.name);
+    src.last_upload[b] = uploaded;
+    done += n;
+  }
+}
+
+/// @brief A copy between two GPUs on different devices. Each step runs on the compute lane of
+/// its place, in that place's order of work: the destination marks the work queued on it so
+/// far (which may still read the destination block); the source waits for that mark, copies
+/// (peer, or staged), and marks the copy; the destination waits for that. So each device's
+/// stream waits only for work its place queued before the copy, never for work queued after
+/// it, and a collective queued on both places in one order cannot wait for itself through
+/// the copy.
+inline void copy_between_devices(place_state& dst_place, void* dst, place_state& src_place, const void* src, std::size_t bytes, peer_copy how) {
+  cuda_device &d = cuda_device_of(dst_place), &s = cuda_device_of(src_place);
+  cudaEvent_t destination_ready = nullptr, copied = nullptr;
+  {
+    device_guard guard(d.ordinal);
+    cuda_check(cudaEventCreateWithFlags(&destination_ready, cudaEventDisableTiming), "cudaEventCreateWithFlags", d.name);
+  }
+  {
+    device_guard guard(s.ordinal);
+    cuda_check(cudaEventCreateWithFlags(&copied, cudaEventDisableTiming), "cudaEventCreateWithFlags", s.name);
+  }
+  struct release {
+    cudaEvent_t a, b;
+    ~release() {
+      cudaEventDestroy(a);  // queued waits on them still see them complete
+      cudaEventDestroy(b);
+    }
+  } events{destination_ready, copied};
+  run_on_place(dst_place, [&] {
+    device_guard guard(d.ordinal);
+    cuda_check(cudaEventRecord(destination_ready, d.compute), "cudaEventRecord", d.name);
+  });
+  const bool direct = how == peer_copy::direct || (how == peer_copy::automatic && enable_peer_access(s.ordinal, d.ordinal));
+  run_on_place(src_place, [&] {
+    device_guard guard(s.ordinal);
+    cuda_check(cudaStreamWaitEvent(s.compute, destination_ready, 0), "cudaStreamWaitEvent", s.name);
+    if (direct) {
+      if (how == peer_copy::direct) enable_peer_access(s.ordinal, d.ordinal);
+      cuda_check(cudaMemcpyPeerAsync(dst, d.ordinal, src, s.ordinal, bytes, s.compute), "cudaMemcpyPeerAsync", s.name);
+      cuda_check(cudaEventRecord(copied, s.compute), "cudaEventRecord", s.name);
+    } else {
+      staged_device_copy(d, dst, s, src, bytes);  // the uploads run on the destination's stream
+    }
+  });
+  run_on_place(dst_place, [&] {
+    device_guard guard(d.ordinal);
+    if (direct) cuda_check(cudaStreamWaitEvent(d.compute, copied, 0), "cudaStreamWaitEvent", d.name);
+  });
+}
+#endif
+
+#if defined(PDO_WITH_CUDA)
+/// @brief The stream a GPU place's copies and fills go on from the calling thread. On the
+/// place's copy lane: its copy stream, after the work queued so far on its compute stream
+/// (which made, or last used, the blocks the copy touches), and the copies are complete before
+/// the task goes on (done()), so that the work that uses them later needs no event of that
+/// stream. Elsewhere: its compute stream, in that stream's order.
+struct copy_stream {
+  explicit copy_stream(place_state& place) : device(cuda_device_of(place)) {
+    const lane* l = current_lane();
+    on_copy_lane = l != nullptr && l->kind() == lane_kind::copy && current_place() == &place;
+    if (on_copy_lane) device.make_wait(device.copy, device.compute);
+    stream = on_copy_lane ? device.copy : device.compute;
+  }
+  /// @brief After the copies: on the copy lane, waits until they are done.
+  void done() const {
+    if (on_copy_lane) wait_for_stream(device, device.copy);
+  }
+  cuda_device& device;
+  bool on_copy_lane = false;
+  cudaStream_t stream = nullptr;
+};
+#endif
+
+#if defined(PDO_WITH_CUDA)
+/// @brief Waits on the host until `done()`, watching `d`'s checks: gives up (false) when a
+/// collective on `d` failed (not the echo of an abort, whose kernels end), as its work may
+/// never end. Never throws.
+template <class Done>
+bool wait_quietly(cuda_device& d, Done done) noexcept {
+  try {
+    return poll_device(done, [&] {
+      const std::string f = d.failures();
+      return f.empty() || f[0] == '~';
+    });
+  } catch (...) {
+    return false;
+  }
+}
+
+/// @brief What a sender and a receiver of one process share about a block of the sender's GPU
+/// memory that the receiver copies to its own (a pipeline's handoff): where the block is, the
+/// sender's mark (event) of the work that wrote it, and how far the receiver got. The receiver
+/// claims it (or finds it withdrawn), then says whether it queued a copy (and its mark), queued
+/// none, or could not tell when its copy ends. Freed by the last of the two.
+struct handoff {
+  enum stage_t : int { pending, claimed, copying, no_copy, lost, withdrawn };
+  std::atomic<int> stage{pending};
+  std::atomic<int> refs{1};
+  place_state* from = nullptr;
+  const void* data = nullptr;
+  cudaEvent_t ready = nullptr;   ///< the sender's mark (an event of its device)
+  cudaEvent_t copied = nullptr;  ///< the receiver's mark of its copy (an event of its device), when copying
+  place_state* to = nullptr;     ///< the receiver, once claimed
+  void release() {
+    if (refs.fetch_sub(1, std::memory_order_acq_rel) == 1) delete this;
+  }
+};
+
+/// @brief The sender's side of a handoff. Made on the sender's compute lane right after the
+/// work that writes the block is queued, it marks that work (and nothing queued later, so the
+/// receiver never waits for the sender's later collectives). It keeps the block until the
+/// receiver is done with it: at once when the receiver never claimed it (it is withdrawn), else
+/// once the receiver's copy has run. When the receiver could not tell (its device failed) the
+/// block is kept for good rather than freed under a copy that may still run.
+class offered_block {
+ public:
+  offered_block(place_state& from, std::shared_ptr<const void> keep, const void* data) : keep_(std::move(keep)) {
+    cuda_device& s = cuda_device_of(from);
+    device_guard guard(s.ordinal);
+    auto* h = new handoff;
+    h->from = &from;
+    h->data = data;
+    if (const cudaError_t status = cudaEventCreateWithFlags(&h->ready, cudaEventDisableTiming); status != cudaSuccess) {
+      delete h;
+      cuda_check(status, "cudaEventCreateWithFlags", s.name);
+    }
+    if (const cudaError_t status = cudaEventRecord(h->ready, s.compute); status != cudaSuccess) {
+      cudaEventDestroy(h->ready);
+      delete h;
+      cuda_check(status, "cudaEventRecord", s.name);
+    }
+    state_ = h;
+  }
+  offered_block(const offered_block&) = delete;
+  offered_block& operator=(const offered_block&) = delete;
+  ~offered_block() {
+    int stage = handoff::pending;
+    if (!state_->stage.compare_exchange_strong(stage, handoff::withdrawn, std::memory_order_acq_rel)) {
+      // claimed: the receiver always answers, soon (a few calls that do not wait)
+      while ((stage = state_->stage.load(std::memory_order_acquire)) == handoff::claimed) std::this_thread::yield();
+      if (stage == handoff::copying) {
+        cuda_device& d = cuda_device_of(*state_->to);
+        device_guard guard(d.ordinal);
+        if (!wait_quietly(d, [&] { return cudaEventQuery(state_->copied) != cudaErrorNotReady; })) stage = handoff::lost;
+        cudaEventDestroy(state_->copied);
+      }
+      if (stage == handoff::lost) new std::shared_ptr<const void>(std::move(keep_));  // the copy may still read it: kept for good
+    }
+    {
+      device_guard guard(cuda_device_of(*state_->from).ordinal);
+      cudaEventDestroy(state_->ready);
+    }
+    state_->release();
+  }
+  /// @brief The handoff's address, for the receiver (in this process); the receiver's
+  /// reference is taken here, and given back by handed() if the receiver never got it.
+  [[nodiscard]] std::uintptr_t address() {
+    state_->refs.fetch_add(1, std::memory_order_relaxed);
+    return reinterpret_cast<std::uintptr_t>(state_);
+  }
+  /// @brief The receiver did not get the address (the header was not delivered).
+  void not_delivered() { state_->release(); }
+  /// @brief Whether the block may be freed now (the receiver's copy has run, or it took none);
+  /// from another thread than the receiver's.
+  [[nodiscard]] bool released() const {
+    const int stage = state_->stage.load(std::memory_order_acquire);
+    if (stage == handoff::no_copy) return true;
+    if (stage != handoff::copying) return false;
+    device_guard guard(cuda_device_of(*state_->to).ordinal);
+    return cudaEventQuery(state_->copied) != cudaErrorNotReady;
+  }
+
+ private:
+  handoff* state_ = nullptr;
+  std::shared_ptr<const void> keep_;
+};
+
+/// @brief The receiver gives up the handoff at `address` without claiming it (it could not
+/// take the block): the sender withdraws it.
+inline void leave_block(std::uintptr_t address) { reinterpret_cast<handoff*>(address)->release(); }
+
+/// @brief The receiver's side: claims the handoff at `address` (a pdo::error when the sender
+/// withdrew it) and copies its block (`bytes`) into `dst` in `to`'s memory on `to`'s compute
+/// stream, after the sender's mark; marks the copy for the sender. When it fails after the copy
+/// was queued, it waits for the copy before it says so.
+inline void take_block(place_state& to, void* dst, std::uintptr_t address, std::size_t bytes) {
+  auto* h = reinterpret_cast<handoff*>(address);
+  struct reference {
+    handoff* h;
+    ~reference() { h->release(); }
+  } ref{h};
+  int stage = handoff::pending;
+  if (!h->stage.compare_exchange_strong(stage, handoff::claimed, std::memory_order_acq_rel))
+    throw error("pipeline: receiving on " + to.name + ": " + h->from->name + " withdrew the tensor it sent (its step failed)");
+  h->to = &to;
+  if (bytes == 0) {
+    h->stage.store(handoff::no_copy, std::memory_order_release);
+    return;
+  }
+  cuda_device &d = cuda_device_of(to), &s = cuda_device_of(*h->from);
+  bool queued = false;
+  try {
+    if (d.ordinal != s.ordinal) enable_peer_access(d.ordinal, s.ordinal);  // the driver stages the copy where it cannot
+    device_guard guard(d.ordinal);
+    cuda_check(cudaEventCreateWithFlags(&h->copied, cudaEventDisableTiming), "cudaEventCreateWithFlags", d.name);
+    cuda_check(cudaStreamWaitEvent(d.compute, h->ready, 0), "cudaStreamWaitEvent", d.name);
+    queued = true;
+    cuda_check(cudaMemcpyPeerAsync(dst, d.ordinal, h->data, s.ordinal, bytes, d.compute), "cudaMemcpyPeerAsync", d.name);
+    cuda_check(cudaEventRecord(h->copied, d.compute), "cudaEventRecord", d.name);
+  } catch (...) {
+    device_guard guard(d.ordinal);
+    const bool ended = !queued || wait_quietly(d, [&] { return cudaStreamQuery(d.compute) != cudaErrorNotReady; });
+    if (h->copied != nullptr) cudaEventDestroy(h->copied);
+    h->copied = nullptr;
+    h->stage.store(ended ? handoff::no_copy : handoff::lost, std::memory_order_release);
+    throw;
+  }
+  h->stage.store(handoff::copying, std::memory_order_release);
+}
+#endif
+
+/// @brief Copies `bytes` from `src` in the memory of `src_place` to `dst` in the memory of
+/// `dst_place` (nullptr or a CPU place: host memory).
+inline void copy_bytes(place_state* dst_place, void* dst, place_state* src_place, const void* src, std::size_t bytes,
+                       copy_completion completion = copy_completion::host_safe, peer_copy how = peer_copy::automatic) {
+  if (bytes == 0) return;
+  const timeline_span span("copy", "copy", [&] {
+    return std::to_string(bytes) + " bytes from " + (src_place != nullptr ? src_place->name : std::string("the host")) + " to " +
+           (dst_place != nullptr ? dst_place->name : std::string("the host"));
+  });
+  const bool to_gpu = on_gpu(dst_place), from_gpu = on_gpu(src_place);
+  if (!to_gpu && !from_gpu) {
+    std::memcpy(dst, src, bytes);
+    return;
+  }
+#if defined(PDO_WITH_CUDA)
+  if (to_gpu && from_gpu) {
+    auto &d = cuda_device_of(*dst_place), &s = cuda_device_of(*src_place);
+    if (d.ordinal != s.ordinal) return copy_between_devices(*dst_place, dst, *src_place, src, bytes, how);
+    // one device (two places on it, or one place): the copy on the destination's stream,
+    // after the source's work; the source's later work waits for the copy before it
+    // overwrites what the copy reads
+    device_guard guard(d.ordinal);
+    const copy_stream on(*dst_place);
+    s.make_wait(on.stream, s.compute);
+    cuda_check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, on.stream), "cudaMemcpyAsync", d.name);
+    d.make_wait(s.compute, on.stream);
+    on.done();
+    return;
+  }
+  cuda_device& g = cuda_device_of(to_gpu ? *dst_place : *src_place);
+  device_guard guard(g.ordinal);
+  const copy_stream on(to_gpu ? *dst_place : *src_place);
+  cuda_check(cudaMemcpyAsync(dst, src, bytes, to_gpu ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost, on.stream), "cudaMemcpyAsync",
+             g.name);
+  if (completion == copy_completion::host_safe) wait_for_stream(g, on.stream);
+  on.done();
+#else
+  (void)completion;
+  (void)how;
+  no_cuda("copy", (to_gpu ? dst_place : src_place)->name);
+#endif
+}
+
+/// @brief `rows` runs of `width` bytes from `src` (runs `src_pitch` bytes apart) to `dst`
+/// (`dst_pitch` apart), both in the memory of `place` (nullptr: the host); on a GPU one
+/// cudaMemcpy2DAsync on its compute stream.
+inline void copy_strided(place_state* place, void* dst, std::size_t dst_pitch, const void* src, std::size_t src_pitch, std::size_t width,
+                         std::size_t rows) {
+  if (width == 0 || rows == 0) return;
+  if (!on_gpu(place)) {
+    for (std::size_t r = 0; r < rows; ++r)
+      std::memcpy(static_cast<char*>(dst) + r * dst_pitch, static_cast<const char*>(src) + r * src_pitch, width);
+    return;
+  }
+#if defined(PDO_WITH_CUDA)
+  cuda_device& g = cuda_device_of(*place);
+  device_guard guard(g.ordinal);
+  const copy_stream on(*place);
+  cuda_check(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, width, rows, cudaMemcpyDeviceToDevice, on.stream), "cudaMemcpy2DAsync",
+             g.name);
+  on.done();
+#else
+  no_cuda("copy", place->name);
+#endif
+}
+
+/// @brief Sets the `count` elements of `elem_bytes` bytes at `dst` (in `place`'s memory)
+/// to the element at `value`.
+inline void fill_bytes(place_state* place, void* dst, const void* value, std::size_t elem_bytes, std::size_t count) {
+  if (count == 0) return;
+  const auto* v = static_cast<const unsigned char*>(value);
+  const bool one_byte = std::all_of(v, v + elem_bytes, [&](unsigned char c) { return c == v[0]; });
+  if (!on_gpu(place)) {
+    auto* out = static_cast<unsigned char*>(dst);
+    if (one_byte) std::memset(out, v[0], elem_bytes * count);
+    else
+      for (std::size_t i = 0; i < count; ++i) std::memcpy(out + i * elem_bytes, v, elem_bytes);
+    return;
+  }
+#if defined(PDO_WITH_CUDA)
+  cuda_device& g = cuda_device_of(*place);
+  device_guard guard(g.ordinal);
+  const copy_stream on(*place);
+  if (one_byte) {
+    cuda_check(cudaMemsetAsync(dst, v[0], elem_bytes * count, on.stream), "cudaMemsetAsync", g.name);
+    on.done();
+    return;
+  }
+  // a pattern of several bytes: one element copied up, then doubled on the device (log2(count)
+  // device-to-device copies, no host buffer of the whole size)
+  auto* out = static_cast<unsigned char*>(dst);
+  cuda_check(cudaMemcpyAsync(out, v, elem_bytes, cudaMemcpyHostToDevice, on.stream), "cudaMemcpyAsync", g.name);
+  for (std::size_t have = 1; have < count; have *= 2) {
+    const std::size_t more = std::min(have, count - have);
+    cuda_check(cudaMemcpyAsync(out + have * elem_bytes, out, more * elem_bytes, cudaMemcpyDeviceToDevice, on.stream), "cudaMemcpyAsync",
+               g.name);
+  }
+  on.done();
+#else
+  no_cuda("fill", place->name);
+#endif
+}
+
+}  // namespace detail
+}  // namespace pdo
+#endif  // PDO_SINGLE_PDO_PLACE_COPY_HPP
+
+#include <algorithm>
+#include <array>
+#include <concepts>
+#include <cstddef>
+#include <cstring>
+#include <initializer_list>
+#include <memory>
+#include <span>
+#include <string>
+#include <utility>
+
+namespace pdo {
+
+namespace detail {
+/// @brief Tag: allocate without initialising the elements.
+struct uninitialized_t {};
+inline constexpr uninitialized_t uninitialized{};
+
+/// @brief The place whose lane runs the calling thread, if any (a CPU or GPU place):
+/// where tensors made without a place go.
+inline place_state* current_tensor_place() { return current_place(); }
+}  // namespace detail
+
+/// @brief An owning, dense, row-major tensor on one place (the host when none is given).
+/// Copies are deep copies on the same place; moves are cheap.
+/// @tparam T an element type (pdo::element)
+template <element T, std::size_t Rank>
+class tensor {
+ public:
+  /// @brief Element type.
+  using value_type = T;
+  /// @brief Number of dims.
+  static constexpr std::size_t rank = Rank;
+
+  tensor() = default;
+  /// @brief A zero-filled tensor in the memory of the place running the calling thread
+  /// (inside a parallel_do block or on a place's lane: that place), else on the host.
+  explicit tensor(const shape_t<Rank>& shape) : tensor(shape, detail::uninitialized) { fill(T{}); }
+  /// @brief A zero-filled tensor in `place`'s memory.
+  tensor(const shape_t<Rank>& shape, const any_place& place) : tensor(shape, place, detail::uninitialized) { fill(T{}); }
+  /// @brief A tensor holding `values` in row-major order (placed as the one above).
+  tensor(const shape_t<Rank>& shape, std::initializer_list<T> values) : tensor(shape, detail::uninitialized) {
+    if (values.size() != size())
+      throw shape_error("tensor: " + std::to_string(values.size()) + " values given for shape " +
+                        detail::format_extents(shape) + " of " + std::to_string(size()) + " elements");
+    detail::copy_bytes(place_.get(), data_, nullptr, values.begin(), bytes());
+  }
+  /// @brief Rejects at compile time a shape of another number of extents than the rank
+  /// (else `tensor<float, 2>({4})` would be a tensor of shape [4, 0]).
+  template <std::integral I, std::size_t N, class... Rest>
+    requires(N != Rank)
+  explicit tensor(const I (&)[N], Rest&&...) {
+    static_assert(N == Rank, "pdo: tensor<T, Rank>: the shape needs one extent per dim, as many as the tensor's rank");
+  }
+  /// @brief Rejects at compile time values given with a shape of another number of extents
+  /// than the rank.
+  template <std::integral I, std::size_t N>
+    requires(N != Rank)
+  tensor(const I (&)[N], std::initializer_list<T>) {
+    static_assert(N == Rank, "pdo: tensor<T, Rank>: the shape needs one extent per dim, as many as the tensor's rank");
+  }
+  /// @brief Rejects at compile time a shape of extents of mixed integer types (`{n, 4}`) of
+  /// another number of extents than the rank.
+  template <std::size_t N, class... Rest>
+    requires(N != Rank)
+  explicit tensor(const std::size_t (&)[N], Rest&&...) {
+    static_assert(N == Rank, "pdo: tensor<T, Rank>: the shape needs one extent per dim, as many as the tensor's rank");
+  }
+  /// @brief Rejects at compile time values given with a shape of extents of mixed integer
+  /// types of another number of extents than the rank.
+  template <std::size_t N>
+    requires(N != Rank)
+  tensor(const std::size_t (&)[N], std::initializer_list<T>) {
+    static_assert(N == Rank, "pdo: tensor<T, Rank>: the shape needs one extent per dim, as many as the tensor's rank");
+  }
+  /// @brief An uninitialised tensor, placed as the zero-filled one above (calling thread's place, else host).
+  tensor(const shape_t<Rank>& shape, detail::uninitialized_t)
+      : tensor(shape, detail::current_tensor_place() ? detail::current_tensor_place()->memory.get() : &host_allocator(),
+               detail::current_tensor_place() ? detail::current_tensor_place()->shared_from_this() : nullptr) {}
+  /// @brief An uninitialised tensor in `place`'s memory.
+  tensor(const shape_t<Rank>& shape, const any_place& place, detail::uninitialized_t)
+      : tensor(shape, &place.memory(), place.state()) {}
+
+  /// @brief A deep copy in the same place's memory as `other` (empty if `other` is default-constructed).
+  tensor(const tensor& other) {
+    if (other.allocator_ == nullptr) return;  // a default-constructed tensor copies as one
+    tensor copy(other.shape_, other.allocator_, other.place_);
+    detail::copy_bytes(place_of(copy), copy.data_, place_of(other), other.data_, other.bytes());
+    swap(copy);
+  }
+  /// @brief Takes `other`'s data and place; `other` is left empty, as if default-constructed.
+  tensor(tensor&& other) noexcept { swap(other); }
+  /// @brief Copy or move assignment (by value, then swap): a copy is deep, on the source's place.
+  tensor& operator=(tensor other) noexcept {
+    swap(other);
+    return *this;
+  }
+  ~tensor() {
+    if (allocator_ != nullptr) allocator_->deallocate(data_, bytes());
+  }
+  /// @brief Exchanges data, shape and place with `other`; no element is copied.
+  void swap(tensor& other) noexcept {
+    std::swap(shape_, other.shape_);
+    std::swap(strides_, other.strides_);
+    std::swap(data_, other.data_);
+    std::swap(allocator_, other.allocator_);
+    std::swap(place_, other.place_);
+  }
+
+  /// @brief The extents, one per dim.
+  [[nodiscard]] const shape_t<Rank>& shape() const { return shape_; }
+  /// @brief The extent of dim `dim` (not range-checked).
+  [[nodiscard]] std::size_t extent(std::size_t dim) const { return shape_[dim]; }
+  /// @brief Row-major strides, in elements: the last dim's is 1.
+  [[nodiscard]] const std::array<std::ptrdiff_t, Rank>& strides() const { return strides_; }
+  /// @brief The number of elements (1 for rank 0).
+  [[nodiscard]] std::size_t size() const { return detail::volume(shape_); }
+  /// @brief The size of the data in bytes: size() * sizeof(T).
+  [[nodiscard]] std::size_t bytes() const { return size() * sizeof(T); }
+  /// @brief The first element, in the holding place's memory (a device pointer for GPU tensors).
+  [[nodiscard]] T* data() { return data_; }
+  /// @brief The first element, in the holding place's memory (a device pointer for GPU tensors).
+  [[nodiscard]] const T* data() const { return data_; }
+  /// @brief The elements in row-major order (host-readable only when !on_gpu()).
+  [[nodiscard]] std::span<T> span() { return {data_, size()}; }
+  /// @brief The elements in row-major order (host-readable only when !on_gpu()).
+  [[nodiscard]] std::span<const T> span() const { return {data_, size()}; }
+  /// @brief Iterator to the first element in row-major order (host-readable only when !on_gpu()).
+  [[nodiscard]] T* begin() { return data_; }
+  /// @brief Iterator past the last element.
+  [[nodiscard]] T* end() { return data_ + size(); }
+  /// @brief Iterator to the first element in row-major order (host-readable only when !on_gpu()).
+  [[nodiscard]] const T* begin() const { return data_; }
+  /// @brief Iterator past the last element.
+  [[nodiscard]] const T* end() const { return data_ + size(); }
+  /// @brief The place holding the data (nullptr for host tensors).
+  [[nodiscard]] detail::place_state* where() const { return place_.get(); }
+  /// @brief Whether the data is in a GPU's memory (the host cannot read it through data()).
+  [[nodiscard]] bool on_gpu() const { return detail::on_gpu(place_.get()); }
+  /// @brief The name of the place holding the data ("host" for host tensors).
+  [[nodiscard]] std::string place_name() const { return place_ ? place_->name : std::string("host"); }
+
+  /// @brief The element at `index` (one integer per dim); host memory only, no bounds check.
+  template <class... Index>
+    requires(std::integral<Index> && ...)
+  [[nodiscard]] T& operator()(Index... index) {
+    static_assert(sizeof...(Index) == Rank, "pdo: tensor(i, j, ...): give one index per dim of the tensor");
+    if constexpr (sizeof...(Index) == Rank) return data_[offset_of(index...)];
+    else return data_[0];  // the error was given: nothing more after it
+  }
+  /// @brief The element at `index` (one integer per dim); host memory only, no bounds check.
+  template <class... Index>
+    requires(std::integral<Index> && ...)
+  [[nodiscard]] const T& operator()(Index... index) const {
+    static_assert(sizeof...(Index) == Rank, "pdo: tensor(i, j, ...): give one index per dim of the tensor");
+    if constexpr (sizeof...(Index) == Rank) return data_[offset_of(index...)];
+    else return data_[0];  // the error was given: nothing more after it
+  }
+
+  /// @brief Sets every element to `value`, on the host or on the holding GPU.
+  void fill(T value) {
+    if (on_gpu()) detail::fill_bytes(place_.get(), data_, &value, sizeof(T), size());
+    else std::fill_n(data_, size(), value);
+  }
+
+  /// @brief An uninitialised tensor in host memory, whichever thread asks.
+  [[nodiscard]] static tensor on_host(const shape_t<Rank>& shape) { return tensor(shape, &host_allocator(), nullptr); }
+
+  /// @brief A zero-filled tensor of another shape (and element type) in the same place's
+  /// memory as this one (the host's for host tensors).
+  template <element U = T, std::size_t R = Rank>
+  [[nodiscard]] tensor<U, R> zeros_alike(const shape_t<R>& shape) const {
+    tensor<U, R> t(shape, allocator_ != nullptr ? allocator_ : &host_allocator(), place_);
+    t.fill(U{});
+    return t;
+  }
+
+ private:
+  template <element U, std::size_t R>
+  friend class tensor;
+
+  tensor(const shape_t<Rank>& shape, caching_allocator* allocator, std::shared_ptr<detail::place_state> place)
+      : shape_(shape), allocator_(allocator), place_(std::move(place)) {
+    const std::size_t n = detail::checked_volume(shape, "tensor", sizeof(T));  // before the strides: their products fit then
+    strides_ = detail::row_major_strides(shape);
+    data_ = static_cast<T*>(allocator_->allocate(n * sizeof(T)));
+  }
+
+  static detail::place_state* place_of(const tensor& t) { return t.place_.get(); }
+
+  template <class... Index>
+  std::size_t offset_of(Index... index) const {
+    std::size_t offset = 0, d = 0;
+    ((offset += static_cast<std::size_t>(index) * static_cast<std::size_t>(strides_[d++])), ...);
+    return offset;
+  }
+
+  shape_t<Rank> shape_{};
+  std::array<std::ptrdiff_t, Rank> strides_{};
+  T* data_ = nullptr;
+  caching_allocator* allocator_ = nullptr;
+  std::shared_ptr<detail::place_state> place_;  ///< keeps the place's allocator alive
+};
+
+template <class T>
+inline constexpr bool is_tensor_v = false;
+template <class T, std::size_t Rank>
+inline constexpr bool is_tensor_v<tensor<T, Rank>> = true;
+
+/// @brief "f32[10, 6]".
+template <class T, std::size_t Rank>
+std::string describe(const tensor<T, Rank>& t) {
+  return std::string(detail::dtype_name<T>()) + detail::format_extents(t.shape());
+}
+
+/// @brief Copies `src` into `dst` (same shape), whatever places hold them: host, CPU or GPU
+/// places (see pdo/place/copy.hpp for how GPU copies go). With copy_completion::queued a
+/// copy between a GPU and host memory only queues on the GPU place's stream: keep both
+/// tensors alive and untouched until that place synchronizes.
+template <class T, std::size_t Rank>
+void copy(const tensor<T, Rank>& src, tensor<T, Rank>& dst, copy_completion completion = copy_completion::host_safe,
+          peer_copy how = peer_copy::automatic) {
+  if (src.shape() != dst.shape())
+    throw shape_error("copy: from " + describe(src) + " on " + src.place_name() + " to " + describe(dst) + " on " + dst.place_name() +
+                      ": the shapes differ");
+  detail::copy_bytes(dst.where(), dst.data(), src.where(), src.data(), src.bytes(), completion, how);
+}
+
+/// @brief A copy of `t` in `place`'s memory.
+template <class T, std::size_t Rank>
+tensor<T, Rank> to_place(const tensor<T, Rank>& t, const any_place& place, peer_copy how = peer_copy::automatic) {
+  tensor<T, Rank> out(t.shape(), place, detail::uninitialized);
+  copy(t, out, copy_completion::host_safe, how);
+  return out;
+}
+
+/// @brief A copy of `t` in host memory (readable through data() whatever held `t`).
+template <class T, std::size_t Rank>
+tensor<T, Rank> to_host(const tensor<T, Rank>& t) {
+  auto out = tensor<T, Rank>::on_host(t.shape());
+  copy(t, out);
+  return out;
+}
+
+}  // namespace pdo
+#endif  // PDO_SINGLE_PDO_TENSOR_TENSOR_HPP
+
+#include <atomic>
+#include <cstddef>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace pdo {
+
+namespace detail {
+
+/// @brief The extents of place `p`'s shard of a tensor of `global` shape laid out as `v`.
+template <class Mesh, std::size_t Rank>
+shape_t<Rank> shard_shape(const Mesh& m, const layout_value& v, const shape_t<Rank>& global, std::size_t p) {
+  shape_t<Rank> s = global;
+  for (std::size_t d = 0; d < Rank; ++d)
+    if (!v.dim_axis[d].empty()) {
+      const std::size_t a = Mesh::axis_index(v.dim_axis[d]);
+      s[d] = chunk_size(global[d], m.extent(a), m.coord(p, a));
+    }
+  return s;
+}
+
+/// @brief Where place `p`'s shard starts in the global tensor.
+template <class Mesh, std::size_t Rank>
+shape_t<Rank> shard_offset(const Mesh& m, const layout_value& v, const shape_t<Rank>& global, std::size_t p) {
+  shape_t<Rank> o{};
+  for (std::size_t d = 0; d < Rank; ++d)
+    if (!v.dim_axis[d].empty()) {
+      const std::size_t a = Mesh::axis_index(v.dim_axis[d]);
+      o[d] = chunk_offset(global[d], m.extent(a), m.coord(p, a));
+    }
+  return o;
+}
+
+/// @brief True when place `p` holds the value of every partial axis of `v` (coordinate 0);
+/// the other places hold zeros after a distribute.
+template <class Mesh>
+bool holds_partial_value(const Mesh& m, const layout_value& v, std::size_t p) {
+  for (std::size_t i = 0; i < v.npartial; ++i)
+    if (m.coord(p, Mesh::axis_index(v.partial[i])) != 0) return false;
+  return true;
+}
+
+/// @brief "f32[10, 6]", followed by the layout when there is one.
+PDO_NOINLINE inline std::string describe_block(std::string_view dtype, std::span<const std::size_t> extents, const layout_value* layout) {
+  std::string text = std::string(dtype) + format_extent_list(extents);
+  if (layout != nullptr) text += to_string(*layout);
+  return text;
+}
+
+/// @brief "f32[10, 6]{split<dp>, replicate} on mesh(dp=2, tp=2)": a dtensor's description (one
+/// function for every layout of a mesh, element type and rank).
+template <class T, std::size_t Rank, class Mesh>
+PDO_NOINLINE std::string describe_dtensor(const Mesh& m, const layout_value& v, const shape_t<Rank>& global) {
+  return describe_block(dtype_name<T>(), global, &v) + " on " + m.describe();
+}
+
+/// @brief The error of a dtensor used after it was moved from (`what`: its type, as
+/// describe_block writes it).
+[[noreturn]] PDO_NOINLINE inline void throw_moved_from(const std::string& what) {
+  throw error("dtensor " + what + ": used after it was moved from; it holds no mesh and no shards (std::move of a dtensor, or "
+              "pdo::async_result::get() on an rvalue, empties it)");
+}
+
+/// @brief The checks of a dtensor's constructor: one shard for each place of this process,
+/// each of the shape the layout gives its place (else pdo::shape_error).
+template <class T, std::size_t Rank, class Mesh>
+PDO_NOINLINE void check_shards(const Mesh& m, const layout_value& v, const shape_t<Rank>& global, const std::vector<tensor<T, Rank>>& shards) {
+  checked_volume(global, "dtensor", sizeof(T));
+  const auto& local = m.local_places();
+  if (shards.size() != local.size())
+    throw shape_error("dtensor: " + std::to_string(shards.size()) + " shards given for " + std::to_string(local.size()) +
+                      " local places of " + m.describe());
+  for (std::size_t k = 0; k < local.size(); ++k) {
+    const auto want = shard_shape(m, v, global, local[k]);
+    if (shards[k].shape() != want)
+      throw shape_error("dtensor: " + describe_dtensor<T>(m, v, global) + ": the shard of place " + m.place(local[k]).name() + " is " +
+                        pdo::describe(shards[k]) + " but the layout gives it " + format_extents(want));
+  }
+}
+
+/// @brief The position of place `p` among the places of `m` in this process (else
+/// pdo::layout_error).
+template <class Mesh>
+PDO_NOINLINE std::size_t local_ordinal(const Mesh& m, std::size_t p) {
+  const auto& local = m.local_places();
+  for (std::size_t k = 0; k < local.size(); ++k)
+    if (local[k] == p) return k;
+  throw layout_error("dtensor: place " + std::to_string(p) + " of " + m.describe() + " does not belong to this process");
+}
+
+/// @brief Waits, on a host thread, until no queued task reads or writes the storage at
+/// `data` (an empty block's: nullptr), which is about to be freed or replaced. Set by the
+/// engine when it is made (pdo/exec/engine.hpp); before that no task uses any storage.
+inline std::atomic<void (*)(const void*) noexcept> wait_until_unused{nullptr};
+
+/// @brief Waits until no queued task reads or writes any of `shards` (wait_until_unused).
+template <class Shards>
+void wait_until_shards_unused(const Shards& shards) noexcept {
+  if (auto wait = wait_until_unused.load(std::memory_order_acquire))
+    for (const auto& s : shards) wait(s.data());
+}
+
+}  // namespace detail
+
+/// @brief A tensor of global shape `shape()` laid out over `Mesh` as `Layout`; this
+/// process holds the shards of its own places (`local_shards()`, in the order of
+/// `mesh().local_places()`), each in its place's memory.
+/// @tparam Mesh a pdo::mesh type; @tparam Layout a layout_spec valid on it for rank `Rank`
+template <element T, std::size_t Rank, mesh_type Mesh, layout_spec Layout>
+class dtensor {
+  // the layout's checks, each with its message (no second error when one fails)
+  static_assert(sizeof(detail::check_layout<"dtensor", Layout, Mesh, Rank>) != 0);
+
+ public:
+  /// @brief Element type of the shards.
+  using value_type = T;
+  /// @brief Type of the mesh the tensor is laid out over.
+  using mesh_type = Mesh;
+  /// @brief The layout_spec type: how each dim is split over the mesh axes (or replicated, or partial).
+  using layout_type = Layout;
+  /// @brief Number of dims.
+  static constexpr std::size_t rank = Rank;
+  /// @brief `Layout` as a value the planner computes with.
+  static constexpr detail::layout_value layout_value = detail::value_of<Layout>();
+
+  /// @brief Takes the local shards as they are; each must have the shape the layout gives
+  /// its place (else pdo::shape_error naming the place and both shapes).
+  dtensor(Mesh m, const shape_t<Rank>& global, std::vector<tensor<T, Rank>> shards)
+      : mesh_(std::move(m)), shape_(global), shards_(std::move(shards)) {
+    detail::check_shards(mesh_, layout_value, shape_, shards_);
+  }
+  /// @brief A copy: the same mesh, and a deep copy of each shard on its place.
+  dtensor(const dtensor& other) = default;
+  /// @brief Takes `other`'s mesh and shards; `other` is left moved from.
+  dtensor(dtensor&& other) = default;
+  /// @brief Copy or move assignment (by value, then swap). Work queued that reads or writes
+  /// this dtensor (an eval_async not yet waited for) ends first: it sees the dtensor as it
+  /// was when it was queued.
+  dtensor& operator=(dtensor other) noexcept {
+    detail::wait_until_shards_unused(shards_);
+    std::swap(mesh_, other.mesh_);
+    std::swap(shape_, other.shape_);
+    shards_.swap(other.shards_);
+    return *this;
+  }
+  /// @brief Frees the shards once the work queued that reads or writes them has ended (an
+  /// eval_async of an expression of this dtensor, not yet waited for).
+  ~dtensor() { detail::wait_until_shards_unused(shards_); }
+
+  /// @brief The mesh the tensor is laid out over (a pdo::error for a dtensor that was moved
+  /// from: every operation on one says so).
+  [[nodiscard]] const Mesh& mesh() const { return live_mesh(); }
+  /// @brief The global extents (not those of a shard).
+  [[nodiscard]] const shape_t<Rank>& shape() const { return shape_; }
+  /// @brief The global number of elements.
+  [[nodiscard]] std::size_t size() const { return detail::volume(shape_); }
+  /// @brief This process's shards, in the order of `mesh().local_places()`.
+  [[nodiscard]] const std::vector<tensor<T, Rank>>& local_shards() const { return shards_; }
+  /// @brief This process's shards, in the order of `mesh().local_places()`, writable (keep their shapes).
+  [[nodiscard]] std::vector<tensor<T, Rank>>& local_shards() { return shards_; }
+
+  /// @brief The shard of place `p` (a place of this process; else pdo::layout_error).
+  [[nodiscard]] const tensor<T, Rank>& shard(std::size_t p) const { return shards_[local_ordinal(p)]; }
+  /// @brief The shard of place `p`, writable (a place of this process; else pdo::layout_error).
+  [[nodiscard]] tensor<T, Rank>& shard(std::size_t p) { return shards_[local_ordinal(p)]; }
+
+  /// @brief The shape of place `p`'s shard (any place of the mesh).
+  [[nodiscard]] shape_t<Rank> local_shape(std::size_t p) const {
+    live_mesh().check_place(p, "dtensor::local_shape");
+    return detail::shard_shape(mesh_, layout_value, shape_, p);
+  }
+  /// @brief Where place `p`'s shard starts in the global tensor.
+  [[nodiscard]] shape_t<Rank> local_offset(std::size_t p) const {
+    live_mesh().check_place(p, "dtensor::local_offset");
+    return detail::shard_offset(mesh_, layout_value, shape_, p);
+  }
+
+  /// @brief "f32[10, 6]{split<dp>, replicate} on mesh(dp=2, tp=2)".
+  [[nodiscard]] std::string describe() const {
+    return moved_from() ? type_text() + " (moved from)" : detail::describe_dtensor<T>(mesh_, layout_value, shape_);
+  }
+
+ private:
+  std::size_t local_ordinal(std::size_t p) const { return detail::local_ordinal(live_mesh(), p); }
+  /// A moved-from dtensor has no mesh state (and no shards).
+  bool moved_from() const { return !mesh_.state(); }
+  /// "f32[7, 5]{split<x>, replicate}": the element type, extents and layout.
+  std::string type_text() const { return detail::describe_block(detail::dtype_name<T>(), shape_, &layout_value); }
+  const Mesh& live_mesh() const {
+    if (moved_from()) [[unlikely]]
+      detail::throw_moved_from(type_text());
+    return mesh_;
+  }
+
+  Mesh mesh_;
+  shape_t<Rank> shape_;
+  std::vector<tensor<T, Rank>> shards_;
+};
+
+template <class T>
+inline constexpr bool is_dtensor_v = false;
+template <class T, std::size_t Rank, class Mesh, class Layout>
+inline constexpr bool is_dtensor_v<dtensor<T, Rank, Mesh, Layout>> = true;
+
+/// @brief A pdo::dtensor type.
+template <class T>
+concept distributed_tensor = is_dtensor_v<std::remove_cvref_t<T>>;
+
+namespace detail {
+/// @brief The replicated dtensor of element type `T` and rank `Rank` on `Mesh`: the stand-in
+/// result of an operation whose error was given (see unformed_result).
+template <class T, std::size_t Rank, class Mesh>
+using replicated_dtensor_t = dtensor<T, Rank, Mesh, replicated_layout_t<Rank>>;
+}  // namespace detail
+
+}  // namespace pdo
+#endif  // PDO_SINGLE_PDO_TENSOR_DTENSOR_HPP
 
 #include <array>
 #include <atomic>
@@ -6921,6 +8090,25 @@ class engine {
     }
   }
 
+  /// @brief Waits until no task queued reads or writes `buffer`, storage about to be freed
+  /// or replaced on a host thread (a dtensor's shard: detail::wait_until_unused). On a lane
+  /// it does not wait: the task it runs in may be one of those.
+  void wait_until_unused(const void* buffer) {
+    if (current_lane() != nullptr) return;
+    std::vector<task_handle> users;
+    {
+      shard& s = shard_for(buffer);
+      std::lock_guard guard(s.lock);
+      const auto found = s.buffers.find(buffer);
+      if (found == s.buffers.end()) return;
+      if (live(found->second.writer)) users.push_back(found->second.writer);
+      for (const auto& r : found->second.readers)
+        if (live(r)) users.push_back(r);
+    }
+    for (const auto& t : users) t->home->poke();  // a task queued quietly waits for its submitter to wake its lane
+    for (const auto& t : users) t->wait_ended();
+  }
+
   /// @brief The buffers the engine tracks now (for tests: finished work is forgotten).
   [[nodiscard]] std::size_t tracked_buffers() {
     std::size_t n = 0;
@@ -6933,7 +8121,10 @@ class engine {
   }
 
  private:
-  engine() = default;
+  engine() {
+    // a dtensor's shards are freed or replaced once the tasks that use them have ended
+    detail::wait_until_unused.store([](const void* buffer) noexcept { instance().wait_until_unused(buffer); }, std::memory_order_release);
+  }
 
   struct buffer_state {
     task_handle writer;
@@ -7496,225 +8687,6 @@ void spmd(const Mesh& m, Task&& task) {
 #define PDO_SINGLE_PDO_LAYOUT_PROPAGATION_HPP
 // pdo/layout/propagation.hpp: sharding propagation: each op's output layout and the layouts it needs of its operands.
 
-// ---- pdo/layout/layout_value.hpp
-#ifndef PDO_SINGLE_PDO_LAYOUT_LAYOUT_VALUE_HPP
-#define PDO_SINGLE_PDO_LAYOUT_LAYOUT_VALUE_HPP
-// pdo/layout/layout_value.hpp: a layout as a constexpr value, for planning and messages.
-
-// ---- pdo/layout/layout.hpp
-#ifndef PDO_SINGLE_PDO_LAYOUT_LAYOUT_HPP
-#define PDO_SINGLE_PDO_LAYOUT_LAYOUT_HPP
-// pdo/layout/layout.hpp: layouts as types: split<"axis">, replicate, partial axes.
-
-// ---- pdo/core/type_list.hpp
-#ifndef PDO_SINGLE_PDO_CORE_TYPE_LIST_HPP
-#define PDO_SINGLE_PDO_CORE_TYPE_LIST_HPP
-// pdo/core/type_list.hpp: minimal type-level lists used by the layout algebra.
-
-#include <cstddef>
-#include <type_traits>
-
-namespace pdo::detail {
-
-template <class... Ts>
-struct type_list {
-  static constexpr std::size_t size = sizeof...(Ts);
-};
-
-/// @brief A `false` that depends on a type, for static_asserts in templates that must
-/// only fire when instantiated.
-template <class...>
-inline constexpr bool always_false = false;
-
-template <class T, template <class...> class Template>
-inline constexpr bool is_specialization_of = false;
-template <template <class...> class Template, class... Args>
-inline constexpr bool is_specialization_of<Template<Args...>, Template> = true;
-
-}  // namespace pdo::detail
-#endif  // PDO_SINGLE_PDO_CORE_TYPE_LIST_HPP
-
-#include <array>
-#include <cstddef>
-#include <string>
-#include <string_view>
-#include <type_traits>
-#include <utility>
-
-namespace pdo {
-
-/// @brief Layout entry of one tensor dim: cut into contiguous chunks along mesh axis `Axis`
-/// (sizes differ by at most one, larger chunks first: 10 rows over 4 places are 3,3,2,2).
-template <fixed_string Axis>
-struct split {
-  /// @brief Marks this type as a split entry (see pdo::dim_spec).
-  using split_tag = void;
-  /// @brief The name of the mesh axis the dim is cut along.
-  static constexpr std::string_view axis = Axis.view();
-};
-
-/// @brief Layout entry of one tensor dim: every place holds all of it.
-struct replicate {};
-
-// Found by split's member, not by a partial specialization on split<Axis>: nvcc's
-// front end does not match partial specializations on string template arguments.
-template <class T>
-inline constexpr bool is_dim_spec_v = std::is_same_v<T, replicate> || requires { typename T::split_tag; };
-
-/// @brief A layout entry: pdo::split<"axis"> or pdo::replicate.
-template <class T>
-concept dim_spec = is_dim_spec_v<T>;
-
-/// @brief How a tensor is laid out on a mesh: one entry per tensor dim.
-/// `layout<...>::partial<"tp">` marks a pending sum over mesh axis "tp": each place
-/// holds an addend, and the value is the sum over the places along that axis.
-/// Its entries are checked where it is used (detail::check_layout), with the mesh and the
-/// tensor's rank: a check here would make clang reject every overload whose constraint
-/// looks into a layout with a bad entry, a second error after the first.
-template <class... Dims>
-struct layout {
-  /// @brief Marks this type as a layout (see pdo::layout_spec).
-  using layout_tag = void;
-  /// @brief The layout without pending sums: this layout itself.
-  using base = layout;
-  /// @brief The entries, one per tensor dim.
-  using dims = detail::type_list<Dims...>;
-  /// @brief The number of tensor dims the layout describes.
-  static constexpr std::size_t rank = sizeof...(Dims);
-  /// @brief For each dim, the mesh axis it is split along, or "" where it is replicated.
-  static constexpr std::array<std::string_view, rank> dim_axes{[] {
-    if constexpr (dim_spec<Dims> && !std::is_same_v<Dims, replicate>) return Dims::axis;
-    else return std::string_view{};  // (a bad entry: check_layout says so, once)
-  }()...};
-  /// @brief The axes of pending sums: none.
-  static constexpr std::array<std::string_view, 0> partial_axes{};
-
-  /// @brief This layout with pending sums over mesh axes `Axes` (a class, not an alias:
-  /// nvcc's front end cannot take string literals as arguments of alias templates).
-  template <fixed_string... Axes>
-  struct partial {
-    static_assert(sizeof...(Axes) >= 1, "pdo: layout::partial: name at least one mesh axis");
-    /// @brief Marks this type as a layout (see pdo::layout_spec).
-    using layout_tag = void;
-    /// @brief The enclosing layout, without the pending sums.
-    using base = layout;
-    /// @brief The entries, one per tensor dim (those of the enclosing layout).
-    using dims = detail::type_list<Dims...>;
-    /// @brief The number of tensor dims.
-    static constexpr std::size_t rank = sizeof...(Dims);
-    /// @brief For each dim, the mesh axis it is split along, or "" where it is replicated.
-    static constexpr auto dim_axes = layout::dim_axes;
-    /// @brief The mesh axes the value is a pending sum over, in the order given.
-    static constexpr std::array<std::string_view, sizeof...(Axes)> partial_axes{Axes.view()...};
-  };
-};
-
-namespace detail {
-template <class Seq>
-struct replicated_layout;
-template <std::size_t... I>
-struct replicated_layout<std::index_sequence<I...>> {
-  using type = layout<std::conditional_t<I == I, replicate, void>...>;
-};
-/// @brief layout<replicate, ..., replicate> of rank `Rank`.
-template <std::size_t Rank>
-using replicated_layout_t = typename replicated_layout<std::make_index_sequence<Rank>>::type;
-}  // namespace detail
-
-/// @brief A layout type: pdo::layout<...> or pdo::layout<...>::partial<...>.
-template <class L>
-concept layout_spec = requires {
-  typename L::layout_tag;
-  L::rank;
-  L::dim_axes;
-  L::partial_axes;
-};
-
-}  // namespace pdo
-#endif  // PDO_SINGLE_PDO_LAYOUT_LAYOUT_HPP
-
-#include <array>
-#include <cstddef>
-#include <string>
-#include <string_view>
-
-namespace pdo::detail {
-
-inline constexpr std::size_t max_rank = 8;  ///< the highest tensor rank a layout may have
-inline constexpr std::size_t max_axes = 8;  ///< the most partial axes a layout may have
-
-/// @brief A layout as data: for each dim the axis it is split on ("" when replicated),
-/// and the partial axes. Equality treats the partial axes as a set.
-struct layout_value {
-  std::size_t rank = 0;
-  std::array<std::string_view, max_rank> dim_axis{};
-  std::size_t npartial = 0;
-  std::array<std::string_view, max_axes> partial{};
-
-  /// @brief The dim split on `axis`, or rank when none is.
-  [[nodiscard]] constexpr std::size_t split_dim(std::string_view axis) const {
-    for (std::size_t d = 0; d < rank; ++d)
-      if (dim_axis[d] == axis) return d;
-    return rank;
-  }
-  [[nodiscard]] constexpr bool is_partial(std::string_view axis) const {
-    for (std::size_t i = 0; i < npartial; ++i)
-      if (partial[i] == axis) return true;
-    return false;
-  }
-  constexpr void add_partial(std::string_view axis) {
-    if (!is_partial(axis)) partial[npartial++] = axis;
-  }
-  constexpr void remove_partial(std::string_view axis) {
-    std::size_t kept = 0;
-    for (std::size_t i = 0; i < npartial; ++i)
-      if (partial[i] != axis) partial[kept++] = partial[i];
-    for (std::size_t i = kept; i < npartial; ++i) partial[i] = {};
-    npartial = kept;
-  }
-  friend constexpr bool operator==(const layout_value& a, const layout_value& b) {
-    if (a.rank != b.rank || a.npartial != b.npartial) return false;
-    for (std::size_t d = 0; d < a.rank; ++d)
-      if (a.dim_axis[d] != b.dim_axis[d]) return false;
-    for (std::size_t i = 0; i < a.npartial; ++i)
-      if (!b.is_partial(a.partial[i])) return false;
-    return true;
-  }
-};
-
-template <layout_spec L>
-constexpr layout_value value_of() {
-  static_assert(L::rank <= max_rank, "pdo: layout: at most 8 tensor dims are supported");
-  static_assert(L::partial_axes.size() <= max_axes, "pdo: layout: at most 8 partial axes are supported");
-  layout_value v;
-  v.rank = L::rank;
-  for (std::size_t d = 0; d < L::rank; ++d) v.dim_axis[d] = L::dim_axes[d];
-  for (auto a : L::partial_axes) v.add_partial(a);
-  return v;
-}
-
-/// @brief "{split<dp>, replicate}" or "{replicate, replicate} partial<tp>".
-inline std::string to_string(const layout_value& v) {
-  std::string text = "{";
-  for (std::size_t d = 0; d < v.rank; ++d) {
-    if (d) text += ", ";
-    text += v.dim_axis[d].empty() ? std::string("replicate") : "split<" + std::string(v.dim_axis[d]) + ">";
-  }
-  text += "}";
-  for (std::size_t i = 0; i < v.npartial; ++i) text += (i ? ", " : " ") + ("partial<" + std::string(v.partial[i]) + ">");
-  return text;
-}
-
-}  // namespace pdo::detail
-
-namespace pdo {
-/// @brief A layout type spelled out: "{split<dp>, replicate} partial<tp>".
-template <layout_spec L>
-std::string layout_name() {
-  return detail::to_string(detail::value_of<L>());
-}
-}  // namespace pdo
-#endif  // PDO_SINGLE_PDO_LAYOUT_LAYOUT_VALUE_HPP
 
 #include <array>
 #include <cstddef>
@@ -8296,916 +9268,6 @@ class step_recorder {
 }  // namespace detail
 }  // namespace pdo
 #endif  // PDO_SINGLE_PDO_PLAN_STEP_HPP
-// ---- pdo/tensor/dtensor.hpp
-#ifndef PDO_SINGLE_PDO_TENSOR_DTENSOR_HPP
-#define PDO_SINGLE_PDO_TENSOR_DTENSOR_HPP
-// pdo/tensor/dtensor.hpp: pdo::dtensor, a tensor laid out over a mesh: global shape + local shards.
-
-// ---- pdo/layout/layout_check.hpp
-#ifndef PDO_SINGLE_PDO_LAYOUT_LAYOUT_CHECK_HPP
-#define PDO_SINGLE_PDO_LAYOUT_LAYOUT_CHECK_HPP
-// pdo/layout/layout_check.hpp: compile-time checks of a layout against a tensor rank and a mesh.
-
-
-#include <cstddef>
-
-namespace pdo {
-
-/// @brief What is wrong with a layout on a mesh, if anything.
-enum class layout_problem { none, bad_entry, rank_mismatch, axis_not_in_mesh, axis_used_twice };
-
-namespace detail {
-
-/// @brief What is wrong with layout `L`, whose entries are splits and replicates, for a
-/// tensor of rank `tensor_rank` on `Mesh`.
-template <layout_spec L, class Mesh>
-constexpr layout_problem find_entries_problem(std::size_t tensor_rank) {
-  constexpr layout_value v = value_of<L>();
-  if (v.rank != tensor_rank) return layout_problem::rank_mismatch;
-  std::array<std::string_view, max_rank + max_axes> used{};
-  std::size_t n = 0;
-  for (std::size_t d = 0; d < v.rank; ++d)
-    if (!v.dim_axis[d].empty()) used[n++] = v.dim_axis[d];
-  for (std::string_view axis : L::partial_axes) used[n++] = axis;
-  for (std::size_t i = 0; i < n; ++i) {
-    if (!Mesh::has_axis(used[i])) return layout_problem::axis_not_in_mesh;
-    for (std::size_t j = i + 1; j < n; ++j)
-      if (used[i] == used[j]) return layout_problem::axis_used_twice;
-  }
-  return layout_problem::none;
-}
-
-/// @brief Whether every entry of a layout's entry list is a split or a replicate.
-template <class Dims>
-inline constexpr bool all_dim_specs = false;
-template <class... Dims>
-inline constexpr bool all_dim_specs<type_list<Dims...>> = (dim_spec<Dims> && ...);
-
-/// @brief What is wrong with layout `L` for a tensor of rank `tensor_rank` on `Mesh` (a bad
-/// entry first: nothing of such a layout is computed).
-template <layout_spec L, class Mesh>
-constexpr layout_problem find_layout_problem(std::size_t tensor_rank) {
-  if constexpr (!all_dim_specs<typename L::dims>) return layout_problem::bad_entry;
-  else return find_entries_problem<L, Mesh>(tensor_rank);
-}
-
-/// @brief Instantiated where a layout is used; its static_asserts fail with a message
-/// that says what is wrong, and the compiler's note names the op, the layout and the
-/// mesh (the template arguments of this type).
-template <fixed_string Op, layout_spec L, class Mesh, std::size_t Rank>
-struct check_layout {
-  static constexpr layout_problem problem = find_layout_problem<L, Mesh>(Rank);
-  static_assert(problem != layout_problem::bad_entry,
-                "pdo: layout: each entry must be pdo::split<\"axis\"> or pdo::replicate (one per tensor dim)");
-  static_assert(problem != layout_problem::rank_mismatch,
-                "pdo: layout has a different number of entries than the tensor has dims; give one entry "
-                "(pdo::split<\"axis\"> or pdo::replicate) per tensor dim");
-  static_assert(problem != layout_problem::axis_not_in_mesh,
-                "pdo: layout splits or sums over a mesh axis that the mesh does not have; use one of the "
-                "mesh's axis names");
-  static_assert(problem != layout_problem::axis_used_twice,
-                "pdo: layout uses one mesh axis twice; a mesh axis may split one tensor dim or mark one "
-                "partial sum, not both and not two dims");
-  static constexpr bool ok = problem == layout_problem::none;
-};
-
-}  // namespace detail
-
-/// @brief True when layout `L` fits a tensor of rank `Rank` on mesh type `Mesh`.
-template <layout_spec L, class Mesh, std::size_t Rank>
-inline constexpr bool valid_layout_v = detail::find_layout_problem<L, Mesh>(Rank) == layout_problem::none;
-
-}  // namespace pdo
-#endif  // PDO_SINGLE_PDO_LAYOUT_LAYOUT_CHECK_HPP
-// ---- pdo/tensor/tensor.hpp
-#ifndef PDO_SINGLE_PDO_TENSOR_TENSOR_HPP
-#define PDO_SINGLE_PDO_TENSOR_TENSOR_HPP
-// pdo/tensor/tensor.hpp: pdo::tensor, an owning dense row-major tensor on one place.
-
-// ---- pdo/place/copy.hpp
-#ifndef PDO_SINGLE_PDO_PLACE_COPY_HPP
-#define PDO_SINGLE_PDO_PLACE_COPY_HPP
-// pdo/place/copy.hpp: copies between the memories of any two places (host, CPU places,
-// GPU places), and fills.
-//
-// Between GPUs a copy goes directly (cudaMemcpyPeerAsync) where cudaDeviceCanAccessPeer
-// allows it, else through pinned host memory in chunks, two buffers in flight; between a
-// GPU and the host it is a cudaMemcpyAsync on the GPU place's compute stream. Either way
-// it is ordered after the work already queued on both places' compute streams, and the
-// receiving place's later work is ordered after it, with events (no device-wide wait). A copy
-// to or from the host, or within one device, made on a GPU place's copy lane goes on its copy
-// stream instead (see copy_stream), so the compute work queued after it does not wait for it;
-// a copy between two devices stays on their compute streams.
-
-
-#include <algorithm>
-#include <atomic>
-#include <chrono>
-#include <cstddef>
-#include <cstdint>
-#include <cstring>
-#include <memory>
-#include <mutex>
-#include <thread>
-#include <string>
-#include <vector>
-
-namespace pdo {
-
-/// @brief How a copy between two GPUs goes.
-enum class peer_copy {
-  automatic,  ///< directly where the devices can access each other, else staged
-  direct,     ///< cudaMemcpyPeerAsync (the driver stages it itself where there is no peer path)
-  staged,     ///< through pinned host memory, chunk by chunk
-};
-
-/// @brief When a copy returns.
-enum class copy_completion {
-  host_safe,  ///< host memory on either side may be read or reused at once (GPU-to-GPU stays queued on the streams)
-  queued,     ///< queued on the streams: host memory on either side must stay untouched until the places synchronize
-};
-
-namespace detail {
-
-#if defined(PDO_WITH_CUDA)
-/// @brief GPU to GPU on different devices through the two pinned buffers of the source:
-/// chunk i goes down on the source's compute stream into buffer i % 2, then up on the
-/// destination's; a buffer is refilled once its previous upload has read it. Every step is
-/// ordered by events on the streams (each recorded on its own device's stream): nothing
-/// waits on the host.
-inline void staged_device_copy(cuda_device& dst, void* to, cuda_device& src, const void* from, std::size_t bytes) {
-  std::lock_guard lock(src.staging_mutex);
-  src.ensure_staging();
-  auto* out = static_cast<char*>(to);
-  const auto* in = static_cast<const char*>(from);
-  for (std::size_t done = 0, chunk = 0; done < bytes; ++chunk) {
-    const int b = static_cast<int>(chunk % 2);
-    const std::size_t n = std::min(cuda_device::staging_bytes, bytes - done);
-    {
-      device_guard guard(src.ordinal);
-      if (src.last_upload[b] != nullptr) cuda_check(cudaStreamWaitEvent(src.compute, src.last_upload[b], 0), "cudaStreamWaitEvent", src.name);
-      cuda_check(cudaMemcpyAsync(src.staging[b], in + done, n, cudaMemcpyDeviceToHost, src.compute), "cudaMemcpyAsync", src.name);
-      cuda_check(cudaEventRecord(src.staged[b], src.compute), "cudaEventRecord", src.name);
-    }
-    device_guard guard(dst.ordinal);
-    cuda_check(cudaStreamWaitEvent(dst.compute, src.staged[b], 0), "cudaStreamWaitEvent", dst.name);
-    cuda_check(cudaMemcpyAsync(out + done, src.staging[b], n, cudaMemcpyHostToDevice, dst.compute), "cudaMemcpyAsync", dst.name);
-    cudaEvent_t uploaded = src.upload_event(b, dst.ordinal);
-    cuda_check(cudaEventRecord(uploaded, dst.compute), "cudaEventRecord", dst.name);
-    src.last_upload[b] = uploaded;
-    done += n;
-  }
-}
-
-/// @brief A copy between two GPUs on different devices. Each step runs on the compute lane of
-/// its place, in that place's order of work: the destination marks the work queued on it so
-/// far (which may still read the destination block); the source waits for that mark, copies
-/// (peer, or staged), and marks the copy; the destination waits for that. So each device's
-/// stream waits only for work its place queued before the copy, never for work queued after
-/// it, and a collective queued on both places in one order cannot wait for itself through
-/// the copy.
-inline void copy_between_devices(place_state& dst_place, void* dst, place_state& src_place, const void* src, std::size_t bytes, peer_copy how) {
-  cuda_device &d = cuda_device_of(dst_place), &s = cuda_device_of(src_place);
-  cudaEvent_t destination_ready = nullptr, copied = nullptr;
-  {
-    device_guard guard(d.ordinal);
-    cuda_check(cudaEventCreateWithFlags(&destination_ready, cudaEventDisableTiming), "cudaEventCreateWithFlags", d.name);
-  }
-  {
-    device_guard guard(s.ordinal);
-    cuda_check(cudaEventCreateWithFlags(&copied, cudaEventDisableTiming), "cudaEventCreateWithFlags", s.name);
-  }
-  struct release {
-    cudaEvent_t a, b;
-    ~release() {
-      cudaEventDestroy(a);  // queued waits on them still see them complete
-      cudaEventDestroy(b);
-    }
-  } events{destination_ready, copied};
-  run_on_place(dst_place, [&] {
-    device_guard guard(d.ordinal);
-    cuda_check(cudaEventRecord(destination_ready, d.compute), "cudaEventRecord", d.name);
-  });
-  const bool direct = how == peer_copy::direct || (how == peer_copy::automatic && enable_peer_access(s.ordinal, d.ordinal));
-  run_on_place(src_place, [&] {
-    device_guard guard(s.ordinal);
-    cuda_check(cudaStreamWaitEvent(s.compute, destination_ready, 0), "cudaStreamWaitEvent", s.name);
-    if (direct) {
-      if (how == peer_copy::direct) enable_peer_access(s.ordinal, d.ordinal);
-      cuda_check(cudaMemcpyPeerAsync(dst, d.ordinal, src, s.ordinal, bytes, s.compute), "cudaMemcpyPeerAsync", s.name);
-      cuda_check(cudaEventRecord(copied, s.compute), "cudaEventRecord", s.name);
-    } else {
-      staged_device_copy(d, dst, s, src, bytes);  // the uploads run on the destination's stream
-    }
-  });
-  run_on_place(dst_place, [&] {
-    device_guard guard(d.ordinal);
-    if (direct) cuda_check(cudaStreamWaitEvent(d.compute, copied, 0), "cudaStreamWaitEvent", d.name);
-  });
-}
-#endif
-
-#if defined(PDO_WITH_CUDA)
-/// @brief The stream a GPU place's copies and fills go on from the calling thread. On the
-/// place's copy lane: its copy stream, after the work queued so far on its compute stream
-/// (which made, or last used, the blocks the copy touches), and the copies are complete before
-/// the task goes on (done()), so that the work that uses them later needs no event of that
-/// stream. Elsewhere: its compute stream, in that stream's order.
-struct copy_stream {
-  explicit copy_stream(place_state& place) : device(cuda_device_of(place)) {
-    const lane* l = current_lane();
-    on_copy_lane = l != nullptr && l->kind() == lane_kind::copy && current_place() == &place;
-    if (on_copy_lane) device.make_wait(device.copy, device.compute);
-    stream = on_copy_lane ? device.copy : device.compute;
-  }
-  /// @brief After the copies: on the copy lane, waits until they are done.
-  void done() const {
-    if (on_copy_lane) wait_for_stream(device, device.copy);
-  }
-  cuda_device& device;
-  bool on_copy_lane = false;
-  cudaStream_t stream = nullptr;
-};
-#endif
-
-#if defined(PDO_WITH_CUDA)
-/// @brief Waits on the host until `done()`, watching `d`'s checks: gives up (false) when a
-/// collective on `d` failed (not the echo of an abort, whose kernels end), as its work may
-/// never end. Never throws.
-template <class Done>
-bool wait_quietly(cuda_device& d, Done done) noexcept {
-  try {
-    return poll_device(done, [&] {
-      const std::string f = d.failures();
-      return f.empty() || f[0] == '~';
-    });
-  } catch (...) {
-    return false;
-  }
-}
-
-/// @brief What a sender and a receiver of one process share about a block of the sender's GPU
-/// memory that the receiver copies to its own (a pipeline's handoff): where the block is, the
-/// sender's mark (event) of the work that wrote it, and how far the receiver got. The receiver
-/// claims it (or finds it withdrawn), then says whether it queued a copy (and its mark), queued
-/// none, or could not tell when its copy ends. Freed by the last of the two.
-struct handoff {
-  enum stage_t : int { pending, claimed, copying, no_copy, lost, withdrawn };
-  std::atomic<int> stage{pending};
-  std::atomic<int> refs{1};
-  place_state* from = nullptr;
-  const void* data = nullptr;
-  cudaEvent_t ready = nullptr;   ///< the sender's mark (an event of its device)
-  cudaEvent_t copied = nullptr;  ///< the receiver's mark of its copy (an event of its device), when copying
-  place_state* to = nullptr;     ///< the receiver, once claimed
-  void release() {
-    if (refs.fetch_sub(1, std::memory_order_acq_rel) == 1) delete this;
-  }
-};
-
-/// @brief The sender's side of a handoff. Made on the sender's compute lane right after the
-/// work that writes the block is queued, it marks that work (and nothing queued later, so the
-/// receiver never waits for the sender's later collectives). It keeps the block until the
-/// receiver is done with it: at once when the receiver never claimed it (it is withdrawn), else
-/// once the receiver's copy has run. When the receiver could not tell (its device failed) the
-/// block is kept for good rather than freed under a copy that may still run.
-class offered_block {
- public:
-  offered_block(place_state& from, std::shared_ptr<const void> keep, const void* data) : keep_(std::move(keep)) {
-    cuda_device& s = cuda_device_of(from);
-    device_guard guard(s.ordinal);
-    auto* h = new handoff;
-    h->from = &from;
-    h->data = data;
-    if (const cudaError_t status = cudaEventCreateWithFlags(&h->ready, cudaEventDisableTiming); status != cudaSuccess) {
-      delete h;
-      cuda_check(status, "cudaEventCreateWithFlags", s.name);
-    }
-    if (const cudaError_t status = cudaEventRecord(h->ready, s.compute); status != cudaSuccess) {
-      cudaEventDestroy(h->ready);
-      delete h;
-      cuda_check(status, "cudaEventRecord", s.name);
-    }
-    state_ = h;
-  }
-  offered_block(const offered_block&) = delete;
-  offered_block& operator=(const offered_block&) = delete;
-  ~offered_block() {
-    int stage = handoff::pending;
-    if (!state_->stage.compare_exchange_strong(stage, handoff::withdrawn, std::memory_order_acq_rel)) {
-      // claimed: the receiver always answers, soon (a few calls that do not wait)
-      while ((stage = state_->stage.load(std::memory_order_acquire)) == handoff::claimed) std::this_thread::yield();
-      if (stage == handoff::copying) {
-        cuda_device& d = cuda_device_of(*state_->to);
-        device_guard guard(d.ordinal);
-        if (!wait_quietly(d, [&] { return cudaEventQuery(state_->copied) != cudaErrorNotReady; })) stage = handoff::lost;
-        cudaEventDestroy(state_->copied);
-      }
-      if (stage == handoff::lost) new std::shared_ptr<const void>(std::move(keep_));  // the copy may still read it: kept for good
-    }
-    {
-      device_guard guard(cuda_device_of(*state_->from).ordinal);
-      cudaEventDestroy(state_->ready);
-    }
-    state_->release();
-  }
-  /// @brief The handoff's address, for the receiver (in this process); the receiver's
-  /// reference is taken here, and given back by handed() if the receiver never got it.
-  [[nodiscard]] std::uintptr_t address() {
-    state_->refs.fetch_add(1, std::memory_order_relaxed);
-    return reinterpret_cast<std::uintptr_t>(state_);
-  }
-  /// @brief The receiver did not get the address (the header was not delivered).
-  void not_delivered() { state_->release(); }
-  /// @brief Whether the block may be freed now (the receiver's copy has run, or it took none);
-  /// from another thread than the receiver's.
-  [[nodiscard]] bool released() const {
-    const int stage = state_->stage.load(std::memory_order_acquire);
-    if (stage == handoff::no_copy) return true;
-    if (stage != handoff::copying) return false;
-    device_guard guard(cuda_device_of(*state_->to).ordinal);
-    return cudaEventQuery(state_->copied) != cudaErrorNotReady;
-  }
-
- private:
-  handoff* state_ = nullptr;
-  std::shared_ptr<const void> keep_;
-};
-
-/// @brief The receiver gives up the handoff at `address` without claiming it (it could not
-/// take the block): the sender withdraws it.
-inline void leave_block(std::uintptr_t address) { reinterpret_cast<handoff*>(address)->release(); }
-
-/// @brief The receiver's side: claims the handoff at `address` (a pdo::error when the sender
-/// withdrew it) and copies its block (`bytes`) into `dst` in `to`'s memory on `to`'s compute
-/// stream, after the sender's mark; marks the copy for the sender. When it fails after the copy
-/// was queued, it waits for the copy before it says so.
-inline void take_block(place_state& to, void* dst, std::uintptr_t address, std::size_t bytes) {
-  auto* h = reinterpret_cast<handoff*>(address);
-  struct reference {
-    handoff* h;
-    ~reference() { h->release(); }
-  } ref{h};
-  int stage = handoff::pending;
-  if (!h->stage.compare_exchange_strong(stage, handoff::claimed, std::memory_order_acq_rel))
-    throw error("pipeline: receiving on " + to.name + ": " + h->from->name + " withdrew the tensor it sent (its step failed)");
-  h->to = &to;
-  if (bytes == 0) {
-    h->stage.store(handoff::no_copy, std::memory_order_release);
-    return;
-  }
-  cuda_device &d = cuda_device_of(to), &s = cuda_device_of(*h->from);
-  bool queued = false;
-  try {
-    if (d.ordinal != s.ordinal) enable_peer_access(d.ordinal, s.ordinal);  // the driver stages the copy where it cannot
-    device_guard guard(d.ordinal);
-    cuda_check(cudaEventCreateWithFlags(&h->copied, cudaEventDisableTiming), "cudaEventCreateWithFlags", d.name);
-    cuda_check(cudaStreamWaitEvent(d.compute, h->ready, 0), "cudaStreamWaitEvent", d.name);
-    queued = true;
-    cuda_check(cudaMemcpyPeerAsync(dst, d.ordinal, h->data, s.ordinal, bytes, d.compute), "cudaMemcpyPeerAsync", d.name);
-    cuda_check(cudaEventRecord(h->copied, d.compute), "cudaEventRecord", d.name);
-  } catch (...) {
-    device_guard guard(d.ordinal);
-    const bool ended = !queued || wait_quietly(d, [&] { return cudaStreamQuery(d.compute) != cudaErrorNotReady; });
-    if (h->copied != nullptr) cudaEventDestroy(h->copied);
-    h->copied = nullptr;
-    h->stage.store(ended ? handoff::no_copy : handoff::lost, std::memory_order_release);
-    throw;
-  }
-  h->stage.store(handoff::copying, std::memory_order_release);
-}
-#endif
-
-/// @brief Copies `bytes` from `src` in the memory of `src_place` to `dst` in the memory of
-/// `dst_place` (nullptr or a CPU place: host memory).
-inline void copy_bytes(place_state* dst_place, void* dst, place_state* src_place, const void* src, std::size_t bytes,
-                       copy_completion completion = copy_completion::host_safe, peer_copy how = peer_copy::automatic) {
-  if (bytes == 0) return;
-  const timeline_span span("copy", "copy", [&] {
-    return std::to_string(bytes) + " bytes from " + (src_place != nullptr ? src_place->name : std::string("the host")) + " to " +
-           (dst_place != nullptr ? dst_place->name : std::string("the host"));
-  });
-  const bool to_gpu = on_gpu(dst_place), from_gpu = on_gpu(src_place);
-  if (!to_gpu && !from_gpu) {
-    std::memcpy(dst, src, bytes);
-    return;
-  }
-#if defined(PDO_WITH_CUDA)
-  if (to_gpu && from_gpu) {
-    auto &d = cuda_device_of(*dst_place), &s = cuda_device_of(*src_place);
-    if (d.ordinal != s.ordinal) return copy_between_devices(*dst_place, dst, *src_place, src, bytes, how);
-    // one device (two places on it, or one place): the copy on the destination's stream,
-    // after the source's work; the source's later work waits for the copy before it
-    // overwrites what the copy reads
-    device_guard guard(d.ordinal);
-    const copy_stream on(*dst_place);
-    s.make_wait(on.stream, s.compute);
-    cuda_check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, on.stream), "cudaMemcpyAsync", d.name);
-    d.make_wait(s.compute, on.stream);
-    on.done();
-    return;
-  }
-  cuda_device& g = cuda_device_of(to_gpu ? *dst_place : *src_place);
-  device_guard guard(g.ordinal);
-  const copy_stream on(to_gpu ? *dst_place : *src_place);
-  cuda_check(cudaMemcpyAsync(dst, src, bytes, to_gpu ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost, on.stream), "cudaMemcpyAsync",
-             g.name);
-  if (completion == copy_completion::host_safe) wait_for_stream(g, on.stream);
-  on.done();
-#else
-  (void)completion;
-  (void)how;
-  no_cuda("copy", (to_gpu ? dst_place : src_place)->name);
-#endif
-}
-
-/// @brief `rows` runs of `width` bytes from `src` (runs `src_pitch` bytes apart) to `dst`
-/// (`dst_pitch` apart), both in the memory of `place` (nullptr: the host); on a GPU one
-/// cudaMemcpy2DAsync on its compute stream.
-inline void copy_strided(place_state* place, void* dst, std::size_t dst_pitch, const void* src, std::size_t src_pitch, std::size_t width,
-                         std::size_t rows) {
-  if (width == 0 || rows == 0) return;
-  if (!on_gpu(place)) {
-    for (std::size_t r = 0; r < rows; ++r)
-      std::memcpy(static_cast<char*>(dst) + r * dst_pitch, static_cast<const char*>(src) + r * src_pitch, width);
-    return;
-  }
-#if defined(PDO_WITH_CUDA)
-  cuda_device& g = cuda_device_of(*place);
-  device_guard guard(g.ordinal);
-  const copy_stream on(*place);
-  cuda_check(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, width, rows, cudaMemcpyDeviceToDevice, on.stream), "cudaMemcpy2DAsync",
-             g.name);
-  on.done();
-#else
-  no_cuda("copy", place->name);
-#endif
-}
-
-/// @brief Sets the `count` elements of `elem_bytes` bytes at `dst` (in `place`'s memory)
-/// to the element at `value`.
-inline void fill_bytes(place_state* place, void* dst, const void* value, std::size_t elem_bytes, std::size_t count) {
-  if (count == 0) return;
-  const auto* v = static_cast<const unsigned char*>(value);
-  const bool one_byte = std::all_of(v, v + elem_bytes, [&](unsigned char c) { return c == v[0]; });
-  if (!on_gpu(place)) {
-    auto* out = static_cast<unsigned char*>(dst);
-    if (one_byte) std::memset(out, v[0], elem_bytes * count);
-    else
-      for (std::size_t i = 0; i < count; ++i) std::memcpy(out + i * elem_bytes, v, elem_bytes);
-    return;
-  }
-#if defined(PDO_WITH_CUDA)
-  cuda_device& g = cuda_device_of(*place);
-  device_guard guard(g.ordinal);
-  const copy_stream on(*place);
-  if (one_byte) {
-    cuda_check(cudaMemsetAsync(dst, v[0], elem_bytes * count, on.stream), "cudaMemsetAsync", g.name);
-    on.done();
-    return;
-  }
-  // a pattern of several bytes: one element copied up, then doubled on the device (log2(count)
-  // device-to-device copies, no host buffer of the whole size)
-  auto* out = static_cast<unsigned char*>(dst);
-  cuda_check(cudaMemcpyAsync(out, v, elem_bytes, cudaMemcpyHostToDevice, on.stream), "cudaMemcpyAsync", g.name);
-  for (std::size_t have = 1; have < count; have *= 2) {
-    const std::size_t more = std::min(have, count - have);
-    cuda_check(cudaMemcpyAsync(out + have * elem_bytes, out, more * elem_bytes, cudaMemcpyDeviceToDevice, on.stream), "cudaMemcpyAsync",
-               g.name);
-  }
-  on.done();
-#else
-  no_cuda("fill", place->name);
-#endif
-}
-
-}  // namespace detail
-}  // namespace pdo
-#endif  // PDO_SINGLE_PDO_PLACE_COPY_HPP
-
-#include <algorithm>
-#include <array>
-#include <concepts>
-#include <cstddef>
-#include <cstring>
-#include <initializer_list>
-#include <memory>
-#include <span>
-#include <string>
-#include <utility>
-
-namespace pdo {
-
-namespace detail {
-/// @brief Tag: allocate without initialising the elements.
-struct uninitialized_t {};
-inline constexpr uninitialized_t uninitialized{};
-
-/// @brief The place whose lane runs the calling thread, if any (a CPU or GPU place):
-/// where tensors made without a place go.
-inline place_state* current_tensor_place() { return current_place(); }
-}  // namespace detail
-
-/// @brief An owning, dense, row-major tensor on one place (the host when none is given).
-/// Copies are deep copies on the same place; moves are cheap.
-/// @tparam T an element type (pdo::element)
-template <element T, std::size_t Rank>
-class tensor {
- public:
-  /// @brief Element type.
-  using value_type = T;
-  /// @brief Number of dims.
-  static constexpr std::size_t rank = Rank;
-
-  tensor() = default;
-  /// @brief A zero-filled tensor in the memory of the place running the calling thread
-  /// (inside a parallel_do block or on a place's lane: that place), else on the host.
-  explicit tensor(const shape_t<Rank>& shape) : tensor(shape, detail::uninitialized) { fill(T{}); }
-  /// @brief A zero-filled tensor in `place`'s memory.
-  tensor(const shape_t<Rank>& shape, const any_place& place) : tensor(shape, place, detail::uninitialized) { fill(T{}); }
-  /// @brief A tensor holding `values` in row-major order (placed as the one above).
-  tensor(const shape_t<Rank>& shape, std::initializer_list<T> values) : tensor(shape, detail::uninitialized) {
-    if (values.size() != size())
-      throw shape_error("tensor: " + std::to_string(values.size()) + " values given for shape " +
-                        detail::format_extents(shape) + " of " + std::to_string(size()) + " elements");
-    detail::copy_bytes(place_.get(), data_, nullptr, values.begin(), bytes());
-  }
-  /// @brief Rejects at compile time a shape of another number of extents than the rank
-  /// (else `tensor<float, 2>({4})` would be a tensor of shape [4, 0]).
-  template <std::integral I, std::size_t N, class... Rest>
-    requires(N != Rank)
-  explicit tensor(const I (&)[N], Rest&&...) {
-    static_assert(N == Rank, "pdo: tensor<T, Rank>: the shape needs one extent per dim, as many as the tensor's rank");
-  }
-  /// @brief Rejects at compile time values given with a shape of another number of extents
-  /// than the rank.
-  template <std::integral I, std::size_t N>
-    requires(N != Rank)
-  tensor(const I (&)[N], std::initializer_list<T>) {
-    static_assert(N == Rank, "pdo: tensor<T, Rank>: the shape needs one extent per dim, as many as the tensor's rank");
-  }
-  /// @brief An uninitialised tensor, placed as the zero-filled one above (calling thread's place, else host).
-  tensor(const shape_t<Rank>& shape, detail::uninitialized_t)
-      : tensor(shape, detail::current_tensor_place() ? detail::current_tensor_place()->memory.get() : &host_allocator(),
-               detail::current_tensor_place() ? detail::current_tensor_place()->shared_from_this() : nullptr) {}
-  /// @brief An uninitialised tensor in `place`'s memory.
-  tensor(const shape_t<Rank>& shape, const any_place& place, detail::uninitialized_t)
-      : tensor(shape, &place.memory(), place.state()) {}
-
-  /// @brief A deep copy in the same place's memory as `other` (empty if `other` is default-constructed).
-  tensor(const tensor& other) {
-    if (other.allocator_ == nullptr) return;  // a default-constructed tensor copies as one
-    tensor copy(other.shape_, other.allocator_, other.place_);
-    detail::copy_bytes(place_of(copy), copy.data_, place_of(other), other.data_, other.bytes());
-    swap(copy);
-  }
-  /// @brief Takes `other`'s data and place; `other` is left empty, as if default-constructed.
-  tensor(tensor&& other) noexcept { swap(other); }
-  /// @brief Copy or move assignment (by value, then swap): a copy is deep, on the source's place.
-  tensor& operator=(tensor other) noexcept {
-    swap(other);
-    return *this;
-  }
-  ~tensor() {
-    if (allocator_ != nullptr) allocator_->deallocate(data_, bytes());
-  }
-  /// @brief Exchanges data, shape and place with `other`; no element is copied.
-  void swap(tensor& other) noexcept {
-    std::swap(shape_, other.shape_);
-    std::swap(strides_, other.strides_);
-    std::swap(data_, other.data_);
-    std::swap(allocator_, other.allocator_);
-    std::swap(place_, other.place_);
-  }
-
-  /// @brief The extents, one per dim.
-  [[nodiscard]] const shape_t<Rank>& shape() const { return shape_; }
-  /// @brief The extent of dim `dim` (not range-checked).
-  [[nodiscard]] std::size_t extent(std::size_t dim) const { return shape_[dim]; }
-  /// @brief Row-major strides, in elements: the last dim's is 1.
-  [[nodiscard]] const std::array<std::ptrdiff_t, Rank>& strides() const { return strides_; }
-  /// @brief The number of elements (1 for rank 0).
-  [[nodiscard]] std::size_t size() const { return detail::volume(shape_); }
-  /// @brief The size of the data in bytes: size() * sizeof(T).
-  [[nodiscard]] std::size_t bytes() const { return size() * sizeof(T); }
-  /// @brief The first element, in the holding place's memory (a device pointer for GPU tensors).
-  [[nodiscard]] T* data() { return data_; }
-  /// @brief The first element, in the holding place's memory (a device pointer for GPU tensors).
-  [[nodiscard]] const T* data() const { return data_; }
-  /// @brief The elements in row-major order (host-readable only when !on_gpu()).
-  [[nodiscard]] std::span<T> span() { return {data_, size()}; }
-  /// @brief The elements in row-major order (host-readable only when !on_gpu()).
-  [[nodiscard]] std::span<const T> span() const { return {data_, size()}; }
-  /// @brief Iterator to the first element in row-major order (host-readable only when !on_gpu()).
-  [[nodiscard]] T* begin() { return data_; }
-  /// @brief Iterator past the last element.
-  [[nodiscard]] T* end() { return data_ + size(); }
-  /// @brief Iterator to the first element in row-major order (host-readable only when !on_gpu()).
-  [[nodiscard]] const T* begin() const { return data_; }
-  /// @brief Iterator past the last element.
-  [[nodiscard]] const T* end() const { return data_ + size(); }
-  /// @brief The place holding the data (nullptr for host tensors).
-  [[nodiscard]] detail::place_state* where() const { return place_.get(); }
-  /// @brief Whether the data is in a GPU's memory (the host cannot read it through data()).
-  [[nodiscard]] bool on_gpu() const { return detail::on_gpu(place_.get()); }
-  /// @brief The name of the place holding the data ("host" for host tensors).
-  [[nodiscard]] std::string place_name() const { return place_ ? place_->name : std::string("host"); }
-
-  /// @brief The element at `index` (one integer per dim); host memory only, no bounds check.
-  template <class... Index>
-    requires(std::integral<Index> && ...)
-  [[nodiscard]] T& operator()(Index... index) {
-    static_assert(sizeof...(Index) == Rank, "pdo: tensor(i, j, ...): give one index per dim of the tensor");
-    if constexpr (sizeof...(Index) == Rank) return data_[offset_of(index...)];
-    else return data_[0];  // the error was given: nothing more after it
-  }
-  /// @brief The element at `index` (one integer per dim); host memory only, no bounds check.
-  template <class... Index>
-    requires(std::integral<Index> && ...)
-  [[nodiscard]] const T& operator()(Index... index) const {
-    static_assert(sizeof...(Index) == Rank, "pdo: tensor(i, j, ...): give one index per dim of the tensor");
-    if constexpr (sizeof...(Index) == Rank) return data_[offset_of(index...)];
-    else return data_[0];  // the error was given: nothing more after it
-  }
-
-  /// @brief Sets every element to `value`, on the host or on the holding GPU.
-  void fill(T value) {
-    if (on_gpu()) detail::fill_bytes(place_.get(), data_, &value, sizeof(T), size());
-    else std::fill_n(data_, size(), value);
-  }
-
-  /// @brief An uninitialised tensor in host memory, whichever thread asks.
-  [[nodiscard]] static tensor on_host(const shape_t<Rank>& shape) { return tensor(shape, &host_allocator(), nullptr); }
-
-  /// @brief A zero-filled tensor of another shape (and element type) in the same place's
-  /// memory as this one (the host's for host tensors).
-  template <element U = T, std::size_t R = Rank>
-  [[nodiscard]] tensor<U, R> zeros_alike(const shape_t<R>& shape) const {
-    tensor<U, R> t(shape, allocator_ != nullptr ? allocator_ : &host_allocator(), place_);
-    t.fill(U{});
-    return t;
-  }
-
- private:
-  template <element U, std::size_t R>
-  friend class tensor;
-
-  tensor(const shape_t<Rank>& shape, caching_allocator* allocator, std::shared_ptr<detail::place_state> place)
-      : shape_(shape), allocator_(allocator), place_(std::move(place)) {
-    const std::size_t n = detail::checked_volume(shape, "tensor", sizeof(T));  // before the strides: their products fit then
-    strides_ = detail::row_major_strides(shape);
-    data_ = static_cast<T*>(allocator_->allocate(n * sizeof(T)));
-  }
-
-  static detail::place_state* place_of(const tensor& t) { return t.place_.get(); }
-
-  template <class... Index>
-  std::size_t offset_of(Index... index) const {
-    std::size_t offset = 0, d = 0;
-    ((offset += static_cast<std::size_t>(index) * static_cast<std::size_t>(strides_[d++])), ...);
-    return offset;
-  }
-
-  shape_t<Rank> shape_{};
-  std::array<std::ptrdiff_t, Rank> strides_{};
-  T* data_ = nullptr;
-  caching_allocator* allocator_ = nullptr;
-  std::shared_ptr<detail::place_state> place_;  ///< keeps the place's allocator alive
-};
-
-template <class T>
-inline constexpr bool is_tensor_v = false;
-template <class T, std::size_t Rank>
-inline constexpr bool is_tensor_v<tensor<T, Rank>> = true;
-
-/// @brief "f32[10, 6]".
-template <class T, std::size_t Rank>
-std::string describe(const tensor<T, Rank>& t) {
-  return std::string(detail::dtype_name<T>()) + detail::format_extents(t.shape());
-}
-
-/// @brief Copies `src` into `dst` (same shape), whatever places hold them: host, CPU or GPU
-/// places (see pdo/place/copy.hpp for how GPU copies go). With copy_completion::queued a
-/// copy between a GPU and host memory only queues on the GPU place's stream: keep both
-/// tensors alive and untouched until that place synchronizes.
-template <class T, std::size_t Rank>
-void copy(const tensor<T, Rank>& src, tensor<T, Rank>& dst, copy_completion completion = copy_completion::host_safe,
-          peer_copy how = peer_copy::automatic) {
-  if (src.shape() != dst.shape())
-    throw shape_error("copy: from " + describe(src) + " on " + src.place_name() + " to " + describe(dst) + " on " + dst.place_name() +
-                      ": the shapes differ");
-  detail::copy_bytes(dst.where(), dst.data(), src.where(), src.data(), src.bytes(), completion, how);
-}
-
-/// @brief A copy of `t` in `place`'s memory.
-template <class T, std::size_t Rank>
-tensor<T, Rank> to_place(const tensor<T, Rank>& t, const any_place& place, peer_copy how = peer_copy::automatic) {
-  tensor<T, Rank> out(t.shape(), place, detail::uninitialized);
-  copy(t, out, copy_completion::host_safe, how);
-  return out;
-}
-
-/// @brief A copy of `t` in host memory (readable through data() whatever held `t`).
-template <class T, std::size_t Rank>
-tensor<T, Rank> to_host(const tensor<T, Rank>& t) {
-  auto out = tensor<T, Rank>::on_host(t.shape());
-  copy(t, out);
-  return out;
-}
-
-}  // namespace pdo
-#endif  // PDO_SINGLE_PDO_TENSOR_TENSOR_HPP
-
-#include <cstddef>
-#include <span>
-#include <string>
-#include <string_view>
-#include <utility>
-#include <vector>
-
-namespace pdo {
-
-namespace detail {
-
-/// @brief The extents of place `p`'s shard of a tensor of `global` shape laid out as `v`.
-template <class Mesh, std::size_t Rank>
-shape_t<Rank> shard_shape(const Mesh& m, const layout_value& v, const shape_t<Rank>& global, std::size_t p) {
-  shape_t<Rank> s = global;
-  for (std::size_t d = 0; d < Rank; ++d)
-    if (!v.dim_axis[d].empty()) {
-      const std::size_t a = Mesh::axis_index(v.dim_axis[d]);
-      s[d] = chunk_size(global[d], m.extent(a), m.coord(p, a));
-    }
-  return s;
-}
-
-/// @brief Where place `p`'s shard starts in the global tensor.
-template <class Mesh, std::size_t Rank>
-shape_t<Rank> shard_offset(const Mesh& m, const layout_value& v, const shape_t<Rank>& global, std::size_t p) {
-  shape_t<Rank> o{};
-  for (std::size_t d = 0; d < Rank; ++d)
-    if (!v.dim_axis[d].empty()) {
-      const std::size_t a = Mesh::axis_index(v.dim_axis[d]);
-      o[d] = chunk_offset(global[d], m.extent(a), m.coord(p, a));
-    }
-  return o;
-}
-
-/// @brief True when place `p` holds the value of every partial axis of `v` (coordinate 0);
-/// the other places hold zeros after a distribute.
-template <class Mesh>
-bool holds_partial_value(const Mesh& m, const layout_value& v, std::size_t p) {
-  for (std::size_t i = 0; i < v.npartial; ++i)
-    if (m.coord(p, Mesh::axis_index(v.partial[i])) != 0) return false;
-  return true;
-}
-
-/// @brief "f32[10, 6]", followed by the layout when there is one.
-PDO_NOINLINE inline std::string describe_block(std::string_view dtype, std::span<const std::size_t> extents, const layout_value* layout) {
-  std::string text = std::string(dtype) + format_extent_list(extents);
-  if (layout != nullptr) text += to_string(*layout);
-  return text;
-}
-
-/// @brief "f32[10, 6]{split<dp>, replicate} on mesh(dp=2, tp=2)": a dtensor's description (one
-/// function for every layout of a mesh, element type and rank).
-template <class T, std::size_t Rank, class Mesh>
-PDO_NOINLINE std::string describe_dtensor(const Mesh& m, const layout_value& v, const shape_t<Rank>& global) {
-  return describe_block(dtype_name<T>(), global, &v) + " on " + m.describe();
-}
-
-/// @brief The error of a dtensor used after it was moved from (`what`: its type, as
-/// describe_block writes it).
-[[noreturn]] PDO_NOINLINE inline void throw_moved_from(const std::string& what) {
-  throw error("dtensor " + what + ": used after it was moved from; it holds no mesh and no shards (std::move of a dtensor, or "
-              "pdo::async_result::get() on an rvalue, empties it)");
-}
-
-/// @brief The checks of a dtensor's constructor: one shard for each place of this process,
-/// each of the shape the layout gives its place (else pdo::shape_error).
-template <class T, std::size_t Rank, class Mesh>
-PDO_NOINLINE void check_shards(const Mesh& m, const layout_value& v, const shape_t<Rank>& global, const std::vector<tensor<T, Rank>>& shards) {
-  checked_volume(global, "dtensor", sizeof(T));
-  const auto& local = m.local_places();
-  if (shards.size() != local.size())
-    throw shape_error("dtensor: " + std::to_string(shards.size()) + " shards given for " + std::to_string(local.size()) +
-                      " local places of " + m.describe());
-  for (std::size_t k = 0; k < local.size(); ++k) {
-    const auto want = shard_shape(m, v, global, local[k]);
-    if (shards[k].shape() != want)
-      throw shape_error("dtensor: " + describe_dtensor<T>(m, v, global) + ": the shard of place " + m.place(local[k]).name() + " is " +
-                        pdo::describe(shards[k]) + " but the layout gives it " + format_extents(want));
-  }
-}
-
-/// @brief The position of place `p` among the places of `m` in this process (else
-/// pdo::layout_error).
-template <class Mesh>
-PDO_NOINLINE std::size_t local_ordinal(const Mesh& m, std::size_t p) {
-  const auto& local = m.local_places();
-  for (std::size_t k = 0; k < local.size(); ++k)
-    if (local[k] == p) return k;
-  throw layout_error("dtensor: place " + std::to_string(p) + " of " + m.describe() + " does not belong to this process");
-}
-
-}  // namespace detail
-
-/// @brief A tensor of global shape `shape()` laid out over `Mesh` as `Layout`; this
-/// process holds the shards of its own places (`local_shards()`, in the order of
-/// `mesh().local_places()`), each in its place's memory.
-/// @tparam Mesh a pdo::mesh type; @tparam Layout a layout_spec valid on it for rank `Rank`
-template <element T, std::size_t Rank, mesh_type Mesh, layout_spec Layout>
-class dtensor {
-  // the layout's checks, each with its message (no second error when one fails)
-  static_assert(sizeof(detail::check_layout<"dtensor", Layout, Mesh, Rank>) != 0);
-
- public:
-  /// @brief Element type of the shards.
-  using value_type = T;
-  /// @brief Type of the mesh the tensor is laid out over.
-  using mesh_type = Mesh;
-  /// @brief The layout_spec type: how each dim is split over the mesh axes (or replicated, or partial).
-  using layout_type = Layout;
-  /// @brief Number of dims.
-  static constexpr std::size_t rank = Rank;
-  /// @brief `Layout` as a value the planner computes with.
-  static constexpr detail::layout_value layout_value = detail::value_of<Layout>();
-
-  /// @brief Takes the local shards as they are; each must have the shape the layout gives
-  /// its place (else pdo::shape_error naming the place and both shapes).
-  dtensor(Mesh m, const shape_t<Rank>& global, std::vector<tensor<T, Rank>> shards)
-      : mesh_(std::move(m)), shape_(global), shards_(std::move(shards)) {
-    detail::check_shards(mesh_, layout_value, shape_, shards_);
-  }
-
-  /// @brief The mesh the tensor is laid out over (a pdo::error for a dtensor that was moved
-  /// from: every operation on one says so).
-  [[nodiscard]] const Mesh& mesh() const { return live_mesh(); }
-  /// @brief The global extents (not those of a shard).
-  [[nodiscard]] const shape_t<Rank>& shape() const { return shape_; }
-  /// @brief The global number of elements.
-  [[nodiscard]] std::size_t size() const { return detail::volume(shape_); }
-  /// @brief This process's shards, in the order of `mesh().local_places()`.
-  [[nodiscard]] const std::vector<tensor<T, Rank>>& local_shards() const { return shards_; }
-  /// @brief This process's shards, in the order of `mesh().local_places()`, writable (keep their shapes).
-  [[nodiscard]] std::vector<tensor<T, Rank>>& local_shards() { return shards_; }
-
-  /// @brief The shard of place `p` (a place of this process; else pdo::layout_error).
-  [[nodiscard]] const tensor<T, Rank>& shard(std::size_t p) const { return shards_[local_ordinal(p)]; }
-  /// @brief The shard of place `p`, writable (a place of this process; else pdo::layout_error).
-  [[nodiscard]] tensor<T, Rank>& shard(std::size_t p) { return shards_[local_ordinal(p)]; }
-
-  /// @brief The shape of place `p`'s shard (any place of the mesh).
-  [[nodiscard]] shape_t<Rank> local_shape(std::size_t p) const {
-    live_mesh().check_place(p, "dtensor::local_shape");
-    return detail::shard_shape(mesh_, layout_value, shape_, p);
-  }
-  /// @brief Where place `p`'s shard starts in the global tensor.
-  [[nodiscard]] shape_t<Rank> local_offset(std::size_t p) const {
-    live_mesh().check_place(p, "dtensor::local_offset");
-    return detail::shard_offset(mesh_, layout_value, shape_, p);
-  }
-
-  /// @brief "f32[10, 6]{split<dp>, replicate} on mesh(dp=2, tp=2)".
-  [[nodiscard]] std::string describe() const {
-    return moved_from() ? type_text() + " (moved from)" : detail::describe_dtensor<T>(mesh_, layout_value, shape_);
-  }
-
- private:
-  std::size_t local_ordinal(std::size_t p) const { return detail::local_ordinal(live_mesh(), p); }
-  /// A moved-from dtensor has no mesh state (and no shards).
-  bool moved_from() const { return !mesh_.state(); }
-  /// "f32[7, 5]{split<x>, replicate}": the element type, extents and layout.
-  std::string type_text() const { return detail::describe_block(detail::dtype_name<T>(), shape_, &layout_value); }
-  const Mesh& live_mesh() const {
-    if (moved_from()) [[unlikely]]
-      detail::throw_moved_from(type_text());
-    return mesh_;
-  }
-
-  Mesh mesh_;
-  shape_t<Rank> shape_;
-  std::vector<tensor<T, Rank>> shards_;
-};
-
-template <class T>
-inline constexpr bool is_dtensor_v = false;
-template <class T, std::size_t Rank, class Mesh, class Layout>
-inline constexpr bool is_dtensor_v<dtensor<T, Rank, Mesh, Layout>> = true;
-
-/// @brief A pdo::dtensor type.
-template <class T>
-concept distributed_tensor = is_dtensor_v<std::remove_cvref_t<T>>;
-
-namespace detail {
-/// @brief The replicated dtensor of element type `T` and rank `Rank` on `Mesh`: the stand-in
-/// result of an operation whose error was given (see unformed_result).
-template <class T, std::size_t Rank, class Mesh>
-using replicated_dtensor_t = dtensor<T, Rank, Mesh, replicated_layout_t<Rank>>;
-}  // namespace detail
-
-}  // namespace pdo
-#endif  // PDO_SINGLE_PDO_TENSOR_DTENSOR_HPP
 // ---- pdo/tensor/redistribute.hpp
 #ifndef PDO_SINGLE_PDO_TENSOR_REDISTRIBUTE_HPP
 #define PDO_SINGLE_PDO_TENSOR_REDISTRIBUTE_HPP
@@ -13870,6 +13932,14 @@ inline constexpr bool is_var_v<var<V>> = true;
 
 namespace detail {
 
+/// @brief The value var `x` holds when `Unwrap` (the caller's kind of var: any, or a
+/// distributed one), else `x` itself: an operand as an op or a check looks into it.
+template <bool Unwrap, class X>
+const auto& unwrap_var(const X& x) {
+  if constexpr (Unwrap) return x.value();
+  else return x;
+}
+
 /// @brief The forward value of an op on vars whose expression is not well formed (its error
 /// was given): of the type the op would have given, and marked so that record instantiates
 /// nothing of the op's backward after the error.
@@ -14586,13 +14656,6 @@ namespace detail {
 template <class A, class B>
 concept var_with_tensor = (is_var_v<A> && tensor_operand<B>) || (tensor_operand<A> && is_var_v<B>);
 
-/// @brief The operand as an expression takes it: a var's value, a tensor operand itself.
-template <class X>
-const auto& value_operand(const X& x) {
-  if constexpr (is_var_v<X>) return x.value();
-  else return x;
-}
-
 /// @brief The error of an op given a var and a plain tensor; an empty var of the type the
 /// op on the two values would have (`Node`) stands for its result, so nothing more is
 /// reported.
@@ -14608,37 +14671,37 @@ auto var_with_tensor_result() {
 template <class A, class B>
   requires detail::var_with_tensor<A, B>
 auto operator+(const A& a, const B& b) {
-  return detail::var_with_tensor_result<decltype(detail::value_operand(a) + detail::value_operand(b))>();
+  return detail::var_with_tensor_result<decltype(detail::unwrap_var<is_var_v<A>>(a) + detail::unwrap_var<is_var_v<B>>(b))>();
 }
 template <class A, class B>
   requires detail::var_with_tensor<A, B>
 auto operator-(const A& a, const B& b) {
-  return detail::var_with_tensor_result<decltype(detail::value_operand(a) - detail::value_operand(b))>();
+  return detail::var_with_tensor_result<decltype(detail::unwrap_var<is_var_v<A>>(a) - detail::unwrap_var<is_var_v<B>>(b))>();
 }
 template <class A, class B>
   requires detail::var_with_tensor<A, B>
 auto operator*(const A& a, const B& b) {
-  return detail::var_with_tensor_result<decltype(detail::value_operand(a) * detail::value_operand(b))>();
+  return detail::var_with_tensor_result<decltype(detail::unwrap_var<is_var_v<A>>(a) * detail::unwrap_var<is_var_v<B>>(b))>();
 }
 template <class A, class B>
   requires detail::var_with_tensor<A, B>
 auto operator/(const A& a, const B& b) {
-  return detail::var_with_tensor_result<decltype(detail::value_operand(a) / detail::value_operand(b))>();
+  return detail::var_with_tensor_result<decltype(detail::unwrap_var<is_var_v<A>>(a) / detail::unwrap_var<is_var_v<B>>(b))>();
 }
 template <class A, class B>
   requires detail::var_with_tensor<A, B>
 auto maximum(const A& a, const B& b) {
-  return detail::var_with_tensor_result<decltype(pdo::maximum(detail::value_operand(a), detail::value_operand(b)))>();
+  return detail::var_with_tensor_result<decltype(pdo::maximum(detail::unwrap_var<is_var_v<A>>(a), detail::unwrap_var<is_var_v<B>>(b)))>();
 }
 template <class A, class B>
   requires detail::var_with_tensor<A, B>
 auto minimum(const A& a, const B& b) {
-  return detail::var_with_tensor_result<decltype(pdo::minimum(detail::value_operand(a), detail::value_operand(b)))>();
+  return detail::var_with_tensor_result<decltype(pdo::minimum(detail::unwrap_var<is_var_v<A>>(a), detail::unwrap_var<is_var_v<B>>(b)))>();
 }
 template <class A, class B>
   requires detail::var_with_tensor<A, B>
 auto matmul(const A& a, const B& b) {
-  return detail::var_with_tensor_result<decltype(pdo::matmul(detail::value_operand(a), detail::value_operand(b)))>();
+  return detail::var_with_tensor_result<decltype(pdo::matmul(detail::unwrap_var<is_var_v<A>>(a), detail::unwrap_var<is_var_v<B>>(b)))>();
 }
 
 }  // namespace pdo
@@ -16313,15 +16376,9 @@ block_argument_t<Arg> block_argument_of(const Arg& arg, std::size_t p) {
   else return local_view(arg, p);
 }
 
-template <class Arg>
-const auto& mesh_holder(const Arg& arg) {
-  if constexpr (is_distributed_var_v<Arg>) return arg.value();
-  else return arg;
-}
-
 /// @brief An operand as the checks see it: the dtensor a var holds, or the argument itself.
 template <class Arg>
-using operand_holder_t = std::remove_cvref_t<decltype(mesh_holder(std::declval<const Arg&>()))>;
+using operand_holder_t = std::remove_cvref_t<decltype(unwrap_var<is_distributed_var_v<Arg>>(std::declval<const Arg&>()))>;
 
 /// @brief An operand's layout type (a dtensor's, or the dtensor's a var holds), or void.
 template <class Arg>
@@ -16462,7 +16519,7 @@ auto parallel_do(Block&& block, const Args&... args) {
   using local_t = typename part_t::value_type;
   using T = typename local_t::value_type;
   constexpr std::size_t rank = local_t::rank;
-  const auto& m = detail::first_dtensor(detail::mesh_holder(args)...).mesh();
+  const auto& m = detail::first_dtensor(detail::unwrap_var<detail::is_distributed_var_v<Args>>(args)...).mesh();
   using mesh_t = std::remove_cvref_t<decltype(m)>;
   using merged_t = dtensor<T, rank, mesh_t, OutLayout>;
   // each check's error is given once, with nothing instantiated after it (an empty var of
@@ -16475,7 +16532,7 @@ auto parallel_do(Block&& block, const Args&... args) {
   } else if constexpr (!detail::check_parts_mergeable<OutLayout, detail::operand_layout_t<Args>...>::ok) {
     return unformed_t{};
   } else {
-    (detail::check_same_mesh(detail::mesh_holder(args), m), ...);
+    (detail::check_same_mesh(detail::unwrap_var<detail::is_distributed_var_v<Args>>(args), m), ...);
 
     using tape_t = detail::block_tape<part_t, Args...>;
     auto tapes = std::make_shared<std::vector<std::optional<tape_t>>>(m.local_places().size());
@@ -16485,7 +16542,7 @@ auto parallel_do(Block&& block, const Args&... args) {
       detail::keep_leaves<Args...>(tape.leaves, arguments, std::index_sequence_for<Args...>{});
       tape.out = detail::as_block_result(std::apply(block, arguments));
       return tape.out.value();
-    }, [&](std::size_t, std::size_t k) { return detail::shards_read(k, detail::mesh_holder(args)...); });
+    }, [&](std::size_t, std::size_t k) { return detail::shards_read(k, detail::unwrap_var<detail::is_distributed_var_v<Args>>(args)...); });
 
     bool needs_grad = false;
     for (const auto& t : *tapes) needs_grad = needs_grad || t->out.requires_grad();

@@ -28,6 +28,7 @@
 #include <pdo/core/cache_line_allocator.hpp>
 #include <pdo/core/error.hpp>
 #include <pdo/place/lane.hpp>
+#include <pdo/tensor/dtensor.hpp>
 
 #include <array>
 #include <atomic>
@@ -154,6 +155,25 @@ class engine {
     }
   }
 
+  /// @brief Waits until no task queued reads or writes `buffer`, storage about to be freed
+  /// or replaced on a host thread (a dtensor's shard: detail::wait_until_unused). On a lane
+  /// it does not wait: the task it runs in may be one of those.
+  void wait_until_unused(const void* buffer) {
+    if (current_lane() != nullptr) return;
+    std::vector<task_handle> users;
+    {
+      shard& s = shard_for(buffer);
+      std::lock_guard guard(s.lock);
+      const auto found = s.buffers.find(buffer);
+      if (found == s.buffers.end()) return;
+      if (live(found->second.writer)) users.push_back(found->second.writer);
+      for (const auto& r : found->second.readers)
+        if (live(r)) users.push_back(r);
+    }
+    for (const auto& t : users) t->home->poke();  // a task queued quietly waits for its submitter to wake its lane
+    for (const auto& t : users) t->wait_ended();
+  }
+
   /// @brief The buffers the engine tracks now (for tests: finished work is forgotten).
   [[nodiscard]] std::size_t tracked_buffers() {
     std::size_t n = 0;
@@ -166,7 +186,10 @@ class engine {
   }
 
  private:
-  engine() = default;
+  engine() {
+    // a dtensor's shards are freed or replaced once the tasks that use them have ended
+    detail::wait_until_unused.store([](const void* buffer) noexcept { instance().wait_until_unused(buffer); }, std::memory_order_release);
+  }
 
   struct buffer_state {
     task_handle writer;

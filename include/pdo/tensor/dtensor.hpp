@@ -10,6 +10,7 @@
 #include <pdo/place/mesh.hpp>
 #include <pdo/tensor/tensor.hpp>
 
+#include <atomic>
 #include <cstddef>
 #include <span>
 #include <string>
@@ -102,6 +103,18 @@ PDO_NOINLINE std::size_t local_ordinal(const Mesh& m, std::size_t p) {
   throw layout_error("dtensor: place " + std::to_string(p) + " of " + m.describe() + " does not belong to this process");
 }
 
+/// @brief Waits, on a host thread, until no queued task reads or writes the storage at
+/// `data` (an empty block's: nullptr), which is about to be freed or replaced. Set by the
+/// engine when it is made (pdo/exec/engine.hpp); before that no task uses any storage.
+inline std::atomic<void (*)(const void*) noexcept> wait_until_unused{nullptr};
+
+/// @brief Waits until no queued task reads or writes any of `shards` (wait_until_unused).
+template <class Shards>
+void wait_until_shards_unused(const Shards& shards) noexcept {
+  if (auto wait = wait_until_unused.load(std::memory_order_acquire))
+    for (const auto& s : shards) wait(s.data());
+}
+
 }  // namespace detail
 
 /// @brief A tensor of global shape `shape()` laid out over `Mesh` as `Layout`; this
@@ -131,6 +144,23 @@ class dtensor {
       : mesh_(std::move(m)), shape_(global), shards_(std::move(shards)) {
     detail::check_shards(mesh_, layout_value, shape_, shards_);
   }
+  /// @brief A copy: the same mesh, and a deep copy of each shard on its place.
+  dtensor(const dtensor& other) = default;
+  /// @brief Takes `other`'s mesh and shards; `other` is left moved from.
+  dtensor(dtensor&& other) = default;
+  /// @brief Copy or move assignment (by value, then swap). Work queued that reads or writes
+  /// this dtensor (an eval_async not yet waited for) ends first: it sees the dtensor as it
+  /// was when it was queued.
+  dtensor& operator=(dtensor other) noexcept {
+    detail::wait_until_shards_unused(shards_);
+    std::swap(mesh_, other.mesh_);
+    std::swap(shape_, other.shape_);
+    shards_.swap(other.shards_);
+    return *this;
+  }
+  /// @brief Frees the shards once the work queued that reads or writes them has ended (an
+  /// eval_async of an expression of this dtensor, not yet waited for).
+  ~dtensor() { detail::wait_until_shards_unused(shards_); }
 
   /// @brief The mesh the tensor is laid out over (a pdo::error for a dtensor that was moved
   /// from: every operation on one says so).
