@@ -706,19 +706,53 @@ class data_parallel {
   std::size_t epochs_ = 0;  ///< epochs fit has trained
 };
 
+namespace detail_dp {
+/// @brief What make_data_parallel gives after its error, so that the trainer's uses report
+/// nothing more: its training and query members, of the types a trainer's have, doing nothing.
+template <class T>
+struct unformed_trainer {
+  template <class... Args>
+  T step(const Args&...) {
+    return T{};
+  }
+  template <class... Args>
+  void fit(const Args&...) {}
+  template <class... Args>
+  double accuracy(const Args&...) {
+    return 0;
+  }
+  [[nodiscard]] std::vector<parameter_ref<T>> parameters(std::size_t = 0) const { return {}; }
+  [[nodiscard]] double last_grad_norm() const { return 0; }
+  [[nodiscard]] std::size_t steps() const { return 0; }
+  [[nodiscard]] std::size_t epochs() const { return 0; }
+  [[nodiscard]] std::string explain() const { return {}; }
+};
+}  // namespace detail_dp
+
 /// @brief A data-parallel trainer: `make_model()` builds a replica (it runs on every place,
 /// so use a fixed seed: all replicas must start equal) and `make_optimizer(parameters)`
 /// its optimizer.
 template <class T, class Mesh, class MakeModel, class MakeOptimizer, class Loss = cross_entropy_loss>
 auto make_data_parallel(const Mesh& m, MakeModel make_model, MakeOptimizer make_optimizer, data_parallel_options o = {},
                         Loss loss = {}) {
-  static_assert(Mesh::has_axis("dp"), "pdo: data_parallel: the mesh needs an axis named \"dp\"");
-  if constexpr (Mesh::has_axis("dp")) {  // else nothing more is instantiated after the error
+  // each check's error is given once, with nothing instantiated after it
+  if constexpr (!Mesh::has_axis("dp")) {
+    static_assert(Mesh::has_axis("dp"), "pdo: data_parallel: the mesh needs an axis named \"dp\"");
+    return detail_dp::unformed_trainer<T>{};
+  } else if constexpr (!std::is_invocable_v<MakeModel&>) {
+    static_assert(std::is_invocable_v<MakeModel&>,
+                  "pdo: make_data_parallel: make_model must be a callable that builds a replica, called once per place "
+                  "([] { return make_mlp(); }), not a model");
+    return detail_dp::unformed_trainer<T>{};
+  } else if constexpr (!std::is_invocable_v<MakeOptimizer&, std::vector<parameter_ref<T>>>) {
+    static_assert(std::is_invocable_v<MakeOptimizer&, std::vector<parameter_ref<T>>>,
+                  "pdo: make_data_parallel: make_optimizer must be a callable that takes a replica's parameters, "
+                  "std::vector<pdo::nn::parameter_ref<T>>, and builds its optimizer ([](auto p) { return sgd<T>(std::move(p), {...}); })");
+    return detail_dp::unformed_trainer<T>{};
+  } else {
     using model_t = std::invoke_result_t<MakeModel&>;
     using optimizer_t = std::invoke_result_t<MakeOptimizer&, std::vector<parameter_ref<T>>>;
     return data_parallel<T, model_t, optimizer_t, Mesh, Loss>(m, std::move(make_model), std::move(make_optimizer), o, loss);
-  } else {
-    return 0;
   }
 }
 

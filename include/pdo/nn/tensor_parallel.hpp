@@ -6,9 +6,11 @@
 #include <pdo/exec/mesh_ops.hpp>
 
 #include <cstddef>
+#include <string>
 #include <tuple>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 namespace pdo::nn {
 
@@ -113,6 +115,36 @@ constexpr void check_pairs() {
                 "its output is not left split along the tensor-parallel axis");
 }
 
+/// @brief The element type of a model's first linear layer (float when it has none).
+template <class... Layers>
+struct first_linear_element {
+  using type = float;
+};
+template <class Layer, class... Rest>
+struct first_linear_element<Layer, Rest...> {
+  using type = typename first_linear_element<Rest...>::type;
+};
+template <class T, class... Rest>
+struct first_linear_element<linear<T>, Rest...> {
+  using type = T;
+};
+
+/// @brief What tensor_parallel gives after its error (a mesh without the axis), so that the
+/// model's uses report nothing more: it takes any input to an empty var of the type a model's
+/// output would most likely have (its element type, rank 2, replicated on the mesh), and
+/// holds no parameters.
+template <class T, class Mesh>
+struct unformed_model {
+  template <class X>
+  auto operator()(const X&) const {
+    return var<pdo::detail::replicated_dtensor_t<T, 2, Mesh>>{};
+  }
+  template <class U = T>
+  [[nodiscard]] std::vector<parameter_ref<U>> parameters(const std::string& = "") const {
+    return {};
+  }
+};
+
 template <fixed_string Axis, std::size_t Ordinal, class Mesh, class Layer>
 auto convert(const Mesh& m, const Layer& layer) {
   check_convertible<Layer>();
@@ -147,14 +179,16 @@ auto shard(const Mesh& m, std::size_t p, const Layer& layer) {
 /// column-parallel layer). Parameters start as the local model's, so training matches it.
 template <fixed_string Axis, class Mesh, class... Layers>
 auto tensor_parallel(const Mesh& m, const sequential<Layers...>& model) {
-  static_assert(Mesh::has_axis(Axis.view()), "pdo: tensor_parallel: the mesh has no axis of that name");
+  static_assert(Mesh::has_axis(Axis.view()),
+                "pdo: tensor_parallel<Axis>: the mesh has no axis of that name; name one of the mesh's axes "
+                "(make_mesh<\"dp\", \"tp\">: tensor_parallel<\"tp\">)");
   if constexpr (Mesh::has_axis(Axis.view())) {  // else nothing more is instantiated after the error
     detail_tp::check_pairs<Layers...>();
     return [&]<std::size_t... I>(std::index_sequence<I...>) {
       return sequential(detail_tp::convert<Axis, detail_tp::linears_before<Layers...>(I)>(m, std::get<I>(model.layers()))...);
     }(std::index_sequence_for<Layers...>{});
   } else {
-    return model;
+    return detail_tp::unformed_model<typename detail_tp::first_linear_element<Layers...>::type, Mesh>{};
   }
 }
 
@@ -166,7 +200,9 @@ auto tensor_parallel(const Mesh& m, const sequential<Layers...>& model) {
 /// backward. Inputs and outputs are the same on every member of the group.
 template <fixed_string Axis, class Mesh, class... Layers>
 auto tensor_parallel_shard(const Mesh& m, std::size_t p, const sequential<Layers...>& model) {
-  static_assert(Mesh::has_axis(Axis.view()), "pdo: tensor_parallel_shard: the mesh has no axis of that name");
+  static_assert(Mesh::has_axis(Axis.view()),
+                "pdo: tensor_parallel_shard<Axis>: the mesh has no axis of that name; name one of the mesh's axes "
+                "(make_mesh<\"dp\", \"tp\">: tensor_parallel<\"tp\">)");
   detail_tp::check_pairs<Layers...>();
   return [&]<std::size_t... I>(std::index_sequence<I...>) {
     return sequential(detail_tp::shard<Axis, detail_tp::linears_before<Layers...>(I)>(m, p, std::get<I>(model.layers()))...);
