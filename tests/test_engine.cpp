@@ -624,3 +624,40 @@ TEST_CASE("a dtensor replaced or freed while an eval_async reads it waits for th
     check(pdo::gather(r->get()));
   }
 }
+
+TEST_CASE("the tasks on empty shards are ordered by each shard, not with every other empty block", "[engine][async]") {
+  using rows = pdo::layout<split<"x">, replicate>;
+  const auto places = pdo::cpu_places(4);
+  const auto line = pdo::make_mesh<"x">(places);
+  pdo::tensor<float, 2> h3({3, 2});  // 3 rows on 4 places: cpu:3 holds none
+  for (std::size_t i = 0; i < h3.size(); ++i) h3.data()[i] = static_cast<float>(i);
+  const auto e = pdo::distribute<rows>(line, h3);
+
+  SECTION("freeing a dtensor with an empty shard waits only for the work on its own shards") {
+    const auto pair = pdo::make_mesh<"x">(std::vector<pdo::cpu_place>{places[0], places[1]});
+    pdo::tensor<float, 2> h1({1, 2});  // 1 row on 2 places: cpu:1 holds none
+    std::optional<pdo::dtensor<float, 2, pdo::mesh<"x">, rows>> u(pdo::distribute<rows>(pair, h1));
+    std::atomic<bool> open{false};
+    const auto hold = places[3].submit([&] {
+      while (!open.load()) std::this_thread::yield();
+    });
+    auto r = pdo::eval_async(e + 1.0f);  // its part on cpu:3 waits behind the hold
+    u.reset();                           // nothing queued reads u: returns at once (waited for r's work on cpu:3, for ever)
+    open = true;
+    hold.wait();
+    const auto got = pdo::gather(r.get());
+    for (std::size_t i = 0; i < got.size(); ++i) REQUIRE(got.data()[i] == h3.data()[i] + 1.0f);
+  }
+  SECTION("a failed evaluation does not cancel later work on other empty shards") {
+    pdo::tensor<float, 2> logits({3, 5});
+    pdo::tensor<int, 1> labels({3}, {1, 7, 2});  // 7 of 5 classes
+    const auto dl = pdo::distribute<rows>(line, logits);
+    const auto dy = pdo::distribute<pdo::layout<split<"x">>>(line, labels);
+    auto failed = pdo::eval_async(e + pdo::cross_entropy(dl, dy));
+    CHECK_THROWS_AS(failed.wait(), pdo::error);
+    pdo::tensor<float, 2> ones({3, 2}, {1, 1, 1, 1, 1, 1});
+    const auto c = pdo::distribute<rows>(line, ones);
+    const auto doubled = pdo::gather(pdo::eval(c * 2.0f));  // cpu:3's empty shard read: not the failed result's
+    for (float v : doubled.span()) REQUIRE(v == 2.0f);
+  }
+}

@@ -7706,6 +7706,17 @@ inline constexpr bool is_tensor_v = false;
 template <class T, std::size_t Rank>
 inline constexpr bool is_tensor_v<tensor<T, Rank>> = true;
 
+namespace detail {
+/// @brief The address by which the engine orders the tasks that use `t`'s storage: its data,
+/// or for an empty tensor, which has none, the tensor itself. So the tasks of two empty
+/// blocks are not ordered with, or cancelled by, each other, and the owner of an empty block
+/// finds the tasks that use it.
+template <class T, std::size_t Rank>
+const void* storage_key(const tensor<T, Rank>& t) {
+  return t.data() != nullptr ? static_cast<const void*>(t.data()) : static_cast<const void*>(&t);
+}
+}  // namespace detail
+
 /// @brief "f32[10, 6]".
 template <class T, std::size_t Rank>
 std::string describe(const tensor<T, Rank>& t) {
@@ -7837,16 +7848,16 @@ PDO_NOINLINE std::size_t local_ordinal(const Mesh& m, std::size_t p) {
   throw layout_error("dtensor: place " + std::to_string(p) + " of " + m.describe() + " does not belong to this process");
 }
 
-/// @brief Waits, on a host thread, until no queued task reads or writes the storage at
-/// `data` (an empty block's: nullptr), which is about to be freed or replaced. Set by the
-/// engine when it is made (pdo/exec/engine.hpp); before that no task uses any storage.
+/// @brief Waits, on a host thread, until no queued task reads or writes the block whose
+/// storage_key is `key`, which is about to be freed or replaced. Set by the engine when it is
+/// made (pdo/exec/engine.hpp); before that no task uses any storage.
 inline std::atomic<void (*)(const void*) noexcept> wait_until_unused{nullptr};
 
 /// @brief Waits until no queued task reads or writes any of `shards` (wait_until_unused).
 template <class Shards>
 void wait_until_shards_unused(const Shards& shards) noexcept {
   if (auto wait = wait_until_unused.load(std::memory_order_acquire))
-    for (const auto& s : shards) wait(s.data());
+    for (const auto& s : shards) wait(storage_key(s));
 }
 
 }  // namespace detail
@@ -10498,14 +10509,14 @@ class plan_run {
   /// @brief Adds to `out` the buffers this run's tasks write: the slots and the result's
   /// storage (for the engine to forget when they are freed).
   void add_written(std::vector<const void*>& out) const {
-    add_addresses(out, slots_.data(), nodes, result_->data());
+    add_addresses(out, slots_.data(), nodes, storage_key(*result_));
   }
 
   /// @brief What a task that copies a leaf expression reads and writes.
   [[nodiscard]] access copy_uses() const {
     access a;
     add_leaf_read(*root_, a);
-    a.writes.push_back(result_->data());
+    a.writes.push_back(storage_key(*result_));
     return a;
   }
 
@@ -10541,13 +10552,13 @@ class plan_run {
   /// @brief Where node `N`'s block is kept: the slot, or the result's storage for the root.
   template <std::size_t N>
   [[nodiscard]] const void* storage_of() const {
-    if constexpr (N == root_number) return result_->data();
+    if constexpr (N == root_number) return storage_key(*result_);
     else return &slots_[N];
   }
 
   template <class Leaf>
   void add_leaf_read(const Leaf& leaf, access& a) const {
-    if constexpr (Leaf::distributed) a.reads.push_back(leaf.shard(place_).data());
+    if constexpr (Leaf::distributed) a.reads.push_back(storage_key(leaf.shard(place_)));
   }
 
   /// @brief The blocks the kernel of node `N` reads: its operands', and those of the
@@ -13327,7 +13338,7 @@ auto queue_evaluation(Expr&& expr, bool caller_waits) {
 /// @brief The result of pdo::eval_async: a dtensor whose shards its places fill in the
 /// order they run their queued work. The dtensor may be used at once in further
 /// expressions (each place reads its shard after writing it); read it on the host after
-/// wait() or get(). The operands must stay alive until then.
+/// wait() or get(). An operand assigned to or freed before then waits for this work first.
 template <class DTensor>
 class async_result {
  public:
@@ -13479,11 +13490,11 @@ auto eval(Expr&&) {
 namespace pdo {
 
 namespace detail {
-/// @brief What a task that reads the storage at `data` declares (nothing for an empty
-/// shard, which has none).
-inline access reading(const void* data) {
+/// @brief What a task that reads `shard` declares.
+template <class T, std::size_t Rank>
+access reading(const tensor<T, Rank>& shard) {
   access a;
-  if (data != nullptr) a.reads.push_back(data);
+  a.reads.push_back(storage_key(shard));
   return a;
 }
 }  // namespace detail
@@ -13537,7 +13548,7 @@ dtensor<T, Rank, Mesh, To> redistribute_to(const dtensor<T, Rank, Mesh, From>& x
   const auto failure = detail::try_run_on_places(
       m, [&](std::size_t p, std::size_t k) { shards[k] = detail::apply_plan<From, To>(m, x.shape(), p, x.local_shards()[k]); }, true,
       "redistribute", collective ? "collective" : "kernel",
-      [&](std::size_t, std::size_t k) { return detail::reading(x.local_shards()[k].data()); },
+      [&](std::size_t, std::size_t k) { return detail::reading(x.local_shards()[k]); },
       collective ? lane_kind::communication : lane_kind::compute);
   if (failure)
     failure->error.rethrow_with_context(detail::redistribute_context(x, layout_name<To>()) + ": on place " +
@@ -13604,7 +13615,7 @@ void write_local_blocks(const dtensor<T, Rank, Mesh, Layout>& x, tensor<T, Rank>
       [&](std::size_t p, std::size_t k) {
         if (writes_block(m, value_of<Layout>(), p)) write_block(x.local_shards()[k], out, x.local_offset(p));
       },
-      false, op, "copy", [&](std::size_t, std::size_t k) { return reading(x.local_shards()[k].data()); });
+      false, op, "copy", [&](std::size_t, std::size_t k) { return reading(x.local_shards()[k]); });
   if (failure) failure->error.rethrow_with_context(std::string(op) + ": " + x.describe() + ": on place " + m.place(failure->place).name() + ": ");
 }
 
@@ -16039,8 +16050,7 @@ access shards_read(std::size_t k, const Args&... args) {
   access a;
   (
       [&] {
-        if constexpr (distributed_tensor<Args>)
-          if (const void* d = args.local_shards()[k].data(); d != nullptr) a.reads.push_back(d);
+        if constexpr (distributed_tensor<Args>) a.reads.push_back(storage_key(args.local_shards()[k]));
       }(),
       ...);
   return a;
@@ -20028,19 +20038,53 @@ class data_parallel {
   std::size_t epochs_ = 0;  ///< epochs fit has trained
 };
 
+namespace detail_dp {
+/// @brief What make_data_parallel gives after its error, so that the trainer's uses report
+/// nothing more: its training and query members, of the types a trainer's have, doing nothing.
+template <class T>
+struct unformed_trainer {
+  template <class... Args>
+  T step(const Args&...) {
+    return T{};
+  }
+  template <class... Args>
+  void fit(const Args&...) {}
+  template <class... Args>
+  double accuracy(const Args&...) {
+    return 0;
+  }
+  [[nodiscard]] std::vector<parameter_ref<T>> parameters(std::size_t = 0) const { return {}; }
+  [[nodiscard]] double last_grad_norm() const { return 0; }
+  [[nodiscard]] std::size_t steps() const { return 0; }
+  [[nodiscard]] std::size_t epochs() const { return 0; }
+  [[nodiscard]] std::string explain() const { return {}; }
+};
+}  // namespace detail_dp
+
 /// @brief A data-parallel trainer: `make_model()` builds a replica (it runs on every place,
 /// so use a fixed seed: all replicas must start equal) and `make_optimizer(parameters)`
 /// its optimizer.
 template <class T, class Mesh, class MakeModel, class MakeOptimizer, class Loss = cross_entropy_loss>
 auto make_data_parallel(const Mesh& m, MakeModel make_model, MakeOptimizer make_optimizer, data_parallel_options o = {},
                         Loss loss = {}) {
-  static_assert(Mesh::has_axis("dp"), "pdo: data_parallel: the mesh needs an axis named \"dp\"");
-  if constexpr (Mesh::has_axis("dp")) {  // else nothing more is instantiated after the error
+  // each check's error is given once, with nothing instantiated after it
+  if constexpr (!Mesh::has_axis("dp")) {
+    static_assert(Mesh::has_axis("dp"), "pdo: data_parallel: the mesh needs an axis named \"dp\"");
+    return detail_dp::unformed_trainer<T>{};
+  } else if constexpr (!std::is_invocable_v<MakeModel&>) {
+    static_assert(std::is_invocable_v<MakeModel&>,
+                  "pdo: make_data_parallel: make_model must be a callable that builds a replica, called once per place "
+                  "([] { return make_mlp(); }), not a model");
+    return detail_dp::unformed_trainer<T>{};
+  } else if constexpr (!std::is_invocable_v<MakeOptimizer&, std::vector<parameter_ref<T>>>) {
+    static_assert(std::is_invocable_v<MakeOptimizer&, std::vector<parameter_ref<T>>>,
+                  "pdo: make_data_parallel: make_optimizer must be a callable that takes a replica's parameters, "
+                  "std::vector<pdo::nn::parameter_ref<T>>, and builds its optimizer ([](auto p) { return sgd<T>(std::move(p), {...}); })");
+    return detail_dp::unformed_trainer<T>{};
+  } else {
     using model_t = std::invoke_result_t<MakeModel&>;
     using optimizer_t = std::invoke_result_t<MakeOptimizer&, std::vector<parameter_ref<T>>>;
     return data_parallel<T, model_t, optimizer_t, Mesh, Loss>(m, std::move(make_model), std::move(make_optimizer), o, loss);
-  } else {
-    return 0;
   }
 }
 
@@ -20053,9 +20097,11 @@ auto make_data_parallel(const Mesh& m, MakeModel make_model, MakeOptimizer make_
 
 
 #include <cstddef>
+#include <string>
 #include <tuple>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 namespace pdo::nn {
 
@@ -20160,6 +20206,36 @@ constexpr void check_pairs() {
                 "its output is not left split along the tensor-parallel axis");
 }
 
+/// @brief The element type of a model's first linear layer (float when it has none).
+template <class... Layers>
+struct first_linear_element {
+  using type = float;
+};
+template <class Layer, class... Rest>
+struct first_linear_element<Layer, Rest...> {
+  using type = typename first_linear_element<Rest...>::type;
+};
+template <class T, class... Rest>
+struct first_linear_element<linear<T>, Rest...> {
+  using type = T;
+};
+
+/// @brief What tensor_parallel gives after its error (a mesh without the axis), so that the
+/// model's uses report nothing more: it takes any input to an empty var of the type a model's
+/// output would most likely have (its element type, rank 2, replicated on the mesh), and
+/// holds no parameters.
+template <class T, class Mesh>
+struct unformed_model {
+  template <class X>
+  auto operator()(const X&) const {
+    return var<pdo::detail::replicated_dtensor_t<T, 2, Mesh>>{};
+  }
+  template <class U = T>
+  [[nodiscard]] std::vector<parameter_ref<U>> parameters(const std::string& = "") const {
+    return {};
+  }
+};
+
 template <fixed_string Axis, std::size_t Ordinal, class Mesh, class Layer>
 auto convert(const Mesh& m, const Layer& layer) {
   check_convertible<Layer>();
@@ -20194,14 +20270,16 @@ auto shard(const Mesh& m, std::size_t p, const Layer& layer) {
 /// column-parallel layer). Parameters start as the local model's, so training matches it.
 template <fixed_string Axis, class Mesh, class... Layers>
 auto tensor_parallel(const Mesh& m, const sequential<Layers...>& model) {
-  static_assert(Mesh::has_axis(Axis.view()), "pdo: tensor_parallel: the mesh has no axis of that name");
+  static_assert(Mesh::has_axis(Axis.view()),
+                "pdo: tensor_parallel<Axis>: the mesh has no axis of that name; name one of the mesh's axes "
+                "(make_mesh<\"dp\", \"tp\">: tensor_parallel<\"tp\">)");
   if constexpr (Mesh::has_axis(Axis.view())) {  // else nothing more is instantiated after the error
     detail_tp::check_pairs<Layers...>();
     return [&]<std::size_t... I>(std::index_sequence<I...>) {
       return sequential(detail_tp::convert<Axis, detail_tp::linears_before<Layers...>(I)>(m, std::get<I>(model.layers()))...);
     }(std::index_sequence_for<Layers...>{});
   } else {
-    return model;
+    return detail_tp::unformed_model<typename detail_tp::first_linear_element<Layers...>::type, Mesh>{};
   }
 }
 
@@ -20213,7 +20291,9 @@ auto tensor_parallel(const Mesh& m, const sequential<Layers...>& model) {
 /// backward. Inputs and outputs are the same on every member of the group.
 template <fixed_string Axis, class Mesh, class... Layers>
 auto tensor_parallel_shard(const Mesh& m, std::size_t p, const sequential<Layers...>& model) {
-  static_assert(Mesh::has_axis(Axis.view()), "pdo: tensor_parallel_shard: the mesh has no axis of that name");
+  static_assert(Mesh::has_axis(Axis.view()),
+                "pdo: tensor_parallel_shard<Axis>: the mesh has no axis of that name; name one of the mesh's axes "
+                "(make_mesh<\"dp\", \"tp\">: tensor_parallel<\"tp\">)");
   detail_tp::check_pairs<Layers...>();
   return [&]<std::size_t... I>(std::index_sequence<I...>) {
     return sequential(detail_tp::shard<Axis, detail_tp::linears_before<Layers...>(I)>(m, p, std::get<I>(model.layers()))...);

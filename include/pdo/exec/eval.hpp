@@ -276,7 +276,7 @@ auto queue_evaluation(Expr&& expr, bool caller_waits) {
 /// @brief The result of pdo::eval_async: a dtensor whose shards its places fill in the
 /// order they run their queued work. The dtensor may be used at once in further
 /// expressions (each place reads its shard after writing it); read it on the host after
-/// wait() or get(). The operands must stay alive until then.
+/// wait() or get(). An operand assigned to or freed before then waits for this work first.
 template <class DTensor>
 class async_result {
  public:

@@ -15,11 +15,11 @@
 namespace pdo {
 
 namespace detail {
-/// @brief What a task that reads the storage at `data` declares (nothing for an empty
-/// shard, which has none).
-inline access reading(const void* data) {
+/// @brief What a task that reads `shard` declares.
+template <class T, std::size_t Rank>
+access reading(const tensor<T, Rank>& shard) {
   access a;
-  if (data != nullptr) a.reads.push_back(data);
+  a.reads.push_back(storage_key(shard));
   return a;
 }
 }  // namespace detail
@@ -73,7 +73,7 @@ dtensor<T, Rank, Mesh, To> redistribute_to(const dtensor<T, Rank, Mesh, From>& x
   const auto failure = detail::try_run_on_places(
       m, [&](std::size_t p, std::size_t k) { shards[k] = detail::apply_plan<From, To>(m, x.shape(), p, x.local_shards()[k]); }, true,
       "redistribute", collective ? "collective" : "kernel",
-      [&](std::size_t, std::size_t k) { return detail::reading(x.local_shards()[k].data()); },
+      [&](std::size_t, std::size_t k) { return detail::reading(x.local_shards()[k]); },
       collective ? lane_kind::communication : lane_kind::compute);
   if (failure)
     failure->error.rethrow_with_context(detail::redistribute_context(x, layout_name<To>()) + ": on place " +
@@ -140,7 +140,7 @@ void write_local_blocks(const dtensor<T, Rank, Mesh, Layout>& x, tensor<T, Rank>
       [&](std::size_t p, std::size_t k) {
         if (writes_block(m, value_of<Layout>(), p)) write_block(x.local_shards()[k], out, x.local_offset(p));
       },
-      false, op, "copy", [&](std::size_t, std::size_t k) { return reading(x.local_shards()[k].data()); });
+      false, op, "copy", [&](std::size_t, std::size_t k) { return reading(x.local_shards()[k]); });
   if (failure) failure->error.rethrow_with_context(std::string(op) + ": " + x.describe() + ": on place " + m.place(failure->place).name() + ": ");
 }
 

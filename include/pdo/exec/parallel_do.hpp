@@ -50,8 +50,7 @@ access shards_read(std::size_t k, const Args&... args) {
   access a;
   (
       [&] {
-        if constexpr (distributed_tensor<Args>)
-          if (const void* d = args.local_shards()[k].data(); d != nullptr) a.reads.push_back(d);
+        if constexpr (distributed_tensor<Args>) a.reads.push_back(storage_key(args.local_shards()[k]));
       }(),
       ...);
   return a;

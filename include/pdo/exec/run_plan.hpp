@@ -192,14 +192,14 @@ class plan_run {
   /// @brief Adds to `out` the buffers this run's tasks write: the slots and the result's
   /// storage (for the engine to forget when they are freed).
   void add_written(std::vector<const void*>& out) const {
-    add_addresses(out, slots_.data(), nodes, result_->data());
+    add_addresses(out, slots_.data(), nodes, storage_key(*result_));
   }
 
   /// @brief What a task that copies a leaf expression reads and writes.
   [[nodiscard]] access copy_uses() const {
     access a;
     add_leaf_read(*root_, a);
-    a.writes.push_back(result_->data());
+    a.writes.push_back(storage_key(*result_));
     return a;
   }
 
@@ -235,13 +235,13 @@ class plan_run {
   /// @brief Where node `N`'s block is kept: the slot, or the result's storage for the root.
   template <std::size_t N>
   [[nodiscard]] const void* storage_of() const {
-    if constexpr (N == root_number) return result_->data();
+    if constexpr (N == root_number) return storage_key(*result_);
     else return &slots_[N];
   }
 
   template <class Leaf>
   void add_leaf_read(const Leaf& leaf, access& a) const {
-    if constexpr (Leaf::distributed) a.reads.push_back(leaf.shard(place_).data());
+    if constexpr (Leaf::distributed) a.reads.push_back(storage_key(leaf.shard(place_)));
   }
 
   /// @brief The blocks the kernel of node `N` reads: its operands', and those of the

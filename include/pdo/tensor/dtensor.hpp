@@ -103,16 +103,16 @@ PDO_NOINLINE std::size_t local_ordinal(const Mesh& m, std::size_t p) {
   throw layout_error("dtensor: place " + std::to_string(p) + " of " + m.describe() + " does not belong to this process");
 }
 
-/// @brief Waits, on a host thread, until no queued task reads or writes the storage at
-/// `data` (an empty block's: nullptr), which is about to be freed or replaced. Set by the
-/// engine when it is made (pdo/exec/engine.hpp); before that no task uses any storage.
+/// @brief Waits, on a host thread, until no queued task reads or writes the block whose
+/// storage_key is `key`, which is about to be freed or replaced. Set by the engine when it is
+/// made (pdo/exec/engine.hpp); before that no task uses any storage.
 inline std::atomic<void (*)(const void*) noexcept> wait_until_unused{nullptr};
 
 /// @brief Waits until no queued task reads or writes any of `shards` (wait_until_unused).
 template <class Shards>
 void wait_until_shards_unused(const Shards& shards) noexcept {
   if (auto wait = wait_until_unused.load(std::memory_order_acquire))
-    for (const auto& s : shards) wait(s.data());
+    for (const auto& s : shards) wait(storage_key(s));
 }
 
 }  // namespace detail

@@ -218,6 +218,17 @@ inline constexpr bool is_tensor_v = false;
 template <class T, std::size_t Rank>
 inline constexpr bool is_tensor_v<tensor<T, Rank>> = true;
 
+namespace detail {
+/// @brief The address by which the engine orders the tasks that use `t`'s storage: its data,
+/// or for an empty tensor, which has none, the tensor itself. So the tasks of two empty
+/// blocks are not ordered with, or cancelled by, each other, and the owner of an empty block
+/// finds the tasks that use it.
+template <class T, std::size_t Rank>
+const void* storage_key(const tensor<T, Rank>& t) {
+  return t.data() != nullptr ? static_cast<const void*>(t.data()) : static_cast<const void*>(&t);
+}
+}  // namespace detail
+
 /// @brief "f32[10, 6]".
 template <class T, std::size_t Rank>
 std::string describe(const tensor<T, Rank>& t) {
