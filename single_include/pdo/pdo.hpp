@@ -7755,6 +7755,7 @@ tensor<T, Rank> to_host(const tensor<T, Rank>& t) {
 }  // namespace pdo
 #endif  // PDO_SINGLE_PDO_TENSOR_TENSOR_HPP
 
+#include <array>
 #include <atomic>
 #include <cstddef>
 #include <span>
@@ -7848,16 +7849,28 @@ PDO_NOINLINE std::size_t local_ordinal(const Mesh& m, std::size_t p) {
   throw layout_error("dtensor: place " + std::to_string(p) + " of " + m.describe() + " does not belong to this process");
 }
 
-/// @brief Waits, on a host thread, until no queued task reads or writes the block whose
-/// storage_key is `key`, which is about to be freed or replaced. Set by the engine when it is
-/// made (pdo/exec/engine.hpp); before that no task uses any storage.
-inline std::atomic<void (*)(const void*) noexcept> wait_until_unused{nullptr};
+/// @brief Waits, on a host thread, until no queued task reads or writes the blocks whose
+/// storage_keys are given, which are about to be freed or replaced. Set by the engine when it
+/// is made (pdo/exec/engine.hpp); before that no task uses any storage.
+inline std::atomic<void (*)(std::span<const void* const>) noexcept> wait_until_unused{nullptr};
 
-/// @brief Waits until no queued task reads or writes any of `shards` (wait_until_unused).
+/// @brief Waits until no queued task reads or writes any of `shards` (wait_until_unused),
+/// handing their keys to the engine a few dozen at a time.
 template <class Shards>
 void wait_until_shards_unused(const Shards& shards) noexcept {
-  if (auto wait = wait_until_unused.load(std::memory_order_acquire))
-    for (const auto& s : shards) wait(storage_key(s));
+  const auto wait = wait_until_unused.load(std::memory_order_acquire);
+  if (wait == nullptr) return;
+  constexpr std::size_t batch = 32;
+  std::array<const void*, batch> keys{};
+  std::size_t n = 0;
+  for (const auto& s : shards) {
+    keys[n++] = storage_key(s);
+    if (n == batch) {
+      wait(std::span<const void* const>(keys.data(), n));
+      n = 0;
+    }
+  }
+  if (n != 0) wait(std::span<const void* const>(keys.data(), n));
 }
 
 }  // namespace detail
@@ -7898,9 +7911,11 @@ class dtensor {
   /// was when it was queued.
   dtensor& operator=(dtensor other) noexcept {
     detail::wait_until_shards_unused(shards_);
+    std::vector<tensor<T, Rank>> old;  // freed here, not by other's destructor, which would wait again
+    old.swap(shards_);
+    shards_.swap(other.shards_);
     std::swap(mesh_, other.mesh_);
     std::swap(shape_, other.shape_);
-    shards_.swap(other.shards_);
     return *this;
   }
   /// @brief Frees the shards once the work queued that reads or writes them has ended (an
@@ -7976,6 +7991,7 @@ using replicated_dtensor_t = dtensor<T, Rank, Mesh, replicated_layout_t<Rank>>;
 }  // namespace pdo
 #endif  // PDO_SINGLE_PDO_TENSOR_DTENSOR_HPP
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <bit>
@@ -7984,6 +8000,7 @@ using replicated_dtensor_t = dtensor<T, Rank, Mesh, replicated_layout_t<Rank>>;
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -8101,22 +8118,26 @@ class engine {
     }
   }
 
-  /// @brief Waits until no task queued reads or writes `buffer`, storage about to be freed
-  /// or replaced on a host thread (a dtensor's shard: detail::wait_until_unused). On a lane
-  /// it does not wait: the task it runs in may be one of those.
-  void wait_until_unused(const void* buffer) {
+  /// @brief Waits until no task queued reads or writes any of `buffers`, storage about to be
+  /// freed or replaced on a host thread (a dtensor's shards: detail::wait_until_unused). On a
+  /// lane it does not wait: the task it runs in may be one of those.
+  void wait_until_unused(std::span<const void* const> buffers) {
     if (current_lane() != nullptr) return;
     std::vector<task_handle> users;
-    {
-      shard& s = shard_for(buffer);
+    for (const void* b : buffers) {
+      shard& s = shard_for(b);
       std::lock_guard guard(s.lock);
-      const auto found = s.buffers.find(buffer);
-      if (found == s.buffers.end()) return;
+      const auto found = s.buffers.find(b);
+      if (found == s.buffers.end()) continue;
       if (live(found->second.writer)) users.push_back(found->second.writer);
       for (const auto& r : found->second.readers)
         if (live(r)) users.push_back(r);
     }
-    for (const auto& t : users) t->home->poke();  // a task queued quietly waits for its submitter to wake its lane
+    if (users.empty()) return;
+    std::vector<lane*> homes;  // a task queued quietly waits for its submitter to wake its lane
+    for (const auto& t : users)
+      if (std::find(homes.begin(), homes.end(), t->home) == homes.end()) homes.push_back(t->home);
+    for (lane* home : homes) home->poke();
     for (const auto& t : users) t->wait_ended();
   }
 
@@ -8134,7 +8155,7 @@ class engine {
  private:
   engine() {
     // a dtensor's shards are freed or replaced once the tasks that use them have ended
-    detail::wait_until_unused.store([](const void* buffer) noexcept { instance().wait_until_unused(buffer); }, std::memory_order_release);
+    detail::wait_until_unused.store([](std::span<const void* const> buffers) noexcept { instance().wait_until_unused(buffers); }, std::memory_order_release);
   }
 
   struct buffer_state {

@@ -30,6 +30,7 @@
 #include <pdo/place/lane.hpp>
 #include <pdo/tensor/dtensor.hpp>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <bit>
@@ -38,6 +39,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -155,22 +157,26 @@ class engine {
     }
   }
 
-  /// @brief Waits until no task queued reads or writes `buffer`, storage about to be freed
-  /// or replaced on a host thread (a dtensor's shard: detail::wait_until_unused). On a lane
-  /// it does not wait: the task it runs in may be one of those.
-  void wait_until_unused(const void* buffer) {
+  /// @brief Waits until no task queued reads or writes any of `buffers`, storage about to be
+  /// freed or replaced on a host thread (a dtensor's shards: detail::wait_until_unused). On a
+  /// lane it does not wait: the task it runs in may be one of those.
+  void wait_until_unused(std::span<const void* const> buffers) {
     if (current_lane() != nullptr) return;
     std::vector<task_handle> users;
-    {
-      shard& s = shard_for(buffer);
+    for (const void* b : buffers) {
+      shard& s = shard_for(b);
       std::lock_guard guard(s.lock);
-      const auto found = s.buffers.find(buffer);
-      if (found == s.buffers.end()) return;
+      const auto found = s.buffers.find(b);
+      if (found == s.buffers.end()) continue;
       if (live(found->second.writer)) users.push_back(found->second.writer);
       for (const auto& r : found->second.readers)
         if (live(r)) users.push_back(r);
     }
-    for (const auto& t : users) t->home->poke();  // a task queued quietly waits for its submitter to wake its lane
+    if (users.empty()) return;
+    std::vector<lane*> homes;  // a task queued quietly waits for its submitter to wake its lane
+    for (const auto& t : users)
+      if (std::find(homes.begin(), homes.end(), t->home) == homes.end()) homes.push_back(t->home);
+    for (lane* home : homes) home->poke();
     for (const auto& t : users) t->wait_ended();
   }
 
@@ -188,7 +194,7 @@ class engine {
  private:
   engine() {
     // a dtensor's shards are freed or replaced once the tasks that use them have ended
-    detail::wait_until_unused.store([](const void* buffer) noexcept { instance().wait_until_unused(buffer); }, std::memory_order_release);
+    detail::wait_until_unused.store([](std::span<const void* const> buffers) noexcept { instance().wait_until_unused(buffers); }, std::memory_order_release);
   }
 
   struct buffer_state {

@@ -10,6 +10,7 @@
 #include <pdo/place/mesh.hpp>
 #include <pdo/tensor/tensor.hpp>
 
+#include <array>
 #include <atomic>
 #include <cstddef>
 #include <span>
@@ -103,16 +104,28 @@ PDO_NOINLINE std::size_t local_ordinal(const Mesh& m, std::size_t p) {
   throw layout_error("dtensor: place " + std::to_string(p) + " of " + m.describe() + " does not belong to this process");
 }
 
-/// @brief Waits, on a host thread, until no queued task reads or writes the block whose
-/// storage_key is `key`, which is about to be freed or replaced. Set by the engine when it is
-/// made (pdo/exec/engine.hpp); before that no task uses any storage.
-inline std::atomic<void (*)(const void*) noexcept> wait_until_unused{nullptr};
+/// @brief Waits, on a host thread, until no queued task reads or writes the blocks whose
+/// storage_keys are given, which are about to be freed or replaced. Set by the engine when it
+/// is made (pdo/exec/engine.hpp); before that no task uses any storage.
+inline std::atomic<void (*)(std::span<const void* const>) noexcept> wait_until_unused{nullptr};
 
-/// @brief Waits until no queued task reads or writes any of `shards` (wait_until_unused).
+/// @brief Waits until no queued task reads or writes any of `shards` (wait_until_unused),
+/// handing their keys to the engine a few dozen at a time.
 template <class Shards>
 void wait_until_shards_unused(const Shards& shards) noexcept {
-  if (auto wait = wait_until_unused.load(std::memory_order_acquire))
-    for (const auto& s : shards) wait(storage_key(s));
+  const auto wait = wait_until_unused.load(std::memory_order_acquire);
+  if (wait == nullptr) return;
+  constexpr std::size_t batch = 32;
+  std::array<const void*, batch> keys{};
+  std::size_t n = 0;
+  for (const auto& s : shards) {
+    keys[n++] = storage_key(s);
+    if (n == batch) {
+      wait(std::span<const void* const>(keys.data(), n));
+      n = 0;
+    }
+  }
+  if (n != 0) wait(std::span<const void* const>(keys.data(), n));
 }
 
 }  // namespace detail
@@ -153,9 +166,11 @@ class dtensor {
   /// was when it was queued.
   dtensor& operator=(dtensor other) noexcept {
     detail::wait_until_shards_unused(shards_);
+    std::vector<tensor<T, Rank>> old;  // freed here, not by other's destructor, which would wait again
+    old.swap(shards_);
+    shards_.swap(other.shards_);
     std::swap(mesh_, other.mesh_);
     std::swap(shape_, other.shape_);
-    shards_.swap(other.shards_);
     return *this;
   }
   /// @brief Frees the shards once the work queued that reads or writes them has ended (an
