@@ -580,7 +580,7 @@ void with_held_lanes(const std::vector<pdo::cpu_place>& places, Scenario scenari
 
 }  // namespace
 
-TEST_CASE("a dtensor replaced or freed while an eval_async reads it waits for that work, which sees it as it was",
+TEST_CASE("a dtensor replaced, copied or freed while an eval_async uses it waits for that work, which sees it as it was",
           "[engine][async]") {
   const auto places = pdo::cpu_places(2);
   const auto m = pdo::make_mesh<"x">(places);
@@ -609,6 +609,19 @@ TEST_CASE("a dtensor replaced or freed while an eval_async reads it waits for th
     check(pdo::gather(r->get()));
     const auto now = pdo::gather(a);
     for (double v : now.span()) REQUIRE(v == 7.0);
+  }
+  SECTION("copied before the wait: the copy holds the values the queued work writes") {
+    const auto a = pdo::distribute<rows>(m, h);
+    std::optional<pdo::async_result<pdo::dtensor<double, 2, pdo::mesh<"x">, rows>>> r;
+    std::optional<pdo::dtensor<double, 2, pdo::mesh<"x">, rows>> copy;
+    with_held_lanes(places, [&](auto hold, auto release) {
+      hold();
+      r.emplace(pdo::eval_async(pdo::exp(a)));
+      release();
+      copy.emplace(r->value());  // waits for the shards' writers, not for the wait
+    });
+    check(pdo::gather(*copy));
+    r->wait();
   }
   SECTION("freed: its storage is not handed out before the queued work has read it") {
     std::optional<pdo::dtensor<double, 2, pdo::mesh<"x">, rows>> b(pdo::distribute<rows>(m, h));

@@ -157,10 +157,11 @@ class engine {
     }
   }
 
-  /// @brief Waits until no task queued reads or writes any of `buffers`, storage about to be
-  /// freed or replaced on a host thread (a dtensor's shards: detail::wait_until_unused). On a
-  /// lane it does not wait: the task it runs in may be one of those.
-  void wait_until_unused(std::span<const void* const> buffers) {
+  /// @brief Waits until no task queued writes (`which` = writers: storage about to be
+  /// copied), or reads or writes (all: about to be freed or replaced), any of `buffers`, on a
+  /// host thread (a dtensor's shards: detail::wait_for_users). On a lane it does not wait: the
+  /// task it runs in may be one of those.
+  void wait_for_users(std::span<const void* const> buffers, shard_users which) {
     if (current_lane() != nullptr) return;
     std::vector<task_handle> users;
     for (const void* b : buffers) {
@@ -169,8 +170,9 @@ class engine {
       const auto found = s.buffers.find(b);
       if (found == s.buffers.end()) continue;
       if (live(found->second.writer)) users.push_back(found->second.writer);
-      for (const auto& r : found->second.readers)
-        if (live(r)) users.push_back(r);
+      if (which == shard_users::all)
+        for (const auto& r : found->second.readers)
+          if (live(r)) users.push_back(r);
     }
     if (users.empty()) return;
     std::vector<lane*> homes;  // a task queued quietly waits for its submitter to wake its lane
@@ -193,8 +195,9 @@ class engine {
 
  private:
   engine() {
-    // a dtensor's shards are freed or replaced once the tasks that use them have ended
-    detail::wait_until_unused.store([](std::span<const void* const> buffers) noexcept { instance().wait_until_unused(buffers); }, std::memory_order_release);
+    // a dtensor's shards are copied once written, and freed or replaced once the tasks that use them have ended
+    detail::wait_for_users.store([](std::span<const void* const> buffers, shard_users which) noexcept { instance().wait_for_users(buffers, which); },
+                                 std::memory_order_release);
   }
 
   struct buffer_state {

@@ -275,8 +275,9 @@ auto queue_evaluation(Expr&& expr, bool caller_waits) {
 
 /// @brief The result of pdo::eval_async: a dtensor whose shards its places fill in the
 /// order they run their queued work. The dtensor may be used at once in further
-/// expressions (each place reads its shard after writing it); read it on the host after
-/// wait() or get(). An operand assigned to or freed before then waits for this work first.
+/// expressions (each place reads its shard after writing it), gathered or copied (once its
+/// shards are written); read its shards on the host (`local_shards()`) after wait() or get().
+/// An operand assigned to or freed before then waits for this work first.
 template <class DTensor>
 class async_result {
  public:

@@ -104,16 +104,21 @@ PDO_NOINLINE std::size_t local_ordinal(const Mesh& m, std::size_t p) {
   throw layout_error("dtensor: place " + std::to_string(p) + " of " + m.describe() + " does not belong to this process");
 }
 
-/// @brief Waits, on a host thread, until no queued task reads or writes the blocks whose
-/// storage_keys are given, which are about to be freed or replaced. Set by the engine when it
-/// is made (pdo/exec/engine.hpp); before that no task uses any storage.
-inline std::atomic<void (*)(std::span<const void* const>) noexcept> wait_until_unused{nullptr};
+/// @brief The queued tasks a host thread waits for before it touches a dtensor's shards:
+/// those that write them (before copying them), or all that use them (before freeing or
+/// replacing them).
+enum class shard_users { writers, all };
 
-/// @brief Waits until no queued task reads or writes any of `shards` (wait_until_unused),
+/// @brief Waits, on a host thread, until no queued task of the kind given writes, or uses,
+/// the blocks whose storage_keys are given. Set by the engine when it is made
+/// (pdo/exec/engine.hpp); before that no task uses any storage.
+inline std::atomic<void (*)(std::span<const void* const>, shard_users) noexcept> wait_for_users{nullptr};
+
+/// @brief Waits until no queued task of the kind given uses any of `shards` (wait_for_users),
 /// handing their keys to the engine a few dozen at a time.
 template <class Shards>
-void wait_until_shards_unused(const Shards& shards) noexcept {
-  const auto wait = wait_until_unused.load(std::memory_order_acquire);
+void wait_for_shard_users(const Shards& shards, shard_users which) noexcept {
+  const auto wait = wait_for_users.load(std::memory_order_acquire);
   if (wait == nullptr) return;
   constexpr std::size_t batch = 32;
   std::array<const void*, batch> keys{};
@@ -121,11 +126,11 @@ void wait_until_shards_unused(const Shards& shards) noexcept {
   for (const auto& s : shards) {
     keys[n++] = storage_key(s);
     if (n == batch) {
-      wait(std::span<const void* const>(keys.data(), n));
+      wait(std::span<const void* const>(keys.data(), n), which);
       n = 0;
     }
   }
-  if (n != 0) wait(std::span<const void* const>(keys.data(), n));
+  if (n != 0) wait(std::span<const void* const>(keys.data(), n), which);
 }
 
 }  // namespace detail
@@ -157,15 +162,16 @@ class dtensor {
       : mesh_(std::move(m)), shape_(global), shards_(std::move(shards)) {
     detail::check_shards(mesh_, layout_value, shape_, shards_);
   }
-  /// @brief A copy: the same mesh, and a deep copy of each shard on its place.
-  dtensor(const dtensor& other) = default;
+  /// @brief A copy: the same mesh, and a deep copy of each shard on its place, taken once
+  /// the work queued that writes `other` (an eval_async not yet waited for) has written it.
+  dtensor(const dtensor& other) : mesh_(other.mesh_), shape_(other.shape_), shards_(written_shards(other)) {}
   /// @brief Takes `other`'s mesh and shards; `other` is left moved from.
   dtensor(dtensor&& other) = default;
   /// @brief Copy or move assignment (by value, then swap). Work queued that reads or writes
   /// this dtensor (an eval_async not yet waited for) ends first: it sees the dtensor as it
   /// was when it was queued.
   dtensor& operator=(dtensor other) noexcept {
-    detail::wait_until_shards_unused(shards_);
+    detail::wait_for_shard_users(shards_, detail::shard_users::all);
     std::vector<tensor<T, Rank>> old;  // freed here, not by other's destructor, which would wait again
     old.swap(shards_);
     shards_.swap(other.shards_);
@@ -175,7 +181,7 @@ class dtensor {
   }
   /// @brief Frees the shards once the work queued that reads or writes them has ended (an
   /// eval_async of an expression of this dtensor, not yet waited for).
-  ~dtensor() { detail::wait_until_shards_unused(shards_); }
+  ~dtensor() { detail::wait_for_shard_users(shards_, detail::shard_users::all); }
 
   /// @brief The mesh the tensor is laid out over (a pdo::error for a dtensor that was moved
   /// from: every operation on one says so).
@@ -212,6 +218,11 @@ class dtensor {
 
  private:
   std::size_t local_ordinal(std::size_t p) const { return detail::local_ordinal(live_mesh(), p); }
+  /// `other`'s shards, once the work queued that writes them has ended.
+  static const std::vector<tensor<T, Rank>>& written_shards(const dtensor& other) {
+    detail::wait_for_shard_users(other.shards_, detail::shard_users::writers);
+    return other.shards_;
+  }
   /// A moved-from dtensor has no mesh state (and no shards).
   bool moved_from() const { return !mesh_.state(); }
   /// "f32[7, 5]{split<x>, replicate}": the element type, extents and layout.
