@@ -212,6 +212,7 @@ TEST_CASE("reductions, softmax, cross_entropy, transpose and reshape against nai
   const auto r = eval_checked(pdo::reshape(a, {2, 2, 6}));
   CHECK(r(1, 0, 3) == a(2, 3));
   CHECK_THROWS_AS(pdo::reshape(a, {5, 5}), pdo::shape_error);
+  CHECK_THROWS_WITH(pdo::reshape(a, {5, 5}), Catch::Contains("to [5, 5]: the number of elements must stay the same (24 here, 25 there)"));
   const pdo::tensor<double, 2> empty({0, 3});
   CHECK_THROWS_AS(pdo::max<0>(empty), pdo::shape_error);
   CHECK(eval_checked(pdo::sum<0>(empty))(1) == 0.0);

@@ -75,6 +75,9 @@ TEST_CASE("reductions, softmax and losses over meshes", "[expr][mesh]") {
   check_on_meshes<cols>([](const auto& x) { return pdo::log_softmax(x); }, 1e-12, a);
   check_on_meshes<rows>([](const auto& x) { return pdo::transpose(x) * 3.0; }, 0, a);
   check_on_meshes<rows>([](const auto& x) { return pdo::reshape(x, {10, 7, 1}); }, 0, a);
+  // a split dim (or one before it) is kept by a reshape, and the error says which dim is not
+  const auto by_cols = pdo::distribute<cols>(pdo::make_mesh<"x">(pdo::cpu_places(2)), a);
+  CHECK_THROWS_WITH(pdo::reshape(by_cols, {5, 2, 7}), Catch::Contains("to [5, 2, 7]: dim 0 must be kept") && Catch::Contains("(dim 1)"));
   pdo::tensor<double, 1> labels({10}, {0, 1, 2, 3, 4, 5, 6, 0, 1, 2});
   check_on_meshes<rows, pdo::layout<split<"x">>>([](const auto& x, const auto& y) { return pdo::cross_entropy(x, y); }, 1e-12, a, labels);
   check_on_meshes<cols, pdo::layout<replicate>>([](const auto& x, const auto& y) { return pdo::cross_entropy(x, y); }, 1e-12, a,

@@ -150,6 +150,14 @@ TEST_CASE("checkpoints: host tensors, numbers and text; a dtensor read whole; in
   CHECK(pdo_test::equal(bias2, bias));
   CHECK(pdo_test::equal(pdo::gather(x2), host));
   CHECK(pdo_test::equal(pdo::io::read<double, 3>(tmp.path / "ck", "x"), host));
+  // a number of another type, or a tensor, where a number is loaded: both types named
+  double step_as_double = 0;
+  pdo::io::checkpoint wrong_type;
+  wrong_type.add("step", step_as_double);
+  CHECK_THROWS_WITH(pdo::io::load(tmp.path / "ck", wrong_type), Catch::Contains("it is a value of int64 in the checkpoint, not a value of float64"));
+  pdo::io::checkpoint tensor_as_number;
+  tensor_as_number.add("bias", step_as_double);
+  CHECK_THROWS_WITH(pdo::io::load(tmp.path / "ck", tensor_as_number), Catch::Contains("it is a tensor of float32 in the checkpoint, not a value of float64"));
 
   const auto info = pdo::io::inspect(tmp.path / "ck");
   REQUIRE(info.size() == 5);
@@ -835,7 +843,9 @@ TEST_CASE("resume: a tensor-parallel model and its optimizer, on the same mesh a
 TEST_CASE("resume: a pipeline saved by its stages' places loads into another cut, \"tp\" shards and \"dp\" replicas") {
   scratch_dir tmp("resume_pp");
   auto adam = [](auto params) { return pdo::nn::adam<double>(std::move(params), {.lr = 0.02}); };
-  const pdo::nn::pipeline_options o{pdo::nn::pipeline_schedule::one_f_one_b, 3};
+  pdo::nn::pipeline_options o{pdo::nn::pipeline_schedule::one_f_one_b, 3};
+  // a learning-rate schedule: a resumed run takes the rate of its step (the trainer's steps are saved)
+  o.learning_rate = pdo::nn::step_lr(0.02, 4, 0.5);
   // A: 3 stages (cut after layers 1 and 4); B: 2 stages of 2 "tp" shards; C: 2 stages x 2 "dp" replicas
   const auto a_mesh = pdo::make_mesh<"pp">(pdo::cpu_places(3));
   const auto b_mesh = pdo::make_mesh<"pp", "tp">(pdo::cpu_places(4), {2, 2});
@@ -860,6 +870,7 @@ TEST_CASE("resume: a pipeline saved by its stages' places loads into another cut
   // the same mesh: bitwise
   auto resumed = make_a();
   pdo::io::load(tmp.path / "a", resumed);
+  CHECK(resumed.steps() == 10);
   const auto tail = train(resumed, 10, 20);
   for (std::size_t i = 0; i < tail.size(); ++i) CHECK(tail[i] == all[10 + i]);
 

@@ -85,6 +85,16 @@ TEST_CASE("pipeline: GPipe and 1F1B training match one place step by step, with 
     CHECK_THROWS_WITH(trainer.step(pdo::tensor<double, 2>({0, 6}), pdo::tensor<int, 1>({0})),
                       Catch::Contains("pipeline::step") && Catch::Contains("no rows"));
     CHECK(trainer.step(x, y) == Approx(reference[0]).epsilon(1e-10));
+    // no micro-batches: a setting's error, not a layout's
+    try {
+      pdo::nn::make_pipeline<double, 2, 3>(m, make_mlp(), [](auto ps) { return pdo::nn::sgd<double>(std::move(ps), {.lr = 0.2}); },
+                                           {pdo::nn::pipeline_schedule::gpipe, 0});
+      FAIL("no error");
+    } catch (const pdo::layout_error& e) {
+      FAIL("a layout_error: " << e.what());
+    } catch (const pdo::error& e) {
+      CHECK_THAT(e.what(), Catch::Contains("micro_batches must be at least 1"));
+    }
     // a label out of range in row 9: the last micro-batch (rows 8..10) on the last stage
     auto bad = y;
     bad(9) = 7;
@@ -125,6 +135,22 @@ TEST_CASE("pipeline: GPipe and 1F1B training match one place step by step, with 
     auto piped = pdo::nn::make_pipeline<double, 2, 1, 3>(pdo::make_mesh<"pp">(pdo::cpu_places(3)), make_mlp(), opt,
                                                          {pdo::nn::pipeline_schedule::one_f_one_b, 4}, pdo::nn::mse_loss{});
     for (int s = 0; s < 3; ++s) CHECK(piped.step(x, t) == Approx(one.step(x, t)).epsilon(1e-10));
+  }
+  SECTION("a learning-rate schedule: the data-parallel trainer's rates and step count; a rate it cannot take refused") {
+    auto opt = [](auto ps) { return pdo::nn::sgd<double>(std::move(ps), {.lr = 0.2, .momentum = 0.5}); };
+    const auto rates = pdo::nn::step_lr(0.3, 2, 0.5);
+    auto one = pdo::nn::make_data_parallel<double>(pdo::make_mesh<"dp">(pdo::cpu_places(1)), make_mlp, opt, {.schedule = rates});
+    pdo::nn::pipeline_options o{pdo::nn::pipeline_schedule::one_f_one_b, 3};
+    o.learning_rate = rates;
+    auto piped = pdo::nn::make_pipeline<double, 2, 3>(pdo::make_mesh<"pp", "dp">(pdo::cpu_places(4), {2, 2}), make_mlp(), opt, o);
+    for (int s = 0; s < 5; ++s) CHECK(piped.step(x, y) == Approx(one.step(x, y)).epsilon(1e-10));
+    CHECK(piped.steps() == 5);
+    for (std::size_t k = 0; k < piped.mesh().local_places().size(); ++k) CHECK(piped.optimizer(k).lr() == Approx(0.3 * 0.25));  // step 4's
+    o.learning_rate = [](std::size_t step) { return step == 1 ? -0.1 : 0.1; };
+    auto refusing = pdo::nn::make_pipeline<double, 2, 3>(pdo::make_mesh<"pp">(pdo::cpu_places(2)), make_mlp(), opt, o);
+    refusing.step(x, y);
+    CHECK_THROWS_WITH(refusing.step(x, y), Catch::Contains("pipeline::step: learning_rate(1)") && Catch::Contains("-0.1"));
+    CHECK(refusing.steps() == 1);
   }
   SECTION("2 pipeline stages x 2 data-parallel replicas") {
     const auto m = pdo::make_mesh<"pp", "dp">(pdo::cpu_places(4), {2, 2});

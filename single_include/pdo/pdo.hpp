@@ -12238,11 +12238,16 @@ class reshape_node : public detail::op_node<C> {
   /// last split one.
   reshape_node(C c, const shape_t<Rank>& shape) : detail::op_node<C>(std::move(c)), shape_(shape) {
     const auto s = std::get<0>(this->children_).shape();
-    bool ok = detail::volume(s) == detail::checked_volume(shape_, "reshape", sizeof(value_type));
-    for (std::size_t d = 0; d < detail::kept_dims(C::rule.out); ++d) ok = ok && s[d] == shape_[d];
-    if (!ok)
-      throw shape_error("reshape: " + detail::describe_node(std::get<0>(this->children_)) + " to " + detail::format_extents(shape_) +
-                        ": the number of elements must stay the same, and the dims up to the last split one must be kept");
+    const std::size_t from = detail::volume(s), to = detail::checked_volume(shape_, "reshape", sizeof(value_type));
+    const auto context = [&] {
+      return "reshape: " + detail::describe_node(std::get<0>(this->children_)) + " to " + detail::format_extents(shape_) + ": ";
+    };
+    if (from != to)
+      throw shape_error(context() + "the number of elements must stay the same (" + std::to_string(from) + " here, " + std::to_string(to) + " there)");
+    for (std::size_t d = 0; d < detail::kept_dims(C::rule.out); ++d)
+      if (s[d] != shape_[d])
+        throw shape_error(context() + "dim " + std::to_string(d) + " must be kept: the dims up to the operand's last split one (dim " +
+                          std::to_string(detail::kept_dims(C::rule.out) - 1) + ") keep their extents; gather it first (pdo::redistribute)");
   }
   /// @brief The new shape.
   [[nodiscard]] const shape_t<Rank>& shape() const { return shape_; }
@@ -20670,6 +20675,11 @@ struct pipeline_options {
   /// updates its parameters. When false, such a step is a pdo::error naming the step, before
   /// any parameter changes. pipeline::skipped_steps counts such steps either way.
   bool skip_nonfinite_steps = false;
+  /// @brief When set, every stage's optimizer's learning rate before each update is
+  /// learning_rate(steps taken before it, skipped ones included): step_lr, cosine_lr, or any
+  /// function of the step, as data_parallel_options::schedule. A rate it gives that is
+  /// negative or not finite is a pdo::error before the step runs.
+  lr_schedule learning_rate = {};
 };
 
 /// @brief Pipeline training over the "pp" axis of a mesh, data parallel over "dp" and tensor
@@ -20711,7 +20721,7 @@ class pipeline {
     if (m.extent(pp_axis) != stage_count)
       throw layout_error("pipeline: the model is cut into " + std::to_string(stage_count) + " stages but " + m.describe() + " has " +
                          std::to_string(m.extent(pp_axis)) + " places along \"pp\"");
-    if (o.micro_batches == 0) throw layout_error("pipeline: micro_batches must be at least 1");
+    if (o.micro_batches == 0) throw error("pipeline: micro_batches must be at least 1");
     check_schedule(schedule_, o.micro_batches);
     using bounds =
         detail_pp::stage_bounds<std::tuple_size_v<std::remove_cvref_t<decltype(std::declval<const Model&>().layers())>>, Cuts...>;
@@ -20745,10 +20755,16 @@ class pipeline {
       throw shape_error("pipeline: inputs " + describe(inputs) + " and targets " + describe(targets) + " differ in rows");
     const std::size_t rows = inputs.extent(0);
     if (rows == 0) throw shape_error("pipeline::step: the batch " + describe(inputs) + " has no rows; a step trains on at least one");
+    // the step's rate, decided (and checked) before any stage runs
+    std::optional<double> lr;
+    if (options_.learning_rate) {
+      lr = options_.learning_rate(steps_);
+      pdo::detail::check_lr("pipeline::step: learning_rate(" + std::to_string(steps_) + ")", *lr);
+    }
     std::vector<T> losses(states_.size());
     pdo::detail::run_on_places("pipeline::step", mesh_, [&](std::size_t p, std::size_t k) {
       place_state& st = *states_[k];
-      with_stage(st.stage, [&]<std::size_t S>() { losses[k] = run_stage<S>(p, st, inputs, targets, rows); });
+      with_stage(st.stage, [&]<std::size_t S>() { losses[k] = run_stage<S>(p, st, inputs, targets, rows, lr); });
     });
     if (!std::isfinite(static_cast<double>(losses[0]))) {
       ++skipped_steps_;
@@ -20759,6 +20775,13 @@ class pipeline {
     ++steps_;
     return losses[0];
   }
+
+  /// @brief The steps taken so far, skipped ones included (a step refused with a pdo::error is
+  /// not counted): the step number pipeline_options::learning_rate is given.
+  [[nodiscard]] std::size_t steps() const { return steps_; }
+  /// @brief Sets the steps taken (pdo::io's add_state restores it when training resumes from
+  /// a checkpoint, so the learning-rate schedule goes on where it was).
+  void set_steps(std::size_t steps) { steps_ = steps; }
 
   /// @brief The steps taken so far whose loss was not finite, so that nothing was updated
   /// (skipped with pipeline_options::skip_nonfinite_steps, or a pdo::error without it).
@@ -20886,7 +20909,8 @@ class pipeline {
   }
 
   template <std::size_t S, class Inputs, class Targets>
-  T run_stage(std::size_t p, place_state& st, const Inputs& inputs, const Targets& targets, std::size_t global_rows) {
+  T run_stage(std::size_t p, place_state& st, const Inputs& inputs, const Targets& targets, std::size_t global_rows,
+              std::optional<double> lr) {
     using types = stage_types<S>;
     using in_t = typename types::in;
     using out_t = typename types::out;
@@ -21000,7 +21024,10 @@ class pipeline {
     if constexpr (has_tp) sum = mesh_.coord(p, Mesh::axis_index("tp")) == 0 ? sum : 0.0;
     host_communicator_of(mesh_, p).all_reduce(std::span<double>(&sum, 1));
     // the loss as step() returns it (in T) decides, so that an update and its report agree
-    if (std::isfinite(static_cast<double>(static_cast<T>(sum)))) st.optimizer->step();  // else no stage updates (step() says why)
+    if (std::isfinite(static_cast<double>(static_cast<T>(sum)))) {  // else no stage updates (step() says why)
+      if (lr) st.optimizer->set_lr(*lr);
+      st.optimizer->step();
+    }
     st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count();
     return static_cast<T>(sum);
   }
@@ -21509,7 +21536,7 @@ class shard_reader {
     sums_.resize(chunks_of(h_.data_bytes, h_.chunk_bytes));  // at most data_bytes <= size of them
     if (shard_header_bytes + 8 * sums_.size() > size) throw past_the_file();
     if (!sums_.empty()) f_.read_at(sums_.data(), sums_.size() * 8, sizeof h_);
-    if (header_checksum(h_, sums_) != h_.checksum) throw io_error(where + "corrupt: the header's checksum does not match");
+    if (header_checksum(h_, sums_) != h_.checksum) throw io_error(where + "corrupt: the checksum of its header and its table of chunk checksums does not match");
     if (h_.data_bytes != expected)
       throw io_error(where + "the metadata does not match the shard: the block " + pdo::detail::format_extents(b.shape) + " needs " +
                      std::to_string(expected) + " bytes, the file holds " + std::to_string(h_.data_bytes));
@@ -21852,9 +21879,11 @@ class checkpoint {
                         [set, optional](detail::load_context& c, const std::string& n) {
                           if (optional && !c.entries.contains(n)) return;
                           const auto& e = c.entry(n);
-                          if (e.value("kind", "") != "value" || e.value("dtype", "") != detail::stored_dtype<V>())
-                            throw io_error(c.where(n) + "it is " + e.value("kind", "?") + " " + e.value("dtype", "?") +
-                                           " in the checkpoint, not a " + std::string(detail::stored_dtype<V>()) + " value");
+                          if (e.value("kind", "") != "value" || e.value("dtype", "") != detail::stored_dtype<V>()) {
+                            const std::string dtype = e.value("dtype", "");
+                            throw io_error(c.where(n) + "it is a " + e.value("kind", "?") + (dtype.empty() ? "" : " of " + dtype) +
+                                           " in the checkpoint, not a value of " + std::string(detail::stored_dtype<V>()));
+                          }
                           const V v = detail::number_of<V>(c, n, e.at("value"));
                           if (!c.checking) set(v);
                         }});
@@ -23233,7 +23262,8 @@ checkpoint& add_state(checkpoint& c, const std::string& prefix, nn::data_paralle
 /// @brief Adds to `c` the whole state of a pipeline: each parameter of the model under its
 /// name in the whole model ("<prefix>model.<layer>.<name>", as a data-parallel trainer of the
 /// same model saves it), the optimizers' state ("<prefix>optimizer.<layer>.<name>.<state>",
-/// "<prefix>optimizer.steps"). Each stage's places write their own parameters, all at once
+/// "<prefix>optimizer.steps") and the trainer's steps ("<prefix>steps"). Each stage's places
+/// write their own parameters, all at once
 /// (over MPI each process its stages'; a stage's shards along "tp" each by its place, once
 /// per "dp" row); a load fills each place's parameters and moments from the blocks they
 /// overlap, so a checkpoint loads into a pipeline of the same model cut, split or replicated
@@ -23289,6 +23319,11 @@ checkpoint& add_state(checkpoint& c, const std::string& prefix, nn::pipeline<T, 
       [pl](long t) {
         for (std::size_t k = 0; k < pl->mesh().local_places().size(); ++k) pl->optimizer(k).set_steps(t);
       });
+  // the trainer's steps (its learning-rate schedule's count), as a data-parallel trainer saves
+  // them; optional: a checkpoint saved without them leaves the count as it is
+  c.add_computed<std::uint64_t>(
+      prefix + "steps", [pl] { return static_cast<std::uint64_t>(pl->steps()); },
+      [pl](std::uint64_t s) { pl->set_steps(static_cast<std::size_t>(s)); }, true);
   return c;
 }
 

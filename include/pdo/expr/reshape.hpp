@@ -34,11 +34,16 @@ class reshape_node : public detail::op_node<C> {
   /// last split one.
   reshape_node(C c, const shape_t<Rank>& shape) : detail::op_node<C>(std::move(c)), shape_(shape) {
     const auto s = std::get<0>(this->children_).shape();
-    bool ok = detail::volume(s) == detail::checked_volume(shape_, "reshape", sizeof(value_type));
-    for (std::size_t d = 0; d < detail::kept_dims(C::rule.out); ++d) ok = ok && s[d] == shape_[d];
-    if (!ok)
-      throw shape_error("reshape: " + detail::describe_node(std::get<0>(this->children_)) + " to " + detail::format_extents(shape_) +
-                        ": the number of elements must stay the same, and the dims up to the last split one must be kept");
+    const std::size_t from = detail::volume(s), to = detail::checked_volume(shape_, "reshape", sizeof(value_type));
+    const auto context = [&] {
+      return "reshape: " + detail::describe_node(std::get<0>(this->children_)) + " to " + detail::format_extents(shape_) + ": ";
+    };
+    if (from != to)
+      throw shape_error(context() + "the number of elements must stay the same (" + std::to_string(from) + " here, " + std::to_string(to) + " there)");
+    for (std::size_t d = 0; d < detail::kept_dims(C::rule.out); ++d)
+      if (s[d] != shape_[d])
+        throw shape_error(context() + "dim " + std::to_string(d) + " must be kept: the dims up to the operand's last split one (dim " +
+                          std::to_string(detail::kept_dims(C::rule.out) - 1) + ") keep their extents; gather it first (pdo::redistribute)");
   }
   /// @brief The new shape.
   [[nodiscard]] const shape_t<Rank>& shape() const { return shape_; }

@@ -186,7 +186,7 @@ class shard_reader {
     sums_.resize(chunks_of(h_.data_bytes, h_.chunk_bytes));  // at most data_bytes <= size of them
     if (shard_header_bytes + 8 * sums_.size() > size) throw past_the_file();
     if (!sums_.empty()) f_.read_at(sums_.data(), sums_.size() * 8, sizeof h_);
-    if (header_checksum(h_, sums_) != h_.checksum) throw io_error(where + "corrupt: the header's checksum does not match");
+    if (header_checksum(h_, sums_) != h_.checksum) throw io_error(where + "corrupt: the checksum of its header and its table of chunk checksums does not match");
     if (h_.data_bytes != expected)
       throw io_error(where + "the metadata does not match the shard: the block " + pdo::detail::format_extents(b.shape) + " needs " +
                      std::to_string(expected) + " bytes, the file holds " + std::to_string(h_.data_bytes));
@@ -529,9 +529,11 @@ class checkpoint {
                         [set, optional](detail::load_context& c, const std::string& n) {
                           if (optional && !c.entries.contains(n)) return;
                           const auto& e = c.entry(n);
-                          if (e.value("kind", "") != "value" || e.value("dtype", "") != detail::stored_dtype<V>())
-                            throw io_error(c.where(n) + "it is " + e.value("kind", "?") + " " + e.value("dtype", "?") +
-                                           " in the checkpoint, not a " + std::string(detail::stored_dtype<V>()) + " value");
+                          if (e.value("kind", "") != "value" || e.value("dtype", "") != detail::stored_dtype<V>()) {
+                            const std::string dtype = e.value("dtype", "");
+                            throw io_error(c.where(n) + "it is a " + e.value("kind", "?") + (dtype.empty() ? "" : " of " + dtype) +
+                                           " in the checkpoint, not a value of " + std::string(detail::stored_dtype<V>()));
+                          }
                           const V v = detail::number_of<V>(c, n, e.at("value"));
                           if (!c.checking) set(v);
                         }});

@@ -335,6 +335,11 @@ struct pipeline_options {
   /// updates its parameters. When false, such a step is a pdo::error naming the step, before
   /// any parameter changes. pipeline::skipped_steps counts such steps either way.
   bool skip_nonfinite_steps = false;
+  /// @brief When set, every stage's optimizer's learning rate before each update is
+  /// learning_rate(steps taken before it, skipped ones included): step_lr, cosine_lr, or any
+  /// function of the step, as data_parallel_options::schedule. A rate it gives that is
+  /// negative or not finite is a pdo::error before the step runs.
+  lr_schedule learning_rate = {};
 };
 
 /// @brief Pipeline training over the "pp" axis of a mesh, data parallel over "dp" and tensor
@@ -376,7 +381,7 @@ class pipeline {
     if (m.extent(pp_axis) != stage_count)
       throw layout_error("pipeline: the model is cut into " + std::to_string(stage_count) + " stages but " + m.describe() + " has " +
                          std::to_string(m.extent(pp_axis)) + " places along \"pp\"");
-    if (o.micro_batches == 0) throw layout_error("pipeline: micro_batches must be at least 1");
+    if (o.micro_batches == 0) throw error("pipeline: micro_batches must be at least 1");
     check_schedule(schedule_, o.micro_batches);
     using bounds =
         detail_pp::stage_bounds<std::tuple_size_v<std::remove_cvref_t<decltype(std::declval<const Model&>().layers())>>, Cuts...>;
@@ -410,10 +415,16 @@ class pipeline {
       throw shape_error("pipeline: inputs " + describe(inputs) + " and targets " + describe(targets) + " differ in rows");
     const std::size_t rows = inputs.extent(0);
     if (rows == 0) throw shape_error("pipeline::step: the batch " + describe(inputs) + " has no rows; a step trains on at least one");
+    // the step's rate, decided (and checked) before any stage runs
+    std::optional<double> lr;
+    if (options_.learning_rate) {
+      lr = options_.learning_rate(steps_);
+      pdo::detail::check_lr("pipeline::step: learning_rate(" + std::to_string(steps_) + ")", *lr);
+    }
     std::vector<T> losses(states_.size());
     pdo::detail::run_on_places("pipeline::step", mesh_, [&](std::size_t p, std::size_t k) {
       place_state& st = *states_[k];
-      with_stage(st.stage, [&]<std::size_t S>() { losses[k] = run_stage<S>(p, st, inputs, targets, rows); });
+      with_stage(st.stage, [&]<std::size_t S>() { losses[k] = run_stage<S>(p, st, inputs, targets, rows, lr); });
     });
     if (!std::isfinite(static_cast<double>(losses[0]))) {
       ++skipped_steps_;
@@ -424,6 +435,13 @@ class pipeline {
     ++steps_;
     return losses[0];
   }
+
+  /// @brief The steps taken so far, skipped ones included (a step refused with a pdo::error is
+  /// not counted): the step number pipeline_options::learning_rate is given.
+  [[nodiscard]] std::size_t steps() const { return steps_; }
+  /// @brief Sets the steps taken (pdo::io's add_state restores it when training resumes from
+  /// a checkpoint, so the learning-rate schedule goes on where it was).
+  void set_steps(std::size_t steps) { steps_ = steps; }
 
   /// @brief The steps taken so far whose loss was not finite, so that nothing was updated
   /// (skipped with pipeline_options::skip_nonfinite_steps, or a pdo::error without it).
@@ -551,7 +569,8 @@ class pipeline {
   }
 
   template <std::size_t S, class Inputs, class Targets>
-  T run_stage(std::size_t p, place_state& st, const Inputs& inputs, const Targets& targets, std::size_t global_rows) {
+  T run_stage(std::size_t p, place_state& st, const Inputs& inputs, const Targets& targets, std::size_t global_rows,
+              std::optional<double> lr) {
     using types = stage_types<S>;
     using in_t = typename types::in;
     using out_t = typename types::out;
@@ -665,7 +684,10 @@ class pipeline {
     if constexpr (has_tp) sum = mesh_.coord(p, Mesh::axis_index("tp")) == 0 ? sum : 0.0;
     host_communicator_of(mesh_, p).all_reduce(std::span<double>(&sum, 1));
     // the loss as step() returns it (in T) decides, so that an update and its report agree
-    if (std::isfinite(static_cast<double>(static_cast<T>(sum)))) st.optimizer->step();  // else no stage updates (step() says why)
+    if (std::isfinite(static_cast<double>(static_cast<T>(sum)))) {  // else no stage updates (step() says why)
+      if (lr) st.optimizer->set_lr(*lr);
+      st.optimizer->step();
+    }
     st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count();
     return static_cast<T>(sum);
   }
