@@ -982,6 +982,22 @@ TEST_CASE("nn: learning-rate schedules follow their formulas, and a trainer appl
     CHECK(scheduled.optimizer().lr() == rate(s));
   }
   CHECK(values_of(scheduled) == values_of(by_hand));
+
+  // a rate the optimizer cannot take is refused before any place runs: nothing moves, on
+  // the plain path and on the one whose weight products take the update in backward
+  for (const bool sliced : {false, true}) {
+    INFO("sliced_weight_gradients " << sliced);
+    auto refusing = pdo::nn::make_data_parallel<double>(
+        m, make_mlp, sgd,
+        {.schedule = [](std::size_t s) { return s == 1 ? std::numeric_limits<double>::quiet_NaN() : 0.1; },
+         .sliced_weight_gradients = sliced});
+    refusing.step(x, y);
+    const auto before = values_of(refusing);
+    CHECK_THROWS_WITH(refusing.step(x, y), Catch::Contains("data_parallel::step: schedule(1)") && Catch::Contains("lr"));
+    CHECK(refusing.steps() == 1);
+    CHECK(values_of(refusing) == before);
+    CHECK(refusing.optimizer().lr() == 0.1);
+  }
 }
 
 TEST_CASE("spatial conv2d overlaps its halo exchange: the exchange on the communication lanes, the interior and the "

@@ -571,6 +571,12 @@ class data_parallel {
   T step_on(std::vector<std::vector<batch_shard<T, R, Target>>> micro, std::size_t global_rows) {
     std::vector<T> losses(replicas_.size());
     std::vector<double> corrects(replicas_.size());
+    // the step's rate, decided (and checked) once, before any place runs
+    std::optional<double> lr;
+    if (options_.schedule) {
+      lr = options_.schedule(steps_);
+      pdo::detail::check_lr("data_parallel::step: schedule(" + std::to_string(steps_) + ")", *lr);
+    }
     // sliced weight gradients: the products' gradients are taken in backward when every
     // place runs the one backward (one micro-batch, rows on every place; one process)
     bool take_products = sliced_weight_gradients() && micro.size() == 1;
@@ -625,7 +631,7 @@ class data_parallel {
             totals = pdo::detail::sum_along<Mesh, 2>(mesh_, dp_axis, p, {static_cast<double>(local), static_cast<double>(correct)});
             summed = true;
             if (!std::isfinite(static_cast<double>(static_cast<T>(totals[0])))) break;
-            if (options_.schedule) r.optimizer->set_lr(options_.schedule(steps_));
+            if (lr) r.optimizer->set_lr(*lr);
             r.sliced->take_products(linear_step_of(*r.optimizer).value());
           }
           pdo::backward(loss);
@@ -650,7 +656,7 @@ class data_parallel {
         const double f = clip_factor(r.grad_norm, options_.clip_grad_norm);
         if (f < 1) scale_grads(updated, f);
       }
-      if (options_.schedule && !summed) r.optimizer->set_lr(options_.schedule(steps_));
+      if (lr && !summed) r.optimizer->set_lr(*lr);
       if constexpr (fused_optimizer<Optimizer, T>) {
         if (fused_) {
           // the sync and the update in one pass (parameters without a gradient send zeros)
