@@ -183,6 +183,47 @@ TEST_CASE("pipeline with tensor-parallel stages: pp x tp and dp x pp x tp meshes
   }
 }
 
+TEST_CASE("pipeline: gradients clipped by the whole model's norm, each element counted once, as one place clips them",
+          "[model_parallel][pp][tp]") {
+  const auto x = pdo_test::random_tensor<double>(pdo::shape_t<2>{11, 6}, 8);
+  const auto y = labels_for(11);
+  auto opt = [](auto ps) { return pdo::nn::sgd<double>(std::move(ps), {.lr = 0.2, .momentum = 0.5}); };
+  const double max_norm = 0.02;
+  // one place's data-parallel trainer clips as torch.nn.utils.clip_grad_norm_ (test_nn)
+  std::vector<double> losses, norms;
+  auto one = pdo::nn::make_data_parallel<double>(pdo::make_mesh<"dp">(pdo::cpu_places(1)), make_mlp, opt, {.clip_grad_norm = max_norm});
+  for (int s = 0; s < 3; ++s) {
+    losses.push_back(one.step(x, y));
+    norms.push_back(one.last_grad_norm());
+    REQUIRE(norms.back() > 2 * max_norm);  // every step is clipped
+  }
+  auto check = [&](const auto& m) {
+    INFO(m.describe());
+    pdo::nn::pipeline_options o{pdo::nn::pipeline_schedule::one_f_one_b, 3};
+    o.clip_grad_norm = max_norm;
+    auto piped = pdo::nn::make_pipeline<double, 2, 3>(m, make_mlp(), opt, o);
+    for (std::size_t s = 0; s < losses.size(); ++s) {
+      CHECK(piped.step(x, y) == Approx(losses[s]).epsilon(1e-10));
+      CHECK(piped.last_grad_norm() == Approx(norms[s]).epsilon(1e-10));
+    }
+  };
+  check(pdo::make_mesh<"pp">(pdo::cpu_places(2)));
+  check(pdo::make_mesh<"pp", "dp">(pdo::cpu_places(6), {2, 3}));  // 11 rows over 3 replicas
+  // hidden widths 10 and 7 over 3 places: uneven shards; the biases of row-parallel layers
+  // are whole on every "tp" place and counted once
+  check(pdo::make_mesh<"pp", "tp">(pdo::cpu_places(6), {2, 3}));
+  check(pdo::make_mesh<"dp", "pp", "tp">(pdo::cpu_places(8), {2, 2, 2}));
+  // without clipping the norm is not computed; a negative bound is refused
+  auto plain = pdo::nn::make_pipeline<double, 2, 3>(pdo::make_mesh<"pp">(pdo::cpu_places(2)), make_mlp(), opt);
+  (void)plain.step(x, y);
+  CHECK(plain.last_grad_norm() == 0);
+  pdo::nn::pipeline_options bad;
+  bad.clip_grad_norm = -1;
+  const auto two = pdo::make_mesh<"pp">(pdo::cpu_places(2));
+  auto refused = [&] { return pdo::nn::make_pipeline<double, 2, 3>(two, make_mlp(), opt, bad); };
+  CHECK_THROWS_WITH(refused(), Catch::Contains("pipeline") && Catch::Contains("clip_grad_norm"));
+}
+
 TEST_CASE("sum_across and replicated_across: Megatron's g and f inside SPMD code, with their gradients", "[model_parallel][tp]") {
   const auto m = pdo::make_mesh<"tp">(pdo::cpu_places(3));
   std::vector<double> dx_sum(3), dx_rep(3), y0(3);

@@ -755,6 +755,11 @@ auto make_data_parallel(const Mesh& m, MakeModel make_model, MakeOptimizer make_
                   "pdo: make_data_parallel: make_optimizer must be a callable that takes a replica's parameters, "
                   "std::vector<pdo::nn::parameter_ref<T>>, and builds its optimizer ([](auto p) { return sgd<T>(std::move(p), {...}); })");
     return detail_dp::unformed_trainer<T>{};
+  } else if constexpr (!detail_nn::holds_parameters_of<T, std::invoke_result_t<MakeModel&>>::value) {
+    static_assert(detail_nn::holds_parameters_of<T, std::invoke_result_t<MakeModel&>>::value,
+                  "pdo: make_data_parallel<T>: the model's parameters are not of element type T: build its layers with T "
+                  "(linear<T>, conv2d<T>) or train it as make_data_parallel<its element type>");
+    return detail_dp::unformed_trainer<T>{};
   } else {
     using model_t = std::invoke_result_t<MakeModel&>;
     using optimizer_t = std::invoke_result_t<MakeOptimizer&, std::vector<parameter_ref<T>>>;

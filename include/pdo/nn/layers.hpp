@@ -223,4 +223,18 @@ class sequential {
   std::tuple<Layers...> layers_;
 };
 
+namespace detail_nn {
+/// @brief Whether the parameters of the layer or model `M` are of element type `T`: a
+/// sequential's when every layer's are; a layer without parameters (its list is made for any
+/// T) always; any other's when `parameters(prefix)` lists parameter_ref<T>.
+template <class T, class M>
+struct holds_parameters_of
+    : std::bool_constant<requires(const M& m) { m.template parameters<T>(std::string()); } ||
+                         requires(const M& m) {
+                           { m.parameters(std::string()) } -> std::same_as<std::vector<parameter_ref<T>>>;
+                         }> {};
+template <class T, class... Layers>
+struct holds_parameters_of<T, sequential<Layers...>> : std::bool_constant<(holds_parameters_of<T, Layers>::value && ...)> {};
+}  // namespace detail_nn
+
 }  // namespace pdo::nn

@@ -340,6 +340,13 @@ struct pipeline_options {
   /// function of the step, as data_parallel_options::schedule. A rate it gives that is
   /// negative or not finite is a pdo::error before the step runs.
   lr_schedule learning_rate = {};
+  /// @brief When positive, before each update the gradients of the whole model are clipped by
+  /// their global norm, as torch.nn.utils.clip_grad_norm_ on one place: the norm over every
+  /// element of every stage's parameters, each counted once (summed over "pp" and over the
+  /// shards along "tp", not again over "dp" replicas or over copies along "tp"), and when it
+  /// exceeds this every stage's gradients are scaled by clip_grad_norm / (norm + 1e-6).
+  /// pipeline::last_grad_norm() gives the norm. 0: no clipping.
+  double clip_grad_norm = 0;
 };
 
 /// @brief Pipeline training over the "pp" axis of a mesh, data parallel over "dp" and tensor
@@ -382,6 +389,7 @@ class pipeline {
       throw layout_error("pipeline: the model is cut into " + std::to_string(stage_count) + " stages but " + m.describe() + " has " +
                          std::to_string(m.extent(pp_axis)) + " places along \"pp\"");
     if (o.micro_batches == 0) throw error("pipeline: micro_batches must be at least 1");
+    pdo::detail::check_setting("pipeline", "clip_grad_norm", o.clip_grad_norm, o.clip_grad_norm >= 0, "finite and >= 0 (0: no clipping)");
     check_schedule(schedule_, o.micro_batches);
     using bounds =
         detail_pp::stage_bounds<std::tuple_size_v<std::remove_cvref_t<decltype(std::declval<const Model&>().layers())>>, Cuts...>;
@@ -400,6 +408,12 @@ class pipeline {
         slot.emplace(detail_pp::stage_of<bounds::values[S], bounds::values[S + 1]>(model, mesh_, p));
         st.params = parameters_of<T>(*slot);
       });
+      // the parameters this place counts in the gradients' global norm (see speaks_for)
+      std::size_t j = 0;
+      for (const auto& q : model_parameters_) {
+        if (q.stage != st.stage) continue;
+        st.counted.push_back(speaks_for(p, st.params.at(j++).extents() == q.extents));
+      }
       if constexpr (has_dp) st.buckets = std::make_unique<dp_buckets>(mesh_, p, st.params, bucket_options{options_.bucket_bytes, true, false});
       st.optimizer.emplace(make_optimizer(st.params));
     });
@@ -508,12 +522,12 @@ class pipeline {
                            " on place " + mesh_.place(p).name());
       }
     }
-    part.first = true;
-    if constexpr (has_dp) part.first = mesh_.coord(p, Mesh::axis_index("dp")) == 0;
-    if constexpr (has_tp)
-      if (whole) part.first = part.first && mesh_.coord(p, Mesh::axis_index("tp")) == 0;
+    part.first = speaks_for(p, whole);
     return part;
   }
+  /// @brief The global norm of the gradients the last step clipped (the same on every place;
+  /// computed when pipeline_options::clip_grad_norm is set, 0 otherwise).
+  [[nodiscard]] double last_grad_norm() const { return states_.empty() ? 0.0 : states_[0]->grad_norm; }
   /// @brief Seconds each place of this process spent computing in the last step, and the step's length.
   [[nodiscard]] std::vector<double> busy_seconds() const {
     std::vector<double> out;
@@ -556,10 +570,24 @@ class pipeline {
     std::unique_ptr<dp_buckets> buckets;  ///< with a "dp" axis: the stage's gradients, synced over it
     std::optional<Optimizer> optimizer;
     detail_pp::async_sender forward_sends{lane_kind::communication}, backward_sends{lane_kind::copy};
+    std::vector<bool> counted;  ///< per parameter: whether this place counts it in the global norm
+    double grad_norm = 0;       ///< the gradients' global norm in the last step (when clipping)
     std::size_t max_in_flight = 0;
     double busy = 0;     ///< seconds computing in the last step
     double seconds = 0;  ///< the last step, as this place saw it
   };
+
+  /// @brief Whether place p speaks for its block of a parameter (held `whole`, or its shard
+  /// along "tp"): the first along "dp" (the others hold the same after the sync), and along
+  /// "tp" the first when every member holds the parameter whole. Each element of the model
+  /// has exactly one such place.
+  [[nodiscard]] bool speaks_for(std::size_t p, bool whole) const {
+    bool first = true;
+    if constexpr (has_dp) first = mesh_.coord(p, Mesh::axis_index("dp")) == 0;
+    if constexpr (has_tp)
+      if (whole) first = first && mesh_.coord(p, Mesh::axis_index("tp")) == 0;
+    return first;
+  }
 
   template <class F>
   static void with_stage(std::size_t s, F&& f) {
@@ -678,13 +706,24 @@ class pipeline {
     if (const auto f = st.forward_sends.failure()) f->rethrow_with_context("pipeline send: ");
     if (const auto f = st.backward_sends.failure()) f->rethrow_with_context("pipeline send: ");
     if constexpr (has_dp) st.buckets->finish();
-    // the step's loss, known to the last stage of each "dp" row (once per "tp" group): summed
-    // over the whole mesh, so every stage knows it before it updates anything
-    double sum = static_cast<double>(total);
-    if constexpr (has_tp) sum = mesh_.coord(p, Mesh::axis_index("tp")) == 0 ? sum : 0.0;
-    host_communicator_of(mesh_, p).all_reduce(std::span<double>(&sum, 1));
+    // the step's loss, known to the last stage of each "dp" row (once per "tp" group), and
+    // with clipping the squares of the gradients each place speaks for: summed over the whole
+    // mesh, so every stage knows them before it updates anything
+    std::array<double, 2> sums{static_cast<double>(total), 0.0};
+    if constexpr (has_tp) sums[0] = mesh_.coord(p, Mesh::axis_index("tp")) == 0 ? sums[0] : 0.0;
+    const bool clip = options_.clip_grad_norm > 0;
+    if (clip)
+      for (std::size_t j = 0; j < st.params.size(); ++j)
+        if (st.counted[j]) sums[1] += st.params[j].grad_squared_norm();
+    host_communicator_of(mesh_, p).all_reduce(std::span<double>(sums.data(), clip ? 2 : 1));
+    const double sum = sums[0];
     // the loss as step() returns it (in T) decides, so that an update and its report agree
     if (std::isfinite(static_cast<double>(static_cast<T>(sum)))) {  // else no stage updates (step() says why)
+      if (clip) {
+        st.grad_norm = std::sqrt(sums[1]);
+        const double f = clip_factor(st.grad_norm, options_.clip_grad_norm);
+        if (f < 1) scale_grads(st.params, f);
+      }
       if (lr) st.optimizer->set_lr(*lr);
       st.optimizer->step();
     }
@@ -721,15 +760,21 @@ auto make_pipeline(const Mesh& m, const sequential<Layers...>& model, MakeOptimi
   static_assert(cuts_fit,
                 "pdo: pipeline: every stage needs at least one layer: the cut points must increase and lie inside the model "
                 "(a cut c starts a stage at layer c, counted from 0: a sequential of N layers takes cuts 1 .. N-1)");
-  if constexpr (cuts_fit) {
+  // after an error, a trainer doing nothing: the uses of the pipeline report nothing more
+  if constexpr (!cuts_fit) {
+    return detail_dp::unformed_trainer<T>{};
+  } else if constexpr (!detail_nn::holds_parameters_of<T, sequential<Layers...>>::value) {
+    static_assert(detail_nn::holds_parameters_of<T, sequential<Layers...>>::value,
+                  "pdo: make_pipeline<T>: the model's parameters are not of element type T: build its layers with T "
+                  "(linear<T>, conv2d<T>) or pipeline it as make_pipeline<its element type>");
+    return detail_dp::unformed_trainer<T>{};
+  } else {
     using optimizer_t = std::invoke_result_t<MakeOptimizer&, std::vector<parameter_ref<T>>>;
     return [&]<std::size_t... S>(std::index_sequence<S...>) {
       using pipeline_t = pipeline<T, InRank, Mesh, optimizer_t, Loss,
                                   decltype(detail_pp::stage_of<bounds::values[S], bounds::values[S + 1]>(model, m, std::size_t{}))...>;
       return pipeline_t(m, model, detail_pp::cut_list<Cuts...>{}, std::move(make_optimizer), o, loss);
     }(std::make_index_sequence<sizeof...(Cuts) + 1>{});
-  } else {
-    return 0;  // not reached: the static_assert above is the error
   }
 }
 
