@@ -412,6 +412,13 @@ TEST_CASE("data parallel: a non-finite loss stops with an error naming the step,
     const auto before = values_of(trainer);
     CHECK(std::isnan(trainer.step(poisoned, labels_for(8))));
     CHECK(values_of(trainer) == before);
+    // with clipping, a skipped step's norm is NaN, not the last step's
+    auto clipping = pdo::nn::make_data_parallel<double>(m, make_mlp, sgd, {.skip_nonfinite_steps = true, .clip_grad_norm = 1e-3});
+    (void)clipping.step(good, labels_for(8));
+    CHECK(clipping.last_grad_norm() > 1e-3);
+    CHECK(std::isnan(clipping.step(poisoned, labels_for(8))));
+    CHECK(std::isnan(clipping.last_grad_norm()));
+    CHECK_THAT(clipping.explain(), Catch::Contains("clipped by their global norm (max 0.001)"));
     // fit leaves the skipped step out of the epoch's loss
     pdo::tensor<double, 2> data({16, 6});
     std::copy_n(good.data(), good.size(), data.data());
@@ -590,6 +597,11 @@ TEST_CASE("data parallel: the gradients' sync fused with the optimizer's update 
   CHECK(!pdo::nn::make_data_parallel<double>(m, make_mlp, sgd).fused_update());  // not by default
   CHECK(!pdo::nn::make_data_parallel<double>(m, make_mlp, sgd, {.zero1 = true, .fused_update = true}).fused_update());
   CHECK(!pdo::nn::make_data_parallel<double>(m, make_mlp, sgd, {.clip_grad_norm = 1.0, .fused_update = true}).fused_update());
+  // explain says so
+  CHECK_THAT(pdo::nn::make_data_parallel<double>(m, make_mlp, sgd, {.zero1 = true, .fused_update = true}).explain(),
+             Catch::Contains("fused_update was asked for and is not used"));
+  CHECK_THAT(pdo::nn::make_data_parallel<double>(m, make_mlp, sgd, {.fused_update = true}).explain(),
+             !Catch::Contains("fused_update was asked for"));
   // an optimizer of only some of the parameters updates those only, fused too
   auto frozen = pdo::nn::make_data_parallel<double>(
       m, make_mlp,

@@ -214,6 +214,20 @@ TEST_CASE("pipeline: gradients clipped by the whole model's norm, each element c
   check(pdo::make_mesh<"pp", "tp">(pdo::cpu_places(6), {2, 3}));
   check(pdo::make_mesh<"dp", "pp", "tp">(pdo::cpu_places(8), {2, 2, 2}));
   // without clipping the norm is not computed; a negative bound is refused
+  // a skipped step (its loss not finite) clipped nothing: its norm is NaN, not the last step's
+  {
+    pdo::nn::pipeline_options o{pdo::nn::pipeline_schedule::gpipe, 2};
+    o.clip_grad_norm = max_norm;
+    o.skip_nonfinite_steps = true;
+    auto skipping = pdo::nn::make_pipeline<double, 2, 3>(pdo::make_mesh<"pp", "dp">(pdo::cpu_places(4), {2, 2}), make_mlp(), opt, o);
+    (void)skipping.step(x, y);
+    CHECK(skipping.last_grad_norm() == Approx(norms[0]).epsilon(1e-10));
+    auto bad = x;
+    bad(4, 2) = std::numeric_limits<double>::quiet_NaN();
+    CHECK(std::isnan(skipping.step(bad, y)));
+    CHECK(std::isnan(skipping.last_grad_norm()));
+    CHECK(skipping.step(x, y) == Approx(losses[1]).epsilon(1e-10));  // the skipped step changed nothing
+  }
   auto plain = pdo::nn::make_pipeline<double, 2, 3>(pdo::make_mesh<"pp">(pdo::cpu_places(2)), make_mlp(), opt);
   (void)plain.step(x, y);
   CHECK(plain.last_grad_norm() == 0);

@@ -945,6 +945,7 @@ void copy_elements(T* dst, const T* src, std::size_t count) {
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <span>
 #include <sstream>
 #include <string>
@@ -1024,6 +1025,13 @@ constexpr std::size_t chunk_size(std::size_t extent, std::size_t parts, std::siz
 constexpr std::size_t chunk_offset(std::size_t extent, std::size_t parts, std::size_t index) {
   const std::size_t rem = extent % parts;
   return index * (extent / parts) + (index < rem ? index : rem);
+}
+
+/// @brief A number as messages print it: printf's %g ("0.1", "-1", "nan", "1e+30").
+PDO_NOINLINE inline std::string format_number(double value) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%g", value);
+  return text;
 }
 
 /// @brief "[10, 6]": extents as messages print them.
@@ -12669,7 +12677,6 @@ struct label_out_of_range {
 #endif  // PDO_SINGLE_PDO_KERNELS_SOFTMAX_HPP
 
 #include <cstddef>
-#include <cstdio>
 #include <limits>
 #include <string>
 #include <tuple>
@@ -12731,9 +12738,7 @@ template <class Label>
   if constexpr (std::is_integral_v<Label>) {
     value = std::to_string(host[i]);
   } else {
-    char text[32];
-    std::snprintf(text, sizeof text, "%g", static_cast<double>(host[i]));
-    value = text;
+    value = format_number(static_cast<double>(host[i]));
   }
   throw shape_error("cross_entropy: " + std::to_string(bad) + (bad == 1 ? " label of " : " labels of ") + operand +
                     (bad == 1 ? " is not a class index" : " are not class indices") + " in [0, " + std::to_string(classes) +
@@ -17862,7 +17867,6 @@ std::vector<std::size_t> positions_among(const std::vector<nn::parameter_ref<T>>
 #include <cmath>
 #include <concepts>
 #include <cstddef>
-#include <cstdio>
 #include <functional>
 #include <memory>
 #include <numbers>
@@ -17925,9 +17929,7 @@ struct adam_update {
 /// settings when made.
 PDO_NOINLINE inline void check_setting(std::string_view op, std::string_view name, double value, bool ok, std::string_view rule) {
   if (ok && std::isfinite(value)) return;
-  char text[32];
-  std::snprintf(text, sizeof text, "%g", value);
-  throw error(std::string(op) + ": " + std::string(name) + " must be " + std::string(rule) + ", not " + text);
+  throw error(std::string(op) + ": " + std::string(name) + " must be " + std::string(rule) + ", not " + format_number(value));
 }
 
 /// @brief The learning rate of optimizer `op`: finite and not negative.
@@ -19614,7 +19616,8 @@ class data_parallel {
   }
 
   /// @brief The global norm of the summed gradients of the last step, before clipping
-  /// (computed when data_parallel_options::clip_grad_norm is set; 0 otherwise).
+  /// (computed when data_parallel_options::clip_grad_norm is set; 0 otherwise; NaN after a
+  /// step whose loss was not finite, which clipped and updated nothing).
   [[nodiscard]] double last_grad_norm() const { return replicas_.empty() ? 0.0 : replicas_[0]->grad_norm; }
 
   /// @brief What fit reports after each epoch.
@@ -19796,6 +19799,12 @@ class data_parallel {
       text += "  synced to " + pdo::layout_name<param_layout>() + " by " + std::string(step_name(step.kind)) + " over \"" +
               std::string(step.axis) + "\", in buckets of ~" + std::to_string(options_.bucket_bytes) + " B, " +
               (options_.overlap ? "each started as soon as backward completes it" : "after backward") + "\n";
+    if (options_.fused_update && !fused_)
+      text += "  fused_update was asked for and is not used: it needs CPU places of one process, an optimizer that takes fused "
+              "updates (sgd, adam), no ZeRO-1 and no clip_grad_norm\n";
+    if (options_.clip_grad_norm > 0)
+      text += "  the summed gradients clipped by their global norm (max " + pdo::detail::format_number(options_.clip_grad_norm) +
+              ") before the optimizer's update\n";
     const auto& r = *replicas_[0];
     const auto members = r.buckets->members();
     for (std::size_t b = 0; b < members.size(); ++b) {
@@ -20032,7 +20041,10 @@ class data_parallel {
       if (!summed) totals = pdo::detail::sum_along<Mesh, 2>(mesh_, dp_axis, p, {static_cast<double>(local), static_cast<double>(correct)});
       losses[k] = static_cast<T>(totals[0]);
       corrects[k] = totals[1];
-      if (!std::isfinite(static_cast<double>(losses[k]))) return;  // as step() reports it (in T)
+      if (!std::isfinite(static_cast<double>(losses[k]))) {  // as step() reports it (in T)
+        if (options_.clip_grad_norm > 0) r.grad_norm = std::numeric_limits<double>::quiet_NaN();  // nothing was clipped
+        return;
+      }
       const double opt_start = buckets.since_start();
       if (options_.clip_grad_norm > 0) {
         // replicated gradients: every place has them all; ZeRO-1 slices: summed over "dp"
@@ -20141,6 +20153,11 @@ auto make_data_parallel(const Mesh& m, MakeModel make_model, MakeOptimizer make_
     static_assert(std::is_invocable_v<MakeOptimizer&, std::vector<parameter_ref<T>>>,
                   "pdo: make_data_parallel: make_optimizer must be a callable that takes a replica's parameters, "
                   "std::vector<pdo::nn::parameter_ref<T>>, and builds its optimizer ([](auto p) { return sgd<T>(std::move(p), {...}); })");
+    return detail_dp::unformed_trainer<T>{};
+  } else if constexpr (!optimizer<std::invoke_result_t<MakeOptimizer&, std::vector<parameter_ref<T>>>, T>) {
+    static_assert(pdo::detail::always_false<MakeOptimizer>,
+                  "pdo: make_data_parallel<T>: make_optimizer must build an optimizer of T parameters (sgd<T>, adam<T>, "
+                  "any_optimizer<T>, or a type that meets pdo::nn::optimizer<O, T>)");
     return detail_dp::unformed_trainer<T>{};
   } else if constexpr (!detail_nn::holds_parameters_of<T, std::invoke_result_t<MakeModel&>>::value) {
     static_assert(detail_nn::holds_parameters_of<T, std::invoke_result_t<MakeModel&>>::value,
@@ -20382,6 +20399,7 @@ auto tensor_parallel_shard(const Mesh& m, std::size_t p, const sequential<Layers
 #include <cstdint>
 #include <exception>
 #include <memory>
+#include <limits>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -20502,6 +20520,18 @@ auto stage_of(const sequential<Layers...>& model, const Mesh& m, std::size_t p) 
       return sequential(to_place(std::get<Begin + I>(model.layers()), m.place(p))...);
     }
   }(std::make_index_sequence<End - Begin>{});
+}
+
+/// @brief Whether on `Mesh` every stage of a model of `Layers` cut at `Bounds::values` holds
+/// whole column/row pairs of linear layers: any cut does without a "tp" axis; with one, each
+/// cut comes after an even number of linear layers.
+template <class Mesh, class Bounds, class... Layers>
+constexpr bool stages_hold_whole_pairs() {
+  if constexpr (Mesh::has_axis("tp")) {
+    for (const std::size_t b : Bounds::values)
+      if (nn::detail_tp::linears_before<Layers...>(b < sizeof...(Layers) ? b : sizeof...(Layers)) % 2 != 0) return false;
+  }
+  return true;
 }
 
 /// @brief The cut points of a pipeline, as a tag its constructor deduces them from.
@@ -20790,6 +20820,26 @@ class pipeline {
   /// pdo::error, or with pipeline_options::skip_nonfinite_steps, the loss returned.
   template <class Inputs, class Targets>
   T step(const Inputs& inputs, const Targets& targets) {
+    if constexpr (!std::is_same_v<Inputs, tensor<T, InRank>>) {
+      static_assert(std::is_same_v<Inputs, tensor<T, InRank>>,
+                    "pdo: pipeline::step: the inputs must be a host pdo::tensor<T, InRank>, of the pipeline's element type T "
+                    "and of the rank InRank given to make_pipeline<T, InRank, Cuts...>");
+      return T{};
+    } else {
+      return step_on(inputs, targets);
+    }
+  }
+
+  /// @brief The steps taken so far, skipped ones included (a step refused with a pdo::error is
+  /// not counted): the step number pipeline_options::learning_rate is given.
+  [[nodiscard]] std::size_t steps() const { return steps_; }
+  /// @brief Sets the steps taken (pdo::io's add_state restores it when training resumes from
+  /// a checkpoint, so the learning-rate schedule goes on where it was).
+  void set_steps(std::size_t steps) { steps_ = steps; }
+
+ private:
+  template <class Targets>
+  T step_on(const tensor<T, InRank>& inputs, const Targets& targets) {
     if (targets.extent(0) != inputs.extent(0))
       throw shape_error("pipeline: inputs " + describe(inputs) + " and targets " + describe(targets) + " differ in rows");
     const std::size_t rows = inputs.extent(0);
@@ -20815,12 +20865,7 @@ class pipeline {
     return losses[0];
   }
 
-  /// @brief The steps taken so far, skipped ones included (a step refused with a pdo::error is
-  /// not counted): the step number pipeline_options::learning_rate is given.
-  [[nodiscard]] std::size_t steps() const { return steps_; }
-  /// @brief Sets the steps taken (pdo::io's add_state restores it when training resumes from
-  /// a checkpoint, so the learning-rate schedule goes on where it was).
-  void set_steps(std::size_t steps) { steps_ = steps; }
+ public:
 
   /// @brief The steps taken so far whose loss was not finite, so that nothing was updated
   /// (skipped with pipeline_options::skip_nonfinite_steps, or a pdo::error without it).
@@ -20890,8 +20935,9 @@ class pipeline {
     part.first = speaks_for(p, whole);
     return part;
   }
-  /// @brief The global norm of the gradients the last step clipped (the same on every place;
-  /// computed when pipeline_options::clip_grad_norm is set, 0 otherwise).
+  /// @brief The global norm of the gradients the last step clipped, before clipping (the same
+  /// on every place; computed when pipeline_options::clip_grad_norm is set, 0 otherwise; NaN
+  /// after a step whose loss was not finite, which clipped and updated nothing).
   [[nodiscard]] double last_grad_norm() const { return states_.empty() ? 0.0 : states_[0]->grad_norm; }
   /// @brief Seconds each place of this process spent computing in the last step, and the step's length.
   [[nodiscard]] std::vector<double> busy_seconds() const {
@@ -21082,6 +21128,8 @@ class pipeline {
         if (st.counted[j]) sums[1] += st.params[j].grad_squared_norm();
     host_communicator_of(mesh_, p).all_reduce(std::span<double>(sums.data(), clip ? 2 : 1));
     const double sum = sums[0];
+    // a step that updates nothing clipped nothing: its norm is NaN, not the last step's
+    if (clip) st.grad_norm = std::numeric_limits<double>::quiet_NaN();
     // the loss as step() returns it (in T) decides, so that an update and its report agree
     if (std::isfinite(static_cast<double>(static_cast<T>(sum)))) {  // else no stage updates (step() says why)
       if (clip) {
@@ -21132,6 +21180,22 @@ auto make_pipeline(const Mesh& m, const sequential<Layers...>& model, MakeOptimi
     static_assert(detail_nn::holds_parameters_of<T, sequential<Layers...>>::value,
                   "pdo: make_pipeline<T>: the model's parameters are not of element type T: build its layers with T "
                   "(linear<T>, conv2d<T>) or pipeline it as make_pipeline<its element type>");
+    return detail_dp::unformed_trainer<T>{};
+  } else if constexpr (!detail_pp::stages_hold_whole_pairs<Mesh, bounds, Layers...>()) {
+    static_assert(detail_pp::stages_hold_whole_pairs<Mesh, bounds, Layers...>(),
+                  "pdo: pipeline: on a mesh with a \"tp\" axis every stage is tensor parallel: cut the model so that each "
+                  "stage holds whole column/row pairs of linear layers (an even number of them; a cut after a stage's "
+                  "2nd, 4th, ... linear layer)");
+    return detail_dp::unformed_trainer<T>{};
+  } else if constexpr (!std::is_invocable_v<MakeOptimizer&, std::vector<parameter_ref<T>>>) {
+    static_assert(std::is_invocable_v<MakeOptimizer&, std::vector<parameter_ref<T>>>,
+                  "pdo: make_pipeline: make_optimizer must be a callable that takes a stage's parameters, "
+                  "std::vector<pdo::nn::parameter_ref<T>>, and builds its optimizer ([](auto p) { return sgd<T>(std::move(p), {...}); })");
+    return detail_dp::unformed_trainer<T>{};
+  } else if constexpr (!optimizer<std::invoke_result_t<MakeOptimizer&, std::vector<parameter_ref<T>>>, T>) {
+    static_assert(pdo::detail::always_false<MakeOptimizer>,
+                  "pdo: make_pipeline<T>: make_optimizer must build an optimizer of T parameters (sgd<T>, adam<T>, "
+                  "any_optimizer<T>, or a type that meets pdo::nn::optimizer<O, T>)");
     return detail_dp::unformed_trainer<T>{};
   } else {
     using optimizer_t = std::invoke_result_t<MakeOptimizer&, std::vector<parameter_ref<T>>>;

@@ -7,6 +7,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <span>
 #include <sstream>
 #include <string>
@@ -86,6 +87,13 @@ constexpr std::size_t chunk_size(std::size_t extent, std::size_t parts, std::siz
 constexpr std::size_t chunk_offset(std::size_t extent, std::size_t parts, std::size_t index) {
   const std::size_t rem = extent % parts;
   return index * (extent / parts) + (index < rem ? index : rem);
+}
+
+/// @brief A number as messages print it: printf's %g ("0.1", "-1", "nan", "1e+30").
+PDO_NOINLINE inline std::string format_number(double value) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%g", value);
+  return text;
 }
 
 /// @brief "[10, 6]": extents as messages print them.

@@ -5,7 +5,6 @@
 #include <pdo/kernels/softmax.hpp>
 
 #include <cstddef>
-#include <cstdio>
 #include <limits>
 #include <string>
 #include <tuple>
@@ -67,9 +66,7 @@ template <class Label>
   if constexpr (std::is_integral_v<Label>) {
     value = std::to_string(host[i]);
   } else {
-    char text[32];
-    std::snprintf(text, sizeof text, "%g", static_cast<double>(host[i]));
-    value = text;
+    value = format_number(static_cast<double>(host[i]));
   }
   throw shape_error("cross_entropy: " + std::to_string(bad) + (bad == 1 ? " label of " : " labels of ") + operand +
                     (bad == 1 ? " is not a class index" : " are not class indices") + " in [0, " + std::to_string(classes) +

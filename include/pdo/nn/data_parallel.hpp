@@ -227,7 +227,8 @@ class data_parallel {
   }
 
   /// @brief The global norm of the summed gradients of the last step, before clipping
-  /// (computed when data_parallel_options::clip_grad_norm is set; 0 otherwise).
+  /// (computed when data_parallel_options::clip_grad_norm is set; 0 otherwise; NaN after a
+  /// step whose loss was not finite, which clipped and updated nothing).
   [[nodiscard]] double last_grad_norm() const { return replicas_.empty() ? 0.0 : replicas_[0]->grad_norm; }
 
   /// @brief What fit reports after each epoch.
@@ -409,6 +410,12 @@ class data_parallel {
       text += "  synced to " + pdo::layout_name<param_layout>() + " by " + std::string(step_name(step.kind)) + " over \"" +
               std::string(step.axis) + "\", in buckets of ~" + std::to_string(options_.bucket_bytes) + " B, " +
               (options_.overlap ? "each started as soon as backward completes it" : "after backward") + "\n";
+    if (options_.fused_update && !fused_)
+      text += "  fused_update was asked for and is not used: it needs CPU places of one process, an optimizer that takes fused "
+              "updates (sgd, adam), no ZeRO-1 and no clip_grad_norm\n";
+    if (options_.clip_grad_norm > 0)
+      text += "  the summed gradients clipped by their global norm (max " + pdo::detail::format_number(options_.clip_grad_norm) +
+              ") before the optimizer's update\n";
     const auto& r = *replicas_[0];
     const auto members = r.buckets->members();
     for (std::size_t b = 0; b < members.size(); ++b) {
@@ -645,7 +652,10 @@ class data_parallel {
       if (!summed) totals = pdo::detail::sum_along<Mesh, 2>(mesh_, dp_axis, p, {static_cast<double>(local), static_cast<double>(correct)});
       losses[k] = static_cast<T>(totals[0]);
       corrects[k] = totals[1];
-      if (!std::isfinite(static_cast<double>(losses[k]))) return;  // as step() reports it (in T)
+      if (!std::isfinite(static_cast<double>(losses[k]))) {  // as step() reports it (in T)
+        if (options_.clip_grad_norm > 0) r.grad_norm = std::numeric_limits<double>::quiet_NaN();  // nothing was clipped
+        return;
+      }
       const double opt_start = buckets.since_start();
       if (options_.clip_grad_norm > 0) {
         // replicated gradients: every place has them all; ZeRO-1 slices: summed over "dp"
@@ -754,6 +764,11 @@ auto make_data_parallel(const Mesh& m, MakeModel make_model, MakeOptimizer make_
     static_assert(std::is_invocable_v<MakeOptimizer&, std::vector<parameter_ref<T>>>,
                   "pdo: make_data_parallel: make_optimizer must be a callable that takes a replica's parameters, "
                   "std::vector<pdo::nn::parameter_ref<T>>, and builds its optimizer ([](auto p) { return sgd<T>(std::move(p), {...}); })");
+    return detail_dp::unformed_trainer<T>{};
+  } else if constexpr (!optimizer<std::invoke_result_t<MakeOptimizer&, std::vector<parameter_ref<T>>>, T>) {
+    static_assert(pdo::detail::always_false<MakeOptimizer>,
+                  "pdo: make_data_parallel<T>: make_optimizer must build an optimizer of T parameters (sgd<T>, adam<T>, "
+                  "any_optimizer<T>, or a type that meets pdo::nn::optimizer<O, T>)");
     return detail_dp::unformed_trainer<T>{};
   } else if constexpr (!detail_nn::holds_parameters_of<T, std::invoke_result_t<MakeModel&>>::value) {
     static_assert(detail_nn::holds_parameters_of<T, std::invoke_result_t<MakeModel&>>::value,

@@ -12,7 +12,6 @@
 #include <cmath>
 #include <concepts>
 #include <cstddef>
-#include <cstdio>
 #include <functional>
 #include <memory>
 #include <numbers>
@@ -75,9 +74,7 @@ struct adam_update {
 /// settings when made.
 PDO_NOINLINE inline void check_setting(std::string_view op, std::string_view name, double value, bool ok, std::string_view rule) {
   if (ok && std::isfinite(value)) return;
-  char text[32];
-  std::snprintf(text, sizeof text, "%g", value);
-  throw error(std::string(op) + ": " + std::string(name) + " must be " + std::string(rule) + ", not " + text);
+  throw error(std::string(op) + ": " + std::string(name) + " must be " + std::string(rule) + ", not " + format_number(value));
 }
 
 /// @brief The learning rate of optimizer `op`: finite and not negative.

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <exception>
 #include <memory>
+#include <limits>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -137,6 +138,18 @@ auto stage_of(const sequential<Layers...>& model, const Mesh& m, std::size_t p) 
       return sequential(to_place(std::get<Begin + I>(model.layers()), m.place(p))...);
     }
   }(std::make_index_sequence<End - Begin>{});
+}
+
+/// @brief Whether on `Mesh` every stage of a model of `Layers` cut at `Bounds::values` holds
+/// whole column/row pairs of linear layers: any cut does without a "tp" axis; with one, each
+/// cut comes after an even number of linear layers.
+template <class Mesh, class Bounds, class... Layers>
+constexpr bool stages_hold_whole_pairs() {
+  if constexpr (Mesh::has_axis("tp")) {
+    for (const std::size_t b : Bounds::values)
+      if (nn::detail_tp::linears_before<Layers...>(b < sizeof...(Layers) ? b : sizeof...(Layers)) % 2 != 0) return false;
+  }
+  return true;
 }
 
 /// @brief The cut points of a pipeline, as a tag its constructor deduces them from.
@@ -425,6 +438,26 @@ class pipeline {
   /// pdo::error, or with pipeline_options::skip_nonfinite_steps, the loss returned.
   template <class Inputs, class Targets>
   T step(const Inputs& inputs, const Targets& targets) {
+    if constexpr (!std::is_same_v<Inputs, tensor<T, InRank>>) {
+      static_assert(std::is_same_v<Inputs, tensor<T, InRank>>,
+                    "pdo: pipeline::step: the inputs must be a host pdo::tensor<T, InRank>, of the pipeline's element type T "
+                    "and of the rank InRank given to make_pipeline<T, InRank, Cuts...>");
+      return T{};
+    } else {
+      return step_on(inputs, targets);
+    }
+  }
+
+  /// @brief The steps taken so far, skipped ones included (a step refused with a pdo::error is
+  /// not counted): the step number pipeline_options::learning_rate is given.
+  [[nodiscard]] std::size_t steps() const { return steps_; }
+  /// @brief Sets the steps taken (pdo::io's add_state restores it when training resumes from
+  /// a checkpoint, so the learning-rate schedule goes on where it was).
+  void set_steps(std::size_t steps) { steps_ = steps; }
+
+ private:
+  template <class Targets>
+  T step_on(const tensor<T, InRank>& inputs, const Targets& targets) {
     if (targets.extent(0) != inputs.extent(0))
       throw shape_error("pipeline: inputs " + describe(inputs) + " and targets " + describe(targets) + " differ in rows");
     const std::size_t rows = inputs.extent(0);
@@ -450,12 +483,7 @@ class pipeline {
     return losses[0];
   }
 
-  /// @brief The steps taken so far, skipped ones included (a step refused with a pdo::error is
-  /// not counted): the step number pipeline_options::learning_rate is given.
-  [[nodiscard]] std::size_t steps() const { return steps_; }
-  /// @brief Sets the steps taken (pdo::io's add_state restores it when training resumes from
-  /// a checkpoint, so the learning-rate schedule goes on where it was).
-  void set_steps(std::size_t steps) { steps_ = steps; }
+ public:
 
   /// @brief The steps taken so far whose loss was not finite, so that nothing was updated
   /// (skipped with pipeline_options::skip_nonfinite_steps, or a pdo::error without it).
@@ -525,8 +553,9 @@ class pipeline {
     part.first = speaks_for(p, whole);
     return part;
   }
-  /// @brief The global norm of the gradients the last step clipped (the same on every place;
-  /// computed when pipeline_options::clip_grad_norm is set, 0 otherwise).
+  /// @brief The global norm of the gradients the last step clipped, before clipping (the same
+  /// on every place; computed when pipeline_options::clip_grad_norm is set, 0 otherwise; NaN
+  /// after a step whose loss was not finite, which clipped and updated nothing).
   [[nodiscard]] double last_grad_norm() const { return states_.empty() ? 0.0 : states_[0]->grad_norm; }
   /// @brief Seconds each place of this process spent computing in the last step, and the step's length.
   [[nodiscard]] std::vector<double> busy_seconds() const {
@@ -717,6 +746,8 @@ class pipeline {
         if (st.counted[j]) sums[1] += st.params[j].grad_squared_norm();
     host_communicator_of(mesh_, p).all_reduce(std::span<double>(sums.data(), clip ? 2 : 1));
     const double sum = sums[0];
+    // a step that updates nothing clipped nothing: its norm is NaN, not the last step's
+    if (clip) st.grad_norm = std::numeric_limits<double>::quiet_NaN();
     // the loss as step() returns it (in T) decides, so that an update and its report agree
     if (std::isfinite(static_cast<double>(static_cast<T>(sum)))) {  // else no stage updates (step() says why)
       if (clip) {
@@ -767,6 +798,22 @@ auto make_pipeline(const Mesh& m, const sequential<Layers...>& model, MakeOptimi
     static_assert(detail_nn::holds_parameters_of<T, sequential<Layers...>>::value,
                   "pdo: make_pipeline<T>: the model's parameters are not of element type T: build its layers with T "
                   "(linear<T>, conv2d<T>) or pipeline it as make_pipeline<its element type>");
+    return detail_dp::unformed_trainer<T>{};
+  } else if constexpr (!detail_pp::stages_hold_whole_pairs<Mesh, bounds, Layers...>()) {
+    static_assert(detail_pp::stages_hold_whole_pairs<Mesh, bounds, Layers...>(),
+                  "pdo: pipeline: on a mesh with a \"tp\" axis every stage is tensor parallel: cut the model so that each "
+                  "stage holds whole column/row pairs of linear layers (an even number of them; a cut after a stage's "
+                  "2nd, 4th, ... linear layer)");
+    return detail_dp::unformed_trainer<T>{};
+  } else if constexpr (!std::is_invocable_v<MakeOptimizer&, std::vector<parameter_ref<T>>>) {
+    static_assert(std::is_invocable_v<MakeOptimizer&, std::vector<parameter_ref<T>>>,
+                  "pdo: make_pipeline: make_optimizer must be a callable that takes a stage's parameters, "
+                  "std::vector<pdo::nn::parameter_ref<T>>, and builds its optimizer ([](auto p) { return sgd<T>(std::move(p), {...}); })");
+    return detail_dp::unformed_trainer<T>{};
+  } else if constexpr (!optimizer<std::invoke_result_t<MakeOptimizer&, std::vector<parameter_ref<T>>>, T>) {
+    static_assert(pdo::detail::always_false<MakeOptimizer>,
+                  "pdo: make_pipeline<T>: make_optimizer must build an optimizer of T parameters (sgd<T>, adam<T>, "
+                  "any_optimizer<T>, or a type that meets pdo::nn::optimizer<O, T>)");
     return detail_dp::unformed_trainer<T>{};
   } else {
     using optimizer_t = std::invoke_result_t<MakeOptimizer&, std::vector<parameter_ref<T>>>;
