@@ -238,6 +238,48 @@ TEST_CASE("pipeline: gradients clipped by the whole model's norm, each element c
   CHECK_THROWS_WITH(refused(), Catch::Contains("pipeline") && Catch::Contains("clip_grad_norm"));
 }
 
+TEST_CASE("pipeline::accuracy: forwards only, on every mesh the same count as one place's", "[model_parallel][pp][tp]") {
+  const auto x = pdo_test::random_tensor<double>(pdo::shape_t<2>{11, 6}, 8);
+  const auto y = labels_for(11);
+  auto opt = [](auto ps) { return pdo::nn::sgd<double>(std::move(ps), {.lr = 0.2, .momentum = 0.5}); };
+  // one place's trainer after two steps, and the same two steps on each mesh
+  auto one = pdo::nn::make_data_parallel<double>(pdo::make_mesh<"dp">(pdo::cpu_places(1)), make_mlp, opt);
+  const double untrained = one.accuracy(x, y);
+  (void)one.step(x, y);
+  (void)one.step(x, y);
+  const double trained = one.accuracy(x, y);
+  REQUIRE(trained > 0);
+  REQUIRE(trained < 1);
+  auto check = [&](const auto& m, std::size_t micros) {
+    INFO(m.describe() << ", " << micros << " micro-batches");
+    auto piped = pdo::nn::make_pipeline<double, 2, 3>(m, make_mlp(), opt, {pdo::nn::pipeline_schedule::one_f_one_b, micros});
+    CHECK(piped.accuracy(x, y) == untrained);
+    (void)piped.step(x, y);
+    (void)piped.step(x, y);
+    auto values = [&] {
+      std::vector<double> all;
+      for (const auto& q : piped.parameters(0))
+        for (double v : q.value()) all.push_back(v);
+      return all;
+    };
+    const auto before = values();
+    CHECK(piped.accuracy(x, y) == trained);
+    CHECK(values() == before);  // nothing trained
+    CHECK(piped.steps() == 2);
+  };
+  check(pdo::make_mesh<"pp">(pdo::cpu_places(2)), 3);
+  check(pdo::make_mesh<"pp", "dp">(pdo::cpu_places(6), {2, 3}), 4);  // 11 rows over 3 replicas, some micro-batches empty
+  check(pdo::make_mesh<"pp", "tp">(pdo::cpu_places(6), {2, 3}), 2);
+  check(pdo::make_mesh<"dp", "pp", "tp">(pdo::cpu_places(8), {2, 2, 2}), 3);
+  auto piped = pdo::nn::make_pipeline<double, 2, 3>(pdo::make_mesh<"pp">(pdo::cpu_places(2)), make_mlp(), opt);
+  CHECK(piped.accuracy(pdo::tensor<double, 2>({0, 6}), pdo::tensor<int, 1>({0})) == 0);
+  CHECK_THROWS_WITH(piped.accuracy(x, labels_for(10)), Catch::Contains("pipeline::accuracy") && Catch::Contains("differ in rows"));
+  // a label out of range is not a class: never counted right
+  auto bad = y;
+  bad(3) = 99;
+  CHECK(piped.accuracy(x, bad) <= untrained);
+}
+
 TEST_CASE("sum_across and replicated_across: Megatron's g and f inside SPMD code, with their gradients", "[model_parallel][tp]") {
   const auto m = pdo::make_mesh<"tp">(pdo::cpu_places(3));
   std::vector<double> dx_sum(3), dx_rep(3), y0(3);

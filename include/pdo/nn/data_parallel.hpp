@@ -318,7 +318,7 @@ class data_parallel {
     std::vector<double> correct(replicas_.size(), 0);
     pdo::detail::run_on_places("data_parallel::accuracy", mesh_, [&](std::size_t p, std::size_t k) {
       auto& s = shards[k];
-      const double c = s.inputs.extent(0) == 0 ? 0.0 : static_cast<double>(count_correct((*replicas_[k]->model)(var(s.inputs)).value(), s.targets));
+      const double c = s.inputs.extent(0) == 0 ? 0.0 : static_cast<double>(pdo::detail::count_correct((*replicas_[k]->model)(var(s.inputs)).value(), s.targets));
       correct[k] = pdo::detail::sum_along<Mesh, 1>(mesh_, dp_axis, p, {c})[0];
     });
     return inputs.extent(0) == 0 ? 0.0 : correct[0] / static_cast<double>(inputs.extent(0));
@@ -630,7 +630,7 @@ class data_parallel {
           forward_span.reset();
           const double forward_end = buckets.since_start();
           buckets.record("forward", 0, forward_start, forward_end);
-          if constexpr (std::is_integral_v<typename Target::value_type>) correct += count_correct(out.value(), s.targets);
+          if constexpr (std::is_integral_v<typename Target::value_type>) correct += pdo::detail::count_correct(out.value(), s.targets);
           local += pdo::detail::scalar_of(loss.value());
           if (take_products) {
             // the products backward takes get the update folded in as it runs: the loss is
@@ -693,23 +693,6 @@ class data_parallel {
     ++steps_;
     if (finite) last_epoch_correct_ += corrects[0];
     return losses[0];
-  }
-
-  /// @brief How many rows of `out` have their largest output at their label (read on the host).
-  template <class Label>
-  static std::size_t count_correct(const tensor<T, 2>& out, const tensor<Label, 1>& labels) {
-    if (out.on_gpu() || labels.on_gpu()) return count_correct(to_host(out), to_host(labels));
-    std::size_t c = 0;
-    const std::size_t classes = out.extent(1);
-    for (std::size_t i = 0; i < out.extent(0); ++i) {
-      const T* row = out.data() + i * classes;
-      c += static_cast<std::size_t>(std::max_element(row, row + classes) - row) == static_cast<std::size_t>(labels(i));
-    }
-    return c;
-  }
-  template <class Out, class Y>
-  static std::size_t count_correct(const Out&, const Y&) {
-    return 0;
   }
 
   Mesh mesh_;

@@ -448,6 +448,23 @@ class pipeline {
     }
   }
 
+  /// @brief The fraction of the rows of `inputs` (a host tensor<T, InRank>) whose largest
+  /// output is at their label (class indices, one per row), as data_parallel::accuracy: the
+  /// stages run their forwards only, on the micro-batches of a step, and nothing is updated.
+  /// 0 for no rows.
+  template <class Label>
+  double accuracy(const tensor<T, InRank>& inputs, const tensor<Label, 1>& labels) {
+    if (labels.extent(0) != inputs.extent(0))
+      throw shape_error("pipeline::accuracy: inputs " + describe(inputs) + " and labels " + describe(labels) + " differ in rows");
+    if (inputs.extent(0) == 0) return 0.0;
+    std::vector<double> correct(states_.size());
+    pdo::detail::run_on_places("pipeline::accuracy", mesh_, [&](std::size_t p, std::size_t k) {
+      place_state& st = *states_[k];
+      with_stage(st.stage, [&]<std::size_t S>() { correct[k] = correct_on_stage<S>(p, st, inputs, labels); });
+    });
+    return correct[0] / static_cast<double>(inputs.extent(0));
+  }
+
   /// @brief The steps taken so far, skipped ones included (a step refused with a pdo::error is
   /// not counted): the step number pipeline_options::learning_rate is given.
   [[nodiscard]] std::size_t steps() const { return steps_; }
@@ -625,6 +642,77 @@ class pipeline {
     }(std::make_index_sequence<stage_count>{});
   }
 
+  /// @brief Place p's links to the places before and after it along "pp".
+  [[nodiscard]] detail_pp::channel link_of(std::size_t p) const {
+    const auto& place = mesh_.place(p);
+    const std::size_t me = mesh_.coord(p, pp_axis);
+    detail_pp::channel link{communicator_along(mesh_, pp_axis, p), host_communicator_of(mesh_, p)};
+    const auto line = mesh_.group(pp_axis, p);
+    link.previous = me == 0 ? me : me - 1;
+    link.next = me + 1 < line.size() ? me + 1 : me;
+    link.previous_place = line[link.previous];
+    link.next_place = line[link.next];
+    link.to_previous = detail_pp::transport_between(*place.state(), *mesh_.place(link.previous_place).state());
+    link.to_next = detail_pp::transport_between(*place.state(), *mesh_.place(link.next_place).state());
+    return link;
+  }
+  /// @brief Place p's rows of a batch of `global_rows`: its "dp" share, as {first, count}
+  /// (all of them without a "dp" axis).
+  [[nodiscard]] std::pair<std::size_t, std::size_t> rows_of(std::size_t p, std::size_t global_rows) const {
+    if constexpr (has_dp) {
+      const std::size_t dp = Mesh::axis_index("dp"), n = mesh_.extent(dp), c = mesh_.coord(p, dp);
+      return {pdo::detail::chunk_offset(global_rows, n, c), pdo::detail::chunk_size(global_rows, n, c)};
+    } else {
+      return {0, global_rows};
+    }
+  }
+
+  /// @brief How many of place p's rows of the batch the model classifies right: stage S runs
+  /// its forwards only, micro-batch by micro-batch, receiving from the stage before and
+  /// sending to the one after; the last stage counts (once per "tp" group). Summed over the
+  /// whole mesh, so every place returns the batch's count.
+  template <std::size_t S, class Labels>
+  double correct_on_stage(std::size_t p, place_state& st, const tensor<T, InRank>& inputs, const Labels& labels) {
+    using types = stage_types<S>;
+    using in_t = typename types::in;
+    constexpr bool first = S == 0, last = S + 1 == stage_count;
+    const auto& place = mesh_.place(p);
+    const auto& model = *std::get<S>(st.models);
+    const detail_pp::channel link = link_of(p);
+    const auto share = rows_of(p, inputs.extent(0));
+    const std::size_t first_row = share.first, my_rows = share.second;
+    const std::size_t micros = options_.micro_batches;
+    double correct = 0;
+    st.forward_sends.reset();
+    try {
+      for (std::size_t m = 0; m < micros; ++m) {
+        const std::size_t m0 = first_row + pdo::detail::chunk_offset(my_rows, micros, m);
+        const std::size_t mr = pdo::detail::chunk_size(my_rows, micros, m);
+        const int tag = static_cast<int>(m);
+        var<in_t> x;
+        if constexpr (first) x = var<in_t>(pdo::detail::cut_rows(inputs, m0, mr, place));
+        else x = var<in_t>(detail_pp::receive<T, in_t::rank>(link, true, tag, place));
+        // a mistake in the data (a label out of range, say) is named in the caller's rows
+        const auto y = pdo::detail::naming_rows([&] { return pdo::detail::rows_context(m0, mr); }, [&] { return model(x); });
+        if constexpr (last) {
+          bool counts = mr > 0;
+          if constexpr (has_tp) counts = counts && mesh_.coord(p, Mesh::axis_index("tp")) == 0;
+          if (counts) correct += static_cast<double>(pdo::detail::count_correct(y.value(), pdo::detail::cut_rows(labels, m0, mr, place)));
+        } else {
+          st.forward_sends.send(*place.state(), link, typename types::out(y.value()), true, tag);
+        }
+      }
+    } catch (...) {
+      pdo::detail::comms_of(mesh_).abort();  // release the other stages before waiting for our sends
+      st.forward_sends.drain(/*withdraw=*/true);
+      throw;
+    }
+    st.forward_sends.drain();
+    if (const auto f = st.forward_sends.failure()) f->rethrow_with_context("pipeline send: ");
+    host_communicator_of(mesh_, p).all_reduce(std::span<double>(&correct, 1));
+    return correct;
+  }
+
   template <std::size_t S, class Inputs, class Targets>
   T run_stage(std::size_t p, place_state& st, const Inputs& inputs, const Targets& targets, std::size_t global_rows,
               std::optional<double> lr) {
@@ -634,24 +722,9 @@ class pipeline {
     constexpr bool first = S == 0, last = S + 1 == stage_count;
     const auto& place = mesh_.place(p);
     const auto& model = *std::get<S>(st.models);
-    const std::size_t me = mesh_.coord(p, pp_axis);
-    detail_pp::channel link{communicator_along(mesh_, pp_axis, p), host_communicator_of(mesh_, p)};
-    {
-      const auto line = mesh_.group(pp_axis, p);
-      link.previous = me == 0 ? me : me - 1;
-      link.next = me + 1 < line.size() ? me + 1 : me;
-      link.previous_place = line[link.previous];
-      link.next_place = line[link.next];
-      link.to_previous = detail_pp::transport_between(*place.state(), *mesh_.place(link.previous_place).state());
-      link.to_next = detail_pp::transport_between(*place.state(), *mesh_.place(link.next_place).state());
-    }
-    // this place's rows: its "dp" share of the batch, cut into micro-batches
-    std::size_t first_row = 0, my_rows = global_rows;
-    if constexpr (has_dp) {
-      const std::size_t dp = Mesh::axis_index("dp"), n = mesh_.extent(dp), c = mesh_.coord(p, dp);
-      first_row = pdo::detail::chunk_offset(global_rows, n, c);
-      my_rows = pdo::detail::chunk_size(global_rows, n, c);
-    }
+    const detail_pp::channel link = link_of(p);
+    const auto share = rows_of(p, global_rows);
+    const std::size_t first_row = share.first, my_rows = share.second;
     const std::size_t micros = options_.micro_batches;
     std::vector<std::optional<var<in_t>>> xs(micros);
     std::vector<std::optional<var<out_t>>> ys(micros);
@@ -802,7 +875,7 @@ auto make_pipeline(const Mesh& m, const sequential<Layers...>& model, MakeOptimi
   } else if constexpr (!detail_pp::stages_hold_whole_pairs<Mesh, bounds, Layers...>()) {
     static_assert(detail_pp::stages_hold_whole_pairs<Mesh, bounds, Layers...>(),
                   "pdo: pipeline: on a mesh with a \"tp\" axis every stage is tensor parallel: cut the model so that each "
-                  "stage holds whole column/row pairs of linear layers (an even number of them; a cut after a stage's "
+                  "stage holds whole column/row pairs of linear layers (an even number of them: cut after the model's "
                   "2nd, 4th, ... linear layer)");
     return detail_dp::unformed_trainer<T>{};
   } else if constexpr (!std::is_invocable_v<MakeOptimizer&, std::vector<parameter_ref<T>>>) {
