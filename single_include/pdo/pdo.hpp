@@ -29,6 +29,35 @@
 #define PDO_SINGLE_PDO_AUTOGRAD_VARIABLE_HPP
 // pdo/autograd/variable.hpp: pdo::var, the graph it records, and pdo::backward.
 
+// ---- pdo/core/owned.hpp
+#ifndef PDO_SINGLE_PDO_CORE_OWNED_HPP
+#define PDO_SINGLE_PDO_CORE_OWNED_HPP
+// pdo/core/owned.hpp: shared ownership of objects of many types through one control block type.
+
+#include <memory>
+#include <type_traits>
+#include <utility>
+
+namespace pdo::detail {
+
+/// @brief Owns a new `Derived` (made from `args`) through a shared_ptr whose control block is
+/// the same type for every `Derived` of `Base`: a pointer to `Base` and a plain deleter
+/// function, which destroys the object as the `Derived` it is (so `Base` needs no virtual
+/// destructor). std::make_shared would compile a control block of a dozen functions for each
+/// type, and the library makes objects of hundreds of types (an evaluation per expression, an
+/// autograd node per value type, a holder per parameter type).
+template <class Base, class Derived, class... Args>
+std::shared_ptr<Derived> make_owned(Args&&... args) {
+  static_assert(std::is_base_of_v<Base, Derived>, "pdo: make_owned: Derived is a Base");
+  using deleter = void (*)(Base*);
+  Derived* const made = new Derived(std::forward<Args>(args)...);
+  // on failure (no memory for the control block) the deleter frees `made`
+  std::shared_ptr<Base> owner(static_cast<Base*>(made), deleter{[](Base* b) { delete static_cast<Derived*>(b); }});
+  return std::shared_ptr<Derived>(std::move(owner), made);
+}
+
+}  // namespace pdo::detail
+#endif  // PDO_SINGLE_PDO_CORE_OWNED_HPP
 // ---- pdo/core/views.hpp
 #ifndef PDO_SINGLE_PDO_CORE_VIEWS_HPP
 #define PDO_SINGLE_PDO_CORE_VIEWS_HPP
@@ -9464,32 +9493,36 @@ inline void count_planned(step_kind k, bool first_of_group) {
   if (first_of_group) planned_collective_counts()[static_cast<std::size_t>(k)].fetch_add(1, std::memory_order_relaxed);
 }
 
-/// @brief The collective of redistribution step `step` on place `p` over a flat buffer (a
-/// gradient bucket: one parameter's gradient, or several packed): partial -> replicate
-/// (all_reduce) in place in `data`; partial -> split of dim 0 (reduce_scatter) into `out`,
-/// this place's chunk; split of dim 0 -> replicate (all_gather) of the chunk `data` into
-/// `out`. apply_step runs these same collectives for tensors.
-template <step_kind Kind, class T, class Mesh>
-void apply_flat_step(const redistribute_step& step, const Mesh& m, std::size_t p, std::span<T> data, std::span<T> out = {}) {
+/// @brief The collective of a redistribution step of kind `Kind` over a flat buffer (a
+/// gradient bucket: one parameter's gradient, or several packed), run by one member of
+/// `group`, the line of places along the step's axis: partial -> replicate (all_reduce) in
+/// place in `data`; partial -> split of dim 0 (reduce_scatter) into `out`, this member's
+/// chunk; split of dim 0 -> replicate (all_gather) of the chunk `data` into `out`.
+/// apply_step runs these same collectives for tensors.
+template <step_kind Kind, class T>
+void apply_flat_step(const mesh_communicator& group, std::span<T> data, std::span<T> out = {}) {
   static_assert(Kind == step_kind::all_reduce || Kind == step_kind::reduce_scatter || Kind == step_kind::all_gather,
                 "pdo: a flat buffer is synced by an all_reduce, a reduce_scatter or an all_gather of dim 0");
-  const std::size_t a = Mesh::axis_index(step.axis);
-  const mesh_communicator comm = communicator_along(m, a, p);
-  count_planned(Kind, m.coord(p, a) == 0);
-  if constexpr (Kind == step_kind::all_reduce) comm.all_reduce(data);
-  else if constexpr (Kind == step_kind::reduce_scatter) comm.reduce_scatter(std::span<const T>(data), out);
-  else comm.all_gather(std::span<const T>(data), out);
+  count_planned(Kind, group.rank() == 0);
+  if constexpr (Kind == step_kind::all_reduce) group.all_reduce(data);
+  else if constexpr (Kind == step_kind::reduce_scatter) group.reduce_scatter(std::span<const T>(data), out);
+  else group.all_gather(std::span<const T>(data), out);
 }
 
-/// @brief The all_reduce of a flat buffer (partial over the step's axis -> replicate) fused
+/// @brief apply_flat_step of redistribution step `step` on place `p` of `m`, over p's line
+/// along the step's axis.
+template <step_kind Kind, class T, class Mesh>
+void apply_flat_step(const redistribute_step& step, const Mesh& m, std::size_t p, std::span<T> data, std::span<T> out = {}) {
+  apply_flat_step<Kind>(communicator_along(m, Mesh::axis_index(step.axis), p), data, out);
+}
+
+/// @brief The all_reduce of a flat buffer (partial over the group's axis -> replicate) fused
 /// with what reads its result: the step apply_flat_step<all_reduce> runs, the sum handed to
 /// `consume` range by range instead of written back (group_communicator::all_reduce_apply).
-template <class T, class Mesh>
-void apply_flat_sum(const redistribute_step& step, const Mesh& m, std::size_t p, std::span<T> data, reduced_consumer<T> consume) {
-  const std::size_t a = Mesh::axis_index(step.axis);
-  const mesh_communicator comm = communicator_along(m, a, p);
-  count_planned(step_kind::all_reduce, m.coord(p, a) == 0);
-  comm.all_reduce_apply(data, consume);
+template <class T>
+void apply_flat_sum(const mesh_communicator& group, std::span<T> data, reduced_consumer<T> consume) {
+  count_planned(step_kind::all_reduce, group.rank() == 0);
+  group.all_reduce_apply(data, consume);
 }
 
 /// @brief One step of a redistribution on place `p`: turns `shard` (laid out as
@@ -13246,19 +13279,6 @@ struct evaluation final : queued_evaluation {
   [[nodiscard]] std::string what() const override { return describe_evaluation(Node::name, describe_node(expr)); }
 };
 
-/// @brief Owns a new `State` (an evaluation) through a shared_ptr whose control block is the
-/// same type for every evaluation (a pointer to queued_evaluation and a plain deleter
-/// function): make_shared would instantiate a control block of a dozen functions for each
-/// expression type.
-template <class State, class... Args>
-std::shared_ptr<State> make_owned(Args&&... args) {
-  using deleter = void (*)(queued_evaluation*);
-  State* const made = new State(std::forward<Args>(args)...);
-  std::shared_ptr<queued_evaluation> owner(static_cast<queued_evaluation*>(made),
-                                           deleter{[](queued_evaluation* e) { delete static_cast<State*>(e); }});
-  return std::shared_ptr<State>(std::move(owner), made);
-}
-
 /// @brief The trace's detail of step `S` of `Node`'s plan (built only while tracing).
 template <class Node, std::size_t S, class Mesh>
 std::string step_detail(const Node& root, const Mesh& m) {
@@ -13369,7 +13389,7 @@ auto queue_evaluation(Expr&& expr, bool caller_waits) {
   mesh_comms& comms = comms_of(m);  // built by every process, those without places too
   const auto global = node.shape();
   auto shards = result_shards<T>(m, node_t::rule.out, global, node_t::name, caller_waits ? "eval" : "eval_async");
-  auto state = make_owned<evaluation<node_t, result_t>>(std::move(node), result_t(m, global, std::move(shards)), comms);
+  auto state = make_owned<queued_evaluation, evaluation<node_t, result_t>>(std::move(node), result_t(m, global, std::move(shards)), comms);
   if constexpr (node_t::is_leaf) {
     queue_copy(state, caller_waits);
   } else {
@@ -13931,7 +13951,7 @@ class var {
   var() = default;
   /// @brief A leaf: a constant, or (with `requires_grad`) a value to differentiate with respect to.
   explicit var(V value, bool requires_grad = false)
-      : node_(std::make_shared<detail::value_node<V>>(std::move(value), std::vector<std::shared_ptr<detail::grad_node>>{})),
+      : node_(detail::make_owned<detail::grad_node, detail::value_node<V>>(std::move(value), std::vector<std::shared_ptr<detail::grad_node>>{})),
         requires_grad_(requires_grad) {
     node_->leaf = true;
   }
@@ -14034,7 +14054,7 @@ var<V> record(V value, Backward backward, const Operands&... operands) {
       }(),
       ...);
   if (inputs.empty()) return var<V>(std::move(value));
-  auto node = std::make_shared<value_node<V>>(std::move(value), std::move(inputs));
+  auto node = make_owned<grad_node, value_node<V>>(std::move(value), std::move(inputs));
   node->backward = std::move(backward);
   return var<V>(std::move(node), true);
 }
@@ -16608,7 +16628,7 @@ auto parallel_do(Block&& block, const Args&... args) {
     // reached through the places' graphs)
     std::vector<std::shared_ptr<detail::grad_node>> inputs;
     (detail::add_input(args, inputs), ...);
-    auto node = std::make_shared<detail::value_node<merged_t>>(std::move(merged), std::move(inputs));
+    auto node = detail::make_owned<detail::grad_node, detail::value_node<merged_t>>(std::move(merged), std::move(inputs));
     node->backward = [tapes, m, operands = std::make_tuple(detail::kept_operand(args)...)](detail::value_node<merged_t>& self) {
       const detail::grad_t<merged_t>& g = *self.grad;
       // every place's backward at once, from its part of the output's gradient; the places
@@ -17509,7 +17529,7 @@ class parameter_ref {
  public:
   /// @brief Refers to `v` (a var of a tensor or dtensor of T) under `name`; `v`'s node is shared, not copied.
   template <class V>
-  parameter_ref(std::string name, var<V> v) : name_(std::move(name)), impl_(std::make_shared<holder<V>>(std::move(v))) {}
+  parameter_ref(std::string name, var<V> v) : name_(std::move(name)), impl_(pdo::detail::make_owned<base, holder<V>>(std::move(v))) {}
 
   /// @brief The parameter's name, prefixed as the model listed it ("0.weight").
   [[nodiscard]] const std::string& name() const { return name_; }
@@ -18373,7 +18393,7 @@ class any_optimizer {
   template <class O>
     requires(optimizer<std::remove_cvref_t<O>, T> && !std::same_as<std::remove_cvref_t<O>, any_optimizer>)
   any_optimizer(O&& o)  // NOLINT: implicit, so a factory may return any optimizer
-      : impl_(std::make_shared<holder<std::remove_cvref_t<O>>>(std::forward<O>(o))) {}
+      : impl_(pdo::detail::make_owned<base, holder<std::remove_cvref_t<O>>>(std::forward<O>(o))) {}
 
   /// @brief The held optimizer's step().
   void step() { impl_->step(); }
@@ -18536,60 +18556,26 @@ struct bucket_options {
   bool zero1 = false;
 };
 
-/// @brief The gradients of one place's replicated parameters, synced over mesh axis `Axis`
-/// in buckets. Each step: begin_step() (before backward), arm() (before the backward whose
-/// gradients are the step's last contributions: they fire the buckets), finish() (after it:
-/// the remaining buckets, then waits for all); under ZeRO-1 the optimizer steps slices()
-/// and gather_slices() brings the updated values back. Or, fused: begin_step(), backward,
-/// then sync_and_update(), each bucket's all_reduce handing the sum to the optimizer's update.
-template <class T, class Mesh, fixed_string Axis>
-class gradient_buckets {
+/// @brief The gradients of one place's replicated parameters, synced in buckets over a group
+/// of places (the place's line along a mesh axis). Each step: begin_step() (before backward),
+/// arm() (before the backward whose gradients are the step's last contributions: they fire
+/// the buckets), finish() (after it: the remaining buckets, then waits for all); under
+/// ZeRO-1 the optimizer steps slices() and gather_slices() brings the updated values back.
+/// Or, fused: begin_step(), backward, then sync_and_update(), each bucket's all_reduce
+/// handing the sum to the optimizer's update. It depends on the element type alone, so every
+/// trainer and mesh of a program shares its code; gradient_buckets<T, Mesh, Axis> makes one
+/// for a mesh axis, with the planner's collectives checked at compile time.
+template <class T>
+class group_gradient_buckets {
  public:
-  /// @brief The index of `Axis` among the mesh's axes.
-  static constexpr std::size_t axis = Mesh::axis_index(Axis);
-  static_assert(axis < Mesh::ndim, "pdo: gradient_buckets: the mesh has no such axis");
-
-  /// @brief A bucket's layouts as the planner sees them (flat): the gradient, a partial sum
-  /// over the axis; replicated; sliced over the axis. (As values: nvcc's front end loses
-  /// the template parameter object of a partial<"axis"> type first named here.)
-  static constexpr detail::layout_value gradient_layout = [] {
-    detail::layout_value v;
-    v.rank = 1;
-    v.add_partial(std::string_view(Axis));
-    return v;
-  }();
-  /// @brief A bucket replicated: every place holds the whole sum (after the all_reduce).
-  static constexpr detail::layout_value replicated = [] {
-    detail::layout_value v;
-    v.rank = 1;
-    return v;
-  }();
-  /// @brief A bucket sliced over the axis: each place holds the sum of its chunk (ZeRO-1, after the reduce_scatter).
-  static constexpr detail::layout_value sliced = [] {
-    detail::layout_value v;
-    v.rank = 1;
-    v.dim_axis[0] = std::string_view(Axis);
-    return v;
-  }();
-  /// @brief The planner's plan from gradient_layout to replicated: one all_reduce (checked below).
-  static constexpr redistribute_plan sync_plan = detail::plan_redistribute(gradient_layout, replicated);
-  /// @brief The planner's plan from gradient_layout to sliced (ZeRO-1): one reduce_scatter.
-  static constexpr redistribute_plan scatter_plan = detail::plan_redistribute(gradient_layout, sliced);
-  /// @brief The planner's plan from sliced to replicated (ZeRO-1's updated slices): one all_gather.
-  static constexpr redistribute_plan gather_plan = detail::plan_redistribute(sliced, replicated);
-  static_assert(sync_plan.size == 1 && sync_plan.steps[0].kind == step_kind::all_reduce,
-                "pdo: gradient_buckets: the planner should sync a partial gradient with one all_reduce");
-  static_assert(scatter_plan.size == 1 && scatter_plan.steps[0].kind == step_kind::reduce_scatter,
-                "pdo: gradient_buckets: the planner should shard a partial gradient with one reduce_scatter");
-  static_assert(gather_plan.size == 1 && gather_plan.steps[0].kind == step_kind::all_gather,
-                "pdo: gradient_buckets: the planner should gather slices with one all_gather");
-
-  /// @brief Groups `params`, the parameters of mesh place `place`, into buckets, last parameter first (the
-  /// order backward completes them); under ZeRO-1 also cuts this place's slice of each bucket.
-  gradient_buckets(const Mesh& m, std::size_t place, std::vector<parameter_ref<T>> params, bucket_options o)
-      : mesh_(m), place_(place), params_(std::move(params)), options_(o) {
-    const std::size_t parts = m.extent(axis), me = m.coord(place, axis);
-    where_ = m.place(place);
+  /// @brief Groups `params`, the parameters of mesh place `place` (`where`), into buckets synced
+  /// over `group`, its endpoint on the line of places along mesh axis `axis`: last parameter
+  /// first (the order backward completes them); under ZeRO-1 also cuts this place's slice of
+  /// each bucket.
+  group_gradient_buckets(mesh_communicator group, std::string axis, std::size_t place, any_place where,
+                         std::vector<parameter_ref<T>> params, bucket_options o)
+      : group_(std::move(group)), axis_(std::move(axis)), place_(place), where_(std::move(where)), params_(std::move(params)), options_(o) {
+    const std::size_t parts = group_.size(), me = group_.rank();
     bucket_of_.assign(params_.size(), 0);
     // backward completes the last layers first: buckets follow the parameters in reverse
     // a parameter of half a bucket or more gets a bucket of its own, synced in place: packing
@@ -18612,9 +18598,9 @@ class gradient_buckets {
       b.slice = parameter(std::move(mine));
     }
   }
-  gradient_buckets(const gradient_buckets&) = delete;
-  gradient_buckets& operator=(const gradient_buckets&) = delete;
-  ~gradient_buckets() { wait_launched(); }
+  group_gradient_buckets(const group_gradient_buckets&) = delete;
+  group_gradient_buckets& operator=(const group_gradient_buckets&) = delete;
+  ~group_gradient_buckets() { wait_launched(); }
 
   /// @brief Before a step's backward: no gradients, no bucket launched; times from now.
   void begin_step() {
@@ -18658,7 +18644,7 @@ class gradient_buckets {
     for (auto& b : buckets_) b.ready = true;
     launch_ready();
     wait_launched();
-    if (!failures_.empty()) failures_.front().rethrow_with_context("gradient " + std::string(step_name(step().kind)) + ": ");
+    if (!failures_.empty()) failures_.front().rethrow_with_context("gradient " + std::string(step_name(sync_kind())) + ": ");
     if (options_.zero1) return;
     for (auto& b : buckets_)
       if (b.params.size() > 1) unpack(b, /*values=*/false);
@@ -18687,7 +18673,7 @@ class gradient_buckets {
     }
     wait_launched();
     if (!failures_.empty())
-      failures_.front().rethrow_with_context("gradient " + std::string(step_name(step().kind)) + " fused with the update: ");
+      failures_.front().rethrow_with_context("gradient " + std::string(step_name(sync_kind())) + " fused with the update: ");
   }
 
   /// @brief After a step that failed on this place: waits for the buckets already queued
@@ -18710,7 +18696,7 @@ class gradient_buckets {
     for (std::size_t b = 0; b < buckets_.size(); ++b) {
       auto& bk = buckets_[b];
       const double from = since_start();
-      pdo::detail::apply_flat_step<step_kind::all_gather>(gather_plan.steps[0], mesh_, place_, bk.slice.value().span(), bk.flat.span());
+      pdo::detail::apply_flat_step<step_kind::all_gather>(group_, bk.slice.value().span(), bk.flat.span());
       unpack(bk, /*values=*/true);
       record("all_gather", b, from, since_start());
     }
@@ -18768,12 +18754,8 @@ class gradient_buckets {
     for (const auto& b : buckets_) n += options_.zero1 ? b.slice.shape()[0] : b.elements;
     return n;
   }
-  /// @brief The redistribution step each bucket runs.
-  [[nodiscard]] static constexpr const redistribute_step& step_of(bool zero1) {
-    return zero1 ? scatter_plan.steps[0] : sync_plan.steps[0];
-  }
-  /// @brief The redistribution step this place's buckets run: reduce_scatter under ZeRO-1, else all_reduce.
-  [[nodiscard]] const redistribute_step& step() const { return step_of(options_.zero1); }
+  /// @brief The collective this place's buckets run: reduce_scatter under ZeRO-1, else all_reduce.
+  [[nodiscard]] step_kind sync_kind() const { return options_.zero1 ? step_kind::reduce_scatter : step_kind::all_reduce; }
 
   /// @brief Microseconds since begin_step().
   [[nodiscard]] double since_start() const { return std::chrono::duration<double, std::micro>(clock::now() - start_).count(); }
@@ -18868,18 +18850,18 @@ class gradient_buckets {
       for (std::size_t j : bk.params) request.uses.writes.push_back(params_[j].value().data());
     if (pdo::detail::timeline_on())
       request.detail = "bucket " + std::to_string(b) + ": " + std::to_string(data.size_bytes()) + " bytes over \"" +
-                       std::string(std::string_view(Axis)) + "\" (" + std::to_string(bk.params.size()) + " parameters)" +
+                       axis_ + "\" (" + std::to_string(bk.params.size()) + " parameters)" +
                        (updates != nullptr ? ", fused with the optimizer's update" : "");
     request.fn = [this, data, slice_grad, b, queued, updates] {
       const double from = since_start();
       try {
         if (options_.zero1) {
-          pdo::detail::apply_flat_step<step_kind::reduce_scatter>(scatter_plan.steps[0], mesh_, place_, data, slice_grad);
+          pdo::detail::apply_flat_step<step_kind::reduce_scatter>(group_, data, slice_grad);
         } else if (updates != nullptr) {
           const bucket_consumer consumer{&buckets_[b], &params_, updates};
-          pdo::detail::apply_flat_sum(sync_plan.steps[0], mesh_, place_, data, reduced_consumer<T>{&bucket_consumer::call, &consumer});
+          pdo::detail::apply_flat_sum(group_, data, reduced_consumer<T>{&bucket_consumer::call, &consumer});
         } else {
-          pdo::detail::apply_flat_step<step_kind::all_reduce>(sync_plan.steps[0], mesh_, place_, data);
+          pdo::detail::apply_flat_step<step_kind::all_reduce>(group_, data);
         }
       } catch (...) {
         std::lock_guard lock(events_mutex_);
@@ -18900,9 +18882,10 @@ class gradient_buckets {
       finished_.wait(f, std::memory_order_acquire);
   }
 
-  Mesh mesh_;
+  mesh_communicator group_;
+  std::string axis_;  ///< the mesh axis the group lies along (its name, for the timeline)
   std::size_t place_;
-  any_place where_ = any_place(std::shared_ptr<pdo::detail::place_state>());
+  any_place where_;
   std::vector<parameter_ref<T>> params_;
   bucket_options options_;
   std::vector<bucket> buckets_;
@@ -18913,6 +18896,65 @@ class gradient_buckets {
   std::vector<step_event> events_;
   std::vector<pdo::detail::captured_error> failures_;
   clock::time_point start_ = clock::now();
+};
+
+/// @brief The gradients of one place's replicated parameters, synced in buckets over mesh axis
+/// `Axis` (see group_gradient_buckets): the planner's redistribution of a bucket's layout,
+/// checked here at compile time, is one all_reduce over the axis (partial -> replicate), or
+/// under ZeRO-1 one reduce_scatter (partial -> split) whose updated slices come back by one
+/// all_gather (split -> replicate); the buckets run those collectives over the place's line
+/// along the axis.
+template <class T, class Mesh, fixed_string Axis>
+class gradient_buckets : public group_gradient_buckets<T> {
+ public:
+  /// @brief The index of `Axis` among the mesh's axes.
+  static constexpr std::size_t axis = Mesh::axis_index(Axis);
+  static_assert(axis < Mesh::ndim, "pdo: gradient_buckets: the mesh has no such axis");
+
+  /// @brief A bucket's layouts as the planner sees them (flat): the gradient, a partial sum
+  /// over the axis; replicated; sliced over the axis. (As values: nvcc's front end loses
+  /// the template parameter object of a partial<"axis"> type first named here.)
+  static constexpr detail::layout_value gradient_layout = [] {
+    detail::layout_value v;
+    v.rank = 1;
+    v.add_partial(std::string_view(Axis));
+    return v;
+  }();
+  /// @brief A bucket replicated: every place holds the whole sum (after the all_reduce).
+  static constexpr detail::layout_value replicated = [] {
+    detail::layout_value v;
+    v.rank = 1;
+    return v;
+  }();
+  /// @brief A bucket sliced over the axis: each place holds the sum of its chunk (ZeRO-1, after the reduce_scatter).
+  static constexpr detail::layout_value sliced = [] {
+    detail::layout_value v;
+    v.rank = 1;
+    v.dim_axis[0] = std::string_view(Axis);
+    return v;
+  }();
+  /// @brief The planner's plan from gradient_layout to replicated: one all_reduce (checked below).
+  static constexpr redistribute_plan sync_plan = detail::plan_redistribute(gradient_layout, replicated);
+  /// @brief The planner's plan from gradient_layout to sliced (ZeRO-1): one reduce_scatter.
+  static constexpr redistribute_plan scatter_plan = detail::plan_redistribute(gradient_layout, sliced);
+  /// @brief The planner's plan from sliced to replicated (ZeRO-1's updated slices): one all_gather.
+  static constexpr redistribute_plan gather_plan = detail::plan_redistribute(sliced, replicated);
+  static_assert(sync_plan.size == 1 && sync_plan.steps[0].kind == step_kind::all_reduce && sync_plan.steps[0].axis == std::string_view(Axis),
+                "pdo: gradient_buckets: the planner should sync a partial gradient with one all_reduce over the axis");
+  static_assert(scatter_plan.size == 1 && scatter_plan.steps[0].kind == step_kind::reduce_scatter && scatter_plan.steps[0].axis == std::string_view(Axis),
+                "pdo: gradient_buckets: the planner should shard a partial gradient with one reduce_scatter over the axis");
+  static_assert(gather_plan.size == 1 && gather_plan.steps[0].kind == step_kind::all_gather && gather_plan.steps[0].axis == std::string_view(Axis),
+                "pdo: gradient_buckets: the planner should gather slices with one all_gather over the axis");
+
+  /// @brief The redistribution step each bucket runs.
+  [[nodiscard]] static constexpr const redistribute_step& step_of(bool zero1) {
+    return zero1 ? scatter_plan.steps[0] : sync_plan.steps[0];
+  }
+
+  /// @brief Groups `params`, the parameters of mesh place `place`, into buckets synced over
+  /// its line along `Axis` (see group_gradient_buckets).
+  gradient_buckets(const Mesh& m, std::size_t place, std::vector<parameter_ref<T>> params, bucket_options o)
+      : group_gradient_buckets<T>(communicator_along(m, axis, place), std::string(std::string_view(Axis)), place, m.place(place), std::move(params), o) {}
 };
 
 }  // namespace pdo::nn
@@ -20512,10 +20554,6 @@ template <std::size_t Begin, std::size_t End, class Mesh, class... Layers>
 auto stage_of(const sequential<Layers...>& model, const Mesh& m, std::size_t p) {
   return [&]<std::size_t... I>(std::index_sequence<I...>) {
     if constexpr (Mesh::has_axis("tp")) {
-      using stage_layers = std::tuple<std::tuple_element_t<Begin + I, std::tuple<Layers...>>...>;
-      static_assert(nn::detail_tp::linears_before<std::tuple_element_t<I, stage_layers>...>(End - Begin) % 2 == 0,
-                    "pdo: pipeline: on a mesh with a \"tp\" axis every stage is tensor parallel: cut the model so that each "
-                    "stage holds whole column/row pairs of linear layers");
       return tensor_parallel_shard<"tp">(m, p, sequential(std::get<Begin + I>(model.layers())...));
     } else {
       return sequential(to_place(std::get<Begin + I>(model.layers()), m.place(p))...);
@@ -21075,7 +21113,7 @@ class pipeline {
         var<in_t> x;
         if constexpr (first) x = var<in_t>(pdo::detail::cut_rows(inputs, m0, mr, place));
         else x = var<in_t>(detail_pp::receive<T, in_t::rank>(link, true, tag, place));
-        // a mistake in the data (a label out of range, say) is named in the caller's rows
+        // a failure of the forward is named in the caller's rows
         const auto y = pdo::detail::naming_rows([&] { return pdo::detail::rows_context(m0, mr); }, [&] { return model(x); });
         if constexpr (last) {
           bool counts = mr > 0;

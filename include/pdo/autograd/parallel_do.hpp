@@ -217,7 +217,7 @@ auto parallel_do(Block&& block, const Args&... args) {
     // reached through the places' graphs)
     std::vector<std::shared_ptr<detail::grad_node>> inputs;
     (detail::add_input(args, inputs), ...);
-    auto node = std::make_shared<detail::value_node<merged_t>>(std::move(merged), std::move(inputs));
+    auto node = detail::make_owned<detail::grad_node, detail::value_node<merged_t>>(std::move(merged), std::move(inputs));
     node->backward = [tapes, m, operands = std::make_tuple(detail::kept_operand(args)...)](detail::value_node<merged_t>& self) {
       const detail::grad_t<merged_t>& g = *self.grad;
       // every place's backward at once, from its part of the output's gradient; the places

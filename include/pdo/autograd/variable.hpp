@@ -1,6 +1,7 @@
 // pdo/autograd/variable.hpp: pdo::var, the graph it records, and pdo::backward.
 #pragma once
 
+#include <pdo/core/owned.hpp>
 #include <pdo/core/views.hpp>
 #include <pdo/exec/eval.hpp>
 #include <pdo/exec/mesh_ops.hpp>
@@ -185,7 +186,7 @@ class var {
   var() = default;
   /// @brief A leaf: a constant, or (with `requires_grad`) a value to differentiate with respect to.
   explicit var(V value, bool requires_grad = false)
-      : node_(std::make_shared<detail::value_node<V>>(std::move(value), std::vector<std::shared_ptr<detail::grad_node>>{})),
+      : node_(detail::make_owned<detail::grad_node, detail::value_node<V>>(std::move(value), std::vector<std::shared_ptr<detail::grad_node>>{})),
         requires_grad_(requires_grad) {
     node_->leaf = true;
   }
@@ -288,7 +289,7 @@ var<V> record(V value, Backward backward, const Operands&... operands) {
       }(),
       ...);
   if (inputs.empty()) return var<V>(std::move(value));
-  auto node = std::make_shared<value_node<V>>(std::move(value), std::move(inputs));
+  auto node = make_owned<grad_node, value_node<V>>(std::move(value), std::move(inputs));
   node->backward = std::move(backward);
   return var<V>(std::move(node), true);
 }

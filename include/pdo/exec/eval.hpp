@@ -2,6 +2,7 @@
 #pragma once
 
 #include <pdo/core/config.hpp>
+#include <pdo/core/owned.hpp>
 #include <pdo/exec/run_on_places.hpp>
 #include <pdo/exec/run_plan.hpp>
 #include <pdo/expr/operators.hpp>
@@ -139,19 +140,6 @@ struct evaluation final : queued_evaluation {
   [[nodiscard]] std::string what() const override { return describe_evaluation(Node::name, describe_node(expr)); }
 };
 
-/// @brief Owns a new `State` (an evaluation) through a shared_ptr whose control block is the
-/// same type for every evaluation (a pointer to queued_evaluation and a plain deleter
-/// function): make_shared would instantiate a control block of a dozen functions for each
-/// expression type.
-template <class State, class... Args>
-std::shared_ptr<State> make_owned(Args&&... args) {
-  using deleter = void (*)(queued_evaluation*);
-  State* const made = new State(std::forward<Args>(args)...);
-  std::shared_ptr<queued_evaluation> owner(static_cast<queued_evaluation*>(made),
-                                           deleter{[](queued_evaluation* e) { delete static_cast<State*>(e); }});
-  return std::shared_ptr<State>(std::move(owner), made);
-}
-
 /// @brief The trace's detail of step `S` of `Node`'s plan (built only while tracing).
 template <class Node, std::size_t S, class Mesh>
 std::string step_detail(const Node& root, const Mesh& m) {
@@ -262,7 +250,7 @@ auto queue_evaluation(Expr&& expr, bool caller_waits) {
   mesh_comms& comms = comms_of(m);  // built by every process, those without places too
   const auto global = node.shape();
   auto shards = result_shards<T>(m, node_t::rule.out, global, node_t::name, caller_waits ? "eval" : "eval_async");
-  auto state = make_owned<evaluation<node_t, result_t>>(std::move(node), result_t(m, global, std::move(shards)), comms);
+  auto state = make_owned<queued_evaluation, evaluation<node_t, result_t>>(std::move(node), result_t(m, global, std::move(shards)), comms);
   if constexpr (node_t::is_leaf) {
     queue_copy(state, caller_waits);
   } else {

@@ -58,60 +58,26 @@ struct bucket_options {
   bool zero1 = false;
 };
 
-/// @brief The gradients of one place's replicated parameters, synced over mesh axis `Axis`
-/// in buckets. Each step: begin_step() (before backward), arm() (before the backward whose
-/// gradients are the step's last contributions: they fire the buckets), finish() (after it:
-/// the remaining buckets, then waits for all); under ZeRO-1 the optimizer steps slices()
-/// and gather_slices() brings the updated values back. Or, fused: begin_step(), backward,
-/// then sync_and_update(), each bucket's all_reduce handing the sum to the optimizer's update.
-template <class T, class Mesh, fixed_string Axis>
-class gradient_buckets {
+/// @brief The gradients of one place's replicated parameters, synced in buckets over a group
+/// of places (the place's line along a mesh axis). Each step: begin_step() (before backward),
+/// arm() (before the backward whose gradients are the step's last contributions: they fire
+/// the buckets), finish() (after it: the remaining buckets, then waits for all); under
+/// ZeRO-1 the optimizer steps slices() and gather_slices() brings the updated values back.
+/// Or, fused: begin_step(), backward, then sync_and_update(), each bucket's all_reduce
+/// handing the sum to the optimizer's update. It depends on the element type alone, so every
+/// trainer and mesh of a program shares its code; gradient_buckets<T, Mesh, Axis> makes one
+/// for a mesh axis, with the planner's collectives checked at compile time.
+template <class T>
+class group_gradient_buckets {
  public:
-  /// @brief The index of `Axis` among the mesh's axes.
-  static constexpr std::size_t axis = Mesh::axis_index(Axis);
-  static_assert(axis < Mesh::ndim, "pdo: gradient_buckets: the mesh has no such axis");
-
-  /// @brief A bucket's layouts as the planner sees them (flat): the gradient, a partial sum
-  /// over the axis; replicated; sliced over the axis. (As values: nvcc's front end loses
-  /// the template parameter object of a partial<"axis"> type first named here.)
-  static constexpr detail::layout_value gradient_layout = [] {
-    detail::layout_value v;
-    v.rank = 1;
-    v.add_partial(std::string_view(Axis));
-    return v;
-  }();
-  /// @brief A bucket replicated: every place holds the whole sum (after the all_reduce).
-  static constexpr detail::layout_value replicated = [] {
-    detail::layout_value v;
-    v.rank = 1;
-    return v;
-  }();
-  /// @brief A bucket sliced over the axis: each place holds the sum of its chunk (ZeRO-1, after the reduce_scatter).
-  static constexpr detail::layout_value sliced = [] {
-    detail::layout_value v;
-    v.rank = 1;
-    v.dim_axis[0] = std::string_view(Axis);
-    return v;
-  }();
-  /// @brief The planner's plan from gradient_layout to replicated: one all_reduce (checked below).
-  static constexpr redistribute_plan sync_plan = detail::plan_redistribute(gradient_layout, replicated);
-  /// @brief The planner's plan from gradient_layout to sliced (ZeRO-1): one reduce_scatter.
-  static constexpr redistribute_plan scatter_plan = detail::plan_redistribute(gradient_layout, sliced);
-  /// @brief The planner's plan from sliced to replicated (ZeRO-1's updated slices): one all_gather.
-  static constexpr redistribute_plan gather_plan = detail::plan_redistribute(sliced, replicated);
-  static_assert(sync_plan.size == 1 && sync_plan.steps[0].kind == step_kind::all_reduce,
-                "pdo: gradient_buckets: the planner should sync a partial gradient with one all_reduce");
-  static_assert(scatter_plan.size == 1 && scatter_plan.steps[0].kind == step_kind::reduce_scatter,
-                "pdo: gradient_buckets: the planner should shard a partial gradient with one reduce_scatter");
-  static_assert(gather_plan.size == 1 && gather_plan.steps[0].kind == step_kind::all_gather,
-                "pdo: gradient_buckets: the planner should gather slices with one all_gather");
-
-  /// @brief Groups `params`, the parameters of mesh place `place`, into buckets, last parameter first (the
-  /// order backward completes them); under ZeRO-1 also cuts this place's slice of each bucket.
-  gradient_buckets(const Mesh& m, std::size_t place, std::vector<parameter_ref<T>> params, bucket_options o)
-      : mesh_(m), place_(place), params_(std::move(params)), options_(o) {
-    const std::size_t parts = m.extent(axis), me = m.coord(place, axis);
-    where_ = m.place(place);
+  /// @brief Groups `params`, the parameters of mesh place `place` (`where`), into buckets synced
+  /// over `group`, its endpoint on the line of places along mesh axis `axis`: last parameter
+  /// first (the order backward completes them); under ZeRO-1 also cuts this place's slice of
+  /// each bucket.
+  group_gradient_buckets(mesh_communicator group, std::string axis, std::size_t place, any_place where,
+                         std::vector<parameter_ref<T>> params, bucket_options o)
+      : group_(std::move(group)), axis_(std::move(axis)), place_(place), where_(std::move(where)), params_(std::move(params)), options_(o) {
+    const std::size_t parts = group_.size(), me = group_.rank();
     bucket_of_.assign(params_.size(), 0);
     // backward completes the last layers first: buckets follow the parameters in reverse
     // a parameter of half a bucket or more gets a bucket of its own, synced in place: packing
@@ -134,9 +100,9 @@ class gradient_buckets {
       b.slice = parameter(std::move(mine));
     }
   }
-  gradient_buckets(const gradient_buckets&) = delete;
-  gradient_buckets& operator=(const gradient_buckets&) = delete;
-  ~gradient_buckets() { wait_launched(); }
+  group_gradient_buckets(const group_gradient_buckets&) = delete;
+  group_gradient_buckets& operator=(const group_gradient_buckets&) = delete;
+  ~group_gradient_buckets() { wait_launched(); }
 
   /// @brief Before a step's backward: no gradients, no bucket launched; times from now.
   void begin_step() {
@@ -180,7 +146,7 @@ class gradient_buckets {
     for (auto& b : buckets_) b.ready = true;
     launch_ready();
     wait_launched();
-    if (!failures_.empty()) failures_.front().rethrow_with_context("gradient " + std::string(step_name(step().kind)) + ": ");
+    if (!failures_.empty()) failures_.front().rethrow_with_context("gradient " + std::string(step_name(sync_kind())) + ": ");
     if (options_.zero1) return;
     for (auto& b : buckets_)
       if (b.params.size() > 1) unpack(b, /*values=*/false);
@@ -209,7 +175,7 @@ class gradient_buckets {
     }
     wait_launched();
     if (!failures_.empty())
-      failures_.front().rethrow_with_context("gradient " + std::string(step_name(step().kind)) + " fused with the update: ");
+      failures_.front().rethrow_with_context("gradient " + std::string(step_name(sync_kind())) + " fused with the update: ");
   }
 
   /// @brief After a step that failed on this place: waits for the buckets already queued
@@ -232,7 +198,7 @@ class gradient_buckets {
     for (std::size_t b = 0; b < buckets_.size(); ++b) {
       auto& bk = buckets_[b];
       const double from = since_start();
-      pdo::detail::apply_flat_step<step_kind::all_gather>(gather_plan.steps[0], mesh_, place_, bk.slice.value().span(), bk.flat.span());
+      pdo::detail::apply_flat_step<step_kind::all_gather>(group_, bk.slice.value().span(), bk.flat.span());
       unpack(bk, /*values=*/true);
       record("all_gather", b, from, since_start());
     }
@@ -290,12 +256,8 @@ class gradient_buckets {
     for (const auto& b : buckets_) n += options_.zero1 ? b.slice.shape()[0] : b.elements;
     return n;
   }
-  /// @brief The redistribution step each bucket runs.
-  [[nodiscard]] static constexpr const redistribute_step& step_of(bool zero1) {
-    return zero1 ? scatter_plan.steps[0] : sync_plan.steps[0];
-  }
-  /// @brief The redistribution step this place's buckets run: reduce_scatter under ZeRO-1, else all_reduce.
-  [[nodiscard]] const redistribute_step& step() const { return step_of(options_.zero1); }
+  /// @brief The collective this place's buckets run: reduce_scatter under ZeRO-1, else all_reduce.
+  [[nodiscard]] step_kind sync_kind() const { return options_.zero1 ? step_kind::reduce_scatter : step_kind::all_reduce; }
 
   /// @brief Microseconds since begin_step().
   [[nodiscard]] double since_start() const { return std::chrono::duration<double, std::micro>(clock::now() - start_).count(); }
@@ -390,18 +352,18 @@ class gradient_buckets {
       for (std::size_t j : bk.params) request.uses.writes.push_back(params_[j].value().data());
     if (pdo::detail::timeline_on())
       request.detail = "bucket " + std::to_string(b) + ": " + std::to_string(data.size_bytes()) + " bytes over \"" +
-                       std::string(std::string_view(Axis)) + "\" (" + std::to_string(bk.params.size()) + " parameters)" +
+                       axis_ + "\" (" + std::to_string(bk.params.size()) + " parameters)" +
                        (updates != nullptr ? ", fused with the optimizer's update" : "");
     request.fn = [this, data, slice_grad, b, queued, updates] {
       const double from = since_start();
       try {
         if (options_.zero1) {
-          pdo::detail::apply_flat_step<step_kind::reduce_scatter>(scatter_plan.steps[0], mesh_, place_, data, slice_grad);
+          pdo::detail::apply_flat_step<step_kind::reduce_scatter>(group_, data, slice_grad);
         } else if (updates != nullptr) {
           const bucket_consumer consumer{&buckets_[b], &params_, updates};
-          pdo::detail::apply_flat_sum(sync_plan.steps[0], mesh_, place_, data, reduced_consumer<T>{&bucket_consumer::call, &consumer});
+          pdo::detail::apply_flat_sum(group_, data, reduced_consumer<T>{&bucket_consumer::call, &consumer});
         } else {
-          pdo::detail::apply_flat_step<step_kind::all_reduce>(sync_plan.steps[0], mesh_, place_, data);
+          pdo::detail::apply_flat_step<step_kind::all_reduce>(group_, data);
         }
       } catch (...) {
         std::lock_guard lock(events_mutex_);
@@ -422,9 +384,10 @@ class gradient_buckets {
       finished_.wait(f, std::memory_order_acquire);
   }
 
-  Mesh mesh_;
+  mesh_communicator group_;
+  std::string axis_;  ///< the mesh axis the group lies along (its name, for the timeline)
   std::size_t place_;
-  any_place where_ = any_place(std::shared_ptr<pdo::detail::place_state>());
+  any_place where_;
   std::vector<parameter_ref<T>> params_;
   bucket_options options_;
   std::vector<bucket> buckets_;
@@ -435,6 +398,65 @@ class gradient_buckets {
   std::vector<step_event> events_;
   std::vector<pdo::detail::captured_error> failures_;
   clock::time_point start_ = clock::now();
+};
+
+/// @brief The gradients of one place's replicated parameters, synced in buckets over mesh axis
+/// `Axis` (see group_gradient_buckets): the planner's redistribution of a bucket's layout,
+/// checked here at compile time, is one all_reduce over the axis (partial -> replicate), or
+/// under ZeRO-1 one reduce_scatter (partial -> split) whose updated slices come back by one
+/// all_gather (split -> replicate); the buckets run those collectives over the place's line
+/// along the axis.
+template <class T, class Mesh, fixed_string Axis>
+class gradient_buckets : public group_gradient_buckets<T> {
+ public:
+  /// @brief The index of `Axis` among the mesh's axes.
+  static constexpr std::size_t axis = Mesh::axis_index(Axis);
+  static_assert(axis < Mesh::ndim, "pdo: gradient_buckets: the mesh has no such axis");
+
+  /// @brief A bucket's layouts as the planner sees them (flat): the gradient, a partial sum
+  /// over the axis; replicated; sliced over the axis. (As values: nvcc's front end loses
+  /// the template parameter object of a partial<"axis"> type first named here.)
+  static constexpr detail::layout_value gradient_layout = [] {
+    detail::layout_value v;
+    v.rank = 1;
+    v.add_partial(std::string_view(Axis));
+    return v;
+  }();
+  /// @brief A bucket replicated: every place holds the whole sum (after the all_reduce).
+  static constexpr detail::layout_value replicated = [] {
+    detail::layout_value v;
+    v.rank = 1;
+    return v;
+  }();
+  /// @brief A bucket sliced over the axis: each place holds the sum of its chunk (ZeRO-1, after the reduce_scatter).
+  static constexpr detail::layout_value sliced = [] {
+    detail::layout_value v;
+    v.rank = 1;
+    v.dim_axis[0] = std::string_view(Axis);
+    return v;
+  }();
+  /// @brief The planner's plan from gradient_layout to replicated: one all_reduce (checked below).
+  static constexpr redistribute_plan sync_plan = detail::plan_redistribute(gradient_layout, replicated);
+  /// @brief The planner's plan from gradient_layout to sliced (ZeRO-1): one reduce_scatter.
+  static constexpr redistribute_plan scatter_plan = detail::plan_redistribute(gradient_layout, sliced);
+  /// @brief The planner's plan from sliced to replicated (ZeRO-1's updated slices): one all_gather.
+  static constexpr redistribute_plan gather_plan = detail::plan_redistribute(sliced, replicated);
+  static_assert(sync_plan.size == 1 && sync_plan.steps[0].kind == step_kind::all_reduce && sync_plan.steps[0].axis == std::string_view(Axis),
+                "pdo: gradient_buckets: the planner should sync a partial gradient with one all_reduce over the axis");
+  static_assert(scatter_plan.size == 1 && scatter_plan.steps[0].kind == step_kind::reduce_scatter && scatter_plan.steps[0].axis == std::string_view(Axis),
+                "pdo: gradient_buckets: the planner should shard a partial gradient with one reduce_scatter over the axis");
+  static_assert(gather_plan.size == 1 && gather_plan.steps[0].kind == step_kind::all_gather && gather_plan.steps[0].axis == std::string_view(Axis),
+                "pdo: gradient_buckets: the planner should gather slices with one all_gather over the axis");
+
+  /// @brief The redistribution step each bucket runs.
+  [[nodiscard]] static constexpr const redistribute_step& step_of(bool zero1) {
+    return zero1 ? scatter_plan.steps[0] : sync_plan.steps[0];
+  }
+
+  /// @brief Groups `params`, the parameters of mesh place `place`, into buckets synced over
+  /// its line along `Axis` (see group_gradient_buckets).
+  gradient_buckets(const Mesh& m, std::size_t place, std::vector<parameter_ref<T>> params, bucket_options o)
+      : group_gradient_buckets<T>(communicator_along(m, axis, place), std::string(std::string_view(Axis)), place, m.place(place), std::move(params), o) {}
 };
 
 }  // namespace pdo::nn

@@ -3,6 +3,7 @@
 
 #include <pdo/autograd/variable.hpp>
 #include <pdo/core/copy_elements.hpp>
+#include <pdo/core/owned.hpp>
 #include <pdo/core/views.hpp>
 #include <pdo/exec/mesh_ops.hpp>
 
@@ -34,7 +35,7 @@ class parameter_ref {
  public:
   /// @brief Refers to `v` (a var of a tensor or dtensor of T) under `name`; `v`'s node is shared, not copied.
   template <class V>
-  parameter_ref(std::string name, var<V> v) : name_(std::move(name)), impl_(std::make_shared<holder<V>>(std::move(v))) {}
+  parameter_ref(std::string name, var<V> v) : name_(std::move(name)), impl_(pdo::detail::make_owned<base, holder<V>>(std::move(v))) {}
 
   /// @brief The parameter's name, prefixed as the model listed it ("0.weight").
   [[nodiscard]] const std::string& name() const { return name_; }

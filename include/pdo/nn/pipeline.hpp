@@ -129,10 +129,6 @@ template <std::size_t Begin, std::size_t End, class Mesh, class... Layers>
 auto stage_of(const sequential<Layers...>& model, const Mesh& m, std::size_t p) {
   return [&]<std::size_t... I>(std::index_sequence<I...>) {
     if constexpr (Mesh::has_axis("tp")) {
-      using stage_layers = std::tuple<std::tuple_element_t<Begin + I, std::tuple<Layers...>>...>;
-      static_assert(nn::detail_tp::linears_before<std::tuple_element_t<I, stage_layers>...>(End - Begin) % 2 == 0,
-                    "pdo: pipeline: on a mesh with a \"tp\" axis every stage is tensor parallel: cut the model so that each "
-                    "stage holds whole column/row pairs of linear layers");
       return tensor_parallel_shard<"tp">(m, p, sequential(std::get<Begin + I>(model.layers())...));
     } else {
       return sequential(to_place(std::get<Begin + I>(model.layers()), m.place(p))...);
@@ -692,7 +688,7 @@ class pipeline {
         var<in_t> x;
         if constexpr (first) x = var<in_t>(pdo::detail::cut_rows(inputs, m0, mr, place));
         else x = var<in_t>(detail_pp::receive<T, in_t::rank>(link, true, tag, place));
-        // a mistake in the data (a label out of range, say) is named in the caller's rows
+        // a failure of the forward is named in the caller's rows
         const auto y = pdo::detail::naming_rows([&] { return pdo::detail::rows_context(m0, mr); }, [&] { return model(x); });
         if constexpr (last) {
           bool counts = mr > 0;

@@ -36,32 +36,36 @@ inline void count_planned(step_kind k, bool first_of_group) {
   if (first_of_group) planned_collective_counts()[static_cast<std::size_t>(k)].fetch_add(1, std::memory_order_relaxed);
 }
 
-/// @brief The collective of redistribution step `step` on place `p` over a flat buffer (a
-/// gradient bucket: one parameter's gradient, or several packed): partial -> replicate
-/// (all_reduce) in place in `data`; partial -> split of dim 0 (reduce_scatter) into `out`,
-/// this place's chunk; split of dim 0 -> replicate (all_gather) of the chunk `data` into
-/// `out`. apply_step runs these same collectives for tensors.
-template <step_kind Kind, class T, class Mesh>
-void apply_flat_step(const redistribute_step& step, const Mesh& m, std::size_t p, std::span<T> data, std::span<T> out = {}) {
+/// @brief The collective of a redistribution step of kind `Kind` over a flat buffer (a
+/// gradient bucket: one parameter's gradient, or several packed), run by one member of
+/// `group`, the line of places along the step's axis: partial -> replicate (all_reduce) in
+/// place in `data`; partial -> split of dim 0 (reduce_scatter) into `out`, this member's
+/// chunk; split of dim 0 -> replicate (all_gather) of the chunk `data` into `out`.
+/// apply_step runs these same collectives for tensors.
+template <step_kind Kind, class T>
+void apply_flat_step(const mesh_communicator& group, std::span<T> data, std::span<T> out = {}) {
   static_assert(Kind == step_kind::all_reduce || Kind == step_kind::reduce_scatter || Kind == step_kind::all_gather,
                 "pdo: a flat buffer is synced by an all_reduce, a reduce_scatter or an all_gather of dim 0");
-  const std::size_t a = Mesh::axis_index(step.axis);
-  const mesh_communicator comm = communicator_along(m, a, p);
-  count_planned(Kind, m.coord(p, a) == 0);
-  if constexpr (Kind == step_kind::all_reduce) comm.all_reduce(data);
-  else if constexpr (Kind == step_kind::reduce_scatter) comm.reduce_scatter(std::span<const T>(data), out);
-  else comm.all_gather(std::span<const T>(data), out);
+  count_planned(Kind, group.rank() == 0);
+  if constexpr (Kind == step_kind::all_reduce) group.all_reduce(data);
+  else if constexpr (Kind == step_kind::reduce_scatter) group.reduce_scatter(std::span<const T>(data), out);
+  else group.all_gather(std::span<const T>(data), out);
 }
 
-/// @brief The all_reduce of a flat buffer (partial over the step's axis -> replicate) fused
+/// @brief apply_flat_step of redistribution step `step` on place `p` of `m`, over p's line
+/// along the step's axis.
+template <step_kind Kind, class T, class Mesh>
+void apply_flat_step(const redistribute_step& step, const Mesh& m, std::size_t p, std::span<T> data, std::span<T> out = {}) {
+  apply_flat_step<Kind>(communicator_along(m, Mesh::axis_index(step.axis), p), data, out);
+}
+
+/// @brief The all_reduce of a flat buffer (partial over the group's axis -> replicate) fused
 /// with what reads its result: the step apply_flat_step<all_reduce> runs, the sum handed to
 /// `consume` range by range instead of written back (group_communicator::all_reduce_apply).
-template <class T, class Mesh>
-void apply_flat_sum(const redistribute_step& step, const Mesh& m, std::size_t p, std::span<T> data, reduced_consumer<T> consume) {
-  const std::size_t a = Mesh::axis_index(step.axis);
-  const mesh_communicator comm = communicator_along(m, a, p);
-  count_planned(step_kind::all_reduce, m.coord(p, a) == 0);
-  comm.all_reduce_apply(data, consume);
+template <class T>
+void apply_flat_sum(const mesh_communicator& group, std::span<T> data, reduced_consumer<T> consume) {
+  count_planned(step_kind::all_reduce, group.rank() == 0);
+  group.all_reduce_apply(data, consume);
 }
 
 /// @brief One step of a redistribution on place `p`: turns `shard` (laid out as
