@@ -89,6 +89,14 @@ TEST_CASE("mesh: coordinates, groups along an axis, description", "[mesh]") {
   CHECK_THROWS_WITH((pdo::make_mesh<"dp", "tp">(pdo::cpu_places(4), {3, 2})),
                     Catch::Contains("make_mesh") && Catch::Contains("[3, 2]") && Catch::Contains("4 were given"));
   CHECK_THROWS_WITH(pdo::make_mesh<"x">(std::vector<pdo::cpu_place>{}), Catch::Contains("make_mesh") && Catch::Contains("has no places"));
+  // extents computed at run time, in a container
+  CHECK(pdo::make_mesh<"dp", "tp">(pdo::cpu_places(6), std::array<std::size_t, 2>{2, 3}).describe() == "mesh(dp=2, tp=3)");
+  const std::vector<int> extents{3, 2};
+  CHECK(pdo::make_mesh<"dp", "tp">(pdo::cpu_places(6), extents).coords(3) == std::array<std::size_t, 2>{1, 1});
+  CHECK_THROWS_WITH((pdo::make_mesh<"dp", "tp">(pdo::cpu_places(6), std::vector<std::size_t>{6, 1, 1})),
+                    Catch::Contains("make_mesh: 3 extents [6, 1, 1] for a mesh of 2 axes (\"dp\", \"tp\")"));
+  CHECK_THROWS_WITH((pdo::make_mesh<"dp", "tp">(pdo::cpu_places(6), std::vector<int>{-3, -2})), Catch::Contains("extent -3 is negative"));
+  CHECK_THROWS_WITH((pdo::make_mesh<"dp", "tp">(pdo::cpu_places(4), extents)), Catch::Contains("[3, 2]") && Catch::Contains("4 were given"));
 }
 
 TEST_CASE("mesh: a place or axis number out of range is a layout_error naming the mesh and the call", "[mesh]") {

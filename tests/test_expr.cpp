@@ -286,6 +286,10 @@ TEST_CASE("reductions, softmax, cross_entropy, transpose and reshape against nai
   const double exact = static_cast<double>(0.1f) * static_cast<double>(n);
   CHECK(eval_checked(pdo::sum<1>(row))(0) == static_cast<float>(exact));
   CHECK(eval_checked(pdo::mean<1>(row))(0) == 0.1f);
+  // over every dim, too (a CPU place's sum over all elements adds in double)
+  CHECK(eval_checked(pdo::sum(row)).data()[0] == static_cast<float>(exact));
+  CHECK(eval_checked(pdo::mean(column)).data()[0] == 0.1f);
+  CHECK(eval_checked(pdo::sum(column)).data()[0] == static_cast<float>(2 * exact));
   const auto column_sums = eval_checked(pdo::sum<0>(column));
   CHECK((column_sums(0) == static_cast<float>(exact) && column_sums(1) == static_cast<float>(exact)));
   const double z = static_cast<double>(n / 2) * (1 + std::exp(static_cast<double>(-2.3f)));

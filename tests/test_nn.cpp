@@ -130,6 +130,21 @@ TEST_CASE("nn: optimizers follow their update rules", "[nn]") {
     }
     for (std::size_t i = 0; i < 3; ++i) CHECK(p.value()(i) == Approx(ref[i]).epsilon(1e-14));
   }
+  SECTION("without settings, the options' defaults (PyTorch's): sgd lr 0.01; adam lr 1e-3, betas 0.9 and 0.999, eps 1e-8") {
+    auto p = param(), q = param();
+    pdo::nn::sgd<double> plain(std::vector<pdo::nn::parameter_ref<double>>{{"p", p}});
+    pdo::nn::adam<double> adaptive(std::vector<pdo::nn::parameter_ref<double>>{{"q", q}});
+    set_grad(p);
+    set_grad(q);
+    plain.step();
+    adaptive.step();
+    const std::vector<double> start{1.0, -2.0, 0.5};
+    for (std::size_t i = 0; i < 3; ++i) {
+      CHECK(p.value()(i) == Approx(start[i] - 0.01 * g(i)).epsilon(1e-14));
+      // Adam's first step: the moments' bias corrections give back g and g²
+      CHECK(q.value()(i) == Approx(start[i] - 1e-3 * g(i) / (std::abs(g(i)) + 1e-8)).epsilon(1e-12));
+    }
+  }
   SECTION("adam and adamw") {
     for (bool decoupled : {false, true}) {
       auto p = param();

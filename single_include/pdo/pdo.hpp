@@ -3863,6 +3863,7 @@ constexpr auto nth_value() {
 #include <string>
 #include <string_view>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 namespace pdo {
@@ -4149,6 +4150,22 @@ inline constexpr bool is_mesh_v = requires { typename M::mesh_tag; };
 template <class M>
 concept mesh_type = is_mesh_v<M>;
 
+namespace detail {
+
+/// @brief make_mesh's work, once the extents are a vector of one per axis.
+template <fixed_string... Axes, class Places>
+mesh<Axes...> make_mesh_with(const Places& places, std::vector<std::size_t> extents, const mesh_options& options) {
+  auto state = std::make_shared<mesh_state>();
+  state->options = options;
+  state->axes = {std::string(Axes.view())...};
+  state->extents = std::move(extents);
+  for (const auto& p : places) state->places.emplace_back(p);
+  finish_mesh(*state);
+  return mesh<Axes...>(state);
+}
+
+}  // namespace detail
+
 /// @brief Lays `places` out as a grid with the given extents, one per axis:
 /// `make_mesh<"dp", "tp">(places, {2, 2})`. The product of the extents must be the
 /// number of places. A mesh over places of several processes (pdo::mpi::world_places)
@@ -4159,13 +4176,30 @@ template <fixed_string... Axes, std::ranges::input_range Places, std::size_t N>
   requires place<std::ranges::range_value_t<Places>>
 mesh<Axes...> make_mesh(const Places& places, const std::size_t (&extents)[N], const mesh_options& options = {}) {
   static_assert(N == sizeof...(Axes), "pdo: make_mesh: give exactly one extent per mesh axis");
-  auto state = std::make_shared<detail::mesh_state>();
-  state->options = options;
-  state->axes = {std::string(Axes.view())...};
-  state->extents.assign(extents, extents + N);
-  for (const auto& p : places) state->places.emplace_back(p);
-  detail::finish_mesh(*state);
-  return mesh<Axes...>(state);
+  return detail::make_mesh_with<Axes...>(places, std::vector<std::size_t>(extents, extents + N), options);
+}
+
+/// @brief make_mesh with extents computed at run time, in a container of integers (a
+/// std::array, a std::vector): one per axis, checked at compile time when the container's
+/// size is (a std::array), else a pdo::layout_error; a negative extent is a pdo::layout_error.
+template <fixed_string... Axes, std::ranges::input_range Places, std::ranges::sized_range Extents>
+  requires place<std::ranges::range_value_t<Places>> && std::integral<std::ranges::range_value_t<Extents>>
+mesh<Axes...> make_mesh(const Places& places, const Extents& extents, const mesh_options& options = {}) {
+  if constexpr (requires { std::tuple_size<Extents>::value; })
+    static_assert(std::tuple_size_v<Extents> == sizeof...(Axes), "pdo: make_mesh: give exactly one extent per mesh axis");
+  std::vector<std::size_t> sizes;
+  for (const auto e : extents) {
+    if constexpr (std::is_signed_v<std::remove_cvref_t<decltype(e)>>)
+      if (e < 0) throw layout_error("make_mesh: extent " + std::to_string(e) + " is negative: give one extent >= 1 per mesh axis");
+    sizes.push_back(static_cast<std::size_t>(e));
+  }
+  if (sizes.size() != sizeof...(Axes)) {
+    std::string axes;
+    ((axes += (axes.empty() ? "\"" : ", \"") + std::string(Axes.view()) + "\""), ...);
+    throw layout_error("make_mesh: " + std::to_string(sizes.size()) + " extents " + detail::format_extents(sizes) + " for a mesh of " +
+                       std::to_string(sizeof...(Axes)) + " axes (" + axes + "): give exactly one extent per mesh axis");
+  }
+  return detail::make_mesh_with<Axes...>(places, std::move(sizes), options);
 }
 
 /// @brief A one-axis mesh over all of `places`.
@@ -12047,10 +12081,11 @@ struct element_along_dim {
   PDO_HD A operator()(std::size_t o, std::size_t e) const { return static_cast<A>(in[(o / inner) * extent * inner + o % inner + e * inner]); }
 };
 
-template <class T>
+/// @brief Element i of `in`, as an A (what a reduction of it accumulates in).
+template <class T, class A = T>
 struct read_at {
   const T* in;
-  PDO_HD T operator()(std::size_t i) const { return in[i]; }
+  PDO_HD A operator()(std::size_t i) const { return static_cast<A>(in[i]); }
 };
 
 template <class T>
@@ -12165,7 +12200,10 @@ struct scale_element {
 };
 
 /// @brief *out (in the memory of the system's place) = the reduction of all `n` elements of
-/// `in`; `global_count` divides a mean. On a GPU place the result is written by kernels.
+/// `in`; `global_count` divides a mean. On a CPU place a sum adds in sum_accumulator<T>,
+/// rounded to T once, as along a dim (a float running sum of 2^20 elements would be off in
+/// its 4th digit); on a GPU place CUB's reduction adds in a tree, whose rounding error grows
+/// with log n, and writes the result by kernels.
 template <class T>
 void reduce_all_into(place_system& system, const T* in, std::size_t n, reduction what, std::size_t global_count, T* out) {
   const thrust::counting_iterator<std::size_t> first(0), last(n);
@@ -12173,8 +12211,17 @@ void reduce_all_into(place_system& system, const T* in, std::size_t n, reduction
     transform_reduce_into(system, first, last, read_at<T>{in}, reduction_identity<T>(what), max_of<T>{}, out);
     return;
   }
-  transform_reduce_into(system, first, last, read_at<T>{in}, T{}, thrust::plus<T>{}, out);
-  if (what == reduction::mean) thrust::for_each_n(system, first, std::size_t{1}, scale_element<T>{out, T(1) / static_cast<T>(global_count)});
+  system.visit([&](auto& backend) {
+    if constexpr (gpu_backend<decltype(backend)>) {
+      transform_reduce_into(backend, first, last, read_at<T>{in}, T{}, thrust::plus<T>{}, out);
+      if (what == reduction::mean)
+        thrust::for_each_n(system, first, std::size_t{1}, scale_element<T>{out, T(1) / static_cast<T>(global_count)});
+    } else {
+      using A = sum_accumulator<T>;
+      const A sum = transform_reduce(backend, first, last, read_at<T, A>{in}, A{}, thrust::plus<A>{});
+      *out = what == reduction::mean ? scale_by<T, A>{A(1) / static_cast<A>(global_count)}(sum) : static_cast<T>(sum);
+    }
+  });
 }
 
 }  // namespace pdo::detail
@@ -12843,6 +12890,7 @@ class cross_entropy_node : public detail::op_node<Logits, Labels> {
 #endif  // PDO_SINGLE_PDO_EXPR_SOFTMAX_HPP
 
 #include <cstddef>
+#include <string>
 #include <utility>
 
 namespace pdo {
@@ -12989,6 +13037,20 @@ template <detail::tensor_operand L, detail::tensor_operand Y>
 auto cross_entropy(L&& logits, Y&& labels) {
   return cross_entropy_node<detail::expression_t<L>, detail::expression_t<Y>>(detail::as_expression(std::forward<L>(logits)),
                                                                               detail::as_expression(std::forward<Y>(labels)));
+}
+
+/// @brief Mean squared error: mean((a - b)²) over every element, a scalar expression (a and b
+/// broadcast as in a - b; shapes that do not are a pdo::shape_error that names mse).
+template <detail::tensor_operand A, detail::tensor_operand B>
+auto mse(A&& a, B&& b) {
+  const auto d = [&] {
+    try {
+      return detail::make_elementwise<op::subtract>(std::forward<A>(a), std::forward<B>(b));
+    } catch (const shape_error& e) {
+      throw shape_error(std::string("mse: ") + e.what());
+    }
+  }();
+  return pdo::mean(d * d);
 }
 
 /// @brief The last two dims swapped.
@@ -18121,7 +18183,7 @@ class sgd : public optimizer_base<T> {
   /// @brief Rejects at compile time parameters of another element type than the optimizer's.
   template <class U>
     requires(!std::same_as<U, T>)
-  sgd(std::vector<parameter_ref<U>>, sgd_options) : optimizer_base<T>(std::vector<parameter_ref<T>>{}) {
+  sgd(std::vector<parameter_ref<U>>, sgd_options = {}) : optimizer_base<T>(std::vector<parameter_ref<T>>{}) {
     static_assert(pdo::detail::always_false<U>,
                   "pdo: sgd<T>: the parameters' element type is not T; give the optimizer the parameters' type "
                   "(sgd<double> for a linear<double>'s)");
@@ -18129,13 +18191,13 @@ class sgd : public optimizer_base<T> {
   /// @brief Rejects at compile time a layer or model given for its parameters.
   template <class Layer>
     requires requires(Layer& layer) { layer.parameters(); }
-  sgd(Layer&, sgd_options) : optimizer_base<T>(std::vector<parameter_ref<T>>{}) {
+  sgd(Layer&, sgd_options = {}) : optimizer_base<T>(std::vector<parameter_ref<T>>{}) {
     static_assert(pdo::detail::always_false<Layer>,
                   "pdo: sgd: give the optimizer the layer's parameters, sgd<T>(layer.parameters(), {...}), not the layer");
   }
-  /// @brief Updates `params` with the settings `o`.
+  /// @brief Updates `params` with the settings `o` (by default sgd_options' defaults).
   /// A pdo::error when a setting is negative or not finite.
-  sgd(std::vector<parameter_ref<T>> params, sgd_options o) : optimizer_base<T>(std::move(params)), o_(o), buffers_(params_.size()) {
+  sgd(std::vector<parameter_ref<T>> params, sgd_options o = {}) : optimizer_base<T>(std::move(params)), o_(o), buffers_(params_.size()) {
     pdo::detail::check_lr("sgd", o.lr);
     pdo::detail::check_setting("sgd", "momentum", o.momentum, o.momentum >= 0, "finite and >= 0");
     pdo::detail::check_setting("sgd", "weight_decay", o.weight_decay, o.weight_decay >= 0, "finite and >= 0");
@@ -18238,7 +18300,7 @@ class adam : public optimizer_base<T> {
   /// @brief Rejects at compile time parameters of another element type than the optimizer's.
   template <class U>
     requires(!std::same_as<U, T>)
-  adam(std::vector<parameter_ref<U>>, adam_options) : optimizer_base<T>(std::vector<parameter_ref<T>>{}) {
+  adam(std::vector<parameter_ref<U>>, adam_options = {}) : optimizer_base<T>(std::vector<parameter_ref<T>>{}) {
     static_assert(pdo::detail::always_false<U>,
                   "pdo: adam<T>: the parameters' element type is not T; give the optimizer the parameters' type "
                   "(adam<double> for a linear<double>'s)");
@@ -18246,13 +18308,13 @@ class adam : public optimizer_base<T> {
   /// @brief Rejects at compile time a layer or model given for its parameters.
   template <class Layer>
     requires requires(Layer& layer) { layer.parameters(); }
-  adam(Layer&, adam_options) : optimizer_base<T>(std::vector<parameter_ref<T>>{}) {
+  adam(Layer&, adam_options = {}) : optimizer_base<T>(std::vector<parameter_ref<T>>{}) {
     static_assert(pdo::detail::always_false<Layer>,
                   "pdo: adam: give the optimizer the layer's parameters, adam<T>(layer.parameters(), {...}), not the layer");
   }
-  /// @brief Updates `params` with the settings `o`.
+  /// @brief Updates `params` with the settings `o` (by default adam_options' defaults).
   /// A pdo::error when a setting is out of its range (betas in [0, 1), the others >= 0) or not finite.
-  adam(std::vector<parameter_ref<T>> params, adam_options o)
+  adam(std::vector<parameter_ref<T>> params, adam_options o = {})
       : optimizer_base<T>(std::move(params)), o_(o), m_(params_.size()), v_(params_.size()), t_(params_.size(), 0) {
     pdo::detail::check_lr("adam", o.lr);
     pdo::detail::check_setting("adam", "beta1", o.beta1, o.beta1 >= 0 && o.beta1 < 1, "in [0, 1)");
@@ -20318,18 +20380,24 @@ constexpr std::size_t linears_before(std::size_t i) {
   return n;
 }
 
+/// @brief Whether tensor parallelism can take `Layer`: a linear layer, or a layer without parameters.
 template <class Layer>
-constexpr void check_convertible() {
-  static_assert(is_local_linear_v<Layer> || std::is_empty_v<Layer> || std::is_base_of_v<stateless, Layer>,
+inline constexpr bool convertible_v = is_local_linear_v<Layer> || std::is_empty_v<Layer> || std::is_base_of_v<stateless, Layer>;
+
+/// @brief Whether a model of `Layers` can be made tensor parallel; when it cannot, one error
+/// says why (its layers, else its linear layers not in pairs), and the caller instantiates
+/// nothing more.
+template <class... Layers>
+constexpr bool check_model() {
+  constexpr bool convertible = (convertible_v<Layers> && ...);
+  constexpr bool pairs = linears_before<Layers...>(sizeof...(Layers)) % 2 == 0;
+  static_assert(convertible,
                 "pdo: tensor_parallel: the model may hold linear layers and layers without parameters (activations); "
                 "split other layers' parameters explicitly");
-}
-
-template <class... Layers>
-constexpr void check_pairs() {
-  static_assert(linears_before<Layers...>(sizeof...(Layers)) % 2 == 0,
+  static_assert(!convertible || pairs,
                 "pdo: tensor_parallel: the model needs linear layers in column/row pairs (an even number), so that "
                 "its output is not left split along the tensor-parallel axis");
+  return convertible && pairs;
 }
 
 /// @brief The element type of a model's first linear layer (float when it has none).
@@ -20346,25 +20414,31 @@ struct first_linear_element<linear<T>, Rest...> {
   using type = T;
 };
 
-/// @brief What tensor_parallel gives after its error (a mesh without the axis), so that the
-/// model's uses report nothing more: it takes any input to an empty var of the type a model's
-/// output would most likely have (its element type, rank 2, replicated on the mesh), and
-/// holds no parameters.
-template <class T, class Mesh>
+/// @brief What tensor_parallel gives after its error, so that the model's uses report nothing
+/// more: it takes any input to an empty var of `Output`, the type a model's output would most
+/// likely have (of the element type of its first linear layer, rank 2: replicated on the mesh
+/// for tensor_parallel, a local tensor for tensor_parallel_shard), and holds no parameters.
+template <class Output>
 struct unformed_model {
   template <class X>
   auto operator()(const X&) const {
-    return var<pdo::detail::replicated_dtensor_t<T, 2, Mesh>>{};
+    return var<Output>{};
   }
-  template <class U = T>
+  template <class U = typename var<Output>::element_type>
   [[nodiscard]] std::vector<parameter_ref<U>> parameters(const std::string& = "") const {
     return {};
   }
 };
 
+/// @brief unformed_model of tensor_parallel on `Mesh` of a model of `Layers`.
+template <class Mesh, class... Layers>
+using unformed_parallel_model = unformed_model<pdo::detail::replicated_dtensor_t<typename first_linear_element<Layers...>::type, 2, Mesh>>;
+/// @brief unformed_model of tensor_parallel_shard of a model of `Layers`.
+template <class... Layers>
+using unformed_shard_model = unformed_model<tensor<typename first_linear_element<Layers...>::type, 2>>;
+
 template <fixed_string Axis, std::size_t Ordinal, class Mesh, class Layer>
 auto convert(const Mesh& m, const Layer& layer) {
-  check_convertible<Layer>();
   if constexpr (!is_local_linear_v<Layer>) return layer;
   else if constexpr (Ordinal % 2 == 0) return column_parallel<Axis>(m, layer);
   else return row_parallel<Axis>(m, layer);
@@ -20373,7 +20447,6 @@ auto convert(const Mesh& m, const Layer& layer) {
 /// @brief Place `p`'s shard of `layer` (see tensor_parallel_shard), in p's memory.
 template <fixed_string Axis, std::size_t Ordinal, class Mesh, class Layer>
 auto shard(const Mesh& m, std::size_t p, const Layer& layer) {
-  check_convertible<Layer>();
   if constexpr (!is_local_linear_v<Layer>) {
     return layer;
   } else {
@@ -20399,13 +20472,15 @@ auto tensor_parallel(const Mesh& m, const sequential<Layers...>& model) {
   static_assert(Mesh::has_axis(Axis.view()),
                 "pdo: tensor_parallel<Axis>: the mesh has no axis of that name; name one of the mesh's axes "
                 "(make_mesh<\"dp\", \"tp\">: tensor_parallel<\"tp\">)");
-  if constexpr (Mesh::has_axis(Axis.view())) {  // else nothing more is instantiated after the error
-    detail_tp::check_pairs<Layers...>();
+  // after an error, nothing more is instantiated
+  if constexpr (!Mesh::has_axis(Axis.view())) {
+    return detail_tp::unformed_parallel_model<Mesh, Layers...>{};
+  } else if constexpr (!detail_tp::check_model<Layers...>()) {
+    return detail_tp::unformed_parallel_model<Mesh, Layers...>{};
+  } else {
     return [&]<std::size_t... I>(std::index_sequence<I...>) {
       return sequential(detail_tp::convert<Axis, detail_tp::linears_before<Layers...>(I)>(m, std::get<I>(model.layers()))...);
     }(std::index_sequence_for<Layers...>{});
-  } else {
-    return detail_tp::unformed_model<typename detail_tp::first_linear_element<Layers...>::type, Mesh>{};
   }
 }
 
@@ -20420,10 +20495,16 @@ auto tensor_parallel_shard(const Mesh& m, std::size_t p, const sequential<Layers
   static_assert(Mesh::has_axis(Axis.view()),
                 "pdo: tensor_parallel_shard<Axis>: the mesh has no axis of that name; name one of the mesh's axes "
                 "(make_mesh<\"dp\", \"tp\">: tensor_parallel<\"tp\">)");
-  detail_tp::check_pairs<Layers...>();
-  return [&]<std::size_t... I>(std::index_sequence<I...>) {
-    return sequential(detail_tp::shard<Axis, detail_tp::linears_before<Layers...>(I)>(m, p, std::get<I>(model.layers()))...);
-  }(std::index_sequence_for<Layers...>{});
+  // after an error, nothing more is instantiated
+  if constexpr (!Mesh::has_axis(Axis.view())) {
+    return detail_tp::unformed_shard_model<Layers...>{};
+  } else if constexpr (!detail_tp::check_model<Layers...>()) {
+    return detail_tp::unformed_shard_model<Layers...>{};
+  } else {
+    return [&]<std::size_t... I>(std::index_sequence<I...>) {
+      return sequential(detail_tp::shard<Axis, detail_tp::linears_before<Layers...>(I)>(m, p, std::get<I>(model.layers()))...);
+    }(std::index_sequence_for<Layers...>{});
+  }
 }
 
 }  // namespace pdo::nn
@@ -21292,6 +21373,11 @@ auto make_pipeline(const Mesh& m, const sequential<Layers...>& model, MakeOptimi
     static_assert(detail_nn::holds_parameters_of<T, sequential<Layers...>>::value,
                   "pdo: make_pipeline<T>: the model's parameters are not of element type T: build its layers with T "
                   "(linear<T>, conv2d<T>) or pipeline it as make_pipeline<its element type>");
+    return detail_dp::unformed_trainer<T>{};
+  } else if constexpr (Mesh::has_axis("tp") && !(detail_tp::convertible_v<Layers> && ...)) {
+    static_assert(pdo::detail::always_false<Mesh>,
+                  "pdo: pipeline: on a mesh with a \"tp\" axis every stage is tensor parallel: the model may hold linear "
+                  "layers and layers without parameters (activations); train other layers on a mesh without \"tp\"");
     return detail_dp::unformed_trainer<T>{};
   } else if constexpr (!detail_pp::stages_hold_whole_pairs<Mesh, bounds, Layers...>()) {
     static_assert(detail_pp::stages_hold_whole_pairs<Mesh, bounds, Layers...>(),

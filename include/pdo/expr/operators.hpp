@@ -9,6 +9,7 @@
 #include <pdo/expr/transpose.hpp>
 
 #include <cstddef>
+#include <string>
 #include <utility>
 
 namespace pdo {
@@ -155,6 +156,20 @@ template <detail::tensor_operand L, detail::tensor_operand Y>
 auto cross_entropy(L&& logits, Y&& labels) {
   return cross_entropy_node<detail::expression_t<L>, detail::expression_t<Y>>(detail::as_expression(std::forward<L>(logits)),
                                                                               detail::as_expression(std::forward<Y>(labels)));
+}
+
+/// @brief Mean squared error: mean((a - b)²) over every element, a scalar expression (a and b
+/// broadcast as in a - b; shapes that do not are a pdo::shape_error that names mse).
+template <detail::tensor_operand A, detail::tensor_operand B>
+auto mse(A&& a, B&& b) {
+  const auto d = [&] {
+    try {
+      return detail::make_elementwise<op::subtract>(std::forward<A>(a), std::forward<B>(b));
+    } catch (const shape_error& e) {
+      throw shape_error(std::string("mse: ") + e.what());
+    }
+  }();
+  return pdo::mean(d * d);
 }
 
 /// @brief The last two dims swapped.

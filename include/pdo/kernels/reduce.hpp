@@ -34,10 +34,11 @@ struct element_along_dim {
   PDO_HD A operator()(std::size_t o, std::size_t e) const { return static_cast<A>(in[(o / inner) * extent * inner + o % inner + e * inner]); }
 };
 
-template <class T>
+/// @brief Element i of `in`, as an A (what a reduction of it accumulates in).
+template <class T, class A = T>
 struct read_at {
   const T* in;
-  PDO_HD T operator()(std::size_t i) const { return in[i]; }
+  PDO_HD A operator()(std::size_t i) const { return static_cast<A>(in[i]); }
 };
 
 template <class T>
@@ -152,7 +153,10 @@ struct scale_element {
 };
 
 /// @brief *out (in the memory of the system's place) = the reduction of all `n` elements of
-/// `in`; `global_count` divides a mean. On a GPU place the result is written by kernels.
+/// `in`; `global_count` divides a mean. On a CPU place a sum adds in sum_accumulator<T>,
+/// rounded to T once, as along a dim (a float running sum of 2^20 elements would be off in
+/// its 4th digit); on a GPU place CUB's reduction adds in a tree, whose rounding error grows
+/// with log n, and writes the result by kernels.
 template <class T>
 void reduce_all_into(place_system& system, const T* in, std::size_t n, reduction what, std::size_t global_count, T* out) {
   const thrust::counting_iterator<std::size_t> first(0), last(n);
@@ -160,8 +164,17 @@ void reduce_all_into(place_system& system, const T* in, std::size_t n, reduction
     transform_reduce_into(system, first, last, read_at<T>{in}, reduction_identity<T>(what), max_of<T>{}, out);
     return;
   }
-  transform_reduce_into(system, first, last, read_at<T>{in}, T{}, thrust::plus<T>{}, out);
-  if (what == reduction::mean) thrust::for_each_n(system, first, std::size_t{1}, scale_element<T>{out, T(1) / static_cast<T>(global_count)});
+  system.visit([&](auto& backend) {
+    if constexpr (gpu_backend<decltype(backend)>) {
+      transform_reduce_into(backend, first, last, read_at<T>{in}, T{}, thrust::plus<T>{}, out);
+      if (what == reduction::mean)
+        thrust::for_each_n(system, first, std::size_t{1}, scale_element<T>{out, T(1) / static_cast<T>(global_count)});
+    } else {
+      using A = sum_accumulator<T>;
+      const A sum = transform_reduce(backend, first, last, read_at<T, A>{in}, A{}, thrust::plus<A>{});
+      *out = what == reduction::mean ? scale_by<T, A>{A(1) / static_cast<A>(global_count)}(sum) : static_cast<T>(sum);
+    }
+  });
 }
 
 }  // namespace pdo::detail

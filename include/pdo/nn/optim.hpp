@@ -229,7 +229,7 @@ class sgd : public optimizer_base<T> {
   /// @brief Rejects at compile time parameters of another element type than the optimizer's.
   template <class U>
     requires(!std::same_as<U, T>)
-  sgd(std::vector<parameter_ref<U>>, sgd_options) : optimizer_base<T>(std::vector<parameter_ref<T>>{}) {
+  sgd(std::vector<parameter_ref<U>>, sgd_options = {}) : optimizer_base<T>(std::vector<parameter_ref<T>>{}) {
     static_assert(pdo::detail::always_false<U>,
                   "pdo: sgd<T>: the parameters' element type is not T; give the optimizer the parameters' type "
                   "(sgd<double> for a linear<double>'s)");
@@ -237,13 +237,13 @@ class sgd : public optimizer_base<T> {
   /// @brief Rejects at compile time a layer or model given for its parameters.
   template <class Layer>
     requires requires(Layer& layer) { layer.parameters(); }
-  sgd(Layer&, sgd_options) : optimizer_base<T>(std::vector<parameter_ref<T>>{}) {
+  sgd(Layer&, sgd_options = {}) : optimizer_base<T>(std::vector<parameter_ref<T>>{}) {
     static_assert(pdo::detail::always_false<Layer>,
                   "pdo: sgd: give the optimizer the layer's parameters, sgd<T>(layer.parameters(), {...}), not the layer");
   }
-  /// @brief Updates `params` with the settings `o`.
+  /// @brief Updates `params` with the settings `o` (by default sgd_options' defaults).
   /// A pdo::error when a setting is negative or not finite.
-  sgd(std::vector<parameter_ref<T>> params, sgd_options o) : optimizer_base<T>(std::move(params)), o_(o), buffers_(params_.size()) {
+  sgd(std::vector<parameter_ref<T>> params, sgd_options o = {}) : optimizer_base<T>(std::move(params)), o_(o), buffers_(params_.size()) {
     pdo::detail::check_lr("sgd", o.lr);
     pdo::detail::check_setting("sgd", "momentum", o.momentum, o.momentum >= 0, "finite and >= 0");
     pdo::detail::check_setting("sgd", "weight_decay", o.weight_decay, o.weight_decay >= 0, "finite and >= 0");
@@ -346,7 +346,7 @@ class adam : public optimizer_base<T> {
   /// @brief Rejects at compile time parameters of another element type than the optimizer's.
   template <class U>
     requires(!std::same_as<U, T>)
-  adam(std::vector<parameter_ref<U>>, adam_options) : optimizer_base<T>(std::vector<parameter_ref<T>>{}) {
+  adam(std::vector<parameter_ref<U>>, adam_options = {}) : optimizer_base<T>(std::vector<parameter_ref<T>>{}) {
     static_assert(pdo::detail::always_false<U>,
                   "pdo: adam<T>: the parameters' element type is not T; give the optimizer the parameters' type "
                   "(adam<double> for a linear<double>'s)");
@@ -354,13 +354,13 @@ class adam : public optimizer_base<T> {
   /// @brief Rejects at compile time a layer or model given for its parameters.
   template <class Layer>
     requires requires(Layer& layer) { layer.parameters(); }
-  adam(Layer&, adam_options) : optimizer_base<T>(std::vector<parameter_ref<T>>{}) {
+  adam(Layer&, adam_options = {}) : optimizer_base<T>(std::vector<parameter_ref<T>>{}) {
     static_assert(pdo::detail::always_false<Layer>,
                   "pdo: adam: give the optimizer the layer's parameters, adam<T>(layer.parameters(), {...}), not the layer");
   }
-  /// @brief Updates `params` with the settings `o`.
+  /// @brief Updates `params` with the settings `o` (by default adam_options' defaults).
   /// A pdo::error when a setting is out of its range (betas in [0, 1), the others >= 0) or not finite.
-  adam(std::vector<parameter_ref<T>> params, adam_options o)
+  adam(std::vector<parameter_ref<T>> params, adam_options o = {})
       : optimizer_base<T>(std::move(params)), o_(o), m_(params_.size()), v_(params_.size()), t_(params_.size(), 0) {
     pdo::detail::check_lr("adam", o.lr);
     pdo::detail::check_setting("adam", "beta1", o.beta1, o.beta1 >= 0 && o.beta1 < 1, "in [0, 1)");

@@ -868,6 +868,11 @@ auto make_pipeline(const Mesh& m, const sequential<Layers...>& model, MakeOptimi
                   "pdo: make_pipeline<T>: the model's parameters are not of element type T: build its layers with T "
                   "(linear<T>, conv2d<T>) or pipeline it as make_pipeline<its element type>");
     return detail_dp::unformed_trainer<T>{};
+  } else if constexpr (Mesh::has_axis("tp") && !(detail_tp::convertible_v<Layers> && ...)) {
+    static_assert(pdo::detail::always_false<Mesh>,
+                  "pdo: pipeline: on a mesh with a \"tp\" axis every stage is tensor parallel: the model may hold linear "
+                  "layers and layers without parameters (activations); train other layers on a mesh without \"tp\"");
+    return detail_dp::unformed_trainer<T>{};
   } else if constexpr (!detail_pp::stages_hold_whole_pairs<Mesh, bounds, Layers...>()) {
     static_assert(detail_pp::stages_hold_whole_pairs<Mesh, bounds, Layers...>(),
                   "pdo: pipeline: on a mesh with a \"tp\" axis every stage is tensor parallel: cut the model so that each "

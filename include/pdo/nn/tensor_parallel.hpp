@@ -101,18 +101,24 @@ constexpr std::size_t linears_before(std::size_t i) {
   return n;
 }
 
+/// @brief Whether tensor parallelism can take `Layer`: a linear layer, or a layer without parameters.
 template <class Layer>
-constexpr void check_convertible() {
-  static_assert(is_local_linear_v<Layer> || std::is_empty_v<Layer> || std::is_base_of_v<stateless, Layer>,
+inline constexpr bool convertible_v = is_local_linear_v<Layer> || std::is_empty_v<Layer> || std::is_base_of_v<stateless, Layer>;
+
+/// @brief Whether a model of `Layers` can be made tensor parallel; when it cannot, one error
+/// says why (its layers, else its linear layers not in pairs), and the caller instantiates
+/// nothing more.
+template <class... Layers>
+constexpr bool check_model() {
+  constexpr bool convertible = (convertible_v<Layers> && ...);
+  constexpr bool pairs = linears_before<Layers...>(sizeof...(Layers)) % 2 == 0;
+  static_assert(convertible,
                 "pdo: tensor_parallel: the model may hold linear layers and layers without parameters (activations); "
                 "split other layers' parameters explicitly");
-}
-
-template <class... Layers>
-constexpr void check_pairs() {
-  static_assert(linears_before<Layers...>(sizeof...(Layers)) % 2 == 0,
+  static_assert(!convertible || pairs,
                 "pdo: tensor_parallel: the model needs linear layers in column/row pairs (an even number), so that "
                 "its output is not left split along the tensor-parallel axis");
+  return convertible && pairs;
 }
 
 /// @brief The element type of a model's first linear layer (float when it has none).
@@ -129,25 +135,31 @@ struct first_linear_element<linear<T>, Rest...> {
   using type = T;
 };
 
-/// @brief What tensor_parallel gives after its error (a mesh without the axis), so that the
-/// model's uses report nothing more: it takes any input to an empty var of the type a model's
-/// output would most likely have (its element type, rank 2, replicated on the mesh), and
-/// holds no parameters.
-template <class T, class Mesh>
+/// @brief What tensor_parallel gives after its error, so that the model's uses report nothing
+/// more: it takes any input to an empty var of `Output`, the type a model's output would most
+/// likely have (of the element type of its first linear layer, rank 2: replicated on the mesh
+/// for tensor_parallel, a local tensor for tensor_parallel_shard), and holds no parameters.
+template <class Output>
 struct unformed_model {
   template <class X>
   auto operator()(const X&) const {
-    return var<pdo::detail::replicated_dtensor_t<T, 2, Mesh>>{};
+    return var<Output>{};
   }
-  template <class U = T>
+  template <class U = typename var<Output>::element_type>
   [[nodiscard]] std::vector<parameter_ref<U>> parameters(const std::string& = "") const {
     return {};
   }
 };
 
+/// @brief unformed_model of tensor_parallel on `Mesh` of a model of `Layers`.
+template <class Mesh, class... Layers>
+using unformed_parallel_model = unformed_model<pdo::detail::replicated_dtensor_t<typename first_linear_element<Layers...>::type, 2, Mesh>>;
+/// @brief unformed_model of tensor_parallel_shard of a model of `Layers`.
+template <class... Layers>
+using unformed_shard_model = unformed_model<tensor<typename first_linear_element<Layers...>::type, 2>>;
+
 template <fixed_string Axis, std::size_t Ordinal, class Mesh, class Layer>
 auto convert(const Mesh& m, const Layer& layer) {
-  check_convertible<Layer>();
   if constexpr (!is_local_linear_v<Layer>) return layer;
   else if constexpr (Ordinal % 2 == 0) return column_parallel<Axis>(m, layer);
   else return row_parallel<Axis>(m, layer);
@@ -156,7 +168,6 @@ auto convert(const Mesh& m, const Layer& layer) {
 /// @brief Place `p`'s shard of `layer` (see tensor_parallel_shard), in p's memory.
 template <fixed_string Axis, std::size_t Ordinal, class Mesh, class Layer>
 auto shard(const Mesh& m, std::size_t p, const Layer& layer) {
-  check_convertible<Layer>();
   if constexpr (!is_local_linear_v<Layer>) {
     return layer;
   } else {
@@ -182,13 +193,15 @@ auto tensor_parallel(const Mesh& m, const sequential<Layers...>& model) {
   static_assert(Mesh::has_axis(Axis.view()),
                 "pdo: tensor_parallel<Axis>: the mesh has no axis of that name; name one of the mesh's axes "
                 "(make_mesh<\"dp\", \"tp\">: tensor_parallel<\"tp\">)");
-  if constexpr (Mesh::has_axis(Axis.view())) {  // else nothing more is instantiated after the error
-    detail_tp::check_pairs<Layers...>();
+  // after an error, nothing more is instantiated
+  if constexpr (!Mesh::has_axis(Axis.view())) {
+    return detail_tp::unformed_parallel_model<Mesh, Layers...>{};
+  } else if constexpr (!detail_tp::check_model<Layers...>()) {
+    return detail_tp::unformed_parallel_model<Mesh, Layers...>{};
+  } else {
     return [&]<std::size_t... I>(std::index_sequence<I...>) {
       return sequential(detail_tp::convert<Axis, detail_tp::linears_before<Layers...>(I)>(m, std::get<I>(model.layers()))...);
     }(std::index_sequence_for<Layers...>{});
-  } else {
-    return detail_tp::unformed_model<typename detail_tp::first_linear_element<Layers...>::type, Mesh>{};
   }
 }
 
@@ -203,10 +216,16 @@ auto tensor_parallel_shard(const Mesh& m, std::size_t p, const sequential<Layers
   static_assert(Mesh::has_axis(Axis.view()),
                 "pdo: tensor_parallel_shard<Axis>: the mesh has no axis of that name; name one of the mesh's axes "
                 "(make_mesh<\"dp\", \"tp\">: tensor_parallel<\"tp\">)");
-  detail_tp::check_pairs<Layers...>();
-  return [&]<std::size_t... I>(std::index_sequence<I...>) {
-    return sequential(detail_tp::shard<Axis, detail_tp::linears_before<Layers...>(I)>(m, p, std::get<I>(model.layers()))...);
-  }(std::index_sequence_for<Layers...>{});
+  // after an error, nothing more is instantiated
+  if constexpr (!Mesh::has_axis(Axis.view())) {
+    return detail_tp::unformed_shard_model<Layers...>{};
+  } else if constexpr (!detail_tp::check_model<Layers...>()) {
+    return detail_tp::unformed_shard_model<Layers...>{};
+  } else {
+    return [&]<std::size_t... I>(std::index_sequence<I...>) {
+      return sequential(detail_tp::shard<Axis, detail_tp::linears_before<Layers...>(I)>(m, p, std::get<I>(model.layers()))...);
+    }(std::index_sequence_for<Layers...>{});
+  }
 }
 
 }  // namespace pdo::nn

@@ -21,6 +21,7 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 namespace pdo {
@@ -307,6 +308,22 @@ inline constexpr bool is_mesh_v = requires { typename M::mesh_tag; };
 template <class M>
 concept mesh_type = is_mesh_v<M>;
 
+namespace detail {
+
+/// @brief make_mesh's work, once the extents are a vector of one per axis.
+template <fixed_string... Axes, class Places>
+mesh<Axes...> make_mesh_with(const Places& places, std::vector<std::size_t> extents, const mesh_options& options) {
+  auto state = std::make_shared<mesh_state>();
+  state->options = options;
+  state->axes = {std::string(Axes.view())...};
+  state->extents = std::move(extents);
+  for (const auto& p : places) state->places.emplace_back(p);
+  finish_mesh(*state);
+  return mesh<Axes...>(state);
+}
+
+}  // namespace detail
+
 /// @brief Lays `places` out as a grid with the given extents, one per axis:
 /// `make_mesh<"dp", "tp">(places, {2, 2})`. The product of the extents must be the
 /// number of places. A mesh over places of several processes (pdo::mpi::world_places)
@@ -317,13 +334,30 @@ template <fixed_string... Axes, std::ranges::input_range Places, std::size_t N>
   requires place<std::ranges::range_value_t<Places>>
 mesh<Axes...> make_mesh(const Places& places, const std::size_t (&extents)[N], const mesh_options& options = {}) {
   static_assert(N == sizeof...(Axes), "pdo: make_mesh: give exactly one extent per mesh axis");
-  auto state = std::make_shared<detail::mesh_state>();
-  state->options = options;
-  state->axes = {std::string(Axes.view())...};
-  state->extents.assign(extents, extents + N);
-  for (const auto& p : places) state->places.emplace_back(p);
-  detail::finish_mesh(*state);
-  return mesh<Axes...>(state);
+  return detail::make_mesh_with<Axes...>(places, std::vector<std::size_t>(extents, extents + N), options);
+}
+
+/// @brief make_mesh with extents computed at run time, in a container of integers (a
+/// std::array, a std::vector): one per axis, checked at compile time when the container's
+/// size is (a std::array), else a pdo::layout_error; a negative extent is a pdo::layout_error.
+template <fixed_string... Axes, std::ranges::input_range Places, std::ranges::sized_range Extents>
+  requires place<std::ranges::range_value_t<Places>> && std::integral<std::ranges::range_value_t<Extents>>
+mesh<Axes...> make_mesh(const Places& places, const Extents& extents, const mesh_options& options = {}) {
+  if constexpr (requires { std::tuple_size<Extents>::value; })
+    static_assert(std::tuple_size_v<Extents> == sizeof...(Axes), "pdo: make_mesh: give exactly one extent per mesh axis");
+  std::vector<std::size_t> sizes;
+  for (const auto e : extents) {
+    if constexpr (std::is_signed_v<std::remove_cvref_t<decltype(e)>>)
+      if (e < 0) throw layout_error("make_mesh: extent " + std::to_string(e) + " is negative: give one extent >= 1 per mesh axis");
+    sizes.push_back(static_cast<std::size_t>(e));
+  }
+  if (sizes.size() != sizeof...(Axes)) {
+    std::string axes;
+    ((axes += (axes.empty() ? "\"" : ", \"") + std::string(Axes.view()) + "\""), ...);
+    throw layout_error("make_mesh: " + std::to_string(sizes.size()) + " extents " + detail::format_extents(sizes) + " for a mesh of " +
+                       std::to_string(sizeof...(Axes)) + " axes (" + axes + "): give exactly one extent per mesh axis");
+  }
+  return detail::make_mesh_with<Axes...>(places, std::move(sizes), options);
 }
 
 /// @brief A one-axis mesh over all of `places`.
