@@ -154,6 +154,7 @@ TEST_CASE("autograd: softmax, log_softmax and the losses", "[autograd]") {
   check_gradient([&](auto x) { return pdo::cross_entropy(x, labels); }, a);
   check_gradient([&](auto x) { return pdo::cross_entropy(x, labels) * 3.0; }, a);
   check_gradient([](auto x, auto y) { return pdo::mse(x, y); }, a, rnd<2>({4, 5}, 18));
+  check_gradient([](auto x) { return pdo::mse(x, 0.5) + pdo::mse(-0.25, x); }, a);
 }
 
 TEST_CASE("autograd: transpose, reshape, and a value used twice", "[autograd]") {

@@ -97,6 +97,9 @@ TEST_CASE("mesh: coordinates, groups along an axis, description", "[mesh]") {
                     Catch::Contains("make_mesh: 3 extents [6, 1, 1] for a mesh of 2 axes (\"dp\", \"tp\")"));
   CHECK_THROWS_WITH((pdo::make_mesh<"dp", "tp">(pdo::cpu_places(6), std::vector<int>{-3, -2})), Catch::Contains("extent -3 is negative"));
   CHECK_THROWS_WITH((pdo::make_mesh<"dp", "tp">(pdo::cpu_places(4), extents)), Catch::Contains("[3, 2]") && Catch::Contains("4 were given"));
+  // extents whose product would wrap around to the number of places
+  CHECK_THROWS_WITH((pdo::make_mesh<"dp", "tp">(pdo::cpu_places(4), std::vector<std::size_t>{4, (std::size_t{1} << 62) + 1})),
+                    Catch::Contains("hold more places than a size_t counts"));
 }
 
 TEST_CASE("mesh: a place or axis number out of range is a layout_error naming the mesh and the call", "[mesh]") {

@@ -85,13 +85,16 @@ TEST_CASE("reductions, softmax and losses over meshes", "[expr][mesh]") {
   // mse of tensors and dtensors (no var): mean((a - b)²), b broadcast as in a - b
   const auto b = random_tensor<double, 2>({10, 7}, 32);
   const auto column = random_tensor<double, 2>({10, 1}, 33);
-  double by_hand = 0, by_hand_column = 0;
+  double by_hand = 0, by_hand_column = 0, by_hand_number = 0;
   for (std::size_t i = 0; i < 10; ++i)
     for (std::size_t j = 0; j < 7; ++j) {
       by_hand += (a(i, j) - b(i, j)) * (a(i, j) - b(i, j)) / 70;
       by_hand_column += (a(i, j) - column(i, 0)) * (a(i, j) - column(i, 0)) / 70;
+      by_hand_number += (a(i, j) - 2) * (a(i, j) - 2) / 70;
     }
   CHECK(pdo::eval(pdo::mse(a, b)).data()[0] == Approx(by_hand).epsilon(1e-13));
+  CHECK(pdo::eval(pdo::mse(a, 2.0)).data()[0] == Approx(by_hand_number).epsilon(1e-13));
+  CHECK(pdo::eval(pdo::mse(2.0, a)).data()[0] == Approx(by_hand_number).epsilon(1e-13));
   CHECK(pdo::eval(pdo::mse(a, column)).data()[0] == Approx(by_hand_column).epsilon(1e-13));
   CHECK(pdo::eval(pdo::mse(a, b)).data()[0] == pdo::mse(pdo::var(a), pdo::var(b)).value().data()[0]);
   check_on_meshes<rows, rows>([](const auto& x, const auto& y) { return pdo::mse(x, y); }, 1e-12, a, b);

@@ -3855,6 +3855,7 @@ constexpr auto nth_value() {
 #include <atomic>
 #include <chrono>
 #include <cstddef>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -3959,7 +3960,13 @@ inline void take_places(mesh_state& state, const std::string& name) {
 PDO_NOINLINE inline void finish_mesh(mesh_state& state) {
   const std::string name = describe_mesh(state);
   std::size_t product = 1;
-  for (auto e : state.extents) product *= e;
+  for (auto e : state.extents) {
+    if (e != 0 && product > std::numeric_limits<std::size_t>::max() / e)
+      throw layout_error("make_mesh: extents " + format_extents(state.extents) + " of " + name +
+                         " hold more places than a size_t counts; make the product of the extents equal the number of places (" +
+                         std::to_string(state.places.size()) + ")");
+    product *= e;
+  }
   if (state.places.empty() || product == 0)
     throw layout_error("make_mesh: " + name + " has no places (extents " + format_extents(state.extents) + ", " +
                        std::to_string(state.places.size()) + " places given); a mesh needs at least one place and every extent at least 1");
@@ -4196,8 +4203,9 @@ mesh<Axes...> make_mesh(const Places& places, const Extents& extents, const mesh
   if (sizes.size() != sizeof...(Axes)) {
     std::string axes;
     ((axes += (axes.empty() ? "\"" : ", \"") + std::string(Axes.view()) + "\""), ...);
-    throw layout_error("make_mesh: " + std::to_string(sizes.size()) + " extents " + detail::format_extents(sizes) + " for a mesh of " +
-                       std::to_string(sizeof...(Axes)) + " axes (" + axes + "): give exactly one extent per mesh axis");
+    throw layout_error("make_mesh: " + std::to_string(sizes.size()) + (sizes.size() == 1 ? " extent " : " extents ") +
+                       detail::format_extents(sizes) + " for a mesh of " + std::to_string(sizeof...(Axes)) + (sizeof...(Axes) == 1 ? " axis (" : " axes (") + axes +
+                       "): give exactly one extent per mesh axis");
   }
   return detail::make_mesh_with<Axes...>(places, std::move(sizes), options);
 }
@@ -4234,6 +4242,7 @@ mesh<Axis> make_mesh(const Places& places, const mesh_options& options = {}) {
 #include <concepts>
 #include <cstddef>
 #include <cstdlib>
+#include <mutex>
 #include <string>
 #include <type_traits>
 
@@ -4333,6 +4342,9 @@ inline int count(std::size_t n, const char* op) {
 /// @brief Starts MPI (with MPI_THREAD_MULTIPLE, as places call it from their own
 /// threads) unless it is running already; MPI is finalized when the program exits.
 inline void initialize() {
+  // two host threads that start MPI at once would both call MPI_Init_thread
+  static std::mutex starting;
+  const std::lock_guard lock(starting);
   int started = 0;
   MPI_Initialized(&started);
   if (started) {
@@ -13040,8 +13052,10 @@ auto cross_entropy(L&& logits, Y&& labels) {
 }
 
 /// @brief Mean squared error: mean((a - b)²) over every element, a scalar expression (a and b
-/// broadcast as in a - b; shapes that do not are a pdo::shape_error that names mse).
-template <detail::tensor_operand A, detail::tensor_operand B>
+/// broadcast as in a - b, either may be a number; shapes that do not are a pdo::shape_error
+/// that names mse).
+template <class A, class B>
+  requires detail::arithmetic_operands<A, B>
 auto mse(A&& a, B&& b) {
   const auto d = [&] {
     try {
@@ -14729,18 +14743,36 @@ auto cross_entropy(const var<L>& logits, const Y& labels) {
       logits);
 }
 
-/// @brief Mean squared error: mean((a - b)²) over every element (a and b broadcast as in
-/// a - b; shapes that do not are a pdo::shape_error that names mse).
-template <class A, class B>
-auto mse(const var<A>& a, const var<B>& b) {
+namespace detail {
+/// @brief mse's work on vars, once the difference of its operands is `difference()`.
+template <class Difference>
+auto mse_of(Difference difference) {
   const auto d = [&] {
     try {
-      return a - b;
+      return difference();
     } catch (const shape_error& e) {
       throw shape_error(std::string("mse: ") + e.what());
     }
   }();
   return pdo::mean(d * d);
+}
+}  // namespace detail
+
+/// @brief Mean squared error: mean((a - b)²) over every element (a and b broadcast as in
+/// a - b; shapes that do not are a pdo::shape_error that names mse).
+template <class A, class B>
+auto mse(const var<A>& a, const var<B>& b) {
+  return detail::mse_of([&] { return a - b; });
+}
+/// @brief mse against a number: mean((a - s)²).
+template <class A>
+auto mse(const var<A>& a, detail::var_element_t<A> s) {
+  return detail::mse_of([&] { return a - s; });
+}
+/// @brief mse of a number: mean((s - a)²).
+template <class A>
+auto mse(detail::var_element_t<A> s, const var<A>& a) {
+  return detail::mse_of([&] { return s - a; });
 }
 
 // ---- layout of the data ----

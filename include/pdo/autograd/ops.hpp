@@ -450,18 +450,36 @@ auto cross_entropy(const var<L>& logits, const Y& labels) {
       logits);
 }
 
-/// @brief Mean squared error: mean((a - b)²) over every element (a and b broadcast as in
-/// a - b; shapes that do not are a pdo::shape_error that names mse).
-template <class A, class B>
-auto mse(const var<A>& a, const var<B>& b) {
+namespace detail {
+/// @brief mse's work on vars, once the difference of its operands is `difference()`.
+template <class Difference>
+auto mse_of(Difference difference) {
   const auto d = [&] {
     try {
-      return a - b;
+      return difference();
     } catch (const shape_error& e) {
       throw shape_error(std::string("mse: ") + e.what());
     }
   }();
   return pdo::mean(d * d);
+}
+}  // namespace detail
+
+/// @brief Mean squared error: mean((a - b)²) over every element (a and b broadcast as in
+/// a - b; shapes that do not are a pdo::shape_error that names mse).
+template <class A, class B>
+auto mse(const var<A>& a, const var<B>& b) {
+  return detail::mse_of([&] { return a - b; });
+}
+/// @brief mse against a number: mean((a - s)²).
+template <class A>
+auto mse(const var<A>& a, detail::var_element_t<A> s) {
+  return detail::mse_of([&] { return a - s; });
+}
+/// @brief mse of a number: mean((s - a)²).
+template <class A>
+auto mse(detail::var_element_t<A> s, const var<A>& a) {
+  return detail::mse_of([&] { return s - a; });
 }
 
 // ---- layout of the data ----

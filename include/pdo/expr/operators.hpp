@@ -159,8 +159,10 @@ auto cross_entropy(L&& logits, Y&& labels) {
 }
 
 /// @brief Mean squared error: mean((a - b)²) over every element, a scalar expression (a and b
-/// broadcast as in a - b; shapes that do not are a pdo::shape_error that names mse).
-template <detail::tensor_operand A, detail::tensor_operand B>
+/// broadcast as in a - b, either may be a number; shapes that do not are a pdo::shape_error
+/// that names mse).
+template <class A, class B>
+  requires detail::arithmetic_operands<A, B>
 auto mse(A&& a, B&& b) {
   const auto d = [&] {
     try {

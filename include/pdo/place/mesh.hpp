@@ -13,6 +13,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstddef>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -117,7 +118,13 @@ inline void take_places(mesh_state& state, const std::string& name) {
 PDO_NOINLINE inline void finish_mesh(mesh_state& state) {
   const std::string name = describe_mesh(state);
   std::size_t product = 1;
-  for (auto e : state.extents) product *= e;
+  for (auto e : state.extents) {
+    if (e != 0 && product > std::numeric_limits<std::size_t>::max() / e)
+      throw layout_error("make_mesh: extents " + format_extents(state.extents) + " of " + name +
+                         " hold more places than a size_t counts; make the product of the extents equal the number of places (" +
+                         std::to_string(state.places.size()) + ")");
+    product *= e;
+  }
   if (state.places.empty() || product == 0)
     throw layout_error("make_mesh: " + name + " has no places (extents " + format_extents(state.extents) + ", " +
                        std::to_string(state.places.size()) + " places given); a mesh needs at least one place and every extent at least 1");
@@ -354,8 +361,9 @@ mesh<Axes...> make_mesh(const Places& places, const Extents& extents, const mesh
   if (sizes.size() != sizeof...(Axes)) {
     std::string axes;
     ((axes += (axes.empty() ? "\"" : ", \"") + std::string(Axes.view()) + "\""), ...);
-    throw layout_error("make_mesh: " + std::to_string(sizes.size()) + " extents " + detail::format_extents(sizes) + " for a mesh of " +
-                       std::to_string(sizeof...(Axes)) + " axes (" + axes + "): give exactly one extent per mesh axis");
+    throw layout_error("make_mesh: " + std::to_string(sizes.size()) + (sizes.size() == 1 ? " extent " : " extents ") +
+                       detail::format_extents(sizes) + " for a mesh of " + std::to_string(sizeof...(Axes)) + (sizeof...(Axes) == 1 ? " axis (" : " axes (") + axes +
+                       "): give exactly one extent per mesh axis");
   }
   return detail::make_mesh_with<Axes...>(places, std::move(sizes), options);
 }

@@ -13,6 +13,7 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdlib>
+#include <mutex>
 #include <string>
 #include <type_traits>
 
@@ -112,6 +113,9 @@ inline int count(std::size_t n, const char* op) {
 /// @brief Starts MPI (with MPI_THREAD_MULTIPLE, as places call it from their own
 /// threads) unless it is running already; MPI is finalized when the program exits.
 inline void initialize() {
+  // two host threads that start MPI at once would both call MPI_Init_thread
+  static std::mutex starting;
+  const std::lock_guard lock(starting);
   int started = 0;
   MPI_Initialized(&started);
   if (started) {
