@@ -13051,20 +13051,30 @@ auto cross_entropy(L&& logits, Y&& labels) {
                                                                               detail::as_expression(std::forward<Y>(labels)));
 }
 
+namespace detail {
+/// @brief mse once the difference of its operands is `difference()` (an expression, or a var:
+/// `mean` is found by the argument's type, so autograd's mse shares this): mean(d²), a shape
+/// error of the difference named as mse's.
+template <class Difference>
+auto mse_of(Difference difference) {
+  const auto d = [&] {
+    try {
+      return difference();
+    } catch (const shape_error& e) {
+      throw shape_error(std::string("mse: ") + e.what());
+    }
+  }();
+  return mean(d * d);
+}
+}  // namespace detail
+
 /// @brief Mean squared error: mean((a - b)²) over every element, a scalar expression (a and b
 /// broadcast as in a - b, either may be a number; shapes that do not are a pdo::shape_error
 /// that names mse).
 template <class A, class B>
   requires detail::arithmetic_operands<A, B>
 auto mse(A&& a, B&& b) {
-  const auto d = [&] {
-    try {
-      return detail::make_elementwise<op::subtract>(std::forward<A>(a), std::forward<B>(b));
-    } catch (const shape_error& e) {
-      throw shape_error(std::string("mse: ") + e.what());
-    }
-  }();
-  return pdo::mean(d * d);
+  return detail::mse_of([&] { return detail::make_elementwise<op::subtract>(std::forward<A>(a), std::forward<B>(b)); });
 }
 
 /// @brief The last two dims swapped.
@@ -14742,21 +14752,6 @@ auto cross_entropy(const var<L>& logits, const Y& labels) {
       },
       logits);
 }
-
-namespace detail {
-/// @brief mse's work on vars, once the difference of its operands is `difference()`.
-template <class Difference>
-auto mse_of(Difference difference) {
-  const auto d = [&] {
-    try {
-      return difference();
-    } catch (const shape_error& e) {
-      throw shape_error(std::string("mse: ") + e.what());
-    }
-  }();
-  return pdo::mean(d * d);
-}
-}  // namespace detail
 
 /// @brief Mean squared error: mean((a - b)²) over every element (a and b broadcast as in
 /// a - b; shapes that do not are a pdo::shape_error that names mse).

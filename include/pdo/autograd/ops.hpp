@@ -450,21 +450,6 @@ auto cross_entropy(const var<L>& logits, const Y& labels) {
       logits);
 }
 
-namespace detail {
-/// @brief mse's work on vars, once the difference of its operands is `difference()`.
-template <class Difference>
-auto mse_of(Difference difference) {
-  const auto d = [&] {
-    try {
-      return difference();
-    } catch (const shape_error& e) {
-      throw shape_error(std::string("mse: ") + e.what());
-    }
-  }();
-  return pdo::mean(d * d);
-}
-}  // namespace detail
-
 /// @brief Mean squared error: mean((a - b)²) over every element (a and b broadcast as in
 /// a - b; shapes that do not are a pdo::shape_error that names mse).
 template <class A, class B>
