@@ -5,6 +5,7 @@
 
 #include <pdo/comm/mpi/environment.hpp>
 
+#include <array>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -270,7 +271,7 @@ TEST_CASE("MPI distribute: processes that pass host tensors of different shapes 
                     Catch::Contains("distribute") && Catch::Contains("different shapes") && Catch::Contains("[7, 2]"));
 }
 
-TEST_CASE("MPI a mesh over processes takes its operations from one host thread per process", "[mpi][errors]") {
+TEST_CASE("MPI a mesh over processes takes its operations from one host thread per process; threads drive their own at once", "[mpi][errors]") {
   const auto mesh = world_line();
   const auto host = pdo_test::iota_tensor<double, 1>({2 * mesh.size() + 1});
   const auto x = pdo::distribute<pdo::layout<split<"x">>>(mesh, host);  // this thread drives the mesh now
@@ -303,6 +304,37 @@ TEST_CASE("MPI a mesh over processes takes its operations from one host thread p
   driver.join();
   REQUIRE(failure.empty());
   for (std::size_t i = 0; i < host.size(); ++i) REQUIRE(plus_one(i) == host(i) + 1);
+  // two meshes made (by every process, in the same order) for two threads, which drive them
+  // at the same time: each its own sums (all_reduce) and all_gathers, none crossing the other's
+  const std::array<pdo::mesh<"x">, 2> meshes{world_line(), world_line()};
+  constexpr int rounds = 20;
+  std::array<std::string, 2> failures;
+  std::array<std::array<double, rounds>, 2> sums{};
+  std::array<bool, 2> gathered{true, true};
+  auto drive = [&](std::size_t who) {
+    try {
+      for (int r = 0; r < rounds; ++r) {
+        const auto d = pdo::distribute<pdo::layout<split<"x">>>(meshes[who], host);
+        const double k = static_cast<double>(r + 10 * static_cast<int>(who));
+        sums[who][static_cast<std::size_t>(r)] = pdo::gather(pdo::eval(pdo::sum(d * k))).data()[0];
+        const auto whole = pdo::gather(pdo::redistribute<pdo::layout<replicate>>(pdo::eval(d + k)));
+        for (std::size_t i = 0; i < host.size(); ++i) gathered[who] = gathered[who] && whole(i) == host(i) + k;
+      }
+    } catch (const pdo::error& e) {
+      failures[who] = e.what();
+    }
+  };
+  std::thread one(drive, 0), two(drive, 1);
+  one.join();
+  two.join();
+  double total = 0;
+  for (std::size_t i = 0; i < host.size(); ++i) total += host(i);
+  for (std::size_t who = 0; who < 2; ++who) {
+    INFO("thread " << who);
+    REQUIRE(failures[who].empty());
+    CHECK(gathered[who]);
+    for (int r = 0; r < rounds; ++r) CHECK(sums[who][static_cast<std::size_t>(r)] == total * (r + 10 * static_cast<int>(who)));
+  }
 }
 
 int main(int argc, char** argv) {

@@ -3871,7 +3871,7 @@ namespace pdo {
 
 namespace detail {
 
-struct mesh_comms;  // the mesh's communicators, built by the comm layer on first use
+struct mesh_comms;  // the mesh's communicators, built by the comm layer (see comms_of_state)
 
 }  // namespace detail
 
@@ -3906,10 +3906,12 @@ struct alignas(64) mesh_state {
   std::optional<captured_error> comms_failure;
 };
 
-/// @brief How the processes of a mesh over several of them check, when it is made, that they
-/// all made the same mesh: set by the backend that makes places of other processes
+/// @brief What make_mesh does for a mesh over several processes, where they all meet: check
+/// that they made the same mesh, then build its communicators (so that the order in which
+/// they are built is the order of make_mesh, the same on every process, whichever threads
+/// drive the meshes later). Set by the backend that makes places of other processes
 /// (pdo::mpi::world_places), called by make_mesh.
-using mesh_agreement = void (*)(const mesh_state&, const std::string& description);
+using mesh_agreement = void (*)(mesh_state&, const std::string& description);
 inline mesh_agreement& multiprocess_agreement() {
   static mesh_agreement check = nullptr;
   return check;
@@ -3956,7 +3958,8 @@ inline void take_places(mesh_state& state, const std::string& name) {
   state.multiprocess = !state.places.empty() && state.places.front().process() != state.places.back().process();
 }
 
-/// @brief The checks and agreement of make_mesh, once its state holds the axes, extents and places.
+/// @brief The checks of make_mesh, and the meeting of the processes of a mesh over several of
+/// them, once its state holds the axes, extents and places.
 PDO_NOINLINE inline void finish_mesh(mesh_state& state) {
   const std::string name = describe_mesh(state);
   std::size_t product = 1;
@@ -4178,7 +4181,10 @@ mesh<Axes...> make_mesh_with(const Places& places, std::vector<std::size_t> exte
 /// number of places. A mesh over places of several processes (pdo::mpi::world_places)
 /// must be made by every process, with the same arguments, in the same order: the
 /// processes check that they agree (axes, extents, places per process) and throw
-/// pdo::mismatch_error on every process, naming each one's mesh, when they do not.
+/// pdo::mismatch_error on every process, naming each one's mesh, when they do not; then they
+/// build its communicators. So make_mesh of such a mesh waits for every process, up to the
+/// mesh's collective timeout (then pdo::collective_timeout), one host thread of a process at a
+/// time; the threads that drive the meshes afterwards may do so at the same time.
 template <fixed_string... Axes, std::ranges::input_range Places, std::size_t N>
   requires place<std::ranges::range_value_t<Places>>
 mesh<Axes...> make_mesh(const Places& places, const std::size_t (&extents)[N], const mesh_options& options = {}) {
@@ -6701,8 +6707,8 @@ inline std::shared_ptr<any_group> device_group(const mesh_state& m, const std::v
 }
 #endif
 
-/// @brief Builds the communicators of the mesh behind `state` (once, by every process of a
-/// multi-process mesh, at the same point of the program).
+/// @brief Builds the communicators of the mesh behind `state` (once; for a mesh over several
+/// processes, by every process, in make_mesh).
 PDO_NOINLINE inline void build_comms(mesh_state& state) {
   const std::string name = describe_mesh(state);
   const std::size_t size = state.places.size(), ndim = state.extents.size();
@@ -6772,10 +6778,11 @@ PDO_NOINLINE inline void build_comms(mesh_state& state) {
   state.comms = std::move(comms);
 }
 
-/// @brief The communicators of the mesh behind `state`, built on first use (by every
-/// process of a multi-process mesh, at the same point of the program). When that failed,
-/// every later call throws its error again: the processes did not all build them, so none
-/// may use them (nor try again, which some would do alone).
+/// @brief The communicators of the mesh behind `state`: those of a mesh over several
+/// processes are built by make_mesh, by every process (pdo::mpi's meet_on_mesh); those of a
+/// mesh in this process on first use. When building them failed, every later call throws its
+/// error again: the processes did not all build them, so none may use them (nor try again,
+/// which some would do alone).
 PDO_NOINLINE inline mesh_comms& comms_of_state(mesh_state& state) {
   std::exception_ptr failed_here;
   std::call_once(state.comms_once, [&] {
@@ -6792,8 +6799,7 @@ PDO_NOINLINE inline mesh_comms& comms_of_state(mesh_state& state) {
   return *state.comms;
 }
 
-/// @brief The communicators of mesh `m`, built on first use (by every process of a
-/// multi-process mesh, at the same point of the program).
+/// @brief The communicators of mesh `m` (see comms_of_state).
 template <class Mesh>
 mesh_comms& comms_of(const Mesh& m) {
   return comms_of_state(*m.state());
@@ -16850,6 +16856,7 @@ inline std::vector<cpu_place> cpu_places() { return cpu_places(detail::process_c
 #include <algorithm>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <thread>
 #include <string>
 #include <vector>
@@ -16938,11 +16945,22 @@ inline void check_same_per_process(const char* op, std::size_t per_process) {
                        std::to_string(high) + "); every process must pass the same per_process");
 }
 
+/// @brief make_mesh's meeting of the processes of a mesh over several of them: the agreement
+/// on the mesh, then its communicators, built at once (each a collective over the world: their
+/// order is make_mesh's, the same on every process, so threads that drive their own meshes
+/// later cannot cross them). One host thread of this process at a time.
+inline void meet_on_mesh(pdo::detail::mesh_state& m, const std::string& description) {
+  static std::mutex one_at_a_time;
+  const std::lock_guard lock(one_at_a_time);
+  agree_on_mesh(m, description);
+  (void)pdo::detail::comms_of_state(m);
+}
+
 /// @brief What meshes over places of several processes need, started by every process where
-/// it makes such places: the watch of the waits, and make_mesh's agreement.
+/// it makes such places: the watch of the waits, and make_mesh's meeting.
 inline void start_watch() {
   watch::instance().start();
-  pdo::detail::multiprocess_agreement() = &agree_on_mesh;
+  pdo::detail::multiprocess_agreement() = &meet_on_mesh;
 }
 }  // namespace detail
 

@@ -162,8 +162,8 @@ inline std::shared_ptr<any_group> device_group(const mesh_state& m, const std::v
 }
 #endif
 
-/// @brief Builds the communicators of the mesh behind `state` (once, by every process of a
-/// multi-process mesh, at the same point of the program).
+/// @brief Builds the communicators of the mesh behind `state` (once; for a mesh over several
+/// processes, by every process, in make_mesh).
 PDO_NOINLINE inline void build_comms(mesh_state& state) {
   const std::string name = describe_mesh(state);
   const std::size_t size = state.places.size(), ndim = state.extents.size();
@@ -233,10 +233,11 @@ PDO_NOINLINE inline void build_comms(mesh_state& state) {
   state.comms = std::move(comms);
 }
 
-/// @brief The communicators of the mesh behind `state`, built on first use (by every
-/// process of a multi-process mesh, at the same point of the program). When that failed,
-/// every later call throws its error again: the processes did not all build them, so none
-/// may use them (nor try again, which some would do alone).
+/// @brief The communicators of the mesh behind `state`: those of a mesh over several
+/// processes are built by make_mesh, by every process (pdo::mpi's meet_on_mesh); those of a
+/// mesh in this process on first use. When building them failed, every later call throws its
+/// error again: the processes did not all build them, so none may use them (nor try again,
+/// which some would do alone).
 PDO_NOINLINE inline mesh_comms& comms_of_state(mesh_state& state) {
   std::exception_ptr failed_here;
   std::call_once(state.comms_once, [&] {
@@ -253,8 +254,7 @@ PDO_NOINLINE inline mesh_comms& comms_of_state(mesh_state& state) {
   return *state.comms;
 }
 
-/// @brief The communicators of mesh `m`, built on first use (by every process of a
-/// multi-process mesh, at the same point of the program).
+/// @brief The communicators of mesh `m` (see comms_of_state).
 template <class Mesh>
 mesh_comms& comms_of(const Mesh& m) {
   return comms_of_state(*m.state());

@@ -29,7 +29,7 @@ namespace pdo {
 
 namespace detail {
 
-struct mesh_comms;  // the mesh's communicators, built by the comm layer on first use
+struct mesh_comms;  // the mesh's communicators, built by the comm layer (see comms_of_state)
 
 }  // namespace detail
 
@@ -64,10 +64,12 @@ struct alignas(64) mesh_state {
   std::optional<captured_error> comms_failure;
 };
 
-/// @brief How the processes of a mesh over several of them check, when it is made, that they
-/// all made the same mesh: set by the backend that makes places of other processes
+/// @brief What make_mesh does for a mesh over several processes, where they all meet: check
+/// that they made the same mesh, then build its communicators (so that the order in which
+/// they are built is the order of make_mesh, the same on every process, whichever threads
+/// drive the meshes later). Set by the backend that makes places of other processes
 /// (pdo::mpi::world_places), called by make_mesh.
-using mesh_agreement = void (*)(const mesh_state&, const std::string& description);
+using mesh_agreement = void (*)(mesh_state&, const std::string& description);
 inline mesh_agreement& multiprocess_agreement() {
   static mesh_agreement check = nullptr;
   return check;
@@ -114,7 +116,8 @@ inline void take_places(mesh_state& state, const std::string& name) {
   state.multiprocess = !state.places.empty() && state.places.front().process() != state.places.back().process();
 }
 
-/// @brief The checks and agreement of make_mesh, once its state holds the axes, extents and places.
+/// @brief The checks of make_mesh, and the meeting of the processes of a mesh over several of
+/// them, once its state holds the axes, extents and places.
 PDO_NOINLINE inline void finish_mesh(mesh_state& state) {
   const std::string name = describe_mesh(state);
   std::size_t product = 1;
@@ -336,7 +339,10 @@ mesh<Axes...> make_mesh_with(const Places& places, std::vector<std::size_t> exte
 /// number of places. A mesh over places of several processes (pdo::mpi::world_places)
 /// must be made by every process, with the same arguments, in the same order: the
 /// processes check that they agree (axes, extents, places per process) and throw
-/// pdo::mismatch_error on every process, naming each one's mesh, when they do not.
+/// pdo::mismatch_error on every process, naming each one's mesh, when they do not; then they
+/// build its communicators. So make_mesh of such a mesh waits for every process, up to the
+/// mesh's collective timeout (then pdo::collective_timeout), one host thread of a process at a
+/// time; the threads that drive the meshes afterwards may do so at the same time.
 template <fixed_string... Axes, std::ranges::input_range Places, std::size_t N>
   requires place<std::ranges::range_value_t<Places>>
 mesh<Axes...> make_mesh(const Places& places, const std::size_t (&extents)[N], const mesh_options& options = {}) {

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <pdo/comm/group_communicator.hpp>
+#include <pdo/comm/mesh_comms.hpp>
 #include <pdo/comm/mpi/environment.hpp>
 #include <pdo/comm/mpi/group.hpp>
 #include <pdo/comm/mpi/watch.hpp>
@@ -12,6 +13,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <thread>
 #include <string>
 #include <vector>
@@ -100,11 +102,22 @@ inline void check_same_per_process(const char* op, std::size_t per_process) {
                        std::to_string(high) + "); every process must pass the same per_process");
 }
 
+/// @brief make_mesh's meeting of the processes of a mesh over several of them: the agreement
+/// on the mesh, then its communicators, built at once (each a collective over the world: their
+/// order is make_mesh's, the same on every process, so threads that drive their own meshes
+/// later cannot cross them). One host thread of this process at a time.
+inline void meet_on_mesh(pdo::detail::mesh_state& m, const std::string& description) {
+  static std::mutex one_at_a_time;
+  const std::lock_guard lock(one_at_a_time);
+  agree_on_mesh(m, description);
+  (void)pdo::detail::comms_of_state(m);
+}
+
 /// @brief What meshes over places of several processes need, started by every process where
-/// it makes such places: the watch of the waits, and make_mesh's agreement.
+/// it makes such places: the watch of the waits, and make_mesh's meeting.
 inline void start_watch() {
   watch::instance().start();
-  pdo::detail::multiprocess_agreement() = &agree_on_mesh;
+  pdo::detail::multiprocess_agreement() = &meet_on_mesh;
 }
 }  // namespace detail
 
