@@ -12,6 +12,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -298,6 +299,50 @@ TEST_CASE("data parallel: 1-4 places give the one-place losses step by step (une
     const auto losses = train_losses(make_mlp, sgd, x, labels_for(3), 3, 4, 256);
     for (std::size_t s = 0; s < losses.size(); ++s) CHECK(losses[s] == Approx(reference[s]).epsilon(1e-10));
   }
+}
+
+TEST_CASE("data parallel: another host thread's operations on the trainer's places, on its mesh and another, at the same time",
+          "[nn][data_parallel][threads]") {
+  // the step queues its buckets' collectives while it runs: the other thread's collectives on
+  // the same places must not come between them in a different order on different places
+  const auto places = pdo::cpu_places(2);
+  const auto mesh = pdo::make_mesh<"dp">(places);
+  const auto other = pdo::make_mesh<"dp">(places);
+  const auto x = rnd<2>({8, 6}, 44);
+  const auto y = labels_for(8);
+  auto sgd = [](auto params) { return pdo::nn::sgd<double>(std::move(params), {.lr = 0.05, .momentum = 0.9}); };
+  auto train = [&] {
+    auto trainer = pdo::nn::make_data_parallel<double>(mesh, make_mlp, sgd, {.bucket_bytes = 256});
+    std::vector<double> losses;
+    for (int s = 0; s < 20; ++s) losses.push_back(trainer.step(x, y));
+    return losses;
+  };
+  const auto reference = train();
+  const auto host = pdo_test::iota_tensor<double, 2>({7, 3});
+  double total = 0;
+  for (std::size_t i = 0; i < host.size(); ++i) total += host.data()[i];  // halves: the sum is exact in any order
+  std::atomic<bool> trained{false};
+  std::size_t wrong = 0, rounds = 0;
+  std::thread evaluations([&] {
+    for (; !trained.load() || rounds < 40; ++rounds) {
+      const auto& m = rounds % 2 == 0 ? mesh : other;
+      const auto d = pdo::distribute<pdo::layout<pdo::split<"dp">, pdo::replicate>>(m, host);
+      if (pdo::gather(pdo::eval(pdo::sum(d))).data()[0] != total) ++wrong;
+    }
+  });
+  std::vector<double> losses;
+  try {
+    losses = train();
+  } catch (...) {
+    trained = true;
+    evaluations.join();
+    throw;
+  }
+  trained = true;
+  evaluations.join();
+  CHECK(wrong == 0);
+  REQUIRE(losses.size() == reference.size());
+  for (std::size_t s = 0; s < losses.size(); ++s) CHECK(losses[s] == reference[s]);
 }
 
 TEST_CASE("data parallel: bucketed all_reduce overlaps backward", "[nn][data_parallel]") {

@@ -6,6 +6,7 @@
 #include <pdo/core/error.hpp>
 #include <pdo/exec/engine.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstdio>
@@ -205,6 +206,79 @@ inline void check_driver(const mesh_state& state, const char* op) {
   if (!state.driver.compare_exchange_strong(first, me) && first != me) throw_other_driver(state, op);
 }
 
+/// @brief The places of this process of the mesh `state`, in one order whatever the mesh
+/// (by address: two holds over the same places take them in the same order).
+inline std::vector<place_state*> places_in_order(const mesh_state& state) {
+  std::vector<place_state*> out;
+  for (std::size_t p : state.local) out.push_back(state.places[p].state().get());
+  std::ranges::sort(out);
+  return out;
+}
+
+/// @brief Holds the places of this process of a mesh for one host thread's operation whose
+/// tasks queue more work on the places' lanes while they run (a data-parallel step's bucket
+/// collectives, a pipeline's sends): what other host threads submit on those places waits
+/// until the hold ends, so that on every place it is queued after all of that work, in one
+/// order (else one place's communication lane could hold another thread's collective ahead of
+/// the step's, and another place behind it: each would wait for the other). Taken before the
+/// operation is submitted, once no other thread is submitting on the places.
+class place_hold {
+ public:
+  explicit place_hold(const mesh_state& state) : places_(places_in_order(state)) {
+    const std::thread::id me = std::this_thread::get_id();
+    for (place_state* s : places_) {
+      for (std::thread::id free{}; !s->held_by.compare_exchange_strong(free, me); free = {}) s->held_by.wait(free);
+      for (int n = s->submitting.load(); n != 0; n = s->submitting.load()) s->submitting.wait(n);
+    }
+  }
+  place_hold(const place_hold&) = delete;
+  place_hold& operator=(const place_hold&) = delete;
+  ~place_hold() {
+    for (place_state* s : places_) {
+      s->held_by.store(std::thread::id{});
+      s->held_by.notify_all();
+    }
+  }
+
+ private:
+  std::vector<place_state*> places_;
+};
+
+/// @brief A host thread's submission of one operation on the places of this process of the
+/// mesh `state`: it waits while another thread's place_hold holds one of them, and counts
+/// itself on each (a hold waits for the submissions under way).
+class place_submission {
+ public:
+  explicit place_submission(const mesh_state& state) : places_(places_in_order(state)) {
+    const std::thread::id me = std::this_thread::get_id();
+    for (std::size_t i = 0; i < places_.size();) {
+      place_state* s = places_[i];
+      s->submitting.fetch_add(1);
+      const std::thread::id holder = s->held_by.load();
+      if (holder == std::thread::id{} || holder == me) {
+        ++i;
+        continue;
+      }
+      // held by another thread: give back every place taken (its hold may wait for them), wait, start again
+      for (std::size_t j = 0; j <= i; ++j) leave(*places_[j]);
+      s->held_by.wait(holder);
+      i = 0;
+    }
+  }
+  place_submission(const place_submission&) = delete;
+  place_submission& operator=(const place_submission&) = delete;
+  ~place_submission() {
+    for (place_state* s : places_) leave(*s);
+  }
+
+ private:
+  static void leave(place_state& s) {
+    s.submitting.fetch_sub(1);
+    s.submitting.notify_all();
+  }
+  std::vector<place_state*> places_;
+};
+
 /// @brief Submits `work` for every place of the mesh `state` in this process, on its lane
 /// `o.lane`, reading and writing what `uses` says, and returns without waiting. `owner`
 /// keeps work's context alive until the tasks are freed (null: the caller keeps it alive).
@@ -213,6 +287,7 @@ PDO_NOINLINE inline std::shared_ptr<place_batch> submit_on_mesh(const mesh_state
                                                    place_detail describe = {}) {
   check_not_nested(o.op);
   check_driver(state, o.op);
+  const place_submission submission(state);
   const auto& local = state.local;
   auto batch = std::make_shared<place_batch>(local.size());
   batch->places = local;
@@ -308,6 +383,15 @@ template <class Mesh, class Task>
 void run_on_places(const char* op, const Mesh& m, Task&& task, const char* category = "task") {
   if (auto failure = try_run_on_places(m, std::forward<Task>(task), true, op, category))
     failure->error.rethrow_with_context(std::string(op) + ": on place " + m.place(failure->place).name() + ": ");
+}
+
+/// @brief run_on_places for an operation whose tasks queue more work on the places' lanes
+/// while they run: other host threads' operations on the places wait until it has ended (see
+/// place_hold).
+template <class Mesh, class Task>
+void run_holding_places(const char* op, const Mesh& m, Task&& task) {
+  const place_hold hold(*m.state());
+  run_on_places(op, m, std::forward<Task>(task));
 }
 
 /// @brief The mesh-wide operations of one op, submitted one after another on different

@@ -588,7 +588,8 @@ class data_parallel {
     // place runs the one backward (one micro-batch, rows on every place; one process)
     bool take_products = sliced_weight_gradients() && micro.size() == 1;
     for (const auto& shard : micro.back()) take_products = take_products && shard.inputs.extent(0) != 0;
-    pdo::detail::run_on_places("data_parallel::step", mesh_, [&](std::size_t p, std::size_t k) {
+    // its tasks queue the buckets' collectives as backward makes them: the places are held
+    pdo::detail::run_holding_places("data_parallel::step", mesh_, [&](std::size_t p, std::size_t k) {
       replica& r = *replicas_[k];
       buckets_type& buckets = *r.buckets;
       buckets.begin_step();

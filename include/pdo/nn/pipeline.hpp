@@ -454,7 +454,8 @@ class pipeline {
       throw shape_error("pipeline::accuracy: inputs " + describe(inputs) + " and labels " + describe(labels) + " differ in rows");
     if (inputs.extent(0) == 0) return 0.0;
     std::vector<double> correct(states_.size());
-    pdo::detail::run_on_places("pipeline::accuracy", mesh_, [&](std::size_t p, std::size_t k) {
+    // its tasks queue their sends as the stages run: the places are held
+    pdo::detail::run_holding_places("pipeline::accuracy", mesh_, [&](std::size_t p, std::size_t k) {
       place_state& st = *states_[k];
       with_stage(st.stage, [&]<std::size_t S>() { correct[k] = correct_on_stage<S>(p, st, inputs, labels); });
     });
@@ -482,7 +483,8 @@ class pipeline {
       pdo::detail::check_lr("pipeline::step: learning_rate(" + std::to_string(steps_) + ")", *lr);
     }
     std::vector<T> losses(states_.size());
-    pdo::detail::run_on_places("pipeline::step", mesh_, [&](std::size_t p, std::size_t k) {
+    // its tasks queue their sends as the stages run: the places are held
+    pdo::detail::run_holding_places("pipeline::step", mesh_, [&](std::size_t p, std::size_t k) {
       place_state& st = *states_[k];
       with_stage(st.stage, [&]<std::size_t S>() { losses[k] = run_stage<S>(p, st, inputs, targets, rows, lr); });
     });

@@ -7,11 +7,13 @@
 #include <pdo/place/lane.hpp>
 
 #include <array>
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <type_traits>
 #include <vector>
 
@@ -38,6 +40,10 @@ struct alignas(64) place_state : std::enable_shared_from_this<place_state> {
   std::function<void()> lane_setup;  ///< runs first on each lane's thread (a GPU place selects its device)
   std::vector<int> pin;              ///< the cores its lanes are pinned to (empty: not pinned)
   std::mutex lanes_mutex;
+  /// @brief The host thread whose operation holds the place (see place_hold), or none.
+  std::atomic<std::thread::id> held_by{};
+  /// @brief The host threads submitting an operation on the place now (see place_hold).
+  std::atomic<int> submitting{0};
   /// @brief Its lanes, by lane_kind: the compute lane from the start, the others made on
   /// first use. Declared last: destroyed first, before the memory their work uses.
   std::array<std::unique_ptr<lane>, lane_kinds> lanes;
