@@ -265,6 +265,23 @@ TEST_CASE("checkpoints: a save replaces only a checkpoint; a failed save or load
   pdo::io::checkpoint narrow;
   narrow.add("tenth", small);
   CHECK_THAT(load_error(tmp.path / "numbers", narrow), Catch::Contains("\"tenth\"") && Catch::Contains("float64"));
+  // a float32 number beyond float's range in the metadata is not rounded to an infinity
+  {
+    nlohmann::json meta = nlohmann::json::parse(std::ifstream(tmp.path / "numbers" / "metadata.json"));
+    meta["entries"]["finf"]["value"] = 1e300;
+    std::ofstream(tmp.path / "numbers" / "metadata.json") << meta.dump();
+    float huge = 0;
+    pdo::io::checkpoint one;
+    one.add("finf", huge);
+    CHECK_THAT(load_error(tmp.path / "numbers", one), Catch::Contains("\"finf\"") && Catch::Contains("1e+300, not a float32"));
+    meta["entries"]["finf"]["value"] = -3.5e38;
+    std::ofstream(tmp.path / "numbers" / "metadata.json") << meta.dump();
+    CHECK_THAT(load_error(tmp.path / "numbers", one), Catch::Contains("not a float32"));
+    meta["entries"]["finf"]["value"] = 3.4e38;  // within float's range: loads
+    std::ofstream(tmp.path / "numbers" / "metadata.json") << meta.dump();
+    pdo::io::load(tmp.path / "numbers", one);
+    CHECK(huge == 3.4e38f);
+  }
 
   // a load that finds an entry of another shape loads none of the entries
   auto a = pdo_test::random_tensor<float, 2>({3, 4}, 4);
@@ -384,6 +401,57 @@ TEST_CASE("checkpoints: corrupt, truncated, missing and mismatched files are io_
     fs::rename(dir / "tmp", dir / "t0.p1.bin");
     CHECK_THAT(load_error(dir, into), Catch::Contains("metadata does not match the shard"));
   }
+  SECTION("a shard file copied in from another save of the same tensor") {
+    // the same names, offsets and sizes: only the save's identity tells them apart
+    const fs::path later = tmp.path / "later";
+    auto x2 = pdo::eval(x * 100.0f);
+    pdo::io::checkpoint c2;
+    c2.add("weights", x2);
+    pdo::io::save(later, c2, {.chunk_bytes = 256});
+    const auto dir = fresh("mixed");
+    fs::copy_file(later / "t0.p1.bin", dir / "t0.p1.bin", fs::copy_options::overwrite_existing);
+    CHECK_THAT(load_error(dir, into), Catch::Contains("t0.p1.bin") && Catch::Contains("\"weights\"") &&
+                                          Catch::Contains("metadata does not match the shard: the file was written by another save"));
+    CHECK_THROWS_WITH((pdo::io::read<float, 2>(dir, "weights")), Catch::Contains("written by another save"));
+    // every save has its own identity, in the metadata and in each shard
+    nlohmann::json m1 = nlohmann::json::parse(std::ifstream(good / "metadata.json"));
+    nlohmann::json m2 = nlohmann::json::parse(std::ifstream(later / "metadata.json"));
+    REQUIRE(m1.contains("save"));
+    CHECK(m1["save"].get<std::string>().size() == 16);
+    CHECK(m1["save"] != m2["save"]);
+    // the metadata's identity damaged, or not one
+    const auto damaged = fresh("badsave");
+    m1["save"] = "00000000000000zz";
+    std::ofstream(damaged / "metadata.json") << m1.dump();
+    CHECK_THAT(load_error(damaged, into), Catch::Contains("metadata.json: its \"save\" is \"00000000000000zz\", not a save's identity"));
+    // a checkpoint whose metadata names no save (written before pdo recorded it) checks
+    // its shards as before: these, written with an identity, are then from another save
+    m1.erase("save");
+    std::ofstream(damaged / "metadata.json") << m1.dump();
+    CHECK_THAT(load_error(damaged, into), Catch::Contains("written by another save") && Catch::Contains("not recorded"));
+  }
+  SECTION("blocks in the metadata that overlap, hiding a gap from the count of covered elements") {
+    const fs::path three = tmp.path / "three";
+    pdo::io::checkpoint c3;
+    auto x3 = pdo::distribute<pdo::layout<split<"x">, replicate>>(pdo_test::line_mesh(3), host);
+    c3.add("weights", x3);
+    pdo::io::save(three, c3);
+    nlohmann::json meta = nlohmann::json::parse(std::ifstream(three / "metadata.json"));
+    auto& blocks = meta["entries"]["weights"]["blocks"];  // rows [0, 14), [14, 27), [27, 40)
+    REQUIRE(blocks.size() == 3);
+    blocks[1] = blocks[2];  // rows 14 to 26 described by none, 27 to 39 twice: as many elements as before
+    std::ofstream(three / "metadata.json") << meta.dump();
+    CHECK_THAT(load_error(three, into), Catch::Contains("\"weights\"") && Catch::Contains("overlap: the metadata does not match the shards"));
+    CHECK_THROWS_WITH((pdo::io::read<float, 2>(three, "weights")), Catch::Contains("overlap"));
+  }
+  SECTION("an element type changed in the metadata to another of the same size") {
+    const auto dir = fresh("dtype");
+    nlohmann::json meta = nlohmann::json::parse(std::ifstream(dir / "metadata.json"));
+    meta["entries"]["weights"]["dtype"] = "int32";
+    std::ofstream(dir / "metadata.json") << meta.dump();
+    CHECK_THROWS_WITH((pdo::io::read<std::int32_t, 2>(dir, "weights")),
+                      Catch::Contains("metadata does not match the shard: the file holds elements of another type than int32"));
+  }
   SECTION("metadata that is not JSON, or not a checkpoint's") {
     const auto dir = fresh("badmeta");
     std::ofstream(dir / "metadata.json") << "{\"format\": \"pdo-checkpoint\", ";
@@ -476,6 +544,25 @@ TEST_CASE("npy and safetensors: round trips, and bad files") {
   CHECK(pdo_test::equal(r.get<std::int64_t, 1>("v"), v));
   CHECK_THROWS_WITH((r.get<float, 3>("a")), Catch::Contains("F64") && Catch::Contains("F32"));
   CHECK_THROWS_WITH((r.get<double, 3>("b")), Catch::Contains("no tensor named \"b\" (it holds: a, v)"));
+  {  // a conversion keeps every value or fails, naming the element
+    pdo::tensor<std::int64_t, 1> ints({4}, {5, -100, 300, -2});
+    pdo::tensor<double, 1> reals({4}, {1.75, -2.5, 1e300, 3});
+    pdo::tensor<double, 1> nan_at_2({3}, {0, 1, std::nan("")});
+    pdo::tensor<double, 1> fits({3}, {127.9, -128.9, 0.5});
+    pdo::io::safetensors_writer cw;
+    cw.add("ints", ints).add("reals", reals).add("nan", nan_at_2).add("fits", fits);
+    cw.write(tmp.path / "convert.safetensors");
+    const pdo::io::safetensors_reader cr(tmp.path / "convert.safetensors");
+    CHECK_THROWS_WITH((cr.get<std::int8_t, 1>("ints", true)),
+                      Catch::Contains("convert.safetensors") && Catch::Contains("\"ints\"") && Catch::Contains("element 2 is 300, which I8 cannot hold"));
+    CHECK(pdo_test::equal(cr.get<std::int16_t, 1>("ints", true), pdo::tensor<std::int16_t, 1>({4}, {5, -100, 300, -2})));
+    CHECK_THROWS_WITH((cr.get<std::uint8_t, 1>("ints", true)), Catch::Contains("element 1 is -100, which U8 cannot hold"));
+    CHECK_THROWS_WITH((cr.get<std::int32_t, 1>("reals", true)), Catch::Contains("element 2 is 1e+300, which I32 cannot hold (converting F64 to I32)"));
+    CHECK_THROWS_WITH((cr.get<std::int64_t, 1>("nan", true)), Catch::Contains("element 2 is nan, which I64 cannot hold"));
+    CHECK(pdo_test::equal(cr.get<std::int8_t, 1>("fits", true), pdo::tensor<std::int8_t, 1>({3}, {127, -128, 0})));
+    const auto as_float = cr.get<float, 1>("reals", true);  // F64 to F32 rounds, as C++ converts
+    CHECK((as_float(0) == 1.75f && as_float(1) == -2.5f && std::isinf(as_float(2)) && as_float(3) == 3.0f));
+  }
   fs::resize_file(tmp.path / "m.safetensors", fs::file_size(tmp.path / "m.safetensors") - 1);
   CHECK_THROWS_WITH(pdo::io::safetensors_reader(tmp.path / "m.safetensors"), Catch::Contains("truncated"));
 

@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -27,6 +28,7 @@
 #include <limits>
 #include <memory>
 #include <optional>
+#include <random>
 #include <sstream>
 #include <span>
 #include <string>
@@ -94,7 +96,8 @@ struct shard_header {
   std::uint64_t chunk_bytes;
   std::uint64_t identity;   ///< checksum of the tensor's name and the block's offset: which block this is
   std::uint64_t checksum;   ///< of the header's other fields and the chunk checksums
-  std::uint64_t reserved[2];
+  std::uint64_t save;       ///< the save that wrote it, as the metadata's "save" names it (0: written before pdo recorded it)
+  std::uint64_t dtype;      ///< checksum of the name of its element type (0: written before pdo recorded it)
 };
 static_assert(sizeof(shard_header) == shard_header_bytes);
 
@@ -114,10 +117,39 @@ inline std::uint64_t block_identity(const std::string& name, const std::vector<s
   for (auto o : offset) key += "/" + std::to_string(o);
   return checksum(key.data(), key.size());
 }
+inline std::uint64_t dtype_identity(std::string_view dtype) { return checksum(dtype.data(), dtype.size()); }
+
+/// @brief A new save's identity, different from every other save's (for a checkpoint of
+/// several processes, each proposes one and they take the largest); never 0.
+inline std::uint64_t new_save_identity() {
+  std::random_device device;
+  const auto now = static_cast<std::uint64_t>(std::chrono::system_clock::now().time_since_epoch().count());
+  const std::uint64_t x = (static_cast<std::uint64_t>(device()) << 32 ^ device()) ^ now * 0x9e3779b97f4a7c15ull;
+  return (x >> 2) | 1;  // positive as a long long, and not 0
+}
+/// @brief The save identity as the metadata keeps it (16 hex digits) and back; an io_error
+/// for text that is not one.
+inline std::string save_identity_text(std::uint64_t id) {
+  char text[17];
+  std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(id));
+  return text;
+}
+inline std::uint64_t save_identity_of(const nlohmann::ordered_json& j, const std::filesystem::path& metadata) {
+  const std::string text = j.is_string() ? j.get<std::string>() : std::string();
+  std::uint64_t id = 0;
+  bool hex = text.size() == 16;
+  for (char ch : text) {
+    const int digit = ch >= '0' && ch <= '9' ? ch - '0' : (ch >= 'a' && ch <= 'f' ? ch - 'a' + 10 : -1);
+    hex = hex && digit >= 0;
+    id = id << 4 | static_cast<std::uint64_t>(digit & 15);
+  }
+  if (!hex || id == 0) throw io_error("io: " + metadata.string() + ": its \"save\" is " + j.dump() + ", not a save's identity (16 hex digits)");
+  return id;
+}
 
 /// @brief Writes one block (`bytes` of host memory) as a shard file.
 inline void write_shard(const std::filesystem::path& path, const std::string& name, const std::vector<std::size_t>& offset,
-                        const void* data, std::size_t bytes, const save_options& o) {
+                        std::string_view dtype, const void* data, std::size_t bytes, std::uint64_t save, const save_options& o) {
   const std::size_t chunk = std::max<std::size_t>(o.chunk_bytes, 64);
   const std::size_t n = chunks_of(bytes, chunk);
   std::vector<std::uint64_t> sums(n);
@@ -129,6 +161,8 @@ inline void write_shard(const std::filesystem::path& path, const std::string& na
   h.data_bytes = bytes;
   h.chunk_bytes = chunk;
   h.identity = block_identity(name, offset);
+  h.save = save;
+  h.dtype = dtype_identity(dtype);
   h.checksum = header_checksum(h, sums);
   file f(path, file::mode::write);
   f.write_at(&h, sizeof h, 0);
@@ -155,7 +189,10 @@ struct chunk_cache {
 /// @brief A shard file opened to read, its header checked against what the metadata says.
 class shard_reader {
  public:
-  shard_reader(const std::filesystem::path& path, const std::string& name, const block_meta& b, std::size_t element_bytes)
+  /// @brief Opens the shard of block `b` of tensor `name`, of element type `dtype` (of
+  /// `element_bytes` each), written by the save `save` (0: the metadata does not say).
+  shard_reader(const std::filesystem::path& path, const std::string& name, std::string_view dtype, std::uint64_t save, const block_meta& b,
+               std::size_t element_bytes)
       : f_(path, file::mode::read) {
     const std::string where = "io: " + path.string() + " (tensor \"" + name + "\", block at " + pdo::detail::format_extents(b.offset) + "): ";
     if (f_.size() < shard_header_bytes) throw io_error(where + "truncated: " + std::to_string(f_.size()) + " bytes, shorter than a shard header");
@@ -192,6 +229,12 @@ class shard_reader {
                      std::to_string(expected) + " bytes, the file holds " + std::to_string(h_.data_bytes));
     if (h_.identity != block_identity(name, b.offset))
       throw io_error(where + "the metadata does not match the shard: the file holds another tensor's block, or another block");
+    if (h_.save != save)
+      throw io_error(where + "the metadata does not match the shard: the file was written by another save (" +
+                     (h_.save == 0 ? std::string("one that recorded none") : save_identity_text(h_.save)) + ", the checkpoint's is " +
+                     (save == 0 ? std::string("not recorded") : save_identity_text(save)) + ")");
+    if (h_.dtype != 0 && h_.dtype != dtype_identity(dtype))
+      throw io_error(where + "the metadata does not match the shard: the file holds elements of another type than " + std::string(dtype));
     data_at_ = data_offset_of(sums_.size());
     const std::size_t need = data_at_ + h_.data_bytes;
     if (size < need) throw io_error(where + "truncated: " + std::to_string(size) + " bytes, its block needs " + std::to_string(need));
@@ -251,6 +294,7 @@ struct tensor_meta {
   std::string name, dtype;
   std::vector<std::size_t> shape;
   std::vector<block_meta> blocks;
+  std::uint64_t save = 0;  ///< the save that wrote its shards (0: the metadata does not say, a checkpoint of an older pdo)
 };
 
 /// @brief The elements [offset, offset + extents) of the saved tensor `t` into `out`, a dense
@@ -288,7 +332,7 @@ void read_region(const std::filesystem::path& dir, const tensor_meta& t, const s
       if (!runs.empty() && runs.back().src + runs.back().n == big && runs.back().dst + runs.back().n == d) runs.back().n += n;
       else runs.push_back({big, d, n});
     });
-    const shard_reader reader(dir / b.file, t.name, b, sizeof(T));
+    const shard_reader reader(dir / b.file, t.name, t.dtype, t.save, b, sizeof(T));
     chunk_cache cache;
     for (const run& r : runs)
       reader.read(r.src * sizeof(T), (r.src + r.n) * sizeof(T), reinterpret_cast<unsigned char*>(out + r.dst), o.verify, cache);
@@ -304,6 +348,7 @@ struct save_context {
   save_options options;
   nlohmann::ordered_json entries = nlohmann::ordered_json::object();
   bool writer = true;        ///< this process writes the host tensors and the metadata
+  std::uint64_t save_id = 0;  ///< the save's identity, in each shard it writes and in the metadata
   std::size_t index = 0;     ///< the entry's position: its shard files' names
   /// @brief Each element becomes its largest value over the checkpoint's processes (they all
   /// call it, in the same order); absent in a checkpoint of one process.
@@ -319,6 +364,7 @@ struct load_context {
   std::filesystem::path dir;
   load_options options;
   nlohmann::ordered_json entries;
+  std::uint64_t save_id = 0;  ///< the save that wrote the checkpoint (0: its metadata does not say)
   /// @brief The first pass of a load: each entry only checks that the checkpoint holds it as
   /// what it is loaded into (kind, element type, shape), changing nothing.
   bool checking = false;
@@ -355,6 +401,7 @@ inline tensor_meta tensor_entry(const load_context& c, const std::string& name, 
   const auto& e = c.entry(name);
   tensor_meta t;
   t.name = name;
+  t.save = c.save_id;
   try {
     if (e.at("kind") != "tensor") throw io_error(c.where(name) + "it is a " + e.at("kind").get<std::string>() + " in the checkpoint, not a tensor");
     t.dtype = e.at("dtype").get<std::string>();
@@ -379,6 +426,18 @@ inline tensor_meta tensor_entry(const load_context& c, const std::string& name, 
   if (t.shape != shape)
     throw io_error(c.where(name) + "its global shape is " + pdo::detail::format_extents(t.shape) + ", the tensor it is loaded into has " +
                    pdo::detail::format_extents(shape));
+  // a load counts the elements the blocks cover: blocks that overlap could hide a gap
+  for (std::size_t i = 0; i < t.blocks.size(); ++i)
+    for (std::size_t j = i + 1; j < t.blocks.size(); ++j) {
+      const block_meta &a = t.blocks[i], &b = t.blocks[j];
+      bool overlap = true;
+      for (std::size_t d = 0; overlap && d < t.shape.size(); ++d)
+        overlap = std::max(a.offset[d], b.offset[d]) < std::min(a.offset[d] + a.shape[d], b.offset[d] + b.shape[d]);
+      if (overlap)
+        throw io_error(c.where(name) + "the metadata's blocks " + a.file + " (offset " + pdo::detail::format_extents(a.offset) + ", shape " +
+                       pdo::detail::format_extents(a.shape) + ") and " + b.file + " (offset " + pdo::detail::format_extents(b.offset) +
+                       ", shape " + pdo::detail::format_extents(b.shape) + ") overlap: the metadata does not match the shards");
+    }
   return t;
 }
 
@@ -403,7 +462,10 @@ V number_of(const load_context& c, const std::string& name, const nlohmann::orde
       if (s == "inf") return std::numeric_limits<V>::infinity();
       if (s == "-inf") return -std::numeric_limits<V>::infinity();
     }
-    if (j.is_number()) return j.get<V>();
+    if (j.is_number()) {  // a finite number V cannot hold is not rounded to an infinity
+      const double x = j.get<double>();
+      if (!std::isfinite(x) || std::abs(x) <= static_cast<double>(std::numeric_limits<V>::max())) return static_cast<V>(x);
+    }
   } else if constexpr (std::is_signed_v<V>) {
     if (j.is_number_integer()) {
       const auto x = j.get<std::int64_t>();
@@ -610,6 +672,11 @@ class checkpoint {
       c.fail();
     }
     agree(c.failure, "save", target);
+    // the save's identity, written into every shard and the metadata, so that a load can tell
+    // a shard of another save (a copy from another checkpoint) from one of this save
+    long long identity = static_cast<long long>(detail::new_save_identity());
+    if (c.max_over_processes) c.max_over_processes(std::span<long long>(&identity, 1));
+    c.save_id = static_cast<std::uint64_t>(identity);
     try {
       std::filesystem::create_directories(c.dir);
     } catch (const std::filesystem::filesystem_error& e) {
@@ -627,7 +694,7 @@ class checkpoint {
     settle();
     if (c.writer) {
       try {
-        nlohmann::ordered_json meta = {{"format", "pdo-checkpoint"}, {"version", 1}, {"entries", c.entries}};
+        nlohmann::ordered_json meta = {{"format", "pdo-checkpoint"}, {"version", 1}, {"save", detail::save_identity_text(c.save_id)}, {"entries", c.entries}};
         std::string text;
         try {
           text = meta.dump(1);
@@ -659,7 +726,9 @@ class checkpoint {
     c.dir = dir;
     c.options = o;
     try {
-      c.entries = read_metadata(dir).at("entries");
+      const auto meta = read_metadata(dir);
+      c.entries = meta.at("entries");
+      if (meta.contains("save")) c.save_id = detail::save_identity_of(meta["save"], dir / "metadata.json");
     } catch (...) {
       c.fail();
     }
@@ -804,7 +873,7 @@ class checkpoint {
     if (!c.writer) return;
     const tensor<T, R> staged = t.on_gpu() ? to_host(t) : tensor<T, R>();
     const T* data = t.on_gpu() ? staged.data() : t.data();
-    detail::write_shard(c.dir / file, name, std::vector<std::size_t>(R, 0), data, t.bytes(), c.options);
+    detail::write_shard(c.dir / file, name, std::vector<std::size_t>(R, 0), detail::stored_dtype<T>(), data, t.bytes(), c.save_id, c.options);
   }
 
   template <class T, std::size_t R>
@@ -846,8 +915,8 @@ class checkpoint {
               const auto& shard = whole.local_shards()[k];
               const auto off = whole.local_offset(p);
               const tensor<T, R> staged = shard.on_gpu() ? to_host(shard) : tensor<T, R>();
-              detail::write_shard(c.dir / file_of(p), name, std::vector<std::size_t>(off.begin(), off.end()),
-                                  shard.on_gpu() ? staged.data() : shard.data(), shard.bytes(), c.options);
+              detail::write_shard(c.dir / file_of(p), name, std::vector<std::size_t>(off.begin(), off.end()), detail::stored_dtype<T>(),
+                                  shard.on_gpu() ? staged.data() : shard.data(), shard.bytes(), c.save_id, c.options);
             } catch (...) {
               failures[k] = pdo::detail::captured_error::current();
             }
@@ -921,7 +990,7 @@ class checkpoint {
             if (b.data && b.write) {
               std::size_t elements = 1;
               for (std::size_t e : b.shape) elements *= e;
-              detail::write_shard(c.dir / file_of(p), name, b.offset, b.data, elements * sizeof(T), c.options);
+              detail::write_shard(c.dir / file_of(p), name, b.offset, detail::stored_dtype<T>(), b.data, elements * sizeof(T), c.save_id, c.options);
               mine[0] = 1;
               for (std::size_t d = 0; d < R; ++d) {
                 mine[1 + d] = static_cast<long long>(b.offset[d]);

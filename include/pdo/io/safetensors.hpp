@@ -12,11 +12,16 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <limits>
 #include <map>
+#include <sstream>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace pdo::io {
@@ -38,13 +43,37 @@ inline std::size_t safetensors_element_bytes(const std::string& dtype) {
   return it == sizes.end() ? 0 : it->second;
 }
 
-/// @brief Elements of the safetensors type `dtype` at `src` converted to T.
+/// @brief Whether T holds the value `v` (for a floating-point T, any value of a floating-point
+/// or integer type: it rounds; for an integer T, an integer in its range, or a finite
+/// floating-point value whose integer part is in its range, which the conversion truncates to).
+template <class T, class S>
+bool holds_value(S v) {
+  if constexpr (std::is_floating_point_v<T>) {
+    return true;
+  } else if constexpr (std::is_floating_point_v<S>) {
+    const auto x = static_cast<long double>(v);  // exact for every value of S; T's bounds, too
+    return std::isfinite(x) && x > static_cast<long double>(std::numeric_limits<T>::min()) - 1 &&
+           x < static_cast<long double>(std::numeric_limits<T>::max()) + 1;
+  } else {
+    return std::in_range<T>(v);
+  }
+}
+
+/// @brief Elements of the safetensors type `dtype` at `src` converted to T; an element T cannot
+/// hold (an integer out of T's range, a NaN, infinite or too large float for an integer T) is
+/// an io_error beginning with `where`, its index and value named, rather than a value of T.
 template <class T>
-void convert_from(const std::string& dtype, const unsigned char* src, T* out, std::size_t n) {
+void convert_from(const std::string& dtype, const unsigned char* src, T* out, std::size_t n, const std::string& where) {
   auto each = [&]<class S>(S) {
     for (std::size_t i = 0; i < n; ++i) {
       S v;
       std::memcpy(&v, src + i * sizeof(S), sizeof(S));
+      if (!holds_value<T>(v)) {
+        std::ostringstream value;
+        value << +v;
+        throw io_error(where + "element " + std::to_string(i) + " is " + value.str() + ", which " + safetensors_dtype<T>() +
+                       " cannot hold (converting " + dtype + " to " + safetensors_dtype<T>() + ")");
+      }
       out[i] = static_cast<T>(v);
     }
   };
@@ -199,7 +228,7 @@ class safetensors_reader {
     } else {
       std::vector<unsigned char> raw(bytes);
       f_.read_at(raw.data(), bytes, data_at_ + e.begin);
-      detail::convert_from(e.dtype, raw.data(), out, n);
+      detail::convert_from(e.dtype, raw.data(), out, n, "io: " + path().string() + ": \"" + name + "\": ");
     }
   }
 
