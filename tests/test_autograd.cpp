@@ -125,6 +125,40 @@ TEST_CASE("autograd: numbers on either side, and one-operand ops", "[autograd]")
   }
   check_gradient([](auto x) { return pdo::gelu(x); }, a);
   check_gradient([](auto x) { return pdo::gelu_tanh(x); }, a);
+  // maximum, minimum and where with a number (random values: none within eps of 0.25)
+  const auto keep = pdo::eval(pdo::greater(a, 0.0));
+  check_gradient([](auto x) { return pdo::maximum(x, 0.25); }, a);
+  check_gradient([](auto x) { return pdo::maximum(0.25, x); }, a);
+  check_gradient([](auto x) { return pdo::minimum(x, 0.25); }, a);
+  check_gradient([](auto x) { return pdo::minimum(0.25, x); }, a);
+  check_gradient([&](auto x) { return pdo::where(keep, x, 0.5); }, a);
+  check_gradient([&](auto x) { return pdo::where(keep, 0.5, x); }, a);
+  {  // a tie gives the var half the gradient, as torch.maximum; a NaN is chosen
+    auto x = pdo::parameter(dt<1>({4}, {std::numeric_limits<double>::quiet_NaN(), -1.0, 0.0, 2.0}));
+    const auto y = pdo::maximum(x, 0.0);
+    pdo::backward(pdo::sum(y * 3.0));
+    CHECK(std::isnan(y.value()(0)));
+    CHECK((y.value()(1) == 0.0 && y.value()(2) == 0.0 && y.value()(3) == 2.0));
+    CHECK((x.grad()(0) == 3.0 && x.grad()(1) == 0.0 && x.grad()(2) == 1.5 && x.grad()(3) == 3.0));
+  }
+  {  // on a dtensor var, split unevenly: the one-place program's gradients
+    const auto b = rnd<2>({7, 3}, 8);
+    auto program = [](const auto& x, const auto& mask) {
+      return pdo::sum(pdo::maximum(x, 0.1) * 2.0 + pdo::minimum(-0.2, x) + pdo::where(mask, x * x, 1.0));
+    };
+    const auto mask = pdo::eval(pdo::less(b, 0.3));
+    auto x = pdo::parameter(b);
+    pdo::backward(program(x, mask));
+    for (std::size_t n : pdo_test::line_sizes()) {
+      INFO(n << " places");
+      const auto m = pdo_test::line_mesh(n);
+      using rows = pdo::layout<pdo::split<"x">, pdo::replicate>;
+      auto dx = pdo::parameter(pdo::distribute<rows>(m, b));
+      pdo::backward(program(dx, pdo::distribute<rows>(m, mask)));
+      const auto g = pdo::gather(dx.grad());
+      for (std::size_t i = 0; i < g.size(); ++i) CHECK(g.data()[i] == Approx(x.grad().data()[i]).epsilon(1e-12));
+    }
+  }
 }
 
 TEST_CASE("autograd: matmul, 2-D and batched", "[autograd]") {

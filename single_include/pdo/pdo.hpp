@@ -14546,6 +14546,41 @@ auto minimum(const var<A>& a, const var<B>& b) {
   return detail::extremum<false>(a, b);
 }
 
+namespace detail {
+/// @brief maximum (Max) or minimum of a var and a number: the gradient goes to the var where
+/// it is chosen, half of it where the two tie (or are both NaN), as for two vars.
+template <bool Max, class A>
+auto extremum_with_number(const var<A>& a, var_element_t<A> s) {
+  auto y = [&] {
+    if constexpr (Max) return eval_forward(pdo::maximum(a.value(), s));
+    else return eval_forward(pdo::minimum(a.value(), s));
+  }();
+  using share_op = std::conditional_t<Max, op::maximum_share, op::minimum_share>;
+  return record(
+      std::move(y), [a, s](auto& self) { add_grad(a, *self.grad * make_elementwise<share_op>(a.value(), s)); }, a);
+}
+}  // namespace detail
+
+/// @brief Elementwise maximum of a var and a number (ReLU is maximum(x, 0) with half the
+/// gradient at 0, as torch.maximum); NaN where the var is NaN.
+template <class A>
+auto maximum(const var<A>& a, detail::var_element_t<A> s) {
+  return detail::extremum_with_number<true>(a, s);
+}
+template <class A>
+auto maximum(detail::var_element_t<A> s, const var<A>& a) {
+  return detail::extremum_with_number<true>(a, s);
+}
+/// @brief Elementwise minimum of a var and a number; NaN where the var is NaN.
+template <class A>
+auto minimum(const var<A>& a, detail::var_element_t<A> s) {
+  return detail::extremum_with_number<false>(a, s);
+}
+template <class A>
+auto minimum(detail::var_element_t<A> s, const var<A>& a) {
+  return detail::extremum_with_number<false>(a, s);
+}
+
 /// @brief a where `cond` (a value, not differentiated) is nonzero, else b.
 template <class C, class A, class B>
   requires(!is_var_v<std::remove_cvref_t<C>>)
@@ -14562,6 +14597,32 @@ auto where(const C& condition, const var<A>& a, const var<B>& b) {
         if (b.requires_grad()) detail::add_grad(b, detail::sum_to<detail::grad_t<B>>(pdo::eval(pdo::where(cond, T(0), g)), b.shape()));
       },
       a, b);
+}
+/// @brief a where `cond` is nonzero, else the number s (a mask: `where(keep, x, 0.0)`).
+template <class C, class A>
+  requires(!is_var_v<std::remove_cvref_t<C>>)
+auto where(const C& condition, const var<A>& a, detail::var_element_t<A> s) {
+  auto cond = pdo::eval(condition);
+  using T = detail::var_element_t<A>;
+  return detail::record(
+      detail::eval_forward(pdo::where(cond, a.value(), s)),
+      [cond, a](auto& self) {
+        detail::add_grad(a, detail::sum_to<detail::grad_t<A>>(pdo::eval(pdo::where(cond, *self.grad, T(0))), a.shape()));
+      },
+      a);
+}
+/// @brief The number s where `cond` is nonzero, else a.
+template <class C, class A>
+  requires(!is_var_v<std::remove_cvref_t<C>>)
+auto where(const C& condition, detail::var_element_t<A> s, const var<A>& a) {
+  auto cond = pdo::eval(condition);
+  using T = detail::var_element_t<A>;
+  return detail::record(
+      detail::eval_forward(pdo::where(cond, s, a.value())),
+      [cond, a](auto& self) {
+        detail::add_grad(a, detail::sum_to<detail::grad_t<A>>(pdo::eval(pdo::where(cond, T(0), *self.grad)), a.shape()));
+      },
+      a);
 }
 
 // ---- with a number on one side ----
