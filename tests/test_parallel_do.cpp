@@ -95,6 +95,33 @@ TEST_CASE("a block may return an expression of its shards, evaluated on its plac
   CHECK(pdo_test::close(pdo::gather(y), expected, 1e-5));
 }
 
+TEST_CASE("a block's expression of a tensor it made, or took by value, is an error: that tensor is freed when the block returns",
+          "[parallel_do][errors]") {
+  const auto x = pdo_test::iota_tensor<double, 2>({7, 4});
+  const auto mesh = pdo_test::line_mesh(3);
+  using rows = pdo::layout<split<"x">, replicate>;
+  const auto dx = pdo::distribute<rows>(mesh, x);
+  const auto made = [](const pdo::tensor<double, 2>& s) {
+    const pdo::tensor<double, 2> t = pdo::eval(s * 3.0);
+    return pdo::relu(t + 1.0);
+  };
+  CHECK_THROWS_WITH(pdo::parallel_do<rows>(made, dx),
+                    Catch::Contains("parallel_do: the block failed on place cpu:0: its result is an expression (relu) that refers to a tensor") &&
+                        Catch::Contains("the block made (or took by value), freed when it returned") &&
+                        Catch::Contains("return pdo::eval(...)"));
+  const auto by_value = [](pdo::tensor<double, 2> s) { return s * 2.0; };
+  CHECK_THROWS_WITH(pdo::parallel_do<rows>(by_value, dx), Catch::Contains("freed when it returned"));
+  // the fixes the message names work; tensors that outlive the block may be referred to
+  const auto evaluated = [](const pdo::tensor<double, 2>& s) {
+    const pdo::tensor<double, 2> t = pdo::eval(s * 3.0);
+    return pdo::eval(pdo::relu(t + 1.0));
+  };
+  const auto outer = pdo_test::iota_tensor<double, 1>({4});
+  const auto with_outer = [&](const auto& s) { return s * 3.0 + 1.0 + outer * 0.0; };
+  CHECK(pdo_test::equal(pdo::gather(pdo::parallel_do<rows>(evaluated, dx)), pdo::eval(pdo::relu(x * 3.0 + 1.0))));
+  CHECK(pdo_test::equal(pdo::gather(pdo::parallel_do<rows>(with_outer, dx)), pdo::eval(x * 3.0 + 1.0)));
+}
+
 TEST_CASE("results made inside a block live in the place's memory", "[parallel_do][memory]") {
   const auto places = pdo::cpu_places(2);
   const auto mesh = pdo::make_mesh<"x">(places);

@@ -16321,7 +16321,12 @@ var<tensor<T, R>> replicated_across(const var<tensor<T, R>>& x, const mesh_commu
 // pdo/exec/parallel_do.hpp: run a block on every place over its local shards, and merge the results.
 
 
+#if defined(__linux__)
+#include <pthread.h>
+#endif
+
 #include <cstddef>
+#include <cstdint>
 #include <limits>
 #include <optional>
 #include <string>
@@ -16375,6 +16380,59 @@ consteval bool is_block_part() {
   if constexpr (is_tensor_v<R>) return true;
   else if constexpr (tensor_expression<R>) return !expression_t<R>::distributed;
   else return false;
+}
+
+/// @brief The lowest address of the calling thread's stack (0 where the system does not say).
+inline std::uintptr_t stack_bottom() {
+#if defined(__linux__)
+  thread_local const std::uintptr_t bottom = [] {
+    pthread_attr_t attr;
+    if (pthread_getattr_np(pthread_self(), &attr) != 0) return std::uintptr_t{0};
+    void* low = nullptr;
+    std::size_t size = 0;
+    const bool known = pthread_attr_getstack(&attr, &low, &size) == 0;
+    pthread_attr_destroy(&attr);
+    return known ? reinterpret_cast<std::uintptr_t>(low) : std::uintptr_t{0};
+  }();
+  return bottom;
+#else
+  return 0;
+#endif
+}
+
+/// @brief std::apply(block, arguments), from a frame of its own: what the block kept on the
+/// stack (its local tensors, the arguments it took by value) lies below its caller's frame.
+template <class Block, class Tuple>
+PDO_NOINLINE decltype(auto) apply_block(Block& block, Tuple& arguments) {
+  return std::apply(block, arguments);
+}
+
+/// @brief An error unless every tensor the expression `part` (a block's result) refers to is
+/// alive: one that lies on this thread's stack below `frame` (a local of the frame that called
+/// the block) was the block's own, freed when the block returned.
+template <class R>
+void check_block_leaves(const R& part, const void* frame) {
+  const std::uintptr_t bottom = stack_bottom(), top = reinterpret_cast<std::uintptr_t>(frame);
+  if (bottom == 0) return;
+  for_each_tensor_leaf(part, [&](const auto& leaf) {
+    const auto at = reinterpret_cast<std::uintptr_t>(&leaf.value());
+    if (at >= bottom && at < top)
+      // the tensor is not read: its storage is another frame's now
+      throw error("its result is an expression (" + std::string(R::name) + ") that refers to a tensor the block made (or took by value), freed when it returned: return pdo::eval(...) of "
+                  "such an expression (a tensor), and take the shards as const references (const auto&)");
+  });
+}
+
+/// @brief The block's result on one place, called with `arguments` (a tuple in the caller's
+/// frame); an expression that refers to a tensor the block kept on its stack is an error
+/// (check_block_leaves), before anything reads it.
+template <class Block, class Tuple>
+PDO_NOINLINE decltype(auto) checked_block_call(Block& block, Tuple& arguments) {
+  [[maybe_unused]] const char frame = 0;  // the block's frames lay below this one
+  decltype(auto) part = apply_block(block, arguments);
+  using part_t = std::remove_cvref_t<decltype(part)>;
+  if constexpr (tensor_expression<part_t> && !is_tensor_v<part_t>) check_block_leaves(part, &frame);
+  return part;
 }
 
 /// @brief A block's result on its place as a local tensor: a tensor as it is; an expression
@@ -16614,7 +16672,11 @@ auto parallel_do_checked(Block& block, const Args&... args) {
     const mesh_t& m = detail::first_dtensor(args...).mesh();
     (detail::check_same_mesh(args, m), ...);
     return detail::merge_parts<OutLayout>(
-        m, [&](std::size_t p, std::size_t) -> result_t { return detail::as_block_part(block(detail::local_view(args, p)...)); },
+        m,
+        [&](std::size_t p, std::size_t) -> result_t {
+          auto views = std::forward_as_tuple(detail::local_view(args, p)...);
+          return detail::as_block_part(detail::checked_block_call(block, views));
+        },
         [&](std::size_t, std::size_t k) { return detail::shards_read(k, args...); });
   }
 }
@@ -16862,7 +16924,7 @@ auto parallel_do(Block&& block, const Args&... args) {
       tape_t& tape = (*tapes)[k].emplace();
       std::tuple<detail::block_argument_t<Args>...> arguments(detail::block_argument_of(args, p)...);
       detail::keep_leaves<Args...>(tape.leaves, arguments, std::index_sequence_for<Args...>{});
-      tape.out = detail::as_block_result(std::apply(block, arguments));
+      tape.out = detail::as_block_result(detail::checked_block_call(block, arguments));
       return tape.out.value();
     }, [&](std::size_t, std::size_t k) { return detail::shards_read(k, detail::unwrap_var<detail::is_distributed_var_v<Args>>(args)...); });
 

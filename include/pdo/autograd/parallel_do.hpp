@@ -205,7 +205,7 @@ auto parallel_do(Block&& block, const Args&... args) {
       tape_t& tape = (*tapes)[k].emplace();
       std::tuple<detail::block_argument_t<Args>...> arguments(detail::block_argument_of(args, p)...);
       detail::keep_leaves<Args...>(tape.leaves, arguments, std::index_sequence_for<Args...>{});
-      tape.out = detail::as_block_result(std::apply(block, arguments));
+      tape.out = detail::as_block_result(detail::checked_block_call(block, arguments));
       return tape.out.value();
     }, [&](std::size_t, std::size_t k) { return detail::shards_read(k, detail::unwrap_var<detail::is_distributed_var_v<Args>>(args)...); });
 

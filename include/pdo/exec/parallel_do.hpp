@@ -9,7 +9,12 @@
 #include <pdo/layout/propagation.hpp>
 #include <pdo/tensor/dtensor.hpp>
 
+#if defined(__linux__)
+#include <pthread.h>
+#endif
+
 #include <cstddef>
+#include <cstdint>
 #include <limits>
 #include <optional>
 #include <string>
@@ -63,6 +68,59 @@ consteval bool is_block_part() {
   if constexpr (is_tensor_v<R>) return true;
   else if constexpr (tensor_expression<R>) return !expression_t<R>::distributed;
   else return false;
+}
+
+/// @brief The lowest address of the calling thread's stack (0 where the system does not say).
+inline std::uintptr_t stack_bottom() {
+#if defined(__linux__)
+  thread_local const std::uintptr_t bottom = [] {
+    pthread_attr_t attr;
+    if (pthread_getattr_np(pthread_self(), &attr) != 0) return std::uintptr_t{0};
+    void* low = nullptr;
+    std::size_t size = 0;
+    const bool known = pthread_attr_getstack(&attr, &low, &size) == 0;
+    pthread_attr_destroy(&attr);
+    return known ? reinterpret_cast<std::uintptr_t>(low) : std::uintptr_t{0};
+  }();
+  return bottom;
+#else
+  return 0;
+#endif
+}
+
+/// @brief std::apply(block, arguments), from a frame of its own: what the block kept on the
+/// stack (its local tensors, the arguments it took by value) lies below its caller's frame.
+template <class Block, class Tuple>
+PDO_NOINLINE decltype(auto) apply_block(Block& block, Tuple& arguments) {
+  return std::apply(block, arguments);
+}
+
+/// @brief An error unless every tensor the expression `part` (a block's result) refers to is
+/// alive: one that lies on this thread's stack below `frame` (a local of the frame that called
+/// the block) was the block's own, freed when the block returned.
+template <class R>
+void check_block_leaves(const R& part, const void* frame) {
+  const std::uintptr_t bottom = stack_bottom(), top = reinterpret_cast<std::uintptr_t>(frame);
+  if (bottom == 0) return;
+  for_each_tensor_leaf(part, [&](const auto& leaf) {
+    const auto at = reinterpret_cast<std::uintptr_t>(&leaf.value());
+    if (at >= bottom && at < top)
+      // the tensor is not read: its storage is another frame's now
+      throw error("its result is an expression (" + std::string(R::name) + ") that refers to a tensor the block made (or took by value), freed when it returned: return pdo::eval(...) of "
+                  "such an expression (a tensor), and take the shards as const references (const auto&)");
+  });
+}
+
+/// @brief The block's result on one place, called with `arguments` (a tuple in the caller's
+/// frame); an expression that refers to a tensor the block kept on its stack is an error
+/// (check_block_leaves), before anything reads it.
+template <class Block, class Tuple>
+PDO_NOINLINE decltype(auto) checked_block_call(Block& block, Tuple& arguments) {
+  [[maybe_unused]] const char frame = 0;  // the block's frames lay below this one
+  decltype(auto) part = apply_block(block, arguments);
+  using part_t = std::remove_cvref_t<decltype(part)>;
+  if constexpr (tensor_expression<part_t> && !is_tensor_v<part_t>) check_block_leaves(part, &frame);
+  return part;
 }
 
 /// @brief A block's result on its place as a local tensor: a tensor as it is; an expression
@@ -302,7 +360,11 @@ auto parallel_do_checked(Block& block, const Args&... args) {
     const mesh_t& m = detail::first_dtensor(args...).mesh();
     (detail::check_same_mesh(args, m), ...);
     return detail::merge_parts<OutLayout>(
-        m, [&](std::size_t p, std::size_t) -> result_t { return detail::as_block_part(block(detail::local_view(args, p)...)); },
+        m,
+        [&](std::size_t p, std::size_t) -> result_t {
+          auto views = std::forward_as_tuple(detail::local_view(args, p)...);
+          return detail::as_block_part(detail::checked_block_call(block, views));
+        },
         [&](std::size_t, std::size_t k) { return detail::shards_read(k, args...); });
   }
 }
