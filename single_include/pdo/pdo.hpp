@@ -4506,21 +4506,6 @@ class watch {
     return peers;
   }
 
-  /// @brief Waits, watched, until every process reaches this point (an MPI_Ibarrier on the
-  /// agreement communicator): what precedes MPI calls that would block for a missing process
-  /// without a timeout (making communicators).
-  void meet_all(const std::string& what, std::chrono::duration<double> timeout) {
-    MPI_Request request = MPI_REQUEST_NULL;
-    check(MPI_Ibarrier(agree_, &request), "MPI_Ibarrier");
-    wait(
-        [&] {
-          int done = 0;
-          check(MPI_Test(&request, &done, MPI_STATUS_IGNORE), "MPI_Test");
-          return done != 0;
-        },
-        next_agreement(what), others(), timeout, true);
-  }
-
   /// @brief Polls `done()` (an MPI_Test, an MPI_Improbe) until it returns true. Past
   /// `timeout`, or when a member of `peers` (world ranks) says it gave up on the same
   /// collective, throws pdo::collective_timeout naming `label` and the peers that did not
@@ -6722,13 +6707,8 @@ PDO_NOINLINE inline void build_comms(mesh_state& state) {
   std::vector<std::size_t> all(size);
   for (std::size_t i = 0; i < all.size(); ++i) all[i] = i;
   const mesh_devices devices = devices_of(state);
-#if defined(PDO_WITH_MPI)
-  // making communicators blocks until every process takes part: meet first, watched
-  if (state.multiprocess)
-    mpi::detail::watch::instance().meet_all("building the communicators of " + name,
-                                            state.options.collective_timeout.count() > 0 ? state.options.collective_timeout
-                                                                                        : mpi::detail::default_collective_timeout());
-#endif
+  // over several processes, making communicators blocks until every process takes part: this
+  // runs right after make_mesh's agreement, a watched meeting of them all (meet_on_mesh)
   if (devices != mesh_devices::cpu && !cuda_enabled)
     throw communication_error("mesh: " + name + " has GPU places; their collectives need a build with PDO_WITH_CUDA");
 #if defined(PDO_WITH_CUDA)

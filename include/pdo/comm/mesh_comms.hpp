@@ -171,13 +171,8 @@ PDO_NOINLINE inline void build_comms(mesh_state& state) {
   std::vector<std::size_t> all(size);
   for (std::size_t i = 0; i < all.size(); ++i) all[i] = i;
   const mesh_devices devices = devices_of(state);
-#if defined(PDO_WITH_MPI)
-  // making communicators blocks until every process takes part: meet first, watched
-  if (state.multiprocess)
-    mpi::detail::watch::instance().meet_all("building the communicators of " + name,
-                                            state.options.collective_timeout.count() > 0 ? state.options.collective_timeout
-                                                                                        : mpi::detail::default_collective_timeout());
-#endif
+  // over several processes, making communicators blocks until every process takes part: this
+  // runs right after make_mesh's agreement, a watched meeting of them all (meet_on_mesh)
   if (devices != mesh_devices::cpu && !cuda_enabled)
     throw communication_error("mesh: " + name + " has GPU places; their collectives need a build with PDO_WITH_CUDA");
 #if defined(PDO_WITH_CUDA)

@@ -113,21 +113,6 @@ class watch {
     return peers;
   }
 
-  /// @brief Waits, watched, until every process reaches this point (an MPI_Ibarrier on the
-  /// agreement communicator): what precedes MPI calls that would block for a missing process
-  /// without a timeout (making communicators).
-  void meet_all(const std::string& what, std::chrono::duration<double> timeout) {
-    MPI_Request request = MPI_REQUEST_NULL;
-    check(MPI_Ibarrier(agree_, &request), "MPI_Ibarrier");
-    wait(
-        [&] {
-          int done = 0;
-          check(MPI_Test(&request, &done, MPI_STATUS_IGNORE), "MPI_Test");
-          return done != 0;
-        },
-        next_agreement(what), others(), timeout, true);
-  }
-
   /// @brief Polls `done()` (an MPI_Test, an MPI_Improbe) until it returns true. Past
   /// `timeout`, or when a member of `peers` (world ranks) says it gave up on the same
   /// collective, throws pdo::collective_timeout naming `label` and the peers that did not
