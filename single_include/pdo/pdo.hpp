@@ -3901,6 +3901,10 @@ struct alignas(64) mesh_state {
   std::vector<std::size_t> extents;
   std::vector<any_place> places;      ///< row-major over the axes: the last axis varies fastest
   std::vector<std::size_t> local;     ///< indices of the places of this process
+  /// @brief The states of the places of this process in one order whatever the mesh (by
+  /// address), fixed by make_mesh: two host threads holding the same places take them in
+  /// this order (see detail::place_hold).
+  std::vector<place_state*> local_in_order;
   bool multiprocess = false;          ///< the places belong to more than one process
   /// @brief Of a mesh over several processes: the host thread of this process that issued its
   /// first operation, the only one that may issue them (none yet: the default id).
@@ -3959,6 +3963,8 @@ inline void take_places(mesh_state& state, const std::string& name) {
       throw layout_error("make_mesh: places must be ordered by process (" + p.name() + " comes after " + state.places[i - 1].name() + ")");
     if (p.is_local()) state.local.push_back(static_cast<std::size_t>(i));
   }
+  for (std::size_t p : state.local) state.local_in_order.push_back(state.places[p].state().get());
+  std::ranges::sort(state.local_in_order);
   // the same answer on every process (each takes part in the mesh's agreement and
   // communicators by it): a mesh whose places all live in one other process is not one
   state.multiprocess = !state.places.empty() && state.places.front().process() != state.places.back().process();
@@ -8612,15 +8618,6 @@ inline void check_driver(const mesh_state& state, const char* op) {
   if (!state.driver.compare_exchange_strong(first, me) && first != me) throw_other_driver(state, op);
 }
 
-/// @brief The places of this process of the mesh `state`, in one order whatever the mesh
-/// (by address: two holds over the same places take them in the same order).
-inline std::vector<place_state*> places_in_order(const mesh_state& state) {
-  std::vector<place_state*> out;
-  for (std::size_t p : state.local) out.push_back(state.places[p].state().get());
-  std::ranges::sort(out);
-  return out;
-}
-
 /// @brief Holds the places of this process of a mesh for one host thread's operation whose
 /// tasks queue more work on the places' lanes while they run (a data-parallel step's bucket
 /// collectives, a pipeline's sends): what other host threads submit on those places waits
@@ -8630,7 +8627,7 @@ inline std::vector<place_state*> places_in_order(const mesh_state& state) {
 /// operation is submitted, once no other thread is submitting on the places.
 class place_hold {
  public:
-  explicit place_hold(const mesh_state& state) : places_(places_in_order(state)) {
+  explicit place_hold(const mesh_state& state) : places_(state.local_in_order) {
     const std::thread::id me = std::this_thread::get_id();
     for (place_state* s : places_) {
       for (std::thread::id free{}; !s->held_by.compare_exchange_strong(free, me); free = {}) s->held_by.wait(free);
@@ -8647,7 +8644,7 @@ class place_hold {
   }
 
  private:
-  std::vector<place_state*> places_;
+  const std::vector<place_state*>& places_;
 };
 
 /// @brief A host thread's submission of one operation on the places of this process of the
@@ -8655,7 +8652,7 @@ class place_hold {
 /// itself on each (a hold waits for the submissions under way).
 class place_submission {
  public:
-  explicit place_submission(const mesh_state& state) : places_(places_in_order(state)) {
+  explicit place_submission(const mesh_state& state) : places_(state.local_in_order) {
     const std::thread::id me = std::this_thread::get_id();
     for (std::size_t i = 0; i < places_.size();) {
       place_state* s = places_[i];
@@ -8682,7 +8679,7 @@ class place_submission {
     s.submitting.fetch_sub(1);
     s.submitting.notify_all();
   }
-  std::vector<place_state*> places_;
+  const std::vector<place_state*>& places_;
 };
 
 /// @brief Submits `work` for every place of the mesh `state` in this process, on its lane

@@ -206,15 +206,6 @@ inline void check_driver(const mesh_state& state, const char* op) {
   if (!state.driver.compare_exchange_strong(first, me) && first != me) throw_other_driver(state, op);
 }
 
-/// @brief The places of this process of the mesh `state`, in one order whatever the mesh
-/// (by address: two holds over the same places take them in the same order).
-inline std::vector<place_state*> places_in_order(const mesh_state& state) {
-  std::vector<place_state*> out;
-  for (std::size_t p : state.local) out.push_back(state.places[p].state().get());
-  std::ranges::sort(out);
-  return out;
-}
-
 /// @brief Holds the places of this process of a mesh for one host thread's operation whose
 /// tasks queue more work on the places' lanes while they run (a data-parallel step's bucket
 /// collectives, a pipeline's sends): what other host threads submit on those places waits
@@ -224,7 +215,7 @@ inline std::vector<place_state*> places_in_order(const mesh_state& state) {
 /// operation is submitted, once no other thread is submitting on the places.
 class place_hold {
  public:
-  explicit place_hold(const mesh_state& state) : places_(places_in_order(state)) {
+  explicit place_hold(const mesh_state& state) : places_(state.local_in_order) {
     const std::thread::id me = std::this_thread::get_id();
     for (place_state* s : places_) {
       for (std::thread::id free{}; !s->held_by.compare_exchange_strong(free, me); free = {}) s->held_by.wait(free);
@@ -241,7 +232,7 @@ class place_hold {
   }
 
  private:
-  std::vector<place_state*> places_;
+  const std::vector<place_state*>& places_;
 };
 
 /// @brief A host thread's submission of one operation on the places of this process of the
@@ -249,7 +240,7 @@ class place_hold {
 /// itself on each (a hold waits for the submissions under way).
 class place_submission {
  public:
-  explicit place_submission(const mesh_state& state) : places_(places_in_order(state)) {
+  explicit place_submission(const mesh_state& state) : places_(state.local_in_order) {
     const std::thread::id me = std::this_thread::get_id();
     for (std::size_t i = 0; i < places_.size();) {
       place_state* s = places_[i];
@@ -276,7 +267,7 @@ class place_submission {
     s.submitting.fetch_sub(1);
     s.submitting.notify_all();
   }
-  std::vector<place_state*> places_;
+  const std::vector<place_state*>& places_;
 };
 
 /// @brief Submits `work` for every place of the mesh `state` in this process, on its lane

@@ -53,6 +53,10 @@ struct alignas(64) mesh_state {
   std::vector<std::size_t> extents;
   std::vector<any_place> places;      ///< row-major over the axes: the last axis varies fastest
   std::vector<std::size_t> local;     ///< indices of the places of this process
+  /// @brief The states of the places of this process in one order whatever the mesh (by
+  /// address), fixed by make_mesh: two host threads holding the same places take them in
+  /// this order (see detail::place_hold).
+  std::vector<place_state*> local_in_order;
   bool multiprocess = false;          ///< the places belong to more than one process
   /// @brief Of a mesh over several processes: the host thread of this process that issued its
   /// first operation, the only one that may issue them (none yet: the default id).
@@ -111,6 +115,8 @@ inline void take_places(mesh_state& state, const std::string& name) {
       throw layout_error("make_mesh: places must be ordered by process (" + p.name() + " comes after " + state.places[i - 1].name() + ")");
     if (p.is_local()) state.local.push_back(static_cast<std::size_t>(i));
   }
+  for (std::size_t p : state.local) state.local_in_order.push_back(state.places[p].state().get());
+  std::ranges::sort(state.local_in_order);
   // the same answer on every process (each takes part in the mesh's agreement and
   // communicators by it): a mesh whose places all live in one other process is not one
   state.multiprocess = !state.places.empty() && state.places.front().process() != state.places.back().process();
