@@ -178,8 +178,10 @@ void check_same_host_shape(const Mesh& m, std::size_t p, const shape_t<Rank>& sh
 /// reset_planned_collectives() (eval's redistributions, redistribute, autograd's gradients;
 /// an all_reduce(max) counts as an all_reduce, and a window op's halo exchange, forward or
 /// backward, as the all_to_all it runs as), each counted once per group of places that ran
-/// it together. For tests and tuning: `pdo::plan_of` says what a plan will run (its
-/// `count(k)` counts the same way); this says what ran.
+/// it together. For tests and tuning: `pdo::plan_of` says what a plan will run, and its
+/// `count(k)` counts each step once, so that a step along one axis of a mesh whose other axes
+/// hold g groups of places counts g times here (on a 2 x 2 mesh, an all_gather along "a": 1
+/// in the plan, 2 here); this says what ran.
 inline std::size_t planned_collectives(step_kind k) {
   return detail::planned_collective_counts()[static_cast<std::size_t>(k)].load(std::memory_order_relaxed);
 }
