@@ -311,9 +311,11 @@ auto merge_parts(const Mesh& m, Part&& part, Access reads = {}) {
   if (local.empty())
     throw layout_error("parallel_do: this process holds no place of " + m.describe() + "; call it on the processes that do");
   std::vector<std::optional<result_t>> results(local.size());
+  std::vector<char> started(local.size(), 0);  // a task cancelled by a failure of what it reads never starts its block
   const auto batch = run_batch_on_places(
       m,
       [&](std::size_t p, std::size_t k) {
+        started[k] = 1;
         result_t r = part(p, k);
         // a part made in another memory than its place's (a host tensor on a GPU place) moves there
         if (memory_of(r.where()) != memory_of(m.place(p).state().get())) r = to_place(r, m.place(p));
@@ -331,8 +333,11 @@ auto merge_parts(const Mesh& m, Part&& part, Access reads = {}) {
     const std::size_t p = *reported;
     std::string here;
     for (std::size_t k = 0; k < local.size(); ++k)
-      if (local[k] == p && batch->failures[k]) here = batch->failures[k]->message;
-    throw_error_of_kind(outcomes.kind(p), "parallel_do: the block failed on place " + m.place(p).name() + ": " + share_message(m, p, here));
+      if (local[k] == p && batch->failures[k])
+        here = (started[k] != 0 ? "the block failed on place " + m.place(p).name() + ": "
+                                : "the block did not run on place " + m.place(p).name() + ": an operation whose result it reads failed: ") +
+               batch->failures[k]->message;
+    throw_error_of_kind(outcomes.kind(p), "parallel_do: " + share_message(m, p, here));
   }
   shape_t<rank> global{};
   check_merge<OutLayout>(m, outcomes, global);
