@@ -453,6 +453,10 @@ TEST_CASE("data parallel: a non-finite loss stops with an error naming the step,
     CHECK(values_of(trainer) == before);
     CHECK(trainer.steps() == 1);  // a refused step is not counted
     CHECK(std::isfinite(trainer.step(good, labels_for(8))));
+    // an infinite input makes a NaN of any sign: it is named "nan", not "-nan"
+    auto infinite = good;
+    infinite(2, 1) = std::numeric_limits<double>::infinity();
+    CHECK_THROWS_WITH(trainer.step(infinite, labels_for(8)), Catch::Contains("the loss is nan;"));
   }
   {
     // nor does it move the learning-rate schedule: a refusal caught leaves the trainer as if
@@ -873,6 +877,17 @@ TEST_CASE("data parallel: replicas start equal by a broadcast from place 0, and 
                                                      Catch::Contains("at element 0"));
     CHECK_THROWS_WITH(pdo::nn::make_data_parallel<double>(m, make_different, sgd, {.broadcast_parameters = false, .check_replicas = true}),
                       Catch::Contains("replicas differ"));
+
+    // replicas of different shapes: the broadcast would mismatch sizes; the first parameter that differs is named
+    std::atomic<std::size_t> made{0};
+    auto make_wider_last = [&] {
+      pdo::nn::rng gen(5);
+      const std::size_t hidden = made++ + 1 == places ? 17 : 16;
+      return pdo::nn::sequential(pdo::nn::linear<double>(6, hidden, gen), pdo::nn::relu{}, pdo::nn::linear<double>(hidden, 4, gen));
+    };
+    CHECK_THROWS_WITH((pdo::nn::make_data_parallel<double>(m, make_wider_last, sgd)),
+                      Catch::Contains("the replicas differ: parameter 0.weight has ") && Catch::Contains(" on place cpu:0") &&
+                          Catch::Contains("one architecture"));
   }
 }
 
@@ -927,6 +942,11 @@ TEST_CASE("data parallel: micro-batches accumulate gradients without syncing, on
   auto still = pdo::nn::make_data_parallel<double>(m, make_mlp, [](auto ps) { return pdo::nn::sgd<double>(std::move(ps), {.lr = 0.0}); });
   for (int s = 0; s < 3; ++s) (void)still.step(x, y);
   const double expected = still.accuracy(x, y);
+  // a label that is no class is named, not counted as a wrong answer
+  auto bad = y;
+  bad(bad.extent(0) - 1) = 4;
+  CHECK_THROWS_WITH(still.accuracy(x, bad), Catch::Contains("data_parallel::accuracy: 1 label of the batch is not a class index in [0, 4)") &&
+                                                Catch::Contains("the first is 4, at row " + std::to_string(bad.extent(0) - 1)));
   std::vector<double> seen;
   still.fit(x, y, {.epochs = 2, .batch_size = 5, .seed = 3}, [&](const auto& s) { seen.push_back(s.accuracy); });
   REQUIRE(seen.size() == 2);

@@ -62,6 +62,12 @@ TEST_CASE("MPI: the data-parallel trainer matches one place step by step", "[mpi
   accuracy_many = many.accuracy(x, y);
   CHECK(b == Approx(a).epsilon(1e-10));
   CHECK(accuracy_many == accuracy_one);
+  // a label that is no class: the same error on every process, whichever holds its row
+  auto bad = y;
+  bad(7) = -2;
+  CHECK_THROWS_WITH(many.accuracy(x, bad), Catch::Contains("data_parallel::accuracy: 1 label of the batch is not a class index") &&
+                                               Catch::Contains("the first is -2, at row 7"));
+  CHECK(many.accuracy(x, y) == accuracy_one);
   // replicas made different on purpose (the factory draws from the process's rank) end up equal
   auto different = [] {
     pdo::nn::rng gen(100 + static_cast<unsigned>(pdo::mpi::rank()));

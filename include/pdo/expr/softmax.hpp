@@ -53,9 +53,9 @@ namespace detail {
 
 /// @brief The error of a place's cross_entropy whose labels (its `rows` rows, from global row
 /// `row0`) hold `bad` values that are not class indices in [0, classes): how many, and the
-/// first of them with its row (read back from the place's memory, `where`).
+/// first of them with its row (read back from the place's memory, `where`), named as `op`'s.
 template <class Label>
-[[noreturn]] void throw_bad_labels(place_state* where, const Label* labels, std::size_t rows, std::size_t row0, std::size_t classes,
+[[noreturn]] void throw_bad_labels(const char* op, place_state* where, const Label* labels, std::size_t rows, std::size_t row0, std::size_t classes,
                                    std::size_t bad, const std::string& operand) {
   std::vector<Label> host(rows);
   copy_bytes(nullptr, host.data(), where, labels, rows * sizeof(Label));
@@ -68,7 +68,7 @@ template <class Label>
   } else {
     value = format_number(static_cast<double>(host[i]));
   }
-  throw shape_error("cross_entropy: " + std::to_string(bad) + (bad == 1 ? " label of " : " labels of ") + operand +
+  throw shape_error(std::string(op) + ": " + std::to_string(bad) + (bad == 1 ? " label of " : " labels of ") + operand +
                     (bad == 1 ? " is not a class index" : " are not class indices") + " in [0, " + std::to_string(classes) +
                     "): the first is " + value + ", at row " +
                     std::to_string(row0 + i));
@@ -125,7 +125,7 @@ class cross_entropy_node : public detail::op_node<Logits, Labels> {
     const std::size_t bad = thrust::transform_reduce(ctx.system, begin, end, detail::label_out_of_range<label_t>{first, classes},
                                                      std::size_t{0}, thrust::plus<std::size_t>{});
     if (bad != 0)
-      detail::throw_bad_labels(ctx.system.gpu, first, rows, logits.offset[0], classes, bad, detail::describe_node(std::get<1>(this->children_)));
+      detail::throw_bad_labels("cross_entropy", ctx.system.gpu, first, rows, logits.offset[0], classes, bad, detail::describe_node(std::get<1>(this->children_)));
     // the sum of the rows' losses, then divided by the global row count, where the result lives
     detail::cross_entropy_sum_into(ctx.system, logits.data, first, rows, classes, out.data());
     thrust::for_each_n(ctx.system, begin, std::size_t{1}, detail::mean_of_sum<value_type>{out.data(), logits.global[0]});

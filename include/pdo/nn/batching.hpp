@@ -6,11 +6,14 @@
 #include <pdo/core/config.hpp>
 #include <pdo/core/error.hpp>
 #include <pdo/exec/prefetch.hpp>
+#include <pdo/expr/softmax.hpp>
 #include <pdo/place/mesh.hpp>
 #include <pdo/tensor/copy.hpp>
 #include <pdo/tensor/tensor.hpp>
 
 #include <algorithm>
+#include <array>
+#include <cmath>
 #include <cstddef>
 #include <memory>
 #include <optional>
@@ -38,7 +41,7 @@ namespace pdo::detail {
 [[noreturn]] inline void refuse_nonfinite_step(const std::string& trainer, std::size_t step, std::size_t rows,
                                                const std::string& mesh, double loss) {
   throw error(trainer + "::step: step " + std::to_string(step) + " (a global batch of " + std::to_string(rows) + " rows on " + mesh +
-              "): the loss is " + std::to_string(loss) +
+              "): the loss is " + (std::isnan(loss) ? std::string("nan") : format_number(loss)) +
               "; no parameter was updated. Check the inputs and the learning rate, or skip such steps with " + trainer +
               "_options::skip_nonfinite_steps");
 }
@@ -99,6 +102,34 @@ std::size_t count_correct(const tensor<T, 2>& out, const tensor<Label, 1>& label
 template <class Out, class Y>
 std::size_t count_correct(const Out&, const Y&) {
   return 0;
+}
+
+/// @brief A place's classification of its rows, for accuracy, to be summed over the places
+/// that classify: the rows whose largest output is at their label, the labels that are not
+/// class indices (not counted as right or wrong), and classes times rows (summed over the
+/// places, the classes times the batch's rows: how the batch's error names the classes).
+template <class T, class Label>
+std::array<double, 3> classify_rows(const tensor<T, 2>& out, const tensor<Label, 1>& labels) {
+  if (out.on_gpu() || labels.on_gpu()) return classify_rows(to_host(out), to_host(labels));
+  const std::size_t classes = out.extent(1);
+  const label_out_of_range<Label> out_of_range{labels.data(), classes};
+  std::array<double, 3> counts{0, 0, static_cast<double>(classes) * static_cast<double>(out.extent(0))};
+  for (std::size_t i = 0; i < out.extent(0); ++i) {
+    const T* row = out.data() + i * classes;
+    if (out_of_range(i) != 0) ++counts[1];
+    else counts[0] += static_cast<std::size_t>(std::max_element(row, row + classes) - row) == static_cast<std::size_t>(labels(i)) ? 1 : 0;
+  }
+  return counts;
+}
+
+/// @brief After the classification of every row of `labels` (classify_rows, summed over the
+/// places): the error of `op` when some labels are not class indices, naming the first with its
+/// row (every place and process throws it, having the same sums).
+template <class Label>
+void check_classified(const char* op, const tensor<Label, 1>& labels, const std::array<double, 3>& totals) {
+  if (totals[1] == 0 || labels.extent(0) == 0) return;
+  const auto classes = static_cast<std::size_t>(totals[2] / static_cast<double>(labels.extent(0)) + 0.5);
+  throw_bad_labels(op, labels.where(), labels.data(), labels.extent(0), 0, classes, static_cast<std::size_t>(totals[1]), "the batch");
 }
 
 /// @brief Rows order[first, first + count) of the host tensor `src` (row-major, dim 0 the

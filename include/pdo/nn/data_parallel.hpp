@@ -186,6 +186,7 @@ class data_parallel {
       r.place = p;
       r.model.emplace(make_model());
       r.params = parameters_of<T>(*r.model);
+      if (options_.broadcast_parameters || options_.check_replicas) check_replica_shapes(p, r.params);
       if (options_.broadcast_parameters) broadcast_from_first(p, r.params);
       if (options_.check_replicas) check_replicas_on(p, r.params);
       r.buckets = std::make_unique<buckets_type>(mesh_, p, r.params, bucket_options{options_.bucket_bytes, options_.overlap, options_.zero1});
@@ -211,12 +212,28 @@ class data_parallel {
   /// the whole batch (within rounding), with the activations of one micro-batch at a time.
   template <std::size_t R, class Target>
   T step(const tensor<T, R>& inputs, const Target& targets, std::size_t micro_batches = 1) {
+    if constexpr (!detail_nn::loss_takes<Loss, Model, T, R, Target>) {
+      static_assert(pdo::detail::always_false<Target>,
+                    "pdo: data_parallel::step: the loss cannot take the model's output and these targets: cross_entropy_loss "
+                    "takes class indices tensor<int, 1> (one per row), mse_loss a tensor<T, R> of the output's shape, and a "
+                    "loss of your own is called as loss(output var, targets)");
+      return T{};
+    } else {
+      return step_checked(inputs, targets, micro_batches);
+    }
+  }
+
+ private:
+  template <std::size_t R, class Target>
+  T step_checked(const tensor<T, R>& inputs, const Target& targets, std::size_t micro_batches) {
     if (inputs.extent(0) == 0)
       throw shape_error("data_parallel::step: the batch " + describe(inputs) + " has no rows; a step trains on at least one");
     std::vector<std::size_t> order(inputs.extent(0));
     std::iota(order.begin(), order.end(), std::size_t{0});
     return step_on(cut(inputs, targets, order, 0, inputs.extent(0), micro_batches), inputs.extent(0));
   }
+
+ public:
 
   /// @brief Checks that every replica's parameters equal place 0's, bit for bit (a
   /// collective: every process calls it). Throws a pdo::error naming the first parameter and
@@ -309,19 +326,23 @@ class data_parallel {
   }
 
   /// @brief The fraction of rows whose largest output is at their label (classification),
-  /// computed on every place over its share of the rows.
+  /// computed on every place over its share of the rows. Labels that are not class indices
+  /// of the outputs are a pdo::shape_error naming the first, on every place and process.
   template <std::size_t R, class Label>
   double accuracy(const tensor<T, R>& inputs, const tensor<Label, 1>& labels) {
     std::vector<std::size_t> order(inputs.extent(0));
     std::iota(order.begin(), order.end(), std::size_t{0});
     auto shards = shard(inputs, labels, order, 0, inputs.extent(0));
-    std::vector<double> correct(replicas_.size(), 0);
+    std::vector<std::array<double, 3>> totals(replicas_.size());
     pdo::detail::run_on_places("data_parallel::accuracy", mesh_, [&](std::size_t p, std::size_t k) {
       auto& s = shards[k];
-      const double c = s.inputs.extent(0) == 0 ? 0.0 : static_cast<double>(pdo::detail::count_correct((*replicas_[k]->model)(var(s.inputs)).value(), s.targets));
-      correct[k] = pdo::detail::sum_along<Mesh, 1>(mesh_, dp_axis, p, {c})[0];
+      std::array<double, 3> counts{};
+      if (s.inputs.extent(0) != 0) counts = pdo::detail::classify_rows((*replicas_[k]->model)(var(s.inputs)).value(), s.targets);
+      totals[k] = pdo::detail::sum_along<Mesh, 3>(mesh_, dp_axis, p, counts);
     });
-    return inputs.extent(0) == 0 ? 0.0 : correct[0] / static_cast<double>(inputs.extent(0));
+    if (inputs.extent(0) == 0) return 0.0;
+    pdo::detail::check_classified("data_parallel::accuracy", labels, totals[0]);
+    return totals[0][0] / static_cast<double>(inputs.extent(0));
   }
 
   /// @brief The model of the `k`-th place of this process.
@@ -499,6 +520,33 @@ class data_parallel {
       r.buckets = std::make_unique<buckets_type>(mesh_, p, std::move(rest), bucket_options{options_.bucket_bytes, options_.overlap, false});
       r.sliced = std::move(sliced);
     });
+  }
+
+  /// @brief Checks that place p's `params` are as many, and each of as many elements, as every
+  /// other place's (before the broadcast or comparison of their values): the first difference
+  /// is a pdo::mismatch_error that every place throws alike.
+  void check_replica_shapes(std::size_t p, const std::vector<parameter_ref<T>>& params) const {
+    const auto comm = host_communicator_of(mesh_, p);
+    const std::size_t n = mesh_.size();
+    const auto fail = [&](const std::string& what) {
+      throw mismatch_error("data_parallel: the replicas differ: " + what + " (the model factory must build replicas of one architecture)");
+    };
+    const auto at = [&](std::size_t q) { return "place " + mesh_.place(q).name(); };
+    std::vector<std::size_t> counts(n);
+    const std::size_t count = params.size();
+    comm.all_gather(std::span<const std::size_t>(&count, 1), std::span<std::size_t>(counts));
+    for (std::size_t q = 1; q < n; ++q)
+      if (counts[q] != counts[0])
+        fail("the model has " + std::to_string(counts[q]) + " parameters on " + at(q) + ", " + std::to_string(counts[0]) + " on " + at(0));
+    std::vector<std::size_t> sizes;
+    for (const auto& param : params) sizes.push_back(param.size());
+    std::vector<std::size_t> all(n * count);
+    comm.all_gather(std::span<const std::size_t>(sizes), std::span<std::size_t>(all));
+    for (std::size_t q = 1; q < n; ++q)
+      for (std::size_t j = 0; j < count; ++j)
+        if (all[q * count + j] != all[j])
+          fail("parameter " + params[j].name() + " has " + std::to_string(all[q * count + j]) + " elements on " + at(q) + ", " +
+               std::to_string(all[j]) + " on " + at(0));
   }
 
   /// @brief Place 0's parameter values into `params`, place p's (a broadcast over the mesh).

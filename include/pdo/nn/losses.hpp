@@ -3,6 +3,9 @@
 
 #include <pdo/autograd.hpp>
 
+#include <cstddef>
+#include <type_traits>
+
 namespace pdo::nn {
 
 /// @brief Cross-entropy of logits [N, C] against class indices [N]: the default loss.
@@ -27,5 +30,19 @@ struct mse_loss {
     return pdo::mse(out, var<V>(target));
   }
 };
+
+namespace detail_nn {
+
+/// @brief Whether a trainer's `Loss` takes what `Model` gives for inputs tensor<T, R>, with
+/// targets `Target` (true where the model does not take such inputs: that is the model's error).
+template <class Loss, class Model, class T, std::size_t R, class Target>
+consteval bool loss_takes_output() {
+  if constexpr (!std::is_invocable_v<Model&, var<tensor<T, R>>>) return true;
+  else return std::is_invocable_v<Loss&, const std::invoke_result_t<Model&, var<tensor<T, R>>>&, const Target&>;
+}
+template <class Loss, class Model, class T, std::size_t R, class Target>
+inline constexpr bool loss_takes = loss_takes_output<Loss, Model, T, R, Target>();
+
+}  // namespace detail_nn
 
 }  // namespace pdo::nn

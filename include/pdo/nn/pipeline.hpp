@@ -439,6 +439,12 @@ class pipeline {
                     "pdo: pipeline::step: the inputs must be a host pdo::tensor<T, InRank>, of the pipeline's element type T "
                     "and of the rank InRank given to make_pipeline<T, InRank, Cuts...>");
       return T{};
+    } else if constexpr (!takes_targets<Targets>()) {
+      static_assert(pdo::detail::always_false<Targets>,
+                    "pdo: pipeline::step: the loss cannot take the last stage's output and these targets: cross_entropy_loss "
+                    "takes class indices tensor<int, 1> (one per row), mse_loss a tensor<T, R> of the output's shape, and a "
+                    "loss of your own is called as loss(output var, targets)");
+      return T{};
     } else {
       return step_on(inputs, targets);
     }
@@ -447,19 +453,21 @@ class pipeline {
   /// @brief The fraction of the rows of `inputs` (a host tensor<T, InRank>) whose largest
   /// output is at their label (class indices, one per row), as data_parallel::accuracy: the
   /// stages run their forwards only, on the micro-batches of a step, and nothing is updated.
-  /// 0 for no rows.
+  /// 0 for no rows. Labels that are not class indices of the outputs are a pdo::shape_error
+  /// naming the first, on every place and process.
   template <class Label>
   double accuracy(const tensor<T, InRank>& inputs, const tensor<Label, 1>& labels) {
     if (labels.extent(0) != inputs.extent(0))
       throw shape_error("pipeline::accuracy: inputs " + describe(inputs) + " and labels " + describe(labels) + " differ in rows");
     if (inputs.extent(0) == 0) return 0.0;
-    std::vector<double> correct(states_.size());
+    std::vector<std::array<double, 3>> totals(states_.size());
     // its tasks queue their sends as the stages run: the places are held
     pdo::detail::run_holding_places("pipeline::accuracy", mesh_, [&](std::size_t p, std::size_t k) {
       place_state& st = *states_[k];
-      with_stage(st.stage, [&]<std::size_t S>() { correct[k] = correct_on_stage<S>(p, st, inputs, labels); });
+      with_stage(st.stage, [&]<std::size_t S>() { totals[k] = classified_on_stage<S>(p, st, inputs, labels); });
     });
-    return correct[0] / static_cast<double>(inputs.extent(0));
+    pdo::detail::check_classified("pipeline::accuracy", labels, totals[0]);
+    return totals[0][0] / static_cast<double>(inputs.extent(0));
   }
 
   /// @brief The steps taken so far, skipped ones included (a step refused with a pdo::error is
@@ -602,6 +610,14 @@ class pipeline {
     using out = std::remove_cvref_t<decltype(std::declval<const model&>()(std::declval<const var<in>&>()).value())>;
   };
 
+  /// @brief Whether the loss takes the last stage's output and targets `Targets`.
+  template <class Targets>
+  static constexpr bool takes_targets() {
+    using last = stage_types<stage_count - 1>;
+    using output = std::invoke_result_t<const typename last::model&, const var<typename last::in>&>;
+    return std::is_invocable_v<Loss&, const output&, const Targets&>;
+  }
+
   struct no_buckets {};
   /// @brief A stage's gradient buckets over "dp" (a mesh without "dp" has none).
   using dp_buckets = typename std::conditional_t<has_dp, std::type_identity<gradient_buckets<T, Mesh, "dp">>,
@@ -665,12 +681,12 @@ class pipeline {
     }
   }
 
-  /// @brief How many of place p's rows of the batch the model classifies right: stage S runs
+  /// @brief The classification of place p's rows of the batch (classify_rows): stage S runs
   /// its forwards only, micro-batch by micro-batch, receiving from the stage before and
   /// sending to the one after; the last stage counts (once per "tp" group). Summed over the
-  /// whole mesh, so every place returns the batch's count.
+  /// whole mesh, so every place returns the batch's counts.
   template <std::size_t S, class Labels>
-  double correct_on_stage(std::size_t p, place_state& st, const tensor<T, InRank>& inputs, const Labels& labels) {
+  std::array<double, 3> classified_on_stage(std::size_t p, place_state& st, const tensor<T, InRank>& inputs, const Labels& labels) {
     using types = stage_types<S>;
     using in_t = typename types::in;
     constexpr bool first = S == 0, last = S + 1 == stage_count;
@@ -680,7 +696,7 @@ class pipeline {
     const auto share = rows_of(p, inputs.extent(0));
     const std::size_t first_row = share.first, my_rows = share.second;
     const std::size_t micros = options_.micro_batches;
-    double correct = 0;
+    std::array<double, 3> counts{};
     st.forward_sends.reset();
     try {
       for (std::size_t m = 0; m < micros; ++m) {
@@ -693,9 +709,12 @@ class pipeline {
         // a failure of the forward is named in the caller's rows
         const auto y = pdo::detail::naming_rows([&] { return pdo::detail::rows_context(m0, mr); }, [&] { return model(x); });
         if constexpr (last) {
-          bool counts = mr > 0;
-          if constexpr (has_tp) counts = counts && mesh_.coord(p, Mesh::axis_index("tp")) == 0;
-          if (counts) correct += static_cast<double>(pdo::detail::count_correct(y.value(), pdo::detail::cut_rows(labels, m0, mr, place)));
+          bool counted = mr > 0;
+          if constexpr (has_tp) counted = counted && mesh_.coord(p, Mesh::axis_index("tp")) == 0;
+          if (counted) {
+            const auto c = pdo::detail::classify_rows(y.value(), pdo::detail::cut_rows(labels, m0, mr, place));
+            for (std::size_t i = 0; i < c.size(); ++i) counts[i] += c[i];
+          }
         } else {
           st.forward_sends.send(*place.state(), link, typename types::out(y.value()), true, tag);
         }
@@ -707,8 +726,8 @@ class pipeline {
     }
     st.forward_sends.drain();
     if (const auto f = st.forward_sends.failure()) f->rethrow_with_context("pipeline send: ");
-    host_communicator_of(mesh_, p).all_reduce(std::span<double>(&correct, 1));
-    return correct;
+    host_communicator_of(mesh_, p).all_reduce(std::span<double>(counts));
+    return counts;
   }
 
   template <std::size_t S, class Inputs, class Targets>
