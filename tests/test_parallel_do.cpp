@@ -305,6 +305,41 @@ TEST_CASE("parallel_do over vars: a block with its own parameter, two blocks in 
   }
 }
 
+TEST_CASE("parallel_do over vars: a value the block captured, computed from a parameter outside it, passes its gradient on once",
+          "[parallel_do][autograd]") {
+  const auto x = random<double, 2>({9, 4}, 11), w = random<double, 2>({4, 3}, 12);
+  auto Q = pdo::parameter(w);
+  const auto H = pdo::tanh(Q) * 2.0;
+  const auto want = pdo::tanh(pdo::matmul(pdo::var(x), H));
+  pdo::backward(pdo::sum(want * want));
+  for (const auto& m : meshes()) {
+    CAPTURE(m.describe());
+    auto dQ = pdo::parameter(w);
+    std::vector<double> seen;  // dQ's first gradient element, each time its hook fires
+    dQ.on_gradient([&] { seen.push_back(dQ.grad().data()[0]); });
+    const auto dH = pdo::tanh(dQ) * 2.0;  // every place's block uses it: its gradient is the sum of theirs
+    const auto dX = pdo::var(pdo::distribute<rows2>(m, x));
+    const auto out = pdo::parallel_do<rows2>([&dH](const auto& xl) { return pdo::tanh(pdo::matmul(xl, dH)); }, dX);
+    CHECK(pdo_test::close(pdo::gather(out.value()), want.value(), 1e-13));
+    pdo::backward(pdo::sum(out * out));
+    CHECK(pdo_test::close(dQ.grad(), Q.grad(), 1e-12));
+    REQUIRE(seen.size() == 1);  // once, complete
+    CHECK(seen[0] == dQ.grad().data()[0]);
+    // a captured parameter's hook too
+    auto P = pdo::parameter(w);
+    std::size_t calls = 0;
+    double at_hook = 0;
+    P.on_gradient([&] {
+      ++calls;
+      at_hook = P.grad().data()[0];
+    });
+    const auto direct = pdo::parallel_do<rows2>([&P](const auto& xl) { return pdo::tanh(pdo::matmul(xl, P)); }, dX);
+    pdo::backward(pdo::sum(direct * direct));
+    CHECK(calls == 1);
+    CHECK(at_hook == P.grad().data()[0]);
+  }
+}
+
 TEST_CASE("parallel_do over vars: a conv block, batch split", "[parallel_do][autograd]") {
   const auto x = random<double, 4>({5, 2, 6, 6}, 9), w = random<double, 4>({3, 2, 3, 3}, 10);
   const auto bias = random<double, 1>({3}, 11);

@@ -14245,6 +14245,76 @@ auto scalar_of(const V& v) {
 
 }  // namespace detail
 
+namespace detail {
+
+/// @brief The nodes one backward runs through, from its root: the root and what it depends
+/// on, last computed first, each with the number of its uses among them. A backward within a
+/// part of a graph (a parallel_do block's, on one place) runs through the nodes made at or
+/// after `first` (in creation order); a node made before, that the part uses (a value its
+/// block captured), is the part's boundary: it takes its gradient from the part but does
+/// not pass it on (the outer graph's backward does, once every part has added to it).
+struct backward_pass {
+  std::vector<grad_node*> nodes;
+  std::unordered_map<grad_node*, std::size_t> uses;
+  std::uint64_t first = 0;
+  [[nodiscard]] bool inside(const grad_node* n) const { return n->order >= first; }
+};
+
+/// @brief The pass of a backward from `root` through the nodes made at or after `first`; a
+/// pdo::error if one of them (or of the boundary) was freed by an earlier backward.
+PDO_NOINLINE inline backward_pass plan_backward(grad_node* root, std::uint64_t first) {
+  backward_pass pass;
+  pass.first = first;
+  std::vector<grad_node*> stack{root};
+  pass.uses[root] = 0;
+  while (!stack.empty()) {
+    grad_node* n = stack.back();
+    stack.pop_back();
+    pass.nodes.push_back(n);
+    if (!pass.inside(n)) continue;  // the boundary: its inputs belong to the outer graph
+    for (const auto& in : n->inputs) {
+      auto [it, fresh] = pass.uses.try_emplace(in.get(), 0);
+      ++it->second;
+      if (fresh) stack.push_back(in.get());
+    }
+  }
+  for (const grad_node* n : pass.nodes)
+    if (n->released)
+      throw error("backward: part of the graph of this value was used by an earlier backward, which freed it; compute the value "
+                  "again (run the forward again) to take another gradient");
+  std::sort(pass.nodes.begin(), pass.nodes.end(), [](const auto* a, const auto* b) { return a->order > b->order; });
+  return pass;
+}
+
+/// @brief Runs a pass whose root has its gradient: each node inside, last computed first,
+/// adds its contribution to its inputs' gradients and frees what it kept; a leaf inside
+/// learns that its gradient is complete (on_gradient) once its last use has added to it.
+PDO_NOINLINE inline void run_backward(backward_pass& pass, grad_node* root) {
+  const timeline_span span("kernel", "backward", [&] { return std::to_string(pass.nodes.size()) + " nodes"; });
+  for (grad_node* n : pass.nodes) {
+    if (n->leaf || !pass.inside(n)) continue;
+    n->propagate();
+    for (const auto& in : n->inputs)
+      if (--pass.uses[in.get()] == 0 && in->leaf && in->on_gradient && pass.inside(in.get())) in->on_gradient();
+    n->release();
+  }
+  if (root->leaf && root->on_gradient && pass.inside(root)) root->on_gradient();
+}
+
+/// @brief pdo::backward(out, seed) through the nodes made at or after `first` (see backward_pass).
+template <class V>
+void backward_within(const var<V>& out, grad_t<V> seed, std::uint64_t first) {
+  if (!out.requires_grad()) throw error("backward: the value does not depend on anything that requires a gradient");
+  if (seed.shape() != out.shape())
+    throw shape_error("backward: the seed gradient " + format_extents(seed.shape()) + " does not have the shape of the value " +
+                      format_extents(out.shape()) + " it is the gradient of");
+  backward_pass pass = plan_backward(out.node().get(), first);
+  out.node()->accumulate(std::move(seed));
+  run_backward(pass, out.node().get());
+}
+
+}  // namespace detail
+
 /// @brief Reverse mode: adds d(out)/d(leaf), weighted by `seed` (d(loss)/d(out)), to the
 /// gradient of every leaf `out` depends on that requires one. Nodes run from the last
 /// computed to the first; a leaf's on_gradient hook fires as soon as its last use has
@@ -14253,39 +14323,7 @@ auto scalar_of(const V& v) {
 /// pdo::error (as PyTorch's without retain_graph), nothing is added.
 template <class V>
 void backward(const var<V>& out, detail::grad_t<V> seed) {
-  if (!out.requires_grad()) throw error("backward: the value does not depend on anything that requires a gradient");
-  if (seed.shape() != out.shape())
-    throw shape_error("backward: the seed gradient " + detail::format_extents(seed.shape()) + " does not have the shape of the value " +
-                      detail::format_extents(out.shape()) + " it is the gradient of");
-  std::vector<detail::grad_node*> nodes;
-  std::unordered_map<detail::grad_node*, std::size_t> uses;
-  std::vector<detail::grad_node*> stack{out.node().get()};
-  uses[out.node().get()] = 0;
-  while (!stack.empty()) {
-    detail::grad_node* n = stack.back();
-    stack.pop_back();
-    nodes.push_back(n);
-    for (const auto& in : n->inputs) {
-      auto [it, fresh] = uses.try_emplace(in.get(), 0);
-      ++it->second;
-      if (fresh) stack.push_back(in.get());
-    }
-  }
-  for (const detail::grad_node* n : nodes)
-    if (n->released)
-      throw error("backward: part of the graph of this value was used by an earlier backward, which freed it; compute the value "
-                  "again (run the forward again) to take another gradient");
-  std::sort(nodes.begin(), nodes.end(), [](const auto* a, const auto* b) { return a->order > b->order; });
-  const detail::timeline_span span("kernel", "backward", [&] { return std::to_string(nodes.size()) + " nodes"; });
-  out.node()->accumulate(std::move(seed));
-  for (detail::grad_node* n : nodes) {
-    if (n->leaf) continue;
-    n->propagate();
-    for (const auto& in : n->inputs)
-      if (--uses[in.get()] == 0 && in->leaf && in->on_gradient) in->on_gradient();
-    n->release();
-  }
-  if (out.node()->leaf && out.node()->on_gradient) out.node()->on_gradient();
+  detail::backward_within(out, std::move(seed), 0);
 }
 
 /// @brief Reverse mode from a rank-0 value (a loss): the seed is 1.
@@ -16710,7 +16748,9 @@ auto parallel_do(Block&& block, const Args&... args) {
 }  // namespace pdo
 #endif  // PDO_SINGLE_PDO_EXEC_PARALLEL_DO_HPP
 
+#include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
@@ -16832,6 +16872,28 @@ void add_input(const Arg& arg, std::vector<std::shared_ptr<grad_node>>& inputs) 
     if (arg.requires_grad()) inputs.push_back(arg.node());
 }
 
+/// @brief Adds to `inputs` (once each) the nodes made before `first` that the graph of a
+/// place's block result `out` uses: the values the block captured (parameters, or values
+/// computed from them). They are the boundary of the place's backward (see
+/// detail::backward_pass), and inputs of the parallel_do's node, so that the outer backward
+/// passes their gradients on once every place has added to them.
+PDO_NOINLINE inline void add_captured(const std::shared_ptr<grad_node>& out, std::uint64_t first,
+                                      std::vector<std::shared_ptr<grad_node>>& inputs) {
+  std::vector<const std::shared_ptr<grad_node>*> stack{&out};
+  std::vector<const grad_node*> seen;
+  while (!stack.empty()) {
+    const std::shared_ptr<grad_node>& n = *stack.back();
+    stack.pop_back();
+    if (std::ranges::find(seen, n.get()) != seen.end()) continue;
+    seen.push_back(n.get());
+    if (n->order < first) {
+      if (std::ranges::find(inputs, n) == inputs.end()) inputs.push_back(n);
+      continue;
+    }
+    for (const auto& in : n->inputs) stack.push_back(&in);
+  }
+}
+
 /// @brief Adds to operand `I`'s gradient (if it is a var over a dtensor that needs one) the
 /// gradients the places computed for their blocks, merged by the operand's layout: the
 /// places' blocks form a dtensor that is partial over every axis the operand is replicated
@@ -16878,8 +16940,10 @@ void merge_operand_gradients(const Mesh& m, const Tapes& tapes, const Operands& 
 /// of one value, along an axis the output is replicated on, share its gradient), and merges each
 /// operand's gradient by that operand's layout: a split operand gets its shards' gradients;
 /// a replicated one (used by every place's block) gets the sum of the places' gradients,
-/// the `partial` gradient the planner reduces (an all_reduce). Parameters the block holds
-/// itself (captured by its closure) collect the gradients of every place's use.
+/// the `partial` gradient the planner reduces (an all_reduce). Vars the block captured (its
+/// parameters, or values computed from them outside the block) collect the gradients of
+/// every place's use, and backward goes on from them once: a parameter's on_gradient hook
+/// fires once, with the complete gradient.
 template <layout_spec OutLayout, class Block, class... Args>
   requires(detail::is_distributed_var_v<Args> || ...)
 auto parallel_do(Block&& block, const Args&... args) {
@@ -16904,6 +16968,8 @@ auto parallel_do(Block&& block, const Args&... args) {
 
     using tape_t = detail::block_tape<part_t, Args...>;
     auto tapes = std::make_shared<std::vector<std::optional<tape_t>>>(m.local_places().size());
+    // the nodes the blocks make come after this one; those made before are what they captured
+    const std::uint64_t first = detail::grad_node::next_order();
     merged_t merged = detail::merge_parts<OutLayout>(m, [&](std::size_t p, std::size_t k) -> local_t {
       tape_t& tape = (*tapes)[k].emplace();
       std::tuple<detail::block_argument_t<Args>...> arguments(detail::block_argument_of(args, p)...);
@@ -16916,12 +16982,15 @@ auto parallel_do(Block&& block, const Args&... args) {
     for (const auto& t : *tapes) needs_grad = needs_grad || t->out.requires_grad();
     if (!needs_grad) return var<merged_t>(std::move(merged));
 
-    // the graph's inputs: the operands that need a gradient (a block's own parameters are
-    // reached through the places' graphs)
+    // the graph's inputs: the operands that need a gradient, and what the blocks captured
+    // that needs one (a parameter, a value computed from one): the places' backward passes
+    // add to their gradients, and the outer backward passes them on once all have
     std::vector<std::shared_ptr<detail::grad_node>> inputs;
     (detail::add_input(args, inputs), ...);
+    for (const auto& t : *tapes)
+      if (t->out.requires_grad()) detail::add_captured(t->out.node(), first, inputs);
     auto node = detail::make_owned<detail::grad_node, detail::value_node<merged_t>>(std::move(merged), std::move(inputs));
-    node->backward = [tapes, m, operands = std::make_tuple(detail::kept_operand(args)...)](detail::value_node<merged_t>& self) {
+    node->backward = [tapes, m, first, operands = std::make_tuple(detail::kept_operand(args)...)](detail::value_node<merged_t>& self) {
       const detail::grad_t<merged_t>& g = *self.grad;
       // every place's backward at once, from its part of the output's gradient; the places
       // along an axis the output is replicated on computed one value n times, and share its
@@ -16930,8 +16999,8 @@ auto parallel_do(Block&& block, const Args&... args) {
       detail::run_on_places("parallel_do backward", m, [&](std::size_t, std::size_t k) {
         auto& tape = *(*tapes)[k];
         if (!tape.out.requires_grad()) return;
-        if (copies == 1) pdo::backward(tape.out, tensor<T, rank>(g.local_shards()[k]));
-        else pdo::backward(tape.out, pdo::eval(g.local_shards()[k] * (T(1) / static_cast<T>(copies))));
+        if (copies == 1) detail::backward_within(tape.out, tensor<T, rank>(g.local_shards()[k]), first);
+        else detail::backward_within(tape.out, pdo::eval(g.local_shards()[k] * (T(1) / static_cast<T>(copies))), first);
       });
       detail::merge_operand_gradients(m, *tapes, operands, std::index_sequence_for<Args...>{});
       for (auto& t : *tapes) t.reset();  // the places' graphs are spent

@@ -7,7 +7,9 @@
 #include <pdo/exec/parallel_do.hpp>
 #include <pdo/layout/layout_type.hpp>
 
+#include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
@@ -129,6 +131,28 @@ void add_input(const Arg& arg, std::vector<std::shared_ptr<grad_node>>& inputs) 
     if (arg.requires_grad()) inputs.push_back(arg.node());
 }
 
+/// @brief Adds to `inputs` (once each) the nodes made before `first` that the graph of a
+/// place's block result `out` uses: the values the block captured (parameters, or values
+/// computed from them). They are the boundary of the place's backward (see
+/// detail::backward_pass), and inputs of the parallel_do's node, so that the outer backward
+/// passes their gradients on once every place has added to them.
+PDO_NOINLINE inline void add_captured(const std::shared_ptr<grad_node>& out, std::uint64_t first,
+                                      std::vector<std::shared_ptr<grad_node>>& inputs) {
+  std::vector<const std::shared_ptr<grad_node>*> stack{&out};
+  std::vector<const grad_node*> seen;
+  while (!stack.empty()) {
+    const std::shared_ptr<grad_node>& n = *stack.back();
+    stack.pop_back();
+    if (std::ranges::find(seen, n.get()) != seen.end()) continue;
+    seen.push_back(n.get());
+    if (n->order < first) {
+      if (std::ranges::find(inputs, n) == inputs.end()) inputs.push_back(n);
+      continue;
+    }
+    for (const auto& in : n->inputs) stack.push_back(&in);
+  }
+}
+
 /// @brief Adds to operand `I`'s gradient (if it is a var over a dtensor that needs one) the
 /// gradients the places computed for their blocks, merged by the operand's layout: the
 /// places' blocks form a dtensor that is partial over every axis the operand is replicated
@@ -175,8 +199,10 @@ void merge_operand_gradients(const Mesh& m, const Tapes& tapes, const Operands& 
 /// of one value, along an axis the output is replicated on, share its gradient), and merges each
 /// operand's gradient by that operand's layout: a split operand gets its shards' gradients;
 /// a replicated one (used by every place's block) gets the sum of the places' gradients,
-/// the `partial` gradient the planner reduces (an all_reduce). Parameters the block holds
-/// itself (captured by its closure) collect the gradients of every place's use.
+/// the `partial` gradient the planner reduces (an all_reduce). Vars the block captured (its
+/// parameters, or values computed from them outside the block) collect the gradients of
+/// every place's use, and backward goes on from them once: a parameter's on_gradient hook
+/// fires once, with the complete gradient.
 template <layout_spec OutLayout, class Block, class... Args>
   requires(detail::is_distributed_var_v<Args> || ...)
 auto parallel_do(Block&& block, const Args&... args) {
@@ -201,6 +227,8 @@ auto parallel_do(Block&& block, const Args&... args) {
 
     using tape_t = detail::block_tape<part_t, Args...>;
     auto tapes = std::make_shared<std::vector<std::optional<tape_t>>>(m.local_places().size());
+    // the nodes the blocks make come after this one; those made before are what they captured
+    const std::uint64_t first = detail::grad_node::next_order();
     merged_t merged = detail::merge_parts<OutLayout>(m, [&](std::size_t p, std::size_t k) -> local_t {
       tape_t& tape = (*tapes)[k].emplace();
       std::tuple<detail::block_argument_t<Args>...> arguments(detail::block_argument_of(args, p)...);
@@ -213,12 +241,15 @@ auto parallel_do(Block&& block, const Args&... args) {
     for (const auto& t : *tapes) needs_grad = needs_grad || t->out.requires_grad();
     if (!needs_grad) return var<merged_t>(std::move(merged));
 
-    // the graph's inputs: the operands that need a gradient (a block's own parameters are
-    // reached through the places' graphs)
+    // the graph's inputs: the operands that need a gradient, and what the blocks captured
+    // that needs one (a parameter, a value computed from one): the places' backward passes
+    // add to their gradients, and the outer backward passes them on once all have
     std::vector<std::shared_ptr<detail::grad_node>> inputs;
     (detail::add_input(args, inputs), ...);
+    for (const auto& t : *tapes)
+      if (t->out.requires_grad()) detail::add_captured(t->out.node(), first, inputs);
     auto node = detail::make_owned<detail::grad_node, detail::value_node<merged_t>>(std::move(merged), std::move(inputs));
-    node->backward = [tapes, m, operands = std::make_tuple(detail::kept_operand(args)...)](detail::value_node<merged_t>& self) {
+    node->backward = [tapes, m, first, operands = std::make_tuple(detail::kept_operand(args)...)](detail::value_node<merged_t>& self) {
       const detail::grad_t<merged_t>& g = *self.grad;
       // every place's backward at once, from its part of the output's gradient; the places
       // along an axis the output is replicated on computed one value n times, and share its
@@ -227,8 +258,8 @@ auto parallel_do(Block&& block, const Args&... args) {
       detail::run_on_places("parallel_do backward", m, [&](std::size_t, std::size_t k) {
         auto& tape = *(*tapes)[k];
         if (!tape.out.requires_grad()) return;
-        if (copies == 1) pdo::backward(tape.out, tensor<T, rank>(g.local_shards()[k]));
-        else pdo::backward(tape.out, pdo::eval(g.local_shards()[k] * (T(1) / static_cast<T>(copies))));
+        if (copies == 1) detail::backward_within(tape.out, tensor<T, rank>(g.local_shards()[k]), first);
+        else detail::backward_within(tape.out, pdo::eval(g.local_shards()[k] * (T(1) / static_cast<T>(copies))), first);
       });
       detail::merge_operand_gradients(m, *tapes, operands, std::index_sequence_for<Args...>{});
       for (auto& t : *tapes) t.reset();  // the places' graphs are spent

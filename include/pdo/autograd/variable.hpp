@@ -319,6 +319,76 @@ auto scalar_of(const V& v) {
 
 }  // namespace detail
 
+namespace detail {
+
+/// @brief The nodes one backward runs through, from its root: the root and what it depends
+/// on, last computed first, each with the number of its uses among them. A backward within a
+/// part of a graph (a parallel_do block's, on one place) runs through the nodes made at or
+/// after `first` (in creation order); a node made before, that the part uses (a value its
+/// block captured), is the part's boundary: it takes its gradient from the part but does
+/// not pass it on (the outer graph's backward does, once every part has added to it).
+struct backward_pass {
+  std::vector<grad_node*> nodes;
+  std::unordered_map<grad_node*, std::size_t> uses;
+  std::uint64_t first = 0;
+  [[nodiscard]] bool inside(const grad_node* n) const { return n->order >= first; }
+};
+
+/// @brief The pass of a backward from `root` through the nodes made at or after `first`; a
+/// pdo::error if one of them (or of the boundary) was freed by an earlier backward.
+PDO_NOINLINE inline backward_pass plan_backward(grad_node* root, std::uint64_t first) {
+  backward_pass pass;
+  pass.first = first;
+  std::vector<grad_node*> stack{root};
+  pass.uses[root] = 0;
+  while (!stack.empty()) {
+    grad_node* n = stack.back();
+    stack.pop_back();
+    pass.nodes.push_back(n);
+    if (!pass.inside(n)) continue;  // the boundary: its inputs belong to the outer graph
+    for (const auto& in : n->inputs) {
+      auto [it, fresh] = pass.uses.try_emplace(in.get(), 0);
+      ++it->second;
+      if (fresh) stack.push_back(in.get());
+    }
+  }
+  for (const grad_node* n : pass.nodes)
+    if (n->released)
+      throw error("backward: part of the graph of this value was used by an earlier backward, which freed it; compute the value "
+                  "again (run the forward again) to take another gradient");
+  std::sort(pass.nodes.begin(), pass.nodes.end(), [](const auto* a, const auto* b) { return a->order > b->order; });
+  return pass;
+}
+
+/// @brief Runs a pass whose root has its gradient: each node inside, last computed first,
+/// adds its contribution to its inputs' gradients and frees what it kept; a leaf inside
+/// learns that its gradient is complete (on_gradient) once its last use has added to it.
+PDO_NOINLINE inline void run_backward(backward_pass& pass, grad_node* root) {
+  const timeline_span span("kernel", "backward", [&] { return std::to_string(pass.nodes.size()) + " nodes"; });
+  for (grad_node* n : pass.nodes) {
+    if (n->leaf || !pass.inside(n)) continue;
+    n->propagate();
+    for (const auto& in : n->inputs)
+      if (--pass.uses[in.get()] == 0 && in->leaf && in->on_gradient && pass.inside(in.get())) in->on_gradient();
+    n->release();
+  }
+  if (root->leaf && root->on_gradient && pass.inside(root)) root->on_gradient();
+}
+
+/// @brief pdo::backward(out, seed) through the nodes made at or after `first` (see backward_pass).
+template <class V>
+void backward_within(const var<V>& out, grad_t<V> seed, std::uint64_t first) {
+  if (!out.requires_grad()) throw error("backward: the value does not depend on anything that requires a gradient");
+  if (seed.shape() != out.shape())
+    throw shape_error("backward: the seed gradient " + format_extents(seed.shape()) + " does not have the shape of the value " +
+                      format_extents(out.shape()) + " it is the gradient of");
+  backward_pass pass = plan_backward(out.node().get(), first);
+  out.node()->accumulate(std::move(seed));
+  run_backward(pass, out.node().get());
+}
+
+}  // namespace detail
+
 /// @brief Reverse mode: adds d(out)/d(leaf), weighted by `seed` (d(loss)/d(out)), to the
 /// gradient of every leaf `out` depends on that requires one. Nodes run from the last
 /// computed to the first; a leaf's on_gradient hook fires as soon as its last use has
@@ -327,39 +397,7 @@ auto scalar_of(const V& v) {
 /// pdo::error (as PyTorch's without retain_graph), nothing is added.
 template <class V>
 void backward(const var<V>& out, detail::grad_t<V> seed) {
-  if (!out.requires_grad()) throw error("backward: the value does not depend on anything that requires a gradient");
-  if (seed.shape() != out.shape())
-    throw shape_error("backward: the seed gradient " + detail::format_extents(seed.shape()) + " does not have the shape of the value " +
-                      detail::format_extents(out.shape()) + " it is the gradient of");
-  std::vector<detail::grad_node*> nodes;
-  std::unordered_map<detail::grad_node*, std::size_t> uses;
-  std::vector<detail::grad_node*> stack{out.node().get()};
-  uses[out.node().get()] = 0;
-  while (!stack.empty()) {
-    detail::grad_node* n = stack.back();
-    stack.pop_back();
-    nodes.push_back(n);
-    for (const auto& in : n->inputs) {
-      auto [it, fresh] = uses.try_emplace(in.get(), 0);
-      ++it->second;
-      if (fresh) stack.push_back(in.get());
-    }
-  }
-  for (const detail::grad_node* n : nodes)
-    if (n->released)
-      throw error("backward: part of the graph of this value was used by an earlier backward, which freed it; compute the value "
-                  "again (run the forward again) to take another gradient");
-  std::sort(nodes.begin(), nodes.end(), [](const auto* a, const auto* b) { return a->order > b->order; });
-  const detail::timeline_span span("kernel", "backward", [&] { return std::to_string(nodes.size()) + " nodes"; });
-  out.node()->accumulate(std::move(seed));
-  for (detail::grad_node* n : nodes) {
-    if (n->leaf) continue;
-    n->propagate();
-    for (const auto& in : n->inputs)
-      if (--uses[in.get()] == 0 && in->leaf && in->on_gradient) in->on_gradient();
-    n->release();
-  }
-  if (out.node()->leaf && out.node()->on_gradient) out.node()->on_gradient();
+  detail::backward_within(out, std::move(seed), 0);
 }
 
 /// @brief Reverse mode from a rank-0 value (a loss): the seed is 1.
