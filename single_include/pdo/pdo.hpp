@@ -17819,18 +17819,14 @@ shape_t<R> with_rows(shape_t<R> s, std::size_t rows) {
   return s;
 }
 
+template <class T, class Label>
+std::array<double, 3> classify_rows(const tensor<T, 2>& out, const tensor<Label, 1>& labels);
+
 /// @brief How many rows of `out` [rows, classes] have their largest output at their label
-/// (read on the host); 0 for outputs that are not such a matrix with class labels.
+/// (classify_rows' first count); 0 for outputs that are not such a matrix with class labels.
 template <class T, class Label>
 std::size_t count_correct(const tensor<T, 2>& out, const tensor<Label, 1>& labels) {
-  if (out.on_gpu() || labels.on_gpu()) return count_correct(to_host(out), to_host(labels));
-  std::size_t c = 0;
-  const std::size_t classes = out.extent(1);
-  for (std::size_t i = 0; i < out.extent(0); ++i) {
-    const T* row = out.data() + i * classes;
-    c += static_cast<std::size_t>(std::max_element(row, row + classes) - row) == static_cast<std::size_t>(labels(i));
-  }
-  return c;
+  return static_cast<std::size_t>(classify_rows(out, labels)[0]);
 }
 template <class Out, class Y>
 std::size_t count_correct(const Out&, const Y&) {
