@@ -7,7 +7,6 @@
 #include <pdo/exec/parallel_do.hpp>
 #include <pdo/layout/layout_type.hpp>
 
-#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -15,6 +14,7 @@
 #include <string>
 #include <tuple>
 #include <type_traits>
+#include <unordered_set>
 #include <utility>
 #include <variant>
 #include <vector>
@@ -131,22 +131,21 @@ void add_input(const Arg& arg, std::vector<std::shared_ptr<grad_node>>& inputs) 
     if (arg.requires_grad()) inputs.push_back(arg.node());
 }
 
-/// @brief Adds to `inputs` (once each) the nodes made before `first` that the graph of a
+/// @brief Adds to `inputs` (once each: `seen` holds the nodes met so far, over every place's
+/// graph, and the inputs already there) the nodes made before `first` that the graph of a
 /// place's block result `out` uses: the values the block captured (parameters, or values
 /// computed from them). They are the boundary of the place's backward (see
 /// detail::backward_pass), and inputs of the parallel_do's node, so that the outer backward
 /// passes their gradients on once every place has added to them.
 PDO_NOINLINE inline void add_captured(const std::shared_ptr<grad_node>& out, std::uint64_t first,
-                                      std::vector<std::shared_ptr<grad_node>>& inputs) {
+                                      std::vector<std::shared_ptr<grad_node>>& inputs, std::unordered_set<const grad_node*>& seen) {
   std::vector<const std::shared_ptr<grad_node>*> stack{&out};
-  std::vector<const grad_node*> seen;
   while (!stack.empty()) {
     const std::shared_ptr<grad_node>& n = *stack.back();
     stack.pop_back();
-    if (std::ranges::find(seen, n.get()) != seen.end()) continue;
-    seen.push_back(n.get());
+    if (!seen.insert(n.get()).second) continue;
     if (n->order < first) {
-      if (std::ranges::find(inputs, n) == inputs.end()) inputs.push_back(n);
+      inputs.push_back(n);
       continue;
     }
     for (const auto& in : n->inputs) stack.push_back(&in);
@@ -246,8 +245,10 @@ auto parallel_do(Block&& block, const Args&... args) {
     // add to their gradients, and the outer backward passes them on once all have
     std::vector<std::shared_ptr<detail::grad_node>> inputs;
     (detail::add_input(args, inputs), ...);
+    std::unordered_set<const detail::grad_node*> seen;
+    for (const auto& n : inputs) seen.insert(n.get());
     for (const auto& t : *tapes)
-      if (t->out.requires_grad()) detail::add_captured(t->out.node(), first, inputs);
+      if (t->out.requires_grad()) detail::add_captured(t->out.node(), first, inputs, seen);
     auto node = detail::make_owned<detail::grad_node, detail::value_node<merged_t>>(std::move(merged), std::move(inputs));
     node->backward = [tapes, m, first, operands = std::make_tuple(detail::kept_operand(args)...)](detail::value_node<merged_t>& self) {
       const detail::grad_t<merged_t>& g = *self.grad;
