@@ -1,6 +1,9 @@
 // tests/test_core.cpp: tensors, memory, places, meshes, layouts and dtensor geometry.
 #include "support.hpp"
 
+#include <iomanip>
+#include <sstream>
+
 using pdo::replicate;
 using pdo::split;
 
@@ -22,6 +25,43 @@ TEST_CASE("tensor: shape, strides, element access, deep copies", "[tensor]") {
   const auto copies = empties;
   CHECK(copies[1].size() == 0);
   CHECK(copies[1].data() == nullptr);
+}
+
+// What cannot be written, gathered or redistributed says so to code that asks (a test framework's
+// printer, a generic helper): deleted, not an error inside a body.
+template <class X>
+concept writable = requires(std::ostream& os, const X& x) { os << x; };
+template <class X>
+concept gatherable = requires(const X& x) { pdo::gather(x); };
+template <class X>
+concept redistributable = requires(const X& x) { pdo::redistribute<pdo::layout<pdo::replicate>>(x); };
+using split_vector = pdo::dtensor<float, 1, pdo::mesh<"dp">, pdo::layout<split<"dp">>>;
+static_assert(writable<pdo::tensor<float, 2>> && writable<pdo::tensor<std::int8_t, 0>>);
+static_assert(!writable<split_vector> && !writable<pdo::var<pdo::tensor<float, 1>>>);
+static_assert(!writable<decltype(std::declval<const pdo::tensor<float, 1>&>() * 2.0f)>);
+static_assert(gatherable<split_vector> && !gatherable<pdo::tensor<float, 1>> && !gatherable<pdo::var<split_vector>>);
+static_assert(redistributable<split_vector> && !redistributable<pdo::tensor<float, 1>>);
+
+TEST_CASE("tensor: written to a stream nested by dim, long dims elided, in the stream's format", "[tensor]") {
+  const auto written = [](const auto& t, int precision = 6) {
+    std::ostringstream os;
+    os << std::setprecision(precision) << t;
+    return os.str();
+  };
+  CHECK(written(pdo::tensor<float, 2>({2, 3}, {0, 0.5f, 1, 1.5f, 2, 2.5f})) == "[[0, 0.5, 1],\n [1.5, 2, 2.5]]");
+  CHECK(written(pdo::tensor<int, 3>({2, 1, 2}, {1, 2, 3, 4})) == "[[[1, 2]],\n\n [[3, 4]]]");
+  CHECK(written(pdo::tensor<std::int8_t, 1>({3}, {-5, 0, 65})) == "[-5, 0, 65]");  // numbers, not characters
+  CHECK(written(pdo::tensor<double, 0>({}, {2.0 / 3}), 3) == "0.667");
+  CHECK(written(pdo::tensor<float, 2>({2, 0})) == "[[],\n []]");
+  CHECK(written(pdo::tensor<float, 2>()) == "[]");
+  CHECK(written(pdo::tensor<float, 0>()) == "[]");
+  pdo::tensor<int, 2> big({40, 30});  // 1200 elements: the middle of each dim left out
+  for (std::size_t i = 0; i < big.size(); ++i) big.data()[i] = static_cast<int>(i);
+  const std::string b = written(big);
+  CHECK(b.starts_with("[[0, 1, 2, ..., 27, 28, 29],\n [30, 31, 32, ..., 57, 58, 59],\n [60, 61, 62, ..., 87, 88, 89],\n ...,\n [1110,"));
+  CHECK(b.ends_with("[1170, 1171, 1172, ..., 1197, 1198, 1199]]"));
+  pdo::tensor<int, 1> whole({1000});  // 1000 elements: all written
+  CHECK(written(whole).find("...") == std::string::npos);
 }
 
 TEST_CASE("caching allocator: statistics, reuse, cap", "[memory]") {

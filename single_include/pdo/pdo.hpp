@@ -9818,6 +9818,7 @@ void write_block(const tensor<T, Rank>& block, tensor<T, Rank>& out, const shape
 #endif  // PDO_SINGLE_PDO_TENSOR_REDISTRIBUTE_HPP
 
 #include <cstddef>
+#include <iosfwd>
 #include <memory>
 #include <span>
 #include <string>
@@ -9837,6 +9838,11 @@ namespace pdo {
 /// `context.template fused<I>()`) and writes `out`, this place's block of the result.
 template <class E>
 concept tensor_expression = requires { typename std::remove_cvref_t<E>::expression_tag; };
+
+/// @brief Deleted: an expression has no elements until it is evaluated (deleted, so that code
+/// asking whether it can be written finds it cannot).
+template <tensor_expression E>
+std::ostream& operator<<(std::ostream& os, const E& e) = delete;  // pdo: an expression is not written to a stream: write pdo::eval(e)
 
 namespace detail {
 
@@ -10120,7 +10126,7 @@ const typename Node::mesh_type* find_mesh(const Node& node) {
     throw layout_error("eval: an operand " + operand + " lives on another mesh than the expression's first dtensor, though both are " +
                        mesh + " (each make_mesh call makes a mesh of its own); make the operands on one mesh");
   throw layout_error("eval: an operand " + operand + " lives on " + its_mesh + ", another mesh than the expression's first dtensor (" +
-                     mesh + "); redistribute it onto one mesh first");
+                     mesh + "); move it onto that mesh first: pdo::distribute<Layout>(mesh, pdo::gather(x))");
 }
 
 /// @brief Throws pdo::layout_error unless every dtensor of `node`'s subtree lives on `m`.
@@ -13794,6 +13800,12 @@ auto redistribute(const dtensor<T, Rank, Mesh, From>&) {
   return detail::unformed_result<detail::replicated_dtensor_t<T, Rank, Mesh>>();
 }
 
+/// @brief Deleted for what is not a dtensor (a tensor, a var, an expression), so that the error
+/// names this line and code asking whether a value can be redistributed finds it cannot.
+template <layout_spec To, class X>
+  requires(!distributed_tensor<X>)
+void redistribute(const X& x) = delete;  // pdo: redistribute takes a dtensor: a tensor is laid out by pdo::distribute<Layout>(mesh, t)
+
 /// @brief `x` laid out as `To`. The steps are planned at compile time
 /// (redistribute_plan_of<From, To>()): partial -> replicate is an all_reduce,
 /// partial -> split a reduce_scatter, split -> replicate an all_gather, split(d) ->
@@ -13882,6 +13894,14 @@ void move_remote_blocks(const dtensor<T, Rank, Mesh, Layout>& x, tensor<T, Rank>
 
 }  // namespace detail
 
+/// @brief Deleted for what is not a dtensor, as redistribute is.
+template <class X>
+  requires(!distributed_tensor<X>)
+tensor<float, 0> gather(const X& x) = delete;  // pdo: gather takes a dtensor: a tensor is whole already; a var's value is v.value()
+template <class X>
+  requires(!distributed_tensor<X>)
+std::optional<tensor<float, 0>> gather_to(const X& x, int root = 0) = delete;  // pdo: gather_to takes a dtensor
+
 /// @brief The value of `x` as one host tensor, on every process: partial sums are reduced
 /// (over each partial axis, shard by shard) and each block of the split dims is written into
 /// the host tensor from its place, so no place ever holds the whole tensor (a tensor that
@@ -13939,6 +13959,7 @@ std::optional<tensor<T, Rank>> gather_to(const dtensor<T, Rank, Mesh, Layout>& x
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <iosfwd>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -14167,6 +14188,11 @@ template <class T>
 inline constexpr bool is_var_v = false;
 template <class V>
 inline constexpr bool is_var_v<var<V>> = true;
+
+/// @brief Deleted: a var is a value and its gradient; write the value (deleted, so that code
+/// asking whether a var can be written finds it cannot).
+template <class V>
+std::ostream& operator<<(std::ostream& os, const var<V>& v) = delete;  // pdo: a pdo::var is not written to a stream: write v.value()
 
 namespace detail {
 
@@ -21925,8 +21951,96 @@ inline std::vector<cpu_place> cpu_places() { return cpu_places(detail::process_c
 // ---- pdo/tensor.hpp
 #ifndef PDO_SINGLE_PDO_TENSOR_HPP
 #define PDO_SINGLE_PDO_TENSOR_HPP
-// pdo/tensor.hpp: the tensor layer (tensor, dtensor, copies, what each place does in a redistribution).
+// pdo/tensor.hpp: the tensor layer (tensor, dtensor, copies, writing a tensor to a stream, what each place does in a redistribution).
 
+// ---- pdo/tensor/print.hpp
+#ifndef PDO_SINGLE_PDO_TENSOR_PRINT_HPP
+#define PDO_SINGLE_PDO_TENSOR_PRINT_HPP
+// pdo/tensor/print.hpp: writing a tensor to a std::ostream: its elements, nested by dim as
+// NumPy prints an array. A dtensor is not written (its elements are on the places of its
+// mesh): its operator<< is deleted.
+
+
+#include <cstddef>
+#include <ostream>
+#include <span>
+#include <string>
+#include <type_traits>
+
+namespace pdo {
+
+namespace detail {
+
+/// @brief A tensor of more elements than this is written with the middle of each long dim
+/// left out ("..."), as NumPy does.
+inline constexpr std::size_t elements_written_whole = 1000;
+/// @brief How many indices of a dim are written at each end when its middle is left out.
+inline constexpr std::size_t indices_at_each_end = 3;
+
+/// @brief Writes to `os` element `i` of the host array at `data`.
+using element_writer = void (*)(std::ostream& os, const void* data, std::size_t i);
+
+/// @brief Writes the elements of the row-major host array at `data` of extents `shape`, from
+/// dim `d` on (the block starting at element `first`), nested in brackets: the rows of the
+/// last dim on one line each, a blank line between blocks of higher dims. With `elide`, a dim
+/// of more than twice indices_at_each_end extents shows its first and last ones only.
+PDO_NOINLINE inline void write_nested(std::ostream& os, std::span<const std::size_t> shape, std::size_t d, std::size_t first, bool elide,
+                                      element_writer write, const void* data) {
+  std::size_t inner = 1;
+  for (std::size_t e = d + 1; e < shape.size(); ++e) inner *= shape[e];
+  const std::size_t n = shape[d];
+  const bool last = d + 1 == shape.size();
+  const std::string between = last ? ", " : "," + std::string(shape.size() - d - 1, '\n') + std::string(d + 1, ' ');
+  os << '[';
+  for (std::size_t i = 0; i < n; ++i) {
+    if (i > 0) os << between;
+    if (elide && n > 2 * indices_at_each_end && i == indices_at_each_end) {
+      os << "..." << between;
+      i = n - indices_at_each_end;
+    }
+    if (last) write(os, data, first + i);
+    else write_nested(os, shape, d + 1, first + i * inner, elide, write, data);
+  }
+  os << ']';
+}
+
+/// @brief Writes element `i` of a host array of T (a one-byte integer as a number, not a character).
+template <class T>
+void stream_element(std::ostream& os, const void* data, std::size_t i) {
+  const T v = static_cast<const T*>(data)[i];
+  if constexpr (sizeof(T) == 1) os << static_cast<int>(v);
+  else os << v;
+}
+
+}  // namespace detail
+
+/// @brief Writes the elements of `t` to `os`, nested by dim as NumPy prints an array:
+/// `[[1, 2, 3],\n [4, 5, 6]]`; a rank-0 tensor as its one value. The stream's format (its
+/// precision, fixed or scientific) applies to each element. A tensor of more than 1000
+/// elements shows the first and last 3 indices of each longer dim, "..." between them. A
+/// tensor in a GPU's memory is copied to the host first; one with no storage (default
+/// constructed) is written as `[]`.
+template <class T, std::size_t Rank>
+std::ostream& operator<<(std::ostream& os, const tensor<T, Rank>& t) {
+  if (t.on_gpu()) return os << to_host(t);
+  if constexpr (Rank == 0) {
+    if (t.data() == nullptr) os << "[]";
+    else detail::stream_element<T>(os, t.data(), 0);
+  } else {
+    // a tensor of no elements writes none (a default constructed one has extents 0)
+    detail::write_nested(os, t.shape(), 0, 0, t.size() > detail::elements_written_whole, &detail::stream_element<T>, t.data());
+  }
+  return os;
+}
+
+/// @brief Deleted: a dtensor's elements are on the places of its mesh. Deleted rather than an
+/// error in its body, so that code asking whether a type can be written (a test framework's
+/// printer) finds it cannot.
+template <class T, std::size_t Rank, class Mesh, class Layout>
+std::ostream& operator<<(std::ostream& os, const dtensor<T, Rank, Mesh, Layout>& x) = delete;  // pdo: a dtensor is not written to a stream: write pdo::gather(x), or x.describe()
+
+}  // namespace pdo
+#endif  // PDO_SINGLE_PDO_TENSOR_PRINT_HPP
 #endif  // PDO_SINGLE_PDO_TENSOR_HPP
 
 // checkpoints, safetensors and .npy: with the pdo::io target (it needs nlohmann/json)

@@ -13,6 +13,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <iosfwd>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -241,6 +242,11 @@ template <class T>
 inline constexpr bool is_var_v = false;
 template <class V>
 inline constexpr bool is_var_v<var<V>> = true;
+
+/// @brief Deleted: a var is a value and its gradient; write the value (deleted, so that code
+/// asking whether a var can be written finds it cannot).
+template <class V>
+std::ostream& operator<<(std::ostream& os, const var<V>& v) = delete;  // pdo: a pdo::var is not written to a stream: write v.value()
 
 namespace detail {
 

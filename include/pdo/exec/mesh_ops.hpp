@@ -92,6 +92,12 @@ auto redistribute(const dtensor<T, Rank, Mesh, From>&) {
   return detail::unformed_result<detail::replicated_dtensor_t<T, Rank, Mesh>>();
 }
 
+/// @brief Deleted for what is not a dtensor (a tensor, a var, an expression), so that the error
+/// names this line and code asking whether a value can be redistributed finds it cannot.
+template <layout_spec To, class X>
+  requires(!distributed_tensor<X>)
+void redistribute(const X& x) = delete;  // pdo: redistribute takes a dtensor: a tensor is laid out by pdo::distribute<Layout>(mesh, t)
+
 /// @brief `x` laid out as `To`. The steps are planned at compile time
 /// (redistribute_plan_of<From, To>()): partial -> replicate is an all_reduce,
 /// partial -> split a reduce_scatter, split -> replicate an all_gather, split(d) ->
@@ -179,6 +185,14 @@ void move_remote_blocks(const dtensor<T, Rank, Mesh, Layout>& x, tensor<T, Rank>
 }
 
 }  // namespace detail
+
+/// @brief Deleted for what is not a dtensor, as redistribute is.
+template <class X>
+  requires(!distributed_tensor<X>)
+tensor<float, 0> gather(const X& x) = delete;  // pdo: gather takes a dtensor: a tensor is whole already; a var's value is v.value()
+template <class X>
+  requires(!distributed_tensor<X>)
+std::optional<tensor<float, 0>> gather_to(const X& x, int root = 0) = delete;  // pdo: gather_to takes a dtensor
 
 /// @brief The value of `x` as one host tensor, on every process: partial sums are reduced
 /// (over each partial axis, shard by shard) and each block of the split dims is written into

@@ -16,6 +16,7 @@
 #include <pdo/tensor/tensor.hpp>
 
 #include <cstddef>
+#include <iosfwd>
 #include <memory>
 #include <span>
 #include <string>
@@ -35,6 +36,11 @@ namespace pdo {
 /// `context.template fused<I>()`) and writes `out`, this place's block of the result.
 template <class E>
 concept tensor_expression = requires { typename std::remove_cvref_t<E>::expression_tag; };
+
+/// @brief Deleted: an expression has no elements until it is evaluated (deleted, so that code
+/// asking whether it can be written finds it cannot).
+template <tensor_expression E>
+std::ostream& operator<<(std::ostream& os, const E& e) = delete;  // pdo: an expression is not written to a stream: write pdo::eval(e)
 
 namespace detail {
 
@@ -318,7 +324,7 @@ const typename Node::mesh_type* find_mesh(const Node& node) {
     throw layout_error("eval: an operand " + operand + " lives on another mesh than the expression's first dtensor, though both are " +
                        mesh + " (each make_mesh call makes a mesh of its own); make the operands on one mesh");
   throw layout_error("eval: an operand " + operand + " lives on " + its_mesh + ", another mesh than the expression's first dtensor (" +
-                     mesh + "); redistribute it onto one mesh first");
+                     mesh + "); move it onto that mesh first: pdo::distribute<Layout>(mesh, pdo::gather(x))");
 }
 
 /// @brief Throws pdo::layout_error unless every dtensor of `node`'s subtree lives on `m`.
