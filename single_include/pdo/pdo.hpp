@@ -12982,6 +12982,7 @@ class cross_entropy_node : public detail::op_node<Logits, Labels> {
 }  // namespace pdo
 #endif  // PDO_SINGLE_PDO_EXPR_SOFTMAX_HPP
 
+#include <concepts>
 #include <cstddef>
 #include <string>
 #include <utility>
@@ -13125,6 +13126,43 @@ auto log_softmax(A&& a) {
   using e = detail::expression_t<A>;
   return softmax_node<true, Dim == last_dim ? e::rank - 1 : Dim, e>(detail::as_expression(std::forward<A>(a)));
 }
+namespace detail {
+/// @brief The error of a reduction or softmax given its dim as an argument, as PyTorch takes it.
+template <class I>
+void dim_as_argument() {
+  static_assert(always_false<I>,
+                "pdo: sum, mean, max, softmax and log_softmax take the dim as a template argument: pdo::sum<1>(a), pdo::softmax<1>(a) "
+                "(dims count from 0; without it, sum, mean and max reduce every dim and softmax takes the last)");
+}
+}  // namespace detail
+
+/// @brief Rejected: the dim is a template argument, sum<Dim>(a) (and so for mean, max, softmax, log_softmax).
+template <detail::tensor_operand A, std::integral I>
+auto sum(A&& a, I) {
+  detail::dim_as_argument<I>();
+  return pdo::sum(std::forward<A>(a));
+}
+template <detail::tensor_operand A, std::integral I>
+auto mean(A&& a, I) {
+  detail::dim_as_argument<I>();
+  return pdo::mean(std::forward<A>(a));
+}
+template <detail::tensor_operand A, std::integral I>
+auto max(A&& a, I) {
+  detail::dim_as_argument<I>();
+  return pdo::max(std::forward<A>(a));
+}
+template <detail::tensor_operand A, std::integral I>
+auto softmax(A&& a, I) {
+  detail::dim_as_argument<I>();
+  return pdo::softmax(std::forward<A>(a));
+}
+template <detail::tensor_operand A, std::integral I>
+auto log_softmax(A&& a, I) {
+  detail::dim_as_argument<I>();
+  return pdo::log_softmax(std::forward<A>(a));
+}
+
 /// @brief Mean cross-entropy of logits [N, C] against class indices [N].
 template <detail::tensor_operand L, detail::tensor_operand Y>
 auto cross_entropy(L&& logits, Y&& labels) {
@@ -14453,6 +14491,7 @@ class cross_entropy_grad_node : public detail::op_node<Logits, Labels> {
 }  // namespace pdo
 #endif  // PDO_SINGLE_PDO_EXPR_CROSS_ENTROPY_GRAD_HPP
 
+#include <concepts>
 #include <cstddef>
 #include <string>
 #include <type_traits>
@@ -14904,6 +14943,23 @@ auto max(const var<A>& a) {
   return detail::reduce_var<detail::reduction::max, Dim>(a);
 }
 
+/// @brief Rejected: the dim is a template argument, sum<Dim>(v) (and so for mean, max, softmax, log_softmax).
+template <class A, std::integral I>
+auto sum(const var<A>& a, I) {
+  detail::dim_as_argument<I>();
+  return pdo::sum(a);
+}
+template <class A, std::integral I>
+auto mean(const var<A>& a, I) {
+  detail::dim_as_argument<I>();
+  return pdo::mean(a);
+}
+template <class A, std::integral I>
+auto max(const var<A>& a, I) {
+  detail::dim_as_argument<I>();
+  return pdo::max(a);
+}
+
 // ---- softmax and losses ----
 
 /// @brief softmax along `Dim` (the last by default); gradient y * (g - sum(g * y)).
@@ -14934,6 +14990,16 @@ auto log_softmax(const var<A>& a) {
         detail::add_grad(a, g - pdo::exp(y) * detail::keep_dim<d>(s, y.shape()));
       },
       a);
+}
+template <class A, std::integral I>
+auto softmax(const var<A>& a, I) {
+  detail::dim_as_argument<I>();
+  return pdo::softmax(a);
+}
+template <class A, std::integral I>
+auto log_softmax(const var<A>& a, I) {
+  detail::dim_as_argument<I>();
+  return pdo::log_softmax(a);
 }
 
 /// @brief Mean cross-entropy of logits [N, C] against class indices [N] (a value, not
@@ -15063,6 +15129,11 @@ template <class A, class B>
   requires detail::var_with_tensor<A, B>
 auto minimum(const A& a, const B& b) {
   return detail::var_with_tensor_result<decltype(pdo::minimum(detail::unwrap_var<is_var_v<A>>(a), detail::unwrap_var<is_var_v<B>>(b)))>();
+}
+template <class A, class B>
+  requires detail::var_with_tensor<A, B>
+auto mse(const A& a, const B& b) {
+  return detail::var_with_tensor_result<decltype(pdo::mse(detail::unwrap_var<is_var_v<A>>(a), detail::unwrap_var<is_var_v<B>>(b)))>();
 }
 template <class A, class B>
   requires detail::var_with_tensor<A, B>
@@ -19456,8 +19527,18 @@ class linear {
   /// x's last extent is not `in`.
   template <class V>
   auto operator()(const var<V>& x) const {
-    detail::check_linear_input(weight.shape(), x.shape());
-    return pdo::matmul(x, weight) + bias;
+    if constexpr (var<V>::distributed != var<W>::distributed) {
+      static_assert(var<V>::distributed || !var<W>::distributed,
+                    "pdo: nn::linear: a layer whose parameters are dtensors was called on a local tensor: distribute the input onto the "
+                    "parameters' mesh (pdo::distribute<Layout>(mesh, x))");
+      static_assert(!var<V>::distributed || var<W>::distributed,
+                    "pdo: nn::linear: a layer whose parameters are local tensors was called on a dtensor: train a local model over a "
+                    "mesh with nn::make_data_parallel, lay its parameters out with nn::tensor_parallel, or give the layer dtensor parameters");
+      return x;  // the error was given: nothing more after it
+    } else {
+      detail::check_linear_input(weight.shape(), x.shape());
+      return pdo::matmul(x, weight) + bias;
+    }
   }
   /// @brief "weight" and "bias", each name prefixed with `prefix`.
   [[nodiscard]] std::vector<parameter_ref<T>> parameters(const std::string& prefix = "") const {
@@ -19487,6 +19568,15 @@ class conv2d {
 
   /// @brief The convolution of local images x [N, in_channels, H, W]: [N, out_channels, H', W'].
   var<tensor<T, 4>> operator()(const var<tensor<T, 4>>& x) const { return pdo::conv2d(x, weight, bias, options_); }
+  /// @brief Rejected: a layer of local parameters on images that are not a local var [N, C, H, W] of T.
+  template <class V>
+  var<tensor<T, 4>> operator()(const var<V>&) const {
+    static_assert(!var<V>::distributed,
+                  "pdo: nn::conv2d: the layer's parameters are local tensors and its input is a dtensor: train it over a mesh with "
+                  "nn::make_data_parallel, or call pdo::conv2d on a var of dtensor images with dtensor parameters");
+    static_assert(var<V>::distributed, "pdo: nn::conv2d: the layer takes a var of tensor<T, 4> images [N, C, H, W] of its element type");
+    return {};
+  }
   /// @brief "weight" and "bias", each name prefixed with `prefix`.
   [[nodiscard]] std::vector<parameter_ref<T>> parameters(const std::string& prefix = "") const {
     return {{prefix + "weight", weight}, {prefix + "bias", bias}};

@@ -11,6 +11,7 @@
 #include <pdo/autograd/variable.hpp>
 #include <pdo/expr/cross_entropy_grad.hpp>
 
+#include <concepts>
 #include <cstddef>
 #include <string>
 #include <type_traits>
@@ -462,6 +463,23 @@ auto max(const var<A>& a) {
   return detail::reduce_var<detail::reduction::max, Dim>(a);
 }
 
+/// @brief Rejected: the dim is a template argument, sum<Dim>(v) (and so for mean, max, softmax, log_softmax).
+template <class A, std::integral I>
+auto sum(const var<A>& a, I) {
+  detail::dim_as_argument<I>();
+  return pdo::sum(a);
+}
+template <class A, std::integral I>
+auto mean(const var<A>& a, I) {
+  detail::dim_as_argument<I>();
+  return pdo::mean(a);
+}
+template <class A, std::integral I>
+auto max(const var<A>& a, I) {
+  detail::dim_as_argument<I>();
+  return pdo::max(a);
+}
+
 // ---- softmax and losses ----
 
 /// @brief softmax along `Dim` (the last by default); gradient y * (g - sum(g * y)).
@@ -492,6 +510,16 @@ auto log_softmax(const var<A>& a) {
         detail::add_grad(a, g - pdo::exp(y) * detail::keep_dim<d>(s, y.shape()));
       },
       a);
+}
+template <class A, std::integral I>
+auto softmax(const var<A>& a, I) {
+  detail::dim_as_argument<I>();
+  return pdo::softmax(a);
+}
+template <class A, std::integral I>
+auto log_softmax(const var<A>& a, I) {
+  detail::dim_as_argument<I>();
+  return pdo::log_softmax(a);
 }
 
 /// @brief Mean cross-entropy of logits [N, C] against class indices [N] (a value, not
@@ -621,6 +649,11 @@ template <class A, class B>
   requires detail::var_with_tensor<A, B>
 auto minimum(const A& a, const B& b) {
   return detail::var_with_tensor_result<decltype(pdo::minimum(detail::unwrap_var<is_var_v<A>>(a), detail::unwrap_var<is_var_v<B>>(b)))>();
+}
+template <class A, class B>
+  requires detail::var_with_tensor<A, B>
+auto mse(const A& a, const B& b) {
+  return detail::var_with_tensor_result<decltype(pdo::mse(detail::unwrap_var<is_var_v<A>>(a), detail::unwrap_var<is_var_v<B>>(b)))>();
 }
 template <class A, class B>
   requires detail::var_with_tensor<A, B>

@@ -8,6 +8,7 @@
 #include <pdo/expr/softmax.hpp>
 #include <pdo/expr/transpose.hpp>
 
+#include <concepts>
 #include <cstddef>
 #include <string>
 #include <utility>
@@ -151,6 +152,43 @@ auto log_softmax(A&& a) {
   using e = detail::expression_t<A>;
   return softmax_node<true, Dim == last_dim ? e::rank - 1 : Dim, e>(detail::as_expression(std::forward<A>(a)));
 }
+namespace detail {
+/// @brief The error of a reduction or softmax given its dim as an argument, as PyTorch takes it.
+template <class I>
+void dim_as_argument() {
+  static_assert(always_false<I>,
+                "pdo: sum, mean, max, softmax and log_softmax take the dim as a template argument: pdo::sum<1>(a), pdo::softmax<1>(a) "
+                "(dims count from 0; without it, sum, mean and max reduce every dim and softmax takes the last)");
+}
+}  // namespace detail
+
+/// @brief Rejected: the dim is a template argument, sum<Dim>(a) (and so for mean, max, softmax, log_softmax).
+template <detail::tensor_operand A, std::integral I>
+auto sum(A&& a, I) {
+  detail::dim_as_argument<I>();
+  return pdo::sum(std::forward<A>(a));
+}
+template <detail::tensor_operand A, std::integral I>
+auto mean(A&& a, I) {
+  detail::dim_as_argument<I>();
+  return pdo::mean(std::forward<A>(a));
+}
+template <detail::tensor_operand A, std::integral I>
+auto max(A&& a, I) {
+  detail::dim_as_argument<I>();
+  return pdo::max(std::forward<A>(a));
+}
+template <detail::tensor_operand A, std::integral I>
+auto softmax(A&& a, I) {
+  detail::dim_as_argument<I>();
+  return pdo::softmax(std::forward<A>(a));
+}
+template <detail::tensor_operand A, std::integral I>
+auto log_softmax(A&& a, I) {
+  detail::dim_as_argument<I>();
+  return pdo::log_softmax(std::forward<A>(a));
+}
+
 /// @brief Mean cross-entropy of logits [N, C] against class indices [N].
 template <detail::tensor_operand L, detail::tensor_operand Y>
 auto cross_entropy(L&& logits, Y&& labels) {

@@ -62,8 +62,18 @@ class linear {
   /// x's last extent is not `in`.
   template <class V>
   auto operator()(const var<V>& x) const {
-    detail::check_linear_input(weight.shape(), x.shape());
-    return pdo::matmul(x, weight) + bias;
+    if constexpr (var<V>::distributed != var<W>::distributed) {
+      static_assert(var<V>::distributed || !var<W>::distributed,
+                    "pdo: nn::linear: a layer whose parameters are dtensors was called on a local tensor: distribute the input onto the "
+                    "parameters' mesh (pdo::distribute<Layout>(mesh, x))");
+      static_assert(!var<V>::distributed || var<W>::distributed,
+                    "pdo: nn::linear: a layer whose parameters are local tensors was called on a dtensor: train a local model over a "
+                    "mesh with nn::make_data_parallel, lay its parameters out with nn::tensor_parallel, or give the layer dtensor parameters");
+      return x;  // the error was given: nothing more after it
+    } else {
+      detail::check_linear_input(weight.shape(), x.shape());
+      return pdo::matmul(x, weight) + bias;
+    }
   }
   /// @brief "weight" and "bias", each name prefixed with `prefix`.
   [[nodiscard]] std::vector<parameter_ref<T>> parameters(const std::string& prefix = "") const {
@@ -93,6 +103,15 @@ class conv2d {
 
   /// @brief The convolution of local images x [N, in_channels, H, W]: [N, out_channels, H', W'].
   var<tensor<T, 4>> operator()(const var<tensor<T, 4>>& x) const { return pdo::conv2d(x, weight, bias, options_); }
+  /// @brief Rejected: a layer of local parameters on images that are not a local var [N, C, H, W] of T.
+  template <class V>
+  var<tensor<T, 4>> operator()(const var<V>&) const {
+    static_assert(!var<V>::distributed,
+                  "pdo: nn::conv2d: the layer's parameters are local tensors and its input is a dtensor: train it over a mesh with "
+                  "nn::make_data_parallel, or call pdo::conv2d on a var of dtensor images with dtensor parameters");
+    static_assert(var<V>::distributed, "pdo: nn::conv2d: the layer takes a var of tensor<T, 4> images [N, C, H, W] of its element type");
+    return {};
+  }
   /// @brief "weight" and "bias", each name prefixed with `prefix`.
   [[nodiscard]] std::vector<parameter_ref<T>> parameters(const std::string& prefix = "") const {
     return {{prefix + "weight", weight}, {prefix + "bias", bias}};
