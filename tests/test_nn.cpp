@@ -688,6 +688,78 @@ TEST_CASE("data parallel: the gradients' sync fused with the optimizer's update 
 
 namespace {
 
+/// @brief Whether branchy's middle layer runs (every replica reads it; tests set it between steps).
+bool use_branch = true;
+
+/// @brief An MLP whose middle layer runs only while use_branch is set: in the other steps no
+/// place's backward reaches its parameters.
+struct branchy {
+  pdo::nn::linear<double> in, branch, head;
+  branchy() : branchy(pdo::nn::rng(21)) {}
+  explicit branchy(pdo::nn::rng gen) : in(6, 8, gen), branch(8, 8, gen), head(8, 4, gen) {}
+  template <class V>
+  auto operator()(const pdo::var<V>& x) const {
+    auto h = pdo::relu(in(x));
+    if (use_branch) h = pdo::tanh(branch(h)) + h;
+    return head(h);
+  }
+  [[nodiscard]] std::vector<pdo::nn::parameter_ref<double>> parameters(const std::string& prefix = "") const {
+    auto out = in.parameters(prefix + "in.");
+    for (const auto& p : branch.parameters(prefix + "branch.")) out.push_back(p);
+    for (const auto& p : head.parameters(prefix + "head.")) out.push_back(p);
+    return out;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("data parallel: a parameter no place's backward reaches in a step is left alone by the update, as on one place",
+          "[nn][data_parallel]") {
+  // 7 rows over 1-3 places (3 places: 3, 2, 2 rows; 2 micro-batches leave a place none); the
+  // branch runs in steps 0 and 3 only, so weight decay, momentum and Adam's per-parameter step
+  // count must not move it in the others (they would with zero gradients)
+  const auto x = rnd<2>({7, 6}, 70);
+  const auto y = labels_for(7);
+  const std::vector<bool> uses{true, false, false, true, false};
+  using any = pdo::nn::any_optimizer<double>;
+  const std::vector<std::pair<const char*, std::function<any(std::vector<pdo::nn::parameter_ref<double>>)>>> optimizers{
+      {"sgd with momentum and decay", [](auto ps) -> any { return pdo::nn::sgd<double>(std::move(ps), {.lr = 0.05, .momentum = 0.9, .weight_decay = 0.1}); }},
+      {"adam with decay", [](auto ps) -> any { return pdo::nn::adam<double>(std::move(ps), {.lr = 0.01, .weight_decay = 0.1}); }}};
+  for (const auto& [name, make_optimizer] : optimizers) {
+    branchy model;
+    auto opt = make_optimizer(model.parameters());
+    for (const bool u : uses) {
+      use_branch = u;
+      opt.zero_grad();
+      pdo::backward(pdo::cross_entropy(model(pdo::var(x)), y));
+      opt.step();
+    }
+    std::vector<double> expected, branch_start;
+    for (const auto& p : model.parameters()) expected.insert(expected.end(), p.value().begin(), p.value().end());
+    for (const auto& p : branchy().branch.parameters()) branch_start.insert(branch_start.end(), p.value().begin(), p.value().end());
+    for (std::size_t places : {1, 2, 3})
+      for (const bool fused : {false, true})
+        for (const std::size_t micro : {1, 2}) {
+          INFO(name << " on " << places << " places, fused " << fused << ", " << micro << " micro-batches");
+          auto trainer = pdo::nn::make_data_parallel<double>(pdo::make_mesh<"dp">(pdo::cpu_places(places)), [] { return branchy(); },
+                                                             make_optimizer, {.bucket_bytes = 512, .fused_update = fused});
+          CHECK(trainer.fused_update() == fused);
+          for (const bool u : uses) {
+            use_branch = u;
+            (void)trainer.step(x, y, micro);
+          }
+          for (std::size_t k = 0; k < places; ++k) check_close(values_of(trainer, k), expected, 1e-12);
+          // the branch did move in its steps (what is compared above is not its start)
+          std::vector<double> branch_now;
+          for (const auto& p : trainer.model(0).branch.parameters()) branch_now.insert(branch_now.end(), p.value().begin(), p.value().end());
+          CHECK(branch_now != branch_start);
+        }
+  }
+  use_branch = true;
+}
+
+namespace {
+
 /// @brief A square weight used three times: as x W twice (two products' gradients) and as
 /// Wᵀ (a gradient that is not a product's right operand), between two other layers.
 struct tied_mlp {

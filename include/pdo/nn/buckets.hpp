@@ -186,6 +186,22 @@ class group_gradient_buckets {
     wait_launched();
   }
 
+  /// @brief 1 for each parameter this place's backward gave a gradient this step, else 0
+  /// (before finish() or sync_and_update(), which send zeros for those it did not reach);
+  /// summed over the group, the number of places that reached it.
+  [[nodiscard]] std::vector<double> reached_here() const {
+    std::vector<double> out(params_.size());
+    for (std::size_t j = 0; j < params_.size(); ++j) out[j] = params_[j].has_grad() ? 1.0 : 0.0;
+    return out;
+  }
+  /// @brief Leaves without a gradient each parameter that no place of the group reached
+  /// (`reached`: reached_here() summed over the group), so that the optimizer's step leaves it
+  /// alone, as on one place.
+  void forget_unreached(const std::vector<double>& reached) {
+    for (std::size_t j = 0; j < params_.size(); ++j)
+      if (reached[j] == 0) params_[j].zero_grad();
+  }
+
   /// @brief ZeRO-1: this place's slice of each bucket, the parameters its optimizer updates.
   [[nodiscard]] std::vector<parameter_ref<T>> slices() const {
     std::vector<parameter_ref<T>> out;

@@ -28,6 +28,7 @@
 #include <numeric>
 #include <optional>
 #include <random>
+#include <span>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -117,14 +118,23 @@ namespace pdo::detail {
 
 /// @brief The sum over the places of p's line along `axis` of each of `values` (host
 /// numbers: a loss, a count), through the mesh's host group whatever its devices.
+template <class Mesh>
+std::vector<double> sum_each_along(const Mesh& m, std::size_t axis, std::size_t p, std::span<const double> values) {
+  const std::size_t n = values.size();
+  std::vector<double> all(m.size() * n);
+  host_communicator_of(m, p).all_gather(values, std::span<double>(all));
+  std::vector<double> sum(n);
+  for (std::size_t q : m.group(axis, p))
+    for (std::size_t i = 0; i < n; ++i) sum[i] += all[q * n + i];
+  return sum;
+}
+/// @brief sum_each_along of N numbers.
 template <class Mesh, std::size_t N>
 std::array<double, N> sum_along(const Mesh& m, std::size_t axis, std::size_t p, const std::array<double, N>& values) {
-  std::vector<double> all(m.size() * N);
-  host_communicator_of(m, p).all_gather(std::span<const double>(values.data(), N), std::span<double>(all));
-  std::array<double, N> sum{};
-  for (std::size_t q : m.group(axis, p))
-    for (std::size_t i = 0; i < N; ++i) sum[i] += all[q * N + i];
-  return sum;
+  const std::vector<double> sum = sum_each_along(m, axis, p, std::span<const double>(values));
+  std::array<double, N> out{};
+  std::copy(sum.begin(), sum.end(), out.begin());
+  return out;
 }
 
 }  // namespace pdo::detail
@@ -646,6 +656,7 @@ class data_parallel {
       std::size_t correct = 0;
       bool summed = false;  // the loss was summed before backward (take_products)
       std::array<double, 2> totals{};
+      std::vector<double> reached;  // which parameters this place's backward gave a gradient
       {
         // whatever happens, the communication lane is done with this step's buffers before we
         // return, and backward adds gradients again
@@ -694,11 +705,16 @@ class data_parallel {
           buckets.record("backward", 0, forward_end, buckets.since_start());
         }
         guard.done = true;
+        reached = buckets.reached_here();
         if (!fused_) buckets.finish();  // parameters without a gradient (no rows here, or unused) send zeros
       }
       // the global batch's loss and count of correct predictions, on every place, before any
       // update: a step whose loss is not finite changes nothing
       if (!summed) totals = pdo::detail::sum_along<Mesh, 2>(mesh_, dp_axis, p, {static_cast<double>(local), static_cast<double>(correct)});
+      // a parameter no place's backward reached (a branch the model did not take) gets no
+      // gradient, so the update leaves it alone, as on one place
+      reached = pdo::detail::sum_each_along(mesh_, dp_axis, p, reached);
+      buckets.forget_unreached(reached);
       losses[k] = static_cast<T>(totals[0]);
       corrects[k] = totals[1];
       if (!std::isfinite(static_cast<double>(losses[k]))) {  // as step() reports it (in T)
@@ -722,7 +738,7 @@ class data_parallel {
           r.optimizer->begin_fused_step();
           std::vector<element_update<T>> updates(r.synced.size());
           for (std::size_t i = 0; i < r.synced.size(); ++i)
-            if (r.updated_as[r.synced[i]] != npos) updates[i] = r.optimizer->fused_update(r.updated_as[r.synced[i]]);
+            if (reached[i] != 0 && r.updated_as[r.synced[i]] != npos) updates[i] = r.optimizer->fused_update(r.updated_as[r.synced[i]]);
           buckets.sync_and_update(updates);
           // the weights whose products took the update (and any gradient they got besides)
           if (r.sliced) r.sliced->finish_step(linear_step_of(*r.optimizer).value());

@@ -71,6 +71,8 @@ class parameter_ref {
   [[nodiscard]] bool partial() const { return impl_->partial(); }
   /// @brief The values of a local parameter (one block).
   [[nodiscard]] std::span<T> value() const { return single(impl_->value_blocks(), "value"); }
+  /// @brief Whether backward has given the parameter a gradient (since its last zero_grad).
+  [[nodiscard]] bool has_grad() const { return !impl_->grad_blocks().empty(); }
   /// @brief The gradient of a local parameter; empty when backward has given none.
   [[nodiscard]] std::span<T> grad() const {
     const auto blocks = impl_->grad_blocks();
