@@ -22089,7 +22089,6 @@ inline std::vector<cpu_place> cpu_places() { return cpu_places(detail::process_c
 #include <ostream>
 #include <span>
 #include <string>
-#include <type_traits>
 
 namespace pdo {
 

@@ -10,7 +10,6 @@
 #include <ostream>
 #include <span>
 #include <string>
-#include <type_traits>
 
 namespace pdo {
 
