@@ -159,6 +159,61 @@ TEST_CASE("pipeline: GPipe and 1F1B training match one place step by step, with 
   }
 }
 
+namespace {
+
+/// @brief Whether skippable layers run (every stage reads it; the test sets it between steps).
+bool use_branch = true;
+
+/// @brief A linear layer that is skipped (its input passed on) while use_branch is unset: in
+/// those steps no replica's backward reaches its parameters.
+struct skippable : pdo::nn::linear<double> {
+  using pdo::nn::linear<double>::linear;
+  template <class V>
+  auto operator()(const pdo::var<V>& x) const {
+    return use_branch ? pdo::tanh(pdo::nn::linear<double>::operator()(x)) + x : x;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("pipeline over dp: a parameter no replica's backward reaches in a step is left alone by the update, as on one place",
+          "[model_parallel][pp]") {
+  const auto x = pdo_test::random_tensor<double>(pdo::shape_t<2>{11, 6}, 8);
+  const auto y = labels_for(11);
+  // the branch runs in steps 0 and 3 only: weight decay and momentum must not move it in the
+  // others (they would with zero gradients), or step 3's loss differs
+  const std::vector<bool> uses{true, false, false, true, false};
+  auto make_model = [] {
+    pdo::nn::rng gen(5);
+    namespace nn = pdo::nn;
+    return nn::sequential(nn::linear<double>(6, 8, gen), nn::relu{}, skippable(8, 8, gen), nn::linear<double>(8, 4, gen));
+  };
+  auto make_optimizer = [](auto ps) { return pdo::nn::sgd<double>(std::move(ps), {.lr = 0.1, .momentum = 0.9, .weight_decay = 0.2}); };
+  std::vector<double> reference;
+  {
+    auto model = make_model();
+    auto opt = make_optimizer(pdo::nn::parameters_of<double>(model));
+    for (const bool u : uses) {
+      use_branch = u;
+      opt.zero_grad();
+      const auto loss = pdo::cross_entropy(model(pdo::var(x)), y);
+      pdo::backward(loss);
+      opt.step();
+      reference.push_back(loss.value().data()[0]);
+    }
+  }
+  for (const std::size_t dp : {1, 2, 3}) {
+    INFO("2 stages x " << dp << " replicas");
+    auto trainer = pdo::nn::make_pipeline<double, 2, 2>(pdo::make_mesh<"pp", "dp">(pdo::cpu_places(2 * dp), {2, dp}), make_model(),
+                                                        make_optimizer, {pdo::nn::pipeline_schedule::one_f_one_b, 3});
+    for (std::size_t s = 0; s < uses.size(); ++s) {
+      use_branch = uses[s];
+      CHECK(trainer.step(x, y) == Approx(reference[s]).epsilon(1e-10));
+    }
+  }
+  use_branch = true;
+}
+
 TEST_CASE("pipeline with tensor-parallel stages: pp x tp and dp x pp x tp meshes match one place step by step",
           "[model_parallel][pp][tp]") {
   const auto x = pdo_test::random_tensor<double>(pdo::shape_t<2>{11, 6}, 8);

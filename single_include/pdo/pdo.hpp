@@ -19020,9 +19020,35 @@ inline adam_options adamw_options(double lr = 1e-3, double weight_decay = 0.01) 
 #include <functional>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
+
+namespace pdo::detail {
+
+/// @brief The sum over the places `line` (mesh indices, this place's among them) of each of
+/// `values`, host numbers exchanged through `host`, this place's endpoint in the mesh's host
+/// group (whatever the places' devices). Every place of the mesh calls it, each with its own
+/// line; the places of a line give as many values (those of other lines may give another
+/// number: a pipeline's stages have their own parameters).
+inline std::vector<double> sum_each_over(const mesh_communicator& host, std::span<const std::size_t> line, std::span<const double> values) {
+  const std::size_t n = values.size();
+  std::vector<std::size_t> counts(host.size(), 0);
+  for (std::size_t q : line) counts[q] = n;
+  std::vector<double> mine, theirs(line.size() * n);
+  mine.reserve(line.size() * n);
+  for (std::size_t q = 0; q < counts.size(); ++q)
+    if (counts[q] != 0) mine.insert(mine.end(), values.begin(), values.end());
+  host.all_to_all(std::span<const double>(mine), std::span<const std::size_t>(counts), std::span<double>(theirs),
+                  std::span<const std::size_t>(counts));
+  std::vector<double> sum(n);
+  for (std::size_t q = 0; q < line.size(); ++q)
+    for (std::size_t i = 0; i < n; ++i) sum[i] += theirs[q * n + i];
+  return sum;
+}
+
+}  // namespace pdo::detail
 
 namespace pdo::nn {
 
@@ -19070,10 +19096,12 @@ class group_gradient_buckets {
   /// @brief Groups `params`, the parameters of mesh place `place` (`where`), into buckets synced
   /// over `group`, its endpoint on the line of places along mesh axis `axis`: last parameter
   /// first (the order backward completes them); under ZeRO-1 also cuts this place's slice of
-  /// each bucket.
-  group_gradient_buckets(mesh_communicator group, std::string axis, std::size_t place, any_place where,
-                         std::vector<parameter_ref<T>> params, bucket_options o)
-      : group_(std::move(group)), axis_(std::move(axis)), place_(place), where_(std::move(where)), params_(std::move(params)), options_(o) {
+  /// each bucket. `host` is its endpoint in the mesh's host group and `line` the mesh indices
+  /// of the places of `group` (which settle_reached() sums over).
+  group_gradient_buckets(mesh_communicator group, mesh_communicator host, std::vector<std::size_t> line, std::string axis,
+                         std::size_t place, any_place where, std::vector<parameter_ref<T>> params, bucket_options o)
+      : group_(std::move(group)), host_(std::move(host)), line_(std::move(line)), axis_(std::move(axis)), place_(place),
+        where_(std::move(where)), params_(std::move(params)), unreached_(params_.size(), 0), options_(o) {
     const std::size_t parts = group_.size(), me = group_.rank();
     bucket_of_.assign(params_.size(), 0);
     // backward completes the last layers first: buckets follow the parameters in reverse
@@ -19118,6 +19146,7 @@ class group_gradient_buckets {
       params_[j].zero_grad();
       params_[j].on_gradient(nullptr);
     }
+    std::fill(unreached_.begin(), unreached_.end(), 0);
   }
 
   /// @brief The next backward completes the step's gradients: each parameter's last
@@ -19147,6 +19176,8 @@ class group_gradient_buckets {
     if (options_.zero1) return;
     for (auto& b : buckets_)
       if (b.params.size() > 1) unpack(b, /*values=*/false);
+    for (std::size_t j = 0; j < params_.size(); ++j)
+      if (unreached_[j] != 0) params_[j].zero_grad();
   }
 
   /// @brief After the step's backward, instead of finish() and the optimizer's step(): every
@@ -19183,21 +19214,25 @@ class group_gradient_buckets {
     wait_launched();
   }
 
-  /// @brief 1 for each parameter this place's backward gave a gradient this step, else 0
-  /// (before finish() or sync_and_update(), which send zeros for those it did not reach);
-  /// summed over the group, the number of places that reached it.
-  [[nodiscard]] std::vector<double> reached_here() const {
-    std::vector<double> out(params_.size());
-    for (std::size_t j = 0; j < params_.size(); ++j) out[j] = params_[j].has_grad() ? 1.0 : 0.0;
-    return out;
+  /// @brief After the step's backward, before finish() or sync_and_update(), called by every
+  /// place of the mesh (an exchange over its host group): finds the parameters that no place
+  /// of the group gave a gradient this step (a branch the model did not take). finish() leaves
+  /// them without a gradient (after sending zeros for them), so that the optimizer's step
+  /// leaves them alone, as on one place; under ZeRO-1 their elements of the slices are updated
+  /// with zeros. `extra`, numbers of this place (a loss, a count), is summed over the group
+  /// in the same exchange: the sums are returned.
+  std::vector<double> settle_reached(std::span<const double> extra = {}) {
+    std::vector<double> mine(params_.size() + extra.size());
+    for (std::size_t j = 0; j < params_.size(); ++j) mine[j] = params_[j].has_grad() ? 1.0 : 0.0;
+    std::copy(extra.begin(), extra.end(), mine.begin() + static_cast<std::ptrdiff_t>(params_.size()));
+    std::vector<double> sums = pdo::detail::sum_each_over(host_, line_, mine);
+    for (std::size_t j = 0; j < params_.size(); ++j) unreached_[j] = sums[j] == 0 ? 1 : 0;
+    sums.erase(sums.begin(), sums.begin() + static_cast<std::ptrdiff_t>(params_.size()));
+    return sums;
   }
-  /// @brief Leaves without a gradient each parameter that no place of the group reached
-  /// (`reached`: reached_here() summed over the group), so that the optimizer's step leaves it
-  /// alone, as on one place.
-  void forget_unreached(const std::vector<double>& reached) {
-    for (std::size_t j = 0; j < params_.size(); ++j)
-      if (reached[j] == 0) params_[j].zero_grad();
-  }
+  /// @brief Whether some place of the group gave parameter `j` a gradient this step (true
+  /// unless settle_reached() found none did): a fused update is given only for these.
+  [[nodiscard]] bool reached(std::size_t j) const { return unreached_[j] == 0; }
 
   /// @brief ZeRO-1: this place's slice of each bucket, the parameters its optimizer updates.
   [[nodiscard]] std::vector<parameter_ref<T>> slices() const {
@@ -19398,10 +19433,13 @@ class group_gradient_buckets {
   }
 
   mesh_communicator group_;
+  mesh_communicator host_;         ///< this place's endpoint in the mesh's host group
+  std::vector<std::size_t> line_;  ///< the mesh indices of the group's places
   std::string axis_;  ///< the mesh axis the group lies along (its name, for the timeline)
   std::size_t place_;
   any_place where_;
   std::vector<parameter_ref<T>> params_;
+  std::vector<char> unreached_;  ///< per parameter: 1 when settle_reached() found no place of the group gave it a gradient
   bucket_options options_;
   std::vector<bucket> buckets_;
   std::vector<std::size_t> bucket_of_;  ///< per parameter
@@ -19469,7 +19507,8 @@ class gradient_buckets : public group_gradient_buckets<T> {
   /// @brief Groups `params`, the parameters of mesh place `place`, into buckets synced over
   /// its line along `Axis` (see group_gradient_buckets).
   gradient_buckets(const Mesh& m, std::size_t place, std::vector<parameter_ref<T>> params, bucket_options o)
-      : group_gradient_buckets<T>(communicator_along(m, axis, place), std::string(std::string_view(Axis)), place, m.place(place), std::move(params), o) {}
+      : group_gradient_buckets<T>(communicator_along(m, axis, place), host_communicator_of(m, place), m.group(axis, place),
+                                  std::string(std::string_view(Axis)), place, m.place(place), std::move(params), o) {}
 };
 
 }  // namespace pdo::nn
@@ -20120,13 +20159,7 @@ namespace pdo::detail {
 /// numbers: a loss, a count), through the mesh's host group whatever its devices.
 template <class Mesh>
 std::vector<double> sum_each_along(const Mesh& m, std::size_t axis, std::size_t p, std::span<const double> values) {
-  const std::size_t n = values.size();
-  std::vector<double> all(m.size() * n);
-  host_communicator_of(m, p).all_gather(values, std::span<double>(all));
-  std::vector<double> sum(n);
-  for (std::size_t q : m.group(axis, p))
-    for (std::size_t i = 0; i < n; ++i) sum[i] += all[q * n + i];
-  return sum;
+  return sum_each_over(host_communicator_of(m, p), m.group(axis, p), values);
 }
 /// @brief sum_each_along of N numbers.
 template <class Mesh, std::size_t N>
@@ -20656,7 +20689,6 @@ class data_parallel {
       std::size_t correct = 0;
       bool summed = false;  // the loss was summed before backward (take_products)
       std::array<double, 2> totals{};
-      std::vector<double> reached;  // which parameters this place's backward gave a gradient
       {
         // whatever happens, the communication lane is done with this step's buffers before we
         // return, and backward adds gradients again
@@ -20704,17 +20736,17 @@ class data_parallel {
           pdo::backward(loss);
           buckets.record("backward", 0, forward_end, buckets.since_start());
         }
+        // one exchange over "dp": which parameters some place's backward reached (one no
+        // place reached, a branch the model did not take, is left without a gradient, so the
+        // update leaves it alone, as on one place) and the global batch's loss and count of
+        // correct predictions, on every place, before any update: a step whose loss is not
+        // finite changes nothing
+        const std::array<double, 2> mine{static_cast<double>(local), static_cast<double>(correct)};
+        const std::vector<double> sums = buckets.settle_reached(summed ? std::span<const double>() : std::span<const double>(mine));
+        if (!summed) totals = {sums[0], sums[1]};
         guard.done = true;
-        reached = buckets.reached_here();
         if (!fused_) buckets.finish();  // parameters without a gradient (no rows here, or unused) send zeros
       }
-      // the global batch's loss and count of correct predictions, on every place, before any
-      // update: a step whose loss is not finite changes nothing
-      if (!summed) totals = pdo::detail::sum_along<Mesh, 2>(mesh_, dp_axis, p, {static_cast<double>(local), static_cast<double>(correct)});
-      // a parameter no place's backward reached (a branch the model did not take) gets no
-      // gradient, so the update leaves it alone, as on one place
-      reached = pdo::detail::sum_each_along(mesh_, dp_axis, p, reached);
-      buckets.forget_unreached(reached);
       losses[k] = static_cast<T>(totals[0]);
       corrects[k] = totals[1];
       if (!std::isfinite(static_cast<double>(losses[k]))) {  // as step() reports it (in T)
@@ -20738,7 +20770,7 @@ class data_parallel {
           r.optimizer->begin_fused_step();
           std::vector<element_update<T>> updates(r.synced.size());
           for (std::size_t i = 0; i < r.synced.size(); ++i)
-            if (reached[i] != 0 && r.updated_as[r.synced[i]] != npos) updates[i] = r.optimizer->fused_update(r.updated_as[r.synced[i]]);
+            if (buckets.reached(i) && r.updated_as[r.synced[i]] != npos) updates[i] = r.optimizer->fused_update(r.updated_as[r.synced[i]]);
           buckets.sync_and_update(updates);
           // the weights whose products took the update (and any gradient they got besides)
           if (r.sliced) r.sliced->finish_step(linear_step_of(*r.optimizer).value());
@@ -21884,7 +21916,12 @@ class pipeline {
     st.backward_sends.drain();
     if (const auto f = st.forward_sends.failure()) f->rethrow_with_context("pipeline send: ");
     if (const auto f = st.backward_sends.failure()) f->rethrow_with_context("pipeline send: ");
-    if constexpr (has_dp) st.buckets->finish();
+    if constexpr (has_dp) {
+      // a parameter no replica's backward reached (a branch its layers did not take) is left
+      // without a gradient, so the update leaves it alone, as on one place
+      st.buckets->settle_reached();
+      st.buckets->finish();
+    }
     // the step's loss, known to the last stage of each "dp" row (once per "tp" group), and
     // with clipping the squares of the gradients each place speaks for: summed over the whole
     // mesh, so every stage knows them before it updates anything

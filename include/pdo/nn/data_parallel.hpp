@@ -120,13 +120,7 @@ namespace pdo::detail {
 /// numbers: a loss, a count), through the mesh's host group whatever its devices.
 template <class Mesh>
 std::vector<double> sum_each_along(const Mesh& m, std::size_t axis, std::size_t p, std::span<const double> values) {
-  const std::size_t n = values.size();
-  std::vector<double> all(m.size() * n);
-  host_communicator_of(m, p).all_gather(values, std::span<double>(all));
-  std::vector<double> sum(n);
-  for (std::size_t q : m.group(axis, p))
-    for (std::size_t i = 0; i < n; ++i) sum[i] += all[q * n + i];
-  return sum;
+  return sum_each_over(host_communicator_of(m, p), m.group(axis, p), values);
 }
 /// @brief sum_each_along of N numbers.
 template <class Mesh, std::size_t N>
@@ -656,7 +650,6 @@ class data_parallel {
       std::size_t correct = 0;
       bool summed = false;  // the loss was summed before backward (take_products)
       std::array<double, 2> totals{};
-      std::vector<double> reached;  // which parameters this place's backward gave a gradient
       {
         // whatever happens, the communication lane is done with this step's buffers before we
         // return, and backward adds gradients again
@@ -704,17 +697,17 @@ class data_parallel {
           pdo::backward(loss);
           buckets.record("backward", 0, forward_end, buckets.since_start());
         }
+        // one exchange over "dp": which parameters some place's backward reached (one no
+        // place reached, a branch the model did not take, is left without a gradient, so the
+        // update leaves it alone, as on one place) and the global batch's loss and count of
+        // correct predictions, on every place, before any update: a step whose loss is not
+        // finite changes nothing
+        const std::array<double, 2> mine{static_cast<double>(local), static_cast<double>(correct)};
+        const std::vector<double> sums = buckets.settle_reached(summed ? std::span<const double>() : std::span<const double>(mine));
+        if (!summed) totals = {sums[0], sums[1]};
         guard.done = true;
-        reached = buckets.reached_here();
         if (!fused_) buckets.finish();  // parameters without a gradient (no rows here, or unused) send zeros
       }
-      // the global batch's loss and count of correct predictions, on every place, before any
-      // update: a step whose loss is not finite changes nothing
-      if (!summed) totals = pdo::detail::sum_along<Mesh, 2>(mesh_, dp_axis, p, {static_cast<double>(local), static_cast<double>(correct)});
-      // a parameter no place's backward reached (a branch the model did not take) gets no
-      // gradient, so the update leaves it alone, as on one place
-      reached = pdo::detail::sum_each_along(mesh_, dp_axis, p, reached);
-      buckets.forget_unreached(reached);
       losses[k] = static_cast<T>(totals[0]);
       corrects[k] = totals[1];
       if (!std::isfinite(static_cast<double>(losses[k]))) {  // as step() reports it (in T)
@@ -738,7 +731,7 @@ class data_parallel {
           r.optimizer->begin_fused_step();
           std::vector<element_update<T>> updates(r.synced.size());
           for (std::size_t i = 0; i < r.synced.size(); ++i)
-            if (reached[i] != 0 && r.updated_as[r.synced[i]] != npos) updates[i] = r.optimizer->fused_update(r.updated_as[r.synced[i]]);
+            if (buckets.reached(i) && r.updated_as[r.synced[i]] != npos) updates[i] = r.optimizer->fused_update(r.updated_as[r.synced[i]]);
           buckets.sync_and_update(updates);
           // the weights whose products took the update (and any gradient they got besides)
           if (r.sliced) r.sliced->finish_step(linear_step_of(*r.optimizer).value());

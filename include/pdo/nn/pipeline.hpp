@@ -824,7 +824,12 @@ class pipeline {
     st.backward_sends.drain();
     if (const auto f = st.forward_sends.failure()) f->rethrow_with_context("pipeline send: ");
     if (const auto f = st.backward_sends.failure()) f->rethrow_with_context("pipeline send: ");
-    if constexpr (has_dp) st.buckets->finish();
+    if constexpr (has_dp) {
+      // a parameter no replica's backward reached (a branch its layers did not take) is left
+      // without a gradient, so the update leaves it alone, as on one place
+      st.buckets->settle_reached();
+      st.buckets->finish();
+    }
     // the step's loss, known to the last stage of each "dp" row (once per "tp" group), and
     // with clipping the squares of the gradients each place speaks for: summed over the whole
     // mesh, so every stage knows them before it updates anything
