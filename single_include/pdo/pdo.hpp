@@ -10469,7 +10469,9 @@ template <fixed_string Op, std::size_t Operand, class Has, class Needs>
 struct strict_forbids_implicit_communication {
   static_assert(always_false<Has, Needs>,
                 "pdo: strict: this op needs an operand in another layout, which takes communication; "
-                "redistribute the operand explicitly (pdo::redistribute<Needs>), or evaluate without pdo::strict");
+                "redistribute that operand explicitly (pdo::redistribute<Needs>(x), where the instantiation of "
+                "strict_forbids_implicit_communication<Op, Operand, Has, Needs> named with this error gives the op, the "
+                "operand's number, its layout and the layout the op needs), or evaluate without pdo::strict");
   static constexpr bool ok = false;
 };
 template <fixed_string Op, class Before, class After>
