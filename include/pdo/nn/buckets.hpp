@@ -87,10 +87,12 @@ struct bucket_options {
 /// @brief The gradients of one place's replicated parameters, synced in buckets over a group
 /// of places (the place's line along a mesh axis). Each step: begin_step() (before backward),
 /// arm() (before the backward whose gradients are the step's last contributions: they fire
-/// the buckets), finish() (after it: the remaining buckets, then waits for all); under
-/// ZeRO-1 the optimizer steps slices() and gather_slices() brings the updated values back.
-/// Or, fused: begin_step(), backward, then sync_and_update(), each bucket's all_reduce
-/// handing the sum to the optimizer's update. It depends on the element type alone, so every
+/// the buckets), settle_reached() (after it, on every place of the mesh: the parameters no
+/// place of the group reached are left without a gradient; optional), finish() (the
+/// remaining buckets, then waits for all); under ZeRO-1 the optimizer steps slices() and
+/// gather_slices() brings the updated values back. Or, fused: begin_step(), backward,
+/// settle_reached(), then sync_and_update(), each bucket's all_reduce handing the sum to the
+/// optimizer's update. It depends on the element type alone, so every
 /// trainer and mesh of a program shares its code; gradient_buckets<T, Mesh, Axis> makes one
 /// for a mesh axis, with the planner's collectives checked at compile time.
 template <class T>
