@@ -3651,6 +3651,20 @@ class local_group {
     if (!theirs->problem.empty()) throw mismatch_error(theirs->problem);
   }
 
+  /// @brief Whether member `member`'s task has ended (leave) since the last reopen().
+  [[nodiscard]] bool has_left(std::size_t member) const {
+    std::lock_guard lock(mail_mutex_);
+    return departed_[member];
+  }
+  /// @brief The error of a send or recv whose peer's task ended without the matching call
+  /// (throw_member_left, as the barrier's): "recv aborted: the task of place cpu:1 ended
+  /// without a send to cpu:0 with tag 7 ...".
+  [[noreturn]] PDO_NOINLINE void peer_left(const char* op, const char* missing, std::size_t me, std::size_t peer, int tag) const {
+    throw_member_left(std::string(op) + " aborted: the task of place " + names_[peer] + " ended without " + missing + " " + names_[me] +
+                          " with tag " + std::to_string(tag) + " (every send needs a matching recv)",
+                      part_of_larger_);
+  }
+
  private:
   struct slot {
     const void* in = nullptr;
@@ -3717,14 +3731,6 @@ class local_group {
     auto& slot = mailbox_[key];
     if (!slot) slot = std::make_shared<post>();
     return slot;
-  }
-
-  /// @brief The error of a send or recv whose peer's task ended without the matching call
-  /// (throw_member_left, as the barrier's).
-  [[noreturn]] PDO_NOINLINE void peer_left(const char* op, const char* missing, std::size_t me, std::size_t peer, int tag) const {
-    throw_member_left(std::string(op) + " aborted: the task of place " + names_[peer] + " ended without " + missing + " " + names_[me] +
-                          " with tag " + std::to_string(tag) + " (every send needs a matching recv)",
-                      part_of_larger_);
   }
 
   void check_peer(const char* op, std::size_t me, std::size_t peer, int tag) const {
@@ -3794,7 +3800,7 @@ class local_group {
   std::vector<slot> slots_;
   group_barrier barrier_;
 
-  std::mutex mail_mutex_;
+  mutable std::mutex mail_mutex_;
   std::condition_variable mail_ready_;
   std::map<mail_key, std::shared_ptr<post>> mailbox_;
   bool mail_aborted_ = false;
@@ -5536,6 +5542,8 @@ inline std::shared_ptr<host_group> make_host_group(const mesh_state& m, const st
 #include <span>
 #include <string>
 #include <type_traits>
+#include <utility>
+#include <variant>
 #include <vector>
 
 namespace pdo::nccl::detail {
@@ -5850,7 +5858,7 @@ class group {
   template <class T>
   void send(std::size_t me, std::span<const T> data, std::size_t to, int tag) {
     const std::array<std::uint64_t, 2> header{data.size(), static_cast<std::uint64_t>(static_cast<std::int64_t>(tag))};
-    on_host([&](auto& h) { h.send(me, std::span<const std::uint64_t>(header), to, header_tag); });
+    handshake("send", "a recv from", me, to, tag, [&](auto& h) { h.send(me, std::span<const std::uint64_t>(header), to, header_tag); });
     std::uint64_t verdict = 0;
     on_host([&](auto& h) { h.recv(me, std::span<std::uint64_t>(&verdict, 1), to, verdict_tag); });
     if (verdict != 0)
@@ -5864,7 +5872,7 @@ class group {
   template <class T>
   void recv(std::size_t me, std::span<T> data, std::size_t from, int tag) {
     std::array<std::uint64_t, 2> header{};
-    on_host([&](auto& h) { h.recv(me, std::span<std::uint64_t>(header), from, header_tag); });
+    handshake("recv", "a send to", me, from, tag, [&](auto& h) { h.recv(me, std::span<std::uint64_t>(header), from, header_tag); });
     const bool ok = header[0] == data.size() && static_cast<int>(static_cast<std::int64_t>(header[1])) == tag;
     const std::uint64_t verdict = ok ? 0 : 1;
     on_host([&](auto& h) { h.send(me, std::span<const std::uint64_t>(&verdict, 1), from, verdict_tag); });
@@ -5886,6 +5894,30 @@ class group {
   void on_host(F&& f) {
     pdo::detail::visit_group(*host_, std::forward<F>(f));
   }
+
+  /// @brief The host handshake `f` of member `me`'s `op` ("send", "recv") with `peer`, for
+  /// the user's `tag`: when the peer is a member of this process whose task ended without the
+  /// matching call, the error says so with that tag (the handshake's host tags are its own).
+  template <class F>
+  void handshake(const char* op, const char* missing, std::size_t me, std::size_t peer, int tag, F&& f) {
+    try {
+      on_host(f);
+    } catch (const error&) {
+      std::visit(
+          [&](auto& g) {
+            auto [local, first] = local_members(*g);
+            if (peer >= first && peer - first < local->size() && local->has_left(peer - first))
+              local->peer_left(op, missing, me - first, peer - first, tag);
+          },
+          host_->impl);
+      throw;
+    }
+  }
+  /// @brief The members of the host group in this process, and the index of the first.
+  static std::pair<pdo::detail::local_group*, std::size_t> local_members(pdo::detail::local_group& g) { return {&g, 0}; }
+#if defined(PDO_WITH_MPI)
+  static std::pair<pdo::detail::local_group*, std::size_t> local_members(mpi::detail::group& g) { return {&g.local(), g.first()}; }
+#endif
 
   [[nodiscard]] std::string name(std::size_t member) const {
     return places_[member] ? places_[member]->name : "member " + std::to_string(member);
@@ -6484,6 +6516,8 @@ class staged_group {
       : places_(std::move(places)), host_(std::move(host)) {}
 
   [[nodiscard]] std::size_t size() const { return places_.size(); }
+  /// @brief The threads or MPI group of the same members, which carries the collectives.
+  [[nodiscard]] host_group& host() const { return *host_; }
   void abort() { host_->abort(); }
   void reset() { host_->reset(); }
   void barrier(std::size_t me) {
@@ -6622,10 +6656,11 @@ struct mesh_comms {
   /// @brief The task of place `p` (a place of this process) has ended: the collectives of its
   /// groups that need it cannot complete any more, so the other members of this process
   /// waiting in one, or entering one, get an error instead of waiting for it forever
-  /// (local_group::leave), until rejoin(). On a mesh of CPU places in this process, every
-  /// member is told (pdo::mismatch_error); over MPI, the other places of this process in its
-  /// groups (pdo::communication_error: the other processes cannot be told, so the job ends);
-  /// nothing on meshes with GPU places.
+  /// (local_group::leave), until rejoin(). In one process every member is told
+  /// (pdo::mismatch_error); over MPI, the other places of this process in its groups
+  /// (pdo::communication_error: the other processes cannot be told, so the job ends). On GPU
+  /// places it is the host group of each NCCL or staged group that is told: every call there
+  /// starts with a host agreement of its members, which a departed member cannot join.
   void left(std::size_t p) {
     each_group_of(p, [](local_group& g, std::size_t member) { g.leave(member); });
   }
@@ -6635,12 +6670,12 @@ struct mesh_comms {
     for_each_group([](any_group& g) { local_part(g)->reopen(); });
   }
   /// @brief `f(local group, p's member index in it)` for each group of place `p`, through the
-  /// part of the group in this process (the whole of a threads group, an MPI group's local
-  /// members), on a mesh of CPU places (whole_host is then whole's group); none for groups of
-  /// one member in this process.
+  /// part in this process of the group's host group (the whole of a threads group, an MPI
+  /// group's local members; whole_host is whole's host group); none for groups of one member
+  /// in this process.
   template <class F>
   void each_group_of(std::size_t p, F&& f) {
-    if (!whole || local_part(*whole) == nullptr) return;  // GPU places: NCCL or staged groups
+    if (!whole || local_part(*whole) == nullptr) return;
     auto visit = [&](any_group* g, std::size_t member) {
       if (local_group* local = g != nullptr ? local_part(*g) : nullptr; local != nullptr && local->size() > 1)
         f(*local, member - first_local(*g));
@@ -6651,22 +6686,36 @@ struct mesh_comms {
       if (line < lines[a].size()) visit(lines[a][line].get(), member_in_line[a][p]);
     }
   }
-  /// @brief The members of `g` in this process as a threads group: all of a threads group,
-  /// the local part of an MPI group; null for GPU groups.
+  /// @brief The members in this process of `g`'s host group (g itself for a threads or MPI
+  /// group; the group that carries the host agreements of a GPU group), as a threads group:
+  /// all of a threads group, the local part of an MPI group.
   static local_group* local_part(any_group& g) {
-    if (auto* threads = std::get_if<std::shared_ptr<local_group>>(&g.impl)) return threads->get();
-#if defined(PDO_WITH_MPI)
-    if (auto* processes = std::get_if<std::shared_ptr<mpi::detail::group>>(&g.impl)) return &(*processes)->local();
-#endif
-    return nullptr;
+    return std::visit([](auto& group) { return local_part_of(*group); }, g.impl);
   }
   /// @brief The member index in `g` of its first member in this process.
-  static std::size_t first_local([[maybe_unused]] const any_group& g) {
-#if defined(PDO_WITH_MPI)
-    if (const auto* processes = std::get_if<std::shared_ptr<mpi::detail::group>>(&g.impl)) return (*processes)->first();
-#endif
-    return 0;
+  static std::size_t first_local(any_group& g) {
+    return std::visit([](auto& group) { return first_of(*group); }, g.impl);
   }
+  static local_group* local_part_of(local_group& g) { return &g; }
+  static std::size_t first_of(const local_group&) { return 0; }
+#if defined(PDO_WITH_MPI)
+  static local_group* local_part_of(mpi::detail::group& g) { return &g.local(); }
+  static std::size_t first_of(const mpi::detail::group& g) { return g.first(); }
+#endif
+#if defined(PDO_WITH_CUDA)
+  static local_group* local_part_of(host_group& h) {
+    return std::visit([](auto& group) { return local_part_of(*group); }, h.impl);
+  }
+  static std::size_t first_of(host_group& h) {
+    return std::visit([](auto& group) { return first_of(*group); }, h.impl);
+  }
+  template <class DeviceGroup>
+    requires requires(DeviceGroup& d) { d.host(); }
+  static local_group* local_part_of(DeviceGroup& g) { return local_part_of(g.host()); }
+  template <class DeviceGroup>
+    requires requires(DeviceGroup& d) { d.host(); }
+  static std::size_t first_of(DeviceGroup& g) { return first_of(g.host()); }
+#endif
   /// @brief Calls `f` on every group with members in this process.
   template <class F>
   void for_each_group(F&& f) {

@@ -408,6 +408,33 @@ void collectives(const std::vector<pdo::cuda_place>& gpus) {
     for (int t : threw) caught += static_cast<std::size_t>(t);
   }
   check(n == 1 || caught == n, "NCCL all_gathers over different element types: mismatch_error on every member");
+  // a place whose task ends without joining a collective, or without the send another's recv
+  // waits for (or the recv another's send waits for): the others get the error at once, as on
+  // CPU places, and the mesh goes on
+  for (int round = 0; round < 6 && n > 1; ++round) {
+    const std::size_t last = n - 1;
+    const int kind = round % 3;  // 0: a skipped all_reduce, 1: a recv without its send, 2: a send without its recv
+    std::string said;
+    try {
+      pdo::spmd(m, [&](std::size_t p) {
+        pdo::tensor<float, 1> t({4}, m.place(p));
+        if (p == last) return;
+        const auto comm = pdo::communicator_of(m, p);
+        if (kind == 0) comm.all_reduce(t.span());
+        else if (kind == 1 && p == 0) comm.recv(t.span(), last, 3);
+        else if (kind == 2 && p == 0) comm.send(std::as_const(t).span(), last, 3);
+      });
+    } catch (const pdo::mismatch_error& e) {
+      said = e.what();
+    }
+    const std::string who = m.place(last).name(), first = m.place(0).name();
+    const std::string expected = kind == 0 ? "the task of place " + who + " ended without joining it"
+                                 : kind == 1 ? "recv aborted: the task of place " + who + " ended without a send to " + first + " with tag 3"
+                                             : "send aborted: the task of place " + who + " ended without a recv from " + first + " with tag 3";
+    const auto sum = pdo::gather(pdo::eval(pdo::sum(pdo::distribute<pdo::layout<pdo::split<"dp">>>(m, twos))));
+    check(said.find(expected) != std::string::npos && sum.data()[0] == 6.0f,
+          "NCCL: a place whose task ends without the matching call is an error at once, not a hang (" + expected + "; got: " + said + ")");
+  }
 }
 
 /// @brief NCCL's max and min skip NaN (as fmax and fmin); pdo's keep it wherever it sits, as
@@ -481,6 +508,18 @@ void mixed_mesh(const std::vector<pdo::cuda_place>& gpus) {
   } catch (const std::exception& e) {
     check(false, std::string("mixed mesh: ") + e.what());
   }
+  // the GPU place's task ends without the all_reduce the CPU place makes: an error at once
+  std::string said;
+  try {
+    pdo::spmd(m, [&](std::size_t p) {
+      pdo::tensor<double, 1> t({5}, m.place(p));
+      if (p == 0) pdo::communicator_of(m, p).all_reduce(t.span());
+    });
+  } catch (const pdo::mismatch_error& e) {
+    said = e.what();
+  }
+  check(said.find("the task of place " + m.place(1).name() + " ended without joining it") != std::string::npos,
+        "a mesh of a CPU and a GPU place: a skipped collective is an error, not a hang (got: " + said + ")");
 }
 
 /// Kernels run where their operands are, whichever thread asks for them.

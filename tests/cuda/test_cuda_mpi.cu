@@ -6,7 +6,8 @@
 // over by device copies within one); with three or more processes, a mesh over the places of
 // the first two, which the others make too while holding none of its places.
 // Run it under mpirun with one process per GPU; run alone, it is one process. Without a GPU
-// it reports itself skipped (exit 77) with the reason.
+// it reports itself skipped (exit 77) with the reason. With the argument `skip`, a place's
+// task ends without joining a collective: the job ends with "pdo: fatal" naming it.
 #include <pdo/pdo.hpp>
 
 #include <cmath>
@@ -128,12 +129,24 @@ void pipeline_follows(const Mesh& m, const CpuMesh& cpu, const std::string& what
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
   pdo::mpi::initialize();
   const std::string reason = pdo::cuda_unavailable_reason();
   if (!reason.empty()) {
     std::printf("SKIPPED: no CUDA device (%s)\n", reason.c_str());
     return 77;
+  }
+  if (argc > 1 && std::string(argv[1]) == "skip") {
+    // two GPU places per process; the task of place 1 (on process 0) ends without joining the
+    // all_reduce the others make: place 0 would wait for it forever in the host agreement
+    // before the NCCL call; the job ends instead, naming place 1 (the ctest expects "pdo: fatal")
+    const auto line = pdo::make_mesh<"x">(pdo::mpi::world_cuda_places(2));
+    pdo::spmd(line, [&](std::size_t p) {
+      if (p == 1) return;  // joins nothing
+      pdo::tensor<float, 1> t({8}, line.place(p));
+      pdo::communicator_of(line, p).all_reduce(t.span());
+    });
+    return 0;  // not reached: the job ends
   }
   try {
     const auto places = pdo::mpi::world_cuda_places(1);

@@ -80,10 +80,11 @@ struct mesh_comms {
   /// @brief The task of place `p` (a place of this process) has ended: the collectives of its
   /// groups that need it cannot complete any more, so the other members of this process
   /// waiting in one, or entering one, get an error instead of waiting for it forever
-  /// (local_group::leave), until rejoin(). On a mesh of CPU places in this process, every
-  /// member is told (pdo::mismatch_error); over MPI, the other places of this process in its
-  /// groups (pdo::communication_error: the other processes cannot be told, so the job ends);
-  /// nothing on meshes with GPU places.
+  /// (local_group::leave), until rejoin(). In one process every member is told
+  /// (pdo::mismatch_error); over MPI, the other places of this process in its groups
+  /// (pdo::communication_error: the other processes cannot be told, so the job ends). On GPU
+  /// places it is the host group of each NCCL or staged group that is told: every call there
+  /// starts with a host agreement of its members, which a departed member cannot join.
   void left(std::size_t p) {
     each_group_of(p, [](local_group& g, std::size_t member) { g.leave(member); });
   }
@@ -93,12 +94,12 @@ struct mesh_comms {
     for_each_group([](any_group& g) { local_part(g)->reopen(); });
   }
   /// @brief `f(local group, p's member index in it)` for each group of place `p`, through the
-  /// part of the group in this process (the whole of a threads group, an MPI group's local
-  /// members), on a mesh of CPU places (whole_host is then whole's group); none for groups of
-  /// one member in this process.
+  /// part in this process of the group's host group (the whole of a threads group, an MPI
+  /// group's local members; whole_host is whole's host group); none for groups of one member
+  /// in this process.
   template <class F>
   void each_group_of(std::size_t p, F&& f) {
-    if (!whole || local_part(*whole) == nullptr) return;  // GPU places: NCCL or staged groups
+    if (!whole || local_part(*whole) == nullptr) return;
     auto visit = [&](any_group* g, std::size_t member) {
       if (local_group* local = g != nullptr ? local_part(*g) : nullptr; local != nullptr && local->size() > 1)
         f(*local, member - first_local(*g));
@@ -109,22 +110,36 @@ struct mesh_comms {
       if (line < lines[a].size()) visit(lines[a][line].get(), member_in_line[a][p]);
     }
   }
-  /// @brief The members of `g` in this process as a threads group: all of a threads group,
-  /// the local part of an MPI group; null for GPU groups.
+  /// @brief The members in this process of `g`'s host group (g itself for a threads or MPI
+  /// group; the group that carries the host agreements of a GPU group), as a threads group:
+  /// all of a threads group, the local part of an MPI group.
   static local_group* local_part(any_group& g) {
-    if (auto* threads = std::get_if<std::shared_ptr<local_group>>(&g.impl)) return threads->get();
-#if defined(PDO_WITH_MPI)
-    if (auto* processes = std::get_if<std::shared_ptr<mpi::detail::group>>(&g.impl)) return &(*processes)->local();
-#endif
-    return nullptr;
+    return std::visit([](auto& group) { return local_part_of(*group); }, g.impl);
   }
   /// @brief The member index in `g` of its first member in this process.
-  static std::size_t first_local([[maybe_unused]] const any_group& g) {
-#if defined(PDO_WITH_MPI)
-    if (const auto* processes = std::get_if<std::shared_ptr<mpi::detail::group>>(&g.impl)) return (*processes)->first();
-#endif
-    return 0;
+  static std::size_t first_local(any_group& g) {
+    return std::visit([](auto& group) { return first_of(*group); }, g.impl);
   }
+  static local_group* local_part_of(local_group& g) { return &g; }
+  static std::size_t first_of(const local_group&) { return 0; }
+#if defined(PDO_WITH_MPI)
+  static local_group* local_part_of(mpi::detail::group& g) { return &g.local(); }
+  static std::size_t first_of(const mpi::detail::group& g) { return g.first(); }
+#endif
+#if defined(PDO_WITH_CUDA)
+  static local_group* local_part_of(host_group& h) {
+    return std::visit([](auto& group) { return local_part_of(*group); }, h.impl);
+  }
+  static std::size_t first_of(host_group& h) {
+    return std::visit([](auto& group) { return first_of(*group); }, h.impl);
+  }
+  template <class DeviceGroup>
+    requires requires(DeviceGroup& d) { d.host(); }
+  static local_group* local_part_of(DeviceGroup& g) { return local_part_of(g.host()); }
+  template <class DeviceGroup>
+    requires requires(DeviceGroup& d) { d.host(); }
+  static std::size_t first_of(DeviceGroup& g) { return first_of(g.host()); }
+#endif
   /// @brief Calls `f` on every group with members in this process.
   template <class F>
   void for_each_group(F&& f) {

@@ -23,6 +23,8 @@ class staged_group {
       : places_(std::move(places)), host_(std::move(host)) {}
 
   [[nodiscard]] std::size_t size() const { return places_.size(); }
+  /// @brief The threads or MPI group of the same members, which carries the collectives.
+  [[nodiscard]] host_group& host() const { return *host_; }
   void abort() { host_->abort(); }
   void reset() { host_->reset(); }
   void barrier(std::size_t me) {

@@ -27,6 +27,8 @@
 #include <span>
 #include <string>
 #include <type_traits>
+#include <utility>
+#include <variant>
 #include <vector>
 
 namespace pdo::nccl::detail {
@@ -341,7 +343,7 @@ class group {
   template <class T>
   void send(std::size_t me, std::span<const T> data, std::size_t to, int tag) {
     const std::array<std::uint64_t, 2> header{data.size(), static_cast<std::uint64_t>(static_cast<std::int64_t>(tag))};
-    on_host([&](auto& h) { h.send(me, std::span<const std::uint64_t>(header), to, header_tag); });
+    handshake("send", "a recv from", me, to, tag, [&](auto& h) { h.send(me, std::span<const std::uint64_t>(header), to, header_tag); });
     std::uint64_t verdict = 0;
     on_host([&](auto& h) { h.recv(me, std::span<std::uint64_t>(&verdict, 1), to, verdict_tag); });
     if (verdict != 0)
@@ -355,7 +357,7 @@ class group {
   template <class T>
   void recv(std::size_t me, std::span<T> data, std::size_t from, int tag) {
     std::array<std::uint64_t, 2> header{};
-    on_host([&](auto& h) { h.recv(me, std::span<std::uint64_t>(header), from, header_tag); });
+    handshake("recv", "a send to", me, from, tag, [&](auto& h) { h.recv(me, std::span<std::uint64_t>(header), from, header_tag); });
     const bool ok = header[0] == data.size() && static_cast<int>(static_cast<std::int64_t>(header[1])) == tag;
     const std::uint64_t verdict = ok ? 0 : 1;
     on_host([&](auto& h) { h.send(me, std::span<const std::uint64_t>(&verdict, 1), from, verdict_tag); });
@@ -377,6 +379,30 @@ class group {
   void on_host(F&& f) {
     pdo::detail::visit_group(*host_, std::forward<F>(f));
   }
+
+  /// @brief The host handshake `f` of member `me`'s `op` ("send", "recv") with `peer`, for
+  /// the user's `tag`: when the peer is a member of this process whose task ended without the
+  /// matching call, the error says so with that tag (the handshake's host tags are its own).
+  template <class F>
+  void handshake(const char* op, const char* missing, std::size_t me, std::size_t peer, int tag, F&& f) {
+    try {
+      on_host(f);
+    } catch (const error&) {
+      std::visit(
+          [&](auto& g) {
+            auto [local, first] = local_members(*g);
+            if (peer >= first && peer - first < local->size() && local->has_left(peer - first))
+              local->peer_left(op, missing, me - first, peer - first, tag);
+          },
+          host_->impl);
+      throw;
+    }
+  }
+  /// @brief The members of the host group in this process, and the index of the first.
+  static std::pair<pdo::detail::local_group*, std::size_t> local_members(pdo::detail::local_group& g) { return {&g, 0}; }
+#if defined(PDO_WITH_MPI)
+  static std::pair<pdo::detail::local_group*, std::size_t> local_members(mpi::detail::group& g) { return {&g.local(), g.first()}; }
+#endif
 
   [[nodiscard]] std::string name(std::size_t member) const {
     return places_[member] ? places_[member]->name : "member " + std::to_string(member);

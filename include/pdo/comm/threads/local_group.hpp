@@ -404,6 +404,20 @@ class local_group {
     if (!theirs->problem.empty()) throw mismatch_error(theirs->problem);
   }
 
+  /// @brief Whether member `member`'s task has ended (leave) since the last reopen().
+  [[nodiscard]] bool has_left(std::size_t member) const {
+    std::lock_guard lock(mail_mutex_);
+    return departed_[member];
+  }
+  /// @brief The error of a send or recv whose peer's task ended without the matching call
+  /// (throw_member_left, as the barrier's): "recv aborted: the task of place cpu:1 ended
+  /// without a send to cpu:0 with tag 7 ...".
+  [[noreturn]] PDO_NOINLINE void peer_left(const char* op, const char* missing, std::size_t me, std::size_t peer, int tag) const {
+    throw_member_left(std::string(op) + " aborted: the task of place " + names_[peer] + " ended without " + missing + " " + names_[me] +
+                          " with tag " + std::to_string(tag) + " (every send needs a matching recv)",
+                      part_of_larger_);
+  }
+
  private:
   struct slot {
     const void* in = nullptr;
@@ -470,14 +484,6 @@ class local_group {
     auto& slot = mailbox_[key];
     if (!slot) slot = std::make_shared<post>();
     return slot;
-  }
-
-  /// @brief The error of a send or recv whose peer's task ended without the matching call
-  /// (throw_member_left, as the barrier's).
-  [[noreturn]] PDO_NOINLINE void peer_left(const char* op, const char* missing, std::size_t me, std::size_t peer, int tag) const {
-    throw_member_left(std::string(op) + " aborted: the task of place " + names_[peer] + " ended without " + missing + " " + names_[me] +
-                          " with tag " + std::to_string(tag) + " (every send needs a matching recv)",
-                      part_of_larger_);
   }
 
   void check_peer(const char* op, std::size_t me, std::size_t peer, int tag) const {
@@ -547,7 +553,7 @@ class local_group {
   std::vector<slot> slots_;
   group_barrier barrier_;
 
-  std::mutex mail_mutex_;
+  mutable std::mutex mail_mutex_;
   std::condition_variable mail_ready_;
   std::map<mail_key, std::shared_ptr<post>> mailbox_;
   bool mail_aborted_ = false;
