@@ -5439,6 +5439,7 @@ class group {
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <variant>
 #include <vector>
 
@@ -5463,6 +5464,16 @@ struct host_group {
 template <class F>
 decltype(auto) visit_group(host_group& g, F&& f) {
   return std::visit([&](auto& p) -> decltype(auto) { return f(*p); }, g.impl);
+}
+
+/// @brief The members in this process of a host group, as a threads group, and the group's
+/// index of the first of them: all of a threads group (from 0), an MPI group's local members.
+inline std::pair<local_group*, std::size_t> local_members(local_group& g) { return {&g, 0}; }
+#if defined(PDO_WITH_MPI)
+inline std::pair<local_group*, std::size_t> local_members(mpi::detail::group& g) { return {&g.local(), g.first()}; }
+#endif
+inline std::pair<local_group*, std::size_t> local_members(host_group& h) {
+  return visit_group(h, [](auto& g) { return local_members(g); });
 }
 
 /// @brief The number of the next group made in this process: every process makes the groups
@@ -5542,8 +5553,6 @@ inline std::shared_ptr<host_group> make_host_group(const mesh_state& m, const st
 #include <span>
 #include <string>
 #include <type_traits>
-#include <utility>
-#include <variant>
 #include <vector>
 
 namespace pdo::nccl::detail {
@@ -5903,21 +5912,12 @@ class group {
     try {
       on_host(f);
     } catch (const error&) {
-      std::visit(
-          [&](auto& g) {
-            auto [local, first] = local_members(*g);
-            if (peer >= first && peer - first < local->size() && local->has_left(peer - first))
-              local->peer_left(op, missing, me - first, peer - first, tag);
-          },
-          host_->impl);
+      const auto [local, first] = pdo::detail::local_members(*host_);
+      if (peer >= first && peer - first < local->size() && local->has_left(peer - first))
+        local->peer_left(op, missing, me - first, peer - first, tag);
       throw;
     }
   }
-  /// @brief The members of the host group in this process, and the index of the first.
-  static std::pair<pdo::detail::local_group*, std::size_t> local_members(pdo::detail::local_group& g) { return {&g, 0}; }
-#if defined(PDO_WITH_MPI)
-  static std::pair<pdo::detail::local_group*, std::size_t> local_members(mpi::detail::group& g) { return {&g.local(), g.first()}; }
-#endif
 
   [[nodiscard]] std::string name(std::size_t member) const {
     return places_[member] ? places_[member]->name : "member " + std::to_string(member);
@@ -6597,6 +6597,7 @@ class staged_group {
 #include <mutex>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <variant>
 #include <vector>
 
@@ -6666,8 +6667,7 @@ struct mesh_comms {
   }
   /// @brief After left(): the collectives are usable again (once no task of the mesh is in one).
   void rejoin() {
-    if (!whole || local_part(*whole) == nullptr) return;
-    for_each_group([](any_group& g) { local_part(g)->reopen(); });
+    for_each_group([](any_group& g) { local_members_of(g).first->reopen(); });
   }
   /// @brief `f(local group, p's member index in it)` for each group of place `p`, through the
   /// part in this process of the group's host group (the whole of a threads group, an MPI
@@ -6675,10 +6675,10 @@ struct mesh_comms {
   /// in this process.
   template <class F>
   void each_group_of(std::size_t p, F&& f) {
-    if (!whole || local_part(*whole) == nullptr) return;
     auto visit = [&](any_group* g, std::size_t member) {
-      if (local_group* local = g != nullptr ? local_part(*g) : nullptr; local != nullptr && local->size() > 1)
-        f(*local, member - first_local(*g));
+      if (g == nullptr) return;
+      const auto [local, first] = local_members_of(*g);
+      if (local->size() > 1) f(*local, member - first);
     };
     visit(whole.get(), p);
     for (std::size_t a = 0; a < lines.size(); ++a) {
@@ -6687,35 +6687,16 @@ struct mesh_comms {
     }
   }
   /// @brief The members in this process of `g`'s host group (g itself for a threads or MPI
-  /// group; the group that carries the host agreements of a GPU group), as a threads group:
-  /// all of a threads group, the local part of an MPI group.
-  static local_group* local_part(any_group& g) {
-    return std::visit([](auto& group) { return local_part_of(*group); }, g.impl);
+  /// group; the group that carries the host agreements of a GPU group), and g's index of the
+  /// first of them (local_members).
+  static std::pair<local_group*, std::size_t> local_members_of(any_group& g) {
+    return std::visit(
+        [](auto& group) {
+          if constexpr (requires { group->host(); }) return local_members(group->host());
+          else return local_members(*group);
+        },
+        g.impl);
   }
-  /// @brief The member index in `g` of its first member in this process.
-  static std::size_t first_local(any_group& g) {
-    return std::visit([](auto& group) { return first_of(*group); }, g.impl);
-  }
-  static local_group* local_part_of(local_group& g) { return &g; }
-  static std::size_t first_of(const local_group&) { return 0; }
-#if defined(PDO_WITH_MPI)
-  static local_group* local_part_of(mpi::detail::group& g) { return &g.local(); }
-  static std::size_t first_of(const mpi::detail::group& g) { return g.first(); }
-#endif
-#if defined(PDO_WITH_CUDA)
-  static local_group* local_part_of(host_group& h) {
-    return std::visit([](auto& group) { return local_part_of(*group); }, h.impl);
-  }
-  static std::size_t first_of(host_group& h) {
-    return std::visit([](auto& group) { return first_of(*group); }, h.impl);
-  }
-  template <class DeviceGroup>
-    requires requires(DeviceGroup& d) { d.host(); }
-  static local_group* local_part_of(DeviceGroup& g) { return local_part_of(g.host()); }
-  template <class DeviceGroup>
-    requires requires(DeviceGroup& d) { d.host(); }
-  static std::size_t first_of(DeviceGroup& g) { return first_of(g.host()); }
-#endif
   /// @brief Calls `f` on every group with members in this process.
   template <class F>
   void for_each_group(F&& f) {

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <variant>
 #include <vector>
 
@@ -38,6 +39,16 @@ struct host_group {
 template <class F>
 decltype(auto) visit_group(host_group& g, F&& f) {
   return std::visit([&](auto& p) -> decltype(auto) { return f(*p); }, g.impl);
+}
+
+/// @brief The members in this process of a host group, as a threads group, and the group's
+/// index of the first of them: all of a threads group (from 0), an MPI group's local members.
+inline std::pair<local_group*, std::size_t> local_members(local_group& g) { return {&g, 0}; }
+#if defined(PDO_WITH_MPI)
+inline std::pair<local_group*, std::size_t> local_members(mpi::detail::group& g) { return {&g.local(), g.first()}; }
+#endif
+inline std::pair<local_group*, std::size_t> local_members(host_group& h) {
+  return visit_group(h, [](auto& g) { return local_members(g); });
 }
 
 /// @brief The number of the next group made in this process: every process makes the groups

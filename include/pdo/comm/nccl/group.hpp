@@ -27,8 +27,6 @@
 #include <span>
 #include <string>
 #include <type_traits>
-#include <utility>
-#include <variant>
 #include <vector>
 
 namespace pdo::nccl::detail {
@@ -388,21 +386,12 @@ class group {
     try {
       on_host(f);
     } catch (const error&) {
-      std::visit(
-          [&](auto& g) {
-            auto [local, first] = local_members(*g);
-            if (peer >= first && peer - first < local->size() && local->has_left(peer - first))
-              local->peer_left(op, missing, me - first, peer - first, tag);
-          },
-          host_->impl);
+      const auto [local, first] = pdo::detail::local_members(*host_);
+      if (peer >= first && peer - first < local->size() && local->has_left(peer - first))
+        local->peer_left(op, missing, me - first, peer - first, tag);
       throw;
     }
   }
-  /// @brief The members of the host group in this process, and the index of the first.
-  static std::pair<pdo::detail::local_group*, std::size_t> local_members(pdo::detail::local_group& g) { return {&g, 0}; }
-#if defined(PDO_WITH_MPI)
-  static std::pair<pdo::detail::local_group*, std::size_t> local_members(mpi::detail::group& g) { return {&g.local(), g.first()}; }
-#endif
 
   [[nodiscard]] std::string name(std::size_t member) const {
     return places_[member] ? places_[member]->name : "member " + std::to_string(member);
