@@ -13,6 +13,14 @@
 //   trainer_leaves the last process leaves a data-parallel training (sleeps instead of its next
 //                  step; timeout 1 s): every other process's step throws a pdo::error within the
 //                  timeout, naming the collective and the rank that did not arrive
+//   late_for_two   the last process sleeps past the timeout (1 s) of two collectives on two
+//                  groups of a mesh, which the others give up on one after the other: on
+//                  waking, each of its two collectives throws at once, saying they gave up (the
+//                  notice of the second, taken in while it is in the first, is kept for it)
+//   trainer_late   the last process comes to a data-parallel step after the others gave up
+//                  on it (it sleeps past the timeout of 1 s first): the others' step throws as
+//                  in trainer_leaves; the late one's step throws at once, saying they gave up,
+//                  and never waits forever in the step's later collectives
 //   killed         the last process is killed while the others wait in an all_reduce: the
 //                  launcher ends the job, and the others say first who had not arrived
 //   ended          the last process ends its program (returns from main) while the others
@@ -127,7 +135,9 @@ void sleeper(bool from_env) {
   expect(v[0] == static_cast<double>(n), "a new mesh's all_reduce works after the failed one: " + std::to_string(v[0]));
 }
 
-void trainer_leaves() {
+/// @brief The last process leaves a data-parallel training (it sleeps past the timeout instead
+/// of its next step) or, when it `comes_back` after that sleep, comes to the step late.
+void trainer_away(bool comes_back) {
   const int me = pdo::mpi::rank(), n = pdo::mpi::size();
   pdo::mesh_options options;
   options.collective_timeout = std::chrono::seconds(1);
@@ -145,20 +155,49 @@ void trainer_leaves() {
     for (std::size_t j = 0; j < 4; ++j) x(i, j) = static_cast<double>(i + j) / 10;
   }
   trainer.step(x, y);  // every process present
-  if (me == n - 1) {   // leaves the training
+  if (me == n - 1) {
     std::this_thread::sleep_for(std::chrono::seconds(4));
-    return;
+    if (!comes_back) return;  // leaves the training
   }
   const auto start = std::chrono::steady_clock::now();
   try {
     trainer.step(x, y);
-    expect(false, "a step that a process left did not throw");
+    expect(false, comes_back ? "a step that a process came to late did not throw" : "a step that a process left did not throw");
   } catch (const pdo::error& e) {
     const std::string m = e.what();
     const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    expect(waited < 3.5, "reported within the timeout and its grace, after " + std::to_string(waited) + " s");
+    expect(waited < 3.5, "reported within the timeout and its grace, after " + std::to_string(waited) + " s: " + m);
     expect(contains(m, "data_parallel"), "names the trainer: " + m);
-    expect(contains(m, "not arrived: rank " + std::to_string(n - 1)), "names the rank that left: " + m);
+    if (me != n - 1) expect(contains(m, "not arrived: rank " + std::to_string(n - 1)), "names the rank that is away: " + m);
+    else expect(contains(m, "gave up"), "the late process is told the others gave up: " + m);
+  }
+}
+
+void late_for_two() {
+  const int me = pdo::mpi::rank(), n = pdo::mpi::size();
+  pdo::mesh_options options;
+  options.collective_timeout = std::chrono::seconds(1);
+  const auto mesh = pdo::make_mesh<"x">(pdo::mpi::world_places(), options);
+  std::vector<double> v{1.0};
+  const auto along = [&](std::size_t p) { pdo::communicator_along(mesh, 0, p).all_reduce(std::span<double>(v)); };
+  const auto whole = [&](std::size_t p) { pdo::communicator_of(mesh, p).all_reduce(std::span<double>(v)); };
+  pdo::spmd(mesh, along);  // every process present, on both groups
+  pdo::spmd(mesh, whole);
+  if (me == n - 1) std::this_thread::sleep_for(std::chrono::seconds(4));
+  for (const char* group : {"over axis \"x\"", "over the whole mesh"}) {
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      if (std::strcmp(group, "over the whole mesh") == 0) pdo::spmd(mesh, whole);
+      else pdo::spmd(mesh, along);
+      expect(false, std::string("an all_reduce ") + group + " that a process came to late did not throw");
+    } catch (const pdo::collective_timeout& e) {
+      const std::string m = e.what();
+      const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      expect(waited < 3.5, "reported within the timeout and its grace, after " + std::to_string(waited) + " s: " + m);
+      expect(contains(m, std::string("all_reduce ") + group), "names the collective: " + m);
+      if (me != n - 1) expect(contains(m, "not arrived: rank " + std::to_string(n - 1)), "names the late rank: " + m);
+      else expect(contains(m, "gave up"), "the late process is told the others gave up: " + m);
+    }
   }
 }
 
@@ -202,11 +241,13 @@ int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
   if (mode == "mesh_mismatch") mesh_mismatch();
   else if (mode == "sleeper") sleeper(argc > 2 && std::strcmp(argv[2], "env") == 0);
-  else if (mode == "trainer_leaves") trainer_leaves();
+  else if (mode == "trainer_late") trainer_away(true);
+  else if (mode == "late_for_two") late_for_two();
+  else if (mode == "trainer_leaves") trainer_away(false);
   else if (mode == "killed") killed();
   else if (mode == "ended") ended();
   else {
-    std::fprintf(stderr, "usage: mpi_faults mesh_mismatch|sleeper [env]|trainer_leaves|killed|ended\n");
+    std::fprintf(stderr, "usage: mpi_faults mesh_mismatch|sleeper [env]|trainer_leaves|late_for_two|trainer_late|killed|ended\n");
     return 2;
   }
   if (failures == 0) std::printf("rank %d: ok\n", pdo::mpi::rank());

@@ -4598,6 +4598,12 @@ class watch {
     std::vector<int> state;            ///< per peer: 0 no answer, 1 in this collective, 2 elsewhere
     std::vector<std::string> where;    ///< per peer: what it said it waits in
   };
+  /// @brief A give-up notice for a collective no wait of this process was in when it came.
+  struct early_give_up {
+    std::uint64_t group = 0;
+    std::uint64_t seq = 0;
+    std::string text;
+  };
   struct pending_send {
     MPI_Request request = MPI_REQUEST_NULL;
     std::string payload;
@@ -4607,9 +4613,19 @@ class watch {
 
   static int answer_tag(std::uint64_t group) { return tag_answers + static_cast<int>(group % answer_tags); }
 
+  /// @brief Adds `w` to the waits; a give-up notice that came for its collective before it
+  /// began (taken in while this process waited in another) gives it up at once.
   void enlist(active_wait* w) {
     std::lock_guard lock(mutex_);
     waits_.push_back(w);
+    const auto early = std::find_if(early_give_ups_.begin(), early_give_ups_.end(), [&](const early_give_up& g) {
+      return g.group == w->label->group && g.seq == w->label->seq;
+    });
+    if (early != early_give_ups_.end()) {
+      w->given_up = true;
+      w->give_up_text = std::move(early->text);
+      early_give_ups_.erase(early);
+    }
   }
   void delist(active_wait* w) {
     std::lock_guard lock(mutex_);
@@ -4666,11 +4682,17 @@ class watch {
       std::getline(in, rest);
       std::getline(in, rest, '\0');
       std::lock_guard lock(mutex_);
+      bool taken = false;
       for (active_wait* w : waits_)
-        if (w->label->group == group && w->label->seq == seq && !w->given_up) {
+        if (w->label->group == group && w->label->seq == seq) {
+          taken = true;
+          if (w->given_up) continue;
           w->given_up = true;
           w->give_up_text = rest;
         }
+      // a collective this process has not reached yet (it waits in another, and is late for
+      // this one too): kept for its wait. A transfer's (seq 0) names no one call, so it is not.
+      if (!taken && seq != 0) early_give_ups_.push_back({group, seq, rest});
     }
     while (MPI_Improbe(MPI_ANY_SOURCE, tag_ended, talk_, &flag, &message, &status) == MPI_SUCCESS && flag) {
       (void)receive(message, status);
@@ -4859,6 +4881,7 @@ class watch {
   int me_ = 0;
   std::mutex mutex_;
   std::vector<active_wait*> waits_;
+  std::vector<early_give_up> early_give_ups_;
   std::list<pending_send> sends_;
   std::atomic<std::uint64_t> next_round_id_{0};
   std::uint64_t agreements_ = 0;  ///< steps taken on the agreement communicator
