@@ -8,6 +8,7 @@
 
 #include <pdo/comm/mpi/environment.hpp>
 
+#include <atomic>
 #include <cstdlib>
 #include <vector>
 
@@ -33,6 +34,18 @@ void check_losses(const std::vector<double>& got, const std::vector<double>& wan
   for (std::size_t s = 0; s < got.size(); ++s) {
     INFO("step " << s);
     CHECK(got[s] == Approx(want[s]).epsilon(1e-10));
+  }
+}
+
+/// @brief Calls `run(pipeline)` with make_mlp() cut into as many stages as `mesh` has places (1 to 4).
+template <class Mesh, class Model, class Run>
+void with_pipeline(const Mesh& mesh, const Model& model, const pdo::nn::pipeline_options& o, Run&& run) {
+  const auto go = [&](auto&& trainer) { run(trainer); };
+  switch (mesh.size()) {
+    case 1: go(pdo::nn::make_pipeline<double, 2>(mesh, model, sgd(), o)); break;
+    case 2: go(pdo::nn::make_pipeline<double, 2, 3>(mesh, model, sgd(), o)); break;
+    case 3: go(pdo::nn::make_pipeline<double, 2, 1, 4>(mesh, model, sgd(), o)); break;
+    default: go(pdo::nn::make_pipeline<double, 2, 1, 3, 5>(mesh, model, sgd(), o)); break;
   }
 }
 
@@ -147,15 +160,9 @@ TEST_CASE("MPI: a pipeline whose stages live in different processes matches one 
     INFO((kind == pdo::nn::pipeline_schedule::gpipe ? "GPipe" : "1F1B"));
     const pdo::nn::pipeline_options o{kind, 3};
     std::vector<double> losses;
-    auto run = [&](auto&& trainer) {
+    with_pipeline(mesh, model, o, [&](auto& trainer) {
       for (int s = 0; s < 3; ++s) losses.push_back(trainer.step(x, y));
-    };
-    switch (mesh.size()) {
-      case 1: run(pdo::nn::make_pipeline<double, 2>(mesh, model, sgd(), o)); break;
-      case 2: run(pdo::nn::make_pipeline<double, 2, 3>(mesh, model, sgd(), o)); break;
-      case 3: run(pdo::nn::make_pipeline<double, 2, 1, 4>(mesh, model, sgd(), o)); break;
-      default: run(pdo::nn::make_pipeline<double, 2, 1, 3, 5>(mesh, model, sgd(), o)); break;
-    }
+    });
     check_losses(losses, reference);
   }
 }
@@ -194,4 +201,61 @@ int main(int argc, char** argv) {
   int worst = 0;
   MPI_Allreduce(&result, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
   return worst;
+}
+
+TEST_CASE("MPI: the trainers refuse, on every process, a batch whose shape differs between processes, and train on after it",
+          "[mpi][train][errors]") {
+  const bool last = pdo::mpi::rank() + 1 == pdo::mpi::size();
+  const auto x = pdo_test::random_tensor<double>(pdo::shape_t<2>{11, 6}, 8);
+  const auto y = labels_for(11);
+  const auto x10 = pdo_test::random_tensor<double>(pdo::shape_t<2>{10, 6}, 8);
+  const auto y10 = labels_for(10);
+  const double first = local_losses(x, y, 1)[0];
+  // (named matchers: a combination holds its parts by address)
+  const auto differ = Catch::Contains("different shapes");
+  const auto eleven = Catch::Contains("[11, 6] and [11]");
+  const auto ten = Catch::Contains("[10, 6] and [10]");
+  // the last process passes one row fewer: every process throws before anything trains, and
+  // the next step, on the same batch everywhere, is the first step of the training
+  const auto line = pdo::make_mesh<"dp">(pdo::mpi::world_places(places_per_rank()));
+  auto trainer = pdo::nn::make_data_parallel<double>(line, make_mlp, sgd());
+  CHECK_THROWS_WITH(last ? trainer.step(x10, y10) : trainer.step(x, y), Catch::Contains("data_parallel::step") && differ && eleven && ten);
+  CHECK(trainer.step(x, y) == Approx(first).epsilon(1e-10));
+  const auto stages = pdo::make_mesh<"pp">(pdo::mpi::world_places(places_per_rank()));
+  with_pipeline(stages, make_mlp(), pdo::nn::pipeline_options{pdo::nn::pipeline_schedule::one_f_one_b, 3}, [&](auto& pipeline) {
+    CHECK_THROWS_WITH(last ? pipeline.step(x10, y10) : pipeline.step(x, y), Catch::Contains("pipeline::step") && differ && eleven && ten);
+    CHECK(pipeline.step(x, y) == Approx(first).epsilon(1e-10));
+  });
+}
+
+TEST_CASE("MPI: a process that holds no place of a trainer's mesh is told so when it makes the trainer; the others train",
+          "[mpi][train][errors]") {
+  const bool last = pdo::mpi::rank() + 1 == pdo::mpi::size();
+  const auto x = pdo_test::random_tensor<double>(pdo::shape_t<2>{11, 6}, 8);
+  const auto y = labels_for(11);
+  const double first = local_losses(x, y, 1)[0];
+  // the places of every process but the last (made by every process: making a mesh is a meeting of all)
+  auto places = pdo::mpi::world_places(places_per_rank());
+  places.erase(places.end() - static_cast<std::ptrdiff_t>(places_per_rank()), places.end());
+  const auto line = pdo::make_mesh<"dp">(places);
+  const auto stages = pdo::make_mesh<"pp">(places);
+  const auto no_place = Catch::Contains("this process holds no place of");
+  // what gives a dtensor gives one with no shards there; spmd runs no task there
+  const auto xs = pdo::distribute<pdo::layout<split<"dp">, replicate>>(line, x);
+  const auto whole = pdo::redistribute<pdo::layout<replicate, replicate>>(xs);
+  std::atomic<std::size_t> tasks{0};
+  pdo::spmd(line, [&](std::size_t) { ++tasks; });
+  CHECK(xs.local_shards().size() == (last ? 0 : places_per_rank()));
+  CHECK(whole.local_shards().size() == xs.local_shards().size());
+  CHECK(tasks == xs.local_shards().size());
+  if (last) {
+    CHECK_THROWS_WITH(pdo::eval(xs * 2.0), Catch::Contains("eval of multiply: ") && no_place);
+    CHECK_THROWS_WITH(pdo::gather(xs), Catch::Contains("gather: ") && no_place);
+    CHECK_THROWS_WITH(pdo::nn::make_data_parallel<double>(line, make_mlp, sgd()), Catch::Contains("data_parallel: ") && no_place);
+    CHECK_THROWS_WITH(with_pipeline(stages, make_mlp(), {}, [](auto&) {}), Catch::Contains("pipeline: ") && no_place);
+  } else {
+    auto trainer = pdo::nn::make_data_parallel<double>(line, make_mlp, sgd());
+    CHECK(trainer.step(x, y) == Approx(first).epsilon(1e-10));
+    with_pipeline(stages, make_mlp(), {}, [&](auto& pipeline) { CHECK(pipeline.step(x, y) == Approx(first).epsilon(1e-10)); });
+  }
 }

@@ -8655,6 +8655,19 @@ inline void check_not_nested(const char* op) {
                        "task (inside them, work on the local shards with pdo::eval of local tensors and the communicators)");
 }
 
+[[noreturn]] PDO_NOINLINE inline void throw_no_local_places(const char* op, const std::string& mesh) {
+  throw layout_error(std::string(op) + ": this process holds no place of " + mesh + "; call it on the processes that do");
+}
+
+/// @brief Builds the communicators of `m` (every process takes part, those that hold none of
+/// its places too), then throws a pdo::layout_error naming `op` when this process holds none
+/// of its places: `op` runs on the processes that do.
+template <class Mesh>
+void check_holds_places(const Mesh& m, const char* op) {
+  comms_of(m);
+  if (m.local_places().empty()) throw_no_local_places(op, m.describe());
+}
+
 [[noreturn]] PDO_NOINLINE inline void throw_other_driver(const mesh_state& state, const char* op) {
   throw error(std::string(op) + ": " + describe_mesh(state) +
               " spans processes, and another host thread of this process issues its operations: the processes pair a "
@@ -9787,18 +9800,47 @@ std::string redistribute_context(const dtensor<T, Rank, Mesh, Layout>& x, const 
   return "redistribute: " + x.describe() + " -> " + to;
 }
 
-/// @brief Every process must distribute a host tensor of the same shape: checked with
-/// one small all_gather, so a process that passed another shape fails on all of them
-/// (pdo::mismatch_error, the error every member of a collective throws alike).
-template <class Mesh, std::size_t Rank>
-void check_same_host_shape(const Mesh& m, std::size_t p, const shape_t<Rank>& shape) {
-  std::vector<std::size_t> all(m.size() * Rank);
-  host_communicator_of(m, p).all_gather(std::span<const std::size_t>(shape.data(), Rank), std::span<std::size_t>(all));
-  for (std::size_t q = 0; q < m.size(); ++q)
-    if (!std::equal(shape.begin(), shape.end(), all.begin() + static_cast<std::ptrdiff_t>(q * Rank)))
-      throw mismatch_error("distribute: the processes passed host tensors of different shapes: " + format_extents(shape) +
-                        " here, " + format_extents(std::span<const std::size_t>(all.data() + q * Rank, Rank)) + " on " +
-                        m.place(q).name() + "; every process must pass the same tensor");
+/// @brief The error of check_same_extents: `here` and `there` hold the shapes of the
+/// tensors one after another, `ranks[i]` extents each.
+[[noreturn]] PDO_NOINLINE inline void throw_different_host_shapes(const char* op, std::span<const std::size_t> ranks,
+                                                                 std::span<const std::size_t> here, std::span<const std::size_t> there,
+                                                                 const std::string& place) {
+  const auto shapes = [&](std::span<const std::size_t> extents) {
+    std::string text;
+    for (std::size_t i = 0, at = 0; i < ranks.size(); at += ranks[i++])
+      text += (i == 0 ? "" : " and ") + format_extents(extents.subspan(at, ranks[i]));
+    return text;
+  };
+  throw mismatch_error(std::string(op) + ": the processes passed host tensors of different shapes: " + shapes(here) + " here, " +
+                       shapes(there) + " on " + place + "; every process must pass the same " +
+                       (ranks.size() == 1 ? "tensor" : "tensors"));
+}
+
+/// @brief Every process must pass `op` host tensors of the same shapes (`extents`: their
+/// shapes one after another, `ranks[i]` extents each): checked by place `p` with one small
+/// all_gather over every place of `m`, so a process that passed other shapes fails on all of
+/// them (pdo::mismatch_error, the error every member of a collective throws alike).
+template <class Mesh>
+void check_same_extents(const Mesh& m, std::size_t p, const char* op, std::span<const std::size_t> extents,
+                        std::span<const std::size_t> ranks) {
+  const std::size_t n = extents.size();
+  std::vector<std::size_t> all(m.size() * n);
+  host_communicator_of(m, p).all_gather(extents, std::span<std::size_t>(all));
+  for (std::size_t q = 0; q < m.size(); ++q) {
+    const std::span<const std::size_t> there(all.data() + q * n, n);
+    if (!std::equal(extents.begin(), extents.end(), there.begin())) throw_different_host_shapes(op, ranks, extents, there, m.place(q).name());
+  }
+}
+
+/// @brief check_same_extents of the shapes of host tensors given to `op` (the data of
+/// distribute, or a trainer's batch: inputs and targets).
+template <class Mesh, std::size_t... Rank>
+void check_same_host_shapes(const Mesh& m, std::size_t p, const char* op, const shape_t<Rank>&... shapes) {
+  std::array<std::size_t, (Rank + ... + 0)> extents{};
+  const std::array<std::size_t, sizeof...(Rank)> ranks{Rank...};
+  std::size_t at = 0;
+  ((std::copy(shapes.begin(), shapes.end(), extents.begin() + static_cast<std::ptrdiff_t>(at)), at += Rank), ...);
+  check_same_extents(m, p, op, extents, ranks);
 }
 
 }  // namespace detail
@@ -13851,7 +13893,7 @@ auto distribute(const Mesh& m, const tensor<T, Rank>& host) {
     detail::run_on_places(
         "distribute", m,
         [&](std::size_t p, std::size_t k) {
-          if (m.is_multiprocess()) detail::check_same_host_shape(m, p, host.shape());
+          if (m.is_multiprocess()) detail::check_same_host_shapes(m, p, "distribute", host.shape());
           shards[k] = detail::shard_of<Layout>(m, host, p);
         },
         "copy");
@@ -16788,9 +16830,7 @@ auto merge_parts(const Mesh& m, Part&& part, Access reads = {}) {
   constexpr std::size_t rank = result_t::rank;
   check_not_nested("parallel_do");
   const auto& local = m.local_places();
-  comms_of(m);  // built by every process, those without places too
-  if (local.empty())
-    throw layout_error("parallel_do: this process holds no place of " + m.describe() + "; call it on the processes that do");
+  check_holds_places(m, "parallel_do");
   std::vector<std::optional<result_t>> results(local.size());
   std::vector<char> started(local.size(), 0);  // a task cancelled by a failure of what it reads never starts its block
   const auto batch = run_batch_on_places(
@@ -17583,7 +17623,7 @@ auto prefetch(const Mesh& m, tensor<T, Rank> host) {
     auto batch = detail::submit_on_places(
         m,
         [s, m, multiprocess](std::size_t p, std::size_t k) {
-          if (multiprocess) detail::check_same_host_shape(m, p, s->host.shape());
+          if (multiprocess) detail::check_same_host_shapes(m, p, "prefetch", s->host.shape());
           s->shards[k] = detail::shard_of<Layout>(m, s->host, p);
         },
         detail::batch_options{"prefetch", "copy", multiprocess, false, lane_kind::copy},
@@ -20281,6 +20321,7 @@ class data_parallel {
       : mesh_(m), options_(o), loss_(loss), replicas_(m.local_places().size()) {
     pdo::detail::check_setting("data_parallel", "clip_grad_norm", o.clip_grad_norm, o.clip_grad_norm >= 0,
                                "finite and >= 0 (0: no clipping)");
+    pdo::detail::check_holds_places(mesh_, "data_parallel");
     pdo::detail::run_on_places("data_parallel", mesh_, [&](std::size_t p, std::size_t k) {
       auto& r = *(replicas_[k] = std::make_unique<replica>());
       r.place = p;
@@ -20738,6 +20779,14 @@ class data_parallel {
     for (const auto& shard : micro.back()) take_products = take_products && shard.inputs.extent(0) != 0;
     // its tasks queue the buckets' collectives as backward makes them: the places are held
     pdo::detail::run_holding_places("data_parallel::step", mesh_, [&](std::size_t p, std::size_t k) {
+      // over several processes each passes its own batch: they must agree before anything trains
+      if (mesh_.is_multiprocess()) {
+        const auto& s = micro.front()[k];
+        auto inputs = s.inputs.shape();
+        auto targets = s.targets.shape();
+        inputs[0] = targets[0] = global_rows;
+        pdo::detail::check_same_host_shapes(mesh_, p, "data_parallel::step", inputs, targets);
+      }
       replica& r = *replicas_[k];
       buckets_type& buckets = *r.buckets;
       buckets.begin_step();
@@ -21538,6 +21587,7 @@ class pipeline {
   pipeline(const Mesh& m, const Model& model, detail_pp::cut_list<Cuts...>, MakeOptimizer make_optimizer, pipeline_options o, Loss loss)
       : mesh_(m), options_(o), loss_(loss), schedule_(make_schedule(o.schedule, stage_count, o.micro_batches)),
         states_(m.local_places().size()) {
+    pdo::detail::check_holds_places(m, "pipeline");
     // neighbouring stages hand tensors over as their places' kind says (detail_pp::transport)
     for (std::size_t q = 0; q < m.size(); ++q)
       if (m.place(q).kind() != m.place(0).kind())
@@ -21642,6 +21692,8 @@ class pipeline {
     std::vector<T> losses(states_.size());
     // its tasks queue their sends as the stages run: the places are held
     pdo::detail::run_holding_places("pipeline::step", mesh_, [&](std::size_t p, std::size_t k) {
+      // over several processes each passes its own batch: they must agree before any stage runs
+      if (mesh_.is_multiprocess()) pdo::detail::check_same_host_shapes(mesh_, p, "pipeline::step", inputs.shape(), targets.shape());
       place_state& st = *states_[k];
       with_stage(st.stage, [&]<std::size_t S>() { losses[k] = run_stage<S>(p, st, inputs, targets, rows, lr); });
     });

@@ -50,7 +50,7 @@ auto distribute(const Mesh& m, const tensor<T, Rank>& host) {
     detail::run_on_places(
         "distribute", m,
         [&](std::size_t p, std::size_t k) {
-          if (m.is_multiprocess()) detail::check_same_host_shape(m, p, host.shape());
+          if (m.is_multiprocess()) detail::check_same_host_shapes(m, p, "distribute", host.shape());
           shards[k] = detail::shard_of<Layout>(m, host, p);
         },
         "copy");

@@ -307,9 +307,7 @@ auto merge_parts(const Mesh& m, Part&& part, Access reads = {}) {
   constexpr std::size_t rank = result_t::rank;
   check_not_nested("parallel_do");
   const auto& local = m.local_places();
-  comms_of(m);  // built by every process, those without places too
-  if (local.empty())
-    throw layout_error("parallel_do: this process holds no place of " + m.describe() + "; call it on the processes that do");
+  check_holds_places(m, "parallel_do");
   std::vector<std::optional<result_t>> results(local.size());
   std::vector<char> started(local.size(), 0);  // a task cancelled by a failure of what it reads never starts its block
   const auto batch = run_batch_on_places(

@@ -190,6 +190,19 @@ inline void check_not_nested(const char* op) {
                        "task (inside them, work on the local shards with pdo::eval of local tensors and the communicators)");
 }
 
+[[noreturn]] PDO_NOINLINE inline void throw_no_local_places(const char* op, const std::string& mesh) {
+  throw layout_error(std::string(op) + ": this process holds no place of " + mesh + "; call it on the processes that do");
+}
+
+/// @brief Builds the communicators of `m` (every process takes part, those that hold none of
+/// its places too), then throws a pdo::layout_error naming `op` when this process holds none
+/// of its places: `op` runs on the processes that do.
+template <class Mesh>
+void check_holds_places(const Mesh& m, const char* op) {
+  comms_of(m);
+  if (m.local_places().empty()) throw_no_local_places(op, m.describe());
+}
+
 [[noreturn]] PDO_NOINLINE inline void throw_other_driver(const mesh_state& state, const char* op) {
   throw error(std::string(op) + ": " + describe_mesh(state) +
               " spans processes, and another host thread of this process issues its operations: the processes pair a "

@@ -185,6 +185,7 @@ class data_parallel {
       : mesh_(m), options_(o), loss_(loss), replicas_(m.local_places().size()) {
     pdo::detail::check_setting("data_parallel", "clip_grad_norm", o.clip_grad_norm, o.clip_grad_norm >= 0,
                                "finite and >= 0 (0: no clipping)");
+    pdo::detail::check_holds_places(mesh_, "data_parallel");
     pdo::detail::run_on_places("data_parallel", mesh_, [&](std::size_t p, std::size_t k) {
       auto& r = *(replicas_[k] = std::make_unique<replica>());
       r.place = p;
@@ -642,6 +643,14 @@ class data_parallel {
     for (const auto& shard : micro.back()) take_products = take_products && shard.inputs.extent(0) != 0;
     // its tasks queue the buckets' collectives as backward makes them: the places are held
     pdo::detail::run_holding_places("data_parallel::step", mesh_, [&](std::size_t p, std::size_t k) {
+      // over several processes each passes its own batch: they must agree before anything trains
+      if (mesh_.is_multiprocess()) {
+        const auto& s = micro.front()[k];
+        auto inputs = s.inputs.shape();
+        auto targets = s.targets.shape();
+        inputs[0] = targets[0] = global_rows;
+        pdo::detail::check_same_host_shapes(mesh_, p, "data_parallel::step", inputs, targets);
+      }
       replica& r = *replicas_[k];
       buckets_type& buckets = *r.buckets;
       buckets.begin_step();

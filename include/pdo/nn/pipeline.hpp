@@ -389,6 +389,7 @@ class pipeline {
   pipeline(const Mesh& m, const Model& model, detail_pp::cut_list<Cuts...>, MakeOptimizer make_optimizer, pipeline_options o, Loss loss)
       : mesh_(m), options_(o), loss_(loss), schedule_(make_schedule(o.schedule, stage_count, o.micro_batches)),
         states_(m.local_places().size()) {
+    pdo::detail::check_holds_places(m, "pipeline");
     // neighbouring stages hand tensors over as their places' kind says (detail_pp::transport)
     for (std::size_t q = 0; q < m.size(); ++q)
       if (m.place(q).kind() != m.place(0).kind())
@@ -493,6 +494,8 @@ class pipeline {
     std::vector<T> losses(states_.size());
     // its tasks queue their sends as the stages run: the places are held
     pdo::detail::run_holding_places("pipeline::step", mesh_, [&](std::size_t p, std::size_t k) {
+      // over several processes each passes its own batch: they must agree before any stage runs
+      if (mesh_.is_multiprocess()) pdo::detail::check_same_host_shapes(mesh_, p, "pipeline::step", inputs.shape(), targets.shape());
       place_state& st = *states_[k];
       with_stage(st.stage, [&]<std::size_t S>() { losses[k] = run_stage<S>(p, st, inputs, targets, rows, lr); });
     });

@@ -158,18 +158,47 @@ std::string redistribute_context(const dtensor<T, Rank, Mesh, Layout>& x, const 
   return "redistribute: " + x.describe() + " -> " + to;
 }
 
-/// @brief Every process must distribute a host tensor of the same shape: checked with
-/// one small all_gather, so a process that passed another shape fails on all of them
-/// (pdo::mismatch_error, the error every member of a collective throws alike).
-template <class Mesh, std::size_t Rank>
-void check_same_host_shape(const Mesh& m, std::size_t p, const shape_t<Rank>& shape) {
-  std::vector<std::size_t> all(m.size() * Rank);
-  host_communicator_of(m, p).all_gather(std::span<const std::size_t>(shape.data(), Rank), std::span<std::size_t>(all));
-  for (std::size_t q = 0; q < m.size(); ++q)
-    if (!std::equal(shape.begin(), shape.end(), all.begin() + static_cast<std::ptrdiff_t>(q * Rank)))
-      throw mismatch_error("distribute: the processes passed host tensors of different shapes: " + format_extents(shape) +
-                        " here, " + format_extents(std::span<const std::size_t>(all.data() + q * Rank, Rank)) + " on " +
-                        m.place(q).name() + "; every process must pass the same tensor");
+/// @brief The error of check_same_extents: `here` and `there` hold the shapes of the
+/// tensors one after another, `ranks[i]` extents each.
+[[noreturn]] PDO_NOINLINE inline void throw_different_host_shapes(const char* op, std::span<const std::size_t> ranks,
+                                                                 std::span<const std::size_t> here, std::span<const std::size_t> there,
+                                                                 const std::string& place) {
+  const auto shapes = [&](std::span<const std::size_t> extents) {
+    std::string text;
+    for (std::size_t i = 0, at = 0; i < ranks.size(); at += ranks[i++])
+      text += (i == 0 ? "" : " and ") + format_extents(extents.subspan(at, ranks[i]));
+    return text;
+  };
+  throw mismatch_error(std::string(op) + ": the processes passed host tensors of different shapes: " + shapes(here) + " here, " +
+                       shapes(there) + " on " + place + "; every process must pass the same " +
+                       (ranks.size() == 1 ? "tensor" : "tensors"));
+}
+
+/// @brief Every process must pass `op` host tensors of the same shapes (`extents`: their
+/// shapes one after another, `ranks[i]` extents each): checked by place `p` with one small
+/// all_gather over every place of `m`, so a process that passed other shapes fails on all of
+/// them (pdo::mismatch_error, the error every member of a collective throws alike).
+template <class Mesh>
+void check_same_extents(const Mesh& m, std::size_t p, const char* op, std::span<const std::size_t> extents,
+                        std::span<const std::size_t> ranks) {
+  const std::size_t n = extents.size();
+  std::vector<std::size_t> all(m.size() * n);
+  host_communicator_of(m, p).all_gather(extents, std::span<std::size_t>(all));
+  for (std::size_t q = 0; q < m.size(); ++q) {
+    const std::span<const std::size_t> there(all.data() + q * n, n);
+    if (!std::equal(extents.begin(), extents.end(), there.begin())) throw_different_host_shapes(op, ranks, extents, there, m.place(q).name());
+  }
+}
+
+/// @brief check_same_extents of the shapes of host tensors given to `op` (the data of
+/// distribute, or a trainer's batch: inputs and targets).
+template <class Mesh, std::size_t... Rank>
+void check_same_host_shapes(const Mesh& m, std::size_t p, const char* op, const shape_t<Rank>&... shapes) {
+  std::array<std::size_t, (Rank + ... + 0)> extents{};
+  const std::array<std::size_t, sizeof...(Rank)> ranks{Rank...};
+  std::size_t at = 0;
+  ((std::copy(shapes.begin(), shapes.end(), extents.begin() + static_cast<std::ptrdiff_t>(at)), at += Rank), ...);
+  check_same_extents(m, p, op, extents, ranks);
 }
 
 }  // namespace detail
