@@ -18158,7 +18158,7 @@ class parameter_ref {
   /// @brief The values of a local parameter (one block).
   [[nodiscard]] std::span<T> value() const { return single(impl_->value_blocks(), "value"); }
   /// @brief Whether backward has given the parameter a gradient (since its last zero_grad).
-  [[nodiscard]] bool has_grad() const { return !impl_->grad_blocks().empty(); }
+  [[nodiscard]] bool has_grad() const { return impl_->has_grad(); }
   /// @brief The gradient of a local parameter; empty when backward has given none.
   [[nodiscard]] std::span<T> grad() const {
     const auto blocks = impl_->grad_blocks();
@@ -18246,6 +18246,7 @@ class parameter_ref {
     virtual const void* identity() const = 0;
     virtual std::vector<std::span<T>> value_blocks() = 0;
     virtual std::vector<std::span<T>> grad_blocks() = 0;
+    virtual bool has_grad() = 0;
     virtual std::vector<detail::place_state*> block_places() = 0;
     virtual std::vector<block_position> block_positions() = 0;
     virtual std::vector<any_place> mesh_places() = 0;
@@ -18323,6 +18324,7 @@ class parameter_ref {
     std::vector<std::span<T>> grad_blocks() override {
       return v.has_grad() ? blocks_of(v.grad()) : std::vector<std::span<T>>{};
     }
+    bool has_grad() override { return v.has_grad(); }
     std::span<T> grad_or_zeros() override {
       if constexpr (var<V>::distributed) {
         throw layout_error("parameter: grad_or_zeros() is for local parameters; " + shape_text() + " is a dtensor");
