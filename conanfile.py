@@ -1,7 +1,7 @@
 # conanfile.py: Conan 2 recipe for pdo, a header-only package with optional MPI, CUDA and IO components.
 # What pdo needs from outside comes from the system, found by CMake when a consumer is configured (the
 # build modules below): Thrust (Debian's libthrust-dev or the CUDA toolkit's CCCL) and range-v3
-# (Debian's librange-v3-dev) always, a BLAS
+# (Debian's librange-v3-dev) always, OpenMP (the compiler's runtime) with with_openmp, a BLAS
 # (OpenBLAS preferred) with with_blas, MPI with with_mpi, the CUDA toolkit and NCCL with with_cuda;
 # nlohmann_json, for the IO component, is a Conan requirement.
 import os
@@ -25,16 +25,19 @@ class PdoConan(ConanFile):
     # The settings only let validate() check the C++ standard; package_id() drops them.
     settings = "os", "arch", "compiler", "build_type"
     # The options change what package_info() declares, never the files in the package.
-    options = {"with_blas": [True, False], "with_mpi": [True, False], "with_cuda": [True, False],
-               "with_io": [True, False]}
-    default_options = {"with_blas": True, "with_mpi": False, "with_cuda": False, "with_io": False}
+    options = {"with_openmp": [True, False], "with_blas": [True, False], "with_mpi": [True, False],
+               "with_cuda": [True, False], "with_io": [True, False]}
+    default_options = {"with_openmp": True, "with_blas": True, "with_mpi": False, "with_cuda": False,
+                       "with_io": False}
     exports_sources = "include/*", "cmake/*", "CMakeLists.txt", "LICENSE*"
     no_copy_source = True
 
     # Included by CMakeDeps after it declares the targets: they give pdo::pdo Thrust's include folder,
-    # range-v3 and the system BLAS, and pdo::mpi the system MPI.
+    # range-v3, OpenMP (or, without it, the simd loops alone) and the system BLAS, and pdo::mpi the system MPI.
     _thrust_build_module = os.path.join("lib", "cmake", "pdo", "pdo-conan-thrust.cmake")
     _ranges_build_module = os.path.join("lib", "cmake", "pdo", "pdo-conan-range-v3.cmake")
+    _openmp_build_module = os.path.join("lib", "cmake", "pdo", "pdo-conan-openmp.cmake")
+    _no_openmp_build_module = os.path.join("lib", "cmake", "pdo", "pdo-conan-no-openmp.cmake")
     _blas_build_module = os.path.join("lib", "cmake", "pdo", "pdo-conan-blas.cmake")
     _mpi_build_module = os.path.join("lib", "cmake", "pdo", "pdo-conan-mpi.cmake")
 
@@ -77,6 +80,15 @@ class PdoConan(ConanFile):
             endif()
             set_property(TARGET pdo::pdo APPEND PROPERTY INTERFACE_LINK_LIBRARIES range-v3::range-v3)
             """))
+        # OpenMP: the same rules as pdo's own CMake build (cmake/pdoOpenMP.cmake), one module per option value.
+        copy(self, "pdoOpenMP.cmake", src=os.path.join(self.source_folder, "cmake"),
+             dst=os.path.join(self.package_folder, "lib", "cmake", "pdo"))
+        for module, with_openmp in ((self._openmp_build_module, "ON"), (self._no_openmp_build_module, "OFF")):
+            save(self, os.path.join(self.package_folder, module), textwrap.dedent(f"""\
+                # {os.path.basename(module)}: kernels of a place with several cores on {"all of them (OpenMP)" if with_openmp == "ON" else "one of them (simd loops only)"}.
+                include("${{CMAKE_CURRENT_LIST_DIR}}/pdoOpenMP.cmake")
+                pdo_use_openmp(pdo::pdo {with_openmp})
+                """))
         save(self, os.path.join(self.package_folder, self._blas_build_module), textwrap.dedent("""\
             # pdo-conan-blas.cmake: links pdo::pdo to the system BLAS (OpenBLAS preferred), matmul's sgemm/dgemm.
             set(BLA_VENDOR OpenBLAS)
@@ -104,7 +116,8 @@ class PdoConan(ConanFile):
         core.libdirs = []
         if self.settings.os in ("Linux", "FreeBSD"):
             core.system_libs = ["pthread"]
-        build_modules = [self._thrust_build_module, self._ranges_build_module]
+        build_modules = [self._thrust_build_module, self._ranges_build_module,
+                         self._openmp_build_module if self.options.with_openmp else self._no_openmp_build_module]
         if self.options.with_blas:
             # cblas.h and the library come from the system (Debian: libopenblas-dev)
             core.defines = ["PDO_WITH_BLAS"]

@@ -54,6 +54,12 @@ int main() {
 #else
     std::puts("test_package: matmul without BLAS: ok");
 #endif
+    // the kernels of a place with several cores use them all when the package declares OpenMP (with_openmp, the default)
+#if defined(_OPENMP)
+    std::puts("test_package: kernels on OpenMP: ok");
+#else
+    std::puts("test_package: kernels without OpenMP: ok");
+#endif
     return 0;
   } catch (const std::exception& e) {
     std::printf("test_package: %s\n", e.what());

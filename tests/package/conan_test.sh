@@ -74,22 +74,27 @@ fi
 grep -q "Component target declared 'pdo::pdo'" "$log" || fail "CMakeDeps declared no pdo::pdo target"
 grep -q "test_package: pdo distribute and gather over 2 places: ok" "$log" || fail "test_package did not report ok"
 grep -q "test_package: matmul on BLAS: ok" "$log" || fail "test_package's matmul did not run on BLAS (with_blas is the default)"
+grep -q "test_package: kernels on OpenMP: ok" "$log" ||
+  fail "test_package was compiled without OpenMP (with_openmp is the default: pdo::pdo must link OpenMP::OpenMP_CXX)"
 
 # A package whose info package_id() cleared has the id of empty information.
 package_dir=$("${conan[@]}" cache path "pdo/$version:da39a3ee5e6b4b0d3255bfef95601890afd80709" 2>/dev/null) ||
   fail "the package id is not the one of a package with no settings and no options (package_id must clear them)"
 [ -f "$package_dir/include/pdo/pdo.hpp" ] || fail "the package has no include/pdo/pdo.hpp"
 
-# 5. with_mpi: the same package (one package id), pdo::mpi declared and usable with the system MPI.
+# 5. with_mpi (and with_openmp=False, to build the same program once more for both): the same package (one
+#    package id), pdo::mpi declared and usable with the system MPI, the kernels compiled without OpenMP.
 if [ "$with_mpi" = ON ]; then
   log=$work_dir/test_mpi.log
-  step "conan test with pdo/*:with_mpi=True (log: $log)"
-  if ! "${conan[@]}" test "$work_dir/test_package" "pdo/$version" -o "pdo/*:with_mpi=True" "${settings[@]}" >"$log" 2>&1; then
+  step "conan test with pdo/*:with_mpi=True and pdo/*:with_openmp=False (log: $log)"
+  if ! "${conan[@]}" test "$work_dir/test_package" "pdo/$version" -o "pdo/*:with_mpi=True" -o "pdo/*:with_openmp=False" \
+      "${settings[@]}" >"$log" 2>&1; then
     tail -n 60 "$log" >&2
-    fail "conan test with with_mpi=True failed"
+    fail "conan test with with_mpi=True and with_openmp=False failed"
   fi
   grep -q "Component target declared 'pdo::mpi'" "$log" || fail "with_mpi=True declared no pdo::mpi target"
   grep -q "RUN: ./test_package_mpi" "$log" || fail "the program on pdo::mpi did not run"
+  grep -q "test_package: kernels without OpenMP: ok" "$log" || fail "with_openmp=False still compiled the program with OpenMP"
 fi
 packages=$("${conan[@]}" list "pdo/$version:*" --format=json | grep -oE '"[0-9a-f]{40}"' | sort -u | wc -l)
 [ "$packages" -eq 1 ] || fail "expected one package for every option value, found $packages"
