@@ -57,6 +57,12 @@ consumer(plain "")
 # 4. Components: the installed ones build; missing and unknown ones fail find_package with a reason.
 if(WITH_MPI)
   consumer(mpi "MPI")
+  # installed with MPI, used where MPI is missing: linking pdo::mpi unasked says why, not "MPI::MPI_CXX not found"
+  expect_failure("consumer linking pdo::mpi where MPI is missing"
+                 "pdo: target app_mpi links pdo::mpi, which cannot be used here: pdo's MPI[ \n]+component needs MPI"
+                 ${CMAKE_COMMAND} -S ${CONSUMER_SOURCE_DIR} -B ${WORK_DIR}/consumer-mpi-missing -G ${GENERATOR}
+                 -DCMAKE_CXX_COMPILER=${CXX_COMPILER} -DCMAKE_PREFIX_PATH=${prefix} -DCONSUMER_LINK_MPI=ON
+                 -DCMAKE_DISABLE_FIND_PACKAGE_MPI=ON)
 else()
   expect_failure("consumer asking for MPI" "pdo was installed without its MPI component"
                  ${CMAKE_COMMAND} -S ${CONSUMER_SOURCE_DIR} -B ${WORK_DIR}/consumer-no-mpi -G ${GENERATOR}
