@@ -3,8 +3,11 @@
 # checks what a user reads: the compiler fails; its output matches EXPECT; its first error
 # line is a message of pdo's ("pdo: ..."); it is the only error; and the output is at most
 # MOST_LINES lines long, since a layout mistake should cost one message, not pages of
-# instantiation context.
-set(args -std=c++20 -fsyntax-only)
+# instantiation context. STD: the language standard (c++20 unless given).
+if(NOT STD)
+  set(STD c++20)
+endif()
+set(args -std=${STD} -fsyntax-only)
 foreach(dir IN LISTS INCLUDES)
   list(APPEND args "-I${dir}")
 endforeach()
@@ -16,7 +19,7 @@ include(${CMAKE_CURRENT_LIST_DIR}/package/package_test_common.cmake)
 expect_failure("compiling ${SOURCE}" "${EXPECT}" ${COMPILER} ${args})
 set(out "${expect_failure_output}")
 string(REGEX MATCH "[^\n]*error[^\n]*" first_error "${out}")
-if(NOT first_error MATCHES "error: (static assertion failed: |static_assert failed due to requirement [^\n]*\")?pdo: ")
+if(NOT first_error MATCHES "error: (static assertion failed: |static_assert failed due to requirement [^\n]*\"|(#error )?\")?pdo: ")
   message(FATAL_ERROR "the first error is not one of pdo's messages: ${first_error}")
 endif()
 # one error: nothing is instantiated after it that reports more (the result's uses included)

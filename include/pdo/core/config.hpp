@@ -1,6 +1,11 @@
 // pdo/core/config.hpp: configuration macros shared by every layer.
 #pragma once
 
+// (pdo/pdo.hpp gives this message alone; a program that includes a layer's header gets it first)
+#if __cplusplus < 202002L && !(defined(_MSVC_LANG) && _MSVC_LANG >= 202002L)
+#error "pdo: needs C++20: compile with -std=c++20 (or later); in CMake, link the program to pdo::pdo, which asks for it"
+#endif
+
 /// @brief Marks a function callable on the host and, under nvcc, on the device.
 #if defined(__CUDACC__)
 #define PDO_HD __host__ __device__

@@ -197,30 +197,42 @@ void queue_copy(const std::shared_ptr<State>& state, bool caller_waits) {
                                         uses));
 }
 
+/// @brief The error being handled (a place's memory full, say), again as an error of `caller`
+/// ("eval", "eval_async") of `op` allocating its result, described by `result`.
+[[noreturn]] PDO_NOINLINE inline void rethrow_result_failure(const char* caller, std::string_view op, const std::string& result) {
+  captured_error::current().rethrow_with_context(std::string(caller) + " of " + std::string(op) + ": its result " + result + ": ");
+}
+
 /// @brief The shards of the result of an evaluation on `m`, of shape `global` laid out as
 /// `out`, one for each place of this process, allocated in its memory (uninitialized). A
 /// failure (a place's memory full, say) is an error of `caller` ("eval", "eval_async") of `op`.
 template <class T, std::size_t Rank, class Mesh>
 PDO_NOINLINE std::vector<tensor<T, Rank>> result_shards(const Mesh& m, const layout_value& out, const shape_t<Rank>& global,
                                                         std::string_view op, const char* caller) {
-  const auto context = [&] { return std::string(caller) + " of " + std::string(op) + ": "; };
-  if (m.local_places().empty()) throw layout_error(context() + "this process holds no place of " + m.describe());
+  if (m.local_places().empty()) throw_no_local_places(std::string(caller) + " of " + std::string(op), m.describe());
   checked_volume(global, op, sizeof(T));
   std::vector<tensor<T, Rank>> shards;
   shards.reserve(m.local_places().size());
   try {
     for (std::size_t p : m.local_places()) shards.emplace_back(shard_shape(m, out, global, p), m.place(p), uninitialized);
   } catch (const error&) {
-    captured_error::current().rethrow_with_context(context() + "its result " + describe_dtensor<T>(m, out, global) + ": ");
+    rethrow_result_failure(caller, op, describe_dtensor<T>(m, out, global));
   }
   return shards;
 }
 
-/// @brief Evaluates the local expression `node` where `ctx` says, into a new tensor.
+/// @brief Evaluates the local expression `node` where `ctx` says, into a new tensor (a failure
+/// to allocate it is an error of eval of the node's op, naming the result).
 template <class Node>
 PDO_NOINLINE tensor<typename Node::value_type, Node::rank> run_local(const Node& node, local_context ctx) {
-  checked_volume(node.shape(), Node::name, sizeof(typename Node::value_type));
-  auto out = ctx.template allocate<typename Node::value_type>(node.shape());
+  using T = typename Node::value_type;
+  checked_volume(node.shape(), Node::name, sizeof(T));
+  tensor<T, Node::rank> out;
+  try {
+    out = ctx.template allocate<T>(node.shape());
+  } catch (const error&) {
+    rethrow_result_failure("eval", Node::name, describe_block(dtype_name<T>(), node.shape(), nullptr));
+  }
   plan_run<Node, local_context>(node, ctx, out).run_all();
   return out;
 }
@@ -392,11 +404,13 @@ auto eval(Expr&& expr) {
 /// @brief Rejects at compile time what is not a tensor expression (a number, a pdo::var).
 template <class Policy = implicit, class Expr>
   requires(!detail::tensor_operand<Expr>)
-auto eval(Expr&&) {
+auto eval(Expr&& expr) {
   static_assert(detail::always_false<Expr>,
                 "pdo: eval takes a pdo::tensor, a pdo::dtensor or an expression of them (a pdo::var is computed at once: its "
                 "value is var.value())");
-  return 0;
+  // of the type the call meant (a var's value), so that the line that uses it gives no second error
+  if constexpr (requires { expr.value(); }) return detail::unformed_result<std::remove_cvref_t<decltype(expr.value())>>();
+  else return detail::unformed_result<std::remove_cvref_t<Expr>>();
 }
 
 }  // namespace pdo

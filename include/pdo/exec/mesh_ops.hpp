@@ -203,8 +203,7 @@ template <element T, std::size_t Rank, mesh_type Mesh, layout_spec Layout>
 tensor<T, Rank> gather(const dtensor<T, Rank, Mesh, Layout>& x) {
   detail::check_not_nested("gather");
   const Mesh& m = x.mesh();
-  detail::comms_of(m);  // built by every process, those without places too
-  if (m.local_places().empty()) throw layout_error("gather: " + x.describe() + ": this process holds no place of the mesh");
+  detail::check_holds_places(m, "gather");  // (every process builds the mesh's communicators, those without places too)
   return detail::with_sums_done("gather", x, [&](const auto& whole) {
     auto out = tensor<T, Rank>::on_host(x.shape());
     detail::write_local_blocks(whole, out, "gather");

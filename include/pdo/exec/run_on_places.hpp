@@ -14,6 +14,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <type_traits>
 #include <utility>
@@ -190,7 +191,7 @@ inline void check_not_nested(const char* op) {
                        "task (inside them, work on the local shards with pdo::eval of local tensors and the communicators)");
 }
 
-[[noreturn]] PDO_NOINLINE inline void throw_no_local_places(const char* op, const std::string& mesh) {
+[[noreturn]] PDO_NOINLINE inline void throw_no_local_places(std::string_view op, const std::string& mesh) {
   throw layout_error(std::string(op) + ": this process holds no place of " + mesh + "; call it on the processes that do");
 }
 

@@ -164,7 +164,7 @@ class dtensor {
   }
   /// @brief A copy: the same mesh, and a deep copy of each shard on its place, taken once
   /// the work queued that writes `other` (an eval_async not yet waited for) has written it.
-  dtensor(const dtensor& other) : mesh_(other.mesh_), shape_(other.shape_), shards_(written_shards(other)) {}
+  dtensor(const dtensor& other) : mesh_(other.mesh_), shape_(other.shape_), shards_(copied_shards(other)) {}
   /// @brief Takes `other`'s mesh and shards; `other` is left moved from.
   dtensor(dtensor&& other) = default;
   /// @brief Copy or move assignment (by value, then swap). Work queued that reads or writes
@@ -219,9 +219,14 @@ class dtensor {
  private:
   std::size_t local_ordinal(std::size_t p) const { return detail::local_ordinal(live_mesh(), p); }
   /// `other`'s shards, once the work queued that writes them has ended.
-  static const std::vector<tensor<T, Rank>>& written_shards(const dtensor& other) {
+  /// (a failure, a place's memory full, say, is an error of the copy, naming the dtensor)
+  static std::vector<tensor<T, Rank>> copied_shards(const dtensor& other) {
     detail::wait_for_shard_users(other.shards_, detail::shard_users::writers);
-    return other.shards_;
+    try {
+      return other.shards_;
+    } catch (const error&) {
+      detail::captured_error::current().rethrow_with_context("copy of dtensor " + other.describe() + ": ");
+    }
   }
   /// A moved-from dtensor has no mesh state (and no shards).
   bool moved_from() const { return !mesh_.state(); }
