@@ -5,6 +5,7 @@
 #include <pdo/nn.hpp>
 
 #include <algorithm>
+#include <array>
 #include <vector>
 
 namespace {
@@ -259,6 +260,36 @@ TEST_CASE("spatial conv2d: height, width or both split, halos from as many place
           check_spatial_conv<HW>(pdo::make_mesh<"sh", "sw">(pdo::cpu_places(sh * sw), {sh, sw}), xs, kernel, o, ++seed);
         }
       }
+  // the dim that is not split so narrow that all its windows fall in the padding (each output is
+  // its bias, the input gets no gradient): the block of a whole dim is still padded as the image is
+  const auto line = pdo::make_mesh<"sp">(pdo::cpu_places(3));
+  for (auto [kernel, stride, padding] : {std::array<std::size_t, 3>{1, 3, 1}, {1, 4, 1}, {2, 4, 2}})
+    for (std::size_t narrow : {1, 2}) {
+      INFO("kernel " << kernel << ", stride " << stride << ", padding " << padding << ", the whole dim " << narrow << " wide");
+      const pdo::window_options o{stride, padding};
+      check_spatial_conv<H>(line, pdo::shape_t<4>{2, 2, 7, narrow}, kernel, o, ++seed);
+      check_spatial_conv<W>(line, pdo::shape_t<4>{2, 2, narrow, 7}, kernel, o, ++seed);
+    }
+}
+
+TEST_CASE("conv2d of operands on different meshes: a layout_error naming the operand and both meshes",
+          "[model_parallel][conv][errors]") {
+  const auto three = pdo::make_mesh<"x">(pdo::cpu_places(3));
+  const auto one = pdo::make_mesh<"x">(pdo::cpu_places(1));
+  const auto x = pdo_test::random_tensor<double>(pdo::shape_t<4>{1, 1, 6, 4}, 7);
+  const auto w = pdo_test::random_tensor<double>(pdo::shape_t<4>{1, 1, 3, 3}, 8);
+  const auto b = pdo_test::random_tensor<double>(pdo::shape_t<1>{1}, 9);
+  using H = pdo::layout<R, R, split<"x">, R>;
+  using RW = pdo::layout<R, R, R, R>;
+  const auto X = pdo::parameter(pdo::distribute<H>(three, x));
+  const auto W3 = pdo::parameter(pdo::distribute<RW>(three, w)), W1 = pdo::parameter(pdo::distribute<RW>(one, w));
+  const auto B3 = pdo::parameter(pdo::distribute<pdo::layout<R>>(three, b)), B1 = pdo::parameter(pdo::distribute<pdo::layout<R>>(one, b));
+  CHECK_THROWS_AS(pdo::conv2d(X, W1, B3, {1, 1}), pdo::layout_error);
+  CHECK_THROWS_WITH(pdo::conv2d(X, W1, B3, {1, 1}),
+                    Catch::Contains("conv2d: the weight") && Catch::Contains("lives on mesh(x=1), another mesh than the input's (mesh(x=3))"));
+  CHECK_THROWS_WITH(pdo::conv2d(X, W3, B1, {1, 1}), Catch::Contains("conv2d: the bias") && Catch::Contains("another mesh than the input's"));
+  // on one mesh the same operands convolve
+  CHECK(pdo::gather(pdo::conv2d(X, W3, B3, {1, 1}).value()).shape() == pdo::shape_t<4>{1, 1, 6, 4});
 }
 
 TEST_CASE("spatial interior: the output rows whose windows read no halo row are exactly those computed before the halo",

@@ -22550,13 +22550,17 @@ const typename Node::mesh_type* find_mesh(const Node& node) {
   }
 }
 
-/// @brief The error of check_one_mesh.
-[[noreturn]] PDO_NOINLINE inline void throw_other_mesh(const std::string& operand, const std::string& its_mesh, const std::string& mesh) {
+/// @brief The error of an operation `op` whose `operand` lives on `its_mesh`, not on `mesh`, that
+/// of its `first` operand (check_one_mesh's, conv2d's).
+[[noreturn]] PDO_NOINLINE inline void throw_other_mesh(std::string_view op, const std::string& operand, const std::string& its_mesh,
+                                                       const std::string& mesh,
+                                                       std::string_view first = "the expression's first dtensor") {
+  const std::string head = std::string(op) + ": " + operand + " lives on ";
   if (its_mesh == mesh)
-    throw layout_error("eval: an operand " + operand + " lives on another mesh than the expression's first dtensor, though both are " +
-                       mesh + " (each make_mesh call makes a mesh of its own); make the operands on one mesh");
-  throw layout_error("eval: an operand " + operand + " lives on " + its_mesh + ", another mesh than the expression's first dtensor (" +
-                     mesh + "); move it onto that mesh first: pdo::distribute<Layout>(mesh, pdo::gather(x))");
+    throw layout_error(head + "another mesh than " + std::string(first) + ", though both are " + mesh +
+                       " (each make_mesh call makes a mesh of its own); make the operands on one mesh");
+  throw layout_error(head + its_mesh + ", another mesh than " + std::string(first) + " (" + mesh +
+                     "); move it onto that mesh first: pdo::distribute<Layout>(mesh, pdo::gather(x))");
 }
 
 /// @brief Throws pdo::layout_error unless every dtensor of `node`'s subtree lives on `m`.
@@ -22564,7 +22568,7 @@ template <class Node, class Mesh>
 void check_one_mesh(const Node& node, const Mesh& m) {
   if constexpr (Node::is_leaf) {
     if constexpr (Node::distributed)
-      if (!(node.mesh() == m)) throw_other_mesh(describe_node(node), node.mesh().describe(), m.describe());
+      if (!(node.mesh() == m)) throw_other_mesh("eval", "an operand " + describe_node(node), node.mesh().describe(), m.describe());
   } else {
     std::apply([&](const auto&... c) { (check_one_mesh(c, m), ...); }, node.children());
   }
@@ -28317,8 +28321,12 @@ struct spatial_cut {
   template <class Mesh>
   [[nodiscard]] window_geometry local(const Mesh& m, std::size_t p, const shape_t<4>& block) const {
     const std::size_t ch = coord(m, p, 0), cw = coord(m, p, 1);
-    return {block[0], block[1], block[2], block[3], dims[0].kernel, dims[0].stride, dims[0].pad_before(ch),
-            dims[1].pad_before(cw), dims[0].out(ch).size(), dims[1].out(cw).size()};
+    // a whole dim's block is the whole image along it, padded as the image is (pad_before counts
+    // from the rows a split dim's windows read, none when they all fall in the padding)
+    const std::size_t pad_h = split[0] ? dims[0].pad_before(ch) : dims[0].padding;
+    const std::size_t pad_w = split[1] ? dims[1].pad_before(cw) : dims[1].padding;
+    return {block[0], block[1], block[2], block[3], dims[0].kernel, dims[0].stride, pad_h, pad_w, dims[0].out(ch).size(),
+            dims[1].out(cw).size()};
   }
   /// @brief The window geometry of place p over the block its shard (of shape `shard`) widens to.
   template <class Mesh>
@@ -28584,6 +28592,8 @@ auto distributed_conv2d(const var<dtensor<T, 4, Mesh, LX>>& x, const var<dtensor
   const auto& wv = weight.value();
   const auto& bv = bias.value();
   const Mesh& m = xv.mesh();
+  if (!(wv.mesh() == m)) detail::throw_other_mesh("conv2d", "the weight " + wv.describe(), wv.mesh().describe(), m.describe(), "the input's");
+  if (!(bv.mesh() == m)) detail::throw_other_mesh("conv2d", "the bias " + bv.describe(), bv.mesh().describe(), m.describe(), "the input's");
   const std::string layouts = " (layouts " + layout_name<LX>() + ", " + layout_name<LW>() + ", " + layout_name<LB>() + ")";
   detail::check_conv_shapes(xv.shape(), wv.shape(), bv.shape(), layouts);
   const detail::window_geometry whole = detail::window_of("conv2d", xv.shape(), wv.shape()[2], o, layouts);
@@ -74604,13 +74614,17 @@ const typename Node::mesh_type* find_mesh(const Node& node) {
   }
 }
 
-/// @brief The error of check_one_mesh.
-[[noreturn]] PDO_NOINLINE inline void throw_other_mesh(const std::string& operand, const std::string& its_mesh, const std::string& mesh) {
+/// @brief The error of an operation `op` whose `operand` lives on `its_mesh`, not on `mesh`, that
+/// of its `first` operand (check_one_mesh's, conv2d's).
+[[noreturn]] PDO_NOINLINE inline void throw_other_mesh(std::string_view op, const std::string& operand, const std::string& its_mesh,
+                                                       const std::string& mesh,
+                                                       std::string_view first = "the expression's first dtensor") {
+  const std::string head = std::string(op) + ": " + operand + " lives on ";
   if (its_mesh == mesh)
-    throw layout_error("eval: an operand " + operand + " lives on another mesh than the expression's first dtensor, though both are " +
-                       mesh + " (each make_mesh call makes a mesh of its own); make the operands on one mesh");
-  throw layout_error("eval: an operand " + operand + " lives on " + its_mesh + ", another mesh than the expression's first dtensor (" +
-                     mesh + "); move it onto that mesh first: pdo::distribute<Layout>(mesh, pdo::gather(x))");
+    throw layout_error(head + "another mesh than " + std::string(first) + ", though both are " + mesh +
+                       " (each make_mesh call makes a mesh of its own); make the operands on one mesh");
+  throw layout_error(head + its_mesh + ", another mesh than " + std::string(first) + " (" + mesh +
+                     "); move it onto that mesh first: pdo::distribute<Layout>(mesh, pdo::gather(x))");
 }
 
 /// @brief Throws pdo::layout_error unless every dtensor of `node`'s subtree lives on `m`.
@@ -74618,7 +74632,7 @@ template <class Node, class Mesh>
 void check_one_mesh(const Node& node, const Mesh& m) {
   if constexpr (Node::is_leaf) {
     if constexpr (Node::distributed)
-      if (!(node.mesh() == m)) throw_other_mesh(describe_node(node), node.mesh().describe(), m.describe());
+      if (!(node.mesh() == m)) throw_other_mesh("eval", "an operand " + describe_node(node), node.mesh().describe(), m.describe());
   } else {
     std::apply([&](const auto&... c) { (check_one_mesh(c, m), ...); }, node.children());
   }
@@ -79400,8 +79414,12 @@ struct spatial_cut {
   template <class Mesh>
   [[nodiscard]] window_geometry local(const Mesh& m, std::size_t p, const shape_t<4>& block) const {
     const std::size_t ch = coord(m, p, 0), cw = coord(m, p, 1);
-    return {block[0], block[1], block[2], block[3], dims[0].kernel, dims[0].stride, dims[0].pad_before(ch),
-            dims[1].pad_before(cw), dims[0].out(ch).size(), dims[1].out(cw).size()};
+    // a whole dim's block is the whole image along it, padded as the image is (pad_before counts
+    // from the rows a split dim's windows read, none when they all fall in the padding)
+    const std::size_t pad_h = split[0] ? dims[0].pad_before(ch) : dims[0].padding;
+    const std::size_t pad_w = split[1] ? dims[1].pad_before(cw) : dims[1].padding;
+    return {block[0], block[1], block[2], block[3], dims[0].kernel, dims[0].stride, pad_h, pad_w, dims[0].out(ch).size(),
+            dims[1].out(cw).size()};
   }
   /// @brief The window geometry of place p over the block its shard (of shape `shard`) widens to.
   template <class Mesh>
@@ -79667,6 +79685,8 @@ auto distributed_conv2d(const var<dtensor<T, 4, Mesh, LX>>& x, const var<dtensor
   const auto& wv = weight.value();
   const auto& bv = bias.value();
   const Mesh& m = xv.mesh();
+  if (!(wv.mesh() == m)) detail::throw_other_mesh("conv2d", "the weight " + wv.describe(), wv.mesh().describe(), m.describe(), "the input's");
+  if (!(bv.mesh() == m)) detail::throw_other_mesh("conv2d", "the bias " + bv.describe(), bv.mesh().describe(), m.describe(), "the input's");
   const std::string layouts = " (layouts " + layout_name<LX>() + ", " + layout_name<LW>() + ", " + layout_name<LB>() + ")";
   detail::check_conv_shapes(xv.shape(), wv.shape(), bv.shape(), layouts);
   const detail::window_geometry whole = detail::window_of("conv2d", xv.shape(), wv.shape()[2], o, layouts);

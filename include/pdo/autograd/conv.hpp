@@ -315,8 +315,12 @@ struct spatial_cut {
   template <class Mesh>
   [[nodiscard]] window_geometry local(const Mesh& m, std::size_t p, const shape_t<4>& block) const {
     const std::size_t ch = coord(m, p, 0), cw = coord(m, p, 1);
-    return {block[0], block[1], block[2], block[3], dims[0].kernel, dims[0].stride, dims[0].pad_before(ch),
-            dims[1].pad_before(cw), dims[0].out(ch).size(), dims[1].out(cw).size()};
+    // a whole dim's block is the whole image along it, padded as the image is (pad_before counts
+    // from the rows a split dim's windows read, none when they all fall in the padding)
+    const std::size_t pad_h = split[0] ? dims[0].pad_before(ch) : dims[0].padding;
+    const std::size_t pad_w = split[1] ? dims[1].pad_before(cw) : dims[1].padding;
+    return {block[0], block[1], block[2], block[3], dims[0].kernel, dims[0].stride, pad_h, pad_w, dims[0].out(ch).size(),
+            dims[1].out(cw).size()};
   }
   /// @brief The window geometry of place p over the block its shard (of shape `shard`) widens to.
   template <class Mesh>
@@ -582,6 +586,8 @@ auto distributed_conv2d(const var<dtensor<T, 4, Mesh, LX>>& x, const var<dtensor
   const auto& wv = weight.value();
   const auto& bv = bias.value();
   const Mesh& m = xv.mesh();
+  if (!(wv.mesh() == m)) detail::throw_other_mesh("conv2d", "the weight " + wv.describe(), wv.mesh().describe(), m.describe(), "the input's");
+  if (!(bv.mesh() == m)) detail::throw_other_mesh("conv2d", "the bias " + bv.describe(), bv.mesh().describe(), m.describe(), "the input's");
   const std::string layouts = " (layouts " + layout_name<LX>() + ", " + layout_name<LW>() + ", " + layout_name<LB>() + ")";
   detail::check_conv_shapes(xv.shape(), wv.shape(), bv.shape(), layouts);
   const detail::window_geometry whole = detail::window_of("conv2d", xv.shape(), wv.shape()[2], o, layouts);

@@ -318,13 +318,17 @@ const typename Node::mesh_type* find_mesh(const Node& node) {
   }
 }
 
-/// @brief The error of check_one_mesh.
-[[noreturn]] PDO_NOINLINE inline void throw_other_mesh(const std::string& operand, const std::string& its_mesh, const std::string& mesh) {
+/// @brief The error of an operation `op` whose `operand` lives on `its_mesh`, not on `mesh`, that
+/// of its `first` operand (check_one_mesh's, conv2d's).
+[[noreturn]] PDO_NOINLINE inline void throw_other_mesh(std::string_view op, const std::string& operand, const std::string& its_mesh,
+                                                       const std::string& mesh,
+                                                       std::string_view first = "the expression's first dtensor") {
+  const std::string head = std::string(op) + ": " + operand + " lives on ";
   if (its_mesh == mesh)
-    throw layout_error("eval: an operand " + operand + " lives on another mesh than the expression's first dtensor, though both are " +
-                       mesh + " (each make_mesh call makes a mesh of its own); make the operands on one mesh");
-  throw layout_error("eval: an operand " + operand + " lives on " + its_mesh + ", another mesh than the expression's first dtensor (" +
-                     mesh + "); move it onto that mesh first: pdo::distribute<Layout>(mesh, pdo::gather(x))");
+    throw layout_error(head + "another mesh than " + std::string(first) + ", though both are " + mesh +
+                       " (each make_mesh call makes a mesh of its own); make the operands on one mesh");
+  throw layout_error(head + its_mesh + ", another mesh than " + std::string(first) + " (" + mesh +
+                     "); move it onto that mesh first: pdo::distribute<Layout>(mesh, pdo::gather(x))");
 }
 
 /// @brief Throws pdo::layout_error unless every dtensor of `node`'s subtree lives on `m`.
@@ -332,7 +336,7 @@ template <class Node, class Mesh>
 void check_one_mesh(const Node& node, const Mesh& m) {
   if constexpr (Node::is_leaf) {
     if constexpr (Node::distributed)
-      if (!(node.mesh() == m)) throw_other_mesh(describe_node(node), node.mesh().describe(), m.describe());
+      if (!(node.mesh() == m)) throw_other_mesh("eval", "an operand " + describe_node(node), node.mesh().describe(), m.describe());
   } else {
     std::apply([&](const auto&... c) { (check_one_mesh(c, m), ...); }, node.children());
   }
