@@ -323,7 +323,8 @@ TEST_CASE("a standalone redistribute runs a collective on the communication lane
   }
 }
 
-TEST_CASE("an evaluation whose result does not fit a place's memory is an out_of_memory naming the call, the op and the result",
+TEST_CASE("an evaluation whose result does not fit a place's memory is an out_of_memory naming the call, the op and the result; "
+          "a dtensor copy that does not fit names the copy and the dtensor",
           "[engine][memory]") {
   const auto mesh = pdo::make_mesh<"x">(pdo::cpu_places(2, 64 << 10));
   const auto a = pdo_test::random_tensor<double, 2>({200, 1}, 21), b = pdo_test::random_tensor<double, 2>({1, 200}, 22);
@@ -338,6 +339,18 @@ TEST_CASE("an evaluation whose result does not fit a place's memory is an out_of
   // nothing was queued: the mesh and the operands are as before
   CHECK(pdo_test::close(pdo::gather(pdo::eval(x * 2.0)), pdo::eval(a * 2.0), 0.0));
   CHECK_NOTHROW(pdo::wait_all());
+
+  // a copy of a dtensor that does not fit beside it (as pdo::parameter(d) makes) names the copy and the dtensor
+  const auto roomy = pdo::make_mesh<"x">(pdo::cpu_places(4, 1 << 20));
+  const auto big = pdo::distribute<pdo::layout<replicate, split<"x">>>(roomy, pdo::tensor<float, 2>({600, 1500}));  // 900 KB a place
+  CHECK_THROWS_AS([&] { const auto copy = big; }(), pdo::out_of_memory);
+  CHECK_THROWS_WITH([&] { const auto copy = big; }(),
+                    Catch::StartsWith("copy of dtensor f32[600, 1500]{replicate, split<x>} on mesh(x=4): out of memory on cpu:"));
+#if !defined(__SANITIZE_THREAD__) && !defined(__SANITIZE_ADDRESS__)  // (their allocators stop the program instead)
+  // so does a local evaluation whose result the system refuses (4 TiB)
+  const pdo::tensor<float, 2> u({std::size_t{1} << 20, 1}), v({1, std::size_t{1} << 20});
+  CHECK_THROWS_WITH(pdo::eval(u + v), Catch::StartsWith("eval of add: its result f32[1048576, 1048576]: out of memory on host"));
+#endif
 }
 
 TEST_CASE("a task that started before the trace did is left out, and so are the spans inside it", "[engine][trace]") {
