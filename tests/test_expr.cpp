@@ -417,7 +417,11 @@ TEST_CASE("eval_async queues work per place; errors surface at the wait", "[expr
   }();
   CHECK(close(pdo::gather(std::move(later).get()), pdo::eval(pdo::exp(h) * 0.5), 1e-15));
   // operands on two meshes of one type
-  CHECK_THROWS_WITH(pdo::eval(a + b), Catch::Contains("another mesh") && Catch::Contains("each make_mesh call makes a mesh of its own"));
+  CHECK_THROWS_WITH(pdo::eval(a + b), Catch::StartsWith("eval of add: an operand f64[") && Catch::Contains("another mesh") &&
+                                          Catch::Contains("each make_mesh call makes a mesh of its own"));
+  // of an op on vars: named by the op
+  CHECK_THROWS_WITH(pdo::cross_entropy(pdo::var(a), pdo::distribute<pdo::layout<split<"x">>>(two, pdo::tensor<int, 1>(pdo::shape_t<1>{6}))),
+                    Catch::StartsWith("eval of cross_entropy: an operand i32["));
   CHECK(after.ready());
   CHECK_THROWS_AS(failing.get(), pdo::shape_error);
   // a partial result that failed: gather names itself, then the sum it needed

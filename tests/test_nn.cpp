@@ -1113,6 +1113,18 @@ TEST_CASE("nn: clip_grad_norm over dtensor parameters counts every element once,
     for (std::size_t i = 0; i < g1.size(); ++i) CHECK(g1.data()[i] == Approx(W1.grad().data()[i]).epsilon(1e-12));
     for (std::size_t i = 0; i < g2.size(); ++i) CHECK(g2.data()[i] == Approx(W2.grad().data()[i]).epsilon(1e-12));
   }
+  // a 2-D mesh: blocks split along both axes (uneven), and blocks replicated along one axis
+  const double squared = norm * norm;  // (W1 and W2 were clipped above: norm is from before)
+  for (const auto& [a, b] : {std::pair<std::size_t, std::size_t>{2, 2}, {3, 1}, {1, 3}}) {
+    INFO(a << " x " << b << " places");
+    const auto m = pdo_test::grid_mesh(a, b);
+    auto dW1 = pdo::parameter(pdo::distribute<pdo::layout<pdo::split<"a">, pdo::split<"b">>>(m, w1));
+    auto dW2 = pdo::parameter(pdo::distribute<pdo::layout<pdo::replicate, pdo::split<"b">>>(m, w2));
+    pdo::backward(program(pdo::var(pdo::distribute<pdo::layout<pdo::replicate, pdo::replicate>>(m, x)), dW1, dW2));
+    const std::vector<pdo::nn::parameter_ref<double>> distributed{{"w1", dW1}, {"w2", dW2}};
+    CHECK(distributed[0].grad_squared_norm() + distributed[1].grad_squared_norm() == Approx(squared).epsilon(1e-12));
+    CHECK(pdo::nn::clip_grad_norm(distributed, max_norm) == Approx(norm).epsilon(1e-12));
+  }
 }
 
 TEST_CASE("nn: learning-rate schedules follow their formulas, and a trainer applies them step by step", "[nn]") {

@@ -8,6 +8,7 @@
 
 #include <pdo/comm/mpi/environment.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <vector>
@@ -112,6 +113,29 @@ TEST_CASE("MPI: a tensor-parallel model matches one place step by step", "[mpi][
     losses.push_back(pdo::gather(loss.value()).data()[0]);
   }
   check_losses(losses, reference);
+  // the last step's gradients: their squared norm (each element once, summed over the
+  // processes) is that of the gradients gathered as state; scattered back, they are unchanged
+  double gathered = 0, norms = 0;
+  for (const auto& p : pdo::nn::parameters_of<double>(model)) {
+    INFO(p.name() << ": " << p.shape_text());
+    std::vector<pdo::tensor<double, 1>> blocks;
+    for (const auto g : p.grad_blocks()) {
+      pdo::tensor<double, 1> b(pdo::shape_t<1>{g.size()});
+      std::copy(g.begin(), g.end(), b.data());
+      blocks.push_back(std::move(b));
+    }
+    const auto whole = p.gather_state(blocks);
+    REQUIRE(whole.size() == p.size_global());
+    for (std::size_t i = 0; i < whole.size(); ++i) gathered += whole.data()[i] * whole.data()[i];
+    norms += p.grad_squared_norm();
+    auto back = p.zero_state();
+    p.scatter_state(whole.data(), back);
+    REQUIRE(back.size() == blocks.size());
+    for (std::size_t k = 0; k < back.size(); ++k)
+      for (std::size_t i = 0; i < back[k].size(); ++i) CHECK(back[k].data()[i] == blocks[k].data()[i]);
+  }
+  CHECK(gathered > 0);
+  CHECK(norms == Approx(gathered).epsilon(1e-12));
 }
 
 TEST_CASE("MPI: a differentiable parallel_do (an MLP block over split rows, SGD on every replica) matches one place step by step",

@@ -224,6 +224,25 @@ void expressions(const std::vector<pdo::cuda_place>& gpus) {
     all.data()[grad.size()] = pdo::gather(loss.value())();
     return all;
   }, 1e-12);
+  same_on_both("the squared norms of gradients of parameters split by rows, replicated and local, and of their sum", gpus,
+               [&](const auto& m) {
+    auto rows = pdo::parameter(pdo::distribute<pdo::layout<split<"dp">, replicate>>(m, a));
+    auto whole = pdo::parameter(pdo::distribute<pdo::layout<replicate, replicate>>(m, b));
+    auto local = pdo::parameter(pdo::to_place(c, m.place(m.size() - 1)));
+    pdo::backward(pdo::sum(rows * rows));
+    pdo::backward(pdo::sum(whole * whole));
+    pdo::backward(pdo::sum(local * local));
+    const std::vector<pdo::nn::parameter_ref<float>> params{{"rows", rows}, {"whole", whole}, {"local", local}};
+    pdo::tensor<double, 1> norms({4});
+    for (std::size_t k = 0; k < 3; ++k) norms(k) = params[k].grad_squared_norm();
+    norms(3) = pdo::nn::grad_squared_norm(params);
+    // the gradient of sum(x * x) is 2x: its squared norm is 4 |x|^2, here added on the host
+    double expected = 0;
+    for (const auto* t : {&a, &b, &c})
+      for (std::size_t i = 0; i < t->size(); ++i) expected += 4.0 * t->data()[i] * t->data()[i];
+    check(std::abs(norms(3) - expected) <= 1e-9 * expected, "grad_squared_norm of split, replicated and local parameters on " + m.describe());
+    return norms;
+  }, 1e-12);
   same_on_both("redistribute split rows -> split columns (all_to_all)", gpus, [&](const auto& m) {
     const auto x = pdo::distribute<pdo::layout<split<"dp">, replicate>>(m, a);
     return pdo::gather(pdo::redistribute<pdo::layout<replicate, split<"dp">>>(x));

@@ -255,13 +255,14 @@ auto queue_evaluation(Expr&& expr, bool caller_waits) {
   using T = typename node_t::value_type;
   using mesh_t = typename node_t::mesh_type;
   using result_t = dtensor<T, node_t::rank, mesh_t, result_layout_t<node_t>>;
-  check_not_nested(caller_waits ? "eval" : "eval_async");
+  const char* const caller = caller_waits ? "eval" : "eval_async";
+  check_not_nested(caller);
   node_t node = as_expression(std::forward<Expr>(expr));
   const mesh_t& m = *find_mesh(node);
-  check_one_mesh(node, m);
+  check_one_mesh(node, m, caller, node_t::name);
   mesh_comms& comms = comms_of(m);  // built by every process, those without places too
   const auto global = node.shape();
-  auto shards = result_shards<T>(m, node_t::rule.out, global, node_t::name, caller_waits ? "eval" : "eval_async");
+  auto shards = result_shards<T>(m, node_t::rule.out, global, node_t::name, caller);
   auto state = make_owned<queued_evaluation, evaluation<node_t, result_t>>(std::move(node), result_t(m, global, std::move(shards)), comms);
   if constexpr (node_t::is_leaf) {
     queue_copy(state, caller_waits);

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <pdo/exec/run_on_places.hpp>
+#include <pdo/kernels/reduce.hpp>
 #include <pdo/layout/layout_check.hpp>
 #include <pdo/tensor/redistribute.hpp>
 
@@ -21,6 +22,27 @@ access reading(const tensor<T, Rank>& shard) {
   access a;
   a.reads.push_back(storage_key(shard));
   return a;
+}
+}  // namespace detail
+
+namespace detail {
+/// @brief The shards of `host` cut over `m` as `v`, one for each place of this process, in
+/// its memory (see pdo::distribute; one function for every layout of a mesh, element type
+/// and rank).
+template <class T, std::size_t Rank, class Mesh>
+PDO_NOINLINE std::vector<tensor<T, Rank>> distribute_shards(const Mesh& m, const layout_value& v, const tensor<T, Rank>& host) {
+  std::vector<tensor<T, Rank>> shards(m.local_places().size());
+  const auto failure = try_run_on_places(
+      m,
+      [&](std::size_t p, std::size_t k) {
+        if (m.is_multiprocess()) check_same_host_shapes(m, p, host.shape());
+        shards[k] = shard_of(m, v, host, p);
+      },
+      true, "distribute", "copy");
+  if (failure)
+    failure->error.rethrow_with_context("distribute to " + describe_dtensor<T>(m, v, host.shape()) + ": on place " +
+                                        m.place(failure->place).name() + ": ");
+  return shards;
 }
 }  // namespace detail
 
@@ -45,16 +67,7 @@ auto distribute(const Mesh& m, const tensor<T, Rank>& host) {
     // the layout's error was given: nothing more after it
     return detail::unformed_result<detail::replicated_dtensor_t<T, Rank, Mesh>>();
   } else {
-    const auto& local = m.local_places();
-    std::vector<tensor<T, Rank>> shards(local.size());
-    detail::run_on_places(
-        "distribute", m,
-        [&](std::size_t p, std::size_t k) {
-          if (m.is_multiprocess()) detail::check_same_host_shapes(m, p, "distribute", host.shape());
-          shards[k] = detail::shard_of<Layout>(m, host, p);
-        },
-        "copy");
-    return dtensor<T, Rank, Mesh, Layout>(m, host.shape(), std::move(shards));
+    return dtensor<T, Rank, Mesh, Layout>(m, host.shape(), detail::distribute_shards(m, detail::value_of<Layout>(), host));
   }
 }
 
@@ -134,54 +147,110 @@ decltype(auto) with_sums_done(const char* op, const dtensor<T, Rank, Mesh, Layou
   }
 }
 
-/// @brief The blocks of `x` (no partial axes) that places of this process hold, written
-/// into `out` (host memory, of x's global shape), each by a task of its place that reads
-/// the shard: after the work queued to write it (an eval_async's) has ended, and never from
-/// work that failed (its error is thrown, naming `op` and the place).
-template <class T, std::size_t Rank, class Mesh, class Layout>
-void write_local_blocks(const dtensor<T, Rank, Mesh, Layout>& x, tensor<T, Rank>& out, const char* op) {
-  const auto& m = x.mesh();
+/// @brief The blocks of the dtensor of `global` shape laid out over `m` as `v` (no partial
+/// axes) whose local shards are `shards`, that places of this process hold, written into `out`
+/// (host memory, of the global shape), each by a task of its place that reads the shard:
+/// after the work queued to write it (an eval_async's) has ended, and never from work that
+/// failed (its error is thrown, naming `op` and the place).
+template <class T, std::size_t Rank, class Mesh>
+void write_local_blocks(const Mesh& m, const layout_value& v, const shape_t<Rank>& global, const std::vector<tensor<T, Rank>>& shards,
+                        tensor<T, Rank>& out, const char* op) {
   const auto failure = try_run_on_places(
       m,
       [&](std::size_t p, std::size_t k) {
-        if (writes_block(m, value_of<Layout>(), p)) write_block(x.local_shards()[k], out, x.local_offset(p));
+        if (writes_block(m, v, p)) write_block(shards[k], out, shard_offset(m, v, global, p));
       },
-      false, op, "copy", [&](std::size_t, std::size_t k) { return reading(x.local_shards()[k]); });
-  if (failure) failure->error.rethrow_with_context(std::string(op) + ": " + x.describe() + ": on place " + m.place(failure->place).name() + ": ");
+      false, op, "copy", [&](std::size_t, std::size_t k) { return reading(shards[k]); });
+  if (failure)
+    failure->error.rethrow_with_context(std::string(op) + ": " + describe_dtensor<T>(m, v, global) + ": on place " +
+                                        m.place(failure->place).name() + ": ");
 }
 
-/// @brief The blocks of `x` (no partial axes) that places of other processes hold, into
-/// `out` (host memory): with `to_all`, each block is broadcast over the whole mesh and
-/// every process writes it; else each is sent to place `to`, whose process writes it. One
-/// block is in flight at a time, so no place holds more than one block beside its shard.
-template <class T, std::size_t Rank, class Mesh, class Layout>
-void move_remote_blocks(const dtensor<T, Rank, Mesh, Layout>& x, tensor<T, Rank>* out, std::size_t to, bool to_all, const char* op) {
-  const auto& m = x.mesh();
+/// @brief The blocks of that dtensor that places of other processes hold, into `out` (host
+/// memory): with `to_all`, each block is broadcast over the whole mesh and every process
+/// writes it; else each is sent to place `to`, whose process writes it. One block is in
+/// flight at a time, so no place holds more than one block beside its shard.
+template <class T, std::size_t Rank, class Mesh>
+void move_remote_blocks(const Mesh& m, const layout_value& v, const shape_t<Rank>& global, const std::vector<tensor<T, Rank>>& shards,
+                        tensor<T, Rank>* out, std::size_t to, bool to_all, const char* op) {
   const std::size_t first_local = m.local_places().front();
   run_on_places(op, m, [&](std::size_t p, std::size_t k) {
     const mesh_communicator comm = communicator_of(m, p);
     const int here = m.place(p).process();
     for (std::size_t q = 0; q < m.size(); ++q) {
-      if (!writes_block(m, value_of<Layout>(), q)) continue;
+      if (!writes_block(m, v, q)) continue;
       const bool remote = m.place(q).process() != here;
       if (to_all) {  // a collective: every place takes part
         tensor<T, Rank> received;
         // the root's buffer is only read by a broadcast
-        std::span<T> buffer = p == q ? std::span<T>(const_cast<T*>(x.local_shards()[k].data()), x.local_shards()[k].size())
-                                     : (received = tensor<T, Rank>(x.local_shape(q), m.place(p), uninitialized)).span();
+        std::span<T> buffer = p == q ? std::span<T>(const_cast<T*>(shards[k].data()), shards[k].size())
+                                     : (received = tensor<T, Rank>(shard_shape(m, v, global, q), m.place(p), uninitialized)).span();
         comm.broadcast(buffer, q);
-        if (p == first_local && remote) write_block(received, *out, x.local_offset(q));
+        if (p == first_local && remote) write_block(received, *out, shard_offset(m, v, global, q));
       } else if (m.place(q).process() != m.place(to).process()) {
         if (p == q) {
-          comm.send(std::span<const T>(x.local_shards()[k].span()), to, 0);
+          comm.send(std::span<const T>(shards[k].span()), to, 0);
         } else if (p == to) {
-          tensor<T, Rank> received(x.local_shape(q), m.place(p), uninitialized);
+          tensor<T, Rank> received(shard_shape(m, v, global, q), m.place(p), uninitialized);
           comm.recv(received.span(), q, 0);
-          write_block(received, *out, x.local_offset(q));
+          write_block(received, *out, shard_offset(m, v, global, q));
         }
       }
     }
   });
+}
+
+/// @brief The value of the dtensor of `global` shape laid out over `m` as `v` (no partial
+/// axes) whose local shards are `shards`, as one host tensor, on every process (see
+/// pdo::gather; `op` names it in errors). One function for every layout of a mesh, element
+/// type and rank.
+template <class T, std::size_t Rank, class Mesh>
+PDO_NOINLINE tensor<T, Rank> gather_blocks(const Mesh& m, const layout_value& v, const shape_t<Rank>& global,
+                                           const std::vector<tensor<T, Rank>>& shards, const char* op) {
+  auto out = tensor<T, Rank>::on_host(global);
+  write_local_blocks(m, v, global, shards, out, op);
+  if (m.is_multiprocess()) move_remote_blocks(m, v, global, shards, &out, 0, true, op);
+  return out;
+}
+
+/// @brief The same value on the process of place `to` only (see pdo::gather_to).
+template <class T, std::size_t Rank, class Mesh>
+PDO_NOINLINE std::optional<tensor<T, Rank>> gather_blocks_to(const Mesh& m, const layout_value& v, const shape_t<Rank>& global,
+                                                             const std::vector<tensor<T, Rank>>& shards, std::size_t to) {
+  const auto& local = m.local_places();
+  if (local.empty()) return std::nullopt;
+  std::optional<tensor<T, Rank>> out;
+  if (m.place(local.front()).process() == m.place(to).process()) {
+    out.emplace(tensor<T, Rank>::on_host(global));
+    write_local_blocks(m, v, global, shards, *out, "gather_to");
+  }
+  if (m.is_multiprocess()) move_remote_blocks(m, v, global, shards, out ? &*out : nullptr, to, false, "gather_to");
+  return out;
+}
+
+/// @brief The sum of the squares of the elements of a tensor of `global` shape laid out over
+/// `m` as `v` (no partial axes), whose shards in this process are `shards`: each element counted
+/// once (a block replicated along an axis, on the places at coordinate 0 of it), added in
+/// double, on every process. A collective of the mesh's places; a failure is an error of `op`.
+/// One function for every layout of a mesh, element type and rank.
+template <class T, std::size_t Rank, class Mesh>
+PDO_NOINLINE double sum_of_squares(const Mesh& m, const layout_value& v, const shape_t<Rank>& global,
+                                   const std::vector<tensor<T, Rank>>& shards, const char* op) {
+  check_not_nested(op);
+  check_holds_places(m, op);
+  std::vector<double> sums(shards.size());
+  const auto failure = try_run_on_places(
+      m,
+      [&](std::size_t p, std::size_t k) {
+        double sum = writes_block(m, v, p) ? sum_of_squares(shards[k].where(), shards[k].data(), shards[k].size()) : 0.0;
+        host_communicator_of(m, p).all_reduce(std::span<double>(&sum, 1));
+        sums[k] = sum;
+      },
+      true, op, "collective", [&](std::size_t, std::size_t k) { return reading(shards[k]); });
+  if (failure)
+    failure->error.rethrow_with_context(std::string(op) + ": " + describe_dtensor<T>(m, v, global) + ": on place " +
+                                        m.place(failure->place).name() + ": ");
+  return sums.front();
 }
 
 }  // namespace detail
@@ -204,11 +273,8 @@ tensor<T, Rank> gather(const dtensor<T, Rank, Mesh, Layout>& x) {
   detail::check_not_nested("gather");
   const Mesh& m = x.mesh();
   detail::check_holds_places(m, "gather");  // (every process builds the mesh's communicators, those without places too)
-  return detail::with_sums_done("gather", x, [&](const auto& whole) {
-    auto out = tensor<T, Rank>::on_host(x.shape());
-    detail::write_local_blocks(whole, out, "gather");
-    if (m.is_multiprocess()) detail::move_remote_blocks(whole, &out, 0, true, "gather");
-    return out;
+  return detail::with_sums_done("gather", x, [](const auto& whole) {
+    return detail::gather_blocks(whole.mesh(), whole.layout_value, whole.shape(), whole.local_shards(), "gather");
   });
 }
 
@@ -226,19 +292,9 @@ std::optional<tensor<T, Rank>> gather_to(const dtensor<T, Rank, Mesh, Layout>& x
     if (m.place(q).process() == root) to = q;
   if (to == m.size())
     throw layout_error("gather_to: " + x.describe() + ": process " + std::to_string(root) + " holds no place of the mesh");
-  const auto& local = m.local_places();
-  return detail::with_sums_done("gather_to", x, [&](const auto& whole) -> std::optional<tensor<T, Rank>> {
-    if (local.empty()) return std::nullopt;
-    const bool is_root = m.place(local.front()).process() == root;
-    std::optional<tensor<T, Rank>> out;
-    if (is_root) {
-      out.emplace(tensor<T, Rank>::on_host(x.shape()));
-      detail::write_local_blocks(whole, *out, "gather_to");
-    }
-    if (m.is_multiprocess()) detail::move_remote_blocks(whole, out ? &*out : nullptr, to, false, "gather_to");
-    return out;
+  return detail::with_sums_done("gather_to", x, [to](const auto& whole) {
+    return detail::gather_blocks_to(whole.mesh(), whole.layout_value, whole.shape(), whole.local_shards(), to);
   });
 }
-
 
 }  // namespace pdo

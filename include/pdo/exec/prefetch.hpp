@@ -119,7 +119,7 @@ auto prefetch(const Mesh& m, tensor<T, Rank> host) {
     auto batch = detail::submit_on_places(
         m,
         [s, m, multiprocess](std::size_t p, std::size_t k) {
-          if (multiprocess) detail::check_same_host_shapes(m, p, "prefetch", s->host.shape());
+          if (multiprocess) detail::check_same_host_shapes(m, p, s->host.shape());
           s->shards[k] = detail::shard_of<Layout>(m, s->host, p);
         },
         detail::batch_options{"prefetch", "copy", multiprocess, false, lane_kind::copy},

@@ -331,14 +331,17 @@ const typename Node::mesh_type* find_mesh(const Node& node) {
                      "); move it onto that mesh first: pdo::distribute<Layout>(mesh, pdo::gather(x))");
 }
 
-/// @brief Throws pdo::layout_error unless every dtensor of `node`'s subtree lives on `m`.
+/// @brief Throws pdo::layout_error unless every dtensor of `node`'s subtree lives on `m`: an
+/// error of `caller` ("eval", "eval_async") of `op` (the op of the expression's root).
 template <class Node, class Mesh>
-void check_one_mesh(const Node& node, const Mesh& m) {
+void check_one_mesh(const Node& node, const Mesh& m, const char* caller, std::string_view op) {
   if constexpr (Node::is_leaf) {
     if constexpr (Node::distributed)
-      if (!(node.mesh() == m)) throw_other_mesh("eval", "an operand " + describe_node(node), node.mesh().describe(), m.describe());
+      if (!(node.mesh() == m))
+        throw_other_mesh(std::string(caller) + " of " + std::string(op), "an operand " + describe_node(node), node.mesh().describe(),
+                         m.describe());
   } else {
-    std::apply([&](const auto&... c) { (check_one_mesh(c, m), ...); }, node.children());
+    std::apply([&](const auto&... c) { (check_one_mesh(c, m, caller, op), ...); }, node.children());
   }
 }
 

@@ -41,6 +41,16 @@ struct read_at {
   PDO_HD A operator()(std::size_t i) const { return static_cast<A>(in[i]); }
 };
 
+/// @brief The square of element i of `in`, in double (what a norm adds).
+template <class T>
+struct squared_at {
+  const T* in;
+  PDO_HD double operator()(std::size_t i) const {
+    const double x = static_cast<double>(in[i]);
+    return x * x;
+  }
+};
+
 template <class T>
 struct max_of {
   PDO_HD T operator()(T a, T b) const { return nan_max(a, b); }
@@ -175,6 +185,19 @@ void reduce_all_into(place_system& system, const T* in, std::size_t n, reduction
       *out = what == reduction::mean ? scale_by<T, A>{A(1) / static_cast<A>(global_count)}(sum) : static_cast<T>(sum);
     }
   });
+}
+
+/// @brief The sum of the squares of the `n` elements at `in`, added in double, over data in the
+/// memory of `where` (a tensor's place; null: host memory), computed where that memory can be
+/// read (see for_each_index): one function for every shape and layout of element type T.
+template <class T>
+PDO_NOINLINE double sum_of_squares(place_state* where, const T* in, std::size_t n) {
+  if (n == 0) return 0;
+  if (on_gpu(where) && current_place() != where) return run_on_place(*where, [&] { return sum_of_squares(where, in, n); });
+  place_system system = current_place_system();
+  if (system.gpu != memory_of(where)) system = place_system{};
+  const thrust::counting_iterator<std::size_t> first(0), last(n);
+  return transform_reduce(system, first, last, squared_at<T>{in}, 0.0, thrust::plus<double>{});
 }
 
 }  // namespace pdo::detail

@@ -649,7 +649,7 @@ class data_parallel {
         auto inputs = s.inputs.shape();
         auto targets = s.targets.shape();
         inputs[0] = targets[0] = global_rows;
-        pdo::detail::check_same_host_shapes(mesh_, p, "data_parallel::step", inputs, targets);
+        pdo::detail::check_same_host_shapes(mesh_, p, inputs, targets);
       }
       replica& r = *replicas_[k];
       buckets_type& buckets = *r.buckets;

@@ -89,7 +89,7 @@ class parameter_ref {
   /// @brief A local parameter's gradient, zero-filled first if there is none (a place with
   /// no samples still takes part in the gradient all_reduce).
   [[nodiscard]] std::span<T> grad_or_zeros() const { return impl_->grad_or_zeros(); }
-  /// @brief The sum of the squares of the gradient's elements, over the whole parameter:
+  /// @brief The sum of the squares of the gradient's elements, added in double, over the whole parameter:
   /// a dtensor's over all its shards on every process, each element counted once whatever
   /// the layout (replicated blocks are not counted twice). 0 without a gradient. For a
   /// dtensor this is a collective: every process calls it.
@@ -250,7 +250,14 @@ class parameter_ref {
     double grad_squared_norm() override {
       if (!v.has_grad()) return 0;
       const auto& g = v.grad();
-      return static_cast<double>(detail::scalar_of(pdo::eval(pdo::sum(g * g))));
+      if constexpr (var<V>::distributed) {
+        // pending sums (a partial layout) added first: the squares are of the gradient's elements
+        return detail::with_sums_done("grad_squared_norm", g, [](const auto& whole) {
+          return detail::sum_of_squares(whole.mesh(), whole.layout_value, whole.shape(), whole.local_shards(), "grad_squared_norm");
+        });
+      } else {
+        return detail::sum_of_squares(g.where(), g.data(), g.size());
+      }
     }
     void zero_grad() override { v.zero_grad(); }
     void on_gradient(std::function<void()> f) override { v.on_gradient(std::move(f)); }
@@ -305,8 +312,9 @@ class parameter_ref {
           auto& shard = shards.emplace_back(x.local_shards()[k].template zeros_alike<T, var<V>::rank>(x.local_shards()[k].shape()));
           detail::copy_bytes(shard.where(), shard.data(), blocks[k].where(), blocks[k].data(), blocks[k].bytes());
         }
-        const V state(x.mesh(), x.shape(), std::move(shards));
-        const auto whole = pdo::gather(state);
+        tensor<T, var<V>::rank> whole;
+        if constexpr (V::layout_value.npartial != 0) whole = pdo::gather(V(x.mesh(), x.shape(), std::move(shards)));  // sums pending first
+        else whole = detail::gather_blocks(x.mesh(), V::layout_value, x.shape(), shards, "gather");
         detail::copy_elements(flat.data(), whole.data(), whole.size());
       } else {
         detail::copy_bytes(nullptr, flat.data(), blocks[0].where(), blocks[0].data(), blocks[0].bytes());
@@ -316,12 +324,11 @@ class parameter_ref {
     void scatter_state(const T* global, std::vector<tensor<T, 1>>& blocks, const std::string& name) override {
       check_blocks(blocks, name);
       if constexpr (var<V>::distributed) {
-        using L = typename V::layout_type;
         auto host = tensor<T, var<V>::rank>::on_host(v.shape());
         detail::copy_elements(host.data(), global, host.size());
-        const auto cut = pdo::distribute<L>(v.value().mesh(), host);
+        const auto cut = detail::distribute_shards(v.value().mesh(), V::layout_value, host);
         for (std::size_t k = 0; k < blocks.size(); ++k)
-          detail::copy_bytes(blocks[k].where(), blocks[k].data(), cut.local_shards()[k].where(), cut.local_shards()[k].data(), blocks[k].bytes());
+          detail::copy_bytes(blocks[k].where(), blocks[k].data(), cut[k].where(), cut[k].data(), blocks[k].bytes());
       } else {
         detail::copy_bytes(blocks[0].where(), blocks[0].data(), nullptr, global, blocks[0].bytes());
       }
@@ -340,9 +347,8 @@ class parameter_ref {
       auto host = tensor<T, r>::on_host(s);
       detail::copy_elements(host.data(), values, host.size());
       if constexpr (var<V>::distributed) {
-        using L = typename V::layout_type;
-        const auto cut = pdo::distribute<L>(v.value().mesh(), host);
-        for (auto&& [from, to] : detail::views::zip(cut.local_shards(), v.value().local_shards())) pdo::copy(from, to);
+        const auto cut = detail::distribute_shards(v.value().mesh(), V::layout_value, host);
+        for (auto&& [from, to] : detail::views::zip(cut, v.value().local_shards())) pdo::copy(from, to);
       } else {
         pdo::copy(host, v.value());
       }

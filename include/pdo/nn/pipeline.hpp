@@ -495,7 +495,7 @@ class pipeline {
     // its tasks queue their sends as the stages run: the places are held
     pdo::detail::run_holding_places("pipeline::step", mesh_, [&](std::size_t p, std::size_t k) {
       // over several processes each passes its own batch: they must agree before any stage runs
-      if (mesh_.is_multiprocess()) pdo::detail::check_same_host_shapes(mesh_, p, "pipeline::step", inputs.shape(), targets.shape());
+      if (mesh_.is_multiprocess()) pdo::detail::check_same_host_shapes(mesh_, p, inputs.shape(), targets.shape());
       place_state& st = *states_[k];
       with_stage(st.stage, [&]<std::size_t S>() { losses[k] = run_stage<S>(p, st, inputs, targets, rows, lr); });
     });

@@ -160,7 +160,7 @@ std::string redistribute_context(const dtensor<T, Rank, Mesh, Layout>& x, const 
 
 /// @brief The error of check_same_extents: `here` and `there` hold the shapes of the
 /// tensors one after another, `ranks[i]` extents each.
-[[noreturn]] PDO_NOINLINE inline void throw_different_host_shapes(const char* op, std::span<const std::size_t> ranks,
+[[noreturn]] PDO_NOINLINE inline void throw_different_host_shapes(std::span<const std::size_t> ranks,
                                                                  std::span<const std::size_t> here, std::span<const std::size_t> there,
                                                                  const std::string& place) {
   const auto shapes = [&](std::span<const std::size_t> extents) {
@@ -169,36 +169,36 @@ std::string redistribute_context(const dtensor<T, Rank, Mesh, Layout>& x, const 
       text += (i == 0 ? "" : " and ") + format_extents(extents.subspan(at, ranks[i]));
     return text;
   };
-  throw mismatch_error(std::string(op) + ": the processes passed host tensors of different shapes: " + shapes(here) + " here, " +
+  throw mismatch_error("the processes passed host tensors of different shapes: " + shapes(here) + " here, " +
                        shapes(there) + " on " + place + "; every process must pass the same " +
                        (ranks.size() == 1 ? "tensor" : "tensors"));
 }
 
-/// @brief Every process must pass `op` host tensors of the same shapes (`extents`: their
-/// shapes one after another, `ranks[i]` extents each): checked by place `p` with one small
-/// all_gather over every place of `m`, so a process that passed other shapes fails on all of
-/// them (pdo::mismatch_error, the error every member of a collective throws alike).
+/// @brief Every process must pass the operation host tensors of the same shapes (`extents`:
+/// their shapes one after another, `ranks[i]` extents each): checked by place `p` with one
+/// small all_gather over every place of `m`, so a process that passed other shapes fails on
+/// all of them (pdo::mismatch_error, the error every member of a collective throws alike; the
+/// operation's task names the operation and the place).
 template <class Mesh>
-void check_same_extents(const Mesh& m, std::size_t p, const char* op, std::span<const std::size_t> extents,
-                        std::span<const std::size_t> ranks) {
+void check_same_extents(const Mesh& m, std::size_t p, std::span<const std::size_t> extents, std::span<const std::size_t> ranks) {
   const std::size_t n = extents.size();
   std::vector<std::size_t> all(m.size() * n);
   host_communicator_of(m, p).all_gather(extents, std::span<std::size_t>(all));
   for (std::size_t q = 0; q < m.size(); ++q) {
     const std::span<const std::size_t> there(all.data() + q * n, n);
-    if (!std::equal(extents.begin(), extents.end(), there.begin())) throw_different_host_shapes(op, ranks, extents, there, m.place(q).name());
+    if (!std::equal(extents.begin(), extents.end(), there.begin())) throw_different_host_shapes(ranks, extents, there, m.place(q).name());
   }
 }
 
-/// @brief check_same_extents of the shapes of host tensors given to `op` (the data of
-/// distribute, or a trainer's batch: inputs and targets).
+/// @brief check_same_extents of the shapes of host tensors given to an operation (the data
+/// of distribute, or a trainer's batch: inputs and targets), from its task on place `p`.
 template <class Mesh, std::size_t... Rank>
-void check_same_host_shapes(const Mesh& m, std::size_t p, const char* op, const shape_t<Rank>&... shapes) {
+void check_same_host_shapes(const Mesh& m, std::size_t p, const shape_t<Rank>&... shapes) {
   std::array<std::size_t, (Rank + ... + 0)> extents{};
   const std::array<std::size_t, sizeof...(Rank)> ranks{Rank...};
   std::size_t at = 0;
   ((std::copy(shapes.begin(), shapes.end(), extents.begin() + static_cast<std::ptrdiff_t>(at)), at += Rank), ...);
-  check_same_extents(m, p, op, extents, ranks);
+  check_same_extents(m, p, extents, ranks);
 }
 
 }  // namespace detail
@@ -219,11 +219,11 @@ inline void reset_planned_collectives() {
 }
 
 namespace detail {
-/// @brief Place `p`'s shard of `host` laid out over `m` as `Layout`, in p's memory: its
-/// chunk of the split dims; for partial axes, the value at coordinate 0 and zeros elsewhere.
-template <layout_spec Layout, mesh_type Mesh, element T, std::size_t Rank>
-tensor<T, Rank> shard_of(const Mesh& m, const tensor<T, Rank>& host, std::size_t p) {
-  constexpr layout_value v = value_of<Layout>();
+/// @brief Place `p`'s shard of `host` laid out over `m` as `v`, in p's memory: its chunk of
+/// the split dims; for partial axes, the value at coordinate 0 and zeros elsewhere (one
+/// function for every layout of a mesh, element type and rank).
+template <class T, std::size_t Rank, class Mesh>
+PDO_NOINLINE tensor<T, Rank> shard_of(const Mesh& m, const layout_value& v, const tensor<T, Rank>& host, std::size_t p) {
   const auto shape = shard_shape(m, v, host.shape(), p);
   tensor<T, Rank> shard(shape, m.place(p), uninitialized);
   if (!holds_partial_value(m, v, p)) {
@@ -236,6 +236,11 @@ tensor<T, Rank> shard_of(const Mesh& m, const tensor<T, Rank>& host, std::size_t
     copy_block(host.data(), host.shape(), shard_offset(m, v, host.shape(), p), shape, shard.data());
   }
   return shard;
+}
+/// @brief Place `p`'s shard of `host` laid out over `m` as `Layout`.
+template <layout_spec Layout, mesh_type Mesh, element T, std::size_t Rank>
+tensor<T, Rank> shard_of(const Mesh& m, const tensor<T, Rank>& host, std::size_t p) {
+  return shard_of(m, value_of<Layout>(), host, p);
 }
 }  // namespace detail
 
