@@ -18,9 +18,10 @@ function(pdo_use_openmp target with_openmp)
     # use, and spends half of clang's time on a program of pdo (examples/tensor_parallel.cpp:
     # 63 s with it, 32 s without; test_io: 340 s, 125 s): a program that links pdo is compiled
     # without it, unless the program's target sets PDO_CLANG_OPENMP_OPT (its own OpenMP
-    # offloading, say).
+    # offloading, say). Spelt through -Xclang: given as `-mllvm -openmp-opt-disable`, ccache
+    # preprocesses with the -mllvm and without its value, fails, and caches nothing.
     target_compile_options(${target} INTERFACE
-      "$<$<AND:$<COMPILE_LANG_AND_ID:CXX,Clang>,$<VERSION_GREATER_EQUAL:$<CXX_COMPILER_VERSION>,12>,$<NOT:$<BOOL:$<TARGET_PROPERTY:PDO_CLANG_OPENMP_OPT>>>>:SHELL:-mllvm -openmp-opt-disable>")
+      "$<$<AND:$<COMPILE_LANG_AND_ID:CXX,Clang>,$<VERSION_GREATER_EQUAL:$<CXX_COMPILER_VERSION>,12>,$<NOT:$<BOOL:$<TARGET_PROPERTY:PDO_CLANG_OPENMP_OPT>>>>:SHELL:-Xclang -mllvm -Xclang -openmp-opt-disable>")
   else()
     target_compile_options(${target} INTERFACE $<$<COMPILE_LANG_AND_ID:CXX,GNU,Clang>:-fopenmp-simd>
                                                $<$<COMPILE_LANG_AND_ID:CUDA,NVIDIA>:-Xcompiler=-fopenmp-simd>)
