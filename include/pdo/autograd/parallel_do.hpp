@@ -128,7 +128,7 @@ auto kept_operand(const Arg& arg) {
 template <class Arg>
 void add_input(const Arg& arg, std::vector<std::shared_ptr<grad_node>>& inputs) {
   if constexpr (is_distributed_var_v<Arg>)
-    if (arg.requires_grad()) inputs.push_back(arg.node());
+    if (arg.requires_grad()) inputs.push_back(arg.graph_node());
 }
 
 /// @brief Adds to `inputs` (once each: `seen` holds the nodes met so far, over every place's
@@ -248,9 +248,9 @@ auto parallel_do(Block&& block, const Args&... args) {
     std::unordered_set<const detail::grad_node*> seen;
     for (const auto& n : inputs) seen.insert(n.get());
     for (const auto& t : *tapes)
-      if (t->out.requires_grad()) detail::add_captured(t->out.node(), first, inputs, seen);
-    auto node = detail::make_owned<detail::grad_node, detail::value_node<merged_t>>(std::move(merged), std::move(inputs));
-    node->backward = [tapes, m, first, operands = std::make_tuple(detail::kept_operand(args)...)](detail::value_node<merged_t>& self) {
+      if (t->out.requires_grad()) detail::add_captured(t->out.graph_node(), first, inputs, seen);
+    var<merged_t> out(new detail::value_node<merged_t>(std::move(merged), std::move(inputs)), true);
+    out.node()->backward = [tapes, m, first, operands = std::make_tuple(detail::kept_operand(args)...)](detail::value_node<merged_t>& self) {
       const detail::grad_t<merged_t>& g = *self.grad;
       // every place's backward at once, from its part of the output's gradient; the places
       // along an axis the output is replicated on computed one value n times, and share its
@@ -265,7 +265,7 @@ auto parallel_do(Block&& block, const Args&... args) {
       detail::merge_operand_gradients(m, *tapes, operands, std::index_sequence_for<Args...>{});
       for (auto& t : *tapes) t.reset();  // the places' graphs are spent
     };
-    return var<merged_t>(std::move(node), true);
+    return out;
   }
 }
 

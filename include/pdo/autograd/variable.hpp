@@ -187,12 +187,12 @@ class var {
   var() = default;
   /// @brief A leaf: a constant, or (with `requires_grad`) a value to differentiate with respect to.
   explicit var(V value, bool requires_grad = false)
-      : node_(detail::make_owned<detail::grad_node, detail::value_node<V>>(std::move(value), std::vector<std::shared_ptr<detail::grad_node>>{})),
-        requires_grad_(requires_grad) {
+      : var(new detail::value_node<V>(std::move(value), std::vector<std::shared_ptr<detail::grad_node>>{}), requires_grad) {
     node_->leaf = true;
   }
-  /// @brief An op's result, recorded with the nodes it was computed from.
-  var(std::shared_ptr<detail::value_node<V>> node, bool requires_grad) : node_(std::move(node)), requires_grad_(requires_grad) {}
+  /// @brief An op's result, recorded with the nodes it was computed from: takes over `made`
+  /// (a new node).
+  var(detail::value_node<V>* made, bool requires_grad) : node_(detail::own_as<detail::grad_node>(made)), requires_grad_(requires_grad) {}
 
   /// @brief The value (pdo::error on an empty var: default-constructed, or moved from).
   [[nodiscard]] const V& value() const { return held().value; }
@@ -211,7 +211,7 @@ class var {
     if (!held().grad)
       throw error("var::grad: no gradient: " + std::string(requires_grad_ ? "backward has not reached this value"
                                                                           : "the value does not require a gradient"));
-    return *node_->grad;
+    return *node()->grad;
   }
   /// @brief The gradient, writable; pdo::error when there is none (see the const overload).
   [[nodiscard]] detail::grad_t<V>& grad() { return const_cast<detail::grad_t<V>&>(std::as_const(*this).grad()); }
@@ -220,15 +220,20 @@ class var {
   /// @brief Calls `f()` during backward once this leaf's gradient is complete.
   void on_gradient(std::function<void()> f) { held().on_gradient = std::move(f); }
 
-  /// @brief The recorded graph node shared by copies of this var: its value, gradient and backward function.
-  [[nodiscard]] const std::shared_ptr<detail::value_node<V>>& node() const { return node_; }
+  /// @brief The recorded graph node shared by copies of this var: its value, gradient and
+  /// backward function (null for an empty var).
+  [[nodiscard]] detail::value_node<V>* node() const { return static_cast<detail::value_node<V>*>(node_.get()); }
+  /// @brief The same node, as the graph holds it (an op's result holds its operands' nodes).
+  [[nodiscard]] const std::shared_ptr<detail::grad_node>& graph_node() const { return node_; }
 
  private:
   detail::value_node<V>& held() const {
     if (!node_) throw error("var: this var is empty (default-constructed, or moved from); assign it a value, a parameter or an op's result first");
-    return *node_;
+    return *node();
   }
-  std::shared_ptr<detail::value_node<V>> node_;
+  /// @brief A detail::value_node<V> (a handle of one type for every V: a shared_ptr to each
+  /// node type would compile a dozen functions for each value type).
+  std::shared_ptr<detail::grad_node> node_;
   bool requires_grad_ = false;
 };
 
@@ -291,13 +296,13 @@ var<V> record(V value, Backward backward, const Operands&... operands) {
   std::vector<std::shared_ptr<grad_node>> inputs;
   (
       [&] {
-        if (operands.requires_grad()) inputs.push_back(operands.node());
+        if (operands.requires_grad()) inputs.push_back(operands.graph_node());
       }(),
       ...);
   if (inputs.empty()) return var<V>(std::move(value));
-  auto node = make_owned<grad_node, value_node<V>>(std::move(value), std::move(inputs));
-  node->backward = std::move(backward);
-  return var<V>(std::move(node), true);
+  var<V> out(new value_node<V>(std::move(value), std::move(inputs)), true);
+  out.node()->backward = std::move(backward);
+  return out;
 }
 
 /// @brief Adds the gradient expression `g` (evaluated into A's type) to `a`'s gradient, if `a` needs one.
@@ -388,9 +393,9 @@ void backward_within(const var<V>& out, grad_t<V> seed, std::uint64_t first) {
   if (seed.shape() != out.shape())
     throw shape_error("backward: the seed gradient " + format_extents(seed.shape()) + " does not have the shape of the value " +
                       format_extents(out.shape()) + " it is the gradient of");
-  backward_pass pass = plan_backward(out.node().get(), first);
+  backward_pass pass = plan_backward(out.node(), first);
   out.node()->accumulate(std::move(seed));
-  run_backward(pass, out.node().get());
+  run_backward(pass, out.node());
 }
 
 }  // namespace detail

@@ -86,7 +86,7 @@ struct queued_evaluation {
   }
 
  protected:
-  // Not virtual: an evaluation is owned through make_owned, whose deleter destroys it as
+  // Not virtual: an evaluation is owned through own_as, whose deleter destroys it as
   // what it is (a virtual destructor would add a deleting one to every evaluation's code).
   ~queued_evaluation() = default;
   /// @brief Notes the mesh and its communicators, and room for the addresses written.
@@ -120,7 +120,7 @@ struct evaluation final : queued_evaluation {
   using mesh_t = typename Node::mesh_type;
   using run_t = plan_run<Node, mesh_context<mesh_t>>;
   evaluation(Node e, Result r, mesh_comms& c)
-      : expr(std::move(e)), result(std::move(r)), run_count(result.mesh().local_places().size()), runs(new run_t[run_count]) {
+      : expr(std::move(e)), result(std::move(r)), run_count(result.mesh().local_places().size()), runs(run_count) {
     start(result.mesh().state(), c, run_count * (run_t::nodes + 1));
     const auto& local = mesh->local;
     for (std::size_t k = 0; k < run_count; ++k) {
@@ -134,9 +134,8 @@ struct evaluation final : queued_evaluation {
   Node expr;
   Result result;
   std::size_t run_count;
-  /// @brief One run per local place, referring to expr and result (an array, not a vector:
-  /// a vector's dozen member functions would be compiled again for every expression type).
-  std::unique_ptr<run_t[]> runs;
+  /// @brief One run per local place, referring to expr and result.
+  owned_array<run_t> runs;
   [[nodiscard]] std::string what() const override { return describe_evaluation(Node::name, describe_node(expr)); }
 };
 
@@ -160,7 +159,7 @@ std::string step_detail(const Node& root, const Mesh& m) {
 /// @brief Queues step `S` of the plan of `state`'s expression on every place of its mesh in
 /// this process: a kernel on the compute lanes; a collective on the communication lanes.
 template <std::size_t S, class State>
-void queue_step(const std::shared_ptr<State>& state, bool caller_waits) {
+void queue_step(State* state, bool caller_waits) {
   using node_t = std::remove_cvref_t<decltype(state->expr)>;
   constexpr plan_step step = State::run_t::plan.steps[S];
   if constexpr (step.kind == plan_step_kind::kernel && step.fused) {
@@ -170,23 +169,23 @@ void queue_step(const std::shared_ptr<State>& state, bool caller_waits) {
                                 (step.kind == plan_step_kind::redistribute && communicates(step.move.kind));
     // plain functions of the evaluation: the tasks share the submission path of every operation
     state->queue(step.op.data(), collective, caller_waits,
-                 place_work{[](void* s, std::size_t, std::size_t k) { static_cast<State*>(s)->runs[k].template run_step<S>(); }, state.get()},
+                 place_work{[](void* s, std::size_t, std::size_t k) { static_cast<State*>(s)->runs[k].template run_step<S>(); }, state},
                  place_access{[](const void* s, std::size_t, std::size_t k) { return static_cast<const State*>(s)->runs[k].template uses<S>(); },
-                              state.get()},
+                              state},
                  place_detail{[](const void* s) {
                                 const auto& e = *static_cast<const State*>(s);
                                 return step_detail<node_t, S>(e.expr, e.result.mesh());
                               },
-                              state.get()});
+                              state});
   }
 }
 
 /// @brief Queues the copy that evaluates an expression that is a dtensor.
 template <class State>
-void queue_copy(const std::shared_ptr<State>& state, bool caller_waits) {
-  const place_work work{[](void* s, std::size_t, std::size_t k) { static_cast<State*>(s)->runs[k].copy_leaf(); }, state.get()};
+void queue_copy(State* state, bool caller_waits) {
+  const place_work work{[](void* s, std::size_t, std::size_t k) { static_cast<State*>(s)->runs[k].copy_leaf(); }, state};
   const place_access uses{[](const void* s, std::size_t, std::size_t k) { return static_cast<const State*>(s)->runs[k].copy_uses(); },
-                          state.get()};
+                          state};
   state->steps.push_back(submit_on_mesh(*state->mesh, *state->comms, work, nullptr,
                                         batch_options{.op = "copy",
                                                       .category = "copy",
@@ -244,6 +243,15 @@ inline std::vector<std::shared_ptr<const queued_evaluation>>& pending_evaluation
   return pending;
 }
 
+/// @brief A queued evaluation, shared by those who wait for it (owned as its base: a
+/// shared_ptr to each evaluation type would compile a dozen functions for each expression),
+/// and its result.
+template <class Result>
+struct queued_result {
+  std::shared_ptr<const queued_evaluation> state;
+  Result* result;
+};
+
 /// @brief Allocates the result's shards and queues the steps of the plan of `expr` on every
 /// place of its mesh in this process.
 template <class Policy, class Expr>
@@ -263,13 +271,15 @@ auto queue_evaluation(Expr&& expr, bool caller_waits) {
   mesh_comms& comms = comms_of(m);  // built by every process, those without places too
   const auto global = node.shape();
   auto shards = result_shards<T>(m, node_t::rule.out, global, node_t::name, caller);
-  auto state = make_owned<queued_evaluation, evaluation<node_t, result_t>>(std::move(node), result_t(m, global, std::move(shards)), comms);
+  using state_t = evaluation<node_t, result_t>;
+  auto* const state = new state_t(std::move(node), result_t(m, global, std::move(shards)), comms);
+  std::shared_ptr<const queued_evaluation> owner = own_as<queued_evaluation>(state);
   if constexpr (node_t::is_leaf) {
     queue_copy(state, caller_waits);
   } else {
     [&]<std::size_t... S>(std::index_sequence<S...>) { (queue_step<S>(state, caller_waits), ...); }(std::make_index_sequence<plan_of<node_t>().size>{});
   }
-  return state;
+  return queued_result<result_t>{std::move(owner), &state->result};
 }
 
 }  // namespace detail
@@ -348,9 +358,9 @@ auto eval_async(Expr&& expr) {
                   "pdo: eval_async: the expression has no dtensor operand; evaluate local tensors with pdo::eval");
     return 0;
   } else {
-    auto state = detail::queue_evaluation<Policy>(std::forward<Expr>(expr), false);
-    detail::pending_evaluations().push_back(state);
-    return async_result<std::remove_cvref_t<decltype(state->result)>>(state, &state->result);
+    auto queued = detail::queue_evaluation<Policy>(std::forward<Expr>(expr), false);
+    detail::pending_evaluations().push_back(queued.state);
+    return async_result<std::remove_cvref_t<decltype(*queued.result)>>(std::move(queued.state), queued.result);
   }
 }
 
@@ -386,9 +396,9 @@ auto eval(Expr&& expr) {
     // the operands' error was given where the expression was made: nothing more after it
     return detail::unformed_result<detail::unformed_value_t<node_t>>();
   } else if constexpr (node_t::distributed) {  // queue_evaluation checks the policy
-    const auto state = detail::queue_evaluation<Policy>(std::forward<Expr>(expr), true);
-    state->finish();
-    return std::move(state->result);
+    const auto queued = detail::queue_evaluation<Policy>(std::forward<Expr>(expr), true);
+    queued.state->finish();
+    return std::move(*queued.result);
   } else {
     detail::check_policy<Policy, node_t>();
     // not const: for a const variable nvcc's front end first tries constant initialization,

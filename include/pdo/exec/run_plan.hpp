@@ -261,7 +261,7 @@ class plan_run {
             } else if constexpr (in_slot<node_t, I>) {
               a.reads.push_back(&slots_[c]);
             } else {
-              add_leaf_read(std::get<I>(node.children()), a);
+              add_leaf_read(detail::operand<I>(node.children()), a);
             }
           }(),
           ...);
@@ -367,7 +367,7 @@ class kernel_context {
   template <std::size_t I>
   [[nodiscard]] auto operand() const {
     const node_type& node = node_numbered<N>(run_->root());
-    const auto& c = std::get<I>(node.children());
+    const auto& c = detail::operand<I>(node.children());
     using child_t = std::remove_cvref_t<decltype(c)>;
     block_view<typename child_t::value_type, child_t::rank> view;
     view.global = c.shape();

@@ -40,10 +40,10 @@ class cross_entropy_grad_node : public detail::op_node<Logits, Labels> {
   /// per row of logits.
   cross_entropy_grad_node(Logits logits, Labels labels, value_type scale)
       : detail::op_node<Logits, Labels>(std::move(logits), std::move(labels)), scale_(scale) {
-    shape_ = std::get<0>(this->children_).shape();
-    if (std::get<1>(this->children_).shape()[0] != shape_[0])
-      throw shape_error("cross_entropy backward: logits " + detail::describe_node(std::get<0>(this->children_)) + " and labels " +
-                        detail::describe_node(std::get<1>(this->children_)) + ": need one label per row of logits");
+    shape_ = detail::operand<0>(this->children_).shape();
+    if (detail::operand<1>(this->children_).shape()[0] != shape_[0])
+      throw shape_error("cross_entropy backward: logits " + detail::describe_node(detail::operand<0>(this->children_)) + " and labels " +
+                        detail::describe_node(detail::operand<1>(this->children_)) + ": need one label per row of logits");
   }
   /// @brief The logits' shape, [N, C].
   [[nodiscard]] const shape_t<2>& shape() const { return shape_; }

@@ -239,7 +239,7 @@ class elementwise_node : public detail::op_node<Children...> {
   explicit elementwise_node(Children... c) : detail::op_node<Children...>(std::move(c)...) {
     shape_.fill(1);
     bool ok = true;
-    std::apply([&](const auto&... child) { (broadcast_into(child, ok), ...); }, this->children_);
+    detail::apply_operands([&](const auto&... child) { (broadcast_into(child, ok), ...); }, this->children_);
     if (!ok) detail::throw_no_broadcast(name, operands_text());
     if constexpr (elementwise_node::distributed) check_split_broadcast(std::index_sequence_for<Children...>{});
   }
@@ -294,7 +294,7 @@ class elementwise_node : public detail::op_node<Children...> {
   }
 
   std::string operands_text() const {
-    return std::apply([&](const auto&... c) { return detail::join_operands({detail::describe_node(c)...}); }, this->children_);
+    return detail::apply_operands([&](const auto&... c) { return detail::join_operands({detail::describe_node(c)...}); }, this->children_);
   }
 
   /// @brief A dim of extent 1 that broadcasts cannot be split: its one element would sit on one place only.
@@ -307,12 +307,12 @@ class elementwise_node : public detail::op_node<Children...> {
       if (j < child_t::rank)
         detail::throw_split_broadcast(name, j, detail::describe_node(c), shape_[rank - child_t::rank + j], target.dim_axis[j]);
     };
-    (check(std::get<I>(this->children_), rule.operands[I]), ...);
+    (check(detail::operand<I>(this->children_), rule.operands[I]), ...);
   }
 
   template <std::size_t I, class Ctx, std::size_t Rank>
   auto child_reader(Ctx& ctx, detail::group_frame<Rank>& frame) const {
-    const auto& c = std::get<I>(this->children_);
+    const auto& c = detail::operand<I>(this->children_);
     using child_t = std::remove_cvref_t<decltype(c)>;
     if constexpr (child_t::is_scalar) {
       return detail::scalar_reader<value_type>{static_cast<value_type>(c.value)};

@@ -6,6 +6,7 @@
 #include <pdo/comm/mesh_comms.hpp>
 #include <pdo/core/config.hpp>
 #include <pdo/core/error.hpp>
+#include <pdo/core/owned.hpp>
 #include <pdo/core/shape.hpp>
 #include <pdo/kernels/place_system.hpp>
 #include <pdo/layout/propagation.hpp>
@@ -99,6 +100,36 @@ template <class First, class... Rest>
   requires(First::is_scalar && sizeof...(Rest) > 0 && ((!Rest::is_scalar) || ...))
 struct common_value<First, Rest...> : common_value<Rest...> {};
 
+/// @brief Operand `I` of an op node (see operands_of).
+template <std::size_t I, class Child>
+struct operand_slot {
+  Child value;
+};
+
+template <class Indices, class... Children>
+struct operands_of;
+/// @brief The operands of an op node, a member each. Not a std::tuple: a tuple compiles a
+/// dozen functions per operand (its recursive bases, std::get's and std::apply's helpers), and
+/// every expression type has a tuple of its own.
+template <std::size_t... I, class... Children>
+struct operands_of<std::index_sequence<I...>, Children...> : operand_slot<I, Children>... {
+  explicit operands_of(Children... c) : operand_slot<I, Children>{std::move(c)}... {}
+};
+template <class... Children>
+using operands = operands_of<std::index_sequence_for<Children...>, Children...>;
+
+/// @brief Operand `I` of `children` (an op node's `children()`).
+template <std::size_t I, class Child>
+const Child& operand(const operand_slot<I, Child>& children) {
+  return children.value;
+}
+
+/// @brief f(operands...) of `children` (an op node's `children()`).
+template <class F, std::size_t... I, class... Children>
+decltype(auto) apply_operands(F&& f, const operands_of<std::index_sequence<I...>, Children...>& children) {
+  return f(static_cast<const operand_slot<I, Children>&>(children).value...);
+}
+
 /// @brief What every op node has: its operands (`children()`), the mesh type they live
 /// on, and whether the op is distributed. Ops derive from it and add `value_type`,
 /// `rank`, `name`, `elementwise`, the planner's `rule`, `shape()` and `kernel(ctx, out)`.
@@ -109,17 +140,18 @@ class op_node {
  public:
   using expression_tag = void;
   using mesh_type = typename traits::mesh_type;
+  /// @brief The operands' types, as a list (std::tuple_element_t<I, children_type>), not storage.
   using children_type = std::tuple<Children...>;
   static constexpr bool distributed = traits::distributed, is_leaf = false, is_scalar = false;
   /// @brief Whether the operands of this op and of every op below it agree (one element
   /// type's mesh, no pdo::tensor beside a pdo::dtensor).
   static constexpr bool well_formed = traits::agree;
 
-  [[nodiscard]] const children_type& children() const { return children_; }
+  [[nodiscard]] const operands<Children...>& children() const { return children_; }
 
  protected:
   explicit op_node(Children... c) : children_(std::move(c)...) {}
-  children_type children_;
+  operands<Children...> children_;
 };
 
 template <class T, class... Children>
@@ -162,7 +194,7 @@ class tensor_leaf {
   /// @brief Refers to `t`, which must outlive every evaluation of the expression.
   explicit tensor_leaf(const tensor<T, Rank>& t) : t_(&t) {}
   /// @brief Takes `t` over; copies of this leaf share it.
-  explicit tensor_leaf(tensor<T, Rank>&& t) : owned_(std::make_shared<const tensor<T, Rank>>(std::move(t))), t_(owned_.get()) {}
+  explicit tensor_leaf(tensor<T, Rank>&& t) : owned_(detail::own_value(std::move(t))), t_(static_cast<const tensor<T, Rank>*>(owned_.get())) {}
 
   /// @brief The tensor's extents.
   [[nodiscard]] const shape_t<Rank>& shape() const { return t_->shape(); }
@@ -175,7 +207,7 @@ class tensor_leaf {
   }
 
  private:
-  std::shared_ptr<const tensor<T, Rank>> owned_;
+  std::shared_ptr<const void> owned_;  ///< the tensor, when this leaf owns it
   const tensor<T, Rank>* t_;
 };
 
@@ -214,9 +246,9 @@ class dtensor_leaf {
   /// @brief Refers to `t`, which must outlive every evaluation of the expression.
   explicit dtensor_leaf(const DTensor& t) : t_(&t) {}
   /// @brief Takes `t` over; copies of this leaf share it.
-  explicit dtensor_leaf(DTensor&& t) : owned_(std::make_shared<const DTensor>(std::move(t))), t_(owned_.get()) {}
+  explicit dtensor_leaf(DTensor&& t) : owned_(detail::own_value(std::move(t))), t_(static_cast<const DTensor*>(owned_.get())) {}
   /// @brief A dtensor kept alive by `t` (the result of an eval_async, say).
-  explicit dtensor_leaf(std::shared_ptr<const DTensor> t) : owned_(std::move(t)), t_(owned_.get()) {}
+  explicit dtensor_leaf(std::shared_ptr<const DTensor> t) : owned_(t), t_(t.get()) {}
 
   /// @brief The dtensor's global extents.
   [[nodiscard]] const shape_t<rank>& shape() const { return t_->shape(); }
@@ -231,7 +263,7 @@ class dtensor_leaf {
   }
 
  private:
-  std::shared_ptr<const DTensor> owned_;
+  std::shared_ptr<const void> owned_;  ///< the dtensor (or what keeps it alive), when this leaf owns it
   const DTensor* t_;
 };
 
@@ -305,7 +337,7 @@ const typename Node::mesh_type* find_mesh(const Node& node) {
     else return nullptr;
   } else {
     const typename Node::mesh_type* found = nullptr;
-    std::apply(
+    apply_operands(
         [&](const auto&... c) {
           (([&] {
              if constexpr (std::remove_cvref_t<decltype(c)>::distributed)
@@ -341,7 +373,7 @@ void check_one_mesh(const Node& node, const Mesh& m, const char* caller, std::st
         throw_other_mesh(std::string(caller) + " of " + std::string(op), "an operand " + describe_node(node), node.mesh().describe(),
                          m.describe());
   } else {
-    std::apply([&](const auto&... c) { (check_one_mesh(c, m, caller, op), ...); }, node.children());
+    apply_operands([&](const auto&... c) { (check_one_mesh(c, m, caller, op), ...); }, node.children());
   }
 }
 
@@ -351,7 +383,7 @@ void for_each_tensor_leaf(const Node& node, F&& f) {
   if constexpr (Node::is_leaf) {
     if constexpr (!Node::distributed && !Node::is_scalar) f(node);
   } else {
-    std::apply([&](const auto&... c) { (for_each_tensor_leaf(c, f), ...); }, node.children());
+    apply_operands([&](const auto&... c) { (for_each_tensor_leaf(c, f), ...); }, node.children());
   }
 }
 

@@ -76,14 +76,14 @@ class matmul_node : public detail::op_node<A, B> {
 
  private:
   void set_shape() {
-    const auto sa = std::get<0>(this->children_).shape();
-    const auto sb = std::get<1>(this->children_).shape();
+    const auto sa = detail::operand<0>(this->children_).shape();
+    const auto sb = detail::operand<1>(this->children_).shape();
     bool ok = sa[rank - 1] == sb[B::rank - 2];
     if constexpr (B::rank == rank)
       for (std::size_t d = 0; d + 2 < rank; ++d) ok = ok && sa[d] == sb[d];
     if (!ok)
-      throw shape_error("matmul: " + detail::describe_node(std::get<0>(this->children_)) + " by " +
-                        detail::describe_node(std::get<1>(this->children_)) +
+      throw shape_error("matmul: " + detail::describe_node(detail::operand<0>(this->children_)) + " by " +
+                        detail::describe_node(detail::operand<1>(this->children_)) +
                         ": a's last dim must equal b's second-to-last, and batch dims must agree");
     for (std::size_t d = 0; d + 1 < rank; ++d) shape_[d] = sa[d];
     shape_[rank - 1] = sb[B::rank - 1];
@@ -117,7 +117,7 @@ class matmul_node : public detail::op_node<A, B> {
   matrix_block matrix_of(Ctx& ctx) const {
     if constexpr (detail::fuses_child<matmul_node, I>) {
       const auto inner = ctx.template fused<I>();  // the transpose, run inside this kernel
-      const auto& leaf = std::get<0>(std::get<I>(this->children_).children());
+      const auto& leaf = detail::operand<0>(detail::operand<I>(this->children_).children());
       const auto& stored = inner.shard(leaf);
       const auto at = inner.local_offset(std::remove_cvref_t<decltype(leaf)>::rule.out, leaf.shape());
       return {{stored.data(), stored.shape()[1], true}, stored.shape()[1], stored.shape()[0], at[1], at[0]};

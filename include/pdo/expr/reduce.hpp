@@ -38,9 +38,9 @@ class reduce_node : public detail::op_node<C> {
 
   /// @brief pdo::shape_error for a max over no elements.
   explicit reduce_node(C c) : detail::op_node<C>(std::move(c)) {
-    const auto s = std::get<0>(this->children_).shape();
+    const auto s = detail::operand<0>(this->children_).shape();
     if (What == detail::reduction::max && (All ? detail::volume(s) : s[All ? 0 : Dim]) == 0)
-      throw shape_error("max: " + detail::describe_node(std::get<0>(this->children_)) + ": the maximum of no elements");
+      throw shape_error("max: " + detail::describe_node(detail::operand<0>(this->children_)) + ": the maximum of no elements");
     if constexpr (!All)
       for (std::size_t d = 0, o = 0; d < C::rank; ++d)
         if (d != Dim) shape_[o++] = s[d];

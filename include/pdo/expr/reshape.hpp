@@ -33,10 +33,10 @@ class reshape_node : public detail::op_node<C> {
   /// @brief pdo::shape_error unless `shape` has the operand's element count and keeps the dims up to its
   /// last split one.
   reshape_node(C c, const shape_t<Rank>& shape) : detail::op_node<C>(std::move(c)), shape_(shape) {
-    const auto s = std::get<0>(this->children_).shape();
+    const auto s = detail::operand<0>(this->children_).shape();
     const std::size_t from = detail::volume(s), to = detail::checked_volume(shape_, "reshape", sizeof(value_type));
     const auto context = [&] {
-      return "reshape: " + detail::describe_node(std::get<0>(this->children_)) + " to " + detail::format_extents(shape_) + ": ";
+      return "reshape: " + detail::describe_node(detail::operand<0>(this->children_)) + " to " + detail::format_extents(shape_) + ": ";
     };
     if (from != to)
       throw shape_error(context() + "the number of elements must stay the same (" + std::to_string(from) + " here, " + std::to_string(to) + " there)");
@@ -87,7 +87,7 @@ class unsqueeze_node : public detail::op_node<C> {
 
   /// @brief Takes the operand's shape with a 1 inserted at `Dim`.
   explicit unsqueeze_node(C c) : detail::op_node<C>(std::move(c)) {
-    const auto s = std::get<0>(this->children_).shape();
+    const auto s = detail::operand<0>(this->children_).shape();
     for (std::size_t d = 0, i = 0; d < rank; ++d) shape_[d] = d == Dim ? 1 : s[i++];
   }
   /// @brief The operand's shape with a dim of extent 1 at `Dim`.

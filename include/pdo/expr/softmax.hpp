@@ -37,7 +37,7 @@ class softmax_node : public detail::op_node<C> {
   /// @brief Wraps the operand; no check runs here (the dim and type are checked at compile time).
   explicit softmax_node(C c) : detail::op_node<C>(std::move(c)) {}
   /// @brief The operand's shape.
-  [[nodiscard]] shape_t<rank> shape() const { return std::get<0>(this->children_).shape(); }
+  [[nodiscard]] shape_t<rank> shape() const { return detail::operand<0>(this->children_).shape(); }
 
   /// @brief Writes the softmax (or log_softmax) along `Dim` of this place's block of the operand into `out`.
   template <class Ctx>
@@ -102,11 +102,11 @@ class cross_entropy_node : public detail::op_node<Logits, Labels> {
 
   /// @brief pdo::shape_error unless there is one label per row of logits and, for N > 0, at least one class.
   cross_entropy_node(Logits logits, Labels labels) : detail::op_node<Logits, Labels>(std::move(logits), std::move(labels)) {
-    const auto sl = std::get<0>(this->children_).shape();
-    const auto sb = std::get<1>(this->children_).shape();
+    const auto sl = detail::operand<0>(this->children_).shape();
+    const auto sb = detail::operand<1>(this->children_).shape();
     if (sl[0] != sb[0] || (sl[1] == 0 && sl[0] != 0))
-      throw shape_error("cross_entropy: logits " + detail::describe_node(std::get<0>(this->children_)) + " and labels " +
-                        detail::describe_node(std::get<1>(this->children_)) +
+      throw shape_error("cross_entropy: logits " + detail::describe_node(detail::operand<0>(this->children_)) + " and labels " +
+                        detail::describe_node(detail::operand<1>(this->children_)) +
                         ": need one label per row of logits and at least one class");
   }
   /// @brief The empty shape of rank 0.
@@ -125,7 +125,7 @@ class cross_entropy_node : public detail::op_node<Logits, Labels> {
     const std::size_t bad = thrust::transform_reduce(ctx.system, begin, end, detail::label_out_of_range<label_t>{first, classes},
                                                      std::size_t{0}, thrust::plus<std::size_t>{});
     if (bad != 0)
-      detail::throw_bad_labels("cross_entropy", ctx.system.gpu, first, rows, logits.offset[0], classes, bad, detail::describe_node(std::get<1>(this->children_)));
+      detail::throw_bad_labels("cross_entropy", ctx.system.gpu, first, rows, logits.offset[0], classes, bad, detail::describe_node(detail::operand<1>(this->children_)));
     // the sum of the rows' losses, then divided by the global row count, where the result lives
     detail::cross_entropy_sum_into(ctx.system, logits.data, first, rows, classes, out.data());
     thrust::for_each_n(ctx.system, begin, std::size_t{1}, detail::mean_of_sum<value_type>{out.data(), logits.global[0]});

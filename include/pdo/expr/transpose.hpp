@@ -44,7 +44,7 @@ class transpose_node : public detail::op_node<C> {
 
   /// @brief Takes the operand's shape with its last two extents swapped.
   explicit transpose_node(C c) : detail::op_node<C>(std::move(c)) {
-    shape_ = std::get<0>(this->children_).shape();
+    shape_ = detail::operand<0>(this->children_).shape();
     if constexpr (rank >= 2) std::swap(shape_[rank - 2], shape_[rank - 1]);
   }
   /// @brief The operand's shape with its last two extents swapped.

@@ -35,7 +35,7 @@ class parameter_ref {
  public:
   /// @brief Refers to `v` (a var of a tensor or dtensor of T) under `name`; `v`'s node is shared, not copied.
   template <class V>
-  parameter_ref(std::string name, var<V> v) : name_(std::move(name)), impl_(pdo::detail::make_owned<base, holder<V>>(std::move(v))) {}
+  parameter_ref(std::string name, var<V> v) : name_(std::move(name)), impl_(pdo::detail::own_as<base>(new holder<V>(std::move(v)))) {}
 
   /// @brief The parameter's name, prefixed as the model listed it ("0.weight").
   [[nodiscard]] const std::string& name() const { return name_; }
@@ -182,7 +182,7 @@ class parameter_ref {
   struct holder final : base {
     explicit holder(var<V> x) : v(std::move(x)) {}
     var<V> v;
-    const void* identity() const override { return v.node().get(); }
+    const void* identity() const override { return v.node(); }
     template <class X>
     static std::vector<std::span<T>> blocks_of(X& value) {
       if constexpr (var<V>::distributed) {

@@ -501,7 +501,7 @@ class any_optimizer {
   template <class O>
     requires(optimizer<std::remove_cvref_t<O>, T> && !std::same_as<std::remove_cvref_t<O>, any_optimizer>)
   any_optimizer(O&& o)  // NOLINT: implicit, so a factory may return any optimizer
-      : impl_(pdo::detail::make_owned<base, holder<std::remove_cvref_t<O>>>(std::forward<O>(o))) {}
+      : impl_(pdo::detail::own_as<base>(new holder<std::remove_cvref_t<O>>(std::forward<O>(o)))) {}
 
   /// @brief The held optimizer's step().
   void step() { impl_->step(); }

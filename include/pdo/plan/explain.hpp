@@ -26,7 +26,7 @@ void collect_nodes(const Node& node, std::vector<node_facts>& out) {
   if constexpr (Node::is_scalar) {
     return;
   } else {
-    if constexpr (!Node::is_leaf) std::apply([&](const auto&... c) { (collect_nodes(c, out), ...); }, node.children());
+    if constexpr (!Node::is_leaf) apply_operands([&](const auto&... c) { (collect_nodes(c, out), ...); }, node.children());
     const auto s = node.shape();
     out.push_back({std::string(Node::name) + " " + describe_node(node), {s.begin(), s.end()}, sizeof(typename Node::value_type)});
   }

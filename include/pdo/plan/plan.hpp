@@ -117,7 +117,7 @@ const auto& node_numbered(const Node& node) {
 template <std::size_t N, std::size_t I, class Node>
 const auto& numbered_child(const Node& node) {
   constexpr std::size_t taken = numbered_nodes<std::tuple_element_t<I, typename Node::children_type>>();
-  if constexpr (N < taken) return node_numbered<N>(std::get<I>(node.children()));
+  if constexpr (N < taken) return node_numbered<N>(detail::operand<I>(node.children()));
   else return numbered_child<N - taken, I + 1>(node);
 }
 
