@@ -3,13 +3,23 @@
 # object file only) with g++ -O2 and clang++ -O2, and the compiler's output for five typical
 # mistakes (tests/compile_fail): its line count and its first error.
 #   bash benchmarks/compile_cost.sh [runs=1]
+#   bash benchmarks/compile_cost.sh --against <git revision> [runs=1]
 # Targets: each example at most 15 s with g++ -O2; each mistake at most 30 lines of g++ output,
 # its first error starting with "pdo:". The anchor, compiled in the same run with the same
 # flags, is a translation unit that includes only the standard headers pdo's public header
 # includes (what any C++20 program of this kind pays before pdo adds anything).
+# With --against, g++'s time for each example only, with the headers of that revision and with
+# the working tree's, the two compiled at the same time (one on each of two cores) so that both
+# see the same machine: a VM's speed can drift by 10-20% over minutes, more than most changes to
+# the headers save, and compilations one after the other would compare those minutes.
 # ccache is not used; the machine should be otherwise idle.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
+against=""
+if [ "${1:-}" = --against ]; then
+  against=${2:?"compile_cost: --against needs a git revision (a commit, a tag, a branch)"}
+  shift 2
+fi
 runs=${1:-1}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -25,13 +35,14 @@ for d in /usr/include "${CUDA_HOME:-/usr/local/cuda}/include/cccl"; do
   [ -f "$d/thrust/version.h" ] && { thrust=$d; break; }
 done
 [ -n "$thrust" ] || { echo "compile_cost: Thrust not found (apt-get install libthrust-dev)" >&2; exit 1; }
-flags=(-std=c++20 -fopenmp -I"$here/include")
-[ "$thrust" = /usr/include ] || flags+=(-isystem "$thrust")
-[ -f /usr/include/cblas.h ] || [ -f /usr/include/x86_64-linux-gnu/cblas.h ] && flags+=(-DPDO_WITH_BLAS)
+common=(-std=c++20 -fopenmp)
+[ "$thrust" = /usr/include ] || common+=(-isystem "$thrust")
+[ -f /usr/include/cblas.h ] || [ -f /usr/include/x86_64-linux-gnu/cblas.h ] && common+=(-DPDO_WITH_BLAS)
+flags=(-I"$here/include" "${common[@]}")
 [ -f /usr/include/nlohmann/json.hpp ] && io=(-DPDO_WITH_IO) || io=()
 # clang++ as pdo::pdo compiles a program with it: without clang's OpenMP optimisation pass
-# (offloading's, which pdo does not use; see CMakeLists.txt)
-clang_flags=("${flags[@]}" -mllvm -openmp-opt-disable)
+# (offloading's, which pdo does not use; see cmake/pdoOpenMP.cmake)
+clang_flags=("${flags[@]}" -Xclang -mllvm -Xclang -openmp-opt-disable)
 mpi_flags=()
 command -v mpicxx >/dev/null && read -r -a mpi_flags <<<"-DPDO_WITH_MPI $(mpicxx --showme:compile)"
 
@@ -50,6 +61,57 @@ compile_time() {
   printf '%s\n' "${times[@]}" | sort -n | sed -n "$(( (runs + 1) / 2 ))p"
 }
 
+# The flags the examples' build gives example $1 (a source file) beyond those of every example.
+example_flags() {
+  local src=$1 name
+  name=$(basename "$src" .cpp)
+  local extra=()
+  # IO as the examples' build gives it: to those that link pdo::io (their checkpoints)
+  grep -q "pdo::io::" "$src" && extra+=("${io[@]}")
+  case $name in mpi_*) extra+=("${mpi_flags[@]}") ;; esac
+  [ ${#extra[@]} -eq 0 ] || printf '%s\n' "${extra[@]}"
+}
+
+# timed <file> <command...>: runs the command and writes its wall time in seconds to <file>.
+timed() {
+  local out=$1 start end
+  shift
+  start=$(date +%s.%N)
+  "$@" 2>"$out.stderr" || { cat "$out.stderr" >&2; echo "compile_cost: failed: $*" >&2; return 1; }
+  end=$(date +%s.%N)
+  python3 -c "print(f'{$end - $start:.2f}')" >"$out"
+}
+
+if [ -n "$against" ]; then
+  mkdir -p "$work/before"
+  git -C "$here" archive "$against" include | tar -x -C "$work/before" ||
+    { echo "compile_cost: no headers at $against" >&2; exit 1; }
+  echo "g++ -O2 wall seconds of each example, with the headers of $against (before) and the working tree's"
+  echo "(after), the two compiled at the same time; median of $runs pair(s). $("$gxx" --version | head -1)"
+  printf '%-24s %9s %9s %13s\n' example before after after/before
+  for src in "$here"/examples/*.cpp; do
+    name=$(basename "$src" .cpp)
+    if [[ $name == mpi_* ]] && [ ${#mpi_flags[@]} -eq 0 ]; then
+      printf '%-24s %s\n' "$name" "(no mpicxx: not measured)"
+      continue
+    fi
+    mapfile -t extra < <(example_flags "$src")
+    befores=() afters=()
+    for _ in $(seq "$runs"); do
+      timed "$work/before.s" "$gxx" -I"$work/before/include" "${common[@]}" "${extra[@]}" -O2 -c "$src" -o "$work/before.o" &
+      job=$!
+      timed "$work/after.s" "$gxx" "${flags[@]}" "${extra[@]}" -O2 -c "$src" -o "$work/after.o" || { wait "$job" || true; exit 1; }
+      wait "$job" || exit 1
+      befores+=("$(cat "$work/before.s")")
+      afters+=("$(cat "$work/after.s")")
+    done
+    before=$(printf '%s\n' "${befores[@]}" | sort -n | sed -n "$(( (runs + 1) / 2 ))p")
+    after=$(printf '%s\n' "${afters[@]}" | sort -n | sed -n "$(( (runs + 1) / 2 ))p")
+    printf '%-24s %9s %9s %13s\n' "$name" "$before" "$after" "$(python3 -c "print(f'{$after / $before:.3f}')")"
+  done
+  exit 0
+fi
+
 # The anchor: the standard headers that include/pdo/pdo.hpp reaches, and nothing of pdo.
 grep -rhoE '^#include <[a-z_]+>' "$here/include/pdo" | sort -u > "$work/anchor.cpp"
 echo 'int main() { return 0; }' >> "$work/anchor.cpp"
@@ -65,13 +127,11 @@ printf '%-24s %9s %9s %12s %11s\n' "(anchor: std headers)" "$anchor_gnu" "$ancho
 worst=0
 for src in "$here"/examples/*.cpp; do
   name=$(basename "$src" .cpp)
-  extra=()
-  # IO as the examples' build gives it: to those that link pdo::io (their checkpoints)
-  grep -q "pdo::io::" "$src" && extra+=("${io[@]}")
-  case $name in
-    mpi_*) [ ${#mpi_flags[@]} -gt 0 ] || { printf '%-24s %s\n' "$name" "(no mpicxx: not measured)"; continue; }
-           extra+=("${mpi_flags[@]}") ;;
-  esac
+  if [[ $name == mpi_* ]] && [ ${#mpi_flags[@]} -eq 0 ]; then
+    printf '%-24s %s\n' "$name" "(no mpicxx: not measured)"
+    continue
+  fi
+  mapfile -t extra < <(example_flags "$src")
   gnu=$(compile_time "$src" "$gxx" "${flags[@]}" "${extra[@]}")
   clang=-
   [ -n "$clangxx" ] && clang=$(compile_time "$src" "$clangxx" "${clang_flags[@]}" "${extra[@]}")
