@@ -81,6 +81,25 @@ TEST_CASE("autograd: an empty var says so instead of reading nothing", "[autogra
   CHECK_FALSE(empty.has_grad());
 }
 
+TEST_CASE("autograd: copies of a var share its node; an op's result holds the nodes of its operands that need gradients", "[autograd]") {
+  const auto w = pdo::parameter(rnd<1>({4}, 1));
+  const dvar<1> c(rnd<1>({4}, 2));  // a constant: no gradient
+  const auto copy = w;
+  REQUIRE(w.node() != nullptr);
+  CHECK(copy.node() == w.node());
+  CHECK(copy.graph_node() == w.graph_node());
+  CHECK(w.graph_node().get() == w.node());
+  const auto y = w * c;
+  REQUIRE(y.node() != nullptr);
+  CHECK_FALSE(y.is_leaf());
+  REQUIRE(y.node()->inputs.size() == 1);
+  CHECK(y.node()->inputs[0] == w.graph_node());
+  CHECK(y.node()->value.data() == y.value().data());
+  const dvar<1> empty;
+  CHECK(empty.node() == nullptr);
+  CHECK(empty.graph_node() == nullptr);
+}
+
 TEST_CASE("autograd: elementwise ops with broadcasting", "[autograd]") {
   const auto a = rnd<2>({3, 4}, 1), b = rnd<2>({3, 4}, 2), col = rnd<2>({3, 1}, 4);
   const auto bias = rnd<1>({4}, 3);
