@@ -58,7 +58,21 @@ compile_time() {
     end=$(date +%s.%N)
     times+=("$(python3 -c "print(f'{$end - $start:.2f}')")")
   done
-  printf '%s\n' "${times[@]}" | sort -n | sed -n "$(( (runs + 1) / 2 ))p"
+  printf '%s\n' "${times[@]}" | median
+}
+
+# The median of the `runs` numbers on standard input, one per line.
+median() { sort -n | sed -n "$(( (runs + 1) / 2 ))p"; }
+
+# Whether example $1 (a source file) can be compiled here: an MPI example needs mpicxx. When it
+# cannot, prints its row saying so.
+measurable() {
+  local name
+  name=$(basename "$1" .cpp)
+  if [[ $name == mpi_* ]] && [ ${#mpi_flags[@]} -eq 0 ]; then
+    printf '%-24s %s\n' "$name" "(no mpicxx: not measured)"
+    return 1
+  fi
 }
 
 # The flags the examples' build gives example $1 (a source file) beyond those of every example.
@@ -90,11 +104,8 @@ if [ -n "$against" ]; then
   echo "(after), the two compiled at the same time; median of $runs pair(s). $("$gxx" --version | head -1)"
   printf '%-24s %9s %9s %13s\n' example before after after/before
   for src in "$here"/examples/*.cpp; do
+    measurable "$src" || continue
     name=$(basename "$src" .cpp)
-    if [[ $name == mpi_* ]] && [ ${#mpi_flags[@]} -eq 0 ]; then
-      printf '%-24s %s\n' "$name" "(no mpicxx: not measured)"
-      continue
-    fi
     mapfile -t extra < <(example_flags "$src")
     befores=() afters=()
     for _ in $(seq "$runs"); do
@@ -105,8 +116,8 @@ if [ -n "$against" ]; then
       befores+=("$(cat "$work/before.s")")
       afters+=("$(cat "$work/after.s")")
     done
-    before=$(printf '%s\n' "${befores[@]}" | sort -n | sed -n "$(( (runs + 1) / 2 ))p")
-    after=$(printf '%s\n' "${afters[@]}" | sort -n | sed -n "$(( (runs + 1) / 2 ))p")
+    before=$(printf '%s\n' "${befores[@]}" | median)
+    after=$(printf '%s\n' "${afters[@]}" | median)
     printf '%-24s %9s %9s %13s\n' "$name" "$before" "$after" "$(python3 -c "print(f'{$after / $before:.3f}')")"
   done
   exit 0
@@ -126,11 +137,8 @@ anchor_clang=-
 printf '%-24s %9s %9s %12s %11s\n' "(anchor: std headers)" "$anchor_gnu" "$anchor_clang" 1.00 ""
 worst=0
 for src in "$here"/examples/*.cpp; do
+  measurable "$src" || continue
   name=$(basename "$src" .cpp)
-  if [[ $name == mpi_* ]] && [ ${#mpi_flags[@]} -eq 0 ]; then
-    printf '%-24s %s\n' "$name" "(no mpicxx: not measured)"
-    continue
-  fi
   mapfile -t extra < <(example_flags "$src")
   gnu=$(compile_time "$src" "$gxx" "${flags[@]}" "${extra[@]}")
   clang=-
