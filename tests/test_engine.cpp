@@ -215,6 +215,39 @@ TEST_CASE("an evaluation that needs a failed one is cancelled with its error; th
   CHECK(ran);
 }
 
+TEST_CASE("a failure on one place is an error of the operation, naming what it worked on and the place", "[engine][errors]") {
+  const auto mesh = pdo_test::line_mesh(3);
+  CHECK_THROWS_WITH(pdo::spmd(mesh,
+                              [](std::size_t p) {
+                                if (p == 2) throw pdo::shape_error("boom");
+                              }),
+                    Catch::Equals("spmd: on place cpu:2: boom"));
+  // 7 rows over 3 places: cpu:2 holds rows 5 and 6, and label 9 of 4 classes is row 5's
+  using L = pdo::layout<split<"x">, replicate>;
+  const auto logits = pdo::distribute<L>(mesh, pdo_test::random_tensor<double, 2>({7, 4}, 5));
+  const auto labels = pdo::distribute<pdo::layout<split<"x">>>(mesh, pdo::tensor<double, 1>({7}, {0, 1, 2, 3, 0, 9, 1}));
+  CHECK_THROWS_WITH(pdo::eval(pdo::cross_entropy(logits, labels) * 1.0),
+                    Catch::StartsWith("eval of multiply -> f64[]{} partial<x>: on place cpu:2: cross_entropy: 1 label of"));
+  // a dtensor [7, 4] split by rows whose shard on cpu:2 was written by a task that failed:
+  // each operation that reads it fails with that error, on that place
+  const auto d = pdo::distribute<L>(mesh, pdo_test::random_tensor<double, 2>({7, 4}, 6));
+  const void* shard = pdo::detail::storage_key(d.local_shards()[2]);
+  auto& e = pdo::detail::engine::instance();
+  CHECK_THROWS_WITH(pdo::detail::wait(e.submit(request(&pdo::detail::lane_of(*mesh.place(2).state()), {}, {shard},
+                                                     [] { throw pdo::shape_error("the shard's writer failed"); }, "writer"))),
+                    Catch::Equals("writer on cpu:2: the shard's writer failed"));
+  const std::string what = "f64[7, 4]{split<x>, replicate} on mesh(x=3)";
+  using whole = pdo::layout<replicate, replicate>;
+  CHECK_THROWS_WITH(pdo::redistribute<whole>(d),
+                    Catch::StartsWith("redistribute: " + what + " -> {replicate, replicate}: on place cpu:2: cancelled: ") &&
+                        Catch::EndsWith("the shard's writer failed"));
+  CHECK_THROWS_WITH(pdo::gather(d), Catch::StartsWith("gather: " + what + ": on place cpu:2: ") && Catch::EndsWith("the shard's writer failed"));
+  CHECK_THROWS_WITH(pdo::gather_to(d, 0),
+                    Catch::StartsWith("gather_to: " + what + ": on place cpu:2: ") && Catch::EndsWith("the shard's writer failed"));
+  e.forget({shard});
+  CHECK(pdo_test::close(pdo::gather(pdo::eval(d * 2.0)), pdo::eval(pdo::gather(d) * 2.0), 0));
+}
+
 TEST_CASE("gather and redistribute of an eval_async result not yet waited for read it once written, or fail with its error",
           "[engine][errors]") {
   const auto mesh = pdo_test::line_mesh(2);

@@ -49,7 +49,6 @@ struct queued_evaluation {
   std::shared_ptr<const mesh_state> mesh;
   mesh_comms* comms = nullptr;
   [[nodiscard]] virtual std::string what() const = 0;
-  [[nodiscard]] std::string place_name(std::size_t p) const { return mesh->places[p].name(); }
 
   /// @brief Waits for every task, ignoring failures (before the evaluation is freed).
   void finish_quietly() const noexcept {
@@ -68,7 +67,7 @@ struct queued_evaluation {
     for (const auto& b : steps) b->wait();
     for (const auto& b : steps)
       if (const auto failure = b->first_failure())
-        failure->error.rethrow_with_context(what() + ": on place " + place_name(failure->place) + ": ");
+        rethrow_on_place(*mesh, *failure, what());
   }
 
   /// @brief Queues one step of the plan on every place of the mesh in this process: a kernel

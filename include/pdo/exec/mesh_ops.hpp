@@ -39,9 +39,7 @@ PDO_NOINLINE std::vector<tensor<T, Rank>> distribute_shards(const Mesh& m, const
         shards[k] = shard_of(m, v, host, p);
       },
       true, "distribute", "copy");
-  if (failure)
-    failure->error.rethrow_with_context("distribute to " + describe_dtensor<T>(m, v, host.shape()) + ": on place " +
-                                        m.place(failure->place).name() + ": ");
+  if (failure) rethrow_on_place(*m.state(), *failure, "distribute to " + describe_dtensor<T>(m, v, host.shape()));
   return shards;
 }
 }  // namespace detail
@@ -88,9 +86,7 @@ dtensor<T, Rank, Mesh, To> redistribute_to(const dtensor<T, Rank, Mesh, From>& x
       "redistribute", collective ? "collective" : "kernel",
       [&](std::size_t, std::size_t k) { return detail::reading(x.local_shards()[k]); },
       collective ? lane_kind::communication : lane_kind::compute);
-  if (failure)
-    failure->error.rethrow_with_context(detail::redistribute_context(x, layout_name<To>()) + ": on place " +
-                                        m.place(failure->place).name() + ": ");
+  if (failure) detail::rethrow_on_place(*m.state(), *failure, detail::redistribute_context(x, layout_name<To>()));
   return {m, x.shape(), std::move(shards)};
 }
 
@@ -161,9 +157,7 @@ void write_local_blocks(const Mesh& m, const layout_value& v, const shape_t<Rank
         if (writes_block(m, v, p)) write_block(shards[k], out, shard_offset(m, v, global, p));
       },
       false, op, "copy", [&](std::size_t, std::size_t k) { return reading(shards[k]); });
-  if (failure)
-    failure->error.rethrow_with_context(std::string(op) + ": " + describe_dtensor<T>(m, v, global) + ": on place " +
-                                        m.place(failure->place).name() + ": ");
+  if (failure) rethrow_on_place(*m.state(), *failure, std::string(op) + ": " + describe_dtensor<T>(m, v, global));
 }
 
 /// @brief The blocks of that dtensor that places of other processes hold, into `out` (host
@@ -213,18 +207,20 @@ PDO_NOINLINE tensor<T, Rank> gather_blocks(const Mesh& m, const layout_value& v,
   return out;
 }
 
-/// @brief The same value on the process of place `to` only (see pdo::gather_to).
+/// @brief The same value on the process of place `to` only (see pdo::gather_to; `op` names it
+/// in errors).
 template <class T, std::size_t Rank, class Mesh>
 PDO_NOINLINE std::optional<tensor<T, Rank>> gather_blocks_to(const Mesh& m, const layout_value& v, const shape_t<Rank>& global,
-                                                             const std::vector<tensor<T, Rank>>& shards, std::size_t to) {
+                                                             const std::vector<tensor<T, Rank>>& shards, std::size_t to,
+                                                             const char* op) {
   const auto& local = m.local_places();
   if (local.empty()) return std::nullopt;
   std::optional<tensor<T, Rank>> out;
   if (m.place(local.front()).process() == m.place(to).process()) {
     out.emplace(tensor<T, Rank>::on_host(global));
-    write_local_blocks(m, v, global, shards, *out, "gather_to");
+    write_local_blocks(m, v, global, shards, *out, op);
   }
-  if (m.is_multiprocess()) move_remote_blocks(m, v, global, shards, out ? &*out : nullptr, to, false, "gather_to");
+  if (m.is_multiprocess()) move_remote_blocks(m, v, global, shards, out ? &*out : nullptr, to, false, op);
   return out;
 }
 
@@ -247,9 +243,7 @@ PDO_NOINLINE double sum_of_squares(const Mesh& m, const layout_value& v, const s
         sums[k] = sum;
       },
       true, op, "collective", [&](std::size_t, std::size_t k) { return reading(shards[k]); });
-  if (failure)
-    failure->error.rethrow_with_context(std::string(op) + ": " + describe_dtensor<T>(m, v, global) + ": on place " +
-                                        m.place(failure->place).name() + ": ");
+  if (failure) rethrow_on_place(*m.state(), *failure, std::string(op) + ": " + describe_dtensor<T>(m, v, global));
   return sums.front();
 }
 
@@ -293,7 +287,7 @@ std::optional<tensor<T, Rank>> gather_to(const dtensor<T, Rank, Mesh, Layout>& x
   if (to == m.size())
     throw layout_error("gather_to: " + x.describe() + ": process " + std::to_string(root) + " holds no place of the mesh");
   return detail::with_sums_done("gather_to", x, [to](const auto& whole) {
-    return detail::gather_blocks_to(whole.mesh(), whole.layout_value, whole.shape(), whole.local_shards(), to);
+    return detail::gather_blocks_to(whole.mesh(), whole.layout_value, whole.shape(), whole.local_shards(), to, "gather_to");
   });
 }
 

@@ -129,8 +129,7 @@ auto prefetch(const Mesh& m, tensor<T, Rank> host) {
           return a;
         });
     return prefetched<dtensor<T, Rank, Mesh, Layout>>(batch->tasks, [s, batch, m]() {
-      if (const auto failure = batch->first_failure())
-        failure->error.rethrow_with_context("prefetch: on place " + m.place(failure->place).name() + ": ");
+      if (const auto failure = batch->first_failure()) detail::rethrow_on_place(*m.state(), *failure, "prefetch");
       return dtensor<T, Rank, Mesh, Layout>(m, s->host.shape(), std::move(s->shards));
     });
   }

@@ -46,6 +46,13 @@ struct place_failure {
   captured_error error;
 };
 
+/// @brief Throws `failure`, a task's on a place of the mesh `state`, as a pdo::error of
+/// `context` (the op, and what it worked on) that names the place.
+[[noreturn]] PDO_NOINLINE inline void rethrow_on_place(const mesh_state& state, const place_failure& failure,
+                                                       const std::string& context) {
+  failure.error.rethrow_with_context(context + ": on place " + state.places[failure.place].name() + ": ");
+}
+
 /// @brief How the tasks of one mesh-wide operation take part in the mesh's collectives.
 struct batch_options {
   const char* op = "spmd";          ///< a string literal: the trace's name and the errors' first word
@@ -386,8 +393,7 @@ std::optional<place_failure> try_run_on_places(const Mesh& m, Task&& task, bool 
 /// @brief try_run_on_places, throwing the failure as a pdo::error naming `op` and the place.
 template <class Mesh, class Task>
 void run_on_places(const char* op, const Mesh& m, Task&& task, const char* category = "task") {
-  if (auto failure = try_run_on_places(m, std::forward<Task>(task), true, op, category))
-    failure->error.rethrow_with_context(std::string(op) + ": on place " + m.place(failure->place).name() + ": ");
+  if (auto failure = try_run_on_places(m, std::forward<Task>(task), true, op, category)) rethrow_on_place(*m.state(), *failure, op);
 }
 
 /// @brief run_on_places for an operation whose tasks queue more work on the places' lanes
@@ -436,7 +442,7 @@ class batch_sequence {
     for (const auto& b : batches_)
       if (const auto failure = b->first_failure()) {
         engine::instance().forget(written_);  // the caller's buffers: later storage may take their addresses
-        failure->error.rethrow_with_context(std::string(op_) + ": on place " + m.place(failure->place).name() + ": ");
+        rethrow_on_place(*m.state(), *failure, op_);
       }
   }
 

@@ -312,9 +312,10 @@ class parameter_ref {
           auto& shard = shards.emplace_back(x.local_shards()[k].template zeros_alike<T, var<V>::rank>(x.local_shards()[k].shape()));
           detail::copy_bytes(shard.where(), shard.data(), blocks[k].where(), blocks[k].data(), blocks[k].bytes());
         }
-        tensor<T, var<V>::rank> whole;
-        if constexpr (V::layout_value.npartial != 0) whole = pdo::gather(V(x.mesh(), x.shape(), std::move(shards)));  // sums pending first
-        else whole = detail::gather_blocks(x.mesh(), V::layout_value, x.shape(), shards, "gather");
+        // pending sums (a partial layout) added first, as pdo::gather does
+        const auto whole = detail::with_sums_done("gather", V(x.mesh(), x.shape(), std::move(shards)), [](const auto& d) {
+          return detail::gather_blocks(d.mesh(), d.layout_value, d.shape(), d.local_shards(), "gather");
+        });
         detail::copy_elements(flat.data(), whole.data(), whole.size());
       } else {
         detail::copy_bytes(nullptr, flat.data(), blocks[0].where(), blocks[0].data(), blocks[0].bytes());
