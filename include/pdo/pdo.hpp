@@ -1,10 +1,9 @@
 // pdo/pdo.hpp: the whole public API of pdo.
 #pragma once
 
-// Under an older standard the headers would fail in thousands of lines: one message instead.
-#if __cplusplus < 202002L && !(defined(_MSVC_LANG) && _MSVC_LANG >= 202002L)
-#error "pdo: needs C++20: compile with -std=c++20 (or later); in CMake, link the program to pdo::pdo, which asks for it"
-#else
+// (config.hpp gives the one message of a standard older than C++20; nothing more is included then)
+#include <pdo/core/config.hpp>
+#if PDO_HAS_CXX20
 
 #include <pdo/autograd.hpp>
 #include <pdo/comm.hpp>

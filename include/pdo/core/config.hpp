@@ -1,9 +1,14 @@
 // pdo/core/config.hpp: configuration macros shared by every layer.
 #pragma once
 
-// (pdo/pdo.hpp gives this message alone; a program that includes a layer's header gets it first)
+// Under an older standard the headers would fail in thousands of lines: one message instead,
+// first whichever header a program includes. PDO_HAS_CXX20 says whether the standard is
+// C++20 or later (pdo/pdo.hpp includes nothing more when it is not).
 #if __cplusplus < 202002L && !(defined(_MSVC_LANG) && _MSVC_LANG >= 202002L)
 #error "pdo: needs C++20: compile with -std=c++20 (or later); in CMake, link the program to pdo::pdo, which asks for it"
+#define PDO_HAS_CXX20 0
+#else
+#define PDO_HAS_CXX20 1
 #endif
 
 /// @brief Marks a function callable on the host and, under nvcc, on the device.
