@@ -1,5 +1,6 @@
 // compile_fail/backward_needs_var.cpp: backward of a loss computed from plain tensors.
 // expect: pdo: backward takes a pdo::var
+// nvcc: also
 #include <pdo/pdo.hpp>
 
 int main() {

@@ -1,6 +1,7 @@
 // A conv2d whose weight is split along its kernel's height: not a layout conv2d takes (the
 // input's height may be split, with halo exchange; the kernel never is).
 // expect: conv2d: these layouts of the input, weight and bias are not supported
+// nvcc: also
 #include <pdo/pdo.hpp>
 
 int main() {

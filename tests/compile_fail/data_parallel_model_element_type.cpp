@@ -1,6 +1,7 @@
 // A model of float layers trained as make_data_parallel<double>: one error that names the
 // element types' mismatch, nothing of the layers' insides or of the trainer's uses after it.
 // expect: pdo: make_data_parallel<T>: the model's parameters are not of element type T
+// nvcc: also
 #include <pdo/pdo.hpp>
 
 int main() {

@@ -1,5 +1,6 @@
 // compile_fail/expr_mixes_mesh_types.cpp: a sum of dtensors on meshes of two types, evaluated.
 // expect: pdo: an expression mixes dtensors of different mesh types
+// nvcc: also
 #include <pdo/pdo.hpp>
 
 int main() {

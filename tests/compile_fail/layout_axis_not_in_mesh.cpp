@@ -1,5 +1,6 @@
 // compile_fail/layout_axis_not_in_mesh.cpp: a layout that splits over an axis the mesh lacks.
 // expect: pdo: layout splits or sums over a mesh axis that the mesh does not have
+// nvcc: also
 #include <pdo/pdo.hpp>
 
 int main() {

@@ -1,5 +1,6 @@
 // compile_fail/layout_rank_mismatch.cpp: a rank-1 layout for a rank-2 tensor.
 // expect: pdo: layout has a different number of entries than the tensor has dims
+// nvcc: also
 #include <pdo/pdo.hpp>
 
 int main() {

@@ -1,6 +1,7 @@
 // compile_fail/mse_var_with_tensor.cpp: mse of a model's output (a var) against a plain
 // tensor of targets: one error that says to make the targets a var, nothing of backward.
 // expect: pdo: an op on a pdo::var was given a plain tensor or expression as its other operand
+// nvcc: also
 #include <pdo/pdo.hpp>
 
 int main() {

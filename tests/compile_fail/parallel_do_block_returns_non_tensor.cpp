@@ -1,5 +1,6 @@
 // compile_fail/parallel_do_block_returns_non_tensor.cpp: a parallel_do block that returns an int.
 // expect: pdo: parallel_do: the block must return a pdo::tensor
+// nvcc: also
 #include <pdo/pdo.hpp>
 
 int main() {

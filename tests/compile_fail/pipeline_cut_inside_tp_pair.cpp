@@ -1,6 +1,7 @@
 // A pipeline on a mesh with a "tp" axis cut between the two linear layers of a column/row
 // pair: one error, nothing of the stages or of the pipeline's uses after it.
 // expect: pdo: pipeline: on a mesh with a "tp" axis every stage is tensor parallel: cut the model so that each stage holds whole column/row pairs
+// nvcc: also
 #include <pdo/pdo.hpp>
 
 int main() {

@@ -1,6 +1,7 @@
 // compile_fail/strict_implicit_all_reduce.cpp: under pdo::strict, relu of a partial matmul (an implicit all_reduce).
 // expect: strict_forbids_implicit_communication<pdo::fixed_string<5>..relu.., 0, pdo::layout<pdo::replicate, pdo::replicate>::partial<pdo::fixed_string<3>..tp..>, pdo::layout<pdo::replicate, pdo::replicate> >
 // expect-nvcc: strict_forbids_implicit_communication<Op, Operand, Has, Needs> .with Op=pdo::fixed_string<5UL>..'r', 'e', 'l', 'u'.*Has=pdo::layout<pdo::replicate, pdo::replicate>::partial<
+// nvcc: also
 #include <pdo/pdo.hpp>
 
 int main() {
