@@ -142,7 +142,12 @@ tensor<T, Rank> apply_step(const redistribute_step& step, const Mesh& m, const s
 template <const redistribute_plan& Plan, class T, std::size_t Rank, class Mesh>
 tensor<T, Rank> apply_plan(const Mesh& m, const shape_t<Rank>& global, std::size_t p, tensor<T, Rank> shard) {
   [&]<std::size_t... I>(std::index_sequence<I...>) {
-    ((shard = apply_step<Plan.steps[I].kind>(Plan.steps[I], m, global, p, std::move(shard))), ...);
+    (
+        [&] {
+          constexpr redistribute_step step = Plan.steps[I];
+          shard = apply_step<step.kind>(step, m, global, p, std::move(shard));
+        }(),
+        ...);
   }(std::make_index_sequence<Plan.size>{});
   return shard;
 }
