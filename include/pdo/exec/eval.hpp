@@ -119,11 +119,13 @@ struct evaluation final : queued_evaluation {
   using mesh_t = typename Node::mesh_type;
   using run_t = plan_run<Node, mesh_context<mesh_t>>;
   evaluation(Node e, Result r, mesh_comms& c)
-      : expr(std::move(e)), result(std::move(r)), run_count(result.mesh().local_places().size()), runs(run_count) {
-    start(result.mesh().state(), c, run_count * (run_t::nodes + 1));
+      : expr(std::move(e)), result(std::move(r)), run_count(result.local_shards().size()), runs(run_count) {
+    // a shard for each place of this process (result_shards made them)
+    const mesh_t& m = result.mesh();
+    start(m.state(), c, run_count * (run_t::nodes + 1));
     const auto& local = mesh->local;
     for (std::size_t k = 0; k < run_count; ++k) {
-      runs[k].bind(expr, mesh_context<mesh_t>(result.mesh(), local[k]), result.local_shards()[k]);
+      runs[k].bind(expr, mesh_context<mesh_t>(m, local[k]), result.local_shards()[k]);
       runs[k].add_written(written);
     }
   }

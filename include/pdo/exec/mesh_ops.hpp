@@ -81,12 +81,12 @@ dtensor<T, Rank, Mesh, To> redistribute_to(const dtensor<T, Rank, Mesh, From>& x
   // collective runs on the communication lanes, as an evaluation's does; a local slice on
   // the compute lanes.
   constexpr bool collective = redistribute_plan_of<From, To>().collectives() > 0;
-  const auto failure = detail::try_run_on_places(
-      m, [&](std::size_t p, std::size_t k) { shards[k] = detail::apply_plan<From, To>(m, x.shape(), p, x.local_shards()[k]); }, true,
+  const auto failure = try_run_on_places(
+      m, [&](std::size_t p, std::size_t k) { shards[k] = apply_plan<From, To>(m, x.shape(), p, x.local_shards()[k]); }, true,
       "redistribute", collective ? "collective" : "kernel",
-      [&](std::size_t, std::size_t k) { return detail::reading(x.local_shards()[k]); },
+      [&](std::size_t, std::size_t k) { return reading(x.local_shards()[k]); },
       collective ? lane_kind::communication : lane_kind::compute);
-  if (failure) detail::rethrow_on_place(*m.state(), *failure, detail::redistribute_context(x, layout_name<To>()));
+  if (failure) rethrow_on_place(*m.state(), *failure, redistribute_context(x, layout_name<To>()));
   return {m, x.shape(), std::move(shards)};
 }
 
