@@ -64,21 +64,20 @@ compile_time() {
 # The median of the `runs` numbers on standard input, one per line.
 median() { sort -n | sed -n "$(( (runs + 1) / 2 ))p"; }
 
-# Whether example $1 (a source file) can be compiled here: an MPI example needs mpicxx. When it
+# Whether example $1 (its name) can be compiled here: an MPI example needs mpicxx. When it
 # cannot, prints its row saying so.
 measurable() {
-  local name
-  name=$(basename "$1" .cpp)
+  local name=$1
   if [[ $name == mpi_* ]] && [ ${#mpi_flags[@]} -eq 0 ]; then
     printf '%-24s %s\n' "$name" "(no mpicxx: not measured)"
     return 1
   fi
 }
 
-# The flags the examples' build gives example $1 (a source file) beyond those of every example.
+# The flags the examples' build gives example $2 (its name; $1, its source file) beyond those of
+# every example.
 example_flags() {
-  local src=$1 name
-  name=$(basename "$src" .cpp)
+  local src=$1 name=$2
   local extra=()
   # IO as the examples' build gives it: to those that link pdo::io (their checkpoints)
   grep -q "pdo::io::" "$src" && extra+=("${io[@]}")
@@ -104,9 +103,9 @@ if [ -n "$against" ]; then
   echo "(after), the two compiled at the same time; median of $runs pair(s). $("$gxx" --version | head -1)"
   printf '%-24s %9s %9s %13s\n' example before after after/before
   for src in "$here"/examples/*.cpp; do
-    measurable "$src" || continue
     name=$(basename "$src" .cpp)
-    mapfile -t extra < <(example_flags "$src")
+    measurable "$name" || continue
+    mapfile -t extra < <(example_flags "$src" "$name")
     befores=() afters=()
     for _ in $(seq "$runs"); do
       timed "$work/before.s" "$gxx" -I"$work/before/include" "${common[@]}" "${extra[@]}" -O2 -c "$src" -o "$work/before.o" &
@@ -137,9 +136,9 @@ anchor_clang=-
 printf '%-24s %9s %9s %12s %11s\n' "(anchor: std headers)" "$anchor_gnu" "$anchor_clang" 1.00 ""
 worst=0
 for src in "$here"/examples/*.cpp; do
-  measurable "$src" || continue
   name=$(basename "$src" .cpp)
-  mapfile -t extra < <(example_flags "$src")
+  measurable "$name" || continue
+  mapfile -t extra < <(example_flags "$src" "$name")
   gnu=$(compile_time "$src" "$gxx" "${flags[@]}" "${extra[@]}")
   clang=-
   [ -n "$clangxx" ] && clang=$(compile_time "$src" "$clangxx" "${clang_flags[@]}" "${extra[@]}")
