@@ -144,6 +144,8 @@ tensor<T, Rank> apply_plan(const Mesh& m, const shape_t<Rank>& global, std::size
   [&]<std::size_t... I>(std::index_sequence<I...>) {
     (
         [&] {
+          // a copy of the step: passing Plan.steps[I] itself would make the whole plan (all
+          // its capacity of steps) an object of the program
           constexpr redistribute_step step = Plan.steps[I];
           shard = apply_step<step.kind>(step, m, global, p, std::move(shard));
         }(),
