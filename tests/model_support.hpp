@@ -20,15 +20,25 @@ inline auto make_mlp() {
                         nn::linear<double>(5, 7, gen), nn::relu{}, nn::linear<double>(7, 4, gen));
 }
 
+/// @brief The same MLP with layer norms outside its pairs, where Megatron places them: before
+/// the first pair and between the two (the features whole on every place).
+inline auto make_normed_mlp() {
+  pdo::nn::rng gen(21);
+  namespace nn = pdo::nn;
+  return nn::sequential(nn::layer_norm{}, nn::linear<double>(6, 10, gen), nn::gelu{}, nn::linear<double>(10, 5, gen), nn::tanh{},
+                        nn::layer_norm{1e-3}, nn::linear<double>(5, 7, gen), nn::relu{}, nn::linear<double>(7, 4, gen));
+}
+
 inline pdo::tensor<int, 1> labels_for(std::size_t n) {
   pdo::tensor<int, 1> y({n});
   for (std::size_t i = 0; i < n; ++i) y(i) = static_cast<int>((i * 7 + 1) % 4);
   return y;
 }
 
-/// @brief Losses of `steps` SGD steps of the local model on (x, y).
-inline std::vector<double> local_losses(const pdo::tensor<double, 2>& x, const pdo::tensor<int, 1>& y, int steps) {
-  auto model = make_mlp();
+/// @brief Losses of `steps` SGD steps of the local model make_model() gives on (x, y).
+template <class MakeModel>
+std::vector<double> local_losses(MakeModel make_model, const pdo::tensor<double, 2>& x, const pdo::tensor<int, 1>& y, int steps) {
+  auto model = make_model();
   pdo::nn::sgd<double> opt(pdo::nn::parameters_of<double>(model), {.lr = 0.2, .momentum = 0.5});
   std::vector<double> losses;
   for (int s = 0; s < steps; ++s) {
@@ -39,6 +49,11 @@ inline std::vector<double> local_losses(const pdo::tensor<double, 2>& x, const p
     losses.push_back(loss.value().data()[0]);
   }
   return losses;
+}
+
+/// @brief Losses of `steps` SGD steps of make_mlp()'s model on (x, y).
+inline std::vector<double> local_losses(const pdo::tensor<double, 2>& x, const pdo::tensor<int, 1>& y, int steps) {
+  return local_losses([] { return make_mlp(); }, x, y, steps);
 }
 
 /// @brief The tensors of a small CNN's training: images x [n, 2, h, w], targets [n, 3, h/2, w/2],

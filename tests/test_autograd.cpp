@@ -5,9 +5,12 @@
 
 #include <pdo/autograd.hpp>
 
+#include <cmath>
 #include <functional>
 #include <limits>
 #include <tuple>
+#include <utility>
+#include <vector>
 
 namespace {
 
@@ -208,6 +211,88 @@ TEST_CASE("autograd: softmax, log_softmax and the losses", "[autograd]") {
   check_gradient([&](auto x) { return pdo::cross_entropy(x, labels) * 3.0; }, a);
   check_gradient([](auto x, auto y) { return pdo::mse(x, y); }, a, rnd<2>({4, 5}, 18));
   check_gradient([](auto x) { return pdo::mse(x, 0.5) + pdo::mse(-0.25, x); }, a);
+}
+
+namespace {
+
+/// @brief Layer norm over the last dim of x [rows, n] (x's data as rows of n), computed here
+/// in double: y = (x - mean) / sqrt(var + eps) per row, and the gradient of sum(y * g) with
+/// respect to x, (g - mean(g) - y mean(g y)) / sqrt(var + eps) per row.
+std::pair<std::vector<double>, std::vector<double>> layer_norm_by_hand(const double* x, const double* g, std::size_t rows, std::size_t n,
+                                                                       double eps) {
+  std::vector<double> y(rows * n), dx(rows * n);
+  for (std::size_t r = 0; r < rows; ++r) {
+    const double* xr = x + r * n;
+    double mean = 0, var = 0;
+    for (std::size_t i = 0; i < n; ++i) mean += xr[i] / static_cast<double>(n);
+    for (std::size_t i = 0; i < n; ++i) var += (xr[i] - mean) * (xr[i] - mean) / static_cast<double>(n);
+    const double inv = 1 / std::sqrt(var + eps);
+    double mean_g = 0, mean_gy = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      y[r * n + i] = (xr[i] - mean) * inv;
+      mean_g += g[r * n + i] / static_cast<double>(n);
+      mean_gy += g[r * n + i] * y[r * n + i] / static_cast<double>(n);
+    }
+    for (std::size_t i = 0; i < n; ++i) dx[r * n + i] = (g[r * n + i] - mean_g - y[r * n + i] * mean_gy) * inv;
+  }
+  return {y, dx};
+}
+
+template <std::size_t R>
+bool matches(const dt<R>& got, const std::vector<double>& expected) {
+  if (got.size() != expected.size()) return false;
+  for (std::size_t i = 0; i < got.size(); ++i)
+    if (std::abs(got.data()[i] - expected[i]) > 1e-10 * (1 + std::abs(expected[i]))) return false;
+  return true;
+}
+
+}  // namespace
+
+TEST_CASE("layer_norm: the expression and the var, against a hand computation; of dtensors with rows or features split",
+          "[autograd][mesh]") {
+  // rows of 7 features (shift 3: a mean far from 0, which the centring removes first)
+  const auto x = rnd<2>({5, 7}, 60, 3.0), g = rnd<2>({5, 7}, 61);
+  const auto hand = layer_norm_by_hand(x.data(), g.data(), 5, 7, 1e-5);
+  const auto& y = hand.first;
+  const auto& dx = hand.second;
+  CHECK(matches(pdo::eval(pdo::layer_norm(x)), y));
+  auto X = pdo::parameter(x);
+  const auto Y = pdo::layer_norm(X);
+  CHECK(matches(Y.value(), y));
+  pdo::backward(pdo::sum(Y * pdo::var(g)));
+  CHECK(matches(X.grad(), dx));
+  check_gradient([](auto v) { return pdo::layer_norm(v, 0.1); }, rnd<2>({3, 4}, 62));
+  // the last dim of a rank-3 operand, and an eps of the caller's
+  const auto x3 = rnd<3>({2, 3, 4}, 63), g3 = rnd<3>({2, 3, 4}, 64);
+  const auto hand3 = layer_norm_by_hand(x3.data(), g3.data(), 6, 4, 0.5);
+  const auto& y3 = hand3.first;
+  const auto& dx3 = hand3.second;
+  CHECK(matches(pdo::eval(pdo::layer_norm(x3 * 1.0, 0.5)), y3));
+  auto X3 = pdo::parameter(x3);
+  const auto Y3 = pdo::layer_norm(X3, 0.5);
+  CHECK(matches(Y3.value(), y3));
+  pdo::backward(pdo::sum(Y3 * pdo::var(g3)));
+  CHECK(matches(X3.grad(), dx3));
+
+  auto check = [&]<class L>(std::size_t n) {
+    const auto m = pdo_test::line_mesh(n);
+    const auto dxv = pdo::distribute<L>(m, x);
+    const auto ye = pdo::eval(pdo::layer_norm(dxv));
+    static_assert(std::is_same_v<typename std::remove_cvref_t<decltype(ye)>::layout_type, L>);
+    CHECK(matches(pdo::gather(ye), y));
+    auto dX = pdo::parameter(dxv);
+    const auto dY = pdo::layer_norm(dX);
+    CHECK(matches(pdo::gather(dY.value()), y));
+    pdo::backward(pdo::sum(dY * pdo::var(pdo::distribute<L>(m, g))));
+    CHECK(matches(pdo::gather(dX.grad()), dx));
+  };
+  using R = pdo::replicate;
+  using split_x = pdo::split<"x">;
+  for (std::size_t n : pdo_test::line_sizes()) {
+    INFO(n << " places");
+    check.operator()<pdo::layout<split_x, R>>(n);  // rows split, 5 over n
+    check.operator()<pdo::layout<R, split_x>>(n);  // the normalised features split, 7 over n: each row's mean a sum over places
+  }
 }
 
 TEST_CASE("autograd: transpose, reshape, and a value used twice", "[autograd]") {

@@ -238,6 +238,18 @@ TEST_CASE("pipeline with tensor-parallel stages: pp x tp and dp x pp x tp meshes
   }
 }
 
+TEST_CASE("pipeline with tensor-parallel stages: layer norms outside the pairs train as on one place", "[model_parallel][pp][tp]") {
+  // each stage's shard on a "tp" place normalises whole rows (the norms sit outside the pairs)
+  const auto x = pdo_test::random_tensor<double>(pdo::shape_t<2>{11, 6}, 9, 0.5);
+  const auto y = labels_for(11);
+  const auto reference = local_losses([] { return pdo_test::make_normed_mlp(); }, x, y, 3);
+  const auto m = pdo::make_mesh<"pp", "tp">(pdo::cpu_places(6), {2, 3});
+  auto trainer = pdo::nn::make_pipeline<double, 2, 4>(
+      m, pdo_test::make_normed_mlp(), [](auto ps) { return pdo::nn::sgd<double>(std::move(ps), {.lr = 0.2, .momentum = 0.5}); },
+      {pdo::nn::pipeline_schedule::one_f_one_b, 3});
+  for (std::size_t s = 0; s < reference.size(); ++s) CHECK(trainer.step(x, y) == Approx(reference[s]).epsilon(1e-10));
+}
+
 TEST_CASE("pipeline: gradients clipped by the whole model's norm, each element counted once, as one place clips them",
           "[model_parallel][pp][tp]") {
   const auto x = pdo_test::random_tensor<double>(pdo::shape_t<2>{11, 6}, 8);

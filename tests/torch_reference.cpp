@@ -1,7 +1,7 @@
 // tests/torch_reference.cpp: pdo's results for tests/torch_reference.py to compare with
 // PyTorch's. Prints one line per tensor: `name rank extents... values...`, inputs included,
 // so that the script rebuilds every input exactly. Covered: the elementwise ops, where,
-// reductions, softmax and log_softmax, transpose and reshape, matmul (batched and
+// reductions, softmax and log_softmax, layer_norm, transpose and reshape, matmul (batched and
 // broadcast), the losses, conv2d and the pools (strides, padding), each forward and
 // gradient; SGD, Adam, AdamW, clip_grad_norm and step_lr; and an MLP trained data parallel
 // over 3 places (uneven batch) and tensor parallel over 2, against one PyTorch process.
@@ -106,6 +106,7 @@ int main() {
   unary("softmax0", [](const auto& x) { return pdo::softmax<0>(x); });
   unary("log_softmax1", [](const auto& x) { return pdo::log_softmax<1>(x); });
   unary("log_softmax0", [](const auto& x) { return pdo::log_softmax<0>(x); });
+  unary("layer_norm", [](const auto& x) { return pdo::layer_norm(x); });
   unary("sum0", [](const auto& x) { return pdo::sum<0>(x); });
   unary("mean1", [](const auto& x) { return pdo::mean<1>(x); });
   unary("max1", [](const auto& x) { return pdo::max<1>(x); });

@@ -49,6 +49,7 @@ unary = {
     "gelu": F.gelu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
     "softmax1": lambda x: torch.softmax(x, 1), "softmax0": lambda x: torch.softmax(x, 0),
     "log_softmax1": lambda x: torch.log_softmax(x, 1), "log_softmax0": lambda x: torch.log_softmax(x, 0),
+    "layer_norm": lambda x: F.layer_norm(x, (x.shape[-1],)),
     "sum0": lambda x: x.sum(0), "mean1": lambda x: x.mean(1),
     "max1": lambda x: x.amax(1), "max0": lambda x: x.amax(0),  # ties share the gradient, as amax's
     "transpose": lambda x: x.t(), "reciprocal": lambda x: 1 / (x + 3), "square": lambda x: x * x - x,

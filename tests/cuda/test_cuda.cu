@@ -210,6 +210,17 @@ void expressions(const std::vector<pdo::cuda_place>& gpus) {
     std::copy(d.data(), d.data() + d.size(), all.data() + a.size() + b.size() + c.size());
     return all;
   }, 1e-12);
+  same_on_both("layer_norm over rows of 1000 (segmented means), rows split; the var's gradient", gpus, [&](const auto& m) {
+    const auto x = pdo::distribute<pdo::layout<split<"dp">, replicate>>(m, logits);
+    const auto y = pdo::gather(pdo::eval(pdo::layer_norm(x)));
+    auto v = pdo::parameter(x);
+    pdo::backward(pdo::sum(pdo::layer_norm(v) * pdo::var(x)));
+    const auto grad = pdo::gather(v.grad());
+    pdo::tensor<double, 1> all({y.size() + grad.size()});
+    std::copy(y.data(), y.data() + y.size(), all.data());
+    std::copy(grad.data(), grad.data() + grad.size(), all.data() + y.size());
+    return all;
+  }, 1e-10);
   same_on_both("cross_entropy over 1000 classes, rows split, and its gradient", gpus, [&](const auto& m) {
     pdo::tensor<int, 1> labels({9});
     for (std::size_t i = 0; i < 9; ++i) labels(i) = static_cast<int>((i * 337) % 1000);

@@ -600,6 +600,20 @@ auto unsqueeze(const var<A>& a) {
   }
 }
 
+/// @brief Layer normalisation over the last dim, as PyTorch's layer_norm without weight and
+/// bias (see pdo::layer_norm of expressions): each row's mean and variance computed once,
+/// the gradient through them. Of a dtensor whose last dim is split, the rows' means are
+/// sums over the places (and so are their gradients).
+template <class A>
+auto layer_norm(const var<A>& a, double eps = 1e-5) {
+  using T = detail::var_element_t<A>;
+  static_assert(std::is_floating_point_v<T>, "pdo: layer_norm: the operand's elements must be floating-point (float, double)");
+  static_assert(var<A>::rank >= 1, "pdo: layer_norm: the operand needs a dim to normalise over (its last)");
+  constexpr std::size_t last = var<A>::rank - 1;
+  const auto centred = a - pdo::unsqueeze<last>(pdo::mean<last>(a));
+  return centred / pdo::sqrt(pdo::unsqueeze<last>(pdo::mean<last>(centred * centred)) + static_cast<T>(eps));
+}
+
 // ---- a var with a plain tensor on the other side: one compile error ----
 
 namespace detail {

@@ -11,6 +11,7 @@
 #include <concepts>
 #include <cstddef>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 namespace pdo {
@@ -244,6 +245,27 @@ auto reshape(A&& a, const shape_t<Rank>& shape) {
 template <std::size_t Dim, detail::tensor_operand A>
 auto unsqueeze(A&& a) {
   return unsqueeze_node<Dim, detail::expression_t<A>>(detail::as_expression(std::forward<A>(a)));
+}
+
+/// @brief Layer normalisation over the last dim, as PyTorch's layer_norm without weight and
+/// bias: (a - mean) / sqrt(variance + eps), with the mean and the biased variance of each
+/// row of the last dim (centred first, as PyTorch computes it). Lazy, as every expression:
+/// its reductions run when it is evaluated, the rows' mean once for each of its three uses
+/// (an expression shares no value; layer_norm of a pdo::var computes each once). Of a
+/// dtensor whose last dim is split, the rows' means are sums over the places (planned as
+/// for pdo::mean), all_reduced.
+template <detail::tensor_operand A>
+auto layer_norm(A&& a, double eps = 1e-5) {
+  using node_t = detail::expression_t<A>;
+  using T = typename node_t::value_type;
+  static_assert(std::is_floating_point_v<T>, "pdo: layer_norm: the operand's elements must be floating-point (float, double)");
+  static_assert(node_t::rank >= 1, "pdo: layer_norm: the operand needs a dim to normalise over (its last)");
+  constexpr std::size_t last = node_t::rank - 1;
+  // the node's copies share the leaves it owns (an rvalue operand stays alive); not const,
+  // for nvcc (see pdo::eval)
+  node_t x = detail::as_expression(std::forward<A>(a));
+  auto centred = x - pdo::unsqueeze<last>(pdo::mean<last>(x));
+  return centred / pdo::sqrt(pdo::unsqueeze<last>(pdo::mean<last>(centred * centred)) + static_cast<T>(eps));
 }
 
 }  // namespace pdo

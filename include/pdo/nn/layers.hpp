@@ -198,6 +198,21 @@ struct gelu_tanh : stateless {
   auto operator()(const var<V>& x) const { return pdo::gelu_tanh(x); }
 };
 
+/// @brief Layer normalisation over the last dim without weight and bias: PyTorch's
+/// nn.LayerNorm(features, eps, elementwise_affine=False). In a model made tensor parallel it
+/// sits outside the column/row pairs (before a column layer or after a row layer), where the
+/// features are whole on every place, as Megatron places it.
+struct layer_norm : stateless {
+  /// @brief eps 1e-5, PyTorch's default.
+  layer_norm() = default;
+  /// @brief `eps`, added to each row's variance.
+  explicit layer_norm(double eps) : eps(eps) {}
+  /// @brief pdo::layer_norm(x, eps).
+  template <class V>
+  auto operator()(const var<V>& x) const { return pdo::layer_norm(x, eps); }
+  double eps = 1e-5;  ///< added to each row's variance before its square root
+};
+
 /// @brief The parameters of a layer or model, names prefixed with `prefix`.
 template <class T, class M>
 std::vector<parameter_ref<T>> parameters_of(const M& m, const std::string& prefix = "") {

@@ -908,6 +908,12 @@ auto make_pipeline(const Mesh& m, const sequential<Layers...>& model, MakeOptimi
                   "stage holds whole column/row pairs of linear layers (an even number of them: cut after the model's "
                   "2nd, 4th, ... linear layer)");
     return detail_dp::unformed_trainer<T>{};
+  } else if constexpr (Mesh::has_axis("tp") && !detail_tp::norms_outside_pairs<Layers...>()) {
+    static_assert(pdo::detail::always_false<Mesh>,
+                  "pdo: pipeline: on a mesh with a \"tp\" axis every stage is tensor parallel: a layer_norm sits between the "
+                  "column and the row layer of a pair, where the features are split along \"tp\"; put it before the pair's "
+                  "first linear layer or after its second");
+    return detail_dp::unformed_trainer<T>{};
   } else if constexpr (!std::is_invocable_v<MakeOptimizer&, std::vector<parameter_ref<T>>>) {
     static_assert(std::is_invocable_v<MakeOptimizer&, std::vector<parameter_ref<T>>>,
                   "pdo: make_pipeline: make_optimizer must be a callable that takes a stage's parameters, "

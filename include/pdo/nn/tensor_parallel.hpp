@@ -105,20 +105,35 @@ constexpr std::size_t linears_before(std::size_t i) {
 template <class Layer>
 inline constexpr bool convertible_v = is_local_linear_v<Layer> || std::is_empty_v<Layer> || std::is_base_of_v<stateless, Layer>;
 
+/// @brief Whether no layer_norm of a model of `Layers` sits between the column and the row
+/// layer of a pair, where each place holds a slice of the features (a place's shard would
+/// normalise its slice alone).
+template <class... Layers>
+constexpr bool norms_outside_pairs() {
+  constexpr bool is_norm[] = {std::is_same_v<Layers, layer_norm>..., false};
+  for (std::size_t i = 0; i < sizeof...(Layers); ++i)
+    if (is_norm[i] && linears_before<Layers...>(i) % 2 == 1) return false;
+  return true;
+}
+
 /// @brief Whether a model of `Layers` can be made tensor parallel; when it cannot, one error
-/// says why (its layers, else its linear layers not in pairs), and the caller instantiates
-/// nothing more.
+/// says why (its layers, else its linear layers not in pairs, else a layer_norm inside a
+/// pair), and the caller instantiates nothing more.
 template <class... Layers>
 constexpr bool check_model() {
   constexpr bool convertible = (convertible_v<Layers> && ...);
   constexpr bool pairs = linears_before<Layers...>(sizeof...(Layers)) % 2 == 0;
+  constexpr bool norms = norms_outside_pairs<Layers...>();
   static_assert(convertible,
                 "pdo: tensor_parallel: the model may hold linear layers and layers without parameters (activations); "
                 "split other layers' parameters explicitly");
   static_assert(!convertible || pairs,
                 "pdo: tensor_parallel: the model needs linear layers in column/row pairs (an even number), so that "
                 "its output is not left split along the tensor-parallel axis");
-  return convertible && pairs;
+  static_assert(!convertible || !pairs || norms,
+                "pdo: tensor_parallel: a layer_norm sits between the column and the row layer of a pair, where the features "
+                "are split along the tensor-parallel axis; put it before the pair's first linear layer or after its second");
+  return convertible && pairs && norms;
 }
 
 /// @brief The element type of a model's first linear layer (float when it has none).
