@@ -29,6 +29,12 @@ inline auto make_normed_mlp() {
                         nn::layer_norm{1e-3}, nn::linear<double>(5, 7, gen), nn::relu{}, nn::linear<double>(7, 4, gen));
 }
 
+/// @brief make_mlp as a function object, for a template's default argument (nvcc takes no
+/// lambda there).
+struct mlp_maker {
+  auto operator()() const { return make_mlp(); }
+};
+
 inline pdo::tensor<int, 1> labels_for(std::size_t n) {
   pdo::tensor<int, 1> y({n});
   for (std::size_t i = 0; i < n; ++i) y(i) = static_cast<int>((i * 7 + 1) % 4);
@@ -53,7 +59,7 @@ std::vector<double> local_losses(MakeModel make_model, const pdo::tensor<double,
 
 /// @brief Losses of `steps` SGD steps of make_mlp()'s model on (x, y).
 inline std::vector<double> local_losses(const pdo::tensor<double, 2>& x, const pdo::tensor<int, 1>& y, int steps) {
-  return local_losses([] { return make_mlp(); }, x, y, steps);
+  return local_losses(mlp_maker{}, x, y, steps);
 }
 
 /// @brief The tensors of a small CNN's training: images x [n, 2, h, w], targets [n, 3, h/2, w/2],

@@ -12,14 +12,9 @@ namespace {
 
 using pdo_test::labels_for;
 using pdo_test::local_losses;
-using pdo_test::make_mlp;
+using pdo_test::mlp_maker;
 using pdo::replicate;
 using pdo::split;
-
-/// @brief make_mlp as a default argument (nvcc takes no lambda in a template's default).
-struct mlp_maker {
-  auto operator()() const { return make_mlp(); }
-};
 
 /// @brief The losses of make_model()'s model (make_mlp's by default) made tensor parallel
 /// along "tp" on `m`, the batch split along "dp" if the mesh has it.

@@ -606,12 +606,7 @@ auto unsqueeze(const var<A>& a) {
 /// sums over the places (and so are their gradients).
 template <class A>
 auto layer_norm(const var<A>& a, double eps = 1e-5) {
-  using T = detail::var_element_t<A>;
-  static_assert(std::is_floating_point_v<T>, "pdo: layer_norm: the operand's elements must be floating-point (float, double)");
-  static_assert(var<A>::rank >= 1, "pdo: layer_norm: the operand needs a dim to normalise over (its last)");
-  constexpr std::size_t last = var<A>::rank - 1;
-  const auto centred = a - pdo::unsqueeze<last>(pdo::mean<last>(a));
-  return centred / pdo::sqrt(pdo::unsqueeze<last>(pdo::mean<last>(centred * centred)) + static_cast<T>(eps));
+  return detail::layer_norm_formula<detail::var_element_t<A>, var<A>::rank>(a, eps);
 }
 
 // ---- a var with a plain tensor on the other side: one compile error ----

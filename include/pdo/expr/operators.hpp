@@ -247,6 +247,25 @@ auto unsqueeze(A&& a) {
   return unsqueeze_node<Dim, detail::expression_t<A>>(detail::as_expression(std::forward<A>(a)));
 }
 
+namespace detail {
+/// @brief The formula of pdo::layer_norm, of `x`: an expression, or a pdo::var (whose ops,
+/// declared in autograd/ops.hpp, the unqualified calls find by argument-dependent lookup),
+/// whose elements are `T` and whose rank is `Rank`. After a failed check, `x` itself, so that
+/// nothing more is instantiated.
+template <class T, std::size_t Rank, class X>
+auto layer_norm_formula(const X& x, double eps) {
+  static_assert(std::is_floating_point_v<T>, "pdo: layer_norm: the operand's elements must be floating-point (float, double)");
+  static_assert(Rank >= 1, "pdo: layer_norm: the operand needs a dim to normalise over (its last)");
+  if constexpr (!std::is_floating_point_v<T> || Rank == 0) {
+    return x;
+  } else {
+    constexpr std::size_t last = Rank - 1;
+    auto centred = x - unsqueeze<last>(mean<last>(x));
+    return centred / sqrt(unsqueeze<last>(mean<last>(centred * centred)) + static_cast<T>(eps));
+  }
+}
+}  // namespace detail
+
 /// @brief Layer normalisation over the last dim, as PyTorch's layer_norm without weight and
 /// bias: (a - mean) / sqrt(variance + eps), with the mean and the biased variance of each
 /// row of the last dim (centred first, as PyTorch computes it). Lazy, as every expression:
@@ -257,15 +276,8 @@ auto unsqueeze(A&& a) {
 template <detail::tensor_operand A>
 auto layer_norm(A&& a, double eps = 1e-5) {
   using node_t = detail::expression_t<A>;
-  using T = typename node_t::value_type;
-  static_assert(std::is_floating_point_v<T>, "pdo: layer_norm: the operand's elements must be floating-point (float, double)");
-  static_assert(node_t::rank >= 1, "pdo: layer_norm: the operand needs a dim to normalise over (its last)");
-  constexpr std::size_t last = node_t::rank - 1;
-  // the node's copies share the leaves it owns (an rvalue operand stays alive); not const,
-  // for nvcc (see pdo::eval)
-  node_t x = detail::as_expression(std::forward<A>(a));
-  auto centred = x - pdo::unsqueeze<last>(pdo::mean<last>(x));
-  return centred / pdo::sqrt(pdo::unsqueeze<last>(pdo::mean<last>(centred * centred)) + static_cast<T>(eps));
+  // the node's copies share the leaves it owns (an rvalue operand stays alive)
+  return detail::layer_norm_formula<typename node_t::value_type, node_t::rank>(detail::as_expression(std::forward<A>(a)), eps);
 }
 
 }  // namespace pdo
