@@ -43,10 +43,12 @@ ctest --test-dir "$here/build-clang" --output-on-failure -j "$jobs" -R "^(test_(
 elapsed so far
 echo "== AddressSanitizer + UndefinedBehaviorSanitizer build of the unit tests"
 # (no debug info, a tenth of the build's time: UBSan's messages carry their source lines without
-# it, and ASan's stacks name the functions)
+# it, and ASan's stacks name the functions; each memory access checked by a call into ASan's
+# runtime rather than by inline code: the same checks, a tenth less compile time)
 bash "$here/scripts/configure.sh" "$here/build-asan" -DPDO_WITH_CUDA=OFF -DPDO_WITH_MPI=OFF -DPDO_BUILD_EXAMPLES=OFF \
   -DPDO_BUILD_BENCHMARKS=OFF -DPDO_INSTALL=OFF -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG= \
-  -DCMAKE_CXX_FLAGS="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer -O0"
+  -DCMAKE_CXX_FLAGS="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer -O0 \
+  --param=asan-instrumentation-with-call-threshold=0"
 cmake --build "$here/build-asan" --target test_core test_redistribute test_parallel_do test_collectives test_expr test_expr_mesh test_matmul_mesh \
   test_autograd test_nn test_model_parallel test_io -j "$jobs"
 ASAN_OPTIONS="detect_leaks=1" ctest --test-dir "$here/build-asan" --output-on-failure -j "$jobs" \
