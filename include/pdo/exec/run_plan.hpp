@@ -301,10 +301,12 @@ class plan_run {
     using child_t = node_numbered_t<c, Root>;
     using T = typename child_t::value_type;
     const child_t& child = node_numbered<c>(*root_);
+    // a leaf's shard is read where it is; a slot's block is handed over to the step
     tensor<T, child_t::rank> block;
-    if constexpr (first_move<S>() && child_t::is_leaf) block = tensor<T, child_t::rank>(child.shard(place_));
-    else block = std::move(slot<c>());
-    block = apply_step<step.move.kind>(step.move, *place_.m, child.shape(), place_.p, std::move(block));
+    if constexpr (first_move<S>() && child_t::is_leaf)
+      block = apply_step<step.move.kind>(step.move, *place_.m, child.shape(), place_.p, child.shard(place_));
+    else
+      block = apply_step<step.move.kind>(step.move, *place_.m, child.shape(), place_.p, std::move(slot<c>()));
     slots_[c] = std::make_shared<tensor<T, child_t::rank>>(std::move(block));
     if (step_recorder::on()) {
       plan_step ran{plan_step_kind::redistribute, node_numbered_t<step.node, Root>::name, step.node, step.operand, c};

@@ -68,58 +68,78 @@ void apply_flat_sum(const mesh_communicator& group, std::span<T> data, reduced_c
   group.all_reduce_apply(data, consume);
 }
 
-/// @brief One step of a redistribution on place `p`: turns `shard` (laid out as
-/// step.before) into its shard under step.after. Every place of the mesh runs it at once.
+/// @brief One step of a redistribution on place `p`: from `shard` (laid out as step.before)
+/// to this place's shard under step.after. Every place of the mesh runs it at once. `shard`
+/// is only read; when `owned` is given (it is then `shard` itself, whose memory the caller
+/// hands over), the steps that work in place (keep_on_one, all_reduce) take it over, and the
+/// others free it as soon as they have read it. Beside its input, a step holds at most two
+/// buffers at once (its output, and the pieces of the collective packed one after another
+/// where they are not already); a redistribution reads a dtensor's shards without copying them first.
 template <step_kind Kind, class T, std::size_t Rank, class Mesh>
 tensor<T, Rank> apply_step(const redistribute_step& step, const Mesh& m, const shape_t<Rank>& global, std::size_t p,
-                           tensor<T, Rank> shard) {
+                           const tensor<T, Rank>& shard, tensor<T, Rank>* owned = nullptr) {
   const std::size_t a = Mesh::axis_index(step.axis), n = m.extent(a), me = m.coord(p, a);
   const any_place& place = m.place(p);
   const shape_t<Rank> out_shape = shard_shape(m, step.after, global, p);
+  const auto release = [owned] {
+    if (owned != nullptr) *owned = tensor<T, Rank>();
+  };
   if constexpr (Kind == step_kind::keep_on_one) {
-    if (me != 0) shard.fill(T{});
-    return shard;
+    if (me != 0) {
+      release();
+      return tensor<T, Rank>(out_shape, place);  // zeros
+    }
+    return owned != nullptr ? std::move(*owned) : tensor<T, Rank>(shard);
   } else if constexpr (Kind == step_kind::zero_pad) {
     tensor<T, Rank> out(out_shape, place);  // zeros
     place_chunk(shard.data(), view_along(out_shape, step.dim), n, me, out.data(), out.where());
+    release();
     return out;
   } else if constexpr (Kind == step_kind::local_slice) {
     tensor<T, Rank> out(out_shape, place, uninitialized);
     copy_chunk(shard.data(), view_along(shard.shape(), step.dim), n, me, out.data(), out.where());
+    release();
     return out;
   } else if constexpr (Kind == step_kind::all_reduce) {
-    apply_flat_step<Kind>(step, m, p, shard.span());
-    return shard;
+    tensor<T, Rank> out = owned != nullptr ? std::move(*owned) : tensor<T, Rank>(shard);
+    apply_flat_step<Kind>(step, m, p, out.span());
+    return out;
   } else {
     const mesh_communicator comm = communicator_along(m, a, p);
     count_planned(Kind, me == 0);
     if constexpr (Kind == step_kind::reduce_scatter) {
       // members keep chunks of `dim`: send them chunk-major, unless dim is outermost
       const dim_view v = view_along(shard.shape(), step.dim);
-      tensor<T, Rank> out(out_shape, place, uninitialized);
-      if (v.outer == 1) {
-        comm.reduce_scatter(std::as_const(shard).span(), out.span());
-      } else {
-        tensor<T, Rank> packed(shard.shape(), place, uninitialized);
+      tensor<T, Rank> packed;
+      if (v.outer != 1) {
+        packed = tensor<T, Rank>(shard.shape(), place, uninitialized);
         pack_chunks(shard.data(), v, n, packed.data(), packed.where());
-        comm.reduce_scatter(std::as_const(packed).span(), out.span());
+        release();
       }
+      tensor<T, Rank> out(out_shape, place, uninitialized);
+      comm.reduce_scatter(std::as_const(v.outer != 1 ? packed : shard).span(), out.span());
+      release();
       return out;
     } else if constexpr (Kind == step_kind::all_gather) {
-      tensor<T, Rank> out(out_shape, place, uninitialized);
       const dim_view v = view_along(out_shape, step.dim);
       if (v.outer == 1) {
-        comm.all_gather(std::as_const(shard).span(), out.span());
-      } else {
-        tensor<T, Rank> packed(out_shape, place, uninitialized);
-        comm.all_gather(std::as_const(shard).span(), packed.span());
-        unpack_chunks(packed.data(), v, n, out.data(), out.where());
+        tensor<T, Rank> out(out_shape, place, uninitialized);
+        comm.all_gather(shard.span(), out.span());
+        release();
+        return out;
       }
+      tensor<T, Rank> packed(out_shape, place, uninitialized);
+      comm.all_gather(shard.span(), packed.span());
+      release();
+      tensor<T, Rank> out(out_shape, place, uninitialized);
+      unpack_chunks(packed.data(), v, n, out.data(), out.where());
       return out;
     } else {
       static_assert(Kind == step_kind::all_to_all);
       // piece j: my shard's chunk j of the new split dim; piece i received: member i's
-      // chunk of the old split dim, to be put back in order along it
+      // chunk of the old split dim, to be put back in order along it. Where a dim is the
+      // outermost one that is not 1, its chunks are already one after another: the shard is
+      // sent as it is, or received straight into the output.
       const dim_view send_view = view_along(shard.shape(), step.dim);
       const dim_view recv_view = view_along(out_shape, step.from_dim);
       std::vector<std::size_t> send_counts(n), recv_counts(n);
@@ -127,37 +147,63 @@ tensor<T, Rank> apply_step(const redistribute_step& step, const Mesh& m, const s
         send_counts[k] = send_view.outer * chunk_size(send_view.extent, n, k) * send_view.inner;
         recv_counts[k] = recv_view.outer * chunk_size(recv_view.extent, n, k) * recv_view.inner;
       }
-      tensor<T, Rank> packed(shard.shape(), place, uninitialized);
-      pack_chunks(shard.data(), send_view, n, packed.data(), packed.where());
-      tensor<T, Rank> received(out_shape, place, uninitialized), out(out_shape, place, uninitialized);
-      comm.all_to_all(std::as_const(packed).span(), std::span<const std::size_t>(send_counts), received.span(),
-                      std::span<const std::size_t>(recv_counts));
-      unpack_chunks(received.data(), recv_view, n, out.data(), out.where());
+      tensor<T, Rank> packed;
+      if (send_view.outer != 1) {
+        packed = tensor<T, Rank>(shard.shape(), place, uninitialized);
+        pack_chunks(shard.data(), send_view, n, packed.data(), packed.where());
+        release();
+      }
+      const bool unpack = recv_view.outer != 1;
+      tensor<T, Rank> out, received;
+      (unpack ? received : out) = tensor<T, Rank>(out_shape, place, uninitialized);
+      comm.all_to_all(std::as_const(send_view.outer != 1 ? packed : shard).span(), std::span<const std::size_t>(send_counts),
+                      (unpack ? received : out).span(), std::span<const std::size_t>(recv_counts));
+      packed = tensor<T, Rank>();
+      release();
+      if (unpack) {
+        out = tensor<T, Rank>(out_shape, place, uninitialized);
+        unpack_chunks(received.data(), recv_view, n, out.data(), out.where());
+      }
       return out;
     }
   }
 }
 
-/// @brief Runs `Plan` on place `p`; each step's collective is chosen at compile time.
+/// @brief apply_step of a shard whose memory the caller hands over (the result of an
+/// earlier step): reused or freed by the step.
+template <step_kind Kind, class T, std::size_t Rank, class Mesh>
+tensor<T, Rank> apply_step(const redistribute_step& step, const Mesh& m, const shape_t<Rank>& global, std::size_t p,
+                           tensor<T, Rank>&& shard) {
+  return apply_step<Kind>(step, m, global, p, std::as_const(shard), &shard);
+}
+
+/// @brief Runs `Plan` on place `p` from `shard`, which it only reads (its first step reads it
+/// in place; a plan with no steps gives a copy); each step's collective is chosen at compile time.
 template <const redistribute_plan& Plan, class T, std::size_t Rank, class Mesh>
-tensor<T, Rank> apply_plan(const Mesh& m, const shape_t<Rank>& global, std::size_t p, tensor<T, Rank> shard) {
-  [&]<std::size_t... I>(std::index_sequence<I...>) {
-    (
-        [&] {
-          // a copy of the step: passing Plan.steps[I] itself would make the whole plan (all
-          // its capacity of steps) an object of the program
-          constexpr redistribute_step step = Plan.steps[I];
-          shard = apply_step<step.kind>(step, m, global, p, std::move(shard));
-        }(),
-        ...);
-  }(std::make_index_sequence<Plan.size>{});
-  return shard;
+tensor<T, Rank> apply_plan(const Mesh& m, const shape_t<Rank>& global, std::size_t p, const tensor<T, Rank>& shard) {
+  if constexpr (Plan.size == 0) {
+    return shard;
+  } else {
+    // a copy of each step: passing Plan.steps[I] itself would make the whole plan (all its
+    // capacity of steps) an object of the program
+    constexpr redistribute_step first = Plan.steps[0];
+    tensor<T, Rank> out = apply_step<first.kind>(first, m, global, p, shard);
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      (
+          [&] {
+            constexpr redistribute_step step = Plan.steps[I + 1];
+            out = apply_step<step.kind>(step, m, global, p, std::move(out));
+          }(),
+          ...);
+    }(std::make_index_sequence<Plan.size - 1>{});
+    return out;
+  }
 }
 
 /// @brief Runs the plan from `From` to `To` on place `p`.
 template <layout_spec From, layout_spec To, class T, std::size_t Rank, class Mesh>
-tensor<T, Rank> apply_plan(const Mesh& m, const shape_t<Rank>& global, std::size_t p, tensor<T, Rank> shard) {
-  return apply_plan<redistribute_plan_v<From, To>>(m, global, p, std::move(shard));
+tensor<T, Rank> apply_plan(const Mesh& m, const shape_t<Rank>& global, std::size_t p, const tensor<T, Rank>& shard) {
+  return apply_plan<redistribute_plan_v<From, To>>(m, global, p, shard);
 }
 
 template <class T, std::size_t Rank, class Mesh, class Layout>
