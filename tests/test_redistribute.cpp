@@ -159,20 +159,20 @@ TEST_CASE("a redistribution holds no more than its input, one packed copy and it
   using rows = pdo::layout<split<"x">, replicate>;
   using cols = pdo::layout<replicate, split<"x">>;
   using whole = pdo::layout<replicate, replicate>;
+  // the extra bytes place 0 of x's mesh held at most while `To` was made from x (whose value is `host`)
+  auto peak_of = []<class To>(const auto& x, const auto& host) {
+    auto& memory = x.mesh().place(0).memory();
+    const std::size_t before = memory.stats().bytes_in_use;
+    memory.reset_peak();
+    const auto y = pdo::redistribute<To>(x);
+    const std::size_t peak = memory.stats().peak_bytes_in_use - before;
+    REQUIRE(pdo_test::equal(pdo::gather(y), host));
+    return peak;
+  };
   const auto host = pdo_test::iota_tensor<float, 2>({256, 128});
   for (std::size_t n : {2, 4}) {
     const auto mesh = pdo_test::line_mesh(n);
     const std::size_t bytes = host.bytes();
-    // the extra bytes place 0 held at most while `To` was made from x, and the result
-    auto peak_of = [&]<class To>(const auto& x) {
-      auto& memory = mesh.place(0).memory();
-      const std::size_t before = memory.stats().bytes_in_use;
-      memory.reset_peak();
-      const auto y = pdo::redistribute<To>(x);
-      const std::size_t peak = memory.stats().peak_bytes_in_use - before;
-      REQUIRE(pdo_test::equal(pdo::gather(y), host));
-      return peak;
-    };
     CAPTURE(n);
     const auto by_rows = pdo::distribute<rows>(mesh, host);
     const auto by_cols = pdo::distribute<cols>(mesh, host);
@@ -180,25 +180,19 @@ TEST_CASE("a redistribution holds no more than its input, one packed copy and it
     // all_to_all: rows -> columns packs the columns' pieces and receives them in order (the
     // output and a packed copy of the input); columns -> rows sends the shard as it is and
     // puts the pieces received in order (the output and the pieces)
-    CHECK(peak_of.template operator()<cols>(by_rows) == 2 * bytes / n);
-    CHECK(peak_of.template operator()<rows>(by_cols) == 2 * bytes / n);
+    CHECK(peak_of.template operator()<cols>(by_rows, host) == 2 * bytes / n);
+    CHECK(peak_of.template operator()<rows>(by_cols, host) == 2 * bytes / n);
     // all_gather of rows: straight into the output; of columns: the pieces, then the output
-    CHECK(peak_of.template operator()<whole>(by_rows) == bytes);
-    CHECK(peak_of.template operator()<whole>(by_cols) == 2 * bytes);
+    CHECK(peak_of.template operator()<whole>(by_rows, host) == bytes);
+    CHECK(peak_of.template operator()<whole>(by_cols, host) == 2 * bytes);
     // a local slice: the new shard only
-    CHECK(peak_of.template operator()<rows>(everywhere) == bytes / n);
+    CHECK(peak_of.template operator()<rows>(everywhere, host) == bytes / n);
   }
   // rank 3, from dim 1 split to dim 2 split: pieces packed to send and put in order when
-  // received, the packed ones freed before the output is made
+  // received, the packed ones freed before the output is made (two shards of half of it)
   const auto cube = pdo_test::iota_tensor<float, 3>({4, 128, 64});
-  const auto mesh = pdo_test::line_mesh(2);
-  const auto x = pdo::distribute<pdo::layout<replicate, split<"x">, replicate>>(mesh, cube);
-  auto& memory = mesh.place(0).memory();
-  const std::size_t before = memory.stats().bytes_in_use;
-  memory.reset_peak();
-  const auto y = pdo::redistribute<pdo::layout<replicate, replicate, split<"x">>>(x);
-  CHECK(memory.stats().peak_bytes_in_use - before == cube.bytes());  // two shards of half of it
-  REQUIRE(pdo_test::equal(pdo::gather(y), cube));
+  const auto x = pdo::distribute<pdo::layout<replicate, split<"x">, replicate>>(pdo_test::line_mesh(2), cube);
+  CHECK(peak_of.template operator()<pdo::layout<replicate, replicate, split<"x">>>(x, cube) == cube.bytes());
 }
 
 TEST_CASE("gather writes each block into the host tensor: a tensor that fits only when split can be gathered",

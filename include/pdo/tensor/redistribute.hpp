@@ -110,15 +110,16 @@ tensor<T, Rank> apply_step(const redistribute_step& step, const Mesh& m, const s
     if constexpr (Kind == step_kind::reduce_scatter) {
       // members keep chunks of `dim`: send them chunk-major, unless dim is outermost
       const dim_view v = view_along(shard.shape(), step.dim);
+      const bool pack = v.outer != 1;
       tensor<T, Rank> packed;
-      if (v.outer != 1) {
+      if (pack) {
         packed = tensor<T, Rank>(shard.shape(), place, uninitialized);
         pack_chunks(shard.data(), v, n, packed.data(), packed.where());
         release();
       }
       tensor<T, Rank> out(out_shape, place, uninitialized);
-      comm.reduce_scatter(std::as_const(v.outer != 1 ? packed : shard).span(), out.span());
-      release();
+      comm.reduce_scatter(std::as_const(pack ? packed : shard).span(), out.span());
+      if (!pack) release();
       return out;
     } else if constexpr (Kind == step_kind::all_gather) {
       const dim_view v = view_along(out_shape, step.dim);
@@ -147,19 +148,19 @@ tensor<T, Rank> apply_step(const redistribute_step& step, const Mesh& m, const s
         send_counts[k] = send_view.outer * chunk_size(send_view.extent, n, k) * send_view.inner;
         recv_counts[k] = recv_view.outer * chunk_size(recv_view.extent, n, k) * recv_view.inner;
       }
+      const bool pack = send_view.outer != 1, unpack = recv_view.outer != 1;
       tensor<T, Rank> packed;
-      if (send_view.outer != 1) {
+      if (pack) {
         packed = tensor<T, Rank>(shard.shape(), place, uninitialized);
         pack_chunks(shard.data(), send_view, n, packed.data(), packed.where());
         release();
       }
-      const bool unpack = recv_view.outer != 1;
       tensor<T, Rank> out, received;
       (unpack ? received : out) = tensor<T, Rank>(out_shape, place, uninitialized);
-      comm.all_to_all(std::as_const(send_view.outer != 1 ? packed : shard).span(), std::span<const std::size_t>(send_counts),
+      comm.all_to_all(std::as_const(pack ? packed : shard).span(), std::span<const std::size_t>(send_counts),
                       (unpack ? received : out).span(), std::span<const std::size_t>(recv_counts));
-      packed = tensor<T, Rank>();
-      release();
+      if (pack) packed = tensor<T, Rank>();
+      else release();
       if (unpack) {
         out = tensor<T, Rank>(out_shape, place, uninitialized);
         unpack_chunks(received.data(), recv_view, n, out.data(), out.where());
