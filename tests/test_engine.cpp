@@ -626,7 +626,7 @@ void with_held_lanes(const std::vector<pdo::cpu_place>& places, Scenario scenari
 
 }  // namespace
 
-TEST_CASE("a dtensor replaced, copied or freed while an eval_async uses it waits for that work, which sees it as it was",
+TEST_CASE("a dtensor replaced, moved, copied or freed while an eval_async uses it waits for that work, which sees it as it was",
           "[engine][async]") {
   const auto places = pdo::cpu_places(2);
   const auto m = pdo::make_mesh<"x">(places);
@@ -655,6 +655,54 @@ TEST_CASE("a dtensor replaced, copied or freed while an eval_async uses it waits
     check(pdo::gather(r->get()));
     const auto now = pdo::gather(a);
     for (double v : now.span()) REQUIRE(v == 7.0);
+  }
+  using dt = pdo::dtensor<double, 2, pdo::mesh<"x">, rows>;
+  SECTION("moved from: the queued work reads the shards it was queued with, and the new dtensor holds them") {
+    auto a = pdo::distribute<rows>(m, h);
+    std::optional<pdo::async_result<dt>> r;
+    std::optional<dt> b;
+    with_held_lanes(places, [&](auto hold, auto release) {
+      hold();
+      r.emplace(pdo::eval_async(pdo::exp(a)));
+      release();
+      b.emplace(std::move(a));  // waits for r's work on a
+    });
+    check(pdo::gather(r->get()));
+    const auto now = pdo::gather(*b);
+    for (std::size_t i = 0; i < now.size(); ++i) REQUIRE(now.data()[i] == h.data()[i]);
+  }
+  SECTION("moved out of an eval_async result (get() on an rvalue) while a later eval_async reads it") {
+    const auto a = pdo::distribute<rows>(m, h);
+    std::optional<pdo::async_result<dt>> first, second;
+    std::optional<dt> taken;
+    with_held_lanes(places, [&](auto hold, auto release) {
+      hold();
+      first.emplace(pdo::eval_async(pdo::exp(a)));
+      second.emplace(pdo::eval_async(pdo::log(*first)));  // reads first's result on each place
+      release();
+      // get() waits for first's work, then moves its result, which waits for second's reads of
+      // it (second runs right behind first on each lane: "moved from" above is the case whose
+      // work surely runs after the move)
+      taken.emplace(std::move(*first).get());
+    });
+    check(pdo::gather(*taken));
+    const auto back = pdo::gather(second->get());
+    for (std::size_t i = 0; i < back.size(); ++i) REQUIRE(back.data()[i] == Approx(h.data()[i]).margin(1e-12));
+  }
+  SECTION("moved by a vector that grows: the queued work reads the dtensor before it moves") {
+    std::vector<dt> v;
+    v.reserve(1);
+    v.push_back(pdo::distribute<rows>(m, h));
+    auto extra = pdo::distribute<rows>(m, other);  // made before the lanes are held: distribute waits for them
+    std::optional<pdo::async_result<dt>> r;
+    with_held_lanes(places, [&](auto hold, auto release) {
+      hold();
+      r.emplace(pdo::eval_async(pdo::exp(v[0])));
+      release();
+      v.push_back(std::move(extra));  // moves v[0] to new storage, which waits for r's work
+    });
+    check(pdo::gather(r->get()));
+    check(pdo::gather(pdo::eval(pdo::exp(v[0]))));
   }
   SECTION("copied before the wait: the copy holds the values the queued work writes") {
     const auto a = pdo::distribute<rows>(m, h);

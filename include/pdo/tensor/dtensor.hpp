@@ -165,8 +165,13 @@ class dtensor {
   /// @brief A copy: the same mesh, and a deep copy of each shard on its place, taken once
   /// the work queued that writes `other` (an eval_async not yet waited for) has written it.
   dtensor(const dtensor& other) : mesh_(other.mesh_), shape_(other.shape_), shards_(copied_shards(other)) {}
-  /// @brief Takes `other`'s mesh and shards; `other` is left moved from.
-  dtensor(dtensor&& other) = default;
+  /// @brief Takes `other`'s mesh and shards once the work queued that reads or writes them
+  /// has ended (an eval_async not yet waited for refers to `other`, which this leaves moved
+  /// from: that work sees it as it was); `other` is left moved from.
+  dtensor(dtensor&& other) noexcept
+      : mesh_((detail::wait_for_shard_users(other.shards_, detail::shard_users::all), std::move(other.mesh_))),
+        shape_(other.shape_),
+        shards_(std::move(other.shards_)) {}
   /// @brief Copy or move assignment (by value, then swap). Work queued that reads or writes
   /// this dtensor (an eval_async not yet waited for) ends first: it sees the dtensor as it
   /// was when it was queued.
