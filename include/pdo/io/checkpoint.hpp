@@ -147,6 +147,11 @@ inline std::uint64_t save_identity_of(const nlohmann::ordered_json& j, const std
   return id;
 }
 
+/// @brief What a shard file holds, as its errors name it: " (tensor "w", block at [0, 0])".
+inline std::string block_label(const std::string& name, const std::vector<std::size_t>& offset) {
+  return " (tensor \"" + name + "\", block at " + pdo::detail::format_extents(offset) + ")";
+}
+
 /// @brief Writes one block (`bytes` of host memory) as a shard file.
 inline void write_shard(const std::filesystem::path& path, const std::string& name, const std::vector<std::size_t>& offset,
                         std::string_view dtype, const void* data, std::size_t bytes, std::uint64_t save, const save_options& o) {
@@ -164,7 +169,7 @@ inline void write_shard(const std::filesystem::path& path, const std::string& na
   h.save = save;
   h.dtype = dtype_identity(dtype);
   h.checksum = header_checksum(h, sums);
-  file f(path, file::mode::write);
+  file f(path, file::mode::write, block_label(name, offset));
   f.write_at(&h, sizeof h, 0);
   if (n > 0) f.write_at(sums.data(), n * 8, sizeof h);
   const std::size_t at = data_offset_of(n);
@@ -193,8 +198,8 @@ class shard_reader {
   /// `element_bytes` each), written by the save `save` (0: the metadata does not say).
   shard_reader(const std::filesystem::path& path, const std::string& name, std::string_view dtype, std::uint64_t save, const block_meta& b,
                std::size_t element_bytes)
-      : f_(path, file::mode::read) {
-    const std::string where = "io: " + path.string() + " (tensor \"" + name + "\", block at " + pdo::detail::format_extents(b.offset) + "): ";
+      : f_(path, file::mode::read, block_label(name, b.offset)) {
+    const std::string where = "io: " + path.string() + block_label(name, b.offset) + ": ";
     if (f_.size() < shard_header_bytes) throw io_error(where + "truncated: " + std::to_string(f_.size()) + " bytes, shorter than a shard header");
     f_.read_at(&h_, sizeof h_, 0);
     if (std::memcmp(h_.magic, shard_magic, 8) != 0) throw io_error(where + "not a pdo shard file (its first bytes are not PDOSHARD)");

@@ -71,11 +71,12 @@ inline std::uint64_t checksum(const void* data, std::size_t n, std::uint64_t see
   return h ^ (h >> 32);
 }
 
-/// @brief An open file: every failure is a pdo::io_error naming it and what was asked.
+/// @brief An open file: every failure is a pdo::io_error naming it (and, after its path,
+/// `label`: what it holds, " (tensor "w", block at [0, 0])") and what was asked.
 class file {
  public:
   enum class mode { read, write };
-  file(std::filesystem::path path, mode m) : path_(std::move(path)) {
+  file(std::filesystem::path path, mode m, std::string label = {}) : path_(std::move(path)), label_(std::move(label)) {
     fd_ = m == mode::read ? ::open(path_.c_str(), O_RDONLY | O_CLOEXEC) : ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd_ < 0) fail(m == mode::read ? "cannot open it to read" : "cannot create it");
   }
@@ -99,7 +100,7 @@ class file {
       if (got < 0 && errno == EINTR) continue;
       if (got < 0) fail("cannot read " + std::to_string(n) + " bytes at offset " + std::to_string(offset));
       if (got == 0)
-        throw io_error("io: " + path_.string() + ": truncated: it ends at byte " + std::to_string(offset) + ", " + std::to_string(n) +
+        throw io_error("io: " + path_.string() + label_ + ": truncated: it ends at byte " + std::to_string(offset) + ", " + std::to_string(n) +
                        " bytes before the end its contents need");
       p += got, n -= static_cast<std::size_t>(got), offset += static_cast<std::size_t>(got);
     }
@@ -120,9 +121,10 @@ class file {
 
  private:
   [[noreturn]] void fail(const std::string& what) const {
-    throw io_error("io: " + path_.string() + ": " + what + ": " + std::strerror(errno));
+    throw io_error("io: " + path_.string() + label_ + ": " + what + ": " + std::strerror(errno));
   }
   std::filesystem::path path_;
+  std::string label_;
   int fd_ = -1;
 };
 
