@@ -165,9 +165,9 @@ class dtensor {
   /// @brief A copy: the same mesh, and a deep copy of each shard on its place, taken once
   /// the work queued that writes `other` (an eval_async not yet waited for) has written it.
   dtensor(const dtensor& other) : mesh_(other.mesh_), shape_(other.shape_), shards_(copied_shards(other)) {}
-  /// @brief Takes `other`'s mesh and shards once the work queued that reads or writes them
-  /// has ended (an eval_async not yet waited for refers to `other`, which this leaves moved
-  /// from: that work sees it as it was); `other` is left moved from.
+  /// @brief Takes `other`'s mesh and shards, leaving it moved from, once the work queued that
+  /// reads or writes them has ended: an eval_async not yet waited for that refers to `other`
+  /// sees it as it was.
   dtensor(dtensor&& other) noexcept
       : mesh_((detail::wait_for_shard_users(other.shards_, detail::shard_users::all), std::move(other.mesh_))),
         shape_(other.shape_),
