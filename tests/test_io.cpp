@@ -948,6 +948,7 @@ TEST_CASE("resume: a pipeline saved by its stages' places loads into another cut
   const auto all = train(straight, 0, 21);
   auto first = make_a();
   train(first, 0, 10);
+  first.set_skipped_steps(3);  // as if 3 of its steps had had a loss that was not finite
   pdo::io::save(tmp.path / "a", first);
   // every parameter under its name in the whole model, its moments beside it
   const auto info = pdo::io::inspect(tmp.path / "a");
@@ -958,6 +959,7 @@ TEST_CASE("resume: a pipeline saved by its stages' places loads into another cut
   auto resumed = make_a();
   pdo::io::load(tmp.path / "a", resumed);
   CHECK(resumed.steps() == 10);
+  CHECK(resumed.skipped_steps() == 3);
   const auto tail = train(resumed, 10, 20);
   for (std::size_t i = 0; i < tail.size(); ++i) CHECK(tail[i] == all[10 + i]);
 

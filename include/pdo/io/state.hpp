@@ -359,7 +359,8 @@ checkpoint& add_state(checkpoint& c, const std::string& prefix, nn::data_paralle
 /// @brief Adds to `c` the whole state of a pipeline: each parameter of the model under its
 /// name in the whole model ("<prefix>model.<layer>.<name>", as a data-parallel trainer of the
 /// same model saves it), the optimizers' state ("<prefix>optimizer.<layer>.<name>.<state>",
-/// "<prefix>optimizer.steps") and the trainer's steps ("<prefix>steps"). Each stage's places
+/// "<prefix>optimizer.steps") and the trainer's steps ("<prefix>steps", and of them those it
+/// skipped, "<prefix>skipped_steps"). Each stage's places
 /// write their own parameters, all at once
 /// (over MPI each process its stages'; a stage's shards along "tp" each by its place, once
 /// per "dp" row); a load fills each place's parameters and moments from the blocks they
@@ -417,10 +418,14 @@ checkpoint& add_state(checkpoint& c, const std::string& prefix, nn::pipeline<T, 
         for (std::size_t k = 0; k < pl->mesh().local_places().size(); ++k) pl->optimizer(k).set_steps(t);
       });
   // the trainer's steps (its learning-rate schedule's count), as a data-parallel trainer saves
-  // them; optional: a checkpoint saved without them leaves the count as it is
+  // them, and how many it skipped; optional: a checkpoint saved without them leaves the counts
+  // as they are
   c.add_computed<std::uint64_t>(
       prefix + "steps", [pl] { return static_cast<std::uint64_t>(pl->steps()); },
       [pl](std::uint64_t s) { pl->set_steps(static_cast<std::size_t>(s)); }, true);
+  c.add_computed<std::uint64_t>(
+      prefix + "skipped_steps", [pl] { return static_cast<std::uint64_t>(pl->skipped_steps()); },
+      [pl](std::uint64_t s) { pl->set_skipped_steps(static_cast<std::size_t>(s)); }, true);
   return c;
 }
 

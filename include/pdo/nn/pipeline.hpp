@@ -514,6 +514,8 @@ class pipeline {
   /// @brief The steps taken so far whose loss was not finite, so that nothing was updated
   /// (skipped with pipeline_options::skip_nonfinite_steps, or a pdo::error without it).
   [[nodiscard]] std::size_t skipped_steps() const { return skipped_steps_; }
+  /// @brief Sets the count of skipped steps (pdo::io's add_state restores it with the steps).
+  void set_skipped_steps(std::size_t n) { skipped_steps_ = n; }
 
   /// @brief The most micro-batches whose activations each stage of this process held at once in the last step.
   [[nodiscard]] std::vector<std::size_t> max_in_flight() const {
