@@ -637,6 +637,7 @@ TEST_CASE("a dtensor replaced, moved, copied or freed while an eval_async uses i
     h.data()[i] = 0.1 * static_cast<double>(i);
     other.data()[i] = 7.0;
   }
+  using dt = pdo::dtensor<double, 2, pdo::mesh<"x">, rows>;
   const auto want = pdo::eval(pdo::exp(h));
   auto check = [&](const pdo::tensor<double, 2>& got) {
     for (std::size_t i = 0; i < got.size(); ++i) REQUIRE(got.data()[i] == Approx(want.data()[i]));
@@ -645,7 +646,7 @@ TEST_CASE("a dtensor replaced, moved, copied or freed while an eval_async uses i
   SECTION("assigned: the queued work reads the values it was queued with") {
     auto a = pdo::distribute<rows>(m, h);
     auto replacement = pdo::distribute<rows>(m, other);
-    std::optional<pdo::async_result<decltype(a)>> r;
+    std::optional<pdo::async_result<dt>> r;
     with_held_lanes(places, [&](auto hold, auto release) {
       hold();
       r.emplace(pdo::eval_async(pdo::exp(a)));
@@ -656,7 +657,6 @@ TEST_CASE("a dtensor replaced, moved, copied or freed while an eval_async uses i
     const auto now = pdo::gather(a);
     for (double v : now.span()) REQUIRE(v == 7.0);
   }
-  using dt = pdo::dtensor<double, 2, pdo::mesh<"x">, rows>;
   SECTION("moved from: the queued work reads the shards it was queued with, and the new dtensor holds them") {
     auto a = pdo::distribute<rows>(m, h);
     std::optional<pdo::async_result<dt>> r;
@@ -706,8 +706,8 @@ TEST_CASE("a dtensor replaced, moved, copied or freed while an eval_async uses i
   }
   SECTION("copied before the wait: the copy holds the values the queued work writes") {
     const auto a = pdo::distribute<rows>(m, h);
-    std::optional<pdo::async_result<pdo::dtensor<double, 2, pdo::mesh<"x">, rows>>> r;
-    std::optional<pdo::dtensor<double, 2, pdo::mesh<"x">, rows>> copy;
+    std::optional<pdo::async_result<dt>> r;
+    std::optional<dt> copy;
     with_held_lanes(places, [&](auto hold, auto release) {
       hold();
       r.emplace(pdo::eval_async(pdo::exp(a)));
@@ -718,9 +718,9 @@ TEST_CASE("a dtensor replaced, moved, copied or freed while an eval_async uses i
     r->wait();
   }
   SECTION("freed: its storage is not handed out before the queued work has read it") {
-    std::optional<pdo::dtensor<double, 2, pdo::mesh<"x">, rows>> b(pdo::distribute<rows>(m, h));
-    std::optional<pdo::async_result<pdo::dtensor<double, 2, pdo::mesh<"x">, rows>>> r;
-    std::optional<pdo::dtensor<double, 2, pdo::mesh<"x">, rows>> reuse;
+    std::optional<dt> b(pdo::distribute<rows>(m, h));
+    std::optional<pdo::async_result<dt>> r;
+    std::optional<dt> reuse;
     with_held_lanes(places, [&](auto hold, auto release) {
       hold();
       r.emplace(pdo::eval_async(pdo::exp(*b)));
