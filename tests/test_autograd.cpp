@@ -198,6 +198,16 @@ TEST_CASE("autograd: reductions", "[autograd]") {
   check_gradient([](auto x) { return pdo::mean<2>(x); }, a);
   check_gradient([](auto x) { return pdo::max(x); }, a);
   check_gradient([](auto x) { return pdo::max<0>(x); }, a);
+  // negative dims count back from the last
+  check_gradient([](auto x) { return pdo::sum<-1>(x); }, a);
+  check_gradient([](auto x) { return pdo::mean<-2>(x); }, a);
+  check_gradient([](auto x) { return pdo::max<-3>(x); }, a);
+  check_gradient([](auto x) { return pdo::unsqueeze<-1>(x) * pdo::unsqueeze<-2>(pdo::unsqueeze<-1>(pdo::sum<-1>(x))); }, a);
+  // the same gradients as the dims counted from 0
+  auto p = pdo::parameter(a), q = pdo::parameter(a);
+  pdo::backward(pdo::sum(pdo::max<-2>(p)) * pdo::mean(pdo::mean<-1>(pdo::unsqueeze<-3>(p))));
+  pdo::backward(pdo::sum(pdo::max<1>(q)) * pdo::mean(pdo::mean<3>(pdo::unsqueeze<1>(q))));
+  for (std::size_t i = 0; i < a.size(); ++i) CHECK(p.grad().data()[i] == q.grad().data()[i]);
 }
 
 TEST_CASE("autograd: softmax, log_softmax and the losses", "[autograd]") {
@@ -206,6 +216,8 @@ TEST_CASE("autograd: softmax, log_softmax and the losses", "[autograd]") {
   check_gradient([](auto x) { return pdo::softmax<0>(x); }, a);
   check_gradient([](auto x) { return pdo::log_softmax(x); }, a);
   check_gradient([](auto x) { return pdo::log_softmax<0>(x); }, a);
+  check_gradient([](auto x) { return pdo::softmax<-2>(x); }, a);
+  check_gradient([](auto x) { return pdo::log_softmax<-1>(x); }, a);
   const pdo::tensor<int, 1> labels({4}, {2, 0, 4, 1});
   check_gradient([&](auto x) { return pdo::cross_entropy(x, labels); }, a);
   check_gradient([&](auto x) { return pdo::cross_entropy(x, labels) * 3.0; }, a);
@@ -368,7 +380,8 @@ TEST_CASE("autograd: a dtensor program's gradients equal the one-place program's
   auto program = [](const auto& X, const auto& W1, const auto& B1, const auto& W2, const auto& Y) {
     const auto h = pdo::tanh(pdo::matmul(X, W1) + B1);
     const auto logits = pdo::matmul(pdo::gelu(h) * 0.5 + pdo::sigmoid(h), W2);
-    const auto extra = pdo::mean(pdo::softmax(logits) * pdo::exp(logits * 0.1)) + pdo::sum(pdo::log_softmax(logits)) * 0.01;
+    const auto extra = pdo::mean(pdo::softmax(logits) * pdo::exp(logits * 0.1)) + pdo::sum(pdo::log_softmax<-1>(logits)) * 0.01 +
+                       pdo::mean(pdo::sum<-2>(logits) * pdo::max<-1>(pdo::unsqueeze<-1>(pdo::max<-2>(logits)))) * 0.05;
     return pdo::cross_entropy(logits, Y) + extra + pdo::max(pdo::relu(logits)) * 0.1 - pdo::mean(pdo::transpose(logits)) * 0.2;
   };
   auto W1 = pdo::parameter(w1), W2 = pdo::parameter(w2);

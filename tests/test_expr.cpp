@@ -173,6 +173,19 @@ TEST_CASE("reductions, softmax, cross_entropy, transpose and reshape against nai
     for (std::size_t i = 0; i < 4; ++i) c += a(i, j);
     CHECK(cols(j) == Approx(c / 4));
   }
+  // a negative dim counts back from the last (-1), as in PyTorch
+  const auto rows_back = eval_checked(pdo::sum<-1>(a));
+  const auto cols_back = eval_checked(pdo::mean<-2>(a));
+  const auto top_back = eval_checked(pdo::max<-1>(a));
+  const auto unit = eval_checked(pdo::unsqueeze<-1>(a));
+  const auto unit_front = eval_checked(pdo::unsqueeze<-3>(a));
+  REQUIRE(rows_back.shape() == rows.shape());
+  REQUIRE(cols_back.shape() == cols.shape());
+  REQUIRE(unit.shape() == pdo::shape_t<3>{4, 6, 1});
+  REQUIRE(unit_front.shape() == pdo::shape_t<3>{1, 4, 6});
+  for (std::size_t i = 0; i < 4; ++i) CHECK((rows_back(i) == rows(i) && top_back(i) == top(i)));
+  for (std::size_t j = 0; j < 6; ++j) CHECK(cols_back(j) == cols(j));
+  for (std::size_t i = 0; i < 24; ++i) CHECK((unit.data()[i] == a.data()[i] && unit_front.data()[i] == a.data()[i]));
   CHECK(eval_checked(pdo::sum(a)).data()[0] == Approx(total));
   CHECK(eval_checked(pdo::mean(a)).data()[0] == Approx(total / 24));
   CHECK(eval_checked(pdo::max(a)).data()[0] == best);
@@ -180,6 +193,9 @@ TEST_CASE("reductions, softmax, cross_entropy, transpose and reshape against nai
   const auto sm = eval_checked(pdo::softmax(a));
   const auto lsm = eval_checked(pdo::log_softmax(a));
   const auto sm0 = eval_checked(pdo::softmax<0>(a));
+  const auto sm0_back = eval_checked(pdo::softmax<-2>(a));
+  const auto lsm_back = eval_checked(pdo::log_softmax<-1>(a));
+  for (std::size_t i = 0; i < 24; ++i) CHECK((sm0_back.data()[i] == sm0.data()[i] && lsm_back.data()[i] == lsm.data()[i]));
   pdo::tensor<int, 1> labels({4}, {0, 5, 2, 3});
   double loss = 0;
   for (std::size_t i = 0; i < 4; ++i) {

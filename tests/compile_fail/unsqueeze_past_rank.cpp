@@ -1,5 +1,5 @@
 // compile_fail/unsqueeze_past_rank.cpp: unsqueeze of a var at a dim past its rank.
-// expect: pdo: unsqueeze: the dim to insert is beyond the operand's rank
+// expect: pdo: unsqueeze: the dim to insert is out of range: 0 to the operand.s rank, or -1
 #include <pdo/pdo.hpp>
 
 int main() {

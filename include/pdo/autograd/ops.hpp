@@ -410,55 +410,63 @@ auto matmul_var(const var<A>& a, const var<B>& b) {
 // ---- reductions ----
 
 namespace detail {
-template <reduction What, std::size_t Dim, class A>
+template <reduction What, std::ptrdiff_t Reduced, class A>
 auto reduce_var(const var<A>& a) {
-  using T = var_element_t<A>;
-  auto y = detail::eval_forward(detail::make_reduction<What, Dim>(a.value()));
-  return record(
-      std::move(y),
-      [a](auto& self) {
-        const auto& g = *self.grad;
-        const auto& x = a.value();
-        if constexpr (What == reduction::max) {
-          // shared evenly among the elements that reach the maximum (NaN matching NaN), as
-          // PyTorch's amax: the components add up to the output's gradient
-          if constexpr (Dim == all_dims) {
-            const auto reached = pdo::eval(make_elementwise<op::matches>(x, self.value));
-            const auto share = pdo::eval(g / pdo::sum(reached));
-            add_grad(a, reached * share);
+  using node_t = decltype(make_reduction<What, Reduced>(a.value()));
+  if constexpr (!node_t::well_formed) {
+    return var<unformed_value_t<node_t>>{};  // the reduction's error was given: nothing more after it
+  } else {
+    using T = var_element_t<A>;
+    // the dim counted from 0 (all_dims: every dim)
+    constexpr std::size_t Dim = Reduced == all_dims ? 0 : dim_index<Reduced, var<A>::rank>;
+    constexpr bool all = Reduced == all_dims;
+    auto y = detail::eval_forward(detail::make_reduction<What, Reduced>(a.value()));
+    return record(
+        std::move(y),
+        [a](auto& self) {
+          const auto& g = *self.grad;
+          const auto& x = a.value();
+          if constexpr (What == reduction::max) {
+            // shared evenly among the elements that reach the maximum (NaN matching NaN), as
+            // PyTorch's amax: the components add up to the output's gradient
+            if constexpr (all) {
+              const auto reached = pdo::eval(make_elementwise<op::matches>(x, self.value));
+              const auto share = pdo::eval(g / pdo::sum(reached));
+              add_grad(a, reached * share);
+            } else {
+              const auto reached = pdo::eval(make_elementwise<op::matches>(x, keep_dim<Dim>(self.value, x.shape())));
+              const auto share = pdo::eval(g / pdo::sum<Dim>(reached));
+              add_grad(a, reached * keep_dim<Dim>(share, x.shape()));
+            }
           } else {
-            const auto reached = pdo::eval(make_elementwise<op::matches>(x, keep_dim<Dim>(self.value, x.shape())));
-            const auto share = pdo::eval(g / pdo::sum<Dim>(reached));
-            add_grad(a, reached * keep_dim<Dim>(share, x.shape()));
+            const T scale = [&] {
+              if constexpr (What == reduction::sum) return T(1);
+              else if constexpr (all) return T(1) / static_cast<T>(volume(x.shape()));
+              else return T(1) / static_cast<T>(x.shape()[Dim]);
+            }();
+            if constexpr (all) add_grad(a, make_elementwise<op::expand>(g, x) * scale);
+            else add_grad(a, make_elementwise<op::expand>(keep_dim<Dim>(g, x.shape()), x) * scale);
           }
-        } else {
-          const T scale = [&] {
-            if constexpr (What == reduction::sum) return T(1);
-            else if constexpr (Dim == all_dims) return T(1) / static_cast<T>(volume(x.shape()));
-            else return T(1) / static_cast<T>(x.shape()[Dim]);
-          }();
-          if constexpr (Dim == all_dims) add_grad(a, make_elementwise<op::expand>(g, x) * scale);
-          else add_grad(a, make_elementwise<op::expand>(keep_dim<Dim>(g, x.shape()), x) * scale);
-        }
-      },
-      a);
+        },
+        a);
+  }
 }
 }  // namespace detail
 
 /// @brief Sum over dim `Dim`, or over every dim.
-template <std::size_t Dim = all_dims, class A>
+template <std::ptrdiff_t Dim = all_dims, class A>
 auto sum(const var<A>& a) {
   return detail::reduce_var<detail::reduction::sum, Dim>(a);
 }
 /// @brief Mean over dim `Dim`, or over every dim.
-template <std::size_t Dim = all_dims, class A>
+template <std::ptrdiff_t Dim = all_dims, class A>
 auto mean(const var<A>& a) {
   return detail::reduce_var<detail::reduction::mean, Dim>(a);
 }
 /// @brief Maximum over dim `Dim`, or over every dim (NaN when any element is NaN); the
 /// gradient is shared evenly among the elements equal to the maximum, as PyTorch's amax;
 /// for a NaN maximum, among the NaNs (PyTorch's amax gives NaN to every element there).
-template <std::size_t Dim = all_dims, class A>
+template <std::ptrdiff_t Dim = all_dims, class A>
 auto max(const var<A>& a) {
   return detail::reduce_var<detail::reduction::max, Dim>(a);
 }
@@ -483,33 +491,43 @@ auto max(const var<A>& a, I) {
 // ---- softmax and losses ----
 
 /// @brief softmax along `Dim` (the last by default); gradient y * (g - sum(g * y)).
-template <std::size_t Dim = last_dim, class A>
+template <std::ptrdiff_t Dim = last_dim, class A>
 auto softmax(const var<A>& a) {
-  constexpr std::size_t d = Dim == last_dim ? var<A>::rank - 1 : Dim;
-  return detail::record(
-      detail::eval_forward(pdo::softmax<d>(a.value())),
-      [a](auto& self) {
-        const auto& g = *self.grad;
-        const auto& y = self.value;
-        const auto s = pdo::eval(pdo::sum<d>(g * y));
-        detail::add_grad(a, y * (g - detail::keep_dim<d>(s, y.shape())));
-      },
-      a);
+  using node_t = decltype(pdo::softmax<Dim>(a.value()));
+  if constexpr (!node_t::well_formed) {
+    return var<detail::unformed_value_t<node_t>>{};  // the softmax's error was given: nothing more after it
+  } else {
+    constexpr std::size_t d = detail::dim_index<Dim, var<A>::rank>;
+    return detail::record(
+        detail::eval_forward(pdo::softmax<d>(a.value())),
+        [a](auto& self) {
+          const auto& g = *self.grad;
+          const auto& y = self.value;
+          const auto s = pdo::eval(pdo::sum<d>(g * y));
+          detail::add_grad(a, y * (g - detail::keep_dim<d>(s, y.shape())));
+        },
+        a);
+  }
 }
 
 /// @brief log_softmax along `Dim` (the last by default); gradient g - exp(y) * sum(g).
-template <std::size_t Dim = last_dim, class A>
+template <std::ptrdiff_t Dim = last_dim, class A>
 auto log_softmax(const var<A>& a) {
-  constexpr std::size_t d = Dim == last_dim ? var<A>::rank - 1 : Dim;
-  return detail::record(
-      detail::eval_forward(pdo::log_softmax<d>(a.value())),
-      [a](auto& self) {
-        const auto& g = *self.grad;
-        const auto& y = self.value;
-        const auto s = pdo::eval(pdo::sum<d>(g));
-        detail::add_grad(a, g - pdo::exp(y) * detail::keep_dim<d>(s, y.shape()));
-      },
-      a);
+  using node_t = decltype(pdo::log_softmax<Dim>(a.value()));
+  if constexpr (!node_t::well_formed) {
+    return var<detail::unformed_value_t<node_t>>{};  // the log_softmax's error was given: nothing more after it
+  } else {
+    constexpr std::size_t d = detail::dim_index<Dim, var<A>::rank>;
+    return detail::record(
+        detail::eval_forward(pdo::log_softmax<d>(a.value())),
+        [a](auto& self) {
+          const auto& g = *self.grad;
+          const auto& y = self.value;
+          const auto s = pdo::eval(pdo::sum<d>(g));
+          detail::add_grad(a, g - pdo::exp(y) * detail::keep_dim<d>(s, y.shape()));
+        },
+        a);
+  }
 }
 template <class A, std::integral I>
 auto softmax(const var<A>& a, I) {
@@ -588,15 +606,16 @@ auto reshape(const var<A>& a, const std::size_t (&shape)[Rank]) {
 /// @brief `a` with a dim of extent 1 inserted at `Dim`, every dim keeping its split (as
 /// pdo::unsqueeze); the gradient sums the inserted dim away, so it comes back in a's layout
 /// whatever the gradient's layout of that dim is.
-template <std::size_t Dim, class A>
+template <std::ptrdiff_t Dim, class A>
 auto unsqueeze(const var<A>& a) {
   using node_t = decltype(pdo::unsqueeze<Dim>(a.value()));
   if constexpr (!node_t::well_formed) {
     return var<detail::unformed_value_t<node_t>>{};  // the unsqueeze's error was given: nothing more after it
   } else {
-    auto y = detail::eval_forward(pdo::unsqueeze<Dim>(a.value()));
+    constexpr std::size_t d = detail::dim_index<Dim, var<A>::rank + 1>;
+    auto y = detail::eval_forward(pdo::unsqueeze<d>(a.value()));
     return detail::record(
-        std::move(y), [a](auto& self) { detail::add_grad(a, pdo::sum<Dim>(*self.grad)); }, a);
+        std::move(y), [a](auto& self) { detail::add_grad(a, pdo::sum<d>(*self.grad)); }, a);
   }
 }
 

@@ -10,6 +10,7 @@
 
 #include <concepts>
 #include <cstddef>
+#include <limits>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -28,9 +29,24 @@ auto make_elementwise(Args&&... args) {
 }
 }  // namespace detail
 
-/// @brief The value of `dim` that means "every dim" (sum, mean, max) or "the last dim" (softmax).
-inline constexpr std::size_t all_dims = static_cast<std::size_t>(-1);
-inline constexpr std::size_t last_dim = static_cast<std::size_t>(-1);
+/// @brief The value of a reduction's dim that means "every dim" (sum, mean, max: their default).
+inline constexpr std::ptrdiff_t all_dims = std::numeric_limits<std::ptrdiff_t>::min();
+/// @brief The last dim (softmax's and log_softmax's default). A dim counts from 0, the first,
+/// or, as in PyTorch, back from -1, the last: `sum<-1>(a)` sums a's last dim.
+inline constexpr std::ptrdiff_t last_dim = -1;
+
+namespace detail {
+/// @brief Whether `Dim` is one of the `N` positions of an op's dim: 0 to N - 1, or -1 (the
+/// last) back to -N.
+template <std::ptrdiff_t Dim, std::size_t N>
+inline constexpr bool dim_in_range = Dim >= -static_cast<std::ptrdiff_t>(N) && Dim < static_cast<std::ptrdiff_t>(N);
+/// @brief `Dim`, one of `N` positions, counted from 0; `N` (out of range, for the op's own
+/// check to reject) when it is not one of them.
+template <std::ptrdiff_t Dim, std::size_t N>
+inline constexpr std::size_t dim_index = !dim_in_range<Dim, N> ? N
+                                         : Dim < 0              ? static_cast<std::size_t>(Dim + static_cast<std::ptrdiff_t>(N))
+                                                                : static_cast<std::size_t>(Dim);
+}  // namespace detail
 
 // Arithmetic: tensor operands, with plain numbers on either side.
 template <class A, class B>
@@ -123,35 +139,35 @@ auto matmul(A&& a, B&& b) {
 }
 
 namespace detail {
-template <reduction What, std::size_t Dim, class A>
+template <reduction What, std::ptrdiff_t Dim, class A>
 auto make_reduction(A&& a) {
   using e = expression_t<A>;
   if constexpr (Dim == all_dims) return reduce_node<What, 0, true, e>(as_expression(std::forward<A>(a)));
-  else return reduce_node<What, Dim, false, e>(as_expression(std::forward<A>(a)));
+  else return reduce_node<What, dim_index<Dim, e::rank>, false, e>(as_expression(std::forward<A>(a)));
 }
 }  // namespace detail
 
-/// @brief Sum over dim `Dim` (which leaves the shape), or over every dim by default.
-template <std::size_t Dim = all_dims, detail::tensor_operand A>
+/// @brief Sum over dim `Dim` (which leaves the shape; -1 is the last dim), or over every dim by default.
+template <std::ptrdiff_t Dim = all_dims, detail::tensor_operand A>
 auto sum(A&& a) { return detail::make_reduction<detail::reduction::sum, Dim>(std::forward<A>(a)); }
 /// @brief Mean over dim `Dim`, or over every dim by default.
-template <std::size_t Dim = all_dims, detail::tensor_operand A>
+template <std::ptrdiff_t Dim = all_dims, detail::tensor_operand A>
 auto mean(A&& a) { return detail::make_reduction<detail::reduction::mean, Dim>(std::forward<A>(a)); }
 /// @brief Maximum over dim `Dim`, or over every dim by default.
-template <std::size_t Dim = all_dims, detail::tensor_operand A>
+template <std::ptrdiff_t Dim = all_dims, detail::tensor_operand A>
 auto max(A&& a) { return detail::make_reduction<detail::reduction::max, Dim>(std::forward<A>(a)); }
 
 /// @brief softmax along dim `Dim` (the last by default).
-template <std::size_t Dim = last_dim, detail::tensor_operand A>
+template <std::ptrdiff_t Dim = last_dim, detail::tensor_operand A>
 auto softmax(A&& a) {
   using e = detail::expression_t<A>;
-  return softmax_node<false, Dim == last_dim ? e::rank - 1 : Dim, e>(detail::as_expression(std::forward<A>(a)));
+  return softmax_node<false, detail::dim_index<Dim, e::rank>, e>(detail::as_expression(std::forward<A>(a)));
 }
 /// @brief log_softmax along dim `Dim` (the last by default).
-template <std::size_t Dim = last_dim, detail::tensor_operand A>
+template <std::ptrdiff_t Dim = last_dim, detail::tensor_operand A>
 auto log_softmax(A&& a) {
   using e = detail::expression_t<A>;
-  return softmax_node<true, Dim == last_dim ? e::rank - 1 : Dim, e>(detail::as_expression(std::forward<A>(a)));
+  return softmax_node<true, detail::dim_index<Dim, e::rank>, e>(detail::as_expression(std::forward<A>(a)));
 }
 namespace detail {
 /// @brief The error of a reduction or softmax given its dim as an argument, as PyTorch takes it.
@@ -159,7 +175,7 @@ template <class I>
 void dim_as_argument() {
   static_assert(always_false<I>,
                 "pdo: sum, mean, max, softmax and log_softmax take the dim as a template argument: pdo::sum<1>(a), pdo::softmax<1>(a) "
-                "(dims count from 0; without it, sum, mean and max reduce every dim and softmax takes the last)");
+                "(dims count from 0, or back from -1, the last; without it, sum, mean and max reduce every dim and softmax takes the last)");
 }
 }  // namespace detail
 
@@ -241,10 +257,12 @@ auto reshape(A&& a, const shape_t<Rank>& shape) {
   return reshape_node<Rank, detail::expression_t<A>>(detail::as_expression(std::forward<A>(a)), shape);
 }
 
-/// @brief `a` with a dim of extent 1 inserted at `Dim`; every dim keeps its split.
-template <std::size_t Dim, detail::tensor_operand A>
+/// @brief `a` with a dim of extent 1 inserted at `Dim` (0 to a's rank, or -1, after the last
+/// dim, back to -(rank + 1), as PyTorch); every dim keeps its split.
+template <std::ptrdiff_t Dim, detail::tensor_operand A>
 auto unsqueeze(A&& a) {
-  return unsqueeze_node<Dim, detail::expression_t<A>>(detail::as_expression(std::forward<A>(a)));
+  using e = detail::expression_t<A>;
+  return unsqueeze_node<detail::dim_index<Dim, e::rank + 1>, e>(detail::as_expression(std::forward<A>(a)));
 }
 
 namespace detail {

@@ -17,7 +17,7 @@ class reduce_node : public detail::op_node<C> {
  public:
   /// @brief The operand's element type, which the result keeps.
   using value_type = typename C::value_type;
-  static_assert(All || Dim < C::rank, "pdo: sum/mean/max: the dim to reduce is out of range for the operand's rank");
+  static_assert(All || Dim < C::rank, "pdo: sum/mean/max: the dim to reduce is out of range for the operand's rank: 0 to rank - 1, or -1 (the last) back to -rank");
   static_assert(What != detail::reduction::mean || std::is_floating_point_v<value_type>,
                 "pdo: mean: needs a floating-point operand");
   /// @brief Whether the checks above hold here and every op below is well formed (see

@@ -73,7 +73,7 @@ class unsqueeze_node : public detail::op_node<C> {
   static constexpr bool dim_fits = Dim <= C::rank;
   /// @brief Whether pdo's layouts hold the result's rank.
   static constexpr bool rank_fits = rank <= detail::max_rank;
-  static_assert(dim_fits, "pdo: unsqueeze: the dim to insert is beyond the operand's rank");
+  static_assert(dim_fits, "pdo: unsqueeze: the dim to insert is out of range: 0 to the operand's rank, or -1 (after the last dim) back to -(rank + 1)");
   static_assert(rank_fits, "pdo: unsqueeze: the result would have more dims than pdo's layouts hold");
   /// @brief Whether this unsqueeze and every op below it is well formed (see detail::op_node):
   /// for a dim past the operand's rank nothing more is instantiated after the error.

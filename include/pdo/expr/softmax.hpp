@@ -20,7 +20,7 @@ class softmax_node : public detail::op_node<C> {
  public:
   /// @brief The operand's floating-point element type, which the result keeps.
   using value_type = typename C::value_type;
-  static_assert(Dim < C::rank, "pdo: softmax: the dim is out of range for the operand's rank");
+  static_assert(Dim < C::rank, "pdo: softmax: the dim is out of range for the operand's rank: 0 to rank - 1, or -1 (the last) back to -rank");
   static_assert(std::is_floating_point_v<value_type>, "pdo: softmax: needs a floating-point operand");
   /// @brief Whether the checks above hold here and every op below is well formed (see
   /// detail::op_node): when not, eval stops after the error.
