@@ -25,6 +25,22 @@ TEST_CASE("tensor: shape, strides, element access, deep copies", "[tensor]") {
   const auto copies = empties;
   CHECK(copies[1].size() == 0);
   CHECK(copies[1].data() == nullptr);
+  // rank 0: one element, and none once moved from (or default constructed): nothing to read
+  pdo::tensor<double, 0> total({}, {2.5});
+  CHECK(total.size() == 1);
+  const pdo::tensor<double, 0> taken = std::move(total);
+  CHECK((taken.size() == 1 && taken() == 2.5));
+  CHECK((total.size() == 0 && total.bytes() == 0 && total.begin() == total.end()));  // NOLINT(bugprone-use-after-move)
+  CHECK(pdo::tensor<float, 0>().size() == 0);
+  std::ostringstream empty;
+  empty << total;
+  CHECK(empty.str() == "[]");
+  // element types by kind and bits, as NumPy and PyTorch name them
+  CHECK(pdo::describe(pdo::tensor<std::uint8_t, 1>({3})) == "u8[3]");
+  CHECK(pdo::describe(pdo::tensor<std::int16_t, 1>({3})) == "i16[3]");
+  CHECK(pdo::describe(pdo::tensor<std::int8_t, 1>({3})) == "i8[3]");
+  CHECK(pdo::describe(pdo::tensor<std::uint64_t, 2>({1, 2})) == "u64[1, 2]");
+  CHECK(pdo::describe(pdo::tensor<double, 0>(pdo::shape_t<0>{})) == "f64[]");
 }
 
 // What cannot be written, gathered or redistributed says so to code that asks (a test framework's

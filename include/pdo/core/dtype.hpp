@@ -3,7 +3,9 @@
 
 #include <pdo/core/config.hpp>
 
+#include <array>
 #include <concepts>
+#include <cstddef>
 #include <cstdint>
 #include <string_view>
 #include <type_traits>
@@ -19,15 +21,26 @@ enum class reduce_op { sum, max, min };
 
 namespace detail {
 
+/// @brief The short name of the element type T, its kind and bits, as NumPy's and PyTorch's
+/// (f32, f64, i8 to i64, u8 to u64; a char is i8 or u8 as it is signed), as a
+/// NUL-terminated constant array.
+template <class T>
+inline constexpr auto dtype_chars = [] {
+  constexpr std::size_t bits = 8 * sizeof(T);
+  std::array<char, 5> name{std::floating_point<T> ? 'f' : std::signed_integral<T> ? 'i' : 'u'};
+  std::size_t n = 1;
+  if constexpr (bits >= 100) name[n++] = static_cast<char>('0' + bits / 100);
+  if constexpr (bits >= 10) name[n++] = static_cast<char>('0' + bits / 10 % 10);
+  name[n] = static_cast<char>('0' + bits % 10);
+  return name;
+}();
+
+/// @brief The short name of the element type T in messages: "f32", "i64", "u8" (see
+/// dtype_chars); long double, whose bits vary by platform, by its name.
 template <class T>
 constexpr std::string_view dtype_name() {
-  if constexpr (std::same_as<T, float>) return "f32";
-  else if constexpr (std::same_as<T, double>) return "f64";
-  else if constexpr (std::same_as<T, std::int32_t>) return "i32";
-  else if constexpr (std::same_as<T, std::int64_t>) return "i64";
-  else if constexpr (std::floating_point<T>) return "float";
-  else if constexpr (std::signed_integral<T>) return "int";
-  else return "uint";
+  if constexpr (std::same_as<T, long double>) return "long double";
+  else return std::string_view(dtype_chars<T>.data());
 }
 
 constexpr std::string_view op_name(reduce_op op) {

@@ -124,8 +124,9 @@ class tensor {
   [[nodiscard]] std::size_t extent(std::size_t dim) const { return shape_[dim]; }
   /// @brief Row-major strides, in elements: the last dim's is 1.
   [[nodiscard]] const std::array<std::ptrdiff_t, Rank>& strides() const { return strides_; }
-  /// @brief The number of elements (1 for rank 0).
-  [[nodiscard]] std::size_t size() const { return detail::volume(shape_); }
+  /// @brief The number of elements (1 for rank 0); 0 for a tensor with no storage (default
+  /// constructed or moved from), of any rank.
+  [[nodiscard]] std::size_t size() const { return allocator_ != nullptr ? detail::volume(shape_) : 0; }
   /// @brief The size of the data in bytes: size() * sizeof(T).
   [[nodiscard]] std::size_t bytes() const { return size() * sizeof(T); }
   /// @brief The first element, in the holding place's memory (a device pointer for GPU tensors).
