@@ -11,6 +11,7 @@
 #include <span>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 
 namespace pdo {
@@ -178,6 +179,15 @@ constexpr std::size_t max_rank_of() {
 
 namespace detail {
 
+/// @brief Whether the op `Op` gives a value of another kind than its operand's for integers
+/// (exp, log, sqrt, tanh, sigmoid, gelu): it takes only floating-point operands, as an
+/// integer result would be cut to an integer.
+template <class Op>
+inline constexpr bool floating_point_only =
+    std::is_same_v<Op, op::exp> || std::is_same_v<Op, op::log> || std::is_same_v<Op, op::sqrt> || std::is_same_v<Op, op::tanh> ||
+    std::is_same_v<Op, op::sigmoid> || std::is_same_v<Op, op::gelu> || std::is_same_v<Op, op::gelu_derivative> ||
+    std::is_same_v<Op, op::gelu_tanh> || std::is_same_v<Op, op::gelu_tanh_derivative>;
+
 /// @brief The first dim of an operand of `shape` that broadcasts (extent 1 in a result dim
 /// `out` that is not) while `target` splits it, or shape.size() when there is none.
 template <std::size_t Rank>
@@ -220,9 +230,14 @@ class elementwise_node : public detail::op_node<Children...> {
   using value_type = typename detail::common_value<Children...>::type;
   static_assert(detail::same_element_types<value_type, Children...>,
                 "pdo: an elementwise op's tensor operands have different element types; convert one first");
-  /// @brief Whether the operands have one element type, and this op and every op below it is
-  /// well formed (see detail::op_node): when not, eval stops after the error.
-  static constexpr bool well_formed = detail::op_node<Children...>::well_formed && detail::same_element_types<value_type, Children...>;
+  /// @brief Whether the op takes the operands' element type (see detail::floating_point_only).
+  static constexpr bool element_fits = !detail::floating_point_only<Op> || std::is_floating_point_v<value_type>;
+  static_assert(element_fits, "pdo: exp, log, sqrt, tanh, sigmoid and gelu need floating-point operands (float, double): of integers "
+                              "their results would be cut to integers; hold the values as float or double");
+  /// @brief Whether the operands have one element type that the op takes, and this op and
+  /// every op below it is well formed (see detail::op_node): when not, eval stops after the error.
+  static constexpr bool well_formed =
+      detail::op_node<Children...>::well_formed && detail::same_element_types<value_type, Children...> && element_fits;
   /// @brief The largest rank among the operands.
   static constexpr std::size_t rank = detail::max_rank_of<Children::rank...>();
   /// @brief true: elementwise children that need no redistribution run inside this node's kernel.
