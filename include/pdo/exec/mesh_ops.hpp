@@ -3,12 +3,14 @@
 #pragma once
 
 #include <pdo/exec/run_on_places.hpp>
+#include <pdo/expr/expression.hpp>
 #include <pdo/kernels/reduce.hpp>
 #include <pdo/layout/layout_check.hpp>
 #include <pdo/tensor/redistribute.hpp>
 
 #include <cstddef>
 #include <optional>
+#include <ranges>
 #include <string>
 #include <utility>
 #include <vector>
@@ -52,6 +54,33 @@ auto distribute(const Mesh&, const tensor<T, Rank>&) {
   static_assert(detail::always_false<Entry>,
                 "pdo: distribute: give a layout, pdo::layout<...> with one entry per tensor dim (pdo::layout<pdo::split<\"dp\">>, not pdo::split<\"dp\">)");
   return detail::unformed_result<detail::replicated_dtensor_t<T, Rank, Mesh>>();
+}
+
+/// @brief Rejects distribute without its layout: the layout is a template argument.
+template <mesh_type Mesh, element T, std::size_t Rank>
+auto distribute(const Mesh&, const tensor<T, Rank>&) {
+  static_assert(detail::always_false<Mesh>, "pdo: distribute: give the layout as a template argument, one entry per tensor dim: "
+                                            "pdo::distribute<pdo::layout<pdo::split<\"x\">, pdo::replicate>>(mesh, t)");
+  return detail::unformed_result<detail::replicated_dtensor_t<T, Rank, Mesh>>();
+}
+
+/// @brief Rejects places given where a mesh is asked for.
+template <layout_spec Layout, std::ranges::input_range Places, element T, std::size_t Rank>
+  requires place<std::ranges::range_value_t<Places>>
+auto distribute(const Places&, const tensor<T, Rank>&) {
+  static_assert(detail::always_false<Layout>, "pdo: distribute: its first argument is a mesh, not places: lay the places out "
+                                              "first, auto mesh = pdo::make_mesh<\"x\">(places), and distribute over it");
+  return detail::unformed_result<detail::replicated_dtensor_t<T, Rank, mesh<"x">>>();
+}
+
+/// @brief Rejects an expression of local tensors given to distribute, which takes a tensor.
+template <layout_spec Layout, mesh_type Mesh, class E>
+  requires tensor_expression<E> && (!detail::expression_t<E>::distributed)
+auto distribute(const Mesh&, const E&) {
+  using node_t = detail::expression_t<E>;
+  static_assert(detail::always_false<Layout>, "pdo: distribute: takes a pdo::tensor, not an expression: evaluate it first, "
+                                              "pdo::distribute<Layout>(mesh, pdo::eval(e))");
+  return detail::unformed_result<detail::replicated_dtensor_t<typename node_t::value_type, node_t::rank, Mesh>>();
 }
 
 /// @brief Cuts the host tensor `host` over `m` as `Layout`: each place of this process

@@ -414,4 +414,14 @@ auto parallel_do(Block&& block, const Args&... args) {
   }
 }
 
+/// @brief Rejects parallel_do without a dtensor argument: the mesh it runs on is that of its
+/// dtensor arguments.
+template <layout_spec OutLayout, class Block, class... Args>
+  requires(!(distributed_tensor<Args> || ...) && !(detail::is_distributed_var_v<Args> || ...))
+auto parallel_do(Block&&, const Args&...) {
+  static_assert(detail::always_false<Block>, "pdo: parallel_do: needs a dtensor argument, whose mesh it runs on (each place's block "
+                                             "gets that place's shard): distribute the tensor first, pdo::distribute<Layout>(mesh, t)");
+  return detail::unformed_result<detail::replicated_dtensor_t<float, OutLayout::rank, mesh<"x">>>();
+}
+
 }  // namespace pdo

@@ -36,6 +36,15 @@ class parameter_ref {
   /// @brief Refers to `v` (a var of a tensor or dtensor of T) under `name`; `v`'s node is shared, not copied.
   template <class V>
   parameter_ref(std::string name, var<V> v) : name_(std::move(name)), impl_(pdo::detail::own_as<base>(new holder<V>(std::move(v)))) {}
+  /// @brief Rejects a plain tensor or dtensor given as a parameter: an optimizer updates vars
+  /// that backward gives gradients to.
+  template <class X>
+    requires(is_tensor_v<X> || is_dtensor_v<X>)
+  parameter_ref(std::string, const X&) {
+    static_assert(pdo::detail::always_false<X>,
+                  "pdo: an optimizer's parameter is a var that backward gives a gradient to, not a plain tensor: make it one, "
+                  "auto w = pdo::parameter(tensor), use w in the model and give w here");
+  }
 
   /// @brief The parameter's name, prefixed as the model listed it ("0.weight").
   [[nodiscard]] const std::string& name() const { return name_; }

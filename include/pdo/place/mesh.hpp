@@ -5,6 +5,7 @@
 #include <pdo/core/error.hpp>
 #include <pdo/core/fixed_string.hpp>
 #include <pdo/core/shape.hpp>
+#include <pdo/core/type_list.hpp>
 #include <pdo/core/views.hpp>
 #include <pdo/place/place_concept.hpp>
 
@@ -378,6 +379,15 @@ mesh<Axes...> make_mesh(const Places& places, const Extents& extents, const mesh
                        "): give exactly one extent per mesh axis");
   }
   return detail::make_mesh_with<Axes...>(places, std::move(sizes), options);
+}
+
+/// @brief Rejects a mesh of several axes made without their extents.
+template <fixed_string First, fixed_string Second, fixed_string... Rest, std::ranges::input_range Places>
+  requires place<std::ranges::range_value_t<Places>>
+mesh<First, Second, Rest...> make_mesh(const Places& places, const mesh_options& options = {}) {
+  static_assert(detail::always_false<Places>, "pdo: make_mesh: a mesh of several axes needs their extents, one per axis, whose "
+                                              "product is the number of places: pdo::make_mesh<\"dp\", \"tp\">(places, {2, 2})");
+  return detail::make_mesh_with<First, Second, Rest...>(places, {}, options);
 }
 
 /// @brief A one-axis mesh over all of `places`.
