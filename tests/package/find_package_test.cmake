@@ -100,7 +100,35 @@ if(at EQUAL -1)
                       "(${thrust_elsewhere}):\n${commands}")
 endif()
 
-# 7. With clang++, pdo::pdo turns clang's OpenMP optimisation pass off (it serves offloading and
+# 7. Installed with its CUDA component (where nvcc is): pdo::cuda names no library by this
+#    machine's path; a consumer's find_package finds NCCL beside its own CUDA toolkit.
+find_program(nvcc nvcc PATHS $ENV{CUDA_HOME}/bin /usr/local/cuda/bin NO_CACHE)
+if(nvcc)
+  set(cuda_prefix ${WORK_DIR}/prefix-cuda)
+  run_step("configure pdo with CUDA" ${CMAKE_COMMAND} -S ${PDO_SOURCE_DIR} -B ${pdo_build}-cuda -G ${GENERATOR}
+           -DCMAKE_CXX_COMPILER=${CXX_COMPILER} -DCMAKE_CUDA_COMPILER=${nvcc} -DCMAKE_BUILD_TYPE=Release
+           -DCMAKE_INSTALL_PREFIX=${cuda_prefix} -DPDO_INSTALL=ON -DPDO_BUILD_TESTS=OFF -DPDO_BUILD_EXAMPLES=OFF
+           -DPDO_BUILD_BENCHMARKS=OFF -DPDO_WITH_CUDA=ON -DPDO_WITH_MPI=OFF)
+  run_step("install pdo with CUDA" ${CMAKE_COMMAND} --install ${pdo_build}-cuda --config Release)
+  file(GLOB_RECURSE cuda_targets ${cuda_prefix}/*/pdoCudaTargets.cmake)
+  if(NOT cuda_targets)
+    message(FATAL_ERROR "install with PDO_WITH_CUDA=ON put no pdoCudaTargets.cmake under the prefix")
+  endif()
+  file(READ ${cuda_targets} exported)
+  if(exported MATCHES "/[^ ;\"]*libnccl[^ ;\"]*")
+    message(FATAL_ERROR "the installed pdo::cuda names NCCL by a path of the machine that built it: ${CMAKE_MATCH_0}")
+  endif()
+  set(build ${WORK_DIR}/consumer-cuda)
+  run_step("configure a consumer of pdo::cuda" ${CMAKE_COMMAND} -S ${CONSUMER_SOURCE_DIR} -B ${build} -G ${GENERATOR}
+           -DCMAKE_CXX_COMPILER=${CXX_COMPILER} -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH=${cuda_prefix}
+           -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF -DCONSUMER_COMPONENTS=CUDA)
+  file(STRINGS ${build}/CMakeCache.txt nccl REGEX "^PDO_NCCL_LIBRARY:")
+  if(NOT nccl MATCHES "nccl")
+    message(FATAL_ERROR "the consumer's find_package(pdo COMPONENTS CUDA) found no NCCL: ${nccl}")
+  endif()
+endif()
+
+# 8. With clang++, pdo::pdo turns clang's OpenMP optimisation pass off (it serves offloading and
 #    doubles the compile time), unless the consumer's target sets PDO_CLANG_OPENMP_OPT.
 find_program(clangxx clang++ NO_CACHE)
 if(clangxx)
