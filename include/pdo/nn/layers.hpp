@@ -75,6 +75,14 @@ class linear {
       return pdo::matmul(x, weight) + bias;
     }
   }
+  /// @brief Rejected: a layer is called on a pdo::var, which backward follows.
+  template <class X>
+    requires(is_tensor_v<X> || is_dtensor_v<X>)
+  auto operator()(const X&) const {
+    static_assert(pdo::detail::always_false<X>, "pdo: nn::linear takes its input as a pdo::var: layer(pdo::var(x)) (an input: no "
+                                                "gradient), as every op whose result backward follows");
+    return var<X>{};  // the error was given: nothing more after it
+  }
   /// @brief "weight" and "bias", each name prefixed with `prefix`.
   [[nodiscard]] std::vector<parameter_ref<T>> parameters(const std::string& prefix = "") const {
     return {{prefix + "weight", weight}, {prefix + "bias", bias}};
@@ -231,6 +239,14 @@ class sequential {
   template <class V>
   auto operator()(const var<V>& x) const {
     return apply<0>(x);
+  }
+  /// @brief Rejected: a model is called on a pdo::var, which backward follows.
+  template <class X>
+    requires(is_tensor_v<X> || is_dtensor_v<X>)
+  auto operator()(const X&) const {
+    static_assert(pdo::detail::always_false<X>, "pdo: a model (nn::sequential) takes its input as a pdo::var: model(pdo::var(x)) "
+                                                "(an input: no gradient), as every op whose result backward follows");
+    return var<X>{};  // the error was given: nothing more after it
   }
   /// @brief Every layer's parameters in order, named `prefix` + "<index>." + the layer's name for them.
   template <class T>
