@@ -307,6 +307,16 @@ TEST_CASE("layer_norm: the expression and the var, against a hand computation; o
   }
 }
 
+TEST_CASE("autograd: cast between floating-point types converts the gradient back", "[autograd]") {
+  const auto a = rnd<2>({3, 4}, 41);
+  check_gradient([](auto x) { return pdo::cast<double>(pdo::cast<double>(x) * x); }, a);
+  // through float: the value rounds to float, the gradient is d/dw of sum(double(w)²) = 2w, in float
+  auto w = pdo::parameter(pdo::eval(pdo::cast<float>(a)));
+  pdo::backward(pdo::sum(pdo::cast<double>(w) * pdo::cast<double>(w)));
+  static_assert(std::is_same_v<std::remove_cvref_t<decltype(w.grad())>, pdo::tensor<float, 2>>);
+  for (std::size_t i = 0; i < a.size(); ++i) CHECK(w.grad().data()[i] == static_cast<float>(2.0 * static_cast<double>(w.value().data()[i])));
+}
+
 TEST_CASE("autograd: transpose, reshape, and a value used twice", "[autograd]") {
   const auto a = rnd<3>({2, 3, 4}, 19);
   check_gradient([](auto x) { return pdo::transpose(x); }, a);

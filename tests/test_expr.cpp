@@ -221,6 +221,15 @@ TEST_CASE("reductions, softmax, cross_entropy, transpose and reshape against nai
   CHECK_THROWS_WITH(pdo::eval(pdo::cross_entropy(a, two_bad)),
                     Catch::Contains("2 labels of") && Catch::Contains("are not class indices") && Catch::EndsWith("the first is -3, at row 2"));
 
+  // cast: each element as static_cast converts it (toward zero for integers)
+  const auto truncated = eval_checked(pdo::cast<int>(a * 10.0));
+  const auto narrowed = eval_checked(pdo::cast<float>(a) + 1.0f);
+  static_assert(std::is_same_v<std::remove_cvref_t<decltype(truncated)>, pdo::tensor<int, 2>>);
+  static_assert(std::is_same_v<std::remove_cvref_t<decltype(narrowed)>, pdo::tensor<float, 2>>);
+  for (std::size_t i = 0; i < 24; ++i) {
+    CHECK(truncated.data()[i] == static_cast<int>(a.data()[i] * 10.0));
+    CHECK(narrowed.data()[i] == static_cast<float>(a.data()[i]) + 1.0f);
+  }
   const auto t = eval_checked(pdo::transpose(a));
   REQUIRE(t.shape() == pdo::shape_t<2>{6, 4});
   for (std::size_t i = 0; i < 4; ++i)

@@ -32,6 +32,12 @@ TEST_CASE("elementwise expressions over meshes equal the single-place result", "
   check_on_meshes<full::partial<"x">, full::partial<"x">, pdo::layout<replicate>>(f, 1e-14, a, b, bias);
   check_on_meshes<full::partial<"x">, full, pdo::layout<replicate>>(
       [](const auto& x, const auto& y, const auto& z) { return (x + x) * y - z; }, 1e-14, a, b, bias);
+  // cast: every dim keeps its split; a partial operand is summed before it is converted
+  auto converted = [](const auto& x, const auto& y, const auto& z) {
+    return pdo::cast<double>(pdo::cast<int>(x * 10.0)) + pdo::cast<double>(pdo::cast<float>(y)) * z;
+  };
+  check_on_meshes<rows, cols, pdo::layout<replicate>>(converted, 1e-14, a, b, bias);
+  check_on_meshes<full::partial<"x">, rows, pdo::layout<split<"x">>>(converted, 1e-14, a, b, bias);
 }
 
 TEST_CASE("a unit dim that broadcasts where the result is split is a layout_error naming the fix", "[expr][mesh]") {

@@ -139,6 +139,11 @@ void expressions(const std::vector<pdo::cuda_place>& gpus) {
     const auto y = pdo::distribute<pdo::layout<split<"dp">, replicate>>(m, b);
     return pdo::gather(pdo::eval(pdo::relu(x * y + 1.0f)));
   }, 1e-6);
+  same_on_both("cast to int and back, of a split and of a partial operand (summed first)", gpus, [&](const auto& m) {
+    const auto x = pdo::distribute<pdo::layout<replicate, split<"dp">>>(m, a);
+    const auto p = pdo::distribute<pdo::layout<replicate, replicate>::partial<"dp">>(m, b);
+    return pdo::gather(pdo::eval(pdo::cast<float>(pdo::cast<int>(x * 100.0f)) + pdo::cast<float>(pdo::cast<int>(p * 100.0f))));
+  }, 0.0);
   same_on_both("matmul (cuBLAS) of row-split by replicated", gpus, [&](const auto& m) {
     const auto x = pdo::distribute<pdo::layout<split<"dp">, replicate>>(m, a);
     const auto w = pdo::distribute<pdo::layout<replicate, replicate>>(m, c);

@@ -589,6 +589,25 @@ auto transpose(const var<A>& a) {
   }
 }
 
+/// @brief `a`'s elements converted to `U` (see pdo::cast), between floating-point types: the
+/// gradient is converted back (a conversion to integers has no gradient: cast the value,
+/// a.value(), instead).
+template <class U, class A>
+auto cast(const var<A>& a) {
+  using node_t = decltype(pdo::cast<U>(a.value()));
+  constexpr bool floating = std::is_floating_point_v<U> && std::is_floating_point_v<detail::var_element_t<A>>;
+  static_assert(floating || !node_t::well_formed,
+                "pdo: cast of a var: converts between floating-point types (float, double), whose gradient converts back; to "
+                "convert to integers, which have no gradient, cast its value: pdo::cast<int>(v.value())");
+  if constexpr (!node_t::well_formed || !floating) {
+    return var<detail::unformed_value_t<node_t>>{};  // the error was given: nothing more after it
+  } else {
+    auto y = detail::eval_forward(pdo::cast<U>(a.value()));
+    return detail::record(
+        std::move(y), [a](auto& self) { detail::add_grad(a, pdo::cast<detail::var_element_t<A>>(*self.grad)); }, a);
+  }
+}
+
 /// @brief The same elements under `shape`.
 template <class A, std::size_t Rank>
 auto reshape(const var<A>& a, const shape_t<Rank>& shape) {

@@ -229,11 +229,11 @@ class elementwise_node : public detail::op_node<Children...> {
   /// @brief Element type of the result: that of the first tensor operand (numbers are converted to it).
   using value_type = typename detail::common_value<Children...>::type;
   static_assert(detail::same_element_types<value_type, Children...>,
-                "pdo: an elementwise op's tensor operands have different element types; convert one first");
+                "pdo: an elementwise op's tensor operands have different element types; convert one first, pdo::cast<U>(x)");
   /// @brief Whether the op takes the operands' element type (see detail::floating_point_only).
   static constexpr bool element_fits = !detail::floating_point_only<Op> || std::is_floating_point_v<value_type>;
   static_assert(element_fits, "pdo: exp, log, sqrt, tanh, sigmoid and gelu need floating-point operands (float, double): of integers "
-                              "their results would be cut to integers; hold the values as float or double");
+                              "their results would be cut to integers; convert them first, pdo::cast<float>(x)");
   /// @brief Whether the operands have one element type that the op takes, and this op and
   /// every op below it is well formed (see detail::op_node): when not, eval stops after the error.
   static constexpr bool well_formed =

@@ -30,7 +30,7 @@ class matmul_node : public detail::op_node<A, B> {
   /// error below is given, and what follows a layer's product, its weight's type, is kept).
   using value_type = typename B::value_type;
   static_assert(std::is_same_v<value_type, typename A::value_type>,
-                "pdo: matmul: the operands have different element types; convert one first");
+                "pdo: matmul: the operands have different element types; convert one first, pdo::cast<U>(x)");
   static_assert(A::rank >= 2 && B::rank >= 2, "pdo: matmul: both operands need at least 2 dims ([M, K] and [K, N])");
   static_assert(A::rank < 2 || B::rank < 2 || B::rank == 2 || B::rank == A::rank,
                 "pdo: matmul: b must be a matrix [K, N] or have a's batch dims [..., K, N]");

@@ -1,6 +1,7 @@
 // pdo/expr/operators.hpp: the functions and operators that build expressions.
 #pragma once
 
+#include <pdo/expr/cast.hpp>
 #include <pdo/expr/elementwise.hpp>
 #include <pdo/expr/matmul.hpp>
 #include <pdo/expr/reduce.hpp>
@@ -255,6 +256,13 @@ auto reshape(A&& a, const std::size_t (&shape)[Rank]) {
 template <detail::tensor_operand A, std::size_t Rank>
 auto reshape(A&& a, const shape_t<Rank>& shape) {
   return reshape_node<Rank, detail::expression_t<A>>(detail::as_expression(std::forward<A>(a)), shape);
+}
+
+/// @brief `a`'s elements converted to `U` (as static_cast converts them), its layout kept:
+/// `cast<float>(labels)`, `cast<double>(x)`.
+template <class U, detail::tensor_operand A>
+auto cast(A&& a) {
+  return cast_node<U, detail::expression_t<A>>(detail::as_expression(std::forward<A>(a)));
 }
 
 /// @brief `a` with a dim of extent 1 inserted at `Dim` (0 to a's rank, or -1, after the last
