@@ -68,7 +68,9 @@ TEST_CASE("tensor: written to a stream nested by dim, long dims elided, in the s
   CHECK(written(pdo::tensor<int, 3>({2, 1, 2}, {1, 2, 3, 4})) == "[[[1, 2]],\n\n [[3, 4]]]");
   CHECK(written(pdo::tensor<std::int8_t, 1>({3}, {-5, 0, 65})) == "[-5, 0, 65]");  // numbers, not characters
   CHECK(written(pdo::tensor<double, 0>({}, {2.0 / 3}), 3) == "0.667");
-  CHECK(written(pdo::tensor<float, 2>({2, 0})) == "[[],\n []]");
+  CHECK(written(pdo::tensor<float, 2>({2, 0})) == "[]");  // no elements, as NumPy writes them, whichever extent is 0
+  CHECK(written(pdo::tensor<float, 3>({3, 0, 5})) == "[]");
+  CHECK(written(pdo::tensor<double, 1>({2}, {-std::numeric_limits<double>::quiet_NaN(), 1.5})) == "[nan, 1.5]");
   CHECK(written(pdo::tensor<float, 2>()) == "[]");
   CHECK(written(pdo::tensor<float, 0>()) == "[]");
   pdo::tensor<int, 2> big({40, 30});  // 1200 elements: the middle of each dim left out

@@ -10,6 +10,7 @@
 #include <ostream>
 #include <span>
 #include <string>
+#include <type_traits>
 
 namespace pdo {
 
@@ -53,7 +54,10 @@ template <class T>
 void stream_element(std::ostream& os, const void* data, std::size_t i) {
   const T v = static_cast<const T*>(data)[i];
   if constexpr (sizeof(T) == 1) os << static_cast<int>(v);
-  else os << v;
+  else if constexpr (std::is_floating_point_v<T>) {
+    if (v != v) os << "nan";  // whatever its sign bit, as NumPy and PyTorch write it (the stream may write -nan)
+    else os << v;
+  } else os << v;
 }
 
 }  // namespace detail
@@ -62,8 +66,8 @@ void stream_element(std::ostream& os, const void* data, std::size_t i) {
 /// `[[1, 2, 3],\n [4, 5, 6]]`; a rank-0 tensor as its one value. The stream's format (its
 /// precision, fixed or scientific) applies to each element. A tensor of more than 1000
 /// elements shows the first and last 3 indices of each longer dim, "..." between them. A
-/// tensor in a GPU's memory is copied to the host first; one with no storage (default
-/// constructed) is written as `[]`.
+/// tensor in a GPU's memory is copied to the host first; one with no elements (a 0 extent, or
+/// no storage: default constructed) is written as `[]`, and NaN as `nan`.
 template <class T, std::size_t Rank>
 std::ostream& operator<<(std::ostream& os, const tensor<T, Rank>& t) {
   if (t.on_gpu()) return os << to_host(t);
@@ -71,8 +75,9 @@ std::ostream& operator<<(std::ostream& os, const tensor<T, Rank>& t) {
     if (t.data() == nullptr) os << "[]";
     else detail::stream_element<T>(os, t.data(), 0);
   } else {
-    // a tensor of no elements writes none (a default constructed one has extents 0)
-    detail::write_nested(os, t.shape(), 0, 0, t.size() > detail::elements_written_whole, &detail::stream_element<T>, t.data());
+    // a tensor of no elements is written as NumPy writes one, whichever of its extents is 0
+    if (t.size() == 0) os << "[]";
+    else detail::write_nested(os, t.shape(), 0, 0, t.size() > detail::elements_written_whole, &detail::stream_element<T>, t.data());
   }
   return os;
 }
