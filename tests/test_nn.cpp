@@ -62,6 +62,24 @@ void check_layer(F f, dt<R> x, const std::vector<pdo::nn::parameter_ref<double>>
 
 }  // namespace
 
+TEST_CASE("nn: layers are initialised as PyTorch's: U(-1/sqrt(fan_in), 1/sqrt(fan_in)), zeros for no inputs", "[nn]") {
+  pdo::nn::rng gen(3);
+  const auto within = [](const auto& t, double bound) {
+    double largest = 0;
+    for (std::size_t i = 0; i < t.size(); ++i) largest = std::max(largest, std::abs(static_cast<double>(t.data()[i])));
+    return largest <= bound && largest > bound / 2;  // inside the bound, and spread over it
+  };
+  const pdo::nn::linear<double> wide(16, 40, gen);
+  CHECK(within(wide.weight.value(), 0.25));
+  CHECK(within(wide.bias.value(), 0.25));
+  const pdo::nn::conv2d<float> conv(2, 30, 3, gen);
+  CHECK(within(conv.weight.value(), 1 / std::sqrt(18.0)));
+  CHECK(within(conv.bias.value(), 1 / std::sqrt(18.0)));
+  const pdo::nn::linear<float> no_inputs(0, 3, gen);
+  REQUIRE(no_inputs.bias.value().size() == 3);
+  for (std::size_t i = 0; i < 3; ++i) CHECK(no_inputs.bias.value().data()[i] == 0.0f);
+}
+
 TEST_CASE("nn: layer gradients against finite differences", "[nn]") {
   pdo::nn::rng gen(1);
   SECTION("linear") {

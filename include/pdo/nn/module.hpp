@@ -389,10 +389,11 @@ tensor<T, R> uniform(const shape_t<R>& shape, T bound, rng& gen) {
   return t;
 }
 
-/// @brief PyTorch's default for linear and conv layers: U(-1/sqrt(fan_in), 1/sqrt(fan_in)).
+/// @brief PyTorch's default for linear and conv layers: U(-1/sqrt(fan_in), 1/sqrt(fan_in));
+/// zeros for a fan_in of 0 (a layer of no inputs), as PyTorch's bias then.
 template <class T, std::size_t R>
 tensor<T, R> fan_in_uniform(const shape_t<R>& shape, std::size_t fan_in, rng& gen) {
-  return uniform<T>(shape, static_cast<T>(1.0 / std::sqrt(static_cast<double>(fan_in == 0 ? 1 : fan_in))), gen);
+  return uniform<T>(shape, fan_in == 0 ? T(0) : static_cast<T>(1.0 / std::sqrt(static_cast<double>(fan_in))), gen);
 }
 
 }  // namespace init
