@@ -490,44 +490,43 @@ auto max(const var<A>& a, I) {
 
 // ---- softmax and losses ----
 
-/// @brief softmax along `Dim` (the last by default); gradient y * (g - sum(g * y)).
-template <std::ptrdiff_t Dim = last_dim, class A>
-auto softmax(const var<A>& a) {
-  using node_t = decltype(pdo::softmax<Dim>(a.value()));
+namespace detail {
+/// @brief softmax (`Log` false) or log_softmax (true) of `a` along `Dim`, recorded for
+/// backward; after the op's own error, an empty var (nothing more is reported).
+template <bool Log, std::ptrdiff_t Dim, class A>
+auto softmax_var(const var<A>& a) {
+  const auto op = [](const auto& x) {
+    if constexpr (Log) return pdo::log_softmax<Dim>(x);
+    else return pdo::softmax<Dim>(x);
+  };
+  using node_t = decltype(op(a.value()));
   if constexpr (!node_t::well_formed) {
-    return var<detail::unformed_value_t<node_t>>{};  // the softmax's error was given: nothing more after it
+    return var<unformed_value_t<node_t>>{};
   } else {
-    constexpr std::size_t d = detail::dim_index<Dim, var<A>::rank>;
-    return detail::record(
-        detail::eval_forward(pdo::softmax<d>(a.value())),
+    constexpr std::size_t d = dim_index<Dim, var<A>::rank>;
+    return record(
+        eval_forward(op(a.value())),
         [a](auto& self) {
           const auto& g = *self.grad;
           const auto& y = self.value;
-          const auto s = pdo::eval(pdo::sum<d>(g * y));
-          detail::add_grad(a, y * (g - detail::keep_dim<d>(s, y.shape())));
+          if constexpr (Log) add_grad(a, g - pdo::exp(y) * keep_dim<d>(pdo::eval(pdo::sum<d>(g)), y.shape()));
+          else add_grad(a, y * (g - keep_dim<d>(pdo::eval(pdo::sum<d>(g * y)), y.shape())));
         },
         a);
   }
+}
+}  // namespace detail
+
+/// @brief softmax along `Dim` (the last by default); gradient y * (g - sum(g * y)).
+template <std::ptrdiff_t Dim = last_dim, class A>
+auto softmax(const var<A>& a) {
+  return detail::softmax_var<false, Dim>(a);
 }
 
 /// @brief log_softmax along `Dim` (the last by default); gradient g - exp(y) * sum(g).
 template <std::ptrdiff_t Dim = last_dim, class A>
 auto log_softmax(const var<A>& a) {
-  using node_t = decltype(pdo::log_softmax<Dim>(a.value()));
-  if constexpr (!node_t::well_formed) {
-    return var<detail::unformed_value_t<node_t>>{};  // the log_softmax's error was given: nothing more after it
-  } else {
-    constexpr std::size_t d = detail::dim_index<Dim, var<A>::rank>;
-    return detail::record(
-        detail::eval_forward(pdo::log_softmax<d>(a.value())),
-        [a](auto& self) {
-          const auto& g = *self.grad;
-          const auto& y = self.value;
-          const auto s = pdo::eval(pdo::sum<d>(g));
-          detail::add_grad(a, g - pdo::exp(y) * detail::keep_dim<d>(s, y.shape()));
-        },
-        a);
-  }
+  return detail::softmax_var<true, Dim>(a);
 }
 template <class A, std::integral I>
 auto softmax(const var<A>& a, I) {
