@@ -1,6 +1,6 @@
 // A model called on a plain tensor, where it takes a pdo::var: one error saying how to make
 // one, nothing of backward after it.
-// expect: pdo: a model \(nn::sequential\) takes its input as a pdo::var: model\(pdo::var\(x\)\)
+// expect: pdo: a layer or model takes its input as a pdo::var: layer\(pdo::var\(x\)\)
 #include <pdo/pdo.hpp>
 
 int main() {

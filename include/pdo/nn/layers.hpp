@@ -37,6 +37,21 @@ PDO_NOINLINE inline void check_linear_input(std::span<const std::size_t> weight,
 
 namespace pdo::nn {
 
+/// @brief What every layer and model shares: called on a plain tensor or dtensor, where it
+/// takes a pdo::var (which backward follows), it is one error saying how to make one. Each
+/// layer brings it in beside its own call operator (`using takes_var::operator();`).
+struct takes_var {
+  /// @brief Rejected: a layer or model is called on a pdo::var, not a plain tensor; gives an
+  /// empty var of the input's type, so that the program's uses of the result report nothing more.
+  template <class X>
+    requires(is_tensor_v<X> || is_dtensor_v<X>)
+  auto operator()(const X&) const {
+    static_assert(pdo::detail::always_false<X>, "pdo: a layer or model takes its input as a pdo::var: layer(pdo::var(x)) (an input: "
+                                                "no gradient), as every op whose result backward follows");
+    return var<X>{};
+  }
+};
+
 /// @brief y = x W + b, with W [in, out] and b [out]; x [..., in]. The parameters are local
 /// tensors, or dtensors with layouts (see tensor_parallel): the same layer, planned.
 ///
@@ -44,8 +59,9 @@ namespace pdo::nn {
 /// [out, in] (parameter_ref::assign names the mistake) — and "bias" [out]. Initialised as
 /// PyTorch's: U(-1/√in, 1/√in).
 template <class T, class W = tensor<T, 2>, class B = tensor<T, 1>>
-class linear {
+class linear : public takes_var {
  public:
+  using takes_var::operator();
   /// @brief Local parameters weight [in, out] and bias [out], drawn from U(-1/√in, 1/√in) with `gen`, in the
   /// memory of the place running the calling thread.
   linear(std::size_t in, std::size_t out, rng& gen)
@@ -75,14 +91,6 @@ class linear {
       return pdo::matmul(x, weight) + bias;
     }
   }
-  /// @brief Rejected: a layer is called on a pdo::var, which backward follows.
-  template <class X>
-    requires(is_tensor_v<X> || is_dtensor_v<X>)
-  auto operator()(const X&) const {
-    static_assert(pdo::detail::always_false<X>, "pdo: nn::linear takes its input as a pdo::var: layer(pdo::var(x)) (an input: no "
-                                                "gradient), as every op whose result backward follows");
-    return var<X>{};  // the error was given: nothing more after it
-  }
   /// @brief "weight" and "bias", each name prefixed with `prefix`.
   [[nodiscard]] std::vector<parameter_ref<T>> parameters(const std::string& prefix = "") const {
     return {{prefix + "weight", weight}, {prefix + "bias", bias}};
@@ -97,8 +105,9 @@ class linear {
 /// Parameters, as PyTorch's nn.Conv2d: "weight" [out_channels, in_channels, k, k] and "bias"
 /// [out_channels]; initialised U(-1/√fan_in, 1/√fan_in), fan_in = in_channels k².
 template <class T>
-class conv2d {
+class conv2d : public takes_var {
  public:
+  using takes_var::operator();
   /// @brief Parameters drawn from U(-1/√fan_in, 1/√fan_in) with `gen`; `o`: stride (not 0) and padding.
   conv2d(std::size_t in_channels, std::size_t out_channels, std::size_t kernel, rng& gen, window_options o = {})
       : weight(parameter(init::fan_in_uniform<T>(shape_t<4>{out_channels, in_channels, kernel, kernel}, in_channels * kernel * kernel, gen))),
@@ -133,7 +142,7 @@ class conv2d {
 };
 
 /// @brief A layer without parameters.
-struct stateless {
+struct stateless : takes_var {
   /// @brief No parameters: an empty list.
   template <class T>
   [[nodiscard]] std::vector<parameter_ref<T>> parameters(const std::string& = "") const {
@@ -143,6 +152,7 @@ struct stateless {
 
 /// @brief Max pooling over kernel x kernel windows (stride: the kernel unless given).
 struct max_pool2d : stateless {
+  using takes_var::operator();
   std::size_t kernel = 2;        ///< window side, in pixels
   window_options options{0, 0};  ///< stride (0: the kernel) and zero padding
   /// @brief pdo::max_pool2d of x [N, C, H, W], a local tensor or a dtensor.
@@ -154,6 +164,7 @@ struct max_pool2d : stateless {
 
 /// @brief Average pooling over kernel x kernel windows (stride: the kernel unless given).
 struct avg_pool2d : stateless {
+  using takes_var::operator();
   std::size_t kernel = 2;        ///< window side, in pixels
   window_options options{0, 0};  ///< stride (0: the kernel) and zero padding (counted as zeros)
   /// @brief pdo::avg_pool2d of x [N, C, H, W], a local tensor or a dtensor.
@@ -165,6 +176,7 @@ struct avg_pool2d : stateless {
 
 /// @brief [N, ...] -> [N, product of the rest].
 struct flatten : stateless {
+  using takes_var::operator();
   /// @brief x reshaped to [N, product of its other extents] (of a dtensor, only dim 0 may be split).
   template <class V>
   auto operator()(const var<V>& x) const {
@@ -177,30 +189,35 @@ struct flatten : stateless {
 
 /// @brief ReLU, max(x, 0) elementwise: PyTorch's nn.ReLU().
 struct relu : stateless {
+  using takes_var::operator();
   /// @brief pdo::relu(x).
   template <class V>
   auto operator()(const var<V>& x) const { return pdo::relu(x); }
 };
 /// @brief Hyperbolic tangent, elementwise: PyTorch's nn.Tanh().
 struct tanh : stateless {
+  using takes_var::operator();
   /// @brief pdo::tanh(x).
   template <class V>
   auto operator()(const var<V>& x) const { return pdo::tanh(x); }
 };
 /// @brief Logistic sigmoid 1 / (1 + e^-x), elementwise: PyTorch's nn.Sigmoid().
 struct sigmoid : stateless {
+  using takes_var::operator();
   /// @brief pdo::sigmoid(x).
   template <class V>
   auto operator()(const var<V>& x) const { return pdo::sigmoid(x); }
 };
 /// @brief GELU, exact (erf form): PyTorch's nn.GELU().
 struct gelu : stateless {
+  using takes_var::operator();
   /// @brief pdo::gelu(x).
   template <class V>
   auto operator()(const var<V>& x) const { return pdo::gelu(x); }
 };
 /// @brief GELU, tanh approximation: PyTorch's nn.GELU(approximate="tanh").
 struct gelu_tanh : stateless {
+  using takes_var::operator();
   /// @brief pdo::gelu_tanh(x).
   template <class V>
   auto operator()(const var<V>& x) const { return pdo::gelu_tanh(x); }
@@ -211,6 +228,7 @@ struct gelu_tanh : stateless {
 /// sits outside the column/row pairs (before a column layer or after a row layer), where the
 /// features are whole on every place, as Megatron places it.
 struct layer_norm : stateless {
+  using takes_var::operator();
   /// @brief eps 1e-5, PyTorch's default.
   layer_norm() = default;
   /// @brief `eps`, added to each row's variance.
@@ -230,8 +248,9 @@ std::vector<parameter_ref<T>> parameters_of(const M& m, const std::string& prefi
 
 /// @brief Layers applied in order; parameters named "<index>.<name>" ("0.weight").
 template <class... Layers>
-class sequential {
+class sequential : public takes_var {
  public:
+  using takes_var::operator();
   /// @brief The layers, applied first to last.
   explicit sequential(Layers... layers) : layers_(std::move(layers)...) {}
 
@@ -239,14 +258,6 @@ class sequential {
   template <class V>
   auto operator()(const var<V>& x) const {
     return apply<0>(x);
-  }
-  /// @brief Rejected: a model is called on a pdo::var, which backward follows.
-  template <class X>
-    requires(is_tensor_v<X> || is_dtensor_v<X>)
-  auto operator()(const X&) const {
-    static_assert(pdo::detail::always_false<X>, "pdo: a model (nn::sequential) takes its input as a pdo::var: model(pdo::var(x)) "
-                                                "(an input: no gradient), as every op whose result backward follows");
-    return var<X>{};  // the error was given: nothing more after it
   }
   /// @brief Every layer's parameters in order, named `prefix` + "<index>." + the layer's name for them.
   template <class T>

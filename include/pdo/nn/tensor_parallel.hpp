@@ -68,8 +68,9 @@ auto row_parallel(const Mesh& m, const linear<T>& l) {
 ///   (one all_reduce forward, none backward: pdo::sum_across, Megatron's g), then the
 ///   replicated bias added.
 template <class T, bool Column>
-class linear_shard {
+class linear_shard : public takes_var {
  public:
+  using takes_var::operator();
   /// @brief Takes this place's shards `w` and `b` and the tensor-parallel group `g` it belongs to.
   linear_shard(var<tensor<T, 2>> w, var<tensor<T, 1>> b, mesh_communicator g)
       : weight(std::move(w)), bias(std::move(b)), group(std::move(g)) {}
