@@ -151,7 +151,7 @@ TEST_CASE("an exception on one place reaches the caller naming the place; the me
   CHECK(pdo_test::equal(pdo::gather(y), pdo_test::iota_tensor<int, 1>({10})));
 }
 
-TEST_CASE("a block reading an eval_async result waits for it, and is cancelled with its error when it failed", "[parallel_do][errors]") {
+TEST_CASE("a block reading, or a copy of, an eval_async result waits for it, and is its error when it failed", "[parallel_do][errors]") {
   const auto mesh = pdo_test::line_mesh(2);
   pdo::tensor<float, 2> h({2, 3});
   h.fill(1);
@@ -167,6 +167,10 @@ TEST_CASE("a block reading an eval_async result waits for it, and is cancelled w
                       Catch::Contains("parallel_do: the block did not run on place cpu:") &&
                           Catch::Contains(": an operation whose result it reads failed: ") &&
                           Catch::Contains("is not a class index"));
+    // a copy of the result is that failure too, not shards of whatever the memory held
+    CHECK_THROWS_WITH(std::remove_cvref_t<decltype(r.value())>(r.value()),
+                      Catch::Contains("copy of dtensor f32[2, 3]{split<x>, replicate}") &&
+                          Catch::Contains("its values were not computed: ") && Catch::Contains("is not a class index"));
     if (pass == 0) CHECK_THROWS_WITH(r.wait(), Catch::Contains("is not a class index") && Catch::Contains("the first is 99, at row 1"));
   }
   // an independent block still runs, and one on a good result reads it whole
@@ -204,7 +208,15 @@ TEST_CASE("results that cannot be merged as the layout says are a shape error", 
                             return pdo::tensor<float, 2>({s(0, 0) == -3.5f ? 1 : s.extent(0), 2});
                           },
                           x)),
-                      Catch::Contains("parallel_do") && Catch::Contains("cpu:0") && Catch::Contains("[1, 2]"));
+                      Catch::Contains("parallel_do") && Catch::Contains("cpu:0 [1, 2], cpu:1 [2, 2], cpu:2 [2, 2]"));
+  // place 0's part is the odd one in a dim that is not split: the global shape, taken from
+  // it, does not blame the others; every place's part is named
+  REQUIRE_THROWS_WITH((pdo::parallel_do<pdo::layout<split<"x">, replicate>>(
+                          [](const pdo::tensor<float, 2>& s) {
+                            return pdo::tensor<float, 2>({s.extent(0), s(0, 0) == -3.5f ? std::size_t{1} : std::size_t{2}});
+                          },
+                          x)),
+                      Catch::Contains("do not make one tensor") && Catch::Contains("cpu:0 [2, 1], cpu:1 [2, 2], cpu:2 [2, 2]"));
 }
 
 TEST_CASE("dtensors of different meshes cannot be mixed", "[parallel_do][errors]") {
@@ -420,7 +432,7 @@ TEST_CASE("parallel_do over vars: a block's result that does not fit the output 
                           return pdo::var(pdo::eval(xl.value() * 2.0));
                         },
                         whole),
-                    Catch::Contains("parallel_do") && Catch::Contains("cpu:") && Catch::Contains("returned [") &&
+                    Catch::Contains("parallel_do") && Catch::Contains("cpu:0 [") && Catch::Contains("cpu:1 [") &&
                         Catch::Contains("[4, 4]") && Catch::Contains("[5, 4]"));
   // the mesh stays usable
   const auto y = pdo::parallel_do<rows2>([](const auto& xl) { return xl * 2.0; }, dX);

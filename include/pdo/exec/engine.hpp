@@ -182,6 +182,28 @@ class engine {
     for (const auto& t : users) t->wait_ended();
   }
 
+  /// @brief The failure of a task that wrote one of `buffers` (whose writers have ended) and
+  /// failed, its failure kept with them (task_request::keeps_failure); nothing otherwise. Of
+  /// several, the first that is not only another place's abort of the collectives echoed.
+  std::optional<captured_error> failed_writer(std::span<const void* const> buffers) {
+    std::optional<captured_error> first;
+    for (const void* b : buffers) {
+      task_handle writer;
+      {
+        shard& s = shard_for(b);
+        std::lock_guard guard(s.lock);
+        const auto found = s.buffers.find(b);
+        if (found == s.buffers.end() || !keeps_its_failure(found->second.writer)) continue;
+        writer = found->second.writer;
+      }
+      if (!writer->ended.load(std::memory_order_acquire)) continue;
+      auto failure = outcome(*writer);
+      if (failure && !failure->is_abort_echo()) return failure;
+      if (!first) first = std::move(failure);
+    }
+    return first;
+  }
+
   /// @brief The buffers the engine tracks now (for tests: finished work is forgotten).
   [[nodiscard]] std::size_t tracked_buffers() {
     std::size_t n = 0;
@@ -198,6 +220,9 @@ class engine {
     // a dtensor's shards are copied once written, and freed or replaced once the tasks that use them have ended
     detail::wait_for_users.store([](std::span<const void* const> buffers, shard_users which) noexcept { instance().wait_for_users(buffers, which); },
                                  std::memory_order_release);
+    // a dtensor copied after the evaluation that wrote it failed is that failure
+    detail::failed_writer.store([](std::span<const void* const> buffers) { return instance().failed_writer(buffers); },
+                                std::memory_order_release);
   }
 
   struct buffer_state {

@@ -285,11 +285,18 @@ void check_merge(const Mesh& m, const block_outcomes& o, shape_t<Rank>& global) 
     }
   }
   for (std::size_t p = 0; p < m.size(); ++p)
-    if (shard_shape(m, v, global, p) != shape_of(p))
-      throw shape_error("parallel_do: merging as " + to_string(v) + " on " + m.describe() + ": place " + m.place(p).name() +
-                        " returned " + format_extents(shape_of(p)) + " but a global " + format_extents(global) +
-                        " gives it " + format_extents(shard_shape(m, v, global, p)) +
+    if (shard_shape(m, v, global, p) != shape_of(p)) {
+      // which place is the odd one is not known (the global shape was taken from the first
+      // places' parts): every place's part is named
+      constexpr std::size_t named = 16;
+      std::string parts;
+      for (std::size_t q = 0; q < m.size() && q < named; ++q)
+        parts += (q == 0 ? "" : ", ") + m.place(q).name() + " " + format_extents(shape_of(q));
+      if (m.size() > named) parts += ", ... (" + std::to_string(m.size() - named) + " more)";
+      throw shape_error("parallel_do: merging as " + to_string(v) + " on " + m.describe() +
+                        ": the places' parts do not make one tensor; they returned " + parts +
                         " (split dims are cut evenly, larger chunks first; other dims must agree)");
+    }
 }
 
 }  // namespace detail
@@ -414,6 +421,14 @@ auto parallel_do(Block&& block, const Args&... args) {
   }
 }
 
+namespace detail {
+/// @brief What parallel_do gives after rejecting a call without a dtensor argument, so that
+/// the program's uses of the result report nothing more: no argument names a mesh or an
+/// element type, so a float dtensor of the layout's rank, replicated on a one-axis mesh.
+template <layout_spec OutLayout>
+using meshless_parallel_do_t = replicated_dtensor_t<float, OutLayout::rank, mesh<"x">>;
+}  // namespace detail
+
 /// @brief Rejects parallel_do without a dtensor argument: the mesh it runs on is that of its
 /// dtensor arguments.
 template <layout_spec OutLayout, class Block, class... Args>
@@ -421,7 +436,7 @@ template <layout_spec OutLayout, class Block, class... Args>
 auto parallel_do(Block&&, const Args&...) {
   static_assert(detail::always_false<Block>, "pdo: parallel_do: needs a dtensor argument, whose mesh it runs on (each place's block "
                                              "gets that place's shard): distribute the tensor first, pdo::distribute<Layout>(mesh, t)");
-  return detail::unformed_result<detail::replicated_dtensor_t<float, OutLayout::rank, mesh<"x">>>();
+  return detail::unformed_result<detail::meshless_parallel_do_t<OutLayout>>();
 }
 
 }  // namespace pdo

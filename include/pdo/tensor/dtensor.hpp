@@ -13,6 +13,7 @@
 #include <array>
 #include <atomic>
 #include <cstddef>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -113,6 +114,11 @@ enum class shard_users { writers, all };
 /// the blocks whose storage_keys are given. Set by the engine when it is made
 /// (pdo/exec/engine.hpp); before that no task uses any storage.
 inline std::atomic<void (*)(std::span<const void* const>, shard_users) noexcept> wait_for_users{nullptr};
+
+/// @brief The failure of a task that wrote one of the blocks whose storage_keys are given
+/// and failed, while its failure stays with them (an evaluation's result: what it wrote was
+/// never computed); nothing otherwise. Set by the engine when it is made.
+inline std::atomic<std::optional<captured_error> (*)(std::span<const void* const>)> failed_writer{nullptr};
 
 /// @brief Waits until no queued task of the kind given uses any of `shards` (wait_for_users),
 /// handing their keys to the engine a few dozen at a time.
@@ -227,6 +233,14 @@ class dtensor {
   /// (a failure, a place's memory full, say, is an error of the copy, naming the dtensor)
   static std::vector<tensor<T, Rank>> copied_shards(const dtensor& other) {
     detail::wait_for_shard_users(other.shards_, detail::shard_users::writers);
+    // the result of an evaluation that failed holds no values: copying it is that failure
+    if (const auto failed = detail::failed_writer.load(std::memory_order_acquire); failed != nullptr) {
+      std::vector<const void*> keys;
+      keys.reserve(other.shards_.size());
+      for (const auto& shard : other.shards_) keys.push_back(detail::storage_key(shard));
+      if (const auto failure = failed(keys))
+        failure->rethrow_with_context("copy of dtensor " + other.describe() + ": its values were not computed: ");
+    }
     try {
       return other.shards_;
     } catch (const error&) {
