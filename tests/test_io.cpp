@@ -311,6 +311,45 @@ TEST_CASE("checkpoints: a save replaces only a checkpoint; a failed save or load
   CHECK_THAT(load_error(tmp.path / "two", just_a), Catch::Contains("names the file \"../numbers/t0.bin\", which is not a file of the checkpoint"));
 }
 
+TEST_CASE("checkpoints: add_blocks whose blocks overlap, leave a gap or fail is refused at the save, which leaves nothing") {
+  scratch_dir tmp("blocks");
+  const auto m = pdo::make_mesh<"x">(pdo::cpu_places(3));
+  std::vector<std::vector<double>> held(3, std::vector<double>(12, 1.0));
+  // rows of a [6, 2] tensor: place p holds rows given by `rows(p)` = {first, count}
+  auto save_rows = [&](auto rows, bool throws_on_1 = false) -> std::string {
+    pdo::io::checkpoint c;
+    c.add_blocks<double, 2>("o", m, {6, 2}, [&](std::size_t p) -> pdo::io::held_block<double> {
+      if (throws_on_1 && p == 1) throw pdo::error("block 1 unavailable");
+      const auto [first, count] = rows(p);
+      return {{first, 0}, {count, 2}, held[p].data(), true};
+    });
+    try {
+      pdo::io::save(tmp.path / "o", c);
+    } catch (const pdo::io_error& e) {
+      CHECK_FALSE(fs::exists(tmp.path / "o"));
+      CHECK_FALSE(fs::exists(tmp.path / "o.partial"));
+      return e.what();
+    }
+    return "no error";
+  };
+  using rows_t = std::pair<std::size_t, std::size_t>;
+  // places 0 and 1 both write rows 2..3
+  CHECK_THAT(save_rows([](std::size_t p) { return p == 0 ? rows_t{0, 4} : p == 1 ? rows_t{2, 2} : rows_t{4, 2}; }),
+             Catch::Contains("\"o\": add_blocks: the blocks of places cpu:0 (offset [0, 0], shape [4, 2]) and cpu:1 (offset [2, 0], "
+                             "shape [2, 2]) overlap"));
+  // nobody writes rows 4..5
+  CHECK_THAT(save_rows([](std::size_t p) { return p == 2 ? rows_t{4, 0} : rows_t{2 * p, 2}; }),
+             Catch::Contains("\"o\": add_blocks: the places write blocks of 8 elements, its shape [6, 2] holds 12"));
+  // the block function's own error, as an io_error naming the entry and the place
+  CHECK_THAT(save_rows([](std::size_t p) { return rows_t{2 * p, 2}; }, true),
+             Catch::Contains("\"o\": add_blocks' block function failed on place cpu:1: block 1 unavailable"));
+  // rows cut 2, 2, 2: saved, and read back whole
+  CHECK(save_rows([](std::size_t p) { return rows_t{2 * p, 2}; }) == "no error");
+  const auto whole = pdo::io::read<double, 2>(tmp.path / "o", "o");
+  CHECK(whole.shape() == pdo::shape_t<2>{6, 2});
+  CHECK(std::all_of(whole.begin(), whole.end(), [](double v) { return v == 1.0; }));
+}
+
 TEST_CASE("checkpoints: corrupt, truncated, missing and mismatched files are io_errors naming the file and the tensor") {
   scratch_dir tmp("corrupt");
   const auto mesh = pdo_test::line_mesh(2);
@@ -562,6 +601,27 @@ TEST_CASE("npy and safetensors: round trips, and bad files") {
     CHECK(pdo_test::equal(cr.get<std::int8_t, 1>("fits", true), pdo::tensor<std::int8_t, 1>({3}, {127, -128, 0})));
     const auto as_float = cr.get<float, 1>("reals", true);  // F64 to F32 rounds, as C++ converts
     CHECK((as_float(0) == 1.75f && as_float(1) == -2.5f && std::isinf(as_float(2)) && as_float(3) == 3.0f));
+  }
+  {  // a file that also holds types pdo does not read (a PyTorch half-precision tensor): the
+     // others read as usual; reading one of those says what it is
+    const std::uint16_t halves[6] = {0x3c00, 0x4000, 0x4200, 0x4400, 0x4500, 0x4600};
+    const std::uint8_t flags[3] = {1, 0, 1};
+    pdo::io::safetensors_writer mixed;
+    mixed.add("v", v).add_raw("half", "F16", {2, 3}, halves, sizeof(halves)).add_raw("mask", "BOOL", {3}, flags, sizeof(flags));
+    mixed.write(tmp.path / "mixed.safetensors");
+    const pdo::io::safetensors_reader mr(tmp.path / "mixed.safetensors");
+    CHECK(mr.names() == std::vector<std::string>{"half", "mask", "v"});
+    CHECK(mr.entry("half").shape == std::vector<std::size_t>{2, 3});
+    CHECK(pdo_test::equal(mr.get<std::int64_t, 1>("v"), v));
+    CHECK_THROWS_WITH((mr.get<float, 2>("half", true)),
+                      Catch::Contains("mixed.safetensors: \"half\" has type F16, which pdo does not read") &&
+                          Catch::Contains("the file's other tensors can be read"));
+    std::vector<std::uint8_t> out(3);
+    CHECK_THROWS_WITH(mr.read_into("mask", out.data(), out.size()), Catch::Contains("\"mask\" has type BOOL"));
+    // bytes that are not the shape's, and a name that is no type, are refused when added
+    CHECK_THROWS_WITH(pdo::io::safetensors_writer().add_raw("t", "F32", {3, 2}, halves, 16),
+                      Catch::Contains("\"t\": 16 bytes given, its shape F32[3, 2] needs 24"));
+    CHECK_THROWS_WITH(pdo::io::safetensors_writer().add_raw("t", "F33", {1}, halves, 4), Catch::Contains("F33 is not a safetensors type"));
   }
   fs::resize_file(tmp.path / "m.safetensors", fs::file_size(tmp.path / "m.safetensors") - 1);
   CHECK_THROWS_WITH(pdo::io::safetensors_reader(tmp.path / "m.safetensors"), Catch::Contains("truncated"));

@@ -965,7 +965,13 @@ class checkpoint {
   template <class T, std::size_t R, class Mesh>
   static held_block<T> checked_block(const std::string& name, const Mesh& m, const shape_t<R>& shape,
                                      const std::function<held_block<T>(std::size_t)>& block, std::size_t p) {
-    held_block<T> b = block(p);
+    held_block<T> b;
+    try {
+      b = block(p);
+    } catch (...) {
+      throw io_error("io: \"" + name + "\": add_blocks' block function failed on place " + m.place(p).name() + ": " +
+                     pdo::detail::captured_error::current().message);
+    }
     if (!b.data) return b;
     if (m.place(p).kind() != place_kind::cpu)
       throw io_error("io: \"" + name + "\": add_blocks takes blocks in host memory; place " + m.place(p).name() +
@@ -976,6 +982,47 @@ class checkpoint {
       throw io_error("io: \"" + name + "\": the block of place " + m.place(p).name() + " (offset " + pdo::detail::format_extents(b.offset) +
                      ", shape " + pdo::detail::format_extents(b.shape) + ") does not lie inside the tensor's shape " + pdo::detail::format_extents(shape));
     return b;
+  }
+
+  /// @brief Checks that the blocks the places write, as `table` records them (per place:
+  /// whether it writes one, its offset, its shape), are each element of `shape` once: an
+  /// io_error naming two blocks that overlap, or how many elements they leave out. A load could
+  /// not take the checkpoint otherwise; the save says so, not a load of it later.
+  template <std::size_t R, class Mesh>
+  static void check_tiling(const std::string& name, const Mesh& m, const shape_t<R>& shape, const std::vector<long long>& table) {
+    constexpr std::size_t record = 1 + 2 * R;
+    const auto block_text = [&](std::size_t q) {
+      const long long* r = table.data() + q * record;
+      return m.place(q).name() + " (offset " + pdo::detail::format_extents(std::vector<std::size_t>(r + 1, r + 1 + R)) + ", shape " +
+             pdo::detail::format_extents(std::vector<std::size_t>(r + 1 + R, r + 1 + 2 * R)) + ")";
+    };
+    long double covered = 0;
+    for (std::size_t q = 0; q < m.size(); ++q) {
+      const long long* a = table.data() + q * record;
+      if (a[0] == 0) continue;
+      long double v = 1;
+      for (std::size_t d = 0; d < R; ++d) v *= static_cast<long double>(a[1 + R + d]);
+      covered += v;
+      if (v == 0) continue;
+      for (std::size_t o = q + 1; o < m.size(); ++o) {
+        const long long* b = table.data() + o * record;
+        if (b[0] == 0) continue;
+        bool overlap = true;
+        for (std::size_t d = 0; overlap && d < R; ++d)
+          overlap = std::max(a[1 + d], b[1 + d]) < std::min(a[1 + d] + a[1 + R + d], b[1 + d] + b[1 + R + d]);
+        if (overlap)
+          throw io_error("io: \"" + name + "\": add_blocks: the blocks of places " + block_text(q) + " and " + block_text(o) +
+                         " overlap: each element is written by one place (held_block::write is false for a replica)");
+      }
+    }
+    long double want = 1;
+    for (std::size_t e : shape) want *= static_cast<long double>(e);
+    if (covered != want) {
+      std::ostringstream os;
+      os << "io: \"" << name << "\": add_blocks: the places write blocks of " << covered << " elements, its shape "
+         << pdo::detail::format_extents(shape) << " holds " << want << ": every element is written by one place";
+      throw io_error(os.str());
+    }
   }
 
   template <class T, std::size_t R, class Mesh>
@@ -1016,6 +1063,8 @@ class checkpoint {
     // the processes that hold no place of `m` (the writer of the metadata among them, maybe)
     // learn the table from those that do
     if (c.max_over_processes) c.max_over_processes(std::span<long long>(table));
+    if (c.failure) return;  // a place's block failed: the table lacks it
+    check_tiling<R>(name, m, shape, table);
     auto j = tensor_json<T, R>(shape);
     j["layout"] = "blocks";
     j["mesh"] = m.describe();

@@ -35,12 +35,29 @@ std::string safetensors_dtype() {
   return std::string(1, kind) + std::to_string(8 * sizeof(T));
 }
 
-/// @brief The size of one element of the safetensors type `dtype`, 0 when pdo cannot hold it.
+/// @brief The size of one element of the safetensors type `dtype`, 0 for a name that is not
+/// one of the format's types.
 inline std::size_t safetensors_element_bytes(const std::string& dtype) {
-  static const std::map<std::string, std::size_t> sizes = {{"F64", 8}, {"F32", 4}, {"I64", 8}, {"I32", 4}, {"I16", 2}, {"I8", 1},
-                                                           {"U64", 8}, {"U32", 4}, {"U16", 2}, {"U8", 1}};
+  static const std::map<std::string, std::size_t> sizes = {
+      {"F64", 8}, {"F32", 4}, {"F16", 2}, {"BF16", 2}, {"F8_E4M3", 1}, {"F8_E5M2", 1}, {"I64", 8}, {"I32", 4}, {"I16", 2},
+      {"I8", 1},  {"U64", 8}, {"U32", 4}, {"U16", 2},  {"U8", 1},      {"BOOL", 1}};
   const auto it = sizes.find(dtype);
   return it == sizes.end() ? 0 : it->second;
+}
+
+/// @brief Whether pdo reads elements of the safetensors type `dtype` into its element types:
+/// F64, F32, I64 to I8, U64 to U8 (not F16, BF16, F8 or BOOL).
+inline bool safetensors_readable(const std::string& dtype) {
+  return dtype != "F16" && dtype != "BF16" && dtype != "F8_E4M3" && dtype != "F8_E5M2" && dtype != "BOOL" &&
+         safetensors_element_bytes(dtype) != 0;
+}
+
+/// @brief The io_error for reading tensor `name` of the file `path`, of the type `dtype`,
+/// which pdo does not read.
+inline io_error unreadable_dtype(const std::filesystem::path& path, const std::string& name, const std::string& dtype) {
+  return io_error("io: " + path.string() + ": \"" + name + "\" has type " + dtype +
+                  ", which pdo does not read (it reads F64, F32, I64 to I8, U64 to U8; convert it in PyTorch first, "
+                  "tensor.float()); the file's other tensors can be read");
 }
 
 /// @brief Whether T holds the value `v` (for a floating-point T, any value of a floating-point
@@ -152,7 +169,7 @@ class safetensors_reader {
         throw bad("\"" + name + "\": " + x.what());
       }
       const std::size_t element = detail::safetensors_element_bytes(t.dtype);
-      if (element == 0) throw bad("\"" + name + "\" has type " + t.dtype + ", which pdo does not read (it reads F64, F32, I64 to I8, U64 to U8)");
+      if (element == 0) throw bad("\"" + name + "\" has type " + t.dtype + ", which is not a safetensors type");
       std::size_t bytes = 0;
       try {
         bytes = pdo::detail::checked_volume(t.shape, "safetensors", element) * element;
@@ -202,6 +219,7 @@ class safetensors_reader {
   template <element T, std::size_t R>
   [[nodiscard]] tensor<T, R> get(const std::string& name, bool convert = false) const {
     const auto& e = entry(name);
+    if (!detail::safetensors_readable(e.dtype)) throw detail::unreadable_dtype(path(), name, e.dtype);
     if (e.shape.size() != R)
       throw io_error("io: " + path().string() + ": \"" + name + "\" is " + e.dtype + pdo::detail::format_extents(e.shape) + ", of rank " +
                      std::to_string(e.shape.size()) + ", not " + std::to_string(R));
@@ -219,6 +237,7 @@ class safetensors_reader {
   template <element T>
   void read_into(const std::string& name, T* out, std::size_t n) const {
     const auto& e = entry(name);
+    if (!detail::safetensors_readable(e.dtype)) throw detail::unreadable_dtype(path(), name, e.dtype);
     const std::size_t bytes = e.end - e.begin;
     if (bytes != n * detail::safetensors_element_bytes(e.dtype))
       throw io_error("io: " + path().string() + ": \"" + name + "\" holds " + std::to_string(bytes / detail::safetensors_element_bytes(e.dtype)) +
@@ -249,11 +268,19 @@ class safetensors_writer {
     return add_raw(name, detail::safetensors_dtype<T>(), std::vector<std::size_t>(t.shape().begin(), t.shape().end()),
                    t.on_gpu() ? to_host(t).data() : t.data(), t.bytes());
   }
-  /// @brief `bytes` of host memory holding a tensor of `shape` of the safetensors type `dtype`.
+  /// @brief `bytes` of host memory holding a tensor of `shape` of the safetensors type `dtype`
+  /// (any of the format's types: "F16" too); a pdo::io_error for a type the format does not
+  /// have, or a number of bytes that is not the shape's.
   safetensors_writer& add_raw(const std::string& name, const std::string& dtype, std::vector<std::size_t> shape, const void* data,
                               std::size_t bytes) {
     if (name.empty() || name == "__metadata__") throw io_error("io: safetensors: \"" + name + "\" cannot name a tensor");
     if (tensors_.contains(name)) throw io_error("io: safetensors: two tensors are named \"" + name + "\"");
+    const std::size_t element = detail::safetensors_element_bytes(dtype);
+    if (element == 0) throw io_error("io: safetensors: \"" + name + "\": " + dtype + " is not a safetensors type");
+    const std::size_t want = pdo::detail::checked_volume(shape, "safetensors", element) * element;
+    if (bytes != want)
+      throw io_error("io: safetensors: \"" + name + "\": " + std::to_string(bytes) + " bytes given, its shape " + dtype +
+                     pdo::detail::format_extents(shape) + " needs " + std::to_string(want));
     const auto* p = static_cast<const unsigned char*>(data);
     tensors_[name] = {dtype, std::move(shape), std::vector<unsigned char>(p, p + bytes)};
     return *this;
@@ -307,6 +334,7 @@ void load_parameters(M& model, const std::filesystem::path& path, const std::str
   const auto params = nn::parameters_of<T>(model, prefix);
   for (const auto& p : params) {
     const auto& e = file.entry(p.name());
+    if (!detail::safetensors_readable(e.dtype)) throw detail::unreadable_dtype(file.path(), p.name(), e.dtype);
     if (e.shape != p.extents()) {
       const auto& want = p.extents();
       const bool transposed = want.size() == 2 && e.shape.size() == 2 && e.shape[0] == want[1] && e.shape[1] == want[0];
