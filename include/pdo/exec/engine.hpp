@@ -160,42 +160,34 @@ class engine {
   /// @brief Waits until no task queued writes (`which` = writers: storage about to be
   /// copied), or reads or writes (all: about to be freed or replaced), any of `buffers`, on a
   /// host thread (a dtensor's shards: detail::wait_for_users). On a lane it does not wait: the
-  /// task it runs in may be one of those.
-  void wait_for_users(std::span<const void* const> buffers, shard_users which) {
-    if (current_lane() != nullptr) return;
-    std::vector<task_handle> users;
+  /// task it runs in may be one of those. With `writers`, gives the failure of a writer of
+  /// `buffers` that has ended and failed, its failure kept with them (task_request::
+  /// keeps_failure); of several, the first that is not only another place's abort of the
+  /// collectives echoed; nothing otherwise.
+  std::optional<captured_error> wait_for_users(std::span<const void* const> buffers, shard_users which) {
+    const bool waits = current_lane() == nullptr;
+    std::vector<task_handle> users, kept;
     for (const void* b : buffers) {
       shard& s = shard_for(b);
       std::lock_guard guard(s.lock);
       const auto found = s.buffers.find(b);
       if (found == s.buffers.end()) continue;
-      if (live(found->second.writer)) users.push_back(found->second.writer);
-      if (which == shard_users::all)
+      const task_handle& writer = found->second.writer;
+      if (waits && live(writer)) users.push_back(writer);
+      if (which == shard_users::writers && keeps_its_failure(writer)) kept.push_back(writer);
+      if (waits && which == shard_users::all)
         for (const auto& r : found->second.readers)
           if (live(r)) users.push_back(r);
     }
-    if (users.empty()) return;
-    std::vector<lane*> homes;  // a task queued quietly waits for its submitter to wake its lane
-    for (const auto& t : users)
-      if (std::find(homes.begin(), homes.end(), t->home) == homes.end()) homes.push_back(t->home);
-    for (lane* home : homes) home->poke();
-    for (const auto& t : users) t->wait_ended();
-  }
-
-  /// @brief The failure of a task that wrote one of `buffers` (whose writers have ended) and
-  /// failed, its failure kept with them (task_request::keeps_failure); nothing otherwise. Of
-  /// several, the first that is not only another place's abort of the collectives echoed.
-  std::optional<captured_error> failed_writer(std::span<const void* const> buffers) {
+    if (!users.empty()) {
+      std::vector<lane*> homes;  // a task queued quietly waits for its submitter to wake its lane
+      for (const auto& t : users)
+        if (std::find(homes.begin(), homes.end(), t->home) == homes.end()) homes.push_back(t->home);
+      for (lane* home : homes) home->poke();
+      for (const auto& t : users) t->wait_ended();
+    }
     std::optional<captured_error> first;
-    for (const void* b : buffers) {
-      task_handle writer;
-      {
-        shard& s = shard_for(b);
-        std::lock_guard guard(s.lock);
-        const auto found = s.buffers.find(b);
-        if (found == s.buffers.end() || !keeps_its_failure(found->second.writer)) continue;
-        writer = found->second.writer;
-      }
+    for (const auto& writer : kept) {
       if (!writer->ended.load(std::memory_order_acquire)) continue;
       auto failure = outcome(*writer);
       if (failure && !failure->is_abort_echo()) return failure;
@@ -218,11 +210,9 @@ class engine {
  private:
   engine() {
     // a dtensor's shards are copied once written, and freed or replaced once the tasks that use them have ended
-    detail::wait_for_users.store([](std::span<const void* const> buffers, shard_users which) noexcept { instance().wait_for_users(buffers, which); },
-                                 std::memory_order_release);
-    // a dtensor copied after the evaluation that wrote it failed is that failure
-    detail::failed_writer.store([](std::span<const void* const> buffers) { return instance().failed_writer(buffers); },
-                                std::memory_order_release);
+    detail::wait_for_users.store(
+        [](std::span<const void* const> buffers, shard_users which) { return instance().wait_for_users(buffers, which); },
+        std::memory_order_release);
   }
 
   struct buffer_state {

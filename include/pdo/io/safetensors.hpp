@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cmath>
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
@@ -20,6 +21,7 @@
 #include <map>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -35,29 +37,58 @@ std::string safetensors_dtype() {
   return std::string(1, kind) + std::to_string(8 * sizeof(T));
 }
 
+/// @brief A type of the safetensors format: its name, the bytes of one element, and whether
+/// pdo reads it into its element types (converting: F64, F32, I64 to I8, U64 to U8; not F16,
+/// BF16, F8 or BOOL, which have no pdo element type).
+struct safetensors_type {
+  std::string_view name;
+  std::size_t bytes;
+  bool readable;
+};
+inline constexpr std::array<safetensors_type, 15> safetensors_types{{{"F64", 8, true},
+                                                                    {"F32", 4, true},
+                                                                    {"F16", 2, false},
+                                                                    {"BF16", 2, false},
+                                                                    {"F8_E4M3", 1, false},
+                                                                    {"F8_E5M2", 1, false},
+                                                                    {"I64", 8, true},
+                                                                    {"I32", 4, true},
+                                                                    {"I16", 2, true},
+                                                                    {"I8", 1, true},
+                                                                    {"U64", 8, true},
+                                                                    {"U32", 4, true},
+                                                                    {"U16", 2, true},
+                                                                    {"U8", 1, true},
+                                                                    {"BOOL", 1, false}}};
+
+/// @brief The format's type named `dtype`; null for a name that is not one of them.
+inline const safetensors_type* find_safetensors_type(std::string_view dtype) {
+  for (const auto& t : safetensors_types)
+    if (t.name == dtype) return &t;
+  return nullptr;
+}
+
 /// @brief The size of one element of the safetensors type `dtype`, 0 for a name that is not
 /// one of the format's types.
 inline std::size_t safetensors_element_bytes(const std::string& dtype) {
-  static const std::map<std::string, std::size_t> sizes = {
-      {"F64", 8}, {"F32", 4}, {"F16", 2}, {"BF16", 2}, {"F8_E4M3", 1}, {"F8_E5M2", 1}, {"I64", 8}, {"I32", 4}, {"I16", 2},
-      {"I8", 1},  {"U64", 8}, {"U32", 4}, {"U16", 2},  {"U8", 1},      {"BOOL", 1}};
-  const auto it = sizes.find(dtype);
-  return it == sizes.end() ? 0 : it->second;
+  const auto* t = find_safetensors_type(dtype);
+  return t == nullptr ? 0 : t->bytes;
 }
 
-/// @brief Whether pdo reads elements of the safetensors type `dtype` into its element types:
-/// F64, F32, I64 to I8, U64 to U8 (not F16, BF16, F8 or BOOL).
+/// @brief Whether pdo reads elements of the safetensors type `dtype` into its element types.
 inline bool safetensors_readable(const std::string& dtype) {
-  return dtype != "F16" && dtype != "BF16" && dtype != "F8_E4M3" && dtype != "F8_E5M2" && dtype != "BOOL" &&
-         safetensors_element_bytes(dtype) != 0;
+  const auto* t = find_safetensors_type(dtype);
+  return t != nullptr && t->readable;
 }
 
 /// @brief The io_error for reading tensor `name` of the file `path`, of the type `dtype`,
 /// which pdo does not read.
 inline io_error unreadable_dtype(const std::filesystem::path& path, const std::string& name, const std::string& dtype) {
-  return io_error("io: " + path.string() + ": \"" + name + "\" has type " + dtype +
-                  ", which pdo does not read (it reads F64, F32, I64 to I8, U64 to U8; convert it in PyTorch first, "
-                  "tensor.float()); the file's other tensors can be read");
+  std::string readable;
+  for (const auto& t : safetensors_types)
+    if (t.readable) readable += (readable.empty() ? "" : ", ") + std::string(t.name);
+  return io_error("io: " + path.string() + ": \"" + name + "\" has type " + dtype + ", which pdo does not read (it reads " + readable +
+                  "; convert it in PyTorch first, tensor.float()); the file's other tensors can be read");
 }
 
 /// @brief Whether T holds the value `v` (for a floating-point T, any value of a floating-point

@@ -111,32 +111,34 @@ PDO_NOINLINE std::size_t local_ordinal(const Mesh& m, std::size_t p) {
 enum class shard_users { writers, all };
 
 /// @brief Waits, on a host thread, until no queued task of the kind given writes, or uses,
-/// the blocks whose storage_keys are given. Set by the engine when it is made
+/// the blocks whose storage_keys are given; with `writers`, gives the failure of a writer
+/// that failed while its failure stays with what it wrote (an evaluation's result: its values
+/// were never computed), nothing otherwise. Set by the engine when it is made
 /// (pdo/exec/engine.hpp); before that no task uses any storage.
-inline std::atomic<void (*)(std::span<const void* const>, shard_users) noexcept> wait_for_users{nullptr};
-
-/// @brief The failure of a task that wrote one of the blocks whose storage_keys are given
-/// and failed, while its failure stays with them (an evaluation's result: what it wrote was
-/// never computed); nothing otherwise. Set by the engine when it is made.
-inline std::atomic<std::optional<captured_error> (*)(std::span<const void* const>)> failed_writer{nullptr};
+inline std::atomic<std::optional<captured_error> (*)(std::span<const void* const>, shard_users)> wait_for_users{nullptr};
 
 /// @brief Waits until no queued task of the kind given uses any of `shards` (wait_for_users),
-/// handing their keys to the engine a few dozen at a time.
+/// handing their keys to the engine a few dozen at a time; with `writers`, the failure of one
+/// that wrote them (of several, the first that is not only an echo of another place's abort).
 template <class Shards>
-void wait_for_shard_users(const Shards& shards, shard_users which) noexcept {
+std::optional<captured_error> wait_for_shard_users(const Shards& shards, shard_users which) {
   const auto wait = wait_for_users.load(std::memory_order_acquire);
-  if (wait == nullptr) return;
+  if (wait == nullptr) return {};
   constexpr std::size_t batch = 32;
   std::array<const void*, batch> keys{};
   std::size_t n = 0;
+  std::optional<captured_error> failure;
+  const auto flush = [&] {
+    auto f = wait(std::span<const void* const>(keys.data(), n), which);
+    if (f && (!failure || (failure->is_abort_echo() && !f->is_abort_echo()))) failure = std::move(f);
+    n = 0;
+  };
   for (const auto& s : shards) {
     keys[n++] = storage_key(s);
-    if (n == batch) {
-      wait(std::span<const void* const>(keys.data(), n), which);
-      n = 0;
-    }
+    if (n == batch) flush();
   }
-  if (n != 0) wait(std::span<const void* const>(keys.data(), n), which);
+  if (n != 0) flush();
+  return failure;
 }
 
 }  // namespace detail
@@ -232,15 +234,9 @@ class dtensor {
   /// `other`'s shards, once the work queued that writes them has ended.
   /// (a failure, a place's memory full, say, is an error of the copy, naming the dtensor)
   static std::vector<tensor<T, Rank>> copied_shards(const dtensor& other) {
-    detail::wait_for_shard_users(other.shards_, detail::shard_users::writers);
     // the result of an evaluation that failed holds no values: copying it is that failure
-    if (const auto failed = detail::failed_writer.load(std::memory_order_acquire); failed != nullptr) {
-      std::vector<const void*> keys;
-      keys.reserve(other.shards_.size());
-      for (const auto& shard : other.shards_) keys.push_back(detail::storage_key(shard));
-      if (const auto failure = failed(keys))
-        failure->rethrow_with_context("copy of dtensor " + other.describe() + ": its values were not computed: ");
-    }
+    if (const auto failure = detail::wait_for_shard_users(other.shards_, detail::shard_users::writers))
+      failure->rethrow_with_context("copy of dtensor " + other.describe() + ": its values were not computed: ");
     try {
       return other.shards_;
     } catch (const error&) {

@@ -6,6 +6,7 @@
 #include <pdo/tensor/dtensor.hpp>
 #include <pdo/tensor/tensor.hpp>
 
+#include <cmath>
 #include <cstddef>
 #include <ostream>
 #include <span>
@@ -55,7 +56,7 @@ void stream_element(std::ostream& os, const void* data, std::size_t i) {
   const T v = static_cast<const T*>(data)[i];
   if constexpr (sizeof(T) == 1) os << static_cast<int>(v);
   else if constexpr (std::is_floating_point_v<T>) {
-    if (v != v) os << "nan";  // whatever its sign bit, as NumPy and PyTorch write it (the stream may write -nan)
+    if (std::isnan(v)) os << "nan";  // whatever its sign bit, as NumPy and PyTorch write it (the stream may write -nan)
     else os << v;
   } else os << v;
 }
@@ -71,14 +72,10 @@ void stream_element(std::ostream& os, const void* data, std::size_t i) {
 template <class T, std::size_t Rank>
 std::ostream& operator<<(std::ostream& os, const tensor<T, Rank>& t) {
   if (t.on_gpu()) return os << to_host(t);
-  if constexpr (Rank == 0) {
-    if (t.data() == nullptr) os << "[]";
-    else detail::stream_element<T>(os, t.data(), 0);
-  } else {
-    // a tensor of no elements is written as NumPy writes one, whichever of its extents is 0
-    if (t.size() == 0) os << "[]";
-    else detail::write_nested(os, t.shape(), 0, 0, t.size() > detail::elements_written_whole, &detail::stream_element<T>, t.data());
-  }
+  // no elements (a 0 extent, or no storage) is written as NumPy writes an empty array
+  if (t.data() == nullptr || t.size() == 0) os << "[]";
+  else if constexpr (Rank == 0) detail::stream_element<T>(os, t.data(), 0);
+  else detail::write_nested(os, t.shape(), 0, 0, t.size() > detail::elements_written_whole, &detail::stream_element<T>, t.data());
   return os;
 }
 
