@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <limits>
 #include <map>
 #include <string>
@@ -103,6 +104,14 @@ void write_npy_v1(const fs::path& path, std::string dict, std::size_t data_bytes
   std::ofstream f(path, std::ios::binary);
   f << "\x93NUMPY" << '\x01' << '\x00' << static_cast<char>(dict.size() & 0xff) << static_cast<char>(dict.size() >> 8) << dict
     << std::string(data_bytes, '\0');
+}
+
+/// Writes edited metadata to `dir`'s metadata.json without its checksum, as a checkpoint of a
+/// pdo that kept none: the load then checks the content itself (with the checksum kept, any
+/// edit is refused as a damaged file first).
+void write_metadata(const fs::path& dir, nlohmann::json meta) {
+  meta.erase("checksum");
+  std::ofstream(dir / "metadata.json") << meta.dump();
 }
 
 std::string load_error(const fs::path& dir, pdo::io::checkpoint& c) {
@@ -269,16 +278,16 @@ TEST_CASE("checkpoints: a save replaces only a checkpoint; a failed save or load
   {
     nlohmann::json meta = nlohmann::json::parse(std::ifstream(tmp.path / "numbers" / "metadata.json"));
     meta["entries"]["finf"]["value"] = 1e300;
-    std::ofstream(tmp.path / "numbers" / "metadata.json") << meta.dump();
+    write_metadata(tmp.path / "numbers", meta);
     float huge = 0;
     pdo::io::checkpoint one;
     one.add("finf", huge);
     CHECK_THAT(load_error(tmp.path / "numbers", one), Catch::Contains("\"finf\"") && Catch::Contains("1e+300, not a float32"));
     meta["entries"]["finf"]["value"] = -3.5e38;
-    std::ofstream(tmp.path / "numbers" / "metadata.json") << meta.dump();
+    write_metadata(tmp.path / "numbers", meta);
     CHECK_THAT(load_error(tmp.path / "numbers", one), Catch::Contains("not a float32"));
     meta["entries"]["finf"]["value"] = 3.4e38;  // within float's range: loads
-    std::ofstream(tmp.path / "numbers" / "metadata.json") << meta.dump();
+    write_metadata(tmp.path / "numbers", meta);
     pdo::io::load(tmp.path / "numbers", one);
     CHECK(huge == 3.4e38f);
   }
@@ -305,7 +314,7 @@ TEST_CASE("checkpoints: a save replaces only a checkpoint; a failed save or load
   // a block's file outside the checkpoint's folder is named as such
   nlohmann::json meta = nlohmann::json::parse(std::ifstream(tmp.path / "two" / "metadata.json"));
   meta["entries"]["a"]["blocks"][0]["file"] = "../numbers/t0.bin";
-  std::ofstream(tmp.path / "two" / "metadata.json") << meta.dump();
+  write_metadata(tmp.path / "two", meta);
   pdo::io::checkpoint just_a;
   just_a.add("a", a2);
   CHECK_THAT(load_error(tmp.path / "two", just_a), Catch::Contains("names the file \"../numbers/t0.bin\", which is not a file of the checkpoint"));
@@ -461,13 +470,55 @@ TEST_CASE("checkpoints: corrupt, truncated, missing and mismatched files are io_
     // the metadata's identity damaged, or not one
     const auto damaged = fresh("badsave");
     m1["save"] = "00000000000000zz";
-    std::ofstream(damaged / "metadata.json") << m1.dump();
+    write_metadata(damaged, m1);
     CHECK_THAT(load_error(damaged, into), Catch::Contains("metadata.json: its \"save\" is \"00000000000000zz\", not a save's identity"));
     // a checkpoint whose metadata names no save (written before pdo recorded it) checks
     // its shards as before: these, written with an identity, are then from another save
     m1.erase("save");
-    std::ofstream(damaged / "metadata.json") << m1.dump();
+    write_metadata(damaged, m1);
     CHECK_THAT(load_error(damaged, into), Catch::Contains("written by another save") && Catch::Contains("not recorded"));
+  }
+  SECTION("the metadata damaged: every digit or letter changed is refused; its layout of spaces is not content") {
+    const auto dir = fresh("metasum");
+    std::string text;
+    {
+      std::ifstream in(good / "metadata.json");
+      text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    }
+    REQUIRE(nlohmann::json::parse(text).contains("checksum"));
+    std::size_t changed = 0;
+    for (std::size_t i = 0; i < text.size(); ++i) {
+      const char ch = text[i];
+      const bool digit = ch >= '0' && ch <= '9', letter = ch >= 'a' && ch <= 'z';
+      if (!digit && !letter) continue;
+      std::string damaged = text;
+      damaged[i] = digit ? static_cast<char>('0' + (ch - '0' + 1) % 10) : (ch == 'z' ? 'a' : static_cast<char>(ch + 1));
+      std::ofstream(dir / "metadata.json") << damaged;
+      INFO("byte " << i << " changed from " << ch << " to " << damaged[i]);
+      CHECK_THAT(load_error(dir, into), Catch::Contains("metadata.json"));
+      ++changed;
+    }
+    CHECK(changed > 100);
+    // a number of the content changed: named as a damaged file
+    auto meta = nlohmann::ordered_json::parse(text);
+    meta["entries"]["weights"]["blocks"][1]["offset"][0] = 21;
+    std::ofstream(dir / "metadata.json") << meta.dump(1);
+    CHECK_THAT(load_error(dir, into), Catch::Contains("metadata.json: corrupt: its content does not match its checksum"));
+    // a key that pdo does not write
+    meta = nlohmann::ordered_json::parse(text);
+    meta["note"] = "mine";
+    std::ofstream(dir / "metadata.json") << meta.dump(1);
+    CHECK_THAT(load_error(dir, into), Catch::Contains("metadata.json: corrupt: it holds the key \"note\""));
+    // spaces and line breaks are not content; nor is a missing checksum (an older pdo's checkpoint)
+    for (const bool keep : {true, false}) {
+      meta = nlohmann::ordered_json::parse(text);
+      if (!keep) meta.erase("checksum");
+      std::ofstream(dir / "metadata.json") << meta.dump(4);
+      y = pdo::distribute<pdo::layout<replicate, split<"x">>>(pdo_test::line_mesh(3), pdo::tensor<float, 2>({40, 30}));
+      REQUIRE(!pdo_test::equal(pdo::gather(y), host));
+      pdo::io::load(dir, into);
+      CHECK(pdo_test::equal(pdo::gather(y), host));
+    }
   }
   SECTION("blocks in the metadata that overlap, hiding a gap from the count of covered elements") {
     const fs::path three = tmp.path / "three";
@@ -479,7 +530,7 @@ TEST_CASE("checkpoints: corrupt, truncated, missing and mismatched files are io_
     auto& blocks = meta["entries"]["weights"]["blocks"];  // rows [0, 14), [14, 27), [27, 40)
     REQUIRE(blocks.size() == 3);
     blocks[1] = blocks[2];  // rows 14 to 26 described by none, 27 to 39 twice: as many elements as before
-    std::ofstream(three / "metadata.json") << meta.dump();
+    write_metadata(three, meta);
     CHECK_THAT(load_error(three, into), Catch::Contains("\"weights\"") && Catch::Contains("overlap: the metadata does not match the shards"));
     CHECK_THROWS_WITH((pdo::io::read<float, 2>(three, "weights")), Catch::Contains("overlap"));
   }
@@ -487,7 +538,7 @@ TEST_CASE("checkpoints: corrupt, truncated, missing and mismatched files are io_
     const auto dir = fresh("dtype");
     nlohmann::json meta = nlohmann::json::parse(std::ifstream(dir / "metadata.json"));
     meta["entries"]["weights"]["dtype"] = "int32";
-    std::ofstream(dir / "metadata.json") << meta.dump();
+    write_metadata(dir, meta);
     CHECK_THROWS_WITH((pdo::io::read<std::int32_t, 2>(dir, "weights")),
                       Catch::Contains("metadata does not match the shard: the file holds elements of another type than int32"));
   }
@@ -506,7 +557,7 @@ TEST_CASE("checkpoints: corrupt, truncated, missing and mismatched files are io_
     const auto dir = fresh("bigblock");
     nlohmann::json meta = nlohmann::json::parse(std::ifstream(dir / "metadata.json"));
     meta["entries"]["weights"]["blocks"][0]["shape"] = {std::uint64_t{1} << 62, 30};
-    std::ofstream(dir / "metadata.json") << meta.dump();
+    write_metadata(dir, meta);
     CHECK_THAT(load_error(dir, into), Catch::Contains("\"weights\"") && Catch::Contains("does not fit its shape [40, 30]"));
   }
   SECTION("a global shape in the metadata larger than its blocks: io::read names it before allocating") {
@@ -514,7 +565,7 @@ TEST_CASE("checkpoints: corrupt, truncated, missing and mismatched files are io_
     nlohmann::json meta = nlohmann::json::parse(std::ifstream(dir / "metadata.json"));
     for (std::uint64_t rows : {std::uint64_t{1000000000000000000}, std::uint64_t{100000000000}, std::uint64_t{41}}) {
       meta["entries"]["weights"]["shape"] = {rows, 30};
-      std::ofstream(dir / "metadata.json") << meta.dump();
+      write_metadata(dir, meta);
       INFO(rows << " rows");
       const std::string shape = "metadata.json: tensor \"weights\": its shape [" + std::to_string(rows) + ", 30]";
       CHECK_THROWS_AS((pdo::io::read<float, 2>(dir, "weights")), pdo::io_error);
@@ -877,7 +928,7 @@ TEST_CASE("resume: adam's count of each parameter's steps, for a parameter that 
   CHECK(meta["entries"].contains("a.optimizer.late.steps"));
   meta["entries"].erase("a.optimizer.p.steps");
   meta["entries"].erase("a.optimizer.late.steps");
-  std::ofstream(tmp.path / "adam" / "metadata.json") << meta.dump();
+  write_metadata(tmp.path / "adam", meta);
   run older = resume(tmp.path / "adam");
   CHECK(older.opt.steps(1) == 3);
   older.steps(3, 6);

@@ -147,6 +147,17 @@ inline std::uint64_t save_identity_of(const nlohmann::ordered_json& j, const std
   return id;
 }
 
+/// @brief The checksum metadata.json keeps of its own content ("checksum", 16 hex digits): of
+/// the compact JSON text of `meta` without that key, so that whitespace does not count but
+/// every name, number and string does.
+inline std::string metadata_checksum(const nlohmann::ordered_json& meta) {
+  const std::string text = meta.dump();
+  return save_identity_text(checksum(text.data(), text.size()));
+}
+
+/// @brief The keys of metadata.json, in the order a save writes them.
+inline constexpr std::array<std::string_view, 5> metadata_keys = {"format", "version", "save", "entries", "checksum"};
+
 /// @brief What a shard file holds, as its errors name it: " (tensor "w", block at [0, 0])".
 inline std::string block_label(const std::string& name, const std::vector<std::size_t>& offset) {
   return " (tensor \"" + name + "\", block at " + pdo::detail::format_extents(offset) + ")";
@@ -294,6 +305,15 @@ class shard_reader {
   std::string where_;
 };
 
+/// @brief Whether two boxes of elements, each given by its offset and extents (one of each
+/// per dim), share an element: saved blocks must not (a load counts the elements they cover).
+template <class I>
+bool boxes_overlap(std::span<const I> a_offset, std::span<const I> a_extents, std::span<const I> b_offset, std::span<const I> b_extents) {
+  for (std::size_t d = 0; d < a_offset.size(); ++d)
+    if (std::max(a_offset[d], b_offset[d]) >= std::min(a_offset[d] + a_extents[d], b_offset[d] + b_extents[d])) return false;
+  return true;
+}
+
 /// @brief A tensor's entry in the metadata, read back.
 struct tensor_meta {
   std::string name, dtype;
@@ -435,10 +455,7 @@ inline tensor_meta tensor_entry(const load_context& c, const std::string& name, 
   for (std::size_t i = 0; i < t.blocks.size(); ++i)
     for (std::size_t j = i + 1; j < t.blocks.size(); ++j) {
       const block_meta &a = t.blocks[i], &b = t.blocks[j];
-      bool overlap = true;
-      for (std::size_t d = 0; overlap && d < t.shape.size(); ++d)
-        overlap = std::max(a.offset[d], b.offset[d]) < std::min(a.offset[d] + a.shape[d], b.offset[d] + b.shape[d]);
-      if (overlap)
+      if (boxes_overlap<std::size_t>(a.offset, a.shape, b.offset, b.shape))
         throw io_error(c.where(name) + "the metadata's blocks " + a.file + " (offset " + pdo::detail::format_extents(a.offset) + ", shape " +
                        pdo::detail::format_extents(a.shape) + ") and " + b.file + " (offset " + pdo::detail::format_extents(b.offset) +
                        ", shape " + pdo::detail::format_extents(b.shape) + ") overlap: the metadata does not match the shards");
@@ -702,6 +719,7 @@ class checkpoint {
         nlohmann::ordered_json meta = {{"format", "pdo-checkpoint"}, {"version", 1}, {"save", detail::save_identity_text(c.save_id)}, {"entries", c.entries}};
         std::string text;
         try {
+          meta["checksum"] = detail::metadata_checksum(meta);
           text = meta.dump(1);
         } catch (const nlohmann::json::exception& e) {
           throw io_error("io: save of " + target.string() + ": the metadata cannot be written as JSON (an entry's name that is not UTF-8?): " +
@@ -780,6 +798,17 @@ class checkpoint {
     if (!meta.is_object() || !meta.contains("format") || meta["format"] != "pdo-checkpoint" || !meta.contains("entries") ||
         !meta["entries"].is_object())
       throw io_error("io: " + path.string() + ": not the metadata of a pdo checkpoint");
+    // a checkpoint of an older pdo has no checksum; one written since has, and no other keys
+    for (const auto& [key, value] : meta.items())
+      if (std::find(detail::metadata_keys.begin(), detail::metadata_keys.end(), key) == detail::metadata_keys.end())
+        throw io_error("io: " + path.string() + ": corrupt: it holds the key \"" + key + "\", which pdo's metadata does not have");
+    if (meta.contains("checksum")) {
+      const auto kept = meta["checksum"];
+      meta.erase("checksum");
+      if (!kept.is_string() || kept.get<std::string>() != detail::metadata_checksum(meta))
+        throw io_error("io: " + path.string() + ": corrupt: its content does not match its checksum (" + kept.dump() + ", its content's is \"" +
+                       detail::metadata_checksum(meta) + "\"): the file was damaged or edited after the save");
+    }
     if (!meta.contains("version") || meta["version"] != 1)
       throw io_error("io: " + path.string() + ": checkpoint format version " + meta["version"].dump() + ", this pdo reads version 1");
     return meta;
@@ -1007,10 +1036,7 @@ class checkpoint {
       for (std::size_t o = q + 1; o < m.size(); ++o) {
         const long long* b = table.data() + o * record;
         if (b[0] == 0) continue;
-        bool overlap = true;
-        for (std::size_t d = 0; overlap && d < R; ++d)
-          overlap = std::max(a[1 + d], b[1 + d]) < std::min(a[1 + d] + a[1 + R + d], b[1 + d] + b[1 + R + d]);
-        if (overlap)
+        if (detail::boxes_overlap<long long>({a + 1, R}, {a + 1 + R, R}, {b + 1, R}, {b + 1 + R, R}))
           throw io_error("io: \"" + name + "\": add_blocks: the blocks of places " + block_text(q) + " and " + block_text(o) +
                          " overlap: each element is written by one place (held_block::write is false for a replica)");
       }
