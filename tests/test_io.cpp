@@ -14,7 +14,9 @@
 #include <iterator>
 #include <limits>
 #include <map>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <tuple>
 
 using pdo::replicate;
@@ -196,6 +198,31 @@ TEST_CASE("checkpoints: a save replaces the old checkpoint whole, and leaves not
   CHECK(names == std::vector<std::string>{"ck"});
   CHECK(pdo_test::equal(pdo::io::read<float, 2>(tmp.path / "ck", "x"), pdo::gather(y)));
   CHECK_FALSE(pdo_test::equal(pdo::io::read<float, 2>(tmp.path / "ck", "x"), first));
+
+  // two threads saving into one folder at once take turns: each save whole, one checkpoint after
+  {
+    auto h1 = pdo_test::random_tensor<double, 2>({200, 100}, 3), h2 = pdo_test::random_tensor<double, 2>({200, 100}, 4);
+    pdo::io::checkpoint k1, k2;
+    k1.add("h", h1);
+    k2.add("h", h2);
+    std::string failed;
+    std::mutex lock;
+    auto saves = [&](const pdo::io::checkpoint& k) {
+      for (int round = 0; round < 5; ++round) try {
+          pdo::io::save(tmp.path / "both", k);
+        } catch (const std::exception& e) {
+          std::lock_guard guard(lock);
+          failed = e.what();
+        }
+    };
+    std::thread other(saves, std::cref(k2));
+    saves(k1);
+    other.join();
+    CHECK(failed == std::string());
+    const auto kept = pdo::io::read<double, 2>(tmp.path / "both", "h");
+    CHECK((pdo_test::equal(kept, h1) || pdo_test::equal(kept, h2)));
+    fs::remove_all(tmp.path / "both");
+  }
 
   // an unfinished save (only the staging directory) is not a checkpoint
   fs::rename(tmp.path / "ck", tmp.path / "gone.partial");
@@ -673,6 +700,10 @@ TEST_CASE("npy and safetensors: round trips, and bad files") {
     CHECK_THROWS_WITH(pdo::io::safetensors_writer().add_raw("t", "F32", {3, 2}, halves, 16),
                       Catch::Contains("\"t\": 16 bytes given, its shape F32[3, 2] needs 24"));
     CHECK_THROWS_WITH(pdo::io::safetensors_writer().add_raw("t", "F33", {1}, halves, 4), Catch::Contains("F33 is not a safetensors type"));
+    // extents no tensor can address: an io_error naming the tensor, not a shape error of another op
+    CHECK_THROWS_AS(pdo::io::safetensors_writer().add_raw("t", "F32", {std::size_t{1} << 40, std::size_t{1} << 40}, halves, 16), pdo::io_error);
+    CHECK_THROWS_WITH(pdo::io::safetensors_writer().add_raw("t", "F32", {std::size_t{1} << 40, std::size_t{1} << 40}, halves, 16),
+                      Catch::Contains("io: safetensors: \"t\": extents [1099511627776, 1099511627776]"));
   }
   fs::resize_file(tmp.path / "m.safetensors", fs::file_size(tmp.path / "m.safetensors") - 1);
   CHECK_THROWS_WITH(pdo::io::safetensors_reader(tmp.path / "m.safetensors"), Catch::Contains("truncated"));

@@ -163,6 +163,38 @@ int main(int argc, char** argv) {
       pdo::io::save(dir.string() + ".later", blocks);
       check(same(pdo::io::read<float, 1>(dir.string() + ".later", "later"), whole),
             "blocks of a mesh without the writer's places: saved, listed in the metadata, read back whole");
+      // a checkpoint spanning no mesh, saved by every process into one folder at once: the
+      // saves take turns, each whole, and the folder holds one checkpoint after them
+      {
+        auto h = reference<double, 2>({300, 300}, 7);
+        std::int64_t count = 7;
+        pdo::io::checkpoint own;
+        own.add("h", h).add("count", count);
+        for (int round = 0; round < 3; ++round) pdo::io::save(dir.string() + ".own", own);
+        check(same(pdo::io::read<double, 2>(dir.string() + ".own", "h"), h), "a checkpoint saved by every process at once: whole");
+      }
+      // processes whose checkpoints differ: an error on every one, naming what this one holds
+      {
+        auto xa = pdo::distribute<pdo::layout<split<"x">, replicate>>(mesh, a);
+        std::int64_t extra = 1;
+        pdo::io::checkpoint differ;
+        differ.add("a", xa);
+        if (pdo::mpi::rank() == pdo::mpi::size() - 1) differ.add("extra", extra);
+        for (const bool saving : {true, false}) {
+          std::string message = "no error";
+          try {
+            if (saving) pdo::io::save(dir.string() + ".differ", differ);
+            else pdo::io::load(dir, differ);
+          } catch (const pdo::io_error& e) {
+            message = e.what();
+          }
+          check(message.find("the processes' checkpoints hold other entries") != std::string::npos &&
+                    message.find(pdo::mpi::rank() == pdo::mpi::size() - 1 ? "(this process's 2: a, extra)" : "(this process's 1: a)") !=
+                        std::string::npos,
+                std::string(saving ? "save" : "load") + " of checkpoints that differ between processes: " + message);
+        }
+        check(!std::filesystem::exists(dir.string() + ".differ"), "a refused save leaves nothing");
+      }
     } else if (mode == "load") {
       auto ya = pdo::distribute<pdo::layout<replicate, split<"x">>>(mesh, pdo::tensor<float, 2>({13, 6}));
       auto yb = pdo::distribute<pdo::layout<split<"x">, replicate, replicate>>(mesh, pdo::tensor<double, 3>({5, 7, 3}));

@@ -632,7 +632,8 @@ class checkpoint {
     if (!agree_) {
       agree_ = [m](std::span<long long> v) { detail::max_over_processes(m, v); };
       writer_ = m.place(0).is_local();
-      rank_ = m.local_places().empty() ? 0 : m.place(m.local_places().front()).process();
+      holds_places_ = !m.local_places().empty();
+      rank_ = holds_places_ ? m.place(m.local_places().front()).process() : 0;
     }
     return *this;
   }
@@ -683,8 +684,15 @@ class checkpoint {
         throw;
       }
     };
+    same_entries_everywhere("save", target);
+    // the writer's turn on the folder: saves into it from several threads, or from processes
+    // that each save a checkpoint spanning no mesh, run one after the other, not into one
+    // staging directory at once
+    detail::directory_lock turn;
     try {  // a fresh staging directory (the writer clears what a failed save left)
       if (c.writer) {
+        std::filesystem::create_directories(target.parent_path());
+        turn.take(target.parent_path());
         check_target(target);
         std::filesystem::remove_all(c.dir);
       }
@@ -745,6 +753,7 @@ class checkpoint {
   /// checkpoint's bytes (those read before the failure, the damaged ones among them).
   void load(const std::filesystem::path& dir, const load_options& o = {}) {
     pdo::detail::check_not_nested("io::load");
+    same_entries_everywhere("load", dir);
     detail::load_context c;
     c.dir = dir;
     c.options = o;
@@ -825,6 +834,29 @@ class checkpoint {
     if (name.empty()) throw io_error("io: checkpoint: an entry needs a name");
     for (const auto& e : entries_)
       if (e.name == name) throw io_error("io: checkpoint: two entries are named \"" + name + "\"");
+  }
+
+  /// @brief Over the processes of the mesh the checkpoint spans (those that hold places of
+  /// it), an io_error on every one unless each added the same entries in the same order: a
+  /// process's entry that the others lack would be written by none, or loaded by it alone.
+  void same_entries_everywhere(const char* op, const std::filesystem::path& dir) const {
+    if (!agree_) return;
+    std::string names;
+    for (const auto& e : entries_) names += e.name + '\0';
+    const auto mine = static_cast<long long>(detail::checksum(names.data(), names.size()) >> 2);
+    // the largest fingerprint and the negated smallest, the same on every process: they
+    // differ when the processes' entries do (each process then throws, those without places too)
+    constexpr long long none = -(1LL << 62);  // a process without places of the mesh counts for nothing
+    std::array<long long, 2> v = {holds_places_ ? mine : none, holds_places_ ? -mine : none};
+    agree_(v);
+    if (v[0] != none && v[0] != -v[1]) {
+      std::string listed;
+      for (std::size_t i = 0; i < entries_.size() && i < 16; ++i) listed += (i == 0 ? "" : ", ") + entries_[i].name;
+      if (entries_.size() > 16) listed += ", ...";
+      throw io_error(std::string("io: ") + op + " of " + dir.string() + ": the processes' checkpoints hold other entries (this process's " +
+                     std::to_string(entries_.size()) + ": " + (listed.empty() ? "none" : listed) +
+                     "): every process adds the same entries, in the same order");
+    }
   }
 
   /// @brief Every process learns whether one of them failed: the one that did throws its own
@@ -1130,6 +1162,7 @@ class checkpoint {
   std::vector<entry> entries_;
   std::function<void(std::span<long long>)> agree_;  ///< elementwise max over the processes of the first mesh added
   bool writer_ = true;
+  bool holds_places_ = true;  ///< whether this process holds places of the mesh it spans
   long long rank_ = 0;
 };
 

@@ -18,6 +18,7 @@
 #include <utility>
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -162,6 +163,32 @@ void write_atomically(const std::filesystem::path& path, Write&& write) {
 inline void write_text_atomically(const std::filesystem::path& path, std::string_view text) {
   write_atomically(path, [&](file& f) { f.write_at(text.data(), text.size(), 0); });
 }
+
+/// @brief An exclusive lock (flock) on a directory, held while it lives: the saves of
+/// checkpoints into one folder, from several threads or from processes of one machine, take
+/// turns with it. Where the file system does not lock directories, none is held.
+class directory_lock {
+ public:
+  /// @brief Holds no lock yet.
+  directory_lock() = default;
+  directory_lock(const directory_lock&) = delete;
+  directory_lock& operator=(const directory_lock&) = delete;
+  /// @brief Lets the lock go (closing the directory does).
+  ~directory_lock() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  /// @brief Waits for the lock on `dir` and takes it (once).
+  void take(const std::filesystem::path& dir) {
+    if (fd_ >= 0) return;
+    fd_ = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd_ >= 0)
+      while (::flock(fd_, LOCK_EX) != 0 && errno == EINTR) {
+      }
+  }
+
+ private:
+  int fd_ = -1;
+};
 
 /// @brief Flushes a directory's entries (new files, renames) to the disk.
 inline void flush_directory(const std::filesystem::path& dir) {

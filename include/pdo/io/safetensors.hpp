@@ -308,7 +308,12 @@ class safetensors_writer {
     if (tensors_.contains(name)) throw io_error("io: safetensors: two tensors are named \"" + name + "\"");
     const std::size_t element = detail::safetensors_element_bytes(dtype);
     if (element == 0) throw io_error("io: safetensors: \"" + name + "\": " + dtype + " is not a safetensors type");
-    const std::size_t want = pdo::detail::checked_volume(shape, "safetensors", element) * element;
+    std::size_t want = 0;
+    try {
+      want = pdo::detail::checked_volume(shape, "io: safetensors: \"" + name + "\"", element) * element;
+    } catch (const shape_error& e) {
+      throw io_error(e.what());  // extents too large to address: an error of the file being made
+    }
     if (bytes != want)
       throw io_error("io: safetensors: \"" + name + "\": " + std::to_string(bytes) + " bytes given, its shape " + dtype +
                      pdo::detail::format_extents(shape) + " needs " + std::to_string(want));
