@@ -1,6 +1,7 @@
 // compile_fail/data_parallel_mesh_without_dp.cpp: a data-parallel trainer on a mesh with no "dp" axis:
-// one error, nothing of the trainer's uses after it.
+// one error, nothing of the trainer's uses after it (its members, fit with its options, a checkpoint of it).
 // expect: pdo: data_parallel: the mesh needs an axis named
+#include <pdo/io.hpp>
 #include <pdo/pdo.hpp>
 
 int main() {
@@ -10,5 +11,12 @@ int main() {
       [](auto p) { return pdo::nn::sgd<float>(std::move(p), {.lr = 0.1}); });
   pdo::tensor<float, 2> x({4, 5});
   pdo::tensor<int, 1> y({4});
-  return trainer.step(x, y) > 0 && trainer.parameters().empty() ? 1 : 0;
+  trainer.fit(x, y, {.epochs = 1, .batch_size = 2}, [](const auto& stats) { (void)stats.loss; });
+  trainer.check_replicas();
+  pdo::io::save("ck", trainer);
+  pdo::io::load("ck", trainer);
+  const bool quiet = trainer.fused_update() || trainer.sliced_weight_gradients() || trainer.replica_count() == 0 ||
+                     trainer.buckets().empty() || trainer.last_step_events().empty() || trainer.optimizer_state_elements() == 0;
+  trainer.set_progress(1, 1);
+  return trainer.step(x, y) > 0 && trainer.parameters().empty() && quiet ? 1 : 0;
 }

@@ -463,4 +463,17 @@ void load(const std::filesystem::path& dir, nn::data_parallel<T, Model, Optimize
   c.load(dir, o);
 }
 
+/// @brief What make_data_parallel or make_pipeline gave after its compile error: nothing is
+/// added, so that the trainer's checkpoint reports nothing more than that error.
+template <class T>
+checkpoint& add_state(checkpoint& c, const std::string&, nn::detail_dp::unformed_trainer<T>&) {
+  return c;
+}
+/// @brief What make_data_parallel or make_pipeline gave after its compile error: nothing is saved.
+template <class T>
+void save(const std::filesystem::path&, nn::detail_dp::unformed_trainer<T>&, const save_options& = {}) {}
+/// @brief What make_data_parallel or make_pipeline gave after its compile error: nothing is loaded.
+template <class T>
+void load(const std::filesystem::path&, nn::detail_dp::unformed_trainer<T>&, const load_options& = {}) {}
+
 }  // namespace pdo::io

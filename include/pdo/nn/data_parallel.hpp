@@ -135,6 +135,27 @@ std::array<double, N> sum_along(const Mesh& m, std::size_t axis, std::size_t p, 
 
 namespace pdo::nn {
 
+/// @brief What a data-parallel trainer's fit reports after each epoch.
+struct epoch_stats {
+  std::size_t epoch = 0;      ///< the epoch's index, from 0, counted on across resumed runs
+  double loss = 0;            ///< mean training loss over the epoch's samples
+  double accuracy = 0;        ///< on the training samples, from the step's outputs
+  double samples_per_second = 0;  ///< all the epoch's samples (skipped steps too) over its wall-clock seconds
+  std::size_t samples = 0;         ///< the samples whose loss counts (those of skipped steps do not)
+  std::size_t skipped_steps = 0;   ///< steps with a non-finite loss, skipped (data_parallel_options::skip_nonfinite_steps)
+};
+
+/// @brief Settings of a data-parallel trainer's fit.
+struct fit_options {
+  std::size_t epochs = 1;       ///< epochs to train in this call, after those already trained
+  std::size_t batch_size = 64;  ///< global batch
+  std::uint64_t seed = 0;       ///< for the order of the samples in each epoch
+  bool shuffle = true;          ///< a new order each epoch; false: the inputs' order
+  /// @brief Each global batch is run as this many micro-batches whose gradients add up
+  /// before one sync and one update (see step()).
+  std::size_t micro_batches = 1;
+};
+
 /// @brief Data-parallel training over the "dp" axis of a mesh, on CPU or GPU places.
 ///
 /// Every place holds its own replica of the model and of the optimizer state, built by
@@ -253,26 +274,10 @@ class data_parallel {
   /// step whose loss was not finite, which clipped and updated nothing).
   [[nodiscard]] double last_grad_norm() const { return replicas_.empty() ? 0.0 : replicas_[0]->grad_norm; }
 
-  /// @brief What fit reports after each epoch.
-  struct epoch_stats {
-    std::size_t epoch = 0;      ///< the epoch's index, from 0, counted on across resumed runs
-    double loss = 0;            ///< mean training loss over the epoch's samples
-    double accuracy = 0;        ///< on the training samples, from the step's outputs
-    double samples_per_second = 0;  ///< all the epoch's samples (skipped steps too) over its wall-clock seconds
-    std::size_t samples = 0;         ///< the samples whose loss counts (those of skipped steps do not)
-    std::size_t skipped_steps = 0;   ///< steps with a non-finite loss, skipped (data_parallel_options::skip_nonfinite_steps)
-  };
-
-  /// @brief Settings of fit.
-  struct fit_options {
-    std::size_t epochs = 1;       ///< epochs to train in this call, after those already trained
-    std::size_t batch_size = 64;  ///< global batch
-    std::uint64_t seed = 0;       ///< for the order of the samples in each epoch
-    bool shuffle = true;          ///< a new order each epoch; false: the inputs' order
-    /// @brief Each global batch is run as this many micro-batches whose gradients add up
-    /// before one sync and one update (see step()).
-    std::size_t micro_batches = 1;
-  };
+  /// @brief What fit reports after each epoch (pdo::nn::epoch_stats).
+  using epoch_stats = nn::epoch_stats;
+  /// @brief Settings of fit (pdo::nn::fit_options).
+  using fit_options = nn::fit_options;
 
   /// @brief Trains for `epochs` more epochs over (inputs, targets), in global batches (the
   /// last one may be smaller); the next batch is cut and copied to the places by a task on a
@@ -773,24 +778,39 @@ class data_parallel {
 };
 
 namespace detail_dp {
-/// @brief What make_data_parallel gives after its error, so that the trainer's uses report
-/// nothing more: its training and query members, of the types a trainer's have, doing nothing.
+/// @brief What make_data_parallel and make_pipeline give after their errors, so that the
+/// trainer's uses report nothing more: the members of a data-parallel trainer and of a
+/// pipeline, of the types theirs have, doing nothing (io::save, load and add_state take it too).
 template <class T>
 struct unformed_trainer {
   template <class... Args>
   T step(const Args&...) {
     return T{};
   }
-  template <class... Args>
-  void fit(const Args&...) {}
+  template <class X, class Y, class... OnEpoch>
+  void fit(const X&, const Y&, const fit_options&, const OnEpoch&...) {}
   template <class... Args>
   double accuracy(const Args&...) {
     return 0;
   }
+  void check_replicas() {}
   [[nodiscard]] std::vector<parameter_ref<T>> parameters(std::size_t = 0) const { return {}; }
+  [[nodiscard]] std::vector<std::vector<std::string>> buckets() const { return {}; }
+  [[nodiscard]] std::size_t optimizer_state_elements(std::size_t = 0) const { return 0; }
+  [[nodiscard]] std::vector<step_event> last_step_events() const { return {}; }
+  [[nodiscard]] std::size_t replica_count() const { return 0; }
   [[nodiscard]] double last_grad_norm() const { return 0; }
   [[nodiscard]] std::size_t steps() const { return 0; }
   [[nodiscard]] std::size_t epochs() const { return 0; }
+  void set_progress(std::size_t, std::size_t) {}
+  void set_steps(std::size_t) {}
+  [[nodiscard]] std::size_t skipped_steps() const { return 0; }
+  void set_skipped_steps(std::size_t) {}
+  [[nodiscard]] bool fused_update() const { return false; }
+  [[nodiscard]] bool sliced_weight_gradients() const { return false; }
+  [[nodiscard]] std::vector<std::size_t> max_in_flight() const { return {}; }
+  [[nodiscard]] std::vector<double> busy_seconds() const { return {}; }
+  [[nodiscard]] double last_step_seconds() const { return 0; }
   [[nodiscard]] std::string explain() const { return {}; }
 };
 }  // namespace detail_dp
