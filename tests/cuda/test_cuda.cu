@@ -716,11 +716,12 @@ void copies_do_not_deadlock_collectives(const std::vector<pdo::cuda_place>& gpus
   // the second place's compute lane is held while the first queues its part of an all_reduce
   std::mutex hold;
   std::unique_lock held(hold);
-  gpus[1].submit([&hold] { std::lock_guard wait(hold); });
+  const auto holder = gpus[1].submit([&hold] { std::lock_guard wait(hold); });
   auto product = pdo::eval_async(pdo::matmul(x, w));  // K split: an all_reduce on both places
   auto copy = std::async(std::launch::async, [&] { return pdo::to_place(data, gpus[1], pdo::peer_copy::automatic); });
   held.unlock();
   const auto moved = copy.get();
+  holder.wait();
   const auto result = pdo::gather(product.get());
   check(close(pdo::to_host(moved), pdo::to_host(data), 0) && close(result, pdo::eval(pdo::matmul(a, b)), 1e-12),
         "a copy between GPUs beside a collective queued in another order: no deadlock");

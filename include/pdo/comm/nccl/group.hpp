@@ -80,7 +80,8 @@ struct restore_nan {
   const T* flags;
   T* data;
   PDO_HD void operator()(std::size_t i) const {
-    if (flags[i] != T(0)) data[i] = T(0) / T(0);
+    if constexpr (std::is_floating_point_v<T>)  // needs_nan_flags: integers never come here
+      if (flags[i] != T(0)) data[i] = T(0) / T(0);
   }
 };
 
