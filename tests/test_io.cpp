@@ -614,6 +614,15 @@ TEST_CASE("checkpoints: corrupt, truncated, missing and mismatched files are io_
     pdo::io::checkpoint d;
     d.add("weight", wrong_type);
     CHECK_THAT(load_error(good, d), Catch::Contains("no entry named \"weight\" (it holds: weights)"));
+    // of many entries, the first 16 are named, then how many there are
+    std::vector<std::int64_t> numbers(20);
+    pdo::io::checkpoint many;
+    for (std::size_t i = 0; i < numbers.size(); ++i) many.add("n" + std::to_string(i), numbers[i]);
+    pdo::io::save(tmp.path / "many", many);
+    pdo::io::checkpoint one;
+    one.add("n20", numbers[0]);
+    CHECK_THAT(load_error(tmp.path / "many", one),
+               Catch::Contains("no entry named \"n20\" (it holds: n0, n1, n2,") && Catch::Contains(", n15, ... (20 in all))"));
   }
   SECTION("the good one loads") {
     pdo::io::load(good, into);

@@ -151,6 +151,13 @@ template <class R>
   throw error("pdo: the result of a call that does not compile was used");
 }
 
+/// @brief Of two failures found in this order, whether the later one (of kind `later`) is
+/// the one to report rather than the earlier one (of kind `earlier`): the first failure is,
+/// unless it only echoes another place's abort of the collectives and a later one does not.
+[[nodiscard]] constexpr bool tells_more_than(error_kind later, error_kind earlier) {
+  return earlier == error_kind::aborted && later != error_kind::aborted;
+}
+
 /// @brief A caught exception as its error_kind and message, so it can be thrown
 /// again on another thread or process. The exception object itself stays on the thread
 /// that caught it: an exception_ptr released on a different thread than the one that read
@@ -164,8 +171,6 @@ struct captured_error {
     const std::exception_ptr failure = std::current_exception();
     return {kind_of(failure), message_of(failure)};
   }
-  /// @brief Whether this failure only echoes another place's abort of the collectives.
-  [[nodiscard]] bool is_abort_echo() const { return kind == error_kind::aborted; }
   /// @brief Throws it again with `context` in front of its message, keeping its pdo::error subclass.
   [[noreturn]] void rethrow_with_context(const std::string& context) const { throw_error_of_kind(kind, context + message); }
 };

@@ -190,8 +190,7 @@ class engine {
     for (const auto& writer : kept) {
       if (!writer->ended.load(std::memory_order_acquire)) continue;
       auto failure = outcome(*writer);
-      if (failure && !failure->is_abort_echo()) return failure;
-      if (!first) first = std::move(failure);
+      if (failure && (!first || tells_more_than(failure->kind, first->kind))) first = std::move(failure);
     }
     return first;
   }

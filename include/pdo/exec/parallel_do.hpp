@@ -332,7 +332,7 @@ auto merge_parts(const Mesh& m, Part&& part, Access reads = {}) {
   // itself, else the first whose collective was aborted by another's failure
   std::optional<std::size_t> reported;
   for (std::size_t p = 0; p < m.size(); ++p)
-    if (outcomes.failed(p) && (!reported || (outcomes.kind(*reported) == error_kind::aborted && outcomes.kind(p) != error_kind::aborted)))
+    if (outcomes.failed(p) && (!reported || tells_more_than(outcomes.kind(p), outcomes.kind(*reported))))
       reported = p;
   if (reported) {
     const std::size_t p = *reported;

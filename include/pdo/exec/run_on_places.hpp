@@ -143,7 +143,7 @@ struct place_batch {
     std::optional<place_failure> first;
     for (std::size_t k = 0; k < failures.size(); ++k) {
       if (!failures[k]) continue;
-      if (!first || (first->error.is_abort_echo() && !failures[k]->is_abort_echo())) first = place_failure{places[k], *failures[k]};
+      if (!first || tells_more_than(failures[k]->kind, first->error.kind)) first = place_failure{places[k], *failures[k]};
     }
     return first;
   }

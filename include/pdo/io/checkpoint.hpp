@@ -400,11 +400,9 @@ struct load_context {
   /// @brief The metadata of entry `name`, or an io_error listing what the checkpoint holds.
   const nlohmann::ordered_json& entry(const std::string& name) const {
     const auto it = entries.find(name);
-    if (it == entries.end()) {
-      std::string held;
-      for (const auto& [k, v] : entries.items()) held += (held.empty() ? "" : ", ") + k;
-      throw io_error("io: " + (dir / "metadata.json").string() + ": no entry named \"" + name + "\" (it holds: " + (held.empty() ? "nothing" : held) + ")");
-    }
+    if (it == entries.end())
+      throw io_error("io: " + (dir / "metadata.json").string() + ": no entry named \"" + name +
+                     "\" (it holds: " + detail::listed_names(entries.items(), [](const auto& e) { return e.key(); }) + ")");
     return *it;
   }
   [[nodiscard]] std::string where(const std::string& name) const { return "io: load of \"" + name + "\" from " + dir.string() + ": "; }
@@ -814,9 +812,9 @@ class checkpoint {
     if (meta.contains("checksum")) {
       const auto kept = meta["checksum"];
       meta.erase("checksum");
-      if (!kept.is_string() || kept.get<std::string>() != detail::metadata_checksum(meta))
+      if (const std::string content = detail::metadata_checksum(meta); !kept.is_string() || kept.get<std::string>() != content)
         throw io_error("io: " + path.string() + ": corrupt: its content does not match its checksum (" + kept.dump() + ", its content's is \"" +
-                       detail::metadata_checksum(meta) + "\"): the file was damaged or edited after the save");
+                       content + "\"): the file was damaged or edited after the save");
     }
     if (!meta.contains("version") || meta["version"] != 1)
       throw io_error("io: " + path.string() + ": checkpoint format version " + meta["version"].dump() + ", this pdo reads version 1");
@@ -849,14 +847,10 @@ class checkpoint {
     constexpr long long none = -(1LL << 62);  // a process without places of the mesh counts for nothing
     std::array<long long, 2> v = {holds_places_ ? mine : none, holds_places_ ? -mine : none};
     agree_(v);
-    if (v[0] != none && v[0] != -v[1]) {
-      std::string listed;
-      for (std::size_t i = 0; i < entries_.size() && i < 16; ++i) listed += (i == 0 ? "" : ", ") + entries_[i].name;
-      if (entries_.size() > 16) listed += ", ...";
+    if (v[0] != none && v[0] != -v[1])
       throw io_error(std::string("io: ") + op + " of " + dir.string() + ": the processes' checkpoints hold other entries (this process's " +
-                     std::to_string(entries_.size()) + ": " + (listed.empty() ? "none" : listed) +
+                     std::to_string(entries_.size()) + ": " + detail::listed_names(entries_, [](const entry& e) -> const std::string& { return e.name; }) +
                      "): every process adds the same entries, in the same order");
-    }
   }
 
   /// @brief Every process learns whether one of them failed: the one that did throws its own

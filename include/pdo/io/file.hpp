@@ -44,6 +44,21 @@ constexpr std::string_view stored_dtype() {
   }
 }
 
+/// @brief The names of `items` (`name_of` of each) for an error message: "a, b, c", the first
+/// 16 and then how many there are in all, or "nothing".
+template <class Items, class NameOf>
+std::string listed_names(const Items& items, NameOf name_of) {
+  constexpr std::size_t most = 16;
+  std::string listed;
+  std::size_t n = 0;
+  for (const auto& item : items) {
+    if (n < most) listed += (n == 0 ? "" : ", ") + std::string(name_of(item));
+    ++n;
+  }
+  if (n > most) listed += ", ... (" + std::to_string(n) + " in all)";
+  return n == 0 ? "nothing" : listed;
+}
+
 /// @brief A 64-bit checksum of `n` bytes: four lanes of 8-byte words, each word multiplied
 /// into its lane and rotated, then the lanes and the length mixed. It reads memory at the
 /// speed of the memory bus, so checking what is read costs little beside the read itself.

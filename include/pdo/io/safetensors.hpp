@@ -235,11 +235,9 @@ class safetensors_reader {
   /// @brief The header's entry of `name` (an io_error listing the names when there is none).
   [[nodiscard]] const safetensors_entry& entry(const std::string& name) const {
     const auto it = entries_.find(name);
-    if (it == entries_.end()) {
-      std::string held;
-      for (const auto& [k, v] : entries_) held += (held.empty() ? "" : ", ") + k;
-      throw io_error("io: " + path().string() + ": no tensor named \"" + name + "\" (it holds: " + (held.empty() ? "nothing" : held) + ")");
-    }
+    if (it == entries_.end())
+      throw io_error("io: " + path().string() + ": no tensor named \"" + name +
+                     "\" (it holds: " + detail::listed_names(entries_, [](const auto& e) -> const std::string& { return e.first; }) + ")");
     return it->second;
   }
   /// @brief The header's __metadata__ strings, by key (empty when it has none).

@@ -130,7 +130,7 @@ std::optional<captured_error> wait_for_shard_users(const Shards& shards, shard_u
   std::optional<captured_error> failure;
   const auto flush = [&] {
     auto f = wait(std::span<const void* const>(keys.data(), n), which);
-    if (f && (!failure || (failure->is_abort_echo() && !f->is_abort_echo()))) failure = std::move(f);
+    if (f && (!failure || tells_more_than(f->kind, failure->kind))) failure = std::move(f);
     n = 0;
   };
   for (const auto& s : shards) {
