@@ -553,6 +553,51 @@ TEST_CASE("wait_all waits for what its own thread queued, and reports its own er
     if (f) std::rethrow_exception(f);
 }
 
+TEST_CASE("an evaluation waited for on another thread is not reported again by the wait_all of the thread that queued it",
+          "[engine][threads][errors]") {
+  const auto places = pdo::cpu_places(2);
+  const auto mesh = pdo::make_mesh<"x">(places);
+  const auto h = pdo_test::random_tensor<double, 2>({6, 4}, 5);
+  const pdo::tensor<double, 1> bad({6}, {0, 1, 2, 3, 9, 0});
+  const auto x = pdo::distribute<pdo::layout<split<"x">, replicate>>(mesh, h);
+  const auto labels = pdo::distribute<pdo::layout<split<"x">>>(mesh, bad);
+  for (int how = 0; how < 2; ++how) {
+    const auto failing = pdo::eval_async(pdo::cross_entropy(x, labels));
+    bool thrown = false;
+    std::thread other([&] {
+      try {
+        if (how == 0) failing.wait();
+        else (void)failing.get();
+      } catch (const pdo::shape_error&) {
+        thrown = true;
+      }
+    });
+    other.join();
+    CHECK(thrown);
+    CHECK_NOTHROW(pdo::wait_all());
+  }
+  // one nobody waited for: the wait_all of the thread that queued it reports it, once
+  const auto failing = pdo::eval_async(pdo::cross_entropy(x, labels));
+  CHECK_THROWS_AS(pdo::wait_all(), pdo::shape_error);
+  CHECK_NOTHROW(pdo::wait_all());
+  CHECK_THROWS_AS(failing.wait(), pdo::shape_error);
+
+  // one another thread waited for, whose handles are gone, no longer holds its result once
+  // the thread that queued it queues the next (no wait_all needed)
+  const auto in_use = [&] { return places[0].memory().stats().bytes_in_use; };
+  const std::size_t before = in_use();
+  {
+    const auto big = pdo::eval_async(x * 2.0);
+    std::thread([&] { big.wait(); }).join();
+    CHECK(in_use() > before);
+  }
+  const auto small = pdo::eval_async(pdo::sum<1>(x));
+  small.wait();
+  // small's shard (3 of the 6 sums) is all that is left in use, not big's shard beside it
+  CHECK(in_use() - before == pdo::caching_allocator::size_class(3 * sizeof(double)));
+  CHECK(pdo_test::close(pdo::gather(small.value()), pdo::eval(pdo::sum<1>(h)), 1e-12));
+}
+
 TEST_CASE("a mesh-wide operation inside a parallel_do block or an spmd task is an error at once, not a hang",
           "[engine][errors]") {
   const auto mesh = pdo_test::line_mesh(2);

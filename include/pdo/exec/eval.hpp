@@ -9,6 +9,7 @@
 #include <pdo/plan/explain.hpp>
 #include <pdo/plan/plan.hpp>
 
+#include <atomic>
 #include <cstddef>
 #include <exception>
 #include <memory>
@@ -48,6 +49,10 @@ struct queued_evaluation {
   /// @brief The mesh the evaluation runs on (its places name the failures).
   std::shared_ptr<const mesh_state> mesh;
   mesh_comms* comms = nullptr;
+  /// @brief Whether a wait() or get() of its result, on any thread, has been called: the
+  /// wait_all() of the thread that queued it then waits for it without throwing its
+  /// failure again.
+  mutable std::atomic<bool> waited{false};
   [[nodiscard]] virtual std::string what() const = 0;
 
   /// @brief Waits for every task, ignoring failures (before the evaluation is freed).
@@ -244,6 +249,22 @@ inline std::vector<std::shared_ptr<const queued_evaluation>>& pending_evaluation
   return pending;
 }
 
+/// @brief Notes `e`, just queued by eval_async, among those the calling thread's wait_all
+/// waits for; those another thread has waited for, and that have ended, need it no more.
+PDO_NOINLINE inline void note_pending(std::shared_ptr<const queued_evaluation> e) {
+  auto& pending = pending_evaluations();
+  std::erase_if(pending, [](const auto& p) { return p->waited.load(std::memory_order_acquire) && p->finished(); });
+  pending.push_back(std::move(e));
+}
+
+/// @brief What async_result::wait does, for every result type: notes that `e` was waited
+/// for, takes it out of the calling thread's list, then waits for it (throwing its failure).
+PDO_NOINLINE inline void wait_for_evaluation(const queued_evaluation& e) {
+  e.waited.store(true, std::memory_order_release);
+  std::erase_if(pending_evaluations(), [&](const auto& p) { return p.get() == &e; });
+  e.finish();
+}
+
 /// @brief A queued evaluation, shared by those who wait for it (owned as its base: a
 /// shared_ptr to each evaluation type would compile a dozen functions for each expression),
 /// and its result.
@@ -318,11 +339,9 @@ class async_result {
   [[nodiscard]] bool ready() const { return state_->finished(); }
   /// @brief Waits for every place; throws the first failure (a pdo::error naming the op and
   /// place; an evaluation that needed the result of one that failed is cancelled with that
-  /// failure). pdo::wait_all of the thread that queued it no longer waits for it.
-  void wait() const {
-    std::erase_if(detail::pending_evaluations(), [&](const auto& e) { return e.get() == state_.get(); });
-    state_->finish();
-  }
+  /// failure). Called on any thread, pdo::wait_all of the thread that queued it then no
+  /// longer throws that failure.
+  void wait() const { detail::wait_for_evaluation(*state_); }
   /// @brief Waits, then gives (a copy of) the result.
   [[nodiscard]] DTensor get() const& {
     wait();
@@ -360,19 +379,24 @@ auto eval_async(Expr&& expr) {
     return 0;
   } else {
     auto queued = detail::queue_evaluation<Policy>(std::forward<Expr>(expr), false);
-    detail::pending_evaluations().push_back(queued.state);
+    detail::note_pending(queued.state);
     return async_result<std::remove_cvref_t<decltype(*queued.result)>>(std::move(queued.state), queued.result);
   }
 }
 
 /// @brief Waits for every evaluation that the calling thread queued with pdo::eval_async
 /// and has not waited for (those of other threads are theirs to wait for); throws the first
-/// failure among them (a pdo::error naming the op and place).
+/// failure among them (a pdo::error naming the op and place). One whose result's wait() or
+/// get() another thread has called is waited for, its failure not thrown again.
 inline void wait_all() {
   std::vector<std::shared_ptr<const detail::queued_evaluation>> pending;
   pending.swap(detail::pending_evaluations());
   std::exception_ptr first;
   for (const auto& e : pending) {
+    if (e->waited.load(std::memory_order_acquire)) {
+      e->finish_quietly();
+      continue;
+    }
     try {
       e->finish();
     } catch (...) {
