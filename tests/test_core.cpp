@@ -255,4 +255,21 @@ TEST_CASE("sizes: extents whose product or byte count overflows are a shape_erro
   const auto d_tall = pdo::distribute<pdo::layout<pdo::split<"x">, pdo::replicate>>(mesh, tall);
   const auto d_wide = pdo::distribute<pdo::layout<pdo::replicate, pdo::replicate>>(mesh, wide);
   CHECK_THROWS_WITH(pdo::eval(pdo::matmul(d_tall, d_wide)), Catch::Contains("matmul: extents"));
+  // the kind asked for: extents a file gives are an io_error of that file
+  CHECK_THROWS_AS(pdo::detail::checked_volume(std::vector<std::size_t>{big, big}, "io: f", 4, pdo::error_kind::io), pdo::io_error);
+}
+
+TEST_CASE("messages: a list is cut after its first items, saying how many there are", "[errors]") {
+  const auto name = [](int i) { return "n" + std::to_string(i); };
+  CHECK(pdo::detail::listed(std::vector<int>{}, name, 3).empty());
+  CHECK(pdo::detail::listed(std::vector<int>{1, 2, 3}, name, 3) == "n1, n2, n3");
+  CHECK(pdo::detail::listed(std::vector<int>{1, 2, 3, 4, 5}, name, 3) == "n1, n2, n3, ... (5 in all)");
+  // the rows of a shuffled batch a trainer's error names: the first 128, then how many
+  std::vector<std::size_t> rows(200);
+  for (std::size_t i = 0; i < rows.size(); ++i) rows[i] = 2 * i;
+  const std::string text = pdo::detail::rows_context(rows);
+  CHECK_THAT(text, Catch::StartsWith("its 200 rows of the batch are the inputs' rows 0, 2, 4,") &&
+                       Catch::Contains(", 254, ... (200 in all) (row i here") && !Catch::Contains("256"));
+  CHECK(pdo::detail::rows_context(std::vector<std::size_t>{7, 8, 9}) ==
+        "its 3 rows of the batch are the inputs' rows 7..9 (row 0 here is row 7 there): ");
 }

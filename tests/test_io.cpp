@@ -735,7 +735,7 @@ TEST_CASE("npy and safetensors: round trips, and bad files") {
   CHECK_THAT(with_header(R"({"t": {"dtype": "F32", "shape": [-3, 4], "data_offsets": [0, 48]}})"),
              Catch::Contains("bad.safetensors") && Catch::Contains("\"t\"") && Catch::Contains("[-3,4]") && Catch::Contains("not a whole number"));
   CHECK_THAT(with_header(R"({"t": {"dtype": "F32", "shape": [4611686018427387904, 4], "data_offsets": [0, 16]}})"),
-             Catch::Contains("bad.safetensors") && Catch::Contains("\"t\"") && Catch::Contains("4611686018427387904"));
+             Catch::Contains("bad.safetensors: not a valid safetensors file: \"t\": extents [4611686018427387904, 4] hold"));
   CHECK_THAT(with_header(R"({"t": {"dtype": "F32", "shape": [4, 2], "data_offsets": [18446744073709551600, 32]}})"),
              Catch::Contains("bad.safetensors") && Catch::Contains("end before they begin"));
   CHECK_THAT(with_header(R"({"t": {"dtype": "F32", "shape": [4, 2], "data_offsets": [0, -32]}})"),

@@ -37,20 +37,21 @@ inline constexpr std::size_t max_tensor_bytes = static_cast<std::size_t>(PTRDIFF
 template <class Range>
 std::string format_extents(const Range& extents);
 
-/// @brief The product of `extents`, checked: when it, or its size in bytes at
-/// `element_bytes` each, exceeds what memory can hold (max_tensor_bytes), a
-/// pdo::shape_error naming `op` and the extents.
-/// @brief The error of checked_volume.
+/// @brief The error of checked_volume, of kind `kind`.
 [[noreturn]] PDO_NOINLINE inline void throw_too_large(std::string_view op, const std::string& extents, long double elements,
-                                                      std::size_t element_bytes) {
+                                                      std::size_t element_bytes, error_kind kind) {
   std::ostringstream os;
   os << op << ": extents " << extents << " hold " << elements << " elements of " << element_bytes
      << " bytes, more than one tensor can address (" << max_tensor_bytes << " bytes); use smaller extents";
-  throw shape_error(os.str());
+  throw_error_of_kind(kind, os.str());
 }
 
+/// @brief The product of `extents`, checked: when it, or its size in bytes at
+/// `element_bytes` each, exceeds what memory can hold (max_tensor_bytes), a pdo::error naming
+/// `op` and the extents, of kind `kind`: a pdo::shape_error for a tensor's extents, a
+/// pdo::io_error for extents a file gives or is asked to hold.
 template <class Range>
-std::size_t checked_volume(const Range& extents, std::string_view op, std::size_t element_bytes = 1) {
+std::size_t checked_volume(const Range& extents, std::string_view op, std::size_t element_bytes = 1, error_kind kind = error_kind::shape) {
   std::size_t n = 1;
   bool over = false, empty = false;
   long double exact = 1;  // for the message: the product that did not fit
@@ -62,7 +63,7 @@ std::size_t checked_volume(const Range& extents, std::string_view op, std::size_
   if (empty) return 0;  // an empty tensor: any other extent is fine
   std::size_t bytes = 0;
   if (over || __builtin_mul_overflow(n, element_bytes, &bytes) || bytes > max_tensor_bytes)
-    throw_too_large(op, format_extents(extents), exact, element_bytes);
+    throw_too_large(op, format_extents(extents), exact, element_bytes, kind);
   return n;
 }
 
@@ -101,6 +102,21 @@ PDO_NOINLINE inline std::string format_extent_list(std::span<const std::size_t> 
   std::string text = "[";
   for (std::size_t i = 0; i < extents.size(); ++i) text += (i ? ", " : "") + std::to_string(extents[i]);
   return text + "]";
+}
+
+/// @brief "a, b, c" for a message: `name_of` of each of `items`, the first `most` of them and
+/// then ", ... (N in all)" when there are more (a list of thousands does not make a message of
+/// thousands); empty for no items.
+template <class Items, class NameOf>
+std::string listed(const Items& items, NameOf name_of, std::size_t most) {
+  std::string text;
+  std::size_t n = 0;
+  for (const auto& item : items) {
+    if (n < most) text += (n == 0 ? "" : ", ") + std::string(name_of(item));
+    ++n;
+  }
+  if (n > most) text += ", ... (" + std::to_string(n) + " in all)";
+  return text;
 }
 
 template <class Range>

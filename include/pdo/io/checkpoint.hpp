@@ -216,12 +216,8 @@ class shard_reader {
     if (std::memcmp(h_.magic, shard_magic, 8) != 0) throw io_error(where + "not a pdo shard file (its first bytes are not PDOSHARD)");
     if (h_.version != shard_version)
       throw io_error(where + "shard format version " + std::to_string(h_.version) + ", this pdo reads version " + std::to_string(shard_version));
-    std::size_t expected = 0;
-    try {
-      expected = pdo::detail::checked_volume(b.shape, "a block", element_bytes) * element_bytes;
-    } catch (const pdo::error& e) {
-      throw io_error(where + "the metadata is corrupt: " + e.what());
-    }
+    const std::size_t expected =
+        pdo::detail::checked_volume(b.shape, where + "the metadata is corrupt: a block", element_bytes, pdo::error_kind::io) * element_bytes;
     // The header's fields are believed only once its checksum matches. The checksums it
     // covers are read from where its sizes say: sizes past the file are a damaged header or
     // a truncated file; sizes within it are checked by the checksum before anything else.

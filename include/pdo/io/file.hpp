@@ -5,6 +5,7 @@
 
 #include <pdo/core/dtype.hpp>
 #include <pdo/core/error.hpp>
+#include <pdo/core/shape.hpp>
 
 #include <bit>
 #include <cerrno>
@@ -44,19 +45,12 @@ constexpr std::string_view stored_dtype() {
   }
 }
 
-/// @brief The names of `items` (`name_of` of each) for an error message: "a, b, c", the first
-/// 16 and then how many there are in all, or "nothing".
+/// @brief The names of `items` (`name_of` of each) for an io error's message: "a, b, c", the
+/// first 16 and then how many there are in all, or "nothing".
 template <class Items, class NameOf>
 std::string listed_names(const Items& items, NameOf name_of) {
-  constexpr std::size_t most = 16;
-  std::string listed;
-  std::size_t n = 0;
-  for (const auto& item : items) {
-    if (n < most) listed += (n == 0 ? "" : ", ") + std::string(name_of(item));
-    ++n;
-  }
-  if (n > most) listed += ", ... (" + std::to_string(n) + " in all)";
-  return n == 0 ? "nothing" : listed;
+  std::string text = pdo::detail::listed(items, name_of, 16);
+  return text.empty() ? "nothing" : text;
 }
 
 /// @brief A 64-bit checksum of `n` bytes: four lanes of 8-byte words, each word multiplied
@@ -179,6 +173,10 @@ inline void write_text_atomically(const std::filesystem::path& path, std::string
   write_atomically(path, [&](file& f) { f.write_at(text.data(), text.size(), 0); });
 }
 
+/// @brief A descriptor of the directory `dir` (to lock or flush it), or -1 where it cannot be
+/// opened (not every file system lets a directory be opened).
+inline int open_directory(const std::filesystem::path& dir) { return ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC); }
+
 /// @brief An exclusive lock (flock) on a directory, held while it lives: the saves of
 /// checkpoints into one folder, from several threads or from processes of one machine, take
 /// turns with it. Where the file system does not lock directories, none is held.
@@ -195,7 +193,7 @@ class directory_lock {
   /// @brief Waits for the lock on `dir` and takes it (once).
   void take(const std::filesystem::path& dir) {
     if (fd_ >= 0) return;
-    fd_ = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    fd_ = open_directory(dir);
     if (fd_ >= 0)
       while (::flock(fd_, LOCK_EX) != 0 && errno == EINTR) {
       }
@@ -207,7 +205,7 @@ class directory_lock {
 
 /// @brief Flushes a directory's entries (new files, renames) to the disk.
 inline void flush_directory(const std::filesystem::path& dir) {
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  const int fd = open_directory(dir);
   if (fd < 0) return;  // not every file system lets a directory be opened; its entries then go with the files
   ::fsync(fd);
   ::close(fd);

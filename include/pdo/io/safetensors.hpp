@@ -156,7 +156,8 @@ class safetensors_reader {
  public:
   /// @brief Opens `path` and checks its header; a pdo::io_error saying what is wrong otherwise.
   explicit safetensors_reader(const std::filesystem::path& path) : f_(path, detail::file::mode::read) {
-    auto bad = [&](const std::string& what) { return io_error("io: " + path.string() + ": not a valid safetensors file: " + what); };
+    const std::string invalid = "io: " + path.string() + ": not a valid safetensors file: ";
+    auto bad = [&](const std::string& what) { return io_error(invalid + what); };
     const std::size_t size = f_.size();
     if (size < 8) throw bad("shorter than its 8-byte header length");
     std::uint64_t n = 0;
@@ -201,12 +202,8 @@ class safetensors_reader {
       }
       const std::size_t element = detail::safetensors_element_bytes(t.dtype);
       if (element == 0) throw bad("\"" + name + "\" has type " + t.dtype + ", which is not a safetensors type");
-      std::size_t bytes = 0;
-      try {
-        bytes = pdo::detail::checked_volume(t.shape, "safetensors", element) * element;
-      } catch (const pdo::error& x) {
-        throw bad("\"" + name + "\": " + x.what());
-      }
+      const std::size_t bytes =
+          pdo::detail::checked_volume(t.shape, invalid + "\"" + name + "\"", element, pdo::error_kind::io) * element;
       if (t.end < t.begin)
         throw bad("\"" + name + "\": data_offsets [" + std::to_string(t.begin) + ", " + std::to_string(t.end) + "] end before they begin");
       if (t.end - t.begin != bytes)
@@ -306,12 +303,8 @@ class safetensors_writer {
     if (tensors_.contains(name)) throw io_error("io: safetensors: two tensors are named \"" + name + "\"");
     const std::size_t element = detail::safetensors_element_bytes(dtype);
     if (element == 0) throw io_error("io: safetensors: \"" + name + "\": " + dtype + " is not a safetensors type");
-    std::size_t want = 0;
-    try {
-      want = pdo::detail::checked_volume(shape, "io: safetensors: \"" + name + "\"", element) * element;
-    } catch (const shape_error& e) {
-      throw io_error(e.what());  // extents too large to address: an error of the file being made
-    }
+    // extents too large to address: an error of the file being made
+    const std::size_t want = pdo::detail::checked_volume(shape, "io: safetensors: \"" + name + "\"", element, pdo::error_kind::io) * element;
     if (bytes != want)
       throw io_error("io: safetensors: \"" + name + "\": " + std::to_string(bytes) + " bytes given, its shape " + dtype +
                      pdo::detail::format_extents(shape) + " needs " + std::to_string(want));

@@ -5,6 +5,7 @@
 
 #include <pdo/core/config.hpp>
 #include <pdo/core/error.hpp>
+#include <pdo/core/shape.hpp>
 #include <pdo/exec/prefetch.hpp>
 #include <pdo/expr/softmax.hpp>
 #include <pdo/place/mesh.hpp>
@@ -56,17 +57,15 @@ PDO_NOINLINE inline std::string rows_context(std::size_t first, std::size_t coun
          std::to_string(first + count - 1) + " (row 0 here is row " + std::to_string(first) + " there): ";
 }
 
-/// @brief The same for the rows of a shuffled order: the first 128 of them listed, or as
-/// above when they follow each other.
+/// @brief The same for the rows of a shuffled order: the first 128 of them listed (then how
+/// many there are), or as above when they follow each other.
 PDO_NOINLINE inline std::string rows_context(const std::vector<std::size_t>& rows) {
   const std::size_t n = rows.size();
   std::size_t i = 1;
   while (i < n && rows[i] == rows[0] + i) ++i;
   if (i >= n) return rows_context(n == 0 ? 0 : rows[0], n);
-  constexpr std::size_t shown = 128;
-  std::string s = "its " + std::to_string(n) + " rows of the batch are the inputs' rows ";
-  for (std::size_t k = 0; k < n && k < shown; ++k) s += (k == 0 ? "" : ", ") + std::to_string(rows[k]);
-  return s + (n > shown ? ", ..." : "") + " (row i here, counted from 0, is the i-th of them): ";
+  return "its " + std::to_string(n) + " rows of the batch are the inputs' rows " +
+         listed(rows, [](std::size_t r) { return std::to_string(r); }, 128) + " (row i here, counted from 0, is the i-th of them): ";
 }
 
 /// @brief `forward()`'s result; a pdo::error it throws gets `context()` (rows_context of the
