@@ -186,6 +186,25 @@ TEST_CASE("nn: optimizers follow their update rules", "[nn]") {
       for (std::size_t i = 0; i < 3; ++i) CHECK(p.value()(i) == Approx(ref[i]).epsilon(1e-12));
     }
   }
+  SECTION("adam on floats takes PyTorch's float steps: its coefficients computed in double and rounded once") {
+    // torch.optim.Adam([w], lr=1) on a float weight 0 whose gradient is 1: -0.99999988 after a
+    // step, -3 after three (the rounding of 1 - beta2 in float made them 7e-6 longer)
+    for (const bool decoupled : {false, true}) {
+      auto w = pdo::parameter(pdo::tensor<float, 1>({1}));
+      w.value()(0) = 0.0f;
+      pdo::nn::adam<float> opt({{"w", w}}, {.lr = 1.0, .decoupled_weight_decay = decoupled});
+      std::vector<float> after;
+      for (int t = 0; t < 3; ++t) {
+        opt.zero_grad();
+        pdo::backward(pdo::sum(w * 1.0f));
+        opt.step();
+        after.push_back(w.value()(0));
+      }
+      INFO("decoupled " << decoupled);
+      CHECK(after[0] == Approx(-0.99999988f).margin(1e-7));
+      CHECK(after[2] == Approx(-3.0f).margin(4e-7));
+    }
+  }
   SECTION("adam counts each parameter's steps, as PyTorch's: one first updated at step 2 is corrected as at its first") {
     auto p = param();
     auto late = pdo::parameter(pdo::tensor<double, 1>({1}));

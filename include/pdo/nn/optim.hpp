@@ -46,27 +46,48 @@ struct sgd_update {
 };
 
 /// @brief Adam's update of element i; AdamW's (`Decoupled`: the weights decay, not the
-/// gradient). Branch-free, so that its loop vectorizes.
+/// gradient). Branch-free, so that its loop vectorizes. Its coefficients are computed in double
+/// and rounded to T once, and the step is taken in PyTorch's order (lr / (1 - beta1^t) times
+/// the mean, over the root of the mean square scaled by sqrt(1 - beta2^t), plus eps): a float
+/// model takes PyTorch's float steps, not steps off by the rounding of 1 - beta2 in float
+/// (7e-6 of each step).
 template <class T, bool Decoupled>
 struct adam_update {
   T* p;
   const T* g;
   T* m;
   T* v;
-  T lr, beta1, beta2, eps, weight_decay;
-  T correction1, correction2;  ///< 1 - beta^t
+  T beta1, rest1, beta2, rest2;   ///< each beta and 1 - beta
+  T eps, weight_decay, kept;      ///< kept: 1 - lr * weight_decay, what AdamW keeps of a weight
+  T step_size, correction2_root;  ///< lr / (1 - beta1^t), sqrt(1 - beta2^t)
+  /// @brief The update of step `t` (counted from 1) with these settings.
+  static adam_update at_step(T* p, const T* g, T* m, T* v, double lr, double beta1, double beta2, double eps, double weight_decay,
+                             double t) {
+    return {p,
+            g,
+            m,
+            v,
+            static_cast<T>(beta1),
+            static_cast<T>(1 - beta1),
+            static_cast<T>(beta2),
+            static_cast<T>(1 - beta2),
+            static_cast<T>(eps),
+            static_cast<T>(weight_decay),
+            static_cast<T>(1 - lr * weight_decay),
+            static_cast<T>(lr / (1 - std::pow(beta1, t))),
+            static_cast<T>(std::sqrt(1 - std::pow(beta2, t)))};
+  }
   PDO_HD void operator()(std::size_t i) const {
     using std::sqrt;
     T d = g[i];
     T w = p[i];
-    if constexpr (Decoupled) w -= lr * weight_decay * w;
+    if constexpr (Decoupled) w *= kept;
     else d += weight_decay * w;
-    const T mi = beta1 * m[i] + (T(1) - beta1) * d;
-    const T vi = beta2 * v[i] + (T(1) - beta2) * d * d;
+    const T mi = beta1 * m[i] + rest1 * d;
+    const T vi = beta2 * v[i] + rest2 * d * d;
     m[i] = mi;
     v[i] = vi;
-    const T mhat = mi / correction1, vhat = vi / correction2;
-    p[i] = w - lr * mhat / (static_cast<T>(sqrt(vhat)) + eps);
+    p[i] = w - step_size * mi / (static_cast<T>(sqrt(vi)) / correction2_root + eps);
   }
 };
 
@@ -380,8 +401,6 @@ class adam : public optimizer_base<T> {
       const auto grads = params_[i].grad_blocks();
       if (grads.empty()) continue;
       const double t = static_cast<double>(++t_[i]);
-      const T c1 = static_cast<T>(1 - std::pow(o_.beta1, t));
-      const T c2 = static_cast<T>(1 - std::pow(o_.beta2, t));
       const auto places = params_[i].block_places();
       if (m_[i].empty()) {
         m_[i] = params_[i].zero_state();
@@ -390,10 +409,9 @@ class adam : public optimizer_base<T> {
       for (std::size_t k = 0; k < values.size(); ++k) {
         auto update = [&]<bool Decoupled>() {
           pdo::detail::for_each_index(places[k], values[k].size(),
-                                      pdo::detail::adam_update<T, Decoupled>{values[k].data(), grads[k].data(), m_[i][k].data(), v_[i][k].data(),
-                                                                             static_cast<T>(o_.lr), static_cast<T>(o_.beta1),
-                                                                             static_cast<T>(o_.beta2), static_cast<T>(o_.eps),
-                                                                             static_cast<T>(o_.weight_decay), c1, c2});
+                                      pdo::detail::adam_update<T, Decoupled>::at_step(values[k].data(), grads[k].data(), m_[i][k].data(),
+                                                                                      v_[i][k].data(), o_.lr, o_.beta1, o_.beta2, o_.eps,
+                                                                                      o_.weight_decay, t));
         };
         if (o_.decoupled_weight_decay) update.template operator()<true>();
         else update.template operator()<false>();
@@ -414,13 +432,15 @@ class adam : public optimizer_base<T> {
     }
     T* const m = m_[i].at(0).data();
     T* const v = v_[i].at(0).data();
-    const T lr = static_cast<T>(o_.lr), beta1 = static_cast<T>(o_.beta1), beta2 = static_cast<T>(o_.beta2), eps = static_cast<T>(o_.eps),
-            decay = static_cast<T>(o_.weight_decay);
-    const T c1 = static_cast<T>(1 - std::pow(o_.beta1, t)), c2 = static_cast<T>(1 - std::pow(o_.beta2, t));
-    auto update = [=]<bool Decoupled>() -> element_update<T> {
-      return [=](std::size_t lo, std::size_t hi, const T* g) {
-        pdo::detail::for_each_element_range(
-            pdo::detail::adam_update<T, Decoupled>{p + lo, g, m + lo, v + lo, lr, beta1, beta2, eps, decay, c1, c2}, 0, 0, hi - lo);
+    auto update = [&]<bool Decoupled>() -> element_update<T> {
+      const auto rule = pdo::detail::adam_update<T, Decoupled>::at_step(p, nullptr, m, v, o_.lr, o_.beta1, o_.beta2, o_.eps, o_.weight_decay, t);
+      return [rule](std::size_t lo, std::size_t hi, const T* g) {
+        auto range = rule;
+        range.p += lo;
+        range.g = g;
+        range.m += lo;
+        range.v += lo;
+        pdo::detail::for_each_element_range(range, 0, 0, hi - lo);
       };
     };
     return o_.decoupled_weight_decay ? update.template operator()<true>() : update.template operator()<false>();
