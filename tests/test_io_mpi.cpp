@@ -4,11 +4,14 @@
 // `corrupt DIR` damages one shard that only some processes read and checks that every
 // process gets a pdo::io_error. Beside the checkpoint, in DIR.pipeline, a pipeline whose
 // stages live in different processes is saved after 3 steps by its places, and loaded into a
-// pipeline of another cut on the other process count, whose 4th step is one place's.
+// pipeline of another cut on the other process count, whose 4th step is one place's. A
+// tensor-parallel model's parameters and a local model's are saved to safetensors by every
+// process at once, and read back.
 #include <pdo/io.hpp>
 #include <pdo/nn.hpp>
 #include <pdo/pdo.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -145,6 +148,39 @@ int main(int argc, char** argv) {
       state.spanning(tp);
       pdo::io::add_state(state, "", pdo::nn::parameters_of<double>(model), opt);
       pdo::io::save(dir.string() + ".tp", state);
+      // its parameters as one safetensors file, saved by every process (three times over): the
+      // process of the mesh's first place writes it, the others wait for it; a local model,
+      // which every process writes, leaves one whole file however the writes interleave
+      {
+        const std::string file = dir.string() + ".safetensors", local_file = dir.string() + ".local.safetensors";
+        for (int round = 0; round < 3; ++round) pdo::io::save_parameters<double>(file, model);
+        const auto local = make_model();
+        for (int round = 0; round < 10; ++round) pdo::io::save_parameters<double>(local_file, local);
+        auto back = make_pairs(), local_back = make_pairs();
+        pdo::io::load_parameters<double>(back, file);
+        const auto saved = pdo::nn::parameters_of<double>(model), loaded = pdo::nn::parameters_of<double>(back);
+        bool equal = saved.size() == loaded.size();
+        for (std::size_t i = 0; equal && i < saved.size(); ++i) {
+          const auto whole = saved[i].global_values();
+          equal = std::equal(whole.begin(), whole.end(), loaded[i].value().begin());
+        }
+        check(equal, "a tensor-parallel model's parameters saved to safetensors by every process: read back as they are");
+        auto local_copy = make_model();
+        for (const auto& q : pdo::nn::parameters_of<double>(local_copy)) std::fill(q.value().begin(), q.value().end(), 0.0);
+        pdo::io::load_parameters<double>(local_copy, local_file);
+        const auto a0 = pdo::nn::parameters_of<double>(local), a1 = pdo::nn::parameters_of<double>(local_copy);
+        for (std::size_t i = 0; i < a0.size(); ++i)
+          check(std::equal(a0[i].value().begin(), a0[i].value().end(), a1[i].value().begin()), "a local model saved by every process: " + a0[i].name());
+        // the writer's failure is an error on every process
+        std::string message = "no error";
+        try {
+          pdo::io::save_parameters<double>(dir.string() + ".nowhere/m.safetensors", model);
+        } catch (const pdo::io_error& e) {
+          message = e.what();
+        }
+        check(message.find(pdo::mpi::rank() == 0 ? "m.safetensors" : "process 0, which writes the file, failed") != std::string::npos,
+              "a failed save of parameters: " + message);
+      }
       // blocks held only by the places of the processes after the first, in a checkpoint
       // whose metadata the first process writes: it learns from them what they wrote
       std::vector<pdo::any_place> later_places;
@@ -194,6 +230,28 @@ int main(int argc, char** argv) {
                 std::string(saving ? "save" : "load") + " of checkpoints that differ between processes: " + message);
         }
         check(!std::filesystem::exists(dir.string() + ".differ"), "a refused save leaves nothing");
+      }
+      // processes that name other folders (the first process the checkpoint saved above, the
+      // others folders of their own): an error on every process, before anything is written
+      // or read; the checkpoint is left whole
+      {
+        auto xa = pdo::distribute<pdo::layout<split<"x">, replicate>>(mesh, a);
+        pdo::io::checkpoint elsewhere;
+        elsewhere.add("a", xa);
+        const std::filesystem::path own = pdo::mpi::rank() == 0 ? dir : std::filesystem::path(dir.string() + ".own" + std::to_string(pdo::mpi::rank()));
+        for (const bool saving : {true, false}) {
+          std::string message = "no error";
+          try {
+            if (saving) pdo::io::save(own, elsewhere);
+            else pdo::io::load(own, elsewhere);
+          } catch (const pdo::io_error& e) {
+            message = e.what();
+          }
+          check(message.find("the processes name other folders (this process's: " + own.string() + ")") != std::string::npos,
+                std::string(saving ? "save" : "load") + " into folders that differ between processes: " + message);
+        }
+        check(pdo::mpi::rank() == 0 || !std::filesystem::exists(own.string() + ".partial"), "a refused save leaves nothing");
+        check(same(pdo::io::read<float, 2>(dir, "a"), a), "the checkpoint another process's folder differed for: whole");
       }
     } else if (mode == "load") {
       auto ya = pdo::distribute<pdo::layout<replicate, split<"x">>>(mesh, pdo::tensor<float, 2>({13, 6}));

@@ -8,8 +8,10 @@
 #include <pdo/layout/layout_check.hpp>
 #include <pdo/tensor/redistribute.hpp>
 
+#include <algorithm>
 #include <cstddef>
 #include <optional>
+#include <span>
 #include <ranges>
 #include <string>
 #include <utility>
@@ -274,6 +276,22 @@ PDO_NOINLINE double sum_of_squares(const Mesh& m, const layout_value& v, const s
       true, op, "collective", [&](std::size_t, std::size_t k) { return reading(shards[k]); });
   if (failure) rethrow_on_place(*m.state(), *failure, std::string(op) + ": " + describe_dtensor<T>(m, v, global));
   return sums.front();
+}
+
+/// @brief Each element of `v` becomes its largest value over the processes of `m` (each
+/// process passes its own, and every process calls it): how processes learn that one of them
+/// failed, or what the others wrote, and wait for one another (a checkpoint's save, a save of
+/// parameters). In a mesh of one process, `v` is left as it is. A failure is an error of `op`.
+template <class Mesh>
+void max_over_processes(const Mesh& m, std::span<long long> v, const char* op) {
+  if (!m.is_multiprocess()) return;
+  std::vector<long long> result(v.begin(), v.end());
+  run_on_places(op, m, [&](std::size_t p, std::size_t k) {
+    std::vector<long long> x(v.begin(), v.end());
+    host_communicator_of(m, p).all_reduce(std::span<long long>(x), reduce_op::max);
+    if (k == 0) result = std::move(x);
+  });
+  std::copy(result.begin(), result.end(), v.begin());
 }
 
 }  // namespace detail

@@ -507,21 +507,6 @@ inline void check_text(const std::string& name, const std::string& text) {
   }
 }
 
-/// @brief Each element of `v` becomes its largest value over the processes of `m` (each
-/// process passes its own): how they learn that one of them failed, and what the others
-/// wrote. In a mesh of one process, `v` is left as it is.
-template <class Mesh>
-void max_over_processes(const Mesh& m, std::span<long long> v) {
-  if (!m.is_multiprocess()) return;
-  std::vector<long long> result(v.begin(), v.end());
-  pdo::detail::run_on_places("checkpoint", m, [&](std::size_t p, std::size_t k) {
-    std::vector<long long> x(v.begin(), v.end());
-    host_communicator_of(m, p).all_reduce(std::span<long long>(x), reduce_op::max);
-    if (k == 0) result = std::move(x);
-  });
-  std::copy(result.begin(), result.end(), v.begin());
-}
-
 }  // namespace detail
 
 /// @brief The named things one save writes and one load fills: tensors (host), dtensors (of
@@ -624,7 +609,7 @@ class checkpoint {
   template <mesh_type Mesh>
   checkpoint& spanning(const Mesh& m) {
     if (!agree_) {
-      agree_ = [m](std::span<long long> v) { detail::max_over_processes(m, v); };
+      agree_ = [m](std::span<long long> v) { pdo::detail::max_over_processes(m, v, "checkpoint"); };
       writer_ = m.place(0).is_local();
       holds_places_ = !m.local_places().empty();
       rank_ = holds_places_ ? m.place(m.local_places().front()).process() : 0;
@@ -678,7 +663,7 @@ class checkpoint {
         throw;
       }
     };
-    same_entries_everywhere("save", target);
+    same_entries_everywhere("save", target, dir);
     // the writer's turn on the folder: saves into it from several threads, or from processes
     // that each save a checkpoint spanning no mesh, run one after the other, not into one
     // staging directory at once
@@ -747,7 +732,7 @@ class checkpoint {
   /// checkpoint's bytes (those read before the failure, the damaged ones among them).
   void load(const std::filesystem::path& dir, const load_options& o = {}) {
     pdo::detail::check_not_nested("io::load");
-    same_entries_everywhere("load", dir);
+    same_entries_everywhere("load", dir, dir);
     detail::load_context c;
     c.dir = dir;
     c.options = o;
@@ -831,22 +816,35 @@ class checkpoint {
   }
 
   /// @brief Over the processes of the mesh the checkpoint spans (those that hold places of
-  /// it), an io_error on every one unless each added the same entries in the same order: a
-  /// process's entry that the others lack would be written by none, or loaded by it alone.
-  void same_entries_everywhere(const char* op, const std::filesystem::path& dir) const {
+  /// it), an io_error on every one unless each added the same entries in the same order and
+  /// names the same folder (`given`, the path as the caller passed it; `shown` in the message),
+  /// before anything is read or written: a process's entry that the others lack would be
+  /// written by none, or loaded by it alone; a process saving elsewhere would leave the others'
+  /// checkpoint without its shards.
+  void same_entries_everywhere(const char* op, const std::filesystem::path& shown, const std::filesystem::path& given) const {
     if (!agree_) return;
+    const auto fingerprint = [](const std::string& text) { return static_cast<long long>(detail::checksum(text.data(), text.size()) >> 2); };
     std::string names;
     for (const auto& e : entries_) names += e.name + '\0';
-    const auto mine = static_cast<long long>(detail::checksum(names.data(), names.size()) >> 2);
-    // the largest fingerprint and the negated smallest, the same on every process: they
-    // differ when the processes' entries do (each process then throws, those without places too)
+    std::string folder = given.lexically_normal().generic_string();
+    while (folder.size() > 1 && folder.back() == '/') folder.pop_back();  // "ckpt/" is "ckpt"
+    const long long mine = fingerprint(names), here = fingerprint(folder);
+    // the largest fingerprints and the negated smallest, the same on every process: they
+    // differ when the processes' entries (or folders) do (each process then throws, those
+    // without places too)
     constexpr long long none = -(1LL << 62);  // a process without places of the mesh counts for nothing
-    std::array<long long, 2> v = {holds_places_ ? mine : none, holds_places_ ? -mine : none};
+    std::array<long long, 4> v = {none, none, none, none};
+    if (holds_places_) v = {mine, -mine, here, -here};
     agree_(v);
-    if (v[0] != none && v[0] != -v[1])
-      throw io_error(std::string("io: ") + op + " of " + dir.string() + ": the processes' checkpoints hold other entries (this process's " +
+    if (v[0] == none) return;
+    if (v[0] != -v[1])
+      throw io_error(std::string("io: ") + op + " of " + shown.string() + ": the processes' checkpoints hold other entries (this process's " +
                      std::to_string(entries_.size()) + ": " + detail::listed_names(entries_, [](const entry& e) -> const std::string& { return e.name; }) +
                      "): every process adds the same entries, in the same order");
+    if (v[2] != -v[3])
+      throw io_error(std::string("io: ") + op + " of " + shown.string() + ": the processes name other folders (this process's: " + given.string() +
+                     "): every process passes the same path, of a folder they all see; nothing was " +
+                     (op[0] == 's' ? "written" : "loaded"));
   }
 
   /// @brief Every process learns whether one of them failed: the one that did throws its own

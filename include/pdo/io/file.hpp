@@ -7,13 +7,16 @@
 #include <pdo/core/error.hpp>
 #include <pdo/core/shape.hpp>
 
+#include <atomic>
 #include <bit>
 #include <cerrno>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <optional>
+#include <random>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -146,13 +149,30 @@ inline std::string read_text(const std::filesystem::path& path) {
   return text;
 }
 
-/// @brief Writes `path` safely: `write(file&)` fills a temporary name beside it, which is
-/// flushed, then renamed over `path`, so a reader finds the old file or the new one, never a
-/// part. When the write, the flush or the rename fails, the temporary file is removed.
+/// @brief A name beside `path` ("model.safetensors.partial.<hex>.<n>") that no other write
+/// uses, in this process or another: a random number drawn once per process and its process
+/// id, then a count of its writes. Threads or processes writing one path at once each fill a
+/// temporary file of their own, and each rename leaves a complete file.
+inline std::filesystem::path temporary_beside(const std::filesystem::path& path) {
+  static const std::uint64_t drawn = [] {
+    std::random_device r;
+    return (std::uint64_t{r()} << 32) ^ std::uint64_t{r()};
+  }();
+  static std::atomic<std::uint64_t> writes{0};
+  char suffix[64];
+  std::snprintf(suffix, sizeof suffix, ".partial.%016llx.%llu", static_cast<unsigned long long>(drawn ^ static_cast<std::uint64_t>(::getpid())),
+                static_cast<unsigned long long>(writes.fetch_add(1, std::memory_order_relaxed)));
+  std::filesystem::path temporary = path;
+  temporary += suffix;
+  return temporary;
+}
+
+/// @brief Writes `path` safely: `write(file&)` fills a temporary name beside it (of this write
+/// alone), which is flushed, then renamed over `path`, so a reader finds the old file or the new
+/// one, never a part. When the write, the flush or the rename fails, the temporary file is removed.
 template <class Write>
 void write_atomically(const std::filesystem::path& path, Write&& write) {
-  std::filesystem::path temporary = path;
-  temporary += ".partial";
+  const std::filesystem::path temporary = temporary_beside(path);
   std::optional<file> f(std::in_place, temporary, file::mode::write);  // from here on, the temporary is this write's
   try {
     write(*f);

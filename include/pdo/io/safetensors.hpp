@@ -12,13 +12,16 @@
 
 #include <nlohmann/json.hpp>
 
-#include <cmath>
+#include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <filesystem>
 #include <limits>
 #include <map>
+#include <span>
 #include <sstream>
 #include <string>
 #include <string_view>
@@ -378,15 +381,37 @@ void load_parameters(M& model, const std::filesystem::path& path, const std::str
 }
 
 /// @brief Writes every parameter of `model` (its global value: dtensor parameters are
-/// gathered) to the safetensors file `path`, under the names nn::parameters_of gives.
+/// gathered) to the safetensors file `path`, under the names nn::parameters_of gives. Every
+/// process calls it. When dtensor parameters span several processes, the process of their
+/// mesh's first place writes the file (as a checkpoint's save) and every process returns once
+/// it is written; its failure is an error on every process. A model of local parameters is
+/// written by each process that saves it (each through a temporary file of its own, so
+/// processes writing one path leave one complete file).
 template <class T, class M>
 void save_parameters(const std::filesystem::path& path, const M& model, const std::string& prefix = "") {
+  const auto params = nn::parameters_of<T>(model, prefix);
   safetensors_writer w;
-  for (const auto& p : nn::parameters_of<T>(model, prefix)) {
+  for (const auto& p : params) {
     const auto values = p.global_values();
     w.add_raw(p.name(), detail::safetensors_dtype<T>(), p.extents(), values.data(), values.bytes());
   }
-  w.write(path);
+  const auto spanning = std::find_if(params.begin(), params.end(), [](const auto& p) { return !p.mesh_places().empty(); });
+  if (spanning == params.end()) return w.write(path);
+  const auto writer = spanning->mesh_places().front();
+  std::exception_ptr failure;
+  if (writer.is_local()) {
+    try {
+      w.write(path);
+    } catch (...) {
+      failure = std::current_exception();
+    }
+  }
+  long long failed = failure ? 1 : 0;
+  spanning->max_over_processes(std::span<long long>(&failed, 1), "save_parameters");
+  if (failure) std::rethrow_exception(failure);
+  if (failed != 0)
+    throw io_error("io: save_parameters to " + path.string() + ": process " + std::to_string(writer.process()) +
+                   ", which writes the file, failed (its error says why)");
 }
 
 }  // namespace pdo::io

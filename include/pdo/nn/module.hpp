@@ -103,6 +103,11 @@ class parameter_ref {
   /// the layout (replicated blocks are not counted twice). 0 without a gradient. For a
   /// dtensor this is a collective: every process calls it.
   [[nodiscard]] double grad_squared_norm() const { return impl_->grad_squared_norm(); }
+  /// @brief Each element of `v` becomes its largest value over the processes of a dtensor
+  /// parameter's mesh (a collective of `op`: every process of the mesh calls it, passing its
+  /// own); left as it is for a local parameter or a mesh of one process. How processes that
+  /// save a model learn whether the one that wrote it failed, and wait for it.
+  void max_over_processes(std::span<long long> v, const char* op) const { impl_->max_over_processes(v, op); }
   /// @brief Drops the parameter's gradient, so the next backward starts from none (see var::zero_grad).
   void zero_grad() const { impl_->zero_grad(); }
   /// @brief Has backward call `f()` once this parameter's gradient is complete; replaces any earlier hook.
@@ -177,6 +182,7 @@ class parameter_ref {
     virtual std::vector<tensor<T, 1>> zero_state() = 0;
     virtual std::span<T> grad_or_zeros() = 0;
     virtual double grad_squared_norm() = 0;
+    virtual void max_over_processes(std::span<long long> v, const char* op) = 0;
     virtual void zero_grad() = 0;
     virtual void on_gradient(std::function<void()> f) = 0;
     virtual bool on_product_gradient(std::function<bool(const tensor<T, 2>&, const tensor<T, 2>&)> f) = 0;
@@ -267,6 +273,9 @@ class parameter_ref {
       } else {
         return detail::sum_of_squares(g.where(), g.data(), g.size());
       }
+    }
+    void max_over_processes(std::span<long long> s, const char* op) override {
+      if constexpr (var<V>::distributed) detail::max_over_processes(v.value().mesh(), s, op);
     }
     void zero_grad() override { v.zero_grad(); }
     void on_gradient(std::function<void()> f) override { v.on_gradient(std::move(f)); }
