@@ -156,7 +156,7 @@ int main(int argc, char** argv) {
         for (int round = 0; round < 3; ++round) pdo::io::save_parameters<double>(file, model);
         const auto local = make_model();
         for (int round = 0; round < 10; ++round) pdo::io::save_parameters<double>(local_file, local);
-        auto back = make_pairs(), local_back = make_pairs();
+        auto back = make_pairs();
         pdo::io::load_parameters<double>(back, file);
         const auto saved = pdo::nn::parameters_of<double>(model), loaded = pdo::nn::parameters_of<double>(back);
         bool equal = saved.size() == loaded.size();
