@@ -553,6 +553,12 @@ TEST_CASE("nn: parameters have typed shapes; assign checks them and names a tran
   auto split_weight = pdo::parameter(pdo::distribute<pdo::layout<pdo::replicate, pdo::split<"tp">>>(mesh, rnd<2>({6, 4}, 83)));
   pdo::nn::parameter_ref<double> ref("w", split_weight);
   CHECK(ref.shape<2>() == shape_t<2>{6, 4});
+  // what the parameter's type says: a dtensor or not, with pending sums or not
+  CHECK((ref.distributed() && !ref.partial() && ref.mesh_places().size() == 3));
+  CHECK((!ps[0].distributed() && !ps[0].partial() && ps[0].mesh_places().empty()));
+  auto summed = pdo::parameter(pdo::distribute<pdo::layout<pdo::replicate, pdo::replicate>::partial<"tp">>(mesh, rnd<2>({6, 4}, 84)));
+  const pdo::nn::parameter_ref<double> pending("s", summed);
+  CHECK((pending.distributed() && pending.partial()));
   ref.assign(w);
   CHECK(pdo_test::equal(pdo::gather(split_weight.value()), w));
 }

@@ -11,8 +11,8 @@
 #include <algorithm>
 #include <cstddef>
 #include <optional>
-#include <span>
 #include <ranges>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>

@@ -177,6 +177,7 @@ class safetensors_reader {
     }
     if (!header.is_object()) throw bad("its header is not a JSON object");
     std::vector<std::pair<std::size_t, std::size_t>> ranges;
+    std::string entry_op = invalid;  // invalid + "\"name\"", the op of an entry's extents check: one buffer for every entry
     for (const auto& [name, e] : header.items()) {
       if (name == "__metadata__") {
         if (!e.is_object()) throw bad("__metadata__ is not an object");
@@ -205,8 +206,9 @@ class safetensors_reader {
       }
       const std::size_t element = detail::safetensors_element_bytes(t.dtype);
       if (element == 0) throw bad("\"" + name + "\" has type " + t.dtype + ", which is not a safetensors type");
-      const std::size_t bytes =
-          pdo::detail::checked_volume(t.shape, invalid + "\"" + name + "\"", element, pdo::error_kind::io) * element;
+      entry_op.resize(invalid.size());
+      entry_op.append("\"").append(name).append("\"");
+      const std::size_t bytes = pdo::detail::checked_volume(t.shape, entry_op, element, pdo::error_kind::io) * element;
       if (t.end < t.begin)
         throw bad("\"" + name + "\": data_offsets [" + std::to_string(t.begin) + ", " + std::to_string(t.end) + "] end before they begin");
       if (t.end - t.begin != bytes)
@@ -395,7 +397,7 @@ void save_parameters(const std::filesystem::path& path, const M& model, const st
     const auto values = p.global_values();
     w.add_raw(p.name(), detail::safetensors_dtype<T>(), p.extents(), values.data(), values.bytes());
   }
-  const auto spanning = std::find_if(params.begin(), params.end(), [](const auto& p) { return !p.mesh_places().empty(); });
+  const auto spanning = std::find_if(params.begin(), params.end(), [](const auto& p) { return p.distributed(); });
   if (spanning == params.end()) return w.write(path);
   const auto writer = spanning->mesh_places().front();
   std::exception_ptr failure;

@@ -248,7 +248,7 @@ template <class T>
 bool held_in_blocks(const nn::parameter_ref<T>& p) {
   // decided from what every process sees alike (the mesh's places, the layout), never from
   // this process's blocks: the blocks' entries are collective over the mesh
-  if (p.mesh_places().empty() || p.partial()) return false;
+  if (!p.distributed() || p.partial()) return false;
   for (const any_place& q : p.mesh_places())
     if (q.kind() != place_kind::cpu) return false;
   return true;

@@ -76,8 +76,10 @@ class parameter_ref {
   /// @brief The places of a dtensor parameter's mesh (every process's, in mesh order); empty
   /// for a local parameter.
   [[nodiscard]] std::vector<any_place> mesh_places() const { return impl_->mesh_places(); }
+  /// @brief Whether the parameter is a dtensor (false for a local pdo::tensor parameter).
+  [[nodiscard]] bool distributed() const { return impl_->is_distributed; }
   /// @brief Whether the parameter is a dtensor laid out with pending sums (partial).
-  [[nodiscard]] bool partial() const { return impl_->partial(); }
+  [[nodiscard]] bool partial() const { return impl_->is_partial; }
   /// @brief The values of a local parameter (one block).
   [[nodiscard]] std::span<T> value() const { return single(impl_->value_blocks(), "value"); }
   /// @brief Whether backward has given the parameter a gradient (since its last zero_grad).
@@ -170,7 +172,11 @@ class parameter_ref {
     return blocks[0];
   }
   struct base {
+    /// @brief What the parameter's type says: whether it is a dtensor, laid out with pending sums.
+    base(bool distributed, bool partial) : is_distributed(distributed), is_partial(partial) {}
     virtual ~base() = default;
+    const bool is_distributed;
+    const bool is_partial;
     virtual const void* identity() const = 0;
     virtual std::vector<std::span<T>> value_blocks() = 0;
     virtual std::vector<std::span<T>> grad_blocks() = 0;
@@ -178,7 +184,6 @@ class parameter_ref {
     virtual std::vector<detail::place_state*> block_places() = 0;
     virtual std::vector<block_position> block_positions() = 0;
     virtual std::vector<any_place> mesh_places() = 0;
-    virtual bool partial() = 0;
     virtual std::vector<tensor<T, 1>> zero_state() = 0;
     virtual std::span<T> grad_or_zeros() = 0;
     virtual double grad_squared_norm() = 0;
@@ -195,7 +200,11 @@ class parameter_ref {
   };
   template <class V>
   struct holder final : base {
-    explicit holder(var<V> x) : v(std::move(x)) {}
+    explicit holder(var<V> x) : base(var<V>::distributed, partial_layout()), v(std::move(x)) {}
+    static constexpr bool partial_layout() {
+      if constexpr (var<V>::distributed) return V::layout_value.npartial != 0;
+      else return false;
+    }
     var<V> v;
     const void* identity() const override { return v.node(); }
     template <class X>
@@ -236,10 +245,6 @@ class parameter_ref {
     std::vector<any_place> mesh_places() override {
       if constexpr (var<V>::distributed) return v.value().mesh().places();
       else return {};
-    }
-    bool partial() override {
-      if constexpr (var<V>::distributed) return V::layout_value.npartial != 0;
-      else return false;
     }
     std::vector<tensor<T, 1>> zero_state() override {
       std::vector<tensor<T, 1>> out;

@@ -77,6 +77,17 @@ struct adam_update {
             static_cast<T>(lr / (1 - std::pow(beta1, t))),
             static_cast<T>(std::sqrt(1 - std::pow(beta2, t)))};
   }
+  /// @brief The same update of elements [lo, ...) of the parameter and its moments, whose
+  /// gradient starts at `grad` (grad[0] being element lo's): what a fused update applies to
+  /// each range it is handed.
+  [[nodiscard]] adam_update at_range(std::size_t lo, const T* grad) const {
+    adam_update range = *this;
+    range.p += lo;
+    range.g = grad;
+    range.m += lo;
+    range.v += lo;
+    return range;
+  }
   PDO_HD void operator()(std::size_t i) const {
     using std::sqrt;
     T d = g[i];
@@ -434,14 +445,7 @@ class adam : public optimizer_base<T> {
     T* const v = v_[i].at(0).data();
     auto update = [&]<bool Decoupled>() -> element_update<T> {
       const auto rule = pdo::detail::adam_update<T, Decoupled>::at_step(p, nullptr, m, v, o_.lr, o_.beta1, o_.beta2, o_.eps, o_.weight_decay, t);
-      return [rule](std::size_t lo, std::size_t hi, const T* g) {
-        auto range = rule;
-        range.p += lo;
-        range.g = g;
-        range.m += lo;
-        range.v += lo;
-        pdo::detail::for_each_element_range(range, 0, 0, hi - lo);
-      };
+      return [rule](std::size_t lo, std::size_t hi, const T* g) { pdo::detail::for_each_element_range(rule.at_range(lo, g), 0, 0, hi - lo); };
     };
     return o_.decoupled_weight_decay ? update.template operator()<true>() : update.template operator()<false>();
   }
